@@ -1,0 +1,33 @@
+# Two entry points, both working on a fresh machine with only Python and pip:
+#   make run   - the main job
+#   make test  - the whole test suite
+# Both create .venv and install rlcore plus every plugin under plugins/ first
+# (each with its optional "ci" extra, where a plugin names the engine CI uses).
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+# The CPU build of torch: on these machines pip finds it on local disk; a plain
+# newer torch would pull a multi-GB CUDA build.
+TORCH_SPEC ?= torch==2.13.0
+PLUGINS := $(wildcard plugins/*/pyproject.toml)
+
+.PHONY: install run test clean
+
+$(VENV)/.installed: pyproject.toml $(PLUGINS)
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip setuptools wheel
+	$(PY) -m pip install -q "$(TORCH_SPEC)"
+	$(PY) -m pip install -q "$(TORCH_SPEC)" -e ".[runtime,hf,dev]" $(foreach p,$(PLUGINS),-e "$(dir $(p))[ci]")
+	touch $@
+
+install: $(VENV)/.installed
+
+run: install
+	$(VENV)/bin/rlcore backends list
+
+test: install
+	$(PY) -m pytest -q
+
+clean:
+	rm -rf $(VENV)

@@ -1,0 +1,3 @@
+from rlcore.cli.app import main
+
+main()

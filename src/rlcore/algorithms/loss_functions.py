@@ -1,0 +1,341 @@
+"""Loss functions for RL post-training: clipped policy gradient (PPO/GRPO family) and NLL (SFT).
+
+Both implement :class:`rlcore.interfaces.loss.LossFunction`: they are called once
+per micro-batch with the current policy's token logprobs ``[B, S]`` and the
+numbers of valid sequences / tokens of the *whole optimizer step on all dp
+ranks*, and return this micro-batch's share of the step loss.
+
+Aggregation convention (losses *and* metrics)
+---------------------------------------------
+Every value is divided by a global normaliser, never by a micro-batch count, so
+the caller **sums** it over micro-batches and dp ranks to get the step value:
+
+- ``loss``, ``actor_loss``, ``kl_penalty`` use the loss's own normalisation
+  (per valid token, or per valid sequence for sequence-level losses) and
+  ``loss == actor_loss + kl_penalty``;
+- token diagnostics (``probs_ratio``, ``probs_ratio_clamped``,
+  ``clip_fraction``, ``approx_entropy``, ``token_mult_prob_error``) are means
+  over valid tokens, i.e. divided by ``global_valid_toks``, whatever the loss
+  type;
+- the one exception is ``num_valid_tokens``: a raw count of this micro-batch's
+  valid tokens, not normalised. Summed, it gives the step's count.
+
+Importing this module does not import torch.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Literal, Mapping
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from rlcore.algorithms.utils import (
+    KLType,
+    kl_estimate,
+    masked_input,
+    normalised_sum,
+    valid_token_mask,
+    zero_off_mask,
+)
+from rlcore.interfaces.loss import LossType
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["ClippedPGLossConfig", "ClippedPGLossFn", "NLLLoss"]
+
+
+class ClippedPGLossConfig(BaseModel):
+    """Settings of :class:`ClippedPGLossFn`; field names follow NeMo-RL's ``loss_fn`` section."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    reference_policy_kl_penalty: float = Field(
+        0.0, ge=0.0, description="Coefficient beta of the per-token KL(pi || pi_ref) penalty; 0 disables it."
+    )
+    reference_policy_kl_type: KLType = Field(
+        "k3", description="KL estimator: k1 (log-ratio), k2 (squared log-ratio / 2) or k3 (unbiased, non-negative)."
+    )
+    kl_input_clamp_value: float | None = Field(
+        20.0, gt=0.0, description="Bound on |log pi_ref - log pi| before the KL estimate; None: no bound."
+    )
+    kl_output_clamp_value: float | None = Field(
+        10.0, gt=0.0, description="Bound on |per-token KL estimate|; None: no bound."
+    )
+    ratio_clip_min: float = Field(
+        0.2, ge=0.0, lt=1.0, description="Lower clip: the ratio is clipped below at 1 - ratio_clip_min."
+    )
+    ratio_clip_max: float = Field(
+        0.2, ge=0.0, description="Upper clip: the ratio is clipped above at 1 + ratio_clip_max (DAPO: > ratio_clip_min)."
+    )
+    ratio_clip_c: float | None = Field(
+        None,
+        gt=1.0,
+        description="Dual-clip constant c > 1: a negative-advantage token's loss is at most c * |A|. None: off.",
+    )
+    use_on_policy_kl_approximation: bool = Field(
+        False,
+        description="Weight the KL estimate by pi / pi_sampler so it estimates KL of the current policy, "
+        "not of the policy that sampled the data.",
+    )
+    use_importance_sampling_correction: bool = Field(
+        False,
+        description="Weight each token's actor loss by pi_prev / pi_generation to correct for "
+        "trainer/inference-engine mismatch (needs generation_logprobs).",
+    )
+    truncated_importance_sampling_ratio: float | None = Field(
+        None,
+        gt=0.0,
+        description="tis: upper bound of the importance weight; icepop: upper end of the kept range.",
+    )
+    truncated_importance_sampling_ratio_min: float | None = Field(
+        None, ge=0.0, description="icepop only: lower end of the kept range of importance weights."
+    )
+    truncated_importance_sampling_type: Literal["tis", "icepop"] = Field(
+        "tis",
+        description="tis: truncate weights at the upper bound; icepop: zero tokens whose weight is "
+        "outside [ratio_min, ratio].",
+    )
+    token_level_loss: bool = Field(
+        True,
+        description="True: mean over all valid tokens of the step; False: mean over each sequence's "
+        "valid tokens, then over valid sequences.",
+    )
+    sequence_level_importance_ratios: bool = Field(
+        False,
+        description="GSPO: one ratio per sequence, exp(mean over its valid tokens of log pi - log pi_prev), "
+        "applied to all its tokens.",
+    )
+    disable_ppo_ratio: bool = Field(
+        False, description="REINFORCE: per-token loss -A * log pi, no ratio and no clipping."
+    )
+
+    @model_validator(mode="after")
+    def _check_combinations(self) -> "ClippedPGLossConfig":
+        tis_type = self.truncated_importance_sampling_type
+        truncation_set = (
+            self.truncated_importance_sampling_ratio is not None
+            or self.truncated_importance_sampling_ratio_min is not None
+        )
+        if truncation_set and not self.use_importance_sampling_correction:
+            raise ValueError(
+                "truncated_importance_sampling_ratio[_min] only act on importance weights: "
+                "set use_importance_sampling_correction=true or leave them null"
+            )
+        if tis_type == "icepop" and self.use_importance_sampling_correction:
+            low = self.truncated_importance_sampling_ratio_min
+            high = self.truncated_importance_sampling_ratio
+            if low is None or high is None or not low < high:
+                raise ValueError(
+                    "truncated_importance_sampling_type='icepop' needs "
+                    "truncated_importance_sampling_ratio_min < truncated_importance_sampling_ratio, "
+                    f"got [{low}, {high}]"
+                )
+        if tis_type == "tis" and self.truncated_importance_sampling_ratio_min is not None:
+            raise ValueError(
+                "truncated_importance_sampling_ratio_min is only used by "
+                "truncated_importance_sampling_type='icepop'"
+            )
+        if self.disable_ppo_ratio and self.ratio_clip_c is not None:
+            raise ValueError("ratio_clip_c clips the PPO ratio, which disable_ppo_ratio=true removes")
+        if self.disable_ppo_ratio and self.sequence_level_importance_ratios:
+            raise ValueError(
+                "sequence_level_importance_ratios (GSPO) changes the PPO ratio, which disable_ppo_ratio=true removes"
+            )
+        return self
+
+
+class ClippedPGLossFn:
+    """Clipped policy-gradient loss: PPO / GRPO / DAPO / GSPO / REINFORCE, plus KL to a reference.
+
+    Per valid token, with ``A`` the advantage and ``r = pi / pi_prev``::
+
+        actor = max(-A * r, -A * clip(r, 1 - eps_low, 1 + eps_high))     # PPO
+        actor = min(actor, c * |A|)            if A < 0 and ratio_clip_c    # dual clip
+        actor = -A * log pi                    if disable_ppo_ratio         # REINFORCE
+        actor = w_is * actor                   if use_importance_sampling_correction
+        token = actor + beta * w_kl * k(log pi_ref - log pi)
+
+    **Clipping** removes the incentive to move the ratio beyond the trust region
+    in the direction the advantage pushes, so several steps on one batch stay
+    close to the sampling policy. Separate low/high bounds (DAPO) let rare
+    tokens gain probability faster than they lose it.
+
+    **Dual clip**: for ``A < 0`` the PPO max keeps the unclipped ``-A * r`` when
+    ``r`` is large, so one token that became much *more* likely (a stale or
+    off-policy sample) contributes an unbounded loss and gradient. Capping it
+    at ``c * |A|`` (c > 1 so it never binds inside the ordinary clip range)
+    removes that token's gradient instead.
+
+    **GSPO** (``sequence_level_importance_ratios``): ``r`` is the geometric mean
+    of the sequence's token ratios, matching sequence-level rewards and
+    reducing the variance of long sequences' token ratios.
+
+    **Importance-sampling correction**: the data were sampled by the inference
+    engine (``generation_logprobs``), not by the trainer's copy of the same
+    weights (``prev_logprobs``); numerics, kernels or MoE routing make them
+    differ. ``w_is = pi_prev / pi_generation`` (no gradient) reweights each
+    token; ``tis`` truncates it at ``truncated_importance_sampling_ratio`` to
+    bound variance, ``icepop`` zeroes tokens whose weight is outside
+    ``[ratio_min, ratio]`` (the mismatch there is too large to trust).
+
+    **KL weight** ``w_kl``: the KL estimators are expectations under the
+    current policy, ``KL(pi||pi_ref) = E_{x~pi}[k(x)]``, but ``x`` came from a
+    sampler ``q``, so the term is ``E_q[(pi / q) * k]`` and its gradient must
+    include the score-function part ``k * grad log pi`` (without it, k3's
+    gradient would be that of the *forward* KL(pi_ref||pi)). So ``w_kl =
+    pi / q`` keeps its gradient: with ``use_on_policy_kl_approximation`` ``q``
+    is the inference engine (``generation_logprobs``, else ``prev_logprobs``);
+    without it the samples are treated as on-policy and ``w_kl = exp(log pi -
+    stopgrad(log pi))``, value 1 with that gradient. The importance-sampling
+    weight applies to the actor term only.
+
+    Normalisation (``token_level_loss``) and metrics: see the module docstring.
+    ``data`` needs ``token_mask``, ``sample_mask``, ``advantages`` and
+    ``prev_logprobs`` (except in REINFORCE mode without IS correction);
+    ``generation_logprobs`` with IS correction; ``reference_policy_logprobs``
+    when ``reference_policy_kl_penalty > 0``. Only ``logprobs`` gets gradients.
+    """
+
+    def __init__(self, cfg: ClippedPGLossConfig | Mapping[str, Any] | None = None) -> None:
+        if cfg is None:
+            cfg = ClippedPGLossConfig()
+        elif not isinstance(cfg, ClippedPGLossConfig):
+            cfg = ClippedPGLossConfig.model_validate(dict(cfg))
+        self.cfg = cfg
+        self.loss_type = LossType.TOKEN_LEVEL if cfg.token_level_loss else LossType.SEQUENCE_LEVEL
+
+    def __call__(
+        self,
+        logprobs: "torch.Tensor",
+        data: Mapping[str, Any],
+        global_valid_seqs: "torch.Tensor",
+        global_valid_toks: "torch.Tensor",
+    ) -> tuple["torch.Tensor", dict[str, float]]:
+        import torch
+
+        cfg = self.cfg
+        mask = valid_token_mask(data, logprobs.device)
+        # Off the mask everything is 0, so no padding value can reach a gradient.
+        lp = zero_off_mask(logprobs, mask)
+
+        def get(key: str, required: bool, why: str = "") -> "torch.Tensor | None":
+            value = masked_input(data, key, mask, lp)
+            if value is None and required:
+                raise KeyError(f"ClippedPGLossFn needs data[{key!r}]{why}")
+            return value
+
+        advantages = get("advantages", True)
+        needs_prev = not cfg.disable_ppo_ratio or cfg.use_importance_sampling_correction
+        prev = get("prev_logprobs", needs_prev)
+        gen = get(
+            "generation_logprobs",
+            cfg.use_importance_sampling_correction,
+            " when use_importance_sampling_correction is on",
+        )
+        beta = cfg.reference_policy_kl_penalty
+        ref = get("reference_policy_logprobs", beta > 0, " when reference_policy_kl_penalty > 0")
+
+        # Ratio pi / pi_prev, per token or (GSPO) per sequence.
+        log_ratio = lp - prev if prev is not None else torch.zeros_like(lp)
+        if cfg.sequence_level_importance_ratios:
+            tokens_per_seq = mask.sum(-1, keepdim=True).clamp_min(1).to(lp.dtype)
+            log_ratio = (log_ratio.sum(-1, keepdim=True) / tokens_per_seq).expand_as(lp)
+        ratio = torch.exp(log_ratio)
+        clipped_ratio = ratio.clamp(1.0 - cfg.ratio_clip_min, 1.0 + cfg.ratio_clip_max)
+
+        if cfg.disable_ppo_ratio:
+            actor = -advantages * lp
+            clipped = torch.zeros_like(mask)
+        else:
+            unclipped_loss = -advantages * ratio
+            clipped_loss = -advantages * clipped_ratio
+            actor = torch.maximum(unclipped_loss, clipped_loss)
+            clipped = clipped_loss > unclipped_loss
+            if cfg.ratio_clip_c is not None:
+                bound = -advantages * cfg.ratio_clip_c  # = c * |A| where A < 0
+                dual = (advantages < 0) & (actor > bound)
+                actor = torch.where(dual, bound, actor)
+                clipped = clipped | dual
+
+        if cfg.use_importance_sampling_correction:
+            is_weight = torch.exp(prev - gen)
+            high = cfg.truncated_importance_sampling_ratio
+            if cfg.truncated_importance_sampling_type == "icepop":
+                low = cfg.truncated_importance_sampling_ratio_min
+                keep = (is_weight >= low) & (is_weight <= high)
+                is_weight = torch.where(keep, is_weight, torch.zeros_like(is_weight))
+            elif high is not None:
+                is_weight = is_weight.clamp(max=high)
+            actor = actor * is_weight
+
+        if beta > 0:
+            kl = kl_estimate(
+                ref - lp, cfg.reference_policy_kl_type, cfg.kl_input_clamp_value, cfg.kl_output_clamp_value
+            )
+            if cfg.use_on_policy_kl_approximation:
+                sampler = gen if gen is not None else prev
+                if sampler is None:
+                    raise KeyError(
+                        "use_on_policy_kl_approximation needs data['generation_logprobs'] or data['prev_logprobs']"
+                    )
+                kl_weight = torch.exp(lp - sampler)
+            else:
+                kl_weight = torch.exp(lp - lp.detach())
+            kl_term = beta * kl_weight * kl
+        else:
+            kl_term = torch.zeros_like(lp)
+
+        def reduce(per_token: "torch.Tensor") -> "torch.Tensor":
+            return normalised_sum(per_token, mask, self.loss_type, global_valid_seqs, global_valid_toks)
+
+        actor_loss = reduce(actor)
+        kl_loss = reduce(kl_term)
+        loss = actor_loss + kl_loss
+
+        with torch.no_grad():
+
+            def token_mean(per_token: "torch.Tensor") -> "torch.Tensor":
+                return normalised_sum(
+                    per_token.to(lp.dtype), mask, LossType.TOKEN_LEVEL, global_valid_seqs, global_valid_toks
+                )
+
+            # Entropy of pi from the sampled tokens: E_q[(pi / q) * -log pi].
+            behaviour = gen if gen is not None else prev
+            entropy_weight = torch.exp(lp - behaviour) if behaviour is not None else torch.ones_like(lp)
+            named = {
+                "loss": loss,
+                "actor_loss": actor_loss,
+                "kl_penalty": kl_loss,
+                "probs_ratio": token_mean(ratio),
+                "probs_ratio_clamped": token_mean(clipped_ratio),
+                "clip_fraction": token_mean(clipped),
+                "approx_entropy": token_mean(-entropy_weight * lp),
+            }
+            if gen is not None and prev is not None:
+                named["token_mult_prob_error"] = token_mean(torch.exp((gen - prev).abs()))
+            named["num_valid_tokens"] = mask.sum()
+            values = torch.stack([v.detach().to(torch.float64) for v in named.values()]).tolist()
+        return loss, dict(zip(named, values))
+
+
+class NLLLoss:
+    """Negative log-likelihood for SFT: mean over all valid tokens of the step of ``-log pi``.
+
+    Token-level normalisation by ``global_valid_toks`` (see the module
+    docstring). Metrics: ``loss`` and ``num_valid_tokens`` (a raw count).
+    """
+
+    loss_type = LossType.TOKEN_LEVEL
+
+    def __call__(
+        self,
+        logprobs: "torch.Tensor",
+        data: Mapping[str, Any],
+        global_valid_seqs: "torch.Tensor",
+        global_valid_toks: "torch.Tensor",
+    ) -> tuple["torch.Tensor", dict[str, float]]:
+        mask = valid_token_mask(data, logprobs.device)
+        lp = zero_off_mask(logprobs, mask)
+        loss = normalised_sum(-lp, mask, self.loss_type, global_valid_seqs, global_valid_toks)
+        return loss, {"loss": float(loss.detach()), "num_valid_tokens": float(mask.sum())}

@@ -1,0 +1,130 @@
+"""Token-level helpers shared by the loss functions.
+
+Everything works on ``[B, S]`` tensors aligned as in design.md §2.2 (position
+``i`` holds ``log p(token_i | tokens_<i)``, position 0 is never a target).
+torch is imported inside the functions so that importing this module stays
+light.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Literal, Mapping
+
+from rlcore.interfaces.loss import LossType
+
+if TYPE_CHECKING:
+    import torch
+
+KLType = Literal["k1", "k2", "k3"]
+
+
+def valid_token_mask(data: Mapping[str, Any], device: Any = None) -> "torch.Tensor":
+    """Bool ``[B, S]``: ``token_mask * sample_mask`` restricted to positions ``1..S-1``.
+
+    ``sample_mask`` is optional (all ones when absent). Position 0 is dropped
+    because no logprob is defined for the first token.
+    """
+    import torch
+
+    mask = torch.as_tensor(data["token_mask"], device=device) != 0
+    sample_mask = data.get("sample_mask")
+    if sample_mask is not None:
+        mask = mask & (torch.as_tensor(sample_mask, device=device) != 0).unsqueeze(-1)
+    mask = mask.clone()
+    mask[:, 0] = False
+    return mask
+
+
+def zero_off_mask(values: "torch.Tensor", mask: "torch.Tensor") -> "torch.Tensor":
+    """``values`` where ``mask`` is set, 0 elsewhere (gradient 0 there too, even for non-finite values)."""
+    import torch
+
+    return torch.where(mask, values, torch.zeros((), dtype=values.dtype, device=values.device))
+
+
+def masked_input(
+    data: Mapping[str, Any], key: str, mask: "torch.Tensor", like: "torch.Tensor"
+) -> "torch.Tensor | None":
+    """``data[key]`` detached, cast like ``like`` and zeroed off the mask (None if absent).
+
+    Zeroing matters: padding may hold anything (-inf logprobs, NaN advantages),
+    and a non-finite value off the mask would turn ``0 * inf`` into NaN
+    gradients even though the token does not count.
+    """
+    import torch
+
+    value = data.get(key)
+    if value is None:
+        return None
+    return zero_off_mask(torch.as_tensor(value, device=like.device).detach().to(like.dtype), mask)
+
+
+def kl_estimate(
+    log_ratio: "torch.Tensor",
+    kl_type: KLType,
+    input_clamp: float | None = None,
+    output_clamp: float | None = None,
+) -> "torch.Tensor":
+    """Per-token estimate of ``KL(pi || pi_ref)`` from ``log_ratio = log pi_ref(x) - log pi(x)``, x ~ pi.
+
+    Schulman's estimators (http://joschu.net/blog/kl-approx.html), with
+    ``r = pi_ref / pi``:
+
+    - ``k1 = -log r``: unbiased, but high variance and negative on many samples.
+    - ``k2 = (log r)^2 / 2``: always >= 0 and low variance, but biased.
+    - ``k3 = (r - 1) - log r``: unbiased *and* always >= 0 (``r - 1`` is a
+      zero-mean control variate and ``log`` is concave), hence the default.
+
+    ``input_clamp`` bounds ``|log r|`` before the estimate (``exp`` in k3
+    overflows on tokens the reference finds very unlikely); ``output_clamp``
+    bounds the estimate itself so a few outlier tokens cannot dominate the
+    penalty. Clamped entries get no gradient.
+    """
+    import torch
+
+    if input_clamp is not None:
+        log_ratio = log_ratio.clamp(-input_clamp, input_clamp)
+    if kl_type == "k1":
+        kl = -log_ratio
+    elif kl_type == "k2":
+        kl = 0.5 * log_ratio.square()
+    elif kl_type == "k3":
+        kl = torch.expm1(log_ratio) - log_ratio
+    else:
+        raise ValueError(f"unknown KL type {kl_type!r}; expected 'k1', 'k2' or 'k3'")
+    if output_clamp is not None:
+        kl = kl.clamp(-output_clamp, output_clamp)
+    return kl
+
+
+def _normaliser(value: Any, like: "torch.Tensor") -> "torch.Tensor":
+    """A global count as a tensor like ``like``; 0 becomes 1 (then every numerator is 0 too)."""
+    import torch
+
+    n = torch.as_tensor(value, device=like.device).detach().to(like.dtype)
+    return torch.where(n > 0, n, torch.ones_like(n))
+
+
+def normalised_sum(
+    per_token: "torch.Tensor",
+    mask: "torch.Tensor",
+    loss_type: LossType,
+    global_valid_seqs: Any,
+    global_valid_toks: Any,
+) -> "torch.Tensor":
+    """This micro-batch's share of a global mean of ``per_token`` over valid tokens.
+
+    - token level: ``sum over valid tokens / global_valid_toks`` (every token
+      weighs the same, whatever sequence it is in);
+    - sequence level: ``sum over sequences of (mean over the sequence's valid
+      tokens) / global_valid_seqs`` (every sequence weighs the same).
+
+    Both are linear in the micro-batch's rows with a *global* denominator, so
+    summing the results over micro-batches and dp ranks gives the whole-step
+    value, which is design.md §2 contract 3.
+    """
+    per_token = zero_off_mask(per_token, mask)
+    if LossType(loss_type) is LossType.TOKEN_LEVEL:
+        return per_token.sum() / _normaliser(global_valid_toks, per_token)
+    tokens_per_seq = mask.sum(-1).clamp_min(1).to(per_token.dtype)
+    return (per_token.sum(-1) / tokens_per_seq).sum() / _normaliser(global_valid_seqs, per_token)

@@ -1,0 +1,17 @@
+"""The ``rlcore`` command. Sub-commands import what they need when they run."""
+
+from __future__ import annotations
+
+import typer
+
+from rlcore.cli.backends_cmd import backends_app
+from rlcore.cli.config_cmd import config_app
+
+app = typer.Typer(help="rlcore: plugin-based RL post-training backends.", no_args_is_help=True,
+                  pretty_exceptions_enable=False)
+app.add_typer(backends_app, name="backends")
+app.add_typer(config_app, name="config")
+
+
+def main() -> None:
+    app()

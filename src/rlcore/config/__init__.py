@@ -1,0 +1,73 @@
+"""rlcore configuration: pydantic schemas, YAML loading, dotted overrides, rules.
+
+Typical use::
+
+    from rlcore.config import load_config, ConfigError
+    cfg = load_config("examples/dtensor_tiny.yaml", ["policy.train_micro_batch_size=2"])
+    cfg.policy.training_backend, cfg.world_size
+
+Importing this package never imports torch or ray.
+"""
+
+from rlcore.config.errors import ConfigError
+from rlcore.config.loader import dump_config, load_config, load_config_dict, validate_section
+from rlcore.config.overrides import apply_overrides
+from rlcore.config.rules import RULES, check_rules, rule
+from rlcore.config.schemas import (
+    ClusterConfig,
+    ColocationConfig,
+    ColocationResources,
+    DTensorConfig,
+    DynamicBatchingConfig,
+    GenerationConfig,
+    MegatronConfig,
+    MegatronDDPConfig,
+    MegatronOptimizerConfig,
+    MegatronSchedulerConfig,
+    ParallelSizes,
+    PolicyConfig,
+    Precision,
+    PytorchOptimizerConfig,
+    RLCoreConfig,
+    SchedulerMilestones,
+    SectionsModel,
+    SequencePackingConfig,
+    SinglePytorchSchedulerConfig,
+    StrictModel,
+    TokenizerConfig,
+    config_json_schema,
+)
+
+__all__ = [
+    "RULES",
+    "ClusterConfig",
+    "ColocationConfig",
+    "ColocationResources",
+    "ConfigError",
+    "DTensorConfig",
+    "DynamicBatchingConfig",
+    "GenerationConfig",
+    "MegatronConfig",
+    "MegatronDDPConfig",
+    "MegatronOptimizerConfig",
+    "MegatronSchedulerConfig",
+    "ParallelSizes",
+    "PolicyConfig",
+    "Precision",
+    "PytorchOptimizerConfig",
+    "RLCoreConfig",
+    "SchedulerMilestones",
+    "SectionsModel",
+    "SequencePackingConfig",
+    "SinglePytorchSchedulerConfig",
+    "StrictModel",
+    "TokenizerConfig",
+    "apply_overrides",
+    "check_rules",
+    "config_json_schema",
+    "dump_config",
+    "load_config",
+    "load_config_dict",
+    "rule",
+    "validate_section",
+]

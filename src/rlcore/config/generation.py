@@ -1,0 +1,73 @@
+"""Generation (rollout) settings: sampling parameters and placement."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field, PositiveInt, model_validator
+
+from rlcore.config.base import SectionsModel, StrictModel
+
+
+class ColocationResources(StrictModel):
+    """Dedicated resources for a generation backend that is not colocated."""
+
+    num_nodes: PositiveInt = Field(1, description="Nodes reserved for generation.")
+    workers_per_node: PositiveInt = Field(
+        1, description="Generation workers per node (one per GPU in GPU mode, i.e. 'gpus_per_node')."
+    )
+
+
+class ColocationConfig(StrictModel):
+    """Whether generation shares the training workers' resources.
+
+    Also accepts a plain bool as shorthand: ``colocated: false`` is
+    ``colocated: {enabled: false}``.
+    """
+
+    enabled: bool = Field(
+        True,
+        description="Run generation on the training workers' resources (weights refit by "
+        "shared-memory streaming). False gives generation its own resources (refit by broadcast).",
+    )
+    resources: ColocationResources | None = Field(
+        None, description="Resources for generation; required when enabled is false."
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_bool(cls, data: Any) -> Any:
+        return {"enabled": data} if isinstance(data, bool) else data
+
+
+def _or_bool(schema: dict[str, Any]) -> None:
+    """JSON schema of ``colocated``: the section, or the bool shorthand."""
+    section = {k: schema.pop(k) for k in list(schema) if k not in ("description", "title", "default")}
+    schema["anyOf"] = [section, {"type": "boolean"}]
+
+
+class GenerationConfig(SectionsModel):
+    """Sampling parameters and placement of the generation backend.
+
+    Backend-specific settings go in a ``<backend>_cfg`` sub-section (e.g.
+    ``vllm_cfg``), collected into ``backend_sections``.
+    """
+
+    backend: str = Field("vllm", description="Name of the generation backend plugin.")
+    max_new_tokens: PositiveInt = Field(32, description="Maximum number of tokens generated per prompt.")
+    temperature: float = Field(1.0, ge=0, description="Sampling temperature (0 = greedy).")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling threshold (1.0 = off).")
+    top_k: PositiveInt | None = Field(None, description="Top-k sampling (None = off).")
+    stop_token_ids: list[int] | None = Field(None, description="Token ids that end a completion.")
+    stop_strings: list[str] | None = Field(None, description="Strings that end a completion.")
+    model_name: str | None = Field(
+        None, description="Model the engine loads; None (resolved at load) = policy.model_name."
+    )
+    pad_token_id: int | None = Field(
+        None, description="Padding token id; None = taken from the tokenizer at run time."
+    )
+    colocated: ColocationConfig = Field(
+        default_factory=ColocationConfig,
+        description="Colocation with the training workers; a bool is shorthand for {enabled: <bool>}.",
+        json_schema_extra=_or_bool,
+    )

@@ -1,0 +1,74 @@
+"""Public entry points: load (file or dict, plus overrides), validate, dump."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from rlcore.config.errors import ConfigError
+from rlcore.config.messages import join_path, problems_from_validation_error, show_value
+from rlcore.config.overrides import apply_overrides
+from rlcore.config.rules import check_rules
+from rlcore.config.schemas import RLCoreConfig
+from rlcore.config.yaml_io import dump_text, read_config_file
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def validate_section(model_cls: type[M], data: Any, path: str) -> tuple[M | None, list[str]]:
+    """Validate ``data`` with ``model_cls``; problems are prefixed with the dotted ``path``.
+
+    Returns ``(model, [])`` on success and ``(None, problems)`` otherwise,
+    with lines formatted like every other config problem. Used by the plugin
+    registry for backend sections (``policy.vllm_cfg`` ...). ``None`` data is
+    treated as an empty section.
+    """
+    if data is None:
+        data = {}
+    if not isinstance(data, Mapping):
+        return None, [f"{join_path(path, [])}: expected a mapping (key: value), got {show_value(data)}"]
+    try:
+        return model_cls.model_validate(dict(data)), []
+    except ValidationError as exc:
+        return None, problems_from_validation_error(exc, model_cls, path)
+
+
+def load_config_dict(raw: Mapping[str, Any], overrides: Sequence[str] = ()) -> RLCoreConfig:
+    """Validate a raw config dict (after applying ``overrides``) into an ``RLCoreConfig``.
+
+    Schema problems are all reported together; the cross-field rules run once
+    the schema is valid. Raises ConfigError listing every problem found.
+    """
+    data = apply_overrides(dict(raw), overrides)
+    cfg, problems = validate_section(RLCoreConfig, data, "")
+    if cfg is None:
+        raise ConfigError(problems)
+    problems = check_rules(cfg)
+    if problems:
+        raise ConfigError(problems)
+    return cfg
+
+
+def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> RLCoreConfig:
+    """Load a YAML config file (None = all defaults), apply overrides, validate.
+
+    Raises ConfigError (with ``.source`` set to the file) for a missing file,
+    invalid YAML (``file:line:column``) or any invalid value.
+    """
+    raw = read_config_file(path) if path is not None else {}
+    try:
+        return load_config_dict(raw, overrides)
+    except ConfigError as exc:
+        exc.source = str(path) if path is not None else None
+        raise
+
+
+def dump_config(cfg: BaseModel, fmt: Literal["yaml", "json"] = "yaml") -> str:
+    """The resolved config as YAML or JSON text; loading it back gives an equal config.
+
+    Backend sections appear under their original keys (``vllm_cfg`` ...).
+    """
+    return dump_text(cfg.model_dump(mode="json"), fmt)

@@ -1,0 +1,306 @@
+"""Policy (training) settings; field names follow NeMo-RL's ``PolicyConfig``.
+
+Values written as ``None`` that inherit from another field (tokenizer name,
+token budgets, Megatron lr and pipeline dtype, optimizer lr, generation model)
+are filled in at validation, so code reading a loaded config sees the
+resolved value and ``rlcore config show`` prints what will actually run.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, NamedTuple, Union
+
+from pydantic import Discriminator, Field, PositiveInt, Tag, model_validator
+
+from rlcore.config.base import SectionsModel, StrictModel
+from rlcore.config.generation import GenerationConfig
+
+Precision = Literal["float32", "bfloat16", "float16"]
+
+
+class ParallelSizes(NamedTuple):
+    """Model-parallel degrees of the selected training backend."""
+
+    tp: int
+    cp: int
+    pp: int
+
+    @property
+    def product(self) -> int:
+        return self.tp * self.cp * self.pp
+
+
+class TokenizerConfig(StrictModel):
+    """Tokenizer to load."""
+
+    name: str | None = Field(
+        None, description="Tokenizer path or name; None (resolved at load) = policy.model_name."
+    )
+    chat_template: str | None = Field(
+        None,
+        description="Chat template: None keeps the tokenizer's own, 'default' uses a plain "
+        "role-prefixed template, anything else is a Jinja template string.",
+    )
+
+
+class DTensorConfig(StrictModel):
+    """FSDP2 + DTensor training backend (TP, sequence parallel, CP)."""
+
+    enabled: bool = Field(True, description="Train with the FSDP2 + DTensor backend ('dtensor').")
+    cpu_offload: bool = Field(False, description="Offload parameters and gradients to CPU (FSDP2 CPUOffloadPolicy).")
+    sequence_parallel: bool = Field(False, description="Shard activations along the sequence in TP regions.")
+    activation_checkpointing: bool = Field(False, description="Recompute activations in the backward pass.")
+    tensor_parallel_size: PositiveInt = Field(1, description="Tensor-parallel degree (tp).")
+    context_parallel_size: PositiveInt = Field(1, description="Context-parallel degree (cp); > 1 needs CUDA.")
+    custom_parallel_plan: str | None = Field(
+        None, description="'module:object' path of a custom TP plan; None = the built-in plan for the architecture."
+    )
+
+
+class SequencePackingConfig(StrictModel):
+    """Packing several sequences per micro-batch row, by token budget."""
+
+    enabled: bool = Field(False, description="Pack several sequences into each micro-batch row.")
+    train_mb_tokens: PositiveInt | None = Field(
+        None, description="Token budget per training micro-batch; None (resolved at load) = "
+        "train_micro_batch_size * max_total_sequence_length."
+    )
+    logprob_mb_tokens: PositiveInt | None = Field(
+        None, description="Token budget per logprob micro-batch; None (resolved at load) = "
+        "logprob_batch_size * max_total_sequence_length."
+    )
+    algorithm: str = Field("modified_first_fit_decreasing", description="Bin-packing algorithm name.")
+
+
+class DynamicBatchingConfig(StrictModel):
+    """Micro-batches formed by token budget instead of a fixed sample count."""
+
+    enabled: bool = Field(False, description="Form micro-batches by token budget instead of a fixed count.")
+    train_mb_tokens: PositiveInt | None = Field(
+        None, description="Token budget per training micro-batch; None (resolved at load) = "
+        "train_micro_batch_size * max_total_sequence_length."
+    )
+    logprob_mb_tokens: PositiveInt | None = Field(
+        None, description="Token budget per logprob micro-batch; None (resolved at load) = "
+        "logprob_batch_size * max_total_sequence_length."
+    )
+    sequence_length_round: PositiveInt = Field(64, description="Round padded sequence lengths up to a multiple of this.")
+
+
+class MegatronOptimizerConfig(StrictModel):
+    """megatron-core optimizer settings."""
+
+    optimizer: Literal["adam", "sgd"] = Field("adam", description="Megatron optimizer type.")
+    lr: float | None = Field(None, ge=0, description="Peak learning rate; None (resolved at load) = policy.learning_rate.")
+    min_lr: float = Field(0.0, ge=0, description="Floor of the decayed learning rate.")
+    weight_decay: float = Field(0.01, ge=0, description="Weight decay.")
+    bf16: bool = Field(False, description="Keep bf16 model weights with fp32 main weights in the optimizer.")
+    fp16: bool = Field(False, description="Keep fp16 model weights with fp32 main weights in the optimizer.")
+    params_dtype: Precision = Field("float32", description="Dtype of the model parameters.")
+    adam_beta1: float = Field(0.9, ge=0, lt=1, description="Adam beta1.")
+    adam_beta2: float = Field(0.999, ge=0, lt=1, description="Adam beta2.")
+    adam_eps: float = Field(1e-8, gt=0, description="Adam epsilon.")
+    sgd_momentum: float = Field(0.9, ge=0, description="SGD momentum.")
+    use_distributed_optimizer: bool = Field(False, description="Shard optimizer state across data-parallel ranks.")
+    use_precision_aware_optimizer: bool = Field(False, description="Let the optimizer keep low-precision state.")
+    clip_grad: float | None = Field(
+        None,
+        description="Leave unset: gradient clipping has one setting, policy.max_grad_norm. "
+        "If given it must equal policy.max_grad_norm.",
+    )
+
+
+class MegatronSchedulerConfig(StrictModel):
+    """megatron-core learning-rate and weight-decay schedule."""
+
+    start_weight_decay: float = Field(0.01, ge=0, description="Weight decay at the first step.")
+    end_weight_decay: float = Field(0.01, ge=0, description="Weight decay at the last step.")
+    weight_decay_incr_style: Literal["constant", "linear", "cosine"] = Field(
+        "constant", description="How weight decay moves from start to end."
+    )
+    lr_decay_style: Literal["constant", "linear", "cosine", "inverse-square-root", "WSD"] = Field(
+        "constant", description="Learning-rate decay schedule."
+    )
+    lr_decay_iters: PositiveInt | None = Field(None, description="Steps over which lr decays; None = no decay horizon.")
+    lr_warmup_iters: int = Field(0, ge=0, description="Linear warm-up steps.")
+    lr_warmup_init: float = Field(0.0, ge=0, description="Learning rate at the start of warm-up.")
+
+
+class MegatronDDPConfig(StrictModel):
+    """megatron-core distributed data parallel settings."""
+
+    grad_reduce_in_fp32: bool = Field(False, description="Reduce gradients in fp32.")
+    overlap_grad_reduce: bool = Field(False, description="Overlap gradient reduce-scatter with backward.")
+    overlap_param_gather: bool = Field(False, description="Overlap parameter all-gather with forward.")
+    average_in_collective: bool = Field(False, description="Average (rather than sum then scale) inside the collective.")
+    use_custom_fsdp: bool = Field(False, description="Use Megatron's custom FSDP.")
+    data_parallel_sharding_strategy: Literal["no_shard", "optim", "optim_grads", "optim_grads_params"] = Field(
+        "optim_grads_params", description="What custom FSDP shards across data-parallel ranks."
+    )
+
+
+class MegatronConfig(StrictModel):
+    """megatron-core training backend (TP, PP, CP)."""
+
+    enabled: bool = Field(False, description="Train with the megatron-core backend ('megatron').")
+    empty_unused_memory_level: int = Field(0, ge=0, le=2, description="How aggressively to empty the CUDA cache (0-2).")
+    activation_checkpointing: bool = Field(False, description="Recompute activations in the backward pass.")
+    converter_type: str | None = Field(
+        None, description="HF architecture used for weight conversion (e.g. 'LlamaForCausalLM'); None = from the model config."
+    )
+    tensor_model_parallel_size: PositiveInt = Field(1, description="Tensor-parallel degree (tp).")
+    pipeline_model_parallel_size: PositiveInt = Field(1, description="Pipeline-parallel degree (pp).")
+    num_layers_in_first_pipeline_stage: PositiveInt | None = Field(
+        None, description="Layers on the first pipeline stage; None = even split."
+    )
+    num_layers_in_last_pipeline_stage: PositiveInt | None = Field(
+        None, description="Layers on the last pipeline stage; None = even split."
+    )
+    context_parallel_size: PositiveInt = Field(1, description="Context-parallel degree (cp); > 1 needs CUDA.")
+    pipeline_dtype: Precision | None = Field(
+        None, description="Dtype of tensors sent between pipeline stages; None (resolved at load) = policy.precision."
+    )
+    sequence_parallel: bool = Field(False, description="Megatron sequence parallelism (needs TransformerEngine, i.e. a GPU).")
+    optimizer: MegatronOptimizerConfig = Field(default_factory=MegatronOptimizerConfig, description="Megatron optimizer.")
+    scheduler: MegatronSchedulerConfig = Field(default_factory=MegatronSchedulerConfig, description="Megatron lr/wd schedule.")
+    distributed_data_parallel_config: MegatronDDPConfig = Field(
+        default_factory=MegatronDDPConfig, description="Megatron DDP settings."
+    )
+
+
+class PytorchOptimizerConfig(StrictModel):
+    """A torch optimizer by import path, for the dtensor and fsdp1 backends."""
+
+    name: str = Field("torch.optim.AdamW", description="Import path of a torch.optim.Optimizer class.")
+    kwargs: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Keyword arguments of the optimizer; 'lr' defaults (at load) to policy.learning_rate.",
+    )
+
+
+class SinglePytorchSchedulerConfig(StrictModel):
+    """One torch lr scheduler by import path."""
+
+    name: str = Field(description="Import path of a torch.optim.lr_scheduler class, e.g. 'torch.optim.lr_scheduler.LinearLR'.")
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of the scheduler.")
+
+
+class SchedulerMilestones(StrictModel):
+    """Chains the other entries of ``policy.scheduler`` with ``SequentialLR``.
+
+    ``milestones[i]`` is the step at which scheduler ``i + 1`` takes over, so
+    there is one milestone fewer than schedulers.
+    """
+
+    name: Literal["milestones"] = Field(description="Always 'milestones'.")
+    milestones: list[PositiveInt] = Field(description="Increasing steps at which the next scheduler starts.")
+
+
+def _scheduler_kind(value: Any) -> str:
+    name = value.get("name") if isinstance(value, dict) else getattr(value, "name", None)
+    return "SchedulerMilestones" if name == "milestones" else "SinglePytorchSchedulerConfig"
+
+
+# Tags are the class names so error locations can be mapped back to dotted paths.
+SchedulerEntry = Annotated[
+    Union[
+        Annotated[SinglePytorchSchedulerConfig, Tag("SinglePytorchSchedulerConfig")],
+        Annotated[SchedulerMilestones, Tag("SchedulerMilestones")],
+    ],
+    Discriminator(_scheduler_kind),
+]
+
+
+class PolicyConfig(SectionsModel):
+    """The policy being trained and how.
+
+    Third-party training backends put their settings in a ``<backend>_cfg``
+    sub-section, collected into ``backend_sections``.
+    """
+
+    backend: str | None = Field(
+        None,
+        description="Training backend name. None selects 'megatron' if megatron_cfg.enabled, "
+        "else 'dtensor' if dtensor_cfg.enabled, else 'fsdp1'.",
+    )
+    model_name: str = Field("tiny-llama", description="Local path or name of the model to train.")
+    tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig, description="Tokenizer settings.")
+    train_global_batch_size: PositiveInt = Field(8, description="Samples per optimizer step, across all data-parallel ranks.")
+    train_micro_batch_size: PositiveInt = Field(1, description="Samples per forward/backward pass on one rank.")
+    learning_rate: float = Field(5e-6, ge=0, description="Learning rate (default for the optimizer's lr).")
+    logprob_batch_size: PositiveInt = Field(2, description="Samples per forward pass when computing logprobs.")
+    generation: GenerationConfig | None = Field(
+        None, description="Generation backend settings; None = no generation (training only)."
+    )
+    generation_batch_size: PositiveInt | None = Field(
+        None, description="Samples per generate call when the policy generates itself; None = all at once."
+    )
+    precision: Precision = Field("float32", description="Training compute dtype.")
+    dtensor_cfg: DTensorConfig = Field(default_factory=DTensorConfig, description="FSDP2/DTensor backend settings.")
+    megatron_cfg: MegatronConfig = Field(default_factory=MegatronConfig, description="megatron-core backend settings.")
+    dynamic_batching: DynamicBatchingConfig = Field(
+        default_factory=DynamicBatchingConfig, description="Token-budget micro-batching (excludes sequence_packing)."
+    )
+    sequence_packing: SequencePackingConfig = Field(
+        default_factory=SequencePackingConfig, description="Sequence packing (excludes dynamic_batching)."
+    )
+    make_sequence_length_divisible_by: PositiveInt = Field(
+        1, description="Pad sequence lengths up to a multiple of this (e.g. tp with sequence parallel)."
+    )
+    max_total_sequence_length: PositiveInt = Field(512, description="Longest prompt + completion, in tokens.")
+    max_grad_norm: Annotated[float, Field(gt=0)] | Annotated[int, Field(gt=0)] | None = Field(
+        1.0,
+        description="Clip the global gradient norm to this. None disables clipping; "
+        "the meaning is the same for every backend.",
+    )
+    fsdp_offload_enabled: bool = Field(False, description="FSDP1: offload parameters to CPU.")
+    activation_checkpointing_enabled: bool = Field(False, description="FSDP1: recompute activations in backward.")
+    optimizer: PytorchOptimizerConfig = Field(
+        default_factory=PytorchOptimizerConfig, description="torch optimizer (dtensor/fsdp1 backends)."
+    )
+    scheduler: list[SchedulerEntry] | None = Field(
+        None,
+        description="torch lr schedulers; several are chained by a {name: milestones} entry "
+        "(SequentialLR). None = constant learning rate.",
+    )
+
+    @property
+    def training_backend(self) -> str:
+        """The training backend this config selects (see ``backend``)."""
+        if self.backend:
+            return self.backend
+        if self.megatron_cfg.enabled:
+            return "megatron"
+        if self.dtensor_cfg.enabled:
+            return "dtensor"
+        return "fsdp1"
+
+    def parallel_sizes(self) -> ParallelSizes:
+        """tp, cp, pp of the selected backend (1, 1, 1 for any other backend)."""
+        backend = self.training_backend
+        if backend == "megatron":
+            m = self.megatron_cfg
+            return ParallelSizes(m.tensor_model_parallel_size, m.context_parallel_size, m.pipeline_model_parallel_size)
+        if backend == "dtensor":
+            d = self.dtensor_cfg
+            return ParallelSizes(d.tensor_parallel_size, d.context_parallel_size, 1)
+        return ParallelSizes(1, 1, 1)
+
+    @model_validator(mode="after")
+    def _resolve_inherited(self) -> "PolicyConfig":
+        if self.tokenizer.name is None:
+            self.tokenizer.name = self.model_name
+        if self.generation is not None and self.generation.model_name is None:
+            self.generation.model_name = self.model_name
+        seq = self.max_total_sequence_length
+        for budget in (self.dynamic_batching, self.sequence_packing):
+            if budget.train_mb_tokens is None:
+                budget.train_mb_tokens = self.train_micro_batch_size * seq
+            if budget.logprob_mb_tokens is None:
+                budget.logprob_mb_tokens = self.logprob_batch_size * seq
+        if self.megatron_cfg.optimizer.lr is None:
+            self.megatron_cfg.optimizer.lr = self.learning_rate
+        if self.megatron_cfg.pipeline_dtype is None:
+            self.megatron_cfg.pipeline_dtype = self.precision
+        self.optimizer.kwargs.setdefault("lr", self.learning_rate)
+        return self

@@ -1,0 +1,141 @@
+"""Cross-field rules, checked once the schema has validated.
+
+Each rule takes a validated ``RLCoreConfig`` and yields problem lines that
+name the dotted path(s), the bad value(s) and the fix. Adding a rule is
+writing one function and decorating it with ``@rule``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING
+
+from rlcore.config.policy import SchedulerMilestones
+
+if TYPE_CHECKING:
+    from rlcore.config.schemas import RLCoreConfig
+
+Rule = Callable[["RLCoreConfig"], Iterable[str]]
+RULES: list[Rule] = []
+
+
+def rule(fn: Rule) -> Rule:
+    """Register ``fn`` as a cross-field rule."""
+    RULES.append(fn)
+    return fn
+
+
+def check_rules(cfg: "RLCoreConfig") -> list[str]:
+    """Run every registered rule; returns all problem lines (empty when fine)."""
+    return [line for fn in RULES for line in fn(cfg)]
+
+
+def _parallel_paths(cfg: "RLCoreConfig") -> dict[str, str]:
+    """Dotted paths of tp/cp/pp for the selected backend (only those it has)."""
+    backend = cfg.policy.training_backend
+    if backend == "megatron":
+        base = "policy.megatron_cfg."
+        return {"tp": base + "tensor_model_parallel_size", "cp": base + "context_parallel_size",
+                "pp": base + "pipeline_model_parallel_size"}
+    if backend == "dtensor":
+        base = "policy.dtensor_cfg."
+        return {"tp": base + "tensor_parallel_size", "cp": base + "context_parallel_size"}
+    return {}
+
+
+def _world(cfg: "RLCoreConfig") -> str:
+    c = cfg.cluster
+    return f"world size {c.world_size} (cluster.num_nodes {c.num_nodes} × cluster.workers_per_node {c.workers_per_node})"
+
+
+@rule
+def one_training_backend(cfg: "RLCoreConfig") -> Iterator[str]:
+    p = cfg.policy
+    if p.megatron_cfg.enabled and p.dtensor_cfg.enabled:
+        yield ("policy.megatron_cfg.enabled, policy.dtensor_cfg.enabled: both are true; enable one training "
+               "backend: set policy.dtensor_cfg.enabled=false to train with megatron, or "
+               "policy.megatron_cfg.enabled=false to train with dtensor")
+
+
+@rule
+def parallel_divides_world(cfg: "RLCoreConfig") -> Iterator[str]:
+    paths = _parallel_paths(cfg)
+    sizes = cfg.policy.parallel_sizes()
+    world = cfg.world_size
+    if world % sizes.product == 0:
+        return
+    terms = " × ".join(f"{axis} {getattr(sizes, axis)}" for axis in paths)
+    yield (f"{', '.join(paths.values())}: {terms} = {sizes.product} does not divide the {_world(cfg)}; "
+           f"choose sizes whose product divides {world}, or change the cluster size to a multiple of {sizes.product}")
+
+
+@rule
+def batch_divides_data_parallel(cfg: "RLCoreConfig") -> Iterator[str]:
+    p = cfg.policy
+    sizes = p.parallel_sizes()
+    if cfg.world_size % sizes.product:
+        return  # reported by parallel_divides_world; dp is undefined
+    dp = cfg.world_size // sizes.product
+    step = dp * p.train_micro_batch_size
+    if p.train_global_batch_size % step:
+        yield (f"policy.train_global_batch_size: {p.train_global_batch_size} is not divisible by data-parallel size "
+               f"{dp} × policy.train_micro_batch_size {p.train_micro_batch_size} = {step}; set "
+               f"policy.train_global_batch_size to a multiple of {step} or change policy.train_micro_batch_size")
+
+
+@rule
+def batching_modes_exclusive(cfg: "RLCoreConfig") -> Iterator[str]:
+    p = cfg.policy
+    if p.dynamic_batching.enabled and p.sequence_packing.enabled:
+        yield ("policy.dynamic_batching.enabled, policy.sequence_packing.enabled: both are true; they are mutually "
+               "exclusive: set one of them to false")
+
+
+@rule
+def context_parallel_needs_cuda(cfg: "RLCoreConfig") -> Iterator[str]:
+    cp = cfg.policy.parallel_sizes().cp
+    if cp > 1 and not cfg.cluster.use_gpu:
+        path = _parallel_paths(cfg)["cp"]
+        yield (f"{path}: is {cp} but cluster.use_gpu is false; context parallel needs CUDA (there is no CPU "
+               f"attention sharding): set {path}=1, or cluster.use_gpu=true on a CUDA machine")
+
+
+@rule
+def one_clipping_setting(cfg: "RLCoreConfig") -> Iterator[str]:
+    p = cfg.policy
+    clip = p.megatron_cfg.optimizer.clip_grad
+    if clip is not None and clip != p.max_grad_norm:
+        yield (f"policy.megatron_cfg.optimizer.clip_grad: is {clip} but policy.max_grad_norm is "
+               f"{'null' if p.max_grad_norm is None else p.max_grad_norm}; gradient clipping has one setting: "
+               "remove clip_grad and set policy.max_grad_norm (null disables clipping)")
+
+
+@rule
+def scheduler_milestones_fit(cfg: "RLCoreConfig") -> Iterator[str]:
+    entries = cfg.policy.scheduler or []
+    marks = [(i, e) for i, e in enumerate(entries) if isinstance(e, SchedulerMilestones)]
+    n_sched = len(entries) - len(marks)
+    if len(marks) > 1:
+        yield (f"policy.scheduler: has {len(marks)} 'milestones' entries; keep exactly one to chain the schedulers")
+        return
+    if not marks:
+        if n_sched > 1:
+            yield (f"policy.scheduler: has {n_sched} schedulers but no {{name: milestones, milestones: [...]}} "
+                   "entry; add one with the step at which each next scheduler starts")
+        return
+    i, m = marks[0]
+    path = f"policy.scheduler[{i}].milestones"
+    if len(m.milestones) != n_sched - 1:
+        yield (f"{path}: has {len(m.milestones)} entries for {n_sched} schedulers; SequentialLR needs one milestone "
+               f"fewer than schedulers ({max(n_sched - 1, 0)})")
+    elif any(b <= a for a, b in zip(m.milestones, m.milestones[1:])):
+        yield f"{path}: {m.milestones} must be strictly increasing steps"
+
+
+@rule
+def separate_generation_has_resources(cfg: "RLCoreConfig") -> Iterator[str]:
+    gen = cfg.policy.generation
+    if gen is not None and not gen.colocated.enabled and gen.colocated.resources is None:
+        yield ("policy.generation.colocated.resources: is missing while policy.generation.colocated.enabled is "
+               "false; give generation its own resources: {num_nodes: 1, workers_per_node: 1}, or set "
+               "colocated.enabled=true")

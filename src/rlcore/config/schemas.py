@@ -1,0 +1,79 @@
+"""The root config model and every section model, in one import place.
+
+Adding a top-level section is one line in ``RLCoreConfig`` (plus, if it has
+cross-field rules, one function registered in ``rlcore.config.rules``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field
+
+from rlcore.config.base import SectionsModel, StrictModel
+from rlcore.config.cluster import ClusterConfig
+from rlcore.config.generation import ColocationConfig, ColocationResources, GenerationConfig
+from rlcore.config.policy import (
+    DTensorConfig,
+    DynamicBatchingConfig,
+    MegatronConfig,
+    MegatronDDPConfig,
+    MegatronOptimizerConfig,
+    MegatronSchedulerConfig,
+    ParallelSizes,
+    PolicyConfig,
+    Precision,
+    PytorchOptimizerConfig,
+    SchedulerMilestones,
+    SequencePackingConfig,
+    SinglePytorchSchedulerConfig,
+    TokenizerConfig,
+)
+
+
+class RLCoreConfig(StrictModel):
+    """A whole rlcore run: where it runs and what it trains."""
+
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig, description="Workers and the Ray cluster.")
+    policy: PolicyConfig = Field(default_factory=PolicyConfig, description="The policy and its training backend.")
+
+    @property
+    def world_size(self) -> int:
+        """Training ranks: ``cluster.num_nodes * cluster.workers_per_node``."""
+        return self.cluster.world_size
+
+    @property
+    def data_parallel_size(self) -> int:
+        """``world_size // (tp * cp * pp)`` of the selected backend (exact once validated)."""
+        return self.world_size // self.policy.parallel_sizes().product
+
+
+def config_json_schema() -> dict[str, Any]:
+    """JSON schema (draft 2020-12) of ``RLCoreConfig`` as accepted on input."""
+    return RLCoreConfig.model_json_schema(mode="validation")
+
+
+__all__ = [
+    "ClusterConfig",
+    "ColocationConfig",
+    "ColocationResources",
+    "DTensorConfig",
+    "DynamicBatchingConfig",
+    "GenerationConfig",
+    "MegatronConfig",
+    "MegatronDDPConfig",
+    "MegatronOptimizerConfig",
+    "MegatronSchedulerConfig",
+    "ParallelSizes",
+    "PolicyConfig",
+    "Precision",
+    "PytorchOptimizerConfig",
+    "RLCoreConfig",
+    "SchedulerMilestones",
+    "SectionsModel",
+    "SequencePackingConfig",
+    "SinglePytorchSchedulerConfig",
+    "StrictModel",
+    "TokenizerConfig",
+    "config_json_schema",
+]

@@ -1,0 +1,203 @@
+"""``RayWorkerGroup``: one Ray actor per rank, and the ways to call them.
+
+Dispatch primitives:
+
+- :meth:`run_all_workers_single_data`: every worker gets the same arguments.
+- :meth:`run_all_workers_multiple_data`: worker ``i`` gets ``data[i]``.
+- :meth:`run_all_workers_sharded_data`: data is split along ``dp``; workers
+  that share a dp index (tp/cp/pp peers) get the same shard; results are read
+  from coordinate 0 of the replicated axes (one per dp index, in dp order).
+
+:meth:`get_results` waits on calls as they finish: the first failure (an
+exception, or a dead process: killed, OOM) is raised at once as a
+:class:`WorkerError` naming the worker, its rank and the cause, and the group's
+remaining actors are killed, since their peers may be blocked in a collective
+waiting for the dead rank. A failed group refuses further calls.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from rlcore.distributed.named_sharding import NamedSharding
+from rlcore.distributed.virtual_cluster import RayVirtualCluster
+
+
+class WorkerError(RuntimeError):
+    """A worker raised or died; names the worker, its rank and the cause."""
+
+    def __init__(self, message: str, rank: int | None = None) -> None:
+        super().__init__(message)
+        self.rank = rank
+
+
+@dataclass
+class Calls:
+    """Futures of one dispatch: one per rank in ``ranks``.
+
+    ``output_ranks`` (default: all) are the ranks whose results are returned;
+    the others are still waited on, so a failure anywhere surfaces.
+    """
+
+    refs: list[Any]
+    ranks: list[int]
+    output_ranks: list[int] | None = None
+
+
+def _task_error(exc: Any) -> str:
+    """``Type: message [File ..., line ...]`` of the user exception inside a Ray task error."""
+    cause = exc.cause if getattr(exc, "cause", None) is not None else exc
+    lines = str(exc).strip().splitlines()
+    where = next((ln.strip() for ln in reversed(lines) if ln.strip().startswith("File ")), "")
+    return f"{type(cause).__name__}: {cause}" + (f" [{where}]" if where else "")
+
+
+class RayWorkerGroup:
+    """Starts ``cluster.world_size`` workers of ``worker_class`` in the cluster's bundles."""
+
+    def __init__(
+        self,
+        cluster: RayVirtualCluster,
+        worker_class: str,
+        *,
+        sharding: NamedSharding,
+        name_prefix: str = "worker",
+        init_args: tuple = (),
+        init_kwargs: dict[str, Any] | None = None,
+        extra_env: dict[str, str] | None = None,
+    ) -> None:
+        import ray
+
+        from rlcore.distributed.worker_host import WorkerHost
+
+        if sharding.world_size != cluster.world_size:
+            raise ValueError(
+                f"sharding {sharding} has {sharding.world_size} ranks but the cluster has {cluster.world_size} bundles"
+            )
+        self.cluster = cluster
+        self.sharding = sharding
+        self.name_prefix = name_prefix
+        self._failure: WorkerError | None = None
+        master_addr, master_port = cluster.get_master_address_and_port()
+        host_cls = ray.remote(WorkerHost)
+        self.workers: list[Any] = []
+        self.worker_names: list[str] = []
+        for bundle in cluster.bundles():
+            rank = bundle.index
+            env = {
+                "RANK": str(rank),
+                "WORLD_SIZE": str(cluster.world_size),
+                "LOCAL_RANK": str(bundle.local_rank),
+                "MASTER_ADDR": master_addr,
+                "MASTER_PORT": str(master_port),
+                **({} if cluster.use_gpus else {"RLCORE_CPU_THREADS": "1", "OMP_NUM_THREADS": "1"}),
+                **(extra_env or {}),
+            }
+            name = f"{name_prefix}-rank{rank}"
+            actor = host_cls.options(
+                scheduling_strategy=cluster.scheduling_strategy(rank),
+                max_concurrency=1,
+                max_restarts=0,
+                **cluster.actor_resources(),
+            ).remote(worker_class, env, init_args, init_kwargs or {})
+            self.workers.append(actor)
+            self.worker_names.append(name)
+
+    @property
+    def world_size(self) -> int:
+        return self.sharding.world_size
+
+    # -- dispatch -------------------------------------------------------------
+    def _call(self, rank: int, method: str, *args: Any, **kwargs: Any) -> Any:
+        if self._failure is not None:
+            raise WorkerError(f"worker group '{self.name_prefix}' is unusable after an earlier failure: "
+                              f"{self._failure}", self._failure.rank)
+        if not self.workers:
+            raise WorkerError(f"worker group '{self.name_prefix}' has been shut down")
+        return self.workers[rank].call.remote(method, *args, **kwargs)
+
+    def run_all_workers_single_data(self, method: str, *args: Any, **kwargs: Any) -> Calls:
+        ranks = list(range(self.world_size))
+        return Calls([self._call(r, method, *args, **kwargs) for r in ranks], ranks)
+
+    def run_all_workers_multiple_data(self, method: str, data: Sequence[Any], **kwargs: Any) -> Calls:
+        if len(data) != self.world_size:
+            raise ValueError(f"{method}: got {len(data)} inputs for {self.world_size} workers")
+        ranks = list(range(self.world_size))
+        return Calls([self._call(r, method, d, **kwargs) for r, d in zip(ranks, data)], ranks)
+
+    def run_all_workers_sharded_data(self, method: str, shards: Sequence[Any], **kwargs: Any) -> Calls:
+        """Shard ``i`` goes to every rank with dp index ``i``; returns only the output ranks' calls."""
+        import ray
+
+        if len(shards) != self.sharding.dp:
+            raise ValueError(f"{method}: got {len(shards)} shards for dp={self.sharding.dp}")
+        shard_refs = [ray.put(s) for s in shards]  # one copy per shard, not per rank
+        ranks = list(range(self.world_size))
+        refs = [self._call(r, method, shard_refs[self.sharding.coords(r)["dp"]], **kwargs) for r in ranks]
+        return Calls(refs, ranks, self.sharding.output_ranks())
+
+    # -- results ---------------------------------------------------------------
+    def get_results(self, calls: Calls, timeout_s: float | None = None) -> list[Any]:
+        """Results of the output ranks, in their order; raises :class:`WorkerError` on the first failure."""
+        import ray
+
+        watched = dict(zip(calls.refs, calls.ranks))
+        results: dict[int, Any] = {}
+        pending = list(calls.refs)
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1, timeout=timeout_s)
+            if not ready:
+                raise self._fail(WorkerError(f"worker group '{self.name_prefix}': no result within {timeout_s}s"))
+            ref = ready[0]
+            try:
+                results[watched[ref]] = ray.get(ref)
+            except Exception as exc:  # noqa: BLE001 - re-raised with the worker named
+                raise self._fail(self._describe(watched[ref], exc)) from exc
+        return [results[r] for r in (calls.output_ranks if calls.output_ranks is not None else calls.ranks)]
+
+    def _describe(self, rank: int, exc: BaseException) -> WorkerError:
+        import ray
+
+        name = self.worker_names[rank]
+        if isinstance(exc, ray.exceptions.RayActorError) and getattr(exc, "actor_init_failed", False):
+            lines = [ln.strip() for ln in str(getattr(exc, "error_msg", exc)).splitlines()]
+            cause = next((ln for ln in reversed(lines) if re.match(r"^[\w.]+(Error|Exception|Exit)\b", ln)), lines[0])
+            where = next((ln for ln in reversed(lines) if ln.startswith("File ")), "")
+            return WorkerError(f"worker {name} (rank {rank}) failed to start: {cause}"
+                               + (f" [{where}]" if where else ""), rank)
+        if isinstance(exc, ray.exceptions.RayTaskError):
+            return WorkerError(f"worker {name} (rank {rank}) raised {_task_error(exc)}", rank)
+        if isinstance(exc, ray.exceptions.OutOfMemoryError):
+            return WorkerError(f"worker {name} (rank {rank}) was killed for running out of memory: {exc}", rank)
+        if isinstance(exc, ray.exceptions.RayActorError):
+            reason = str(exc).strip().splitlines()
+            summary = next((ln for ln in reason if "died" in ln or "exit" in ln.lower()), reason[0] if reason else "")
+            return WorkerError(f"worker {name} (rank {rank}) died: {summary.strip()}", rank)
+        return WorkerError(f"worker {name} (rank {rank}) failed: {type(exc).__name__}: {exc}", rank)
+
+    def _fail(self, error: WorkerError) -> WorkerError:
+        """Record the failure and kill the group: peers of a dead rank may hang in a collective."""
+        self._failure = error
+        self.shutdown()
+        return error
+
+    def worker_pids(self) -> list[int]:
+        import ray
+
+        return ray.get([w.pid.remote() for w in self.workers])
+
+    def shutdown(self) -> None:
+        import ray
+
+        if not ray.is_initialized():
+            self.workers = []
+            return
+        for actor in self.workers:
+            try:
+                ray.kill(actor, no_restart=True)
+            except Exception:  # noqa: BLE001 - already dead
+                pass
+        self.workers = []

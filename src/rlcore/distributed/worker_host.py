@@ -1,0 +1,32 @@
+"""The Ray actor that hosts one rank of a backend's worker.
+
+The driver only knows the backend's ``"module:Class"`` string; the class (and
+torch, and the engine) is imported here, inside the worker process.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+
+class WorkerHost:
+    """Sets the rank's environment, then builds and serves the backend worker."""
+
+    def __init__(self, worker_class: str, env: dict[str, str], args: tuple, kwargs: dict[str, Any]) -> None:
+        os.environ.update(env)
+        if env.get("RLCORE_CPU_THREADS"):
+            import torch
+
+            # One thread per rank: several ranks share a few cores, and oversubscription
+            # makes each rank several times slower (design.md §5).
+            torch.set_num_threads(int(env["RLCORE_CPU_THREADS"]))
+        from rlcore.plugins.spec import import_object
+
+        self.worker = import_object(worker_class)(*args, **kwargs)
+
+    def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        return getattr(self.worker, method)(*args, **kwargs)
+
+    def pid(self) -> int:
+        return os.getpid()

@@ -1,0 +1,55 @@
+"""Abstract contract of a generation backend."""
+
+from __future__ import annotations
+
+import abc
+from typing import TYPE_CHECKING, Any, Optional
+
+if TYPE_CHECKING:
+    from rlcore.data import BatchedDataDict
+    from rlcore.interfaces.specs import GenerationDatumSpec, GenerationOutputSpec
+
+
+class GenerationInterface(abc.ABC):
+    """Generates completions from right-padded prompts.
+
+    ``generate`` returns prompt + completion right-padded in ``output_ids`` and
+    ``logprobs`` aligned like the policy's (design.md §2.2): prompt positions
+    and padding are 0, position ``i`` of a generated token holds
+    ``log p(token_i | tokens_<i)`` under the sampling distribution
+    (temperature applied), so the two can be compared index by index.
+    """
+
+    @abc.abstractmethod
+    def generate(
+        self, data: "BatchedDataDict[GenerationDatumSpec]", greedy: bool = False
+    ) -> "BatchedDataDict[GenerationOutputSpec]": ...
+
+    @abc.abstractmethod
+    def prepare_for_generation(self, *args: Any, **kwargs: Any) -> bool:
+        """Wake the engine (reload weights / KV cache where the platform can)."""
+
+    @abc.abstractmethod
+    def finish_generation(self, *args: Any, **kwargs: Any) -> bool:
+        """Let the engine sleep to free memory for training, where supported."""
+
+    def init_collective(
+        self, ip: str, port: int, world_size: int, *, train_world_size: int
+    ) -> list[Any]:
+        """Join the refit process group (receiving side)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot receive weights by collective")
+
+    def prepare_refit_info(self, state_dict_info: dict[str, Any]) -> None:
+        """Receive ``{hf_name: (shape, dtype)}`` once before the first refit."""
+        raise NotImplementedError(f"{type(self).__name__} cannot be refit")
+
+    def update_weights_via_ipc_zmq(self) -> list[Any]:
+        """Receive weights streamed by colocated training workers."""
+        raise NotImplementedError(f"{type(self).__name__} cannot receive streamed weights")
+
+    def update_weights_from_collective(self) -> list[Any]:
+        """Receive weights broadcast by training rank 0."""
+        raise NotImplementedError(f"{type(self).__name__} cannot receive weights by collective")
+
+    def shutdown(self) -> bool:
+        return True

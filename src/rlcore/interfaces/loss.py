@@ -1,0 +1,64 @@
+"""The loss-function protocol every training backend calls.
+
+Contract (design.md §2.3): a backend runs one optimizer step as a sequence of
+micro-batches on each data-parallel rank. For every micro-batch it computes the
+token logprobs of the current policy and calls the loss with the number of
+valid tokens and sequences of the *whole optimizer step across all dp ranks*.
+The loss divides by those global counts, so the backend can simply **sum**
+micro-batch losses and **sum** gradients over micro-batches and dp ranks. The
+result is independent of dp size, micro-batch size, dynamic batching and
+sequence packing.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    import torch
+
+    from rlcore.data import BatchedDataDict
+
+
+class LossType(str, enum.Enum):
+    """How a loss is normalised: per valid token or per valid sequence."""
+
+    TOKEN_LEVEL = "token_level"
+    SEQUENCE_LEVEL = "sequence_level"
+
+
+@runtime_checkable
+class LossFunction(Protocol):
+    """A loss over one micro-batch, normalised by global step counts.
+
+    Called as ``loss, metrics = loss_fn(logprobs, data, global_valid_seqs,
+    global_valid_toks)`` where
+
+    - ``logprobs`` is ``[B, S]`` float32 with the alignment of design.md §2.2:
+      position 0 is 0, position ``i`` holds ``log p(token_i | tokens_<i)``,
+      padding positions are 0. Backends compute it from their (possibly
+      vocab-parallel) logits, so a loss never needs the full vocabulary.
+    - ``data`` is the micro-batch: ``input_ids``, ``input_lengths``,
+      ``token_mask [B, S]``, ``sample_mask [B]`` and whatever the loss reads
+      (``advantages``, ``prev_logprobs``, ``generation_logprobs``,
+      ``reference_policy_logprobs``, ...). A valid token is one where
+      ``token_mask * sample_mask`` is 1 at positions ``1..S-1``.
+    - ``global_valid_seqs`` / ``global_valid_toks`` are 0-d tensors holding the
+      counts over the whole optimizer step on all dp ranks.
+
+    It returns the micro-batch's share of the global loss (a 0-d tensor the
+    backend calls ``backward`` on) and a dict of float metrics. Metrics that are
+    sums over the micro-batch can be summed by the caller; the rest are per
+    micro-batch values.
+    """
+
+    loss_type: LossType
+
+    def __call__(
+        self,
+        logprobs: "torch.Tensor",
+        data: "BatchedDataDict[Any]",
+        global_valid_seqs: "torch.Tensor",
+        global_valid_toks: "torch.Tensor",
+    ) -> tuple["torch.Tensor", dict[str, Any]]: ...

@@ -1,0 +1,27 @@
+"""The hooks a plugin implements. Project name ``rlcore``; hooks are prefixed ``rlcore_``.
+
+A plugin is any module or object with ``@hookimpl`` functions, published in the
+``rlcore.plugins`` entry-point group. First-party backends use these same hooks.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import pluggy
+
+from rlcore.plugins.spec import BackendSpec
+
+hookspec = pluggy.HookspecMarker("rlcore")
+hookimpl = pluggy.HookimplMarker("rlcore")
+
+
+@hookspec
+def rlcore_register_backends(register: Callable[[BackendSpec], None]) -> None:
+    """Declare backends by calling ``register(BackendSpec(...))`` once per backend.
+
+    Keep the module that implements this hook light: it is imported to list
+    backends, so it must not import torch, ray or an engine. Heavy classes are
+    named in the spec as ``"module:Class"`` strings and imported only inside
+    the worker process that runs them.
+    """

@@ -1,0 +1,90 @@
+"""``BackendSpec``: what a plugin declares about one backend, without importing it."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+#: Plugin API versions this core understands. A spec declaring another is listed
+#: as ``incompatible`` instead of being used.
+SUPPORTED_PLUGIN_API_VERSIONS = frozenset({1})
+PLUGIN_API_VERSION = 1
+
+BackendKind = Literal["training", "generation"]
+
+
+def import_object(path: str) -> Any:
+    """Import ``"package.module:Qualified.Name"`` and return the object."""
+    module_name, sep, qualname = path.partition(":")
+    if not sep or not module_name or not qualname:
+        raise ValueError(f"expected 'module:Class', got {path!r}")
+    obj: Any = importlib.import_module(module_name)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+class BackendSpec(BaseModel):
+    """A training or generation backend, declared by a plugin.
+
+    ``worker_class`` and ``config_class`` are ``"module:Class"`` strings so that
+    listing backends never imports them (vLLM's model-registry idea).
+    ``requires`` names the top-level modules the backend's engine needs
+    (``"torch"``, ``"vllm"``, ``"megatron.core"``); a missing one makes the
+    backend ``unavailable`` with ``install_hint`` as the fix.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(description="Backend name users select in configs, e.g. 'dtensor'.")
+    kind: BackendKind = Field(description="'training' (a policy worker) or 'generation' (an engine).")
+    worker_class: str = Field(description="'module:Class' of the Ray worker; imported only inside the worker.")
+    config_class: str | None = Field(
+        default=None,
+        description="'module:Class' of a pydantic model validating this backend's config section "
+        "('policy.<name>_cfg' or 'policy.generation.<name>_cfg'). Must be importable without heavy deps.",
+    )
+    capabilities: frozenset[str] = Field(
+        default=frozenset(),
+        description="Features the backend supports, e.g. 'generate', 'refit', 'tensor_parallel', "
+        "'sequence_packing', 'dynamic_batching', 'checkpoint', 'reference_model'.",
+    )
+    requires: tuple[str, ...] = Field(default=(), description="Top-level modules the engine needs.")
+    install_hint: str = Field(default="", description="How to install what 'requires' names.")
+    plugin_api_version: int = Field(default=PLUGIN_API_VERSION, description="rlcore plugin API version.")
+    description: str = ""
+
+    @field_validator("name")
+    @classmethod
+    def _name_is_simple(cls, v: str) -> str:
+        if not v or not v.replace("_", "").replace("-", "").isalnum():
+            raise ValueError(f"backend name must be alphanumeric with '-' or '_', got {v!r}")
+        return v
+
+    @field_validator("worker_class", "config_class")
+    @classmethod
+    def _is_import_path(cls, v: str | None) -> str | None:
+        if v is not None and (v.count(":") != 1 or v.startswith(":") or v.endswith(":")):
+            raise ValueError(f"expected 'module:Class', got {v!r}")
+        return v
+
+    def missing_requirements(self) -> list[str]:
+        """Required modules that are not installed (checked without importing them)."""
+        missing = []
+        for module in self.requires:
+            try:
+                found = importlib.util.find_spec(module) is not None
+            except (ImportError, ValueError):  # a missing parent package
+                found = False
+            if not found:
+                missing.append(module)
+        return missing
+
+    def load_worker_class(self) -> type:
+        return import_object(self.worker_class)
+
+    def load_config_class(self) -> type | None:
+        return import_object(self.config_class) if self.config_class else None

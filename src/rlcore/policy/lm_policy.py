@@ -1,0 +1,224 @@
+"""``Policy``: the driver-side facade over a training backend's workers (seed 001).
+
+It resolves the backend by name through the plugin registry, starts one worker
+per rank, shards data over data-parallel ranks (plain, dynamic batching or
+sequence packing), and puts results back in the caller's order. It never
+imports the backend's modules.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Optional, Union
+
+from rlcore.data import BatchedDataDict
+from rlcore.distributed import NamedSharding, RayVirtualCluster, RayWorkerGroup
+from rlcore.interfaces import ColocatablePolicyInterface, GenerationInterface
+from rlcore.plugins import BackendError, get_registry
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+class Policy(ColocatablePolicyInterface, GenerationInterface):
+    def __init__(
+        self,
+        cluster: RayVirtualCluster,
+        config: Any,
+        tokenizer: Any,
+        name_prefix: str = "lm_policy",
+        workers_per_node: Optional[Union[int, list[int]]] = None,
+        init_optimizer: bool = True,
+        weights_path: Optional[PathLike] = None,
+        optimizer_path: Optional[PathLike] = None,
+        init_reference_model: bool = True,
+    ) -> None:
+        self.cfg = config
+        self.spec = get_registry().resolve(config.training_backend, kind="training")
+        tp, cp, pp = config.parallel_sizes()
+        if workers_per_node is not None:
+            wanted = sum(workers_per_node) if isinstance(workers_per_node, list) \
+                else workers_per_node * len(cluster.bundle_ct_per_node_list)
+            if wanted != cluster.world_size:
+                raise ValueError(f"workers_per_node={workers_per_node} gives {wanted} workers but the cluster "
+                                 f"has {cluster.world_size} bundles")
+        self.sharding = NamedSharding.for_world(cluster.world_size, tp=tp, cp=cp, pp=pp)
+        gbs, mbs, dp = config.train_global_batch_size, config.train_micro_batch_size, self.sharding.dp
+        if gbs % (dp * mbs) and not (config.dynamic_batching.enabled or config.sequence_packing.enabled):
+            raise ValueError(f"policy.train_global_batch_size={gbs} is not divisible by dp*train_micro_batch_size"
+                             f" = {dp}*{mbs}")
+        self.worker_group = RayWorkerGroup(
+            cluster,
+            self.spec.worker_class,
+            sharding=self.sharding,
+            name_prefix=f"{name_prefix}-{self.spec.name}",
+            init_args=(config, tokenizer),
+            init_kwargs=dict(
+                weights_path=str(weights_path) if weights_path else None,
+                optimizer_path=str(optimizer_path) if optimizer_path else None,
+                init_optimizer=init_optimizer,
+                init_reference_model=init_reference_model,
+            ),
+        )
+        # Constructing actors is asynchronous: wait so that a worker that cannot start fails here.
+        self._all("is_alive")
+
+    # -- dispatch helpers ----------------------------------------------------------
+    def _all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
+        wg = self.worker_group
+        return wg.get_results(wg.run_all_workers_single_data(method, *args, **kwargs))
+
+    def _mode(self, purpose: str) -> tuple[str, dict[str, Any]]:
+        """Micro-batching mode and the sharding arguments for ``purpose`` ('train' or 'logprob')."""
+        db, sp = self.cfg.dynamic_batching, self.cfg.sequence_packing
+        if db.enabled:
+            tokens = db.train_mb_tokens if purpose == "train" else db.logprob_mb_tokens
+            return "dynamic", {"dynamic_batching_args": {"max_tokens_per_microbatch": tokens,
+                                                          "sequence_length_round": db.sequence_length_round}}
+        if sp.enabled:
+            tokens = sp.train_mb_tokens if purpose == "train" else sp.logprob_mb_tokens
+            return "packing", {"sequence_packing_args": {"max_tokens_per_microbatch": tokens,
+                                                          "algorithm": sp.algorithm}}
+        return "plain", {}
+
+    def _sharded(self, method: str, data: BatchedDataDict, purpose: str, batch_size: int | None = None,
+                 **kwargs: Any) -> tuple[list[Any], list[int] | None]:
+        mode, shard_args = self._mode(purpose)
+        needed = {"dynamic": "dynamic_batching", "packing": "sequence_packing"}.get(mode)
+        if needed and needed not in self.spec.capabilities:
+            raise BackendError(f"backend '{self.spec.name}' does not support policy.{needed}")
+        dp = self.sharding.dp
+        size = data.size
+        if batch_size is None and size % dp:
+            raise ValueError(f"{method}: batch of {size} samples cannot be split over dp={dp} ranks; "
+                             "pad it to a multiple of the data-parallel size")
+        sharded = data.shard_by_batch_size(dp, batch_size=batch_size, **shard_args)
+        shards, order = (sharded, None) if mode == "plain" else sharded
+        wg = self.worker_group
+        results = wg.get_results(wg.run_all_workers_sharded_data(method, shards, mode=mode, **kwargs))
+        return results, order
+
+    # -- PolicyInterface -------------------------------------------------------------
+    def get_logprobs(self, data: BatchedDataDict) -> BatchedDataDict:
+        results, order = self._sharded("get_logprobs", data, "logprob")
+        return BatchedDataDict.from_shards(results, order)
+
+    def get_reference_policy_logprobs(self, data: BatchedDataDict,
+                                      micro_batch_size: Optional[int] = None) -> BatchedDataDict:
+        results, order = self._sharded("get_reference_policy_logprobs", data, "logprob",
+                                       micro_batch_size=micro_batch_size)
+        return BatchedDataDict.from_shards(results, order)
+
+    def get_topk_logits(self, data: BatchedDataDict, k: int,
+                        micro_batch_size: Optional[int] = None) -> BatchedDataDict:
+        results, order = self._sharded("get_topk_logits", data, "logprob", k=k, micro_batch_size=micro_batch_size)
+        return BatchedDataDict.from_shards(results, order)
+
+    def train(self, data: BatchedDataDict, loss_fn: Any, eval_mode: bool = False, *,
+              gbs: Optional[int] = None, mbs: Optional[int] = None) -> dict[str, Any]:
+        """Train on ``data``: ``len(data) // gbs`` optimizer steps.
+
+        Returns ``loss`` and ``grad_norm`` (one value per optimizer step, global
+        across ranks), ``metrics`` (each loss metric's global value, averaged
+        over steps) and ``all_mb_metrics`` (every micro-batch's contribution, all
+        ranks).
+        """
+        import torch
+
+        gbs = gbs or self.cfg.train_global_batch_size
+        mbs = mbs or self.cfg.train_micro_batch_size
+        if data.size % gbs:
+            raise ValueError(f"train: {data.size} samples is not a whole number of global batches of {gbs}")
+        results, _ = self._sharded("train", data, "train", batch_size=gbs, loss_fn=loss_fn,
+                                   eval_mode=eval_mode, gbs=gbs, mbs=mbs)
+        steps = len(results[0]["losses"])
+        all_mb: dict[str, list[float]] = {}
+        for r in results:
+            for name, values in r["all_mb_metrics"].items():
+                all_mb.setdefault(name, []).extend(values)
+        return {
+            "loss": torch.tensor(results[0]["losses"]),
+            "grad_norm": torch.tensor(results[0]["grad_norms"]),
+            "metrics": {name: sum(values) / steps for name, values in all_mb.items()},
+            "all_mb_metrics": all_mb,
+        }
+
+    def generate(self, data: BatchedDataDict, greedy: bool = False) -> BatchedDataDict:
+        if "generate" not in self.spec.capabilities:
+            raise BackendError(f"backend '{self.spec.name}' cannot generate; use a generation backend")
+        dp = self.sharding.dp
+        shards = data.shard_by_batch_size(dp)
+        wg = self.worker_group
+        results = wg.get_results(wg.run_all_workers_sharded_data("generate", shards, greedy=greedy))
+        return BatchedDataDict.from_batches(results)
+
+    # -- lifecycle -------------------------------------------------------------------
+    def prepare_for_generation(self, *args: Any, **kwargs: Any) -> bool:
+        self._all("prepare_for_lp_inference")
+        return True
+
+    def prepare_for_training(self, *args: Any, **kwargs: Any) -> None:
+        self._all("prepare_for_training", *args, **kwargs)
+
+    def prepare_for_lp_inference(self, *args: Any, **kwargs: Any) -> None:
+        self._all("prepare_for_lp_inference")
+
+    def finish_generation(self, *args: Any, **kwargs: Any) -> bool:
+        return True
+
+    def finish_training(self, *args: Any, **kwargs: Any) -> None:
+        self._all("finish_training", *args, **kwargs)
+
+    def offload_before_refit(self) -> None:
+        self._all("offload_before_refit")
+
+    def offload_after_refit(self) -> None:
+        self._all("offload_after_refit")
+
+    # -- refit surface (backends that declare 'refit') ---------------------------------
+    def _require(self, capability: str) -> None:
+        if capability not in self.spec.capabilities:
+            raise BackendError(f"backend '{self.spec.name}' does not support {capability}")
+
+    def prepare_refit_info(self) -> Optional[dict[str, Any]]:
+        self._require("refit")
+        return self._all("prepare_refit_info")[0]
+
+    def stream_weights_via_ipc_zmq(self, *args: Any, **kwargs: Any) -> list[Any]:
+        self._require("refit")
+        return self.worker_group.run_all_workers_single_data("stream_weights_via_ipc_zmq", *args, **kwargs).refs
+
+    def init_collective(self, ip: str, port: int, world_size: int, *, train_world_size: int) -> list[Any]:
+        self._require("refit")
+        return self.worker_group.run_all_workers_single_data(
+            "init_collective", ip, port, world_size, train_world_size=train_world_size).refs
+
+    def broadcast_weights_for_collective(self, kv_scales: Optional[dict[str, float]] = None) -> list[Any]:
+        self._require("refit")
+        return self.worker_group.run_all_workers_single_data(
+            "broadcast_weights_for_collective", kv_scales=kv_scales).refs
+
+    # -- checkpoints, profiling, shutdown ------------------------------------------------
+    def save_checkpoint(self, weights_path: str, optimizer_path: Optional[str] = None,
+                        tokenizer_path: Optional[str] = None) -> None:
+        self._all("save_checkpoint", str(weights_path), str(optimizer_path) if optimizer_path else None,
+                  str(tokenizer_path) if tokenizer_path else None)
+
+    def start_gpu_profiling(self) -> None:
+        self._all("start_gpu_profiling")
+
+    def stop_gpu_profiling(self) -> None:
+        self._all("stop_gpu_profiling")
+
+    def shutdown(self) -> bool:
+        """Kill every worker actor (the cluster owns, and removes, the placement group)."""
+        group = getattr(self, "worker_group", None)
+        if group is not None:
+            group.shutdown()
+        return True
+
+    def __del__(self) -> None:
+        # At interpreter exit Ray may already be gone; never raise from a finalizer.
+        try:
+            self.shutdown()
+        except Exception:  # noqa: BLE001
+            pass

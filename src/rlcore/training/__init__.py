@@ -1,0 +1,1 @@
+"""Backend-independent training utilities: optimizer/scheduler building, gradient clipping, checkpoints."""

@@ -1,0 +1,112 @@
+"""The optimizer-step loop every training backend shares (design.md §2.3-2.4).
+
+A backend supplies how to run its model (``forward``: micro-batch → ``[B, S]``
+logprobs), how its gradients are reduced across data-parallel ranks, and its
+optimizer; this module supplies the semantics that must be identical across
+backends: global batches → optimizer steps, micro-batches, loss normalised by
+the valid-token / valid-sequence counts of the whole step across dp, summed
+losses and gradients, ``max_grad_norm: None`` = no clipping.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Iterator
+
+if TYPE_CHECKING:
+    import torch
+
+    from rlcore.data import BatchedDataDict
+    from rlcore.interfaces import LossFunction
+
+
+@dataclass
+class StepHooks:
+    """What a backend plugs into :func:`train_steps`.
+
+    - ``forward(mb)``: ``[B, S]`` float32 logprobs of the micro-batch (grad-enabled).
+    - ``all_reduce_sum(t)``: sums a tensor over the dp group, in place.
+    - ``finish_grads()``: makes every rank hold the dp-SUM of gradients (e.g. an
+      all-reduce; FSDP does it during backward and then only needs rescaling).
+    - ``clip_grads(max_norm)``: returns the total grad norm, clipping when
+      ``max_norm`` is not None.
+    - ``optimizer_step()``: optimizer and scheduler step, then zero the grads.
+    - ``zero_grad()``: drop gradients (used in eval mode).
+    """
+
+    forward: Callable[["BatchedDataDict[Any]"], "torch.Tensor"]
+    all_reduce_sum: Callable[["torch.Tensor"], None]
+    finish_grads: Callable[[], None]
+    clip_grads: Callable[[float | None], float]
+    optimizer_step: Callable[[], None]
+    zero_grad: Callable[[], None]
+
+
+def valid_counts(batch: "BatchedDataDict[Any]") -> tuple["torch.Tensor", "torch.Tensor"]:
+    """Local (valid sequences, valid tokens): tokens are ``token_mask * sample_mask`` at positions 1..S-1."""
+    import torch
+
+    sample_mask = batch["sample_mask"].float()
+    token_mask = batch["token_mask"][:, 1:].float() * sample_mask[:, None]
+    return sample_mask.sum().to(torch.float64), token_mask.sum().to(torch.float64)
+
+
+def micro_batches(step: "BatchedDataDict[Any]", mbs: int, mode: str) -> Iterator["BatchedDataDict[Any]"]:
+    if mode == "dynamic":
+        return step.make_microbatch_iterator_with_dynamic_shapes()
+    if mode == "packing":
+        return step.make_microbatch_iterator_for_packable_sequences()
+    return step.make_microbatch_iterator(mbs)
+
+
+def train_steps(
+    shard: "BatchedDataDict[Any]",
+    loss_fn: "LossFunction",
+    hooks: StepHooks,
+    *,
+    local_batch_size: int,
+    mbs: int,
+    max_grad_norm: float | None,
+    eval_mode: bool = False,
+    mode: str = "plain",
+) -> dict[str, Any]:
+    """Run every optimizer step in this rank's ``shard``.
+
+    ``local_batch_size`` is this rank's share of one global batch (gbs // dp);
+    in dynamic/packing mode the step boundaries come from the shard's metadata.
+    Returns per-step global losses and grad norms, and per-micro-batch metrics
+    (each metric is the micro-batch's contribution to the global value, see
+    :mod:`rlcore.algorithms.loss_functions`; summing a step's micro-batches over
+    all dp ranks gives the step's global value).
+    """
+    import torch
+
+    num_steps = shard.num_steps if mode != "plain" else shard.size // local_batch_size
+    losses, grad_norms = [], []
+    mb_metrics: dict[str, list[float]] = defaultdict(list)
+    for k in range(num_steps):
+        step = shard.get_batch(k, None if mode != "plain" else local_batch_size)
+        counts = torch.stack(valid_counts(step))
+        hooks.all_reduce_sum(counts)
+        global_seqs, global_toks = counts[0].float(), counts[1].float()
+        step_loss = torch.zeros((), dtype=torch.float64)
+        for mb in micro_batches(step, mbs, mode):
+            with torch.set_grad_enabled(not eval_mode):
+                logprobs = hooks.forward(mb)
+                loss, metrics = loss_fn(logprobs, mb, global_seqs, global_toks)
+                if not eval_mode:
+                    loss.backward()
+            step_loss += loss.detach().double()
+            for name, value in metrics.items():
+                mb_metrics[name].append(float(value))
+        hooks.all_reduce_sum(step_loss)
+        if eval_mode:
+            hooks.zero_grad()
+            grad_norms.append(0.0)
+        else:
+            hooks.finish_grads()
+            grad_norms.append(float(hooks.clip_grads(max_grad_norm)))
+            hooks.optimizer_step()
+        losses.append(float(step_loss))
+    return {"losses": losses, "grad_norms": grad_norms, "all_mb_metrics": dict(mb_metrics)}

@@ -1,0 +1,186 @@
+"""Plugin discovery: statuses end to end with installed fixture plugins, and in-process."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+
+from rlcore.plugins import BackendError, BackendSpec, Registry, hookimpl
+
+FIXTURES = Path(__file__).parent / "fixtures" / "plugins"
+
+
+@pytest.fixture(scope="module")
+def fixture_site(tmp_path_factory) -> Path:
+    """The three fixture distributions, pip-installed into a private directory."""
+    target = tmp_path_factory.mktemp("site")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+         "--target", str(target), *(str(p) for p in sorted(FIXTURES.iterdir()))],
+        check=True,
+    )
+    return target
+
+
+def run_cli(site: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
+    environ = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]), **env}
+    for var in ("RLCORE_PLUGINS", "RLCORE_DISABLE_PLUGINS"):
+        if var not in env:
+            environ.pop(var, None)
+    return subprocess.run([sys.executable, "-m", "rlcore", *args], capture_output=True, text=True, env=environ)
+
+
+def rows_by_name(result: subprocess.CompletedProcess) -> dict[str, dict]:
+    assert result.returncode == 0, result.stderr
+    rows = json.loads(result.stdout)["backends"]
+    for row in rows:
+        assert set(row) == {"name", "kind", "plugin", "distribution", "version", "status", "capabilities", "problem"}
+    return {(r["name"], r["distribution"]): r for r in rows}
+
+
+def test_list_json_shows_every_status(fixture_site):
+    rows = rows_by_name(run_cli(fixture_site, "backends", "list", "--json"))
+    ok = rows[("fixture_ok", "rlcore-fixture-ok")]
+    assert ok["status"] == "ok" and ok["version"] == "1.2.3" and ok["capabilities"] == ["logprobs", "train"]
+    unavailable = rows[("fixture_unavailable", "rlcore-fixture-ok")]
+    assert unavailable["status"] == "unavailable"
+    assert "pip install rlcore-engine-that-is-not-installed" in unavailable["problem"]
+    assert rows[("fixture_incompatible", "rlcore-fixture-ok")]["status"] == "incompatible"
+    broken = rows[("fixture_broken", "rlcore-fixture-broken")]
+    assert broken["status"] == "broken" and "rlcore_module_that_does_not_exist" in broken["problem"]
+    dup_a, dup_b = rows[("fixture_dup", "rlcore-fixture-ok")], rows[("fixture_dup", "rlcore-fixture-dup")]
+    assert dup_a["status"] == dup_b["status"] == "conflict"
+    assert "rlcore-fixture-dup:fixture_dup" in dup_a["problem"]
+
+
+def test_list_table_and_kind_filter(fixture_site):
+    result = run_cli(fixture_site, "backends", "list", "--kind", "generation")
+    assert result.returncode == 0, result.stderr
+    assert "fixture_unavailable" in result.stdout and "fixture_ok " not in result.stdout
+    assert "-> missing rlcore_engine_that_is_not_installed" in result.stdout
+
+
+def test_allow_and_deny_lists(fixture_site):
+    rows = rows_by_name(run_cli(fixture_site, "backends", "list", "--json", RLCORE_PLUGINS="fixture_dup"))
+    statuses = {key: r["status"] for key, r in rows.items() if key[1].startswith("rlcore-fixture")}
+    assert statuses[("fixture_dup", "rlcore-fixture-dup")] == "ok"  # its rival is disabled
+    assert statuses[("fixture_ok", "rlcore-fixture-ok")] == "disabled"
+    assert statuses[("fixture_broken", "rlcore-fixture-broken")] == "disabled"
+
+    rows = rows_by_name(run_cli(fixture_site, "backends", "list", "--json", RLCORE_PLUGINS=""))
+    assert all(r["status"] == "disabled" for r in rows.values())
+
+    rows = rows_by_name(run_cli(fixture_site, "backends", "list", "--json",
+                                RLCORE_DISABLE_PLUGINS="rlcore-fixture-broken"))
+    assert rows[("fixture_broken", "rlcore-fixture-broken")]["status"] == "disabled"
+    assert rows[("fixture_ok", "rlcore-fixture-ok")]["status"] == "ok"
+
+
+def test_show_names_the_problem(fixture_site):
+    result = run_cli(fixture_site, "backends", "show", "fixture_unavailable")
+    assert result.returncode == 0
+    assert "status: unavailable" in result.stdout and "install_hint:" in result.stdout
+    result = run_cli(fixture_site, "backends", "show", "fixture_okk")
+    assert result.returncode == 1 and "did you mean 'fixture_ok'" in result.stderr
+
+
+def test_listing_imports_no_heavy_module(fixture_site):
+    code = (
+        "import sys, io, contextlib\n"
+        "from rlcore.cli.app import app\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    try: app(['backends', 'list'])\n"
+        "    except SystemExit: pass\n"
+        "heavy = [m for m in ('torch', 'ray', 'vllm', 'megatron', 'transformers', 'numpy') if m in sys.modules]\n"
+        "print(','.join(heavy))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(fixture_site)}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    assert out.stdout.strip() == "", f"'rlcore backends list' imported {out.stdout.strip()}"
+
+
+# -- in-process: plugin objects registered without installing them -------------------------
+
+
+class OkPlugin:
+    @hookimpl
+    def rlcore_register_backends(self, register):
+        register(BackendSpec(name="mine", kind="training", worker_class="my_pkg.worker:Worker",
+                             capabilities={"train"}))
+
+
+class RaisingPlugin:
+    @hookimpl
+    def rlcore_register_backends(self, register):
+        raise RuntimeError("boom in hook")
+
+
+def test_register_plugin_object_and_resolve():
+    registry = Registry()
+    registry.register_plugin(OkPlugin(), name="ok")
+    registry.register_plugin(RaisingPlugin(), name="raising")
+    assert registry.resolve("mine").worker_class == "my_pkg.worker:Worker"
+    assert [r.status for r in registry.records] == ["ok", "broken"]
+    assert "boom in hook" in registry.records[1].problem
+    with pytest.raises(BackendError, match="is a training backend, not a generation backend"):
+        registry.resolve("mine", kind="generation")
+    with pytest.raises(BackendError, match="did you mean 'mine'"):
+        registry.resolve("mien")
+
+
+def test_conflict_is_resolvable_by_distribution():
+    registry = Registry()
+    registry.register_plugin(OkPlugin(), name="a", distribution="dist-a")
+    registry.register_plugin(OkPlugin(), name="b", distribution="dist-b")
+    with pytest.raises(BackendError, match="conflict.*select one as"):
+        registry.resolve("mine")
+    assert registry.resolve("dist-b:mine").name == "mine"
+
+
+def test_unavailable_and_incompatible_fail_with_the_fix():
+    class Plugin:
+        @hookimpl
+        def rlcore_register_backends(self, register):
+            register(BackendSpec(name="needs_engine", kind="generation", worker_class="a:B",
+                                 requires=("no_such_engine_mod",), install_hint="pip install engine"))
+            register(BackendSpec(name="future", kind="training", worker_class="a:B", plugin_api_version=7))
+
+    registry = Registry()
+    registry.register_plugin(Plugin(), name="p")
+    with pytest.raises(BackendError, match="unavailable: missing no_such_engine_mod: pip install engine"):
+        registry.resolve("needs_engine")
+    with pytest.raises(BackendError, match="incompatible: declares plugin API version 7"):
+        registry.resolve("future")
+
+
+def test_broken_entry_point_does_not_hide_the_others():
+    good = metadata.EntryPoint(name="good", value=f"{__name__}:GOOD_PLUGIN", group="rlcore.plugins")
+    bad = metadata.EntryPoint(name="bad", value="rlcore_no_such_module_xyz", group="rlcore.plugins")
+    registry = Registry()
+    registry.load_entry_points([bad, good])
+    assert {r.name: r.status for r in registry.records} == {"bad": "broken", "mine": "ok"}
+
+
+GOOD_PLUGIN = OkPlugin()
+
+
+@pytest.mark.parametrize("bad", [
+    dict(name="", kind="training", worker_class="a:B"),
+    dict(name="x", kind="trainer", worker_class="a:B"),
+    dict(name="x", kind="training", worker_class="a.B"),
+])
+def test_backend_spec_rejects_bad_fields(bad):
+    with pytest.raises(ValueError):
+        BackendSpec(**bad)
+
+
+def test_backend_spec_is_frozen():
+    spec = BackendSpec(name="x", kind="training", worker_class="a:B")
+    with pytest.raises(ValueError):
+        spec.name = "y"

@@ -1,0 +1,206 @@
+"""The runtime on real Ray actors and placement groups: cluster, worker group, Policy, failures."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+
+import pytest
+import torch
+
+from rlcore.algorithms.loss_functions import NLLLoss
+from rlcore.config import load_config_dict
+from rlcore.data import BatchedDataDict
+from rlcore.distributed import ClusterError, NamedSharding, RayVirtualCluster, WorkerError
+from rlcore.plugins import BackendError
+from rlcore.policy import Policy
+from rlcore.testing.models import make_batch
+from rlcore.training.logprobs import token_logprobs
+
+# -- named sharding (no Ray) ---------------------------------------------------------------------
+
+
+def test_named_sharding_layout_is_tp_fastest():
+    s = NamedSharding(pp=2, dp=2, cp=1, tp=2)
+    assert [s.coords(r)["tp"] for r in range(8)] == [0, 1] * 4
+    assert [s.coords(r)["dp"] for r in range(8)] == [0, 0, 1, 1, 0, 0, 1, 1]
+    assert [s.coords(r)["pp"] for r in range(8)] == [0] * 4 + [1] * 4
+    assert all(s.rank(**s.coords(r)) == r for r in range(8))
+    assert s.output_ranks() == [0, 2]
+    with pytest.raises(ValueError, match="does not divide the world size 6"):
+        NamedSharding.for_world(6, tp=4)
+
+
+# -- cluster -----------------------------------------------------------------------------------------
+
+
+def test_ports_are_never_handed_out_twice(make_cluster):
+    cluster = make_cluster(2)
+    ports = [cluster.get_master_address_and_port()[1] for _ in range(25)]
+    assert len(set(ports)) == len(ports)
+    assert cluster.get_master_address_and_port()[0] == "127.0.0.1"
+
+
+def test_unplaceable_request_fails_with_a_clear_error(ray_session):
+    import ray
+
+    before = len(ray.util.placement_group_table())
+    start = time.monotonic()
+    with pytest.raises(ClusterError, match=r"could not place 64 bundles of \{'CPU': 1.0\} .* within 2s"):
+        RayVirtualCluster([64], placement_timeout_s=2).get_placement_group()
+    assert time.monotonic() - start < 15
+    states = [pg["state"] for pg in ray.util.placement_group_table().values()]
+    assert len(states) == before + 1 and states.count("REMOVED") >= 1
+
+
+def test_private_ray_listens_on_loopback_only(ray_session):
+    out = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True)
+    if out.returncode != 0:
+        pytest.skip("ss is not available")
+    ray_lines = [ln for ln in out.stdout.splitlines() if any(
+        name in ln for name in ("gcs_server", "raylet", "ray::", "WorkerHost"))]
+    assert ray_lines, out.stdout
+    for line in ray_lines:
+        local = line.split()[3]
+        assert local.startswith(("127.", "[::ffff:127.", "[::1]")), line
+
+
+# -- Policy on the reference backend --------------------------------------------------------
+
+
+def policy_config(model_dir: str, **policy):
+    raw = {"cluster": {"workers_per_node": 2},
+           "policy": {"backend": "reference", "model_name": model_dir, "train_global_batch_size": 4,
+                      "train_micro_batch_size": 1, "logprob_batch_size": 2, "max_grad_norm": None,
+                      "optimizer": {"name": "torch.optim.SGD", "kwargs": {"lr": 0.5}}, **policy}}
+    return load_config_dict(raw).policy
+
+
+def batch(tokenizer, n=4, seed=0) -> BatchedDataDict:
+    return BatchedDataDict(make_batch(tokenizer, n, 4, 14, seed=seed))
+
+
+def hf_logprobs(model, data) -> torch.Tensor:
+    ids, lens = data["input_ids"], data["input_lengths"]
+    mask = (torch.arange(ids.shape[1])[None] < lens[:, None]).long()
+    return token_logprobs(model(input_ids=ids, attention_mask=mask).logits, ids, lens)
+
+
+@pytest.fixture(scope="module")
+def two_rank_policy(ray_session, tiny_model_dir, tiny_tokenizer):
+    cluster = RayVirtualCluster([2])
+    policy = Policy(cluster, policy_config(tiny_model_dir), tiny_tokenizer)
+    yield policy
+    policy.shutdown()
+    cluster.shutdown()
+
+
+def test_two_rank_policy_matches_single_process_torch(two_rank_policy, tiny_model_dir, tiny_tokenizer):
+    """Logprobs and one SGD step through 2 Ray ranks equal one process doing the same batch."""
+    from transformers import AutoModelForCausalLM
+
+    data = batch(tiny_tokenizer, n=4)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    with torch.no_grad():
+        expected = hf_logprobs(model, data)
+    got = two_rank_policy.get_logprobs(data)["logprobs"]
+    assert got.dtype == torch.float32 and got.shape == data["input_ids"].shape
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+
+    # The single-process reference step: mean NLL over every valid token of the batch.
+    valid = data["token_mask"][:, 1:] * data["sample_mask"][:, None]
+    loss = -(hf_logprobs(model, data)[:, 1:] * valid).sum() / valid.sum()
+    loss.backward()
+    with torch.no_grad():
+        for p in model.parameters():
+            p -= 0.5 * p.grad
+        expected_after = hf_logprobs(model, data)
+
+    result = two_rank_policy.train(data, NLLLoss())
+    assert result["loss"].shape == (1,)
+    assert abs(result["loss"][0].item() - loss.item()) < 1e-5
+    assert result["metrics"]["num_valid_tokens"] == valid.sum().item()
+    torch.testing.assert_close(two_rank_policy.get_logprobs(data)["logprobs"], expected_after, atol=1e-5, rtol=0)
+    # The reference model still holds the initial weights.
+    ref = two_rank_policy.get_reference_policy_logprobs(data)["reference_logprobs"]
+    torch.testing.assert_close(ref, expected, atol=1e-5, rtol=0)
+
+
+def test_results_come_back_in_the_callers_order(two_rank_policy, tiny_tokenizer):
+    data = batch(tiny_tokenizer, n=6, seed=3)
+    whole = two_rank_policy.get_logprobs(data)["logprobs"]
+    reversed_data = data.select_indices(list(range(5, -1, -1)))
+    flipped = two_rank_policy.get_logprobs(reversed_data)["logprobs"]
+    torch.testing.assert_close(flipped, whole.flip(0), atol=1e-6, rtol=0)
+
+
+def test_worker_exception_names_the_worker(ray_session, tiny_model_dir, tiny_tokenizer):
+    class ExplodingLoss(NLLLoss):
+        def __call__(self, *args, **kwargs):
+            raise ValueError("loss exploded on purpose")
+
+    cluster = RayVirtualCluster([2])
+    policy = Policy(cluster, policy_config(tiny_model_dir), tiny_tokenizer)
+    try:
+        with pytest.raises(WorkerError, match=r"worker lm_policy-reference-rank\d \(rank \d\) raised "
+                                              r"ValueError: loss exploded on purpose"):
+            policy.train(batch(tiny_tokenizer), ExplodingLoss())
+        with pytest.raises(WorkerError, match="unusable after an earlier failure"):
+            policy.get_logprobs(batch(tiny_tokenizer))
+    finally:
+        policy.shutdown()
+        cluster.shutdown()
+
+
+def test_killed_worker_mid_train_raises_promptly(ray_session, tiny_model_dir, tiny_tokenizer):
+    cluster = RayVirtualCluster([2])
+    policy = Policy(cluster, policy_config(tiny_model_dir, train_global_batch_size=2), tiny_tokenizer)
+    try:
+        victim = policy.worker_group.worker_pids()[1]
+        long_run = batch(tiny_tokenizer, n=4000, seed=1)  # 2000 optimizer steps: far longer than the kill delay
+        killed_at: list[float] = []
+
+        def kill() -> None:
+            killed_at.append(time.monotonic())
+            os.kill(victim, signal.SIGKILL)
+
+        threading.Timer(1.0, kill).start()
+        with pytest.raises(WorkerError, match=r"worker lm_policy-reference-rank1 \(rank 1\) died"):
+            policy.train(long_run, NLLLoss())
+        assert killed_at and time.monotonic() - killed_at[0] < 10
+    finally:
+        policy.shutdown()
+        cluster.shutdown()
+
+
+def test_shutdown_leaves_no_actor_or_placement_group(ray_session, tiny_model_dir, tiny_tokenizer):
+    import ray
+    from ray._private.state import actors
+
+    cluster = RayVirtualCluster([2])
+    policy = Policy(cluster, policy_config(tiny_model_dir), tiny_tokenizer)
+    actor_ids = [w._actor_id.hex() for w in policy.worker_group.workers]
+    pg_id = cluster.get_placement_group().id.hex()
+    assert policy.shutdown() and cluster.shutdown()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        alive = [a for a in actor_ids if actors(a)["State"] != "DEAD"]
+        if not alive:
+            break
+        time.sleep(0.2)
+    assert not alive, f"actors still alive after shutdown: {alive}"
+    assert ray.util.placement_group_table()[pg_id]["state"] == "REMOVED"
+
+
+def test_unknown_backend_fails_before_any_worker_starts(ray_session, tiny_model_dir, tiny_tokenizer):
+    cfg = policy_config(tiny_model_dir).model_copy(update={"backend": "refrence"})
+    cluster = RayVirtualCluster([2])
+    try:
+        with pytest.raises(BackendError, match="did you mean 'reference'"):
+            Policy(cluster, cfg, tiny_tokenizer)
+        assert cluster._placement_group is None  # nothing was reserved, nothing started
+    finally:
+        cluster.shutdown()
