@@ -164,11 +164,11 @@ class Registry:
         if not matches:
             known = sorted({r.name for r in self.records if r.spec is not None})
             close = difflib.get_close_matches(short, known, n=1)
-            hint = f"; did you mean '{close[0]}'?" if close else ""
+            hint = f"did you mean '{close[0]}'? " if close else ""
             installed = ", ".join(known) or "none"
             raise BackendError(
-                f"no backend named '{name}' (installed: {installed}){hint} "
-                f"Install the plugin that provides it, e.g. 'pip install rl-{short}'."
+                f"no backend named '{name}' (installed: {installed}); {hint}"
+                f"install the plugin that provides it, e.g. 'pip install rl-{short}'"
             )
         return matches[0]
 
