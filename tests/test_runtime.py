@@ -204,3 +204,25 @@ def test_unknown_backend_fails_before_any_worker_starts(ray_session, tiny_model_
         assert cluster._placement_group is None  # nothing was reserved, nothing started
     finally:
         cluster.shutdown()
+
+
+@pytest.mark.gpu
+def test_two_rank_policy_on_gpus_uses_nccl(tiny_model_dir, tiny_tokenizer):
+    """GPU mode: one GPU per bundle, NCCL between ranks; same numbers as on CPU."""
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 GPUs")
+    from rlcore.distributed import init_ray
+
+    init_ray(num_gpus=2)
+    cluster = RayVirtualCluster([2], use_gpus=True)
+    policy = Policy(cluster, policy_config(tiny_model_dir), tiny_tokenizer)
+    try:
+        assert all(d.startswith("cuda") for d in policy._all("report_device_id"))
+        data = batch(tiny_tokenizer, n=4)
+        first = policy.get_logprobs(data)["logprobs"]
+        result = policy.train(data, NLLLoss())
+        assert torch.isfinite(result["loss"]).all()
+        assert not torch.allclose(policy.get_logprobs(data)["logprobs"], first)
+    finally:
+        policy.shutdown()
+        cluster.shutdown()

@@ -57,33 +57,30 @@ class DTensorConfig(StrictModel):
     )
 
 
-class SequencePackingConfig(StrictModel):
+class _TokenBudgets(StrictModel):
+    """Per-micro-batch token budgets shared by dynamic batching and sequence packing."""
+
+    train_mb_tokens: PositiveInt | None = Field(
+        None, description="Token budget per training micro-batch; None (resolved at load) = "
+        "train_micro_batch_size * max_total_sequence_length."
+    )
+    logprob_mb_tokens: PositiveInt | None = Field(
+        None, description="Token budget per logprob micro-batch; None (resolved at load) = "
+        "logprob_batch_size * max_total_sequence_length."
+    )
+
+
+class SequencePackingConfig(_TokenBudgets):
     """Packing several sequences per micro-batch row, by token budget."""
 
     enabled: bool = Field(False, description="Pack several sequences into each micro-batch row.")
-    train_mb_tokens: PositiveInt | None = Field(
-        None, description="Token budget per training micro-batch; None (resolved at load) = "
-        "train_micro_batch_size * max_total_sequence_length."
-    )
-    logprob_mb_tokens: PositiveInt | None = Field(
-        None, description="Token budget per logprob micro-batch; None (resolved at load) = "
-        "logprob_batch_size * max_total_sequence_length."
-    )
     algorithm: str = Field("modified_first_fit_decreasing", description="Bin-packing algorithm name.")
 
 
-class DynamicBatchingConfig(StrictModel):
+class DynamicBatchingConfig(_TokenBudgets):
     """Micro-batches formed by token budget instead of a fixed sample count."""
 
     enabled: bool = Field(False, description="Form micro-batches by token budget instead of a fixed count.")
-    train_mb_tokens: PositiveInt | None = Field(
-        None, description="Token budget per training micro-batch; None (resolved at load) = "
-        "train_micro_batch_size * max_total_sequence_length."
-    )
-    logprob_mb_tokens: PositiveInt | None = Field(
-        None, description="Token budget per logprob micro-batch; None (resolved at load) = "
-        "logprob_batch_size * max_total_sequence_length."
-    )
     sequence_length_round: PositiveInt = Field(64, description="Round padded sequence lengths up to a multiple of this.")
 
 
