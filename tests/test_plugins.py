@@ -184,3 +184,25 @@ def test_backend_spec_is_frozen():
     spec = BackendSpec(name="x", kind="training", worker_class="a:B")
     with pytest.raises(ValueError):
         spec.name = "y"
+
+
+def test_third_party_config_section_is_validated_by_its_own_class(rlcore_registry):
+    from rlcore.config import load_config_dict
+    from rlcore.plugins.registry import validate_backend_sections
+
+    class Plugin:
+        @hookimpl
+        def rlcore_register_backends(self, register):
+            register(BackendSpec(name="mine", kind="training", worker_class="a:B",
+                                 config_class="tests.fixtures.third_party_config:MineConfig"))
+
+    rlcore_registry.register_plugin(Plugin(), name="p")
+    good = load_config_dict({"policy": {"backend": "mine", "mine_cfg": {"shards": 2}}})
+    assert validate_backend_sections(good) == []
+    bad = load_config_dict({"policy": {"backend": "mine", "mine_cfg": {"shards": "many", "colour": 1},
+                                       "mein_cfg": {}}})
+    problems = validate_backend_sections(bad)
+    assert any(p.startswith("policy.mine_cfg.shards:") and "'many'" in p for p in problems), problems
+    assert any(p.startswith("policy.mine_cfg.colour: unknown key") for p in problems), problems
+    assert any(p.startswith("policy.mein_cfg: no installed backend named 'mein'; did you mean 'mine_cfg'")
+               for p in problems), problems

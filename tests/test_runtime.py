@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 
@@ -54,6 +55,45 @@ def test_unplaceable_request_fails_with_a_clear_error(ray_session):
     assert time.monotonic() - start < 15
     states = [pg["state"] for pg in ray.util.placement_group_table().values()]
     assert len(states) == before + 1 and states.count("REMOVED") >= 1
+
+
+def test_colocated_worker_groups_share_bundles(ray_session):
+    """Two groups with max_colocated_worker_groups=2 fit on the same two bundles; a third does not."""
+    from rlcore.distributed import RayWorkerGroup
+
+    cluster = RayVirtualCluster([2], max_colocated_worker_groups=2, placement_timeout_s=10)
+    try:
+        sharding = NamedSharding.for_world(2)
+        first = RayWorkerGroup(cluster, "collections:Counter", sharding=sharding, name_prefix="train")
+        second = RayWorkerGroup(cluster, "collections:Counter", sharding=sharding, name_prefix="gen")
+        assert first.worker_pids() and second.worker_pids()  # both groups started inside the bundles
+        assert set(first.worker_pids()).isdisjoint(second.worker_pids())
+        third = RayWorkerGroup(cluster, "collections:Counter", sharding=sharding, name_prefix="extra")
+        import ray
+
+        ready, _ = ray.wait([w.pid.remote() for w in third.workers], num_returns=2, timeout=3)
+        assert not ready, "a third group must not fit into bundles shared by two"
+        for group in (first, second, third):
+            group.shutdown()
+    finally:
+        cluster.shutdown()
+
+
+def test_ray_address_attaches_to_an_existing_cluster(ray_session):
+    """With RAY_ADDRESS set, init_ray joins that cluster instead of starting a private one."""
+    import ray
+
+    code = (
+        "import ray\n"
+        "from rlcore.distributed import init_ray\n"
+        "started = init_ray()\n"
+        "print(started, ray.get_runtime_context().get_node_id())\n"
+    )
+    env = {**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    started, node_id = out.stdout.split()[-2:]
+    assert started == "False" and node_id == ray.get_runtime_context().get_node_id()
 
 
 def test_private_ray_listens_on_loopback_only(ray_session):
