@@ -1,0 +1,178 @@
+"""``TrainingWorkerBase``: what every training backend's Ray worker shares.
+
+A backend subclass builds its (possibly sharded) model and optimizer in
+``__init__`` and provides:
+
+- :meth:`_forward_logprobs` (micro-batch → ``[B, S]`` float32 logprobs, grad-enabled),
+- :meth:`_forward_topk` (micro-batch → top-k logits of next-token positions),
+- :meth:`_step_hooks` (how gradients are reduced, clipped and applied).
+
+The base class turns those into the worker methods the ``Policy`` calls, with
+the contracts of design.md §2: alignment, padding back to the caller's width,
+the shared optimizer-step loop, and the reference model swapped in from a CPU
+copy of this rank's own shards.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Any, Callable, Iterator
+
+import torch
+
+from rlcore.data import BatchedDataDict
+from rlcore.training.loop import StepHooks, micro_batches, train_steps
+
+
+class TrainingWorkerBase:
+    """Shared worker surface; subclasses set ``self.cfg``, ``self.model``, ``self.device``, ``self.dp_size``."""
+
+    cfg: Any
+    model: torch.nn.Module
+    device: torch.device
+    dp_size: int
+    reference_state: dict[str, torch.Tensor] | None = None
+
+    # -- to implement ------------------------------------------------------------
+    def _forward_logprobs(self, mb: BatchedDataDict) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _forward_topk(self, mb: BatchedDataDict, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+    def _step_hooks(self) -> StepHooks:
+        raise NotImplementedError
+
+    # -- reference model ---------------------------------------------------------
+    def _snapshot_to_cpu(self) -> dict[str, torch.Tensor]:
+        """A CPU copy of this rank's parameters and buffers (its own shards only)."""
+        return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+
+    def _load_snapshot(self, state: dict[str, torch.Tensor]) -> None:
+        self.model.load_state_dict(state)
+
+    def init_reference_model(self) -> None:
+        self.reference_state = self._snapshot_to_cpu()
+
+    @contextlib.contextmanager
+    def use_reference_model(self) -> Iterator[None]:
+        """Swap the reference weights in from their CPU copy; put the trained ones back after."""
+        if self.reference_state is None:
+            raise RuntimeError("this worker was created with init_reference_model=False")
+        trained = self._snapshot_to_cpu()
+        self._load_snapshot(self.reference_state)
+        try:
+            yield
+        finally:
+            self._load_snapshot(trained)
+
+    # -- inference passes ----------------------------------------------------------
+    def _map_micro_batches(self, data: BatchedDataDict, fn: Callable[[BatchedDataDict], dict],
+                           micro_batch_size: int | None, mode: str) -> BatchedDataDict:
+        self.model.eval()
+        mbs = micro_batch_size or self.cfg.logprob_batch_size
+        with torch.no_grad():
+            parts = [fn(mb) for mb in micro_batches(data, mbs, mode)]
+        return BatchedDataDict.from_batches(parts)
+
+    def get_logprobs(self, data: BatchedDataDict, micro_batch_size: int | None = None,
+                     mode: str = "plain") -> BatchedDataDict:
+        out = self._map_micro_batches(
+            data, lambda mb: {"logprobs": self._forward_logprobs(mb).cpu()}, micro_batch_size, mode)
+        return pad_dim1(out, "logprobs", data["input_ids"].shape[1])
+
+    def get_reference_policy_logprobs(self, data: BatchedDataDict, micro_batch_size: int | None = None,
+                                      mode: str = "plain") -> BatchedDataDict:
+        with self.use_reference_model():
+            out = self.get_logprobs(data, micro_batch_size, mode)
+        return BatchedDataDict(reference_logprobs=out["logprobs"])
+
+    def get_topk_logits(self, data: BatchedDataDict, k: int, micro_batch_size: int | None = None,
+                        mode: str = "plain") -> BatchedDataDict:
+        def run(mb: BatchedDataDict) -> dict:
+            values, indices = self._forward_topk(mb, k)
+            return {"topk_logits": values.cpu(), "topk_indices": indices.cpu()}
+
+        out = self._map_micro_batches(data, run, micro_batch_size, mode)
+        width = data["input_ids"].shape[1] - 1
+        return pad_dim1(pad_dim1(out, "topk_logits", width), "topk_indices", width)
+
+    # -- training ------------------------------------------------------------------
+    def train(self, data: BatchedDataDict, loss_fn: Any, eval_mode: bool = False, gbs: int | None = None,
+              mbs: int | None = None, mode: str = "plain") -> dict[str, Any]:
+        if getattr(self, "optimizer", None) is None and not eval_mode:
+            raise RuntimeError("this worker was created with init_optimizer=False; it cannot train")
+        gbs = gbs or self.cfg.train_global_batch_size
+        mbs = mbs or self.cfg.train_micro_batch_size
+        self.model.train(not eval_mode)
+        return train_steps(data, loss_fn, self._step_hooks(), local_batch_size=gbs // self.dp_size, mbs=mbs,
+                           max_grad_norm=self.cfg.max_grad_norm, eval_mode=eval_mode, mode=mode)
+
+    # -- lifecycle and introspection (override where a backend moves memory) ---------
+    def prepare_for_training(self, *args: Any, **kwargs: Any) -> None:
+        self.model.train()
+
+    def prepare_for_lp_inference(self) -> None:
+        self.model.eval()
+
+    def finish_training(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def offload_before_refit(self) -> None:
+        pass
+
+    def offload_after_refit(self) -> None:
+        pass
+
+    def is_alive(self) -> bool:
+        return True
+
+    def report_device_id(self) -> str:
+        return str(self.device)
+
+    def get_gpu_info(self) -> dict[str, Any]:
+        info: dict[str, Any] = {"rank": int(os.environ.get("RANK", 0)), "device": str(self.device),
+                                "pid": os.getpid()}
+        if self.device.type == "cuda":
+            info["memory_allocated_mb"] = torch.cuda.memory_allocated(self.device) / 2**20
+            info["peak_memory_allocated_mb"] = torch.cuda.max_memory_allocated(self.device) / 2**20
+        return info
+
+    def reset_peak_memory_stats(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+
+    def start_gpu_profiling(self) -> None:
+        """Start a torch profiler trace (written to $RLCORE_PROFILE_DIR on stop)."""
+        self._profiler = torch.profiler.profile(record_shapes=False)
+        self._profiler.__enter__()
+
+    def stop_gpu_profiling(self) -> None:
+        profiler = getattr(self, "_profiler", None)
+        if profiler is None:
+            return
+        profiler.__exit__(None, None, None)
+        out_dir = os.environ.get("RLCORE_PROFILE_DIR")
+        if out_dir:
+            os.makedirs(out_dir, exist_ok=True)
+            profiler.export_chrome_trace(os.path.join(out_dir, f"trace_rank{os.environ.get('RANK', 0)}.json"))
+        self._profiler = None
+
+    def shutdown(self) -> None:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def pad_dim1(data: BatchedDataDict, key: str, width: int) -> BatchedDataDict:
+    """Fit ``data[key]`` to ``width`` along dim 1: zero-pad (micro-batches may be narrower) or cut
+    (dynamic batching may round a micro-batch's length past the caller's width)."""
+    t = data[key]
+    if t.shape[1] > width:
+        data[key] = t[:, :width].contiguous()
+    elif t.shape[1] < width:
+        pad = torch.zeros(t.shape[0], width - t.shape[1], *t.shape[2:], dtype=t.dtype)
+        data[key] = torch.cat([t, pad], dim=1)
+    return data
