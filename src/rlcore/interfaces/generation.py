@@ -33,22 +33,34 @@ class GenerationInterface(abc.ABC):
     def finish_generation(self, *args: Any, **kwargs: Any) -> bool:
         """Let the engine sleep to free memory for training, where supported."""
 
-    def init_collective(
-        self, ip: str, port: int, world_size: int, *, train_world_size: int
-    ) -> list[Any]:
-        """Join the refit process group (receiving side)."""
-        raise NotImplementedError(f"{type(self).__name__} cannot receive weights by collective")
-
+    # -- refit, receiving side (see rlcore.refit; used by WeightSynchronizer) ----------------
     def prepare_refit_info(self, state_dict_info: dict[str, Any]) -> None:
         """Receive ``{hf_name: (shape, dtype)}`` once before the first refit."""
         raise NotImplementedError(f"{type(self).__name__} cannot be refit")
 
-    def update_weights_via_ipc_zmq(self) -> list[Any]:
-        """Receive weights streamed by colocated training workers."""
+    def refit_endpoints(self) -> dict[int, tuple[str, bytes]]:
+        """``{training rank: (socket address, authkey)}`` of the colocated engines' refit listeners.
+
+        Answered on the driver (cached), since the engines are busy receiving during a refit.
+        """
         raise NotImplementedError(f"{type(self).__name__} cannot receive streamed weights")
 
-    def update_weights_from_collective(self) -> list[Any]:
-        """Receive weights broadcast by training rank 0."""
+    def update_weights_via_ipc_zmq(self, bucket_bytes: int) -> list[Any]:
+        """Start receiving weights streamed by colocated training ranks; returns futures."""
+        raise NotImplementedError(f"{type(self).__name__} cannot receive streamed weights")
+
+    def refit_world_size(self) -> int:
+        """Number of engine ranks that join the collective refit group."""
+        raise NotImplementedError(f"{type(self).__name__} cannot receive weights by collective")
+
+    def init_collective(
+        self, ip: str, port: int, world_size: int, *, train_world_size: int
+    ) -> list[Any]:
+        """Join the refit group as ranks ``train_world_size ..``; returns futures."""
+        raise NotImplementedError(f"{type(self).__name__} cannot receive weights by collective")
+
+    def update_weights_from_collective(self, bucket_bytes: int) -> list[Any]:
+        """Start receiving weights broadcast by training rank 0; returns futures."""
         raise NotImplementedError(f"{type(self).__name__} cannot receive weights by collective")
 
     def shutdown(self) -> bool:

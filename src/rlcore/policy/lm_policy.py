@@ -192,10 +192,11 @@ class Policy(ColocatablePolicyInterface, GenerationInterface):
         return self.worker_group.run_all_workers_single_data(
             "init_collective", ip, port, world_size, train_world_size=train_world_size).refs
 
-    def broadcast_weights_for_collective(self, kv_scales: Optional[dict[str, float]] = None) -> list[Any]:
+    def broadcast_weights_for_collective(self, kv_scales: Optional[dict[str, float]] = None,
+                                         **kwargs: Any) -> list[Any]:
         self._require("refit")
         return self.worker_group.run_all_workers_single_data(
-            "broadcast_weights_for_collective", kv_scales=kv_scales).refs
+            "broadcast_weights_for_collective", kv_scales=kv_scales, **kwargs).refs
 
     # -- checkpoints, profiling, shutdown ------------------------------------------------
     def save_checkpoint(self, weights_path: str, optimizer_path: Optional[str] = None,

@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from rlcore.data import BatchedDataDict
+from rlcore.refit import RefitExportMixin, metadata_of
 from rlcore.training.checkpoint import load_hf_state_dict, load_torch_state, save_hf_checkpoint, save_torch_state
 from rlcore.training.logprobs import token_logprobs, topk_logits
 from rlcore.training.loop import StepHooks
@@ -42,7 +43,7 @@ def attention_mask(mb: BatchedDataDict, device: torch.device) -> torch.Tensor:
     return (positions[None, :] < mb["input_lengths"].to(device)[:, None]).long()
 
 
-class ReferenceWorker(TrainingWorkerBase):
+class ReferenceWorker(RefitExportMixin, TrainingWorkerBase):
     """One rank of the reference backend."""
 
     def __init__(self, config: Any, tokenizer: Any = None, weights_path: str | None = None,
@@ -105,6 +106,13 @@ class ReferenceWorker(TrainingWorkerBase):
             optimizer_step=optimizer_step,
             zero_grad=lambda: self.model.zero_grad(set_to_none=True),
         )
+
+    # -- refit export: every rank holds the full model, already under HF names -------------
+    def prepare_refit_info(self) -> dict:
+        return metadata_of(self.model.state_dict().items())
+
+    def iter_refit_tensors(self):
+        yield from self.model.state_dict().items()
 
     # -- checkpoints -------------------------------------------------------------------
     def save_checkpoint(self, weights_path: str, optimizer_path: str | None = None,

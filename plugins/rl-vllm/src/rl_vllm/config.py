@@ -1,0 +1,112 @@
+"""``policy.generation.vllm_cfg``: settings of the vLLM engines.
+
+Sampling parameters (temperature, top-p, stop strings, ...) are not here: they
+are rlcore's ``GenerationConfig`` fields and apply to every generation
+backend. This section holds only what is specific to running vLLM. It imports
+nothing heavy: the registry imports it to validate configs.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, PositiveInt, model_validator
+
+from rlcore.config import ConfigError, StrictModel, validate_section
+
+SECTION = "vllm_cfg"
+GIB = 1024**3
+
+
+class VllmConfig(StrictModel):
+    """Engine settings for the ``vllm`` generation backend."""
+
+    num_engines: PositiveInt | None = Field(
+        None,
+        description="Data-parallel engines. None = one per tensor_parallel_size bundles of the generation "
+        "cluster; when set it must equal that number (it is checked, so a config states its intent).",
+    )
+    tensor_parallel_size: PositiveInt = Field(
+        1, description="Ranks per engine (tensor parallel inside one engine). Only 1 is supported for now."
+    )
+    precision: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32",
+        description="Engine weights/activations dtype. float32 gives logprobs equal to a float32 training "
+        "forward; bfloat16 on CPU needs AMX permission, which rl-vllm requests in every engine process.",
+    )
+    max_model_len: PositiveInt | None = Field(
+        None, description="Longest prompt + completion the engine accepts; None = the model's own limit."
+    )
+    kv_cache_space_gb: float | None = Field(
+        1.0,
+        gt=0,
+        description="KV cache per engine, in GiB (on CPU this is what VLLM_CPU_KVCACHE_SPACE sets, but "
+        "fractions are allowed). None = sized by gpu_memory_utilization.",
+    )
+    gpu_memory_utilization: float = Field(
+        0.6,
+        gt=0,
+        le=1,
+        description="Fraction of accelerator memory (on CPU: of host memory) the engine may use; only "
+        "used when kv_cache_space_gb is None.",
+    )
+    enforce_eager: bool = Field(
+        True, description="Run the model eagerly (no torch.compile / CUDA graphs): fast start, slower steps."
+    )
+    enable_prefix_caching: bool = Field(
+        True, description="Reuse the KV cache of shared prompt prefixes (reset after every weight refit)."
+    )
+    enable_sleep_mode: bool = Field(
+        False,
+        description="GPU: let finish_generation put the engine to sleep (weights offloaded, KV cache "
+        "freed) so colocated training gets the memory back. Ignored on CPU, where vLLM has no sleep mode.",
+    )
+    max_num_seqs: PositiveInt | None = Field(
+        None, description="Most sequences an engine runs at once; None = vLLM's default."
+    )
+    seed: int = Field(0, description="Sampling seed; engine i uses seed + i so engines draw different samples.")
+    load_format: Literal["auto", "dummy"] = Field(
+        "auto",
+        description="'auto' loads the checkpoint at model_name; 'dummy' starts with random weights and "
+        "expects a refit before the first generate.",
+    )
+    tokenizer: str | None = Field(
+        None, description="Tokenizer path (stop strings are matched on decoded text); None = the model's."
+    )
+    cpu_threads: PositiveInt | None = Field(
+        None,
+        description="torch threads of an engine process on CPU; None = rlcore's default of one per rank "
+        "(several ranks share few cores).",
+    )
+    engine_kwargs: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Extra keyword arguments passed as-is to vllm.LLM (escape hatch; overrides the above).",
+    )
+
+    @model_validator(mode="after")
+    def _supported(self) -> "VllmConfig":
+        if self.tensor_parallel_size != 1:
+            raise ValueError(
+                f"tensor_parallel_size={self.tensor_parallel_size}: rl-vllm runs one in-process engine per "
+                "Ray actor and supports only 1 for now; use more engines (data parallel) instead"
+            )
+        return self
+
+    @property
+    def kv_cache_bytes(self) -> int | None:
+        return None if self.kv_cache_space_gb is None else int(self.kv_cache_space_gb * GIB)
+
+
+def vllm_config_from(generation_config: Any, path: str = f"policy.generation.{SECTION}") -> VllmConfig:
+    """The validated ``vllm_cfg`` section of a ``GenerationConfig`` (defaults when absent).
+
+    Raises :class:`rlcore.config.ConfigError` whose lines name the dotted path.
+    """
+    sections = getattr(generation_config, "backend_sections", None) or {}
+    section = sections.get(SECTION)
+    if isinstance(section, VllmConfig):
+        return section
+    model, problems = validate_section(VllmConfig, section, path)
+    if model is None:
+        raise ConfigError(problems)
+    return model

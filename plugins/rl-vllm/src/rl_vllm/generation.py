@@ -1,0 +1,116 @@
+"""``VllmGeneration``: the driver-side ``GenerationInterface`` over vLLM engine actors.
+
+One Ray actor per engine rank, started by a :class:`rlcore.distributed.RayWorkerGroup`
+in the bundles of a :class:`rlcore.distributed.RayVirtualCluster`:
+
+- colocated with training: pass the training cluster, built with
+  ``max_colocated_worker_groups=2``; every bundle then hosts one training
+  worker and one engine, each asking for half of it;
+- on its own resources: pass a cluster made for generation
+  (``policy.generation.colocated.resources``).
+
+The engines are data parallel: a batch is cut into contiguous chunks, one per
+engine, and the results are concatenated back in the caller's order. This
+module imports no torch and no vLLM; the engines are built inside the actors.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rlcore.data import BatchedDataDict
+from rlcore.distributed import NamedSharding, RayVirtualCluster, RayWorkerGroup
+from rlcore.interfaces import GenerationInterface
+from rl_vllm.config import VllmConfig, vllm_config_from
+from rl_vllm.sampling import batch_problems, sampling_options
+
+WORKER_CLASS = "rl_vllm.worker:VllmGenerationWorker"
+#: Keys of a generation batch the engines read.
+INPUT_KEYS = ("input_ids", "input_lengths", "stop_strings")
+
+
+class VllmGeneration(GenerationInterface):
+    """Data-parallel vLLM engines behind ``GenerationInterface``.
+
+    ``config`` is the resolved ``policy.generation`` section
+    (``GenerationConfig``): its sampling fields are read at every
+    ``generate`` call (so a changed ``config`` applies to the next call), its
+    ``vllm_cfg`` sub-section is validated here unless ``vllm_config`` is
+    given. Engine start-up failures surface from the constructor as a
+    :class:`rlcore.distributed.WorkerError` naming the rank and the cause.
+    """
+
+    def __init__(self, cluster: RayVirtualCluster, config: Any, *, vllm_config: VllmConfig | None = None,
+                 name_prefix: str = "vllm") -> None:
+        self.cfg = config
+        self.vllm_cfg = vllm_config if vllm_config is not None else vllm_config_from(config)
+        tp = self.vllm_cfg.tensor_parallel_size
+        if cluster.world_size % tp:
+            raise ValueError(f"policy.generation.vllm_cfg.tensor_parallel_size={tp} does not divide the "
+                             f"{cluster.world_size} bundles of the generation cluster")
+        engines = cluster.world_size // tp
+        wanted = self.vllm_cfg.num_engines
+        if wanted is not None and wanted != engines:
+            raise ValueError(f"policy.generation.vllm_cfg.num_engines={wanted}, but the generation cluster has "
+                             f"{cluster.world_size} bundles, i.e. {engines} engine(s) of tensor_parallel_size={tp}")
+        self.sharding = NamedSharding(dp=engines, tp=tp)
+        extra_env: dict[str, str] = {}
+        if self.vllm_cfg.cpu_threads and not cluster.use_gpus:
+            threads = str(self.vllm_cfg.cpu_threads)
+            extra_env.update(RLCORE_CPU_THREADS=threads, OMP_NUM_THREADS=threads)
+        self.worker_group = RayWorkerGroup(
+            cluster,
+            WORKER_CLASS,
+            sharding=self.sharding,
+            name_prefix=name_prefix,
+            init_args=(config, self.vllm_cfg),
+            extra_env=extra_env,
+        )
+        # Actor construction is asynchronous: wait here so an engine that cannot start fails now.
+        self.engine_info: list[dict[str, Any]] = self._all("info")
+
+    @property
+    def num_engines(self) -> int:
+        return self.sharding.dp
+
+    def _all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
+        wg = self.worker_group
+        return wg.get_results(wg.run_all_workers_single_data(method, *args, **kwargs))
+
+    # -- GenerationInterface ------------------------------------------------------------
+    def generate(self, data: BatchedDataDict, greedy: bool = False) -> BatchedDataDict:
+        """Generate for right-padded prompts; output rows are in the caller's order.
+
+        See :meth:`rl_vllm.worker.VllmGenerationWorker.generate` for the
+        semantics of greedy decoding, stop strings and logprobs.
+        """
+        problems = batch_problems(data, min(info["max_model_len"] for info in self.engine_info))
+        if problems:
+            raise ValueError("; ".join(problems))
+        batch = BatchedDataDict({k: data[k] for k in INPUT_KEYS if k in data})
+        shards = batch.chunk(self.num_engines)
+        wg = self.worker_group
+        calls = wg.run_all_workers_sharded_data("generate", shards, greedy=greedy,
+                                                sampling=sampling_options(self.cfg))
+        return BatchedDataDict.from_batches(wg.get_results(calls))
+
+    def prepare_for_generation(self, *args: Any, **kwargs: Any) -> bool:
+        """Wake the engines (GPU sleep mode); on CPU a no-op that returns True."""
+        return all(self._all("prepare_for_generation"))
+
+    def finish_generation(self, *args: Any, **kwargs: Any) -> bool:
+        """Let the engines sleep (GPU sleep mode); on CPU a no-op that returns True (nothing to free)."""
+        return all(self._all("finish_generation"))
+
+    def shutdown(self) -> bool:
+        """Kill the engine actors (the cluster owns, and removes, the placement group)."""
+        group = getattr(self, "worker_group", None)
+        if group is not None:
+            group.shutdown()
+        return True
+
+    def __del__(self) -> None:
+        try:
+            self.shutdown()
+        except Exception:  # noqa: BLE001 - never raise from a finalizer
+            pass

@@ -1,0 +1,20 @@
+"""rlcore plugin entry point: declares the ``vllm`` generation backend.
+
+Imported to list backends, so it imports nothing but rlcore's plugin module.
+"""
+
+from rlcore.plugins import BackendSpec, hookimpl
+
+
+@hookimpl
+def rlcore_register_backends(register):
+    register(BackendSpec(
+        name="vllm",
+        kind="generation",
+        worker_class="rl_vllm.worker:VllmGenerationWorker",
+        config_class="rl_vllm.config:VllmConfig",
+        capabilities={"generate", "refit", "data_parallel", "stop_strings", "logprobs"},
+        requires=("vllm",),
+        install_hint="pip install 'rl-vllm[cpu]'  (or [gpu] on CUDA)",
+        description="vLLM engines in Ray actors (data parallel), in-place weight refit.",
+    ))

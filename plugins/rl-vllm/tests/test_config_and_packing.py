@@ -1,0 +1,79 @@
+"""rl-vllm without an engine: registration, the vllm_cfg section, and the pure helpers of generate."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rlcore.config import ConfigError, GenerationConfig, load_config_dict
+from rlcore.plugins import get_registry
+from rlcore.plugins.registry import validate_backend_sections
+from rl_vllm.config import VllmConfig, vllm_config_from
+from rl_vllm.sampling import Completion, batch_problems, pack_outputs, request_stop_strings
+
+
+def _config(vllm_cfg: dict):
+    return load_config_dict({"policy": {"backend": "reference", "model_name": "tiny", "generation": {
+        "backend": "vllm", "vllm_cfg": vllm_cfg}}})
+
+
+def test_backend_is_registered_through_its_entry_point():
+    record = get_registry(refresh=True).find("vllm")
+    assert (record.kind, record.distribution, record.status) == ("generation", "rl-vllm", "ok"), record.problem
+    assert {"generate", "refit"} <= record.spec.capabilities
+
+
+def test_good_section_validates():
+    cfg = _config({"kv_cache_space_gb": 0.25, "max_model_len": 128, "precision": "bfloat16"})
+    assert validate_backend_sections(cfg, get_registry()) == []
+    vcfg = vllm_config_from(cfg.policy.generation)
+    assert vcfg.kv_cache_bytes == 256 * 1024**2 and vcfg.precision == "bfloat16"
+    assert vllm_config_from(_config({}).policy.generation) == VllmConfig()
+    assert vllm_config_from(GenerationConfig()) == VllmConfig()  # no section at all
+
+
+def test_bad_section_fails_with_dotted_paths():
+    cfg = _config({"kv_cache_space_gb": -1, "max_model_lne": 5, "precision": "fp8"})
+    problems = validate_backend_sections(cfg, get_registry())
+    assert any(p.startswith("policy.generation.vllm_cfg.kv_cache_space_gb:") and "> 0" in p for p in problems)
+    assert any(p.startswith("policy.generation.vllm_cfg.max_model_lne:") and "max_model_len" in p for p in problems)
+    assert any(p.startswith("policy.generation.vllm_cfg.precision:") for p in problems)
+    with pytest.raises(ConfigError, match=r"policy\.generation\.vllm_cfg\.kv_cache_space_gb"):
+        vllm_config_from(cfg.policy.generation)
+
+
+def test_tensor_parallel_is_rejected_with_the_reason():
+    with pytest.raises(ConfigError, match=r"policy\.generation\.vllm_cfg.*tensor_parallel_size=2"):
+        vllm_config_from(_config({"tensor_parallel_size": 2}).policy.generation)
+
+
+def test_request_stop_strings_merge_config_and_sample():
+    assert request_stop_strings(["\n"], [["x", "\n"], None, "yz"], 3) == [["\n", "x"], ["\n"], ["\n", "yz"]]
+    assert request_stop_strings(None, None, 2) == [[], []]
+    with pytest.raises(ValueError, match="2 entries for a batch of 3"):
+        request_stop_strings(None, [None, None], 3)
+
+
+def test_pack_outputs_right_pads_and_aligns_logprobs():
+    ids = torch.tensor([[5, 6, 7], [8, 9, 0]])
+    lengths = torch.tensor([3, 2])
+    done = [Completion([10, 11], [-0.1, -0.2], "stop"), Completion([12, 13, 14], [-0.3, -0.4, -0.5], "length")]
+    out = pack_outputs(ids, lengths, done, max_new_tokens=3, pad_token_id=0)
+    assert out["output_ids"].tolist() == [[5, 6, 7, 10, 11, 0], [8, 9, 12, 13, 14, 0]]
+    assert out["generation_lengths"].tolist() == [2, 3]
+    assert out["unpadded_sequence_lengths"].tolist() == [5, 5]
+    assert out["truncated"].tolist() == [False, True]
+    assert out["logprobs"].dtype == torch.float32
+    assert torch.allclose(out["logprobs"], torch.tensor([[0, 0, 0, -0.1, -0.2, 0], [0, 0, -0.3, -0.4, -0.5, 0]]))
+    with pytest.raises(ValueError, match="more than max_new_tokens"):
+        pack_outputs(ids, lengths, done, max_new_tokens=2, pad_token_id=0)
+
+
+def test_batch_problems():
+    ids = torch.tensor([[5, 6, 7], [8, 9, 0]])
+    assert batch_problems({"input_ids": ids, "input_lengths": torch.tensor([3, 2])}, max_model_len=8) == []
+    assert "input_lengths must be in [1, 3]" in batch_problems(
+        {"input_ids": ids, "input_lengths": torch.tensor([0, 4])})[0]
+    assert "max_model_len=3" in batch_problems({"input_ids": ids, "input_lengths": torch.tensor([3, 2])}, 3)[0]
+    assert "stop_strings has 1 entries" in batch_problems(
+        {"input_ids": ids, "input_lengths": torch.tensor([3, 2]), "stop_strings": [None]})[0]

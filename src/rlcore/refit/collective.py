@@ -1,0 +1,66 @@
+"""Refit by collective broadcast over a group spanning a training rank and the engine ranks.
+
+The group is separate from the training job's default process group (it is
+built directly on a ``TCPStore``), so joining it disturbs nothing. Group rank 0
+is training rank 0, which packs buckets and broadcasts them; engine ranks
+replay the same bucket plan from the metadata and unpack what arrives. Two
+buffers alternate so the next bucket is packed while the previous one is on
+the wire. gloo on CPU, NCCL on GPU.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, Callable, Iterator
+
+from rlcore.refit.buckets import RefitMetadata, buffer_bytes, pack, plan_buckets, unpack
+
+if TYPE_CHECKING:
+    import torch
+
+LoadFn = Callable[[list[tuple[str, "torch.Tensor"]]], None]
+
+
+def init_refit_group(ip: str, port: int, world_size: int, rank: int, device: "torch.device",
+                     timeout_s: float = 300.0) -> Any:
+    """Join the refit group (blocks until all ``world_size`` members have joined)."""
+    import torch.distributed as dist
+
+    store = dist.TCPStore(ip, port, world_size, is_master=(rank == 0), timeout=timedelta(seconds=timeout_s))
+    if device.type == "cuda":
+        return dist.ProcessGroupNCCL(store, rank, world_size)
+    return dist.ProcessGroupGloo(store, rank, world_size)
+
+
+def broadcast_weights(group: Any, tensors: Iterator[tuple[str, "torch.Tensor"]], metadata: RefitMetadata,
+                      bucket_bytes: int, device: "torch.device") -> int:
+    """Group rank 0: broadcast every tensor of ``metadata``, pulled in order from ``tensors``."""
+    import torch
+
+    plan = plan_buckets(metadata, bucket_bytes)
+    size = buffer_bytes(plan)
+    buffers = [torch.empty(size, dtype=torch.uint8, device=device) for _ in range(2)]
+    pending: list[Any] = [None, None]
+    for index, bucket in enumerate(plan):
+        slot = index % 2
+        if pending[slot] is not None:
+            pending[slot].wait()
+        pack(bucket, tensors, buffers[slot], metadata)
+        pending[slot] = group.broadcast(buffers[slot][:bucket.size], 0)
+    for work in pending:
+        if work is not None:
+            work.wait()
+    return sum(b.size for b in plan)
+
+
+def receive_weights(group: Any, metadata: RefitMetadata, bucket_bytes: int, device: "torch.device",
+                    load: LoadFn) -> int:
+    """Engine ranks: receive every bucket of the plan and ``load`` its tensors in order."""
+    import torch
+
+    plan = plan_buckets(metadata, bucket_bytes)
+    buffer = torch.empty(buffer_bytes(plan), dtype=torch.uint8, device=device)
+    for bucket in plan:
+        group.broadcast(buffer[:bucket.size], 0).wait()
+        load(unpack(bucket, buffer, metadata))
+    return sum(b.size for b in plan)

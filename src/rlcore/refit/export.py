@@ -1,0 +1,76 @@
+"""``RefitExportMixin``: the sending side of refit, for any training worker.
+
+A training worker provides two methods and mixes this in:
+
+- ``prepare_refit_info() -> {hf_name: (shape, dtype name)}``: full, Hugging
+  Face-named tensors, in a deterministic order;
+- ``iter_refit_tensors()``: yields ``(hf_name, full tensor)`` in that order.
+  Every rank iterates it (gathering sharded weights is collective); training
+  rank 0's tensors are the ones sent.
+
+and gets ``stream_weights_via_ipc_zmq`` (colocated, shared memory / CUDA IPC)
+and ``init_collective`` + ``broadcast_weights_for_collective`` (collective).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator, Optional
+
+#: Default bucket size; the synchronizer passes the same value to both sides.
+DEFAULT_BUCKET_BYTES = 64 << 20
+
+
+class RefitExportMixin:
+    device: Any
+    _refit_group: Any = None
+
+    def prepare_refit_info(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def iter_refit_tensors(self) -> Iterator[tuple[str, Any]]:
+        raise NotImplementedError
+
+    def _rank(self) -> int:
+        import torch.distributed as dist
+
+        return dist.get_rank() if dist.is_initialized() else 0
+
+    def _drain(self, tensors: Iterator[Any]) -> None:
+        for _ in tensors:  # take part in the gathers rank 0's iteration needs
+            pass
+
+    def stream_weights_via_ipc_zmq(self, endpoints: dict[int, tuple[str, bytes]],
+                                   bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> int:
+        """Stream every weight to the colocated engine of this rank, if ``endpoints`` names one.
+
+        ``endpoints`` maps a training rank to the ``(socket address, authkey)``
+        of the engine sharing its bundle. Returns the bytes this rank sent.
+        """
+        from rlcore.refit.shared_memory import stream_to_receiver
+
+        tensors = self.iter_refit_tensors()
+        endpoint = endpoints.get(self._rank())
+        if endpoint is None:
+            self._drain(tensors)
+            return 0
+        address, authkey = endpoint
+        return stream_to_receiver(tensors, self.prepare_refit_info(), address, authkey, bucket_bytes, self.device)
+
+    def init_collective(self, ip: str, port: int, world_size: int, *, train_world_size: int = 1) -> None:
+        """Training rank 0 joins the refit group as its rank 0; other training ranks stay out."""
+        from rlcore.refit.collective import init_refit_group
+
+        if self._rank() == 0:
+            self._refit_group = init_refit_group(ip, port, world_size, 0, self.device)
+
+    def broadcast_weights_for_collective(self, kv_scales: Optional[dict[str, float]] = None,
+                                         bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> int:
+        from rlcore.refit.collective import broadcast_weights
+
+        tensors = self.iter_refit_tensors()
+        if self._rank() != 0:
+            self._drain(tensors)
+            return 0
+        if self._refit_group is None:
+            raise RuntimeError("broadcast_weights_for_collective before init_collective")
+        return broadcast_weights(self._refit_group, tensors, self.prepare_refit_info(), bucket_bytes, self.device)
