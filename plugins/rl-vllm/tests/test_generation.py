@@ -94,7 +94,8 @@ class TestVllmBackend(GenerationBackendConformance):
         infos = generation["engine"].engine_info
         assert [i["rank"] for i in infos] == [0, 1]
         assert len({i["pid"] for i in infos}) == 2
-        print("engine start seconds:", [round(i["start_seconds"], 2) for i in infos])
+        print("engine start seconds:", [round(i["start_seconds"], 2) for i in infos],
+              "import vllm seconds:", [round(i["import_seconds"], 2) for i in infos])
 
     def test_prepare_and_finish_generation_are_noops_on_cpu(self, generation: dict) -> None:
         engine = generation["engine"]
@@ -165,11 +166,11 @@ class TestVllmBackend(GenerationBackendConformance):
             logits = logits.masked_fill(logits < kth, float("-inf"))
         expected = token_logprobs(logits, out["output_ids"], out["unpadded_sequence_lengths"], temperature)
         mask = generated_mask(out, data)
-        err = float(((out["logprobs"] - expected).abs() * mask).max())
+        err = float((out["logprobs"] - expected)[mask].abs().max())  # -inf outside the top k: index, not mask
         assert err <= ATOL, f"sampled logprobs differ from temperature-scaled HF logprobs by {err:.3g}"
         # Sampling really happened: unscaled logprobs are different numbers.
         plain = token_logprobs(hf_logits(hf_model, out), out["output_ids"], out["unpadded_sequence_lengths"])
-        assert float(((out["logprobs"] - plain).abs() * mask).max()) > 1e-3
+        assert float((out["logprobs"] - plain)[mask].abs().max()) > 1e-3
 
     # -- stops ----------------------------------------------------------------------------------
     def test_per_sample_stop_strings_cut_after_the_stop(self, generation: dict, greedy_output: tuple) -> None:
@@ -239,3 +240,21 @@ class TestVllmBackend(GenerationBackendConformance):
         with pytest.raises(ValueError, match="stop_strings has 1 entries"):
             engine.generate(BatchedDataDict({**data, "stop_strings": [None]}))
         assert torch.equal(engine.generate(data, greedy=True)["output_ids"], out["output_ids"])
+
+
+def test_bfloat16_engine_generates(make_cluster: Any, tiny_model_dir: str, tiny_tokenizer: Any) -> None:
+    """A bf16 engine in an actor runs (on AMX CPUs this needs the AMX permission rl-vllm requests)."""
+    from rlcore.config import load_config_dict
+
+    config = load_config_dict({"policy": {"model_name": tiny_model_dir, "generation": {
+        "backend": "vllm", "max_new_tokens": 4, "pad_token_id": tiny_tokenizer.pad_token_id,
+        "vllm_cfg": {"precision": "bfloat16", "kv_cache_space_gb": 0.0625, "max_model_len": 64}}}}).policy.generation
+    engine = VllmGeneration(make_cluster(1), config, name_prefix="vllm-bf16")
+    try:
+        data = prompts(tiny_tokenizer, 2, seed=5)
+        out = engine.generate(data, greedy=True)
+    finally:
+        engine.shutdown()
+    problems = generation_output_problems(data["input_ids"], data["input_lengths"], out, 4,
+                                          tiny_tokenizer.pad_token_id)
+    assert not problems, "\n".join(problems)

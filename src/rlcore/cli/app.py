@@ -6,11 +6,13 @@ import typer
 
 from rlcore.cli.backends_cmd import backends_app
 from rlcore.cli.config_cmd import config_app
+from rlcore.cli.run_cmd import run
 
 app = typer.Typer(help="rlcore: plugin-based RL post-training backends.", no_args_is_help=True,
                   pretty_exceptions_enable=False)
 app.add_typer(backends_app, name="backends")
 app.add_typer(config_app, name="config")
+app.command("run")(run)
 
 
 def main() -> None:

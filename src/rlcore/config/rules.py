@@ -139,3 +139,19 @@ def separate_generation_has_resources(cfg: "RLCoreConfig") -> Iterator[str]:
         yield ("policy.generation.colocated.resources: is missing while policy.generation.colocated.enabled is "
                "false; give generation its own resources: {num_nodes: 1, workers_per_node: 1}, or set "
                "colocated.enabled=true")
+
+
+@rule
+def rollout_batch_fits_training(cfg: "RLCoreConfig") -> Iterator[str]:
+    g, p = cfg.grpo, cfg.policy
+    rollout = g.num_prompts_per_step * g.num_generations_per_prompt
+    if rollout % p.train_global_batch_size:
+        yield (f"grpo.num_prompts_per_step × grpo.num_generations_per_prompt = {g.num_prompts_per_step} × "
+               f"{g.num_generations_per_prompt} = {rollout} is not a multiple of policy.train_global_batch_size "
+               f"{p.train_global_batch_size}: each step trains on whole global batches; change one of them")
+    if rollout % cfg.data_parallel_size:
+        yield (f"grpo rollout batch {rollout} cannot be split over {cfg.data_parallel_size} data-parallel ranks; "
+               "make grpo.num_prompts_per_step × grpo.num_generations_per_prompt a multiple of it")
+    if g.advantage_estimator == "leave_one_out" and g.num_generations_per_prompt < 2:
+        yield ("grpo.num_generations_per_prompt: leave_one_out advantages need at least 2 completions per "
+               "prompt; raise it or set grpo.advantage_estimator=mean_std")

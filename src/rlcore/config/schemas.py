@@ -12,6 +12,8 @@ from pydantic import Field
 
 from rlcore.config.base import SectionsModel, StrictModel
 from rlcore.config.cluster import ClusterConfig
+from rlcore.algorithms.loss_functions import ClippedPGLossConfig
+from rlcore.config.grpo import CheckpointingConfig, GRPOConfig, LoggerConfig, TaskConfig
 from rlcore.config.generation import ColocationConfig, ColocationResources, GenerationConfig
 from rlcore.config.policy import (
     DTensorConfig,
@@ -36,6 +38,11 @@ class RLCoreConfig(StrictModel):
 
     cluster: ClusterConfig = Field(default_factory=ClusterConfig, description="Workers and the Ray cluster.")
     policy: PolicyConfig = Field(default_factory=PolicyConfig, description="The policy and its training backend.")
+    grpo: GRPOConfig = Field(default_factory=GRPOConfig, description="The GRPO loop of 'rlcore run'.")
+    loss: ClippedPGLossConfig = Field(default_factory=ClippedPGLossConfig, description="The policy-gradient loss.")
+    task: TaskConfig = Field(default_factory=TaskConfig, description="Prompts and reward function.")
+    logger: LoggerConfig = Field(default_factory=LoggerConfig, description="Metrics, plots and progress output.")
+    checkpointing: CheckpointingConfig = Field(default_factory=CheckpointingConfig, description="Checkpoints.")
 
     @property
     def world_size(self) -> int:
@@ -54,6 +61,11 @@ def config_json_schema() -> dict[str, Any]:
 
 
 __all__ = [
+    "CheckpointingConfig",
+    "ClippedPGLossConfig",
+    "GRPOConfig",
+    "LoggerConfig",
+    "TaskConfig",
     "ClusterConfig",
     "ColocationConfig",
     "ColocationResources",

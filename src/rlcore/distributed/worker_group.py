@@ -12,7 +12,9 @@ Dispatch primitives:
 exception, or a dead process: killed, OOM) is raised at once as a
 :class:`WorkerError` naming the worker, its rank and the cause, and the group's
 remaining actors are killed, since their peers may be blocked in a collective
-waiting for the dead rank. A failed group refuses further calls.
+waiting for the dead rank. A failed group refuses further calls. Groups of
+independent workers (``kill_on_error=False``) survive an exception raised by a
+worker; a dead worker is fatal to every group.
 """
 
 from __future__ import annotations
@@ -67,6 +69,7 @@ class RayWorkerGroup:
         init_args: tuple = (),
         init_kwargs: dict[str, Any] | None = None,
         extra_env: dict[str, str] | None = None,
+        kill_on_error: bool = True,
     ) -> None:
         import ray
 
@@ -79,6 +82,9 @@ class RayWorkerGroup:
         self.cluster = cluster
         self.sharding = sharding
         self.name_prefix = name_prefix
+        # Training ranks share collectives: after one raises, its peers may hang, so the group
+        # is killed. Independent workers (e.g. generation engines) can survive an exception.
+        self.kill_on_error = kill_on_error
         self._failure: WorkerError | None = None
         master_addr, master_port = cluster.get_master_address_and_port()
         host_cls = ray.remote(WorkerHost)
@@ -155,7 +161,12 @@ class RayWorkerGroup:
             try:
                 results[watched[ref]] = ray.get(ref)
             except Exception as exc:  # noqa: BLE001 - re-raised with the worker named
-                raise self._fail(self._describe(watched[ref], exc)) from exc
+                error = self._describe(watched[ref], exc)
+                recoverable = not self.kill_on_error and not isinstance(exc, ray.exceptions.RayActorError)
+                if recoverable:
+                    ray.wait(pending, num_returns=len(pending))  # let the others finish before a retry
+                    raise error from exc
+                raise self._fail(error) from exc
         return [results[r] for r in (calls.output_ranks if calls.output_ranks is not None else calls.ranks)]
 
     def _describe(self, rank: int, exc: BaseException) -> WorkerError:

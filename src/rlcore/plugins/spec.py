@@ -42,6 +42,12 @@ class BackendSpec(BaseModel):
     name: str = Field(description="Backend name users select in configs, e.g. 'dtensor'.")
     kind: BackendKind = Field(description="'training' (a policy worker) or 'generation' (an engine).")
     worker_class: str = Field(description="'module:Class' of the Ray worker; imported only inside the worker.")
+    driver_class: str | None = Field(
+        default=None,
+        description="'module:Class' of the driver-side facade of a generation backend, built as "
+        "Class(cluster, generation_config, tokenizer=...) and implementing GenerationInterface. Imported on "
+        "the driver, so its module must not import the engine at top level.",
+    )
     config_class: str | None = Field(
         default=None,
         description="'module:Class' of a pydantic model validating this backend's config section "
@@ -64,7 +70,7 @@ class BackendSpec(BaseModel):
             raise ValueError(f"backend name must be alphanumeric with '-' or '_', got {v!r}")
         return v
 
-    @field_validator("worker_class", "config_class")
+    @field_validator("worker_class", "config_class", "driver_class")
     @classmethod
     def _is_import_path(cls, v: str | None) -> str | None:
         if v is not None and (v.count(":") != 1 or v.startswith(":") or v.endswith(":")):
@@ -85,6 +91,9 @@ class BackendSpec(BaseModel):
 
     def load_worker_class(self) -> type:
         return import_object(self.worker_class)
+
+    def load_driver_class(self) -> type | None:
+        return import_object(self.driver_class) if self.driver_class else None
 
     def load_config_class(self) -> type | None:
         return import_object(self.config_class) if self.config_class else None

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import select
 import shutil
 import tempfile
 from collections import deque
@@ -128,9 +129,17 @@ class ShmReceiver:
         self.authkey = secrets.token_bytes(32)
         self._listener = Listener(self.address, family="AF_UNIX", authkey=self.authkey)
 
+    def _accept(self, timeout_s: float) -> Connection:
+        # Listener.accept() has no timeout; wait for the socket to be readable first, so a sender
+        # that never connects cannot hang the engine forever.
+        ready, _, _ = select.select([self._listener._listener._socket], [], [], timeout_s)  # noqa: SLF001
+        if not ready:
+            raise RefitError(f"no sender connected within {timeout_s:.0f}s")
+        return self._listener.accept()
+
     def receive(self, expected: RefitMetadata, load: LoadFn, timeout_s: float = 600.0) -> ReceiveStats:
         """Accept one sender, check its metadata, and ``load`` every bucket's tensors in order."""
-        with self._listener.accept() as conn:
+        with self._accept(timeout_s) as conn:
             hello = _recv(conn, timeout_s)
             offered = {k: (tuple(v[0]), v[1]) for k, v in hello["metadata"].items()}
             try:

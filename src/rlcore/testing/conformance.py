@@ -359,6 +359,9 @@ class _BackendChecks:
     backend_name: ClassVar[str | None] = None
     #: A plugin (module or object with hook implementations) to register into an
     #: isolated registry when the backend is not installed through entry points.
+    #: None: the backend is found through the installed ``rlcore.plugins`` entry
+    #: point. An object other than a module is checked for lightness through the
+    #: module that defines it, so keep it out of test modules that import torch.
     plugin: ClassVar[object | None] = None
     #: Modules the plugin module must not import (override only to add more).
     heavy_modules: ClassVar[tuple[str, ...]] = HEAVY_MODULES
@@ -453,6 +456,7 @@ class _TrainingKit:
         self.spec, self.model_dir, self.tokenizer, self.tmp_dir = spec, model_dir, tokenizer, tmp_dir
         self.clusters = ClusterPool()
         self.policies: dict[str, Any] = {}
+        self._clusters_of: dict[str, Any] = {}  # policy name -> its cluster, released with it
         self.once = _Once()
         self.gbs = 4 * cls.world_size
 
@@ -533,19 +537,22 @@ class _TrainingKit:
         ranks = 1 if variant.single_rank else self.cls.world_size
         return load_config_dict({"cluster": {"workers_per_node": ranks}, "policy": policy}).policy
 
-    def start(self, variant: _Variant, **kwargs: Any) -> Any:
+    def start(self, name: str, variant: _Variant, **kwargs: Any) -> Any:
+        """Start a policy for ``variant``, kept as ``self.policies[name]`` until :meth:`stop`."""
         from rlcore.policy import Policy
 
         cluster = self.clusters(1 if variant.single_rank else self.cls.world_size)
-        return Policy(cluster, self.config(variant), self.tokenizer, name_prefix=f"kit-{variant.name}", **kwargs)
+        self._clusters_of[name] = cluster
+        policy = Policy(cluster, self.config(variant), self.tokenizer, name_prefix=f"kit-{name}", **kwargs)
+        self.policies[name] = policy
+        return policy
 
     def policy(self, name: str) -> dict:
         """Start the variant's policy and record what it computes before any training."""
         variant = self.variant(name)
 
         def build() -> dict:
-            policy = self.start(variant)
-            self.policies[name] = policy
+            policy = self.start(name, variant)
             record = {"policy": policy, "logprobs": policy.get_logprobs(self.batch)["logprobs"],
                       "noisy_logprobs": policy.get_logprobs(self.noisy_batch)["logprobs"]}
             if "topk_logits" in self.spec.capabilities:
@@ -576,9 +583,13 @@ class _TrainingKit:
         return self.once(f"training the '{name}' policy", train)
 
     def stop(self, name: str) -> None:
+        """Shut the policy down and give its bundles back (the kit's policies would not all fit at once)."""
         policy = self.policies.pop(name, None)
         if policy is not None:
             policy.shutdown()
+        cluster = self._clusters_of.pop(name, None)
+        if cluster is not None:
+            cluster.shutdown()
 
     def shutdown(self) -> None:
         for name in list(self.policies):
@@ -739,9 +750,8 @@ class TrainingBackendConformance(_BackendChecks):
             hf = hf_token_logprobs(load_hf_model(trained["weights_dir"]), kit.batch)
         problems = logprob_problems(expected, kit.batch["input_lengths"], hf, self.logprob_atol,
                                     what="trained logprobs vs HF forward of the saved checkpoint")
-        restored = kit.start(kit.variant("world"), weights_path=trained["weights_dir"],
+        restored = kit.start("restored", kit.variant("world"), weights_path=trained["weights_dir"],
                              optimizer_path=trained["optimizer_path"])
-        kit.policies["restored"] = restored
         try:
             got = restored.get_logprobs(kit.batch)["logprobs"]
         finally:

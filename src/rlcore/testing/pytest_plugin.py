@@ -93,8 +93,10 @@ def _worker_pythonpath(rootdir: Path) -> str:
 def ray_session(request: pytest.FixtureRequest) -> Iterator[None]:
     """A private Ray instance for the session (started once, shut down at the end).
 
-    If Ray is already running in this process it is used as is and left running.
+    If Ray is already running in this process it is used as is and left
+    running (its workers then see the PYTHONPATH it was started with).
     """
+    os.environ["PYTHONPATH"] = _worker_pythonpath(Path(str(request.config.rootpath)))
     import ray
 
     from rlcore.distributed import init_ray, shutdown_ray
@@ -102,7 +104,6 @@ def ray_session(request: pytest.FixtureRequest) -> Iterator[None]:
     if ray.is_initialized():
         yield
         return
-    os.environ["PYTHONPATH"] = _worker_pythonpath(Path(str(request.config.rootpath)))
     init_ray(num_cpus=RAY_TEST_CPUS)
     try:
         yield

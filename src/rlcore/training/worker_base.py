@@ -44,6 +44,17 @@ class TrainingWorkerBase:
     def _step_hooks(self) -> StepHooks:
         raise NotImplementedError
 
+    @property
+    def logprob_temperature(self) -> float:
+        """The generation temperature, applied to the policy's logits too.
+
+        Rollouts are sampled from softmax(logits / T); the ratios and KL of the
+        loss compare against that distribution, so the training side divides its
+        logits by the same T (1.0 without generation, or for greedy T = 0).
+        """
+        gen = getattr(self.cfg, "generation", None)
+        return gen.temperature if gen is not None and gen.temperature > 0 else 1.0
+
     # -- reference model ---------------------------------------------------------
     def _snapshot_to_cpu(self) -> dict[str, torch.Tensor]:
         """A CPU copy of this rank's parameters and buffers (its own shards only)."""

@@ -16,6 +16,8 @@ from rlcore.config import ConfigError, StrictModel, validate_section
 
 SECTION = "vllm_cfg"
 GIB = 1024**3
+#: KV cache of a CPU engine when neither the config nor VLLM_CPU_KVCACHE_SPACE sets one.
+DEFAULT_CPU_KV_CACHE_GB = 1.0
 
 
 class VllmConfig(StrictModel):
@@ -38,17 +40,17 @@ class VllmConfig(StrictModel):
         None, description="Longest prompt + completion the engine accepts; None = the model's own limit."
     )
     kv_cache_space_gb: float | None = Field(
-        1.0,
+        None,
         gt=0,
-        description="KV cache per engine, in GiB (on CPU this is what VLLM_CPU_KVCACHE_SPACE sets, but "
-        "fractions are allowed). None = sized by gpu_memory_utilization.",
+        description="KV cache per engine, in GiB (fractions allowed). None: on CPU, VLLM_CPU_KVCACHE_SPACE "
+        f"if set, else {DEFAULT_CPU_KV_CACHE_GB} GiB; on GPU, whatever gpu_memory_utilization leaves.",
     )
     gpu_memory_utilization: float = Field(
         0.6,
         gt=0,
         le=1,
-        description="Fraction of accelerator memory (on CPU: of host memory) the engine may use; only "
-        "used when kv_cache_space_gb is None.",
+        description="Fraction of accelerator memory the engine may use (weights + KV cache); only "
+        "sizes the KV cache when kv_cache_space_gb is None.",
     )
     enforce_eager: bool = Field(
         True, description="Run the model eagerly (no torch.compile / CUDA graphs): fast start, slower steps."

@@ -21,7 +21,9 @@ from typing import Any
 from rlcore.data import BatchedDataDict
 from rlcore.distributed import NamedSharding, RayVirtualCluster, RayWorkerGroup
 from rlcore.interfaces import GenerationInterface
+from rlcore.refit import RefitError
 from rl_vllm.config import VllmConfig, vllm_config_from
+from rl_vllm.refit import EngineStaleError
 from rl_vllm.sampling import batch_problems, sampling_options
 
 WORKER_CLASS = "rl_vllm.worker:VllmGenerationWorker"
@@ -68,6 +70,8 @@ class VllmGeneration(GenerationInterface):
         )
         # Actor construction is asynchronous: wait here so an engine that cannot start fails now.
         self.engine_info: list[dict[str, Any]] = self._all("info")
+        # Set when a refit was dispatched: the next generate asks the engines whether it landed.
+        self._refit_unchecked = any(info["stale"] for info in self.engine_info)
 
     @property
     def num_engines(self) -> int:
@@ -87,12 +91,28 @@ class VllmGeneration(GenerationInterface):
         problems = batch_problems(data, min(info["max_model_len"] for info in self.engine_info))
         if problems:
             raise ValueError("; ".join(problems))
+        self._check_not_stale()
         batch = BatchedDataDict({k: data[k] for k in INPUT_KEYS if k in data})
         shards = batch.chunk(self.num_engines)
         wg = self.worker_group
         calls = wg.run_all_workers_sharded_data("generate", shards, greedy=greedy,
                                                 sampling=sampling_options(self.cfg))
         return BatchedDataDict.from_batches(wg.get_results(calls))
+
+    def _check_not_stale(self) -> None:
+        """Raise here, on the driver, if a refit left an engine stale.
+
+        Checked on the driver because an exception raised inside an engine
+        actor makes the worker group unusable, and a stale engine must come
+        back to service after the next successful refit.
+        """
+        if not self._refit_unchecked:
+            return
+        reasons = [(rank, r) for rank, r in enumerate(self._all("refit_status")) if r is not None]
+        if reasons:
+            raise EngineStaleError("; ".join(f"engine {rank} cannot generate: {r}" for rank, r in reasons)
+                                   + "; run a successful weight refit first")
+        self._refit_unchecked = False
 
     def prepare_for_generation(self, *args: Any, **kwargs: Any) -> bool:
         """Wake the engines (GPU sleep mode); on CPU a no-op that returns True."""
@@ -101,6 +121,52 @@ class VllmGeneration(GenerationInterface):
     def finish_generation(self, *args: Any, **kwargs: Any) -> bool:
         """Let the engines sleep (GPU sleep mode); on CPU a no-op that returns True (nothing to free)."""
         return all(self._all("finish_generation"))
+
+    # -- weight refit (receiving side; rlcore.refit.WeightSynchronizer drives it) ----------
+    def prepare_refit_info(self, state_dict_info: dict[str, Any]) -> None:
+        """Give every engine ``{hf_name: (shape, dtype)}``; raises :class:`RefitError` if it cannot fit.
+
+        Checked against each engine's checkpoint (names and shapes) before any
+        weight changes; nothing is applied when it is refused.
+        """
+        problems = self._all("prepare_refit_info", state_dict_info)
+        lines = [f"engine {rank}: {p}" for rank, ps in enumerate(problems) for p in ps]
+        if lines:
+            raise RefitError("refit info refused, no weight changed: " + "; ".join(lines[:5]))
+
+    def refit_world_size(self) -> int:
+        """Engine ranks that join the collective refit group."""
+        return self.worker_group.world_size
+
+    def refit_endpoints(self) -> dict[int, tuple[str, bytes]]:
+        """``{training rank: (socket address, key)}`` of the engine sharing that rank's bundle.
+
+        Engine rank ``r`` runs in bundle ``r``, and so does training rank
+        ``r`` when both groups are placed on the same (colocated) cluster.
+        """
+        return dict(enumerate(self._all("refit_endpoint")))
+
+    def update_weights_via_ipc_zmq(self, bucket_bytes: int | None = None) -> list[Any]:
+        """Start every engine's shared-memory receiver; returns the Ray refs to wait on.
+
+        A failed refit raises from those refs (:class:`RefitError`) and leaves
+        the engines that had started loading stale: ``generate`` then raises
+        :class:`EngineStaleError` until a refit succeeds.
+        """
+        self._refit_unchecked = True
+        return self.worker_group.run_all_workers_single_data("update_weights_via_ipc_zmq",
+                                                             bucket_bytes=bucket_bytes).refs
+
+    def init_collective(self, ip: str, port: int, world_size: int, *, train_world_size: int) -> list[Any]:
+        """Engines join the refit group as ranks ``train_world_size + r``; returns the Ray refs."""
+        return self.worker_group.run_all_workers_single_data(
+            "init_collective", ip, port, world_size, train_world_size=train_world_size).refs
+
+    def update_weights_from_collective(self, bucket_bytes: int | None = None) -> list[Any]:
+        """Engines receive the broadcast refit; returns the Ray refs (see ``update_weights_via_ipc_zmq``)."""
+        self._refit_unchecked = True
+        return self.worker_group.run_all_workers_single_data("update_weights_from_collective",
+                                                             bucket_bytes=bucket_bytes).refs
 
     def shutdown(self) -> bool:
         """Kill the engine actors (the cluster owns, and removes, the placement group)."""

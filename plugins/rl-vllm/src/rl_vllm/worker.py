@@ -14,26 +14,39 @@ import os
 import time
 from typing import Any
 
-from rl_vllm.config import VllmConfig
+from rlcore.refit import RefitError
+from rl_vllm.config import DEFAULT_CPU_KV_CACHE_GB, GIB, VllmConfig
 from rl_vllm.cpu_setup import request_amx_permission
+from rl_vllm.refit import EngineStaleError
 from rl_vllm.sampling import Completion, pack_outputs, prompts_from_batch, request_stop_strings
 
 
-def _prepare_process_env(cfg: VllmConfig, on_cpu: bool) -> None:
-    """Environment the in-process engine reads when it starts (design.md §5)."""
+def _prepare_process_env(cfg: VllmConfig, on_cpu: bool) -> int | None:
+    """Set the environment the in-process engine reads when it starts (design.md §5).
+
+    Returns the KV cache size to ask for, in bytes (None: let vLLM size it).
+    """
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     # The engine is a single in-process rank: nothing needs to reach it from another host.
     os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")
-    if cfg.kv_cache_space_gb is not None:
-        # The legacy variable (whole GiB only) would override the size the config asks for.
-        os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
     if on_cpu:
         # Several ranks share few cores: never let the engine pin OpenMP threads to cores.
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    if cfg.kv_cache_space_gb is not None:
+        # vLLM's CPU platform lets this legacy variable (whole GiB) override the size asked for.
+        os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
+        return cfg.kv_cache_bytes
+    if not on_cpu:
+        return None
+    if os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+        return None  # the variable sizes it
+    # Unset, vLLM's CPU worker would reserve a fraction of all host memory.
+    return int(DEFAULT_CPU_KV_CACHE_GB * GIB)
 
 
-class EngineStaleError(RuntimeError):
-    """The engine's weights are not the ones it was asked to hold (a refit failed part-way)."""
+def _own_worker(worker: Any) -> Any:
+    """Run through ``LLM.collective_rpc``: the engine's in-process ``Worker`` object itself."""
+    return worker
 
 
 class VllmGenerationWorker:
@@ -51,14 +64,16 @@ class VllmGenerationWorker:
         self.gen_cfg = generation_config
         self.cfg = vllm_config
         on_cpu = not torch.cuda.is_available()
-        _prepare_process_env(vllm_config, on_cpu)
+        kv_cache_bytes = _prepare_process_env(vllm_config, on_cpu)
         if on_cpu:
             if vllm_config.cpu_threads:
                 torch.set_num_threads(vllm_config.cpu_threads)
             request_amx_permission()  # bf16 kernels SIGILL without it (the entry point covers spawned processes)
 
+        started = time.perf_counter()
         from vllm import LLM
 
+        self.import_seconds = time.perf_counter() - started
         model = generation_config.model_name
         if not model:
             raise ValueError("policy.generation.model_name is not set (it defaults to policy.model_name)")
@@ -69,7 +84,7 @@ class VllmGenerationWorker:
             seed=vllm_config.seed + self.rank,
             enforce_eager=vllm_config.enforce_eager,
             max_model_len=vllm_config.max_model_len,
-            kv_cache_memory_bytes=vllm_config.kv_cache_bytes,
+            kv_cache_memory_bytes=kv_cache_bytes,
             gpu_memory_utilization=vllm_config.gpu_memory_utilization,
             enable_prefix_caching=vllm_config.enable_prefix_caching,
             load_format=vllm_config.load_format,
@@ -93,6 +108,9 @@ class VllmGenerationWorker:
         self.default_pad_id = next(
             (t for t in (getattr(tokenizer, "pad_token_id", None), getattr(tokenizer, "eos_token_id", None))
              if t is not None), 0)
+        self.refit_metadata: dict[str, Any] | None = None
+        self._receiver: Any = None
+        self._refit_group: Any = None
         # Weights that did not come from a checkpoint are not the policy's until a refit lands.
         self.stale_reason: str | None = (
             "the engine started with load_format='dummy' and has not been refit yet"
@@ -127,8 +145,6 @@ class VllmGenerationWorker:
         own ``stop_strings``) end a completion with the token that completes
         the string, which is kept. An EOS or stop token is kept too.
         """
-        import torch
-
         from rlcore.data import BatchedDataDict
         from rl_vllm.sampling import SAMPLING_FIELDS, sampling_options
 
@@ -168,6 +184,115 @@ class VllmGenerationWorker:
         packed = pack_outputs(input_ids, input_lengths, completions, max_new, int(pad_id))
         return BatchedDataDict(packed)
 
+    # -- weight refit (receiving side) ---------------------------------------------------
+    def prepare_refit_info(self, state_dict_info: dict[str, Any]) -> list[str]:
+        """Store ``{hf_name: (shape, dtype)}`` unless it cannot fit the engine's model.
+
+        Returns the problems (empty when accepted) instead of raising: an
+        exception in an engine actor would make the facade's worker group
+        unusable, and a refused refit must leave the engines serving.
+        """
+        from rl_vllm.refit import metadata_problems, normalize_metadata
+
+        try:
+            metadata = normalize_metadata(state_dict_info)
+        except RefitError as exc:
+            return [str(exc)]
+        if problems := metadata_problems(metadata, self.gen_cfg.model_name):
+            return problems
+        self.refit_metadata = metadata
+        return []
+
+    def refit_endpoint(self) -> tuple[str, bytes]:
+        """Address and key of this engine's shared-memory receiver (created on first use)."""
+        if self._receiver is None:
+            from rlcore.refit.shared_memory import ShmReceiver
+
+            self._receiver = ShmReceiver()
+        return self._receiver.address, self._receiver.authkey
+
+    def update_weights_via_ipc_zmq(self, bucket_bytes: int | None = None,
+                                   timeout_s: float = 600.0) -> dict[str, Any]:
+        """Receive one refit streamed by the colocated training rank (blocks until it ends).
+
+        The sender's metadata is checked against ``prepare_refit_info``'s before
+        any weight changes; a stream that breaks after that leaves the engine
+        stale. ``bucket_bytes`` is the sender's to choose (it is in its hello).
+        """
+        self.refit_endpoint()
+        return self._refit("shared memory", lambda load: self._receiver.receive(
+            self._expected_metadata(), load, timeout_s=timeout_s))
+
+    def init_collective(self, ip: str, port: int, world_size: int, *, train_world_size: int = 1) -> int:
+        """Join the refit group as rank ``train_world_size + engine rank``; returns that rank."""
+        from rlcore.refit.collective import init_refit_group
+
+        rank = train_world_size + self.rank
+        self._refit_group = init_refit_group(ip, port, world_size, rank, self._device())
+        return rank
+
+    def update_weights_from_collective(self, bucket_bytes: int | None = None) -> dict[str, Any]:
+        """Receive one refit broadcast by training rank 0, replaying its bucket plan from the metadata."""
+        from rlcore.refit import DEFAULT_BUCKET_BYTES
+        from rlcore.refit.collective import receive_weights
+
+        if self._refit_group is None:
+            raise RefitError(f"engine {self.rank}: update_weights_from_collective before init_collective")
+        metadata = self._expected_metadata()
+        return self._refit("collective", lambda load: receive_weights(
+            self._refit_group, metadata, bucket_bytes or DEFAULT_BUCKET_BYTES, self._device(), load))
+
+    def refit_status(self) -> str | None:
+        """None when the weights are whole; otherwise why the engine must not generate."""
+        return self.stale_reason
+
+    def _expected_metadata(self) -> dict[str, Any]:
+        if self.refit_metadata is None:
+            raise RefitError(f"engine {self.rank}: no refit info; call prepare_refit_info first")
+        return self.refit_metadata
+
+    def _device(self) -> Any:
+        import torch
+
+        return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+    def _refit(self, transport: str, receive: Any) -> dict[str, Any]:
+        """Run ``receive(load)``; the engine is stale from the first loaded tensor until the reload completes."""
+        from rl_vllm.refit import InPlaceReload
+
+        if self._asleep:
+            self.prepare_for_generation()
+        started = time.perf_counter()
+        session: list[InPlaceReload] = []
+        previous = self.stale_reason
+
+        def load(named: Any) -> None:
+            if not session:  # weights change from here on
+                self.stale_reason = f"a {transport} refit is in progress"
+                session.append(InPlaceReload(self.llm.collective_rpc(_own_worker)[0]))
+            session[0].load(named)
+
+        try:
+            receive(load)
+            if not session:
+                raise RefitError("the refit delivered no tensors")
+            session[0].finish()
+        except Exception as exc:
+            if session:
+                session[0].abort()
+                self.stale_reason = (f"the last {transport} refit failed part-way ({type(exc).__name__}: {exc}); "
+                                     "its weights are a mix of old and new")
+            else:
+                self.stale_reason = previous  # refused before any weight changed
+            if isinstance(exc, RefitError):
+                raise
+            raise RefitError(f"engine {self.rank}: {transport} refit failed: {type(exc).__name__}: {exc}") from exc
+        finally:
+            # Cached prefixes hold keys/values computed with the old weights.
+            self.llm.reset_prefix_cache()
+        self.stale_reason = None
+        return {"tensors": session[0].tensors, "seconds": time.perf_counter() - started}
+
     # -- lifecycle --------------------------------------------------------------------
     def prepare_for_generation(self, *args: Any, **kwargs: Any) -> bool:
         """Wake the engine if it sleeps (GPU with ``enable_sleep_mode``); otherwise a no-op.
@@ -191,12 +316,17 @@ class VllmGenerationWorker:
     def info(self) -> dict[str, Any]:
         """Facts about this engine, for logs and tests."""
         return {"rank": self.rank, "pid": os.getpid(), "start_seconds": self.start_seconds,
+                "import_seconds": self.import_seconds,
                 "max_model_len": self.max_model_len, "stale": self.stale_reason}
 
     def is_alive(self) -> bool:
         return True
 
     def shutdown(self) -> bool:
+        receiver = getattr(self, "_receiver", None)
+        if receiver is not None:
+            receiver.close()
+            self._receiver = None
         llm = getattr(self, "llm", None)
         if llm is not None:
             del self.llm

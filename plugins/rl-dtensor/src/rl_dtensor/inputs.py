@@ -1,0 +1,130 @@
+"""Model inputs for one micro-batch, padded or packed, and the way back to ``[B, S]``.
+
+Two layouts:
+
+- padded (plain and dynamic batching): the right-padded ``[B, S]`` batch with
+  a 2-D padding mask, exactly what a single-process HF forward gets;
+- packed (sequence packing): every sequence's valid tokens back to back in one
+  ``[1, T]`` row, ``position_ids`` restarting at 0 per sequence and an
+  explicit 4-D block-diagonal causal mask. HF transformers can also infer
+  packing from ``position_ids`` alone, but only when no mask is passed and, for
+  the kernels that really avoid cross-sequence attention, only with flash
+  attention on a GPU; an explicit mask works with the sdpa and eager
+  implementations on any device (``create_causal_mask`` passes a 4-D mask
+  through untouched).
+
+Under sequence parallel the sequence is split over tp ranks, so the width is
+padded to a multiple of tp; the padding is cut off again when results are put
+back in the ``[B, S]`` layout.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from rlcore.data.packing import PackedSequences, pack_microbatch, unpack_tokens
+from rlcore.training.logprobs import align
+
+from rl_dtensor.vocab_parallel import gather_logprobs, topk
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+@dataclass
+class ModelInputs:
+    """The tensors of one forward, and how to read next-token results back."""
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    position_ids: torch.Tensor
+    input_lengths: torch.Tensor
+    seq_len: int  # S of the caller's micro-batch
+    packed: PackedSequences | None = None
+
+    def model_kwargs(self) -> dict[str, Any]:
+        return {"input_ids": self.input_ids, "attention_mask": self.attention_mask,
+                "position_ids": self.position_ids, "use_cache": False}
+
+    def _next_targets(self) -> torch.Tensor:
+        """``target[:, t] = input_ids[:, t + 1]`` (the last column is a dummy 0)."""
+        ids = self.input_ids
+        return torch.cat([ids[:, 1:], torch.zeros_like(ids[:, :1])], dim=1)
+
+    def logprobs(self, logits: torch.Tensor) -> torch.Tensor:
+        """``[B, S]`` float32 token logprobs in the contract's alignment (design.md §2.2)."""
+        next_lp = gather_logprobs(logits, self._next_targets())  # [rows, T]; column t predicts t + 1
+        if self.packed is None:
+            return align(next_lp[:, : self.seq_len - 1], self.input_lengths)
+        p = self.packed
+        width = int(p.cu_seqlens[-1])
+        flat = torch.zeros(width, dtype=torch.float32, device=next_lp.device)
+        flat[1:] = next_lp[0, : width - 1]
+        # A sequence's first token has no context inside its sequence: 0 by contract.
+        flat = torch.where(self.position_ids[0, :width] == 0, torch.zeros_like(flat), flat)
+        return unpack_tokens(flat, p.cu_seqlens, p.batch_size, p.seq_len, p.input_lengths)
+
+    def topk(self, logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Top-k of the next-token positions, ``[B, S - 1, k]`` values and global indices."""
+        values, indices = topk(logits, k)
+        if self.packed is not None:
+            p = self.packed
+            width = int(p.cu_seqlens[-1])
+            values = unpack_tokens(values[0, :width], p.cu_seqlens, p.batch_size, p.seq_len, p.input_lengths)
+            indices = unpack_tokens(indices[0, :width], p.cu_seqlens, p.batch_size, p.seq_len, p.input_lengths)
+        return values[:, : self.seq_len - 1], indices[:, : self.seq_len - 1]
+
+
+def padded_inputs(mb: Any, device: torch.device, multiple: int = 1) -> ModelInputs:
+    """A right-padded micro-batch, widened to a multiple of ``multiple`` (sequence parallel)."""
+    ids = mb["input_ids"]
+    lengths = mb["input_lengths"].long()
+    batch, seq_len = ids.shape
+    width = _round_up(seq_len, multiple)
+    if width != seq_len:
+        ids = torch.cat([ids, ids.new_zeros(batch, width - seq_len)], dim=1)
+    positions = torch.arange(width)
+    mask = (positions[None, :] < lengths[:, None]).long()
+    return ModelInputs(input_ids=ids.to(device), attention_mask=mask.to(device),
+                       position_ids=positions.expand(batch, width).to(device), input_lengths=lengths.to(device),
+                       seq_len=seq_len)
+
+
+def block_causal_mask(segments: torch.Tensor, attn_implementation: str, dtype: torch.dtype) -> torch.Tensor:
+    """``[1, 1, T, T]`` mask letting each token see earlier tokens of its own segment only.
+
+    Boolean (True = attend) for sdpa and the like; additive (0 / dtype min)
+    for the eager implementation, which adds the mask to the scores.
+    """
+    width = segments.shape[0]
+    causal = torch.ones(width, width, dtype=torch.bool, device=segments.device).tril()
+    allowed = (segments[:, None] == segments[None, :]) & causal
+    if attn_implementation == "eager":
+        zero = torch.zeros((), dtype=dtype, device=segments.device)
+        allowed = torch.where(allowed, zero, torch.finfo(dtype).min)
+    return allowed[None, None]
+
+
+def packed_inputs(mb: Any, device: torch.device, attn_implementation: str, dtype: torch.dtype,
+                  multiple: int = 1) -> ModelInputs:
+    """Pack a right-padded micro-batch into one row with a block-diagonal causal mask.
+
+    The row is padded to a multiple of ``multiple`` with a dummy segment of its own.
+    """
+    lengths = mb["input_lengths"].long()
+    packed = pack_microbatch(mb["input_ids"], lengths)
+    seg_lens = (packed.cu_seqlens[1:] - packed.cu_seqlens[:-1]).long()
+    used = int(packed.cu_seqlens[-1])
+    width = max(_round_up(used, multiple), multiple)
+    tail = width - used
+    ids = torch.cat([packed.input_ids, packed.input_ids.new_zeros(1, tail)], dim=1)
+    positions = torch.cat([packed.position_ids, torch.arange(tail)[None, :]], dim=1)
+    segments = torch.cat([torch.repeat_interleave(torch.arange(len(seg_lens)), seg_lens),
+                          torch.full((tail,), len(seg_lens))])
+    mask = block_causal_mask(segments.to(device), attn_implementation, dtype)
+    return ModelInputs(input_ids=ids.to(device), attention_mask=mask, position_ids=positions.to(device),
+                       input_lengths=lengths.to(device), seq_len=int(mb["input_ids"].shape[1]), packed=packed)

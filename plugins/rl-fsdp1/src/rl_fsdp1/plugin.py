@@ -1,0 +1,26 @@
+"""Registers the ``fsdp1`` training backend (light: imports neither torch nor transformers).
+
+The config selects it with ``policy.backend: fsdp1``, or implicitly when
+neither ``policy.dtensor_cfg`` nor ``policy.megatron_cfg`` is enabled (see
+``PolicyConfig.training_backend``).
+"""
+
+from rlcore.plugins import BackendSpec, hookimpl
+
+CAPABILITIES = frozenset({
+    "train", "logprobs", "topk_logits", "reference_model", "dynamic_batching", "checkpoint",
+    "generate", "refit",
+})
+
+
+@hookimpl
+def rlcore_register_backends(register):
+    register(BackendSpec(
+        name="fsdp1",
+        kind="training",
+        worker_class="rl_fsdp1.worker:FSDP1PolicyWorker",
+        capabilities=CAPABILITIES,
+        requires=("torch", "transformers"),
+        install_hint="pip install rl-fsdp1 (needs torch>=2.6 and transformers)",
+        description="torch FSDP1 data parallel training with Hugging Face generate.",
+    ))

@@ -1,0 +1,394 @@
+"""``FSDP1PolicyWorker``: one rank of the ``fsdp1`` training backend (seed 004 surface).
+
+Data parallel only: every rank holds a 1/dp shard of each FSDP unit (one per
+decoder layer, plus the root with embeddings/norm/head). The shared parts
+(micro-batching, loss normalisation, the optimizer-step loop, padding the
+results, the reference-model swap) come from
+:class:`rlcore.training.worker_base.TrainingWorkerBase`; this module adds what
+is FSDP1-specific:
+
+- gradients: FSDP1 *averages* over ranks in its reduce-scatter, while rlcore
+  sums (losses are normalised by global counts, design.md §2.3), so
+  ``finish_grads`` multiplies the reduced shards by dp;
+- the gradient norm is reduced over the shards of all ranks;
+- the reference model and the offload hooks move the flat parameter shards;
+- full HF-named tensors for refit and checkpoints are gathered one unit at a
+  time (:mod:`rl_fsdp1.sharding`); the refit transports (shared-memory
+  streaming, collective broadcast) come from ``rlcore.refit.RefitExportMixin``
+  on top of ``prepare_refit_info`` / ``iter_refit_tensors``;
+- ``generate`` runs HF ``generate`` on the plain model inside
+  ``summon_full_params`` (:mod:`rl_fsdp1.generation`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from datetime import timedelta
+from typing import Any, Iterator
+
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+from rlcore.data import BatchedDataDict
+from rlcore.refit import RefitExportMixin
+from rlcore.refit.buckets import dtype_name
+from rlcore.training.checkpoint import (
+    load_hf_state_dict,
+    load_torch_state,
+    recover_checkpoint,
+    save_hf_checkpoint,
+    save_torch_state,
+)
+from rlcore.training.logprobs import token_logprobs, topk_logits
+from rlcore.training.loop import StepHooks
+from rlcore.training.optim import build_optimizer, build_scheduler
+from rlcore.training.worker_base import TrainingWorkerBase
+from rl_fsdp1 import generation as gen
+from rl_fsdp1.sharding import (
+    DTYPES,
+    ParamLayout,
+    apply_activation_checkpointing,
+    fsdp_kwargs,
+    release_gathered_params,
+    unwrapped_view,
+)
+
+logger = logging.getLogger(__name__)
+
+
+def init_distributed() -> torch.device:
+    """Join the default process group (env:// rendezvous from the worker group); returns this rank's device."""
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(minutes=10))
+    return device
+
+
+def attention_mask(mb: BatchedDataDict, device: torch.device) -> torch.Tensor:
+    positions = torch.arange(mb["input_ids"].shape[1], device=device)
+    return (positions[None, :] < mb["input_lengths"].to(device)[:, None]).long()
+
+
+class FSDP1PolicyWorker(RefitExportMixin, TrainingWorkerBase):
+    """One rank of the ``fsdp1`` backend."""
+
+    def __init__(self, config: Any, tokenizer: Any = None, weights_path: str | None = None,
+                 optimizer_path: str | None = None, init_optimizer: bool = True,
+                 init_reference_model: bool = True, **_: Any) -> None:
+        from transformers import AutoModelForCausalLM
+
+        self.device = init_distributed()
+        self.cfg = config
+        self.tokenizer = tokenizer
+        self.rank = dist.get_rank()
+        self.dp_size = dist.get_world_size()
+        self.export_dtype = DTYPES[config.precision]
+
+        # Master weights in float32 (FSDP mixed precision casts for compute); every rank reads the
+        # checkpoint itself, so no broadcast of module states is needed.
+        hf_model = AutoModelForCausalLM.from_pretrained(weights_path or config.model_name, dtype=torch.float32)
+        self.hf_config = hf_model.config
+        self.layout = ParamLayout.from_model(hf_model)
+        kwargs, self.notes = fsdp_kwargs(hf_model, self.device, config.precision, config.fsdp_offload_enabled)
+        for note in self.notes:
+            logger.warning(note)
+        self.fsdp_offload = kwargs["cpu_offload"] is not None
+        self.model = FSDP(hf_model, **kwargs)
+        if config.activation_checkpointing_enabled:
+            apply_activation_checkpointing(self.model)
+        self.layout.bind(self.model)
+        self._model_on_device = True
+
+        self.optimizer = build_optimizer(self.model.parameters(), config.optimizer, config.learning_rate) \
+            if init_optimizer else None
+        self.scheduler = build_scheduler(self.optimizer, config.scheduler) if self.optimizer else None
+        if optimizer_path and self.optimizer is not None:
+            self._load_optimizer(optimizer_path)
+        if init_reference_model:
+            self.init_reference_model()
+
+    def __repr__(self) -> str:
+        return f"FSDP1PolicyWorker(rank={getattr(self, 'rank', '?')}, device={getattr(self, 'device', '?')})"
+
+    # -- model passes ------------------------------------------------------------------
+    def _logits(self, mb: BatchedDataDict) -> torch.Tensor:
+        ids = mb["input_ids"].to(self.device)
+        return self.model(input_ids=ids, attention_mask=attention_mask(mb, self.device), use_cache=False).logits
+
+    def _forward_logprobs(self, mb: BatchedDataDict) -> torch.Tensor:
+        return token_logprobs(self._logits(mb), mb["input_ids"].to(self.device), mb["input_lengths"])
+
+    def _forward_topk(self, mb: BatchedDataDict, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return topk_logits(self._logits(mb), k)
+
+    def _all_reduce_sum(self, t: torch.Tensor) -> None:
+        """Sum ``t`` over ranks in place; goes through the device (NCCL cannot reduce CPU tensors)."""
+        buf = t.to(self.device)
+        dist.all_reduce(buf, op=dist.ReduceOp.SUM)
+        if buf is not t:
+            t.copy_(buf)
+
+    def _grad_norm(self, max_norm: float | None) -> float:
+        """Global L2 norm of the gradient shards of all ranks; clip like ``clip_grad_norm_`` when asked."""
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        local = sum((g.detach().double().square().sum() for g in grads), torch.zeros((), dtype=torch.float64))
+        total = local.to(self.device)
+        dist.all_reduce(total, op=dist.ReduceOp.SUM)
+        norm = float(total.sqrt())
+        if max_norm is not None and norm == norm and norm != float("inf"):
+            coef = float(max_norm) / (norm + 1e-6)
+            if coef < 1.0:
+                for g in grads:
+                    g.detach().mul_(coef)
+        return norm
+
+    def _step_hooks(self) -> StepHooks:
+        self._ensure_on_device(optimizer=True)
+        params = list(self.model.parameters())
+
+        def finish_grads() -> None:
+            # FSDP1 divided by the world size around its reduce-scatter; rlcore sums over ranks.
+            for p in params:
+                if p.grad is not None:
+                    p.grad.mul_(self.dp_size)
+
+        def optimizer_step() -> None:
+            self.optimizer.step()
+            self.scheduler.step()
+            self.optimizer.zero_grad(set_to_none=True)
+
+        return StepHooks(
+            forward=self._forward_logprobs,
+            all_reduce_sum=self._all_reduce_sum,
+            finish_grads=finish_grads,
+            clip_grads=self._grad_norm,
+            optimizer_step=optimizer_step,
+            zero_grad=lambda: self.model.zero_grad(set_to_none=True),
+        )
+
+    def get_logprobs(self, data: BatchedDataDict, micro_batch_size: int | None = None,
+                     mode: str = "plain") -> BatchedDataDict:
+        self._ensure_on_device()
+        return super().get_logprobs(data, micro_batch_size, mode)
+
+    def get_topk_logits(self, data: BatchedDataDict, k: int, micro_batch_size: int | None = None,
+                        mode: str = "plain") -> BatchedDataDict:
+        self._ensure_on_device()
+        return super().get_topk_logits(data, k, micro_batch_size, mode)
+
+    # -- reference model: the rank's own flat shards ------------------------------------
+    def _snapshot_to_cpu(self) -> dict[str, torch.Tensor]:
+        """CPU copy of this rank's flat parameter shards (no gathering; costs 1/dp of the model)."""
+        return {n: p.detach().to("cpu", copy=True) for n, p in self.model.named_parameters()}
+
+    def _load_snapshot(self, state: dict[str, torch.Tensor]) -> None:
+        release_gathered_params(self.model)  # or the next forward would reuse the root's stale gathered copy
+        with torch.no_grad():
+            for name, p in self.model.named_parameters():
+                p.copy_(state[name])
+
+    # -- generation ---------------------------------------------------------------------
+    def generate(self, data: BatchedDataDict, greedy: bool = False) -> BatchedDataDict:
+        """HF ``generate`` on the gathered full parameters; returns ``GenerationOutputSpec`` fields.
+
+        Collective (the gather): every rank calls it, each with its own shard of prompts.
+        """
+        from rlcore.config.generation import GenerationConfig
+
+        gen_cfg = self.cfg.generation or GenerationConfig()
+        settings = gen.SamplingSettings.from_config(gen_cfg, self.tokenizer, greedy)
+        self._ensure_on_device()
+        was_training = self.model.training
+        self.model.eval()
+        autocast = torch.autocast(self.device.type, dtype=self.export_dtype) \
+            if self.export_dtype != torch.float32 else contextlib.nullcontext()
+        try:
+            with torch.no_grad(), FSDP.summon_full_params(self.model, writeback=False), \
+                    unwrapped_view(self.model) as plain, autocast:
+                out = gen.generate(plain, data, settings, self.tokenizer, gen_cfg.stop_strings, self.device)
+        finally:
+            self.model.train(was_training)
+        return BatchedDataDict(out)
+
+    # -- refit export ------------------------------------------------------------------
+    def prepare_refit_info(self) -> dict[str, tuple[tuple[int, ...], str]]:
+        """``{hf_name: (shape, dtype)}`` in the order :meth:`iter_refit_tensors` yields them."""
+        return {n: (self.layout.shapes[n], dtype_name(self._export_dtype_of(n))) for n in self.layout.names}
+
+    def _export_dtype_of(self, name: str) -> torch.dtype:
+        dtype = self.layout.dtypes[name]
+        return self.export_dtype if dtype.is_floating_point else dtype
+
+    def iter_refit_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Yield ``(hf_name, full tensor)`` in ``prepare_refit_info`` order, in the compute dtype.
+
+        Collective: every rank must iterate to the end. Each tensor is a fresh
+        copy on this rank's device, owned by the caller.
+        """
+        self._ensure_on_device()
+        for name, tensor in self.layout.iter_full(self.model):
+            yield name, tensor.to(device=self.device, dtype=self._export_dtype_of(name), copy=True)
+
+    def export_full_state_dict(self) -> dict[str, torch.Tensor] | None:
+        """Full float32 HF state dict on rank 0 (CPU), None elsewhere. Collective."""
+        self._ensure_on_device()
+        state = {}
+        for name, tensor in self.layout.iter_full(self.model):
+            if self.rank == 0:
+                state[name] = tensor.to("cpu", copy=True)
+        return state if self.rank == 0 else None
+
+    # -- memory movement ----------------------------------------------------------------
+    def manual_offload_to_cpu(self, model: torch.nn.Module) -> torch.nn.Module:
+        """Move the model's flat parameter shards and buffers to CPU (no-op with FSDP CPU offload / on CPU)."""
+        release_gathered_params(model)
+        if not self.fsdp_offload:
+            _move_module(model, torch.device("cpu"))
+        return model
+
+    def manual_load_to_gpu(self, model: torch.nn.Module) -> torch.nn.Module:
+        """Move them back to this rank's device."""
+        release_gathered_params(model)
+        if not self.fsdp_offload:
+            _move_module(model, self.device)
+        return model
+
+    def _move_optimizer_state(self, device: torch.device) -> None:
+        if self.optimizer is None or self.fsdp_offload:
+            return
+        for state in self.optimizer.state.values():
+            for key, value in state.items():
+                if isinstance(value, torch.Tensor) and key != "step":
+                    state[key] = value.to(device)
+
+    def _ensure_on_device(self, optimizer: bool = False) -> None:
+        if not self._model_on_device:
+            self.manual_load_to_gpu(self.model)
+            self._model_on_device = True
+        if optimizer:
+            self._move_optimizer_state(self.device)
+
+    def _empty_cache(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def prepare_for_training(self, *args: Any, **kwargs: Any) -> None:
+        self._ensure_on_device(optimizer=True)
+        self.model.train()
+
+    def prepare_for_lp_inference(self) -> None:
+        self._ensure_on_device()
+        self.model.eval()
+        self._move_optimizer_state(torch.device("cpu"))
+        self._empty_cache()
+
+    def offload_before_refit(self) -> None:
+        """Free accelerator memory the refit does not need: the optimizer state and cached gathered parameters."""
+        release_gathered_params(self.model)
+        self._move_optimizer_state(torch.device("cpu"))
+        self._empty_cache()
+
+    def offload_after_refit(self) -> None:
+        """After the weights went to the generation engine: everything to CPU until training resumes."""
+        self.manual_offload_to_cpu(self.model)
+        self._model_on_device = self.device.type == "cpu"
+        self._move_optimizer_state(torch.device("cpu"))
+        self._empty_cache()
+
+    # -- checkpoints -------------------------------------------------------------------
+    def save_checkpoint(self, weights_path: str, optimizer_path: str | None = None,
+                        tokenizer_path: str | None = None) -> None:
+        """HF safetensors (float32) written atomically by rank 0; the full optimizer state likewise.
+
+        Collective: all ranks gather; rank 0 writes; all ranks leave together.
+        The optimizer state is the FSDP full (unflattened, HF-named) optimizer
+        state dict, so it loads at any data-parallel size.
+        """
+        state = self.export_full_state_dict()
+        optim_state = self._full_optimizer_state() if optimizer_path and self.optimizer is not None else None
+        if self.rank == 0:
+            save_hf_checkpoint(state, self.hf_config, weights_path)
+            if tokenizer_path and self.tokenizer is not None:
+                self.tokenizer.save_pretrained(tokenizer_path)
+            if optim_state is not None:
+                save_torch_state({"optimizer": optim_state, "scheduler": self.scheduler.state_dict()},
+                                 optimizer_path)
+        dist.barrier()
+
+    def load_checkpoint(self, weights_path: str, optimizer_path: str | None = None) -> None:
+        """Load HF safetensors (and optionally the optimizer state) into the sharded model. Collective."""
+        if self.rank == 0:
+            recover_checkpoint(weights_path)
+        dist.barrier()
+        self._ensure_on_device()
+        self.layout.load_full(self.model, load_hf_state_dict(weights_path))
+        if optimizer_path and self.optimizer is not None:
+            self._load_optimizer(optimizer_path)
+
+    def _state_dict_options(self) -> Any:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+        # Offloading full state dicts to CPU crashes FSDP1 on CPU-only machines (design.md §5).
+        return StateDictOptions(full_state_dict=True, cpu_offload=self.device.type != "cpu")
+
+    def _full_optimizer_state(self) -> dict:
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+        self._ensure_on_device(optimizer=True)
+        return get_optimizer_state_dict(self.model, self.optimizer, options=self._state_dict_options())
+
+    def _load_optimizer(self, optimizer_path: str) -> None:
+        from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+
+        state = load_torch_state(optimizer_path)
+        self._ensure_on_device(optimizer=True)
+        set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"],
+                                 options=self._state_dict_options())
+        self.scheduler.load_state_dict(state["scheduler"])
+
+    # -- test and debug helpers -----------------------------------------------------------
+    def _add_noise_to_weights(self) -> None:
+        """Perturb every shard slightly (seeded by rank): lets tests check that a refit moves weights."""
+        gen_ = torch.Generator(device="cpu").manual_seed(1234 + self.rank)
+        release_gathered_params(self.model)
+        with torch.no_grad():
+            for p in self.model.parameters():
+                p.add_(0.01 * torch.randn(p.shape, generator=gen_).to(p.device, p.dtype))
+
+    def parameter_checksum(self) -> float:
+        """Sum of all parameters (float64, over ranks): lets tests see that weights (did not) change."""
+        local = sum((p.detach().double().sum() for p in self.model.parameters()), torch.zeros((), dtype=torch.float64))
+        total = local.to(self.device)
+        dist.all_reduce(total)
+        return float(total)
+
+    def report_notes(self) -> list[str]:
+        """Settings that were accepted but have no effect here (e.g. CPU offload on a CPU-only machine)."""
+        return list(self.notes)
+
+
+def _move_module(model: torch.nn.Module, device: torch.device) -> None:
+    """Move flat parameter shards and buffers to ``device`` in place of the old storage.
+
+    FSDP1 keeps the sharded storage as ``flat_param._local_shard`` and points
+    ``flat_param.data`` back at it after every unshard, so both must move, or
+    the next forward would silently use the stale copy.
+    """
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.device == device:
+                continue
+            moved = p.data.to(device, non_blocking=True)
+            if getattr(p, "_local_shard", None) is not None and p._local_shard.data_ptr() == p.data.data_ptr():
+                p._local_shard = moved
+            p.data = moved
+        for module in model.modules():
+            for name, buffer in module._buffers.items():
+                if buffer is not None and buffer.device != device:
+                    module._buffers[name] = buffer.to(device, non_blocking=True)

@@ -1,0 +1,86 @@
+"""Checks of ``policy.megatron_cfg`` that depend on the machine and on what this backend implements.
+
+The schema (``rlcore.config.MegatronConfig``) validates values; these rules
+say which valid settings cannot run *here*: features that need
+TransformerEngine kernels or CUDA tensors, and settings that would change the
+meaning of a training step. Each problem names the dotted path, the value and
+the fix, like every rlcore config error. The worker runs them first, before
+any process group or model exists. Light module: no torch, no megatron.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_M = "policy.megatron_cfg."
+
+
+def megatron_config_problems(policy: Any, *, cuda: bool, transformer_engine: bool) -> list[str]:
+    """Problem lines for running ``policy`` (a ``PolicyConfig``) with the megatron backend."""
+    m = policy.megatron_cfg
+    opt = m.optimizer
+    ddp = m.distributed_data_parallel_config
+    where = "this machine has no CUDA GPU" if not cuda else "TransformerEngine is not installed"
+    problems: list[str] = []
+
+    # Features built on TransformerEngine kernels: impossible without a GPU, and not wired
+    # into this backend yet (it builds the local, TransformerEngine-free layer spec).
+    te_only = {
+        f"{_M}sequence_parallel": (m.sequence_parallel, "sequence parallelism", "false"),
+        f"{_M}context_parallel_size": (m.context_parallel_size > 1, "context parallelism", "1"),
+        "policy.sequence_packing.enabled": (policy.sequence_packing.enabled, "packed (THD) sequences", "false"),
+    }
+    for path, (wanted, what, fix) in te_only.items():
+        if not wanted:
+            continue
+        if cuda and transformer_engine:
+            problems.append(f"{path}: {what} is not implemented by the megatron backend yet (it needs the "
+                            f"TransformerEngine layer spec): set it to {fix}")
+        else:
+            problems.append(f"{path}: {what} needs TransformerEngine kernels, i.e. a CUDA GPU, and {where}: "
+                            f"set it to {fix}")
+    if policy.dynamic_batching.enabled:
+        problems.append("policy.dynamic_batching.enabled: not supported by the megatron backend: set it to false")
+
+    if not cuda:
+        if policy.precision != "float32":
+            problems.append(f"policy.precision: is {policy.precision!r} but {where}; megatron-core's mixed-precision "
+                            "optimizer only accepts CUDA tensors: use 'float32' on CPU")
+        if opt.use_distributed_optimizer:
+            problems.append(f"{_M}optimizer.use_distributed_optimizer: is true but {where}; megatron-core's "
+                            "distributed optimizer only accepts CUDA tensors: set it to false")
+    half = {"bfloat16": "bf16", "float16": "fp16"}.get(policy.precision)
+    for flag in ("bf16", "fp16"):
+        if getattr(opt, flag) != (half == flag):
+            problems.append(f"{_M}optimizer.{flag}: is {getattr(opt, flag)} but policy.precision is "
+                            f"{policy.precision!r}; the optimizer's precision follows the model's: set "
+                            f"{_M}optimizer.{flag}={'true' if half == flag else 'false'}")
+    if opt.params_dtype != policy.precision:
+        problems.append(f"{_M}optimizer.params_dtype: is {opt.params_dtype!r} but policy.precision is "
+                        f"{policy.precision!r}: set them to the same dtype")
+    if opt.use_precision_aware_optimizer and not opt.use_distributed_optimizer:
+        problems.append(f"{_M}optimizer.use_precision_aware_optimizer: needs "
+                        f"{_M}optimizer.use_distributed_optimizer=true")
+
+    if ddp.average_in_collective:
+        problems.append(f"{_M}distributed_data_parallel_config.average_in_collective: is true, but rlcore sums "
+                        "gradients over data-parallel ranks (the loss is already normalised by the global token "
+                        "count, design.md §2.3): set it to false")
+    if ddp.use_custom_fsdp:
+        problems.append(f"{_M}distributed_data_parallel_config.use_custom_fsdp: Megatron FSDP is not supported by "
+                        "the megatron backend: set it to false")
+    if ddp.overlap_param_gather and not opt.use_distributed_optimizer:
+        problems.append(f"{_M}distributed_data_parallel_config.overlap_param_gather: needs "
+                        f"{_M}optimizer.use_distributed_optimizer=true")
+
+    sched = m.scheduler
+    if sched.lr_decay_style not in ("constant",) and sched.lr_decay_iters is None:
+        problems.append(f"{_M}scheduler.lr_decay_iters: is null but lr_decay_style is {sched.lr_decay_style!r}; "
+                        "set the number of steps over which the learning rate decays")
+    if sched.weight_decay_incr_style == "constant" and sched.start_weight_decay != sched.end_weight_decay:
+        problems.append(f"{_M}scheduler.end_weight_decay: is {sched.end_weight_decay} but start_weight_decay is "
+                        f"{sched.start_weight_decay} with weight_decay_incr_style 'constant': make them equal")
+    return problems
+
+
+__all__ = ["megatron_config_problems"]

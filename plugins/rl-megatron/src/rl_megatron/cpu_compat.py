@@ -1,0 +1,366 @@
+"""Run megatron-core 0.16.1 on a machine without a GPU (CPU tensors, gloo collectives).
+
+megatron-core is written for CUDA: it allocates buffers with
+``device=torch.cuda.current_device()`` or ``device="cuda"``, seeds and forks
+CUDA RNG states, calls ``torch.cuda.synchronize()`` around communication and
+moves one tensor with ``Tensor.cuda()``. The maths itself is device-agnostic
+and runs unchanged on CPU (design.md §5). This module redirects exactly those
+call sites, and nothing else:
+
+- **Module-local ``torch``.** In each module of :data:`REDIRECTED_MODULES` the
+  global name ``torch`` is replaced by :class:`_CpuTorch`, a view of the real
+  ``torch`` module that differs in two ways only: tensor factories
+  (:data:`_FACTORIES`) given a CUDA device allocate on CPU, and ``torch.cuda``
+  is :class:`_CpuCuda` (``current_device()`` is the CPU device,
+  ``synchronize()`` / ``empty_cache()`` do nothing since CPU work is
+  synchronous, and the RNG functions act on the CPU generator). Code outside
+  these modules — torch itself, transformers, rlcore — sees the real torch.
+- **CUDA RNG state helpers.** ``tensor_parallel.random._get_cuda_rng_state`` /
+  ``_set_cuda_rng_state`` (used by the RNG tracker's ``fork`` and by
+  activation checkpointing to replay dropout) get and set the CPU generator's
+  state. Megatron's tracker thus keeps its meaning: the model-parallel RNG
+  stream is forked from, and restored to, the default stream.
+- **Gradient clipping.** ``clip_grad_by_total_norm_fp32`` asserts each gradient
+  is a ``'torch.cuda.FloatTensor'``; the optimizer module uses
+  :func:`_clip_grad_by_total_norm_fp32` instead, the same scaling with the
+  assert on the dtype (float32) rather than on the device.
+- **Tied embeddings with pipeline parallelism.**
+  ``LanguageModule.setup_embeddings_and_output_layer`` moves the last stage's
+  copy of the word embeddings with ``weight.data.cuda()`` before all-reducing
+  it with the first stage; on CPU it runs with ``Tensor.cuda`` as the identity
+  for the duration of that one call.
+
+:data:`CALL_SITES` lists every function whose CUDA use is redirected and the
+token it contains; ``tests/test_cpu_compat.py`` checks that each listed
+function still contains that token in the installed megatron-core (so an
+upgrade that moves a call site is noticed) and that every redirect behaves.
+
+Features that need CUDA for more than these call sites are not emulated but
+rejected by the worker's config checks (:mod:`rl_megatron.config`): the
+mixed-precision (bf16/fp16) and distributed optimizers (they check
+``param.type()`` for CUDA tensor types), sequence parallel, context parallel
+and packed sequences (TransformerEngine).
+
+:func:`apply` is called by the worker, in its own process, only when CUDA is
+not available; importing this module changes nothing. On a GPU none of this
+is active.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib
+import sys
+import threading
+import types
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+#: Modules whose global ``torch`` becomes :class:`_CpuTorch`.
+REDIRECTED_MODULES: tuple[str, ...] = (
+    "megatron.core.utils",
+    "megatron.core.parallel_state",
+    "megatron.core.tensor_parallel.random",
+    "megatron.core.tensor_parallel.mappings",
+    "megatron.core.tensor_parallel.layers",
+    "megatron.core.tensor_parallel.utils",
+    "megatron.core.models.common.embeddings.rotary_pos_embedding",
+    "megatron.core.models.gpt.gpt_model",
+    "megatron.core.transformer.attention",
+    "megatron.core.transformer.dot_product_attention",
+    "megatron.core.transformer.transformer_layer",
+    "megatron.core.pipeline_parallel.schedules",
+    "megatron.core.pipeline_parallel.p2p_communication",
+    "megatron.core.distributed.param_and_grad_buffer",
+    "megatron.core.distributed.distributed_data_parallel",
+    "megatron.core.optimizer.optimizer",
+    "megatron.core.optimizer.clip_grads",
+    "megatron.core.dist_checkpointing.strategies.state_dict_saver",
+    "megatron.core.dist_checkpointing.strategies.fully_parallel",
+    "megatron.core.dist_checkpointing.strategies.filesystem_async",
+    "megatron.core.dist_checkpointing.tensor_aware_state_dict",
+)
+
+
+@dataclass(frozen=True)
+class CallSite:
+    """One function of megatron-core that uses CUDA, and how the CPU run gets past it."""
+
+    module: str
+    function: str  # qualified name inside ``module``
+    token: str  # the CUDA use, as it appears in the source
+    redirect: str  # which mechanism handles it
+
+
+_T = "module-local torch"
+#: Every CUDA use on the code paths the backend runs (model build, forward/backward
+#: with TP/PP, DDP, optimizer, clipping, RNG, checkpoint save/load).
+CALL_SITES: tuple[CallSite, ...] = (
+    CallSite("megatron.core.tensor_parallel.random", "CudaRNGStatesTracker.add", "torch.cuda.get_rng_state()", _T),
+    CallSite("megatron.core.tensor_parallel.random", "CudaRNGStatesTracker.add", "torch.cuda.manual_seed(seed)", _T),
+    CallSite("megatron.core.tensor_parallel.random", "model_parallel_cuda_manual_seed", "torch.cuda.manual_seed", _T),
+    CallSite("megatron.core.tensor_parallel.random", "CudaRNGStatesTracker.fork", "_get_cuda_rng_state(",
+             "CPU RNG state helpers"),
+    CallSite("megatron.core.tensor_parallel.random", "CheckpointFunction.forward", "_get_cuda_rng_state()",
+             "CPU RNG state helpers"),
+    CallSite("megatron.core.tensor_parallel.random", "CheckpointFunction.backward", "_set_cuda_rng_state(",
+             "CPU RNG state helpers"),
+    CallSite("megatron.core.utils", "GlobalMemoryBuffer.get_tensor", "torch.cuda.current_device()", _T),
+    CallSite("megatron.core.utils", "local_multi_tensor_l2_norm", 'device="cuda"', _T),
+    CallSite("megatron.core.models.common.embeddings.rotary_pos_embedding", "RotaryEmbedding.forward",
+             "torch.cuda.current_device()", _T),
+    CallSite("megatron.core.tensor_parallel.mappings", "_gather_along_first_dim", "torch.cuda.current_device()", _T),
+    CallSite("megatron.core.tensor_parallel.mappings", "_reduce_scatter_along_first_dim",
+             "torch.cuda.current_device()", _T),
+    CallSite("megatron.core.pipeline_parallel.schedules", "forward_backward_no_pipelining", 'device="cuda"', _T),
+    CallSite("megatron.core.pipeline_parallel.schedules", "forward_backward_pipelining_without_interleaving",
+             'device="cuda"', _T),
+    CallSite("megatron.core.pipeline_parallel.p2p_communication", "P2PCommunicator._communicate_shapes",
+             "torch.cuda.current_device()", _T),
+    CallSite("megatron.core.pipeline_parallel.p2p_communication", "P2PCommunicator._communicate_shapes",
+             "torch.cuda.synchronize()", _T),
+    CallSite("megatron.core.pipeline_parallel.p2p_communication", "P2PCommunicator._communicate",
+             "torch.cuda.current_device()", _T),
+    CallSite("megatron.core.pipeline_parallel.p2p_communication", "P2PCommunicator._communicate",
+             "torch.cuda.synchronize()", _T),
+    CallSite("megatron.core.distributed.param_and_grad_buffer", "_ParamAndGradBuffer.__init__",
+             "torch.cuda.current_device()", _T),
+    CallSite("megatron.core.optimizer.optimizer", "FP32Optimizer.__init__", "device='cuda'", _T),
+    CallSite("megatron.core.optimizer.clip_grads", "get_grad_norm_fp32", "device='cuda'", _T),
+    CallSite("megatron.core.optimizer.clip_grads", "count_zeros_fp32", "device='cuda'", _T),
+    CallSite("megatron.core.optimizer.clip_grads", "clip_grad_by_total_norm_fp32", "'torch.cuda.FloatTensor'",
+             "CPU gradient clipping"),
+    CallSite("megatron.core.models.common.language_module.language_module",
+             "LanguageModule.setup_embeddings_and_output_layer", "weight.data.cuda()",
+             "Tensor.cuda as identity"),
+    CallSite("megatron.core.dist_checkpointing.strategies.state_dict_saver", "verify_global_md_reuse",
+             "device='cuda'", _T),
+    CallSite("megatron.core.dist_checkpointing.strategies.filesystem_async",
+             "FileSystemWriterAsync.preload_tensors", "torch.cuda.synchronize()", _T),
+)
+
+#: torch functions that take a ``device`` argument and are called with a CUDA device in the modules above.
+_FACTORIES = ("empty", "zeros", "ones", "full", "tensor", "arange", "empty_like", "zeros_like", "ones_like",
+              "randn", "rand")
+
+_CPU = None  # torch.device("cpu"), set on first use (this module imports no torch at import time)
+_applied = False
+_lock = threading.Lock()
+#: ``(module, function)`` of every megatron function that went through a redirect in this process.
+_OBSERVED: set[tuple[str, str]] = set()
+
+
+def _record(depth: int = 2) -> None:
+    """Note the function ``depth`` frames up (the megatron caller) as a redirected call site."""
+    frame = sys._getframe(depth)
+    _OBSERVED.add((frame.f_globals.get("__name__", "?"), frame.f_code.co_qualname))
+
+
+def observed_call_sites() -> list[tuple[str, str]]:
+    """The call sites redirected so far in this process (tests compare them with :data:`CALL_SITES`)."""
+    return sorted(_OBSERVED)
+
+
+def _cpu_device() -> Any:
+    global _CPU
+    if _CPU is None:
+        import torch
+
+        _CPU = torch.device("cpu")
+    return _CPU
+
+
+def _is_cuda(device: Any) -> bool:
+    import torch
+
+    if isinstance(device, int):  # a CUDA device index, as torch.cuda.current_device() returns
+        return True
+    if isinstance(device, str):
+        return device.startswith("cuda")
+    return isinstance(device, torch.device) and device.type == "cuda"
+
+
+def _cpu_factory(fn: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    def factory(*args: Any, **kwargs: Any) -> Any:
+        if _is_cuda(kwargs.get("device")):
+            _record()
+            kwargs["device"] = _cpu_device()
+            kwargs.pop("pin_memory", None)
+        return fn(*args, **kwargs)
+
+    return factory
+
+
+class _CpuCuda(types.SimpleNamespace):
+    """``torch.cuda`` as the redirected modules see it on a CPU-only process.
+
+    Only the functions megatron calls on its CPU-relevant paths are redefined;
+    anything else falls through to the real ``torch.cuda`` (and fails there as
+    it would have, instead of silently doing nothing).
+    """
+
+    def __getattr__(self, name: str) -> Any:
+        import torch
+
+        return getattr(torch.cuda, name)
+
+    @staticmethod
+    def current_device() -> Any:
+        _record()
+        return _cpu_device()
+
+    @staticmethod
+    def synchronize(*_: Any, **__: Any) -> None:
+        """CPU kernels run synchronously: there is nothing to wait for."""
+        _record()
+
+    @staticmethod
+    def empty_cache() -> None:
+        """The CPU allocator has no cache to release."""
+        _record()
+
+    @staticmethod
+    def get_rng_state(*_: Any, **__: Any) -> Any:
+        _record()
+        import torch
+
+        return torch.get_rng_state()
+
+    @staticmethod
+    def set_rng_state(state: Any, *_: Any, **__: Any) -> None:
+        _record()
+        import torch
+
+        torch.set_rng_state(state)
+
+    @staticmethod
+    def manual_seed(seed: int) -> None:
+        _record()
+        import torch
+
+        torch.manual_seed(seed)
+
+
+class _CpuTorch(types.ModuleType):
+    """The ``torch`` module with CUDA allocations redirected to CPU (see the module docstring)."""
+
+    def __init__(self) -> None:
+        import torch
+
+        super().__init__("torch", "torch as megatron-core sees it on a CPU-only process (rl_megatron.cpu_compat)")
+        self.cuda = _CpuCuda()
+        for name in _FACTORIES:
+            setattr(self, name, _cpu_factory(getattr(torch, name)))
+
+    def __getattr__(self, name: str) -> Any:
+        import torch
+
+        return getattr(torch, name)
+
+
+def _get_cpu_rng_state(*_: Any, **__: Any) -> Any:
+    """Replacement of ``tensor_parallel.random._get_cuda_rng_state``: the CPU generator's state."""
+    import torch
+
+    _record()
+    return torch.get_rng_state()
+
+
+def _set_cpu_rng_state(new_state: Any, *_: Any, **__: Any) -> None:
+    """Replacement of ``tensor_parallel.random._set_cuda_rng_state``."""
+    import torch
+
+    _record()
+    torch.set_rng_state(new_state)
+
+
+def _clip_grad_by_total_norm_fp32(parameters: Any, max_norm: float, total_norm: float,
+                                  use_decoupled_grad: bool = False) -> None:
+    """``clip_grad_by_total_norm_fp32`` without the CUDA tensor-type assert: scale fp32 grads in place."""
+    import torch
+
+    from megatron.core.utils import to_local_if_dtensor
+
+    _OBSERVED.add(("megatron.core.optimizer.clip_grads", "clip_grad_by_total_norm_fp32"))
+    if isinstance(parameters, torch.Tensor):
+        parameters = [parameters]
+    attr = "decoupled_grad" if use_decoupled_grad else "grad"
+    grads = []
+    for param in parameters:
+        grad = getattr(param, attr, None)
+        if grad is not None:
+            assert grad.dtype == torch.float32, f"expected float32 gradients, got {grad.dtype}"
+            grads.append(to_local_if_dtensor(grad).detach())
+    clip_coeff = max_norm / (total_norm + 1.0e-6)
+    if clip_coeff < 1.0:
+        for grad in grads:
+            grad.mul_(clip_coeff)
+
+
+@contextlib.contextmanager
+def _tensor_cuda_is_identity() -> Iterator[None]:
+    import torch
+
+    original = torch.Tensor.cuda
+    def identity(self: Any, *args: Any, **kwargs: Any) -> Any:
+        _OBSERVED.add((LANGUAGE_MODULE, "LanguageModule.setup_embeddings_and_output_layer"))
+        return self
+
+    torch.Tensor.cuda = identity  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        torch.Tensor.cuda = original  # type: ignore[method-assign]
+
+
+LANGUAGE_MODULE = "megatron.core.models.common.language_module.language_module"
+
+
+def _wrap_setup_embeddings(method: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(method)
+    def setup_embeddings_and_output_layer(self: Any, *args: Any, **kwargs: Any) -> Any:
+        with _lock, _tensor_cuda_is_identity():
+            return method(self, *args, **kwargs)
+
+    setup_embeddings_and_output_layer.__rl_megatron_cpu__ = True  # type: ignore[attr-defined]
+    return setup_embeddings_and_output_layer
+
+
+def is_applied() -> bool:
+    return _applied
+
+
+def apply() -> None:
+    """Install the redirects in this process (idempotent). Refuses to run where CUDA is available."""
+    global _applied
+    import torch
+
+    if torch.cuda.is_available():
+        raise RuntimeError("rl_megatron.cpu_compat is for processes without a GPU; CUDA is available here")
+    with _lock:
+        if _applied:
+            return
+        cpu_torch = _CpuTorch()
+        for name in REDIRECTED_MODULES:
+            module = importlib.import_module(name)
+            module.torch = cpu_torch  # type: ignore[attr-defined]
+
+        from megatron.core.tensor_parallel import random as tp_random
+
+        tp_random._get_cuda_rng_state = _get_cpu_rng_state
+        tp_random._set_cuda_rng_state = _set_cpu_rng_state
+
+        from megatron.core.optimizer import optimizer as megatron_optimizer
+
+        megatron_optimizer.clip_grad_by_total_norm_fp32 = _clip_grad_by_total_norm_fp32
+
+        from megatron.core.models.common.language_module.language_module import LanguageModule
+
+        LanguageModule.setup_embeddings_and_output_layer = _wrap_setup_embeddings(
+            LanguageModule.setup_embeddings_and_output_layer)
+        _applied = True
+
+
+__all__ = ["CALL_SITES", "REDIRECTED_MODULES", "CallSite", "apply", "is_applied", "observed_call_sites"]

@@ -1,0 +1,123 @@
+"""Build a megatron-core ``GPTModel`` that computes what the Hugging Face model computes.
+
+The ``TransformerConfig`` is derived from the HF config (RMSNorm, SwiGLU,
+rotary embeddings, GQA, Qwen2's QKV bias, Qwen3's q/k norm), with every
+fusion that needs Apex or TransformerEngine turned off so that the local
+(pure PyTorch) layer spec runs anywhere, CPU included. Dropout is zero, as in
+the HF models. The parallel layout comes from ``policy.megatron_cfg``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from rl_megatron.converter import ModelShape
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def rope_settings(hf_config: Any) -> dict[str, Any]:
+    """GPTModel rotary arguments for the HF rope parameters (default and Llama-3 scaling)."""
+    params = dict(getattr(hf_config, "rope_parameters", None) or getattr(hf_config, "rope_scaling", None) or {})
+    theta = params.get("rope_theta", getattr(hf_config, "rope_theta", 10000.0))
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    out: dict[str, Any] = {"rotary_base": theta, "rope_scaling": False}
+    if rope_type == "default":
+        return out
+    # megatron-core implements Llama 3 scaling with the published constants only.
+    llama3 = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+    if rope_type == "llama3" and all(float(params.get(k, v)) == v for k, v in llama3.items()):
+        out.update(rope_scaling=True, rope_scaling_factor=float(params.get("factor", 8.0)))
+        return out
+    raise NotImplementedError(f"rope parameters {params} are not supported by the megatron backend "
+                              "(supported: default rope, and llama3 scaling with the standard constants)")
+
+
+def transformer_config(shape: ModelShape, hf_config: Any, mcfg: Any, precision: str, use_cpu: bool) -> Any:
+    """The ``TransformerConfig`` for ``shape`` under ``policy.megatron_cfg`` (``mcfg``)."""
+    from megatron.core.transformer import TransformerConfig
+
+    dtype = DTYPES[precision]
+    recompute: dict[str, Any] = {}
+    if mcfg.activation_checkpointing:
+        recompute = {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
+    return TransformerConfig(
+        num_layers=shape.num_layers,
+        hidden_size=shape.hidden_size,
+        ffn_hidden_size=shape.intermediate_size,
+        num_attention_heads=shape.num_heads,
+        num_query_groups=shape.num_kv_heads,
+        kv_channels=shape.head_dim,
+        normalization="RMSNorm",
+        layernorm_epsilon=hf_config.rms_norm_eps,
+        gated_linear_unit=True,
+        activation_func=torch.nn.functional.silu,
+        add_bias_linear=False,
+        add_qkv_bias=shape.qkv_bias,
+        qk_layernorm=shape.qk_norm,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        # Fusions that need Apex / TransformerEngine kernels: the local spec runs without them.
+        bias_activation_fusion=False,
+        bias_dropout_fusion=False,
+        masked_softmax_fusion=False,
+        persist_layer_norm=False,
+        apply_rope_fusion=False,
+        gradient_accumulation_fusion=False,
+        attention_softmax_in_fp32=True,
+        # Parallel layout.
+        tensor_model_parallel_size=mcfg.tensor_model_parallel_size,
+        pipeline_model_parallel_size=mcfg.pipeline_model_parallel_size,
+        context_parallel_size=mcfg.context_parallel_size,
+        sequence_parallel=mcfg.sequence_parallel,
+        num_layers_in_first_pipeline_stage=mcfg.num_layers_in_first_pipeline_stage,
+        num_layers_in_last_pipeline_stage=mcfg.num_layers_in_last_pipeline_stage,
+        pipeline_dtype=DTYPES[mcfg.pipeline_dtype or precision],
+        params_dtype=dtype,
+        bf16=dtype == torch.bfloat16,
+        fp16=dtype == torch.float16,
+        use_cpu_initialization=use_cpu,
+        # The weights are overwritten from the HF checkpoint right after construction, but
+        # megatron-core marks TP-sharded parameters (``tensor_model_parallel``, ``partition_dim``)
+        # only inside its initialisers: without them the gradient norm counts every TP shard as
+        # a replica and drops all but rank 0's.
+        perform_initialization=True,
+        # rlcore's loss is already normalised by the global token/sequence count of the
+        # step: the schedule must neither divide it by the number of micro-batches nor
+        # scale gradients by the data-parallel size (design.md §2.3).
+        calculate_per_token_loss=True,
+        **recompute,
+    )
+
+
+def layer_offset(config: Any, pp_rank: int) -> int:
+    """Global index of the first decoder layer on pipeline stage ``pp_rank``."""
+    from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
+
+    return get_transformer_layer_offset(config, vp_stage=None, pp_rank=pp_rank)
+
+
+def build_gpt_model(shape: ModelShape, config: Any, hf_config: Any, pre_process: bool, post_process: bool) -> Any:
+    """One pipeline stage of the GPTModel (local layer spec: no TransformerEngine needed)."""
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    spec = get_gpt_layer_local_spec(qk_layernorm=shape.qk_norm, normalization="RMSNorm")
+    return GPTModel(
+        config=config,
+        transformer_layer_spec=spec,
+        vocab_size=shape.padded_vocab_size(config.tensor_model_parallel_size),
+        max_sequence_length=getattr(hf_config, "max_position_embeddings", 4096),
+        pre_process=pre_process,
+        post_process=post_process,
+        share_embeddings_and_output_weights=shape.tie_word_embeddings,
+        position_embedding_type="rope",
+        rotary_percent=1.0,
+        parallel_output=True,
+        **rope_settings(hf_config),
+    )
+
+
+__all__ = ["DTYPES", "build_gpt_model", "layer_offset", "rope_settings", "transformer_config"]

@@ -1,0 +1,179 @@
+"""Moving weights between one rank's Megatron shards and full Hugging Face tensors.
+
+- :func:`load_hf_into_stage`: read, from the HF safetensors files, only the
+  tensors this rank's pipeline stage needs and copy its TP shard of each into
+  the model.
+- :class:`HFExporter`: every rank iterates the whole model in one fixed HF
+  order; for each parameter the owning pipeline stage all-gathers its TP
+  shards and converts them to full HF tensors, which are then broadcast to the
+  other stages. Collective: all ranks must iterate together. Used for refit,
+  the HF checkpoint export and tests.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+import torch.distributed as dist
+
+from rl_megatron.converter import (
+    ModelShape,
+    ParamMapping,
+    all_mappings,
+    hf_shape,
+    output_copy_mapping,
+    to_hf,
+    to_megatron,
+    tp_partition_dim,
+)
+
+_LAYER = re.compile(r"^decoder\.layers\.(\d+)\.")
+
+
+def to_global_name(local_name: str, offset: int) -> str:
+    """``decoder.layers.<local i>.x`` → ``decoder.layers.<offset + i>.x`` (other names unchanged)."""
+    return _LAYER.sub(lambda m: f"decoder.layers.{int(m.group(1)) + offset}.", local_name)
+
+
+def stage_parameters(model: torch.nn.Module, offset: int) -> dict[str, torch.nn.Parameter]:
+    """``{global megatron name: parameter}`` of one pipeline stage (unwrapped GPTModel)."""
+    return {to_global_name(name, offset): p for name, p in model.named_parameters()}
+
+
+def stage_mappings(shape: ModelShape, names: Any) -> dict[str, ParamMapping]:
+    """The mapping of each global parameter name a stage holds (incl. a tied output-layer copy)."""
+    table = {m.megatron: m for m in all_mappings(shape)}
+    if shape.tie_word_embeddings:
+        table.setdefault("output_layer.weight", output_copy_mapping())
+    missing = [n for n in names if n not in table]
+    if missing:
+        raise KeyError(f"no HF mapping for Megatron parameters {missing}")
+    return {n: table[n] for n in names}
+
+
+def _hf_files(path: str) -> dict[str, str]:
+    """``{tensor name: file}`` of an HF safetensors checkpoint directory."""
+    directory = Path(path)
+    index = directory / "model.safetensors.index.json"
+    if index.exists():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        return {name: str(directory / file) for name, file in weight_map.items()}
+    single = directory / "model.safetensors"
+    if not single.exists():
+        raise FileNotFoundError(f"no model.safetensors or model.safetensors.index.json in {directory}")
+    from safetensors import safe_open
+
+    with safe_open(str(single), framework="pt") as f:
+        return {name: str(single) for name in f.keys()}
+
+
+def read_hf_tensors(path: str, names: list[str], tie_word_embeddings: bool) -> dict[str, torch.Tensor]:
+    """The named tensors from an HF checkpoint, opening each file once (tied lm_head/embed aliasing handled)."""
+    from safetensors import safe_open
+
+    files = _hf_files(path)
+    alias = {}
+    if tie_word_embeddings:  # save_pretrained keeps one of the two tied names
+        for a, b in (("model.embed_tokens.weight", "lm_head.weight"), ("lm_head.weight", "model.embed_tokens.weight")):
+            if a not in files and b in files:
+                alias[a] = b
+    wanted: dict[str, list[str]] = {}
+    for name in names:
+        stored = alias.get(name, name)
+        if stored not in files:
+            raise KeyError(f"{path}: the checkpoint has no tensor {stored!r}")
+        wanted.setdefault(files[stored], []).append(name)
+    out = {}
+    for file, file_names in wanted.items():
+        with safe_open(file, framework="pt") as f:
+            for name in file_names:
+                out[name] = f.get_tensor(alias.get(name, name))
+    return out
+
+
+@torch.no_grad()
+def load_hf_into_stage(model: torch.nn.Module, shape: ModelShape, path: str, offset: int, tp_rank: int,
+                       tp_size: int) -> None:
+    """Copy this rank's shards of the HF checkpoint at ``path`` into ``model`` (one pipeline stage)."""
+    params = stage_parameters(model, offset)
+    mappings = stage_mappings(shape, params)
+    needed = sorted({n for m in mappings.values() for n in m.hf})
+    hf = read_hf_tensors(path, needed, shape.tie_word_embeddings)
+    for name, param in params.items():
+        mapping = mappings[name]
+        shard = to_megatron(shape, mapping, [hf[n] for n in mapping.hf], tp_rank, tp_size)
+        if shard.shape != param.shape:
+            raise ValueError(f"{name}: converted shard has shape {tuple(shard.shape)}, the model "
+                             f"expects {tuple(param.shape)}")
+        param.copy_(shard)
+
+
+class HFExporter:
+    """Full HF tensors from a TP × PP sharded model, in one deterministic order (collective)."""
+
+    def __init__(self, shape: ModelShape, model: torch.nn.Module, stage_offsets: list[int], pp_rank: int,
+                 tp_group: Any, tp_size: int, pp_group: Any, pp_ranks: list[int]) -> None:
+        """``stage_offsets[s]`` is the first global layer of stage ``s`` (plus a final ``num_layers`` entry);
+        ``pp_ranks[s]`` the global rank of stage ``s`` in this rank's pipeline group."""
+        self.shape = shape
+        self.params = stage_parameters(model, stage_offsets[pp_rank])
+        self.stage_offsets = stage_offsets
+        self.pp_rank = pp_rank
+        self.tp_group, self.tp_size = tp_group, tp_size
+        self.pp_group, self.pp_ranks = pp_group, pp_ranks
+        self.dtype = next(iter(self.params.values())).dtype
+        self.mappings = all_mappings(shape)
+
+    def owner_stage(self, mapping: ParamMapping) -> int:
+        if mapping.layer is not None:
+            return max(s for s in range(len(self.pp_ranks)) if self.stage_offsets[s] <= mapping.layer)
+        return 0 if mapping.megatron.startswith("embedding.") else len(self.pp_ranks) - 1
+
+    def refit_info(self) -> dict[str, tuple[tuple[int, ...], str]]:
+        """``{hf_name: (shape, dtype)}`` in iteration order (no communication)."""
+        return {name: (hf_shape(self.shape, name), str(self.dtype)) for m in self.mappings for name in m.hf}
+
+    def _gather_tp(self, param: torch.Tensor, mapping: ParamMapping) -> list[torch.Tensor]:
+        local = param.detach()
+        if self.tp_size == 1 or tp_partition_dim(mapping.kind) is None:
+            return [local]
+        shards = [torch.empty_like(local) for _ in range(self.tp_size)]
+        dist.all_gather(shards, local.contiguous(), group=self.tp_group)
+        return shards
+
+    @torch.no_grad()
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        device = next(iter(self.params.values())).device
+        for mapping in self.mappings:
+            owner = self.owner_stage(mapping)
+            if owner == self.pp_rank:
+                tensors = to_hf(self.shape, mapping, self._gather_tp(self.params[mapping.megatron], mapping))
+            else:
+                tensors = [torch.empty(hf_shape(self.shape, n), dtype=self.dtype, device=device) for n in mapping.hf]
+            if len(self.pp_ranks) > 1:
+                for t in tensors:
+                    dist.broadcast(t, src=self.pp_ranks[owner], group=self.pp_group)
+            yield from zip(mapping.hf, tensors)
+
+
+def stage_layer_offsets(config: Any, pp_size: int) -> list[int]:
+    """First global layer of each pipeline stage, then ``num_layers``."""
+    from rl_megatron.model import layer_offset
+
+    return [layer_offset(config, s) for s in range(pp_size)] + [config.num_layers]
+
+
+def write_json(path: str, data: dict) -> None:
+    with open(path, "w") as f:
+        json.dump(data, f, indent=2, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+__all__ = ["HFExporter", "load_hf_into_stage", "read_hf_tensors", "stage_layer_offsets", "stage_mappings",
+           "stage_parameters", "to_global_name"]

@@ -1,0 +1,480 @@
+"""``MegatronPolicyWorker``: one rank of the megatron-core training backend.
+
+Each rank holds one (pipeline stage, TP shard) of a megatron-core ``GPTModel``
+built from the Hugging Face config and loaded from HF weights through
+:mod:`rl_megatron.converter`. Ranks are laid out as rlcore's
+``NamedSharding`` says, (pp, dp, cp, tp) with tp fastest, which is
+megatron's default order ``tp-cp-ep-dp-pp``; the worker checks that the two
+agree.
+
+Training and logprob passes go through megatron's pipeline schedules
+(``get_forward_backward_func``), so every stage runs the same micro-batches in
+lockstep; the last stage computes logprobs from vocabulary-parallel logits and
+the loss. The semantics are rlcore's (design.md §2.3-2.4, as in
+``rlcore.training.loop``): ``N / gbs`` optimizer steps, the loss normalised by
+the step's global valid token/sequence counts across dp, losses and gradients
+*summed* over micro-batches and dp ranks. Megatron is told so by
+``calculate_per_token_loss=True`` (no division by the number of micro-batches,
+no 1/dp gradient scaling in DDP) and by a ``finalize_model_grads_func`` that
+all-reduces gradients without rescaling them by a token count.
+
+Results live on the last pipeline stage; ``Policy`` reads from pipeline rank 0,
+so every result is broadcast over the pipeline group before it is returned.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from datetime import timedelta
+from functools import partial
+from typing import Any, Callable, Iterator
+
+import torch
+import torch.distributed as dist
+
+from rlcore.data import BatchedDataDict
+from rlcore.training.logprobs import align
+from rlcore.training.loop import valid_counts
+from rlcore.training.worker_base import TrainingWorkerBase, pad_dim1
+from rl_megatron import checkpointing, vocab_parallel
+from rl_megatron.config import megatron_config_problems
+from rl_megatron.converter import ModelShape
+from rl_megatron.model import build_gpt_model, transformer_config
+from rl_megatron.weights import HFExporter, load_hf_into_stage, stage_layer_offsets
+
+try:  # the lead's refit transports, built on prepare_refit_info + iter_refit_tensors
+    from rlcore.refit import RefitExportMixin  # type: ignore[attr-defined]
+except ImportError:
+    RefitExportMixin = None
+
+_BASES = (RefitExportMixin, TrainingWorkerBase) if RefitExportMixin is not None else (TrainingWorkerBase,)
+
+#: Seed of megatron's RNG tracker (dropout is zero in these models; the seed only fixes the streams).
+SEED = 1234
+
+
+def _transformer_engine_available() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("transformer_engine") is not None
+
+
+def _init_process_group(cuda: bool) -> torch.device:
+    """Join the default process group (env:// rendezvous set up by rlcore's worker group)."""
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(minutes=10))
+    return device
+
+
+def _attention_mask(lengths: torch.Tensor, width: int, device: torch.device) -> torch.Tensor:
+    """``[B, 1, S, S]`` bool, True where attention is *not* allowed: causal, and no key past a sequence's end."""
+    positions = torch.arange(width, device=device)
+    causal = positions[None, :] > positions[:, None]
+    past_end = positions[None, :] >= lengths.to(device)[:, None]
+    return (causal[None] | past_end[:, None, :])[:, None]
+
+
+def _init_sgd_state(opt: torch.optim.Optimizer, config: Any = None) -> None:
+    """Create SGD's momentum buffers (zeros, which SGD without dampening treats like absent ones)
+    so that a checkpoint's state has somewhere to load into."""
+    for group in opt.param_groups:
+        if group.get("momentum", 0):
+            for p in group["params"]:
+                if opt.state[p].get("momentum_buffer") is None:
+                    opt.state[p]["momentum_buffer"] = torch.zeros_like(p.data)
+
+
+class MegatronPolicyWorker(*_BASES):  # type: ignore[misc]
+    """One rank of the ``megatron`` backend (see the module docstring)."""
+
+    def __init__(self, config: Any, tokenizer: Any = None, weights_path: str | None = None,
+                 optimizer_path: str | None = None, init_optimizer: bool = True,
+                 init_reference_model: bool = True, **_: Any) -> None:
+        from transformers import AutoConfig
+
+        from rlcore.config.errors import ConfigError
+
+        cuda = torch.cuda.is_available()
+        problems = megatron_config_problems(config, cuda=cuda, transformer_engine=_transformer_engine_available())
+        if problems:
+            raise ConfigError(problems)
+        self.cfg, self.mcfg, self.tokenizer = config, config.megatron_cfg, tokenizer
+        self.device = _init_process_group(cuda)
+        if not cuda:
+            from rl_megatron import cpu_compat
+
+            cpu_compat.apply()
+        self._init_parallel_state()
+
+        hf_path = weights_path or config.model_name
+        self.hf_config = AutoConfig.from_pretrained(hf_path)
+        self.shape = ModelShape.from_hf_config(self.hf_config, self.mcfg.converter_type)
+        self.shape.check_tp(self.tp_size)
+        self.tconfig = transformer_config(self.shape, self.hf_config, self.mcfg, config.precision, use_cpu=not cuda)
+        # Micro-batches are cut to their own longest sequence, so shapes vary between them.
+        self.tconfig.variable_seq_lengths = self.pp_size > 1
+        self.stage_offsets = stage_layer_offsets(self.tconfig, self.pp_size)
+        self.gpt = build_gpt_model(self.shape, self.tconfig, self.hf_config, self.first_stage, self.last_stage)
+        if cuda:
+            self.gpt.cuda(self.device)
+        load_hf_into_stage(self.gpt, self.shape, hf_path, self.stage_offsets[self.pp_rank], self.tp_rank,
+                           self.tp_size)
+        self.vocab_start = self.tp_rank * (self.shape.padded_vocab_size(self.tp_size) // self.tp_size)
+
+        self.optimizer = self.scheduler = None
+        self.model: torch.nn.Module = self.gpt
+        if init_optimizer:
+            self._init_ddp_and_optimizer()
+        self._exporter: HFExporter | None = None
+        if optimizer_path:
+            self._load_megatron_checkpoint(optimizer_path)
+        if init_reference_model:
+            self.init_reference_model()
+
+    # -- setup -----------------------------------------------------------------------
+    def _init_parallel_state(self) -> None:
+        from megatron.core import parallel_state as ps
+        from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+
+        from rlcore.distributed import NamedSharding
+
+        m = self.mcfg
+        tp, pp, cp = m.tensor_model_parallel_size, m.pipeline_model_parallel_size, m.context_parallel_size
+        ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+                                     context_parallel_size=cp, order="tp-cp-ep-dp-pp")
+        model_parallel_cuda_manual_seed(SEED)
+        self.rank = dist.get_rank()
+        self.tp_size, self.pp_size = tp, pp
+        self.tp_rank, self.pp_rank = ps.get_tensor_model_parallel_rank(), ps.get_pipeline_model_parallel_rank()
+        self.dp_size, self.dp_rank = ps.get_data_parallel_world_size(), ps.get_data_parallel_rank()
+        self.tp_group, self.pp_group = ps.get_tensor_model_parallel_group(), ps.get_pipeline_model_parallel_group()
+        self.dp_group = ps.get_data_parallel_group()
+        self.pp_ranks = dist.get_process_group_ranks(self.pp_group)
+        self.first_stage, self.last_stage = self.pp_rank == 0, self.pp_rank == pp - 1
+        ours = NamedSharding.for_world(dist.get_world_size(), tp=tp, cp=cp, pp=pp).coords(self.rank)
+        theirs = {"pp": self.pp_rank, "dp": self.dp_rank, "cp": ps.get_context_parallel_rank(), "tp": self.tp_rank}
+        if ours != theirs:
+            raise RuntimeError(f"rank {self.rank}: megatron placed it at {theirs}, rlcore's layout says {ours}")
+
+    def _init_ddp_and_optimizer(self) -> None:
+        from megatron.core.distributed import (
+            DistributedDataParallel,
+            DistributedDataParallelConfig,
+            finalize_model_grads,
+        )
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+        from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+        m, o, s = self.mcfg, self.mcfg.optimizer, self.mcfg.scheduler
+        d = m.distributed_data_parallel_config
+        ddp_config = DistributedDataParallelConfig(
+            grad_reduce_in_fp32=d.grad_reduce_in_fp32, overlap_grad_reduce=d.overlap_grad_reduce,
+            overlap_param_gather=d.overlap_param_gather, average_in_collective=False,
+            use_distributed_optimizer=o.use_distributed_optimizer)
+        self.model = DistributedDataParallel(config=self.tconfig, ddp_config=ddp_config, module=self.gpt)
+
+        def finalize_grads(model: list, num_tokens: Any = None, **kwargs: Any) -> None:
+            # All-reduce over dp (sum, see the module docstring), tied-embedding and q/k-norm
+            # reductions; never a division by a token count: rlcore's loss is already normalised.
+            finalize_model_grads(model, None, **kwargs)
+
+        self.tconfig.finalize_model_grads_func = finalize_grads
+        self.tconfig.no_sync_func = self.model.no_sync
+        dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[o.params_dtype]
+        opt_config = OptimizerConfig(
+            optimizer=o.optimizer, lr=o.lr, min_lr=o.min_lr, weight_decay=o.weight_decay, bf16=o.bf16, fp16=o.fp16,
+            params_dtype=dtype, adam_beta1=o.adam_beta1, adam_beta2=o.adam_beta2, adam_eps=o.adam_eps,
+            sgd_momentum=o.sgd_momentum, use_distributed_optimizer=o.use_distributed_optimizer,
+            use_precision_aware_optimizer=o.use_precision_aware_optimizer,
+            # One clipping setting across backends: policy.max_grad_norm (None = no clipping).
+            clip_grad=float(self.cfg.max_grad_norm) if self.cfg.max_grad_norm is not None else 0.0)
+        self.optimizer = get_megatron_optimizer(opt_config, [self.model])
+        for opt in getattr(self.optimizer, "chained_optimizers", [self.optimizer]):
+            if getattr(opt, "init_state_fn", False) is None:
+                # megatron-core gives SGD no state initialiser, so loading its checkpoint fails.
+                opt.init_state_fn = _init_sgd_state
+        self.tconfig.grad_scale_func = self.optimizer.scale_loss
+        decay_steps = s.lr_decay_iters or max(1, s.lr_warmup_iters + 1)
+        self.scheduler = OptimizerParamScheduler(
+            self.optimizer, init_lr=s.lr_warmup_init, max_lr=o.lr, min_lr=o.min_lr,
+            lr_warmup_steps=s.lr_warmup_iters, lr_decay_steps=decay_steps, lr_decay_style=s.lr_decay_style,
+            start_wd=s.start_weight_decay, end_wd=s.end_weight_decay, wd_incr_steps=decay_steps,
+            wd_incr_style=s.weight_decay_incr_style, wsd_decay_steps=decay_steps, lr_wsd_decay_style="linear")
+
+    # -- pipeline plumbing -------------------------------------------------------------
+    def _from_last_stage(self, obj: Any) -> Any:
+        """``obj`` as computed on the last pipeline stage, on every stage (a picklable object)."""
+        if self.pp_size == 1:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=self.pp_ranks[-1], group=self.pp_group)
+        return box[0]
+
+    def _tensor_from_last_stage(self, tensor: torch.Tensor | None, shape: tuple[int, ...],
+                                dtype: torch.dtype) -> torch.Tensor:
+        if self.pp_size == 1:
+            return tensor
+        if tensor is None:
+            tensor = torch.empty(shape, dtype=dtype, device=self.device)
+        tensor = tensor.to(self.device).contiguous()
+        dist.broadcast(tensor, src=self.pp_ranks[-1], group=self.pp_group)
+        return tensor
+
+    def _run_schedule(self, micro_batches: list[BatchedDataDict], on_logits: Callable[[BatchedDataDict, Any], Any],
+                      forward_only: bool) -> None:
+        """Run ``micro_batches`` through every stage; the last stage calls ``on_logits(mb, logits)``.
+
+        ``on_logits`` returns this micro-batch's loss (a scalar to back-propagate) or None in
+        inference passes.
+        """
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        device = self.device
+
+        def forward_step(data_iterator: Iterator[BatchedDataDict], model: torch.nn.Module) -> tuple:
+            mb = next(data_iterator)
+            lengths = mb["input_lengths"]
+            width = max(int(lengths.max()), 2)
+            ids = mb["input_ids"][:, :width].to(device)
+            positions = torch.arange(width, device=device)[None, :].expand_as(ids)
+            output = model(ids, positions, _attention_mask(lengths, width, device))
+
+            def loss_func(logits: torch.Tensor) -> tuple:
+                loss = on_logits(mb, logits)
+                if loss is None:
+                    loss = logits.new_zeros(())
+                return loss, torch.ones((), dtype=torch.int), {}
+
+            return output, loss_func
+
+        width = max(int(mb["input_lengths"].max()) for mb in micro_batches)
+        get_forward_backward_func()(
+            forward_step_func=forward_step, data_iterator=iter(micro_batches), model=[self.model],
+            num_microbatches=len(micro_batches), seq_length=width, micro_batch_size=micro_batches[0].size,
+            forward_only=forward_only)
+
+    def _token_logprobs(self, mb: BatchedDataDict, logits: torch.Tensor) -> torch.Tensor:
+        """``[B, S]`` aligned float32 logprobs (differentiable) at the caller's width."""
+        ids = mb["input_ids"][:, : logits.shape[1]].to(logits.device)
+        next_lp = vocab_parallel.token_logprobs(logits, ids, self.vocab_start, self.shape.vocab_size, self.tp_group)
+        lp = align(next_lp, mb["input_lengths"])
+        return torch.nn.functional.pad(lp, (0, mb["input_ids"].shape[1] - lp.shape[1]))
+
+    def _empty_cache(self, level: int) -> None:
+        if self.mcfg.empty_unused_memory_level >= level and self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    @staticmethod
+    def _check_mode(mode: str) -> None:
+        if mode != "plain":
+            raise ValueError(f"the megatron backend supports plain micro-batching only, got mode {mode!r}")
+
+    # -- inference -----------------------------------------------------------------------
+    def get_logprobs(self, data: BatchedDataDict, micro_batch_size: int | None = None,
+                     mode: str = "plain") -> BatchedDataDict:
+        self._check_mode(mode)
+        parts: list[torch.Tensor] = []
+        mbs = list(data.make_microbatch_iterator(micro_batch_size or self.cfg.logprob_batch_size))
+        self.model.eval()
+        with torch.no_grad():
+            self._run_schedule(mbs, lambda mb, logits: parts.append(self._token_logprobs(mb, logits)), True)
+        self._empty_cache(1)
+        shape = tuple(data["input_ids"].shape)
+        out = torch.cat(parts).float() if self.last_stage else None
+        return BatchedDataDict(logprobs=self._tensor_from_last_stage(out, shape, torch.float32).cpu())
+
+    def get_topk_logits(self, data: BatchedDataDict, k: int, micro_batch_size: int | None = None,
+                        mode: str = "plain") -> BatchedDataDict:
+        self._check_mode(mode)
+        width = data["input_ids"].shape[1] - 1
+        values: list[torch.Tensor] = []
+        indices: list[torch.Tensor] = []
+
+        def collect(mb: BatchedDataDict, logits: torch.Tensor) -> None:
+            v, i = vocab_parallel.topk(logits, k, self.vocab_start, self.shape.vocab_size, self.tp_group, self.tp_size)
+            pad = (0, 0, 0, width - v.shape[1])
+            values.append(torch.nn.functional.pad(v, pad))
+            indices.append(torch.nn.functional.pad(i, pad))
+
+        self.model.eval()
+        with torch.no_grad():
+            self._run_schedule(list(data.make_microbatch_iterator(micro_batch_size or self.cfg.logprob_batch_size)),
+                               collect, True)
+        shape = (data.size, width, k)
+        v = self._tensor_from_last_stage(torch.cat(values) if self.last_stage else None, shape, torch.float32)
+        i = self._tensor_from_last_stage(torch.cat(indices) if self.last_stage else None, shape, torch.int64)
+        return BatchedDataDict(topk_logits=v.cpu(), topk_indices=i.cpu())
+
+    # -- training ---------------------------------------------------------------------------
+    def train(self, data: BatchedDataDict, loss_fn: Any, eval_mode: bool = False, gbs: int | None = None,
+              mbs: int | None = None, mode: str = "plain") -> dict[str, Any]:
+        """Optimizer steps over this rank's shard; the same contract as ``rlcore.training.loop.train_steps``."""
+        self._check_mode(mode)
+        if self.optimizer is None and not eval_mode:
+            raise RuntimeError("this worker was created with init_optimizer=False; it cannot train")
+        gbs = gbs or self.cfg.train_global_batch_size
+        mbs = mbs or self.cfg.train_micro_batch_size
+        local = gbs // self.dp_size
+        self.model.train(not eval_mode)
+        losses, grad_norms, mb_metrics = [], [], {}
+        for k in range(data.size // local):
+            step = data.get_batch(k, local)
+            counts = torch.stack(valid_counts(step))
+            dist.all_reduce(counts, group=self.dp_group)
+            global_seqs, global_toks = counts[0].float(), counts[1].float()
+            step_losses: list[torch.Tensor] = []
+
+            def on_logits(mb: BatchedDataDict, logits: torch.Tensor) -> torch.Tensor:
+                loss, metrics = loss_fn(self._token_logprobs(mb, logits), mb, global_seqs, global_toks)
+                step_losses.append(loss.detach().double())
+                for name, value in metrics.items():
+                    mb_metrics.setdefault(name, []).append(float(value))
+                return loss
+
+            if not eval_mode:
+                self.model.zero_grad_buffer()
+                self.optimizer.zero_grad()
+            with torch.set_grad_enabled(not eval_mode):
+                self._run_schedule(list(step.make_microbatch_iterator(mbs)), on_logits, forward_only=eval_mode)
+            self._empty_cache(1)
+            step_loss = torch.stack(step_losses).sum() if step_losses else torch.zeros((), dtype=torch.float64)
+            if self.last_stage:
+                dist.all_reduce(step_loss, group=self.dp_group)
+            losses.append(float(step_loss))
+            grad_norms.append(0.0 if eval_mode else self._optimizer_step())
+            self._empty_cache(2)
+        losses, mb_metrics = self._from_last_stage((losses, mb_metrics))
+        return {"losses": losses, "grad_norms": grad_norms, "all_mb_metrics": mb_metrics}
+
+    def _optimizer_step(self) -> float:
+        """Clip (policy.max_grad_norm) and step; returns the global gradient norm before clipping."""
+        success, grad_norm, _ = self.optimizer.step()
+        if grad_norm is None or self.cfg.max_grad_norm is None:
+            grad_norm = self.optimizer.get_grad_norm()  # the gradients are still in place after the step
+        if success:
+            self.scheduler.step(increment=1)
+        return float(grad_norm)
+
+    # -- reference model (this rank's own shards, kept on CPU) ---------------------------------
+    def _snapshot_to_cpu(self) -> dict[str, torch.Tensor]:
+        return {name: p.detach().to("cpu", copy=True) for name, p in self.gpt.named_parameters()}
+
+    @torch.no_grad()
+    def _load_snapshot(self, state: dict[str, torch.Tensor]) -> None:
+        for name, p in self.gpt.named_parameters():
+            p.copy_(state[name])
+
+    # -- refit export ---------------------------------------------------------------------------
+    @property
+    def exporter(self) -> HFExporter:
+        if self._exporter is None:
+            self._exporter = HFExporter(self.shape, self.gpt, self.stage_offsets, self.pp_rank, self.tp_group,
+                                        self.tp_size, self.pp_group, self.pp_ranks)
+        return self._exporter
+
+    def prepare_refit_info(self) -> dict[str, tuple[tuple[int, ...], str]]:
+        """``{hf_name: (shape, dtype)}`` in the order :meth:`iter_refit_tensors` yields them."""
+        return self.exporter.refit_info()
+
+    def iter_refit_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """``(hf_name, full HF tensor)`` for the whole model. Collective: every rank must iterate it."""
+        return iter(self.exporter)
+
+    # -- memory hooks -----------------------------------------------------------------------------
+    def _optimizer_state_to(self, device: torch.device | str) -> None:
+        if self.optimizer is None:
+            return
+        for opt in getattr(self.optimizer, "chained_optimizers", [self.optimizer]):
+            for state in opt.optimizer.state.values():
+                for key, value in state.items():
+                    if isinstance(value, torch.Tensor):
+                        state[key] = value.to(device)
+
+    def offload_before_refit(self) -> None:
+        """On a GPU, move the optimizer state to CPU while the weights are exported."""
+        if self.device.type == "cuda":
+            self._optimizer_state_to("cpu")
+            torch.cuda.empty_cache()
+
+    def offload_after_refit(self) -> None:
+        """On a GPU, also release the gradient buffers until training resumes."""
+        if self.device.type == "cuda" and self.optimizer is not None:
+            self.model.offload_grad_buffers()
+
+    def prepare_for_training(self, *args: Any, **kwargs: Any) -> None:
+        if self.device.type == "cuda" and self.optimizer is not None:
+            self.model.restore_grad_buffers()
+            self._optimizer_state_to(self.device)
+        self.model.train()
+
+    # -- checkpoints --------------------------------------------------------------------------------
+    def _sharded_state(self, is_loading: bool, with_optimizer: bool) -> dict[str, Any]:
+        model_state = self.gpt.sharded_state_dict()
+        state: dict[str, Any] = {"model": model_state}
+        if with_optimizer:
+            state["optimizer"] = self.optimizer.sharded_state_dict(model_state, is_loading=is_loading)
+            state["scheduler"] = self.scheduler.state_dict()
+        return state
+
+    def save_checkpoint(self, weights_path: str, optimizer_path: str | None = None,
+                        tokenizer_path: str | None = None) -> None:
+        """HF safetensors at ``weights_path``; a megatron distributed checkpoint (model, optimizer,
+        scheduler; reshardable) at ``optimizer_path``. Both are published atomically. Collective."""
+        from rlcore.training.checkpoint import save_hf_checkpoint
+
+        full = {}
+        for name, tensor in self.iter_refit_tensors():
+            if self.rank == 0:
+                full[name] = tensor.cpu()
+        if self.rank == 0:
+            save_hf_checkpoint(full, self.hf_config, weights_path)
+            if tokenizer_path and self.tokenizer is not None:
+                self.tokenizer.save_pretrained(tokenizer_path)
+        del full
+        dist.barrier()
+        if optimizer_path:
+            info = {"format": "megatron-dist-checkpoint", "tensor_model_parallel_size": self.tp_size,
+                    "pipeline_model_parallel_size": self.pp_size, "optimizer": self.optimizer is not None,
+                    "architecture": self.shape.architecture}
+            checkpointing.save(self._sharded_state(False, self.optimizer is not None), optimizer_path, info)
+
+    def load_checkpoint(self, weights_path: str, optimizer_path: str | None = None) -> None:
+        load_hf_into_stage(self.gpt, self.shape, weights_path, self.stage_offsets[self.pp_rank], self.tp_rank,
+                           self.tp_size)
+        if optimizer_path:
+            self._load_megatron_checkpoint(optimizer_path)
+
+    def _load_megatron_checkpoint(self, path: str) -> None:
+        """Model (and, when both sides have one, optimizer + scheduler) from a distributed checkpoint,
+        resharded to this run's TP/PP layout."""
+        info = checkpointing.read_info(path)
+        with_optimizer = self.optimizer is not None and info.get("optimizer", False)
+        loaded = checkpointing.load(self._sharded_state(True, with_optimizer), path)
+        missing, _ = self.gpt.load_state_dict(loaded["model"], strict=False)
+        missing = [k for k in missing if not k.endswith("_extra_state")]
+        if missing:
+            raise RuntimeError(f"{path}: the checkpoint lacks model tensors {missing[:5]}")
+        if with_optimizer:
+            self.optimizer.load_state_dict(loaded["optimizer"])
+            self.scheduler.load_state_dict(loaded["scheduler"])
+
+    # -- test helpers ----------------------------------------------------------------------------
+    def hf_state_dict(self) -> dict[str, torch.Tensor] | None:
+        """The full HF state dict on global rank 0 (None elsewhere). Collective."""
+        out = {name: t.cpu().clone() for name, t in self.iter_refit_tensors()}
+        return out if self.rank == 0 else None
+
+    def shutdown(self) -> None:
+        from megatron.core import parallel_state as ps
+
+        with contextlib.suppress(Exception):
+            ps.destroy_model_parallel()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+__all__ = ["MegatronPolicyWorker"]

@@ -1,0 +1,101 @@
+"""``rlcore run``: the GRPO loop from a config, on a private local Ray by default."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+
+def _fail(lines: list[str]) -> None:
+    for line in lines:
+        typer.echo(line, err=True)
+    raise typer.Exit(1)
+
+
+def _fall_back_to_fsdp1(cfg: Any) -> Any:
+    """Without the configured generation backend, generate with fsdp1 (which trains and generates)."""
+    from rlcore.plugins import BackendError, get_registry
+
+    gen = cfg.policy.generation
+    registry = get_registry()
+    if gen.backend == cfg.policy.training_backend:
+        return cfg  # the training backend generates itself; validation checks it can
+    try:
+        registry.resolve(gen.backend, kind="generation")
+        return cfg
+    except BackendError as exc:
+        try:
+            registry.resolve("fsdp1", kind="training")
+        except BackendError:
+            return cfg  # nothing to fall back to: validation reports the original problem
+        typer.echo(f"notice: {exc}; falling back to fsdp1 for training and generation", err=True)
+    policy = cfg.policy.model_copy(update={"backend": "fsdp1", "generation": gen.model_copy(update={"backend": "fsdp1"})})
+    return cfg.model_copy(update={"policy": policy})
+
+
+def run(
+    config: Optional[Path] = typer.Argument(None, help="YAML config; omitted = the embedded defaults."),
+    override: list[str] = typer.Option([], "-o", "--override", help="Dotted override key=value (repeatable)."),
+    resume: bool = typer.Option(False, "--resume", help="Continue from the latest checkpoint in the output dir."),
+) -> None:
+    """Train with GRPO. Fails before starting anything if the config or a backend is wrong."""
+    from rlcore.config import ConfigError, load_config
+    from rlcore.plugins.registry import validate_backend_sections
+
+    try:
+        cfg = load_config(config, override)
+    except ConfigError as exc:
+        _fail(exc.problems)
+    if cfg.policy.generation is None:
+        _fail(["policy.generation: rlcore run needs a generation section (e.g. {backend: vllm})"])
+    cfg = _fall_back_to_fsdp1(cfg)
+    problems = validate_backend_sections(cfg)
+    if problems:
+        _fail(problems)
+    summary = train(cfg, resume=resume)
+    typer.echo(json.dumps(summary))
+
+
+def train(cfg: Any, resume: bool = False) -> dict[str, Any]:
+    """Build the run, train, checkpoint; returns a summary (first/last mean reward, paths)."""
+    from rlcore.algorithms.grpo import build_run, grpo_train
+    from rlcore.algorithms.run_checkpoint import latest_step, save_step
+    from rlcore.algorithms.run_log import MetricsLogger, read_metrics
+    from rlcore.models import resolve_builtin_models
+
+    cfg = resolve_builtin_models(cfg)
+    out = Path(cfg.logger.output_dir)
+    ckpt_root = out / "checkpoints"
+    resume_from = latest_step(ckpt_root) if resume else None
+    start = resume_from[0] + 1 if resume_from else 0
+    if not resume and (out / "metrics.jsonl").exists():
+        (out / "metrics.jsonl").unlink()  # a fresh run starts a fresh log
+    run = build_run(cfg, resume_from[1] if resume_from else None, start)
+    logger = MetricsLogger(out, tensorboard=cfg.logger.tensorboard, progress_bar=cfg.logger.progress_bar,
+                           total_steps=cfg.grpo.max_num_steps, initial_step=start)
+    last = cfg.grpo.max_num_steps - 1
+
+    def on_step(step: int, metrics: dict[str, float]) -> None:
+        logger.log(step, metrics)
+        ck = cfg.checkpointing
+        if ck.enabled and ((step + 1) % ck.save_every_n_steps == 0 or step == last):
+            save_step(run.policy, ckpt_root, step, ck.keep_last)
+
+    try:
+        grpo_train(run, on_step)
+    finally:
+        png = logger.close()
+        run.shutdown()
+    rows = read_metrics(logger.path)
+    latest = latest_step(ckpt_root)
+    return {
+        "steps": len(rows),
+        "first_reward_mean": rows[0]["reward_mean"] if rows else None,
+        "last_reward_mean": rows[-1]["reward_mean"] if rows else None,
+        "metrics": str(logger.path),
+        "reward_curve": str(png) if png else None,
+        "final_weights": str(latest[1] / "weights") if latest else None,
+    }

@@ -1,0 +1,45 @@
+"""Sections of an ``rlcore run``: the GRPO loop, the task, logging and checkpointing."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, PositiveInt
+
+from rlcore.config.base import StrictModel
+
+
+class GRPOConfig(StrictModel):
+    """Group Relative Policy Optimization: several completions per prompt, advantages within the group."""
+
+    num_prompts_per_step: PositiveInt = Field(8, description="Prompts sampled per step.")
+    num_generations_per_prompt: PositiveInt = Field(4, description="Completions per prompt (the group size).")
+    max_num_steps: PositiveInt = Field(20, description="Training steps (each: generate, score, train).")
+    advantage_estimator: Literal["leave_one_out", "mean_std"] = Field(
+        "leave_one_out",
+        description="leave_one_out: reward minus the mean of the group's other rewards; "
+        "mean_std: (reward - group mean) / (group std + eps).",
+    )
+    seed: int = Field(0, description="Seed of prompt sampling and generation.")
+
+
+class TaskConfig(StrictModel):
+    """Where prompts come from and how completions are scored (import paths, so tasks are pluggable)."""
+
+    prompts: str = Field("rlcore.algorithms.toy_task:digit_prompts",
+                         description="'module:function' called as fn(step, n, seed) -> list[str].")
+    reward: str = Field("rlcore.algorithms.toy_task:digit_reward",
+                        description="'module:function' called as fn(prompts, completions) -> list[float] in [0, 1].")
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="Extra keyword arguments for both functions.")
+
+
+class LoggerConfig(StrictModel):
+    output_dir: str = Field("runs/latest", description="Directory for metrics.jsonl, plots, TensorBoard, checkpoints.")
+    tensorboard: bool = Field(True, description="Also write TensorBoard events when tensorboard is installed.")
+    progress_bar: bool = Field(True, description="Show a progress bar per step.")
+
+
+class CheckpointingConfig(StrictModel):
+    enabled: bool = Field(True, description="Save checkpoints during the run.")
+    save_every_n_steps: PositiveInt = Field(10, description="Save after every N steps (and after the last step).")
+    keep_last: PositiveInt = Field(2, description="How many step checkpoints to keep.")

@@ -1,0 +1,37 @@
+"""Model names rlcore can build locally, without any download."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+#: Built on first use into the local cache (see rlcore.testing.models.tiny_model_path).
+BUILTIN_MODELS: dict[str, dict[str, Any]] = {
+    "tiny-llama": dict(arch="llama", hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
+                       head_dim=32, intermediate_size=256),
+    "tiny-qwen2": dict(arch="qwen2", hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
+                       head_dim=32, intermediate_size=256),
+    "tiny-qwen3": dict(arch="qwen3", hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
+                       head_dim=32, intermediate_size=256),
+}
+
+
+def resolve_model(name: str | None) -> str | None:
+    """A local directory for a built-in name (built once, cached); anything else unchanged."""
+    if name is None or name not in BUILTIN_MODELS or Path(name).exists():
+        return name
+    from rlcore.testing.models import tiny_model_path
+
+    return tiny_model_path(**BUILTIN_MODELS[name])
+
+
+def resolve_builtin_models(cfg: Any) -> Any:
+    """The config with every built-in model name (policy, tokenizer, generation) replaced by its path."""
+    policy = cfg.policy
+    updates: dict[str, Any] = {"model_name": resolve_model(policy.model_name),
+                               "tokenizer": policy.tokenizer.model_copy(
+                                   update={"name": resolve_model(policy.tokenizer.name)})}
+    if policy.generation is not None:
+        updates["generation"] = policy.generation.model_copy(
+            update={"model_name": resolve_model(policy.generation.model_name)})
+    return cfg.model_copy(update={"policy": policy.model_copy(update=updates)})
