@@ -336,3 +336,32 @@ def _single_process_adamw_step(model_dir: str, data: BatchedDataDict) -> dict:
     scheduler.step()
     return {"loss": float(loss.detach()), "grad_norm": norm,
             "weights": {k: v.detach().clone() for k, v in model.state_dict().items()}}
+
+
+# -- mixed precision -------------------------------------------------------------------------------------
+
+
+def test_bfloat16_policy_trains_generates_and_exports_bfloat16(ray_session, tiny_model_dir, tiny_tokenizer, batch):
+    """bf16 compute with float32 master weights; CPU offload is accepted and reported as a no-op on CPU."""
+    config = policy_config(tiny_model_dir, precision="bfloat16", fsdp_offload_enabled=True)
+    policy, cluster = start(config, tiny_tokenizer)
+    try:
+        before = policy.get_logprobs(batch)["logprobs"]
+        result = policy.train(batch, NLLLoss())
+        after = policy.get_logprobs(batch)["logprobs"]
+        prompts = BatchedDataDict(input_ids=batch["input_ids"], input_lengths=batch["input_lengths"].clamp(max=4))
+        out = policy.generate(prompts, greedy=True)
+        info = policy.prepare_refit_info()
+        notes = policy._all("report_notes")
+    finally:
+        policy.shutdown()
+        cluster.shutdown()
+    with torch.no_grad():
+        expected = hf_token_logprobs(load_hf_model(tiny_model_dir), batch)
+    valid = torch.arange(batch["input_ids"].shape[1])[None] < batch["input_lengths"][:, None]
+    assert before.dtype == torch.float32 and float(((before - expected).abs() * valid).max()) < 0.1
+    assert torch.isfinite(result["loss"]).all() and float((after - before).abs().max()) > 1e-2
+    assert not generation_output_problems(prompts["input_ids"], prompts["input_lengths"], out, MAX_NEW_TOKENS,
+                                          tiny_tokenizer.pad_token_id)
+    assert {dtype for _, dtype in info.values()} == {"bfloat16"}
+    assert all("no effect on CPU" in " ".join(n) for n in notes)

@@ -16,13 +16,13 @@ def _fail(lines: list[str]) -> None:
 
 
 def _fall_back_to_fsdp1(cfg: Any) -> Any:
-    """Without the configured generation backend, generate with fsdp1 (which trains and generates)."""
+    """Without rl-vllm installed, train and generate with fsdp1 instead (with a one-line notice)."""
     from rlcore.plugins import BackendError, get_registry
 
     gen = cfg.policy.generation
     registry = get_registry()
-    if gen.backend == cfg.policy.training_backend:
-        return cfg  # the training backend generates itself; validation checks it can
+    if gen.backend != "vllm" or gen.backend == cfg.policy.training_backend:
+        return cfg  # only the default engine falls back; anything else is validated as configured
     try:
         registry.resolve(gen.backend, kind="generation")
         return cfg

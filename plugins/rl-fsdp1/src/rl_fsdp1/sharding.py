@@ -31,7 +31,7 @@ import contextlib
 import itertools
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Iterator
+from typing import Iterator
 
 import torch
 from torch import nn

@@ -67,7 +67,9 @@ class ModelShape:
         features = ARCHITECTURES[arch]
         heads = hf_config.num_attention_heads
         head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads
-        qkv_bias = bool(getattr(hf_config, "attention_bias", features["qkv_bias"]))
+        for flag in ("attention_bias", "mlp_bias"):  # biases on o_proj / the MLP: not in these mappings
+            if getattr(hf_config, flag, False):
+                raise ValueError(f"{arch} with {flag}=True is not supported by the megatron weight mapping")
         return cls(
             architecture=arch,
             num_layers=hf_config.num_hidden_layers,
@@ -78,7 +80,7 @@ class ModelShape:
             intermediate_size=hf_config.intermediate_size,
             vocab_size=hf_config.vocab_size,
             tie_word_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)),
-            qkv_bias=features["qkv_bias"] or qkv_bias,
+            qkv_bias=features["qkv_bias"],
             qk_norm=features["qk_norm"],
         )
 

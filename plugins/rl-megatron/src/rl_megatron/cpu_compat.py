@@ -7,7 +7,8 @@ moves one tensor with ``Tensor.cuda()``. The maths itself is device-agnostic
 and runs unchanged on CPU (design.md §5). This module redirects exactly those
 call sites, and nothing else:
 
-- **Module-local ``torch``.** In each module of :data:`REDIRECTED_MODULES` the
+- **Module-local ``torch``.** In each module of :data:`REDIRECTED_MODULES` (the
+  modules of the listed call sites) the
   global name ``torch`` is replaced by :class:`_CpuTorch`, a view of the real
   ``torch`` module that differs in two ways only: tensor factories
   (:data:`_FACTORIES`) given a CUDA device allocate on CPU, and ``torch.cuda``
@@ -57,32 +58,6 @@ import types
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
-#: Modules whose global ``torch`` becomes :class:`_CpuTorch`.
-REDIRECTED_MODULES: tuple[str, ...] = (
-    "megatron.core.utils",
-    "megatron.core.parallel_state",
-    "megatron.core.tensor_parallel.random",
-    "megatron.core.tensor_parallel.mappings",
-    "megatron.core.tensor_parallel.layers",
-    "megatron.core.tensor_parallel.utils",
-    "megatron.core.models.common.embeddings.rotary_pos_embedding",
-    "megatron.core.models.gpt.gpt_model",
-    "megatron.core.transformer.attention",
-    "megatron.core.transformer.dot_product_attention",
-    "megatron.core.transformer.transformer_layer",
-    "megatron.core.pipeline_parallel.schedules",
-    "megatron.core.pipeline_parallel.p2p_communication",
-    "megatron.core.distributed.param_and_grad_buffer",
-    "megatron.core.distributed.distributed_data_parallel",
-    "megatron.core.optimizer.optimizer",
-    "megatron.core.optimizer.clip_grads",
-    "megatron.core.dist_checkpointing.strategies.state_dict_saver",
-    "megatron.core.dist_checkpointing.strategies.fully_parallel",
-    "megatron.core.dist_checkpointing.strategies.filesystem_async",
-    "megatron.core.dist_checkpointing.tensor_aware_state_dict",
-)
-
-
 @dataclass(frozen=True)
 class CallSite:
     """One function of megatron-core that uses CUDA, and how the CPU run gets past it."""
@@ -94,51 +69,52 @@ class CallSite:
 
 
 _T = "module-local torch"
-#: Every CUDA use on the code paths the backend runs (model build, forward/backward
-#: with TP/PP, DDP, optimizer, clipping, RNG, checkpoint save/load).
+_RNG = "CPU RNG state helpers"
+_R = "megatron.core.tensor_parallel.random"
+_P2P = "megatron.core.pipeline_parallel.p2p_communication"
+#: Every CUDA use met on the code paths the backend runs: model build, forward/backward with
+#: TP and PP (tied embeddings included), activation checkpointing, DDP, the FP32 optimizer,
+#: gradient clipping, RNG seeding, distributed checkpoint save/load. ``tests/test_megatron_cpu_compat.py``
+#: checks that each token is in its function, and that a run redirects nothing unlisted.
 CALL_SITES: tuple[CallSite, ...] = (
-    CallSite("megatron.core.tensor_parallel.random", "CudaRNGStatesTracker.add", "torch.cuda.get_rng_state()", _T),
-    CallSite("megatron.core.tensor_parallel.random", "CudaRNGStatesTracker.add", "torch.cuda.manual_seed(seed)", _T),
-    CallSite("megatron.core.tensor_parallel.random", "model_parallel_cuda_manual_seed", "torch.cuda.manual_seed", _T),
-    CallSite("megatron.core.tensor_parallel.random", "CudaRNGStatesTracker.fork", "_get_cuda_rng_state(",
-             "CPU RNG state helpers"),
-    CallSite("megatron.core.tensor_parallel.random", "CheckpointFunction.forward", "_get_cuda_rng_state()",
-             "CPU RNG state helpers"),
-    CallSite("megatron.core.tensor_parallel.random", "CheckpointFunction.backward", "_set_cuda_rng_state(",
-             "CPU RNG state helpers"),
+    # RNG tracker seeding and forking (dropout streams), activation-checkpoint RNG replay.
+    CallSite(_R, "model_parallel_cuda_manual_seed", "torch.cuda.manual_seed(", _T),
+    CallSite(_R, "CudaRNGStatesTracker.add", "torch.cuda.get_rng_state()", _T),
+    CallSite(_R, "CudaRNGStatesTracker.fork", "_get_cuda_rng_state(", _RNG),
+    CallSite(_R, "_get_all_rng_states", "_get_cuda_rng_state(", _RNG),
+    CallSite(_R, "_set_all_rng_states", "_set_cuda_rng_state(", _RNG),
+    # Buffers allocated on "the current CUDA device".
     CallSite("megatron.core.utils", "GlobalMemoryBuffer.get_tensor", "torch.cuda.current_device()", _T),
-    CallSite("megatron.core.utils", "local_multi_tensor_l2_norm", 'device="cuda"', _T),
-    CallSite("megatron.core.models.common.embeddings.rotary_pos_embedding", "RotaryEmbedding.forward",
+    CallSite("megatron.core.models.common.embeddings.rotary_pos_embedding", "RotaryEmbedding.get_emb",
              "torch.cuda.current_device()", _T),
-    CallSite("megatron.core.tensor_parallel.mappings", "_gather_along_first_dim", "torch.cuda.current_device()", _T),
-    CallSite("megatron.core.tensor_parallel.mappings", "_reduce_scatter_along_first_dim",
-             "torch.cuda.current_device()", _T),
-    CallSite("megatron.core.pipeline_parallel.schedules", "forward_backward_no_pipelining", 'device="cuda"', _T),
-    CallSite("megatron.core.pipeline_parallel.schedules", "forward_backward_pipelining_without_interleaving",
-             'device="cuda"', _T),
-    CallSite("megatron.core.pipeline_parallel.p2p_communication", "P2PCommunicator._communicate_shapes",
-             "torch.cuda.current_device()", _T),
-    CallSite("megatron.core.pipeline_parallel.p2p_communication", "P2PCommunicator._communicate_shapes",
-             "torch.cuda.synchronize()", _T),
-    CallSite("megatron.core.pipeline_parallel.p2p_communication", "P2PCommunicator._communicate",
-             "torch.cuda.current_device()", _T),
-    CallSite("megatron.core.pipeline_parallel.p2p_communication", "P2PCommunicator._communicate",
-             "torch.cuda.synchronize()", _T),
     CallSite("megatron.core.distributed.param_and_grad_buffer", "_ParamAndGradBuffer.__init__",
              "torch.cuda.current_device()", _T),
     CallSite("megatron.core.optimizer.optimizer", "FP32Optimizer.__init__", "device='cuda'", _T),
+    # Pipeline schedules and their point-to-point communication.
+    CallSite("megatron.core.pipeline_parallel.schedules", "forward_backward_no_pipelining", 'device="cuda"', _T),
+    CallSite("megatron.core.pipeline_parallel.schedules", "forward_backward_pipelining_without_interleaving",
+             'device="cuda"', _T),
+    CallSite(_P2P, "P2PCommunicator._communicate_shapes", "torch.cuda.current_device()", _T),
+    CallSite(_P2P, "P2PCommunicator._communicate", "torch.cuda.synchronize()", _T),
+    CallSite(_P2P, "P2PCommunicator._communicate.<locals>.create_tensor_recv_prev", "torch.cuda.current_device()", _T),
+    CallSite(_P2P, "P2PCommunicator._communicate.<locals>.create_tensor_recv_next", "torch.cuda.current_device()", _T),
+    # Gradient norm and clipping.
+    CallSite("megatron.core.utils", "local_multi_tensor_l2_norm", 'device="cuda"', _T),
     CallSite("megatron.core.optimizer.clip_grads", "get_grad_norm_fp32", "device='cuda'", _T),
-    CallSite("megatron.core.optimizer.clip_grads", "count_zeros_fp32", "device='cuda'", _T),
     CallSite("megatron.core.optimizer.clip_grads", "clip_grad_by_total_norm_fp32", "'torch.cuda.FloatTensor'",
              "CPU gradient clipping"),
+    # Tied word embeddings across pipeline stages.
     CallSite("megatron.core.models.common.language_module.language_module",
-             "LanguageModule.setup_embeddings_and_output_layer", "weight.data.cuda()",
-             "Tensor.cuda as identity"),
-    CallSite("megatron.core.dist_checkpointing.strategies.state_dict_saver", "verify_global_md_reuse",
-             "device='cuda'", _T),
-    CallSite("megatron.core.dist_checkpointing.strategies.filesystem_async",
-             "FileSystemWriterAsync.preload_tensors", "torch.cuda.synchronize()", _T),
+             "LanguageModule.setup_embeddings_and_output_layer", "weight.data.cuda()", "Tensor.cuda as identity"),
+    # Distributed checkpoint saving.
+    CallSite("megatron.core.dist_checkpointing.strategies.filesystem_async", "FileSystemWriterAsync.preload_tensors",
+             "torch.cuda.synchronize()", _T),
+    CallSite("megatron.core.dist_checkpointing.strategies.state_dict_saver", "save_state_dict_async_finalize",
+             "torch.cuda.current_device()", _T),
 )
+
+#: Modules whose global ``torch`` becomes :class:`_CpuTorch`: exactly those of the call sites above.
+REDIRECTED_MODULES: tuple[str, ...] = tuple(sorted({site.module for site in CALL_SITES if site.redirect == _T}))
 
 #: torch functions that take a ``device`` argument and are called with a CUDA device in the modules above.
 _FACTORIES = ("empty", "zeros", "ones", "full", "tensor", "arange", "empty_like", "zeros_like", "ones_like",

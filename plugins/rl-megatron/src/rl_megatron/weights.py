@@ -135,8 +135,10 @@ class HFExporter:
         return 0 if mapping.megatron.startswith("embedding.") else len(self.pp_ranks) - 1
 
     def refit_info(self) -> dict[str, tuple[tuple[int, ...], str]]:
-        """``{hf_name: (shape, dtype)}`` in iteration order (no communication)."""
-        return {name: (hf_shape(self.shape, name), str(self.dtype)) for m in self.mappings for name in m.hf}
+        """``{hf_name: (shape, dtype name)}`` in iteration order (no communication); dtype names are
+        ``str(torch.dtype)`` without the ``torch.`` prefix, as ``rlcore.refit`` compares them."""
+        dtype = str(self.dtype).removeprefix("torch.")
+        return {name: (hf_shape(self.shape, name), dtype) for m in self.mappings for name in m.hf}
 
     def _gather_tp(self, param: torch.Tensor, mapping: ParamMapping) -> list[torch.Tensor]:
         local = param.detach()

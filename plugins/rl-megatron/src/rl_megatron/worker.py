@@ -468,6 +468,12 @@ class MegatronPolicyWorker(*_BASES):  # type: ignore[misc]
         out = {name: t.cpu().clone() for name, t in self.iter_refit_tensors()}
         return out if self.rank == 0 else None
 
+    def redirected_call_sites(self) -> list[tuple[str, str]] | None:
+        """The megatron call sites ``cpu_compat`` redirected in this process; None where it is not active."""
+        from rl_megatron import cpu_compat
+
+        return cpu_compat.observed_call_sites() if cpu_compat.is_applied() else None
+
     def shutdown(self) -> None:
         from megatron.core import parallel_state as ps
 

@@ -43,7 +43,8 @@ class VllmGeneration(GenerationInterface):
     """
 
     def __init__(self, cluster: RayVirtualCluster, config: Any, *, vllm_config: VllmConfig | None = None,
-                 name_prefix: str = "vllm") -> None:
+                 tokenizer: Any = None, name_prefix: str = "vllm") -> None:
+        # ``tokenizer`` is part of rlcore's driver-class contract; the engines load their own from the model.
         self.cfg = config
         self.vllm_cfg = vllm_config if vllm_config is not None else vllm_config_from(config)
         tp = self.vllm_cfg.tensor_parallel_size
@@ -67,6 +68,7 @@ class VllmGeneration(GenerationInterface):
             name_prefix=name_prefix,
             init_args=(config, self.vllm_cfg),
             extra_env=extra_env,
+            kill_on_error=False,  # engines share no collective: one engine's exception leaves the others usable
         )
         # Actor construction is asynchronous: wait here so an engine that cannot start fails now.
         self.engine_info: list[dict[str, Any]] = self._all("info")

@@ -12,6 +12,7 @@ def rlcore_register_backends(register):
         name="vllm",
         kind="generation",
         worker_class="rl_vllm.worker:VllmGenerationWorker",
+        driver_class="rl_vllm.generation:VllmGeneration",
         config_class="rl_vllm.config:VllmConfig",
         capabilities={"generate", "refit", "data_parallel", "stop_strings", "logprobs"},
         requires=("vllm",),

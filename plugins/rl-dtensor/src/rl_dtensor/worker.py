@@ -1,0 +1,318 @@
+"""``DTensorPolicyWorker``: one rank of the FSDP2 + DTensor training backend (seed 003).
+
+Built on :class:`rlcore.training.worker_base.TrainingWorkerBase`, which owns
+the contracts (alignment, the shared optimizer-step loop, the reference-model
+swap); this class supplies the sharded model and how to run it:
+
+- the (dp, tp) device mesh from the environment the worker group sets, and the
+  model parallelised by :func:`rl_dtensor.parallelize.parallelize`;
+- forwards in padded or packed layout (:mod:`rl_dtensor.inputs`) with logprobs
+  and top-k from vocab-parallel logits (:mod:`rl_dtensor.vocab_parallel`);
+- step hooks: counts and losses summed over the dp group (tp peers hold the
+  same data), gradients summed by FSDP's reduce-scatter, the global norm over
+  DTensor gradients (:mod:`rl_dtensor.grads`);
+- refit export, checkpoints, and moving weights/optimizer state between
+  devices.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+from datetime import timedelta
+from typing import Any, Iterator
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+from rlcore.data import BatchedDataDict
+from rlcore.refit import RefitExportMixin
+from rlcore.refit.buckets import dtype_name
+from rlcore.training.checkpoint import load_hf_state_dict, save_hf_checkpoint
+from rlcore.training.loop import StepHooks
+from rlcore.training.optim import build_optimizer, build_scheduler
+from rlcore.training.worker_base import TrainingWorkerBase
+
+from rl_dtensor import checkpoint as ckpt
+from rl_dtensor import state
+from rl_dtensor.grads import clip_grads
+from rl_dtensor.inputs import ModelInputs, packed_inputs, padded_inputs
+from rl_dtensor.parallelize import DTYPES, ParallelOptions, build_mesh, parallelize
+
+
+def init_distributed() -> torch.device:
+    """Join the default process group from the env:// variables the worker group sets; returns the device."""
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(minutes=10))
+    return device
+
+
+def check_context_parallel(cp: int, device: torch.device) -> None:
+    """Context parallel shards attention across ranks; torch has no CPU implementation of that."""
+    if cp <= 1:
+        return
+    if device.type != "cuda":
+        raise ValueError(f"policy.dtensor_cfg.context_parallel_size={cp} needs CUDA devices: there is no CPU "
+                         "attention sharding strategy; set policy.dtensor_cfg.context_parallel_size=1 on CPU")
+    raise NotImplementedError(
+        f"policy.dtensor_cfg.context_parallel_size={cp}: context parallel is not implemented by the rl-dtensor "
+        "backend yet; use tensor_parallel_size with sequence_parallel for long sequences")
+
+
+class DTensorPolicyWorker(RefitExportMixin, TrainingWorkerBase):
+    """One rank: a Hugging Face causal LM sharded with FSDP2 over dp and DTensor TP over tp."""
+
+    def __init__(self, config: Any, tokenizer: Any = None, weights_path: str | None = None,
+                 optimizer_path: str | None = None, init_optimizer: bool = True,
+                 init_reference_model: bool = True, **_: Any) -> None:
+        from transformers import AutoModelForCausalLM
+
+        self.cfg = config
+        self.tokenizer = tokenizer
+        self.device = init_distributed()
+        self.rank = dist.get_rank()
+        dcfg = config.dtensor_cfg
+        check_context_parallel(dcfg.context_parallel_size, self.device)
+        self.tp_size = dcfg.tensor_parallel_size
+        world = dist.get_world_size()
+        if world % self.tp_size:
+            raise ValueError(f"policy.dtensor_cfg.tensor_parallel_size={self.tp_size} does not divide the world "
+                             f"size {world}")
+        self.dp_size = world // self.tp_size
+        self.mesh = build_mesh(self.device.type, self.dp_size, self.tp_size)
+        self.dp_group = self.mesh["dp"].get_group()
+        self.opts = ParallelOptions.from_config(config)
+        self.compute_dtype = DTYPES[config.precision]
+        # Sequence parallel splits the sequence over tp ranks: widths must be multiples of tp.
+        self.seq_multiple = self.tp_size if (self.tp_size > 1 and self.opts.sequence_parallel) else 1
+
+        # Float32 master weights whatever the precision; ``precision`` is FSDP's compute dtype.
+        model = AutoModelForCausalLM.from_pretrained(weights_path or config.model_name, dtype=torch.float32)
+        if not self.opts.cpu_offload:
+            model = model.to(self.device)
+        self.model: nn.Module = parallelize(model, self.mesh, self.opts)
+        self.hf_config = model.config
+        self._mode = "plain"
+        # Where weights and optimizer state are now (offloading moves them to CPU between phases).
+        self._model_device = self.device
+        self._optimizer_device = self.device
+
+        self.optimizer = build_optimizer(self.model.parameters(), config.optimizer, config.learning_rate) \
+            if init_optimizer else None
+        self.scheduler = build_scheduler(self.optimizer, config.scheduler) if self.optimizer else None
+        if optimizer_path and self.optimizer is not None:
+            ckpt.load_optimizer(self.model, self.optimizer, self.scheduler, optimizer_path)
+        if init_reference_model:
+            self.init_reference_model()
+
+    def __repr__(self) -> str:
+        return f"DTensorPolicyWorker(rank={getattr(self, 'rank', '?')}, dp={self.dp_size}, tp={self.tp_size})"
+
+    # -- model passes ----------------------------------------------------------------
+    def _inputs(self, mb: BatchedDataDict) -> ModelInputs:
+        if self._mode == "packing":
+            return packed_inputs(mb, self.device, self.hf_config._attn_implementation, self.compute_dtype,
+                                 self.seq_multiple)
+        return padded_inputs(mb, self.device, self.seq_multiple)
+
+    def _run(self, mb: BatchedDataDict) -> tuple[ModelInputs, torch.Tensor]:
+        inputs = self._inputs(mb)
+        return inputs, self.model(**inputs.model_kwargs()).logits
+
+    def _forward_logprobs(self, mb: BatchedDataDict) -> torch.Tensor:
+        inputs, logits = self._run(mb)
+        return inputs.logprobs(logits)
+
+    def _forward_topk(self, mb: BatchedDataDict, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        inputs, logits = self._run(mb)
+        return inputs.topk(logits, k)
+
+    # The base class passes the micro-batching mode to these two; remember it for _inputs.
+    def _map_micro_batches(self, data, fn, micro_batch_size, mode):
+        self._mode = mode
+        self._ensure_on_device(optimizer=False)
+        return super()._map_micro_batches(data, fn, micro_batch_size, mode)
+
+    def _ensure_on_device(self, optimizer: bool) -> None:
+        """Bring offloaded weights (and optimizer state) back before a pass that needs them."""
+        if self._model_device != self.device:
+            self.move_to_device(self.model, self.device)
+        if optimizer:
+            self._optimizer_to(self.device)
+
+    def train(self, data: BatchedDataDict, loss_fn: Any, eval_mode: bool = False, gbs: int | None = None,
+              mbs: int | None = None, mode: str = "plain") -> dict[str, Any]:
+        self._mode = mode
+        self._ensure_on_device(optimizer=not eval_mode)
+        return super().train(data, loss_fn, eval_mode=eval_mode, gbs=gbs, mbs=mbs, mode=mode)
+
+    def _step_hooks(self) -> StepHooks:
+        def all_reduce_sum(t: torch.Tensor) -> None:
+            # Over dp only: tp peers hold the same data and compute the same values.
+            on_device = t.to(self.device)
+            dist.all_reduce(on_device, op=dist.ReduceOp.SUM, group=self.dp_group)
+            if on_device is not t:
+                t.copy_(on_device)
+
+        def optimizer_step() -> None:
+            self.optimizer.step()
+            self.scheduler.step()
+            self.optimizer.zero_grad(set_to_none=True)
+
+        return StepHooks(
+            forward=self._forward_logprobs,
+            all_reduce_sum=all_reduce_sum,
+            finish_grads=lambda: None,  # FSDP2 reduce-scattered (summed) the gradients during backward
+            clip_grads=lambda max_norm: clip_grads(self.model.parameters(), max_norm, self.device),
+            optimizer_step=optimizer_step,
+            zero_grad=lambda: self.model.zero_grad(set_to_none=True),
+        )
+
+    # -- reference model: this rank's own shards, on CPU --------------------------------
+    def _snapshot_to_cpu(self) -> dict[str, torch.Tensor]:
+        return state.snapshot_local(self.model)
+
+    def _load_snapshot(self, snapshot: dict[str, torch.Tensor]) -> None:
+        state.restore_local(self.model, snapshot)
+
+    # -- refit export (RefitExportMixin builds the transports on these two) ---------------
+    def _refit_dtype(self) -> torch.dtype:
+        return self.compute_dtype
+
+    def prepare_refit_info(self) -> dict[str, tuple[tuple[int, ...], str]]:
+        """``{hf_name: (full shape, dtype)}`` in :meth:`iter_refit_tensors` order; no communication."""
+        dtype = dtype_name(self._refit_dtype())
+        return {name: (shape, dtype) for name, shape in state.full_shapes(self.model).items()}
+
+    def iter_refit_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Full HF-named tensors; every rank must iterate (gathering shards is a collective)."""
+        self._ensure_on_device(optimizer=False)
+        state.reshard(self.model)
+        yield from state.iter_full_tensors(self.model, self._refit_dtype())
+
+    # -- checkpoints ------------------------------------------------------------------------
+    def save_checkpoint(self, weights_path: str, optimizer_path: str | None = None,
+                        tokenizer_path: str | None = None) -> None:
+        """HF safetensors (rank 0 writes the gathered tensors) and DCP optimizer state; each atomic."""
+        self._ensure_on_device(optimizer=bool(optimizer_path))
+        full = {}
+        state.reshard(self.model)
+        for name, tensor in state.iter_full_tensors(self.model):
+            if self.rank == 0:
+                full[name] = tensor.to("cpu", copy=True)
+        ckpt.on_rank0(lambda: save_hf_checkpoint(full, self.hf_config, weights_path))
+        if tokenizer_path and self.tokenizer is not None:
+            ckpt.on_rank0(lambda: save_tokenizer(self.tokenizer, tokenizer_path))
+        if optimizer_path and self.optimizer is not None:
+            ckpt.save_optimizer(self.model, self.optimizer, self.scheduler, optimizer_path)
+
+    def load_checkpoint(self, weights_path: str, optimizer_path: str | None = None) -> None:
+        self._ensure_on_device(optimizer=bool(optimizer_path))
+        state.load_full_state_dict(self.model, load_hf_state_dict(weights_path))
+        if optimizer_path and self.optimizer is not None:
+            ckpt.load_optimizer(self.model, self.optimizer, self.scheduler, optimizer_path)
+
+    # -- lifecycle and memory ----------------------------------------------------------------
+    def _optimizer_to(self, device: torch.device | str) -> None:
+        device = torch.device(device)
+        if self.optimizer is None or self._optimizer_device == device:
+            return
+        self._optimizer_device = device
+        for per_param in self.optimizer.state.values():
+            for key, value in per_param.items():
+                if isinstance(value, torch.Tensor) and key != "step":
+                    per_param[key] = value.to(device, non_blocking=True)
+
+    def move_to_device(self, model: nn.Module, device: str | torch.device) -> nn.Module:
+        """Move parameters (shards) and buffers; FSDP2 re-registers its shards after ``.to``."""
+        device = torch.device(device)
+        if self.opts.cpu_offload:
+            return model  # FSDP's CPUOffloadPolicy owns where parameters live
+        state.reshard(model)
+        model = model.to(device)
+        if model is self.model:
+            self._model_device = device
+        return model
+
+    def move_buffer_to_device(self, model: nn.Module, device: str | torch.device) -> nn.Module:
+        for module in model.modules():
+            for name, buf in list(module._buffers.items()):
+                if buf is not None:
+                    module._buffers[name] = buf.to(device)
+        return model
+
+    def move_to_cuda(self, model: nn.Module) -> nn.Module:
+        if not torch.cuda.is_available():
+            raise RuntimeError("move_to_cuda: no CUDA device in this worker")
+        return self.move_to_device(model, self.device)
+
+    def move_to_cpu(self, model: nn.Module) -> nn.Module:
+        return self.move_to_device(model, "cpu")
+
+    def prepare_for_training(self, *args: Any, **kwargs: Any) -> None:
+        self.move_to_device(self.model, self.device)
+        self._optimizer_to(self.device)
+        self.model.train()
+
+    def prepare_for_lp_inference(self) -> None:
+        self.move_to_device(self.model, self.device)
+        self.model.eval()
+        self.offload_before_refit()  # the optimizer state is not needed for logprobs
+
+    def offload_before_refit(self) -> None:
+        """Free accelerator memory for generation: optimizer state to CPU."""
+        if self.device.type == "cuda":
+            self._optimizer_to("cpu")
+            torch.cuda.empty_cache()
+
+    def offload_after_refit(self) -> None:
+        """After the weights were sent: the model goes to CPU as well."""
+        if self.device.type == "cuda":
+            self.move_to_cpu(self.model)
+            self._optimizer_to("cpu")
+            torch.cuda.empty_cache()
+
+    def get_gpu_info(self) -> dict[str, Any]:
+        info = super().get_gpu_info()
+        info.update(dp=self.dp_size, tp=self.tp_size, dp_rank=self.mesh["dp"].get_local_rank(),
+                    tp_rank=self.mesh["tp"].get_local_rank(),
+                    max_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+        if self.device.type == "cuda":
+            info["device_name"] = torch.cuda.get_device_name(self.device)
+        return info
+
+    def report_device_id(self) -> str:
+        if self.device.type == "cuda":
+            return str(torch.cuda.get_device_properties(self.device).uuid)
+        return super().report_device_id()
+
+    # -- test helpers ----------------------------------------------------------------------
+    def state_dict_cpu(self) -> dict[str, torch.Tensor]:
+        """Full float32 tensors on CPU (rank 0's copy is the meaningful one). Collective."""
+        self._ensure_on_device(optimizer=False)
+        state.reshard(self.model)
+        return {name: t.to("cpu", copy=True) for name, t in state.iter_full_tensors(self.model)}
+
+    def parameter_checksum(self) -> float:
+        """Sum of this rank's parameter shards in float64 (weights (un)changed, without communication)."""
+        return float(sum(state.local_tensor(p).detach().double().sum() for p in self.model.parameters()))
+
+    def is_dtensor_model(self) -> dict[str, int]:
+        """How many parameters are DTensors, and on how many mesh dimensions (tests check the layout)."""
+        dims: dict[str, int] = {}
+        for name, p in self.model.named_parameters():
+            dims[name] = p.device_mesh.ndim if isinstance(p, DTensor) else 0
+        return dims
+
+
+def save_tokenizer(tokenizer: Any, path: str) -> None:
+    from rlcore.training.checkpoint import atomic_directory
+
+    with atomic_directory(path) as tmp:
+        tokenizer.save_pretrained(str(tmp))

@@ -1,0 +1,136 @@
+"""The GRPO loop behind ``rlcore run``: its pieces against hand computations, and short real runs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from rlcore.algorithms.advantages import group_advantages
+from rlcore.algorithms.grpo import encode_prompts, training_batch
+from rlcore.algorithms.toy_task import digit_prompts, digit_reward
+from rlcore.config import load_config
+from rlcore.plugins import get_registry
+
+
+def test_leave_one_out_and_mean_std_advantages():
+    rewards = torch.tensor([1.0, 0.0, 0.5, 0.2, 0.2, 0.8])
+    loo = group_advantages(rewards, 3, "leave_one_out")
+    expected = [1.0 - 0.25, 0.0 - 0.75, 0.5 - 0.5, 0.2 - 0.5, 0.2 - 0.5, 0.8 - 0.2]
+    torch.testing.assert_close(loo, torch.tensor(expected), atol=1e-6, rtol=0)
+    ms = group_advantages(rewards, 3, "mean_std")
+    group = rewards[:3].double()
+    torch.testing.assert_close(ms[:3].double(), (group - group.mean()) / (group.std() + 1e-6), atol=1e-6, rtol=0)
+    with pytest.raises(ValueError, match="whole groups"):
+        group_advantages(rewards, 4)
+
+
+def test_toy_task_is_reproducible_and_scores_digits():
+    assert digit_prompts(3, 5, seed=1) == digit_prompts(3, 5, seed=1) != digit_prompts(4, 5, seed=1)
+    assert digit_reward(["p"] * 3, ["1234", "a1b2", ""]) == [1.0, 0.5, 0.0]
+
+
+def test_training_batch_trains_only_generated_tokens(tiny_tokenizer):
+    batch = encode_prompts(tiny_tokenizer, ["ab", "abcd"], repeat=2)
+    assert batch["input_ids"].shape[0] == 4 and batch["input_lengths"].tolist() == [3, 3, 5, 5]  # BOS + bytes
+    output_ids = torch.zeros(4, 9, dtype=torch.long)
+    rollout = {"output_ids": output_ids, "unpadded_sequence_lengths": torch.tensor([5, 3, 9, 6]),
+               "logprobs": torch.zeros(4, 9)}
+    data = training_batch(rollout, batch["input_lengths"], torch.tensor([1.0, -1.0, 0.5, 2.0]))
+    assert data["token_mask"].tolist()[0] == [0, 0, 0, 1, 1, 0, 0, 0, 0]
+    assert data["token_mask"][1].sum() == 0 and data["token_mask"][2].sum() == 4
+    assert data["advantages"][3].tolist() == [0, 0, 0, 0, 0, 2.0, 0, 0, 0]
+
+
+def test_rollout_must_fill_whole_global_batches():
+    from rlcore.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"grpo.num_prompts_per_step × grpo.num_generations_per_prompt = 3 × 4"):
+        load_config("examples/grpo_tiny.yaml", ["grpo.num_prompts_per_step=3"])
+
+
+def test_bad_config_fails_before_anything_starts(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "rlcore", "run", "examples/grpo_tiny.yaml",
+                          "-o", "grpo.max_num_step=3", "-o", "policy.generation.backend=vlm",
+                          "-o", f"logger.output_dir={tmp_path}"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1
+    assert out.stderr.strip().splitlines() == ["grpo.max_num_step: unknown key; did you mean 'max_num_steps'?"]
+    assert not (tmp_path / "metrics.jsonl").exists()
+    out = subprocess.run([sys.executable, "-m", "rlcore", "run", "examples/grpo_tiny.yaml",
+                          "-o", "policy.generation.backend=vlm", "-o", "policy.backend=reference",
+                          "-o", f"logger.output_dir={tmp_path}"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1 and "no backend named 'vlm'" in out.stderr and "Traceback" not in out.stderr
+
+
+def generation_backend() -> str:
+    statuses = {r.name: r.status for r in get_registry().records}
+    return "vllm" if statuses.get("vllm") == "ok" else "fsdp1"
+
+
+def short_run_config(tmp_path, steps: int, **extra: str):
+    gen = generation_backend()
+    overrides = [f"policy.backend={'reference' if gen == 'vllm' else 'fsdp1'}", f"policy.generation.backend={gen}",
+                 f"grpo.max_num_steps={steps}", f"logger.output_dir={tmp_path}", "logger.progress_bar=false",
+                 "checkpointing.save_every_n_steps=2", *(f"{k}={v}" for k, v in extra.items())]
+    return load_config("examples/grpo_tiny.yaml", overrides)
+
+
+def test_short_run_writes_metrics_and_resumes_from_its_checkpoint(ray_session, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from rlcore.algorithms.run_checkpoint import latest_step
+    from rlcore.cli.run_cmd import train
+
+    summary = train(short_run_config(tmp_path, 2))
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1] and summary["steps"] == 2
+    for key in ("reward_mean", "reward_std", "loss", "grad_norm", "kl_penalty", "token_mult_prob_error",
+                "tokens_per_s", "time/generation_s", "time/logprob_s", "time/train_s", "time/step_s"):
+        assert key in rows[0], key
+    assert all(abs(r["token_mult_prob_error"] - 1.0) < 1e-3 for r in rows), rows  # engine == trainer
+    assert (tmp_path / "reward_curve.png").stat().st_size > 1000
+    step, ckpt = latest_step(tmp_path / "checkpoints")
+    assert step == 1
+    AutoModelForCausalLM.from_pretrained(ckpt / "weights")  # the final weights load with HF
+
+    resumed = train(short_run_config(tmp_path, 3), resume=True)
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1, 2] and resumed["steps"] == 3
+    assert latest_step(tmp_path / "checkpoints")[0] == 2
+
+
+def test_resumed_policy_has_the_checkpointed_weights(ray_session, tmp_path, tiny_tokenizer):
+    """The state a checkpoint restores is the state that was saved: same logprobs, same next step."""
+    from rlcore.algorithms.grpo import build_run, grpo_train
+    from rlcore.algorithms.run_checkpoint import save_step
+    from rlcore.data import BatchedDataDict
+    from rlcore.models import resolve_builtin_models
+    from rlcore.testing.models import make_batch
+
+    cfg = resolve_builtin_models(short_run_config(tmp_path, 1))
+    probe = BatchedDataDict(make_batch(tiny_tokenizer, 4, 4, 12, seed=5))
+    run = build_run(cfg)
+    try:
+        grpo_train(run, lambda step, metrics: None)
+        saved = save_step(run.policy, tmp_path / "ck", 0, keep_last=1)
+        before = run.policy.get_logprobs(probe)["logprobs"]
+    finally:
+        run.shutdown()
+    run = build_run(cfg, resume_dir=saved, start_step=1)
+    try:
+        torch.testing.assert_close(run.policy.get_logprobs(probe)["logprobs"], before, atol=1e-6, rtol=0)
+    finally:
+        run.shutdown()
+
+
+@pytest.mark.slow
+def test_reward_rises_well_above_random_on_a_fixed_seed(ray_session, tmp_path):
+    from rlcore.cli.run_cmd import train
+
+    summary = train(short_run_config(tmp_path, 30, **{"checkpointing.enabled": "false"}))
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    first, last = sum(r["reward_mean"] for r in rows[:3]) / 3, sum(r["reward_mean"] for r in rows[-3:]) / 3
+    assert first < 0.15 and last > 0.6, (first, last, summary)
