@@ -111,7 +111,7 @@ def test_listing_imports_no_heavy_module(fixture_site):
 class OkPlugin:
     @hookimpl
     def rlcore_register_backends(self, register):
-        register(BackendSpec(name="mine", kind="training", worker_class="my_pkg.worker:Worker",
+        register(BackendSpec(name="mine", kind="training", worker_class="collections:Counter",
                              capabilities={"train"}))
 
 
@@ -125,7 +125,7 @@ def test_register_plugin_object_and_resolve():
     registry = Registry()
     registry.register_plugin(OkPlugin(), name="ok")
     registry.register_plugin(RaisingPlugin(), name="raising")
-    assert registry.resolve("mine").worker_class == "my_pkg.worker:Worker"
+    assert registry.resolve("mine").worker_class == "collections:Counter"
     assert [r.status for r in registry.records] == ["ok", "broken"]
     assert "boom in hook" in registry.records[1].problem
     with pytest.raises(BackendError, match="is a training backend, not a generation backend"):
@@ -147,9 +147,10 @@ def test_unavailable_and_incompatible_fail_with_the_fix():
     class Plugin:
         @hookimpl
         def rlcore_register_backends(self, register):
-            register(BackendSpec(name="needs_engine", kind="generation", worker_class="a:B",
+            register(BackendSpec(name="needs_engine", kind="generation", worker_class="collections:Counter",
                                  requires=("no_such_engine_mod",), install_hint="pip install engine"))
-            register(BackendSpec(name="future", kind="training", worker_class="a:B", plugin_api_version=7))
+            register(BackendSpec(name="future", kind="training", worker_class="collections:Counter",
+                                 plugin_api_version=7))
 
     registry = Registry()
     registry.register_plugin(Plugin(), name="p")
@@ -171,8 +172,8 @@ GOOD_PLUGIN = OkPlugin()
 
 
 @pytest.mark.parametrize("bad", [
-    dict(name="", kind="training", worker_class="a:B"),
-    dict(name="x", kind="trainer", worker_class="a:B"),
+    dict(name="", kind="training", worker_class="collections:Counter"),
+    dict(name="x", kind="trainer", worker_class="collections:Counter"),
     dict(name="x", kind="training", worker_class="a.B"),
 ])
 def test_backend_spec_rejects_bad_fields(bad):
@@ -181,7 +182,7 @@ def test_backend_spec_rejects_bad_fields(bad):
 
 
 def test_backend_spec_is_frozen():
-    spec = BackendSpec(name="x", kind="training", worker_class="a:B")
+    spec = BackendSpec(name="x", kind="training", worker_class="collections:Counter")
     with pytest.raises(ValueError):
         spec.name = "y"
 
@@ -193,7 +194,7 @@ def test_third_party_config_section_is_validated_by_its_own_class(rlcore_registr
     class Plugin:
         @hookimpl
         def rlcore_register_backends(self, register):
-            register(BackendSpec(name="mine", kind="training", worker_class="a:B",
+            register(BackendSpec(name="mine", kind="training", worker_class="collections:Counter",
                                  config_class="tests.fixtures.third_party_config:MineConfig"))
 
     rlcore_registry.register_plugin(Plugin(), name="p")
@@ -206,3 +207,15 @@ def test_third_party_config_section_is_validated_by_its_own_class(rlcore_registr
     assert any(p.startswith("policy.mine_cfg.colour: unknown key") for p in problems), problems
     assert any(p.startswith("policy.mein_cfg: no installed backend named 'mein'; did you mean 'mine_cfg'")
                for p in problems), problems
+
+
+def test_backend_whose_worker_module_is_missing_is_broken():
+    class Plugin:
+        @hookimpl
+        def rlcore_register_backends(self, register):
+            register(BackendSpec(name="ghost", kind="training", worker_class="rlcore_no_such_pkg.worker:W"))
+
+    registry = Registry()
+    registry.register_plugin(Plugin(), name="p", distribution="ghost-dist")
+    with pytest.raises(BackendError, match="broken: worker module of rlcore_no_such_pkg.worker:W is not installed"):
+        registry.resolve("ghost")

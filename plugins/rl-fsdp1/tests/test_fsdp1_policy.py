@@ -286,13 +286,17 @@ def adamw_config(model_dir: str):
 
 
 def test_adamw_resume_equals_uninterrupted(ray_session, tied_model_dir, tiny_tokenizer, tmp_path):
-    """Step 1 matches a single-process AdamW step (clipped, scheduled, tied embeddings); then
-    save → new Policy from the checkpoint → step 2 equals step 2 without the interruption."""
+    """Step 1 matches a single-process AdamW step (clipped, scheduled, tied embeddings, activation
+    checkpointing); then save → new Policy from the checkpoint → step 2 equals step 2 without the
+    interruption."""
     steps = [BatchedDataDict(make_batch(tiny_tokenizer, 4, 4, 14, seed=s)) for s in (11, 12)]
     weights, optim = str(tmp_path / "step1"), str(tmp_path / "step1-optim")
 
     first, cluster = start(adamw_config(tied_model_dir), tiny_tokenizer)
     try:
+        # Saving before the first step must not touch the optimizer (torch's full optimizer state dict
+        # would initialise Adam's state with a zero step, and step 1 would no longer match the oracle).
+        first.save_checkpoint(str(tmp_path / "step0"), str(tmp_path / "step0-optim"))
         step1 = first.train(steps[0], NLLLoss())
         first.save_checkpoint(weights, optim)
         straight = first.train(steps[1], NLLLoss())

@@ -128,7 +128,7 @@ def test_refit_export_is_the_hf_state_in_refit_info_order(started: dict, trained
     assert list(exported) == list(info), "iter_refit_tensors must follow prepare_refit_info's order"
     saved = state_of(trained["weights"])
     for name, (shape, dtype) in info.items():
-        assert tuple(exported[name].shape) == tuple(shape) and str(exported[name].dtype) == dtype, name
+        assert tuple(exported[name].shape) == tuple(shape) and str(exported[name].dtype) == f"torch.{dtype}", name
         assert torch.equal(exported[name], saved[name]), name
     if LAYOUTS[started["name"]]["tied"]:
         assert "lm_head.weight" not in info  # the receiver ties it to model.embed_tokens.weight

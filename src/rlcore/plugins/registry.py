@@ -183,6 +183,8 @@ def _own_status(spec: BackendSpec, dist: str) -> tuple[str, str]:
     if missing := spec.missing_requirements():
         hint = f": {spec.install_hint}" if spec.install_hint else ""
         return "unavailable", f"missing {', '.join(missing)}{hint}"
+    if not spec.worker_module_exists():
+        return "broken", f"worker module of {spec.worker_class} is not installed: reinstall {dist}"
     return "ok", ""
 
 

@@ -16,6 +16,22 @@ PLUGIN_API_VERSION = 1
 BackendKind = Literal["training", "generation"]
 
 
+def module_exists(name: str) -> bool:
+    """Whether ``name`` (possibly dotted) is installed, found without importing any of it."""
+    from importlib.machinery import PathFinder
+
+    top, *rest = name.split(".")
+    try:
+        spec = importlib.util.find_spec(top)
+    except (ImportError, ValueError):
+        return False
+    for part in rest:
+        if spec is None or spec.submodule_search_locations is None:
+            return False
+        spec = PathFinder.find_spec(part, list(spec.submodule_search_locations))
+    return spec is not None
+
+
 def import_object(path: str) -> Any:
     """Import ``"package.module:Qualified.Name"`` and return the object."""
     module_name, sep, qualname = path.partition(":")
@@ -79,15 +95,11 @@ class BackendSpec(BaseModel):
 
     def missing_requirements(self) -> list[str]:
         """Required modules that are not installed (checked without importing them)."""
-        missing = []
-        for module in self.requires:
-            try:
-                found = importlib.util.find_spec(module) is not None
-            except (ImportError, ValueError):  # a missing parent package
-                found = False
-            if not found:
-                missing.append(module)
-        return missing
+        return [module for module in self.requires if not module_exists(module)]
+
+    def worker_module_exists(self) -> bool:
+        """Whether the worker's module is installed (checked without importing it)."""
+        return module_exists(self.worker_class.partition(":")[0])
 
     def load_worker_class(self) -> type:
         return import_object(self.worker_class)

@@ -33,6 +33,7 @@ class Policy(ColocatablePolicyInterface, GenerationInterface):
         init_reference_model: bool = True,
     ) -> None:
         self.cfg = config
+        self.tokenizer = tokenizer
         self.spec = get_registry().resolve(config.training_backend, kind="training")
         tp, cp, pp = config.parallel_sizes()
         if workers_per_node is not None:
@@ -146,10 +147,14 @@ class Policy(ColocatablePolicyInterface, GenerationInterface):
         if "generate" not in self.spec.capabilities:
             raise BackendError(f"backend '{self.spec.name}' cannot generate; use a generation backend")
         dp = self.sharding.dp
+        if data.size % dp:
+            raise ValueError(f"generate: batch of {data.size} prompts cannot be split over dp={dp} ranks; "
+                             "pad it to a multiple of the data-parallel size")
         shards = data.shard_by_batch_size(dp)
         wg = self.worker_group
         results = wg.get_results(wg.run_all_workers_sharded_data("generate", shards, greedy=greedy))
-        return BatchedDataDict.from_batches(results)
+        pad_id = getattr(self.tokenizer, "pad_token_id", None) or 0
+        return BatchedDataDict.from_batches(results, pad_value_dict={"output_ids": pad_id})
 
     # -- lifecycle -------------------------------------------------------------------
     def prepare_for_generation(self, *args: Any, **kwargs: Any) -> bool:

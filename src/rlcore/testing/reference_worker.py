@@ -83,7 +83,9 @@ class ReferenceWorker(RefitExportMixin, TrainingWorkerBase):
         params = [p for p in self.model.parameters() if p.requires_grad]
 
         def all_reduce_sum(t: torch.Tensor) -> None:
-            dist.all_reduce(t, op=dist.ReduceOp.SUM)
+            buf = t.to(self.device)  # the loop's counters live on CPU; NCCL reduces device tensors only
+            dist.all_reduce(buf, op=dist.ReduceOp.SUM)
+            t.copy_(buf)
 
         def finish_grads() -> None:
             grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]

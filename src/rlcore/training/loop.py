@@ -26,7 +26,8 @@ class StepHooks:
     """What a backend plugs into :func:`train_steps`.
 
     - ``forward(mb)``: ``[B, S]`` float32 logprobs of the micro-batch (grad-enabled).
-    - ``all_reduce_sum(t)``: sums a tensor over the dp group, in place.
+    - ``all_reduce_sum(t)``: sums a tensor over the dp group, in place. ``t`` is a small CPU tensor
+      (step counters, the step loss); a backend on NCCL moves it to its device and back.
     - ``finish_grads()``: makes every rank hold the dp-SUM of gradients (e.g. an
       all-reduce; FSDP does it during backward and then only needs rescaling).
     - ``clip_grads(max_norm)``: returns the total grad norm, clipping when

@@ -57,7 +57,13 @@ class TrainingWorkerBase:
 
     # -- reference model ---------------------------------------------------------
     def _snapshot_to_cpu(self) -> dict[str, torch.Tensor]:
-        """A CPU copy of this rank's parameters and buffers (its own shards only)."""
+        """A CPU copy of this rank's parameters and buffers (its own shards only).
+
+        The default reads ``model.state_dict()``: right for replicated models and for FSDP2 /
+        DTensor (whose state dict holds local shards). A wrapper whose state dict is a collective
+        full gather (FSDP1) must override this and :meth:`_load_snapshot`, and drop any cached
+        gathered parameters before writing shards back.
+        """
         return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
 
     def _load_snapshot(self, state: dict[str, torch.Tensor]) -> None:

@@ -72,6 +72,9 @@ class _MetadataUnpickler(pickle.Unpickler):
     _BUILTINS = {"dict", "list", "tuple", "set", "frozenset", "int", "float", "str", "bytes", "bool", "slice",
                  "object", "getattr"}
     _COLLECTIONS = {"OrderedDict", "defaultdict"}
+    #: Harmless constructors DCP metadata refers to: layouts by name (a dict lookup), relative paths.
+    _OTHERS = {("torch.serialization", "_get_layout"), ("pathlib", "PosixPath"), ("pathlib", "PurePosixPath"),
+               ("pathlib", "WindowsPath"), ("pathlib", "PureWindowsPath")}
 
     def find_class(self, module: str, name: str) -> Any:
         if module in self._MODULES:
@@ -79,6 +82,8 @@ class _MetadataUnpickler(pickle.Unpickler):
         if module == "builtins" and name in self._BUILTINS:
             return super().find_class(module, name)
         if module == "collections" and name in self._COLLECTIONS:
+            return super().find_class(module, name)
+        if (module, name) in self._OTHERS:
             return super().find_class(module, name)
         if module == "torch" and (name == "Size" or isinstance(getattr(torch, name, None), torch.dtype)):
             return super().find_class(module, name)

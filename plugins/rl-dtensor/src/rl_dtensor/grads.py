@@ -16,7 +16,7 @@ from typing import Iterable
 
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import DTensor, Shard
+from torch.distributed.tensor import DTensor, Replicate
 
 
 def _copies(t: torch.Tensor, world: int) -> int:
@@ -26,9 +26,16 @@ def _copies(t: torch.Tensor, world: int) -> int:
     mesh = t.device_mesh
     copies = world // mesh.size()
     for dim, placement in enumerate(t.placements):
-        if not isinstance(placement, Shard):  # Replicate (Partial does not survive backward)
+        if placement.is_replicate():  # Shard and FSDP's _StridedShard hold distinct pieces
             copies *= mesh.size(dim)
     return copies
+
+
+def _settled(g: torch.Tensor) -> torch.Tensor:
+    """A gradient whose local values are final: pending (Partial) reductions are carried out first."""
+    if isinstance(g, DTensor) and any(p.is_partial() for p in g.placements):
+        g = g.redistribute(placements=[Replicate() if p.is_partial() else p for p in g.placements])
+    return g
 
 
 def total_grad_norm(parameters: Iterable[torch.Tensor], device: torch.device) -> float:
@@ -36,9 +43,9 @@ def total_grad_norm(parameters: Iterable[torch.Tensor], device: torch.device) ->
     world = dist.get_world_size()
     total = torch.zeros((), dtype=torch.float64, device=device)
     for p in parameters:
-        g = p.grad
-        if g is None:
+        if p.grad is None:
             continue
+        g = _settled(p.grad)
         local = g.to_local() if isinstance(g, DTensor) else g
         total += local.detach().double().square().sum().to(device) / _copies(g, world)
     dist.all_reduce(total, op=dist.ReduceOp.SUM)

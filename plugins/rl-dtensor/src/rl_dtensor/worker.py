@@ -17,6 +17,7 @@ swap); this class supplies the sharded model and how to run it:
 
 from __future__ import annotations
 
+import logging
 import os
 import resource
 from datetime import timedelta
@@ -40,6 +41,11 @@ from rl_dtensor import state
 from rl_dtensor.grads import clip_grads
 from rl_dtensor.inputs import ModelInputs, packed_inputs, padded_inputs
 from rl_dtensor.parallelize import DTYPES, ParallelOptions, build_mesh, parallelize
+
+
+# Gathering FSDP x TP shards (``full_tensor``) takes two all-gathers and DTensor warns about it on
+# every call; it is expected here (refit and checkpoint gathers), so keep the logs readable.
+logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
 
 
 def init_distributed() -> torch.device:
@@ -301,11 +307,24 @@ class DTensorPolicyWorker(RefitExportMixin, TrainingWorkerBase):
 
     def parameter_checksum(self) -> float:
         """Sum of this rank's parameter shards in float64 (weights (un)changed, without communication)."""
+        state.reshard(self.model)  # the root group may still hold gathered parameters after a forward
         return float(sum(state.local_tensor(p).detach().double().sum() for p in self.model.parameters()))
+
+    def optimizer_summary(self) -> dict[str, Any]:
+        """Learning rates, step counts and a checksum of this rank's optimizer-state shards."""
+        steps, moments = set(), 0.0
+        for per_param in self.optimizer.state.values():
+            for key, value in per_param.items():
+                if key == "step":
+                    steps.add(int(value))
+                elif isinstance(value, torch.Tensor):
+                    moments += float(state.local_tensor(value).double().abs().sum())
+        return {"lr": [g["lr"] for g in self.optimizer.param_groups], "steps": sorted(steps), "moments": moments}
 
     def is_dtensor_model(self) -> dict[str, int]:
         """How many parameters are DTensors, and on how many mesh dimensions (tests check the layout)."""
         dims: dict[str, int] = {}
+        state.reshard(self.model)
         for name, p in self.model.named_parameters():
             dims[name] = p.device_mesh.ndim if isinstance(p, DTensor) else 0
         return dims

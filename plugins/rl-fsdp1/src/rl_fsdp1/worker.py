@@ -36,6 +36,7 @@ from rlcore.data import BatchedDataDict
 from rlcore.refit import RefitExportMixin
 from rlcore.refit.buckets import dtype_name
 from rlcore.training.checkpoint import (
+    atomic_directory,
     load_hf_state_dict,
     load_torch_state,
     recover_checkpoint,
@@ -304,19 +305,21 @@ class FSDP1PolicyWorker(RefitExportMixin, TrainingWorkerBase):
     # -- checkpoints -------------------------------------------------------------------
     def save_checkpoint(self, weights_path: str, optimizer_path: str | None = None,
                         tokenizer_path: str | None = None) -> None:
-        """HF safetensors (float32) written atomically by rank 0; the full optimizer state likewise.
+        """HF safetensors (float32) written atomically by rank 0; the optimizer state and tokenizer likewise.
 
         Collective: all ranks gather; rank 0 writes; all ranks leave together.
         The optimizer state is the FSDP full (unflattened, HF-named) optimizer
         state dict, so it loads at any data-parallel size.
         """
         state = self.export_full_state_dict()
-        optim_state = self._full_optimizer_state() if optimizer_path and self.optimizer is not None else None
+        save_optimizer = bool(optimizer_path) and self.optimizer is not None
+        optim_state = self._full_optimizer_state() if save_optimizer else None
         if self.rank == 0:
             save_hf_checkpoint(state, self.hf_config, weights_path)
             if tokenizer_path and self.tokenizer is not None:
-                self.tokenizer.save_pretrained(tokenizer_path)
-            if optim_state is not None:
+                with atomic_directory(tokenizer_path) as tmp:
+                    self.tokenizer.save_pretrained(str(tmp))
+            if save_optimizer:
                 save_torch_state({"optimizer": optim_state, "scheduler": self.scheduler.state_dict()},
                                  optimizer_path)
         dist.barrier()
@@ -337,9 +340,18 @@ class FSDP1PolicyWorker(RefitExportMixin, TrainingWorkerBase):
         # Offloading full state dicts to CPU crashes FSDP1 on CPU-only machines (design.md §5).
         return StateDictOptions(full_state_dict=True, cpu_offload=self.device.type != "cpu")
 
-    def _full_optimizer_state(self) -> dict:
+    def _full_optimizer_state(self) -> dict | None:
+        """The full optimizer state dict, or None before the first step.
+
+        torch's ``get_optimizer_state_dict`` initialises an empty state by
+        stepping with zero gradients (Adam's step count becomes 1), which
+        would change the next real step: a never-stepped optimizer is saved
+        as None and restored as a fresh one.
+        """
         from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
+        if not self.optimizer.state:
+            return None
         self._ensure_on_device(optimizer=True)
         return get_optimizer_state_dict(self.model, self.optimizer, options=self._state_dict_options())
 
@@ -348,8 +360,9 @@ class FSDP1PolicyWorker(RefitExportMixin, TrainingWorkerBase):
 
         state = load_torch_state(optimizer_path)
         self._ensure_on_device(optimizer=True)
-        set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"],
-                                 options=self._state_dict_options())
+        if state["optimizer"] is not None:  # None: saved before the first step
+            set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"],
+                                     options=self._state_dict_options())
         self.scheduler.load_state_dict(state["scheduler"])
 
     # -- test and debug helpers -----------------------------------------------------------

@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 from pathlib import Path
 from typing import Any, Iterator
@@ -168,13 +167,6 @@ def stage_layer_offsets(config: Any, pp_size: int) -> list[int]:
     from rl_megatron.model import layer_offset
 
     return [layer_offset(config, s) for s in range(pp_size)] + [config.num_layers]
-
-
-def write_json(path: str, data: dict) -> None:
-    with open(path, "w") as f:
-        json.dump(data, f, indent=2, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
 
 
 __all__ = ["HFExporter", "load_hf_into_stage", "read_hf_tensors", "stage_layer_offsets", "stage_mappings",

@@ -27,28 +27,22 @@ from __future__ import annotations
 import contextlib
 import os
 from datetime import timedelta
-from functools import partial
 from typing import Any, Callable, Iterator
 
 import torch
 import torch.distributed as dist
 
 from rlcore.data import BatchedDataDict
+from rlcore.refit import RefitExportMixin
 from rlcore.training.logprobs import align
 from rlcore.training.loop import valid_counts
-from rlcore.training.worker_base import TrainingWorkerBase, pad_dim1
+from rlcore.training.worker_base import TrainingWorkerBase
 from rl_megatron import checkpointing, vocab_parallel
 from rl_megatron.config import megatron_config_problems
 from rl_megatron.converter import ModelShape
 from rl_megatron.model import build_gpt_model, transformer_config
 from rl_megatron.weights import HFExporter, load_hf_into_stage, stage_layer_offsets
 
-try:  # the lead's refit transports, built on prepare_refit_info + iter_refit_tensors
-    from rlcore.refit import RefitExportMixin  # type: ignore[attr-defined]
-except ImportError:
-    RefitExportMixin = None
-
-_BASES = (RefitExportMixin, TrainingWorkerBase) if RefitExportMixin is not None else (TrainingWorkerBase,)
 
 #: Seed of megatron's RNG tracker (dropout is zero in these models; the seed only fixes the streams).
 SEED = 1234
@@ -88,8 +82,12 @@ def _init_sgd_state(opt: torch.optim.Optimizer, config: Any = None) -> None:
                     opt.state[p]["momentum_buffer"] = torch.zeros_like(p.data)
 
 
-class MegatronPolicyWorker(*_BASES):  # type: ignore[misc]
-    """One rank of the ``megatron`` backend (see the module docstring)."""
+class MegatronPolicyWorker(RefitExportMixin, TrainingWorkerBase):
+    """One rank of the ``megatron`` backend (see the module docstring).
+
+    Refit: :meth:`prepare_refit_info` and :meth:`iter_refit_tensors` are the export;
+    ``RefitExportMixin`` turns them into the shared-memory and collective transports.
+    """
 
     def __init__(self, config: Any, tokenizer: Any = None, weights_path: str | None = None,
                  optimizer_path: str | None = None, init_optimizer: bool = True,
@@ -323,7 +321,7 @@ class MegatronPolicyWorker(*_BASES):  # type: ignore[misc]
         losses, grad_norms, mb_metrics = [], [], {}
         for k in range(data.size // local):
             step = data.get_batch(k, local)
-            counts = torch.stack(valid_counts(step))
+            counts = torch.stack(valid_counts(step)).to(self.device)  # NCCL reduces device tensors only
             dist.all_reduce(counts, group=self.dp_group)
             global_seqs, global_toks = counts[0].float(), counts[1].float()
             step_losses: list[torch.Tensor] = []
@@ -341,7 +339,8 @@ class MegatronPolicyWorker(*_BASES):  # type: ignore[misc]
             with torch.set_grad_enabled(not eval_mode):
                 self._run_schedule(list(step.make_microbatch_iterator(mbs)), on_logits, forward_only=eval_mode)
             self._empty_cache(1)
-            step_loss = torch.stack(step_losses).sum() if step_losses else torch.zeros((), dtype=torch.float64)
+            step_loss = torch.stack(step_losses).sum() if step_losses else \
+                torch.zeros((), dtype=torch.float64, device=self.device)
             if self.last_stage:
                 dist.all_reduce(step_loss, group=self.dp_group)
             losses.append(float(step_loss))

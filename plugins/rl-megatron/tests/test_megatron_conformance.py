@@ -1,0 +1,59 @@
+"""The rlcore conformance kit against the megatron backend (installed through its entry point).
+
+Two ranks, data parallel (TP=PP=1, the kit's tiny Llama has one KV head):
+logprob alignment and HF parity, loss/gradient invariance to dp size and
+micro-batch size against a single-process SGD oracle (so data-parallel
+gradients are really summed), reference model swap, checkpoint round trip,
+refit info, top-k. TP/PP parity is in test_megatron_parallel.py.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from megatron_helpers import PLAIN_SGD
+from rlcore.testing.conformance import TrainingBackendConformance
+
+pytest_plugins = ["rlcore.testing.pytest_plugin"]
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+_CORE_BUG = ("rlcore: BackendSpec.missing_requirements calls importlib.util.find_spec('megatron.core'), which "
+             "imports the parent package 'megatron' (an empty namespace package), so the kit's probe sees "
+             "'megatron' imported; test_plugin_declares_without_importing_engines checks lightness precisely")
+
+
+class TestMegatronBackend(TrainingBackendConformance):
+    backend_name = "megatron"
+
+    def policy_overrides(self) -> dict:
+        # The kit's oracle is plain SGD; the megatron backend takes its optimizer from megatron_cfg.
+        return {"megatron_cfg": PLAIN_SGD}
+
+    @pytest.mark.xfail(reason=_CORE_BUG, strict=False)
+    def test_plugin_module_is_light(self, kit_registry) -> None:
+        super().test_plugin_module_is_light(kit_registry)
+
+
+def test_plugin_declares_without_importing_engines() -> None:
+    """Importing rl_megatron.plugin and registering it imports no torch, ray, vllm or megatron code."""
+    probe = (
+        "import json, sys\n"
+        "from rlcore.plugins import Registry\n"
+        "import rl_megatron.plugin as plugin\n"
+        "registry = Registry()\n"
+        "registry.register_plugin(plugin, name='probe')\n"
+        "print(json.dumps({'records': [r.as_dict() for r in registry.records],\n"
+        "                  'modules': sorted(sys.modules)}))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    heavy = [m for m in out["modules"] if m.split(".")[0] in ("torch", "ray", "vllm", "transformers")
+             or m.startswith("megatron.")]
+    assert not heavy, f"the plugin module imported {heavy[:10]}"
+    (record,) = out["records"]
+    assert (record["name"], record["kind"], record["status"]) == ("megatron", "training", "ok")
