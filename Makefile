@@ -1,5 +1,5 @@
 # Two entry points, both working on a fresh machine with only Python and pip:
-#   make run   - the main job
+#   make run   - the main job: GRPO on a tiny local model (examples/grpo_tiny.yaml)
 #   make test  - the whole test suite
 # Both create .venv and install rlcore plus every plugin under plugins/ first
 # (each with its optional "ci" extra, where a plugin names the engine CI uses).
@@ -27,7 +27,7 @@ $(VENV)/.installed: pyproject.toml $(PLUGINS)
 install: $(VENV)/.installed
 
 run: install
-	$(VENV)/bin/rlcore backends list
+	$(VENV)/bin/rlcore run examples/grpo_tiny.yaml
 
 test: install
 	$(PY) -m pytest -q

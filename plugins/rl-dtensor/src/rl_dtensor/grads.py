@@ -19,16 +19,25 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor, Replicate
 
 
-def _copies(t: torch.Tensor, world: int) -> int:
-    """How many ranks hold the same local values as this rank does."""
-    if not isinstance(t, DTensor):
+def replica_count(placements, mesh_shape, world: int) -> int:
+    """How many ranks hold the same local values: ``world`` for a plain tensor, else the sizes of the
+    mesh axes a DTensor is replicated on, times the ranks outside its mesh."""
+    if placements is None:
         return world
-    mesh = t.device_mesh
-    copies = world // mesh.size()
-    for dim, placement in enumerate(t.placements):
+    size = 1
+    for n in mesh_shape:
+        size *= n
+    copies = world // size
+    for placement, n in zip(placements, mesh_shape):
         if placement.is_replicate():  # Shard and FSDP's _StridedShard hold distinct pieces
-            copies *= mesh.size(dim)
+            copies *= n
     return copies
+
+
+def _copies(t: torch.Tensor, world: int) -> int:
+    if not isinstance(t, DTensor):
+        return replica_count(None, None, world)
+    return replica_count(t.placements, tuple(t.device_mesh.shape), world)
 
 
 def _settled(g: torch.Tensor) -> torch.Tensor:

@@ -123,7 +123,8 @@ class FSDP1PolicyWorker(RefitExportMixin, TrainingWorkerBase):
         return self.model(input_ids=ids, attention_mask=attention_mask(mb, self.device), use_cache=False).logits
 
     def _forward_logprobs(self, mb: BatchedDataDict) -> torch.Tensor:
-        return token_logprobs(self._logits(mb), mb["input_ids"].to(self.device), mb["input_lengths"])
+        return token_logprobs(self._logits(mb), mb["input_ids"].to(self.device), mb["input_lengths"],
+                              temperature=self.logprob_temperature)
 
     def _forward_topk(self, mb: BatchedDataDict, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         return topk_logits(self._logits(mb), k)

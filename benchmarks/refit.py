@@ -1,0 +1,298 @@
+"""How long does a weight refit take, compared with just moving the same bytes?
+
+One training ``Policy`` (``--backend``, one rank) and two vLLM engines
+(``VllmGeneration``) of a >= 100M-parameter Llama built from a config
+(float32):
+
+- **colocated**: an engine sharing the training rank's bundle
+  (``max_colocated_worker_groups=2``); ``WeightSynchronizer`` streams packed
+  buckets through shared memory;
+- **collective**: an engine on its own one-bundle cluster; the synchronizer
+  broadcasts packed buckets over a gloo group (training rank 0 -> engine).
+
+Each ``sync_weights()`` is timed in the driver, against two baselines of the
+same number of bytes measured in the same run:
+
+- **memcpy**: one ``torch`` copy of a uint8 tensor of that size into an
+  already-touched tensor (driver process, one torch thread, like the ranks);
+- **broadcast**: one raw gloo broadcast of a tensor of that size between two
+  processes (one thread each), timed on the sender between barriers.
+
+Everything is warmed up once, then the four measurements are interleaved
+``--repeats`` times (so load from other processes hits them alike) and the
+medians are reported.
+
+``--breakdown`` then profiles, in this process with an in-process engine and
+no Ray, the stages a colocated refit is made of: packing the tensors into a
+bucket buffer (sender), the receiver's clone of each tensor, and vLLM's
+layerwise ``load_weights`` (+ ``finalize``), so a missed goal can be explained.
+
+    python benchmarks/refit.py [--backend reference] [--repeats 5] [--breakdown]
+
+The last line printed is JSON: ``{"bytes", "colocated_s", "collective_s",
+"memcpy_s", "broadcast_s", "colocated_vs_memcpy", "collective_vs_broadcast"}``
+(goals from issue 6: <= 3x and <= 1.5x).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import sys
+import time
+from typing import Any
+
+# ~134M parameters (embeddings and an untied head of a 32k vocabulary, 12 layers), ~537 MB in float32.
+MODEL = dict(hidden_size=768, num_layers=12, num_heads=12, num_kv_heads=12, head_dim=64, intermediate_size=2048,
+             vocab_size=32000, max_position_embeddings=512)
+KV_CACHE_GB = 0.0625
+
+
+def model_params(model_dir: str) -> int:
+    from safetensors import safe_open
+
+    total = 0
+    with safe_open(os.path.join(model_dir, "model.safetensors"), framework="pt") as f:
+        for name in f.keys():
+            n = 1
+            for d in f.get_slice(name).get_shape():
+                n *= d
+            total += n
+    return total
+
+
+# --------------------------------------------------------------------------- baselines
+
+
+def time_memcpy(nbytes: int) -> float:
+    import torch
+
+    if not hasattr(time_memcpy, "buffers"):
+        src = torch.ones(nbytes, dtype=torch.uint8)
+        time_memcpy.buffers = (src, torch.zeros_like(src))  # both touched before any timing
+    src, dst = time_memcpy.buffers
+    t0 = time.perf_counter()
+    dst.copy_(src)
+    return time.perf_counter() - t0
+
+
+def _broadcast_rank(rank: int, port: int, nbytes: int, commands: Any, results: Any) -> None:
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    buf = torch.full((nbytes,), rank, dtype=torch.uint8)
+    results.put("ready")
+    while commands[rank].get() != "stop":
+        dist.barrier()
+        t0 = time.perf_counter()
+        dist.broadcast(buf, src=0)
+        dist.barrier()
+        if rank == 0:
+            results.put(time.perf_counter() - t0)
+    dist.destroy_process_group()
+
+
+class RawBroadcast:
+    """Two gloo processes kept alive between broadcasts, so they interleave with the refits."""
+
+    def __init__(self, nbytes: int) -> None:
+        import torch.multiprocessing as mp
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        ctx = mp.get_context("spawn")
+        self.commands = [ctx.SimpleQueue() for _ in range(2)]
+        self.results = ctx.SimpleQueue()
+        self.context = mp.start_processes(_broadcast_rank, args=(port, nbytes, self.commands, self.results),
+                                          nprocs=2, join=False, start_method="spawn")
+        for _ in range(2):
+            self.results.get()
+
+    def run(self) -> float:
+        for q in self.commands:
+            q.put("go")
+        return self.results.get()
+
+    def close(self) -> None:
+        for q in self.commands:
+            q.put("stop")
+        while not self.context.join():
+            pass
+
+
+# --------------------------------------------------------------------------- rlcore refit
+
+
+class Refits:
+    """One training rank, one colocated engine and one engine on its own cluster, two synchronizers."""
+
+    def __init__(self, backend: str, model_dir: str) -> None:
+        from rlcore.config import load_config_dict
+        from rlcore.distributed import RayVirtualCluster
+        from rlcore.policy import Policy
+        from rlcore.refit import WeightSynchronizer
+        from rlcore.testing.models import build_tiny_tokenizer
+        from rl_vllm.generation import VllmGeneration
+
+        tokenizer = build_tiny_tokenizer()
+        cfg = load_config_dict({"cluster": {"workers_per_node": 1}, "policy": {
+            "backend": backend, "model_name": model_dir, "precision": "float32",
+            "train_global_batch_size": 1, "max_total_sequence_length": 128,
+            "optimizer": {"name": "torch.optim.SGD", "kwargs": {"lr": 1e-3}},
+            "generation": {"backend": "vllm", "max_new_tokens": 8, "pad_token_id": tokenizer.pad_token_id,
+                           "vllm_cfg": {"kv_cache_space_gb": KV_CACHE_GB, "max_model_len": 128}},
+        }}).policy
+        self.train_cluster = RayVirtualCluster([1], max_colocated_worker_groups=2, name="bench-train")
+        self.gen_cluster = RayVirtualCluster([1], name="bench-gen")
+        self.policy = Policy(self.train_cluster, cfg, tokenizer, init_reference_model=False)
+        self.colocated_engine = VllmGeneration(self.train_cluster, cfg.generation, name_prefix="bench-coloc")
+        self.own_engine = VllmGeneration(self.gen_cluster, cfg.generation, name_prefix="bench-own")
+        self.sync = {
+            "colocated": WeightSynchronizer(self.policy, self.colocated_engine, colocated=True),
+            "collective": WeightSynchronizer(self.policy, self.own_engine, colocated=False,
+                                             cluster=self.train_cluster),
+        }
+        assert self.sync["colocated"].transport == "shared_memory"
+        assert self.sync["collective"].transport == "collective"
+
+    def run(self, which: str) -> tuple[float, int]:
+        t0 = time.perf_counter()
+        stats = self.sync[which].sync_weights()
+        return time.perf_counter() - t0, int(stats["bytes"])
+
+    def close(self) -> None:
+        from rlcore.distributed import shutdown_ray
+
+        for owner in (self.colocated_engine, self.own_engine, self.policy):
+            owner.shutdown()
+        self.gen_cluster.shutdown()
+        self.train_cluster.shutdown()
+        shutdown_ray()
+
+
+# --------------------------------------------------------------------------- breakdown
+
+
+def breakdown(model_dir: str, repeats: int, bucket_bytes: int) -> dict[str, float]:
+    """Median seconds of each stage of a colocated refit, in this process (no Ray, no socket)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from rlcore.config.generation import GenerationConfig
+    from rlcore.refit import metadata_of, plan_buckets
+    from rlcore.refit.buckets import buffer_bytes, pack, unpack
+    from rl_vllm.config import VllmConfig
+    from rl_vllm.refit import InPlaceReload
+    from rl_vllm.worker import VllmGenerationWorker, _own_worker
+
+    state = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).state_dict()
+    meta = metadata_of(state.items())
+    plan = plan_buckets(meta, bucket_bytes)
+    buffer = torch.empty(buffer_bytes(plan), dtype=torch.uint8)
+    engine = VllmGenerationWorker(GenerationConfig(model_name=model_dir, max_new_tokens=8),
+                                  VllmConfig(kv_cache_space_gb=KV_CACHE_GB, max_model_len=128), engine_rank=0)
+    vllm_worker = engine.llm.collective_rpc(_own_worker)[0]
+    times: dict[str, list[float]] = {"pack": [], "clone": [], "load_weights": [], "finalize": [], "whole": []}
+    for _ in range(repeats + 1):
+        stage = dict.fromkeys(times, 0.0)
+        start = time.perf_counter()
+        reload = InPlaceReload(vllm_worker)  # initialize_layerwise_reload
+        source = iter(state.items())
+        for bucket in plan:
+            t0 = time.perf_counter()
+            pack(bucket, source, buffer, meta)
+            t1 = time.perf_counter()
+            batch = [(name, t.clone()) for name, t in unpack(bucket, buffer, meta)]
+            t2 = time.perf_counter()
+            with reload._config_ctx(vllm_worker.vllm_config):  # noqa: SLF001 - what InPlaceReload.load does
+                reload.loaded |= set(reload.model.load_weights(batch) or ())
+            t3 = time.perf_counter()
+            stage["pack"] += t1 - t0
+            stage["clone"] += t2 - t1
+            stage["load_weights"] += t3 - t2
+        t0 = time.perf_counter()
+        reload.finish()  # finalize_layerwise_reload + the every-parameter check
+        stage["finalize"] = time.perf_counter() - t0
+        stage["whole"] = time.perf_counter() - start
+        for k, v in stage.items():
+            times[k].append(v)
+    engine.shutdown()
+    return {k: statistics.median(v[1:]) for k, v in times.items()}  # the first pass is the warm-up
+
+
+# --------------------------------------------------------------------------- main
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--backend", default="reference", help="training backend (reference, dtensor, ...)")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--breakdown", action="store_true", help="also profile the stages of a colocated refit")
+    args = parser.parse_args(argv)
+
+    import torch
+    import transformers
+
+    from rlcore.refit import DEFAULT_BUCKET_BYTES
+    from rlcore.testing.models import tiny_model_path
+
+    torch.set_num_threads(1)
+    transformers.utils.logging.disable_progress_bar()
+    model_dir = tiny_model_path(**MODEL)
+    params = model_params(model_dir)
+    print(f"model: llama {MODEL}, {params / 1e6:.1f}M params float32; backend {args.backend!r} (1 rank); "
+          f"{args.repeats} repeats after 1 warm-up; load average {os.getloadavg()[0]:.1f}", file=sys.stderr)
+
+    refits = Refits(args.backend, model_dir)
+    try:
+        _, nbytes = refits.run("colocated")  # warm-up (metadata exchange)
+        refits.run("collective")  # warm-up (metadata exchange, group set-up)
+        raw = RawBroadcast(nbytes)
+        try:
+            raw.run()
+            time_memcpy(nbytes)
+            times: dict[str, list[float]] = {"memcpy": [], "broadcast": [], "colocated": [], "collective": []}
+            for _ in range(args.repeats):
+                times["memcpy"].append(time_memcpy(nbytes))
+                times["broadcast"].append(raw.run())
+                times["colocated"].append(refits.run("colocated")[0])
+                times["collective"].append(refits.run("collective")[0])
+        finally:
+            raw.close()
+    finally:
+        refits.close()
+
+    med = {k: statistics.median(v) for k, v in times.items()}
+    print(f"{nbytes / 1e6:.1f} MB per refit (bucket {DEFAULT_BUCKET_BYTES >> 20} MiB)")
+    print(f"{'median seconds':<26}{'s':>9}{'GB/s':>8}{'min s':>9}{'max s':>9}")
+    for k in ("memcpy", "broadcast", "colocated", "collective"):
+        print(f"{k:<26}{med[k]:>9.3f}{nbytes / med[k] / 1e9:>8.2f}{min(times[k]):>9.3f}{max(times[k]):>9.3f}")
+    result = {
+        "bytes": nbytes,
+        "colocated_s": round(med["colocated"], 4),
+        "collective_s": round(med["collective"], 4),
+        "memcpy_s": round(med["memcpy"], 4),
+        "broadcast_s": round(med["broadcast"], 4),
+        "colocated_vs_memcpy": round(med["colocated"] / med["memcpy"], 2),
+        "collective_vs_broadcast": round(med["collective"] / med["broadcast"], 2),
+    }
+    print(f"colocated / memcpy {result['colocated_vs_memcpy']}x (goal <= 3), "
+          f"collective / broadcast {result['collective_vs_broadcast']}x (goal <= 1.5)")
+    if args.breakdown:
+        stages = breakdown(model_dir, max(2, args.repeats // 2), DEFAULT_BUCKET_BYTES)
+        print("colocated refit, stage by stage (in process, no Ray; median seconds):")
+        for k, v in stages.items():
+            print(f"  {k:<24}{v:>8.3f}{v / med['memcpy']:>8.1f}x memcpy")
+        result["breakdown"] = {k: round(v, 4) for k, v in stages.items()}
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

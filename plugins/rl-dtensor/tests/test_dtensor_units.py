@@ -1,0 +1,127 @@
+"""Fast, single-process tests of the pieces: backend selection, context-parallel refusal, packed forwards,
+the gradient-norm rule, and the restricted reader of DCP metadata."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+import torch
+
+from rlcore.config import ConfigError, load_config_dict
+
+
+def test_dtensor_is_selected_by_default_and_by_name(tiny_model_dir):
+    assert load_config_dict({"policy": {"model_name": tiny_model_dir}}).policy.training_backend == "dtensor"
+    cfg = load_config_dict({"policy": {"backend": "dtensor", "dtensor_cfg": {"enabled": False}}})
+    assert cfg.policy.training_backend == "dtensor"
+    from rlcore.plugins import get_registry
+
+    spec = get_registry().resolve("dtensor", kind="training")
+    assert spec.worker_class == "rl_dtensor.worker:DTensorPolicyWorker"
+    assert {"tensor_parallel", "sequence_parallel", "sequence_packing", "refit", "checkpoint"} <= spec.capabilities
+
+
+def test_context_parallel_is_refused_on_cpu():
+    with pytest.raises(ConfigError, match=r"policy\.dtensor_cfg\.context_parallel_size"):
+        load_config_dict({"cluster": {"workers_per_node": 2},
+                          "policy": {"dtensor_cfg": {"context_parallel_size": 2}}})
+    # The worker refuses too (a config built without the CPU check, e.g. cluster.use_gpu on a CPU box).
+    from rl_dtensor.worker import check_context_parallel
+
+    check_context_parallel(1, torch.device("cpu"))
+    with pytest.raises(ValueError, match=r"policy\.dtensor_cfg\.context_parallel_size=2 needs CUDA"):
+        check_context_parallel(2, torch.device("cpu"))
+
+
+def test_unknown_architecture_needs_a_custom_plan():
+    from types import SimpleNamespace
+
+    from rl_dtensor.tp_plans import import_plan, plan_for
+
+    model = SimpleNamespace(config=SimpleNamespace(model_type="gpt2"))
+    with pytest.raises(ValueError, match="custom_parallel_plan"):
+        plan_for(model, sequence_parallel=True)
+    with pytest.raises(ValueError, match="cannot import 'no_such_module:plan'"):
+        import_plan("no_such_module:plan", model, True)
+    plan = import_plan("rl_dtensor.tp_plans:decoder_plan", model, True)  # a callable(model, sp) works too
+    assert "lm_head" in plan
+
+
+# -- packed forwards ----------------------------------------------------------------------------
+
+
+def test_block_causal_mask():
+    from rl_dtensor.inputs import block_causal_mask
+
+    mask = block_causal_mask(torch.tensor([0, 0, 1, 1, 1]), "sdpa", torch.float32)[0, 0]
+    expected = torch.tensor([[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [0, 0, 1, 0, 0], [0, 0, 1, 1, 0],
+                             [0, 0, 1, 1, 1]], dtype=torch.bool)
+    assert torch.equal(mask, expected)
+    additive = block_causal_mask(torch.tensor([0, 0, 1, 1, 1]), "eager", torch.float32)[0, 0]
+    assert torch.equal(additive == 0, expected) and (additive[~expected] == torch.finfo(torch.float32).min).all()
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+@pytest.mark.parametrize("multiple", [1, 4])
+def test_packed_forward_equals_padded_forward(tiny_model_dir, tiny_tokenizer, attn, multiple):
+    """One packed row with a block-diagonal mask gives each sequence's padded-batch logprobs and top-k."""
+    from transformers import AutoModelForCausalLM
+
+    from rl_dtensor.inputs import packed_inputs, padded_inputs
+    from rlcore.testing.models import make_batch
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32, attn_implementation=attn)
+    mb = make_batch(tiny_tokenizer, 5, 2, 13, seed=3)
+    cpu = torch.device("cpu")
+    padded = padded_inputs(mb, cpu, multiple)
+    packed = packed_inputs(mb, cpu, attn, torch.float32, multiple)
+    assert packed.input_ids.shape[0] == 1 and packed.input_ids.shape[1] % multiple == 0
+    with torch.no_grad():
+        logits_padded = model(**padded.model_kwargs()).logits
+        logits_packed = model(**packed.model_kwargs()).logits
+    assert float((packed.logprobs(logits_packed) - padded.logprobs(logits_padded)).abs().max()) <= 1e-5
+    valid_rows = torch.arange(mb["input_ids"].shape[1] - 1)[None, :] < (mb["input_lengths"][:, None] - 1)
+    diff = (packed.topk(logits_packed, 3)[0] - padded.topk(logits_padded, 3)[0]).abs().amax(-1)
+    assert float((diff * valid_rows).max()) <= 1e-5
+
+
+# -- gradient norm over mixed meshes ------------------------------------------------------------
+
+
+def test_replica_count_treats_fsdp_strided_shards_as_shards():
+    """FSDP over a TP-sharded weight gives ``(_StridedShard, Shard)``: distinct pieces, not copies."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    from rl_dtensor.grads import replica_count
+
+    assert replica_count((_StridedShard(0, split_factor=2), Shard(0)), (2, 2), world=4) == 1
+    assert replica_count((Shard(0), Replicate()), (2, 2), world=4) == 2  # a norm weight under SP
+    assert replica_count((Shard(0),), (2,), world=4) == 2  # a dp-only DTensor in a dp x tp world
+    assert replica_count(None, None, world=4) == 4  # a plain tensor on every rank
+
+
+# -- DCP metadata is not read with unrestricted pickle --------------------------------------------
+
+
+class _Boom:
+    def __reduce__(self):
+        return (exec, ("raise SystemExit('pickle payload ran')",))
+
+
+def test_dcp_reader_loads_real_checkpoints_and_refuses_foreign_objects(tmp_path):
+    import torch.distributed.checkpoint as dcp
+
+    from rl_dtensor.checkpoint import SafeFileSystemReader
+
+    state = {"w": torch.randn(3, 4), "step": torch.tensor(7), "h": torch.ones(2, dtype=torch.bfloat16)}
+    dcp.save(state, storage_writer=dcp.FileSystemWriter(str(tmp_path / "ok")), no_dist=True)
+    loaded = {k: torch.zeros_like(v) for k, v in state.items()}
+    dcp.load(loaded, storage_reader=SafeFileSystemReader(str(tmp_path / "ok")), no_dist=True)
+    assert all(torch.equal(loaded[k], state[k]) for k in state)
+
+    (tmp_path / "evil").mkdir()
+    (tmp_path / "evil" / ".metadata").write_bytes(pickle.dumps(_Boom()))
+    with pytest.raises(pickle.UnpicklingError, match=r"refusing to load builtins\.exec"):
+        SafeFileSystemReader(str(tmp_path / "evil")).read_metadata()
