@@ -163,3 +163,32 @@ def test_synchronizer_moves_trained_weights(transport, ray_session, tiny_model_d
         generation.shutdown()
         policy.shutdown()
         cluster.shutdown()
+
+
+def _cuda_sender(address, authkey, queue) -> None:
+    from rlcore.refit.shared_memory import stream_to_receiver
+
+    tensors = {k: v.cuda() for k, v in sample_tensors().items()}
+    queue.put(stream_to_receiver(iter(tensors.items()), metadata_of(tensors.items()), address, authkey,
+                                 bucket_bytes=2048, device=torch.device("cuda")))
+
+
+@pytest.mark.gpu
+def test_cuda_ipc_stream_delivers_every_tensor():
+    """On a GPU the colocated transport shares CUDA buffers by IPC handle instead of POSIX shared memory."""
+    from rlcore.refit.shared_memory import ShmReceiver
+
+    ctx = mp.get_context("spawn")
+    receiver, queue = ShmReceiver(), ctx.Queue()
+    sender = ctx.Process(target=_cuda_sender, args=(receiver.address, receiver.authkey, queue))
+    sender.start()
+    got: dict[str, torch.Tensor] = {}
+    try:
+        receiver.receive(metadata_of(sample_tensors().items()),
+                         lambda named: got.update({n: t.clone() for n, t in named}), timeout_s=120)
+        assert queue.get(timeout=60) > 0
+    finally:
+        sender.join(timeout=60)
+        receiver.close()
+    for name, t in sample_tensors().items():
+        assert got[name].is_cuda and torch.equal(got[name].cpu(), t)
