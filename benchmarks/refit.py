@@ -180,14 +180,21 @@ class Refits:
 # --------------------------------------------------------------------------- breakdown
 
 
-def breakdown(model_dir: str, repeats: int, bucket_bytes: int) -> dict[str, float]:
-    """Median seconds of each stage of a colocated refit, in this process (no Ray, no socket)."""
+def breakdown(model_dir: str, repeats: int, bucket_bytes: int) -> tuple[dict[str, float], list[tuple[str, float]]]:
+    """Median seconds of each stage of a colocated refit, in this process (no Ray, no socket).
+
+    Also returns the functions vLLM's ``load_weights`` spends most time in (cProfile, last pass).
+    """
+    import cProfile
+    import pstats
+
     import torch
     from transformers import AutoModelForCausalLM
 
     from rlcore.config.generation import GenerationConfig
     from rlcore.refit import metadata_of, plan_buckets
     from rlcore.refit.buckets import buffer_bytes, pack, unpack
+    from rlcore.refit.shared_memory import _SharedBuffer
     from rl_vllm.config import VllmConfig
     from rl_vllm.refit import InPlaceReload
     from rl_vllm.worker import VllmGenerationWorker, _own_worker
@@ -195,13 +202,24 @@ def breakdown(model_dir: str, repeats: int, bucket_bytes: int) -> dict[str, floa
     state = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).state_dict()
     meta = metadata_of(state.items())
     plan = plan_buckets(meta, bucket_bytes)
-    buffer = torch.empty(buffer_bytes(plan), dtype=torch.uint8)
+    size = buffer_bytes(plan)
+    buffer = torch.empty(size, dtype=torch.uint8)
     engine = VllmGenerationWorker(GenerationConfig(model_name=model_dir, max_new_tokens=8),
                                   VllmConfig(kv_cache_space_gb=KV_CACHE_GB, max_model_len=128), engine_rank=0)
     vllm_worker = engine.llm.collective_rpc(_own_worker)[0]
-    times: dict[str, list[float]] = {"pack": [], "clone": [], "load_weights": [], "finalize": [], "whole": []}
-    for _ in range(repeats + 1):
-        stage = dict.fromkeys(times, 0.0)
+    stages = ("fresh_shm_first_fill", "pack", "clone", "load_weights", "finalize", "whole")
+    times: dict[str, list[float]] = {k: [] for k in stages}
+    profile = cProfile.Profile()
+    for i in range(repeats + 1):
+        stage = dict.fromkeys(stages, 0.0)
+        # The sender makes two new shared buffers per refit: their first fill pays the page faults.
+        fresh = [_SharedBuffer.create(size, torch.device("cpu")) for _ in range(2)]
+        t0 = time.perf_counter()
+        for b in fresh:
+            b.tensor.copy_(buffer)
+        stage["fresh_shm_first_fill"] = time.perf_counter() - t0
+        for b in fresh:
+            b.close()
         start = time.perf_counter()
         reload = InPlaceReload(vllm_worker)  # initialize_layerwise_reload
         source = iter(state.items())
@@ -211,8 +229,11 @@ def breakdown(model_dir: str, repeats: int, bucket_bytes: int) -> dict[str, floa
             t1 = time.perf_counter()
             batch = [(name, t.clone()) for name, t in unpack(bucket, buffer, meta)]
             t2 = time.perf_counter()
+            if i == repeats:
+                profile.enable()
             with reload._config_ctx(vllm_worker.vllm_config):  # noqa: SLF001 - what InPlaceReload.load does
                 reload.loaded |= set(reload.model.load_weights(batch) or ())
+            profile.disable()
             t3 = time.perf_counter()
             stage["pack"] += t1 - t0
             stage["clone"] += t2 - t1
@@ -224,7 +245,9 @@ def breakdown(model_dir: str, repeats: int, bucket_bytes: int) -> dict[str, floa
         for k, v in stage.items():
             times[k].append(v)
     engine.shutdown()
-    return {k: statistics.median(v[1:]) for k, v in times.items()}  # the first pass is the warm-up
+    stats = pstats.Stats(profile).stats  # {(file, line, func): (cc, nc, tottime, cumtime, callers)}
+    top = sorted(((func, row[2]) for (_, _, func), row in stats.items()), key=lambda x: -x[1])[:5]
+    return {k: statistics.median(v[1:]) for k, v in times.items()}, top  # the first pass is the warm-up
 
 
 # --------------------------------------------------------------------------- main
@@ -286,10 +309,13 @@ def main(argv: list[str] | None = None) -> None:
     print(f"colocated / memcpy {result['colocated_vs_memcpy']}x (goal <= 3), "
           f"collective / broadcast {result['collective_vs_broadcast']}x (goal <= 1.5)")
     if args.breakdown:
-        stages = breakdown(model_dir, max(2, args.repeats // 2), DEFAULT_BUCKET_BYTES)
-        print("colocated refit, stage by stage (in process, no Ray; median seconds):")
+        stages, top = breakdown(model_dir, max(2, args.repeats // 2), DEFAULT_BUCKET_BYTES)
+        print("colocated refit, stage by stage (in process, no Ray; median seconds, x this run's memcpy):")
         for k, v in stages.items():
-            print(f"  {k:<24}{v:>8.3f}{v / med['memcpy']:>8.1f}x memcpy")
+            print(f"  {k:<24}{v:>8.3f}{v / med['memcpy']:>8.1f}x")
+        print("  inside load_weights (cProfile tottime of one pass):")
+        for func, seconds in top:
+            print(f"    {func:<40}{seconds:>8.3f}")
         result["breakdown"] = {k: round(v, 4) for k, v in stages.items()}
     print(json.dumps(result))
 

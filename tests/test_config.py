@@ -101,7 +101,7 @@ def test_training_backend_resolution(policy, expected):
     ({"cluster": {"workers_per_node": 4},
       "policy": {"dtensor_cfg": {"enabled": False}, "megatron_cfg": {"enabled": True, "pipeline_model_parallel_size": 3}}},
      ["policy.megatron_cfg.pipeline_model_parallel_size"], ["pp 3", "world size 4"]),
-    ({"policy": {"train_global_batch_size": 6, "train_micro_batch_size": 2}},
+    ({"policy": {"train_global_batch_size": 6, "train_micro_batch_size": 2}, "grpo": {"num_prompts_per_step": 3}},
      ["policy.train_global_batch_size", "policy.train_micro_batch_size"], ["6", "multiple of 4"]),
     ({"policy": {"dynamic_batching": {"enabled": True}, "sequence_packing": {"enabled": True}}},
      ["policy.dynamic_batching.enabled", "policy.sequence_packing.enabled"], ["mutually exclusive"]),
@@ -133,7 +133,7 @@ def test_parallel_sizes_of_unselected_backend_ignored():
 def test_several_rule_violations_all_reported():
     found = problems({"cluster": {"workers_per_node": 4}, "policy": {"train_global_batch_size": 3, "dtensor_cfg": {"context_parallel_size": 2},
                                  "dynamic_batching": {"enabled": True}, "sequence_packing": {"enabled": True}}})
-    assert len(found) == 3
+    assert len(found) == 4  # dp*mbs, packing+dynamic, CUDA, and the GRPO rollout not filling global batches
 
 
 # --- schema errors -----------------------------------------------------------------------

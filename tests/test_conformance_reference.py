@@ -24,8 +24,6 @@ from rlcore.testing.conformance import (
 )
 from rlcore.testing.reference_worker import ReferenceWorker
 
-pytest_plugins = ["rlcore.testing.pytest_plugin"]
-
 
 class TestReferenceBackend(TrainingBackendConformance):
     """The reference backend, installed through rlcore's own entry point."""
@@ -164,7 +162,7 @@ class _MeanGradPlugin:
     @hookimpl
     def rlcore_register_backends(self, register):
         register(BackendSpec(name="meangrad", kind="training",
-                             worker_class="test_conformance_reference:MeanGradWorker"))
+                             worker_class=f"{__name__}:MeanGradWorker"))
 
 
 def test_kit_catches_gradients_averaged_over_ranks(ray_session, tiny_model_dir, tiny_tokenizer, tmp_path,

@@ -96,16 +96,30 @@ def test_ray_address_attaches_to_an_existing_cluster(ray_session):
     assert started == "False" and node_id == ray.get_runtime_context().get_node_id()
 
 
-def test_private_ray_listens_on_loopback_only(ray_session):
+def _listening(pids: set[int]) -> list[str]:
     out = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True)
     if out.returncode != 0:
         pytest.skip("ss is not available")
-    ray_lines = [ln for ln in out.stdout.splitlines() if any(
-        name in ln for name in ("gcs_server", "raylet", "ray::", "WorkerHost"))]
-    assert ray_lines, out.stdout
-    for line in ray_lines:
-        local = line.split()[3]
-        assert local.startswith(("127.", "[::ffff:127.", "[::1]")), line
+    return [ln for ln in out.stdout.splitlines() if any(f"pid={pid}," in ln for pid in pids)]
+
+
+def test_ray_and_workers_listen_on_loopback_only(ray_session, tiny_model_dir, tiny_tokenizer):
+    """Ray's own processes and a Policy's ranks (incl. the torch.distributed store) bind loopback only."""
+    import ray
+
+    node = ray._private.worker._global_node  # noqa: SLF001 - the processes of this session's Ray
+    pids = {info.process.pid for infos in node.all_processes.values() for info in infos}
+    cluster = RayVirtualCluster([2])
+    policy = Policy(cluster, policy_config(tiny_model_dir), tiny_tokenizer)
+    try:
+        workers = set(policy.worker_group.worker_pids())
+        lines = _listening(pids | workers)
+        assert any(f"pid={pid}," in ln for ln in lines for pid in workers), "rank 0 serves the rendezvous store"
+        for line in lines:
+            assert line.split()[3].startswith(("127.", "[::ffff:127.", "[::1]")), line
+    finally:
+        policy.shutdown()
+        cluster.shutdown()
 
 
 # -- Policy on the reference backend --------------------------------------------------------

@@ -36,7 +36,8 @@ def model_dir(arch: str = "llama", **kwargs: Any) -> str:
     return tiny_model_path(arch=arch, num_heads=4, num_kv_heads=2, **kwargs)
 
 
-def policy_config(model: str, world: int = 2, tp: int = 1, sp: bool = False, **policy: Any) -> Any:
+def policy_config(model: str, world: int = 2, tp: int = 1, sp: bool = False, use_gpu: bool = False,
+                  **policy: Any) -> Any:
     raw = {
         "backend": "dtensor",
         "model_name": model,
@@ -50,7 +51,7 @@ def policy_config(model: str, world: int = 2, tp: int = 1, sp: bool = False, **p
         "dtensor_cfg": {"tensor_parallel_size": tp, "sequence_parallel": sp},
     }
     raw.update(policy)
-    return load_config_dict({"cluster": {"workers_per_node": world}, "policy": raw}).policy
+    return load_config_dict({"cluster": {"workers_per_node": world, "use_gpu": use_gpu}, "policy": raw}).policy
 
 
 def batch(tokenizer: Any, size: int = GBS, seed: int = 1234) -> BatchedDataDict:

@@ -20,6 +20,8 @@ import torch
 
 from rl_megatron import cpu_compat
 
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
 
 def _function(module_name: str, qualname: str):
     obj = importlib.import_module(module_name)

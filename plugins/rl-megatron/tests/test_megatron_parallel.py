@@ -2,7 +2,8 @@
 
 Two layouts, each one module-scoped policy:
 
-- ``tp2``: Qwen3 (q/k norms: their gradients must be summed across TP) at TP=2.
+- ``tp2``: Qwen3 (q/k norms: their gradients must be summed across TP) with tied
+  embeddings at TP=2 (untied TP=2 is in test_megatron_checkpoint / _refit).
 - ``pp2``: Qwen2 (QKV bias) with *tied* embeddings, 3 layers split 2 + 1 over
   PP=2 (``num_layers_in_first/last_pipeline_stage``), activation checkpointing on.
 
@@ -38,7 +39,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
 ATOL = 1e-5
 LAYOUTS = {
-    "tp2": dict(arch="qwen3", tied=False, layers=2, megatron={"tensor_model_parallel_size": 2}),
+    "tp2": dict(arch="qwen3", tied=True, layers=2, megatron={"tensor_model_parallel_size": 2}),
     "pp2": dict(arch="qwen2", tied=True, layers=3, megatron={
         "pipeline_model_parallel_size": 2, "num_layers_in_first_pipeline_stage": 2,
         "num_layers_in_last_pipeline_stage": 1, "activation_checkpointing": True}),
@@ -130,8 +131,7 @@ def test_refit_export_is_the_hf_state_in_refit_info_order(started: dict, trained
     for name, (shape, dtype) in info.items():
         assert tuple(exported[name].shape) == tuple(shape) and str(exported[name].dtype) == f"torch.{dtype}", name
         assert torch.equal(exported[name], saved[name]), name
-    if LAYOUTS[started["name"]]["tied"]:
-        assert "lm_head.weight" not in info  # the receiver ties it to model.embed_tokens.weight
+    assert "lm_head.weight" not in info  # both layouts are tied: the receiver ties it to model.embed_tokens.weight
 
 
 def test_checkpoint_reshards_to_a_single_rank(started: dict, trained: dict, pool: Any, tiny_tokenizer: Any) -> None:

@@ -149,8 +149,9 @@ def rollout_batch_fits_training(cfg: "RLCoreConfig") -> Iterator[str]:
         yield (f"grpo.num_prompts_per_step × grpo.num_generations_per_prompt = {g.num_prompts_per_step} × "
                f"{g.num_generations_per_prompt} = {rollout} is not a multiple of policy.train_global_batch_size "
                f"{p.train_global_batch_size}: each step trains on whole global batches; change one of them")
-    if rollout % cfg.data_parallel_size:
-        yield (f"grpo rollout batch {rollout} cannot be split over {cfg.data_parallel_size} data-parallel ranks; "
+    dp = cfg.data_parallel_size
+    if dp and rollout % dp:  # dp 0: an invalid layout, reported by its own rule
+        yield (f"grpo rollout batch {rollout} cannot be split over {dp} data-parallel ranks; "
                "make grpo.num_prompts_per_step × grpo.num_generations_per_prompt a multiple of it")
     if g.advantage_estimator == "leave_one_out" and g.num_generations_per_prompt < 2:
         yield ("grpo.num_generations_per_prompt: leave_one_out advantages need at least 2 completions per "

@@ -129,6 +129,10 @@ class Policy(ColocatablePolicyInterface, GenerationInterface):
         mbs = mbs or self.cfg.train_micro_batch_size
         if data.size % gbs:
             raise ValueError(f"train: {data.size} samples is not a whole number of global batches of {gbs}")
+        mode, _ = self._mode("train")
+        if mode == "plain" and gbs % (self.sharding.dp * mbs):
+            raise ValueError(f"train: global batch {gbs} is not divisible by dp*micro-batch = "
+                             f"{self.sharding.dp}*{mbs}")
         results, _ = self._sharded("train", data, "train", batch_size=gbs, loss_fn=loss_fn,
                                    eval_mode=eval_mode, gbs=gbs, mbs=mbs)
         steps = len(results[0]["losses"])

@@ -91,7 +91,7 @@ def pack(bucket: Bucket, tensors: Iterator[tuple[str, "torch.Tensor"]], buffer: 
     for name, offset in zip(bucket.names, bucket.offsets):
         got_name, t = next(tensors)
         shape, dtype = metadata[name]
-        if got_name != name or tuple(t.shape) != tuple(shape) or dtype_name(t.dtype) != dtype:
+        if got_name != name or tuple(t.shape) != tuple(shape) or dtype_name(t.dtype) != _norm(dtype):
             raise RefitError(f"sender produced {got_name} {tuple(t.shape)} {dtype_name(t.dtype)} where the "
                              f"metadata expects {name} {tuple(shape)} {dtype}: iteration order must match "
                              "prepare_refit_info()")
@@ -110,13 +110,17 @@ def unpack(bucket: Bucket, buffer: "torch.Tensor", metadata: RefitMetadata) -> l
     return out
 
 
+def _norm(dtype: str) -> str:
+    return dtype.removeprefix("torch.")  # accept "torch.float32" as well as "float32"
+
+
 def check_metadata(expected: RefitMetadata, offered: RefitMetadata) -> None:
     """Raise :class:`RefitError` unless ``offered`` has exactly the expected names, shapes and dtypes."""
     missing = [n for n in expected if n not in offered]
     extra = [n for n in offered if n not in expected]
     wrong = [f"{n}: expected {tuple(expected[n][0])} {expected[n][1]}, got {tuple(offered[n][0])} {offered[n][1]}"
              for n in expected if n in offered and
-             (tuple(expected[n][0]) != tuple(offered[n][0]) or expected[n][1] != offered[n][1])]
+             (tuple(expected[n][0]) != tuple(offered[n][0]) or _norm(expected[n][1]) != _norm(offered[n][1]))]
     problems = []
     if missing:
         problems.append(f"missing {len(missing)} tensor(s): {', '.join(missing[:5])}")

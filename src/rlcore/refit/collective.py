@@ -26,7 +26,9 @@ def init_refit_group(ip: str, port: int, world_size: int, rank: int, device: "to
     """Join the refit group (blocks until all ``world_size`` members have joined)."""
     import torch.distributed as dist
 
-    store = dist.TCPStore(ip, port, world_size, is_master=(rank == 0), timeout=timedelta(seconds=timeout_s))
+    from rlcore.distributed.process_group import tcp_store
+
+    store = tcp_store(ip, port, world_size, rank == 0, timedelta(seconds=timeout_s))
     if device.type == "cuda":
         return dist.ProcessGroupNCCL(store, rank, world_size)
     return dist.ProcessGroupGloo(store, rank, world_size)

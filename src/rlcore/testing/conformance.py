@@ -602,7 +602,7 @@ class TrainingBackendConformance(_BackendChecks):
 
     Set :attr:`backend_name` (and :attr:`plugin` when the backend is not
     installed); override :meth:`policy_overrides` for backend settings. Needs
-    ``pytest_plugins = ["rlcore.testing.pytest_plugin"]`` in a conftest.
+    ``pytest_plugins = ["rlcore.testing.pytest_plugin"]`` in the root conftest.py or in the test module.
     """
 
     expected_kind = "training"
@@ -636,7 +636,7 @@ class TrainingBackendConformance(_BackendChecks):
             request.getfixturevalue("ray_session")
         except pytest.FixtureLookupError:
             pytest.fail("the conformance kit needs its fixtures: add "
-                        "pytest_plugins = ['rlcore.testing.pytest_plugin'] to your conftest.py", pytrace=False)
+                        "pytest_plugins = ['rlcore.testing.pytest_plugin'] to your root conftest.py or test module", pytrace=False)
         model_dir = request.getfixturevalue("tiny_model_dir")
         tokenizer = request.getfixturevalue("tiny_tokenizer")
         kit = _TrainingKit(cls, backend_spec, model_dir, tokenizer, tmp_path_factory.mktemp(f"kit-{cls.__name__}"))

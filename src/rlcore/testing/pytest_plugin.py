@@ -1,6 +1,7 @@
 """pytest fixtures for testing rlcore backends.
 
-Not auto-loaded: a backend's test suite opts in from its ``conftest.py``::
+Not auto-loaded: a backend's test suite opts in from its root ``conftest.py`` (pytest accepts
+``pytest_plugins`` only there) or from a test module::
 
     pytest_plugins = ["rlcore.testing.pytest_plugin"]
 

@@ -9,38 +9,21 @@ worker must provide on top of :class:`rlcore.training.worker_base.TrainingWorker
 
 from __future__ import annotations
 
-import os
-from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from rlcore.data import BatchedDataDict
+from rlcore.distributed.process_group import init_distributed
 from rlcore.refit import RefitExportMixin, metadata_of
 from rlcore.training.checkpoint import load_hf_state_dict, load_torch_state, save_hf_checkpoint, save_torch_state
 from rlcore.training.logprobs import token_logprobs, topk_logits
 from rlcore.training.loop import StepHooks
 from rlcore.training.optim import build_optimizer, build_scheduler, clip_grad_norm_
-from rlcore.training.worker_base import TrainingWorkerBase
+from rlcore.training.worker_base import TrainingWorkerBase, attention_mask
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def init_process_group_from_env() -> torch.device:
-    """Join the default process group (env:// rendezvous set by the worker group); returns this rank's device."""
-    cuda = torch.cuda.is_available()
-    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
-    if cuda:
-        torch.cuda.set_device(device)
-    if not dist.is_initialized():
-        dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(minutes=10))
-    return device
-
-
-def attention_mask(mb: BatchedDataDict, device: torch.device) -> torch.Tensor:
-    positions = torch.arange(mb["input_ids"].shape[1], device=device)
-    return (positions[None, :] < mb["input_lengths"].to(device)[:, None]).long()
 
 
 class ReferenceWorker(RefitExportMixin, TrainingWorkerBase):
@@ -51,7 +34,7 @@ class ReferenceWorker(RefitExportMixin, TrainingWorkerBase):
                  init_reference_model: bool = True, **_: Any) -> None:
         from transformers import AutoModelForCausalLM
 
-        self.device = init_process_group_from_env()
+        self.device = init_distributed()
         self.cfg = config
         self.tokenizer = tokenizer
         self.rank = dist.get_rank()

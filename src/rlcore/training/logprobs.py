@@ -35,7 +35,8 @@ def align(next_token_logprobs: "torch.Tensor", input_lengths: "torch.Tensor") ->
     out = torch.zeros(batch, width + 1, dtype=torch.float32, device=next_token_logprobs.device)
     out[:, 1:] = next_token_logprobs
     positions = torch.arange(width + 1, device=out.device)
-    return out * (positions[None, :] < input_lengths.to(out.device)[:, None])
+    valid = positions[None, :] < input_lengths.to(out.device)[:, None]
+    return torch.where(valid, out, torch.zeros_like(out))  # not a multiply: inf/NaN in padding must not leak
 
 
 def topk_logits(logits: "torch.Tensor", k: int) -> tuple["torch.Tensor", "torch.Tensor"]:

@@ -183,6 +183,12 @@ class TrainingWorkerBase:
             dist.destroy_process_group()
 
 
+def attention_mask(mb: BatchedDataDict, device: torch.device) -> torch.Tensor:
+    """``[B, S]`` 1 on each row's first ``input_lengths`` positions (right padding), 0 after."""
+    positions = torch.arange(mb["input_ids"].shape[1], device=device)
+    return (positions[None, :] < mb["input_lengths"].to(device)[:, None]).long()
+
+
 def pad_dim1(data: BatchedDataDict, key: str, width: int) -> BatchedDataDict:
     """Fit ``data[key]`` to ``width`` along dim 1: zero-pad (micro-batches may be narrower) or cut
     (dynamic batching may round a micro-batch's length past the caller's width)."""

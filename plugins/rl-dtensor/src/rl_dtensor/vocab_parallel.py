@@ -45,6 +45,7 @@ class _VocabParallelLogprob(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, local: torch.Tensor, target: torch.Tensor, offset: int, group) -> torch.Tensor:
+        ctx.input_dtype = local.dtype
         local = local.float()
         vocab_local = local.shape[-1]
         row_max = local.max(dim=-1).values
@@ -71,7 +72,7 @@ class _VocabParallelLogprob(torch.autograd.Function):
         onehot = torch.zeros_like(grad_local)
         onehot.scatter_(-1, index.clamp(0, softmax.shape[-1] - 1).unsqueeze(-1),
                         (grad * here).unsqueeze(-1))
-        return grad_local + onehot, None, None, None
+        return (grad_local + onehot).to(ctx.input_dtype), None, None, None
 
 
 def _replicated(logits: DTensor) -> torch.Tensor:

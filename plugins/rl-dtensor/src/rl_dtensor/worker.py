@@ -118,7 +118,8 @@ class DTensorPolicyWorker(RefitExportMixin, TrainingWorkerBase):
             self.init_reference_model()
 
     def __repr__(self) -> str:
-        return f"DTensorPolicyWorker(rank={getattr(self, 'rank', '?')}, dp={self.dp_size}, tp={self.tp_size})"
+        return (f"DTensorPolicyWorker(rank={getattr(self, 'rank', '?')}, dp={getattr(self, 'dp_size', '?')}, "
+                f"tp={getattr(self, 'tp_size', '?')})")
 
     # -- model passes ----------------------------------------------------------------
     def _inputs(self, mb: BatchedDataDict) -> ModelInputs:
@@ -291,12 +292,8 @@ class DTensorPolicyWorker(RefitExportMixin, TrainingWorkerBase):
                     max_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
         if self.device.type == "cuda":
             info["device_name"] = torch.cuda.get_device_name(self.device)
+            info["device_uuid"] = str(torch.cuda.get_device_properties(self.device).uuid)
         return info
-
-    def report_device_id(self) -> str:
-        if self.device.type == "cuda":
-            return str(torch.cuda.get_device_properties(self.device).uuid)
-        return super().report_device_id()
 
     # -- test helpers ----------------------------------------------------------------------
     def state_dict_cpu(self) -> dict[str, torch.Tensor]:

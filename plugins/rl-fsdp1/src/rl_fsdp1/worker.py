@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from datetime import timedelta
 from typing import Any, Iterator
 
 import torch
@@ -46,7 +45,8 @@ from rlcore.training.checkpoint import (
 from rlcore.training.logprobs import token_logprobs, topk_logits
 from rlcore.training.loop import StepHooks
 from rlcore.training.optim import build_optimizer, build_scheduler
-from rlcore.training.worker_base import TrainingWorkerBase
+from rlcore.distributed.process_group import init_distributed
+from rlcore.training.worker_base import TrainingWorkerBase, attention_mask
 from rl_fsdp1 import generation as gen
 from rl_fsdp1.sharding import (
     DTYPES,
@@ -58,22 +58,6 @@ from rl_fsdp1.sharding import (
 )
 
 logger = logging.getLogger(__name__)
-
-
-def init_distributed() -> torch.device:
-    """Join the default process group (env:// rendezvous from the worker group); returns this rank's device."""
-    cuda = torch.cuda.is_available()
-    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
-    if cuda:
-        torch.cuda.set_device(device)
-    if not dist.is_initialized():
-        dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(minutes=10))
-    return device
-
-
-def attention_mask(mb: BatchedDataDict, device: torch.device) -> torch.Tensor:
-    positions = torch.arange(mb["input_ids"].shape[1], device=device)
-    return (positions[None, :] < mb["input_lengths"].to(device)[:, None]).long()
 
 
 class FSDP1PolicyWorker(RefitExportMixin, TrainingWorkerBase):

@@ -67,9 +67,11 @@ class ModelShape:
         features = ARCHITECTURES[arch]
         heads = hf_config.num_attention_heads
         head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads
-        for flag in ("attention_bias", "mlp_bias"):  # biases on o_proj / the MLP: not in these mappings
+        for flag in ("attention_bias", "mlp_bias", "use_sliding_window"):  # not in these models' Megatron form
             if getattr(hf_config, flag, False):
-                raise ValueError(f"{arch} with {flag}=True is not supported by the megatron weight mapping")
+                raise ValueError(f"{arch} with {flag}=True is not supported by the megatron backend")
+        if getattr(hf_config, "hidden_act", "silu") != "silu":
+            raise ValueError(f"{arch} with hidden_act={hf_config.hidden_act!r} is not supported (SwiGLU needs 'silu')")
         return cls(
             architecture=arch,
             num_layers=hf_config.num_hidden_layers,

@@ -8,9 +8,9 @@ and runs unchanged on CPU (design.md §5). This module redirects exactly those
 call sites, and nothing else:
 
 - **Module-local ``torch``.** In each module of :data:`REDIRECTED_MODULES` (the
-  modules of the listed call sites) the
-  global name ``torch`` is replaced by :class:`_CpuTorch`, a view of the real
-  ``torch`` module that differs in two ways only: tensor factories
+  modules of the listed call sites) the global name ``torch`` is replaced by
+  :class:`_CpuTorch`, a view of the real ``torch`` module that differs in two
+  ways only: tensor factories
   (:data:`_FACTORIES`) given a CUDA device allocate on CPU, and ``torch.cuda``
   is :class:`_CpuCuda` (``current_device()`` is the CPU device,
   ``synchronize()`` / ``empty_cache()`` do nothing since CPU work is
@@ -32,9 +32,12 @@ call sites, and nothing else:
   for the duration of that one call.
 
 :data:`CALL_SITES` lists every function whose CUDA use is redirected and the
-token it contains; ``tests/test_cpu_compat.py`` checks that each listed
-function still contains that token in the installed megatron-core (so an
-upgrade that moves a call site is noticed) and that every redirect behaves.
+token it contains. Each redirect records the megatron function it served
+(:func:`observed_call_sites`); the tests check that every listed function
+still contains its token in the installed megatron-core (an upgrade that moves
+a call site is noticed), that each redirect behaves, and that TP=2 / PP=2
+training runs redirect nothing that is not listed
+(``tests/test_megatron_cpu_compat.py``, ``tests/test_megatron_parallel.py``).
 
 Features that need CUDA for more than these call sites are not emulated but
 rejected by the worker's config checks (:mod:`rl_megatron.config`): the
@@ -117,8 +120,7 @@ CALL_SITES: tuple[CallSite, ...] = (
 REDIRECTED_MODULES: tuple[str, ...] = tuple(sorted({site.module for site in CALL_SITES if site.redirect == _T}))
 
 #: torch functions that take a ``device`` argument and are called with a CUDA device in the modules above.
-_FACTORIES = ("empty", "zeros", "ones", "full", "tensor", "arange", "empty_like", "zeros_like", "ones_like",
-              "randn", "rand")
+_FACTORIES = ("empty", "zeros", "ones", "full", "tensor")
 
 _CPU = None  # torch.device("cpu"), set on first use (this module imports no torch at import time)
 _applied = False
@@ -169,7 +171,7 @@ def _cpu_factory(fn: Callable[..., Any]) -> Callable[..., Any]:
     return factory
 
 
-class _CpuCuda(types.SimpleNamespace):
+class _CpuCuda:
     """``torch.cuda`` as the redirected modules see it on a CPU-only process.
 
     Only the functions megatron calls on its CPU-relevant paths are redefined;

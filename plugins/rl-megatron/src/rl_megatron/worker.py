@@ -26,12 +26,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-from datetime import timedelta
 from typing import Any, Callable, Iterator
 
 import torch
 import torch.distributed as dist
 
+from rlcore.distributed.process_group import init_distributed
 from rlcore.data import BatchedDataDict
 from rlcore.refit import RefitExportMixin
 from rlcore.training.logprobs import align
@@ -52,16 +52,6 @@ def _transformer_engine_available() -> bool:
     import importlib.util
 
     return importlib.util.find_spec("transformer_engine") is not None
-
-
-def _init_process_group(cuda: bool) -> torch.device:
-    """Join the default process group (env:// rendezvous set up by rlcore's worker group)."""
-    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
-    if cuda:
-        torch.cuda.set_device(device)
-    if not dist.is_initialized():
-        dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(minutes=10))
-    return device
 
 
 def _attention_mask(lengths: torch.Tensor, width: int, device: torch.device) -> torch.Tensor:
@@ -101,7 +91,7 @@ class MegatronPolicyWorker(RefitExportMixin, TrainingWorkerBase):
         if problems:
             raise ConfigError(problems)
         self.cfg, self.mcfg, self.tokenizer = config, config.megatron_cfg, tokenizer
-        self.device = _init_process_group(cuda)
+        self.device = init_distributed()
         if not cuda:
             from rl_megatron import cpu_compat
 

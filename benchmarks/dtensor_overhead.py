@@ -1,0 +1,235 @@
+"""What does the ``dtensor`` backend cost over a hand-written FSDP2 script doing the same step?
+
+``benchmarks/policy_overhead.py --backend dtensor`` compares against a raw
+script that keeps a full model replica per rank and all-reduces gradients, a
+different amount of work from FSDP2's all-gathers and reduce-scatters. This
+benchmark keeps that script's model, data and protocol (interleaved repeats,
+medians, the same JSON last line) and swaps the raw side for plain torch
+FSDP2:
+
+- **rlcore**: ``Policy.train`` (NLL, SGD) + ``Policy.get_logprobs`` on a
+  ``--world-size``-rank ``dtensor`` policy (dp = world size, tp = 1), timed in
+  the driver: Ray dispatch, sharding, result transfer all count;
+- **raw**: ``--world-size`` processes over gloo, ``fully_shard`` on every
+  decoder layer and the root with summed gradient reduction, the same per-rank
+  rows and micro-batches, the same collectives (valid counts, step loss, a
+  grad norm over the shards) and SGD step; timed on rank 0 between barriers.
+
+    python benchmarks/dtensor_overhead.py [--world-size 2] [--repeats 5]
+
+Last line: ``{"rlcore_s": ..., "raw_s": ..., "ratio": ...}`` (median seconds of
+one train step plus one logprob pass).
+
+Ray starts its workers at niceness 15 (``RAY_worker_niceness``), the raw ranks
+run at 0. On a machine shared with other jobs that alone slows the rlcore side
+by an amount that depends on the neighbours' load, so the benchmark's private
+Ray keeps its workers at 0 (``--ray-niceness`` to change it): the ratio then
+measures the framework, not the scheduler. On an otherwise idle machine the
+niceness makes no difference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from policy_overhead import LOGPROB_BATCH, LR, MICRO_BATCH, MODEL, ROWS_PER_RANK, SEQ_LEN, make_data  # noqa: E402
+
+
+def _raw_rank(rank: int, world_size: int, port: int, model_dir: str, commands: list, results: Any) -> None:
+    """One raw FSDP2 rank: runs 'train' / 'logprobs' commands until 'stop'; rank 0 reports."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    mesh = init_device_mesh("cpu", (world_size,))
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    for module in model.modules():
+        if isinstance(module, FSDPModule):  # sum over ranks, as the loss is normalised globally
+            module.set_gradient_divide_factor(1.0)
+            module.set_force_sum_reduction_for_comms(True)
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.SGD(params, lr=LR)
+    data = make_data(world_size)
+    rows = slice(rank * ROWS_PER_RANK, (rank + 1) * ROWS_PER_RANK)
+    mine = {k: v[rows] for k, v in data.items()}
+
+    def logprobs(ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        valid = torch.arange(ids.shape[1])[None, :] < lengths[:, None]
+        logits = model(input_ids=ids, attention_mask=valid.long(), use_cache=False).logits[:, :-1].float()
+        lp = logits.gather(-1, ids[:, 1:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+        return torch.cat([torch.zeros_like(lp[:, :1]), lp], dim=1) * valid
+
+    def train_step() -> float:
+        model.train()
+        mask = mine["token_mask"][:, 1:] * mine["sample_mask"][:, None]
+        counts = torch.stack([mine["sample_mask"].sum(), mask.sum()]).double()
+        dist.all_reduce(counts)
+        step_loss = torch.zeros((), dtype=torch.float64)
+        for start in range(0, ROWS_PER_RANK, MICRO_BATCH):
+            mb = slice(start, start + MICRO_BATCH)
+            lp = logprobs(mine["input_ids"][mb], mine["input_lengths"][mb])
+            loss = -(lp[:, 1:] * mask[mb]).sum() / counts[1].float()
+            loss.backward()
+            step_loss += loss.detach().double()
+        dist.all_reduce(step_loss)
+        norm_sq = sum(p.grad.to_local().double().square().sum() for p in params)
+        dist.all_reduce(norm_sq)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return float(step_loss)
+
+    @torch.no_grad()
+    def logprob_pass() -> None:
+        model.eval()
+        for s in range(0, ROWS_PER_RANK, LOGPROB_BATCH):
+            logprobs(mine["input_ids"][s:s + LOGPROB_BATCH], mine["input_lengths"][s:s + LOGPROB_BATCH])
+
+    work = {"train": train_step, "logprobs": logprob_pass}
+    results.put(("ready", rank))
+    while (command := commands[rank].get()) != "stop":
+        dist.barrier()
+        t0 = time.perf_counter()
+        out = work[command]()
+        dist.barrier()
+        if rank == 0:
+            results.put((time.perf_counter() - t0, out))
+    dist.destroy_process_group()
+
+
+class RawRunner:
+    """The raw FSDP2 ranks, kept alive between commands so their runs interleave with rlcore's."""
+
+    def __init__(self, model_dir: str, world_size: int) -> None:
+        import torch.multiprocessing as mp
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        ctx = mp.get_context("spawn")
+        self.commands = [ctx.SimpleQueue() for _ in range(world_size)]
+        self.results = ctx.SimpleQueue()
+        self.context = mp.start_processes(_raw_rank, args=(world_size, port, model_dir, self.commands, self.results),
+                                          nprocs=world_size, join=False, start_method="spawn")
+        for _ in range(world_size):
+            self.results.get()
+
+    def run(self, command: str) -> tuple[float, Any]:
+        for queue in self.commands:
+            queue.put(command)
+        return self.results.get()
+
+    def close(self) -> None:
+        for queue in self.commands:
+            queue.put("stop")
+        while not self.context.join():
+            pass
+
+
+class PolicyRunner:
+    """The same work through a ``dtensor`` ``Policy``, timed in the driver."""
+
+    def __init__(self, model_dir: str, world_size: int) -> None:
+        from rlcore.algorithms.loss_functions import NLLLoss
+        from rlcore.config import load_config_dict
+        from rlcore.data import BatchedDataDict
+        from rlcore.distributed import RayVirtualCluster, init_ray
+        from rlcore.policy import Policy
+        from rlcore.testing.models import build_tiny_tokenizer
+
+        init_ray(num_cpus=max(world_size, 2))
+        cfg = load_config_dict({
+            "cluster": {"workers_per_node": world_size},
+            "policy": {"backend": "dtensor", "model_name": model_dir,
+                       "train_global_batch_size": ROWS_PER_RANK * world_size, "train_micro_batch_size": MICRO_BATCH,
+                       "logprob_batch_size": LOGPROB_BATCH, "learning_rate": LR,
+                       "optimizer": {"name": "torch.optim.SGD", "kwargs": {"lr": LR}}, "max_grad_norm": None,
+                       "precision": "float32", "max_total_sequence_length": SEQ_LEN},
+        }).policy
+        self.cluster = RayVirtualCluster([world_size])
+        self.policy = Policy(self.cluster, cfg, build_tiny_tokenizer(), init_reference_model=False)
+        self.data = BatchedDataDict(make_data(world_size))
+        self.loss_fn = NLLLoss()
+
+    def run(self, command: str) -> tuple[float, Any]:
+        t0 = time.perf_counter()
+        if command == "train":
+            out = float(self.policy.train(self.data, self.loss_fn)["loss"][0])
+        else:
+            out = self.policy.get_logprobs(self.data)
+        return time.perf_counter() - t0, out
+
+    def close(self) -> None:
+        from rlcore.distributed import shutdown_ray
+
+        self.policy.shutdown()
+        self.cluster.shutdown()
+        shutdown_ray()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--world-size", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--ray-niceness", type=int, default=0, help="niceness of the Ray workers (Ray's own: 15)")
+    args = parser.parse_args(argv)
+    os.environ["RAY_worker_niceness"] = str(args.ray_niceness)  # read by the Ray instance started below
+
+    import transformers
+
+    from rlcore.testing.models import tiny_model_path
+
+    transformers.utils.logging.disable_progress_bar()
+    model_dir = tiny_model_path(**MODEL)
+    print(f"model: {MODEL}; {ROWS_PER_RANK} rows/rank of <= {SEQ_LEN} tokens, micro-batch {MICRO_BATCH}, "
+          f"FSDP2 over {args.world_size} ranks, {args.repeats} repeats after 1 warm-up", file=sys.stderr)
+    raw = RawRunner(model_dir, args.world_size)
+    try:
+        ours = PolicyRunner(model_dir, args.world_size)
+        try:
+            times: dict[str, dict[str, list[float]]] = {"raw": {"train": [], "logprobs": []},
+                                                       "rlcore": {"train": [], "logprobs": []}}
+            warmup = {"raw": raw.run("train")[1], "rlcore": ours.run("train")[1]}
+            raw.run("logprobs")
+            ours.run("logprobs")
+            for _ in range(args.repeats):
+                for command in ("train", "logprobs"):
+                    for side, runner in (("raw", raw), ("rlcore", ours)):
+                        times[side][command].append(runner.run(command)[0])
+        finally:
+            ours.close()
+    finally:
+        raw.close()
+
+    med = statistics.median
+    raw_t, our_t = times["raw"], times["rlcore"]
+    raw_total = med([a + b for a, b in zip(raw_t["train"], raw_t["logprobs"])])
+    our_total = med([a + b for a, b in zip(our_t["train"], our_t["logprobs"])])
+    print(f"warm-up step loss: rlcore {warmup['rlcore']:.6f}, raw {warmup['raw']:.6f}")
+    print(f"{'median seconds':<22}{'rlcore':>10}{'raw':>10}{'ratio':>8}")
+    for name, key in (("train step", "train"), ("logprob pass", "logprobs")):
+        ours_s, raw_s = med(our_t[key]), med(raw_t[key])
+        print(f"{name:<22}{ours_s:>10.3f}{raw_s:>10.3f}{ours_s / raw_s:>8.3f}")
+    print(f"{'train + logprobs':<22}{our_total:>10.3f}{raw_total:>10.3f}{our_total / raw_total:>8.3f}")
+    print(json.dumps({"rlcore_s": round(our_total, 4), "raw_s": round(raw_total, 4),
+                      "ratio": round(our_total / raw_total, 4)}))
+
+
+if __name__ == "__main__":
+    main()
