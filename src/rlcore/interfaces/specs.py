@@ -7,7 +7,7 @@ float32 aligned to the input: position 0 is 0, position ``i`` holds
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
+from typing import TYPE_CHECKING, NotRequired, TypedDict
 
 if TYPE_CHECKING:
     import torch

@@ -25,7 +25,6 @@ so every result is broadcast over the pipeline group before it is returned.
 from __future__ import annotations
 
 import contextlib
-import os
 from typing import Any, Callable, Iterator
 
 import torch
