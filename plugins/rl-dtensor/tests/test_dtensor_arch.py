@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import pytest
+from dtensor_testlib import batch as make_data
 from dtensor_testlib import (
     batching,
     full_weights,
@@ -22,7 +23,6 @@ from dtensor_testlib import (
     policy_config,
     valid_diff,
 )
-from dtensor_testlib import batch as make_data
 
 from rlcore.algorithms.loss_functions import NLLLoss
 

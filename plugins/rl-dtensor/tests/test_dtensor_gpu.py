@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from dtensor_testlib import full_weights, hf_logprobs, max_abs_diff, model_dir, oracle_step, policy_config
 from dtensor_testlib import batch as make_data
+from dtensor_testlib import full_weights, hf_logprobs, max_abs_diff, model_dir, oracle_step, policy_config
 
 from rlcore.algorithms.loss_functions import NLLLoss
 

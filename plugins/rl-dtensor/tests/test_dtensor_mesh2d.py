@@ -9,6 +9,7 @@ starts four workers on the shared 2-core machine.
 from __future__ import annotations
 
 import pytest
+from dtensor_testlib import batch as make_data
 from dtensor_testlib import (
     batching,
     call_all,
@@ -20,7 +21,6 @@ from dtensor_testlib import (
     policy_config,
     valid_diff,
 )
-from dtensor_testlib import batch as make_data
 
 from rlcore.algorithms.loss_functions import NLLLoss
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from dtensor_testlib import batch as make_data
 from dtensor_testlib import (
     batching,
     call_all,
@@ -23,7 +24,6 @@ from dtensor_testlib import (
     reset_weights,
     valid_diff,
 )
-from dtensor_testlib import batch as make_data
 
 from rlcore.algorithms.loss_functions import NLLLoss
 
@@ -186,10 +186,9 @@ def test_prepare_refit_info_describes_the_hf_state_dict(layouts, llama):
 @pytest.mark.parametrize("transport", ["shared_memory", "collective"])
 def test_refit_transports_deliver_the_full_state_dict(layouts, data, transport):
     """The tensors received through each transport equal the full (gathered) model state dict."""
-    from tests.refit_fakes import RecordingGeneration
-
     from rlcore.distributed import RayVirtualCluster
     from rlcore.refit import WeightSynchronizer
+    from tests.refit_fakes import RecordingGeneration
 
     policy, cluster = layouts("tp2")
     policy.train(data, NLLLoss())  # refit trained weights, not the ones on disk

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from dtensor_testlib import call_all, full_weights, max_abs_diff, model_dir, policy_config
 from dtensor_testlib import batch as make_data
+from dtensor_testlib import call_all, full_weights, max_abs_diff, model_dir, policy_config
 
 from rlcore.algorithms.loss_functions import NLLLoss
 

@@ -34,6 +34,15 @@ def test_context_parallel_is_refused_on_cpu():
         check_context_parallel(2, torch.device("cpu"))
 
 
+def _colwise():
+    from torch.distributed.tensor.parallel import ColwiseParallel
+
+    return ColwiseParallel()
+
+
+CUSTOM_PLAN = {"lm_head": _colwise()}
+
+
 def test_unknown_architecture_needs_a_custom_plan():
     from types import SimpleNamespace
 
@@ -44,8 +53,23 @@ def test_unknown_architecture_needs_a_custom_plan():
         plan_for(model, sequence_parallel=True)
     with pytest.raises(ValueError, match="cannot import 'no_such_module:plan'"):
         import_plan("no_such_module:plan", model, True)
-    plan = import_plan("rl_dtensor.tp_plans:decoder_plan", model, True)  # a callable(model, sp) works too
-    assert "lm_head" in plan
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    assert isinstance(import_plan("test_dtensor_units:custom_plan", model, True)["lm_head"], ColwiseParallel)
+    assert isinstance(import_plan("test_dtensor_units:custom_plan", model, False)["lm_head"], RowwiseParallel)
+    assert list(import_plan("test_dtensor_units.CUSTOM_PLAN", model, False)) == ["lm_head"]
+    with pytest.raises(ValueError, match="must be"):
+        import_plan("test_dtensor_units:NOT_A_PLAN", model, False)
+
+
+def custom_plan(model, sequence_parallel):
+    """A user plan given as a callable ``(model, sequence_parallel) -> plan``."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    return {"lm_head": ColwiseParallel() if sequence_parallel else RowwiseParallel()}
+
+
+NOT_A_PLAN = {"lm_head": "colwise"}
 
 
 # -- packed forwards ----------------------------------------------------------------------------
@@ -66,9 +90,9 @@ def test_block_causal_mask():
 @pytest.mark.parametrize("multiple", [1, 4])
 def test_packed_forward_equals_padded_forward(tiny_model_dir, tiny_tokenizer, attn, multiple):
     """One packed row with a block-diagonal mask gives each sequence's padded-batch logprobs and top-k."""
+    from rl_dtensor.inputs import packed_inputs, padded_inputs
     from transformers import AutoModelForCausalLM
 
-    from rl_dtensor.inputs import packed_inputs, padded_inputs
     from rlcore.testing.models import make_batch
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32, attn_implementation=attn)
@@ -91,10 +115,9 @@ def test_packed_forward_equals_padded_forward(tiny_model_dir, tiny_tokenizer, at
 
 def test_replica_count_treats_fsdp_strided_shards_as_shards():
     """FSDP over a TP-sharded weight gives ``(_StridedShard, Shard)``: distinct pieces, not copies."""
+    from rl_dtensor.grads import replica_count
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.placement_types import _StridedShard
-
-    from rl_dtensor.grads import replica_count
 
     assert replica_count((_StridedShard(0, split_factor=2), Shard(0)), (2, 2), world=4) == 1
     assert replica_count((Shard(0), Replicate()), (2, 2), world=4) == 2  # a norm weight under SP
@@ -112,7 +135,6 @@ class _Boom:
 
 def test_dcp_reader_loads_real_checkpoints_and_refuses_foreign_objects(tmp_path):
     import torch.distributed.checkpoint as dcp
-
     from rl_dtensor.checkpoint import SafeFileSystemReader
 
     state = {"w": torch.randn(3, 4), "step": torch.tensor(7), "h": torch.ones(2, dtype=torch.bfloat16)}

@@ -36,6 +36,8 @@ def init_ray(address: str | None = None, *, num_cpus: int | None = None, num_gpu
     from ray._private import ray_constants
 
     ray_constants.ENABLE_RAY_CLUSTER = False  # in case ray was imported before the variable was set
+    # Ray starts workers at niceness 15 by default; ours are the job, not background work.
+    os.environ.setdefault("RAY_worker_niceness", "0")
     # A short path: Ray's unix sockets live under it and have a ~100-byte limit.
     _PRIVATE_TEMP_DIR = tempfile.mkdtemp(prefix="rlray-", dir="/tmp")
     ray.init(

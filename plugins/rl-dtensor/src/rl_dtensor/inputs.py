@@ -25,10 +25,9 @@ from typing import Any
 
 import torch
 
+from rl_dtensor.vocab_parallel import gather_logprobs, topk
 from rlcore.data.packing import PackedSequences, pack_microbatch, unpack_tokens
 from rlcore.training.logprobs import align
-
-from rl_dtensor.vocab_parallel import gather_logprobs, topk
 
 
 def _round_up(n: int, multiple: int) -> int:

@@ -4,7 +4,7 @@
   rank's own shards, for the reference model kept on CPU (no communication).
 - :func:`iter_full_tensors`: full, HF-named tensors in ``state_dict`` order,
   gathered one at a time (a collective: every rank must iterate).
-- :func:`load_full_state_dict`: full tensors (an HF checkpoint) into the shards.
+- :func:`load_full_state_dict`: full tensors (an HF checkpoint) into the shards (collective).
 """
 
 from __future__ import annotations
@@ -77,7 +77,10 @@ def iter_full_tensors(model: nn.Module, dtype: torch.dtype | None = None) -> Ite
 
 
 def load_full_state_dict(model: nn.Module, full: dict[str, torch.Tensor]) -> None:
-    """Copy full tensors into the model's shards; each rank keeps only its own part (no communication)."""
+    """Copy full tensors (the same on every rank) into the model's shards; each rank keeps its own part.
+
+    Collective: torch's ``set_model_state_dict`` distributes DTensor shards.
+    """
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
     reshard(model)

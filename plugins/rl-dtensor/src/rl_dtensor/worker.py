@@ -18,9 +18,7 @@ swap); this class supplies the sharded model and how to run it:
 from __future__ import annotations
 
 import logging
-import os
 import resource
-from datetime import timedelta
 from typing import Any, Iterator
 
 import torch
@@ -28,35 +26,23 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from rl_dtensor import checkpoint as ckpt
+from rl_dtensor import state
+from rl_dtensor.grads import clip_grads
+from rl_dtensor.inputs import ModelInputs, packed_inputs, padded_inputs
+from rl_dtensor.parallelize import DTYPES, ParallelOptions, build_mesh, parallelize
 from rlcore.data import BatchedDataDict
 from rlcore.refit import RefitExportMixin
 from rlcore.refit.buckets import dtype_name
 from rlcore.training.checkpoint import load_hf_state_dict, save_hf_checkpoint
 from rlcore.training.loop import StepHooks
 from rlcore.training.optim import build_optimizer, build_scheduler
+from rlcore.distributed.process_group import init_distributed
 from rlcore.training.worker_base import TrainingWorkerBase
-
-from rl_dtensor import checkpoint as ckpt
-from rl_dtensor import state
-from rl_dtensor.grads import clip_grads
-from rl_dtensor.inputs import ModelInputs, packed_inputs, padded_inputs
-from rl_dtensor.parallelize import DTYPES, ParallelOptions, build_mesh, parallelize
-
 
 # Gathering FSDP x TP shards (``full_tensor``) takes two all-gathers and DTensor warns about it on
 # every call; it is expected here (refit and checkpoint gathers), so keep the logs readable.
 logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
-
-
-def init_distributed() -> torch.device:
-    """Join the default process group from the env:// variables the worker group sets; returns the device."""
-    cuda = torch.cuda.is_available()
-    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
-    if cuda:
-        torch.cuda.set_device(device)
-    if not dist.is_initialized():
-        dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(minutes=10))
-    return device
 
 
 def check_context_parallel(cp: int, device: torch.device) -> None:
@@ -134,7 +120,8 @@ class DTensorPolicyWorker(RefitExportMixin, TrainingWorkerBase):
 
     def _forward_logprobs(self, mb: BatchedDataDict) -> torch.Tensor:
         inputs, logits = self._run(mb)
-        return inputs.logprobs(logits)
+        temperature = self.logprob_temperature  # rollouts were sampled from softmax(logits / T)
+        return inputs.logprobs(logits / temperature if temperature != 1.0 else logits)
 
     def _forward_topk(self, mb: BatchedDataDict, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         inputs, logits = self._run(mb)
