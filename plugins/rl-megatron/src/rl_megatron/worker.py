@@ -247,6 +247,8 @@ class MegatronPolicyWorker(RefitExportMixin, TrainingWorkerBase):
     def _token_logprobs(self, mb: BatchedDataDict, logits: torch.Tensor) -> torch.Tensor:
         """``[B, S]`` aligned float32 logprobs (differentiable) at the caller's width."""
         ids = mb["input_ids"][:, : logits.shape[1]].to(logits.device)
+        if self.logprob_temperature != 1.0:  # rollouts were sampled from softmax(logits / T)
+            logits = logits / self.logprob_temperature
         next_lp = vocab_parallel.token_logprobs(logits, ids, self.vocab_start, self.shape.vocab_size, self.tp_group)
         lp = align(next_lp, mb["input_lengths"])
         return torch.nn.functional.pad(lp, (0, mb["input_ids"].shape[1] - lp.shape[1]))
