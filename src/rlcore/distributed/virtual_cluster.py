@@ -157,10 +157,13 @@ class RayVirtualCluster:
             ray.get(pg.ready(), timeout=self.placement_timeout_s)
         except ray.exceptions.GetTimeoutError:
             remove_placement_group(pg)
+            free = {k: v for k, v in ray.available_resources().items() if k in ("CPU", "GPU")}
+            total = {k: v for k, v in ray.cluster_resources().items() if k in ("CPU", "GPU")}
             raise ClusterError(
                 f"could not place {len(bundles)} bundles of {self.bundle_resources} ({self.strategy}) "
-                f"within {self.placement_timeout_s:.0f}s; the cluster has {ray.available_resources()} available. "
-                "Lower cluster.workers_per_node / cluster.num_cpus_per_worker or add nodes."
+                f"within {self.placement_timeout_s:.0f}s; the cluster has {free} free of {total} "
+                f"(other placement groups hold the rest). Lower cluster.workers_per_node / "
+                "cluster.num_cpus_per_worker, shut down other runs, or add nodes."
             ) from None
         return pg
 

@@ -33,7 +33,7 @@ import pytest
 
 #: Logical CPUs of the test Ray instance. Tiny models need little CPU, and every
 #: rank is pinned to one torch thread, so more ranks than cores is fine.
-RAY_TEST_CPUS = 8
+RAY_TEST_CPUS = 16
 
 
 @pytest.fixture

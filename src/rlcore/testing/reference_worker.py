@@ -21,10 +21,7 @@ from rlcore.training.checkpoint import load_hf_state_dict, load_torch_state, sav
 from rlcore.training.logprobs import token_logprobs, topk_logits
 from rlcore.training.loop import StepHooks
 from rlcore.training.optim import build_optimizer, build_scheduler, clip_grad_norm_
-from rlcore.training.worker_base import TrainingWorkerBase, attention_mask
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
+from rlcore.training.worker_base import DTYPES, TrainingWorkerBase, attention_mask
 
 class ReferenceWorker(RefitExportMixin, TrainingWorkerBase):
     """One rank of the reference backend."""
@@ -65,11 +62,6 @@ class ReferenceWorker(RefitExportMixin, TrainingWorkerBase):
     def _step_hooks(self) -> StepHooks:
         params = [p for p in self.model.parameters() if p.requires_grad]
 
-        def all_reduce_sum(t: torch.Tensor) -> None:
-            buf = t.to(self.device)  # the loop's counters live on CPU; NCCL reduces device tensors only
-            dist.all_reduce(buf, op=dist.ReduceOp.SUM)
-            t.copy_(buf)
-
         def finish_grads() -> None:
             grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
             flat = torch.cat([g.reshape(-1) for g in grads])
@@ -79,17 +71,12 @@ class ReferenceWorker(RefitExportMixin, TrainingWorkerBase):
                 p.grad = flat[offset:offset + g.numel()].view_as(g)
                 offset += g.numel()
 
-        def optimizer_step() -> None:
-            self.optimizer.step()
-            self.scheduler.step()
-            self.optimizer.zero_grad(set_to_none=True)
-
         return StepHooks(
             forward=self._forward_logprobs,
-            all_reduce_sum=all_reduce_sum,
+            all_reduce_sum=self._all_reduce_sum,
             finish_grads=finish_grads,
             clip_grads=lambda max_norm: clip_grad_norm_(params, max_norm),
-            optimizer_step=optimizer_step,
+            optimizer_step=self._optimizer_step,
             zero_grad=lambda: self.model.zero_grad(set_to_none=True),
         )
 

@@ -25,6 +25,10 @@ from rlcore.data import BatchedDataDict
 from rlcore.training.loop import StepHooks, micro_batches, train_steps
 
 
+#: ``policy.precision`` → torch dtype.
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
 class TrainingWorkerBase:
     """Shared worker surface; subclasses set ``self.cfg``, ``self.model``, ``self.device``, ``self.dp_size``."""
 
@@ -114,6 +118,25 @@ class TrainingWorkerBase:
         out = self._map_micro_batches(data, run, micro_batch_size, mode)
         width = data["input_ids"].shape[1] - 1
         return pad_dim1(pad_dim1(out, "topk_logits", width), "topk_indices", width)
+
+    # -- building blocks of _step_hooks ---------------------------------------------
+    def _all_reduce_sum(self, t: torch.Tensor, group: Any = None) -> None:
+        """Sum ``t`` over ``group`` (default: all ranks) in place, through this rank's device.
+
+        The loop's counters live on CPU; NCCL only reduces device tensors.
+        """
+        import torch.distributed as dist
+
+        on_device = t.to(self.device)
+        dist.all_reduce(on_device, op=dist.ReduceOp.SUM, group=group)
+        if on_device is not t:
+            t.copy_(on_device)
+
+    def _optimizer_step(self) -> None:
+        """Optimizer step, scheduler step, then drop the gradients."""
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
 
     # -- training ------------------------------------------------------------------
     def train(self, data: BatchedDataDict, loss_fn: Any, eval_mode: bool = False, gbs: int | None = None,

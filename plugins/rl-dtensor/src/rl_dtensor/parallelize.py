@@ -18,8 +18,7 @@ from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionP
 from torch.distributed.tensor.parallel import parallelize_module
 
 from rl_dtensor.tp_plans import plan_for
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+from rlcore.training.worker_base import DTYPES
 
 
 @dataclass(frozen=True)

@@ -147,24 +147,13 @@ class DTensorPolicyWorker(RefitExportMixin, TrainingWorkerBase):
         return super().train(data, loss_fn, eval_mode=eval_mode, gbs=gbs, mbs=mbs, mode=mode)
 
     def _step_hooks(self) -> StepHooks:
-        def all_reduce_sum(t: torch.Tensor) -> None:
-            # Over dp only: tp peers hold the same data and compute the same values.
-            on_device = t.to(self.device)
-            dist.all_reduce(on_device, op=dist.ReduceOp.SUM, group=self.dp_group)
-            if on_device is not t:
-                t.copy_(on_device)
-
-        def optimizer_step() -> None:
-            self.optimizer.step()
-            self.scheduler.step()
-            self.optimizer.zero_grad(set_to_none=True)
-
         return StepHooks(
             forward=self._forward_logprobs,
-            all_reduce_sum=all_reduce_sum,
+            # Over dp only: tp peers hold the same data and compute the same values.
+            all_reduce_sum=lambda t: self._all_reduce_sum(t, self.dp_group),
             finish_grads=lambda: None,  # FSDP2 reduce-scattered (summed) the gradients during backward
             clip_grads=lambda max_norm: clip_grads(self.model.parameters(), max_norm, self.device),
-            optimizer_step=optimizer_step,
+            optimizer_step=self._optimizer_step,
             zero_grad=lambda: self.model.zero_grad(set_to_none=True),
         )
 

@@ -38,8 +38,8 @@ from torch import nn
 from torch.distributed.fsdp import CPUOffload, MixedPrecision, ShardingStrategy
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
+from rlcore.training.worker_base import DTYPES
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 #: Attribute names under which wrappers keep the module they wrap (FSDP, activation checkpointing).
 _WRAPPED_ATTRS = ("_fsdp_wrapped_module", "_checkpoint_wrapped_module")

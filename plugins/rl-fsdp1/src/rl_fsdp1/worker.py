@@ -112,13 +112,6 @@ class FSDP1PolicyWorker(RefitExportMixin, TrainingWorkerBase):
     def _forward_topk(self, mb: BatchedDataDict, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         return topk_logits(self._logits(mb), k)
 
-    def _all_reduce_sum(self, t: torch.Tensor) -> None:
-        """Sum ``t`` over ranks in place; goes through the device (NCCL cannot reduce CPU tensors)."""
-        buf = t.to(self.device)
-        dist.all_reduce(buf, op=dist.ReduceOp.SUM)
-        if buf is not t:
-            t.copy_(buf)
-
     def _grad_norm(self, max_norm: float | None) -> float:
         """Global L2 norm of the gradient shards of all ranks; clip like ``clip_grad_norm_`` when asked."""
         grads = [p.grad for p in self.model.parameters() if p.grad is not None]
@@ -143,17 +136,12 @@ class FSDP1PolicyWorker(RefitExportMixin, TrainingWorkerBase):
                 if p.grad is not None:
                     p.grad.mul_(self.dp_size)
 
-        def optimizer_step() -> None:
-            self.optimizer.step()
-            self.scheduler.step()
-            self.optimizer.zero_grad(set_to_none=True)
-
         return StepHooks(
             forward=self._forward_logprobs,
             all_reduce_sum=self._all_reduce_sum,
             finish_grads=finish_grads,
             clip_grads=self._grad_norm,
-            optimizer_step=optimizer_step,
+            optimizer_step=self._optimizer_step,
             zero_grad=lambda: self.model.zero_grad(set_to_none=True),
         )
 

@@ -14,8 +14,7 @@ from typing import Any
 import torch
 
 from rl_megatron.converter import ModelShape
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+from rlcore.training.worker_base import DTYPES
 
 
 def rope_settings(hf_config: Any) -> dict[str, Any]:
