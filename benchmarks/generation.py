@@ -52,6 +52,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     import transformers
+    from rl_vllm.generation import VllmGeneration
 
     from rlcore.config import load_config_dict
     from rlcore.data import BatchedDataDict
@@ -59,7 +60,6 @@ def main(argv: list[str] | None = None) -> None:
     from rlcore.models import BUILTIN_MODELS
     from rlcore.policy import Policy
     from rlcore.testing.models import build_tiny_tokenizer, make_batch, tiny_model_path
-    from rl_vllm.generation import VllmGeneration
 
     transformers.utils.logging.disable_progress_bar()
     spec = MODELS[args.model]

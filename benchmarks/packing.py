@@ -92,13 +92,11 @@ def main() -> None:
             "optimizer": {"name": "SGD", "kwargs": {"lr": 1e-4}}}
     packed_cfg = {**base, "sequence_packing": {"enabled": True, "train_mb_tokens": args.capacity,
                                                "logprob_mb_tokens": args.capacity}}
-    cluster = RayVirtualCluster([2])
+    cluster = RayVirtualCluster([2], max_colocated_worker_groups=2)  # both policies on the same two bundles
     policies = {
         "padded": Policy(cluster, load_config_dict({"policy": base}).policy, tokenizer, name_prefix="padded"),
+        "packed": Policy(cluster, load_config_dict({"policy": packed_cfg}).policy, tokenizer, name_prefix="packed"),
     }
-    cluster_packed = RayVirtualCluster([2])
-    policies["packed"] = Policy(cluster_packed, load_config_dict({"policy": packed_cfg}).policy, tokenizer,
-                                name_prefix="packed")
     times: dict[str, list[float]] = {"padded": [], "packed": []}
     try:
         losses = {name: float(p.train(data, NLLLoss())["loss"][0]) for name, p in policies.items()}  # warm-up
@@ -111,7 +109,6 @@ def main() -> None:
         for p in policies.values():
             p.shutdown()
         cluster.shutdown()
-        cluster_packed.shutdown()
     useful = sum(lengths)
     padded_s, packed_s = statistics.median(times["padded"]), statistics.median(times["packed"])
     result = {

@@ -134,12 +134,13 @@ class Refits:
     """One training rank, one colocated engine and one engine on its own cluster, two synchronizers."""
 
     def __init__(self, backend: str, model_dir: str) -> None:
+        from rl_vllm.generation import VllmGeneration
+
         from rlcore.config import load_config_dict
         from rlcore.distributed import RayVirtualCluster
         from rlcore.policy import Policy
         from rlcore.refit import WeightSynchronizer
         from rlcore.testing.models import build_tiny_tokenizer
-        from rl_vllm.generation import VllmGeneration
 
         tokenizer = build_tiny_tokenizer()
         cfg = load_config_dict({"cluster": {"workers_per_node": 1}, "policy": {
@@ -189,15 +190,15 @@ def breakdown(model_dir: str, repeats: int, bucket_bytes: int) -> tuple[dict[str
     import pstats
 
     import torch
+    from rl_vllm.config import VllmConfig
+    from rl_vllm.refit import InPlaceReload
+    from rl_vllm.worker import VllmGenerationWorker, _own_worker
     from transformers import AutoModelForCausalLM
 
     from rlcore.config.generation import GenerationConfig
     from rlcore.refit import metadata_of, plan_buckets
     from rlcore.refit.buckets import buffer_bytes, pack, unpack
     from rlcore.refit.shared_memory import _SharedBuffer
-    from rl_vllm.config import VllmConfig
-    from rl_vllm.refit import InPlaceReload
-    from rl_vllm.worker import VllmGenerationWorker, _own_worker
 
     state = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).state_dict()
     meta = metadata_of(state.items())
@@ -231,7 +232,7 @@ def breakdown(model_dir: str, repeats: int, bucket_bytes: int) -> tuple[dict[str
             t2 = time.perf_counter()
             if i == repeats:
                 profile.enable()
-            with reload._config_ctx(vllm_worker.vllm_config):  # noqa: SLF001 - what InPlaceReload.load does
+            with reload._config_ctx(vllm_worker.vllm_config):
                 reload.loaded |= set(reload.model.load_weights(batch) or ())
             profile.disable()
             t3 = time.perf_counter()

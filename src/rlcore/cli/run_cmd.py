@@ -36,6 +36,19 @@ def _fall_back_to_fsdp1(cfg: Any) -> Any:
     return cfg.model_copy(update={"policy": policy})
 
 
+def with_grpo_defaults(cfg: Any) -> Any:
+    """A run always has a ``grpo`` section: the defaults when the config leaves it out (rules re-checked)."""
+    from rlcore.config import ConfigError, check_rules
+    from rlcore.config.grpo import GRPOConfig
+
+    if cfg.grpo is not None:
+        return cfg
+    cfg = cfg.model_copy(update={"grpo": GRPOConfig()})
+    if problems := check_rules(cfg):
+        raise ConfigError(problems)
+    return cfg
+
+
 def run(
     config: Optional[Path] = typer.Argument(None, help="YAML config; omitted = the embedded defaults."),
     override: list[str] = typer.Option([], "-o", "--override", help="Dotted override key=value (repeatable)."),
@@ -46,7 +59,7 @@ def run(
     from rlcore.plugins.registry import validate_backend_sections
 
     try:
-        cfg = load_config(config, override)
+        cfg = with_grpo_defaults(load_config(config, override))
     except ConfigError as exc:
         _fail(exc.problems)
     if cfg.policy.generation is None:
@@ -66,7 +79,7 @@ def train(cfg: Any, resume: bool = False) -> dict[str, Any]:
     from rlcore.algorithms.run_log import MetricsLogger, read_metrics
     from rlcore.models import resolve_builtin_models
 
-    cfg = resolve_builtin_models(cfg)
+    cfg = resolve_builtin_models(with_grpo_defaults(cfg))
     out = Path(cfg.logger.output_dir)
     ckpt_root = out / "checkpoints"
     resume_from = latest_step(ckpt_root) if resume else None

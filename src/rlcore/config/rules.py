@@ -144,6 +144,8 @@ def separate_generation_has_resources(cfg: "RLCoreConfig") -> Iterator[str]:
 @rule
 def rollout_batch_fits_training(cfg: "RLCoreConfig") -> Iterator[str]:
     g, p = cfg.grpo, cfg.policy
+    if g is None:
+        return
     rollout = g.num_prompts_per_step * g.num_generations_per_prompt
     if rollout % p.train_global_batch_size:
         yield (f"grpo.num_prompts_per_step × grpo.num_generations_per_prompt = {g.num_prompts_per_step} × "

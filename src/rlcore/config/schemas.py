@@ -38,7 +38,9 @@ class RLCoreConfig(StrictModel):
 
     cluster: ClusterConfig = Field(default_factory=ClusterConfig, description="Workers and the Ray cluster.")
     policy: PolicyConfig = Field(default_factory=PolicyConfig, description="The policy and its training backend.")
-    grpo: GRPOConfig = Field(default_factory=GRPOConfig, description="The GRPO loop of 'rlcore run'.")
+    grpo: GRPOConfig | None = Field(
+        None, description="The GRPO loop of 'rlcore run' (which fills in the defaults when it is absent); "
+        "configs that only build a Policy leave it out.")
     loss: ClippedPGLossConfig = Field(default_factory=ClippedPGLossConfig, description="The policy-gradient loss.")
     task: TaskConfig = Field(default_factory=TaskConfig, description="Prompts and reward function.")
     logger: LoggerConfig = Field(default_factory=LoggerConfig, description="Metrics, plots and progress output.")

@@ -166,8 +166,30 @@ class RayWorkerGroup:
                 if recoverable:
                     ray.wait(pending, num_returns=len(pending))  # let the others finish before a retry
                     raise error from exc
-                raise self._fail(error) from exc
+                raise self._fail(self._root_cause(error, exc, pending, watched)) from exc
         return [results[r] for r in (calls.output_ranks if calls.output_ranks is not None else calls.ranks)]
+
+    def _root_cause(self, error: WorkerError, exc: BaseException, pending: list[Any],
+                    watched: dict[Any, int]) -> WorkerError:
+        """When a rank raised (e.g. a collective's 'connection reset'), check whether a peer died first.
+
+        A rank killed mid-collective makes its peers fail within milliseconds; the dead rank is the
+        cause worth naming. Waits briefly for the other calls to settle.
+        """
+        import ray
+
+        if isinstance(exc, ray.exceptions.RayActorError) or not pending:
+            return error
+        ready, _ = ray.wait(pending, num_returns=len(pending), timeout=3.0)
+        for ref in ready:
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayActorError as dead:
+                root = self._describe(watched[ref], dead)
+                return WorkerError(f"{root}; then {error}", root.rank)
+            except Exception:  # noqa: BLE001 - another secondary failure
+                continue
+        return error
 
     def _describe(self, rank: int, exc: BaseException) -> WorkerError:
         import ray

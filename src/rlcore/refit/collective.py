@@ -57,12 +57,20 @@ def broadcast_weights(group: Any, tensors: Iterator[tuple[str, "torch.Tensor"]],
 
 def receive_weights(group: Any, metadata: RefitMetadata, bucket_bytes: int, device: "torch.device",
                     load: LoadFn) -> int:
-    """Engine ranks: receive every bucket of the plan and ``load`` its tensors in order."""
+    """Engine ranks: receive every bucket of the plan and ``load`` its tensors in order.
+
+    Two buffers: bucket ``i + 1`` is already on the wire while bucket ``i`` is loaded.
+    """
     import torch
 
     plan = plan_buckets(metadata, bucket_bytes)
-    buffer = torch.empty(buffer_bytes(plan), dtype=torch.uint8, device=device)
-    for bucket in plan:
-        group.broadcast(buffer[:bucket.size], 0).wait()
-        load(unpack(bucket, buffer, metadata))
+    size = buffer_bytes(plan)
+    buffers = [torch.empty(size, dtype=torch.uint8, device=device) for _ in range(2)]
+    works = [group.broadcast(buffers[0][:plan[0].size], 0)] if plan else []
+    for index, bucket in enumerate(plan):
+        works[index].wait()
+        if index + 1 < len(plan):
+            nxt = plan[index + 1]
+            works.append(group.broadcast(buffers[(index + 1) % 2][:nxt.size], 0))
+        load(unpack(bucket, buffers[index % 2], metadata))
     return sum(b.size for b in plan)

@@ -191,30 +191,41 @@ def stream_to_receiver(tensors: Iterator[tuple[str, "torch.Tensor"]], metadata: 
                        num_buffers: int = 2, timeout_s: float = 600.0) -> int:
     """Send every tensor of ``metadata`` (pulled in order from ``tensors``); returns bytes sent."""
     plan = plan_buckets(metadata, bucket_bytes)
-    size = buffer_bytes(plan)
-    buffers = [_SharedBuffer.create(size, device) for _ in range(num_buffers)]
-    try:
-        with Client(address, family="AF_UNIX", authkey=authkey) as conn:
-            _send(conn, type="hello", metadata={k: [list(v[0]), v[1]] for k, v in metadata.items()},
-                  bucket_bytes=bucket_bytes, buffers=[b.handle for b in buffers])
-            _recv(conn, timeout_s)  # "ready", or the receiver's rejection raised as RefitError
-            free = deque(range(num_buffers))
-            for index, bucket in enumerate(plan):
-                while not free:
-                    free.append(_recv(conn, timeout_s)["buffer"])
-                slot = free.popleft()
-                pack(bucket, tensors, buffers[slot].tensor, metadata)
-                if device.type == "cuda":
-                    import torch
-
-                    torch.cuda.current_stream(device).synchronize()
-                _send(conn, type="bucket", index=index, buffer=slot)
-            while len(free) < num_buffers:
+    buffers = _sender_buffers(buffer_bytes(plan), device, num_buffers)
+    with Client(address, family="AF_UNIX", authkey=authkey) as conn:
+        _send(conn, type="hello", metadata={k: [list(v[0]), v[1]] for k, v in metadata.items()},
+              bucket_bytes=bucket_bytes, buffers=[b.handle for b in buffers])
+        _recv(conn, timeout_s)  # "ready", or the receiver's rejection raised as RefitError
+        free = deque(range(num_buffers))
+        for index, bucket in enumerate(plan):
+            while not free:
                 free.append(_recv(conn, timeout_s)["buffer"])
-            _send(conn, type="done")
-            if _recv(conn, timeout_s).get("type") != "ok":
-                raise RefitError("receiver did not confirm the refit")
-    finally:
-        for b in buffers:
-            b.close()
+            slot = free.popleft()
+            pack(bucket, tensors, buffers[slot].tensor, metadata)
+            if device.type == "cuda":
+                import torch
+
+                torch.cuda.current_stream(device).synchronize()
+            _send(conn, type="bucket", index=index, buffer=slot)
+        while len(free) < num_buffers:
+            free.append(_recv(conn, timeout_s)["buffer"])
+        _send(conn, type="done")
+        if _recv(conn, timeout_s).get("type") != "ok":
+            raise RefitError("receiver did not confirm the refit")
     return sum(b.size for b in plan)
+
+
+#: The sender's buffers, kept across refits: first-touching fresh shared memory costs about as
+#: much as filling it, on every refit. Freed (and unlinked) when the size changes or the process exits.
+_SENDER_POOL: dict[tuple[int, str, int], list[_SharedBuffer]] = {}
+
+
+def _sender_buffers(size: int, device: "torch.device", count: int) -> list[_SharedBuffer]:
+    key = (size, str(device), count)
+    if key not in _SENDER_POOL:
+        for old in _SENDER_POOL.values():
+            for b in old:
+                b.close()
+        _SENDER_POOL.clear()
+        _SENDER_POOL[key] = [_SharedBuffer.create(size, device) for _ in range(count)]
+    return _SENDER_POOL[key]
