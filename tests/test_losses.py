@@ -476,3 +476,23 @@ def test_missing_inputs_are_named():
 def test_import_does_not_import_torch():
     code = "import sys, rlcore.algorithms.loss_functions; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_force_on_policy_ratio_equals_prev_logprobs_set_to_the_current_ones():
+    """The forced ratio is the one the loss would get from prev_logprobs == the current (detached) logprobs."""
+    cfg = ClippedPGLossConfig(force_on_policy_ratio=True, reference_policy_kl_penalty=0.1)
+    logprobs, data = make_batch(3)
+    gseqs, gtoks = global_counts(data)
+    del data["prev_logprobs"]
+    loss, metrics = ClippedPGLossFn(cfg)(logprobs, data, gseqs, gtoks)
+    (grad,) = torch.autograd.grad(loss, logprobs)
+
+    logprobs2 = logprobs.detach().clone().requires_grad_(True)
+    explicit = dict(data, prev_logprobs=logprobs.detach().clone())
+    plain = ClippedPGLossConfig(reference_policy_kl_penalty=0.1)
+    loss2, metrics2 = ClippedPGLossFn(plain)(logprobs2, explicit, gseqs, gtoks)
+    (grad2,) = torch.autograd.grad(loss2, logprobs2)
+    assert metrics["probs_ratio"] == pytest.approx(metrics2["probs_ratio"]) and metrics["clip_fraction"] == 0.0
+    torch.testing.assert_close(loss, loss2)
+    torch.testing.assert_close(grad, grad2)
+    assert grad.abs().sum() > 0

@@ -118,7 +118,8 @@ def grpo_step(step: int, cfg: Any, policy: Any, generation: Any, synchronizer: A
     data = training_batch(rollout, prompt_lengths, group_advantages(rewards, group, cfg.grpo.advantage_estimator))
     with timer.phase("logprob"):
         policy.prepare_for_lp_inference()
-        data["prev_logprobs"] = policy.get_logprobs(data)["logprobs"]
+        if not cfg.loss.force_on_policy_ratio:  # else the loss uses the current logprobs themselves
+            data["prev_logprobs"] = policy.get_logprobs(data)["logprobs"]
         if cfg.loss.reference_policy_kl_penalty > 0:
             data["reference_policy_logprobs"] = policy.get_reference_policy_logprobs(data)["reference_logprobs"]
     with timer.phase("train"):

@@ -109,6 +109,12 @@ class ClippedPGLossConfig(BaseModel):
     disable_ppo_ratio: bool = Field(
         False, description="REINFORCE: per-token loss -A * log pi, no ratio and no clipping."
     )
+    force_on_policy_ratio: bool = Field(
+        False,
+        description="Use the current logprobs (detached) as prev_logprobs: the ratio is exactly 1 and its "
+        "gradient the on-policy one. Right when every rollout is trained in one optimizer step, which lets "
+        "the GRPO loop skip its prev-logprob pass.",
+    )
 
     @model_validator(mode="after")
     def _check_combinations(self) -> "ClippedPGLossConfig":
@@ -227,7 +233,7 @@ class ClippedPGLossFn:
 
         advantages = get("advantages", True)
         needs_prev = not cfg.disable_ppo_ratio or cfg.use_importance_sampling_correction
-        prev = get("prev_logprobs", needs_prev)
+        prev = lp.detach() if cfg.force_on_policy_ratio else get("prev_logprobs", needs_prev)
         gen = get(
             "generation_logprobs",
             cfg.use_importance_sampling_correction,
