@@ -8,9 +8,13 @@ The same work is timed twice:
   all count);
 - **raw**: ``--world-size`` processes started with ``torch.multiprocessing``
   over gloo, the same model, the same per-rank rows, the same micro-batches
-  and the same collectives (valid-token count, step loss and one flat
-  gradient all-reduce, grad norm, SGD step), timed on rank 0 between barriers
-  (its logprobs stay on the ranks: gathering them is part of what Policy costs).
+  and the same collectives (valid-token count, step loss, gradient reduction,
+  grad norm, SGD step), timed on rank 0 between barriers (its logprobs stay on
+  the ranks: gathering them is part of what Policy costs). The raw side does
+  the backend's kind of data parallelism: for ``dtensor``, plain torch FSDP2
+  (``fully_shard`` per decoder layer and the root, summed gradient
+  reduction); otherwise a full replica per rank with one flat gradient
+  all-reduce.
 
 Both sides are started and warmed up once, then their repeats are
 interleaved (raw step, rlcore step, raw logprobs, rlcore logprobs, ...) so
@@ -55,7 +59,45 @@ def make_data(world_size: int) -> dict:
 # --------------------------------------------------------------------------- raw torch
 
 
-def _raw_rank(rank: int, world_size: int, port: int, model_dir: str, commands: list, results: Any) -> None:
+def _shard_fsdp2(model: Any, world_size: int) -> None:
+    """Plain torch FSDP2: one unit per decoder layer plus the root, gradients summed over ranks."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+
+    mesh = init_device_mesh("cpu", (world_size,))
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    for module in model.modules():
+        if isinstance(module, FSDPModule):  # sum over ranks, as the loss is normalised globally
+            module.set_gradient_divide_factor(1.0)
+            module.set_force_sum_reduction_for_comms(True)
+
+
+def _reduce_replicated_grads(params: list) -> None:
+    """Full replicas: one flat all-reduce of every gradient, then the (unclipped) grad norm."""
+    import torch
+    import torch.distributed as dist
+
+    flat = torch.cat([p.grad.reshape(-1) for p in params])
+    dist.all_reduce(flat)
+    offset = 0
+    for p in params:
+        p.grad = flat[offset:offset + p.numel()].view_as(p)
+        offset += p.numel()
+    torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in params]))
+
+
+def _sharded_grad_norm(params: list) -> None:
+    """FSDP2 reduced the gradients in backward; the grad norm still needs one all-reduce over the shards."""
+    import torch.distributed as dist
+
+    norm_sq = sum(p.grad.to_local().double().square().sum() for p in params)
+    dist.all_reduce(norm_sq)
+
+
+def _raw_rank(rank: int, world_size: int, port: int, model_dir: str, fsdp2: bool, commands: list,
+              results: Any) -> None:
     """One raw rank: runs 'train' / 'logprobs' commands until 'stop'; rank 0 reports times and losses."""
     import torch
     import torch.distributed as dist
@@ -65,6 +107,8 @@ def _raw_rank(rank: int, world_size: int, port: int, model_dir: str, commands: l
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    if fsdp2:
+        _shard_fsdp2(model, world_size)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.SGD(params, lr=LR)
     data = make_data(world_size)
@@ -90,13 +134,7 @@ def _raw_rank(rank: int, world_size: int, port: int, model_dir: str, commands: l
             loss.backward()
             step_loss += loss.detach().double()
         dist.all_reduce(step_loss)
-        flat = torch.cat([p.grad.reshape(-1) for p in params])
-        dist.all_reduce(flat)
-        offset = 0
-        for p in params:
-            p.grad = flat[offset:offset + p.numel()].view_as(p)
-            offset += p.numel()
-        torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in params]))
+        (_sharded_grad_norm if fsdp2 else _reduce_replicated_grads)(params)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         return float(step_loss)
@@ -122,7 +160,7 @@ def _raw_rank(rank: int, world_size: int, port: int, model_dir: str, commands: l
 class RawRunner:
     """The raw ranks, kept alive between commands so their runs can be interleaved with rlcore's."""
 
-    def __init__(self, model_dir: str, world_size: int) -> None:
+    def __init__(self, model_dir: str, world_size: int, fsdp2: bool) -> None:
         import torch.multiprocessing as mp
 
         with socket.socket() as s:
@@ -131,7 +169,7 @@ class RawRunner:
         ctx = mp.get_context("spawn")
         self.commands = [ctx.SimpleQueue() for _ in range(world_size)]
         self.results = ctx.SimpleQueue()
-        self.context = mp.start_processes(_raw_rank, args=(world_size, port, model_dir, self.commands, self.results),
+        self.context = mp.start_processes(_raw_rank, args=(world_size, port, model_dir, fsdp2, self.commands, self.results),
                                           nprocs=world_size, join=False, start_method="spawn")
         for _ in range(world_size):
             self.results.get()  # every rank has loaded the model
@@ -211,7 +249,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"model: {MODEL}; {ROWS_PER_RANK} rows/rank of <= {SEQ_LEN} tokens, micro-batch {MICRO_BATCH}, "
           f"world size {args.world_size}, backend {args.backend!r}, {args.repeats} repeats after 1 warm-up",
           file=sys.stderr)
-    raw = RawRunner(model_dir, args.world_size)
+    raw = RawRunner(model_dir, args.world_size, fsdp2=args.backend == "dtensor")
     try:
         ours = PolicyRunner(args.backend, model_dir, args.world_size)
         try:
