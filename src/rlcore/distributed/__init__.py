@@ -3,7 +3,7 @@
 from rlcore.distributed.named_sharding import NamedSharding
 from rlcore.distributed.ray_runtime import init_ray, shutdown_ray
 from rlcore.distributed.virtual_cluster import ClusterError, RayVirtualCluster
-from rlcore.distributed.worker_group import Calls, RayWorkerGroup, WorkerError
+from rlcore.distributed.worker_group import Calls, RayWorkerGroup, WorkerError, WorkerGroupOwner
 
 __all__ = [
     "Calls",
@@ -12,6 +12,7 @@ __all__ = [
     "RayVirtualCluster",
     "RayWorkerGroup",
     "WorkerError",
+    "WorkerGroupOwner",
     "init_ray",
     "shutdown_ray",
 ]

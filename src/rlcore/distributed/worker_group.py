@@ -234,3 +234,28 @@ class RayWorkerGroup:
             except Exception:  # noqa: BLE001 - already dead
                 pass
         self.workers = []
+
+
+class WorkerGroupOwner:
+    """Driver-side plumbing for a facade that owns one :class:`RayWorkerGroup` (``self.worker_group``)."""
+
+    worker_group: RayWorkerGroup
+
+    def _all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
+        """Call ``method`` on every worker with the same arguments; results in rank order."""
+        wg = self.worker_group
+        return wg.get_results(wg.run_all_workers_single_data(method, *args, **kwargs))
+
+    def shutdown(self) -> bool:
+        """Kill the worker actors (the cluster owns, and removes, the placement group)."""
+        group = getattr(self, "worker_group", None)
+        if group is not None:
+            group.shutdown()
+        return True
+
+    def __del__(self) -> None:
+        # At interpreter exit Ray may already be gone; never raise from a finalizer.
+        try:
+            self.shutdown()
+        except Exception:  # noqa: BLE001
+            pass

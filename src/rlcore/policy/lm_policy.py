@@ -12,14 +12,14 @@ import os
 from typing import Any, Optional, Union
 
 from rlcore.data import BatchedDataDict
-from rlcore.distributed import NamedSharding, RayVirtualCluster, RayWorkerGroup
+from rlcore.distributed import NamedSharding, RayVirtualCluster, RayWorkerGroup, WorkerGroupOwner
 from rlcore.interfaces import ColocatablePolicyInterface, GenerationInterface
 from rlcore.plugins import BackendError, get_registry
 
 PathLike = Union[str, "os.PathLike[str]"]
 
 
-class Policy(ColocatablePolicyInterface, GenerationInterface):
+class Policy(WorkerGroupOwner, ColocatablePolicyInterface, GenerationInterface):
     def __init__(
         self,
         cluster: RayVirtualCluster,
@@ -64,10 +64,6 @@ class Policy(ColocatablePolicyInterface, GenerationInterface):
         self._all("is_alive")
 
     # -- dispatch helpers ----------------------------------------------------------
-    def _all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
-        wg = self.worker_group
-        return wg.get_results(wg.run_all_workers_single_data(method, *args, **kwargs))
-
     def _mode(self, purpose: str) -> tuple[str, dict[str, Any]]:
         """Micro-batching mode and the sharding arguments for ``purpose`` ('train' or 'logprob')."""
         db, sp = self.cfg.dynamic_batching, self.cfg.sequence_packing
@@ -218,17 +214,3 @@ class Policy(ColocatablePolicyInterface, GenerationInterface):
 
     def stop_gpu_profiling(self) -> None:
         self._all("stop_gpu_profiling")
-
-    def shutdown(self) -> bool:
-        """Kill every worker actor (the cluster owns, and removes, the placement group)."""
-        group = getattr(self, "worker_group", None)
-        if group is not None:
-            group.shutdown()
-        return True
-
-    def __del__(self) -> None:
-        # At interpreter exit Ray may already be gone; never raise from a finalizer.
-        try:
-            self.shutdown()
-        except Exception:  # noqa: BLE001
-            pass

@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from rlcore.data import BatchedDataDict
-from rlcore.distributed import NamedSharding, RayVirtualCluster, RayWorkerGroup
+from rlcore.distributed import NamedSharding, RayVirtualCluster, RayWorkerGroup, WorkerGroupOwner
 from rlcore.interfaces import GenerationInterface
 from rlcore.refit import RefitError
 from rl_vllm.config import VllmConfig, vllm_config_from
@@ -31,7 +31,7 @@ WORKER_CLASS = "rl_vllm.worker:VllmGenerationWorker"
 INPUT_KEYS = ("input_ids", "input_lengths", "stop_strings")
 
 
-class VllmGeneration(GenerationInterface):
+class VllmGeneration(WorkerGroupOwner, GenerationInterface):
     """Data-parallel vLLM engines behind ``GenerationInterface``.
 
     ``config`` is the resolved ``policy.generation`` section
@@ -78,10 +78,6 @@ class VllmGeneration(GenerationInterface):
     @property
     def num_engines(self) -> int:
         return self.sharding.dp
-
-    def _all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
-        wg = self.worker_group
-        return wg.get_results(wg.run_all_workers_single_data(method, *args, **kwargs))
 
     # -- GenerationInterface ------------------------------------------------------------
     def generate(self, data: BatchedDataDict, greedy: bool = False) -> BatchedDataDict:
@@ -170,15 +166,3 @@ class VllmGeneration(GenerationInterface):
         return self.worker_group.run_all_workers_single_data("update_weights_from_collective",
                                                              bucket_bytes=bucket_bytes).refs
 
-    def shutdown(self) -> bool:
-        """Kill the engine actors (the cluster owns, and removes, the placement group)."""
-        group = getattr(self, "worker_group", None)
-        if group is not None:
-            group.shutdown()
-        return True
-
-    def __del__(self) -> None:
-        try:
-            self.shutdown()
-        except Exception:  # noqa: BLE001 - never raise from a finalizer
-            pass
