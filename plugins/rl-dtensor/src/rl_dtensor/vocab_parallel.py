@@ -18,6 +18,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
+from rlcore.training.vocab_parallel import vocab_parallel_logprobs, vocab_parallel_topk
+
 
 def shard_offset(vocab_size: int, tp_size: int, tp_rank: int) -> int:
     """First vocabulary index of a rank's slice (``torch.chunk`` semantics, as DTensor ``Shard`` uses)."""
@@ -40,41 +42,6 @@ def _local_vocab(logits: DTensor) -> tuple[torch.Tensor, dist.ProcessGroup, int]
     return logits.to_local(), group, offset
 
 
-class _VocabParallelLogprob(torch.autograd.Function):
-    """``log_softmax(x)[target]`` where ``x``'s last dimension is split across ``group``."""
-
-    @staticmethod
-    def forward(ctx, local: torch.Tensor, target: torch.Tensor, offset: int, group) -> torch.Tensor:
-        ctx.input_dtype = local.dtype
-        local = local.float()
-        vocab_local = local.shape[-1]
-        row_max = local.max(dim=-1).values
-        dist.all_reduce(row_max, op=dist.ReduceOp.MAX, group=group)
-        shifted = local - row_max.unsqueeze(-1)
-        exp = shifted.exp()
-        sum_exp = exp.sum(dim=-1)
-        dist.all_reduce(sum_exp, op=dist.ReduceOp.SUM, group=group)
-
-        index = target - offset
-        here = (index >= 0) & (index < vocab_local)
-        picked = shifted.gather(-1, index.clamp(0, vocab_local - 1).unsqueeze(-1)).squeeze(-1)
-        picked = torch.where(here, picked, torch.zeros_like(picked))
-        dist.all_reduce(picked, op=dist.ReduceOp.SUM, group=group)
-
-        exp.div_(sum_exp.unsqueeze(-1))  # now the softmax of this slice, kept for backward
-        ctx.save_for_backward(exp, index, here)
-        return picked - sum_exp.log()
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        softmax, index, here = ctx.saved_tensors
-        grad_local = -softmax * grad.unsqueeze(-1)
-        onehot = torch.zeros_like(grad_local)
-        onehot.scatter_(-1, index.clamp(0, softmax.shape[-1] - 1).unsqueeze(-1),
-                        (grad * here).unsqueeze(-1))
-        return (grad_local + onehot).to(ctx.input_dtype), None, None, None
-
-
 def _replicated(logits: DTensor) -> torch.Tensor:
     return logits.redistribute(placements=[Replicate()] * logits.device_mesh.ndim).to_local()
 
@@ -88,7 +55,7 @@ def gather_logprobs(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         logits = _replicated(logits)  # e.g. a custom plan that gathers the output
     if isinstance(logits, DTensor):
         local, group, offset = _local_vocab(logits)
-        return _VocabParallelLogprob.apply(local, target.to(local.device), offset, group)
+        return vocab_parallel_logprobs(local, target, offset, group)
     logits = logits.float()
     picked = logits.gather(-1, target.unsqueeze(-1)).squeeze(-1)
     return picked - torch.logsumexp(logits, dim=-1)
@@ -106,12 +73,4 @@ def topk(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         values, indices = logits.float().topk(k, dim=-1)
         return values, indices
     local, group, offset = _local_vocab(logits)
-    values, indices = local.float().topk(min(k, local.shape[-1]), dim=-1)
-    indices = indices + offset
-    size = dist.get_world_size(group)
-    all_values = [torch.empty_like(values) for _ in range(size)]
-    all_indices = [torch.empty_like(indices) for _ in range(size)]
-    dist.all_gather(all_values, values.contiguous(), group=group)
-    dist.all_gather(all_indices, indices.contiguous(), group=group)
-    values, where = torch.cat(all_values, dim=-1).topk(k, dim=-1)
-    return values, torch.cat(all_indices, dim=-1).gather(-1, where)
+    return vocab_parallel_topk(local, k, offset, group)

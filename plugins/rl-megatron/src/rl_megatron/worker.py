@@ -284,7 +284,7 @@ class MegatronPolicyWorker(RefitExportMixin, TrainingWorkerBase):
         indices: list[torch.Tensor] = []
 
         def collect(mb: BatchedDataDict, logits: torch.Tensor) -> None:
-            v, i = vocab_parallel.topk(logits, k, self.vocab_start, self.shape.vocab_size, self.tp_group, self.tp_size)
+            v, i = vocab_parallel.topk(logits, k, self.vocab_start, self.shape.vocab_size, self.tp_group)
             pad = (0, 0, 0, width - v.shape[1])
             values.append(torch.nn.functional.pad(v, pad))
             indices.append(torch.nn.functional.pad(i, pad))

@@ -1,0 +1,71 @@
+"""Logprobs and top-k over a vocabulary split across tensor-parallel ranks.
+
+Each rank holds a slice ``[vocab_start, vocab_start + V_local)`` of the
+logits. The full ``[B, S, V]`` tensor is never gathered: log-softmax needs
+only the global max, the global sum of exponentials and the target's logit
+(three small all-reduces over the group); the backward pass is local
+(softmax minus one-hot on this rank's slice). Top-k takes each rank's local
+top-k and reduces the gathered candidates (the global top-k is always among
+them). Shared by the backends that shard the vocabulary (dtensor, megatron).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+class VocabParallelLogprob(torch.autograd.Function):
+    """``log_softmax(x)[target]`` where ``x``'s last dimension is split across ``group``."""
+
+    @staticmethod
+    def forward(ctx: Any, local: torch.Tensor, target: torch.Tensor, vocab_start: int, group: Any) -> torch.Tensor:
+        ctx.input_dtype = local.dtype
+        local = local.float()
+        vocab_local = local.shape[-1]
+        row_max = local.max(dim=-1).values
+        dist.all_reduce(row_max, op=dist.ReduceOp.MAX, group=group)
+        shifted = local - row_max.unsqueeze(-1)
+        exp = shifted.exp()
+        sum_exp = exp.sum(dim=-1)
+        dist.all_reduce(sum_exp, op=dist.ReduceOp.SUM, group=group)
+
+        index = target - vocab_start
+        here = (index >= 0) & (index < vocab_local)
+        picked = shifted.gather(-1, index.clamp(0, vocab_local - 1).unsqueeze(-1)).squeeze(-1)
+        picked = torch.where(here, picked, torch.zeros_like(picked))
+        dist.all_reduce(picked, op=dist.ReduceOp.SUM, group=group)
+
+        exp.div_(sum_exp.unsqueeze(-1))  # now the softmax of this slice, kept for backward
+        ctx.save_for_backward(exp, index, here)
+        return picked - sum_exp.log()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
+        softmax, index, here = ctx.saved_tensors
+        grad_local = -softmax * grad.unsqueeze(-1)
+        onehot = torch.zeros_like(grad_local)
+        onehot.scatter_(-1, index.clamp(0, softmax.shape[-1] - 1).unsqueeze(-1), (grad * here).unsqueeze(-1))
+        return (grad_local + onehot).to(ctx.input_dtype), None, None, None
+
+
+def vocab_parallel_logprobs(local: torch.Tensor, target: torch.Tensor, vocab_start: int, group: Any) -> torch.Tensor:
+    """float32 ``log_softmax(logits)[..., target]`` from this rank's vocabulary slice (differentiable)."""
+    return VocabParallelLogprob.apply(local, target.to(local.device), vocab_start, group)
+
+
+def vocab_parallel_topk(local: torch.Tensor, k: int, vocab_start: int, group: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """Global top-k float32 values and global vocabulary ids over the last dimension."""
+    values, indices = local.float().topk(min(k, local.shape[-1]), dim=-1)
+    indices = indices + vocab_start
+    size = dist.get_world_size(group)
+    if size > 1:
+        all_values = [torch.empty_like(values) for _ in range(size)]
+        all_indices = [torch.empty_like(indices) for _ in range(size)]
+        dist.all_gather(all_values, values.contiguous(), group=group)
+        dist.all_gather(all_indices, indices.contiguous(), group=group)
+        values, indices = torch.cat(all_values, dim=-1), torch.cat(all_indices, dim=-1)
+    best, order = values.topk(k, dim=-1)
+    return best, indices.gather(-1, order)
