@@ -17,6 +17,7 @@ import pytest
 
 from megatron_helpers import PLAIN_SGD
 from rlcore.testing.conformance import TrainingBackendConformance
+from rlcore.testing.resume_check import AdamRecipe
 
 pytest_plugins = ["rlcore.testing.pytest_plugin"]
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -28,6 +29,16 @@ class TestMegatronBackend(TrainingBackendConformance):
     def policy_overrides(self) -> dict:
         # The kit's oracle is plain SGD; the megatron backend takes its optimizer from megatron_cfg.
         return {"megatron_cfg": PLAIN_SGD}
+
+    def resume_policy_overrides(self, recipe: AdamRecipe) -> dict:
+        # The resume check's Adam and linear warm-up, in megatron_cfg's terms (weight decay stays 0).
+        beta1, beta2 = recipe.betas
+        return {"megatron_cfg": {
+            "optimizer": {"optimizer": "adam", "lr": recipe.lr, "adam_beta1": beta1, "adam_beta2": beta2,
+                          "adam_eps": recipe.eps},
+            "scheduler": {"lr_decay_style": "constant", "lr_warmup_iters": recipe.warmup_steps,
+                          "lr_warmup_init": recipe.lr * recipe.warmup_start_factor},
+        }}
 
 
 def test_plugin_declares_without_importing_engines() -> None:

@@ -51,6 +51,17 @@ class MetricsLogger:
         return plot_rewards(self.path, self.dir / "reward_curve.png")
 
 
+def keep_steps_before(path: str | Path, step: int) -> None:
+    """Drop the rows of ``step`` and later from a metrics file (a resumed run writes them again)."""
+    path = Path(path)
+    if not path.exists():
+        return
+    kept = [json.dumps(row) + "\n" for row in read_metrics(path) if row["step"] < step]
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(kept))
+    tmp.replace(path)
+
+
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
 

@@ -4,20 +4,32 @@ Default: a private, single-machine Ray on loopback with its own temp directory
 and no dashboard, so a run never joins somebody else's cluster or listens on a
 public interface. Given an address (config or ``RAY_ADDRESS``), attach to that
 cluster instead: that is how a run goes from one machine to many.
+
+The private instance lives exactly as long as the process that started it: a
+reaper process (:mod:`rlcore.distributed.reaper`) stops it and removes its
+temp directory when that process exits, however it exits (design.md §2.9).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
+import signal
+import subprocess
+import sys
 import tempfile
+import threading
+from pathlib import Path
+from typing import Any
 
-_PRIVATE_TEMP_DIR: str | None = None
-
+#: The running private instance: its temp dir and its reaper (None when attached or not started).
+_PRIVATE: dict[str, Any] = {}
 
 # Ray resolves 127.0.0.1 to the machine's routable address unless multi-node
 # clustering is off; with it off, every Ray process listens on loopback only.
 _SINGLE_MACHINE_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+_TEMP_ROOT = "/tmp"  # a short path: Ray's unix sockets live under it and have a ~100-byte limit
 
 
 def init_ray(address: str | None = None, *, num_cpus: int | None = None, num_gpus: int | None = None) -> bool:
@@ -27,7 +39,6 @@ def init_ray(address: str | None = None, *, num_cpus: int | None = None, num_gpu
         os.environ[_SINGLE_MACHINE_ENV] = "0"  # read by ray at import and by the processes it spawns
     import ray
 
-    global _PRIVATE_TEMP_DIR
     if ray.is_initialized():
         return False
     if address:
@@ -35,31 +46,83 @@ def init_ray(address: str | None = None, *, num_cpus: int | None = None, num_gpu
         return False
     from ray._private import ray_constants
 
+    from rlcore.distributed.reaper import SESSION_ENV  # not at module level: ``-m reaper`` imports this package
+
     ray_constants.ENABLE_RAY_CLUSTER = False  # in case ray was imported before the variable was set
     # Ray starts workers at niceness 15 by default; ours are the job, not background work.
     os.environ.setdefault("RAY_worker_niceness", "0")
-    # A short path: Ray's unix sockets live under it and have a ~100-byte limit.
-    _PRIVATE_TEMP_DIR = tempfile.mkdtemp(prefix="rlray-", dir="/tmp")
-    ray.init(
-        address="local",
-        num_cpus=max(num_cpus or 0, os.cpu_count() or 1),
-        num_gpus=num_gpus,
-        _node_ip_address="127.0.0.1",
-        include_dashboard=False,
-        _temp_dir=_PRIVATE_TEMP_DIR,
-        namespace="rlcore",
-        log_to_driver=True,
-    )
+    sweep_orphaned_temp_dirs()
+    temp_dir = tempfile.mkdtemp(prefix=f"rlray-{os.getpid()}-", dir=_TEMP_ROOT)
+    reaper = subprocess.Popen([sys.executable, "-m", "rlcore.distributed.reaper", temp_dir, str(os.getpid())],
+                              stdin=subprocess.PIPE, start_new_session=True)
+    _PRIVATE.update(temp_dir=temp_dir, reaper=reaper)
+    previous = os.environ.get(SESSION_ENV)
+    os.environ[SESSION_ENV] = temp_dir  # inherited by every Ray process: how the reaper finds them
+    sigterm_handler = signal.getsignal(signal.SIGTERM)
+    try:
+        ray.init(
+            address="local",
+            num_cpus=max(num_cpus or 0, os.cpu_count() or 1),
+            num_gpus=num_gpus,
+            _node_ip_address="127.0.0.1",
+            include_dashboard=False,
+            _temp_dir=temp_dir,
+            namespace="rlcore",
+            log_to_driver=True,
+        )
+    except BaseException:
+        shutdown_ray()
+        raise
+    finally:
+        _restore_sigterm(sigterm_handler)
+        if previous is None:
+            os.environ.pop(SESSION_ENV, None)
+        else:
+            os.environ[SESSION_ENV] = previous
     return True
 
 
-def shutdown_ray() -> None:
-    """Shut Ray down and remove the private temp directory, if this process made one."""
+def _restore_sigterm(handler: Any) -> None:
+    """Ray's driver installs a C-level crash handler for SIGTERM that aborts the process; give the
+    Python handler the program had (e.g. ``rlcore run``'s graceful stop) its signal back."""
+    if callable(handler) and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, handler)
+
+
+def shutdown_ray(timeout_s: float = 30.0) -> None:
+    """Shut Ray down; for a private instance, wait until its reaper has stopped every process of it."""
     import ray
 
-    global _PRIVATE_TEMP_DIR
     if ray.is_initialized():
         ray.shutdown()
-    if _PRIVATE_TEMP_DIR:
-        shutil.rmtree(_PRIVATE_TEMP_DIR, ignore_errors=True)
-        _PRIVATE_TEMP_DIR = None
+    reaper = _PRIVATE.pop("reaper", None)
+    temp_dir = _PRIVATE.pop("temp_dir", None)
+    if reaper is not None:
+        reaper.stdin.close()  # EOF: the reaper stops what is left and removes the temp dir
+        try:
+            reaper.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            reaper.kill()
+    if temp_dir:
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def sweep_orphaned_temp_dirs(root: str = _TEMP_ROOT) -> list[str]:
+    """Remove private-Ray temp dirs whose driver is gone (e.g. its reaper was killed too); returns them."""
+    removed = []
+    for path in Path(root).glob("rlray-*-*"):
+        match = re.fullmatch(r"rlray-(\d+)-\w+", path.name)
+        if match and not _alive(int(match.group(1))):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(str(path))
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # somebody else's process
+        return True
+    return True

@@ -26,6 +26,9 @@ from typing import Any, Sequence
 from rlcore.distributed.named_sharding import NamedSharding
 from rlcore.distributed.virtual_cluster import RayVirtualCluster
 
+#: Seconds a worker group waits for its workers' own ``shutdown`` before killing them.
+SHUTDOWN_GRACE_S = 10.0
+
 
 class WorkerError(RuntimeError):
     """A worker raised or died; names the worker, its rank and the cause."""
@@ -161,7 +164,7 @@ class RayWorkerGroup:
             try:
                 results[watched[ref]] = ray.get(ref)
             except Exception as exc:  # noqa: BLE001 - re-raised with the worker named
-                error = self._describe(watched[ref], exc)
+                error = self.describe(watched[ref], exc)
                 recoverable = not self.kill_on_error and not isinstance(exc, ray.exceptions.RayActorError)
                 if recoverable:
                     ray.wait(pending, num_returns=len(pending))  # let the others finish before a retry
@@ -185,13 +188,14 @@ class RayWorkerGroup:
             try:
                 ray.get(ref)
             except ray.exceptions.RayActorError as dead:
-                root = self._describe(watched[ref], dead)
+                root = self.describe(watched[ref], dead)
                 return WorkerError(f"{root}; then {error}", root.rank)
             except Exception:  # noqa: BLE001 - another secondary failure
                 continue
         return error
 
-    def _describe(self, rank: int, exc: BaseException) -> WorkerError:
+    def describe(self, rank: int, exc: BaseException) -> WorkerError:
+        """``exc`` (from a call on ``rank``) as a :class:`WorkerError` naming the worker and the cause."""
         import ray
 
         name = self.worker_names[rank]
@@ -212,9 +216,9 @@ class RayWorkerGroup:
         return WorkerError(f"worker {name} (rank {rank}) failed: {type(exc).__name__}: {exc}", rank)
 
     def _fail(self, error: WorkerError) -> WorkerError:
-        """Record the failure and kill the group: peers of a dead rank may hang in a collective."""
+        """Record the failure and kill the group at once: peers of a dead rank may hang in a collective."""
         self._failure = error
-        self.shutdown()
+        self.shutdown(grace_s=0)
         return error
 
     def worker_pids(self) -> list[int]:
@@ -222,18 +226,27 @@ class RayWorkerGroup:
 
         return ray.get([w.pid.remote() for w in self.workers])
 
-    def shutdown(self) -> None:
+    def shutdown(self, grace_s: float | None = None) -> None:
+        """Ask every worker to shut down, wait up to ``grace_s`` seconds (default
+        :data:`SHUTDOWN_GRACE_S`), then kill them all.
+
+        A worker busy in a call (e.g. hung in a collective) does not answer in time and is simply
+        killed; nothing it holds outlives its process (design.md §2.9), so killing is always safe —
+        asking first lets the healthy ones close process groups and engines cleanly.
+        """
         import ray
 
-        if not ray.is_initialized():
-            self.workers = []
+        workers, self.workers = self.workers, []
+        if not workers or not ray.is_initialized():
             return
-        for actor in self.workers:
+        grace_s = SHUTDOWN_GRACE_S if grace_s is None else grace_s
+        if grace_s > 0:
+            ray.wait([w.shutdown.remote() for w in workers], num_returns=len(workers), timeout=grace_s)
+        for actor in workers:
             try:
                 ray.kill(actor, no_restart=True)
             except Exception:  # noqa: BLE001 - already dead
                 pass
-        self.workers = []
 
 
 class WorkerGroupOwner:
@@ -247,7 +260,7 @@ class WorkerGroupOwner:
         return wg.get_results(wg.run_all_workers_single_data(method, *args, **kwargs))
 
     def shutdown(self) -> bool:
-        """Kill the worker actors (the cluster owns, and removes, the placement group)."""
+        """Shut the workers down, killing those that do not answer (the cluster removes the placement group)."""
         group = getattr(self, "worker_group", None)
         if group is not None:
             group.shutdown()

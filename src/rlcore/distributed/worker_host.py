@@ -30,3 +30,14 @@ class WorkerHost:
 
     def pid(self) -> int:
         return os.getpid()
+
+    def shutdown(self) -> None:
+        """Let the worker release what it holds (process groups, engines, refit buffers) before it is killed."""
+        try:
+            shutdown = getattr(self.worker, "shutdown", None)
+            if shutdown is not None:
+                shutdown()
+        finally:
+            from rlcore.refit.shared_memory import release_sender_buffers
+
+            release_sender_buffers()

@@ -11,10 +11,12 @@ from __future__ import annotations
 import os
 from typing import Any, Optional, Union
 
+from rlcore.config import ConfigError
 from rlcore.data import BatchedDataDict
 from rlcore.distributed import NamedSharding, RayVirtualCluster, RayWorkerGroup, WorkerGroupOwner
 from rlcore.interfaces import ColocatablePolicyInterface, GenerationInterface
 from rlcore.plugins import BackendError, get_registry
+from rlcore.preflight import check_policy_sources
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -35,6 +37,8 @@ class Policy(WorkerGroupOwner, ColocatablePolicyInterface, GenerationInterface):
         self.cfg = config
         self.tokenizer = tokenizer
         self.spec = get_registry().resolve(config.training_backend, kind="training")
+        if problems := check_policy_sources(config, weights_path):
+            raise ConfigError(problems)  # a missing or damaged model fails here, before any worker starts
         tp, cp, pp = config.parallel_sizes()
         if workers_per_node is not None:
             wanted = sum(workers_per_node) if isinstance(workers_per_node, list) \

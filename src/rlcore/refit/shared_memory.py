@@ -1,11 +1,22 @@
 """Colocated refit: stream packed buckets to an engine on the same machine.
 
-The engine (receiver) listens on a Unix socket in a private (0700) directory,
-authenticated with a random key. The training rank (sender) creates two
-shared buffers — POSIX shared memory on CPU, CUDA memory shared by IPC handle
-on GPU — and fills one while the receiver loads the other, so two buckets are
-in flight. Control messages are small JSON documents; tensors never go through
-the socket.
+The engine (receiver) listens on a Unix socket, authenticated with a random
+key. The training rank (sender) owns two shared buffers and fills one while
+the receiver loads the other, so two buckets are in flight. Control messages
+are small JSON documents; tensors never go through the socket.
+
+Nothing here outlives the processes that use it (design.md §2.9), because
+workers are killed, not asked, when things go wrong:
+
+- CPU buffers are anonymous memory (``memfd``) whose file descriptors travel
+  over the socket (``SCM_RIGHTS``): there is no name in ``/dev/shm`` to leak,
+  and the memory is freed when the last process mapping it exits.
+- On Linux the socket lives in the abstract namespace: no file, gone with the
+  listening process. Elsewhere it is a file in a private (0700) directory.
+  Only processes of the same user get past ``accept`` (peer credentials),
+  and only those holding the key past the handshake.
+- GPU buffers are CUDA memory shared by IPC handle, sent as plain data
+  (:mod:`rlcore.refit.cuda_ipc`), never as a pickle.
 
 Before any bucket, the sender offers its metadata and the receiver checks it
 against what it expects: a missing, extra or mis-shaped tensor is rejected
@@ -16,14 +27,19 @@ is then responsible for treating its weights as stale.
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import secrets
-import select
 import shutil
+import socket
+import struct
+import sys
 import tempfile
+import time
 from collections import deque
 from dataclasses import dataclass
-from multiprocessing.connection import Client, Connection, Listener
+from multiprocessing import AuthenticationError
+from multiprocessing.connection import Client, Connection, answer_challenge, deliver_challenge
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from rlcore.refit.buckets import RefitError, RefitMetadata, buffer_bytes, check_metadata, pack, plan_buckets, unpack
@@ -47,66 +63,85 @@ def _recv(conn: Connection, timeout_s: float) -> dict[str, Any]:
     return message
 
 
+def _send_fds(conn: Connection, fds: list[int]) -> None:
+    with socket.fromfd(conn.fileno(), socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        socket.send_fds(sock, [b"F"], fds)
+
+
+def _recv_fds(conn: Connection, count: int, timeout_s: float) -> list[int]:
+    if not conn.poll(timeout_s):
+        raise RefitError(f"refit peer sent no buffers for {timeout_s:.0f}s")
+    with socket.fromfd(conn.fileno(), socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        _, fds, _, _ = socket.recv_fds(sock, 1, count)
+    if len(fds) != count:
+        for fd in fds:
+            os.close(fd)
+        raise RefitError(f"expected {count} buffer descriptors from the sender, got {len(fds)}")
+    return fds
+
+
 # -- shared buffers ----------------------------------------------------------------------
 
 
-class _SharedBuffer:
-    """A uint8 tensor another process on this machine can map without a copy."""
+def _anonymous_memory(size: int) -> int:
+    """A file descriptor of ``size`` bytes of memory with no name anywhere (freed with its last user)."""
+    if hasattr(os, "memfd_create"):
+        fd = os.memfd_create("rlcore-refit", os.MFD_CLOEXEC)
+    else:  # no memfd (not Linux): a temp file unlinked at once is just as nameless
+        fd, path = tempfile.mkstemp(prefix="rlcore-refit-")
+        os.unlink(path)
+    os.ftruncate(fd, size)
+    return fd
 
-    def __init__(self, tensor: "torch.Tensor", handle: str, shm: Any = None, owner: bool = False) -> None:
-        self.tensor, self.handle, self._shm, self._owner = tensor, handle, shm, owner
+
+class _SharedBuffer:
+    """A uint8 tensor another process on this machine can map without a copy.
+
+    CPU: ``fd`` is an anonymous-memory descriptor, sent to the peer with the
+    hello; the ``handle`` is then just ``"fd"``. GPU: ``handle`` describes a
+    CUDA IPC handle.
+    """
+
+    def __init__(self, tensor: "torch.Tensor", handle: str, mapping: mmap.mmap | None = None,
+                 fd: int | None = None) -> None:
+        self.tensor, self.handle, self._mapping, self.fd = tensor, handle, mapping, fd
 
     @classmethod
     def create(cls, size: int, device: "torch.device") -> "_SharedBuffer":
         import torch
 
         if device.type == "cuda":
-            tensor = torch.empty(size, dtype=torch.uint8, device=device)
-            return cls(tensor, _cuda_ipc_handle(tensor), owner=True)
-        from multiprocessing import shared_memory
+            from rlcore.refit.cuda_ipc import encode_handle
 
-        shm = shared_memory.SharedMemory(create=True, size=size)
-        return cls(torch.frombuffer(shm.buf, dtype=torch.uint8), "shm:" + shm.name, shm, owner=True)
+            tensor = torch.empty(size, dtype=torch.uint8, device=device)
+            return cls(tensor, encode_handle(tensor))
+        fd = _anonymous_memory(size)
+        mapping = mmap.mmap(fd, size)
+        return cls(torch.frombuffer(mapping, dtype=torch.uint8), "fd", mapping, fd)
 
     @classmethod
-    def attach(cls, handle: str) -> "_SharedBuffer":
+    def attach(cls, handle: str, fd: int | None = None) -> "_SharedBuffer":
+        """Map the peer's buffer; a descriptor passed in is closed here (the mapping keeps the memory)."""
         import torch
 
-        if handle.startswith("cuda:"):
-            return cls(_open_cuda_ipc_handle(handle), handle)
-        from multiprocessing import resource_tracker, shared_memory
+        if handle != "fd":
+            from rlcore.refit.cuda_ipc import open_handle
 
-        shm = shared_memory.SharedMemory(name=handle.removeprefix("shm:"))
-        # The sender owns and unlinks the segment; keep this process's tracker from unlinking it too.
-        resource_tracker.unregister(shm._name, "shared_memory")  # noqa: SLF001
-        return cls(torch.frombuffer(shm.buf, dtype=torch.uint8), handle, shm)
+            return cls(open_handle(handle), handle)
+        try:
+            mapping = mmap.mmap(fd, os.fstat(fd).st_size)
+        finally:
+            os.close(fd)
+        return cls(torch.frombuffer(mapping, dtype=torch.uint8), handle, mapping)
 
     def close(self) -> None:
         self.tensor = None  # the torch view must go before the mapping can close
-        if self._shm is not None:
-            self._shm.close()
-            if self._owner:
-                self._shm.unlink()
-            self._shm = None
-
-
-def _cuda_ipc_handle(tensor: "torch.Tensor") -> str:
-    """Serialise a CUDA tensor's IPC handle (torch's own reduction) for another process."""
-    import base64
-    import pickle
-
-    from torch.multiprocessing.reductions import reduce_tensor
-
-    return "cuda:" + base64.b64encode(pickle.dumps(reduce_tensor(tensor))).decode()
-
-
-def _open_cuda_ipc_handle(handle: str) -> "torch.Tensor":
-    # The payload comes from our own sender over an authenticated socket in a 0700 directory.
-    import base64
-    import pickle
-
-    rebuild, args = pickle.loads(base64.b64decode(handle.removeprefix("cuda:")))  # noqa: S301
-    return rebuild(*args)
+        if self._mapping is not None:
+            self._mapping.close()
+            self._mapping = None
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
 
 
 # -- receiver --------------------------------------------------------------------------------
@@ -119,23 +154,53 @@ class ReceiveStats:
     buckets: int
 
 
+def _peer_uid(sock: socket.socket) -> int | None:
+    """The connecting process's user id (Linux); None where the platform cannot tell."""
+    if not hasattr(socket, "SO_PEERCRED"):
+        return None
+    _pid, uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                          struct.calcsize("3i")))
+    return uid
+
+
 class ShmReceiver:
     """The engine side: listens until :meth:`close`; one :meth:`receive` per refit."""
 
     def __init__(self) -> None:
-        self._dir = tempfile.mkdtemp(prefix="rlcore-refit-")
-        os.chmod(self._dir, 0o700)
-        self.address = os.path.join(self._dir, "refit.sock")
+        self._dir: str | None = None
+        if sys.platform.startswith("linux"):
+            self.address = f"\0rlcore-refit-{os.getpid()}-{secrets.token_hex(8)}"
+        else:
+            self._dir = tempfile.mkdtemp(prefix="rlcore-refit-")
+            os.chmod(self._dir, 0o700)
+            self.address = os.path.join(self._dir, "refit.sock")
         self.authkey = secrets.token_bytes(32)
-        self._listener = Listener(self.address, family="AF_UNIX", authkey=self.authkey)
+        self._socket = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._socket.bind(self.address)
+        self._socket.listen(4)
 
     def _accept(self, timeout_s: float) -> Connection:
-        # Listener.accept() has no timeout; wait for the socket to be readable first, so a sender
-        # that never connects cannot hang the engine forever.
-        ready, _, _ = select.select([self._listener._listener._socket], [], [], timeout_s)  # noqa: SLF001
-        if not ready:
-            raise RefitError(f"no sender connected within {timeout_s:.0f}s")
-        return self._listener.accept()
+        """The first peer of this user that knows the key; others are dropped. Never waits past the deadline."""
+        deadline = time.monotonic() + timeout_s
+        while (left := deadline - time.monotonic()) > 0:
+            self._socket.settimeout(left)
+            try:
+                sock, _ = self._socket.accept()
+            except socket.timeout:
+                break
+            if _peer_uid(sock) not in (None, os.getuid()):
+                sock.close()
+                continue
+            sock.setblocking(True)  # the handshake and the stream use the descriptor directly
+            conn = Connection(sock.detach())
+            try:
+                deliver_challenge(conn, self.authkey)
+                answer_challenge(conn, self.authkey)
+            except (OSError, EOFError, AuthenticationError):
+                conn.close()
+                continue
+            return conn
+        raise RefitError(f"no sender connected within {timeout_s:.0f}s")
 
     def receive(self, expected: RefitMetadata, load: LoadFn, timeout_s: float = 600.0) -> ReceiveStats:
         """Accept one sender, check its metadata, and ``load`` every bucket's tensors in order."""
@@ -148,8 +213,10 @@ class ShmReceiver:
                 _send(conn, type="error", message=str(exc))
                 raise
             plan = plan_buckets(offered, hello["bucket_bytes"])
-            buffers = [_SharedBuffer.attach(h) for h in hello["buffers"]]
             _send(conn, type="ready")
+            handles = hello["buffers"]
+            fds = iter(_recv_fds(conn, handles.count("fd"), timeout_s) if "fd" in handles else [])
+            buffers = [_SharedBuffer.attach(h, next(fds) if h == "fd" else None) for h in handles]
             try:
                 received = 0
                 for index, bucket in enumerate(plan):
@@ -179,8 +246,9 @@ class ShmReceiver:
         return ReceiveStats(received, sum(b.size for b in plan), len(plan))
 
     def close(self) -> None:
-        self._listener.close()
-        shutil.rmtree(self._dir, ignore_errors=True)
+        self._socket.close()
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
 
 
 # -- sender ----------------------------------------------------------------------------------
@@ -196,6 +264,8 @@ def stream_to_receiver(tensors: Iterator[tuple[str, "torch.Tensor"]], metadata: 
         _send(conn, type="hello", metadata={k: [list(v[0]), v[1]] for k, v in metadata.items()},
               bucket_bytes=bucket_bytes, buffers=[b.handle for b in buffers])
         _recv(conn, timeout_s)  # "ready", or the receiver's rejection raised as RefitError
+        if fds := [b.fd for b in buffers if b.fd is not None]:
+            _send_fds(conn, fds)
         free = deque(range(num_buffers))
         for index, bucket in enumerate(plan):
             while not free:
@@ -215,17 +285,23 @@ def stream_to_receiver(tensors: Iterator[tuple[str, "torch.Tensor"]], metadata: 
     return sum(b.size for b in plan)
 
 
-#: The sender's buffers, kept across refits: first-touching fresh shared memory costs about as
-#: much as filling it, on every refit. Freed (and unlinked) when the size changes or the process exits.
+#: The sender's buffers, kept across refits: first-touching fresh memory costs about as much as
+#: filling it, on every refit. Anonymous, so a killed sender leaks nothing; released early by
+#: :func:`release_sender_buffers` (graceful shutdown) or when the size changes.
 _SENDER_POOL: dict[tuple[int, str, int], list[_SharedBuffer]] = {}
 
 
 def _sender_buffers(size: int, device: "torch.device", count: int) -> list[_SharedBuffer]:
     key = (size, str(device), count)
     if key not in _SENDER_POOL:
-        for old in _SENDER_POOL.values():
-            for b in old:
-                b.close()
-        _SENDER_POOL.clear()
+        release_sender_buffers()
         _SENDER_POOL[key] = [_SharedBuffer.create(size, device) for _ in range(count)]
     return _SENDER_POOL[key]
+
+
+def release_sender_buffers() -> None:
+    """Free this process's pooled refit buffers (the next refit allocates new ones)."""
+    for buffers in _SENDER_POOL.values():
+        for b in buffers:
+            b.close()
+    _SENDER_POOL.clear()

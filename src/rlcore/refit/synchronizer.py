@@ -15,13 +15,41 @@ from rlcore.refit.buckets import RefitError
 from rlcore.refit.export import DEFAULT_BUCKET_BYTES
 
 
-def _wait(refs: list[Any], what: str) -> list[Any]:
+def _wait(parts: list[tuple[Any, list[Any]]], what: str) -> list[list[Any]]:
+    """Results of each ``(owner, refs)`` part; on the first failure a :class:`RefitError` naming the worker.
+
+    Both sides of a refit fail together (a dead engine breaks its sender's socket, a dead sender
+    its engine's stream), so after the first failure the others get a moment to settle and a
+    dead process is named as the cause over its peers' secondary errors.
+    """
+    import ray
+
+    owner_of = {ref: (owner, rank) for owner, refs in parts for rank, ref in enumerate(refs)}
+    pending, failures = list(owner_of), []
+    while pending and not failures:
+        ready, pending = ray.wait(pending, num_returns=1)
+        failures += _failure(ready[0])
+    if failures:
+        if not isinstance(failures[0][1], ray.exceptions.RayActorError):  # a dead peer may be the cause
+            settled, _ = ray.wait(pending, num_returns=len(pending), timeout=3.0)
+            for ref in settled:
+                failures += _failure(ref)
+        ref, exc = next((f for f in failures if isinstance(f[1], ray.exceptions.RayActorError)), failures[0])
+        owner, rank = owner_of[ref]
+        group = getattr(owner, "worker_group", None)
+        cause = str(group.describe(rank, exc)) if group is not None else f"{type(exc).__name__}: {exc}"
+        raise RefitError(f"{what} failed: {cause.strip().splitlines()[0]}") from exc
+    return [ray.get(refs) for _, refs in parts]
+
+
+def _failure(ref: Any) -> list[tuple[Any, BaseException]]:
     import ray
 
     try:
-        return ray.get(refs)
-    except Exception as exc:  # noqa: BLE001 - re-raised with context
-        raise RefitError(f"{what} failed: {type(exc).__name__}: {str(exc).strip().splitlines()[0]}") from exc
+        ray.get(ref)
+    except Exception as exc:  # noqa: BLE001 - collected, then reported with the worker named
+        return [(ref, exc)]
+    return []
 
 
 class WeightSynchronizer:
@@ -57,9 +85,9 @@ class WeightSynchronizer:
             return
         ip, port = self.cluster.get_master_address_and_port()
         world_size = 1 + self.generation.refit_world_size()
-        refs = self.policy.init_collective(ip, port, world_size, train_world_size=1)
-        refs += self.generation.init_collective(ip, port, world_size, train_world_size=1)
-        _wait(refs, "joining the refit group")
+        _wait([(self.policy, self.policy.init_collective(ip, port, world_size, train_world_size=1)),
+               (self.generation, self.generation.init_collective(ip, port, world_size, train_world_size=1))],
+              "joining the refit group")
         self._group_ready = True
 
     def sync_weights(self) -> dict[str, float]:
@@ -75,7 +103,6 @@ class WeightSynchronizer:
             self._init_group()
             receivers = self.generation.update_weights_from_collective(bucket_bytes=self.bucket_bytes)
             senders = self.policy.broadcast_weights_for_collective(bucket_bytes=self.bucket_bytes)
-        sent = _wait(senders, "sending weights")
-        _wait(receivers, "receiving weights")
+        sent, _ = _wait([(self.policy, senders), (self.generation, receivers)], "refit")
         self.stale = False
         return {"bytes": float(max(sent)), "seconds": time.perf_counter() - start}

@@ -33,8 +33,10 @@ locally:
   (the last two when declared);
 - reference logprobs after training equal the initial logprobs, and the swap
   leaves the trained weights in place;
-- checkpoint save → new ``Policy(weights_path=..., optimizer_path=...)`` gives
-  the same logprobs, and the weights load with ``AutoModelForCausalLM``;
+- checkpoints resume training: Adam + LR warm-up, save after step 1, a new
+  ``Policy(weights_path=..., optimizer_path=...)`` trains on and matches
+  uninterrupted training; a lost optimizer or scheduler state is named
+  (:mod:`rlcore.testing.resume_check`); the weights load with ``AutoModelForCausalLM``;
 - ``prepare_refit_info`` (only when 'refit' is declared) and
   ``get_topk_logits`` (only when 'topk_logits' is declared).
 
@@ -52,7 +54,6 @@ public so that a backend can reuse them in its own tests.
 from __future__ import annotations
 
 import json
-import math
 import os
 import subprocess
 import sys
@@ -64,8 +65,19 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 import pytest
 
+from rlcore.testing.oracle import (  # re-exported: the oracles are part of the kit's public API
+    StepRecord,
+    hf_token_logprobs,
+    load_hf_model,
+    oracle_gradients,
+    single_process_sgd,
+    state_copy,
+)
+
 if TYPE_CHECKING:
     import torch
+
+    from rlcore.testing.resume_check import AdamRecipe
 
 #: Modules that a plugin module (and a backend's config class) must not import.
 HEAVY_MODULES = ("torch", "ray", "vllm", "megatron")
@@ -254,81 +266,14 @@ def _close(actual: float, expected: float, rtol: float) -> bool:
     return abs(actual - expected) <= rtol * max(1.0, abs(expected))
 
 
-# --------------------------------------------------------------------------- single-process oracle
-
-
-def hf_token_logprobs(model: Any, data: Any) -> "torch.Tensor":
-    """Token logprobs of a plain Hugging Face forward, aligned as design.md §2.2 says.
-
-    Written independently of the backends' helpers on purpose: it is the oracle.
-    """
-    import torch
-
-    ids, lengths = data["input_ids"], data["input_lengths"]
-    positions = torch.arange(ids.shape[1])[None, :]
-    valid = positions < lengths[:, None]
-    logits = model(input_ids=ids, attention_mask=valid.long(), use_cache=False).logits.float()
-    next_lp = torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
-    out = torch.cat([torch.zeros_like(next_lp[:, :1]), next_lp], dim=1)
-    return torch.where(valid, out, torch.zeros_like(out))
-
-
-def load_hf_model(path: str) -> Any:
-    """``AutoModelForCausalLM.from_pretrained(path)`` in float32; fails if any weight was not in the files."""
-    import torch
-    import transformers
-    from transformers import AutoModelForCausalLM
-
-    transformers.utils.logging.disable_progress_bar()
-    model, info = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, output_loading_info=True)
-    bad = {k: sorted(v) for k, v in info.items() if k != "error_msgs" and v}
-    if bad or info.get("error_msgs"):
-        raise AssertionError(f"checkpoint {path} does not load cleanly with AutoModelForCausalLM: "
-                             f"{bad or info['error_msgs']}")
-    return model
-
-
-def _state(model: Any) -> dict:
-    return {k: v.detach().clone() for k, v in model.state_dict().items()}
-
-
-@dataclass
-class StepRecord:
-    """What one optimizer step produced."""
-
-    loss: float
-    grad_norm: float
-    weights: dict = field(repr=False)
-
-
-def single_process_sgd(model_dir: str, steps: list[tuple[Any, Any]], lr: float) -> tuple[dict, list[StepRecord]]:
-    """The oracle: plain SGD steps on the whole batch in this process.
-
-    ``steps`` is a list of ``(data, loss_fn)``; each is one optimizer step over
-    all of ``data`` (one forward, no micro-batches, no ranks). Returns the
-    initial weights and one :class:`StepRecord` per step.
-    """
-    import torch
-
-    model = load_hf_model(model_dir)
-    model.train()
-    params = [p for p in model.parameters() if p.requires_grad]
-    initial = _state(model)
-    records = []
-    for data, loss_fn in steps:
-        model.zero_grad(set_to_none=True)
-        sample_mask = data["sample_mask"].float()
-        seqs = sample_mask.sum()
-        toks = (data["token_mask"][:, 1:].float() * sample_mask[:, None]).sum()
-        loss, _ = loss_fn(hf_token_logprobs(model, data), data, seqs, toks)
-        loss.backward()
-        norm = math.sqrt(sum(float(p.grad.double().square().sum()) for p in params if p.grad is not None))
-        with torch.no_grad():
-            for p in params:
-                if p.grad is not None:
-                    p -= lr * p.grad
-        records.append(StepRecord(float(loss.detach()), norm, _state(model)))
-    return initial, records
+def train_and_save_step(policy: Any, data: Any, loss_fn: Any, weights_dir: Path,
+                        optimizer_path: Path | None = None) -> StepRecord:
+    """One optimizer step of ``policy``, then a checkpoint; the record's weights are read back with HF."""
+    result = policy.train(data, loss_fn)
+    policy.save_checkpoint(str(weights_dir), str(optimizer_path) if optimizer_path else None)
+    assert len(result["loss"]) == 1, f"one global batch gave {len(result['loss'])} optimizer steps"
+    return StepRecord(float(result["loss"][0]), float(result["grad_norm"][0]),
+                      state_copy(load_hf_model(str(weights_dir))))
 
 
 # --------------------------------------------------------------------------- shared plumbing
@@ -450,6 +395,7 @@ class _TrainingKit:
         from rlcore.data import BatchedDataDict
         from rlcore.testing.models import make_batch
         from rlcore.testing.pytest_plugin import ClusterPool
+        from rlcore.testing.resume_check import resume_steps
 
         self.author = cls()  # the subclass instance whose hooks we call
         self.cls = cls
@@ -490,6 +436,7 @@ class _TrainingKit:
                                          "reference_policy_logprobs": self.initial_logprobs.clone()})
         pg_loss = ClippedPGLossFn({"reference_policy_kl_penalty": 0.1, "token_level_loss": False})
         self.steps = [(self.batch, NLLLoss()), (self.pg_batch, pg_loss)]
+        self.resume_steps = resume_steps(self.batch, tokenizer, self.gbs)
 
     # -- oracle --------------------------------------------------------------------------
     def oracle(self) -> tuple[dict, list[StepRecord]]:
@@ -498,9 +445,12 @@ class _TrainingKit:
 
     # -- policies ------------------------------------------------------------------------
     def variants(self) -> dict[str, _Variant]:
+        from rlcore.testing.resume_check import RECIPE
+
         gbs = self.gbs
         return {v.name: v for v in (
             _Variant("world"),
+            _Variant("adam", policy=self.author.resume_policy_overrides(RECIPE)),
             # dp=1 and another micro-batch size (2 micro-batches per step instead of 4 per rank)
             _Variant("single", single_rank=True, policy={"train_micro_batch_size": gbs // 2}),
             _Variant("dynamic", capability="dynamic_batching", policy={"dynamic_batching": {
@@ -566,21 +516,22 @@ class _TrainingKit:
         record = self.policy(name)
 
         def train() -> dict:
-            policy = record["policy"]
-            steps = []
-            for k, (data, loss_fn) in enumerate(self.steps, start=1):
-                result = policy.train(data, loss_fn)
-                weights_dir = self.tmp_dir / f"{name}-step{k}"
-                optimizer_path = self.tmp_dir / f"{name}-step{k}-optim" if k == len(self.steps) else None
-                policy.save_checkpoint(str(weights_dir), str(optimizer_path) if optimizer_path else None)
-                assert len(result["loss"]) == 1, f"one global batch gave {len(result['loss'])} optimizer steps"
-                steps.append(StepRecord(float(result["loss"][0]), float(result["grad_norm"][0]),
-                                        _state(load_hf_model(str(weights_dir)))))
-            if name != "world":  # the world policy stays up for the swap and checkpoint tests
+            steps = [train_and_save_step(record["policy"], data, loss_fn, self.tmp_dir / f"{name}-step{k}")
+                     for k, (data, loss_fn) in enumerate(self.steps, start=1)]
+            if name != "world":  # the world policy stays up for the swap test
                 self.stop(name)
-            return {"steps": steps, "weights_dir": str(weights_dir), "optimizer_path": str(optimizer_path)}
+            return {"steps": steps}
 
         return self.once(f"training the '{name}' policy", train)
+
+    def resumed(self) -> Any:
+        """The resume check's two policies, run once: uninterrupted Adam, and resumed from its checkpoint."""
+        from rlcore.testing.resume_check import run_resume
+
+        variant = self.variant("adam")
+        return self.once("the checkpoint resume run", lambda: run_resume(
+            lambda name, **kwargs: self.start(name, variant, **kwargs), self.stop, self.resume_steps,
+            self.batch, self.tmp_dir))
 
     def stop(self, name: str) -> None:
         """Shut the policy down and give its bundles back (the kit's policies would not all fit at once)."""
@@ -618,6 +569,12 @@ class TrainingBackendConformance(_BackendChecks):
     loss_rtol: ClassVar[float] = 1e-5
     grad_norm_rtol: ClassVar[float] = 1e-5
     weight_rtol: ClassVar[float] = 1e-5
+    #: Resumed vs uninterrupted training (same backend and layout): weights (absolute), loss and grad norm.
+    resume_atol: ClassVar[float] = 1e-6
+    resume_rtol: ClassVar[float] = 1e-6
+    #: The uninterrupted Adam run vs the single-process Adam oracle, relative to the largest update.
+    #: Looser than ``weight_rtol``: Adam divides by sqrt(v), so gradient round-off shows up larger.
+    resume_oracle_rtol: ClassVar[float] = 1e-3
     topk_k: ClassVar[int] = 4
 
     def policy_overrides(self) -> dict:
@@ -627,6 +584,14 @@ class TrainingBackendConformance(_BackendChecks):
     def single_rank_policy_overrides(self) -> dict:
         """Extra ``policy`` config for the 1-rank policy; override when ``policy_overrides`` sets tp/pp > 1."""
         return self.policy_overrides()
+
+    def resume_policy_overrides(self, recipe: "AdamRecipe") -> dict:
+        """``policy`` config for the checkpoint-resume check: the recipe's Adam and LR warm-up.
+
+        The default sets rlcore's generic ``policy.optimizer``/``policy.scheduler``;
+        a backend that takes its optimizer from its own section maps the recipe there.
+        """
+        return recipe.policy_overrides()
 
     # -- fixtures --------------------------------------------------------------------------
     @pytest.fixture(scope="class")
@@ -741,23 +706,21 @@ class TrainingBackendConformance(_BackendChecks):
 
     # -- checkpoints --------------------------------------------------------------------------
     def test_checkpoint_round_trip(self, kit: _TrainingKit) -> None:
-        """Saved weights load with AutoModelForCausalLM and into a new Policy with the same logprobs."""
-        import torch
+        """A checkpoint reloads *and resumes*: training continued from it equals uninterrupted training.
 
-        trained = kit.trained("world")
-        expected = kit.policies["world"].get_logprobs(kit.batch)["logprobs"]
-        with torch.no_grad():
-            hf = hf_token_logprobs(load_hf_model(trained["weights_dir"]), kit.batch)
-        problems = logprob_problems(expected, kit.batch["input_lengths"], hf, self.logprob_atol,
-                                    what="trained logprobs vs HF forward of the saved checkpoint")
-        restored = kit.start("restored", kit.variant("world"), weights_path=trained["weights_dir"],
-                             optimizer_path=trained["optimizer_path"])
-        try:
-            got = restored.get_logprobs(kit.batch)["logprobs"]
-        finally:
-            kit.stop("restored")
-        problems += logprob_problems(got, kit.batch["input_lengths"], expected, self.logprob_atol,
-                                     what="logprobs of the policy restored from the checkpoint")
+        Adam + LR warm-up for three steps, checkpoint (weights + optimizer) after
+        the first; a new ``Policy(weights_path=..., optimizer_path=...)`` trains
+        steps 2 and 3. The saved weights load with ``AutoModelForCausalLM``, the
+        restored policy's logprobs are the saved ones, and the resumed steps'
+        losses, grad norms and weights equal the uninterrupted run's, which
+        itself matches a single-process Adam oracle. See
+        :mod:`rlcore.testing.resume_check` for how a failure is diagnosed.
+        """
+        from rlcore.testing.resume_check import RECIPE, ResumeTolerances, resume_problems
+
+        tolerances = ResumeTolerances(self.logprob_atol, self.resume_atol, self.resume_rtol,
+                                      self.resume_oracle_rtol)
+        problems = resume_problems(kit.resumed(), kit.resume_steps, kit.batch, kit.model_dir, RECIPE, tolerances)
         assert not problems, "\n".join(problems)
 
     # -- refit --------------------------------------------------------------------------------
@@ -952,7 +915,9 @@ __all__ = [
     "hf_token_logprobs",
     "load_hf_model",
     "logprob_problems",
+    "oracle_gradients",
     "plugin_reference",
     "single_process_sgd",
+    "train_and_save_step",
     "weight_problems",
 ]

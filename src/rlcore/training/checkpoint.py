@@ -285,10 +285,14 @@ def save_torch_state(obj: dict, path: str | os.PathLike) -> None:
 
 
 def load_torch_state(path: str | os.PathLike) -> Any:
-    """Load a :func:`save_torch_state` file onto CPU with ``weights_only=True`` (no arbitrary pickle)."""
-    import torch
+    """Load a :func:`save_torch_state` file onto CPU with ``weights_only=True`` (no arbitrary pickle).
 
-    return torch.load(str(path), map_location="cpu", weights_only=True)
+    Through :func:`rlcore.safe_pickle.torch_load`: torch's own allow-list only,
+    whatever other libraries in the process registered, and a refusal names the file.
+    """
+    from rlcore.safe_pickle import torch_load
+
+    return torch_load(str(path), str(path))
 
 
 __all__ = [

@@ -6,20 +6,23 @@ target), every rank writes its part into it, and rank 0 publishes it with a
 rename once all ranks are done. A crash at any point leaves the previous
 checkpoint whole.
 
-Nothing is loaded with unrestricted pickle: optimizer *tensors* go through
-torch distributed checkpointing (DCP), whose tensor files are read with
+Nothing is loaded with unrestricted pickle (a checkpoint is untrusted input,
+design.md §2.8; see :mod:`rlcore.safe_pickle`): optimizer *tensors* go through
+torch distributed checkpointing (DCP), whose tensor files torch reads with
 ``weights_only=True``; the non-tensor values (hyperparameters in
 ``param_groups``, the LR scheduler) go to a small ``torch.save`` file read
-back with ``weights_only=True``; and DCP's ``.metadata`` index, which torch
-reads with plain ``pickle``, is read here with an unpickler that only admits
-DCP's own metadata classes.
+back with ``weights_only=True``. Two DCP reads are replaced: the ``.metadata``
+index, which torch reads with plain ``pickle``, is read with an exact
+allow-list of DCP's metadata classes (:class:`SafeFileSystemReader`); and
+non-tensor entries, which DCP's default planner would ``torch.load`` with
+``weights_only=False``, are refused (:class:`TensorsOnlyLoadPlanner`): these
+checkpoints hold only tensors, so a metadata file that says otherwise is forged.
 """
 
 from __future__ import annotations
 
 import contextlib
 import io
-import pickle
 from pathlib import Path
 from typing import Any, Callable
 
@@ -27,12 +30,15 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.planner import ReadItem
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_optimizer_state_dict,
     set_optimizer_state_dict,
 )
 
+from rlcore.safe_pickle import UnsafeCheckpointError, exact_torch_safe_globals, read_dcp_metadata
 from rlcore.training.checkpoint import atomic_directory, load_torch_state, save_torch_state
 
 #: Non-tensor optimizer values and scheduler state, next to the DCP files.
@@ -61,50 +67,30 @@ def collective_atomic_directory(final_path: str, group: dist.ProcessGroup | None
     dist.barrier(group=group)  # published before anyone reads it
 
 
-# --------------------------------------------------------------------------- safe DCP metadata
-
-
-class _MetadataUnpickler(pickle.Unpickler):
-    """Admits only what a DCP ``.metadata`` file holds: DCP's metadata classes, torch sizes/dtypes, builtins."""
-
-    _MODULES = ("torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.filesystem",
-                "torch.distributed.checkpoint.planner", "torch.distributed.checkpoint._extension")
-    _BUILTINS = {"dict", "list", "tuple", "set", "frozenset", "int", "float", "str", "bytes", "bool", "slice",
-                 "object", "getattr"}
-    _COLLECTIONS = {"OrderedDict", "defaultdict"}
-    #: Harmless constructors DCP metadata refers to: layouts by name (a dict lookup), relative paths.
-    _OTHERS = {("torch.serialization", "_get_layout"), ("pathlib", "PosixPath"), ("pathlib", "PurePosixPath"),
-               ("pathlib", "WindowsPath"), ("pathlib", "PureWindowsPath")}
-
-    def find_class(self, module: str, name: str) -> Any:
-        if module in self._MODULES:
-            return super().find_class(module, name)
-        if module == "builtins" and name in self._BUILTINS:
-            return super().find_class(module, name)
-        if module == "collections" and name in self._COLLECTIONS:
-            return super().find_class(module, name)
-        if (module, name) in self._OTHERS:
-            return super().find_class(module, name)
-        if module == "torch" and (name == "Size" or isinstance(getattr(torch, name, None), torch.dtype)):
-            return super().find_class(module, name)
-        if module == "torch._utils" and name == "_rebuild_tensor_v2":
-            raise pickle.UnpicklingError("tensors are not allowed in DCP metadata")
-        raise pickle.UnpicklingError(f"refusing to load {module}.{name} from checkpoint metadata")
+# --------------------------------------------------------------------------- safe DCP reads
 
 
 class SafeFileSystemReader(dcp.FileSystemReader):
-    """``FileSystemReader`` whose metadata is read with :class:`_MetadataUnpickler`."""
+    """``FileSystemReader`` whose ``.metadata`` is read with an exact allow-list (:func:`read_dcp_metadata`)."""
 
     def read_metadata(self, *args: Any, **kwargs: Any):
-        from torch.distributed.checkpoint.metadata import StorageMeta
+        return read_dcp_metadata(self, kwargs.get("rank"))
 
-        path = self._get_metadata_path(kwargs.get("rank"))
-        with self.fs.create_stream(path, "rb") as f:
-            metadata = _MetadataUnpickler(io.BytesIO(f.read())).load()
-        if getattr(metadata, "storage_meta", None) is None:
-            metadata.storage_meta = StorageMeta()
-        metadata.storage_meta.load_id = self.load_id
-        return metadata
+
+class TensorsOnlyLoadPlanner(DefaultLoadPlanner):
+    """DCP's default planner, except that a non-tensor entry is refused instead of unpickled.
+
+    The default ``load_bytes`` is ``torch.load(weights_only=False)``; it runs
+    when the metadata calls an entry bytes, whatever the state dict expects.
+    """
+
+    def __init__(self, source: str) -> None:
+        super().__init__()
+        self.source = source
+
+    def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
+        raise UnsafeCheckpointError(f"{self.source}: refusing to unpickle {read_item.dest_index.fqn!r} "
+                                    "(these optimizer checkpoints hold only tensors)")
 
 
 # --------------------------------------------------------------------------- optimizer state
@@ -133,7 +119,8 @@ def load_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler
     """
     extra = load_torch_state(Path(path) / EXTRA_STATE_NAME)
     tensors, _ = _split(get_optimizer_state_dict(model, optimizer, options=_FLAT))
-    dcp.load(tensors, storage_reader=SafeFileSystemReader(path))
+    with exact_torch_safe_globals():  # tensor files: torch's own weights-only allow-list, nothing added
+        dcp.load(tensors, storage_reader=SafeFileSystemReader(path), planner=TensorsOnlyLoadPlanner(str(path)))
     set_optimizer_state_dict(model, optimizer, {**tensors, **extra["optimizer"]}, options=_FLAT)
     if scheduler is not None and extra["scheduler"] is not None:
         scheduler.load_state_dict(extra["scheduler"])

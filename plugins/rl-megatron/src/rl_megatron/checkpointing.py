@@ -9,9 +9,9 @@ publishes it with :func:`rlcore.training.checkpoint.atomic_directory`'s
 fsync-and-rename swap once all ranks are done: at every instant the path
 holds either the previous complete checkpoint or the new one.
 
-Loading uses ``torch.distributed.checkpoint`` for tensors and ``torch.load``
-with its default ``weights_only=True`` for the small common state (no
-unrestricted pickle, design.md §2.8).
+Loading goes through :mod:`rl_megatron.safe_load`: a checkpoint directory is
+untrusted input (design.md §2.8), and megatron-core's own load reads DCP's
+``.metadata`` and every sharded object with unrestricted pickle.
 """
 
 from __future__ import annotations
@@ -60,11 +60,12 @@ def read_info(path: str) -> dict[str, Any]:
 def load(sharded_state: dict, path: str) -> dict:
     """Collective: load ``sharded_state``'s tensors from ``path`` (any TP/PP layout it was saved with).
 
-    Call :func:`read_info` first: it repairs an interrupted publish.
+    Call :func:`read_info` first: it repairs an interrupted publish. Every
+    file is read without unrestricted pickle (:mod:`rl_megatron.safe_load`).
     """
-    from megatron.core import dist_checkpointing
+    from rl_megatron import safe_load
 
-    return dist_checkpointing.load(sharded_state, path)
+    return safe_load.load(sharded_state, path)
 
 
 __all__ = ["INFO_NAME", "load", "read_info", "save"]

@@ -280,13 +280,13 @@ class VllmGenerationWorker:
         except Exception as exc:
             if session:
                 session[0].abort()
-                self.stale_reason = (f"the last {transport} refit failed part-way ({type(exc).__name__}: {exc}); "
+                self.stale_reason = (f"the last {transport} refit failed part-way ({_reason(exc)}); "
                                      "its weights are a mix of old and new")
             else:
                 self.stale_reason = previous  # refused before any weight changed
             if isinstance(exc, RefitError):
                 raise
-            raise RefitError(f"engine {self.rank}: {transport} refit failed: {type(exc).__name__}: {exc}") from exc
+            raise RefitError(f"engine {self.rank}: {transport} refit failed: {_reason(exc)}") from exc
         finally:
             # Cached prefixes hold keys/values computed with the old weights.
             self.llm.reset_prefix_cache()
@@ -334,3 +334,16 @@ class VllmGenerationWorker:
 
             gc.collect()
         return True
+
+
+def _reason(exc: BaseException) -> str:
+    """``Type: message``; for a bare ``assert`` deep in vLLM (no message), where it failed and its line."""
+    if str(exc):
+        return f"{type(exc).__name__}: {exc}"
+    import traceback
+
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames:
+        return type(exc).__name__
+    last = frames[-1]
+    return f"{type(exc).__name__} at {os.path.basename(last.filename)}:{last.lineno}: {last.line}"

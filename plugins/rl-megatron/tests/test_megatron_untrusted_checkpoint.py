@@ -1,0 +1,226 @@
+"""Resuming rl-megatron from a forged checkpoint runs no code (design.md §2.8).
+
+A resume reads ``weights/`` (``config.json``, safetensors) and the megatron
+distributed checkpoint in ``optimizer/``: ``rlcore_megatron.json`` and
+``metadata.json`` (JSON), ``common.pt`` (``torch.save``), ``.metadata`` (DCP's
+pickled index) and ``__*.distcp`` (tensors, and pickled sharded objects such as
+every layer's ``_extra_state``). megatron-core 0.16.1 reads ``.metadata`` with
+plain ``pickle`` and the sharded objects with ``torch.load(weights_only=False)``;
+:mod:`rl_megatron.safe_load` replaces both. Each forged file below holds a
+pickle whose execution would create a marker file; each is put into a copy of
+a real checkpoint and loaded by a real worker, which must refuse it, naming
+the file (or entry) and what it refused. One case goes through a new
+``Policy`` (the ``--resume`` path itself). The genuine checkpoint still resumes.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import pickle
+import shutil
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+import torch
+
+from megatron_helpers import batch, call_workers, model_dir, policy_config
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+
+# --------------------------------------------------------------------------- payloads
+
+
+def _text(value: str) -> bytes:
+    data = value.encode()
+    return b"\x8c" + bytes([len(data)]) + data
+
+
+def system_payload(marker: Path) -> bytes:
+    return b"cos\nsystem\n(V" + f"touch {marker}".encode() + b"\ntR."
+
+
+def getattr_payload(marker: Path) -> bytes:
+    """``getattr(<the os that torch.distributed.checkpoint.filesystem imports>, "system")(cmd)``."""
+    return (b"\x80\x02cbuiltins\ngetattr\nctorch.distributed.checkpoint.filesystem\nos\n" + _text("system")
+            + b"\x86R" + _text(f"touch {marker}") + b"\x85R.")
+
+
+def dotted_payload(marker: Path) -> bytes:
+    """Protocol 4 resolves the dotted name ``os.system`` inside a DCP module."""
+    return (b"\x80\x04" + _text("torch.distributed.checkpoint.filesystem") + _text("os.system") + b"\x93"
+            + _text(f"touch {marker}") + b"\x85R.")
+
+
+class RunsCommand:
+    def __init__(self, cmd: str) -> None:
+        self.cmd = cmd
+
+    def __reduce__(self) -> tuple:
+        return os.system, (self.cmd,)
+
+
+def torch_save_payload(marker: Path, wrap: Callable[[Any], Any] = lambda evil: evil) -> bytes:
+    buf = io.BytesIO()
+    torch.save(wrap(RunsCommand(f"touch {marker}")), buf)
+    return buf.getvalue()
+
+
+# --------------------------------------------------------------------------- forging a copy of optimizer/
+
+
+def _metadata(optim: Path) -> Any:
+    return pickle.loads((optim / ".metadata").read_bytes())  # noqa: S301 - the genuine file we just wrote
+
+
+def _first_key(metadata: Any, kind: str) -> str:
+    return sorted(k for k, v in metadata.state_dict_metadata.items() if type(v).__name__ == kind)[0]
+
+
+def _redirect(optim: Path, key: str, payload: bytes) -> str:
+    """Point every chunk of entry ``key`` at a new data file holding ``payload``; metadata of allowed classes."""
+    (optim / "__9_0.distcp").write_bytes(payload)
+    metadata = _metadata(optim)
+    for index, info in metadata.storage_data.items():
+        if index.fqn == key:
+            info.relative_path, info.offset, info.length = "__9_0.distcp", 0, len(payload)
+    (optim / ".metadata").write_bytes(pickle.dumps(metadata))
+    return key
+
+
+def forge_sharded_object(optim: Path, marker: Path) -> str:
+    """A genuine bytes entry (a layer's ``_extra_state``) whose pickle runs a command."""
+    return _redirect(optim, _first_key(_metadata(optim), "BytesStorageMetadata"),
+                     torch_save_payload(marker, lambda evil: [evil]))
+
+
+def forge_tensor_data(optim: Path, marker: Path) -> str:
+    return _redirect(optim, _first_key(_metadata(optim), "TensorStorageMetadata"), torch_save_payload(marker))
+
+
+def forge_path_escape(optim: Path, marker: Path) -> str:
+    metadata = _metadata(optim)
+    for info in metadata.storage_data.values():
+        info.relative_path = "../../../etc/passwd"
+    (optim / ".metadata").write_bytes(pickle.dumps(metadata))
+    return ".metadata"
+
+
+def forge_backend(optim: Path, marker: Path) -> str:
+    """``metadata.json`` picks megatron's loader; here it cannot pick another."""
+    config = json.loads((optim / "metadata.json").read_text())
+    (optim / "metadata.json").write_text(json.dumps({**config, "sharded_backend": "zarr"}))
+    return "metadata.json"
+
+
+def _write(name: str, build: Callable[[Path], bytes]) -> Callable[[Path, Path], str]:
+    def forge(optim: Path, marker: Path) -> str:
+        (optim / name).write_bytes(build(marker))
+        return name
+    return forge
+
+
+#: case → (forge the copy of optimizer/, what the error must say)
+CASES: dict[str, tuple[Callable[[Path, Path], str], str]] = {
+    "metadata-os.system": (_write(".metadata", system_payload), "{optim}/.metadata: refusing to load os.system"),
+    "metadata-getattr-chain": (_write(".metadata", getattr_payload),
+                               "{optim}/.metadata: refusing to load builtins.getattr"),
+    "metadata-protocol-4-dotted": (_write(".metadata", dotted_payload),
+                                   "{optim}/.metadata: refusing to load torch.distributed.checkpoint.filesystem.os"),
+    "metadata-path-escape": (forge_path_escape, "{optim}/.metadata: the data of"),
+    "common.pt-torch.save": (_write("common.pt", lambda m: torch_save_payload(m, lambda evil: {"optimizer": evil})),
+                             "{optim}/common.pt: refusing to load posix.system"),
+    "common.pt-legacy-pickle": (_write("common.pt", system_payload), "{optim}/common.pt: refusing to load os.system"),
+    "distcp-sharded-object": (forge_sharded_object, "{optim} (object '{forged}'): refusing to load posix.system"),
+    # torch's own weights_only load refuses tensor data; its error names the global, not the file
+    "distcp-tensor-data": (forge_tensor_data, "GLOBAL posix.system"),
+    "metadata.json-backend": (forge_backend, "sharded backend 'zarr': rl-megatron reads only 'torch_dist'"),
+}
+
+
+# --------------------------------------------------------------------------- one policy, many forged loads
+
+
+def _losses(policy: Any, batches: list) -> list[float]:
+    from rlcore.algorithms.loss_functions import NLLLoss
+
+    return [float(policy.train(b, NLLLoss())["loss"][0]) for b in batches]
+
+
+@pytest.fixture(scope="module")
+def trained(ray_session: None, tiny_tokenizer: Any, tmp_path_factory: Any) -> Any:
+    """A megatron policy after one Adam step, its checkpoint, and the uninterrupted losses of steps 2 and 3."""
+    from rlcore.policy import Policy
+    from rlcore.testing.pytest_plugin import ClusterPool
+
+    root = tmp_path_factory.mktemp("untrusted-megatron")
+    cfg = policy_config(model_dir("llama"), 1, lr=1e-2, megatron={"optimizer": {"optimizer": "adam"}})
+    batches = [batch(tiny_tokenizer, seed=s) for s in (1, 2, 3)]
+    clusters = ClusterPool()
+    policy = Policy(clusters(1), cfg, tiny_tokenizer, name_prefix="untrusted-mg", init_reference_model=False)
+    try:
+        _losses(policy, batches[:1])
+        policy.save_checkpoint(str(root / "weights"), str(root / "optimizer"))
+        later = _losses(policy, batches[1:])
+        policy.worker_group.kill_on_error = False  # a refused load must not end the policy
+        yield {"policy": policy, "root": root, "batches": batches, "later": later, "cfg": cfg,
+               "clusters": clusters, "tokenizer": tiny_tokenizer}
+    finally:
+        policy.shutdown()
+        clusters.shutdown()
+
+
+def _forged_copy(trained: dict, tmp_path: Path, case: str) -> tuple[Path, Path, str]:
+    optim = tmp_path / "optimizer"
+    shutil.copytree(trained["root"] / "optimizer", optim)
+    marker = tmp_path / "payload-ran"
+    forge, _ = CASES[case]
+    return optim, marker, forge(optim, marker)
+
+
+def test_the_checkpoint_has_what_the_cases_forge(trained: dict) -> None:
+    optim = trained["root"] / "optimizer"
+    assert {p.name for p in optim.iterdir()} >= {".metadata", "common.pt", "metadata.json", "__0_0.distcp"}
+    kinds = {type(v).__name__ for v in _metadata(optim).state_dict_metadata.values()}
+    assert kinds == {"TensorStorageMetadata", "BytesStorageMetadata"}
+
+
+def test_control_forged_sharded_object_runs_under_stock_dcp(trained: dict, tmp_path: Path) -> None:
+    """DCP's default reader and planner (what megatron-core uses) run the forged sharded object."""
+    import torch.distributed.checkpoint as dcp
+
+    optim, marker, key = _forged_copy(trained, tmp_path, "distcp-sharded-object")
+    dcp.load({key: io.BytesIO()}, storage_reader=dcp.FileSystemReader(optim), no_dist=True)
+    assert marker.exists()
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_load_refuses_forged_checkpoint_file(trained: dict, tmp_path: Path, case: str) -> None:
+    optim, marker, forged = _forged_copy(trained, tmp_path, case)
+    with pytest.raises(Exception) as err:
+        call_workers(trained["policy"], "load_checkpoint", str(trained["root"] / "weights"), str(optim))
+    expected = CASES[case][1].format(optim=optim, forged=forged)
+    assert expected in str(err.value), str(err.value)
+    assert not marker.exists()
+
+
+def test_resume_refuses_forged_metadata(trained: dict, tmp_path: Path) -> None:
+    """The ``--resume`` path: a new ``Policy`` given the forged checkpoint fails to start, and runs nothing."""
+    from rlcore.policy import Policy
+
+    optim, marker, _ = _forged_copy(trained, tmp_path, "metadata-getattr-chain")
+    with pytest.raises(Exception) as err:
+        Policy(trained["clusters"](1), trained["cfg"], trained["tokenizer"], name_prefix="untrusted-mg-resume",
+               weights_path=str(trained["root"] / "weights"), optimizer_path=str(optim), init_reference_model=False)
+    assert f"{optim}/.metadata: refusing to load builtins.getattr" in str(err.value), str(err.value)
+    assert not marker.exists()
+
+
+def test_genuine_checkpoint_still_resumes(trained: dict) -> None:
+    """Weights, Adam state and scheduler come back: steps 2 and 3 repeat exactly."""
+    root = trained["root"]
+    call_workers(trained["policy"], "load_checkpoint", str(root / "weights"), str(root / "optimizer"))
+    assert _losses(trained["policy"], trained["batches"][1:]) == trained["later"]
