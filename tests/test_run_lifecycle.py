@@ -34,10 +34,10 @@ def run_args(out: Path, *overrides: str) -> list[str]:
             *[a for o in overrides for a in ("-o", o)]]
 
 
-def start(out: Path, *overrides: str) -> tuple[subprocess.Popen, leaks.Baseline]:
+def start(out: Path, *overrides: str, resume: bool = False) -> tuple[subprocess.Popen, leaks.Baseline]:
     baseline = leaks.snapshot()
     env = {**os.environ, leaks.TAG_ENV: baseline.tag, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(run_args(out, *overrides), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    proc = subprocess.Popen(run_args(out, *overrides) + (["--resume"] if resume else []), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     return proc, baseline
 
@@ -126,3 +126,21 @@ def test_a_resumed_log_keeps_one_row_per_step(tmp_path):
     assert [r["step"] for r in read_metrics(path)] == [0, 1, 2]
     keep_steps_before(path, 0)  # a fresh run
     assert read_metrics(path) == []
+
+
+def test_a_finished_run_and_its_resume_leave_nothing_and_skip_partial_checkpoints(tmp_path):
+    proc, baseline = start(tmp_path, "grpo.max_num_steps=2", "checkpointing.save_every_n_steps=2")
+    stdout, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 0, stderr[-2000:]
+    assert json.loads(stdout.strip().splitlines()[-1])["steps"] == 2
+    assert_released(baseline, proc, time.monotonic(), "normal exit")
+    # What a driver killed mid-save leaves: a half-written save, and a newer step without its state.json.
+    ckpts = tmp_path / "checkpoints"
+    (ckpts / ".step_000002.tmp-x1y2z3" / "weights").mkdir(parents=True)
+    (ckpts / "step_000007" / "weights").mkdir(parents=True)
+    proc, baseline = start(tmp_path, "grpo.max_num_steps=3", resume=True)
+    stdout, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 0, stderr[-2000:]
+    assert [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [0, 1, 2]
+    assert not list(ckpts.glob(".step_*.tmp-*"))
+    assert_released(baseline, proc, time.monotonic(), "resumed run's exit")

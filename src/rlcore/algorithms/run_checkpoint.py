@@ -31,10 +31,16 @@ def save_step(policy: Any, root: str | Path, step: int, keep_last: int, extra: d
 
 
 def latest_step(root: str | Path) -> tuple[int, Path] | None:
-    """``(step, directory)`` of the newest complete step checkpoint, or None."""
+    """``(step, directory)`` of the newest complete step checkpoint, or None.
+
+    Repairs what a crash mid-save left: a swap interrupted between its renames is undone, and the
+    temporary directories of saves that never completed are removed (one run writes ``root``).
+    """
     root = Path(root)
     if not root.is_dir():
         return None
+    for partial in root.glob(".step_*.tmp-*"):
+        shutil.rmtree(partial, ignore_errors=True)
     for candidate in sorted(root.glob("step_*"), reverse=True):
         recover_checkpoint(candidate)
         state = candidate / "state.json"
