@@ -34,18 +34,24 @@ def tcp_store(host: str, port: int, world_size: int, is_master: bool,
 def init_distributed(timeout: timedelta = timedelta(minutes=10)) -> "torch.device":
     """Join the default process group from the environment a worker group sets; returns this rank's device.
 
-    gloo on CPU, NCCL on GPU (one device per rank, ``LOCAL_RANK``).
+    On a GPU the group has NCCL for CUDA tensors and gloo for CPU ones (offloaded state,
+    checkpoint gathers); on CPU, gloo. The device is the rank's GPU: Ray narrows
+    ``CUDA_VISIBLE_DEVICES`` to it, so it is ``cuda:0`` unless several are visible (then
+    ``LOCAL_RANK``). A CPU worker group hides the GPUs from its workers altogether.
     """
     import torch
     import torch.distributed as dist
 
     cuda = torch.cuda.is_available()
-    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
     if cuda:
+        index = 0 if torch.cuda.device_count() == 1 else int(os.environ.get("LOCAL_RANK", 0))
+        device = torch.device("cuda", index)
         torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
     if not dist.is_initialized():
         rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         store = tcp_store(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size, rank == 0, timeout)
-        dist.init_process_group("nccl" if cuda else "gloo", store=store, rank=rank, world_size=world_size,
-                                timeout=timeout)
+        dist.init_process_group("cpu:gloo,cuda:nccl" if cuda else "gloo", store=store, rank=rank,
+                                world_size=world_size, timeout=timeout)
     return device

@@ -25,6 +25,7 @@ class BundleInfo:
     index: int
     node_ip: str
     local_rank: int
+    node_id: str = ""
 
 
 def _probe_bundle() -> str:
@@ -175,12 +176,11 @@ class RayVirtualCluster:
             probe.options(scheduling_strategy=self.scheduling_strategy(i)).remote() for i in range(self.world_size)
         ])
         node_ips = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}
-        per_node: dict[str, int] = {}
+        per_node: dict[str, int] = {}  # by node id: several nodes may share an address (one machine)
         infos = []
         for index, node_id in enumerate(results):
-            ip = node_ips[node_id]
-            infos.append(BundleInfo(index, ip, per_node.get(ip, 0)))
-            per_node[ip] = per_node.get(ip, 0) + 1
+            infos.append(BundleInfo(index, node_ips[node_id], per_node.get(node_id, 0), node_id))
+            per_node[node_id] = per_node.get(node_id, 0) + 1
         return infos
 
     def shutdown(self) -> bool:

@@ -93,6 +93,7 @@ class RayWorkerGroup:
         host_cls = ray.remote(WorkerHost)
         self.workers: list[Any] = []
         self.worker_names: list[str] = []
+        self.worker_nodes: list[str] = []  # "address (node id)": where each rank runs, for error messages
         for bundle in cluster.bundles():
             rank = bundle.index
             env = {
@@ -101,7 +102,9 @@ class RayWorkerGroup:
                 "LOCAL_RANK": str(bundle.local_rank),
                 "MASTER_ADDR": master_addr,
                 "MASTER_PORT": str(master_port),
-                **({} if cluster.use_gpus else {"RLCORE_CPU_THREADS": "1", "OMP_NUM_THREADS": "1"}),
+                # A CPU cluster's workers must not pick up a GPU the host happens to have.
+                **({} if cluster.use_gpus else {"RLCORE_CPU_THREADS": "1", "OMP_NUM_THREADS": "1",
+                                                "CUDA_VISIBLE_DEVICES": ""}),
                 **(extra_env or {}),
             }
             name = f"{name_prefix}-rank{rank}"
@@ -113,6 +116,7 @@ class RayWorkerGroup:
             ).remote(worker_class, env, init_args, init_kwargs or {})
             self.workers.append(actor)
             self.worker_names.append(name)
+            self.worker_nodes.append(f"{bundle.node_ip} ({bundle.node_id[:8]})")
 
     @property
     def world_size(self) -> int:
@@ -212,7 +216,8 @@ class RayWorkerGroup:
         if isinstance(exc, ray.exceptions.RayActorError):
             reason = str(exc).strip().splitlines()
             summary = next((ln for ln in reason if "died" in ln or "exit" in ln.lower()), reason[0] if reason else "")
-            return WorkerError(f"worker {name} (rank {rank}) died: {summary.strip()}", rank)
+            return WorkerError(f"worker {name} (rank {rank}) died on node {self.worker_nodes[rank]}: "
+                               f"{summary.strip()}", rank)
         return WorkerError(f"worker {name} (rank {rank}) failed: {type(exc).__name__}: {exc}", rank)
 
     def _fail(self, error: WorkerError) -> WorkerError:

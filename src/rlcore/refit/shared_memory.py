@@ -204,6 +204,8 @@ class ShmReceiver:
 
     def receive(self, expected: RefitMetadata, load: LoadFn, timeout_s: float = 600.0) -> ReceiveStats:
         """Accept one sender, check its metadata, and ``load`` every bucket's tensors in order."""
+        import torch
+
         with self._accept(timeout_s) as conn:
             hello = _recv(conn, timeout_s)
             offered = {k: (tuple(v[0]), v[1]) for k, v in hello["metadata"].items()}
@@ -225,10 +227,10 @@ class ShmReceiver:
                         raise RefitError(f"expected bucket {index}, got {message}")
                     buffer = buffers[message["buffer"]].tensor
                     if buffer.device.type == "cuda":
-                        import torch
-
                         torch.cuda.current_stream(buffer.device).synchronize()
                     load(unpack(bucket, buffer, offered))
+                    if buffer.device.type == "cuda":  # the engine's copies out of the buffer are done
+                        torch.cuda.current_stream(buffer.device).synchronize()
                     received += len(bucket.names)
                     _send(conn, type="free", buffer=message["buffer"])
                 if _recv(conn, timeout_s).get("type") != "done" or received != len(expected):
@@ -285,13 +287,16 @@ def stream_to_receiver(tensors: Iterator[tuple[str, "torch.Tensor"]], metadata: 
     return sum(b.size for b in plan)
 
 
-#: The sender's buffers, kept across refits: first-touching fresh memory costs about as much as
+#: The sender's CPU buffers, kept across refits: first-touching fresh memory costs about as much as
 #: filling it, on every refit. Anonymous, so a killed sender leaks nothing; released early by
 #: :func:`release_sender_buffers` (graceful shutdown) or when the size changes.
 _SENDER_POOL: dict[tuple[int, str, int], list[_SharedBuffer]] = {}
 
 
 def _sender_buffers(size: int, device: "torch.device", count: int) -> list[_SharedBuffer]:
+    if device.type == "cuda":  # GPU memory is scarce beside a colocated engine: new buffers per refit
+        release_sender_buffers()
+        return [_SharedBuffer.create(size, device) for _ in range(count)]
     key = (size, str(device), count)
     if key not in _SENDER_POOL:
         release_sender_buffers()
