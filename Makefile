@@ -12,7 +12,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 PLUGINS := $(wildcard plugins/*/pyproject.toml)
 
-.PHONY: install run test clean
+.PHONY: install run test clean gpu-check
 
 $(VENV)/.installed: pyproject.toml $(PLUGINS)
 	$(PYTHON) -m venv $(VENV)
@@ -34,3 +34,9 @@ test: install
 
 clean:
 	rm -rf $(VENV)
+
+# Every CUDA path on this machine's GPU (tests marked gpu + benchmarks/gpu.py), with the machine's own
+# torch: no .venv, no torch install. WHEELS=dir installs Ray / megatron-core / ... from local wheels.
+# Without CUDA it says so in one line and exits 0. See scripts/gpu_check.py.
+gpu-check:
+	@$(PYTHON) scripts/gpu_check.py $(if $(WHEELS),--wheels "$(WHEELS)") $(GPU_CHECK_ARGS)
