@@ -37,6 +37,6 @@ clean:
 
 # Every CUDA path on this machine's GPU (tests marked gpu + benchmarks/gpu.py), with the machine's own
 # torch: no .venv, no torch install. WHEELS=dir installs Ray / megatron-core / ... from local wheels.
-# Without CUDA it says so in one line and exits 0. See scripts/gpu_check.py.
+# Without CUDA it says so in one line and exits 0. See scripts/gpu_check/ (a package run as a folder).
 gpu-check:
-	@$(PYTHON) scripts/gpu_check.py $(if $(WHEELS),--wheels "$(WHEELS)") $(GPU_CHECK_ARGS)
+	@$(PYTHON) scripts/gpu_check $(if $(WHEELS),--wheels "$(WHEELS)") $(GPU_CHECK_ARGS)

@@ -5,7 +5,7 @@
   through rlcore's shared-memory transport (CUDA IPC on a GPU) into the model's own tensors, the
   way an engine loads in place, and computes token logprobs with the model afterwards.
 - :func:`record`: a measured number (an error, a memory delta) for the summary that
-  ``scripts/gpu_check.py`` writes; appended as a JSON line to ``$RLCORE_GPU_RECORD`` when set,
+  ``scripts/gpu_check/`` writes; appended as a JSON line to ``$RLCORE_GPU_RECORD`` when set,
   and printed either way (``pytest -s`` shows it).
 
 Imported by the Ray workers as ``tests.support_gpu`` (the test session puts the repository root
@@ -21,7 +21,7 @@ from typing import Any
 
 #: Environment variable naming the JSON-lines file :func:`record` appends to.
 RECORD_ENV = "RLCORE_GPU_RECORD"
-#: Skip reasons for what a GPU machine may lack (``scripts/gpu_check.py`` installs them from a wheel folder).
+#: Skip reasons for what a GPU machine may lack (``scripts/gpu_check/`` installs them from a wheel folder).
 NO_RAY = "Ray is not installed (make gpu-check WHEELS=<folder with the ray wheel and its dependencies>)"
 NO_MEGATRON = "megatron-core is not installed (make gpu-check WHEELS=<folder with a megatron_core wheel>)"
 

@@ -1,4 +1,4 @@
-"""``make gpu-check`` on a machine without CUDA, and the parts of scripts/gpu_check.py that need no GPU.
+"""``make gpu-check`` on a machine without CUDA, and the parts of scripts/gpu_check/ that need no GPU.
 
 The GPU run itself happens only on a GPU machine; here: the one-line exit on a CPU machine, the
 wheel folder handling (split wheels joined, a missing half reported, the machine's torch never
@@ -8,8 +8,8 @@ replaced), the metadata fallback for the checkout, which files hold GPU tests, a
 
 from __future__ import annotations
 
+import importlib
 import importlib.metadata
-import importlib.util
 import json
 import shutil
 import subprocess
@@ -21,7 +21,7 @@ from types import ModuleType
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "scripts" / "gpu_check.py"
+SCRIPT = ROOT / "scripts" / "gpu_check"  # a package, run as a folder: python scripts/gpu_check
 MARK = "pytest.mark." + "gpu"  # spelled apart so that this file is not taken for a GPU test file
 
 
@@ -35,10 +35,13 @@ def _cuda() -> bool:
 
 @pytest.fixture(scope="module")
 def gpu_check() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("gpu_check_under_test", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """The package, imported from scripts/ (not on sys.path otherwise), with its step modules loaded."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.syspath_prepend(str(SCRIPT.parent))
+        package = importlib.import_module("gpu_check")
+        for step in ("cuda", "wheels", "install", "run", "report"):
+            importlib.import_module(f"gpu_check.{step}")
+    return package
 
 
 # --------------------------------------------------------------------------- without CUDA
@@ -46,8 +49,8 @@ def gpu_check() -> ModuleType:
 
 @pytest.mark.skipif(_cuda(), reason="on a GPU machine this would run the whole check")
 def test_without_cuda_it_says_so_in_one_line_and_exits_0(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path / "out")], capture_output=True,
-                          text=True, timeout=300, cwd=ROOT)
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path / "out")], check=False,
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert len(lines) == 1 and lines[0].startswith("gpu-check: no CUDA"), proc.stdout
@@ -58,17 +61,18 @@ def test_without_cuda_it_says_so_in_one_line_and_exits_0(tmp_path: Path) -> None
 @pytest.mark.skipif(_cuda() or shutil.which("make") is None, reason="needs make and no GPU")
 def test_make_gpu_check_without_cuda() -> None:
     proc = subprocess.run(["make", "--no-print-directory", "gpu-check", f"PYTHON={sys.executable}",
-                           "WHEELS=/nonexistent-wheels"], capture_output=True, text=True, timeout=300, cwd=ROOT)
+                           "WHEELS=/nonexistent-wheels"], check=False, capture_output=True, text=True, timeout=300,
+                          cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines() == [proc.stdout.strip()] and "no CUDA" in proc.stdout, proc.stdout
 
 
 def test_no_cuda_line(gpu_check: ModuleType) -> None:
-    assert gpu_check.no_cuda_line({"error": "torch is not importable: ModuleNotFoundError: torch"}) == \
+    assert gpu_check.cuda.no_cuda_line({"error": "torch is not importable: ModuleNotFoundError: torch"}) == \
         "gpu-check: no CUDA here (torch is not importable: ModuleNotFoundError: torch): nothing to check"
-    assert "CPU-only build" in gpu_check.no_cuda_line({"torch": "2.13.0+cpu", "cuda_build": None, "cuda": False})
-    assert "CUDA 12.8 build" in gpu_check.no_cuda_line({"torch": "2.11.0", "cuda_build": "12.8", "cuda": False})
-    assert gpu_check.no_cuda_line({"torch": "2.11.0", "cuda_build": "13.0", "cuda": True, "count": 1}) is None
+    assert "CPU-only build" in gpu_check.cuda.no_cuda_line({"torch": "2.13.0+cpu", "cuda_build": None, "cuda": False})
+    assert "CUDA 12.8 build" in gpu_check.cuda.no_cuda_line({"torch": "2.11.0", "cuda_build": "12.8", "cuda": False})
+    assert gpu_check.cuda.no_cuda_line({"torch": "2.11.0", "cuda_build": "13.0", "cuda": True, "count": 1}) is None
 
 
 # --------------------------------------------------------------------------- wheels
@@ -103,7 +107,7 @@ def test_split_wheels_are_joined_and_a_missing_half_is_reported(gpu_check: Modul
     _wheel(wheels, "torch", "2.13.0", "cp312-cp312-manylinux_2_28_x86_64")
     _wheel(wheels, "nvidia_nccl_cu12", "2.27.0", "py3-none-manylinux2014_x86_64")
 
-    found, notes = gpu_check.collect_wheels([wheels, tmp_path / "nope"], tmp_path / "joined")
+    found, notes = gpu_check.wheels.collect_wheels([wheels, tmp_path / "nope"], tmp_path / "joined")
     names = [p.name for p in found]
     assert names == ["pydantic-2.14.3-py3-none-any.whl", "ray-2.60.0-cp312-cp312-manylinux2014_x86_64.whl"]
     joined = next(p for p in found if p.name.startswith("ray"))
@@ -120,14 +124,14 @@ def test_installed_newer_versions_are_kept(gpu_check: ModuleType, tmp_path: Path
     wheels = [_wheel(tmp_path, "pydantic", "2.14.3"), _wheel(tmp_path, "typing_extensions", "4.16.0"),
               _wheel(tmp_path, "ray", "2.60.0")]
     have = {"pydantic": None, "typing-extensions": "4.12.2", "ray": "2.60.0"}
-    chosen, notes = gpu_check.wheels_to_install(wheels, installed=have.get)
+    chosen, notes = gpu_check.wheels.wheels_to_install(wheels, installed=have.get)
     assert [p.name.split("-")[0] for p in chosen] == ["pydantic", "typing_extensions"]
     assert notes == ["ray: 2.60.0 already installed (wheel 2.60.0 not needed)"]
 
 
 def test_metadata_shim_makes_the_checkout_discoverable(gpu_check: ModuleType, tmp_path: Path) -> None:
-    projects = [ROOT, *gpu_check.plugin_dirs()]
-    gpu_check.write_metadata_shim(tmp_path / "site", projects)
+    projects = [ROOT, *gpu_check.install.plugin_dirs()]
+    gpu_check.install.write_metadata_shim(tmp_path / "site", projects)
     dists = {d.metadata["Name"]: d for d in importlib.metadata.distributions(path=[str(tmp_path / "site")])}
     assert {"rlcore", "rl-dtensor", "rl-fsdp1", "rl-megatron", "rl-vllm"} <= set(dists)
     plugins = {ep.name: ep.value for d in dists.values() for ep in d.entry_points if ep.group == "rlcore.plugins"}
@@ -136,13 +140,13 @@ def test_metadata_shim_makes_the_checkout_discoverable(gpu_check: ModuleType, tm
 
 
 def test_gpu_test_files(gpu_check: ModuleType, tmp_path: Path) -> None:
-    files = [str(p.relative_to(ROOT)) for p in gpu_check.gpu_test_files()]
+    files = [str(p.relative_to(ROOT)) for p in gpu_check.run.gpu_test_files()]
     assert "tests/test_backends_gpu.py" in files and "plugins/rl-megatron/tests/test_megatron_gpu.py" in files
     assert "tests/test_gpu_check.py" not in files and "tests/support_gpu.py" not in files
     (tmp_path / "tests").mkdir()
     (tmp_path / "tests" / "test_a.py").write_text(f"import pytest\npytestmark = {MARK}\n")
     (tmp_path / "tests" / "test_b.py").write_text("def test_x(): pass\n")
-    assert [p.name for p in gpu_check.gpu_test_files(tmp_path)] == ["test_a.py"]
+    assert [p.name for p in gpu_check.run.gpu_test_files(tmp_path)] == ["test_a.py"]
 
 
 # --------------------------------------------------------------------------- the summary
@@ -184,7 +188,7 @@ BENCH = {"gpu": "NVIDIA H100 80GB HBM3", "peak_bf16_tflops": 989.4, "torch": "2.
 def test_summary_and_table_from_a_pytest_report(gpu_check: ModuleType, tmp_path: Path) -> None:
     junit = tmp_path / "junit.xml"
     junit.write_text(JUNIT)
-    tests = gpu_check.parse_junit(junit)
+    tests = gpu_check.report.parse_junit(junit)
     assert tests["counts"] == {"passed": 2, "failed": 1, "error": 1, "skipped": 2}
     ids = [c["id"] for c in tests["cases"]]
     assert ids[0] == "tests/test_backends_gpu.py::test_fp32_logprobs_match_hf_float64[dtensor]"
@@ -197,18 +201,19 @@ def test_summary_and_table_from_a_pytest_report(gpu_check: ModuleType, tmp_path:
          "tolerance": 1e-5},
         {"test": ids[1], "name": "ipc_refit_receiver_vs_policy_max_abs", "value": 0.031, "round": 1},
     ]) + "\nnot json\n")
-    records = gpu_check.read_records(records_file)
+    records = gpu_check.report.read_records(records_file)
     assert len(records) == 2
     machine = {"name": "NVIDIA H100 80GB HBM3", "memory_gb": 79.2, "capability": "9.0", "count": 1,
                "torch": "2.11.0+cu130", "cuda_build": "13.0", "nccl": "2.27.7", "python": "3.12.3"}
     setup = {"problems": [], "wheels_installed": ["ray-2.60.0-cp312.whl"], "checkout": "pip install -e",
              "imports": {"ray": {"ok": True}, "megatron.core": {"ok": False, "error": "ModuleNotFoundError"}}}
-    summary = gpu_check.summarize(machine, setup, tests, records, BENCH,
-                                  {"install": 20.0, "tests": 300.0, "benchmark": 200.0, "total": 521.0}, ["a note"])
+    summary = gpu_check.report.summarize(machine, setup, tests, records, BENCH,
+                                         {"install": 20.0, "tests": 300.0, "benchmark": 200.0, "total": 521.0},
+                                         ["a note"])
     assert summary["status"] == "failed" and summary["missing"] == ["megatron.core"]
     json.dumps(summary)  # the JSON file is written from this
 
-    table = gpu_check.render_markdown(summary)
+    table = gpu_check.report.render_markdown(summary)
     assert table.startswith("### `make gpu-check`") and "**failed**" in table
     assert "NVIDIA H100 80GB HBM3 (79.2 GiB, sm 9.0, 1 GPU), torch 2.11.0+cu130" in table
     assert "| tests | 2 passed, 1 failed, 1 errors, 2 skipped | 300 |" in table
@@ -231,30 +236,30 @@ def test_summary_status(gpu_check: ModuleType) -> None:
     ok = {"counts": {"passed": 3, "failed": 0, "error": 0, "skipped": 1}, "cases": []}
     imports_ok = {"imports": {"ray": {"ok": True}, "megatron.core": {"ok": True}}, "problems": []}
     bench_ok = {"presets": {"0.5b": {"raw": {"step_s": 1.0}}}}
-    assert gpu_check.summarize({}, imports_ok, ok, [], bench_ok, {}, [])["status"] == "passed"
-    assert gpu_check.summarize({}, imports_ok, ok, [], None, {}, [])["status"] == "incomplete"
+    assert gpu_check.report.summarize({}, imports_ok, ok, [], bench_ok, {}, [])["status"] == "passed"
+    assert gpu_check.report.summarize({}, imports_ok, ok, [], None, {}, [])["status"] == "incomplete"
     no_ray = {"imports": {"ray": {"ok": False}}, "problems": []}
-    assert gpu_check.summarize({}, no_ray, ok, [], bench_ok, {}, [])["status"] == "incomplete"
+    assert gpu_check.report.summarize({}, no_ray, ok, [], bench_ok, {}, [])["status"] == "incomplete"
     bench_error = {"presets": {"0.5b": {"dtensor": {"error": "WorkerError: CUDA out of memory"}}}}
-    assert gpu_check.summarize({}, imports_ok, ok, [], bench_error, {}, [])["status"] == "failed"
+    assert gpu_check.report.summarize({}, imports_ok, ok, [], bench_error, {}, [])["status"] == "failed"
     leaked = dict(ok, leaks=["process 77 raylet"])
-    assert gpu_check.summarize({}, imports_ok, leaked, [], bench_ok, {}, [])["status"] == "failed"
+    assert gpu_check.report.summarize({}, imports_ok, leaked, [], bench_ok, {}, [])["status"] == "failed"
     timed_out = dict(ok, timed_out=True)
-    assert gpu_check.summarize({}, imports_ok, timed_out, [], bench_ok, {}, [])["status"] == "failed"
+    assert gpu_check.report.summarize({}, imports_ok, timed_out, [], bench_ok, {}, [])["status"] == "failed"
     broken = {"imports": {}, "problems": ["cannot import pydantic: ModuleNotFoundError"]}
-    summary = gpu_check.summarize({}, broken, {"cases": [], "counts": {}, "error": "not run"}, [], None, {}, [])
+    summary = gpu_check.report.summarize({}, broken, {"cases": [], "counts": {}, "error": "not run"}, [], None, {}, [])
     assert summary["status"] == "setup failed"
-    assert "problems: cannot import pydantic" in gpu_check.render_markdown(summary)
+    assert "problems: cannot import pydantic" in gpu_check.report.render_markdown(summary)
 
 
 def test_benchmark_result_is_the_last_json_line(gpu_check: ModuleType) -> None:
     text = f"table\n{json.dumps(BENCH)}\n(raylet) {{not json\n{{\"other\": 1}}\n"
-    assert gpu_check.last_json(text) == BENCH
-    assert gpu_check.last_json("no result\n") is None
+    assert gpu_check.report.last_json(text) == BENCH
+    assert gpu_check.report.last_json("no result\n") is None
 
 
 def test_leak_lines(gpu_check: ModuleType) -> None:
     log = "...\nleak check: the test session left these behind:\n  shared memory /dev/shm/torch_1_2\n" \
           "  process 77 raylet\n(shared memory and temp entries of other runs ...)\n"
-    assert gpu_check.leak_lines(log) == ["shared memory /dev/shm/torch_1_2", "process 77 raylet"]
-    assert gpu_check.leak_lines("all good") == []
+    assert gpu_check.report.leak_lines(log) == ["shared memory /dev/shm/torch_1_2", "process 77 raylet"]
+    assert gpu_check.report.leak_lines("all good") == []
