@@ -45,6 +45,40 @@ def test_pack_rejects_a_sender_out_of_order():
         pack(plan[0], shuffled, torch.empty(buffer_bytes(plan), dtype=torch.uint8), meta)
 
 
+def layered_metadata(layer_sizes: list[int]) -> dict:
+    """``model.embed_tokens`` then decoder layers of 3 tensors each (``layer_sizes[i]`` floats per tensor)."""
+    meta = {"model.embed_tokens.weight": ((64,), "float32")}
+    for i, n in enumerate(layer_sizes):
+        for part in ("self_attn.qkv", "mlp.up", "mlp.down"):
+            meta[f"model.layers.{i}.{part}.weight"] = ((n,), "float32")
+    meta["model.norm.weight"] = ((64,), "float32")
+    return meta
+
+
+def test_buckets_are_cut_between_layers_and_only_oversized_layers_split():
+    from rlcore.refit.buckets import layer_of, split_layer_names
+
+    meta = layered_metadata([256, 256, 256, 2048, 256])  # 3 KiB layers, one 24 KiB layer
+    plan = plan_buckets(meta, bucket_bytes=8 << 10)
+    assert [n for b in plan for n in b.names] == list(meta)  # order kept, nothing lost
+    buckets_of: dict[str, set[int]] = {}
+    for index, bucket in enumerate(plan):
+        assert bucket.size <= 8 << 10
+        for name in bucket.names:
+            buckets_of.setdefault(layer_of(name), set()).add(index)
+    spanning = {layer for layer, where in buckets_of.items() if len(where) > 1}
+    assert spanning == {"model.layers.3"}  # only the layer larger than a bucket is split
+    assert split_layer_names(plan) == {n for n in meta if n.startswith("model.layers.3.")}
+    # [embed, layer 0, layer 1] [layer 2] [layer 3's tensors, one bucket each: 3] [layer 4, norm]
+    assert len(plan) == 6 and plan[1].names[0] == "model.layers.2.self_attn.qkv.weight"
+    # A view of a whole layer is a view; a split layer's tensors are copies.
+    buffer = torch.zeros(buffer_bytes(plan), dtype=torch.uint8)
+    first = dict(unpack(plan[0], buffer, meta, copy=split_layer_names(plan)))
+    assert first["model.layers.0.mlp.up.weight"].untyped_storage().data_ptr() == buffer.untyped_storage().data_ptr()
+    third = dict(unpack(plan[2], buffer, meta, copy=split_layer_names(plan)))
+    assert all(t.untyped_storage().data_ptr() != buffer.untyped_storage().data_ptr() for t in third.values())
+
+
 # -- transports across real processes --------------------------------------------------------
 
 
@@ -92,6 +126,41 @@ def test_shared_memory_stream_rejects_a_missing_tensor_before_loading_anything()
     with pytest.raises(RefitError, match="rejected before any weight was changed: missing 1 tensor.*norm.weight"):
         _receive_shm(got, drop="norm.weight")
     assert got == {}
+
+
+def _shm_sender_twice(address, authkey, queue) -> None:
+    from rlcore.refit.shared_memory import stream_to_receiver
+
+    for scale in (1.0, 2.0):
+        tensors = {k: v * scale if v.is_floating_point() else v for k, v in sample_tensors().items()}
+        stream_to_receiver(iter(tensors.items()), metadata_of(tensors.items()), address, authkey,
+                           bucket_bytes=2048, device=torch.device("cpu"))
+    queue.put("ok")
+
+
+def test_the_receiver_maps_a_senders_pooled_buffers_once():
+    from rlcore.refit.shared_memory import ShmReceiver
+
+    ctx = mp.get_context("spawn")
+    receiver, queue = ShmReceiver(), ctx.Queue()
+    sender = ctx.Process(target=_shm_sender_twice, args=(receiver.address, receiver.authkey, queue))
+    sender.start()
+    mapped, got = [], []
+    try:
+        for _ in range(2):
+            into: dict[str, torch.Tensor] = {}
+            receiver.receive(metadata_of(sample_tensors().items()),
+                             lambda named, into=into: into.update({n: t.clone() for n, t in named}), timeout_s=60)
+            got.append(into)
+            mapped.append(dict(receiver._mapped))
+        assert queue.get(timeout=60) == "ok"
+    finally:
+        sender.join(timeout=60)
+        receiver.close()
+    assert len(mapped[0]) == 2 and all(mapped[1][k] is v for k, v in mapped[0].items())  # the same two mappings
+    assert receiver._mapped == {}
+    for name, t in sample_tensors().items():
+        assert torch.equal(got[0][name], t) and torch.equal(got[1][name], t * 2 if t.is_floating_point() else t)
 
 
 def _collective_sender(port: int, queue) -> None:

@@ -149,23 +149,43 @@ def test_refit_info_is_checked_against_the_engine_model(setup: dict) -> None:
     greedy(setup)  # and the engines still serve
 
 
-def test_train_then_refit_by_shared_memory(setup: dict) -> None:
+def check_bucket_plan(setup: dict, bucket_bytes: int) -> None:
+    """The plan really is what the parameter stands for: layers split and copied, or whole and viewed."""
+    from rlcore.refit.buckets import plan_buckets, split_layer_names
+
+    plan = plan_buckets(setup["policy"].prepare_refit_info(), bucket_bytes)
+    split = split_layer_names(plan)
+    if bucket_bytes == SMALL_BUCKET:
+        assert split, "every layer should be split over buckets"
+    else:  # views only, and more buckets than buffers, so a buffer is reused while vLLM holds views
+        assert not split and len(plan) > 2, (len(plan), sorted(split)[:3])
+
+
+#: Holds any one layer of the tiny model but not two: buckets are cut between layers, nothing is copied.
+LAYER_BUCKET = 200 << 10
+
+
+@pytest.mark.parametrize("bucket_bytes", [SMALL_BUCKET, LAYER_BUCKET], ids=["split-layers", "whole-layers"])
+def test_train_then_refit_by_shared_memory(setup: dict, bucket_bytes: int) -> None:
     """Train a step; after a shared-memory refit the engines' logprobs equal the policy's."""
+    check_bucket_plan(setup, bucket_bytes)
     before_data, before = greedy(setup)
-    train_one_step(setup["policy"], setup["tokenizer"], seed=100)
+    train_one_step(setup["policy"], setup["tokenizer"], seed=100 + bucket_bytes % 7)
     err, _ = logprob_error(setup, before_data, before)
     assert err > 1e-3, "the training step did not change the policy: the refit test would be vacuous"
-    sync = WeightSynchronizer(setup["policy"], setup["generation"], colocated=True, bucket_bytes=SMALL_BUCKET)
+    sync = WeightSynchronizer(setup["policy"], setup["generation"], colocated=True, bucket_bytes=bucket_bytes)
     stats = sync.sync_weights()
     assert sync.transport == "shared_memory" and stats["bytes"] > 0
     assert_in_sync(setup)
 
 
-def test_train_then_refit_by_collective(setup: dict) -> None:
+@pytest.mark.parametrize("bucket_bytes", [SMALL_BUCKET, LAYER_BUCKET], ids=["split-layers", "whole-layers"])
+def test_train_then_refit_by_collective(setup: dict, bucket_bytes: int) -> None:
     """The same through the broadcast transport (gloo group of training rank 0 + both engines)."""
-    train_one_step(setup["policy"], setup["tokenizer"], seed=200)
+    check_bucket_plan(setup, bucket_bytes)
+    train_one_step(setup["policy"], setup["tokenizer"], seed=200 + bucket_bytes % 7)
     sync = WeightSynchronizer(setup["policy"], setup["generation"], colocated=False, cluster=setup["cluster"],
-                              bucket_bytes=SMALL_BUCKET)
+                              bucket_bytes=bucket_bytes)
     sync.sync_weights()
     assert sync.transport == "collective"
     assert_in_sync(setup)

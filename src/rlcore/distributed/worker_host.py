@@ -38,6 +38,7 @@ class WorkerHost:
             if shutdown is not None:
                 shutdown()
         finally:
-            from rlcore.refit.shared_memory import release_sender_buffers
+            from rlcore.refit import collective, shared_memory
 
-            release_sender_buffers()
+            shared_memory.release_sender_buffers()
+            collective.release_buffers()

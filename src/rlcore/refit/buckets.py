@@ -7,8 +7,9 @@ receiver knows every bucket's layout without being told.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator
 
 if TYPE_CHECKING:
     import torch
@@ -16,6 +17,11 @@ if TYPE_CHECKING:
 #: ``{hf_name: (shape, dtype name)}``, in send order. Plain Python values so it
 #: pickles cheaply and can be compared without torch.
 RefitMetadata = dict[str, tuple[tuple[int, ...], str]]
+
+#: What a receiver does with one bucket's ``(name, tensor)`` pairs. It may hold on to a tensor past
+#: the call only until every tensor of its layer (:func:`layer_of`) has arrived: the transports keep
+#: that much valid (views for layers whole in the bucket, copies for the others), no more.
+LoadFn = Callable[[list[tuple[str, "torch.Tensor"]]], None]
 
 ALIGN = 256  # byte alignment of each tensor inside a bucket (what CUDA kernels like)
 
@@ -60,23 +66,66 @@ class Bucket:
     size: int  # bytes used, aligned
 
 
+_LAYER = re.compile(r"^(.*?\.layers\.\d+)\.")
+
+
+def layer_of(name: str) -> str:
+    """The decoder layer a tensor belongs to (``model.layers.3``), or the tensor's own name outside layers.
+
+    An engine may keep a layer's tensors until it has all of them (vLLM fuses q/k/v and
+    gate/up per layer), so the plan keeps a layer in one bucket where it can.
+    """
+    match = _LAYER.match(name)
+    return match.group(1) if match else name
+
+
+def _runs(metadata: RefitMetadata) -> list[list[tuple[str, int]]]:
+    """Consecutive tensors of the same layer, with their aligned sizes."""
+    runs: list[list[tuple[str, int]]] = []
+    for name, (shape, dtype) in metadata.items():
+        entry = (name, _aligned(nbytes(shape, dtype)))
+        if runs and layer_of(runs[-1][-1][0]) == layer_of(name):
+            runs[-1].append(entry)
+        else:
+            runs.append([entry])
+    return runs
+
+
 def plan_buckets(metadata: RefitMetadata, bucket_bytes: int) -> list[Bucket]:
-    """Consecutive tensors grouped into buckets of at most ``bucket_bytes`` (a larger tensor gets its own)."""
+    """Consecutive tensors grouped into buckets of at most ``bucket_bytes``, cut between layers.
+
+    A layer starts a new bucket when it does not fit in the current one; only a layer larger
+    than ``bucket_bytes`` is split, tensor by tensor (and a tensor larger than that gets a
+    bucket of its own). :func:`split_layer_names` says which tensors that left split.
+    """
     buckets: list[Bucket] = []
     names: list[str] = []
     offsets: list[int] = []
     used = 0
-    for name, (shape, dtype) in metadata.items():
-        size = _aligned(nbytes(shape, dtype))
-        if names and used + size > bucket_bytes:
+    for run in _runs(metadata):
+        run_bytes = sum(size for _, size in run)
+        if names and used + run_bytes > bucket_bytes and run_bytes <= bucket_bytes:
             buckets.append(Bucket(tuple(names), tuple(offsets), used))
             names, offsets, used = [], [], 0
-        names.append(name)
-        offsets.append(used)
-        used += size
+        for name, size in run:
+            if names and used + size > bucket_bytes:
+                buckets.append(Bucket(tuple(names), tuple(offsets), used))
+                names, offsets, used = [], [], 0
+            names.append(name)
+            offsets.append(used)
+            used += size
     if names:
         buckets.append(Bucket(tuple(names), tuple(offsets), used))
     return buckets
+
+
+def split_layer_names(plan: list[Bucket]) -> frozenset[str]:
+    """Names of tensors whose layer is spread over more than one bucket of ``plan``."""
+    buckets_of: dict[str, set[int]] = {}
+    for index, bucket in enumerate(plan):
+        for name in bucket.names:
+            buckets_of.setdefault(layer_of(name), set()).add(index)
+    return frozenset(name for bucket in plan for name in bucket.names if len(buckets_of[layer_of(name)]) > 1)
 
 
 def buffer_bytes(plan: list[Bucket]) -> int:
@@ -100,13 +149,19 @@ def pack(bucket: Bucket, tensors: Iterator[tuple[str, "torch.Tensor"]], buffer: 
         buffer[offset:offset + n].copy_(src, non_blocking=True)
 
 
-def unpack(bucket: Bucket, buffer: "torch.Tensor", metadata: RefitMetadata) -> list[tuple[str, "torch.Tensor"]]:
-    """Views of the bucket's tensors inside ``buffer`` (valid until the buffer is reused)."""
+def unpack(bucket: Bucket, buffer: "torch.Tensor", metadata: RefitMetadata,
+           copy: frozenset[str] = frozenset()) -> list[tuple[str, "torch.Tensor"]]:
+    """The bucket's tensors: views inside ``buffer`` (valid until the buffer is reused), copies for ``copy``.
+
+    Transports pass ``copy=split_layer_names(plan)``: a receiver may then hold on to a tensor
+    until its layer is complete — the views' layers all complete within the bucket.
+    """
     out = []
     for name, offset in zip(bucket.names, bucket.offsets):
         shape, dtype = metadata[name]
         n = nbytes(shape, dtype)
-        out.append((name, buffer[offset:offset + n].view(to_dtype(dtype)).view(shape)))
+        view = buffer[offset:offset + n].view(to_dtype(dtype)).view(shape)
+        out.append((name, view.clone() if name in copy else view))
     return out
 
 

@@ -11,15 +11,13 @@ the wire. gloo on CPU, NCCL on GPU.
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
-from rlcore.refit.buckets import RefitMetadata, buffer_bytes, pack, plan_buckets, unpack
+from rlcore.refit.buckets import (LoadFn, RefitMetadata, buffer_bytes, pack, plan_buckets, split_layer_names,
+                                  unpack)
 
 if TYPE_CHECKING:
     import torch
-
-LoadFn = Callable[[list[tuple[str, "torch.Tensor"]]], None]
-
 
 def init_refit_group(ip: str, port: int, world_size: int, rank: int, device: "torch.device",
                      timeout_s: float = 300.0) -> Any:
@@ -37,11 +35,9 @@ def init_refit_group(ip: str, port: int, world_size: int, rank: int, device: "to
 def broadcast_weights(group: Any, tensors: Iterator[tuple[str, "torch.Tensor"]], metadata: RefitMetadata,
                       bucket_bytes: int, device: "torch.device") -> int:
     """Group rank 0: broadcast every tensor of ``metadata``, pulled in order from ``tensors``."""
-    import torch
 
     plan = plan_buckets(metadata, bucket_bytes)
-    size = buffer_bytes(plan)
-    buffers = [torch.empty(size, dtype=torch.uint8, device=device) for _ in range(2)]
+    buffers = _bucket_buffers(buffer_bytes(plan), device)
     pending: list[Any] = [None, None]
     for index, bucket in enumerate(plan):
         slot = index % 2
@@ -61,16 +57,38 @@ def receive_weights(group: Any, metadata: RefitMetadata, bucket_bytes: int, devi
 
     Two buffers: bucket ``i + 1`` is already on the wire while bucket ``i`` is loaded.
     """
-    import torch
 
     plan = plan_buckets(metadata, bucket_bytes)
-    size = buffer_bytes(plan)
-    buffers = [torch.empty(size, dtype=torch.uint8, device=device) for _ in range(2)]
+    split = split_layer_names(plan)
+    buffers = _bucket_buffers(buffer_bytes(plan), device)
     works = [group.broadcast(buffers[0][:plan[0].size], 0)] if plan else []
     for index, bucket in enumerate(plan):
         works[index].wait()
         if index + 1 < len(plan):
             nxt = plan[index + 1]
             works.append(group.broadcast(buffers[(index + 1) % 2][:nxt.size], 0))
-        load(unpack(bucket, buffers[index % 2], metadata))
+        load(unpack(bucket, buffers[index % 2], metadata, copy=split))
     return sum(b.size for b in plan)
+
+
+#: Each process's two bucket buffers, kept across refits on CPU: touching fresh memory costs page
+#: faults on every refit, about as much as the copy itself. On a GPU, memory beside a colocated
+#: engine is scarcer: new buffers per refit.
+_BUFFERS: dict[tuple[int, str], list["torch.Tensor"]] = {}
+
+
+def _bucket_buffers(size: int, device: "torch.device") -> list["torch.Tensor"]:
+    import torch
+
+    if device.type == "cuda":
+        return [torch.empty(size, dtype=torch.uint8, device=device) for _ in range(2)]
+    key = (size, str(device))
+    if key not in _BUFFERS:
+        release_buffers()
+        _BUFFERS[key] = [torch.empty(size, dtype=torch.uint8, device=device) for _ in range(2)]
+    return _BUFFERS[key]
+
+
+def release_buffers() -> None:
+    """Free this process's kept bucket buffers (the next refit allocates new ones)."""
+    _BUFFERS.clear()

@@ -40,15 +40,13 @@ from collections import deque
 from dataclasses import dataclass
 from multiprocessing import AuthenticationError
 from multiprocessing.connection import Client, Connection, answer_challenge, deliver_challenge
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
-from rlcore.refit.buckets import RefitError, RefitMetadata, buffer_bytes, check_metadata, pack, plan_buckets, unpack
+from rlcore.refit.buckets import (LoadFn, RefitError, RefitMetadata, buffer_bytes, check_metadata, pack,
+                                  plan_buckets, split_layer_names, unpack)
 
 if TYPE_CHECKING:
     import torch
-
-LoadFn = Callable[[list[tuple[str, "torch.Tensor"]]], None]
-
 
 def _send(conn: Connection, **message: Any) -> None:
     conn.send_bytes(json.dumps(message).encode())
@@ -175,6 +173,7 @@ class ShmReceiver:
             os.chmod(self._dir, 0o700)
             self.address = os.path.join(self._dir, "refit.sock")
         self.authkey = secrets.token_bytes(32)
+        self._mapped: dict[tuple[int, int, int], _SharedBuffer] = {}  # (device, inode, size) -> mapping
         self._socket = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._socket.bind(self.address)
         self._socket.listen(4)
@@ -215,10 +214,10 @@ class ShmReceiver:
                 _send(conn, type="error", message=str(exc))
                 raise
             plan = plan_buckets(offered, hello["bucket_bytes"])
+            split = split_layer_names(plan)
             _send(conn, type="ready")
             handles = hello["buffers"]
-            fds = iter(_recv_fds(conn, handles.count("fd"), timeout_s) if "fd" in handles else [])
-            buffers = [_SharedBuffer.attach(h, next(fds) if h == "fd" else None) for h in handles]
+            buffers = self._attach(handles, _recv_fds(conn, handles.count("fd"), timeout_s) if "fd" in handles else [])
             try:
                 received = 0
                 for index, bucket in enumerate(plan):
@@ -228,7 +227,7 @@ class ShmReceiver:
                     buffer = buffers[message["buffer"]].tensor
                     if buffer.device.type == "cuda":
                         torch.cuda.current_stream(buffer.device).synchronize()
-                    load(unpack(bucket, buffer, offered))
+                    load(unpack(bucket, buffer, offered, copy=split))
                     if buffer.device.type == "cuda":  # the engine's copies out of the buffer are done
                         torch.cuda.current_stream(buffer.device).synchronize()
                     received += len(bucket.names)
@@ -244,10 +243,38 @@ class ShmReceiver:
                 raise
             finally:
                 for b in buffers:
-                    b.close()
+                    if b.handle != "fd":  # CUDA buffers are new every refit; CPU mappings are kept
+                        b.close()
         return ReceiveStats(received, sum(b.size for b in plan), len(plan))
 
+    def _attach(self, handles: list[str], fds: list[int]) -> list[_SharedBuffer]:
+        """The sender's buffers. Its CPU buffers are pooled, so memory mapped at an earlier refit (the
+        same memfd) is reused rather than mapped and faulted in again; mappings it no longer sends go."""
+        fds_left = iter(fds)
+        buffers, kept = [], {}
+        for handle in handles:
+            if handle != "fd":
+                buffers.append(_SharedBuffer.attach(handle))
+                continue
+            fd = next(fds_left)
+            stat = os.fstat(fd)
+            key = (stat.st_dev, stat.st_ino, stat.st_size)
+            if key in self._mapped:
+                os.close(fd)
+                kept[key] = self._mapped[key]
+            else:
+                kept[key] = _SharedBuffer.attach(handle, fd)
+            buffers.append(kept[key])
+        for key, stale in self._mapped.items():
+            if key not in kept:
+                stale.close()
+        self._mapped = kept
+        return buffers
+
     def close(self) -> None:
+        for buffer in self._mapped.values():
+            buffer.close()
+        self._mapped = {}
         self._socket.close()
         if self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)

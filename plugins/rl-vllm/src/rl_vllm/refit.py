@@ -13,7 +13,10 @@ bucket by bucket, so a refit streams instead of first collecting every tensor.
 
 A layer is processed only once all of its weights have arrived; until then
 vLLM keeps references to the tensors it was given. Buckets arrive in reused
-transport buffers, so each tensor is cloned before it is handed over.
+transport buffers, so the transports cut buckets between decoder layers and
+copy only the tensors of a layer too large for one bucket
+(:func:`rlcore.refit.buckets.split_layer_names`): everything else is handed
+over as a view, with no copy.
 """
 
 from __future__ import annotations
@@ -119,7 +122,7 @@ class InPlaceReload:
             initialize_layerwise_reload(self.model)
 
     def load(self, named: Iterable[tuple[str, Any]]) -> None:
-        batch = [(name, tensor.clone()) for name, tensor in named]  # the transport reuses its buffers
+        batch = list(named)  # no copy: the transport keeps each tensor valid until its layer is whole
         with self._config_ctx(self._worker.vllm_config):
             loaded = self.model.load_weights(batch)
         self.tensors += len(batch)
