@@ -28,49 +28,17 @@ import torch
 
 from rlcore import safe_pickle
 from rlcore.safe_pickle import UnsafeCheckpointError
+from rlcore.testing.payloads import (
+    dotted_payload,
+    getattr_payload,
+    system_payload,
+    torch_save_payload,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 # --------------------------------------------------------------------------- payloads
-
-
-def _text(op: bytes, value: str) -> bytes:
-    data = value.encode()
-    return op + bytes([len(data)]) + data
-
-
-def system_payload(marker: Path) -> bytes:
-    """Protocol 0: ``os.system(cmd)`` by GLOBAL."""
-    return b"cos\nsystem\n(V" + f"touch {marker}".encode() + b"\ntR."
-
-
-def getattr_payload(marker: Path) -> bytes:
-    """``getattr(torch.distributed.checkpoint.filesystem.os, "system")(cmd)``: the old allow-list admitted both."""
-    return (b"\x80\x02cbuiltins\ngetattr\n" b"ctorch.distributed.checkpoint.filesystem\nos\n"
-            + _text(b"\x8c", "system") + b"\x86R" + _text(b"\x8c", f"touch {marker}") + b"\x85R.")
-
-
-def dotted_payload(marker: Path) -> bytes:
-    """Protocol 4 resolves dotted names: ``torch.distributed.checkpoint.filesystem`` + ``os.system``."""
-    return (b"\x80\x04" + _text(b"\x8c", "torch.distributed.checkpoint.filesystem") + _text(b"\x8c", "os.system")
-            + b"\x93" + _text(b"\x8c", f"touch {marker}") + b"\x85R.")
-
-
-class RunsCommand:
-    """Pickles as ``os.system(cmd)``: what a forged ``torch.save`` file holds."""
-
-    def __init__(self, cmd: str) -> None:
-        self.cmd = cmd
-
-    def __reduce__(self) -> tuple:
-        return os.system, (self.cmd,)
-
-
-def torch_save_payload(marker: Path, wrap: Any = lambda evil: evil) -> bytes:
-    buf = io.BytesIO()
-    torch.save(wrap(RunsCommand(f"touch {marker}")), buf)
-    return buf.getvalue()
 
 
 PICKLE_PAYLOADS = {

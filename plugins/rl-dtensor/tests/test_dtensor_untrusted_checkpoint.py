@@ -12,8 +12,6 @@ policy whose workers survive exceptions. The genuine checkpoint still resumes.
 
 from __future__ import annotations
 
-import io
-import os
 import pickle
 import shutil
 from pathlib import Path
@@ -21,48 +19,20 @@ from typing import Any, Callable
 
 import pytest
 import torch
-from dtensor_testlib import call_all, policy_config
 from dtensor_testlib import batch as make_batch
+from dtensor_testlib import call_all, policy_config
+
+from rlcore.testing.payloads import (
+    dotted_payload,
+    getattr_payload,
+    system_payload,
+    torch_save_payload,
+)
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
 
 # --------------------------------------------------------------------------- payloads
-
-
-def _text(value: str) -> bytes:
-    data = value.encode()
-    return b"\x8c" + bytes([len(data)]) + data
-
-
-def system_payload(marker: Path) -> bytes:
-    return b"cos\nsystem\n(V" + f"touch {marker}".encode() + b"\ntR."
-
-
-def getattr_payload(marker: Path) -> bytes:
-    """``getattr(<the os that torch.distributed.checkpoint.filesystem imports>, "system")(cmd)``."""
-    return (b"\x80\x02cbuiltins\ngetattr\nctorch.distributed.checkpoint.filesystem\nos\n" + _text("system")
-            + b"\x86R" + _text(f"touch {marker}") + b"\x85R.")
-
-
-def dotted_payload(marker: Path) -> bytes:
-    """Protocol 4 resolves the dotted name ``os.system`` inside a DCP module."""
-    return (b"\x80\x04" + _text("torch.distributed.checkpoint.filesystem") + _text("os.system") + b"\x93"
-            + _text(f"touch {marker}") + b"\x85R.")
-
-
-class RunsCommand:
-    def __init__(self, cmd: str) -> None:
-        self.cmd = cmd
-
-    def __reduce__(self) -> tuple:
-        return os.system, (self.cmd,)
-
-
-def torch_save_payload(marker: Path, wrap: Callable[[Any], Any] = lambda evil: evil) -> bytes:
-    buf = io.BytesIO()
-    torch.save(wrap(RunsCommand(f"touch {marker}")), buf)
-    return buf.getvalue()
 
 
 # --------------------------------------------------------------------------- forged DCP metadata
@@ -80,7 +50,10 @@ def forge_bytes_entry(optim: Path, marker: Path) -> str:
     """Metadata of allowed classes only, calling a tensor entry *bytes*: DCP's default planner
     ``torch.load(weights_only=False)`` s such entries. Returns the entry's name."""
     from torch.distributed.checkpoint.filesystem import _StorageInfo
-    from torch.distributed.checkpoint.metadata import BytesStorageMetadata, MetadataIndex
+    from torch.distributed.checkpoint.metadata import (
+        BytesStorageMetadata,
+        MetadataIndex,
+    )
 
     payload = torch_save_payload(marker)
     (optim / "__9_0.distcp").write_bytes(payload)

@@ -17,56 +17,25 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import pickle
 import shutil
 from pathlib import Path
 from typing import Any, Callable
 
 import pytest
-import torch
-
 from megatron_helpers import batch, call_workers, model_dir, policy_config
+
+from rlcore.testing.payloads import (
+    dotted_payload,
+    getattr_payload,
+    system_payload,
+    torch_save_payload,
+)
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
 
 # --------------------------------------------------------------------------- payloads
-
-
-def _text(value: str) -> bytes:
-    data = value.encode()
-    return b"\x8c" + bytes([len(data)]) + data
-
-
-def system_payload(marker: Path) -> bytes:
-    return b"cos\nsystem\n(V" + f"touch {marker}".encode() + b"\ntR."
-
-
-def getattr_payload(marker: Path) -> bytes:
-    """``getattr(<the os that torch.distributed.checkpoint.filesystem imports>, "system")(cmd)``."""
-    return (b"\x80\x02cbuiltins\ngetattr\nctorch.distributed.checkpoint.filesystem\nos\n" + _text("system")
-            + b"\x86R" + _text(f"touch {marker}") + b"\x85R.")
-
-
-def dotted_payload(marker: Path) -> bytes:
-    """Protocol 4 resolves the dotted name ``os.system`` inside a DCP module."""
-    return (b"\x80\x04" + _text("torch.distributed.checkpoint.filesystem") + _text("os.system") + b"\x93"
-            + _text(f"touch {marker}") + b"\x85R.")
-
-
-class RunsCommand:
-    def __init__(self, cmd: str) -> None:
-        self.cmd = cmd
-
-    def __reduce__(self) -> tuple:
-        return os.system, (self.cmd,)
-
-
-def torch_save_payload(marker: Path, wrap: Callable[[Any], Any] = lambda evil: evil) -> bytes:
-    buf = io.BytesIO()
-    torch.save(wrap(RunsCommand(f"touch {marker}")), buf)
-    return buf.getvalue()
 
 
 # --------------------------------------------------------------------------- forging a copy of optimizer/

@@ -65,13 +65,16 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 import pytest
 
-from rlcore.testing.oracle import (  # re-exported: the oracles are part of the kit's public API
+from rlcore.testing.oracle import (  # re-exported: the oracles and checkers are part of the kit's public API
     StepRecord,
+    close,
     hf_token_logprobs,
     load_hf_model,
     oracle_gradients,
     single_process_sgd,
     state_copy,
+    step_problems,
+    weight_problems,
 )
 
 if TYPE_CHECKING:
@@ -227,43 +230,6 @@ def logprob_problems(logprobs: Any, input_lengths: "torch.Tensor", expected: "to
             problems.append(f"{what}: differ from the single-process Hugging Face float32 forward by {worst:.3g} "
                             f"(> {atol:g}) at row {row}, position {col}")
     return problems
-
-
-def weight_problems(actual: dict, expected: dict, initial: dict, rtol: float, what: str = "weights") -> list[str]:
-    """Problems comparing ``actual`` with ``expected`` post-step weights (empty when equal).
-
-    The error is measured against the size of the update: a parameter fails
-    when ``max|actual - expected| > rtol * max|expected - initial|`` (largest
-    update of any parameter), so a wrong gradient scale shows up as an error
-    of order 1 while float round-off stays near 1e-6.
-    """
-    problems = []
-    missing, extra = sorted(set(expected) - set(actual)), sorted(set(actual) - set(expected))
-    if missing:
-        problems.append(f"{what}: missing parameters {missing[:5]}{' ...' if len(missing) > 5 else ''}")
-    if extra:
-        problems.append(f"{what}: unexpected parameters {extra[:5]}{' ...' if len(extra) > 5 else ''}")
-    scale = max(float((expected[k].double() - initial[k].double()).abs().max()) for k in expected)
-    if scale == 0:
-        return problems + [f"{what}: the reference step changed no weight; the comparison would be vacuous"]
-    errors = []
-    for name in sorted(set(actual) & set(expected)):
-        a, e = actual[name], expected[name]
-        if tuple(a.shape) != tuple(e.shape):
-            problems.append(f"{what}: {name} has shape {tuple(a.shape)}, expected {tuple(e.shape)}")
-            continue
-        err = float((a.double() - e.double()).abs().max()) / scale
-        if not err <= rtol:
-            errors.append((err, name))
-    for err, name in sorted(errors, reverse=True)[:5]:
-        problems.append(f"{what}: {name} differs by {err:.3g} x the largest update (> {rtol:g})")
-    if len(errors) > 5:
-        problems.append(f"{what}: ... and {len(errors) - 5} more parameters")
-    return problems
-
-
-def _close(actual: float, expected: float, rtol: float) -> bool:
-    return abs(actual - expected) <= rtol * max(1.0, abs(expected))
 
 
 def train_and_save_step(policy: Any, data: Any, loss_fn: Any, weights_dir: Path,
@@ -654,7 +620,7 @@ class TrainingBackendConformance(_BackendChecks):
         losses = {mbs: float(policy.train(kit.batch, NLLLoss(), eval_mode=True, mbs=mbs)["loss"][0])
                   for mbs in sorted({1, 2, per_rank})}
         first = next(iter(losses.values()))
-        assert all(_close(v, first, self.loss_rtol) for v in losses.values()), \
+        assert all(close(v, first, self.loss_rtol) for v in losses.values()), \
             f"eval loss by micro-batch size: {losses}"
 
     @pytest.mark.parametrize("variant", ["world", "single", "dynamic", "packing"])
@@ -672,15 +638,9 @@ class TrainingBackendConformance(_BackendChecks):
         actual = kit.trained(variant)["steps"]
         problems = []
         for against, reference in runs.items():
-            before = initial
-            for k, (got, want) in enumerate(zip(actual, reference), start=1):
-                where = f"'{variant}' vs {against}, step {k}"
-                if not _close(got.loss, want.loss, self.loss_rtol):
-                    problems.append(f"{where}: loss {got.loss!r} != {want.loss!r}")
-                if not _close(got.grad_norm, want.grad_norm, self.grad_norm_rtol):
-                    problems.append(f"{where}: grad_norm {got.grad_norm!r} != {want.grad_norm!r}")
-                problems += weight_problems(got.weights, want.weights, before, self.weight_rtol, where)
-                before = want.weights
+            problems += step_problems(actual, reference, initial, f"'{variant}' vs {against}",
+                                      loss_rtol=self.loss_rtol, grad_norm_rtol=self.grad_norm_rtol,
+                                      weight_rtol=self.weight_rtol)
         assert not problems, "\n".join(problems)
 
     # -- reference model ----------------------------------------------------------------------

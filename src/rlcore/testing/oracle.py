@@ -98,3 +98,56 @@ def oracle_gradients(model: Any, data: Any, loss_fn: Any) -> tuple[float, dict]:
 
 
 __all__ = ["StepRecord", "hf_token_logprobs", "load_hf_model", "oracle_gradients", "single_process_sgd", "state_copy"]
+
+
+def weight_problems(actual: dict, expected: dict, initial: dict, rtol: float, what: str = "weights") -> list[str]:
+    """Problems comparing ``actual`` with ``expected`` post-step weights (empty when equal).
+
+    The error is measured against the size of the update: a parameter fails
+    when ``max|actual - expected| > rtol * max|expected - initial|`` (largest
+    update of any parameter), so a wrong gradient scale shows up as an error
+    of order 1 while float round-off stays near 1e-6.
+    """
+    problems = []
+    missing, extra = sorted(set(expected) - set(actual)), sorted(set(actual) - set(expected))
+    if missing:
+        problems.append(f"{what}: missing parameters {missing[:5]}{' ...' if len(missing) > 5 else ''}")
+    if extra:
+        problems.append(f"{what}: unexpected parameters {extra[:5]}{' ...' if len(extra) > 5 else ''}")
+    scale = max(float((expected[k].double() - initial[k].double()).abs().max()) for k in expected)
+    if scale == 0:
+        return problems + [f"{what}: the reference step changed no weight; the comparison would be vacuous"]
+    errors = []
+    for name in sorted(set(actual) & set(expected)):
+        a, e = actual[name], expected[name]
+        if tuple(a.shape) != tuple(e.shape):
+            problems.append(f"{what}: {name} has shape {tuple(a.shape)}, expected {tuple(e.shape)}")
+            continue
+        err = float((a.double() - e.double()).abs().max()) / scale
+        if not err <= rtol:
+            errors.append((err, name))
+    for err, name in sorted(errors, reverse=True)[:5]:
+        problems.append(f"{what}: {name} differs by {err:.3g} x the largest update (> {rtol:g})")
+    if len(errors) > 5:
+        problems.append(f"{what}: ... and {len(errors) - 5} more parameters")
+    return problems
+
+
+def close(actual: float, expected: float, rtol: float) -> bool:
+    """``actual`` within ``rtol`` of ``expected`` (absolute below 1)."""
+    return abs(actual - expected) <= rtol * max(1.0, abs(expected))
+
+
+def step_problems(actual: list[StepRecord], expected: list[StepRecord], initial: dict, where: str, *,
+                  loss_rtol: float, grad_norm_rtol: float, weight_rtol: float) -> list[str]:
+    """How a run's optimizer steps differ from a reference run's: loss, grad norm, and weights after each."""
+    problems, before = [], initial
+    for k, (got, want) in enumerate(zip(actual, expected), start=1):
+        at = f"{where}, step {k}"
+        if not close(got.loss, want.loss, loss_rtol):
+            problems.append(f"{at}: loss {got.loss!r} != {want.loss!r}")
+        if not close(got.grad_norm, want.grad_norm, grad_norm_rtol):
+            problems.append(f"{at}: grad_norm {got.grad_norm!r} != {want.grad_norm!r}")
+        problems += weight_problems(got.weights, want.weights, before, weight_rtol, at)
+        before = want.weights
+    return problems

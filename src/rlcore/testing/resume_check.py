@@ -23,8 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from rlcore.testing.conformance import _close, logprob_problems, train_and_save_step, weight_problems
-from rlcore.testing.oracle import StepRecord, hf_token_logprobs, load_hf_model, oracle_gradients, state_copy
+from rlcore.testing.conformance import logprob_problems, train_and_save_step
+from rlcore.testing.oracle import (StepRecord, close, hf_token_logprobs, load_hf_model, oracle_gradients, state_copy,
+                                  step_problems)
 
 if TYPE_CHECKING:
     import torch
@@ -227,15 +228,8 @@ def _oracle_problems(actual: list[StepRecord], oracle: tuple[dict, list[StepReco
                      tol: ResumeTolerances) -> list[str]:
     """The uninterrupted run is the recipe's Adam + warm-up (else the resume comparison proves little)."""
     before, expected = oracle
-    problems = []
-    for k, (got, want) in enumerate(zip(actual, expected), start=1):
-        where = f"uninterrupted Adam run vs single-process Adam oracle, step {k}"
-        if not _close(got.loss, want.loss, tol.oracle_rtol):
-            problems.append(f"{where}: loss {got.loss!r} != {want.loss!r}")
-        if not _close(got.grad_norm, want.grad_norm, tol.oracle_rtol):
-            problems.append(f"{where}: grad_norm {got.grad_norm!r} != {want.grad_norm!r}")
-        problems += weight_problems(got.weights, want.weights, before, tol.oracle_rtol, where)
-        before = want.weights
+    problems = step_problems(actual, expected, before, "uninterrupted Adam run vs single-process Adam oracle",
+                             loss_rtol=tol.oracle_rtol, grad_norm_rtol=tol.oracle_rtol, weight_rtol=tol.oracle_rtol)
     if not problems:
         return []
     return ["the uninterrupted run is not the kit's Adam with LR warm-up (AdamRecipe), so the resume comparison "
@@ -249,10 +243,10 @@ def _resumed_problems(run: ResumeRun, steps: list[tuple[Any, Any]], model_dir: s
     for k, got in enumerate(run.resumed, start=CHECKPOINT_STEP + 1):
         want, before = run.uninterrupted[k - 1], run.uninterrupted[k - 2].weights
         where = f"resumed step {k}"
-        if not _close(got.loss, want.loss, tol.exact_rtol):
+        if not close(got.loss, want.loss, tol.exact_rtol):
             return [f"{where}: loss {got.loss!r} != uninterrupted {want.loss!r}: the model the checkpoint "
                     "restored is not the one that was saved"]
-        if not _close(got.grad_norm, want.grad_norm, tol.exact_rtol):
+        if not close(got.grad_norm, want.grad_norm, tol.exact_rtol):
             return [f"{where}: grad_norm {got.grad_norm!r} != uninterrupted {want.grad_norm!r} at the same loss"]
         worst = max(float((got.weights[n].double() - w.double()).abs().max()) for n, w in want.weights.items())
         if not worst <= tol.exact_atol:
