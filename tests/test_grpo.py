@@ -134,3 +134,45 @@ def test_reward_rises_well_above_random_on_a_fixed_seed(ray_session, tmp_path):
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     first, last = sum(r["reward_mean"] for r in rows[:3]) / 3, sum(r["reward_mean"] for r in rows[-3:]) / 3
     assert first < 0.15 and last > 0.6, (first, last, summary)
+
+
+def test_chat_template_where_prompts_are_built(tiny_tokenizer, tmp_path):
+    """policy.tokenizer.chat_template, NeMo-RL's values: null = passthrough, 'default' = the tokenizer's own,
+    '*.jinja' = that file, else a template string; each prompt is one user message with the generation prompt."""
+    import copy
+
+    from rlcore.algorithms.prompts import configure_tokenizer, format_prompts
+    from rlcore.config import ConfigError, TokenizerConfig
+
+    def formatted(template, **kwargs):
+        tok = configure_tokenizer(copy.deepcopy(tiny_tokenizer), TokenizerConfig(name="tiny", chat_template=template))
+        return format_prompts(tok, ["write 12"], kwargs or None)[0], tok
+
+    assert formatted(None)[0] == "write 12"
+    text, tok = formatted("default")
+    assert text == "<s><|user|>\nwrite 12</s>\n<|assistant|>\n"
+    assert encode_prompts(tok, [text], 1)["input_ids"][0].tolist().count(tok.bos_token_id) == 1  # BOS once
+    assert formatted("[{{ messages[0]['content'] }}]{% if flag %}!{% endif %}", flag=True)[0] == "[write 12]!"
+    (tmp_path / "t.jinja").write_text("T:{{ messages[0]['content'] }}")
+    assert formatted(str(tmp_path / "t.jinja"))[0] == "T:write 12"
+    bare = copy.deepcopy(tiny_tokenizer)
+    bare.chat_template = None
+    with pytest.raises(ConfigError, match=r"policy.tokenizer.chat_template: is 'default' but the tokenizer 'x' has "
+                                          r"no chat template"):
+        configure_tokenizer(bare, TokenizerConfig(name="x", chat_template="default"))
+
+
+def test_completions_are_cut_to_max_total_sequence_length():
+    from rlcore.algorithms.prompts import check_prompt_room, clip_rollout
+
+    prompt_lengths = torch.tensor([3, 5])
+    rollout = {"output_ids": torch.arange(1, 21).view(2, 10), "logprobs": -torch.ones(2, 10),
+               "generation_lengths": torch.tensor([6, 2]), "unpadded_sequence_lengths": torch.tensor([9, 7]),
+               "truncated": torch.tensor([False, False])}
+    out = clip_rollout(dict(rollout), prompt_lengths, 8, pad_id=0)
+    assert out["generation_lengths"].tolist() == [5, 2] and out["unpadded_sequence_lengths"].tolist() == [8, 7]
+    assert out["output_ids"].shape == (2, 8) and out["output_ids"][1, 7] == 0 and out["logprobs"][1, 7] == 0
+    assert out["truncated"].tolist() == [True, False]
+    assert clip_rollout(dict(rollout), prompt_lengths, 10, pad_id=0)["output_ids"].shape == (2, 10)  # untouched
+    with pytest.raises(ValueError, match="a prompt of 5 tokens leaves no room"):
+        check_prompt_room(prompt_lengths, 5)

@@ -55,6 +55,22 @@ def test_batched_greedy_equals_one_prompt_at_a_time(hf_model, tiny_tokenizer):
     assert float(((out["logprobs"] - expected).abs() * generated).max()) <= 1e-5
 
 
+def test_generation_batch_size_bounds_each_generate_call(hf_model, tiny_tokenizer, monkeypatch):
+    """policy.generation_batch_size: prompts go through HF generate at most that many at a time, and
+    the result is the same as all at once (greedy, per-sample stop strings kept with their rows)."""
+    data = prompts(tiny_tokenizer, ["<s>hello there", "<s>a", "<s>what is 2+2?", "<s>b", "<s>cc"])
+    data["stop_strings"] = [None, ["x"], None, None, ["q"]]
+    settings = gen.SamplingSettings.from_config(GenerationConfig(max_new_tokens=8), tiny_tokenizer, True)
+    sizes, real = [], gen.generate
+    monkeypatch.setattr(gen, "generate", lambda model, d, *a: sizes.append(d.size) or real(model, d, *a))
+    with torch.no_grad():
+        whole = gen.generate_in_batches(hf_model, data, settings, tiny_tokenizer, None, torch.device("cpu"), None)
+        batched = gen.generate_in_batches(hf_model, data, settings, tiny_tokenizer, None, torch.device("cpu"), 2)
+    assert sizes == [5, 2, 2, 1]
+    for key in whole:
+        torch.testing.assert_close(batched[key], whole[key], atol=1e-5, rtol=0)
+
+
 def test_stop_strings_global_and_per_sample_cut_at_the_first_occurrence(hf_model, tiny_tokenizer):
     data = prompts(tiny_tokenizer, ["<s>hello there", "<s>what is 2+2?"])
     free = run(hf_model, tiny_tokenizer, data)

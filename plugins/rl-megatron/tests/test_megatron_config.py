@@ -47,7 +47,7 @@ def test_context_parallel_is_a_config_error_on_a_gpu_without_transformer_engine(
 
 
 @pytest.mark.parametrize("policy, path", [
-    ({"precision": "bfloat16", "megatron": {"optimizer": {"bf16": True, "params_dtype": "bfloat16"}}},
+    ({"precision": "bfloat16", "megatron": {"optimizer": {"bf16": True, "params_dtype": "float32"}}},
      "policy.precision"),
     ({"megatron": {"optimizer": {"use_distributed_optimizer": True}}},
      "policy.megatron_cfg.optimizer.use_distributed_optimizer"),
@@ -69,6 +69,17 @@ def test_cuda_only_optimizers_are_config_errors_on_cpu(policy: dict, path: str) 
 def test_settings_that_change_the_step_are_config_errors(megatron: dict, path: str) -> None:
     problems = _problems(cuda=True, te=True, megatron=megatron)
     assert any(p.startswith(f"{path}: ") for p in problems), problems
+
+
+def test_fp32_main_weights_are_the_standard_mixed_precision() -> None:
+    """NeMo-RL's megatron configs: a bf16 model with fp32 main weights (params_dtype float32)."""
+    standard = {"bf16": True, "params_dtype": "float32"}
+    assert _problems(cuda=True, te=True, precision="bfloat16", megatron={"optimizer": standard}) == []
+    low = {"bf16": True, "params_dtype": "bfloat16"}
+    (problem,) = _problems(cuda=True, te=True, precision="bfloat16", megatron={"optimizer": low})
+    assert problem.startswith("policy.megatron_cfg.optimizer.params_dtype: ") and "precision_aware" in problem
+    aware = {**low, "use_distributed_optimizer": True, "use_precision_aware_optimizer": True}
+    assert _problems(cuda=True, te=True, precision="bfloat16", megatron={"optimizer": aware}) == []
 
 
 def test_policy_refuses_to_start_with_the_dotted_path(make_cluster: Any, tiny_tokenizer: Any) -> None:

@@ -1,7 +1,8 @@
 """The reference GRPO loop behind ``rlcore run``.
 
-Per step: refit the generation backend if its weights are stale; generate a
-group of completions per prompt; score them; compute group-relative
+Per step: build the prompts (the task's text through ``policy.tokenizer.chat_template``);
+refit the generation backend if its weights are stale; generate a group of
+completions per prompt, cut to ``policy.max_total_sequence_length``; score them; compute group-relative
 advantages; compute ``prev_logprobs`` (and reference logprobs when the loss
 has a KL term) with the policy; train with ``ClippedPGLossFn``; mark the
 generation weights stale. The generation backend is either a separate plugin
@@ -55,8 +56,9 @@ def encode_prompts(tokenizer: Any, prompts: list[str], repeat: int) -> Any:
     from rlcore.data import BatchedDataDict
 
     ids = [tokenizer.encode(p, add_special_tokens=False) for p in prompts]
-    if tokenizer.bos_token_id is not None:
-        ids = [[tokenizer.bos_token_id, *seq] for seq in ids]
+    bos = tokenizer.bos_token_id
+    if bos is not None:  # once: a chat template may already have written it
+        ids = [seq if seq[:1] == [bos] else [bos, *seq] for seq in ids]
     width = max(len(seq) for seq in ids)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     input_ids = torch.tensor([seq + [pad] * (width - len(seq)) for seq in ids], dtype=torch.long)
@@ -98,11 +100,15 @@ def grpo_step(step: int, cfg: Any, policy: Any, generation: Any, synchronizer: A
     import torch
 
     from rlcore.algorithms.advantages import group_advantages
+    from rlcore.algorithms.prompts import check_prompt_room, clip_rollout, format_prompts
 
     timer = Timer()
     group = cfg.grpo.num_generations_per_prompt
+    max_total = cfg.policy.max_total_sequence_length
     prompts = task.prompts(step, cfg.grpo.num_prompts_per_step, seed=cfg.grpo.seed, **task.kwargs)
-    batch = encode_prompts(tokenizer, prompts, group)
+    batch = encode_prompts(tokenizer, format_prompts(tokenizer, prompts, cfg.policy.tokenizer.chat_template_kwargs),
+                           group)
+    check_prompt_room(batch["input_lengths"], max_total)
     if synchronizer is not None and synchronizer.stale:
         with timer.phase("refit"):
             policy.offload_before_refit()
@@ -113,6 +119,8 @@ def grpo_step(step: int, cfg: Any, policy: Any, generation: Any, synchronizer: A
         rollout = generation.generate(batch, greedy=False)
         generation.finish_generation()
     prompt_lengths = batch["input_lengths"]
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    rollout = clip_rollout(rollout, prompt_lengths, max_total, pad)  # prompt + completion <= max_total
     completions = completions_of(tokenizer, rollout, prompt_lengths)
     rewards = torch.tensor(task.reward([p for p in prompts for _ in range(group)], completions, **task.kwargs),
                            dtype=torch.float32)
@@ -182,6 +190,7 @@ def build_run(cfg: Any, resume_dir: Path | None = None, start_step: int = 0) -> 
     """
     from transformers import AutoTokenizer
 
+    from rlcore.algorithms.prompts import configure_tokenizer
     from rlcore.distributed import RayVirtualCluster
     from rlcore.plugins import get_registry
     from rlcore.policy import Policy
@@ -190,7 +199,8 @@ def build_run(cfg: Any, resume_dir: Path | None = None, start_step: int = 0) -> 
     gen_cfg = cfg.policy.generation
     separate = gen_cfg.backend != cfg.policy.training_backend
     colocated = separate and gen_cfg.colocated.enabled
-    tokenizer = AutoTokenizer.from_pretrained(cfg.policy.tokenizer.name or cfg.policy.model_name)
+    tokenizer = configure_tokenizer(AutoTokenizer.from_pretrained(cfg.policy.tokenizer.name or cfg.policy.model_name),
+                                    cfg.policy.tokenizer)
     cluster = RayVirtualCluster.from_config(cfg.cluster, max_colocated_worker_groups=2 if colocated else 1)
     run = Run(cfg, cluster, tokenizer=tokenizer, start_step=start_step)
     try:

@@ -207,7 +207,14 @@ class ClippedPGLossFn:
         if cfg is None:
             cfg = ClippedPGLossConfig()
         elif not isinstance(cfg, ClippedPGLossConfig):
-            cfg = ClippedPGLossConfig.model_validate(dict(cfg))
+            # A plain dict (NeMo-RL's loss_fn section shape): problems are ConfigError lines "loss.<key>: ...".
+            from rlcore.config.errors import ConfigError
+            from rlcore.config.loader import validate_section
+
+            model, problems = validate_section(ClippedPGLossConfig, cfg, "loss")
+            if model is None:
+                raise ConfigError(problems)
+            cfg = model
         self.cfg = cfg
         self.loss_type = LossType.TOKEN_LEVEL if cfg.token_level_loss else LossType.SEQUENCE_LEVEL
 

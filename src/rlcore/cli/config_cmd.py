@@ -1,6 +1,8 @@
-"""``rlcore config``: validate, show and describe config files.
+"""``rlcore config``: validate, show, convert and describe config files.
 
 Problems go to stderr, one line each, and the exit code is 1; no traceback.
+``--from nemo-rl`` reads a NeMo-RL config (see :mod:`rlcore.nemo_rl`); the NeMo-RL
+keys rlcore does not use are listed once, as ``ignored: ...`` lines on stderr.
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from rlcore.config import ConfigError, RLCoreConfig, config_json_schema, dump_config, load_config
+from rlcore.cli.config_source import ConfigSource, NemoOverridesArg, SourceOpt, echo_ignored, load_cli_config
+from rlcore.config import ConfigError, RLCoreConfig, config_json_schema, dump_config
 
 config_app = typer.Typer(help="Validate and inspect rlcore config files.", no_args_is_help=True)
 
@@ -34,9 +37,10 @@ def _fail(problems: list[str]) -> None:
     raise typer.Exit(code=1)
 
 
-def _load(file: Path, overrides: list[str] | None) -> RLCoreConfig:
+def _load(file: Path, overrides: list[str] | None, source: ConfigSource = ConfigSource.rlcore,
+          nemo_overrides: list[str] | None = None) -> tuple[RLCoreConfig, list[str]]:
     try:
-        return load_config(file, overrides or ())
+        return load_cli_config(file, overrides, source, nemo_overrides)
     except ConfigError as exc:
         _fail(exc.problems)
         raise  # unreachable: _fail exits
@@ -55,24 +59,71 @@ def _backend_problems(cfg: RLCoreConfig) -> list[str]:
 
 
 @config_app.command()
-def validate(file: FileArg, override: OverrideOpt = None) -> None:
+def validate(file: FileArg, nemo_overrides: NemoOverridesArg = None, override: OverrideOpt = None,
+             source: SourceOpt = ConfigSource.rlcore) -> None:
     """Check a config file: schema, cross-field rules and backend sections."""
-    cfg = _load(file, override)
+    cfg, ignored = _load(file, override, source, nemo_overrides)
     problems = _backend_problems(cfg)
+    echo_ignored(ignored)
     if problems:
         _fail(problems)
-    typer.echo(f"OK: {file} (training backend: {cfg.policy.training_backend}, world size {cfg.world_size})")
+    what = f"NeMo-RL config, {len(ignored)} keys ignored; " if source is ConfigSource.nemo_rl else ""
+    typer.echo(f"OK: {file} ({what}training backend: {cfg.policy.training_backend}, world size {cfg.world_size})")
 
 
 @config_app.command()
 def show(
     file: FileArg,
+    nemo_overrides: NemoOverridesArg = None,
     override: OverrideOpt = None,
     format: Annotated[OutputFormat, typer.Option("--format", "-f", help="Output format.")] = OutputFormat.yaml,
+    source: SourceOpt = ConfigSource.rlcore,
 ) -> None:
     """Print the resolved config (defaults filled in, overrides applied)."""
-    cfg = _load(file, override)
+    cfg, ignored = _load(file, override, source, nemo_overrides)
+    echo_ignored(ignored)
     typer.echo(dump_config(cfg, format.value), nl=False)
+
+
+@config_app.command()
+def convert(
+    file: FileArg,
+    output: Annotated[Path, typer.Option("--output", "-o", help="Where to write the rlcore config (YAML).")],
+    nemo_overrides: NemoOverridesArg = None,
+    override: Annotated[Optional[list[str]], typer.Option(
+        "--override", help="rlcore dotted override KEY=VALUE applied after conversion; repeatable.")] = None,
+    source: SourceOpt = ConfigSource.nemo_rl,
+) -> None:
+    """Write a NeMo-RL config as a native rlcore config (which `rlcore config validate` accepts)."""
+    if source is not ConfigSource.nemo_rl:
+        _fail(["convert: only --from nemo-rl configs need converting"])
+    cfg, ignored = _load(file, override, source, nemo_overrides)
+    problems = _backend_problems(cfg)
+    echo_ignored(ignored)
+    if problems:
+        _fail(problems)
+    args = " ".join([str(file), *(nemo_overrides or [])])
+    header = [f"# rlcore config converted from the NeMo-RL config: {args}",
+              "# by `rlcore config convert --from nemo-rl` (mapping: docs/nemo-rl-mapping.md).",
+              *(f"# {line}" for line in ignored)]
+    output.write_text("\n".join(header) + "\n" + dump_config(cfg, "yaml"), encoding="utf-8")
+    typer.echo(f"wrote {output} (training backend: {cfg.policy.training_backend}, world size {cfg.world_size}, "
+               f"{len(ignored)} NeMo-RL keys ignored)")
+
+
+@config_app.command("nemo-rl-table")
+def nemo_rl_table(
+    write: Annotated[Optional[Path], typer.Option("--write", help="Write the Markdown here instead of stdout.")] = None,
+) -> None:
+    """The NeMo-RL → rlcore mapping table (docs/nemo-rl-mapping.md is this output)."""
+    from rlcore.nemo_rl.doc import mapping_markdown
+
+    text = mapping_markdown()
+    if write is None:
+        typer.echo(text, nl=False)
+    else:
+        write.write_text(text, encoding="utf-8")
+        typer.echo(f"wrote {write}")
 
 
 @config_app.command()

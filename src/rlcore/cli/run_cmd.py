@@ -9,6 +9,8 @@ from typing import Any, Optional
 
 import typer
 
+from rlcore.cli.config_source import ConfigSource, NemoOverridesArg, SourceOpt, echo_ignored, load_cli_config
+
 
 def _fail(lines: list[str]) -> None:
     for line in lines:
@@ -56,16 +58,20 @@ def run(
     resume: bool = typer.Option(False, "--resume", help="Continue from the latest checkpoint in the output dir "
                                 "(an error when there is none)."),
     verbose: bool = typer.Option(False, "-v", "--verbose", help="Print full tracebacks, not only one line."),
+    source: SourceOpt = ConfigSource.rlcore,
+    nemo_overrides: NemoOverridesArg = None,
 ) -> None:
     """Train with GRPO. Fails before starting anything if the config, a backend or the model is wrong."""
     from rlcore.cli.run_control import StopOnSignals, StopRequested, one_line, write_traceback
-    from rlcore.config import ConfigError, load_config
+    from rlcore.config import ConfigError
     from rlcore.models import resolve_builtin_models
     from rlcore.plugins.registry import validate_backend_sections
     from rlcore.preflight import check_model_sources
 
     try:
-        cfg = resolve_builtin_models(with_grpo_defaults(load_config(config, override)))
+        loaded, ignored = load_cli_config(config, override, source, nemo_overrides)
+        echo_ignored(ignored)
+        cfg = resolve_builtin_models(with_grpo_defaults(loaded))
     except ConfigError as exc:
         _fail(exc.problems)
     if cfg.policy.generation is None:

@@ -9,6 +9,7 @@ Typical use::
 Importing this package never imports torch or ray.
 """
 
+from rlcore.config.coerce import as_policy_config
 from rlcore.config.errors import ConfigError
 from rlcore.config.loader import dump_config, load_config, load_config_dict, validate_section
 from rlcore.config.overrides import apply_overrides
@@ -63,6 +64,7 @@ __all__ = [
     "StrictModel",
     "TokenizerConfig",
     "apply_overrides",
+    "as_policy_config",
     "check_rules",
     "config_json_schema",
     "dump_config",

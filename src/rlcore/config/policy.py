@@ -14,6 +14,7 @@ from pydantic import Discriminator, Field, PositiveInt, Tag, model_validator
 
 from rlcore.config.base import SectionsModel, StrictModel
 from rlcore.config.generation import GenerationConfig
+from rlcore.data.packing import PackingAlgorithm
 
 Precision = Literal["float32", "bfloat16", "float16"]
 
@@ -31,15 +32,28 @@ class ParallelSizes(NamedTuple):
 
 
 class TokenizerConfig(StrictModel):
-    """Tokenizer to load."""
+    """Tokenizer to load, and how prompts are turned into model input.
+
+    ``chat_template`` takes NeMo-RL's values with NeMo-RL's meaning: ``None``
+    is the passthrough template (the prompt text as the task wrote it),
+    ``'default'`` the tokenizer's own template, a path ending in ``.jinja``
+    that file, anything else a Jinja template string. (NeMo-RL also uses the
+    tokenizer's own template when the key is absent; rlcore's default is the
+    passthrough, and ``rlcore config convert --from nemo-rl`` writes
+    ``'default'`` for a NeMo-RL config that leaves the key out.)
+    """
 
     name: str | None = Field(
         None, description="Tokenizer path or name; None (resolved at load) = policy.model_name."
     )
     chat_template: str | None = Field(
         None,
-        description="Chat template: None keeps the tokenizer's own, 'default' uses a plain "
-        "role-prefixed template, anything else is a Jinja template string.",
+        description="Template applied where prompts are built (each prompt is one user message, with the "
+        "generation prompt): None = passthrough (the prompt text unchanged), 'default' = the tokenizer's own "
+        "template, '*.jinja' = that file, anything else = a Jinja template string.",
+    )
+    chat_template_kwargs: dict[str, Any] | None = Field(
+        None, description="Extra variables for the chat template (e.g. {enable_thinking: true}); None = none."
     )
 
 
@@ -74,7 +88,9 @@ class SequencePackingConfig(_TokenBudgets):
     """Packing several sequences per micro-batch row, by token budget."""
 
     enabled: bool = Field(False, description="Pack several sequences into each micro-batch row.")
-    algorithm: str = Field("modified_first_fit_decreasing", description="Bin-packing algorithm name.")
+    algorithm: PackingAlgorithm = Field(
+        "modified_first_fit_decreasing", description="Bin-packing algorithm (rlcore.data.packing.ALGORITHMS)."
+    )
 
 
 class DynamicBatchingConfig(_TokenBudgets):
@@ -91,9 +107,14 @@ class MegatronOptimizerConfig(StrictModel):
     lr: float | None = Field(None, ge=0, description="Peak learning rate; None (resolved at load) = policy.learning_rate.")
     min_lr: float = Field(0.0, ge=0, description="Floor of the decayed learning rate.")
     weight_decay: float = Field(0.01, ge=0, description="Weight decay.")
-    bf16: bool = Field(False, description="Keep bf16 model weights with fp32 main weights in the optimizer.")
-    fp16: bool = Field(False, description="Keep fp16 model weights with fp32 main weights in the optimizer.")
-    params_dtype: Precision = Field("float32", description="Dtype of the model parameters.")
+    bf16: bool = Field(False, description="bf16 model weights (must match policy.precision 'bfloat16').")
+    fp16: bool = Field(False, description="fp16 model weights (must match policy.precision 'float16').")
+    params_dtype: Precision = Field(
+        "float32",
+        description="Dtype of the optimizer's main (master) weights: 'float32' (fp32 master weights, the "
+        "standard mixed precision with a bf16/fp16 model), or policy.precision itself (low-precision master "
+        "weights, which needs use_precision_aware_optimizer).",
+    )
     adam_beta1: float = Field(0.9, ge=0, lt=1, description="Adam beta1.")
     adam_beta2: float = Field(0.999, ge=0, lt=1, description="Adam beta2.")
     adam_eps: float = Field(1e-8, gt=0, description="Adam epsilon.")
@@ -132,7 +153,8 @@ class MegatronDDPConfig(StrictModel):
     average_in_collective: bool = Field(False, description="Average (rather than sum then scale) inside the collective.")
     use_custom_fsdp: bool = Field(False, description="Use Megatron's custom FSDP.")
     data_parallel_sharding_strategy: Literal["no_shard", "optim", "optim_grads", "optim_grads_params"] = Field(
-        "optim_grads_params", description="What custom FSDP shards across data-parallel ranks."
+        "optim_grads_params", description="What Megatron's custom FSDP shards across data-parallel ranks; "
+        "only used with use_custom_fsdp (not supported), so any other value is rejected."
     )
 
 
@@ -230,7 +252,8 @@ class PolicyConfig(SectionsModel):
         None, description="Generation backend settings; None = no generation (training only)."
     )
     generation_batch_size: PositiveInt | None = Field(
-        None, description="Samples per generate call when the policy generates itself; None = all at once."
+        None, description="Most prompts per Hugging Face generate call when the training backend generates "
+        "itself (fsdp1); None = a rank's whole shard at once. Engines such as vLLM batch on their own."
     )
     precision: Precision = Field("float32", description="Training compute dtype.")
     dtensor_cfg: DTensorConfig = Field(default_factory=DTensorConfig, description="FSDP2/DTensor backend settings.")
@@ -242,18 +265,26 @@ class PolicyConfig(SectionsModel):
         default_factory=SequencePackingConfig, description="Sequence packing (excludes dynamic_batching)."
     )
     make_sequence_length_divisible_by: PositiveInt = Field(
-        1, description="Pad sequence lengths up to a multiple of this (e.g. tp with sequence parallel)."
+        1, description="Right-pad every training and logprob micro-batch to a sequence length that is a "
+        "multiple of this (e.g. tp with sequence parallel); padding is masked and cut from results."
     )
-    max_total_sequence_length: PositiveInt = Field(512, description="Longest prompt + completion, in tokens.")
+    max_total_sequence_length: PositiveInt = Field(
+        512, description="Longest prompt + completion, in tokens: a longer sequence given to the policy is an "
+        "error, and the GRPO loop cuts completions so prompt + completion fits."
+    )
     max_grad_norm: Annotated[float, Field(gt=0)] | Annotated[int, Field(gt=0)] | None = Field(
         1.0,
         description="Clip the global gradient norm to this. None disables clipping; "
         "the meaning is the same for every backend.",
     )
-    fsdp_offload_enabled: bool = Field(False, description="FSDP1: offload parameters to CPU.")
-    activation_checkpointing_enabled: bool = Field(False, description="FSDP1: recompute activations in backward.")
+    fsdp_offload_enabled: bool = Field(
+        False, description="fsdp1 backend only: offload parameters to CPU (other backends: true is an error).")
+    activation_checkpointing_enabled: bool = Field(
+        False, description="fsdp1 backend only: recompute activations in backward (other backends: true is an "
+        "error; use dtensor_cfg/megatron_cfg.activation_checkpointing).")
     optimizer: PytorchOptimizerConfig = Field(
-        default_factory=PytorchOptimizerConfig, description="torch optimizer (dtensor/fsdp1 backends)."
+        default_factory=PytorchOptimizerConfig, description="torch optimizer (dtensor/fsdp1 backends); its "
+        "kwargs are checked against the class's signature at load."
     )
     scheduler: list[SchedulerEntry] | None = Field(
         None,

@@ -7,6 +7,7 @@ writing one function and decorating it with ``@rule``.
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING
 
@@ -159,6 +160,59 @@ def rollout_batch_fits_training(cfg: "RLCoreConfig") -> Iterator[str]:
         yield (f"loss.force_on_policy_ratio needs each rollout trained in one optimizer step, but the rollout "
                f"batch {rollout} != policy.train_global_batch_size {p.train_global_batch_size}: set them equal "
                "or turn it off")
-    if g.advantage_estimator == "leave_one_out" and g.num_generations_per_prompt < 2:
-        yield ("grpo.num_generations_per_prompt: leave_one_out advantages need at least 2 completions per "
-               "prompt; raise it or set grpo.advantage_estimator=mean_std")
+    if g.advantage_estimator.startswith("leave_one_out") and g.num_generations_per_prompt < 2:
+        yield (f"grpo.num_generations_per_prompt: {g.advantage_estimator} advantages need at least 2 completions "
+               "per prompt; raise it or set grpo.advantage_estimator=mean_std")
+
+
+@rule
+def fsdp1_flags_need_fsdp1(cfg: "RLCoreConfig") -> Iterator[str]:
+    p = cfg.policy
+    backend = p.training_backend
+    if backend == "fsdp1":
+        return
+    alternatives = {"fsdp_offload_enabled": "dtensor_cfg.cpu_offload",
+                    "activation_checkpointing_enabled": f"{'megatron_cfg' if backend == 'megatron' else 'dtensor_cfg'}"
+                                                        ".activation_checkpointing"}
+    for name, instead in alternatives.items():
+        if getattr(p, name):
+            yield (f"policy.{name}: is true but the training backend is '{backend}', and only fsdp1 reads it: "
+                   f"set it to false (for {backend}: policy.{instead})")
+
+
+@rule
+def megatron_sharding_needs_custom_fsdp(cfg: "RLCoreConfig") -> Iterator[str]:
+    ddp = cfg.policy.megatron_cfg.distributed_data_parallel_config
+    default = type(ddp).model_fields["data_parallel_sharding_strategy"].default
+    if cfg.policy.training_backend == "megatron" and ddp.data_parallel_sharding_strategy != default \
+            and not ddp.use_custom_fsdp:
+        yield (f"policy.megatron_cfg.distributed_data_parallel_config.data_parallel_sharding_strategy: is "
+               f"'{ddp.data_parallel_sharding_strategy}', but it only applies to Megatron's custom FSDP "
+               f"(use_custom_fsdp), which the megatron backend does not support: leave it at '{default}'")
+
+
+def _kwargs_problems(path: str, class_path: str, default_module: str, kwargs: dict, passed: str) -> Iterator[str]:
+    from rlcore.config.signatures import init_signature
+
+    sig = init_signature(class_path, default_module)
+    if sig is None:
+        return  # not readable from source: the worker's own call is the check
+    for key in sig.unknown(list(kwargs)):
+        if sig.names and key == sig.names[0]:
+            yield f"{path}.{key}: is passed by rlcore ({passed}); remove it"
+            continue
+        close = difflib.get_close_matches(key, [n for n in sig.names[1:] if n not in sig.positional_only], n=1)
+        hint = f"; did you mean '{close[0]}'?" if close else f"; it accepts {', '.join(sig.names[1:])}"
+        yield f"{path}.{key}: not an argument of {class_path}{hint}"
+
+
+@rule
+def optimizer_and_scheduler_kwargs_exist(cfg: "RLCoreConfig") -> Iterator[str]:
+    p = cfg.policy
+    yield from _kwargs_problems("policy.optimizer.kwargs", p.optimizer.name, "torch.optim", p.optimizer.kwargs,
+                                "the model's parameters")
+    for i, entry in enumerate(p.scheduler or []):
+        if isinstance(entry, SchedulerMilestones):
+            continue
+        yield from _kwargs_problems(f"policy.scheduler[{i}].kwargs", entry.name, "torch.optim.lr_scheduler",
+                                    entry.kwargs, "the optimizer")

@@ -7,7 +7,13 @@ float32 aligned to the input: position 0 is 0, position ``i`` holds
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NotRequired, TypedDict
+import sys
+from typing import TYPE_CHECKING, TypedDict
+
+if sys.version_info >= (3, 11):
+    from typing import NotRequired
+else:  # Python 3.10: typing_extensions (a pydantic dependency) has it
+    from typing_extensions import NotRequired
 
 if TYPE_CHECKING:
     import torch

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from typing import Any, Optional, Union
 
-from rlcore.config import ConfigError
+from rlcore.config import ConfigError, as_policy_config
 from rlcore.data import BatchedDataDict
 from rlcore.distributed import NamedSharding, RayVirtualCluster, RayWorkerGroup, WorkerGroupOwner
 from rlcore.interfaces import ColocatablePolicyInterface, GenerationInterface
@@ -34,6 +34,8 @@ class Policy(WorkerGroupOwner, ColocatablePolicyInterface, GenerationInterface):
         optimizer_path: Optional[PathLike] = None,
         init_reference_model: bool = True,
     ) -> None:
+        # A plain dict (the seed's TypedDict) is validated here, rules included: one line per problem.
+        config = as_policy_config(config, world_size=cluster.world_size, use_gpu=bool(cluster.use_gpus))
         self.cfg = config
         self.tokenizer = tokenizer
         self.spec = get_registry().resolve(config.training_backend, kind="training")
@@ -83,6 +85,7 @@ class Policy(WorkerGroupOwner, ColocatablePolicyInterface, GenerationInterface):
 
     def _sharded(self, method: str, data: BatchedDataDict, purpose: str, batch_size: int | None = None,
                  **kwargs: Any) -> tuple[list[Any], list[int] | None]:
+        self._check_length(method, data)
         mode, shard_args = self._mode(purpose)
         needed = {"dynamic": "dynamic_batching", "packing": "sequence_packing"}.get(mode)
         if needed and needed not in self.spec.capabilities:
@@ -97,6 +100,13 @@ class Policy(WorkerGroupOwner, ColocatablePolicyInterface, GenerationInterface):
         wg = self.worker_group
         results = wg.get_results(wg.run_all_workers_sharded_data(method, shards, mode=mode, **kwargs))
         return results, order
+
+    def _check_length(self, method: str, data: BatchedDataDict) -> None:
+        limit = self.cfg.max_total_sequence_length
+        longest = int(data["input_lengths"].max()) if "input_lengths" in data and data.size else 0
+        if longest > limit:
+            raise ValueError(f"{method}: a sequence of {longest} tokens is longer than "
+                             f"policy.max_total_sequence_length={limit}; raise it or shorten the batch")
 
     # -- PolicyInterface -------------------------------------------------------------
     def get_logprobs(self, data: BatchedDataDict) -> BatchedDataDict:
@@ -150,6 +160,7 @@ class Policy(WorkerGroupOwner, ColocatablePolicyInterface, GenerationInterface):
     def generate(self, data: BatchedDataDict, greedy: bool = False) -> BatchedDataDict:
         if "generate" not in self.spec.capabilities:
             raise BackendError(f"backend '{self.spec.name}' cannot generate; use a generation backend")
+        self._check_length("generate", data)
         dp = self.sharding.dp
         if data.size % dp:
             raise ValueError(f"generate: batch of {data.size} prompts cannot be split over dp={dp} ranks; "
@@ -206,6 +217,26 @@ class Policy(WorkerGroupOwner, ColocatablePolicyInterface, GenerationInterface):
         self._require("refit")
         return self.worker_group.run_all_workers_single_data(
             "broadcast_weights_for_collective", kv_scales=kv_scales, **kwargs).refs
+
+    # -- the older refit names (seeds 001/003/004), as adapters over the surface above -----
+    def prepare_info_for_collective(self) -> dict[str, Any]:
+        """Old name of :meth:`prepare_refit_info` (``{hf_name: (shape, dtype)}``)."""
+        return self.prepare_refit_info() or {}
+
+    def prepare_weights_for_ipc(self, _refit_buffer_size_gb: Optional[float] = None) -> list[list[str]]:
+        """Old IPC refit, step 1: the weight names in refit order, grouped as the refit buckets them for
+        buffers of ``_refit_buffer_size_gb`` (default 1 GiB)."""
+        from rlcore.refit import plan_buckets
+
+        budget = int((_refit_buffer_size_gb or 1) * 2**30)
+        return [list(bucket.names) for bucket in plan_buckets(self.prepare_refit_info(), budget)]
+
+    def get_weights_ipc_handles(self, keys: list[str]) -> dict[str, Any]:
+        """Old IPC refit, step 2. rlcore moves weights by streaming packed buffers instead of handing out
+        per-tensor IPC handles: use :meth:`stream_weights_via_ipc_zmq` (or ``rlcore.refit.WeightSynchronizer``,
+        which drives it and the engine's side)."""
+        raise NotImplementedError("get_weights_ipc_handles: rlcore streams weights instead of handing out IPC "
+                                  "handles; use stream_weights_via_ipc_zmq or rlcore.refit.WeightSynchronizer")
 
     # -- checkpoints, profiling, shutdown ------------------------------------------------
     def save_checkpoint(self, weights_path: str, optimizer_path: Optional[str] = None,

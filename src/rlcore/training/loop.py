@@ -53,12 +53,25 @@ def valid_counts(batch: "BatchedDataDict[Any]") -> tuple["torch.Tensor", "torch.
     return sample_mask.sum().to(torch.float64), token_mask.sum().to(torch.float64)
 
 
-def micro_batches(step: "BatchedDataDict[Any]", mbs: int, mode: str) -> Iterator["BatchedDataDict[Any]"]:
+def pad_to_multiple(mb: "BatchedDataDict[Any]", multiple: int) -> "BatchedDataDict[Any]":
+    """Right-pad ``mb``'s sequence tensors (dim 1 = ``input_ids``' width) with zeros to a multiple of
+    ``multiple`` (``policy.make_sequence_length_divisible_by``). Padding has token_mask 0 and lies past
+    ``input_lengths``, so nothing computed for the real tokens changes."""
+    width = mb._seq_width()
+    if multiple <= 1 or width is None or width % multiple == 0:
+        return mb
+    return mb._fit_seq_dim(width, -(-width // multiple) * multiple)
+
+
+def micro_batches(step: "BatchedDataDict[Any]", mbs: int, mode: str,
+                  multiple: int = 1) -> Iterator["BatchedDataDict[Any]"]:
     if mode == "dynamic":
-        return step.make_microbatch_iterator_with_dynamic_shapes()
-    if mode == "packing":
-        return step.make_microbatch_iterator_for_packable_sequences()
-    return step.make_microbatch_iterator(mbs)
+        batches = step.make_microbatch_iterator_with_dynamic_shapes()
+    elif mode == "packing":
+        batches = step.make_microbatch_iterator_for_packable_sequences()
+    else:
+        batches = step.make_microbatch_iterator(mbs)
+    return (pad_to_multiple(mb, multiple) for mb in batches)
 
 
 def train_steps(
@@ -71,11 +84,13 @@ def train_steps(
     max_grad_norm: float | None,
     eval_mode: bool = False,
     mode: str = "plain",
+    seq_multiple: int = 1,
 ) -> dict[str, Any]:
     """Run every optimizer step in this rank's ``shard``.
 
     ``local_batch_size`` is this rank's share of one global batch (gbs // dp);
     in dynamic/packing mode the step boundaries come from the shard's metadata.
+    Every micro-batch is padded to a multiple of ``seq_multiple`` (:func:`pad_to_multiple`).
     Returns per-step global losses and grad norms, and per-micro-batch metrics
     (each metric is the micro-batch's contribution to the global value, see
     :mod:`rlcore.algorithms.loss_functions`; summing a step's micro-batches over
@@ -92,7 +107,7 @@ def train_steps(
         hooks.all_reduce_sum(counts)
         global_seqs, global_toks = counts[0].float(), counts[1].float()
         step_loss = torch.zeros((), dtype=torch.float64)
-        for mb in micro_batches(step, mbs, mode):
+        for mb in micro_batches(step, mbs, mode, seq_multiple):
             with torch.set_grad_enabled(not eval_mode):
                 logprobs = hooks.forward(mb)
                 loss, metrics = loss_fn(logprobs, mb, global_seqs, global_toks)

@@ -94,7 +94,8 @@ class TrainingWorkerBase:
         self.model.eval()
         mbs = micro_batch_size or self.cfg.logprob_batch_size
         with torch.no_grad():
-            parts = [fn(mb) for mb in micro_batches(data, mbs, mode)]
+            multiple = self.cfg.make_sequence_length_divisible_by
+            parts = [fn(mb) for mb in micro_batches(data, mbs, mode, multiple)]
         return BatchedDataDict.from_batches(parts)
 
     def get_logprobs(self, data: BatchedDataDict, micro_batch_size: int | None = None,
@@ -147,7 +148,8 @@ class TrainingWorkerBase:
         mbs = mbs or self.cfg.train_micro_batch_size
         self.model.train(not eval_mode)
         return train_steps(data, loss_fn, self._step_hooks(), local_batch_size=gbs // self.dp_size, mbs=mbs,
-                           max_grad_norm=self.cfg.max_grad_norm, eval_mode=eval_mode, mode=mode)
+                           max_grad_norm=self.cfg.max_grad_norm, eval_mode=eval_mode, mode=mode,
+                           seq_multiple=self.cfg.make_sequence_length_divisible_by)
 
     # -- lifecycle and introspection (override where a backend moves memory) ---------
     def prepare_for_training(self, *args: Any, **kwargs: Any) -> None:

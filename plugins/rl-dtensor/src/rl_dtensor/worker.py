@@ -18,6 +18,7 @@ swap); this class supplies the sharded model and how to run it:
 from __future__ import annotations
 
 import logging
+import math
 import resource
 from typing import Any, Iterator
 
@@ -65,6 +66,9 @@ class DTensorPolicyWorker(RefitExportMixin, TrainingWorkerBase):
                  init_reference_model: bool = True, **_: Any) -> None:
         from transformers import AutoModelForCausalLM
 
+        from rlcore.config import as_policy_config
+
+        config = as_policy_config(config)  # the seed's plain dict is accepted too
         self.cfg = config
         self.tokenizer = tokenizer
         self.device = init_distributed()
@@ -81,8 +85,10 @@ class DTensorPolicyWorker(RefitExportMixin, TrainingWorkerBase):
         self.dp_group = self.mesh["dp"].get_group()
         self.opts = ParallelOptions.from_config(config)
         self.compute_dtype = DTYPES[config.precision]
-        # Sequence parallel splits the sequence over tp ranks: widths must be multiples of tp.
-        self.seq_multiple = self.tp_size if (self.tp_size > 1 and self.opts.sequence_parallel) else 1
+        # Sequence parallel splits the sequence over tp ranks: widths must be multiples of tp; and of
+        # policy.make_sequence_length_divisible_by (packed rows too; padded micro-batches already are).
+        sp_multiple = self.tp_size if (self.tp_size > 1 and self.opts.sequence_parallel) else 1
+        self.seq_multiple = math.lcm(sp_multiple, config.make_sequence_length_divisible_by)
 
         # Float32 master weights whatever the precision; ``precision`` is FSDP's compute dtype.
         model = AutoModelForCausalLM.from_pretrained(weights_path or config.model_name, dtype=torch.float32)

@@ -195,3 +195,18 @@ def generate(model: Any, data: Any, settings: SamplingSettings, tokenizer: Any,
         "unpadded_sequence_lengths": input_lengths + gen_lengths,
         "truncated": truncated,
     }
+
+
+def generate_in_batches(model: Any, data: Any, settings: SamplingSettings, tokenizer: Any,
+                        stop_strings: Sequence[str] | None, device: torch.device,
+                        batch_size: int | None) -> dict[str, torch.Tensor]:
+    """:func:`generate` on consecutive slices of at most ``batch_size`` prompts
+    (``policy.generation_batch_size``; None = all at once), results in order. Every slice keeps the
+    batch's prompt width, so the outputs have one width and concatenate."""
+    size = data.size
+    if not batch_size or size <= batch_size:
+        return generate(model, data, settings, tokenizer, stop_strings, device)
+    parts = [generate(model, data.slice(a, min(a + batch_size, size)), settings, tokenizer, stop_strings, device)
+             for a in range(0, size, batch_size)]
+    return {key: torch.cat([p[key] for p in parts]) for key in parts[0]}
+

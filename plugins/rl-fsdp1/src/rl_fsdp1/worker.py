@@ -67,6 +67,9 @@ class FSDP1PolicyWorker(RefitExportMixin, TrainingWorkerBase):
                  init_reference_model: bool = True, **_: Any) -> None:
         from transformers import AutoModelForCausalLM
 
+        from rlcore.config import as_policy_config
+
+        config = as_policy_config(config)  # the seed's plain dict is accepted too
         self.device = init_distributed()
         self.cfg = config
         self.tokenizer = tokenizer
@@ -184,7 +187,8 @@ class FSDP1PolicyWorker(RefitExportMixin, TrainingWorkerBase):
         try:
             with torch.no_grad(), FSDP.summon_full_params(self.model, writeback=False), \
                     unwrapped_view(self.model) as plain, autocast:
-                out = gen.generate(plain, data, settings, self.tokenizer, gen_cfg.stop_strings, self.device)
+                out = gen.generate_in_batches(plain, data, settings, self.tokenizer, gen_cfg.stop_strings,
+                                              self.device, self.cfg.generation_batch_size)
         finally:
             self.model.train(was_training)
         return BatchedDataDict(out)

@@ -55,9 +55,14 @@ def megatron_config_problems(policy: Any, *, cuda: bool, transformer_engine: boo
             problems.append(f"{_M}optimizer.{flag}: is {getattr(opt, flag)} but policy.precision is "
                             f"{policy.precision!r}; the optimizer's precision follows the model's: set "
                             f"{_M}optimizer.{flag}={'true' if half == flag else 'false'}")
-    if opt.params_dtype != policy.precision:
-        problems.append(f"{_M}optimizer.params_dtype: is {opt.params_dtype!r} but policy.precision is "
-                        f"{policy.precision!r}: set them to the same dtype")
+    # params_dtype is the dtype of the optimizer's main (master) weights: fp32 (the standard mixed
+    # precision, NeMo-RL's default) or the model's own dtype, which needs the precision-aware optimizer.
+    if opt.params_dtype not in ("float32", policy.precision):
+        problems.append(f"{_M}optimizer.params_dtype: is {opt.params_dtype!r} but the model is {policy.precision!r}; "
+                        "the optimizer's main weights are float32 or the model's own dtype: set 'float32'")
+    elif opt.params_dtype != "float32" and not opt.use_precision_aware_optimizer:
+        problems.append(f"{_M}optimizer.params_dtype: is {opt.params_dtype!r}: low-precision main weights need "
+                        f"{_M}optimizer.use_precision_aware_optimizer=true; or set 'float32' (fp32 main weights)")
     if opt.use_precision_aware_optimizer and not opt.use_distributed_optimizer:
         problems.append(f"{_M}optimizer.use_precision_aware_optimizer: needs "
                         f"{_M}optimizer.use_distributed_optimizer=true")

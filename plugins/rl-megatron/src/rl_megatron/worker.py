@@ -83,8 +83,10 @@ class MegatronPolicyWorker(RefitExportMixin, TrainingWorkerBase):
                  init_reference_model: bool = True, **_: Any) -> None:
         from transformers import AutoConfig
 
+        from rlcore.config import as_policy_config
         from rlcore.config.errors import ConfigError
 
+        config = as_policy_config(config)  # the seed's plain dict is accepted too
         cuda = torch.cuda.is_available()
         problems = megatron_config_problems(config, cuda=cuda, transformer_engine=_transformer_engine_available())
         if problems:
@@ -171,10 +173,14 @@ class MegatronPolicyWorker(RefitExportMixin, TrainingWorkerBase):
 
         self.tconfig.finalize_model_grads_func = finalize_grads
         self.tconfig.no_sync_func = self.model.no_sync
-        dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[o.params_dtype]
+        dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+        # params_dtype is the main (master) weights' dtype: fp32 unless the precision-aware optimizer
+        # keeps them in the model's dtype (megatron_config_problems checked the combination).
+        main = dtypes[o.params_dtype] if o.use_precision_aware_optimizer else torch.float32
         opt_config = OptimizerConfig(
             optimizer=o.optimizer, lr=o.lr, min_lr=o.min_lr, weight_decay=o.weight_decay, bf16=o.bf16, fp16=o.fp16,
-            params_dtype=dtype, adam_beta1=o.adam_beta1, adam_beta2=o.adam_beta2, adam_eps=o.adam_eps,
+            params_dtype=dtypes[self.cfg.precision], main_params_dtype=main,
+            adam_beta1=o.adam_beta1, adam_beta2=o.adam_beta2, adam_eps=o.adam_eps,
             sgd_momentum=o.sgd_momentum, use_distributed_optimizer=o.use_distributed_optimizer,
             use_precision_aware_optimizer=o.use_precision_aware_optimizer,
             # One clipping setting across backends: policy.max_grad_norm (None = no clipping).
@@ -221,12 +227,18 @@ class MegatronPolicyWorker(RefitExportMixin, TrainingWorkerBase):
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         device = self.device
+        multiple = self.cfg.make_sequence_length_divisible_by
+
+        def fit(n: int) -> int:  # each micro-batch's own longest sequence, rounded up to the multiple
+            return -(-max(n, 2) // multiple) * multiple
 
         def forward_step(data_iterator: Iterator[BatchedDataDict], model: torch.nn.Module) -> tuple:
             mb = next(data_iterator)
             lengths = mb["input_lengths"]
-            width = max(int(lengths.max()), 2)
+            width = fit(int(lengths.max()))
             ids = mb["input_ids"][:, :width].to(device)
+            if ids.shape[1] < width:
+                ids = torch.nn.functional.pad(ids, (0, width - ids.shape[1]))
             positions = torch.arange(width, device=device)[None, :].expand_as(ids)
             output = model(ids, positions, _attention_mask(lengths, width, device))
 
@@ -238,7 +250,7 @@ class MegatronPolicyWorker(RefitExportMixin, TrainingWorkerBase):
 
             return output, loss_func
 
-        width = max(int(mb["input_lengths"].max()) for mb in micro_batches)
+        width = max(fit(int(mb["input_lengths"].max())) for mb in micro_batches)
         get_forward_backward_func()(
             forward_step_func=forward_step, data_iterator=iter(micro_batches), model=[self.model],
             num_microbatches=len(micro_batches), seq_length=width, micro_batch_size=micro_batches[0].size,
@@ -246,6 +258,7 @@ class MegatronPolicyWorker(RefitExportMixin, TrainingWorkerBase):
 
     def _token_logprobs(self, mb: BatchedDataDict, logits: torch.Tensor) -> torch.Tensor:
         """``[B, S]`` aligned float32 logprobs (differentiable) at the caller's width."""
+        logits = logits[:, : mb["input_ids"].shape[1]]  # drop make_sequence_length_divisible_by padding
         ids = mb["input_ids"][:, : logits.shape[1]].to(logits.device)
         if self.logprob_temperature != 1.0:  # rollouts were sampled from softmax(logits / T)
             logits = logits / self.logprob_temperature
@@ -285,6 +298,7 @@ class MegatronPolicyWorker(RefitExportMixin, TrainingWorkerBase):
 
         def collect(mb: BatchedDataDict, logits: torch.Tensor) -> None:
             v, i = vocab_parallel.topk(logits, k, self.vocab_start, self.shape.vocab_size, self.tp_group)
+            v, i = v[:, :width], i[:, :width]  # padded widths (make_sequence_length_divisible_by) cut back
             pad = (0, 0, 0, width - v.shape[1])
             values.append(torch.nn.functional.pad(v, pad))
             indices.append(torch.nn.functional.pad(i, pad))

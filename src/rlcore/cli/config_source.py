@@ -1,0 +1,63 @@
+"""``--from rlcore|nemo-rl``: where a CLI config comes from, shared by ``rlcore config`` and ``rlcore run``."""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Any, Optional, Sequence
+
+import typer
+
+
+class ConfigSource(str, Enum):
+    rlcore = "rlcore"
+    nemo_rl = "nemo-rl"
+
+
+SourceOpt = Annotated[
+    ConfigSource,
+    typer.Option("--from", help="Config format: rlcore's own, or a NeMo-RL config (defaults:, ${...}, "
+                                "key=value overrides; see docs/nemo-rl-mapping.md)."),
+]
+NemoOverridesArg = Annotated[
+    Optional[list[str]],
+    typer.Argument(help="With --from nemo-rl: NeMo-RL (Hydra) overrides key=value, +key=value, ++key=value, "
+                        "~key, applied before conversion.", show_default=False),
+]
+
+
+def load_cli_config(file: Path | None, overrides: Sequence[str] | None, source: ConfigSource,
+                    nemo_overrides: Sequence[str] | None) -> tuple[Any, list[str]]:
+    """The validated config and the ``ignored: ...`` lines (NeMo-RL only). Raises ConfigError."""
+    from rlcore.config import ConfigError, load_config
+
+    if source is ConfigSource.nemo_rl:
+        if file is None:
+            raise ConfigError(["--from nemo-rl needs a config file"])
+        from rlcore.nemo_rl import load_nemo_rl_config
+
+        loaded = load_nemo_rl_config(file, nemo_overrides or (), overrides or ())
+        return loaded.config, loaded.ignored_lines()
+    if nemo_overrides:
+        raise ConfigError([f"'{nemo_overrides[0]}': overrides after the file are for --from nemo-rl; "
+                           "give rlcore overrides with -o KEY=VALUE"])
+    try:
+        return load_config(file, overrides or ()), []
+    except ConfigError as exc:
+        if file is not None and _looks_like_nemo_rl(exc.problems):
+            exc.problems.append(f"hint: {file} looks like a NeMo-RL config: read it with --from nemo-rl")
+        raise
+
+
+def _looks_like_nemo_rl(problems: list[str]) -> bool:
+    markers = ("cluster.gpus_per_node:", "defaults:", "loss_fn:", "'${")
+    return any(m in line for line in problems for m in markers)
+
+
+def echo_ignored(lines: list[str]) -> None:
+    """The one summary block of NeMo-RL keys rlcore does not use (stderr)."""
+    for line in lines:
+        typer.echo(line, err=True)
+
+
+__all__ = ["ConfigSource", "NemoOverridesArg", "SourceOpt", "echo_ignored", "load_cli_config"]

@@ -1,0 +1,220 @@
+"""NeMo-RL config dict → rlcore config dict, following :data:`rlcore.nemo_rl.table.RULES`.
+
+Every key of the NeMo-RL config ends in exactly one of three places: mapped
+into the rlcore config, reported as ignored (it changes nothing rlcore
+computes), or reported as an error (it would change training or generation
+and rlcore does not implement it). Keys the table does not know are ignored
+when their value is null/false/0/empty and errors otherwise.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from rlcore.config.messages import show_value
+from rlcore.nemo_rl.table import RULES, UNKNOWN_NEUTRAL, Rule
+
+
+@dataclass
+class Conversion:
+    """What came out of a NeMo-RL config."""
+
+    config: dict[str, Any] = field(default_factory=dict)  # rlcore raw config (validate with load_config_dict)
+    ignored: list[tuple[str, str]] = field(default_factory=list)  # (NeMo-RL path, why)
+    problems: list[str] = field(default_factory=list)  # one line each, NeMo-RL paths
+    sources: dict[str, str] = field(default_factory=dict)  # rlcore path -> the NeMo-RL path it came from
+
+    def ignored_lines(self) -> list[str]:
+        return [f"ignored: {path} ({why})" for path, why in self.ignored]
+
+
+def same(a: Any, b: Any) -> bool:
+    """Equality that keeps bools apart from numbers (``False`` is not ``0`` here)."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return a == b
+    return type(a) is type(b) and a == b
+
+
+def is_neutral(value: Any, neutral: tuple[Any, ...]) -> bool:
+    return any(same(value, n) for n in neutral)
+
+
+def _match(pattern: str, path: str) -> bool:
+    p, q = pattern.split("."), path.split(".")
+    return len(p) == len(q) and all(fnmatch.fnmatchcase(b, a) for a, b in zip(p, q))
+
+
+def exact_rule(path: str) -> Rule | None:
+    for rule in RULES:
+        if _match(rule.nemo, path):
+            return rule
+    return None
+
+
+def _has_descendant_rules(path: str) -> bool:
+    depth = path.count(".") + 1
+    for rule in RULES:
+        parts = rule.nemo.split(".")
+        if len(parts) > depth and _match(".".join(parts[:depth]), path):
+            return True
+    return False
+
+
+def get(data: dict[str, Any], path: str, default: Any = None) -> Any:
+    node: Any = data
+    for part in path.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return default
+        node = node[part]
+    return node
+
+
+def put(data: dict[str, Any], path: str, value: Any) -> None:
+    parts = path.split(".")
+    node = data
+    for part in parts[:-1]:
+        if not isinstance(node.get(part), dict):
+            node[part] = {}
+        node = node[part]
+    node[parts[-1]] = value
+
+
+def _top_k(value: Any) -> Any:
+    return None if isinstance(value, int) and not isinstance(value, bool) and value <= 0 else value
+
+
+TRANSFORMS: dict[str, Callable[[Any], Any]] = {"top_k": _top_k}
+
+
+class _Walker:
+    def __init__(self, nemo: dict[str, Any], out: Conversion) -> None:
+        self.nemo, self.out = nemo, out
+        self.handlers: set[str] = set()
+
+    def ignore(self, path: str, why: str) -> None:
+        self.out.ignored.append((path, why))
+
+    def error(self, path: str, value: Any, what: str, fix: str) -> None:
+        self.out.problems.append(f"{path}: is {show_value(value)}, but rlcore does not support {what}: {fix}")
+
+    def apply(self, rule: Rule, path: str, value: Any) -> None:
+        if rule.action == "map":
+            target = rule.target if "*" not in (rule.target or "") else path
+            fn = TRANSFORMS.get(rule.transform or "")
+            put(self.out.config, target, fn(value) if fn else value)
+            self.out.sources[target] = path
+        elif rule.action == "custom":
+            self.handlers.add(rule.handler or "")
+        elif rule.action == "ignore":
+            self.ignore(path, rule.note)
+        elif rule.action in ("neutral", "gate"):
+            if is_neutral(value, rule.neutral):
+                self.ignore(path, f"{rule.note}: not supported by rlcore")
+            else:
+                fix = " or ".join(show_value(n) for n in rule.neutral if n not in ({}, []))
+                self.error(path, value, rule.note, f"set it to {fix or 'empty'} or remove it")
+
+    def walk(self, node: Any, path: str, inherited: Rule | None = None) -> None:
+        rule = exact_rule(path) if path else None
+        if rule is None and node in (None, {}) and path and _has_descendant_rules(path):
+            return  # a section written as null or {}: the same as leaving it out (rlcore's defaults)
+        if isinstance(node, dict) and node:
+            if rule is not None and rule.action == "section":
+                self.section(rule, node, path)
+                return
+            if path and self.gate_of(node, path):
+                return
+            if rule is None or (rule.action == "ignore" and _has_descendant_rules(path)):
+                self.walk_children(node, path, rule if rule is not None else inherited, own=rule is not None)
+                return
+        if rule is not None:
+            self.apply(rule, path, node)
+        elif inherited is not None:
+            self.ignore(path, inherited.note)
+        else:
+            self.unknown(path, node)
+
+    def walk_children(self, node: dict[str, Any], path: str, rest: Rule | None = None, own: bool = False) -> None:
+        """Each key by its own rule; keys with none fall under ``rest`` (an ignoring ancestor), reported once."""
+        skipped = self.sibling_gates(node, path)
+        leftover = False
+        for key, value in node.items():
+            child = f"{path}.{key}" if path else str(key)
+            if child in skipped:
+                continue
+            if rest is not None and exact_rule(child) is None and not _has_descendant_rules(child):
+                leftover = True
+                continue
+            self.walk(value, child, rest)
+        if leftover and rest is not None:
+            self.ignore(f"{path} (its other keys)" if own else path, rest.note)
+
+    def section(self, rule: Rule, node: dict[str, Any], path: str) -> None:
+        assert rule.active_if is not None
+        switch, values = rule.active_if
+        active = is_neutral(get(self.nemo, switch), values)
+        if active:
+            self.walk_children(node, path)
+            return
+        for key in rule.keep:
+            if key in node:
+                self.walk(node[key], f"{path}.{key}")
+        if any(k not in rule.keep for k in node):
+            self.ignore(path, f"not used: {switch} is {show_value(get(self.nemo, switch))}")
+
+    def gate_of(self, node: dict[str, Any], path: str) -> bool:
+        """A section switched by its own gate key (``<path>.enabled``): handled as a unit."""
+        for key, value in node.items():
+            rule = exact_rule(f"{path}.{key}")
+            if rule is not None and rule.action == "gate" and rule.covers is None:
+                if is_neutral(value, rule.neutral):
+                    self.ignore(path, f"{rule.note}: off; not supported by rlcore")
+                else:
+                    self.error(f"{path}.{key}", value, rule.note, f"set {path}.{key}=false or remove the section")
+                return True
+        return False
+
+    def sibling_gates(self, node: dict[str, Any], path: str) -> set[str]:
+        """Gates covering sibling keys (``use_dynamic_sampling`` → ``dynamic_sampling_*``): paths to skip."""
+        skipped: set[str] = set()
+        for key, value in node.items():
+            gate_path = f"{path}.{key}" if path else str(key)
+            rule = exact_rule(gate_path)
+            if rule is None or rule.action != "gate" or rule.covers is None:
+                continue
+            covered = {f"{path}.{k}" for k in node if any(_match(c, f"{path}.{k}") for c in rule.covers)}
+            skipped |= covered | {gate_path}
+            if is_neutral(value, rule.neutral):
+                self.ignore(gate_path, f"{rule.note}: off; not supported by rlcore")
+                self.out.ignored += [(c, f"only used by {gate_path}") for c in sorted(covered - {gate_path})]
+            else:
+                self.error(gate_path, value, rule.note, f"set it to {show_value(rule.neutral[0])}")
+        return skipped
+
+    def unknown(self, path: str, value: Any) -> None:
+        if is_neutral(value, UNKNOWN_NEUTRAL):
+            self.ignore(path, "not known to rlcore's NeMo-RL reader; its value changes nothing")
+        else:
+            self.out.problems.append(
+                f"{path}: is {show_value(value)}, a NeMo-RL key rlcore's reader does not know "
+                "(see docs/nemo-rl-mapping.md), so it cannot tell whether it changes training: remove it, "
+                "or set it to null/false if that turns it off")
+
+
+def convert(nemo: dict[str, Any]) -> Conversion:
+    """Map a resolved NeMo-RL config dict (see :func:`rlcore.nemo_rl.loader.load_nemo_rl_dict`)."""
+    from rlcore.nemo_rl import handlers
+
+    out = Conversion()
+    walker = _Walker(nemo, out)
+    walker.walk(nemo, "")
+    for name in handlers.ORDER:
+        handlers.HANDLERS[name](nemo, out)
+    return out
+
+
+__all__ = ["Conversion", "convert", "exact_rule", "get", "is_neutral", "put", "same"]

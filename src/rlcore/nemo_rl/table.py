@@ -1,0 +1,299 @@
+"""The NeMo-RL → rlcore mapping, as data: one :class:`Rule` per NeMo-RL key (or section).
+
+The converter (:mod:`rlcore.nemo_rl.convert`) acts on these rules and
+``docs/nemo-rl-mapping.md`` is generated from them (``rlcore config
+nemo-rl-table``), so the documentation cannot drift from the behaviour.
+
+Actions:
+
+- ``map``: the value goes to ``target`` (a dotted rlcore path), unchanged
+  unless ``transform`` names a conversion;
+- ``custom``: a converter function (``handler``) reads this key together with
+  others (cluster sizes, schedulers, advantages, ...); ``target`` says where
+  the result lands;
+- ``ignore``: rlcore has no use for it whatever its value (logging, ports,
+  kernel and memory choices that do not change what is computed); reported;
+- ``neutral``: ignored (and reported) while its value is one of ``neutral``,
+  the values that change nothing; any other value is an error, because it
+  would change training or generation and rlcore does not implement it;
+- ``gate``: the switch of a feature rlcore lacks: off (a ``neutral`` value)
+  ignores the whole section (``covers``, default: the switch's parent), on is
+  an error;
+- ``section``: a section used only when ``active_if`` holds (e.g. ``vllm_cfg``
+  when the generation backend is vLLM); otherwise the whole section is
+  ignored, except the keys in ``keep``.
+
+Patterns: dotted paths; ``*`` matches any one key. A rule on a mapping
+covers its whole subtree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+NONE_OR_EMPTY: tuple[Any, ...] = (None, {}, [])
+
+
+@dataclass(frozen=True)
+class Rule:
+    nemo: str
+    action: str
+    target: str | None = None
+    note: str = ""
+    neutral: tuple[Any, ...] = ()
+    transform: str | None = None
+    handler: str | None = None
+    covers: tuple[str, ...] | None = None
+    active_if: tuple[str, tuple[Any, ...]] | None = None
+    keep: tuple[str, ...] = ()
+
+
+def _m(nemo: str, target: str | None = None, note: str = "", transform: str | None = None) -> Rule:
+    return Rule(nemo, "map", target or nemo, note, transform=transform)
+
+
+def _c(nemo: str, handler: str, target: str, note: str) -> Rule:
+    return Rule(nemo, "custom", target, note, handler=handler)
+
+
+def _i(nemo: str, note: str) -> Rule:
+    return Rule(nemo, "ignore", None, note)
+
+
+def _n(nemo: str, neutral: tuple[Any, ...], note: str) -> Rule:
+    return Rule(nemo, "neutral", None, note, neutral=neutral)
+
+
+def _g(nemo: str, note: str, neutral: tuple[Any, ...] = (False, None), covers: tuple[str, ...] | None = None) -> Rule:
+    return Rule(nemo, "gate", None, note, neutral=neutral, covers=covers)
+
+
+P, G, MG, DT = "policy.", "policy.generation.", "policy.megatron_cfg.", "policy.dtensor_cfg."
+MOE = "MoE only: rlcore's backends build dense Llama/Qwen2/Qwen3 models (a MoE model fails at load)"
+KERNEL = "kernel/fusion choice: the same computation, another implementation"
+MEMORY = "memory placement only: what is computed does not change"
+NO_VAL = "rlcore's GRPO loop has no validation pass"
+LOGGING = "rlcore logs to <logger.output_dir>/metrics.jsonl and TensorBoard only"
+
+RULES: tuple[Rule, ...] = (
+    # -- cluster ------------------------------------------------------------------------------
+    _c("cluster.gpus_per_node", "cluster", "cluster.workers_per_node",
+       "one training rank per GPU (cluster.use_gpu is set true); minus the generation GPUs when generation is "
+       "not colocated on a single node"),
+    _c("cluster.num_nodes", "cluster", "cluster.num_nodes", "minus the generation nodes when generation is not "
+       "colocated on several nodes"),
+    _i("cluster.master_port_range_low", "ports: rlcore's workers pick free ports"),
+    _i("cluster.master_port_range_high", "ports: rlcore's workers pick free ports"),
+    _n("cluster.segment_size", (None,), "NVLink-domain placement"),
+    # -- policy: model, batches, precision ------------------------------------------------------
+    _m(P + "model_name"),
+    _m(P + "tokenizer.name"),
+    _c(P + "tokenizer.chat_template", "chat_template", P + "tokenizer.chat_template",
+       "same values, same meaning (null = passthrough, 'default' = the tokenizer's own, a Jinja string); "
+       "absent in NeMo-RL means the tokenizer's own: written as 'default'"),
+    _m(P + "tokenizer.chat_template_kwargs"),
+    _n(P + "tokenizer.audio", NONE_OR_EMPTY, "multimodal processors"),
+    _n(P + "tokenizer.video", NONE_OR_EMPTY, "multimodal processors"),
+    _n(P + "tokenizer.use_processor", (False, None), "multimodal processors"),
+    _n(P + "hf_config_overrides", NONE_OR_EMPTY, "model config overrides"),
+    _m(P + "train_global_batch_size"),
+    _m(P + "train_micro_batch_size"),
+    _m(P + "logprob_batch_size"),
+    _m(P + "generation_batch_size", note="bounds Hugging Face generate batches (fsdp1 generating itself)"),
+    _m(P + "precision"),
+    _m(P + "max_total_sequence_length"),
+    _m(P + "make_sequence_length_divisible_by"),
+    _c(P + "max_grad_norm", "clipping", P + "max_grad_norm",
+       "null = no clipping; with megatron, NeMo-RL clips by megatron_cfg.optimizer.clip_grad, which then wins"),
+    _i(P + "logprob_chunk_size", "chunked logprob computation: " + MEMORY),
+    _i(P + "offload_optimizer_for_logprob", MEMORY),
+    _i(P + "refit_buffer_size_gb", "refit transfer buffer size: " + MEMORY),
+    _m(P + "fsdp_offload_enabled"),
+    _m(P + "activation_checkpointing_enabled"),
+    _g(P + "reward_model_cfg.enabled", "reward-model training"),
+    _g(P + "draft.enabled", "draft (speculative) model training"),
+    _g(P + "router_replay.enabled", "MoE router replay"),
+    _n(P + "pretrained_checkpoint", NONE_OR_EMPTY, "loading Megatron checkpoints (rlcore loads Hugging Face weights)"),
+    _n(P + "quant_cfg", (None,), "ModelOpt quantization"),
+    _n(P + "quant_calib_data", (None,), "ModelOpt quantization"),
+    _n(P + "quant_calib_size", (None,), "ModelOpt quantization"),
+    _n(P + "quant_batch_size", (None,), "ModelOpt quantization"),
+    _n(P + "quant_sequence_length", (None,), "ModelOpt quantization"),
+    _i(P + "disable_modelopt_layer_spec", "ModelOpt layer spec selection"),
+    # -- policy: optimizer and schedulers ---------------------------------------------------------
+    _c(P + "optimizer", "optimizer", P + "optimizer",
+       "name and kwargs as is (kwargs checked against the class); kwargs.lr also becomes policy.learning_rate; "
+       "null (NeMo-RL's megatron configs) = rlcore's default, unused by megatron"),
+    _c(P + "scheduler", "scheduler", P + "scheduler",
+       "the list as is; a '- milestones: [...]' entry becomes {name: milestones, milestones: [...]}; null = "
+       "constant learning rate"),
+    # -- policy: dynamic batching and packing -------------------------------------------------------
+    _m(P + "dynamic_batching.enabled"),
+    _m(P + "dynamic_batching.train_mb_tokens"),
+    _m(P + "dynamic_batching.logprob_mb_tokens"),
+    _m(P + "dynamic_batching.sequence_length_round"),
+    _m(P + "sequence_packing.enabled"),
+    _m(P + "sequence_packing.train_mb_tokens"),
+    _m(P + "sequence_packing.logprob_mb_tokens"),
+    _m(P + "sequence_packing.algorithm"),
+    _i(P + "sequence_packing.sequence_length_round", "padding granularity of packed kernels: rlcore packs "
+       "exact lengths, which computes the same"),
+    # -- policy.dtensor_cfg ---------------------------------------------------------------------
+    Rule(P + "dtensor_cfg", "section", note="used when dtensor_cfg.enabled is true; otherwise only 'enabled' "
+         "is kept", active_if=(DT + "enabled", (True,)), keep=("enabled",)),
+    _m(DT + "enabled", note="training backend: megatron if megatron_cfg.enabled, else dtensor if this, else fsdp1"),
+    _i(DT + "_v2", "picks NeMo-RL's DTensor worker implementation; rlcore has one dtensor worker"),
+    _m(DT + "cpu_offload"),
+    _m(DT + "sequence_parallel"),
+    _m(DT + "activation_checkpointing"),
+    _m(DT + "tensor_parallel_size"),
+    _m(DT + "context_parallel_size", note="> 1 needs CUDA (an error before any process starts otherwise)"),
+    _m(DT + "custom_parallel_plan"),
+    _n(DT + "env_vars", NONE_OR_EMPTY, "per-worker environment variables (set them in the environment)"),
+    _n(DT + "expert_parallel_size", (1, None), "expert parallelism"),
+    _n(DT + "dp_replicate_size", (1, None), "HSDP replication"),
+    _i(DT + "defer_fsdp_grad_sync", "gradient-sync timing: " + MEMORY),
+    _i(DT + "moe_parallelizer", MOE),
+    _g(DT + "lora_cfg.enabled", "LoRA"),
+    _n(DT + "automodel_kwargs", NONE_OR_EMPTY, "NeMo Automodel options"),
+    _i(DT + "clear_cache_every_n_steps", MEMORY),
+    # -- policy.megatron_cfg --------------------------------------------------------------------
+    Rule(P + "megatron_cfg", "section", note="used when megatron_cfg.enabled is true; otherwise only 'enabled' "
+         "is kept", active_if=(MG + "enabled", (True,)), keep=("enabled",)),
+    _m(MG + "enabled"),
+    *(_m(MG + k) for k in ("empty_unused_memory_level", "activation_checkpointing", "converter_type",
+                          "tensor_model_parallel_size", "pipeline_model_parallel_size",
+                          "num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage",
+                          "context_parallel_size", "pipeline_dtype", "sequence_parallel")),
+    _i(MG + "force_reconvert_from_hf", "rlcore converts Hugging Face weights in memory at every start"),
+    _n(MG + "recompute_granularity", ("full", None), "selective recomputation (rlcore recomputes whole layers)"),
+    _n(MG + "recompute_modules", (None,), "selective recomputation"),
+    _n(MG + "expert_tensor_parallel_size", (1, None), "expert tensor parallelism"),
+    _n(MG + "expert_model_parallel_size", (1, None), "expert parallelism"),
+    *(_i(MG + k, MOE) for k in ("freeze_moe_router", "moe_*", "hybridep_*", "inference_moe_token_dispatcher_type",
+                               "inference_grouped_gemm_backend")),
+    *(_i(MG + k, KERNEL) for k in ("apply_rope_fusion", "bias_activation_fusion", "gradient_accumulation_fusion",
+                                  "use_fused_weighted_squared_relu", "use_linear_ce_fusion_loss",
+                                  "linear_ce_fusion_chunk_size", "attention_backend", "transformer_impl",
+                                  "cuda_graph_impl")),
+    _i(MG + "clear_memory_caches_before_refit", MEMORY),
+    _n(MG + "defer_fp32_logits", (False, None), "logits kept in low precision"),
+    _g(MG + "mtp_num_layers", "multi-token prediction", neutral=(0, None),
+       covers=(MG + "mtp_*",)),
+    _g(MG + "peft.enabled", "LoRA (PEFT)"),
+    _g(MG + "fp8_cfg.enabled", "FP8 training"),
+    _n(MG + "fp8_cfg", (None,), "FP8 training"),
+    _n(MG + "env_vars", NONE_OR_EMPTY, "per-worker environment variables (set them in the environment)"),
+    *(_m(MG + "optimizer." + k) for k in ("optimizer", "lr", "min_lr", "weight_decay", "bf16", "fp16",
+                                         "adam_beta1", "adam_beta2", "adam_eps", "sgd_momentum",
+                                         "use_distributed_optimizer", "use_precision_aware_optimizer")),
+    _m(MG + "optimizer.params_dtype", note="dtype of the optimizer's main weights: float32 with a bf16 model is "
+       "the standard mixed precision"),
+    _c(MG + "optimizer.clip_grad", "clipping", P + "max_grad_norm", "megatron clips by this in NeMo-RL: it "
+       "becomes policy.max_grad_norm (0 or null = no clipping)"),
+    _i(MG + "optimizer.optimizer_cpu_offload", MEMORY),
+    _i(MG + "optimizer.optimizer_offload_fraction", MEMORY),
+    _m(MG + "scheduler.*"),
+    _m(MG + "distributed_data_parallel_config.*"),
+    # -- policy.generation --------------------------------------------------------------------
+    _m(G + "backend", note="vllm → the rl-vllm plugin (fsdp1 generates when it is not installed)"),
+    *(_m(G + k) for k in ("max_new_tokens", "temperature", "top_p", "stop_token_ids", "stop_strings",
+                         "model_name", "pad_token_id")),
+    _m(G + "top_k", transform="top_k", note="-1 or 0 (vLLM's 'off') = null"),
+    _m(G + "colocated.enabled"),
+    _c(G + "colocated.resources", "cluster", G + "colocated.resources",
+       "gpus_per_node → workers_per_node, num_nodes as is, when colocated.enabled is false (NeMo-RL's rules "
+       "for which of the two to set); ignored while colocated"),
+    _i(G + "port_range_low", "ports: rlcore's engines pick free ports"),
+    _i(G + "port_range_high", "ports: rlcore's engines pick free ports"),
+    _i(G + "mcore_generation_config", "megatron-core inference engine (rlcore generates with vLLM or fsdp1)"),
+    _m(G + "vllm_kwargs", G + "vllm_cfg.engine_kwargs"),
+    Rule(G + "vllm_cfg", "section", note="used when generation.backend is vllm",
+         active_if=(G + "backend", ("vllm",))),
+    _m(G + "vllm_cfg.tensor_parallel_size", note="rl-vllm supports 1 (more engines instead)"),
+    _m(G + "vllm_cfg.precision"),
+    _m(G + "vllm_cfg.max_model_len"),
+    _m(G + "vllm_cfg.gpu_memory_utilization"),
+    _m(G + "vllm_cfg.enforce_eager"),
+    _n(G + "vllm_cfg.async_engine", (False, None), "async vLLM engine"),
+    _n(G + "vllm_cfg.kv_cache_dtype", ("auto", None), "quantized KV cache"),
+    _n(G + "vllm_cfg.pipeline_parallel_size", (1, None), "vLLM pipeline parallelism"),
+    _n(G + "vllm_cfg.expert_parallel_size", (1, None), "vLLM expert parallelism"),
+    _n(G + "vllm_cfg.num_last_layers_in_bf16", (0, None), "FP8 generation"),
+    _n(G + "vllm_cfg.num_first_layers_in_bf16", (0, None), "FP8 generation"),
+    _i(G + "vllm_cfg.use_deep_gemm", KERNEL),
+    _i(G + "vllm_cfg.use_tqdm", "progress bars"),
+    _i(G + "vllm_cfg.enable_vllm_metrics_logger", LOGGING),
+    _i(G + "vllm_cfg.vllm_metrics_logger_interval", LOGGING),
+    # -- grpo -----------------------------------------------------------------------------------
+    _m("grpo.num_prompts_per_step"),
+    _m("grpo.num_generations_per_prompt"),
+    _m("grpo.max_num_steps"),
+    _m("grpo.seed"),
+    _c("grpo.use_leave_one_out_baseline", "advantage", "grpo.advantage_estimator",
+       "with normalize_rewards: both → leave_one_out_std, leave-one-out only → leave_one_out, normalize only "
+       "→ mean_std, neither → mean"),
+    _c("grpo.normalize_rewards", "advantage", "grpo.advantage_estimator", "see use_leave_one_out_baseline"),
+    _c("grpo.adv_estimator", "advantage", "grpo.advantage_estimator",
+       "name 'grpo' with its own normalize_rewards / use_leave_one_out_baseline (these win); other estimators "
+       "are errors"),
+    _n("grpo.max_rollout_turns", (1, None), "multi-turn rollouts"),
+    _i("grpo.max_num_epochs", "rlcore's prompt source has no epochs: grpo.max_num_steps bounds the run"),
+    *(_i("grpo." + k, NO_VAL) for k in ("val_period", "val_at_start", "val_at_end", "max_val_samples",
+                                       "val_batch_size")),
+    _n("grpo.overlong_filtering", (False, None), "overlong filtering"),
+    _n("grpo.advantage_clip_low", (None,), "advantage clipping"),
+    _n("grpo.advantage_clip_high", (None,), "advantage clipping"),
+    _g("grpo.use_dynamic_sampling", "dynamic sampling (DAPO)",
+       covers=("grpo.dynamic_sampling_max_gen_batches",)),
+    _n("grpo.batch_multiplier", (1, None), "dynamic-sampling batch multiplier"),
+    _g("grpo.reward_shaping.enabled", "reward shaping"),
+    _g("grpo.reward_scaling.enabled", "reward scaling"),
+    _g("grpo.async_grpo.enabled", "async GRPO"),
+    _n("grpo.seq_logprob_error_threshold", (None,), "sequence logprob-error filtering"),
+    _n("grpo.invalid_tool_call_advantage", (None,), "tool-call advantages"),
+    _n("grpo.malformed_thinking_advantage", (None,), "thinking-tag advantages"),
+    _n("grpo.skip_reference_policy_logprobs_calculation", (False, None), "skipping reference logprobs"),
+    # -- loss_fn --------------------------------------------------------------------------------
+    *(_m("loss_fn." + k, "loss." + k) for k in (
+        "reference_policy_kl_penalty", "reference_policy_kl_type", "kl_input_clamp_value", "kl_output_clamp_value",
+        "ratio_clip_min", "ratio_clip_max", "ratio_clip_c", "use_on_policy_kl_approximation", "token_level_loss",
+        "sequence_level_importance_ratios", "disable_ppo_ratio", "force_on_policy_ratio")),
+    _c("loss_fn.use_importance_sampling_correction", "importance_sampling", "loss.use_importance_sampling_correction",
+       "as is; while false the truncated_importance_sampling_* keys do nothing and are ignored"),
+    *(_c("loss_fn." + k, "importance_sampling", "loss." + k,
+         "as is (null type = 'tis'; 'seq-mask-tis' is an error)") for k in (
+        "truncated_importance_sampling_type", "truncated_importance_sampling_ratio",
+        "truncated_importance_sampling_ratio_min")),
+    _n("loss_fn.use_kl_in_reward", (False, None), "KL in the reward (Reinforce++)"),
+    _n("loss_fn.use_cispo", (False, None), "CISPO"),
+    _n("loss_fn.positive_example_nll_weight", (0, 0.0, None), "VAPO positive-example NLL"),
+    # -- checkpointing ----------------------------------------------------------------------------
+    _m("checkpointing.enabled"),
+    _m("checkpointing.save_period", "checkpointing.save_every_n_steps"),
+    _m("checkpointing.keep_top_k", "checkpointing.keep_last", note="rlcore keeps the newest, not the best by "
+       "metric_name (it has no validation metric)"),
+    _i("checkpointing.checkpoint_dir", "rlcore writes checkpoints to <logger.output_dir>/checkpoints"),
+    _i("checkpointing.metric_name", "rlcore keeps the newest checkpoints"),
+    _i("checkpointing.higher_is_better", "rlcore keeps the newest checkpoints"),
+    _n("checkpointing.checkpoint_must_save_by", (None,), "time-limited saving"),
+    _n("checkpointing.model_save_format", ("safetensors", None), "checkpoint format (rlcore writes safetensors)"),
+    _i("checkpointing.save_consolidated", "rlcore's weights/ is always a consolidated Hugging Face checkpoint"),
+    _n("checkpointing.save_optimizer", (True, None), "weights-only checkpoints"),
+    _i("checkpointing.pretrained_checkpoint", "loading Megatron checkpoints"),
+    # -- logger, data, env and the rest -------------------------------------------------------------------
+    _m("logger.log_dir", "logger.output_dir"),
+    _m("logger.tensorboard_enabled", "logger.tensorboard"),
+    _i("logger", LOGGING),
+    _i("data", "rlcore's prompts and rewards come from its task section (rlcore -o task.prompts=... "
+       "task.reward=...)"),
+    _i("env", "rlcore's rewards come from its task section"),
+    _g("data_plane.enabled", "TransferQueue data plane"),
+    _n("on_policy_distillation", (None,), "on-policy distillation"),
+)
+
+#: Values that change nothing, for keys the table does not know (newer NeMo-RL releases).
+UNKNOWN_NEUTRAL: tuple[Any, ...] = (None, False, 0, 0.0, "", "none", "None", {}, [])
+
+__all__ = ["RULES", "Rule", "UNKNOWN_NEUTRAL"]

@@ -1,0 +1,400 @@
+"""Reading NeMo-RL configs: NeMo-RL's own example GRPO configs (fixtures, four releases), the loader
+(defaults, interpolation, Hydra overrides), the mapping rule, the CLI, and one real run."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from rlcore.cli.app import app
+from rlcore.config import ConfigError, load_config, load_config_dict
+from rlcore.nemo_rl import convert, load_nemo_rl_config, load_nemo_rl_dict, policy_config_from_nemo_rl
+from rlcore.nemo_rl.doc import mapping_markdown
+from rlcore.nemo_rl.loader import apply_hydra_overrides
+
+REPO = Path(__file__).resolve().parents[1]
+FIXTURES = REPO / "tests" / "fixtures" / "nemo_rl"
+CONFIGS = sorted(FIXTURES.glob("v*/grpo_math_*.yaml"))
+runner = CliRunner()
+
+
+def _id(path: Path) -> str:
+    return f"{path.parent.name}/{path.stem}"
+
+
+def nemo_problems(path: Path, *overrides: str) -> list[str]:
+    with pytest.raises(ConfigError) as info:
+        load_nemo_rl_config(path, overrides)
+    return info.value.problems
+
+
+def write(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+# --- NeMo-RL's example GRPO configs ------------------------------------------------------------
+
+def test_the_fixtures_are_the_four_configs_of_four_releases():
+    assert {p.parent.name for p in CONFIGS} == {"v0.4.0", "v0.5.0", "v0.6.0", "v0.7.0"}
+    assert {p.stem for p in CONFIGS} == {"grpo_math_1B", "grpo_math_1B_megatron", "grpo_math_8B",
+                                         "grpo_math_8B_megatron"}
+    for path in CONFIGS:
+        assert "from https://github.com/NVIDIA-NeMo/RL at tag" in path.read_text().splitlines()[1]
+
+
+def _expected(nemo: dict[str, Any]) -> dict[str, Any]:
+    """What decides training, read straight from the resolved NeMo-RL dict (not through the converter)."""
+    p, g, loss = nemo["policy"], nemo["grpo"], nemo["loss_fn"]
+    megatron = p["megatron_cfg"]["enabled"] is True
+    m = p["megatron_cfg"]
+    out = {
+        "backend": "megatron" if megatron else "dtensor",
+        "gbs": p["train_global_batch_size"], "mbs": p["train_micro_batch_size"], "lbs": p["logprob_batch_size"],
+        "precision": p["precision"], "seq": p["max_total_sequence_length"],
+        "packing": (p["sequence_packing"]["enabled"], p["sequence_packing"]["train_mb_tokens"],
+                    p["sequence_packing"]["logprob_mb_tokens"], p["sequence_packing"]["algorithm"]),
+        "dynamic": p["dynamic_batching"]["enabled"],
+        "world": nemo["cluster"]["gpus_per_node"] * nemo["cluster"]["num_nodes"],
+        "prompts": (g["num_prompts_per_step"], g["num_generations_per_prompt"]),
+        "sampling": (p["generation"]["max_new_tokens"], p["generation"]["temperature"], p["generation"]["top_p"]),
+        "loss": (loss["reference_policy_kl_penalty"], loss["ratio_clip_min"], loss["ratio_clip_max"]),
+        "divisible": p["make_sequence_length_divisible_by"],
+    }
+    if megatron:
+        out["parallel"] = (m["tensor_model_parallel_size"], m["context_parallel_size"],
+                           m["pipeline_model_parallel_size"])
+        o = m["optimizer"]
+        out["lr"] = o["lr"]
+        out["optimizer"] = (o["optimizer"], o["lr"], o["min_lr"], o["weight_decay"], o["bf16"], o["params_dtype"])
+        out["clip"] = o["clip_grad"]
+        out["schedule"] = tuple(m["scheduler"][k] for k in ("lr_decay_style", "lr_decay_iters", "lr_warmup_iters",
+                                                            "lr_warmup_init"))
+    else:
+        d = p["dtensor_cfg"]
+        out["parallel"] = (d["tensor_parallel_size"], d["context_parallel_size"], 1)
+        out["lr"] = p["optimizer"]["kwargs"]["lr"]
+        out["optimizer"] = (p["optimizer"]["name"], p["optimizer"]["kwargs"])
+        out["clip"] = p["max_grad_norm"]
+        out["schedule"] = [(s.get("name", "milestones"), s.get("kwargs"), s.get("milestones"))
+                           for s in p["scheduler"]]
+    return out
+
+
+def _got(cfg: Any) -> dict[str, Any]:
+    p, g, loss = cfg.policy, cfg.grpo, cfg.loss
+    sp = p.sequence_packing
+    out = {
+        "backend": p.training_backend, "gbs": p.train_global_batch_size, "mbs": p.train_micro_batch_size,
+        "lbs": p.logprob_batch_size, "precision": p.precision, "seq": p.max_total_sequence_length,
+        "packing": (sp.enabled, sp.train_mb_tokens, sp.logprob_mb_tokens, sp.algorithm),
+        "dynamic": p.dynamic_batching.enabled, "world": cfg.world_size,
+        "prompts": (g.num_prompts_per_step, g.num_generations_per_prompt),
+        "sampling": (p.generation.max_new_tokens, p.generation.temperature, p.generation.top_p),
+        "loss": (loss.reference_policy_kl_penalty, loss.ratio_clip_min, loss.ratio_clip_max),
+        "divisible": p.make_sequence_length_divisible_by,
+        "parallel": tuple(p.parallel_sizes()), "lr": p.learning_rate, "clip": p.max_grad_norm,
+    }
+    if p.training_backend == "megatron":
+        o, s = p.megatron_cfg.optimizer, p.megatron_cfg.scheduler
+        out["optimizer"] = (o.optimizer, o.lr, o.min_lr, o.weight_decay, o.bf16, o.params_dtype)
+        out["schedule"] = (s.lr_decay_style, s.lr_decay_iters, s.lr_warmup_iters, s.lr_warmup_init)
+    else:
+        out["optimizer"] = (p.optimizer.name, p.optimizer.kwargs)
+        out["schedule"] = [(e.name, getattr(e, "kwargs", None), getattr(e, "milestones", None))
+                           for e in p.scheduler]
+    return out
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=_id)
+def test_example_config_validates_converts_and_keeps_what_decides_training(path: Path, tmp_path: Path):
+    loaded = load_nemo_rl_config(path)
+    cfg = loaded.config
+    assert cfg.policy.training_backend == ("megatron" if "megatron" in path.stem else "dtensor")
+    assert cfg.cluster.use_gpu is True and cfg.policy.generation.backend == "vllm"
+    assert _got(cfg) == _expected(load_nemo_rl_dict(path))
+    assert cfg.grpo.advantage_estimator == "leave_one_out_std"  # NeMo-RL's default: leave-one-out + normalize
+    assert cfg.policy.tokenizer.chat_template == "default"  # no key in NeMo-RL = the tokenizer's own
+    # Every ignored key is listed once; the block is the same whatever the entry point.
+    lines = loaded.ignored_lines()
+    assert len(lines) == len(set(lines)) and all(line.startswith("ignored: ") for line in lines)
+
+    out = tmp_path / "converted.yaml"
+    result = runner.invoke(app, ["config", "convert", "--from", "nemo-rl", str(path), "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    assert load_config(out) == cfg  # the native file is the same config
+    result = runner.invoke(app, ["config", "validate", str(out)])
+    assert result.exit_code == 0 and result.stdout.startswith(f"OK: {out}"), result.output
+
+
+def test_validate_and_show_from_nemo_rl_on_the_command_line():
+    path = FIXTURES / "v0.7.0" / "grpo_math_8B_megatron.yaml"
+    result = runner.invoke(app, ["config", "validate", "--from", "nemo-rl", str(path)])
+    assert result.exit_code == 0, result.output
+    assert "training backend: megatron, world size 8" in result.stdout
+    ignored = [line for line in result.stderr.splitlines() if line.startswith("ignored: ")]
+    assert "ignored: policy.megatron_cfg.moe_token_dispatcher_type (MoE only" in "\n".join(ignored)
+    assert all(line.startswith("ignored: ") for line in result.stderr.splitlines())
+    # NeMo-RL overrides after the file, rlcore overrides with -o.
+    result = runner.invoke(app, ["config", "show", "--from", "nemo-rl", str(path),
+                                 "policy.max_total_sequence_length=64", "-o", "cluster.use_gpu=false",
+                                 "--format", "json"])
+    assert result.exit_code == 0, result.output
+    shown = json.loads(result.stdout)
+    assert shown["policy"]["generation"]["max_new_tokens"] == 64  # ${policy.max_total_sequence_length}
+    assert shown["policy"]["generation"]["vllm_cfg"]["max_model_len"] == 64
+    assert shown["cluster"]["use_gpu"] is False
+    # A NeMo-RL file read as a native one says what to do.
+    result = runner.invoke(app, ["config", "validate", str(path)])
+    assert result.exit_code == 1 and result.stderr.splitlines()[-1].endswith("read it with --from nemo-rl")
+
+
+def test_the_mapping_doc_is_generated_from_the_table():
+    doc = REPO / "docs" / "nemo-rl-mapping.md"
+    assert doc.read_text() == mapping_markdown(), (
+        "docs/nemo-rl-mapping.md is stale: rlcore config nemo-rl-table --write docs/nemo-rl-mapping.md")
+    result = runner.invoke(app, ["config", "nemo-rl-table"])
+    assert result.exit_code == 0 and result.stdout == mapping_markdown()
+
+
+def test_every_key_of_the_fixtures_has_a_rule():
+    """No fixture key falls to the unknown-key heuristic: the table is complete for these releases."""
+    from rlcore.nemo_rl.convert import _Walker
+
+    for path in CONFIGS:
+        seen: list[str] = []
+        walker = _Walker(load_nemo_rl_dict(path), convert({}))
+        walker.unknown = lambda p, v, seen=seen: seen.append(p)  # type: ignore[method-assign]
+        walker.walk(walker.nemo, "")
+        assert seen == [], (path, seen)
+
+
+# --- the rule for what rlcore does not implement -------------------------------------------------
+
+BASE = FIXTURES / "v0.7.0" / "grpo_math_1B.yaml"
+MEGATRON = FIXTURES / "v0.7.0" / "grpo_math_1B_megatron.yaml"
+
+
+@pytest.mark.parametrize("path, override, line", [
+    (MEGATRON, "policy.megatron_cfg.expert_model_parallel_size=2",
+     "policy.megatron_cfg.expert_model_parallel_size: is 2, but rlcore does not support expert parallelism"),
+    (MEGATRON, "policy.megatron_cfg.fp8_cfg.enabled=true",
+     "policy.megatron_cfg.fp8_cfg.enabled: is true, but rlcore does not support FP8 training"),
+    (BASE, "grpo.async_grpo.enabled=true", "grpo.async_grpo.enabled: is true, but rlcore does not support async GRPO"),
+    (BASE, "policy.dtensor_cfg.lora_cfg.enabled=true",
+     "policy.dtensor_cfg.lora_cfg.enabled: is true, but rlcore does not support LoRA"),
+    (BASE, "loss_fn.use_cispo=true", "loss_fn.use_cispo: is true, but rlcore does not support CISPO"),
+    (BASE, "grpo.adv_estimator.name=reinforce_plus_plus", "grpo.adv_estimator.name: is 'reinforce_plus_plus'"),
+    (BASE, "++policy.some_new_feature=3", "policy.some_new_feature: is 3, a NeMo-RL key rlcore's reader does not know"),
+    (BASE, "policy.generation.vllm_cfg.kv_cache_dtype=fp8",
+     "policy.generation.vllm_cfg.kv_cache_dtype: is 'fp8', but rlcore does not support quantized KV cache"),
+])
+def test_a_setting_that_would_change_training_is_an_error_naming_the_path(path, override, line):
+    (problem,) = nemo_problems(path, override)
+    assert problem.startswith(line), problem
+
+
+def test_switched_off_features_and_neutral_values_are_ignored_once():
+    loaded = load_nemo_rl_config(MEGATRON, ["++policy.some_new_feature=null"])
+    lines = loaded.ignored_lines()
+    for path in ("policy.megatron_cfg.fp8_cfg", "grpo.async_grpo", "policy.megatron_cfg.peft", "policy.dtensor_cfg",
+                 "policy.megatron_cfg.expert_model_parallel_size", "policy.some_new_feature", "data", "env"):
+        assert sum(line.startswith(f"ignored: {path} (") for line in lines) == 1, (path, lines)
+    # A section that is switched off is one line, not one per key.
+    assert not any(line.startswith("ignored: policy.megatron_cfg.fp8_cfg.") for line in lines)
+
+
+def test_the_backend_context_parallel_and_clipping_follow_nemo_rl():
+    # Context parallel needs CUDA: fine for the GPU cluster NeMo-RL describes, an error before any
+    # process starts when the cluster has no GPU.
+    assert load_nemo_rl_config(BASE, ["policy.dtensor_cfg.context_parallel_size=2", "cluster.gpus_per_node=2"]) \
+        .config.policy.parallel_sizes().cp == 2
+    with pytest.raises(ConfigError, match="context parallel needs CUDA"):
+        load_nemo_rl_config(BASE, ["policy.dtensor_cfg.context_parallel_size=2", "cluster.gpus_per_node=2"],
+                            ["cluster.use_gpu=false"])
+    # megatron clips by megatron_cfg.optimizer.clip_grad (0 = off); dtensor by max_grad_norm.
+    cfg = load_nemo_rl_config(MEGATRON, ["policy.megatron_cfg.optimizer.clip_grad=0.0"]).config
+    assert cfg.policy.max_grad_norm is None
+    assert load_nemo_rl_config(BASE, ["policy.max_grad_norm=null"]).config.policy.max_grad_norm is None
+    # neither backend enabled: fsdp1 (rlcore's and older NeMo-RL's third worker)
+    cfg = load_nemo_rl_config(BASE, ["policy.dtensor_cfg.enabled=false"]).config
+    assert cfg.policy.training_backend == "fsdp1"
+
+
+def test_problems_after_conversion_name_the_nemo_rl_key_they_came_from():
+    assert nemo_problems(BASE, "cluster.gpus_per_node=0") == [
+        "cluster.workers_per_node (NeMo-RL: cluster.gpus_per_node): expected a value > 0, got 0"]
+    assert nemo_problems(BASE, "logger.log_dir=7") == [
+        "logger.output_dir (NeMo-RL: logger.log_dir): expected a string, got 7"]
+
+
+@pytest.mark.parametrize("colocated, cluster, resources, expect", [
+    (False, (8, 1), {"gpus_per_node": 2, "num_nodes": None}, ((1, 6), (1, 2))),
+    (False, (8, 4), {"gpus_per_node": 8, "num_nodes": 1}, ((3, 8), (1, 8))),
+    (True, (8, 2), {"gpus_per_node": None, "num_nodes": None}, ((2, 8), None)),
+])
+def test_cluster_and_generation_resources_split_like_nemo_rl(colocated, cluster, resources, expect):
+    gpus, nodes = cluster
+    overrides = [f"cluster.gpus_per_node={gpus}", f"cluster.num_nodes={nodes}",
+                 f"policy.generation.colocated.enabled={str(colocated).lower()}",
+                 *(f"policy.generation.colocated.resources.{k}={'null' if v is None else v}"
+                   for k, v in resources.items()),
+                 "policy.train_global_batch_size=480", "policy.train_micro_batch_size=1",
+                 "grpo.num_prompts_per_step=30"]
+    cfg = load_nemo_rl_config(BASE, overrides).config
+    assert (cfg.cluster.num_nodes, cfg.cluster.workers_per_node) == expect[0]
+    res = cfg.policy.generation.colocated.resources
+    assert (None if res is None else (res.num_nodes, res.workers_per_node)) == expect[1]
+
+
+def test_non_colocated_generation_needs_nemo_rl_resources():
+    (problem,) = nemo_problems(BASE, "policy.generation.colocated.enabled=false")
+    assert problem.startswith("policy.generation.colocated.resources.gpus_per_node: is null; with "
+                              "cluster.num_nodes 1")
+
+
+@pytest.mark.parametrize("loo, normalize, estimator", [
+    (True, True, "leave_one_out_std"), (True, False, "leave_one_out"), (False, True, "mean_std"),
+    (False, False, "mean")])
+def test_advantage_options_map_to_an_estimator(loo, normalize, estimator):
+    overrides = [f"grpo.use_leave_one_out_baseline={str(loo).lower()}",
+                 f"grpo.normalize_rewards={str(normalize).lower()}"]  # adv_estimator.* interpolate these
+    assert load_nemo_rl_config(BASE, overrides).config.grpo.advantage_estimator == estimator
+
+
+def test_chat_template_keeps_nemo_rl_values():
+    assert load_nemo_rl_config(BASE, ["++policy.tokenizer.chat_template=null"]).config.policy.tokenizer \
+        .chat_template is None  # passthrough
+    cfg = load_nemo_rl_config(BASE, ["++policy.tokenizer.chat_template='{{ messages[0].content }}!'"]).config
+    assert cfg.policy.tokenizer.chat_template == "{{ messages[0].content }}!"
+
+
+def test_scheduler_forms_and_optimizer_null():
+    cfg = load_nemo_rl_config(BASE).config
+    assert [e.name for e in cfg.policy.scheduler] == ["torch.optim.lr_scheduler.LinearLR",
+                                                     "torch.optim.lr_scheduler.ConstantLR", "milestones"]
+    assert cfg.policy.scheduler[2].milestones == [50]
+    assert load_nemo_rl_config(BASE, ["policy.scheduler=null"]).config.policy.scheduler is None
+    (problem,) = nemo_problems(BASE, "++policy.optimizer.kwargs.weigth_decay=0.1")
+    assert problem == ("policy.optimizer.kwargs.weigth_decay: not an argument of torch.optim.AdamW; did you mean "
+                       "'weight_decay'?")
+    loaded = load_nemo_rl_config(MEGATRON)  # optimizer: null (the megatron backend has its own)
+    assert "ignored: policy.optimizer (the megatron backend uses megatron_cfg.optimizer)" in loaded.ignored_lines()
+    assert loaded.config.policy.learning_rate == loaded.config.policy.megatron_cfg.optimizer.lr == 5e-6
+
+
+def test_a_nemo_rl_policy_dict_becomes_a_policy_config():
+    nemo = load_nemo_rl_dict(BASE)
+    policy = policy_config_from_nemo_rl(nemo["policy"])
+    assert policy.training_backend == "dtensor" and policy.sequence_packing.enabled
+    with pytest.raises(ConfigError, match="policy.dtensor_cfg.lora_cfg.enabled: is true"):
+        policy_config_from_nemo_rl({**nemo["policy"], "dtensor_cfg": {**nemo["policy"]["dtensor_cfg"],
+                                                                      "lora_cfg": {"enabled": True}}})
+
+
+# --- the loader: defaults, interpolation, overrides -------------------------------------------------
+
+def test_defaults_chains_merge_like_omegaconf(tmp_path):
+    write(tmp_path, "base/grand.yaml", "a: {x: 1, y: [1, 2], z: {k: 1}}\nb: 1\n")
+    write(tmp_path, "base/parent.yaml", "defaults: grand.yaml\na: {x: 2}\nc: ${a.x}\n")
+    write(tmp_path, "other.yaml", "d: 4\nb: 5\n")
+    child = write(tmp_path, "child.yaml", "defaults: [base/parent.yaml, other.yaml]\n"
+                                          "a: {y: [3], z: {_override_: true, j: 2}}\nb: 7\n")
+    data = load_nemo_rl_dict(child)
+    assert data == {"a": {"x": 2, "y": [3], "z": {"j": 2}}, "b": 7, "c": 2, "d": 4}
+    write(tmp_path, "loop_a.yaml", "defaults: loop_b.yaml\n")
+    loop = write(tmp_path, "loop_b.yaml", "defaults: loop_a.yaml\n")
+    with pytest.raises(ConfigError, match="defaults cycle"):
+        load_nemo_rl_dict(loop)
+    with pytest.raises(ConfigError, match="no such file"):
+        load_nemo_rl_dict(write(tmp_path, "missing.yaml", "defaults: nope.yaml\n"))
+
+
+def test_interpolations_resolvers_and_relative_references(tmp_path, monkeypatch):
+    monkeypatch.setenv("RLCORE_TEST_HOME", "/data")
+    path = write(tmp_path, "c.yaml", "\n".join([
+        "p:", "  seq: 512", "  mbs: 4", "  lbs: ${.mbs}", "  tokens: ${mul:${p.seq}, ${p.lbs}}",
+        "  half: ${div:${.seq},2}", "  big: ${max:${.seq}, 1024}", "  sub:", "    up: ${..seq}",
+        "    text: 'n=${..mbs}!'",
+        "  home: ${oc.env:RLCORE_TEST_HOME}/x", "  dflt: ${oc.env:RLCORE_NOT_SET_ANYWHERE,7}",
+        "  sel: ${oc.select:p.nothing,fallback}", ""]))
+    p = load_nemo_rl_dict(path)["p"]
+    assert (p["lbs"], p["tokens"], p["half"], p["big"]) == (4, 2048, 256.0, 1024)
+    assert p["sub"] == {"up": 512, "text": "n=4!"} and p["home"] == "/data/x" and p["dflt"] == 7
+    assert p["sel"] == "fallback"
+    # An override reaches every interpolation that names the key.
+    assert load_nemo_rl_dict(path, ["p.seq=64"])["p"]["tokens"] == 256
+    bad = write(tmp_path, "bad.yaml", "a: ${b}\nc: ${c}\nd: ${foo:1}\ne: ???\n")
+    with pytest.raises(ConfigError) as info:
+        load_nemo_rl_dict(bad)
+    assert info.value.problems == ["a: cannot resolve '${b}': 'b' does not exist",
+                                   "c: cannot resolve '${c}': interpolation cycle: c -> c",
+                                   "d: cannot resolve '${foo:1}': unknown resolver 'foo' (rlcore knows div, max, "
+                                   "mul, oc.env, oc.select)",
+                                   "e: is '???' (a value the config leaves to you): set it with an override, "
+                                   "e.g. e=..."]
+
+
+def test_hydra_overrides():
+    cfg = {"policy": {"model": "m", "gen": {"t": 1.0}}, "grpo": {"steps": 3}}
+    out = apply_hydra_overrides(cfg, ["policy.model=x", "++policy.gen.top_k=5", "+policy.new=[1, 2]", "~grpo.steps",
+                                      "++a.b.c=null"])
+    assert out == {"policy": {"model": "x", "gen": {"t": 1.0, "top_k": 5}, "new": [1, 2]}, "grpo": {},
+                   "a": {"b": {"c": None}}}
+    assert cfg["grpo"] == {"steps": 3}  # the input is not changed
+    with pytest.raises(ConfigError) as info:
+        apply_hydra_overrides(cfg, ["policy.modle=x", "+policy.model=y", "~nope", "justakey"])
+    assert info.value.problems == [
+        "override 'policy.modle=x': 'policy.modle' is not in the config; did you mean 'model'?",
+        "override '+policy.model=y': 'policy.model' already exists; set it with policy.model=y or ++policy.model=y",
+        "override '~nope': 'nope' does not exist",
+        "override 'justakey': expected key=value, +key=value, ++key=value or ~key with a dotted key, e.g. "
+        "policy.train_micro_batch_size=2"]
+
+
+def test_the_reader_stays_light():
+    code = ("import sys; from rlcore.nemo_rl import load_nemo_rl_config; "
+            f"load_nemo_rl_config({str(BASE)!r}); "
+            "print(sorted(m for m in ('torch', 'ray', 'numpy', 'transformers', 'vllm') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "[]", out.stderr
+
+
+def test_native_configs_still_reject_nemo_rl_positional_overrides(tmp_path):
+    path = write(tmp_path, "c.yaml", "policy: {}\n")
+    result = runner.invoke(app, ["config", "validate", str(path), "policy.precision=bfloat16"])
+    assert result.exit_code == 1 and "are for --from nemo-rl" in result.stderr
+
+
+# --- one real run -------------------------------------------------------------------------------------
+
+def test_rlcore_run_from_nemo_rl_trains_the_tiny_model_end_to_end(tmp_path):
+    """NeMo-RL's own 1B dtensor GRPO config, the model swapped for the tiny local one through overrides."""
+    nemo_overrides = [
+        "policy.model_name=tiny-llama", "cluster.gpus_per_node=2", "policy.precision=float32",
+        "policy.train_global_batch_size=8", "policy.train_micro_batch_size=2",
+        "policy.max_total_sequence_length=48",  # max_new_tokens follows: completions get cut to fit
+        "policy.generation.vllm_cfg.enforce_eager=true", "grpo.num_prompts_per_step=4",
+        "grpo.num_generations_per_prompt=2", "grpo.max_num_steps=2", "checkpointing.enabled=false",
+        f"logger.log_dir={tmp_path}"]
+    out = subprocess.run([sys.executable, "-m", "rlcore", "run", "--from", "nemo-rl", str(BASE), *nemo_overrides,
+                          "-o", "cluster.use_gpu=false", "-o", "logger.progress_bar=false"],
+                         capture_output=True, text=True, timeout=540)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "ignored: data (" in out.stderr and "ignored: grpo.async_grpo (" in out.stderr
+    summary = json.loads(out.stdout.strip().splitlines()[-1])
+    assert summary["steps"] == 2
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1]
+    prompt_tokens = 48 - max(r["mean_generation_length"] for r in rows)
+    assert prompt_tokens > 0  # prompt + completion fit policy.max_total_sequence_length
+    assert all(abs(r["token_mult_prob_error"] - 1.0) < 1e-3 for r in rows)  # engine == trainer, after refit
