@@ -6,6 +6,7 @@ import typer
 
 from rlcore.cli.backends_cmd import backends_app
 from rlcore.cli.config_cmd import config_app
+from rlcore.cli.doctor_cmd import doctor
 from rlcore.cli.run_cmd import run
 
 app = typer.Typer(help="rlcore: plugin-based RL post-training backends.", no_args_is_help=True,
@@ -13,6 +14,7 @@ app = typer.Typer(help="rlcore: plugin-based RL post-training backends.", no_arg
 app.add_typer(backends_app, name="backends")
 app.add_typer(config_app, name="config")
 app.command("run")(run)
+app.command("doctor")(doctor)
 
 
 def main() -> None:

@@ -127,6 +127,25 @@ def nemo_rl_table(
 
 
 @config_app.command()
+def reference(
+    write: Annotated[bool, typer.Option(
+        "--write", help="Write docs/config-reference.md (run from the repository root) instead of printing.")] = False,
+) -> None:
+    """Every config key with its type, default and readers (docs/config-reference.md is this output)."""
+    from rlcore.config.reference import OUTPUT_PATH, reference_markdown
+
+    text = reference_markdown()
+    if not write:
+        typer.echo(text, nl=False)
+        return
+    target = Path(OUTPUT_PATH)
+    if not target.parent.is_dir():
+        _fail([f"reference --write: no {target.parent}/ directory here; run it from the repository root"])
+    target.write_text(text, encoding="utf-8")
+    typer.echo(f"wrote {target}")
+
+
+@config_app.command()
 def schema() -> None:
     """Print the JSON schema of the config file format."""
     typer.echo(json.dumps(config_json_schema(), indent=2))

@@ -63,7 +63,8 @@ class TemplateWorker(TrainingWorkerBase):
         ids, lengths = mb["input_ids"].to(self.device), mb["input_lengths"].to(self.device)
         attention_mask = (torch.arange(ids.shape[1], device=self.device)[None, :] < lengths[:, None]).long()
         logits = self.model(input_ids=ids, attention_mask=attention_mask, use_cache=False).logits
-        return token_logprobs(logits, ids, lengths)
+        # Logprobs at the generation temperature, so they compare with the engine's (rlcore's contract).
+        return token_logprobs(logits, ids, lengths, temperature=self.logprob_temperature)
 
     def _step_hooks(self) -> StepHooks:
         return StepHooks(
