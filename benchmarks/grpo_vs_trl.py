@@ -8,7 +8,7 @@ clipping (1.0), loss (clipped policy gradient, eps 0.2, no KL), group
 mean/std advantages, one optimizer step per GRPO step and the same number of
 steps through:
 
-- **rlcore**: ``rlcore.cli.run_cmd.train(cfg)``: ``dtensor`` training on
+- **rlcore**: ``rlcore.run.train.train(cfg)``: ``dtensor`` training on
   ``--ranks`` ranks (one torch thread each) with ``vllm`` generation
   colocated (one engine, one thread, per rank's bundle), refit through shared
   memory every step. Step time is the loop's own ``time/step_s`` (refit +
@@ -77,9 +77,9 @@ def median_after_warmup(values: list[float]) -> float:
 
 def run_rlcore(model_dir: str, c: dict[str, Any], out_dir: str, ranks: int) -> list[dict[str, Any]]:
     """``rlcore run`` with this workload; returns its per-step metrics rows."""
-    from rlcore.algorithms.run_log import read_metrics
-    from rlcore.cli.run_cmd import train
     from rlcore.config import load_config_dict
+    from rlcore.run.metrics import read_metrics
+    from rlcore.run.train import train
 
     cfg = load_config_dict({
         "cluster": {"workers_per_node": ranks},
@@ -115,7 +115,7 @@ def run_trl(model_dir: str, c: dict[str, Any], out_dir: str, ranks: int) -> tupl
     from transformers.trainer_callback import PrinterCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from rlcore.algorithms.toy_task import digit_prompts, digit_reward
+    from rlcore.run.tasks.toy import digit_prompts, digit_reward
 
     torch.set_num_threads(ranks)
     group_batch = c["prompts"] * c["generations"]

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from rlcore.algorithms.advantages import group_advantages
-from rlcore.algorithms.grpo import encode_prompts, training_batch
-from rlcore.algorithms.toy_task import digit_prompts, digit_reward
 from rlcore.config import load_config
 from rlcore.plugins import get_registry
+from rlcore.run.grpo import encode_prompts, training_batch
+from rlcore.run.tasks.toy import digit_prompts, digit_reward
 
 
 def test_leave_one_out_and_mean_std_advantages():
@@ -81,8 +81,8 @@ def short_run_config(tmp_path, steps: int, **extra: str):
 def test_short_run_writes_metrics_and_resumes_from_its_checkpoint(ray_session, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from rlcore.algorithms.run_checkpoint import latest_step
-    from rlcore.cli.run_cmd import train
+    from rlcore.run.checkpoints import latest_step
+    from rlcore.run.train import train
 
     summary = train(short_run_config(tmp_path, 2))
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
@@ -104,10 +104,11 @@ def test_short_run_writes_metrics_and_resumes_from_its_checkpoint(ray_session, t
 
 def test_resumed_policy_has_the_checkpointed_weights(ray_session, tmp_path, tiny_tokenizer):
     """The state a checkpoint restores is the state that was saved: same logprobs, same next step."""
-    from rlcore.algorithms.grpo import build_run, grpo_train
-    from rlcore.algorithms.run_checkpoint import save_step
     from rlcore.data import BatchedDataDict
     from rlcore.models import resolve_builtin_models
+    from rlcore.run.build import build_run
+    from rlcore.run.checkpoints import save_step
+    from rlcore.run.grpo import grpo_train
     from rlcore.testing.models import make_batch
 
     cfg = resolve_builtin_models(short_run_config(tmp_path, 1))
@@ -128,7 +129,7 @@ def test_resumed_policy_has_the_checkpointed_weights(ray_session, tmp_path, tiny
 
 @pytest.mark.slow
 def test_reward_rises_well_above_random_on_a_fixed_seed(ray_session, tmp_path):
-    from rlcore.cli.run_cmd import train
+    from rlcore.run.train import train
 
     summary = train(short_run_config(tmp_path, 30, **{"checkpointing.enabled": "false"}))
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
@@ -141,8 +142,8 @@ def test_chat_template_where_prompts_are_built(tiny_tokenizer, tmp_path):
     '*.jinja' = that file, else a template string; each prompt is one user message with the generation prompt."""
     import copy
 
-    from rlcore.algorithms.prompts import configure_tokenizer, format_prompts
     from rlcore.config import ConfigError, TokenizerConfig
+    from rlcore.run.prompts import configure_tokenizer, format_prompts
 
     def formatted(template, **kwargs):
         tok = configure_tokenizer(copy.deepcopy(tiny_tokenizer), TokenizerConfig(name="tiny", chat_template=template))
@@ -163,7 +164,7 @@ def test_chat_template_where_prompts_are_built(tiny_tokenizer, tmp_path):
 
 
 def test_completions_are_cut_to_max_total_sequence_length():
-    from rlcore.algorithms.prompts import check_prompt_room, clip_rollout
+    from rlcore.run.prompts import check_prompt_room, clip_rollout
 
     prompt_lengths = torch.tensor([3, 5])
     rollout = {"output_ids": torch.arange(1, 21).view(2, 10), "logprobs": -torch.ones(2, 10),

@@ -10,11 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from typer.testing import CliRunner
 
 from rlcore.cli.app import app
-from rlcore.config import ConfigError, load_config, load_config_dict
+from rlcore.config import ConfigError, load_config
 from rlcore.nemo_rl import convert, load_nemo_rl_config, load_nemo_rl_dict, policy_config_from_nemo_rl
 from rlcore.nemo_rl.doc import mapping_markdown
 from rlcore.nemo_rl.loader import apply_hydra_overrides

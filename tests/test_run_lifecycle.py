@@ -22,7 +22,7 @@ from rlcore.testing import leaks
 from tests.test_grpo import generation_backend
 
 #: Seconds a stopped or killed run gets to release everything (the figure the issue asks for is printed).
-CLEANUP_BOUND_S = 20.0
+CLEANUP_BOUND_S = 30.0
 
 
 def run_args(out: Path, *overrides: str) -> list[str]:
@@ -97,12 +97,12 @@ def test_a_killed_driver_takes_its_ray_and_workers_with_it(tmp_path):
 
 
 def test_an_error_during_the_run_is_one_line_and_releases_everything(tmp_path):
-    # A typo in an optimizer kwarg is only found when the workers build the optimizer.
-    proc, baseline = start(tmp_path, "policy.optimizer.kwargs.weigth_decay=0.1")
+    # A valid argument with a value only torch's optimizer refuses: found when the workers build it.
+    proc, baseline = start(tmp_path, "policy.optimizer.kwargs.lr=-1.0")
     _, stderr = proc.communicate(timeout=240)
     assert proc.returncode == 1
     lines = stderr.strip().splitlines()
-    assert lines[-2].startswith("error: worker lm_policy-") and "weigth_decay" in lines[-2], lines[-2:]
+    assert lines[-2].startswith("error: worker lm_policy-") and "Invalid learning rate" in lines[-2], lines[-2:]
     assert "failed to start" in lines[-2]
     log = Path(lines[-1].split("full traceback in ")[1].split(";")[0])
     assert "Traceback" in log.read_text() and "Traceback" not in stderr
@@ -118,7 +118,7 @@ def test_resume_with_nothing_to_resume_is_an_error(tmp_path):
 
 
 def test_a_resumed_log_keeps_one_row_per_step(tmp_path):
-    from rlcore.algorithms.run_log import keep_steps_before, read_metrics
+    from rlcore.run.metrics import keep_steps_before, read_metrics
 
     path = tmp_path / "metrics.jsonl"
     path.write_text("".join(json.dumps({"step": s, "reward_mean": s / 10}) + "\n" for s in range(5)))

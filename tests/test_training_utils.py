@@ -14,6 +14,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from rlcore.models import cache as model_cache  # noqa: E402
 from rlcore.testing import models as tm  # noqa: E402
 from rlcore.training import checkpoint as ckpt  # noqa: E402
 from rlcore.training.optim import build_optimizer, build_scheduler, clip_grad_norm_  # noqa: E402
@@ -126,7 +127,7 @@ def test_build_tiny_model_dtype(tmp_path):
 def test_tiny_model_path_caches(tmp_path, monkeypatch):
     first = tm.tiny_model_path(cache_root=tmp_path, arch="llama")
     # explicit defaults hash the same; no rebuild happens
-    monkeypatch.setattr(tm, "build_tiny_model", lambda *a, **k: pytest.fail("rebuilt"))
+    monkeypatch.setattr(model_cache, "build_tiny_model", lambda *a, **k: pytest.fail("rebuilt"))
     assert tm.tiny_model_path(cache_root=tmp_path, arch="llama", hidden_size=64, dtype=torch.float32) == first
     assert transformers.AutoModelForCausalLM.from_pretrained(first).config.model_type == "llama"
     assert [p.name for p in tmp_path.iterdir()] == [Path(first).name]
@@ -144,7 +145,7 @@ def test_tiny_model_path_lost_race(tmp_path, monkeypatch):
         (cache / name / "winner").touch()
         return str(save_dir)
 
-    monkeypatch.setattr(tm, "build_tiny_model", build_and_lose)
+    monkeypatch.setattr(model_cache, "build_tiny_model", build_and_lose)
     got = Path(tm.tiny_model_path(cache_root=cache, arch="qwen3"))
     assert got == cache / name and (got / "winner").exists()
     assert siblings(got) == [name]  # our temp build was removed

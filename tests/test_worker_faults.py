@@ -44,7 +44,8 @@ def test_a_rank_raising_while_its_peer_waits_in_a_collective_does_not_hang(ray_s
 
 def test_a_worker_out_of_memory_is_named(ray_session, tiny_model_dir, tiny_tokenizer):
     cluster = RayVirtualCluster([2])
-    policy = Policy(cluster, policy_config(tiny_model_dir, logprob_batch_size=64), tiny_tokenizer)
+    policy = Policy(cluster, policy_config(tiny_model_dir, logprob_batch_size=64, max_total_sequence_length=2048),
+                    tiny_tokenizer)
     try:
         victim = policy.worker_group.worker_pids()[1]
         in_use = int(Path(f"/proc/{victim}/status").read_text().split("VmSize:")[1].split()[0]) * 1024

@@ -46,9 +46,13 @@ __all__ = ["ClippedPGLossConfig", "ClippedPGLossFn", "NLLLoss"]
 
 
 class ClippedPGLossConfig(BaseModel):
-    """Settings of :class:`ClippedPGLossFn`; field names follow NeMo-RL's ``loss_fn`` section."""
+    """Settings of :class:`ClippedPGLossFn`; field names follow NeMo-RL's ``loss_fn`` section.
 
-    model_config = ConfigDict(extra="forbid")
+    Strict like every config section (``rlcore.config.base.StrictModel``, which ``rlcore.config``
+    cannot lend here without a circular import): ``"0.1"`` is not a number and ``1`` is not ``true``.
+    """
+
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     reference_policy_kl_penalty: float = Field(
         0.0, ge=0.0, description="Coefficient beta of the per-token KL(pi || pi_ref) penalty; 0 disables it."

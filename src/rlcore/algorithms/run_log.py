@@ -1,90 +1,10 @@
-"""Where a run's numbers go: JSONL per step, TensorBoard when installed, a progress bar, a reward plot."""
+"""Moved: a run's metrics (JSONL, TensorBoard, progress bar, reward plot) are :mod:`rlcore.run.metrics`."""
 
-from __future__ import annotations
+from rlcore.run.metrics import (
+    MetricsLogger,
+    keep_steps_before,
+    plot_rewards,
+    read_metrics,
+)
 
-import json
-from pathlib import Path
-from typing import Any
-
-
-class MetricsLogger:
-    def __init__(self, output_dir: str | Path, *, tensorboard: bool = True, progress_bar: bool = True,
-                 total_steps: int = 0, initial_step: int = 0) -> None:
-        self.dir = Path(output_dir)
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self.path = self.dir / "metrics.jsonl"
-        self._file = self.path.open("a")
-        self._tb = None
-        if tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-
-                self._tb = SummaryWriter(str(self.dir / "tensorboard"))
-            except ImportError:  # tensorboard is optional
-                self._tb = None
-        self._bar = None
-        if progress_bar:
-            from tqdm import tqdm
-
-            self._bar = tqdm(total=total_steps, initial=initial_step, desc="grpo", unit="step", dynamic_ncols=True)
-
-    def log(self, step: int, metrics: dict[str, Any]) -> None:
-        record = {"step": step, **metrics}
-        self._file.write(json.dumps(record) + "\n")
-        self._file.flush()
-        if self._tb is not None:
-            for name, value in metrics.items():
-                if isinstance(value, (int, float)):
-                    self._tb.add_scalar(name, value, step)
-        if self._bar is not None:
-            self._bar.set_postfix(reward=f"{metrics.get('reward_mean', 0):.3f}",
-                                  loss=f"{metrics.get('loss', 0):.4f}", refresh=False)
-            self._bar.update(1)
-
-    def close(self) -> Path | None:
-        """Close outputs and draw the reward curve; returns the PNG path (None without matplotlib)."""
-        self._file.close()
-        if self._tb is not None:
-            self._tb.close()
-        if self._bar is not None:
-            self._bar.close()
-        return plot_rewards(self.path, self.dir / "reward_curve.png")
-
-
-def keep_steps_before(path: str | Path, step: int) -> None:
-    """Drop the rows of ``step`` and later from a metrics file (a resumed run writes them again)."""
-    path = Path(path)
-    if not path.exists():
-        return
-    kept = [json.dumps(row) + "\n" for row in read_metrics(path) if row["step"] < step]
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(kept))
-    tmp.replace(path)
-
-
-def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
-
-
-def plot_rewards(metrics_path: str | Path, png_path: str | Path) -> Path | None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
-    rows = read_metrics(metrics_path)
-    if not rows:
-        return None
-    steps = [r["step"] for r in rows]
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.plot(steps, [r["reward_mean"] for r in rows], marker="o", label="mean reward")
-    ax.set_xlabel("step")
-    ax.set_ylabel("reward")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(png_path, dpi=100)
-    plt.close(fig)
-    return Path(png_path)
+__all__ = ["MetricsLogger", "keep_steps_before", "plot_rewards", "read_metrics"]

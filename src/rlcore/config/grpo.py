@@ -27,9 +27,9 @@ class GRPOConfig(StrictModel):
 class TaskConfig(StrictModel):
     """Where prompts come from and how completions are scored (import paths, so tasks are pluggable)."""
 
-    prompts: str = Field("rlcore.algorithms.toy_task:digit_prompts",
+    prompts: str = Field("rlcore.run.tasks.toy:digit_prompts",
                          description="'module:function' called as fn(step, n, seed) -> list[str].")
-    reward: str = Field("rlcore.algorithms.toy_task:digit_reward",
+    reward: str = Field("rlcore.run.tasks.toy:digit_reward",
                         description="'module:function' called as fn(prompts, completions) -> list[float] in [0, 1].")
     kwargs: dict[str, Any] = Field(default_factory=dict, description="Extra keyword arguments for both functions.")
 

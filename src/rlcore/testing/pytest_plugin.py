@@ -115,7 +115,7 @@ def ray_session(request: pytest.FixtureRequest) -> Iterator[None]:
 @pytest.fixture(scope="session")
 def tiny_model_dir() -> str:
     """Directory of a tiny Llama (HF safetensors + tokenizer), built once and cached on disk."""
-    from rlcore.testing.models import tiny_model_path
+    from rlcore.models import tiny_model_path
 
     return tiny_model_path()
 
@@ -123,7 +123,7 @@ def tiny_model_dir() -> str:
 @pytest.fixture(scope="session")
 def tiny_tokenizer() -> Any:
     """The byte-level tokenizer the tiny models use (pad 0, BOS 1, EOS 2)."""
-    from rlcore.testing.models import build_tiny_tokenizer
+    from rlcore.models import build_tiny_tokenizer
 
     return build_tiny_tokenizer()
 

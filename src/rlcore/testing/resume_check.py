@@ -23,9 +23,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from rlcore.testing.conformance import logprob_problems, train_and_save_step
-from rlcore.testing.oracle import (StepRecord, close, hf_token_logprobs, load_hf_model, oracle_gradients, state_copy,
-                                  step_problems)
+from rlcore.testing.conformance.checkers import logprob_problems
+from rlcore.testing.conformance.training_kit import train_and_save_step
+from rlcore.testing.oracle import (
+    StepRecord,
+    close,
+    hf_token_logprobs,
+    load_hf_model,
+    oracle_gradients,
+    state_copy,
+    step_problems,
+)
 
 if TYPE_CHECKING:
     import torch

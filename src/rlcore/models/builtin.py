@@ -1,11 +1,11 @@
-"""Model names rlcore can build locally, without any download."""
+"""Model names rlcore can build locally, without any download (``tiny-llama``, ...), and their resolution."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-#: Built on first use into the local cache (see rlcore.testing.models.tiny_model_path).
+#: Built on first use into the local cache (see :func:`rlcore.models.cache.tiny_model_path`).
 BUILTIN_MODELS: dict[str, dict[str, Any]] = {
     "tiny-llama": dict(arch="llama", hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
                        head_dim=32, intermediate_size=256),
@@ -20,7 +20,7 @@ def resolve_model(name: str | None) -> str | None:
     """A local directory for a built-in name (built once, cached); anything else unchanged."""
     if name is None or name not in BUILTIN_MODELS or Path(name).exists():
         return name
-    from rlcore.testing.models import tiny_model_path
+    from rlcore.models.cache import tiny_model_path
 
     return tiny_model_path(**BUILTIN_MODELS[name])
 

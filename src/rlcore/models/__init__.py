@@ -1,0 +1,38 @@
+"""Models rlcore builds locally, without any download: the built-in names and the tiny-model builders.
+
+- :mod:`rlcore.models.builtin`: the names ``rlcore run`` accepts as a model
+  (``tiny-llama``, ``tiny-qwen2``, ``tiny-qwen3``) and their resolution to a
+  local directory;
+- :mod:`rlcore.models.tokenizer`: the byte-level tokenizer of the tiny models;
+- :mod:`rlcore.models.build`: a randomly initialised tiny causal LM from a config;
+- :mod:`rlcore.models.cache`: the on-disk cache, each model built at most once.
+
+The test kit's ``models`` module re-exports the builders beside its random
+batches; production code imports them from here. torch and transformers are
+imported inside the functions, so importing this package stays light.
+"""
+
+from rlcore.models.build import ARCHS, BUILD_VERSION, build_tiny_model
+from rlcore.models.builtin import BUILTIN_MODELS, resolve_builtin_models, resolve_model
+from rlcore.models.cache import default_cache_root, tiny_model_path
+from rlcore.models.tokenizer import (
+    BYTE_OFFSET,
+    CHAT_TEMPLATE,
+    SPECIAL_TOKENS,
+    build_tiny_tokenizer,
+)
+
+__all__ = [
+    "ARCHS",
+    "BUILD_VERSION",
+    "BUILTIN_MODELS",
+    "BYTE_OFFSET",
+    "CHAT_TEMPLATE",
+    "SPECIAL_TOKENS",
+    "build_tiny_model",
+    "build_tiny_tokenizer",
+    "default_cache_root",
+    "resolve_builtin_models",
+    "resolve_model",
+    "tiny_model_path",
+]

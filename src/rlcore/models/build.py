@@ -1,0 +1,118 @@
+"""A randomly initialised tiny causal LM (Llama, Qwen2 or Qwen3) built from a config and saved as safetensors.
+
+Nothing is downloaded: the weights are drawn under a fixed seed and the
+tokenizer is :func:`rlcore.models.tokenizer.build_tiny_tokenizer`. torch and
+transformers are imported inside the functions.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from rlcore.models.tokenizer import build_tiny_tokenizer
+
+ARCHS = ("llama", "qwen2", "qwen3")
+
+#: Bump when the way models are built changes, so cached builds are not reused.
+BUILD_VERSION = 1
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+def _resolve_dtype(dtype: Any):
+    import torch
+
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    resolved = getattr(torch, str(dtype).removeprefix("torch."), None)
+    if not isinstance(resolved, torch.dtype):
+        raise ValueError(f"unknown dtype {dtype!r}")
+    return resolved
+
+
+def build_tiny_model(
+    save_dir: str | os.PathLike,
+    arch: str = "llama",
+    *,
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    num_heads: int = 2,
+    num_kv_heads: int = 1,
+    head_dim: int = 32,
+    intermediate_size: int = 128,
+    vocab_size: int | None = None,
+    tie_word_embeddings: bool = False,
+    seed: int = 0,
+    dtype: Any = "float32",
+    max_position_embeddings: int = 512,
+    initializer_range: float = 0.02,
+) -> str:
+    """Build a randomly initialised causal LM and save it (+ tokenizer) to ``save_dir``.
+
+    ``arch`` picks ``LlamaConfig`` / ``Qwen2Config`` (q/k/v biases) /
+    ``Qwen3Config`` (q/k norms). Weights depend only on the arguments: they are
+    drawn under ``seed`` inside a forked RNG, so the caller's global torch RNG
+    is left as it was. ``vocab_size`` defaults to the tokenizer size rounded up
+    to a multiple of 64 (padded rows, as real checkpoints have). ``head_dim``
+    must be >= 32 (vLLM's attention kernels need it). Saved as safetensors;
+    ``AutoModelForCausalLM.from_pretrained(path)`` loads it. Returns the path.
+    """
+    import torch
+    import transformers
+    from transformers import AutoModelForCausalLM
+
+    if arch not in ARCHS:
+        raise ValueError(f"unknown arch {arch!r}; expected one of {ARCHS}")
+    if head_dim < 32:
+        raise ValueError(f"head_dim must be >= 32 (vLLM needs it), got {head_dim}")
+    if num_heads % num_kv_heads:
+        raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
+
+    tokenizer = build_tiny_tokenizer()
+    if vocab_size is None:
+        vocab_size = _round_up(len(tokenizer), 64)
+    if vocab_size < len(tokenizer):
+        raise ValueError(f"vocab_size {vocab_size} is smaller than the tokenizer ({len(tokenizer)})")
+    torch_dtype = _resolve_dtype(dtype)
+
+    config_cls = {
+        "llama": transformers.LlamaConfig,
+        "qwen2": transformers.Qwen2Config,
+        "qwen3": transformers.Qwen3Config,
+    }[arch]
+    config = config_cls(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        head_dim=head_dim,
+        intermediate_size=intermediate_size,
+        max_position_embeddings=max_position_embeddings,
+        tie_word_embeddings=tie_word_embeddings,
+        initializer_range=initializer_range,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+
+    save_dir = Path(save_dir)
+    save_dir.mkdir(parents=True, exist_ok=True)
+    progress = transformers.utils.logging.is_progress_bar_enabled()
+    transformers.utils.logging.disable_progress_bar()
+    try:
+        model.save_pretrained(str(save_dir))
+    finally:
+        if progress:
+            transformers.utils.logging.enable_progress_bar()
+    tokenizer.save_pretrained(str(save_dir))
+    return str(save_dir)
+

@@ -1,0 +1,63 @@
+"""The on-disk cache of tiny models: each set of build arguments is built once, shared by processes."""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from rlcore.models.build import BUILD_VERSION, build_tiny_model
+
+_BUILD_SIGNATURE = inspect.signature(build_tiny_model)
+
+
+def default_cache_root() -> Path:
+    """``$RLCORE_CACHE/tiny-models`` if set, else ``~/.cache/rlcore/tiny-models``."""
+    base = os.environ.get("RLCORE_CACHE")
+    root = Path(base) if base else Path.home() / ".cache" / "rlcore"
+    return root / "tiny-models"
+
+
+def tiny_model_path(cache_root: str | os.PathLike | None = None, **kwargs: Any) -> str:
+    """Path of a tiny model built with ``build_tiny_model(**kwargs)``, built at most once.
+
+    The directory name is a hash of the (normalised) arguments, the
+    transformers version and a build version. The model is built in a temporary
+    sibling directory and renamed into place, so concurrent test processes
+    never see a half-written model: whoever renames first wins, the others
+    discard their copy.
+    """
+    import transformers
+
+    # Normalise through the signature so that defaults given explicitly hash the same.
+    bound = _BUILD_SIGNATURE.bind("<dir>", **kwargs)
+    bound.apply_defaults()
+    key = {name: str(value) for name, value in bound.arguments.items() if name != "save_dir"}
+    key["dtype"] = key["dtype"].removeprefix("torch.")
+    key["_transformers"] = transformers.__version__
+    key["_build"] = str(BUILD_VERSION)
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    root = Path(cache_root) if cache_root is not None else default_cache_root()
+    final = root / f"{key['arch']}-{digest}"
+    if (final / "config.json").exists():
+        return str(final)
+
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=root))
+    try:
+        build_tiny_model(tmp, **kwargs)
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            # Another process finished first (the target exists and is non-empty).
+            if not (final / "config.json").exists():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return str(final)
+

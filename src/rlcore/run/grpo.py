@@ -1,0 +1,154 @@
+"""The GRPO loop behind ``rlcore run``: one step, and the steps of a run.
+
+Per step: build the prompts (the task's text through ``policy.tokenizer.chat_template``);
+refit the generation backend if its weights are stale; generate a group of
+completions per prompt, cut to ``policy.max_total_sequence_length``; score them; compute group-relative
+advantages; compute ``prev_logprobs`` (and reference logprobs when the loss
+has a KL term) with the policy; train with ``ClippedPGLossFn``; mark the
+generation weights stale. The pieces it runs on (policy, generation backend,
+synchronizer) are started by :func:`rlcore.run.build.build_run`.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Iterator
+
+from rlcore.run.tasks import Task
+
+if TYPE_CHECKING:
+    from rlcore.run.build import Run
+
+
+@dataclass
+class Timer:
+    """Wall-clock seconds per phase of one step."""
+
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[f"time/{name}_s"] = self.seconds.get(f"time/{name}_s", 0.0) + time.perf_counter() - start
+
+
+def encode_prompts(tokenizer: Any, prompts: list[str], repeat: int) -> Any:
+    """Right-padded ``input_ids`` / ``input_lengths`` with every prompt repeated ``repeat`` times."""
+    import torch
+
+    from rlcore.data import BatchedDataDict
+
+    ids = [tokenizer.encode(p, add_special_tokens=False) for p in prompts]
+    bos = tokenizer.bos_token_id
+    if bos is not None:  # once: a chat template may already have written it
+        ids = [seq if seq[:1] == [bos] else [bos, *seq] for seq in ids]
+    width = max(len(seq) for seq in ids)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    input_ids = torch.tensor([seq + [pad] * (width - len(seq)) for seq in ids], dtype=torch.long)
+    lengths = torch.tensor([len(seq) for seq in ids], dtype=torch.long)
+    return BatchedDataDict(input_ids=input_ids, input_lengths=lengths).repeat_interleave(repeat)
+
+
+def completions_of(tokenizer: Any, rollout: Any, prompt_lengths: Any) -> list[str]:
+    out = []
+    for row, start, length in zip(rollout["output_ids"], prompt_lengths.tolist(),
+                                  rollout["generation_lengths"].tolist()):
+        out.append(tokenizer.decode(row[start:start + length].tolist(), skip_special_tokens=True))
+    return out
+
+
+def training_batch(rollout: Any, prompt_lengths: Any, advantages: Any) -> Any:
+    """The policy's training data: generated tokens are the trained ones, each carrying its group advantage."""
+    import torch
+
+    from rlcore.data import BatchedDataDict
+
+    ids = rollout["output_ids"]
+    ends = rollout["unpadded_sequence_lengths"]
+    positions = torch.arange(ids.shape[1])
+    token_mask = ((positions[None, :] >= prompt_lengths[:, None]) & (positions[None, :] < ends[:, None])).float()
+    return BatchedDataDict(
+        input_ids=ids,
+        input_lengths=ends,
+        token_mask=token_mask,
+        sample_mask=torch.ones(ids.shape[0]),
+        advantages=advantages[:, None] * token_mask,
+        generation_logprobs=rollout["logprobs"].float(),
+    )
+
+
+def grpo_step(step: int, cfg: Any, policy: Any, generation: Any, synchronizer: Any, task: Task,
+              tokenizer: Any, loss_fn: Any) -> dict[str, float]:
+    """One GRPO step; returns its metrics."""
+    import torch
+
+    from rlcore.algorithms.advantages import group_advantages
+    from rlcore.run.prompts import check_prompt_room, clip_rollout, format_prompts
+
+    timer = Timer()
+    group = cfg.grpo.num_generations_per_prompt
+    max_total = cfg.policy.max_total_sequence_length
+    prompts = task.prompts(step, cfg.grpo.num_prompts_per_step, seed=cfg.grpo.seed, **task.kwargs)
+    batch = encode_prompts(tokenizer, format_prompts(tokenizer, prompts, cfg.policy.tokenizer.chat_template_kwargs),
+                           group)
+    check_prompt_room(batch["input_lengths"], max_total)
+    if synchronizer is not None and synchronizer.stale:
+        with timer.phase("refit"):
+            policy.offload_before_refit()
+            synchronizer.sync_weights()
+            policy.offload_after_refit()
+    with timer.phase("generation"):
+        generation.prepare_for_generation()
+        rollout = generation.generate(batch, greedy=False)
+        generation.finish_generation()
+    prompt_lengths = batch["input_lengths"]
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    rollout = clip_rollout(rollout, prompt_lengths, max_total, pad)  # prompt + completion <= max_total
+    completions = completions_of(tokenizer, rollout, prompt_lengths)
+    rewards = torch.tensor(task.reward([p for p in prompts for _ in range(group)], completions, **task.kwargs),
+                           dtype=torch.float32)
+    data = training_batch(rollout, prompt_lengths, group_advantages(rewards, group, cfg.grpo.advantage_estimator))
+    with timer.phase("logprob"):
+        policy.prepare_for_lp_inference()
+        if not cfg.loss.force_on_policy_ratio:  # else the loss uses the current logprobs themselves
+            data["prev_logprobs"] = policy.get_logprobs(data)["logprobs"]
+        if cfg.loss.reference_policy_kl_penalty > 0:
+            data["reference_policy_logprobs"] = policy.get_reference_policy_logprobs(data)["reference_logprobs"]
+    with timer.phase("train"):
+        policy.prepare_for_training()
+        result = policy.train(data, loss_fn)
+        policy.finish_training()
+    if synchronizer is not None:
+        synchronizer.stale = True
+    step_s = sum(timer.seconds.values())
+    generated = float(rollout["generation_lengths"].sum())
+    metrics = {
+        "reward_mean": float(rewards.mean()),
+        "reward_std": float(rewards.std()) if rewards.numel() > 1 else 0.0,
+        "loss": float(result["loss"].mean()),
+        "grad_norm": float(result["grad_norm"].mean()),
+        "kl_penalty": float(result["metrics"].get("kl_penalty", 0.0)),
+        "token_mult_prob_error": float(result["metrics"].get("token_mult_prob_error", float("nan"))),
+        "mean_generation_length": generated / rewards.numel(),
+        "tokens_per_s": generated / max(timer.seconds.get("time/generation_s", 0.0), 1e-9),
+        "time/step_s": step_s,
+        **timer.seconds,
+    }
+    return metrics
+
+
+def grpo_train(run: Run, on_step: Callable[[int, dict[str, float]], None]) -> None:
+    """Run steps ``run.start_step .. max_num_steps - 1``, calling ``on_step(step, metrics)`` after each."""
+    from rlcore.algorithms.loss_functions import ClippedPGLossFn
+
+    cfg = run.cfg
+    task = Task.from_config(cfg.task)
+    loss_fn = ClippedPGLossFn(cfg.loss)
+    for step in range(run.start_step, cfg.grpo.max_num_steps):
+        metrics = grpo_step(step, cfg, run.policy, run.generation, run.synchronizer, task, run.tokenizer, loss_fn)
+        on_step(step, metrics)

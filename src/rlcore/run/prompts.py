@@ -1,0 +1,84 @@
+"""Where prompts are built: the chat template, and the length budget of prompt + completion.
+
+``policy.tokenizer.chat_template`` follows NeMo-RL's ``get_tokenizer``:
+``None`` installs a passthrough template (a message is its content, so the
+prompt reaches the model as the task wrote it), ``'default'`` keeps the
+tokenizer's own, a path ending in ``.jinja`` is read from that file, any
+other string is the template. Each task prompt is one user message rendered
+with the generation prompt.
+
+``policy.max_total_sequence_length`` bounds prompt + completion: a prompt
+that leaves no room is an error, and completions are cut so that the
+sequence fits (as vLLM's ``max_model_len`` does for NeMo-RL), marked
+``truncated``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rlcore.config.errors import ConfigError
+
+#: NeMo-RL's passthrough template: the concatenated message contents.
+PASSTHROUGH_TEMPLATE = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
+
+
+def configure_tokenizer(tokenizer: Any, tokenizer_cfg: Any) -> Any:
+    """Install ``policy.tokenizer.chat_template`` on ``tokenizer`` (in place; returned for chaining)."""
+    template = tokenizer_cfg.chat_template
+    path = "policy.tokenizer.chat_template"
+    if template is None:
+        tokenizer.chat_template = PASSTHROUGH_TEMPLATE
+    elif template.strip().lower() == "default":
+        if not getattr(tokenizer, "chat_template", None):
+            raise ConfigError([f"{path}: is 'default' but the tokenizer {tokenizer_cfg.name!r} has no chat template "
+                               "of its own: set it to null (the prompt text as is) or to a Jinja template"])
+    elif template.endswith(".jinja"):
+        try:
+            tokenizer.chat_template = Path(template).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError([f"{path}: cannot read {template}: {exc.strerror or exc}"]) from None
+    else:
+        tokenizer.chat_template = template
+    return tokenizer
+
+
+def format_prompts(tokenizer: Any, prompts: list[str], template_kwargs: dict[str, Any] | None = None) -> list[str]:
+    """Each prompt as one user message through the tokenizer's chat template, with the generation prompt."""
+    kwargs = dict(template_kwargs or {})
+    return [tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
+                                          add_generation_prompt=True, **kwargs) for p in prompts]
+
+
+def check_prompt_room(prompt_lengths: Any, max_total: int) -> None:
+    """A prompt must leave room for at least one generated token within ``max_total``."""
+    longest = int(prompt_lengths.max()) if len(prompt_lengths) else 0
+    if longest >= max_total:
+        raise ValueError(f"a prompt of {longest} tokens leaves no room for a completion within "
+                         f"policy.max_total_sequence_length={max_total}; raise it or shorten the prompts")
+
+
+def clip_rollout(rollout: Any, prompt_lengths: Any, max_total: int, pad_id: int) -> Any:
+    """Cut completions so prompt + completion <= ``max_total`` (rollouts already within it are untouched)."""
+    import torch
+
+    ends = rollout["unpadded_sequence_lengths"]
+    if int(ends.max()) <= max_total and rollout["output_ids"].shape[1] <= max_total:
+        return rollout
+    gen = torch.minimum(rollout["generation_lengths"], (max_total - prompt_lengths).clamp_min(0))
+    cut = gen < rollout["generation_lengths"]
+    ends = prompt_lengths + gen
+    width = min(rollout["output_ids"].shape[1], max_total)
+    positions = torch.arange(width)[None, :]
+    past = positions >= ends[:, None]
+    rollout["output_ids"] = rollout["output_ids"][:, :width].masked_fill(past, pad_id)
+    rollout["logprobs"] = rollout["logprobs"][:, :width].masked_fill(past, 0.0)
+    rollout["generation_lengths"] = gen
+    rollout["unpadded_sequence_lengths"] = ends
+    if "truncated" in rollout:
+        rollout["truncated"] = rollout["truncated"] | cut
+    return rollout
+
+
+__all__ = ["PASSTHROUGH_TEMPLATE", "check_prompt_room", "clip_rollout", "configure_tokenizer", "format_prompts"]

@@ -1,0 +1,229 @@
+"""The class-wide state of :class:`~rlcore.testing.conformance.training.TrainingBackendConformance`.
+
+One set of policies per test class, each started and trained at most once
+(results and failures memoised), the shared batches, and the single-process
+oracle they are compared with.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+import pytest
+
+from rlcore.testing.conformance.backend_checks import deep_merge
+from rlcore.testing.oracle import (
+    StepRecord,
+    hf_token_logprobs,
+    load_hf_model,
+    single_process_sgd,
+    state_copy,
+)
+
+if TYPE_CHECKING:
+    from rlcore.testing.conformance.training import TrainingBackendConformance
+
+
+def train_and_save_step(policy: Any, data: Any, loss_fn: Any, weights_dir: Path,
+                        optimizer_path: Path | None = None) -> StepRecord:
+    """One optimizer step of ``policy``, then a checkpoint; the record's weights are read back with HF."""
+    result = policy.train(data, loss_fn)
+    policy.save_checkpoint(str(weights_dir), str(optimizer_path) if optimizer_path else None)
+    assert len(result["loss"]) == 1, f"one global batch gave {len(result['loss'])} optimizer steps"
+    return StepRecord(float(result["loss"][0]), float(result["grad_norm"][0]),
+                      state_copy(load_hf_model(str(weights_dir))))
+
+
+class _Once:
+    """Memoises results *and* failures: a policy that failed mid-training must not be trained again."""
+
+    def __init__(self) -> None:
+        self._done: dict[str, Any] = {}
+
+    def __call__(self, key: str, fn: Callable[[], Any]) -> Any:
+        if key not in self._done:
+            try:
+                self._done[key] = ("ok", fn())
+            except Exception as exc:  # noqa: BLE001 - re-raised now, remembered for later tests
+                self._done[key] = ("error", exc)
+                raise
+        status, value = self._done[key]
+        if status == "error":
+            pytest.fail(f"{key} failed earlier in this class: {type(value).__name__}: {value}", pytrace=False)
+        return value
+
+
+@dataclass
+class _Variant:
+    """One way of running the same optimizer steps."""
+
+    name: str
+    single_rank: bool = False
+    capability: str | None = None
+    policy: dict = field(default_factory=dict)
+
+
+class _TrainingKit:
+    """The class-wide state: data, the oracle, and lazily built, lazily trained policies."""
+
+    def __init__(self, cls: type["TrainingBackendConformance"], spec: Any, model_dir: str, tokenizer: Any,
+                 tmp_dir: Path) -> None:
+        import torch
+
+        from rlcore.algorithms.loss_functions import ClippedPGLossFn, NLLLoss
+        from rlcore.data import BatchedDataDict
+        from rlcore.testing.models import make_batch
+        from rlcore.testing.pytest_plugin import ClusterPool
+        from rlcore.testing.resume_check import resume_steps
+
+        self.author = cls()  # the subclass instance whose hooks we call
+        self.cls = cls
+        self.spec, self.model_dir, self.tokenizer, self.tmp_dir = spec, model_dir, tokenizer, tmp_dir
+        self.clusters = ClusterPool()
+        self.policies: dict[str, Any] = {}
+        self._clusters_of: dict[str, Any] = {}  # policy name -> its cluster, released with it
+        self.once = _Once()
+        self.gbs = 4 * cls.world_size
+
+        raw = make_batch(tokenizer, self.gbs, 5, 16, seed=1234)
+        self.batch = BatchedDataDict(raw)
+        # The same sequences with random tokens in the padding: a backend must
+        # use input_lengths, not the pad id, to find where sequences end.
+        gen = torch.Generator().manual_seed(99)
+        noise = torch.randint(3, 259, raw["input_ids"].shape, generator=gen)
+        pad = torch.arange(raw["input_ids"].shape[1])[None, :] >= raw["input_lengths"][:, None]
+        self.noisy_batch = BatchedDataDict(input_ids=torch.where(pad, noise, raw["input_ids"]),
+                                           input_lengths=raw["input_lengths"].clone())
+
+        import transformers
+
+        transformers.utils.logging.disable_progress_bar()
+        with torch.no_grad():
+            model = load_hf_model(model_dir)
+            lengths = raw["input_lengths"]
+            valid = torch.arange(raw["input_ids"].shape[1])[None, :] < lengths[:, None]
+            self.initial_logits = model(input_ids=raw["input_ids"], attention_mask=valid.long()).logits.float()
+            self.initial_logprobs = hf_token_logprobs(model, raw)
+        del model
+
+        # Step 2: clipped PG + k3 KL, per-sequence normalisation, one sample masked out.
+        adv = torch.randn(self.gbs, 1, generator=gen).expand_as(raw["token_mask"]).contiguous()
+        sample_mask = torch.ones(self.gbs)
+        sample_mask[1] = 0.0
+        self.pg_batch = BatchedDataDict({**raw, "sample_mask": sample_mask, "advantages": adv,
+                                         "prev_logprobs": self.initial_logprobs.clone(),
+                                         "reference_policy_logprobs": self.initial_logprobs.clone()})
+        pg_loss = ClippedPGLossFn({"reference_policy_kl_penalty": 0.1, "token_level_loss": False})
+        self.steps = [(self.batch, NLLLoss()), (self.pg_batch, pg_loss)]
+        self.resume_steps = resume_steps(self.batch, tokenizer, self.gbs)
+
+    # -- oracle --------------------------------------------------------------------------
+    def oracle(self) -> tuple[dict, list[StepRecord]]:
+        return self.once("the single-process oracle",
+                         lambda: single_process_sgd(self.model_dir, self.steps, self.cls.learning_rate))
+
+    # -- policies ------------------------------------------------------------------------
+    def variants(self) -> dict[str, _Variant]:
+        from rlcore.testing.resume_check import RECIPE
+
+        gbs = self.gbs
+        return {v.name: v for v in (
+            _Variant("world"),
+            _Variant("adam", policy=self.author.resume_policy_overrides(RECIPE)),
+            # dp=1 and another micro-batch size (2 micro-batches per step instead of 4 per rank)
+            _Variant("single", single_rank=True, policy={"train_micro_batch_size": gbs // 2}),
+            _Variant("dynamic", capability="dynamic_batching", policy={"dynamic_batching": {
+                "enabled": True, "train_mb_tokens": 32, "logprob_mb_tokens": 48, "sequence_length_round": 4}}),
+            _Variant("packing", capability="sequence_packing", policy={"sequence_packing": {
+                "enabled": True, "train_mb_tokens": 32, "logprob_mb_tokens": 48}}),
+        )}
+
+    def variant(self, name: str) -> _Variant:
+        variant = self.variants()[name]
+        if variant.capability and variant.capability not in self.spec.capabilities:
+            pytest.skip(f"backend '{self.spec.name}' does not declare '{variant.capability}'")
+        return variant
+
+    def config(self, variant: _Variant) -> Any:
+        from rlcore.config import load_config_dict
+
+        lr = self.cls.learning_rate
+        policy = {
+            "backend": self.spec.name,
+            "model_name": self.model_dir,
+            "train_global_batch_size": self.gbs,
+            "train_micro_batch_size": 1,
+            "logprob_batch_size": 2,
+            "learning_rate": lr,
+            "optimizer": {"name": "torch.optim.SGD", "kwargs": {"lr": lr}},
+            "max_grad_norm": None,
+            "precision": "float32",
+            "max_total_sequence_length": 32,
+        }
+        overrides = self.author.single_rank_policy_overrides() if variant.single_rank \
+            else self.author.policy_overrides()
+        policy = deep_merge(deep_merge(policy, overrides), variant.policy)
+        ranks = 1 if variant.single_rank else self.cls.world_size
+        return load_config_dict({"cluster": {"workers_per_node": ranks}, "policy": policy}).policy
+
+    def start(self, name: str, variant: _Variant, **kwargs: Any) -> Any:
+        """Start a policy for ``variant``, kept as ``self.policies[name]`` until :meth:`stop`."""
+        from rlcore.policy import Policy
+
+        cluster = self.clusters(1 if variant.single_rank else self.cls.world_size)
+        self._clusters_of[name] = cluster
+        policy = Policy(cluster, self.config(variant), self.tokenizer, name_prefix=f"kit-{name}", **kwargs)
+        self.policies[name] = policy
+        return policy
+
+    def policy(self, name: str) -> dict:
+        """Start the variant's policy and record what it computes before any training."""
+        variant = self.variant(name)
+
+        def build() -> dict:
+            policy = self.start(name, variant)
+            record = {"policy": policy, "logprobs": policy.get_logprobs(self.batch)["logprobs"],
+                      "noisy_logprobs": policy.get_logprobs(self.noisy_batch)["logprobs"]}
+            if "topk_logits" in self.spec.capabilities:
+                record["topk"] = policy.get_topk_logits(self.batch, k=self.cls.topk_k)
+            return record
+
+        return self.once(f"starting the '{name}' policy", build)
+
+    def trained(self, name: str) -> dict:
+        """The variant's policy after the two kit steps: losses, grad norms, saved weights per step."""
+        record = self.policy(name)
+
+        def train() -> dict:
+            steps = [train_and_save_step(record["policy"], data, loss_fn, self.tmp_dir / f"{name}-step{k}")
+                     for k, (data, loss_fn) in enumerate(self.steps, start=1)]
+            if name != "world":  # the world policy stays up for the swap test
+                self.stop(name)
+            return {"steps": steps}
+
+        return self.once(f"training the '{name}' policy", train)
+
+    def resumed(self) -> Any:
+        """The resume check's two policies, run once: uninterrupted Adam, and resumed from its checkpoint."""
+        from rlcore.testing.resume_check import run_resume
+
+        variant = self.variant("adam")
+        return self.once("the checkpoint resume run", lambda: run_resume(
+            lambda name, **kwargs: self.start(name, variant, **kwargs), self.stop, self.resume_steps,
+            self.batch, self.tmp_dir))
+
+    def stop(self, name: str) -> None:
+        """Shut the policy down and give its bundles back (the kit's policies would not all fit at once)."""
+        policy = self.policies.pop(name, None)
+        if policy is not None:
+            policy.shutdown()
+        cluster = self._clusters_of.pop(name, None)
+        if cluster is not None:
+            cluster.shutdown()
+
+    def shutdown(self) -> None:
+        for name in list(self.policies):
+            self.stop(name)
+        self.clusters.shutdown()
