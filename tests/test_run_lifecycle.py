@@ -76,7 +76,7 @@ def test_a_signal_stops_the_run_with_one_line_and_a_resumable_checkpoint(tmp_pat
     proc.send_signal(signum)
     _, stderr = proc.communicate(timeout=60)
     print(f"{signal.Signals(signum).name}: exit {proc.returncode} {time.monotonic() - sent:.1f}s after the signal")
-    assert proc.returncode == code
+    assert proc.returncode == code, stderr[-3000:]
     last = stderr.strip().splitlines()[-1]
     assert last.startswith(f"stopped by {signal.Signals(signum).name}: resume from ") and "--resume" in last, last
     assert "Traceback" not in stderr
@@ -133,6 +133,13 @@ def test_a_finished_run_and_its_resume_leave_nothing_and_skip_partial_checkpoint
     stdout, stderr = proc.communicate(timeout=300)
     assert proc.returncode == 0, stderr[-2000:]
     assert json.loads(stdout.strip().splitlines()[-1])["steps"] == 2
+    # Quiet: a few lines of rlcore's own on the terminal; Ray's, the workers' and the engines' output in logs/.
+    shown = stderr.splitlines() + stdout.splitlines()
+    assert len(shown) < 10 and shown[0].startswith("rlcore run: "), shown
+    logs = {p.name: p.read_text(errors="replace") for p in (tmp_path / "logs").iterdir()}
+    assert "driver.log" in logs and any(name.startswith("lm_policy-") for name in logs), sorted(logs)
+    if generation_backend() == "vllm":
+        assert any("vllm" in text.lower() for name, text in logs.items() if name.startswith("vllm-")), sorted(logs)
     assert_released(baseline, proc, time.monotonic(), "normal exit")
     # What a driver killed mid-save leaves: a half-written save, and a newer step without its state.json.
     ckpts = tmp_path / "checkpoints"

@@ -79,6 +79,30 @@ def test_colocated_worker_groups_share_bundles(ray_session):
         cluster.shutdown()
 
 
+def test_a_signal_inside_a_worker_call_is_a_stop_not_a_worker_failure(ray_session):
+    """Ctrl-C landing while the driver waits in Ray's ``wait`` comes out mangled (a ``SystemError`` from
+    the C extension, or a failure of the worker being waited on); the stop is still recognised behind it.
+    `rlcore run` exited 1 with "worker ... failed: StopRequested" instead of 130 before."""
+    from rlcore.distributed import RayWorkerGroup
+    from rlcore.run.stopping import StopOnSignals
+
+    cluster = RayVirtualCluster([1], placement_timeout_s=10)
+    group = RayWorkerGroup(cluster, "threading:Event", sharding=NamedSharding.for_world(1), name_prefix="waiting")
+    signals = StopOnSignals()
+    try:
+        group.get_results(group.run_all_workers_single_data("is_set"))  # started and answering
+        interrupt = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT))
+        with pytest.raises(BaseException) as caught, signals:
+            interrupt.start()
+            group.get_results(group.run_all_workers_single_data("wait", 5))
+        stop = signals.stop_behind(caught.value)
+        assert stop is not None and stop.exit_code == 130, repr(caught.value)
+        assert StopOnSignals().stop_behind(RuntimeError("a real failure")) is None  # no signal, no stop
+    finally:
+        group.shutdown()
+        cluster.shutdown()
+
+
 def test_ray_address_attaches_to_an_existing_cluster(ray_session):
     """With RAY_ADDRESS set, init_ray joins that cluster instead of starting a private one."""
     import ray

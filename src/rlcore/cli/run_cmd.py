@@ -52,12 +52,24 @@ def _fall_back_to_fsdp1(cfg: Any) -> Any:
     return cfg.model_copy(update={"policy": policy})
 
 
+def _summary_line(cfg: Any, log_dir: Path, verbose: bool) -> str:
+    """One line saying what is about to run, and where its logs go."""
+    p, c = cfg.policy, cfg.cluster
+    gen = p.generation
+    placement = "" if gen.backend == p.training_backend else (" colocated" if gen.colocated.enabled else " separate")
+    where = "streamed here (-v)" if verbose else f"in {log_dir}/"
+    return (f"rlcore run: {p.training_backend} + {gen.backend}{placement} on {c.num_nodes}x{c.workers_per_node} "
+            f"{'GPU' if c.use_gpu else 'CPU'} workers, model {p.model_name}, {cfg.grpo.max_num_steps} steps; "
+            f"logs {where}")
+
+
 def run(
     config: Optional[Path] = typer.Argument(None, help="YAML config; omitted = the embedded defaults."),
     override: list[str] = typer.Option([], "-o", "--override", help="Dotted override key=value (repeatable)."),
     resume: bool = typer.Option(False, "--resume", help="Continue from the latest checkpoint in the output dir "
                                 "(an error when there is none)."),
-    verbose: bool = typer.Option(False, "-v", "--verbose", help="Print full tracebacks, not only one line."),
+    verbose: bool = typer.Option(False, "-v", "--verbose", help="Stream every process's output (Ray, workers, "
+                                 "engines) instead of logging it to <output_dir>/logs/, and print full tracebacks."),
     source: SourceOpt = ConfigSource.rlcore,
     nemo_overrides: NemoOverridesArg = None,
 ) -> None:
@@ -67,7 +79,8 @@ def run(
     from rlcore.models import resolve_builtin_models
     from rlcore.plugins.registry import validate_backend_sections
     from rlcore.preflight import check_model_sources
-    from rlcore.run.stopping import StopOnSignals, StopRequested
+    from rlcore.run.output import quiet_output
+    from rlcore.run.stopping import StopOnSignals
     from rlcore.run.train import latest_checkpoint, nothing_to_resume
 
     try:
@@ -86,15 +99,19 @@ def run(
     if problems:
         _fail(problems)
     log_dir = Path(cfg.logger.output_dir) / "logs"
+    typer.echo(_summary_line(cfg, log_dir, verbose), err=True)
+    signals = StopOnSignals()
     try:
-        with StopOnSignals() as signals:
-            summary = train(cfg, resume=resume, signals=signals)
-    except StopRequested as stop:
-        latest = latest_checkpoint(cfg)
-        typer.echo(f"stopped by {stop}: " + (f"resume from {latest} with --resume" if latest
-                                              else "no checkpoint was written yet"), err=True)
-        raise typer.Exit(stop.exit_code) from None
-    except Exception as exc:  # noqa: BLE001 - every failure ends as one line (+ the log)
+        with quiet_output(log_dir, verbose) as terminal, signals:
+            summary = train(cfg, resume=resume, signals=signals, progress_file=terminal)
+    except BaseException as exc:  # noqa: BLE001 - a stop or a failure, each ends as one line
+        if (stop := signals.stop_behind(exc)) is not None:
+            latest = latest_checkpoint(cfg)
+            typer.echo(f"stopped by {stop}: " + (f"resume from {latest} with --resume" if latest
+                                                  else "no checkpoint was written yet"), err=True)
+            raise typer.Exit(stop.exit_code) from None
+        if not isinstance(exc, Exception):
+            raise
         path = write_traceback(exc, log_dir)
         if verbose:
             typer.echo(path.read_text(), err=True)

@@ -41,8 +41,11 @@ def init_ray(address: str | None = None, *, num_cpus: int | None = None, num_gpu
 
     if ray.is_initialized():
         return False
+    from rlcore.distributed.worker_host import WORKER_LOG_DIR_ENV
+
+    log_to_driver = WORKER_LOG_DIR_ENV not in os.environ  # a quiet run: workers write their own log files
     if address:
-        ray.init(address=address, namespace="rlcore", log_to_driver=True)
+        ray.init(address=address, namespace="rlcore", log_to_driver=log_to_driver)
         return False
     from ray._private import ray_constants
 
@@ -68,7 +71,7 @@ def init_ray(address: str | None = None, *, num_cpus: int | None = None, num_gpu
             include_dashboard=False,
             _temp_dir=temp_dir,
             namespace="rlcore",
-            log_to_driver=True,
+            log_to_driver=log_to_driver,
         )
     except BaseException:
         shutdown_ray()

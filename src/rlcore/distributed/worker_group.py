@@ -19,11 +19,13 @@ worker; a dead worker is fatal to every group.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 from rlcore.distributed.named_sharding import NamedSharding
+from rlcore.distributed.worker_host import WORKER_LOG_DIR_ENV
 from rlcore.distributed.virtual_cluster import RayVirtualCluster
 
 #: Seconds a worker group waits for its workers' own ``shutdown`` before killing them.
@@ -108,6 +110,9 @@ class RayWorkerGroup:
                 **(extra_env or {}),
             }
             name = f"{name_prefix}-rank{rank}"
+            env["RLCORE_WORKER_NAME"] = name
+            if WORKER_LOG_DIR_ENV in os.environ:  # a quiet run: the worker logs to a file of its own
+                env[WORKER_LOG_DIR_ENV] = os.environ[WORKER_LOG_DIR_ENV]
             actor = host_cls.options(
                 scheduling_strategy=cluster.scheduling_strategy(rank),
                 max_concurrency=1,

@@ -7,7 +7,12 @@ torch, and the engine) is imported here, inside the worker process.
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any
+
+#: Set (to a directory) in the driver of a quiet run: each worker then writes its stdout and stderr to
+#: ``<dir>/<worker name>.log`` instead of the terminal (see :mod:`rlcore.run.output`).
+WORKER_LOG_DIR_ENV = "RLCORE_WORKER_LOG_DIR"
 
 
 class WorkerHost:
@@ -15,6 +20,7 @@ class WorkerHost:
 
     def __init__(self, worker_class: str, env: dict[str, str], args: tuple, kwargs: dict[str, Any]) -> None:
         os.environ.update(env)
+        _redirect_output(env.get("RLCORE_WORKER_NAME", f"worker-{os.getpid()}"))
         if env.get("RLCORE_CPU_THREADS"):
             import torch
 
@@ -42,3 +48,16 @@ class WorkerHost:
 
             shared_memory.release_sender_buffers()
             collective.release_buffers()
+
+
+def _redirect_output(name: str) -> None:
+    """In a quiet run, send this process's stdout and stderr to ``<log dir>/<name>.log``."""
+    log_dir = os.environ.get(WORKER_LOG_DIR_ENV)
+    if not log_dir:
+        return
+    fd = os.open(os.path.join(log_dir, f"{name}.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)

@@ -13,7 +13,7 @@ imported inside the functions, so importing this package stays light.
 """
 
 from rlcore.models.build import ARCHS, BUILD_VERSION, build_tiny_model
-from rlcore.models.builtin import BUILTIN_MODELS, resolve_builtin_models, resolve_model
+from rlcore.models.builtin import BUILTIN_MODELS, resolve_builtin_models, resolve_builtin_policy, resolve_model
 from rlcore.models.cache import default_cache_root, tiny_model_path
 from rlcore.models.tokenizer import (
     BYTE_OFFSET,
@@ -33,6 +33,7 @@ __all__ = [
     "build_tiny_tokenizer",
     "default_cache_root",
     "resolve_builtin_models",
+    "resolve_builtin_policy",
     "resolve_model",
     "tiny_model_path",
 ]

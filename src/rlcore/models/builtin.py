@@ -25,13 +25,17 @@ def resolve_model(name: str | None) -> str | None:
     return tiny_model_path(**BUILTIN_MODELS[name])
 
 
-def resolve_builtin_models(cfg: Any) -> Any:
-    """The config with every built-in model name (policy, tokenizer, generation) replaced by its path."""
-    policy = cfg.policy
+def resolve_builtin_policy(policy: Any) -> Any:
+    """The policy config with its built-in model names (model, tokenizer, generation model) as paths."""
     updates: dict[str, Any] = {"model_name": resolve_model(policy.model_name),
                                "tokenizer": policy.tokenizer.model_copy(
                                    update={"name": resolve_model(policy.tokenizer.name)})}
     if policy.generation is not None:
         updates["generation"] = policy.generation.model_copy(
             update={"model_name": resolve_model(policy.generation.model_name)})
-    return cfg.model_copy(update={"policy": policy.model_copy(update=updates)})
+    return policy.model_copy(update=updates)
+
+
+def resolve_builtin_models(cfg: Any) -> Any:
+    """The config with every built-in model name (policy, tokenizer, generation) replaced by its path."""
+    return cfg.model_copy(update={"policy": resolve_builtin_policy(cfg.policy)})

@@ -13,8 +13,14 @@ from typing import Any, Optional, Union
 
 from rlcore.config import ConfigError, as_policy_config
 from rlcore.data import BatchedDataDict
-from rlcore.distributed import NamedSharding, RayVirtualCluster, RayWorkerGroup, WorkerGroupOwner
+from rlcore.distributed import (
+    NamedSharding,
+    RayVirtualCluster,
+    RayWorkerGroup,
+    WorkerGroupOwner,
+)
 from rlcore.interfaces import ColocatablePolicyInterface, GenerationInterface
+from rlcore.models.builtin import resolve_builtin_policy
 from rlcore.plugins import BackendError, get_registry
 from rlcore.preflight import check_policy_sources
 
@@ -36,6 +42,7 @@ class Policy(WorkerGroupOwner, ColocatablePolicyInterface, GenerationInterface):
     ) -> None:
         # A plain dict (the seed's TypedDict) is validated here, rules included: one line per problem.
         config = as_policy_config(config, world_size=cluster.world_size, use_gpu=bool(cluster.use_gpus))
+        config = resolve_builtin_policy(config)  # ``tiny-llama`` and friends, built locally as rlcore run does
         self.cfg = config
         self.tokenizer = tokenizer
         self.spec = get_registry().resolve(config.training_backend, kind="training")

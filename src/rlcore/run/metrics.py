@@ -9,7 +9,7 @@ from typing import Any
 
 class MetricsLogger:
     def __init__(self, output_dir: str | Path, *, tensorboard: bool = True, progress_bar: bool = True,
-                 total_steps: int = 0, initial_step: int = 0) -> None:
+                 progress_file: Any = None, total_steps: int = 0, initial_step: int = 0) -> None:
         self.dir = Path(output_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.path = self.dir / "metrics.jsonl"
@@ -26,7 +26,8 @@ class MetricsLogger:
         if progress_bar:
             from tqdm import tqdm
 
-            self._bar = tqdm(total=total_steps, initial=initial_step, desc="grpo", unit="step", dynamic_ncols=True)
+            self._bar = tqdm(total=total_steps, initial=initial_step, desc="grpo", unit="step", dynamic_ncols=True,
+                             file=progress_file)  # None: standard error
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         record = {"step": step, **metrics}
@@ -38,7 +39,8 @@ class MetricsLogger:
                     self._tb.add_scalar(name, value, step)
         if self._bar is not None:
             self._bar.set_postfix(reward=f"{metrics.get('reward_mean', 0):.3f}",
-                                  loss=f"{metrics.get('loss', 0):.4f}", refresh=False)
+                                  loss=f"{metrics.get('loss', 0):.4f}", step_s=f"{metrics.get('time/step_s', 0):.2f}",
+                                  refresh=False)
             self._bar.update(1)
 
     def close(self) -> Path | None:

@@ -18,8 +18,12 @@ from typing import Any, Iterator
 EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
 
 
-class StopRequested(Exception):
-    """The run was asked to stop by a signal."""
+class StopRequested(BaseException):
+    """The run was asked to stop by a signal.
+
+    A ``BaseException`` like ``KeyboardInterrupt``: raised wherever the main thread happens to be (inside
+    ``ray.get`` too), it must pass through every ``except Exception`` that turns failures into errors.
+    """
 
     def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)
@@ -38,6 +42,7 @@ class StopOnSignals:
         self._holding = False
         self._pending: int | None = None
         self._stopping = False
+        self.received: int | None = None  #: the first signal, once one came
 
     def __enter__(self) -> "StopOnSignals":
         for signum in EXIT_CODES:
@@ -49,6 +54,8 @@ class StopOnSignals:
             signal.signal(signum, handler)
 
     def _handle(self, signum: int, _frame: Any) -> None:
+        if self.received is None:
+            self.received = signum
         if self._holding and not self._stopping:
             self._pending = signum
             self._stopping = True
@@ -66,3 +73,14 @@ class StopOnSignals:
             self._holding = False
         if self._pending is not None:
             raise StopRequested(self._pending)
+
+    def stop_behind(self, exc: BaseException) -> StopRequested | None:
+        """The stop that ``exc`` is the consequence of, or None.
+
+        Raised inside a C extension (Ray's ``wait``), the stop comes out wrapped: as a ``SystemError``,
+        or as the failure of the worker the driver was waiting on. After a signal, whatever ended the
+        run is that signal's doing.
+        """
+        if isinstance(exc, StopRequested):
+            return exc
+        return StopRequested(self.received) if self.received is not None else None

@@ -46,12 +46,13 @@ def nothing_to_resume(cfg: Any) -> str | None:
             f"{cfg.checkpointing.enabled}); run without --resume to start fresh")
 
 
-def train(cfg: Any, resume: bool = False, signals: Any = None) -> dict[str, Any]:
+def train(cfg: Any, resume: bool = False, signals: Any = None, progress_file: Any = None) -> dict[str, Any]:
     """Build the run, train, checkpoint; returns a summary (first/last mean reward, paths).
 
     ``resume``: continue after the newest complete checkpoint (``FileNotFoundError`` if there is none);
     ``metrics.jsonl`` keeps one row per step. ``signals`` (a :class:`~rlcore.run.stopping.StopOnSignals`)
-    holds a stop until a checkpoint being written is complete.
+    holds a stop until a checkpoint being written is complete. ``progress_file``: where the progress bar
+    goes (default standard error).
     """
     from rlcore.models import resolve_builtin_models
     from rlcore.run.build import build_run
@@ -81,6 +82,7 @@ def train(cfg: Any, resume: bool = False, signals: Any = None) -> dict[str, Any]
 
     try:
         logger = MetricsLogger(out, tensorboard=cfg.logger.tensorboard, progress_bar=cfg.logger.progress_bar,
+                               progress_file=progress_file,
                                total_steps=cfg.grpo.max_num_steps, initial_step=start)
         grpo_train(run, on_step)
     except BaseException:
