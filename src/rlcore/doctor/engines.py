@@ -106,6 +106,18 @@ def check_torch_packages(installed: Mapping[str, str], python: str = sys.executa
                        f"{python} -m pip uninstall -y {' '.join(clash)}", details)
 
 
+def engine_install_problems(cfg: Any, installed: Mapping[str, str]) -> list[str]:
+    """What makes the run's generation engine fail to import, found from package metadata alone (for
+    ``rlcore run``, before Ray starts; otherwise the engine's first import fails in a worker)."""
+    gen = cfg.policy.generation
+    if gen is None or gen.backend != "vllm":
+        return []
+    result = check_torch_packages(installed)
+    if result.status != "fail":
+        return []
+    return [f"policy.generation.backend=vllm: {result.message}; fix: {result.fix}"]
+
+
 def check_ray(probe: ImportProbe | None, ray_address: str | None = None, python: str = sys.executable) -> CheckResult:
     """Ray's version (imported, never started); RAY_ADDRESS makes runs join that cluster instead."""
     details = {"version": probe.version if probe else None, "import_s": probe.seconds if probe else None,

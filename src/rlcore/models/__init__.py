@@ -1,10 +1,12 @@
-"""Models rlcore builds locally, without any download: the built-in names and the tiny-model builders.
+"""Models rlcore builds locally, without any download: the built-in names and the model builders.
 
 - :mod:`rlcore.models.builtin`: the names ``rlcore run`` accepts as a model
-  (``tiny-llama``, ``tiny-qwen2``, ``tiny-qwen3``) and their resolution to a
-  local directory;
-- :mod:`rlcore.models.tokenizer`: the byte-level tokenizer of the tiny models;
-- :mod:`rlcore.models.build`: a randomly initialised tiny causal LM from a config;
+  (``tiny-llama``, ``tiny-qwen2``, ``tiny-qwen3`` and the presets) and their
+  resolution to a local directory;
+- :mod:`rlcore.models.presets`: ``qwen2.5-0.5b``, ``qwen3-0.6b``,
+  ``llama-3.2-1b``: the real models' shapes and parameter counts, random weights;
+- :mod:`rlcore.models.tokenizer`: the byte-level tokenizer of the built-in models;
+- :mod:`rlcore.models.build`: a randomly initialised causal LM from a config;
 - :mod:`rlcore.models.cache`: the on-disk cache, each model built at most once.
 
 The test kit's ``models`` module re-exports the builders beside its random
@@ -12,9 +14,10 @@ batches; production code imports them from here. torch and transformers are
 imported inside the functions, so importing this package stays light.
 """
 
-from rlcore.models.build import ARCHS, BUILD_VERSION, build_tiny_model
+from rlcore.models.build import ARCHS, BUILD_VERSION, build_tiny_model, model_config
 from rlcore.models.builtin import BUILTIN_MODELS, resolve_builtin_models, resolve_builtin_policy, resolve_model
 from rlcore.models.cache import default_cache_root, tiny_model_path
+from rlcore.models.presets import PARAMETER_COUNTS, PRESETS, preset
 from rlcore.models.tokenizer import (
     BYTE_OFFSET,
     CHAT_TEMPLATE,
@@ -28,10 +31,14 @@ __all__ = [
     "BUILTIN_MODELS",
     "BYTE_OFFSET",
     "CHAT_TEMPLATE",
+    "PARAMETER_COUNTS",
+    "PRESETS",
     "SPECIAL_TOKENS",
     "build_tiny_model",
     "build_tiny_tokenizer",
     "default_cache_root",
+    "model_config",
+    "preset",
     "resolve_builtin_models",
     "resolve_builtin_policy",
     "resolve_model",

@@ -1,12 +1,15 @@
-"""A randomly initialised tiny causal LM (Llama, Qwen2 or Qwen3) built from a config and saved as safetensors.
+"""A randomly initialised causal LM (Llama, Qwen2 or Qwen3) built from a config and saved as safetensors.
 
-Nothing is downloaded: the weights are drawn under a fixed seed and the
-tokenizer is :func:`rlcore.models.tokenizer.build_tiny_tokenizer`. torch and
-transformers are imported inside the functions.
+Tiny by default; the presets of :mod:`rlcore.models.presets` use the same
+builder at the real sizes. Nothing is downloaded: the weights are drawn under a
+fixed seed and the tokenizer is
+:func:`rlcore.models.tokenizer.build_tiny_tokenizer`. torch and transformers
+are imported inside the functions.
 """
 
 from __future__ import annotations
 
+import inspect
 import os
 from pathlib import Path
 from typing import Any
@@ -17,6 +20,11 @@ ARCHS = ("llama", "qwen2", "qwen3")
 
 #: Bump when the way models are built changes, so cached builds are not reused.
 BUILD_VERSION = 1
+
+#: Arguments added after the first release. Left at their default (``None``:
+#: the transformers config's own default) they are not part of the cache key,
+#: so models cached before they existed keep their directory.
+LATER_ARGUMENTS = ("rope_theta", "rope_scaling", "rms_norm_eps")
 
 
 def _round_up(n: int, multiple: int) -> int:
@@ -50,6 +58,9 @@ def build_tiny_model(
     dtype: Any = "float32",
     max_position_embeddings: int = 512,
     initializer_range: float = 0.02,
+    rope_theta: float | None = None,
+    rope_scaling: dict[str, Any] | None = None,
+    rms_norm_eps: float | None = None,
 ) -> str:
     """Build a randomly initialised causal LM and save it (+ tokenizer) to ``save_dir``.
 
@@ -58,47 +69,28 @@ def build_tiny_model(
     drawn under ``seed`` inside a forked RNG, so the caller's global torch RNG
     is left as it was. ``vocab_size`` defaults to the tokenizer size rounded up
     to a multiple of 64 (padded rows, as real checkpoints have). ``head_dim``
-    must be >= 32 (vLLM's attention kernels need it). Saved as safetensors;
-    ``AutoModelForCausalLM.from_pretrained(path)`` loads it. Returns the path.
+    must be >= 32 (vLLM's attention kernels need it). ``rope_theta``,
+    ``rope_scaling`` (e.g. ``{"rope_type": "llama3", "factor": 32.0, ...}``)
+    and ``rms_norm_eps`` default to the transformers config's own defaults.
+    Saved as safetensors; ``AutoModelForCausalLM.from_pretrained(path)``
+    loads it. The weights are allocated once, in ``dtype``, and saved from
+    there; the peak memory is the model plus, when tied, one transient
+    vocabulary x hidden matrix (transformers allocates the output layer before
+    tying it). Returns the path.
     """
     import torch
     import transformers
     from transformers import AutoModelForCausalLM
 
-    if arch not in ARCHS:
-        raise ValueError(f"unknown arch {arch!r}; expected one of {ARCHS}")
-    if head_dim < 32:
-        raise ValueError(f"head_dim must be >= 32 (vLLM needs it), got {head_dim}")
-    if num_heads % num_kv_heads:
-        raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
-
     tokenizer = build_tiny_tokenizer()
-    if vocab_size is None:
-        vocab_size = _round_up(len(tokenizer), 64)
-    if vocab_size < len(tokenizer):
-        raise ValueError(f"vocab_size {vocab_size} is smaller than the tokenizer ({len(tokenizer)})")
-    torch_dtype = _resolve_dtype(dtype)
-
-    config_cls = {
-        "llama": transformers.LlamaConfig,
-        "qwen2": transformers.Qwen2Config,
-        "qwen3": transformers.Qwen3Config,
-    }[arch]
-    config = config_cls(
-        vocab_size=vocab_size,
-        hidden_size=hidden_size,
-        num_hidden_layers=num_layers,
-        num_attention_heads=num_heads,
-        num_key_value_heads=num_kv_heads,
-        head_dim=head_dim,
-        intermediate_size=intermediate_size,
-        max_position_embeddings=max_position_embeddings,
-        tie_word_embeddings=tie_word_embeddings,
-        initializer_range=initializer_range,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
+    config = _make_config(
+        arch, tokenizer, hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads,
+        num_kv_heads=num_kv_heads, head_dim=head_dim, intermediate_size=intermediate_size,
+        vocab_size=vocab_size, tie_word_embeddings=tie_word_embeddings,
+        max_position_embeddings=max_position_embeddings, initializer_range=initializer_range,
+        rope_theta=rope_theta, rope_scaling=rope_scaling, rms_norm_eps=rms_norm_eps,
     )
+    torch_dtype = _resolve_dtype(dtype)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype)
@@ -115,4 +107,83 @@ def build_tiny_model(
             transformers.utils.logging.enable_progress_bar()
     tokenizer.save_pretrained(str(save_dir))
     return str(save_dir)
+
+
+def model_config(arch: str = "llama", **kwargs: Any):
+    """The transformers config ``build_tiny_model(dir, arch, **kwargs)`` would save; nothing is built.
+
+    For inspecting a model without its weights, e.g. counting parameters of
+    ``AutoModelForCausalLM.from_config(model_config(...))`` on the meta device.
+    """
+    bound = inspect.signature(build_tiny_model).bind("<dir>", arch, **kwargs)
+    bound.apply_defaults()
+    args = dict(bound.arguments)
+    for name in ("save_dir", "seed", "dtype"):
+        args.pop(name)
+    return _make_config(args.pop("arch"), build_tiny_tokenizer(), **args)
+
+
+def _rope_parameters(rope_theta: float | None, rope_scaling: dict[str, Any] | None) -> dict[str, Any] | None:
+    """transformers' ``rope_parameters`` for the arguments; None leaves the config's default."""
+    if rope_theta is None and rope_scaling is None:
+        return None
+    params: dict[str, Any] = {"rope_type": "default", "rope_theta": 10000.0 if rope_theta is None else rope_theta}
+    params.update(rope_scaling or {})
+    return params
+
+
+def _make_config(
+    arch: str,
+    tokenizer: Any,
+    *,
+    hidden_size: int,
+    num_layers: int,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    intermediate_size: int,
+    vocab_size: int | None,
+    tie_word_embeddings: bool,
+    max_position_embeddings: int,
+    initializer_range: float,
+    rope_theta: float | None = None,
+    rope_scaling: dict[str, Any] | None = None,
+    rms_norm_eps: float | None = None,
+):
+    """Validate the shape and make the transformers config (arguments left None are not passed)."""
+    import transformers
+
+    if arch not in ARCHS:
+        raise ValueError(f"unknown arch {arch!r}; expected one of {ARCHS}")
+    if head_dim < 32:
+        raise ValueError(f"head_dim must be >= 32 (vLLM needs it), got {head_dim}")
+    if num_heads % num_kv_heads:
+        raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
+    if vocab_size is None:
+        vocab_size = _round_up(len(tokenizer), 64)
+    if vocab_size < len(tokenizer):
+        raise ValueError(f"vocab_size {vocab_size} is smaller than the tokenizer ({len(tokenizer)})")
+
+    optional = {"rope_parameters": _rope_parameters(rope_theta, rope_scaling), "rms_norm_eps": rms_norm_eps}
+    config_cls = {
+        "llama": transformers.LlamaConfig,
+        "qwen2": transformers.Qwen2Config,
+        "qwen3": transformers.Qwen3Config,
+    }[arch]
+    return config_cls(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        head_dim=head_dim,
+        intermediate_size=intermediate_size,
+        max_position_embeddings=max_position_embeddings,
+        tie_word_embeddings=tie_word_embeddings,
+        initializer_range=initializer_range,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        **{name: value for name, value in optional.items() if value is not None},
+    )
 

@@ -1,11 +1,14 @@
-"""Model names rlcore can build locally, without any download (``tiny-llama``, ...), and their resolution."""
+"""Model names rlcore builds locally, without any download (``tiny-llama``, ``qwen2.5-0.5b``, ...)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-#: Built on first use into the local cache (see :func:`rlcore.models.cache.tiny_model_path`).
+from rlcore.models.presets import PRESETS
+
+#: Built on first use into the local cache (see :func:`rlcore.models.cache.tiny_model_path`):
+#: the tiny models, then the real-size presets of :mod:`rlcore.models.presets`.
 BUILTIN_MODELS: dict[str, dict[str, Any]] = {
     "tiny-llama": dict(arch="llama", hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
                        head_dim=32, intermediate_size=256),
@@ -13,6 +16,7 @@ BUILTIN_MODELS: dict[str, dict[str, Any]] = {
                        head_dim=32, intermediate_size=256),
     "tiny-qwen3": dict(arch="qwen3", hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
                        head_dim=32, intermediate_size=256),
+    **PRESETS,
 }
 
 

@@ -11,7 +11,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from rlcore.models.build import BUILD_VERSION, build_tiny_model
+from rlcore.models.build import BUILD_VERSION, LATER_ARGUMENTS, build_tiny_model
 
 _BUILD_SIGNATURE = inspect.signature(build_tiny_model)
 
@@ -37,7 +37,9 @@ def tiny_model_path(cache_root: str | os.PathLike | None = None, **kwargs: Any) 
     # Normalise through the signature so that defaults given explicitly hash the same.
     bound = _BUILD_SIGNATURE.bind("<dir>", **kwargs)
     bound.apply_defaults()
-    key = {name: str(value) for name, value in bound.arguments.items() if name != "save_dir"}
+    # Arguments added later are left out at their default (None), so older cached models keep their key.
+    key = {name: str(value) for name, value in bound.arguments.items()
+           if name != "save_dir" and not (name in LATER_ARGUMENTS and value is None)}
     key["dtype"] = key["dtype"].removeprefix("torch.")
     key["_transformers"] = transformers.__version__
     key["_build"] = str(BUILD_VERSION)

@@ -87,7 +87,12 @@ def _top_k(value: Any) -> Any:
     return None if isinstance(value, int) and not isinstance(value, bool) and value <= 0 else value
 
 
-TRANSFORMS: dict[str, Callable[[Any], Any]] = {"top_k": _top_k}
+def _false_is_automatic(value: Any) -> Any:
+    """NeMo-RL's ``force_on_policy_ratio: false`` → rlcore's null (skip the prev pass exactly when redundant)."""
+    return None if value is False else value
+
+
+TRANSFORMS: dict[str, Callable[[Any], Any]] = {"top_k": _top_k, "false_is_automatic": _false_is_automatic}
 
 
 class _Walker:

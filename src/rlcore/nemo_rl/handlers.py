@@ -116,6 +116,8 @@ def optimizer(nemo: dict[str, Any], out: Conversion) -> None:
         why = ("the megatron backend uses megatron_cfg.optimizer" if _backend(nemo) == "megatron"
                else "null: rlcore's default optimizer (torch.optim.AdamW) is used")
         out.ignored.append(("policy.optimizer", why))
+    elif isinstance(opt, dict) and _backend(nemo) == "megatron":
+        out.ignored.append(("policy.optimizer", "the megatron backend uses megatron_cfg.optimizer (as in NeMo-RL)"))
     elif isinstance(opt, dict):
         for key, value in opt.items():
             if key in ("name", "kwargs"):
@@ -134,6 +136,10 @@ def optimizer(nemo: dict[str, Any], out: Conversion) -> None:
 def scheduler(nemo: dict[str, Any], out: Conversion) -> None:
     sched = get(nemo, "policy.scheduler", _MISSING)
     if sched is _MISSING:
+        return
+    if _backend(nemo) == "megatron":
+        if sched is not None:
+            out.ignored.append(("policy.scheduler", "the megatron backend uses megatron_cfg.scheduler (as in NeMo-RL)"))
         return
     if sched is None:
         _set(out, "policy.scheduler", None, "policy.scheduler")

@@ -124,10 +124,10 @@ RULES: tuple[Rule, ...] = (
     # -- policy: optimizer and schedulers ---------------------------------------------------------
     _c(P + "optimizer", "optimizer", P + "optimizer",
        "name and kwargs as is (kwargs checked against the class); kwargs.lr also becomes policy.learning_rate; "
-       "null (NeMo-RL's megatron configs) = rlcore's default, unused by megatron"),
+       "null = rlcore's default; with megatron ignored (megatron_cfg.optimizer applies, as in NeMo-RL)"),
     _c(P + "scheduler", "scheduler", P + "scheduler",
        "the list as is; a '- milestones: [...]' entry becomes {name: milestones, milestones: [...]}; null = "
-       "constant learning rate"),
+       "constant learning rate; with megatron ignored (megatron_cfg.scheduler applies, as in NeMo-RL)"),
     # -- policy: dynamic batching and packing -------------------------------------------------------
     _m(P + "dynamic_batching.enabled"),
     _m(P + "dynamic_batching.train_mb_tokens"),
@@ -259,7 +259,10 @@ RULES: tuple[Rule, ...] = (
     *(_m("loss_fn." + k, "loss." + k) for k in (
         "reference_policy_kl_penalty", "reference_policy_kl_type", "kl_input_clamp_value", "kl_output_clamp_value",
         "ratio_clip_min", "ratio_clip_max", "ratio_clip_c", "use_on_policy_kl_approximation", "token_level_loss",
-        "sequence_level_importance_ratios", "disable_ppo_ratio", "force_on_policy_ratio")),
+        "sequence_level_importance_ratios", "disable_ppo_ratio")),
+    _m("loss_fn.force_on_policy_ratio", "loss.force_on_policy_ratio", transform="false_is_automatic",
+       note="false = null (automatic): NeMo-RL's false runs the prev-logprob pass, which only repeats the "
+       "current logprobs when the rollout is trained in one optimizer step; rlcore skips it exactly then"),
     _c("loss_fn.use_importance_sampling_correction", "importance_sampling", "loss.use_importance_sampling_correction",
        "as is; while false the truncated_importance_sampling_* keys do nothing and are ignored"),
     *(_c("loss_fn." + k, "importance_sampling", "loss." + k,

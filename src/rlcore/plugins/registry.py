@@ -213,6 +213,28 @@ def set_registry(registry: Registry | None) -> None:
     _REGISTRY = registry
 
 
+def own_section(spec: BackendSpec, owner: Any) -> Any:
+    """The backend's own ``<name>_cfg`` section of ``owner`` (a policy or generation config), validated
+    with its ``config_class``: the object workers get as ``backend_config`` (None without a config class).
+
+    Raises ConfigError (dotted path, one line per problem) for an invalid section.
+    """
+    from rlcore.config import ConfigError, validate_section
+
+    model = spec.load_config_class()
+    if model is None:
+        return None
+    key = f"{spec.name}_cfg"
+    if isinstance(getattr(owner, key, None), model):
+        return getattr(owner, key)  # a section the core schema declares (dtensor_cfg): validated already
+    path = "policy" if hasattr(owner, "training_backend") else "policy.generation"
+    section = (getattr(owner, "backend_sections", None) or {}).get(key, {})
+    validated, problems = validate_section(model, section, f"{path}.{key}")
+    if validated is None:
+        raise ConfigError(problems)
+    return validated
+
+
 def validate_backend_sections(cfg: Any, registry: Registry | None = None) -> list[str]:
     """Check the backends a config selects, and their own config sections.
 

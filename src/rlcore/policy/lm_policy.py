@@ -22,6 +22,7 @@ from rlcore.distributed import (
 from rlcore.interfaces import ColocatablePolicyInterface, GenerationInterface
 from rlcore.models.builtin import resolve_builtin_policy
 from rlcore.plugins import BackendError, get_registry
+from rlcore.plugins.registry import own_section
 from rlcore.preflight import check_policy_sources
 
 PathLike = Union[str, "os.PathLike[str]"]
@@ -48,6 +49,7 @@ class Policy(WorkerGroupOwner, ColocatablePolicyInterface, GenerationInterface):
         self.spec = get_registry().resolve(config.training_backend, kind="training")
         if problems := check_policy_sources(config, weights_path):
             raise ConfigError(problems)  # a missing or damaged model fails here, before any worker starts
+        backend_config = own_section(self.spec, config)
         tp, cp, pp = config.parallel_sizes()
         if workers_per_node is not None:
             wanted = sum(workers_per_node) if isinstance(workers_per_node, list) \
@@ -71,6 +73,7 @@ class Policy(WorkerGroupOwner, ColocatablePolicyInterface, GenerationInterface):
                 optimizer_path=str(optimizer_path) if optimizer_path else None,
                 init_optimizer=init_optimizer,
                 init_reference_model=init_reference_model,
+                backend_config=backend_config,
             ),
         )
         # Constructing actors is asynchronous: wait so that a worker that cannot start fails here.

@@ -4,8 +4,8 @@ Per step: build the prompts (the task's text through ``policy.tokenizer.chat_tem
 refit the generation backend if its weights are stale; generate a group of
 completions per prompt, cut to ``policy.max_total_sequence_length``; score them; compute group-relative
 advantages; compute ``prev_logprobs`` (and reference logprobs when the loss
-has a KL term) with the policy; train with ``ClippedPGLossFn``; mark the
-generation weights stale. The pieces it runs on (policy, generation backend,
+has a KL term) with the policy, unless :func:`skips_prev_logprob_pass`; train
+with ``ClippedPGLossFn``; mark the generation weights stale. The pieces it runs on (policy, generation backend,
 synchronizer) are started by :func:`rlcore.run.build.build_run`.
 """
 
@@ -82,6 +82,42 @@ def training_batch(rollout: Any, prompt_lengths: Any, advantages: Any) -> Any:
     )
 
 
+def rollout_trained_in_one_step(cfg: Any) -> bool:
+    """Whether each step's rollout is exactly one global batch, i.e. one optimizer step."""
+    g = cfg.grpo
+    return g.num_prompts_per_step * g.num_generations_per_prompt == cfg.policy.train_global_batch_size
+
+
+def skips_prev_logprob_pass(cfg: Any) -> bool:
+    """Whether the loss uses the current logprobs as ``prev_logprobs`` instead of a separate pass.
+
+    ``loss.force_on_policy_ratio`` null (automatic) means: when the rollout is trained in one
+    optimizer step. Then every micro-batch's forward runs on the parameters that sampled the
+    rollout (gradients accumulate, nothing is updated before the step), so the separate pass
+    would compute the same logprobs again. true / false decide it outright.
+    """
+    forced = cfg.loss.force_on_policy_ratio
+    return rollout_trained_in_one_step(cfg) if forced is None else forced
+
+
+def resolved_loss_config(cfg: Any) -> Any:
+    """A copy of ``cfg.loss`` with ``force_on_policy_ratio`` resolved to true / false (``cfg`` is not changed)."""
+    return cfg.loss.model_copy(update={"force_on_policy_ratio": skips_prev_logprob_pass(cfg)})
+
+
+def add_logprob_inputs(cfg: Any, policy: Any, data: Any, prev_pass: bool) -> None:
+    """Add the loss's policy-computed inputs to ``data``: ``prev_logprobs`` (when ``prev_pass``) and
+    ``reference_policy_logprobs`` (when the loss has a KL term). Nothing to compute: no lp-inference switch."""
+    needs_reference = cfg.loss.reference_policy_kl_penalty > 0
+    if not (prev_pass or needs_reference):
+        return
+    policy.prepare_for_lp_inference()
+    if prev_pass:
+        data["prev_logprobs"] = policy.get_logprobs(data)["logprobs"]
+    if needs_reference:
+        data["reference_policy_logprobs"] = policy.get_reference_policy_logprobs(data)["reference_logprobs"]
+
+
 def grpo_step(step: int, cfg: Any, policy: Any, generation: Any, synchronizer: Any, task: Task,
               tokenizer: Any, loss_fn: Any) -> dict[str, float]:
     """One GRPO step; returns its metrics."""
@@ -113,12 +149,9 @@ def grpo_step(step: int, cfg: Any, policy: Any, generation: Any, synchronizer: A
     rewards = torch.tensor(task.reward([p for p in prompts for _ in range(group)], completions, **task.kwargs),
                            dtype=torch.float32)
     data = training_batch(rollout, prompt_lengths, group_advantages(rewards, group, cfg.grpo.advantage_estimator))
+    prev_pass = not skips_prev_logprob_pass(cfg)  # skipped: the loss uses the current logprobs themselves
     with timer.phase("logprob"):
-        policy.prepare_for_lp_inference()
-        if not cfg.loss.force_on_policy_ratio:  # else the loss uses the current logprobs themselves
-            data["prev_logprobs"] = policy.get_logprobs(data)["logprobs"]
-        if cfg.loss.reference_policy_kl_penalty > 0:
-            data["reference_policy_logprobs"] = policy.get_reference_policy_logprobs(data)["reference_logprobs"]
+        add_logprob_inputs(cfg, policy, data, prev_pass)
     with timer.phase("train"):
         policy.prepare_for_training()
         result = policy.train(data, loss_fn)
@@ -133,7 +166,10 @@ def grpo_step(step: int, cfg: Any, policy: Any, generation: Any, synchronizer: A
         "loss": float(result["loss"].mean()),
         "grad_norm": float(result["grad_norm"].mean()),
         "kl_penalty": float(result["metrics"].get("kl_penalty", 0.0)),
+        # generation vs prev logprobs; without the pass prev = the current logprobs of the parameters
+        # that sampled the rollout, so it is the same engine-vs-policy check
         "token_mult_prob_error": float(result["metrics"].get("token_mult_prob_error", float("nan"))),
+        "prev_logprobs_pass": float(prev_pass),
         "mean_generation_length": generated / rewards.numel(),
         "tokens_per_s": generated / max(timer.seconds.get("time/generation_s", 0.0), 1e-9),
         "time/step_s": step_s,
@@ -148,7 +184,7 @@ def grpo_train(run: Run, on_step: Callable[[int, dict[str, float]], None]) -> No
 
     cfg = run.cfg
     task = Task.from_config(cfg.task)
-    loss_fn = ClippedPGLossFn(cfg.loss)
+    loss_fn = ClippedPGLossFn(resolved_loss_config(cfg))
     for step in range(run.start_step, cfg.grpo.max_num_steps):
         metrics = grpo_step(step, cfg, run.policy, run.generation, run.synchronizer, task, run.tokenizer, loss_fn)
         on_step(step, metrics)

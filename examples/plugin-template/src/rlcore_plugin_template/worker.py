@@ -34,7 +34,8 @@ from rlcore_plugin_template.config import TemplateConfig
 class TemplateWorker(TrainingWorkerBase):
     def __init__(self, config: Any, tokenizer: Any = None, weights_path: str | None = None,
                  optimizer_path: str | None = None, init_optimizer: bool = True,
-                 init_reference_model: bool = True, **_: Any) -> None:
+                 init_reference_model: bool = True, backend_config: TemplateConfig | None = None,
+                 **_: Any) -> None:
         from transformers import AutoModelForCausalLM
 
         cuda = torch.cuda.is_available()
@@ -43,8 +44,8 @@ class TemplateWorker(TrainingWorkerBase):
         self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
         self.dp_size = dist.get_world_size()
         self.cfg, self.tokenizer = config, tokenizer
-        # Our own section, policy.template_cfg (rlcore collects *_cfg sections into backend_sections).
-        self.own = TemplateConfig.model_validate(config.backend_sections.get("template_cfg", {}))
+        # Our own section, policy.template_cfg, validated with our config class by Policy (defaults when absent).
+        self.own = backend_config if backend_config is not None else TemplateConfig()
 
         self.model = AutoModelForCausalLM.from_pretrained(
             weights_path or config.model_name, dtype=getattr(torch, config.precision)).to(self.device)

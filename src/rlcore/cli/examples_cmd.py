@@ -1,0 +1,49 @@
+"""``rlcore examples``: the example configs shipped with rlcore, to list and copy."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+examples_app = typer.Typer(help="The example configs shipped with rlcore.", no_args_is_help=True)
+
+
+@examples_app.command("list")
+def list_examples() -> None:
+    """Each example's name and what it shows; run one with `rlcore run NAME`."""
+    from rlcore.examples import DEFAULT_EXAMPLE, example_names, example_summary
+
+    names = example_names()
+    width = max(len(n) for n in names)
+    for name in names:
+        default = "  (what `rlcore run` runs without a config)" if name == DEFAULT_EXAMPLE else ""
+        typer.echo(f"{name.ljust(width)}  {example_summary(name)}{default}")
+
+
+@examples_app.command("copy")
+def copy_example(
+    name: str = typer.Argument(..., help="An example name from `rlcore examples list`."),
+    dest: Optional[Path] = typer.Argument(None, help="File or directory to write (default: ./NAME.yaml)."),
+    force: bool = typer.Option(False, "--force", help="Overwrite an existing file."),
+) -> None:
+    """Write an example config to edit; never overwrites without --force."""
+    from rlcore.examples import example_path
+
+    try:
+        source = example_path(name)
+    except KeyError as exc:
+        typer.echo(f"error: {exc.args[0]}", err=True)
+        raise typer.Exit(1) from None
+    target = dest or Path(source.name)
+    if target.is_dir():
+        target = target / source.name
+    if target.exists() and not force:
+        typer.echo(f"error: {target} exists; give --force to overwrite it", err=True)
+        raise typer.Exit(1)
+    target.write_text(source.read_text())
+    typer.echo(f"wrote {target}; run it with: rlcore run {target}")
+
+
+__all__ = ["examples_app"]
