@@ -160,7 +160,7 @@ def test_validate_and_show_from_nemo_rl_on_the_command_line():
 def test_the_mapping_doc_is_generated_from_the_table():
     doc = REPO / "docs" / "nemo-rl-mapping.md"
     assert doc.read_text() == mapping_markdown(), (
-        "docs/nemo-rl-mapping.md is stale: rlcore config nemo-rl-table --write docs/nemo-rl-mapping.md")
+        "docs/nemo-rl-mapping.md is stale: rlcore config nemo-rl-table --write")
     result = runner.invoke(app, ["config", "nemo-rl-table"])
     assert result.exit_code == 0 and result.stdout == mapping_markdown()
 

@@ -111,38 +111,39 @@ def convert(
                f"{len(ignored)} NeMo-RL keys ignored)")
 
 
+def _print_or_write(text: str, write: bool, target: str, command: str) -> None:
+    """A generated doc page: printed, or (``--write``) written to its place in the repository."""
+    if not write:
+        typer.echo(text, nl=False)
+        return
+    path = Path(target)
+    if not path.parent.is_dir():
+        _fail([f"{command} --write: no {path.parent}/ directory here; run it from the repository root"])
+    path.write_text(text, encoding="utf-8")
+    typer.echo(f"wrote {path}")
+
+
+_WRITE_HELP = "Write {} (run from the repository root) instead of printing."
+
+
 @config_app.command("nemo-rl-table")
 def nemo_rl_table(
-    write: Annotated[Optional[Path], typer.Option("--write", help="Write the Markdown here instead of stdout.")] = None,
+    write: Annotated[bool, typer.Option("--write", help=_WRITE_HELP.format("docs/nemo-rl-mapping.md"))] = False,
 ) -> None:
     """The NeMo-RL → rlcore mapping table (docs/nemo-rl-mapping.md is this output)."""
-    from rlcore.nemo_rl.doc import mapping_markdown
+    from rlcore.nemo_rl.doc import OUTPUT_PATH, mapping_markdown
 
-    text = mapping_markdown()
-    if write is None:
-        typer.echo(text, nl=False)
-    else:
-        write.write_text(text, encoding="utf-8")
-        typer.echo(f"wrote {write}")
+    _print_or_write(mapping_markdown(), write, OUTPUT_PATH, "nemo-rl-table")
 
 
 @config_app.command()
 def reference(
-    write: Annotated[bool, typer.Option(
-        "--write", help="Write docs/config-reference.md (run from the repository root) instead of printing.")] = False,
+    write: Annotated[bool, typer.Option("--write", help=_WRITE_HELP.format("docs/config-reference.md"))] = False,
 ) -> None:
     """Every config key with its type, default and readers (docs/config-reference.md is this output)."""
     from rlcore.config.reference import OUTPUT_PATH, reference_markdown
 
-    text = reference_markdown()
-    if not write:
-        typer.echo(text, nl=False)
-        return
-    target = Path(OUTPUT_PATH)
-    if not target.parent.is_dir():
-        _fail([f"reference --write: no {target.parent}/ directory here; run it from the repository root"])
-    target.write_text(text, encoding="utf-8")
-    typer.echo(f"wrote {target}")
+    _print_or_write(reference_markdown(), write, OUTPUT_PATH, "reference")
 
 
 @config_app.command()
