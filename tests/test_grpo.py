@@ -91,6 +91,10 @@ def test_short_run_writes_metrics_and_resumes_from_its_checkpoint(ray_session, t
                 "tokens_per_s", "time/generation_s", "time/logprob_s", "time/train_s", "time/step_s"):
         assert key in rows[0], key
     assert all(abs(r["token_mult_prob_error"] - 1.0) < 1e-3 for r in rows), rows  # engine == trainer
+    # peak RSS per role: a worker holds torch + the model (> 100 MiB) in well under this machine's memory
+    for role in ("train", "generation"):
+        peaks = [r[f"memory/{role}_peak_rss_gib"] for r in rows]
+        assert 0.1 < peaks[0] <= peaks[1] < 24, (role, peaks)  # a peak so far never goes down
     assert (tmp_path / "reward_curve.png").stat().st_size > 1000
     step, ckpt = latest_step(tmp_path / "checkpoints")
     assert step == 1

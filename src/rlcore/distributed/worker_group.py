@@ -236,6 +236,12 @@ class RayWorkerGroup:
 
         return ray.get([w.pid.remote() for w in self.workers])
 
+    def peak_memory(self) -> list[dict[str, int]]:
+        """Each rank's :meth:`WorkerHost.peak_memory`, in rank order."""
+        import ray
+
+        return ray.get([w.peak_memory.remote() for w in self.workers])
+
     def shutdown(self, grace_s: float | None = None) -> None:
         """Ask every worker to shut down, wait up to ``grace_s`` seconds (default
         :data:`SHUTDOWN_GRACE_S`), then kill them all.

@@ -37,6 +37,16 @@ class WorkerHost:
     def pid(self) -> int:
         return os.getpid()
 
+    def peak_memory(self) -> dict[str, int]:
+        """Bytes: this process's peak resident memory so far, and its GPU's peak allocation if it uses one."""
+        import resource
+
+        peak = {"rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}  # Linux reports KiB
+        torch = sys.modules.get("torch")
+        if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+            peak["device"] = torch.cuda.max_memory_allocated()
+        return peak
+
     def shutdown(self) -> None:
         """Let the worker release what it holds (process groups, engines, refit buffers) before it is killed."""
         try:

@@ -118,6 +118,21 @@ def add_logprob_inputs(cfg: Any, policy: Any, data: Any, prev_pass: bool) -> Non
         data["reference_policy_logprobs"] = policy.get_reference_policy_logprobs(data)["reference_logprobs"]
 
 
+def peak_memory_metrics(policy: Any, generation: Any) -> dict[str, float]:
+    """Peak resident memory so far (GiB, the largest rank) of the training workers and, when they are
+    other processes, the generation engines; plus GPU peaks where the workers use a GPU."""
+    metrics: dict[str, float] = {}
+    for role, owner in (("train", policy), ("generation", generation)):
+        group = getattr(owner, "worker_group", None)
+        if group is None or (role == "generation" and owner is policy):
+            continue
+        peaks = group.peak_memory()
+        metrics[f"memory/{role}_peak_rss_gib"] = max(p["rss"] for p in peaks) / 2**30
+        if any("device" in p for p in peaks):
+            metrics[f"memory/{role}_peak_device_gib"] = max(p.get("device", 0) for p in peaks) / 2**30
+    return metrics
+
+
 def grpo_step(step: int, cfg: Any, policy: Any, generation: Any, synchronizer: Any, task: Task,
               tokenizer: Any, loss_fn: Any) -> dict[str, float]:
     """One GRPO step; returns its metrics."""
@@ -174,6 +189,7 @@ def grpo_step(step: int, cfg: Any, policy: Any, generation: Any, synchronizer: A
         "tokens_per_s": generated / max(timer.seconds.get("time/generation_s", 0.0), 1e-9),
         "time/step_s": step_s,
         **timer.seconds,
+        **peak_memory_metrics(policy, generation),
     }
     return metrics
 
