@@ -217,6 +217,8 @@ class DTensorPolicyWorker(RefitExportMixin, TrainingWorkerBase):
             for key, value in per_param.items():
                 if isinstance(value, torch.Tensor) and key != "step":
                     per_param[key] = value.to(device, non_blocking=True)
+        if device.type == "cpu" and torch.cuda.is_available():
+            torch.cuda.synchronize()  # asynchronous copies to the host: complete before anyone reads them
 
     def move_to_device(self, model: nn.Module, device: str | torch.device) -> nn.Module:
         """Move parameters (shards) and buffers; FSDP2 re-registers its shards after ``.to``."""

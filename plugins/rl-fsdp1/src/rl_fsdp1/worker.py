@@ -381,3 +381,5 @@ def _move_module(model: torch.nn.Module, device: torch.device) -> None:
             for name, buffer in module._buffers.items():
                 if buffer is not None and buffer.device != device:
                     module._buffers[name] = buffer.to(device, non_blocking=True)
+    if device.type == "cpu" and torch.cuda.is_available():
+        torch.cuda.synchronize()  # asynchronous copies to the host: complete before anyone reads them
