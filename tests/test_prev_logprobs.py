@@ -38,6 +38,17 @@ def test_the_pass_is_skipped_exactly_when_the_rollout_is_one_optimizer_step(over
     assert ClippedPGLossFn(resolved).cfg.force_on_policy_ratio is skips
 
 
+def test_a_model_with_dropout_keeps_the_pass(tmp_path):
+    """Training forwards run in train mode, the logprob pass in eval mode: with dropout they differ."""
+    import json
+
+    for dropout, skips in ((0.1, False), (0.0, True)):
+        (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "attention_dropout": dropout}))
+        assert skips_prev_logprob_pass(load_config(TINY, [f"policy.model_name={tmp_path}"])) is skips
+    assert skips_prev_logprob_pass(load_config(TINY, [f"policy.model_name={tmp_path}",
+                                                      "loss.force_on_policy_ratio=true"]))  # forced: user's call
+
+
 def test_resolving_leaves_the_users_config_alone():
     cfg = load_config(TINY)
     assert cfg.loss.force_on_policy_ratio is None  # the default: automatic

@@ -118,7 +118,8 @@ class ClippedPGLossConfig(BaseModel):
         description="Use the current logprobs (detached) as prev_logprobs: the ratio is exactly 1 and its "
         "gradient the on-policy one, and the GRPO loop skips its prev-logprob pass. Exact when every rollout "
         "is trained in one optimizer step (all micro-batches see the parameters that sampled it). "
-        "null: automatic, on exactly then; true: required (an error otherwise); false: always run the pass. "
+        "null: automatic, on exactly then (and the model has no dropout); true: required (an error "
+        "otherwise); false: always run the pass. "
         "The loss itself reads null as false.",
     )
 

@@ -88,16 +88,30 @@ def rollout_trained_in_one_step(cfg: Any) -> bool:
     return g.num_prompts_per_step * g.num_generations_per_prompt == cfg.policy.train_global_batch_size
 
 
+def model_dropout(model_dir: str) -> dict[str, float]:
+    """The dropout probabilities above 0 in a Hugging Face ``config.json`` (``attention_dropout``, ...)."""
+    import json
+    from pathlib import Path
+
+    path = Path(model_dir) / "config.json"
+    config = json.loads(path.read_text()) if path.is_file() else {}
+    return {key: value for key, value in config.items()
+            if ("dropout" in key or "pdrop" in key) and isinstance(value, (int, float)) and value > 0}
+
+
 def skips_prev_logprob_pass(cfg: Any) -> bool:
     """Whether the loss uses the current logprobs as ``prev_logprobs`` instead of a separate pass.
 
     ``loss.force_on_policy_ratio`` null (automatic) means: when the rollout is trained in one
     optimizer step. Then every micro-batch's forward runs on the parameters that sampled the
     rollout (gradients accumulate, nothing is updated before the step), so the separate pass
-    would compute the same logprobs again. true / false decide it outright.
+    would compute the same logprobs again — unless the model has dropout: the training forward
+    runs in train mode, the logprob pass in eval mode. true / false decide it outright.
     """
     forced = cfg.loss.force_on_policy_ratio
-    return rollout_trained_in_one_step(cfg) if forced is None else forced
+    if forced is not None:
+        return forced
+    return rollout_trained_in_one_step(cfg) and not model_dropout(cfg.policy.model_name)
 
 
 def resolved_loss_config(cfg: Any) -> Any:
