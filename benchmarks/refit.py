@@ -149,7 +149,7 @@ class Refits:
         cfg = load_config_dict({"cluster": {"workers_per_node": 1}, "policy": {
             "backend": backend, "model_name": model_dir, "precision": "float32",
             "train_global_batch_size": 1, "max_total_sequence_length": 128,
-            "optimizer": {"name": "torch.optim.SGD", "kwargs": {"lr": 1e-3}},
+            **({} if backend == "megatron" else {"optimizer": {"name": "torch.optim.SGD", "kwargs": {"lr": 1e-3}}}),
             "generation": {"backend": "vllm", "max_new_tokens": 8, "pad_token_id": tokenizer.pad_token_id,
                            "vllm_cfg": {"kv_cache_space_gb": KV_CACHE_GB, "max_model_len": 128}},
         }}).policy

@@ -466,3 +466,20 @@ def test_cli_schema(runner):
     result = runner.invoke(config_app, ["schema"])
     assert result.exit_code == 0
     assert "policy" in json.loads(result.stdout)["properties"]
+
+
+def test_torch_optimizer_settings_are_refused_for_megatron_which_never_reads_them(tmp_path):
+    from rlcore.config import dump_config
+
+    ok = load_config("examples/grpo_megatron.yaml")  # no policy.optimizer: AdamW at learning_rate, unused
+    again = tmp_path / "shown.yaml"
+    again.write_text(dump_config(ok))  # what `rlcore config show` writes loads back
+    assert load_config(again) == ok
+    for override, path in (("policy.optimizer.name=torch.optim.SGD", "policy.optimizer"),
+                           ("policy.optimizer.kwargs.lr=0.5", "policy.optimizer"),
+                           ("policy.scheduler=[{name: torch.optim.lr_scheduler.ConstantLR}]", "policy.scheduler")):
+        with pytest.raises(ConfigError) as info:
+            load_config("examples/grpo_megatron.yaml", [override])
+        assert [p.split(":")[0] for p in info.value.problems] == [path], info.value.problems
+        assert "megatron_cfg" in info.value.problems[0]
+    load_config("examples/grpo_tiny.yaml", ["policy.optimizer.name=torch.optim.SGD"])  # dtensor reads it

@@ -25,6 +25,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
 class TestMegatronBackend(TrainingBackendConformance):
     backend_name = "megatron"
+    reads_policy_optimizer = False  # megatron_cfg.optimizer is its optimizer: plain SGD below
 
     def policy_overrides(self) -> dict:
         # The kit's oracle is plain SGD; the megatron backend takes its optimizer from megatron_cfg.

@@ -181,6 +181,25 @@ def fsdp1_flags_need_fsdp1(cfg: "RLCoreConfig") -> Iterator[str]:
 
 
 @rule
+def torch_optimizer_is_not_megatrons(cfg: "RLCoreConfig") -> Iterator[str]:
+    """policy.optimizer / policy.scheduler build torch objects in dtensor and fsdp1; megatron never reads them.
+
+    The optimizer is compared with what the loader makes of an absent one (AdamW at policy.learning_rate),
+    so a config written by ``rlcore config show`` still loads.
+    """
+    p = cfg.policy
+    if p.training_backend != "megatron":
+        return
+    default = type(p.optimizer)()
+    if p.optimizer.name != default.name or p.optimizer.kwargs != {"lr": p.learning_rate}:
+        yield ("policy.optimizer: is set, but the megatron backend builds megatron-core's optimizer from "
+               "policy.megatron_cfg.optimizer (its lr defaults to policy.learning_rate): remove policy.optimizer")
+    if p.scheduler is not None:
+        yield ("policy.scheduler: is set, but the megatron backend schedules the learning rate by "
+               "policy.megatron_cfg.scheduler: remove policy.scheduler")
+
+
+@rule
 def megatron_sharding_needs_custom_fsdp(cfg: "RLCoreConfig") -> Iterator[str]:
     ddp = cfg.policy.megatron_cfg.distributed_data_parallel_config
     default = type(ddp).model_fields["data_parallel_sharding_strategy"].default

@@ -46,6 +46,10 @@ class TrainingBackendConformance(_BackendChecks):
     #: Looser than ``weight_rtol``: Adam divides by sqrt(v), so gradient round-off shows up larger.
     resume_oracle_rtol: ClassVar[float] = 1e-3
     topk_k: ClassVar[int] = 4
+    #: Whether the backend builds its optimizer from ``policy.optimizer`` (where the kit puts its plain
+    #: SGD). A backend with its own optimizer section (megatron) sets False and gives plain SGD there
+    #: through :meth:`policy_overrides`.
+    reads_policy_optimizer: ClassVar[bool] = True
 
     def policy_overrides(self) -> dict:
         """Extra ``policy`` config for every policy of the kit, e.g. ``{"dtensor_cfg": {...}}``."""

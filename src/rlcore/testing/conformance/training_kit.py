@@ -157,11 +157,12 @@ class _TrainingKit:
             "train_micro_batch_size": 1,
             "logprob_batch_size": 2,
             "learning_rate": lr,
-            "optimizer": {"name": "torch.optim.SGD", "kwargs": {"lr": lr}},
             "max_grad_norm": None,
             "precision": "float32",
             "max_total_sequence_length": 32,
         }
+        if self.cls.reads_policy_optimizer:
+            policy["optimizer"] = {"name": "torch.optim.SGD", "kwargs": {"lr": lr}}
         overrides = self.author.single_rank_policy_overrides() if variant.single_rank \
             else self.author.policy_overrides()
         policy = deep_merge(deep_merge(policy, overrides), variant.policy)
