@@ -78,7 +78,7 @@ def short_run_config(tmp_path, steps: int, **extra: str):
     return load_config("examples/grpo_tiny.yaml", overrides)
 
 
-def test_short_run_writes_metrics_and_resumes_from_its_checkpoint(ray_session, tmp_path):
+def test_short_run_writes_metrics_and_a_checkpoint(ray_session, tmp_path):
     from transformers import AutoModelForCausalLM
 
     from rlcore.run.checkpoints import latest_step
@@ -99,13 +99,11 @@ def test_short_run_writes_metrics_and_resumes_from_its_checkpoint(ray_session, t
     step, ckpt = latest_step(tmp_path / "checkpoints")
     assert step == 1
     AutoModelForCausalLM.from_pretrained(ckpt / "weights")  # the final weights load with HF
-
-    resumed = train(short_run_config(tmp_path, 3), resume=True)
-    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [0, 1, 2] and resumed["steps"] == 3
-    assert latest_step(tmp_path / "checkpoints")[0] == 2
+    # Resuming: tests/test_run_lifecycle.py (the CLI, one metrics row per step), the test below (the state),
+    # and the conformance kit (exact resume of every backend).
 
 
+@pytest.mark.slow  # the kit's checkpoint round trip checks the same state per backend, in make test
 def test_resumed_policy_has_the_checkpointed_weights(ray_session, tmp_path, tiny_tokenizer):
     """The state a checkpoint restores is the state that was saved: same logprobs, same next step."""
     from rlcore.data import BatchedDataDict
@@ -131,11 +129,11 @@ def test_resumed_policy_has_the_checkpointed_weights(ray_session, tmp_path, tiny
         run.shutdown()
 
 
-@pytest.mark.slow
 def test_reward_rises_well_above_random_on_a_fixed_seed(ray_session, tmp_path):
     from rlcore.run.train import train
 
-    summary = train(short_run_config(tmp_path, 30, **{"checkpointing.enabled": "false"}))
+    # 20 of the demo's 30 steps: the mean reward is ~0.8 by then on this seed (0.05 at the start)
+    summary = train(short_run_config(tmp_path, 20, **{"checkpointing.enabled": "false"}))
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     first, last = sum(r["reward_mean"] for r in rows[:3]) / 3, sum(r["reward_mean"] for r in rows[-3:]) / 3
     assert first < 0.15 and last > 0.6, (first, last, summary)
