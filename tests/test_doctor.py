@@ -15,6 +15,7 @@ import pytest
 
 from rlcore.cli.doctor_cmd import render
 from rlcore.doctor import CheckResult, summarize
+from rlcore.distributed.ray_runtime import pid_alive
 from rlcore.doctor import engines, host
 from rlcore.doctor.probe import ImportProbe, last_error_line, probe_import, probe_imports
 from rlcore.doctor.result import STATUSES
@@ -297,7 +298,7 @@ def test_leftover_gatherers_on_this_machine(tmp_path):
     (tmp_path / f"rlray-{DEAD_PID}-abc").mkdir()
     (tmp_path / "rlray-mn-abc").mkdir()
     dirs = host.find_rlray_dirs(str(tmp_path))
-    assert dirs == [str(tmp_path / f"rlray-{DEAD_PID}-abc")] and not host.pid_alive(DEAD_PID)
+    assert dirs == [str(tmp_path / f"rlray-{DEAD_PID}-abc")] and not pid_alive(DEAD_PID)
     segment = shared_memory.SharedMemory(create=True, size=64)
     try:
         assert segment.name in host.find_shm_segments(min_age_s=0)

@@ -115,13 +115,14 @@ def sweep_orphaned_temp_dirs(root: str = _TEMP_ROOT) -> list[str]:
     removed = []
     for path in Path(root).glob("rlray-*-*"):
         match = re.fullmatch(r"rlray-(\d+)-\w+", path.name)
-        if match and not _alive(int(match.group(1))):
+        if match and not pid_alive(int(match.group(1))):
             shutil.rmtree(path, ignore_errors=True)
             removed.append(str(path))
     return removed
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists (somebody else's counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

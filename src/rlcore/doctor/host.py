@@ -221,17 +221,6 @@ def find_rlray_dirs(root: str = "/tmp") -> list[str]:
         return []
 
 
-def pid_alive(pid: int) -> bool:
-    """Whether a process ``pid`` exists (somebody else's counts)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # somebody else's process
-        return True
-    return True
-
-
 def _owned_by(entry: os.DirEntry, uid: int, before: float | None = None) -> bool:
     """Whether ``uid`` owns ``entry`` (and it was last modified before ``before``, when given)."""
     try:

@@ -10,6 +10,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Callable
 
+from rlcore.distributed.ray_runtime import pid_alive
 from rlcore.doctor import engines, host
 from rlcore.doctor.probe import probe_imports
 from rlcore.doctor.result import CheckResult
@@ -74,7 +75,7 @@ def run_checks(timeout_s: float = 120.0) -> list[CheckResult]:
                                         names.count(r.name) > 1)) for r in records),
         ("shm", lambda: host.check_shm("/dev/shm", *host.read_shm("/dev/shm"))),
         ("leftovers", lambda: host.check_leftovers(host.find_shm_segments(), host.find_mapped_shm(),
-                                                   host.find_rlray_dirs(), host.pid_alive)),
+                                                   host.find_rlray_dirs(), pid_alive)),
         ("ports", lambda: host.check_ports(host.try_bind(0), host.ports_in_use())),
     ]
     return [_guarded(name, check) for name, check in checks]
