@@ -178,7 +178,8 @@ def grpo_step(step: int, cfg: Any, policy: Any, generation: Any, synchronizer: A
     rewards = torch.tensor(task.reward([p for p in prompts for _ in range(group)], completions, **task.kwargs),
                            dtype=torch.float32)
     data = training_batch(rollout, prompt_lengths, group_advantages(rewards, group, cfg.grpo.advantage_estimator))
-    prev_pass = not skips_prev_logprob_pass(cfg)  # skipped: the loss uses the current logprobs themselves
+    # decided once, in the loss's config (resolved_loss_config): without the pass it uses the current logprobs
+    prev_pass = not loss_fn.cfg.force_on_policy_ratio
     with timer.phase("logprob"):
         add_logprob_inputs(cfg, policy, data, prev_pass)
     with timer.phase("train"):
