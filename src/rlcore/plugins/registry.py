@@ -243,7 +243,7 @@ def validate_backend_sections(cfg: Any, registry: Registry | None = None) -> lis
     ``policy.generation`` is validated with that backend's own config class;
     a section naming no known backend is reported with the closest name.
     """
-    from rlcore.config import validate_section
+    from rlcore.config import ConfigError
 
     registry = registry or get_registry()
     problems: list[str] = []
@@ -255,7 +255,7 @@ def validate_backend_sections(cfg: Any, registry: Registry | None = None) -> lis
         except BackendError as exc:
             problems.append(f"{name_path}: {exc}")
             spec = None
-        for key, section in (getattr(owner, "backend_sections", None) or {}).items():
+        for key in getattr(owner, "backend_sections", None) or {}:
             backend = key[: -len("_cfg")]
             if backend not in known:
                 close = difflib.get_close_matches(backend, sorted(known), n=1)
@@ -263,11 +263,11 @@ def validate_backend_sections(cfg: Any, registry: Registry | None = None) -> lis
                 problems.append(f"{path}.{key}: no installed backend named '{backend}'{hint}")
             elif spec is not None and backend == spec.name and spec.config_class:
                 try:
-                    model = spec.load_config_class()
+                    own_section(spec, owner)  # what the workers will get, validated the same way
+                except ConfigError as exc:
+                    problems.extend(exc.problems)
                 except Exception as exc:
                     problems.append(f"{path}.{key}: cannot import config class {spec.config_class}: {exc}")
-                    continue
-                problems.extend(validate_section(model, section, f"{path}.{key}")[1])
 
     policy = cfg.policy
     check(policy, "policy", policy.training_backend, "training",
