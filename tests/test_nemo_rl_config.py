@@ -189,8 +189,8 @@ MEGATRON = FIXTURES / "v0.7.0" / "grpo_math_1B_megatron.yaml"
     (MEGATRON, "policy.megatron_cfg.fp8_cfg.enabled=true",
      "policy.megatron_cfg.fp8_cfg.enabled: is true, but rlcore does not support FP8 training"),
     (BASE, "grpo.async_grpo.enabled=true", "grpo.async_grpo.enabled: is true, but rlcore does not support async GRPO"),
-    (BASE, "policy.dtensor_cfg.lora_cfg.enabled=true",
-     "policy.dtensor_cfg.lora_cfg.enabled: is true, but rlcore does not support LoRA"),
+    (MEGATRON, "policy.megatron_cfg.peft.enabled=true",
+     "policy.megatron_cfg.peft.enabled: is true, but rlcore does not support LoRA on the megatron backend"),
     (BASE, "loss_fn.use_cispo=true", "loss_fn.use_cispo: is true, but rlcore does not support CISPO"),
     (BASE, "grpo.adv_estimator.name=reinforce_plus_plus", "grpo.adv_estimator.name: is 'reinforce_plus_plus'"),
     (BASE, "++policy.some_new_feature=3", "policy.some_new_feature: is 3, a NeMo-RL key rlcore's reader does not know"),
@@ -200,6 +200,15 @@ MEGATRON = FIXTURES / "v0.7.0" / "grpo_math_1B_megatron.yaml"
 def test_a_setting_that_would_change_training_is_an_error_naming_the_path(path, override, line):
     (problem,) = nemo_problems(path, override)
     assert problem.startswith(line), problem
+
+
+def test_dtensor_lora_cfg_becomes_policy_lora():
+    cfg = load_nemo_rl_config(BASE, ["policy.dtensor_cfg.lora_cfg.enabled=true", "policy.dtensor_cfg.lora_cfg.dim=16",
+                                     "policy.dtensor_cfg.lora_cfg.target_modules=[q_proj,v_proj]",
+                                     "policy.dtensor_cfg.lora_cfg.match_all_linear=false"]).config
+    lora = cfg.policy.lora
+    assert (lora.enabled, lora.dim, lora.alpha, lora.target_modules, lora.match_all_linear, lora.dropout_position,
+            lora.lora_A_init) == (True, 16, 32, ["q_proj", "v_proj"], False, "post", "xavier")
 
 
 def test_switched_off_features_and_neutral_values_are_ignored_once():
@@ -295,9 +304,9 @@ def test_a_nemo_rl_policy_dict_becomes_a_policy_config():
     nemo = load_nemo_rl_dict(BASE)
     policy = policy_config_from_nemo_rl(nemo["policy"])
     assert policy.training_backend == "dtensor" and policy.sequence_packing.enabled
-    with pytest.raises(ConfigError, match="policy.dtensor_cfg.lora_cfg.enabled: is true"):
-        policy_config_from_nemo_rl({**nemo["policy"], "dtensor_cfg": {**nemo["policy"]["dtensor_cfg"],
-                                                                      "lora_cfg": {"enabled": True}}})
+    with pytest.raises(ConfigError, match="policy.megatron_cfg.peft.enabled: is true"):
+        policy_config_from_nemo_rl({**nemo["policy"], "megatron_cfg": {**nemo["policy"]["megatron_cfg"],
+                                                                       "enabled": True, "peft": {"enabled": True}}})
 
 
 # --- the loader: defaults, interpolation, overrides -------------------------------------------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -16,6 +17,7 @@ from rlcore.algorithms.loss_functions import NLLLoss
 from rlcore.config import load_config_dict
 from rlcore.data import BatchedDataDict
 from rlcore.distributed import ClusterError, NamedSharding, RayVirtualCluster, WorkerError
+from rlcore.distributed.virtual_cluster import _ephemeral_port_floor, _free_port
 from rlcore.plugins import BackendError
 from rlcore.policy import Policy
 from rlcore.testing.models import make_batch
@@ -43,6 +45,23 @@ def test_ports_are_never_handed_out_twice(make_cluster):
     ports = [cluster.get_master_address_and_port()[1] for _ in range(25)]
     assert len(set(ports)) == len(ports)
     assert cluster.get_master_address_and_port()[0] == "127.0.0.1"
+    # Outside the kernel's ephemeral range, where gloo pairs and client sockets get their ports.
+    floor = _ephemeral_port_floor()
+    assert floor <= 20000 or all(20000 <= port < floor for port in ports), ports
+
+
+def test_a_port_someone_listens_on_is_not_handed_out(monkeypatch):
+    import rlcore.distributed.virtual_cluster as vc
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        taken = busy.getsockname()[1]
+        monkeypatch.setattr(vc.random, "sample", lambda population, k: [taken, taken])
+        port = _free_port("127.0.0.1")
+        assert port != taken
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", port))
 
 
 def test_unplaceable_request_fails_with_a_clear_error(ray_session):

@@ -230,6 +230,43 @@ SchedulerEntry = Annotated[
 ]
 
 
+class LoRAConfig(StrictModel):
+    """LoRA adapters on the policy's linear layers (NeMo-RL's ``dtensor_cfg.lora_cfg`` spelling).
+
+    The base weights stay frozen and get no optimizer state; the reference
+    model is the base model with the adapters switched off.
+    """
+
+    enabled: bool = Field(False, description="Train LoRA adapters instead of every weight (needs a training "
+                          "backend declaring the 'lora' capability).")
+    target_modules: list[str] = Field(
+        default_factory=list, description="Linear layers to adapt: a module's own name ('q_proj') or a "
+        "pattern over its dotted path ('*.layers.0.*.q_proj'); used when match_all_linear is false.")
+    exclude_modules: list[str] = Field(default_factory=list, description="Layers never adapted (same patterns).")
+    match_all_linear: bool = Field(True, description="Adapt every linear layer of the decoder blocks (not the "
+                                   "LM head); target_modules is then ignored.")
+    dim: PositiveInt = Field(8, description="LoRA rank r.")
+    alpha: float = Field(32, gt=0, description="Scale numerator: the adapter's output is multiplied by alpha/dim.")
+    dropout: float = Field(0.0, ge=0, lt=1, description="Dropout probability inside the adapter (training only).")
+    dropout_position: Literal["pre", "post"] = Field(
+        "post", description="'pre': dropout on the adapter's input (PEFT's place); 'post': on its output.")
+    lora_A_init: Literal["xavier", "uniform"] = Field(
+        "xavier", description="Initialisation of A ('uniform' = kaiming-uniform, PEFT's default); B starts at 0.")
+    refit: Literal["merged", "adapter"] = Field(
+        "merged", description="How trained adapters reach the generation engine: 'merged' sends W + (alpha/dim) BA "
+        "of the adapted layers (every weight only on the first refit); 'adapter' sends only A and B for the "
+        "engine to apply (needs a generation backend declaring 'lora_adapter').")
+    save_merged: bool = Field(False, description="Checkpoints also hold the merged full weights (a Hugging Face "
+                              "model directory under 'merged/'), beside the PEFT-format adapter.")
+
+    @model_validator(mode="after")
+    def _something_to_adapt(self) -> "LoRAConfig":
+        if self.enabled and not self.match_all_linear and not self.target_modules:
+            raise ValueError("target_modules is empty while match_all_linear is false, so no layer would be "
+                             "adapted: list target_modules (e.g. [q_proj, v_proj]) or set match_all_linear: true")
+        return self
+
+
 class PolicyConfig(SectionsModel):
     """The policy being trained and how.
 
@@ -282,6 +319,7 @@ class PolicyConfig(SectionsModel):
     activation_checkpointing_enabled: bool = Field(
         False, description="fsdp1 backend only: recompute activations in backward (other backends: true is an "
         "error; use dtensor_cfg/megatron_cfg.activation_checkpointing).")
+    lora: LoRAConfig = Field(default_factory=LoRAConfig, description="LoRA adapters (off by default).")
     optimizer: PytorchOptimizerConfig = Field(
         default_factory=PytorchOptimizerConfig, description="torch optimizer (dtensor/fsdp1 backends); its "
         "kwargs are checked against the class's signature at load."

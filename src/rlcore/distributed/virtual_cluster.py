@@ -8,6 +8,7 @@ of a bundle.
 
 from __future__ import annotations
 
+import random
 import socket
 import time
 from dataclasses import dataclass
@@ -35,11 +36,32 @@ def _probe_bundle() -> str:
     return ray.get_runtime_context().get_node_id()
 
 
+def _ephemeral_port_floor() -> int:
+    """The lowest port the kernel hands out for ``bind(0)``/``connect`` (Linux default 32768)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def _free_port(host: str) -> int:
-    """Runs on the node that will host a rendezvous: a port nobody listens on now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    """Runs on the node that will host a rendezvous: a port nobody listens on now.
+
+    The port is drawn between Ray's worker ports (up to 19999) and the kernel's
+    ephemeral range, where no gloo pair or client socket is given a port behind our
+    back between this probe and rank 0's bind. Without such a gap, any free port.
+    """
+    low, high = 20000, _ephemeral_port_floor() - 1
+    candidates = random.sample(range(low, high + 1), min(64, high - low + 1)) if high > low else []
+    for port in [*candidates, 0]:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return s.getsockname()[1]
+    raise OSError(f"no free port on {host}")
 
 
 class RayVirtualCluster:

@@ -155,7 +155,10 @@ RULES: tuple[Rule, ...] = (
     _n(DT + "dp_replicate_size", (1, None), "HSDP replication"),
     _i(DT + "defer_fsdp_grad_sync", "gradient-sync timing: " + MEMORY),
     _i(DT + "moe_parallelizer", MOE),
-    _g(DT + "lora_cfg.enabled", "LoRA"),
+    *(_m(DT + "lora_cfg." + k, P + "lora." + k) for k in ("enabled", "target_modules", "exclude_modules",
+                                                           "match_all_linear", "dim", "alpha", "dropout",
+                                                           "dropout_position", "lora_A_init")),
+    _i(DT + "lora_cfg.use_triton", KERNEL),
     _n(DT + "automodel_kwargs", NONE_OR_EMPTY, "NeMo Automodel options"),
     _i(DT + "clear_cache_every_n_steps", MEMORY),
     # -- policy.megatron_cfg --------------------------------------------------------------------
@@ -181,7 +184,8 @@ RULES: tuple[Rule, ...] = (
     _n(MG + "defer_fp32_logits", (False, None), "logits kept in low precision"),
     _g(MG + "mtp_num_layers", "multi-token prediction", neutral=(0, None),
        covers=(MG + "mtp_*",)),
-    _g(MG + "peft.enabled", "LoRA (PEFT)"),
+    _g(MG + "peft.enabled", "LoRA on the megatron backend (it does not declare 'lora'; train LoRA with "
+       "dtensor: dtensor_cfg.lora_cfg, i.e. policy.lora)"),
     _g(MG + "fp8_cfg.enabled", "FP8 training"),
     _n(MG + "fp8_cfg", (None,), "FP8 training"),
     _n(MG + "env_vars", NONE_OR_EMPTY, "per-worker environment variables (set them in the environment)"),

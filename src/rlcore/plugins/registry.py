@@ -235,6 +235,34 @@ def own_section(spec: BackendSpec, owner: Any) -> Any:
     return validated
 
 
+def lora_problems(policy: Any, registry: Registry) -> list[str]:
+    """``policy.lora`` needs a training backend declaring 'lora'; adapter refits an engine declaring
+    'lora_adapter'."""
+    if not policy.lora.enabled:
+        return []
+    with_lora = sorted(r.name for r in registry.records if r.spec is not None and r.spec.kind == "training"
+                       and "lora" in r.spec.capabilities)
+    try:
+        spec = registry.resolve(policy.training_backend, kind="training")
+    except BackendError:
+        return []  # reported by the backend check
+    if "lora" not in spec.capabilities:
+        return [f"policy.lora.enabled: the '{spec.name}' training backend does not train LoRA adapters "
+                f"(no 'lora' capability); use one that does ({', '.join(with_lora) or 'none installed'}) or set "
+                "policy.lora.enabled=false"]
+    gen = policy.generation
+    if policy.lora.refit == "adapter" and gen is not None and gen.backend != policy.training_backend:
+        try:
+            gen_spec = registry.resolve(gen.backend, kind="generation")
+        except BackendError:
+            return []
+        if "lora_adapter" not in gen_spec.capabilities:
+            return [f"policy.lora.refit: 'adapter' needs a generation backend that applies LoRA adapters itself "
+                    f"('lora_adapter' capability), and '{gen_spec.name}' does not declare it; use "
+                    "policy.lora.refit=merged"]
+    return []
+
+
 def validate_backend_sections(cfg: Any, registry: Registry | None = None) -> list[str]:
     """Check the backends a config selects, and their own config sections.
 
@@ -272,6 +300,7 @@ def validate_backend_sections(cfg: Any, registry: Registry | None = None) -> lis
     policy = cfg.policy
     check(policy, "policy", policy.training_backend, "training",
           "policy.backend" if policy.backend else "policy (training backend)")
+    problems += lora_problems(policy, registry)
     if policy.generation is not None:
         gen = policy.generation
         if gen.backend != policy.training_backend:

@@ -209,9 +209,17 @@ class Policy(WorkerGroupOwner, ColocatablePolicyInterface, GenerationInterface):
         if capability not in self.spec.capabilities:
             raise BackendError(f"backend '{self.spec.name}' does not support {capability}")
 
-    def prepare_refit_info(self) -> Optional[dict[str, Any]]:
+    def prepare_refit_info(self, changed_only: bool = False) -> Optional[dict[str, Any]]:
+        """``{hf_name: (shape, dtype)}`` of a refit; with ``changed_only`` (LoRA) of the refits after the first."""
         self._require("refit")
+        if changed_only:
+            return self._all("prepare_refit_info", changed_only=True)[0]
         return self._all("prepare_refit_info")[0]
+
+    @property
+    def refits_changed_only(self) -> bool:
+        """Whether refits after the first can send only what training changes (LoRA: the adapted layers)."""
+        return bool(self.cfg.lora.enabled) and "lora" in self.spec.capabilities
 
     def stream_weights_via_ipc_zmq(self, *args: Any, **kwargs: Any) -> list[Any]:
         self._require("refit")

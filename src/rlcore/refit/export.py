@@ -10,6 +10,10 @@ A training worker provides two methods and mixes this in:
 
 and gets ``stream_weights_via_ipc_zmq`` (colocated, shared memory / CUDA IPC)
 and ``init_collective`` + ``broadcast_weights_for_collective`` (collective).
+
+A worker that trains LoRA adapters also takes ``changed_only=True`` in both
+of its methods: the tensors that can have changed since the first refit (the
+adapted layers, merged). The transports pass it through.
 """
 
 from __future__ import annotations
@@ -35,12 +39,19 @@ class RefitExportMixin:
 
         return dist.get_rank() if dist.is_initialized() else 0
 
+    def _refit_stream(self, changed_only: bool) -> tuple[Iterator[tuple[str, Any]], Any]:
+        """The tensors to send and their metadata; only a LoRA worker is ever asked for ``changed_only``."""
+        if not changed_only:
+            return self.iter_refit_tensors(), self.prepare_refit_info
+        return (self.iter_refit_tensors(changed_only=True),  # type: ignore[call-arg]
+                lambda: self.prepare_refit_info(changed_only=True))  # type: ignore[call-arg]
+
     def _drain(self, tensors: Iterator[Any]) -> None:
         for _ in tensors:  # take part in the gathers rank 0's iteration needs
             pass
 
     def stream_weights_via_ipc_zmq(self, endpoints: dict[int, tuple[str, bytes]],
-                                   bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> int:
+                                   bucket_bytes: int = DEFAULT_BUCKET_BYTES, changed_only: bool = False) -> int:
         """Stream every weight to the colocated engine of this rank, if ``endpoints`` names one.
 
         ``endpoints`` maps a training rank to the ``(socket address, authkey)``
@@ -48,13 +59,13 @@ class RefitExportMixin:
         """
         from rlcore.refit.shared_memory import stream_to_receiver
 
-        tensors = self.iter_refit_tensors()
+        tensors, info = self._refit_stream(changed_only)
         endpoint = endpoints.get(self._rank())
         if endpoint is None:
             self._drain(tensors)
             return 0
         address, authkey = endpoint
-        return stream_to_receiver(tensors, self.prepare_refit_info(), address, authkey, bucket_bytes, self.device)
+        return stream_to_receiver(tensors, info(), address, authkey, bucket_bytes, self.device)
 
     def init_collective(self, ip: str, port: int, world_size: int, *, train_world_size: int = 1) -> None:
         """Training rank 0 joins the refit group as its rank 0; other training ranks stay out."""
@@ -64,13 +75,13 @@ class RefitExportMixin:
             self._refit_group = init_refit_group(ip, port, world_size, 0, self.device)
 
     def broadcast_weights_for_collective(self, kv_scales: Optional[dict[str, float]] = None,
-                                         bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> int:
+                                         bucket_bytes: int = DEFAULT_BUCKET_BYTES, changed_only: bool = False) -> int:
         from rlcore.refit.collective import broadcast_weights
 
-        tensors = self.iter_refit_tensors()
+        tensors, info = self._refit_stream(changed_only)
         if self._rank() != 0:
             self._drain(tensors)
             return 0
         if self._refit_group is None:
             raise RuntimeError("broadcast_weights_for_collective before init_collective")
-        return broadcast_weights(self._refit_group, tensors, self.prepare_refit_info(), bucket_bytes, self.device)
+        return broadcast_weights(self._refit_group, tensors, info(), bucket_bytes, self.device)

@@ -57,11 +57,15 @@ class WeightSynchronizer:
 
     ``transport``: ``"auto"`` (shared memory when colocated, else collective),
     ``"shared_memory"`` or ``"collective"``. ``cluster`` provides the
-    rendezvous address of the collective group.
+    rendezvous address of the collective group. ``partial_refit``: the
+    generation backend declares it can load part of the model (the
+    'partial_refit' capability), so a LoRA policy sends only its adapted
+    layers after the first refit.
     """
 
     def __init__(self, policy: Any, generation: Any, *, colocated: bool, cluster: Any = None,
-                 transport: str = "auto", bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> None:
+                 transport: str = "auto", bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+                 partial_refit: bool = False) -> None:
         if transport == "auto":
             transport = "shared_memory" if colocated else "collective"
         if transport not in ("shared_memory", "collective"):
@@ -71,14 +75,25 @@ class WeightSynchronizer:
         self.policy, self.generation, self.cluster = policy, generation, cluster
         self.transport = transport
         self.bucket_bytes = bucket_bytes
+        self.partial_refit = partial_refit
         self.metadata: dict[str, Any] | None = None
         self._group_ready = False
+        self._synced_once = False
+        self._partial_plan = False
         self.stale = True
 
-    def _exchange_metadata(self) -> None:
+    def _changed_only(self) -> bool:
+        """After one whole refit, a LoRA policy sends only its adapted layers, if the engine takes a part."""
+        return self._synced_once and self.partial_refit and bool(getattr(self.policy, "refits_changed_only", False))
+
+    def _exchange_metadata(self, changed_only: bool) -> None:
+        """Send the engines the plan of this refit: the whole model first, the changed part after (LoRA)."""
         if self.metadata is None:
             self.metadata = self.policy.prepare_refit_info()
             self.generation.prepare_refit_info(self.metadata)
+        if changed_only and not self._partial_plan:
+            self.generation.prepare_refit_info(self.policy.prepare_refit_info(changed_only=True), partial=True)
+            self._partial_plan = True
 
     def _init_group(self) -> None:
         if self._group_ready:
@@ -94,15 +109,19 @@ class WeightSynchronizer:
         """Refit now; returns ``{"bytes": ..., "seconds": ...}``. Raises :class:`RefitError` on failure."""
         start = time.perf_counter()
         self.stale = True
-        self._exchange_metadata()
+        changed_only = self._changed_only()
+        self._exchange_metadata(changed_only)
+        part = {"changed_only": True} if changed_only else {}
         if self.transport == "shared_memory":
             endpoints = self.generation.refit_endpoints()  # before the receivers block their engines
             receivers = self.generation.update_weights_via_ipc_zmq(bucket_bytes=self.bucket_bytes)
-            senders = self.policy.stream_weights_via_ipc_zmq(endpoints=endpoints, bucket_bytes=self.bucket_bytes)
+            senders = self.policy.stream_weights_via_ipc_zmq(endpoints=endpoints, bucket_bytes=self.bucket_bytes,
+                                                             **part)
         else:
             self._init_group()
             receivers = self.generation.update_weights_from_collective(bucket_bytes=self.bucket_bytes)
-            senders = self.policy.broadcast_weights_for_collective(bucket_bytes=self.bucket_bytes)
+            senders = self.policy.broadcast_weights_for_collective(bucket_bytes=self.bucket_bytes, **part)
         sent, _ = _wait([(self.policy, senders), (self.generation, receivers)], "refit")
         self.stale = False
+        self._synced_once = True
         return {"bytes": float(max(sent)), "seconds": time.perf_counter() - start}

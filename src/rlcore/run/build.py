@@ -78,7 +78,8 @@ def build_run(cfg: Any, resume_dir: Path | None = None, start_step: int = 0) -> 
                                                 use_gpus=cfg.cluster.use_gpu, name="rlcore-generation")
                 run.extra_clusters.append(gen_cluster)
             run.generation = spec.load_driver_class()(gen_cluster, gen_cfg, tokenizer=tokenizer)
-            run.synchronizer = WeightSynchronizer(run.policy, run.generation, colocated=colocated, cluster=cluster)
+            run.synchronizer = WeightSynchronizer(run.policy, run.generation, colocated=colocated, cluster=cluster,
+                                                  partial_refit="partial_refit" in spec.capabilities)
     except BaseException:
         with contextlib.suppress(Exception):  # the start-up error is the one worth reporting
             run.shutdown()

@@ -214,27 +214,33 @@ def save_hf_checkpoint(
     The whole directory is published atomically (:func:`atomic_directory`).
     Returns ``str(path)``.
     """
+    with atomic_directory(path) as tmp:
+        write_hf_files(state_dict, hf_config, tmp, tokenizer, max_shard_size_bytes)
+    return str(path)
+
+
+def write_hf_files(state_dict: dict, hf_config: Any, directory: Path, tokenizer: Any = None,
+                   max_shard_size_bytes: int = DEFAULT_MAX_SHARD_SIZE_BYTES) -> None:
+    """The files of :func:`save_hf_checkpoint`, written into an existing ``directory`` (not atomic by itself)."""
     from safetensors.torch import save_file
 
     tensors = _prepare_tensors(state_dict, bool(_config_get(hf_config, "tie_word_embeddings", False)))
     shards = _shard(tensors, max_shard_size_bytes)
     metadata = {"format": "pt"}
-    with atomic_directory(path) as tmp:
-        if len(shards) == 1:
-            save_file(shards[0], str(tmp / SAFE_WEIGHTS_NAME), metadata=metadata)
-        else:
-            weight_map = {}
-            for i, shard in enumerate(shards, start=1):
-                filename = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
-                save_file(shard, str(tmp / filename), metadata=metadata)
-                weight_map.update(dict.fromkeys(shard, filename))
-            total = sum(t.numel() * t.element_size() for t in tensors.values())
-            index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-            (tmp / SAFE_WEIGHTS_INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n")
-        _write_config(hf_config, tmp)
-        if tokenizer is not None:
-            tokenizer.save_pretrained(str(tmp))
-    return str(path)
+    if len(shards) == 1:
+        save_file(shards[0], str(directory / SAFE_WEIGHTS_NAME), metadata=metadata)
+    else:
+        weight_map = {}
+        for i, shard in enumerate(shards, start=1):
+            filename = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+            save_file(shard, str(directory / filename), metadata=metadata)
+            weight_map.update(dict.fromkeys(shard, filename))
+        total = sum(t.numel() * t.element_size() for t in tensors.values())
+        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+        (directory / SAFE_WEIGHTS_INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n")
+    _write_config(hf_config, directory)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(str(directory))
 
 
 def load_hf_state_dict(path: str | os.PathLike) -> dict:

@@ -17,7 +17,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.tensor.parallel import parallelize_module
 
-from rl_dtensor.tp_plans import plan_for
+from rl_dtensor.tp_plans import plan_for, with_lora
 from rlcore.training.worker_base import DTYPES
 
 
@@ -82,7 +82,12 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, sequence_parallel: bool, cus
     if custom_plan is None:
         check_tp_divisibility(model.config, tp_mesh.size())
     tied = _tied_embeddings(model)
-    parallelize_module(model, tp_mesh, plan_for(model, sequence_parallel, custom_plan))
+    # The parallel styles replace parameters by new (trainable) ones: frozen weights (LoRA) stay frozen.
+    frozen = {name for name, p in model.named_parameters() if not p.requires_grad}
+    parallelize_module(model, tp_mesh, with_lora(plan_for(model, sequence_parallel, custom_plan), model))
+    for name, p in model.named_parameters():
+        if name in frozen:
+            p.requires_grad_(False)
     if tied:
         model.get_output_embeddings().weight = model.get_input_embeddings().weight
 

@@ -4,7 +4,7 @@ from rlcore.plugins import BackendSpec, hookimpl
 
 CAPABILITIES = frozenset({
     "train", "logprobs", "topk_logits", "reference_model", "dynamic_batching", "sequence_packing",
-    "checkpoint", "tensor_parallel", "sequence_parallel", "refit",
+    "checkpoint", "tensor_parallel", "sequence_parallel", "refit", "lora",
 })
 
 

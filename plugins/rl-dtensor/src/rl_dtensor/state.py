@@ -9,7 +9,7 @@
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 from torch import nn
@@ -67,24 +67,31 @@ def full_shapes(model: nn.Module) -> dict[str, tuple[int, ...]]:
     return {name: tuple(state[name].shape) for name in refit_names(model)}
 
 
-def iter_full_tensors(model: nn.Module, dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield ``(name, full tensor)`` in :func:`refit_names` order; DTensors are all-gathered (collective)."""
+def iter_full_tensors(model: nn.Module, dtype: torch.dtype | None = None,
+                      keep: Callable[[str], bool] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield ``(name, full tensor)`` in :func:`refit_names` order (only names ``keep`` accepts, if given);
+    DTensors are all-gathered (collective: every rank must iterate with the same ``keep``)."""
     state = model.state_dict(keep_vars=True)
     for name in refit_names(model):
+        if keep is not None and not keep(name):
+            continue
         t = state[name].detach()
         full = t.full_tensor() if isinstance(t, DTensor) else t
         yield name, full if dtype is None else full.to(dtype)
 
 
-def load_full_state_dict(model: nn.Module, full: dict[str, torch.Tensor]) -> None:
+def load_full_state_dict(model: nn.Module, full: dict[str, torch.Tensor],
+                         only: Callable[[str], bool] | None = None) -> None:
     """Copy full tensors (the same on every rank) into the model's shards; each rank keeps its own part.
 
-    Collective: torch's ``set_model_state_dict`` distributes DTensor shards.
+    ``full`` must hold every tensor of the model, or every one ``only`` accepts
+    (a LoRA adapter checkpoint). Collective: torch's ``set_model_state_dict``
+    distributes DTensor shards.
     """
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
     reshard(model)
-    missing = [n for n in refit_names(model) if n not in full]
+    missing = [n for n in refit_names(model) if n not in full and (only is None or only(n))]
     if missing:
         raise KeyError(f"checkpoint lacks {missing[:5]}{' ...' if len(missing) > 5 else ''}")
     set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True, strict=False))

@@ -125,3 +125,52 @@ def plan_for(model: nn.Module, sequence_parallel: bool, custom: str | None = Non
         raise ValueError(f"no built-in tensor-parallel plan for model_type {model_type!r} (known: "
                          f"{sorted(PLANS)}); set policy.dtensor_cfg.custom_parallel_plan to 'module:plan'")
     return PLANS[model_type](sequence_parallel)
+
+
+def with_lora(plan: Plan, model: nn.Module) -> Plan:
+    """``plan`` for a model whose linear layers may be LoRA-wrapped (:mod:`rlcore.training.lora`).
+
+    A wrapped layer's style moves to its ``base_layer``, and the adapter is split
+    to match: column-wise (output features split) shards ``lora_B`` the same way,
+    with ``lora_A`` replicated; row-wise (input features split) shards
+    ``lora_A``, whose reduced output feeds a replicated ``lora_B`` (a
+    ``SequenceParallel`` one when the output is sequence-sharded, so its
+    gradient is summed over the shards). Patterns are expanded to the paths
+    they match, since a pattern may cover wrapped and plain layers alike.
+    """
+    import fnmatch
+
+    from rlcore.training.lora import LoRALinear
+
+    wrapped = {path for path, m in model.named_modules() if isinstance(m, LoRALinear)}
+    if not wrapped:
+        return plan
+    out: Plan = {}
+    for pattern, style in plan.items():
+        hits = sorted(p for p in wrapped if fnmatch.fnmatchcase(p, pattern))
+        if not hits:
+            out[pattern] = style
+            continue
+        if not isinstance(style, (ColwiseParallel, RowwiseParallel)):
+            raise ValueError(f"tensor-parallel plan entry {pattern!r} ({type(style).__name__}) covers LoRA-adapted "
+                             "linear layers; only ColwiseParallel/RowwiseParallel entries can")
+        for path in _plain_hits(model, pattern, wrapped):
+            out[path] = style
+        for path in hits:
+            out[path + ".base_layer"] = style
+            if isinstance(style, ColwiseParallel):
+                out[path + ".lora_B"] = style
+            else:
+                out[path + ".lora_A"] = style
+                if isinstance(style.output_layouts[0], Shard):
+                    out[path + ".lora_B"] = SequenceParallel(use_local_output=style.use_local_output)
+    return out
+
+
+def _plain_hits(model: nn.Module, pattern: str, wrapped: set[str]) -> list[str]:
+    """Paths ``pattern`` matches that are not LoRA-wrapped (nor inside a wrapper)."""
+    import fnmatch
+
+    return [path for path, _ in model.named_modules()
+            if fnmatch.fnmatchcase(path, pattern) and path not in wrapped
+            and not any(path.startswith(w + ".") for w in wrapped)]

@@ -35,6 +35,7 @@ from rl_dtensor.parallelize import DTYPES, ParallelOptions, build_mesh, parallel
 from rlcore.data import BatchedDataDict
 from rlcore.refit import RefitExportMixin
 from rlcore.refit.buckets import dtype_name
+from rlcore.training import lora
 from rlcore.training.checkpoint import load_hf_state_dict, save_hf_checkpoint
 from rlcore.training.loop import StepHooks
 from rlcore.training.optim import build_optimizer, build_scheduler
@@ -91,7 +92,11 @@ class DTensorPolicyWorker(RefitExportMixin, TrainingWorkerBase):
         self.seq_multiple = math.lcm(sp_multiple, config.make_sequence_length_divisible_by)
 
         # Float32 master weights whatever the precision; ``precision`` is FSDP's compute dtype.
-        model = AutoModelForCausalLM.from_pretrained(weights_path or config.model_name, dtype=torch.float32)
+        # A LoRA checkpoint holds only the adapters: the base weights come from the model itself.
+        adapter_path = weights_path if lora.is_adapter_checkpoint(weights_path) else None
+        base_path = config.model_name if adapter_path else (weights_path or config.model_name)
+        model = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32)
+        self.lora_targets = lora.apply_lora(model, config.lora) if config.lora.enabled else []
         if not self.opts.cpu_offload:
             model = model.to(self.device)
         self.model: nn.Module = parallelize(model, self.mesh, self.opts)
@@ -101,7 +106,11 @@ class DTensorPolicyWorker(RefitExportMixin, TrainingWorkerBase):
         self._model_device = self.device
         self._optimizer_device = self.device
 
-        self.optimizer = build_optimizer(self.model.parameters(), config.optimizer, config.learning_rate) \
+        if adapter_path:
+            state.load_full_state_dict(self.model, lora.load_adapter(adapter_path), only=lora.is_adapter_name)
+        # Frozen base weights (LoRA) get no optimizer state.
+        trainable = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = build_optimizer(trainable, config.optimizer, config.learning_rate) \
             if init_optimizer else None
         self.scheduler = build_scheduler(self.optimizer, config.scheduler) if self.optimizer else None
         if optimizer_path and self.optimizer is not None:
@@ -163,7 +172,14 @@ class DTensorPolicyWorker(RefitExportMixin, TrainingWorkerBase):
             zero_grad=lambda: self.model.zero_grad(set_to_none=True),
         )
 
-    # -- reference model: this rank's own shards, on CPU --------------------------------
+    # -- reference model: this rank's own shards on CPU, or (LoRA) the adapters switched off ------
+    def init_reference_model(self) -> None:
+        if not self.lora_targets:
+            super().init_reference_model()
+
+    def use_reference_model(self):
+        return lora.adapters_disabled(self.model) if self.lora_targets else super().use_reference_model()
+
     def _snapshot_to_cpu(self) -> dict[str, torch.Tensor]:
         return state.snapshot_local(self.model)
 
@@ -174,36 +190,69 @@ class DTensorPolicyWorker(RefitExportMixin, TrainingWorkerBase):
     def _refit_dtype(self) -> torch.dtype:
         return self.compute_dtype
 
-    def prepare_refit_info(self) -> dict[str, tuple[tuple[int, ...], str]]:
+    def _changed_layers(self, changed_only: bool) -> set[str] | None:
+        """With LoRA, a refit after the first sends only the adapted layers (the rest never changes)."""
+        return lora.changed_layers(self.lora_targets) if changed_only and self.lora_targets else None
+
+    def prepare_refit_info(self, changed_only: bool = False) -> dict[str, tuple[tuple[int, ...], str]]:
         """``{hf_name: (full shape, dtype)}`` in :meth:`iter_refit_tensors` order; no communication."""
         dtype = dtype_name(self._refit_dtype())
-        return {name: (shape, dtype) for name, shape in state.full_shapes(self.model).items()}
+        info = {name: (shape, dtype) for name, shape in state.full_shapes(self.model).items()}
+        return lora.merged_metadata(info, self._changed_layers(changed_only)) if self.lora_targets else info
 
-    def iter_refit_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """Full HF-named tensors; every rank must iterate (gathering shards is a collective)."""
+    def iter_refit_tensors(self, changed_only: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
+        """Full HF-named tensors (LoRA: merged); every rank must iterate (gathering shards is a collective)."""
         self._ensure_on_device(optimizer=False)
         state.reshard(self.model)
-        yield from state.iter_full_tensors(self.model, self._refit_dtype())
+        dtype = self._refit_dtype()
+        if not self.lora_targets:
+            yield from state.iter_full_tensors(self.model, dtype)
+            return
+        only = self._changed_layers(changed_only)
+        keep = None if only is None else (lambda name: lora.layer_path(name) in only)
+        merged = lora.merge_stream(state.iter_full_tensors(self.model, keep=keep), self._lora_scaling(), only)
+        yield from ((name, t.to(dtype)) for name, t in merged)
+
+    def _lora_scaling(self) -> float:
+        return self.cfg.lora.alpha / self.cfg.lora.dim
 
     # -- checkpoints ------------------------------------------------------------------------
     def save_checkpoint(self, weights_path: str, optimizer_path: str | None = None,
                         tokenizer_path: str | None = None) -> None:
         """HF safetensors (rank 0 writes the gathered tensors) and DCP optimizer state; each atomic."""
         self._ensure_on_device(optimizer=bool(optimizer_path))
-        full = {}
-        state.reshard(self.model)
-        for name, tensor in state.iter_full_tensors(self.model):
-            if self.rank == 0:
-                full[name] = tensor.to("cpu", copy=True)
-        ckpt.on_rank0(lambda: save_hf_checkpoint(full, self.hf_config, weights_path))
+        if self.lora_targets:
+            self._save_lora(weights_path)
+        else:
+            full = {}
+            state.reshard(self.model)
+            for name, tensor in state.iter_full_tensors(self.model):
+                if self.rank == 0:
+                    full[name] = tensor.to("cpu", copy=True)
+            ckpt.on_rank0(lambda: save_hf_checkpoint(full, self.hf_config, weights_path))
         if tokenizer_path and self.tokenizer is not None:
             ckpt.on_rank0(lambda: save_tokenizer(self.tokenizer, tokenizer_path))
         if optimizer_path and self.optimizer is not None:
             ckpt.save_optimizer(self.model, self.optimizer, self.scheduler, optimizer_path)
 
+    def _save_lora(self, weights_path: str) -> None:
+        """The adapters in PEFT's format; with ``policy.lora.save_merged`` the merged model under ``merged/``."""
+        state.reshard(self.model)
+        adapters = {name: t.to("cpu", copy=True)
+                    for name, t in state.iter_full_tensors(self.model, keep=lora.is_adapter_name)}
+        merged = None
+        if self.cfg.lora.save_merged:
+            merged = {name: t.to("cpu", copy=True)
+                      for name, t in lora.merge_stream(state.iter_full_tensors(self.model), self._lora_scaling())}
+        config = lora.peft_adapter_config(self.cfg.lora, self.lora_targets, self.cfg.model_name)
+        ckpt.on_rank0(lambda: lora.save_lora_checkpoint(adapters, config, weights_path, merged, self.hf_config))
+
     def load_checkpoint(self, weights_path: str, optimizer_path: str | None = None) -> None:
         self._ensure_on_device(optimizer=bool(optimizer_path))
-        state.load_full_state_dict(self.model, load_hf_state_dict(weights_path))
+        if lora.is_adapter_checkpoint(weights_path):
+            state.load_full_state_dict(self.model, lora.load_adapter(weights_path), only=lora.is_adapter_name)
+        else:
+            state.load_full_state_dict(self.model, load_hf_state_dict(weights_path))
         if optimizer_path and self.optimizer is not None:
             ckpt.load_optimizer(self.model, self.optimizer, self.scheduler, optimizer_path)
 

@@ -121,13 +121,14 @@ class VllmGeneration(WorkerGroupOwner, GenerationInterface):
         return all(self._all("finish_generation"))
 
     # -- weight refit (receiving side; rlcore.refit.WeightSynchronizer drives it) ----------
-    def prepare_refit_info(self, state_dict_info: dict[str, Any]) -> None:
+    def prepare_refit_info(self, state_dict_info: dict[str, Any], partial: bool = False) -> None:
         """Give every engine ``{hf_name: (shape, dtype)}``; raises :class:`RefitError` if it cannot fit.
 
         Checked against each engine's checkpoint (names and shapes) before any
-        weight changes; nothing is applied when it is refused.
+        weight changes; nothing is applied when it is refused. ``partial``: the
+        refits that follow send only these tensors (the rest keep their values).
         """
-        problems = self._all("prepare_refit_info", state_dict_info)
+        problems = self._all("prepare_refit_info", state_dict_info, partial=partial)
         lines = [f"engine {rank}: {p}" for rank, ps in enumerate(problems) for p in ps]
         if lines:
             raise RefitError("refit info refused, no weight changed: " + "; ".join(lines[:5]))

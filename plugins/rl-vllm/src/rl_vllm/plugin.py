@@ -14,7 +14,7 @@ def rlcore_register_backends(register):
         worker_class="rl_vllm.worker:VllmGenerationWorker",
         driver_class="rl_vllm.generation:VllmGeneration",
         config_class="rl_vllm.config:VllmConfig",
-        capabilities={"generate", "refit", "data_parallel", "stop_strings", "logprobs"},
+        capabilities={"generate", "refit", "partial_refit", "data_parallel", "stop_strings", "logprobs"},
         requires=("vllm",),
         install_hint="pip install 'rl-vllm[cpu]'  (or [gpu] on CUDA)",
         description="vLLM engines in Ray actors (data parallel), in-place weight refit.",

@@ -21,8 +21,10 @@ over as a view, with no copy.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
+import logging
 import os
 from typing import Any, Iterable
 
@@ -73,7 +75,7 @@ def tied_word_embeddings(model_dir: str) -> bool:
         return False
 
 
-def metadata_problems(metadata: Metadata, model_dir: str) -> list[str]:
+def metadata_problems(metadata: Metadata, model_dir: str, partial: bool = False) -> list[str]:
     """How refit info disagrees with the engine's own checkpoint (names and shapes); empty when it fits.
 
     Checked when the info arrives, so a refit that cannot fit is refused
@@ -86,7 +88,7 @@ def metadata_problems(metadata: Metadata, model_dir: str) -> list[str]:
         return []
     problems = []
     optional = {"lm_head.weight"} if tied_word_embeddings(model_dir) else set()
-    if missing := sorted(set(shapes) - set(metadata) - optional):
+    if not partial and (missing := sorted(set(shapes) - set(metadata) - optional)):
         problems.append(f"refit info lacks {len(missing)} tensor(s) of the engine's model: {', '.join(missing[:5])}")
     if extra := sorted(set(metadata) - set(shapes)):
         problems.append(f"refit info has {len(extra)} tensor(s) the engine's model does not: {', '.join(extra[:5])}")
@@ -95,6 +97,18 @@ def metadata_problems(metadata: Metadata, model_dir: str) -> list[str]:
     if wrong:
         problems.append(f"shape mismatch: {'; '.join(wrong[:5])}")
     return problems
+
+
+@contextlib.contextmanager
+def _quiet_unloaded_layers():
+    """vLLM warns once per layer that got no weights in a reload; in a partial refit that is by design."""
+    log = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise")
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
 
 
 class InPlaceReload:
@@ -107,14 +121,17 @@ class InPlaceReload:
     new, and the caller must treat the engine as stale.
     """
 
-    def __init__(self, vllm_worker: Any) -> None:
+    def __init__(self, vllm_worker: Any, partial: bool = False) -> None:
         from vllm.config import set_current_vllm_config
         from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
 
         self._worker = vllm_worker
         self._config_ctx = set_current_vllm_config
         self.model = vllm_worker.model_runner.get_model()
-        self.expected = {name for name, _ in self.model.named_parameters()}
+        # A partial refit (LoRA) loads some layers; vLLM puts the others' weights back as they were.
+        self.expected = set() if partial else {name for name, _ in self.model.named_parameters()}
+        self._quiet = _quiet_unloaded_layers() if partial else contextlib.nullcontext()
+        self._quiet.__enter__()
         self.loaded: set[str] = set()
         self.tensors = 0
         self._open = True
@@ -134,8 +151,11 @@ class InPlaceReload:
 
         if self._open:
             self._open = False
-            with self._config_ctx(self._worker.vllm_config):
-                finalize_layerwise_reload(self.model, self._worker.vllm_config.model_config)
+            try:
+                with self._config_ctx(self._worker.vllm_config):
+                    finalize_layerwise_reload(self.model, self._worker.vllm_config.model_config)
+            finally:
+                self._quiet.__exit__(None, None, None)
 
     def finish(self) -> None:
         """Complete the reload; raises :class:`RefitError` if some engine parameter got no new value."""

@@ -109,6 +109,7 @@ class VllmGenerationWorker:
             (t for t in (getattr(tokenizer, "pad_token_id", None), getattr(tokenizer, "eos_token_id", None))
              if t is not None), 0)
         self.refit_metadata: dict[str, Any] | None = None
+        self._partial_refit = False  # the refits' plan covers part of the model (prepare_refit_info)
         self._receiver: Any = None
         self._refit_group: Any = None
         # Weights that did not come from a checkpoint are not the policy's until a refit lands.
@@ -185,8 +186,12 @@ class VllmGenerationWorker:
         return BatchedDataDict(packed)
 
     # -- weight refit (receiving side) ---------------------------------------------------
-    def prepare_refit_info(self, state_dict_info: dict[str, Any]) -> list[str]:
+    def prepare_refit_info(self, state_dict_info: dict[str, Any], partial: bool = False) -> list[str]:
         """Store ``{hf_name: (shape, dtype)}`` unless it cannot fit the engine's model.
+
+        ``partial``: the following refits send only these tensors (whole
+        layers: q/k/v and gate/up together, which vLLM fuses); every other
+        weight keeps its value.
 
         Returns the problems (empty when accepted) instead of raising: an
         exception in an engine actor would make the facade's worker group
@@ -198,9 +203,10 @@ class VllmGenerationWorker:
             metadata = normalize_metadata(state_dict_info)
         except RefitError as exc:
             return [str(exc)]
-        if problems := metadata_problems(metadata, self.gen_cfg.model_name):
+        if problems := metadata_problems(metadata, self.gen_cfg.model_name, partial):
             return problems
         self.refit_metadata = metadata
+        self._partial_refit = partial
         return []
 
     def refit_endpoint(self) -> tuple[str, bytes]:
@@ -269,7 +275,7 @@ class VllmGenerationWorker:
         def load(named: Any) -> None:
             if not session:  # weights change from here on
                 self.stale_reason = f"a {transport} refit is in progress"
-                session.append(InPlaceReload(self.llm.collective_rpc(_own_worker)[0]))
+                session.append(InPlaceReload(self.llm.collective_rpc(_own_worker)[0], self._partial_refit))
             session[0].load(named)
 
         try:

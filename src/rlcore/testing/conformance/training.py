@@ -222,3 +222,39 @@ class TrainingBackendConformance(_BackendChecks):
             if str(dtype).removeprefix("torch.") != "float32":
                 problems.append(f"{name}: dtype {dtype}, expected float32 (policy.precision)")
         assert not problems, "\n".join(problems)
+
+    # -- LoRA -----------------------------------------------------------------------------------
+    def test_lora_step_matches_peft(self, kit: _TrainingKit) -> None:
+        """LoRA ('lora' declared): adapters start as a no-op, one SGD step equals PEFT's single-process step
+        (adapters and logprobs), the base weights do not move, the reference policy is the base model, and
+        the checkpoint loads with ``peft.PeftModel.from_pretrained`` (``merged/`` with ``AutoModelForCausalLM``)."""
+        import torch
+
+        from rlcore.testing.conformance.lora import LORA_SETTINGS, base_weight_problems, peft_adapters, peft_model
+        from rlcore.testing.oracle import hf_token_logprobs, weight_problems
+
+        record = kit.policy("lora")
+        run = kit.lora_trained()
+        expected, lengths = run["expected"], kit.batch["input_lengths"]
+        problems = logprob_problems(record["logprobs"], lengths, kit.initial_logprobs, self.logprob_atol,
+                                    what="logprobs with fresh adapters (B = 0) vs the base model")
+        if not close(run["loss"], expected.loss, self.loss_rtol):
+            problems.append(f"loss {run['loss']:.6g}, PEFT oracle {expected.loss:.6g}")
+        saved = peft_model(kit.model_dir, run["step_dir"])
+        problems += weight_problems(peft_adapters(saved), expected.adapters, expected.initial_adapters,
+                                    self.weight_rtol, what="adapters after one step vs PEFT")
+        problems += logprob_problems(run["logprobs"], lengths, expected.logprobs, self.logprob_atol,
+                                     what="logprobs after the step vs PEFT")
+        with torch.no_grad():
+            reloaded = hf_token_logprobs(saved.eval(), kit.batch)
+        problems += logprob_problems(reloaded, lengths, expected.logprobs, self.logprob_atol,
+                                     what="the saved adapter loaded with PEFT")
+        problems += logprob_problems(run["reference"], lengths, kit.initial_logprobs, self.logprob_atol,
+                                     what="reference logprobs (adapters off) vs the base model")
+        merged = load_hf_model(str(run["step_dir"] / "merged"))
+        with torch.no_grad():
+            problems += logprob_problems(hf_token_logprobs(merged, kit.batch), lengths, expected.logprobs,
+                                         self.logprob_atol, what="merged/ loaded with AutoModelForCausalLM")
+        problems += base_weight_problems(run["step_dir"] / "merged", run["step_dir"], kit.model_dir,
+                                         LORA_SETTINGS["alpha"] / LORA_SETTINGS["dim"])
+        assert not problems, "\n".join(problems)

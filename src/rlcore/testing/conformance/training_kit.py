@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import pytest
 
 from rlcore.testing.conformance.backend_checks import deep_merge
+from rlcore.testing.conformance.lora import LORA_SETTINGS
 from rlcore.testing.oracle import (
     StepRecord,
     hf_token_logprobs,
@@ -26,12 +27,19 @@ if TYPE_CHECKING:
     from rlcore.testing.conformance.training import TrainingBackendConformance
 
 
-def train_and_save_step(policy: Any, data: Any, loss_fn: Any, weights_dir: Path,
-                        optimizer_path: Path | None = None) -> StepRecord:
-    """One optimizer step of ``policy``, then a checkpoint; the record's weights are read back with HF."""
+def _train_one_step_and_save(policy: Any, data: Any, loss_fn: Any, weights_dir: Path,
+                             optimizer_path: Path | None = None) -> dict:
+    """One optimizer step of ``policy`` on ``data``, then a checkpoint at ``weights_dir``; the train result."""
     result = policy.train(data, loss_fn)
     policy.save_checkpoint(str(weights_dir), str(optimizer_path) if optimizer_path else None)
     assert len(result["loss"]) == 1, f"one global batch gave {len(result['loss'])} optimizer steps"
+    return result
+
+
+def train_and_save_step(policy: Any, data: Any, loss_fn: Any, weights_dir: Path,
+                        optimizer_path: Path | None = None) -> StepRecord:
+    """One optimizer step of ``policy``, then a checkpoint; the record's weights are read back with HF."""
+    result = _train_one_step_and_save(policy, data, loss_fn, weights_dir, optimizer_path)
     return StepRecord(float(result["loss"][0]), float(result["grad_norm"][0]),
                       state_copy(load_hf_model(str(weights_dir))))
 
@@ -138,6 +146,7 @@ class _TrainingKit:
                 "enabled": True, "train_mb_tokens": 32, "logprob_mb_tokens": 48, "sequence_length_round": 4}}),
             _Variant("packing", capability="sequence_packing", policy={"sequence_packing": {
                 "enabled": True, "train_mb_tokens": 32, "logprob_mb_tokens": 48}}),
+            _Variant("lora", capability="lora", policy={"lora": LORA_SETTINGS}),
         )}
 
     def variant(self, name: str) -> _Variant:
@@ -205,6 +214,25 @@ class _TrainingKit:
             return {"steps": steps}
 
         return self.once(f"training the '{name}' policy", train)
+
+    def lora_trained(self) -> dict:
+        """The LoRA policy's adapters saved before and after one NLL step, and the PEFT oracle's step."""
+        from rlcore.algorithms.loss_functions import NLLLoss
+        from rlcore.testing.conformance.lora import peft_sgd_step
+
+        record = self.policy("lora")
+
+        def train() -> dict:
+            policy, initial_dir = record["policy"], self.tmp_dir / "lora-initial"
+            policy.save_checkpoint(str(initial_dir))
+            expected = peft_sgd_step(self.model_dir, initial_dir, self.batch, NLLLoss(), self.cls.learning_rate)
+            step_dir = self.tmp_dir / "lora-step1"
+            result = _train_one_step_and_save(policy, self.batch, NLLLoss(), step_dir)
+            return {"initial_dir": initial_dir, "step_dir": step_dir, "loss": float(result["loss"][0]),
+                    "expected": expected, "logprobs": policy.get_logprobs(self.batch)["logprobs"],
+                    "reference": policy.get_reference_policy_logprobs(self.batch)["reference_logprobs"]}
+
+        return self.once("training the 'lora' policy", train)
 
     def resumed(self) -> Any:
         """The resume check's two policies, run once: uninterrupted Adam, and resumed from its checkpoint."""

@@ -1,0 +1,164 @@
+"""LoRA against full fine-tuning, same model and batch (issue 16): memory, step time, refit bytes.
+
+For each mode (``full``, then ``lora``), in fresh worker processes: a dp=2
+dtensor policy (AdamW, reference model on, as GRPO runs it) and two vLLM
+engines colocated with it. Measured:
+
+- trainable parameters (counted on the meta device, adapters applied as the worker applies them);
+- peak resident memory of the largest training rank (``ru_maxrss``) after the steps;
+- train step time (``Policy.train``, NLL, median of ``--repeats`` after one warm-up step);
+- refit: the first refit (the whole model, both modes) and the one after a step: for LoRA only
+  the adapted layers, merged (W + (alpha/dim) BA), the q/k/v and gate/up groups whole; bytes
+  and seconds. ``adapter_bytes`` is what an adapter-mode refit would send (A and B only).
+
+    python benchmarks/lora.py                      # the 0.5B preset (qwen2.5-0.5b), all linear layers
+    python benchmarks/lora.py --targets q_proj,v_proj
+    python benchmarks/lora.py --preset-layers 2    # the 0.5B shape cut to 2 layers (a quick run)
+
+The last line printed is JSON: ``memory_vs_full``, ``refit_bytes_vs_full``, ``step_time_vs_full``,
+``trainable_params`` and the per-mode figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from scaling import count_params, ray_session  # noqa: E402  (the sibling benchmark's helpers)
+
+WORLD = 2
+GB = 1e9
+
+
+def lora_settings(targets: str, dim: int) -> dict:
+    base = {"enabled": True, "dim": dim, "alpha": 2 * dim, "lora_A_init": "uniform"}
+    if targets == "all":
+        return {**base, "match_all_linear": True}
+    return {**base, "match_all_linear": False, "target_modules": targets.split(",")}
+
+
+def trainable_params(model_dir: str, lora: dict | None) -> int:
+    """Parameters the optimizer sees: all of them, or the adapters (built on the meta device)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from rlcore.config.policy import LoRAConfig
+    from rlcore.training.lora import apply_lora
+
+    if lora is None:
+        return count_params(model_dir)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir))
+        apply_lora(model, LoRAConfig(**lora))
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def config(model_dir: str, lora: dict | None, seq_len: int, pad_id: int) -> Any:
+    from rlcore.config import load_config_dict
+
+    policy = {
+        "backend": "dtensor", "model_name": model_dir, "precision": "float32",
+        "train_global_batch_size": 2 * WORLD, "train_micro_batch_size": 1, "logprob_batch_size": 1,
+        "max_total_sequence_length": seq_len, "learning_rate": 1e-5, "max_grad_norm": 1.0,
+        "generation": {"backend": "vllm", "max_new_tokens": 8, "pad_token_id": pad_id,
+                       "vllm_cfg": {"kv_cache_space_gb": 0.25, "max_model_len": seq_len}},
+    }
+    if lora is not None:
+        policy["lora"] = lora
+    return load_config_dict({"cluster": {"workers_per_node": WORLD}, "policy": policy}).policy
+
+
+def run_mode(model_dir: str, lora: dict | None, args: argparse.Namespace, tokenizer: Any) -> dict:
+    from rl_vllm.generation import VllmGeneration
+
+    from rlcore.algorithms.loss_functions import NLLLoss
+    from rlcore.data import BatchedDataDict
+    from rlcore.distributed import RayVirtualCluster
+    from rlcore.policy import Policy
+    from rlcore.refit import WeightSynchronizer
+    from rlcore.testing.models import make_batch
+
+    cfg = config(model_dir, lora, args.seq_len, tokenizer.pad_token_id)
+    batch = BatchedDataDict(make_batch(tokenizer, 2 * WORLD, args.seq_len // 2, args.seq_len - 1, seed=0))
+    cluster = RayVirtualCluster([WORLD], max_colocated_worker_groups=2)
+    policy = generation = None
+    try:
+        policy = Policy(cluster, cfg, tokenizer, name_prefix="bench-lora")
+        generation = VllmGeneration(cluster, cfg.generation, name_prefix="bench-lora-vllm")
+        sync = WeightSynchronizer(policy, generation, colocated=True, partial_refit=True)
+        first = sync.sync_weights()
+        policy.train(batch, NLLLoss())  # warm-up
+        times = []
+        for _ in range(args.repeats):
+            start = time.perf_counter()
+            policy.train(batch, NLLLoss())
+            times.append(time.perf_counter() - start)
+        after = sync.sync_weights()
+        peak = max(info["max_rss_mb"] for info in policy.worker_group.get_results(
+            policy.worker_group.run_all_workers_single_data("get_gpu_info"))) * 2**20
+    finally:
+        for owner in (generation, policy):
+            if owner is not None:
+                owner.shutdown()
+        cluster.shutdown()
+    return {"trainable_params": trainable_params(model_dir, lora), "peak_rss_gb": peak / GB,
+            "step_s": statistics.median(times), "step_s_all": times,
+            "first_refit_bytes": first["bytes"], "first_refit_s": first["seconds"],
+            "refit_bytes": after["bytes"], "refit_s": after["seconds"]}
+
+
+def adapter_bytes(model_dir: str, lora: dict) -> int:
+    return 4 * trainable_params(model_dir, lora)  # float32 A and B
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", default="qwen2.5-0.5b")
+    parser.add_argument("--preset-layers", type=int, default=None, help="cut the preset to this many layers")
+    parser.add_argument("--targets", default="all", help="'all' (every linear layer) or e.g. q_proj,v_proj")
+    parser.add_argument("--dim", type=int, default=8)
+    parser.add_argument("--seq-len", type=int, default=256)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args(argv)
+
+    from transformers import AutoTokenizer
+
+    from rlcore.models import tiny_model_path
+    from rlcore.models.presets import preset
+
+    overrides = {"num_layers": args.preset_layers} if args.preset_layers else {}
+    model_dir = tiny_model_path(**preset(args.preset, **overrides))
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    lora = lora_settings(args.targets, args.dim)
+    load = os.getloadavg()[0]
+    with ray_session(WORLD):
+        results = {"full": run_mode(model_dir, None, args, tokenizer), "lora": run_mode(model_dir, lora, args, tokenizer)}
+    full, ours = results["full"], results["lora"]
+    print(f"{args.preset}{f' ({args.preset_layers} layers)' if args.preset_layers else ''}: "
+          f"{count_params(model_dir) / 1e6:.0f}M params, LoRA r={args.dim} on {args.targets}, "
+          f"seq {args.seq_len}, dp={WORLD}, load {load:.1f}")
+    print(f"{'':8}{'trainable':>12}{'peak GB/rank':>14}{'step s':>9}{'refit MB':>10}{'refit s':>9}")
+    for mode, r in results.items():
+        print(f"{mode:8}{r['trainable_params'] / 1e6:>11.2f}M{r['peak_rss_gb']:>14.2f}{r['step_s']:>9.2f}"
+              f"{r['refit_bytes'] / 1e6:>10.1f}{r['refit_s']:>9.2f}")
+    summary = {
+        "preset": args.preset, "layers": args.preset_layers, "targets": args.targets, "dim": args.dim,
+        "seq_len": args.seq_len, "load": load, "trainable_params": ours["trainable_params"],
+        "memory_vs_full": ours["peak_rss_gb"] / full["peak_rss_gb"],
+        "refit_bytes_vs_full": ours["refit_bytes"] / full["refit_bytes"],
+        "refit_seconds_vs_full": ours["refit_s"] / full["refit_s"],
+        "adapter_bytes_vs_full": adapter_bytes(model_dir, lora) / full["refit_bytes"],
+        "step_time_vs_full": ours["step_s"] / full["step_s"],
+        "modes": results,
+    }
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,83 @@
+"""rlcore.training.lora against PEFT (single process), and the config rules of policy.lora."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rlcore.config import load_config_dict
+from rlcore.config.policy import LoRAConfig
+from rlcore.training import lora
+
+
+@pytest.fixture(scope="module")
+def adapted(tiny_model_dir):
+    """The tiny Llama with rank-4 adapters on q/v (B made non-zero) and the same model through PEFT."""
+    from peft import LoraConfig, get_peft_model
+
+    from rlcore.testing.oracle import load_hf_model
+
+    cfg = LoRAConfig(enabled=True, dim=4, alpha=8, match_all_linear=False, target_modules=["q_proj", "v_proj"])
+    ours = load_hf_model(tiny_model_dir)
+    targets = lora.apply_lora(ours, cfg)
+    with torch.no_grad():
+        for layer in lora.lora_layers(ours).values():
+            layer.lora_B.weight.normal_(0, 0.1)
+    theirs = get_peft_model(load_hf_model(tiny_model_dir), LoraConfig(r=4, lora_alpha=8, target_modules=targets))
+    tensors = {n: t for n, t in ours.state_dict().items() if lora.is_adapter_name(n)}
+    for name, p in theirs.named_parameters():
+        if ".lora_" in name:
+            with torch.no_grad():
+                p.copy_(tensors[name.removeprefix("base_model.model.").replace(".default.", ".")])
+    return cfg, targets, ours, theirs
+
+
+def test_only_adapters_train_and_merged_weights_equal_peft_merge(adapted):
+    cfg, targets, ours, theirs = adapted
+    assert all(lora.is_adapter_name(n) for n, p in ours.named_parameters() if p.requires_grad)
+    assert targets == [f"model.layers.{i}.self_attn.{m}" for i in range(2) for m in ("q_proj", "v_proj")]
+    merged = dict(lora.merge_stream(ours.state_dict().items(), cfg.alpha / cfg.dim))
+    meta = lora.merged_metadata({n: (tuple(t.shape), "float32") for n, t in ours.state_dict().items()})
+    assert list(merged) == list(meta), "merge_stream's order must be merged_metadata's (the refit plan)"
+    reference = {n: t.detach().clone() for n, t in theirs.merge_and_unload().state_dict().items()}
+    assert set(merged) == set(reference)
+    worst = max(float((merged[n] - reference[n]).abs().max()) for n in merged)
+    assert worst <= 1e-6, worst
+
+
+def test_changed_layers_take_whole_fused_groups(adapted):
+    cfg, targets, ours, _ = adapted
+    changed = lora.changed_layers(targets)
+    assert changed == {f"model.layers.{i}.self_attn.{m}" for i in range(2) for m in ("q_proj", "k_proj", "v_proj")}
+    part = dict(lora.merge_stream(ours.state_dict().items(), cfg.alpha / cfg.dim, changed))
+    meta = lora.merged_metadata({n: (tuple(t.shape), "float32") for n, t in ours.state_dict().items()}, changed)
+    assert list(part) == list(meta) and {n.rsplit(".", 2)[-2] for n in part} == {"q_proj", "k_proj", "v_proj"}
+
+
+def test_adapters_disabled_is_the_base_model(adapted, tiny_model_dir):
+    from rlcore.testing.oracle import load_hf_model
+
+    _, _, ours, _ = adapted
+    ids = torch.randint(3, 200, (2, 7), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        base = load_hf_model(tiny_model_dir)(input_ids=ids).logits
+        with lora.adapters_disabled(ours):
+            off = ours(input_ids=ids).logits
+        on = ours(input_ids=ids).logits
+    assert torch.equal(off, base) and float((on - base).abs().max()) > 1e-3
+
+
+@pytest.mark.parametrize("policy, line", [
+    ({"backend": "fsdp1", "lora": {"enabled": True}},
+     "policy.lora.enabled: the 'fsdp1' training backend does not train LoRA adapters"),
+    ({"megatron_cfg": {"enabled": True}, "dtensor_cfg": {"enabled": False}, "lora": {"enabled": True}},
+     "policy.lora.enabled: the 'megatron' training backend does not train LoRA adapters"),
+    ({"lora": {"enabled": True, "refit": "adapter"}, "generation": {"backend": "vllm"}},
+     "policy.lora.refit: 'adapter' needs a generation backend"),
+])
+def test_lora_needs_a_backend_that_declares_it(policy, line):
+    from rlcore.plugins.registry import validate_backend_sections
+
+    problems = validate_backend_sections(load_config_dict({"policy": policy}))
+    assert len(problems) == 1 and problems[0].startswith(line), problems
+    assert validate_backend_sections(load_config_dict({"policy": {"lora": {"enabled": True}}})) == []
