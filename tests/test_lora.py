@@ -17,7 +17,8 @@ def adapted(tiny_model_dir):
 
     from rlcore.testing.oracle import load_hf_model
 
-    cfg = LoRAConfig(enabled=True, dim=4, alpha=8, match_all_linear=False, target_modules=["q_proj", "v_proj"])
+    cfg = LoRAConfig(enabled=True, dim=4, alpha=8, match_all_linear=False,
+                     target_modules=["q_proj", "v_proj", "lm_head"])
     ours = load_hf_model(tiny_model_dir)
     targets = lora.apply_lora(ours, cfg)
     with torch.no_grad():
@@ -35,7 +36,7 @@ def adapted(tiny_model_dir):
 def test_only_adapters_train_and_merged_weights_equal_peft_merge(adapted):
     cfg, targets, ours, theirs = adapted
     assert all(lora.is_adapter_name(n) for n, p in ours.named_parameters() if p.requires_grad)
-    assert targets == [f"model.layers.{i}.self_attn.{m}" for i in range(2) for m in ("q_proj", "v_proj")]
+    assert targets == [f"model.layers.{i}.self_attn.{m}" for i in range(2) for m in ("q_proj", "v_proj")] + ["lm_head"]
     merged = dict(lora.merge_stream(ours.state_dict().items(), cfg.alpha / cfg.dim))
     meta = lora.merged_metadata({n: (tuple(t.shape), "float32") for n, t in ours.state_dict().items()})
     assert list(merged) == list(meta), "merge_stream's order must be merged_metadata's (the refit plan)"
@@ -48,10 +49,25 @@ def test_only_adapters_train_and_merged_weights_equal_peft_merge(adapted):
 def test_changed_layers_take_whole_fused_groups(adapted):
     cfg, targets, ours, _ = adapted
     changed = lora.changed_layers(targets)
-    assert changed == {f"model.layers.{i}.self_attn.{m}" for i in range(2) for m in ("q_proj", "k_proj", "v_proj")}
+    qkv = {f"model.layers.{i}.self_attn.{m}" for i in range(2) for m in ("q_proj", "k_proj", "v_proj")}
+    assert changed == qkv | {"lm_head"}
     part = dict(lora.merge_stream(ours.state_dict().items(), cfg.alpha / cfg.dim, changed))
     meta = lora.merged_metadata({n: (tuple(t.shape), "float32") for n, t in ours.state_dict().items()}, changed)
-    assert list(part) == list(meta) and {n.rsplit(".", 2)[-2] for n in part} == {"q_proj", "k_proj", "v_proj"}
+    assert list(part) == list(meta)
+    assert {n.rsplit(".", 2)[-2] for n in part} == {"q_proj", "k_proj", "v_proj", "lm_head"}
+
+
+def test_the_lm_head_is_adapted_only_when_named_and_untied(tiny_model_dir):
+    from rlcore.testing.oracle import load_hf_model
+
+    model = load_hf_model(tiny_model_dir)
+    everything = lora.select_targets(model, LoRAConfig(enabled=True))
+    assert "lm_head" not in everything and len(everything) == 14
+    with_head = lora.select_targets(model, LoRAConfig(enabled=True, target_modules=["lm_head"]))
+    assert with_head == everything + ["lm_head"]
+    model.config.tie_word_embeddings = True
+    with pytest.raises(ValueError, match="policy.lora.target_modules: names the LM head .* ties it"):
+        lora.select_targets(model, LoRAConfig(enabled=True, target_modules=["lm_head"]))
 
 
 def test_adapters_disabled_is_the_base_model(adapted, tiny_model_dir):

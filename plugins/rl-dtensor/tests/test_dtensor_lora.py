@@ -1,8 +1,8 @@
 """LoRA under tensor parallel: tp=2 with sequence parallel against PEFT in one process.
 
 The adapters are split like their base layers (column-wise: ``lora_B`` by
-output features; row-wise: ``lora_A`` by input features, ``lora_B`` over
-sequence shards); one SGD step must give PEFT's adapters and logprobs, and the
+output features, and the LM head's ``lora_A`` over sequence shards; row-wise:
+``lora_A`` by input features, ``lora_B`` over sequence shards); one SGD step must give PEFT's adapters and logprobs, and the
 frozen base weights must stay frozen through the parallel styles (which
 replace parameters). The dp layout is covered by the conformance kit's LoRA
 section.
@@ -19,7 +19,8 @@ from rlcore.testing.oracle import weight_problems
 
 TOL = 1e-5
 LR = 0.5
-LORA = {"enabled": True, "dim": 4, "alpha": 8, "match_all_linear": True, "lora_A_init": "uniform"}
+LORA = {"enabled": True, "dim": 4, "alpha": 8, "match_all_linear": True, "target_modules": ["lm_head"],
+        "lora_A_init": "uniform"}
 
 
 def test_lora_step_under_tensor_parallel_matches_peft(ray_session, tiny_tokenizer, tmp_path):
@@ -33,6 +34,7 @@ def test_lora_step_under_tensor_parallel_matches_peft(ray_session, tiny_tokenize
         dims = call_all(policy, "is_dtensor_model")[0]
         assert dims["model.layers.0.self_attn.q_proj.lora_B.weight"] == 2, "lora_B of a column-wise layer is tp-split"
         assert dims["model.layers.0.self_attn.o_proj.lora_A.weight"] == 2, "lora_A of a row-wise layer is tp-split"
+        assert dims["lm_head.lora_B.weight"] == 2, "the LM head's lora_B is split by vocabulary"
         policy.save_checkpoint(str(tmp_path / "initial"))
         expected = peft_sgd_step(llama, tmp_path / "initial", data, NLLLoss(), LR)
         loss = float(policy.train(data, NLLLoss())["loss"][0])

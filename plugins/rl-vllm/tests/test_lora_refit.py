@@ -34,7 +34,7 @@ def setup(ray_session: None, tiny_model_dir: str, tiny_tokenizer: Any) -> Iterat
         "backend": "dtensor", "model_name": tiny_model_dir, "precision": "float32",
         "train_global_batch_size": 4, "train_micro_batch_size": 1, "max_total_sequence_length": 64,
         "optimizer": {"name": "torch.optim.SGD", "kwargs": {"lr": 2.0}}, "max_grad_norm": None,
-        "lora": {"enabled": True, "match_all_linear": False, "target_modules": ["q_proj", "v_proj"],
+        "lora": {"enabled": True, "match_all_linear": False, "target_modules": ["q_proj", "v_proj", "lm_head"],
                  "dim": 4, "alpha": 8, "lora_A_init": "uniform"},
         "generation": {"backend": "vllm", "max_new_tokens": MAX_NEW, "pad_token_id": tiny_tokenizer.pad_token_id,
                        "vllm_cfg": {"kv_cache_space_gb": 0.0625, "max_model_len": 128}},
@@ -75,7 +75,8 @@ def test_merged_refits_send_the_model_once_then_only_the_adapted_layers(setup: d
     policy = setup["policy"]
     full_info, changed_info = policy.prepare_refit_info(), policy.prepare_refit_info(changed_only=True)
     assert not [n for n in full_info if "lora_" in n or "base_layer" in n], "refit names must be Hugging Face's"
-    assert {n.rsplit(".", 2)[-2] for n in changed_info} == {"q_proj", "k_proj", "v_proj"}, sorted(changed_info)
+    assert {n.rsplit(".", 2)[-2] for n in changed_info} == {"q_proj", "k_proj", "v_proj", "lm_head"}, \
+        sorted(changed_info)
 
     sync = WeightSynchronizer(policy, setup["generation"], colocated=True, partial_refit=True)
     first = sync.sync_weights()

@@ -241,10 +241,11 @@ class LoRAConfig(StrictModel):
                           "backend declaring the 'lora' capability).")
     target_modules: list[str] = Field(
         default_factory=list, description="Linear layers to adapt: a module's own name ('q_proj') or a "
-        "pattern over its dotted path ('*.layers.0.*.q_proj'); used when match_all_linear is false.")
+        "pattern over its dotted path ('*.layers.0.*.q_proj'). 'lm_head' adapts the output layer too (untied "
+        "models only), also beside match_all_linear.")
     exclude_modules: list[str] = Field(default_factory=list, description="Layers never adapted (same patterns).")
     match_all_linear: bool = Field(True, description="Adapt every linear layer of the decoder blocks (not the "
-                                   "LM head); target_modules is then ignored.")
+                                   "LM head); target_modules then only adds the LM head if it names it.")
     dim: PositiveInt = Field(8, description="LoRA rank r.")
     alpha: float = Field(32, gt=0, description="Scale numerator: the adapter's output is multiplied by alpha/dim.")
     dropout: float = Field(0.0, ge=0, lt=1, description="Dropout probability inside the adapter (training only).")

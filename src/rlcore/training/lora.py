@@ -2,7 +2,7 @@
 
 A small in-house layer instead of ``peft.get_peft_model``, for three reasons:
 tensor parallel needs to shard ``lora_A``/``lora_B`` with the same parallel
-styles as the base layer (:func:`lora_tp_plan` below), which PEFT's wrapper
+styles as the base layer (``rl_dtensor.tp_plans.with_lora``), which PEFT's wrapper
 classes do not expose to ``parallelize_module``; the reference model is the
 base model with the adapters switched off, a flag here; and the backends read
 full tensors by name for refit and checkpoints, which stay plain here:
@@ -73,19 +73,38 @@ def select_targets(model: nn.Module, cfg: Any) -> list[str]:
     """Dotted paths of the ``nn.Linear`` layers ``cfg`` (``policy.lora``) adapts, in module order.
 
     ``match_all_linear`` takes every linear layer inside the decoder blocks
-    (paths with ``.layers.<i>.``); the LM head and embeddings are never adapted.
+    (paths with ``.layers.<i>.``). The LM head is adapted only when
+    ``target_modules`` names it: with a frozen output layer, a change of the
+    hidden states alone can move each token's logit only so far (what a new
+    output vocabulary, or a randomly initialised model, needs). Embeddings are
+    never adapted.
     """
+    head = _lm_head_path(model)
     found = []
     for path, module in model.named_modules():
-        if not isinstance(module, nn.Linear) or ".layers." not in f".{path}":
+        if not isinstance(module, nn.Linear):
             continue
-        wanted = cfg.match_all_linear or _matches(path, cfg.target_modules)
+        if path == head:
+            wanted = _matches(path, cfg.target_modules)
+        elif ".layers." in f".{path}":
+            wanted = cfg.match_all_linear or _matches(path, cfg.target_modules)
+        else:
+            wanted = False
         if wanted and not _matches(path, cfg.exclude_modules):
             found.append(path)
+    if head in found and getattr(model.config, "tie_word_embeddings", False):
+        raise ValueError(f"policy.lora.target_modules: names the LM head ({head!r}), but this model ties it to the "
+                         "input embeddings, so a merged adapter would change the embeddings too; leave it out")
     if not found:
         raise ValueError(f"policy.lora: no linear layer of the model matches target_modules={cfg.target_modules} "
                          f"(exclude_modules={cfg.exclude_modules}); use the layers' own names, e.g. q_proj")
     return found
+
+
+def _lm_head_path(model: nn.Module) -> str | None:
+    """The dotted path of the model's output layer (``lm_head`` for Hugging Face causal LMs)."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    return next((path for path, module in model.named_modules() if module is head), None) if head else None
 
 
 def apply_lora(model: nn.Module, cfg: Any, seed: int = 0) -> list[str]:

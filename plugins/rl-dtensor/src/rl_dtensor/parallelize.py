@@ -93,8 +93,8 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, sequence_parallel: bool, cus
 
 
 def _tied_embeddings(model: nn.Module) -> bool:
-    out, inp = model.get_output_embeddings(), model.get_input_embeddings()
-    return out is not None and inp is not None and out.weight is inp.weight
+    out, inp = model.get_output_embeddings(), model.get_input_embeddings()  # a LoRA-wrapped head has no .weight
+    return out is not None and inp is not None and getattr(out, "weight", None) is inp.weight
 
 
 def apply_ac(model: nn.Module) -> None:

@@ -132,7 +132,8 @@ def with_lora(plan: Plan, model: nn.Module) -> Plan:
 
     A wrapped layer's style moves to its ``base_layer``, and the adapter is split
     to match: column-wise (output features split) shards ``lora_B`` the same way,
-    with ``lora_A`` replicated; row-wise (input features split) shards
+    with ``lora_A`` replicated (a ``SequenceParallel`` one when the input is
+    sequence-sharded, as the LM head's is under SP); row-wise (input features split) shards
     ``lora_A``, whose reduced output feeds a replicated ``lora_B`` (a
     ``SequenceParallel`` one when the output is sequence-sharded, so its
     gradient is summed over the shards). Patterns are expanded to the paths
@@ -160,6 +161,8 @@ def with_lora(plan: Plan, model: nn.Module) -> Plan:
             out[path + ".base_layer"] = style
             if isinstance(style, ColwiseParallel):
                 out[path + ".lora_B"] = style
+                if isinstance(style.input_layouts[0], Shard):
+                    out[path + ".lora_A"] = SequenceParallel()
             else:
                 out[path + ".lora_A"] = style
                 if isinstance(style.output_layouts[0], Shard):
