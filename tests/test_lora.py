@@ -84,8 +84,6 @@ def test_adapters_disabled_is_the_base_model(adapted, tiny_model_dir):
 
 
 @pytest.mark.parametrize("policy, line", [
-    ({"backend": "fsdp1", "lora": {"enabled": True}},
-     "policy.lora.enabled: the 'fsdp1' training backend does not train LoRA adapters"),
     ({"megatron_cfg": {"enabled": True}, "dtensor_cfg": {"enabled": False}, "lora": {"enabled": True}},
      "policy.lora.enabled: the 'megatron' training backend does not train LoRA adapters"),
     ({"lora": {"enabled": True, "refit": "adapter"}, "generation": {"backend": "vllm"}},
@@ -97,3 +95,28 @@ def test_lora_needs_a_backend_that_declares_it(policy, line):
     problems = validate_backend_sections(load_config_dict({"policy": policy}))
     assert len(problems) == 1 and problems[0].startswith(line), problems
     assert validate_backend_sections(load_config_dict({"policy": {"lora": {"enabled": True}}})) == []
+
+
+def test_an_adapter_checkpoint_is_checked_against_policy_lora_before_any_worker_starts(adapted, tiny_model_dir,
+                                                                                      tmp_path):
+    from rlcore.config.policy import PolicyConfig
+    from rlcore.preflight import check_policy_sources
+
+    cfg, targets, ours, _ = adapted
+    adapters = {n: t for n, t in ours.state_dict().items() if lora.is_adapter_name(n)}
+    lora.save_lora_checkpoint(adapters, lora.peft_adapter_config(cfg, targets, tiny_model_dir), tmp_path / "ckpt")
+
+    def problems(**lora_cfg) -> list[str]:
+        policy = PolicyConfig(model_name=tiny_model_dir, lora=lora_cfg)
+        return check_policy_sources(policy, tmp_path / "ckpt")
+
+    assert problems(enabled=True, dim=4, alpha=8, target_modules=["q_proj"]) == []
+    assert problems(enabled=False) == [f"weights_path: {tmp_path / 'ckpt'} is a LoRA adapter checkpoint, but "
+                                       "policy.lora.enabled is false; enable policy.lora with the settings it was "
+                                       "trained with, or pass a full model directory"]
+    (line,) = problems(enabled=True, dim=8, alpha=8)
+    assert line.startswith("weights_path: the adapter was trained with {'dim': 4, 'alpha': 8.0}, but policy.lora "
+                           "has {'dim': 8, 'alpha': 8.0}"), line
+    (tmp_path / "ckpt" / "adapter_model.safetensors").unlink()
+    (line,) = problems(enabled=True, dim=4, alpha=8)
+    assert "has adapter_config.json but no adapter_model.safetensors" in line, line

@@ -23,7 +23,14 @@ import struct
 from pathlib import Path
 from typing import Any
 
-from rlcore.training.checkpoint import CONFIG_NAME, SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME
+from rlcore.training.checkpoint import (
+    ADAPTER_CONFIG_NAME,
+    ADAPTER_WEIGHTS_NAME,
+    CONFIG_NAME,
+    SAFE_WEIGHTS_INDEX_NAME,
+    SAFE_WEIGHTS_NAME,
+    is_adapter_checkpoint,
+)
 
 __all__ = ["check_model_sources", "check_policy_sources"]
 
@@ -77,11 +84,36 @@ def check_policy_sources(policy: Any, weights_path: str | os.PathLike | None = N
     is handed a tokenizer object).
     """
     checks = _Checks(policy.training_backend)
-    if weights_path is not None:
+    if weights_path is not None and is_adapter_checkpoint(weights_path):
+        checks.model("policy.model_name", policy.model_name)  # the adapters go over the base model
+        checks.problems += _adapter_problems(Path(weights_path), policy.lora)
+    elif weights_path is not None:
         checks.model("weights_path", str(weights_path))
     else:
         checks.model("policy.model_name", policy.model_name)
     return checks.problems
+
+
+def _adapter_problems(directory: Path, lora: Any) -> list[str]:
+    """A LoRA checkpoint (PEFT adapter directory) that ``policy.lora`` cannot load, one line per problem."""
+    if not lora.enabled:
+        return [f"weights_path: {directory} is a LoRA adapter checkpoint, but policy.lora.enabled is false; "
+                "enable policy.lora with the settings it was trained with, or pass a full model directory"]
+    adapter, problem = _read_json(directory / ADAPTER_CONFIG_NAME)
+    if problem:
+        return [f"weights_path: {problem}"]
+    weights = directory / ADAPTER_WEIGHTS_NAME
+    if not weights.is_file():
+        return [f"weights_path: {directory} has {ADAPTER_CONFIG_NAME} but no {ADAPTER_WEIGHTS_NAME}; "
+                "the checkpoint is incomplete, resume from an earlier one"]
+    if problem := _safetensors_problem(weights):
+        return [f"weights_path: {problem}"]
+    saved = {"dim": adapter.get("r"), "alpha": adapter.get("lora_alpha")}
+    wanted = {"dim": lora.dim, "alpha": lora.alpha}
+    if saved != wanted:
+        return [f"weights_path: the adapter was trained with {saved}, but policy.lora has {wanted}; "
+                "set policy.lora to the adapter's settings"]
+    return []
 
 
 class _Checks:

@@ -350,6 +350,7 @@ def test_bfloat16_policy_trains_generates_and_exports_bfloat16(ray_session, tiny
     config = policy_config(tiny_model_dir, precision="bfloat16", fsdp_offload_enabled=True)
     policy, cluster = start(config, tiny_tokenizer)
     try:
+        policy.offload_before_refit()  # GRPO's first refit comes before any pass (FSDP1 is not initialised yet)
         before = policy.get_logprobs(batch)["logprobs"]
         result = policy.train(batch, NLLLoss())
         after = policy.get_logprobs(batch)["logprobs"]

@@ -1,9 +1,9 @@
 """LoRA refit into real vLLM engines: merged weights, the whole model once, then only the adapted layers.
 
-A dtensor policy (dp=2) trains LoRA adapters on q_proj and v_proj only, so a
-partial refit must widen them to the whole fused q/k/v group (vLLM's
-``qkv_proj``); the engines share the policy's bundles. After every refit the
-engines' greedy logprobs must equal the policy's.
+A dtensor and an fsdp1 policy (dp=2) train LoRA adapters on q_proj, v_proj and
+the LM head, so a partial refit must widen them to the whole fused q/k/v group
+(vLLM's ``qkv_proj``); the engines share the policy's bundles. After every
+refit the engines' greedy logprobs must equal the policy's.
 """
 
 from __future__ import annotations
@@ -24,14 +24,15 @@ MAX_NEW = 6
 ATOL = 1e-4
 
 
-@pytest.fixture(scope="module")
-def setup(ray_session: None, tiny_model_dir: str, tiny_tokenizer: Any) -> Iterator[dict]:
+@pytest.fixture(scope="module", params=["dtensor", "fsdp1"])
+def setup(request: pytest.FixtureRequest, ray_session: None, tiny_model_dir: str,
+          tiny_tokenizer: Any) -> Iterator[dict]:
     from rl_vllm.generation import VllmGeneration
 
     from rlcore.policy import Policy
 
     cfg = load_config_dict({"cluster": {"workers_per_node": WORLD}, "policy": {
-        "backend": "dtensor", "model_name": tiny_model_dir, "precision": "float32",
+        "backend": request.param, "model_name": tiny_model_dir, "precision": "float32",
         "train_global_batch_size": 4, "train_micro_batch_size": 1, "max_total_sequence_length": 64,
         "optimizer": {"name": "torch.optim.SGD", "kwargs": {"lr": 2.0}}, "max_grad_norm": None,
         "lora": {"enabled": True, "match_all_linear": False, "target_modules": ["q_proj", "v_proj", "lm_head"],
@@ -43,8 +44,9 @@ def setup(ray_session: None, tiny_model_dir: str, tiny_tokenizer: Any) -> Iterat
     cluster = clusters(WORLD, max_colocated_worker_groups=2)
     policy = generation = None
     try:
-        policy = Policy(cluster, cfg, tiny_tokenizer, name_prefix="lora-refit", init_reference_model=False)
-        generation = VllmGeneration(cluster, cfg.generation, name_prefix="lora-refit-vllm")
+        policy = Policy(cluster, cfg, tiny_tokenizer, name_prefix=f"lora-refit-{request.param}",
+                        init_reference_model=False)
+        generation = VllmGeneration(cluster, cfg.generation, name_prefix=f"lora-refit-{request.param}-vllm")
         yield {"policy": policy, "generation": generation, "cluster": cluster, "tokenizer": tiny_tokenizer}
     finally:
         for owner in (generation, policy):

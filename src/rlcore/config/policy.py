@@ -260,6 +260,11 @@ class LoRAConfig(StrictModel):
     save_merged: bool = Field(False, description="Checkpoints also hold the merged full weights (a Hugging Face "
                               "model directory under 'merged/'), beside the PEFT-format adapter.")
 
+    @property
+    def scaling(self) -> float:
+        """The factor on the adapter's output, ``alpha / dim``."""
+        return self.alpha / self.dim
+
     @model_validator(mode="after")
     def _something_to_adapt(self) -> "LoRAConfig":
         if self.enabled and not self.match_all_linear and not self.target_modules:

@@ -34,6 +34,14 @@ SAFE_WEIGHTS_NAME = "model.safetensors"
 SAFE_WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
 CONFIG_NAME = "config.json"
 DEFAULT_MAX_SHARD_SIZE_BYTES = 5 * 1024**3
+#: A LoRA checkpoint's weights directory is a PEFT adapter: these two files (see rlcore.training.lora).
+ADAPTER_WEIGHTS_NAME = "adapter_model.safetensors"
+ADAPTER_CONFIG_NAME = "adapter_config.json"
+
+
+def is_adapter_checkpoint(path: str | os.PathLike | None) -> bool:
+    """Whether ``path`` holds a PEFT adapter (LoRA) rather than a full model."""
+    return path is not None and (Path(path) / ADAPTER_CONFIG_NAME).is_file()
 
 
 # --------------------------------------------------------------------------- atomicity
@@ -304,6 +312,7 @@ def load_torch_state(path: str | os.PathLike) -> Any:
 __all__ = [
     "atomic_directory",
     "backup_path",
+    "is_adapter_checkpoint",
     "load_hf_state_dict",
     "load_torch_state",
     "recover_checkpoint",

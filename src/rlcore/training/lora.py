@@ -28,9 +28,9 @@ from typing import Any, Iterable, Iterator
 import torch
 from torch import nn
 
+from rlcore.training.checkpoint import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME
+
 BASE = ".base_layer."
-ADAPTER_WEIGHTS_NAME = "adapter_model.safetensors"
-ADAPTER_CONFIG_NAME = "adapter_config.json"
 PEFT_PREFIX = "base_model.model."
 
 
@@ -236,7 +236,7 @@ def merged_metadata(metadata: dict[str, Any], only_layers: set[str] | None = Non
 
 
 def peft_adapter_config(cfg: Any, targets: list[str], base_model: str) -> dict[str, Any]:
-    """``adapter_config.json`` for :func:`save_adapter` (what ``peft.LoraConfig`` reads)."""
+    """``adapter_config.json`` for :func:`save_lora_checkpoint` (what ``peft.LoraConfig`` reads)."""
     return {
         "peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": base_model,
         "r": cfg.dim, "lora_alpha": cfg.alpha, "lora_dropout": cfg.dropout, "bias": "none",
@@ -281,5 +281,19 @@ def load_adapter(path: str | Path) -> dict[str, torch.Tensor]:
     return out
 
 
-def is_adapter_checkpoint(path: str | Path | None) -> bool:
-    return path is not None and (Path(path) / ADAPTER_CONFIG_NAME).is_file()
+def load_adapter_into(model: nn.Module, path: str | Path) -> None:
+    """Copy a PEFT adapter directory's tensors into a LoRA-wrapped plain model (before any sharding).
+
+    The adapted layers must be the same: an adapter tensor the model lacks, or
+    an adapter of the model the checkpoint lacks, raises naming it.
+    """
+    adapters = load_adapter(path)
+    ours = {name for name, _ in model.named_parameters() if is_adapter_name(name)}
+    if set(adapters) != ours:
+        raise KeyError(f"{path}: the adapter does not fit policy.lora's layers: missing "
+                       f"{sorted(ours - set(adapters))[:3]}, unexpected {sorted(set(adapters) - ours)[:3]}")
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, tensor in adapters.items():
+            params[name].copy_(tensor)
+

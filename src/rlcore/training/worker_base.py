@@ -22,6 +22,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from rlcore.data import BatchedDataDict
+from rlcore.training.lora import adapters_disabled, changed_layers
 from rlcore.training.loop import StepHooks, micro_batches, train_steps
 
 
@@ -37,6 +38,7 @@ class TrainingWorkerBase:
     device: torch.device
     dp_size: int
     reference_state: dict[str, torch.Tensor] | None = None
+    lora_targets: list[str] = []  # paths of the LoRA-adapted layers (set in __init__ when policy.lora is on)
 
     # -- to implement ------------------------------------------------------------
     def _forward_logprobs(self, mb: BatchedDataDict) -> torch.Tensor:
@@ -74,11 +76,17 @@ class TrainingWorkerBase:
         self.model.load_state_dict(state)
 
     def init_reference_model(self) -> None:
-        self.reference_state = self._snapshot_to_cpu()
+        """A CPU copy of this rank's shards; none with LoRA, whose reference is the model with adapters off."""
+        if not self.lora_targets:
+            self.reference_state = self._snapshot_to_cpu()
 
     @contextlib.contextmanager
     def use_reference_model(self) -> Iterator[None]:
-        """Swap the reference weights in from their CPU copy; put the trained ones back after."""
+        """Swap the reference weights in from their CPU copy (LoRA: switch the adapters off); undo after."""
+        if self.lora_targets:
+            with adapters_disabled(self.model):
+                yield
+            return
         if self.reference_state is None:
             raise RuntimeError("this worker was created with init_reference_model=False")
         trained = self._snapshot_to_cpu()
@@ -87,6 +95,11 @@ class TrainingWorkerBase:
             yield
         finally:
             self._load_snapshot(trained)
+
+    # -- LoRA --------------------------------------------------------------------
+    def _changed_layers(self, changed_only: bool) -> set[str] | None:
+        """With LoRA, a refit after the first sends only the adapted layers (the rest never changes)."""
+        return changed_layers(self.lora_targets) if changed_only and self.lora_targets else None
 
     # -- inference passes ----------------------------------------------------------
     def _map_micro_batches(self, data: BatchedDataDict, fn: Callable[[BatchedDataDict], dict],

@@ -36,7 +36,7 @@ from rlcore.data import BatchedDataDict
 from rlcore.refit import RefitExportMixin
 from rlcore.refit.buckets import dtype_name
 from rlcore.training import lora
-from rlcore.training.checkpoint import load_hf_state_dict, save_hf_checkpoint
+from rlcore.training.checkpoint import is_adapter_checkpoint, load_hf_state_dict, save_hf_checkpoint
 from rlcore.training.loop import StepHooks
 from rlcore.training.optim import build_optimizer, build_scheduler
 from rlcore.distributed.process_group import init_distributed
@@ -93,10 +93,12 @@ class DTensorPolicyWorker(RefitExportMixin, TrainingWorkerBase):
 
         # Float32 master weights whatever the precision; ``precision`` is FSDP's compute dtype.
         # A LoRA checkpoint holds only the adapters: the base weights come from the model itself.
-        adapter_path = weights_path if lora.is_adapter_checkpoint(weights_path) else None
+        adapter_path = weights_path if is_adapter_checkpoint(weights_path) else None
         base_path = config.model_name if adapter_path else (weights_path or config.model_name)
         model = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32)
         self.lora_targets = lora.apply_lora(model, config.lora) if config.lora.enabled else []
+        if adapter_path:
+            lora.load_adapter_into(model, adapter_path)
         if not self.opts.cpu_offload:
             model = model.to(self.device)
         self.model: nn.Module = parallelize(model, self.mesh, self.opts)
@@ -106,8 +108,6 @@ class DTensorPolicyWorker(RefitExportMixin, TrainingWorkerBase):
         self._model_device = self.device
         self._optimizer_device = self.device
 
-        if adapter_path:
-            state.load_full_state_dict(self.model, lora.load_adapter(adapter_path), only=lora.is_adapter_name)
         # Frozen base weights (LoRA) get no optimizer state.
         trainable = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = build_optimizer(trainable, config.optimizer, config.learning_rate) \
@@ -172,14 +172,7 @@ class DTensorPolicyWorker(RefitExportMixin, TrainingWorkerBase):
             zero_grad=lambda: self.model.zero_grad(set_to_none=True),
         )
 
-    # -- reference model: this rank's own shards on CPU, or (LoRA) the adapters switched off ------
-    def init_reference_model(self) -> None:
-        if not self.lora_targets:
-            super().init_reference_model()
-
-    def use_reference_model(self):
-        return lora.adapters_disabled(self.model) if self.lora_targets else super().use_reference_model()
-
+    # -- reference model: this rank's own shards on CPU (LoRA: the base class switches adapters off) ------
     def _snapshot_to_cpu(self) -> dict[str, torch.Tensor]:
         return state.snapshot_local(self.model)
 
@@ -189,10 +182,6 @@ class DTensorPolicyWorker(RefitExportMixin, TrainingWorkerBase):
     # -- refit export (RefitExportMixin builds the transports on these two) ---------------
     def _refit_dtype(self) -> torch.dtype:
         return self.compute_dtype
-
-    def _changed_layers(self, changed_only: bool) -> set[str] | None:
-        """With LoRA, a refit after the first sends only the adapted layers (the rest never changes)."""
-        return lora.changed_layers(self.lora_targets) if changed_only and self.lora_targets else None
 
     def prepare_refit_info(self, changed_only: bool = False) -> dict[str, tuple[tuple[int, ...], str]]:
         """``{hf_name: (full shape, dtype)}`` in :meth:`iter_refit_tensors` order; no communication."""
@@ -210,11 +199,8 @@ class DTensorPolicyWorker(RefitExportMixin, TrainingWorkerBase):
             return
         only = self._changed_layers(changed_only)
         keep = None if only is None else (lambda name: lora.layer_path(name) in only)
-        merged = lora.merge_stream(state.iter_full_tensors(self.model, keep=keep), self._lora_scaling(), only)
+        merged = lora.merge_stream(state.iter_full_tensors(self.model, keep=keep), self.cfg.lora.scaling, only)
         yield from ((name, t.to(dtype)) for name, t in merged)
-
-    def _lora_scaling(self) -> float:
-        return self.cfg.lora.alpha / self.cfg.lora.dim
 
     # -- checkpoints ------------------------------------------------------------------------
     def save_checkpoint(self, weights_path: str, optimizer_path: str | None = None,
@@ -238,18 +224,19 @@ class DTensorPolicyWorker(RefitExportMixin, TrainingWorkerBase):
     def _save_lora(self, weights_path: str) -> None:
         """The adapters in PEFT's format; with ``policy.lora.save_merged`` the merged model under ``merged/``."""
         state.reshard(self.model)
+        on_rank0 = self.rank == 0  # every rank takes part in the gathers; rank 0 keeps and writes
         adapters = {name: t.to("cpu", copy=True)
-                    for name, t in state.iter_full_tensors(self.model, keep=lora.is_adapter_name)}
+                    for name, t in state.iter_full_tensors(self.model, keep=lora.is_adapter_name) if on_rank0}
         merged = None
         if self.cfg.lora.save_merged:
-            merged = {name: t.to("cpu", copy=True)
-                      for name, t in lora.merge_stream(state.iter_full_tensors(self.model), self._lora_scaling())}
+            merged = {name: t.to("cpu", copy=True) for name, t in
+                      lora.merge_stream(state.iter_full_tensors(self.model), self.cfg.lora.scaling) if on_rank0}
         config = lora.peft_adapter_config(self.cfg.lora, self.lora_targets, self.cfg.model_name)
         ckpt.on_rank0(lambda: lora.save_lora_checkpoint(adapters, config, weights_path, merged, self.hf_config))
 
     def load_checkpoint(self, weights_path: str, optimizer_path: str | None = None) -> None:
         self._ensure_on_device(optimizer=bool(optimizer_path))
-        if lora.is_adapter_checkpoint(weights_path):
+        if is_adapter_checkpoint(weights_path):
             state.load_full_state_dict(self.model, lora.load_adapter(weights_path), only=lora.is_adapter_name)
         else:
             state.load_full_state_dict(self.model, load_hf_state_dict(weights_path))

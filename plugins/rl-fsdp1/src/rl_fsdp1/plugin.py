@@ -9,7 +9,7 @@ from rlcore.plugins import BackendSpec, hookimpl
 
 CAPABILITIES = frozenset({
     "train", "logprobs", "topk_logits", "reference_model", "dynamic_batching", "checkpoint",
-    "generate", "refit",
+    "generate", "refit", "lora",
 })
 
 

@@ -5,6 +5,7 @@ Why the pieces look the way they do:
 - Auto-wrap unit = the model's decoder-layer class (from HF's
   ``_no_split_modules``), so at most one layer is gathered at a time; the
   embeddings, final norm and LM head (tied or not) stay in the root unit.
+  LoRA adapter matrices are units of their own (:func:`wrap_policy`).
 - ``use_orig_params=False``: ``model.parameters()`` are the FSDP *flat*
   parameters, i.e. exactly this rank's shards. The optimizer, the gradient
   norm, the reference-model snapshot and the offload hooks all work on them
@@ -31,13 +32,13 @@ import contextlib
 import itertools
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 from torch import nn
 from torch.distributed.fsdp import CPUOffload, MixedPrecision, ShardingStrategy
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
+from torch.distributed.fsdp.wrap import CustomPolicy
 from rlcore.training.worker_base import DTYPES
 
 
@@ -75,9 +76,8 @@ def fsdp_kwargs(model: nn.Module, device: torch.device, precision: str, offload:
             notes.append("fsdp_offload_enabled has no effect on CPU: parameters already live in host memory")
         else:
             cpu_offload = CPUOffload(offload_params=True)
-    layers = decoder_layer_classes(model)
     kwargs = dict(
-        auto_wrap_policy=partial(transformer_auto_wrap_policy, transformer_layer_cls=layers) if layers else None,
+        auto_wrap_policy=wrap_policy(model),
         sharding_strategy=ShardingStrategy.FULL_SHARD,
         mixed_precision=mixed,
         cpu_offload=cpu_offload,
@@ -87,6 +87,22 @@ def fsdp_kwargs(model: nn.Module, device: torch.device, precision: str, offload:
         limit_all_gathers=True,
     )
     return kwargs, notes
+
+
+def wrap_policy(model: nn.Module) -> CustomPolicy | None:
+    """One FSDP unit per decoder layer and, with LoRA, one per adapter matrix.
+
+    A flat parameter is all trainable or all frozen (with ``use_orig_params=False``),
+    so the adapters (trainable) get units of their own inside the layer's unit
+    (frozen base weights); the optimizer then sees only the adapter units' shards.
+    """
+    from rlcore.training.lora import lora_layers
+
+    layers = tuple(decoder_layer_classes(model))
+    adapters = {id(m) for layer in lora_layers(model).values() for m in (layer.lora_A, layer.lora_B)}
+    if not layers and not adapters:
+        return None
+    return CustomPolicy(lambda module: isinstance(module, layers) or id(module) in adapters)
 
 
 def release_gathered_params(model: FSDP) -> None:
@@ -100,7 +116,9 @@ def release_gathered_params(model: FSDP) -> None:
 
     for unit in FSDP.fsdp_modules(model):
         handle = unit._handle
-        if handle is not None and handle.uses_sharded_strategy and not handle.needs_unshard():
+        if handle is None or not hasattr(handle.flat_param, "_full_param_padded"):
+            continue  # before the first pass (FSDP1 initialises lazily) nothing was ever gathered
+        if handle.uses_sharded_strategy and not handle.needs_unshard():
             _reshard(unit, handle, True)
 
 
@@ -241,22 +259,25 @@ class ParamLayout:
                 for name in group:
                     yield name, resolve(unit, self._relative(name)).detach()
 
-    def load_full(self, model: FSDP, state: dict[str, torch.Tensor]) -> None:
+    def load_full(self, model: FSDP, state: dict[str, torch.Tensor],
+                  only: Callable[[str], bool] | None = None) -> None:
         """Copy full HF-named tensors into the sharded model (collective: every rank, same ``state``).
 
-        Tied duplicates may be absent from ``state``; anything else missing, or
-        an unexpected name, raises KeyError naming it.
+        ``only`` limits the load to the names it accepts (a LoRA adapter
+        checkpoint holds only the adapters). Tied duplicates may be absent from
+        ``state``; anything else missing, or an unexpected name, raises KeyError naming it.
         """
         release_gathered_params(model)
-        missing = [n for n in self.names if n not in state]
-        unexpected = sorted(set(state) - set(self.names) - set(self.tied))
+        names = [n for n in self.names if only is None or only(n)]
+        missing = [n for n in names if n not in state]
+        unexpected = sorted(set(state) - set(names) - set(self.tied))
         if missing or unexpected:
             raise KeyError(f"checkpoint does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
         with torch.no_grad():
-            for name in (n for n in self.names if n in self.buffers):
+            for name in (n for n in names if n in self.buffers):
                 buffer = resolve(model, name)
                 buffer.copy_(state[name].to(buffer.device, buffer.dtype))
-            params = [n for n in self.names if n not in self.buffers]
+            params = [n for n in names if n not in self.buffers]
             for owner, group in itertools.groupby(params, key=lambda n: self.owners[n]):
                 unit = self.units[owner]
                 with FSDP.summon_full_params(unit, recurse=False, writeback=True):

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -33,8 +33,10 @@ from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 from rlcore.data import BatchedDataDict
 from rlcore.refit import RefitExportMixin
 from rlcore.refit.buckets import dtype_name
+from rlcore.training import lora
 from rlcore.training.checkpoint import (
     atomic_directory,
+    is_adapter_checkpoint,
     load_hf_state_dict,
     load_torch_state,
     recover_checkpoint,
@@ -78,9 +80,15 @@ class FSDP1PolicyWorker(RefitExportMixin, TrainingWorkerBase):
         self.export_dtype = DTYPES[config.precision]
 
         # Master weights in float32 (FSDP mixed precision casts for compute); every rank reads the
-        # checkpoint itself, so no broadcast of module states is needed.
-        hf_model = AutoModelForCausalLM.from_pretrained(weights_path or config.model_name, dtype=torch.float32)
+        # checkpoint itself, so no broadcast of module states is needed. A LoRA checkpoint holds only
+        # the adapters: the base weights come from the model itself.
+        adapter_path = weights_path if is_adapter_checkpoint(weights_path) else None
+        base_path = config.model_name if adapter_path else (weights_path or config.model_name)
+        hf_model = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32)
         self.hf_config = hf_model.config
+        self.lora_targets = lora.apply_lora(hf_model, config.lora) if config.lora.enabled else []
+        if adapter_path:
+            lora.load_adapter_into(hf_model, adapter_path)
         self.layout = ParamLayout.from_model(hf_model)
         kwargs, self.notes = fsdp_kwargs(hf_model, self.device, config.precision, config.fsdp_offload_enabled)
         for note in self.notes:
@@ -92,7 +100,9 @@ class FSDP1PolicyWorker(RefitExportMixin, TrainingWorkerBase):
         self.layout.bind(self.model)
         self._model_on_device = True
 
-        self.optimizer = build_optimizer(self.model.parameters(), config.optimizer, config.learning_rate) \
+        # Frozen base weights (LoRA) get no optimizer state: only the adapter units' flat shards train.
+        trainable = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = build_optimizer(trainable, config.optimizer, config.learning_rate) \
             if init_optimizer else None
         self.scheduler = build_scheduler(self.optimizer, config.scheduler) if self.optimizer else None
         if optimizer_path and self.optimizer is not None:
@@ -194,29 +204,41 @@ class FSDP1PolicyWorker(RefitExportMixin, TrainingWorkerBase):
         return BatchedDataDict(out)
 
     # -- refit export ------------------------------------------------------------------
-    def prepare_refit_info(self) -> dict[str, tuple[tuple[int, ...], str]]:
+    def prepare_refit_info(self, changed_only: bool = False) -> dict[str, tuple[tuple[int, ...], str]]:
         """``{hf_name: (shape, dtype)}`` in the order :meth:`iter_refit_tensors` yields them."""
-        return {n: (self.layout.shapes[n], dtype_name(self._export_dtype_of(n))) for n in self.layout.names}
+        info = {n: (self.layout.shapes[n], dtype_name(self._export_dtype(self.layout.dtypes[n])))
+                for n in self.layout.names}
+        return lora.merged_metadata(info, self._changed_layers(changed_only)) if self.lora_targets else info
 
-    def _export_dtype_of(self, name: str) -> torch.dtype:
-        dtype = self.layout.dtypes[name]
+    def _export_dtype(self, dtype: torch.dtype) -> torch.dtype:
         return self.export_dtype if dtype.is_floating_point else dtype
 
-    def iter_refit_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+    def iter_refit_tensors(self, changed_only: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
         """Yield ``(hf_name, full tensor)`` in ``prepare_refit_info`` order, in the compute dtype.
 
         Collective: every rank must iterate to the end. Each tensor is a fresh
         copy on this rank's device, owned by the caller.
         """
         self._ensure_on_device()
-        for name, tensor in self.layout.iter_full(self.model):
-            yield name, tensor.to(device=self.device, dtype=self._export_dtype_of(name), copy=True)
+        for name, tensor in self._hf_tensors(self._changed_layers(changed_only)):
+            yield name, tensor.to(device=self.device, dtype=self._export_dtype(tensor.dtype), copy=True)
+
+    def _hf_tensors(self, only_layers: set[str] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+        """Full Hugging Face tensors, one unit gathered at a time; with LoRA the adapted layers merged."""
+        if not self.lora_targets:
+            yield from self.layout.iter_full(self.model)
+            return
+        names = [n for n in self.layout.names if only_layers is None or lora.layer_path(n) in only_layers]
+        # merge_stream holds a layer's base weight until its adapters (other FSDP units) have passed:
+        # copy it out of the gathered storage, which is freed when the next unit is gathered.
+        copies = ((name, t.clone()) for name, t in self.layout.iter_full(self.model, names))
+        yield from lora.merge_stream(copies, self.cfg.lora.scaling, only_layers)
 
     def export_full_state_dict(self) -> dict[str, torch.Tensor] | None:
-        """Full float32 HF state dict on rank 0 (CPU), None elsewhere. Collective."""
+        """Full float32 HF state dict on rank 0 (CPU; LoRA: merged), None elsewhere. Collective."""
         self._ensure_on_device()
         state = {}
-        for name, tensor in self.layout.iter_full(self.model):
+        for name, tensor in self._hf_tensors():
             if self.rank == 0:
                 state[name] = tensor.to("cpu", copy=True)
         return state if self.rank == 0 else None
@@ -287,11 +309,11 @@ class FSDP1PolicyWorker(RefitExportMixin, TrainingWorkerBase):
         The optimizer state is the FSDP full (unflattened, HF-named) optimizer
         state dict, so it loads at any data-parallel size.
         """
-        state = self.export_full_state_dict()
+        write_weights = self._gather_weights()
         save_optimizer = bool(optimizer_path) and self.optimizer is not None
         optim_state = self._full_optimizer_state() if save_optimizer else None
         if self.rank == 0:
-            save_hf_checkpoint(state, self.hf_config, weights_path)
+            write_weights(weights_path)
             if tokenizer_path and self.tokenizer is not None:
                 with atomic_directory(tokenizer_path) as tmp:
                     self.tokenizer.save_pretrained(str(tmp))
@@ -300,13 +322,32 @@ class FSDP1PolicyWorker(RefitExportMixin, TrainingWorkerBase):
                                  optimizer_path)
         dist.barrier()
 
+    def _gather_weights(self) -> Callable[[str], None]:
+        """Gather a checkpoint's weights (collective); rank 0 then writes them with the returned function.
+
+        Full HF safetensors; with LoRA the adapters in PEFT's format, and with
+        ``policy.lora.save_merged`` the merged model beside them.
+        """
+        if not self.lora_targets:
+            state = self.export_full_state_dict()
+            return lambda path: save_hf_checkpoint(state, self.hf_config, path)
+        keep = self.rank == 0
+        adapter_names = [n for n in self.layout.names if lora.is_adapter_name(n)]
+        adapters = {n: t.to("cpu", copy=True) for n, t in self.layout.iter_full(self.model, adapter_names) if keep}
+        merged = self.export_full_state_dict() if self.cfg.lora.save_merged else None
+        config = lora.peft_adapter_config(self.cfg.lora, self.lora_targets, self.cfg.model_name)
+        return lambda path: lora.save_lora_checkpoint(adapters, config, path, merged, self.hf_config)
+
     def load_checkpoint(self, weights_path: str, optimizer_path: str | None = None) -> None:
-        """Load HF safetensors (and optionally the optimizer state) into the sharded model. Collective."""
+        """Load HF safetensors or a LoRA adapter (and optionally the optimizer state). Collective."""
         if self.rank == 0:
             recover_checkpoint(weights_path)
         dist.barrier()
         self._ensure_on_device()
-        self.layout.load_full(self.model, load_hf_state_dict(weights_path))
+        if is_adapter_checkpoint(weights_path):
+            self.layout.load_full(self.model, lora.load_adapter(weights_path), only=lora.is_adapter_name)
+        else:
+            self.layout.load_full(self.model, load_hf_state_dict(weights_path))
         if optimizer_path and self.optimizer is not None:
             self._load_optimizer(optimizer_path)
 

@@ -15,7 +15,8 @@ if TYPE_CHECKING:
 
 
 def logprob_problems(logprobs: Any, input_lengths: "torch.Tensor", expected: "torch.Tensor | None" = None,
-                     atol: float = 1e-5, what: str = "logprobs") -> list[str]:
+                     atol: float = 1e-5,
+                     what: str = "logprobs vs the single-process Hugging Face float32 forward") -> list[str]:
     """Problems with ``[B, S]`` token logprobs (design.md §2.2); empty when they conform.
 
     Float32, the shape of ``expected`` (if given), position 0 is 0, positions
@@ -48,8 +49,8 @@ def logprob_problems(logprobs: Any, input_lengths: "torch.Tensor", expected: "to
         worst = float(diff.max())
         if not worst <= atol:  # also catches NaN
             row, col = divmod(int(diff.argmax()), lp.shape[1])
-            problems.append(f"{what}: differ from the single-process Hugging Face float32 forward by {worst:.3g} "
-                            f"(> {atol:g}) at row {row}, position {col}")
+            problems.append(f"{what}: differ from the expected values by {worst:.3g} (> {atol:g}) "
+                            f"at row {row}, position {col}")
     return problems
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 #: The kit's LoRA settings: every linear layer of the tiny Llama, rank 4, scale 2, no dropout.
 LORA_SETTINGS = {"enabled": True, "dim": 4, "alpha": 8, "dropout": 0.0, "match_all_linear": True,
@@ -90,4 +90,66 @@ def base_weight_problems(merged_dir: Path, adapter_dir: Path, base_dir: str, sca
         if err > 1e-5:
             problems.append(f"{name}: merged - scaling * B @ A differs from the initial weight by {err:.3g}: "
                             "the frozen base weight moved")
+    return problems
+
+
+# -- resume from an adapter checkpoint --------------------------------------------------------
+
+@dataclass
+class LoRAResumeRun:
+    """Per step ``(loss, grad norm, probe logprobs)``: uninterrupted, and resumed from the checkpoint."""
+
+    uninterrupted: list[tuple[float, float, Any]]
+    resumed: list[tuple[float, float, Any]]
+    checkpoint_step: int
+    restored: Any  # the resumed policy's probe logprobs before it trains
+
+
+def run_lora_resume(start: Callable[..., Any], stop: Callable[[str], None], steps: list[tuple[Any, Any]],
+                    probe: Any, tmp_dir: Path, checkpoint_step: int = 1) -> LoRAResumeRun:
+    """Train uninterrupted, checkpointing adapters and optimizer after ``checkpoint_step``; then a new
+    policy (``start(name, weights_path=..., optimizer_path=...)``) resumes from there."""
+    weights, optimizer = tmp_dir / "lora-resume-checkpoint", tmp_dir / "lora-resume-optim"
+
+    def step(policy: Any, data: Any, loss_fn: Any) -> tuple[float, float, Any]:
+        result = policy.train(data, loss_fn)
+        return float(result["loss"][0]), float(result["grad_norm"][0]), policy.get_logprobs(probe)["logprobs"]
+
+    policy = start("lora-adam")
+    try:
+        uninterrupted = []
+        for k, (data, loss_fn) in enumerate(steps, start=1):
+            uninterrupted.append(step(policy, data, loss_fn))
+            if k == checkpoint_step:
+                policy.save_checkpoint(str(weights), str(optimizer))
+    finally:
+        stop("lora-adam")
+    policy = start("lora-resumed", weights_path=str(weights), optimizer_path=str(optimizer))
+    try:
+        restored = policy.get_logprobs(probe)["logprobs"]
+        resumed = [step(policy, data, loss_fn) for data, loss_fn in steps[checkpoint_step:]]
+    finally:
+        stop("lora-resumed")
+    return LoRAResumeRun(uninterrupted, resumed, checkpoint_step, restored)
+
+
+def lora_resume_problems(run: LoRAResumeRun, lengths: Any, logprob_atol: float, exact_atol: float,
+                         exact_rtol: float) -> list[str]:
+    """Everything that differs between the resumed steps and the uninterrupted ones."""
+    from rlcore.testing.conformance.checkers import logprob_problems
+
+    k = run.checkpoint_step
+    saved = run.uninterrupted[k - 1][2]
+    problems = logprob_problems(run.restored, lengths, saved, logprob_atol,
+                                what="the resumed policy's logprobs vs the saved policy's")
+    later = run.uninterrupted[k:]
+    if float((later[-1][2] - saved).abs().max()) < 1e-4:
+        problems.append("the steps after the checkpoint did not change the logprobs: the comparison is vacuous")
+    for n, (expected, got) in enumerate(zip(later, run.resumed), start=k + 1):
+        for what, a, b in (("loss", expected[0], got[0]), ("grad norm", expected[1], got[1])):
+            if abs(a - b) > exact_atol + exact_rtol * abs(a):
+                problems.append(f"step {n} {what}: resumed {b:.9g}, uninterrupted {a:.9g}")
+        problems += logprob_problems(got[2], lengths, expected[2], exact_atol,
+                                     what=f"logprobs after step {n}, resumed vs uninterrupted (adapters or "
+                                          "optimizer state not restored exactly?)")
     return problems

@@ -258,3 +258,12 @@ class TrainingBackendConformance(_BackendChecks):
         problems += base_weight_problems(run["step_dir"] / "merged", run["step_dir"], kit.model_dir,
                                          LORA_SETTINGS["alpha"] / LORA_SETTINGS["dim"])
         assert not problems, "\n".join(problems)
+
+    def test_lora_checkpoint_resumes(self, kit: _TrainingKit) -> None:
+        """LoRA ('lora' declared): a policy started from an adapter checkpoint and its optimizer state
+        (Adam, LR warm-up) trains on exactly like the uninterrupted one: losses, grad norms, logprobs."""
+        from rlcore.testing.conformance.lora import lora_resume_problems
+
+        problems = lora_resume_problems(kit.lora_resumed(), kit.batch["input_lengths"], self.logprob_atol,
+                                        self.resume_atol, self.resume_rtol)
+        assert not problems, "\n".join(problems)

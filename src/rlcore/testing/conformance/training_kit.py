@@ -147,6 +147,8 @@ class _TrainingKit:
             _Variant("packing", capability="sequence_packing", policy={"sequence_packing": {
                 "enabled": True, "train_mb_tokens": 32, "logprob_mb_tokens": 48}}),
             _Variant("lora", capability="lora", policy={"lora": LORA_SETTINGS}),
+            _Variant("lora-adam", capability="lora",
+                     policy={**self.author.resume_policy_overrides(RECIPE), "lora": LORA_SETTINGS}),
         )}
 
     def variant(self, name: str) -> _Variant:
@@ -240,6 +242,15 @@ class _TrainingKit:
 
         variant = self.variant("adam")
         return self.once("the checkpoint resume run", lambda: run_resume(
+            lambda name, **kwargs: self.start(name, variant, **kwargs), self.stop, self.resume_steps,
+            self.batch, self.tmp_dir))
+
+    def lora_resumed(self) -> Any:
+        """The LoRA resume check's two policies (Adam), run once: uninterrupted, and resumed."""
+        from rlcore.testing.conformance.lora import run_lora_resume
+
+        variant = self.variant("lora-adam")
+        return self.once("the LoRA resume run", lambda: run_lora_resume(
             lambda name, **kwargs: self.start(name, variant, **kwargs), self.stop, self.resume_steps,
             self.batch, self.tmp_dir))
 
