@@ -138,7 +138,8 @@ def main(argv: list[str] | None = None) -> None:
     lora = lora_settings(args.targets, args.dim)
     load = os.getloadavg()[0]
     with ray_session(WORLD):
-        results = {"full": run_mode(model_dir, None, args, tokenizer), "lora": run_mode(model_dir, lora, args, tokenizer)}
+        results = {"full": run_mode(model_dir, None, args, tokenizer),
+                   "lora": run_mode(model_dir, lora, args, tokenizer)}
     full, ours = results["full"], results["lora"]
     print(f"{args.preset}{f' ({args.preset_layers} layers)' if args.preset_layers else ''}: "
           f"{count_params(model_dir) / 1e6:.0f}M params, LoRA r={args.dim} on {args.targets}, "

@@ -2,8 +2,8 @@
 
 The adapters are split like their base layers (column-wise: ``lora_B`` by
 output features, and the LM head's ``lora_A`` over sequence shards; row-wise:
-``lora_A`` by input features, ``lora_B`` over sequence shards); one SGD step must give PEFT's adapters and logprobs, and the
-frozen base weights must stay frozen through the parallel styles (which
+``lora_A`` by input features, ``lora_B`` over sequence shards); one SGD step
+must give PEFT's adapters and logprobs, and the frozen base weights must stay frozen through the parallel styles (which
 replace parameters). The dp layout is covered by the conformance kit's LoRA
 section.
 """
