@@ -91,6 +91,9 @@ def test_short_run_writes_metrics_and_a_checkpoint(ray_session, tmp_path):
                 "tokens_per_s", "time/generation_s", "time/logprob_s", "time/train_s", "time/step_s"):
         assert key in rows[0], key
     assert all(abs(r["token_mult_prob_error"] - 1.0) < 1e-3 for r in rows), rows  # engine == trainer
+    # vLLM: a refit before every step, the whole model each time; fsdp1 generates from its own weights
+    refits, vllm = [r["refit_bytes"] for r in rows], generation_backend() == "vllm"
+    assert refits == ([refits[0]] * 2 if vllm else [0.0, 0.0]) and (refits[0] > 0) == vllm, refits
     # peak RSS per role: a worker holds torch + the model (> 100 MiB) in well under this machine's memory
     for role in ("train", "generation"):
         peaks = [r[f"memory/{role}_peak_rss_gib"] for r in rows]

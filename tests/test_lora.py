@@ -86,8 +86,6 @@ def test_adapters_disabled_is_the_base_model(adapted, tiny_model_dir):
 @pytest.mark.parametrize("policy, line", [
     ({"megatron_cfg": {"enabled": True}, "dtensor_cfg": {"enabled": False}, "lora": {"enabled": True}},
      "policy.lora.enabled: the 'megatron' training backend does not train LoRA adapters"),
-    ({"lora": {"enabled": True, "refit": "adapter"}, "generation": {"backend": "vllm"}},
-     "policy.lora.refit: 'adapter' needs a generation backend"),
 ])
 def test_lora_needs_a_backend_that_declares_it(policy, line):
     from rlcore.plugins.registry import validate_backend_sections
@@ -95,6 +93,33 @@ def test_lora_needs_a_backend_that_declares_it(policy, line):
     problems = validate_backend_sections(load_config_dict({"policy": policy}))
     assert len(problems) == 1 and problems[0].startswith(line), problems
     assert validate_backend_sections(load_config_dict({"policy": {"lora": {"enabled": True}}})) == []
+
+
+def test_adapter_refit_needs_an_engine_that_declares_it():
+    from rlcore.plugins import BackendSpec, hookimpl
+    from rlcore.plugins.registry import Registry, lora_problems
+
+    class Plugin:
+        @hookimpl
+        def rlcore_register_backends(self, register):
+            register(BackendSpec(name="trainer", kind="training", worker_class="collections:Counter",
+                                 capabilities={"train", "lora"}))
+            register(BackendSpec(name="plain", kind="generation", worker_class="collections:Counter"))
+            register(BackendSpec(name="lora-engine", kind="generation", worker_class="collections:Counter",
+                                 capabilities={"generate", "lora_adapter"}))
+
+    registry = Registry()
+    registry.register_plugin(Plugin(), name="p")
+
+    def problems(engine: str) -> list[str]:
+        policy = load_config_dict({"policy": {"backend": "trainer", "lora": {"enabled": True, "refit": "adapter"},
+                                              "generation": {"backend": engine}}}).policy
+        return lora_problems(policy, registry)
+
+    (line,) = problems("plain")
+    assert line.startswith("policy.lora.refit: 'adapter' needs a generation backend that applies LoRA adapters "
+                           "itself ('lora_adapter' capability), and 'plain' does not declare it"), line
+    assert problems("lora-engine") == []
 
 
 def test_an_adapter_checkpoint_is_checked_against_policy_lora_before_any_worker_starts(adapted, tiny_model_dir,

@@ -2,8 +2,9 @@
 
 A dtensor and an fsdp1 policy (dp=2) train LoRA adapters on q_proj, v_proj and
 the LM head, so a partial refit must widen them to the whole fused q/k/v group
-(vLLM's ``qkv_proj``); the engines share the policy's bundles. After every
-refit the engines' greedy logprobs must equal the policy's.
+(vLLM's ``qkv_proj``); the engines share the policy's bundles. An adapter
+refit hands a second pair of engines (LoRA enabled) the adapters alone. After
+every refit the engines' greedy logprobs must equal the policy's.
 """
 
 from __future__ import annotations
@@ -41,15 +42,18 @@ def setup(request: pytest.FixtureRequest, ray_session: None, tiny_model_dir: str
                        "vllm_cfg": {"kv_cache_space_gb": 0.0625, "max_model_len": 128}},
     }}).policy
     clusters = ClusterPool()
-    cluster = clusters(WORLD, max_colocated_worker_groups=2)
-    policy = generation = None
+    cluster = clusters(WORLD, max_colocated_worker_groups=3)
+    policy = generation = adapter_engines = None
     try:
         policy = Policy(cluster, cfg, tiny_tokenizer, name_prefix=f"lora-refit-{request.param}",
                         init_reference_model=False)
         generation = VllmGeneration(cluster, cfg.generation, name_prefix=f"lora-refit-{request.param}-vllm")
-        yield {"policy": policy, "generation": generation, "cluster": cluster, "tokenizer": tiny_tokenizer}
+        adapter_engines = VllmGeneration(cluster, cfg.generation, name_prefix=f"lora-refit-{request.param}-lora",
+                                         lora_rank=cfg.lora.dim)
+        yield {"policy": policy, "generation": generation, "adapter_engines": adapter_engines, "cluster": cluster,
+               "tokenizer": tiny_tokenizer}
     finally:
-        for owner in (generation, policy):
+        for owner in (adapter_engines, generation, policy):
             if owner is not None:
                 owner.shutdown()
         clusters.shutdown()
@@ -61,11 +65,11 @@ def train_one_step(setup: dict, seed: int) -> None:
     setup["policy"].train(BatchedDataDict(make_batch(setup["tokenizer"], 4, 5, 16, seed=seed)), NLLLoss())
 
 
-def logprob_error(setup: dict) -> float:
+def logprob_error(setup: dict, engines: str = "generation") -> float:
     """Max |engine - policy| logprob over the engines' greedy tokens."""
     raw = make_batch(setup["tokenizer"], 4, 3, 8, seed=3)
     data = BatchedDataDict(input_ids=raw["input_ids"], input_lengths=raw["input_lengths"])
-    out = setup["generation"].generate(data, greedy=True)
+    out = setup[engines].generate(data, greedy=True)
     seqs = BatchedDataDict(input_ids=out["output_ids"], input_lengths=out["unpadded_sequence_lengths"])
     expected = setup["policy"].get_logprobs(seqs)["logprobs"]
     positions = torch.arange(out["output_ids"].shape[1])[None, :]
@@ -102,3 +106,24 @@ def test_merged_refits_send_the_model_once_then_only_the_adapted_layers(setup: d
     for transport in ("shared memory", "collective"):
         ratio = sizes[transport] / sizes["full"]
         assert ratio == pytest.approx(expected_ratio, rel=0.05), (transport, ratio, expected_ratio)
+
+
+def test_adapter_refit_runs_the_policy_adapters_as_vllm_lora_modules(setup: dict) -> None:
+    """``policy.lora.refit: adapter``: only A and B leave the policy (a PEFT directory), the engines run them
+    as vLLM LoRA modules over the base weights they loaded, and their logprobs are the policy's."""
+    policy = setup["policy"]
+    whole = sum(torch.Size(s).numel() for s, _ in policy.prepare_refit_info().values()) * 4
+    sync = WeightSynchronizer(policy, setup["adapter_engines"], colocated=True, adapter_refit=True)
+    try:
+        for seed in (21, 22):
+            train_one_step(setup, seed)
+            stats = sync.sync_weights()
+            err = logprob_error(setup, "adapter_engines")
+            assert err <= ATOL, f"adapter refit: engine logprobs differ from the policy's by {err:.3g}"
+            assert stats["bytes"] < 0.05 * whole, (stats["bytes"], whole)
+        root = sync._adapter_root
+        assert [p.name for p in root.iterdir()] == ["v2"], "an older adapter directory was left behind"
+    finally:
+        sync.shutdown()
+    assert not root.exists()
+

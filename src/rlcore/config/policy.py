@@ -255,8 +255,9 @@ class LoRAConfig(StrictModel):
         "xavier", description="Initialisation of A ('uniform' = kaiming-uniform, PEFT's default); B starts at 0.")
     refit: Literal["merged", "adapter"] = Field(
         "merged", description="How trained adapters reach the generation engine: 'merged' sends W + (alpha/dim) BA "
-        "of the adapted layers (every weight only on the first refit); 'adapter' sends only A and B for the "
-        "engine to apply (needs a generation backend declaring 'lora_adapter').")
+        "of the adapted layers (every weight only on the first refit); 'adapter' hands the engine only A and B, "
+        "which it runs as LoRA modules over the base weights it loaded (needs a generation backend declaring "
+        "'lora_adapter', e.g. vllm).")
     save_merged: bool = Field(False, description="Checkpoints also hold the merged full weights (a Hugging Face "
                               "model directory under 'merged/'), beside the PEFT-format adapter.")
 

@@ -221,6 +221,16 @@ class Policy(WorkerGroupOwner, ColocatablePolicyInterface, GenerationInterface):
         """Whether refits after the first can send only what training changes (LoRA: the adapted layers)."""
         return bool(self.cfg.lora.enabled) and "lora" in self.spec.capabilities
 
+    def save_lora_adapter(self, path: str) -> None:
+        """Write the current adapters as a PEFT adapter directory at ``path`` (rank 0 writes; atomic).
+
+        What an adapter refit hands the engines (``policy.lora.refit: adapter``); a
+        checkpoint's ``weights/`` is the same format plus, optionally, ``merged/``.
+        """
+        if not self.cfg.lora.enabled:
+            raise RuntimeError("save_lora_adapter: policy.lora.enabled is false, there are no adapters")
+        self._all("save_lora_adapter", str(path))
+
     def stream_weights_via_ipc_zmq(self, *args: Any, **kwargs: Any) -> list[Any]:
         self._require("refit")
         return self.worker_group.run_all_workers_single_data("stream_weights_via_ipc_zmq", *args, **kwargs).refs

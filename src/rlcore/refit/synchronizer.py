@@ -3,12 +3,18 @@
 It picks the transport from the placement: engines colocated with training
 ranks get shared-memory streaming (CUDA IPC on GPU); engines on their own
 devices get a collective broadcast. Metadata is exchanged once; the group for
-the collective is built once.
+the collective is built once. With ``adapter_refit`` (``policy.lora.refit:
+adapter``) no weight moves at all: the policy writes its LoRA adapters as a
+PEFT directory and the engines load it as a LoRA module.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 from rlcore.refit.buckets import RefitError
@@ -60,12 +66,15 @@ class WeightSynchronizer:
     rendezvous address of the collective group. ``partial_refit``: the
     generation backend declares it can load part of the model (the
     'partial_refit' capability), so a LoRA policy sends only its adapted
-    layers after the first refit.
+    layers after the first refit. ``adapter_refit``: the engines run the
+    policy's LoRA adapters as LoRA modules (the 'lora_adapter' capability);
+    each refit hands them the adapters alone, in a directory under this run's
+    private temporary directory, removed by :meth:`shutdown`.
     """
 
     def __init__(self, policy: Any, generation: Any, *, colocated: bool, cluster: Any = None,
                  transport: str = "auto", bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-                 partial_refit: bool = False) -> None:
+                 partial_refit: bool = False, adapter_refit: bool = False) -> None:
         if transport == "auto":
             transport = "shared_memory" if colocated else "collective"
         if transport not in ("shared_memory", "collective"):
@@ -76,6 +85,9 @@ class WeightSynchronizer:
         self.transport = transport
         self.bucket_bytes = bucket_bytes
         self.partial_refit = partial_refit
+        self.adapter_refit = adapter_refit
+        self._adapter_root: Path | None = None
+        self._adapter_version = 0
         self.metadata: dict[str, Any] | None = None
         self._group_ready = False
         self._synced_once = False
@@ -109,6 +121,10 @@ class WeightSynchronizer:
         """Refit now; returns ``{"bytes": ..., "seconds": ...}``. Raises :class:`RefitError` on failure."""
         start = time.perf_counter()
         self.stale = True
+        if self.adapter_refit:
+            sent = self._hand_over_adapters()
+            self.stale = False
+            return {"bytes": float(sent), "seconds": time.perf_counter() - start}
         changed_only = self._changed_only()
         self._exchange_metadata(changed_only)
         part = {"changed_only": True} if changed_only else {}
@@ -125,3 +141,27 @@ class WeightSynchronizer:
         self.stale = False
         self._synced_once = True
         return {"bytes": float(max(sent)), "seconds": time.perf_counter() - start}
+
+    def _hand_over_adapters(self) -> int:
+        """Adapter refit: the policy writes its adapters, the engines load them; returns the bytes written."""
+        from rlcore.distributed.reaper import SESSION_ENV
+        from rlcore.training.checkpoint import ADAPTER_WEIGHTS_NAME
+
+        if self._adapter_root is None:
+            # Inside the private Ray session directory when there is one: swept even after a crash.
+            self._adapter_root = Path(tempfile.mkdtemp(prefix="rlcore-lora-refit-", dir=os.environ.get(SESSION_ENV)))
+        self._adapter_version += 1
+        path = self._adapter_root / f"v{self._adapter_version}"
+        self.policy.save_lora_adapter(str(path))
+        self.generation.load_lora_adapter(str(path), self._adapter_version)
+        for old in self._adapter_root.iterdir():
+            if old != path:
+                shutil.rmtree(old, ignore_errors=True)
+        return (path / ADAPTER_WEIGHTS_NAME).stat().st_size
+
+    def shutdown(self) -> None:
+        """Remove what the synchronizer wrote (adapter refit's directories)."""
+        if self._adapter_root is not None:
+            shutil.rmtree(self._adapter_root, ignore_errors=True)
+            self._adapter_root = None
+

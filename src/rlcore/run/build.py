@@ -28,8 +28,9 @@ class Run:
     extra_clusters: list[Any] = field(default_factory=list)
 
     def shutdown(self) -> None:
-        """Stop the generation backend, the policy and the clusters (each tried even if one fails)."""
-        parts = [self.generation if self.generation is not self.policy else None, self.policy,
+        """Stop the synchronizer, the generation backend, the policy and the clusters (each tried even if one
+        fails)."""
+        parts = [self.synchronizer, self.generation if self.generation is not self.policy else None, self.policy,
                  *self.extra_clusters, self.cluster]
         errors = []
         for part in parts:
@@ -77,9 +78,13 @@ def build_run(cfg: Any, resume_dir: Path | None = None, start_step: int = 0) -> 
                 gen_cluster = RayVirtualCluster([res.workers_per_node] * res.num_nodes,
                                                 use_gpus=cfg.cluster.use_gpu, name="rlcore-generation")
                 run.extra_clusters.append(gen_cluster)
-            run.generation = spec.load_driver_class()(gen_cluster, gen_cfg, tokenizer=tokenizer)
+            lora = cfg.policy.lora
+            adapter_refit = lora.enabled and lora.refit == "adapter"  # the rules checked the engine can
+            engine_options = {"lora_rank": lora.dim} if adapter_refit else {}
+            run.generation = spec.load_driver_class()(gen_cluster, gen_cfg, tokenizer=tokenizer, **engine_options)
             run.synchronizer = WeightSynchronizer(run.policy, run.generation, colocated=colocated, cluster=cluster,
-                                                  partial_refit="partial_refit" in spec.capabilities)
+                                                  partial_refit="partial_refit" in spec.capabilities,
+                                                  adapter_refit=adapter_refit)
     except BaseException:
         with contextlib.suppress(Exception):  # the start-up error is the one worth reporting
             run.shutdown()

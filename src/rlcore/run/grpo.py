@@ -162,10 +162,11 @@ def grpo_step(step: int, cfg: Any, policy: Any, generation: Any, synchronizer: A
     batch = encode_prompts(tokenizer, format_prompts(tokenizer, prompts, cfg.policy.tokenizer.chat_template_kwargs),
                            group)
     check_prompt_room(batch["input_lengths"], max_total)
+    refit_bytes = 0.0
     if synchronizer is not None and synchronizer.stale:
         with timer.phase("refit"):
             policy.offload_before_refit()
-            synchronizer.sync_weights()
+            refit_bytes = synchronizer.sync_weights()["bytes"]
             policy.offload_after_refit()
     with timer.phase("generation"):
         generation.prepare_for_generation()
@@ -202,6 +203,7 @@ def grpo_step(step: int, cfg: Any, policy: Any, generation: Any, synchronizer: A
         "prev_logprobs_pass": float(prev_pass),
         "mean_generation_length": generated / rewards.numel(),
         "tokens_per_s": generated / max(timer.seconds.get("time/generation_s", 0.0), 1e-9),
+        "refit_bytes": refit_bytes,  # what the refit moved (LoRA: the changed layers, or the adapters alone)
         "time/step_s": step_s,
         **timer.seconds,
         **peak_memory_metrics(policy, generation),

@@ -208,7 +208,7 @@ class DTensorPolicyWorker(RefitExportMixin, TrainingWorkerBase):
         """HF safetensors (rank 0 writes the gathered tensors) and DCP optimizer state; each atomic."""
         self._ensure_on_device(optimizer=bool(optimizer_path))
         if self.lora_targets:
-            self._save_lora(weights_path)
+            self._save_lora(weights_path, merged=self.cfg.lora.save_merged)
         else:
             full = {}
             state.reshard(self.model)
@@ -221,18 +221,23 @@ class DTensorPolicyWorker(RefitExportMixin, TrainingWorkerBase):
         if optimizer_path and self.optimizer is not None:
             ckpt.save_optimizer(self.model, self.optimizer, self.scheduler, optimizer_path)
 
-    def _save_lora(self, weights_path: str) -> None:
-        """The adapters in PEFT's format; with ``policy.lora.save_merged`` the merged model under ``merged/``."""
+    def save_lora_adapter(self, path: str) -> None:
+        """The adapters alone in PEFT's format (an adapter refit). Collective; rank 0 writes."""
+        self._ensure_on_device(optimizer=False)
+        self._save_lora(path, merged=False)
+
+    def _save_lora(self, weights_path: str, merged: bool) -> None:
+        """The adapters in PEFT's format; with ``merged`` the merged model under ``merged/``."""
         state.reshard(self.model)
         on_rank0 = self.rank == 0  # every rank takes part in the gathers; rank 0 keeps and writes
         adapters = {name: t.to("cpu", copy=True)
                     for name, t in state.iter_full_tensors(self.model, keep=lora.is_adapter_name) if on_rank0}
-        merged = None
-        if self.cfg.lora.save_merged:
-            merged = {name: t.to("cpu", copy=True) for name, t in
-                      lora.merge_stream(state.iter_full_tensors(self.model), self.cfg.lora.scaling) if on_rank0}
+        full = None
+        if merged:
+            full = {name: t.to("cpu", copy=True) for name, t in
+                    lora.merge_stream(state.iter_full_tensors(self.model), self.cfg.lora.scaling) if on_rank0}
         config = lora.peft_adapter_config(self.cfg.lora, self.lora_targets, self.cfg.model_name)
-        ckpt.on_rank0(lambda: lora.save_lora_checkpoint(adapters, config, weights_path, merged, self.hf_config))
+        ckpt.on_rank0(lambda: lora.save_lora_checkpoint(adapters, config, weights_path, full, self.hf_config))
 
     def load_checkpoint(self, weights_path: str, optimizer_path: str | None = None) -> None:
         self._ensure_on_device(optimizer=bool(optimizer_path))

@@ -309,7 +309,7 @@ class FSDP1PolicyWorker(RefitExportMixin, TrainingWorkerBase):
         The optimizer state is the FSDP full (unflattened, HF-named) optimizer
         state dict, so it loads at any data-parallel size.
         """
-        write_weights = self._gather_weights()
+        write_weights = self._gather_weights(merged=self.cfg.lora.save_merged)
         save_optimizer = bool(optimizer_path) and self.optimizer is not None
         optim_state = self._full_optimizer_state() if save_optimizer else None
         if self.rank == 0:
@@ -322,11 +322,19 @@ class FSDP1PolicyWorker(RefitExportMixin, TrainingWorkerBase):
                                  optimizer_path)
         dist.barrier()
 
-    def _gather_weights(self) -> Callable[[str], None]:
+    def save_lora_adapter(self, path: str) -> None:
+        """The adapters alone in PEFT's format (an adapter refit). Collective; rank 0 writes."""
+        self._ensure_on_device()
+        write = self._gather_weights(merged=False)
+        if self.rank == 0:
+            write(path)
+        dist.barrier()
+
+    def _gather_weights(self, merged: bool) -> Callable[[str], None]:
         """Gather a checkpoint's weights (collective); rank 0 then writes them with the returned function.
 
         Full HF safetensors; with LoRA the adapters in PEFT's format, and with
-        ``policy.lora.save_merged`` the merged model beside them.
+        ``merged`` the merged model beside them.
         """
         if not self.lora_targets:
             state = self.export_full_state_dict()
@@ -334,9 +342,9 @@ class FSDP1PolicyWorker(RefitExportMixin, TrainingWorkerBase):
         keep = self.rank == 0
         adapter_names = [n for n in self.layout.names if lora.is_adapter_name(n)]
         adapters = {n: t.to("cpu", copy=True) for n, t in self.layout.iter_full(self.model, adapter_names) if keep}
-        merged = self.export_full_state_dict() if self.cfg.lora.save_merged else None
+        full = self.export_full_state_dict() if merged else None
         config = lora.peft_adapter_config(self.cfg.lora, self.lora_targets, self.cfg.model_name)
-        return lambda path: lora.save_lora_checkpoint(adapters, config, path, merged, self.hf_config)
+        return lambda path: lora.save_lora_checkpoint(adapters, config, path, full, self.hf_config)
 
     def load_checkpoint(self, weights_path: str, optimizer_path: str | None = None) -> None:
         """Load HF safetensors or a LoRA adapter (and optionally the optimizer state). Collective."""

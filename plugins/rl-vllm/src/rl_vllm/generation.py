@@ -43,7 +43,7 @@ class VllmGeneration(WorkerGroupOwner, GenerationInterface):
     """
 
     def __init__(self, cluster: RayVirtualCluster, config: Any, *, vllm_config: VllmConfig | None = None,
-                 tokenizer: Any = None, name_prefix: str = "vllm") -> None:
+                 tokenizer: Any = None, name_prefix: str = "vllm", lora_rank: int | None = None) -> None:
         # ``tokenizer`` is part of rlcore's driver-class contract; the engines load their own from the model.
         self.cfg = config
         self.vllm_cfg = vllm_config if vllm_config is not None else vllm_config_from(config)
@@ -67,6 +67,7 @@ class VllmGeneration(WorkerGroupOwner, GenerationInterface):
             sharding=self.sharding,
             name_prefix=name_prefix,
             init_args=(config, self.vllm_cfg),
+            init_kwargs={"lora_rank": lora_rank} if lora_rank is not None else None,
             extra_env=extra_env,
             kill_on_error=False,  # engines share no collective: one engine's exception leaves the others usable
         )
@@ -132,6 +133,11 @@ class VllmGeneration(WorkerGroupOwner, GenerationInterface):
         lines = [f"engine {rank}: {p}" for rank, ps in enumerate(problems) for p in ps]
         if lines:
             raise RefitError("refit info refused, no weight changed: " + "; ".join(lines[:5]))
+
+    def load_lora_adapter(self, path: str, version: int) -> None:
+        """Every engine loads the PEFT adapter directory ``path`` (on a filesystem the engines share with
+        the training rank that wrote it) and runs every later request with it (adapter refit)."""
+        self._all("load_lora_adapter", path, version)
 
     def refit_world_size(self) -> int:
         """Engine ranks that join the collective refit group."""

@@ -44,6 +44,14 @@ def _prepare_process_env(cfg: VllmConfig, on_cpu: bool) -> int | None:
     return int(DEFAULT_CPU_KV_CACHE_GB * GIB)
 
 
+def vllm_lora_rank(rank: int) -> int:
+    """The smallest ``max_lora_rank`` vLLM accepts that holds adapters of ``rank``."""
+    for allowed in (1, 8, 16, 32, 64, 128, 256, 320, 512):
+        if rank <= allowed:
+            return allowed
+    raise ValueError(f"policy.lora.dim={rank}: vLLM runs LoRA adapters of rank up to 512")
+
+
 def _own_worker(worker: Any) -> Any:
     """Run through ``LLM.collective_rpc``: the engine's in-process ``Worker`` object itself."""
     return worker
@@ -57,7 +65,8 @@ class VllmGenerationWorker:
     with each call), ``vllm_config`` the validated ``vllm_cfg`` section.
     """
 
-    def __init__(self, generation_config: Any, vllm_config: VllmConfig, *, engine_rank: int | None = None) -> None:
+    def __init__(self, generation_config: Any, vllm_config: VllmConfig, *, engine_rank: int | None = None,
+                 lora_rank: int | None = None) -> None:
         import torch
 
         self.rank = int(os.environ.get("RANK", 0)) if engine_rank is None else engine_rank
@@ -99,6 +108,8 @@ class VllmGenerationWorker:
         self._asleep = False
         if vllm_config.max_num_seqs is not None:
             kwargs["max_num_seqs"] = vllm_config.max_num_seqs
+        if lora_rank is not None:  # adapter refit: the policy's adapters run as vLLM LoRA modules
+            kwargs.update(enable_lora=True, max_loras=1, max_lora_rank=vllm_lora_rank(lora_rank))
         kwargs.update(vllm_config.engine_kwargs)
         started = time.perf_counter()
         self.llm = LLM(**kwargs)
@@ -112,6 +123,7 @@ class VllmGenerationWorker:
         self._partial_refit = False  # the refits' plan covers part of the model (prepare_refit_info)
         self._receiver: Any = None
         self._refit_group: Any = None
+        self._lora_request: Any = None  # the adapter every request runs with (adapter refit)
         # Weights that did not come from a checkpoint are not the policy's until a refit lands.
         self.stale_reason: str | None = (
             "the engine started with load_format='dummy' and has not been refit yet"
@@ -175,7 +187,8 @@ class VllmGenerationWorker:
             params.append(self._sampling_params(options, greedy, stop, min(max_new, room)))
             requests.append({"prompt_token_ids": prompt})
 
-        results = self.llm.generate(requests, params, use_tqdm=False) if requests else []
+        results = self.llm.generate(requests, params, use_tqdm=False, lora_request=self._lora_request) \
+            if requests else []
         completions = []
         for result in results:
             out = result.outputs[0]
@@ -184,6 +197,30 @@ class VllmGenerationWorker:
             completions.append(Completion(tokens, lps, out.finish_reason))
         packed = pack_outputs(input_ids, input_lengths, completions, max_new, int(pad_id))
         return BatchedDataDict(packed)
+
+    # -- adapter refit ---------------------------------------------------------------------
+    def load_lora_adapter(self, path: str, version: int) -> None:
+        """Load the PEFT adapter directory ``path`` and run every later request with it.
+
+        Each version is a new LoRA module (name and id), so no cached prefix of
+        an older adapter is reused; the previous one is dropped once this one loaded.
+        """
+        from vllm.lora.request import LoRARequest
+
+        if self.stale_reason is not None:
+            raise RefitError(f"engine {self.rank}: an adapter refit runs over the weights the engine loaded, but "
+                             f"{self.stale_reason}; start it with load_format 'auto' (policy.generation.vllm_cfg)")
+        if not os.path.isdir(path):
+            raise RefitError(f"engine {self.rank}: the adapter directory {path} is not visible here: an adapter "
+                             "refit needs the engines on the node of training rank 0 (or a shared filesystem)")
+        if self._asleep:
+            self.prepare_for_generation()
+        request = LoRARequest(f"rlcore-adapter-{version}", version, path)
+        if not self.llm.llm_engine.add_lora(request):
+            raise RefitError(f"engine {self.rank}: vLLM did not load the LoRA adapter at {path}")
+        previous, self._lora_request = self._lora_request, request
+        if previous is not None:
+            self.llm.llm_engine.remove_lora(previous.lora_int_id)
 
     # -- weight refit (receiving side) ---------------------------------------------------
     def prepare_refit_info(self, state_dict_info: dict[str, Any], partial: bool = False) -> list[str]:
