@@ -12,7 +12,8 @@ policy without optimizer and two vLLM engines colocated with it refit. Measured:
 - train step time (``Policy.train``, NLL, median of ``--repeats`` after one warm-up step);
 - refit: the first refit (the whole model, both modes) and the one after a step: for LoRA only
   the adapted layers, merged (W + (alpha/dim) BA), the q/k/v and gate/up groups whole; bytes
-  and seconds. ``adapter_bytes`` is what an adapter-mode refit would send (A and B only).
+  and seconds; and an adapter refit (``policy.lora.refit: adapter``: the PEFT adapter directory the
+  engines load as a LoRA module), bytes written and seconds.
 
     python benchmarks/lora.py                      # the 0.5B preset (qwen2.5-0.5b), all linear layers
     python benchmarks/lora.py --targets q_proj,v_proj
@@ -82,8 +83,12 @@ def config(model_dir: str, lora: dict | None, seq_len: int, pad_id: int, precisi
 def run_mode(model_dir: str, lora: dict | None, args: argparse.Namespace, tokenizer: Any) -> dict:
     """Training (memory, step time) and refit (bytes, seconds) of one mode, in two rounds of fresh workers:
     the engines are not up while the policy trains, so the 0.5B preset fits in 24 GB."""
-    return {"trainable_params": trainable_params(model_dir, lora),
-            **train_figures(model_dir, lora, args, tokenizer), **refit_figures(model_dir, lora, args, tokenizer)}
+    figures = {"trainable_params": trainable_params(model_dir, lora),
+               **train_figures(model_dir, lora, args, tokenizer), **refit_figures(model_dir, lora, args, tokenizer)}
+    if lora is not None:
+        adapter = refit_figures(model_dir, {**lora, "refit": "adapter"}, args, tokenizer)
+        figures.update(adapter_refit_bytes=adapter["refit_bytes"], adapter_refit_s=adapter["refit_s"])
+    return figures
 
 
 def train_figures(model_dir: str, lora: dict | None, args: argparse.Namespace, tokenizer: Any) -> dict:
@@ -123,7 +128,8 @@ def train_figures(model_dir: str, lora: dict | None, args: argparse.Namespace, t
 
 def refit_figures(model_dir: str, lora: dict | None, args: argparse.Namespace, tokenizer: Any) -> dict:
     """The policy (no optimizer) and two colocated vLLM engines: the first refit (the whole model) and the
-    next one (LoRA: the adapted layers only, whatever their values)."""
+    next one (LoRA: the adapted layers only, whatever their values; with ``refit: adapter`` the adapters
+    alone, to engines running them as LoRA modules)."""
     from rl_vllm.generation import VllmGeneration
 
     from rlcore.distributed import RayVirtualCluster
@@ -136,10 +142,13 @@ def refit_figures(model_dir: str, lora: dict | None, args: argparse.Namespace, t
     try:
         policy = Policy(cluster, cfg, tokenizer, name_prefix="bench-lora-refit", init_optimizer=False,
                         init_reference_model=False)
-        generation = VllmGeneration(cluster, cfg.generation, name_prefix="bench-lora-vllm")
-        sync = WeightSynchronizer(policy, generation, colocated=True, partial_refit=True)
+        adapter = lora is not None and lora.get("refit") == "adapter"
+        generation = VllmGeneration(cluster, cfg.generation, name_prefix="bench-lora-vllm",
+                                    **({"lora_rank": lora["dim"]} if adapter else {}))
+        sync = WeightSynchronizer(policy, generation, colocated=True, partial_refit=True, adapter_refit=adapter)
         first = sync.sync_weights()
         after = sync.sync_weights()
+        sync.shutdown()
     finally:
         for owner in (generation, policy):
             if owner is not None:
@@ -147,10 +156,6 @@ def refit_figures(model_dir: str, lora: dict | None, args: argparse.Namespace, t
         cluster.shutdown()
     return {"first_refit_bytes": first["bytes"], "first_refit_s": first["seconds"],
             "refit_bytes": after["bytes"], "refit_s": after["seconds"]}
-
-
-def adapter_bytes(model_dir: str, lora: dict) -> int:
-    return 4 * trainable_params(model_dir, lora)  # float32 A and B
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -187,6 +192,8 @@ def main(argv: list[str] | None = None) -> None:
     for mode, r in results.items():
         print(f"{mode:8}{r['trainable_params'] / 1e6:>11.2f}M{r['train_peak_gb']:>15.2f}{r['peak_rss_gb']:>14.2f}"
               f"{r['step_s']:>9.2f}{r['refit_bytes'] / 1e6:>10.1f}{r['refit_s']:>9.2f}")
+    print(f"{'adapter':8}{'':>12}{'':>15}{'':>14}{'':>9}{ours['adapter_refit_bytes'] / 1e6:>10.1f}"
+          f"{ours['adapter_refit_s']:>9.2f}   (lora, refit: adapter)")
     summary = {
         "preset": args.preset, "layers": args.preset_layers, "targets": args.targets, "dim": args.dim,
         "seq_len": args.seq_len, "precision": args.precision, "load": load,
@@ -195,7 +202,8 @@ def main(argv: list[str] | None = None) -> None:
         "peak_rss_vs_full": ours["peak_rss_gb"] / full["peak_rss_gb"],
         "refit_bytes_vs_full": ours["refit_bytes"] / full["refit_bytes"],
         "refit_seconds_vs_full": ours["refit_s"] / full["refit_s"],
-        "adapter_bytes_vs_full": adapter_bytes(model_dir, lora) / full["refit_bytes"],
+        "adapter_refit_bytes_vs_full": ours["adapter_refit_bytes"] / full["refit_bytes"],
+        "adapter_refit_seconds_vs_full": ours["adapter_refit_s"] / full["refit_s"],
         "step_time_vs_full": ours["step_s"] / full["step_s"],
         "modes": results,
     }

@@ -126,12 +126,14 @@ def reference_pg(cfg, logprobs, data, gseqs, gtoks):
                     a, da, clipped = -A * dual_c, 0.0, True
             w = 1.0
             if c["use_importance_sampling_correction"]:
-                w = math.exp(prev[b, t] - gen[b, t])
+                w = raw_w = math.exp(prev[b, t] - gen[b, t])
                 if c["truncated_importance_sampling_type"] == "icepop":
                     keep = c["truncated_importance_sampling_ratio_min"] <= w <= c["truncated_importance_sampling_ratio"]
                     w = w if keep else 0.0
                 elif c["truncated_importance_sampling_ratio"] is not None:
                     w = min(w, c["truncated_importance_sampling_ratio"])
+                m["is_weight_mean"] = m.get("is_weight_mean", 0.0) + w / gtoks
+                m["is_truncated_fraction"] = m.get("is_truncated_fraction", 0.0) + (w != raw_w) / gtoks
             a, da = a * w, da * w
             if c["sequence_level_importance_ratios"]:  # d log r / d log pi_u = 1/n for every u
                 for u in toks:
@@ -170,6 +172,9 @@ def reference_pg(cfg, logprobs, data, gseqs, gtoks):
     m["loss"] = m["actor_loss"] + m["kl_penalty"]
     if gen is None or prev is None:
         del m["token_mult_prob_error"]
+    if c["use_importance_sampling_correction"]:
+        m.setdefault("is_weight_mean", 0.0)
+        m.setdefault("is_truncated_fraction", 0.0)
     return m["loss"], grad, m
 
 

@@ -188,7 +188,8 @@ MEGATRON = FIXTURES / "v0.7.0" / "grpo_math_1B_megatron.yaml"
      "policy.megatron_cfg.expert_model_parallel_size: is 2, but rlcore does not support expert parallelism"),
     (MEGATRON, "policy.megatron_cfg.fp8_cfg.enabled=true",
      "policy.megatron_cfg.fp8_cfg.enabled: is true, but rlcore does not support FP8 training"),
-    (BASE, "grpo.async_grpo.enabled=true", "grpo.async_grpo.enabled: is true, but rlcore does not support async GRPO"),
+    (BASE, "grpo.async_grpo.in_flight_weight_updates=true",
+     "grpo.async_grpo.in_flight_weight_updates: is true, but rlcore does not support in-flight weight updates"),
     (MEGATRON, "policy.megatron_cfg.peft.enabled=true",
      "policy.megatron_cfg.peft.enabled: is true, but rlcore does not support LoRA on the megatron backend"),
     (BASE, "loss_fn.use_cispo=true", "loss_fn.use_cispo: is true, but rlcore does not support CISPO"),
@@ -211,10 +212,23 @@ def test_dtensor_lora_cfg_becomes_policy_lora():
             lora.lora_A_init) == (True, 16, 32, ["q_proj", "v_proj"], False, "post", "xavier")
 
 
+def test_async_grpo_carries_over_with_its_rules():
+    with pytest.raises(ConfigError) as err:  # NeMo-RL's example colocates generation, which async cannot use
+        load_nemo_rl_config(BASE, ["grpo.async_grpo.enabled=true", "grpo.async_grpo.max_trajectory_age_steps=2",
+                                   "loss_fn.use_importance_sampling_correction=true"])
+    assert "grpo.async_grpo.enabled: generation can run ahead of training only on its own resources" in str(err.value)
+    cfg = load_nemo_rl_config(BASE, ["grpo.async_grpo.enabled=true", "grpo.async_grpo.max_trajectory_age_steps=2",
+                                     "loss_fn.use_importance_sampling_correction=true",
+                                     "policy.generation.colocated.enabled=false", "cluster.gpus_per_node=2",
+                                     "policy.generation.colocated.resources.gpus_per_node=1",
+                                     "policy.generation.colocated.resources.num_nodes=1"]).config
+    assert (cfg.grpo.async_grpo.enabled, cfg.grpo.async_grpo.max_trajectory_age_steps) == (True, 2)
+
+
 def test_switched_off_features_and_neutral_values_are_ignored_once():
     loaded = load_nemo_rl_config(MEGATRON, ["++policy.some_new_feature=null"])
     lines = loaded.ignored_lines()
-    for path in ("policy.megatron_cfg.fp8_cfg", "grpo.async_grpo", "policy.megatron_cfg.peft", "policy.dtensor_cfg",
+    for path in ("policy.megatron_cfg.fp8_cfg", "grpo.reward_shaping", "policy.megatron_cfg.peft", "policy.dtensor_cfg",
                  "policy.megatron_cfg.expert_model_parallel_size", "policy.some_new_feature", "data", "env"):
         assert sum(line.startswith(f"ignored: {path} (") for line in lines) == 1, (path, lines)
     # A section that is switched off is one line, not one per key.
@@ -398,7 +412,7 @@ def test_rlcore_run_from_nemo_rl_trains_the_tiny_model_end_to_end(tmp_path):
                           "-o", "cluster.use_gpu=false", "-o", "logger.progress_bar=false"],
                          capture_output=True, text=True, timeout=540)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert "ignored: data (" in out.stderr and "ignored: grpo.async_grpo (" in out.stderr
+    assert "ignored: data (" in out.stderr and "ignored: grpo.reward_shaping (" in out.stderr
     summary = json.loads(out.stdout.strip().splitlines()[-1])
     assert summary["steps"] == 2
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]

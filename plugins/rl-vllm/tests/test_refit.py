@@ -245,3 +245,27 @@ def test_a_stream_broken_part_way_leaves_the_engines_stale_until_a_good_refit(se
         greedy(setup)
     WeightSynchronizer(setup["policy"], generation, colocated=True, bucket_bytes=SMALL_BUCKET).sync_weights()
     assert_in_sync(setup)
+
+
+def test_a_refit_queued_behind_requests_waits_for_them(setup: dict) -> None:
+    """Async generation: requests submitted before a refit run wholly on the old weights and carry the old
+    version; the refit lands after them, and a request submitted after it runs on the new weights."""
+    policy, generation = setup["policy"], setup["generation"]
+    sync = WeightSynchronizer(policy, generation, colocated=False, cluster=setup["cluster"])
+    sync.sync_weights()
+    generation.set_weight_version(10)
+    data, old = greedy(setup)
+    train_one_step(policy, setup["tokenizer"], seed=300)
+    queued = [generation.generate_async(data, greedy=True) for _ in range(3)]
+    sync.sync_weights()  # submitted while the three requests are queued on the engines
+    generation.set_weight_version(11)
+    after = generation.collect(generation.generate_async(data, greedy=True))
+    for out in (generation.collect(handle) for handle in queued):
+        assert out["weight_version"].tolist() == [10] * len(data["input_ids"])
+        assert torch.equal(out["output_ids"], old["output_ids"]) and torch.equal(out["logprobs"], old["logprobs"]), \
+            "a request queued before the refit saw some of the new weights"
+    assert after["weight_version"].tolist() == [11] * len(data["input_ids"])
+    err, _ = logprob_error(setup, data, after)
+    assert err <= ATOL, f"after the refit the engine's logprobs differ from the policy's by {err:.3g}"
+    assert float((after["logprobs"] - old["logprobs"]).abs().max()) > 1e-3, "the step changed nothing: vacuous"
+    generation.set_weight_version(0)

@@ -14,7 +14,8 @@ the caller **sums** it over micro-batches and dp ranks to get the step value:
   (per valid token, or per valid sequence for sequence-level losses) and
   ``loss == actor_loss + kl_penalty``;
 - token diagnostics (``probs_ratio``, ``probs_ratio_clamped``,
-  ``clip_fraction``, ``approx_entropy``, ``token_mult_prob_error``) are means
+  ``clip_fraction``, ``approx_entropy``, ``token_mult_prob_error``, with importance
+  sampling correction ``is_weight_mean`` and ``is_truncated_fraction``) are means
   over valid tokens, i.e. divided by ``global_valid_toks``, whatever the loss
   type;
 - the one exception is ``num_valid_tokens``: a raw count of this micro-batch's
@@ -279,8 +280,9 @@ class ClippedPGLossFn:
                 actor = torch.where(dual, bound, actor)
                 clipped = clipped | dual
 
+        is_weight = None
         if cfg.use_importance_sampling_correction:
-            is_weight = torch.exp(prev - gen)
+            raw_is_weight = is_weight = torch.exp(prev - gen)
             high = cfg.truncated_importance_sampling_ratio
             if cfg.truncated_importance_sampling_type == "icepop":
                 low = cfg.truncated_importance_sampling_ratio_min
@@ -335,6 +337,9 @@ class ClippedPGLossFn:
             }
             if gen is not None and prev is not None:
                 named["token_mult_prob_error"] = token_mean(torch.exp((gen - prev).abs()))
+            if is_weight is not None:  # importance weights pi_prev / pi_generation, and how many were cut
+                named["is_weight_mean"] = token_mean(is_weight)
+                named["is_truncated_fraction"] = token_mean(is_weight != raw_is_weight)
             named["num_valid_tokens"] = mask.sum()
             values = torch.stack([v.detach().to(torch.float64) for v in named.values()]).tolist()
         return loss, dict(zip(named, values))

@@ -9,6 +9,22 @@ from pydantic import Field, PositiveInt
 from rlcore.config.base import StrictModel
 
 
+class AsyncGRPOConfig(StrictModel):
+    """Generation runs ahead of training on its own resources (NeMo-RL's ``grpo.async_grpo`` spelling).
+
+    The rollout a step trains on may come from weights up to
+    ``max_trajectory_age_steps`` training steps older than the ones being
+    trained; the loss corrects for it with importance weights against the
+    engine's logprobs (``loss.use_importance_sampling_correction``).
+    """
+
+    enabled: bool = Field(False, description="Overlap generation of the next rollouts with training (needs "
+                          "non-colocated generation and loss.use_importance_sampling_correction).")
+    max_trajectory_age_steps: PositiveInt = Field(
+        1, description="How many training steps older than the trained weights a rollout's weights may be; "
+        "generation runs at most this many rollouts ahead. A rollout that would be older is regenerated.")
+
+
 class GRPOConfig(StrictModel):
     """Group Relative Policy Optimization: several completions per prompt, advantages within the group."""
 
@@ -22,6 +38,8 @@ class GRPOConfig(StrictModel):
         "group mean; mean_std: (reward - group mean) / (group std + eps).",
     )
     seed: int = Field(0, description="Seed of prompt sampling and generation.")
+    async_grpo: AsyncGRPOConfig = Field(default_factory=AsyncGRPOConfig,
+                                        description="Asynchronous GRPO: generation runs ahead of training.")
 
 
 class TaskConfig(StrictModel):

@@ -143,6 +143,22 @@ def separate_generation_has_resources(cfg: "RLCoreConfig") -> Iterator[str]:
 
 
 @rule
+def async_grpo_needs_its_own_engine(cfg: "RLCoreConfig") -> Iterator[str]:
+    """Async GRPO overlaps a separate engine with training: it needs its own resources, and importance weights
+    to correct for rollouts from older weights (as NeMo-RL requires)."""
+    if cfg.grpo is None or not cfg.grpo.async_grpo.enabled:
+        return
+    gen, p = cfg.policy.generation, cfg.policy
+    if gen is not None and gen.backend != p.training_backend and gen.colocated.enabled:
+        yield ("grpo.async_grpo.enabled: generation can run ahead of training only on its own resources, but "
+               "policy.generation.colocated.enabled is true; set it to false and give "
+               "policy.generation.colocated.resources (e.g. {num_nodes: 1, workers_per_node: 1})")
+    if not cfg.loss.use_importance_sampling_correction:
+        yield ("loss.use_importance_sampling_correction: async GRPO trains on rollouts sampled with older "
+               "weights, which the importance weights correct for; set it to true")
+
+
+@rule
 def rollout_batch_fits_training(cfg: "RLCoreConfig") -> Iterator[str]:
     g, p = cfg.grpo, cfg.policy
     if g is None:

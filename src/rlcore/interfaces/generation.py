@@ -63,5 +63,27 @@ class GenerationInterface(abc.ABC):
         """Start receiving weights broadcast by training rank 0; returns futures."""
         raise NotImplementedError(f"{type(self).__name__} cannot receive weights by collective")
 
+    # -- asynchronous generation (the 'async_generation' capability; async GRPO) -------------------
+    def generate_async(self, data: "BatchedDataDict[GenerationDatumSpec]", greedy: bool = False) -> Any:
+        """Submit ``data`` and return at once; :meth:`collect` gives the result of the returned handle.
+
+        Requests run in submission order, and so does a refit submitted after
+        them: a request submitted before a refit runs entirely on the old
+        weights, one submitted after it on the new ones (the engine finishes
+        a request before it takes new weights; nothing is mixed within a sample).
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not generate asynchronously")
+
+    def collect(self, handle: Any) -> "BatchedDataDict[GenerationOutputSpec]":
+        """Wait for a submitted request; ``generate``'s output plus ``weight_version`` (``[B]`` int64): the
+        version of the weights that produced each sample, as set by :meth:`set_weight_version`; and
+        ``generation_window`` (``[B, 2]`` float64): the wall-clock start and end of the engine call that
+        produced each sample (the gaps between calls are the time generation waited)."""
+        raise NotImplementedError(f"{type(self).__name__} does not generate asynchronously")
+
+    def set_weight_version(self, version: int) -> None:
+        """Name the weights of the latest refit (submitted after it, it applies to the requests after it)."""
+        raise NotImplementedError(f"{type(self).__name__} does not generate asynchronously")
+
     def shutdown(self) -> bool:
         return True

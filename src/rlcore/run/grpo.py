@@ -11,6 +11,7 @@ synchronizer) are started by :func:`rlcore.run.build.build_run`.
 
 from __future__ import annotations
 
+import sys
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -147,34 +148,37 @@ def peak_memory_metrics(policy: Any, generation: Any) -> dict[str, float]:
     return metrics
 
 
-def grpo_step(step: int, cfg: Any, policy: Any, generation: Any, synchronizer: Any, task: Task,
-              tokenizer: Any, loss_fn: Any) -> dict[str, float]:
-    """One GRPO step; returns its metrics."""
+def step_prompts(step: int, cfg: Any, task: Task, tokenizer: Any) -> tuple[list[str], Any]:
+    """The task's prompts of ``step`` and the encoded batch (each prompt once per group member)."""
+    from rlcore.run.prompts import check_prompt_room, format_prompts
+
+    prompts = task.prompts(step, cfg.grpo.num_prompts_per_step, seed=cfg.grpo.seed, **task.kwargs)
+    batch = encode_prompts(tokenizer, format_prompts(tokenizer, prompts, cfg.policy.tokenizer.chat_template_kwargs),
+                           cfg.grpo.num_generations_per_prompt)
+    check_prompt_room(batch["input_lengths"], cfg.policy.max_total_sequence_length)
+    return prompts, batch
+
+
+def refit(policy: Any, synchronizer: Any) -> float:
+    """Move the policy's weights into the engines; returns the bytes moved."""
+    policy.offload_before_refit()
+    moved = synchronizer.sync_weights()["bytes"]
+    policy.offload_after_refit()
+    return moved
+
+
+def train_on_rollout(cfg: Any, policy: Any, task: Task, tokenizer: Any, loss_fn: Any, prompts: list[str],
+                     batch: Any, rollout: Any, timer: Timer) -> dict[str, float]:
+    """Score ``rollout``, compute group advantages and the loss's inputs, train; returns the step's metrics."""
     import torch
 
     from rlcore.algorithms.advantages import group_advantages
-    from rlcore.run.prompts import check_prompt_room, clip_rollout, format_prompts
+    from rlcore.run.prompts import clip_rollout
 
-    timer = Timer()
     group = cfg.grpo.num_generations_per_prompt
-    max_total = cfg.policy.max_total_sequence_length
-    prompts = task.prompts(step, cfg.grpo.num_prompts_per_step, seed=cfg.grpo.seed, **task.kwargs)
-    batch = encode_prompts(tokenizer, format_prompts(tokenizer, prompts, cfg.policy.tokenizer.chat_template_kwargs),
-                           group)
-    check_prompt_room(batch["input_lengths"], max_total)
-    refit_bytes = 0.0
-    if synchronizer is not None and synchronizer.stale:
-        with timer.phase("refit"):
-            policy.offload_before_refit()
-            refit_bytes = synchronizer.sync_weights()["bytes"]
-            policy.offload_after_refit()
-    with timer.phase("generation"):
-        generation.prepare_for_generation()
-        rollout = generation.generate(batch, greedy=False)
-        generation.finish_generation()
     prompt_lengths = batch["input_lengths"]
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    rollout = clip_rollout(rollout, prompt_lengths, max_total, pad)  # prompt + completion <= max_total
+    rollout = clip_rollout(rollout, prompt_lengths, cfg.policy.max_total_sequence_length, pad)
     completions = completions_of(tokenizer, rollout, prompt_lengths)
     rewards = torch.tensor(task.reward([p for p in prompts for _ in range(group)], completions, **task.kwargs),
                            dtype=torch.float32)
@@ -187,28 +191,49 @@ def grpo_step(step: int, cfg: Any, policy: Any, generation: Any, synchronizer: A
         policy.prepare_for_training()
         result = policy.train(data, loss_fn)
         policy.finish_training()
-    if synchronizer is not None:
-        synchronizer.stale = True
-    step_s = sum(timer.seconds.values())
-    generated = float(rollout["generation_lengths"].sum())
+    loss_metrics = result["metrics"]
     metrics = {
         "reward_mean": float(rewards.mean()),
         "reward_std": float(rewards.std()) if rewards.numel() > 1 else 0.0,
         "loss": float(result["loss"].mean()),
         "grad_norm": float(result["grad_norm"].mean()),
-        "kl_penalty": float(result["metrics"].get("kl_penalty", 0.0)),
+        "kl_penalty": float(loss_metrics.get("kl_penalty", 0.0)),
         # generation vs prev logprobs; without the pass prev = the current logprobs of the parameters
         # that sampled the rollout, so it is the same engine-vs-policy check
-        "token_mult_prob_error": float(result["metrics"].get("token_mult_prob_error", float("nan"))),
+        "token_mult_prob_error": float(loss_metrics.get("token_mult_prob_error", float("nan"))),
         "prev_logprobs_pass": float(prev_pass),
-        "mean_generation_length": generated / rewards.numel(),
+        "mean_generation_length": float(rollout["generation_lengths"].sum()) / rewards.numel(),
+    }
+    metrics.update({key: float(loss_metrics[key]) for key in ("clip_fraction", "is_weight_mean",
+                                                               "is_truncated_fraction") if key in loss_metrics})
+    return metrics
+
+
+def grpo_step(step: int, cfg: Any, policy: Any, generation: Any, synchronizer: Any, task: Task,
+              tokenizer: Any, loss_fn: Any) -> dict[str, float]:
+    """One synchronous GRPO step: refit (if stale), generate, train; returns its metrics."""
+    timer = Timer()
+    prompts, batch = step_prompts(step, cfg, task, tokenizer)
+    refit_bytes = 0.0
+    if synchronizer is not None and synchronizer.stale:
+        with timer.phase("refit"):
+            refit_bytes = refit(policy, synchronizer)
+    with timer.phase("generation"):
+        generation.prepare_for_generation()
+        rollout = generation.generate(batch, greedy=False)
+        generation.finish_generation()
+    metrics = train_on_rollout(cfg, policy, task, tokenizer, loss_fn, prompts, batch, rollout, timer)
+    if synchronizer is not None:
+        synchronizer.stale = True
+    generated = metrics["mean_generation_length"] * len(batch["input_lengths"])
+    return {
+        **metrics,
         "tokens_per_s": generated / max(timer.seconds.get("time/generation_s", 0.0), 1e-9),
         "refit_bytes": refit_bytes,  # what the refit moved (LoRA: the changed layers, or the adapters alone)
-        "time/step_s": step_s,
+        "time/step_s": sum(timer.seconds.values()),
         **timer.seconds,
         **peak_memory_metrics(policy, generation),
     }
-    return metrics
 
 
 def grpo_train(run: Run, on_step: Callable[[int, dict[str, float]], None]) -> None:
@@ -218,6 +243,13 @@ def grpo_train(run: Run, on_step: Callable[[int, dict[str, float]], None]) -> No
     cfg = run.cfg
     task = Task.from_config(cfg.task)
     loss_fn = ClippedPGLossFn(resolved_loss_config(cfg))
+    if cfg.grpo.async_grpo.enabled:
+        from rlcore.run.async_grpo import async_grpo_train, async_unsupported
+
+        reason = async_unsupported(run)
+        if reason is None:
+            return async_grpo_train(run, task, loss_fn, on_step)
+        print(f"notice: grpo.async_grpo.enabled, but {reason}; training synchronously", file=sys.stderr)
     for step in range(run.start_step, cfg.grpo.max_num_steps):
         metrics = grpo_step(step, cfg, run.policy, run.generation, run.synchronizer, task, run.tokenizer, loss_fn)
         on_step(step, metrics)

@@ -87,16 +87,31 @@ class VllmGeneration(WorkerGroupOwner, GenerationInterface):
         See :meth:`rl_vllm.worker.VllmGenerationWorker.generate` for the
         semantics of greedy decoding, stop strings and logprobs.
         """
+        return self.collect(self.generate_async(data, greedy))
+
+    def generate_async(self, data: BatchedDataDict, greedy: bool = False) -> Any:
+        """Submit to the engines and return at once (see ``GenerationInterface.generate_async``).
+
+        Each engine is a sync Ray actor: its calls run one at a time in
+        submission order, so a refit submitted later waits for this request.
+        """
         problems = batch_problems(data, min(info["max_model_len"] for info in self.engine_info))
         if problems:
             raise ValueError("; ".join(problems))
         self._check_not_stale()
         batch = BatchedDataDict({k: data[k] for k in INPUT_KEYS if k in data})
         shards = batch.chunk(self.num_engines)
-        wg = self.worker_group
-        calls = wg.run_all_workers_sharded_data("generate", shards, greedy=greedy,
-                                                sampling=sampling_options(self.cfg))
-        return BatchedDataDict.from_batches(wg.get_results(calls))
+        return self.worker_group.run_all_workers_sharded_data("generate", shards, greedy=greedy,
+                                                              sampling=sampling_options(self.cfg))
+
+    def collect(self, handle: Any) -> BatchedDataDict:
+        """The output of a :meth:`generate_async` call, with ``weight_version`` per sample."""
+        return BatchedDataDict.from_batches(self.worker_group.get_results(handle))
+
+    def set_weight_version(self, version: int) -> None:
+        """Queued behind the refit it names (and any request before it): later requests are tagged ``version``."""
+        self._all("set_weight_version", version)
+
 
     def _check_not_stale(self) -> None:
         """Raise here, on the driver, if a refit left an engine stale.

@@ -124,6 +124,7 @@ class VllmGenerationWorker:
         self._receiver: Any = None
         self._refit_group: Any = None
         self._lora_request: Any = None  # the adapter every request runs with (adapter refit)
+        self.weight_version = 0  # named by the driver after each refit; tags every sample generated
         # Weights that did not come from a checkpoint are not the policy's until a refit lands.
         self.stale_reason: str | None = (
             "the engine started with load_format='dummy' and has not been refit yet"
@@ -158,6 +159,8 @@ class VllmGenerationWorker:
         own ``stop_strings``) end a completion with the token that completes
         the string, which is kept. An EOS or stop token is kept too.
         """
+        import torch
+
         from rlcore.data import BatchedDataDict
         from rl_vllm.sampling import SAMPLING_FIELDS, sampling_options
 
@@ -187,8 +190,10 @@ class VllmGenerationWorker:
             params.append(self._sampling_params(options, greedy, stop, min(max_new, room)))
             requests.append({"prompt_token_ids": prompt})
 
+        started = time.time()
         results = self.llm.generate(requests, params, use_tqdm=False, lora_request=self._lora_request) \
             if requests else []
+        window = (started, time.time())
         completions = []
         for result in results:
             out = result.outputs[0]
@@ -196,7 +201,13 @@ class VllmGenerationWorker:
             lps = [float(step[tok].logprob) for tok, step in zip(tokens, out.logprobs or [])]
             completions.append(Completion(tokens, lps, out.finish_reason))
         packed = pack_outputs(input_ids, input_lengths, completions, max_new, int(pad_id))
+        # A sync actor runs one call at a time: a refit never lands inside this call, so one version per sample.
+        packed["weight_version"] = torch.full((len(prompts),), self.weight_version, dtype=torch.long)
+        packed["generation_window"] = torch.tensor(window, dtype=torch.float64).repeat(len(prompts), 1)  # [B, 2]
         return BatchedDataDict(packed)
+
+    def set_weight_version(self, version: int) -> None:
+        self.weight_version = int(version)
 
     # -- adapter refit ---------------------------------------------------------------------
     def load_lora_adapter(self, path: str, version: int) -> None:

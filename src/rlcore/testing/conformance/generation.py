@@ -116,3 +116,34 @@ class GenerationBackendConformance(_BackendChecks):
             pytest.skip(f"backend '{self.backend_name}' does not declare 'refit'")
         pytest.skip("generic refit round trip not in the kit yet (it needs a training policy beside the engine); "
                     "backends test it themselves, e.g. plugins/rl-vllm/tests/test_refit.py")
+
+    def test_async_generation(self, generation: dict, greedy_output: tuple, backend_spec: Any) -> None:
+        """'async_generation' declared: ``generate_async`` returns before the result, requests run in
+        submission order, ``collect`` (in any order) gives ``generate``'s output, and every sample carries the
+        ``weight_version`` set before its request and its engine call's ``generation_window``."""
+        import torch
+
+        if "async_generation" not in backend_spec.capabilities:
+            pytest.skip(f"backend '{self.backend_name}' does not declare 'async_generation'")
+        engine = generation["engine"]
+        prompts, expected = greedy_output
+        engine.set_weight_version(3)
+        first = engine.generate_async(prompts, greedy=True)
+        engine.set_weight_version(4)  # queued behind the first request: applies to the second only
+        second = engine.generate_async(prompts, greedy=True)
+        late, early = engine.collect(second), engine.collect(first)
+        problems = []
+        for name, out, version in (("first", early, 3), ("second", late, 4)):
+            if not torch.equal(out["output_ids"], expected["output_ids"]):
+                problems.append(f"{name} request: output_ids differ from generate's")
+            tags = out.get("weight_version")
+            if tags is None or tags.dtype != torch.int64 or tags.tolist() != [version] * len(tags):
+                problems.append(f"{name} request: weight_version {tags}, expected int64 [{version}] * B")
+            window = out.get("generation_window")
+            if window is None or tuple(window.shape) != (len(expected["output_ids"]), 2):
+                problems.append(f"{name} request: generation_window must be [B, 2]")
+        # The same rows go to the same engine both times: there, the second call starts after the first ends.
+        if not problems and (late["generation_window"][:, 0] < early["generation_window"][:, 1]).any():
+            problems.append("the second request started before the first ended: requests must run in order")
+        engine.set_weight_version(0)
+        assert not problems, "\n".join(problems)

@@ -1,0 +1,134 @@
+"""Asynchronous GRPO: the engines generate the next rollouts while the policy trains.
+
+With ``grpo.async_grpo.max_trajectory_age_steps`` = N, the rollout trained at
+step ``s`` may come from the weights of step ``s - N`` or later. Weights are
+versioned by the training step that produces them (``v(s)``: the weights
+step ``s`` trains). The schedule, for a run starting at step ``s0``::
+
+    refit v(s0); launch the rollouts of steps s0 .. s0+N, all on v(s0)
+    step s:  collect rollout s; train (-> v(s+1)); refit v(s+1); launch rollout s+N+1 on v(s+1)
+
+so rollout ``s+N+1`` is generated while steps ``s+1 ..`` train, and is
+trained at step ``s+N+1``, N steps after its weights. An engine runs requests
+in submission order and finishes a request before it takes new weights, so it
+tags every sample with the version of the last refit before the request; the
+loop checks each rollout's age from those tags and regenerates one that is
+too old (counted; it cannot happen with an engine that keeps the order).
+
+A resumed run discards the in-flight rollouts of the run it continues: it
+starts the schedule again from the checkpoint's weights, so its first rollouts
+are younger than the rule allows, never older.
+
+One engine generation runs per training step, so a step takes about
+``max(generation, training) + refit`` instead of their sum; a larger N does not
+speed it up further, it only lets rollouts be older.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable
+
+from rlcore.run.grpo import Timer, peak_memory_metrics, refit, step_prompts, train_on_rollout
+from rlcore.run.tasks import Task
+
+if TYPE_CHECKING:
+    from rlcore.run.build import Run
+
+
+@dataclass
+class InFlight:
+    """A rollout submitted to the engines: its step, prompts, encoded batch and the engines' handle."""
+
+    step: int
+    prompts: list[str]
+    batch: Any
+    handle: Any
+
+
+def async_unsupported(run: "Run") -> str | None:
+    """Why ``run`` cannot generate asynchronously (None when it can)."""
+    from rlcore.plugins import get_registry
+
+    cfg = run.cfg
+    if run.generation is run.policy or run.synchronizer is None:
+        return f"the '{cfg.policy.training_backend}' training backend generates with its own weights"
+    name = cfg.policy.generation.backend
+    if "async_generation" not in get_registry().resolve(name, kind="generation").capabilities:
+        return f"the '{name}' generation backend does not declare 'async_generation'"
+    return None
+
+
+def async_grpo_train(run: "Run", task: Task, loss_fn: Any, on_step: Callable[[int, dict[str, float]], None]) -> None:
+    """Run steps ``run.start_step .. max_num_steps - 1`` with generation running ahead (see the module doc)."""
+    cfg, policy, generation = run.cfg, run.policy, run.generation
+    max_age = cfg.grpo.async_grpo.max_trajectory_age_steps
+    last_step = cfg.grpo.max_num_steps - 1
+
+    def launch(step: int) -> InFlight:
+        prompts, batch = step_prompts(step, cfg, task, run.tokenizer)
+        return InFlight(step, prompts, batch, generation.generate_async(batch, greedy=False))
+
+    def update_weights(version: int) -> float:
+        moved = refit(policy, run.synchronizer)
+        generation.set_weight_version(version)
+        return moved
+
+    generation.prepare_for_generation()  # the engines have their own resources: awake for the whole run
+    refit_bytes = update_weights(run.start_step)
+    queue = deque(launch(s) for s in range(run.start_step, min(run.start_step + max_age, last_step) + 1))
+    previous_end: float | None = None
+    for step in range(run.start_step, last_step + 1):
+        timer = Timer()
+        started = time.perf_counter()
+        with timer.phase("generation_wait"):  # training waits for data
+            item = queue.popleft()
+            rollout, regenerated = collect_young_enough(item, step, max_age, generation)
+        ages = step - rollout["weight_version"]
+        window = rollout["generation_window"]
+        begin, end = float(window[:, 0].min()), float(window[:, 1].max())
+        idle = max(0.0, begin - previous_end) if previous_end is not None else 0.0
+        previous_end = end
+        metrics = train_on_rollout(cfg, policy, task, run.tokenizer, loss_fn, item.prompts, item.batch, rollout,
+                                   timer)
+        if step < last_step:
+            with timer.phase("refit"):
+                refit_bytes += update_weights(step + 1)
+            if step + max_age + 1 <= last_step:
+                queue.append(launch(step + max_age + 1))
+        generated = metrics["mean_generation_length"] * len(ages)
+        # The training ranks only: a call to an engine would queue behind the rollout it is generating.
+        memory = peak_memory_metrics(policy, None)
+        on_step(step, {
+            **metrics,
+            "tokens_per_s": generated / max(end - begin, 1e-9),
+            "refit_bytes": refit_bytes,
+            **timer.seconds,
+            "time/step_s": time.perf_counter() - started,  # wall time: waiting, training, refit, launch
+            "time/generation_s": end - begin,  # on the engines, overlapped with earlier steps' training
+            "time/generation_idle_s": idle,  # how long the engines waited (for weights) before this rollout
+            **age_metrics(ages, max_age),
+            "async/regenerated_rollouts": float(regenerated),
+            **memory,
+        })
+        refit_bytes = 0.0
+
+
+def collect_young_enough(item: InFlight, step: int, max_age: int, generation: Any) -> tuple[Any, int]:
+    """The rollout of ``item``, regenerated on the current weights if any sample is older than ``max_age``
+    steps; returns it and how many times it was regenerated."""
+    rollout = generation.collect(item.handle)
+    regenerated = 0
+    while int((step - rollout["weight_version"]).max()) > max_age:
+        regenerated += 1
+        rollout = generation.collect(generation.generate_async(item.batch, greedy=False))
+    return rollout, regenerated
+
+
+def age_metrics(ages: Any, max_age: int) -> dict[str, float]:
+    """The staleness of a rollout: mean and max age in steps, and the fraction of samples of each age."""
+    n = len(ages)
+    return {"async/age_mean": float(ages.float().mean()), "async/age_max": float(ages.max()),
+            **{f"async/age_{a}_fraction": float((ages == a).sum()) / n for a in range(max_age + 1)}}
