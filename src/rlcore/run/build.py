@@ -68,7 +68,9 @@ def build_run(cfg: Any, resume_dir: Path | None = None, start_step: int = 0) -> 
         weights = optimizer = None
         if resume_dir is not None:
             weights, optimizer = str(resume_dir / "weights"), str(resume_dir / "optimizer")
-        run.policy = Policy(cluster, cfg.policy, tokenizer, weights_path=weights, optimizer_path=optimizer)
+        # The reference model only feeds the KL term: without one, no rank keeps its copy of the weights.
+        run.policy = Policy(cluster, cfg.policy, tokenizer, weights_path=weights, optimizer_path=optimizer,
+                            init_reference_model=cfg.loss.reference_policy_kl_penalty > 0)
         run.generation = run.policy
         if separate:
             spec = get_registry().resolve(gen_cfg.backend, kind="generation")

@@ -87,10 +87,11 @@ def metadata_problems(metadata: Metadata, model_dir: str, partial: bool = False)
     if shapes is None:
         return []
     problems = []
+    # A tied LM head's duplicate may be sent or not (vLLM loads the embedding it shares either way).
     optional = {"lm_head.weight"} if tied_word_embeddings(model_dir) else set()
     if not partial and (missing := sorted(set(shapes) - set(metadata) - optional)):
         problems.append(f"refit info lacks {len(missing)} tensor(s) of the engine's model: {', '.join(missing[:5])}")
-    if extra := sorted(set(metadata) - set(shapes)):
+    if extra := sorted(set(metadata) - set(shapes) - optional):
         problems.append(f"refit info has {len(extra)} tensor(s) the engine's model does not: {', '.join(extra[:5])}")
     wrong = [f"{n}: sent {metadata[n][0]}, engine has {shapes[n]}" for n in sorted(set(metadata) & set(shapes))
              if tuple(metadata[n][0]) != tuple(shapes[n])]
@@ -109,6 +110,24 @@ def _quiet_unloaded_layers():
         yield
     finally:
         log.setLevel(level)
+
+
+def _reprocess_tied_head(model: Any) -> None:
+    """Redo the post-load processing of an LM head tied to the input embeddings.
+
+    The checkpoint (and so the refit) holds the embedding only; the tied head
+    shares its weight tensor, which the reload updates in place, but on CPU
+    vLLM packs the head's own copy for the logits GEMM when it loads, and
+    nothing loaded into the head itself, so that copy would keep the old
+    weights (engine logprobs then drift from the policy's after every refit).
+    """
+    head = getattr(model, "lm_head", None)
+    embed = getattr(getattr(model, "model", None), "embed_tokens", None)
+    weight, tied_to = getattr(head, "weight", None), getattr(embed, "weight", None)
+    method = getattr(head, "quant_method", None)
+    if weight is None or tied_to is None or method is None or weight.data_ptr() != tied_to.data_ptr():
+        return
+    method.process_weights_after_loading(head)
 
 
 class InPlaceReload:
@@ -154,6 +173,7 @@ class InPlaceReload:
             try:
                 with self._config_ctx(self._worker.vllm_config):
                     finalize_layerwise_reload(self.model, self._worker.vllm_config.model_config)
+                    _reprocess_tied_head(self.model)
             finally:
                 self._quiet.__exit__(None, None, None)
 
