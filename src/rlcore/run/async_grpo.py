@@ -40,9 +40,8 @@ if TYPE_CHECKING:
 
 @dataclass
 class InFlight:
-    """A rollout submitted to the engines: its step, prompts, encoded batch and the engines' handle."""
+    """A rollout submitted to the engines: its prompts, encoded batch and the engines' handle."""
 
-    step: int
     prompts: list[str]
     batch: Any
     handle: Any
@@ -69,7 +68,7 @@ def async_grpo_train(run: "Run", task: Task, loss_fn: Any, on_step: Callable[[in
 
     def launch(step: int) -> InFlight:
         prompts, batch = step_prompts(step, cfg, task, run.tokenizer)
-        return InFlight(step, prompts, batch, generation.generate_async(batch, greedy=False))
+        return InFlight(prompts, batch, generation.generate_async(batch, greedy=False))
 
     def update_weights(version: int) -> float:
         moved = refit(policy, run.synchronizer)

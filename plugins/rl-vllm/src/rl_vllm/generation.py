@@ -112,7 +112,6 @@ class VllmGeneration(WorkerGroupOwner, GenerationInterface):
         """Queued behind the refit it names (and any request before it): later requests are tagged ``version``."""
         self._all("set_weight_version", version)
 
-
     def _check_not_stale(self) -> None:
         """Raise here, on the driver, if a refit left an engine stale.
 

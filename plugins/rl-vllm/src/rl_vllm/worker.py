@@ -46,10 +46,15 @@ def _prepare_process_env(cfg: VllmConfig, on_cpu: bool) -> int | None:
 
 def vllm_lora_rank(rank: int) -> int:
     """The smallest ``max_lora_rank`` vLLM accepts that holds adapters of ``rank``."""
-    for allowed in (1, 8, 16, 32, 64, 128, 256, 320, 512):
-        if rank <= allowed:
-            return allowed
-    raise ValueError(f"policy.lora.dim={rank}: vLLM runs LoRA adapters of rank up to 512")
+    from typing import get_args
+
+    from vllm.config.lora import MaxLoRARanks
+
+    allowed = sorted(get_args(MaxLoRARanks))
+    fitting = [r for r in allowed if r >= rank]
+    if not fitting:
+        raise ValueError(f"policy.lora.dim={rank}: vLLM runs LoRA adapters of rank up to {allowed[-1]}")
+    return fitting[0]
 
 
 def _own_worker(worker: Any) -> Any:
