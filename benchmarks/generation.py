@@ -19,6 +19,10 @@ what it produced) over the wall time of the facade call, as the driver sees
 it; the median over repeats is reported.
 
     python benchmarks/generation.py [--model small|tiny-llama] [--prompts 32] [--new-tokens 64] [--ranks 1] [--repeats 5]
+        [--compile]
+
+``--compile`` runs the engines with ``vllm_cfg.enforce_eager: false`` (vLLM
+compiles the model; on CPU about 20-30 s more engine start-up, not timed).
 
 The last line printed is JSON: ``{"vllm_tok_s": ..., "fsdp1_tok_s": ..., "speedup": ...}`` (goal >= 3x).
 """
@@ -49,6 +53,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--ranks", type=int, default=1, help="vLLM engines = fsdp1 ranks")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--compile", action="store_true", help="vllm_cfg.enforce_eager=false (compiled engine)")
     args = parser.parse_args(argv)
 
     import transformers
@@ -76,10 +81,12 @@ def main(argv: list[str] | None = None) -> None:
         **policy_cfg, "backend": "fsdp1", "generation": {**generation, "backend": "fsdp1"}}}).policy
     vllm_cfg = load_config_dict({"cluster": {"workers_per_node": args.ranks}, "policy": {
         **policy_cfg, "generation": {**generation, "backend": "vllm",
-                                     "vllm_cfg": {"kv_cache_space_gb": 0.25, "max_model_len": MAX_LEN}}}}).policy
+                                     "vllm_cfg": {"kv_cache_space_gb": 0.25, "max_model_len": MAX_LEN,
+                                                  "enforce_eager": not args.compile}}}}).policy
     params = sum(p.numel() for p in transformers.AutoModelForCausalLM.from_pretrained(model_dir).parameters())
     print(f"model {args.model!r}: {spec}, {params / 1e6:.1f}M params float32; {args.prompts} prompts of 16-48 tokens x "
-          f"{args.new_tokens} new tokens, temperature 1; {args.ranks} engine(s) / rank(s); {args.repeats} repeats "
+          f"{args.new_tokens} new tokens, temperature 1; {args.ranks} engine(s) / rank(s), vLLM "
+          f"{'compiled' if args.compile else 'eager'}; {args.repeats} repeats "
           f"after 1 warm-up; load average {os.getloadavg()[0]:.1f}", file=sys.stderr)
 
     cluster = RayVirtualCluster([args.ranks], max_colocated_worker_groups=2, name="bench-generation")

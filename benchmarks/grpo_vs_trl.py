@@ -32,17 +32,26 @@ Cases (``--case``):
 
 - ``shaped`` (default): a workload shaped like real RL, where generation
   dominates: a ~50M-parameter Llama, 16 prompts x 8 generations, 128 new tokens;
+- ``varlen``: the shaped model and batch, 256 new tokens at most, but the
+  model ends completions at EOS after a long-tailed number of tokens (mean
+  ~40; :func:`with_stop_habit`), as the answers of every real RL task do.
+  Generation and training then see ragged batches: what rlcore's engine
+  (continuous batching) and training (packing, micro-batches cut to their
+  own longest row) are built for, and what padded HF ``generate`` and
+  TRL's padded training batches pay for;
 - ``tiny``: ``examples/grpo_tiny.yaml``'s tiny-llama (~0.5M parameters), 8
   prompts x 4 generations, 16 new tokens, where TRL's in-process loop pays no
   dispatch cost: the other side of the crossover.
 
 Needs ``trl`` (``pip install trl==1.16.0``; not a dependency of rlcore).
 
-    python benchmarks/grpo_vs_trl.py [--case shaped|tiny] [--ranks 1] [--steps N] [--prompts P] [--generations G] [--new-tokens T]
+    python benchmarks/grpo_vs_trl.py [--case shaped|varlen|tiny] [--ranks 1] [--steps N] [--prompts P]
+        [--generations G] [--new-tokens T] [--packing auto|on|off]
 
 The last line printed is JSON: ``{"rlcore_step_s", "trl_step_s", "speedup",
-"model_params", "new_tokens", "case"}`` (speedup = trl / rlcore, goal >= 2x
-for ``shaped``).
+"model_params", "new_tokens", "case", "packing", "rlcore_mean_len", "trl_mean_len",
+"rlcore_reward", "trl_reward"}`` (speedup = trl / rlcore, goal >= 2x for ``varlen``,
+>= 1.3x for ``shaped``; rewards are [first step, last step]).
 """
 
 from __future__ import annotations
@@ -62,6 +71,13 @@ CASES: dict[str, dict[str, Any]] = {
         model=dict(arch="llama", hidden_size=768, num_layers=8, num_heads=12, num_kv_heads=4, head_dim=64,
                    intermediate_size=2048, max_position_embeddings=512),
         prompts=16, generations=8, new_tokens=128, lr=1e-5, micro_batch=16, steps=3, max_len=256, kv_cache_gb=0.25),
+    # The shaped model and batch, but completions end at EOS after a long-tailed number of tokens (see
+    # with_stop_habit): mean ~40, a few run to the 256-token cap, as the answers of a real task do.
+    "varlen": dict(
+        model=dict(arch="llama", hidden_size=768, num_layers=8, num_heads=12, num_kv_heads=4, head_dim=64,
+                   intermediate_size=2048, max_position_embeddings=512),
+        prompts=16, generations=8, new_tokens=256, mean_length=40, lr=1e-5, micro_batch=16, steps=3, max_len=384,
+        kv_cache_gb=0.25),
     "tiny": dict(
         model="tiny-llama", prompts=8, generations=4, new_tokens=16, lr=3e-3, micro_batch=8, steps=8, max_len=64,
         kv_cache_gb=0.0625),
@@ -72,11 +88,53 @@ def median_after_warmup(values: list[float]) -> float:
     return statistics.median(values[1:] if len(values) > 1 else values)
 
 
+# --------------------------------------------------------------------------- the varlen model
+
+
+# The constant embedding coordinate that carries the stop habit. It must dwarf what the layers add to that
+# coordinate: at 3, one AdamW step at lr 1e-5 took p(EOS) from 1/40 to 1/210 (every completion then runs to
+# the cap); at 30 it stays at 1/40 for several steps, and the other logits are as random as before.
+STOP_FEATURE = 30.0
+
+
+def with_stop_habit(model_dir: str, mean_length: float, dest: str) -> str:
+    """A copy of ``model_dir`` that ends a completion at EOS with probability ~1/``mean_length`` per token.
+
+    A random model almost never samples EOS, so every completion runs to the cap. Here one embedding
+    coordinate is set to a constant for every token: after the final norm that coordinate is nearly
+    constant (other coordinates, and so the other logits, barely change), and the EOS row of the LM
+    head reads only it, with a scale found by bisection on random contexts. Lengths are then about
+    geometric: a long tail up to ``max_new_tokens``, the same model on both sides.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    eos, vocab = tokenizer.eos_token_id, model.config.vocab_size
+    head = model.get_output_embeddings().weight
+    contexts = torch.randint(0, vocab, (8, 128), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        model.get_input_embeddings().weight[:, 0] = STOP_FEATURE
+        hidden = model.model(contexts).last_hidden_state
+        head[eos] = 0.0
+        low, high = 0.0, 50.0
+        for _ in range(40):
+            head[eos, 0] = (low + high) / 2
+            p_eos = torch.softmax(model.lm_head(hidden), dim=-1)[..., eos].mean()
+            low, high = (head[eos, 0].item(), high) if p_eos < 1 / mean_length else (low, head[eos, 0].item())
+    model.save_pretrained(dest)
+    tokenizer.save_pretrained(dest)
+    return dest
+
+
 # --------------------------------------------------------------------------- rlcore
 
 
-def run_rlcore(model_dir: str, c: dict[str, Any], out_dir: str, ranks: int) -> list[dict[str, Any]]:
-    """``rlcore run`` with this workload; returns its per-step metrics rows."""
+def run_rlcore(model_dir: str, c: dict[str, Any], out_dir: str, ranks: int, packing: bool | None = None
+               ) -> list[dict[str, Any]]:
+    """``rlcore run`` with this workload; returns its per-step metrics rows. ``packing``: the
+    ``policy.sequence_packing.enabled`` to use (None: rlcore's default)."""
     from rlcore.config import load_config_dict
     from rlcore.run.metrics import read_metrics
     from rlcore.run.train import train
@@ -89,6 +147,7 @@ def run_rlcore(model_dir: str, c: dict[str, Any], out_dir: str, ranks: int) -> l
             "train_micro_batch_size": c["micro_batch"], "logprob_batch_size": c["micro_batch"],
             "max_total_sequence_length": c["max_len"], "learning_rate": c["lr"], "max_grad_norm": 1.0,
             "optimizer": {"name": "torch.optim.AdamW", "kwargs": {"lr": c["lr"], "weight_decay": 0.0}},
+            "sequence_packing": {"enabled": packing},
             "generation": {"backend": "vllm", "max_new_tokens": c["new_tokens"], "temperature": 1.0, "top_p": 1.0,
                            "colocated": True,
                            "vllm_cfg": {"kv_cache_space_gb": c["kv_cache_gb"], "max_model_len": c["max_len"]}},
@@ -183,6 +242,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--generations", type=int)
     parser.add_argument("--new-tokens", type=int)
     parser.add_argument("--ranks", type=int, default=1, help="rlcore ranks (one thread each) = TRL torch threads")
+    parser.add_argument("--packing", choices=("auto", "on", "off"), default="auto",
+                        help="rlcore's policy.sequence_packing.enabled (auto: its default)")
     args = parser.parse_args(argv)
 
     import transformers
@@ -200,12 +261,16 @@ def main(argv: list[str] | None = None) -> None:
     params = sum(p.numel() for p in transformers.AutoModelForCausalLM.from_pretrained(model_dir).parameters())
     print(f"case {args.case!r}: llama {spec}, {params / 1e6:.1f}M params float32; {c['prompts']} prompts x "
           f"{c['generations']} generations x {c['new_tokens']} new tokens, lr {c['lr']}, {c['steps']} steps "
-          f"(first = warm-up), {args.ranks} rank(s)/thread(s) each; load average {os.getloadavg()[0]:.1f}", file=sys.stderr)
+          f"(first = warm-up), {args.ranks} rank(s)/thread(s) each; load average {os.getloadavg()[0]:.1f}",
+          file=sys.stderr)
 
     work = tempfile.mkdtemp(prefix="grpo-vs-trl-")
     try:
         load = {"rlcore": os.getloadavg()[0]}
-        rows = run_rlcore(model_dir, c, os.path.join(work, "rlcore"), args.ranks)
+        if c.get("mean_length"):
+            model_dir = with_stop_habit(model_dir, c["mean_length"], os.path.join(work, "model"))
+        packing = {"auto": None, "on": True, "off": False}[args.packing]
+        rows = run_rlcore(model_dir, c, os.path.join(work, "rlcore"), args.ranks, packing)
         load["trl"] = os.getloadavg()[0]
         trl_steps, trl_generate, trl_logs = run_trl(model_dir, c, os.path.join(work, "trl"), args.ranks)
         load["end"] = os.getloadavg()[0]
@@ -230,9 +295,14 @@ def main(argv: list[str] | None = None) -> None:
     print(f"per-step seconds: rlcore {[round(r['time/step_s'], 2) for r in rows]}, "
           f"TRL {[round(s, 2) for s in trl_steps]}")
     speedup = theirs / ours
-    print(f"TRL / rlcore step time: {speedup:.2f}x (goal >= 2 for the shaped case)")
+    goal = {"varlen": " (goal >= 2)", "shaped": " (goal >= 1.3)"}.get(args.case, "")
+    print(f"TRL / rlcore step time: {speedup:.2f}x{goal}")
     print(json.dumps({"rlcore_step_s": round(ours, 3), "trl_step_s": round(theirs, 3), "speedup": round(speedup, 2),
-                      "model_params": params, "new_tokens": c["new_tokens"], "case": args.case}))
+                      "model_params": params, "new_tokens": c["new_tokens"], "case": args.case,
+                      "packing": args.packing, "rlcore_mean_len": round(statistics.mean(gen_len), 1),
+                      "trl_mean_len": round(statistics.mean(trl_len), 1),
+                      "rlcore_reward": [round(rows[0]["reward_mean"], 3), round(rows[-1]["reward_mean"], 3)],
+                      "trl_reward": [round(trl_reward[0], 3), round(trl_reward[-1], 3)]}))
 
 
 if __name__ == "__main__":

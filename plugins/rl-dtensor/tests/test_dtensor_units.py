@@ -86,20 +86,26 @@ def test_block_causal_mask():
     assert torch.equal(additive == 0, expected) and (additive[~expected] == torch.finfo(torch.float32).min).all()
 
 
-@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+@pytest.mark.parametrize("attn", ["sdpa", "eager", "segments"])
 @pytest.mark.parametrize("multiple", [1, 4])
 def test_packed_forward_equals_padded_forward(tiny_model_dir, tiny_tokenizer, attn, multiple):
-    """One packed row with a block-diagonal mask gives each sequence's padded-batch logprobs and top-k."""
+    """One packed row (block-diagonal mask, or segment attention) gives each sequence's padded-batch
+    logprobs and top-k."""
     from rl_dtensor.inputs import packed_inputs, padded_inputs
+    from rl_dtensor.segment_attention import use_segment_attention
     from transformers import AutoModelForCausalLM
 
     from rlcore.testing.models import make_batch
 
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32, attn_implementation=attn)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32,
+                                                 attn_implementation="sdpa" if attn == "segments" else attn)
+    if attn == "segments":
+        assert use_segment_attention(model)
     mb = make_batch(tiny_tokenizer, 5, 2, 13, seed=3)
     cpu = torch.device("cpu")
     padded = padded_inputs(mb, cpu, multiple)
-    packed = packed_inputs(mb, cpu, attn, torch.float32, multiple)
+    packed = packed_inputs(mb, cpu, model.config._attn_implementation, torch.float32, multiple)
+    assert (packed.attention_mask is None) == (attn == "segments")
     assert packed.input_ids.shape[0] == 1 and packed.input_ids.shape[1] % multiple == 0
     with torch.no_grad():
         logits_padded = model(**padded.model_kwargs()).logits
@@ -108,6 +114,40 @@ def test_packed_forward_equals_padded_forward(tiny_model_dir, tiny_tokenizer, at
     valid_rows = torch.arange(mb["input_ids"].shape[1] - 1)[None, :] < (mb["input_lengths"][:, None] - 1)
     diff = (packed.topk(logits_packed, 3)[0] - padded.topk(logits_padded, 3)[0]).abs().amax(-1)
     assert float((diff * valid_rows).max()) <= 1e-5
+
+
+def test_segment_attention_gradients_equal_the_padded_batch(tiny_model_dir, tiny_tokenizer):
+    """Backward through segment attention: the same parameter gradients as the padded batch (float64)."""
+    from rl_dtensor.inputs import packed_inputs, padded_inputs
+    from rl_dtensor.segment_attention import use_segment_attention
+    from transformers import AutoModelForCausalLM
+
+    from rlcore.testing.models import make_batch
+
+    mb = make_batch(tiny_tokenizer, 6, 2, 17, seed=5)
+    cpu = torch.device("cpu")
+    grads = []
+    for inputs in (padded_inputs(mb, cpu), None):
+        model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float64)
+        if inputs is None:
+            assert use_segment_attention(model)
+            inputs = packed_inputs(mb, cpu, model.config._attn_implementation, torch.float64)
+        inputs.logprobs(model(**inputs.model_kwargs()).logits).sum().backward()
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
+    torch.testing.assert_close(grads[1], grads[0], rtol=1e-9, atol=1e-10)
+
+
+def test_segment_attention_is_not_used_where_attention_is_not_plain_causal(tiny_model_dir):
+    from rl_dtensor.segment_attention import can_use_segment_attention
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(tiny_model_dir)
+    config._attn_implementation = "sdpa"
+    assert can_use_segment_attention(config)
+    config.layer_types = ["full_attention", "sliding_attention"] * (config.num_hidden_layers // 2)
+    assert not can_use_segment_attention(config)
+    config.layer_types, config._attn_implementation = None, "eager"
+    assert not can_use_segment_attention(config)
 
 
 # -- gradient norm over mixed meshes ------------------------------------------------------------

@@ -11,7 +11,7 @@ from rlcore.config import ConfigError, GenerationConfig, load_config_dict
 from rlcore.plugins import get_registry
 from rlcore.plugins.registry import validate_backend_sections
 from rl_vllm.config import VllmConfig, vllm_config_from
-from rl_vllm.sampling import Completion, batch_problems, pack_outputs, request_stop_strings
+from rl_vllm.sampling import Completion, batch_problems, pack_outputs, request_stop_strings, sampled_logprobs
 
 
 def _config(vllm_cfg: dict):
@@ -69,6 +69,24 @@ def test_pack_outputs_right_pads_and_aligns_logprobs():
     assert torch.allclose(out["logprobs"], torch.tensor([[0, 0, 0, -0.1, -0.2, 0], [0, 0, -0.3, -0.4, -0.5, 0]]))
     with pytest.raises(ValueError, match="more than max_new_tokens"):
         pack_outputs(ids, lengths, done, max_new_tokens=2, pad_token_id=0)
+
+
+def test_sampled_logprobs_reads_flat_and_dict_logprobs():
+    logprobs = pytest.importorskip("vllm.logprobs")
+    flat = logprobs.FlatLogprobs()
+    for tok, lp in ((10, -0.5), (11, -1.5), (12, -2.5)):  # logprobs=0: one entry per position, the sampled token's
+        flat.append({tok: logprobs.Logprob(lp, rank=1)})
+    assert sampled_logprobs([10, 11, 12], flat) == [-0.5, -1.5, -2.5]
+    # Top-k entries too: the sampled token's is found by id wherever it sits.
+    wide = logprobs.FlatLogprobs()
+    wide.append({10: logprobs.Logprob(-0.5, rank=2), 7: logprobs.Logprob(-0.1, rank=1)})
+    wide.append({3: logprobs.Logprob(-0.2, rank=1), 11: logprobs.Logprob(-1.5, rank=4)})
+    assert sampled_logprobs([10, 11], wide) == [-0.5, -1.5]
+    with pytest.raises(ValueError, match="no logprob for the sampled token 12 at position 1"):
+        sampled_logprobs([10, 12], wide)
+    dicts = [{10: logprobs.Logprob(-0.5)}, {11: logprobs.Logprob(-1.5)}]
+    assert sampled_logprobs([10, 11], dicts) == [-0.5, -1.5]
+    assert sampled_logprobs([10, 11], None) == [] and sampled_logprobs([], logprobs.FlatLogprobs()) == []
 
 
 def test_batch_problems():

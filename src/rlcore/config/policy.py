@@ -87,7 +87,11 @@ class _TokenBudgets(StrictModel):
 class SequencePackingConfig(_TokenBudgets):
     """Packing several sequences per micro-batch row, by token budget."""
 
-    enabled: bool = Field(False, description="Pack several sequences into each micro-batch row.")
+    enabled: bool | None = Field(
+        None, description="Pack several sequences into each micro-batch row. None (automatic): a GRPO run "
+        "(rlcore run) packs its training and logprob passes when the training backend supports it and the "
+        "config allows it (no dynamic batching); a Policy built directly does not pack."
+    )
     algorithm: PackingAlgorithm = Field(
         "modified_first_fit_decreasing", description="Bin-packing algorithm (rlcore.data.packing.ALGORITHMS)."
     )

@@ -25,6 +25,31 @@ def with_grpo_defaults(cfg: Any) -> Any:
     return cfg
 
 
+def with_packing_default(cfg: Any) -> Any:
+    """Resolve ``policy.sequence_packing.enabled: null``: a GRPO run packs its training and logprob passes
+    when the training backend can and the config allows it (rules and the backend's own checks pass).
+
+    A rollout's completions end at EOS with ragged lengths; packed, no micro-batch computes padding.
+    """
+    from rlcore.config import check_rules
+    from rlcore.plugins import get_registry
+    from rlcore.plugins.registry import validate_backend_sections
+
+    packing = cfg.policy.sequence_packing
+    if packing.enabled is not None:
+        return cfg
+
+    def with_packing(enabled: bool) -> Any:
+        policy = cfg.policy.model_copy(update={"sequence_packing": packing.model_copy(update={"enabled": enabled})})
+        return cfg.model_copy(update={"policy": policy})
+
+    packed = with_packing(True)
+    spec = get_registry().resolve(cfg.policy.training_backend, kind="training")
+    can_pack = "sequence_packing" in spec.capabilities and not check_rules(packed) \
+        and not validate_backend_sections(packed)
+    return packed if can_pack else with_packing(False)
+
+
 def checkpoint_root(cfg: Any) -> Path:
     """Where a run's step checkpoints go: ``<logger.output_dir>/checkpoints``."""
     return Path(cfg.logger.output_dir) / "checkpoints"
@@ -60,7 +85,7 @@ def train(cfg: Any, resume: bool = False, signals: Any = None, progress_file: An
     from rlcore.run.grpo import grpo_train
     from rlcore.run.metrics import MetricsLogger, keep_steps_before, read_metrics
 
-    cfg = resolve_builtin_models(with_grpo_defaults(cfg))
+    cfg = with_packing_default(resolve_builtin_models(with_grpo_defaults(cfg)))
     out = Path(cfg.logger.output_dir)
     ckpt_root = checkpoint_root(cfg)
     resume_from = latest_step(ckpt_root) if resume else None

@@ -63,6 +63,18 @@ def pad_to_multiple(mb: "BatchedDataDict[Any]", multiple: int) -> "BatchedDataDi
     return mb._fit_seq_dim(width, -(-width // multiple) * multiple)
 
 
+def cut_to_longest(mb: "BatchedDataDict[Any]") -> "BatchedDataDict[Any]":
+    """Cut ``mb``'s sequence tensors to its own longest ``input_lengths``.
+
+    A rollout is padded to its longest completion; a micro-batch of shorter ones would otherwise
+    run its forward and backward over that padding. Only padding past every row's length goes, so
+    nothing computed for the real tokens changes (the models are causal)."""
+    width = mb._seq_width()
+    if width is None or "input_lengths" not in mb or mb.size == 0:
+        return mb
+    return mb._fit_seq_dim(width, max(1, int(mb["input_lengths"].max())))
+
+
 def micro_batches(step: "BatchedDataDict[Any]", mbs: int, mode: str,
                   multiple: int = 1) -> Iterator["BatchedDataDict[Any]"]:
     if mode == "dynamic":
@@ -70,7 +82,7 @@ def micro_batches(step: "BatchedDataDict[Any]", mbs: int, mode: str,
     elif mode == "packing":
         batches = step.make_microbatch_iterator_for_packable_sequences()
     else:
-        batches = step.make_microbatch_iterator(mbs)
+        batches = (cut_to_longest(mb) for mb in step.make_microbatch_iterator(mbs))
     return (pad_to_multiple(mb, multiple) for mb in batches)
 
 

@@ -39,15 +39,19 @@ class ModelInputs:
     """The tensors of one forward, and how to read next-token results back."""
 
     input_ids: torch.Tensor
-    attention_mask: torch.Tensor
+    attention_mask: torch.Tensor | None
     position_ids: torch.Tensor
     input_lengths: torch.Tensor
     seq_len: int  # S of the caller's micro-batch
     packed: PackedSequences | None = None
+    segment_bounds: torch.Tensor | None = None  # a packed row's segment starts + its width (segment attention)
 
     def model_kwargs(self) -> dict[str, Any]:
-        return {"input_ids": self.input_ids, "attention_mask": self.attention_mask,
-                "position_ids": self.position_ids, "use_cache": False}
+        kwargs = {"input_ids": self.input_ids, "attention_mask": self.attention_mask,
+                  "position_ids": self.position_ids, "use_cache": False}
+        if self.segment_bounds is not None:
+            kwargs["cu_seq_lens_q"] = self.segment_bounds
+        return kwargs
 
     def _next_targets(self) -> torch.Tensor:
         """``target[:, t] = input_ids[:, t + 1]`` (the last column is a dummy 0)."""
@@ -110,10 +114,13 @@ def block_causal_mask(segments: torch.Tensor, attn_implementation: str, dtype: t
 
 def packed_inputs(mb: Any, device: torch.device, attn_implementation: str, dtype: torch.dtype,
                   multiple: int = 1) -> ModelInputs:
-    """Pack a right-padded micro-batch into one row with a block-diagonal causal mask.
+    """Pack a right-padded micro-batch into one row with a block-diagonal causal mask, or, for a model
+    switched to segment attention (:mod:`rl_dtensor.segment_attention`), the segments' bounds instead.
 
     The row is padded to a multiple of ``multiple`` with a dummy segment of its own.
     """
+    from rl_dtensor.segment_attention import NAME as SEGMENT_ATTENTION
+
     lengths = mb["input_lengths"].long()
     packed = pack_microbatch(mb["input_ids"], lengths)
     seg_lens = (packed.cu_seqlens[1:] - packed.cu_seqlens[:-1]).long()
@@ -124,6 +131,11 @@ def packed_inputs(mb: Any, device: torch.device, attn_implementation: str, dtype
     positions = torch.cat([packed.position_ids, torch.arange(tail)[None, :]], dim=1)
     segments = torch.cat([torch.repeat_interleave(torch.arange(len(seg_lens)), seg_lens),
                           torch.full((tail,), len(seg_lens))])
-    mask = block_causal_mask(segments.to(device), attn_implementation, dtype)
-    return ModelInputs(input_ids=ids.to(device), attention_mask=mask, position_ids=positions.to(device),
-                       input_lengths=lengths.to(device), seq_len=int(mb["input_ids"].shape[1]), packed=packed)
+    inputs = ModelInputs(input_ids=ids.to(device), attention_mask=None, position_ids=positions.to(device),
+                         input_lengths=lengths.to(device), seq_len=int(mb["input_ids"].shape[1]), packed=packed)
+    if attn_implementation == SEGMENT_ATTENTION:
+        inputs.segment_bounds = torch.cat([packed.cu_seqlens.long(), torch.tensor([width])]) if tail \
+            else packed.cu_seqlens.long()
+    else:
+        inputs.attention_mask = block_causal_mask(segments.to(device), attn_implementation, dtype)
+    return inputs

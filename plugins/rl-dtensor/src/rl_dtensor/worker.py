@@ -31,6 +31,7 @@ from rl_dtensor import checkpoint as ckpt
 from rl_dtensor import state
 from rl_dtensor.grads import clip_grads
 from rl_dtensor.inputs import ModelInputs, packed_inputs, padded_inputs
+from rl_dtensor.segment_attention import use_segment_attention
 from rl_dtensor.parallelize import DTYPES, ParallelOptions, build_mesh, parallelize
 from rlcore.data import BatchedDataDict
 from rlcore.refit import RefitExportMixin
@@ -96,6 +97,7 @@ class DTensorPolicyWorker(RefitExportMixin, TrainingWorkerBase):
         adapter_path = weights_path if is_adapter_checkpoint(weights_path) else None
         base_path = config.model_name if adapter_path else (weights_path or config.model_name)
         model = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32)
+        use_segment_attention(model)  # packed rows attend per sequence, not through a [T, T] mask
         self.lora_targets = lora.apply_lora(model, config.lora) if config.lora.enabled else []
         if adapter_path:
             lora.load_adapter_into(model, adapter_path)

@@ -43,6 +43,34 @@ class Completion:
     finish_reason: str | None  # "stop" (EOS, stop token or stop string), "length", ...
 
 
+def sampled_logprobs(token_ids: Sequence[int], logprobs: Any) -> list[float]:
+    """The logprob of each sampled token, from a vLLM completion's ``logprobs``.
+
+    ``logprobs`` is vLLM's ``FlatLogprobs`` (``SamplingParams(flat_logprobs=True)``:
+    flat lists, no dict and ``Logprob`` object per token) or its list of
+    ``{token_id: Logprob}`` dicts. vLLM's sampler puts the sampled token's entry
+    first at each position; it is checked against the token id (and looked up
+    by id if not first). With ``logprobs=0`` there is exactly one entry per
+    position and the flat lists are used as they are. Stops at the shorter of
+    the two; the caller checks the count.
+    """
+    if not logprobs:
+        return []
+    starts = getattr(logprobs, "start_indices", None)
+    if starts is None:  # list of {token_id: Logprob} per position
+        return [float(step[tok].logprob) for tok, step in zip(token_ids, logprobs)]
+    ids, values, ends = logprobs.token_ids, logprobs.logprobs, logprobs.end_indices
+    if len(values) == len(starts) == len(token_ids) and ids == list(token_ids):
+        return [float(v) for v in values]  # one entry per position, the sampled token's
+    out = []
+    for i, tok in enumerate(token_ids[:len(starts)]):
+        j = next((k for k in range(starts[i], ends[i]) if ids[k] == tok), None)
+        if j is None:
+            raise ValueError(f"the engine returned no logprob for the sampled token {tok} at position {i}")
+        out.append(float(values[j]))
+    return out
+
+
 def batch_problems(data: Any, max_model_len: int | None = None) -> list[str]:
     """What is wrong with a generation batch, checked before it reaches an engine (empty when fine).
 

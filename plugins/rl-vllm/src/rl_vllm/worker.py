@@ -18,7 +18,8 @@ from rlcore.refit import RefitError
 from rl_vllm.config import DEFAULT_CPU_KV_CACHE_GB, GIB, VllmConfig
 from rl_vllm.cpu_setup import request_amx_permission
 from rl_vllm.refit import EngineStaleError
-from rl_vllm.sampling import Completion, pack_outputs, prompts_from_batch, request_stop_strings
+from rl_vllm.sampling import (Completion, pack_outputs, prompts_from_batch, request_stop_strings,
+                              sampled_logprobs)
 
 
 def _prepare_process_env(cfg: VllmConfig, on_cpu: bool) -> int | None:
@@ -151,6 +152,7 @@ class VllmGenerationWorker:
             stop=stops or None,
             include_stop_str_in_output=True,
             logprobs=0,  # the sampled token's own logprob only
+            flat_logprobs=True,  # flat lists instead of a dict and a Logprob object per generated token
             detokenize=bool(stops),  # stop strings are matched on text; nothing else needs it
         )
 
@@ -203,8 +205,7 @@ class VllmGenerationWorker:
         for result in results:
             out = result.outputs[0]
             tokens = list(out.token_ids)
-            lps = [float(step[tok].logprob) for tok, step in zip(tokens, out.logprobs or [])]
-            completions.append(Completion(tokens, lps, out.finish_reason))
+            completions.append(Completion(tokens, sampled_logprobs(tokens, out.logprobs), out.finish_reason))
         packed = pack_outputs(input_ids, input_lengths, completions, max_new, int(pad_id))
         # A sync actor runs one call at a time: a refit never lands inside this call, so one version per sample.
         packed["weight_version"] = torch.full((len(prompts),), self.weight_version, dtype=torch.long)
