@@ -123,19 +123,20 @@ def packed_inputs(mb: Any, device: torch.device, attn_implementation: str, dtype
 
     lengths = mb["input_lengths"].long()
     packed = pack_microbatch(mb["input_ids"], lengths)
-    seg_lens = (packed.cu_seqlens[1:] - packed.cu_seqlens[:-1]).long()
     used = int(packed.cu_seqlens[-1])
     width = max(_round_up(used, multiple), multiple)
     tail = width - used
     ids = torch.cat([packed.input_ids, packed.input_ids.new_zeros(1, tail)], dim=1)
     positions = torch.cat([packed.position_ids, torch.arange(tail)[None, :]], dim=1)
-    segments = torch.cat([torch.repeat_interleave(torch.arange(len(seg_lens)), seg_lens),
-                          torch.full((tail,), len(seg_lens))])
     inputs = ModelInputs(input_ids=ids.to(device), attention_mask=None, position_ids=positions.to(device),
                          input_lengths=lengths.to(device), seq_len=int(mb["input_ids"].shape[1]), packed=packed)
+    bounds = packed.cu_seqlens.long()
+    if tail:
+        bounds = torch.cat([bounds, torch.tensor([width])])  # the padding is a segment of its own
     if attn_implementation == SEGMENT_ATTENTION:
-        inputs.segment_bounds = torch.cat([packed.cu_seqlens.long(), torch.tensor([width])]) if tail \
-            else packed.cu_seqlens.long()
+        inputs.segment_bounds = bounds
     else:
+        seg_lens = bounds[1:] - bounds[:-1]
+        segments = torch.repeat_interleave(torch.arange(len(seg_lens)), seg_lens)
         inputs.attention_mask = block_causal_mask(segments.to(device), attn_implementation, dtype)
     return inputs
