@@ -30,7 +30,7 @@ made of: packing the tensors into a bucket buffer (sender), the receiver's
 copies of layers split over buckets, and vLLM's layerwise ``load_weights``
 (+ ``finalize``), so a missed goal can be explained.
 
-    python benchmarks/refit.py [--backend reference] [--repeats 5] [--breakdown]
+    python benchmarks/refit.py [--backend reference] [--model-dir DIR] [--repeats 5] [--breakdown]
 
 The last line printed is JSON with ``colocated_vs_floor`` and ``collective_vs_floor``
 (collective over max(broadcast, floor)); goals <= 1.25 each, beside the
@@ -55,15 +55,18 @@ KV_CACHE_GB = 0.0625
 
 
 def model_params(model_dir: str) -> int:
+    import glob
+
     from safetensors import safe_open
 
     total = 0
-    with safe_open(os.path.join(model_dir, "model.safetensors"), framework="pt") as f:
-        for name in f.keys():
-            n = 1
-            for d in f.get_slice(name).get_shape():
-                n *= d
-            total += n
+    for path in glob.glob(os.path.join(model_dir, "*.safetensors")):
+        with safe_open(path, framework="pt") as f:
+            for name in f.keys():
+                n = 1
+                for d in f.get_slice(name).get_shape():
+                    n *= d
+                total += n
     return total
 
 
@@ -172,13 +175,10 @@ class Refits:
         return time.perf_counter() - t0, int(stats["bytes"])
 
     def close(self) -> None:
-        from rlcore.distributed import shutdown_ray
-
         for owner in (self.colocated_engine, self.own_engine, self.policy):
             owner.shutdown()
         self.gen_cluster.shutdown()
         self.train_cluster.shutdown()
-        shutdown_ray()
 
 
 # --------------------------------------------------------------------------- the engine's floor, breakdown
@@ -272,28 +272,12 @@ def breakdown(engine: InProcessEngine, repeats: int) -> tuple[dict[str, float], 
 # --------------------------------------------------------------------------- main
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--backend", default="reference", help="training backend (reference, dtensor, ...)")
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--breakdown", action="store_true", help="also profile the stages of a colocated refit")
-    args = parser.parse_args(argv)
+KINDS = ("memcpy", "broadcast", "floor", "colocated", "collective")
 
-    import torch
-    import transformers
 
-    from rlcore.refit import DEFAULT_BUCKET_BYTES
-    from rlcore.testing.models import tiny_model_path
-
-    torch.set_num_threads(1)
-    transformers.utils.logging.disable_progress_bar()
-    model_dir = tiny_model_path(**MODEL)
-    params = model_params(model_dir)
-    print(f"model: llama {MODEL}, {params / 1e6:.1f}M params float32; backend {args.backend!r} (1 rank); "
-          f"{args.repeats} repeats after 1 warm-up; load average {os.getloadavg()[0]:.1f}", file=sys.stderr)
-
-    engine = InProcessEngine(model_dir, DEFAULT_BUCKET_BYTES)
-    refits = Refits(args.backend, model_dir)
+def measure(backend: str, model_dir: str, engine: InProcessEngine, repeats: int) -> tuple[dict[str, list[float]], int]:
+    """One warm-up of each, then ``repeats`` interleaved rounds of the five measurements (seconds)."""
+    refits = Refits(backend, model_dir)
     try:
         _, nbytes = refits.run("colocated")  # warm-up (metadata exchange)
         refits.run("collective")  # warm-up (metadata exchange, group set-up)
@@ -302,8 +286,8 @@ def main(argv: list[str] | None = None) -> None:
         try:
             raw.run()
             time_memcpy(nbytes)
-            times: dict[str, list[float]] = {k: [] for k in ("memcpy", "broadcast", "floor", "colocated", "collective")}
-            for _ in range(args.repeats):
+            times: dict[str, list[float]] = {k: [] for k in KINDS}
+            for _ in range(repeats):
                 times["memcpy"].append(time_memcpy(nbytes))
                 times["broadcast"].append(raw.run())
                 times["floor"].append(engine.floor())
@@ -313,34 +297,66 @@ def main(argv: list[str] | None = None) -> None:
             raw.close()
     finally:
         refits.close()
+    return times, nbytes
 
+
+def figures(times: dict[str, list[float]], nbytes: int) -> dict:
+    """Medians and the ratios of the JSON line."""
     med = {k: statistics.median(v) for k, v in times.items()}
-    print(f"{nbytes / 1e6:.1f} MB per refit (bucket {DEFAULT_BUCKET_BYTES >> 20} MiB)")
-    print(f"{'median seconds':<26}{'s':>9}{'GB/s':>8}{'min s':>9}{'max s':>9}")
-    for k in ("memcpy", "broadcast", "floor", "colocated", "collective"):
-        print(f"{k:<26}{med[k]:>9.3f}{nbytes / med[k] / 1e9:>8.2f}{min(times[k]):>9.3f}{max(times[k]):>9.3f}")
-    result = {
+    return {
         "bytes": nbytes,
-        "colocated_s": round(med["colocated"], 4),
-        "collective_s": round(med["collective"], 4),
-        "floor_s": round(med["floor"], 4),
-        "memcpy_s": round(med["memcpy"], 4),
-        "broadcast_s": round(med["broadcast"], 4),
+        **{f"{k}_s": round(med[k], 4) for k in KINDS},
         "colocated_vs_floor": round(med["colocated"] / med["floor"], 2),
         "collective_vs_floor": round(med["collective"] / max(med["broadcast"], med["floor"]), 2),
         "colocated_vs_memcpy": round(med["colocated"] / med["memcpy"], 2),
         "collective_vs_broadcast": round(med["collective"] / med["broadcast"], 2),
         "load_average": round(os.getloadavg()[0], 1),
     }
-    print(f"colocated / floor {result['colocated_vs_floor']}x (goal <= 1.25), collective / max(broadcast, floor) "
-          f"{result['collective_vs_floor']}x (goal <= 1.25); colocated / memcpy {result['colocated_vs_memcpy']}x, "
-          f"collective / broadcast {result['collective_vs_broadcast']}x")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--backend", default="reference", help="training backend (reference, dtensor, ...)")
+    parser.add_argument("--model-dir", help="a float32 HF model directory (default: the ~134M Llama above)")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--breakdown", action="store_true", help="also profile the stages of a colocated refit")
+    args = parser.parse_args(argv)
+
+    import torch
+    import transformers
+
+    from rlcore.distributed import shutdown_ray
+    from rlcore.refit import DEFAULT_BUCKET_BYTES
+    from rlcore.testing.models import tiny_model_path
+
+    torch.set_num_threads(1)
+    transformers.utils.logging.disable_progress_bar()
+    model_dir = args.model_dir or tiny_model_path(**MODEL)
+    params = model_params(model_dir)
+    print(f"model: {model_dir if args.model_dir else f'llama {MODEL}'}, {params / 1e6:.1f}M params float32; "
+          f"backend {args.backend!r} (1 rank); {args.repeats} repeats after 1 warm-up; "
+          f"load average {os.getloadavg()[0]:.1f}", file=sys.stderr)
+
+    engine = InProcessEngine(model_dir, DEFAULT_BUCKET_BYTES)
     try:
+        try:
+            times, nbytes = measure(args.backend, model_dir, engine, args.repeats)
+        finally:
+            shutdown_ray()
+        result = figures(times, nbytes)
+        print(f"{nbytes / 1e6:.1f} MB per refit (bucket {DEFAULT_BUCKET_BYTES >> 20} MiB)")
+        print(f"{'median seconds':<26}{'s':>9}{'GB/s':>8}{'min s':>9}{'max s':>9}")
+        for k in KINDS:
+            med = result[f"{k}_s"]
+            print(f"{k:<26}{med:>9.3f}{nbytes / med / 1e9:>8.2f}{min(times[k]):>9.3f}{max(times[k]):>9.3f}")
+        print(f"colocated / floor {result['colocated_vs_floor']}x (goal <= 1.25), collective / max(broadcast, floor) "
+              f"{result['collective_vs_floor']}x (goal <= 1.25); colocated / memcpy {result['colocated_vs_memcpy']}x, "
+              f"collective / broadcast {result['collective_vs_broadcast']}x")
         if args.breakdown:
             stages, top = breakdown(engine, max(2, args.repeats // 2))
             print("colocated refit, stage by stage (in process, no Ray; median seconds, x this run's floor):")
             for k, v in stages.items():
-                print(f"  {k:<24}{v:>8.3f}{v / med['floor']:>8.2f}x")
+                print(f"  {k:<24}{v:>8.3f}{v / result['floor_s']:>8.2f}x")
             print("  inside load_weights (cProfile tottime of one pass):")
             for func, seconds in top:
                 print(f"    {func:<40}{seconds:>8.3f}")

@@ -7,8 +7,13 @@ For every (backend, size, sequence length) case, in fresh processes:
   ``policy_overhead.py`` (its ``RawRunner`` / ``_raw_rank`` / ``PolicyRunner.run`` are
   imported, not copied), with its module constants (sequence length, rows per rank) set per
   case in the driver and in every raw rank, and ``torch.optim.SGD`` replaced by
-  ``torch.optim.AdamW`` inside the raw ranks so both sides keep Adam state. Repeats are
+  ``torch.optim.AdamW`` inside the raw ranks so both sides keep Adam state. The raw script
+  shards with FSDP2 wherever the backend shards the states (dtensor, fsdp1's FULL_SHARD,
+  megatron with ``--megatron-tp`` > 1) and is a full replica otherwise. Repeats are
   interleaved; medians are reported as tokens/s (valid tokens of the whole batch / seconds).
+  Above ``APART_ABOVE`` parameters (``--apart``) the raw ranks run and exit before rlcore's
+  workers start: both sides alive at 0.5B do not fit in 24 GB. Those timings are not
+  interleaved (the table's ``apart`` column).
 - **memory**: peak resident memory (``VmHWM`` from ``/proc/<pid>/status``) of each rlcore
   worker and of each raw rank, read after the repeats; the table shows the largest rank.
   ``init GB`` is the rlcore workers' peak right after ``Policy(...)`` returned (model loaded,
@@ -19,24 +24,32 @@ For every (backend, size, sequence length) case, in fresh processes:
               + 4 B * P / shard for the reference copy (when ``--reference``)
               + activations
 
-  where ``shard`` is the data-parallel size for dtensor (FSDP2) and fsdp1 (FULL_SHARD) and 1
-  for megatron (tp=pp=1 with ``use_distributed_optimizer: false``, the only choice on CPU:
-  every rank holds full params, a full fp32 grad buffer and full Adam state). The reference
-  copy is each rank's own shard on CPU (``_snapshot_to_cpu`` of every backend), so it divides
-  by the same ``shard``. ``runtime`` is a raw rank's RSS after importing torch and
-  transformers, and ``activations`` is the raw rank's peak minus runtime minus its own states
-  (for dtensor the raw side is FSDP2 too; otherwise a full replica) — i.e. what the same step
-  needs beyond its states, measured, not modelled. ``mem/theory`` > 1 is memory rlcore holds
-  that the plain script does not.
+  where ``shard`` is the data-parallel size for dtensor (FSDP2) and fsdp1 (FULL_SHARD) and
+  the tensor-parallel size for megatron (``use_distributed_optimizer: false``, the only
+  choice on CPU: every data-parallel rank holds its TP slice's params, fp32 grad buffer and
+  Adam state in full). The reference copy is each rank's own shard on CPU
+  (``_snapshot_to_cpu`` of every backend), so it divides by the same ``shard``. ``runtime``
+  is a raw rank's RSS after importing torch and transformers, and ``activations`` is the raw
+  rank's peak minus runtime minus its own states — i.e. what the same step needs beyond its
+  states, measured, not modelled. ``mem/theory`` > 1 is memory rlcore holds that the plain
+  script does not.
+- **checkpoint** (``--save``): one ``Policy.save_checkpoint`` (HF weights + optimizer state)
+  after the repeats, timed, with the workers' peak RSS during it (``VmHWM`` reset first
+  through ``/proc/<pid>/clear_refs``): a save must not hold a full unsharded copy anywhere.
+- **refit** (``--refit``): per size, ``refit.py --model-dir`` in its own process: one
+  training rank (``--refit-backend``) refits a colocated and a separately placed vLLM engine,
+  against the engine's own in-process reload of the same tensors (the floor).
 
 Model sizes are scaled-down presets (real architecture, random fp32 weights): see ``SIZES``.
 
     python benchmarks/scaling.py --quick
     python benchmarks/scaling.py --backends dtensor,megatron --sizes 10m,50m --seq-lens 256,1024
+    python benchmarks/scaling.py --backends megatron --megatron-tp 2 --sizes 0.5b --no-refit
 
 The last line printed is JSON: ``largest_params``, ``max_memory_vs_theory``,
 ``max_overhead_vs_raw`` (rlcore seconds / raw seconds of train + logprobs),
-``max_refit_vs_floor`` (null: refit is not measured by this script yet) and ``cases``.
+``max_refit_vs_floor`` (the larger of colocated / floor and collective / max(broadcast,
+floor) over the sizes), ``cases`` and ``refit_cases``.
 """
 
 from __future__ import annotations
@@ -70,7 +83,8 @@ SIZES: dict[str, tuple[str, dict]] = {
 }
 QUICK = dict(sizes="10m,50m,150m", seq_lens="256", repeats=2, rows_per_rank=1)
 FULL = dict(sizes="10m,50m,150m,0.5b", seq_lens="256,1024,2048", repeats=3, rows_per_rank=2)
-SHARDED = {"dtensor": True, "fsdp1": True, "megatron": False}
+#: ``--apart auto``: from this many parameters on, raw and rlcore run one after the other (memory).
+APART_ABOVE = 200e6
 STATE_BYTES = 4 + 4 + 8  # fp32 params, grads, Adam m and v
 GB = 1e9
 
@@ -140,10 +154,16 @@ def _scaled_raw_rank(settings: dict, rank: int, *args: Any) -> None:
     po._raw_rank(rank, *args)
 
 
-def start_raw(model_dir: str, world_size: int, backend: str, settings: dict) -> po.RawRunner:
+def raw_is_sharded(backend: str, args: argparse.Namespace) -> bool:
+    """The raw script shards (FSDP2) wherever rlcore's backend shards the states: dtensor, fsdp1
+    (FULL_SHARD) and megatron with tensor parallelism; else it is a full replica per rank."""
+    return backend != "megatron" or args.megatron_tp > 1
+
+
+def start_raw(model_dir: str, world_size: int, sharded: bool, settings: dict) -> po.RawRunner:
     """policy_overhead.RawRunner, its ranks running :func:`_scaled_raw_rank`."""
     with patched(po, "_raw_rank", functools.partial(_scaled_raw_rank, settings)):
-        return po.RawRunner(model_dir, world_size, fsdp2=backend == "dtensor")
+        return po.RawRunner(model_dir, world_size, fsdp2=sharded)
 
 
 def raw_baseline(settings: dict, world_size: int) -> int:
@@ -161,7 +181,7 @@ def raw_baseline(settings: dict, world_size: int) -> int:
 class ScaledPolicyRunner(po.PolicyRunner):
     """policy_overhead.PolicyRunner (same run/close) with AdamW, a per-case length and the reference copy."""
 
-    def __init__(self, backend: str, model_dir: str, world_size: int, reference: bool) -> None:
+    def __init__(self, backend: str, model_dir: str, world_size: int, reference: bool, megatron_tp: int) -> None:
         from rlcore.algorithms.loss_functions import NLLLoss
         from rlcore.config import load_config_dict
         from rlcore.data import BatchedDataDict
@@ -171,7 +191,7 @@ class ScaledPolicyRunner(po.PolicyRunner):
 
         init_ray(num_cpus=max(world_size, 2))
         cfg = load_config_dict({"cluster": {"workers_per_node": world_size},
-                                "policy": policy_config(backend, model_dir, world_size)}).policy
+                                "policy": policy_config(backend, model_dir, world_size, megatron_tp)}).policy
         self.cluster = RayVirtualCluster([world_size])
         self.policy = Policy(self.cluster, cfg, build_tiny_tokenizer(), init_reference_model=reference)
         self.data = BatchedDataDict(po.make_data(world_size))
@@ -185,16 +205,30 @@ class ScaledPolicyRunner(po.PolicyRunner):
     def peak_rss(self) -> list[int]:
         return [status_kb(pid, "VmHWM") for pid in self.policy.worker_group.worker_pids()]
 
+    def reset_peak_rss(self) -> None:
+        """Start each worker's VmHWM over at its current RSS (``/proc/<pid>/clear_refs``, same user)."""
+        for pid in self.policy.worker_group.worker_pids():
+            with open(f"/proc/{pid}/clear_refs", "w") as f:
+                f.write("5")
 
-def policy_config(backend: str, model_dir: str, world_size: int) -> dict:
-    """policy_overhead's policy config with AdamW (megatron: its own adam, undistributed)."""
+    def save(self, directory: str) -> tuple[float, int]:
+        """Seconds and the workers' peak RSS of one checkpoint save (weights + optimizer state)."""
+        self.reset_peak_rss()
+        t0 = time.perf_counter()
+        self.policy.save_checkpoint(os.path.join(directory, "weights"), os.path.join(directory, "optimizer"))
+        return time.perf_counter() - t0, max(self.peak_rss())
+
+
+def policy_config(backend: str, model_dir: str, world_size: int, megatron_tp: int = 1) -> dict:
+    """policy_overhead's policy config with AdamW (megatron: its own adam, undistributed, ``megatron_tp``)."""
     cfg = {"backend": backend, "model_name": model_dir,
            "train_global_batch_size": po.ROWS_PER_RANK * world_size, "train_micro_batch_size": po.MICRO_BATCH,
            "logprob_batch_size": po.LOGPROB_BATCH, "learning_rate": po.LR,
            "optimizer": {"name": "torch.optim.AdamW", "kwargs": {"lr": po.LR}}, "max_grad_norm": None,
            "precision": "float32", "max_total_sequence_length": po.SEQ_LEN}
     if backend == "megatron":
-        cfg["megatron_cfg"] = {"enabled": True, "optimizer": {"optimizer": "adam", "use_distributed_optimizer": False}}
+        cfg["megatron_cfg"] = {"enabled": True, "tensor_model_parallel_size": megatron_tp,
+                               "optimizer": {"optimizer": "adam", "use_distributed_optimizer": False}}
         cfg["dtensor_cfg"] = {"enabled": False}
     return cfg
 
@@ -202,51 +236,86 @@ def policy_config(backend: str, model_dir: str, world_size: int) -> dict:
 # --------------------------------------------------------------------------- one case
 
 
-def time_interleaved(raw: Any, ours: Any, repeats: int) -> dict[str, dict[str, list[float]]]:
-    """One warm-up of each, then ``repeats`` interleaved rounds (as policy_overhead.main does)."""
-    times: dict[str, dict[str, list[float]]] = {s: {"train": [], "logprobs": []} for s in ("raw", "rlcore")}
+def time_runs(runners: dict[str, Any], repeats: int) -> dict[str, dict[str, list[float]]]:
+    """One warm-up of each runner, then ``repeats`` interleaved rounds (as policy_overhead.main does)."""
+    times: dict[str, dict[str, list[float]]] = {side: {"train": [], "logprobs": []} for side in runners}
     for command in ("train", "logprobs"):
-        raw.run(command)
-        ours.run(command)
+        for runner in runners.values():
+            runner.run(command)
     for _ in range(repeats):
         for command in ("train", "logprobs"):
-            for side, runner in (("raw", raw), ("rlcore", ours)):
+            for side, runner in runners.items():
                 times[side][command].append(runner.run(command)[0])
     return times
 
 
+def measure_raw(model_dir: str, settings: dict, args: argparse.Namespace, sharded: bool) -> tuple[dict, int]:
+    """The raw ranks alone: times and their largest peak RSS (``--apart``)."""
+    raw = start_raw(model_dir, args.world_size, sharded, settings)
+    try:
+        times = time_runs({"raw": raw}, args.repeats)
+        return times, max(status_kb(pid, "VmHWM") for pid in raw.context.pids())
+    finally:
+        raw.close()
+
+
+def measure_ours(backend: str, model_dir: str, args: argparse.Namespace, tmp: str,
+                 raw: Any = None) -> dict[str, Any]:
+    """rlcore's workers (interleaved with ``raw`` when given): times, peaks, one checkpoint save."""
+    ours = ScaledPolicyRunner(backend, model_dir, args.world_size, args.reference, args.megatron_tp)
+    try:
+        init_peak = max(ours.peak_rss())  # model loaded, sharded, reference copied; nothing run
+        times = time_runs({"rlcore": ours, **({"raw": raw} if raw else {})}, args.repeats)
+        out = dict(times=times, init_peak=init_peak, peak=max(ours.peak_rss()),
+                   tokens=int(ours.data["input_lengths"].sum()))
+        if raw is not None:
+            out["raw_peak"] = max(status_kb(pid, "VmHWM") for pid in raw.context.pids())
+        if args.save:
+            with tempfile.TemporaryDirectory(dir=tmp) as ckpt:
+                out["save_s"], out["save_peak"] = ours.save(ckpt)
+        return out
+    finally:
+        ours.close()
+
+
 def run_case(backend: str, size: str, seq_len: int, args: argparse.Namespace, tmp: str) -> dict:
-    """Time and measure one case in fresh raw ranks and fresh rlcore workers."""
+    """Time and measure one case in fresh raw ranks and fresh rlcore workers.
+
+    Interleaved (both sides alive, rounds alternating) unless the case is run
+    ``--apart``: then the raw ranks run and exit before rlcore's workers start,
+    so the two never share memory (the 0.5B cases on 24 GB).
+    """
     model_dir, n_params = model_dir_for(size)
     settings = dict(SEQ_LEN=seq_len, ROWS_PER_RANK=args.rows_per_rank,
                     LOGPROB_BATCH=min(po.LOGPROB_BATCH, args.rows_per_rank),
                     baseline_file=os.path.join(tmp, f"{backend}-{size}-{seq_len}"))
     configure(settings)
-    ws = args.world_size
-    raw = start_raw(model_dir, ws, backend, settings)
-    try:
-        ours = ScaledPolicyRunner(backend, model_dir, ws, args.reference)
+    sharded = raw_is_sharded(backend, args)
+    apart = args.apart == "yes" or (args.apart == "auto" and n_params > APART_ABOVE)
+    if apart:
+        raw_times, raw_peak = measure_raw(model_dir, settings, args, sharded)
+        ours = measure_ours(backend, model_dir, args, tmp)
+        ours["times"].update(raw_times)
+        ours["raw_peak"] = raw_peak
+    else:
+        raw = start_raw(model_dir, args.world_size, sharded, settings)
         try:
-            init_peak = max(ours.peak_rss())  # model loaded, sharded, reference copied; nothing run
-            times = time_interleaved(raw, ours, args.repeats)
-            our_peak = max(ours.peak_rss())
-            raw_peak = max(status_kb(pid, "VmHWM") for pid in raw.context.pids())
-            tokens = int(ours.data["input_lengths"].sum())
+            ours = measure_ours(backend, model_dir, args, tmp, raw)
         finally:
-            ours.close()
-    finally:
-        raw.close()
-    row = summarise(backend, size, seq_len, n_params, tokens, times, our_peak, raw_peak,
-                    raw_baseline(settings, ws), args)
-    return dict(row, init_peak_gb=init_peak / GB)
+            raw.close()
+    row = summarise(backend, size, seq_len, n_params, ours["tokens"], ours["times"], ours["peak"], ours["raw_peak"],
+                    raw_baseline(settings, args.world_size), args)
+    row.update(init_peak_gb=ours["init_peak"] / GB, apart=apart,
+               save_s=ours.get("save_s"), save_peak_gb=ours["save_peak"] / GB if "save_peak" in ours else None)
+    return row
 
 
 def summarise(backend: str, size: str, seq_len: int, n_params: int, tokens: int, times: dict,
               our_peak: int, raw_peak: int, runtime: int, args: argparse.Namespace) -> dict:
     """Throughputs, ratios and the memory theory of one case."""
     med = statistics.median
-    shard = args.world_size if SHARDED[backend] else 1
-    raw_shard = args.world_size if backend == "dtensor" else 1  # the raw script's own sharding
+    shard = args.megatron_tp if backend == "megatron" else args.world_size
+    raw_shard = args.world_size if raw_is_sharded(backend, args) else 1  # the raw script's own sharding
     activations = max(raw_peak - runtime - STATE_BYTES * n_params / raw_shard, 0)
     reference = 4 * n_params / shard if args.reference else 0
     theory = runtime + STATE_BYTES * n_params / shard + reference + activations
@@ -265,26 +334,52 @@ def summarise(backend: str, size: str, seq_len: int, n_params: int, tokens: int,
 COLUMNS = [("backend", "backend", "{}"), ("size", "size", "{}"), ("params", "params(M)", "{:.1f}"),
            ("seq_len", "seq", "{}"), ("train_tok_s", "train tok/s", "{:.0f}"), ("raw_train_tok_s", "raw", "{:.0f}"),
            ("lp_tok_s", "lp tok/s", "{:.0f}"), ("raw_lp_tok_s", "raw", "{:.0f}"), ("overhead", "t/raw", "{:.2f}"),
-           ("init_peak_gb", "init GB", "{:.2f}"), ("peak_gb", "peak GB", "{:.2f}"), ("raw_peak_gb", "raw GB", "{:.2f}"), ("activations_gb", "act GB", "{:.2f}"),
-           ("theory_gb", "theory GB", "{:.2f}"), ("mem_vs_theory", "mem/theory", "{:.2f}")]
+           ("init_peak_gb", "init GB", "{:.2f}"), ("peak_gb", "peak GB", "{:.2f}"), ("raw_peak_gb", "raw GB", "{:.2f}"),
+           ("activations_gb", "act GB", "{:.2f}"),
+           ("theory_gb", "theory GB", "{:.2f}"), ("mem_vs_theory", "mem/theory", "{:.2f}"),
+           ("save_s", "save s", "{:.1f}"), ("save_peak_gb", "save GB", "{:.2f}"), ("apart", "apart", "{}")]
+REFIT_COLUMNS = [("size", "size", "{}"), ("params", "params(M)", "{:.1f}"), ("bytes", "MB", "{:.0f}"),
+                 ("floor_s", "floor s", "{:.3f}"), ("colocated_s", "colocated s", "{:.3f}"),
+                 ("broadcast_s", "broadcast s", "{:.3f}"), ("collective_s", "collective s", "{:.3f}"),
+                 ("colocated_vs_floor", "coloc/floor", "{:.2f}"), ("collective_vs_floor", "coll/floor", "{:.2f}"),
+                 ("load_average", "load", "{:.1f}")]
 
 
-def print_table(rows: list[dict]) -> None:
-    cells = [[h for _, h, _ in COLUMNS]]
+def print_table(rows: list[dict], columns: list[tuple[str, str, str]]) -> None:
+    cells = [[h for _, h, _ in columns]]
     for row in rows:
-        values = dict(row, params=row["params"] / 1e6)
-        cells.append([fmt.format(values[key]) for key, _, fmt in COLUMNS])
-    widths = [max(len(r[i]) for r in cells) for i in range(len(COLUMNS))]
+        values = dict(row, params=row["params"] / 1e6, bytes=row.get("bytes", 0) / 1e6)
+        cells.append(["-" if values.get(key) is None else fmt.format(values[key]) for key, _, fmt in columns])
+    widths = [max(len(r[i]) for r in cells) for i in range(len(columns))]
     for r in cells:
         print("  ".join(c.rjust(w) for c, w in zip(r, widths)))
 
 
-def summary_json(rows: list[dict]) -> dict:
-    return {"largest_params": max((r["params"] for r in rows), default=0),
-            "max_memory_vs_theory": round(max((r["mem_vs_theory"] for r in rows), default=0), 3),
-            "max_overhead_vs_raw": round(max((r["overhead"] for r in rows), default=0), 3),
-            "max_refit_vs_floor": None,
-            "cases": [{k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()} for r in rows]}
+def summary_json(rows: list[dict], refits: list[dict]) -> dict:
+    def rounded(r: dict) -> dict:
+        return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()}
+
+    refit_ratios = [max(r["colocated_vs_floor"], r["collective_vs_floor"]) for r in refits]
+    return {"largest_params": max((r["params"] for r in rows + refits), default=0),
+            "max_memory_vs_theory": round(max((r["mem_vs_theory"] for r in rows), default=0), 3) if rows else None,
+            "max_overhead_vs_raw": round(max((r["overhead"] for r in rows), default=0), 3) if rows else None,
+            "max_refit_vs_floor": max(refit_ratios) if refit_ratios else None,
+            "cases": [rounded(r) for r in rows], "refit_cases": [rounded(r) for r in refits]}
+
+
+# --------------------------------------------------------------------------- refit
+
+
+def refit_case(size: str, args: argparse.Namespace) -> dict:
+    """``refit.py`` on this size's model, in its own process (its own Ray, its in-process engine's memory
+    returned on exit): a colocated and a collective refit into vLLM against the engine's own reload."""
+    import subprocess
+
+    model_dir, n_params = model_dir_for(size)
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "refit.py")
+    done = subprocess.run([sys.executable, script, "--backend", args.refit_backend, "--model-dir", model_dir,
+                           "--repeats", str(args.repeats)], stdout=subprocess.PIPE, text=True, check=True)
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]), size=size, params=n_params)
 
 
 # --------------------------------------------------------------------------- main
@@ -305,7 +400,7 @@ def ray_session(world_size: int) -> Iterator[None]:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help=f"sizes <= 150M, short lengths: {QUICK}")
-    parser.add_argument("--backends", default="dtensor")
+    parser.add_argument("--backends", default="dtensor", help="comma-separated; empty: refit rows only")
     parser.add_argument("--sizes", help=f"comma-separated names from {sorted(SIZES)}")
     parser.add_argument("--seq-lens")
     parser.add_argument("--world-size", type=int, default=2)
@@ -313,6 +408,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int)
     parser.add_argument("--reference", action=argparse.BooleanOptionalAction, default=True,
                         help="build the reference model copy (init_reference_model)")
+    parser.add_argument("--megatron-tp", type=int, default=1,
+                        help="megatron's tensor_model_parallel_size (its optimizer cannot shard on CPU: "
+                             "2 fits the 0.5B preset on 24 GB)")
+    parser.add_argument("--apart", choices=("auto", "yes", "no"), default="auto",
+                        help=f"raw and rlcore one after the other instead of interleaved (auto: above "
+                             f"{APART_ABOVE / 1e6:.0f}M parameters)")
+    parser.add_argument("--save", action=argparse.BooleanOptionalAction, default=True,
+                        help="time one checkpoint save per case and its peak RSS")
+    parser.add_argument("--refit", action=argparse.BooleanOptionalAction, default=True,
+                        help="refit rows (refit.py per size: vLLM engines vs their own in-process reload)")
+    parser.add_argument("--refit-backend", default="dtensor")
     args = parser.parse_args(argv)
     for key, value in (QUICK if args.quick else FULL).items():  # explicit options win
         if getattr(args, key) is None:
@@ -325,19 +431,26 @@ def main(argv: list[str] | None = None) -> None:
     import transformers
 
     transformers.utils.logging.disable_progress_bar()
-    rows = []
+    rows, refits = [], []
     print(f"world size {args.world_size}, {args.rows_per_rank} rows/rank, {args.repeats} repeats after 1 warm-up, "
           f"reference copy {args.reference}, load average {os.getloadavg()}", file=sys.stderr)
-    with tempfile.TemporaryDirectory() as tmp, ray_session(args.world_size):
-        for backend in args.backends.split(","):
-            for size in args.sizes.split(","):
-                for seq_len in map(int, args.seq_lens.split(",")):
-                    t0 = time.perf_counter()
-                    rows.append(run_case(backend, size, seq_len, args, tmp))
-                    print(f"{backend} {size} {seq_len}: {time.perf_counter() - t0:.0f}s, "
-                          f"load {os.getloadavg()[0]:.2f}", file=sys.stderr)
-    print_table(rows)
-    print(json.dumps(summary_json(rows)))
+    if args.backends:
+        with tempfile.TemporaryDirectory() as tmp, ray_session(args.world_size):
+            for backend in args.backends.split(","):
+                for size in args.sizes.split(","):
+                    for seq_len in map(int, args.seq_lens.split(",")):
+                        t0 = time.perf_counter()
+                        rows.append(run_case(backend, size, seq_len, args, tmp))
+                        print(f"{backend} {size} {seq_len}: {time.perf_counter() - t0:.0f}s, "
+                              f"load {os.getloadavg()[0]:.2f}", file=sys.stderr)
+    if args.refit:
+        for size in args.sizes.split(","):
+            refits.append(refit_case(size, args))
+            print(f"refit {size}: load {os.getloadavg()[0]:.2f}", file=sys.stderr)
+    print_table(rows, COLUMNS)
+    if refits:
+        print_table(refits, REFIT_COLUMNS)
+    print(json.dumps(summary_json(rows, refits)))
 
 
 if __name__ == "__main__":

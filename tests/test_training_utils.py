@@ -386,6 +386,36 @@ def test_save_hf_checkpoint_shared_storage_and_views(tmp_path):
         assert torch.equal(got[k], v)
 
 
+def test_save_hf_checkpoint_streams_pairs_one_shard_at_a_time(tmp_path):
+    """An iterable is written as it is consumed: a shard is on disk before the last tensor is asked for."""
+    shapes = {f"layer{i}.w": (64, 64) for i in range(6)}  # 16 KiB each in float32
+    expected = {name: torch.randn(shape) for name, shape in shapes.items()}
+    expected["scale"] = torch.tensor(2.5, dtype=torch.bfloat16)
+    expected["empty"] = torch.zeros(0, 3, dtype=torch.int64)
+    written_before_end = []
+
+    def pairs():
+        for name, tensor in expected.items():
+            yield name, tensor.clone()  # a fresh tensor each time, like a gather
+        written_before_end.extend(tmp_path.glob(".out.tmp-*/.part-*.safetensors"))
+
+    out = Path(ckpt.save_hf_checkpoint(pairs(), {"model_type": "llama"}, tmp_path / "out",
+                                       max_shard_size_bytes=40_000))
+    assert len(written_before_end) >= 2
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    assert len(set(index["weight_map"].values())) == 3  # two 16 KiB tensors per 40 kB shard
+    got = ckpt.load_hf_state_dict(out)  # safetensors' own reader
+    assert got.keys() == expected.keys()
+    for name, tensor in expected.items():
+        assert got[name].dtype == tensor.dtype and torch.equal(got[name], tensor), name
+
+
+def test_save_hf_checkpoint_drops_a_streamed_tied_head(tmp_path):
+    pairs = [("model.embed_tokens.weight", torch.ones(4, 2)), ("lm_head.weight", torch.ones(4, 2))]
+    out = ckpt.save_hf_checkpoint(iter(pairs), {"tie_word_embeddings": True}, tmp_path / "x")
+    assert list(ckpt.load_hf_state_dict(out)) == ["model.embed_tokens.weight"]
+
+
 def test_save_hf_checkpoint_rejects_inconsistent_tie(tmp_path):
     state = {"model.embed_tokens.weight": torch.zeros(4, 2), "lm_head.weight": torch.ones(4, 2)}
     with pytest.raises(ValueError, match="tie_word_embeddings"):

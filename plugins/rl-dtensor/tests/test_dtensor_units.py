@@ -175,7 +175,7 @@ class _Boom:
 
 def test_dcp_reader_loads_real_checkpoints_and_refuses_foreign_objects(tmp_path):
     import torch.distributed.checkpoint as dcp
-    from rl_dtensor.checkpoint import SafeFileSystemReader
+    from rlcore.training.sharded_checkpoint import SafeFileSystemReader
 
     state = {"w": torch.randn(3, 4), "step": torch.tensor(7), "h": torch.ones(2, dtype=torch.bfloat16)}
     dcp.save(state, storage_writer=dcp.FileSystemWriter(str(tmp_path / "ok")), no_dist=True)

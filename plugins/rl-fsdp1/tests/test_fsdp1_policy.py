@@ -40,8 +40,8 @@ def policy_config(model_dir: str, backend: str = "fsdp1", **policy):
     return load_config_dict(raw).policy
 
 
-def start(config, tokenizer, *, colocated_slots: int = 1, **kwargs):
-    cluster = RayVirtualCluster([2], max_colocated_worker_groups=colocated_slots)
+def start(config, tokenizer, *, colocated_slots: int = 1, ranks: int = 2, **kwargs):
+    cluster = RayVirtualCluster([ranks], max_colocated_worker_groups=colocated_slots)
     try:
         return Policy(cluster, config, tokenizer, **kwargs), cluster
     except BaseException:
@@ -265,7 +265,7 @@ def test_checkpoint_loads_with_from_pretrained(fsdp_policy, fsdp_step, batch, tm
     problems = logprob_problems(fsdp_step["after"], batch["input_lengths"], hf, 1e-5,
                                 what="policy logprobs vs from_pretrained of its checkpoint")
     assert not problems, "\n".join(problems)
-    assert (tmp_path / "optim").is_file() and (tmp_path / "tokenizer" / "tokenizer.json").is_file()
+    assert (tmp_path / "optim" / "extra_state.pt").is_file() and (tmp_path / "tokenizer" / "tokenizer.json").is_file()
     assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp or backup left
 
 
@@ -285,10 +285,12 @@ def adamw_config(model_dir: str):
                          activation_checkpointing_enabled=True)
 
 
-def test_adamw_resume_equals_uninterrupted(ray_session, tied_model_dir, tiny_tokenizer, tmp_path):
+@pytest.mark.parametrize("resume_ranks", [2, 1])
+def test_adamw_resume_equals_uninterrupted(ray_session, tied_model_dir, tiny_tokenizer, tmp_path, resume_ranks):
     """Step 1 matches a single-process AdamW step (clipped, scheduled, tied embeddings, activation
     checkpointing); then save → new Policy from the checkpoint → step 2 equals step 2 without the
-    interruption."""
+    interruption, at the same data-parallel size or at dp=1 (each rank saved only its optimizer
+    shards; DCP reshards them on load)."""
     steps = [BatchedDataDict(make_batch(tiny_tokenizer, 4, 4, 14, seed=s)) for s in (11, 12)]
     weights, optim = str(tmp_path / "step1"), str(tmp_path / "step1-optim")
 
@@ -312,7 +314,7 @@ def test_adamw_resume_equals_uninterrupted(ray_session, tied_model_dir, tiny_tok
     worst = max(float((saved[k] - oracle["weights"][k]).abs().max()) for k in oracle["weights"])
     assert worst <= 1e-5, f"AdamW step differs from the single-process one by {worst:.3g}"
 
-    resumed, cluster = start(adamw_config(tied_model_dir), tiny_tokenizer, weights_path=weights,
+    resumed, cluster = start(adamw_config(tied_model_dir), tiny_tokenizer, ranks=resume_ranks, weights_path=weights,
                              optimizer_path=optim)
     try:
         again = resumed.train(steps[1], NLLLoss())

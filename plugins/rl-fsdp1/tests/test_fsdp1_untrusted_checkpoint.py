@@ -2,9 +2,11 @@
 
 A resume reads ``weights/`` through ``AutoModelForCausalLM.from_pretrained``
 (safetensors, or ``pytorch_model.bin``, which transformers reads with
-``weights_only=True``) and the optimizer file, a ``torch.save`` file read by
+``weights_only=True``) and the optimizer directory: DCP shards (read by the same
+``rlcore.training.sharded_checkpoint`` code as rl-dtensor's, whose forgeries
+test_dtensor_untrusted_checkpoint.py covers) and ``extra_state.pt``, a ``torch.save`` file read by
 ``rlcore.training.checkpoint.load_torch_state`` (:func:`rlcore.safe_pickle.torch_load`).
-Each forged file below holds a pickle whose execution would create a marker
+Each forged ``extra_state.pt`` below holds a pickle whose execution would create a marker
 file; a real worker loads it and must refuse it, naming the file and what
 it refused. The genuine checkpoint still resumes.
 """
@@ -87,7 +89,7 @@ def trained(ray_session: None, tiny_model_dir: str, tiny_tokenizer: Any, tmp_pat
     policy = Policy(clusters(1), cfg, tiny_tokenizer, name_prefix="untrusted-fsdp1", init_reference_model=False)
     try:
         _losses(policy, batches[:1])
-        policy.save_checkpoint(str(root / "weights"), str(root / "optimizer.pt"))
+        policy.save_checkpoint(str(root / "weights"), str(root / "optimizer"))
         later = _losses(policy, batches[1:])
         policy.worker_group.kill_on_error = False  # a refused load must not end the policy
         yield {"policy": policy, "root": root, "batches": batches, "later": later, "cfg": cfg,
@@ -100,10 +102,12 @@ def trained(ray_session: None, tiny_model_dir: str, tiny_tokenizer: Any, tmp_pat
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_load_refuses_forged_optimizer_file(trained: dict, tmp_path: Path, case: str) -> None:
     build, refused = CASES[case]
-    marker, forged = tmp_path / "payload-ran", tmp_path / "optimizer.pt"
+    marker, optimizer = tmp_path / "payload-ran", tmp_path / "optimizer"
+    shutil.copytree(trained["root"] / "optimizer", optimizer)
+    forged = optimizer / "extra_state.pt"
     forged.write_bytes(build(marker))
     with pytest.raises(Exception) as err:
-        _load(trained["policy"], trained["root"] / "weights", forged)
+        _load(trained["policy"], trained["root"] / "weights", optimizer)
     assert f"{forged}: {refused}" in str(err.value), str(err.value)
     assert not marker.exists()
 
@@ -119,7 +123,7 @@ def test_resume_refuses_forged_pickle_weights(trained: dict, tmp_path: Path) -> 
     (weights / "pytorch_model.bin").write_bytes(torch_save_payload(marker, lambda evil: {"lm_head.weight": evil}))
     with pytest.raises(Exception) as err:
         Policy(trained["clusters"](1), trained["cfg"], trained["tokenizer"], name_prefix="untrusted-fsdp1-resume",
-               weights_path=str(weights), optimizer_path=str(trained["root"] / "optimizer.pt"),
+               weights_path=str(weights), optimizer_path=str(trained["root"] / "optimizer"),
                init_reference_model=False)
     assert "GLOBAL posix.system" in _chain(err.value), _chain(err.value)
     assert not marker.exists()
@@ -127,5 +131,5 @@ def test_resume_refuses_forged_pickle_weights(trained: dict, tmp_path: Path) -> 
 
 def test_genuine_checkpoint_still_resumes(trained: dict) -> None:
     """Weights and AdamW state come back: steps 2 and 3 repeat exactly (step 3 depends on the moments)."""
-    _load(trained["policy"], trained["root"] / "weights", trained["root"] / "optimizer.pt")
+    _load(trained["policy"], trained["root"] / "weights", trained["root"] / "optimizer")
     assert _losses(trained["policy"], trained["batches"][1:]) == trained["later"]

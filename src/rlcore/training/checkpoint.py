@@ -28,12 +28,14 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator, Mapping
 
 SAFE_WEIGHTS_NAME = "model.safetensors"
 SAFE_WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
 CONFIG_NAME = "config.json"
-DEFAULT_MAX_SHARD_SIZE_BYTES = 5 * 1024**3
+#: A save holds at most one shard in memory (on the writing rank), so shards are kept small;
+#: Hugging Face and vLLM load any number of them.
+DEFAULT_MAX_SHARD_SIZE_BYTES = 512 * 1024**2
 #: A LoRA checkpoint's weights directory is a PEFT adapter: these two files (see rlcore.training.lora).
 ADAPTER_WEIGHTS_NAME = "adapter_model.safetensors"
 ADAPTER_CONFIG_NAME = "adapter_config.json"
@@ -152,49 +154,108 @@ def _config_get(config: Any, key: str, default: Any = None) -> Any:
     return getattr(config, key, default)
 
 
-def _prepare_tensors(state_dict: dict, tie_word_embeddings: bool) -> dict:
-    """CPU, contiguous tensors with no two sharing storage (safetensors refuses aliasing).
+def _check_tie(state_dict: Mapping, tie_word_embeddings: bool) -> None:
+    """A tied head must equal its embedding: the writer drops it (``from_pretrained`` re-ties it)."""
+    import torch
 
-    With tied embeddings the ``lm_head.weight`` duplicate is dropped, as
-    ``save_pretrained`` does; ``from_pretrained`` re-ties it.
+    if not tie_word_embeddings:
+        return
+    for key in [k for k in state_dict if k == "lm_head.weight" or k.endswith(".lm_head.weight")]:
+        embed_key = key[: -len("lm_head.weight")] + "model.embed_tokens.weight"
+        if embed_key in state_dict and not torch.equal(state_dict[key].detach().cpu(),
+                                                       state_dict[embed_key].detach().cpu()):
+            raise ValueError(f"tie_word_embeddings is set but {key} differs from {embed_key}")
+
+
+def _is_tied_head(name: str, tie_word_embeddings: bool) -> bool:
+    return tie_word_embeddings and (name == "lm_head.weight" or name.endswith(".lm_head.weight"))
+
+
+_SAFETENSORS_DTYPES = {
+    "float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16", "float8_e4m3fn": "F8_E4M3",
+    "float8_e5m2": "F8_E5M2", "int64": "I64", "int32": "I32", "int16": "I16", "int8": "I8", "uint8": "U8",
+    "bool": "BOOL",
+}
+
+
+def write_safetensors(tensors: dict, path: Path, metadata: dict[str, str]) -> None:
+    """One safetensors file, each tensor's bytes written straight from its storage.
+
+    ``safetensors.torch.save_file`` first copies every tensor into a Python
+    ``bytes`` object, doubling a shard's memory; this writes the same format
+    (8-byte header length, JSON header padded to 8 bytes, data) with no copy.
     """
     import torch
 
-    tensors = dict(state_dict)
-    if tie_word_embeddings:
-        for key in [k for k in tensors if k == "lm_head.weight" or k.endswith(".lm_head.weight")]:
-            embed_key = key[: -len("lm_head.weight")] + "model.embed_tokens.weight"
-            if embed_key in tensors:
-                if not torch.equal(tensors[key].detach().cpu(), tensors[embed_key].detach().cpu()):
-                    raise ValueError(f"tie_word_embeddings is set but {key} differs from {embed_key}")
-                del tensors[key]
-
-    out = {}
-    seen_storages: set[int] = set()
-    for name, tensor in tensors.items():
-        if not isinstance(tensor, torch.Tensor) or type(tensor).__name__ == "DTensor":
-            raise TypeError(f"{name}: expected a full (non-distributed) torch.Tensor, got {type(tensor).__name__}")
-        t = tensor.detach().to("cpu").contiguous()
-        storage = t.untyped_storage()
-        if storage.data_ptr() in seen_storages or storage.nbytes() != t.numel() * t.element_size():
-            t = t.clone()
-        seen_storages.add(t.untyped_storage().data_ptr())
-        out[name] = t
-    return out
-
-
-def _shard(tensors: dict, max_shard_size_bytes: int) -> list[dict]:
-    """Split in key order into shards of at most ``max_shard_size_bytes`` (a larger tensor gets its own)."""
-    shards: list[dict] = [{}]
-    size = 0
+    header: dict[str, Any] = {"__metadata__": metadata}
+    offset = 0
     for name, t in tensors.items():
         nbytes = t.numel() * t.element_size()
-        if shards[-1] and size + nbytes > max_shard_size_bytes:
-            shards.append({})
-            size = 0
-        shards[-1][name] = t
-        size += nbytes
-    return shards
+        header[name] = {"dtype": _SAFETENSORS_DTYPES[str(t.dtype).removeprefix("torch.")],
+                        "shape": list(t.shape), "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
+    encoded = json.dumps(header, separators=(",", ":")).encode()
+    encoded += b" " * (-len(encoded) % 8)
+    with open(path, "wb") as f:
+        f.write(len(encoded).to_bytes(8, "little"))
+        f.write(encoded)
+        for t in tensors.values():
+            if t.numel():
+                f.write(memoryview(t.reshape(-1).view(torch.uint8).numpy()))
+
+
+class _ShardedWriter:
+    """Writes ``(name, tensor)`` pairs as they come, holding at most one shard in memory.
+
+    Shards are written under temporary names; :meth:`close` names them the
+    way Hugging Face does (``model.safetensors`` alone, or
+    ``model-0000i-of-0000n.safetensors`` + the index) once their number is known.
+    """
+
+    def __init__(self, directory: Path, max_shard_size_bytes: int) -> None:
+        self.directory = directory
+        self.max_bytes = max_shard_size_bytes
+        self.pending: dict = {}
+        self.pending_bytes = 0
+        self.weight_map: dict[str, int] = {}  # name -> shard index
+        self.total_bytes = 0
+
+    def add(self, name: str, tensor: Any) -> None:
+        """Copy ``tensor`` in (its source may be freed or reused once the next one is gathered)."""
+        import torch
+
+        if not isinstance(tensor, torch.Tensor) or type(tensor).__name__ == "DTensor":
+            raise TypeError(f"{name}: expected a full (non-distributed) torch.Tensor, got {type(tensor).__name__}")
+        t = tensor.detach().to("cpu", copy=True, memory_format=torch.contiguous_format)
+        nbytes = t.numel() * t.element_size()
+        if self.pending and self.pending_bytes + nbytes > self.max_bytes:
+            self._flush()
+        self.pending[name] = t
+        self.pending_bytes += nbytes
+        self.total_bytes += nbytes
+
+    def _part(self, index: int) -> Path:
+        return self.directory / f".part-{index:05d}.safetensors"
+
+    def _flush(self) -> None:
+        index = len(set(self.weight_map.values()))
+        write_safetensors(self.pending, self._part(index), {"format": "pt"})
+        self.weight_map.update(dict.fromkeys(self.pending, index))
+        self.pending, self.pending_bytes = {}, 0
+
+    def close(self) -> None:
+        if self.pending or not self.weight_map:
+            self._flush()
+        count = len(set(self.weight_map.values()))
+        if count == 1:
+            os.rename(self._part(0), self.directory / SAFE_WEIGHTS_NAME)
+            return
+        names = [f"model-{i + 1:05d}-of-{count:05d}.safetensors" for i in range(count)]
+        for i, filename in enumerate(names):
+            os.rename(self._part(i), self.directory / filename)
+        index = {"metadata": {"total_size": self.total_bytes},
+                 "weight_map": {name: names[i] for name, i in self.weight_map.items()}}
+        (self.directory / SAFE_WEIGHTS_INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n")
 
 
 def _write_config(hf_config: Any, directory: Path) -> None:
@@ -206,7 +267,7 @@ def _write_config(hf_config: Any, directory: Path) -> None:
 
 
 def save_hf_checkpoint(
-    state_dict: dict,
+    tensors: Mapping | Iterable[tuple[str, Any]],
     hf_config: Any,
     path: str | os.PathLike,
     tokenizer: Any = None,
@@ -214,41 +275,44 @@ def save_hf_checkpoint(
 ) -> str:
     """Write a Hugging Face checkpoint that ``AutoModelForCausalLM.from_pretrained`` loads.
 
-    ``state_dict`` holds full HF-named tensors (any device; DTensors must be
-    gathered by the caller). Writes ``model.safetensors``, or
+    ``tensors`` is a state dict or an iterable of ``(name, tensor)`` pairs of
+    full HF-named tensors (any device; DTensors must be gathered by the
+    caller). An iterable is written as it is consumed, so a sharded model
+    can be saved one gathered tensor at a time with at most one shard
+    (``max_shard_size_bytes``) in memory. Writes ``model.safetensors``, or
     ``model-0000i-of-0000n.safetensors`` + ``model.safetensors.index.json``
-    when the weights exceed ``max_shard_size_bytes``; ``config.json`` from an HF
-    config object or a dict; the tokenizer files when ``tokenizer`` is given.
-    The whole directory is published atomically (:func:`atomic_directory`).
-    Returns ``str(path)``.
+    when the weights exceed one shard; ``config.json`` from an HF config
+    object or a dict; the tokenizer files when ``tokenizer`` is given. With
+    tied embeddings the ``lm_head.weight`` duplicate is dropped, as
+    ``save_pretrained`` does. The whole directory is published atomically
+    (:func:`atomic_directory`). Returns ``str(path)``.
     """
     with atomic_directory(path) as tmp:
-        write_hf_files(state_dict, hf_config, tmp, tokenizer, max_shard_size_bytes)
+        write_hf_files(tensors, hf_config, tmp, tokenizer, max_shard_size_bytes)
     return str(path)
 
 
-def write_hf_files(state_dict: dict, hf_config: Any, directory: Path, tokenizer: Any = None,
-                   max_shard_size_bytes: int = DEFAULT_MAX_SHARD_SIZE_BYTES) -> None:
+def write_hf_files(tensors: Mapping | Iterable[tuple[str, Any]], hf_config: Any, directory: Path,
+                   tokenizer: Any = None, max_shard_size_bytes: int = DEFAULT_MAX_SHARD_SIZE_BYTES) -> None:
     """The files of :func:`save_hf_checkpoint`, written into an existing ``directory`` (not atomic by itself)."""
-    from safetensors.torch import save_file
-
-    tensors = _prepare_tensors(state_dict, bool(_config_get(hf_config, "tie_word_embeddings", False)))
-    shards = _shard(tensors, max_shard_size_bytes)
-    metadata = {"format": "pt"}
-    if len(shards) == 1:
-        save_file(shards[0], str(directory / SAFE_WEIGHTS_NAME), metadata=metadata)
-    else:
-        weight_map = {}
-        for i, shard in enumerate(shards, start=1):
-            filename = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
-            save_file(shard, str(directory / filename), metadata=metadata)
-            weight_map.update(dict.fromkeys(shard, filename))
-        total = sum(t.numel() * t.element_size() for t in tensors.values())
-        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-        (directory / SAFE_WEIGHTS_INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n")
+    tied = bool(_config_get(hf_config, "tie_word_embeddings", False))
+    if isinstance(tensors, Mapping):
+        _check_tie(tensors, tied)
+        tensors = tensors.items()
+    writer = _ShardedWriter(directory, max_shard_size_bytes)
+    for name, tensor in tensors:
+        if not _is_tied_head(name, tied):
+            writer.add(name, tensor)
+    writer.close()
     _write_config(hf_config, directory)
     if tokenizer is not None:
         tokenizer.save_pretrained(str(directory))
+
+
+def save_tokenizer(tokenizer: Any, path: str | os.PathLike) -> None:
+    """The tokenizer's files in directory ``path``, published atomically."""
+    with atomic_directory(path) as tmp:
+        tokenizer.save_pretrained(str(tmp))
 
 
 def load_hf_state_dict(path: str | os.PathLike) -> dict:
@@ -317,5 +381,6 @@ __all__ = [
     "load_torch_state",
     "recover_checkpoint",
     "save_hf_checkpoint",
+    "save_tokenizer",
     "save_torch_state",
 ]

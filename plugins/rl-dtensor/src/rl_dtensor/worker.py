@@ -27,7 +27,6 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from rl_dtensor import checkpoint as ckpt
 from rl_dtensor import state
 from rl_dtensor.grads import clip_grads
 from rl_dtensor.inputs import ModelInputs, packed_inputs, padded_inputs
@@ -37,7 +36,8 @@ from rlcore.data import BatchedDataDict
 from rlcore.refit import RefitExportMixin
 from rlcore.refit.buckets import dtype_name
 from rlcore.training import lora
-from rlcore.training.checkpoint import is_adapter_checkpoint, load_hf_state_dict, save_hf_checkpoint
+from rlcore.training import sharded_checkpoint as ckpt
+from rlcore.training.checkpoint import is_adapter_checkpoint, load_hf_state_dict, save_tokenizer
 from rlcore.training.loop import StepHooks
 from rlcore.training.optim import build_optimizer, build_scheduler
 from rlcore.distributed.process_group import init_distributed
@@ -212,12 +212,8 @@ class DTensorPolicyWorker(RefitExportMixin, TrainingWorkerBase):
         if self.lora_targets:
             self._save_lora(weights_path, merged=self.cfg.lora.save_merged)
         else:
-            full = {}
             state.reshard(self.model)
-            for name, tensor in state.iter_full_tensors(self.model):
-                if self.rank == 0:
-                    full[name] = tensor.to("cpu", copy=True)
-            ckpt.on_rank0(lambda: save_hf_checkpoint(full, self.hf_config, weights_path))
+            ckpt.save_gathered(state.iter_full_tensors(self.model), self.hf_config, weights_path)
         if tokenizer_path and self.tokenizer is not None:
             ckpt.on_rank0(lambda: save_tokenizer(self.tokenizer, tokenizer_path))
         if optimizer_path and self.optimizer is not None:
@@ -352,10 +348,3 @@ class DTensorPolicyWorker(RefitExportMixin, TrainingWorkerBase):
         for name, p in self.model.named_parameters():
             dims[name] = p.device_mesh.ndim if isinstance(p, DTensor) else 0
         return dims
-
-
-def save_tokenizer(tokenizer: Any, path: str) -> None:
-    from rlcore.training.checkpoint import atomic_directory
-
-    with atomic_directory(path) as tmp:
-        tokenizer.save_pretrained(str(tmp))

@@ -34,15 +34,8 @@ from rlcore.data import BatchedDataDict
 from rlcore.refit import RefitExportMixin
 from rlcore.refit.buckets import dtype_name
 from rlcore.training import lora
-from rlcore.training.checkpoint import (
-    atomic_directory,
-    is_adapter_checkpoint,
-    load_hf_state_dict,
-    load_torch_state,
-    recover_checkpoint,
-    save_hf_checkpoint,
-    save_torch_state,
-)
+from rlcore.training import sharded_checkpoint as ckpt
+from rlcore.training.checkpoint import is_adapter_checkpoint, load_hf_state_dict, recover_checkpoint, save_tokenizer
 from rlcore.training.logprobs import token_logprobs, topk_logits
 from rlcore.training.loop import StepHooks
 from rlcore.training.optim import build_optimizer, build_scheduler
@@ -106,7 +99,7 @@ class FSDP1PolicyWorker(RefitExportMixin, TrainingWorkerBase):
             if init_optimizer else None
         self.scheduler = build_scheduler(self.optimizer, config.scheduler) if self.optimizer else None
         if optimizer_path and self.optimizer is not None:
-            self._load_optimizer(optimizer_path)
+            ckpt.load_optimizer(self.model, self.optimizer, self.scheduler, optimizer_path)
         if init_reference_model:
             self.init_reference_model()
 
@@ -303,46 +296,37 @@ class FSDP1PolicyWorker(RefitExportMixin, TrainingWorkerBase):
     # -- checkpoints -------------------------------------------------------------------
     def save_checkpoint(self, weights_path: str, optimizer_path: str | None = None,
                         tokenizer_path: str | None = None) -> None:
-        """HF safetensors (float32) written atomically by rank 0; the optimizer state and tokenizer likewise.
+        """HF safetensors (float32) written by rank 0 as it gathers them; DCP optimizer state; tokenizer.
 
-        Collective: all ranks gather; rank 0 writes; all ranks leave together.
-        The optimizer state is the FSDP full (unflattened, HF-named) optimizer
-        state dict, so it loads at any data-parallel size.
+        Collective, and each part atomic. No rank holds the full model or the
+        full optimizer state: weights are gathered one FSDP unit at a time and
+        written as they come; each rank writes its own optimizer shards, which
+        load at any data-parallel size (:mod:`rlcore.training.sharded_checkpoint`).
         """
-        write_weights = self._gather_weights(merged=self.cfg.lora.save_merged)
-        save_optimizer = bool(optimizer_path) and self.optimizer is not None
-        optim_state = self._full_optimizer_state() if save_optimizer else None
-        if self.rank == 0:
-            write_weights(weights_path)
-            if tokenizer_path and self.tokenizer is not None:
-                with atomic_directory(tokenizer_path) as tmp:
-                    self.tokenizer.save_pretrained(str(tmp))
-            if save_optimizer:
-                save_torch_state({"optimizer": optim_state, "scheduler": self.scheduler.state_dict()},
-                                 optimizer_path)
-        dist.barrier()
+        self._ensure_on_device(optimizer=bool(optimizer_path))
+        if self.lora_targets:
+            write_weights = self._gather_lora_weights(merged=self.cfg.lora.save_merged)
+            ckpt.on_rank0(lambda: write_weights(weights_path))
+        else:
+            ckpt.save_gathered(self._hf_tensors(), self.hf_config, weights_path)
+        if tokenizer_path and self.tokenizer is not None:
+            ckpt.on_rank0(lambda: save_tokenizer(self.tokenizer, tokenizer_path))
+        if optimizer_path and self.optimizer is not None:
+            ckpt.save_optimizer(self.model, self.optimizer, self.scheduler, optimizer_path)
 
     def save_lora_adapter(self, path: str) -> None:
         """The adapters alone in PEFT's format (an adapter refit). Collective; rank 0 writes."""
         self._ensure_on_device()
-        write = self._gather_weights(merged=False)
-        if self.rank == 0:
-            write(path)
-        dist.barrier()
+        write = self._gather_lora_weights(merged=False)
+        ckpt.on_rank0(lambda: write(path))
 
-    def _gather_weights(self, merged: bool) -> Callable[[str], None]:
-        """Gather a checkpoint's weights (collective); rank 0 then writes them with the returned function.
-
-        Full HF safetensors; with LoRA the adapters in PEFT's format, and with
-        ``merged`` the merged model beside them.
-        """
-        if not self.lora_targets:
-            state = self.export_full_state_dict()
-            return lambda path: save_hf_checkpoint(state, self.hf_config, path)
+    def _gather_lora_weights(self, merged: bool) -> Callable[[str], None]:
+        """Gather the adapters (collective; with ``merged`` the merged model too); rank 0 then writes
+        them in PEFT's format with the returned function."""
         keep = self.rank == 0
         adapter_names = [n for n in self.layout.names if lora.is_adapter_name(n)]
         adapters = {n: t.to("cpu", copy=True) for n, t in self.layout.iter_full(self.model, adapter_names) if keep}
-        full = self.export_full_state_dict() if merged else None
+        full = {n: t.to("cpu", copy=True) for n, t in self._hf_tensors() if keep} if merged else None
         config = lora.peft_adapter_config(self.cfg.lora, self.lora_targets, self.cfg.model_name)
         return lambda path: lora.save_lora_checkpoint(adapters, config, path, full, self.hf_config)
 
@@ -351,44 +335,13 @@ class FSDP1PolicyWorker(RefitExportMixin, TrainingWorkerBase):
         if self.rank == 0:
             recover_checkpoint(weights_path)
         dist.barrier()
-        self._ensure_on_device()
+        self._ensure_on_device(optimizer=bool(optimizer_path))
         if is_adapter_checkpoint(weights_path):
             self.layout.load_full(self.model, lora.load_adapter(weights_path), only=lora.is_adapter_name)
         else:
             self.layout.load_full(self.model, load_hf_state_dict(weights_path))
         if optimizer_path and self.optimizer is not None:
-            self._load_optimizer(optimizer_path)
-
-    def _state_dict_options(self) -> Any:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions
-
-        # Offloading full state dicts to CPU crashes FSDP1 on CPU-only machines (design.md §5).
-        return StateDictOptions(full_state_dict=True, cpu_offload=self.device.type != "cpu")
-
-    def _full_optimizer_state(self) -> dict | None:
-        """The full optimizer state dict, or None before the first step.
-
-        torch's ``get_optimizer_state_dict`` initialises an empty state by
-        stepping with zero gradients (Adam's step count becomes 1), which
-        would change the next real step: a never-stepped optimizer is saved
-        as None and restored as a fresh one.
-        """
-        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
-
-        if not self.optimizer.state:
-            return None
-        self._ensure_on_device(optimizer=True)
-        return get_optimizer_state_dict(self.model, self.optimizer, options=self._state_dict_options())
-
-    def _load_optimizer(self, optimizer_path: str) -> None:
-        from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
-
-        state = load_torch_state(optimizer_path)
-        self._ensure_on_device(optimizer=True)
-        if state["optimizer"] is not None:  # None: saved before the first step
-            set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"],
-                                     options=self._state_dict_options())
-        self.scheduler.load_state_dict(state["scheduler"])
+            ckpt.load_optimizer(self.model, self.optimizer, self.scheduler, optimizer_path)
 
     # -- test and debug helpers -----------------------------------------------------------
     def _add_noise_to_weights(self) -> None:

@@ -428,18 +428,12 @@ class MegatronPolicyWorker(RefitExportMixin, TrainingWorkerBase):
                         tokenizer_path: str | None = None) -> None:
         """HF safetensors at ``weights_path``; a megatron distributed checkpoint (model, optimizer,
         scheduler; reshardable) at ``optimizer_path``. Both are published atomically. Collective."""
-        from rlcore.training.checkpoint import save_hf_checkpoint
+        from rlcore.training.checkpoint import save_tokenizer
+        from rlcore.training.sharded_checkpoint import on_rank0, save_gathered
 
-        full = {}
-        for name, tensor in self.iter_refit_tensors():
-            if self.rank == 0:
-                full[name] = tensor.cpu()
-        if self.rank == 0:
-            save_hf_checkpoint(full, self.hf_config, weights_path)
-            if tokenizer_path and self.tokenizer is not None:
-                self.tokenizer.save_pretrained(tokenizer_path)
-        del full
-        dist.barrier()
+        save_gathered(self.iter_refit_tensors(), self.hf_config, weights_path)
+        if tokenizer_path and self.tokenizer is not None:
+            on_rank0(lambda: save_tokenizer(self.tokenizer, tokenizer_path))
         if optimizer_path:
             info = {"format": "megatron-dist-checkpoint", "tensor_model_parallel_size": self.tp_size,
                     "pipeline_model_parallel_size": self.pp_size, "optimizer": self.optimizer is not None,

@@ -1,4 +1,10 @@
-"""Checkpoints of a sharded model: HF safetensors for weights, DCP for optimizer state.
+"""Optimizer state of a sharded model (FSDP2, FSDP1) in torch distributed checkpointing (DCP).
+
+Each rank writes only its own shards, so no rank ever holds the full
+optimizer state, and DCP reshards on load (a checkpoint loads at any
+data-parallel size). Weights go to HF safetensors separately
+(:func:`save_gathered`). Imported by workers
+only (it imports torch.distributed).
 
 Every save is atomic (design.md §2.8): rank 0 opens an
 ``rlcore.training.checkpoint.atomic_directory`` (a temporary sibling of the
@@ -21,10 +27,11 @@ checkpoints hold only tensors, so a metadata file that says otherwise is forged.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import io
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import torch
 import torch.distributed as dist
@@ -39,7 +46,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from rlcore.safe_pickle import UnsafeCheckpointError, exact_torch_safe_globals, read_dcp_metadata
-from rlcore.training.checkpoint import atomic_directory, load_torch_state, save_torch_state
+from rlcore.training.checkpoint import atomic_directory, load_torch_state, save_hf_checkpoint, save_torch_state
 
 #: Non-tensor optimizer values and scheduler state, next to the DCP files.
 EXTRA_STATE_NAME = "extra_state.pt"
@@ -102,10 +109,18 @@ def _split(flat: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any
 
 
 def save_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, path: str) -> None:
-    """Write optimizer (sharded, DCP) and scheduler state to directory ``path`` atomically. Collective."""
-    tensors, extra = _split(get_optimizer_state_dict(model, optimizer, options=_FLAT))
+    """Write optimizer (sharded, DCP) and scheduler state to directory ``path`` atomically. Collective.
+
+    A never-stepped optimizer is saved as None (and restored as a fresh one):
+    torch's ``get_optimizer_state_dict`` would first initialise its state by
+    stepping with zero gradients, and Adam's step count of 1 would change the
+    next real step.
+    """
+    stepped = bool(optimizer.state)
+    tensors, extra = _split(get_optimizer_state_dict(model, optimizer, options=_FLAT)) if stepped else ({}, None)
     with collective_atomic_directory(path) as tmp:
-        dcp.save(tensors, storage_writer=dcp.FileSystemWriter(str(tmp)))
+        if stepped:
+            dcp.save(tensors, storage_writer=dcp.FileSystemWriter(str(tmp)))
         if dist.get_rank() == 0:
             save_torch_state({"optimizer": extra, "scheduler": scheduler.state_dict() if scheduler else None},
                              tmp / EXTRA_STATE_NAME)
@@ -117,17 +132,36 @@ def load_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler
     The optimizer's current state dict is the template DCP loads into (torch
     initialises empty optimizer state for it), so each rank reads only its shards.
     """
+    if not Path(path).is_dir():
+        raise FileNotFoundError(f"{path}: expected an optimizer checkpoint directory (DCP shards + "
+                                f"{EXTRA_STATE_NAME}); a single-file optimizer state is not this format")
     extra = load_torch_state(Path(path) / EXTRA_STATE_NAME)
+    if scheduler is not None and extra["scheduler"] is not None:
+        scheduler.load_state_dict(extra["scheduler"])
+    if extra["optimizer"] is None:  # saved before the first step: a fresh optimizer
+        optimizer.state.clear()
+        return
     tensors, _ = _split(get_optimizer_state_dict(model, optimizer, options=_FLAT))
     with exact_torch_safe_globals():  # tensor files: torch's own weights-only allow-list, nothing added
         dcp.load(tensors, storage_reader=SafeFileSystemReader(path), planner=TensorsOnlyLoadPlanner(str(path)))
     set_optimizer_state_dict(model, optimizer, {**tensors, **extra["optimizer"]}, options=_FLAT)
-    if scheduler is not None and extra["scheduler"] is not None:
-        scheduler.load_state_dict(extra["scheduler"])
 
 
 def on_rank0(fn: Callable[[], Any]) -> None:
     """Run ``fn`` on rank 0, then synchronise (a failure on rank 0 still raises there)."""
     if dist.get_rank() == 0:
         fn()
+    dist.barrier()
+
+
+def save_gathered(tensors: Iterable[tuple[str, torch.Tensor]], hf_config: Any, path: str) -> None:
+    """HF safetensors of a sharded model, one gathered tensor at a time. Collective.
+
+    Every rank iterates ``tensors`` (each step is a gather); rank 0 writes
+    them as they come (:func:`save_hf_checkpoint`), holding at most one shard.
+    """
+    if dist.get_rank() == 0:
+        save_hf_checkpoint(tensors, hf_config, path)
+    else:
+        collections.deque(tensors, maxlen=0)
     dist.barrier()
