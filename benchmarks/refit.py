@@ -52,6 +52,7 @@ from typing import Any
 MODEL = dict(hidden_size=768, num_layers=12, num_heads=12, num_kv_heads=12, head_dim=64, intermediate_size=2048,
              vocab_size=32000, max_position_embeddings=512)
 KV_CACHE_GB = 0.0625
+TRANSPORTS = ("colocated", "collective")
 
 
 def model_params(model_dir: str) -> int:
@@ -137,9 +138,10 @@ class RawBroadcast:
 
 
 class Refits:
-    """One training rank, one colocated engine and one engine on its own cluster, two synchronizers."""
+    """One training rank and, per transport asked for, one vLLM engine and its synchronizer:
+    ``colocated`` shares the rank's bundle, ``collective`` sits on its own cluster."""
 
-    def __init__(self, backend: str, model_dir: str) -> None:
+    def __init__(self, backend: str, model_dir: str, transports: tuple[str, ...] = TRANSPORTS) -> None:
         from rl_vllm.generation import VllmGeneration
 
         from rlcore.config import load_config_dict
@@ -156,18 +158,19 @@ class Refits:
             "generation": {"backend": "vllm", "max_new_tokens": 8, "pad_token_id": tokenizer.pad_token_id,
                            "vllm_cfg": {"kv_cache_space_gb": KV_CACHE_GB, "max_model_len": 128}},
         }}).policy
-        self.train_cluster = RayVirtualCluster([1], max_colocated_worker_groups=2, name="bench-train")
-        self.gen_cluster = RayVirtualCluster([1], name="bench-gen")
-        self.policy = Policy(self.train_cluster, cfg, tokenizer, init_reference_model=False)
-        self.colocated_engine = VllmGeneration(self.train_cluster, cfg.generation, name_prefix="bench-coloc")
-        self.own_engine = VllmGeneration(self.gen_cluster, cfg.generation, name_prefix="bench-own")
-        self.sync = {
-            "colocated": WeightSynchronizer(self.policy, self.colocated_engine, colocated=True),
-            "collective": WeightSynchronizer(self.policy, self.own_engine, colocated=False,
-                                             cluster=self.train_cluster),
-        }
-        assert self.sync["colocated"].transport == "shared_memory"
-        assert self.sync["collective"].transport == "collective"
+        self.clusters = [RayVirtualCluster([1], max_colocated_worker_groups=2, name="bench-train")]
+        self.policy = Policy(self.clusters[0], cfg, tokenizer, init_reference_model=False)
+        self.engines, self.sync = [], {}
+        if "colocated" in transports:
+            self.engines.append(VllmGeneration(self.clusters[0], cfg.generation, name_prefix="bench-coloc"))
+            self.sync["colocated"] = WeightSynchronizer(self.policy, self.engines[-1], colocated=True)
+            assert self.sync["colocated"].transport == "shared_memory"
+        if "collective" in transports:
+            self.clusters.append(RayVirtualCluster([1], name="bench-gen"))
+            self.engines.append(VllmGeneration(self.clusters[-1], cfg.generation, name_prefix="bench-own"))
+            self.sync["collective"] = WeightSynchronizer(self.policy, self.engines[-1], colocated=False,
+                                                         cluster=self.clusters[0])
+            assert self.sync["collective"].transport == "collective"
 
     def run(self, which: str) -> tuple[float, int]:
         t0 = time.perf_counter()
@@ -175,10 +178,10 @@ class Refits:
         return time.perf_counter() - t0, int(stats["bytes"])
 
     def close(self) -> None:
-        for owner in (self.colocated_engine, self.own_engine, self.policy):
+        for owner in (*self.engines, self.policy):
             owner.shutdown()
-        self.gen_cluster.shutdown()
-        self.train_cluster.shutdown()
+        for cluster in reversed(self.clusters):
+            cluster.shutdown()
 
 
 # --------------------------------------------------------------------------- the engine's floor, breakdown
@@ -203,7 +206,10 @@ class InProcessEngine:
         from rlcore.refit import metadata_of, plan_buckets
         from rlcore.refit.buckets import buffer_bytes
 
-        self.state = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).state_dict()
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        self.state = model.state_dict()
+        if model.config.tie_word_embeddings:  # a refit sends the tied head once, as the embedding
+            self.state.pop("lm_head.weight", None)
         self.meta = metadata_of(self.state.items())
         self.plan = plan_buckets(self.meta, bucket_bytes)
         self.buffer = torch.empty(buffer_bytes(self.plan), dtype=torch.uint8)
@@ -272,27 +278,28 @@ def breakdown(engine: InProcessEngine, repeats: int) -> tuple[dict[str, float], 
 # --------------------------------------------------------------------------- main
 
 
-KINDS = ("memcpy", "broadcast", "floor", "colocated", "collective")
+KINDS = ("memcpy", "broadcast", "floor", *TRANSPORTS)
 
 
-def measure(backend: str, model_dir: str, engine: InProcessEngine, repeats: int) -> tuple[dict[str, list[float]], int]:
-    """One warm-up of each, then ``repeats`` interleaved rounds of the five measurements (seconds)."""
-    refits = Refits(backend, model_dir)
+def measure(backend: str, model_dir: str, engine: InProcessEngine, repeats: int,
+            transports: tuple[str, ...] = TRANSPORTS) -> tuple[dict[str, list[float]], int]:
+    """One warm-up of each, then ``repeats`` interleaved rounds of the measurements (seconds)."""
+    refits = Refits(backend, model_dir, transports)
     try:
-        _, nbytes = refits.run("colocated")  # warm-up (metadata exchange)
-        refits.run("collective")  # warm-up (metadata exchange, group set-up)
+        for transport in transports:
+            _, nbytes = refits.run(transport)  # warm-up (metadata exchange, group set-up)
         engine.floor()
         raw = RawBroadcast(nbytes)
         try:
             raw.run()
             time_memcpy(nbytes)
-            times: dict[str, list[float]] = {k: [] for k in KINDS}
+            times: dict[str, list[float]] = {k: [] for k in ("memcpy", "broadcast", "floor", *transports)}
             for _ in range(repeats):
                 times["memcpy"].append(time_memcpy(nbytes))
                 times["broadcast"].append(raw.run())
                 times["floor"].append(engine.floor())
-                times["colocated"].append(refits.run("colocated")[0])
-                times["collective"].append(refits.run("collective")[0])
+                for transport in transports:
+                    times[transport].append(refits.run(transport)[0])
         finally:
             raw.close()
     finally:
@@ -301,23 +308,24 @@ def measure(backend: str, model_dir: str, engine: InProcessEngine, repeats: int)
 
 
 def figures(times: dict[str, list[float]], nbytes: int) -> dict:
-    """Medians and the ratios of the JSON line."""
+    """Medians and the ratios of the JSON line (those of the transports measured)."""
     med = {k: statistics.median(v) for k, v in times.items()}
-    return {
-        "bytes": nbytes,
-        **{f"{k}_s": round(med[k], 4) for k in KINDS},
-        "colocated_vs_floor": round(med["colocated"] / med["floor"], 2),
-        "collective_vs_floor": round(med["collective"] / max(med["broadcast"], med["floor"]), 2),
-        "colocated_vs_memcpy": round(med["colocated"] / med["memcpy"], 2),
-        "collective_vs_broadcast": round(med["collective"] / med["broadcast"], 2),
-        "load_average": round(os.getloadavg()[0], 1),
-    }
+    result = {"bytes": nbytes, **{f"{k}_s": round(v, 4) for k, v in med.items()}}
+    if "colocated" in med:
+        result["colocated_vs_floor"] = round(med["colocated"] / med["floor"], 2)
+        result["colocated_vs_memcpy"] = round(med["colocated"] / med["memcpy"], 2)
+    if "collective" in med:
+        result["collective_vs_floor"] = round(med["collective"] / max(med["broadcast"], med["floor"]), 2)
+        result["collective_vs_broadcast"] = round(med["collective"] / med["broadcast"], 2)
+    return {**result, "load_average": round(os.getloadavg()[0], 1)}
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--backend", default="reference", help="training backend (reference, dtensor, ...)")
     parser.add_argument("--model-dir", help="a float32 HF model directory (default: the ~134M Llama above)")
+    parser.add_argument("--transports", default=",".join(TRANSPORTS),
+                        help="which refits to time (one at a time holds one engine less: the 0.5B preset on 24 GB)")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--breakdown", action="store_true", help="also profile the stages of a colocated refit")
     args = parser.parse_args(argv)
@@ -340,18 +348,18 @@ def main(argv: list[str] | None = None) -> None:
     engine = InProcessEngine(model_dir, DEFAULT_BUCKET_BYTES)
     try:
         try:
-            times, nbytes = measure(args.backend, model_dir, engine, args.repeats)
+            times, nbytes = measure(args.backend, model_dir, engine, args.repeats, tuple(args.transports.split(",")))
         finally:
             shutdown_ray()
         result = figures(times, nbytes)
         print(f"{nbytes / 1e6:.1f} MB per refit (bucket {DEFAULT_BUCKET_BYTES >> 20} MiB)")
         print(f"{'median seconds':<26}{'s':>9}{'GB/s':>8}{'min s':>9}{'max s':>9}")
-        for k in KINDS:
+        for k in times:
             med = result[f"{k}_s"]
             print(f"{k:<26}{med:>9.3f}{nbytes / med / 1e9:>8.2f}{min(times[k]):>9.3f}{max(times[k]):>9.3f}")
-        print(f"colocated / floor {result['colocated_vs_floor']}x (goal <= 1.25), collective / max(broadcast, floor) "
-              f"{result['collective_vs_floor']}x (goal <= 1.25); colocated / memcpy {result['colocated_vs_memcpy']}x, "
-              f"collective / broadcast {result['collective_vs_broadcast']}x")
+        print(f"colocated / floor {result.get('colocated_vs_floor')}x, collective / max(broadcast, floor) "
+              f"{result.get('collective_vs_floor')}x (goals <= 1.25); colocated / memcpy "
+              f"{result.get('colocated_vs_memcpy')}x, collective / broadcast {result.get('collective_vs_broadcast')}x")
         if args.breakdown:
             stages, top = breakdown(engine, max(2, args.repeats // 2))
             print("colocated refit, stage by stage (in process, no Ray; median seconds, x this run's floor):")

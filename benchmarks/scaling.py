@@ -372,14 +372,20 @@ def summary_json(rows: list[dict], refits: list[dict]) -> dict:
 
 def refit_case(size: str, args: argparse.Namespace) -> dict:
     """``refit.py`` on this size's model, in its own process (its own Ray, its in-process engine's memory
-    returned on exit): a colocated and a collective refit into vLLM against the engine's own reload."""
+    returned on exit): a colocated and a collective refit into vLLM against the engine's own reload.
+    Above ``APART_ABOVE`` parameters one process per transport (one engine fewer alive at a time)."""
     import subprocess
 
     model_dir, n_params = model_dir_for(size)
     script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "refit.py")
-    done = subprocess.run([sys.executable, script, "--backend", args.refit_backend, "--model-dir", model_dir,
-                           "--repeats", str(args.repeats)], stdout=subprocess.PIPE, text=True, check=True)
-    return dict(json.loads(done.stdout.strip().splitlines()[-1]), size=size, params=n_params)
+    rounds = ["colocated", "collective"] if n_params > APART_ABOVE else ["colocated,collective"]
+    row: dict[str, Any] = dict(size=size, params=n_params)
+    for transports in rounds:
+        done = subprocess.run([sys.executable, script, "--backend", args.refit_backend, "--model-dir", model_dir,
+                               "--repeats", str(args.repeats), "--transports", transports],
+                              stdout=subprocess.PIPE, text=True, check=True)
+        row.update(json.loads(done.stdout.strip().splitlines()[-1]))
+    return row
 
 
 # --------------------------------------------------------------------------- main
@@ -442,11 +448,11 @@ def main(argv: list[str] | None = None) -> None:
                         t0 = time.perf_counter()
                         rows.append(run_case(backend, size, seq_len, args, tmp))
                         print(f"{backend} {size} {seq_len}: {time.perf_counter() - t0:.0f}s, "
-                              f"load {os.getloadavg()[0]:.2f}", file=sys.stderr)
+                              f"load {os.getloadavg()[0]:.2f}: {json.dumps(rows[-1])}", file=sys.stderr)
     if args.refit:
         for size in args.sizes.split(","):
             refits.append(refit_case(size, args))
-            print(f"refit {size}: load {os.getloadavg()[0]:.2f}", file=sys.stderr)
+            print(f"refit {size}: load {os.getloadavg()[0]:.2f}: {json.dumps(refits[-1])}", file=sys.stderr)
     print_table(rows, COLUMNS)
     if refits:
         print_table(refits, REFIT_COLUMNS)

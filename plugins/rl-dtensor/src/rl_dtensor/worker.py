@@ -30,8 +30,8 @@ from torch.distributed.tensor import DTensor
 from rl_dtensor import state
 from rl_dtensor.grads import clip_grads
 from rl_dtensor.inputs import ModelInputs, packed_inputs, padded_inputs
-from rl_dtensor.segment_attention import use_segment_attention
-from rl_dtensor.parallelize import DTYPES, ParallelOptions, build_mesh, parallelize
+from rl_dtensor.loading import load_sharded_model
+from rl_dtensor.parallelize import DTYPES, ParallelOptions, build_mesh
 from rlcore.data import BatchedDataDict
 from rlcore.refit import RefitExportMixin
 from rlcore.refit.buckets import dtype_name
@@ -66,8 +66,6 @@ class DTensorPolicyWorker(RefitExportMixin, TrainingWorkerBase):
     def __init__(self, config: Any, tokenizer: Any = None, weights_path: str | None = None,
                  optimizer_path: str | None = None, init_optimizer: bool = True,
                  init_reference_model: bool = True, **_: Any) -> None:
-        from transformers import AutoModelForCausalLM
-
         from rlcore.config import as_policy_config
 
         config = as_policy_config(config)  # the seed's plain dict is accepted too
@@ -96,15 +94,11 @@ class DTensorPolicyWorker(RefitExportMixin, TrainingWorkerBase):
         # A LoRA checkpoint holds only the adapters: the base weights come from the model itself.
         adapter_path = weights_path if is_adapter_checkpoint(weights_path) else None
         base_path = config.model_name if adapter_path else (weights_path or config.model_name)
-        model = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32)
-        use_segment_attention(model)  # packed rows attend per sequence, not through a [T, T] mask
-        self.lora_targets = lora.apply_lora(model, config.lora) if config.lora.enabled else []
-        if adapter_path:
-            lora.load_adapter_into(model, adapter_path)
-        if not self.opts.cpu_offload:
-            model = model.to(self.device)
-        self.model: nn.Module = parallelize(model, self.mesh, self.opts)
-        self.hf_config = model.config
+        # Each rank allocates only its shards; rank 0 reads the checkpoint and broadcasts it.
+        self.model: nn.Module
+        self.model, self.lora_targets = load_sharded_model(base_path, config.lora, adapter_path, self.mesh,
+                                                           self.opts, self.device)
+        self.hf_config = self.model.config
         self._mode = "plain"
         # Where weights and optimizer state are now (offloading moves them to CPU between phases).
         self._model_device = self.device

@@ -1,0 +1,78 @@
+"""Build the sharded model without a full copy of it on every rank.
+
+Loading the checkpoint on every rank and sharding afterwards holds the whole
+float32 model once per rank (per GPU, on CUDA) before any of it is freed.
+Here every rank builds the model's structure with its parameters on the meta
+device (no memory), shards it, and allocates only its own shards; rank 0 alone
+reads the checkpoint (on CPU) and broadcasts it tensor by tensor, each rank
+keeping its part. Buffers (rotary frequencies) are real all along: they are
+small and not in the checkpoint.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterator
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+from rl_dtensor.parallelize import ParallelOptions, parallelize
+from rl_dtensor.segment_attention import use_segment_attention
+from rlcore.training import lora
+
+
+@contextlib.contextmanager
+def parameters_on_meta() -> Iterator[None]:
+    """Modules built inside get their parameters on the meta device; buffers stay where they are made."""
+    register = nn.Module.register_parameter
+
+    def register_on_meta(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
+        if param is not None and param.device.type != "meta":
+            param = nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
+        register(module, name, param)
+
+    nn.Module.register_parameter = register_on_meta
+    try:
+        yield
+    finally:
+        nn.Module.register_parameter = register
+
+
+def _with_lora(model: nn.Module, lora_cfg: Any) -> list[str]:
+    return lora.apply_lora(model, lora_cfg) if lora_cfg.enabled else []
+
+
+def full_state_on_rank0(base_path: str, lora_cfg: Any, adapter_path: str | None) -> dict[str, torch.Tensor]:
+    """The model's full float32 state (LoRA applied, the adapter loaded) on rank 0; empty elsewhere."""
+    from transformers import AutoModelForCausalLM
+
+    if dist.get_rank() != 0:
+        return {}
+    model = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32)
+    _with_lora(model, lora_cfg)
+    if adapter_path:
+        lora.load_adapter_into(model, adapter_path)
+    return model.state_dict()
+
+
+def load_sharded_model(base_path: str, lora_cfg: Any, adapter_path: str | None, mesh: Any, opts: ParallelOptions,
+                       device: torch.device) -> tuple[nn.Module, list[str]]:
+    """The parallelized model with the checkpoint's weights, and its LoRA targets. Collective."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    full = full_state_on_rank0(base_path, lora_cfg, adapter_path)
+    with parameters_on_meta():
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(base_path), dtype=torch.float32)
+        targets = _with_lora(model, lora_cfg)
+    use_segment_attention(model)  # packed rows attend per sequence, not through a [T, T] mask
+    buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
+    parallelize(model, mesh, opts)
+    model.to_empty(device="cpu" if opts.cpu_offload else device)
+    with torch.no_grad():
+        for name, b in model.named_buffers():
+            b.copy_(buffers[name])
+    set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+    return model, targets
