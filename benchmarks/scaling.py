@@ -341,6 +341,7 @@ COLUMNS = [("backend", "backend", "{}"), ("size", "size", "{}"), ("params", "par
 REFIT_COLUMNS = [("size", "size", "{}"), ("params", "params(M)", "{:.1f}"), ("bytes", "MB", "{:.0f}"),
                  ("floor_s", "floor s", "{:.3f}"), ("colocated_s", "colocated s", "{:.3f}"),
                  ("broadcast_s", "broadcast s", "{:.3f}"), ("collective_s", "collective s", "{:.3f}"),
+                 ("colocated_floor_s", "floor s (coloc)", "{:.3f}"), ("collective_floor_s", "floor s (coll)", "{:.3f}"),
                  ("colocated_vs_floor", "coloc/floor", "{:.2f}"), ("collective_vs_floor", "coll/floor", "{:.2f}"),
                  ("load_average", "load", "{:.1f}")]
 
@@ -348,7 +349,8 @@ REFIT_COLUMNS = [("size", "size", "{}"), ("params", "params(M)", "{:.1f}"), ("by
 def print_table(rows: list[dict], columns: list[tuple[str, str, str]]) -> None:
     cells = [[h for _, h, _ in columns]]
     for row in rows:
-        values = dict(row, params=row["params"] / 1e6, bytes=row.get("bytes", 0) / 1e6)
+        values = dict(row, params=row["params"] / 1e6,
+                      bytes=row.get("bytes", row.get("colocated_bytes", 0)) / 1e6)
         cells.append(["-" if values.get(key) is None else fmt.format(values[key]) for key, _, fmt in columns])
     widths = [max(len(r[i]) for r in cells) for i in range(len(columns))]
     for r in cells:
@@ -384,7 +386,10 @@ def refit_case(size: str, args: argparse.Namespace) -> dict:
         done = subprocess.run([sys.executable, script, "--backend", args.refit_backend, "--model-dir", model_dir,
                                "--repeats", str(args.repeats), "--transports", transports],
                               stdout=subprocess.PIPE, text=True, check=True)
-        row.update(json.loads(done.stdout.strip().splitlines()[-1]))
+        figures = json.loads(done.stdout.strip().splitlines()[-1])
+        if len(rounds) > 1:  # each round's own floor, memcpy and broadcast: prefixed with its transport
+            figures = {k if k.startswith(transports) else f"{transports}_{k}": v for k, v in figures.items()}
+        row.update(figures)
     return row
 
 
