@@ -113,3 +113,29 @@ def test_engine_environment_and_kv_cache_size(monkeypatch: pytest.MonkeyPatch):
     assert _prepare_process_env(VllmConfig(kv_cache_space_gb=0.5), on_cpu=True) == 512 * 1024**2
     assert "VLLM_CPU_KVCACHE_SPACE" not in os.environ  # it would override the configured size
     assert _prepare_process_env(VllmConfig(), on_cpu=False) is None  # GPU: gpu_memory_utilization
+
+
+# --------------------------------------------------------------------------- KV-cache shortfall
+
+
+def test_kv_shortfall_counts_blocks_of_each_sequence_grown_to_its_limit() -> None:
+    from rl_vllm.kv_capacity import KvCapacity
+
+    cache = KvCapacity(num_blocks=10, block_size=128, max_num_seqs=256)
+    # 300 + 100 tokens = 4 blocks each (ceil(400 / 128)); 2 sequences fit in 10 blocks, 3 do not.
+    assert cache.blocks_needed([300, 300], [100, 100]) == 8
+    assert cache.shortfall([300, 300], [100, 100], 0.25) is None
+    message = cache.shortfall([300, 300, 300], [100, 100, 100], 0.25)
+    assert message is not None
+    assert "needs up to 12 KV-cache blocks of 128 tokens" in message and "holds 10" in message
+    assert "kv_cache_space_gb from 0.25 to about 0.3," in message  # 0.25 * 12 / 10
+    assert "gpu_memory_utilization" in cache.shortfall([300] * 3, [100] * 3, None)
+
+
+def test_kv_shortfall_counts_only_the_sequences_scheduled_together() -> None:
+    from rl_vllm.kv_capacity import KvCapacity
+
+    cache = KvCapacity(num_blocks=8, block_size=16, max_num_seqs=2)
+    # the two largest run together: ceil(40/16) + ceil(33/16) = 3 + 3; the rest wait by the scheduler's design
+    assert cache.blocks_needed([30, 1, 20, 1], [10, 1, 13, 1]) == 6
+    assert cache.shortfall([30, 1, 20, 1], [10, 1, 13, 1], 1.0) is None

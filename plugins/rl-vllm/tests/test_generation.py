@@ -97,6 +97,19 @@ class TestVllmBackend(GenerationBackendConformance):
         print("engine start seconds:", [round(i["start_seconds"], 2) for i in infos],
               "import vllm seconds:", [round(i["import_seconds"], 2) for i in infos])
 
+    def test_engines_report_the_kv_cache_they_allocated(self, generation: dict) -> None:
+        """The block count the shortfall warning reads is the cache's real size: kv_cache_space_gb over
+        one block's bytes (K and V of every layer's KV heads, float32), computed here from the model config."""
+        import json
+        from pathlib import Path
+
+        config = json.loads((Path(generation["model_dir"]) / "config.json").read_text())
+        head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+        token_bytes = 2 * config["num_hidden_layers"] * config["num_key_value_heads"] * head_dim * 4
+        for info in generation["engine"].engine_info:
+            block_bytes = token_bytes * info["kv_block_size"]
+            assert info["kv_cache_blocks"] == int(0.0625 * 2**30) // block_bytes, info
+
     def test_prepare_and_finish_generation_are_noops_on_cpu(self, generation: dict) -> None:
         engine = generation["engine"]
         assert engine.finish_generation() is True

@@ -10,6 +10,7 @@ This module is imported only inside the actor (it imports torch and vLLM).
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from typing import Any
@@ -17,9 +18,13 @@ from typing import Any
 from rlcore.refit import RefitError
 from rl_vllm.config import DEFAULT_CPU_KV_CACHE_GB, GIB, VllmConfig
 from rl_vllm.cpu_setup import request_amx_permission
+from rl_vllm.kv_capacity import KvCapacity
 from rl_vllm.refit import EngineStaleError
 from rl_vllm.sampling import (Completion, pack_outputs, prompts_from_batch, request_stop_strings,
                               sampled_logprobs)
+
+
+logger = logging.getLogger(__name__)
 
 
 def _prepare_process_env(cfg: VllmConfig, on_cpu: bool) -> int | None:
@@ -121,6 +126,9 @@ class VllmGenerationWorker:
         self.llm = LLM(**kwargs)
         self.start_seconds = time.perf_counter() - started
         self.max_model_len = int(self.llm.model_config.max_model_len)
+        self.kv_capacity = KvCapacity.of(self.llm)
+        self._kv_cache_space_gb = vllm_config.kv_cache_space_gb
+        self._warned_kv_shortfall = False
         tokenizer = self.llm.get_tokenizer()
         self.default_pad_id = next(
             (t for t in (getattr(tokenizer, "pad_token_id", None), getattr(tokenizer, "eos_token_id", None))
@@ -197,6 +205,7 @@ class VllmGenerationWorker:
             params.append(self._sampling_params(options, greedy, stop, min(max_new, room)))
             requests.append({"prompt_token_ids": prompt})
 
+        self._warn_kv_shortfall([len(p) for p in prompts], [p.max_tokens for p in params])
         started = time.time()
         results = self.llm.generate(requests, params, use_tqdm=False, lora_request=self._lora_request) \
             if requests else []
@@ -211,6 +220,15 @@ class VllmGenerationWorker:
         packed["weight_version"] = torch.full((len(prompts),), self.weight_version, dtype=torch.long)
         packed["generation_window"] = torch.tensor(window, dtype=torch.float64).repeat(len(prompts), 1)  # [B, 2]
         return BatchedDataDict(packed)
+
+    def _warn_kv_shortfall(self, prompt_lengths: list[int], max_tokens: list[int]) -> None:
+        """Once per engine: the first batch that cannot run at once in the KV cache (see kv_capacity)."""
+        if self._warned_kv_shortfall:
+            return
+        problem = self.kv_capacity.shortfall(prompt_lengths, max_tokens, self._kv_cache_space_gb)
+        if problem:
+            logger.warning("engine %s: %s", self.rank, problem)
+            self._warned_kv_shortfall = True
 
     def set_weight_version(self, version: int) -> None:
         self.weight_version = int(version)
@@ -377,7 +395,9 @@ class VllmGenerationWorker:
         """Facts about this engine, for logs and tests."""
         return {"rank": self.rank, "pid": os.getpid(), "start_seconds": self.start_seconds,
                 "import_seconds": self.import_seconds,
-                "max_model_len": self.max_model_len, "stale": self.stale_reason}
+                "max_model_len": self.max_model_len, "stale": self.stale_reason,
+                "kv_cache_blocks": self.kv_capacity.num_blocks, "kv_block_size": self.kv_capacity.block_size,
+                "max_num_seqs": self.kv_capacity.max_num_seqs}
 
     def is_alive(self) -> bool:
         return True
