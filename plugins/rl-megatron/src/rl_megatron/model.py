@@ -103,7 +103,10 @@ def build_gpt_model(shape: ModelShape, config: Any, hf_config: Any, pre_process:
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
+    from rl_megatron.sdpa_attention import SdpaDotProductAttention
+
     spec = get_gpt_layer_local_spec(qk_layernorm=shape.qk_norm, normalization="RMSNorm")
+    spec.submodules.self_attention.submodules.core_attention = SdpaDotProductAttention  # fused, not [s, s] in fp32
     return GPTModel(
         config=config,
         transformer_layer_spec=spec,
