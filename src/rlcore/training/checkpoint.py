@@ -178,7 +178,7 @@ _SAFETENSORS_DTYPES = {
 }
 
 
-def write_safetensors(tensors: dict, path: Path, metadata: dict[str, str]) -> None:
+def _write_safetensors(tensors: dict, path: Path, metadata: dict[str, str]) -> None:
     """One safetensors file, each tensor's bytes written straight from its storage.
 
     ``safetensors.torch.save_file`` first copies every tensor into a Python
@@ -191,8 +191,10 @@ def write_safetensors(tensors: dict, path: Path, metadata: dict[str, str]) -> No
     offset = 0
     for name, t in tensors.items():
         nbytes = t.numel() * t.element_size()
-        header[name] = {"dtype": _SAFETENSORS_DTYPES[str(t.dtype).removeprefix("torch.")],
-                        "shape": list(t.shape), "data_offsets": [offset, offset + nbytes]}
+        dtype = _SAFETENSORS_DTYPES.get(str(t.dtype).removeprefix("torch."))
+        if dtype is None:
+            raise TypeError(f"{name}: safetensors cannot hold {t.dtype} (one of {sorted(_SAFETENSORS_DTYPES)})")
+        header[name] = {"dtype": dtype, "shape": list(t.shape), "data_offsets": [offset, offset + nbytes]}
         offset += nbytes
     encoded = json.dumps(header, separators=(",", ":")).encode()
     encoded += b" " * (-len(encoded) % 8)
@@ -239,7 +241,7 @@ class _ShardedWriter:
 
     def _flush(self) -> None:
         index = len(set(self.weight_map.values()))
-        write_safetensors(self.pending, self._part(index), {"format": "pt"})
+        _write_safetensors(self.pending, self._part(index), {"format": "pt"})
         self.weight_map.update(dict.fromkeys(self.pending, index))
         self.pending, self.pending_bytes = {}, 0
 
