@@ -160,7 +160,7 @@ def _check_tie(state_dict: Mapping, tie_word_embeddings: bool) -> None:
 
     if not tie_word_embeddings:
         return
-    for key in [k for k in state_dict if k == "lm_head.weight" or k.endswith(".lm_head.weight")]:
+    for key in [k for k in state_dict if _is_tied_head(k, True)]:
         embed_key = key[: -len("lm_head.weight")] + "model.embed_tokens.weight"
         if embed_key in state_dict and not torch.equal(state_dict[key].detach().cpu(),
                                                        state_dict[embed_key].detach().cpu()):
@@ -220,6 +220,7 @@ class _ShardedWriter:
         self.pending: dict = {}
         self.pending_bytes = 0
         self.weight_map: dict[str, int] = {}  # name -> shard index
+        self.shards = 0
         self.total_bytes = 0
 
     def add(self, name: str, tensor: Any) -> None:
@@ -240,19 +241,18 @@ class _ShardedWriter:
         return self.directory / f".part-{index:05d}.safetensors"
 
     def _flush(self) -> None:
-        index = len(set(self.weight_map.values()))
-        _write_safetensors(self.pending, self._part(index), {"format": "pt"})
-        self.weight_map.update(dict.fromkeys(self.pending, index))
+        _write_safetensors(self.pending, self._part(self.shards), {"format": "pt"})
+        self.weight_map.update(dict.fromkeys(self.pending, self.shards))
+        self.shards += 1
         self.pending, self.pending_bytes = {}, 0
 
     def close(self) -> None:
-        if self.pending or not self.weight_map:
+        if self.pending or not self.shards:
             self._flush()
-        count = len(set(self.weight_map.values()))
-        if count == 1:
+        if self.shards == 1:
             os.rename(self._part(0), self.directory / SAFE_WEIGHTS_NAME)
             return
-        names = [f"model-{i + 1:05d}-of-{count:05d}.safetensors" for i in range(count)]
+        names = [f"model-{i + 1:05d}-of-{self.shards:05d}.safetensors" for i in range(self.shards)]
         for i, filename in enumerate(names):
             os.rename(self._part(i), self.directory / filename)
         index = {"metadata": {"total_size": self.total_bytes},

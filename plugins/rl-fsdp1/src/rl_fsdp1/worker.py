@@ -326,7 +326,7 @@ class FSDP1PolicyWorker(RefitExportMixin, TrainingWorkerBase):
         keep = self.rank == 0
         adapter_names = [n for n in self.layout.names if lora.is_adapter_name(n)]
         adapters = {n: t.to("cpu", copy=True) for n, t in self.layout.iter_full(self.model, adapter_names) if keep}
-        full = {n: t.to("cpu", copy=True) for n, t in self._hf_tensors() if keep} if merged else None
+        full = self.export_full_state_dict() if merged else None
         config = lora.peft_adapter_config(self.cfg.lora, self.lora_targets, self.cfg.model_name)
         return lambda path: lora.save_lora_checkpoint(adapters, config, path, full, self.hf_config)
 
