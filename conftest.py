@@ -7,6 +7,10 @@ import pytest
 
 pytest_plugins = ["rlcore.testing.pytest_plugin"]
 
+# Plugin distributions kept as fixtures carry test suites of their own, run installed, in a subprocess
+# (tests/test_plugin_template.py); they are not part of this collection.
+collect_ignore_glob = ["tests/fixtures/*"]
+
 
 def _has_cuda() -> bool:
     try:

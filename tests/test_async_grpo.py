@@ -4,11 +4,10 @@
 from __future__ import annotations
 
 import json
-from types import SimpleNamespace
 
 import pytest
 
-from rlcore.config import ConfigError, load_config
+from rlcore.config import ConfigError, load_config, resolve
 from rlcore.plugins import get_registry
 
 EXAMPLE = "examples/grpo_async_tiny.yaml"
@@ -26,12 +25,12 @@ def test_async_needs_its_own_engine_and_importance_weights():
 
 
 def test_a_backend_that_generates_itself_falls_back_to_synchronous():
-    from rlcore.run.async_grpo import async_unsupported
-
     cfg = load_config(EXAMPLE, ["policy.generation.backend=fsdp1", "policy.backend=fsdp1"])
-    policy = object()
-    run = SimpleNamespace(cfg=cfg, policy=policy, generation=policy, synchronizer=None)
-    assert async_unsupported(run) == "the 'fsdp1' training backend generates with its own weights"
+    resolved = resolve(cfg, run=True)  # decided once, with a notice, before anything starts
+    assert resolved.async_generation is False
+    assert resolved.notices == ("notice: grpo.async_grpo.enabled, but the 'fsdp1' training backend generates with "
+                                "its own weights; training synchronously",)
+    assert resolve(load_config(EXAMPLE), run=True).async_generation is (not vllm_missing())
 
 
 def vllm_missing() -> bool:

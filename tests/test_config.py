@@ -25,6 +25,7 @@ from rlcore.config import (
     dump_config,
     load_config,
     load_config_dict,
+    resolve,
     validate_section,
 )
 
@@ -35,6 +36,14 @@ EXAMPLES = sorted(p for p in (REPO / "examples").rglob("*.yaml") if "plugin-temp
 def problems(raw: dict, overrides=()) -> list[str]:
     with pytest.raises(ConfigError) as info:
         load_config_dict(raw, overrides)
+    return info.value.problems
+
+
+def resolve_problems(raw: dict) -> list[str]:
+    """Problems found when a valid config is resolved against the installed backends (layout, batch plan)."""
+    cfg = load_config_dict(raw)
+    with pytest.raises(ConfigError) as info:
+        resolve(cfg)
     return info.value.problems
 
 
@@ -50,13 +59,29 @@ def test_defaults_validate():
     cfg = load_config()
     assert cfg == load_config_dict({}) == load_config_dict({"cluster": {}, "policy": {}})
     assert cfg.policy.training_backend == "dtensor"
-    assert cfg.world_size == 2 and cfg.data_parallel_size == 2
-    # inherited values are resolved at load
+    # values naming another field are derived at load
     assert cfg.policy.tokenizer.name == cfg.policy.model_name
-    assert cfg.policy.optimizer.kwargs["lr"] == cfg.policy.learning_rate
+    assert cfg.policy.megatron_cfg.optimizer.lr == cfg.policy.learning_rate
     assert cfg.policy.megatron_cfg.pipeline_dtype == cfg.policy.precision
-    assert cfg.policy.dynamic_batching.train_mb_tokens == (
-        cfg.policy.train_micro_batch_size * cfg.policy.max_total_sequence_length)
+    # the layout and the batch plan come from resolving against the installed backends
+    plan = resolve(cfg).policy.batch
+    assert cfg.world_size == 2 and plan.data_parallel_size == 2
+    assert plan.train_mb_tokens == cfg.policy.train_micro_batch_size * cfg.policy.max_total_sequence_length
+    assert plan.gradient_accumulation_steps == cfg.policy.train_global_batch_size // 2
+
+
+def test_configs_are_frozen_values_and_a_copy_derives_again():
+    cfg = load_config_dict({"policy": {"dynamic_batching": {"enabled": True}, "generation": {}}})
+    with pytest.raises(ValueError, match="frozen"):
+        cfg.policy.learning_rate = 1.0
+    changed = cfg.policy.model_copy(update={"model_name": "tiny-qwen2", "learning_rate": 0.25,
+                                            "train_micro_batch_size": 2})
+    assert changed.tokenizer.name == changed.generation.model_name == "tiny-qwen2"
+    assert changed.megatron_cfg.optimizer.lr == 0.25
+    plan = resolve(cfg.model_copy(update={"policy": changed})).policy.batch
+    assert plan.train_mb_tokens == 2 * cfg.policy.max_total_sequence_length  # not the stale 1 × seq
+    with pytest.raises(ValueError):
+        cfg.policy.model_copy(update={"train_micro_batch_size": "2"})  # a copy is validated like a file
 
 
 def test_empty_file_is_defaults(tmp_path):
@@ -79,7 +104,8 @@ def test_example_backends():
     assert backend["dtensor_tiny.yaml"] == "dtensor"
     assert backend["fsdp1_tiny.yaml"] == "fsdp1"
     assert backend["megatron_tiny.yaml"] == "megatron"
-    assert load_config(REPO / "examples/megatron_tiny.yaml").policy.parallel_sizes() == (1, 1, 2)
+    layout = resolve(load_config(REPO / "examples/megatron_tiny.yaml")).policy.layout
+    assert (layout.tp, layout.cp, layout.pp) == (1, 1, 2)
     assert load_config(REPO / "examples/packing.yaml").policy.sequence_packing.enabled
 
 
@@ -103,10 +129,21 @@ def test_training_backend_resolution(policy, expected):
      ["policy.megatron_cfg.pipeline_model_parallel_size"], ["pp 3", "world size 4"]),
     ({"policy": {"train_global_batch_size": 6, "train_micro_batch_size": 2}, "grpo": {"num_prompts_per_step": 3}},
      ["policy.train_global_batch_size", "policy.train_micro_batch_size"], ["6", "multiple of 4"]),
-    ({"policy": {"dynamic_batching": {"enabled": True}, "sequence_packing": {"enabled": True}}},
-     ["policy.dynamic_batching.enabled", "policy.sequence_packing.enabled"], ["mutually exclusive"]),
     ({"policy": {"dtensor_cfg": {"context_parallel_size": 2}}},
      ["policy.dtensor_cfg.context_parallel_size", "cluster.use_gpu"], ["CUDA", "is 2"]),
+])
+def test_layout_and_batch_problems_are_found_when_resolving(raw, paths, words):
+    """The layout comes from the training backend (rl-dtensor / rl-megatron declare theirs), so these are
+    checked when the config is resolved against the installed backends, still before anything starts."""
+    load_config_dict(raw)  # valid on its own
+    (line,) = resolve_problems(raw)
+    for text in paths + words:
+        assert text in line, (text, line)
+
+
+@pytest.mark.parametrize("raw, paths, words", [
+    ({"policy": {"dynamic_batching": {"enabled": True}, "sequence_packing": {"enabled": True}}},
+     ["policy.dynamic_batching.enabled", "policy.sequence_packing.enabled"], ["mutually exclusive"]),
     ({"policy": {"megatron_cfg": {"enabled": True}}},
      ["policy.megatron_cfg.enabled", "policy.dtensor_cfg.enabled"], ["enabled=false"]),
     ({"policy": {"max_grad_norm": 1.0, "megatron_cfg": {"optimizer": {"clip_grad": 0.5}}}},
@@ -121,19 +158,21 @@ def test_cross_field_rule(raw, paths, words):
 
 
 def test_context_parallel_allowed_with_gpu():
-    cfg = load_config_dict({"cluster": {"use_gpu": True}, "policy": {"dtensor_cfg": {"context_parallel_size": 2}}})
-    assert cfg.policy.parallel_sizes().cp == 2 and cfg.data_parallel_size == 1
+    resolved = resolve(load_config_dict({"cluster": {"use_gpu": True},
+                                         "policy": {"dtensor_cfg": {"context_parallel_size": 2}}}))
+    assert resolved.policy.layout.cp == 2 and resolved.policy.data_parallel_size == 1
 
 
 def test_parallel_sizes_of_unselected_backend_ignored():
     # megatron_cfg is disabled, so its pp=3 does not constrain the world size
-    load_config_dict({"policy": {"megatron_cfg": {"pipeline_model_parallel_size": 3}}})
+    resolve(load_config_dict({"policy": {"megatron_cfg": {"pipeline_model_parallel_size": 3}}}))
 
 
 def test_several_rule_violations_all_reported():
-    found = problems({"cluster": {"workers_per_node": 4}, "policy": {"train_global_batch_size": 3, "dtensor_cfg": {"context_parallel_size": 2},
-                                 "dynamic_batching": {"enabled": True}, "sequence_packing": {"enabled": True}}})
-    assert len(found) == 3
+    found = problems({"policy": {"dynamic_batching": {"enabled": True}, "sequence_packing": {"enabled": True},
+                                 "megatron_cfg": {"optimizer": {"clip_grad": 0.5}},
+                                 "fsdp_offload_enabled": True}})
+    assert len(found) == 3, found
 
 
 # --- schema errors -----------------------------------------------------------------------
@@ -399,10 +438,7 @@ def test_import_is_light():
 # --- CLI -----------------------------------------------------------------------------------
 
 @pytest.fixture
-def runner(monkeypatch):
-    """CliRunner with the plugin registry's section check stubbed (no plugins needed)."""
-    registry = pytest.importorskip("rlcore.plugins.registry")
-    monkeypatch.setattr(registry, "validate_backend_sections", lambda cfg: [])
+def runner():
     return CliRunner()
 
 
@@ -410,7 +446,7 @@ def test_cli_validate_ok(runner):
     path = REPO / "examples/dtensor_tiny.yaml"
     result = runner.invoke(config_app, ["validate", str(path)])
     assert result.exit_code == 0, result.output
-    assert result.stdout.strip() == f"OK: {path} (training backend: dtensor, world size 2)"
+    assert result.stdout.strip() == f"OK: {path} (training backend: dtensor, world size 2, data parallel 2)"
 
 
 def test_cli_validate_with_overrides(runner):
@@ -418,7 +454,7 @@ def test_cli_validate_with_overrides(runner):
     result = runner.invoke(config_app, ["validate", str(path), "-o", "cluster.workers_per_node=4",
                                         "--override", "policy.dtensor_cfg.enabled=false"])
     assert result.exit_code == 0, result.output
-    assert "(training backend: fsdp1, world size 4)" in result.stdout
+    assert "(training backend: fsdp1, world size 4, data parallel 4)" in result.stdout
 
 
 def test_cli_validate_fail(runner, tmp_path):
@@ -433,12 +469,14 @@ def test_cli_validate_fail(runner, tmp_path):
     assert "Traceback" not in result.output and result.stdout == ""
 
 
-def test_cli_validate_reports_backend_section_problems(monkeypatch, tmp_path):
-    registry = pytest.importorskip("rlcore.plugins.registry")
-    monkeypatch.setattr(registry, "validate_backend_sections", lambda cfg: ["policy.x_cfg: bad", "policy.y_cfg: bad"])
-    result = CliRunner().invoke(config_app, ["validate", str(write(tmp_path, "{}\n"))])
+def test_cli_validate_reports_backend_section_and_layout_problems(tmp_path):
+    text = "policy:\n  dtenzor_cfg: {}\n  dtensor_cfg: {tensor_parallel_size: 4}\n"
+    result = CliRunner().invoke(config_app, ["validate", str(write(tmp_path, text))])
     assert result.exit_code == 1
-    assert result.stderr.splitlines() == ["policy.x_cfg: bad", "policy.y_cfg: bad"]
+    assert result.stderr.splitlines() == [
+        "policy.dtenzor_cfg: no installed backend named 'dtenzor'; did you mean 'dtensor_cfg'?",
+        "policy.dtensor_cfg.tensor_parallel_size: tp 4 does not divide the world size 2 (cluster.num_nodes × "
+        "cluster.workers_per_node); choose sizes whose product divides 2, or a cluster of a multiple of 4 ranks"]
 
 
 def test_cli_validate_missing_file(runner, tmp_path):

@@ -16,8 +16,8 @@ import torch
 
 from rlcore.plugins import BackendSpec, hookimpl
 from rlcore.testing.conformance import TrainingBackendConformance, _TrainingKit
-from rlcore.testing.reference_worker import ReferenceWorker
-from rlcore.testing.resume_check import RECIPE, diagnose_update
+from rlcore.backends.reference.worker import ReferenceWorker
+from rlcore.testing.conformance.resume_check import RECIPE, diagnose_update
 from rlcore.training.checkpoint import load_torch_state
 
 

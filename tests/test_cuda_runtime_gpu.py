@@ -39,7 +39,7 @@ _ONE_RANK = r"""
 import json, os, sys
 import torch
 import torch.distributed as dist
-from rlcore.distributed.process_group import init_distributed
+from rlcore.training.process_group import init_distributed
 from rlcore.refit import metadata_of
 from rlcore.refit.collective import broadcast_weights, init_refit_group
 

@@ -10,9 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from rlcore.config import load_config
+from rlcore.config import load_config, resolve
 from rlcore.examples import DEFAULT_EXAMPLE, example_names, example_path, example_summary
-from rlcore.run.train import with_grpo_defaults
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -26,11 +25,12 @@ def rlcore(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
 def test_every_example_runs_with_rlcore_run_or_says_how_it_is_used(name):
     header = "\n".join(line for line in example_path(name).read_text().splitlines() if line.startswith("#"))
     assert example_summary(name) and "rlcore run" in header, header
-    cfg = with_grpo_defaults(load_config(example_path(name)))
+    cfg = load_config(example_path(name))
     if cfg.policy.generation is None:  # a training layout: its header gives the override that makes it a run
         override = f"rlcore run {name} -o policy.generation.backend=vllm"
         assert override in " ".join(header.replace("#", " ").split()), header
-        assert with_grpo_defaults(load_config(example_path(name), ["policy.generation.backend=vllm"]))
+        cfg = load_config(example_path(name), ["policy.generation.backend=vllm"])
+    assert resolve(cfg, run=True).generation is not None  # what rlcore run resolves, before anything starts
 
 
 def test_checkout_examples_are_links_to_the_shipped_files():

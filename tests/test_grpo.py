@@ -12,7 +12,7 @@ import torch
 from rlcore.algorithms.advantages import group_advantages
 from rlcore.config import load_config
 from rlcore.plugins import get_registry
-from rlcore.run.grpo import encode_prompts, training_batch
+from rlcore.run.step import encode_prompts, training_batch
 from rlcore.run.tasks.toy import digit_prompts, digit_reward
 
 

@@ -11,9 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlcore.config import load_config
+from rlcore.config import load_config, resolve
 from rlcore.data import BatchedDataDict
-from rlcore.run.train import with_packing_default
 from rlcore.training.loop import micro_batches
 
 
@@ -68,5 +67,7 @@ def test_cutting_leaves_the_real_tokens_logprobs_alone(tiny_model_dir):
 def test_a_grpo_run_packs_by_default_where_the_backend_can(example, overrides, packs):
     cfg = load_config(example, overrides)
     given = cfg.policy.sequence_packing.enabled
-    assert with_packing_default(cfg).policy.sequence_packing.enabled is packs
+    resolved = resolve(cfg, run=True)
+    assert resolved.config.policy.sequence_packing.enabled is packs
+    assert resolved.policy.batch.mode == ("packing" if packs else "dynamic" if "dynamic" in str(overrides) else "plain")
     assert cfg.policy.sequence_packing.enabled is given  # the caller's config is not changed

@@ -88,25 +88,27 @@ def test_adapters_disabled_is_the_base_model(adapted, tiny_model_dir):
      "policy.lora.enabled: the 'megatron' training backend does not train LoRA adapters"),
 ])
 def test_lora_needs_a_backend_that_declares_it(policy, line):
-    from rlcore.plugins.registry import validate_backend_sections
+    from rlcore.config import ConfigError, resolve
 
-    problems = validate_backend_sections(load_config_dict({"policy": policy}))
-    assert len(problems) == 1 and problems[0].startswith(line), problems
-    assert validate_backend_sections(load_config_dict({"policy": {"lora": {"enabled": True}}})) == []
+    with pytest.raises(ConfigError) as caught:
+        resolve(load_config_dict({"policy": policy}))
+    assert len(caught.value.problems) == 1 and caught.value.problems[0].startswith(line), caught.value.problems
+    assert resolve(load_config_dict({"policy": {"lora": {"enabled": True}}})).policy.spec.name == "dtensor"
 
 
 def test_adapter_refit_needs_an_engine_that_declares_it():
+    from rlcore.config.backends import lora_problems
     from rlcore.plugins import BackendSpec, hookimpl
-    from rlcore.plugins.registry import Registry, lora_problems
+    from rlcore.plugins.registry import Registry
 
     class Plugin:
         @hookimpl
         def rlcore_register_backends(self, register):
             register(BackendSpec(name="trainer", kind="training", worker_class="collections:Counter",
-                                 capabilities={"train", "lora"}))
+                                 capabilities={"train", "lora"}, plugin_api_version=2))
             register(BackendSpec(name="plain", kind="generation", worker_class="collections:Counter"))
             register(BackendSpec(name="lora-engine", kind="generation", worker_class="collections:Counter",
-                                 capabilities={"generate", "lora_adapter"}))
+                                 capabilities={"generate", "lora_adapter"}, plugin_api_version=2))
 
     registry = Registry()
     registry.register_plugin(Plugin(), name="p")
@@ -114,7 +116,7 @@ def test_adapter_refit_needs_an_engine_that_declares_it():
     def problems(engine: str) -> list[str]:
         policy = load_config_dict({"policy": {"backend": "trainer", "lora": {"enabled": True, "refit": "adapter"},
                                               "generation": {"backend": engine}}}).policy
-        return lora_problems(policy, registry)
+        return lora_problems(policy, registry.resolve("trainer"), registry.resolve(engine), registry)
 
     (line,) = problems("plain")
     assert line.startswith("policy.lora.refit: 'adapter' needs a generation backend that applies LoRA adapters "

@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from rlcore.cli.app import app
-from rlcore.config import ConfigError, load_config
+from rlcore.config import ConfigError, load_config, resolve
 from rlcore.nemo_rl import convert, load_nemo_rl_config, load_nemo_rl_dict, policy_config_from_nemo_rl
 from rlcore.nemo_rl.doc import mapping_markdown
 from rlcore.nemo_rl.loader import apply_hydra_overrides
@@ -60,7 +60,9 @@ def _expected(nemo: dict[str, Any]) -> dict[str, Any]:
         "backend": "megatron" if megatron else "dtensor",
         "gbs": p["train_global_batch_size"], "mbs": p["train_micro_batch_size"], "lbs": p["logprob_batch_size"],
         "precision": p["precision"], "seq": p["max_total_sequence_length"],
-        "packing": (p["sequence_packing"]["enabled"], p["sequence_packing"]["train_mb_tokens"],
+        # true = automatic: a run packs where the training backend can (dtensor yes, megatron not without TE)
+        "packing": (None if p["sequence_packing"]["enabled"] is True else p["sequence_packing"]["enabled"],
+                    p["sequence_packing"]["train_mb_tokens"],
                     p["sequence_packing"]["logprob_mb_tokens"], p["sequence_packing"]["algorithm"]),
         "dynamic": p["dynamic_batching"]["enabled"],
         "world": nemo["cluster"]["gpus_per_node"] * nemo["cluster"]["num_nodes"],
@@ -101,7 +103,8 @@ def _got(cfg: Any) -> dict[str, Any]:
         "sampling": (p.generation.max_new_tokens, p.generation.temperature, p.generation.top_p),
         "loss": (loss.reference_policy_kl_penalty, loss.ratio_clip_min, loss.ratio_clip_max),
         "divisible": p.make_sequence_length_divisible_by,
-        "parallel": tuple(p.parallel_sizes()), "lr": p.learning_rate, "clip": p.max_grad_norm,
+        "parallel": tuple(resolve(cfg).policy.layout.sizes().values()), "lr": p.learning_rate,
+        "clip": p.max_grad_norm,
     }
     if p.training_backend == "megatron":
         o, s = p.megatron_cfg.optimizer, p.megatron_cfg.scheduler
@@ -238,11 +241,11 @@ def test_switched_off_features_and_neutral_values_are_ignored_once():
 def test_the_backend_context_parallel_and_clipping_follow_nemo_rl():
     # Context parallel needs CUDA: fine for the GPU cluster NeMo-RL describes, an error before any
     # process starts when the cluster has no GPU.
-    assert load_nemo_rl_config(BASE, ["policy.dtensor_cfg.context_parallel_size=2", "cluster.gpus_per_node=2"]) \
-        .config.policy.parallel_sizes().cp == 2
+    assert resolve(load_nemo_rl_config(BASE, ["policy.dtensor_cfg.context_parallel_size=2",
+                                              "cluster.gpus_per_node=2"]).config).policy.layout.cp == 2
     with pytest.raises(ConfigError, match="context parallel needs CUDA"):
-        load_nemo_rl_config(BASE, ["policy.dtensor_cfg.context_parallel_size=2", "cluster.gpus_per_node=2"],
-                            ["cluster.use_gpu=false"])
+        resolve(load_nemo_rl_config(BASE, ["policy.dtensor_cfg.context_parallel_size=2", "cluster.gpus_per_node=2"],
+                                    ["cluster.use_gpu=false"]).config)
     # megatron clips by megatron_cfg.optimizer.clip_grad (0 = off); dtensor by max_grad_norm.
     cfg = load_nemo_rl_config(MEGATRON, ["policy.megatron_cfg.optimizer.clip_grad=0.0"]).config
     assert cfg.policy.max_grad_norm is None
@@ -317,7 +320,8 @@ def test_scheduler_forms_and_optimizer_null():
 def test_a_nemo_rl_policy_dict_becomes_a_policy_config():
     nemo = load_nemo_rl_dict(BASE)
     policy = policy_config_from_nemo_rl(nemo["policy"])
-    assert policy.training_backend == "dtensor" and policy.sequence_packing.enabled
+    assert policy.training_backend == "dtensor"
+    assert policy.sequence_packing.enabled is None  # NeMo-RL's true: automatic, packed where the backend can
     with pytest.raises(ConfigError, match="policy.megatron_cfg.peft.enabled: is true"):
         policy_config_from_nemo_rl({**nemo["policy"], "megatron_cfg": {**nemo["policy"]["megatron_cfg"],
                                                                        "enabled": True, "peft": {"enabled": True}}})

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from rlcore.algorithms.loss_functions import ClippedPGLossFn, NLLLoss
-from rlcore.config import ConfigError, PolicyConfig, as_policy_config, load_config_dict
+from rlcore.config import ConfigError, PolicyConfig, as_policy_config, load_config_dict, resolve_policy
 from rlcore.data import BatchedDataDict
 from rlcore.testing.models import make_batch
 from rlcore.training.loop import pad_to_multiple
@@ -22,14 +22,22 @@ def test_a_dict_becomes_the_model_with_dotted_one_line_errors():
     assert info.value.problems == [
         "policy.precision: expected one of 'float32', 'bfloat16' or 'float16', got 'fp8'",
         "policy.train_global_batchsize: unknown key; did you mean 'train_global_batch_size'?"]
-    # With the cluster's size the cross-field rules run too, as for a config file.
+    # Resolved for the cluster's size, the cross-field rules and the layout run too, as for a config file.
     with pytest.raises(ConfigError, match=r"^policy.train_global_batch_size: 3 is not divisible by data-parallel"):
-        as_policy_config({"train_global_batch_size": 3}, world_size=2)
+        resolve_policy({"train_global_batch_size": 3}, world_size=2, use_gpu=False)
     with pytest.raises(TypeError):
         as_policy_config(["not", "a", "dict"])
-    # NeMo-RL code passes NeMo-RL's own policy section: the error says how to convert it.
+
+
+def test_a_nemo_rl_policy_dict_given_to_policy_says_how_to_convert_it():
+    """NeMo-RL code passes NeMo-RL's own policy section; Policy refuses it before any worker starts."""
+    from rlcore.policy.lm_policy import resolved_policy
+
+    class Cluster:  # only what resolution reads of a RayVirtualCluster
+        world_size, use_gpus = 2, False
+
     with pytest.raises(ConfigError) as info:
-        as_policy_config({"dtensor_cfg": {"_v2": True, "enabled": True}, "logprob_chunk_size": None})
+        resolved_policy({"dtensor_cfg": {"_v2": True, "enabled": True}, "logprob_chunk_size": None}, Cluster())
     assert info.value.problems[-1].startswith("hint: this is a NeMo-RL policy config; convert it with "
                                               "rlcore.nemo_rl.policy_config_from_nemo_rl(config)")
 

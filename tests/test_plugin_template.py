@@ -1,9 +1,10 @@
-"""The plugin template installs on its own next to rlcore and passes the conformance kit.
+"""Plugin distributions install on their own next to rlcore and pass the conformance kit: the plugin
+template, and a frozen plugin of plugin API version 1 (``tests/fixtures/plugin-v1``), as it was written then.
 
-The template is copied out of the repository, pip-installed (no dependencies:
-rlcore and torch come from this environment) into a private directory, and
-its own test suite runs in a fresh interpreter that sees only that directory
-on top of this environment: no path or import reaches back into this repo.
+Each is copied out of the repository, pip-installed (no dependencies: rlcore
+and torch come from this environment) into a private directory, and its own
+test suite runs in a fresh interpreter that sees only that directory on top of
+this environment: no path or import reaches back into this repo.
 """
 
 from __future__ import annotations
@@ -16,7 +17,25 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-TEMPLATE = Path(__file__).resolve().parents[1] / "examples" / "plugin-template"
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+#: Kit tests every plugin must pass (a guard against a vacuous pass: everything skipped because the package was
+#: not importable).
+MUST_PASS = ["test_plugin_module_is_light", "test_spec_is_valid", "test_logprobs_match_hf[world]",
+             "test_train_steps_match_single_process[world]", "test_reference_logprobs_after_training",
+             "test_checkpoint_round_trip"]
+#: (source directory, backend name, distribution, plugin API version, kit tests it must pass)
+PLUGINS = [
+    (REPO / "examples" / "plugin-template", "template", "rlcore-plugin-template", 2,
+     [*MUST_PASS, "test_train_steps_match_single_process[dynamic]", "test_data_is_sharded_by_the_declared_layout"]),
+    # plugin API 1, frozen as it was written (its kit tests of then, on today's kit and core)
+    (REPO / "tests" / "fixtures" / "plugin-v1", "v1", "rlcore-plugin-v1-frozen", 1,
+     [*MUST_PASS, "test_train_steps_match_single_process[dynamic]"]),
+    # its own tensor-parallel layout: tp 2 × dp 2, against the single-process oracle and a 1-rank policy
+    (REPO / "examples" / "plugin-tp", "tpexample", "rlcore-plugin-tp", 2,
+     [*MUST_PASS, "test_train_steps_match_single_process[single]", "test_data_is_sharded_by_the_declared_layout"]),
+]
 
 
 def _run(args: list[str], cwd: Path, site: Path, timeout: float) -> subprocess.CompletedProcess:
@@ -26,10 +45,11 @@ def _run(args: list[str], cwd: Path, site: Path, timeout: float) -> subprocess.C
                           timeout=timeout)
 
 
-def test_template_installs_and_passes_the_kit(tmp_path):
-    source = tmp_path / "plugin-template"
-    shutil.copytree(TEMPLATE, source, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__",
-                                                                    ".pytest_cache"))
+@pytest.mark.parametrize("plugin, backend, distribution, api, must_pass", PLUGINS, ids=[p[1] for p in PLUGINS])
+def test_plugin_installs_and_passes_the_kit(tmp_path, plugin, backend, distribution, api, must_pass):
+    source = tmp_path / plugin.name
+    shutil.copytree(plugin, source, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__",
+                                                                  ".pytest_cache"))
     site = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
                     "--target", str(site), str(source)], check=True, capture_output=True, text=True)
@@ -37,8 +57,8 @@ def test_template_installs_and_passes_the_kit(tmp_path):
     listed = _run(["-m", "rlcore", "backends", "list", "--json"], tmp_path, site, timeout=120)
     assert listed.returncode == 0, listed.stderr
     rows = {r["name"]: r for r in json.loads(listed.stdout)["backends"]}
-    assert rows["template"]["status"] == "ok", rows["template"]
-    assert rows["template"]["distribution"] == "rlcore-plugin-template"
+    assert rows[backend]["status"] == "ok", rows[backend]
+    assert (rows[backend]["distribution"], rows[backend]["plugin_api_version"]) == (distribution, api)
 
     report = tmp_path / "report.xml"
     run = _run(["-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}", "tests"],
@@ -48,8 +68,4 @@ def test_template_installs_and_passes_the_kit(tmp_path):
     for case in ET.parse(report).getroot().iter("testcase"):
         skipped = case.find("skipped") is not None
         outcomes[case.get("name")] = "skipped" if skipped else "passed"
-    # Guard against a vacuous pass (e.g. everything skipped because the package was not importable).
-    must_pass = ["test_plugin_module_is_light", "test_spec_is_valid", "test_logprobs_match_hf[world]",
-                 "test_train_steps_match_single_process[world]", "test_train_steps_match_single_process[dynamic]",
-                 "test_reference_logprobs_after_training", "test_checkpoint_round_trip"]
     assert all(outcomes.get(name) == "passed" for name in must_pass), outcomes

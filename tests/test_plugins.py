@@ -40,7 +40,8 @@ def rows_by_name(result: subprocess.CompletedProcess) -> dict[str, dict]:
     assert result.returncode == 0, result.stderr
     rows = json.loads(result.stdout)["backends"]
     for row in rows:
-        assert set(row) == {"name", "kind", "plugin", "distribution", "version", "status", "capabilities", "problem"}
+        assert set(row) == {"name", "kind", "plugin", "distribution", "version", "status", "capabilities",
+                            "plugin_api_version", "problem"}
     return {(r["name"], r["distribution"]): r for r in rows}
 
 
@@ -51,7 +52,10 @@ def test_list_json_shows_every_status(fixture_site):
     unavailable = rows[("fixture_unavailable", "rlcore-fixture-ok")]
     assert unavailable["status"] == "unavailable"
     assert "pip install rlcore-engine-that-is-not-installed" in unavailable["problem"]
-    assert rows[("fixture_incompatible", "rlcore-fixture-ok")]["status"] == "incompatible"
+    incompatible = rows[("fixture_incompatible", "rlcore-fixture-ok")]
+    assert incompatible["status"] == "incompatible" and incompatible["plugin_api_version"] == 99
+    assert incompatible["problem"] == ("declares plugin API version 99; this rlcore serves versions 1, 2: "
+                                       "upgrade rlcore")
     broken = rows[("fixture_broken", "rlcore-fixture-broken")]
     assert broken["status"] == "broken" and "rlcore_module_that_does_not_exist" in broken["problem"]
     dup_a, dup_b = rows[("fixture_dup", "rlcore-fixture-ok")], rows[("fixture_dup", "rlcore-fixture-dup")]
@@ -188,8 +192,7 @@ def test_backend_spec_is_frozen():
 
 
 def test_third_party_config_section_is_validated_by_its_own_class(rlcore_registry):
-    from rlcore.config import load_config_dict
-    from rlcore.plugins.registry import validate_backend_sections
+    from rlcore.config import ConfigError, load_config_dict, resolve
 
     class Plugin:
         @hookimpl
@@ -198,11 +201,13 @@ def test_third_party_config_section_is_validated_by_its_own_class(rlcore_registr
                                  config_class="tests.fixtures.third_party_config:MineConfig"))
 
     rlcore_registry.register_plugin(Plugin(), name="p")
-    good = load_config_dict({"policy": {"backend": "mine", "mine_cfg": {"shards": 2}}})
-    assert validate_backend_sections(good) == []
+    good = resolve(load_config_dict({"policy": {"backend": "mine", "mine_cfg": {"shards": 2}}}))
+    assert good.policy.section.shards == 2 and type(good.policy.section).__name__ == "MineConfig"
     bad = load_config_dict({"policy": {"backend": "mine", "mine_cfg": {"shards": "many", "colour": 1},
                                        "mein_cfg": {}}})
-    problems = validate_backend_sections(bad)
+    with pytest.raises(ConfigError) as caught:
+        resolve(bad)
+    problems = caught.value.problems
     assert any(p.startswith("policy.mine_cfg.shards:") and "'many'" in p for p in problems), problems
     assert any(p.startswith("policy.mine_cfg.colour: unknown key") for p in problems), problems
     assert any(p.startswith("policy.mein_cfg: no installed backend named 'mein'; did you mean 'mine_cfg'")
@@ -225,21 +230,21 @@ def test_workers_get_their_own_section_validated():
     """What Policy hands a worker as ``backend_config``: a declared section as is, a collected one
     validated with the backend's config class, an invalid one refused by dotted path."""
     from rlcore.config import ConfigError, load_config
+    from rlcore.config.backends import own_section
     from rlcore.plugins import get_registry
-    from rlcore.plugins.registry import own_section
 
     registry = get_registry()
     cfg = load_config("examples/grpo_tiny.yaml", ["policy.dtensor_cfg.tensor_parallel_size=2"])
     dtensor = registry.resolve("dtensor", kind="training")
-    assert own_section(dtensor, cfg.policy) is cfg.policy.dtensor_cfg
-    assert own_section(registry.resolve("reference", kind="training"), cfg.policy) is None  # no config class
+    assert own_section(dtensor, cfg.policy, "policy") is cfg.policy.dtensor_cfg
+    assert own_section(registry.resolve("reference", kind="training"), cfg.policy, "policy") is None
 
     vllm = registry.resolve("vllm", kind="generation")
     gen = load_config("examples/grpo_tiny.yaml", ["policy.generation.vllm_cfg.max_model_len=48"]).policy.generation
-    section = own_section(vllm, gen)
+    section = own_section(vllm, gen, "policy.generation")
     assert type(section).__name__ == "VllmConfig" and section.max_model_len == 48
-    assert own_section(vllm, cfg.policy.generation) == type(section)()  # absent: the defaults
+    assert own_section(vllm, cfg.policy.generation, "policy.generation") == type(section)()  # absent: defaults
     bad = load_config("examples/grpo_tiny.yaml", ["policy.generation.vllm_cfg.tensor_paralel_size=2"]).policy.generation
     with pytest.raises(ConfigError) as caught:
-        own_section(vllm, bad)
+        own_section(vllm, bad, "policy.generation")
     assert caught.value.problems[0].startswith("policy.generation.vllm_cfg.tensor_paralel_size: unknown key")

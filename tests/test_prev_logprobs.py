@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from rlcore.algorithms.loss_functions import ClippedPGLossFn
-from rlcore.config import ConfigError, load_config
-from rlcore.run.grpo import resolved_loss_config, skips_prev_logprob_pass
+from rlcore.config import ConfigError, load_config, resolve
+from rlcore.config.resolve import skips_prev_logprob_pass
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = "examples/grpo_tiny.yaml"  # rollout 8 prompts x 4 = 32 = policy.train_global_batch_size
@@ -33,7 +33,7 @@ TINY = "examples/grpo_tiny.yaml"  # rollout 8 prompts x 4 = 32 = policy.train_gl
 def test_the_pass_is_skipped_exactly_when_the_rollout_is_one_optimizer_step(overrides, skips):
     cfg = load_config(TINY, overrides)
     assert skips_prev_logprob_pass(cfg) is skips
-    resolved = resolved_loss_config(cfg)
+    resolved = resolve(cfg, run=True).config.loss  # decided once, when a run's config is resolved
     assert resolved.force_on_policy_ratio is skips
     assert ClippedPGLossFn(resolved).cfg.force_on_policy_ratio is skips
 
@@ -52,7 +52,7 @@ def test_a_model_with_dropout_keeps_the_pass(tmp_path):
 def test_resolving_leaves_the_users_config_alone():
     cfg = load_config(TINY)
     assert cfg.loss.force_on_policy_ratio is None  # the default: automatic
-    assert resolved_loss_config(cfg) is not cfg.loss
+    assert resolve(cfg, run=True).config.loss.force_on_policy_ratio is True
     assert cfg.loss.force_on_policy_ratio is None
 
 
@@ -174,18 +174,18 @@ def test_one_step_without_the_pass_trains_like_one_step_with_it(ray_session, tin
 
 def test_grpo_steps_report_which_path_they_took(ray_session, tmp_path):
     """One run, two steps: the default (one optimizer step per rollout) skips the pass, false runs it."""
-    from rlcore.models import resolve_builtin_models
     from rlcore.run.build import build_run
     from rlcore.run.grpo import grpo_step
     from rlcore.run.tasks import Task
     from tests.test_grpo import short_run_config
 
-    cfg = resolve_builtin_models(short_run_config(tmp_path, 2, **{"checkpointing.enabled": "false"}))
+    resolved = resolve(short_run_config(tmp_path, 2, **{"checkpointing.enabled": "false"}), run=True)
+    cfg = resolved.config  # force_on_policy_ratio resolved: true here (one optimizer step per rollout)
     with_pass = cfg.model_copy(update={"loss": cfg.loss.model_copy(update={"force_on_policy_ratio": False})})
-    run = build_run(cfg)
+    run = build_run(resolved)
     try:
         rows = [grpo_step(step, c, run.policy, run.generation, run.synchronizer, Task.from_config(c.task),
-                          run.tokenizer, ClippedPGLossFn(resolved_loss_config(c)))
+                          run.tokenizer, ClippedPGLossFn(c.loss))
                 for step, c in enumerate([cfg, with_pass])]
     finally:
         run.shutdown()

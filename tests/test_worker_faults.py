@@ -14,7 +14,7 @@ from rlcore.distributed import RayVirtualCluster, WorkerError
 from rlcore.distributed.worker_group import RayWorkerGroup
 from rlcore.plugins import BackendSpec, hookimpl
 from rlcore.policy import Policy
-from rlcore.testing.reference_worker import ReferenceWorker
+from rlcore.backends.reference.worker import ReferenceWorker
 from tests.test_runtime import batch, policy_config
 
 

@@ -8,7 +8,7 @@ import pickle
 import pytest
 import torch
 
-from rlcore.config import ConfigError, load_config_dict
+from rlcore.config import ConfigError, load_config_dict, resolve
 
 
 def test_dtensor_is_selected_by_default_and_by_name(tiny_model_dir):
@@ -24,8 +24,8 @@ def test_dtensor_is_selected_by_default_and_by_name(tiny_model_dir):
 
 def test_context_parallel_is_refused_on_cpu():
     with pytest.raises(ConfigError, match=r"policy\.dtensor_cfg\.context_parallel_size"):
-        load_config_dict({"cluster": {"workers_per_node": 2},
-                          "policy": {"dtensor_cfg": {"context_parallel_size": 2}}})
+        resolve(load_config_dict({"cluster": {"workers_per_node": 2},
+                                  "policy": {"dtensor_cfg": {"context_parallel_size": 2}}}))
     # The worker refuses too (a config built without the CPU check, e.g. cluster.use_gpu on a CPU box).
     from rl_dtensor.worker import check_context_parallel
 

@@ -35,13 +35,13 @@ def test_transformer_engine_features_are_config_errors_on_cpu(policy: dict, path
 
 
 def test_context_parallel_is_a_config_error_on_a_gpu_without_transformer_engine() -> None:
-    # On CPU rlcore's own rule (context_parallel_needs_cuda) already rejects cp > 1 at load time.
-    from rlcore.config import ConfigError
+    # On CPU the megatron layout (rl_megatron.layout) already rejects cp > 1 when the config is resolved.
+    from rlcore.config import ConfigError, resolve_policy
 
+    config = policy_config("unused", 2, megatron={"context_parallel_size": 2})
     with pytest.raises(ConfigError, match="policy.megatron_cfg.context_parallel_size: is 2 but cluster.use_gpu"):
-        policy_config("unused", 2, megatron={"context_parallel_size": 2})
-    config = policy_config("unused", 2)
-    config.megatron_cfg.context_parallel_size = 2
+        resolve_policy(config, world_size=2, use_gpu=False)
+    assert resolve_policy(config, world_size=2, use_gpu=True).layout.cp == 2
     (problem,) = megatron_config_problems(config, cuda=True, transformer_engine=False)
     assert problem.startswith("policy.megatron_cfg.context_parallel_size: ") and "TransformerEngine" in problem
 

@@ -17,7 +17,7 @@ import pytest
 
 from megatron_helpers import PLAIN_SGD
 from rlcore.testing.conformance import TrainingBackendConformance
-from rlcore.testing.resume_check import AdamRecipe
+from rlcore.testing.conformance.resume_check import AdamRecipe
 
 pytest_plugins = ["rlcore.testing.pytest_plugin"]
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")

@@ -7,9 +7,8 @@ import os
 import pytest
 import torch
 
-from rlcore.config import ConfigError, GenerationConfig, load_config_dict
+from rlcore.config import ConfigError, GenerationConfig, load_config_dict, resolve
 from rlcore.plugins import get_registry
-from rlcore.plugins.registry import validate_backend_sections
 from rl_vllm.config import VllmConfig, vllm_config_from
 from rl_vllm.sampling import Completion, batch_problems, pack_outputs, request_stop_strings, sampled_logprobs
 
@@ -27,7 +26,8 @@ def test_backend_is_registered_through_its_entry_point():
 
 def test_good_section_validates():
     cfg = _config({"kv_cache_space_gb": 0.25, "max_model_len": 128, "precision": "bfloat16"})
-    assert validate_backend_sections(cfg, get_registry()) == []
+    section = resolve(cfg).generation.section  # what rlcore hands VllmGeneration as backend_config
+    assert section == vllm_config_from(cfg.policy.generation)
     vcfg = vllm_config_from(cfg.policy.generation)
     assert vcfg.kv_cache_bytes == 256 * 1024**2 and vcfg.precision == "bfloat16"
     assert vllm_config_from(_config({}).policy.generation) == VllmConfig()
@@ -36,7 +36,9 @@ def test_good_section_validates():
 
 def test_bad_section_fails_with_dotted_paths():
     cfg = _config({"kv_cache_space_gb": -1, "max_model_lne": 5, "precision": "fp8"})
-    problems = validate_backend_sections(cfg, get_registry())
+    with pytest.raises(ConfigError) as caught:
+        resolve(cfg)
+    problems = caught.value.problems
     assert any(p.startswith("policy.generation.vllm_cfg.kv_cache_space_gb:") and "> 0" in p for p in problems)
     assert any(p.startswith("policy.generation.vllm_cfg.max_model_lne:") and "max_model_len" in p for p in problems)
     assert any(p.startswith("policy.generation.vllm_cfg.precision:") for p in problems)

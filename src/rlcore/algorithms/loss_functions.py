@@ -26,137 +26,22 @@ Importing this module does not import torch.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal, Mapping
-
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from typing import TYPE_CHECKING, Any, Mapping
 
 from rlcore.algorithms.utils import (
-    KLType,
     kl_estimate,
     masked_input,
     normalised_sum,
     valid_token_mask,
     zero_off_mask,
 )
+from rlcore.config.loss import ClippedPGLossConfig
 from rlcore.interfaces.loss import LossType
 
 if TYPE_CHECKING:
     import torch
 
 __all__ = ["ClippedPGLossConfig", "ClippedPGLossFn", "NLLLoss"]
-
-
-class ClippedPGLossConfig(BaseModel):
-    """Settings of :class:`ClippedPGLossFn`; field names follow NeMo-RL's ``loss_fn`` section.
-
-    Strict like every config section (``rlcore.config.base.StrictModel``, which ``rlcore.config``
-    cannot lend here without a circular import): ``"0.1"`` is not a number and ``1`` is not ``true``.
-    """
-
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-    reference_policy_kl_penalty: float = Field(
-        0.0, ge=0.0, description="Coefficient beta of the per-token KL(pi || pi_ref) penalty; 0 disables it."
-    )
-    reference_policy_kl_type: KLType = Field(
-        "k3", description="KL estimator: k1 (log-ratio), k2 (squared log-ratio / 2) or k3 (unbiased, non-negative)."
-    )
-    kl_input_clamp_value: float | None = Field(
-        20.0, gt=0.0, description="Bound on |log pi_ref - log pi| before the KL estimate; None: no bound."
-    )
-    kl_output_clamp_value: float | None = Field(
-        10.0, gt=0.0, description="Bound on |per-token KL estimate|; None: no bound."
-    )
-    ratio_clip_min: float = Field(
-        0.2, ge=0.0, lt=1.0, description="Lower clip: the ratio is clipped below at 1 - ratio_clip_min."
-    )
-    ratio_clip_max: float = Field(
-        0.2, ge=0.0, description="Upper clip: the ratio is clipped above at 1 + ratio_clip_max (DAPO: > ratio_clip_min)."
-    )
-    ratio_clip_c: float | None = Field(
-        None,
-        gt=1.0,
-        description="Dual-clip constant c > 1: a negative-advantage token's loss is at most c * |A|. None: off.",
-    )
-    use_on_policy_kl_approximation: bool = Field(
-        False,
-        description="Weight the KL estimate by pi / pi_sampler so it estimates KL of the current policy, "
-        "not of the policy that sampled the data.",
-    )
-    use_importance_sampling_correction: bool = Field(
-        False,
-        description="Weight each token's actor loss by pi_prev / pi_generation to correct for "
-        "trainer/inference-engine mismatch (needs generation_logprobs).",
-    )
-    truncated_importance_sampling_ratio: float | None = Field(
-        None,
-        gt=0.0,
-        description="tis: upper bound of the importance weight; icepop: upper end of the kept range.",
-    )
-    truncated_importance_sampling_ratio_min: float | None = Field(
-        None, ge=0.0, description="icepop only: lower end of the kept range of importance weights."
-    )
-    truncated_importance_sampling_type: Literal["tis", "icepop"] = Field(
-        "tis",
-        description="tis: truncate weights at the upper bound; icepop: zero tokens whose weight is "
-        "outside [ratio_min, ratio].",
-    )
-    token_level_loss: bool = Field(
-        True,
-        description="True: mean over all valid tokens of the step; False: mean over each sequence's "
-        "valid tokens, then over valid sequences.",
-    )
-    sequence_level_importance_ratios: bool = Field(
-        False,
-        description="GSPO: one ratio per sequence, exp(mean over its valid tokens of log pi - log pi_prev), "
-        "applied to all its tokens.",
-    )
-    disable_ppo_ratio: bool = Field(
-        False, description="REINFORCE: per-token loss -A * log pi, no ratio and no clipping."
-    )
-    force_on_policy_ratio: bool | None = Field(
-        None,
-        description="Use the current logprobs (detached) as prev_logprobs: the ratio is exactly 1 and its "
-        "gradient the on-policy one, and the GRPO loop skips its prev-logprob pass. Exact when every rollout "
-        "is trained in one optimizer step (all micro-batches see the parameters that sampled it). "
-        "null: automatic, on exactly then (and the model has no dropout); true: required (an error "
-        "otherwise); false: always run the pass. "
-        "The loss itself reads null as false.",
-    )
-
-    @model_validator(mode="after")
-    def _check_combinations(self) -> "ClippedPGLossConfig":
-        tis_type = self.truncated_importance_sampling_type
-        truncation_set = (
-            self.truncated_importance_sampling_ratio is not None
-            or self.truncated_importance_sampling_ratio_min is not None
-        )
-        if truncation_set and not self.use_importance_sampling_correction:
-            raise ValueError(
-                "truncated_importance_sampling_ratio[_min] only act on importance weights: "
-                "set use_importance_sampling_correction=true or leave them null"
-            )
-        if tis_type == "icepop" and self.use_importance_sampling_correction:
-            low = self.truncated_importance_sampling_ratio_min
-            high = self.truncated_importance_sampling_ratio
-            if low is None or high is None or not low < high:
-                raise ValueError(
-                    "truncated_importance_sampling_type='icepop' needs "
-                    "truncated_importance_sampling_ratio_min < truncated_importance_sampling_ratio, "
-                    f"got [{low}, {high}]"
-                )
-        if tis_type == "tis" and self.truncated_importance_sampling_ratio_min is not None:
-            raise ValueError(
-                "truncated_importance_sampling_ratio_min is only used by "
-                "truncated_importance_sampling_type='icepop'"
-            )
-        if self.disable_ppo_ratio and self.ratio_clip_c is not None:
-            raise ValueError("ratio_clip_c clips the PPO ratio, which disable_ppo_ratio=true removes")
-        if self.disable_ppo_ratio and self.sequence_level_importance_ratios:
-            raise ValueError(
-                "sequence_level_importance_ratios (GSPO) changes the PPO ratio, which disable_ppo_ratio=true removes"
-            )
-        return self
 
 
 class ClippedPGLossFn:
@@ -216,8 +101,7 @@ class ClippedPGLossFn:
             cfg = ClippedPGLossConfig()
         elif not isinstance(cfg, ClippedPGLossConfig):
             # A plain dict (NeMo-RL's loss_fn section shape): problems are ConfigError lines "loss.<key>: ...".
-            from rlcore.config.errors import ConfigError
-            from rlcore.config.loader import validate_section
+            from rlcore.config import ConfigError, validate_section
 
             model, problems = validate_section(ClippedPGLossConfig, cfg, "loss")
             if model is None:
@@ -248,7 +132,7 @@ class ClippedPGLossFn:
 
         advantages = get("advantages", True)
         needs_prev = not cfg.disable_ppo_ratio or cfg.use_importance_sampling_correction
-        # null is resolved by the GRPO loop (rlcore.run.grpo.resolved_loss_config); alone it means false
+        # null is resolved with the run's config (rlcore.config.resolve); alone it means false
         prev = lp.detach() if cfg.force_on_policy_ratio else get("prev_logprobs", needs_prev)
         gen = get(
             "generation_logprobs",

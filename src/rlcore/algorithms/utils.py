@@ -8,15 +8,13 @@ light.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
+from rlcore.config.loss import KLType
 from rlcore.interfaces.loss import LossType
 
 if TYPE_CHECKING:
     import torch
-
-KLType = Literal["k1", "k2", "k3"]
-
 
 def valid_token_mask(data: Mapping[str, Any], device: Any = None) -> "torch.Tensor":
     """Bool ``[B, S]``: ``token_mask * sample_mask`` restricted to positions ``1..S-1``.

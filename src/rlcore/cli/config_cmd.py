@@ -15,7 +15,7 @@ from typing import Annotated, Optional
 import typer
 
 from rlcore.cli.config_source import ConfigSource, NemoOverridesArg, SourceOpt, echo_ignored, load_cli_config
-from rlcore.config import ConfigError, RLCoreConfig, config_json_schema, dump_config
+from rlcore.config import ConfigError, ResolvedConfig, RLCoreConfig, config_json_schema, dump_config, resolve
 
 config_app = typer.Typer(help="Validate and inspect rlcore config files.", no_args_is_help=True)
 
@@ -46,29 +46,30 @@ def _load(file: Path, overrides: list[str] | None, source: ConfigSource = Config
         raise  # unreachable: _fail exits
 
 
-def _backend_problems(cfg: RLCoreConfig) -> list[str]:
-    """Phase 2: the selected backends and their ``*_cfg`` sections, via the plugin registry."""
+def _resolve(cfg: RLCoreConfig, ignored: list[str]) -> ResolvedConfig:
+    """Phase 2: the config against the installed backends, as ``rlcore run`` would take it when it has a
+    generation section (layout, batch plan, backend sections); problems exit with the ignored keys listed."""
     try:
-        from rlcore.plugins.registry import validate_backend_sections
-    except ImportError as exc:
-        # Only a registry that does not exist (yet) is skipped; a broken one is reported.
-        if exc.name == "rlcore.plugins.registry" or "validate_backend_sections" in str(exc):
-            return []
-        raise
-    return list(validate_backend_sections(cfg))
+        resolved = resolve(cfg, run=cfg.policy.generation is not None)
+    except ConfigError as exc:
+        echo_ignored(ignored)
+        _fail(exc.problems)
+        raise  # unreachable: _fail exits
+    echo_ignored(ignored)
+    for notice in resolved.notices:
+        typer.echo(notice, err=True)
+    return resolved
 
 
 @config_app.command()
 def validate(file: FileArg, nemo_overrides: NemoOverridesArg = None, override: OverrideOpt = None,
              source: SourceOpt = ConfigSource.rlcore) -> None:
-    """Check a config file: schema, cross-field rules and backend sections."""
+    """Check a config file: schema, cross-field rules, backends, their sections and layout."""
     cfg, ignored = _load(file, override, source, nemo_overrides)
-    problems = _backend_problems(cfg)
-    echo_ignored(ignored)
-    if problems:
-        _fail(problems)
+    resolved = _resolve(cfg, ignored)
     what = f"NeMo-RL config, {len(ignored)} keys ignored; " if source is ConfigSource.nemo_rl else ""
-    typer.echo(f"OK: {file} ({what}training backend: {cfg.policy.training_backend}, world size {cfg.world_size})")
+    typer.echo(f"OK: {file} ({what}training backend: {cfg.policy.training_backend}, world size {cfg.world_size}, "
+               f"data parallel {resolved.policy.data_parallel_size})")
 
 
 @config_app.command()
@@ -98,10 +99,7 @@ def convert(
     if source is not ConfigSource.nemo_rl:
         _fail(["convert: only --from nemo-rl configs need converting"])
     cfg, ignored = _load(file, override, source, nemo_overrides)
-    problems = _backend_problems(cfg)
-    echo_ignored(ignored)
-    if problems:
-        _fail(problems)
+    _resolve(cfg, ignored)
     args = " ".join([str(file), *(nemo_overrides or [])])
     header = [f"# rlcore config converted from the NeMo-RL config: {args}",
               "# by `rlcore config convert --from nemo-rl` (mapping: docs/nemo-rl-mapping.md).",

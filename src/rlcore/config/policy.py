@@ -1,34 +1,25 @@
 """Policy (training) settings; field names follow NeMo-RL's ``PolicyConfig``.
 
-Values written as ``None`` that inherit from another field (tokenizer name,
-token budgets, Megatron lr and pipeline dtype, optimizer lr, generation model)
-are filled in at validation, so code reading a loaded config sees the
-resolved value and ``rlcore config show`` prints what will actually run.
+Values written as ``None`` that name another field's value (tokenizer name,
+Megatron lr and pipeline dtype, generation model) are filled in at validation
+as *derived* values: code reading a loaded config sees them, ``rlcore config
+show`` prints them, and a ``model_copy(update=...)`` derives them again from
+the changed fields. Values computed from several fields for a run (token
+budgets, the data-parallel size) belong to the batch plan of
+:func:`rlcore.config.resolve`.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, NamedTuple, Union
+from typing import Annotated, Any, Literal, Union
 
 from pydantic import Discriminator, Field, PositiveInt, Tag, model_validator
 
-from rlcore.config.base import SectionsModel, StrictModel
+from rlcore.config.base import SectionsModel, StrictModel, derived, fill_derived
 from rlcore.config.generation import GenerationConfig
 from rlcore.data.packing import PackingAlgorithm
 
 Precision = Literal["float32", "bfloat16", "float16"]
-
-
-class ParallelSizes(NamedTuple):
-    """Model-parallel degrees of the selected training backend."""
-
-    tp: int
-    cp: int
-    pp: int
-
-    @property
-    def product(self) -> int:
-        return self.tp * self.cp * self.pp
 
 
 class TokenizerConfig(StrictModel):
@@ -75,12 +66,12 @@ class _TokenBudgets(StrictModel):
     """Per-micro-batch token budgets shared by dynamic batching and sequence packing."""
 
     train_mb_tokens: PositiveInt | None = Field(
-        None, description="Token budget per training micro-batch; None (resolved at load) = "
-        "train_micro_batch_size * max_total_sequence_length."
+        None, description="Token budget per training micro-batch; None = train_micro_batch_size * "
+        "max_total_sequence_length (the run's batch plan)."
     )
     logprob_mb_tokens: PositiveInt | None = Field(
-        None, description="Token budget per logprob micro-batch; None (resolved at load) = "
-        "logprob_batch_size * max_total_sequence_length."
+        None, description="Token budget per logprob micro-batch; None = logprob_batch_size * "
+        "max_total_sequence_length (the run's batch plan)."
     )
 
 
@@ -352,32 +343,16 @@ class PolicyConfig(SectionsModel):
             return "dtensor"
         return "fsdp1"
 
-    def parallel_sizes(self) -> ParallelSizes:
-        """tp, cp, pp of the selected backend (1, 1, 1 for any other backend)."""
-        backend = self.training_backend
-        if backend == "megatron":
-            m = self.megatron_cfg
-            return ParallelSizes(m.tensor_model_parallel_size, m.context_parallel_size, m.pipeline_model_parallel_size)
-        if backend == "dtensor":
-            d = self.dtensor_cfg
-            return ParallelSizes(d.tensor_parallel_size, d.context_parallel_size, 1)
-        return ParallelSizes(1, 1, 1)
-
     @model_validator(mode="after")
-    def _resolve_inherited(self) -> "PolicyConfig":
+    def _derive_inherited(self) -> "PolicyConfig":
         if self.tokenizer.name is None:
-            self.tokenizer.name = self.model_name
+            fill_derived(self, tokenizer=derived(self.tokenizer, name=self.model_name))
         if self.generation is not None and self.generation.model_name is None:
-            self.generation.model_name = self.model_name
-        seq = self.max_total_sequence_length
-        for budget in (self.dynamic_batching, self.sequence_packing):
-            if budget.train_mb_tokens is None:
-                budget.train_mb_tokens = self.train_micro_batch_size * seq
-            if budget.logprob_mb_tokens is None:
-                budget.logprob_mb_tokens = self.logprob_batch_size * seq
-        if self.megatron_cfg.optimizer.lr is None:
-            self.megatron_cfg.optimizer.lr = self.learning_rate
-        if self.megatron_cfg.pipeline_dtype is None:
-            self.megatron_cfg.pipeline_dtype = self.precision
-        self.optimizer.kwargs.setdefault("lr", self.learning_rate)
+            fill_derived(self, generation=derived(self.generation, model_name=self.model_name))
+        megatron = self.megatron_cfg
+        if megatron.optimizer.lr is None:
+            megatron = derived(megatron, optimizer=derived(megatron.optimizer, lr=self.learning_rate))
+        if megatron.pipeline_dtype is None:
+            megatron = derived(megatron, pipeline_dtype=self.precision)
+        fill_derived(self, megatron_cfg=megatron)
         return self

@@ -12,9 +12,9 @@ from pydantic import Field
 
 from rlcore.config.base import SectionsModel, StrictModel
 from rlcore.config.cluster import ClusterConfig
-from rlcore.algorithms.loss_functions import ClippedPGLossConfig
 from rlcore.config.grpo import CheckpointingConfig, GRPOConfig, LoggerConfig, TaskConfig
 from rlcore.config.generation import ColocationConfig, ColocationResources, GenerationConfig
+from rlcore.config.loss import ClippedPGLossConfig
 from rlcore.config.policy import (
     DTensorConfig,
     DynamicBatchingConfig,
@@ -22,7 +22,6 @@ from rlcore.config.policy import (
     MegatronDDPConfig,
     MegatronOptimizerConfig,
     MegatronSchedulerConfig,
-    ParallelSizes,
     PolicyConfig,
     Precision,
     PytorchOptimizerConfig,
@@ -48,13 +47,9 @@ class RLCoreConfig(StrictModel):
 
     @property
     def world_size(self) -> int:
-        """Training ranks: ``cluster.num_nodes * cluster.workers_per_node``."""
+        """Training ranks: ``cluster.num_nodes * cluster.workers_per_node`` (the data-parallel size follows
+        from the training backend's layout: :func:`rlcore.config.resolve`)."""
         return self.cluster.world_size
-
-    @property
-    def data_parallel_size(self) -> int:
-        """``world_size // (tp * cp * pp)`` of the selected backend (exact once validated)."""
-        return self.world_size // self.policy.parallel_sizes().product
 
 
 def config_json_schema() -> dict[str, Any]:
@@ -78,7 +73,6 @@ __all__ = [
     "MegatronDDPConfig",
     "MegatronOptimizerConfig",
     "MegatronSchedulerConfig",
-    "ParallelSizes",
     "PolicyConfig",
     "Precision",
     "PytorchOptimizerConfig",

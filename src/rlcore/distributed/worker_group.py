@@ -1,6 +1,7 @@
 """``RayWorkerGroup``: one Ray actor per rank, and the ways to call them.
 
-Dispatch primitives:
+Dispatch primitives (``method`` is a worker method's name, or the method of the worker Protocol it
+implements, e.g. ``TrainingWorker.train`` from :mod:`rlcore.interfaces.workers`):
 
 - :meth:`run_all_workers_single_data`: every worker gets the same arguments.
 - :meth:`run_all_workers_multiple_data`: worker ``i`` gets ``data[i]``.
@@ -22,7 +23,7 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence, Union
 
 from rlcore.distributed.named_sharding import NamedSharding
 from rlcore.distributed.worker_host import WORKER_LOG_DIR_ENV
@@ -30,6 +31,13 @@ from rlcore.distributed.virtual_cluster import RayVirtualCluster
 
 #: Seconds a worker group waits for its workers' own ``shutdown`` before killing them.
 SHUTDOWN_GRACE_S = 10.0
+
+#: A worker method: its name, or the Protocol method it implements (the name is what crosses to the worker).
+Method = Union[str, Callable[..., Any]]
+
+
+def method_name(method: Method) -> str:
+    return method if isinstance(method, str) else method.__name__
 
 
 class WorkerError(RuntimeError):
@@ -128,30 +136,30 @@ class RayWorkerGroup:
         return self.sharding.world_size
 
     # -- dispatch -------------------------------------------------------------
-    def _call(self, rank: int, method: str, *args: Any, **kwargs: Any) -> Any:
+    def _call(self, rank: int, method: Method, *args: Any, **kwargs: Any) -> Any:
         if self._failure is not None:
             raise WorkerError(f"worker group '{self.name_prefix}' is unusable after an earlier failure: "
                               f"{self._failure}", self._failure.rank)
         if not self.workers:
             raise WorkerError(f"worker group '{self.name_prefix}' has been shut down")
-        return self.workers[rank].call.remote(method, *args, **kwargs)
+        return self.workers[rank].call.remote(method_name(method), *args, **kwargs)
 
-    def run_all_workers_single_data(self, method: str, *args: Any, **kwargs: Any) -> Calls:
+    def run_all_workers_single_data(self, method: Method, *args: Any, **kwargs: Any) -> Calls:
         ranks = list(range(self.world_size))
         return Calls([self._call(r, method, *args, **kwargs) for r in ranks], ranks)
 
-    def run_all_workers_multiple_data(self, method: str, data: Sequence[Any], **kwargs: Any) -> Calls:
+    def run_all_workers_multiple_data(self, method: Method, data: Sequence[Any], **kwargs: Any) -> Calls:
         if len(data) != self.world_size:
-            raise ValueError(f"{method}: got {len(data)} inputs for {self.world_size} workers")
+            raise ValueError(f"{method_name(method)}: got {len(data)} inputs for {self.world_size} workers")
         ranks = list(range(self.world_size))
         return Calls([self._call(r, method, d, **kwargs) for r, d in zip(ranks, data)], ranks)
 
-    def run_all_workers_sharded_data(self, method: str, shards: Sequence[Any], **kwargs: Any) -> Calls:
+    def run_all_workers_sharded_data(self, method: Method, shards: Sequence[Any], **kwargs: Any) -> Calls:
         """Shard ``i`` goes to every rank with dp index ``i``; returns only the output ranks' calls."""
         import ray
 
         if len(shards) != self.sharding.dp:
-            raise ValueError(f"{method}: got {len(shards)} shards for dp={self.sharding.dp}")
+            raise ValueError(f"{method_name(method)}: got {len(shards)} shards for dp={self.sharding.dp}")
         shard_refs = [ray.put(s) for s in shards]  # one copy per shard, not per rank
         ranks = list(range(self.world_size))
         refs = [self._call(r, method, shard_refs[self.sharding.coords(r)["dp"]], **kwargs) for r in ranks]
@@ -270,7 +278,7 @@ class WorkerGroupOwner:
 
     worker_group: RayWorkerGroup
 
-    def _all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
+    def _all(self, method: Method, *args: Any, **kwargs: Any) -> list[Any]:
         """Call ``method`` on every worker with the same arguments; results in rank order."""
         wg = self.worker_group
         return wg.get_results(wg.run_all_workers_single_data(method, *args, **kwargs))

@@ -23,7 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from rlcore.config.errors import ConfigError
-from rlcore.nemo_rl.convert import Conversion, convert
+from rlcore.config.loader import load_config_dict, validate_section
+from rlcore.config.policy import PolicyConfig
+from rlcore.nemo_rl.convert import Conversion, convert, exact_rule
 from rlcore.nemo_rl.loader import apply_hydra_overrides, load_nemo_rl_dict, load_with_defaults
 
 _PATH = re.compile(r"^([\w.\[\]]+)(: )")
@@ -72,8 +74,6 @@ def load_nemo_rl_config(path: str | Path, overrides: Sequence[str] = (),
     ConfigError with every problem, each line naming the NeMo-RL path (or the rlcore path and the
     NeMo-RL key it came from).
     """
-    from rlcore.config.loader import load_config_dict
-
     conversion = convert_file(path, overrides)
     try:
         cfg = load_config_dict(conversion.config, rlcore_overrides)
@@ -85,9 +85,6 @@ def load_nemo_rl_config(path: str | Path, overrides: Sequence[str] = (),
 def policy_config_from_nemo_rl(policy: Mapping[str, Any]) -> Any:
     """A validated rlcore ``PolicyConfig`` from NeMo-RL's ``config["policy"]`` dict (what NeMo-RL code
     passes to its ``Policy``); ignored keys are dropped, unsupported ones raise ConfigError."""
-    from rlcore.config.loader import validate_section
-    from rlcore.config.policy import PolicyConfig
-
     conversion = convert({"policy": dict(policy)})
     if conversion.problems:
         raise ConfigError(conversion.problems)
@@ -95,6 +92,16 @@ def policy_config_from_nemo_rl(policy: Mapping[str, Any]) -> Any:
     if model is None:
         raise ConfigError(annotate(problems, conversion.sources))
     return model
+
+
+def nemo_rl_policy_hint(problems: list[str]) -> list[str]:
+    """A hint line when the unknown keys of a policy dict's ``problems`` are NeMo-RL's own (NeMo-RL code
+    passes its ``config["policy"]`` to ``Policy``), else nothing."""
+    unknown = [line.split(":", 1)[0] for line in problems if ": unknown key" in line]
+    if any((rule := exact_rule(path)) is not None and rule.action != "map" for path in unknown):
+        return ["hint: this is a NeMo-RL policy config; convert it with "
+                "rlcore.nemo_rl.policy_config_from_nemo_rl(config), which lists what rlcore ignores or rejects"]
+    return []
 
 
 __all__ = [
@@ -107,5 +114,6 @@ __all__ = [
     "load_nemo_rl_config",
     "load_nemo_rl_dict",
     "load_with_defaults",
+    "nemo_rl_policy_hint",
     "policy_config_from_nemo_rl",
 ]

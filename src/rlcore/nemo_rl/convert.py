@@ -10,37 +10,12 @@ when their value is null/false/0/empty and errors otherwise.
 from __future__ import annotations
 
 import fnmatch
-from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from rlcore.config.messages import show_value
+from rlcore.nemo_rl import handlers
+from rlcore.nemo_rl.conversion import Conversion, get, is_neutral, put, same
 from rlcore.nemo_rl.table import RULES, UNKNOWN_NEUTRAL, Rule
-
-
-@dataclass
-class Conversion:
-    """What came out of a NeMo-RL config."""
-
-    config: dict[str, Any] = field(default_factory=dict)  # rlcore raw config (validate with load_config_dict)
-    ignored: list[tuple[str, str]] = field(default_factory=list)  # (NeMo-RL path, why)
-    problems: list[str] = field(default_factory=list)  # one line each, NeMo-RL paths
-    sources: dict[str, str] = field(default_factory=dict)  # rlcore path -> the NeMo-RL path it came from
-
-    def ignored_lines(self) -> list[str]:
-        return [f"ignored: {path} ({why})" for path, why in self.ignored]
-
-
-def same(a: Any, b: Any) -> bool:
-    """Equality that keeps bools apart from numbers (``False`` is not ``0`` here)."""
-    if isinstance(a, bool) or isinstance(b, bool):
-        return type(a) is type(b) and a == b
-    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
-        return a == b
-    return type(a) is type(b) and a == b
-
-
-def is_neutral(value: Any, neutral: tuple[Any, ...]) -> bool:
-    return any(same(value, n) for n in neutral)
 
 
 def _match(pattern: str, path: str) -> bool:
@@ -64,25 +39,6 @@ def _has_descendant_rules(path: str) -> bool:
     return False
 
 
-def get(data: dict[str, Any], path: str, default: Any = None) -> Any:
-    node: Any = data
-    for part in path.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return default
-        node = node[part]
-    return node
-
-
-def put(data: dict[str, Any], path: str, value: Any) -> None:
-    parts = path.split(".")
-    node = data
-    for part in parts[:-1]:
-        if not isinstance(node.get(part), dict):
-            node[part] = {}
-        node = node[part]
-    node[parts[-1]] = value
-
-
 def _top_k(value: Any) -> Any:
     return None if isinstance(value, int) and not isinstance(value, bool) and value <= 0 else value
 
@@ -92,7 +48,13 @@ def _false_is_automatic(value: Any) -> Any:
     return None if value is False else value
 
 
-TRANSFORMS: dict[str, Callable[[Any], Any]] = {"top_k": _top_k, "false_is_automatic": _false_is_automatic}
+def _true_is_automatic(value: Any) -> Any:
+    """NeMo-RL's ``sequence_packing.enabled: true`` → rlcore's null (pack where the training backend can)."""
+    return None if value is True else value
+
+
+TRANSFORMS: dict[str, Callable[[Any], Any]] = {"top_k": _top_k, "false_is_automatic": _false_is_automatic,
+                                               "true_is_automatic": _true_is_automatic}
 
 
 class _Walker:
@@ -212,8 +174,6 @@ class _Walker:
 
 def convert(nemo: dict[str, Any]) -> Conversion:
     """Map a resolved NeMo-RL config dict (see :func:`rlcore.nemo_rl.loader.load_nemo_rl_dict`)."""
-    from rlcore.nemo_rl import handlers
-
     out = Conversion()
     walker = _Walker(nemo, out)
     walker.walk(nemo, "")

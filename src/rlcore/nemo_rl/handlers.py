@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from rlcore.config.messages import show_value
-from rlcore.nemo_rl.convert import Conversion, get, is_neutral, put
+from rlcore.nemo_rl.conversion import Conversion, get, is_neutral, put
 
 _MISSING = object()
 G = "policy.generation."

@@ -133,7 +133,9 @@ RULES: tuple[Rule, ...] = (
     _m(P + "dynamic_batching.train_mb_tokens"),
     _m(P + "dynamic_batching.logprob_mb_tokens"),
     _m(P + "dynamic_batching.sequence_length_round"),
-    _m(P + "sequence_packing.enabled"),
+    _m(P + "sequence_packing.enabled", transform="true_is_automatic",
+       note="true = null (automatic): packing changes no number, only speed; a run packs where the training "
+       "backend can (dtensor; megatron only with TransformerEngine, which rlcore does not use yet)"),
     _m(P + "sequence_packing.train_mb_tokens"),
     _m(P + "sequence_packing.logprob_mb_tokens"),
     _m(P + "sequence_packing.algorithm"),

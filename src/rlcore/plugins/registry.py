@@ -29,7 +29,8 @@ from typing import Any, Iterable
 import pluggy
 
 from rlcore.plugins import hookspecs
-from rlcore.plugins.spec import SUPPORTED_PLUGIN_API_VERSIONS, BackendSpec
+from rlcore.plugins.spec import BackendSpec
+from rlcore.plugins.versions import SUPPORTED_PLUGIN_API_VERSIONS
 
 ENTRY_POINT_GROUP = "rlcore.plugins"
 
@@ -56,7 +57,7 @@ class BackendRecord:
         return f"{self.distribution}:{self.name}"
 
     def as_dict(self) -> dict[str, Any]:
-        caps = sorted(self.spec.capabilities) if self.spec else []
+        caps = sorted(c.value for c in self.spec.capabilities) if self.spec else []
         return {
             "name": self.name,
             "kind": self.kind,
@@ -65,6 +66,7 @@ class BackendRecord:
             "version": self.version,
             "status": self.status,
             "capabilities": caps,
+            "plugin_api_version": self.spec.plugin_api_version if self.spec else None,
             "problem": self.problem,
         }
 
@@ -124,11 +126,8 @@ class Registry:
             self.register_plugin(plugin, name=f"{dist}:{ep.name}", distribution=dist, version=version)
 
     def _add_broken(self, plugin: str, dist: str, version: str, exc: BaseException) -> None:
-        where = traceback.extract_tb(exc.__traceback__)[-1:] if exc.__traceback__ else []
-        at = f" (at {where[0].filename}:{where[0].lineno})" if where else ""
         self.records.append(
-            BackendRecord(plugin, "?", plugin, dist, version, "broken",
-                          f"plugin failed to load: {type(exc).__name__}: {exc}{at}")
+            BackendRecord(plugin, "?", plugin, dist, version, "broken", f"plugin failed to load: {_one_line(exc)}")
         )
 
     def _add_spec(self, spec: BackendSpec, plugin: str, dist: str, version: str) -> None:
@@ -173,13 +172,28 @@ class Registry:
         return matches[0]
 
 
+def _one_line(exc: BaseException) -> str:
+    """``exc`` in one line: a refused ``BackendSpec`` as its field problems, anything else with where it was raised."""
+    from pydantic import ValidationError
+
+    if isinstance(exc, ValidationError):
+        problems = [(".".join(map(str, e["loc"])) + ": " if e["loc"] else "") + e["msg"].removeprefix("Value error, ")
+                    for e in exc.errors()]
+        return f"{exc.title} refused: {'; '.join(problems)}"
+    where = traceback.extract_tb(exc.__traceback__)[-1:] if exc.__traceback__ else []
+    at = f" (at {where[0].filename}:{where[0].lineno})" if where else ""
+    message = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {message}{at}"
+
+
 def _own_status(spec: BackendSpec, dist: str) -> tuple[str, str]:
     """Status of a spec on its own, before any name conflict is considered."""
     if spec.plugin_api_version not in SUPPORTED_PLUGIN_API_VERSIONS:
-        return "incompatible", (
-            f"declares plugin API version {spec.plugin_api_version}; this rlcore supports "
-            f"{sorted(SUPPORTED_PLUGIN_API_VERSIONS)}: upgrade rlcore or install a matching {dist}"
-        )
+        served = ", ".join(map(str, sorted(SUPPORTED_PLUGIN_API_VERSIONS)))
+        fix = ("upgrade rlcore" if spec.plugin_api_version > max(SUPPORTED_PLUGIN_API_VERSIONS)
+               else f"install a release of {dist} written for one of those")
+        return "incompatible", (f"declares plugin API version {spec.plugin_api_version}; this rlcore serves "
+                                f"versions {served}: {fix}")
     if missing := spec.missing_requirements():
         hint = f": {spec.install_hint}" if spec.install_hint else ""
         return "unavailable", f"missing {', '.join(missing)}{hint}"
@@ -211,103 +225,3 @@ def set_registry(registry: Registry | None) -> None:
     """Replace the process-wide registry (``None`` rebuilds it on next use); for tests."""
     global _REGISTRY
     _REGISTRY = registry
-
-
-def own_section(spec: BackendSpec, owner: Any) -> Any:
-    """The backend's own ``<name>_cfg`` section of ``owner`` (a policy or generation config), validated
-    with its ``config_class``: the object workers get as ``backend_config`` (None without a config class).
-
-    Raises ConfigError (dotted path, one line per problem) for an invalid section.
-    """
-    from rlcore.config import ConfigError, validate_section
-
-    model = spec.load_config_class()
-    if model is None:
-        return None
-    key = f"{spec.name}_cfg"
-    if isinstance(getattr(owner, key, None), model):
-        return getattr(owner, key)  # a section the core schema declares (dtensor_cfg): validated already
-    path = "policy" if hasattr(owner, "training_backend") else "policy.generation"
-    section = (getattr(owner, "backend_sections", None) or {}).get(key, {})
-    validated, problems = validate_section(model, section, f"{path}.{key}")
-    if validated is None:
-        raise ConfigError(problems)
-    return validated
-
-
-def lora_problems(policy: Any, registry: Registry) -> list[str]:
-    """``policy.lora`` needs a training backend declaring 'lora'; adapter refits an engine declaring
-    'lora_adapter'."""
-    if not policy.lora.enabled:
-        return []
-    with_lora = sorted(r.name for r in registry.records if r.spec is not None and r.spec.kind == "training"
-                       and "lora" in r.spec.capabilities)
-    try:
-        spec = registry.resolve(policy.training_backend, kind="training")
-    except BackendError:
-        return []  # reported by the backend check
-    if "lora" not in spec.capabilities:
-        return [f"policy.lora.enabled: the '{spec.name}' training backend does not train LoRA adapters "
-                f"(no 'lora' capability); use one that does ({', '.join(with_lora) or 'none installed'}) or set "
-                "policy.lora.enabled=false"]
-    gen = policy.generation
-    if policy.lora.refit == "adapter" and gen is not None and gen.backend != policy.training_backend:
-        try:
-            gen_spec = registry.resolve(gen.backend, kind="generation")
-        except BackendError:
-            return []
-        if "lora_adapter" not in gen_spec.capabilities:
-            return [f"policy.lora.refit: 'adapter' needs a generation backend that applies LoRA adapters itself "
-                    f"('lora_adapter' capability), and '{gen_spec.name}' does not declare it; use "
-                    "policy.lora.refit=merged"]
-    return []
-
-
-def validate_backend_sections(cfg: Any, registry: Registry | None = None) -> list[str]:
-    """Check the backends a config selects, and their own config sections.
-
-    Returns one problem line per issue (empty when fine). A selected backend
-    must be installed and ``ok``; a ``<name>_cfg`` section under ``policy`` or
-    ``policy.generation`` is validated with that backend's own config class;
-    a section naming no known backend is reported with the closest name.
-    """
-    from rlcore.config import ConfigError
-
-    registry = registry or get_registry()
-    problems: list[str] = []
-    known = {r.name for r in registry.records if r.spec is not None}
-
-    def check(owner: Any, path: str, name: str, kind: str, name_path: str) -> None:
-        try:
-            spec = registry.resolve(name, kind=kind)
-        except BackendError as exc:
-            problems.append(f"{name_path}: {exc}")
-            spec = None
-        for key in getattr(owner, "backend_sections", None) or {}:
-            backend = key[: -len("_cfg")]
-            if backend not in known:
-                close = difflib.get_close_matches(backend, sorted(known), n=1)
-                hint = f"; did you mean '{close[0]}_cfg'?" if close else ""
-                problems.append(f"{path}.{key}: no installed backend named '{backend}'{hint}")
-            elif spec is not None and backend == spec.name and spec.config_class:
-                try:
-                    own_section(spec, owner)  # what the workers will get, validated the same way
-                except ConfigError as exc:
-                    problems.extend(exc.problems)
-                except Exception as exc:
-                    problems.append(f"{path}.{key}: cannot import config class {spec.config_class}: {exc}")
-
-    policy = cfg.policy
-    check(policy, "policy", policy.training_backend, "training",
-          "policy.backend" if policy.backend else "policy (training backend)")
-    problems += lora_problems(policy, registry)
-    if policy.generation is not None:
-        gen = policy.generation
-        if gen.backend != policy.training_backend:
-            check(gen, "policy.generation", gen.backend, "generation", "policy.generation.backend")
-        else:
-            spec = registry.resolve(policy.training_backend) if not problems else None
-            if spec is not None and "generate" not in spec.capabilities:
-                problems.append(f"policy.generation.backend: training backend '{gen.backend}' cannot generate; "
-                                "use a generation backend such as 'vllm'")
-    return problems

@@ -6,12 +6,10 @@ import importlib
 import importlib.util
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-#: Plugin API versions this core understands. A spec declaring another is listed
-#: as ``incompatible`` instead of being used.
-SUPPORTED_PLUGIN_API_VERSIONS = frozenset({1})
-PLUGIN_API_VERSION = 1
+from rlcore.plugins.capabilities import Capability, parse_capabilities
+from rlcore.plugins.versions import PLUGIN_APIS, PluginApi
 
 BackendKind = Literal["training", "generation"]
 
@@ -69,14 +67,24 @@ class BackendSpec(BaseModel):
         description="'module:Class' of a pydantic model validating this backend's config section "
         "('policy.<name>_cfg' or 'policy.generation.<name>_cfg'). Must be importable without heavy deps.",
     )
-    capabilities: frozenset[str] = Field(
+    capabilities: frozenset[Capability] = Field(
         default=frozenset(),
-        description="Features the backend supports, e.g. 'generate', 'refit', 'tensor_parallel', "
-        "'sequence_packing', 'dynamic_batching', 'checkpoint', 'reference_model'.",
+        description="Features the backend supports: members (or names) of rlcore.plugins.Capability, e.g. "
+        "'refit', 'sequence_packing', 'dynamic_batching'. An unknown name is refused at registration.",
+    )
+    layout: str | None = Field(
+        default=None,
+        description="'module:function' of a training backend's layout function (plugin API 2): given a "
+        "rlcore.plugins.LayoutRequest, it returns the rlcore.plugins.ParallelLayout the policy runs with. "
+        "None = pure data parallel. Imported on the driver: keep its module light.",
     )
     requires: tuple[str, ...] = Field(default=(), description="Top-level modules the engine needs.")
     install_hint: str = Field(default="", description="How to install what 'requires' names.")
-    plugin_api_version: int = Field(default=PLUGIN_API_VERSION, description="rlcore plugin API version.")
+    plugin_api_version: int = Field(
+        default=1,
+        description="The rlcore plugin API version the backend was written for (docs/plugin-api.md); the "
+        "core gives it exactly that version's calls. Omitted = 1, the version that documented omitting it.",
+    )
     description: str = ""
 
     @field_validator("name")
@@ -86,12 +94,43 @@ class BackendSpec(BaseModel):
             raise ValueError(f"backend name must be alphanumeric with '-' or '_', got {v!r}")
         return v
 
-    @field_validator("worker_class", "config_class", "driver_class")
+    @field_validator("worker_class", "config_class", "driver_class", "layout")
     @classmethod
     def _is_import_path(cls, v: str | None) -> str | None:
         if v is not None and (v.count(":") != 1 or v.startswith(":") or v.endswith(":")):
-            raise ValueError(f"expected 'module:Class', got {v!r}")
+            raise ValueError(f"expected 'module:Name', got {v!r}")
         return v
+
+    @field_validator("capabilities", mode="before")
+    @classmethod
+    def _known_capabilities(cls, v: Any) -> frozenset[Capability]:
+        return parse_capabilities(v)
+
+    @model_validator(mode="after")
+    def _within_its_version(self) -> "BackendSpec":
+        """A spec uses only what its plugin API version has (an unknown version is listed 'incompatible')."""
+        api = PLUGIN_APIS.get(self.plugin_api_version)
+        if api is None:
+            return self
+        newer = sorted(f for f in self.model_fields_set
+                       if f not in api.spec_fields and getattr(self, f) != type(self).model_fields[f].default)
+        newer += sorted(f"capability '{c}'" for c in self.capabilities - api.capabilities)
+        if newer:
+            later = max(PLUGIN_APIS)
+            raise ValueError(f"{', '.join(newer)} need plugin_api_version {later}, but the spec declares "
+                             f"{self.plugin_api_version}: declare plugin_api_version={later} (docs/plugin-api.md)")
+        if self.layout is not None and self.kind != "training":
+            raise ValueError("layout is a training backend's; a generation backend lays out its engines itself")
+        return self
+
+    @property
+    def api(self) -> PluginApi:
+        """The plugin API version this spec was written for (KeyError for one this core does not serve)."""
+        return PLUGIN_APIS[self.plugin_api_version]
+
+    def supports(self, capability: Capability) -> bool:
+        """Whether the backend declares ``capability`` (a member: a misspelt one fails where it is written)."""
+        return Capability(capability) in self.capabilities
 
     def missing_requirements(self) -> list[str]:
         """Required modules that are not installed (checked without importing them)."""
@@ -109,3 +148,7 @@ class BackendSpec(BaseModel):
 
     def load_config_class(self) -> type | None:
         return import_object(self.config_class) if self.config_class else None
+
+    def load_layout(self) -> Any:
+        """The layout function, or None for a pure data-parallel backend."""
+        return import_object(self.layout) if self.layout else None

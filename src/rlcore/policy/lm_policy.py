@@ -1,9 +1,12 @@
 """``Policy``: the driver-side facade over a training backend's workers (seed 001).
 
-It resolves the backend by name through the plugin registry, starts one worker
-per rank, shards data over data-parallel ranks (plain, dynamic batching or
-sequence packing), and puts results back in the caller's order. It never
-imports the backend's modules.
+It takes a resolved policy (:func:`rlcore.config.resolve_policy`; a plain
+config is resolved here, once), starts one worker per rank with the arguments
+of the backend's plugin API version, shards data over the data-parallel ranks
+of the layout the backend declared (plain, dynamic batching or sequence
+packing, as the batch plan says), and puts results back in the caller's order.
+It calls the workers through the Protocols of :mod:`rlcore.interfaces.workers`
+and never imports the backend's modules.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from __future__ import annotations
 import os
 from typing import Any, Optional, Union
 
-from rlcore.config import ConfigError, as_policy_config
+from rlcore.config import ConfigError, ResolvedPolicy, batch_problems, resolve_policy
 from rlcore.data import BatchedDataDict
 from rlcore.distributed import (
     NamedSharding,
@@ -20,12 +23,26 @@ from rlcore.distributed import (
     WorkerGroupOwner,
 )
 from rlcore.interfaces import ColocatablePolicyInterface, GenerationInterface
-from rlcore.models.builtin import resolve_builtin_policy
-from rlcore.plugins import BackendError, get_registry
-from rlcore.plugins.registry import own_section
+from rlcore.interfaces.workers import GeneratingWorker, LoraWorker, RefitWorker, TopkLogitsWorker, TrainingWorker
+from rlcore.plugins import BackendError, Capability
 from rlcore.preflight import check_policy_sources
 
 PathLike = Union[str, "os.PathLike[str]"]
+
+
+def resolved_policy(config: Any, cluster: RayVirtualCluster) -> ResolvedPolicy:
+    """``config`` (a ``ResolvedPolicy``, a ``PolicyConfig`` or the seed's plain dict) resolved for ``cluster``.
+
+    A plain dict that is NeMo-RL's own policy section gets a hint on how to convert it.
+    """
+    if isinstance(config, ResolvedPolicy):
+        return config
+    try:
+        return resolve_policy(config, world_size=cluster.world_size, use_gpu=bool(cluster.use_gpus))
+    except ConfigError as exc:
+        from rlcore.nemo_rl import nemo_rl_policy_hint
+
+        raise ConfigError(exc.problems + nemo_rl_policy_hint(exc.problems)) from None
 
 
 class Policy(WorkerGroupOwner, ColocatablePolicyInterface, GenerationInterface):
@@ -41,74 +58,52 @@ class Policy(WorkerGroupOwner, ColocatablePolicyInterface, GenerationInterface):
         optimizer_path: Optional[PathLike] = None,
         init_reference_model: bool = True,
     ) -> None:
-        # A plain dict (the seed's TypedDict) is validated here, rules included: one line per problem.
-        config = as_policy_config(config, world_size=cluster.world_size, use_gpu=bool(cluster.use_gpus))
-        config = resolve_builtin_policy(config)  # ``tiny-llama`` and friends, built locally as rlcore run does
-        self.cfg = config
+        self.resolved = resolved_policy(config, cluster)
+        self.cfg = self.resolved.config
+        self.spec = self.resolved.spec
         self.tokenizer = tokenizer
-        self.spec = get_registry().resolve(config.training_backend, kind="training")
-        if problems := check_policy_sources(config, weights_path):
+        if problems := check_policy_sources(self.cfg, weights_path):
             raise ConfigError(problems)  # a missing or damaged model fails here, before any worker starts
-        backend_config = own_section(self.spec, config)
-        tp, cp, pp = config.parallel_sizes()
         if workers_per_node is not None:
             wanted = sum(workers_per_node) if isinstance(workers_per_node, list) \
                 else workers_per_node * len(cluster.bundle_ct_per_node_list)
             if wanted != cluster.world_size:
                 raise ValueError(f"workers_per_node={workers_per_node} gives {wanted} workers but the cluster "
                                  f"has {cluster.world_size} bundles")
-        self.sharding = NamedSharding.for_world(cluster.world_size, tp=tp, cp=cp, pp=pp)
-        gbs, mbs, dp = config.train_global_batch_size, config.train_micro_batch_size, self.sharding.dp
-        if gbs % (dp * mbs) and not (config.dynamic_batching.enabled or config.sequence_packing.enabled):
-            raise ValueError(f"policy.train_global_batch_size={gbs} is not divisible by dp*train_micro_batch_size"
-                             f" = {dp}*{mbs}")
+        self.sharding = NamedSharding.for_world(cluster.world_size, **self.resolved.layout.sizes())
+        available = dict(
+            weights_path=str(weights_path) if weights_path else None,
+            optimizer_path=str(optimizer_path) if optimizer_path else None,
+            init_optimizer=init_optimizer,
+            init_reference_model=init_reference_model,
+            backend_config=self.resolved.section,
+            layout=self.resolved.layout,
+        )
         self.worker_group = RayWorkerGroup(
             cluster,
             self.spec.worker_class,
             sharding=self.sharding,
             name_prefix=f"{name_prefix}-{self.spec.name}",
-            init_args=(config, tokenizer),
-            init_kwargs=dict(
-                weights_path=str(weights_path) if weights_path else None,
-                optimizer_path=str(optimizer_path) if optimizer_path else None,
-                init_optimizer=init_optimizer,
-                init_reference_model=init_reference_model,
-                backend_config=backend_config,
-            ),
+            init_args=(self.cfg, tokenizer),
+            init_kwargs=self.spec.api.training_worker_kwargs(available),  # what its plugin API version takes
         )
         # Constructing actors is asynchronous: wait so that a worker that cannot start fails here.
-        self._all("is_alive")
+        self._all(TrainingWorker.is_alive)
 
     # -- dispatch helpers ----------------------------------------------------------
-    def _mode(self, purpose: str) -> tuple[str, dict[str, Any]]:
-        """Micro-batching mode and the sharding arguments for ``purpose`` ('train' or 'logprob')."""
-        db, sp = self.cfg.dynamic_batching, self.cfg.sequence_packing
-        if db.enabled:
-            tokens = db.train_mb_tokens if purpose == "train" else db.logprob_mb_tokens
-            return "dynamic", {"dynamic_batching_args": {"max_tokens_per_microbatch": tokens,
-                                                          "sequence_length_round": db.sequence_length_round}}
-        if sp.enabled:
-            tokens = sp.train_mb_tokens if purpose == "train" else sp.logprob_mb_tokens
-            return "packing", {"sequence_packing_args": {"max_tokens_per_microbatch": tokens,
-                                                          "algorithm": sp.algorithm}}
-        return "plain", {}
-
-    def _sharded(self, method: str, data: BatchedDataDict, purpose: str, batch_size: int | None = None,
+    def _sharded(self, method: Any, data: BatchedDataDict, purpose: str, batch_size: int | None = None,
                  **kwargs: Any) -> tuple[list[Any], list[int] | None]:
-        self._check_length(method, data)
-        mode, shard_args = self._mode(purpose)
-        needed = {"dynamic": "dynamic_batching", "packing": "sequence_packing"}.get(mode)
-        if needed and needed not in self.spec.capabilities:
-            raise BackendError(f"backend '{self.spec.name}' does not support policy.{needed}")
+        self._check_length(method.__name__, data)
+        plan = self.resolved.batch
         dp = self.sharding.dp
         size = data.size
         if batch_size is None and size % dp:
-            raise ValueError(f"{method}: batch of {size} samples cannot be split over dp={dp} ranks; "
+            raise ValueError(f"{method.__name__}: batch of {size} samples cannot be split over dp={dp} ranks; "
                              "pad it to a multiple of the data-parallel size")
-        sharded = data.shard_by_batch_size(dp, batch_size=batch_size, **shard_args)
-        shards, order = (sharded, None) if mode == "plain" else sharded
+        sharded = data.shard_by_batch_size(dp, batch_size=batch_size, **plan.shard_args(purpose))
+        shards, order = (sharded, None) if plan.mode == "plain" else sharded
         wg = self.worker_group
-        results = wg.get_results(wg.run_all_workers_sharded_data(method, shards, mode=mode, **kwargs))
+        results = wg.get_results(wg.run_all_workers_sharded_data(method, shards, mode=plan.mode, **kwargs))
         return results, order
 
     def _check_length(self, method: str, data: BatchedDataDict) -> None:
@@ -120,18 +115,20 @@ class Policy(WorkerGroupOwner, ColocatablePolicyInterface, GenerationInterface):
 
     # -- PolicyInterface -------------------------------------------------------------
     def get_logprobs(self, data: BatchedDataDict) -> BatchedDataDict:
-        results, order = self._sharded("get_logprobs", data, "logprob")
+        results, order = self._sharded(TrainingWorker.get_logprobs, data, "logprob")
         return BatchedDataDict.from_shards(results, order)
 
     def get_reference_policy_logprobs(self, data: BatchedDataDict,
                                       micro_batch_size: Optional[int] = None) -> BatchedDataDict:
-        results, order = self._sharded("get_reference_policy_logprobs", data, "logprob",
+        results, order = self._sharded(TrainingWorker.get_reference_policy_logprobs, data, "logprob",
                                        micro_batch_size=micro_batch_size)
         return BatchedDataDict.from_shards(results, order)
 
     def get_topk_logits(self, data: BatchedDataDict, k: int,
                         micro_batch_size: Optional[int] = None) -> BatchedDataDict:
-        results, order = self._sharded("get_topk_logits", data, "logprob", k=k, micro_batch_size=micro_batch_size)
+        self._require(Capability.TOPK_LOGITS)
+        results, order = self._sharded(TopkLogitsWorker.get_topk_logits, data, "logprob", k=k,
+                                       micro_batch_size=micro_batch_size)
         return BatchedDataDict.from_shards(results, order)
 
     def train(self, data: BatchedDataDict, loss_fn: Any, eval_mode: bool = False, *,
@@ -145,15 +142,15 @@ class Policy(WorkerGroupOwner, ColocatablePolicyInterface, GenerationInterface):
         """
         import torch
 
-        gbs = gbs or self.cfg.train_global_batch_size
-        mbs = mbs or self.cfg.train_micro_batch_size
+        plan = self.resolved.batch
+        gbs = gbs or plan.global_batch_size
+        mbs = mbs or plan.micro_batch_size
         if data.size % gbs:
             raise ValueError(f"train: {data.size} samples is not a whole number of global batches of {gbs}")
-        mode, _ = self._mode("train")
-        if mode == "plain" and gbs % (self.sharding.dp * mbs):
-            raise ValueError(f"train: global batch {gbs} is not divisible by dp*micro-batch = "
-                             f"{self.sharding.dp}*{mbs}")
-        results, _ = self._sharded("train", data, "train", batch_size=gbs, loss_fn=loss_fn,
+        if problems := batch_problems(gbs, mbs, plan.data_parallel_size, plan.mode, gbs_name="train: gbs",
+                                      mbs_name="mbs"):
+            raise ValueError("; ".join(problems))
+        results, _ = self._sharded(TrainingWorker.train, data, "train", batch_size=gbs, loss_fn=loss_fn,
                                    eval_mode=eval_mode, gbs=gbs, mbs=mbs)
         steps = len(results[0]["losses"])
         all_mb: dict[str, list[float]] = {}
@@ -168,7 +165,7 @@ class Policy(WorkerGroupOwner, ColocatablePolicyInterface, GenerationInterface):
         }
 
     def generate(self, data: BatchedDataDict, greedy: bool = False) -> BatchedDataDict:
-        if "generate" not in self.spec.capabilities:
+        if not self.spec.supports(Capability.GENERATE):
             raise BackendError(f"backend '{self.spec.name}' cannot generate; use a generation backend")
         self._check_length("generate", data)
         dp = self.sharding.dp
@@ -177,49 +174,49 @@ class Policy(WorkerGroupOwner, ColocatablePolicyInterface, GenerationInterface):
                              "pad it to a multiple of the data-parallel size")
         shards = data.shard_by_batch_size(dp)
         wg = self.worker_group
-        results = wg.get_results(wg.run_all_workers_sharded_data("generate", shards, greedy=greedy))
+        results = wg.get_results(wg.run_all_workers_sharded_data(GeneratingWorker.generate, shards, greedy=greedy))
         pad_id = getattr(self.tokenizer, "pad_token_id", None) or 0
         return BatchedDataDict.from_batches(results, pad_value_dict={"output_ids": pad_id})
 
     # -- lifecycle -------------------------------------------------------------------
     def prepare_for_generation(self, *args: Any, **kwargs: Any) -> bool:
-        self._all("prepare_for_lp_inference")
+        self._all(TrainingWorker.prepare_for_lp_inference)
         return True
 
     def prepare_for_training(self, *args: Any, **kwargs: Any) -> None:
-        self._all("prepare_for_training", *args, **kwargs)
+        self._all(TrainingWorker.prepare_for_training)
 
     def prepare_for_lp_inference(self, *args: Any, **kwargs: Any) -> None:
-        self._all("prepare_for_lp_inference")
+        self._all(TrainingWorker.prepare_for_lp_inference)
 
     def finish_generation(self, *args: Any, **kwargs: Any) -> bool:
         return True
 
     def finish_training(self, *args: Any, **kwargs: Any) -> None:
-        self._all("finish_training", *args, **kwargs)
+        self._all(TrainingWorker.finish_training)
 
     def offload_before_refit(self) -> None:
-        self._all("offload_before_refit")
+        self._all(TrainingWorker.offload_before_refit)
 
     def offload_after_refit(self) -> None:
-        self._all("offload_after_refit")
+        self._all(TrainingWorker.offload_after_refit)
 
     # -- refit surface (backends that declare 'refit') ---------------------------------
-    def _require(self, capability: str) -> None:
-        if capability not in self.spec.capabilities:
-            raise BackendError(f"backend '{self.spec.name}' does not support {capability}")
+    def _require(self, capability: Capability) -> None:
+        if not self.spec.supports(capability):
+            raise BackendError(f"backend '{self.spec.name}' does not declare '{capability}'")
 
     def prepare_refit_info(self, changed_only: bool = False) -> Optional[dict[str, Any]]:
         """``{hf_name: (shape, dtype)}`` of a refit; with ``changed_only`` (LoRA) of the refits after the first."""
-        self._require("refit")
+        self._require(Capability.REFIT)
         if changed_only:
-            return self._all("prepare_refit_info", changed_only=True)[0]
-        return self._all("prepare_refit_info")[0]
+            return self._all(LoraWorker.prepare_refit_info, changed_only=True)[0]
+        return self._all(RefitWorker.prepare_refit_info)[0]
 
     @property
     def refits_changed_only(self) -> bool:
         """Whether refits after the first can send only what training changes (LoRA: the adapted layers)."""
-        return bool(self.cfg.lora.enabled) and "lora" in self.spec.capabilities
+        return bool(self.cfg.lora.enabled) and self.spec.supports(Capability.LORA)
 
     def save_lora_adapter(self, path: str) -> None:
         """Write the current adapters as a PEFT adapter directory at ``path`` (rank 0 writes; atomic).
@@ -229,22 +226,30 @@ class Policy(WorkerGroupOwner, ColocatablePolicyInterface, GenerationInterface):
         """
         if not self.cfg.lora.enabled:
             raise RuntimeError("save_lora_adapter: policy.lora.enabled is false, there are no adapters")
-        self._all("save_lora_adapter", str(path))
+        self._all(LoraWorker.save_lora_adapter, str(path))
 
-    def stream_weights_via_ipc_zmq(self, *args: Any, **kwargs: Any) -> list[Any]:
-        self._require("refit")
-        return self.worker_group.run_all_workers_single_data("stream_weights_via_ipc_zmq", *args, **kwargs).refs
+    def stream_weights_via_ipc_zmq(self, *, endpoints: dict[int, tuple[str, bytes]], bucket_bytes: int,
+                                   **lora: Any) -> list[Any]:
+        """Every rank streams its weights to the colocated engine ``endpoints`` names; ``lora``:
+        ``changed_only=True`` for a LoRA refit after the first."""
+        self._require(Capability.REFIT)
+        method = LoraWorker.stream_weights_via_ipc_zmq if lora else RefitWorker.stream_weights_via_ipc_zmq
+        return self.worker_group.run_all_workers_single_data(method, endpoints=endpoints, bucket_bytes=bucket_bytes,
+                                                             **lora).refs
 
     def init_collective(self, ip: str, port: int, world_size: int, *, train_world_size: int) -> list[Any]:
-        self._require("refit")
+        self._require(Capability.REFIT)
         return self.worker_group.run_all_workers_single_data(
-            "init_collective", ip, port, world_size, train_world_size=train_world_size).refs
+            RefitWorker.init_collective, ip, port, world_size, train_world_size=train_world_size).refs
 
-    def broadcast_weights_for_collective(self, kv_scales: Optional[dict[str, float]] = None,
-                                         **kwargs: Any) -> list[Any]:
-        self._require("refit")
-        return self.worker_group.run_all_workers_single_data(
-            "broadcast_weights_for_collective", kv_scales=kv_scales, **kwargs).refs
+    def broadcast_weights_for_collective(self, kv_scales: Optional[dict[str, float]] = None, *,
+                                         bucket_bytes: int, **lora: Any) -> list[Any]:
+        """Training rank 0 broadcasts the weights to the refit group; ``lora`` as for
+        :meth:`stream_weights_via_ipc_zmq`."""
+        self._require(Capability.REFIT)
+        method = LoraWorker.broadcast_weights_for_collective if lora else RefitWorker.broadcast_weights_for_collective
+        return self.worker_group.run_all_workers_single_data(method, kv_scales=kv_scales, bucket_bytes=bucket_bytes,
+                                                             **lora).refs
 
     # -- the older refit names (seeds 001/003/004), as adapters over the surface above -----
     def prepare_info_for_collective(self) -> dict[str, Any]:
@@ -269,11 +274,11 @@ class Policy(WorkerGroupOwner, ColocatablePolicyInterface, GenerationInterface):
     # -- checkpoints, profiling, shutdown ------------------------------------------------
     def save_checkpoint(self, weights_path: str, optimizer_path: Optional[str] = None,
                         tokenizer_path: Optional[str] = None) -> None:
-        self._all("save_checkpoint", str(weights_path), str(optimizer_path) if optimizer_path else None,
+        self._all(TrainingWorker.save_checkpoint, str(weights_path), str(optimizer_path) if optimizer_path else None,
                   str(tokenizer_path) if tokenizer_path else None)
 
     def start_gpu_profiling(self) -> None:
-        self._all("start_gpu_profiling")
+        self._all(TrainingWorker.start_gpu_profiling)
 
     def stop_gpu_profiling(self) -> None:
-        self._all("stop_gpu_profiling")
+        self._all(TrainingWorker.stop_gpu_profiling)

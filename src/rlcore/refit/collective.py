@@ -24,7 +24,7 @@ def init_refit_group(ip: str, port: int, world_size: int, rank: int, device: "to
     """Join the refit group (blocks until all ``world_size`` members have joined)."""
     import torch.distributed as dist
 
-    from rlcore.distributed.process_group import tcp_store
+    from rlcore.training.process_group import tcp_store
 
     store = tcp_store(ip, port, world_size, rank == 0, timedelta(seconds=timeout_s))
     if device.type == "cuda":

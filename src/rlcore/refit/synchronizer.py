@@ -10,7 +10,6 @@ PEFT directory and the engines load it as a LoRA module.
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 import time
@@ -68,13 +67,15 @@ class WeightSynchronizer:
     'partial_refit' capability), so a LoRA policy sends only its adapted
     layers after the first refit. ``adapter_refit``: the engines run the
     policy's LoRA adapters as LoRA modules (the 'lora_adapter' capability);
-    each refit hands them the adapters alone, in a directory under this run's
-    private temporary directory, removed by :meth:`shutdown`.
+    each refit hands them the adapters alone, in a directory under
+    ``scratch_dir`` (default: the system's temporary directory; ``build_run``
+    gives the private Ray session's, which is swept even after a crash),
+    removed by :meth:`shutdown`.
     """
 
     def __init__(self, policy: Any, generation: Any, *, colocated: bool, cluster: Any = None,
                  transport: str = "auto", bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-                 partial_refit: bool = False, adapter_refit: bool = False) -> None:
+                 partial_refit: bool = False, adapter_refit: bool = False, scratch_dir: str | None = None) -> None:
         if transport == "auto":
             transport = "shared_memory" if colocated else "collective"
         if transport not in ("shared_memory", "collective"):
@@ -86,6 +87,7 @@ class WeightSynchronizer:
         self.bucket_bytes = bucket_bytes
         self.partial_refit = partial_refit
         self.adapter_refit = adapter_refit
+        self.scratch_dir = scratch_dir
         self._adapter_root: Path | None = None
         self._adapter_version = 0
         self.metadata: dict[str, Any] | None = None
@@ -144,12 +146,10 @@ class WeightSynchronizer:
 
     def _hand_over_adapters(self) -> int:
         """Adapter refit: the policy writes its adapters, the engines load them; returns the bytes written."""
-        from rlcore.distributed.reaper import SESSION_ENV
         from rlcore.training.checkpoint import ADAPTER_WEIGHTS_NAME
 
         if self._adapter_root is None:
-            # Inside the private Ray session directory when there is one: swept even after a crash.
-            self._adapter_root = Path(tempfile.mkdtemp(prefix="rlcore-lora-refit-", dir=os.environ.get(SESSION_ENV)))
+            self._adapter_root = Path(tempfile.mkdtemp(prefix="rlcore-lora-refit-", dir=self.scratch_dir))
         self._adapter_version += 1
         path = self._adapter_root / f"v{self._adapter_version}"
         self.policy.save_lora_adapter(str(path))

@@ -31,7 +31,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
-from rlcore.run.grpo import Timer, peak_memory_metrics, refit, step_prompts, train_on_rollout
+from rlcore.run.step import Timer, peak_memory_metrics, refit, step_prompts, train_on_rollout
 from rlcore.run.tasks import Task
 
 if TYPE_CHECKING:
@@ -45,19 +45,6 @@ class InFlight:
     prompts: list[str]
     batch: Any
     handle: Any
-
-
-def async_unsupported(run: "Run") -> str | None:
-    """Why ``run`` cannot generate asynchronously (None when it can)."""
-    from rlcore.plugins import get_registry
-
-    cfg = run.cfg
-    if run.generation is run.policy or run.synchronizer is None:
-        return f"the '{cfg.policy.training_backend}' training backend generates with its own weights"
-    name = cfg.policy.generation.backend
-    if "async_generation" not in get_registry().resolve(name, kind="generation").capabilities:
-        return f"the '{name}' generation backend does not declare 'async_generation'"
-    return None
 
 
 def async_grpo_train(run: "Run", task: Task, loss_fn: Any, on_step: Callable[[int, dict[str, float]], None]) -> None:

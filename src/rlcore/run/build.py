@@ -3,22 +3,26 @@
 The generation backend is either a separate plugin (e.g. vLLM, colocated with
 the policy or on its own resources, refit through
 :class:`~rlcore.refit.WeightSynchronizer`) or the training backend itself when
-it can generate (e.g. ``fsdp1``).
+it can generate (e.g. ``fsdp1``). Everything is decided by the resolved config
+(:func:`rlcore.config.resolve`); nothing here resolves again.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rlcore.config import ResolvedConfig, resolve
+
 
 @dataclass
 class Run:
-    """Everything a GRPO run holds, built from a validated config (pieces not started yet are None)."""
+    """Everything a GRPO run holds, built from a resolved config (pieces not started yet are None)."""
 
-    cfg: Any
+    resolved: ResolvedConfig
     cluster: Any
     policy: Any = None
     generation: Any = None
@@ -26,6 +30,11 @@ class Run:
     tokenizer: Any = None
     start_step: int = 0
     extra_clusters: list[Any] = field(default_factory=list)
+
+    @property
+    def cfg(self) -> Any:
+        """The whole config, every decision written in (``resolved.config``)."""
+        return self.resolved.config
 
     def shutdown(self) -> None:
         """Stop the synchronizer, the generation backend, the policy and the clusters (each tried even if one
@@ -44,49 +53,50 @@ class Run:
             raise errors[0]
 
 
-def build_run(cfg: Any, resume_dir: Path | None = None, start_step: int = 0) -> Run:
+def build_run(config: Any, resume_dir: Path | None = None, start_step: int = 0) -> Run:
     """Start the cluster, the policy, the generation backend and the synchronizer.
 
-    If anything fails to start, what was started is shut down before the error propagates.
+    ``config``: a :class:`~rlcore.config.ResolvedConfig`, or an ``RLCoreConfig`` (resolved here with
+    ``rlcore run``'s defaults). If anything fails to start, what was started is shut down before the
+    error propagates.
     """
     from transformers import AutoTokenizer
 
     from rlcore.distributed import RayVirtualCluster
-    from rlcore.plugins import get_registry
+    from rlcore.distributed.reaper import SESSION_ENV
     from rlcore.policy import Policy
     from rlcore.refit import WeightSynchronizer
     from rlcore.run.prompts import configure_tokenizer
 
-    gen_cfg = cfg.policy.generation
-    separate = gen_cfg.backend != cfg.policy.training_backend
-    colocated = separate and gen_cfg.colocated.enabled
-    tokenizer = configure_tokenizer(AutoTokenizer.from_pretrained(cfg.policy.tokenizer.name or cfg.policy.model_name),
-                                    cfg.policy.tokenizer)
+    resolved = config if isinstance(config, ResolvedConfig) else resolve(config, run=True)
+    cfg, gen = resolved.config, resolved.generation
+    colocated = gen.separate and gen.colocated
+    tokenizer = configure_tokenizer(AutoTokenizer.from_pretrained(cfg.policy.tokenizer.name), cfg.policy.tokenizer)
     cluster = RayVirtualCluster.from_config(cfg.cluster, max_colocated_worker_groups=2 if colocated else 1)
-    run = Run(cfg, cluster, tokenizer=tokenizer, start_step=start_step)
+    run = Run(resolved, cluster, tokenizer=tokenizer, start_step=start_step)
     try:
         weights = optimizer = None
         if resume_dir is not None:
             weights, optimizer = str(resume_dir / "weights"), str(resume_dir / "optimizer")
         # The reference model only feeds the KL term: without one, no rank keeps its copy of the weights.
-        run.policy = Policy(cluster, cfg.policy, tokenizer, weights_path=weights, optimizer_path=optimizer,
+        run.policy = Policy(cluster, resolved.policy, tokenizer, weights_path=weights, optimizer_path=optimizer,
                             init_reference_model=cfg.loss.reference_policy_kl_penalty > 0)
         run.generation = run.policy
-        if separate:
-            spec = get_registry().resolve(gen_cfg.backend, kind="generation")
+        if gen.separate:
             gen_cluster = cluster
             if not colocated:
-                res = gen_cfg.colocated.resources
+                res = gen.config.colocated.resources
                 gen_cluster = RayVirtualCluster([res.workers_per_node] * res.num_nodes,
                                                 use_gpus=cfg.cluster.use_gpu, name="rlcore-generation")
                 run.extra_clusters.append(gen_cluster)
-            lora = cfg.policy.lora
-            adapter_refit = lora.enabled and lora.refit == "adapter"  # the rules checked the engine can
-            engine_options = {"lora_rank": lora.dim} if adapter_refit else {}
-            run.generation = spec.load_driver_class()(gen_cluster, gen_cfg, tokenizer=tokenizer, **engine_options)
+            available = {"tokenizer": tokenizer, "backend_config": gen.section}
+            if gen.adapter_refit:
+                available["lora_rank"] = cfg.policy.lora.dim
+            run.generation = gen.spec.load_driver_class()(gen_cluster, gen.config,
+                                                          **gen.spec.api.generation_driver_kwargs(available))
             run.synchronizer = WeightSynchronizer(run.policy, run.generation, colocated=colocated, cluster=cluster,
-                                                  partial_refit="partial_refit" in spec.capabilities,
-                                                  adapter_refit=adapter_refit)
+                                                  partial_refit=gen.partial_refit, adapter_refit=gen.adapter_refit,
+                                                  scratch_dir=os.environ.get(SESSION_ENV))
     except BaseException:
         with contextlib.suppress(Exception):  # the start-up error is the one worth reporting
             run.shutdown()

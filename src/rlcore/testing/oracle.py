@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -84,6 +85,23 @@ def single_process_sgd(model_dir: str, steps: list[tuple[Any, Any]], lr: float) 
     return initial, records
 
 
+def train_one_step_and_save(policy: Any, data: Any, loss_fn: Any, weights_dir: Path,
+                             optimizer_path: Path | None = None) -> dict:
+    """One optimizer step of ``policy`` on ``data``, then a checkpoint at ``weights_dir``; the train result."""
+    result = policy.train(data, loss_fn)
+    policy.save_checkpoint(str(weights_dir), str(optimizer_path) if optimizer_path else None)
+    assert len(result["loss"]) == 1, f"one global batch gave {len(result['loss'])} optimizer steps"
+    return result
+
+
+def train_and_save_step(policy: Any, data: Any, loss_fn: Any, weights_dir: Path,
+                        optimizer_path: Path | None = None) -> StepRecord:
+    """One optimizer step of ``policy``, then a checkpoint; the record's weights are read back with HF."""
+    result = train_one_step_and_save(policy, data, loss_fn, weights_dir, optimizer_path)
+    return StepRecord(float(result["loss"][0]), float(result["grad_norm"][0]),
+                      state_copy(load_hf_model(str(weights_dir))))
+
+
 def oracle_gradients(model: Any, data: Any, loss_fn: Any) -> tuple[float, dict]:
     """The loss of one optimizer step over all of ``data`` and ``{parameter name: gradient}`` (one forward)."""
     model.zero_grad(set_to_none=True)
@@ -97,7 +115,8 @@ def oracle_gradients(model: Any, data: Any, loss_fn: Any) -> tuple[float, dict]:
     return float(loss.detach()), grads
 
 
-__all__ = ["StepRecord", "hf_token_logprobs", "load_hf_model", "oracle_gradients", "single_process_sgd", "state_copy"]
+__all__ = ["StepRecord", "hf_token_logprobs", "load_hf_model", "oracle_gradients", "single_process_sgd", "state_copy",
+           "train_and_save_step", "train_one_step_and_save"]
 
 
 def weight_problems(actual: dict, expected: dict, initial: dict, rtol: float, what: str = "weights") -> list[str]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 if TYPE_CHECKING:
     import torch
@@ -34,6 +34,10 @@ class StepHooks:
       ``max_norm`` is not None.
     - ``optimizer_step()``: optimizer and scheduler step, then zero the grads.
     - ``zero_grad()``: drop gradients (used in eval mode).
+    - ``run_micro_batches(mbs, loss_of, eval_mode)`` (optional): run a step's micro-batches
+      yourself, calling ``loss_of(mb, logprobs)`` for each and back-propagating the loss it returns
+      unless ``eval_mode`` — for an engine that schedules them together (megatron's pipeline). By
+      default each micro-batch runs ``forward`` then ``backward``.
     """
 
     forward: Callable[["BatchedDataDict[Any]"], "torch.Tensor"]
@@ -42,6 +46,18 @@ class StepHooks:
     clip_grads: Callable[[float | None], float]
     optimizer_step: Callable[[], None]
     zero_grad: Callable[[], None]
+    run_micro_batches: Callable[[list["BatchedDataDict[Any]"], Callable[..., "torch.Tensor"], bool], None] | None = None
+
+    def run(self, mbs: Iterable["BatchedDataDict[Any]"], loss_of: Callable[..., "torch.Tensor"],
+            eval_mode: bool) -> None:
+        """Forward (and backward unless ``eval_mode``) every micro-batch of one step."""
+        if self.run_micro_batches is not None:
+            self.run_micro_batches(list(mbs), loss_of, eval_mode)
+            return
+        for mb in mbs:
+            loss = loss_of(mb, self.forward(mb))
+            if not eval_mode:
+                loss.backward()
 
 
 def valid_counts(batch: "BatchedDataDict[Any]") -> tuple["torch.Tensor", "torch.Tensor"]:
@@ -119,15 +135,17 @@ def train_steps(
         hooks.all_reduce_sum(counts)
         global_seqs, global_toks = counts[0].float(), counts[1].float()
         step_loss = torch.zeros((), dtype=torch.float64)
-        for mb in micro_batches(step, mbs, mode, seq_multiple):
-            with torch.set_grad_enabled(not eval_mode):
-                logprobs = hooks.forward(mb)
-                loss, metrics = loss_fn(logprobs, mb, global_seqs, global_toks)
-                if not eval_mode:
-                    loss.backward()
-            step_loss += loss.detach().double()
+
+        def loss_of(mb: "BatchedDataDict[Any]", logprobs: "torch.Tensor") -> "torch.Tensor":
+            nonlocal step_loss
+            loss, metrics = loss_fn(logprobs, mb, global_seqs, global_toks)
+            step_loss = step_loss + loss.detach().double().cpu()
             for name, value in metrics.items():
                 mb_metrics[name].append(float(value))
+            return loss
+
+        with torch.set_grad_enabled(not eval_mode):
+            hooks.run(micro_batches(step, mbs, mode, seq_multiple), loss_of, eval_mode)
         hooks.all_reduce_sum(step_loss)
         if eval_mode:
             hooks.zero_grad()

@@ -1,10 +1,12 @@
 """``TrainingWorkerBase``: what every training backend's Ray worker shares.
 
-A backend subclass builds its (possibly sharded) model and optimizer in
-``__init__`` and provides:
+A backend subclass builds its (possibly sharded) model in ``__init__``, ends
+it with :meth:`_init_optimizer_and_reference` (or builds its own optimizer), and
+provides:
 
-- :meth:`_forward_logprobs` (micro-batch → ``[B, S]`` float32 logprobs, grad-enabled),
-- :meth:`_forward_topk` (micro-batch → top-k logits of next-token positions),
+- :meth:`_forward_logprobs` (micro-batch → ``[B, S]`` float32 logprobs, grad-enabled) and
+  :meth:`_forward_topk` (micro-batch → top-k logits of next-token positions), unless its model is a
+  whole Hugging Face causal LM, which the defaults run;
 - :meth:`_step_hooks` (how gradients are reduced, clipped and applied).
 
 The base class turns those into the worker methods the ``Policy`` calls, with
@@ -22,8 +24,10 @@ from typing import Any, Callable, Iterator
 import torch
 
 from rlcore.data import BatchedDataDict
+from rlcore.training.logprobs import token_logprobs, topk_logits
 from rlcore.training.lora import adapters_disabled, changed_layers
 from rlcore.training.loop import StepHooks, micro_batches, train_steps
+from rlcore.training.optim import build_optimizer, build_scheduler
 
 
 #: ``policy.precision`` → torch dtype.
@@ -40,12 +44,18 @@ class TrainingWorkerBase:
     reference_state: dict[str, torch.Tensor] | None = None
     lora_targets: list[str] = []  # paths of the LoRA-adapted layers (set in __init__ when policy.lora is on)
 
-    # -- to implement ------------------------------------------------------------
+    # -- to implement (the forwards default to a whole Hugging Face causal LM in self.model) ---------
+    def _logits(self, mb: BatchedDataDict) -> torch.Tensor:
+        """``[B, S, V]`` logits of a micro-batch from ``self.model`` called as a Hugging Face causal LM."""
+        ids = mb["input_ids"].to(self.device)
+        return self.model(input_ids=ids, attention_mask=attention_mask(mb, self.device), use_cache=False).logits
+
     def _forward_logprobs(self, mb: BatchedDataDict) -> torch.Tensor:
-        raise NotImplementedError
+        return token_logprobs(self._logits(mb), mb["input_ids"].to(self.device), mb["input_lengths"],
+                              temperature=self.logprob_temperature)
 
     def _forward_topk(self, mb: BatchedDataDict, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        raise NotImplementedError
+        return topk_logits(self._logits(mb), k)
 
     def _step_hooks(self) -> StepHooks:
         raise NotImplementedError
@@ -60,6 +70,20 @@ class TrainingWorkerBase:
         """
         gen = getattr(self.cfg, "generation", None)
         return gen.temperature if gen is not None and gen.temperature > 0 else 1.0
+
+    # -- set-up --------------------------------------------------------------------
+    def _init_optimizer_and_reference(self, params: Any, *, init_optimizer: bool, optimizer_path: str | None,
+                                      init_reference_model: bool, load_optimizer: Callable[[str], None]) -> None:
+        """The end of a backend's ``__init__``: the optimizer and scheduler of ``policy.optimizer`` /
+        ``policy.scheduler`` over ``params`` (none for an inference-only policy), their state restored by
+        ``load_optimizer(optimizer_path)`` when resuming, then the reference copy of the weights."""
+        self.optimizer = build_optimizer(params, self.cfg.optimizer, self.cfg.learning_rate) if init_optimizer \
+            else None
+        self.scheduler = build_scheduler(self.optimizer, self.cfg.scheduler) if self.optimizer else None
+        if optimizer_path and self.optimizer is not None:
+            load_optimizer(optimizer_path)
+        if init_reference_model:
+            self.init_reference_model()
 
     # -- reference model ---------------------------------------------------------
     def _snapshot_to_cpu(self) -> dict[str, torch.Tensor]:

@@ -6,7 +6,7 @@ ray, no engine. The worker and config classes are named as ``"module:Class"``
 strings and imported only where they are used.
 """
 
-from rlcore.plugins import BackendSpec, hookimpl
+from rlcore.plugins import BackendSpec, Capability, hookimpl
 
 
 @hookimpl
@@ -16,8 +16,10 @@ def rlcore_register_backends(register):
         kind="training",
         worker_class="rlcore_plugin_template.worker:TemplateWorker",
         config_class="rlcore_plugin_template.config:TemplateConfig",
-        capabilities={"train", "logprobs", "reference_model", "checkpoint", "dynamic_batching"},
+        capabilities={Capability.TRAIN, Capability.LOGPROBS, Capability.REFERENCE_MODEL, Capability.CHECKPOINT,
+                      Capability.DYNAMIC_BATCHING},
         requires=("torch", "transformers"),
         install_hint="pip install 'rlcore[runtime,hf]'",
         description="Plain data parallel with bucketed gradient all-reduce (the plugin template).",
+        plugin_api_version=2,  # the contract this backend is written for (docs/plugin-api.md)
     ))

@@ -26,16 +26,17 @@ from rlcore.data import BatchedDataDict
 from rlcore.training.checkpoint import load_hf_state_dict, load_torch_state, save_hf_checkpoint, save_torch_state
 from rlcore.training.logprobs import token_logprobs
 from rlcore.training.loop import StepHooks
-from rlcore.training.optim import build_optimizer, build_scheduler, clip_grad_norm_
+from rlcore.training.optim import clip_grad_norm_
 from rlcore.training.worker_base import TrainingWorkerBase
 from rlcore_plugin_template.config import TemplateConfig
 
 
 class TemplateWorker(TrainingWorkerBase):
-    def __init__(self, config: Any, tokenizer: Any = None, weights_path: str | None = None,
-                 optimizer_path: str | None = None, init_optimizer: bool = True,
-                 init_reference_model: bool = True, backend_config: TemplateConfig | None = None,
-                 **_: Any) -> None:
+    def __init__(self, config: Any, tokenizer: Any = None, *, weights_path: str | None = None,
+                 optimizer_path: str | None = None, init_optimizer: bool = True, init_reference_model: bool = True,
+                 backend_config: TemplateConfig | None = None, layout: Any = None) -> None:
+        # Exactly the arguments of plugin API version 2; ``layout`` is pure data parallel here (no layout
+        # function in our spec: see examples/plugin-tp for a backend that declares one).
         from transformers import AutoModelForCausalLM
 
         cuda = torch.cuda.is_available()
@@ -44,19 +45,17 @@ class TemplateWorker(TrainingWorkerBase):
         self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
         self.dp_size = dist.get_world_size()
         self.cfg, self.tokenizer = config, tokenizer
-        # Our own section, policy.template_cfg, validated with our config class by Policy (defaults when absent).
+        # Our own section, policy.template_cfg, validated with our config class by rlcore (defaults when absent).
         self.own = backend_config if backend_config is not None else TemplateConfig()
 
         self.model = AutoModelForCausalLM.from_pretrained(
             weights_path or config.model_name, dtype=getattr(torch, config.precision)).to(self.device)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = build_optimizer(self.params, config.optimizer, config.learning_rate) \
-            if init_optimizer else None
-        self.scheduler = build_scheduler(self.optimizer, config.scheduler) if self.optimizer else None
-        if optimizer_path and self.optimizer:
-            self._load_optimizer(optimizer_path)
-        if init_reference_model:
-            self.init_reference_model()  # a CPU copy of the initial weights
+        # The optimizer and scheduler of policy.optimizer / policy.scheduler, their state when resuming, and
+        # the reference model (a CPU copy of the initial weights).
+        self._init_optimizer_and_reference(self.params, init_optimizer=init_optimizer, optimizer_path=optimizer_path,
+                                           init_reference_model=init_reference_model,
+                                           load_optimizer=self._load_optimizer)
 
     # -- what the base class asks of a backend ---------------------------------------------
     def _forward_logprobs(self, mb: BatchedDataDict) -> torch.Tensor:
@@ -87,11 +86,6 @@ class TemplateWorker(TrainingWorkerBase):
             dist.all_reduce(flat)
             for p, summed in zip(bucket, flat.split([p.numel() for p in bucket])):
                 p.grad.copy_(summed.view_as(p))
-
-    def _optimizer_step(self) -> None:
-        self.optimizer.step()
-        self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
 
     # -- checkpoints -------------------------------------------------------------------------
     def save_checkpoint(self, weights_path: str, optimizer_path: str | None = None,

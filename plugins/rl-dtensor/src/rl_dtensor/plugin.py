@@ -1,10 +1,11 @@
 """Registers the ``dtensor`` training backend (light: imports no torch)."""
 
-from rlcore.plugins import BackendSpec, hookimpl
+from rlcore.plugins import BackendSpec, Capability, hookimpl
 
 CAPABILITIES = frozenset({
-    "train", "logprobs", "topk_logits", "reference_model", "dynamic_batching", "sequence_packing",
-    "checkpoint", "tensor_parallel", "sequence_parallel", "refit", "lora",
+    Capability.TRAIN, Capability.LOGPROBS, Capability.TOPK_LOGITS, Capability.REFERENCE_MODEL,
+    Capability.DYNAMIC_BATCHING, Capability.SEQUENCE_PACKING, Capability.CHECKPOINT, Capability.TENSOR_PARALLEL,
+    Capability.SEQUENCE_PARALLEL, Capability.REFIT, Capability.LORA,
 })
 
 
@@ -16,8 +17,10 @@ def rlcore_register_backends(register):
         worker_class="rl_dtensor.worker:DTensorPolicyWorker",
         # The settings live in the core's own ``policy.dtensor_cfg`` section.
         config_class="rlcore.config.policy:DTensorConfig",
+        layout="rl_dtensor.layout:parallel_layout",
         capabilities=CAPABILITIES,
         requires=("torch", "transformers"),
         install_hint="pip install rl-dtensor",
         description="FSDP2 data parallel + DTensor tensor/sequence parallel (Llama, Qwen2, Qwen3).",
+        plugin_api_version=2,
     ))

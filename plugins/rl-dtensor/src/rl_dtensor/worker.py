@@ -39,8 +39,7 @@ from rlcore.training import lora
 from rlcore.training import sharded_checkpoint as ckpt
 from rlcore.training.checkpoint import is_adapter_checkpoint, load_hf_state_dict, save_tokenizer
 from rlcore.training.loop import StepHooks
-from rlcore.training.optim import build_optimizer, build_scheduler
-from rlcore.distributed.process_group import init_distributed
+from rlcore.training.process_group import init_distributed
 from rlcore.training.worker_base import TrainingWorkerBase
 
 # Gathering FSDP x TP shards (``full_tensor``) takes two all-gathers and DTensor warns about it on
@@ -63,9 +62,10 @@ def check_context_parallel(cp: int, device: torch.device) -> None:
 class DTensorPolicyWorker(RefitExportMixin, TrainingWorkerBase):
     """One rank: a Hugging Face causal LM sharded with FSDP2 over dp and DTensor TP over tp."""
 
-    def __init__(self, config: Any, tokenizer: Any = None, weights_path: str | None = None,
-                 optimizer_path: str | None = None, init_optimizer: bool = True,
-                 init_reference_model: bool = True, **_: Any) -> None:
+    def __init__(self, config: Any, tokenizer: Any = None, *, weights_path: str | None = None,
+                 optimizer_path: str | None = None, init_optimizer: bool = True, init_reference_model: bool = True,
+                 backend_config: Any = None, layout: Any = None) -> None:
+        # Plugin API 2: backend_config is policy.dtensor_cfg and layout its tp/cp (rl_dtensor.layout).
         from rlcore.config import as_policy_config
 
         config = as_policy_config(config)  # the seed's plain dict is accepted too
@@ -105,14 +105,10 @@ class DTensorPolicyWorker(RefitExportMixin, TrainingWorkerBase):
         self._optimizer_device = self.device
 
         # Frozen base weights (LoRA) get no optimizer state.
-        trainable = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = build_optimizer(trainable, config.optimizer, config.learning_rate) \
-            if init_optimizer else None
-        self.scheduler = build_scheduler(self.optimizer, config.scheduler) if self.optimizer else None
-        if optimizer_path and self.optimizer is not None:
-            ckpt.load_optimizer(self.model, self.optimizer, self.scheduler, optimizer_path)
-        if init_reference_model:
-            self.init_reference_model()
+        self._init_optimizer_and_reference(
+            [p for p in self.model.parameters() if p.requires_grad], init_optimizer=init_optimizer,
+            optimizer_path=optimizer_path, init_reference_model=init_reference_model,
+            load_optimizer=lambda path: ckpt.load_optimizer(self.model, self.optimizer, self.scheduler, path))
 
     def __repr__(self) -> str:
         return (f"DTensorPolicyWorker(rank={getattr(self, 'rank', '?')}, dp={getattr(self, 'dp_size', '?')}, "

@@ -5,11 +5,11 @@ neither ``policy.dtensor_cfg`` nor ``policy.megatron_cfg`` is enabled (see
 ``PolicyConfig.training_backend``).
 """
 
-from rlcore.plugins import BackendSpec, hookimpl
+from rlcore.plugins import BackendSpec, Capability, hookimpl
 
 CAPABILITIES = frozenset({
-    "train", "logprobs", "topk_logits", "reference_model", "dynamic_batching", "checkpoint",
-    "generate", "refit", "lora",
+    Capability.TRAIN, Capability.LOGPROBS, Capability.TOPK_LOGITS, Capability.REFERENCE_MODEL,
+    Capability.DYNAMIC_BATCHING, Capability.CHECKPOINT, Capability.GENERATE, Capability.REFIT, Capability.LORA,
 })
 
 
@@ -23,4 +23,5 @@ def rlcore_register_backends(register):
         requires=("torch", "transformers"),
         install_hint="pip install rl-fsdp1 (needs torch>=2.6 and transformers)",
         description="torch FSDP1 data parallel training with Hugging Face generate.",
+        plugin_api_version=2,
     ))

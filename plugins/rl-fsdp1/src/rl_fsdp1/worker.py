@@ -36,11 +36,9 @@ from rlcore.refit.buckets import dtype_name
 from rlcore.training import lora
 from rlcore.training import sharded_checkpoint as ckpt
 from rlcore.training.checkpoint import is_adapter_checkpoint, load_hf_state_dict, recover_checkpoint, save_tokenizer
-from rlcore.training.logprobs import token_logprobs, topk_logits
 from rlcore.training.loop import StepHooks
-from rlcore.training.optim import build_optimizer, build_scheduler
-from rlcore.distributed.process_group import init_distributed
-from rlcore.training.worker_base import TrainingWorkerBase, attention_mask
+from rlcore.training.process_group import init_distributed
+from rlcore.training.worker_base import TrainingWorkerBase
 from rl_fsdp1 import generation as gen
 from rl_fsdp1.sharding import (
     DTYPES,
@@ -57,9 +55,10 @@ logger = logging.getLogger(__name__)
 class FSDP1PolicyWorker(RefitExportMixin, TrainingWorkerBase):
     """One rank of the ``fsdp1`` backend."""
 
-    def __init__(self, config: Any, tokenizer: Any = None, weights_path: str | None = None,
-                 optimizer_path: str | None = None, init_optimizer: bool = True,
-                 init_reference_model: bool = True, **_: Any) -> None:
+    def __init__(self, config: Any, tokenizer: Any = None, *, weights_path: str | None = None,
+                 optimizer_path: str | None = None, init_optimizer: bool = True, init_reference_model: bool = True,
+                 backend_config: Any = None, layout: Any = None) -> None:
+        # Plugin API 2: fsdp1 has no section and no layout function (backend_config None, pure dp).
         from transformers import AutoModelForCausalLM
 
         from rlcore.config import as_policy_config
@@ -94,30 +93,15 @@ class FSDP1PolicyWorker(RefitExportMixin, TrainingWorkerBase):
         self._model_on_device = True
 
         # Frozen base weights (LoRA) get no optimizer state: only the adapter units' flat shards train.
-        trainable = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = build_optimizer(trainable, config.optimizer, config.learning_rate) \
-            if init_optimizer else None
-        self.scheduler = build_scheduler(self.optimizer, config.scheduler) if self.optimizer else None
-        if optimizer_path and self.optimizer is not None:
-            ckpt.load_optimizer(self.model, self.optimizer, self.scheduler, optimizer_path)
-        if init_reference_model:
-            self.init_reference_model()
+        self._init_optimizer_and_reference(
+            [p for p in self.model.parameters() if p.requires_grad], init_optimizer=init_optimizer,
+            optimizer_path=optimizer_path, init_reference_model=init_reference_model,
+            load_optimizer=lambda path: ckpt.load_optimizer(self.model, self.optimizer, self.scheduler, path))
 
     def __repr__(self) -> str:
         return f"FSDP1PolicyWorker(rank={getattr(self, 'rank', '?')}, device={getattr(self, 'device', '?')})"
 
-    # -- model passes ------------------------------------------------------------------
-    def _logits(self, mb: BatchedDataDict) -> torch.Tensor:
-        ids = mb["input_ids"].to(self.device)
-        return self.model(input_ids=ids, attention_mask=attention_mask(mb, self.device), use_cache=False).logits
-
-    def _forward_logprobs(self, mb: BatchedDataDict) -> torch.Tensor:
-        return token_logprobs(self._logits(mb), mb["input_ids"].to(self.device), mb["input_lengths"],
-                              temperature=self.logprob_temperature)
-
-    def _forward_topk(self, mb: BatchedDataDict, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return topk_logits(self._logits(mb), k)
-
+    # -- gradients (the forwards are TrainingWorkerBase's: FSDP wraps a whole HF model) ----
     def _grad_norm(self, max_norm: float | None) -> float:
         """Global L2 norm of the gradient shards of all ranks; clip like ``clip_grad_norm_`` when asked."""
         grads = [p.grad for p in self.model.parameters() if p.grad is not None]

@@ -1,16 +1,18 @@
 """Declares the ``megatron`` training backend to rlcore (light: imports no torch or megatron)."""
 
-from rlcore.plugins import BackendSpec, hookimpl
+from rlcore.plugins import BackendSpec, Capability, hookimpl
 
 MEGATRON_SPEC = BackendSpec(
     name="megatron",
     kind="training",
     worker_class="rl_megatron.worker:MegatronPolicyWorker",
-    capabilities={"train", "logprobs", "topk_logits", "reference_model", "checkpoint",
-                  "tensor_parallel", "pipeline_parallel", "refit"},
+    layout="rl_megatron.layout:parallel_layout",
+    capabilities={Capability.TRAIN, Capability.LOGPROBS, Capability.TOPK_LOGITS, Capability.REFERENCE_MODEL,
+                  Capability.CHECKPOINT, Capability.TENSOR_PARALLEL, Capability.PIPELINE_PARALLEL, Capability.REFIT},
     requires=("torch", "megatron.core", "transformers"),
     install_hint="pip install rl-megatron",
     description="megatron-core GPTModel: tensor, pipeline and data parallel; Megatron DDP and optimizer.",
+    plugin_api_version=2,
 )
 
 

@@ -30,11 +30,11 @@ from typing import Any, Callable, Iterator
 import torch
 import torch.distributed as dist
 
-from rlcore.distributed.process_group import init_distributed
+from rlcore.training.process_group import init_distributed
 from rlcore.data import BatchedDataDict
 from rlcore.refit import RefitExportMixin
 from rlcore.training.logprobs import align
-from rlcore.training.loop import valid_counts
+from rlcore.training.loop import StepHooks
 from rlcore.training.worker_base import TrainingWorkerBase
 from rl_megatron import checkpointing, vocab_parallel
 from rl_megatron.config import megatron_config_problems
@@ -78,9 +78,10 @@ class MegatronPolicyWorker(RefitExportMixin, TrainingWorkerBase):
     ``RefitExportMixin`` turns them into the shared-memory and collective transports.
     """
 
-    def __init__(self, config: Any, tokenizer: Any = None, weights_path: str | None = None,
-                 optimizer_path: str | None = None, init_optimizer: bool = True,
-                 init_reference_model: bool = True, **_: Any) -> None:
+    def __init__(self, config: Any, tokenizer: Any = None, *, weights_path: str | None = None,
+                 optimizer_path: str | None = None, init_optimizer: bool = True, init_reference_model: bool = True,
+                 backend_config: Any = None, layout: Any = None) -> None:
+        # Plugin API 2: backend_config is None (megatron reads policy.megatron_cfg), layout its tp/cp/pp.
         from transformers import AutoConfig
 
         from rlcore.config import as_policy_config
@@ -315,44 +316,38 @@ class MegatronPolicyWorker(RefitExportMixin, TrainingWorkerBase):
     # -- training ---------------------------------------------------------------------------
     def train(self, data: BatchedDataDict, loss_fn: Any, eval_mode: bool = False, gbs: int | None = None,
               mbs: int | None = None, mode: str = "plain") -> dict[str, Any]:
-        """Optimizer steps over this rank's shard; the same contract as ``rlcore.training.loop.train_steps``."""
+        """``rlcore.training.loop.train_steps`` with :meth:`_step_hooks`; losses and metrics come from the
+        last pipeline stage."""
         self._check_mode(mode)
-        if self.optimizer is None and not eval_mode:
-            raise RuntimeError("this worker was created with init_optimizer=False; it cannot train")
-        gbs = gbs or self.cfg.train_global_batch_size
-        mbs = mbs or self.cfg.train_micro_batch_size
-        local = gbs // self.dp_size
-        self.model.train(not eval_mode)
-        losses, grad_norms, mb_metrics = [], [], {}
-        for k in range(data.size // local):
-            step = data.get_batch(k, local)
-            counts = torch.stack(valid_counts(step)).to(self.device)  # NCCL reduces device tensors only
-            dist.all_reduce(counts, group=self.dp_group)
-            global_seqs, global_toks = counts[0].float(), counts[1].float()
-            step_losses: list[torch.Tensor] = []
+        if not eval_mode:
+            self._zero_grads()  # restored (GPU-offloaded) gradient buffers hold no zeros yet
+        result = super().train(data, loss_fn, eval_mode, gbs, mbs, mode)
+        result["losses"], result["all_mb_metrics"] = self._from_last_stage((result["losses"],
+                                                                              result["all_mb_metrics"]))
+        return result
 
-            def on_logits(mb: BatchedDataDict, logits: torch.Tensor) -> torch.Tensor:
-                loss, metrics = loss_fn(self._token_logprobs(mb, logits), mb, global_seqs, global_toks)
-                step_losses.append(loss.detach().double())
-                for name, value in metrics.items():
-                    mb_metrics.setdefault(name, []).append(float(value))
-                return loss
+    def _step_hooks(self) -> StepHooks:
+        """Micro-batches run through megatron's pipeline schedule (which back-propagates and, through
+        ``finalize_model_grads``, sums gradients over dp). megatron's optimizer clips inside its own step
+        (``clip_grad`` = policy.max_grad_norm), so the clip hook is the step and returns the norm."""
 
-            if not eval_mode:
-                self.model.zero_grad_buffer()
-                self.optimizer.zero_grad()
-            with torch.set_grad_enabled(not eval_mode):
-                self._run_schedule(list(step.make_microbatch_iterator(mbs)), on_logits, forward_only=eval_mode)
+        def run_micro_batches(mbs: list[BatchedDataDict], loss_of: Callable, eval_mode: bool) -> None:
+            self._run_schedule(mbs, lambda mb, logits: loss_of(mb, self._token_logprobs(mb, logits)),
+                               forward_only=eval_mode)
             self._empty_cache(1)
-            step_loss = torch.stack(step_losses).sum() if step_losses else \
-                torch.zeros((), dtype=torch.float64, device=self.device)
-            if self.last_stage:
-                dist.all_reduce(step_loss, group=self.dp_group)
-            losses.append(float(step_loss))
-            grad_norms.append(0.0 if eval_mode else self._optimizer_step())
-            self._empty_cache(2)
-        losses, mb_metrics = self._from_last_stage((losses, mb_metrics))
-        return {"losses": losses, "grad_norms": grad_norms, "all_mb_metrics": mb_metrics}
+
+        def unused_forward(mb: BatchedDataDict) -> torch.Tensor:
+            raise AssertionError("megatron runs micro-batches through run_micro_batches")
+
+        return StepHooks(
+            forward=unused_forward,
+            all_reduce_sum=lambda t: self._all_reduce_sum(t, self.dp_group),
+            finish_grads=lambda: None,
+            clip_grads=lambda max_norm: self._optimizer_step(),
+            optimizer_step=self._zero_grads,
+            zero_grad=self._zero_grads,
+            run_micro_batches=run_micro_batches,
+        )
 
     def _optimizer_step(self) -> float:
         """Clip (policy.max_grad_norm) and step; returns the global gradient norm before clipping."""
@@ -362,6 +357,12 @@ class MegatronPolicyWorker(RefitExportMixin, TrainingWorkerBase):
         if success:
             self.scheduler.step(increment=1)
         return float(grad_norm)
+
+    def _zero_grads(self) -> None:
+        if self.optimizer is not None:
+            self.model.zero_grad_buffer()
+            self.optimizer.zero_grad()
+        self._empty_cache(2)
 
     # -- reference model (this rank's own shards, kept on CPU) ---------------------------------
     def _snapshot_to_cpu(self) -> dict[str, torch.Tensor]:

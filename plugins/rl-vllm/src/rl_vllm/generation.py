@@ -34,19 +34,20 @@ INPUT_KEYS = ("input_ids", "input_lengths", "stop_strings")
 class VllmGeneration(WorkerGroupOwner, GenerationInterface):
     """Data-parallel vLLM engines behind ``GenerationInterface``.
 
-    ``config`` is the resolved ``policy.generation`` section
-    (``GenerationConfig``): its sampling fields are read at every
-    ``generate`` call (so a changed ``config`` applies to the next call), its
-    ``vllm_cfg`` sub-section is validated here unless ``vllm_config`` is
-    given. Engine start-up failures surface from the constructor as a
+    ``config`` is the ``policy.generation`` section (``GenerationConfig``):
+    its sampling fields are read at every ``generate`` call (so a changed
+    ``config`` applies to the next call). ``backend_config`` is its validated
+    ``vllm_cfg`` sub-section, as rlcore passes it (plugin API 2); built from
+    Python without it, the sub-section is validated here. Engine start-up
+    failures surface from the constructor as a
     :class:`rlcore.distributed.WorkerError` naming the rank and the cause.
     """
 
-    def __init__(self, cluster: RayVirtualCluster, config: Any, *, vllm_config: VllmConfig | None = None,
+    def __init__(self, cluster: RayVirtualCluster, config: Any, *, backend_config: VllmConfig | None = None,
                  tokenizer: Any = None, name_prefix: str = "vllm", lora_rank: int | None = None) -> None:
         # ``tokenizer`` is part of rlcore's driver-class contract; the engines load their own from the model.
         self.cfg = config
-        self.vllm_cfg = vllm_config if vllm_config is not None else vllm_config_from(config)
+        self.vllm_cfg = backend_config if backend_config is not None else vllm_config_from(config)
         tp = self.vllm_cfg.tensor_parallel_size
         if cluster.world_size % tp:
             raise ValueError(f"policy.generation.vllm_cfg.tensor_parallel_size={tp} does not divide the "

@@ -3,7 +3,7 @@
 Imported to list backends, so it imports nothing but rlcore's plugin module.
 """
 
-from rlcore.plugins import BackendSpec, hookimpl
+from rlcore.plugins import BackendSpec, Capability, hookimpl
 
 
 @hookimpl
@@ -14,9 +14,11 @@ def rlcore_register_backends(register):
         worker_class="rl_vllm.worker:VllmGenerationWorker",
         driver_class="rl_vllm.generation:VllmGeneration",
         config_class="rl_vllm.config:VllmConfig",
-        capabilities={"generate", "refit", "partial_refit", "lora_adapter", "async_generation", "data_parallel",
-                      "stop_strings", "logprobs"},
+        capabilities={Capability.GENERATE, Capability.REFIT, Capability.PARTIAL_REFIT, Capability.LORA_ADAPTER,
+                      Capability.ASYNC_GENERATION, Capability.DATA_PARALLEL, Capability.STOP_STRINGS,
+                      Capability.LOGPROBS},
         requires=("vllm",),
         install_hint="pip install 'rl-vllm[cpu]'  (or [gpu] on CUDA)",
         description="vLLM engines in Ray actors (data parallel), in-place weight refit.",
+        plugin_api_version=2,
     ))

@@ -36,7 +36,7 @@ locally:
 - checkpoints resume training: Adam + LR warm-up, save after step 1, a new
   ``Policy(weights_path=..., optimizer_path=...)`` trains on and matches
   uninterrupted training; a lost optimizer or scheduler state is named
-  (:mod:`rlcore.testing.resume_check`); the weights load with ``AutoModelForCausalLM``;
+  (:mod:`rlcore.testing.conformance.resume_check`); the weights load with ``AutoModelForCausalLM``;
 - ``prepare_refit_info`` (only when 'refit' is declared) and
   ``get_topk_logits`` (only when 'topk_logits' is declared).
 
@@ -78,10 +78,7 @@ from rlcore.testing.conformance.checkers import (
 from rlcore.testing.conformance.generation import GenerationBackendConformance
 from rlcore.testing.conformance.probes import plugin_reference
 from rlcore.testing.conformance.training import TrainingBackendConformance
-from rlcore.testing.conformance.training_kit import (
-    _TrainingKit,  # noqa: F401 - rlcore's own kit tests drive it directly
-    train_and_save_step,
-)
+from rlcore.testing.conformance.training_kit import _TrainingKit  # noqa: F401 - rlcore's own kit tests drive it
 from rlcore.testing.oracle import (  # re-exported: the oracles and checkers are part of the kit's public API
     StepRecord,
     close,  # noqa: F401
@@ -91,6 +88,7 @@ from rlcore.testing.oracle import (  # re-exported: the oracles and checkers are
     single_process_sgd,
     state_copy,  # noqa: F401
     step_problems,  # noqa: F401
+    train_and_save_step,
     weight_problems,
 )
 

@@ -1,12 +1,13 @@
-"""What every backend kind's conformance class shares: the plugin module is light and the spec is valid."""
+"""What every backend kind's conformance class shares: the plugin module is light, the spec is valid, and
+the worker class keeps the worker contract of :mod:`rlcore.interfaces.workers`."""
 
 from __future__ import annotations
 
-import json
 from typing import Any, ClassVar
 
 import pytest
 
+from rlcore.interfaces.workers import CAPABILITY_PROTOCOLS, GenerationWorker, TrainingWorker, protocol_methods
 from rlcore.testing.conformance.probes import (
     CLASSES_PROBE,
     PLUGIN_PROBE,
@@ -14,23 +15,15 @@ from rlcore.testing.conformance.probes import (
     run_probe,
 )
 
-#: Modules that a plugin module (and a backend's config class) must not import.
+#: Modules that a plugin module (and a backend's config class, and a layout function) must not import.
 HEAVY_MODULES = ("torch", "ray", "vllm", "megatron")
 
-#: Methods every training worker class has (seed 003/004 surface).
-TRAINING_WORKER_METHODS = (
-    "get_logprobs", "get_reference_policy_logprobs", "train", "save_checkpoint", "load_checkpoint",
-    "prepare_for_training", "prepare_for_lp_inference", "offload_before_refit", "offload_after_refit",
-    "is_alive", "shutdown",
-)
-#: Methods every generation worker class has.
-GENERATION_WORKER_METHODS = ("generate", "prepare_for_generation", "finish_generation", "shutdown")
-#: Extra methods a declared capability requires.
-CAPABILITY_METHODS = {
-    "refit": ("prepare_refit_info",),
-    "topk_logits": ("get_topk_logits",),
-    "generate": ("generate",),
-}
+#: Methods every training worker class has: :class:`rlcore.interfaces.workers.TrainingWorker`.
+TRAINING_WORKER_METHODS = tuple(protocol_methods(TrainingWorker))
+#: Methods every generation worker class has: :class:`rlcore.interfaces.workers.GenerationWorker`.
+GENERATION_WORKER_METHODS = tuple(protocol_methods(GenerationWorker))
+#: Extra methods a declared capability requires (the Protocols of ``CAPABILITY_PROTOCOLS``).
+CAPABILITY_METHODS = {c.value: tuple(protocol_methods(p)) for c, p in CAPABILITY_PROTOCOLS.items()}
 
 
 def deep_merge(base: dict, extra: dict) -> dict:
@@ -97,21 +90,21 @@ class _BackendChecks:
             f"plugin {ref!r} registered {sorted(names)}, not {self.expected_kind} backend '{self.backend_name}'"
 
     def test_spec_is_valid(self, backend_spec: Any) -> None:
-        """Kind and name as declared, and the classes it names import (in a fresh interpreter)."""
+        """Kind and name as declared; in a fresh interpreter, the config class and the layout function import
+        lightly and the worker class keeps the worker contract (every method of its Protocols, with signatures
+        that take rlcore's calls, and a constructor that takes its plugin API version's arguments)."""
         from rlcore.plugins import BackendSpec
 
         assert backend_spec.name == self.backend_name
         assert backend_spec.kind == self.expected_kind, \
             f"backend '{self.backend_name}' declares kind {backend_spec.kind!r}, expected {self.expected_kind!r}"
         assert BackendSpec.model_validate(backend_spec.model_dump()) == backend_spec
-        methods = list(self.required_worker_methods)
-        for capability in sorted(backend_spec.capabilities):
-            methods += CAPABILITY_METHODS.get(capability, ())
-        spec = {"worker_class": backend_spec.worker_class, "config_class": backend_spec.config_class,
-                "methods": sorted(set(methods))}
-        out = run_probe(CLASSES_PROBE, json.dumps(spec), ",".join(self.heavy_modules))
+        out = run_probe(CLASSES_PROBE, backend_spec.model_dump_json(), ",".join(self.heavy_modules))
         assert out["config_error"] is None, f"config_class {backend_spec.config_class}: {out['config_error']}"
-        assert not out["config_heavy"], (f"importing config_class {backend_spec.config_class} imported "
-                                         f"{out['config_heavy']}; config classes must stay light")
+        assert out["layout_error"] is None, f"layout {backend_spec.layout}: {out['layout_error']}"
+        assert not out["config_heavy"], (f"importing config_class {backend_spec.config_class} and layout "
+                                         f"{backend_spec.layout} imported {out['config_heavy']}; they run on the "
+                                         "driver and must stay light")
         assert out["worker_error"] is None, f"worker_class {backend_spec.worker_class}: {out['worker_error']}"
-        assert not out["missing"], f"worker_class {backend_spec.worker_class} lacks methods {out['missing']}"
+        assert not out["problems"], f"worker_class {backend_spec.worker_class} breaks the worker contract:\n" + \
+            "\n".join(out["problems"])

@@ -6,6 +6,7 @@ from typing import Any, ClassVar
 
 import pytest
 
+from rlcore.plugins import Capability
 from rlcore.testing.conformance.backend_checks import (
     GENERATION_WORKER_METHODS,
     _BackendChecks,
@@ -112,7 +113,7 @@ class GenerationBackendConformance(_BackendChecks):
         assert not mismatched.any(), f"greedy tokens differ from HF argmax at {mismatched.nonzero().tolist()[:5]}"
 
     def test_refit_round_trip(self, backend_spec: Any) -> None:
-        if "refit" not in backend_spec.capabilities:
+        if not backend_spec.supports(Capability.REFIT):
             pytest.skip(f"backend '{self.backend_name}' does not declare 'refit'")
         pytest.skip("generic refit round trip not in the kit yet (it needs a training policy beside the engine); "
                     "backends test it themselves, e.g. plugins/rl-vllm/tests/test_refit.py")
@@ -123,7 +124,7 @@ class GenerationBackendConformance(_BackendChecks):
         ``weight_version`` set before its request and its engine call's ``generation_window``."""
         import torch
 
-        if "async_generation" not in backend_spec.capabilities:
+        if not backend_spec.supports(Capability.ASYNC_GENERATION):
             pytest.skip(f"backend '{self.backend_name}' does not declare 'async_generation'")
         engine = generation["engine"]
         prompts, expected = greedy_output

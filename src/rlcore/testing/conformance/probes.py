@@ -48,28 +48,36 @@ print(json.dumps({"heavy": sorted(loaded & set(heavy_names)),
                   "records": [r.as_dict() for r in registry.records]}))
 """
 
-#: Imports a spec's config and worker classes; prints import errors, heavy modules, missing methods.
+#: Imports a spec's config class, layout function and worker class; prints import errors, heavy modules, and
+#: the worker contract's problems (rlcore.interfaces.workers.worker_problems).
 CLASSES_PROBE = r"""
 import json, sys
-spec = json.loads(sys.argv[1])
 heavy_names = set(sys.argv[2].split(","))
-from rlcore.plugins import import_object
-out = {"config_error": None, "config_heavy": [], "worker_error": None, "missing": []}
-if spec["config_class"]:
+from rlcore.plugins import BackendSpec, import_object
+spec = BackendSpec.model_validate_json(sys.argv[1])
+out = {"config_error": None, "layout_error": None, "config_heavy": [], "worker_error": None, "problems": []}
+if spec.config_class:
     try:
         from pydantic import BaseModel
-        cls = import_object(spec["config_class"])
+        cls = import_object(spec.config_class)
         if not (isinstance(cls, type) and issubclass(cls, BaseModel)):
-            out["config_error"] = f"{spec['config_class']} is not a pydantic model class"
+            out["config_error"] = f"{spec.config_class} is not a pydantic model class"
     except Exception as exc:
         out["config_error"] = f"{type(exc).__name__}: {exc}"
-    out["config_heavy"] = sorted({n.split(".")[0] for n in sys.modules} & heavy_names)
+if spec.layout:
+    try:
+        if not callable(import_object(spec.layout)):
+            out["layout_error"] = f"{spec.layout} is not callable"
+    except Exception as exc:
+        out["layout_error"] = f"{type(exc).__name__}: {exc}"
+out["config_heavy"] = sorted({n.split(".")[0] for n in sys.modules} & heavy_names)
 try:
-    cls = import_object(spec["worker_class"])
+    cls = import_object(spec.worker_class)
     if not isinstance(cls, type):
-        out["worker_error"] = f"{spec['worker_class']} is a {type(cls).__name__}, not a class"
+        out["worker_error"] = f"{spec.worker_class} is a {type(cls).__name__}, not a class"
     else:
-        out["missing"] = [m for m in spec["methods"] if not callable(getattr(cls, m, None))]
+        from rlcore.interfaces.workers import worker_problems
+        out["problems"] = worker_problems(cls, spec)
 except Exception as exc:
     out["worker_error"] = f"{type(exc).__name__}: {exc}"
 print(json.dumps(out))

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import pytest
 
+from rlcore.plugins import Capability
 from rlcore.testing.conformance.backend_checks import (
     TRAINING_WORKER_METHODS,
     _BackendChecks,
@@ -15,7 +16,7 @@ from rlcore.testing.conformance.training_kit import _TrainingKit
 from rlcore.testing.oracle import close, load_hf_model, step_problems
 
 if TYPE_CHECKING:
-    from rlcore.testing.resume_check import AdamRecipe
+    from rlcore.testing.conformance.resume_check import AdamRecipe
 
 
 class TrainingBackendConformance(_BackendChecks):
@@ -76,6 +77,12 @@ class TrainingBackendConformance(_BackendChecks):
         except pytest.FixtureLookupError:
             pytest.fail("the conformance kit needs its fixtures: add "
                         "pytest_plugins = ['rlcore.testing.pytest_plugin'] to your root conftest.py or test module", pytrace=False)
+        from rlcore.interfaces.workers import worker_problems
+
+        # The worker contract first: a worker that cannot take rlcore's calls fails here, not inside Ray.
+        if problems := worker_problems(backend_spec.load_worker_class(), backend_spec):
+            pytest.fail(f"worker_class {backend_spec.worker_class} breaks the worker contract:\n" + "\n".join(problems),
+                        pytrace=False)
         model_dir = request.getfixturevalue("tiny_model_dir")
         tokenizer = request.getfixturevalue("tiny_tokenizer")
         kit = _TrainingKit(cls, backend_spec, model_dir, tokenizer, tmp_path_factory.mktemp(f"kit-{cls.__name__}"))
@@ -99,7 +106,7 @@ class TrainingBackendConformance(_BackendChecks):
         """Next-token rows only ([B, S-1, k]); values are the HF top-k logits at global token ids."""
         import torch
 
-        if "topk_logits" not in kit.spec.capabilities:
+        if not kit.spec.supports(Capability.TOPK_LOGITS):
             pytest.skip(f"backend '{kit.spec.name}' does not declare 'topk_logits'")
         topk = kit.policy("world")["topk"]
         values, indices = topk["topk_logits"], topk["topk_indices"]
@@ -117,6 +124,25 @@ class TrainingBackendConformance(_BackendChecks):
         assert err_values <= self.logprob_atol, f"top-k values differ from HF by {err_values:.3g}"
         assert err_indices <= self.logprob_atol, f"top-k values do not match the logits at their indices " \
                                                  f"({err_indices:.3g}); indices must be global token ids"
+
+    # -- sharding ---------------------------------------------------------------------------
+    def test_data_is_sharded_by_the_declared_layout(self, kit: _TrainingKit) -> None:
+        """``Policy`` lays its ranks out by the layout the backend declared (the spec's layout function; pure
+        data parallel without one) and splits every batch over the data-parallel ranks that leaves, the ranks
+        of the other axes getting the same shard (design.md §2.5). The logprob and training tests hold only
+        if every rank got the data its backend's own layout expects."""
+        from rlcore.distributed import NamedSharding
+        from rlcore.plugins import LayoutRequest, ParallelLayout
+
+        policy = kit.policy("world")["policy"]
+        function = kit.spec.load_layout()
+        request = LayoutRequest(policy.cfg, policy.resolved.section, self.world_size, policy.resolved.use_gpu)
+        declared = function(request) if function else ParallelLayout()
+        assert isinstance(declared, ParallelLayout), f"layout {kit.spec.layout} returned {declared!r}"
+        expected = NamedSharding.for_world(self.world_size, **declared.sizes())
+        assert policy.sharding == policy.worker_group.sharding == expected, \
+            f"Policy shards as {policy.sharding}, the backend declares {declared.sizes()} ({expected})"
+        assert policy.resolved.batch.data_parallel_size == expected.dp
 
     # -- training invariance ----------------------------------------------------------------
     def test_loss_invariant_to_micro_batch_size(self, kit: _TrainingKit) -> None:
@@ -182,9 +208,9 @@ class TrainingBackendConformance(_BackendChecks):
         restored policy's logprobs are the saved ones, and the resumed steps'
         losses, grad norms and weights equal the uninterrupted run's, which
         itself matches a single-process Adam oracle. See
-        :mod:`rlcore.testing.resume_check` for how a failure is diagnosed.
+        :mod:`rlcore.testing.conformance.resume_check` for how a failure is diagnosed.
         """
-        from rlcore.testing.resume_check import (
+        from rlcore.testing.conformance.resume_check import (
             RECIPE,
             ResumeTolerances,
             resume_problems,
@@ -198,7 +224,7 @@ class TrainingBackendConformance(_BackendChecks):
     # -- refit --------------------------------------------------------------------------------
     def test_prepare_refit_info(self, kit: _TrainingKit) -> None:
         """``{hf_name: (shape, dtype)}`` covering the HF state dict (design.md §2.7)."""
-        if "refit" not in kit.spec.capabilities:
+        if not kit.spec.supports(Capability.REFIT):
             pytest.skip(f"backend '{kit.spec.name}' does not declare 'refit'")
         policy = kit.policy("world")["policy"]
         info = policy.prepare_refit_info()

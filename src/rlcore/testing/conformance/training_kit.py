@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 import pytest
 
+from rlcore.plugins import Capability
 from rlcore.testing.conformance.backend_checks import deep_merge
 from rlcore.testing.conformance.lora import LORA_SETTINGS
 from rlcore.testing.oracle import (
@@ -20,28 +21,9 @@ from rlcore.testing.oracle import (
     hf_token_logprobs,
     load_hf_model,
     single_process_sgd,
-    state_copy,
+    train_and_save_step,
+    train_one_step_and_save,
 )
-
-if TYPE_CHECKING:
-    from rlcore.testing.conformance.training import TrainingBackendConformance
-
-
-def _train_one_step_and_save(policy: Any, data: Any, loss_fn: Any, weights_dir: Path,
-                             optimizer_path: Path | None = None) -> dict:
-    """One optimizer step of ``policy`` on ``data``, then a checkpoint at ``weights_dir``; the train result."""
-    result = policy.train(data, loss_fn)
-    policy.save_checkpoint(str(weights_dir), str(optimizer_path) if optimizer_path else None)
-    assert len(result["loss"]) == 1, f"one global batch gave {len(result['loss'])} optimizer steps"
-    return result
-
-
-def train_and_save_step(policy: Any, data: Any, loss_fn: Any, weights_dir: Path,
-                        optimizer_path: Path | None = None) -> StepRecord:
-    """One optimizer step of ``policy``, then a checkpoint; the record's weights are read back with HF."""
-    result = _train_one_step_and_save(policy, data, loss_fn, weights_dir, optimizer_path)
-    return StepRecord(float(result["loss"][0]), float(result["grad_norm"][0]),
-                      state_copy(load_hf_model(str(weights_dir))))
 
 
 class _Once:
@@ -69,14 +51,14 @@ class _Variant:
 
     name: str
     single_rank: bool = False
-    capability: str | None = None
+    capability: Capability | None = None
     policy: dict = field(default_factory=dict)
 
 
 class _TrainingKit:
     """The class-wide state: data, the oracle, and lazily built, lazily trained policies."""
 
-    def __init__(self, cls: type["TrainingBackendConformance"], spec: Any, model_dir: str, tokenizer: Any,
+    def __init__(self, cls: type, spec: Any, model_dir: str, tokenizer: Any,
                  tmp_dir: Path) -> None:
         import torch
 
@@ -84,7 +66,7 @@ class _TrainingKit:
         from rlcore.data import BatchedDataDict
         from rlcore.testing.models import make_batch
         from rlcore.testing.pytest_plugin import ClusterPool
-        from rlcore.testing.resume_check import resume_steps
+        from rlcore.testing.conformance.resume_check import resume_steps
 
         self.author = cls()  # the subclass instance whose hooks we call
         self.cls = cls
@@ -134,7 +116,7 @@ class _TrainingKit:
 
     # -- policies ------------------------------------------------------------------------
     def variants(self) -> dict[str, _Variant]:
-        from rlcore.testing.resume_check import RECIPE
+        from rlcore.testing.conformance.resume_check import RECIPE
 
         gbs = self.gbs
         return {v.name: v for v in (
@@ -142,18 +124,18 @@ class _TrainingKit:
             _Variant("adam", policy=self.author.resume_policy_overrides(RECIPE)),
             # dp=1 and another micro-batch size (2 micro-batches per step instead of 4 per rank)
             _Variant("single", single_rank=True, policy={"train_micro_batch_size": gbs // 2}),
-            _Variant("dynamic", capability="dynamic_batching", policy={"dynamic_batching": {
+            _Variant("dynamic", capability=Capability.DYNAMIC_BATCHING, policy={"dynamic_batching": {
                 "enabled": True, "train_mb_tokens": 32, "logprob_mb_tokens": 48, "sequence_length_round": 4}}),
-            _Variant("packing", capability="sequence_packing", policy={"sequence_packing": {
+            _Variant("packing", capability=Capability.SEQUENCE_PACKING, policy={"sequence_packing": {
                 "enabled": True, "train_mb_tokens": 32, "logprob_mb_tokens": 48}}),
-            _Variant("lora", capability="lora", policy={"lora": LORA_SETTINGS}),
-            _Variant("lora-adam", capability="lora",
+            _Variant("lora", capability=Capability.LORA, policy={"lora": LORA_SETTINGS}),
+            _Variant("lora-adam", capability=Capability.LORA,
                      policy={**self.author.resume_policy_overrides(RECIPE), "lora": LORA_SETTINGS}),
         )}
 
     def variant(self, name: str) -> _Variant:
         variant = self.variants()[name]
-        if variant.capability and variant.capability not in self.spec.capabilities:
+        if variant.capability and not self.spec.supports(variant.capability):
             pytest.skip(f"backend '{self.spec.name}' does not declare '{variant.capability}'")
         return variant
 
@@ -198,7 +180,7 @@ class _TrainingKit:
             policy = self.start(name, variant)
             record = {"policy": policy, "logprobs": policy.get_logprobs(self.batch)["logprobs"],
                       "noisy_logprobs": policy.get_logprobs(self.noisy_batch)["logprobs"]}
-            if "topk_logits" in self.spec.capabilities:
+            if self.spec.supports(Capability.TOPK_LOGITS):
                 record["topk"] = policy.get_topk_logits(self.batch, k=self.cls.topk_k)
             return record
 
@@ -229,7 +211,7 @@ class _TrainingKit:
             policy.save_checkpoint(str(initial_dir))
             expected = peft_sgd_step(self.model_dir, initial_dir, self.batch, NLLLoss(), self.cls.learning_rate)
             step_dir = self.tmp_dir / "lora-step1"
-            result = _train_one_step_and_save(policy, self.batch, NLLLoss(), step_dir)
+            result = train_one_step_and_save(policy, self.batch, NLLLoss(), step_dir)
             return {"initial_dir": initial_dir, "step_dir": step_dir, "loss": float(result["loss"][0]),
                     "expected": expected, "logprobs": policy.get_logprobs(self.batch)["logprobs"],
                     "reference": policy.get_reference_policy_logprobs(self.batch)["reference_logprobs"]}
@@ -238,7 +220,7 @@ class _TrainingKit:
 
     def resumed(self) -> Any:
         """The resume check's two policies, run once: uninterrupted Adam, and resumed from its checkpoint."""
-        from rlcore.testing.resume_check import run_resume
+        from rlcore.testing.conformance.resume_check import run_resume
 
         variant = self.variant("adam")
         return self.once("the checkpoint resume run", lambda: run_resume(

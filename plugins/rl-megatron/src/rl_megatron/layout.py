@@ -1,0 +1,25 @@
+"""The ``megatron`` backend's parallel layout: tp, cp and pp from ``policy.megatron_cfg`` (light: no torch).
+
+Registered as the spec's ``layout`` function; rlcore calls it when it resolves
+a config, and shards data over the data-parallel ranks that are left. Ranks are
+laid out (pp, dp, cp, tp), megatron's ``tp-cp-ep-dp-pp`` order; the worker
+checks that megatron placed them so.
+"""
+
+from __future__ import annotations
+
+from rlcore.plugins import LayoutRequest, ParallelLayout
+
+_M = "policy.megatron_cfg."
+
+
+def parallel_layout(request: LayoutRequest) -> ParallelLayout:
+    m = request.policy.megatron_cfg
+    if m.context_parallel_size > 1 and not request.use_gpu:
+        raise ValueError(f"{_M}context_parallel_size: is {m.context_parallel_size} but cluster.use_gpu is false; "
+                         f"context parallel needs CUDA (there is no CPU attention sharding): set "
+                         f"{_M}context_parallel_size=1, or cluster.use_gpu=true on a CUDA machine")
+    return ParallelLayout(tp=m.tensor_model_parallel_size, cp=m.context_parallel_size,
+                          pp=m.pipeline_model_parallel_size,
+                          paths={"tp": _M + "tensor_model_parallel_size", "cp": _M + "context_parallel_size",
+                                 "pp": _M + "pipeline_model_parallel_size"})

@@ -1,0 +1,18 @@
+"""Registers the ``reference`` backend through the same public hook third parties use (light: no torch)."""
+
+from rlcore.plugins import BackendSpec, Capability, hookimpl
+
+
+@hookimpl
+def rlcore_register_backends(register):
+    register(BackendSpec(
+        name="reference",
+        kind="training",
+        worker_class="rlcore.backends.reference.worker:ReferenceWorker",
+        capabilities={Capability.TRAIN, Capability.LOGPROBS, Capability.TOPK_LOGITS, Capability.REFERENCE_MODEL,
+                      Capability.DYNAMIC_BATCHING, Capability.CHECKPOINT, Capability.REFIT},
+        requires=("torch", "transformers"),
+        install_hint="pip install 'rlcore[runtime,hf]'",
+        description="Plain torch data parallel: the smallest correct training backend.",
+        plugin_api_version=2,
+    ))

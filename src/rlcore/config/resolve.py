@@ -1,0 +1,255 @@
+"""One resolution step: a loaded config and the installed plugins → what will run, decided once.
+
+``rlcore run``, ``rlcore config validate``, ``train`` and ``Policy`` call
+:func:`resolve` or :func:`resolve_policy`; ``build_run``, ``Policy``, the loops
+and the workers consume the frozen result and never resolve or validate again.
+The step:
+
+1. a run's defaults: a ``grpo`` section, and fsdp1 for training and generation
+   when the default engine (vLLM) is not installed;
+2. built-in model names (``tiny-llama``) become local paths;
+3. the training backend's spec, its own section, its layout (tp, cp, pp; dp
+   follows) and the batch plan; a run packs when the backend can;
+4. the generation backend's spec and section, how it is refit, and whether a
+   run generates asynchronously;
+5. the loss's automatic settings (the prev-logprob pass).
+
+Every problem is one ConfigError line with its dotted path.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rlcore.config import backends
+from rlcore.config.batch_plan import BatchPlan
+from rlcore.config.coerce import as_policy_config
+from rlcore.config.errors import ConfigError
+from rlcore.config.generation import GenerationConfig
+from rlcore.config.policy import PolicyConfig
+from rlcore.config.rules import check_rules
+from rlcore.config.schemas import ClusterConfig, RLCoreConfig
+from rlcore.plugins import BackendError, BackendSpec, Capability, LayoutRequest, ParallelLayout, Registry
+
+
+@dataclass(frozen=True)
+class ResolvedPolicy:
+    """A policy as it runs: its config (model paths, packing decided), backend, section, layout, batch plan."""
+
+    config: PolicyConfig
+    spec: BackendSpec
+    section: Any  # the backend's validated <name>_cfg section; None without a config class
+    layout: ParallelLayout
+    world_size: int
+    use_gpu: bool
+    batch: BatchPlan
+
+    @property
+    def data_parallel_size(self) -> int:
+        return self.batch.data_parallel_size
+
+
+@dataclass(frozen=True)
+class ResolvedGeneration:
+    """The generation backend of a run: its own engine (``separate``) or the training backend itself."""
+
+    config: GenerationConfig
+    spec: BackendSpec
+    section: Any
+    separate: bool  # an engine of its own (refit by the WeightSynchronizer), not the training backend
+    colocated: bool  # a separate engine on the training workers' bundles
+    adapter_refit: bool  # policy.lora.refit: adapter
+    partial_refit: bool  # the engine loads part of the model (a LoRA policy sends only its adapted layers)
+
+
+@dataclass(frozen=True)
+class ResolvedConfig:
+    """Everything a config resolves to; ``config`` is the whole config with every decision written in."""
+
+    config: RLCoreConfig
+    policy: ResolvedPolicy
+    generation: ResolvedGeneration | None
+    async_generation: bool = False  # grpo.async_grpo.enabled and the engine can
+    notices: tuple[str, ...] = ()  # one line each: a default the run chose (fall-back, synchronous GRPO)
+
+
+def resolve_policy(config: PolicyConfig | Mapping[str, Any], *, world_size: int, use_gpu: bool,
+                   registry: Registry | None = None, auto_packing: bool = False) -> ResolvedPolicy:
+    """A policy config (the model, or the seed's plain dict) resolved for ``world_size`` ranks.
+
+    A dict is validated with the cross-field rules, as a file would be. ``auto_packing``: a run packs
+    when ``sequence_packing.enabled`` is null and the backend can; a Policy built directly does not.
+    """
+    from rlcore.models.builtin import resolve_builtin_policy
+    from rlcore.plugins import get_registry
+
+    registry = registry or get_registry()
+    if not isinstance(config, PolicyConfig):
+        config = as_policy_config(config)
+        cluster = ClusterConfig(num_nodes=1, workers_per_node=world_size, use_gpu=use_gpu)
+        if problems := check_rules(RLCoreConfig(cluster=cluster, policy=config)):
+            raise ConfigError(problems)
+    config = resolve_builtin_policy(config)
+    path = "policy.backend" if config.backend else "policy (training backend)"
+    spec, problems = backends.select(registry, config.training_backend, "training", path)
+    if spec is None:
+        raise ConfigError(problems)
+    section = backends.own_section(spec, config, "policy")
+    layout = backends.layout_of(spec, LayoutRequest(config, section, world_size, use_gpu))
+    packing = config.sequence_packing.enabled
+    if packing is None:
+        packing = auto_packing and spec.supports(Capability.SEQUENCE_PACKING) and not config.dynamic_batching.enabled
+        config = config.model_copy(update={"sequence_packing": config.sequence_packing.model_copy(
+            update={"enabled": packing})})
+    batch = BatchPlan.of(config, world_size // layout.model_parallel_size, packing)
+    problems = backends.capability_problems(config, spec, packing) + batch.problems()
+    if problems:
+        raise ConfigError(problems)
+    return ResolvedPolicy(config, spec, section, layout, world_size, use_gpu, batch)
+
+
+def resolve(cfg: RLCoreConfig, *, run: bool = False, registry: Registry | None = None) -> ResolvedConfig:
+    """Resolve a loaded config (see the module docstring); ``run``: with ``rlcore run``'s defaults."""
+    from rlcore.plugins import get_registry
+
+    registry = registry or get_registry()
+    notices: list[str] = []
+    if run:
+        cfg = _run_defaults(cfg, registry, notices)
+    problems = backends.unknown_sections(cfg.policy, "policy", registry)
+    gen = cfg.policy.generation
+    if gen is not None:
+        problems += backends.unknown_sections(gen, "policy.generation", registry)
+    try:
+        policy = resolve_policy(cfg.policy, world_size=cfg.world_size, use_gpu=cfg.cluster.use_gpu,
+                                registry=registry, auto_packing=run)
+    except ConfigError as exc:
+        raise ConfigError(problems + exc.problems) from None
+    generation = None
+    if gen is not None:
+        generation, gen_problems = _resolve_generation(policy, registry)
+        problems += gen_problems
+    problems += backends.lora_problems(policy.config, policy.spec, generation and generation.spec, registry)
+    async_generation = False
+    if run and not problems:
+        problems += _rollout_problems(cfg, policy)
+        async_generation = _async_generation(cfg, generation, notices)
+        cfg = cfg.model_copy(update={"loss": cfg.loss.model_copy(
+            update={"force_on_policy_ratio": skips_prev_logprob_pass(cfg, policy.config)})})
+    if problems:
+        raise ConfigError(problems)
+    cfg = cfg.model_copy(update={"policy": policy.config})
+    return ResolvedConfig(cfg, policy, generation, async_generation, tuple(notices))
+
+
+# -- a run's defaults --------------------------------------------------------------------------------
+
+
+def _run_defaults(cfg: RLCoreConfig, registry: Registry, notices: list[str]) -> RLCoreConfig:
+    """A run always has a grpo section and a generation backend (fsdp1 when vLLM is not installed)."""
+    from rlcore.config.grpo import GRPOConfig
+
+    if cfg.grpo is None:
+        cfg = cfg.model_copy(update={"grpo": GRPOConfig()})
+        if problems := check_rules(cfg):
+            raise ConfigError(problems)
+    gen = cfg.policy.generation
+    if gen is None:
+        raise ConfigError(["policy.generation: rlcore run needs a generation section (e.g. {backend: vllm})"])
+    if gen.backend != "vllm" or gen.backend == cfg.policy.training_backend:
+        return cfg  # only the default engine falls back; anything else is resolved as configured
+    try:
+        registry.resolve(gen.backend, kind="generation")
+        return cfg
+    except BackendError as exc:
+        try:
+            registry.resolve("fsdp1", kind="training")
+        except BackendError:
+            return cfg  # nothing to fall back to: resolution reports the original problem
+        notices.append(f"notice: {exc}; falling back to fsdp1 for training and generation")
+    policy = cfg.policy.model_copy(update={"backend": "fsdp1",
+                                           "generation": gen.model_copy(update={"backend": "fsdp1"})})
+    return cfg.model_copy(update={"policy": policy})
+
+
+def _resolve_generation(policy: ResolvedPolicy, registry: Registry) -> tuple[ResolvedGeneration | None, list[str]]:
+    gen = policy.config.generation
+    separate = gen.backend != policy.config.training_backend
+    if not separate:
+        if not policy.spec.supports(Capability.GENERATE):
+            return None, [f"policy.generation.backend: training backend '{gen.backend}' cannot generate; use a "
+                          "generation backend such as 'vllm'"]
+        return ResolvedGeneration(gen, policy.spec, None, False, False, False, False), []
+    spec, problems = backends.select(registry, gen.backend, "generation", "policy.generation.backend")
+    if spec is None:
+        return None, problems
+    try:
+        section = backends.own_section(spec, gen, "policy.generation")
+    except ConfigError as exc:
+        return None, exc.problems
+    lora = policy.config.lora
+    return ResolvedGeneration(
+        gen, spec, section, separate=True, colocated=gen.colocated.enabled,
+        adapter_refit=lora.enabled and lora.refit == "adapter",
+        partial_refit=spec.supports(Capability.PARTIAL_REFIT)), []
+
+
+def _rollout_problems(cfg: RLCoreConfig, policy: ResolvedPolicy) -> list[str]:
+    rollout = cfg.grpo.num_prompts_per_step * cfg.grpo.num_generations_per_prompt
+    dp = policy.data_parallel_size
+    if rollout % dp:
+        return [f"grpo rollout batch {rollout} cannot be split over {dp} data-parallel ranks; "
+                "make grpo.num_prompts_per_step × grpo.num_generations_per_prompt a multiple of it"]
+    return []
+
+
+def _async_generation(cfg: RLCoreConfig, generation: ResolvedGeneration | None, notices: list[str]) -> bool:
+    """``grpo.async_grpo.enabled`` where the engine can generate ahead; a notice where it cannot."""
+    if not cfg.grpo.async_grpo.enabled or generation is None:
+        return False
+    if not generation.separate:
+        reason = f"the '{generation.spec.name}' training backend generates with its own weights"
+    elif not generation.spec.supports(Capability.ASYNC_GENERATION):
+        reason = f"the '{generation.spec.name}' generation backend does not declare 'async_generation'"
+    else:
+        return True
+    notices.append(f"notice: grpo.async_grpo.enabled, but {reason}; training synchronously")
+    return False
+
+
+# -- the loss's automatic settings --------------------------------------------------------------------
+
+
+def rollout_trained_in_one_step(cfg: RLCoreConfig) -> bool:
+    """Whether each step's rollout is exactly one global batch, i.e. one optimizer step."""
+    g = cfg.grpo
+    return g.num_prompts_per_step * g.num_generations_per_prompt == cfg.policy.train_global_batch_size
+
+
+def model_dropout(model_dir: str) -> dict[str, float]:
+    """The dropout probabilities above 0 in a Hugging Face ``config.json`` (``attention_dropout``, ...)."""
+    path = Path(model_dir) / "config.json"
+    config = json.loads(path.read_text()) if path.is_file() else {}
+    return {key: value for key, value in config.items()
+            if ("dropout" in key or "pdrop" in key) and isinstance(value, (int, float)) and value > 0}
+
+
+def skips_prev_logprob_pass(cfg: RLCoreConfig, policy: PolicyConfig | None = None) -> bool:
+    """Whether the loss uses the current logprobs as ``prev_logprobs`` instead of a separate pass.
+
+    ``loss.force_on_policy_ratio`` null (automatic) means: when the rollout is trained in one
+    optimizer step. Then every micro-batch's forward runs on the parameters that sampled the
+    rollout (gradients accumulate, nothing is updated before the step), so the separate pass
+    would compute the same logprobs again — unless the model has dropout: the training forward
+    runs in train mode, the logprob pass in eval mode. true / false decide it outright.
+    ``policy``: the policy config with its model as a local path (default ``cfg.policy``).
+    """
+    forced = cfg.loss.force_on_policy_ratio
+    if forced is not None:
+        return forced
+    model = (policy or cfg.policy).model_name
+    return rollout_trained_in_one_step(cfg) and not model_dropout(model)

@@ -1,0 +1,193 @@
+"""The worker contract: the methods the core calls on a backend's Ray workers, as ``Protocol`` s.
+
+Each Protocol method is written the way the core calls it: positional
+parameters are passed by position, keyword-only ones by name. ``Policy`` calls
+its workers through these methods (``self._all(TrainingWorker.is_alive)``), so
+the calls and the contract cannot drift apart, and :func:`worker_problems`
+checks a worker class against them before any process starts (the
+conformance kit runs it). Which Protocols apply follows from the capabilities
+a spec declares (:data:`CAPABILITY_PROTOCOLS`); how the worker is constructed
+follows from its plugin API version (:mod:`rlcore.plugins.versions`).
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import TYPE_CHECKING, Any, Literal, Optional, Protocol
+
+from rlcore.plugins import BackendSpec, Capability
+from rlcore.plugins.versions import PLUGIN_APIS
+
+if TYPE_CHECKING:
+    from rlcore.data import BatchedDataDict
+    from rlcore.interfaces.loss import LossFunction
+
+#: How ``Policy`` cut the data into micro-batches (see ``rlcore.config.BatchPlan``).
+Mode = Literal["plain", "dynamic", "packing"]
+
+
+class TrainingWorker(Protocol):
+    """What ``Policy`` calls on every rank of any training backend."""
+
+    def is_alive(self) -> bool: ...
+
+    def get_logprobs(self, data: "BatchedDataDict", /, *, mode: Mode) -> "BatchedDataDict": ...
+
+    def get_reference_policy_logprobs(self, data: "BatchedDataDict", /, *, micro_batch_size: Optional[int],
+                                      mode: Mode) -> "BatchedDataDict": ...
+
+    def train(self, data: "BatchedDataDict", /, *, loss_fn: "LossFunction", eval_mode: bool, gbs: int, mbs: int,
+              mode: Mode) -> dict[str, Any]: ...
+
+    def prepare_for_training(self) -> None: ...
+
+    def prepare_for_lp_inference(self) -> None: ...
+
+    def finish_training(self) -> None: ...
+
+    def offload_before_refit(self) -> None: ...
+
+    def offload_after_refit(self) -> None: ...
+
+    def save_checkpoint(self, weights_path: str, optimizer_path: Optional[str], tokenizer_path: Optional[str],
+                        /) -> None: ...
+
+    def load_checkpoint(self, weights_path: str, optimizer_path: Optional[str], /) -> None: ...
+
+    def start_gpu_profiling(self) -> None: ...
+
+    def stop_gpu_profiling(self) -> None: ...
+
+    def shutdown(self) -> None: ...
+
+
+class TopkLogitsWorker(Protocol):
+    """Capability ``topk_logits``."""
+
+    def get_topk_logits(self, data: "BatchedDataDict", /, *, k: int, micro_batch_size: Optional[int],
+                        mode: Mode) -> "BatchedDataDict": ...
+
+
+class RefitWorker(Protocol):
+    """Capability ``refit``: the sending side of a weight refit (``rlcore.refit.RefitExportMixin`` has it)."""
+
+    def prepare_refit_info(self) -> Optional[dict[str, Any]]: ...
+
+    def stream_weights_via_ipc_zmq(self, *, endpoints: dict[int, tuple[str, bytes]], bucket_bytes: int) -> int: ...
+
+    def init_collective(self, ip: str, port: int, world_size: int, /, *, train_world_size: int) -> None: ...
+
+    def broadcast_weights_for_collective(self, *, kv_scales: Optional[dict[str, float]],
+                                         bucket_bytes: int) -> int: ...
+
+
+class LoraWorker(Protocol):
+    """Capability ``lora``: refits after the first send only the adapted layers; adapters save on their own."""
+
+    def prepare_refit_info(self, *, changed_only: bool) -> Optional[dict[str, Any]]: ...
+
+    def stream_weights_via_ipc_zmq(self, *, endpoints: dict[int, tuple[str, bytes]], bucket_bytes: int,
+                                   changed_only: bool) -> int: ...
+
+    def broadcast_weights_for_collective(self, *, kv_scales: Optional[dict[str, float]], bucket_bytes: int,
+                                         changed_only: bool) -> int: ...
+
+    def save_lora_adapter(self, path: str, /) -> None: ...
+
+
+class GeneratingWorker(Protocol):
+    """Capability ``generate`` of a training backend: it generates with its own weights."""
+
+    def generate(self, data: "BatchedDataDict", /, *, greedy: bool) -> "BatchedDataDict": ...
+
+
+class GenerationWorker(Protocol):
+    """What every generation backend's worker has (its driver class, a ``GenerationInterface``, calls it)."""
+
+    def generate(self, data: "BatchedDataDict", /, *, greedy: bool) -> "BatchedDataDict": ...
+
+    def prepare_for_generation(self) -> bool: ...
+
+    def finish_generation(self) -> bool: ...
+
+    def shutdown(self) -> Any: ...
+
+
+#: The Protocols a declared capability adds to a training worker's contract.
+CAPABILITY_PROTOCOLS: dict[Capability, type] = {
+    Capability.TOPK_LOGITS: TopkLogitsWorker,
+    Capability.REFIT: RefitWorker,
+    Capability.LORA: LoraWorker,
+    Capability.GENERATE: GeneratingWorker,
+}
+
+
+def required_protocols(spec: BackendSpec) -> list[type]:
+    """The Protocols a worker of ``spec`` must satisfy."""
+    if spec.kind == "generation":
+        return [GenerationWorker]
+    return [TrainingWorker, *(p for c, p in CAPABILITY_PROTOCOLS.items() if spec.supports(c))]
+
+
+def protocol_methods(protocol: type) -> dict[str, Any]:
+    """``{name: function}`` of the methods a Protocol declares."""
+    return {name: fn for name, fn in vars(protocol).items() if inspect.isfunction(fn) and not name.startswith("_")}
+
+
+def _call_problem(owner: str, name: str, impl: Any, args: list[str], kwargs: list[str]) -> str | None:
+    """Why ``impl`` cannot take the call ``name(*args, **kwargs)`` (None when it can)."""
+    shown = ", ".join([*args, *(f"{k}=..." for k in kwargs)])
+    try:
+        signature = inspect.signature(impl)
+    except (TypeError, ValueError):
+        return None  # a builtin or C callable: nothing to read, the call is the check
+    try:
+        signature.bind(object(), *args, **{k: None for k in kwargs})
+    except TypeError as exc:
+        return f"{owner}.{name}{signature} cannot take rlcore's call {name}({shown}): {exc}"
+    return None
+
+
+def _protocol_call(fn: Any) -> tuple[list[str], list[str]]:
+    """The positional and keyword argument names of a Protocol method (its call shape)."""
+    params = list(inspect.signature(fn).parameters.values())[1:]
+    positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    keywords = [p.name for p in params if p.kind == p.KEYWORD_ONLY]
+    return positional, keywords
+
+
+def worker_problems(worker_cls: type, spec: BackendSpec) -> list[str]:
+    """Why ``worker_cls`` breaks the contract of ``spec``: a missing method, a signature that cannot take
+    the core's call, or a constructor that cannot take its plugin API version's arguments. Empty when fine."""
+    owner = worker_cls.__qualname__
+    problems = []
+    for protocol in required_protocols(spec):
+        for name, fn in protocol_methods(protocol).items():
+            impl = getattr(worker_cls, name, None)
+            if not callable(impl):
+                problems.append(f"{owner}.{name}: missing ({protocol.__name__} of rlcore.interfaces.workers)")
+            elif problem := _call_problem(owner, name, impl, *_protocol_call(fn)):
+                problems.append(problem)
+    return problems + constructor_problems(worker_cls, spec)
+
+
+def constructor_problems(worker_cls: type, spec: BackendSpec) -> list[str]:
+    """Whether a training worker's ``__init__`` takes ``(config, tokenizer, **keywords of its API version)``,
+    and does not take a later version's keywords while declaring an earlier version."""
+    if spec.kind != "training":
+        return []
+    api = spec.api
+    owner = worker_cls.__qualname__
+    problem = _call_problem(owner, "__init__", worker_cls.__init__, ["config", "tokenizer"],
+                            list(api.training_worker_keywords))
+    if problem:
+        return [f"{problem} (plugin API version {api.version}, docs/plugin-api.md)"]
+    params = inspect.signature(worker_cls.__init__).parameters
+    later = sorted({k for v in PLUGIN_APIS.values() if v.version > api.version
+                    for k in v.training_worker_keywords} - set(api.training_worker_keywords))
+    named = [k for k in later if k in params]
+    if named:
+        return [f"{owner}.__init__ takes {', '.join(named)}, which rlcore passes from plugin API version "
+                f"{max(PLUGIN_APIS)} on, but the spec declares plugin_api_version {api.version} (the default when "
+                f"omitted): declare plugin_api_version={max(PLUGIN_APIS)}"]
+    return []

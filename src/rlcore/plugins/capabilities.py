@@ -1,0 +1,60 @@
+"""``Capability``: the closed set of features a backend can declare.
+
+A spec's ``capabilities`` are members of this enum; a name outside it is
+refused when the plugin registers (one line, with the closest name), so a typo
+cannot turn a feature silently off. The core and the kit test membership with
+the members themselves (``Capability.SEQUENCE_PACKING in spec.capabilities``),
+never with free strings. The members are ``str`` values, so a plugin may still
+write ``capabilities={"train", "logprobs"}``.
+"""
+
+from __future__ import annotations
+
+import difflib
+from enum import Enum
+from typing import Any, Iterable
+
+
+class Capability(str, Enum):
+    """A feature a backend declares. Training backends use the first group, generation backends the second."""
+
+    # training backends
+    TRAIN = "train"
+    LOGPROBS = "logprobs"
+    TOPK_LOGITS = "topk_logits"
+    REFERENCE_MODEL = "reference_model"
+    DYNAMIC_BATCHING = "dynamic_batching"
+    SEQUENCE_PACKING = "sequence_packing"
+    CHECKPOINT = "checkpoint"
+    TENSOR_PARALLEL = "tensor_parallel"
+    SEQUENCE_PARALLEL = "sequence_parallel"
+    PIPELINE_PARALLEL = "pipeline_parallel"
+    REFIT = "refit"
+    LORA = "lora"
+    GENERATE = "generate"
+    # generation backends
+    DATA_PARALLEL = "data_parallel"
+    STOP_STRINGS = "stop_strings"
+    PARTIAL_REFIT = "partial_refit"
+    LORA_ADAPTER = "lora_adapter"
+    ASYNC_GENERATION = "async_generation"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+def parse_capabilities(values: Iterable[Any]) -> frozenset[Capability]:
+    """``values`` (members or their names) as members; ``ValueError`` naming every unknown one."""
+    if isinstance(values, (str, bytes)):
+        raise ValueError(f"capabilities is a set of names, got the string {values!r}")
+    known = [c.value for c in Capability]
+    out, unknown = set(), []
+    for value in values:
+        try:
+            out.add(Capability(value))
+        except ValueError:
+            close = difflib.get_close_matches(str(value), known, n=1)
+            unknown.append(f"'{value}'" + (f" (did you mean '{close[0]}'?)" if close else ""))
+    if unknown:
+        raise ValueError(f"unknown capability {', '.join(unknown)}; known: {', '.join(known)}")
+    return frozenset(out)

@@ -1,0 +1,161 @@
+"""The pieces of one GRPO step, shared by the synchronous loop (:mod:`rlcore.run.grpo`) and the
+asynchronous one (:mod:`rlcore.run.async_grpo`): prompts, refit, scoring, advantages, the loss's inputs
+and the training call."""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+from rlcore.run.tasks import Task
+
+
+@dataclass
+class Timer:
+    """Wall-clock seconds per phase of one step."""
+
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[f"time/{name}_s"] = self.seconds.get(f"time/{name}_s", 0.0) + time.perf_counter() - start
+
+
+def encode_prompts(tokenizer: Any, prompts: list[str], repeat: int) -> Any:
+    """Right-padded ``input_ids`` / ``input_lengths`` with every prompt repeated ``repeat`` times."""
+    import torch
+
+    from rlcore.data import BatchedDataDict
+
+    ids = [tokenizer.encode(p, add_special_tokens=False) for p in prompts]
+    bos = tokenizer.bos_token_id
+    if bos is not None:  # once: a chat template may already have written it
+        ids = [seq if seq[:1] == [bos] else [bos, *seq] for seq in ids]
+    width = max(len(seq) for seq in ids)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    input_ids = torch.tensor([seq + [pad] * (width - len(seq)) for seq in ids], dtype=torch.long)
+    lengths = torch.tensor([len(seq) for seq in ids], dtype=torch.long)
+    return BatchedDataDict(input_ids=input_ids, input_lengths=lengths).repeat_interleave(repeat)
+
+
+def completions_of(tokenizer: Any, rollout: Any, prompt_lengths: Any) -> list[str]:
+    out = []
+    for row, start, length in zip(rollout["output_ids"], prompt_lengths.tolist(),
+                                  rollout["generation_lengths"].tolist()):
+        out.append(tokenizer.decode(row[start:start + length].tolist(), skip_special_tokens=True))
+    return out
+
+
+def training_batch(rollout: Any, prompt_lengths: Any, advantages: Any) -> Any:
+    """The policy's training data: generated tokens are the trained ones, each carrying its group advantage."""
+    import torch
+
+    from rlcore.data import BatchedDataDict
+
+    ids = rollout["output_ids"]
+    ends = rollout["unpadded_sequence_lengths"]
+    positions = torch.arange(ids.shape[1])
+    token_mask = ((positions[None, :] >= prompt_lengths[:, None]) & (positions[None, :] < ends[:, None])).float()
+    return BatchedDataDict(
+        input_ids=ids,
+        input_lengths=ends,
+        token_mask=token_mask,
+        sample_mask=torch.ones(ids.shape[0]),
+        advantages=advantages[:, None] * token_mask,
+        generation_logprobs=rollout["logprobs"].float(),
+    )
+
+
+def add_logprob_inputs(cfg: Any, policy: Any, data: Any, prev_pass: bool) -> None:
+    """Add the loss's policy-computed inputs to ``data``: ``prev_logprobs`` (when ``prev_pass``) and
+    ``reference_policy_logprobs`` (when the loss has a KL term). Nothing to compute: no lp-inference switch."""
+    needs_reference = cfg.loss.reference_policy_kl_penalty > 0
+    if not (prev_pass or needs_reference):
+        return
+    policy.prepare_for_lp_inference()
+    if prev_pass:
+        data["prev_logprobs"] = policy.get_logprobs(data)["logprobs"]
+    if needs_reference:
+        data["reference_policy_logprobs"] = policy.get_reference_policy_logprobs(data)["reference_logprobs"]
+
+
+def peak_memory_metrics(policy: Any, generation: Any) -> dict[str, float]:
+    """Peak resident memory so far (GiB, the largest rank) of the training workers and, when they are
+    other processes, the generation engines; plus GPU peaks where the workers use a GPU."""
+    metrics: dict[str, float] = {}
+    for role, owner in (("train", policy), ("generation", generation)):
+        group = getattr(owner, "worker_group", None)
+        if group is None or (role == "generation" and owner is policy):
+            continue
+        peaks = group.peak_memory()
+        metrics[f"memory/{role}_peak_rss_gib"] = max(p["rss"] for p in peaks) / 2**30
+        if any("device" in p for p in peaks):
+            metrics[f"memory/{role}_peak_device_gib"] = max(p.get("device", 0) for p in peaks) / 2**30
+    return metrics
+
+
+def step_prompts(step: int, cfg: Any, task: Task, tokenizer: Any) -> tuple[list[str], Any]:
+    """The task's prompts of ``step`` and the encoded batch (each prompt once per group member)."""
+    from rlcore.run.prompts import check_prompt_room, format_prompts
+
+    prompts = task.prompts(step, cfg.grpo.num_prompts_per_step, seed=cfg.grpo.seed, **task.kwargs)
+    batch = encode_prompts(tokenizer, format_prompts(tokenizer, prompts, cfg.policy.tokenizer.chat_template_kwargs),
+                           cfg.grpo.num_generations_per_prompt)
+    check_prompt_room(batch["input_lengths"], cfg.policy.max_total_sequence_length)
+    return prompts, batch
+
+
+def refit(policy: Any, synchronizer: Any) -> float:
+    """Move the policy's weights into the engines; returns the bytes moved."""
+    policy.offload_before_refit()
+    moved = synchronizer.sync_weights()["bytes"]
+    policy.offload_after_refit()
+    return moved
+
+
+def train_on_rollout(cfg: Any, policy: Any, task: Task, tokenizer: Any, loss_fn: Any, prompts: list[str],
+                     batch: Any, rollout: Any, timer: Timer) -> dict[str, float]:
+    """Score ``rollout``, compute group advantages and the loss's inputs, train; returns the step's metrics."""
+    import torch
+
+    from rlcore.algorithms.advantages import group_advantages
+    from rlcore.run.prompts import clip_rollout
+
+    group = cfg.grpo.num_generations_per_prompt
+    prompt_lengths = batch["input_lengths"]
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    rollout = clip_rollout(rollout, prompt_lengths, cfg.policy.max_total_sequence_length, pad)
+    completions = completions_of(tokenizer, rollout, prompt_lengths)
+    rewards = torch.tensor(task.reward([p for p in prompts for _ in range(group)], completions, **task.kwargs),
+                           dtype=torch.float32)
+    data = training_batch(rollout, prompt_lengths, group_advantages(rewards, group, cfg.grpo.advantage_estimator))
+    # decided once, when the config was resolved: without the pass the loss uses the current logprobs
+    prev_pass = not loss_fn.cfg.force_on_policy_ratio
+    with timer.phase("logprob"):
+        add_logprob_inputs(cfg, policy, data, prev_pass)
+    with timer.phase("train"):
+        policy.prepare_for_training()
+        result = policy.train(data, loss_fn)
+        policy.finish_training()
+    loss_metrics = result["metrics"]
+    metrics = {
+        "reward_mean": float(rewards.mean()),
+        "reward_std": float(rewards.std()) if rewards.numel() > 1 else 0.0,
+        "loss": float(result["loss"].mean()),
+        "grad_norm": float(result["grad_norm"].mean()),
+        "kl_penalty": float(loss_metrics.get("kl_penalty", 0.0)),
+        # generation vs prev logprobs; without the pass prev = the current logprobs of the parameters
+        # that sampled the rollout, so it is the same engine-vs-policy check
+        "token_mult_prob_error": float(loss_metrics.get("token_mult_prob_error", float("nan"))),
+        "prev_logprobs_pass": float(prev_pass),
+        "mean_generation_length": float(rollout["generation_lengths"].sum()) / rewards.numel(),
+    }
+    metrics.update({key: float(loss_metrics[key]) for key in ("clip_fraction", "is_weight_mean",
+                                                               "is_truncated_fraction") if key in loss_metrics})
+    return metrics

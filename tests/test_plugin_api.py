@@ -1,0 +1,193 @@
+"""The plugin API keeps its word: versions, a closed set of capabilities, backend-declared layouts, and the
+worker contract checked against the Protocols of ``rlcore.interfaces.workers``."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from rlcore.config import ConfigError, load_config_dict, resolve
+from rlcore.interfaces.workers import worker_problems
+from rlcore.plugins import (
+    SUPPORTED_PLUGIN_API_VERSIONS,
+    BackendError,
+    BackendSpec,
+    Capability,
+    LayoutRequest,
+    ParallelLayout,
+    Registry,
+    get_registry,
+    hookimpl,
+)
+from rlcore.plugins.versions import API_1, API_2
+
+
+def registry_with(**spec) -> Registry:
+    """A registry holding one plugin that registers ``BackendSpec(**spec)``."""
+
+    class Plugin:
+        @hookimpl
+        def rlcore_register_backends(self, register):
+            register(BackendSpec(**spec))
+
+    registry = Registry()
+    registry.register_plugin(Plugin(), name="third-party", distribution="third-party-dist")
+    return registry
+
+
+# -- versions and capabilities ----------------------------------------------------------------------------
+
+
+def test_a_capability_typo_is_refused_at_registration_in_one_line():
+    registry = registry_with(name="mine", kind="training", worker_class="collections:Counter",
+                             capabilities={"train", "dynamic_batchng"}, plugin_api_version=2)
+    (record,) = registry.records
+    assert record.status == "broken"
+    assert record.problem.startswith("plugin failed to load: BackendSpec refused: capabilities: unknown capability "
+                                     "'dynamic_batchng' (did you mean 'dynamic_batching'?); known: train, logprobs")
+    assert "\n" not in record.problem
+    with pytest.raises(BackendError, match="is broken: plugin failed to load"):
+        registry.resolve("third-party")
+
+
+def test_the_core_tests_capabilities_by_member():
+    spec = BackendSpec(name="mine", kind="training", worker_class="collections:Counter",
+                       capabilities={Capability.TRAIN, "dynamic_batching"})
+    assert spec.supports(Capability.DYNAMIC_BATCHING) and not spec.supports(Capability.SEQUENCE_PACKING)
+    with pytest.raises(ValueError, match="'sequence_pakcing' is not a valid Capability"):
+        spec.supports("sequence_pakcing")
+    assert spec.model_dump(mode="json")["capabilities"] in (["train", "dynamic_batching"],
+                                                            ["dynamic_batching", "train"])
+
+
+@pytest.mark.parametrize("extra, what", [
+    ({"capabilities": {"train", "lora"}}, "capability 'lora'"),
+    ({"layout": "my_pkg.layout:parallel_layout"}, "layout"),
+])
+def test_a_version_1_spec_cannot_use_what_came_with_version_2(extra, what):
+    with pytest.raises(ValidationError, match=f"{what} need plugin_api_version 2, but the spec declares 1"):
+        BackendSpec(name="old", kind="training", worker_class="my_pkg.worker:W", **extra)  # version omitted: 1
+    BackendSpec(name="new", kind="training", worker_class="my_pkg.worker:W", plugin_api_version=2, **extra)
+
+
+def test_each_version_gets_exactly_its_own_constructor_arguments():
+    assert SUPPORTED_PLUGIN_API_VERSIONS == {1, 2}
+    available = dict(weights_path=None, optimizer_path=None, init_optimizer=True, init_reference_model=True,
+                     backend_config=object(), layout=ParallelLayout())
+    assert set(API_1.training_worker_kwargs(available)) == {"weights_path", "optimizer_path", "init_optimizer",
+                                                            "init_reference_model"}
+    assert set(API_2.training_worker_kwargs(available)) == set(available)
+    driver = {"tokenizer": object(), "backend_config": object()}
+    assert set(API_1.generation_driver_kwargs(driver)) == {"tokenizer"}
+    assert set(API_2.generation_driver_kwargs({**driver, "lora_rank": 8})) == {"tokenizer", "backend_config",
+                                                                               "lora_rank"}
+
+
+# -- the worker contract ---------------------------------------------------------------------------------
+
+
+def _worker(init, **methods) -> type:
+    """A training worker class: the reference worker's methods, with ``__init__`` and ``methods`` replaced."""
+    from rlcore.backends.reference.worker import ReferenceWorker
+
+    return type("Candidate", (ReferenceWorker,), {"__init__": init, **methods})
+
+
+def _v1_init(self, config, tokenizer=None, weights_path=None, optimizer_path=None, init_optimizer=True,
+             init_reference_model=True):
+    pass
+
+
+def _v2_init(self, config, tokenizer=None, *, weights_path=None, optimizer_path=None, init_optimizer=True,
+             init_reference_model=True, backend_config=None, layout=None):
+    pass
+
+
+V1 = BackendSpec(name="w", kind="training", worker_class="m:W", capabilities={"train", "refit"})
+V2 = BackendSpec(name="w", kind="training", worker_class="m:W", capabilities={"train", "refit"},
+                 plugin_api_version=2)
+
+
+def test_a_worker_is_checked_against_its_versions_constructor():
+    assert worker_problems(_worker(_v1_init), V1) == []
+    assert worker_problems(_worker(_v2_init), V2) == []
+    (problem,) = worker_problems(_worker(_v1_init), V2)  # the break of issue 25, found before Ray starts
+    assert "Candidate.__init__" in problem and "backend_config=..." in problem
+    assert "unexpected keyword argument 'backend_config'" in problem and "plugin API version 2" in problem
+    (problem,) = worker_problems(_worker(_v2_init), V1)  # written for 2, declares (by omission) 1
+    assert "takes backend_config, layout" in problem and "declare plugin_api_version=2" in problem
+
+
+def test_a_worker_method_that_cannot_take_the_cores_call_is_named():
+    def get_logprobs(self, data):  # no ``mode``: Policy passes mode=...
+        pass
+
+    problems = worker_problems(_worker(_v2_init, get_logprobs=get_logprobs, finish_training=None), V2)
+    assert any(p.startswith("Candidate.get_logprobs(self, data) cannot take rlcore's call get_logprobs(data, "
+                            "mode=...)") for p in problems), problems
+    assert "Candidate.finish_training: missing (TrainingWorker of rlcore.interfaces.workers)" in problems
+    # a capability adds its Protocol: 'topk_logits' needs get_topk_logits(data, k=..., ...)
+    topk = V2.model_copy(update={"capabilities": V2.capabilities | {Capability.TOPK_LOGITS}})
+    assert worker_problems(_worker(_v2_init), topk) == []
+    assert any("get_topk_logits" in p for p in worker_problems(_worker(_v2_init, get_topk_logits=None), topk))
+
+
+def test_every_installed_backends_worker_keeps_the_contract():
+    checked = []
+    for record in get_registry().records:
+        if record.status != "ok" or record.spec.kind != "training":
+            continue
+        spec = record.spec
+        assert worker_problems(spec.load_worker_class(), spec) == [], spec.name
+        checked.append(spec.name)
+    assert {"reference", "dtensor", "fsdp1", "megatron"} <= set(checked)
+
+
+# -- layouts ----------------------------------------------------------------------------------------------
+
+
+def shards_as_tp(request: LayoutRequest) -> ParallelLayout:
+    """A third party's layout function: its own section's ``shards`` is its tensor-parallel degree."""
+    if request.section.shards > 4:
+        raise ValueError("policy.mine_cfg.shards: at most 4 shards; set it to 4 or less")
+    return ParallelLayout(tp=request.section.shards, paths={"tp": "policy.mine_cfg.shards"})
+
+
+def not_a_layout(request: LayoutRequest) -> dict:
+    return {"tp": 2}
+
+
+def mine(layout: str, registry: Registry) -> None:
+    class Plugin:
+        @hookimpl
+        def rlcore_register_backends(self, register):
+            register(BackendSpec(name="mine", kind="training", worker_class="collections:Counter",
+                                 config_class="tests.fixtures.third_party_config:MineConfig", layout=layout,
+                                 capabilities={"train", "tensor_parallel"}, plugin_api_version=2))
+
+    registry.register_plugin(Plugin(), name="mine")
+
+
+def test_a_third_party_layout_sets_the_data_parallel_size(rlcore_registry):
+    mine(f"{__name__}:shards_as_tp", rlcore_registry)
+    raw = {"cluster": {"workers_per_node": 4}, "policy": {"backend": "mine", "train_global_batch_size": 8}}
+    assert resolve(load_config_dict(raw)).policy.data_parallel_size == 4  # shards 1 (the default)
+    raw["policy"]["mine_cfg"] = {"shards": 2}
+    policy = resolve(load_config_dict(raw)).policy
+    assert (policy.layout.tp, policy.data_parallel_size, policy.batch.samples_per_rank) == (2, 2, 4)
+    raw["policy"]["mine_cfg"] = {"shards": 3}
+    with pytest.raises(ConfigError) as caught:
+        resolve(load_config_dict(raw))
+    assert caught.value.problems == ["policy.mine_cfg.shards: tp 3 does not divide the world size 4 "
+                                     "(cluster.num_nodes × cluster.workers_per_node); choose sizes whose product "
+                                     "divides 4, or a cluster of a multiple of 3 ranks"]
+    raw["policy"]["mine_cfg"] = {"shards": 8}
+    with pytest.raises(ConfigError) as caught:
+        resolve(load_config_dict(raw))
+    assert caught.value.problems == ["policy.mine_cfg.shards: at most 4 shards; set it to 4 or less"]
+
+
+def test_a_layout_function_must_return_a_layout(rlcore_registry):
+    mine(f"{__name__}:not_a_layout", rlcore_registry)
+    with pytest.raises(ConfigError, match=r"returned dict, not a rlcore.plugins.ParallelLayout"):
+        resolve(load_config_dict({"policy": {"backend": "mine"}}))
