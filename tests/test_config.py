@@ -513,11 +513,12 @@ def test_torch_optimizer_settings_are_refused_for_megatron_which_never_reads_the
     again = tmp_path / "shown.yaml"
     again.write_text(dump_config(ok))  # what `rlcore config show` writes loads back
     assert load_config(again) == ok
+    resolve(ok, run=True)
     for override, path in (("policy.optimizer.name=torch.optim.SGD", "policy.optimizer"),
                            ("policy.optimizer.kwargs.lr=0.5", "policy.optimizer"),
                            ("policy.scheduler=[{name: torch.optim.lr_scheduler.ConstantLR}]", "policy.scheduler")):
-        with pytest.raises(ConfigError) as info:
-            load_config("examples/grpo_megatron.yaml", [override])
+        with pytest.raises(ConfigError) as info:  # megatron's own config check, when the config is resolved
+            resolve(load_config("examples/grpo_megatron.yaml", [override]), run=True)
         assert [p.split(":")[0] for p in info.value.problems] == [path], info.value.problems
         assert "megatron_cfg" in info.value.problems[0]
-    load_config("examples/grpo_tiny.yaml", ["policy.optimizer.name=torch.optim.SGD"])  # dtensor reads it
+    resolve(load_config("examples/grpo_tiny.yaml", ["policy.optimizer.name=torch.optim.SGD"]))  # dtensor reads it

@@ -68,8 +68,11 @@ def test_silently_ignored_fields_are_now_checked_at_load():
     assert line.startswith("policy.sequence_packing.algorithm: expected one of 'concatenative'")
     (line,) = problems({"fsdp_offload_enabled": True})
     assert line.startswith("policy.fsdp_offload_enabled: is true but the training backend is 'dtensor'")
-    (line,) = problems({"dtensor_cfg": {"enabled": False}, "megatron_cfg": {"enabled": True,
-                        "distributed_data_parallel_config": {"data_parallel_sharding_strategy": "optim"}}})
+    megatron = load_config_dict({"policy": {"dtensor_cfg": {"enabled": False}, "megatron_cfg": {"enabled": True,
+                                 "distributed_data_parallel_config": {"data_parallel_sharding_strategy": "optim"}}}})
+    with pytest.raises(ConfigError) as info:  # the megatron backend's own config check, at resolution
+        resolve_policy(megatron.policy, world_size=2, use_gpu=False)
+    (line,) = info.value.problems
     assert "only applies to Megatron's custom FSDP" in line
     # The check reads the class from source: torch is not imported by loading a config.
     import subprocess

@@ -191,3 +191,27 @@ def test_a_layout_function_must_return_a_layout(rlcore_registry):
     mine(f"{__name__}:not_a_layout", rlcore_registry)
     with pytest.raises(ConfigError, match=r"returned dict, not a rlcore.plugins.ParallelLayout"):
         resolve(load_config_dict({"policy": {"backend": "mine"}}))
+
+
+def refuses_odd_shards(request: LayoutRequest) -> list[str]:
+    """A third party's config check: a setting outside its own section that it cannot run."""
+    if request.policy.train_micro_batch_size > 1:
+        return ["policy.train_micro_batch_size: mine runs one sample per micro-batch; set it to 1"]
+    return []
+
+
+def test_a_backend_checks_the_config_it_will_run(rlcore_registry):
+    class Plugin:
+        @hookimpl
+        def rlcore_register_backends(self, register):
+            register(BackendSpec(name="mine", kind="training", worker_class="collections:Counter",
+                                 config_check=f"{__name__}:refuses_odd_shards", plugin_api_version=2))
+
+    rlcore_registry.register_plugin(Plugin(), name="mine")
+    assert resolve(load_config_dict({"policy": {"backend": "mine"}})).policy.spec.name == "mine"
+    with pytest.raises(ConfigError) as caught:
+        resolve(load_config_dict({"policy": {"backend": "mine", "train_micro_batch_size": 2}}))
+    assert caught.value.problems == ["policy.train_micro_batch_size: mine runs one sample per micro-batch; set it "
+                                     "to 1"]
+    with pytest.raises(ValidationError, match="config_check need plugin_api_version 2"):
+        BackendSpec(name="old", kind="training", worker_class="m:W", config_check=f"{__name__}:refuses_odd_shards")

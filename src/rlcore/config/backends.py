@@ -85,6 +85,30 @@ def layout_of(spec: BackendSpec, request: LayoutRequest) -> ParallelLayout:
     return layout
 
 
+def check_problems(spec: BackendSpec, request: LayoutRequest) -> list[str]:
+    """What the backend's own config check says of ``request`` (nothing without one)."""
+    function = spec.load_config_check()
+    if function is None:
+        return []
+    problems = function(request)
+    if not isinstance(problems, (list, tuple)) or not all(isinstance(p, str) for p in problems):
+        return [f"policy: the config check {spec.config_check} of backend '{spec.name}' returned "
+                f"{type(problems).__name__}, not a list of problem lines"]
+    return list(problems)
+
+
+def first_per_path(problems: list[str]) -> list[str]:
+    """One line per dotted path (a capability problem and a backend's own check may name the same key)."""
+    seen: set[str] = set()
+    out = []
+    for line in problems:
+        path = line.split(":", 1)[0]
+        if path not in seen:
+            seen.add(path)
+            out.append(line)
+    return out
+
+
 def capability_problems(policy: Any, spec: BackendSpec, packing: bool) -> list[str]:
     """Batching modes the config turns on that the training backend does not declare."""
     wanted = [("policy.dynamic_batching.enabled", policy.dynamic_batching.enabled, Capability.DYNAMIC_BATCHING),

@@ -9,7 +9,8 @@ The step:
    when the default engine (vLLM) is not installed;
 2. built-in model names (``tiny-llama``) become local paths;
 3. the training backend's spec, its own section, its layout (tp, cp, pp; dp
-   follows) and the batch plan; a run packs when the backend can;
+   follows), its own config check, and the batch plan; a run packs when the
+   backend can;
 4. the generation backend's spec and section, how it is refit, and whether a
    run generates asynchronously;
 5. the loss's automatic settings (the prev-logprob pass).
@@ -99,14 +100,16 @@ def resolve_policy(config: PolicyConfig | Mapping[str, Any], *, world_size: int,
     if spec is None:
         raise ConfigError(problems)
     section = backends.own_section(spec, config, "policy")
-    layout = backends.layout_of(spec, LayoutRequest(config, section, world_size, use_gpu))
     packing = config.sequence_packing.enabled
     if packing is None:
         packing = auto_packing and spec.supports(Capability.SEQUENCE_PACKING) and not config.dynamic_batching.enabled
         config = config.model_copy(update={"sequence_packing": config.sequence_packing.model_copy(
             update={"enabled": packing})})
+    request = LayoutRequest(config, section, world_size, use_gpu)
+    layout = backends.layout_of(spec, request)
     batch = BatchPlan.of(config, world_size // layout.model_parallel_size, packing)
     problems = backends.capability_problems(config, spec, packing) + batch.problems()
+    problems = backends.first_per_path(problems + backends.check_problems(spec, request))
     if problems:
         raise ConfigError(problems)
     return ResolvedPolicy(config, spec, section, layout, world_size, use_gpu, batch)

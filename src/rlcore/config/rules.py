@@ -139,35 +139,6 @@ def fsdp1_flags_need_fsdp1(cfg: "RLCoreConfig") -> Iterator[str]:
                    f"set it to false (for {backend}: policy.{instead})")
 
 
-@rule
-def torch_optimizer_is_not_megatrons(cfg: "RLCoreConfig") -> Iterator[str]:
-    """policy.optimizer / policy.scheduler build torch objects in dtensor and fsdp1; megatron never reads them.
-
-    An optimizer section saying only what an absent one means (AdamW at policy.learning_rate) is no setting.
-    """
-    p = cfg.policy
-    if p.training_backend != "megatron":
-        return
-    default = type(p.optimizer)()
-    if p.optimizer.name != default.name or p.optimizer.kwargs not in ({}, {"lr": p.learning_rate}):
-        yield ("policy.optimizer: is set, but the megatron backend builds megatron-core's optimizer from "
-               "policy.megatron_cfg.optimizer (its lr defaults to policy.learning_rate): remove policy.optimizer")
-    if p.scheduler is not None:
-        yield ("policy.scheduler: is set, but the megatron backend schedules the learning rate by "
-               "policy.megatron_cfg.scheduler: remove policy.scheduler")
-
-
-@rule
-def megatron_sharding_needs_custom_fsdp(cfg: "RLCoreConfig") -> Iterator[str]:
-    ddp = cfg.policy.megatron_cfg.distributed_data_parallel_config
-    default = type(ddp).model_fields["data_parallel_sharding_strategy"].default
-    if cfg.policy.training_backend == "megatron" and ddp.data_parallel_sharding_strategy != default \
-            and not ddp.use_custom_fsdp:
-        yield (f"policy.megatron_cfg.distributed_data_parallel_config.data_parallel_sharding_strategy: is "
-               f"'{ddp.data_parallel_sharding_strategy}', but it only applies to Megatron's custom FSDP "
-               f"(use_custom_fsdp), which the megatron backend does not support: leave it at '{default}'")
-
-
 def _kwargs_problems(path: str, class_path: str, default_module: str, kwargs: dict, passed: str) -> Iterator[str]:
     from rlcore.config.signatures import init_signature
 

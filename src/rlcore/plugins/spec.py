@@ -78,6 +78,12 @@ class BackendSpec(BaseModel):
         "rlcore.plugins.LayoutRequest, it returns the rlcore.plugins.ParallelLayout the policy runs with. "
         "None = pure data parallel. Imported on the driver: keep its module light.",
     )
+    config_check: str | None = Field(
+        default=None,
+        description="'module:function' (plugin API 2) given the same rlcore.plugins.LayoutRequest, returning one "
+        "problem line per setting this backend cannot run (settings outside its own section, or that depend on "
+        "the cluster); the config is refused before anything starts. Imported on the driver: keep it light.",
+    )
     requires: tuple[str, ...] = Field(default=(), description="Top-level modules the engine needs.")
     install_hint: str = Field(default="", description="How to install what 'requires' names.")
     plugin_api_version: int = Field(
@@ -94,7 +100,7 @@ class BackendSpec(BaseModel):
             raise ValueError(f"backend name must be alphanumeric with '-' or '_', got {v!r}")
         return v
 
-    @field_validator("worker_class", "config_class", "driver_class", "layout")
+    @field_validator("worker_class", "config_class", "driver_class", "layout", "config_check")
     @classmethod
     def _is_import_path(cls, v: str | None) -> str | None:
         if v is not None and (v.count(":") != 1 or v.startswith(":") or v.endswith(":")):
@@ -152,3 +158,7 @@ class BackendSpec(BaseModel):
     def load_layout(self) -> Any:
         """The layout function, or None for a pure data-parallel backend."""
         return import_object(self.layout) if self.layout else None
+
+    def load_config_check(self) -> Any:
+        """The config check function, or None."""
+        return import_object(self.config_check) if self.config_check else None

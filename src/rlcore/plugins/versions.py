@@ -59,13 +59,13 @@ API_1 = PluginApi(
     capabilities=_V1_CAPABILITIES,
 )
 
-#: Version 2: workers get their validated section and the layout; specs may declare a layout function;
-#: the LoRA, partial-refit and async-generation capabilities.
+#: Version 2: workers get their validated section and the layout; specs may declare a layout function and a
+#: config check; the LoRA, partial-refit and async-generation capabilities.
 API_2 = PluginApi(
     version=2,
     training_worker_keywords=(*API_1.training_worker_keywords, "backend_config", "layout"),
     generation_driver_keywords=("tokenizer", "backend_config", "lora_rank"),
-    spec_fields=_V1_SPEC_FIELDS | {"layout"},
+    spec_fields=_V1_SPEC_FIELDS | {"layout", "config_check"},
     capabilities=frozenset(Capability),
 )
 

@@ -1,11 +1,14 @@
-"""Checks of ``policy.megatron_cfg`` that depend on the machine and on what this backend implements.
+"""Checks of a policy config that the megatron backend cannot run, by what it implements and where it runs.
 
 The schema (``rlcore.config.MegatronConfig``) validates values; these rules
 say which valid settings cannot run *here*: features that need
-TransformerEngine kernels or CUDA tensors, and settings that would change the
-meaning of a training step. Each problem names the dotted path, the value and
-the fix, like every rlcore config error. The worker runs them first, before
-any process group or model exists. Light module: no torch, no megatron.
+TransformerEngine kernels or CUDA tensors, settings that would change the
+meaning of a training step, and torch optimizer settings megatron never reads.
+Each problem names the dotted path, the value and the fix, like every rlcore
+config error. rlcore runs :func:`config_check` (the spec's ``config_check``)
+when it resolves a config, before anything starts; the worker runs
+:func:`megatron_config_problems` again on its own machine, where it knows
+whether TransformerEngine is installed. Light module: no torch, no megatron.
 """
 
 from __future__ import annotations
@@ -13,6 +16,34 @@ from __future__ import annotations
 from typing import Any
 
 _M = "policy.megatron_cfg."
+
+
+def config_check(request: Any) -> list[str]:
+    """What rlcore asks before anything starts (a ``rlcore.plugins.LayoutRequest``).
+
+    On a CPU cluster every check is decided here. On GPUs, TransformerEngine is
+    the workers' to say, so only what no machine can run is reported.
+    """
+    policy = request.policy
+    return (torch_optimizer_problems(policy)
+            + megatron_config_problems(policy, cuda=request.use_gpu, transformer_engine=request.use_gpu))
+
+
+def torch_optimizer_problems(policy: Any) -> list[str]:
+    """policy.optimizer / policy.scheduler build torch objects in dtensor and fsdp1; megatron never reads them.
+
+    An optimizer section saying only what an absent one means (AdamW at policy.learning_rate) is no setting.
+    """
+    default = type(policy.optimizer)()
+    problems = []
+    if policy.optimizer.name != default.name or policy.optimizer.kwargs not in ({}, {"lr": policy.learning_rate}):
+        problems.append("policy.optimizer: is set, but the megatron backend builds megatron-core's optimizer from "
+                        "policy.megatron_cfg.optimizer (its lr defaults to policy.learning_rate): remove "
+                        "policy.optimizer")
+    if policy.scheduler is not None:
+        problems.append("policy.scheduler: is set, but the megatron backend schedules the learning rate by "
+                        "policy.megatron_cfg.scheduler: remove policy.scheduler")
+    return problems
 
 
 def megatron_config_problems(policy: Any, *, cuda: bool, transformer_engine: bool) -> list[str]:
@@ -74,6 +105,11 @@ def megatron_config_problems(policy: Any, *, cuda: bool, transformer_engine: boo
     if ddp.use_custom_fsdp:
         problems.append(f"{_M}distributed_data_parallel_config.use_custom_fsdp: Megatron FSDP is not supported by "
                         "the megatron backend: set it to false")
+    default = type(ddp).model_fields["data_parallel_sharding_strategy"].default
+    if ddp.data_parallel_sharding_strategy != default and not ddp.use_custom_fsdp:
+        problems.append(f"{_M}distributed_data_parallel_config.data_parallel_sharding_strategy: is "
+                        f"'{ddp.data_parallel_sharding_strategy}', but it only applies to Megatron's custom FSDP "
+                        f"(use_custom_fsdp), which the megatron backend does not support: leave it at '{default}'")
     if ddp.overlap_param_gather and not opt.use_distributed_optimizer:
         problems.append(f"{_M}distributed_data_parallel_config.overlap_param_gather: needs "
                         f"{_M}optimizer.use_distributed_optimizer=true")
@@ -88,4 +124,4 @@ def megatron_config_problems(policy: Any, *, cuda: bool, transformer_engine: boo
     return problems
 
 
-__all__ = ["megatron_config_problems"]
+__all__ = ["config_check", "megatron_config_problems", "torch_optimizer_problems"]

@@ -7,6 +7,7 @@ MEGATRON_SPEC = BackendSpec(
     kind="training",
     worker_class="rl_megatron.worker:MegatronPolicyWorker",
     layout="rl_megatron.layout:parallel_layout",
+    config_check="rl_megatron.config:config_check",
     capabilities={Capability.TRAIN, Capability.LOGPROBS, Capability.TOPK_LOGITS, Capability.REFERENCE_MODEL,
                   Capability.CHECKPOINT, Capability.TENSOR_PARALLEL, Capability.PIPELINE_PARALLEL, Capability.REFIT},
     requires=("torch", "megatron.core", "transformers"),

@@ -90,8 +90,8 @@ class _BackendChecks:
             f"plugin {ref!r} registered {sorted(names)}, not {self.expected_kind} backend '{self.backend_name}'"
 
     def test_spec_is_valid(self, backend_spec: Any) -> None:
-        """Kind and name as declared; in a fresh interpreter, the config class and the layout function import
-        lightly and the worker class keeps the worker contract (every method of its Protocols, with signatures
+        """Kind and name as declared; in a fresh interpreter, the config class, the layout function and the
+        config check import lightly and the worker class keeps the worker contract (every method of its Protocols, with signatures
         that take rlcore's calls, and a constructor that takes its plugin API version's arguments)."""
         from rlcore.plugins import BackendSpec
 
@@ -101,10 +101,11 @@ class _BackendChecks:
         assert BackendSpec.model_validate(backend_spec.model_dump()) == backend_spec
         out = run_probe(CLASSES_PROBE, backend_spec.model_dump_json(), ",".join(self.heavy_modules))
         assert out["config_error"] is None, f"config_class {backend_spec.config_class}: {out['config_error']}"
-        assert out["layout_error"] is None, f"layout {backend_spec.layout}: {out['layout_error']}"
-        assert not out["config_heavy"], (f"importing config_class {backend_spec.config_class} and layout "
-                                         f"{backend_spec.layout} imported {out['config_heavy']}; they run on the "
-                                         "driver and must stay light")
+        assert out["layout_error"] is None, f"layout / config_check: {out['layout_error']}"
+        assert not out["config_heavy"], (f"importing config_class {backend_spec.config_class}, layout "
+                                         f"{backend_spec.layout} and config_check {backend_spec.config_check} "
+                                         f"imported {out['config_heavy']}; they run on the driver and must stay "
+                                         "light")
         assert out["worker_error"] is None, f"worker_class {backend_spec.worker_class}: {out['worker_error']}"
         assert not out["problems"], f"worker_class {backend_spec.worker_class} breaks the worker contract:\n" + \
             "\n".join(out["problems"])

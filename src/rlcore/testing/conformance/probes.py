@@ -48,7 +48,8 @@ print(json.dumps({"heavy": sorted(loaded & set(heavy_names)),
                   "records": [r.as_dict() for r in registry.records]}))
 """
 
-#: Imports a spec's config class, layout function and worker class; prints import errors, heavy modules, and
+#: Imports a spec's config class, layout and config-check functions and worker class; prints import errors,
+#: heavy modules, and
 #: the worker contract's problems (rlcore.interfaces.workers.worker_problems).
 CLASSES_PROBE = r"""
 import json, sys
@@ -64,12 +65,12 @@ if spec.config_class:
             out["config_error"] = f"{spec.config_class} is not a pydantic model class"
     except Exception as exc:
         out["config_error"] = f"{type(exc).__name__}: {exc}"
-if spec.layout:
+for function in filter(None, (spec.layout, spec.config_check)):
     try:
-        if not callable(import_object(spec.layout)):
-            out["layout_error"] = f"{spec.layout} is not callable"
+        if not callable(import_object(function)):
+            out["layout_error"] = f"{function} is not callable"
     except Exception as exc:
-        out["layout_error"] = f"{type(exc).__name__}: {exc}"
+        out["layout_error"] = f"{function}: {type(exc).__name__}: {exc}"
 out["config_heavy"] = sorted({n.split(".")[0] for n in sys.modules} & heavy_names)
 try:
     cls = import_object(spec.worker_class)
