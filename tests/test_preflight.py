@@ -245,8 +245,12 @@ def test_pytorch_bin_truncated(model: Path) -> None:
 
 
 def test_pytorch_bin_rejected_for_megatron(model: Path) -> None:
-    lines = problems(f"policy.model_name={bin_only(model)}", "policy.backend=megatron")
-    assert only_line(lines) == (
+    """Megatron's own config check (rl_megatron.config), when the config is resolved, before anything starts."""
+    from rlcore.config import ConfigError, resolve
+
+    with pytest.raises(ConfigError) as caught:
+        resolve(load_config(EXAMPLE, [f"policy.model_name={bin_only(model)}", "policy.backend=megatron"]))
+    assert only_line(caught.value.problems) == (
         f"policy.model_name: {model} has only pytorch_model.bin weights, but the megatron backend reads "
         "safetensors only; convert once with AutoModelForCausalLM.from_pretrained(dir).save_pretrained(dir) "
         "(writes model.safetensors)")

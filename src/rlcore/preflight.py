@@ -65,7 +65,7 @@ def check_model_sources(cfg: Any) -> list[str]:
     under the first of them.
     """
     policy = cfg.policy
-    checks = _Checks(policy.training_backend)
+    checks = _Checks()
     checks.model("policy.model_name", policy.model_name)
     tokenizer = policy.tokenizer.name or policy.model_name
     shared = " (the directory of policy.model_name)" if tokenizer == policy.model_name else ""
@@ -83,7 +83,7 @@ def check_policy_sources(policy: Any, weights_path: str | os.PathLike | None = N
     here, before any worker starts. The tokenizer is not checked (a ``Policy``
     is handed a tokenizer object).
     """
-    checks = _Checks(policy.training_backend)
+    checks = _Checks()
     if weights_path is not None and is_adapter_checkpoint(weights_path):
         checks.model("policy.model_name", policy.model_name)  # the adapters go over the base model
         checks.problems += _adapter_problems(Path(weights_path), policy.lora)
@@ -119,8 +119,7 @@ def _adapter_problems(directory: Path, lora: Any) -> list[str]:
 class _Checks:
     """Collects problem lines, checking each directory once whichever fields name it."""
 
-    def __init__(self, training_backend: str) -> None:
-        self.training_backend = training_backend
+    def __init__(self) -> None:
         self.problems: list[str] = []
         self._located: dict[str, Path | None] = {}
         self._done: set[tuple[str, str]] = set()
@@ -146,7 +145,7 @@ class _Checks:
         if problem := _config_problem(directory, field):
             self.problems.append(f"{field}: {problem}")
         elif weights:
-            self.problems += [f"{field}: {line}" for line in _weights_problems(directory, self.training_backend)]
+            self.problems += [f"{field}: {line}" for line in _weights_problems(directory)]
 
     def tokenizer(self, field: str, name: str, shared: str = "") -> None:
         directory = self._locate(field, name)
@@ -253,7 +252,7 @@ def _engine_loads_weights(gen: Any) -> bool:
     return section.get("load_format") != "dummy"
 
 
-def _weights_problems(directory: Path, training_backend: str) -> list[str]:
+def _weights_problems(directory: Path) -> list[str]:
     """safetensors weights, single file or sharded, whose headers agree with the file sizes."""
     index = directory / SAFE_WEIGHTS_INDEX_NAME
     if index.is_file():
@@ -263,7 +262,7 @@ def _weights_problems(directory: Path, training_backend: str) -> list[str]:
     if single.is_file():
         return [p] if (p := _safetensors_problem(single)) else []
     if (directory / PICKLE_WEIGHTS_NAME).is_file() or (directory / PICKLE_WEIGHTS_INDEX_NAME).is_file():
-        return _pickle_weights_problems(directory, training_backend)
+        return _pickle_weights_problems(directory)
     return [f"{directory} has no weights (expected {SAFE_WEIGHTS_NAME}, "
             f"or {SAFE_WEIGHTS_INDEX_NAME} with its shards); {_RESAVE}"]
 
@@ -286,12 +285,9 @@ def _index_shards(index: Path) -> tuple[list[Path], list[str]]:
     return [shard for shard in shards if shard.is_file()], [line]
 
 
-def _pickle_weights_problems(directory: Path, training_backend: str) -> list[str]:
-    """``pytorch_model.bin``: megatron reads safetensors only; transformers (dtensor, fsdp1) loads it."""
-    if training_backend == "megatron":
-        return [f"{directory} has only {PICKLE_WEIGHTS_NAME} weights, but the megatron backend reads "
-                f"safetensors only; convert once with AutoModelForCausalLM.from_pretrained(dir)"
-                f".save_pretrained(dir) (writes {SAFE_WEIGHTS_NAME})"]
+def _pickle_weights_problems(directory: Path) -> list[str]:
+    """``pytorch_model.bin``, which transformers loads (a backend that cannot, megatron, says so in its own
+    config check)."""
     index = directory / PICKLE_WEIGHTS_INDEX_NAME
     if index.is_file():
         shards, problems = _index_shards(index)

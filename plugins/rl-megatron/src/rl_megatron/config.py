@@ -13,6 +13,7 @@ whether TransformerEngine is installed. Light module: no torch, no megatron.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 _M = "policy.megatron_cfg."
@@ -25,8 +26,20 @@ def config_check(request: Any) -> list[str]:
     the workers' to say, so only what no machine can run is reported.
     """
     policy = request.policy
-    return (torch_optimizer_problems(policy)
+    return (torch_optimizer_problems(policy) + safetensors_problems(policy.model_name)
             + megatron_config_problems(policy, cuda=request.use_gpu, transformer_engine=request.use_gpu))
+
+
+def safetensors_problems(model_name: str) -> list[str]:
+    """The HF -> Megatron converter reads safetensors only; transformers (dtensor, fsdp1) also reads
+    ``pytorch_model.bin``, so a model directory with only that is this backend's problem."""
+    directory = Path(model_name)
+    if not directory.is_dir() or any(directory.glob("*.safetensors")) or \
+            not any((directory / name).is_file() for name in ("pytorch_model.bin", "pytorch_model.bin.index.json")):
+        return []
+    return [f"policy.model_name: {directory} has only pytorch_model.bin weights, but the megatron backend reads "
+            "safetensors only; convert once with AutoModelForCausalLM.from_pretrained(dir).save_pretrained(dir) "
+            "(writes model.safetensors)"]
 
 
 def torch_optimizer_problems(policy: Any) -> list[str]:
@@ -124,4 +137,4 @@ def megatron_config_problems(policy: Any, *, cuda: bool, transformer_engine: boo
     return problems
 
 
-__all__ = ["config_check", "megatron_config_problems", "torch_optimizer_problems"]
+__all__ = ["config_check", "megatron_config_problems", "safetensors_problems", "torch_optimizer_problems"]
