@@ -31,10 +31,20 @@ from rlcore.config.batch_plan import BatchPlan
 from rlcore.config.coerce import as_policy_config
 from rlcore.config.errors import ConfigError
 from rlcore.config.generation import GenerationConfig
+from rlcore.config.grpo import GRPOConfig
 from rlcore.config.policy import PolicyConfig
 from rlcore.config.rules import check_rules
 from rlcore.config.schemas import ClusterConfig, RLCoreConfig
-from rlcore.plugins import BackendError, BackendSpec, Capability, LayoutRequest, ParallelLayout, Registry
+from rlcore.models.builtin import resolve_builtin_policy
+from rlcore.plugins import (
+    BackendError,
+    BackendSpec,
+    Capability,
+    LayoutRequest,
+    ParallelLayout,
+    Registry,
+    get_registry,
+)
 
 
 @dataclass(frozen=True)
@@ -85,9 +95,6 @@ def resolve_policy(config: PolicyConfig | Mapping[str, Any], *, world_size: int,
     A dict is validated with the cross-field rules, as a file would be. ``auto_packing``: a run packs
     when ``sequence_packing.enabled`` is null and the backend can; a Policy built directly does not.
     """
-    from rlcore.models.builtin import resolve_builtin_policy
-    from rlcore.plugins import get_registry
-
     registry = registry or get_registry()
     if not isinstance(config, PolicyConfig):
         config = as_policy_config(config)
@@ -117,8 +124,6 @@ def resolve_policy(config: PolicyConfig | Mapping[str, Any], *, world_size: int,
 
 def resolve(cfg: RLCoreConfig, *, run: bool = False, registry: Registry | None = None) -> ResolvedConfig:
     """Resolve a loaded config (see the module docstring); ``run``: with ``rlcore run``'s defaults."""
-    from rlcore.plugins import get_registry
-
     registry = registry or get_registry()
     notices: list[str] = []
     if run:
@@ -154,8 +159,6 @@ def resolve(cfg: RLCoreConfig, *, run: bool = False, registry: Registry | None =
 
 def _run_defaults(cfg: RLCoreConfig, registry: Registry, notices: list[str]) -> RLCoreConfig:
     """A run always has a grpo section and a generation backend (fsdp1 when vLLM is not installed)."""
-    from rlcore.config.grpo import GRPOConfig
-
     if cfg.grpo is None:
         cfg = cfg.model_copy(update={"grpo": GRPOConfig()})
         if problems := check_rules(cfg):
