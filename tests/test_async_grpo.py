@@ -56,10 +56,10 @@ def test_rollouts_are_never_older_than_the_limit_and_resume_keeps_the_rule(ray_s
     # generated while the previous step trained), never more.
     assert [r["async/age_max"] for r in first] == [0, 1, 1, 1]
     assert [r["async/age_1_fraction"] for r in first] == [0.0, 1.0, 1.0, 1.0]
-    assert abs(first[0]["token_mult_prob_error"] - 1) < 1e-3 and abs(first[0]["is_weight_mean"] - 1) < 1e-3
+    assert abs(first[0]["token_mult_prob_error"] - 1) < 1e-3 and abs(first[0]["sampling_importance_ratio"] - 1) < 1e-3
     assert all(r["token_mult_prob_error"] > 1 + 1e-4 for r in first[1:]), "one-step-old rollouts match the trainer"
     for key in ("time/generation_wait_s", "time/generation_idle_s", "time/refit_s", "time/train_s",
-                "is_truncated_fraction", "clip_fraction", "async/regenerated_rollouts"):
+                "sampling_importance_ratio", "clip_fraction", "async/regenerated_rollouts"):
         assert key in first[1], key
     assert all(r["async/regenerated_rollouts"] == 0 for r in first)
 

@@ -22,7 +22,7 @@ from rlcore.data import (
     unpack_tokens,
 )
 
-ALGOS = ["concatenative", "first_fit_decreasing", "modified_first_fit_decreasing"]
+ALGOS = ["concatenative", "first_fit_decreasing", "first_fit_shuffle", "modified_first_fit_decreasing"]
 FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
@@ -64,8 +64,11 @@ def test_from_batches_pads_and_concatenates():
     # default pad value is 0
     out0 = BatchedDataDict.from_batches([a, b])
     assert out0["input_ids"][0].tolist() == [1, 2, 3, 0, 0]
-    with pytest.raises(ValueError, match="keys"):
+    with pytest.raises(KeyError, match="'lens' is missing from non-empty batches \\[1\\]"):
         BatchedDataDict.from_batches([a, BatchedDataDict(input_ids=torch.zeros(1, 2))])
+    # an empty batch (a rank with no rows) may lack keys, as in NeMo-RL
+    out1 = BatchedDataDict.from_batches([{}, a, BatchedDataDict(tag=[]), b])
+    assert out1["tag"] == ["a", "b", "c"] and out1["lens"].tolist() == [3, 2, 5]
 
 
 def test_size_consistency():
@@ -89,9 +92,9 @@ def test_slice_select_repeat_reorder_chunk():
     assert rep["x"][:, 0].tolist() == [0, 0, 0, 2, 2, 2]
 
     e = d.copy()
-    assert e.reorder_data([2, 0, 1, 4, 3]) is None  # in place
-    assert e["s"] == ["c", "a", "b", "e", "d"]
-    assert e["x"][:, 0].tolist() == [4, 0, 2, 8, 6]
+    assert e.reorder_data([2, 0, 1, 4, 3]) is None  # in place: old row j goes to position indices[j]
+    assert e["s"] == ["b", "c", "a", "e", "d"]
+    assert e["x"][:, 0].tolist() == [2, 4, 0, 8, 6]
     assert d["s"] == list("abcde")  # copy() detached the dict
     with pytest.raises(ValueError, match="permutation"):
         e.reorder_data([0, 0, 1, 2, 3])
@@ -100,6 +103,14 @@ def test_slice_select_repeat_reorder_chunk():
     assert [c["s"] for c in chunks] == [["a", "b", "c"], ["d", "e"]]
     moved = d.to("cpu")
     assert moved is not d and torch.equal(moved["x"], d["x"])
+
+
+def test_reorder_data_has_nemo_rls_meaning():
+    """NeMo-RL moves row j to position indices[j], so reorder_data(sorted_indices) undoes a sharding's order;
+    the issue's example: rows [10, 11, 12] and [2, 0, 1] give [11, 12, 10]."""
+    d = BatchedDataDict(x=torch.tensor([10, 11, 12]), s=["10", "11", "12"])
+    d.reorder_data([2, 0, 1])
+    assert d["x"].tolist() == [11, 12, 10] and d["s"] == ["11", "12", "10"]
 
 
 # --------------------------------------------------------------------------- #
@@ -175,6 +186,9 @@ def test_dynamic_shard_round_trip_and_lockstep(case, budget, rnd):
     back = BatchedDataDict.from_shards(_worker_results(shards), sorted_indices)
     assert back["idx"] == list(range(len(lengths)))
     assert torch.equal(back["input_ids"], data["input_ids"])
+    by_hand = BatchedDataDict.from_batches(_worker_results(shards))
+    by_hand.reorder_data(sorted_indices)  # NeMo-RL's idiom for putting results back
+    assert by_hand["idx"] == list(range(len(lengths)))
 
     # Lockstep: same micro-batch count per step on every shard.
     for k in range(steps):
@@ -324,6 +338,24 @@ def test_pack_sequences_algorithms_by_hand():
         pack_sequences([1, 2, 9], 8, "first_fit_decreasing")
     with pytest.raises(ValueError, match="unknown packing algorithm"):
         pack_sequences([1], 8, "best_fit")
+    # first fit in a shuffled order, the same order (so the same bins) every time for the same lengths
+    lengths = [5, 1, 4, 2, 6, 3, 7, 2, 2]
+    shuffled = pack_sequences(lengths, 8, "first_fit_shuffle")
+    assert shuffled == pack_sequences(list(lengths), 8, "first_fit_shuffle")
+    from rlcore.data.packing import _shuffled
+
+    order = _shuffled(lengths)
+    assert sorted(order) == list(range(len(lengths))) and order != list(range(len(lengths)))
+    by_hand, free = [], []  # plain first fit, bin by bin
+    for i in order:
+        b = next((b for b, room in enumerate(free) if room >= lengths[i]), None)
+        if b is None:
+            by_hand.append([])
+            free.append(8)
+            b = len(free) - 1
+        by_hand[b].append(i)
+        free[b] -= lengths[i]
+    assert shuffled == by_hand
     # splitting to reach the bin count
     bins = pack_sequences([1, 1, 1, 1], 8, "first_fit_decreasing", min_bin_count=4, bin_count_multiple=2)
     assert sorted(map(sorted, bins)) == [[0], [1], [2], [3]]

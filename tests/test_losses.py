@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from rlcore.algorithms.loss_functions import ClippedPGLossConfig, ClippedPGLossFn, NLLLoss
-from rlcore.interfaces.loss import LossFunction, LossType
+from rlcore.interfaces.loss import LossFunction, LossType, step_metrics
 
 RTOL, ATOL = 1e-6, 1e-10
 
@@ -39,6 +39,7 @@ DEFAULTS = dict(
     token_level_loss=True,
     sequence_level_importance_ratios=False,
     disable_ppo_ratio=False,
+    use_cispo=False,
 )
 
 
@@ -99,82 +100,120 @@ def reference_pg(cfg, logprobs, data, gseqs, gtoks):
     B, S = lp.shape
     lo, hi, dual_c, beta = c["ratio_clip_min"], c["ratio_clip_max"], c["ratio_clip_c"], c["reference_policy_kl_penalty"]
     cin, cout = c["kl_input_clamp_value"], c["kl_output_clamp_value"]
+    tis_type, w_lo, w_hi = (c["truncated_importance_sampling_type"], c["truncated_importance_sampling_ratio_min"],
+                            c["truncated_importance_sampling_ratio"])
+    ppo = not c["disable_ppo_ratio"]
+    mismatch = gen is not None and prev is not None
     grad = np.zeros((B, S))
-    m = dict(loss=0.0, actor_loss=0.0, kl_penalty=0.0, probs_ratio=0.0, probs_ratio_clamped=0.0,
-             clip_fraction=0.0, approx_entropy=0.0, token_mult_prob_error=0.0, num_valid_tokens=0.0)
+    names = ["loss", "actor_loss", "kl_loss", "kl_penalty", "approx_entropy", "num_valid_tokens", "num_valid_samples"]
+    if ppo:
+        names += ["probs_ratio", "probs_ratio_clamped", "clip_fraction"]
+    if mismatch:
+        names += ["token_mult_prob_error", "gen_kl_error", "policy_kl_error", "js_divergence_error",
+                  "sampling_importance_ratio"] + (["is_oob_ratio"] if w_hi is not None else [])
+    m = dict.fromkeys(names, 0.0)
+    ratios, clipped_ratios = [], []
+
+    def k_of(y, kind):  # estimate and its derivative in y = log pi_ref - log pi
+        return {"k1": (-y, -1.0), "k2": (0.5 * y * y, y), "k3": (math.exp(y) - y - 1.0, math.exp(y) - 1.0)}[kind]
+
     for b in range(B):
-        toks = [t for t in range(1, S) if arr["token_mask"][b, t] != 0 and arr["sample_mask"][b] != 0]
+        if arr["sample_mask"][b] == 0:
+            continue
+        m["num_valid_samples"] += 1
+        toks = [t for t in range(1, S) if arr["token_mask"][b, t] != 0]
         n = len(toks)
         if n == 0:
             continue
         scale = 1.0 / gtoks if c["token_level_loss"] else 1.0 / (n * gseqs)
         if c["sequence_level_importance_ratios"]:
             seq_log_ratio = sum(lp[b, t] - prev[b, t] for t in toks) / n
+        if mismatch:
+            seq_log_w = sum(prev[b, t] - gen[b, t] for t in toks)
+            seq_keep = w_lo is not None and w_lo <= math.exp(seq_log_w / n) <= w_hi
+            if c["sequence_level_importance_ratios"]:
+                m["sampling_importance_ratio"] += (
+                    min(max(math.exp(seq_log_w), w_lo or 0.0), w_hi) if tis_type == "tis" and w_hi
+                    else math.exp(seq_log_w) * (w_lo <= math.exp(seq_log_w) <= w_hi) if tis_type == "icepop"
+                    else math.exp(seq_log_w)) / gseqs
+            if tis_type == "seq-mask-tis":
+                m["is_oob_ratio"] += (not seq_keep) / gseqs
         for t in toks:
             A, x = adv[b, t], lp[b, t]
             log_r = seq_log_ratio if c["sequence_level_importance_ratios"] else (x - prev[b, t] if prev is not None else 0.0)
             r = math.exp(log_r)
             cr = min(max(r, 1 - lo), 1 + hi)
             clipped = False
-            if c["disable_ppo_ratio"]:
+            if not ppo:
                 a, da = -A * x, -A  # da: d actor / d log pi_t
+            elif c["use_cispo"]:
+                a, da, clipped = -A * cr * x, -A * cr, cr != r
             else:
                 l1, l2 = -A * r, -A * cr
                 a, da = (l1, -A * r) if l1 >= l2 else (l2, 0.0)
                 clipped = l2 > l1
                 if dual_c is not None and A < 0 and a > -A * dual_c:
                     a, da, clipped = -A * dual_c, 0.0, True
-            w = 1.0
-            if c["use_importance_sampling_correction"]:
-                w = raw_w = math.exp(prev[b, t] - gen[b, t])
-                if c["truncated_importance_sampling_type"] == "icepop":
-                    keep = c["truncated_importance_sampling_ratio_min"] <= w <= c["truncated_importance_sampling_ratio"]
-                    w = w if keep else 0.0
-                elif c["truncated_importance_sampling_ratio"] is not None:
-                    w = min(w, c["truncated_importance_sampling_ratio"])
-                m["is_weight_mean"] = m.get("is_weight_mean", 0.0) + w / gtoks
-                m["is_truncated_fraction"] = m.get("is_truncated_fraction", 0.0) + (w != raw_w) / gtoks
-            a, da = a * w, da * w
+            if mismatch:
+                raw_w = math.exp(seq_log_w if c["sequence_level_importance_ratios"] else prev[b, t] - gen[b, t])
+                w, out = raw_w, None
+                if w_hi is not None and tis_type == "tis":
+                    w, out = min(max(raw_w, w_lo or 0.0), w_hi), not (w_lo or 0.0) <= raw_w <= w_hi
+                elif w_hi is not None and tis_type == "icepop":
+                    out = not w_lo <= raw_w <= w_hi
+                    w = 0.0 if out else raw_w
+                elif w_hi is not None:  # seq-mask-tis
+                    w = raw_w if seq_keep else 0.0
+                if not c["sequence_level_importance_ratios"]:
+                    m["sampling_importance_ratio"] += w / gtoks
+                if out is not None:
+                    m["is_oob_ratio"] += out / gtoks
+                d = gen[b, t] - prev[b, t]
+                m["token_mult_prob_error"] += math.exp(abs(d)) / gtoks
+                m["gen_kl_error"] += k_of(-d, c["reference_policy_kl_type"])[0] / gtoks
+                m["policy_kl_error"] += k_of(d, c["reference_policy_kl_type"])[0] / gtoks
+                p_prev, p_gen = math.exp(prev[b, t]), math.exp(gen[b, t])
+                mix = 0.5 * (p_prev + p_gen)
+                m["js_divergence_error"] += 0.5 * (p_prev / mix - math.log(p_prev / mix) - 1) / gtoks
+                m["js_divergence_error"] += 0.5 * (p_gen / mix - math.log(p_gen / mix) - 1) / gtoks
+                if c["use_importance_sampling_correction"]:
+                    a, da = a * w, da * w
             if c["sequence_level_importance_ratios"]:  # d log r / d log pi_u = 1/n for every u
                 for u in toks:
                     grad[b, u] += scale * da / n
             else:
                 grad[b, t] += scale * da
-            kl_term = 0.0
+            kw = 0.0
             if beta > 0:
-                y, dy = ref[b, t] - x, -1.0
-                if cin is not None and abs(y) > cin:
-                    y, dy = math.copysign(cin, y), 0.0
-                k, dk = {
-                    "k1": (-y, -dy),
-                    "k2": (0.5 * y * y, y * dy),
-                    "k3": (math.exp(y) - y - 1.0, (math.exp(y) - 1.0) * dy),
-                }[c["reference_policy_kl_type"]]
-                if cout is not None and abs(k) > cout:
-                    k, dk = math.copysign(cout, k), 0.0
                 if c["use_on_policy_kl_approximation"]:
                     q = gen[b, t] if gen is not None else prev[b, t]
                     wk = dwk = math.exp(x - q)
                 else:
                     wk, dwk = 1.0, 1.0  # value 1, score-function gradient
-                kl_term = beta * wk * k
-                grad[b, t] += scale * beta * (dwk * k + wk * dk)
+                y, dy = ref[b, t] - x, -1.0
+                if cin is not None and abs(y) > cin:  # clamped: no gradient through k nor through its weight
+                    y, dy, dwk = math.copysign(cin, y), 0.0, 0.0
+                k, dk_dy = k_of(y, c["reference_policy_kl_type"])
+                kw, dkw = wk * k, dwk * k + wk * dk_dy * dy
+                if cout is not None and abs(kw) > cout:
+                    kw, dkw = math.copysign(cout, kw), 0.0
+                grad[b, t] += scale * beta * dkw
             m["actor_loss"] += scale * a
-            m["kl_penalty"] += scale * kl_term
-            m["probs_ratio"] += r / gtoks
-            m["probs_ratio_clamped"] += cr / gtoks
-            m["clip_fraction"] += clipped / gtoks
+            m["kl_penalty"] += scale * kw
+            if ppo:
+                m["probs_ratio"] += r / gtoks
+                m["probs_ratio_clamped"] += cr / gtoks
+                m["clip_fraction"] += clipped / gtoks
+                ratios.append(r)
+                clipped_ratios.append(cr)
             q = gen if gen is not None else prev
             m["approx_entropy"] += -(math.exp(x - q[b, t]) if q is not None else 1.0) * x / gtoks
-            if gen is not None and prev is not None:
-                m["token_mult_prob_error"] += math.exp(abs(gen[b, t] - prev[b, t])) / gtoks
             m["num_valid_tokens"] += 1
-    m["loss"] = m["actor_loss"] + m["kl_penalty"]
-    if gen is None or prev is None:
-        del m["token_mult_prob_error"]
-    if c["use_importance_sampling_correction"]:
-        m.setdefault("is_weight_mean", 0.0)
-        m.setdefault("is_truncated_fraction", 0.0)
+    m["kl_loss"] = beta * m["kl_penalty"]
+    m["loss"] = m["actor_loss"] + m["kl_loss"]
+    if ppo:
+        m.update(probs_ratio_min=min(ratios), probs_ratio_max=max(ratios),
+                 probs_ratio_clamped_min=min(clipped_ratios), probs_ratio_clamped_max=max(clipped_ratios))
     return m["loss"], grad, m
 
 
@@ -257,8 +296,15 @@ def test_on_policy_kl_falls_back_to_prev_logprobs():
             truncated_importance_sampling_ratio_min=0.7,
             truncated_importance_sampling_ratio=1.4,
         ),
+        dict(truncated_importance_sampling_type="tis", truncated_importance_sampling_ratio_min=0.8,
+             truncated_importance_sampling_ratio=1.3),
+        dict(
+            truncated_importance_sampling_type="seq-mask-tis",
+            truncated_importance_sampling_ratio_min=0.95,
+            truncated_importance_sampling_ratio=1.1,
+        ),
     ],
-    ids=["is", "tis", "icepop"],
+    ids=["is", "tis", "icepop", "tis_min", "seq_mask_tis"],
 )
 def test_importance_sampling(token_level, is_cfg):
     logprobs, data = make_batch(4)
@@ -273,6 +319,94 @@ def test_gspo_sequence_ratios(token_level):
     logprobs, data = make_batch(5)
     cfg = dict(sequence_level_importance_ratios=True, ratio_clip_min=0.05, ratio_clip_max=0.05,
                token_level_loss=token_level)
+    metrics = check_against_reference(cfg, logprobs, data)
+    assert 0 < metrics["clip_fraction"] < 1
+
+
+@pytest.mark.parametrize(
+    "truncation",
+    [{}, dict(truncated_importance_sampling_ratio=1.5),
+     dict(truncated_importance_sampling_type="icepop", truncated_importance_sampling_ratio_min=0.5,
+          truncated_importance_sampling_ratio=2.0)],
+    ids=["raw", "tis", "icepop"],
+)
+def test_gspo_importance_weight_is_one_per_sequence(truncation):
+    """With GSPO the correction weighs a sequence by exp(sum_t log pi_prev - log pi_gen), and tis/icepop act on
+    that one weight (NeMo-RL's semantics), not on the token weights."""
+    logprobs, data = make_batch(14)
+    cfg = dict(sequence_level_importance_ratios=True, token_level_loss=False,
+               use_importance_sampling_correction=True, **truncation)
+    metrics = check_against_reference(cfg, logprobs, data)
+    valid = (data["token_mask"] * data["sample_mask"][:, None]).bool()
+    valid[:, 0] = False
+    seq_w = torch.exp(((data["prev_logprobs"] - data["generation_logprobs"]) * valid).sum(-1))
+    rows = data["sample_mask"].bool()
+    assert (seq_w[rows] > 2.0).any() and (seq_w[rows] < 0.5).any()  # both bounds bind on these data
+    if not truncation:
+        assert metrics["sampling_importance_ratio"] == pytest.approx(float(seq_w[rows].mean()), rel=1e-9)
+    else:
+        assert 0 < metrics["is_oob_ratio"] < 1
+
+
+def test_seq_mask_tis_keeps_some_sequences_and_drops_others():
+    logprobs, data = make_batch(4)
+    valid = (data["token_mask"] * data["sample_mask"][:, None]).bool()
+    valid[:, 0] = False
+    log_w = (data["prev_logprobs"] - data["generation_logprobs"]) * valid
+    geo = torch.exp(log_w.sum(-1) / valid.sum(-1))[data["sample_mask"].bool()]
+    kept = ((geo >= 0.95) & (geo <= 1.1)).double().mean()
+    cfg = dict(use_importance_sampling_correction=True, truncated_importance_sampling_type="seq-mask-tis",
+               truncated_importance_sampling_ratio_min=0.95, truncated_importance_sampling_ratio=1.1)
+    metrics = check_against_reference(cfg, logprobs, data)
+    assert 0 < kept < 1
+    assert metrics["is_oob_ratio"] == pytest.approx(1 - float(kept))
+
+
+@TOKEN_AND_SEQ
+@pytest.mark.parametrize("kl_type", ["k1", "k3"])
+def test_kl_clamps_bound_the_weighted_estimate_and_stop_its_gradient(token_level, kl_type):
+    """NeMo-RL's calculate_kl: the output clamp bounds w * k (not k), and where either clamp binds the token
+    gets no KL gradient at all, through k or through its sampling weight w."""
+    logprobs, data = make_batch(15)
+    cfg = ClippedPGLossConfig(reference_policy_kl_penalty=1.0, reference_policy_kl_type=kl_type,
+                              kl_input_clamp_value=0.6, kl_output_clamp_value=0.3,
+                              use_on_policy_kl_approximation=True, token_level_loss=token_level,
+                              ratio_clip_min=0.0, ratio_clip_max=0.0)  # actor gradient 0 where clipped
+    check_against_reference(cfg.model_dump(), logprobs, data)
+    gseqs, gtoks = global_counts(data)
+    data["advantages"] = torch.zeros_like(data["advantages"])  # the KL term alone
+    loss, metrics = ClippedPGLossFn(cfg)(logprobs, data, gseqs, gtoks)
+    (grad,) = torch.autograd.grad(loss, logprobs)
+    lp = logprobs.detach()
+    valid = (data["token_mask"] * data["sample_mask"][:, None]).bool()
+    valid[:, 0] = False
+    log_r = data["reference_policy_logprobs"] - lp
+    y = log_r.clamp(-0.6, 0.6)
+    k = -y if kl_type == "k1" else torch.expm1(y) - y
+    weighted = torch.exp(lp - data["generation_logprobs"]) * k
+    bound = valid & ((log_r.abs() > 0.6) | (weighted.abs() > 0.3))
+    assert bound.any() and (valid & ~bound).any()
+    assert (grad[bound] == 0).all() and (grad[valid & ~bound] != 0).all()
+    assert abs(metrics["kl_penalty"]) <= 0.3 + 1e-12  # a mean of values each within the output clamp
+    assert metrics["kl_loss"] == pytest.approx(metrics["kl_penalty"])  # beta = 1
+
+
+@TOKEN_AND_SEQ
+def test_kl_penalty_is_the_kl_and_kl_loss_its_beta_scaled_term(token_level):
+    logprobs, data = make_batch(2)
+    cfg = dict(reference_policy_kl_penalty=0.25, token_level_loss=token_level)
+    gseqs, gtoks = global_counts(data)
+    _, metrics = ClippedPGLossFn(cfg)(logprobs, data, gseqs, gtoks)
+    assert metrics["kl_loss"] == pytest.approx(0.25 * metrics["kl_penalty"], rel=1e-12)
+    assert metrics["loss"] == pytest.approx(metrics["actor_loss"] + metrics["kl_loss"], rel=1e-12)
+
+
+@pytest.mark.parametrize("clip", [(0.2, 0.2), (0.1, 0.28)])
+def test_cispo(clip):
+    """CISPO: -A * sg(clip(r)) * log pi, so a clipped token keeps a gradient, scaled by its clipped ratio."""
+    logprobs, data = make_batch(16)
+    cfg = dict(use_cispo=True, ratio_clip_min=clip[0], ratio_clip_max=clip[1], reference_policy_kl_penalty=0.1,
+               use_importance_sampling_correction=True, truncated_importance_sampling_ratio=1.5)
     metrics = check_against_reference(cfg, logprobs, data)
     assert 0 < metrics["clip_fraction"] < 1
 
@@ -328,6 +462,11 @@ INVARIANCE_CFGS = {
     "gspo_seq": dict(token_level_loss=False, sequence_level_importance_ratios=True,
                      reference_policy_kl_penalty=0.1),
     "reinforce": dict(disable_ppo_ratio=True, reference_policy_kl_penalty=0.1),
+    "cispo_seq_mask_tis": dict(use_cispo=True, reference_policy_kl_penalty=0.1, use_importance_sampling_correction=True,
+                               truncated_importance_sampling_type="seq-mask-tis",
+                               truncated_importance_sampling_ratio_min=0.95, truncated_importance_sampling_ratio=1.1),
+    "gspo_is": dict(token_level_loss=False, sequence_level_importance_ratios=True,
+                    use_importance_sampling_correction=True, truncated_importance_sampling_ratio=1.5),
     "nll": None,
 }
 
@@ -365,8 +504,8 @@ def run_split(loss_fn, logprobs, data, groups):
         loss.backward()
         total += loss.item()
         for k, v in m.items():
-            metrics[k] = metrics.get(k, 0.0) + v
-    return total, logprobs.grad.clone(), metrics
+            metrics.setdefault(k, []).append(v)
+    return total, logprobs.grad.clone(), step_metrics(metrics, 1)
 
 
 @pytest.mark.parametrize("cfg_name", list(INVARIANCE_CFGS))
@@ -459,6 +598,17 @@ def test_protocol_and_loss_type():
         dict(use_importance_sampling_correction=True, truncated_importance_sampling_ratio_min=0.5),  # tis
         dict(disable_ppo_ratio=True, ratio_clip_c=3.0),
         dict(disable_ppo_ratio=True, sequence_level_importance_ratios=True),
+        dict(use_importance_sampling_correction=True, truncated_importance_sampling_type="seq-mask-tis",
+             truncated_importance_sampling_ratio=1.1),  # no lower bound
+        dict(use_importance_sampling_correction=True, truncated_importance_sampling_type="seq-mask-tis",
+             truncated_importance_sampling_ratio_min=0.9, truncated_importance_sampling_ratio=1.1,
+             sequence_level_importance_ratios=True),
+        dict(use_importance_sampling_correction=True, truncated_importance_sampling_ratio_min=1.2,
+             truncated_importance_sampling_ratio=1.1),  # min > max
+        dict(use_cispo=True, disable_ppo_ratio=True),
+        dict(use_cispo=True, sequence_level_importance_ratios=True),
+        dict(use_cispo=True, ratio_clip_c=3.0),
+        dict(use_cispo=True, token_level_loss=False),
         dict(ratio_clip=0.2),  # unknown key
     ],
 )

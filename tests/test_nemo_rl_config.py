@@ -195,7 +195,8 @@ MEGATRON = FIXTURES / "v0.7.0" / "grpo_math_1B_megatron.yaml"
      "grpo.async_grpo.in_flight_weight_updates: is true, but rlcore does not support in-flight weight updates"),
     (MEGATRON, "policy.megatron_cfg.peft.enabled=true",
      "policy.megatron_cfg.peft.enabled: is true, but rlcore does not support LoRA on the megatron backend"),
-    (BASE, "loss_fn.use_cispo=true", "loss_fn.use_cispo: is true, but rlcore does not support CISPO"),
+    (BASE, "loss_fn.positive_example_nll_weight=0.1",
+     "loss_fn.positive_example_nll_weight: is 0.1, but rlcore does not support VAPO positive-example NLL"),
     (BASE, "grpo.adv_estimator.name=reinforce_plus_plus", "grpo.adv_estimator.name: is 'reinforce_plus_plus'"),
     (BASE, "++policy.some_new_feature=3", "policy.some_new_feature: is 3, a NeMo-RL key rlcore's reader does not know"),
     (BASE, "policy.generation.vllm_cfg.kv_cache_dtype=fp8",
@@ -204,6 +205,23 @@ MEGATRON = FIXTURES / "v0.7.0" / "grpo_math_1B_megatron.yaml"
 def test_a_setting_that_would_change_training_is_an_error_naming_the_path(path, override, line):
     (problem,) = nemo_problems(path, override)
     assert problem.startswith(line), problem
+
+
+@pytest.mark.parametrize("overrides, expected", [
+    (["loss_fn.use_cispo=true", "loss_fn.ratio_clip_max=0.28"], dict(use_cispo=True, ratio_clip_max=0.28)),
+    (["loss_fn.use_importance_sampling_correction=true", "loss_fn.truncated_importance_sampling_type=seq-mask-tis",
+      "loss_fn.truncated_importance_sampling_ratio_min=0.999", "loss_fn.truncated_importance_sampling_ratio=1.002"],
+     dict(truncated_importance_sampling_type="seq-mask-tis", truncated_importance_sampling_ratio_min=0.999,
+          truncated_importance_sampling_ratio=1.002)),
+    (["loss_fn.use_importance_sampling_correction=true", "loss_fn.truncated_importance_sampling_type=tis",
+      "loss_fn.truncated_importance_sampling_ratio_min=0.5", "loss_fn.truncated_importance_sampling_ratio=2.0"],
+     dict(truncated_importance_sampling_type="tis", truncated_importance_sampling_ratio_min=0.5)),
+], ids=["cispo", "seq_mask_tis", "tis_min"])
+def test_nemo_rls_loss_options_convert(overrides, expected):
+    conversion = load_nemo_rl_config(BASE, overrides)
+    loss = conversion.config.loss
+    assert {key: getattr(loss, key) for key in expected} == expected
+    assert not [line for line in conversion.ignored_lines() if "loss_fn." in line]
 
 
 def test_dtensor_lora_cfg_becomes_policy_lora():

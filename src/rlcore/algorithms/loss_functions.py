@@ -8,18 +8,29 @@ ranks*, and return this micro-batch's share of the step loss.
 Aggregation convention (losses *and* metrics)
 ---------------------------------------------
 Every value is divided by a global normaliser, never by a micro-batch count, so
-the caller **sums** it over micro-batches and dp ranks to get the step value:
+the caller **sums** it over micro-batches and dp ranks to get the step value
+(:func:`rlcore.interfaces.loss.step_metrics`):
 
-- ``loss``, ``actor_loss``, ``kl_penalty`` use the loss's own normalisation
-  (per valid token, or per valid sequence for sequence-level losses) and
-  ``loss == actor_loss + kl_penalty``;
-- token diagnostics (``probs_ratio``, ``probs_ratio_clamped``,
-  ``clip_fraction``, ``approx_entropy``, ``token_mult_prob_error``, with importance
-  sampling correction ``is_weight_mean`` and ``is_truncated_fraction``) are means
-  over valid tokens, i.e. divided by ``global_valid_toks``, whatever the loss
-  type;
-- the one exception is ``num_valid_tokens``: a raw count of this micro-batch's
-  valid tokens, not normalised. Summed, it gives the step's count.
+- ``loss``, ``actor_loss``, ``kl_loss`` (the beta-scaled KL term) and
+  ``kl_penalty`` (the KL estimate itself, ``kl_loss / beta``, NeMo-RL's meaning
+  of the name) use the loss's own normalisation (per valid token, or per valid
+  sequence for sequence-level losses) and ``loss == actor_loss + kl_loss``;
+- token diagnostics are means over valid tokens, i.e. divided by
+  ``global_valid_toks``, whatever the loss type: ``probs_ratio``,
+  ``probs_ratio_clamped`` and ``clip_fraction`` (not in REINFORCE mode, which
+  has no ratio), ``approx_entropy``, and where both ``prev_logprobs`` and
+  ``generation_logprobs`` are given ``token_mult_prob_error``, ``gen_kl_error``,
+  ``policy_kl_error``, ``js_divergence_error``, ``sampling_importance_ratio``
+  (per sequence with GSPO) and, with truncation bounds, ``is_oob_ratio`` (per
+  sequence with seq-mask-tis);
+- names ending in ``_min`` / ``_max`` (``probs_ratio_min``, ...) are extremes
+  over this micro-batch's valid tokens (+inf / -inf without any), reduced with
+  min / max;
+- ``num_valid_tokens`` and ``num_valid_samples`` are raw counts of this
+  micro-batch, not normalised. Summed, they give the step's counts.
+
+Every name means what it means in NeMo-RL's ``ClippedPGLossFn``
+(``docs/nemo-rl-mapping.md`` lists them).
 
 Importing this module does not import torch.
 """
@@ -32,6 +43,7 @@ from rlcore.algorithms.utils import (
     kl_estimate,
     masked_input,
     normalised_sum,
+    normaliser,
     valid_token_mask,
     zero_off_mask,
 )
@@ -45,15 +57,16 @@ __all__ = ["ClippedPGLossConfig", "ClippedPGLossFn", "NLLLoss"]
 
 
 class ClippedPGLossFn:
-    """Clipped policy-gradient loss: PPO / GRPO / DAPO / GSPO / REINFORCE, plus KL to a reference.
+    """Clipped policy-gradient loss: PPO / GRPO / DAPO / GSPO / CISPO / REINFORCE, plus KL to a reference.
 
-    Per valid token, with ``A`` the advantage and ``r = pi / pi_prev``::
+    Per valid token, with ``A`` the advantage, ``r = pi / pi_prev`` and ``sg`` a stopped gradient::
 
         actor = max(-A * r, -A * clip(r, 1 - eps_low, 1 + eps_high))     # PPO
         actor = min(actor, c * |A|)            if A < 0 and ratio_clip_c    # dual clip
+        actor = -A * sg(clip(r, ...)) * log pi if use_cispo                 # CISPO
         actor = -A * log pi                    if disable_ppo_ratio         # REINFORCE
         actor = w_is * actor                   if use_importance_sampling_correction
-        token = actor + beta * w_kl * k(log pi_ref - log pi)
+        token = actor + beta * clamp(w_kl * k(log pi_ref - log pi), +-kl_output_clamp_value)
 
     **Clipping** removes the incentive to move the ratio beyond the trust region
     in the direction the advantage pushes, so several steps on one batch stay
@@ -66,6 +79,10 @@ class ClippedPGLossFn:
     at ``c * |A|`` (c > 1 so it never binds inside the ordinary clip range)
     removes that token's gradient instead.
 
+    **CISPO** clips the ratio only as a (gradient-free) weight of the REINFORCE
+    term, so a token outside the trust region keeps a bounded gradient instead
+    of none.
+
     **GSPO** (``sequence_level_importance_ratios``): ``r`` is the geometric mean
     of the sequence's token ratios, matching sequence-level rewards and
     reducing the variance of long sequences' token ratios.
@@ -74,9 +91,12 @@ class ClippedPGLossFn:
     engine (``generation_logprobs``), not by the trainer's copy of the same
     weights (``prev_logprobs``); numerics, kernels or MoE routing make them
     differ. ``w_is = pi_prev / pi_generation`` (no gradient) reweights each
-    token; ``tis`` truncates it at ``truncated_importance_sampling_ratio`` to
-    bound variance, ``icepop`` zeroes tokens whose weight is outside
-    ``[ratio_min, ratio]`` (the mismatch there is too large to trust).
+    token, or with GSPO each sequence, ``exp(sum_t (log pi_prev - log
+    pi_generation))``; a non-finite weight counts as 0. ``tis`` clamps it to
+    ``[ratio_min (default 0), ratio]`` to bound variance, ``icepop`` zeroes
+    the tokens whose weight is outside ``[ratio_min, ratio]``, ``seq-mask-tis``
+    zeroes the sequences whose geometric-mean weight is outside it and leaves
+    the others' token weights as they are.
 
     **KL weight** ``w_kl``: the KL estimators are expectations under the
     current policy, ``KL(pi||pi_ref) = E_{x~pi}[k(x)]``, but ``x`` came from a
@@ -86,8 +106,10 @@ class ClippedPGLossFn:
     pi / q`` keeps its gradient: with ``use_on_policy_kl_approximation`` ``q``
     is the inference engine (``generation_logprobs``, else ``prev_logprobs``);
     without it the samples are treated as on-policy and ``w_kl = exp(log pi -
-    stopgrad(log pi))``, value 1 with that gradient. The importance-sampling
-    weight applies to the actor term only.
+    stopgrad(log pi))``, value 1 with that gradient. The clamps are those of
+    :func:`~rlcore.algorithms.utils.kl_estimate`: a token whose log-ratio is
+    clamped, or whose weighted estimate is, gets no gradient at all. The
+    importance-sampling weight applies to the actor term only.
 
     Normalisation (``token_level_loss``) and metrics: see the module docstring.
     ``data`` needs ``token_mask``, ``sample_mask``, ``advantages`` and
@@ -142,62 +164,28 @@ class ClippedPGLossFn:
         beta = cfg.reference_policy_kl_penalty
         ref = get("reference_policy_logprobs", beta > 0, " when reference_policy_kl_penalty > 0")
 
-        # Ratio pi / pi_prev, per token or (GSPO) per sequence.
-        log_ratio = lp - prev if prev is not None else torch.zeros_like(lp)
-        if cfg.sequence_level_importance_ratios:
-            tokens_per_seq = mask.sum(-1, keepdim=True).clamp_min(1).to(lp.dtype)
-            log_ratio = (log_ratio.sum(-1, keepdim=True) / tokens_per_seq).expand_as(lp)
-        ratio = torch.exp(log_ratio)
+        ratio = self._ratio(lp, prev, mask)
         clipped_ratio = ratio.clamp(1.0 - cfg.ratio_clip_min, 1.0 + cfg.ratio_clip_max)
-
-        if cfg.disable_ppo_ratio:
-            actor = -advantages * lp
-            clipped = torch.zeros_like(mask)
-        else:
-            unclipped_loss = -advantages * ratio
-            clipped_loss = -advantages * clipped_ratio
-            actor = torch.maximum(unclipped_loss, clipped_loss)
-            clipped = clipped_loss > unclipped_loss
-            if cfg.ratio_clip_c is not None:
-                bound = -advantages * cfg.ratio_clip_c  # = c * |A| where A < 0
-                dual = (advantages < 0) & (actor > bound)
-                actor = torch.where(dual, bound, actor)
-                clipped = clipped | dual
-
-        is_weight = None
+        actor, clipped = self._actor(lp, advantages, ratio, clipped_ratio)
+        weights = self._importance_weights(prev, gen, mask) if gen is not None and prev is not None else None
         if cfg.use_importance_sampling_correction:
-            raw_is_weight = is_weight = torch.exp(prev - gen)
-            high = cfg.truncated_importance_sampling_ratio
-            if cfg.truncated_importance_sampling_type == "icepop":
-                low = cfg.truncated_importance_sampling_ratio_min
-                keep = (is_weight >= low) & (is_weight <= high)
-                is_weight = torch.where(keep, is_weight, torch.zeros_like(is_weight))
-            elif high is not None:
-                is_weight = is_weight.clamp(max=high)
-            actor = actor * is_weight
+            actor = actor * weights[0]
 
+        kl = torch.zeros_like(lp)
         if beta > 0:
             kl = kl_estimate(
-                ref - lp, cfg.reference_policy_kl_type, cfg.kl_input_clamp_value, cfg.kl_output_clamp_value
+                ref - lp,
+                cfg.reference_policy_kl_type,
+                cfg.kl_input_clamp_value,
+                cfg.kl_output_clamp_value,
+                weight=self._kl_weight(lp, prev, gen),
             )
-            if cfg.use_on_policy_kl_approximation:
-                sampler = gen if gen is not None else prev
-                if sampler is None:
-                    raise KeyError(
-                        "use_on_policy_kl_approximation needs data['generation_logprobs'] or data['prev_logprobs']"
-                    )
-                kl_weight = torch.exp(lp - sampler)
-            else:
-                kl_weight = torch.exp(lp - lp.detach())
-            kl_term = beta * kl_weight * kl
-        else:
-            kl_term = torch.zeros_like(lp)
 
         def reduce(per_token: "torch.Tensor") -> "torch.Tensor":
             return normalised_sum(per_token, mask, self.loss_type, global_valid_seqs, global_valid_toks)
 
         actor_loss = reduce(actor)
-        kl_loss = reduce(kl_term)
+        kl_loss = beta * reduce(kl)
         loss = actor_loss + kl_loss
 
         with torch.no_grad():
@@ -207,26 +195,155 @@ class ClippedPGLossFn:
                     per_token.to(lp.dtype), mask, LossType.TOKEN_LEVEL, global_valid_seqs, global_valid_toks
                 )
 
+            def sample_mean(per_row: "torch.Tensor") -> "torch.Tensor":
+                total = (per_row.to(lp.dtype) * sample_rows(data, mask).to(lp.dtype)).sum()
+                return total / normaliser(global_valid_seqs, lp)
+
+            named = {"loss": loss, "actor_loss": actor_loss, "kl_loss": kl_loss, "kl_penalty": reduce(kl)}
+            if not cfg.disable_ppo_ratio:
+                named.update(probs_ratio=token_mean(ratio), probs_ratio_clamped=token_mean(clipped_ratio),
+                             clip_fraction=token_mean(clipped))
+                named.update(extremes("probs_ratio", ratio, mask))
+                named.update(extremes("probs_ratio_clamped", clipped_ratio, mask))
             # Entropy of pi from the sampled tokens: E_q[(pi / q) * -log pi].
             behaviour = gen if gen is not None else prev
             entropy_weight = torch.exp(lp - behaviour) if behaviour is not None else torch.ones_like(lp)
-            named = {
-                "loss": loss,
-                "actor_loss": actor_loss,
-                "kl_penalty": kl_loss,
-                "probs_ratio": token_mean(ratio),
-                "probs_ratio_clamped": token_mean(clipped_ratio),
-                "clip_fraction": token_mean(clipped),
-                "approx_entropy": token_mean(-entropy_weight * lp),
-            }
+            named["approx_entropy"] = token_mean(-entropy_weight * lp)
             if gen is not None and prev is not None:
-                named["token_mult_prob_error"] = token_mean(torch.exp((gen - prev).abs()))
-            if is_weight is not None:  # importance weights pi_prev / pi_generation, and how many were cut
-                named["is_weight_mean"] = token_mean(is_weight)
-                named["is_truncated_fraction"] = token_mean(is_weight != raw_is_weight)
+                named.update(engine_mismatch(prev, gen, cfg.reference_policy_kl_type, token_mean))
+                weight, out_of_bounds = weights
+                if cfg.sequence_level_importance_ratios:
+                    named["sampling_importance_ratio"] = sample_mean(weight[:, 0])
+                else:
+                    named["sampling_importance_ratio"] = token_mean(weight)
+                if out_of_bounds is not None and out_of_bounds.dim() == 1:  # seq-mask-tis: per sequence
+                    named["is_oob_ratio"] = sample_mean(out_of_bounds)
+                elif out_of_bounds is not None:
+                    named["is_oob_ratio"] = token_mean(out_of_bounds)
             named["num_valid_tokens"] = mask.sum()
+            named["num_valid_samples"] = sample_rows(data, mask).sum()
             values = torch.stack([v.detach().to(torch.float64) for v in named.values()]).tolist()
         return loss, dict(zip(named, values))
+
+    def _ratio(self, lp: "torch.Tensor", prev: "torch.Tensor | None", mask: "torch.Tensor") -> "torch.Tensor":
+        """``pi / pi_prev`` per token, or with GSPO the geometric mean of its sequence's; 1 without prev."""
+        import torch
+
+        if prev is None:
+            return torch.ones_like(lp)
+        log_ratio = lp - prev
+        if self.cfg.sequence_level_importance_ratios:
+            tokens_per_seq = mask.sum(-1, keepdim=True).clamp_min(1).to(lp.dtype)
+            log_ratio = (log_ratio.sum(-1, keepdim=True) / tokens_per_seq).expand_as(lp)
+        return torch.exp(log_ratio)
+
+    def _actor(
+        self, lp: "torch.Tensor", advantages: "torch.Tensor", ratio: "torch.Tensor", clipped_ratio: "torch.Tensor"
+    ) -> tuple["torch.Tensor", "torch.Tensor"]:
+        """Per-token actor loss and where the clip bound it."""
+        import torch
+
+        cfg = self.cfg
+        if cfg.disable_ppo_ratio:
+            return -advantages * lp, torch.zeros_like(lp, dtype=torch.bool)
+        if cfg.use_cispo:
+            return -advantages * clipped_ratio.detach() * lp, clipped_ratio != ratio
+        unclipped_loss = -advantages * ratio
+        clipped_loss = -advantages * clipped_ratio
+        actor = torch.maximum(unclipped_loss, clipped_loss)
+        clipped = clipped_loss > unclipped_loss
+        if cfg.ratio_clip_c is not None:
+            bound = -advantages * cfg.ratio_clip_c  # = c * |A| where A < 0
+            dual = (advantages < 0) & (actor > bound)
+            actor = torch.where(dual, bound, actor)
+            clipped = clipped | dual
+        return actor, clipped
+
+    def _importance_weights(
+        self, prev: "torch.Tensor", gen: "torch.Tensor", mask: "torch.Tensor"
+    ) -> tuple["torch.Tensor", "torch.Tensor | None"]:
+        """Truncated ``pi_prev / pi_generation`` per token (GSPO: per sequence, broadcast to its tokens), and
+        where the bounds were exceeded: per token, per sequence for seq-mask-tis, None without bounds."""
+        import torch
+
+        cfg = self.cfg
+        log_weight = prev - gen  # 0 off the mask
+        if cfg.sequence_level_importance_ratios:
+            log_weight = log_weight.sum(-1, keepdim=True).expand_as(log_weight)
+        weight = torch.nan_to_num(torch.exp(log_weight), nan=0.0, posinf=0.0, neginf=0.0)
+        low, high = cfg.truncated_importance_sampling_ratio_min, cfg.truncated_importance_sampling_ratio
+        if high is None:
+            return weight, None
+        kind = cfg.truncated_importance_sampling_type
+        if kind == "tis":
+            low = 0.0 if low is None else low
+            return weight.clamp(low, high), (weight < low) | (weight > high)
+        if kind == "icepop":
+            keep = (weight >= low) & (weight <= high)
+            return torch.where(keep, weight, torch.zeros_like(weight)), ~keep
+        # seq-mask-tis: the geometric mean of the sequence's token weights decides
+        tokens_per_seq = mask.sum(-1).clamp_min(1).to(prev.dtype)
+        geo_mean = torch.exp(log_weight.sum(-1) / tokens_per_seq)
+        keep_seq = (geo_mean >= low) & (geo_mean <= high)
+        return weight * keep_seq.unsqueeze(-1).to(weight.dtype), ~keep_seq
+
+    def _kl_weight(
+        self, lp: "torch.Tensor", prev: "torch.Tensor | None", gen: "torch.Tensor | None"
+    ) -> "torch.Tensor":
+        """``w_kl = pi / q``: value 1 with the score-function gradient, or pi / sampler (class docstring)."""
+        import torch
+
+        if not self.cfg.use_on_policy_kl_approximation:
+            return torch.exp(lp - lp.detach())
+        sampler = gen if gen is not None else prev
+        if sampler is None:
+            raise KeyError("use_on_policy_kl_approximation needs data['generation_logprobs'] or data['prev_logprobs']")
+        return torch.nan_to_num(torch.exp(lp - sampler), nan=0.0, posinf=0.0, neginf=0.0)
+
+
+def sample_rows(data: Mapping[str, Any], mask: "torch.Tensor") -> "torch.Tensor":
+    """``[B]`` 1.0 for the rows ``sample_mask`` keeps (all rows without one)."""
+    import torch
+
+    sample_mask = data.get("sample_mask")
+    if sample_mask is None:
+        return torch.ones(mask.shape[0], dtype=torch.float64, device=mask.device)
+    return (torch.as_tensor(sample_mask, device=mask.device) != 0).to(torch.float64)
+
+
+def extremes(name: str, values: "torch.Tensor", mask: "torch.Tensor") -> dict[str, "torch.Tensor"]:
+    """``<name>_min`` / ``<name>_max`` over valid tokens; +inf / -inf when there are none."""
+    import torch
+
+    valid = values[mask]
+    if valid.numel() == 0:
+        empty = torch.tensor(float("inf"), device=values.device)
+        return {f"{name}_min": empty, f"{name}_max": -empty}
+    return {f"{name}_min": valid.min(), f"{name}_max": valid.max()}
+
+
+def engine_mismatch(
+    prev: "torch.Tensor", gen: "torch.Tensor", kl_type: str, token_mean: Any
+) -> dict[str, "torch.Tensor"]:
+    """How far the trainer's logprobs (``prev``) are from the engine's (``gen``), means over valid tokens:
+    ``token_mult_prob_error`` = exp|gen - prev|, ``gen_kl_error`` = KL(pi_gen || pi_train) and
+    ``policy_kl_error`` = KL(pi_train || pi_gen) with the loss's estimator (no clamps), and the
+    Jensen-Shannon estimate ``js_divergence_error``."""
+    import math
+
+    import torch
+
+    log_mixture = torch.logaddexp(prev, gen) - math.log(2.0)
+
+    def k3(log_p: "torch.Tensor") -> "torch.Tensor":
+        return torch.exp(log_p - log_mixture) - (log_p - log_mixture) - 1.0
+
+    return {
+        "token_mult_prob_error": token_mean(torch.exp((gen - prev).abs())),
+        "gen_kl_error": token_mean(kl_estimate(prev - gen, kl_type)),
+        "policy_kl_error": token_mean(kl_estimate(gen - prev, kl_type)),
+        "js_divergence_error": token_mean(0.5 * k3(prev) + 0.5 * k3(gen)),
+    }
 
 
 class NLLLoss:

@@ -62,6 +62,7 @@ def kl_estimate(
     kl_type: KLType,
     input_clamp: float | None = None,
     output_clamp: float | None = None,
+    weight: "torch.Tensor | None" = None,
 ) -> "torch.Tensor":
     """Per-token estimate of ``KL(pi || pi_ref)`` from ``log_ratio = log pi_ref(x) - log pi(x)``, x ~ pi.
 
@@ -73,15 +74,21 @@ def kl_estimate(
     - ``k3 = (r - 1) - log r``: unbiased *and* always >= 0 (``r - 1`` is a
       zero-mean control variate and ``log`` is concave), hence the default.
 
-    ``input_clamp`` bounds ``|log r|`` before the estimate (``exp`` in k3
-    overflows on tokens the reference finds very unlikely); ``output_clamp``
-    bounds the estimate itself so a few outlier tokens cannot dominate the
-    penalty. Clamped entries get no gradient.
+    ``weight`` (the sampling weight ``pi / q`` of the loss) multiplies the
+    estimate. ``input_clamp`` bounds ``|log r|`` before the estimate (``exp``
+    in k3 overflows on tokens the reference finds very unlikely), and a token
+    it binds on keeps its weight's value but not its gradient, so the token
+    gets no gradient at all; ``output_clamp`` bounds the *weighted* estimate,
+    so a few outlier tokens cannot dominate the penalty, and a token it binds
+    on gets no gradient either. (NeMo-RL's ``calculate_kl`` semantics.)
     """
     import torch
 
     if input_clamp is not None:
-        log_ratio = log_ratio.clamp(-input_clamp, input_clamp)
+        clamped = log_ratio.clamp(-input_clamp, input_clamp)
+        if weight is not None:
+            weight = torch.where(clamped == log_ratio, weight, weight.detach())
+        log_ratio = clamped
     if kl_type == "k1":
         kl = -log_ratio
     elif kl_type == "k2":
@@ -90,12 +97,14 @@ def kl_estimate(
         kl = torch.expm1(log_ratio) - log_ratio
     else:
         raise ValueError(f"unknown KL type {kl_type!r}; expected 'k1', 'k2' or 'k3'")
+    if weight is not None:
+        kl = weight * kl
     if output_clamp is not None:
         kl = kl.clamp(-output_clamp, output_clamp)
     return kl
 
 
-def _normaliser(value: Any, like: "torch.Tensor") -> "torch.Tensor":
+def normaliser(value: Any, like: "torch.Tensor") -> "torch.Tensor":
     """A global count as a tensor like ``like``; 0 becomes 1 (then every numerator is 0 too)."""
     import torch
 
@@ -123,6 +132,6 @@ def normalised_sum(
     """
     per_token = zero_off_mask(per_token, mask)
     if LossType(loss_type) is LossType.TOKEN_LEVEL:
-        return per_token.sum() / _normaliser(global_valid_toks, per_token)
+        return per_token.sum() / normaliser(global_valid_toks, per_token)
     tokens_per_seq = mask.sum(-1).clamp_min(1).to(per_token.dtype)
-    return (per_token.sum(-1) / tokens_per_seq).sum() / _normaliser(global_valid_seqs, per_token)
+    return (per_token.sum(-1) / tokens_per_seq).sum() / normaliser(global_valid_seqs, per_token)

@@ -54,15 +54,25 @@ class ClippedPGLossConfig(StrictModel):
     truncated_importance_sampling_ratio: float | None = Field(
         None,
         gt=0.0,
-        description="tis: upper bound of the importance weight; icepop: upper end of the kept range.",
+        description="Upper bound of the importance weight: tis truncates at it; icepop and seq-mask-tis keep "
+        "what lies in [ratio_min, ratio]. null: no truncation.",
     )
     truncated_importance_sampling_ratio_min: float | None = Field(
-        None, ge=0.0, description="icepop only: lower end of the kept range of importance weights."
+        None,
+        ge=0.0,
+        description="Lower bound of the importance weight: tis raises weights below it to it (null: 0); "
+        "icepop and seq-mask-tis need it.",
     )
-    truncated_importance_sampling_type: Literal["tis", "icepop"] = Field(
+    truncated_importance_sampling_type: Literal["tis", "icepop", "seq-mask-tis"] = Field(
         "tis",
-        description="tis: truncate weights at the upper bound; icepop: zero tokens whose weight is "
-        "outside [ratio_min, ratio].",
+        description="tis: clamp each weight to [ratio_min, ratio]; icepop: zero the tokens whose weight is "
+        "outside [ratio_min, ratio]; seq-mask-tis: zero the sequences whose geometric-mean weight is outside "
+        "[ratio_min, ratio], the rest keep their untruncated token weights.",
+    )
+    use_cispo: bool = Field(
+        False,
+        description="CISPO: per-token loss -A * stopgrad(clip(r, 1 - ratio_clip_min, 1 + ratio_clip_max)) * log pi, "
+        "so a clipped token still gets a gradient, only a bounded one.",
     )
     token_level_loss: bool = Field(
         True,
@@ -90,29 +100,41 @@ class ClippedPGLossConfig(StrictModel):
     @model_validator(mode="after")
     def _check_combinations(self) -> "ClippedPGLossConfig":
         tis_type = self.truncated_importance_sampling_type
-        truncation_set = (
-            self.truncated_importance_sampling_ratio is not None
-            or self.truncated_importance_sampling_ratio_min is not None
-        )
-        if truncation_set and not self.use_importance_sampling_correction:
+        low, high = self.truncated_importance_sampling_ratio_min, self.truncated_importance_sampling_ratio
+        if (low is not None or high is not None) and not self.use_importance_sampling_correction:
             raise ValueError(
                 "truncated_importance_sampling_ratio[_min] only act on importance weights: "
                 "set use_importance_sampling_correction=true or leave them null"
             )
-        if tis_type == "icepop" and self.use_importance_sampling_correction:
-            low = self.truncated_importance_sampling_ratio_min
-            high = self.truncated_importance_sampling_ratio
-            if low is None or high is None or not low < high:
+        if tis_type in ("icepop", "seq-mask-tis") and self.use_importance_sampling_correction:
+            if low is None or high is None:
                 raise ValueError(
-                    "truncated_importance_sampling_type='icepop' needs "
-                    "truncated_importance_sampling_ratio_min < truncated_importance_sampling_ratio, "
-                    f"got [{low}, {high}]"
+                    f"truncated_importance_sampling_type='{tis_type}' needs truncated_importance_sampling_ratio_min "
+                    f"and truncated_importance_sampling_ratio, got [{low}, {high}]"
                 )
-        if tis_type == "tis" and self.truncated_importance_sampling_ratio_min is not None:
+        if low is not None and high is not None and not low <= high:
             raise ValueError(
-                "truncated_importance_sampling_ratio_min is only used by "
-                "truncated_importance_sampling_type='icepop'"
+                "truncated_importance_sampling_ratio_min must be <= truncated_importance_sampling_ratio, "
+                f"got [{low}, {high}]"
             )
+        if tis_type == "tis" and low is not None and high is None:
+            raise ValueError(
+                "truncated_importance_sampling_ratio_min needs truncated_importance_sampling_ratio: "
+                "tis truncates to [ratio_min, ratio]"
+            )
+        if tis_type == "seq-mask-tis" and self.sequence_level_importance_ratios:
+            raise ValueError(
+                "truncated_importance_sampling_type='seq-mask-tis' masks sequences but keeps token weights; "
+                "sequence_level_importance_ratios=true (GSPO) already weighs whole sequences: use 'tis' or 'icepop'"
+            )
+        if self.use_cispo:
+            for on, name in ((self.disable_ppo_ratio, "disable_ppo_ratio=true"),
+                             (self.sequence_level_importance_ratios, "sequence_level_importance_ratios=true"),
+                             (self.ratio_clip_c is not None, "ratio_clip_c (dual clip)"),
+                             (not self.token_level_loss, "token_level_loss=false")):
+                if on:
+                    raise ValueError(f"use_cispo=true cannot be combined with {name}: CISPO is a token-level "
+                                     "loss on the clipped per-token ratio")
         if self.disable_ppo_ratio and self.ratio_clip_c is not None:
             raise ValueError("ratio_clip_c clips the PPO ratio, which disable_ppo_ratio=true removes")
         if self.disable_ppo_ratio and self.sequence_level_importance_ratios:

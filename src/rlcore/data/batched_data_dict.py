@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import sys
 from collections import UserDict
-from typing import TYPE_CHECKING, Any, Generic, Iterator, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Iterator, Mapping, Sequence, TypeVar
 
 from rlcore.data.dynamic_batching import balanced_assignment, plan_dynamic_microbatches, round_up
 from rlcore.data.packing import pack_sequences
@@ -128,18 +128,19 @@ class BatchedDataDict(UserDict, Generic[T]):
         """Concatenate batches along dim 0.
 
         Tensors (dim >= 2) whose dim 1 differ are right-padded to the longest
-        with ``pad_value_dict[key]`` (default 0); lists are concatenated. All
-        batches must have the same keys.
+        with ``pad_value_dict[key]`` (default 0); lists are concatenated. Every
+        non-empty batch must have every key; an empty batch (no rows, as a dp
+        rank with nothing to do returns) may lack keys, as in NeMo-RL.
         """
         batches = list(batches)
+        keys = list(dict.fromkeys(k for b in batches for k in b))
+        for k in keys:
+            missing = [n for n, b in enumerate(batches) if k not in b and _num_rows(b)]
+            if missing:
+                raise KeyError(f"key {k!r} is missing from non-empty batches {missing}")
+        batches = [b for b in batches if _num_rows(b) or set(b) >= set(keys)]
         if not batches:
             return cls()
-        keys = list(batches[0].keys())
-        for n, b in enumerate(batches):
-            if set(b.keys()) != set(keys):
-                raise ValueError(
-                    f"batch {n} has keys {sorted(b.keys())}, batch 0 has {sorted(keys)}"
-                )
         pads = pad_value_dict or {}
         out: dict[str, Any] = {}
         for k in keys:
@@ -173,7 +174,7 @@ class BatchedDataDict(UserDict, Generic[T]):
         """
         out = cls.from_batches(shard_results, pad_value_dict)
         if sorted_indices is not None:
-            out.reorder_data(invert_permutation(sorted_indices))
+            out.reorder_data(sorted_indices)
         return out
 
     # ------------------------------------------------------------- row access
@@ -201,14 +202,16 @@ class BatchedDataDict(UserDict, Generic[T]):
         return out
 
     def reorder_data(self, indices: "Sequence[int] | torch.Tensor") -> None:
-        """In place: row ``j`` becomes the old row ``indices[j]``; returns None.
+        """In place: the old row ``j`` moves to position ``indices[j]``; returns None.
 
-        ``indices`` must be a permutation of ``range(size)``.
+        NeMo-RL's meaning, so ``reorder_data(sorted_indices)`` undoes
+        :meth:`shard_by_batch_size`'s order. ``indices`` must be a permutation
+        of ``range(size)``; :meth:`select_indices` is the other direction.
         """
         idx = _index_list(indices)
         if sorted(idx) != list(range(self.size)):
             raise ValueError(f"reorder_data needs a permutation of range({self.size})")
-        moved = self.select_indices(idx)
+        moved = self.select_indices(invert_permutation(idx))
         self.data = moved.data
         self.sample_indices = moved.sample_indices
         self.micro_batch_indices = None
@@ -490,6 +493,14 @@ def _fit_dim1(t: "torch.Tensor", length: int, pad_value: Any) -> "torch.Tensor":
     import torch
 
     return torch.cat([t, pad], dim=1)
+
+
+def _num_rows(batch: Mapping[str, Any]) -> int:
+    """Rows of a plain batch dict: the length of its first value (0 for an empty dict)."""
+    value = next(iter(batch.values()), None)
+    if value is None:
+        return 0
+    return int(value.shape[0]) if _is_tensor(value) else len(value)
 
 
 def invert_permutation(indices: Sequence[int]) -> list[int]:

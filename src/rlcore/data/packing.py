@@ -22,10 +22,13 @@ from typing import TYPE_CHECKING, Literal, Sequence
 if TYPE_CHECKING:
     import torch
 
-PackingAlgorithm = Literal["concatenative", "first_fit_decreasing", "modified_first_fit_decreasing"]
+PackingAlgorithm = Literal[
+    "concatenative", "first_fit_decreasing", "first_fit_shuffle", "modified_first_fit_decreasing"
+]
 ALGORITHMS: tuple[str, ...] = (
     "concatenative",
     "first_fit_decreasing",
+    "first_fit_shuffle",
     "modified_first_fit_decreasing",
 )
 
@@ -98,11 +101,21 @@ def _decreasing(lengths: Sequence[int], items: Sequence[int]) -> list[int]:
     return sorted(items, key=lambda i: (-lengths[i], i))
 
 
-def _first_fit_decreasing(lengths: Sequence[int], capacity: int) -> list[list[int]]:
+def _first_fit(lengths: Sequence[int], capacity: int, order: Sequence[int]) -> list[list[int]]:
     ff = _FirstFit(capacity, len(lengths))
-    for i in _decreasing(lengths, range(len(lengths))):
+    for i in order:
         ff.first_fit(i, lengths[i])
     return ff.bins
+
+
+def _shuffled(lengths: Sequence[int]) -> list[int]:
+    """A random order seeded by the lengths themselves: every process that packs the same batch gets the
+    same bins, different batches get different orders."""
+    import random
+
+    order = list(range(len(lengths)))
+    random.Random(",".join(map(str, lengths))).shuffle(order)
+    return order
 
 
 class _Pool:
@@ -269,6 +282,8 @@ def pack_sequences(
       sequence does not fit.
     - ``"first_fit_decreasing"``: longest first, each into the first bin that
       fits (<= 11/9·OPT + 6/9 bins).
+    - ``"first_fit_shuffle"``: the same in a random order (NeMo-RL's option;
+      here the order is seeded by the lengths, so it is reproducible).
     - ``"modified_first_fit_decreasing"``: Johnson & Garey's MFFD
       (<= 71/60·OPT + 31/6 bins), see :func:`_modified_first_fit_decreasing`.
 
@@ -296,7 +311,9 @@ def pack_sequences(
     if algorithm == "concatenative":
         bins = _concatenative(lengths, capacity)
     elif algorithm == "first_fit_decreasing":
-        bins = _first_fit_decreasing(lengths, capacity)
+        bins = _first_fit(lengths, capacity, _decreasing(lengths, range(len(lengths))))
+    elif algorithm == "first_fit_shuffle":
+        bins = _first_fit(lengths, capacity, _shuffled(lengths))
     elif algorithm == "modified_first_fit_decreasing":
         bins = _modified_first_fit_decreasing(lengths, capacity)
     else:

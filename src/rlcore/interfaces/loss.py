@@ -13,7 +13,8 @@ sequence packing.
 from __future__ import annotations
 
 import enum
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+import math
+from typing import TYPE_CHECKING, Any, Mapping, Protocol, Sequence, runtime_checkable
 
 if TYPE_CHECKING:
     import torch
@@ -48,9 +49,9 @@ class LossFunction(Protocol):
       counts over the whole optimizer step on all dp ranks.
 
     It returns the micro-batch's share of the global loss (a 0-d tensor the
-    backend calls ``backward`` on) and a dict of float metrics. Metrics that are
-    sums over the micro-batch can be summed by the caller; the rest are per
-    micro-batch values.
+    backend calls ``backward`` on) and a dict of float metrics, each this
+    micro-batch's share of the step value (summed by the caller), except names
+    ending in ``_min`` / ``_max``, which are extremes (see :func:`step_metrics`).
     """
 
     loss_type: LossType
@@ -62,3 +63,22 @@ class LossFunction(Protocol):
         global_valid_seqs: "torch.Tensor",
         global_valid_toks: "torch.Tensor",
     ) -> tuple["torch.Tensor", dict[str, Any]]: ...
+
+
+def step_metrics(per_micro_batch: Mapping[str, Sequence[float]], steps: int) -> dict[str, float]:
+    """One value per loss metric for ``steps`` optimizer steps, from every micro-batch's value on every rank.
+
+    ``*_min`` / ``*_max`` are the smallest / largest finite value (an empty
+    micro-batch reports +-inf; nan when no micro-batch had a valid token);
+    every other metric is summed and divided by ``steps``: the mean of its
+    step values.
+    """
+    out = {}
+    for name, values in per_micro_batch.items():
+        extreme = min if name.endswith("_min") else max if name.endswith("_max") else None
+        if extreme is None:
+            out[name] = sum(values) / steps
+        else:
+            finite = [v for v in values if math.isfinite(v)]
+            out[name] = extreme(finite) if finite else math.nan
+    return out

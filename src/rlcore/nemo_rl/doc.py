@@ -68,6 +68,8 @@ def mapping_markdown() -> str:
         "Hydra overrides (`key=value`, `+key=value`, `++key=value`, `~key`) and `${...}` interpolations",
         "(absolute, relative `${.x}` / `${..x}`, and the resolvers below), then map each key by the table.",
         "rlcore's own dotted overrides (`-o KEY=VALUE`, `--override` for `convert`) apply after conversion.",
+        "A mapped key computes what it computes in NeMo-RL; `docs/nemo-rl-semantics.md` gives the loss's",
+        "formulas, the metric names and the places where rlcore's numbers differ, and why.",
         "",
         "Resolvers: " + "; ".join(f"`{name}`: {doc}" for name, doc in RESOLVER_DOCS.items()) + ".",
         "",

@@ -202,9 +202,6 @@ def importance_sampling(nemo: dict[str, Any], out: Conversion) -> None:
                 out.ignored.append((path, "only used with loss_fn.use_importance_sampling_correction"))
         elif key == "truncated_importance_sampling_type" and value is None:
             continue  # NeMo-RL's null type is 'tis', rlcore's default
-        elif key == "truncated_importance_sampling_type" and value not in ("tis", "icepop"):
-            out.problems.append(f"{path}: is {show_value(value)}, but rlcore supports 'tis' and 'icepop': "
-                                "set one of them")
         else:
             _set(out, f"loss.{key}", value, path)
 

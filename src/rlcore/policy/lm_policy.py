@@ -24,6 +24,7 @@ from rlcore.distributed import (
 )
 from rlcore.interfaces import ColocatablePolicyInterface, GenerationInterface
 from rlcore.interfaces.workers import GeneratingWorker, LoraWorker, RefitWorker, TopkLogitsWorker, TrainingWorker
+from rlcore.interfaces.loss import step_metrics
 from rlcore.plugins import BackendError, Capability
 from rlcore.preflight import check_policy_sources
 
@@ -160,7 +161,7 @@ class Policy(WorkerGroupOwner, ColocatablePolicyInterface, GenerationInterface):
         return {
             "loss": torch.tensor(results[0]["losses"]),
             "grad_norm": torch.tensor(results[0]["grad_norms"]),
-            "metrics": {name: sum(values) / steps for name, values in all_mb.items()},
+            "metrics": step_metrics(all_mb, steps),
             "all_mb_metrics": all_mb,
         }
 

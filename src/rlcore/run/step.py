@@ -156,6 +156,6 @@ def train_on_rollout(cfg: Any, policy: Any, task: Task, tokenizer: Any, loss_fn:
         "prev_logprobs_pass": float(prev_pass),
         "mean_generation_length": float(rollout["generation_lengths"].sum()) / rewards.numel(),
     }
-    metrics.update({key: float(loss_metrics[key]) for key in ("clip_fraction", "is_weight_mean",
-                                                               "is_truncated_fraction") if key in loss_metrics})
+    metrics.update({key: float(loss_metrics[key]) for key in ("clip_fraction", "sampling_importance_ratio",
+                                                               "is_oob_ratio") if key in loss_metrics})
     return metrics
