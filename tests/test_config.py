@@ -150,6 +150,14 @@ def test_layout_and_batch_problems_are_found_when_resolving(raw, paths, words):
      ["policy.megatron_cfg.optimizer.clip_grad", "policy.max_grad_norm"], ["0.5"]),
     ({"policy": {"generation": {"colocated": False}}},
      ["policy.generation.colocated.resources"], ["workers_per_node"]),
+    ({"loss": {"use_kl_in_reward": True, "reference_policy_kl_penalty": 0.1}},
+     ["loss.use_kl_in_reward", "grpo.advantage_estimator"], ["reinforce_plus_plus"]),
+    ({"loss": {"use_kl_in_reward": True}, "grpo": {"advantage_estimator": "reinforce_plus_plus"}},
+     ["loss.use_kl_in_reward", "loss.reference_policy_kl_penalty"], ["is 0"]),
+    ({"loss": {"use_kl_in_reward": True, "reference_policy_kl_penalty": 0.1, "force_on_policy_ratio": True},
+      "grpo": {"advantage_estimator": "reinforce_plus_plus", "num_prompts_per_step": 2},
+      "policy": {"train_global_batch_size": 8}},
+     ["loss.force_on_policy_ratio", "loss.use_kl_in_reward"], ["prev-logprob pass"]),
 ])
 def test_cross_field_rule(raw, paths, words):
     (line,) = problems(raw)

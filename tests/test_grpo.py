@@ -28,6 +28,46 @@ def test_leave_one_out_and_mean_std_advantages():
         group_advantages(rewards, 4)
 
 
+@pytest.mark.parametrize("minus_baseline", [False, True])
+@pytest.mark.parametrize("with_kl", [False, True])
+def test_reinforce_plus_plus_advantages_against_a_float64_recomputation(minus_baseline, with_kl):
+    """NeMo-RL's estimator: r (minus the group mean) minus beta * KL per token, whitened over every valid token."""
+    from rlcore.algorithms.advantages import reinforce_plus_plus_advantages
+
+    gen = torch.Generator().manual_seed(0)
+    rewards = torch.rand(6, generator=gen)
+    mask = torch.zeros(6, 7)
+    for row, (start, end) in enumerate([(2, 7), (3, 5), (1, 4), (2, 6), (4, 7), (1, 2)]):
+        mask[row, start:end] = 1
+    kl = torch.rand(6, 7, generator=gen) if with_kl else None
+    adv = reinforce_plus_plus_advantages(rewards, 3, mask, minus_baseline, kl, kl_coef=0.3)
+    values = {}
+    for b in range(6):
+        group = [float(r) for r in rewards[(b // 3) * 3:(b // 3) * 3 + 3]]
+        base = float(rewards[b]) - (sum(group) / 3 if minus_baseline else 0.0)
+        for t in range(7):
+            if mask[b, t]:
+                values[b, t] = base - (0.3 * float(kl[b, t]) if with_kl else 0.0)
+    mean = sum(values.values()) / len(values)
+    std = (sum((v - mean) ** 2 for v in values.values()) / len(values)) ** 0.5
+    expected = torch.zeros(6, 7, dtype=torch.float64)
+    for (b, t), v in values.items():
+        expected[b, t] = (v - mean) / std
+    torch.testing.assert_close(adv.double(), expected, atol=2e-6, rtol=0)
+
+
+def test_kl_in_reward_takes_the_kl_out_of_the_loss():
+    from rlcore.algorithms.loss_functions import ClippedPGLossFn
+
+    data = {"token_mask": torch.tensor([[0.0, 1.0, 1.0]]), "sample_mask": torch.ones(1),
+            "advantages": torch.tensor([[0.0, 1.0, -1.0]]), "prev_logprobs": torch.tensor([[0.0, -1.0, -2.0]])}
+    logprobs = torch.tensor([[0.0, -0.9, -2.1]])
+    plain = ClippedPGLossFn({})(logprobs, data, torch.tensor(1.0), torch.tensor(2.0))
+    in_reward = ClippedPGLossFn({"use_kl_in_reward": True, "reference_policy_kl_penalty": 0.5})(
+        logprobs, data, torch.tensor(1.0), torch.tensor(2.0))  # no reference logprobs needed
+    assert in_reward[0] == plain[0] and in_reward[1]["kl_penalty"] == 0.0
+
+
 def test_toy_task_is_reproducible_and_scores_digits():
     assert digit_prompts(3, 5, seed=1) == digit_prompts(3, 5, seed=1) != digit_prompts(4, 5, seed=1)
     assert digit_reward(["p"] * 3, ["1234", "a1b2", ""]) == [1.0, 0.5, 0.0]
@@ -104,6 +144,19 @@ def test_short_run_writes_metrics_and_a_checkpoint(ray_session, tmp_path):
     AutoModelForCausalLM.from_pretrained(ckpt / "weights")  # the final weights load with HF
     # Resuming: tests/test_run_lifecycle.py (the CLI, one metrics row per step), the test below (the state),
     # and the conformance kit (exact resume of every backend).
+
+
+def test_a_reinforce_plus_plus_run_with_the_kl_in_the_reward(ray_session, tmp_path):
+    from rlcore.run.train import train
+
+    cfg = short_run_config(tmp_path, 1, **{"grpo.advantage_estimator": "reinforce_plus_plus_baseline",
+                                           "loss.use_kl_in_reward": "true",
+                                           "loss.reference_policy_kl_penalty": "0.05"})
+    train(cfg)
+    (row,) = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    # the KL went into the advantages (the prev-logprob pass ran for it), not into the loss
+    assert row["prev_logprobs_pass"] == 1.0 and row["kl_penalty"] == 0.0
+    assert torch.isfinite(torch.tensor([row["loss"], row["grad_norm"]])).all() and row["grad_norm"] > 0
 
 
 @pytest.mark.slow  # the kit's checkpoint round trip checks the same state per backend, in make test

@@ -197,7 +197,7 @@ MEGATRON = FIXTURES / "v0.7.0" / "grpo_math_1B_megatron.yaml"
      "policy.megatron_cfg.peft.enabled: is true, but rlcore does not support LoRA on the megatron backend"),
     (BASE, "loss_fn.positive_example_nll_weight=0.1",
      "loss_fn.positive_example_nll_weight: is 0.1, but rlcore does not support VAPO positive-example NLL"),
-    (BASE, "grpo.adv_estimator.name=reinforce_plus_plus", "grpo.adv_estimator.name: is 'reinforce_plus_plus'"),
+    (BASE, "grpo.adv_estimator.name=gdpo", "grpo.adv_estimator.name: is 'gdpo'"),
     (BASE, "++policy.some_new_feature=3", "policy.some_new_feature: is 3, a NeMo-RL key rlcore's reader does not know"),
     (BASE, "policy.generation.vllm_cfg.kv_cache_dtype=fp8",
      "policy.generation.vllm_cfg.kv_cache_dtype: is 'fp8', but rlcore does not support quantized KV cache"),
@@ -221,7 +221,8 @@ def test_nemo_rls_loss_options_convert(overrides, expected):
     conversion = load_nemo_rl_config(BASE, overrides)
     loss = conversion.config.loss
     assert {key: getattr(loss, key) for key in expected} == expected
-    assert not [line for line in conversion.ignored_lines() if "loss_fn." in line]
+    set_keys = [o.split("=")[0] for o in overrides]
+    assert not [line for line in conversion.ignored_lines() if any(key in line for key in set_keys)]
 
 
 def test_dtensor_lora_cfg_becomes_policy_lora():
@@ -442,3 +443,21 @@ def test_rlcore_run_from_nemo_rl_trains_the_tiny_model_end_to_end(tmp_path):
     prompt_tokens = 48 - max(r["mean_generation_length"] for r in rows)
     assert prompt_tokens > 0  # prompt + completion fit policy.max_total_sequence_length
     assert all(abs(r["token_mult_prob_error"] - 1.0) < 1e-3 for r in rows)  # engine == trainer, after refit
+
+
+@pytest.mark.parametrize("minus_baseline, estimator", [(True, "reinforce_plus_plus_baseline"),
+                                                       (False, "reinforce_plus_plus")])
+def test_reinforce_plus_plus_converts(minus_baseline, estimator):
+    conversion = load_nemo_rl_config(BASE, ["grpo.adv_estimator.name=reinforce_plus_plus",
+                                            f"grpo.adv_estimator.minus_baseline={str(minus_baseline).lower()}",
+                                            "loss_fn.use_kl_in_reward=true", "loss_fn.reference_policy_kl_penalty=0.01"])
+    cfg = conversion.config
+    assert (cfg.grpo.advantage_estimator, cfg.loss.use_kl_in_reward) == (estimator, True)
+    ignored = "\n".join(conversion.ignored_lines())
+    assert "grpo.adv_estimator.use_leave_one_out_baseline (grpo only)" in ignored
+    assert "grpo.normalize_rewards (grpo advantages only)" in ignored
+
+
+def test_kl_in_reward_with_grpo_advantages_is_an_error_not_a_dropped_kl():
+    with pytest.raises(ConfigError, match=r"loss.use_kl_in_reward .*: only the Reinforce\+\+ advantages"):
+        load_nemo_rl_config(BASE, ["loss_fn.use_kl_in_reward=true", "loss_fn.reference_policy_kl_penalty=0.01"])

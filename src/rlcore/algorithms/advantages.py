@@ -1,4 +1,5 @@
-"""Group-relative advantages for GRPO: each completion is judged against its prompt's group."""
+"""Advantages: group-relative ones for GRPO (each completion judged against its prompt's group), and
+Reinforce++'s token-level ones, whitened over the whole batch."""
 
 from __future__ import annotations
 
@@ -46,3 +47,34 @@ def group_advantages(rewards: "torch.Tensor", group_size: int, estimator: str = 
     else:
         raise ValueError(f"unknown advantage estimator {estimator!r}")
     return adv.reshape(-1).float()
+
+
+#: The estimators whose advantages are per token and need the rollout's logprobs first.
+TOKEN_LEVEL_ESTIMATORS = ("reinforce_plus_plus", "reinforce_plus_plus_baseline")
+
+
+def reinforce_plus_plus_advantages(rewards: "torch.Tensor", group_size: int, mask: "torch.Tensor",
+                                   minus_baseline: bool, kl: "torch.Tensor | None" = None,
+                                   kl_coef: float = 0.0) -> "torch.Tensor":
+    """Reinforce++ (https://arxiv.org/abs/2501.03262) advantages ``[B, S]``, NeMo-RL's estimator.
+
+    Every token of completion ``i`` starts from its reward ``r_i`` (minus its prompt group's mean with
+    ``minus_baseline``: Reinforce++-baseline), minus ``kl_coef * kl`` at that token when the KL is in the
+    reward (``kl`` per token, ``[B, S]``); then all valid tokens of the batch (``mask``) are whitened
+    together: ``(a - mean) / sqrt(max(var, 1e-8))``, with the population variance. Off the mask it is 0.
+    """
+    import torch
+
+    if rewards.numel() % group_size:
+        raise ValueError(f"{rewards.numel()} rewards are not whole groups of {group_size}")
+    r = rewards.double()
+    if minus_baseline:
+        r = (r.view(-1, group_size) - r.view(-1, group_size).mean(dim=1, keepdim=True)).reshape(-1)
+    mask = mask.double()
+    adv = r[:, None].expand(mask.shape)
+    if kl is not None:
+        adv = adv - kl_coef * kl.double()
+    count = mask.sum().clamp_min(1)
+    mean = (adv * mask).sum() / count
+    var = ((adv - mean).square() * mask).sum() / count
+    return ((adv - mean) * var.clamp_min(1e-8).rsqrt() * mask).float()

@@ -161,7 +161,7 @@ class ClippedPGLossFn:
             cfg.use_importance_sampling_correction,
             " when use_importance_sampling_correction is on",
         )
-        beta = cfg.reference_policy_kl_penalty
+        beta = 0.0 if cfg.use_kl_in_reward else cfg.reference_policy_kl_penalty  # Reinforce++: in the advantages
         ref = get("reference_policy_logprobs", beta > 0, " when reference_policy_kl_penalty > 0")
 
         ratio = self._ratio(lp, prev, mask)

@@ -32,11 +32,15 @@ class GRPOConfig(StrictModel):
     num_prompts_per_step: PositiveInt = Field(8, description="Prompts sampled per step.")
     num_generations_per_prompt: PositiveInt = Field(4, description="Completions per prompt (the group size).")
     max_num_steps: PositiveInt = Field(20, description="Training steps (each: generate, score, train).")
-    advantage_estimator: Literal["leave_one_out", "leave_one_out_std", "mean", "mean_std"] = Field(
+    advantage_estimator: Literal["leave_one_out", "leave_one_out_std", "mean", "mean_std", "reinforce_plus_plus",
+                                 "reinforce_plus_plus_baseline"] = Field(
         "leave_one_out",
         description="leave_one_out: reward minus the mean of the group's other rewards; leave_one_out_std: that, "
         "divided by the others' std + eps where it is > 0 (NeMo-RL's GRPO default); mean: reward minus the "
-        "group mean; mean_std: (reward - group mean) / (group std + eps).",
+        "group mean; mean_std: (reward - group mean) / (group std + eps); reinforce_plus_plus: the reward at "
+        "every token (minus beta * KL there with loss.use_kl_in_reward), whitened over all tokens of the "
+        "batch; reinforce_plus_plus_baseline: the same from reward minus the group mean (NeMo-RL's "
+        "minus_baseline).",
     )
     seed: int = Field(0, description="Seed of prompt sampling and generation.")
     async_grpo: AsyncGRPOConfig = Field(default_factory=AsyncGRPOConfig,

@@ -41,6 +41,11 @@ class ClippedPGLossConfig(StrictModel):
         gt=1.0,
         description="Dual-clip constant c > 1: a negative-advantage token's loss is at most c * |A|. None: off.",
     )
+    use_kl_in_reward: bool = Field(
+        False,
+        description="Reinforce++: subtract beta * KL(pi_prev || pi_ref) from each token's reward "
+        "(grpo.advantage_estimator reinforce_plus_plus[_baseline]) instead of adding a KL term to the loss.",
+    )
     use_on_policy_kl_approximation: bool = Field(
         False,
         description="Weight the KL estimate by pi / pi_sampler so it estimates KL of the current policy, "

@@ -248,7 +248,7 @@ def skips_prev_logprob_pass(cfg: RLCoreConfig, policy: PolicyConfig | None = Non
     """Whether the loss uses the current logprobs as ``prev_logprobs`` instead of a separate pass.
 
     ``loss.force_on_policy_ratio`` null (automatic) means: when the rollout is trained in one
-    optimizer step. Then every micro-batch's forward runs on the parameters that sampled the
+    optimizer step (and ``loss.use_kl_in_reward`` does not need them before training). Then every micro-batch's forward runs on the parameters that sampled the
     rollout (gradients accumulate, nothing is updated before the step), so the separate pass
     would compute the same logprobs again — unless the model has dropout: the training forward
     runs in train mode, the logprob pass in eval mode. true / false decide it outright.
@@ -257,5 +257,7 @@ def skips_prev_logprob_pass(cfg: RLCoreConfig, policy: PolicyConfig | None = Non
     forced = cfg.loss.force_on_policy_ratio
     if forced is not None:
         return forced
+    if cfg.loss.use_kl_in_reward:  # the reward's KL needs the logprobs before training starts
+        return False
     model = (policy or cfg.policy).model_name
     return rollout_trained_in_one_step(cfg) and not model_dropout(model)

@@ -125,6 +125,26 @@ def rollout_batch_fits_training(cfg: "RLCoreConfig") -> Iterator[str]:
 
 
 @rule
+def kl_in_reward_needs_reinforce_plus_plus(cfg: "RLCoreConfig") -> Iterator[str]:
+    """The KL moves from the loss into the reward only where an estimator puts it there; elsewhere it would
+    vanish (NeMo-RL drops it silently)."""
+    loss = cfg.loss
+    if not loss.use_kl_in_reward:
+        return
+    estimator = cfg.grpo.advantage_estimator if cfg.grpo is not None else None
+    if estimator not in ("reinforce_plus_plus", "reinforce_plus_plus_baseline"):
+        yield (f"loss.use_kl_in_reward: only the Reinforce++ advantages put the KL into the reward, but "
+               f"grpo.advantage_estimator is {estimator}; set it to reinforce_plus_plus[_baseline] or set "
+               "use_kl_in_reward to false (KL in the loss)")
+    if loss.reference_policy_kl_penalty == 0:
+        yield ("loss.use_kl_in_reward: the KL coefficient loss.reference_policy_kl_penalty is 0, so there is no "
+               "KL to put into the reward; set a coefficient > 0 or set use_kl_in_reward to false")
+    if loss.force_on_policy_ratio is True:
+        yield ("loss.force_on_policy_ratio: true skips the prev-logprob pass, but loss.use_kl_in_reward computes "
+               "the reward's KL from those logprobs before training; set it to null (automatic) or false")
+
+
+@rule
 def fsdp1_flags_need_fsdp1(cfg: "RLCoreConfig") -> Iterator[str]:
     p = cfg.policy
     backend = p.training_backend

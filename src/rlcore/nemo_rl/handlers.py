@@ -155,23 +155,31 @@ def scheduler(nemo: dict[str, Any], out: Conversion) -> None:
 
 
 def advantage(nemo: dict[str, Any], out: Conversion) -> None:
-    """``use_leave_one_out_baseline`` × ``normalize_rewards`` → ``grpo.advantage_estimator``."""
+    """``adv_estimator.name`` grpo: ``use_leave_one_out_baseline`` × ``normalize_rewards`` →
+    ``grpo.advantage_estimator``; reinforce_plus_plus: ``minus_baseline`` → ``reinforce_plus_plus[_baseline]``."""
     grpo = nemo.get("grpo")
     if not isinstance(grpo, dict):
         return
     est = grpo.get("adv_estimator") if isinstance(grpo.get("adv_estimator"), dict) else {}
     name = est.get("name", "grpo")
-    if name != "grpo":
+    if name not in ("grpo", "reinforce_plus_plus"):
         out.problems.append(f"grpo.adv_estimator.name: is {show_value(name)}, but rlcore does not support that "
-                            "advantage estimator: set it to 'grpo'")
+                            "advantage estimator: set it to 'grpo' or 'reinforce_plus_plus'")
         return
+    own = {"grpo": ("normalize_rewards", "use_leave_one_out_baseline"), "reinforce_plus_plus": ("minus_baseline",)}
     for key, value in est.items():
-        if key == "minus_baseline":
-            out.ignored.append(("grpo.adv_estimator.minus_baseline", "Reinforce++ only"))
-        elif key not in ("name", "normalize_rewards", "use_leave_one_out_baseline") and not is_neutral(
-                value, (None, False)):
+        other = "reinforce_plus_plus" if name == "grpo" else "grpo"
+        if key in own[other]:
+            out.ignored.append((f"grpo.adv_estimator.{key}", f"{other} only"))
+        elif key not in ("name", *own[name]) and not is_neutral(value, (None, False)):
             out.problems.append(f"grpo.adv_estimator.{key}: is {show_value(value)}, an option rlcore's reader "
                                 "does not know: remove it")
+    if name == "reinforce_plus_plus":
+        baseline = est.get("minus_baseline", True) is not False  # NeMo-RL's examples set it true
+        _set(out, "grpo.advantage_estimator", "reinforce_plus_plus_baseline" if baseline else "reinforce_plus_plus",
+             "grpo.adv_estimator.name, grpo.adv_estimator.minus_baseline")
+        out.ignored.extend((f"grpo.{key}", "grpo advantages only") for key in own["grpo"] if key in grpo)
+        return
     loo_path = "grpo.adv_estimator.use_leave_one_out_baseline" if "use_leave_one_out_baseline" in est \
         else "grpo.use_leave_one_out_baseline"
     norm_path = "grpo.adv_estimator.normalize_rewards" if "normalize_rewards" in est else "grpo.normalize_rewards"

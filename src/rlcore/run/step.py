@@ -72,6 +72,22 @@ def training_batch(rollout: Any, prompt_lengths: Any, advantages: Any) -> Any:
     )
 
 
+def token_advantages(cfg: Any, data: Any, rewards: Any) -> Any:
+    """Reinforce++'s per-token advantages, from the rewards and (KL in the reward) the logprob passes."""
+    from rlcore.algorithms.advantages import reinforce_plus_plus_advantages
+    from rlcore.algorithms.utils import kl_estimate
+
+    loss = cfg.loss
+    kl = None
+    if loss.use_kl_in_reward:
+        kl = kl_estimate(data["reference_policy_logprobs"] - data["prev_logprobs"], loss.reference_policy_kl_type,
+                         loss.kl_input_clamp_value, loss.kl_output_clamp_value)
+    mask = data["token_mask"] * data["sample_mask"][:, None]
+    return reinforce_plus_plus_advantages(rewards, cfg.grpo.num_generations_per_prompt, mask,
+                                          cfg.grpo.advantage_estimator == "reinforce_plus_plus_baseline",
+                                          kl, loss.reference_policy_kl_penalty)
+
+
 def add_logprob_inputs(cfg: Any, policy: Any, data: Any, prev_pass: bool) -> None:
     """Add the loss's policy-computed inputs to ``data``: ``prev_logprobs`` (when ``prev_pass``) and
     ``reference_policy_logprobs`` (when the loss has a KL term). Nothing to compute: no lp-inference switch."""
@@ -124,7 +140,7 @@ def train_on_rollout(cfg: Any, policy: Any, task: Task, tokenizer: Any, loss_fn:
     """Score ``rollout``, compute group advantages and the loss's inputs, train; returns the step's metrics."""
     import torch
 
-    from rlcore.algorithms.advantages import group_advantages
+    from rlcore.algorithms.advantages import TOKEN_LEVEL_ESTIMATORS, group_advantages
     from rlcore.run.prompts import clip_rollout
 
     group = cfg.grpo.num_generations_per_prompt
@@ -134,11 +150,16 @@ def train_on_rollout(cfg: Any, policy: Any, task: Task, tokenizer: Any, loss_fn:
     completions = completions_of(tokenizer, rollout, prompt_lengths)
     rewards = torch.tensor(task.reward([p for p in prompts for _ in range(group)], completions, **task.kwargs),
                            dtype=torch.float32)
-    data = training_batch(rollout, prompt_lengths, group_advantages(rewards, group, cfg.grpo.advantage_estimator))
+    estimator = cfg.grpo.advantage_estimator
+    per_token = estimator in TOKEN_LEVEL_ESTIMATORS
+    data = training_batch(rollout, prompt_lengths,
+                          torch.zeros_like(rewards) if per_token else group_advantages(rewards, group, estimator))
     # decided once, when the config was resolved: without the pass the loss uses the current logprobs
     prev_pass = not loss_fn.cfg.force_on_policy_ratio
     with timer.phase("logprob"):
         add_logprob_inputs(cfg, policy, data, prev_pass)
+    if per_token:
+        data["advantages"] = token_advantages(cfg, data, rewards)
     with timer.phase("train"):
         policy.prepare_for_training()
         result = policy.train(data, loss_fn)
