@@ -461,3 +461,10 @@ def test_reinforce_plus_plus_converts(minus_baseline, estimator):
 def test_kl_in_reward_with_grpo_advantages_is_an_error_not_a_dropped_kl():
     with pytest.raises(ConfigError, match=r"loss.use_kl_in_reward .*: only the Reinforce\+\+ advantages"):
         load_nemo_rl_config(BASE, ["loss_fn.use_kl_in_reward=true", "loss_fn.reference_policy_kl_penalty=0.01"])
+
+
+def test_a_loss_fn_without_a_kl_coefficient_keeps_nemo_rls_default():
+    assert load_nemo_rl_config(BASE, ["~loss_fn.reference_policy_kl_penalty"]).config.loss.reference_policy_kl_penalty \
+        == 0.01
+    assert load_nemo_rl_config(BASE, ["loss_fn.reference_policy_kl_penalty=0.0"]).config.loss.reference_policy_kl_penalty \
+        == 0.0

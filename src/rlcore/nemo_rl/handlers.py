@@ -214,9 +214,18 @@ def importance_sampling(nemo: dict[str, Any], out: Conversion) -> None:
             _set(out, f"loss.{key}", value, path)
 
 
+def loss_defaults(nemo: dict[str, Any], out: Conversion) -> None:
+    """NeMo-RL builds its loss config with its own defaults; the one that differs from rlcore's is the KL
+    coefficient (0.01 there, 0 here), so a loss_fn section without it keeps NeMo-RL's."""
+    loss = nemo.get("loss_fn")
+    if isinstance(loss, dict) and "reference_policy_kl_penalty" not in loss:
+        _set(out, "loss.reference_policy_kl_penalty", 0.01, "loss_fn (NeMo-RL's default reference_policy_kl_penalty)")
+
+
 HANDLERS: dict[str, Callable[[dict[str, Any], Conversion], None]] = {
     "cluster": cluster, "chat_template": chat_template, "clipping": clipping, "optimizer": optimizer,
     "scheduler": scheduler, "advantage": advantage, "importance_sampling": importance_sampling,
+    "loss_defaults": loss_defaults,
 }
 ORDER = tuple(HANDLERS)
 
