@@ -89,6 +89,9 @@ def test_slice_select_repeat_reorder_chunk():
 
     rep = d.slice(0, 2).repeat_interleave(3)
     assert rep["s"] == ["a", "a", "a", "b", "b", "b"]
+    logs = BatchedDataDict(log=[[{"role": "user"}]]).repeat_interleave(2)
+    logs["log"][0].append({"role": "assistant"})  # one repeat's message log grows; its sibling's does not
+    assert [len(x) for x in logs["log"]] == [2, 1]
     assert rep["x"][:, 0].tolist() == [0, 0, 0, 2, 2, 2]
 
     e = d.copy()
@@ -235,6 +238,10 @@ def test_packing_shard_round_trip_and_lockstep(case, capacity, algorithm, rnd):
             packed = pack_microbatch(mb["input_ids"], mb["input_lengths"], pad_to_multiple=rnd)
             assert packed.input_ids.shape[1] <= capacity
         assert seen == s["idx"]
+    # NeMo-RL's key for the same setting plans the same bins
+    nemo_args = {"max_tokens_per_microbatch": capacity, "algorithm": algorithm, "sequence_length_pad_multiple": rnd}
+    nemo_shards, _ = data.shard_by_batch_size(dp, batch_size=gbs, sequence_packing_args=nemo_args)
+    assert [s.micro_batch_indices for s in nemo_shards] == [s.micro_batch_indices for s in shards]
 
 
 def test_shard_errors():

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 _DYNAMIC_KEYS = {"max_tokens_per_microbatch", "sequence_length_round", "input_key", "input_lengths_key"}
-_PACKING_KEYS = _DYNAMIC_KEYS | {"algorithm"}
+_PACKING_KEYS = _DYNAMIC_KEYS | {"algorithm", "sequence_length_pad_multiple"}
 
 
 def _is_tensor(x: Any) -> bool:
@@ -51,6 +51,12 @@ def _check_args(name: str, args: dict, allowed: set[str]) -> dict:
         raise ValueError(f"{name} needs 'max_tokens_per_microbatch'")
     out = {"sequence_length_round": 1, "input_key": "input_ids", "input_lengths_key": "input_lengths"}
     out.update(args)
+    if "sequence_length_pad_multiple" in out:  # NeMo-RL's name for it in sequence_packing_args
+        multiple = out.pop("sequence_length_pad_multiple")
+        if "sequence_length_round" in args and args["sequence_length_round"] != multiple:
+            raise ValueError(f"{name}: sequence_length_round={args['sequence_length_round']} and "
+                             f"sequence_length_pad_multiple={multiple} name the same setting; give one")
+        out["sequence_length_round"] = multiple
     return out
 
 
@@ -218,10 +224,20 @@ class BatchedDataDict(UserDict, Generic[T]):
         self.micro_batch_lengths = None
 
     def repeat_interleave(self, n: int) -> "BatchedDataDict[T]":
-        """Each sample repeated ``n`` times consecutively (a,a,b,b for n=2)."""
+        """Each sample repeated ``n`` times consecutively (a,a,b,b for n=2).
+
+        List items (a message log, a dict of metadata) are deep copies, as in NeMo-RL: a rollout that
+        appends to one repeat's message log must not change its siblings'.
+        """
+        import copy
+
         if n < 1:
             raise ValueError(f"repeat_interleave needs n >= 1, got {n}")
-        return self.select_indices([i for i in range(self.size) for _ in range(n)])
+        out = self.select_indices([i for i in range(self.size) for _ in range(n)])
+        for key, value in out.data.items():
+            if not _is_tensor(value):
+                out.data[key] = [copy.deepcopy(item) for item in value]
+        return out
 
     def chunk(self, n: int) -> "list[BatchedDataDict[T]]":
         """``n`` contiguous chunks whose sizes differ by at most one."""
