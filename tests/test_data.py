@@ -104,8 +104,18 @@ def test_slice_select_repeat_reorder_chunk():
 
     chunks = d.chunk(2)
     assert [c["s"] for c in chunks] == [["a", "b", "c"], ["d", "e"]]
-    moved = d.to("cpu")
-    assert moved is not d and torch.equal(moved["x"], d["x"])
+    moved = d.copy()
+    assert moved.to("cpu") is moved and torch.equal(moved["x"], d["x"])  # in place, as in NeMo-RL
+
+
+def test_dynamic_batching_never_rounds_past_the_batch_width():
+    """As in NeMo-RL: a length rounded up to the multiple is capped at the tensor's width, so a width-5 batch
+    with round 4 fits a budget of 6 tokens (5 per sample) and no micro-batch is padded wider than 5."""
+    batch = BatchedDataDict(input_ids=torch.ones(2, 5, dtype=torch.long), input_lengths=torch.tensor([5, 3]))
+    args = {"max_tokens_per_microbatch": 6, "sequence_length_round": 4}
+    (shard,), _ = batch.shard_by_batch_size(1, batch_size=2, dynamic_batching_args=args)
+    widths = [mb["input_ids"].shape[1] for mb in shard.make_microbatch_iterator_with_dynamic_shapes()]
+    assert widths == [5, 4]
 
 
 def test_reorder_data_has_nemo_rls_meaning():

@@ -122,10 +122,11 @@ class BatchedDataDict(UserDict, Generic[T]):
         return self._new(dict(self.data), keep_meta=True)
 
     def to(self, device: "str | torch.device") -> "BatchedDataDict[T]":
-        """New dict with every tensor moved to ``device`` (lists unchanged)."""
-        return self._new(
-            {k: v.to(device) if _is_tensor(v) else v for k, v in self.data.items()}, keep_meta=True
-        )
+        """In place, as in NeMo-RL: every tensor moved to ``device`` (lists unchanged); returns ``self``."""
+        for key, value in self.data.items():
+            if _is_tensor(value):
+                self.data[key] = value.to(device)
+        return self
 
     @classmethod
     def from_batches(
@@ -336,7 +337,9 @@ class BatchedDataDict(UserDict, Generic[T]):
                 continue
             assert lengths is not None
             if dynamic_batching_args is not None:
-                groups = self._plan_dynamic_step(step, lengths, shards, args)
+                seq = self.data.get(args["input_key"])
+                width = int(seq.shape[1]) if _is_tensor(seq) and seq.dim() >= 2 else None
+                groups = self._plan_dynamic_step(step, lengths, shards, args, width)
             else:
                 groups = self._plan_packed_step(step, lengths, shards, args)
             for r, (mbs, mb_lens) in enumerate(groups):
@@ -363,13 +366,14 @@ class BatchedDataDict(UserDict, Generic[T]):
 
     @staticmethod
     def _plan_dynamic_step(
-        step: list[int], lengths: list[int], shards: int, args: dict
+        step: list[int], lengths: list[int], shards: int, args: dict, width: int | None
     ) -> list[tuple[list[list[int]], list[int]]]:
-        """Per shard: micro-batches (original indices) and padded lengths."""
+        """Per shard: micro-batches (original indices) and padded lengths (rounded, at most ``width``)."""
         budget = int(args["max_tokens_per_microbatch"])
         rnd = int(args["sequence_length_round"])
         for i in step:
-            if round_up(lengths[i], rnd) > budget:
+            rounded = round_up(lengths[i], rnd) if width is None else min(round_up(lengths[i], rnd), width)
+            if rounded > budget:
                 raise ValueError(
                     f"sample {i} has length {lengths[i]} (rounded to a multiple of {rnd}), more "
                     f"than max_tokens_per_microbatch={budget}"
@@ -377,7 +381,7 @@ class BatchedDataDict(UserDict, Generic[T]):
         dealt = balanced_assignment([lengths[i] for i in step], shards)
         members = [[step[j] for j in d] for d in dealt]
         plans = plan_dynamic_microbatches(
-            [[lengths[i] for i in m] for m in members], budget, rnd
+            [[lengths[i] for i in m] for m in members], budget, rnd, max_length=width
         )
         return [
             ([[m[j] for j in mb] for mb in p.micro_batches], p.padded_lengths)

@@ -88,13 +88,15 @@ def plan_dynamic_microbatches(
     max_tokens: int,
     sequence_length_round: int = 1,
     align_lengths: bool = True,
+    max_length: int | None = None,
 ) -> list[MicroBatchPlan]:
     """Plan token-budgeted micro-batches for every dp shard of one step.
 
     Algorithm:
 
     1. Round every length up to a multiple of ``sequence_length_round``
-       (kernels and tensor/sequence parallelism like aligned shapes).
+       (kernels and tensor/sequence parallelism like aligned shapes), but
+       never past ``max_length``, the batch's width (as NeMo-RL caps it).
     2. Per shard, sort samples longest first and fill micro-batches greedily:
        a sample joins the current micro-batch while
        ``(count + 1) * padded_length <= max_tokens``, where the padded length
@@ -112,7 +114,7 @@ def plan_dynamic_microbatches(
     Guarantees: every sample is in exactly one micro-batch; every shard has
     the same number of micro-batches; ``count * padded_length <= max_tokens``
     for every micro-batch; padded lengths are multiples of
-    ``sequence_length_round`` and equal across shards for index ``j``
+    ``sequence_length_round`` (or ``max_length``) and equal across shards for index ``j``
     whenever step 4 could align them (with shards dealt by
     :func:`balanced_assignment` they nearly always are).
 
@@ -121,7 +123,8 @@ def plan_dynamic_microbatches(
     """
     if max_tokens <= 0:
         raise ValueError(f"max_tokens_per_microbatch must be positive, got {max_tokens}")
-    rounded = [[round_up(n, sequence_length_round) for n in lens] for lens in shard_lengths]
+    cap = max_length if max_length is not None else float("inf")
+    rounded = [[int(min(round_up(n, sequence_length_round), cap)) for n in lens] for lens in shard_lengths]
     for r, lens in enumerate(rounded):
         for i, n in enumerate(lens):
             if n > max_tokens:
