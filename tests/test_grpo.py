@@ -146,16 +146,19 @@ def test_short_run_writes_metrics_and_a_checkpoint(ray_session, tmp_path):
     # and the conformance kit (exact resume of every backend).
 
 
-def test_a_reinforce_plus_plus_run_with_the_kl_in_the_reward(ray_session, tmp_path):
+def test_a_reinforce_plus_plus_run_with_the_kl_in_the_reward_and_vapo(ray_session, tmp_path):
     from rlcore.run.train import train
 
     cfg = short_run_config(tmp_path, 1, **{"grpo.advantage_estimator": "reinforce_plus_plus_baseline",
                                            "loss.use_kl_in_reward": "true",
-                                           "loss.reference_policy_kl_penalty": "0.05"})
+                                           "loss.reference_policy_kl_penalty": "0.05",
+                                           "loss.positive_example_nll_weight": "0.1"})
     train(cfg)
     (row,) = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     # the KL went into the advantages (the prev-logprob pass ran for it), not into the loss
     assert row["prev_logprobs_pass"] == 1.0 and row["kl_penalty"] == 0.0
+    # the loop gave the loss its rewards and token counts (toy rewards are in [0, 1])
+    assert (row["positive_nll_loss"] > 0) == (row["reward_mean"] > 0)
     assert torch.isfinite(torch.tensor([row["loss"], row["grad_norm"]])).all() and row["grad_norm"] > 0
 
 

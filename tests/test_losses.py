@@ -18,7 +18,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from rlcore.algorithms.loss_functions import ClippedPGLossConfig, ClippedPGLossFn, NLLLoss
+from rlcore.algorithms.loss_functions import (
+    ClippedPGLossConfig,
+    ClippedPGLossFn,
+    NLLLoss,
+    positive_example_token_counts,
+)
 from rlcore.interfaces.loss import LossFunction, LossType, step_metrics
 
 RTOL, ATOL = 1e-6, 1e-10
@@ -40,6 +45,7 @@ DEFAULTS = dict(
     sequence_level_importance_ratios=False,
     disable_ppo_ratio=False,
     use_cispo=False,
+    positive_example_nll_weight=0.0,
 )
 
 
@@ -70,6 +76,11 @@ def make_batch(seed: int, B: int = 8, S: int = 12, garbage: bool = False):
         generation_logprobs=prev + rng.uniform(-0.8, 0.8, (B, S)),
         reference_policy_logprobs=logprobs + rng.uniform(-1.5, 1.5, (B, S)),
     )
+    # VAPO's inputs: rewards, and per row the count of valid tokens of rewarded rows in the (one-step) batch
+    data["rewards"] = torch.as_tensor(rng.normal(size=B))
+    positive_tokens = sum(1 for b in range(B) for t in range(1, S)
+                          if token_mask[b, t] and sample_mask[b] and data["rewards"][b] > 0)
+    data["positive_example_token_count"] = torch.full((B,), float(positive_tokens))
     pad = np.arange(S)[None, :] >= lengths[:, None]
     logprobs[pad] = 0.0  # design.md §2.2: padding logprobs are 0
     if garbage:  # whatever sits off the mask must not matter
@@ -108,6 +119,11 @@ def reference_pg(cfg, logprobs, data, gseqs, gtoks):
     names = ["loss", "actor_loss", "kl_loss", "kl_penalty", "approx_entropy", "num_valid_tokens", "num_valid_samples"]
     if ppo:
         names += ["probs_ratio", "probs_ratio_clamped", "clip_fraction"]
+    mu = c["positive_example_nll_weight"]
+    if mu > 0:
+        names += ["positive_nll_loss"]
+        positive_count = sum(1 for b in range(B) for t in range(1, S) if arr["token_mask"][b, t]
+                             and arr["sample_mask"][b] and arr["rewards"][b] > 0)
     if mismatch:
         names += ["token_mult_prob_error", "gen_kl_error", "policy_kl_error", "js_divergence_error",
                   "sampling_importance_ratio"] + (["is_oob_ratio"] if w_hi is not None else [])
@@ -200,6 +216,9 @@ def reference_pg(cfg, logprobs, data, gseqs, gtoks):
                 grad[b, t] += scale * beta * dkw
             m["actor_loss"] += scale * a
             m["kl_penalty"] += scale * kw
+            if mu > 0 and arr["rewards"][b] > 0:
+                m["positive_nll_loss"] += -x / positive_count
+                grad[b, t] += -mu / positive_count
             if ppo:
                 m["probs_ratio"] += r / gtoks
                 m["probs_ratio_clamped"] += cr / gtoks
@@ -210,7 +229,7 @@ def reference_pg(cfg, logprobs, data, gseqs, gtoks):
             m["approx_entropy"] += -(math.exp(x - q[b, t]) if q is not None else 1.0) * x / gtoks
             m["num_valid_tokens"] += 1
     m["kl_loss"] = beta * m["kl_penalty"]
-    m["loss"] = m["actor_loss"] + m["kl_loss"]
+    m["loss"] = m["actor_loss"] + m["kl_loss"] + (mu * m["positive_nll_loss"] if mu > 0 else 0.0)
     if ppo:
         m.update(probs_ratio_min=min(ratios), probs_ratio_max=max(ratios),
                  probs_ratio_clamped_min=min(clipped_ratios), probs_ratio_clamped_max=max(clipped_ratios))
@@ -411,6 +430,30 @@ def test_cispo(clip):
     assert 0 < metrics["clip_fraction"] < 1
 
 
+@TOKEN_AND_SEQ
+def test_vapo_positive_example_nll(token_level):
+    """VAPO: mu times the mean NLL over the step's tokens of completions with reward > 0."""
+    logprobs, data = make_batch(17)
+    rewarded = data["rewards"][data["sample_mask"].bool()] > 0
+    assert rewarded.any() and not rewarded.all()
+    metrics = check_against_reference(dict(positive_example_nll_weight=0.3, reference_policy_kl_penalty=0.1,
+                                           token_level_loss=token_level), logprobs, data)
+    assert metrics["positive_nll_loss"] > 0
+    # the loop's helper gives every row its step's count: here the batch is one step
+    counts = positive_example_token_counts(data["token_mask"], data["sample_mask"], data["rewards"], 8)
+    torch.testing.assert_close(counts.double(), data["positive_example_token_count"].double())
+    two_steps = positive_example_token_counts(data["token_mask"], data["sample_mask"], data["rewards"], 4)
+    assert two_steps[0] + two_steps[4] == counts[0] and two_steps[0] != two_steps[4]
+
+
+def test_vapo_needs_its_inputs():
+    logprobs, data = make_batch(17)
+    del data["positive_example_token_count"]
+    gseqs, gtoks = global_counts(data)
+    with pytest.raises(KeyError, match="positive_example_token_count.*positive_example_token_counts"):
+        ClippedPGLossFn(dict(positive_example_nll_weight=0.3))(logprobs, data, gseqs, gtoks)
+
+
 @pytest.mark.parametrize("with_is", [False, True])
 def test_reinforce(with_is):
     logprobs, data = make_batch(6)
@@ -465,6 +508,7 @@ INVARIANCE_CFGS = {
     "cispo_seq_mask_tis": dict(use_cispo=True, reference_policy_kl_penalty=0.1, use_importance_sampling_correction=True,
                                truncated_importance_sampling_type="seq-mask-tis",
                                truncated_importance_sampling_ratio_min=0.95, truncated_importance_sampling_ratio=1.1),
+    "vapo": dict(positive_example_nll_weight=0.5, reference_policy_kl_penalty=0.1),
     "gspo_is": dict(token_level_loss=False, sequence_level_importance_ratios=True,
                     use_importance_sampling_correction=True, truncated_importance_sampling_ratio=1.5),
     "nll": None,

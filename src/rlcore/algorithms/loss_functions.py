@@ -53,7 +53,7 @@ from rlcore.interfaces.loss import LossType
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["ClippedPGLossConfig", "ClippedPGLossFn", "NLLLoss"]
+__all__ = ["ClippedPGLossConfig", "ClippedPGLossFn", "NLLLoss", "positive_example_token_counts"]
 
 
 class ClippedPGLossFn:
@@ -86,6 +86,9 @@ class ClippedPGLossFn:
     **GSPO** (``sequence_level_importance_ratios``): ``r`` is the geometric mean
     of the sequence's token ratios, matching sequence-level rewards and
     reducing the variance of long sequences' token ratios.
+
+    **VAPO** (``positive_example_nll_weight`` mu > 0) adds ``mu`` times the
+    mean NLL of the step's tokens of completions with reward > 0.
 
     **Importance-sampling correction**: the data were sampled by the inference
     engine (``generation_logprobs``), not by the trainer's copy of the same
@@ -187,6 +190,9 @@ class ClippedPGLossFn:
         actor_loss = reduce(actor)
         kl_loss = beta * reduce(kl)
         loss = actor_loss + kl_loss
+        if cfg.positive_example_nll_weight > 0:
+            positive_nll = positive_example_nll(lp, data, mask)
+            loss = loss + cfg.positive_example_nll_weight * positive_nll
 
         with torch.no_grad():
 
@@ -220,6 +226,8 @@ class ClippedPGLossFn:
                     named["is_oob_ratio"] = sample_mean(out_of_bounds)
                 elif out_of_bounds is not None:
                     named["is_oob_ratio"] = token_mean(out_of_bounds)
+            if cfg.positive_example_nll_weight > 0:
+                named["positive_nll_loss"] = positive_nll
             named["num_valid_tokens"] = mask.sum()
             named["num_valid_samples"] = sample_rows(data, mask).sum()
             values = torch.stack([v.detach().to(torch.float64) for v in named.values()]).tolist()
@@ -299,6 +307,34 @@ class ClippedPGLossFn:
         if sampler is None:
             raise KeyError("use_on_policy_kl_approximation needs data['generation_logprobs'] or data['prev_logprobs']")
         return torch.nan_to_num(torch.exp(lp - sampler), nan=0.0, posinf=0.0, neginf=0.0)
+
+
+def positive_example_nll(lp: "torch.Tensor", data: Mapping[str, Any], mask: "torch.Tensor") -> "torch.Tensor":
+    """VAPO's NLL over the valid tokens of completions with ``rewards > 0``: this micro-batch's share of their
+    mean over the whole step, whose count each row carries in ``positive_example_token_count`` (see
+    :func:`positive_example_token_counts`). NeMo-RL divides by the micro-batch's own count instead, which
+    makes the step's loss depend on how it is cut into micro-batches."""
+    import torch
+
+    for key in ("rewards", "positive_example_token_count"):
+        if data.get(key) is None:
+            raise KeyError(f"ClippedPGLossFn needs data[{key!r}] when positive_example_nll_weight > 0 "
+                           "(rlcore.algorithms.loss_functions.positive_example_token_counts fills the count)")
+    positive = torch.as_tensor(data["rewards"], device=lp.device) > 0
+    count = torch.as_tensor(data["positive_example_token_count"], device=lp.device).to(lp.dtype)
+    per_row = zero_off_mask(-lp, mask & positive[:, None]).sum(-1)
+    return torch.where(count > 0, per_row / count.clamp_min(1), torch.zeros_like(per_row)).sum()
+
+
+def positive_example_token_counts(token_mask: "torch.Tensor", sample_mask: "torch.Tensor",
+                                  rewards: "torch.Tensor", global_batch_size: int) -> "torch.Tensor":
+    """``[B]``: for each row, the number of valid tokens (positions 1..S-1) of completions with reward > 0 in
+    its optimizer step, the consecutive run of ``global_batch_size`` rows it belongs to."""
+    import torch
+
+    valid = (token_mask[:, 1:] != 0) & (sample_mask[:, None] != 0) & (rewards[:, None] > 0)
+    per_step = valid.sum(-1).view(-1, global_batch_size).sum(-1, keepdim=True)
+    return per_step.expand(-1, global_batch_size).reshape(-1).to(torch.float32)
 
 
 def sample_rows(data: Mapping[str, Any], mask: "torch.Tensor") -> "torch.Tensor":

@@ -41,6 +41,13 @@ class ClippedPGLossConfig(StrictModel):
         gt=1.0,
         description="Dual-clip constant c > 1: a negative-advantage token's loss is at most c * |A|. None: off.",
     )
+    positive_example_nll_weight: float = Field(
+        0.0,
+        ge=0.0,
+        description="VAPO: weight mu of an NLL term over the tokens of completions with reward > 0, a mean over "
+        "the step's such tokens (data['rewards'] and data['positive_example_token_count'], which the GRPO loop "
+        "adds); 0 disables it.",
+    )
     use_kl_in_reward: bool = Field(
         False,
         description="Reinforce++: subtract beta * KL(pi_prev || pi_ref) from each token's reward "

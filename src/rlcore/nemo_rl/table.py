@@ -269,7 +269,8 @@ RULES: tuple[Rule, ...] = (
     *(_m("loss_fn." + k, "loss." + k) for k in (
         "reference_policy_kl_penalty", "reference_policy_kl_type", "kl_input_clamp_value", "kl_output_clamp_value",
         "ratio_clip_min", "ratio_clip_max", "ratio_clip_c", "use_on_policy_kl_approximation", "token_level_loss",
-        "sequence_level_importance_ratios", "disable_ppo_ratio", "use_cispo", "use_kl_in_reward")),
+        "sequence_level_importance_ratios", "disable_ppo_ratio", "use_cispo", "use_kl_in_reward",
+        "positive_example_nll_weight")),
     _m("loss_fn.force_on_policy_ratio", "loss.force_on_policy_ratio", transform="false_is_automatic",
        note="false = null (automatic): NeMo-RL's false runs the prev-logprob pass, which only repeats the "
        "current logprobs when the rollout is trained in one optimizer step; rlcore skips it exactly then"),
@@ -279,7 +280,6 @@ RULES: tuple[Rule, ...] = (
          "as is (null type = 'tis')") for k in (
         "truncated_importance_sampling_type", "truncated_importance_sampling_ratio",
         "truncated_importance_sampling_ratio_min")),
-    _n("loss_fn.positive_example_nll_weight", (0, 0.0, None), "VAPO positive-example NLL"),
     # -- checkpointing ----------------------------------------------------------------------------
     _m("checkpointing.enabled"),
     _m("checkpointing.save_period", "checkpointing.save_every_n_steps"),

@@ -160,6 +160,12 @@ def train_on_rollout(cfg: Any, policy: Any, task: Task, tokenizer: Any, loss_fn:
         add_logprob_inputs(cfg, policy, data, prev_pass)
     if per_token:
         data["advantages"] = token_advantages(cfg, data, rewards)
+    if loss_fn.cfg.positive_example_nll_weight > 0:  # VAPO: the NLL of the step's rewarded completions
+        from rlcore.algorithms.loss_functions import positive_example_token_counts
+
+        data["rewards"] = rewards
+        data["positive_example_token_count"] = positive_example_token_counts(
+            data["token_mask"], data["sample_mask"], rewards, cfg.policy.train_global_batch_size)
     with timer.phase("train"):
         policy.prepare_for_training()
         result = policy.train(data, loss_fn)
@@ -178,5 +184,6 @@ def train_on_rollout(cfg: Any, policy: Any, task: Task, tokenizer: Any, loss_fn:
         "mean_generation_length": float(rollout["generation_lengths"].sum()) / rewards.numel(),
     }
     metrics.update({key: float(loss_metrics[key]) for key in ("clip_fraction", "sampling_importance_ratio",
-                                                               "is_oob_ratio") if key in loss_metrics})
+                                                               "is_oob_ratio", "positive_nll_loss")
+                    if key in loss_metrics})
     return metrics
