@@ -49,10 +49,6 @@ def group_advantages(rewards: "torch.Tensor", group_size: int, estimator: str = 
     return adv.reshape(-1).float()
 
 
-#: The estimators whose advantages are per token and need the rollout's logprobs first.
-TOKEN_LEVEL_ESTIMATORS = ("reinforce_plus_plus", "reinforce_plus_plus_baseline")
-
-
 def reinforce_plus_plus_advantages(rewards: "torch.Tensor", group_size: int, mask: "torch.Tensor",
                                    minus_baseline: bool, kl: "torch.Tensor | None" = None,
                                    kl_coef: float = 0.0) -> "torch.Tensor":

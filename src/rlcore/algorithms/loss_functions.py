@@ -170,9 +170,10 @@ class ClippedPGLossFn:
         ratio = self._ratio(lp, prev, mask)
         clipped_ratio = ratio.clamp(1.0 - cfg.ratio_clip_min, 1.0 + cfg.ratio_clip_max)
         actor, clipped = self._actor(lp, advantages, ratio, clipped_ratio)
-        weights = self._importance_weights(prev, gen, mask) if gen is not None and prev is not None else None
+        is_weight, out_of_bounds = (self._importance_weights(prev, gen, mask) if gen is not None and prev is not None
+                                    else (None, None))
         if cfg.use_importance_sampling_correction:
-            actor = actor * weights[0]
+            actor = actor * is_weight
 
         kl = torch.zeros_like(lp)
         if beta > 0:
@@ -188,7 +189,8 @@ class ClippedPGLossFn:
             return normalised_sum(per_token, mask, self.loss_type, global_valid_seqs, global_valid_toks)
 
         actor_loss = reduce(actor)
-        kl_loss = beta * reduce(kl)
+        kl_penalty = reduce(kl)
+        kl_loss = beta * kl_penalty
         loss = actor_loss + kl_loss
         if cfg.positive_example_nll_weight > 0:
             positive_nll = positive_example_nll(lp, data, mask)
@@ -201,11 +203,12 @@ class ClippedPGLossFn:
                     per_token.to(lp.dtype), mask, LossType.TOKEN_LEVEL, global_valid_seqs, global_valid_toks
                 )
 
-            def sample_mean(per_row: "torch.Tensor") -> "torch.Tensor":
-                total = (per_row.to(lp.dtype) * sample_rows(data, mask).to(lp.dtype)).sum()
-                return total / normaliser(global_valid_seqs, lp)
+            rows = sample_rows(data, mask)
 
-            named = {"loss": loss, "actor_loss": actor_loss, "kl_loss": kl_loss, "kl_penalty": reduce(kl)}
+            def sample_mean(per_row: "torch.Tensor") -> "torch.Tensor":
+                return (per_row.to(lp.dtype) * rows.to(lp.dtype)).sum() / normaliser(global_valid_seqs, lp)
+
+            named = {"loss": loss, "actor_loss": actor_loss, "kl_loss": kl_loss, "kl_penalty": kl_penalty}
             if not cfg.disable_ppo_ratio:
                 named.update(probs_ratio=token_mean(ratio), probs_ratio_clamped=token_mean(clipped_ratio),
                              clip_fraction=token_mean(clipped))
@@ -217,11 +220,10 @@ class ClippedPGLossFn:
             named["approx_entropy"] = token_mean(-entropy_weight * lp)
             if gen is not None and prev is not None:
                 named.update(engine_mismatch(prev, gen, cfg.reference_policy_kl_type, token_mean))
-                weight, out_of_bounds = weights
                 if cfg.sequence_level_importance_ratios:
-                    named["sampling_importance_ratio"] = sample_mean(weight[:, 0])
+                    named["sampling_importance_ratio"] = sample_mean(is_weight[:, 0])
                 else:
-                    named["sampling_importance_ratio"] = token_mean(weight)
+                    named["sampling_importance_ratio"] = token_mean(is_weight)
                 if out_of_bounds is not None and out_of_bounds.dim() == 1:  # seq-mask-tis: per sequence
                     named["is_oob_ratio"] = sample_mean(out_of_bounds)
                 elif out_of_bounds is not None:
@@ -229,7 +231,7 @@ class ClippedPGLossFn:
             if cfg.positive_example_nll_weight > 0:
                 named["positive_nll_loss"] = positive_nll
             named["num_valid_tokens"] = mask.sum()
-            named["num_valid_samples"] = sample_rows(data, mask).sum()
+            named["num_valid_samples"] = rows.sum()
             values = torch.stack([v.detach().to(torch.float64) for v in named.values()]).tolist()
         return loss, dict(zip(named, values))
 

@@ -26,6 +26,10 @@ class AsyncGRPOConfig(StrictModel):
         "generation runs at most this many rollouts ahead. A rollout that would be older is regenerated.")
 
 
+#: The advantage estimators whose advantages are per token and need the rollout's logprobs first (Reinforce++).
+TOKEN_LEVEL_ESTIMATORS = ("reinforce_plus_plus", "reinforce_plus_plus_baseline")
+
+
 class GRPOConfig(StrictModel):
     """Group Relative Policy Optimization: several completions per prompt, advantages within the group."""
 

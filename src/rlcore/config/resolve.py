@@ -248,9 +248,10 @@ def skips_prev_logprob_pass(cfg: RLCoreConfig, policy: PolicyConfig | None = Non
     """Whether the loss uses the current logprobs as ``prev_logprobs`` instead of a separate pass.
 
     ``loss.force_on_policy_ratio`` null (automatic) means: when the rollout is trained in one
-    optimizer step (and ``loss.use_kl_in_reward`` does not need them before training). Then every micro-batch's forward runs on the parameters that sampled the
-    rollout (gradients accumulate, nothing is updated before the step), so the separate pass
-    would compute the same logprobs again — unless the model has dropout: the training forward
+    optimizer step (and ``loss.use_kl_in_reward`` does not need the logprobs before training).
+    Then every micro-batch's forward runs on the parameters that sampled the rollout (gradients
+    accumulate, nothing is updated before the step), so the separate pass would compute the same
+    logprobs again — unless the model has dropout: the training forward
     runs in train mode, the logprob pass in eval mode. true / false decide it outright.
     ``policy``: the policy config with its model as a local path (default ``cfg.policy``).
     """

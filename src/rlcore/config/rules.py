@@ -11,6 +11,7 @@ import difflib
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING
 
+from rlcore.config.grpo import TOKEN_LEVEL_ESTIMATORS
 from rlcore.config.policy import SchedulerMilestones
 
 if TYPE_CHECKING:
@@ -132,7 +133,7 @@ def kl_in_reward_needs_reinforce_plus_plus(cfg: "RLCoreConfig") -> Iterator[str]
     if not loss.use_kl_in_reward:
         return
     estimator = cfg.grpo.advantage_estimator if cfg.grpo is not None else None
-    if estimator not in ("reinforce_plus_plus", "reinforce_plus_plus_baseline"):
+    if estimator not in TOKEN_LEVEL_ESTIMATORS:
         yield (f"loss.use_kl_in_reward: only the Reinforce++ advantages put the KL into the reward, but "
                f"grpo.advantage_estimator is {estimator}; set it to reinforce_plus_plus[_baseline] or set "
                "use_kl_in_reward to false (KL in the loss)")

@@ -372,8 +372,7 @@ class BatchedDataDict(UserDict, Generic[T]):
         budget = int(args["max_tokens_per_microbatch"])
         rnd = int(args["sequence_length_round"])
         for i in step:
-            rounded = round_up(lengths[i], rnd) if width is None else min(round_up(lengths[i], rnd), width)
-            if rounded > budget:
+            if round_up(lengths[i], rnd, width) > budget:
                 raise ValueError(
                     f"sample {i} has length {lengths[i]} (rounded to a multiple of {rnd}), more "
                     f"than max_tokens_per_microbatch={budget}"

@@ -18,10 +18,12 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 
-def round_up(n: int, multiple: int) -> int:
-    """``n`` rounded up to a multiple of ``multiple`` (at least one multiple)."""
+def round_up(n: int, multiple: int, at_most: int | None = None) -> int:
+    """``n`` rounded up to a multiple of ``multiple`` (at least one multiple), but not past ``at_most``
+    (a batch's width: NeMo-RL never pads beyond it either)."""
     m = max(1, int(multiple))
-    return max(m, -(-int(n) // m) * m)
+    rounded = max(m, -(-int(n) // m) * m)
+    return rounded if at_most is None else min(rounded, int(at_most))
 
 
 @dataclass
@@ -123,8 +125,7 @@ def plan_dynamic_microbatches(
     """
     if max_tokens <= 0:
         raise ValueError(f"max_tokens_per_microbatch must be positive, got {max_tokens}")
-    cap = max_length if max_length is not None else float("inf")
-    rounded = [[int(min(round_up(n, sequence_length_round), cap)) for n in lens] for lens in shard_lengths]
+    rounded = [[round_up(n, sequence_length_round, max_length) for n in lens] for lens in shard_lengths]
     for r, lens in enumerate(rounded):
         for i, n in enumerate(lens):
             if n > max_tokens:

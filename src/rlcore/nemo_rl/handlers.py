@@ -167,8 +167,8 @@ def advantage(nemo: dict[str, Any], out: Conversion) -> None:
                             "advantage estimator: set it to 'grpo' or 'reinforce_plus_plus'")
         return
     own = {"grpo": ("normalize_rewards", "use_leave_one_out_baseline"), "reinforce_plus_plus": ("minus_baseline",)}
+    other = "reinforce_plus_plus" if name == "grpo" else "grpo"
     for key, value in est.items():
-        other = "reinforce_plus_plus" if name == "grpo" else "grpo"
         if key in own[other]:
             out.ignored.append((f"grpo.adv_estimator.{key}", f"{other} only"))
         elif key not in ("name", *own[name]) and not is_neutral(value, (None, False)):

@@ -140,7 +140,8 @@ def train_on_rollout(cfg: Any, policy: Any, task: Task, tokenizer: Any, loss_fn:
     """Score ``rollout``, compute group advantages and the loss's inputs, train; returns the step's metrics."""
     import torch
 
-    from rlcore.algorithms.advantages import TOKEN_LEVEL_ESTIMATORS, group_advantages
+    from rlcore.algorithms.advantages import group_advantages
+    from rlcore.config.grpo import TOKEN_LEVEL_ESTIMATORS
     from rlcore.run.prompts import clip_rollout
 
     group = cfg.grpo.num_generations_per_prompt
