@@ -46,6 +46,10 @@ class GRPOConfig(StrictModel):
         "minus_baseline).",
     )
     seed: int = Field(0, description="Seed of prompt sampling and generation.")
+    max_rollout_turns: PositiveInt = Field(
+        1, description="Turns per rollout: generate, let the environment answer (its observation is appended), "
+        "generate again, until the environment says done, this many turns, or policy.max_total_sequence_length. "
+        "1 = a single completion. Only generated tokens are trained.")
     max_num_epochs: PositiveInt | None = Field(
         None, description="Passes over the training data (data.train.path); the run ends at whichever of this and "
         "max_num_steps comes first. None = only max_num_steps bounds it.")
