@@ -76,12 +76,13 @@ def test_toy_task_is_reproducible_and_scores_digits():
 def test_training_batch_trains_only_generated_tokens(tiny_tokenizer):
     batch = encode_prompts(tiny_tokenizer, ["ab", "abcd"], repeat=2)
     assert batch["input_ids"].shape[0] == 4 and batch["input_lengths"].tolist() == [3, 3, 5, 5]  # BOS + bytes
-    output_ids = torch.zeros(4, 9, dtype=torch.long)
-    rollout = {"output_ids": output_ids, "unpadded_sequence_lengths": torch.tensor([5, 3, 9, 6]),
-               "logprobs": torch.zeros(4, 9)}
-    data = training_batch(rollout, batch["input_lengths"], torch.tensor([1.0, -1.0, 0.5, 2.0]))
-    assert data["token_mask"].tolist()[0] == [0, 0, 0, 1, 1, 0, 0, 0, 0]
-    assert data["token_mask"][1].sum() == 0 and data["token_mask"][2].sum() == 4
+    mask = torch.zeros(4, 9)
+    mask[0, 3:5] = mask[2, 5:9] = mask[3, 5:6] = 1  # the generated tokens (row 1 generated none)
+    rollout = {"output_ids": torch.zeros(4, 9, dtype=torch.long), "unpadded_sequence_lengths": torch.tensor([5, 3, 9, 6]),
+               "logprobs": torch.zeros(4, 9), "token_mask": mask}
+    data = training_batch(rollout, torch.tensor([1.0, -1.0, 0.5, 2.0]))
+    assert data["token_mask"] is mask and data["input_lengths"].tolist() == [5, 3, 9, 6]
+    assert data["advantages"][0].tolist() == [0, 0, 0, 1.0, 1.0, 0, 0, 0, 0] and data["advantages"][1].sum() == 0
     assert data["advantages"][3].tolist() == [0, 0, 0, 0, 0, 2.0, 0, 0, 0]
 
 

@@ -11,6 +11,9 @@ _BUILTIN = {
                     "1 when the completion equals ground_truth (after stripping; case optional)."),
     "regex": ("matching:RegexEnvironment", "matching:RegexConfig",
               "1 when a pattern's last match (its first group) equals ground_truth, or simply matches."),
+    "guessing": ("guessing:GuessingEnvironment", None,
+                 "Multi-turn toy: guess a hidden digit (ground_truth), told higher or lower; reward: the last "
+                 "guess's closeness."),
     "python": ("python_reward:PythonRewardEnvironment", "python_reward:PythonRewardConfig",
                "A 'module:function' reward(prompts, completions, metadata=..., **kwargs) -> list[float]."),
 }

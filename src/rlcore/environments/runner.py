@@ -10,6 +10,7 @@ train on.
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
@@ -72,6 +73,7 @@ class EnvironmentRunner:
         self.num_workers, self.timeout_s = num_workers, timeout_s
         self.local = build_environment(env_class, section) if num_workers == 0 else None
         self.actors = [self._new_actor() for _ in range(num_workers)]
+        self._lock = threading.Lock()  # async GRPO's rollout thread and validation both step it
 
     @classmethod
     def from_resolved(cls, resolved_env: Any, env_cfg: Any) -> "EnvironmentRunner":
@@ -86,8 +88,9 @@ class EnvironmentRunner:
 
     def step(self, message_logs: list[list[Message]], metadata: list[dict[str, Any]]) -> EnvironmentReturn:
         """Every sample's result; raises :class:`EnvironmentFailed` when all of them failed."""
-        result = (isolated_step(self.local, message_logs, metadata) if self.local is not None
-                  else self._step_on_actors(message_logs, metadata))
+        with self._lock:
+            result = (isolated_step(self.local, message_logs, metadata) if self.local is not None
+                      else self._step_on_actors(message_logs, metadata))
         errors = [e for e in result.errors if e]
         if errors and len(errors) == len(result.errors):
             raise EnvironmentFailed(f"environment '{self.name}': all {len(errors)} samples failed; the first: "

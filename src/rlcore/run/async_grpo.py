@@ -15,6 +15,12 @@ tags every sample with the version of the last refit before the request; the
 loop checks each rollout's age from those tags and regenerates one that is
 too old (counted; it cannot happen with an engine that keeps the order).
 
+A rollout thread runs the launched rollouts one after another. A multi-turn
+rollout sends one request per turn, so a refit can land between two turns of
+a sample: the sample's version is then the oldest of its turns' (its age is
+never understated), and each turn's engine logprobs are those of the weights
+that generated it, which is what the importance correction compares against.
+
 A resumed run discards the in-flight rollouts of the run it continues: it
 starts the schedule again from the checkpoint's weights, so its first rollouts
 are younger than the rule allows, never older.
@@ -28,10 +34,12 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
-from rlcore.run.step import Timer, peak_memory_metrics, refit, step_samples, train_on_rollout
+from rlcore.run.rollouts import Rollout, run_rollout
+from rlcore.run.step import Timer, peak_memory_metrics, refit, train_on_rollout
 from rlcore.run.validation import validate, validation_due
 
 if TYPE_CHECKING:
@@ -40,11 +48,10 @@ if TYPE_CHECKING:
 
 @dataclass
 class InFlight:
-    """A rollout submitted to the engines: its samples, encoded batch and the engines' handle."""
+    """A rollout under way: its samples, and the future of ``(rollout, its timer)``."""
 
     samples: list[Any]
-    batch: Any
-    handle: Any
+    future: Future
 
 
 def async_grpo_train(run: "Run", loss_fn: Any, on_step: Callable[[int, dict[str, float]], None]) -> None:
@@ -53,9 +60,15 @@ def async_grpo_train(run: "Run", loss_fn: Any, on_step: Callable[[int, dict[str,
     max_age = cfg.grpo.async_grpo.max_trajectory_age_steps
     last_step = run.num_steps - 1
 
+    def roll_out(samples: list[Any]) -> tuple[Rollout, Timer]:
+        timer = Timer()
+        sample = lambda batch: generation.collect(generation.generate_async(batch, greedy=False))  # noqa: E731
+        return run_rollout(cfg, sample, run.environment, run.tokenizer, samples,
+                           cfg.grpo.num_generations_per_prompt, timer), timer
+
     def launch(step: int) -> InFlight:
-        samples, batch = step_samples(step, cfg, run.data.train, run.tokenizer)
-        return InFlight(samples, batch, generation.generate_async(batch, greedy=False))
+        samples = run.data.train.batch(step)
+        return InFlight(samples, rollouts.submit(roll_out, samples))
 
     def generate_greedy(batch: Any) -> Any:  # queued behind the rollouts in flight, on the newest weights
         return generation.collect(generation.generate_async(batch, greedy=True))
@@ -67,56 +80,63 @@ def async_grpo_train(run: "Run", loss_fn: Any, on_step: Callable[[int, dict[str,
 
     generation.prepare_for_generation()  # the engines have their own resources: awake for the whole run
     refit_bytes = update_weights(run.start_step)
-    queue = deque(launch(s) for s in range(run.start_step, min(run.start_step + max_age, last_step) + 1))
-    previous_end: float | None = None
-    for step in range(run.start_step, last_step + 1):
-        timer = Timer()
-        started = time.perf_counter()
-        with timer.phase("generation_wait"):  # training waits for data
-            item = queue.popleft()
-            rollout, regenerated = collect_young_enough(item, step, max_age, generation)
-        ages = step - rollout["weight_version"]
-        window = rollout["generation_window"]
-        begin, end = float(window[:, 0].min()), float(window[:, 1].max())
-        idle = max(0.0, begin - previous_end) if previous_end is not None else 0.0
-        previous_end = end
-        metrics = train_on_rollout(cfg, policy, run.environment, run.tokenizer, loss_fn, item.samples, item.batch,
-                                   rollout, timer)
-        validating = validation_due(run, step)
-        if step < last_step or validating:
-            with timer.phase("refit"):
-                refit_bytes += update_weights(step + 1)
-            if step + max_age + 1 <= last_step:
-                queue.append(launch(step + max_age + 1))
-        if validating:
-            metrics.update(validate(run, generate_greedy))
-        generated = metrics["mean_generation_length"] * len(ages)
-        # The training ranks only: a call to an engine would queue behind the rollout it is generating.
-        memory = peak_memory_metrics(policy, None)
-        on_step(step, {
-            **metrics,
-            "epoch": float(run.data.train.epoch_of(step)),
-            "tokens_per_s": generated / max(end - begin, 1e-9),
-            "refit_bytes": refit_bytes,
-            **timer.seconds,
-            "time/step_s": time.perf_counter() - started,  # wall time: waiting, training, refit, launch, validation
-            "time/generation_s": end - begin,  # on the engines, overlapped with earlier steps' training
-            "time/generation_idle_s": idle,  # how long the engines waited (for weights) before this rollout
-            **age_metrics(ages, max_age),
-            "async/regenerated_rollouts": float(regenerated),
-            **memory,
-        })
-        refit_bytes = 0.0
+    # One thread rolls out the launched steps in order (a multi-turn rollout submits a request per turn);
+    # the engines run the requests in the order they arrive.
+    rollouts = ThreadPoolExecutor(1, thread_name_prefix="rlcore-rollout")
+    try:
+        queue = deque(launch(s) for s in range(run.start_step, min(run.start_step + max_age, last_step) + 1))
+        previous_end: float | None = None
+        for step in range(run.start_step, last_step + 1):
+            timer = Timer()
+            started = time.perf_counter()
+            with timer.phase("generation_wait"):  # training waits for data
+                item = queue.popleft()
+                rollout, regenerated = collect_young_enough(item, step, max_age, roll_out)
+            ages = step - rollout.data["weight_version"]
+            window = rollout.data["generation_window"]
+            begin, end = float(window[:, 0].min()), float(window[:, 1].max())
+            idle = max(0.0, begin - previous_end) if previous_end is not None else 0.0
+            previous_end = end
+            metrics = train_on_rollout(cfg, policy, loss_fn, rollout, timer)
+            validating = validation_due(run, step)
+            if step < last_step or validating:
+                with timer.phase("refit"):
+                    refit_bytes += update_weights(step + 1)
+                if step + max_age + 1 <= last_step:
+                    queue.append(launch(step + max_age + 1))
+            if validating:
+                metrics.update(validate(run, generate_greedy))
+            generated = float(rollout.data["generation_lengths"].sum())
+            # The training ranks only: a call to an engine would queue behind the rollout it is generating.
+            memory = peak_memory_metrics(policy, None)
+            on_step(step, {
+                **metrics,
+                "epoch": float(run.data.train.epoch_of(step)),
+                "tokens_per_s": generated / max(end - begin, 1e-9),
+                "refit_bytes": refit_bytes,
+                **timer.seconds,
+                "time/step_s": time.perf_counter() - started,  # wall: waiting, training, refit, launch, validation
+                "time/generation_s": end - begin,  # on the engines, overlapped with earlier steps' training
+                "time/generation_idle_s": idle,  # how long the engines waited (for weights) before this rollout
+                **age_metrics(ages, max_age),
+                "async/regenerated_rollouts": float(regenerated),
+                **memory,
+            })
+            refit_bytes = 0.0
+    finally:
+        rollouts.shutdown(wait=False, cancel_futures=True)
 
 
-def collect_young_enough(item: InFlight, step: int, max_age: int, generation: Any) -> tuple[Any, int]:
-    """The rollout of ``item``, regenerated on the current weights if any sample is older than ``max_age``
-    steps; returns it and how many times it was regenerated."""
-    rollout = generation.collect(item.handle)
+def collect_young_enough(item: InFlight, step: int, max_age: int,
+                         roll_out: Callable[[list[Any]], tuple[Rollout, Timer]]) -> tuple[Rollout, int]:
+    """The rollout of ``item`` (its environment time added to the step's), rolled out again on the current
+    weights if any sample is older than ``max_age`` steps; returns it and how many times it was redone."""
+    rollout, timer = item.future.result()
     regenerated = 0
-    while int((step - rollout["weight_version"]).max()) > max_age:
+    while int((step - rollout.data["weight_version"]).max()) > max_age:
         regenerated += 1
-        rollout = generation.collect(generation.generate_async(item.batch, greedy=False))
+        rollout, timer = roll_out(item.samples)
+    rollout.metrics["time/environment_s"] = timer.seconds.get("time/environment_s", 0.0)
     return rollout, regenerated
 
 

@@ -1,9 +1,10 @@
 """The GRPO loop behind ``rlcore run``: one step, and the steps of a run.
 
 Per step: take the step's batch of samples (their message logs through
-``policy.tokenizer.chat_template``); refit the generation backend if its weights are stale; generate a
-group of completions per prompt, cut to ``policy.max_total_sequence_length``; score them with the
-environment; compute group-relative advantages; compute ``prev_logprobs`` (and reference logprobs when
+``policy.tokenizer.chat_template``); refit the generation backend if its weights are stale; roll out a
+group of trajectories per prompt (:mod:`rlcore.run.rollouts`: generate, cut to
+``policy.max_total_sequence_length``, score with the environment; over ``grpo.max_rollout_turns`` turns
+the environment answers and generation goes on); compute group-relative advantages; compute ``prev_logprobs`` (and reference logprobs when
 the loss has a KL term) with the policy, unless resolution decided the loss uses the current logprobs
 (:func:`rlcore.config.resolve.skips_prev_logprob_pass`); train with ``ClippedPGLossFn``; mark the
 generation weights stale; validate when ``grpo.val_period`` says so. The pieces it runs on are started
@@ -15,7 +16,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Callable
 
 from rlcore.run.async_grpo import async_grpo_train
-from rlcore.run.step import Timer, peak_memory_metrics, refit, step_samples, train_on_rollout
+from rlcore.run.rollouts import run_rollout
+from rlcore.run.step import Timer, peak_memory_metrics, refit, train_on_rollout
 from rlcore.run.validation import synchronous_generate, validate, validation_due
 
 if TYPE_CHECKING:
@@ -26,19 +28,20 @@ def grpo_step(run: "Run", step: int, loss_fn: Any) -> dict[str, float]:
     """One synchronous GRPO step on the batch of ``step``: refit (if stale), generate, score, train."""
     cfg, policy, generation, synchronizer = run.cfg, run.policy, run.generation, run.synchronizer
     timer = Timer()
-    samples, batch = step_samples(step, cfg, run.data.train, run.tokenizer)
     refit_bytes = 0.0
     if synchronizer is not None and synchronizer.stale:
         with timer.phase("refit"):
             refit_bytes = refit(policy, synchronizer)
     with timer.phase("generation"):
         generation.prepare_for_generation()
-        rollout = generation.generate(batch, greedy=False)
+    rollout = run_rollout(cfg, lambda batch: generation.generate(batch, greedy=False), run.environment,
+                          run.tokenizer, run.data.train.batch(step), cfg.grpo.num_generations_per_prompt, timer)
+    with timer.phase("generation"):
         generation.finish_generation()
-    metrics = train_on_rollout(cfg, policy, run.environment, run.tokenizer, loss_fn, samples, batch, rollout, timer)
+    metrics = train_on_rollout(cfg, policy, loss_fn, rollout, timer)
     if synchronizer is not None:
         synchronizer.stale = True
-    generated = metrics["mean_generation_length"] * len(batch["input_lengths"])
+    generated = float(rollout.data["generation_lengths"].sum())
     return {
         **metrics,
         "epoch": float(run.data.train.epoch_of(step)),

@@ -1,6 +1,6 @@
 """The pieces of one GRPO step, shared by the synchronous loop (:mod:`rlcore.run.grpo`) and the
-asynchronous one (:mod:`rlcore.run.async_grpo`): prompts, refit, scoring, advantages, the loss's inputs
-and the training call."""
+asynchronous one (:mod:`rlcore.run.async_grpo`): prompts, refit, advantages, the loss's inputs and the
+training call (the rollout itself: :mod:`rlcore.run.rollouts`)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 if TYPE_CHECKING:
     from rlcore.datasets import Sample
+    from rlcore.run.rollouts import Rollout
 
 
 @dataclass
@@ -59,30 +60,19 @@ def encode_prompts(tokenizer: Any, prompts: list[str], repeat: int) -> Any:
     return BatchedDataDict(input_ids=input_ids, input_lengths=lengths).repeat_interleave(repeat)
 
 
-def completions_of(tokenizer: Any, rollout: Any, prompt_lengths: Any) -> list[str]:
-    """Each row's generated text."""
-    out = []
-    for row, start, length in zip(rollout["output_ids"], prompt_lengths.tolist(),
-                                  rollout["generation_lengths"].tolist()):
-        out.append(tokenizer.decode(row[start:start + length].tolist(), skip_special_tokens=True))
-    return out
-
-
-def training_batch(rollout: Any, prompt_lengths: Any, advantages: Any) -> Any:
-    """The policy's training data: generated tokens are the trained ones, each carrying its group advantage."""
+def training_batch(rollout: Any, advantages: Any) -> Any:
+    """The policy's training data: the generated tokens (``token_mask``) are the trained ones, each carrying its
+    sample's advantage."""
     import torch
 
     from rlcore.data import BatchedDataDict
 
-    ids = rollout["output_ids"]
-    ends = rollout["unpadded_sequence_lengths"]
-    positions = torch.arange(ids.shape[1])
-    token_mask = ((positions[None, :] >= prompt_lengths[:, None]) & (positions[None, :] < ends[:, None])).float()
+    token_mask = rollout["token_mask"]
     return BatchedDataDict(
-        input_ids=ids,
-        input_lengths=ends,
+        input_ids=rollout["output_ids"],
+        input_lengths=rollout["unpadded_sequence_lengths"],
         token_mask=token_mask,
-        sample_mask=torch.ones(ids.shape[0]),
+        sample_mask=torch.ones(token_mask.shape[0]),
         advantages=advantages[:, None] * token_mask,
         generation_logprobs=rollout["logprobs"].float(),
     )
@@ -132,12 +122,6 @@ def peak_memory_metrics(policy: Any, generation: Any) -> dict[str, float]:
     return metrics
 
 
-def step_samples(k: int, cfg: Any, source: Any, tokenizer: Any) -> tuple[list["Sample"], Any]:
-    """Batch ``k`` of the training samples and its encoded prompts (each once per group member)."""
-    samples = source.batch(k)
-    return samples, encode_samples(cfg, tokenizer, samples, cfg.grpo.num_generations_per_prompt)
-
-
 def encode_samples(cfg: Any, tokenizer: Any, samples: list["Sample"], repeat: int) -> Any:
     """The samples' message logs through the chat template, encoded, each ``repeat`` times."""
     from rlcore.run.prompts import check_prompt_room, render_prompts
@@ -148,22 +132,6 @@ def encode_samples(cfg: Any, tokenizer: Any, samples: list["Sample"], repeat: in
     return batch
 
 
-def score(environment: Any, samples: list["Sample"], completions: list[str], repeat: int) -> tuple[Any, dict]:
-    """The environment's rewards of the completions (``repeat`` per sample, in order) and its metrics."""
-    import sys
-
-    import torch
-
-    logs = [[*s.messages, {"role": "assistant", "content": c}]
-            for s, c in zip((s for s in samples for _ in range(repeat)), completions)]
-    metadata = [dict(s.metadata) for s in samples for _ in range(repeat)]
-    result = environment.step(logs, metadata)
-    errors = [e for e in result.errors if e]
-    for error in errors[:3]:  # in the run's log; all of them are counted
-        print(f"environment error (reward 0): {error}", file=sys.stderr)
-    return torch.tensor(result.rewards, dtype=torch.float32), {"env/errors": float(len(errors))}
-
-
 def refit(policy: Any, synchronizer: Any) -> float:
     """Move the policy's weights into the engines; returns the bytes moved."""
     policy.offload_before_refit()
@@ -172,24 +140,18 @@ def refit(policy: Any, synchronizer: Any) -> float:
     return moved
 
 
-def train_on_rollout(cfg: Any, policy: Any, environment: Any, tokenizer: Any, loss_fn: Any,
-                     samples: list["Sample"], batch: Any, rollout: Any, timer: Timer) -> dict[str, float]:
-    """Score ``rollout``, compute group advantages and the loss's inputs, train; returns the step's metrics."""
+def train_on_rollout(cfg: Any, policy: Any, loss_fn: Any, rollout: "Rollout", timer: Timer) -> dict[str, float]:
+    """Compute group advantages and the loss's inputs from a scored rollout, train; returns the step's metrics."""
     import torch
 
     from rlcore.algorithms.advantages import group_advantages
     from rlcore.config.grpo import TOKEN_LEVEL_ESTIMATORS
-    from rlcore.run.prompts import clip_rollout, pad_id
 
     group = cfg.grpo.num_generations_per_prompt
-    prompt_lengths = batch["input_lengths"]
-    rollout = clip_rollout(rollout, prompt_lengths, cfg.policy.max_total_sequence_length, pad_id(tokenizer))
-    completions = completions_of(tokenizer, rollout, prompt_lengths)
-    with timer.phase("environment"):
-        rewards, env_metrics = score(environment, samples, completions, group)
+    rewards = rollout.rewards
     estimator = cfg.grpo.advantage_estimator
     per_token = estimator in TOKEN_LEVEL_ESTIMATORS
-    data = training_batch(rollout, prompt_lengths,
+    data = training_batch(rollout.data,
                           torch.zeros_like(rewards) if per_token else group_advantages(rewards, group, estimator))
     # decided once, when the config was resolved: without the pass the loss uses the current logprobs
     prev_pass = not loss_fn.cfg.force_on_policy_ratio
@@ -218,8 +180,8 @@ def train_on_rollout(cfg: Any, policy: Any, environment: Any, tokenizer: Any, lo
         # that sampled the rollout, so it is the same engine-vs-policy check
         "token_mult_prob_error": float(loss_metrics.get("token_mult_prob_error", float("nan"))),
         "prev_logprobs_pass": float(prev_pass),
-        "mean_generation_length": float(rollout["generation_lengths"].sum()) / rewards.numel(),
-        **env_metrics,
+        "mean_generation_length": float(rollout.data["generation_lengths"].sum()) / rewards.numel(),
+        **rollout.metrics,
     }
     metrics.update({key: float(loss_metrics[key]) for key in ("clip_fraction", "sampling_importance_ratio",
                                                                "is_oob_ratio", "positive_nll_loss")

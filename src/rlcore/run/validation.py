@@ -13,7 +13,8 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
-from rlcore.run.step import completions_of, encode_samples, refit, score
+from rlcore.run.rollouts import run_rollout
+from rlcore.run.step import Timer, refit
 
 if TYPE_CHECKING:
     from rlcore.run.build import Run
@@ -42,26 +43,20 @@ def synchronous_generate(run: "Run") -> Callable[[Any], Any]:
 
 
 def validate(run: "Run", generate: Callable[[Any], Any]) -> dict[str, float]:
-    """Generate for every validation sample (``grpo.val_batch_size`` at a time), score, and summarise."""
+    """Roll out every validation sample greedily (``grpo.val_batch_size`` at a time, over
+    ``grpo.max_rollout_turns`` turns), score, and summarise."""
     import torch
 
-    from rlcore.run.prompts import clip_rollout, pad_id
-
-    cfg, tokenizer = run.cfg, run.tokenizer
+    cfg = run.cfg
     started = time.perf_counter()
     samples = run.data.validation or []
     size = cfg.grpo.val_batch_size
     rewards, lengths, errors = [], [], 0.0
     for begin in range(0, len(samples), size):
-        chunk = samples[begin:begin + size]
-        batch = encode_samples(cfg, tokenizer, chunk, 1)
-        rollout = clip_rollout(generate(batch), batch["input_lengths"], cfg.policy.max_total_sequence_length,
-                               pad_id(tokenizer))
-        chunk_rewards, env_metrics = score(run.environment, chunk,
-                                           completions_of(tokenizer, rollout, batch["input_lengths"]), 1)
-        rewards.append(chunk_rewards)
-        lengths.append(rollout["generation_lengths"].float())
-        errors += env_metrics["env/errors"]
+        rollout = run_rollout(cfg, generate, run.environment, run.tokenizer, samples[begin:begin + size], 1, Timer())
+        rewards.append(rollout.rewards)
+        lengths.append(rollout.data["generation_lengths"].float())
+        errors += rollout.metrics["env/errors"]
     all_rewards = torch.cat(rewards)
     return {
         "validation/accuracy": float(all_rewards.mean()),

@@ -1,0 +1,210 @@
+"""Rollouts: generate for a batch of samples, let the environment answer, and score, over one or more turns.
+
+A turn generates for every sample still going, appends each completion to its
+message log as an ``assistant`` message and steps the environment on the
+logs. The environment's reward adds to the sample's total (NeMo-RL's
+semantics: a multi-turn episode's reward is the sum of its turns'); a sample
+ends when the environment says it is done, after ``grpo.max_rollout_turns``
+turns, or when its sequence has no room left within
+``policy.max_total_sequence_length``. A sample that goes on gets the
+environment's observation appended, as NeMo-RL does: the observation's
+content, tokenized as is (no special tokens added; an environment that talks
+to a chat model writes its template's turn markers into the content), and
+next turn's stop strings from the environment.
+
+The trajectory is one token sequence per sample: the prompt, then each turn's
+completion and observation. ``token_mask`` marks the generated tokens, the
+only ones trained (observations are context, like the prompt), and
+``logprobs`` holds the engine's logprob of each generated token at its
+position, so the loss compares it with the policy's token by token across
+turns. The next turn is generated from these very token ids (never from
+re-rendered text), so what the policy scores is exactly what the engine saw.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:
+    from rlcore.datasets import Sample
+    from rlcore.run.step import Timer
+
+
+@dataclass
+class Rollout:
+    """The scored trajectories of one batch (``repeat`` per sample, in sample order), ready to train on.
+
+    ``data``: ``output_ids`` / ``logprobs`` / ``token_mask`` ``[B, T]`` (right-padded), ``input_lengths``
+    (the first prompt's length), ``unpadded_sequence_lengths``, ``generation_lengths`` (generated tokens, all
+    turns) and ``truncated`` (a completion or observation cut by a token budget) ``[B]``; with an
+    asynchronous engine also ``weight_version`` (the oldest weights any turn used) and ``generation_window``.
+    """
+
+    data: Any
+    rewards: Any
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+def run_rollout(cfg: Any, generate: Callable[[Any], Any], environment: Any, tokenizer: Any,
+                samples: list["Sample"], repeat: int, timer: "Timer", max_turns: int | None = None) -> Rollout:
+    """Roll out ``samples`` (each ``repeat`` times) for up to ``max_turns`` turns (default
+    ``grpo.max_rollout_turns``); ``generate(batch) -> output`` is the engine call (sampling or greedy)."""
+    import torch
+
+    from rlcore.run.prompts import clip_rollout, pad_id
+    from rlcore.run.step import encode_samples
+
+    max_turns = max_turns or cfg.grpo.max_rollout_turns
+    max_total = cfg.policy.max_total_sequence_length
+    pad = pad_id(tokenizer)
+    first = encode_samples(cfg, tokenizer, samples, repeat)
+    n = first.size
+    state = Trajectories(first, [dict(s.metadata) for s in samples for _ in range(repeat)],
+                         [[*s.messages] for s in samples for _ in range(repeat)])
+    errors: list[str] = []
+    for turn in range(max_turns):
+        active = state.active()
+        if not active:
+            break
+        batch = state.batch(active, pad)
+        with timer.phase("generation"):
+            out = generate(batch)
+        out = clip_rollout(out, batch["input_lengths"], max_total, pad)
+        completions = state.add_generated(active, batch["input_lengths"], out, tokenizer, max_total)
+        with timer.phase("environment"):
+            result = environment.step([state.logs[i] for i in active], [state.metadata[i] for i in active])
+        errors += [e for e in result.errors if e]
+        state.add_results(active, completions, result, tokenizer, max_total, last_turn=turn == max_turns - 1)
+    for error in errors[:3]:  # in the run's log; all of them are counted
+        print(f"environment error (reward 0): {error}", file=sys.stderr)
+    metrics = {"env/errors": float(len(errors))}
+    if max_turns > 1:
+        metrics.update(state.turn_metrics())
+    return Rollout(state.padded(pad), torch.tensor(state.rewards, dtype=torch.float32), metrics)
+
+
+class Trajectories:
+    """Per-sample token sequences, masks and logprobs growing turn by turn, with the message logs beside them."""
+
+    def __init__(self, first: Any, metadata: list[dict[str, Any]], logs: list[list[dict[str, str]]]) -> None:
+        import torch
+
+        lengths = first["input_lengths"].tolist()
+        self.prompt_lengths = first["input_lengths"].clone()
+        self.tokens = [first["input_ids"][i, :length] for i, length in enumerate(lengths)]
+        self.mask = [torch.zeros(length) for length in lengths]
+        self.logprobs = [torch.zeros(length) for length in lengths]
+        self.metadata, self.logs = metadata, logs
+        n = len(lengths)
+        self.rewards = [0.0] * n
+        self.done = [False] * n
+        self.stop_strings: list[Any] = [None] * n
+        self.turns, self.env_tokens = [0] * n, [0] * n
+        self.truncated, self.terminated = [False] * n, [False] * n
+        self.versions: list[int | None] = [None] * n
+        self.windows: list[list[float] | None] = [None] * n
+
+    def active(self) -> list[int]:
+        return [i for i, done in enumerate(self.done) if not done]
+
+    def batch(self, active: list[int], pad: int) -> Any:
+        """The active samples' sequences so far, right-padded, with their stop strings."""
+        import torch
+
+        from rlcore.data import BatchedDataDict
+
+        seqs = [self.tokens[i] for i in active]
+        width = max(len(s) for s in seqs)
+        ids = torch.full((len(seqs), width), pad, dtype=torch.long)
+        for row, seq in enumerate(seqs):
+            ids[row, :len(seq)] = seq
+        batch = BatchedDataDict(input_ids=ids, input_lengths=torch.tensor([len(s) for s in seqs], dtype=torch.long))
+        if any(self.stop_strings[i] is not None for i in active):
+            batch["stop_strings"] = [self.stop_strings[i] for i in active]
+        return batch
+
+    def add_generated(self, active: list[int], lengths: Any, out: Any, tokenizer: Any, max_total: int) -> list[str]:
+        """Append each active sample's completion (tokens, mask, logprobs); returns the completions' text."""
+        import torch
+
+        truncated = out.get("truncated") if hasattr(out, "get") else None
+        texts = []
+        for row, i in enumerate(active):
+            start, count = int(lengths[row]), int(out["generation_lengths"][row])
+            new = out["output_ids"][row, start:start + count]
+            self.tokens[i] = torch.cat([self.tokens[i], new])
+            self.mask[i] = torch.cat([self.mask[i], torch.ones(count)])
+            self.logprobs[i] = torch.cat([self.logprobs[i], out["logprobs"][row, start:start + count].float()])
+            if (truncated is not None and bool(truncated[row])) or len(self.tokens[i]) >= max_total:
+                self.truncated[i] = True
+            if "weight_version" in out:
+                version = int(out["weight_version"][row])
+                self.versions[i] = version if self.versions[i] is None else min(self.versions[i], version)
+                begin, end = (float(x) for x in out["generation_window"][row])
+                old = self.windows[i]
+                self.windows[i] = [begin, end] if old is None else [min(old[0], begin), max(old[1], end)]
+            text = tokenizer.decode(new.tolist(), skip_special_tokens=True)
+            self.logs[i].append({"role": "assistant", "content": text})
+            texts.append(text)
+        return texts
+
+    def add_results(self, active: list[int], completions: list[str], result: Any, tokenizer: Any, max_total: int,
+                    last_turn: bool) -> None:
+        """Add the turn's rewards; end the samples that are done; append the others' observations."""
+        import torch
+
+        for row, i in enumerate(active):
+            self.rewards[i] += result.rewards[row]
+            self.turns[i] += 1
+            if result.terminateds[row]:
+                self.done[i] = self.terminated[i] = True
+                continue
+            if last_turn or len(self.tokens[i]) >= max_total:  # out of turns, or of room
+                self.done[i] = True
+                continue
+            observation = result.observations[row]
+            obs = torch.tensor(tokenizer.encode(observation.get("content", ""), add_special_tokens=False),
+                               dtype=torch.long)
+            if len(self.tokens[i]) + len(obs) >= max_total:  # no room to answer the observation
+                self.done[i] = self.truncated[i] = True
+                continue
+            self.tokens[i] = torch.cat([self.tokens[i], obs])
+            self.mask[i] = torch.cat([self.mask[i], torch.zeros(len(obs))])
+            self.logprobs[i] = torch.cat([self.logprobs[i], torch.zeros(len(obs))])
+            self.env_tokens[i] += len(obs)
+            self.logs[i].append(dict(observation))
+            if result.metadata[row] is not None:
+                self.metadata[i] = result.metadata[row]
+            self.stop_strings[i] = result.next_stop_strings[row]
+
+    def padded(self, pad: int) -> Any:
+        """The trajectories as one right-padded batch (see :class:`Rollout`)."""
+        import torch
+
+        from rlcore.data import BatchedDataDict
+
+        n, width = len(self.tokens), max(len(t) for t in self.tokens)
+        ids = torch.full((n, width), pad, dtype=torch.long)
+        mask, logprobs = torch.zeros(n, width), torch.zeros(n, width)
+        for i, seq in enumerate(self.tokens):
+            ids[i, :len(seq)], mask[i, :len(seq)], logprobs[i, :len(seq)] = seq, self.mask[i], self.logprobs[i]
+        data = BatchedDataDict(
+            output_ids=ids, logprobs=logprobs, token_mask=mask, input_lengths=self.prompt_lengths,
+            unpadded_sequence_lengths=torch.tensor([len(t) for t in self.tokens], dtype=torch.long),
+            generation_lengths=mask.sum(dim=1).long(), truncated=torch.tensor(self.truncated))
+        if self.versions[0] is not None:
+            data["weight_version"] = torch.tensor(self.versions, dtype=torch.long)
+            data["generation_window"] = torch.tensor(self.windows, dtype=torch.float64)
+        return data
+
+    def turn_metrics(self) -> dict[str, float]:
+        """How the episodes went: turns, how they ended, the environment's share of the tokens."""
+        n = len(self.turns)
+        return {
+            "rollout/turns_mean": sum(self.turns) / n,
+            "rollout/natural_termination_rate": sum(self.terminated) / n,
+            "rollout/truncation_rate": sum(self.truncated) / n,
+            "rollout/env_tokens_mean": sum(self.env_tokens) / n,
+        }
