@@ -12,7 +12,8 @@ through :func:`rlcore.run.rollouts.run_rollout`, the code a GRPO step runs:
 The random model rarely samples EOS (1 of ~260 tokens), so both sides generate
 nearly the same number of tokens (each side's mean is printed); tokens/s is
 generated tokens over the wall time of the rollout as the driver sees it
-(generation, the environment step and the turn bookkeeping). One engine
+(generation, the environment step and the turn bookkeeping; the table splits
+it into the engine calls and everything else). One engine
 serves both sides; only ``max_new_tokens`` changes between them. After a warm-up
 each, the sides alternate ``--repeats`` times; medians are reported.
 
@@ -104,12 +105,18 @@ def main(argv: list[str] | None = None) -> None:
         def rate(side: str) -> tuple[float, float]:
             turns, new_tokens = sides[side]
             engine.cfg = engine.cfg.model_copy(update={"max_new_tokens": new_tokens})  # read at every request
+            timer = Timer()
             t0 = time.perf_counter()
             rollout = run_rollout(run_cfg(turns), lambda b: engine.generate(b, greedy=False),
-                                  ChattyEnvironment(observation), tokenizer, samples, 1, Timer())
+                                  ChattyEnvironment(observation), tokenizer, samples, 1, timer)
             seconds = time.perf_counter() - t0
             generated = float(rollout.data["generation_lengths"].sum())
+            engine_s[side].append(timer.seconds["time/generation_s"])
+            other_s[side].append(seconds - timer.seconds["time/generation_s"])
             return generated / seconds, generated / len(samples)
+
+        engine_s: dict[str, list[float]] = {side: [] for side in sides}
+        other_s: dict[str, list[float]] = {side: [] for side in sides}
 
         for side in sides:
             rate(side)
@@ -127,10 +134,12 @@ def main(argv: list[str] | None = None) -> None:
         shutdown_ray()
 
     med = {side: statistics.median(r) for side, r in rates.items()}
-    print(f"{'rollout':<10}{'median tok/s':>14}{'min':>10}{'max':>10}{'tokens/sample':>15}")
+    print(f"{'rollout':<10}{'median tok/s':>14}{'min':>10}{'max':>10}{'tokens/sample':>15}{'engine s':>10}"
+          f"{'other s':>9}")
     for side in rates:
         print(f"{side:<10}{med[side]:>14.1f}{min(rates[side]):>10.1f}{max(rates[side]):>10.1f}"
-              f"{statistics.mean(lengths[side]):>15.1f}")
+              f"{statistics.mean(lengths[side]):>15.1f}{statistics.median(engine_s[side][1:]):>10.2f}"
+              f"{statistics.median(other_s[side][1:]):>9.3f}")
     ratio = med["multi"] / med["single"]
     print(f"{args.turns}-turn / 1-turn tokens/s: {ratio:.2f}x")
     print(json.dumps({"single_turn_tok_s": round(med["single"], 1), "multi_turn_tok_s": round(med["multi"], 1),

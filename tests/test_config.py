@@ -165,6 +165,73 @@ def test_cross_field_rule(raw, paths, words):
         assert text in line, (text, line)
 
 
+ASYNC = {"loss": {"use_importance_sampling_correction": True}}  # async GRPO's own rule satisfied
+
+
+@pytest.mark.parametrize("raw, paths, words", [
+    ({**ASYNC, "grpo": {"async_grpo": {"enabled": True}, "reward_scaling": {"enabled": True}}},
+     ["grpo.reward_scaling.enabled", "grpo.async_grpo.enabled"], ["not supported with async GRPO"]),
+    ({**ASYNC, "grpo": {"async_grpo": {"enabled": True},
+                        "reward_shaping": {"enabled": True, "stop_properly_penalty_coef": 0.5}}},
+     ["grpo.reward_shaping.enabled", "grpo.async_grpo.enabled"], ["not supported with async GRPO"]),
+    ({"grpo": {"batch_multiplier": 2}}, ["grpo.batch_multiplier"], ["is 2.0", "set it to 1"]),
+    ({"grpo": {"use_dynamic_sampling": True}}, ["grpo.use_dynamic_sampling"], ["not implement", "set it to false"]),
+    ({"grpo": {"advantage_clip_low": 1.0, "advantage_clip_high": -1.0}},
+     ["grpo.advantage_clip_low", "grpo.advantage_clip_high"], ["1.0 > -1.0"]),
+    ({"grpo": {"advantage_clip_low": 0.5}}, ["grpo.advantage_clip_low"], ["0.5 > 0", "<= 0"]),
+    ({"grpo": {"advantage_clip_high": -0.5, "advantage_clip_low": -2.0}}, ["grpo.advantage_clip_high"],
+     ["-0.5 < 0", ">= 0"]),
+    ({"grpo": {"reward_scaling": {"enabled": True, "source_min": 1.0, "source_max": 1.0}}},
+     ["grpo.reward_scaling.source_max", "grpo.reward_scaling.source_min"], ["source_max > source_min"]),
+    ({"grpo": {"reward_shaping": {"enabled": True, "max_response_length": 512}}},
+     ["grpo.reward_shaping.overlong_buffer_length", "grpo.reward_shaping.overlong_buffer_penalty"],
+     ["are null", "stop_properly_penalty_coef"]),
+    ({"grpo": {"reward_shaping": {"enabled": True, "overlong_buffer_length": 256, "overlong_buffer_penalty": 1.0,
+                                  "max_response_length": 128}}},
+     ["grpo.reward_shaping.overlong_buffer_length", "grpo.reward_shaping.max_response_length"], ["is 256", "128"]),
+], ids=["scaling_async", "shaping_async", "multiplier_without_ds", "ds_not_yet", "clip_crossed",
+        "clip_low_positive", "clip_high_negative", "scaling_empty_range", "shaping_missing", "shaping_buffer_too_long"])
+def test_grpo_reward_option_rules(raw, paths, words):
+    (line,) = problems(raw)
+    for text in paths + words:
+        assert text in line, (text, line)
+
+
+def test_grpo_reward_options_that_are_fine():
+    g = load_config_dict({"grpo": {
+        "dynamic_sampling_max_gen_batches": 3, "advantage_clip_low": -5.0, "advantage_clip_high": 5, "overlong_filtering": True,
+        "reward_scaling": {"enabled": True, "source_min": 0, "source_max": 1, "target_min": -1, "target_max": 1},
+        "reward_shaping": {"enabled": True, "overlong_buffer_length": 128, "overlong_buffer_penalty": 1,
+                           "max_response_length": 128}}}).grpo
+    assert (g.advantage_clip_high, g.reward_scaling.target_min) == (5.0, -1.0)
+    # the truncation penalty needs none of the DAPO keys, and ignores them when they are there
+    load_config_dict({"grpo": {"reward_shaping": {"enabled": True, "stop_properly_penalty_coef": 0.0}}})
+    load_config_dict({"grpo": {"reward_shaping": {"enabled": True, "stop_properly_penalty_coef": 1.0,
+                                                  "overlong_buffer_length": 999, "max_response_length": 1}}})
+    # switched off, a section's values are not checked against each other
+    load_config_dict({"grpo": {"reward_scaling": {"source_min": 1, "source_max": 0},
+                               "reward_shaping": {"max_response_length": 8}}})
+    g = load_config_dict({"grpo": {}}).grpo
+    assert (g.use_dynamic_sampling, g.dynamic_sampling_max_gen_batches, g.batch_multiplier, g.overlong_filtering,
+            g.advantage_clip_low, g.advantage_clip_high, g.reward_shaping.enabled, g.reward_scaling.enabled) == (
+        False, 10, 1.0, False, None, None, False, False)  # NeMo-RL's defaults
+
+
+@pytest.mark.parametrize("grpo, line", [
+    ({"batch_multiplier": 0.5}, "grpo.batch_multiplier: expected a value >= 1, got 0.5"),
+    ({"dynamic_sampling_max_gen_batches": 0}, "grpo.dynamic_sampling_max_gen_batches: expected a value > 0"),
+    ({"reward_shaping": {"stop_properly_penalty_coef": 1.5}},
+     "grpo.reward_shaping.stop_properly_penalty_coef: expected a value <= 1, got 1.5"),
+    ({"reward_shaping": {"overlong_buffer_penalty": -1.0}},
+     "grpo.reward_shaping.overlong_buffer_penalty: expected a value >= 0"),
+    ({"reward_shaping": {"overlong_buffer_length": 0}},
+     "grpo.reward_shaping.overlong_buffer_length: expected a value > 0"),
+])
+def test_grpo_reward_option_values(grpo, line):
+    (problem,) = problems({"grpo": grpo})
+    assert problem.startswith(line), problem
+
+
 def test_context_parallel_allowed_with_gpu():
     resolved = resolve(load_config_dict({"cluster": {"use_gpu": True},
                                          "policy": {"dtensor_cfg": {"context_parallel_size": 2}}}))

@@ -267,12 +267,54 @@ def test_async_grpo_carries_over_with_its_rules():
 def test_switched_off_features_and_neutral_values_are_ignored_once():
     loaded = nemo_config(MEGATRON, ["++policy.some_new_feature=null"])
     lines = loaded.ignored_lines()
-    for path in ("policy.megatron_cfg.fp8_cfg", "grpo.reward_shaping", "policy.megatron_cfg.peft", "policy.dtensor_cfg",
+    for path in ("policy.megatron_cfg.fp8_cfg", "policy.megatron_cfg.peft", "policy.dtensor_cfg",
                  "policy.megatron_cfg.expert_model_parallel_size", "policy.some_new_feature",
                  "data.max_input_seq_length", "data.default.processor"):
         assert sum(line.startswith(f"ignored: {path} (") for line in lines) == 1, (path, lines)
     # A section that is switched off is one line, not one per key.
     assert not any(line.startswith("ignored: policy.megatron_cfg.fp8_cfg.") for line in lines)
+
+
+@pytest.mark.parametrize("path", [BASE, FIXTURES / "main" / "grpo_math_1B.yaml"], ids=_id)
+def test_nemo_rls_reward_and_advantage_options_convert(path):
+    """DAPO's and ProRL's GRPO options, turned on in NeMo-RL's own example config, arrive as the same values."""
+    conversion = nemo_config(path, [
+        "grpo.max_rollout_turns=3", "grpo.overlong_filtering=true", "grpo.advantage_clip_low=-5",
+        "grpo.advantage_clip_high=5.5", "grpo.dynamic_sampling_max_gen_batches=4",
+        "grpo.reward_shaping.enabled=true",
+        "grpo.reward_shaping.overlong_buffer_length=64", "grpo.reward_shaping.overlong_buffer_penalty=0.5",
+        "policy.max_total_sequence_length=1024",
+        "grpo.reward_scaling.enabled=true", "grpo.reward_scaling.target_min=-1.0", "grpo.reward_scaling.source_max=2"])
+    g = conversion.config.grpo
+    assert (g.max_rollout_turns, g.overlong_filtering, g.advantage_clip_low, g.advantage_clip_high) == (
+        3, True, -5, 5.5)
+    assert (g.use_dynamic_sampling, g.dynamic_sampling_max_gen_batches, g.batch_multiplier) == (False, 4, 1.0)
+    sh, sc = g.reward_shaping, g.reward_scaling
+    # max_response_length: ${policy.max_total_sequence_length} in the file, resolved after the override
+    assert (sh.enabled, sh.overlong_buffer_length, sh.overlong_buffer_penalty, sh.max_response_length,
+            sh.stop_properly_penalty_coef) == (True, 64, 0.5, 1024, None)
+    assert (sc.enabled, sc.source_min, sc.source_max, sc.target_min, sc.target_max) == (True, 0.0, 2.0, -1.0, 1.0)
+    ignored = "\n".join(conversion.ignored_lines())
+    assert not any(k in ignored for k in ("max_rollout_turns", "overlong_filtering", "advantage_clip",
+                                          "dynamic_sampling", "batch_multiplier", "reward_shaping", "reward_scaling"))
+    # ProRL's truncation penalty, the DAPO keys of the file still there
+    cfg = nemo_config(path, ["grpo.reward_shaping.enabled=true",
+                             "grpo.reward_shaping.stop_properly_penalty_coef=0.0"]).config
+    assert (cfg.grpo.reward_shaping.stop_properly_penalty_coef, cfg.grpo.reward_shaping.overlong_buffer_length) == (
+        0.0, 128)
+
+
+def test_nemo_rls_refusals_of_the_reward_options_carry_over():
+    (problem,) = nemo_problems(BASE, "grpo.batch_multiplier=2")  # NeMo-RL asserts it is 1 without dynamic sampling
+    assert problem.startswith("grpo.batch_multiplier: is 2.0, but it only sizes the generation batches"), problem
+    (problem,) = nemo_problems(BASE, "grpo.use_dynamic_sampling=true")  # not implemented yet: refused, not ignored
+    assert problem.startswith("grpo.use_dynamic_sampling: rlcore does not implement dynamic sampling yet"), problem
+    problems = nemo_problems(BASE, "grpo.async_grpo.enabled=true", "grpo.reward_scaling.enabled=true",
+                             "loss_fn.use_importance_sampling_correction=true",
+                             "policy.generation.colocated.enabled=false", "cluster.gpus_per_node=2",
+                             "policy.generation.colocated.resources.gpus_per_node=1",
+                             "policy.generation.colocated.resources.num_nodes=1")
+    assert len(problems) == 1 and "not supported with async GRPO" in problems[0], problems
 
 
 def test_the_backend_context_parallel_and_clipping_follow_nemo_rl():
@@ -454,7 +496,8 @@ def test_rlcore_run_from_nemo_rl_trains_the_tiny_model_end_to_end(tmp_path):
                           "-o", "cluster.use_gpu=false", "-o", "logger.progress_bar=false"],
                          capture_output=True, text=True, timeout=540)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert "ignored: data.max_input_seq_length (" in out.stderr and "ignored: grpo.reward_shaping (" in out.stderr
+    assert "ignored: data.max_input_seq_length (" in out.stderr
+    assert "ignored: grpo.async_grpo.in_flight_weight_updates (" in out.stderr
     summary = json.loads(out.stdout.strip().splitlines()[-1])
     assert summary["steps"] == 2
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]

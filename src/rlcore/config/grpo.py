@@ -25,6 +25,59 @@ class AsyncGRPOConfig(StrictModel):
         "generation runs at most this many rollouts ahead. A rollout that would be older is regenerated.")
 
 
+class RewardScalingConfig(StrictModel):
+    """A linear map of every reward from one range onto another, before anything else reads the rewards.
+
+    NeMo-RL's ``grpo.reward_scaling``: a reward is first clamped into
+    ``[source_min, source_max]``, then mapped linearly so that ``source_min``
+    becomes ``target_min`` and ``source_max`` becomes ``target_max`` (DAPO maps
+    a 0/1 accuracy onto -1/1).
+    """
+
+    enabled: bool = Field(False, description="Scale every reward: clamp it into [source_min, source_max], then map "
+                          "that range linearly onto [target_min, target_max]. Applied first, before "
+                          "grpo.reward_shaping.")
+    source_min: float = Field(0.0, description="Lower end of the range rewards are expected in; a smaller reward "
+                              "is raised to it before the map (it becomes target_min).")
+    source_max: float = Field(1.0, description="Upper end of the range rewards are expected in (> source_min); a "
+                              "larger reward is lowered to it before the map (it becomes target_max).")
+    target_min: float = Field(0.0, description="What a reward equal to source_min becomes.")
+    target_max: float = Field(1.0, description="What a reward equal to source_max becomes.")
+
+
+class RewardShapingConfig(StrictModel):
+    """Length-dependent reward penalties (NeMo-RL's ``grpo.reward_shaping``), after grpo.reward_scaling.
+
+    Two mutually exclusive forms. With ``stop_properly_penalty_coef`` set
+    (ProRL's), the reward of every truncated completion is multiplied by it,
+    and the three overlong keys are not used. Otherwise DAPO's overlong
+    penalty: a completion longer than ``max_response_length -
+    overlong_buffer_length`` tokens loses ``overlong_buffer_penalty`` times
+    the fraction of the buffer it ran into.
+    """
+
+    enabled: bool = Field(False, description="Shape the (scaled) rewards: the truncation penalty when "
+                          "stop_properly_penalty_coef is set, else DAPO's overlong penalty (which needs "
+                          "overlong_buffer_length, overlong_buffer_penalty and max_response_length).")
+    overlong_buffer_length: PositiveInt | None = Field(
+        None, description="DAPO: length of the penalty buffer, in tokens, at the end of max_response_length. A "
+        "completion of L tokens gets min(0, -(L - (max_response_length - overlong_buffer_length)) / "
+        "overlong_buffer_length * overlong_buffer_penalty) added to its reward. Ignored when "
+        "stop_properly_penalty_coef is set.")
+    overlong_buffer_penalty: float | None = Field(
+        None, ge=0.0, description="DAPO: the penalty at the end of the buffer (a completion of exactly "
+        "max_response_length tokens loses this much); it keeps growing linearly past max_response_length, as in "
+        "NeMo-RL. Ignored when stop_properly_penalty_coef is set.")
+    max_response_length: PositiveInt | None = Field(
+        None, description="DAPO: the completion length, in tokens, at which the penalty reaches "
+        "overlong_buffer_penalty (NeMo-RL's examples: ${policy.max_total_sequence_length}). The length is that "
+        "of the completion's first assistant turn. Ignored when stop_properly_penalty_coef is set.")
+    stop_properly_penalty_coef: float | None = Field(
+        None, ge=0.0, le=1.0, description="When set: the reward of each truncated completion (cut by a token "
+        "budget before it stopped) is multiplied by this (0 = zero reward, 1 = no penalty), and the DAPO "
+        "overlong penalty is not applied. None: the DAPO overlong penalty.")
+
+
 #: The advantage estimators whose advantages are per token and need the rollout's logprobs first (Reinforce++).
 TOKEN_LEVEL_ESTIMATORS = ("reinforce_plus_plus", "reinforce_plus_plus_baseline")
 
@@ -62,6 +115,30 @@ class GRPOConfig(StrictModel):
     val_batch_size: PositiveInt = Field(32, description="Prompts generated per validation batch.")
     async_grpo: AsyncGRPOConfig = Field(default_factory=AsyncGRPOConfig,
                                         description="Asynchronous GRPO: generation runs ahead of training.")
+    reward_scaling: RewardScalingConfig = Field(
+        default_factory=RewardScalingConfig, description="Linear rescaling of the rewards (first of the reward "
+        "transforms).")
+    reward_shaping: RewardShapingConfig = Field(
+        default_factory=RewardShapingConfig, description="Length penalties on the rewards (after reward_scaling): "
+        "DAPO's overlong penalty or the truncation penalty.")
+    use_dynamic_sampling: bool = Field(
+        False, description="DAPO's dynamic sampling (NeMo-RL's key). Not implemented yet: true is refused.")
+    dynamic_sampling_max_gen_batches: PositiveInt = Field(
+        10, description="NeMo-RL's limit on dynamic sampling's generation batches per step; unused until dynamic "
+        "sampling is implemented (use_dynamic_sampling: true is refused).")
+    batch_multiplier: float = Field(
+        1.0, ge=1.0, description="NeMo-RL's size factor of dynamic sampling's generation batches; must be 1 "
+        "(dynamic sampling is not implemented yet).")
+    advantage_clip_low: float | None = Field(
+        None, description="Lower bound the advantages are clamped to after they are computed (and normalized); "
+        "None = no bound. <= 0.")
+    advantage_clip_high: float | None = Field(
+        None, description="Upper bound the advantages are clamped to after they are computed (and normalized); "
+        "None = no bound. >= 0.")
+    overlong_filtering: bool = Field(
+        False, description="Leave truncated completions (cut by a token budget before they stopped) out of the "
+        "loss: their sample weight is 0. They still count in their group's baseline and std; Reinforce++ also "
+        "leaves them out of its batch whitening.")
 
 
 class LoggerConfig(StrictModel):

@@ -146,6 +146,88 @@ def kl_in_reward_needs_reinforce_plus_plus(cfg: "RLCoreConfig") -> Iterator[str]
 
 
 @rule
+def reward_transforms_not_with_async_grpo(cfg: "RLCoreConfig") -> Iterator[str]:
+    """NeMo-RL's async GRPO refuses dynamic sampling, reward scaling and reward shaping (examples/run_grpo.py)."""
+    g = cfg.grpo
+    if g is None or not g.async_grpo.enabled:
+        return
+    for path, on in (("grpo.use_dynamic_sampling", g.use_dynamic_sampling),
+                     ("grpo.reward_scaling.enabled", g.reward_scaling.enabled),
+                     ("grpo.reward_shaping.enabled", g.reward_shaping.enabled)):
+        if on:
+            yield (f"{path}: is true, but it is not supported with async GRPO (grpo.async_grpo.enabled), as in "
+                   f"NeMo-RL; set {path}=false or grpo.async_grpo.enabled=false")
+
+
+@rule
+def dynamic_sampling_settings(cfg: "RLCoreConfig") -> Iterator[str]:
+    """Dynamic sampling is not implemented yet: refused by name rather than ignored. batch_multiplier only sizes
+    its generation batches (NeMo-RL asserts it is 1 without it)."""
+    g = cfg.grpo
+    if g is None:
+        return
+    if g.use_dynamic_sampling:
+        yield ("grpo.use_dynamic_sampling: rlcore does not implement dynamic sampling yet (it draws extra batches, "
+               "which the data position of a checkpoint cannot record yet); set it to false")
+    elif g.batch_multiplier != 1:
+        yield (f"grpo.batch_multiplier: is {g.batch_multiplier}, but it only sizes the generation batches of "
+               "dynamic sampling, which rlcore does not implement yet; set it to 1")
+
+
+@rule
+def advantage_clip_bounds_around_zero(cfg: "RLCoreConfig") -> Iterator[str]:
+    """Advantages are centred on 0: a bound on the wrong side of 0 gives every advantage beyond it the same sign
+    (NeMo-RL does not check; its docs describe symmetric bounds such as -100/100)."""
+    g = cfg.grpo
+    if g is None:
+        return
+    low, high = g.advantage_clip_low, g.advantage_clip_high
+    if low is not None and high is not None and low > high:
+        yield (f"grpo.advantage_clip_low, grpo.advantage_clip_high: {low} > {high}; the low bound must not exceed "
+               "the high one")
+        return
+    if low is not None and low > 0:
+        yield (f"grpo.advantage_clip_low: is {low} > 0, so every advantage below it, all negative ones included, "
+               f"would become +{low} (bad completions pushed up); set it <= 0 (e.g. -5) or null")
+    if high is not None and high < 0:
+        yield (f"grpo.advantage_clip_high: is {high} < 0, so every advantage above it, all positive ones "
+               f"included, would become {high} (good completions pushed down); set it >= 0 (e.g. 5) or null")
+
+
+@rule
+def reward_scaling_range(cfg: "RLCoreConfig") -> Iterator[str]:
+    g = cfg.grpo
+    if g is None or not g.reward_scaling.enabled:
+        return
+    sc = g.reward_scaling
+    if sc.source_max <= sc.source_min:
+        yield (f"grpo.reward_scaling.source_max: is {sc.source_max}, not above grpo.reward_scaling.source_min "
+               f"{sc.source_min}; the source range must not be empty: set source_max > source_min")
+
+
+@rule
+def reward_shaping_has_its_settings(cfg: "RLCoreConfig") -> Iterator[str]:
+    """DAPO's overlong penalty needs its three settings (NeMo-RL raises at the first step without them); the
+    truncation penalty (stop_properly_penalty_coef) needs none of them."""
+    g = cfg.grpo
+    if g is None or not g.reward_shaping.enabled or g.reward_shaping.stop_properly_penalty_coef is not None:
+        return
+    sh = g.reward_shaping
+    missing = [f"grpo.reward_shaping.{k}" for k in ("overlong_buffer_length", "overlong_buffer_penalty",
+                                                     "max_response_length") if getattr(sh, k) is None]
+    if missing:
+        yield (f"{', '.join(missing)}: {'is' if len(missing) == 1 else 'are'} null, but DAPO's overlong penalty "
+               "(grpo.reward_shaping.enabled without stop_properly_penalty_coef) needs it; set "
+               f"{'it' if len(missing) == 1 else 'them'} (e.g. overlong_buffer_length: 128, "
+               "overlong_buffer_penalty: 1, max_response_length: the longest completion), or set "
+               "stop_properly_penalty_coef to penalize truncation instead")
+    elif sh.overlong_buffer_length > sh.max_response_length:  # type: ignore[operator]
+        yield (f"grpo.reward_shaping.overlong_buffer_length: is {sh.overlong_buffer_length}, more than "
+               f"grpo.reward_shaping.max_response_length {sh.max_response_length}, so even an empty completion "
+               "would be penalized; make the buffer at most max_response_length")
+
+
+@rule
 def validation_and_epochs_need_their_data(cfg: "RLCoreConfig") -> Iterator[str]:
     """Validation settings need validation samples, and epochs need a dataset; otherwise they would do nothing."""
     g = cfg.grpo

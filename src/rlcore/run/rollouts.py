@@ -38,7 +38,8 @@ class Rollout:
 
     ``data``: ``output_ids`` / ``logprobs`` / ``token_mask`` ``[B, T]`` (right-padded), ``input_lengths``
     (the first prompt's length), ``unpadded_sequence_lengths``, ``generation_lengths`` (generated tokens, all
-    turns) and ``truncated`` (a completion or observation cut by a token budget) ``[B]``; with an
+    turns), ``first_turn_lengths`` (the first completion's) and ``truncated`` (a completion or observation cut by
+    a token budget) ``[B]``; with an
     asynchronous engine also ``weight_version`` (the oldest weights any turn used) and ``generation_window``.
     """
 
@@ -101,7 +102,7 @@ class Trajectories:
         self.rewards = [0.0] * n
         self.done = [False] * n
         self.stop_strings: list[Any] = [None] * n
-        self.turns, self.env_tokens = [0] * n, [0] * n
+        self.turns, self.env_tokens, self.first_turn = [0] * n, [0] * n, [0] * n
         self.truncated, self.terminated = [False] * n, [False] * n
         self.versions: list[int | None] = [None] * n
         self.windows: list[list[float] | None] = [None] * n
@@ -137,6 +138,8 @@ class Trajectories:
             self.tokens[i] = torch.cat([self.tokens[i], new])
             self.mask[i] = torch.cat([self.mask[i], torch.ones(count)])
             self.logprobs[i] = torch.cat([self.logprobs[i], out["logprobs"][row, start:start + count].float()])
+            if self.turns[i] == 0:
+                self.first_turn[i] = count
             if (truncated is not None and bool(truncated[row])) or len(self.tokens[i]) >= max_total:
                 self.truncated[i] = True
             if "weight_version" in out:
@@ -193,7 +196,8 @@ class Trajectories:
         data = BatchedDataDict(
             output_ids=ids, logprobs=logprobs, token_mask=mask, input_lengths=self.prompt_lengths,
             unpadded_sequence_lengths=torch.tensor([len(t) for t in self.tokens], dtype=torch.long),
-            generation_lengths=mask.sum(dim=1).long(), truncated=torch.tensor(self.truncated))
+            generation_lengths=mask.sum(dim=1).long(), truncated=torch.tensor(self.truncated),
+            first_turn_lengths=torch.tensor(self.first_turn, dtype=torch.long))
         if self.versions[0] is not None:
             data["weight_version"] = torch.tensor(self.versions, dtype=torch.long)
             data["generation_window"] = torch.tensor(self.windows, dtype=torch.float64)

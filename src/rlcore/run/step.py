@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 if TYPE_CHECKING:
     from rlcore.datasets import Sample
-    from rlcore.run.rollouts import Rollout
 
 
 @dataclass
@@ -140,25 +139,32 @@ def refit(policy: Any, synchronizer: Any) -> float:
     return moved
 
 
-def train_on_rollout(cfg: Any, policy: Any, loss_fn: Any, rollout: "Rollout", timer: Timer) -> dict[str, float]:
-    """Compute group advantages and the loss's inputs from a scored rollout, train; returns the step's metrics."""
+def train_on_rollout(cfg: Any, policy: Any, loss_fn: Any, rollout: Any, timer: Timer) -> dict[str, float]:
+    """Compute group advantages and the loss's inputs from a scored rollout (a
+    :class:`rlcore.run.rollouts.Rollout`), train; returns the step's metrics."""
     import torch
 
     from rlcore.algorithms.advantages import group_advantages
+    from rlcore.algorithms.reward_transforms import clip_advantages, overlong_sample_mask, transform_rewards
     from rlcore.config.grpo import TOKEN_LEVEL_ESTIMATORS
 
-    group = cfg.grpo.num_generations_per_prompt
-    rewards = rollout.rewards
-    estimator = cfg.grpo.advantage_estimator
-    per_token = estimator in TOKEN_LEVEL_ESTIMATORS
-    data = training_batch(rollout.data,
-                          torch.zeros_like(rewards) if per_token else group_advantages(rewards, group, estimator))
+    g = cfg.grpo
+    truncated = rollout.data["truncated"]
+    # NeMo-RL's order: scale, shape; advantages from those; truncated samples out of the loss; clip the advantages
+    rewards = transform_rewards(g, rollout.rewards, rollout.data["first_turn_lengths"], truncated).rewards
+    per_token = g.advantage_estimator in TOKEN_LEVEL_ESTIMATORS
+    advantages = (torch.zeros_like(rewards) if per_token
+                  else group_advantages(rewards, g.num_generations_per_prompt, g.advantage_estimator))
+    data = training_batch(rollout.data, clip_advantages(advantages, g.advantage_clip_low, g.advantage_clip_high))
+    if g.overlong_filtering:
+        data["sample_mask"] = data["sample_mask"] * overlong_sample_mask(truncated)
     # decided once, when the config was resolved: without the pass the loss uses the current logprobs
     prev_pass = not loss_fn.cfg.force_on_policy_ratio
     with timer.phase("logprob"):
         add_logprob_inputs(cfg, policy, data, prev_pass)
     if per_token:
-        data["advantages"] = token_advantages(cfg, data, rewards)
+        data["advantages"] = clip_advantages(token_advantages(cfg, data, rewards), g.advantage_clip_low,
+                                             g.advantage_clip_high)
     if loss_fn.cfg.positive_example_nll_weight > 0:  # VAPO: the NLL of the step's rewarded completions
         from rlcore.algorithms.loss_functions import positive_example_token_counts
 
@@ -170,9 +176,10 @@ def train_on_rollout(cfg: Any, policy: Any, loss_fn: Any, rollout: "Rollout", ti
         result = policy.train(data, loss_fn)
         policy.finish_training()
     loss_metrics = result["metrics"]
+    raw = rollout.rewards  # the environment's
     metrics = {
-        "reward_mean": float(rewards.mean()),
-        "reward_std": float(rewards.std()) if rewards.numel() > 1 else 0.0,
+        "reward_mean": float(raw.mean()),
+        "reward_std": float(raw.std()) if raw.numel() > 1 else 0.0,
         "loss": float(result["loss"].mean()),
         "grad_norm": float(result["grad_norm"].mean()),
         "kl_penalty": float(loss_metrics.get("kl_penalty", 0.0)),
@@ -183,6 +190,10 @@ def train_on_rollout(cfg: Any, policy: Any, loss_fn: Any, rollout: "Rollout", ti
         "mean_generation_length": float(rollout.data["generation_lengths"].sum()) / rewards.numel(),
         **rollout.metrics,
     }
+    if g.reward_scaling.enabled or g.reward_shaping.enabled:
+        metrics["reward_transformed_mean"] = float(rewards.mean())  # what the advantages were computed from
+    if g.overlong_filtering:
+        metrics["overlong_filtered_fraction"] = float(truncated.float().mean())
     metrics.update({key: float(loss_metrics[key]) for key in ("clip_fraction", "sampling_importance_ratio",
                                                                "is_oob_ratio", "positive_nll_loss")
                     if key in loss_metrics})
