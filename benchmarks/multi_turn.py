@@ -84,7 +84,8 @@ def main(argv: list[str] | None = None) -> None:
         return load_config_dict({"policy": {
             "model_name": model_dir, "precision": "float32", "train_global_batch_size": 1,
             "max_total_sequence_length": MAX_LEN,
-            "generation": {"backend": "vllm", "max_new_tokens": new_tokens, "temperature": 1.0, "pad_token_id": tokenizer.pad_token_id,
+            "generation": {"backend": "vllm", "max_new_tokens": new_tokens, "temperature": 1.0,
+                           "pad_token_id": tokenizer.pad_token_id,
                            "vllm_cfg": {"kv_cache_space_gb": 0.25, "max_model_len": MAX_LEN}}}}).policy
 
     def run_cfg(turns: int):

@@ -60,9 +60,11 @@ def async_grpo_train(run: "Run", loss_fn: Any, on_step: Callable[[int, dict[str,
     max_age = cfg.grpo.async_grpo.max_trajectory_age_steps
     last_step = run.num_steps - 1
 
+    def sample(batch: Any) -> Any:
+        return generation.collect(generation.generate_async(batch, greedy=False))
+
     def roll_out(samples: list[Any]) -> tuple[Rollout, Timer]:
         timer = Timer()
-        sample = lambda batch: generation.collect(generation.generate_async(batch, greedy=False))  # noqa: E731
         return run_rollout(cfg, sample, run.environment, run.tokenizer, samples,
                            cfg.grpo.num_generations_per_prompt, timer), timer
 

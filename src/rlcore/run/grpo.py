@@ -4,8 +4,9 @@ Per step: take the step's batch of samples (their message logs through
 ``policy.tokenizer.chat_template``); refit the generation backend if its weights are stale; roll out a
 group of trajectories per prompt (:mod:`rlcore.run.rollouts`: generate, cut to
 ``policy.max_total_sequence_length``, score with the environment; over ``grpo.max_rollout_turns`` turns
-the environment answers and generation goes on); compute group-relative advantages; compute ``prev_logprobs`` (and reference logprobs when
-the loss has a KL term) with the policy, unless resolution decided the loss uses the current logprobs
+the environment answers and generation goes on); compute group-relative advantages; compute
+``prev_logprobs`` (and reference logprobs when the loss has a KL term) with the policy, unless
+resolution decided the loss uses the current logprobs
 (:func:`rlcore.config.resolve.skips_prev_logprob_pass`); train with ``ClippedPGLossFn``; mark the
 generation weights stale; validate when ``grpo.val_period`` says so. The pieces it runs on are started
 by :func:`rlcore.run.build.build_run`.

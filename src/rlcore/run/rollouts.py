@@ -39,8 +39,8 @@ class Rollout:
     ``data``: ``output_ids`` / ``logprobs`` / ``token_mask`` ``[B, T]`` (right-padded), ``input_lengths``
     (the first prompt's length), ``unpadded_sequence_lengths``, ``generation_lengths`` (generated tokens, all
     turns), ``first_turn_lengths`` (the first completion's) and ``truncated`` (a completion or observation cut by
-    a token budget) ``[B]``; with an
-    asynchronous engine also ``weight_version`` (the oldest weights any turn used) and ``generation_window``.
+    a token budget) ``[B]``; with an asynchronous engine also ``weight_version`` (the oldest weights any turn
+    used) and ``generation_window``.
     """
 
     data: Any
@@ -49,19 +49,18 @@ class Rollout:
 
 
 def run_rollout(cfg: Any, generate: Callable[[Any], Any], environment: Any, tokenizer: Any,
-                samples: list["Sample"], repeat: int, timer: "Timer", max_turns: int | None = None) -> Rollout:
-    """Roll out ``samples`` (each ``repeat`` times) for up to ``max_turns`` turns (default
-    ``grpo.max_rollout_turns``); ``generate(batch) -> output`` is the engine call (sampling or greedy)."""
+                samples: list["Sample"], repeat: int, timer: "Timer") -> Rollout:
+    """Roll out ``samples`` (each ``repeat`` times) for up to ``grpo.max_rollout_turns`` turns;
+    ``generate(batch) -> output`` is the engine call (sampling or greedy)."""
     import torch
 
     from rlcore.run.prompts import clip_rollout, pad_id
     from rlcore.run.step import encode_samples
 
-    max_turns = max_turns or cfg.grpo.max_rollout_turns
+    max_turns = cfg.grpo.max_rollout_turns
     max_total = cfg.policy.max_total_sequence_length
     pad = pad_id(tokenizer)
     first = encode_samples(cfg, tokenizer, samples, repeat)
-    n = first.size
     state = Trajectories(first, [dict(s.metadata) for s in samples for _ in range(repeat)],
                          [[*s.messages] for s in samples for _ in range(repeat)])
     errors: list[str] = []
@@ -73,11 +72,11 @@ def run_rollout(cfg: Any, generate: Callable[[Any], Any], environment: Any, toke
         with timer.phase("generation"):
             out = generate(batch)
         out = clip_rollout(out, batch["input_lengths"], max_total, pad)
-        completions = state.add_generated(active, batch["input_lengths"], out, tokenizer, max_total)
+        state.add_generated(active, batch["input_lengths"], out, tokenizer, max_total)
         with timer.phase("environment"):
             result = environment.step([state.logs[i] for i in active], [state.metadata[i] for i in active])
         errors += [e for e in result.errors if e]
-        state.add_results(active, completions, result, tokenizer, max_total, last_turn=turn == max_turns - 1)
+        state.add_results(active, result, tokenizer, max_total, last_turn=turn == max_turns - 1)
     for error in errors[:3]:  # in the run's log; all of them are counted
         print(f"environment error (reward 0): {error}", file=sys.stderr)
     metrics = {"env/errors": float(len(errors))}
@@ -126,12 +125,11 @@ class Trajectories:
             batch["stop_strings"] = [self.stop_strings[i] for i in active]
         return batch
 
-    def add_generated(self, active: list[int], lengths: Any, out: Any, tokenizer: Any, max_total: int) -> list[str]:
-        """Append each active sample's completion (tokens, mask, logprobs); returns the completions' text."""
+    def add_generated(self, active: list[int], lengths: Any, out: Any, tokenizer: Any, max_total: int) -> None:
+        """Append each active sample's completion: tokens, mask and logprobs, and its text to the message log."""
         import torch
 
-        truncated = out.get("truncated") if hasattr(out, "get") else None
-        texts = []
+        truncated = out.get("truncated")
         for row, i in enumerate(active):
             start, count = int(lengths[row]), int(out["generation_lengths"][row])
             new = out["output_ids"][row, start:start + count]
@@ -148,13 +146,10 @@ class Trajectories:
                 begin, end = (float(x) for x in out["generation_window"][row])
                 old = self.windows[i]
                 self.windows[i] = [begin, end] if old is None else [min(old[0], begin), max(old[1], end)]
-            text = tokenizer.decode(new.tolist(), skip_special_tokens=True)
-            self.logs[i].append({"role": "assistant", "content": text})
-            texts.append(text)
-        return texts
+            self.logs[i].append({"role": "assistant", "content": tokenizer.decode(new.tolist(),
+                                                                                  skip_special_tokens=True)})
 
-    def add_results(self, active: list[int], completions: list[str], result: Any, tokenizer: Any, max_total: int,
-                    last_turn: bool) -> None:
+    def add_results(self, active: list[int], result: Any, tokenizer: Any, max_total: int, last_turn: bool) -> None:
         """Add the turn's rewards; end the samples that are done; append the others' observations."""
         import torch
 
