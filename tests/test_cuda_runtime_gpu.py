@@ -1,7 +1,7 @@
 """rlcore's own CUDA runtime pieces on a GPU: NCCL groups from its rendezvous, and where workers run.
 
 - A one-rank default group (``init_distributed``, rlcore's loopback-only TCP store) is NCCL on
-  ``cuda:0``, reduces a device tensor, and its store listens on 127.0.0.1 only; a one-rank
+  ``cuda:0`` (with gloo for CPU tensors), reduces a device tensor, and its store listens on 127.0.0.1 only; a one-rank
   refit group (``init_refit_group``) is a ``ProcessGroupNCCL`` that broadcasts packed buckets.
 - Two ranks on two GPUs exchange a refit over NCCL (skipped with fewer GPUs: NCCL refuses two
   ranks on one device).
@@ -80,7 +80,8 @@ def test_one_rank_nccl_groups_from_rlcore_rendezvous() -> None:
                            text=True, timeout=180)
     assert child.returncode == 0, child.stderr[-3000:]
     out = json.loads(child.stdout.strip().splitlines()[-1])
-    assert out["device"] == "cuda:0" and out["backend"] == "nccl", out
+    # NCCL for CUDA tensors, gloo for the CPU ones (offloaded state, checkpoint gathers): one default group
+    assert out["device"] == "cuda:0" and out["backend"] == "cpu:gloo,cuda:nccl", out
     assert out["all_reduce"] == [3.0] * 4
     assert out["listening"] == ["0100007F"], f"the rendezvous store listens on {out['listening']}, not 127.0.0.1"
     assert out["refit_group"] == "ProcessGroupNCCL" and out["sent"] > 0, out

@@ -143,3 +143,43 @@ def test_clean_names_and_cpu_offload_note(hf_model):
     assert kwargs["cpu_offload"] is None and "no effect on CPU" in notes[0]
     assert kwargs["mixed_precision"].param_dtype == torch.bfloat16
     assert kwargs["mixed_precision"].reduce_dtype == torch.float32
+
+
+
+_REPOINT_ONE_RANK_MODEL = r"""
+import sys, torch, torch.distributed as dist
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+from transformers import AutoModelForCausalLM
+from rl_fsdp1.sharding import fsdp_kwargs, repoint_unsharded_views
+
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:0", rank=0, world_size=1)
+hf = AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.float32)
+kwargs, _ = fsdp_kwargs(hf, torch.device("cpu"), "float32", False)
+model = FSDP(hf, **kwargs)
+with torch.no_grad():
+    model(input_ids=torch.tensor([[5, 6, 7]]))
+    for flat in model.parameters():  # what a move to another device does to each flat parameter
+        flat.data = flat._local_shard = flat.data.clone()
+if sys.argv[2] == "repoint":
+    repoint_unsharded_views(model)
+storages = {flat.untyped_storage().data_ptr() for flat in model.parameters()}
+stale = [f"{type(m).__name__}.{name}" for m in model.modules() for name, value in vars(m).items()
+         if isinstance(value, torch.Tensor) and not isinstance(value, torch.nn.Parameter)
+         and value.untyped_storage().data_ptr() not in storages]
+dist.destroy_process_group()
+print(len(stale))
+"""
+
+
+@pytest.mark.parametrize("repoint, stale", [("repoint", False), ("no", True)])
+def test_one_rank_module_weights_follow_a_moved_flat_parameter(tiny_model_dir, repoint, stale):
+    """With one rank FSDP1 does not shard, and the modules' weights stay views of the flat parameter
+    between passes: after a move they must be re-pointed, or they keep the old storage alive (on a
+    GPU: an offload that frees nothing). Without the re-pointing the stale views are seen here."""
+    import subprocess
+    import sys
+
+    child = subprocess.run([sys.executable, "-c", _REPOINT_ONE_RANK_MODEL, tiny_model_dir, repoint],
+                           capture_output=True, text=True, timeout=300, check=False)
+    assert child.returncode == 0, child.stderr[-3000:]
+    assert (int(child.stdout.split()[-1]) > 0) == stale, child.stdout

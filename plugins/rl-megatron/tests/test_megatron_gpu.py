@@ -5,14 +5,13 @@ On one GPU:
 - megatron-core runs with none of ``cpu_compat``'s redirects, on Qwen2 with tied embeddings
   (QKV bias, the tied output layer's gradient): logprobs equal a float64 HF recomputation and one
   step equals the single-process step;
-- sequence parallel without TransformerEngine is refused as a config error.
+- sequence parallel is refused as a config error before any worker starts.
 
 Two GPUs (skipped with fewer): TP=2 and PP=2 over NCCL against the same references.
 """
 
 from __future__ import annotations
 
-import importlib.util
 from typing import Any
 
 import pytest
@@ -83,13 +82,14 @@ def test_two_gpus(make_cluster: Any, tiny_tokenizer: Any, layout: dict) -> None:
         policy.shutdown()
 
 
-@pytest.mark.skipif(importlib.util.find_spec("transformer_engine") is not None,
-                    reason="checks the error raised without TransformerEngine")
-def test_sequence_parallel_without_transformer_engine_is_a_config_error(make_cluster: Any,
-                                                                         tiny_tokenizer: Any) -> None:
-    from rlcore.distributed import WorkerError
+def test_sequence_parallel_is_refused_before_any_worker_starts(make_cluster: Any, tiny_tokenizer: Any) -> None:
+    """On GPUs the driver refuses sequence parallelism with or without TransformerEngine: the backend
+    builds the local layer spec, which has no sequence-parallel path yet."""
+    from rlcore.config import ConfigError
     from rlcore.policy import Policy
 
     config = policy_config(model_dir("qwen3"), 1, megatron={"sequence_parallel": True})
-    with pytest.raises(WorkerError, match="policy.megatron_cfg.sequence_parallel: .*TransformerEngine is not installed"):
-        Policy(make_cluster(1, use_gpus=True), config, tiny_tokenizer, name_prefix="megatron-gpu-sp")
+    cluster = make_cluster(1, use_gpus=True)
+    with pytest.raises(ConfigError, match=r"^policy\.megatron_cfg\.sequence_parallel: sequence parallelism is not "
+                                          r"implemented by the megatron backend yet .*set it to false"):
+        Policy(cluster, config, tiny_tokenizer, name_prefix="megatron-gpu-sp")

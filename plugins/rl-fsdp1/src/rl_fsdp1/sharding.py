@@ -122,6 +122,21 @@ def release_gathered_params(model: FSDP) -> None:
             _reshard(unit, handle, True)
 
 
+def repoint_unsharded_views(model: FSDP) -> None:
+    """After a flat parameter moved, point its modules' weights at the new storage.
+
+    With one rank FSDP1 does not shard (``NO_SHARD``): the flat parameter is the
+    full parameter, and the module attributes (``linear.weight``) stay views of it
+    between passes. Views of the old storage would keep it allocated: the move
+    would free nothing. Sharded units need nothing here: their views point into
+    the gathered buffer, which :func:`release_gathered_params` frees.
+    """
+    for unit in FSDP.fsdp_modules(model):
+        handle = unit._handle
+        if handle is not None and not handle.uses_sharded_strategy:
+            handle._use_unsharded_views(as_params=False)
+
+
 def apply_activation_checkpointing(model: nn.Module) -> None:
     """Recompute each decoder layer in backward (non-reentrant checkpointing, inside the FSDP units)."""
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (

@@ -46,6 +46,7 @@ from rl_fsdp1.sharding import (
     apply_activation_checkpointing,
     fsdp_kwargs,
     release_gathered_params,
+    repoint_unsharded_views,
     unwrapped_view,
 )
 
@@ -133,7 +134,35 @@ class FSDP1PolicyWorker(RefitExportMixin, TrainingWorkerBase):
             clip_grads=self._grad_norm,
             optimizer_step=self._optimizer_step,
             zero_grad=lambda: self.model.zero_grad(set_to_none=True),
+            run_micro_batches=self._run_offloaded_micro_batches if self.fsdp_offload else None,
         )
+
+    def _run_offloaded_micro_batches(self, mbs: list[BatchedDataDict], loss_of: Callable[..., torch.Tensor],
+                                     eval_mode: bool) -> None:
+        """Forward and backward every micro-batch, summing the gradients here.
+
+        With CPU offload, FSDP1 copies each backward's gradient over the previous one in its
+        CPU buffer instead of adding to it (a limitation torch notes in
+        ``FlatParamHandle.prepare_gradient_for_backward``): left to FSDP, a step would train on
+        its last micro-batch only. So each micro-batch's CPU gradient is added to a sum kept
+        here, and the sum becomes ``.grad`` for the optimizer.
+        """
+        sums: dict[torch.nn.Parameter, torch.Tensor] = {}
+        for mb in mbs:
+            loss = loss_of(mb, self._forward_logprobs(mb))
+            if eval_mode:
+                continue
+            loss.backward()
+            for p in self.model.parameters():
+                if p.grad is None:
+                    continue
+                if p in sums:
+                    sums[p].add_(p.grad)
+                else:
+                    sums[p] = p.grad.detach().clone()  # FSDP reuses its buffer at the next backward
+                p.grad = None
+        for p, grad in sums.items():
+            p.grad = grad
 
     def get_logprobs(self, data: BatchedDataDict, micro_batch_size: int | None = None,
                      mode: str = "plain") -> BatchedDataDict:
@@ -363,6 +392,7 @@ def _move_module(model: torch.nn.Module, device: torch.device) -> None:
             if getattr(p, "_local_shard", None) is not None and p._local_shard.data_ptr() == p.data.data_ptr():
                 p._local_shard = moved
             p.data = moved
+        repoint_unsharded_views(model)
         for module in model.modules():
             for name, buffer in module._buffers.items():
                 if buffer is not None and buffer.device != device:
