@@ -35,7 +35,10 @@ tensors). One warm-up, median of 3, timed in the driver. Baseline: a device-to-d
 same bytes in the receiver's process (CUDA events, median of 5). GB/s count the payload once.
 
     python benchmarks/gpu.py [--presets 0.5b,1b] [--backends dtensor,megatron] [--seq S] [--tokens 16384]
-                             [--steps 5] [--warmup 2] [--budget-s 1800]
+                             [--steps 5] [--warmup 2] [--budget-s 1800] [--profile DIR]
+
+``--profile DIR``: one more step of each side under the torch profiler, summed by kernel
+(:mod:`gpu_profile`), printed after the tables and kept in the JSON.
 
 Without CUDA it prints one line and exits 0. The last line printed is JSON.
 """
@@ -53,6 +56,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+import gpu_profile
 
 HERE = Path(__file__).resolve().parent
 #: Ray workers import the receiver below as ``gpu:RefitSink`` (this directory goes on their PYTHONPATH).
@@ -222,8 +227,14 @@ def raw_step(path: str, seq: int, batch: int, mbs: int, steps: int, warmup: int,
         t0 = time.perf_counter()
         losses.append(step())  # float() waits for the step
         times.append(time.perf_counter() - t0)
-    return {"step_s": statistics.median(times), "times": times, "losses": losses,
-            "peak_bytes": int(torch.cuda.max_memory_allocated()) if cuda else 0}
+    out = {"step_s": statistics.median(times), "times": times, "losses": losses,
+           "peak_bytes": int(torch.cuda.max_memory_allocated()) if cuda else 0}
+    if (folder := gpu_profile.profile_dir()) is not None:
+        with torch.profiler.profile() as profiler:
+            step()
+        profiler.export_chrome_trace(str(folder / "trace_raw.json"))
+        out["profile"] = gpu_profile.summarize_trace(folder / "trace_raw.json")
+    return out
 
 
 def run_subprocess(args: list[str], timeout_s: float) -> dict:
@@ -360,7 +371,6 @@ def run_policy(cluster: Any, backend: str, path: str, vocab: int, seq: int, batc
     from rlcore.algorithms.loss_functions import NLLLoss
     from rlcore.data import BatchedDataDict
     from rlcore.policy import Policy
-    from rlcore.refit import WeightSynchronizer
     from rlcore.testing.models import build_tiny_tokenizer
 
     policy = Policy(cluster, policy_config(backend, path, seq, batch, mbs), build_tiny_tokenizer(),
@@ -376,17 +386,34 @@ def run_policy(cluster: Any, backend: str, path: str, vocab: int, seq: int, batc
             times.append(time.perf_counter() - t0)
         out: dict[str, Any] = {"step_s": statistics.median(times), "times": times, "losses": losses,
                                "peak_bytes": int(policy._all("get_gpu_info")[0].get("peak_memory_allocated_mb", 0) * 2**20)}
+        if (folder := gpu_profile.profile_dir()) is not None:
+            try:
+                policy.start_gpu_profiling()
+                policy.train(data, loss_fn)
+                policy.stop_gpu_profiling()  # the worker writes trace_rank0.json there
+                out["profile"] = gpu_profile.summarize_trace(folder / "trace_rank0.json")
+            except Exception as exc:  # noqa: BLE001 - the timings above still count
+                out["profile"] = {"error": str(exc)[:300]}
         if sink is not None:
-            sync = WeightSynchronizer(policy, sink, colocated=True)
-            sync.sync_weights()  # warm-up: sender buffers, IPC handles
-            refit_s = statistics.median([sync.sync_weights()["seconds"] for _ in range(3)])
-            nbytes = sink.call("payload_bytes")
-            copy_s = sink.call("time_copy", nbytes)
-            out["refit"] = {"bytes": nbytes, "refit_s": refit_s, "refit_gb_s": nbytes / refit_s / 1e9,
-                            "d2d_copy_s": copy_s, "d2d_gb_s": nbytes / copy_s / 1e9, "ratio": refit_s / copy_s}
+            try:
+                out["refit"] = time_refit(policy, sink)
+            except Exception as exc:  # noqa: BLE001 - the timings above still count
+                out["refit_error"] = str(exc)[:300]
         return out
     finally:
         policy.shutdown()
+
+
+def time_refit(policy: Any, sink: SinkGroup) -> dict:
+    from rlcore.refit import WeightSynchronizer
+
+    sync = WeightSynchronizer(policy, sink, colocated=True)
+    sync.sync_weights()  # warm-up: sender buffers, IPC handles
+    refit_s = statistics.median([sync.sync_weights()["seconds"] for _ in range(3)])
+    nbytes = sink.call("payload_bytes")
+    copy_s = sink.call("time_copy", nbytes)
+    return {"bytes": nbytes, "refit_s": refit_s, "refit_gb_s": nbytes / refit_s / 1e9,
+            "d2d_copy_s": copy_s, "d2d_gb_s": nbytes / copy_s / 1e9, "ratio": refit_s / copy_s}
 
 
 # --------------------------------------------------------------------------- main
@@ -408,6 +435,9 @@ def summarize(side: dict, flops: float, peak: float | None, raw_s: float | None,
         out["theory_gb"] = _round(theory["total"] / 1e9, 2)
         out["theory_static_gb"] = _round(theory["static"] / 1e9, 2)
         out["peak_vs_theory"] = _round(side["peak_bytes"] / theory["total"], 2)
+    for key in ("profile", "refit_error"):
+        if key in side:
+            out[key] = side[key]
     if "refit" in side:
         r = side["refit"]
         out["refit"] = {"bytes": r["bytes"], "refit_s": _round(r["refit_s"]), "refit_gb_s": _round(r["refit_gb_s"], 1),
@@ -434,6 +464,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--budget-s", type=float, default=1800.0, help="skip what would not finish in this time")
     parser.add_argument("--no-refit", action="store_true")
+    parser.add_argument("--profile", metavar="DIR", help="profile one more step of each side; traces go to DIR")
     # Internal modes (the script runs itself in fresh processes).
     parser.add_argument("--prepare", metavar="PRESET", help=argparse.SUPPRESS)
     parser.add_argument("--raw", nargs=6, metavar="X", help=argparse.SUPPRESS)
@@ -448,6 +479,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     deadline = time.monotonic() + args.budget_s
+    if args.profile:  # before Ray starts: its workers inherit the variable
+        Path(args.profile).mkdir(parents=True, exist_ok=True)
+        os.environ["RLCORE_PROFILE_DIR"] = str(Path(args.profile).resolve())
     import torch
 
     if not torch.cuda.is_available():
@@ -537,6 +571,9 @@ def main(argv: list[str] | None = None) -> int:
             cluster.shutdown()
 
     print_tables(results)
+    profiles = {f"{preset} {side}": row["profile"] for preset, entry in results["presets"].items()
+                for side, row in entry.items() if isinstance(row, dict) and "profile" in row}
+    gpu_profile.print_profiles(profiles, sys.stdout)
     print(json.dumps(results))
     return 0
 

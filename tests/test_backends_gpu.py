@@ -244,8 +244,29 @@ def test_bf16_policy_logprobs_and_training(env: BackendEnv) -> None:
         assert torch.isfinite(second["loss"]).all() and float(second["loss"][0]) < float(first["loss"][0])
         peak = call_workers(policy, "get_gpu_info")[0]["peak_memory_allocated_mb"]
         record("bf16_policy_peak_memory_mb", peak, backend=env.backend)
+        _check_bf16_refit(env, policy)
     finally:
         policy.shutdown()
+
+
+def _check_bf16_refit(env: BackendEnv, policy: Any) -> None:
+    """A bf16 policy refits a bf16 engine: every tensor arrives in the dtype its metadata names (megatron
+    keeps its norms in float32 beside bf16 weights and once sent them so), and the engine then computes
+    the policy's logprobs to bf16 accuracy."""
+    from rlcore.refit import WeightSynchronizer
+
+    lengths = env.data["input_lengths"]
+    receiver = HFReceiver(env.cluster, model_path(), dtype="bfloat16", name_prefix=f"receiver-bf16-{env.backend}")
+    try:
+        policy_lp = policy.get_logprobs(env.data)["logprobs"]
+        before, _ = valid_error(receiver.logprobs(env.data), policy_lp, lengths)
+        WeightSynchronizer(policy, receiver, colocated=True, bucket_bytes=REFIT_BUCKET_BYTES).sync_weights()
+        after, _ = valid_error(receiver.logprobs(env.data), policy_lp, lengths)
+        record("bf16_refit_receiver_vs_policy_max_abs", after, backend=env.backend, before_refit=before,
+               tolerance=BF16_MAX_ATOL)
+        assert after <= BF16_MAX_ATOL, (before, after)
+    finally:
+        receiver.shutdown()
 
 
 # --------------------------------------------------------------------------- checkpoints across devices

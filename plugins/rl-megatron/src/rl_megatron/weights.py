@@ -125,6 +125,8 @@ class HFExporter:
         self.pp_rank = pp_rank
         self.tp_group, self.tp_size = tp_group, tp_size
         self.pp_group, self.pp_ranks = pp_group, pp_ranks
+        # The compute dtype: with bf16 on a GPU, megatron keeps some parameters (the norms) in float32,
+        # and the engine receives every tensor in one dtype.
         self.dtype = next(iter(self.params.values())).dtype
         self.mappings = all_mappings(shape)
 
@@ -153,7 +155,8 @@ class HFExporter:
         for mapping in self.mappings:
             owner = self.owner_stage(mapping)
             if owner == self.pp_rank:
-                tensors = to_hf(self.shape, mapping, self._gather_tp(self.params[mapping.megatron], mapping))
+                tensors = [t.to(self.dtype) for t in
+                           to_hf(self.shape, mapping, self._gather_tp(self.params[mapping.megatron], mapping))]
             else:
                 tensors = [torch.empty(hf_shape(self.shape, n), dtype=self.dtype, device=device) for n in mapping.hf]
             if len(self.pp_ranks) > 1:
