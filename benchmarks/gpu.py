@@ -32,7 +32,7 @@ Refit: after its steps, each policy refits its bf16 weights into a receiver in a
 the same GPU (a Ray actor sharing the bundle) through ``WeightSynchronizer`` (colocated: CUDA IPC
 buffers, default 64 MiB buckets; the receiver copies each tensor into preallocated engine-like
 tensors). One warm-up, median of 3, timed in the driver. Baseline: a device-to-device copy of the
-same bytes in the receiver's process (CUDA events, median of 5). GB/s count the payload once.
+same bytes in the receiver's process (CUDA events, median of 5 after one warm-up). GB/s count the payload once.
 
     python benchmarks/gpu.py [--presets 0.5b,1b] [--backends dtensor,megatron] [--seq S] [--tokens 16384]
                              [--steps 5] [--warmup 2] [--budget-s 1800] [--profile DIR]
@@ -292,24 +292,14 @@ class RefitSink:
     def payload_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.dest.values())
 
-    def time_copy(self, nbytes: int, repeats: int = 5) -> float:
+    def time_copy(self, nbytes: int) -> float:
         """Median seconds of one device-to-device copy of ``nbytes`` (CUDA events)."""
         import torch
+        from gpu_refit_transport import device_copy_seconds
 
-        src = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
-        dst = torch.empty_like(src)
-        dst.copy_(src)
-        times = []
-        for _ in range(repeats):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            dst.copy_(src)
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) / 1000.0)
-        del src, dst
+        seconds = device_copy_seconds(nbytes, self.device)
         torch.cuda.empty_cache()
-        return statistics.median(times)
+        return seconds
 
     def shutdown(self) -> None:
         self.receiver.close()

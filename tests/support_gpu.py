@@ -47,6 +47,19 @@ def record(name: str, value: Any, **extra: Any) -> None:
             f.write(json.dumps(line) + "\n")
 
 
+def check_offload_frees_the_model(name: str, offloaded: float, plain: float, model_path: str, **extra: Any) -> None:
+    """GPU bytes between steps with offload (``offloaded``) are at least the model's parameter bytes below
+    the same step without (``plain``). A peer, not the model's size alone, is the reference: a CUDA process
+    holds ~64 MiB whatever its model on an H100 (the size of cuBLAS's workspaces), 100x the test models."""
+    from rlcore.testing.oracle import load_hf_model
+
+    # Each parameter once: a tied embedding is one tensor under two names in a state dict.
+    model_bytes = sum(p.numel() * p.element_size() for p in load_hf_model(model_path).parameters())
+    record(name, offloaded, without_offload=plain, model_bytes=model_bytes, **extra)
+    assert plain - offloaded >= 0.9 * model_bytes, \
+        f"with offload {offloaded:.0f} B stay on the GPU, {plain:.0f} B without ({model_bytes} B of parameters)"
+
+
 def token_logprobs_f64(model_path: str, data: Any) -> Any:
     """The oracle of the GPU tests: a CPU Hugging Face forward in float64, aligned as design.md §2.2 says.
 

@@ -141,8 +141,9 @@ def test_a_finished_run_and_its_resume_leave_nothing_and_skip_partial_checkpoint
     if generation_backend() == "vllm":
         assert any("vllm" in text.lower() for name, text in logs.items() if name.startswith("vllm-")), sorted(logs)
     assert_released(baseline, proc, time.monotonic(), "normal exit")
-    # What a driver killed mid-save leaves: a half-written save, and a newer step without its state.json.
     ckpts = tmp_path / "checkpoints"
+    _resume_refuses_a_checkpoint_reaching_outside(tmp_path)
+    # What a driver killed mid-save leaves: a half-written save, and a newer step without its state.json.
     (ckpts / ".step_000002.tmp-x1y2z3" / "weights").mkdir(parents=True)
     (ckpts / "step_000007" / "weights").mkdir(parents=True)
     proc, baseline = start(tmp_path, "grpo.max_num_steps=3", resume=True)
@@ -151,3 +152,23 @@ def test_a_finished_run_and_its_resume_leave_nothing_and_skip_partial_checkpoint
     assert [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [0, 1, 2]
     assert not list(ckpts.glob(".step_*.tmp-*"))
     assert_released(baseline, proc, time.monotonic(), "resumed run's exit")
+
+
+def _resume_refuses_a_checkpoint_reaching_outside(run_dir: Path) -> None:
+    """A copy of ``run_dir``'s checkpoints with a link out of the newest step: ``--resume`` names the link
+    in one line and starts nothing (the check runs on the driver before Ray)."""
+    import shutil
+
+    forged = run_dir / "forged"
+    shutil.copytree(run_dir / "checkpoints", forged / "checkpoints")
+    step = sorted((forged / "checkpoints").glob("step_*"))[-1]
+    (run_dir / "elsewhere.safetensors").write_bytes(b"someone else's weights")
+    os.symlink(run_dir / "elsewhere.safetensors", step / "weights" / "extra.safetensors")
+    proc, baseline = start(forged, resume=True)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 1, stderr[-2000:]
+    error = next(line for line in stderr.splitlines() if line.startswith("error: "))
+    assert error.startswith(f"error: ValueError: --resume from {step}: {step / 'weights' / 'extra.safetensors'} "
+                            f"is a link to {run_dir / 'elsewhere.safetensors'}, outside the checkpoint"), error
+    assert not list((forged / "logs").glob("ray*")) and "Started a local Ray" not in stderr
+    assert_released(baseline, proc, time.monotonic(), "refused resume")

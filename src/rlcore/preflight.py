@@ -76,19 +76,30 @@ def check_model_sources(cfg: Any) -> list[str]:
     return checks.problems
 
 
-def check_policy_sources(policy: Any, weights_path: str | os.PathLike | None = None) -> list[str]:
-    """Problems with what the training workers of a ``Policy`` load: ``weights_path`` if given, else the model.
+def check_policy_sources(policy: Any, weights_path: str | os.PathLike | None = None,
+                         optimizer_path: str | os.PathLike | None = None, *,
+                         fields: tuple[str, str] = ("weights_path", "optimizer_path")) -> list[str]:
+    """Problems with what the training workers of a ``Policy`` load: ``weights_path`` if given, else the model,
+    and ``optimizer_path``. A checkpoint must read its own files only (:mod:`rlcore.training.checkpoint_files`).
+    ``fields``: what the lines call the two paths.
 
     For Python API users who build a ``Policy`` themselves: a bad model fails
     here, before any worker starts. The tokenizer is not checked (a ``Policy``
     is handed a tokenizer object).
     """
+    from rlcore.training.checkpoint_files import outside_files
+
     checks = _Checks()
+    for field, checkpoint in zip(fields, (weights_path, optimizer_path)):
+        if checkpoint is not None and Path(checkpoint).is_dir():
+            checks.problems += [f"{field}: {line}" for line in outside_files(checkpoint)]
+    if checks.problems:
+        return checks.problems
     if weights_path is not None and is_adapter_checkpoint(weights_path):
         checks.model("policy.model_name", policy.model_name)  # the adapters go over the base model
         checks.problems += _adapter_problems(Path(weights_path), policy.lora)
     elif weights_path is not None:
-        checks.model("weights_path", str(weights_path))
+        checks.model(fields[0], str(weights_path))
     else:
         checks.model("policy.model_name", policy.model_name)
     return checks.problems

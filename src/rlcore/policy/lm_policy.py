@@ -63,7 +63,7 @@ class Policy(WorkerGroupOwner, ColocatablePolicyInterface, GenerationInterface):
         self.cfg = self.resolved.config
         self.spec = self.resolved.spec
         self.tokenizer = tokenizer
-        if problems := check_policy_sources(self.cfg, weights_path):
+        if problems := check_policy_sources(self.cfg, weights_path, optimizer_path):
             raise ConfigError(problems)  # a missing or damaged model fails here, before any worker starts
         if workers_per_node is not None:
             wanted = sum(workers_per_node) if isinstance(workers_per_node, list) \

@@ -58,6 +58,16 @@ def read_state(directory: str | Path) -> dict[str, Any]:
     return json.loads((Path(directory) / "state.json").read_text())
 
 
+def resume_problems(policy: Any, step_dir: Path) -> list[str]:
+    """What would stop a resume from ``step_dir``, one line each, found on the driver before Ray starts:
+    files reaching outside the checkpoint, missing or damaged weights (:func:`rlcore.preflight.check_policy_sources`)."""
+    from rlcore.preflight import check_policy_sources
+
+    field = f"--resume from {step_dir}"
+    lines = check_policy_sources(policy, step_dir / "weights", step_dir / "optimizer", fields=(field, field))
+    return [f"{line} (or move {step_dir.name} away to resume from the step before it)" for line in lines]
+
+
 def latest_step(root: str | Path) -> tuple[int, Path] | None:
     """``(step, directory)`` of the newest complete step checkpoint, or None.
 

@@ -81,7 +81,7 @@ def train(config: Any, resume: bool = False, signals: Any = None, progress_file:
     the next unseen batch.
     """
     from rlcore.run.build import build_run, load_run_data
-    from rlcore.run.checkpoints import latest_step, read_state, save_step
+    from rlcore.run.checkpoints import latest_step, read_state, resume_problems, save_step
     from rlcore.run.grpo import grpo_train
     from rlcore.run.metrics import MetricsLogger, keep_steps_before, read_metrics
     from rlcore.run.prompts import load_tokenizer
@@ -99,6 +99,8 @@ def train(config: Any, resume: bool = False, signals: Any = None, progress_file:
     data = data if data is not None else load_run_data(cfg, tokenizer)
     if resume_from:
         check_data_position(read_state(resume_from[1]).get("data"), data_position(cfg, data, start), resume_from[1])
+        if problems := resume_problems(cfg.policy, resume_from[1]):
+            raise ValueError("\n".join(problems))  # before Ray starts
     keep_steps_before(out / "metrics.jsonl", start)  # a fresh run starts a fresh log; a resumed one drops re-run steps
     run = build_run(resolved, resume_from[1] if resume_from else None, start, tokenizer=tokenizer, data=data)
     logger = None

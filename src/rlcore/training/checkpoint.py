@@ -318,9 +318,15 @@ def save_tokenizer(tokenizer: Any, path: str | os.PathLike) -> None:
 
 
 def load_hf_state_dict(path: str | os.PathLike) -> dict:
-    """Read all tensors of an HF safetensors checkpoint directory (single file or sharded)."""
+    """Read all tensors of an HF safetensors checkpoint directory (single file or sharded).
+
+    Every file read must lie inside ``path`` (:mod:`rlcore.training.checkpoint_files`).
+    """
     from safetensors.torch import load_file
 
+    from rlcore.training.checkpoint_files import check_inside
+
+    check_inside(path)
     directory = Path(path)
     index_file = directory / SAFE_WEIGHTS_INDEX_NAME
     if index_file.exists():

@@ -273,6 +273,9 @@ def load_adapter(path: str | Path) -> dict[str, torch.Tensor]:
     """The adapter tensors of a PEFT adapter directory, under this module's model names."""
     from safetensors.torch import load_file
 
+    from rlcore.training.checkpoint_files import check_inside
+
+    check_inside(path)
     tensors = load_file(str(Path(path) / ADAPTER_WEIGHTS_NAME))
     out = {}
     for name, t in tensors.items():

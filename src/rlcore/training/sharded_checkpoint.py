@@ -47,6 +47,7 @@ from torch.distributed.checkpoint.state_dict import (
 
 from rlcore.safe_pickle import UnsafeCheckpointError, exact_torch_safe_globals, read_dcp_metadata
 from rlcore.training.checkpoint import atomic_directory, load_torch_state, save_hf_checkpoint, save_torch_state
+from rlcore.training.checkpoint_files import check_inside
 
 #: Non-tensor optimizer values and scheduler state, next to the DCP files.
 EXTRA_STATE_NAME = "extra_state.pt"
@@ -135,6 +136,7 @@ def load_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler
     if not Path(path).is_dir():
         raise FileNotFoundError(f"{path}: expected an optimizer checkpoint directory (DCP shards + "
                                 f"{EXTRA_STATE_NAME}); a single-file optimizer state is not this format")
+    check_inside(path)
     extra = load_torch_state(Path(path) / EXTRA_STATE_NAME)
     if scheduler is not None and extra["scheduler"] is not None:
         scheduler.load_state_dict(extra["scheduler"])

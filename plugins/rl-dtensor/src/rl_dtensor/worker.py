@@ -38,6 +38,7 @@ from rlcore.refit.buckets import dtype_name
 from rlcore.training import lora
 from rlcore.training import sharded_checkpoint as ckpt
 from rlcore.training.checkpoint import is_adapter_checkpoint, load_hf_state_dict, save_tokenizer
+from rlcore.training.checkpoint_files import check_inside
 from rlcore.training.loop import StepHooks
 from rlcore.training.process_group import init_distributed
 from rlcore.training.worker_base import TrainingWorkerBase
@@ -92,6 +93,8 @@ class DTensorPolicyWorker(RefitExportMixin, TrainingWorkerBase):
 
         # Float32 master weights whatever the precision; ``precision`` is FSDP's compute dtype.
         # A LoRA checkpoint holds only the adapters: the base weights come from the model itself.
+        if weights_path:
+            check_inside(weights_path)  # a checkpoint reads its own files only
         adapter_path = weights_path if is_adapter_checkpoint(weights_path) else None
         base_path = config.model_name if adapter_path else (weights_path or config.model_name)
         # Each rank allocates only its shards; rank 0 reads the checkpoint and broadcasts it.

@@ -34,6 +34,7 @@ from rlcore.training.process_group import init_distributed
 from rlcore.data import BatchedDataDict
 from rlcore.refit import RefitExportMixin
 from rlcore.training.logprobs import align
+from rlcore.training.checkpoint_files import check_inside
 from rlcore.training.loop import StepHooks
 from rlcore.training.worker_base import TrainingWorkerBase
 from rl_megatron import checkpointing, vocab_parallel
@@ -100,6 +101,8 @@ class MegatronPolicyWorker(RefitExportMixin, TrainingWorkerBase):
             cpu_compat.apply()
         self._init_parallel_state()
 
+        for checkpoint in filter(None, (weights_path, optimizer_path)):
+            check_inside(checkpoint)  # a checkpoint reads its own files only
         hf_path = weights_path or config.model_name
         self.hf_config = AutoConfig.from_pretrained(hf_path)
         self.shape = ModelShape.from_hf_config(self.hf_config, self.mcfg.converter_type)
@@ -442,6 +445,8 @@ class MegatronPolicyWorker(RefitExportMixin, TrainingWorkerBase):
             checkpointing.save(self._sharded_state(False, self.optimizer is not None), optimizer_path, info)
 
     def load_checkpoint(self, weights_path: str, optimizer_path: str | None = None) -> None:
+        for checkpoint in filter(None, (weights_path, optimizer_path)):
+            check_inside(checkpoint)  # a checkpoint reads its own files only
         load_hf_into_stage(self.gpt, self.shape, weights_path, self.stage_offsets[self.pp_rank], self.tp_rank,
                            self.tp_size)
         if optimizer_path:
