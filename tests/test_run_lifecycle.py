@@ -96,6 +96,32 @@ def test_a_killed_driver_takes_its_ray_and_workers_with_it(tmp_path):
     assert seconds < CLEANUP_BOUND_S
 
 
+def test_a_killed_training_rank_is_one_line_without_ray_s_notice(tmp_path):
+    """Ray's "(raylet) A worker died ..." notice goes to stdout from the driver's error listener: a quiet
+    run sends it to logs/driver.log with the rest (seen there in every run tried)."""
+    proc, baseline = start(tmp_path, "grpo.max_num_steps=1000")
+    wait_for_steps(proc, tmp_path / "metrics.jsonl", 1)
+    rank = next(pid for pid in (int(p.split()[0]) for p in leaks.tagged_processes(baseline.tag))
+                if re.search(r"/logs/lm_policy-[\w-]*rank0\.log$", _stdout_of(pid)))  # a worker's own log
+    killed = time.monotonic()
+    os.kill(rank, signal.SIGKILL)
+    stdout, stderr = proc.communicate(timeout=120)
+    print(f"rank SIGKILL: exit {proc.returncode} {time.monotonic() - killed:.1f}s after it")
+    assert proc.returncode == 1, stderr[-3000:]
+    shown = stdout.splitlines() + stderr.splitlines()
+    errors = [line for line in shown if line.startswith("error: ")]
+    assert len(errors) == 1 and "lm_policy-" in errors[0] and "died" in errors[0], shown
+    assert not [line for line in shown if "(raylet)" in line or "Traceback" in line], shown
+    assert_released(baseline, proc, killed, "rank SIGKILL")
+
+
+def _stdout_of(pid: int) -> str:
+    try:
+        return os.readlink(f"/proc/{pid}/fd/1")
+    except OSError:
+        return ""
+
+
 def test_an_error_during_the_run_is_one_line_and_releases_everything(tmp_path):
     # A valid argument with a value only torch's optimizer refuses: found when the workers build it.
     proc, baseline = start(tmp_path, "policy.optimizer.kwargs.lr=-1.0")
