@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 import pytest
 
-from rlcore.testing.outside_files import OUTSIDE_CASES, forge_outside
+from rlcore.testing.outside_files import OUTSIDE_CASES, assert_load_refuses
 from rlcore.testing.payloads import (
     dotted_payload,
     getattr_payload,
@@ -134,11 +134,7 @@ def test_resume_refuses_forged_pickle_weights(trained: dict, tmp_path: Path) -> 
 def test_load_refuses_files_outside_the_checkpoint(trained: dict, tmp_path: Path, case: str) -> None:
     """An index entry or a link reaching out of the checkpoint (rlcore.testing.outside_files) is refused,
     naming the file, before anything is read."""
-    weights, optimizer = forge_outside(trained["root"] / "weights", trained["root"] / "optimizer", tmp_path, case)
-    with pytest.raises(Exception) as err:
-        _load(trained["policy"], weights, optimizer)
-    message = str(err.value)
-    assert "outside the checkpoint" in message and str(tmp_path.resolve() / "elsewhere") in message, message
+    assert_load_refuses(lambda w, o: _load(trained["policy"], w, o), trained["root"], tmp_path, case)
 
 
 def test_genuine_checkpoint_still_resumes(trained: dict) -> None:

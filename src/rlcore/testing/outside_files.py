@@ -17,6 +17,7 @@ import json
 import os
 import shutil
 from pathlib import Path
+from typing import Callable
 
 OUTSIDE_CASES = ("index-parent", "index-absolute", "link-weights", "link-optimizer")
 
@@ -48,4 +49,17 @@ def forge_outside(weights: Path, optimizer: Path, into: Path, case: str) -> tupl
     return new_weights, new_optimizer
 
 
-__all__ = ["OUTSIDE_CASES", "forge_outside"]
+def assert_load_refuses(load: Callable[[Path, Path], object], root: Path, into: Path, case: str) -> None:
+    """``load(weights, optimizer)`` of ``case`` (built under ``into`` from ``root/weights`` and
+    ``root/optimizer``) raises, naming the file that points outside."""
+    weights, optimizer = forge_outside(root / "weights", root / "optimizer", into, case)
+    try:
+        load(weights, optimizer)
+    except Exception as exc:  # noqa: BLE001 - whatever the backend raises, the text must say it
+        message = str(exc)
+    else:
+        raise AssertionError(f"{case}: the load read a checkpoint that reaches outside itself")
+    assert "outside the checkpoint" in message and str(into.resolve() / "elsewhere") in message, message
+
+
+__all__ = ["OUTSIDE_CASES", "assert_load_refuses", "forge_outside"]
