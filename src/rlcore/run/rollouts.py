@@ -112,15 +112,13 @@ class Trajectories:
     def batch(self, active: list[int], pad: int) -> Any:
         """The active samples' sequences so far, right-padded, with their stop strings."""
         import torch
+        from torch.nn.utils.rnn import pad_sequence
 
         from rlcore.data import BatchedDataDict
 
         seqs = [self.tokens[i] for i in active]
-        width = max(len(s) for s in seqs)
-        ids = torch.full((len(seqs), width), pad, dtype=torch.long)
-        for row, seq in enumerate(seqs):
-            ids[row, :len(seq)] = seq
-        batch = BatchedDataDict(input_ids=ids, input_lengths=torch.tensor([len(s) for s in seqs], dtype=torch.long))
+        batch = BatchedDataDict(input_ids=pad_sequence(seqs, batch_first=True, padding_value=pad),
+                                input_lengths=torch.tensor([len(s) for s in seqs], dtype=torch.long))
         if any(self.stop_strings[i] is not None for i in active):
             batch["stop_strings"] = [self.stop_strings[i] for i in active]
         return batch
@@ -180,16 +178,15 @@ class Trajectories:
     def padded(self, pad: int) -> Any:
         """The trajectories as one right-padded batch (see :class:`Rollout`)."""
         import torch
+        from torch.nn.utils.rnn import pad_sequence
 
         from rlcore.data import BatchedDataDict
 
-        n, width = len(self.tokens), max(len(t) for t in self.tokens)
-        ids = torch.full((n, width), pad, dtype=torch.long)
-        mask, logprobs = torch.zeros(n, width), torch.zeros(n, width)
-        for i, seq in enumerate(self.tokens):
-            ids[i, :len(seq)], mask[i, :len(seq)], logprobs[i, :len(seq)] = seq, self.mask[i], self.logprobs[i]
+        mask = pad_sequence(self.mask, batch_first=True)
         data = BatchedDataDict(
-            output_ids=ids, logprobs=logprobs, token_mask=mask, input_lengths=self.prompt_lengths,
+            output_ids=pad_sequence(self.tokens, batch_first=True, padding_value=pad),
+            logprobs=pad_sequence(self.logprobs, batch_first=True), token_mask=mask,
+            input_lengths=self.prompt_lengths,
             unpadded_sequence_lengths=torch.tensor([len(t) for t in self.tokens], dtype=torch.long),
             generation_lengths=mask.sum(dim=1).long(), truncated=torch.tensor(self.truncated),
             first_turn_lengths=torch.tensor(self.first_turn, dtype=torch.long))
