@@ -36,6 +36,8 @@ import statistics
 import sys
 import time
 
+from interleave import interleaved
+
 MODELS = {
     # ~24M parameters: tiny-llama-shaped, big enough that the model's own work is not negligible.
     "small": dict(arch="llama", hidden_size=512, num_layers=8, num_heads=8, num_kv_heads=4, head_dim=64,
@@ -102,15 +104,7 @@ def main(argv: list[str] | None = None) -> None:
             seconds = time.perf_counter() - t0
             return float(out["generation_lengths"].sum()) / seconds, float(out["generation_lengths"].float().mean())
 
-        for side in sides:
-            tok_s(side)  # warm-up
-        rates: dict[str, list[float]] = {side: [] for side in sides}
-        lengths: dict[str, list[float]] = {side: [] for side in sides}
-        for _ in range(args.repeats):
-            for side in sides:
-                rate, length = tok_s(side)
-                rates[side].append(rate)
-                lengths[side].append(length)
+        runs = interleaved(sides, tok_s, args.repeats)
     finally:
         for owner in (engines, policy):
             if owner is not None:
@@ -118,6 +112,8 @@ def main(argv: list[str] | None = None) -> None:
         cluster.shutdown()
         shutdown_ray()
 
+    rates = {side: [rate for rate, _ in r] for side, r in runs.items()}
+    lengths = {side: [length for _, length in r] for side, r in runs.items()}
     med = {side: statistics.median(r) for side, r in rates.items()}
     print(f"{'backend':<10}{'median tok/s':>14}{'min':>10}{'max':>10}{'mean new tokens':>17}")
     for side in rates:

@@ -32,6 +32,8 @@ import sys
 import time
 from types import SimpleNamespace
 
+from interleave import interleaved
+
 MODEL = dict(arch="llama", hidden_size=512, num_layers=8, num_heads=8, num_kv_heads=4, head_dim=64,
              intermediate_size=1408, max_position_embeddings=512)
 MAX_LEN = 512
@@ -103,7 +105,8 @@ def main(argv: list[str] | None = None) -> None:
         engine = VllmGeneration(cluster, engine_cfg(total).generation, name_prefix="bench-multi-turn")
         sides = {"single": (1, total), "multi": (args.turns, args.tokens_per_turn)}
 
-        def rate(side: str) -> tuple[float, float]:
+        def rate(side: str) -> tuple[float, float, float, float]:
+            """Tokens/s, tokens per sample, seconds in the engine, seconds elsewhere."""
             turns, new_tokens = sides[side]
             engine.cfg = engine.cfg.model_copy(update={"max_new_tokens": new_tokens})  # read at every request
             timer = Timer()
@@ -112,35 +115,24 @@ def main(argv: list[str] | None = None) -> None:
                                   ChattyEnvironment(observation), tokenizer, samples, 1, timer)
             seconds = time.perf_counter() - t0
             generated = float(rollout.data["generation_lengths"].sum())
-            engine_s[side].append(timer.seconds["time/generation_s"])
-            other_s[side].append(seconds - timer.seconds["time/generation_s"])
-            return generated / seconds, generated / len(samples)
+            in_engine = timer.seconds["time/generation_s"]
+            return generated / seconds, generated / len(samples), in_engine, seconds - in_engine
 
-        engine_s: dict[str, list[float]] = {side: [] for side in sides}
-        other_s: dict[str, list[float]] = {side: [] for side in sides}
-
-        for side in sides:
-            rate(side)
-        rates: dict[str, list[float]] = {side: [] for side in sides}
-        lengths: dict[str, list[float]] = {side: [] for side in sides}
-        for _ in range(args.repeats):
-            for side in sides:
-                r, n = rate(side)
-                rates[side].append(r)
-                lengths[side].append(n)
+        runs = interleaved(sides, rate, args.repeats)
     finally:
         if engine is not None:
             engine.shutdown()
         cluster.shutdown()
         shutdown_ray()
 
+    rates, lengths, engine_s, other_s = ({side: [run[k] for run in r] for side, r in runs.items()} for k in range(4))
     med = {side: statistics.median(r) for side, r in rates.items()}
     print(f"{'rollout':<10}{'median tok/s':>14}{'min':>10}{'max':>10}{'tokens/sample':>15}{'engine s':>10}"
           f"{'other s':>9}")
     for side in rates:
         print(f"{side:<10}{med[side]:>14.1f}{min(rates[side]):>10.1f}{max(rates[side]):>10.1f}"
-              f"{statistics.mean(lengths[side]):>15.1f}{statistics.median(engine_s[side][1:]):>10.2f}"
-              f"{statistics.median(other_s[side][1:]):>9.3f}")
+              f"{statistics.mean(lengths[side]):>15.1f}{statistics.median(engine_s[side]):>10.2f}"
+              f"{statistics.median(other_s[side]):>9.3f}")
     ratio = med["multi"] / med["single"]
     print(f"{args.turns}-turn / 1-turn tokens/s: {ratio:.2f}x")
     print(json.dumps({"single_turn_tok_s": round(med["single"], 1), "multi_turn_tok_s": round(med["multi"], 1),
