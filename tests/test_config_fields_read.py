@@ -33,8 +33,6 @@ SCHEMA_MODULES = {"base.py", "cluster.py", "generation.py", "grpo.py", "policy.p
 ALLOWED: dict[str, str] = {
     "SectionsModel.backend_sections": "the container of '*_cfg' sub-sections: read by the plugin registry "
                                       "through getattr(owner, 'backend_sections')",
-    "GRPOConfig.dynamic_sampling_max_gen_batches": "NeMo-RL's key, converted and validated; dynamic sampling itself "
-                                                   "is refused (grpo.use_dynamic_sampling: true) until implemented",
 }
 
 

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from rlcore.config import load_config_dict
-from rlcore.datasets import DataError, DatasetSource, SampleBuilder, load_sources, read_rows
+from rlcore.datasets import DataError, DataExhausted, DatasetSource, SampleBuilder, load_sources, read_rows
 
 ROWS = [{"id": f"r{i}", "problem": f"{i}+1=", "answer": str(i + 1)} for i in range(7)]
 
@@ -123,7 +123,9 @@ def test_epochs_cover_every_sample_once_reshuffled_and_reproducible():
     again = DatasetSource(samples, 3, seed=5)  # a fresh source (a resumed run) gives batch k the same samples
     assert [s.idx for s in again.batch(3)] == [s.idx for s in source.batch(3)]
     assert [s.idx for s in DatasetSource(samples, 3, shuffle=False).batch(1)] == [3, 4, 5]
-    with pytest.raises(DataError, match="7 samples, fewer than one step's 8"):
+    with pytest.raises(DataExhausted, match=r"max_num_epochs=2: the 4 batches of 3 prompts it allows are used up"):
+        source.batch(4)  # what dynamic sampling's cursor meets when the epochs end inside a step
+    with pytest.raises(DataError, match=r"7 samples, fewer than one batch's 8 \(grpo.num_prompts_per_step\)"):
         DatasetSource(samples, 8)
 
 
@@ -154,3 +156,13 @@ def test_config_rejects_ambiguous_data_sources():
         load_config_dict({"data": {"train": {"path": "a.jsonl", "generator": "m:f"}}})
     with pytest.raises(ConfigError, match="system_prompt and system_prompt_file: give one of them"):
         load_config_dict({"data": {"system_prompt": "a", "system_prompt_file": "b"}})
+
+
+def test_dotted_keys_read_nested_fields_and_a_column_of_that_name_wins():
+    builder = SampleBuilder(_cfg(input_key="q.text", output_key="meta.answer.value").data)
+    sample = builder.sample({"q": {"text": "2+2="}, "meta": {"answer": {"value": "4"}}}, 0, "row 1")
+    assert sample.messages == [{"role": "user", "content": "2+2="}] and sample.metadata["ground_truth"] == "4"
+    flat = builder.sample({"q.text": "flat", "q": {"text": "nested"}}, 1, "row 2")
+    assert flat.messages[0]["content"] == "flat" and "ground_truth" not in flat.metadata
+    with pytest.raises(DataError, match=r"row 3: no field 'q.text' \(data.input_key\); the row has q"):
+        builder.sample({"q": {"body": "x"}}, 2, "row 3")

@@ -280,7 +280,8 @@ def test_nemo_rls_reward_and_advantage_options_convert(path):
     """DAPO's and ProRL's GRPO options, turned on in NeMo-RL's own example config, arrive as the same values."""
     conversion = nemo_config(path, [
         "grpo.max_rollout_turns=3", "grpo.overlong_filtering=true", "grpo.advantage_clip_low=-5",
-        "grpo.advantage_clip_high=5.5", "grpo.dynamic_sampling_max_gen_batches=4",
+        "grpo.advantage_clip_high=5.5", "grpo.use_dynamic_sampling=true", "grpo.dynamic_sampling_max_gen_batches=4",
+        "grpo.batch_multiplier=1.5",
         "grpo.reward_shaping.enabled=true",
         "grpo.reward_shaping.overlong_buffer_length=64", "grpo.reward_shaping.overlong_buffer_penalty=0.5",
         "policy.max_total_sequence_length=1024",
@@ -288,7 +289,8 @@ def test_nemo_rls_reward_and_advantage_options_convert(path):
     g = conversion.config.grpo
     assert (g.max_rollout_turns, g.overlong_filtering, g.advantage_clip_low, g.advantage_clip_high) == (
         3, True, -5, 5.5)
-    assert (g.use_dynamic_sampling, g.dynamic_sampling_max_gen_batches, g.batch_multiplier) == (False, 4, 1.0)
+    assert (g.use_dynamic_sampling, g.dynamic_sampling_max_gen_batches, g.batch_multiplier) == (True, 4, 1.5)
+    assert g.prompts_per_generation_batch == int(g.num_prompts_per_step * 1.5)  # NeMo-RL rounds down too
     sh, sc = g.reward_shaping, g.reward_scaling
     # max_response_length: ${policy.max_total_sequence_length} in the file, resolved after the override
     assert (sh.enabled, sh.overlong_buffer_length, sh.overlong_buffer_penalty, sh.max_response_length,
@@ -307,8 +309,6 @@ def test_nemo_rls_reward_and_advantage_options_convert(path):
 def test_nemo_rls_refusals_of_the_reward_options_carry_over():
     (problem,) = nemo_problems(BASE, "grpo.batch_multiplier=2")  # NeMo-RL asserts it is 1 without dynamic sampling
     assert problem.startswith("grpo.batch_multiplier: is 2.0, but it only sizes the generation batches"), problem
-    (problem,) = nemo_problems(BASE, "grpo.use_dynamic_sampling=true")  # not implemented yet: refused, not ignored
-    assert problem.startswith("grpo.use_dynamic_sampling: rlcore does not implement dynamic sampling yet"), problem
     problems = nemo_problems(BASE, "grpo.async_grpo.enabled=true", "grpo.reward_scaling.enabled=true",
                              "loss_fn.use_importance_sampling_correction=true",
                              "policy.generation.colocated.enabled=false", "cluster.gpus_per_node=2",
@@ -543,3 +543,27 @@ def test_nemo_rl_main_branch_config_converts_its_task():
     assert any(line.startswith("ignored: grpo.val_start_at (") for line in loaded.ignored_lines())
     problems = nemo_problems(path, "grpo.val_num_generations_per_prompt=4", f"++data.train.data_path={MATH_ROWS}")
     assert problems[0].startswith("grpo.val_num_generations_per_prompt: is 4, but rlcore does not support")
+
+
+def test_a_dapo_math_config_reads_the_nested_rows_of_dapo_math_17k(tmp_path):
+    """DAPO-Math-17k's rows: the prompt is a message log, the answer sits in reward_model.ground_truth. A NeMo-RL
+    config naming the dataset, given a local parquet copy, reads both."""
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    from rlcore.datasets import SampleBuilder, read_rows
+
+    rows = [{"data_source": "math_dapo", "prompt": [{"content": f"What is {i} + 1?", "role": "user"}],
+             "ability": "MATH", "reward_model": {"ground_truth": str(i + 1), "style": "rule-lighteval/MATH_v2"},
+             "extra_info": {"index": f"id-{i}"}} for i in range(3)]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "dapo.parquet")
+    cfg = nemo_config(BASE, ["++data.train.dataset_name=DAPOMath17K", "data.default.prompt_file=null",
+                             f"++data.train.data_path={tmp_path / 'dapo.parquet'}"]).config
+    assert (cfg.data.messages_key, cfg.data.output_key) == ("prompt", "reward_model.ground_truth")
+    builder = SampleBuilder(cfg.data)
+    samples = [builder.sample(row, i, f"row {i + 1}") for i, row in enumerate(read_rows(cfg.data.train.path))]
+    assert [s.messages[-1] for s in samples] == [{"role": "user", "content": f"What is {i} + 1?"} for i in range(3)]
+    assert [s.metadata["ground_truth"] for s in samples] == ["1", "2", "3"]
+    assert samples[2].metadata["extra_info"] == {"index": "id-2"}  # the other columns ride along as metadata
+    (problem,) = nemo_problems(BASE, "++data.train.dataset_name=DAPOMath17K", "~data.train.data_path")
+    assert "rows with messages_key 'prompt', output_key 'reward_model.ground_truth'" in problem, problem

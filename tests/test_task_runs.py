@@ -90,3 +90,71 @@ def test_checkpoints_kept_by_a_metric_follow_nemo_rl(tmp_path):
     with pytest.raises(ValueError, match="'validation/acuracy' is not a metric of this run; it has loss, "
                                          "validation/accuracy"):
         ranking_metric("validation/acuracy", {"loss": 1.0, "validation/accuracy": 0.5, "time/step_s": 1.0})
+
+
+def flat_or_differing_reward(prompts, completions, metadata):
+    """Dynamic sampling's task: a row whose number is a multiple of 3 scores 1 for every completion (its groups
+    have no signal); any other row's two completions score 0 and 1 (signal). Records the samples scored."""
+    phase = "train" if len(completions) == 6 else "validation"  # 3 prompts x 2 completions per generation batch
+    SEEN.extend((phase, m["id"]) for m in metadata)
+    return [1.0 if int(m["id"][1:]) % 3 == 0 else float(j % 2) for j, m in enumerate(metadata)]
+
+
+def _expected_dynamic_steps(batches: list[list[str]], wanted: int) -> list[dict[str, float]]:
+    """What each step of dynamic sampling should do with these generation batches (ids per batch): the steps
+    the data completes, each with its batches, surplus and all generated rewards."""
+    steps, step = [], {"batches": 0, "found": 0, "rewards": []}
+    for ids in batches:
+        groups = list(dict.fromkeys(ids))  # the batch's prompts, each generated twice
+        step["batches"] += 1
+        step["rewards"] += [1.0 if int(i[1:]) % 3 == 0 else r for i in groups for r in (0.0, 1.0)]
+        step["found"] += sum(int(i[1:]) % 3 != 0 for i in groups)
+        if step["found"] >= wanted:
+            steps.append(step)
+            step = {"batches": 0, "found": 0, "rewards": []}
+    return steps
+
+
+def test_dynamic_sampling_trains_on_groups_with_signal_resumes_and_ends_with_the_data(ray_session, tmp_path):
+    """12 rows, 2 prompts per step from batches of 3 (batch_multiplier 1.5), 2 epochs: 8 generation batches, and
+    each step draws as many as it needs to hold 2 groups whose rewards differ."""
+    from rlcore.run.train import train
+
+    def config(out, steps, **extra):
+        return _task_config(tmp_path, tmp_path / out, steps, **{
+            "env.python_cfg.reward": "tests.test_task_runs:flat_or_differing_reward",
+            "grpo.use_dynamic_sampling": "true", "grpo.batch_multiplier": "1.5", "grpo.num_prompts_per_step": "2",
+            "grpo.val_period": "0", "grpo.val_at_start": "false", "grpo.val_at_end": "true",
+            "grpo.max_val_samples": "2", "grpo.val_batch_size": "2",
+            "policy.train_global_batch_size": "4", "policy.train_micro_batch_size": "2",
+            "policy.logprob_batch_size": "4", "checkpointing.save_every_n_steps": "100",
+            "grpo.seed": "11",  # its shuffle: step 1 draws 2 batches, and the last batch leaves a step unfinished
+            **extra})
+
+    SEEN.clear()
+    whole = train(config("whole", 20))
+    train_ids = [i for phase, i in SEEN if phase == "train"]
+    batches = [train_ids[k:k + 6] for k in range(0, len(train_ids), 6)]
+    assert len(batches) == 8  # every batch the 2 epochs allow was drawn, then the data ran out inside a step
+    expected = _expected_dynamic_steps(batches, 2)
+    rows = [json.loads(line) for line in (tmp_path / "whole" / "metrics.jsonl").read_text().splitlines()]
+    trained = [r for r in rows if "reward_mean" in r]
+    assert expected[1]["batches"] == 2 and sum(s["batches"] for s in expected) < 8  # what seed 11 was chosen for
+    assert whole["steps"] == len(expected) == len(trained) and whole["ended_early"].startswith(
+        f"the data ran out during step {len(expected)}")
+    for row, step in zip(trained, expected):
+        assert row["dynamic_sampling/gen_batches"] == step["batches"]
+        assert row["dynamic_sampling/discarded_valid_samples"] == 2 * (step["found"] - 2)
+        assert row["reward_mean"] == pytest.approx(sum(step["rewards"]) / len(step["rewards"]))
+        assert row["filtered_reward_mean"] == 0.5  # only the 0/1 groups are trained
+    # the run's end: the last complete step validated (val_at_end) and checkpointed with its data position
+    last = len(expected) - 1
+    assert [r["step"] for r in rows if "validation/accuracy" in r] == [last]
+    state = json.loads((tmp_path / "whole" / "checkpoints" / f"step_{last:06d}" / "state.json").read_text())
+    assert state["data"]["next_batch"] == sum(s["batches"] for s in expected)
+    assert state["data"]["batch_size"] == 3
+
+    SEEN.clear()
+    train(config("resumed", 2))  # stopped after step 1, checkpointed there
+    train(config("resumed", 20), resume=True)
+    assert [i for phase, i in SEEN if phase == "train"] == train_ids  # the resumed run draws the next unseen batch

@@ -6,11 +6,10 @@ They cover ``grpo.reward_scaling``, ``grpo.reward_shaping``,
 (``grpo_train`` in ``nemo_rl/algorithms/grpo.py``):
 
 1. :func:`transform_rewards`: :func:`scale_rewards`, then :func:`shape_rewards`.
-2. Dynamic sampling (not in the loop yet: ``use_dynamic_sampling: true`` is
-   refused at load): :func:`groups_with_signal` on the rewards *before*
-   shaping (``TransformedRewards.unshaped``), so that a length penalty does
-   not make a group look informative; groups without signal are dropped and
-   more are generated.
+2. Dynamic sampling (:mod:`rlcore.run.dynamic_sampling`): :func:`groups_with_signal`
+   on the rewards *before* shaping (``TransformedRewards.unshaped``), so that a
+   length penalty does not make a group look informative; groups without
+   signal are dropped and more are generated.
 3. Overlong filtering: :func:`overlong_sample_mask` multiplies the sample mask
    of the samples kept.
 4. Advantages from the shaped rewards (``TransformedRewards.rewards``) of the

@@ -44,7 +44,7 @@ def _summary_line(resolved: Any, data: Any, log_dir: Path, verbose: bool) -> str
     where = "streamed here (-v)" if verbose else f"in {log_dir}/"
     return (f"rlcore run: {p.training_backend} + {gen.backend}{placement} on {c.num_nodes}x{c.workers_per_node} "
             f"{'GPU' if c.use_gpu else 'CPU'} workers, model {p.model_name}, {source} scored by {cfg.env.name}, "
-            f"{steps} steps; "
+            f"{'up to ' if cfg.grpo.use_dynamic_sampling else ''}{steps} steps; "
             f"logs {where}")
 
 

@@ -53,7 +53,8 @@ class DataConfig(StrictModel):
                                  description="The training samples (default: the toy digits prompts).")
     validation: DatasetConfig | None = Field(None, description="The validation samples (grpo.val_*); none = no "
                                              "validation.")
-    input_key: str = Field("input", description="The column holding the prompt.")
+    input_key: str = Field("input", description="The column holding the prompt. Each key may name a field inside "
+                           "nested columns with dots (reward_model.ground_truth) when no column has that name.")
     output_key: str = Field("output", description="The column holding the expected answer (the environment's "
                             "ground_truth); a row without it has none.")
     messages_key: str = Field("messages", description="The column holding a whole message log, used as it is.")

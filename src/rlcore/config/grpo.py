@@ -122,13 +122,16 @@ class GRPOConfig(StrictModel):
         default_factory=RewardShapingConfig, description="Length penalties on the rewards (after reward_scaling): "
         "DAPO's overlong penalty or the truncation penalty.")
     use_dynamic_sampling: bool = Field(
-        False, description="DAPO's dynamic sampling (NeMo-RL's key). Not implemented yet: true is refused.")
+        False, description="DAPO's dynamic sampling: a step generates batches of num_prompts_per_step * "
+        "batch_multiplier prompts until it holds num_prompts_per_step groups whose rewards (after reward_scaling, "
+        "before reward_shaping) are not all equal, and trains on those; the rest are dropped.")
     dynamic_sampling_max_gen_batches: PositiveInt = Field(
-        10, description="NeMo-RL's limit on dynamic sampling's generation batches per step; unused until dynamic "
-        "sampling is implemented (use_dynamic_sampling: true is refused).")
+        10, description="Dynamic sampling: the most generation batches one step may draw; a step that has not "
+        "found enough groups by then stops the run with an error. Only with use_dynamic_sampling.")
     batch_multiplier: float = Field(
-        1.0, ge=1.0, description="NeMo-RL's size factor of dynamic sampling's generation batches; must be 1 "
-        "(dynamic sampling is not implemented yet).")
+        1.0, ge=1.0, description="Dynamic sampling: each generation batch has int(num_prompts_per_step * "
+        "batch_multiplier) prompts (more per batch, fewer batches per step). Must be 1 without "
+        "use_dynamic_sampling.")
     advantage_clip_low: float | None = Field(
         None, description="Lower bound the advantages are clamped to after they are computed (and normalized); "
         "None = no bound. <= 0.")
@@ -139,6 +142,14 @@ class GRPOConfig(StrictModel):
         False, description="Leave truncated completions (cut by a token budget before they stopped) out of the "
         "loss: their sample weight is 0. They still count in their group's baseline and std; Reinforce++ also "
         "leaves them out of its batch whitening.")
+
+    @property
+    def prompts_per_generation_batch(self) -> int:
+        """Prompts per batch drawn from the data: ``num_prompts_per_step``, times ``batch_multiplier`` (rounded
+        down, as NeMo-RL does) with dynamic sampling."""
+        if not self.use_dynamic_sampling:
+            return self.num_prompts_per_step
+        return int(self.num_prompts_per_step * self.batch_multiplier)
 
 
 class LoggerConfig(StrictModel):

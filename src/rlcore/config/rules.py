@@ -160,18 +160,12 @@ def reward_transforms_not_with_async_grpo(cfg: "RLCoreConfig") -> Iterator[str]:
 
 
 @rule
-def dynamic_sampling_settings(cfg: "RLCoreConfig") -> Iterator[str]:
-    """Dynamic sampling is not implemented yet: refused by name rather than ignored. batch_multiplier only sizes
-    its generation batches (NeMo-RL asserts it is 1 without it)."""
+def batch_multiplier_only_with_dynamic_sampling(cfg: "RLCoreConfig") -> Iterator[str]:
+    """batch_multiplier only sizes dynamic sampling's generation batches (NeMo-RL asserts it is 1 without)."""
     g = cfg.grpo
-    if g is None:
-        return
-    if g.use_dynamic_sampling:
-        yield ("grpo.use_dynamic_sampling: rlcore does not implement dynamic sampling yet (it draws extra batches, "
-               "which the data position of a checkpoint cannot record yet); set it to false")
-    elif g.batch_multiplier != 1:
+    if g is not None and not g.use_dynamic_sampling and g.batch_multiplier != 1:
         yield (f"grpo.batch_multiplier: is {g.batch_multiplier}, but it only sizes the generation batches of "
-               "dynamic sampling, which rlcore does not implement yet; set it to 1")
+               "dynamic sampling; set grpo.use_dynamic_sampling=true or grpo.batch_multiplier=1")
 
 
 @rule

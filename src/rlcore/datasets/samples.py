@@ -2,6 +2,8 @@
 
 The metadata is the row's columns, with the expected answer (``data.output_key``) under ``ground_truth`` as
 the environment reads it (NeMo-RL's name). A row holding ``data.messages_key`` is a message log already.
+A key with dots names a field inside nested columns (``reward_model.ground_truth``: DAPO-Math-17k's answer)
+when the row has no column of that exact name.
 """
 
 from __future__ import annotations
@@ -15,6 +17,21 @@ from rlcore.datasets.files import DataError
 from rlcore.interfaces.environment import Message
 
 _ROLES = ("system", "user", "assistant", "environment", "tool")
+_MISSING = object()
+
+
+def _field(row: dict[str, Any], key: str) -> Any:
+    """``row[key]``; else, for a dotted key, the nested field it names; else ``_MISSING``."""
+    if key in row:
+        return row[key]
+    if "." not in key:
+        return _MISSING
+    value: Any = row
+    for part in key.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return _MISSING
+        value = value[part]
+    return value
 
 
 @dataclass(frozen=True)
@@ -48,22 +65,21 @@ class SampleBuilder:
     def sample(self, row: dict[str, Any], idx: int, where: str) -> Sample:
         """The sample of ``row``; ``where`` names the row in errors ('train.jsonl: row 7')."""
         cfg = self.cfg
-        if cfg.messages_key in row:
-            messages = self._messages(row[cfg.messages_key], where)
+        if (log := _field(row, cfg.messages_key)) is not _MISSING:
+            messages = self._messages(log, where)
         else:
-            if cfg.input_key not in row:
+            if (prompt := _field(row, cfg.input_key)) is _MISSING:
                 raise DataError(f"{where}: no field '{cfg.input_key}' (data.input_key); the row has "
                                 f"{', '.join(map(str, row)) or 'no fields'}")
-            messages = [{"role": "user", "content": self._prompt(row, where)}]
+            messages = [{"role": "user", "content": self._prompt(row, prompt, where)}]
         if self.system is not None and messages[0]["role"] != "system":
             messages = [{"role": "system", "content": self.system}, *messages]
         metadata = {key: value for key, value in row.items() if key != cfg.messages_key}
-        if cfg.output_key in row:
-            metadata["ground_truth"] = row[cfg.output_key]
+        if (answer := _field(row, cfg.output_key)) is not _MISSING:
+            metadata["ground_truth"] = answer
         return Sample(idx, messages, metadata)
 
-    def _prompt(self, row: dict[str, Any], where: str) -> str:
-        value = row[self.cfg.input_key]
+    def _prompt(self, row: dict[str, Any], value: Any, where: str) -> str:
         if not isinstance(value, str):
             raise DataError(f"{where}: field '{self.cfg.input_key}' is {type(value).__name__}, not text")
         if self.template is None:

@@ -5,7 +5,9 @@ batches_per_epoch`` is a permutation of the dataset drawn from ``(seed,
 epoch)``, and the batch is its ``k``-th slice (the last, partial slice of an
 epoch is skipped, as a drop-last loader does). So a resumed run that knows
 which batch comes next sees exactly the samples an uninterrupted run would,
-and asynchronous GRPO can draw batches ahead of training.
+and asynchronous GRPO can draw batches ahead of training. A step draws one
+batch, or with dynamic sampling as many as it needs; the index of the next
+batch is the data position a checkpoint records.
 """
 
 from __future__ import annotations
@@ -18,17 +20,22 @@ from rlcore.datasets.files import DataError, read_rows
 from rlcore.datasets.samples import Sample, SampleBuilder
 
 
+class DataExhausted(Exception):
+    """The batches ``grpo.max_num_epochs`` allows are used up (a step of dynamic sampling asked for more)."""
+
+
 class DatasetSource:
     """Fixed samples in batches of ``batch_size``, reshuffled every epoch when ``shuffle``."""
 
     def __init__(self, samples: list[Sample], batch_size: int, *, seed: int = 0, shuffle: bool = True,
-                 max_epochs: int | None = None, name: str = "data.train") -> None:
+                 max_epochs: int | None = None, name: str = "data.train",
+                 size_setting: str = "grpo.num_prompts_per_step") -> None:
         self.samples, self.batch_size, self.seed, self.shuffle = samples, batch_size, seed, shuffle
         self.max_epochs = max_epochs
         self.batches_per_epoch = len(samples) // batch_size
         if self.batches_per_epoch == 0:
-            raise DataError(f"{name}: {len(samples)} samples, fewer than one step's {batch_size} "
-                            "(grpo.num_prompts_per_step): add samples or lower it")
+            raise DataError(f"{name}: {len(samples)} samples, fewer than one batch's {batch_size} "
+                            f"({size_setting}): add samples or lower it")
         self._orders: dict[int, list[int]] = {}
 
     @property
@@ -44,6 +51,9 @@ class DatasetSource:
         return k // self.batches_per_epoch
 
     def batch(self, k: int) -> list[Sample]:
+        if self.total_batches is not None and k >= self.total_batches:
+            raise DataExhausted(f"grpo.max_num_epochs={self.max_epochs}: the {self.total_batches} batches of "
+                                f"{self.batch_size} prompts it allows are used up")
         epoch, j = divmod(k, self.batches_per_epoch)
         order = self._order(epoch)
         return [self.samples[i] for i in order[j * self.batch_size:(j + 1) * self.batch_size]]
@@ -88,7 +98,8 @@ class RunData:
     validation: list[Sample] | None
 
     def num_steps(self, max_num_steps: int) -> int:
-        """The steps a run trains: ``max_num_steps``, or fewer when the epochs of the train data end first."""
+        """The steps a run trains: ``max_num_steps``, or fewer when the epochs of the train data end first (with
+        dynamic sampling, an upper bound: a step may draw several batches)."""
         return min(max_num_steps, self.train.total_batches or max_num_steps)
 
 
@@ -114,6 +125,9 @@ def load_sources(cfg: Any, prompt_length: Callable[[Sample], int] | None = None)
 
     data, grpo = cfg.data, cfg.grpo
     builder = SampleBuilder(data)
+    batch_size = grpo.prompts_per_generation_batch
+    size_setting = ("grpo.num_prompts_per_step * grpo.batch_multiplier" if grpo.use_dynamic_sampling
+                    else "grpo.num_prompts_per_step")
     held_out: list[Sample] = []
     if data.train.generator is not None:
         try:
@@ -121,14 +135,15 @@ def load_sources(cfg: Any, prompt_length: Callable[[Sample], int] | None = None)
         except (ImportError, AttributeError, ValueError) as exc:
             raise DataError(f"data.train.generator: cannot import {data.train.generator}: {exc}") from None
         train: DatasetSource | GeneratorSource = GeneratorSource(
-            fn, data.train.generator_kwargs, builder, grpo.num_prompts_per_step, seed=grpo.seed)
+            fn, data.train.generator_kwargs, builder, batch_size, seed=grpo.seed)
         checked: list[tuple[str, list[Sample]]] = []
     else:
         samples = read_samples(data.train, builder)
         if data.split_validation_size:
             samples, held_out = split_off(samples, data.split_validation_size, grpo.seed)
-        train = DatasetSource(samples, grpo.num_prompts_per_step, seed=grpo.seed, shuffle=data.shuffle,
-                              max_epochs=grpo.max_num_epochs, name=f"data.train ({data.train.path})")
+        train = DatasetSource(samples, batch_size, seed=grpo.seed, shuffle=data.shuffle,
+                              max_epochs=grpo.max_num_epochs, name=f"data.train ({data.train.path})",
+                              size_setting=size_setting)
         checked = [(data.train.path, samples)]
     validation = None
     if data.validation is not None:

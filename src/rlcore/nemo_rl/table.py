@@ -258,8 +258,9 @@ RULES: tuple[Rule, ...] = (
     _i(P + "sequence_packing.microbatch_order", "the order packed micro-batches run in: the gradients add up to "
        "the same sum"),
     *(_m("grpo." + k) for k in ("overlong_filtering", "advantage_clip_low", "advantage_clip_high")),
-    _m("grpo.use_dynamic_sampling", note="true is an error: rlcore does not implement dynamic sampling yet"),
-    *(_m("grpo." + k) for k in ("dynamic_sampling_max_gen_batches", "batch_multiplier")),
+    _m("grpo.use_dynamic_sampling", note="whole groups kept or dropped; see docs/tasks.md"),
+    _m("grpo.dynamic_sampling_max_gen_batches", note="at most this many batches per step (NeMo-RL: one more)"),
+    _m("grpo.batch_multiplier"),
     *(_m("grpo.reward_shaping." + k) for k in ("enabled", "overlong_buffer_length", "overlong_buffer_penalty",
                                               "stop_properly_penalty_coef")),
     _m("grpo.reward_shaping.max_response_length", note="NeMo-RL's examples write "

@@ -16,10 +16,13 @@ from typing import Any
 from rlcore.config.messages import show_value
 from rlcore.nemo_rl.conversion import Conversion, put
 
-#: NeMo-RL datasets it downloads by name, and the (prompt, answer) columns of their rows.
-HUB_DATASETS: dict[str, tuple[str, str]] = {
-    "OpenMathInstruct-2": ("problem", "expected_answer"),
-    "DeepScaler": ("problem", "answer"),
+#: NeMo-RL datasets it downloads by name, and the keys of their rows (``data.*_key``).
+HUB_DATASETS: dict[str, dict[str, str]] = {
+    "OpenMathInstruct-2": {"input_key": "problem", "output_key": "expected_answer"},
+    "DeepScaler": {"input_key": "problem", "output_key": "answer"},
+    # the row's prompt is a message log already; the answer is nested
+    "DAPOMath17K": {"messages_key": "prompt", "output_key": "reward_model.ground_truth"},
+    "DAPOMathAIME2024": {"messages_key": "prompt", "output_key": "reward_model.ground_truth"},
 }
 #: Environments NeMo-RL names in ``env_name`` that rlcore has, by rlcore name.
 ENVIRONMENTS = {"math": "math"}
@@ -64,7 +67,7 @@ def _dataset(entry: dict[str, Any], where: str, split: str, out: Conversion) -> 
     name = entry.get("dataset_name")
     columns = HUB_DATASETS.get(str(name))
     if not path:
-        known = f" (rows with the columns {columns[0]!r} and {columns[1]!r})" if columns else ""
+        known = f" (rows with {', '.join(f'{k} {v!r}' for k, v in columns.items())})" if columns else ""
         out.problems.append(f"{where}.dataset_name: is {show_value(name)}, which NeMo-RL downloads; rlcore reads local "
                             f"files: give a copy as ++{where}.data_path=/path/to/{split}.jsonl{known}")
         return
@@ -72,9 +75,8 @@ def _dataset(entry: dict[str, Any], where: str, split: str, out: Conversion) -> 
     if entry.get("split"):
         _set(out, f"data.{split}.split", entry["split"], f"{where}.split")
     if split == "train":
-        for key, fallback in (("input_key", columns[0] if columns else None),
-                              ("output_key", columns[1] if columns else None)):
-            value = entry.get(key, fallback)
+        for key in ("input_key", "output_key", "messages_key"):
+            value = entry.get(key, (columns or {}).get(key))
             if value is not None:
                 _set(out, f"data.{key}", value, f"{where}.{key}")
 

@@ -33,6 +33,14 @@ class Run:
     environment: Any = None  # an rlcore.environments.runner.EnvironmentRunner
     data: Any = None  # the run's samples (rlcore.datasets.sources.RunData)
     num_steps: int = 0  # steps the run trains: grpo.max_num_steps, or fewer when grpo.max_num_epochs ends it
+    next_batch: int = 0  # the data position: the next batch of data.train a synchronous step draws
+
+    def draw_train_batch(self) -> list[Any]:
+        """The next batch of training samples; moves the data position (raises
+        :class:`rlcore.datasets.DataExhausted` past ``grpo.max_num_epochs``)."""
+        samples = self.data.train.batch(self.next_batch)
+        self.next_batch += 1
+        return samples
 
     @property
     def cfg(self) -> Any:
@@ -90,7 +98,7 @@ def build_run(config: Any, resume_dir: Path | None = None, start_step: int = 0, 
     data = data if data is not None else load_run_data(cfg, tokenizer)
     cluster = RayVirtualCluster.from_config(cfg.cluster, max_colocated_worker_groups=2 if colocated else 1)
     run = Run(resolved, cluster, tokenizer=tokenizer, start_step=start_step, data=data,
-              num_steps=data.num_steps(cfg.grpo.max_num_steps))
+              num_steps=data.num_steps(cfg.grpo.max_num_steps), next_batch=start_step)
     try:
         run.environment = EnvironmentRunner.from_resolved(resolved.environment, cfg.env)
         weights = optimizer = None

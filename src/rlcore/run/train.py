@@ -43,15 +43,19 @@ def data_position(cfg: Any, data: Any, next_batch: int) -> dict[str, Any]:
             "num_samples": train.num_samples, "seed": cfg.grpo.seed}
 
 
-def check_data_position(saved: dict[str, Any] | None, expected: dict[str, Any], where: Path) -> None:
-    """A resumed run must continue the same data stream: the same batch size, dataset size and seed."""
+def resumed_data_position(cfg: Any, data: Any, saved: dict[str, Any] | None, start: int, where: Path) -> int:
+    """The next batch a resumed run draws: the checkpoint's data position, which must belong to the same data
+    stream (the same batch size, dataset size and seed; without dynamic sampling, one batch per step)."""
     if saved is None:
-        return  # a checkpoint from before the data position was recorded: batch = step, as it was then
-    changed = [f"{key} {saved.get(key)} -> {expected[key]}" for key in ("next_batch", "batch_size", "num_samples",
-                                                                         "seed") if saved.get(key) != expected[key]]
+        return start  # a checkpoint from before the data position was recorded: batch = step, as it was then
+    expected = data_position(cfg, data, start)
+    keys = ("batch_size", "num_samples", "seed") + (() if cfg.grpo.use_dynamic_sampling else ("next_batch",))
+    changed = [f"{key} {saved.get(key)} -> {expected[key]}" for key in keys if saved.get(key) != expected[key]]
     if changed:
         raise ValueError(f"--resume: {where} continued a different data stream ({', '.join(changed)}); resume with "
-                         "the data, grpo.num_prompts_per_step and grpo.seed it was written with, or start fresh")
+                         "the data, grpo.num_prompts_per_step, grpo.batch_multiplier and grpo.seed it was written "
+                         "with, or start fresh")
+    return int(saved["next_batch"])
 
 
 def ranking_metric(name: str | None, metrics: dict[str, float]) -> dict[str, Any]:
@@ -97,31 +101,54 @@ def train(config: Any, resume: bool = False, signals: Any = None, progress_file:
     start = resume_from[0] + 1 if resume_from else 0
     tokenizer = tokenizer if tokenizer is not None else load_tokenizer(cfg)
     data = data if data is not None else load_run_data(cfg, tokenizer)
+    next_batch = start
     if resume_from:
-        check_data_position(read_state(resume_from[1]).get("data"), data_position(cfg, data, start), resume_from[1])
+        next_batch = resumed_data_position(cfg, data, read_state(resume_from[1]).get("data"), start, resume_from[1])
         if problems := resume_problems(cfg.policy, resume_from[1]):
             raise ValueError("\n".join(problems))  # before Ray starts
     keep_steps_before(out / "metrics.jsonl", start)  # a fresh run starts a fresh log; a resumed one drops re-run steps
     run = build_run(resolved, resume_from[1] if resume_from else None, start, tokenizer=tokenizer, data=data)
+    run.next_batch = next_batch
     logger = None
     last = run.num_steps - 1
     hold = signals.hold if signals is not None else contextlib.nullcontext
+    ck = cfg.checkpointing
+    finished: dict[str, Any] = {}  # the newest finished step: "step", "metrics", "position", "saved"
+
+    def save(step: int, metrics: dict[str, float], position: int) -> None:
+        with hold():
+            extra = {"data": data_position(cfg, data, position), **ranking_metric(ck.metric_name, metrics)}
+            save_step(run.policy, ckpt_root, step, ck.keep_last, extra,
+                      (ck.metric_name, ck.higher_is_better) if ck.metric_name else None)
 
     def on_step(step: int, metrics: dict[str, float]) -> None:
         logger.log(step, metrics)
-        ck = cfg.checkpointing
-        if ck.enabled and ((step + 1) % ck.save_every_n_steps == 0 or step == last):
-            with hold():
-                extra = {"data": data_position(cfg, data, step + 1), **ranking_metric(ck.metric_name, metrics)}
-                save_step(run.policy, ckpt_root, step, ck.keep_last, extra,
-                          (ck.metric_name, ck.higher_is_better) if ck.metric_name else None)
+        position = step + 1 if run.resolved.async_generation else run.next_batch  # async draws by step, ahead
+        saved = ck.enabled and ((step + 1) % ck.save_every_n_steps == 0 or step == last)
+        if saved:
+            save(step, metrics, position)
+        finished.update(step=step, metrics=metrics, position=position, saved=saved)
+
+    def end_early(why: str) -> None:
+        """The data ended inside a step: the step before it is the run's last (validated, saved)."""
+        print(f"{why}; the run ends after step {finished.get('step', start - 1)}", file=sys.stderr)
+        if not finished:
+            return
+        step, metrics = finished["step"], finished["metrics"]
+        if cfg.grpo.val_at_end and data.validation and "validation/accuracy" not in metrics:
+            validation = validate(run, synchronous_generate(run))
+            logger.log(step, validation, advance=False)
+            metrics = {**metrics, **validation}
+        if ck.enabled and not finished["saved"]:
+            save(step, metrics, finished["position"])  # not the unfinished step's draws: they are retried
 
     try:
         logger = MetricsLogger(out, tensorboard=cfg.logger.tensorboard, progress_bar=cfg.logger.progress_bar,
                                progress_file=progress_file, total_steps=run.num_steps, initial_step=start)
         if cfg.grpo.val_at_start and start == 0 and data.validation:
             logger.log(-1, validate(run, synchronous_generate(run)), advance=False)  # the initial weights
-        grpo_train(run, on_step)
+        if (ended_early := grpo_train(run, on_step)) is not None:
+            end_early(ended_early)
     except BaseException:
         if logger is not None:
             with contextlib.suppress(Exception):  # the run's error is the one worth reporting
@@ -144,6 +171,7 @@ def train(config: Any, resume: bool = False, signals: Any = None, progress_file:
         "metrics": str(logger.path),
         "reward_curve": str(png) if png else None,
         "final_weights": str(latest[1] / "weights") if latest else None,
+        **({"ended_early": ended_early} if ended_early else {}),
     }
 
 
