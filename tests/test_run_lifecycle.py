@@ -193,8 +193,34 @@ def _resume_refuses_a_checkpoint_reaching_outside(run_dir: Path) -> None:
     proc, baseline = start(forged, resume=True)
     _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 1, stderr[-2000:]
-    error = next(line for line in stderr.splitlines() if line.startswith("error: "))
-    assert error.startswith(f"error: ValueError: --resume from {step}: {step / 'weights' / 'extra.safetensors'} "
-                            f"is a link to {run_dir / 'elsewhere.safetensors'}, outside the checkpoint"), error
+    error = stderr.splitlines()[-1]
+    assert error.startswith(f"--resume from {step}: {step / 'weights' / 'extra.safetensors'} "
+                            f"is a link to {run_dir / 'elsewhere.safetensors'}, outside the checkpoint"), stderr
     assert not list((forged / "logs").glob("ray*")) and "Started a local Ray" not in stderr
     assert_released(baseline, proc, time.monotonic(), "refused resume")
+    _resume_refuses_a_pickled_call(run_dir)
+
+
+def _resume_refuses_a_pickled_call(run_dir: Path) -> None:
+    """A copy of the newest step whose optimizer state (a ``torch.save`` file) pickles ``os.system``: the
+    driver reads it with the workers' restricted reader and refuses in one line before Ray starts; nothing runs."""
+    import shutil
+
+    from rlcore.testing.payloads import torch_save_payload
+
+    forged = run_dir / "forged-pickle"
+    shutil.copytree(run_dir / "checkpoints", forged / "checkpoints")
+    step = sorted((forged / "checkpoints").glob("step_*"))[-1]
+    marker = run_dir / "payload-ran"
+    (step / "optimizer").write_bytes(torch_save_payload(marker, lambda evil: {"optimizer": evil}))
+    began = time.monotonic()
+    proc, baseline = start(forged, resume=True)
+    _, stderr = proc.communicate(timeout=120)
+    print(f"refused pickled resume: exit {proc.returncode} after {time.monotonic() - began:.2f}s")
+    assert proc.returncode == 1, stderr[-2000:]
+    assert stderr.splitlines()[-1:] == [f"--resume from {step}: optimizer: refusing to load posix.system (not an "
+                      "allowed checkpoint type) (checkpoints are data, never code; see "
+                      f"docs/writing-a-training-backend.md) (or move {step.name} away to resume from the step "
+                      "before it)"], stderr[-2000:]
+    assert not marker.exists() and "Started a local Ray" not in stderr
+    assert_released(baseline, proc, time.monotonic(), "refused pickled resume")

@@ -121,6 +121,29 @@ def test_a_signal_inside_a_worker_call_is_a_stop_not_a_worker_failure(ray_sessio
         cluster.shutdown()
 
 
+def test_workers_temp_files_go_with_the_private_session(ray_session):
+    """A worker library's temp files (megatron-core's checkpoint saver starts a multiprocessing manager that
+    leaves a pymp-* dir when its worker is killed) land in the private session's temp dir, which the session
+    removes however it ends; the driver's own temp dir and environment are as they were."""
+    import tempfile
+
+    import ray
+
+    from rlcore.distributed.ray_runtime import _PRIVATE
+
+    if "temp_dir" not in _PRIVATE:
+        pytest.skip("attached to a Ray instance this session did not start")
+
+    @ray.remote(num_cpus=0)
+    def worker_temp_dir() -> str:
+        return tempfile.gettempdir()
+
+    session_tmp = os.path.join(_PRIVATE["temp_dir"], "tmp")
+    assert ray.get(worker_temp_dir.remote()) == session_tmp
+    assert not tempfile.gettempdir().startswith(_PRIVATE["temp_dir"])
+    assert os.environ.get("TMPDIR") != session_tmp
+
+
 def test_ray_address_attaches_to_an_existing_cluster(ray_session):
     """With RAY_ADDRESS set, init_ray joins that cluster instead of starting a private one."""
     import ray

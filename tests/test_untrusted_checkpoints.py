@@ -133,6 +133,30 @@ def test_torch_load_refuses_code_and_names_the_file(wrap: Any, marker: Path, tmp
     assert not marker.exists()
 
 
+def test_resume_check_reads_the_pickled_files_on_the_driver(marker: Path, tmp_path: Path) -> None:
+    """``rlcore run --resume``'s driver-side check: each pickled file of a step through the workers' readers,
+    one line per file in rlcore's words (never torch's advice), nothing run, genuine files passed."""
+    from rlcore.run.checkpoints import pickle_problems
+
+    step = tmp_path / "step_000009"
+    (step / "optimizer").mkdir(parents=True)
+    (step / "optimizer" / ".metadata").write_bytes(system_payload(marker))
+    (step / "extra_state.pt").write_bytes(torch_save_payload(marker, lambda evil: {"rng": evil}))
+    (step / "damaged.pt").write_bytes(b"PK\x03\x04 not really a zip")
+    torch.save({"step": torch.tensor(9), "rng": torch.get_rng_state()}, step / "genuine.pt")
+    see = "(checkpoints are data, never code; see docs/writing-a-training-backend.md)"
+    problems = pickle_problems(step)
+    assert problems[0].startswith("damaged.pt: damaged, cannot be read ("), problems
+    assert problems[1:] == [
+        f"extra_state.pt: refusing to load posix.system (not an allowed checkpoint type) {see}",
+        f"optimizer/.metadata: refusing to load os.system (not an allowed checkpoint type) {see}"]
+    assert not any("weights_only" in line for line in problems)
+    assert not marker.exists()
+    for path in (step / "optimizer" / ".metadata", step / "extra_state.pt", step / "damaged.pt"):
+        path.unlink()
+    assert pickle_problems(step) == []
+
+
 def test_torch_load_sets_aside_globals_other_libraries_registered(tmp_path: Path) -> None:
     """megatron-core registers e.g. ``argparse.Namespace`` process-wide; a checkpoint gets torch's list only."""
     import argparse

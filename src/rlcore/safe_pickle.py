@@ -94,17 +94,18 @@ def _refusal(exc: Exception) -> str:
     return f"it ({detail.splitlines()[-1] if detail else 'not plain checkpoint data'})"
 
 
-def torch_load(file: Any, source: str, allowed: Iterable[Any] = ()) -> Any:
+def torch_load(file: Any, source: str, allowed: Iterable[Any] = (), mmap: bool = False) -> Any:
     """``torch.load`` onto CPU with ``weights_only=True`` and exactly ``allowed`` beyond torch's defaults.
 
-    ``file`` is a path or a binary file object; ``source`` names it in errors.
+    ``file`` is a path or a binary file object; ``source`` names it in errors. ``mmap``: map the tensors'
+    storage instead of reading it (zip-format files only: a check that reads the pickle alone).
     A refusal raises :class:`UnsafeCheckpointError` naming the file and what was refused.
     """
     import torch
 
     with exact_torch_safe_globals(allowed):
         try:
-            return torch.load(file, map_location="cpu", weights_only=True)
+            return torch.load(file, map_location="cpu", weights_only=True, mmap=mmap)
         except pickle.UnpicklingError as exc:
             raise UnsafeCheckpointError(f"{source}: refusing to load {_refusal(exc)}") from exc
 

