@@ -136,7 +136,7 @@ def test_torch_load_refuses_code_and_names_the_file(wrap: Any, marker: Path, tmp
 def test_resume_check_reads_the_pickled_files_on_the_driver(marker: Path, tmp_path: Path) -> None:
     """``rlcore run --resume``'s driver-side check: each pickled file of a step through the workers' readers,
     one line per file in rlcore's words (never torch's advice), nothing run, genuine files passed."""
-    from rlcore.run.checkpoints import pickle_problems
+    from rlcore.run.checkpoints import state_file_problems
 
     step = tmp_path / "step_000009"
     (step / "optimizer").mkdir(parents=True)
@@ -145,7 +145,7 @@ def test_resume_check_reads_the_pickled_files_on_the_driver(marker: Path, tmp_pa
     (step / "damaged.pt").write_bytes(b"PK\x03\x04 not really a zip")
     torch.save({"step": torch.tensor(9), "rng": torch.get_rng_state()}, step / "genuine.pt")
     see = "(checkpoints are data, never code; see docs/writing-a-training-backend.md)"
-    problems = pickle_problems(step)
+    problems = state_file_problems(step)
     assert problems[0].startswith("damaged.pt: damaged, cannot be read ("), problems
     assert problems[1:] == [
         f"extra_state.pt: refusing to load posix.system (not an allowed checkpoint type) {see}",
@@ -154,7 +154,30 @@ def test_resume_check_reads_the_pickled_files_on_the_driver(marker: Path, tmp_pa
     assert not marker.exists()
     for path in (step / "optimizer" / ".metadata", step / "extra_state.pt", step / "damaged.pt"):
         path.unlink()
-    assert pickle_problems(step) == []
+    assert state_file_problems(step) == []
+
+
+def test_resume_check_finds_a_shard_cut_short_or_missing(tmp_path: Path) -> None:
+    """The DCP shards are checked against the byte ranges ``.metadata`` places in them (a genuine save passes;
+    the expected end is recomputed here from the tensors' sizes, not read back from the index)."""
+    import torch.distributed.checkpoint as dcp
+
+    from rlcore.run.checkpoints import state_file_problems
+
+    step = tmp_path / "step_000003"
+    state = {"a": torch.arange(6.0).reshape(2, 3), "b": torch.ones(5, dtype=torch.bfloat16)}
+    dcp.save(state, storage_writer=dcp.FileSystemWriter(step / "optimizer"), no_dist=True)
+    assert state_file_problems(step) == []
+    (shard,) = (step / "optimizer").glob("*.distcp")
+    data = shard.read_bytes()
+    assert len(data) >= 6 * 4 + 5 * 2  # both tensors' bytes are in the one shard
+    shard.write_bytes(data[:10])
+    (problem,) = state_file_problems(step)
+    assert problem.startswith(f"optimizer/{shard.name}: damaged, 10 bytes where optimizer/.metadata places data up "
+                              "to byte "), problem
+    assert int(problem.split("up to byte ")[1].split()[0]) > 10
+    shard.unlink()
+    assert state_file_problems(step) == [f"optimizer/{shard.name}: missing, though optimizer/.metadata places data in it"]
 
 
 def test_torch_load_sets_aside_globals_other_libraries_registered(tmp_path: Path) -> None:

@@ -84,8 +84,8 @@ def exact_torch_safe_globals(allowed: Iterable[Any] = ()) -> Iterator[None]:
         serialization.add_safe_globals(saved)
 
 
-def _refusal(exc: Exception) -> str:
-    """What torch's weights-only unpickler refused, from its error message."""
+def refused_by_torch(exc: Exception) -> str:
+    """What torch's weights-only unpickler refused, from its error message (without torch's advice)."""
     text = str(exc)
     found = re.search(r"GLOBAL (\S+)", text)
     if found:
@@ -107,7 +107,7 @@ def torch_load(file: Any, source: str, allowed: Iterable[Any] = (), mmap: bool =
         try:
             return torch.load(file, map_location="cpu", weights_only=True, mmap=mmap)
         except pickle.UnpicklingError as exc:
-            raise UnsafeCheckpointError(f"{source}: refusing to load {_refusal(exc)}") from exc
+            raise UnsafeCheckpointError(f"{source}: refusing to load {refused_by_torch(exc)}") from exc
 
 
 # --------------------------------------------------------------------------- DCP metadata
@@ -211,6 +211,7 @@ __all__ = [
     "exact_torch_safe_globals",
     "load_dcp_metadata",
     "read_dcp_metadata",
+    "refused_by_torch",
     "restricted_loads",
     "torch_load",
 ]

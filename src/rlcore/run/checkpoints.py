@@ -61,12 +61,12 @@ def read_state(directory: str | Path) -> dict[str, Any]:
 def resume_problems(policy: Any, step_dir: Path) -> list[str]:
     """What would stop a resume from ``step_dir``, one line each, found on the driver before Ray starts:
     files reaching outside the checkpoint, missing or damaged weights (:func:`rlcore.preflight.check_policy_sources`),
-    pickled files that name code or cannot be read (:func:`pickle_problems`)."""
+    state files that name code, cannot be read or are cut short (:func:`state_file_problems`)."""
     from rlcore.preflight import check_policy_sources
 
     field = f"--resume from {step_dir}"
     lines = check_policy_sources(policy, step_dir / "weights", step_dir / "optimizer", fields=(field, field))
-    lines = lines or [f"{field}: {line}" for line in pickle_problems(step_dir)]
+    lines = lines or [f"{field}: {line}" for line in state_file_problems(step_dir)]
     return [f"{line} (or move {step_dir.name} away to resume from the step before it)" for line in lines]
 
 
@@ -76,10 +76,11 @@ _PICKLED_SUFFIXES = (".pt", ".pth", ".bin")
 _NOT_PICKLES = (".safetensors", ".distcp", ".json")
 
 
-def pickle_problems(step_dir: Path) -> list[str]:
+def state_file_problems(step_dir: Path) -> list[str]:
     """The checkpoint's pickled files, read on the driver with the readers the workers use (nothing in them
-    runs): DCP ``.metadata`` with its exact allow-list, ``torch.save`` files (zip, or ``*.pt``/``.pth``/``.bin``)
-    with torch's weights-only one (tensors mapped, not read). One line per file that names code or is damaged, in rlcore's words."""
+    runs): DCP ``.metadata`` with its exact allow-list (and its shards' extents, :func:`shard_problems`),
+    ``torch.save`` files (zip, or ``*.pt``/``.pth``/``.bin``) with torch's weights-only one (tensors mapped, not
+    read). One line per file that names code or is damaged, in rlcore's words."""
     import zipfile
 
     from rlcore.safe_pickle import UnsafeCheckpointError, load_dcp_metadata, torch_load
@@ -90,7 +91,7 @@ def pickle_problems(step_dir: Path) -> list[str]:
         is_zip = zipfile.is_zipfile(path)  # torch.save's format, whatever the file is called
         try:
             if path.name == ".metadata":
-                load_dcp_metadata(path.read_bytes(), name)
+                problems += shard_problems(load_dcp_metadata(path.read_bytes(), name), path.parent, step_dir)
             elif is_zip or path.suffix in _PICKLED_SUFFIXES:
                 torch_load(str(path), name, mmap=is_zip)
         except UnsafeCheckpointError as exc:
@@ -98,6 +99,25 @@ def pickle_problems(step_dir: Path) -> list[str]:
         except Exception as exc:  # noqa: BLE001 - whatever a damaged file raises, it is one line
             detail = (str(exc).splitlines() or ["no detail"])[0][:120]
             problems.append(f"{name}: damaged, cannot be read ({type(exc).__name__}: {detail})")
+    return problems
+
+
+def shard_problems(metadata: Any, directory: Path, step_dir: Path) -> list[str]:
+    """The DCP shard files ``metadata`` places data in: each must exist and hold every byte range it names
+    (a truncated or replaced ``.distcp`` is found here, not as an ``EOFError`` inside a worker)."""
+    needed: dict[str, int] = {}
+    for info in metadata.storage_data.values():
+        needed[info.relative_path] = max(needed.get(info.relative_path, 0), info.offset + info.length)
+    problems = []
+    for file, end in sorted(needed.items()):
+        path = directory / file
+        name = str(path.relative_to(step_dir))
+        size = path.stat().st_size if path.is_file() else None
+        if size is None:
+            problems.append(f"{name}: missing, though {path.parent.name}/.metadata places data in it")
+        elif size < end:
+            problems.append(f"{name}: damaged, {size} bytes where {path.parent.name}/.metadata places data up to "
+                            f"byte {end} (truncated or replaced)")
     return problems
 
 

@@ -30,13 +30,15 @@ from __future__ import annotations
 import collections
 import contextlib
 import io
+import pickle
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.planner import ReadItem
 from torch.distributed.checkpoint.state_dict import (
@@ -45,9 +47,9 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from rlcore.safe_pickle import UnsafeCheckpointError, exact_torch_safe_globals, read_dcp_metadata
+from rlcore.safe_pickle import UnsafeCheckpointError, exact_torch_safe_globals, read_dcp_metadata, refused_by_torch
 from rlcore.training.checkpoint import atomic_directory, load_torch_state, save_hf_checkpoint, save_torch_state
-from rlcore.training.checkpoint_files import check_inside
+from rlcore.training.checkpoint_files import OutsideCheckpointError, check_inside
 
 #: Non-tensor optimizer values and scheduler state, next to the DCP files.
 EXTRA_STATE_NAME = "extra_state.pt"
@@ -76,6 +78,33 @@ def collective_atomic_directory(final_path: str, group: dist.ProcessGroup | None
 
 
 # --------------------------------------------------------------------------- safe DCP reads
+
+
+class DamagedCheckpointError(ValueError):
+    """A checkpoint file cannot be read: truncated, replaced or corrupt."""
+
+
+@contextlib.contextmanager
+def dcp_errors_in_words(path: str | Path) -> Iterator[None]:
+    """A failed DCP read as one line of what happened.
+
+    DCP raises a rank's failure as a ``CheckpointException``: a ``BaseException``
+    (``except Exception`` misses it) whose text is every rank's traceback. The
+    first rank's cause is raised instead: a refusal as it is, anything else as a
+    :class:`DamagedCheckpointError` naming the directory.
+    """
+    try:
+        yield
+    except (CheckpointException, EOFError, pickle.UnpicklingError) as exc:
+        cause = next(iter(exc.failures.values()), exc) if isinstance(exc, CheckpointException) else exc
+        cause = cause[0] if isinstance(cause, tuple) else cause  # (exception, traceback) per rank
+        if isinstance(cause, (UnsafeCheckpointError, OutsideCheckpointError, DamagedCheckpointError)):
+            raise cause from None
+        if isinstance(cause, pickle.UnpicklingError):  # torch's weights-only refusal of a tensor's data
+            raise UnsafeCheckpointError(f"{path}: refusing to load {refused_by_torch(cause)}") from None
+        detail = (str(cause).splitlines() or ["the file ends early" if isinstance(cause, EOFError) else "no detail"])[0][:160]
+        raise DamagedCheckpointError(f"{path}: damaged, cannot be read ({type(cause).__name__}: {detail}); resume "
+                                     "from another checkpoint") from None
 
 
 class SafeFileSystemReader(dcp.FileSystemReader):
@@ -144,8 +173,11 @@ def load_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler
         optimizer.state.clear()
         return
     tensors, _ = _split(get_optimizer_state_dict(model, optimizer, options=_FLAT))
-    with exact_torch_safe_globals():  # tensor files: torch's own weights-only allow-list, nothing added
-        dcp.load(tensors, storage_reader=SafeFileSystemReader(path), planner=TensorsOnlyLoadPlanner(str(path)))
+    reader = SafeFileSystemReader(path)
+    # tensor files: torch's own weights-only allow-list, nothing added
+    with exact_torch_safe_globals(), dcp_errors_in_words(path):
+        reader.read_metadata()  # a refused index raises whole here, not folded into DCP's own error text
+        dcp.load(tensors, storage_reader=reader, planner=TensorsOnlyLoadPlanner(str(path)))
     set_optimizer_state_dict(model, optimizer, {**tensors, **extra["optimizer"]}, options=_FLAT)
 
 

@@ -51,6 +51,7 @@ from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.planner import ReadItem
 
 from rlcore.safe_pickle import exact_torch_safe_globals, read_dcp_metadata, torch_load
+from rlcore.training.sharded_checkpoint import dcp_errors_in_words
 
 #: The only backends rl-megatron writes (``metadata.json``).
 SHARDED_BACKEND, COMMON_BACKEND = "torch_dist", "torch"
@@ -90,7 +91,8 @@ class SafeTorchDistLoadStrategy(torch_strategy.TorchDistLoadShardedStrategy):
                 f"sharded backend {loaded_backend!r}: rl-megatron reads only {SHARDED_BACKEND!r} checkpoints")
 
     def load(self, sharded_state_dict: Any, checkpoint_dir: Any) -> Any:
-        with exact_torch_safe_globals(), _safe_reader_and_planner(checkpoint_dir):
+        with exact_torch_safe_globals(), _safe_reader_and_planner(checkpoint_dir), dcp_errors_in_words(checkpoint_dir):
+            SafeMetadataReader(checkpoint_dir).read_metadata()  # a refused index raises whole, not inside DCP's text
             return super().load(sharded_state_dict, checkpoint_dir)
 
     def load_tensors_metadata(self, checkpoint_dir: Any, metadata: Any = None) -> Any:
