@@ -33,15 +33,20 @@ _LEAK_BASELINE = None
 
 
 def pytest_sessionstart(session):
-    """Tag every process the suite starts; the leak check at the end looks for what is still there."""
+    """Tag every process the suite starts and give them a private TMPDIR; the leak check at the end looks
+    for what of theirs is still there."""
     global _LEAK_BASELINE
+    import os
+    import tempfile
+
     from rlcore.testing import leaks
 
+    os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", tempfile.gettempdir())  # tmp_path stays where pytest keeps it
     _LEAK_BASELINE = leaks.start()
 
 
 def pytest_sessionfinish(session, exitstatus):
-    """Fail the run if the suite left shared memory, rlcore/Ray temp dirs or processes behind."""
+    """Fail the run if the suite's processes left shared memory, temp entries or processes behind."""
     import os
 
     if _LEAK_BASELINE is None or os.environ.get("RLCORE_LEAK_CHECK") == "0":
@@ -49,11 +54,12 @@ def pytest_sessionfinish(session, exitstatus):
     from rlcore.testing import leaks
 
     found = leaks.leftovers(_LEAK_BASELINE)
+    leaks.release(_LEAK_BASELINE)
     if found:
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
         lines = ["leak check: the test session left these behind:", *(f"  {item}" for item in found),
-                 "(shared memory and temp entries of other runs active at the same time show here too: "
-                 "rerun alone, or set RLCORE_LEAK_CHECK=0)"]
+                 "(what the suite's processes made; new shared memory nobody else holds counts as theirs: "
+                 "RLCORE_LEAK_CHECK=0 turns the check off)"]
         if reporter is not None:
             reporter.write_line("\n".join(lines), red=True)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED

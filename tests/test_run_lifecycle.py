@@ -36,7 +36,7 @@ def run_args(out: Path, *overrides: str) -> list[str]:
 
 def start(out: Path, *overrides: str, resume: bool = False) -> tuple[subprocess.Popen, leaks.Baseline]:
     baseline = leaks.snapshot()
-    env = {**os.environ, leaks.TAG_ENV: baseline.tag, "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, **baseline.env(), "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(run_args(out, *overrides) + (["--resume"] if resume else []), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     return proc, baseline
@@ -55,13 +55,10 @@ def wait_for_steps(proc: subprocess.Popen, metrics: Path, steps: int, timeout_s:
 
 
 def assert_released(baseline: leaks.Baseline, proc: subprocess.Popen, since: float, what: str) -> float:
-    """Nothing of the run is left within the bound; returns the seconds it took.
-
-    Private-Ray temp dirs are named after their driver's pid: those of other runs on the machine are not
-    this run's to answer for.
-    """
-    others = re.compile(rf"temp entry .*/rlray-(?!{proc.pid}-)\d+-")
-    left = [x for x in leaks.leftovers(baseline, grace_s=CLEANUP_BOUND_S) if not others.match(x)]
+    """Nothing of the run is left within the bound (what other runs on the machine leave is not the run's:
+    :mod:`rlcore.testing.leaks` judges by ownership); returns the seconds it took."""
+    left = leaks.leftovers(baseline, grace_s=CLEANUP_BOUND_S)
+    leaks.release(baseline)
     seconds = time.monotonic() - since
     assert not left, f"{what}: still there after {CLEANUP_BOUND_S}s: {left}"
     print(f"{what}: everything released {seconds:.1f}s after it")

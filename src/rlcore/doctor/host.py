@@ -188,11 +188,14 @@ def find_shm_segments(shm_dir: str = "/dev/shm", min_age_s: float = 300.0) -> li
     return [e.name for e in entries if e.name.startswith("psm_") and _owned_by(e, uid, before=cutoff)]
 
 
-def find_mapped_shm(shm_dir: str = "/dev/shm", proc: str = "/proc") -> set[str]:
-    """Names in ``shm_dir`` that a live process (readable by us) has mapped or open."""
+def find_mapped_shm(shm_dir: str = "/dev/shm", proc: str = "/proc", exclude: Iterable[int] = ()) -> set[str]:
+    """Names in ``shm_dir`` that a live process (readable by us, not one of ``exclude``) has mapped or open."""
     prefix = shm_dir.rstrip("/") + "/"
     names: set[str] = set()
+    skip = {str(pid) for pid in exclude}
     for pid_dir in Path(proc).glob("[0-9]*"):
+        if pid_dir.name in skip:
+            continue
         try:
             maps = (pid_dir / "maps").read_text(errors="replace")
         except OSError:

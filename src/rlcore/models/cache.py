@@ -32,7 +32,7 @@ def tiny_model_path(cache_root: str | os.PathLike | None = None, **kwargs: Any) 
     never see a half-written model: whoever renames first wins, the others
     discard their copy.
     """
-    import transformers
+    from importlib.metadata import version  # not ``import transformers``: a second and a half on a CPU machine
 
     # Normalise through the signature so that defaults given explicitly hash the same.
     bound = _BUILD_SIGNATURE.bind("<dir>", **kwargs)
@@ -41,7 +41,7 @@ def tiny_model_path(cache_root: str | os.PathLike | None = None, **kwargs: Any) 
     key = {name: str(value) for name, value in bound.arguments.items()
            if name != "save_dir" and not (name in LATER_ARGUMENTS and value is None)}
     key["dtype"] = key["dtype"].removeprefix("torch.")
-    key["_transformers"] = transformers.__version__
+    key["_transformers"] = version("transformers")
     key["_build"] = str(BUILD_VERSION)
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     root = Path(cache_root) if cache_root is not None else default_cache_root()
