@@ -9,7 +9,6 @@ import struct
 import subprocess
 import sys
 import time
-import zipfile
 from pathlib import Path
 
 import pytest
@@ -226,10 +225,11 @@ def test_tokenizer_directory_missing(model: Path, tmp_path: Path) -> None:
 
 
 def bin_only(model: Path) -> Path:
-    """The model with its weights as a (dummy) torch zip archive instead of safetensors."""
+    """The model with its weights as a torch zip archive (``torch.save``) instead of safetensors."""
+    import torch
+
     (model / "model.safetensors").unlink()
-    with zipfile.ZipFile(model / "pytorch_model.bin", "w") as z:
-        z.writestr("archive/data.pkl", b"not loaded by the check")
+    torch.save({"lm_head.weight": torch.zeros(2, 2)}, model / "pytorch_model.bin")
     return model
 
 
@@ -242,6 +242,20 @@ def test_pytorch_bin_truncated(model: Path) -> None:
     os.truncate(weights, weights.stat().st_size - 10)
     line = only_line(problems(f"policy.model_name={model}"))
     assert line.startswith(f"policy.model_name: {weights} is truncated or corrupted (")
+
+
+def test_pytorch_bin_that_names_code_is_refused_in_rlcore_s_words(model: Path, tmp_path: Path) -> None:
+    """The driver reads the pickle with the workers' weights-only reader (nothing runs) and says so in one line,
+    not with transformers' error repeating torch's advice to turn weights_only off."""
+    from rlcore.testing.payloads import torch_save_payload
+
+    marker = tmp_path / "payload-ran"
+    weights = bin_only(model) / "pytorch_model.bin"
+    weights.write_bytes(torch_save_payload(marker, lambda evil: {"lm_head.weight": evil}))
+    assert only_line(problems(f"policy.model_name={model}")) == (
+        f"policy.model_name: {weights}: refusing to load posix.system (not an allowed checkpoint type): pickled "
+        "weights that name code are never loaded; use safetensors weights")
+    assert not marker.exists()
 
 
 def test_pytorch_bin_rejected_for_megatron(model: Path) -> None:

@@ -304,7 +304,24 @@ def _pickle_weights_problems(directory: Path) -> list[str]:
         shards, problems = _index_shards(index)
     else:
         shards, problems = [directory / PICKLE_WEIGHTS_NAME], []
-    return problems + [p for shard in shards if (p := _zip_problem(shard))]
+    return problems + [p for shard in shards if (p := _zip_problem(shard) or _pickle_problem(shard))]
+
+
+def _pickle_problem(path: Path) -> str | None:
+    """What the workers' weights-only reader refuses in a pickled weights file, found here and said in rlcore's
+    words (transformers' own refusal repeats torch's advice to turn ``weights_only`` off)."""
+    import zipfile
+
+    from rlcore.safe_pickle import UnsafeCheckpointError, torch_load
+
+    try:
+        torch_load(str(path), str(path), mmap=zipfile.is_zipfile(path))  # tensors mapped, not read
+    except UnsafeCheckpointError as exc:
+        return f"{exc}: pickled weights that name code are never loaded; use safetensors weights"
+    except Exception as exc:  # noqa: BLE001 - whatever a damaged file raises, it is one line
+        detail = (str(exc).splitlines() or ["no detail"])[0][:120]
+        return f"{path} cannot be read as torch weights ({type(exc).__name__}: {detail}); {_RESAVE}"
+    return None
 
 
 def _zip_problem(path: Path) -> str | None:
