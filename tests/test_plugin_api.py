@@ -19,7 +19,7 @@ from rlcore.plugins import (
     get_registry,
     hookimpl,
 )
-from rlcore.plugins.versions import API_1, API_2, API_3
+from rlcore.plugins.versions import API_1, API_2, API_3, API_4
 
 
 def registry_with(**spec) -> Registry:
@@ -71,7 +71,7 @@ def test_a_version_1_spec_cannot_use_what_came_with_version_2(extra, what):
 
 
 def test_each_version_gets_exactly_its_own_constructor_arguments():
-    assert SUPPORTED_PLUGIN_API_VERSIONS == {1, 2, 3}
+    assert SUPPORTED_PLUGIN_API_VERSIONS == {1, 2, 3, 4}
     available = dict(weights_path=None, optimizer_path=None, init_optimizer=True, init_reference_model=True,
                      backend_config=object(), layout=ParallelLayout())
     assert set(API_1.training_worker_kwargs(available)) == {"weights_path", "optimizer_path", "init_optimizer",
@@ -85,6 +85,19 @@ def test_each_version_gets_exactly_its_own_constructor_arguments():
     assert API_3.training_worker_kwargs(available) == API_2.training_worker_kwargs(available)
     assert API_3.generation_driver_kwargs(driver) == API_2.generation_driver_kwargs(driver)
     assert API_3.kinds - API_2.kinds == {"environment"}
+    # version 4 adds one capability and nothing else; no earlier version gains it
+    assert API_4.capabilities - API_3.capabilities == {Capability.CHUNKED_LOGPROBS}
+    assert API_3.capabilities == API_2.capabilities == set(Capability) - {Capability.CHUNKED_LOGPROBS}
+    assert (API_4.training_worker_kwargs(available), API_4.kinds) == (API_3.training_worker_kwargs(available),
+                                                                       API_3.kinds)
+
+
+def test_a_version_3_spec_cannot_declare_chunked_logprobs():
+    spec = dict(name="v3", kind="training", worker_class="my_pkg.worker:W", capabilities={"train", "chunked_logprobs"})
+    with pytest.raises(ValidationError, match="capability 'chunked_logprobs' need plugin_api_version 4, but the spec "
+                                              "declares 3"):
+        BackendSpec(**spec, plugin_api_version=3)
+    BackendSpec(**spec, plugin_api_version=4)
 
 
 # -- the worker contract ---------------------------------------------------------------------------------

@@ -187,3 +187,18 @@ def test_dcp_reader_loads_real_checkpoints_and_refuses_foreign_objects(tmp_path)
     (tmp_path / "evil" / ".metadata").write_bytes(pickle.dumps(_Boom()))
     with pytest.raises(pickle.UnpicklingError, match=r"refusing to load builtins\.exec"):
         SafeFileSystemReader(str(tmp_path / "evil")).read_metadata()
+
+
+@pytest.mark.parametrize("chunk", [None, 3])
+def test_logprobs_take_the_chunked_path_only_when_asked(chunk):
+    """``gather_logprobs`` (what the worker calls with ``policy.logprob_chunk_size``) on whole-vocabulary logits;
+    the split-vocabulary path is tests/test_chunked_logprobs.py's gloo test and the kit's ``chunked`` variant."""
+    from rl_dtensor.vocab_parallel import gather_logprobs
+
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(2, 7, 29, generator=gen, requires_grad=True)
+    target = torch.randint(0, 29, (2, 7), generator=gen)
+    lp = gather_logprobs(logits, target, 0.7, chunk)
+    expected = (logits.double() / 0.7).log_softmax(-1).gather(-1, target[..., None]).squeeze(-1)
+    assert (lp.double() - expected).abs().max() < 1e-5
+    assert (type(lp.grad_fn).__name__ == "ChunkedLogprobBackward") == (chunk is not None)

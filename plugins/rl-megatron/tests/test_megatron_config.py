@@ -106,3 +106,20 @@ def test_tensor_parallel_size_must_divide_the_kv_heads(make_cluster: Any, tiny_t
     with pytest.raises(WorkerError, match=r"tensor_model_parallel_size: 2 does not divide the model's "
                                           r"num_key_value_heads \(1\)"):
         Policy(make_cluster(2), config, tiny_tokenizer, name_prefix="megatron-tp-too-large")
+
+
+def test_logprobs_take_the_chunked_path_when_asked():
+    """``rl_megatron.vocab_parallel.token_logprobs`` (what the worker calls with ``policy.logprob_chunk_size``),
+    on one rank's whole vocabulary with padded columns beyond the model's vocabulary; the tensor-parallel run
+    is test_megatron_parallel.py's ``tp2-chunked`` layout."""
+    import torch
+
+    from rl_megatron.vocab_parallel import token_logprobs
+
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(2, 8, 32, generator=gen, requires_grad=True)  # 32 columns, a vocabulary of 29
+    ids = torch.randint(0, 29, (2, 8), generator=gen)
+    lp = token_logprobs(logits, ids, 0, 29, None, temperature=0.7, chunk_size=3)
+    expected = (logits[:, :-1, :29].double() / 0.7).log_softmax(-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+    assert type(lp.grad_fn.next_functions[0][0]).__name__ == "ChunkedLogprobBackward"  # under the [:, :-1]
+    assert (lp.double() - expected).abs().max() < 1e-5

@@ -40,6 +40,9 @@ pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 ATOL = 1e-5
 LAYOUTS = {
     "tp2": dict(arch="qwen3", tied=True, layers=2, megatron={"tensor_model_parallel_size": 2}),
+    # policy.logprob_chunk_size over a vocabulary split across the two ranks: 3 positions per chunk
+    "tp2-chunked": dict(arch="qwen3", tied=True, layers=2, megatron={"tensor_model_parallel_size": 2},
+                        policy={"logprob_chunk_size": 3}),
     "pp2": dict(arch="qwen2", tied=True, layers=3, megatron={
         "pipeline_model_parallel_size": 2, "num_layers_in_first_pipeline_stage": 2,
         "num_layers_in_last_pipeline_stage": 1, "activation_checkpointing": True}),
@@ -68,7 +71,7 @@ def started(request: pytest.FixtureRequest, pool: Any, tiny_tokenizer: Any) -> A
     pad = torch.arange(data["input_ids"].shape[1])[None, :] >= data["input_lengths"][:, None]
     noisy["input_ids"] = torch.where(pad, torch.randint(3, 259, pad.shape, generator=torch.Generator().manual_seed(5)),
                                      data["input_ids"])
-    policy = Policy(pool(2), policy_config(path, 2, megatron=spec["megatron"]), tiny_tokenizer,
+    policy = Policy(pool(2), policy_config(path, 2, megatron=spec["megatron"], **spec.get("policy", {})), tiny_tokenizer,
                     name_prefix=f"parallel-{request.param}")
     record = {"name": request.param, "policy": policy, "model": path, "batch": data,
               "logprobs": policy.get_logprobs(data)["logprobs"],

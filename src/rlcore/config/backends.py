@@ -110,11 +110,14 @@ def first_per_path(problems: list[str]) -> list[str]:
 
 
 def capability_problems(policy: Any, spec: BackendSpec, packing: bool) -> list[str]:
-    """Batching modes the config turns on that the training backend does not declare."""
-    wanted = [("policy.dynamic_batching.enabled", policy.dynamic_batching.enabled, Capability.DYNAMIC_BATCHING),
-              ("policy.sequence_packing.enabled", packing, Capability.SEQUENCE_PACKING)]
-    return [f"{path}: the '{spec.name}' training backend does not declare '{capability}'; set it to false"
-            for path, on, capability in wanted if on and not spec.supports(capability)]
+    """Batching modes and logprob chunking the config turns on that the training backend does not declare."""
+    wanted = [("policy.dynamic_batching.enabled", policy.dynamic_batching.enabled, Capability.DYNAMIC_BATCHING,
+               "set it to false"),
+              ("policy.sequence_packing.enabled", packing, Capability.SEQUENCE_PACKING, "set it to false"),
+              ("policy.logprob_chunk_size", policy.logprob_chunk_size is not None, Capability.CHUNKED_LOGPROBS,
+               "remove it (null)")]
+    return [f"{path}: the '{spec.name}' training backend does not declare '{capability}'; {fix}"
+            for path, on, capability, fix in wanted if on and not spec.supports(capability)]
 
 
 def lora_problems(policy: Any, spec: BackendSpec, generation_spec: BackendSpec | None,

@@ -287,6 +287,12 @@ class PolicyConfig(SectionsModel):
     train_micro_batch_size: PositiveInt = Field(1, description="Samples per forward/backward pass on one rank.")
     learning_rate: float = Field(5e-6, ge=0, description="Learning rate (default for the optimizer's lr).")
     logprob_batch_size: PositiveInt = Field(2, description="Samples per forward pass when computing logprobs.")
+    logprob_chunk_size: PositiveInt | None = Field(
+        None, description="Compute token logprobs (and their gradient) this many positions at a time, so the "
+        "float32 working set is chunk x vocabulary instead of sequence x vocabulary; same numbers, less peak "
+        "memory, a little more time. None = all positions at once. Needs a training backend declaring "
+        "'chunked_logprobs' (NeMo-RL's policy.logprob_chunk_size)."
+    )
     generation: GenerationConfig | None = Field(
         None, description="Generation backend settings; None = no generation (training only)."
     )

@@ -105,7 +105,7 @@ RULES: tuple[Rule, ...] = (
     _m(P + "make_sequence_length_divisible_by"),
     _c(P + "max_grad_norm", "clipping", P + "max_grad_norm",
        "null = no clipping; with megatron, NeMo-RL clips by megatron_cfg.optimizer.clip_grad, which then wins"),
-    _i(P + "logprob_chunk_size", "chunked logprob computation: " + MEMORY),
+    _m(P + "logprob_chunk_size", note="positions per chunk of the logprob computation (same numbers, less memory)"),
     _i(P + "offload_optimizer_for_logprob", MEMORY),
     _i(P + "refit_buffer_size_gb", "refit transfer buffer size: " + MEMORY),
     _m(P + "fsdp_offload_enabled"),

@@ -32,6 +32,7 @@ class Capability(str, Enum):
     REFIT = "refit"
     LORA = "lora"
     GENERATE = "generate"
+    CHUNKED_LOGPROBS = "chunked_logprobs"  # policy.logprob_chunk_size (plugin API 4)
     # generation backends
     DATA_PARALLEL = "data_parallel"
     STOP_STRINGS = "stop_strings"

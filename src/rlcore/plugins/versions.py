@@ -68,7 +68,8 @@ API_2 = PluginApi(
     training_worker_keywords=(*API_1.training_worker_keywords, "backend_config", "layout"),
     generation_driver_keywords=("tokenizer", "backend_config", "lora_rank"),
     spec_fields=_V1_SPEC_FIELDS | {"layout", "config_check"},
-    capabilities=frozenset(Capability),
+    capabilities=_V1_CAPABILITIES | {Capability.LORA, Capability.LORA_ADAPTER, Capability.PARTIAL_REFIT,
+                                     Capability.ASYNC_GENERATION},
 )
 
 #: Version 3: the ``environment`` kind (:mod:`rlcore.interfaces.environment`); training and generation backends
@@ -82,8 +83,19 @@ API_3 = PluginApi(
     kinds=API_2.kinds | {"environment"},
 )
 
-PLUGIN_APIS: dict[int, PluginApi] = {api.version: api for api in (API_1, API_2, API_3)}
+#: Version 4: the ``chunked_logprobs`` capability: the worker honours ``policy.logprob_chunk_size`` (the core
+#: refuses the setting for a backend without it); everything else as version 3.
+API_4 = PluginApi(
+    version=4,
+    training_worker_keywords=API_3.training_worker_keywords,
+    generation_driver_keywords=API_3.generation_driver_keywords,
+    spec_fields=API_3.spec_fields,
+    capabilities=API_3.capabilities | {Capability.CHUNKED_LOGPROBS},
+    kinds=API_3.kinds,
+)
+
+PLUGIN_APIS: dict[int, PluginApi] = {api.version: api for api in (API_1, API_2, API_3, API_4)}
 #: The version new plugins declare.
-PLUGIN_API_VERSION = 3
+PLUGIN_API_VERSION = 4
 #: Versions this core serves; a spec declaring another is listed as ``incompatible``.
 SUPPORTED_PLUGIN_API_VERSIONS = frozenset(PLUGIN_APIS)

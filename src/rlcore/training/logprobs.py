@@ -14,10 +14,19 @@ if TYPE_CHECKING:
 
 
 def token_logprobs(logits: "torch.Tensor", input_ids: "torch.Tensor", input_lengths: "torch.Tensor",
-                   temperature: float = 1.0) -> "torch.Tensor":
-    """``[B, S]`` float32 logprobs of ``input_ids`` under full-vocabulary ``logits [B, S, V]``."""
+                   temperature: float = 1.0, chunk_size: int | None = None) -> "torch.Tensor":
+    """``[B, S]`` float32 logprobs of ``input_ids`` under full-vocabulary ``logits [B, S, V]``;
+    ``chunk_size`` positions at a time when given (:mod:`rlcore.training.chunked_logprobs`)."""
     import torch
 
+    if chunk_size is not None:
+        from rlcore.training.chunked_logprobs import chunked_logprobs
+
+        # every position, the last one with a dummy target: slicing the logits first would cost their
+        # backward a zero-filled copy of the whole gradient
+        targets = torch.cat([input_ids[:, 1:], input_ids[:, :1]], dim=1)
+        lp = chunked_logprobs(logits, targets, chunk_size, temperature=temperature)
+        return align(lp[:, :-1], input_lengths)
     logits = logits[:, :-1].float()
     if temperature != 1.0:
         logits = logits / temperature

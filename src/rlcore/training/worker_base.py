@@ -52,7 +52,7 @@ class TrainingWorkerBase:
 
     def _forward_logprobs(self, mb: BatchedDataDict) -> torch.Tensor:
         return token_logprobs(self._logits(mb), mb["input_ids"].to(self.device), mb["input_lengths"],
-                              temperature=self.logprob_temperature)
+                              temperature=self.logprob_temperature, chunk_size=self.cfg.logprob_chunk_size)
 
     def _forward_topk(self, mb: BatchedDataDict, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         return topk_logits(self._logits(mb), k)

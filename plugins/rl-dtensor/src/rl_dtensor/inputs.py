@@ -58,9 +58,10 @@ class ModelInputs:
         ids = self.input_ids
         return torch.cat([ids[:, 1:], torch.zeros_like(ids[:, :1])], dim=1)
 
-    def logprobs(self, logits: torch.Tensor) -> torch.Tensor:
-        """``[B, S]`` float32 token logprobs in the contract's alignment (design.md §2.2)."""
-        next_lp = gather_logprobs(logits, self._next_targets())  # [rows, T]; column t predicts t + 1
+    def logprobs(self, logits: torch.Tensor, temperature: float = 1.0, chunk_size: int | None = None) -> torch.Tensor:
+        """``[B, S]`` float32 token logprobs of ``softmax(logits / temperature)`` in the contract's alignment
+        (design.md §2.2), ``chunk_size`` positions at a time when given."""
+        next_lp = gather_logprobs(logits, self._next_targets(), temperature, chunk_size)  # column t predicts t + 1
         if self.packed is None:
             return align(next_lp[:, : self.seq_len - 1], self.input_lengths)
         p = self.packed

@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
+from rlcore.training.chunked_logprobs import chunked_logprobs
 from rlcore.training.vocab_parallel import vocab_parallel_logprobs, vocab_parallel_topk
 
 
@@ -46,17 +47,23 @@ def _replicated(logits: DTensor) -> torch.Tensor:
     return logits.redistribute(placements=[Replicate()] * logits.device_mesh.ndim).to_local()
 
 
-def gather_logprobs(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """``log_softmax(logits)[..., target]`` in float32, for plain or vocab-sharded DTensor logits.
+def gather_logprobs(logits: torch.Tensor, target: torch.Tensor, temperature: float = 1.0,
+                    chunk_size: int | None = None) -> torch.Tensor:
+    """``log_softmax(logits / temperature)[..., target]`` in float32, for plain or vocab-sharded DTensor logits,
+    ``chunk_size`` positions at a time when given (``policy.logprob_chunk_size``).
 
     ``logits`` is ``[..., V]`` and ``target`` ``[...]`` (same leading shape).
     """
     if isinstance(logits, DTensor) and not _vocab_sharded(logits):
         logits = _replicated(logits)  # e.g. a custom plan that gathers the output
-    if isinstance(logits, DTensor):
-        local, group, offset = _local_vocab(logits)
+    local, group, offset = _local_vocab(logits) if isinstance(logits, DTensor) else (logits, None, 0)
+    if chunk_size is not None:
+        return chunked_logprobs(local, target, chunk_size, vocab_start=offset, group=group, temperature=temperature)
+    if temperature != 1.0:
+        local = local / temperature
+    if group is not None:
         return vocab_parallel_logprobs(local, target, offset, group)
-    logits = logits.float()
+    logits = local.float()
     picked = logits.gather(-1, target.unsqueeze(-1)).squeeze(-1)
     return picked - torch.logsumexp(logits, dim=-1)
 

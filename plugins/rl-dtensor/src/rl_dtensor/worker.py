@@ -130,8 +130,8 @@ class DTensorPolicyWorker(RefitExportMixin, TrainingWorkerBase):
 
     def _forward_logprobs(self, mb: BatchedDataDict) -> torch.Tensor:
         inputs, logits = self._run(mb)
-        temperature = self.logprob_temperature  # rollouts were sampled from softmax(logits / T)
-        return inputs.logprobs(logits / temperature if temperature != 1.0 else logits)
+        # rollouts were sampled from softmax(logits / T)
+        return inputs.logprobs(logits, self.logprob_temperature, self.cfg.logprob_chunk_size)
 
     def _forward_topk(self, mb: BatchedDataDict, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         inputs, logits = self._run(mb)

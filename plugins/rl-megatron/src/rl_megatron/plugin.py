@@ -9,11 +9,12 @@ MEGATRON_SPEC = BackendSpec(
     layout="rl_megatron.layout:parallel_layout",
     config_check="rl_megatron.config:config_check",
     capabilities={Capability.TRAIN, Capability.LOGPROBS, Capability.TOPK_LOGITS, Capability.REFERENCE_MODEL,
-                  Capability.CHECKPOINT, Capability.TENSOR_PARALLEL, Capability.PIPELINE_PARALLEL, Capability.REFIT},
+                  Capability.CHECKPOINT, Capability.TENSOR_PARALLEL, Capability.PIPELINE_PARALLEL, Capability.REFIT,
+                  Capability.CHUNKED_LOGPROBS},
     requires=("torch", "megatron.core", "transformers"),
     install_hint="pip install rl-megatron",
     description="megatron-core GPTModel: tensor, pipeline and data parallel; Megatron DDP and optimizer.",
-    plugin_api_version=2,
+    plugin_api_version=4,
 )
 
 

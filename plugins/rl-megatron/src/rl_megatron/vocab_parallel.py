@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from rlcore.training.chunked_logprobs import chunked_logprobs
 from rlcore.training.vocab_parallel import vocab_parallel_logprobs, vocab_parallel_topk
 
 
@@ -27,8 +28,17 @@ def mask_padded_vocab(logits: torch.Tensor, vocab_start: int, vocab_size: int) -
 
 
 def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, vocab_start: int, vocab_size: int,
-                   group: Any) -> torch.Tensor:
-    """``[B, S-1]`` float32 ``log p(token_{i+1} | tokens_<=i)`` from ``[B, S, V/tp]`` logits (differentiable)."""
+                   group: Any, temperature: float = 1.0, chunk_size: int | None = None) -> torch.Tensor:
+    """``[B, S-1]`` float32 ``log p(token_{i+1} | tokens_<=i)`` under ``softmax(logits / temperature)`` from
+    ``[B, S, V/tp]`` logits (differentiable), ``chunk_size`` positions at a time when given."""
+    if chunk_size is not None:  # no float32 copy of the whole slice: each chunk is upcast on its own
+        # every position, the last with a dummy target (slicing first would zero-fill a copy of the gradient)
+        targets = torch.cat([input_ids[:, 1:], input_ids[:, :1]], dim=1)
+        lp = chunked_logprobs(mask_padded_vocab(logits, vocab_start, vocab_size), targets, chunk_size,
+                              vocab_start=vocab_start, group=group, temperature=temperature)
+        return lp[:, :-1]
+    if temperature != 1.0:
+        logits = logits / temperature
     logits = mask_padded_vocab(logits[:, :-1].float(), vocab_start, vocab_size)
     return vocab_parallel_logprobs(logits, input_ids[:, 1:], vocab_start, group)
 

@@ -264,9 +264,9 @@ class MegatronPolicyWorker(RefitExportMixin, TrainingWorkerBase):
         """``[B, S]`` aligned float32 logprobs (differentiable) at the caller's width."""
         logits = logits[:, : mb["input_ids"].shape[1]]  # drop make_sequence_length_divisible_by padding
         ids = mb["input_ids"][:, : logits.shape[1]].to(logits.device)
-        if self.logprob_temperature != 1.0:  # rollouts were sampled from softmax(logits / T)
-            logits = logits / self.logprob_temperature
-        next_lp = vocab_parallel.token_logprobs(logits, ids, self.vocab_start, self.shape.vocab_size, self.tp_group)
+        # rollouts were sampled from softmax(logits / T)
+        next_lp = vocab_parallel.token_logprobs(logits, ids, self.vocab_start, self.shape.vocab_size, self.tp_group,
+                                                self.logprob_temperature, self.cfg.logprob_chunk_size)
         lp = align(next_lp, mb["input_lengths"])
         return torch.nn.functional.pad(lp, (0, mb["input_ids"].shape[1] - lp.shape[1]))
 

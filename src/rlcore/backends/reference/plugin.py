@@ -10,9 +10,10 @@ def rlcore_register_backends(register):
         kind="training",
         worker_class="rlcore.backends.reference.worker:ReferenceWorker",
         capabilities={Capability.TRAIN, Capability.LOGPROBS, Capability.TOPK_LOGITS, Capability.REFERENCE_MODEL,
-                      Capability.DYNAMIC_BATCHING, Capability.CHECKPOINT, Capability.REFIT},
+                      Capability.DYNAMIC_BATCHING, Capability.CHECKPOINT, Capability.REFIT,
+                      Capability.CHUNKED_LOGPROBS},
         requires=("torch", "transformers"),
         install_hint="pip install 'rlcore[runtime,hf]'",
         description="Plain torch data parallel: the smallest correct training backend.",
-        plugin_api_version=2,
+        plugin_api_version=4,
     ))

@@ -92,7 +92,7 @@ class TrainingBackendConformance(_BackendChecks):
             kit.shutdown()
 
     # -- logprobs ----------------------------------------------------------------------------
-    @pytest.mark.parametrize("variant", ["world", "single", "dynamic", "packing"])
+    @pytest.mark.parametrize("variant", ["world", "single", "dynamic", "packing", "chunked"])
     def test_logprobs_match_hf(self, kit: _TrainingKit, variant: str) -> None:
         """[B, S] float32, position 0 and padding 0, equal to a single-process HF forward (design.md §2.2)."""
         record = kit.policy(variant)
@@ -157,7 +157,7 @@ class TrainingBackendConformance(_BackendChecks):
         assert all(close(v, first, self.loss_rtol) for v in losses.values()), \
             f"eval loss by micro-batch size: {losses}"
 
-    @pytest.mark.parametrize("variant", ["world", "single", "dynamic", "packing"])
+    @pytest.mark.parametrize("variant", ["world", "single", "dynamic", "packing", "chunked"])
     def test_train_steps_match_single_process(self, kit: _TrainingKit, variant: str) -> None:
         """An NLL step then a clipped-PG step: losses, grad norms and weights equal the oracle's.
 

@@ -128,6 +128,8 @@ class _TrainingKit:
                 "enabled": True, "train_mb_tokens": 32, "logprob_mb_tokens": 48, "sequence_length_round": 4}}),
             _Variant("packing", capability=Capability.SEQUENCE_PACKING, policy={"sequence_packing": {
                 "enabled": True, "train_mb_tokens": 32, "logprob_mb_tokens": 48}}),
+            # 3 positions at a time: several chunks per sequence, a short last one
+            _Variant("chunked", capability=Capability.CHUNKED_LOGPROBS, policy={"logprob_chunk_size": 3}),
             _Variant("lora", capability=Capability.LORA, policy={"lora": LORA_SETTINGS}),
             _Variant("lora-adam", capability=Capability.LORA,
                      policy={**self.author.resume_policy_overrides(RECIPE), "lora": LORA_SETTINGS}),
