@@ -114,8 +114,9 @@ def test_load_refuses_forged_optimizer_file(trained: dict, tmp_path: Path, case:
 
 
 def test_resume_refuses_forged_pickle_weights(trained: dict, tmp_path: Path) -> None:
-    """The ``--resume`` path: ``weights/`` with a forged ``pytorch_model.bin`` (transformers reads it
-    ``weights_only``); the new ``Policy`` fails to start and runs nothing."""
+    """The ``--resume`` path: ``weights/`` with a forged ``pytorch_model.bin``; the new ``Policy`` reads it with
+    the workers' weights-only reader before any worker starts, refuses it in rlcore's words (not torch's advice
+    to turn weights_only off) and runs nothing."""
     from rlcore.policy import Policy
 
     marker, weights = tmp_path / "payload-ran", tmp_path / "weights"
@@ -126,7 +127,9 @@ def test_resume_refuses_forged_pickle_weights(trained: dict, tmp_path: Path) -> 
         Policy(trained["clusters"](1), trained["cfg"], trained["tokenizer"], name_prefix="untrusted-fsdp1-resume",
                weights_path=str(weights), optimizer_path=str(trained["root"] / "optimizer"),
                init_reference_model=False)
-    assert "GLOBAL posix.system" in _chain(err.value), _chain(err.value)
+    assert str(err.value) == (f"weights_path: {weights / 'pytorch_model.bin'}: refusing to load posix.system (not "
+                              "an allowed checkpoint type): pickled weights that name code are never loaded; use "
+                              "safetensors weights"), _chain(err.value)
     assert not marker.exists()
 
 
