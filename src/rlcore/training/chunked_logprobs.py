@@ -101,4 +101,14 @@ def chunked_logprobs(logits: torch.Tensor, target: torch.Tensor, chunk_size: int
     return ChunkedLogprob.apply(logits, target, chunk_size, vocab_start, group, temperature)
 
 
-__all__ = ["ChunkedLogprob", "chunked_logprobs"]
+def chunked_next_token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, chunk_size: int, *,
+                                vocab_start: int = 0, group: Any = None, temperature: float = 1.0) -> torch.Tensor:
+    """``[B, S-1]`` float32 ``log p(token_{i+1} | tokens_<=i)`` from ``[B, S, V_local]`` logits, ``chunk_size``
+    positions at a time. Every position is computed, the last against a dummy target: slicing the logits to
+    ``[:, :-1]`` first would cost the backward a zero-filled copy of the whole gradient."""
+    targets = torch.cat([input_ids[:, 1:], input_ids[:, :1]], dim=1)
+    lp = chunked_logprobs(logits, targets, chunk_size, vocab_start=vocab_start, group=group, temperature=temperature)
+    return lp[:, :-1]
+
+
+__all__ = ["ChunkedLogprob", "chunked_logprobs", "chunked_next_token_logprobs"]

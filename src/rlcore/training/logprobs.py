@@ -20,13 +20,9 @@ def token_logprobs(logits: "torch.Tensor", input_ids: "torch.Tensor", input_leng
     import torch
 
     if chunk_size is not None:
-        from rlcore.training.chunked_logprobs import chunked_logprobs
+        from rlcore.training.chunked_logprobs import chunked_next_token_logprobs
 
-        # every position, the last one with a dummy target: slicing the logits first would cost their
-        # backward a zero-filled copy of the whole gradient
-        targets = torch.cat([input_ids[:, 1:], input_ids[:, :1]], dim=1)
-        lp = chunked_logprobs(logits, targets, chunk_size, temperature=temperature)
-        return align(lp[:, :-1], input_lengths)
+        return align(chunked_next_token_logprobs(logits, input_ids, chunk_size, temperature=temperature), input_lengths)
     logits = logits[:, :-1].float()
     if temperature != 1.0:
         logits = logits / temperature

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from rlcore.training.chunked_logprobs import chunked_logprobs
+from rlcore.training.chunked_logprobs import chunked_next_token_logprobs
 from rlcore.training.vocab_parallel import vocab_parallel_logprobs, vocab_parallel_topk
 
 
@@ -32,11 +32,8 @@ def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, vocab_start: i
     """``[B, S-1]`` float32 ``log p(token_{i+1} | tokens_<=i)`` under ``softmax(logits / temperature)`` from
     ``[B, S, V/tp]`` logits (differentiable), ``chunk_size`` positions at a time when given."""
     if chunk_size is not None:  # no float32 copy of the whole slice: each chunk is upcast on its own
-        # every position, the last with a dummy target (slicing first would zero-fill a copy of the gradient)
-        targets = torch.cat([input_ids[:, 1:], input_ids[:, :1]], dim=1)
-        lp = chunked_logprobs(mask_padded_vocab(logits, vocab_start, vocab_size), targets, chunk_size,
-                              vocab_start=vocab_start, group=group, temperature=temperature)
-        return lp[:, :-1]
+        return chunked_next_token_logprobs(mask_padded_vocab(logits, vocab_start, vocab_size), input_ids, chunk_size,
+                                           vocab_start=vocab_start, group=group, temperature=temperature)
     if temperature != 1.0:
         logits = logits / temperature
     logits = mask_padded_vocab(logits[:, :-1].float(), vocab_start, vocab_size)
