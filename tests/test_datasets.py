@@ -123,7 +123,7 @@ def test_epochs_cover_every_sample_once_reshuffled_and_reproducible():
     again = DatasetSource(samples, 3, seed=5)  # a fresh source (a resumed run) gives batch k the same samples
     assert [s.idx for s in again.batch(3)] == [s.idx for s in source.batch(3)]
     assert [s.idx for s in DatasetSource(samples, 3, shuffle=False).batch(1)] == [3, 4, 5]
-    with pytest.raises(DataExhausted, match=r"max_num_epochs=2: the 4 batches of 3 prompts it allows are used up"):
+    with pytest.raises(DataExhausted, match=r"max_num_epochs=2: the 4 batches of 3 samples it allows are used up"):
         source.batch(4)  # what dynamic sampling's cursor meets when the epochs end inside a step
     with pytest.raises(DataError, match=r"7 samples, fewer than one batch's 8 \(grpo.num_prompts_per_step\)"):
         DatasetSource(samples, 8)

@@ -1,4 +1,4 @@
-"""``rlcore run``: the GRPO loop from a config, on a private local Ray by default.
+"""``rlcore run``: the GRPO loop (or SFT, with an ``sft`` section) from a config, on a private local Ray by default.
 
 The command loads the config and resolves it once against the installed
 backends (:func:`rlcore.config.resolve`), checks the engines and the model,
@@ -35,17 +35,18 @@ def _fail(lines: list[str]) -> None:
 def _summary_line(resolved: Any, data: Any, log_dir: Path, verbose: bool) -> str:
     """One line saying what is about to run, and where its logs go."""
     cfg = resolved.config
-    steps = data.num_steps(cfg.grpo.max_num_steps)
+    steps = data.num_steps(cfg.algorithm_section.max_num_steps)
     source = cfg.data.train.path or cfg.data.train.generator.rpartition(":")[2]
     p, c = cfg.policy, cfg.cluster
+    where = "streamed here (-v)" if verbose else f"in {log_dir}/"
+    workers = f"on {c.num_nodes}x{c.workers_per_node} {'GPU' if c.use_gpu else 'CPU'} workers, model {p.model_name}"
+    if cfg.algorithm == "sft":
+        return f"rlcore run: SFT with {p.training_backend} {workers}, {source}, {steps} steps; logs {where}"
     gen = p.generation
     placement = "" if not resolved.generation.separate else \
         (" colocated" if resolved.generation.colocated else " separate")
-    where = "streamed here (-v)" if verbose else f"in {log_dir}/"
-    return (f"rlcore run: {p.training_backend} + {gen.backend}{placement} on {c.num_nodes}x{c.workers_per_node} "
-            f"{'GPU' if c.use_gpu else 'CPU'} workers, model {p.model_name}, {source} scored by {cfg.env.name}, "
-            f"{'up to ' if cfg.grpo.use_dynamic_sampling else ''}{steps} steps; "
-            f"logs {where}")
+    return (f"rlcore run: {p.training_backend} + {gen.backend}{placement} {workers}, {source} scored by "
+            f"{cfg.env.name}, {'up to ' if cfg.grpo.use_dynamic_sampling else ''}{steps} steps; logs {where}")
 
 
 def run(
@@ -59,7 +60,8 @@ def run(
     source: SourceOpt = ConfigSource.rlcore,
     nemo_overrides: NemoOverridesArg = None,
 ) -> None:
-    """Train with GRPO. Fails before starting anything if the config, a backend or the model is wrong."""
+    """Train with GRPO, or SFT when the config has an sft section. Fails before starting anything if the config, a
+    backend or the model is wrong."""
     from rlcore.cli.errors import one_line, write_traceback
     from rlcore.config import ConfigError, resolve
     from rlcore.doctor.engines import engine_install_problems

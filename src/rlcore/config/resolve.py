@@ -5,15 +5,16 @@
 and the workers consume the frozen result and never resolve or validate again.
 The step:
 
-1. a run's defaults: a ``grpo`` section, and fsdp1 for training and generation
-   when the default engine (vLLM) is not installed;
+1. a GRPO run's defaults: a ``grpo`` section, and fsdp1 for training and
+   generation when the default engine (vLLM) is not installed (an SFT run, one
+   with an ``sft`` section, has neither);
 2. built-in model names (``tiny-llama``) become local paths;
 3. the training backend's spec, its own section, its layout (tp, cp, pp; dp
    follows), its own config check, and the batch plan; a run packs when the
    backend can;
 4. the generation backend's spec and section, how it is refit, and whether a
    run generates asynchronously;
-5. a run's environment: its spec and its ``env.<name>_cfg`` section;
+5. a GRPO run's environment: its spec and its ``env.<name>_cfg`` section;
 6. the loss's automatic settings (the prev-logprob pass).
 
 Every problem is one ConfigError line with its dotted path.
@@ -28,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from rlcore.config import backends
-from rlcore.config.batch_plan import BatchPlan
+from rlcore.config.batch_plan import BatchPlan, batch_problems
 from rlcore.config.coerce import as_policy_config
 from rlcore.config.errors import ConfigError
 from rlcore.config.generation import GenerationConfig
@@ -153,10 +154,13 @@ def resolve(cfg: RLCoreConfig, *, run: bool = False, registry: Registry | None =
         problems += gen_problems
     problems += backends.lora_problems(policy.config, policy.spec, generation and generation.spec, registry)
     async_generation, environment = False, None
-    if run:
+    grpo_run = run and cfg.algorithm == "grpo"
+    if grpo_run:
         environment, env_problems = _resolve_environment(cfg, registry)
         problems += env_problems
-    if run and not problems:
+    if run and cfg.algorithm == "sft" and not problems:
+        problems += _sft_problems(cfg, policy)
+    if grpo_run and not problems:
         problems += _rollout_problems(cfg, policy)
         async_generation = _async_generation(cfg, generation, notices)
         cfg = cfg.model_copy(update={"loss": cfg.loss.model_copy(
@@ -171,7 +175,10 @@ def resolve(cfg: RLCoreConfig, *, run: bool = False, registry: Registry | None =
 
 
 def _run_defaults(cfg: RLCoreConfig, registry: Registry, notices: list[str]) -> RLCoreConfig:
-    """A run always has a grpo section and a generation backend (fsdp1 when vLLM is not installed)."""
+    """A GRPO run always has a grpo section and a generation backend (fsdp1 when vLLM is not installed); an SFT
+    run (an ``sft`` section) has neither."""
+    if cfg.algorithm == "sft":
+        return cfg
     if cfg.grpo is None:
         cfg = cfg.model_copy(update={"grpo": GRPOConfig()})
         if problems := check_rules(cfg):
@@ -238,6 +245,12 @@ def _rollout_problems(cfg: RLCoreConfig, policy: ResolvedPolicy) -> list[str]:
         return [f"grpo rollout batch {rollout} cannot be split over {dp} data-parallel ranks; "
                 "make grpo.num_prompts_per_step × grpo.num_generations_per_prompt a multiple of it"]
     return []
+
+
+def _sft_problems(cfg: RLCoreConfig, policy: ResolvedPolicy) -> list[str]:
+    s, plan = cfg.sft, policy.batch
+    return batch_problems(s.val_global_batch_size, s.val_micro_batch_size, plan.data_parallel_size, plan.mode,
+                          gbs_name="sft.val_global_batch_size", mbs_name="sft.val_micro_batch_size")
 
 
 def _async_generation(cfg: RLCoreConfig, generation: ResolvedGeneration | None, notices: list[str]) -> bool:

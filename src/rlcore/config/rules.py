@@ -222,28 +222,43 @@ def reward_shaping_has_its_settings(cfg: "RLCoreConfig") -> Iterator[str]:
 
 
 @rule
+def sft_reads_only_its_sections(cfg: "RLCoreConfig") -> Iterator[str]:
+    """An SFT run generates nothing and scores nothing: a GRPO-only section would be ignored, so it is refused."""
+    if cfg.sft is None:
+        return
+    given = cfg.model_fields_set
+    for name, why in (("grpo", "GRPO's loop"), ("loss", "the policy-gradient loss (SFT trains NLL)"),
+                      ("env", "the environment that scores completions")):
+        if name in given and getattr(cfg, name) is not None:
+            yield f"{name}: the config has an sft section, so nothing reads {why}; remove {name} (or sft)"
+    if cfg.policy.generation is not None:
+        yield "policy.generation: an SFT run does not generate; remove the section (or sft)"
+
+
+@rule
 def validation_and_epochs_need_their_data(cfg: "RLCoreConfig") -> Iterator[str]:
     """Validation settings need validation samples, and epochs need a dataset; otherwise they would do nothing."""
-    g = cfg.grpo
+    g, name = (cfg.sft, "sft") if cfg.sft is not None else (cfg.grpo, "grpo")
     if g is None:
         return
-    asked = [f"grpo.{k}" for k in ("val_period", "val_at_start", "val_at_end") if getattr(g, k)]
+    asked = [f"{name}.{k}" for k in ("val_period", "val_at_start", "val_at_end") if getattr(g, k)]
     if asked and cfg.data.validation is None and not cfg.data.split_validation_size:
         yield (f"{', '.join(asked)}: there is nothing to validate on; set data.validation.path (a file of "
                "samples) or data.split_validation_size, or turn validation off")
-    if g.max_num_epochs is not None and cfg.data.train.generator is not None:
-        yield ("grpo.max_num_epochs: the train data is a generator, which has no epochs; set data.train.path or "
-               "remove max_num_epochs (grpo.max_num_steps bounds the run)")
+    epochs_given = name == "grpo" or "max_num_epochs" in g.model_fields_set  # sft's default 1 suits a generator
+    if g.max_num_epochs is not None and epochs_given and cfg.data.train.generator is not None:
+        yield (f"{name}.max_num_epochs: the train data is a generator, which has no epochs; set data.train.path or "
+               f"remove max_num_epochs ({name}.max_num_steps bounds the run)")
 
 
 @rule
 def checkpoint_metric_is_there_when_saving(cfg: "RLCoreConfig") -> Iterator[str]:
     """A validation metric exists only on validated steps: every checkpoint must be one, or it cannot rank."""
-    ck, g = cfg.checkpointing, cfg.grpo
+    ck, (g, name) = cfg.checkpointing, ((cfg.sft, "sft") if cfg.sft is not None else (cfg.grpo, "grpo"))
     if ck.metric_name is None or not ck.metric_name.startswith("validation/") or g is None:
         return
     if g.val_period == 0 or ck.save_every_n_steps % g.val_period:
-        yield (f"checkpointing.metric_name: {ck.metric_name} is measured every grpo.val_period={g.val_period} steps, "
+        yield (f"checkpointing.metric_name: {ck.metric_name} is measured every {name}.val_period={g.val_period} steps, "
                f"but checkpoints are saved every checkpointing.save_every_n_steps={ck.save_every_n_steps}; make "
                "the save period a multiple of the validation period")
 

@@ -16,6 +16,7 @@ from rlcore.config.data import DataConfig, DatasetConfig, EnvConfig, legacy_task
 from rlcore.config.grpo import CheckpointingConfig, GRPOConfig, LoggerConfig
 from rlcore.config.generation import ColocationConfig, ColocationResources, GenerationConfig
 from rlcore.config.loss import ClippedPGLossConfig
+from rlcore.config.sft import SFTConfig
 from rlcore.config.policy import (
     DTensorConfig,
     DynamicBatchingConfig,
@@ -41,6 +42,9 @@ class RLCoreConfig(StrictModel):
     grpo: GRPOConfig | None = Field(
         None, description="The GRPO loop of 'rlcore run' (which fills in the defaults when it is absent); "
         "configs that only build a Policy leave it out.")
+    sft: SFTConfig | None = Field(
+        None, description="Supervised fine-tuning instead of GRPO: with this section 'rlcore run' trains NLL on the "
+        "assistant tokens of data.train (and refuses the GRPO-only sections).")
     loss: ClippedPGLossConfig = Field(default_factory=ClippedPGLossConfig, description="The policy-gradient loss.")
     data: DataConfig = Field(default_factory=DataConfig, description="The samples: train and validation splits, "
                              "and how a row becomes a prompt.")
@@ -56,6 +60,17 @@ class RLCoreConfig(StrictModel):
             data = dict(data)
             data.update(legacy_task_sections(data.pop("task"), given=[k for k in ("data", "env") if k in data]))
         return data
+
+    @property
+    def algorithm(self) -> str:
+        """What ``rlcore run`` trains: ``'sft'`` with an ``sft`` section, else ``'grpo'``."""
+        return "sft" if self.sft is not None else "grpo"
+
+    @property
+    def algorithm_section(self) -> Any:
+        """The section of the algorithm ``rlcore run`` trains (``sft`` or ``grpo``); both name their seed, steps,
+        epochs and validation schedule alike (NeMo-RL's names)."""
+        return self.sft if self.sft is not None else self.grpo
 
     @property
     def world_size(self) -> int:
@@ -91,6 +106,7 @@ __all__ = [
     "Precision",
     "PytorchOptimizerConfig",
     "RLCoreConfig",
+    "SFTConfig",
     "SchedulerMilestones",
     "SectionsModel",
     "SequencePackingConfig",

@@ -29,9 +29,9 @@ class DatasetSource:
 
     def __init__(self, samples: list[Sample], batch_size: int, *, seed: int = 0, shuffle: bool = True,
                  max_epochs: int | None = None, name: str = "data.train",
-                 size_setting: str = "grpo.num_prompts_per_step") -> None:
+                 size_setting: str = "grpo.num_prompts_per_step", epochs_setting: str = "grpo.max_num_epochs") -> None:
         self.samples, self.batch_size, self.seed, self.shuffle = samples, batch_size, seed, shuffle
-        self.max_epochs = max_epochs
+        self.max_epochs, self.epochs_setting = max_epochs, epochs_setting
         self.batches_per_epoch = len(samples) // batch_size
         if self.batches_per_epoch == 0:
             raise DataError(f"{name}: {len(samples)} samples, fewer than one batch's {batch_size} "
@@ -52,8 +52,8 @@ class DatasetSource:
 
     def batch(self, k: int) -> list[Sample]:
         if self.total_batches is not None and k >= self.total_batches:
-            raise DataExhausted(f"grpo.max_num_epochs={self.max_epochs}: the {self.total_batches} batches of "
-                                f"{self.batch_size} prompts it allows are used up")
+            raise DataExhausted(f"{self.epochs_setting}={self.max_epochs}: the {self.total_batches} batches of "
+                                f"{self.batch_size} samples it allows are used up")
         epoch, j = divmod(k, self.batches_per_epoch)
         order = self._order(epoch)
         return [self.samples[i] for i in order[j * self.batch_size:(j + 1) * self.batch_size]]
@@ -103,6 +103,31 @@ class RunData:
         return min(max_num_steps, self.train.total_batches or max_num_steps)
 
 
+@dataclass(frozen=True)
+class DrawSettings:
+    """How a run draws its samples, from its algorithm's section: batch size, seed, epochs, validation cap."""
+
+    batch_size: int
+    size_setting: str  # the setting(s) the batch size comes from, for errors
+    seed: int
+    max_epochs: int | None
+    epochs_setting: str
+    max_val_samples: int | None
+
+    @classmethod
+    def of(cls, cfg: Any) -> "DrawSettings":
+        if cfg.sft is not None:
+            s = cfg.sft
+            return cls(cfg.policy.train_global_batch_size, "policy.train_global_batch_size", s.seed,
+                       s.max_num_epochs, "sft.max_num_epochs",
+                       s.val_batches * s.val_global_batch_size if s.val_batches else None)
+        g = cfg.grpo
+        size_setting = ("grpo.num_prompts_per_step * grpo.batch_multiplier" if g.use_dynamic_sampling
+                        else "grpo.num_prompts_per_step")
+        return cls(g.prompts_per_generation_batch, size_setting, g.seed, g.max_num_epochs, "grpo.max_num_epochs",
+                   g.max_val_samples)
+
+
 def read_samples(dataset_cfg: Any, builder: SampleBuilder) -> list[Sample]:
     rows = read_rows(dataset_cfg.path, dataset_cfg.split)
     return [builder.sample(row, i, f"{dataset_cfg.path}: row {i + 1}") for i, row in enumerate(rows)]
@@ -123,11 +148,8 @@ def load_sources(cfg: Any, prompt_length: Callable[[Sample], int] | None = None)
     """
     from rlcore.plugins import import_object
 
-    data, grpo = cfg.data, cfg.grpo
+    data, draw = cfg.data, DrawSettings.of(cfg)
     builder = SampleBuilder(data)
-    batch_size = grpo.prompts_per_generation_batch
-    size_setting = ("grpo.num_prompts_per_step * grpo.batch_multiplier" if grpo.use_dynamic_sampling
-                    else "grpo.num_prompts_per_step")
     held_out: list[Sample] = []
     if data.train.generator is not None:
         try:
@@ -135,22 +157,22 @@ def load_sources(cfg: Any, prompt_length: Callable[[Sample], int] | None = None)
         except (ImportError, AttributeError, ValueError) as exc:
             raise DataError(f"data.train.generator: cannot import {data.train.generator}: {exc}") from None
         train: DatasetSource | GeneratorSource = GeneratorSource(
-            fn, data.train.generator_kwargs, builder, batch_size, seed=grpo.seed)
+            fn, data.train.generator_kwargs, builder, draw.batch_size, seed=draw.seed)
         checked: list[tuple[str, list[Sample]]] = []
     else:
         samples = read_samples(data.train, builder)
         if data.split_validation_size:
-            samples, held_out = split_off(samples, data.split_validation_size, grpo.seed)
-        train = DatasetSource(samples, batch_size, seed=grpo.seed, shuffle=data.shuffle,
-                              max_epochs=grpo.max_num_epochs, name=f"data.train ({data.train.path})",
-                              size_setting=size_setting)
+            samples, held_out = split_off(samples, data.split_validation_size, draw.seed)
+        train = DatasetSource(samples, draw.batch_size, seed=draw.seed, shuffle=data.shuffle,
+                              max_epochs=draw.max_epochs, name=f"data.train ({data.train.path})",
+                              size_setting=draw.size_setting, epochs_setting=draw.epochs_setting)
         checked = [(data.train.path, samples)]
     validation = None
     if data.validation is not None:
-        validation = read_samples(data.validation, builder)[:grpo.max_val_samples]
+        validation = read_samples(data.validation, builder)[:draw.max_val_samples]
         checked.append((data.validation.path, validation))
     elif held_out:
-        validation = held_out[:grpo.max_val_samples]
+        validation = held_out[:draw.max_val_samples]
         checked.append((data.train.path, validation))
     if prompt_length is not None:
         limit = cfg.policy.max_total_sequence_length

@@ -1,4 +1,4 @@
-"""The pieces of a GRPO run: cluster, policy, generation backend and weight synchronizer, started and stopped together.
+"""The pieces of a run: cluster, policy, generation backend and weight synchronizer, started and stopped together.
 
 The generation backend is either a separate plugin (e.g. vLLM, colocated with
 the policy or on its own resources, refit through
@@ -72,7 +72,22 @@ def load_run_data(cfg: Any, tokenizer: Any = None) -> Any:
     from rlcore.run.step import prompt_length_of
 
     tokenizer = tokenizer if tokenizer is not None else load_tokenizer(cfg)
+    if cfg.algorithm == "sft":
+        return _with_answers(load_sources(cfg))
     return load_sources(cfg, prompt_length_of(cfg, tokenizer))
+
+
+def _with_answers(data: Any) -> Any:
+    """SFT data: every fixed sample must have an assistant message to train on (a generator's are checked as
+    they are made)."""
+    from rlcore.datasets import DataError
+    from rlcore.run.sft_batches import answer_problem
+
+    for where, samples in (("data.train", getattr(data.train, "samples", [])), ("data.validation", data.validation)):
+        for sample in samples or []:
+            if problem := answer_problem(sample, where):
+                raise DataError(problem)
+    return data
 
 
 def build_run(config: Any, resume_dir: Path | None = None, start_step: int = 0, tokenizer: Any = None,
@@ -92,15 +107,16 @@ def build_run(config: Any, resume_dir: Path | None = None, start_step: int = 0, 
     from rlcore.run.prompts import load_tokenizer
 
     resolved = config if isinstance(config, ResolvedConfig) else resolve(config, run=True)
-    cfg, gen = resolved.config, resolved.generation
-    colocated = gen.separate and gen.colocated
+    cfg, gen = resolved.config, resolved.generation  # gen: None for an SFT run, which does not generate
+    colocated = gen is not None and gen.separate and gen.colocated
     tokenizer = tokenizer if tokenizer is not None else load_tokenizer(cfg)
     data = data if data is not None else load_run_data(cfg, tokenizer)
     cluster = RayVirtualCluster.from_config(cfg.cluster, max_colocated_worker_groups=2 if colocated else 1)
     run = Run(resolved, cluster, tokenizer=tokenizer, start_step=start_step, data=data,
-              num_steps=data.num_steps(cfg.grpo.max_num_steps), next_batch=start_step)
+              num_steps=data.num_steps(cfg.algorithm_section.max_num_steps), next_batch=start_step)
     try:
-        run.environment = EnvironmentRunner.from_resolved(resolved.environment, cfg.env)
+        if resolved.environment is not None:  # an SFT run scores nothing
+            run.environment = EnvironmentRunner.from_resolved(resolved.environment, cfg.env)
         weights = optimizer = None
         if resume_dir is not None:
             weights, optimizer = str(resume_dir / "weights"), str(resume_dir / "optimizer")
@@ -108,7 +124,7 @@ def build_run(config: Any, resume_dir: Path | None = None, start_step: int = 0, 
         run.policy = Policy(cluster, resolved.policy, tokenizer, weights_path=weights, optimizer_path=optimizer,
                             init_reference_model=cfg.loss.reference_policy_kl_penalty > 0)
         run.generation = run.policy
-        if gen.separate:
+        if gen is not None and gen.separate:
             gen_cluster = cluster
             if not colocated:
                 res = gen.config.colocated.resources

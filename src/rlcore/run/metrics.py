@@ -1,4 +1,5 @@
-"""Where a run's numbers go: JSONL per step, TensorBoard when installed, a progress bar, a reward plot."""
+"""Where a run's numbers go: JSONL per step, TensorBoard when installed, a progress bar, a curve plot (GRPO: the
+mean reward; SFT: the loss)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ from typing import Any
 
 class MetricsLogger:
     def __init__(self, output_dir: str | Path, *, tensorboard: bool = True, progress_bar: bool = True,
-                 progress_file: Any = None, total_steps: int = 0, initial_step: int = 0) -> None:
+                 progress_file: Any = None, total_steps: int = 0, initial_step: int = 0,
+                 algorithm: str = "grpo") -> None:
         self.dir = Path(output_dir)
+        self.curve = CURVES[algorithm]
         self.dir.mkdir(parents=True, exist_ok=True)
         self.path = self.dir / "metrics.jsonl"
         self._file = self.path.open("a")
@@ -26,7 +29,7 @@ class MetricsLogger:
         if progress_bar:
             from tqdm import tqdm
 
-            self._bar = tqdm(total=total_steps, initial=initial_step, desc="grpo", unit="step", dynamic_ncols=True,
+            self._bar = tqdm(total=total_steps, initial=initial_step, desc=algorithm, unit="step", dynamic_ncols=True,
                              file=progress_file)  # None: standard error
 
     def log(self, step: int, metrics: dict[str, Any], advance: bool = True) -> None:
@@ -39,21 +42,24 @@ class MetricsLogger:
                 if isinstance(value, (int, float)):
                     self._tb.add_scalar(name, value, step)
         if self._bar is not None and advance:
-            postfix = {"reward": f"{metrics.get('reward_mean', 0):.3f}", "loss": f"{metrics.get('loss', 0):.4f}",
-                       "step_s": f"{metrics.get('time/step_s', 0):.2f}"}
-            if "validation/accuracy" in metrics:
-                postfix["val_acc"] = f"{metrics['validation/accuracy']:.3f}"
+            postfix = {"loss": f"{metrics.get('loss', 0):.4f}", "step_s": f"{metrics.get('time/step_s', 0):.2f}"}
+            if "reward_mean" in metrics:
+                postfix = {"reward": f"{metrics['reward_mean']:.3f}", **postfix}
+            for key, short in (("validation/accuracy", "val_acc"), ("validation/loss", "val_loss")):
+                if key in metrics:
+                    postfix[short] = f"{metrics[key]:.3f}"
             self._bar.set_postfix(postfix, refresh=False)
             self._bar.update(1)
 
     def close(self) -> Path | None:
-        """Close outputs and draw the reward curve; returns the PNG path (None without matplotlib)."""
+        """Close outputs and draw the curve; returns the PNG path (None without matplotlib)."""
         self._file.close()
         if self._tb is not None:
             self._tb.close()
         if self._bar is not None:
             self._bar.close()
-        return plot_rewards(self.path, self.dir / "reward_curve.png")
+        metric, label, file = self.curve
+        return plot_curve(self.path, self.dir / file, metric, label)
 
 
 def keep_steps_before(path: str | Path, step: int) -> None:
@@ -71,7 +77,11 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
 
 
-def plot_rewards(metrics_path: str | Path, png_path: str | Path) -> Path | None:
+#: Each algorithm's curve: ``(metric, axis label, file name)``.
+CURVES = {"grpo": ("reward_mean", "mean reward", "reward_curve.png"), "sft": ("loss", "loss", "loss_curve.png")}
+
+
+def plot_curve(metrics_path: str | Path, png_path: str | Path, metric: str, label: str) -> Path | None:
     try:
         import matplotlib
 
@@ -79,14 +89,14 @@ def plot_rewards(metrics_path: str | Path, png_path: str | Path) -> Path | None:
         import matplotlib.pyplot as plt
     except ImportError:
         return None
-    rows = [r for r in read_metrics(metrics_path) if "reward_mean" in r]
+    rows = [r for r in read_metrics(metrics_path) if metric in r and r["step"] >= 0]
     if not rows:
         return None
     steps = [r["step"] for r in rows]
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.plot(steps, [r["reward_mean"] for r in rows], marker="o", label="mean reward")
+    ax.plot(steps, [r[metric] for r in rows], marker="o", label=label)
     ax.set_xlabel("step")
-    ax.set_ylabel("reward")
+    ax.set_ylabel(label)
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()

@@ -1,4 +1,5 @@
-"""A whole GRPO run from a resolved config: build it, train, log metrics, checkpoint, and summarise.
+"""A whole run (GRPO, or SFT with an ``sft`` section) from a resolved config: build it, train, log metrics,
+checkpoint, and summarise.
 
 ``rlcore run`` (:mod:`rlcore.cli.run_cmd`) is a thin command around
 :func:`train`: it loads and resolves the config, checks the model, and reports
@@ -43,7 +44,7 @@ def data_position(cfg: Any, data: Any, next_batch: int) -> dict[str, Any]:
     """What a checkpoint records of the data: the next batch, and what that index means."""
     train = data.train
     return {"next_batch": next_batch, "epoch": train.epoch_of(next_batch), "batch_size": train.batch_size,
-            "num_samples": train.num_samples, "seed": cfg.grpo.seed}
+            "num_samples": train.num_samples, "seed": cfg.algorithm_section.seed}
 
 
 def resumed_data_position(cfg: Any, data: Any, saved: dict[str, Any] | None, start: int, where: Path) -> int:
@@ -52,12 +53,12 @@ def resumed_data_position(cfg: Any, data: Any, saved: dict[str, Any] | None, sta
     if saved is None:
         return start  # a checkpoint from before the data position was recorded: batch = step, as it was then
     expected = data_position(cfg, data, start)
-    keys = ("batch_size", "num_samples", "seed") + (() if cfg.grpo.use_dynamic_sampling else ("next_batch",))
+    dynamic_sampling = cfg.grpo is not None and cfg.grpo.use_dynamic_sampling
+    keys = ("batch_size", "num_samples", "seed") + (() if dynamic_sampling else ("next_batch",))
     changed = [f"{key} {saved.get(key)} -> {expected[key]}" for key in keys if saved.get(key) != expected[key]]
     if changed:
         raise ValueError(f"--resume: {where} continued a different data stream ({', '.join(changed)}); resume with "
-                         "the data, grpo.num_prompts_per_step, grpo.batch_multiplier and grpo.seed it was written "
-                         "with, or start fresh")
+                         "the data, batch size and seed it was written with, or start fresh")
     return int(saved["next_batch"])
 
 
@@ -89,10 +90,8 @@ def train(config: Any, resume: bool = False, signals: Any = None, progress_file:
     """
     from rlcore.run.build import build_run, load_run_data
     from rlcore.run.checkpoints import latest_step, read_state, resume_problems, save_step
-    from rlcore.run.grpo import grpo_train
     from rlcore.run.metrics import MetricsLogger, keep_steps_before, read_metrics
     from rlcore.run.prompts import load_tokenizer
-    from rlcore.run.validation import synchronous_generate, validate
 
     resolved = config if isinstance(config, ResolvedConfig) else _resolved_with_notices(config)
     cfg = resolved.config
@@ -116,6 +115,7 @@ def train(config: Any, resume: bool = False, signals: Any = None, progress_file:
     last = run.num_steps - 1
     hold = signals.hold if signals is not None else contextlib.nullcontext
     ck = cfg.checkpointing
+    loop, validate = _algorithm(cfg)
     finished: dict[str, Any] = {}  # the newest finished step: "step", "metrics", "position", "saved"
 
     def save(step: int, metrics: dict[str, float], position: int) -> None:
@@ -138,8 +138,8 @@ def train(config: Any, resume: bool = False, signals: Any = None, progress_file:
         if not finished:
             return
         step, metrics = finished["step"], finished["metrics"]
-        if cfg.grpo.val_at_end and data.validation and "validation/accuracy" not in metrics:
-            validation = validate(run, synchronous_generate(run))
+        if cfg.algorithm_section.val_at_end and data.validation and not _validated(metrics):
+            validation = validate(run)
             logger.log(step, validation, advance=False)
             metrics = {**metrics, **validation}
         if ck.enabled and not finished["saved"]:
@@ -147,10 +147,11 @@ def train(config: Any, resume: bool = False, signals: Any = None, progress_file:
 
     try:
         logger = MetricsLogger(out, tensorboard=cfg.logger.tensorboard, progress_bar=cfg.logger.progress_bar,
-                               progress_file=progress_file, total_steps=run.num_steps, initial_step=start)
-        if cfg.grpo.val_at_start and start == 0 and data.validation:
-            logger.log(-1, validate(run, synchronous_generate(run)), advance=False)  # the initial weights
-        if (ended_early := grpo_train(run, on_step)) is not None:
+                               progress_file=progress_file, total_steps=run.num_steps, initial_step=start,
+                               algorithm=cfg.algorithm)
+        if cfg.algorithm_section.val_at_start and start == 0 and data.validation:
+            logger.log(-1, validate(run), advance=False)  # the initial weights
+        if (ended_early := loop(run, on_step)) is not None:
             end_early(ended_early)
     except BaseException:
         if logger is not None:
@@ -161,20 +162,45 @@ def train(config: Any, resume: bool = False, signals: Any = None, progress_file:
         raise
     png = logger.close()
     run.shutdown()
-    logged = read_metrics(logger.path)
-    rows = [r for r in logged if "reward_mean" in r]  # training steps (not step -1)
-    validations = [r["validation/accuracy"] for r in logged if "validation/accuracy" in r]
     latest = latest_step(ckpt_root)
     return {
-        "steps": len({r["step"] for r in rows}),
-        "first_reward_mean": rows[0]["reward_mean"] if rows else None,
-        "last_reward_mean": rows[-1]["reward_mean"] if rows else None,
-        **({"first_validation_accuracy": validations[0], "last_validation_accuracy": validations[-1]}
-           if validations else {}),
+        **_summary(cfg, read_metrics(logger.path)),
         "metrics": str(logger.path),
-        "reward_curve": str(png) if png else None,
+        f"{'loss' if cfg.algorithm == 'sft' else 'reward'}_curve": str(png) if png else None,
         "final_weights": str(latest[1] / "weights") if latest else None,
         **({"ended_early": ended_early} if ended_early else {}),
+    }
+
+
+def _algorithm(cfg: Any) -> tuple[Any, Any]:
+    """``(loop, validate)`` of the run's algorithm: ``loop(run, on_step)`` trains its steps, ``validate(run)``
+    returns the validation metrics of the current weights."""
+    if cfg.algorithm == "sft":
+        from rlcore.run.sft import sft_train, sft_validate
+
+        return sft_train, sft_validate
+    from rlcore.run.grpo import grpo_train
+    from rlcore.run.validation import synchronous_generate, validate
+
+    return grpo_train, lambda run: validate(run, synchronous_generate(run))
+
+
+def _validated(metrics: dict[str, Any]) -> bool:
+    return any(key.startswith("validation/") for key in metrics)
+
+
+def _summary(cfg: Any, logged: list[dict[str, Any]]) -> dict[str, Any]:
+    """Steps trained and the first and last value of the run's headline metrics (GRPO: mean reward and
+    validation accuracy; SFT: loss and validation loss)."""
+    train_key, val_key, val_name = (("loss", "validation/loss", "validation_loss") if cfg.algorithm == "sft"
+                                    else ("reward_mean", "validation/accuracy", "validation_accuracy"))
+    rows = [r for r in logged if train_key in r and r["step"] >= 0]  # training steps (not step -1)
+    validations = [r[val_key] for r in logged if val_key in r]
+    return {
+        "steps": len({r["step"] for r in rows}),
+        f"first_{train_key}": rows[0][train_key] if rows else None,
+        f"last_{train_key}": rows[-1][train_key] if rows else None,
+        **({f"first_{val_name}": validations[0], f"last_{val_name}": validations[-1]} if validations else {}),
     }
 
 

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 def validation_due(run: "Run", step: int) -> bool:
     """Whether a validation follows training step ``step``."""
-    g = run.cfg.grpo
+    g = run.cfg.algorithm_section
     return bool(run.data.validation) and (
         (g.val_period > 0 and (step + 1) % g.val_period == 0) or (g.val_at_end and step == run.num_steps - 1))
 

@@ -1,0 +1,86 @@
+"""The SFT loop behind ``rlcore run`` (a config with an ``sft`` section): one step, validation, the steps of a run.
+
+Per step: take the next ``policy.train_global_batch_size`` samples, encode them
+with the loss on the assistant's tokens (:mod:`rlcore.run.sft_batches`), and
+train one optimizer step with :class:`~rlcore.algorithms.loss_functions.NLLLoss`.
+Validation (NeMo-RL's ``sft.val_*``) runs the same loss in eval mode over
+``sft.val_batches`` batches of ``sft.val_global_batch_size`` samples; its
+``validation/loss`` is the mean NLL per assistant token of all of them. The
+pieces are started by :func:`rlcore.run.build.build_run` (no generation
+backend, no environment).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Callable
+
+from rlcore.datasets import DataExhausted
+from rlcore.run.step import Timer, peak_memory_metrics
+
+if TYPE_CHECKING:
+    from rlcore.run.build import Run
+
+
+def sft_step(run: "Run") -> dict[str, float]:
+    """One optimizer step of NLL on the next batch of samples."""
+    from rlcore.algorithms.loss_functions import NLLLoss
+    from rlcore.run.sft_batches import sft_batch
+
+    policy, timer = run.policy, Timer()
+    with timer.phase("data"):
+        batch = sft_batch(run.draw_train_batch(), run.tokenizer, run.cfg)
+    with timer.phase("train"):
+        policy.prepare_for_training()
+        result = policy.train(batch, NLLLoss())
+        policy.finish_training()
+    sample_mask = batch["sample_mask"]
+    return {
+        "loss": float(result["loss"].mean()),
+        "grad_norm": float(result["grad_norm"].mean()),
+        "num_valid_tokens": float(result["metrics"].get("num_valid_tokens", 0.0)),
+        "cut_samples": float((sample_mask == 0).sum()),  # longer than policy.max_total_sequence_length
+        "epoch": float(run.data.train.epoch_of(run.next_batch - 1)),
+        "time/step_s": sum(timer.seconds.values()),
+        **timer.seconds,
+        **peak_memory_metrics(policy, policy),
+    }
+
+
+def sft_validate(run: "Run") -> dict[str, float]:
+    """The NLL per assistant token of the validation samples, in eval mode (no gradient, no step)."""
+    from rlcore.algorithms.loss_functions import NLLLoss
+    from rlcore.run.sft_batches import sft_batch
+
+    cfg, started = run.cfg.sft, time.perf_counter()
+    samples = run.data.validation or []
+    size = cfg.val_global_batch_size
+    total, tokens = 0.0, 0.0
+    for begin in range(0, len(samples), size):
+        batch = sft_batch(samples[begin:begin + size], run.tokenizer, run.cfg, size=size)
+        result = run.policy.train(batch, NLLLoss(), eval_mode=True, gbs=size, mbs=cfg.val_micro_batch_size)
+        valid = float((batch["token_mask"][:, 1:] * batch["sample_mask"][:, None]).sum())
+        total += float(result["loss"][0]) * valid  # each batch's loss is its mean over its own valid tokens
+        tokens += valid
+    return {
+        "validation/loss": total / tokens if tokens else float("nan"),
+        "validation/num_samples": float(len(samples)),
+        "validation/num_valid_tokens": tokens,
+        "time/validation_s": time.perf_counter() - started,
+    }
+
+
+def sft_train(run: "Run", on_step: Callable[[int, dict[str, float]], None]) -> str | None:
+    """Run steps ``run.start_step .. run.num_steps - 1``, calling ``on_step(step, metrics)`` after each;
+    returns why the run ended early (the epochs' data ran out), or None."""
+    from rlcore.run.validation import validation_due
+
+    for step in range(run.start_step, run.num_steps):
+        try:
+            metrics = sft_step(run)
+        except DataExhausted as exc:
+            return f"the data ran out during step {step} ({exc})"
+        if validation_due(run, step):
+            metrics.update(sft_validate(run))
+        on_step(step, metrics)
+    return None
