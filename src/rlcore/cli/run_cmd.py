@@ -40,8 +40,9 @@ def _summary_line(resolved: Any, data: Any, log_dir: Path, verbose: bool) -> str
     p, c = cfg.policy, cfg.cluster
     where = "streamed here (-v)" if verbose else f"in {log_dir}/"
     workers = f"on {c.num_nodes}x{c.workers_per_node} {'GPU' if c.use_gpu else 'CPU'} workers, model {p.model_name}"
-    if cfg.algorithm == "sft":
-        return f"rlcore run: SFT with {p.training_backend} {workers}, {source}, {steps} steps; logs {where}"
+    if cfg.algorithm != "grpo":
+        return (f"rlcore run: {cfg.algorithm.upper()} with {p.training_backend} {workers}, {source}, {steps} steps; "
+                f"logs {where}")
     gen = p.generation
     placement = "" if not resolved.generation.separate else \
         (" colocated" if resolved.generation.colocated else " separate")

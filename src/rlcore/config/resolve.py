@@ -158,8 +158,8 @@ def resolve(cfg: RLCoreConfig, *, run: bool = False, registry: Registry | None =
     if grpo_run:
         environment, env_problems = _resolve_environment(cfg, registry)
         problems += env_problems
-    if run and cfg.algorithm == "sft" and not problems:
-        problems += _sft_problems(cfg, policy)
+    if run and cfg.algorithm in ("sft", "dpo") and not problems:
+        problems += _validation_batch_problems(cfg, policy)
     if grpo_run and not problems:
         problems += _rollout_problems(cfg, policy)
         async_generation = _async_generation(cfg, generation, notices)
@@ -177,7 +177,7 @@ def resolve(cfg: RLCoreConfig, *, run: bool = False, registry: Registry | None =
 def _run_defaults(cfg: RLCoreConfig, registry: Registry, notices: list[str]) -> RLCoreConfig:
     """A GRPO run always has a grpo section and a generation backend (fsdp1 when vLLM is not installed); an SFT
     run (an ``sft`` section) has neither."""
-    if cfg.algorithm == "sft":
+    if cfg.algorithm != "grpo":
         return cfg
     if cfg.grpo is None:
         cfg = cfg.model_copy(update={"grpo": GRPOConfig()})
@@ -247,10 +247,18 @@ def _rollout_problems(cfg: RLCoreConfig, policy: ResolvedPolicy) -> list[str]:
     return []
 
 
-def _sft_problems(cfg: RLCoreConfig, policy: ResolvedPolicy) -> list[str]:
-    s, plan = cfg.sft, policy.batch
-    return batch_problems(s.val_global_batch_size, s.val_micro_batch_size, plan.data_parallel_size, plan.mode,
-                          gbs_name="sft.val_global_batch_size", mbs_name="sft.val_micro_batch_size")
+def _validation_batch_problems(cfg: RLCoreConfig, policy: ResolvedPolicy) -> list[str]:
+    """SFT and DPO validate in eval-mode training batches, which must split over the ranks as training's do."""
+    s, plan, name = cfg.algorithm_section, policy.batch, cfg.algorithm
+    problems = batch_problems(s.val_global_batch_size, s.val_micro_batch_size, plan.data_parallel_size, plan.mode,
+                              gbs_name=f"{name}.val_global_batch_size", mbs_name=f"{name}.val_micro_batch_size")
+    pair_tokens = 2 * cfg.policy.max_total_sequence_length
+    if name == "dpo" and plan.mode != "plain" and plan.train_mb_tokens < pair_tokens:
+        section = "dynamic_batching" if plan.mode == "dynamic" else "sequence_packing"
+        problems.append(f"policy.{section}.train_mb_tokens: {plan.train_mb_tokens} tokens cannot hold a DPO pair, two "
+                        f"sequences of up to policy.max_total_sequence_length={cfg.policy.max_total_sequence_length} "
+                        f"kept in one micro-batch; set it to at least {pair_tokens}")
+    return problems
 
 
 def _async_generation(cfg: RLCoreConfig, generation: ResolvedGeneration | None, notices: list[str]) -> bool:

@@ -222,23 +222,29 @@ def reward_shaping_has_its_settings(cfg: "RLCoreConfig") -> Iterator[str]:
 
 
 @rule
-def sft_reads_only_its_sections(cfg: "RLCoreConfig") -> Iterator[str]:
-    """An SFT run generates nothing and scores nothing: a GRPO-only section would be ignored, so it is refused."""
-    if cfg.sft is None:
+def offline_runs_read_only_their_sections(cfg: "RLCoreConfig") -> Iterator[str]:
+    """SFT and DPO train on data as written: they generate and score nothing, so a GRPO-only section would be
+    ignored, and is refused; so is a second algorithm section."""
+    offline = [name for name in ("sft", "dpo") if getattr(cfg, name) is not None]
+    if len(offline) > 1:
+        yield "sft, dpo: a config trains one algorithm; keep one of the sections"
+    if not offline:
         return
-    given = cfg.model_fields_set
-    for name, why in (("grpo", "GRPO's loop"), ("loss", "the policy-gradient loss (SFT trains NLL)"),
+    algo, given = offline[0], cfg.model_fields_set
+    for name, why in (("grpo", "GRPO's loop"), ("loss", f"the policy-gradient loss ({algo} has its own)"),
                       ("env", "the environment that scores completions")):
         if name in given and getattr(cfg, name) is not None:
-            yield f"{name}: the config has an sft section, so nothing reads {why}; remove {name} (or sft)"
+            yield f"{name}: the config has a{'n' if algo == 'sft' else ''} {algo} section, so nothing reads {why}; " \
+                  f"remove {name} (or {algo})"
     if cfg.policy.generation is not None:
-        yield "policy.generation: an SFT run does not generate; remove the section (or sft)"
+        yield f"policy.generation: a{'n' if algo == 'sft' else ''} {algo.upper()} run does not generate; remove " \
+              f"the section (or {algo})"
 
 
 @rule
 def validation_and_epochs_need_their_data(cfg: "RLCoreConfig") -> Iterator[str]:
     """Validation settings need validation samples, and epochs need a dataset; otherwise they would do nothing."""
-    g, name = (cfg.sft, "sft") if cfg.sft is not None else (cfg.grpo, "grpo")
+    g, name = cfg.algorithm_section, cfg.algorithm
     if g is None:
         return
     asked = [f"{name}.{k}" for k in ("val_period", "val_at_start", "val_at_end") if getattr(g, k)]
@@ -254,7 +260,7 @@ def validation_and_epochs_need_their_data(cfg: "RLCoreConfig") -> Iterator[str]:
 @rule
 def checkpoint_metric_is_there_when_saving(cfg: "RLCoreConfig") -> Iterator[str]:
     """A validation metric exists only on validated steps: every checkpoint must be one, or it cannot rank."""
-    ck, (g, name) = cfg.checkpointing, ((cfg.sft, "sft") if cfg.sft is not None else (cfg.grpo, "grpo"))
+    ck, g, name = cfg.checkpointing, cfg.algorithm_section, cfg.algorithm
     if ck.metric_name is None or not ck.metric_name.startswith("validation/") or g is None:
         return
     if g.val_period == 0 or ck.save_every_n_steps % g.val_period:

@@ -15,6 +15,7 @@ from rlcore.config.cluster import ClusterConfig
 from rlcore.config.data import DataConfig, DatasetConfig, EnvConfig, legacy_task_sections
 from rlcore.config.grpo import CheckpointingConfig, GRPOConfig, LoggerConfig
 from rlcore.config.generation import ColocationConfig, ColocationResources, GenerationConfig
+from rlcore.config.dpo import DPOConfig
 from rlcore.config.loss import ClippedPGLossConfig
 from rlcore.config.sft import SFTConfig
 from rlcore.config.policy import (
@@ -45,6 +46,9 @@ class RLCoreConfig(StrictModel):
     sft: SFTConfig | None = Field(
         None, description="Supervised fine-tuning instead of GRPO: with this section 'rlcore run' trains NLL on the "
         "assistant tokens of data.train (and refuses the GRPO-only sections).")
+    dpo: DPOConfig | None = Field(
+        None, description="Direct Preference Optimization instead of GRPO: with this section 'rlcore run' trains "
+        "on the (prompt, chosen, rejected) pairs of data.train against the frozen initial weights.")
     loss: ClippedPGLossConfig = Field(default_factory=ClippedPGLossConfig, description="The policy-gradient loss.")
     data: DataConfig = Field(default_factory=DataConfig, description="The samples: train and validation splits, "
                              "and how a row becomes a prompt.")
@@ -63,14 +67,15 @@ class RLCoreConfig(StrictModel):
 
     @property
     def algorithm(self) -> str:
-        """What ``rlcore run`` trains: ``'sft'`` with an ``sft`` section, else ``'grpo'``."""
-        return "sft" if self.sft is not None else "grpo"
+        """What ``rlcore run`` trains: ``'sft'`` with an ``sft`` section, ``'dpo'`` with a ``dpo`` one, else
+        ``'grpo'`` (a config with both is refused by :mod:`rlcore.config.rules`)."""
+        return "sft" if self.sft is not None else "dpo" if self.dpo is not None else "grpo"
 
     @property
     def algorithm_section(self) -> Any:
-        """The section of the algorithm ``rlcore run`` trains (``sft`` or ``grpo``); both name their seed, steps,
-        epochs and validation schedule alike (NeMo-RL's names)."""
-        return self.sft if self.sft is not None else self.grpo
+        """The section of the algorithm ``rlcore run`` trains (``sft``, ``dpo`` or ``grpo``); they name their seed,
+        steps, epochs and validation schedule alike (NeMo-RL's names)."""
+        return getattr(self, self.algorithm)
 
     @property
     def world_size(self) -> int:
@@ -105,6 +110,7 @@ __all__ = [
     "PolicyConfig",
     "Precision",
     "PytorchOptimizerConfig",
+    "DPOConfig",
     "RLCoreConfig",
     "SFTConfig",
     "SchedulerMilestones",

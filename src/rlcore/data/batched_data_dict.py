@@ -10,6 +10,11 @@ ranks and records on each shard how it is cut into micro-batches; a backend
 then walks the steps with :meth:`get_batch` and the micro-batches with one of
 the ``make_microbatch_iterator*`` methods.
 
+Rows may come in groups that must stay together (``group_size``, e.g. DPO's
+chosen/rejected pairs): sharding and every micro-batch plan then move whole
+groups, so a group always lands on one rank, in one step and in one
+micro-batch, with its rows consecutive and in their original order.
+
 torch is never imported at module import time.
 """
 
@@ -41,6 +46,21 @@ def _index_list(indices: Any) -> list[int]:
     if _is_tensor(indices):
         return [int(i) for i in indices.reshape(-1).tolist()]
     return [int(i) for i in indices]
+
+
+def _whole_groups(indices: Sequence[int], group_size: int) -> bool:
+    """Whether ``indices`` selects whole groups of ``group_size`` consecutive rows, each in its own order."""
+    g = group_size
+    if g == 1:
+        return True
+    if isinstance(indices, range) and indices.step == 1:
+        return indices.start % g == 0 and len(indices) % g == 0
+    if len(indices) % g:
+        return False
+    return all(
+        indices[k] % g == 0 and all(indices[k + j] == indices[k] + j for j in range(1, g))
+        for k in range(0, len(indices), g)
+    )
 
 
 def _check_args(name: str, args: dict, allowed: set[str]) -> dict:
@@ -76,11 +96,23 @@ class BatchedDataDict(UserDict, Generic[T]):
       row numbers in this shard).
     - ``micro_batch_lengths``: per step and micro-batch, the padded sequence
       length (dynamic batching) or the packed token count (packing).
+    - ``group_size`` (default 1): rows ``g*k .. g*k+g-1`` form a group that
+      must stay together (DPO sets 2: row ``2i`` is a chosen response, row
+      ``2i+1`` its rejected one). The caller sets it on the batch it hands to
+      ``Policy`` (``batch.group_size = 2``); :meth:`shard_by_batch_size` then
+      never splits a group across ranks, steps or micro-batches, and
+      :meth:`make_microbatch_iterator` refuses a micro-batch size that is not
+      a multiple of it. It travels with the shards (workers need no change).
 
     Selecting or reordering rows drops the micro-batch metadata (it would no
     longer describe the rows); :meth:`copy`, :meth:`to` and :meth:`get_batch`
-    keep it.
+    keep it. ``group_size`` survives any selection of whole groups in their
+    own order (:meth:`slice` on group boundaries, a shard, a micro-batch);
+    any other selection gets 1.
     """
+
+    #: Class default, so that a dict pickled before the attribute existed still has it.
+    group_size: int = 1
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.sample_indices: list[int] | None = None
@@ -88,6 +120,7 @@ class BatchedDataDict(UserDict, Generic[T]):
         self.micro_batch_lengths: list[list[int]] | None = None
         self.seq_key: str = "input_ids"
         self.lengths_key: str = "input_lengths"
+        self.group_size = 1
         super().__init__(*args, **kwargs)
 
     # ------------------------------------------------------------------ basics
@@ -108,9 +141,14 @@ class BatchedDataDict(UserDict, Generic[T]):
             raise ValueError(f"inconsistent batch sizes across keys: {sizes}")
         return next(iter(sizes.values()), 0)
 
-    def _new(self, data: dict[str, Any], keep_meta: bool = False) -> "BatchedDataDict[T]":
+    def _new(self, data: dict[str, Any], keep_meta: bool = False,
+              rows: Sequence[int] | None = None) -> "BatchedDataDict[T]":
+        """A dict of ``data``; with ``keep_meta`` all metadata, else the group size only if ``rows`` (the
+        selected row numbers) are whole groups."""
         out: BatchedDataDict[T] = type(self)(data)
         out.seq_key, out.lengths_key = self.seq_key, self.lengths_key
+        if keep_meta or (rows is not None and _whole_groups(rows, self.group_size)):
+            out.group_size = self.group_size
         if keep_meta:
             out.sample_indices = None if self.sample_indices is None else list(self.sample_indices)
             out.micro_batch_indices = self.micro_batch_indices
@@ -148,6 +186,8 @@ class BatchedDataDict(UserDict, Generic[T]):
         batches = [b for b in batches if _num_rows(b) or set(b) >= set(keys)]
         if not batches:
             return cls()
+        # Whole groups concatenated are whole groups.
+        group_sizes = {getattr(b, "group_size", 1) for b in batches if _num_rows(b)}
         pads = pad_value_dict or {}
         out: dict[str, Any] = {}
         for k in keys:
@@ -163,7 +203,10 @@ class BatchedDataDict(UserDict, Generic[T]):
                 out[k] = [x for v in vals for x in v]
             else:
                 raise TypeError(f"key {k!r} mixes tensors and lists across batches")
-        return cls(out)
+        result = cls(out)
+        if len(group_sizes) == 1:
+            result.group_size = group_sizes.pop()
+        return result
 
     @classmethod
     def from_shards(
@@ -187,7 +230,7 @@ class BatchedDataDict(UserDict, Generic[T]):
     # ------------------------------------------------------------- row access
     def slice(self, start: int, end: int) -> "BatchedDataDict[T]":
         """Rows ``start:end`` (tensor views, list copies)."""
-        out = self._new({k: v[start:end] for k, v in self.data.items()})
+        out = self._new({k: v[start:end] for k, v in self.data.items()}, rows=range(self.size)[start:end])
         if self.sample_indices is not None:
             out.sample_indices = self.sample_indices[start:end]
         return out
@@ -203,7 +246,7 @@ class BatchedDataDict(UserDict, Generic[T]):
                 data[k] = v[torch.tensor(idx, dtype=torch.long, device=v.device)]
             else:
                 data[k] = [v[i] for i in idx]
-        out = self._new(data)
+        out = self._new(data, rows=idx)
         if self.sample_indices is not None:
             out.sample_indices = [self.sample_indices[i] for i in idx]
         return out
@@ -221,6 +264,7 @@ class BatchedDataDict(UserDict, Generic[T]):
         moved = self.select_indices(invert_permutation(idx))
         self.data = moved.data
         self.sample_indices = moved.sample_indices
+        self.group_size = moved.group_size
         self.micro_batch_indices = None
         self.micro_batch_lengths = None
 
@@ -259,6 +303,7 @@ class BatchedDataDict(UserDict, Generic[T]):
         batch_size: int | None = None,
         dynamic_batching_args: dict[str, Any] | None = None,
         sequence_packing_args: dict[str, Any] | None = None,
+        group_size: int | None = None,
     ) -> "list[BatchedDataDict[T]] | tuple[list[BatchedDataDict[T]], list[int]]":
         """Split into ``shards`` data-parallel shards, step by step.
 
@@ -299,6 +344,19 @@ class BatchedDataDict(UserDict, Generic[T]):
         caller's order with ``BatchedDataDict.from_shards(results,
         sorted_indices)``. In every mode ``shard.sample_indices`` gives the
         original index of each of its rows.
+
+        Groups (``group_size``, default this dict's ``group_size``): every
+        mode moves whole groups of ``g`` consecutive rows. Plain mode needs
+        ``batch_size`` to be a multiple of ``g * shards`` (each shard's part
+        of a step is then whole groups) and the workers' micro-batch size a
+        multiple of ``g`` (:meth:`make_microbatch_iterator` checks it).
+        Dynamic batching deals and plans groups as units (a group is as long
+        as its longest row and counts ``g`` rows against the budget), so
+        ``batch_size`` must be a multiple of ``g * shards`` too; packing
+        packs each group's rows into one bin (its length is their sum), so
+        ``batch_size`` must be a multiple of ``g``. A group's rows stay
+        consecutive and in order in its micro-batch, and every shard carries
+        ``group_size``.
         """
         if dynamic_batching_args is not None and sequence_packing_args is not None:
             raise ValueError("dynamic batching and sequence packing are mutually exclusive")
@@ -314,6 +372,16 @@ class BatchedDataDict(UserDict, Generic[T]):
             raise ValueError(
                 f"global batch of {bs} samples cannot be split evenly over {shards} data-parallel "
                 "shards; pad the batch (e.g. with sample_mask=0 rows) to a multiple of the dp size"
+            )
+        g = self.group_size if group_size is None else int(group_size)
+        if g < 1:
+            raise ValueError(f"group_size must be >= 1, got {g}")
+        whole_groups_per_shard = sequence_packing_args is None  # packing deals bins, not equal row counts
+        if bs % (g * shards if whole_groups_per_shard else g):
+            need = f"{g} (group_size) × {shards} (shards)" if whole_groups_per_shard else f"{g} (group_size)"
+            raise ValueError(
+                f"global batch of {bs} samples in groups of {g} rows that must stay together cannot be split "
+                f"into whole groups per shard; the global batch size must be a multiple of {need}"
             )
 
         if dynamic_batching_args is not None:
@@ -336,13 +404,14 @@ class BatchedDataDict(UserDict, Generic[T]):
                     rows[r] += step[r * per : (r + 1) * per]
                 continue
             assert lengths is not None
+            units = [step[u : u + g] for u in range(0, bs, g)]
             if dynamic_batching_args is not None:
                 seq = self.data.get(args["input_key"])
                 width = int(seq.shape[1]) if _is_tensor(seq) and seq.dim() >= 2 else None
-                groups = self._plan_dynamic_step(step, lengths, shards, args, width)
+                plans = self._plan_dynamic_step(units, lengths, shards, args, width)
             else:
-                groups = self._plan_packed_step(step, lengths, shards, args)
-            for r, (mbs, mb_lens) in enumerate(groups):
+                plans = self._plan_packed_step(units, lengths, shards, args)
+            for r, (mbs, mb_lens) in enumerate(plans):
                 step_ranges = []
                 for mb in mbs:
                     step_ranges.append((len(rows[r]), len(rows[r]) + len(mb)))
@@ -354,6 +423,7 @@ class BatchedDataDict(UserDict, Generic[T]):
         for r in range(shards):
             shard = self.select_indices(rows[r])
             shard.sample_indices = list(rows[r])
+            shard.group_size = g
             if args is not None:
                 shard.seq_key = args["input_key"]
                 shard.lengths_key = args["input_lengths_key"]
@@ -366,51 +436,66 @@ class BatchedDataDict(UserDict, Generic[T]):
 
     @staticmethod
     def _plan_dynamic_step(
-        step: list[int], lengths: list[int], shards: int, args: dict, width: int | None
+        units: list[list[int]], lengths: list[int], shards: int, args: dict, width: int | None
     ) -> list[tuple[list[list[int]], list[int]]]:
-        """Per shard: micro-batches (original indices) and padded lengths (rounded, at most ``width``)."""
+        """Per shard: micro-batches (original indices) and padded lengths (rounded, at most ``width``).
+
+        ``units`` are the step's groups (single rows without grouping). A unit of ``g`` rows is as long as
+        its longest row and takes ``g`` padded rows of a micro-batch, so planning units against
+        ``budget // g`` keeps ``rows * padded_length <= budget``.
+        """
         budget = int(args["max_tokens_per_microbatch"])
         rnd = int(args["sequence_length_round"])
-        for i in step:
-            if round_up(lengths[i], rnd, width) > budget:
+        g = len(units[0])
+        unit_lens = [max(lengths[i] for i in unit) for unit in units]
+        for unit, n in zip(units, unit_lens):
+            if g * round_up(n, rnd, width) > budget:
+                what = f"sample {unit[0]}" if g == 1 else f"group of samples {unit} (kept together)"
                 raise ValueError(
-                    f"sample {i} has length {lengths[i]} (rounded to a multiple of {rnd}), more "
-                    f"than max_tokens_per_microbatch={budget}"
+                    f"{what} has length {n} (rounded to a multiple of {rnd})"
+                    + ("" if g == 1 else f", {g} rows of it")
+                    + f", more than max_tokens_per_microbatch={budget}"
                 )
-        dealt = balanced_assignment([lengths[i] for i in step], shards)
-        members = [[step[j] for j in d] for d in dealt]
+        dealt = balanced_assignment(unit_lens, shards)
         plans = plan_dynamic_microbatches(
-            [[lengths[i] for i in m] for m in members], budget, rnd, max_length=width
+            [[unit_lens[u] for u in d] for d in dealt], budget // g, rnd, max_length=width
         )
         return [
-            ([[m[j] for j in mb] for mb in p.micro_batches], p.padded_lengths)
-            for m, p in zip(members, plans)
+            ([[i for j in mb for i in units[d[j]]] for mb in p.micro_batches], p.padded_lengths)
+            for d, p in zip(dealt, plans)
         ]
 
     @staticmethod
     def _plan_packed_step(
-        step: list[int], lengths: list[int], shards: int, args: dict
+        units: list[list[int]], lengths: list[int], shards: int, args: dict
     ) -> list[tuple[list[list[int]], list[int]]]:
-        """Per shard: bins (original indices) and their packed token counts."""
+        """Per shard: bins (original indices) and their packed token counts.
+
+        ``units`` are the step's groups (single rows without grouping); a unit is packed whole, as long as
+        the sum of its rows' rounded lengths.
+        """
         cap = int(args["max_tokens_per_microbatch"])
         rnd = int(args["sequence_length_round"])
         # Ceil to the multiple, 0 stays 0: what pack_microbatch(pad_to_multiple=rnd) allocates.
-        step_lens = [-(-lengths[i] // rnd) * rnd for i in step]
-        for i, n in zip(step, step_lens):
+        unit_lens = [sum(-(-lengths[i] // rnd) * rnd for i in unit) for unit in units]
+        for unit, n in zip(units, unit_lens):
             if n > cap:
+                raw = sum(lengths[i] for i in unit)
+                what = f"sample {unit[0]} has length" if len(unit) == 1 else \
+                    f"group of samples {unit} (kept together) has total length"
                 raise ValueError(
-                    f"sample {i} has length {lengths[i]}"
-                    + (f" (rounded to {n})" if n != lengths[i] else "")
+                    f"{what} {raw}"
+                    + (f" (rounded to {n})" if n != raw else "")
                     + f", longer than the packing capacity max_tokens_per_microbatch={cap}"
                 )
         bins = pack_sequences(
-            step_lens, cap, args["algorithm"], min_bin_count=shards, bin_count_multiple=shards
+            unit_lens, cap, args["algorithm"], min_bin_count=shards, bin_count_multiple=shards
         )
-        loads = [sum(step_lens[j] for j in b) for b in bins]
+        loads = [sum(unit_lens[u] for u in b) for b in bins]
         # Deal bins heaviest first in snake order so the shards' token totals match.
         dealt = balanced_assignment(loads, shards)
         return [
-            ([[step[j] for j in bins[b]] for b in d], [loads[b] for b in d]) for d in dealt
+            ([[i for u in bins[b] for i in units[u]] for b in d], [loads[b] for b in d]) for d in dealt
         ]
 
     # ----------------------------------------------------- steps / micro-batches
@@ -430,6 +515,7 @@ class BatchedDataDict(UserDict, Generic[T]):
         if self.micro_batch_indices is None:
             if batch_size is None:
                 raise ValueError("get_batch needs batch_size for data without micro-batch metadata")
+            self._check_group_multiple("get_batch: batch_size", batch_size)
             return self.slice(batch_idx * batch_size, (batch_idx + 1) * batch_size)
         assert self.micro_batch_lengths is not None
         ranges = self.micro_batch_indices[batch_idx]
@@ -440,14 +526,27 @@ class BatchedDataDict(UserDict, Generic[T]):
         return out
 
     def make_microbatch_iterator(self, microbatch_size: int) -> "Iterator[BatchedDataDict[T]]":
-        """Consecutive slices of ``microbatch_size`` rows (the last may be shorter)."""
+        """Consecutive slices of ``microbatch_size`` rows (the last may be shorter).
+
+        With groups (``group_size`` > 1) the size must be a multiple of the group size, so that every
+        micro-batch holds whole groups.
+        """
         if microbatch_size < 1:
             raise ValueError(f"microbatch_size must be >= 1, got {microbatch_size}")
+        self._check_group_multiple("microbatch_size", microbatch_size)
         for start in range(0, self.size, microbatch_size):
             yield self.slice(start, min(start + microbatch_size, self.size))
 
     def get_microbatch_iterator_len(self, microbatch_size: int) -> int:
         return -(-self.size // microbatch_size)
+
+    def _check_group_multiple(self, what: str, rows: int) -> None:
+        g = self.group_size
+        if g > 1 and (rows % g or self.size % g):
+            raise ValueError(
+                f"{what}={rows} would split the groups of {g} rows that must stay together (a batch of "
+                f"{self.size} rows); use a multiple of {g} (e.g. DPO: twice the number of pairs)"
+            )
 
     def _planned(self, mode: str) -> Iterator[tuple[int, int, int]]:
         if self.micro_batch_indices is None or self.micro_batch_lengths is None:
@@ -455,8 +554,14 @@ class BatchedDataDict(UserDict, Generic[T]):
                 f"{mode} needs micro-batch metadata: shard with shard_by_batch_size(..., "
                 f"{'dynamic_batching_args' if mode == 'dynamic batching' else 'sequence_packing_args'}=...)"
             )
+        g = self.group_size
         for ranges, lens in zip(self.micro_batch_indices, self.micro_batch_lengths):
             for (a, b), n in zip(ranges, lens):
+                if a % g or b % g:
+                    raise ValueError(
+                        f"micro-batch rows {a}:{b} split a group of {g} rows; the plan was made without "
+                        "group_size: set group_size before shard_by_batch_size"
+                    )
                 yield a, b, n
 
     def make_microbatch_iterator_with_dynamic_shapes(self) -> "Iterator[BatchedDataDict[T]]":

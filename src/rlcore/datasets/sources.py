@@ -116,10 +116,10 @@ class DrawSettings:
 
     @classmethod
     def of(cls, cfg: Any) -> "DrawSettings":
-        if cfg.sft is not None:
-            s = cfg.sft
+        if cfg.algorithm in ("sft", "dpo"):
+            s, name = cfg.algorithm_section, cfg.algorithm
             return cls(cfg.policy.train_global_batch_size, "policy.train_global_batch_size", s.seed,
-                       s.max_num_epochs, "sft.max_num_epochs",
+                       s.max_num_epochs, f"{name}.max_num_epochs",
                        s.val_batches * s.val_global_batch_size if s.val_batches else None)
         g = cfg.grpo
         size_setting = ("grpo.num_prompts_per_step * grpo.batch_multiplier" if g.use_dynamic_sampling

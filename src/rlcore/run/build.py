@@ -72,20 +72,23 @@ def load_run_data(cfg: Any, tokenizer: Any = None) -> Any:
     from rlcore.run.step import prompt_length_of
 
     tokenizer = tokenizer if tokenizer is not None else load_tokenizer(cfg)
-    if cfg.algorithm == "sft":
-        return _with_answers(load_sources(cfg))
+    if cfg.algorithm != "grpo":
+        return _checked_offline(cfg.algorithm, load_sources(cfg))
     return load_sources(cfg, prompt_length_of(cfg, tokenizer))
 
 
-def _with_answers(data: Any) -> Any:
-    """SFT data: every fixed sample must have an assistant message to train on (a generator's are checked as
-    they are made)."""
+def _checked_offline(algorithm: str, data: Any) -> Any:
+    """SFT and DPO data: every fixed sample must have what the loss trains on (SFT: an assistant message; DPO: a
+    chosen and a rejected response); a generator's samples are checked as they are made."""
     from rlcore.datasets import DataError
+    from rlcore.run.dpo_batches import preference_pair
     from rlcore.run.sft_batches import answer_problem
 
     for where, samples in (("data.train", getattr(data.train, "samples", [])), ("data.validation", data.validation)):
         for sample in samples or []:
-            if problem := answer_problem(sample, where):
+            if algorithm == "dpo":
+                preference_pair(sample, where)  # raises DataError naming the row
+            elif problem := answer_problem(sample, where):
                 raise DataError(problem)
     return data
 
@@ -122,7 +125,7 @@ def build_run(config: Any, resume_dir: Path | None = None, start_step: int = 0, 
             weights, optimizer = str(resume_dir / "weights"), str(resume_dir / "optimizer")
         # The reference model only feeds the KL term: without one, no rank keeps its copy of the weights.
         run.policy = Policy(cluster, resolved.policy, tokenizer, weights_path=weights, optimizer_path=optimizer,
-                            init_reference_model=cfg.loss.reference_policy_kl_penalty > 0)
+                            init_reference_model=cfg.algorithm == "dpo" or cfg.loss.reference_policy_kl_penalty > 0)
         run.generation = run.policy
         if gen is not None and gen.separate:
             gen_cluster = cluster

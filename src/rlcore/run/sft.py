@@ -71,16 +71,24 @@ def sft_validate(run: "Run") -> dict[str, float]:
 
 
 def sft_train(run: "Run", on_step: Callable[[int, dict[str, float]], None]) -> str | None:
-    """Run steps ``run.start_step .. run.num_steps - 1``, calling ``on_step(step, metrics)`` after each;
-    returns why the run ended early (the epochs' data ran out), or None."""
+    """The steps of an SFT run (:func:`offline_train`)."""
+    return offline_train(run, on_step, sft_step, sft_validate)
+
+
+def offline_train(run: "Run", on_step: Callable[[int, dict[str, float]], None],
+                  step_fn: Callable[["Run"], dict[str, float]],
+                  validate_fn: Callable[["Run"], dict[str, float]]) -> str | None:
+    """Run steps ``run.start_step .. run.num_steps - 1`` of an algorithm that trains on data as written (SFT,
+    DPO), validating when due and calling ``on_step(step, metrics)`` after each; returns why the run ended
+    early (the epochs' data ran out), or None."""
     from rlcore.run.validation import validation_due
 
     for step in range(run.start_step, run.num_steps):
         try:
-            metrics = sft_step(run)
+            metrics = step_fn(run)
         except DataExhausted as exc:
             return f"the data ran out during step {step} ({exc})"
         if validation_due(run, step):
-            metrics.update(sft_validate(run))
+            metrics.update(validate_fn(run))
         on_step(step, metrics)
     return None

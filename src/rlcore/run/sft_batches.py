@@ -42,10 +42,13 @@ def answer_problem(sample: "Sample", where: str) -> str | None:
 
 
 def encode_conversation(tokenizer: Any, messages: list[dict[str, str]], sft: Any,
-                        template_kwargs: dict[str, Any] | None = None) -> tuple[list[int], list[int]]:
-    """``(token ids, loss mask)`` of one message log; the mask is 1 on the tokens the loss trains."""
-    trained = [m["role"] == "assistant" for m in messages]
-    if sft.only_unmask_final and any(trained):
+                        template_kwargs: dict[str, Any] | None = None,
+                        trained: list[bool] | None = None) -> tuple[list[int], list[int]]:
+    """``(token ids, loss mask)`` of one message log; the mask is 1 on the tokens the loss trains: the
+    assistant's messages, or the messages ``trained`` marks (DPO: the response, not earlier turns). ``sft``:
+    the section whose ``add_bos``, ``add_eos``, ``add_generation_prompt`` (and ``only_unmask_final``) apply."""
+    trained = trained if trained is not None else [m["role"] == "assistant" for m in messages]
+    if getattr(sft, "only_unmask_final", False) and any(trained):
         last = max(i for i, t in enumerate(trained) if t)
         trained = [i == last for i in range(len(messages))]
     kwargs = dict(template_kwargs or {})
@@ -76,9 +79,6 @@ def sft_batch(samples: list["Sample"], tokenizer: Any, cfg: Any, size: int | Non
     """The training batch of ``samples``: right-padded ``input_ids``, ``input_lengths``, ``token_mask`` (the
     assistant's tokens) and ``sample_mask`` (0 for a sample cut at ``policy.max_total_sequence_length``, and
     for the masked rows that fill the batch up to ``size``)."""
-    import torch
-
-    from rlcore.data import BatchedDataDict
     from rlcore.run.prompts import pad_id
 
     limit = cfg.policy.max_total_sequence_length
@@ -92,9 +92,18 @@ def sft_batch(samples: list["Sample"], tokenizer: Any, cfg: Any, size: int | Non
     size = size or len(rows)
     rows += [rows[-1]] * (size - len(rows))  # filler rows, masked out below
     keep += [False] * (size - len(keep))
+    return padded_batch(rows, keep, pad_id(tokenizer))
+
+
+def padded_batch(rows: list[tuple[list[int], list[int]]], keep: list[bool], pad: int) -> "BatchedDataDict":
+    """Right-padded ``input_ids``, ``input_lengths``, ``token_mask`` and ``sample_mask`` of ``(ids, mask)`` rows."""
+    import torch
+
+    from rlcore.data import BatchedDataDict
+
     width = max(len(ids) for ids, _ in rows)
-    input_ids = torch.full((size, width), pad_id(tokenizer), dtype=torch.long)
-    token_mask = torch.zeros((size, width), dtype=torch.float32)
+    input_ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    token_mask = torch.zeros((len(rows), width), dtype=torch.float32)
     for i, (ids, mask) in enumerate(rows):
         input_ids[i, :len(ids)] = torch.tensor(ids)
         token_mask[i, :len(mask)] = torch.tensor(mask, dtype=torch.float32)

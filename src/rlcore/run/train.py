@@ -90,7 +90,7 @@ def train(config: Any, resume: bool = False, signals: Any = None, progress_file:
     """
     from rlcore.run.build import build_run, load_run_data
     from rlcore.run.checkpoints import latest_step, read_state, resume_problems, save_step
-    from rlcore.run.metrics import MetricsLogger, keep_steps_before, read_metrics
+    from rlcore.run.metrics import CURVES, MetricsLogger, keep_steps_before, read_metrics
     from rlcore.run.prompts import load_tokenizer
 
     resolved = config if isinstance(config, ResolvedConfig) else _resolved_with_notices(config)
@@ -166,7 +166,7 @@ def train(config: Any, resume: bool = False, signals: Any = None, progress_file:
     return {
         **_summary(cfg, read_metrics(logger.path)),
         "metrics": str(logger.path),
-        f"{'loss' if cfg.algorithm == 'sft' else 'reward'}_curve": str(png) if png else None,
+        f"{CURVES[cfg.algorithm][2].removesuffix('.png')}": str(png) if png else None,
         "final_weights": str(latest[1] / "weights") if latest else None,
         **({"ended_early": ended_early} if ended_early else {}),
     }
@@ -179,10 +179,19 @@ def _algorithm(cfg: Any) -> tuple[Any, Any]:
         from rlcore.run.sft import sft_train, sft_validate
 
         return sft_train, sft_validate
+    if cfg.algorithm == "dpo":
+        from rlcore.run.dpo import dpo_train, dpo_validate
+
+        return dpo_train, dpo_validate
     from rlcore.run.grpo import grpo_train
     from rlcore.run.validation import synchronous_generate, validate
 
     return grpo_train, lambda run: validate(run, synchronous_generate(run))
+
+
+#: Each algorithm's headline metrics: ``(training metric, validation metric)``.
+HEADLINES = {"grpo": ("reward_mean", "validation/accuracy"), "sft": ("loss", "validation/loss"),
+             "dpo": ("accuracy", "validation/accuracy")}
 
 
 def _validated(metrics: dict[str, Any]) -> bool:
@@ -191,9 +200,9 @@ def _validated(metrics: dict[str, Any]) -> bool:
 
 def _summary(cfg: Any, logged: list[dict[str, Any]]) -> dict[str, Any]:
     """Steps trained and the first and last value of the run's headline metrics (GRPO: mean reward and
-    validation accuracy; SFT: loss and validation loss)."""
-    train_key, val_key, val_name = (("loss", "validation/loss", "validation_loss") if cfg.algorithm == "sft"
-                                    else ("reward_mean", "validation/accuracy", "validation_accuracy"))
+    validation accuracy; SFT: loss and validation loss; DPO: preference accuracy and its validation)."""
+    train_key, val_key = HEADLINES[cfg.algorithm]
+    val_name = val_key.replace("/", "_")
     rows = [r for r in logged if train_key in r and r["step"] >= 0]  # training steps (not step -1)
     validations = [r[val_key] for r in logged if val_key in r]
     return {

@@ -1,0 +1,57 @@
+"""The DPO loop's section (``dpo``): preference pairs against a frozen reference policy, NeMo-RL's ``dpo`` names.
+
+A config with a ``dpo`` section is a DPO run: each step trains
+``policy.train_global_batch_size`` pairs (twice as many sequences, chosen and
+rejected interleaved) with :class:`rlcore.algorithms.preference.DPOLossFn`,
+whose settings are the loss fields below. Like SFT it generates and scores
+nothing, so the GRPO-only sections are refused (:mod:`rlcore.config.rules`).
+"""
+
+from __future__ import annotations
+
+from pydantic import Field, NonNegativeInt, PositiveInt
+
+from rlcore.config.base import StrictModel
+
+
+class DPOLossConfig(StrictModel):
+    """The loss's settings (:class:`rlcore.algorithms.preference.DPOLossFn`), NeMo-RL's names and defaults."""
+
+    reference_policy_kl_penalty: float = Field(
+        0.05, gt=0.0, description="beta: scales the log-ratio margin inside the sigmoid (the KL strength).")
+    preference_loss_weight: float = Field(1.0, ge=0.0, description="Weight of the preference (DPO) term.")
+    sft_loss_weight: float = Field(0.0, ge=0.0, description="Weight of the NLL term on the chosen responses.")
+    preference_average_log_probs: bool = Field(
+        False, description="A response's reward is the mean, not the sum, of its token log-ratios.")
+    sft_average_log_probs: bool = Field(
+        False, description="A chosen response's NLL is the mean, not the sum, over its tokens.")
+
+
+class DPOConfig(DPOLossConfig):
+    """Direct Preference Optimization on (prompt, chosen, rejected) samples."""
+
+    max_num_steps: PositiveInt = Field(150, description="Training steps (each: policy.train_global_batch_size "
+                                       "pairs, one optimizer step).")
+    max_num_epochs: PositiveInt | None = Field(
+        1, description="Passes over data.train; the run ends at whichever of this and max_num_steps comes first. "
+        "None = only max_num_steps bounds it.")
+    val_period: NonNegativeInt = Field(0, description="Validate every N steps (after the step trains); 0 = never "
+                                       "periodically.")
+    val_batches: NonNegativeInt = Field(0, description="Validation batches per validation; 0 = every pair of the "
+                                        "validation data.")
+    val_global_batch_size: PositiveInt = Field(8, description="Pairs per validation batch (the last one is padded "
+                                               "with masked pairs).")
+    val_micro_batch_size: PositiveInt = Field(1, description="Pairs per validation forward pass on each rank.")
+    val_at_start: bool = Field(False, description="Validate the initial weights before the first step.")
+    val_at_end: bool = Field(False, description="Validate after the last step (once, if val_period already did).")
+    seed: int = Field(0, description="Seed of the sample order (data.shuffle).")
+    add_bos: bool = Field(True, description="Start every sequence with the tokenizer's BOS token (when the chat "
+                          "template did not write it).")
+    add_eos: bool = Field(True, description="End every response with the tokenizer's EOS token (trained).")
+    add_generation_prompt: bool = Field(
+        True, description="Render the prompt's last user message with the chat template's generation prompt, so "
+        "the assistant header is context and only the response is scored.")
+
+    def loss_settings(self) -> DPOLossConfig:
+        """The loss's settings alone."""
+        return DPOLossConfig(**{k: getattr(self, k) for k in DPOLossConfig.model_fields})

@@ -1,0 +1,97 @@
+"""The DPO loop behind ``rlcore run`` (a config with a ``dpo`` section): one step, validation, the steps of a run.
+
+Per step: take the next ``policy.train_global_batch_size`` preference samples, encode each as a chosen and a
+rejected sequence kept together (:mod:`rlcore.run.dpo_batches`), add the frozen reference policy's logprobs
+(the initial weights, which every rank keeps), and train one optimizer step with
+:class:`~rlcore.algorithms.preference.DPOLossFn`. As in NeMo-RL, ``policy.train_global_batch_size`` and
+``policy.train_micro_batch_size`` count pairs: the policy sees twice as many sequences. Validation runs the
+same loss in eval mode over ``dpo.val_batches`` batches of ``dpo.val_global_batch_size`` pairs; each
+validation metric is its mean over the valid pairs of all of them.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any, Callable
+
+from rlcore.run.step import Timer, peak_memory_metrics
+
+if TYPE_CHECKING:
+    from rlcore.run.build import Run
+
+#: Loss metrics a DPO step reports (each the step's mean over its valid pairs).
+PAIR_METRICS = ("accuracy", "preference_loss", "sft_loss", "rewards_chosen_mean", "rewards_rejected_mean",
+                "rewards_margin_mean")
+
+
+def _train_pairs(run: "Run", batch: Any, eval_mode: bool, pairs: int, pairs_per_micro_batch: int,
+                 timer: Timer) -> dict[str, Any]:
+    """The reference logprobs, then one optimizer step (or, ``eval_mode``, the loss alone) on ``batch``."""
+    from rlcore.algorithms.preference import DPOLossFn
+
+    from rlcore.data import BatchedDataDict
+
+    policy = run.policy
+    with timer.phase("logprob"):
+        policy.prepare_for_lp_inference()
+        rows = BatchedDataDict(batch)  # token logprobs need no pairing: any micro-batch plan will do
+        batch["reference_policy_logprobs"] = policy.get_reference_policy_logprobs(rows)["reference_logprobs"]
+    with timer.phase("train"):
+        policy.prepare_for_training()
+        result = policy.train(batch, DPOLossFn(run.cfg.dpo.loss_settings()), eval_mode=eval_mode, gbs=2 * pairs,
+                              mbs=2 * pairs_per_micro_batch)
+        policy.finish_training()
+    return result
+
+
+def dpo_step(run: "Run") -> dict[str, float]:
+    """One optimizer step of DPO on the next batch of preference samples."""
+    from rlcore.run.dpo_batches import dpo_batch
+
+    p, timer = run.cfg.policy, Timer()
+    with timer.phase("data"):
+        batch = dpo_batch(run.draw_train_batch(), run.tokenizer, run.cfg)
+    result = _train_pairs(run, batch, False, p.train_global_batch_size, p.train_micro_batch_size, timer)
+    metrics = result["metrics"]
+    return {
+        "loss": float(result["loss"].mean()),
+        "grad_norm": float(result["grad_norm"].mean()),
+        **{name: float(metrics[name]) for name in PAIR_METRICS if name in metrics},
+        "cut_pairs": float((batch["sample_mask"][::2] == 0).sum()),  # longer than policy.max_total_sequence_length
+        "epoch": float(run.data.train.epoch_of(run.next_batch - 1)),
+        "time/step_s": sum(timer.seconds.values()),
+        **timer.seconds,
+        **peak_memory_metrics(run.policy, run.policy),
+    }
+
+
+def dpo_validate(run: "Run") -> dict[str, float]:
+    """The loss and pair metrics of the validation samples, in eval mode, weighted by each batch's valid pairs."""
+    from rlcore.run.dpo_batches import dpo_batch
+
+    cfg, started = run.cfg.dpo, time.perf_counter()
+    samples = run.data.validation or []
+    size = cfg.val_global_batch_size
+    sums: dict[str, float] = {}
+    pairs = 0.0
+    for begin in range(0, len(samples), size):
+        batch = dpo_batch(samples[begin:begin + size], run.tokenizer, run.cfg, size=size)
+        result = _train_pairs(run, batch, True, size, cfg.val_micro_batch_size, Timer())
+        valid = float(batch["sample_mask"][::2].sum())
+        values = {"loss": float(result["loss"][0]), **{k: float(v) for k, v in result["metrics"].items()
+                                                       if k in PAIR_METRICS}}
+        for name, value in values.items():
+            sums[name] = sums.get(name, 0.0) + value * valid  # each batch's value is its mean over its pairs
+        pairs += valid
+    return {
+        **{f"validation/{name}": total / pairs if pairs else float("nan") for name, total in sums.items()},
+        "validation/num_pairs": pairs,
+        "time/validation_s": time.perf_counter() - started,
+    }
+
+
+def dpo_train(run: "Run", on_step: Callable[[int, dict[str, float]], None]) -> str | None:
+    """The steps of a DPO run (:func:`rlcore.run.sft.offline_train`)."""
+    from rlcore.run.sft import offline_train
+
+    return offline_train(run, on_step, dpo_step, dpo_validate)
