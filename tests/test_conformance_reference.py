@@ -183,6 +183,41 @@ def test_kit_catches_gradients_averaged_over_ranks(ray_session, tiny_model_dir, 
     assert "'world' vs single-process oracle" in message and "differs by" in message, message
 
 
+class LengthSortingWorker(ReferenceWorker):
+    """A plausible padding optimisation that breaks DPO: each rank sorts its rows by length before training, so
+    rows 2i / 2i+1 of its micro-batches are no longer a chosen/rejected pair (NLL and PG are per-row sums: they
+    cannot tell)."""
+
+    def train(self, data, *args, **kwargs):
+        order = sorted(range(data.size), key=lambda i: int(data["input_lengths"][i]))
+        sorted_rows = type(data)({key: value[order] for key, value in data.items()})
+        return super().train(sorted_rows, *args, **kwargs)
+
+
+class _LengthSortingPlugin:
+    @hookimpl
+    def rlcore_register_backends(self, register):
+        register(BackendSpec(name="lengthsort", kind="training", worker_class=f"{__name__}:LengthSortingWorker"))
+
+
+def test_kit_catches_a_backend_that_splits_dpo_pairs(ray_session, tiny_model_dir, tiny_tokenizer, tmp_path,
+                                                     rlcore_registry):
+    rlcore_registry.register_plugin(_LengthSortingPlugin(), name="lengthsort")
+
+    class Kit(TrainingBackendConformance):
+        backend_name = "lengthsort"
+
+    kit = _TrainingKit(Kit, rlcore_registry.resolve("lengthsort"), tiny_model_dir, tiny_tokenizer, tmp_path)
+    try:
+        with pytest.raises(AssertionError) as failure:
+            Kit().test_train_steps_match_single_process(kit, "world")
+    finally:
+        kit.shutdown()
+    message = str(failure.value)
+    # steps 1 (NLL) and 2 (PG) agree with the oracle; the DPO step does not
+    assert "step 3: loss" in message and "step 1" not in message and "step 2" not in message, message
+
+
 # --------------------------------------------------------------------------- the pytest plugin's fixtures
 
 

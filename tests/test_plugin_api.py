@@ -19,7 +19,7 @@ from rlcore.plugins import (
     get_registry,
     hookimpl,
 )
-from rlcore.plugins.versions import API_1, API_2, API_3, API_4
+from rlcore.plugins.versions import API_1, API_2, API_3, API_4, API_5
 
 
 def registry_with(**spec) -> Registry:
@@ -71,7 +71,7 @@ def test_a_version_1_spec_cannot_use_what_came_with_version_2(extra, what):
 
 
 def test_each_version_gets_exactly_its_own_constructor_arguments():
-    assert SUPPORTED_PLUGIN_API_VERSIONS == {1, 2, 3, 4}
+    assert SUPPORTED_PLUGIN_API_VERSIONS == {1, 2, 3, 4, 5}
     available = dict(weights_path=None, optimizer_path=None, init_optimizer=True, init_reference_model=True,
                      backend_config=object(), layout=ParallelLayout())
     assert set(API_1.training_worker_kwargs(available)) == {"weights_path", "optimizer_path", "init_optimizer",
@@ -87,9 +87,22 @@ def test_each_version_gets_exactly_its_own_constructor_arguments():
     assert API_3.kinds - API_2.kinds == {"environment"}
     # version 4 adds one capability and nothing else; no earlier version gains it
     assert API_4.capabilities - API_3.capabilities == {Capability.CHUNKED_LOGPROBS}
-    assert API_3.capabilities == API_2.capabilities == set(Capability) - {Capability.CHUNKED_LOGPROBS}
+    assert API_3.capabilities == API_2.capabilities == set(Capability) - {Capability.CHUNKED_LOGPROBS,
+                                                                           Capability.LOGITS_AT_INDICES}
     assert (API_4.training_worker_kwargs(available), API_4.kinds) == (API_3.training_worker_kwargs(available),
                                                                        API_3.kinds)
+    # version 5 adds the loss-input capability and nothing else a backend is given
+    assert API_5.capabilities - API_4.capabilities == {Capability.LOGITS_AT_INDICES}
+    assert (API_5.training_worker_kwargs(available), API_5.generation_driver_kwargs(driver), API_5.kinds) == (
+        API_4.training_worker_kwargs(available), API_4.generation_driver_kwargs(driver), API_4.kinds)
+
+
+def test_a_version_4_spec_cannot_declare_logits_at_indices():
+    spec = dict(name="v4", kind="training", worker_class="my_pkg.worker:W", capabilities={"train", "logits_at_indices"})
+    with pytest.raises(ValidationError, match="capability 'logits_at_indices' need plugin_api_version 5, but the "
+                                              "spec declares 4"):
+        BackendSpec(**spec, plugin_api_version=4)
+    BackendSpec(**spec, plugin_api_version=5)
 
 
 def test_a_version_3_spec_cannot_declare_chunked_logprobs():

@@ -54,7 +54,7 @@ def test_list_json_shows_every_status(fixture_site):
     assert "pip install rlcore-engine-that-is-not-installed" in unavailable["problem"]
     incompatible = rows[("fixture_incompatible", "rlcore-fixture-ok")]
     assert incompatible["status"] == "incompatible" and incompatible["plugin_api_version"] == 99
-    assert incompatible["problem"] == ("declares plugin API version 99; this rlcore serves versions 1, 2, 3, 4: "
+    assert incompatible["problem"] == ("declares plugin API version 99; this rlcore serves versions 1, 2, 3, 4, 5: "
                                        "upgrade rlcore")
     broken = rows[("fixture_broken", "rlcore-fixture-broken")]
     assert broken["status"] == "broken" and "rlcore_module_that_does_not_exist" in broken["problem"]

@@ -138,3 +138,16 @@ def test_an_sft_run_trains_the_loss_hugging_face_computes(ray_session, tmp_path,
     assert nll_per_token_float64(final, validation) == pytest.approx(rows[4]["validation/loss"], rel=1e-4)
     assert summary["first_validation_loss"] == rows[0]["validation/loss"]
     assert (tmp_path / "run" / "loss_curve.png").stat().st_size > 1000
+
+
+@pytest.mark.parametrize("name", ["sft_tiny", "dpo_tiny"])
+def test_a_shown_offline_config_validates_again(name, tmp_path):
+    """``rlcore config show`` writes every section, GRPO's at their defaults; those say nothing and pass."""
+    import subprocess
+    import sys
+
+    shown = subprocess.run([sys.executable, "-m", "rlcore", "config", "show", name], capture_output=True, text=True,
+                           check=True).stdout
+    (tmp_path / "shown.yaml").write_text(shown)
+    again = load_config(tmp_path / "shown.yaml")
+    assert again.algorithm == name.split("_")[0] and again.grpo is None

@@ -26,6 +26,7 @@ from dtensor_testlib import (
 )
 
 from rlcore.algorithms.loss_functions import NLLLoss
+from rlcore.testing.conformance import dpo_step
 
 TOL = 1e-5
 LAYOUTS = {"dp2": dict(tp=1), "tp2": dict(tp=2, sp=True)}
@@ -143,6 +144,25 @@ def test_batching_does_not_change_the_step(policy, llama, data, oracle, variant)
     assert abs(float(out["loss"][0]) - expected.loss) <= TOL * max(1.0, abs(expected.loss))
     worst, name = max_abs_diff(full_weights(policy), expected.weights)
     assert worst <= TOL, f"{variant}: {name} differs by {worst:.3g}"
+
+
+@pytest.fixture(scope="module")
+def dpo_oracle(llama, data):
+    """The kit's DPO step on this module's batch (reference: the initial model), and its single-process SGD step."""
+    pairs, loss_fn = dpo_step(dict(data), hf_logprobs(llama, data))
+    return pairs, loss_fn, oracle_step(llama, pairs, loss_fn)[1]
+
+
+@pytest.mark.parametrize("mode", ["plain", "dynamic", "packing"])
+def test_a_dpo_step_keeps_pairs_together_and_matches_single_process(policy, dpo_oracle, mode):
+    """Pairs of uneven sequences stay in one micro-batch under dp and tp, with every batching mode."""
+    pairs, loss_fn, expected = dpo_oracle
+    with batching(policy, mode):
+        out = policy.train(pairs, loss_fn)
+    assert abs(float(out["loss"][0]) - expected.loss) <= TOL * max(1.0, abs(expected.loss))
+    assert abs(float(out["grad_norm"][0]) - expected.grad_norm) <= TOL * expected.grad_norm
+    worst, name = max_abs_diff(full_weights(policy), expected.weights)
+    assert worst <= TOL, f"{mode}: {name} differs by {worst:.3g}"
 
 
 def test_reference_logprobs_are_the_initial_ones_after_training(policy, llama, data):

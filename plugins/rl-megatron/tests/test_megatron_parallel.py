@@ -32,7 +32,7 @@ from megatron_helpers import (
     policy_config,
     state_of,
 )
-from rlcore.testing.conformance import single_process_sgd, weight_problems
+from rlcore.testing.conformance import dpo_step, single_process_sgd, weight_problems
 
 pytest_plugins = ["rlcore.testing.pytest_plugin"]
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -197,4 +197,18 @@ def test_train_step_matches_dtensor_backend(started: dict, trained: dict, pool: 
     assert abs(got - expected) <= ATOL * abs(expected), (got, expected)
     initial = state_of(started["model"])
     problems = weight_problems(state_of(trained["weights"]), state_of(str(tmp_path / "dtensor")), initial, ATOL)
+    assert not problems, "\n".join(problems)
+
+
+def test_dpo_step_matches_single_process_sgd(started: dict, trained: dict, tmp_path: Any) -> None:
+    """Last in the module (it trains again): a DPO step on pairs of uneven sequences, from the trained weights
+    against the initial model's logprobs, equals the single-process oracle's under tp and pp."""
+    pairs, loss_fn = dpo_step(dict(started["batch"]), started["logprobs"], masked_pair=None)
+    initial, (expected,) = single_process_sgd(trained["weights"], [(pairs, loss_fn)], SGD_LR)
+    result = started["policy"].train(pairs, loss_fn)
+    started["policy"].save_checkpoint(str(tmp_path / "weights"))
+    loss, grad_norm = float(result["loss"][0]), float(result["grad_norm"][0])
+    assert abs(loss - expected.loss) <= ATOL * abs(expected.loss), (loss, expected.loss)
+    assert abs(grad_norm - expected.grad_norm) <= ATOL * expected.grad_norm, (grad_norm, expected.grad_norm)
+    problems = weight_problems(state_of(str(tmp_path / "weights")), expected.weights, initial, ATOL)
     assert not problems, "\n".join(problems)

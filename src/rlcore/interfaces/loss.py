@@ -52,6 +52,13 @@ class LossFunction(Protocol):
     backend calls ``backward`` on) and a dict of float metrics, each this
     micro-batch's share of the step value (summed by the caller), except names
     ending in ``_min`` / ``_max``, which are extremes (see :func:`step_metrics`).
+
+    A loss that needs more than token logprobs names it in an optional class
+    attribute ``inputs`` (members of :data:`LOSS_INPUTS`, plugin API 5); the
+    backend then puts each into the micro-batch under its name before the
+    call, computed like the logprobs (vocab-parallel-safe, under packing and
+    pipeline stages). ``Policy`` refuses such a loss for a backend that does
+    not declare the matching capability.
     """
 
     loss_type: LossType
@@ -63,6 +70,28 @@ class LossFunction(Protocol):
         global_valid_seqs: "torch.Tensor",
         global_valid_toks: "torch.Tensor",
     ) -> tuple["torch.Tensor", dict[str, Any]]: ...
+
+
+#: A loss input (plugin API 5, capability ``logits_at_indices``): the policy's logits at the token ids of
+#: ``data['logit_indices']`` ``[B, S, k]``, as ``[B, S, k]`` float32 (differentiable). Both are aligned like
+#: logprobs: position ``i`` holds the ids scored at the prediction of token ``i`` (the logits at ``i - 1``);
+#: position 0 and padding are 0. On-policy distillation asks for the student's logits at the teacher's top-k ids.
+LOGITS_AT_INDICES = "logits_at_indices"
+#: Where a batch holds the ids of :data:`LOGITS_AT_INDICES`.
+LOGIT_INDICES_KEY = "logit_indices"
+#: Every input a loss may declare, and the capability a backend needs to provide it.
+LOSS_INPUTS = {LOGITS_AT_INDICES: "logits_at_indices"}
+
+
+def loss_inputs(loss_fn: Any) -> tuple[str, ...]:
+    """The extra inputs ``loss_fn`` declares (empty for a loss of token logprobs only); ValueError for a name
+    rlcore does not know."""
+    names = tuple(getattr(loss_fn, "inputs", ()) or ())
+    unknown = [n for n in names if n not in LOSS_INPUTS]
+    if unknown:
+        raise ValueError(f"{type(loss_fn).__name__}.inputs names {unknown}; a loss may ask for "
+                         f"{', '.join(LOSS_INPUTS)}")
+    return names
 
 
 def step_metrics(per_micro_batch: Mapping[str, Sequence[float]], steps: int) -> dict[str, float]:

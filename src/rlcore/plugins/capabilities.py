@@ -33,6 +33,7 @@ class Capability(str, Enum):
     LORA = "lora"
     GENERATE = "generate"
     CHUNKED_LOGPROBS = "chunked_logprobs"  # policy.logprob_chunk_size (plugin API 4)
+    LOGITS_AT_INDICES = "logits_at_indices"  # a loss's input: logits at given token ids (plugin API 5)
     # generation backends
     DATA_PARALLEL = "data_parallel"
     STOP_STRINGS = "stop_strings"

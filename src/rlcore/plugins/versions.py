@@ -94,8 +94,22 @@ API_4 = PluginApi(
     kinds=API_3.kinds,
 )
 
-PLUGIN_APIS: dict[int, PluginApi] = {api.version: api for api in (API_1, API_2, API_3, API_4)}
+#: Version 5: a loss may ask for more than token logprobs. The ``logits_at_indices`` capability: when a loss
+#: declares the input (``LossFunction.inputs``), the worker puts the policy's logits at the token ids of
+#: ``data['topk_indices']`` into each micro-batch before calling it (on-policy distillation). Environments may
+#: return named reward components (``EnvironmentReturn.reward_components``, read by GDPO). Everything else as
+#: version 4.
+API_5 = PluginApi(
+    version=5,
+    training_worker_keywords=API_4.training_worker_keywords,
+    generation_driver_keywords=API_4.generation_driver_keywords,
+    spec_fields=API_4.spec_fields,
+    capabilities=API_4.capabilities | {Capability.LOGITS_AT_INDICES},
+    kinds=API_4.kinds,
+)
+
+PLUGIN_APIS: dict[int, PluginApi] = {api.version: api for api in (API_1, API_2, API_3, API_4, API_5)}
 #: The version new plugins declare.
-PLUGIN_API_VERSION = 4
+PLUGIN_API_VERSION = 5
 #: Versions this core serves; a spec declaring another is listed as ``incompatible``.
 SUPPORTED_PLUGIN_API_VERSIONS = frozenset(PLUGIN_APIS)

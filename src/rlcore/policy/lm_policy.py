@@ -24,7 +24,7 @@ from rlcore.distributed import (
 )
 from rlcore.interfaces import ColocatablePolicyInterface, GenerationInterface
 from rlcore.interfaces.workers import GeneratingWorker, LoraWorker, RefitWorker, TopkLogitsWorker, TrainingWorker
-from rlcore.interfaces.loss import step_metrics
+from rlcore.interfaces.loss import LOSS_INPUTS, loss_inputs, step_metrics
 from rlcore.plugins import BackendError, Capability
 from rlcore.preflight import check_policy_sources
 
@@ -139,13 +139,22 @@ class Policy(WorkerGroupOwner, ColocatablePolicyInterface, GenerationInterface):
         Returns ``loss`` and ``grad_norm`` (one value per optimizer step, global
         across ranks), ``metrics`` (each loss metric's global value, averaged
         over steps) and ``all_mb_metrics`` (every micro-batch's contribution, all
-        ranks).
+        ranks). Rows in groups (``data.group_size``, e.g. DPO's pairs) stay
+        together: a micro-batch holds whole groups, so ``mbs`` is rounded up to a
+        multiple of the group size.
         """
         import torch
 
+        for name in loss_inputs(loss_fn):
+            if not self.spec.supports(LOSS_INPUTS[name]):
+                raise BackendError(f"{type(loss_fn).__name__} asks for {name}, which the '{self.spec.name}' "
+                                   f"training backend does not compute (capability '{LOSS_INPUTS[name]}'); use "
+                                   "a backend that declares it")
         plan = self.resolved.batch
         gbs = gbs or plan.global_batch_size
         mbs = mbs or plan.micro_batch_size
+        group = data.group_size
+        mbs = -(-mbs // group) * group
         if data.size % gbs:
             raise ValueError(f"train: {data.size} samples is not a whole number of global batches of {gbs}")
         if problems := batch_problems(gbs, mbs, plan.data_parallel_size, plan.mode, gbs_name="train: gbs",

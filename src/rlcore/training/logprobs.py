@@ -33,14 +33,16 @@ def token_logprobs(logits: "torch.Tensor", input_ids: "torch.Tensor", input_leng
 
 
 def align(next_token_logprobs: "torch.Tensor", input_lengths: "torch.Tensor") -> "torch.Tensor":
-    """Shift ``[B, S-1]`` next-token logprobs to ``[B, S]`` and zero position 0 and padding."""
+    """Shift ``[B, S-1, ...]`` next-token values (logprobs, or logits at given ids) to ``[B, S, ...]`` and zero
+    position 0 and padding."""
     import torch
 
-    batch, width = next_token_logprobs.shape
-    out = torch.zeros(batch, width + 1, dtype=torch.float32, device=next_token_logprobs.device)
+    batch, width, *rest = next_token_logprobs.shape
+    out = torch.zeros(batch, width + 1, *rest, dtype=torch.float32, device=next_token_logprobs.device)
     out[:, 1:] = next_token_logprobs
     positions = torch.arange(width + 1, device=out.device)
     valid = positions[None, :] < input_lengths.to(out.device)[:, None]
+    valid = valid.reshape(batch, width + 1, *[1] * len(rest))
     return torch.where(valid, out, torch.zeros_like(out))  # not a multiply: inf/NaN in padding must not leak
 
 

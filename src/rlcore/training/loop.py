@@ -37,7 +37,11 @@ class StepHooks:
     - ``run_micro_batches(mbs, loss_of, eval_mode)`` (optional): run a step's micro-batches
       yourself, calling ``loss_of(mb, logprobs)`` for each and back-propagating the loss it returns
       unless ``eval_mode`` — for an engine that schedules them together (megatron's pipeline). By
-      default each micro-batch runs ``forward`` then ``backward``.
+      default each micro-batch runs ``forward`` then ``backward``. When the loss asks for inputs
+      beyond logprobs, ``loss_of.inputs`` names them and each must be in ``mb`` before the call.
+    - ``forward_with_inputs(mb, names)`` (optional, capability ``logits_at_indices``): one forward
+      giving the logprobs and ``{name: tensor}`` of the loss inputs ``names``
+      (:mod:`rlcore.training.loss_inputs`); used instead of ``forward`` when the loss asks for them.
     """
 
     forward: Callable[["BatchedDataDict[Any]"], "torch.Tensor"]
@@ -47,15 +51,27 @@ class StepHooks:
     optimizer_step: Callable[[], None]
     zero_grad: Callable[[], None]
     run_micro_batches: Callable[[list["BatchedDataDict[Any]"], Callable[..., "torch.Tensor"], bool], None] | None = None
+    forward_with_inputs: Callable[["BatchedDataDict[Any]", tuple[str, ...]],
+                                  tuple["torch.Tensor", dict[str, "torch.Tensor"]]] | None = None
 
     def run(self, mbs: Iterable["BatchedDataDict[Any]"], loss_of: Callable[..., "torch.Tensor"],
-            eval_mode: bool) -> None:
-        """Forward (and backward unless ``eval_mode``) every micro-batch of one step."""
+            eval_mode: bool, inputs: tuple[str, ...] = ()) -> None:
+        """Forward (and backward unless ``eval_mode``) every micro-batch of one step; ``inputs``: what the
+        loss needs in each micro-batch beyond the logprobs."""
         if self.run_micro_batches is not None:
+            loss_of.inputs = inputs  # type: ignore[attr-defined]
             self.run_micro_batches(list(mbs), loss_of, eval_mode)
             return
+        if inputs and self.forward_with_inputs is None:
+            raise ValueError(f"the loss asks for {', '.join(inputs)}, which this backend's step hooks do not "
+                             "compute (no forward_with_inputs; capability 'logits_at_indices')")
         for mb in mbs:
-            loss = loss_of(mb, self.forward(mb))
+            if inputs:
+                logprobs, extra = self.forward_with_inputs(mb, inputs)
+                mb.update(extra)
+            else:
+                logprobs = self.forward(mb)
+            loss = loss_of(mb, logprobs)
             if not eval_mode:
                 loss.backward()
 
@@ -126,6 +142,9 @@ def train_steps(
     """
     import torch
 
+    from rlcore.training.loss_inputs import loss_inputs
+
+    inputs = loss_inputs(loss_fn)
     num_steps = shard.num_steps if mode != "plain" else shard.size // local_batch_size
     losses, grad_norms = [], []
     mb_metrics: dict[str, list[float]] = defaultdict(list)
@@ -145,7 +164,7 @@ def train_steps(
             return loss
 
         with torch.set_grad_enabled(not eval_mode):
-            hooks.run(micro_batches(step, mbs, mode, seq_multiple), loss_of, eval_mode)
+            hooks.run(micro_batches(step, mbs, mode, seq_multiple), loss_of, eval_mode, inputs)
         hooks.all_reduce_sum(step_loss)
         if eval_mode:
             hooks.zero_grad()

@@ -51,6 +51,40 @@ class VocabParallelLogprob(torch.autograd.Function):
         return (grad_local + onehot).to(ctx.input_dtype), None, None, None
 
 
+class VocabParallelGather(torch.autograd.Function):
+    """``x[..., indices]`` (float32) where ``x``'s last dimension is split across ``group``: each rank picks the
+    ids in its slice, one all-reduce sums them. Every rank then computes the same loss, so the backward is local:
+    the gradient of each picked logit goes to the rank that holds it."""
+
+    @staticmethod
+    def forward(ctx: Any, local: torch.Tensor, indices: torch.Tensor, vocab_start: int, group: Any) -> torch.Tensor:
+        vocab_local = local.shape[-1]
+        index = indices - vocab_start
+        here = (index >= 0) & (index < vocab_local)
+        index = index.clamp(0, vocab_local - 1)
+        picked = local.float().gather(-1, index)
+        picked = torch.where(here, picked, torch.zeros_like(picked))
+        if group is not None:
+            dist.all_reduce(picked, op=dist.ReduceOp.SUM, group=group)
+        ctx.save_for_backward(index, here)
+        ctx.input_shape, ctx.input_dtype = local.shape, local.dtype
+        return picked
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
+        index, here = ctx.saved_tensors
+        grad_local = torch.zeros(ctx.input_shape, dtype=torch.float32, device=grad.device)
+        grad_local.scatter_add_(-1, index, torch.where(here, grad, torch.zeros_like(grad)))
+        return grad_local.to(ctx.input_dtype), None, None, None
+
+
+def vocab_parallel_gather(local: torch.Tensor, indices: torch.Tensor, vocab_start: int = 0,
+                          group: Any = None) -> torch.Tensor:
+    """float32 logits at global vocabulary ``indices`` ``[..., k]`` from this rank's slice (differentiable);
+    ``group`` None: ``local`` is the whole vocabulary."""
+    return VocabParallelGather.apply(local, indices.to(local.device), vocab_start, group)
+
+
 def vocab_parallel_logprobs(local: torch.Tensor, target: torch.Tensor, vocab_start: int, group: Any) -> torch.Tensor:
     """float32 ``log_softmax(logits)[..., target]`` from this rank's vocabulary slice (differentiable)."""
     return VocabParallelLogprob.apply(local, target.to(local.device), vocab_start, group)

@@ -51,11 +51,21 @@ class TrainingWorkerBase:
         return self.model(input_ids=ids, attention_mask=attention_mask(mb, self.device), use_cache=False).logits
 
     def _forward_logprobs(self, mb: BatchedDataDict) -> torch.Tensor:
-        return token_logprobs(self._logits(mb), mb["input_ids"].to(self.device), mb["input_lengths"],
+        return self._logprobs_of(self._logits(mb), mb)
+
+    def _logprobs_of(self, logits: torch.Tensor, mb: BatchedDataDict) -> torch.Tensor:
+        return token_logprobs(logits, mb["input_ids"].to(self.device), mb["input_lengths"],
                               temperature=self.logprob_temperature, chunk_size=self.cfg.logprob_chunk_size)
 
     def _forward_topk(self, mb: BatchedDataDict, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         return topk_logits(self._logits(mb), k)
+
+    def _forward_with_inputs(self, mb: BatchedDataDict, names: tuple[str, ...]) -> tuple[torch.Tensor, dict]:
+        """One forward: the logprobs and the loss inputs ``names`` (:mod:`rlcore.training.loss_inputs`)."""
+        from rlcore.training.loss_inputs import logits_at_indices
+
+        logits = self._logits(mb)
+        return self._logprobs_of(logits, mb), {name: logits_at_indices(logits, mb) for name in names}
 
     def _step_hooks(self) -> StepHooks:
         raise NotImplementedError

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from rl_dtensor.vocab_parallel import gather_logprobs, topk
+from rl_dtensor.vocab_parallel import gather_at, gather_logprobs, topk
 from rlcore.data.packing import PackedSequences, pack_microbatch, unpack_tokens
 from rlcore.training.logprobs import align
 
@@ -70,6 +70,29 @@ class ModelInputs:
         flat[1:] = next_lp[0, : width - 1]
         # A sequence's first token has no context inside its sequence: 0 by contract.
         flat = torch.where(self.position_ids[0, :width] == 0, torch.zeros_like(flat), flat)
+        return unpack_tokens(flat, p.cu_seqlens, p.batch_size, p.seq_len, p.input_lengths)
+
+    def logits_at(self, logits: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+        """``[B, S, k]`` float32 logits at the aligned ids ``indices`` ``[B, S, k]`` (the ``logits_at_indices``
+        loss input, :mod:`rlcore.training.loss_inputs`), in the same alignment."""
+        width, k = self.input_ids.shape[1], indices.shape[-1]
+        lengths = self.input_lengths.cpu()
+        if self.packed is None:  # column t of the forward scores ids t + 1
+            nxt = indices.new_zeros(indices.shape[0], width, k)
+            nxt[:, : self.seq_len - 1] = indices[:, 1: self.seq_len]
+            values = gather_at(logits, nxt.to(self.input_ids.device))
+            return align(values[:, : self.seq_len - 1], self.input_lengths)
+        p = self.packed
+        starts = p.cu_seqlens.long().tolist()
+        nxt = indices.new_zeros(1, width, k)
+        for b, length in enumerate(lengths.tolist()):
+            nxt[0, starts[b]: starts[b] + length - 1] = indices[b, 1:length]
+        values = gather_at(logits, nxt.to(self.input_ids.device))
+        used = int(p.cu_seqlens[-1])
+        flat = values.new_zeros(used, k)
+        flat[1:] = values[0, : used - 1]
+        first = (self.position_ids[0, :used] == 0)[:, None]  # a sequence's first token: 0 by contract
+        flat = torch.where(first, torch.zeros_like(flat), flat)
         return unpack_tokens(flat, p.cu_seqlens, p.batch_size, p.seq_len, p.input_lengths)
 
     def topk(self, logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:

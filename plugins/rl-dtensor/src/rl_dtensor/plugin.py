@@ -6,6 +6,7 @@ CAPABILITIES = frozenset({
     Capability.TRAIN, Capability.LOGPROBS, Capability.TOPK_LOGITS, Capability.REFERENCE_MODEL,
     Capability.DYNAMIC_BATCHING, Capability.SEQUENCE_PACKING, Capability.CHECKPOINT, Capability.TENSOR_PARALLEL,
     Capability.SEQUENCE_PARALLEL, Capability.REFIT, Capability.LORA, Capability.CHUNKED_LOGPROBS,
+    Capability.LOGITS_AT_INDICES,
 })
 
 
@@ -22,5 +23,5 @@ def rlcore_register_backends(register):
         requires=("torch", "transformers"),
         install_hint="pip install rl-dtensor",
         description="FSDP2 data parallel + DTensor tensor/sequence parallel (Llama, Qwen2, Qwen3).",
-        plugin_api_version=4,
+        plugin_api_version=5,
     ))

@@ -19,7 +19,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from rlcore.training.chunked_logprobs import chunked_logprobs
-from rlcore.training.vocab_parallel import vocab_parallel_logprobs, vocab_parallel_topk
+from rlcore.training.vocab_parallel import vocab_parallel_gather, vocab_parallel_logprobs, vocab_parallel_topk
 
 
 def shard_offset(vocab_size: int, tp_size: int, tp_rank: int) -> int:
@@ -66,6 +66,17 @@ def gather_logprobs(logits: torch.Tensor, target: torch.Tensor, temperature: flo
     logits = local.float()
     picked = logits.gather(-1, target.unsqueeze(-1)).squeeze(-1)
     return picked - torch.logsumexp(logits, dim=-1)
+
+
+def gather_at(logits: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+    """float32 ``logits[..., indices]`` (``indices`` ``[..., k]`` global ids) for plain or vocab-sharded DTensor
+    logits, differentiable; a sharded vocabulary is never gathered."""
+    if isinstance(logits, DTensor) and not _vocab_sharded(logits):
+        logits = _replicated(logits)
+    if not isinstance(logits, DTensor):
+        return vocab_parallel_gather(logits, indices)
+    local, group, offset = _local_vocab(logits)
+    return vocab_parallel_gather(local, indices, offset, group)
 
 
 def topk(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:

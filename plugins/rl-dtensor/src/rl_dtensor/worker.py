@@ -137,6 +137,14 @@ class DTensorPolicyWorker(RefitExportMixin, TrainingWorkerBase):
         inputs, logits = self._run(mb)
         return inputs.topk(logits, k)
 
+    def _forward_with_inputs(self, mb: BatchedDataDict, names: tuple[str, ...]) -> tuple[torch.Tensor, dict]:
+        """One forward: the logprobs and the loss inputs ``names`` (``logits_at_indices``)."""
+        from rlcore.training.loss_inputs import LOGIT_INDICES_KEY
+
+        inputs, logits = self._run(mb)
+        logprobs = inputs.logprobs(logits, self.logprob_temperature, self.cfg.logprob_chunk_size)
+        return logprobs, {name: inputs.logits_at(logits, mb[LOGIT_INDICES_KEY]) for name in names}
+
     # The base class passes the micro-batching mode to these two; remember it for _inputs.
     def _map_micro_batches(self, data, fn, micro_batch_size, mode):
         self._mode = mode
@@ -159,6 +167,7 @@ class DTensorPolicyWorker(RefitExportMixin, TrainingWorkerBase):
     def _step_hooks(self) -> StepHooks:
         return StepHooks(
             forward=self._forward_logprobs,
+            forward_with_inputs=self._forward_with_inputs,
             # Over dp only: tp peers hold the same data and compute the same values.
             all_reduce_sum=lambda t: self._all_reduce_sum(t, self.dp_group),
             finish_grads=lambda: None,  # FSDP2 reduce-scattered (summed) the gradients during backward

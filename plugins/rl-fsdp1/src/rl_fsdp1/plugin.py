@@ -10,7 +10,7 @@ from rlcore.plugins import BackendSpec, Capability, hookimpl
 CAPABILITIES = frozenset({
     Capability.TRAIN, Capability.LOGPROBS, Capability.TOPK_LOGITS, Capability.REFERENCE_MODEL,
     Capability.DYNAMIC_BATCHING, Capability.CHECKPOINT, Capability.GENERATE, Capability.REFIT, Capability.LORA,
-    Capability.CHUNKED_LOGPROBS,
+    Capability.CHUNKED_LOGPROBS, Capability.LOGITS_AT_INDICES,
 })
 
 
@@ -24,5 +24,5 @@ def rlcore_register_backends(register):
         requires=("torch", "transformers"),
         install_hint="pip install rl-fsdp1 (needs torch>=2.6 and transformers)",
         description="torch FSDP1 data parallel training with Hugging Face generate.",
-        plugin_api_version=4,
+        plugin_api_version=5,
     ))

@@ -132,6 +132,7 @@ class FSDP1PolicyWorker(RefitExportMixin, TrainingWorkerBase):
 
         return StepHooks(
             forward=self._forward_logprobs,
+            forward_with_inputs=self._forward_with_inputs,
             all_reduce_sum=self._all_reduce_sum,
             finish_grads=finish_grads,
             clip_grads=self._grad_norm,

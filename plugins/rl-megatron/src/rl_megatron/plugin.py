@@ -10,11 +10,11 @@ MEGATRON_SPEC = BackendSpec(
     config_check="rl_megatron.config:config_check",
     capabilities={Capability.TRAIN, Capability.LOGPROBS, Capability.TOPK_LOGITS, Capability.REFERENCE_MODEL,
                   Capability.CHECKPOINT, Capability.TENSOR_PARALLEL, Capability.PIPELINE_PARALLEL, Capability.REFIT,
-                  Capability.CHUNKED_LOGPROBS},
+                  Capability.CHUNKED_LOGPROBS, Capability.LOGITS_AT_INDICES},
     requires=("torch", "megatron.core", "transformers"),
     install_hint="pip install rl-megatron",
     description="megatron-core GPTModel: tensor, pipeline and data parallel; Megatron DDP and optimizer.",
-    plugin_api_version=4,
+    plugin_api_version=5,
 )
 
 

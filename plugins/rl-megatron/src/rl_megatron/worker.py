@@ -270,6 +270,13 @@ class MegatronPolicyWorker(RefitExportMixin, TrainingWorkerBase):
         lp = align(next_lp, mb["input_lengths"])
         return torch.nn.functional.pad(lp, (0, mb["input_ids"].shape[1] - lp.shape[1]))
 
+    def _logits_at_indices(self, mb: BatchedDataDict, logits: torch.Tensor) -> torch.Tensor:
+        """The ``logits_at_indices`` loss input at the caller's width, from this rank's vocabulary slice."""
+        from rlcore.training.loss_inputs import logits_at_indices
+
+        values = logits_at_indices(logits[:, : mb["input_ids"].shape[1]], mb, self.vocab_start, self.tp_group)
+        return torch.nn.functional.pad(values, (0, 0, 0, mb["input_ids"].shape[1] - values.shape[1]))
+
     def _empty_cache(self, level: int) -> None:
         if self.mcfg.empty_unused_memory_level >= level and self.device.type == "cuda":
             torch.cuda.empty_cache()
@@ -335,8 +342,13 @@ class MegatronPolicyWorker(RefitExportMixin, TrainingWorkerBase):
         (``clip_grad`` = policy.max_grad_norm), so the clip hook is the step and returns the norm."""
 
         def run_micro_batches(mbs: list[BatchedDataDict], loss_of: Callable, eval_mode: bool) -> None:
-            self._run_schedule(mbs, lambda mb, logits: loss_of(mb, self._token_logprobs(mb, logits)),
-                               forward_only=eval_mode)
+            inputs = getattr(loss_of, "inputs", ())
+
+            def on_logits(mb: BatchedDataDict, logits: torch.Tensor) -> torch.Tensor:
+                mb.update({name: self._logits_at_indices(mb, logits) for name in inputs})
+                return loss_of(mb, self._token_logprobs(mb, logits))
+
+            self._run_schedule(mbs, on_logits, forward_only=eval_mode)
             self._empty_cache(1)
 
         def unused_forward(mb: BatchedDataDict) -> torch.Tensor:

@@ -11,9 +11,9 @@ def rlcore_register_backends(register):
         worker_class="rlcore.backends.reference.worker:ReferenceWorker",
         capabilities={Capability.TRAIN, Capability.LOGPROBS, Capability.TOPK_LOGITS, Capability.REFERENCE_MODEL,
                       Capability.DYNAMIC_BATCHING, Capability.CHECKPOINT, Capability.REFIT,
-                      Capability.CHUNKED_LOGPROBS},
+                      Capability.CHUNKED_LOGPROBS, Capability.LOGITS_AT_INDICES},
         requires=("torch", "transformers"),
         install_hint="pip install 'rlcore[runtime,hf]'",
         description="Plain torch data parallel: the smallest correct training backend.",
-        plugin_api_version=4,
+        plugin_api_version=5,
     ))

@@ -59,6 +59,7 @@ class ReferenceWorker(RefitExportMixin, TrainingWorkerBase):
 
         return StepHooks(
             forward=self._forward_logprobs,
+            forward_with_inputs=self._forward_with_inputs,
             all_reduce_sum=self._all_reduce_sum,
             finish_grads=finish_grads,
             clip_grads=lambda max_norm: clip_grad_norm_(params, max_norm),

@@ -32,7 +32,7 @@ class TrainingBackendConformance(_BackendChecks):
 
     #: Ranks of the multi-rank policies (the dp comparison also runs a 1-rank policy).
     world_size: ClassVar[int] = 2
-    #: SGD learning rate of the two kit steps: large, so the steps visibly move the weights.
+    #: SGD learning rate of the kit steps: large, so the steps visibly move the weights.
     learning_rate: ClassVar[float] = 0.5
     #: Tolerances. The contracts are exact up to float32 round-off; loosening these
     #: weakens what passing the kit means.
@@ -159,7 +159,8 @@ class TrainingBackendConformance(_BackendChecks):
 
     @pytest.mark.parametrize("variant", ["world", "single", "dynamic", "packing", "chunked"])
     def test_train_steps_match_single_process(self, kit: _TrainingKit, variant: str) -> None:
-        """An NLL step then a clipped-PG step: losses, grad norms and weights equal the oracle's.
+        """An NLL (SFT) step, a clipped-PG (GRPO) step and a DPO step on pairs kept together: losses, grad norms
+        and weights equal the oracle's.
 
         The oracle is plain SGD on the whole batch in this process. Variants
         other than ``single`` are also compared with the 1-rank policy. Weights

@@ -26,6 +26,50 @@ from rlcore.testing.oracle import (
 )
 
 
+def dpo_step(raw: dict, reference_logprobs: Any, masked_pair: int | None = 1) -> tuple[Any, Any]:
+    """The kit's DPO step: ``(batch, loss)`` with rows 2i / 2i+1 of ``raw`` as pairs (uneven lengths), an SFT term,
+    and pair ``masked_pair`` masked out. The core keeps each pair in one micro-batch on one rank
+    (``group_size``); a backend that reorders or splits the rows it is given trains on the wrong pairs and fails
+    against the oracle, or the loss refuses."""
+    import torch
+
+    from rlcore.algorithms.preference import DPOLossFn
+    from rlcore.config.dpo import DPOLossConfig
+    from rlcore.data import BatchedDataDict
+
+    sample_mask = torch.ones(len(raw["input_lengths"]))
+    if masked_pair is not None:
+        sample_mask[2 * masked_pair:2 * masked_pair + 2] = 0.0
+    batch = BatchedDataDict({**raw, "sample_mask": sample_mask, "reference_policy_logprobs": reference_logprobs.clone()})
+    batch.group_size = 2
+    loss = DPOLossFn(DPOLossConfig(reference_policy_kl_penalty=0.5, sft_loss_weight=0.2,
+                                   preference_average_log_probs=True))
+    return batch, loss
+
+
+def distillation_step(raw: dict, tokenizer: Any, k: int = 4, seed: int = 7) -> tuple[Any, Any]:
+    """The kit's distillation step (backends with ``logits_at_indices``): a mixed KL against a made-up teacher's
+    top-k (random distinct ids, random logits, aligned like logprobs). A backend that computes the student's
+    logits at the wrong position, or at the wrong ids on some tensor-parallel rank, fails against the oracle."""
+    import torch
+
+    from rlcore.algorithms.distillation import TEACHER_LOGITS_KEY, DistillationLossFn
+    from rlcore.data import BatchedDataDict
+    from rlcore.interfaces.loss import LOGIT_INDICES_KEY
+
+    gen = torch.Generator().manual_seed(seed)
+    ids = raw["input_ids"]
+    # ids drawn per position from a small pool, so the step moves a few output rows visibly (random ids over the
+    # whole vocabulary would give an update too small to compare after the large DPO step)
+    pool = torch.randperm(len(tokenizer), generator=gen)[:2 * k]
+    indices = pool[torch.rand(*ids.shape, len(pool), generator=gen).topk(k, dim=-1).indices]
+    indices[:, 0] = 0
+    logits = 5.0 * torch.randn(*ids.shape, k, generator=gen)
+    logits[:, 0] = 0.0
+    batch = BatchedDataDict({**raw, LOGIT_INDICES_KEY: indices, TEACHER_LOGITS_KEY: logits})
+    return batch, DistillationLossFn({"kl_type": "mixed", "mixed_kl_weight": 0.3})
+
+
 class _Once:
     """Memoises results *and* failures: a policy that failed mid-training must not be trained again."""
 
@@ -106,7 +150,9 @@ class _TrainingKit:
                                          "prev_logprobs": self.initial_logprobs.clone(),
                                          "reference_policy_logprobs": self.initial_logprobs.clone()})
         pg_loss = ClippedPGLossFn({"reference_policy_kl_penalty": 0.1, "token_level_loss": False})
-        self.steps = [(self.batch, NLLLoss()), (self.pg_batch, pg_loss)]
+        self.steps = [(self.batch, NLLLoss()), (self.pg_batch, pg_loss), dpo_step(raw, self.initial_logprobs)]
+        if spec.supports(Capability.LOGITS_AT_INDICES):
+            self.steps.append(distillation_step(raw, tokenizer))
         self.resume_steps = resume_steps(self.batch, tokenizer, self.gbs)
 
     # -- oracle --------------------------------------------------------------------------
@@ -189,7 +235,8 @@ class _TrainingKit:
         return self.once(f"starting the '{name}' policy", build)
 
     def trained(self, name: str) -> dict:
-        """The variant's policy after the two kit steps: losses, grad norms, saved weights per step."""
+        """The variant's policy after the kit steps (NLL, clipped PG, DPO): losses, grad norms, saved weights per
+        step."""
         record = self.policy(name)
 
         def train() -> dict:
