@@ -121,3 +121,85 @@ def test_a_vocabulary_split_over_a_gloo_group_gives_the_whole_vocabulary_s_logit
         assert torch.equal(rank["values"], expected.detach())
     grad = torch.cat([rank["grad"] for rank in ranks], dim=-1)  # each rank's slice of the gradient
     assert (grad - expected_grad).abs().max() < 1e-6
+
+
+def _distillation_config(tmp_path, **overrides):
+    from rlcore.config import load_config
+
+    base = {"policy.backend": "fsdp1", "policy.generation.backend": "fsdp1", "policy.model_name": "tiny-llama",
+            "policy.train_global_batch_size": "8", "policy.train_micro_batch_size": "2", "policy.dtensor_cfg.enabled": "false",
+            "policy.max_total_sequence_length": "32", "policy.generation.max_new_tokens": "6",
+            "distillation.teacher_model_name": "tiny-teacher", "distillation.topk_logits_k": "5",
+            "distillation.num_prompts_per_step": "4", "distillation.num_generations_per_prompt": "2",
+            "distillation.max_num_steps": "2", "logger.output_dir": str(tmp_path / "run"),
+            "logger.progress_bar": "false", "checkpointing.enabled": "false", **overrides}
+    return load_config("examples/distill_tiny.yaml", [f"{k}={v}" for k, v in base.items()])
+
+
+def test_a_student_backend_without_the_loss_input_is_refused_by_name(tmp_path, rlcore_registry):
+    from rlcore.config import ConfigError, resolve
+    from rlcore.plugins import BackendSpec, hookimpl
+
+    class OlderPlugin:
+        @hookimpl
+        def rlcore_register_backends(self, register):
+            register(BackendSpec(name="older", kind="training",
+                                 worker_class="rlcore.backends.reference.worker:ReferenceWorker",
+                                 plugin_api_version=4, capabilities={"train", "logprobs", "topk_logits",
+                                                                     "generate"}))
+
+    import rlcore.environments.plugin as environments
+
+    rlcore_registry.register_plugin(OlderPlugin(), name="older")
+    rlcore_registry.register_plugin(environments, name="environments")
+    cfg = _distillation_config(tmp_path, **{"policy.backend": "older", "policy.generation.backend": "older"})
+    with pytest.raises(ConfigError, match="distillation: the 'older' training backend does not declare "
+                                          "'logits_at_indices'"):
+        resolve(cfg, run=True, registry=rlcore_registry)
+
+
+def test_the_student_trains_on_the_kl_to_the_teacher_s_top_k(ray_session, tmp_path):
+    """A real student, engine and teacher: the student's loss on its own rollout, with the teacher's top-k from
+    the teacher Policy, equals a float64 recomputation from both models' Hugging Face forwards."""
+    from transformers import AutoModelForCausalLM
+
+    from rlcore.algorithms.distillation import DistillationLossFn
+    from rlcore.config import resolve
+    from rlcore.run.build import build_run
+    from rlcore.run.distillation import add_teacher_topk
+    from rlcore.run.rollouts import run_rollout
+    from rlcore.run.step import Timer, training_batch
+
+    resolved = resolve(_distillation_config(tmp_path), run=True)
+    cfg = resolved.config
+    run = build_run(resolved)
+    try:
+        samples = run.draw_train_batch()
+        run.generation.prepare_for_generation()
+        rollout = run_rollout(cfg, lambda b: run.generation.generate(b, greedy=False), run.environment,
+                              run.tokenizer, samples, 2, Timer())
+        run.generation.finish_generation()
+        data = training_batch(rollout.data, torch.zeros_like(rollout.rewards))
+        add_teacher_topk(run.teacher, data, 5)
+        loss_fn = DistillationLossFn(cfg.distillation.loss_settings())
+        got = float(run.policy.train(data, loss_fn, eval_mode=True)["loss"][0])
+    finally:
+        run.shutdown()
+
+    def logits(path):
+        model = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float64)
+        valid = torch.arange(data["input_ids"].shape[1])[None] < data["input_lengths"][:, None]
+        with torch.no_grad():
+            return model(input_ids=data["input_ids"], attention_mask=valid.long()).logits[:, :-1]
+
+    teacher_top = logits(resolved.teacher.config.model_name).topk(5, dim=-1)
+    student = logits(cfg.policy.model_name).gather(-1, teacher_top.indices)
+    pad = torch.zeros_like(student[:, :1])
+    expected_data = {**data, LOGITS_AT_INDICES: torch.cat([pad, student], 1),
+                     TEACHER_LOGITS_KEY: torch.cat([pad, teacher_top.values], 1)}
+    tokens = (data["token_mask"][:, 1:] * data["sample_mask"][:, None]).sum()
+    w = cfg.distillation.mixed_kl_weight
+    expected = _kl_float64(expected_data, "mixed", w) / tokens
+    assert got == pytest.approx(float(expected), rel=1e-4)
+    rows = torch.arange(teacher_top.indices.shape[1])[None] < (data["input_lengths"][:, None] - 1)
+    assert torch.equal(data[LOGIT_INDICES_KEY][:, 1:][rows], teacher_top.indices[rows])  # the teacher Policy's top-k

@@ -74,7 +74,7 @@ class ByteTokenizer:
 
 
 def _cfg(max_turns: int, max_total: int = 64):
-    return SimpleNamespace(grpo=SimpleNamespace(max_rollout_turns=max_turns),
+    return SimpleNamespace(algorithm_section=SimpleNamespace(max_rollout_turns=max_turns),
                            policy=SimpleNamespace(max_total_sequence_length=max_total,
                                                   tokenizer=SimpleNamespace(chat_template_kwargs={})))
 

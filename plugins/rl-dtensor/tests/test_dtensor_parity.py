@@ -26,7 +26,7 @@ from dtensor_testlib import (
 )
 
 from rlcore.algorithms.loss_functions import NLLLoss
-from rlcore.testing.conformance import dpo_step
+from rlcore.testing.conformance import distillation_step, dpo_step
 
 TOL = 1e-5
 LAYOUTS = {"dp2": dict(tp=1), "tp2": dict(tp=2, sp=True)}
@@ -159,6 +159,26 @@ def test_a_dpo_step_keeps_pairs_together_and_matches_single_process(policy, dpo_
     pairs, loss_fn, expected = dpo_oracle
     with batching(policy, mode):
         out = policy.train(pairs, loss_fn)
+    assert abs(float(out["loss"][0]) - expected.loss) <= TOL * max(1.0, abs(expected.loss))
+    assert abs(float(out["grad_norm"][0]) - expected.grad_norm) <= TOL * expected.grad_norm
+    worst, name = max_abs_diff(full_weights(policy), expected.weights)
+    assert worst <= TOL, f"{mode}: {name} differs by {worst:.3g}"
+
+
+@pytest.fixture(scope="module")
+def distillation_oracle(llama, data, tiny_tokenizer):
+    """The kit's distillation step on this module's batch, and its single-process SGD step."""
+    batch, loss_fn = distillation_step(dict(data), tiny_tokenizer)
+    return batch, loss_fn, oracle_step(llama, batch, loss_fn)[1]
+
+
+@pytest.mark.parametrize("mode", ["plain", "packing"])
+def test_a_distillation_step_reads_the_student_logits_at_the_teacher_ids(policy, distillation_oracle, mode):
+    """The student's logits at the teacher's top-k ids, from a vocabulary split over tp (tp2) or whole (dp2),
+    padded or packed: the step equals the single-process oracle's."""
+    batch, loss_fn, expected = distillation_oracle
+    with batching(policy, mode):
+        out = policy.train(batch, loss_fn)
     assert abs(float(out["loss"][0]) - expected.loss) <= TOL * max(1.0, abs(expected.loss))
     assert abs(float(out["grad_norm"][0]) - expected.grad_norm) <= TOL * expected.grad_norm
     worst, name = max_abs_diff(full_weights(policy), expected.weights)

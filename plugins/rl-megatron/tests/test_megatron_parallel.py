@@ -32,7 +32,7 @@ from megatron_helpers import (
     policy_config,
     state_of,
 )
-from rlcore.testing.conformance import dpo_step, single_process_sgd, weight_problems
+from rlcore.testing.conformance import distillation_step, dpo_step, single_process_sgd, weight_problems
 
 pytest_plugins = ["rlcore.testing.pytest_plugin"]
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -200,12 +200,20 @@ def test_train_step_matches_dtensor_backend(started: dict, trained: dict, pool: 
     assert not problems, "\n".join(problems)
 
 
-def test_dpo_step_matches_single_process_sgd(started: dict, trained: dict, tmp_path: Any) -> None:
-    """Last in the module (it trains again): a DPO step on pairs of uneven sequences, from the trained weights
-    against the initial model's logprobs, equals the single-process oracle's under tp and pp."""
-    pairs, loss_fn = dpo_step(dict(started["batch"]), started["logprobs"], masked_pair=None)
-    initial, (expected,) = single_process_sgd(trained["weights"], [(pairs, loss_fn)], SGD_LR)
-    result = started["policy"].train(pairs, loss_fn)
+@pytest.mark.parametrize("step", ["dpo", "distillation"])
+def test_more_losses_match_single_process_sgd(started: dict, trained: dict, tmp_path: Any, tiny_tokenizer: Any,
+                                              step: str) -> None:
+    """Last in the module (they train again, each from the weights the previous test left, saved first): a DPO
+    step on pairs of uneven sequences against the initial model's logprobs, and a distillation step reading the
+    student's logits at a teacher's top-k ids, equal the single-process oracle's under tp and pp."""
+    if step == "dpo":
+        batch, loss_fn = dpo_step(dict(started["batch"]), started["logprobs"], masked_pair=None)
+    else:
+        batch, loss_fn = distillation_step(dict(started["batch"]), tiny_tokenizer)
+    start = tmp_path / "start"
+    started["policy"].save_checkpoint(str(start))
+    initial, (expected,) = single_process_sgd(str(start), [(batch, loss_fn)], SGD_LR)
+    result = started["policy"].train(batch, loss_fn)
     started["policy"].save_checkpoint(str(tmp_path / "weights"))
     loss, grad_norm = float(result["loss"][0]), float(result["grad_norm"][0])
     assert abs(loss - expected.loss) <= ATOL * abs(expected.loss), (loss, expected.loss)

@@ -1,5 +1,5 @@
-"""Advantages: group-relative ones for GRPO (each completion judged against its prompt's group), and
-Reinforce++'s token-level ones, whitened over the whole batch."""
+"""Advantages: group-relative ones for GRPO (each completion judged against its prompt's group), GDPO's (the
+same for each named reward, then combined), and Reinforce++'s token-level ones, whitened over the whole batch."""
 
 from __future__ import annotations
 
@@ -20,6 +20,11 @@ def group_advantages(rewards: "torch.Tensor", group_size: int, estimator: str = 
     - ``mean``: ``r_i - mean`` (NeMo-RL with neither option).
     - ``mean_std``: ``(r_i - mean) / (std + eps)`` with the group's (unbiased) std.
     """
+    return _group_advantages64(rewards, group_size, estimator, eps).float()
+
+
+def _group_advantages64(rewards: "torch.Tensor", group_size: int, estimator: str, eps: float) -> "torch.Tensor":
+    """:func:`group_advantages` in float64."""
     import torch
 
     if rewards.numel() % group_size:
@@ -46,7 +51,41 @@ def group_advantages(rewards: "torch.Tensor", group_size: int, estimator: str = 
         adv = (groups - groups.mean(dim=1, keepdim=True)) / (std + eps)
     else:
         raise ValueError(f"unknown advantage estimator {estimator!r}")
-    return adv.reshape(-1).float()
+    return adv.reshape(-1)
+
+
+def gdpo_advantages(components: dict[str, "torch.Tensor"], group_size: int, leave_one_out: bool = False,
+                    normalize: bool = True, weights: list[float] | None = None, eps: float = 1e-6) -> "torch.Tensor":
+    """GDPO (https://arxiv.org/abs/2601.05242) advantages ``[B]`` from named rewards ``{name: [B]}``, as NeMo-RL's
+    ``GDPOAdvantageEstimator`` computes them.
+
+    Each component gets its own group advantage (:func:`group_advantages`): its reward minus its group's
+    baseline (the others' mean with ``leave_one_out``, else the group mean), divided by the std + ``eps`` (the
+    others' with ``leave_one_out``; unbiased) where that std is > 0 with ``normalize``. A group whose component
+    is constant gives exactly 0 there, not the rounding noise the last step would blow up. The components,
+    sorted by name, are summed with ``weights`` (in that order; default 1 each), and the sum is standardized
+    over the whole batch: ``(a - mean) / std`` with the unbiased std, or ``a - mean`` when that std is 0
+    (no eps: NeMo-RL's code, whatever its docs' formula says).
+    """
+    import torch
+
+    names = sorted(components)
+    if len(names) < 2:
+        raise ValueError(f"GDPO needs at least 2 reward components, got {len(names)}: {names}")
+    weights = [1.0] * len(names) if weights is None else list(weights)
+    if len(weights) != len(names):
+        raise ValueError(f"GDPO: {len(weights)} reward weights for {len(names)} reward components {names}")
+    estimator = ("leave_one_out" if leave_one_out else "mean") + ("_std" if normalize else "")
+    total = torch.zeros(components[names[0]].numel(), dtype=torch.float64)
+    for name, weight in zip(names, weights):
+        rewards = components[name].double().reshape(-1)
+        adv = _group_advantages64(rewards, group_size, estimator, eps)
+        groups = rewards.view(-1, group_size)
+        constant = (groups == groups[:, :1]).all(dim=1, keepdim=True).expand_as(groups).reshape(-1)
+        total += weight * torch.where(constant, torch.zeros_like(adv), adv)
+    centred = total - total.mean()
+    std = total.std() if total.numel() > 1 else torch.zeros((), dtype=torch.float64)
+    return (centred / std if std > 0 else centred).float()
 
 
 def reinforce_plus_plus_advantages(rewards: "torch.Tensor", group_size: int, mask: "torch.Tensor",

@@ -40,14 +40,16 @@ def _summary_line(resolved: Any, data: Any, log_dir: Path, verbose: bool) -> str
     p, c = cfg.policy, cfg.cluster
     where = "streamed here (-v)" if verbose else f"in {log_dir}/"
     workers = f"on {c.num_nodes}x{c.workers_per_node} {'GPU' if c.use_gpu else 'CPU'} workers, model {p.model_name}"
-    if cfg.algorithm != "grpo":
+    if cfg.algorithm in ("sft", "dpo"):
         return (f"rlcore run: {cfg.algorithm.upper()} with {p.training_backend} {workers}, {source}, {steps} steps; "
                 f"logs {where}")
     gen = p.generation
     placement = "" if not resolved.generation.separate else \
         (" colocated" if resolved.generation.colocated else " separate")
-    return (f"rlcore run: {p.training_backend} + {gen.backend}{placement} {workers}, {source} scored by "
-            f"{cfg.env.name}, {'up to ' if cfg.grpo.use_dynamic_sampling else ''}{steps} steps; logs {where}")
+    what = "" if cfg.algorithm == "grpo" else f"distillation from {Path(cfg.distillation.teacher_model_name).name}, "
+    up_to = "up to " if cfg.algorithm == "grpo" and cfg.grpo.use_dynamic_sampling else ""
+    return (f"rlcore run: {what}{p.training_backend} + {gen.backend}{placement} {workers}, {source} scored by "
+            f"{cfg.env.name}, {up_to}{steps} steps; logs {where}")
 
 
 def run(

@@ -9,9 +9,10 @@ nothing, so the GRPO-only sections are refused (:mod:`rlcore.config.rules`).
 
 from __future__ import annotations
 
-from pydantic import Field, NonNegativeInt, PositiveInt
+from pydantic import Field, PositiveInt
 
 from rlcore.config.base import StrictModel
+from rlcore.config.sft import OfflineLoopConfig
 
 
 class DPOLossConfig(StrictModel):
@@ -27,27 +28,13 @@ class DPOLossConfig(StrictModel):
         False, description="A chosen response's NLL is the mean, not the sum, over its tokens.")
 
 
-class DPOConfig(DPOLossConfig):
+class DPOConfig(OfflineLoopConfig, DPOLossConfig):
     """Direct Preference Optimization on (prompt, chosen, rejected) samples."""
 
     max_num_steps: PositiveInt = Field(150, description="Training steps (each: policy.train_global_batch_size "
                                        "pairs, one optimizer step).")
-    max_num_epochs: PositiveInt | None = Field(
-        1, description="Passes over data.train; the run ends at whichever of this and max_num_steps comes first. "
-        "None = only max_num_steps bounds it.")
-    val_period: NonNegativeInt = Field(0, description="Validate every N steps (after the step trains); 0 = never "
-                                       "periodically.")
-    val_batches: NonNegativeInt = Field(0, description="Validation batches per validation; 0 = every pair of the "
-                                        "validation data.")
     val_global_batch_size: PositiveInt = Field(8, description="Pairs per validation batch (the last one is padded "
                                                "with masked pairs).")
-    val_micro_batch_size: PositiveInt = Field(1, description="Pairs per validation forward pass on each rank.")
-    val_at_start: bool = Field(False, description="Validate the initial weights before the first step.")
-    val_at_end: bool = Field(False, description="Validate after the last step (once, if val_period already did).")
-    seed: int = Field(0, description="Seed of the sample order (data.shuffle).")
-    add_bos: bool = Field(True, description="Start every sequence with the tokenizer's BOS token (when the chat "
-                          "template did not write it).")
-    add_eos: bool = Field(True, description="End every response with the tokenizer's EOS token (trained).")
     add_generation_prompt: bool = Field(
         True, description="Render the prompt's last user message with the chat template's generation prompt, so "
         "the assistant header is context and only the response is scored.")

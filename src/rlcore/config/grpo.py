@@ -78,6 +78,32 @@ class RewardShapingConfig(StrictModel):
         "overlong penalty is not applied. None: the DAPO overlong penalty.")
 
 
+class GDPOConfig(StrictModel):
+    """GDPO's settings (NeMo-RL's ``grpo.adv_estimator`` keys for ``name: gdpo``); read only with
+    ``grpo.advantage_estimator: gdpo``.
+
+    GDPO (group reward-decoupled normalization, https://arxiv.org/abs/2601.05242)
+    trains on an environment that returns several named rewards per sample
+    (``EnvironmentReturn.reward_components``). Each component is judged
+    within its prompt's group on its own, so that two completions with the
+    same total but different components (1+0 and 0+1) no longer get the same
+    advantage; the weighted sum of the components' advantages is then
+    standardized over the whole batch.
+    """
+
+    use_leave_one_out_baseline: bool = Field(
+        False, description="Each component's baseline (and, with normalize_rewards, its std) is that of the "
+        "group's other completions, not of the whole group. NeMo-RL's GDPO example and the paper: false.")
+    normalize_rewards: bool = Field(
+        True, description="Divide each component's group advantage by its group std + 1e-6 (where that std is > "
+        "0) before they are combined. The final whole-batch standardization runs either way.")
+    reward_weights: list[float] | None = Field(
+        None, description="One weight per reward component, in the order of the components' names sorted "
+        "alphabetically (the environment's names: see the reward/<name>_mean metrics); the advantage is the "
+        "weighted sum of the components' advantages. None = 1 each. A count other than the environment's "
+        "components is an error at the first step.")
+
+
 #: The advantage estimators whose advantages are per token and need the rollout's logprobs first (Reinforce++).
 TOKEN_LEVEL_ESTIMATORS = ("reinforce_plus_plus", "reinforce_plus_plus_baseline")
 
@@ -88,12 +114,14 @@ class GRPOConfig(StrictModel):
     num_prompts_per_step: PositiveInt = Field(8, description="Prompts sampled per step.")
     num_generations_per_prompt: PositiveInt = Field(4, description="Completions per prompt (the group size).")
     max_num_steps: PositiveInt = Field(20, description="Training steps (each: generate, score, train).")
-    advantage_estimator: Literal["leave_one_out", "leave_one_out_std", "mean", "mean_std", "reinforce_plus_plus",
-                                 "reinforce_plus_plus_baseline"] = Field(
+    advantage_estimator: Literal["leave_one_out", "leave_one_out_std", "mean", "mean_std", "gdpo",
+                                 "reinforce_plus_plus", "reinforce_plus_plus_baseline"] = Field(
         "leave_one_out",
         description="leave_one_out: reward minus the mean of the group's other rewards; leave_one_out_std: that, "
         "divided by the others' std + eps where it is > 0 (NeMo-RL's GRPO default); mean: reward minus the "
-        "group mean; mean_std: (reward - group mean) / (group std + eps); reinforce_plus_plus: the reward at "
+        "group mean; mean_std: (reward - group mean) / (group std + eps); gdpo: for an environment that returns "
+        "several named rewards, each one's group advantage (settings: grpo.gdpo), weighted, summed and "
+        "standardized over the batch; reinforce_plus_plus: the reward at "
         "every token (minus beta * KL there with loss.use_kl_in_reward), whitened over all tokens of the "
         "batch; reinforce_plus_plus_baseline: the same from reward minus the group mean (NeMo-RL's "
         "minus_baseline).",
@@ -113,6 +141,8 @@ class GRPOConfig(StrictModel):
     max_val_samples: PositiveInt | None = Field(None, description="Validate on the first N samples of "
                                                 "data.validation; None = all of them.")
     val_batch_size: PositiveInt = Field(32, description="Prompts generated per validation batch.")
+    gdpo: GDPOConfig = Field(default_factory=GDPOConfig, description="GDPO's settings (with "
+                             "advantage_estimator: gdpo).")
     async_grpo: AsyncGRPOConfig = Field(default_factory=AsyncGRPOConfig,
                                         description="Asynchronous GRPO: generation runs ahead of training.")
     reward_scaling: RewardScalingConfig = Field(

@@ -97,6 +97,7 @@ class ResolvedConfig:
     async_generation: bool = False  # grpo.async_grpo.enabled and the engine can
     environment: ResolvedEnvironment | None = None  # a run's; None when only a policy was resolved
     notices: tuple[str, ...] = ()  # one line each: a default the run chose (fall-back, synchronous GRPO)
+    teacher: ResolvedPolicy | None = None  # on-policy distillation's frozen teacher
 
 
 def resolve_policy(config: PolicyConfig | Mapping[str, Any], *, world_size: int, use_gpu: bool,
@@ -153,11 +154,14 @@ def resolve(cfg: RLCoreConfig, *, run: bool = False, registry: Registry | None =
         generation, gen_problems = _resolve_generation(policy, registry)
         problems += gen_problems
     problems += backends.lora_problems(policy.config, policy.spec, generation and generation.spec, registry)
-    async_generation, environment = False, None
+    async_generation, environment, teacher = False, None, None
     grpo_run = run and cfg.algorithm == "grpo"
-    if grpo_run:
+    if run and cfg.algorithm in ("grpo", "distillation"):  # they generate and score
         environment, env_problems = _resolve_environment(cfg, registry)
         problems += env_problems
+    if run and cfg.algorithm == "distillation" and not problems:
+        teacher, teacher_problems = _resolve_teacher(cfg, policy, registry)
+        problems += teacher_problems
     if run and cfg.algorithm in ("sft", "dpo") and not problems:
         problems += _validation_batch_problems(cfg, policy)
     if grpo_run and not problems:
@@ -168,7 +172,7 @@ def resolve(cfg: RLCoreConfig, *, run: bool = False, registry: Registry | None =
     if problems:
         raise ConfigError(problems)
     cfg = cfg.model_copy(update={"policy": policy.config})
-    return ResolvedConfig(cfg, policy, generation, async_generation, environment, tuple(notices))
+    return ResolvedConfig(cfg, policy, generation, async_generation, environment, tuple(notices), teacher)
 
 
 # -- a run's defaults --------------------------------------------------------------------------------
@@ -177,9 +181,9 @@ def resolve(cfg: RLCoreConfig, *, run: bool = False, registry: Registry | None =
 def _run_defaults(cfg: RLCoreConfig, registry: Registry, notices: list[str]) -> RLCoreConfig:
     """A GRPO run always has a grpo section and a generation backend (fsdp1 when vLLM is not installed); an SFT
     run (an ``sft`` section) has neither."""
-    if cfg.algorithm != "grpo":
+    if cfg.algorithm in ("sft", "dpo"):
         return cfg
-    if cfg.grpo is None:
+    if cfg.algorithm == "grpo" and cfg.grpo is None:
         cfg = cfg.model_copy(update={"grpo": GRPOConfig()})
         if problems := check_rules(cfg):
             raise ConfigError(problems)
@@ -245,6 +249,35 @@ def _rollout_problems(cfg: RLCoreConfig, policy: ResolvedPolicy) -> list[str]:
         return [f"grpo rollout batch {rollout} cannot be split over {dp} data-parallel ranks; "
                 "make grpo.num_prompts_per_step × grpo.num_generations_per_prompt a multiple of it"]
     return []
+
+
+def _resolve_teacher(cfg: RLCoreConfig, student: ResolvedPolicy,
+                     registry: Registry) -> tuple[ResolvedPolicy | None, list[str]]:
+    """The teacher: the student's policy settings with ``distillation.teacher_model_name``, frozen. The student's
+    backend must compute the loss's input, the teacher's its top-k; every rollout must fill whole batches."""
+    d, problems = cfg.distillation, []
+    if not student.spec.supports(Capability.LOGITS_AT_INDICES):
+        problems.append(f"distillation: the '{student.spec.name}' training backend does not declare "
+                        "'logits_at_indices', the loss input distillation trains on; use a backend that does "
+                        "(reference, dtensor, fsdp1, megatron)")
+    if not student.spec.supports(Capability.TOPK_LOGITS):
+        problems.append(f"distillation: the '{student.spec.name}' training backend cannot give the teacher's "
+                        "top-k logits (capability 'topk_logits')")
+    rollout = d.num_prompts_per_step * d.num_generations_per_prompt
+    gbs = student.config.train_global_batch_size
+    if rollout % gbs or rollout % student.data_parallel_size:
+        problems.append(f"distillation.num_prompts_per_step × num_generations_per_prompt = {rollout} must be a "
+                        f"multiple of policy.train_global_batch_size {gbs} (and of the data-parallel size "
+                        f"{student.data_parallel_size}); change one of them")
+    if problems:
+        return None, problems
+    teacher_cfg = cfg.policy.model_copy(update={"model_name": d.teacher_model_name, "generation": None,
+                                                "tokenizer": cfg.policy.tokenizer})
+    try:
+        return resolve_policy(teacher_cfg, world_size=cfg.world_size, use_gpu=cfg.cluster.use_gpu,
+                              registry=registry), []
+    except ConfigError as exc:
+        return None, [f"distillation.teacher_model_name: {p}" for p in exc.problems]
 
 
 def _validation_batch_problems(cfg: RLCoreConfig, policy: ResolvedPolicy) -> list[str]:

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING
 
 from rlcore.config.grpo import TOKEN_LEVEL_ESTIMATORS
+from rlcore.config.schemas import ALGORITHMS
 from rlcore.config.policy import SchedulerMilestones
 
 if TYPE_CHECKING:
@@ -221,24 +222,36 @@ def reward_shaping_has_its_settings(cfg: "RLCoreConfig") -> Iterator[str]:
                "would be penalized; make the buffer at most max_response_length")
 
 
+#: What each algorithm other than GRPO does not read: ``{algorithm: [(section, what it holds)]}``.
+UNREAD_SECTIONS = {
+    "sft": [("grpo", "GRPO's loop"), ("loss", "the policy-gradient loss (sft has its own)"),
+            ("env", "the environment that scores completions")],
+    "dpo": [("grpo", "GRPO's loop"), ("loss", "the policy-gradient loss (dpo has its own)"),
+            ("env", "the environment that scores completions")],
+    "distillation": [("grpo", "GRPO's loop (distillation has its own settings)"),
+                     ("loss", "the policy-gradient loss (distillation trains the KL to the teacher)")],
+}
+
+
 @rule
-def offline_runs_read_only_their_sections(cfg: "RLCoreConfig") -> Iterator[str]:
-    """SFT and DPO train on data as written: they generate and score nothing, so a GRPO-only section would be
-    ignored, and is refused; so is a second algorithm section."""
-    offline = [name for name in ("sft", "dpo") if getattr(cfg, name) is not None]
-    if len(offline) > 1:
-        yield "sft, dpo: a config trains one algorithm; keep one of the sections"
-    if not offline:
+def one_algorithm_and_only_its_sections(cfg: "RLCoreConfig") -> Iterator[str]:
+    """A config trains one algorithm. SFT and DPO train on data as written (they generate and score nothing);
+    distillation generates and scores with its own settings: a section the algorithm does not read would be
+    ignored, so it is refused (a section at its defaults says nothing, e.g. one a dumped config writes)."""
+    chosen = [name for name in ALGORITHMS if getattr(cfg, name) is not None]
+    if len(chosen) > 1:
+        yield f"{', '.join(chosen)}: a config trains one algorithm; keep one of the sections"
+    if not chosen:
         return
-    algo, given = offline[0], cfg.model_fields_set
-    for name, why in (("grpo", "GRPO's loop"), ("loss", f"the policy-gradient loss ({algo} has its own)"),
-                      ("env", "the environment that scores completions")):
-        if name in given and getattr(cfg, name) is not None:
-            yield f"{name}: the config has a{'n' if algo == 'sft' else ''} {algo} section, so nothing reads {why}; " \
-                  f"remove {name} (or {algo})"
-    if cfg.policy.generation is not None:
-        yield f"policy.generation: a{'n' if algo == 'sft' else ''} {algo.upper()} run does not generate; remove " \
-              f"the section (or {algo})"
+    algo = chosen[0]
+    an = "an" if algo == "sft" else "a"  # "an ess-eff-tee"
+    for name, why in UNREAD_SECTIONS[algo]:
+        value = getattr(cfg, name)
+        default = type(cfg).model_fields[name].get_default(call_default_factory=True)
+        if name in cfg.model_fields_set and value is not None and value != default:
+            yield f"{name}: the config has {an} {algo} section, so nothing reads {why}; remove {name} (or {algo})"
+    if algo != "distillation" and cfg.policy.generation is not None:
+        yield f"policy.generation: {an} {algo} run does not generate; remove the section (or {algo})"
 
 
 @rule
@@ -309,3 +322,27 @@ def optimizer_and_scheduler_kwargs_exist(cfg: "RLCoreConfig") -> Iterator[str]:
             continue
         yield from _kwargs_problems(f"policy.scheduler[{i}].kwargs", entry.name, "torch.optim.lr_scheduler",
                                     entry.kwargs, "the optimizer")
+
+
+@rule
+def gdpo_settings_reach_gdpo(cfg: "RLCoreConfig") -> Iterator[str]:
+    """grpo.gdpo is read only by GDPO, and GDPO reads the reward components, which reward shaping does not touch
+    (NeMo-RL shapes the total reward only, so under GDPO its penalties silently change nothing)."""
+    g = cfg.grpo
+    if g is None:
+        return
+    if g.advantage_estimator != "gdpo":
+        default = type(g.gdpo)()
+        changed = [f"grpo.gdpo.{k}" for k in type(g.gdpo).model_fields if getattr(g.gdpo, k) != getattr(default, k)]
+        if changed:
+            yield (f"{', '.join(changed)}: only GDPO reads {'it' if len(changed) == 1 else 'them'}, but "
+                   f"grpo.advantage_estimator is {g.advantage_estimator}; set grpo.advantage_estimator=gdpo or "
+                   f"remove {'it' if len(changed) == 1 else 'them'}")
+        return
+    if g.reward_shaping.enabled:
+        yield ("grpo.reward_shaping.enabled: is true, but GDPO's advantages come from the environment's reward "
+               "components, which the shaping penalties do not touch (NeMo-RL shapes the total reward only); set "
+               "it to false, or set grpo.advantage_estimator to a GRPO estimator (e.g. leave_one_out_std)")
+    if g.gdpo.use_leave_one_out_baseline and g.num_generations_per_prompt < 2:
+        yield ("grpo.num_generations_per_prompt: GDPO with grpo.gdpo.use_leave_one_out_baseline needs at least 2 "
+               "completions per prompt; raise it or set use_leave_one_out_baseline=false")

@@ -15,6 +15,7 @@ from rlcore.config.cluster import ClusterConfig
 from rlcore.config.data import DataConfig, DatasetConfig, EnvConfig, legacy_task_sections
 from rlcore.config.grpo import CheckpointingConfig, GRPOConfig, LoggerConfig
 from rlcore.config.generation import ColocationConfig, ColocationResources, GenerationConfig
+from rlcore.config.distillation import DistillationConfig
 from rlcore.config.dpo import DPOConfig
 from rlcore.config.loss import ClippedPGLossConfig
 from rlcore.config.sft import SFTConfig
@@ -35,6 +36,10 @@ from rlcore.config.policy import (
 )
 
 
+#: The algorithm sections other than ``grpo`` (the default); a config has at most one.
+ALGORITHMS = ("sft", "dpo", "distillation")
+
+
 class RLCoreConfig(StrictModel):
     """A whole rlcore run: where it runs and what it trains."""
 
@@ -49,6 +54,9 @@ class RLCoreConfig(StrictModel):
     dpo: DPOConfig | None = Field(
         None, description="Direct Preference Optimization instead of GRPO: with this section 'rlcore run' trains "
         "on the (prompt, chosen, rejected) pairs of data.train against the frozen initial weights.")
+    distillation: DistillationConfig | None = Field(
+        None, description="On-policy distillation instead of GRPO: with this section 'rlcore run' trains the "
+        "student on the KL to a frozen teacher's top-k logits over the student's own rollouts.")
     loss: ClippedPGLossConfig = Field(default_factory=ClippedPGLossConfig, description="The policy-gradient loss.")
     data: DataConfig = Field(default_factory=DataConfig, description="The samples: train and validation splits, "
                              "and how a row becomes a prompt.")
@@ -67,14 +75,14 @@ class RLCoreConfig(StrictModel):
 
     @property
     def algorithm(self) -> str:
-        """What ``rlcore run`` trains: ``'sft'`` with an ``sft`` section, ``'dpo'`` with a ``dpo`` one, else
-        ``'grpo'`` (a config with both is refused by :mod:`rlcore.config.rules`)."""
-        return "sft" if self.sft is not None else "dpo" if self.dpo is not None else "grpo"
+        """What ``rlcore run`` trains: ``'sft'``, ``'dpo'`` or ``'distillation'`` with that section, else
+        ``'grpo'`` (a config with two is refused by :mod:`rlcore.config.rules`)."""
+        return next((name for name in ALGORITHMS if getattr(self, name) is not None), "grpo")
 
     @property
     def algorithm_section(self) -> Any:
-        """The section of the algorithm ``rlcore run`` trains (``sft``, ``dpo`` or ``grpo``); they name their seed,
-        steps, epochs and validation schedule alike (NeMo-RL's names)."""
+        """The section of the algorithm ``rlcore run`` trains (``sft``, ``dpo``, ``distillation`` or ``grpo``); they
+        name their seed, steps, epochs and validation schedule alike (NeMo-RL's names)."""
         return getattr(self, self.algorithm)
 
     @property
@@ -111,6 +119,7 @@ __all__ = [
     "Precision",
     "PytorchOptimizerConfig",
     "DPOConfig",
+    "DistillationConfig",
     "RLCoreConfig",
     "SFTConfig",
     "SchedulerMilestones",

@@ -15,11 +15,10 @@ from pydantic import Field, NonNegativeInt, PositiveInt
 from rlcore.config.base import StrictModel
 
 
-class SFTConfig(StrictModel):
-    """Supervised fine-tuning on message logs: the loss falls on assistant tokens only."""
+class OfflineLoopConfig(StrictModel):
+    """What SFT and DPO share: a loop over data as written (NeMo-RL's names), validated in eval-mode batches, and
+    how a message log becomes tokens."""
 
-    max_num_steps: PositiveInt = Field(60, description="Training steps (each: one global batch of "
-                                       "policy.train_global_batch_size samples, one optimizer step).")
     max_num_epochs: PositiveInt | None = Field(
         1, description="Passes over data.train; the run ends at whichever of this and max_num_steps comes first. "
         "None = only max_num_steps bounds it.")
@@ -27,18 +26,26 @@ class SFTConfig(StrictModel):
                                        "periodically.")
     val_batches: NonNegativeInt = Field(0, description="Validation batches per validation; 0 = every sample of "
                                         "the validation data.")
-    val_global_batch_size: PositiveInt = Field(32, description="Samples per validation batch (the last one is "
-                                               "padded with masked rows).")
-    val_micro_batch_size: PositiveInt = Field(1, description="Samples per validation forward pass on each rank.")
+    val_micro_batch_size: PositiveInt = Field(1, description="Samples (DPO: pairs) per validation forward pass on "
+                                              "each rank.")
     val_at_start: bool = Field(False, description="Validate the initial weights before the first step.")
     val_at_end: bool = Field(False, description="Validate after the last step (once, if val_period already did).")
     seed: int = Field(0, description="Seed of the sample order (data.shuffle).")
-    only_unmask_final: bool = Field(False, description="Train only on the last assistant message of each sample "
-                                    "(earlier assistant turns are context).")
     add_bos: bool = Field(True, description="Start every sample with the tokenizer's BOS token (when it has one "
                           "and the chat template did not write it); NeMo-RL's data.add_bos.")
     add_eos: bool = Field(True, description="End every sample with the tokenizer's EOS token, trained when the "
-                          "last message is the assistant's, so the model learns to stop; NeMo-RL's data.add_eos.")
+                          "last message is a trained one, so the model learns to stop; NeMo-RL's data.add_eos.")
+
+
+class SFTConfig(OfflineLoopConfig):
+    """Supervised fine-tuning on message logs: the loss falls on assistant tokens only."""
+
+    max_num_steps: PositiveInt = Field(60, description="Training steps (each: one global batch of "
+                                       "policy.train_global_batch_size samples, one optimizer step).")
+    val_global_batch_size: PositiveInt = Field(32, description="Samples per validation batch (the last one is "
+                                               "padded with masked rows).")
+    only_unmask_final: bool = Field(False, description="Train only on the last assistant message of each sample "
+                                    "(earlier assistant turns are context).")
     add_generation_prompt: bool = Field(
         False, description="Render each user message with the chat template's generation prompt (the assistant "
         "header then belongs to the context, not the trained tokens); NeMo-RL's data.add_generation_prompt.")

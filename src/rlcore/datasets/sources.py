@@ -121,6 +121,10 @@ class DrawSettings:
             return cls(cfg.policy.train_global_batch_size, "policy.train_global_batch_size", s.seed,
                        s.max_num_epochs, f"{name}.max_num_epochs",
                        s.val_batches * s.val_global_batch_size if s.val_batches else None)
+        if cfg.algorithm == "distillation":
+            d = cfg.distillation
+            return cls(d.num_prompts_per_step, "distillation.num_prompts_per_step", d.seed, d.max_num_epochs,
+                       "distillation.max_num_epochs", d.max_val_samples)
         g = cfg.grpo
         size_setting = ("grpo.num_prompts_per_step * grpo.batch_multiplier" if g.use_dynamic_sampling
                         else "grpo.num_prompts_per_step")

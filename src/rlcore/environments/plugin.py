@@ -15,8 +15,11 @@ _BUILTIN = {
                  "Multi-turn toy: guess a hidden digit (ground_truth), told higher or lower; reward: the last "
                  "guess's closeness."),
     "python": ("python_reward:PythonRewardEnvironment", "python_reward:PythonRewardConfig",
-               "A 'module:function' reward(prompts, completions, metadata=..., **kwargs) -> list[float]."),
+               "A 'module:function' reward(prompts, completions, metadata=..., **kwargs) -> list[float], or a "
+               "dict of named rewards (their sum; the components GDPO reads)."),
 }
+#: The built-ins that may return named reward components (plugin API 5); the others need only version 3.
+_WITH_COMPONENTS = {"python"}
 
 
 @hookimpl
@@ -28,5 +31,5 @@ def rlcore_register_backends(register):
             worker_class=f"rlcore.environments.{env_class}",
             config_class=f"rlcore.environments.{config_class}" if config_class else None,
             description=description,
-            plugin_api_version=3,
+            plugin_api_version=5 if name in _WITH_COMPONENTS else 3,
         ))

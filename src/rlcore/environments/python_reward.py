@@ -15,7 +15,9 @@ from rlcore.interfaces.environment import EnvironmentReturn, Message
 class PythonRewardConfig(StrictModel):
     reward: str = Field(description="'module:function' called as fn(prompts, completions, **kwargs) -> list[float]; "
                         "a function with a 'metadata' parameter (or **kwargs) also gets each sample's metadata "
-                        "(its row, with the expected answer as 'ground_truth').")
+                        "(its row, with the expected answer as 'ground_truth'). It may instead return named "
+                        "rewards, {name: list[float]}: each sample's reward is their sum and the names are the "
+                        "reward components GDPO reads (grpo.advantage_estimator: gdpo).")
     kwargs: dict[str, Any] = Field(default_factory=dict, description="Extra keyword arguments of the function.")
 
 
@@ -39,7 +41,10 @@ class PythonRewardEnvironment:
         prompts = [last_prompt(log) for log in message_logs]
         completions = [last_completion(log) for log in message_logs]
         extra = {"metadata": metadata} if self._with_metadata else {}
-        rewards = list(self.fn(prompts, completions, **extra, **self.kwargs))
+        scores = self.fn(prompts, completions, **extra, **self.kwargs)
+        if isinstance(scores, dict):  # named rewards: their sum is the reward
+            return EnvironmentReturn.from_components(scores, metadata)
+        rewards = list(scores)
         if len(rewards) != len(completions):
             raise ValueError(f"the reward function returned {len(rewards)} rewards for {len(completions)} completions")
         return EnvironmentReturn.final(rewards, metadata)

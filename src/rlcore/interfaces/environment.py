@@ -12,6 +12,12 @@ One sample's failure must not end the run: a sample the environment cannot
 score gets reward 0 and a line in ``errors``; the core counts them
 (``env/errors``). An environment that raises is called again one sample at a
 time, so only the samples that raise are lost.
+
+An environment that scores several things (correctness, format, ...) may
+also return them by name in ``reward_components`` (plugin API 5), for GDPO
+(``grpo.advantage_estimator: gdpo``), which normalizes each one within its
+group before combining them; NeMo-RL's multi-reward environments return the
+same as a ``rewards`` dict.
 """
 
 from __future__ import annotations
@@ -33,6 +39,12 @@ class EnvironmentReturn:
     ``None``. ``rewards``: the reward of each sample's latest turn. ``terminateds``: whether each sample is
     done. ``answers``: the answer the environment read from each completion, for logs (or ``None``).
     ``errors``: why a sample could not be scored (it gets reward 0), or ``None``.
+
+    ``reward_components`` (optional, plugin API 5): named rewards of the latest turn, ``{name: [one float per
+    sample]}``, the same names for every sample (kept sorted by name); ``rewards`` stays the total the run
+    reports and GRPO trains on, by NeMo-RL's convention their sum (:meth:`from_components`). A sample that could
+    not be scored has no components: a result built by joining parts (:meth:`concat`) gives each component 0 on
+    the samples of a part without them, which must be failed samples (each with an error).
     """
 
     observations: list[Message]
@@ -42,6 +54,7 @@ class EnvironmentReturn:
     next_stop_strings: list[list[str] | None] = field(default_factory=list)
     answers: list[str | None] = field(default_factory=list)
     errors: list[str | None] = field(default_factory=list)
+    reward_components: dict[str, list[float]] | None = None
 
     def __post_init__(self) -> None:
         n = len(self.rewards)
@@ -54,21 +67,78 @@ class EnvironmentReturn:
                                                                 "next_stop_strings", "answers", "errors")}
         if set(lengths.values()) != {n}:
             raise ValueError(f"EnvironmentReturn: every list needs one entry per sample, got lengths {lengths}")
+        if self.reward_components is not None:
+            self.reward_components = _checked_components(self.reward_components, n)
 
     @classmethod
     def final(cls, rewards: list[float], metadata: list[dict[str, Any]], answers: list[str | None] | None = None,
-              errors: list[str | None] | None = None) -> "EnvironmentReturn":
+              errors: list[str | None] | None = None,
+              reward_components: dict[str, list[float]] | None = None) -> "EnvironmentReturn":
         """A single-turn result: every sample scored and done, no observation."""
         n = len(rewards)
         return cls([{"role": "environment", "content": ""} for _ in range(n)], list(metadata), list(rewards),
-                   [True] * n, answers=list(answers or []), errors=list(errors or []))
+                   [True] * n, answers=list(answers or []), errors=list(errors or []),
+                   reward_components=reward_components)
+
+    @classmethod
+    def from_components(cls, reward_components: dict[str, list[float]], metadata: list[dict[str, Any]],
+                        answers: list[str | None] | None = None,
+                        errors: list[str | None] | None = None) -> "EnvironmentReturn":
+        """A single-turn result scored by named rewards; each sample's reward is their sum (NeMo-RL's
+        ``total_reward``)."""
+        components = _checked_components(reward_components, len(metadata))
+        rewards = [sum(values) for values in zip(*components.values())]
+        return cls.final(rewards, metadata, answers, errors, reward_components=components)
 
     @classmethod
     def concat(cls, parts: list["EnvironmentReturn"]) -> "EnvironmentReturn":
         """The results of consecutive chunks of one batch, as one."""
-        return cls(*([item for part in parts for item in getattr(part, name)]
-                     for name in ("observations", "metadata", "rewards", "terminateds", "next_stop_strings",
-                                  "answers", "errors")))
+        joined = cls(*([item for part in parts for item in getattr(part, name)]
+                       for name in ("observations", "metadata", "rewards", "terminateds", "next_stop_strings",
+                                    "answers", "errors")))
+        joined.reward_components = _joined_components(parts)
+        return joined
+
+
+def _checked_components(components: Any, n: int) -> dict[str, list[float]]:
+    """``components`` as ``{name: [n floats]}`` sorted by name, or a ``ValueError`` saying what is wrong."""
+    if not isinstance(components, dict):
+        raise ValueError(f"EnvironmentReturn.reward_components: expected a dict of name -> one float per sample, "
+                         f"got {type(components).__name__}")
+    if not components:
+        raise ValueError("EnvironmentReturn.reward_components: is empty; name at least one component, or leave it "
+                         "None")
+    checked = {}
+    for name in sorted(components, key=str):
+        if not isinstance(name, str) or not name or "/" in name:
+            raise ValueError(f"EnvironmentReturn.reward_components: {name!r} is not a component name (a non-empty "
+                             "string without '/': rlcore logs it as reward/<name>_mean; NeMo-RL's 'reward/' "
+                             "prefix is not part of the name)")
+        values = list(components[name])
+        if len(values) != n:
+            raise ValueError(f"EnvironmentReturn.reward_components['{name}']: needs one entry per sample, got "
+                             f"{len(values)} for {n} samples")
+        checked[name] = [float(v) for v in values]
+    return checked
+
+
+def _joined_components(parts: list[EnvironmentReturn]) -> dict[str, list[float]] | None:
+    """The parts' components end to end; a part without them (all its samples failed) counts 0 for each."""
+    names = [list(p.reward_components) for p in parts if p.reward_components is not None]
+    if not names:
+        return None
+    if any(other != names[0] for other in names):
+        raise ValueError(f"EnvironmentReturn.reward_components: the samples of one batch have different component "
+                         f"names: {sorted({tuple(n) for n in names})}")
+    joined: dict[str, list[float]] = {name: [] for name in names[0]}
+    for part in parts:
+        if part.reward_components is None and not all(part.errors):
+            raise ValueError("EnvironmentReturn.reward_components: some samples of the batch have reward "
+                             "components and others, scored without an error, have none")
+        for name, values in joined.items():
+            values.extend(part.reward_components[name] if part.reward_components is not None
+                          else [0.0] * len(part.rewards))
+    return joined
 
 
 @runtime_checkable

@@ -16,6 +16,10 @@ BUILTIN_MODELS: dict[str, dict[str, Any]] = {
                        head_dim=32, intermediate_size=256),
     "tiny-qwen3": dict(arch="qwen3", hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
                        head_dim=32, intermediate_size=256),
+    # A teacher for the distillation demo: random but sharp (large initial weights), so its top-k distributions
+    # are far from a fresh student's and the KL has somewhere to fall.
+    "tiny-teacher": dict(arch="qwen2", hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
+                         head_dim=32, intermediate_size=256, initializer_range=0.2, seed=1),
     **PRESETS,
 }
 

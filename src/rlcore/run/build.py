@@ -31,6 +31,7 @@ class Run:
     start_step: int = 0
     extra_clusters: list[Any] = field(default_factory=list)
     environment: Any = None  # an rlcore.environments.runner.EnvironmentRunner
+    teacher: Any = None  # on-policy distillation's frozen teacher Policy
     data: Any = None  # the run's samples (rlcore.datasets.sources.RunData)
     num_steps: int = 0  # steps the run trains: grpo.max_num_steps, or fewer when grpo.max_num_epochs ends it
     next_batch: int = 0  # the data position: the next batch of data.train a synchronous step draws
@@ -51,7 +52,7 @@ class Run:
         """Stop the synchronizer, the generation backend, the policy and the clusters (each tried even if one
         fails)."""
         parts = [self.environment, self.synchronizer, self.generation if self.generation is not self.policy else None,
-                 self.policy, *self.extra_clusters, self.cluster]
+                 self.teacher, self.policy, *self.extra_clusters, self.cluster]
         errors = []
         for part in parts:
             if part is None:
@@ -114,7 +115,8 @@ def build_run(config: Any, resume_dir: Path | None = None, start_step: int = 0, 
     colocated = gen is not None and gen.separate and gen.colocated
     tokenizer = tokenizer if tokenizer is not None else load_tokenizer(cfg)
     data = data if data is not None else load_run_data(cfg, tokenizer)
-    cluster = RayVirtualCluster.from_config(cfg.cluster, max_colocated_worker_groups=2 if colocated else 1)
+    groups = 1 + int(colocated) + int(resolved.teacher is not None)  # worker groups sharing each bundle
+    cluster = RayVirtualCluster.from_config(cfg.cluster, max_colocated_worker_groups=groups)
     run = Run(resolved, cluster, tokenizer=tokenizer, start_step=start_step, data=data,
               num_steps=data.num_steps(cfg.algorithm_section.max_num_steps), next_batch=start_step)
     try:
@@ -126,6 +128,9 @@ def build_run(config: Any, resume_dir: Path | None = None, start_step: int = 0, 
         # The reference model only feeds the KL term: without one, no rank keeps its copy of the weights.
         run.policy = Policy(cluster, resolved.policy, tokenizer, weights_path=weights, optimizer_path=optimizer,
                             init_reference_model=cfg.algorithm == "dpo" or cfg.loss.reference_policy_kl_penalty > 0)
+        if resolved.teacher is not None:  # frozen: no optimizer, no reference copy
+            run.teacher = Policy(cluster, resolved.teacher, tokenizer, name_prefix="teacher", init_optimizer=False,
+                                 init_reference_model=False)
         run.generation = run.policy
         if gen is not None and gen.separate:
             gen_cluster = cluster

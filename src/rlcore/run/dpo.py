@@ -14,7 +14,8 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
-from rlcore.run.step import Timer, peak_memory_metrics
+from rlcore.run.sft import step_metrics
+from rlcore.run.step import Timer
 
 if TYPE_CHECKING:
     from rlcore.run.build import Run
@@ -53,16 +54,10 @@ def dpo_step(run: "Run") -> dict[str, float]:
         batch = dpo_batch(run.draw_train_batch(), run.tokenizer, run.cfg)
     result = _train_pairs(run, batch, False, p.train_global_batch_size, p.train_micro_batch_size, timer)
     metrics = result["metrics"]
-    return {
-        "loss": float(result["loss"].mean()),
-        "grad_norm": float(result["grad_norm"].mean()),
+    return step_metrics(run, result, timer, {
         **{name: float(metrics[name]) for name in PAIR_METRICS if name in metrics},
         "cut_pairs": float((batch["sample_mask"][::2] == 0).sum()),  # longer than policy.max_total_sequence_length
-        "epoch": float(run.data.train.epoch_of(run.next_batch - 1)),
-        "time/step_s": sum(timer.seconds.values()),
-        **timer.seconds,
-        **peak_memory_metrics(run.policy, run.policy),
-    }
+    })
 
 
 def dpo_validate(run: "Run") -> dict[str, float]:

@@ -79,7 +79,8 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
 
 #: Each algorithm's curve: ``(metric, axis label, file name)``.
 CURVES = {"grpo": ("reward_mean", "mean reward", "reward_curve.png"), "sft": ("loss", "loss", "loss_curve.png"),
-          "dpo": ("accuracy", "preference accuracy", "accuracy_curve.png")}
+          "dpo": ("accuracy", "preference accuracy", "accuracy_curve.png"),
+          "distillation": ("loss", "KL to the teacher", "kl_curve.png")}
 
 
 def plot_curve(metrics_path: str | Path, png_path: str | Path, metric: str, label: str) -> Path | None:

@@ -3,7 +3,8 @@
 A turn generates for every sample still going, appends each completion to its
 message log as an ``assistant`` message and steps the environment on the
 logs. The environment's reward adds to the sample's total (NeMo-RL's
-semantics: a multi-turn episode's reward is the sum of its turns'); a sample
+semantics: a multi-turn episode's reward is the sum of its turns'), and so
+does each named reward component it returns; a sample
 ends when the environment says it is done, after ``grpo.max_rollout_turns``
 turns, or when its sequence has no room left within
 ``policy.max_total_sequence_length``. A sample that goes on gets the
@@ -40,7 +41,8 @@ class Rollout:
     (the first prompt's length), ``unpadded_sequence_lengths``, ``generation_lengths`` (generated tokens, all
     turns), ``first_turn_lengths`` (the first completion's) and ``truncated`` (a completion or observation cut by
     a token budget) ``[B]``; with an asynchronous engine also ``weight_version`` (the oldest weights any turn
-    used) and ``generation_window``.
+    used) and ``generation_window``; with an environment that returns named reward components, ``reward/<name>``
+    ``[B]`` for each (summed over turns like ``rewards``; NeMo-RL's batch keys), which GDPO reads.
     """
 
     data: Any
@@ -57,7 +59,7 @@ def run_rollout(cfg: Any, generate: Callable[[Any], Any], environment: Any, toke
     from rlcore.run.prompts import clip_rollout, pad_id
     from rlcore.run.step import encode_samples
 
-    max_turns = cfg.grpo.max_rollout_turns
+    max_turns = cfg.algorithm_section.max_rollout_turns  # GRPO's or on-policy distillation's
     max_total = cfg.policy.max_total_sequence_length
     pad = pad_id(tokenizer)
     first = encode_samples(cfg, tokenizer, samples, repeat)
@@ -99,6 +101,7 @@ class Trajectories:
         self.metadata, self.logs = metadata, logs
         n = len(lengths)
         self.rewards = [0.0] * n
+        self.components: dict[str, list[float]] = {}  # name -> each sample's sum over turns
         self.done = [False] * n
         self.stop_strings: list[Any] = [None] * n
         self.turns, self.env_tokens, self.first_turn = [0] * n, [0] * n, [0] * n
@@ -151,6 +154,7 @@ class Trajectories:
         """Add the turn's rewards; end the samples that are done; append the others' observations."""
         import torch
 
+        self.add_components(active, result.reward_components)
         for row, i in enumerate(active):
             self.rewards[i] += result.rewards[row]
             self.turns[i] += 1
@@ -175,6 +179,13 @@ class Trajectories:
                 self.metadata[i] = result.metadata[row]
             self.stop_strings[i] = result.next_stop_strings[row]
 
+    def add_components(self, active: list[int], components: dict[str, list[float]] | None) -> None:
+        """Add the turn's named rewards to the active samples' sums (a name new this turn starts at 0 for all)."""
+        for name, values in (components or {}).items():
+            totals = self.components.setdefault(name, [0.0] * len(self.rewards))
+            for row, i in enumerate(active):
+                totals[i] += values[row]
+
     def padded(self, pad: int) -> Any:
         """The trajectories as one right-padded batch (see :class:`Rollout`)."""
         import torch
@@ -193,6 +204,8 @@ class Trajectories:
         if self.versions[0] is not None:
             data["weight_version"] = torch.tensor(self.versions, dtype=torch.long)
             data["generation_window"] = torch.tensor(self.windows, dtype=torch.float64)
+        for name in sorted(self.components):
+            data[f"reward/{name}"] = torch.tensor(self.components[name], dtype=torch.float32)
         return data
 
     def turn_metrics(self) -> dict[str, float]:

@@ -34,16 +34,23 @@ def sft_step(run: "Run") -> dict[str, float]:
         policy.prepare_for_training()
         result = policy.train(batch, NLLLoss())
         policy.finish_training()
-    sample_mask = batch["sample_mask"]
+    return step_metrics(run, result, timer, {
+        "num_valid_tokens": float(result["metrics"].get("num_valid_tokens", 0.0)),
+        "cut_samples": float((batch["sample_mask"] == 0).sum()),  # longer than policy.max_total_sequence_length
+    })
+
+
+def step_metrics(run: "Run", result: dict, timer: Timer, extra: dict[str, float]) -> dict[str, float]:
+    """A step's row: the loss and grad norm of ``policy.train``'s ``result``, the algorithm's ``extra``, the data
+    epoch, the phases' times and the peak memory."""
     return {
         "loss": float(result["loss"].mean()),
         "grad_norm": float(result["grad_norm"].mean()),
-        "num_valid_tokens": float(result["metrics"].get("num_valid_tokens", 0.0)),
-        "cut_samples": float((sample_mask == 0).sum()),  # longer than policy.max_total_sequence_length
+        **extra,
         "epoch": float(run.data.train.epoch_of(run.next_batch - 1)),
         "time/step_s": sum(timer.seconds.values()),
         **timer.seconds,
-        **peak_memory_metrics(policy, policy),
+        **peak_memory_metrics(run.policy, run.generation or run.policy),
     }
 
 

@@ -93,6 +93,36 @@ def token_advantages(cfg: Any, data: Any, rewards: Any) -> Any:
                                           kl, loss.reference_policy_kl_penalty)
 
 
+def reward_components(data: Any) -> dict[str, Any]:
+    """The rollout's named reward components (its ``reward/<name>`` keys), ``{name: [B]}``."""
+    return {key.removeprefix("reward/"): value for key, value in data.items() if key.startswith("reward/")}
+
+
+def gdpo_step_advantages(cfg: Any, components: dict[str, Any]) -> Any:
+    """GDPO's advantages from the rollout's reward components, each scaled like the rewards
+    (``grpo.reward_scaling``, as NeMo-RL does); a run whose environment returns too few components, or another
+    count than ``grpo.gdpo.reward_weights``, stops here at its first step, naming the environment."""
+    from rlcore.algorithms.advantages import gdpo_advantages
+    from rlcore.algorithms.reward_transforms import scale_rewards
+
+    g, env, names = cfg.grpo, cfg.env.name, sorted(components)
+    if len(names) < 2:
+        returned = f"{len(names)} ({', '.join(names)})" if names else "none"
+        raise ValueError(f"grpo.advantage_estimator: gdpo needs at least 2 named reward components per sample, but "
+                         f"environment '{env}' returns {returned} (EnvironmentReturn.reward_components); use an "
+                         "environment that scores several things by name (the python environment: a reward "
+                         "function returning {name: rewards}), or set grpo.advantage_estimator to leave_one_out_std "
+                         "or mean_std (GRPO on the total reward)")
+    weights = g.gdpo.reward_weights
+    if weights is not None and len(weights) != len(names):
+        raise ValueError(f"grpo.gdpo.reward_weights: has {len(weights)} entries, but environment '{env}' returns "
+                         f"{len(names)} reward components: {', '.join(names)}; give one weight per component, in "
+                         "that (alphabetical) order")
+    scaled = {name: scale_rewards(values, g.reward_scaling) for name, values in components.items()}
+    return gdpo_advantages(scaled, g.num_generations_per_prompt, g.gdpo.use_leave_one_out_baseline,
+                           g.gdpo.normalize_rewards, weights)
+
+
 def add_logprob_inputs(cfg: Any, policy: Any, data: Any, prev_pass: bool) -> None:
     """Add the loss's policy-computed inputs to ``data``: ``prev_logprobs`` (when ``prev_pass``) and
     ``reference_policy_logprobs`` (when the loss has a KL term). Nothing to compute: no lp-inference switch."""
@@ -153,8 +183,13 @@ def train_on_rollout(cfg: Any, policy: Any, loss_fn: Any, rollout: Any, timer: T
     # NeMo-RL's order: scale, shape; advantages from those; truncated samples out of the loss; clip the advantages
     rewards = transform_rewards(g, rollout.rewards, rollout.data["first_turn_lengths"], truncated).rewards
     per_token = g.advantage_estimator in TOKEN_LEVEL_ESTIMATORS
-    advantages = (torch.zeros_like(rewards) if per_token
-                  else group_advantages(rewards, g.num_generations_per_prompt, g.advantage_estimator))
+    components = reward_components(rollout.data)
+    if per_token:
+        advantages = torch.zeros_like(rewards)
+    elif g.advantage_estimator == "gdpo":
+        advantages = gdpo_step_advantages(cfg, components)
+    else:
+        advantages = group_advantages(rewards, g.num_generations_per_prompt, g.advantage_estimator)
     data = training_batch(rollout.data, clip_advantages(advantages, g.advantage_clip_low, g.advantage_clip_high))
     if g.overlong_filtering:
         data["sample_mask"] = data["sample_mask"] * overlong_sample_mask(truncated)
@@ -189,6 +224,7 @@ def train_on_rollout(cfg: Any, policy: Any, loss_fn: Any, rollout: Any, timer: T
         "prev_logprobs_pass": float(prev_pass),
         "mean_generation_length": float(rollout.data["generation_lengths"].sum()) / rewards.numel(),
         **rollout.metrics,
+        **{f"reward/{name}_mean": float(values.mean()) for name, values in components.items()},  # the env's
     }
     if g.reward_scaling.enabled or g.reward_shaping.enabled:
         metrics["reward_transformed_mean"] = float(rewards.mean())  # what the advantages were computed from

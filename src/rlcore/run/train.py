@@ -53,7 +53,7 @@ def resumed_data_position(cfg: Any, data: Any, saved: dict[str, Any] | None, sta
     if saved is None:
         return start  # a checkpoint from before the data position was recorded: batch = step, as it was then
     expected = data_position(cfg, data, start)
-    dynamic_sampling = cfg.grpo is not None and cfg.grpo.use_dynamic_sampling
+    dynamic_sampling = cfg.algorithm == "grpo" and cfg.grpo.use_dynamic_sampling
     keys = ("batch_size", "num_samples", "seed") + (() if dynamic_sampling else ("next_batch",))
     changed = [f"{key} {saved.get(key)} -> {expected[key]}" for key in keys if saved.get(key) != expected[key]]
     if changed:
@@ -183,15 +183,17 @@ def _algorithm(cfg: Any) -> tuple[Any, Any]:
         from rlcore.run.dpo import dpo_train, dpo_validate
 
         return dpo_train, dpo_validate
+    from rlcore.run.distillation import distillation_train
     from rlcore.run.grpo import grpo_train
     from rlcore.run.validation import synchronous_generate, validate
 
-    return grpo_train, lambda run: validate(run, synchronous_generate(run))
+    loop = distillation_train if cfg.algorithm == "distillation" else grpo_train
+    return loop, lambda run: validate(run, synchronous_generate(run))
 
 
 #: Each algorithm's headline metrics: ``(training metric, validation metric)``.
 HEADLINES = {"grpo": ("reward_mean", "validation/accuracy"), "sft": ("loss", "validation/loss"),
-             "dpo": ("accuracy", "validation/accuracy")}
+             "dpo": ("accuracy", "validation/accuracy"), "distillation": ("loss", "validation/accuracy")}
 
 
 def _validated(metrics: dict[str, Any]) -> bool:
@@ -200,7 +202,8 @@ def _validated(metrics: dict[str, Any]) -> bool:
 
 def _summary(cfg: Any, logged: list[dict[str, Any]]) -> dict[str, Any]:
     """Steps trained and the first and last value of the run's headline metrics (GRPO: mean reward and
-    validation accuracy; SFT: loss and validation loss; DPO: preference accuracy and its validation)."""
+    validation accuracy; SFT: loss and validation loss; DPO: preference accuracy and its validation;
+    distillation: the KL to the teacher and validation accuracy)."""
     train_key, val_key = HEADLINES[cfg.algorithm]
     val_name = val_key.replace("/", "_")
     rows = [r for r in logged if train_key in r and r["step"] >= 0]  # training steps (not step -1)

@@ -50,7 +50,7 @@ def validate(run: "Run", generate: Callable[[Any], Any]) -> dict[str, float]:
     cfg = run.cfg
     started = time.perf_counter()
     samples = run.data.validation or []
-    size = cfg.grpo.val_batch_size
+    size = cfg.algorithm_section.val_batch_size
     rewards, lengths, errors = [], [], 0.0
     for begin in range(0, len(samples), size):
         rollout = run_rollout(cfg, generate, run.environment, run.tokenizer, samples[begin:begin + size], 1, Timer())

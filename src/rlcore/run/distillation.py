@@ -1,0 +1,96 @@
+"""The on-policy distillation loop behind ``rlcore run`` (a config with a ``distillation`` section).
+
+Per step (NeMo-RL's distillation): take the next ``distillation.num_prompts_per_step`` prompts; refit the
+generation backend if its weights are stale; the *student* rolls out ``num_generations_per_prompt``
+completions each (scored by the environment, for the metrics: nothing trains on the rewards); the frozen
+*teacher* gives its top-``topk_logits_k`` logits at every position of those rollouts; the student trains one
+optimizer step on :class:`~rlcore.algorithms.distillation.DistillationLossFn` over its generated tokens,
+reading its own logits at the teacher's ids (the ``logits_at_indices`` loss input, computed by its backend
+without gathering the vocabulary). The teacher's ``[B, S-1, k]`` tensors come back to the driver once and
+go to the student's ranks with the rest of the batch. Validation is GRPO's: greedy completions scored by
+the environment (``validation/accuracy``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable
+
+from rlcore.datasets import DataExhausted
+from rlcore.run.sft import step_metrics
+from rlcore.run.step import Timer, refit
+
+if TYPE_CHECKING:
+    from rlcore.run.build import Run
+
+
+def _aligned(next_token: Any) -> Any:
+    """``[B, S-1, k]`` next-token rows (row ``i`` predicts token ``i + 1``) in the logprob alignment ``[B, S, k]``
+    (row ``i`` scores token ``i``; row 0 is zeros)."""
+    import torch
+
+    return torch.cat([torch.zeros_like(next_token[:, :1]), next_token], dim=1)
+
+
+def add_teacher_topk(teacher: Any, data: Any, k: int) -> None:
+    """The teacher's top-k logits and ids over every position of ``data``, as the loss reads them."""
+    from rlcore.algorithms.distillation import TEACHER_LOGITS_KEY
+    from rlcore.interfaces.loss import LOGIT_INDICES_KEY
+
+    teacher.prepare_for_lp_inference()
+    top = teacher.get_topk_logits(data, k=k)
+    data[TEACHER_LOGITS_KEY] = _aligned(top["topk_logits"])
+    data[LOGIT_INDICES_KEY] = _aligned(top["topk_indices"])
+
+
+def distillation_step(run: "Run", loss_fn: Any) -> dict[str, float]:
+    """One step: the student's rollouts, the teacher's top-k on them, one optimizer step of the student."""
+    import torch
+
+    from rlcore.run.rollouts import run_rollout
+    from rlcore.run.step import training_batch
+
+    cfg, d, policy, generation = run.cfg, run.cfg.distillation, run.policy, run.generation
+    timer = Timer()
+    if run.synchronizer is not None and run.synchronizer.stale:
+        with timer.phase("refit"):
+            refit(policy, run.synchronizer)
+    with timer.phase("generation"):
+        generation.prepare_for_generation()
+    rollout = run_rollout(cfg, lambda batch: generation.generate(batch, greedy=False), run.environment,
+                          run.tokenizer, run.draw_train_batch(), d.num_generations_per_prompt, timer)
+    with timer.phase("generation"):
+        generation.finish_generation()
+    data = training_batch(rollout.data, torch.zeros_like(rollout.rewards))
+    with timer.phase("teacher"):
+        add_teacher_topk(run.teacher, data, d.topk_logits_k)
+    with timer.phase("train"):
+        policy.prepare_for_training()
+        result = policy.train(data, loss_fn)
+        policy.finish_training()
+    if run.synchronizer is not None:
+        run.synchronizer.stale = True
+    metrics = result["metrics"]
+    return step_metrics(run, result, timer, {
+        **{name: float(metrics[name]) for name in ("forward_kl", "reverse_kl") if name in metrics},
+        "reward_mean": float(rollout.rewards.mean()),
+        "mean_generation_length": float(rollout.data["generation_lengths"].float().mean()),
+        **rollout.metrics,
+    })
+
+
+def distillation_train(run: "Run", on_step: Callable[[int, dict[str, float]], None]) -> str | None:
+    """Run steps ``run.start_step .. run.num_steps - 1``, validating when due, calling ``on_step(step, metrics)``
+    after each; returns why the run ended early (the epochs' data ran out), or None."""
+    from rlcore.algorithms.distillation import DistillationLossFn
+    from rlcore.run.validation import synchronous_generate, validate, validation_due
+
+    loss_fn = DistillationLossFn(run.cfg.distillation.loss_settings())
+    for step in range(run.start_step, run.num_steps):
+        try:
+            metrics = distillation_step(run, loss_fn)
+        except DataExhausted as exc:
+            return f"the data ran out during step {step} ({exc})"
+        if validation_due(run, step):
+            metrics.update(validate(run, synchronous_generate(run)))
+        on_step(step, metrics)
+    return None
