@@ -98,7 +98,13 @@ def _sharded_grad_norm(params: list) -> None:
 
 def _raw_rank(rank: int, world_size: int, port: int, model_dir: str, fsdp2: bool, commands: list,
               results: Any) -> None:
-    """One raw rank: runs 'train' / 'logprobs' commands until 'stop'; rank 0 reports times and losses."""
+    """One raw rank: runs 'train' / 'logprobs' commands until 'stop'; rank 0 reports times and losses.
+
+    ``('train', batch)`` trains on a global batch the caller gives (``input_ids``, ``input_lengths``,
+    ``token_mask``, ``sample_mask``) instead of :func:`make_data`'s: this rank takes its contiguous share
+    of the rows (as rlcore's plain sharding does) and cuts each micro-batch to its longest row (as
+    rlcore's plain micro-batches are).
+    """
     import torch
     import torch.distributed as dist
     from transformers import AutoModelForCausalLM
@@ -121,16 +127,21 @@ def _raw_rank(rank: int, world_size: int, port: int, model_dir: str, fsdp2: bool
         lp = logits.gather(-1, ids[:, 1:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
         return torch.cat([torch.zeros_like(lp[:, :1]), lp], dim=1) * valid
 
-    def train_step() -> float:
+    def train_step(given: dict | None = None) -> float:
         model.train()
-        mask = mine["token_mask"][:, 1:] * mine["sample_mask"][:, None]
-        counts = torch.stack([mine["sample_mask"].sum(), mask.sum()]).double()
+        data = mine
+        if given is not None:
+            share = len(given["input_ids"]) // world_size
+            data = {k: v[rank * share:(rank + 1) * share] for k, v in given.items()}
+        mask = data["token_mask"][:, 1:] * data["sample_mask"][:, None]
+        counts = torch.stack([data["sample_mask"].sum(), mask.sum()]).double()
         dist.all_reduce(counts)
         step_loss = torch.zeros((), dtype=torch.float64)
-        for start in range(0, ROWS_PER_RANK, MICRO_BATCH):
+        for start in range(0, len(data["input_ids"]), MICRO_BATCH):
             mb = slice(start, start + MICRO_BATCH)
-            lp = logprobs(mine["input_ids"][mb], mine["input_lengths"][mb])
-            loss = -(lp[:, 1:] * mask[mb]).sum() / counts[1].float()
+            width = data["input_ids"].shape[1] if given is None else int(data["input_lengths"][mb].max())
+            lp = logprobs(data["input_ids"][mb, :width], data["input_lengths"][mb])
+            loss = -(lp[:, 1:] * mask[mb, :width - 1]).sum() / counts[1].float()
             loss.backward()
             step_loss += loss.detach().double()
         dist.all_reduce(step_loss)
@@ -148,9 +159,10 @@ def _raw_rank(rank: int, world_size: int, port: int, model_dir: str, fsdp2: bool
     work = {"train": train_step, "logprobs": logprob_pass}
     results.put(("ready", rank))
     while (command := commands[rank].get()) != "stop":
+        name, *given = command if isinstance(command, tuple) else (command,)
         dist.barrier()
         t0 = time.perf_counter()
-        out = work[command]()
+        out = work[name](*given)
         dist.barrier()
         if rank == 0:
             results.put((time.perf_counter() - t0, out))
@@ -174,7 +186,7 @@ class RawRunner:
         for _ in range(world_size):
             self.results.get()  # every rank has loaded the model
 
-    def run(self, command: str) -> tuple[float, Any]:
+    def run(self, command: str | tuple) -> tuple[float, Any]:
         for queue in self.commands:
             queue.put(command)
         return self.results.get()
