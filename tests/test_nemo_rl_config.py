@@ -214,7 +214,7 @@ MEGATRON = FIXTURES / "v0.7.0" / "grpo_math_1B_megatron.yaml"
      "policy.megatron_cfg.peft.enabled: is true, but rlcore does not support LoRA on the megatron backend"),
     (BASE, "grpo.seq_logprob_error_threshold=0.5",
      "grpo.seq_logprob_error_threshold: is 0.5, but rlcore does not support sequence logprob-error filtering"),
-    (BASE, "grpo.adv_estimator.name=gdpo", "grpo.adv_estimator.name: is 'gdpo'"),
+    (BASE, "grpo.adv_estimator.name=opd", "grpo.adv_estimator.name: is 'opd'"),
     (BASE, "++policy.some_new_feature=3", "policy.some_new_feature: is 3, a NeMo-RL key rlcore's reader does not know"),
     (BASE, "policy.generation.vllm_cfg.kv_cache_dtype=fp8",
      "policy.generation.vllm_cfg.kv_cache_dtype: is 'fp8', but rlcore does not support quantized KV cache"),

@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from rlcore.config.messages import show_value
+
 
 @dataclass
 class Conversion:
@@ -18,6 +20,57 @@ class Conversion:
 
     def ignored_lines(self) -> list[str]:
         return [f"ignored: {path} ({why})" for path, why in self.ignored]
+
+
+#: NeMo-RL's algorithms besides GRPO, each run by its own script that reads its own section.
+ALGORITHMS = ("sft", "dpo", "distillation")
+
+
+def algorithm(nemo: dict[str, Any]) -> str:
+    """Which NeMo-RL algorithm a config is for: 'grpo' with a ``grpo`` section (or none of the others), else the
+    first of :data:`ALGORITHMS` with its section."""
+    if isinstance(nemo.get("grpo"), dict):
+        return "grpo"
+    return next((name for name in ALGORITHMS if isinstance(nemo.get(name), dict)), "grpo")
+
+
+def is_sft(nemo: dict[str, Any]) -> bool:
+    """An SFT config: an ``sft`` section and no ``grpo`` one (NeMo-RL's run_sft.py reads only its own sections)."""
+    return algorithm(nemo) == "sft"
+
+
+def without_unread(nemo: dict[str, Any], out: Conversion, unread: dict[str, str]) -> dict[str, Any]:
+    """``nemo`` without the sections or keys of ``unread`` (paths one or two deep, with why), each listed as
+    ignored: those NeMo-RL's script for the config's algorithm does not read, which rlcore would refuse."""
+    kept = dict(nemo)
+    for path, why in unread.items():
+        head, _, tail = path.partition(".")
+        parent = kept if not tail else kept.get(head)
+        key = tail or head
+        if not isinstance(parent, dict) or key not in parent:
+            continue
+        if tail:
+            kept[head] = parent = dict(parent)
+        del parent[key]
+        out.ignored.append((path, why))
+    return kept
+
+
+def nemo_defaults(nemo: dict[str, Any], out: Conversion, section: str, defaults: dict[str, Any]) -> None:
+    """The keys of ``section`` the config leaves out, as NeMo-RL's defaults (``defaults``: those that differ from
+    rlcore's); an empty NeMo-RL section still selects its algorithm."""
+    values = out.config.setdefault(section, {})
+    for key, value in defaults.items():
+        if key not in nemo[section]:
+            values[key] = value
+            out.sources[f"{section}.{key}"] = f"{section} (NeMo-RL's default {key})"
+
+
+def unknown_problem(path: str, value: Any) -> str:
+    """The problem line of a non-neutral key rlcore's reader does not know."""
+    return (f"{path}: is {show_value(value)}, a NeMo-RL key rlcore's reader does not know (see "
+            "docs/nemo-rl-mapping.md), so it cannot tell whether it changes training: remove it, or set it to "
+            "null/false if that turns it off")
 
 
 def same(a: Any, b: Any) -> bool:

@@ -13,8 +13,8 @@ import fnmatch
 from typing import Any, Callable
 
 from rlcore.config.messages import show_value
-from rlcore.nemo_rl import handlers
-from rlcore.nemo_rl.conversion import Conversion, get, is_neutral, put, same
+from rlcore.nemo_rl import distillation, dpo, handlers, sft
+from rlcore.nemo_rl.conversion import Conversion, algorithm, get, is_neutral, put, same, unknown_problem
 from rlcore.nemo_rl.table import RULES, UNKNOWN_NEUTRAL, Rule
 
 
@@ -82,7 +82,7 @@ class _Walker:
             if is_neutral(value, rule.neutral):
                 self.ignore(path, f"{rule.note}: not supported by rlcore")
             else:
-                fix = " or ".join(show_value(n) for n in rule.neutral if n not in ({}, []))
+                fix = " or ".join(show_value(n) for n in rule.neutral if not isinstance(n, (dict, list)))
                 self.error(path, value, rule.note, f"set it to {fix or 'empty'} or remove it")
 
     def walk(self, node: Any, path: str, inherited: Rule | None = None) -> None:
@@ -166,15 +166,20 @@ class _Walker:
         if is_neutral(value, UNKNOWN_NEUTRAL):
             self.ignore(path, "not known to rlcore's NeMo-RL reader; its value changes nothing")
         else:
-            self.out.problems.append(
-                f"{path}: is {show_value(value)}, a NeMo-RL key rlcore's reader does not know "
-                "(see docs/nemo-rl-mapping.md), so it cannot tell whether it changes training: remove it, "
-                "or set it to null/false if that turns it off")
+            self.out.problems.append(unknown_problem(path, value))
+
+
+#: Per algorithm: ``nemo`` without what NeMo-RL's script for it does not read (each listed as ignored).
+UNREAD: dict[str, Callable[[dict[str, Any], Conversion], dict[str, Any]]] = {
+    "sft": sft.without_unread_sections, "dpo": dpo.without_unread_sections,
+    "distillation": distillation.without_unread_loss_keys}
 
 
 def convert(nemo: dict[str, Any]) -> Conversion:
     """Map a resolved NeMo-RL config dict (see :func:`rlcore.nemo_rl.loader.load_nemo_rl_dict`)."""
     out = Conversion()
+    if (unread := UNREAD.get(algorithm(nemo))) is not None:
+        nemo = unread(nemo, out)
     walker = _Walker(nemo, out)
     walker.walk(nemo, "")
     for name in handlers.ORDER:

@@ -10,7 +10,10 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from rlcore.config.messages import show_value
-from rlcore.nemo_rl.conversion import Conversion, get, is_neutral, put
+from rlcore.nemo_rl.conversion import Conversion, algorithm, get, is_neutral, put
+from rlcore.nemo_rl.distillation import distillation_settings, teacher
+from rlcore.nemo_rl.dpo import dpo_data, dpo_defaults
+from rlcore.nemo_rl.sft import sft_data, sft_defaults
 from rlcore.nemo_rl.tasks import checkpoint_metric, task
 
 _MISSING = object()
@@ -157,22 +160,28 @@ def scheduler(nemo: dict[str, Any], out: Conversion) -> None:
 
 def advantage(nemo: dict[str, Any], out: Conversion) -> None:
     """``adv_estimator.name`` grpo: ``use_leave_one_out_baseline`` × ``normalize_rewards`` →
-    ``grpo.advantage_estimator``; reinforce_plus_plus: ``minus_baseline`` → ``reinforce_plus_plus[_baseline]``."""
+    ``grpo.advantage_estimator``; gdpo: those and ``reward_weights`` → ``grpo.gdpo``; reinforce_plus_plus:
+    ``minus_baseline`` → ``reinforce_plus_plus[_baseline]``."""
     grpo = nemo.get("grpo")
     if not isinstance(grpo, dict):
         return
     est = grpo.get("adv_estimator") if isinstance(grpo.get("adv_estimator"), dict) else {}
     name = est.get("name", "grpo")
-    if name not in ("grpo", "reinforce_plus_plus"):
+    if name not in ("grpo", "gdpo", "reinforce_plus_plus"):
         out.problems.append(f"grpo.adv_estimator.name: is {show_value(name)}, but rlcore does not support that "
-                            "advantage estimator: set it to 'grpo' or 'reinforce_plus_plus'")
+                            "advantage estimator: set it to 'grpo', 'gdpo' or 'reinforce_plus_plus'")
         return
-    own = {"grpo": ("normalize_rewards", "use_leave_one_out_baseline"), "reinforce_plus_plus": ("minus_baseline",)}
-    other = "reinforce_plus_plus" if name == "grpo" else "grpo"
+    own = {"grpo": ("normalize_rewards", "use_leave_one_out_baseline"),
+           "gdpo": ("normalize_rewards", "use_leave_one_out_baseline", "reward_weights"),
+           "reinforce_plus_plus": ("minus_baseline",)}
     for key, value in est.items():
-        if key in own[other]:
-            out.ignored.append((f"grpo.adv_estimator.{key}", f"{other} only"))
-        elif key not in ("name", *own[name]) and not is_neutral(value, (None, False)):
+        if key == "name" or key in own[name]:
+            continue
+        owner = next((n for n, keys in own.items() if key in keys), None)
+        if owner is not None:
+            if value is not None:
+                out.ignored.append((f"grpo.adv_estimator.{key}", f"{owner} only"))
+        elif not is_neutral(value, (None, False)):
             out.problems.append(f"grpo.adv_estimator.{key}: is {show_value(value)}, an option rlcore's reader "
                                 "does not know: remove it")
     if name == "reinforce_plus_plus":
@@ -185,12 +194,23 @@ def advantage(nemo: dict[str, Any], out: Conversion) -> None:
         else "grpo.use_leave_one_out_baseline"
     norm_path = "grpo.adv_estimator.normalize_rewards" if "normalize_rewards" in est else "grpo.normalize_rewards"
     loo, norm = get(nemo, loo_path, _MISSING), get(nemo, norm_path, _MISSING)
+    if name == "gdpo":
+        _gdpo(est, out, (loo is not False, loo_path), (norm is not False, norm_path))  # NeMo-RL's defaults: true
+        return
     if loo is _MISSING and norm is _MISSING:
         return
     loo, norm = loo is not False, norm is not False  # NeMo-RL's defaults are true
     estimator = {(True, True): "leave_one_out_std", (True, False): "leave_one_out",
                  (False, True): "mean_std", (False, False): "mean"}[(loo, norm)]
     _set(out, "grpo.advantage_estimator", estimator, f"{loo_path}, {norm_path}")
+
+
+def _gdpo(est: dict[str, Any], out: Conversion, loo: tuple[bool, str], norm: tuple[bool, str]) -> None:
+    _set(out, "grpo.advantage_estimator", "gdpo", "grpo.adv_estimator.name")
+    _set(out, "grpo.gdpo.use_leave_one_out_baseline", *loo)
+    _set(out, "grpo.gdpo.normalize_rewards", *norm)
+    if est.get("reward_weights") is not None:
+        _set(out, "grpo.gdpo.reward_weights", est["reward_weights"], "grpo.adv_estimator.reward_weights")
 
 
 def importance_sampling(nemo: dict[str, Any], out: Conversion) -> None:
@@ -217,9 +237,9 @@ def importance_sampling(nemo: dict[str, Any], out: Conversion) -> None:
 
 def loss_defaults(nemo: dict[str, Any], out: Conversion) -> None:
     """NeMo-RL builds its loss config with its own defaults; the one that differs from rlcore's is the KL
-    coefficient (0.01 there, 0 here), so a loss_fn section without it keeps NeMo-RL's."""
+    coefficient (0.01 there, 0 here), so a GRPO loss_fn section without it keeps NeMo-RL's."""
     loss = nemo.get("loss_fn")
-    if isinstance(loss, dict) and "reference_policy_kl_penalty" not in loss:
+    if algorithm(nemo) == "grpo" and isinstance(loss, dict) and "reference_policy_kl_penalty" not in loss:
         _set(out, "loss.reference_policy_kl_penalty", 0.01, "loss_fn (NeMo-RL's default reference_policy_kl_penalty)")
 
 
@@ -227,6 +247,9 @@ HANDLERS: dict[str, Callable[[dict[str, Any], Conversion], None]] = {
     "cluster": cluster, "chat_template": chat_template, "clipping": clipping, "optimizer": optimizer,
     "scheduler": scheduler, "advantage": advantage, "importance_sampling": importance_sampling,
     "loss_defaults": loss_defaults, "task": task, "checkpoint_metric": checkpoint_metric,
+    "sft_data": sft_data, "sft_defaults": sft_defaults, "dpo_data": dpo_data, "dpo_defaults": dpo_defaults,
+    "distillation_settings": distillation_settings,
+    "teacher": teacher,  # last: it compares the teacher with the student's converted policy
 }
 ORDER = tuple(HANDLERS)
 

@@ -48,6 +48,16 @@ def merge(base: Any, override: Any) -> Any:
     return out
 
 
+def unshared(node: Any) -> Any:
+    """A copy in which no two places hold the same dict or list. YAML anchors and merge keys (``<<: *POLICY``)
+    make aliases, which OmegaConf copies: an override of ``policy.x`` must not change the ``teacher`` copy."""
+    if isinstance(node, dict):
+        return {key: unshared(value) for key, value in node.items()}
+    if isinstance(node, list):
+        return [unshared(value) for value in node]
+    return node
+
+
 def load_with_defaults(path: str | Path, _chain: tuple[Path, ...] = ()) -> dict[str, Any]:
     """The file merged over its ``defaults:`` chain (interpolations not resolved yet)."""
     path = Path(path)
@@ -55,7 +65,7 @@ def load_with_defaults(path: str | Path, _chain: tuple[Path, ...] = ()) -> dict[
     if key in _chain:
         cycle = " -> ".join(str(p.name) for p in (*_chain, key))
         raise ConfigError([f"{path}: defaults cycle: {cycle}"], source=str(path))
-    data = read_config_file(path)
+    data = unshared(read_config_file(path))
     defaults = data.pop("defaults", None)
     if defaults is None:
         return data

@@ -151,7 +151,8 @@ RULES: tuple[Rule, ...] = (
     _m(DT + "tensor_parallel_size"),
     _m(DT + "context_parallel_size", note="> 1 needs CUDA (an error before any process starts otherwise)"),
     _m(DT + "custom_parallel_plan"),
-    _n(DT + "env_vars", NONE_OR_EMPTY, "per-worker environment variables (set them in the environment)"),
+    _n(DT + "env_vars", (*NONE_OR_EMPTY, {"PYTORCH_CUDA_ALLOC_CONF": ""}), "per-worker environment variables (set "
+       "them in the environment; an empty PYTORCH_CUDA_ALLOC_CONF, as NeMo-RL's dpo.yaml writes, is the default)"),
     _n(DT + "expert_parallel_size", (1, None), "expert parallelism"),
     _n(DT + "dp_replicate_size", (1, None), "HSDP replication"),
     _i(DT + "defer_fsdp_grad_sync", "gradient-sync timing: " + MEMORY),
@@ -241,8 +242,9 @@ RULES: tuple[Rule, ...] = (
        "→ mean_std, neither → mean"),
     _c("grpo.normalize_rewards", "advantage", "grpo.advantage_estimator", "see use_leave_one_out_baseline"),
     _c("grpo.adv_estimator", "advantage", "grpo.advantage_estimator",
-       "name 'grpo' with its own normalize_rewards / use_leave_one_out_baseline (these win); other estimators "
-       "are errors"),
+       "name 'grpo' with its own normalize_rewards / use_leave_one_out_baseline (these win); 'gdpo' → gdpo, "
+       "with those two (default true) and reward_weights → grpo.gdpo; 'reinforce_plus_plus' with minus_baseline "
+       "→ reinforce_plus_plus[_baseline]; other estimators are errors"),
     _m("grpo.max_rollout_turns"),
     _m("grpo.max_num_epochs"),
     *(_m("grpo." + k) for k in ("val_period", "val_at_start", "val_at_end", "max_val_samples", "val_batch_size")),
@@ -275,6 +277,41 @@ RULES: tuple[Rule, ...] = (
     _n("grpo.invalid_tool_call_advantage", (None,), "tool-call advantages"),
     _n("grpo.malformed_thinking_advantage", (None,), "thinking-tag advantages"),
     _n("grpo.skip_reference_policy_logprobs_calculation", (False, None), "skipping reference logprobs"),
+    # -- sft (a config with an sft section and no grpo section is an SFT run: rlcore/nemo_rl/sft.py) --------
+    *(_m("sft." + k) for k in ("max_num_steps", "max_num_epochs", "val_period", "val_batches",
+                               "val_global_batch_size", "val_micro_batch_size", "val_at_start", "val_at_end",
+                               "only_unmask_final")),
+    _m("sft.seed", note="the sample order and the data.split_validation_size draw; absent sft keys take NeMo-RL's "
+       "defaults (val_period 10, val_batches 8, val_at_start true, seed 42)"),
+    # -- dpo (a config with a dpo section and no grpo section is a DPO run: rlcore/nemo_rl/dpo.py) --------
+    *(_m("dpo." + k) for k in ("max_num_steps", "max_num_epochs", "val_period", "val_batches",
+                               "val_global_batch_size", "val_micro_batch_size", "val_at_start", "val_at_end")),
+    _m("dpo.seed", note="the pair order; absent dpo keys take NeMo-RL's defaults (val_period 25, val_batches 8, "
+       "val_at_start true, seed 42), and dpo.add_bos / add_eos / add_generation_prompt are set true / true / false, "
+       "how NeMo-RL's DPO tokenizes pairs"),
+    *(_m("dpo." + k, note="the loss's option (DPOLossFn), NeMo-RL's meaning") for k in (
+        "reference_policy_kl_penalty", "preference_loss_weight", "sft_loss_weight", "preference_average_log_probs",
+        "sft_average_log_probs")),
+    _n("dpo.preference_loss", ("dpo", None), "preference losses other than DPO (a TODO in NeMo-RL, which does not "
+       "read the key)"),
+    _n("dpo.gt_reward_scale", (1, None), "RPO's reward scale (a TODO in NeMo-RL, which does not read the key)"),
+    # -- distillation (a distillation section and no grpo section: rlcore/nemo_rl/distillation.py) ----------
+    *(_m("distillation." + k) for k in ("num_prompts_per_step", "num_generations_per_prompt", "max_rollout_turns",
+                                        "max_num_steps", "max_num_epochs", "val_period", "val_at_start",
+                                        "val_at_end", "max_val_samples", "val_batch_size", "topk_logits_k")),
+    _m("distillation.seed", note="absent distillation keys take NeMo-RL's defaults (num_prompts_per_step 128, "
+       "max_num_steps 1000, max_num_epochs 10, val_batch_size 64, val_period 20, max_val_samples 512, seed 42)"),
+    _m("loss_fn.kl_type", "distillation.kl_type", note="distillation configs (NeMo-RL's distillation loss, which "
+       "reads only these three loss_fn keys: the others are ignored there)"),
+    _m("loss_fn.mixed_kl_weight", "distillation.mixed_kl_weight", note="distillation configs"),
+    _m("loss_fn.zero_outside_topk", "distillation.zero_outside_topk", note="distillation configs; rlcore offers "
+       "false only (true is an error naming this key)"),
+    _c("teacher.model_name", "teacher", "distillation.teacher_model_name", "distillation configs: the teacher model"),
+    _c("teacher", "teacher", "distillation.teacher_model_name", "distillation configs: rlcore runs the teacher with "
+       "the student's policy settings, so each other key, converted as policy's, must equal the student's (an "
+       "error naming the fix otherwise); generation, optimizer, scheduler ignored (NeMo-RL's teacher does not "
+       "generate or train), tokenizer.name ignored when it is the student's or the teacher model; other configs: "
+       "ignored"),
     # -- loss_fn --------------------------------------------------------------------------------
     *(_m("loss_fn." + k, "loss." + k) for k in (
         "reference_policy_kl_penalty", "reference_policy_kl_type", "kl_input_clamp_value", "kl_output_clamp_value",
@@ -297,13 +334,17 @@ RULES: tuple[Rule, ...] = (
        "or the newest without one"),
     _i("checkpointing.checkpoint_dir", "rlcore writes checkpoints to <logger.output_dir>/checkpoints"),
     _c("checkpointing.metric_name", "checkpoint_metric", "checkpointing.metric_name",
-       "val:accuracy → validation/accuracy, val:avg_length → validation/mean_generation_length; others are errors"),
+       "val:accuracy → validation/accuracy, val:avg_length → validation/mean_generation_length (GRPO, "
+       "distillation); in an SFT config val:val_loss → validation/loss; in a DPO config "
+       "val:validation-<set>_<metric> (<set>: default, or the data.val_data_paths name) → validation/<metric> for "
+       "loss, accuracy, preference_loss, sft_loss, rewards_chosen_mean, rewards_rejected_mean; others are errors"),
     _c("checkpointing.higher_is_better", "checkpoint_metric", "checkpointing.higher_is_better", "as is"),
     _n("checkpointing.checkpoint_must_save_by", (None,), "time-limited saving"),
     _n("checkpointing.model_save_format", ("safetensors", None), "checkpoint format (rlcore writes safetensors)"),
     _i("checkpointing.save_consolidated", "rlcore's weights/ is always a consolidated Hugging Face checkpoint"),
     _n("checkpointing.save_optimizer", (True, None), "weights-only checkpoints"),
-    _i("checkpointing.pretrained_checkpoint", "loading Megatron checkpoints"),
+    _n("checkpointing.pretrained_checkpoint", NONE_OR_EMPTY, "loading Megatron checkpoints (rlcore loads Hugging "
+       "Face weights)"),
     # -- logger, data, env and the rest -------------------------------------------------------------------
     _m("logger.log_dir", "logger.output_dir"),
     _m("logger.tensorboard_enabled", "logger.tensorboard"),
@@ -311,7 +352,28 @@ RULES: tuple[Rule, ...] = (
     _c("data", "task", "data", "local files only: data_path (train and validation, or a split_validation_size "
        "share of train), input_key/output_key (a known dataset's columns by default), prompt_file, "
        "system_prompt_file, shuffle, env_name → env.name; a dataset NeMo-RL downloads is an error naming the "
-       "data_path to give"),
+       "data_path to give. In an SFT config: data_path (the early releases: train_data_path, val_data_path) → "
+       "data.train.path / data.validation.path, ResponseDataset's input_key/output_key, a split naming the one "
+       "split of a .jsonl/.csv/.parquet file ignored; the validation entry's row keys must be the train entry's. "
+       "In a DPO config: the same files (the early releases: train_data_path, val_data_path; data.val_data_paths "
+       "with one entry replaces the validation set), PreferenceDataset rows (HelpSteer3 and Tulu3Preference too) → "
+       "data.messages_key 'context', BinaryPreferenceDataset's prompt_key → data.input_key (chosen_key / "
+       "rejected_key must be 'chosen' / 'rejected')"),
+    *(_c("data." + k, "sft_data", "sft." + k, "SFT configs (NeMo-RL's SFT reads it; GRPO's does not)")
+      for k in ("add_bos", "add_eos", "add_generation_prompt")),
+    _c("data.*.chat_key", "sft_data", "data.messages_key", "SFT configs (OpenAI-format rows; the early releases' "
+       "data.chat_key too); the loss falls on the log's assistant messages"),
+    _n("data.*.processor", ("sft_processor", None), "SFT configs: another processor than the one rlcore's SFT "
+       "tokenizes rows with (GRPO configs: ignored)"),
+    _n("data.*.system_key", (None,), "SFT configs: a system message from a column of the row (put it in the row's "
+       "messages, or use system_prompt → data.system_prompt)"),
+    _n("data.*.tool_key", (None,), "SFT configs: tool definitions for the chat template"),
+    _n("data.*.subset", (None,), "SFT configs: Hugging Face dataset subsets (rlcore reads local files)"),
+    _i("data.*.system_prompt_file", "SFT configs: NeMo-RL's SFT never adds it (GRPO configs: "
+       "data.system_prompt_file)"),
+    _c("data.max_input_seq_length", "sft_data", P + "max_total_sequence_length", "SFT configs: NeMo-RL masks a "
+       "sample this long out of the loss, rlcore one longer than policy.max_total_sequence_length: equal is "
+       "ignored, another value an error (GRPO configs: ignored)"),
     _c("env", "task", "env", "env.math.num_workers → env.num_workers, math_verify_impl hf_math_verify → "
        "env.math_cfg.verifier math_verify"),
     _g("data_plane.enabled", "TransferQueue data plane"),

@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from rlcore.config.messages import show_value
-from rlcore.nemo_rl.conversion import Conversion, put
+from rlcore.nemo_rl.conversion import Conversion, algorithm, put
+from rlcore.nemo_rl.dpo import validation_metrics as dpo_metrics
 
 #: NeMo-RL datasets it downloads by name, and the keys of their rows (``data.*_key``).
 HUB_DATASETS: dict[str, dict[str, str]] = {
@@ -99,10 +100,29 @@ def _ignored(data: dict[str, Any], out: Conversion) -> None:
         for key, why in IGNORED.items():
             if key in section:
                 out.ignored.append((f"{where}.{key}", why))
+        if "repeat" in section:
+            _repeat(where, section["repeat"], out)
+
+
+def _repeat(where: str, value: Any, out: Conversion) -> None:
+    """NeMo-RL's ``repeat`` (e.g. AIME2024's validation set 16 times): once is the file; more changes nothing
+    rlcore's greedy validation computes, but repeats training rows (refused)."""
+    if value in (None, 1):
+        out.ignored.append((f"{where}.repeat", "once: the file as it is"))
+    elif where == "data.validation":
+        out.ignored.append((f"{where}.repeat", "rlcore validates greedily, one completion per prompt: a repeated "
+                            "prompt gets the same completion and score, so validation/accuracy does not change"))
+    else:
+        out.problems.append(f"{where}.repeat: is {show_value(value)}, but rlcore reads each training row once per "
+                            "epoch: set it to 1 (repeat the rows in the file, or raise the epochs)")
 
 
 def task(nemo: dict[str, Any], out: Conversion) -> None:
-    """``data`` → ``data`` (files, keys, prompts, shuffle, validation split) and ``env`` → ``env``."""
+    """``data`` → ``data`` (files, keys, prompts, shuffle, validation split) and ``env`` → ``env`` (GRPO and
+    distillation); an SFT or DPO config's data is :func:`rlcore.nemo_rl.sft.sft_data`'s or
+    :func:`rlcore.nemo_rl.dpo.dpo_data`'s."""
+    if algorithm(nemo) in ("sft", "dpo"):
+        return
     data = nemo.get("data")
     if isinstance(data, dict):
         train, where = _merged(data, "train")
@@ -125,22 +145,28 @@ def task(nemo: dict[str, Any], out: Conversion) -> None:
         _environment(env, out)
 
 
-#: NeMo-RL's ``checkpointing.metric_name`` values rlcore computes, by rlcore metric.
+#: NeMo-RL's ``checkpointing.metric_name`` values rlcore computes, by rlcore metric: GRPO's (and distillation's,
+#: whose validation is GRPO's), and SFT's; DPO's name the validation set (``dpo.validation_metrics``).
 METRICS = {"val:accuracy": "validation/accuracy", "val:avg_length": "validation/mean_generation_length"}
+SFT_METRICS = {"val:val_loss": "validation/loss"}
 
 
 def checkpoint_metric(nemo: dict[str, Any], out: Conversion) -> None:
-    """``checkpointing.metric_name`` ('val:accuracy') as rlcore's metric, with ``higher_is_better``."""
+    """``checkpointing.metric_name`` ('val:accuracy'; an SFT run's 'val:val_loss', a DPO run's
+    'val:validation-default_loss') as rlcore's metric, with ``higher_is_better``."""
     ck = nemo.get("checkpointing")
     name = ck.get("metric_name") if isinstance(ck, dict) else None
     if name is None:
         return
-    if name not in METRICS:
-        out.problems.append(f"checkpointing.metric_name: is {show_value(name)}; rlcore ranks checkpoints by "
-                            f"{', '.join(METRICS)} (or, after converting, any metric of metrics.jsonl), or null "
-                            "keeps the newest")
+    algo = algorithm(nemo)
+    metrics = SFT_METRICS if algo == "sft" else dpo_metrics(nemo) if algo == "dpo" else METRICS
+    if name not in metrics:
+        which = {"sft": "SFT ", "dpo": "DPO ", "distillation": "distillation "}.get(algo, "")
+        out.problems.append(f"checkpointing.metric_name: is {show_value(name)}; rlcore ranks {which}checkpoints by "
+                            f"{', '.join(metrics)} (or, after converting, any metric of metrics.jsonl), or null keeps "
+                            "the newest")
         return
-    _set(out, "checkpointing.metric_name", METRICS[name], "checkpointing.metric_name")
+    _set(out, "checkpointing.metric_name", metrics[name], "checkpointing.metric_name")
     if "higher_is_better" in ck:
         _set(out, "checkpointing.higher_is_better", ck["higher_is_better"], "checkpointing.higher_is_better")
 

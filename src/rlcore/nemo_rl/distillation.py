@@ -1,0 +1,148 @@
+"""NeMo-RL's on-policy distillation configs as rlcore's: a ``distillation`` section without a ``grpo`` one.
+
+NeMo-RL's distillation (``examples/run_distillation.py``) reads ``distillation``, ``loss_fn``, ``policy``
+(the student, with its ``generation``), ``teacher``, ``data``, ``env``, ``checkpointing``, ``logger`` and
+``cluster``. The ``distillation`` keys map by the table (same names; absent ones take NeMo-RL's defaults),
+and so do the loss's (``loss_fn.kl_type``, ``mixed_kl_weight``, ``zero_outside_topk`` → ``distillation.*``);
+other ``loss_fn`` keys (a GRPO loss a ``defaults:`` chain brings) are not read by NeMo-RL's distillation loss
+and are dropped as ignored. Policy, generation, data, env, cluster and checkpointing convert as a GRPO
+config's.
+
+The teacher: rlcore runs it with the student's policy settings, and only its model is its own
+(``teacher.model_name`` → ``distillation.teacher_model_name``). The rest of ``teacher`` (NeMo-RL's
+examples copy the student's policy with a YAML anchor) is converted as ``policy`` is and compared with the
+student's: the same values are ignored, another value is an error whose fix sets it to the student's. Its
+``generation``, ``optimizer`` and ``scheduler`` are ignored (NeMo-RL's teacher generates nothing and is built
+without an optimizer), and so is ``tokenizer.name`` when it names the student's tokenizer or the teacher's
+own model (both models read the student's token ids; NeMo-RL checks that their vocabularies are equal).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from rlcore.config.messages import show_value
+from rlcore.nemo_rl.conversion import Conversion, algorithm, get, nemo_defaults, put, same, without_unread
+
+#: NeMo-RL's defaults of ``distillation`` keys (its DistillationConfig, main) where rlcore's differ.
+NEMO_DEFAULTS = {"num_prompts_per_step": 128, "max_num_steps": 1000, "max_num_epochs": 10, "val_batch_size": 64,
+                 "val_period": 20, "max_val_samples": 512, "seed": 42}
+#: The ``loss_fn`` keys NeMo-RL's distillation loss reads (DistillationLossConfig).
+LOSS_KEYS = ("kl_type", "mixed_kl_weight", "zero_outside_topk")
+#: The teacher's keys NeMo-RL does not read, with why.
+TEACHER_UNREAD = {"generation": "NeMo-RL's teacher generates nothing: the student does, with policy.generation",
+                  "optimizer": "NeMo-RL builds the teacher without an optimizer: it does not train",
+                  "scheduler": "NeMo-RL builds the teacher without an optimizer: it does not train"}
+_PLAIN_PATH = re.compile(r"^policy(\.[\w-]+)+$")
+_MISSING = object()
+
+
+def without_unread_loss_keys(nemo: dict[str, Any], out: Conversion) -> dict[str, Any]:
+    """``nemo`` without the ``loss_fn`` keys NeMo-RL's distillation loss does not read, each listed as ignored."""
+    loss = nemo.get("loss_fn")
+    if not isinstance(loss, dict):
+        return nemo
+    why = f"NeMo-RL's distillation loss reads only {', '.join(LOSS_KEYS)}"
+    return without_unread(nemo, out, {f"loss_fn.{key}": why for key in loss if key not in LOSS_KEYS})
+
+
+def distillation_settings(nemo: dict[str, Any], out: Conversion) -> None:
+    """A distillation config's absent ``distillation`` keys (NeMo-RL's defaults where they differ from rlcore's),
+    and the one loss option rlcore lacks, refused by its NeMo-RL name."""
+    if algorithm(nemo) != "distillation":
+        return
+    nemo_defaults(nemo, out, "distillation", NEMO_DEFAULTS)
+    if get(nemo, "loss_fn.zero_outside_topk") is True:
+        out.problems.append("loss_fn.zero_outside_topk: is true, but rlcore does not support scoring the student's "
+                            "probability mass outside the teacher's top-k (it renormalises both distributions over "
+                            "the top-k ids): set it to false")
+
+
+def teacher(nemo: dict[str, Any], out: Conversion) -> None:
+    """``teacher`` (see the module's docstring); in another algorithm's config it is not read."""
+    section, algo = nemo.get("teacher", _MISSING), algorithm(nemo)
+    if algo != "distillation":
+        if section is not _MISSING:
+            out.ignored.append(("teacher", f"only NeMo-RL's distillation reads it (this is a {algo} config)"))
+        return
+    model = section.get("model_name") if isinstance(section, dict) else None
+    if model is None:
+        out.problems.append("teacher.model_name: is missing; a distillation config names its teacher there "
+                            "(e.g. ++teacher.model_name=Qwen/Qwen3-4B)")
+        return
+    put(out.config, "distillation.teacher_model_name", model)
+    out.sources["distillation.teacher_model_name"] = "teacher.model_name"
+    rest = {key: value for key, value in section.items() if key != "model_name"}
+    for key, why in TEACHER_UNREAD.items():
+        if rest.pop(key, _MISSING) is not _MISSING:
+            out.ignored.append((f"teacher.{key}", why))
+    _tokenizer(nemo, rest, model, out)
+    _compare(nemo, rest, out)
+
+
+def _tokenizer(nemo: dict[str, Any], rest: dict[str, Any], model: Any, out: Conversion) -> None:
+    """``teacher.tokenizer.name``, taken out of ``rest``: the student's, or the teacher model's own."""
+    tok = rest.get("tokenizer")
+    if not isinstance(tok, dict) or "name" not in tok:
+        return
+    rest["tokenizer"] = {key: value for key, value in tok.items() if key != "name"}
+    student = get(nemo, "policy.tokenizer.name", get(nemo, "policy.model_name"))
+    if tok["name"] in (None, student, model):
+        out.ignored.append(("teacher.tokenizer.name", "rlcore runs the teacher on the student's tokenizer; NeMo-RL "
+                            "checks that the teacher model's vocabulary is the student's"))
+    else:
+        out.problems.append(f"teacher.tokenizer.name: is {show_value(tok['name'])}, but rlcore runs the teacher on "
+                            f"the student's tokenizer ({show_value(student)}): set it to ${{policy.tokenizer.name}} "
+                            "or to the teacher's model")
+
+
+def _compare(nemo: dict[str, Any], rest: dict[str, Any], out: Conversion) -> None:
+    """The teacher's settings, converted as the student's policy is, against the student's."""
+    from rlcore.nemo_rl.convert import convert  # the table's walker (which imports this module's handler)
+
+    converted = convert({"policy": rest})
+    out.problems.extend(_as_teacher(line) for line in converted.problems)
+    student = _leaves(out.config.get("policy", {}), "policy")
+    differ: dict[str, str] = {}
+    for path, value in _leaves(converted.config.get("policy", {}), "policy").items():
+        if not same(value, student.get(path, _MISSING)):
+            source = _source(converted.sources, path)
+            differ.setdefault(source, _difference(nemo, rest, source, path, (value, student.get(path, _MISSING))))
+    out.problems.extend(differ.values())
+    if rest:
+        out.ignored.append(("teacher (its other keys)", "the same as the student's policy settings, which rlcore "
+                            "runs the teacher with, or ignored as they are under policy"))
+
+
+def _difference(nemo: dict[str, Any], rest: dict[str, Any], source: str, path: str, values: tuple[Any, Any]) -> str:
+    """The problem line of a teacher setting that differs from the student's (``values``: the teacher's and the
+    student's rlcore values at ``path``), in NeMo-RL's keys and values where ``source`` is one key."""
+    value, student = values
+    fix = "the student's"
+    if _PLAIN_PATH.match(source):
+        path, fix = source, f"${{{source}}}"
+        value, student = get({"policy": rest}, source, value), get(nemo, source, _MISSING)
+    shown = "not set" if student is _MISSING else f"is {show_value(student)}"
+    return (f"{_as_teacher(path)}: is {show_value(value)}, but rlcore runs the teacher with the student's policy "
+            f"settings (only teacher.model_name is its own), and {path} {shown}: set it to {fix}")
+
+
+def _leaves(node: Any, prefix: str) -> dict[str, Any]:
+    if not isinstance(node, dict) or not node:
+        return {prefix: node}
+    return {path: leaf for key, value in node.items() for path, leaf in _leaves(value, f"{prefix}.{key}").items()}
+
+
+def _source(sources: dict[str, str], path: str) -> str:
+    """The NeMo-RL key an rlcore value came from (a value written as a whole section: the section's)."""
+    while path and path not in sources:
+        path = path.rpartition(".")[0]
+    return sources.get(path, path)
+
+
+def _as_teacher(text: str) -> str:
+    return re.sub(r"^policy\b", "teacher", text)
+
+
+__all__ = ["distillation_settings", "teacher", "without_unread_loss_keys"]
