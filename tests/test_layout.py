@@ -82,7 +82,8 @@ def test_the_conformance_kit_exports_what_it_did_before_the_split():
 
     assert sorted(kit.__all__) == sorted([
         "CAPABILITY_METHODS", "GENERATION_WORKER_METHODS", "HEAVY_MODULES", "TRAINING_WORKER_METHODS",
-        "GenerationBackendConformance", "StepRecord", "TrainingBackendConformance", "generation_output_problems",
+        "GenerationBackendConformance", "StepRecord", "TrainingBackendConformance", "distillation_step", "dpo_step",
+        "generation_output_problems",
         "hf_token_logprobs", "load_hf_model", "logprob_problems", "oracle_gradients", "plugin_reference",
         "single_process_sgd", "train_and_save_step", "weight_problems"])
     assert all(hasattr(kit, name) for name in kit.__all__)

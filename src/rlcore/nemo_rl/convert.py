@@ -184,6 +184,8 @@ def convert(nemo: dict[str, Any]) -> Conversion:
     walker.walk(nemo, "")
     for name in handlers.ORDER:
         handlers.HANDLERS[name](nemo, out)
+    # last, and given this walker: it converts the teacher's settings as a policy and compares them with the student's
+    distillation.teacher(nemo, out, convert)
     return out
 
 

@@ -20,7 +20,7 @@ own model (both models read the student's token ids; NeMo-RL checks that their v
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Callable
 
 from rlcore.config.messages import show_value
 from rlcore.nemo_rl.conversion import Conversion, algorithm, get, nemo_defaults, put, same, without_unread
@@ -59,8 +59,9 @@ def distillation_settings(nemo: dict[str, Any], out: Conversion) -> None:
                             "the top-k ids): set it to false")
 
 
-def teacher(nemo: dict[str, Any], out: Conversion) -> None:
-    """``teacher`` (see the module's docstring); in another algorithm's config it is not read."""
+def teacher(nemo: dict[str, Any], out: Conversion, convert: Callable[[dict[str, Any]], Conversion]) -> None:
+    """``teacher`` (see the module's docstring); in another algorithm's config it is not read. ``convert``: the
+    table's walker (:func:`rlcore.nemo_rl.convert.convert`, passed in: it imports this module)."""
     section, algo = nemo.get("teacher", _MISSING), algorithm(nemo)
     if algo != "distillation":
         if section is not _MISSING:
@@ -78,7 +79,7 @@ def teacher(nemo: dict[str, Any], out: Conversion) -> None:
         if rest.pop(key, _MISSING) is not _MISSING:
             out.ignored.append((f"teacher.{key}", why))
     _tokenizer(nemo, rest, model, out)
-    _compare(nemo, rest, out)
+    _compare(nemo, rest, out, convert)
 
 
 def _tokenizer(nemo: dict[str, Any], rest: dict[str, Any], model: Any, out: Conversion) -> None:
@@ -97,10 +98,9 @@ def _tokenizer(nemo: dict[str, Any], rest: dict[str, Any], model: Any, out: Conv
                             "or to the teacher's model")
 
 
-def _compare(nemo: dict[str, Any], rest: dict[str, Any], out: Conversion) -> None:
-    """The teacher's settings, converted as the student's policy is, against the student's."""
-    from rlcore.nemo_rl.convert import convert  # the table's walker (which imports this module's handler)
-
+def _compare(nemo: dict[str, Any], rest: dict[str, Any], out: Conversion,
+             convert: Callable[[dict[str, Any]], Conversion]) -> None:
+    """The teacher's settings, converted as the student's policy is (``convert``), against the student's."""
     converted = convert({"policy": rest})
     out.problems.extend(_as_teacher(line) for line in converted.problems)
     student = _leaves(out.config.get("policy", {}), "policy")

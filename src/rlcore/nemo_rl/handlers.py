@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 from rlcore.config.messages import show_value
 from rlcore.nemo_rl.conversion import Conversion, algorithm, get, is_neutral, put
-from rlcore.nemo_rl.distillation import distillation_settings, teacher
+from rlcore.nemo_rl.distillation import distillation_settings
 from rlcore.nemo_rl.dpo import dpo_data, dpo_defaults
 from rlcore.nemo_rl.sft import sft_data, sft_defaults
 from rlcore.nemo_rl.tasks import checkpoint_metric, task
@@ -249,7 +249,6 @@ HANDLERS: dict[str, Callable[[dict[str, Any], Conversion], None]] = {
     "loss_defaults": loss_defaults, "task": task, "checkpoint_metric": checkpoint_metric,
     "sft_data": sft_data, "sft_defaults": sft_defaults, "dpo_data": dpo_data, "dpo_defaults": dpo_defaults,
     "distillation_settings": distillation_settings,
-    "teacher": teacher,  # last: it compares the teacher with the student's converted policy
 }
 ORDER = tuple(HANDLERS)
 
