@@ -127,7 +127,8 @@ def _distillation_config(tmp_path, **overrides):
     from rlcore.config import load_config
 
     base = {"policy.backend": "fsdp1", "policy.generation.backend": "fsdp1", "policy.model_name": "tiny-llama",
-            "policy.train_global_batch_size": "8", "policy.train_micro_batch_size": "2", "policy.dtensor_cfg.enabled": "false",
+            "policy.train_global_batch_size": "8", "policy.train_micro_batch_size": "2",
+            "policy.dtensor_cfg.enabled": "false",
             "policy.max_total_sequence_length": "32", "policy.generation.max_new_tokens": "6",
             "distillation.teacher_model_name": "tiny-teacher", "distillation.topk_logits_k": "5",
             "distillation.num_prompts_per_step": "4", "distillation.num_generations_per_prompt": "2",

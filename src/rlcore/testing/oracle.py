@@ -134,8 +134,8 @@ def oracle_gradients(model: Any, data: Any, loss_fn: Any) -> tuple[float, dict]:
     return float(loss.detach()), grads
 
 
-__all__ = ["StepRecord", "hf_logits_at_indices", "hf_token_logprobs", "load_hf_model", "oracle_gradients", "single_process_sgd", "state_copy",
-           "train_and_save_step", "train_one_step_and_save"]
+__all__ = ["StepRecord", "hf_logits_at_indices", "hf_token_logprobs", "load_hf_model", "oracle_gradients",
+           "single_process_sgd", "state_copy", "train_and_save_step", "train_one_step_and_save"]
 
 
 def weight_problems(actual: dict, expected: dict, initial: dict, rtol: float, what: str = "weights") -> list[str]:

@@ -40,7 +40,8 @@ def dpo_step(raw: dict, reference_logprobs: Any, masked_pair: int | None = 1) ->
     sample_mask = torch.ones(len(raw["input_lengths"]))
     if masked_pair is not None:
         sample_mask[2 * masked_pair:2 * masked_pair + 2] = 0.0
-    batch = BatchedDataDict({**raw, "sample_mask": sample_mask, "reference_policy_logprobs": reference_logprobs.clone()})
+    batch = BatchedDataDict({**raw, "sample_mask": sample_mask,
+                             "reference_policy_logprobs": reference_logprobs.clone()})
     batch.group_size = 2
     loss = DPOLossFn(DPOLossConfig(reference_policy_kl_penalty=0.5, sft_loss_weight=0.2,
                                    preference_average_log_probs=True))
