@@ -1,5 +1,6 @@
 """Plugin mechanism: hook specs, backend specs, capabilities, layouts, API versions and the registry."""
 
+from rlcore.plugins.algorithm_spec import AlgorithmSpec
 from rlcore.plugins.capabilities import Capability
 from rlcore.plugins.hookspecs import hookimpl
 from rlcore.plugins.layout import LayoutRequest, ParallelLayout
@@ -10,6 +11,7 @@ from rlcore.plugins.versions import PLUGIN_API_VERSION, SUPPORTED_PLUGIN_API_VER
 __all__ = [
     "PLUGIN_API_VERSION",
     "SUPPORTED_PLUGIN_API_VERSIONS",
+    "AlgorithmSpec",
     "BackendError",
     "BackendRecord",
     "BackendSpec",

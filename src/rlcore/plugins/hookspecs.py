@@ -10,6 +10,7 @@ from typing import Callable
 
 import pluggy
 
+from rlcore.plugins.algorithm_spec import AlgorithmSpec
 from rlcore.plugins.spec import BackendSpec
 
 hookspec = pluggy.HookspecMarker("rlcore")
@@ -24,4 +25,13 @@ def rlcore_register_backends(register: Callable[[BackendSpec], None]) -> None:
     backends, so it must not import torch, ray or an engine. Heavy classes are
     named in the spec as ``"module:Class"`` strings and imported only inside
     the worker process that runs them.
+    """
+
+
+@hookspec
+def rlcore_register_algorithms(register: Callable[[AlgorithmSpec], None]) -> None:
+    """Declare training algorithms by calling ``register(AlgorithmSpec(...))`` once per algorithm.
+
+    The same rule as for backends: the module implementing this hook is light, and the algorithm's classes
+    are named as ``"module:Class"`` strings.
     """

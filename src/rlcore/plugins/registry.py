@@ -29,6 +29,7 @@ from typing import Any, Iterable
 import pluggy
 
 from rlcore.plugins import hookspecs
+from rlcore.plugins.algorithm_spec import AlgorithmSpec
 from rlcore.plugins.spec import BackendSpec
 from rlcore.plugins.versions import SUPPORTED_PLUGIN_API_VERSIONS
 
@@ -50,14 +51,14 @@ class BackendRecord:
     version: str
     status: str = "ok"
     problem: str = ""
-    spec: BackendSpec | None = None
+    spec: BackendSpec | AlgorithmSpec | None = None
 
     @property
     def qualified_name(self) -> str:
         return f"{self.distribution}:{self.name}"
 
     def as_dict(self) -> dict[str, Any]:
-        caps = sorted(c.value for c in self.spec.capabilities) if self.spec else []
+        caps = sorted(c.value for c in getattr(self.spec, "capabilities", ()))
         return {
             "name": self.name,
             "kind": self.kind,
@@ -66,7 +67,7 @@ class BackendRecord:
             "version": self.version,
             "status": self.status,
             "capabilities": caps,
-            "plugin_api_version": self.spec.plugin_api_version if self.spec else None,
+            "plugin_api_version": getattr(self.spec, "plugin_api_version", None),
             "problem": self.problem,
         }
 
@@ -91,12 +92,13 @@ class Registry:
 
         This is also how tests add a plugin without installing it.
         """
-        specs: list[BackendSpec] = []
+        specs: list[BackendSpec | AlgorithmSpec] = []
         try:
             self._pm.register(plugin, name=name)
-            for impl in self._pm.hook.rlcore_register_backends.get_hookimpls():
-                if impl.plugin is plugin:
-                    impl.function(register=specs.append)
+            for hook in (self._pm.hook.rlcore_register_backends, self._pm.hook.rlcore_register_algorithms):
+                for impl in hook.get_hookimpls():
+                    if impl.plugin is plugin:
+                        impl.function(register=specs.append)
         except Exception as exc:  # a plugin's own bug must not break discovery
             self._add_broken(name, distribution, version, exc)
             return
@@ -130,10 +132,12 @@ class Registry:
             BackendRecord(plugin, "?", plugin, dist, version, "broken", f"plugin failed to load: {_one_line(exc)}")
         )
 
-    def _add_spec(self, spec: BackendSpec, plugin: str, dist: str, version: str) -> None:
-        record = BackendRecord(spec.name, spec.kind, plugin, dist, version, spec=spec)
+    def _add_spec(self, spec: BackendSpec | AlgorithmSpec, plugin: str, dist: str, version: str) -> None:
+        kind = "algorithm" if isinstance(spec, AlgorithmSpec) else spec.kind
+        record = BackendRecord(spec.name, kind, plugin, dist, version, spec=spec)
         record.status, record.problem = _own_status(spec, dist)
-        rivals = [r for r in self.records if r.spec is not None and r.name == spec.name and r.distribution != dist]
+        rivals = [r for r in self.records if r.spec is not None and r.name == spec.name and r.distribution != dist
+                  and (r.kind == "algorithm") == (kind == "algorithm")]
         if rivals:
             for r in [*rivals, record]:
                 others = [o.qualified_name for o in [*rivals, record] if o is not r]
@@ -143,11 +147,21 @@ class Registry:
 
     # -- querying -----------------------------------------------------------
     def backends(self, kind: str | None = None) -> list[BackendRecord]:
-        return [r for r in self.records if kind is None or r.kind in (kind, "?")]
+        return [r for r in self.records if (kind is None and r.kind != "algorithm") or r.kind in (kind, "?")]
+
+    def algorithms(self) -> list[BackendRecord]:
+        """The registered algorithms (records of kind ``'algorithm'``)."""
+        return [r for r in self.records if r.kind == "algorithm"]
+
+    def resolve_algorithm(self, name: str) -> AlgorithmSpec:
+        """The spec of an ``ok`` algorithm, by ``name`` or ``distribution:name``."""
+        spec = self.resolve(name, kind="algorithm")
+        assert isinstance(spec, AlgorithmSpec)
+        return spec
 
     def resolve(self, name: str, kind: str | None = None) -> BackendSpec:
         """The spec of an ``ok`` backend, by ``name`` or ``distribution:name``."""
-        record = self.find(name)
+        record = self.find(name, kind)
         if kind is not None and record.kind != kind:
             raise BackendError(f"backend '{name}' is a {record.kind} backend, not a {kind} backend")
         status, problem = record.status, record.problem
@@ -157,11 +171,18 @@ class Registry:
             raise BackendError(f"backend '{name}' is {status}: {problem}")
         return record.spec
 
-    def find(self, name: str) -> BackendRecord:
+    def find(self, name: str, kind: str | None = None) -> BackendRecord:
+        """The record named ``name`` (``distribution:name``), of ``kind`` when given (an algorithm and a backend
+        may share a name)."""
         dist, sep, short = name.rpartition(":")
-        matches = [r for r in self.records if r.name == short and (not sep or r.distribution == dist)]
+        same_kind = [r for r in self.records if (r.kind == "algorithm") == (kind == "algorithm")]
+        matches = [r for r in same_kind if r.name == short and (not sep or r.distribution == dist)]
         if not matches:
-            known = sorted({r.name for r in self.records if r.spec is not None})
+            if kind == "algorithm":
+                known = sorted({r.name for r in self.algorithms() if r.spec is not None})
+                raise BackendError(f"no algorithm named '{name}' (installed: {', '.join(known) or 'none'}); install "
+                                   "the plugin that provides it")
+            known = sorted({r.name for r in same_kind if r.spec is not None})
             close = difflib.get_close_matches(short, known, n=1)
             hint = f"did you mean '{close[0]}'? " if close else ""
             installed = ", ".join(known) or "none"
@@ -186,8 +207,13 @@ def _one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {message}{at}"
 
 
-def _own_status(spec: BackendSpec, dist: str) -> tuple[str, str]:
+def _own_status(spec: BackendSpec | AlgorithmSpec, dist: str) -> tuple[str, str]:
     """Status of a spec on its own, before any name conflict is considered."""
+    if isinstance(spec, AlgorithmSpec):
+        if missing := spec.missing_requirements():
+            hint = f": {spec.install_hint}" if spec.install_hint else ""
+            return "unavailable", f"missing {', '.join(missing)}{hint}"
+        return "ok", ""
     if spec.plugin_api_version not in SUPPORTED_PLUGIN_API_VERSIONS:
         served = ", ".join(map(str, sorted(SUPPORTED_PLUGIN_API_VERSIONS)))
         fix = ("upgrade rlcore" if spec.plugin_api_version > max(SUPPORTED_PLUGIN_API_VERSIONS)

@@ -1,0 +1,51 @@
+"""``AlgorithmSpec``: what a plugin declares about one training algorithm, without importing it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from rlcore.plugins.spec import import_object, module_exists
+
+
+class AlgorithmSpec(BaseModel):
+    """An algorithm ``rlcore run`` can train (GRPO, SFT, DPO, distillation, or a third party's).
+
+    A config selects it by having a top-level section named ``name``. ``config_class`` validates that
+    section and is imported when a config is checked, so its module must be light; ``algorithm_class`` is
+    the unit that prepares the data and runs the loop, imported only by the run that uses it.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(description="The algorithm's name, which is also its config section's key, e.g. 'grpo'.")
+    config_class: str = Field(description="'module:Class' of the pydantic model of the config section (light).")
+    algorithm_class: str = Field(description="'module:Class' of the algorithm unit, imported only by 'rlcore run'.")
+    requires: tuple[str, ...] = Field(default=(), description="Top-level modules the algorithm needs.")
+    install_hint: str = Field(default="", description="How to install what 'requires' names.")
+    description: str = ""
+
+    @field_validator("name")
+    @classmethod
+    def _name_is_identifier(cls, v: str) -> str:
+        if not v.isidentifier():
+            raise ValueError(f"an algorithm's name is its config section's key, a Python identifier; got {v!r}")
+        return v
+
+    @field_validator("config_class", "algorithm_class")
+    @classmethod
+    def _is_import_path(cls, v: str) -> str:
+        if v.count(":") != 1 or v.startswith(":") or v.endswith(":"):
+            raise ValueError(f"expected 'module:Name', got {v!r}")
+        return v
+
+    def missing_requirements(self) -> list[str]:
+        """Required modules that are not installed (checked without importing them)."""
+        return [module for module in self.requires if not module_exists(module)]
+
+    def load_config_class(self) -> Any:
+        return import_object(self.config_class)
+
+    def load_algorithm_class(self) -> Any:
+        return import_object(self.algorithm_class)
