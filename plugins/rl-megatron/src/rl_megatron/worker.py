@@ -7,7 +7,7 @@ built from the Hugging Face config and loaded from HF weights through
 megatron's default order ``tp-cp-ep-dp-pp``; the worker checks that the two
 agree.
 
-Training and logprob passes go through megatron's pipeline schedules
+Training and logprob passes go through megatron's pipeline schedules (:mod:`rl_megatron.pipeline`)
 (``get_forward_backward_func``), so every stage runs the same micro-batches in
 lockstep; the last stage computes logprobs from vocabulary-parallel logits and
 the loss. The semantics are rlcore's (design.md §2.3-2.4, as in
@@ -41,6 +41,7 @@ from rl_megatron import checkpointing, vocab_parallel
 from rl_megatron.config import megatron_config_problems
 from rl_megatron.converter import ModelShape
 from rl_megatron.model import build_gpt_model, transformer_config
+from rl_megatron.pipeline import PipelineStages
 from rl_megatron.weights import HFExporter, load_hf_into_stage, stage_layer_offsets
 
 
@@ -54,14 +55,6 @@ def _transformer_engine_available() -> bool:
     return importlib.util.find_spec("transformer_engine") is not None
 
 
-def _attention_mask(lengths: torch.Tensor, width: int, device: torch.device) -> torch.Tensor:
-    """``[B, 1, S, S]`` bool, True where attention is *not* allowed: causal, and no key past a sequence's end."""
-    positions = torch.arange(width, device=device)
-    causal = positions[None, :] > positions[:, None]
-    past_end = positions[None, :] >= lengths.to(device)[:, None]
-    return (causal[None] | past_end[:, None, :])[:, None]
-
-
 def _init_sgd_state(opt: torch.optim.Optimizer, config: Any = None) -> None:
     """Create SGD's momentum buffers (zeros, which SGD without dampening treats like absent ones)
     so that a checkpoint's state has somewhere to load into."""
@@ -72,7 +65,7 @@ def _init_sgd_state(opt: torch.optim.Optimizer, config: Any = None) -> None:
                     opt.state[p]["momentum_buffer"] = torch.zeros_like(p.data)
 
 
-class MegatronPolicyWorker(RefitExportMixin, TrainingWorkerBase):
+class MegatronPolicyWorker(PipelineStages, RefitExportMixin, TrainingWorkerBase):
     """One rank of the ``megatron`` backend (see the module docstring).
 
     Refit: :meth:`prepare_refit_info` and :meth:`iter_refit_tensors` are the export;
@@ -201,64 +194,6 @@ class MegatronPolicyWorker(RefitExportMixin, TrainingWorkerBase):
             lr_warmup_steps=s.lr_warmup_iters, lr_decay_steps=decay_steps, lr_decay_style=s.lr_decay_style,
             start_wd=s.start_weight_decay, end_wd=s.end_weight_decay, wd_incr_steps=decay_steps,
             wd_incr_style=s.weight_decay_incr_style, wsd_decay_steps=decay_steps, lr_wsd_decay_style="linear")
-
-    # -- pipeline plumbing -------------------------------------------------------------
-    def _from_last_stage(self, obj: Any) -> Any:
-        """``obj`` as computed on the last pipeline stage, on every stage (a picklable object)."""
-        if self.pp_size == 1:
-            return obj
-        box = [obj]
-        dist.broadcast_object_list(box, src=self.pp_ranks[-1], group=self.pp_group)
-        return box[0]
-
-    def _tensor_from_last_stage(self, tensor: torch.Tensor | None, shape: tuple[int, ...],
-                                dtype: torch.dtype) -> torch.Tensor:
-        if self.pp_size == 1:
-            return tensor
-        if tensor is None:
-            tensor = torch.empty(shape, dtype=dtype, device=self.device)
-        tensor = tensor.to(self.device).contiguous()
-        dist.broadcast(tensor, src=self.pp_ranks[-1], group=self.pp_group)
-        return tensor
-
-    def _run_schedule(self, micro_batches: list[BatchedDataDict], on_logits: Callable[[BatchedDataDict, Any], Any],
-                      forward_only: bool) -> None:
-        """Run ``micro_batches`` through every stage; the last stage calls ``on_logits(mb, logits)``.
-
-        ``on_logits`` returns this micro-batch's loss (a scalar to back-propagate) or None in
-        inference passes.
-        """
-        from megatron.core.pipeline_parallel import get_forward_backward_func
-
-        device = self.device
-        multiple = self.cfg.make_sequence_length_divisible_by
-
-        def fit(n: int) -> int:  # each micro-batch's own longest sequence, rounded up to the multiple
-            return -(-max(n, 2) // multiple) * multiple
-
-        def forward_step(data_iterator: Iterator[BatchedDataDict], model: torch.nn.Module) -> tuple:
-            mb = next(data_iterator)
-            lengths = mb["input_lengths"]
-            width = fit(int(lengths.max()))
-            ids = mb["input_ids"][:, :width].to(device)
-            if ids.shape[1] < width:
-                ids = torch.nn.functional.pad(ids, (0, width - ids.shape[1]))
-            positions = torch.arange(width, device=device)[None, :].expand_as(ids)
-            output = model(ids, positions, _attention_mask(lengths, width, device))
-
-            def loss_func(logits: torch.Tensor) -> tuple:
-                loss = on_logits(mb, logits)
-                if loss is None:
-                    loss = logits.new_zeros(())
-                return loss, torch.ones((), dtype=torch.int), {}
-
-            return output, loss_func
-
-        width = max(fit(int(mb["input_lengths"].max())) for mb in micro_batches)
-        get_forward_backward_func()(
-            forward_step_func=forward_step, data_iterator=iter(micro_batches), model=[self.model],
-            num_microbatches=len(micro_batches), seq_length=width, micro_batch_size=micro_batches[0].size,
-            forward_only=forward_only)
 
     def _token_logprobs(self, mb: BatchedDataDict, logits: torch.Tensor) -> torch.Tensor:
         """``[B, S]`` aligned float32 logprobs (differentiable) at the caller's width."""

@@ -1,0 +1,87 @@
+"""Megatron's pipeline schedule as the worker runs it: micro-batches through every stage in lockstep, and
+results moved from the last pipeline stage to every stage (``Policy`` reads from pipeline rank 0).
+
+:class:`PipelineStages` is a mixin of ``MegatronPolicyWorker``: it reads the worker's ``model``, ``cfg``,
+``device``, ``pp_size``, ``pp_ranks`` and ``pp_group``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterator
+
+import torch
+import torch.distributed as dist
+
+from rlcore.data import BatchedDataDict
+
+
+def _attention_mask(lengths: torch.Tensor, width: int, device: torch.device) -> torch.Tensor:
+    """``[B, 1, S, S]`` bool, True where attention is *not* allowed: causal, and no key past a sequence's end."""
+    positions = torch.arange(width, device=device)
+    causal = positions[None, :] > positions[:, None]
+    past_end = positions[None, :] >= lengths.to(device)[:, None]
+    return (causal[None] | past_end[:, None, :])[:, None]
+
+
+class PipelineStages:
+    """Runs micro-batches through megatron's pipeline schedule and broadcasts the last stage's results."""
+
+    def _from_last_stage(self, obj: Any) -> Any:
+        """``obj`` as computed on the last pipeline stage, on every stage (a picklable object)."""
+        if self.pp_size == 1:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=self.pp_ranks[-1], group=self.pp_group)
+        return box[0]
+
+    def _tensor_from_last_stage(self, tensor: torch.Tensor | None, shape: tuple[int, ...],
+                                dtype: torch.dtype) -> torch.Tensor:
+        if self.pp_size == 1:
+            return tensor
+        if tensor is None:
+            tensor = torch.empty(shape, dtype=dtype, device=self.device)
+        tensor = tensor.to(self.device).contiguous()
+        dist.broadcast(tensor, src=self.pp_ranks[-1], group=self.pp_group)
+        return tensor
+
+    def _run_schedule(self, micro_batches: list[BatchedDataDict], on_logits: Callable[[BatchedDataDict, Any], Any],
+                      forward_only: bool) -> None:
+        """Run ``micro_batches`` through every stage; the last stage calls ``on_logits(mb, logits)``.
+
+        ``on_logits`` returns this micro-batch's loss (a scalar to back-propagate) or None in
+        inference passes.
+        """
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        device = self.device
+        multiple = self.cfg.make_sequence_length_divisible_by
+
+        def fit(n: int) -> int:  # each micro-batch's own longest sequence, rounded up to the multiple
+            return -(-max(n, 2) // multiple) * multiple
+
+        def forward_step(data_iterator: Iterator[BatchedDataDict], model: torch.nn.Module) -> tuple:
+            mb = next(data_iterator)
+            lengths = mb["input_lengths"]
+            width = fit(int(lengths.max()))
+            ids = mb["input_ids"][:, :width].to(device)
+            if ids.shape[1] < width:
+                ids = torch.nn.functional.pad(ids, (0, width - ids.shape[1]))
+            positions = torch.arange(width, device=device)[None, :].expand_as(ids)
+            output = model(ids, positions, _attention_mask(lengths, width, device))
+
+            def loss_func(logits: torch.Tensor) -> tuple:
+                loss = on_logits(mb, logits)
+                if loss is None:
+                    loss = logits.new_zeros(())
+                return loss, torch.ones((), dtype=torch.int), {}
+
+            return output, loss_func
+
+        width = max(fit(int(mb["input_lengths"].max())) for mb in micro_batches)
+        get_forward_backward_func()(
+            forward_step_func=forward_step, data_iterator=iter(micro_batches), model=[self.model],
+            num_microbatches=len(micro_batches), seq_length=width, micro_batch_size=micro_batches[0].size,
+            forward_only=forward_only)
+
+
+__all__ = ["PipelineStages"]
