@@ -325,6 +325,44 @@ def test_dynamic_plan_aligns_lengths_across_shards():
         plan_dynamic_microbatches([[1], [50]], max_tokens=20)
 
 
+@FAST
+@given(
+    st.sampled_from([1, 2, 3]),
+    st.integers(1, 3),
+    st.integers(1, 3),
+    st.integers(1, 3),
+    st.booleans(),
+    st.data(),
+)
+def test_step_plans_keep_groups_whole_in_lockstep_within_budget(g, shards, steps, groups_per_shard, packing, data):
+    """plan_shards on plain lists (no torch): every row once, in its own step; each group on one shard,
+    consecutive and in order in one micro-batch; as many micro-batches on every shard (dynamic batching)
+    or bins (packing) per step; each within the token budget, checked from the lengths."""
+    from rlcore.data.step_plans import plan_args, plan_shards
+
+    bs = g * shards * groups_per_shard
+    total = bs * steps
+    lengths = data.draw(st.lists(st.integers(0, 30), min_size=total, max_size=total))
+    budget, rnd = 3 * 32, data.draw(st.sampled_from([1, 4]))
+    raw = {"max_tokens_per_microbatch": budget, "sequence_length_round": rnd}
+    args = plan_args(None, raw) if packing else plan_args(raw, None)
+    plans = plan_shards(total, bs, shards, g, args, packing, lengths, width=32)
+    assert sorted(i for p in plans for i in p.rows) == list(range(total))
+    for k in range(steps):
+        assert len({len(p.micro_batch_indices[k]) for p in plans}) == 1
+        for p in plans:
+            for (a, b), n in zip(p.micro_batch_indices[k], p.micro_batch_lengths[k]):
+                mb = p.rows[a:b]
+                assert mb and all(k * bs <= i < (k + 1) * bs for i in mb)
+                for j in range(0, len(mb), g):  # whole groups, consecutive, in order
+                    assert mb[j] % g == 0 and mb[j : j + g] == list(range(mb[j], mb[j] + g))
+                assert len(mb) % g == 0
+                if packing:
+                    assert n == sum(-(-lengths[i] // rnd) * rnd for i in mb) <= budget
+                else:
+                    assert max(round_up(lengths[i], rnd, 32) for i in mb) <= n and len(mb) * n <= budget
+
+
 # --------------------------------------------------------------------------- #
 # bin packing
 # --------------------------------------------------------------------------- #

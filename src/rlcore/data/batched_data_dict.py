@@ -6,9 +6,10 @@ lists (one entry per sample). Sequence tensors are right-padded ``[B, S, ...]``
 
 Sharding and micro-batching (design.md §2.4-2.5) live here too:
 :meth:`BatchedDataDict.shard_by_batch_size` splits a batch over data-parallel
-ranks and records on each shard how it is cut into micro-batches; a backend
-then walks the steps with :meth:`get_batch` and the micro-batches with one of
-the ``make_microbatch_iterator*`` methods.
+ranks and records on each shard how it is cut into micro-batches (the plan
+comes from :mod:`rlcore.data.step_plans`); a backend then walks the steps with
+:meth:`get_batch` and the micro-batches with one of the
+``make_microbatch_iterator*`` methods.
 
 Rows may come in groups that must stay together (``group_size``, e.g. DPO's
 chosen/rejected pairs): sharding and every micro-batch plan then move whole
@@ -24,16 +25,12 @@ import sys
 from collections import UserDict
 from typing import TYPE_CHECKING, Any, Generic, Iterator, Mapping, Sequence, TypeVar
 
-from rlcore.data.dynamic_batching import balanced_assignment, plan_dynamic_microbatches, round_up
-from rlcore.data.packing import pack_sequences
+from rlcore.data.step_plans import check_step_split, plan_args, plan_shards
 
 if TYPE_CHECKING:
     import torch
 
 T = TypeVar("T")
-
-_DYNAMIC_KEYS = {"max_tokens_per_microbatch", "sequence_length_round", "input_key", "input_lengths_key"}
-_PACKING_KEYS = _DYNAMIC_KEYS | {"algorithm", "sequence_length_pad_multiple"}
 
 
 def _is_tensor(x: Any) -> bool:
@@ -61,23 +58,6 @@ def _whole_groups(indices: Sequence[int], group_size: int) -> bool:
         indices[k] % g == 0 and all(indices[k + j] == indices[k] + j for j in range(1, g))
         for k in range(0, len(indices), g)
     )
-
-
-def _check_args(name: str, args: dict, allowed: set[str]) -> dict:
-    unknown = set(args) - allowed
-    if unknown:
-        raise ValueError(f"unknown {name} keys {sorted(unknown)}; valid keys: {sorted(allowed)}")
-    if "max_tokens_per_microbatch" not in args:
-        raise ValueError(f"{name} needs 'max_tokens_per_microbatch'")
-    out = {"sequence_length_round": 1, "input_key": "input_ids", "input_lengths_key": "input_lengths"}
-    out.update(args)
-    if "sequence_length_pad_multiple" in out:  # NeMo-RL's name for it in sequence_packing_args
-        multiple = out.pop("sequence_length_pad_multiple")
-        if "sequence_length_round" in args and args["sequence_length_round"] != multiple:
-            raise ValueError(f"{name}: sequence_length_round={args['sequence_length_round']} and "
-                             f"sequence_length_pad_multiple={multiple} name the same setting; give one")
-        out["sequence_length_round"] = multiple
-    return out
 
 
 class BatchedDataDict(UserDict, Generic[T]):
@@ -358,145 +338,29 @@ class BatchedDataDict(UserDict, Generic[T]):
         consecutive and in order in its micro-batch, and every shard carries
         ``group_size``.
         """
-        if dynamic_batching_args is not None and sequence_packing_args is not None:
-            raise ValueError("dynamic batching and sequence packing are mutually exclusive")
+        # The plan (rows per shard, micro-batch ranges and lengths) is made in rlcore.data.step_plans.
         total = self.size
-        if total == 0:
-            raise ValueError("cannot shard an empty batch")
-        bs = total if batch_size is None else int(batch_size)
-        if shards < 1:
-            raise ValueError(f"shards must be >= 1, got {shards}")
-        if bs < 1 or total % bs:
-            raise ValueError(f"batch of {total} samples is not a whole number of global batches of {batch_size}")
-        if bs % shards:
-            raise ValueError(
-                f"global batch of {bs} samples cannot be split evenly over {shards} data-parallel "
-                "shards; pad the batch (e.g. with sample_mask=0 rows) to a multiple of the dp size"
-            )
-        g = self.group_size if group_size is None else int(group_size)
-        if g < 1:
-            raise ValueError(f"group_size must be >= 1, got {g}")
-        whole_groups_per_shard = sequence_packing_args is None  # packing deals bins, not equal row counts
-        if bs % (g * shards if whole_groups_per_shard else g):
-            need = f"{g} (group_size) × {shards} (shards)" if whole_groups_per_shard else f"{g} (group_size)"
-            raise ValueError(
-                f"global batch of {bs} samples in groups of {g} rows that must stay together cannot be split "
-                f"into whole groups per shard; the global batch size must be a multiple of {need}"
-            )
-
-        if dynamic_batching_args is not None:
-            args = _check_args("dynamic_batching_args", dynamic_batching_args, _DYNAMIC_KEYS)
-        elif sequence_packing_args is not None:
-            args = _check_args("sequence_packing_args", sequence_packing_args, _PACKING_KEYS)
-            args.setdefault("algorithm", "modified_first_fit_decreasing")
-        else:
-            args = None
-
-        rows: list[list[int]] = [[] for _ in range(shards)]
-        ranges: list[list[list[tuple[int, int]]]] = [[] for _ in range(shards)]
-        lens_meta: list[list[list[int]]] = [[] for _ in range(shards)]
+        bs, g = check_step_split(total, batch_size, shards, self.group_size if group_size is None else group_size,
+                                 dynamic_batching_args, sequence_packing_args)
+        args = plan_args(dynamic_batching_args, sequence_packing_args)
         lengths = None if args is None else _index_list(self.data[args["input_lengths_key"]])
-        for k in range(total // bs):
-            step = list(range(k * bs, (k + 1) * bs))
-            if args is None:
-                per = bs // shards
-                for r in range(shards):
-                    rows[r] += step[r * per : (r + 1) * per]
-                continue
-            assert lengths is not None
-            units = [step[u : u + g] for u in range(0, bs, g)]
-            if dynamic_batching_args is not None:
-                seq = self.data.get(args["input_key"])
-                width = int(seq.shape[1]) if _is_tensor(seq) and seq.dim() >= 2 else None
-                plans = self._plan_dynamic_step(units, lengths, shards, args, width)
-            else:
-                plans = self._plan_packed_step(units, lengths, shards, args)
-            for r, (mbs, mb_lens) in enumerate(plans):
-                step_ranges = []
-                for mb in mbs:
-                    step_ranges.append((len(rows[r]), len(rows[r]) + len(mb)))
-                    rows[r] += mb
-                ranges[r].append(step_ranges)
-                lens_meta[r].append(mb_lens)
-
+        seq = None if args is None else self.data.get(args["input_key"])
+        width = int(seq.shape[1]) if _is_tensor(seq) and seq.dim() >= 2 else None
+        plans = plan_shards(total, bs, shards, g, args, sequence_packing_args is not None, lengths, width)
         out = []
-        for r in range(shards):
-            shard = self.select_indices(rows[r])
-            shard.sample_indices = list(rows[r])
+        for plan in plans:
+            shard = self.select_indices(plan.rows)
+            shard.sample_indices = list(plan.rows)
             shard.group_size = g
             if args is not None:
                 shard.seq_key = args["input_key"]
                 shard.lengths_key = args["input_lengths_key"]
-                shard.micro_batch_indices = ranges[r]
-                shard.micro_batch_lengths = lens_meta[r]
+                shard.micro_batch_indices = plan.micro_batch_indices
+                shard.micro_batch_lengths = plan.micro_batch_lengths
             out.append(shard)
         if args is None:
             return out
-        return out, [i for r in range(shards) for i in rows[r]]
-
-    @staticmethod
-    def _plan_dynamic_step(
-        units: list[list[int]], lengths: list[int], shards: int, args: dict, width: int | None
-    ) -> list[tuple[list[list[int]], list[int]]]:
-        """Per shard: micro-batches (original indices) and padded lengths (rounded, at most ``width``).
-
-        ``units`` are the step's groups (single rows without grouping). A unit of ``g`` rows is as long as
-        its longest row and takes ``g`` padded rows of a micro-batch, so planning units against
-        ``budget // g`` keeps ``rows * padded_length <= budget``.
-        """
-        budget = int(args["max_tokens_per_microbatch"])
-        rnd = int(args["sequence_length_round"])
-        g = len(units[0])
-        unit_lens = [max(lengths[i] for i in unit) for unit in units]
-        for unit, n in zip(units, unit_lens):
-            if g * round_up(n, rnd, width) > budget:
-                what = f"sample {unit[0]}" if g == 1 else f"group of samples {unit} (kept together)"
-                raise ValueError(
-                    f"{what} has length {n} (rounded to a multiple of {rnd})"
-                    + ("" if g == 1 else f", {g} rows of it")
-                    + f", more than max_tokens_per_microbatch={budget}"
-                )
-        dealt = balanced_assignment(unit_lens, shards)
-        plans = plan_dynamic_microbatches(
-            [[unit_lens[u] for u in d] for d in dealt], budget // g, rnd, max_length=width
-        )
-        return [
-            ([[i for j in mb for i in units[d[j]]] for mb in p.micro_batches], p.padded_lengths)
-            for d, p in zip(dealt, plans)
-        ]
-
-    @staticmethod
-    def _plan_packed_step(
-        units: list[list[int]], lengths: list[int], shards: int, args: dict
-    ) -> list[tuple[list[list[int]], list[int]]]:
-        """Per shard: bins (original indices) and their packed token counts.
-
-        ``units`` are the step's groups (single rows without grouping); a unit is packed whole, as long as
-        the sum of its rows' rounded lengths.
-        """
-        cap = int(args["max_tokens_per_microbatch"])
-        rnd = int(args["sequence_length_round"])
-        # Ceil to the multiple, 0 stays 0: what pack_microbatch(pad_to_multiple=rnd) allocates.
-        unit_lens = [sum(-(-lengths[i] // rnd) * rnd for i in unit) for unit in units]
-        for unit, n in zip(units, unit_lens):
-            if n > cap:
-                raw = sum(lengths[i] for i in unit)
-                what = f"sample {unit[0]} has length" if len(unit) == 1 else \
-                    f"group of samples {unit} (kept together) has total length"
-                raise ValueError(
-                    f"{what} {raw}"
-                    + (f" (rounded to {n})" if n != raw else "")
-                    + f", longer than the packing capacity max_tokens_per_microbatch={cap}"
-                )
-        bins = pack_sequences(
-            unit_lens, cap, args["algorithm"], min_bin_count=shards, bin_count_multiple=shards
-        )
-        loads = [sum(unit_lens[u] for u in b) for b in bins]
-        # Deal bins heaviest first in snake order so the shards' token totals match.
-        dealt = balanced_assignment(loads, shards)
-        return [
-            ([[i for u in bins[b] for i in units[u]] for b in d], [loads[b] for b in d]) for d in dealt
-        ]
+        return out, [i for plan in plans for i in plan.rows]
 
     # ----------------------------------------------------- steps / micro-batches
     @property
