@@ -130,7 +130,7 @@ def runnable(command: str) -> bool:
         words = argv[1:3]
         if "--help" in argv:
             return True
-        if words[:1] == ["backends"] and words[1:] in (["list"], ["show"]):
+        if words[:1] in (["backends"], ["environments"]) and words[1:] in (["list"], ["show"]):
             return True
         if words[:1] == ["config"] and words[1:] in (["validate"], ["show"], ["schema"]):
             return True

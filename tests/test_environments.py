@@ -10,7 +10,7 @@ import pytest
 from rlcore.config import ConfigError, load_config_dict, resolve
 from rlcore.environments.runner import EnvironmentFailed, EnvironmentRunner, isolated_step
 from rlcore.interfaces.environment import EnvironmentReturn
-from rlcore.plugins import BackendSpec, Registry, get_registry
+from rlcore.plugins import BackendError, BackendSpec, EnvironmentSpec, Registry, get_registry, hookimpl
 
 
 def _logs(*completions):
@@ -18,15 +18,20 @@ def _logs(*completions):
 
 
 def _runner(name, section=None, **kwargs):
-    spec = get_registry().resolve(name, kind="environment")
+    spec = get_registry().resolve_environment(name)
     model = spec.load_config_class()
-    return EnvironmentRunner(name, spec.worker_class, model(**section) if model and section is not None else
+    return EnvironmentRunner(name, spec.environment_class, model(**section) if model and section is not None else
                              (model() if model and name not in ("regex", "python") else section), **kwargs)
 
 
-def test_the_builtins_are_listed_as_environments():
-    names = {r.name for r in get_registry().backends("environment") if r.kind == "environment"}
+def test_the_builtins_are_listed_as_environments_not_backends():
+    registry = get_registry()
+    names = {r.name for r in registry.environments() if r.kind == "environment"}
     assert {"digits", "math", "exact_match", "regex", "python"} <= names
+    assert not {r.name for r in registry.backends()} & names
+    assert isinstance(registry.resolve_environment("math"), EnvironmentSpec)
+    with pytest.raises(BackendError, match="no backend named 'math'"):
+        registry.resolve("math", kind="training")
 
 
 def test_exact_match_and_regex_score_against_ground_truth():
@@ -125,7 +130,7 @@ def test_env_config_is_validated_by_its_plugin():
 
     assert problems({"name": "regex", "regex_cfg": {"pattern": "("}}) == [
         "env.regex_cfg.pattern: not a regular expression: missing ), unterminated subpattern at position 0"]
-    assert problems({"name": "mathh"})[0].startswith("env.name: no backend named 'mathh'")
+    assert problems({"name": "mathh"})[0].startswith("env.name: no environment named 'mathh' (installed: ")
     assert problems({"name": "math", "regex_cfg": {"pattern": "x"}}) == [
         "env.regex_cfg: the environment is 'math', which reads env.math_cfg; remove it"]
     assert problems({"name": "digits", "digits_cfg": {"x": 1}}) == [
@@ -133,22 +138,49 @@ def test_env_config_is_validated_by_its_plugin():
     assert problems({"name": "math", "math_cfg": {"verifer": "builtin"}})[0].startswith("env.math_cfg.verifer")
 
 
-def test_environment_kind_is_plugin_api_3():
-    spec = dict(name="myenv", kind="environment", worker_class="pkg.env:MyEnv")
-    with pytest.raises(ValueError, match="kind 'environment' needs plugin_api_version 3"):
-        BackendSpec(**spec, plugin_api_version=2)
-    registry = Registry()
-
-    class Plugin:
-        from rlcore.plugins import hookimpl
-
+def test_an_environment_registered_as_a_backend_is_an_environment():
+    """rlcore 0.2's way, ``BackendSpec(kind="environment")`` through rlcore_register_backends, keeps working."""
+    class Old:
         @hookimpl
         def rlcore_register_backends(self, register):
-            register(BackendSpec(**spec, plugin_api_version=3))
+            register(BackendSpec(name="old_env", kind="environment", worker_class="tests.test_environments:"
+                                 "PositionalEnvironment", plugin_api_version=3))
+            register(BackendSpec(name="ghost_env", kind="environment", worker_class="no_such_pkg.env:MyEnv"))
 
-    registry.register_plugin(Plugin(), "myenv-plugin")
-    assert [(r.name, r.kind, r.status) for r in registry.backends("environment")] == [
-        ("myenv", "environment", "broken")]  # its module is not installed
+    class New:
+        @hookimpl
+        def rlcore_register_environments(self, register):
+            register(EnvironmentSpec(name="new_env", environment_class="tests.test_environments:MutatingEnvironment"))
+
+    registry = Registry()
+    registry.register_plugin(Old(), "old-plugin")
+    registry.register_plugin(New(), "new-plugin")
+    assert [(r.name, r.kind, r.status) for r in registry.environments()] == [
+        ("old_env", "environment", "ok"), ("ghost_env", "environment", "broken"), ("new_env", "environment", "ok")]
+    assert registry.backends() == []
+    assert registry.resolve_environment("old_env") == EnvironmentSpec(
+        name="old_env", environment_class="tests.test_environments:PositionalEnvironment")
+    with pytest.raises(BackendError, match="environment 'ghost_env' is broken: environment module of "
+                                           "no_such_pkg.env:MyEnv is not installed"):
+        registry.resolve_environment("ghost_env")
+
+
+def test_an_environment_plugin_that_fails_to_load_says_why():
+    """Not "no backend named 'word_count' ... pip install rl-word_count": its plugin is there, and broken."""
+    from importlib import metadata
+
+    bad = metadata.EntryPoint(name="word_count", value="rlcore_no_such_env_module_xyz", group="rlcore.plugins")
+    registry = Registry()
+    registry.load_entry_points([bad])
+    with pytest.raises(BackendError) as caught:
+        registry.resolve_environment("word_count")
+    message = str(caught.value)
+    assert message.startswith("environment 'word_count' is broken: plugin failed to load: ModuleNotFoundError: No "
+                              "module named 'rlcore_no_such_env_module_xyz'"), message
+    assert "pip install" not in message
+    with pytest.raises(BackendError, match=r"no environment named 'wordcount' \(installed: none\); install the "
+                                           r"plugin that provides it \(plugins that failed to load: "):
+        registry.resolve_environment("wordcount")
 
 
 def test_rlcore_0_1_task_section_still_runs_as_data_and_env():
@@ -187,10 +219,7 @@ def offset_length(prompts, completions, metadata):
 def test_the_builtin_environments_pass_the_kit(name):
     from rlcore.testing.environment_kit import check_environment
 
-    spec = get_registry().resolve(name, kind="environment")
-    model = spec.load_config_class()
-    config = model(**BUILTIN_SETTINGS.get(name, {})) if model else None
-    assert check_environment(spec.worker_class, config, BUILTIN_CASES[name][1]) == []
+    assert check_environment(name, BUILTIN_SETTINGS.get(name), BUILTIN_CASES[name][1]) == []
 
 
 class PositionalEnvironment:

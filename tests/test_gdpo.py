@@ -175,13 +175,12 @@ def test_the_python_environment_returns_named_rewards_and_their_sum():
     from rlcore.testing.environment_kit import check_environment
 
     config = PythonRewardConfig(reward="tests.test_gdpo:named_rewards", kwargs={"bonus": 0.5})
-    spec = get_registry().resolve("python", kind="environment")
-    assert spec.plugin_api_version == 5
-    out = EnvironmentRunner("python", spec.worker_class, config).step(_logs("7", "it is 7", "8"),
+    spec = get_registry().resolve_environment("python")
+    out = EnvironmentRunner("python", spec.environment_class, config).step(_logs("7", "it is 7", "8"),
                                                                       [{"ground_truth": 7}] * 3)
     assert out.reward_components == {"answer": [1.5, 1.5, 0.5], "short": [1.0, 0.0, 1.0]}
     assert out.rewards == [2.5, 1.5, 1.5]
-    assert check_environment(spec.worker_class, config, [("7", {"ground_truth": 7}), ("", {"ground_truth": 1})]) == []
+    assert check_environment(spec, config, [("7", {"ground_truth": 7}), ("", {"ground_truth": 1})]) == []
 
 
 class ComponentCounting(CountingEnvironment):

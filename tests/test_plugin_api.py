@@ -1,25 +1,29 @@
-"""The plugin API keeps its word: versions, a closed set of capabilities, backend-declared layouts, and the
-worker contract checked against the Protocols of ``rlcore.interfaces.workers``."""
+"""The plugin API keeps its word without versions: constructors get the keywords they declare, a closed set of
+capabilities whose methods are checked (at registration when the worker's source shows it, in the kit and before
+a worker is built otherwise), backend-declared layouts, and the worker contract checked against the Protocols of
+``rlcore.interfaces.workers``."""
 
 from __future__ import annotations
 
 import pytest
-from pydantic import ValidationError
 
 from rlcore.config import ConfigError, load_config_dict, resolve
-from rlcore.interfaces.workers import worker_problems
+from rlcore.distributed.worker_host import WorkerHost
+from rlcore.interfaces.workers import CAPABILITY_PROTOCOLS, capability_problems, protocol_methods, worker_problems
 from rlcore.plugins import (
-    SUPPORTED_PLUGIN_API_VERSIONS,
+    CAPABILITY_METHODS,
+    GENERATION_DRIVER_KEYWORDS,
+    TRAINING_WORKER_KEYWORDS,
     BackendError,
     BackendSpec,
     Capability,
     LayoutRequest,
     ParallelLayout,
     Registry,
+    declared_kwargs,
     get_registry,
     hookimpl,
 )
-from rlcore.plugins.versions import API_1, API_2, API_3, API_4, API_5
 
 
 def registry_with(**spec) -> Registry:
@@ -35,7 +39,7 @@ def registry_with(**spec) -> Registry:
     return registry
 
 
-# -- versions and capabilities ----------------------------------------------------------------------------
+# -- capabilities ----------------------------------------------------------------------------------------
 
 
 def test_a_capability_typo_is_refused_at_registration_in_one_line():
@@ -60,57 +64,94 @@ def test_the_core_tests_capabilities_by_member():
                                                             ["dynamic_batching", "train"])
 
 
-@pytest.mark.parametrize("extra, what", [
-    ({"capabilities": {"train", "lora"}}, "capability 'lora'"),
-    ({"layout": "my_pkg.layout:parallel_layout"}, "layout"),
-])
-def test_a_version_1_spec_cannot_use_what_came_with_version_2(extra, what):
-    with pytest.raises(ValidationError, match=f"{what} need plugin_api_version 2, but the spec declares 1"):
-        BackendSpec(name="old", kind="training", worker_class="my_pkg.worker:W", **extra)  # version omitted: 1
-    BackendSpec(name="new", kind="training", worker_class="my_pkg.worker:W", plugin_api_version=2, **extra)
+def test_capability_methods_are_the_protocols_methods():
+    """The light table the registry reads equals the Protocols the kit and the worker host check."""
+    assert CAPABILITY_METHODS.keys() == CAPABILITY_PROTOCOLS.keys()
+    for capability, protocol in CAPABILITY_PROTOCOLS.items():
+        assert set(CAPABILITY_METHODS[capability]) == set(protocol_methods(protocol)), capability
 
 
-def test_each_version_gets_exactly_its_own_constructor_arguments():
-    assert SUPPORTED_PLUGIN_API_VERSIONS == {1, 2, 3, 4, 5}
-    available = dict(weights_path=None, optimizer_path=None, init_optimizer=True, init_reference_model=True,
-                     backend_config=object(), layout=ParallelLayout())
-    assert set(API_1.training_worker_kwargs(available)) == {"weights_path", "optimizer_path", "init_optimizer",
-                                                            "init_reference_model"}
-    assert set(API_2.training_worker_kwargs(available)) == set(available)
-    driver = {"tokenizer": object(), "backend_config": object()}
-    assert set(API_1.generation_driver_kwargs(driver)) == {"tokenizer"}
-    assert set(API_2.generation_driver_kwargs({**driver, "lora_rank": 8})) == {"tokenizer", "backend_config",
-                                                                               "lora_rank"}
-    # version 3 adds the environment kind; backends get what version 2 gives them
-    assert API_3.training_worker_kwargs(available) == API_2.training_worker_kwargs(available)
-    assert API_3.generation_driver_kwargs(driver) == API_2.generation_driver_kwargs(driver)
-    assert API_3.kinds - API_2.kinds == {"environment"}
-    # version 4 adds one capability and nothing else; no earlier version gains it
-    assert API_4.capabilities - API_3.capabilities == {Capability.CHUNKED_LOGPROBS}
-    assert API_3.capabilities == API_2.capabilities == set(Capability) - {Capability.CHUNKED_LOGPROBS,
-                                                                           Capability.LOGITS_AT_INDICES}
-    assert (API_4.training_worker_kwargs(available), API_4.kinds) == (API_3.training_worker_kwargs(available),
-                                                                       API_3.kinds)
-    # version 5 adds the loss-input capability and nothing else a backend is given
-    assert API_5.capabilities - API_4.capabilities == {Capability.LOGITS_AT_INDICES}
-    assert (API_5.training_worker_kwargs(available), API_5.generation_driver_kwargs(driver), API_5.kinds) == (
-        API_4.training_worker_kwargs(available), API_4.generation_driver_kwargs(driver), API_4.kinds)
+@pytest.mark.parametrize("version", [None, 1, 2, 5, 99])
+def test_plugin_api_version_is_accepted_and_means_nothing(version):
+    """Whatever it says, a spec may use every field and capability, and is served like any other."""
+    registry = registry_with(name="any", kind="training", worker_class="collections:Counter",
+                             layout="my_pkg.layout:parallel_layout", config_check="my_pkg.checks:check",
+                             capabilities={"train", "lora", "chunked_logprobs", "logits_at_indices"},
+                             plugin_api_version=version)
+    (record,) = registry.records
+    assert (record.status, record.problem) == ("ok", "")
+    assert record.as_dict()["plugin_api_version"] == version  # kept in 'rlcore backends list --json'
 
 
-def test_a_version_4_spec_cannot_declare_logits_at_indices():
-    spec = dict(name="v4", kind="training", worker_class="my_pkg.worker:W", capabilities={"train", "logits_at_indices"})
-    with pytest.raises(ValidationError, match="capability 'logits_at_indices' need plugin_api_version 5, but the "
-                                              "spec declares 4"):
-        BackendSpec(**spec, plugin_api_version=4)
-    BackendSpec(**spec, plugin_api_version=5)
+# -- what constructors are given: the keywords they declare ----------------------------------------------
 
 
-def test_a_version_3_spec_cannot_declare_chunked_logprobs():
-    spec = dict(name="v3", kind="training", worker_class="my_pkg.worker:W", capabilities={"train", "chunked_logprobs"})
-    with pytest.raises(ValidationError, match="capability 'chunked_logprobs' need plugin_api_version 4, but the spec "
-                                              "declares 3"):
-        BackendSpec(**spec, plugin_api_version=3)
-    BackendSpec(**spec, plugin_api_version=4)
+class V1Worker:
+    """A training worker written for rlcore 0.1 (no ``**kwargs``)."""
+
+    def __init__(self, config, tokenizer=None, weights_path=None, optimizer_path=None, init_optimizer=True,
+                 init_reference_model=True):
+        self.given = dict(weights_path=weights_path, optimizer_path=optimizer_path, init_optimizer=init_optimizer,
+                          init_reference_model=init_reference_model)
+        self.config, self.tokenizer = config, tokenizer
+
+
+class V2Worker:
+    """One written after ``backend_config`` and ``layout`` were added (keyword-only)."""
+
+    def __init__(self, config, tokenizer=None, *, weights_path=None, optimizer_path=None, init_optimizer=True,
+                 init_reference_model=True, backend_config=None, layout=None):
+        self.given = dict(weights_path=weights_path, optimizer_path=optimizer_path, init_optimizer=init_optimizer,
+                          init_reference_model=init_reference_model, backend_config=backend_config, layout=layout)
+
+
+class AnyWorker:
+    def __init__(self, config, tokenizer, **kwargs):
+        self.given = kwargs
+
+
+OFFERED = dict(weights_path="/w", optimizer_path=None, init_optimizer=False, init_reference_model=True,
+               backend_config=object(), layout=ParallelLayout(tp=2))
+
+
+def test_each_constructor_gets_exactly_the_keywords_it_declares():
+    assert set(OFFERED) == set(TRAINING_WORKER_KEYWORDS)
+    assert declared_kwargs(V1Worker, OFFERED) == {k: OFFERED[k] for k in ("weights_path", "optimizer_path",
+                                                                          "init_optimizer", "init_reference_model")}
+    assert declared_kwargs(V2Worker, OFFERED) == OFFERED
+    assert declared_kwargs(AnyWorker, OFFERED) == OFFERED
+    assert declared_kwargs(len, OFFERED) == {}  # no signature to read: nothing beyond the positional call
+
+    def old_driver(cluster, config, tokenizer=None):
+        pass
+
+    def new_driver(cluster, config, *, tokenizer=None, backend_config=None, lora_rank=None):
+        pass
+
+    driver = {"tokenizer": object(), "backend_config": object(), "lora_rank": 8}
+    assert set(driver) == set(GENERATION_DRIVER_KEYWORDS)
+    assert declared_kwargs(old_driver, driver) == {"tokenizer": driver["tokenizer"]}
+    assert declared_kwargs(new_driver, driver) == driver
+
+
+def test_the_worker_host_builds_a_worker_with_what_it_declares(monkeypatch):
+    """Where the class is imported (the Ray worker process): an old and a new worker are both served."""
+    monkeypatch.delenv("RLCORE_WORKER_LOG_DIR", raising=False)
+    monkeypatch.delenv("RLCORE_CPU_THREADS", raising=False)
+    old = WorkerHost(f"{__name__}:V1Worker", {}, ("cfg", "tok"), {}, offered=OFFERED, capabilities=("train",))
+    assert (old.worker.config, old.worker.tokenizer) == ("cfg", "tok")
+    assert old.worker.given == {k: OFFERED[k] for k in old.worker.given} and "layout" not in old.worker.given
+    new = WorkerHost(f"{__name__}:V2Worker", {}, ("cfg", "tok"), {}, offered=OFFERED, capabilities=("train",))
+    assert new.worker.given == OFFERED
+
+
+def test_the_worker_host_refuses_a_worker_without_a_capabilitys_method(monkeypatch):
+    monkeypatch.delenv("RLCORE_WORKER_LOG_DIR", raising=False)
+    with pytest.raises(TypeError) as caught:
+        WorkerHost(f"{__name__}:V2Worker", {}, ("cfg", "tok"), {}, offered=OFFERED, capabilities=("train", "topk_logits"))
+    assert str(caught.value) == (
+        f"declares capability 'topk_logits', but {__name__}:V2Worker has no get_topk_logits (TopkLogitsWorker of "
+        "rlcore.interfaces.workers): implement it or drop 'topk_logits' from its capabilities")
 
 
 # -- the worker contract ---------------------------------------------------------------------------------
@@ -123,48 +164,86 @@ def _worker(init, **methods) -> type:
     return type("Candidate", (ReferenceWorker,), {"__init__": init, **methods})
 
 
-def _v1_init(self, config, tokenizer=None, weights_path=None, optimizer_path=None, init_optimizer=True,
-             init_reference_model=True):
-    pass
+W = BackendSpec(name="w", kind="training", worker_class="m:W", capabilities={"train", "refit"})
 
 
-def _v2_init(self, config, tokenizer=None, *, weights_path=None, optimizer_path=None, init_optimizer=True,
-             init_reference_model=True, backend_config=None, layout=None):
-    pass
+def test_a_worker_constructor_is_checked_against_what_the_core_offers():
+    assert worker_problems(_worker(V1Worker.__init__), W) == []
+    assert worker_problems(_worker(V2Worker.__init__), W) == []
+    assert worker_problems(_worker(AnyWorker.__init__), W) == []
 
+    def needs_more(self, config, tokenizer, *, weights_path=None, mesh, rank_map):
+        pass
 
-V1 = BackendSpec(name="w", kind="training", worker_class="m:W", capabilities={"train", "refit"})
-V2 = BackendSpec(name="w", kind="training", worker_class="m:W", capabilities={"train", "refit"},
-                 plugin_api_version=2)
+    assert worker_problems(_worker(needs_more), W) == [
+        "Candidate.__init__ requires mesh, rank_map, which rlcore does not pass (it offers weights_path, "
+        "optimizer_path, init_optimizer, init_reference_model, backend_config, layout): give them a default or "
+        "take one of those"]
 
+    def no_tokenizer(self, config):
+        pass
 
-def test_a_worker_is_checked_against_its_versions_constructor():
-    assert worker_problems(_worker(_v1_init), V1) == []
-    assert worker_problems(_worker(_v2_init), V2) == []
-    (problem,) = worker_problems(_worker(_v1_init), V2)  # the break of issue 25, found before Ray starts
-    assert "Candidate.__init__" in problem and "backend_config=..." in problem
-    assert "unexpected keyword argument 'backend_config'" in problem and "plugin API version 2" in problem
-    (problem,) = worker_problems(_worker(_v2_init), V1)  # written for 2, declares (by omission) 1
-    assert "takes backend_config, layout" in problem and "declare plugin_api_version=2" in problem
+    (problem,) = worker_problems(_worker(no_tokenizer), W)
+    assert problem.startswith("Candidate.__init__(self, config) cannot take rlcore's call __init__(config, "
+                              "tokenizer, ...)")
 
 
 def test_a_worker_method_that_cannot_take_the_cores_call_is_named():
     def get_logprobs(self, data):  # no ``mode``: Policy passes mode=...
         pass
 
-    problems = worker_problems(_worker(_v2_init, get_logprobs=get_logprobs, finish_training=None), V2)
+    problems = worker_problems(_worker(V2Worker.__init__, get_logprobs=get_logprobs, finish_training=None), W)
     assert any(p.startswith("Candidate.get_logprobs(self, data) cannot take rlcore's call get_logprobs(data, "
                             "mode=...)") for p in problems), problems
     assert "Candidate.finish_training: missing (TrainingWorker of rlcore.interfaces.workers)" in problems
     # a capability adds its Protocol: 'topk_logits' needs get_topk_logits(data, k=..., ...)
-    topk = V2.model_copy(update={"capabilities": V2.capabilities | {Capability.TOPK_LOGITS}})
-    assert worker_problems(_worker(_v2_init), topk) == []
-    assert any("get_topk_logits" in p for p in worker_problems(_worker(_v2_init, get_topk_logits=None), topk))
+    topk = W.model_copy(update={"capabilities": W.capabilities | {Capability.TOPK_LOGITS}})
+    assert worker_problems(_worker(V2Worker.__init__), topk) == []
+    assert any("get_topk_logits" in p for p in worker_problems(_worker(V2Worker.__init__, get_topk_logits=None),
+                                                               topk))
+
+
+class NoTopkWorker:
+    """A worker whose whole method set is in this file: it has no ``get_topk_logits``."""
+
+    def __init__(self, config, tokenizer=None):
+        pass
+
+    def get_logprobs(self, data, *, mode):
+        pass
+
+
+class InheritingNoTopkWorker(NoTopkWorker):
+    pass
+
+
+def test_a_declared_capability_without_its_method_is_refused_at_registration_in_one_line():
+    registry = registry_with(name="liar", kind="training", worker_class=f"{__name__}:InheritingNoTopkWorker",
+                             capabilities={"train", "logprobs", "topk_logits"}, plugin_api_version=5)
+    (record,) = registry.records
+    assert (record.status, record.problem) == ("broken", (
+        f"declares capability 'topk_logits', but {__name__}:InheritingNoTopkWorker has no get_topk_logits: "
+        "implement it or drop 'topk_logits' from its capabilities"))
+    with pytest.raises(BackendError, match="backend 'liar' is broken: declares capability 'topk_logits'"):
+        registry.resolve("liar")
+    # without the capability it is fine; a class whose bases live elsewhere waits for the kit and the worker host
+    assert registry_with(name="honest", kind="training", worker_class=f"{__name__}:NoTopkWorker",
+                         capabilities={"train"}).records[0].status == "ok"
+    imported_base = registry_with(name="later", kind="training", worker_class=f"{__name__}:TopkLater",
+                                  capabilities={"train", "topk_logits"}).records[0]
+    assert imported_base.status == "ok"
+    assert capability_problems(TopkLater, {"train", "topk_logits"}) == [
+        f"declares capability 'topk_logits', but {__name__}:TopkLater has no get_topk_logits (TopkLogitsWorker of "
+        "rlcore.interfaces.workers): implement it or drop 'topk_logits' from its capabilities"]
+
+
+class TopkLater(WorkerHost):  # a base imported from another module: its source cannot tell
+    pass
 
 
 def test_every_installed_backends_worker_keeps_the_contract():
     checked = []
-    for record in get_registry().records:
+    for record in get_registry().backends():
         if record.status != "ok" or record.spec.kind != "training":
             continue
         spec = record.spec
@@ -243,5 +322,3 @@ def test_a_backend_checks_the_config_it_will_run(rlcore_registry):
         resolve(load_config_dict({"policy": {"backend": "mine", "train_micro_batch_size": 2}}))
     assert caught.value.problems == ["policy.train_micro_batch_size: mine runs one sample per micro-batch; set it "
                                      "to 1"]
-    with pytest.raises(ValidationError, match="config_check need plugin_api_version 2"):
-        BackendSpec(name="old", kind="training", worker_class="m:W", config_check=f"{__name__}:refuses_odd_shards")

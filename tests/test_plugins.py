@@ -18,7 +18,7 @@ FIXTURES = Path(__file__).parent / "fixtures" / "plugins"
 
 @pytest.fixture(scope="module")
 def fixture_site(tmp_path_factory) -> Path:
-    """The three fixture distributions, pip-installed into a private directory."""
+    """The fixture distributions, pip-installed into a private directory."""
     target = tmp_path_factory.mktemp("site")
     subprocess.run(
         [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
@@ -52,15 +52,37 @@ def test_list_json_shows_every_status(fixture_site):
     unavailable = rows[("fixture_unavailable", "rlcore-fixture-ok")]
     assert unavailable["status"] == "unavailable"
     assert "pip install rlcore-engine-that-is-not-installed" in unavailable["problem"]
-    incompatible = rows[("fixture_incompatible", "rlcore-fixture-ok")]
-    assert incompatible["status"] == "incompatible" and incompatible["plugin_api_version"] == 99
-    assert incompatible["problem"] == ("declares plugin API version 99; this rlcore serves versions 1, 2, 3, 4, 5: "
-                                       "upgrade rlcore")
+    import rlcore
+
+    incompatible = rows[("fixture_future", "rlcore-fixture-future")]  # its distribution requires rlcore>=99
+    assert incompatible["status"] == "incompatible"
+    assert incompatible["problem"] == f"requires rlcore>=99, this is {rlcore.__version__}: upgrade rlcore"
     broken = rows[("fixture_broken", "rlcore-fixture-broken")]
     assert broken["status"] == "broken" and "rlcore_module_that_does_not_exist" in broken["problem"]
     dup_a, dup_b = rows[("fixture_dup", "rlcore-fixture-ok")], rows[("fixture_dup", "rlcore-fixture-dup")]
     assert dup_a["status"] == dup_b["status"] == "conflict"
     assert "rlcore-fixture-dup:fixture_dup" in dup_a["problem"]
+    assert not {"fixture_env", "fixture_future_env"} & {name for name, _ in rows}  # environments: their own list
+
+
+def test_environments_list_shows_environments_and_broken_plugins(fixture_site):
+    import rlcore
+
+    result = run_cli(fixture_site, "environments", "list", "--json")
+    assert result.returncode == 0, result.stderr
+    rows = {(r["name"], r["distribution"]): r for r in json.loads(result.stdout)["environments"]}
+    assert rows[("fixture_env", "rlcore-fixture-ok")]["status"] == "ok"
+    assert rows[("math", "rlcore")]["status"] == "ok"
+    assert rows[("fixture_future_env", "rlcore-fixture-future")]["problem"] == (
+        f"requires rlcore>=99, this is {rlcore.__version__}: upgrade rlcore")
+    assert rows[("fixture_broken", "rlcore-fixture-broken")]["status"] == "broken"  # it may have provided one
+    assert not any(name.startswith("fixture_") and name.endswith(("ok", "dup", "unavailable")) for name, _ in rows)
+    table = run_cli(fixture_site, "environments", "list")
+    assert "fixture_env" in table.stdout and "-> requires rlcore>=99" in table.stdout
+    shown = run_cli(fixture_site, "environments", "show", "fixture_env")
+    assert shown.returncode == 0 and "environment_class: rlcore_fixture_ok.worker:Worker" in shown.stdout
+    refused = run_cli(fixture_site, "backends", "list", "--kind", "environment")
+    assert refused.returncode != 0 and "rlcore environments list" in refused.stderr
 
 
 def test_list_table_and_kind_filter(fixture_site):
@@ -153,15 +175,50 @@ def test_unavailable_and_incompatible_fail_with_the_fix():
         def rlcore_register_backends(self, register):
             register(BackendSpec(name="needs_engine", kind="generation", worker_class="collections:Counter",
                                  requires=("no_such_engine_mod",), install_hint="pip install engine"))
+
+    class Future:
+        @hookimpl
+        def rlcore_register_backends(self, register):
             register(BackendSpec(name="future", kind="training", worker_class="collections:Counter",
-                                 plugin_api_version=7))
+                                 plugin_api_version=7))  # means nothing: its distribution says what it needs
 
     registry = Registry()
-    registry.register_plugin(Plugin(), name="p")
+    registry.register_plugin(Plugin(), name="p", requires=["torch", "rlcore[hf]"])
+    registry.register_plugin(Future(), name="f", distribution="rl-future", requires=["rlcore>=0.1, <0.1.0"])
     with pytest.raises(BackendError, match="unavailable: missing no_such_engine_mod: pip install engine"):
         registry.resolve("needs_engine")
-    with pytest.raises(BackendError, match="incompatible: declares plugin API version 7"):
+    with pytest.raises(BackendError, match=r"backend 'future' is incompatible: requires rlcore<0.1.0,>=0.1, this is "
+                                           r"0.1.0: install a release of rl-future made for rlcore 0.1.0"):
         registry.resolve("future")
+
+
+def test_a_plugin_that_fails_to_load_under_an_older_rlcore_says_so():
+    """A plugin written for a newer rlcore most likely fails on an import this one lacks: the requirement is the
+    cause worth naming."""
+    from rlcore.plugins.requirements import rlcore_requirement_problem
+
+    assert rlcore_requirement_problem(["rlcore>=99"], installed="0.1.0") == (
+        "requires rlcore>=99, this is 0.1.0: upgrade rlcore")
+    assert rlcore_requirement_problem(["rlcore==0.3.*"], installed="0.2.5") == (
+        "requires rlcore==0.3.*, this is 0.2.5: upgrade rlcore")
+    assert rlcore_requirement_problem(["rlcore>=99; extra == 'test'", "rlcore>=0.1"], installed="0.1.0") == ""
+    assert rlcore_requirement_problem(["rlcore>=0.2.0.dev0"], installed="0.2.0rc1") == ""
+
+    class Dist:
+        name, version, requires = "rl-next", "3.0", ["rlcore>=99"]
+
+    class EntryPoint:
+        name, dist = "next", Dist()
+
+        def load(self):
+            from rlcore.plugins import NameFromTheFuture  # noqa: F401
+
+    registry = Registry()
+    registry.load_entry_points([EntryPoint()])
+    (record,) = registry.records
+    assert record.status == "incompatible"
+    assert record.problem.startswith("requires rlcore>=99, this is ")
+    assert "upgrade rlcore (loading it failed: ImportError: cannot import name 'NameFromTheFuture'" in record.problem
 
 
 def test_broken_entry_point_does_not_hide_the_others():

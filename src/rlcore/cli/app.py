@@ -7,6 +7,7 @@ import typer
 from rlcore.cli.backends_cmd import backends_app
 from rlcore.cli.config_cmd import config_app
 from rlcore.cli.doctor_cmd import doctor
+from rlcore.cli.environments_cmd import environments_app
 from rlcore.cli.examples_cmd import examples_app
 from rlcore.cli.run_cmd import run
 
@@ -14,6 +15,7 @@ app = typer.Typer(help="rlcore: plugin-based RL post-training backends.", no_arg
                   pretty_exceptions_enable=False)
 app.add_typer(backends_app, name="backends")
 app.add_typer(config_app, name="config")
+app.add_typer(environments_app, name="environments")
 app.add_typer(examples_app, name="examples")
 app.command("run")(run)
 app.command("doctor")(doctor)

@@ -12,15 +12,17 @@ backends_app = typer.Typer(help="List and inspect installed backends.", no_args_
 
 @backends_app.command("list")
 def list_backends(
-    kind: Optional[str] = typer.Option(None, "--kind", help="Only 'training', 'generation' or 'environment' "
-                                         "backends."),
+    kind: Optional[str] = typer.Option(None, "--kind", help="Only 'training' or 'generation' backends."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
 ) -> None:
-    """List every discovered backend with its status. Never fails on a bad plugin."""
+    """List every discovered training and generation backend with its status. Never fails on a bad plugin."""
     from rlcore.plugins import get_registry
 
-    if kind not in (None, "training", "generation", "environment"):
-        raise typer.BadParameter("--kind must be 'training', 'generation' or 'environment'")
+    if kind == "environment":
+        typer.echo("error: environments are their own kind: list them with 'rlcore environments list'", err=True)
+        raise typer.Exit(2)
+    if kind not in (None, "training", "generation"):
+        raise typer.BadParameter("--kind must be 'training' or 'generation'")
     rows = [r.as_dict() for r in get_registry().backends(kind)]
     if as_json:
         typer.echo(json.dumps({"backends": rows}, indent=2))
@@ -28,9 +30,12 @@ def list_backends(
     if not rows:
         typer.echo("No backends installed. Install one, e.g. 'pip install rl-dtensor rl-vllm[cpu]'.")
         return
-    headers = ["name", "kind", "distribution", "version", "status", "capabilities"]
-    table = [[r["name"], r["kind"], r["distribution"], r["version"], r["status"], ",".join(r["capabilities"])]
-             for r in rows]
+    print_table(rows, ["name", "kind", "distribution", "version", "status", "capabilities"])
+
+
+def print_table(rows: list[dict], headers: list[str]) -> None:
+    """``rows`` as aligned columns, each row's problem on the line under it."""
+    table = [[",".join(r[h]) if isinstance(r[h], list) else str(r[h]) for h in headers] for r in rows]
     widths = [max(len(h), *(len(row[i]) for row in table)) for i, h in enumerate(headers)]
     typer.echo("  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip())
     for row, r in zip(table, rows):

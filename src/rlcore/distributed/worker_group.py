@@ -70,7 +70,12 @@ def _task_error(exc: Any) -> str:
 
 
 class RayWorkerGroup:
-    """Starts ``cluster.world_size`` workers of ``worker_class`` in the cluster's bundles."""
+    """Starts ``cluster.world_size`` workers of ``worker_class`` in the cluster's bundles.
+
+    Each is built as ``Class(*init_args, **init_kwargs, **offered)``, ``offered`` being the entries of
+    ``offered_kwargs`` its constructor declares (a plugin's worker, given what it knows); a class lacking a
+    method of one of ``capabilities`` is refused before it is built (:class:`WorkerHost`).
+    """
 
     def __init__(
         self,
@@ -81,6 +86,8 @@ class RayWorkerGroup:
         name_prefix: str = "worker",
         init_args: tuple = (),
         init_kwargs: dict[str, Any] | None = None,
+        offered_kwargs: dict[str, Any] | None = None,
+        capabilities: Sequence[str] = (),
         extra_env: dict[str, str] | None = None,
         kill_on_error: bool = True,
     ) -> None:
@@ -126,7 +133,7 @@ class RayWorkerGroup:
                 max_concurrency=1,
                 max_restarts=0,
                 **cluster.actor_resources(),
-            ).remote(worker_class, env, init_args, init_kwargs or {})
+            ).remote(worker_class, env, init_args, init_kwargs or {}, offered_kwargs, tuple(map(str, capabilities)))
             self.workers.append(actor)
             self.worker_names.append(name)
             self.worker_nodes.append(f"{bundle.node_ip} ({bundle.node_id[:8]})")

@@ -1,7 +1,11 @@
 """The Ray actor that hosts one rank of a backend's worker.
 
 The driver only knows the backend's ``"module:Class"`` string; the class (and
-torch, and the engine) is imported here, inside the worker process.
+torch, and the engine) is imported here, inside the worker process. So this is
+where a training worker's contract is met: the class gets the keyword
+arguments its constructor declares, out of those the core offers, and a class
+that lacks a method of a capability its spec declares is refused, in one line,
+before it is built.
 """
 
 from __future__ import annotations
@@ -18,7 +22,8 @@ WORKER_LOG_DIR_ENV = "RLCORE_WORKER_LOG_DIR"
 class WorkerHost:
     """Sets the rank's environment, then builds and serves the backend worker."""
 
-    def __init__(self, worker_class: str, env: dict[str, str], args: tuple, kwargs: dict[str, Any]) -> None:
+    def __init__(self, worker_class: str, env: dict[str, str], args: tuple, kwargs: dict[str, Any],
+                 offered: dict[str, Any] | None = None, capabilities: tuple[str, ...] = ()) -> None:
         os.environ.update(env)
         _redirect_output(env.get("RLCORE_WORKER_NAME", f"worker-{os.getpid()}"))
         if env.get("RLCORE_CPU_THREADS"):
@@ -27,9 +32,15 @@ class WorkerHost:
             # One thread per rank: several ranks share a few cores, and oversubscription
             # makes each rank several times slower (design.md §5).
             torch.set_num_threads(int(env["RLCORE_CPU_THREADS"]))
-        from rlcore.plugins.spec import import_object
+        from rlcore.plugins import declared_kwargs, import_object
 
-        self.worker = import_object(worker_class)(*args, **kwargs)
+        cls = import_object(worker_class)
+        if capabilities:
+            from rlcore.interfaces.workers import capability_problems
+
+            if problems := capability_problems(cls, capabilities):
+                raise TypeError(problems[0])
+        self.worker = cls(*args, **declared_kwargs(cls, offered or {}), **kwargs)
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         return getattr(self.worker, method)(*args, **kwargs)

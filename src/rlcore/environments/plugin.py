@@ -1,6 +1,6 @@
 """Registers the built-in environments through the public hook (light: imports nothing they need)."""
 
-from rlcore.plugins import BackendSpec, hookimpl
+from rlcore.plugins import EnvironmentSpec, hookimpl
 
 _BUILTIN = {
     "digits": ("digits:DigitsEnvironment", None, "The toy task: the fraction of the completion that is digits."),
@@ -18,18 +18,14 @@ _BUILTIN = {
                "A 'module:function' reward(prompts, completions, metadata=..., **kwargs) -> list[float], or a "
                "dict of named rewards (their sum; the components GDPO reads)."),
 }
-#: The built-ins that may return named reward components (plugin API 5); the others need only version 3.
-_WITH_COMPONENTS = {"python"}
 
 
 @hookimpl
-def rlcore_register_backends(register):
+def rlcore_register_environments(register):
     for name, (env_class, config_class, description) in _BUILTIN.items():
-        register(BackendSpec(
+        register(EnvironmentSpec(
             name=name,
-            kind="environment",
-            worker_class=f"rlcore.environments.{env_class}",
+            environment_class=f"rlcore.environments.{env_class}",
             config_class=f"rlcore.environments.{config_class}" if config_class else None,
             description=description,
-            plugin_api_version=5 if name in _WITH_COMPONENTS else 3,
         ))

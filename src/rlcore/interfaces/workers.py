@@ -6,17 +6,16 @@ its workers through these methods (``self._all(TrainingWorker.is_alive)``), so
 the calls and the contract cannot drift apart, and :func:`worker_problems`
 checks a worker class against them before any process starts (the
 conformance kit runs it). Which Protocols apply follows from the capabilities
-a spec declares (:data:`CAPABILITY_PROTOCOLS`); how the worker is constructed
-follows from its plugin API version (:mod:`rlcore.plugins.versions`).
+a spec declares (:data:`CAPABILITY_PROTOCOLS`); a worker is constructed with
+the keyword arguments its ``__init__`` declares (:mod:`rlcore.plugins.negotiation`).
 """
 
 from __future__ import annotations
 
 import inspect
-from typing import TYPE_CHECKING, Any, Literal, Optional, Protocol
+from typing import TYPE_CHECKING, Any, Iterable, Literal, Optional, Protocol
 
-from rlcore.plugins import BackendSpec, Capability
-from rlcore.plugins.versions import PLUGIN_APIS
+from rlcore.plugins import CAPABILITY_METHODS, TRAINING_WORKER_KEYWORDS, BackendSpec, Capability
 
 if TYPE_CHECKING:
     from rlcore.data import BatchedDataDict
@@ -158,37 +157,55 @@ def _protocol_call(fn: Any) -> tuple[list[str], list[str]]:
 
 def worker_problems(worker_cls: type, spec: BackendSpec) -> list[str]:
     """Why ``worker_cls`` breaks the contract of ``spec``: a missing method, a signature that cannot take
-    the core's call, or a constructor that cannot take its plugin API version's arguments. Empty when fine."""
+    the core's call, or a constructor the core cannot call. Empty when fine."""
     owner = worker_cls.__qualname__
-    problems = []
+    problems = capability_problems(worker_cls, spec.capabilities) if spec.kind == "training" else []
     for protocol in required_protocols(spec):
         for name, fn in protocol_methods(protocol).items():
             impl = getattr(worker_cls, name, None)
             if not callable(impl):
-                problems.append(f"{owner}.{name}: missing ({protocol.__name__} of rlcore.interfaces.workers)")
+                if protocol is TrainingWorker or protocol is GenerationWorker:
+                    problems.append(f"{owner}.{name}: missing ({protocol.__name__} of rlcore.interfaces.workers)")
             elif problem := _call_problem(owner, name, impl, *_protocol_call(fn)):
                 problems.append(problem)
     return problems + constructor_problems(worker_cls, spec)
 
 
+def capability_problems(worker_cls: type, capabilities: Iterable[Capability]) -> list[str]:
+    """One line per declared capability whose methods ``worker_cls`` lacks, naming the capability, the
+    methods and the fix (the worker host refuses to build such a worker; the kit refuses it too)."""
+    owner = f"{worker_cls.__module__}:{worker_cls.__qualname__}"
+    problems = []
+    for capability in sorted(Capability(c) for c in capabilities):
+        missing = [m for m in CAPABILITY_METHODS.get(capability, ()) if not callable(getattr(worker_cls, m, None))]
+        if missing:
+            problems.append(f"declares capability '{capability}', but {owner} has no {', '.join(missing)} "
+                            f"({CAPABILITY_PROTOCOLS[capability].__name__} of rlcore.interfaces.workers): implement "
+                            f"{'it' if len(missing) == 1 else 'them'} or drop '{capability}' from its capabilities")
+    return problems
+
+
 def constructor_problems(worker_cls: type, spec: BackendSpec) -> list[str]:
-    """Whether a training worker's ``__init__`` takes ``(config, tokenizer, **keywords of its API version)``,
-    and does not take a later version's keywords while declaring an earlier version."""
+    """Whether a training worker's ``__init__`` takes ``(config, tokenizer)`` positionally, and every keyword it
+    requires is one the core offers (it is given only those it declares)."""
     if spec.kind != "training":
         return []
-    api = spec.api
     owner = worker_cls.__qualname__
-    problem = _call_problem(owner, "__init__", worker_cls.__init__, ["config", "tokenizer"],
-                            list(api.training_worker_keywords))
-    if problem:
-        return [f"{problem} (plugin API version {api.version}, docs/plugin-api.md)"]
-    params = inspect.signature(worker_cls.__init__).parameters
-    later = sorted({k for v in PLUGIN_APIS.values() if v.version > api.version
-                    for k in v.training_worker_keywords} - set(api.training_worker_keywords))
-    named = [k for k in later if k in params]
-    if named:
-        first = min(v for v, a in PLUGIN_APIS.items() if set(named) <= set(a.training_worker_keywords))
-        return [f"{owner}.__init__ takes {', '.join(named)}, which rlcore passes from plugin API version "
-                f"{first} on, but the spec declares plugin_api_version {api.version} (the default when "
-                f"omitted): declare plugin_api_version={first}"]
+    try:
+        signature = inspect.signature(worker_cls.__init__)
+    except (TypeError, ValueError):
+        return []
+    params = list(signature.parameters.values())[1:]
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    takes_varargs = any(p.kind is p.VAR_POSITIONAL for p in params)
+    if len(positional) < 2 and not takes_varargs:
+        return [f"{owner}.__init__{signature} cannot take rlcore's call __init__(config, tokenizer, ...): it "
+                "must take the policy config and the tokenizer positionally"]
+    rest = [p for p in params if p not in positional[:2]]
+    unknown = [p.name for p in rest if p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+               and p.name not in TRAINING_WORKER_KEYWORDS]
+    if unknown:
+        return [f"{owner}.__init__ requires {', '.join(unknown)}, which rlcore does not pass (it offers "
+                f"{', '.join(TRAINING_WORKER_KEYWORDS)}): give {'it' if len(unknown) == 1 else 'them'} a default or "
+                "take one of those"]
     return []

@@ -6,6 +6,12 @@ cannot turn a feature silently off. The core and the kit test membership with
 the members themselves (``Capability.SEQUENCE_PACKING in spec.capabilities``),
 never with free strings. The members are ``str`` values, so a plugin may still
 write ``capabilities={"train", "logprobs"}``.
+
+A capability is how a backend opts in to behaviour: the core asks for what a
+backend declares and never for more. Some capabilities need worker methods
+(:data:`CAPABILITY_METHODS`; the Protocols of ``rlcore.interfaces.workers``
+spell their signatures); the others change what existing calls do
+(``docs/plugin-api.md`` has the table).
 """
 
 from __future__ import annotations
@@ -32,8 +38,8 @@ class Capability(str, Enum):
     REFIT = "refit"
     LORA = "lora"
     GENERATE = "generate"
-    CHUNKED_LOGPROBS = "chunked_logprobs"  # policy.logprob_chunk_size (plugin API 4)
-    LOGITS_AT_INDICES = "logits_at_indices"  # a loss's input: logits at given token ids (plugin API 5)
+    CHUNKED_LOGPROBS = "chunked_logprobs"  # honours policy.logprob_chunk_size (since rlcore 0.2)
+    LOGITS_AT_INDICES = "logits_at_indices"  # a loss's input: logits at given token ids (since rlcore 0.2)
     # generation backends
     DATA_PARALLEL = "data_parallel"
     STOP_STRINGS = "stop_strings"
@@ -43,6 +49,18 @@ class Capability(str, Enum):
 
     def __str__(self) -> str:
         return self.value
+
+
+#: The methods a training backend's worker must have when its spec declares the capability (the Protocols of
+#: ``rlcore.interfaces.workers`` hold their signatures; a test keeps the two equal).
+CAPABILITY_METHODS: dict[Capability, tuple[str, ...]] = {
+    Capability.TOPK_LOGITS: ("get_topk_logits",),
+    Capability.REFIT: ("prepare_refit_info", "stream_weights_via_ipc_zmq", "init_collective",
+                       "broadcast_weights_for_collective"),
+    Capability.LORA: ("prepare_refit_info", "stream_weights_via_ipc_zmq", "broadcast_weights_for_collective",
+                      "save_lora_adapter"),
+    Capability.GENERATE: ("generate",),
+}
 
 
 def parse_capabilities(values: Iterable[Any]) -> frozenset[Capability]:

@@ -2,6 +2,9 @@
 
 A plugin is any module or object with ``@hookimpl`` functions, published in the
 ``rlcore.plugins`` entry-point group. First-party backends use these same hooks.
+A hook implementation declares only the arguments it uses (pluggy's rule), so a
+hook can gain an argument without breaking an older plugin; new behaviour comes
+as a new, optional hook.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from typing import Callable
 import pluggy
 
 from rlcore.plugins.algorithm_spec import AlgorithmSpec
+from rlcore.plugins.environment_spec import EnvironmentSpec
 from rlcore.plugins.spec import BackendSpec
 
 hookspec = pluggy.HookspecMarker("rlcore")
@@ -25,6 +29,15 @@ def rlcore_register_backends(register: Callable[[BackendSpec], None]) -> None:
     backends, so it must not import torch, ray or an engine. Heavy classes are
     named in the spec as ``"module:Class"`` strings and imported only inside
     the worker process that runs them.
+    """
+
+
+@hookspec
+def rlcore_register_environments(register: Callable[[EnvironmentSpec], None]) -> None:
+    """Declare environments by calling ``register(EnvironmentSpec(...))`` once per environment (since rlcore 0.2).
+
+    The same rule as for backends: the module implementing this hook is light, and the environment's classes
+    are named as ``"module:Class"`` strings.
     """
 
 

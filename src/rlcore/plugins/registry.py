@@ -1,16 +1,20 @@
-"""The plugin manager: discovers backends and says which ones can be used.
+"""The plugin manager: discovers backends, environments and algorithms, and says which ones can be used.
 
 Entry points of the ``rlcore.plugins`` group are loaded one at a time, so one
 broken plugin never hides the others (pluggy's own loader stops at the first
-failure and silently drops duplicate names). Every discovered backend gets a
-status:
+failure and silently drops duplicate names). Backends, environments and
+algorithms are three kinds of record, each with its own names. Every record
+gets a status:
 
 - ``ok``: usable.
 - ``unavailable``: its engine is not installed (``install_hint`` says how).
-- ``broken``: the plugin module failed to import or to register.
-- ``conflict``: two distributions claim the same backend name; select one as
+- ``broken``: the plugin module failed to import or to register, its worker
+  module is missing, or it declares a capability its worker class has no
+  method for (when the worker's source shows it without importing it).
+- ``conflict``: two distributions claim the same name; select one as
   ``"distribution:name"``.
-- ``incompatible``: it declares a plugin API version this core does not know.
+- ``incompatible``: its distribution requires an rlcore this is not
+  (``Requires-Dist: rlcore>=X``).
 - ``disabled``: excluded by ``RLCORE_PLUGINS`` / ``RLCORE_DISABLE_PLUGINS``.
 
 Listing never fails; selecting a backend that is not ``ok`` raises
@@ -30,8 +34,13 @@ import pluggy
 
 from rlcore.plugins import hookspecs
 from rlcore.plugins.algorithm_spec import AlgorithmSpec
+from rlcore.plugins.capabilities import CAPABILITY_METHODS
+from rlcore.plugins.environment_spec import EnvironmentSpec
+from rlcore.plugins.requirements import rlcore_requirement_problem
 from rlcore.plugins.spec import BackendSpec
-from rlcore.plugins.versions import SUPPORTED_PLUGIN_API_VERSIONS
+from rlcore.plugins.worker_source import defined_methods
+
+Spec = BackendSpec | EnvironmentSpec | AlgorithmSpec
 
 ENTRY_POINT_GROUP = "rlcore.plugins"
 
@@ -42,7 +51,8 @@ class BackendError(RuntimeError):
 
 @dataclass
 class BackendRecord:
-    """One row of ``rlcore backends list``."""
+    """One row of ``rlcore backends list`` (or ``environments list``); ``kind`` is ``'?'`` for a plugin that
+    failed before it registered anything."""
 
     name: str
     kind: str
@@ -51,7 +61,9 @@ class BackendRecord:
     version: str
     status: str = "ok"
     problem: str = ""
-    spec: BackendSpec | AlgorithmSpec | None = None
+    spec: Spec | None = None
+    #: The status and problem of the spec on its own, before any name conflict.
+    own: tuple[str, str] = field(default=("ok", ""), repr=False)
 
     @property
     def qualified_name(self) -> str:
@@ -67,9 +79,14 @@ class BackendRecord:
             "version": self.version,
             "status": self.status,
             "capabilities": caps,
-            "plugin_api_version": getattr(self.spec, "plugin_api_version", None),
+            "plugin_api_version": getattr(self.spec, "plugin_api_version", None),  # ignored since rlcore 0.2
             "problem": self.problem,
         }
+
+
+def group_of(kind: str | None) -> str:
+    """The name space a kind of record lives in: ``'algorithm'``, ``'environment'`` or ``'backend'``."""
+    return kind if kind in ("algorithm", "environment") else "backend"
 
 
 def _env_names(var: str) -> set[str] | None:
@@ -81,29 +98,34 @@ def _env_names(var: str) -> set[str] | None:
 
 @dataclass
 class Registry:
-    """Backends discovered from plugins, with their statuses."""
+    """Backends, environments and algorithms discovered from plugins, with their statuses."""
 
     records: list[BackendRecord] = field(default_factory=list)
     _pm: pluggy.PluginManager = field(default_factory=lambda: _new_plugin_manager())
 
     # -- building -----------------------------------------------------------
-    def register_plugin(self, plugin: object, name: str, distribution: str = "<local>", version: str = "") -> None:
-        """Register a plugin object (a module or any object with hook impls).
+    def register_plugin(self, plugin: object, name: str, distribution: str = "<local>", version: str = "",
+                        requires: Iterable[str] | None = None) -> None:
+        """Register a plugin object (a module or any object with hook impls); ``requires`` are its
+        distribution's ``Requires-Dist`` lines, checked for the rlcore it needs.
 
         This is also how tests add a plugin without installing it.
         """
-        specs: list[BackendSpec | AlgorithmSpec] = []
+        incompatible = rlcore_requirement_problem(requires, distribution) if requires else ""
+        specs: list[Spec] = []
+        hooks = self._pm.hook
         try:
             self._pm.register(plugin, name=name)
-            for hook in (self._pm.hook.rlcore_register_backends, self._pm.hook.rlcore_register_algorithms):
+            for hook in (hooks.rlcore_register_backends, hooks.rlcore_register_environments,
+                         hooks.rlcore_register_algorithms):
                 for impl in hook.get_hookimpls():
-                    if impl.plugin is plugin:
-                        impl.function(register=specs.append)
+                    if impl.plugin is plugin:  # an implementation gets the arguments it declares (pluggy's rule)
+                        impl.function(**{k: v for k, v in {"register": specs.append}.items() if k in impl.argnames})
         except Exception as exc:  # a plugin's own bug must not break discovery
-            self._add_broken(name, distribution, version, exc)
+            self._add_broken(name, distribution, version, exc, incompatible)
             return
         for spec in specs:
-            self._add_spec(spec, name, distribution, version)
+            self._add_spec(spec, name, distribution, version, incompatible)
 
     def load_entry_points(self, entry_points: Iterable[metadata.EntryPoint] | None = None) -> None:
         """Load ``rlcore.plugins`` entry points one by one, honouring the env filters."""
@@ -113,6 +135,7 @@ class Registry:
         for ep in sorted(eps, key=lambda e: (e.dist.name if e.dist else "", e.name)):
             dist = ep.dist.name if ep.dist else "<unknown>"
             version = ep.dist.version if ep.dist else ""
+            requires = ep.dist.requires if ep.dist else None
             selected = {ep.name, dist}
             if (allow is not None and not selected & allow) or selected & deny:
                 self.records.append(
@@ -123,21 +146,27 @@ class Registry:
             try:
                 plugin = ep.load()
             except Exception as exc:
-                self._add_broken(ep.name, dist, version, exc)
+                incompatible = rlcore_requirement_problem(requires, dist) if requires else ""
+                self._add_broken(ep.name, dist, version, exc, incompatible)
                 continue
-            self.register_plugin(plugin, name=f"{dist}:{ep.name}", distribution=dist, version=version)
+            self.register_plugin(plugin, name=f"{dist}:{ep.name}", distribution=dist, version=version,
+                                 requires=requires)
 
-    def _add_broken(self, plugin: str, dist: str, version: str, exc: BaseException) -> None:
-        self.records.append(
-            BackendRecord(plugin, "?", plugin, dist, version, "broken", f"plugin failed to load: {_one_line(exc)}")
-        )
+    def _add_broken(self, plugin: str, dist: str, version: str, exc: BaseException, incompatible: str = "") -> None:
+        status, problem = "broken", f"plugin failed to load: {_one_line(exc)}"
+        if incompatible:  # most likely why: it uses what a newer rlcore has
+            status, problem = "incompatible", f"{incompatible} (loading it failed: {_one_line(exc)})"
+        self.records.append(BackendRecord(plugin, "?", plugin, dist, version, status, problem))
 
-    def _add_spec(self, spec: BackendSpec | AlgorithmSpec, plugin: str, dist: str, version: str) -> None:
+    def _add_spec(self, spec: Spec, plugin: str, dist: str, version: str, incompatible: str = "") -> None:
+        if isinstance(spec, BackendSpec) and spec.kind == "environment":
+            spec = EnvironmentSpec.from_backend_spec(spec)  # registered the rlcore 0.2 way
         kind = "algorithm" if isinstance(spec, AlgorithmSpec) else spec.kind
         record = BackendRecord(spec.name, kind, plugin, dist, version, spec=spec)
-        record.status, record.problem = _own_status(spec, dist)
+        record.own = ("incompatible", incompatible) if incompatible else _own_status(spec, dist)
+        record.status, record.problem = record.own
         rivals = [r for r in self.records if r.spec is not None and r.name == spec.name and r.distribution != dist
-                  and (r.kind == "algorithm") == (kind == "algorithm")]
+                  and group_of(r.kind) == group_of(kind)]
         if rivals:
             for r in [*rivals, record]:
                 others = [o.qualified_name for o in [*rivals, record] if o is not r]
@@ -147,7 +176,15 @@ class Registry:
 
     # -- querying -----------------------------------------------------------
     def backends(self, kind: str | None = None) -> list[BackendRecord]:
-        return [r for r in self.records if (kind is None and r.kind != "algorithm") or r.kind in (kind, "?")]
+        """Training and generation backends (of ``kind`` when given), and plugins that failed to register."""
+        if kind == "environment":
+            raise ValueError("environments are their own kind: use Registry.environments()")
+        return [r for r in self.records if r.kind == "?" or (group_of(r.kind) == "backend"
+                                                              and kind in (None, r.kind))]
+
+    def environments(self) -> list[BackendRecord]:
+        """The registered environments, and plugins that failed to register (they may have provided one)."""
+        return [r for r in self.records if r.kind in ("environment", "?")]
 
     def algorithms(self) -> list[BackendRecord]:
         """The registered algorithms (records of kind ``'algorithm'``)."""
@@ -159,38 +196,57 @@ class Registry:
         assert isinstance(spec, AlgorithmSpec)
         return spec
 
-    def resolve(self, name: str, kind: str | None = None) -> BackendSpec:
-        """The spec of an ``ok`` backend, by ``name`` or ``distribution:name``."""
+    def resolve_environment(self, name: str) -> EnvironmentSpec:
+        """The spec of an ``ok`` environment, by ``name`` or ``distribution:name``."""
+        spec = self.resolve(name, kind="environment")
+        assert isinstance(spec, EnvironmentSpec)
+        return spec
+
+    def resolve(self, name: str, kind: str | None = None) -> Any:
+        """The spec of an ``ok`` record of ``kind`` (a backend when None), by ``name`` or ``distribution:name``."""
         record = self.find(name, kind)
-        if kind is not None and record.kind != kind:
+        noun = group_of(kind)
+        if kind is not None and record.kind not in (kind, "?"):
             raise BackendError(f"backend '{name}' is a {record.kind} backend, not a {kind} backend")
         status, problem = record.status, record.problem
         if status == "conflict" and ":" in name and record.spec is not None:
-            status, problem = _own_status(record.spec, record.distribution)  # disambiguated by the user
+            status, problem = record.own  # disambiguated by the user
         if status != "ok" or record.spec is None:
-            raise BackendError(f"backend '{name}' is {status}: {problem}")
+            raise BackendError(f"{noun} '{name}' is {status}: {problem}")
         return record.spec
 
     def find(self, name: str, kind: str | None = None) -> BackendRecord:
-        """The record named ``name`` (``distribution:name``), of ``kind`` when given (an algorithm and a backend
-        may share a name)."""
+        """The record named ``name`` (``distribution:name``) among those of ``kind``'s group (backends when None):
+        a backend, an environment and an algorithm may share a name."""
+        group = group_of(kind)
         dist, sep, short = name.rpartition(":")
-        same_kind = [r for r in self.records if (r.kind == "algorithm") == (kind == "algorithm")]
-        matches = [r for r in same_kind if r.name == short and (not sep or r.distribution == dist)]
-        if not matches:
-            if kind == "algorithm":
-                known = sorted({r.name for r in self.algorithms() if r.spec is not None})
-                raise BackendError(f"no algorithm named '{name}' (installed: {', '.join(known) or 'none'}); install "
-                                   "the plugin that provides it")
-            known = sorted({r.name for r in same_kind if r.spec is not None})
-            close = difflib.get_close_matches(short, known, n=1)
-            hint = f"did you mean '{close[0]}'? " if close else ""
-            installed = ", ".join(known) or "none"
-            raise BackendError(
-                f"no backend named '{name}' (installed: {installed}); {hint}"
-                f"install the plugin that provides it, e.g. 'pip install rl-{short}'"
-            )
-        return matches[0]
+        same_group = [r for r in self.records if group_of(r.kind) == group or (r.kind == "?" and group != "algorithm")]
+        matches = [r for r in same_group if r.name == short and (not sep or r.distribution == dist)]
+        if matches:
+            return matches[0]
+        noun = group
+        known = sorted({r.name for r in same_group if r.spec is not None})
+        installed = ", ".join(known) or "none"
+        if group == "algorithm":
+            raise BackendError(f"no algorithm named '{name}' (installed: {installed}); install the plugin that "
+                               "provides it")
+        close = difflib.get_close_matches(short, known, n=1)
+        hint = f"did you mean '{close[0]}'? " if close else ""
+        failed = [r for r in same_group if r.kind == "?" and r.status in ("broken", "incompatible")]
+        suspects = [r for r in failed if _normal(short) in _normal(r.distribution) + " " + _normal(r.name)]
+        if suspects:  # the plugin that would provide it is there, and failed: say why, not "install it"
+            r = suspects[0]
+            raise BackendError(f"no {noun} named '{name}': its plugin {r.qualified_name} is {r.status}: {r.problem}")
+        fix = f"install the plugin that provides it, e.g. 'pip install rl-{short}'" if group == "backend" \
+            else "install the plugin that provides it"
+        if failed:
+            fix += f" (plugins that failed to load: {', '.join(r.qualified_name for r in failed)}; see 'rlcore " \
+                   f"{noun}s list')"
+        raise BackendError(f"no {noun} named '{name}' (installed: {installed}); {hint}{fix}")
+
+
+def _normal(name: str) -> str:
+    return name.lower().replace("-", "_").replace(".", "_")
 
 
 def _one_line(exc: BaseException) -> str:
@@ -207,25 +263,35 @@ def _one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {message}{at}"
 
 
-def _own_status(spec: BackendSpec | AlgorithmSpec, dist: str) -> tuple[str, str]:
+def _own_status(spec: Spec, dist: str) -> tuple[str, str]:
     """Status of a spec on its own, before any name conflict is considered."""
-    if isinstance(spec, AlgorithmSpec):
-        if missing := spec.missing_requirements():
-            hint = f": {spec.install_hint}" if spec.install_hint else ""
-            return "unavailable", f"missing {', '.join(missing)}{hint}"
-        return "ok", ""
-    if spec.plugin_api_version not in SUPPORTED_PLUGIN_API_VERSIONS:
-        served = ", ".join(map(str, sorted(SUPPORTED_PLUGIN_API_VERSIONS)))
-        fix = ("upgrade rlcore" if spec.plugin_api_version > max(SUPPORTED_PLUGIN_API_VERSIONS)
-               else f"install a release of {dist} written for one of those")
-        return "incompatible", (f"declares plugin API version {spec.plugin_api_version}; this rlcore serves "
-                                f"versions {served}: {fix}")
     if missing := spec.missing_requirements():
         hint = f": {spec.install_hint}" if spec.install_hint else ""
         return "unavailable", f"missing {', '.join(missing)}{hint}"
+    if isinstance(spec, EnvironmentSpec) and not spec.class_module_exists():
+        return "broken", f"environment module of {spec.environment_class} is not installed: reinstall {dist}"
+    if not isinstance(spec, BackendSpec):
+        return "ok", ""
     if not spec.worker_module_exists():
         return "broken", f"worker module of {spec.worker_class} is not installed: reinstall {dist}"
+    if problem := _capability_problem(spec):
+        return "broken", problem
     return "ok", ""
+
+
+def _capability_problem(spec: BackendSpec) -> str:
+    """A declared capability whose method the training worker's source shows it lacks (empty when none, or when
+    the source cannot tell without importing the class)."""
+    if spec.kind != "training" or not any(c in CAPABILITY_METHODS for c in spec.capabilities):
+        return ""
+    methods = defined_methods(spec.worker_class)
+    if methods is None:
+        return ""
+    for capability in sorted(spec.capabilities):
+        if missing := [m for m in CAPABILITY_METHODS.get(capability, ()) if m not in methods]:
+            return (f"declares capability '{capability}', but {spec.worker_class} has no {', '.join(missing)}: "
+                    f"implement {'it' if len(missing) == 1 else 'them'} or drop '{capability}' from its capabilities")
+    return ""
 
 
 def _new_plugin_manager() -> pluggy.PluginManager:

@@ -9,7 +9,6 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from rlcore.plugins.capabilities import Capability, parse_capabilities
-from rlcore.plugins.versions import PLUGIN_APIS, PluginApi
 
 BackendKind = Literal["training", "generation", "environment"]
 
@@ -54,11 +53,11 @@ class BackendSpec(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     name: str = Field(description="Backend name users select in configs, e.g. 'dtensor'.")
-    kind: BackendKind = Field(description="'training' (a policy worker), 'generation' (an engine) or 'environment' "
-                              "(scores rollouts; plugin API 3).")
-    worker_class: str = Field(description="'module:Class' of the Ray worker, imported only inside the worker; for "
-                              "an environment, its class (rlcore.interfaces.environment), built in the driver or "
-                              "in its Ray actors.")
+    kind: BackendKind = Field(description="'training' (a policy worker) or 'generation' (an engine). "
+                              "'environment' is still accepted and registers an rlcore.plugins.EnvironmentSpec "
+                              "(new plugins use rlcore_register_environments).")
+    worker_class: str = Field(description="'module:Class' of the Ray worker, imported only inside the worker (for "
+                              "kind 'environment': the environment class).")
     driver_class: str | None = Field(
         default=None,
         description="'module:Class' of the driver-side facade of a generation backend, built as "
@@ -77,22 +76,22 @@ class BackendSpec(BaseModel):
     )
     layout: str | None = Field(
         default=None,
-        description="'module:function' of a training backend's layout function (plugin API 2): given a "
+        description="'module:function' of a training backend's layout function (since rlcore 0.2): given a "
         "rlcore.plugins.LayoutRequest, it returns the rlcore.plugins.ParallelLayout the policy runs with. "
         "None = pure data parallel. Imported on the driver: keep its module light.",
     )
     config_check: str | None = Field(
         default=None,
-        description="'module:function' (plugin API 2) given the same rlcore.plugins.LayoutRequest, returning one "
+        description="'module:function' (since rlcore 0.2) given the same rlcore.plugins.LayoutRequest, returning one "
         "problem line per setting this backend cannot run (settings outside its own section, or that depend on "
         "the cluster); the config is refused before anything starts. Imported on the driver: keep it light.",
     )
     requires: tuple[str, ...] = Field(default=(), description="Top-level modules the engine needs.")
     install_hint: str = Field(default="", description="How to install what 'requires' names.")
-    plugin_api_version: int = Field(
-        default=1,
-        description="The rlcore plugin API version the backend was written for (docs/plugin-api.md); the "
-        "core gives it exactly that version's calls. Omitted = 1, the version that documented omitting it.",
+    plugin_api_version: int | None = Field(
+        default=None,
+        description="Accepted and ignored since rlcore 0.2: constructors get the keyword arguments they declare, "
+        "and a plugin states the rlcore it needs as its distribution's requirement (rlcore>=X).",
     )
     description: str = ""
 
@@ -116,24 +115,7 @@ class BackendSpec(BaseModel):
         return parse_capabilities(v)
 
     @model_validator(mode="after")
-    def _within_its_version(self) -> "BackendSpec":
-        """A spec uses only what its plugin API version has (an unknown version is listed 'incompatible')."""
-        api = PLUGIN_APIS.get(self.plugin_api_version)
-        if api is None:
-            return self
-        fields = sorted(f for f in self.model_fields_set
-                        if f not in api.spec_fields and getattr(self, f) != type(self).model_fields[f].default)
-        capabilities = self.capabilities - api.capabilities
-        newer = fields + sorted(f"capability '{c}'" for c in capabilities)
-        if newer:
-            later = min(v for v, a in PLUGIN_APIS.items()
-                        if set(fields) <= a.spec_fields and capabilities <= a.capabilities)
-            raise ValueError(f"{', '.join(newer)} need plugin_api_version {later}, but the spec declares "
-                             f"{self.plugin_api_version}: declare plugin_api_version={later} (docs/plugin-api.md)")
-        if self.kind not in api.kinds:
-            later = min(v for v, a in PLUGIN_APIS.items() if self.kind in a.kinds)
-            raise ValueError(f"kind '{self.kind}' needs plugin_api_version {later}, but the spec declares "
-                             f"{self.plugin_api_version} (docs/plugin-api.md)")
+    def _fields_of_its_kind(self) -> "BackendSpec":
         if self.layout is not None and self.kind != "training":
             raise ValueError("layout is a training backend's; a generation backend lays out its engines itself")
         if self.kind == "environment" and (extra := [f for f in ("driver_class", "config_check", "capabilities")
@@ -141,11 +123,6 @@ class BackendSpec(BaseModel):
             raise ValueError(f"{', '.join(extra)}: not fields of an environment (it declares worker_class, "
                              "config_class, requires)")
         return self
-
-    @property
-    def api(self) -> PluginApi:
-        """The plugin API version this spec was written for (KeyError for one this core does not serve)."""
-        return PLUGIN_APIS[self.plugin_api_version]
 
     def supports(self, capability: Capability) -> bool:
         """Whether the backend declares ``capability`` (a member: a misspelt one fails where it is written)."""

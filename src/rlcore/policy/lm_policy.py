@@ -86,7 +86,8 @@ class Policy(WorkerGroupOwner, ColocatablePolicyInterface, GenerationInterface):
             sharding=self.sharding,
             name_prefix=f"{name_prefix}-{self.spec.name}",
             init_args=(self.cfg, tokenizer),
-            init_kwargs=self.spec.api.training_worker_kwargs(available),  # what its plugin API version takes
+            offered_kwargs=available,  # the worker gets those its constructor declares
+            capabilities=tuple(self.spec.capabilities),  # a missing method of one is refused in the worker
         )
         # Constructing actors is asynchronous: wait so that a worker that cannot start fails here.
         self._all(TrainingWorker.is_alive)

@@ -1,8 +1,12 @@
 """The conformance kit of the environment kind: what the core relies on, checked on a few samples.
 
-``check_environment("my_pkg.env:MyEnv", config, cases)`` returns one line per
-problem ([] = conforms). ``cases`` are ``(completion, metadata)`` pairs a
-correct environment can score. The core relies on these properties:
+``check_environment(environment, config, cases)`` returns one line per
+problem ([] = conforms). ``environment`` is what a plugin registered: an
+``EnvironmentSpec``, or the name of an installed environment (``"math"``), or
+just its class as ``"my_pkg.env:MyEnv"``. ``config`` is its settings: the
+validated model, or a dict validated with the spec's ``config_class`` (None:
+its defaults). ``cases`` are ``(completion, metadata)`` pairs a correct
+environment can score. The core relies on these properties:
 
 - it builds as ``Class(config)`` and ``step`` returns an ``EnvironmentReturn``
   with one entry per sample and finite rewards;
@@ -27,13 +31,31 @@ def _logs(cases: list[tuple[str, dict[str, Any]]]) -> tuple[list[list[dict[str, 
     return logs, [dict(meta) for _, meta in cases]
 
 
-def check_environment(env_class: str, config: Any, cases: list[tuple[str, dict[str, Any]]]) -> list[str]:
-    """Problems of the environment ``env_class`` ('module:Class') built with ``config``, on ``cases``."""
+def _class_and_config(environment: Any, config: Any) -> tuple[str, Any]:
+    """The environment's 'module:Class' and its config, from a spec, a registered name or a class path."""
+    from rlcore.plugins import EnvironmentSpec, get_registry
+
+    if isinstance(environment, str) and ":" in environment:
+        return environment, config
+    spec = environment if isinstance(environment, EnvironmentSpec) else get_registry().resolve_environment(environment)
+    model = spec.load_config_class()
+    if model is not None and (config is None or isinstance(config, dict)):
+        config = model(**(config or {}))
+    return spec.environment_class, config
+
+
+def check_environment(environment: Any, config: Any, cases: list[tuple[str, dict[str, Any]]]) -> list[str]:
+    """Problems of ``environment`` (an ``EnvironmentSpec``, an installed environment's name or 'module:Class')
+    built with ``config``, on ``cases``."""
     from rlcore.environments.runner import build_environment
     from rlcore.interfaces.environment import EnvironmentReturn
 
     if len(cases) < 2:
         return ["check_environment needs at least two cases"]
+    try:
+        env_class, config = _class_and_config(environment, config)
+    except Exception as exc:  # noqa: BLE001 - an unusable spec or config is the problem
+        return [f"{environment!r}: {type(exc).__name__}: {' '.join(str(exc).split())}"]
     try:
         env = build_environment(env_class, config)
     except Exception as exc:  # noqa: BLE001 - reported as the problem

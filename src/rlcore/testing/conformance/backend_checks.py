@@ -91,8 +91,9 @@ class _BackendChecks:
 
     def test_spec_is_valid(self, backend_spec: Any) -> None:
         """Kind and name as declared; in a fresh interpreter, the config class, the layout function and the
-        config check import lightly and the worker class keeps the worker contract (every method of its Protocols, with signatures
-        that take rlcore's calls, and a constructor that takes its plugin API version's arguments)."""
+        config check import lightly and the worker class keeps the worker contract (every method of its Protocols and of
+        its declared capabilities, with signatures that take rlcore's calls, and a constructor that takes
+        ``(config, tokenizer)`` and requires no keyword rlcore does not offer)."""
         from rlcore.plugins import BackendSpec
 
         assert backend_spec.name == self.backend_name
