@@ -61,8 +61,8 @@ def test_a_pair_is_two_rows_with_the_response_trained_and_is_cut_as_a_whole(tiny
 
 
 @pytest.mark.parametrize("override, expected", [
-    ({"sft.max_num_steps": "3"}, "sft, dpo: a config trains one algorithm"),
-    ({"loss.ratio_clip_min": "0.1"}, "loss: the config has a dpo section"),
+    ({"sft.max_num_steps": "3"}, "dpo, sft: a config trains one algorithm"),
+    ({"loss.ratio_clip_min": "0.1"}, "loss: the config trains dpo, so nothing reads the policy-gradient loss"),
 ])
 def test_a_dpo_config_refuses_what_it_would_ignore(tmp_path, override, expected):
     with pytest.raises(ConfigError, match=expected):

@@ -79,10 +79,10 @@ def test_a_long_sample_is_cut_and_masked_and_filler_rows_train_nothing(tiny_toke
 
 
 @pytest.mark.parametrize("override, expected", [
-    ({"grpo.max_num_steps": "3"}, "grpo: the config has an sft section"),
-    ({"loss.ratio_clip_min": "0.1"}, "loss: the config has an sft section"),
-    ({"env.name": "math"}, "env: the config has an sft section"),
-    ({"policy.generation.backend": "vllm"}, "policy.generation: an sft run does not generate"),
+    ({"grpo.max_num_steps": "3"}, "grpo, sft: a config trains one algorithm"),
+    ({"loss.ratio_clip_min": "0.1"}, "loss: the config trains sft, so nothing reads the policy-gradient loss"),
+    ({"env.name": "math"}, "env: the config trains sft, so nothing reads the environment"),
+    ({"policy.generation.backend": "vllm"}, "policy.generation: sft does not generate"),
     ({"data.validation": "null", "sft.val_period": "2"}, "sft.val_period, sft.val_at_start: there is nothing"),
 ])
 def test_sections_an_sft_run_would_ignore_are_refused(tmp_path, override, expected):

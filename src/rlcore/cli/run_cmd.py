@@ -1,4 +1,4 @@
-"""``rlcore run``: the GRPO loop (or SFT, with an ``sft`` section) from a config, on a private local Ray by default.
+"""``rlcore run``: the config's algorithm (GRPO by default) from a config, on a private local Ray by default.
 
 The command loads the config and resolves it once against the installed
 backends (:func:`rlcore.config.resolve`), checks the engines and the model,
@@ -33,23 +33,16 @@ def _fail(lines: list[str]) -> None:
 
 
 def _summary_line(resolved: Any, data: Any, log_dir: Path, verbose: bool) -> str:
-    """One line saying what is about to run, and where its logs go."""
+    """One line saying what is about to run (the algorithm's own description), and where its logs go."""
+    from rlcore.config.schemas import load_algorithm
+
     cfg = resolved.config
     steps = data.num_steps(cfg.algorithm_section.max_num_steps)
     source = cfg.data.train.path or cfg.data.train.generator.rpartition(":")[2]
     p, c = cfg.policy, cfg.cluster
     where = "streamed here (-v)" if verbose else f"in {log_dir}/"
     workers = f"on {c.num_nodes}x{c.workers_per_node} {'GPU' if c.use_gpu else 'CPU'} workers, model {p.model_name}"
-    if cfg.algorithm in ("sft", "dpo"):
-        return (f"rlcore run: {cfg.algorithm.upper()} with {p.training_backend} {workers}, {source}, {steps} steps; "
-                f"logs {where}")
-    gen = p.generation
-    placement = "" if not resolved.generation.separate else \
-        (" colocated" if resolved.generation.colocated else " separate")
-    what = "" if cfg.algorithm == "grpo" else f"distillation from {Path(cfg.distillation.teacher_model_name).name}, "
-    up_to = "up to " if cfg.algorithm == "grpo" and cfg.grpo.use_dynamic_sampling else ""
-    return (f"rlcore run: {what}{p.training_backend} + {gen.backend}{placement} {workers}, {source} scored by "
-            f"{cfg.env.name}, {up_to}{steps} steps; logs {where}")
+    return f"rlcore run: {load_algorithm(cfg.algorithm).describe(resolved, workers, source, steps)}; logs {where}"
 
 
 def run(

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, NonNegativeInt, PositiveInt, model_validator
+from pydantic import Field, PositiveInt, model_validator
 
 from rlcore.config.base import StrictModel
+from rlcore.config.rollout_loop import RolloutLoopConfig
 
 
 class DistillationLossConfig(StrictModel):
@@ -33,7 +34,7 @@ class DistillationLossConfig(StrictModel):
         return self
 
 
-class DistillationConfig(DistillationLossConfig):
+class DistillationConfig(RolloutLoopConfig, DistillationLossConfig):
     """On-policy distillation: the student generates, a frozen teacher scores every token of the student's own
     rollouts with its top-k logits, and the student trains on the KL (NeMo-RL's ``distillation`` section, with
     its ``loss_fn`` settings above)."""
@@ -44,20 +45,8 @@ class DistillationConfig(DistillationLossConfig):
         "batch sizes); it must share the student's tokenizer. NeMo-RL's teacher.model_name.")
     topk_logits_k: PositiveInt = Field(64, description="How many of the teacher's most likely tokens each "
                                        "position's KL runs over.")
-    num_prompts_per_step: PositiveInt = Field(8, description="Prompts sampled per step.")
     num_generations_per_prompt: PositiveInt = Field(1, description="Completions the student generates per prompt.")
-    max_rollout_turns: PositiveInt = Field(1, description="Turns per rollout, as grpo.max_rollout_turns.")
     max_num_steps: PositiveInt = Field(100, description="Training steps (each: generate, teacher top-k, train).")
-    max_num_epochs: PositiveInt | None = Field(None, description="Passes over data.train; None = only max_num_steps "
-                                               "bounds the run.")
-    val_period: NonNegativeInt = Field(0, description="Validate every N steps: greedy completions of the "
-                                       "validation samples, scored by the environment; 0 = never periodically.")
-    val_at_start: bool = Field(False, description="Validate the initial weights before the first step.")
-    val_at_end: bool = Field(False, description="Validate after the last step.")
-    max_val_samples: PositiveInt | None = Field(None, description="Validate on the first N samples of "
-                                                "data.validation; None = all.")
-    val_batch_size: PositiveInt = Field(32, description="Prompts generated per validation batch.")
-    seed: int = Field(0, description="Seed of prompt sampling and generation.")
 
     def loss_settings(self) -> DistillationLossConfig:
         """The loss's settings alone."""

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field, NonNegativeInt, PositiveInt
+from pydantic import Field, PositiveInt
 
 from rlcore.config.base import StrictModel
+from rlcore.config.rollout_loop import RolloutLoopConfig
 
 
 class AsyncGRPOConfig(StrictModel):
@@ -108,12 +109,9 @@ class GDPOConfig(StrictModel):
 TOKEN_LEVEL_ESTIMATORS = ("reinforce_plus_plus", "reinforce_plus_plus_baseline")
 
 
-class GRPOConfig(StrictModel):
+class GRPOConfig(RolloutLoopConfig):
     """Group Relative Policy Optimization: several completions per prompt, advantages within the group."""
 
-    num_prompts_per_step: PositiveInt = Field(8, description="Prompts sampled per step.")
-    num_generations_per_prompt: PositiveInt = Field(4, description="Completions per prompt (the group size).")
-    max_num_steps: PositiveInt = Field(20, description="Training steps (each: generate, score, train).")
     advantage_estimator: Literal["leave_one_out", "leave_one_out_std", "mean", "mean_std", "gdpo",
                                  "reinforce_plus_plus", "reinforce_plus_plus_baseline"] = Field(
         "leave_one_out",
@@ -126,21 +124,6 @@ class GRPOConfig(StrictModel):
         "batch; reinforce_plus_plus_baseline: the same from reward minus the group mean (NeMo-RL's "
         "minus_baseline).",
     )
-    seed: int = Field(0, description="Seed of prompt sampling and generation.")
-    max_rollout_turns: PositiveInt = Field(
-        1, description="Turns per rollout: generate, let the environment answer (its observation is appended), "
-        "generate again, until the environment says done, this many turns, or policy.max_total_sequence_length. "
-        "1 = a single completion. Only generated tokens are trained.")
-    max_num_epochs: PositiveInt | None = Field(
-        None, description="Passes over the training data (data.train.path); the run ends at whichever of this and "
-        "max_num_steps comes first. None = only max_num_steps bounds it.")
-    val_period: NonNegativeInt = Field(0, description="Validate every N steps (after the step trains); 0 = never "
-                                       "periodically.")
-    val_at_start: bool = Field(False, description="Validate the initial weights before the first step.")
-    val_at_end: bool = Field(False, description="Validate after the last step (once, if val_period already did).")
-    max_val_samples: PositiveInt | None = Field(None, description="Validate on the first N samples of "
-                                                "data.validation; None = all of them.")
-    val_batch_size: PositiveInt = Field(32, description="Prompts generated per validation batch.")
     gdpo: GDPOConfig = Field(default_factory=GDPOConfig, description="GDPO's settings (with "
                              "advantage_estimator: gdpo).")
     async_grpo: AsyncGRPOConfig = Field(default_factory=AsyncGRPOConfig,
@@ -180,6 +163,12 @@ class GRPOConfig(StrictModel):
         if not self.use_dynamic_sampling:
             return self.num_prompts_per_step
         return int(self.num_prompts_per_step * self.batch_multiplier)
+
+    def draw_settings(self, name: str, cfg: Any) -> dict[str, Any]:
+        settings = super().draw_settings(name, cfg)
+        if self.use_dynamic_sampling:
+            settings["size_setting"] = f"{name}.num_prompts_per_step * {name}.batch_multiplier"
+        return settings
 
 
 class LoggerConfig(StrictModel):

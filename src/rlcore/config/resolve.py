@@ -5,17 +5,19 @@
 and the workers consume the frozen result and never resolve or validate again.
 The step:
 
-1. a GRPO run's defaults: a ``grpo`` section, and fsdp1 for training and
-   generation when the default engine (vLLM) is not installed (an SFT run, one
-   with an ``sft`` section, has neither);
+1. a run's defaults: the default algorithm's section (``grpo``) when the config
+   has no algorithm section, and, for an algorithm that generates, fsdp1 for
+   training and generation when the default engine (vLLM) is not installed;
 2. built-in model names (``tiny-llama``) become local paths;
 3. the training backend's spec, its own section, its layout (tp, cp, pp; dp
    follows), its own config check, and the batch plan; a run packs when the
    backend can;
-4. the generation backend's spec and section, how it is refit, and whether a
-   run generates asynchronously;
-5. a GRPO run's environment: its spec and its ``env.<name>_cfg`` section;
-6. the loss's automatic settings (the prev-logprob pass).
+4. the generation backend's spec and section, and how it is refit;
+5. the environment of a run whose algorithm generates: its spec and its
+   ``env.<name>_cfg`` section;
+6. the algorithm's own decisions (:meth:`rlcore.interfaces.algorithm.Algorithm.resolve`,
+   reached through the registry): e.g. GRPO's asynchronous generation and the
+   loss's automatic settings (the prev-logprob pass), distillation's teacher.
 
 Every problem is one ConfigError line with its dotted path.
 """
@@ -29,20 +31,18 @@ from pathlib import Path
 from typing import Any
 
 from rlcore.config import backends
-from rlcore.config.batch_plan import BatchPlan, batch_problems
+from rlcore.config.batch_plan import BatchPlan
 from rlcore.config.coerce import as_policy_config
 from rlcore.config.errors import ConfigError
 from rlcore.config.generation import GenerationConfig
-from rlcore.config.grpo import GRPOConfig
 from rlcore.config.policy import PolicyConfig
 from rlcore.config.rules import check_rules
-from rlcore.config.schemas import ClusterConfig, RLCoreConfig
+from rlcore.config.schemas import ClusterConfig, RLCoreConfig, load_algorithm, registered_algorithms
 from rlcore.models.builtin import resolve_builtin_policy
 from rlcore.plugins import (
     BackendError,
     BackendSpec,
     Capability,
-    EnvironmentSpec,
     LayoutRequest,
     ParallelLayout,
     Registry,
@@ -82,9 +82,9 @@ class ResolvedGeneration:
 
 @dataclass(frozen=True)
 class ResolvedEnvironment:
-    """The environment of a run (a plugin's ``EnvironmentSpec``) and its validated section."""
+    """The environment of a run (a plugin of kind ``environment``) and its validated section."""
 
-    spec: EnvironmentSpec
+    spec: BackendSpec
     section: Any  # the validated env.<name>_cfg; None without a config class
 
 
@@ -156,20 +156,14 @@ def resolve(cfg: RLCoreConfig, *, run: bool = False, registry: Registry | None =
         problems += gen_problems
     problems += backends.lora_problems(policy.config, policy.spec, generation and generation.spec, registry)
     async_generation, environment, teacher = False, None, None
-    grpo_run = run and cfg.algorithm == "grpo"
-    if run and cfg.algorithm in ("grpo", "distillation"):  # they generate and score
+    algorithm = load_algorithm(cfg.algorithm, registry) if run else None
+    if algorithm is not None and algorithm.generates:  # it generates and scores
         environment, env_problems = _resolve_environment(cfg, registry)
         problems += env_problems
-    if run and cfg.algorithm == "distillation" and not problems:
-        teacher, teacher_problems = _resolve_teacher(cfg, policy, registry)
-        problems += teacher_problems
-    if run and cfg.algorithm in ("sft", "dpo") and not problems:
-        problems += _validation_batch_problems(cfg, policy)
-    if grpo_run and not problems:
-        problems += _rollout_problems(cfg, policy)
-        async_generation = _async_generation(cfg, generation, notices)
-        cfg = cfg.model_copy(update={"loss": cfg.loss.model_copy(
-            update={"force_on_policy_ratio": skips_prev_logprob_pass(cfg, policy.config)})})
+    if algorithm is not None and not problems:
+        decided = algorithm.resolve(cfg, policy, generation, registry, notices)
+        cfg, problems, async_generation, teacher = (decided.config, decided.problems, decided.async_generation,
+                                                    decided.teacher)
     if problems:
         raise ConfigError(problems)
     cfg = cfg.model_copy(update={"policy": policy.config})
@@ -180,12 +174,13 @@ def resolve(cfg: RLCoreConfig, *, run: bool = False, registry: Registry | None =
 
 
 def _run_defaults(cfg: RLCoreConfig, registry: Registry, notices: list[str]) -> RLCoreConfig:
-    """A GRPO run always has a grpo section and a generation backend (fsdp1 when vLLM is not installed); an SFT
-    run (an ``sft`` section) has neither."""
-    if cfg.algorithm in ("sft", "dpo"):
+    """A run of an algorithm that generates always has its section (the default algorithm's may be left out) and
+    a generation backend (fsdp1 when vLLM is not installed); one that trains on data as written has neither."""
+    spec = registered_algorithms(registry)[cfg.algorithm]
+    if not spec.generates:
         return cfg
-    if cfg.algorithm == "grpo" and cfg.grpo is None:
-        cfg = cfg.model_copy(update={"grpo": GRPOConfig()})
+    if cfg.algorithm_section is None:
+        cfg = cfg.model_copy(update={cfg.algorithm: spec.load_config_class()()})
         if problems := check_rules(cfg):
             raise ConfigError(problems)
     gen = cfg.policy.generation
@@ -241,72 +236,6 @@ def _resolve_environment(cfg: RLCoreConfig, registry: Registry) -> tuple[Resolve
         return ResolvedEnvironment(spec, backends.own_section(spec, cfg.env, "env")), others
     except ConfigError as exc:
         return None, others + exc.problems
-
-
-def _rollout_problems(cfg: RLCoreConfig, policy: ResolvedPolicy) -> list[str]:
-    rollout = cfg.grpo.num_prompts_per_step * cfg.grpo.num_generations_per_prompt
-    dp = policy.data_parallel_size
-    if rollout % dp:
-        return [f"grpo rollout batch {rollout} cannot be split over {dp} data-parallel ranks; "
-                "make grpo.num_prompts_per_step × grpo.num_generations_per_prompt a multiple of it"]
-    return []
-
-
-def _resolve_teacher(cfg: RLCoreConfig, student: ResolvedPolicy,
-                     registry: Registry) -> tuple[ResolvedPolicy | None, list[str]]:
-    """The teacher: the student's policy settings with ``distillation.teacher_model_name``, frozen. The student's
-    backend must compute the loss's input, the teacher's its top-k; every rollout must fill whole batches."""
-    d, problems = cfg.distillation, []
-    if not student.spec.supports(Capability.LOGITS_AT_INDICES):
-        problems.append(f"distillation: the '{student.spec.name}' training backend does not declare "
-                        "'logits_at_indices', the loss input distillation trains on; use a backend that does "
-                        "(reference, dtensor, fsdp1, megatron)")
-    if not student.spec.supports(Capability.TOPK_LOGITS):
-        problems.append(f"distillation: the '{student.spec.name}' training backend cannot give the teacher's "
-                        "top-k logits (capability 'topk_logits')")
-    rollout = d.num_prompts_per_step * d.num_generations_per_prompt
-    gbs = student.config.train_global_batch_size
-    if rollout % gbs or rollout % student.data_parallel_size:
-        problems.append(f"distillation.num_prompts_per_step × num_generations_per_prompt = {rollout} must be a "
-                        f"multiple of policy.train_global_batch_size {gbs} (and of the data-parallel size "
-                        f"{student.data_parallel_size}); change one of them")
-    if problems:
-        return None, problems
-    teacher_cfg = cfg.policy.model_copy(update={"model_name": d.teacher_model_name, "generation": None,
-                                                "tokenizer": cfg.policy.tokenizer})
-    try:
-        return resolve_policy(teacher_cfg, world_size=cfg.world_size, use_gpu=cfg.cluster.use_gpu,
-                              registry=registry), []
-    except ConfigError as exc:
-        return None, [f"distillation.teacher_model_name: {p}" for p in exc.problems]
-
-
-def _validation_batch_problems(cfg: RLCoreConfig, policy: ResolvedPolicy) -> list[str]:
-    """SFT and DPO validate in eval-mode training batches, which must split over the ranks as training's do."""
-    s, plan, name = cfg.algorithm_section, policy.batch, cfg.algorithm
-    problems = batch_problems(s.val_global_batch_size, s.val_micro_batch_size, plan.data_parallel_size, plan.mode,
-                              gbs_name=f"{name}.val_global_batch_size", mbs_name=f"{name}.val_micro_batch_size")
-    pair_tokens = 2 * cfg.policy.max_total_sequence_length
-    if name == "dpo" and plan.mode != "plain" and plan.train_mb_tokens < pair_tokens:
-        section = "dynamic_batching" if plan.mode == "dynamic" else "sequence_packing"
-        problems.append(f"policy.{section}.train_mb_tokens: {plan.train_mb_tokens} tokens cannot hold a DPO pair, two "
-                        f"sequences of up to policy.max_total_sequence_length={cfg.policy.max_total_sequence_length} "
-                        f"kept in one micro-batch; set it to at least {pair_tokens}")
-    return problems
-
-
-def _async_generation(cfg: RLCoreConfig, generation: ResolvedGeneration | None, notices: list[str]) -> bool:
-    """``grpo.async_grpo.enabled`` where the engine can generate ahead; a notice where it cannot."""
-    if not cfg.grpo.async_grpo.enabled or generation is None:
-        return False
-    if not generation.separate:
-        reason = f"the '{generation.spec.name}' training backend generates with its own weights"
-    elif not generation.spec.supports(Capability.ASYNC_GENERATION):
-        reason = f"the '{generation.spec.name}' generation backend does not declare 'async_generation'"
-    else:
-        return True
-    notices.append(f"notice: grpo.async_grpo.enabled, but {reason}; training synchronously")
-    return False
 
 
 # -- the loss's automatic settings --------------------------------------------------------------------

@@ -12,7 +12,6 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING
 
 from rlcore.config.grpo import TOKEN_LEVEL_ESTIMATORS
-from rlcore.config.schemas import ALGORITHMS
 from rlcore.config.policy import SchedulerMilestones
 
 if TYPE_CHECKING:
@@ -222,36 +221,27 @@ def reward_shaping_has_its_settings(cfg: "RLCoreConfig") -> Iterator[str]:
                "would be penalized; make the buffer at most max_response_length")
 
 
-#: What each algorithm other than GRPO does not read: ``{algorithm: [(section, what it holds)]}``.
-UNREAD_SECTIONS = {
-    "sft": [("grpo", "GRPO's loop"), ("loss", "the policy-gradient loss (sft has its own)"),
-            ("env", "the environment that scores completions")],
-    "dpo": [("grpo", "GRPO's loop"), ("loss", "the policy-gradient loss (dpo has its own)"),
-            ("env", "the environment that scores completions")],
-    "distillation": [("grpo", "GRPO's loop (distillation has its own settings)"),
-                     ("loss", "the policy-gradient loss (distillation trains the KL to the teacher)")],
-}
-
-
 @rule
 def one_algorithm_and_only_its_sections(cfg: "RLCoreConfig") -> Iterator[str]:
-    """A config trains one algorithm. SFT and DPO train on data as written (they generate and score nothing);
-    distillation generates and scores with its own settings: a section the algorithm does not read would be
-    ignored, so it is refused (a section at its defaults says nothing, e.g. one a dumped config writes)."""
-    chosen = [name for name in ALGORITHMS if getattr(cfg, name) is not None]
+    """A config trains one algorithm. The sections its spec says it does not read (SFT and DPO: the loss and the
+    environment; distillation: the loss) would be ignored, so they are refused (a section at its defaults says
+    nothing, e.g. one a dumped config writes); an algorithm that does not generate refuses policy.generation."""
+    from rlcore.config.schemas import registered_algorithms
+
+    chosen = sorted(cfg.algorithm_sections)
     if len(chosen) > 1:
         yield f"{', '.join(chosen)}: a config trains one algorithm; keep one of the sections"
     if not chosen:
         return
     algo = chosen[0]
-    an = "an" if algo == "sft" else "a"  # "an ess-eff-tee"
-    for name, why in UNREAD_SECTIONS[algo]:
+    spec = registered_algorithms()[algo]
+    for name, why in spec.unread_sections.items():
         value = getattr(cfg, name)
         default = type(cfg).model_fields[name].get_default(call_default_factory=True)
         if name in cfg.model_fields_set and value is not None and value != default:
-            yield f"{name}: the config has {an} {algo} section, so nothing reads {why}; remove {name} (or {algo})"
-    if algo != "distillation" and cfg.policy.generation is not None:
-        yield f"policy.generation: {an} {algo} run does not generate; remove the section (or {algo})"
+            yield f"{name}: the config trains {algo}, so nothing reads {why}; remove {name} (or {algo})"
+    if not spec.generates and cfg.policy.generation is not None:
+        yield f"policy.generation: {algo} does not generate; remove the section (or {algo})"
 
 
 @rule
@@ -264,8 +254,8 @@ def validation_and_epochs_need_their_data(cfg: "RLCoreConfig") -> Iterator[str]:
     if asked and cfg.data.validation is None and not cfg.data.split_validation_size:
         yield (f"{', '.join(asked)}: there is nothing to validate on; set data.validation.path (a file of "
                "samples) or data.split_validation_size, or turn validation off")
-    epochs_given = name == "grpo" or "max_num_epochs" in g.model_fields_set  # sft's default 1 suits a generator
-    if g.max_num_epochs is not None and epochs_given and cfg.data.train.generator is not None:
+    # a default (sft's 1) suits a generator: only epochs the config asks for are refused
+    if g.max_num_epochs is not None and "max_num_epochs" in g.model_fields_set and cfg.data.train.generator is not None:
         yield (f"{name}.max_num_epochs: the train data is a generator, which has no epochs; set data.train.path or "
                f"remove max_num_epochs ({name}.max_num_steps bounds the run)")
 

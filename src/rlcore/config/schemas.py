@@ -1,14 +1,19 @@
 """The root config model and every section model, in one import place.
 
 Adding a top-level section is one line in ``RLCoreConfig`` (plus, if it has
-cross-field rules, one function registered in ``rlcore.config.rules``).
+cross-field rules, one function registered in ``rlcore.config.rules``). An
+algorithm's section is not declared here: a plugin registers the algorithm
+(:class:`rlcore.plugins.AlgorithmSpec`) and its top-level key is validated by
+the spec's ``config_class`` (:func:`registered_algorithms`).
 """
 
 from __future__ import annotations
 
+import difflib
 from typing import Any
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationError, model_serializer, model_validator
+from pydantic_core import InitErrorDetails
 
 from rlcore.config.base import SectionsModel, StrictModel
 from rlcore.config.cluster import ClusterConfig
@@ -17,6 +22,8 @@ from rlcore.config.grpo import CheckpointingConfig, GRPOConfig, LoggerConfig
 from rlcore.config.generation import ColocationConfig, ColocationResources, GenerationConfig
 from rlcore.config.distillation import DistillationConfig
 from rlcore.config.dpo import DPOConfig
+from rlcore.config.errors import ConfigError
+from rlcore.config.messages import problems_from_validation_error, show_value
 from rlcore.config.loss import ClippedPGLossConfig
 from rlcore.config.sft import SFTConfig
 from rlcore.config.policy import (
@@ -36,54 +43,94 @@ from rlcore.config.policy import (
 )
 
 
-#: The algorithm sections other than ``grpo`` (the default); a config has at most one.
-ALGORITHMS = ("sft", "dpo", "distillation")
-
-
 class RLCoreConfig(StrictModel):
-    """A whole rlcore run: where it runs and what it trains."""
+    """A whole rlcore run: where it runs and what it trains.
+
+    The algorithm's section (``grpo``, ``sft``, ``dpo``, ``distillation``, or a third party's) is a top-level key
+    named after a registered algorithm (:func:`registered_algorithms`), validated by its spec's ``config_class``
+    and read as an attribute (``cfg.grpo``: the section, or None when the config has none).
+    """
 
     cluster: ClusterConfig = Field(default_factory=ClusterConfig, description="Workers and the Ray cluster.")
     policy: PolicyConfig = Field(default_factory=PolicyConfig, description="The policy and its training backend.")
-    grpo: GRPOConfig | None = Field(
-        None, description="The GRPO loop of 'rlcore run' (which fills in the defaults when it is absent); "
-        "configs that only build a Policy leave it out.")
-    sft: SFTConfig | None = Field(
-        None, description="Supervised fine-tuning instead of GRPO: with this section 'rlcore run' trains NLL on the "
-        "assistant tokens of data.train (and refuses the GRPO-only sections).")
-    dpo: DPOConfig | None = Field(
-        None, description="Direct Preference Optimization instead of GRPO: with this section 'rlcore run' trains "
-        "on the (prompt, chosen, rejected) pairs of data.train against the frozen initial weights.")
-    distillation: DistillationConfig | None = Field(
-        None, description="On-policy distillation instead of GRPO: with this section 'rlcore run' trains the "
-        "student on the KL to a frozen teacher's top-k logits over the student's own rollouts.")
     loss: ClippedPGLossConfig = Field(default_factory=ClippedPGLossConfig, description="The policy-gradient loss.")
     data: DataConfig = Field(default_factory=DataConfig, description="The samples: train and validation splits, "
                              "and how a row becomes a prompt.")
     env: EnvConfig = Field(default_factory=EnvConfig, description="The environment that scores completions.")
     logger: LoggerConfig = Field(default_factory=LoggerConfig, description="Metrics, plots and progress output.")
     checkpointing: CheckpointingConfig = Field(default_factory=CheckpointingConfig, description="Checkpoints.")
+    algorithm_sections: dict[str, Any] = Field(
+        default_factory=dict, description="The algorithm sections, keyed by algorithm name (e.g. 'grpo'). Written "
+        "in YAML as top-level keys; each is validated by its algorithm's config class. A config without one trains "
+        "the default algorithm (GRPO).")
 
-    @model_validator(mode="before")
+    @model_validator(mode="wrap")
     @classmethod
-    def _legacy_task(cls, data: Any) -> Any:
-        """rlcore 0.1's ``task`` section (two functions) still loads, as ``data`` and ``env``, with a warning."""
-        if isinstance(data, dict) and "task" in data:
-            data = dict(data)
+    def _algorithm_sections(cls, data: Any, handler: Any) -> Any:
+        """Top-level keys naming a registered algorithm are validated by its config class; a key that is neither a
+        field nor an algorithm is an unknown key (with the closest name). Problems keep their dotted paths."""
+        if not isinstance(data, dict):
+            return handler(data)
+        data = dict(data)
+        if "task" in data:  # rlcore 0.1's ``task`` section (two functions) still loads, as data and env
             data.update(legacy_task_sections(data.pop("task"), given=[k for k in ("data", "env") if k in data]))
+        sections = dict(data.pop(ALGORITHM_SECTIONS, None) or {})
+        errors: list[Any] = []
+        known = registered_algorithms()
+        for key in [k for k in data if k not in cls.model_fields]:
+            value = data.pop(key)
+            if key in known:
+                if value is not None:  # null: no section (as a dumped config of another algorithm writes it)
+                    sections[key] = value
+                continue
+            close = difflib.get_close_matches(str(key), [*cls.model_fields, *known], n=1, cutoff=0.6)
+            close = [c for c in close if c != ALGORITHM_SECTIONS]
+            errors.append(_problem(str(key), "unknown key" + (f"; did you mean '{close[0]}'?" if close else "")))
+        validated = {}
+        for key, value in sections.items():
+            section, problems = _validated_section(key, value)
+            validated[key] = section
+            errors += [_problem(*line.split(": ", 1)) for line in problems]
+        if validated:
+            data[ALGORITHM_SECTIONS] = validated
+        try:
+            model = handler(data)
+        except ValidationError as exc:
+            errors = [_init_error(e) for e in exc.errors()] + errors
+            model = None
+        if errors:
+            raise ValidationError.from_exception_data(cls.__name__, errors)
+        return model
+
+    @model_serializer(mode="wrap")
+    def _inline_algorithm_sections(self, handler: Any) -> Any:
+        data = handler(self)
+        if isinstance(data, dict):
+            data.update(data.pop(ALGORITHM_SECTIONS, None) or {})
         return data
+
+    def __getattr__(self, name: str) -> Any:
+        """``cfg.<algorithm>``: that algorithm's section, or None when the config has none."""
+        if not name.startswith("_"):
+            sections = self.__dict__.get(ALGORITHM_SECTIONS)
+            if sections is not None and name in sections:
+                return sections[name]
+            if name in registered_algorithms():
+                return None
+        return super().__getattr__(name)  # type: ignore[misc]
 
     @property
     def algorithm(self) -> str:
-        """What ``rlcore run`` trains: ``'sft'``, ``'dpo'`` or ``'distillation'`` with that section, else
-        ``'grpo'`` (a config with two is refused by :mod:`rlcore.config.rules`)."""
-        return next((name for name in ALGORITHMS if getattr(self, name) is not None), "grpo")
+        """What ``rlcore run`` trains: the algorithm whose section the config has, else the default one (GRPO);
+        a config with two is refused by :mod:`rlcore.config.rules`."""
+        return next(iter(self.algorithm_sections), None) or default_algorithm()
 
     @property
     def algorithm_section(self) -> Any:
-        """The section of the algorithm ``rlcore run`` trains (``sft``, ``dpo``, ``distillation`` or ``grpo``); they
-        name their seed, steps, epochs and validation schedule alike (NeMo-RL's names)."""
-        return getattr(self, self.algorithm)
+        """The section of the algorithm ``rlcore run`` trains (None for the default algorithm until
+        :func:`rlcore.config.resolve` fills it in for a run); every algorithm names its seed, steps, epochs and
+        validation schedule alike (NeMo-RL's names)."""
+        return self.algorithm_sections.get(self.algorithm)
 
     @property
     def world_size(self) -> int:
@@ -92,9 +139,90 @@ class RLCoreConfig(StrictModel):
         return self.cluster.world_size
 
 
+#: The field that holds the algorithm sections (written as top-level keys).
+ALGORITHM_SECTIONS = "algorithm_sections"
+
+
+def registered_algorithms(registry: Any = None) -> dict[str, Any]:
+    """``{name: AlgorithmSpec}`` of the algorithms a config may name: ``registry``'s (default: the process-wide
+    one), then the installed ones (a registry a test or the backend kit swapped in may hold backends only)."""
+    from rlcore.plugins import get_registry
+
+    specs = {r.name: r.spec for r in _installed_registry().algorithms() if r.spec is not None}
+    specs.update({r.name: r.spec for r in (registry or get_registry()).algorithms() if r.spec is not None})
+    return specs
+
+
+def load_algorithm(name: str, registry: Any = None) -> Any:
+    """The algorithm unit (:class:`rlcore.interfaces.algorithm.Algorithm`) registered as ``name``; its class is
+    imported here, so only a run calls this."""
+    spec = registered_algorithms(registry)[name]
+    return spec.load_algorithm_class()(spec.name, spec.generates)
+
+
+def default_algorithm() -> str:
+    """The algorithm a config without an algorithm section trains: the one whose spec says ``default``."""
+    defaults = sorted(name for name, spec in registered_algorithms().items() if spec.default)
+    if not defaults:
+        raise ConfigError(["(top level): no installed algorithm is the default; add an algorithm section (e.g. grpo) "
+                           "or reinstall rlcore"])
+    return defaults[0]
+
+
+_INSTALLED: list[Any] = []  # the registry of the installed entry points, built on first use
+
+
+def _installed_registry() -> Any:
+    from rlcore.plugins import Registry
+
+    if not _INSTALLED:
+        registry = Registry()
+        registry.load_entry_points()
+        _INSTALLED.append(registry)
+    return _INSTALLED[0]
+
+
+def _validated_section(name: str, value: Any) -> tuple[Any, list[str]]:
+    """An algorithm's section validated by its config class (an instance of it passes as is), or its problems."""
+    spec = registered_algorithms()[name]
+    if missing := spec.missing_requirements():
+        hint = f": {spec.install_hint}" if spec.install_hint else ""
+        return None, [f"{name}: the '{name}' algorithm needs {', '.join(missing)}, which is not installed{hint}"]
+    try:
+        model = spec.load_config_class()
+    except Exception as exc:  # noqa: BLE001 - a plugin's import error, reported as a config problem
+        return None, [f"{name}: cannot import config class {spec.config_class}: {exc}"]
+    if isinstance(value, model):
+        return value, []
+    if not isinstance(value, dict):
+        return None, [f"{name}: expected a mapping (key: value), got {show_value(value)}"]
+    try:
+        return model.model_validate(value), []
+    except ValidationError as exc:
+        return None, problems_from_validation_error(exc, model, name)
+
+
+def _problem(path: str, text: str) -> InitErrorDetails:
+    """A problem line as a pydantic error whose location is the whole dotted ``path``."""
+    return InitErrorDetails(type="value_error", loc=(path,), input=None, ctx={"error": ValueError(text)})
+
+
+def _init_error(err: Any) -> InitErrorDetails:
+    return InitErrorDetails(**{k: err[k] for k in ("type", "loc", "input", "ctx") if k in err})
+
+
 def config_json_schema() -> dict[str, Any]:
     """JSON schema (draft 2020-12) of ``RLCoreConfig`` as accepted on input."""
-    return RLCoreConfig.model_json_schema(mode="validation")
+    schema = RLCoreConfig.model_json_schema(mode="validation")
+    schema["properties"].pop(ALGORITHM_SECTIONS)
+    for name, spec in sorted(registered_algorithms().items()):
+        if spec.missing_requirements():
+            continue
+        section = spec.load_config_class().model_json_schema(mode="validation", ref_template="#/$defs/{model}")
+        schema.setdefault("$defs", {}).update(section.pop("$defs", {}))
+        schema["properties"][name] = {"anyOf": [section, {"type": "null"}],
+                                      "description": spec.description or f"The {name} algorithm's section."}
+    return schema
 
 
 __all__ = [
@@ -129,4 +257,7 @@ __all__ = [
     "StrictModel",
     "TokenizerConfig",
     "config_json_schema",
+    "default_algorithm",
+    "load_algorithm",
+    "registered_algorithms",
 ]

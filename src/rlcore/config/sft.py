@@ -10,6 +10,8 @@ rather than ignored (:mod:`rlcore.config.rules`).
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import Field, NonNegativeInt, PositiveInt
 
 from rlcore.config.base import StrictModel
@@ -35,6 +37,14 @@ class OfflineLoopConfig(StrictModel):
                           "and the chat template did not write it); NeMo-RL's data.add_bos.")
     add_eos: bool = Field(True, description="End every sample with the tokenizer's EOS token, trained when the "
                           "last message is a trained one, so the model learns to stop; NeMo-RL's data.add_eos.")
+
+    def draw_settings(self, name: str, cfg: Any) -> dict[str, Any]:
+        """How the run draws its samples (:class:`rlcore.datasets.sources.DrawSettings`): one global batch of
+        ``policy.train_global_batch_size`` a step; validation capped at ``val_batches`` batches."""
+        val_size = getattr(self, "val_global_batch_size", 0)
+        return {"batch_size": cfg.policy.train_global_batch_size, "size_setting": "policy.train_global_batch_size",
+                "seed": self.seed, "max_epochs": self.max_num_epochs, "epochs_setting": f"{name}.max_num_epochs",
+                "max_val_samples": self.val_batches * val_size if self.val_batches else None}
 
 
 class SFTConfig(OfflineLoopConfig):

@@ -116,20 +116,8 @@ class DrawSettings:
 
     @classmethod
     def of(cls, cfg: Any) -> "DrawSettings":
-        if cfg.algorithm in ("sft", "dpo"):
-            s, name = cfg.algorithm_section, cfg.algorithm
-            return cls(cfg.policy.train_global_batch_size, "policy.train_global_batch_size", s.seed,
-                       s.max_num_epochs, f"{name}.max_num_epochs",
-                       s.val_batches * s.val_global_batch_size if s.val_batches else None)
-        if cfg.algorithm == "distillation":
-            d = cfg.distillation
-            return cls(d.num_prompts_per_step, "distillation.num_prompts_per_step", d.seed, d.max_num_epochs,
-                       "distillation.max_num_epochs", d.max_val_samples)
-        g = cfg.grpo
-        size_setting = ("grpo.num_prompts_per_step * grpo.batch_multiplier" if g.use_dynamic_sampling
-                        else "grpo.num_prompts_per_step")
-        return cls(g.prompts_per_generation_batch, size_setting, g.seed, g.max_num_epochs, "grpo.max_num_epochs",
-                   g.max_val_samples)
+        """The settings the run's algorithm section declares (its ``draw_settings``)."""
+        return cls(**cfg.algorithm_section.draw_settings(cfg.algorithm, cfg))
 
 
 def read_samples(dataset_cfg: Any, builder: SampleBuilder) -> list[Sample]:

@@ -20,7 +20,7 @@ from rlcore.config import ResolvedConfig, resolve
 
 @dataclass
 class Run:
-    """Everything a GRPO run holds, built from a resolved config (pieces not started yet are None)."""
+    """Everything a run holds, built from a resolved config (pieces not started yet are None)."""
 
     resolved: ResolvedConfig
     cluster: Any
@@ -66,32 +66,14 @@ class Run:
 
 
 def load_run_data(cfg: Any, tokenizer: Any = None) -> Any:
-    """The run's samples (:class:`rlcore.datasets.sources.RunData`), read and checked against the prompt length
-    budget; raises :class:`rlcore.datasets.DataError` (one line) before anything starts."""
-    from rlcore.datasets import load_sources
+    """The run's samples (:class:`rlcore.datasets.sources.RunData`), read and checked by the run's algorithm
+    (:meth:`rlcore.interfaces.algorithm.Algorithm.load_data`); raises :class:`rlcore.datasets.DataError` (one
+    line) before anything starts."""
+    from rlcore.config.schemas import load_algorithm
     from rlcore.run.prompts import load_tokenizer
-    from rlcore.run.step import prompt_length_of
 
     tokenizer = tokenizer if tokenizer is not None else load_tokenizer(cfg)
-    if cfg.algorithm != "grpo":
-        return _checked_offline(cfg.algorithm, load_sources(cfg))
-    return load_sources(cfg, prompt_length_of(cfg, tokenizer))
-
-
-def _checked_offline(algorithm: str, data: Any) -> Any:
-    """SFT and DPO data: every fixed sample must have what the loss trains on (SFT: an assistant message; DPO: a
-    chosen and a rejected response); a generator's samples are checked as they are made."""
-    from rlcore.datasets import DataError
-    from rlcore.run.dpo_batches import preference_pair
-    from rlcore.run.sft_batches import answer_problem
-
-    for where, samples in (("data.train", getattr(data.train, "samples", [])), ("data.validation", data.validation)):
-        for sample in samples or []:
-            if algorithm == "dpo":
-                preference_pair(sample, where)  # raises DataError naming the row
-            elif problem := answer_problem(sample, where):
-                raise DataError(problem)
-    return data
+    return load_algorithm(cfg.algorithm).load_data(cfg, tokenizer)
 
 
 def build_run(config: Any, resume_dir: Path | None = None, start_step: int = 0, tokenizer: Any = None,
@@ -103,10 +85,10 @@ def build_run(config: Any, resume_dir: Path | None = None, start_step: int = 0, 
     has loaded them already. If anything fails to start, what was started is shut down before the error
     propagates.
     """
+    from rlcore.config.schemas import load_algorithm
     from rlcore.distributed import RayVirtualCluster
     from rlcore.distributed.reaper import SESSION_ENV
     from rlcore.environments.runner import EnvironmentRunner
-    from rlcore.plugins import declared_kwargs
     from rlcore.policy import Policy
     from rlcore.refit import WeightSynchronizer
     from rlcore.run.prompts import load_tokenizer
@@ -128,7 +110,7 @@ def build_run(config: Any, resume_dir: Path | None = None, start_step: int = 0, 
             weights, optimizer = str(resume_dir / "weights"), str(resume_dir / "optimizer")
         # The reference model only feeds the KL term: without one, no rank keeps its copy of the weights.
         run.policy = Policy(cluster, resolved.policy, tokenizer, weights_path=weights, optimizer_path=optimizer,
-                            init_reference_model=cfg.algorithm == "dpo" or cfg.loss.reference_policy_kl_penalty > 0)
+                            init_reference_model=load_algorithm(cfg.algorithm).needs_reference_model(cfg))
         if resolved.teacher is not None:  # frozen: no optimizer, no reference copy
             run.teacher = Policy(cluster, resolved.teacher, tokenizer, name_prefix="teacher", init_optimizer=False,
                                  init_reference_model=False)
@@ -143,8 +125,8 @@ def build_run(config: Any, resume_dir: Path | None = None, start_step: int = 0, 
             available = {"tokenizer": tokenizer, "backend_config": gen.section}
             if gen.adapter_refit:
                 available["lora_rank"] = cfg.policy.lora.dim
-            driver_class = gen.spec.load_driver_class()  # given the keyword arguments it declares
-            run.generation = driver_class(gen_cluster, gen.config, **declared_kwargs(driver_class, available))
+            run.generation = gen.spec.load_driver_class()(gen_cluster, gen.config,
+                                                          **gen.spec.api.generation_driver_kwargs(available))
             run.synchronizer = WeightSynchronizer(run.policy, run.generation, colocated=colocated, cluster=cluster,
                                                   partial_refit=gen.partial_refit, adapter_refit=gen.adapter_refit,
                                                   scratch_dir=os.environ.get(SESSION_ENV))

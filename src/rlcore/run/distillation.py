@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Callable
 
 from rlcore.datasets import DataExhausted
+from rlcore.interfaces.algorithm import Algorithm, OnStep, Resolution
 from rlcore.run.sft import step_metrics
 from rlcore.run.step import Timer, refit
 
@@ -94,3 +95,69 @@ def distillation_train(run: "Run", on_step: Callable[[int, dict[str, float]], No
             metrics.update(validate(run, synchronous_generate(run)))
         on_step(step, metrics)
     return None
+
+
+class Distillation(Algorithm):
+    """On-policy distillation: the student generates, a frozen teacher gives its top-k, the student trains the
+    KL to it."""
+
+    headline = ("loss", "validation/accuracy")
+    curve = ("loss", "KL to the teacher", "kl_curve.png")
+
+    def resolve(self, cfg: Any, policy: Any, generation: Any, registry: Any, notices: list[str]) -> Resolution:
+        """The teacher: the student's policy settings with ``distillation.teacher_model_name``, frozen. The
+        student's backend must compute the loss's input, the teacher's its top-k; every rollout must fill whole
+        batches."""
+        from rlcore.config import ConfigError
+        from rlcore.config.resolve import resolve_policy
+        from rlcore.plugins import Capability
+
+        d, problems, student = cfg.distillation, [], policy
+        if not student.spec.supports(Capability.LOGITS_AT_INDICES):
+            problems.append(f"distillation: the '{student.spec.name}' training backend does not declare "
+                            "'logits_at_indices', the loss input distillation trains on; use a backend that does "
+                            "(reference, dtensor, fsdp1, megatron)")
+        if not student.spec.supports(Capability.TOPK_LOGITS):
+            problems.append(f"distillation: the '{student.spec.name}' training backend cannot give the teacher's "
+                            "top-k logits (capability 'topk_logits')")
+        rollout = d.num_prompts_per_step * d.num_generations_per_prompt
+        gbs = student.config.train_global_batch_size
+        if rollout % gbs or rollout % student.data_parallel_size:
+            problems.append(f"distillation.num_prompts_per_step × num_generations_per_prompt = {rollout} must be a "
+                            f"multiple of policy.train_global_batch_size {gbs} (and of the data-parallel size "
+                            f"{student.data_parallel_size}); change one of them")
+        if problems:
+            return Resolution(cfg, problems)
+        teacher_cfg = cfg.policy.model_copy(update={"model_name": d.teacher_model_name, "generation": None,
+                                                    "tokenizer": cfg.policy.tokenizer})
+        try:
+            teacher = resolve_policy(teacher_cfg, world_size=cfg.world_size, use_gpu=cfg.cluster.use_gpu,
+                                     registry=registry)
+        except ConfigError as exc:
+            return Resolution(cfg, [f"distillation.teacher_model_name: {p}" for p in exc.problems])
+        return Resolution(cfg, [], teacher=teacher)
+
+    def load_data(self, cfg: Any, tokenizer: Any) -> Any:
+        from rlcore.datasets import DataError, load_sources
+        from rlcore.run.sft_batches import answer_problem
+
+        data = load_sources(cfg)
+        for where, samples in (("data.train", getattr(data.train, "samples", [])),
+                               ("data.validation", data.validation)):
+            for sample in samples or []:
+                if problem := answer_problem(sample, where):
+                    raise DataError(problem)
+        return data
+
+    def train(self, run: "Run", on_step: OnStep) -> str | None:
+        return distillation_train(run, on_step)
+
+    def validate(self, run: "Run") -> dict[str, float]:
+        from rlcore.run.validation import synchronous_generate, validate
+
+        return validate(run, synchronous_generate(run))
+
+    def what(self, cfg: Any) -> str:
+        from pathlib import Path
+
+        return f"distillation from {Path(cfg.distillation.teacher_model_name).name}, "

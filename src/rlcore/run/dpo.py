@@ -14,7 +14,8 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
-from rlcore.run.sft import step_metrics
+from rlcore.interfaces.algorithm import OnStep, Resolution
+from rlcore.run.sft import OfflineAlgorithm, step_metrics
 from rlcore.run.step import Timer
 
 if TYPE_CHECKING:
@@ -90,3 +91,37 @@ def dpo_train(run: "Run", on_step: Callable[[int, dict[str, float]], None]) -> s
     from rlcore.run.sft import offline_train
 
     return offline_train(run, on_step, dpo_step, dpo_validate)
+
+
+class DPO(OfflineAlgorithm):
+    """Direct Preference Optimization on (prompt, chosen, rejected) pairs against the frozen initial weights."""
+
+    headline = ("accuracy", "validation/accuracy")
+    curve = ("accuracy", "preference accuracy", "accuracy_curve.png")
+
+    def resolve(self, cfg: Any, policy: Any, generation: Any, registry: Any, notices: list[str]) -> Resolution:
+        """As SFT's, and a micro-batch token budget must hold a pair (its two sequences stay together)."""
+        decided = super().resolve(cfg, policy, generation, registry, notices)
+        plan, pair_tokens = policy.batch, 2 * cfg.policy.max_total_sequence_length
+        if plan.mode != "plain" and plan.train_mb_tokens < pair_tokens:
+            section = "dynamic_batching" if plan.mode == "dynamic" else "sequence_packing"
+            decided.problems.append(
+                f"policy.{section}.train_mb_tokens: {plan.train_mb_tokens} tokens cannot hold a DPO pair, two "
+                f"sequences of up to policy.max_total_sequence_length={cfg.policy.max_total_sequence_length} kept "
+                f"in one micro-batch; set it to at least {pair_tokens}")
+        return decided
+
+    def sample_problem(self, sample: Any, where: str) -> str | None:
+        from rlcore.run.dpo_batches import preference_pair
+
+        preference_pair(sample, where)  # raises DataError naming the row
+        return None
+
+    def needs_reference_model(self, cfg: Any) -> bool:
+        return True  # the loss is relative to the frozen initial weights
+
+    def train(self, run: "Run", on_step: OnStep) -> str | None:
+        return dpo_train(run, on_step)
+
+    def validate(self, run: "Run") -> dict[str, float]:
+        return dpo_validate(run)

@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Callable
 
 from rlcore.datasets import DataExhausted
+from rlcore.interfaces.algorithm import Algorithm, OnStep, Resolution
 from rlcore.run.async_grpo import async_grpo_train
 from rlcore.run.dynamic_sampling import sample_with_signal
 from rlcore.run.rollouts import run_rollout
@@ -90,3 +91,57 @@ def grpo_train(run: "Run", on_step: Callable[[int, dict[str, float]], None]) -> 
             metrics.update(validate(run, synchronous_generate(run)))
         on_step(step, metrics)
     return None
+
+
+class GRPO(Algorithm):
+    """GRPO (rlcore's default algorithm): group-relative advantages on scored rollouts, synchronous or with
+    generation ahead (``grpo.async_grpo``), with dynamic sampling (``grpo.use_dynamic_sampling``)."""
+
+    headline = ("reward_mean", "validation/accuracy")
+    curve = ("reward_mean", "mean reward", "reward_curve.png")
+
+    def resolve(self, cfg: Any, policy: Any, generation: Any, registry: Any, notices: list[str]) -> Resolution:
+        from rlcore.config.resolve import skips_prev_logprob_pass
+
+        g = cfg.grpo
+        problems = []
+        rollout, dp = g.num_prompts_per_step * g.num_generations_per_prompt, policy.data_parallel_size
+        if rollout % dp:
+            problems.append(f"grpo rollout batch {rollout} cannot be split over {dp} data-parallel ranks; "
+                            "make grpo.num_prompts_per_step × grpo.num_generations_per_prompt a multiple of it")
+            return Resolution(cfg, problems)
+        async_generation = _async_generation(g, generation, notices)
+        cfg = cfg.model_copy(update={"loss": cfg.loss.model_copy(
+            update={"force_on_policy_ratio": skips_prev_logprob_pass(cfg, policy.config)})})
+        return Resolution(cfg, [], async_generation)
+
+    def load_data(self, cfg: Any, tokenizer: Any) -> Any:
+        from rlcore.datasets import load_sources
+        from rlcore.run.step import prompt_length_of
+
+        return load_sources(cfg, prompt_length_of(cfg, tokenizer))
+
+    def one_batch_per_step(self, cfg: Any) -> bool:
+        return not cfg.grpo.use_dynamic_sampling  # dynamic sampling draws until enough groups have signal
+
+    def train(self, run: "Run", on_step: OnStep) -> str | None:
+        return grpo_train(run, on_step)
+
+    def validate(self, run: "Run") -> dict[str, float]:
+        return validate(run, synchronous_generate(run))
+
+
+def _async_generation(g: Any, generation: Any, notices: list[str]) -> bool:
+    """``grpo.async_grpo.enabled`` where the engine can generate ahead; a notice where it cannot."""
+    from rlcore.plugins import Capability
+
+    if not g.async_grpo.enabled or generation is None:
+        return False
+    if not generation.separate:
+        reason = f"the '{generation.spec.name}' training backend generates with its own weights"
+    elif not generation.spec.supports(Capability.ASYNC_GENERATION):
+        reason = f"the '{generation.spec.name}' generation backend does not declare 'async_generation'"
+    else:
+        return True
+    notices.append(f"notice: grpo.async_grpo.enabled, but {reason}; training synchronously")
+    return False

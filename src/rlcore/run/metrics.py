@@ -1,5 +1,5 @@
-"""Where a run's numbers go: JSONL per step, TensorBoard when installed, a progress bar, a curve plot (GRPO: the
-mean reward; SFT: the loss)."""
+"""Where a run's numbers go: JSONL per step, TensorBoard when installed, a progress bar, a curve plot (the algorithm's
+:attr:`~rlcore.interfaces.algorithm.Algorithm.curve`)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,12 @@ from typing import Any
 class MetricsLogger:
     def __init__(self, output_dir: str | Path, *, tensorboard: bool = True, progress_bar: bool = True,
                  progress_file: Any = None, total_steps: int = 0, initial_step: int = 0,
-                 algorithm: str = "grpo") -> None:
+                 name: str = "grpo", curve: tuple[str, str, str] = ("reward_mean", "mean reward",
+                                                                     "reward_curve.png")) -> None:
+        """``name``: the progress bar's label; ``curve``: ``(metric, axis label, file name)`` of the plot
+        (:attr:`rlcore.interfaces.algorithm.Algorithm.curve`)."""
         self.dir = Path(output_dir)
-        self.curve = CURVES[algorithm]
+        self.curve = curve
         self.dir.mkdir(parents=True, exist_ok=True)
         self.path = self.dir / "metrics.jsonl"
         self._file = self.path.open("a")
@@ -29,7 +32,7 @@ class MetricsLogger:
         if progress_bar:
             from tqdm import tqdm
 
-            self._bar = tqdm(total=total_steps, initial=initial_step, desc=algorithm, unit="step", dynamic_ncols=True,
+            self._bar = tqdm(total=total_steps, initial=initial_step, desc=name, unit="step", dynamic_ncols=True,
                              file=progress_file)  # None: standard error
 
     def log(self, step: int, metrics: dict[str, Any], advance: bool = True) -> None:
@@ -75,12 +78,6 @@ def keep_steps_before(path: str | Path, step: int) -> None:
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
-
-
-#: Each algorithm's curve: ``(metric, axis label, file name)``.
-CURVES = {"grpo": ("reward_mean", "mean reward", "reward_curve.png"), "sft": ("loss", "loss", "loss_curve.png"),
-          "dpo": ("accuracy", "preference accuracy", "accuracy_curve.png"),
-          "distillation": ("loss", "KL to the teacher", "kl_curve.png")}
 
 
 def plot_curve(metrics_path: str | Path, png_path: str | Path, metric: str, label: str) -> Path | None:

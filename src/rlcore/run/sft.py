@@ -13,9 +13,10 @@ backend, no environment).
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from rlcore.datasets import DataExhausted
+from rlcore.interfaces.algorithm import Algorithm, OnStep, Resolution
 from rlcore.run.step import Timer, peak_memory_metrics
 
 if TYPE_CHECKING:
@@ -99,3 +100,51 @@ def offline_train(run: "Run", on_step: Callable[[int, dict[str, float]], None],
             metrics.update(validate_fn(run))
         on_step(step, metrics)
     return None
+
+
+class OfflineAlgorithm(Algorithm):
+    """An algorithm that trains on data as written (SFT, DPO): no rollouts, validation in eval-mode batches."""
+
+    def resolve(self, cfg: Any, policy: Any, generation: Any, registry: Any, notices: list[str]) -> Resolution:
+        """Validation batches must split over the ranks as training's do."""
+        from rlcore.config.batch_plan import batch_problems
+
+        s, plan, name = self.section(cfg), policy.batch, self.name
+        return Resolution(cfg, batch_problems(s.val_global_batch_size, s.val_micro_batch_size,
+                                              plan.data_parallel_size, plan.mode,
+                                              gbs_name=f"{name}.val_global_batch_size",
+                                              mbs_name=f"{name}.val_micro_batch_size"))
+
+    def load_data(self, cfg: Any, tokenizer: Any) -> Any:
+        """The samples, every fixed one checked for what the loss trains on (:meth:`sample_problem`); a
+        generator's samples are checked as they are made."""
+        from rlcore.datasets import DataError, load_sources
+
+        data = load_sources(cfg)
+        for where, samples in (("data.train", getattr(data.train, "samples", [])),
+                               ("data.validation", data.validation)):
+            for sample in samples or []:
+                if problem := self.sample_problem(sample, where):
+                    raise DataError(problem)
+        return data
+
+    def sample_problem(self, sample: Any, where: str) -> str | None:
+        return None
+
+
+class SFT(OfflineAlgorithm):
+    """Supervised fine-tuning: NLL on the assistant tokens of chat samples."""
+
+    headline = ("loss", "validation/loss")
+    curve = ("loss", "loss", "loss_curve.png")
+
+    def sample_problem(self, sample: Any, where: str) -> str | None:
+        from rlcore.run.sft_batches import answer_problem
+
+        return answer_problem(sample, where)
+
+    def train(self, run: "Run", on_step: OnStep) -> str | None:
+        return sft_train(run, on_step)
+
+    def validate(self, run: "Run") -> dict[str, float]:
+        return sft_validate(run)

@@ -1,5 +1,6 @@
-"""A whole run (GRPO, or SFT with an ``sft`` section) from a resolved config: build it, train, log metrics,
-checkpoint, and summarise.
+"""A whole run of the config's algorithm (GRPO, SFT, DPO, distillation, a third party's) from a resolved
+config: build it, train, log metrics, checkpoint, and summarise. The algorithm is reached through the registry
+(:func:`rlcore.config.schemas.load_algorithm`), never by its name.
 
 ``rlcore run`` (:mod:`rlcore.cli.run_cmd`) is a thin command around
 :func:`train`: it loads and resolves the config, checks the model, and reports
@@ -53,8 +54,10 @@ def resumed_data_position(cfg: Any, data: Any, saved: dict[str, Any] | None, sta
     if saved is None:
         return start  # a checkpoint from before the data position was recorded: batch = step, as it was then
     expected = data_position(cfg, data, start)
-    dynamic_sampling = cfg.algorithm == "grpo" and cfg.grpo.use_dynamic_sampling
-    keys = ("batch_size", "num_samples", "seed") + (() if dynamic_sampling else ("next_batch",))
+    from rlcore.config.schemas import load_algorithm
+
+    one_batch_per_step = load_algorithm(cfg.algorithm).one_batch_per_step(cfg)
+    keys = ("batch_size", "num_samples", "seed") + (("next_batch",) if one_batch_per_step else ())
     changed = [f"{key} {saved.get(key)} -> {expected[key]}" for key in keys if saved.get(key) != expected[key]]
     if changed:
         raise ValueError(f"--resume: {where} continued a different data stream ({', '.join(changed)}); resume with "
@@ -90,7 +93,8 @@ def train(config: Any, resume: bool = False, signals: Any = None, progress_file:
     """
     from rlcore.run.build import build_run, load_run_data
     from rlcore.run.checkpoints import latest_step, read_state, resume_problems, save_step
-    from rlcore.run.metrics import CURVES, MetricsLogger, keep_steps_before, read_metrics
+    from rlcore.config.schemas import load_algorithm
+    from rlcore.run.metrics import MetricsLogger, keep_steps_before, read_metrics
     from rlcore.run.prompts import load_tokenizer
 
     resolved = config if isinstance(config, ResolvedConfig) else _resolved_with_notices(config)
@@ -115,7 +119,8 @@ def train(config: Any, resume: bool = False, signals: Any = None, progress_file:
     last = run.num_steps - 1
     hold = signals.hold if signals is not None else contextlib.nullcontext
     ck = cfg.checkpointing
-    loop, validate = _algorithm(cfg)
+    algorithm = load_algorithm(cfg.algorithm)
+    validate = algorithm.validate
     finished: dict[str, Any] = {}  # the newest finished step: "step", "metrics", "position", "saved"
 
     def save(step: int, metrics: dict[str, float], position: int) -> None:
@@ -148,10 +153,10 @@ def train(config: Any, resume: bool = False, signals: Any = None, progress_file:
     try:
         logger = MetricsLogger(out, tensorboard=cfg.logger.tensorboard, progress_bar=cfg.logger.progress_bar,
                                progress_file=progress_file, total_steps=run.num_steps, initial_step=start,
-                               algorithm=cfg.algorithm)
+                               name=algorithm.name, curve=algorithm.curve)
         if cfg.algorithm_section.val_at_start and start == 0 and data.validation:
             logger.log(-1, validate(run), advance=False)  # the initial weights
-        if (ended_early := loop(run, on_step)) is not None:
+        if (ended_early := algorithm.train(run, on_step)) is not None:
             end_early(ended_early)
     except BaseException:
         if logger is not None:
@@ -164,47 +169,23 @@ def train(config: Any, resume: bool = False, signals: Any = None, progress_file:
     run.shutdown()
     latest = latest_step(ckpt_root)
     return {
-        **_summary(cfg, read_metrics(logger.path)),
+        **_summary(algorithm.headline, read_metrics(logger.path)),
         "metrics": str(logger.path),
-        f"{CURVES[cfg.algorithm][2].removesuffix('.png')}": str(png) if png else None,
+        f"{algorithm.curve[2].removesuffix('.png')}": str(png) if png else None,
         "final_weights": str(latest[1] / "weights") if latest else None,
         **({"ended_early": ended_early} if ended_early else {}),
     }
-
-
-def _algorithm(cfg: Any) -> tuple[Any, Any]:
-    """``(loop, validate)`` of the run's algorithm: ``loop(run, on_step)`` trains its steps, ``validate(run)``
-    returns the validation metrics of the current weights."""
-    if cfg.algorithm == "sft":
-        from rlcore.run.sft import sft_train, sft_validate
-
-        return sft_train, sft_validate
-    if cfg.algorithm == "dpo":
-        from rlcore.run.dpo import dpo_train, dpo_validate
-
-        return dpo_train, dpo_validate
-    from rlcore.run.distillation import distillation_train
-    from rlcore.run.grpo import grpo_train
-    from rlcore.run.validation import synchronous_generate, validate
-
-    loop = distillation_train if cfg.algorithm == "distillation" else grpo_train
-    return loop, lambda run: validate(run, synchronous_generate(run))
-
-
-#: Each algorithm's headline metrics: ``(training metric, validation metric)``.
-HEADLINES = {"grpo": ("reward_mean", "validation/accuracy"), "sft": ("loss", "validation/loss"),
-             "dpo": ("accuracy", "validation/accuracy"), "distillation": ("loss", "validation/accuracy")}
 
 
 def _validated(metrics: dict[str, Any]) -> bool:
     return any(key.startswith("validation/") for key in metrics)
 
 
-def _summary(cfg: Any, logged: list[dict[str, Any]]) -> dict[str, Any]:
-    """Steps trained and the first and last value of the run's headline metrics (GRPO: mean reward and
-    validation accuracy; SFT: loss and validation loss; DPO: preference accuracy and its validation;
-    distillation: the KL to the teacher and validation accuracy)."""
-    train_key, val_key = HEADLINES[cfg.algorithm]
+def _summary(headline: tuple[str, str], logged: list[dict[str, Any]]) -> dict[str, Any]:
+    """Steps trained and the first and last value of the algorithm's headline metrics
+    (:attr:`rlcore.interfaces.algorithm.Algorithm.headline`: GRPO's mean reward and validation accuracy, SFT's
+    loss and validation loss, ...)."""
+    train_key, val_key = headline
     val_name = val_key.replace("/", "_")
     rows = [r for r in logged if train_key in r and r["step"] >= 0]  # training steps (not step -1)
     validations = [r[val_key] for r in logged if val_key in r]

@@ -1,0 +1,32 @@
+"""Registers the built-in algorithms through the public hook, as a third party would (light: only names)."""
+
+from rlcore.plugins import AlgorithmSpec, hookimpl
+
+#: ``name: (config class, algorithm class, what it is, the spec's flags)``; the name is the config section's key.
+_BUILTIN = {
+    "grpo": ("rlcore.config.grpo:GRPOConfig", "rlcore.run.grpo:GRPO",
+             "Group Relative Policy Optimization on scored rollouts (synchronous or asynchronous, dynamic sampling); "
+             "the algorithm of a config without an algorithm section.",
+             {"default": True, "generates": True}),
+    "sft": ("rlcore.config.sft:SFTConfig", "rlcore.run.sft:SFT",
+            "Supervised fine-tuning: NLL on the assistant tokens of data.train.",
+            {"unread_sections": {"loss": "the policy-gradient loss (sft has its own)",
+                                 "env": "the environment that scores completions"}}),
+    "dpo": ("rlcore.config.dpo:DPOConfig", "rlcore.run.dpo:DPO",
+            "Direct Preference Optimization on (prompt, chosen, rejected) pairs against the frozen initial weights.",
+            {"unread_sections": {"loss": "the policy-gradient loss (dpo has its own)",
+                                 "env": "the environment that scores completions"}}),
+    "distillation": ("rlcore.config.distillation:DistillationConfig", "rlcore.run.distillation:Distillation",
+                     "On-policy distillation: the student trains on the KL to a frozen teacher's top-k logits over "
+                     "its own rollouts.",
+                     {"generates": True,
+                      "unread_sections": {"loss": "the policy-gradient loss (distillation trains the KL to the "
+                                                  "teacher)"}}),
+}
+
+
+@hookimpl
+def rlcore_register_algorithms(register):
+    for name, (config_class, algorithm_class, description, flags) in _BUILTIN.items():
+        register(AlgorithmSpec(name=name, config_class=config_class, algorithm_class=algorithm_class,
+                               description=description, **flags))
