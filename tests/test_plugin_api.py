@@ -148,7 +148,8 @@ def test_the_worker_host_builds_a_worker_with_what_it_declares(monkeypatch):
 def test_the_worker_host_refuses_a_worker_without_a_capabilitys_method(monkeypatch):
     monkeypatch.delenv("RLCORE_WORKER_LOG_DIR", raising=False)
     with pytest.raises(TypeError) as caught:
-        WorkerHost(f"{__name__}:V2Worker", {}, ("cfg", "tok"), {}, offered=OFFERED, capabilities=("train", "topk_logits"))
+        WorkerHost(f"{__name__}:V2Worker", {}, ("cfg", "tok"), {}, offered=OFFERED,
+                   capabilities=("train", "topk_logits"))
     assert str(caught.value) == (
         f"declares capability 'topk_logits', but {__name__}:V2Worker has no get_topk_logits (TopkLogitsWorker of "
         "rlcore.interfaces.workers): implement it or drop 'topk_logits' from its capabilities")

@@ -32,8 +32,8 @@ def rlcore_requirement_problem(requires: Iterable[str] | None, distribution: str
         if req.marker is not None and not req.marker.evaluate({"extra": ""}):
             continue  # only for an extra of the plugin (e.g. its tests): not a requirement of the plugin
         if req.specifier and not req.specifier.contains(installed, prereleases=True):
-            too_old = any(s.operator in (">", ">=", "~=", "==", "===") and Version(installed) < Version(s.version.removesuffix(".*"))
-                          for s in req.specifier)
+            too_old = any(s.operator in (">", ">=", "~=", "==", "===")
+                          and Version(installed) < Version(s.version.removesuffix(".*")) for s in req.specifier)
             fix = "upgrade rlcore" if too_old else f"install a release of {distribution} made for rlcore {installed}"
             return f"requires rlcore{req.specifier}, this is {installed}: {fix}"
     return ""
