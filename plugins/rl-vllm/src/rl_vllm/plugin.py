@@ -20,5 +20,4 @@ def rlcore_register_backends(register):
         requires=("vllm",),
         install_hint="pip install 'rl-vllm[cpu]'  (or [gpu] on CUDA)",
         description="vLLM engines in Ray actors (data parallel), in-place weight refit.",
-        plugin_api_version=2,
     ))
