@@ -15,7 +15,6 @@ from typer.testing import CliRunner
 from rlcore.cli.config_cmd import config_app
 from rlcore.config import (
     ConfigError,
-    DTensorConfig,
     GenerationConfig,
     RLCoreConfig,
     SchedulerMilestones,
@@ -29,13 +28,24 @@ from rlcore.config import (
     validate_section,
 )
 
+from rl_dtensor.config import DTensorConfig
+from rl_megatron.config import megatron_section
+
 REPO = Path(__file__).resolve().parents[1]
+MEGATRON = {"dtensor_cfg": {"enabled": False}, "megatron_cfg": {"enabled": True}}
 EXAMPLES = sorted(p for p in (REPO / "examples").rglob("*.yaml") if "plugin-template" not in p.parts)
 
 
 def problems(raw: dict, overrides=()) -> list[str]:
     with pytest.raises(ConfigError) as info:
         load_config_dict(raw, overrides)
+    return info.value.problems
+
+
+def config_problems(raw: dict) -> list[str]:
+    """Problems of loading ``raw`` or, once it loads, of resolving it (the backends' own sections)."""
+    with pytest.raises(ConfigError) as info:
+        resolve(load_config_dict(raw))
     return info.value.problems
 
 
@@ -61,8 +71,10 @@ def test_defaults_validate():
     assert cfg.policy.training_backend == "dtensor"
     # values naming another field are derived at load
     assert cfg.policy.tokenizer.name == cfg.policy.model_name
-    assert cfg.policy.megatron_cfg.optimizer.lr == cfg.policy.learning_rate
-    assert cfg.policy.megatron_cfg.pipeline_dtype == cfg.policy.precision
+    # and a backend's own section derives them from the policy when it is resolved
+    megatron = resolve(load_config_dict({"policy": MEGATRON})).policy.section
+    assert megatron.optimizer.lr == cfg.policy.learning_rate
+    assert megatron.pipeline_dtype == cfg.policy.precision
     # the layout and the batch plan come from resolving against the installed backends
     plan = resolve(cfg).policy.batch
     assert cfg.world_size == 2 and plan.data_parallel_size == 2
@@ -77,7 +89,7 @@ def test_configs_are_frozen_values_and_a_copy_derives_again():
     changed = cfg.policy.model_copy(update={"model_name": "tiny-qwen2", "learning_rate": 0.25,
                                             "train_micro_batch_size": 2})
     assert changed.tokenizer.name == changed.generation.model_name == "tiny-qwen2"
-    assert changed.megatron_cfg.optimizer.lr == 0.25
+    assert megatron_section(changed).optimizer.lr == 0.25
     plan = resolve(cfg.model_copy(update={"policy": changed})).policy.batch
     assert plan.train_mb_tokens == 2 * cfg.policy.max_total_sequence_length  # not the stale 1 × seq
     with pytest.raises(ValueError):
@@ -114,9 +126,64 @@ def test_example_backends():
     ({"dtensor_cfg": {"enabled": False}}, "fsdp1"),
     ({"dtensor_cfg": {"enabled": False}, "megatron_cfg": {"enabled": True}}, "megatron"),
     ({"backend": "mybackend"}, "mybackend"),
+    ({"dtensor_cfg": {"enabled": False}, "mybackend_cfg": {"enabled": True}}, "mybackend"),  # any backend's section
+    ({"megatron_cfg": {"enabled": False}, "mybackend_cfg": {"knob": 1}}, "dtensor"),
 ])
 def test_training_backend_resolution(policy, expected):
     assert load_config_dict({"policy": policy}).policy.training_backend == expected
+
+
+def registry_without(*plugins: str):
+    """The installed plugins but ``plugins`` (entry-point names): as if those were not installed."""
+    from importlib import metadata
+
+    from rlcore.plugins import Registry
+
+    registry = Registry()
+    registry.load_entry_points([ep for ep in metadata.entry_points(group="rlcore.plugins") if ep.name not in plugins])
+    return registry
+
+
+@pytest.mark.parametrize("policy, path", [
+    (MEGATRON, "policy.megatron_cfg.enabled"),
+    ({"backend": "megatron"}, "policy.backend"),
+    ({"megatron_cfg": {"tensor_model_parallel_size": 2}}, "policy.megatron_cfg"),
+])
+def test_a_backend_section_without_its_plugin_says_what_to_install(monkeypatch, policy, path):
+    monkeypatch.delenv("RLCORE_PLUGINS", raising=False)
+    monkeypatch.delenv("RLCORE_DISABLE_PLUGINS", raising=False)
+    registry = registry_without("megatron")
+    cfg = load_config_dict({"policy": policy})  # the keys are the same whatever is installed
+    with pytest.raises(ConfigError) as info:
+        resolve(cfg, registry=registry)
+    (line,) = info.value.problems
+    assert line.startswith(f"{path}: no backend named 'megatron'") and line.endswith("pip install rl-megatron'")
+    # NeMo-RL's files carry every backend's section: one switched off needs no plugin ...
+    off = load_config_dict({"policy": {"megatron_cfg": {"enabled": False, "tensor_model_parallel_size": 2}}})
+    assert resolve(off, registry=registry).policy.spec.name == "dtensor"
+    # ... but an installed backend's section is checked by its class even when another backend trains
+    with pytest.raises(ConfigError, match=r"^policy\.megatron_cfg\.tensor_model_parallel_size: expected a value > 0"):
+        resolve(load_config_dict({"policy": {"megatron_cfg": {"enabled": False, "tensor_model_parallel_size": 0}}}))
+
+
+@pytest.mark.parametrize("policy, backend", [({}, "fsdp1"), ({"backend": "fsdp1"}, "fsdp1"),
+                                             ({"backend": "reference"}, "fsdp1")])
+def test_a_run_without_the_default_engine_falls_back_to_a_training_backend_that_generates(monkeypatch, policy,
+                                                                                         backend):
+    monkeypatch.delenv("RLCORE_PLUGINS", raising=False)
+    monkeypatch.delenv("RLCORE_DISABLE_PLUGINS", raising=False)
+    raw = {"policy": {**policy, "generation": {}}}
+    resolved = resolve(load_config_dict(raw), run=True, registry=registry_without("vllm"))
+    assert resolved.policy.spec.name == resolved.generation.spec.name == backend
+    assert not resolved.generation.separate
+    (notice,) = resolved.notices
+    assert notice.startswith("notice: no backend named 'vllm'") and \
+        notice.endswith(f"; falling back to {backend} for training and generation")
+    # with the engine installed, or another engine named, nothing falls back
+    assert resolve(load_config_dict(raw), run=True).generation.spec.name == "vllm"
+    with pytest.raises(ConfigError, match="no backend named 'sglang'"):
+        resolve(load_config_dict({"policy": {**policy, "generation": {"backend": "sglang"}}}), run=True,
+                registry=registry_without("vllm"))
 
 
 # --- cross-field rules ---------------------------------------------------------------------
@@ -131,6 +198,9 @@ def test_training_backend_resolution(policy, expected):
      ["policy.train_global_batch_size", "policy.train_micro_batch_size"], ["6", "multiple of 4"]),
     ({"policy": {"dtensor_cfg": {"context_parallel_size": 2}}},
      ["policy.dtensor_cfg.context_parallel_size", "cluster.use_gpu"], ["CUDA", "is 2"]),
+    ({"policy": {"max_grad_norm": 1.0, "dtensor_cfg": {"enabled": False},
+                 "megatron_cfg": {"enabled": True, "optimizer": {"clip_grad": 0.5}}}},
+     ["policy.megatron_cfg.optimizer.clip_grad", "policy.max_grad_norm"], ["0.5"]),
 ])
 def test_layout_and_batch_problems_are_found_when_resolving(raw, paths, words):
     """The layout comes from the training backend (rl-dtensor / rl-megatron declare theirs), so these are
@@ -146,8 +216,10 @@ def test_layout_and_batch_problems_are_found_when_resolving(raw, paths, words):
      ["policy.dynamic_batching.enabled", "policy.sequence_packing.enabled"], ["mutually exclusive"]),
     ({"policy": {"megatron_cfg": {"enabled": True}}},
      ["policy.megatron_cfg.enabled", "policy.dtensor_cfg.enabled"], ["enabled=false"]),
-    ({"policy": {"max_grad_norm": 1.0, "megatron_cfg": {"optimizer": {"clip_grad": 0.5}}}},
-     ["policy.megatron_cfg.optimizer.clip_grad", "policy.max_grad_norm"], ["0.5"]),
+    ({"policy": {"mybackend_cfg": {"enabled": True}, "megatron_cfg": {"enabled": True}}},
+     ["policy.mybackend_cfg.enabled", "policy.megatron_cfg.enabled", "policy.dtensor_cfg.enabled"], ["all are true"]),
+    ({"policy": {"backend": "reference", "activation_checkpointing_enabled": True}},
+     ["policy.activation_checkpointing_enabled", "'reference'"], ["only fsdp1 reads it"]),
     ({"policy": {"generation": {"colocated": False}}},
      ["policy.generation.colocated.resources"], ["workers_per_node"]),
     ({"loss": {"use_kl_in_reward": True, "reference_policy_kl_penalty": 0.1}},
@@ -247,8 +319,7 @@ def test_parallel_sizes_of_unselected_backend_ignored():
 
 def test_several_rule_violations_all_reported():
     found = problems({"policy": {"dynamic_batching": {"enabled": True}, "sequence_packing": {"enabled": True},
-                                 "megatron_cfg": {"optimizer": {"clip_grad": 0.5}},
-                                 "fsdp_offload_enabled": True}})
+                                 "megatron_cfg": {"enabled": True}, "fsdp_offload_enabled": True}})
     assert len(found) == 3, found
 
 
@@ -264,11 +335,15 @@ def test_unknown_key_without_close_match_has_no_hint():
 
 
 def test_unknown_key_in_nested_and_list_sections():
-    found = problems({"clustr": {}, "policy": {"dtensor_cfg": {"tensor_paralel_size": 2},
-                                               "scheduler": [{"name": "x", "kwarg": {}}]}})
+    found = problems({"clustr": {}, "policy": {"scheduler": [{"name": "x", "kwarg": {}}]}})
     assert "clustr: unknown key; did you mean 'cluster'?" in found
-    assert "policy.dtensor_cfg.tensor_paralel_size: unknown key; did you mean 'tensor_parallel_size'?" in found
     assert "policy.scheduler[0].kwarg: unknown key; did you mean 'kwargs'?" in found
+    # a backend's own section is checked by its config class when the config is resolved
+    found = config_problems({"policy": {"dtensor_cfg": {"tensor_paralel_size": 2},
+                                        "megatron_cfg": {"pipeline_model_paralel_size": 2}}})
+    assert found == ["policy.megatron_cfg.pipeline_model_paralel_size: unknown key; did you mean "
+                     "'pipeline_model_parallel_size'?",
+                     "policy.dtensor_cfg.tensor_paralel_size: unknown key; did you mean 'tensor_parallel_size'?"]
 
 
 def test_bad_type_names_path_and_value():
@@ -280,7 +355,6 @@ def test_bad_type_names_path_and_value():
     ({"precision": "fp8"}, "policy.precision: expected one of 'float32', 'bfloat16' or 'float16', got 'fp8'"),
     ({"max_grad_norm": "x"}, "policy.max_grad_norm: expected a number, got 'x'"),
     ({"max_grad_norm": -1}, "policy.max_grad_norm: expected a value > 0, got -1"),
-    ({"dtensor_cfg": {"tensor_parallel_size": 0}}, "policy.dtensor_cfg.tensor_parallel_size: expected a value > 0, got 0"),
     ({"dtensor_cfg": 3}, "policy.dtensor_cfg: expected a mapping (key: value), got 3"),
     ({"vllm_cfg": [1]}, "policy.vllm_cfg: expected a mapping (key: value), got [1]"),
     ({"scheduler": [{"kwargs": {}}]}, "policy.scheduler[0].name: required key is missing"),
@@ -294,13 +368,21 @@ def test_bad_values(policy, line):
 
 def test_all_problems_of_a_file_reported(tmp_path):
     path = write(tmp_path, "cluster:\n  num_nodes: zero\npolicy:\n  train_micro_batchsize: 2\n"
-                           "  precision: fp8\n  dtensor_cfg:\n    enabled: maybe\n")
+                           "  precision: fp8\n  max_grad_norm: x\n  dtensor_cfg:\n    enabled: maybe\n")
     with pytest.raises(ConfigError) as info:
         load_config(path)
     assert len(info.value.problems) == 4
     assert str(info.value) == "\n".join(info.value.problems)
     assert info.value.source == str(path)
     assert "Traceback" not in str(info.value) and "pydantic" not in str(info.value)
+
+
+@pytest.mark.parametrize("section, line", [
+    ({"tensor_parallel_size": 0}, "policy.dtensor_cfg.tensor_parallel_size: expected a value > 0, got 0"),
+    ({"enabled": "maybe"}, "policy.dtensor_cfg.enabled: expected true or false, got 'maybe'"),
+])
+def test_bad_values_of_a_backend_section(section, line):
+    assert config_problems({"policy": {"dtensor_cfg": section}}) == [line]
 
 
 def test_colocated_bool_shorthand():
@@ -404,7 +486,6 @@ def test_cfg_sections_collected_and_dumped_under_their_names():
     assert dumped["policy"]["mybackend_cfg"] == {"knob": 3}
     assert dumped["policy"]["generation"]["vllm_cfg"] == {"gpu_memory_utilization": 0.5}
     assert "backend_sections" not in dumped["policy"]
-    assert cfg.policy.dtensor_cfg.enabled  # declared *_cfg fields are not swallowed
 
 
 def test_non_cfg_unknown_key_rejected_next_to_sections():

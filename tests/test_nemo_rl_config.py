@@ -110,6 +110,7 @@ def _expected(nemo: dict[str, Any]) -> dict[str, Any]:
 
 def _got(cfg: Any) -> dict[str, Any]:
     p, g, loss = cfg.policy, cfg.grpo, cfg.loss
+    resolved = resolve(cfg).policy
     sp = p.sequence_packing
     out = {
         "backend": p.training_backend, "gbs": p.train_global_batch_size, "mbs": p.train_micro_batch_size,
@@ -120,11 +121,11 @@ def _got(cfg: Any) -> dict[str, Any]:
         "sampling": (p.generation.max_new_tokens, p.generation.temperature, p.generation.top_p),
         "loss": (loss.reference_policy_kl_penalty, loss.ratio_clip_min, loss.ratio_clip_max),
         "divisible": p.make_sequence_length_divisible_by,
-        "parallel": tuple(resolve(cfg).policy.layout.sizes().values()), "lr": p.learning_rate,
+        "parallel": tuple(resolved.layout.sizes().values()), "lr": p.learning_rate,
         "clip": p.max_grad_norm,
     }
     if p.training_backend == "megatron":
-        o, s = p.megatron_cfg.optimizer, p.megatron_cfg.scheduler
+        o, s = resolved.section.optimizer, resolved.section.scheduler  # megatron_cfg, as the worker gets it
         out["optimizer"] = (o.optimizer, o.lr, o.min_lr, o.weight_decay, o.bf16, o.params_dtype)
         out["schedule"] = (s.lr_decay_style, s.lr_decay_iters, s.lr_warmup_iters, s.lr_warmup_init)
     else:
@@ -393,7 +394,8 @@ def test_scheduler_forms_and_optimizer_null():
                        "'weight_decay'?")
     loaded = nemo_config(MEGATRON)  # optimizer: null (the megatron backend has its own)
     assert "ignored: policy.optimizer (the megatron backend uses megatron_cfg.optimizer)" in loaded.ignored_lines()
-    assert loaded.config.policy.learning_rate == loaded.config.policy.megatron_cfg.optimizer.lr == 5e-6
+    megatron = resolve(loaded.config).policy.section
+    assert loaded.config.policy.learning_rate == megatron.optimizer.lr == 5e-6
 
 
 def test_a_nemo_rl_policy_dict_becomes_a_policy_config():

@@ -10,8 +10,10 @@ from __future__ import annotations
 import difflib
 from typing import Any
 
+from rlcore.config.base import SECTION_SUFFIX
 from rlcore.config.errors import ConfigError
 from rlcore.config.loader import validate_section
+from rlcore.config.policy import FALLBACK_TRAINING_BACKEND
 from rlcore.plugins import BackendError, BackendSpec, Capability, LayoutRequest, ParallelLayout, Registry
 from rlcore.plugins.layout import DATA_PARALLEL
 
@@ -24,13 +26,38 @@ def select(registry: Registry, name: str, kind: str, path: str) -> tuple[Backend
         return None, [f"{path}: {exc}"]
 
 
+def selection_path(policy: Any) -> str:
+    """The setting that chose the policy's training backend, named in a problem with it."""
+    if policy.backend:
+        return "policy.backend"
+    key = f"{policy.training_backend}{SECTION_SUFFIX}"
+    if policy.backend_sections.get(key, {}).get("enabled") is True:
+        return f"policy.{key}.enabled"
+    return "policy (training backend)"
+
+
+def self_generating(registry: Registry, training: str) -> str | None:
+    """The training backend a run falls back to when its generation engine is not installed: ``training``
+    itself if it generates (capability 'generate'), else the fall-back backend if it is installed and does."""
+    for name in dict.fromkeys((training, FALLBACK_TRAINING_BACKEND)):
+        try:
+            spec = registry.resolve(name, kind="training")
+        except BackendError:
+            continue
+        if spec.supports(Capability.GENERATE):
+            return spec.name
+    return None
+
+
 def own_section(spec: BackendSpec, owner: Any, path: str) -> Any:
     """The backend's own ``<name>_cfg`` section of ``owner`` (the policy or the generation config at
     ``path``), validated with its ``config_class``; None without a config class, the defaults when absent.
 
+    The class is validated with ``owner`` in pydantic's validation context (``info.context["owner"]``), so a
+    backend may derive a setting left null from the policy (megatron's lr from ``policy.learning_rate``).
     Raises ConfigError (dotted path, one line per problem).
     """
-    key = f"{spec.name}_cfg"
+    key = f"{spec.name}{SECTION_SUFFIX}"
     try:
         model = spec.load_config_class()
     except Exception as exc:  # noqa: BLE001 - a plugin's import error, reported as a config problem
@@ -38,25 +65,53 @@ def own_section(spec: BackendSpec, owner: Any, path: str) -> Any:
     if model is None:
         return None
     if isinstance(getattr(owner, key, None), model):
-        return getattr(owner, key)  # a section the core schema declares (dtensor_cfg): validated already
+        return getattr(owner, key)  # a section the owner's own schema declares: validated already
     section = (getattr(owner, "backend_sections", None) or {}).get(key, {})
-    validated, problems = validate_section(model, section, f"{path}.{key}")
+    validated, problems = validate_section(model, section, f"{path}.{key}", context={"owner": owner})
     if validated is None:
         raise ConfigError(problems)
     return validated
 
 
-def unknown_sections(owner: Any, path: str, registry: Registry) -> list[str]:
-    """``*_cfg`` sections under ``path`` that name no installed backend."""
+def disabled(section: Any) -> bool:
+    """A section that says ``enabled: false`` (NeMo-RL's files carry every backend's section, all but one off)."""
+    return isinstance(section, dict) and section.get("enabled") is False
+
+
+def other_sections(owner: Any, path: str, registry: Registry, selected: str | None) -> list[str]:
+    """Problems of the ``*_cfg`` sections under ``path`` other than the ``selected`` backend's (whose own
+    resolution reports them): a section naming no installed backend (one line, with how to install it), or one
+    its installed backend's config class refuses. A section of a backend that is not installed is accepted when it
+    says ``enabled: false`` (NeMo-RL's files carry every backend's section, all but one off)."""
     known = sorted({r.name for r in registry.records if r.spec is not None})
     problems = []
-    for key in getattr(owner, "backend_sections", None) or {}:
-        backend = key[: -len("_cfg")]
+    for key, section in (getattr(owner, "backend_sections", None) or {}).items():
+        backend = key[: -len(SECTION_SUFFIX)]
+        if backend == selected:
+            continue
         if backend not in known:
+            if disabled(section):
+                continue
             close = difflib.get_close_matches(backend, known, n=1)
-            hint = f"; did you mean '{close[0]}_cfg'?" if close else ""
-            problems.append(f"{path}.{key}: no installed backend named '{backend}'{hint}")
+            problems.append(f"{path}.{key}: no installed backend named '{backend}'; did you mean "
+                            f"'{close[0]}{SECTION_SUFFIX}'?" if close else f"{path}.{key}: {_missing(registry, backend)}")
+            continue
+        spec = next(r.spec for r in registry.records if r.name == backend and r.spec is not None)
+        try:
+            own_section(spec, owner, path)
+        except ConfigError as exc:
+            problems += exc.problems
     return problems
+
+
+def _missing(registry: Registry, backend: str) -> str:
+    """Why no backend is named ``backend``, and how to install it: the registry's words (a plugin of that name
+    that failed to load says why)."""
+    try:
+        record = registry.find(backend)
+    except BackendError as exc:
+        return str(exc)
+    return f"backend '{backend}' is {record.status}: {record.problem}"
 
 
 def layout_of(spec: BackendSpec, request: LayoutRequest) -> ParallelLayout:

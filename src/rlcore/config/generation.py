@@ -8,6 +8,10 @@ from pydantic import Field, PositiveInt, model_validator
 
 from rlcore.config.base import SectionsModel, StrictModel
 
+#: The generation engine of a config that names none; ``rlcore run`` falls back to a training backend that
+#: generates itself when this one is not installed (:func:`rlcore.config.backends.self_generating`).
+DEFAULT_GENERATION_BACKEND = "vllm"
+
 
 class ColocationResources(StrictModel):
     """Dedicated resources for a generation backend that is not colocated."""
@@ -53,7 +57,7 @@ class GenerationConfig(SectionsModel):
     ``vllm_cfg``), collected into ``backend_sections``.
     """
 
-    backend: str = Field("vllm", description="Name of the generation backend plugin.")
+    backend: str = Field(DEFAULT_GENERATION_BACKEND, description="Name of the generation backend plugin.")
     max_new_tokens: PositiveInt = Field(32, description="Maximum number of tokens generated per prompt.")
     temperature: float = Field(1.0, ge=0, description="Sampling temperature (0 = greedy).")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling threshold (1.0 = off).")

@@ -19,20 +19,22 @@ from rlcore.config.yaml_io import dump_text, read_config_file
 M = TypeVar("M", bound=BaseModel)
 
 
-def validate_section(model_cls: type[M], data: Any, path: str) -> tuple[M | None, list[str]]:
+def validate_section(model_cls: type[M], data: Any, path: str,
+                     context: Mapping[str, Any] | None = None) -> tuple[M | None, list[str]]:
     """Validate ``data`` with ``model_cls``; problems are prefixed with the dotted ``path``.
 
     Returns ``(model, [])`` on success and ``(None, problems)`` otherwise,
     with lines formatted like every other config problem. Used by the plugin
     registry for backend sections (``policy.vllm_cfg`` ...). ``None`` data is
-    treated as an empty section.
+    treated as an empty section. ``context`` is pydantic's validation context (a backend section gets its
+    ``owner``).
     """
     if data is None:
         data = {}
     if not isinstance(data, Mapping):
         return None, [f"{join_path(path, [])}: expected a mapping (key: value), got {show_value(data)}"]
     try:
-        return model_cls.model_validate(dict(data)), []
+        return model_cls.model_validate(dict(data), context=context), []
     except ValidationError as exc:
         return None, problems_from_validation_error(exc, model_cls, path)
 

@@ -1,12 +1,16 @@
 """Policy (training) settings; field names follow NeMo-RL's ``PolicyConfig``.
 
 Values written as ``None`` that name another field's value (tokenizer name,
-Megatron lr and pipeline dtype, generation model) are filled in at validation
-as *derived* values: code reading a loaded config sees them, ``rlcore config
-show`` prints them, and a ``model_copy(update=...)`` derives them again from
-the changed fields. Values computed from several fields for a run (token
-budgets, the data-parallel size) belong to the batch plan of
-:func:`rlcore.config.resolve`.
+generation model) are filled in at validation as *derived* values: code
+reading a loaded config sees them, ``rlcore config show`` prints them, and a
+``model_copy(update=...)`` derives them again from the changed fields. Values
+computed from several fields for a run (token budgets, the data-parallel size)
+belong to the batch plan of :func:`rlcore.config.resolve`.
+
+Each training backend's own settings (``dtensor_cfg``, ``megatron_cfg``, a
+third party's ``<name>_cfg``) are defined by its plugin's config class, not
+here; that class may derive values from the policy too, which it receives as
+``owner`` in pydantic's validation context (see ``rlcore.config.backends``).
 """
 
 from __future__ import annotations
@@ -15,11 +19,21 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import Discriminator, Field, PositiveInt, Tag, model_validator
 
-from rlcore.config.base import SectionsModel, StrictModel, derived, fill_derived
+from rlcore.config.base import SECTION_SUFFIX, SectionsModel, StrictModel, derived, fill_derived
 from rlcore.config.generation import GenerationConfig
 from rlcore.data.packing import PackingAlgorithm
 
 Precision = Literal["float32", "bfloat16", "float16"]
+
+#: NeMo-RL's selection of a training backend, as data: the default backend trains unless its ``<name>_cfg``
+#: says ``enabled: false`` (NeMo-RL's ``dtensor_cfg.enabled`` defaults to true) ...
+DEFAULT_TRAINING_BACKEND = "dtensor"
+#: ... and with no section on, the fall-back backend trains; it also generates itself, so ``rlcore run`` falls
+#: back to it when the default generation engine is not installed.
+FALLBACK_TRAINING_BACKEND = "fsdp1"
+#: ``json_schema_extra`` key of a ``policy`` field that only the named training backend reads (NeMo-RL keeps
+#: those keys at the top of ``policy``); any other backend refuses a value other than the default.
+ONLY_READ_BY = "only_read_by"
 
 
 class TokenizerConfig(StrictModel):
@@ -45,20 +59,6 @@ class TokenizerConfig(StrictModel):
     )
     chat_template_kwargs: dict[str, Any] | None = Field(
         None, description="Extra variables for the chat template (e.g. {enable_thinking: true}); None = none."
-    )
-
-
-class DTensorConfig(StrictModel):
-    """FSDP2 + DTensor training backend (TP, sequence parallel, CP)."""
-
-    enabled: bool = Field(True, description="Train with the FSDP2 + DTensor backend ('dtensor').")
-    cpu_offload: bool = Field(False, description="Offload parameters and gradients to CPU (FSDP2 CPUOffloadPolicy).")
-    sequence_parallel: bool = Field(False, description="Shard activations along the sequence in TP regions.")
-    activation_checkpointing: bool = Field(False, description="Recompute activations in the backward pass.")
-    tensor_parallel_size: PositiveInt = Field(1, description="Tensor-parallel degree (tp).")
-    context_parallel_size: PositiveInt = Field(1, description="Context-parallel degree (cp); > 1 needs CUDA.")
-    custom_parallel_plan: str | None = Field(
-        None, description="'module:object' path of a custom TP plan; None = the built-in plan for the architecture."
     )
 
 
@@ -93,93 +93,6 @@ class DynamicBatchingConfig(_TokenBudgets):
 
     enabled: bool = Field(False, description="Form micro-batches by token budget instead of a fixed count.")
     sequence_length_round: PositiveInt = Field(64, description="Round padded sequence lengths up to a multiple of this.")
-
-
-class MegatronOptimizerConfig(StrictModel):
-    """megatron-core optimizer settings."""
-
-    optimizer: Literal["adam", "sgd"] = Field("adam", description="Megatron optimizer type.")
-    lr: float | None = Field(None, ge=0, description="Peak learning rate; None (resolved at load) = policy.learning_rate.")
-    min_lr: float = Field(0.0, ge=0, description="Floor of the decayed learning rate.")
-    weight_decay: float = Field(0.01, ge=0, description="Weight decay.")
-    bf16: bool = Field(False, description="bf16 model weights (must match policy.precision 'bfloat16').")
-    fp16: bool = Field(False, description="fp16 model weights (must match policy.precision 'float16').")
-    params_dtype: Precision = Field(
-        "float32",
-        description="Dtype of the optimizer's main (master) weights: 'float32' (fp32 master weights, the "
-        "standard mixed precision with a bf16/fp16 model), or policy.precision itself (low-precision master "
-        "weights, which needs use_precision_aware_optimizer).",
-    )
-    adam_beta1: float = Field(0.9, ge=0, lt=1, description="Adam beta1.")
-    adam_beta2: float = Field(0.999, ge=0, lt=1, description="Adam beta2.")
-    adam_eps: float = Field(1e-8, gt=0, description="Adam epsilon.")
-    sgd_momentum: float = Field(0.9, ge=0, description="SGD momentum.")
-    use_distributed_optimizer: bool = Field(False, description="Shard optimizer state across data-parallel ranks.")
-    use_precision_aware_optimizer: bool = Field(False, description="Let the optimizer keep low-precision state.")
-    clip_grad: float | None = Field(
-        None,
-        description="Leave unset: gradient clipping has one setting, policy.max_grad_norm. "
-        "If given it must equal policy.max_grad_norm.",
-    )
-
-
-class MegatronSchedulerConfig(StrictModel):
-    """megatron-core learning-rate and weight-decay schedule."""
-
-    start_weight_decay: float = Field(0.01, ge=0, description="Weight decay at the first step.")
-    end_weight_decay: float = Field(0.01, ge=0, description="Weight decay at the last step.")
-    weight_decay_incr_style: Literal["constant", "linear", "cosine"] = Field(
-        "constant", description="How weight decay moves from start to end."
-    )
-    lr_decay_style: Literal["constant", "linear", "cosine", "inverse-square-root", "WSD"] = Field(
-        "constant", description="Learning-rate decay schedule."
-    )
-    lr_decay_iters: PositiveInt | None = Field(None, description="Steps over which lr decays; None = no decay horizon.")
-    lr_warmup_iters: int = Field(0, ge=0, description="Linear warm-up steps.")
-    lr_warmup_init: float = Field(0.0, ge=0, description="Learning rate at the start of warm-up.")
-
-
-class MegatronDDPConfig(StrictModel):
-    """megatron-core distributed data parallel settings."""
-
-    grad_reduce_in_fp32: bool = Field(False, description="Reduce gradients in fp32.")
-    overlap_grad_reduce: bool = Field(False, description="Overlap gradient reduce-scatter with backward.")
-    overlap_param_gather: bool = Field(False, description="Overlap parameter all-gather with forward.")
-    average_in_collective: bool = Field(False, description="Average (rather than sum then scale) inside the collective.")
-    use_custom_fsdp: bool = Field(False, description="Use Megatron's custom FSDP.")
-    data_parallel_sharding_strategy: Literal["no_shard", "optim", "optim_grads", "optim_grads_params"] = Field(
-        "optim_grads_params", description="What Megatron's custom FSDP shards across data-parallel ranks; "
-        "only used with use_custom_fsdp (not supported), so any other value is rejected."
-    )
-
-
-class MegatronConfig(StrictModel):
-    """megatron-core training backend (TP, PP, CP)."""
-
-    enabled: bool = Field(False, description="Train with the megatron-core backend ('megatron').")
-    empty_unused_memory_level: int = Field(0, ge=0, le=2, description="How aggressively to empty the CUDA cache (0-2).")
-    activation_checkpointing: bool = Field(False, description="Recompute activations in the backward pass.")
-    converter_type: str | None = Field(
-        None, description="HF architecture used for weight conversion (e.g. 'LlamaForCausalLM'); None = from the model config."
-    )
-    tensor_model_parallel_size: PositiveInt = Field(1, description="Tensor-parallel degree (tp).")
-    pipeline_model_parallel_size: PositiveInt = Field(1, description="Pipeline-parallel degree (pp).")
-    num_layers_in_first_pipeline_stage: PositiveInt | None = Field(
-        None, description="Layers on the first pipeline stage; None = even split."
-    )
-    num_layers_in_last_pipeline_stage: PositiveInt | None = Field(
-        None, description="Layers on the last pipeline stage; None = even split."
-    )
-    context_parallel_size: PositiveInt = Field(1, description="Context-parallel degree (cp); > 1 needs CUDA.")
-    pipeline_dtype: Precision | None = Field(
-        None, description="Dtype of tensors sent between pipeline stages; None (resolved at load) = policy.precision."
-    )
-    sequence_parallel: bool = Field(False, description="Megatron sequence parallelism (needs TransformerEngine, i.e. a GPU).")
-    optimizer: MegatronOptimizerConfig = Field(default_factory=MegatronOptimizerConfig, description="Megatron optimizer.")
-    scheduler: MegatronSchedulerConfig = Field(default_factory=MegatronSchedulerConfig, description="Megatron lr/wd schedule.")
-    distributed_data_parallel_config: MegatronDDPConfig = Field(
-        default_factory=MegatronDDPConfig, description="Megatron DDP settings."
-    )
 
 
 class PytorchOptimizerConfig(StrictModel):
@@ -272,14 +185,17 @@ class LoRAConfig(StrictModel):
 class PolicyConfig(SectionsModel):
     """The policy being trained and how.
 
-    Third-party training backends put their settings in a ``<backend>_cfg``
-    sub-section, collected into ``backend_sections``.
+    Each training backend's own settings are a ``<backend>_cfg`` sub-section
+    (``dtensor_cfg``, ``megatron_cfg``, a third party's), collected into
+    ``backend_sections`` and validated by that backend's config class when the
+    config is resolved (:func:`rlcore.config.resolve`).
     """
 
     backend: str | None = Field(
         None,
-        description="Training backend name. None selects 'megatron' if megatron_cfg.enabled, "
-        "else 'dtensor' if dtensor_cfg.enabled, else 'fsdp1'.",
+        description="Training backend name. None selects the backend whose <name>_cfg section says "
+        f"enabled: true, else '{DEFAULT_TRAINING_BACKEND}' unless its section says enabled: false, else "
+        f"'{FALLBACK_TRAINING_BACKEND}' (NeMo-RL's rule).",
     )
     model_name: str = Field("tiny-llama", description="Local path or name of the model to train.")
     tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig, description="Tokenizer settings.")
@@ -301,8 +217,6 @@ class PolicyConfig(SectionsModel):
         "itself (fsdp1); None = a rank's whole shard at once. Engines such as vLLM batch on their own."
     )
     precision: Precision = Field("float32", description="Training compute dtype.")
-    dtensor_cfg: DTensorConfig = Field(default_factory=DTensorConfig, description="FSDP2/DTensor backend settings.")
-    megatron_cfg: MegatronConfig = Field(default_factory=MegatronConfig, description="megatron-core backend settings.")
     dynamic_batching: DynamicBatchingConfig = Field(
         default_factory=DynamicBatchingConfig, description="Token-budget micro-batching (excludes sequence_packing)."
     )
@@ -323,10 +237,12 @@ class PolicyConfig(SectionsModel):
         "the meaning is the same for every backend.",
     )
     fsdp_offload_enabled: bool = Field(
-        False, description="fsdp1 backend only: offload parameters to CPU (other backends: true is an error).")
+        False, description=f"{FALLBACK_TRAINING_BACKEND} backend only: offload parameters to CPU (other backends: "
+        "true is an error).", json_schema_extra={ONLY_READ_BY: FALLBACK_TRAINING_BACKEND})
     activation_checkpointing_enabled: bool = Field(
-        False, description="fsdp1 backend only: recompute activations in backward (other backends: true is an "
-        "error; use dtensor_cfg/megatron_cfg.activation_checkpointing).")
+        False, description=f"{FALLBACK_TRAINING_BACKEND} backend only: recompute activations in backward (other "
+        "backends: true is an error; use the backend's own <name>_cfg.activation_checkpointing).",
+        json_schema_extra={ONLY_READ_BY: FALLBACK_TRAINING_BACKEND})
     lora: LoRAConfig = Field(default_factory=LoRAConfig, description="LoRA adapters (off by default).")
     optimizer: PytorchOptimizerConfig = Field(
         default_factory=PytorchOptimizerConfig, description="torch optimizer (dtensor/fsdp1 backends); its "
@@ -340,14 +256,23 @@ class PolicyConfig(SectionsModel):
 
     @property
     def training_backend(self) -> str:
-        """The training backend this config selects (see ``backend``)."""
+        """The training backend this config selects (see ``backend``; several enabled sections are refused by
+        :mod:`rlcore.config.rules`)."""
         if self.backend:
             return self.backend
-        if self.megatron_cfg.enabled:
-            return "megatron"
-        if self.dtensor_cfg.enabled:
-            return "dtensor"
-        return "fsdp1"
+        enabled = self.enabled_sections
+        return enabled[0] if enabled else FALLBACK_TRAINING_BACKEND
+
+    @property
+    def enabled_sections(self) -> list[str]:
+        """The backends whose ``<name>_cfg`` section is on: it says ``enabled: true``, or it is the default
+        backend's and does not say ``enabled: false``."""
+        on = [key[: -len(SECTION_SUFFIX)] for key, section in self.backend_sections.items()
+              if section.get("enabled") is True]
+        default = self.backend_sections.get(DEFAULT_TRAINING_BACKEND + SECTION_SUFFIX, {})
+        if default.get("enabled", True) is not False and DEFAULT_TRAINING_BACKEND not in on:
+            on.append(DEFAULT_TRAINING_BACKEND)
+        return on
 
     @model_validator(mode="after")
     def _derive_inherited(self) -> "PolicyConfig":
@@ -355,10 +280,4 @@ class PolicyConfig(SectionsModel):
             fill_derived(self, tokenizer=derived(self.tokenizer, name=self.model_name))
         if self.generation is not None and self.generation.model_name is None:
             fill_derived(self, generation=derived(self.generation, model_name=self.model_name))
-        megatron = self.megatron_cfg
-        if megatron.optimizer.lr is None:
-            megatron = derived(megatron, optimizer=derived(megatron.optimizer, lr=self.learning_rate))
-        if megatron.pipeline_dtype is None:
-            megatron = derived(megatron, pipeline_dtype=self.precision)
-        fill_derived(self, megatron_cfg=megatron)
         return self

@@ -49,17 +49,10 @@ READERS: dict[str, str] = {
     "policy.generation.temperature": "generation backend, training backends",
     "policy.generation.model_name": "{kind:generation}",
     "policy.generation_batch_size": "fsdp1",
-    "policy.fsdp_offload_enabled": "fsdp1",
-    "policy.activation_checkpointing_enabled": "fsdp1",
     "policy.optimizer": "training backends (megatron: `policy.megatron_cfg.optimizer`)",
     "policy.scheduler": "training backends (megatron: `policy.megatron_cfg.scheduler`)",
     "policy.dynamic_batching": "rlcore; {cap:dynamic_batching}",
     "policy.sequence_packing": "rlcore; {cap:sequence_packing}",
-    "policy.dtensor_cfg.enabled": "rlcore",
-    "policy.megatron_cfg.enabled": "rlcore",
-    "policy.megatron_cfg.optimizer.clip_grad": "rlcore (checked against policy.max_grad_norm)",
-    "policy.megatron_cfg.distributed_data_parallel_config.data_parallel_sharding_strategy":
-        "rlcore (only the default is accepted)",
     "grpo": "rlcore run",
     "loss": "rlcore run",
     "task": "rlcore run",
@@ -120,7 +113,8 @@ class Section:
 
 
 def installed_backends(registry: Any = None) -> list[BackendInfo]:
-    """Backends whose plugin registered a spec (any status but broken/disabled), sorted by name.
+    """Training and generation backends whose plugin registered a spec (any status but broken/disabled), sorted
+    by name.
 
     ``registry`` defaults to a fresh one built from the installed entry points, so that a
     registry a caller swapped in (tests) does not leak into the reference.
@@ -131,7 +125,7 @@ def installed_backends(registry: Any = None) -> list[BackendInfo]:
         registry = Registry()
         registry.load_entry_points()
     out = {}
-    for record in registry.records:
+    for record in registry.backends():  # training and generation backends: environments and algorithms are not
         spec = record.spec
         if spec is not None and spec.name not in out:
             out[spec.name] = BackendInfo(spec.name, spec.kind, record.distribution, frozenset(spec.capabilities),
@@ -221,10 +215,27 @@ def sections(backends: list[BackendInfo] | None = None) -> list[Section]:
                 continue
             visit(Section(f"{section.path}.{key}", import_object(backend.config_class), backend.name,
                           f"Backend `{backend.name}` (distribution `{backend.distribution}`), validated with "
-                          f"its config class `{backend.config_class}` when a config selects the backend."))
+                          f"its config class `{backend.config_class}` when the config is resolved."))
 
     visit(Section("", RLCoreConfig, ""))
+    for name, distribution, config_class in installed_algorithms():
+        visit(Section(name, import_object(config_class), "rlcore run",
+                      f"Algorithm `{name}` (distribution `{distribution}`): a config with this top-level section "
+                      f"trains it; validated with its config class `{config_class}`."))
     return out
+
+
+def installed_algorithms(registry: Any = None) -> list[tuple[str, str, str]]:
+    """``(name, distribution, config class)`` of every registered algorithm, sorted by name (a fresh registry
+    by default, as :func:`installed_backends`)."""
+    if registry is None:
+        from rlcore.plugins import Registry
+
+        registry = Registry()
+        registry.load_entry_points()
+    found = {r.spec.name: (r.spec.name, r.distribution, r.spec.config_class)
+             for r in getattr(registry, "algorithms", lambda: [])() if r.spec is not None}
+    return [found[name] for name in sorted(found)]
 
 
 # --------------------------------------------------------------------------- rendering
@@ -331,10 +342,17 @@ def _cell_code(text: str) -> str:
 
 def field_readers(section: Section, name: str, backends: list[BackendInfo]) -> str:
     """Who reads field ``name`` of ``section`` (the *read by* column)."""
+    from rlcore.config.policy import ONLY_READ_BY
+
     path = f"{section.path}.{name}" if section.path else name
     owner = name[: -len(SECTION_SUFFIX)] if name.endswith(SECTION_SUFFIX) else None
     if owner in {b.name for b in backends}:
-        return owner  # a declared section named after a backend (policy.dtensor_cfg)
+        return owner  # a declared section named after a backend
+    extra = section.model.model_fields[name].json_schema_extra
+    if isinstance(extra, dict) and ONLY_READ_BY in extra:
+        return f"{extra[ONLY_READ_BY]} (other backends refuse it)"
+    if name == "enabled" and section.path == f"policy.{section.readers}{SECTION_SUFFIX}":
+        return "rlcore (selects the training backend, see `policy.backend`)"
     return readers_of(path, section.readers, backends, section.path)
 
 
@@ -353,7 +371,8 @@ def render_section(section: Section, index: dict[str, list[Section]], backends: 
         about.append("Unknown keys are not rejected here.")
     if issubclass(section.model, SectionsModel):
         about.append("Also takes backend sub-sections: any key ending in `_cfg` (`<backend>_cfg`), checked by "
-                     "that backend's config class when the config selects the backend.")
+                     "that backend's config class when the config is resolved (the section of a backend that is "
+                     "not installed is accepted only if it says `enabled: false`).")
     lines += [" ".join(about), ""]
     lines += ["| key | type | default | read by | description |", "| --- | --- | --- | --- | --- |"]
     for name, field in section.model.model_fields.items():

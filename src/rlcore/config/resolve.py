@@ -34,7 +34,7 @@ from rlcore.config import backends
 from rlcore.config.batch_plan import BatchPlan
 from rlcore.config.coerce import as_policy_config
 from rlcore.config.errors import ConfigError
-from rlcore.config.generation import GenerationConfig
+from rlcore.config.generation import DEFAULT_GENERATION_BACKEND, GenerationConfig
 from rlcore.config.policy import PolicyConfig
 from rlcore.config.rules import check_rules
 from rlcore.config.schemas import ClusterConfig, RLCoreConfig, load_algorithm, registered_algorithms
@@ -115,8 +115,7 @@ def resolve_policy(config: PolicyConfig | Mapping[str, Any], *, world_size: int,
         if problems := check_rules(RLCoreConfig(cluster=cluster, policy=config)):
             raise ConfigError(problems)
     config = resolve_builtin_policy(config)
-    path = "policy.backend" if config.backend else "policy (training backend)"
-    spec, problems = backends.select(registry, config.training_backend, "training", path)
+    spec, problems = backends.select(registry, config.training_backend, "training", backends.selection_path(config))
     if spec is None:
         raise ConfigError(problems)
     section = backends.own_section(spec, config, "policy")
@@ -141,10 +140,10 @@ def resolve(cfg: RLCoreConfig, *, run: bool = False, registry: Registry | None =
     notices: list[str] = []
     if run:
         cfg = _run_defaults(cfg, registry, notices)
-    problems = backends.unknown_sections(cfg.policy, "policy", registry)
+    problems = backends.other_sections(cfg.policy, "policy", registry, cfg.policy.training_backend)
     gen = cfg.policy.generation
     if gen is not None:
-        problems += backends.unknown_sections(gen, "policy.generation", registry)
+        problems += backends.other_sections(gen, "policy.generation", registry, gen.backend)
     try:
         policy = resolve_policy(cfg.policy, world_size=cfg.world_size, use_gpu=cfg.cluster.use_gpu,
                                 registry=registry, auto_packing=run)
@@ -186,19 +185,18 @@ def _run_defaults(cfg: RLCoreConfig, registry: Registry, notices: list[str]) -> 
     gen = cfg.policy.generation
     if gen is None:
         raise ConfigError(["policy.generation: rlcore run needs a generation section (e.g. {backend: vllm})"])
-    if gen.backend != "vllm" or gen.backend == cfg.policy.training_backend:
+    if gen.backend != DEFAULT_GENERATION_BACKEND or gen.backend == cfg.policy.training_backend:
         return cfg  # only the default engine falls back; anything else is resolved as configured
     try:
         registry.resolve(gen.backend, kind="generation")
         return cfg
     except BackendError as exc:
-        try:
-            registry.resolve("fsdp1", kind="training")
-        except BackendError:
+        fallback = backends.self_generating(registry, cfg.policy.training_backend)
+        if fallback is None:
             return cfg  # nothing to fall back to: resolution reports the original problem
-        notices.append(f"notice: {exc}; falling back to fsdp1 for training and generation")
-    policy = cfg.policy.model_copy(update={"backend": "fsdp1",
-                                           "generation": gen.model_copy(update={"backend": "fsdp1"})})
+        notices.append(f"notice: {exc}; falling back to {fallback} for training and generation")
+    policy = cfg.policy.model_copy(update={"backend": fallback,
+                                           "generation": gen.model_copy(update={"backend": fallback})})
     return cfg.model_copy(update={"policy": policy})
 
 

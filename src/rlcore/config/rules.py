@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING
 
 from rlcore.config.grpo import TOKEN_LEVEL_ESTIMATORS
-from rlcore.config.policy import SchedulerMilestones
+from rlcore.config.policy import ONLY_READ_BY, SchedulerMilestones
 
 if TYPE_CHECKING:
     from rlcore.config.schemas import RLCoreConfig
@@ -34,11 +34,17 @@ def check_rules(cfg: "RLCoreConfig") -> list[str]:
 
 @rule
 def one_training_backend(cfg: "RLCoreConfig") -> Iterator[str]:
-    p = cfg.policy
-    if p.megatron_cfg.enabled and p.dtensor_cfg.enabled:
-        yield ("policy.megatron_cfg.enabled, policy.dtensor_cfg.enabled: both are true; enable one training "
-               "backend: set policy.dtensor_cfg.enabled=false to train with megatron, or "
-               "policy.megatron_cfg.enabled=false to train with dtensor")
+    """At most one ``policy.<backend>_cfg`` section is on (see ``PolicyConfig.enabled_sections``)."""
+    on = cfg.policy.enabled_sections
+    if len(on) < 2:
+        return
+    paths = ", ".join(f"policy.{name}_cfg.enabled" for name in on)
+    if len(on) == 2:
+        a, b = on
+        yield (f"{paths}: both are true; enable one training backend: set policy.{b}_cfg.enabled=false to train "
+               f"with {a}, or policy.{a}_cfg.enabled=false to train with {b}")
+    else:
+        yield f"{paths}: all are true; enable one training backend: set enabled=false on all but one"
 
 
 @rule
@@ -47,16 +53,6 @@ def batching_modes_exclusive(cfg: "RLCoreConfig") -> Iterator[str]:
     if p.dynamic_batching.enabled and p.sequence_packing.enabled:
         yield ("policy.dynamic_batching.enabled, policy.sequence_packing.enabled: both are true; they are mutually "
                "exclusive: set one of them to false")
-
-
-@rule
-def one_clipping_setting(cfg: "RLCoreConfig") -> Iterator[str]:
-    p = cfg.policy
-    clip = p.megatron_cfg.optimizer.clip_grad
-    if clip is not None and clip != p.max_grad_norm:
-        yield (f"policy.megatron_cfg.optimizer.clip_grad: is {clip} but policy.max_grad_norm is "
-               f"{'null' if p.max_grad_norm is None else p.max_grad_norm}; gradient clipping has one setting: "
-               "remove clip_grad and set policy.max_grad_norm (null disables clipping)")
 
 
 @rule
@@ -273,18 +269,17 @@ def checkpoint_metric_is_there_when_saving(cfg: "RLCoreConfig") -> Iterator[str]
 
 
 @rule
-def fsdp1_flags_need_fsdp1(cfg: "RLCoreConfig") -> Iterator[str]:
+def single_backend_flags_need_their_backend(cfg: "RLCoreConfig") -> Iterator[str]:
+    """A ``policy`` field that only one training backend reads (marked ``ONLY_READ_BY``) is refused by the others."""
     p = cfg.policy
     backend = p.training_backend
-    if backend == "fsdp1":
-        return
-    alternatives = {"fsdp_offload_enabled": "dtensor_cfg.cpu_offload",
-                    "activation_checkpointing_enabled": f"{'megatron_cfg' if backend == 'megatron' else 'dtensor_cfg'}"
-                                                        ".activation_checkpointing"}
-    for name, instead in alternatives.items():
-        if getattr(p, name):
-            yield (f"policy.{name}: is true but the training backend is '{backend}', and only fsdp1 reads it: "
-                   f"set it to false (for {backend}: policy.{instead})")
+    for name, field in type(p).model_fields.items():
+        reader = (field.json_schema_extra or {}).get(ONLY_READ_BY) if isinstance(field.json_schema_extra, dict) \
+            else None
+        if reader is not None and reader != backend and getattr(p, name) != field.default:
+            yield (f"policy.{name}: is {str(getattr(p, name)).lower()} but the training backend is '{backend}', and "
+                   f"only {reader} reads it: set it to false (for {backend}: its own settings in "
+                   f"policy.{backend}_cfg, see docs/config-reference.md)")
 
 
 def _kwargs_problems(path: str, class_path: str, default_module: str, kwargs: dict, passed: str) -> Iterator[str]:

@@ -27,12 +27,7 @@ from rlcore.config.messages import problems_from_validation_error, show_value
 from rlcore.config.loss import ClippedPGLossConfig
 from rlcore.config.sft import SFTConfig
 from rlcore.config.policy import (
-    DTensorConfig,
     DynamicBatchingConfig,
-    MegatronConfig,
-    MegatronDDPConfig,
-    MegatronOptimizerConfig,
-    MegatronSchedulerConfig,
     PolicyConfig,
     Precision,
     PytorchOptimizerConfig,
@@ -236,13 +231,8 @@ __all__ = [
     "ClusterConfig",
     "ColocationConfig",
     "ColocationResources",
-    "DTensorConfig",
     "DynamicBatchingConfig",
     "GenerationConfig",
-    "MegatronConfig",
-    "MegatronDDPConfig",
-    "MegatronOptimizerConfig",
-    "MegatronSchedulerConfig",
     "PolicyConfig",
     "Precision",
     "PytorchOptimizerConfig",

@@ -19,6 +19,8 @@ from rlcore.doctor.result import CheckResult
 #: break ``from vllm import LLM`` ("operator torchvision::nms does not exist"; a plain
 #: ``import vllm`` is lazy and still works).
 TORCH_FAMILY = ("torchvision", "torchaudio", "torchcodec", "triton")
+#: Engine modules whose import those CUDA builds break: a generation backend that ``requires`` one is checked.
+TORCH_FAMILY_BREAKS = ("vllm",)
 RUNTIME_HINT = "pip install 'rlcore[runtime]'"
 
 
@@ -106,16 +108,25 @@ def check_torch_packages(installed: Mapping[str, str], python: str = sys.executa
                        f"{python} -m pip uninstall -y {' '.join(clash)}", details)
 
 
-def engine_install_problems(cfg: Any, installed: Mapping[str, str]) -> list[str]:
+def engine_install_problems(cfg: Any, installed: Mapping[str, str], registry: Any = None) -> list[str]:
     """What makes the run's generation engine fail to import, found from package metadata alone (for
-    ``rlcore run``, before Ray starts; otherwise the engine's first import fails in a worker)."""
+    ``rlcore run``, before Ray starts; otherwise the engine's first import fails in a worker): an engine that
+    requires a module of :data:`TORCH_FAMILY_BREAKS` beside CUDA builds of the torch family."""
     gen = cfg.policy.generation
-    if gen is None or gen.backend != "vllm":
+    if gen is None:
+        return []
+    if registry is None:
+        from rlcore.plugins import get_registry
+
+        registry = get_registry()
+    required = {m for r in registry.records if r.spec is not None and r.name == gen.backend
+                and r.kind == "generation" for m in r.spec.requires}
+    if not required & set(TORCH_FAMILY_BREAKS):
         return []
     result = check_torch_packages(installed)
     if result.status != "fail":
         return []
-    return [f"policy.generation.backend=vllm: {result.message}; fix: {result.fix}"]
+    return [f"policy.generation.backend={gen.backend}: {result.message}; fix: {result.fix}"]
 
 
 def check_ray(probe: ImportProbe | None, ray_address: str | None = None, python: str = sys.executable) -> CheckResult:

@@ -17,6 +17,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.tensor.parallel import parallelize_module
 
+from rl_dtensor.config import dtensor_section
 from rl_dtensor.tp_plans import plan_for, with_lora
 from rlcore.training.worker_base import DTYPES
 
@@ -32,8 +33,9 @@ class ParallelOptions:
     custom_parallel_plan: str | None = None
 
     @classmethod
-    def from_config(cls, cfg) -> "ParallelOptions":
-        d = cfg.dtensor_cfg
+    def from_config(cls, cfg, section=None) -> "ParallelOptions":
+        """From ``policy`` and its ``dtensor_cfg`` (``section``: the validated one, else validated here)."""
+        d = dtensor_section(cfg, section)
         return cls(precision=cfg.precision, sequence_parallel=d.sequence_parallel,
                    activation_checkpointing=d.activation_checkpointing, cpu_offload=d.cpu_offload,
                    custom_parallel_plan=d.custom_parallel_plan)

@@ -16,8 +16,7 @@ def rlcore_register_backends(register):
         name="dtensor",
         kind="training",
         worker_class="rl_dtensor.worker:DTensorPolicyWorker",
-        # The settings live in the core's own ``policy.dtensor_cfg`` section.
-        config_class="rlcore.config.policy:DTensorConfig",
+        config_class="rl_dtensor.config:DTensorConfig",  # policy.dtensor_cfg
         layout="rl_dtensor.layout:parallel_layout",
         capabilities=CAPABILITIES,
         requires=("torch", "transformers"),

@@ -28,6 +28,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from rl_dtensor import state
+from rl_dtensor.config import dtensor_section
 from rl_dtensor.grads import clip_grads
 from rl_dtensor.inputs import ModelInputs, packed_inputs, padded_inputs
 from rl_dtensor.loading import load_sharded_model
@@ -66,15 +67,15 @@ class DTensorPolicyWorker(RefitExportMixin, TrainingWorkerBase):
     def __init__(self, config: Any, tokenizer: Any = None, *, weights_path: str | None = None,
                  optimizer_path: str | None = None, init_optimizer: bool = True, init_reference_model: bool = True,
                  backend_config: Any = None, layout: Any = None) -> None:
-        # Plugin API 2: backend_config is policy.dtensor_cfg and layout its tp/cp (rl_dtensor.layout).
+        # backend_config is policy.dtensor_cfg (rl_dtensor.config) and layout its tp/cp (rl_dtensor.layout).
         from rlcore.config import as_policy_config
 
         config = as_policy_config(config)  # the seed's plain dict is accepted too
+        dcfg = dtensor_section(config, backend_config)
         self.cfg = config
         self.tokenizer = tokenizer
         self.device = init_distributed()
         self.rank = dist.get_rank()
-        dcfg = config.dtensor_cfg
         check_context_parallel(dcfg.context_parallel_size, self.device)
         self.tp_size = dcfg.tensor_parallel_size
         world = dist.get_world_size()
@@ -84,7 +85,7 @@ class DTensorPolicyWorker(RefitExportMixin, TrainingWorkerBase):
         self.dp_size = world // self.tp_size
         self.mesh = build_mesh(self.device.type, self.dp_size, self.tp_size)
         self.dp_group = self.mesh["dp"].get_group()
-        self.opts = ParallelOptions.from_config(config)
+        self.opts = ParallelOptions.from_config(config, dcfg)
         self.compute_dtype = DTYPES[config.precision]
         # Sequence parallel splits the sequence over tp ranks: widths must be multiples of tp; and of
         # policy.make_sequence_length_divisible_by (packed rows too; padded micro-batches already are).

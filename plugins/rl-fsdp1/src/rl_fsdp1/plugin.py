@@ -1,8 +1,7 @@
 """Registers the ``fsdp1`` training backend (light: imports neither torch nor transformers).
 
-The config selects it with ``policy.backend: fsdp1``, or implicitly when
-neither ``policy.dtensor_cfg`` nor ``policy.megatron_cfg`` is enabled (see
-``PolicyConfig.training_backend``).
+The config selects it with ``policy.backend: fsdp1``, or implicitly when no
+``policy.<backend>_cfg`` section is enabled (see ``PolicyConfig.training_backend``).
 """
 
 from rlcore.plugins import BackendSpec, Capability, hookimpl

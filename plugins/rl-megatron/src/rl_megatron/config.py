@@ -1,22 +1,150 @@
-"""Checks of a policy config that the megatron backend cannot run, by what it implements and where it runs.
+"""The ``megatron`` backend's own settings, ``policy.megatron_cfg``, and the checks of a policy config that it
+cannot run, by what it implements and where it runs. Light module: pydantic only, no torch, no megatron.
 
-The schema (``rlcore.config.MegatronConfig``) validates values; these rules
-say which valid settings cannot run *here*: features that need
+:class:`MegatronConfig` is the spec's ``config_class``: rlcore validates the
+section with it when a config selects the backend, as it does a third party's
+``<name>_cfg``, with the policy as the validation context's ``owner`` (so
+``optimizer.lr`` and ``pipeline_dtype`` left null follow the policy). The rules
+below say which valid settings cannot run *here*: features that need
 TransformerEngine kernels or CUDA tensors, settings that would change the
 meaning of a training step, and torch optimizer settings megatron never reads.
 Each problem names the dotted path, the value and the fix, like every rlcore
 config error. rlcore runs :func:`config_check` (the spec's ``config_check``)
 when it resolves a config, before anything starts; the worker runs
 :func:`megatron_config_problems` again on its own machine, where it knows
-whether TransformerEngine is installed. Light module: no torch, no megatron.
+whether TransformerEngine is installed.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-_M = "policy.megatron_cfg."
+from pydantic import Field, PositiveInt, ValidationInfo, model_validator
+
+from rlcore.config.base import StrictModel, derived, fill_derived
+from rlcore.config.policy import Precision
+
+SECTION = "megatron_cfg"
+_M = f"policy.{SECTION}."
+
+
+class MegatronOptimizerConfig(StrictModel):
+    """megatron-core optimizer settings."""
+
+    optimizer: Literal["adam", "sgd"] = Field("adam", description="Megatron optimizer type.")
+    lr: float | None = Field(None, ge=0, description="Peak learning rate; None = policy.learning_rate "
+                              "(derived when the config is resolved).")
+    min_lr: float = Field(0.0, ge=0, description="Floor of the decayed learning rate.")
+    weight_decay: float = Field(0.01, ge=0, description="Weight decay.")
+    bf16: bool = Field(False, description="bf16 model weights (must match policy.precision 'bfloat16').")
+    fp16: bool = Field(False, description="fp16 model weights (must match policy.precision 'float16').")
+    params_dtype: Precision = Field(
+        "float32",
+        description="Dtype of the optimizer's main (master) weights: 'float32' (fp32 master weights, the "
+        "standard mixed precision with a bf16/fp16 model), or policy.precision itself (low-precision master "
+        "weights, which needs use_precision_aware_optimizer).",
+    )
+    adam_beta1: float = Field(0.9, ge=0, lt=1, description="Adam beta1.")
+    adam_beta2: float = Field(0.999, ge=0, lt=1, description="Adam beta2.")
+    adam_eps: float = Field(1e-8, gt=0, description="Adam epsilon.")
+    sgd_momentum: float = Field(0.9, ge=0, description="SGD momentum.")
+    use_distributed_optimizer: bool = Field(False, description="Shard optimizer state across data-parallel ranks.")
+    use_precision_aware_optimizer: bool = Field(False, description="Let the optimizer keep low-precision state.")
+    clip_grad: float | None = Field(
+        None,
+        description="Leave unset: gradient clipping has one setting, policy.max_grad_norm. "
+        "If given it must equal policy.max_grad_norm.",
+    )
+
+
+class MegatronSchedulerConfig(StrictModel):
+    """megatron-core learning-rate and weight-decay schedule."""
+
+    start_weight_decay: float = Field(0.01, ge=0, description="Weight decay at the first step.")
+    end_weight_decay: float = Field(0.01, ge=0, description="Weight decay at the last step.")
+    weight_decay_incr_style: Literal["constant", "linear", "cosine"] = Field(
+        "constant", description="How weight decay moves from start to end."
+    )
+    lr_decay_style: Literal["constant", "linear", "cosine", "inverse-square-root", "WSD"] = Field(
+        "constant", description="Learning-rate decay schedule."
+    )
+    lr_decay_iters: PositiveInt | None = Field(None, description="Steps over which lr decays; None = no decay horizon.")
+    lr_warmup_iters: int = Field(0, ge=0, description="Linear warm-up steps.")
+    lr_warmup_init: float = Field(0.0, ge=0, description="Learning rate at the start of warm-up.")
+
+
+class MegatronDDPConfig(StrictModel):
+    """megatron-core distributed data parallel settings."""
+
+    grad_reduce_in_fp32: bool = Field(False, description="Reduce gradients in fp32.")
+    overlap_grad_reduce: bool = Field(False, description="Overlap gradient reduce-scatter with backward.")
+    overlap_param_gather: bool = Field(False, description="Overlap parameter all-gather with forward.")
+    average_in_collective: bool = Field(False, description="Average (rather than sum then scale) inside the collective.")
+    use_custom_fsdp: bool = Field(False, description="Use Megatron's custom FSDP.")
+    data_parallel_sharding_strategy: Literal["no_shard", "optim", "optim_grads", "optim_grads_params"] = Field(
+        "optim_grads_params", description="What Megatron's custom FSDP shards across data-parallel ranks; "
+        "only used with use_custom_fsdp (not supported), so any other value is rejected."
+    )
+
+
+class MegatronConfig(StrictModel):
+    """megatron-core training backend (TP, PP, CP)."""
+
+    enabled: bool = Field(False, description="Train with the megatron-core backend ('megatron'), as "
+                          "policy.backend: megatron does.")
+    empty_unused_memory_level: int = Field(0, ge=0, le=2, description="How aggressively to empty the CUDA cache (0-2).")
+    activation_checkpointing: bool = Field(False, description="Recompute activations in the backward pass.")
+    converter_type: str | None = Field(
+        None, description="HF architecture used for weight conversion (e.g. 'LlamaForCausalLM'); None = from the model config."
+    )
+    tensor_model_parallel_size: PositiveInt = Field(1, description="Tensor-parallel degree (tp).")
+    pipeline_model_parallel_size: PositiveInt = Field(1, description="Pipeline-parallel degree (pp).")
+    num_layers_in_first_pipeline_stage: PositiveInt | None = Field(
+        None, description="Layers on the first pipeline stage; None = even split."
+    )
+    num_layers_in_last_pipeline_stage: PositiveInt | None = Field(
+        None, description="Layers on the last pipeline stage; None = even split."
+    )
+    context_parallel_size: PositiveInt = Field(1, description="Context-parallel degree (cp); > 1 needs CUDA.")
+    pipeline_dtype: Precision | None = Field(
+        None, description="Dtype of tensors sent between pipeline stages; None = policy.precision (derived when the "
+        "config is resolved)."
+    )
+    sequence_parallel: bool = Field(False, description="Megatron sequence parallelism (needs TransformerEngine, i.e. a GPU).")
+    optimizer: MegatronOptimizerConfig = Field(default_factory=MegatronOptimizerConfig, description="Megatron optimizer.")
+    scheduler: MegatronSchedulerConfig = Field(default_factory=MegatronSchedulerConfig, description="Megatron lr/wd schedule.")
+    distributed_data_parallel_config: MegatronDDPConfig = Field(
+        default_factory=MegatronDDPConfig, description="Megatron DDP settings."
+    )
+
+    @model_validator(mode="after")
+    def _derive_from_policy(self, info: ValidationInfo) -> "MegatronConfig":
+        """lr and pipeline_dtype left null follow the policy (rlcore passes it as the context's ``owner``)."""
+        policy = (info.context or {}).get("owner")
+        if policy is None:
+            return self
+        if self.optimizer.lr is None:
+            fill_derived(self, optimizer=derived(self.optimizer, lr=policy.learning_rate))
+        if self.pipeline_dtype is None:
+            fill_derived(self, pipeline_dtype=policy.precision)
+        return self
+
+
+def megatron_section(policy: Any, given: Any = None) -> MegatronConfig:
+    """``given`` (the section rlcore validated), else ``policy.megatron_cfg`` validated here, derived values
+    filled in from ``policy``. Raises ``rlcore.config.ConfigError`` naming the dotted path of a bad value."""
+    if given is not None:
+        return given
+    from rlcore.config import ConfigError, validate_section
+
+    raw = (getattr(policy, "backend_sections", None) or {}).get(SECTION, {})
+    section, problems = validate_section(MegatronConfig, raw, f"policy.{SECTION}", context={"owner": policy})
+    if section is None:
+        raise ConfigError(problems)
+    return section
+
+
 
 
 def config_check(request: Any) -> list[str]:
@@ -25,9 +153,20 @@ def config_check(request: Any) -> list[str]:
     On a CPU cluster every check is decided here. On GPUs, TransformerEngine is
     the workers' to say, so only what no machine can run is reported.
     """
-    policy = request.policy
-    return (torch_optimizer_problems(policy) + safetensors_problems(policy.model_name)
-            + megatron_config_problems(policy, cuda=request.use_gpu, transformer_engine=request.use_gpu))
+    policy, section = request.policy, request.section
+    return (torch_optimizer_problems(policy) + clipping_problems(policy, section)
+            + safetensors_problems(policy.model_name)
+            + megatron_config_problems(policy, section, cuda=request.use_gpu, transformer_engine=request.use_gpu))
+
+
+def clipping_problems(policy: Any, section: MegatronConfig) -> list[str]:
+    """NeMo-RL's megatron clips by optimizer.clip_grad; rlcore has one clipping setting, policy.max_grad_norm."""
+    clip = section.optimizer.clip_grad
+    if clip is None or clip == policy.max_grad_norm:
+        return []
+    norm = "null" if policy.max_grad_norm is None else policy.max_grad_norm
+    return [f"{_M}optimizer.clip_grad: is {clip} but policy.max_grad_norm is {norm}; gradient clipping has one "
+            "setting: remove clip_grad and set policy.max_grad_norm (null disables clipping)"]
 
 
 def safetensors_problems(model_name: str) -> list[str]:
@@ -59,9 +198,11 @@ def torch_optimizer_problems(policy: Any) -> list[str]:
     return problems
 
 
-def megatron_config_problems(policy: Any, *, cuda: bool, transformer_engine: bool) -> list[str]:
-    """Problem lines for running ``policy`` (a ``PolicyConfig``) with the megatron backend."""
-    m = policy.megatron_cfg
+def megatron_config_problems(policy: Any, section: MegatronConfig | None = None, *, cuda: bool,
+                             transformer_engine: bool) -> list[str]:
+    """Problem lines for running ``policy`` (a ``PolicyConfig``) with the megatron backend; ``section``: its
+    validated ``megatron_cfg`` (None: validated from ``policy`` here)."""
+    m = megatron_section(policy, section)
     opt = m.optimizer
     ddp = m.distributed_data_parallel_config
     where = "this machine has no CUDA GPU" if not cuda else "TransformerEngine is not installed"
@@ -137,4 +278,6 @@ def megatron_config_problems(policy: Any, *, cuda: bool, transformer_engine: boo
     return problems
 
 
-__all__ = ["config_check", "megatron_config_problems", "safetensors_problems", "torch_optimizer_problems"]
+__all__ = ["MegatronConfig", "MegatronDDPConfig", "MegatronOptimizerConfig", "MegatronSchedulerConfig",
+           "clipping_problems", "config_check", "megatron_config_problems", "megatron_section",
+           "safetensors_problems", "torch_optimizer_problems"]

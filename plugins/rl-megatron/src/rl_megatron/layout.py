@@ -14,7 +14,7 @@ _M = "policy.megatron_cfg."
 
 
 def parallel_layout(request: LayoutRequest) -> ParallelLayout:
-    m = request.policy.megatron_cfg
+    m = request.section  # policy.megatron_cfg, validated with rl_megatron.config.MegatronConfig
     if m.context_parallel_size > 1 and not request.use_gpu:
         raise ValueError(f"{_M}context_parallel_size: is {m.context_parallel_size} but cluster.use_gpu is false; "
                          f"context parallel needs CUDA (there is no CPU attention sharding): set "

@@ -6,6 +6,7 @@ MEGATRON_SPEC = BackendSpec(
     name="megatron",
     kind="training",
     worker_class="rl_megatron.worker:MegatronPolicyWorker",
+    config_class="rl_megatron.config:MegatronConfig",  # policy.megatron_cfg
     layout="rl_megatron.layout:parallel_layout",
     config_check="rl_megatron.config:config_check",
     capabilities={Capability.TRAIN, Capability.LOGPROBS, Capability.TOPK_LOGITS, Capability.REFERENCE_MODEL,

@@ -38,7 +38,7 @@ from rlcore.training.checkpoint_files import check_inside
 from rlcore.training.loop import StepHooks
 from rlcore.training.worker_base import TrainingWorkerBase
 from rl_megatron import checkpointing, vocab_parallel
-from rl_megatron.config import megatron_config_problems
+from rl_megatron.config import megatron_config_problems, megatron_section
 from rl_megatron.converter import ModelShape
 from rl_megatron.model import build_gpt_model, transformer_config
 from rl_megatron.pipeline import PipelineStages
@@ -75,18 +75,20 @@ class MegatronPolicyWorker(PipelineStages, RefitExportMixin, TrainingWorkerBase)
     def __init__(self, config: Any, tokenizer: Any = None, *, weights_path: str | None = None,
                  optimizer_path: str | None = None, init_optimizer: bool = True, init_reference_model: bool = True,
                  backend_config: Any = None, layout: Any = None) -> None:
-        # Plugin API 2: backend_config is None (megatron reads policy.megatron_cfg), layout its tp/cp/pp.
+        # backend_config is policy.megatron_cfg (rl_megatron.config.MegatronConfig), layout its tp/cp/pp.
         from transformers import AutoConfig
 
         from rlcore.config import as_policy_config
         from rlcore.config.errors import ConfigError
 
         config = as_policy_config(config)  # the seed's plain dict is accepted too
+        mcfg = megatron_section(config, backend_config)
         cuda = torch.cuda.is_available()
-        problems = megatron_config_problems(config, cuda=cuda, transformer_engine=_transformer_engine_available())
+        problems = megatron_config_problems(config, mcfg, cuda=cuda,
+                                            transformer_engine=_transformer_engine_available())
         if problems:
             raise ConfigError(problems)
-        self.cfg, self.mcfg, self.tokenizer = config, config.megatron_cfg, tokenizer
+        self.cfg, self.mcfg, self.tokenizer = config, mcfg, tokenizer
         self.device = init_distributed()
         if not cuda:
             from rl_megatron import cpu_compat
