@@ -1,8 +1,8 @@
 """The ``dtensor`` backend's own settings, ``policy.dtensor_cfg`` (light: pydantic only, no torch).
 
 :class:`DTensorConfig` is the spec's ``config_class``: rlcore validates the
-section with it when a config selects the backend, exactly as it validates a
-third party's ``<name>_cfg``, and hands the result to the worker as
+section with it when it resolves a config, exactly as it validates a third
+party's ``<name>_cfg``, and hands the result to the worker as
 ``backend_config`` and to the layout function as ``LayoutRequest.section``.
 """
 

@@ -2,7 +2,7 @@
 cannot run, by what it implements and where it runs. Light module: pydantic only, no torch, no megatron.
 
 :class:`MegatronConfig` is the spec's ``config_class``: rlcore validates the
-section with it when a config selects the backend, as it does a third party's
+section with it when it resolves a config, as it does a third party's
 ``<name>_cfg``, with the policy as the validation context's ``owner`` (so
 ``optimizer.lr`` and ``pipeline_dtype`` left null follow the policy). The rules
 below say which valid settings cannot run *here*: features that need
