@@ -43,6 +43,7 @@ from rlcore.plugins import (
     BackendError,
     BackendSpec,
     Capability,
+    EnvironmentSpec,
     LayoutRequest,
     ParallelLayout,
     Registry,
@@ -82,9 +83,9 @@ class ResolvedGeneration:
 
 @dataclass(frozen=True)
 class ResolvedEnvironment:
-    """The environment of a run (a plugin of kind ``environment``) and its validated section."""
+    """The environment of a run (a plugin's ``EnvironmentSpec``) and its validated section."""
 
-    spec: BackendSpec
+    spec: EnvironmentSpec
     section: Any  # the validated env.<name>_cfg; None without a config class
 
 
