@@ -9,7 +9,7 @@ steps, through:
 
 - **rlcore**: ``rlcore.run.train.train(cfg)`` with a ``dpo`` section:
   ``dtensor`` training on ``--ranks`` ranks (one torch thread each). Per step
-  (:func:`rlcore.run.dpo.dpo_step`): encode the next pairs, reference
+  (:func:`rlcore.algorithms.dpo.loop.dpo_step`): encode the next pairs, reference
   logprobs from the frozen initial weights (one forward pass over the batch,
   every step), one optimizer step of ``DPOLossFn``. Step time is the loop's
   own ``time/step_s`` (data + logprob + train). Packing is rlcore's default
@@ -23,7 +23,7 @@ steps, through:
   (callback ``on_step_begin`` .. ``on_step_end``).
 
 Same sequences: the pairs are encoded once with rlcore's own DPO encoder
-(:func:`rlcore.run.dpo_batches.dpo_batch`: the tiny tokenizer's chat template,
+(:func:`rlcore.algorithms.dpo.batches.dpo_batch`: the tiny tokenizer's chat template,
 BOS, the response with the template's EOS plus a trained EOS) and handed to
 TRL as plain text, the rendered context as ``prompt`` and the response as
 ``chosen`` / ``rejected`` (TRL appends the EOS itself). The script checks that
@@ -155,7 +155,7 @@ def rlcore_sequences(cfg: Any, steps: int) -> list[list[tuple[list[int], list[in
     """Per step, the ``(input ids, loss mask)`` rows rlcore's DPO step trains (chosen, rejected, chosen, ...)."""
     from rlcore.config import resolve
     from rlcore.run.build import load_run_data
-    from rlcore.run.dpo_batches import dpo_batch
+    from rlcore.algorithms.dpo.batches import dpo_batch
     from rlcore.run.prompts import load_tokenizer
 
     resolved = resolve(cfg, run=True).config

@@ -2,7 +2,7 @@
 
 The same steps are timed twice, on the same batches in the same order:
 
-- **rlcore**: whole ``rlcore.run.sft.sft_step(run)`` calls on a run that
+- **rlcore**: whole ``rlcore.algorithms.sft.loop.sft_step(run)`` calls on a run that
   ``rlcore.run.build.build_run`` started from ``examples/sft_tiny.yaml``
   (its chat data, batch of 32, micro-batch 8, length 96, lr 3e-3) with the
   ``dtensor`` backend on ``--world-size`` ranks, timed in the driver: drawing
@@ -151,8 +151,8 @@ def main(argv: list[str] | None = None) -> None:
 
     from rlcore.distributed import shutdown_ray
     from rlcore.run.build import build_run
-    from rlcore.run.sft import sft_step
-    from rlcore.run.sft_batches import sft_batch
+    from rlcore.algorithms.sft.loop import sft_step
+    from rlcore.algorithms.sft.batches import sft_batch
 
     transformers.utils.logging.disable_progress_bar()
     load_before = os.getloadavg()[0]

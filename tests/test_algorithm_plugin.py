@@ -6,6 +6,7 @@ validated by its config class, and it trains the tiny model for two steps throug
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -136,4 +137,6 @@ def test_it_trains_the_tiny_model_through_rlcore_run(rloo_site, tmp_path):
     assert summary["steps"] == 2 and summary["first_reward_mean"] is not None
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1]
-    assert all(r["grad_norm"] > 0 and 0 <= r["reward_mean"] <= 1 and "advantage_abs_mean" in r for r in rows)
+    # the algorithm's own rows (a step whose groups all score alike has zero advantages, so no gradient)
+    assert all(0 <= r["reward_mean"] <= 1 and r["advantage_abs_mean"] >= 0 and math.isfinite(r["loss"])
+               and math.isfinite(r["grad_norm"]) for r in rows)

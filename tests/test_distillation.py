@@ -167,7 +167,7 @@ def test_the_student_trains_on_the_kl_to_the_teacher_s_top_k(ray_session, tmp_pa
     from rlcore.algorithms.distillation import DistillationLossFn
     from rlcore.config import resolve
     from rlcore.run.build import build_run
-    from rlcore.run.distillation import add_teacher_topk
+    from rlcore.algorithms.distillation.loop import add_teacher_topk
     from rlcore.run.rollouts import run_rollout
     from rlcore.run.step import Timer, training_batch
 

@@ -10,7 +10,7 @@ import torch
 
 from rlcore.config import ConfigError, load_config, resolve
 from rlcore.datasets import DataError, Sample
-from rlcore.run.dpo_batches import dpo_batch, preference_pair
+from rlcore.algorithms.dpo.batches import dpo_batch, preference_pair
 
 USER = [{"role": "user", "content": "q"}]
 

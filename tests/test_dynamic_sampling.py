@@ -1,5 +1,5 @@
-"""Dynamic sampling's bookkeeping (:func:`rlcore.run.dynamic_sampling.sample_with_signal`) on hand-made rollouts:
-which groups a step keeps, in which order, padded how, and what it reports. The real run is in
+"""Dynamic sampling's bookkeeping (:func:`rlcore.algorithms.grpo.dynamic_sampling.sample_with_signal`) on
+hand-made rollouts: which groups a step keeps, in which order, padded how, and what it reports. The real run is in
 tests/test_task_runs.py."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import torch
 
 from rlcore.config import load_config_dict
 from rlcore.datasets import DataExhausted
-from rlcore.run.dynamic_sampling import DynamicSamplingError, sample_with_signal
+from rlcore.algorithms.grpo.dynamic_sampling import DynamicSamplingError, sample_with_signal
 from rlcore.run.rollouts import Rollout
 
 PAD = 99

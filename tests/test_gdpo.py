@@ -16,7 +16,8 @@ from rlcore.config import ConfigError, load_config
 from rlcore.environments.runner import EnvironmentRunner, isolated_step
 from rlcore.interfaces.environment import EnvironmentReturn
 from rlcore.run.rollouts import run_rollout
-from rlcore.run.step import Timer, gdpo_step_advantages, reward_components
+from rlcore.run.step import Timer
+from rlcore.algorithms.grpo.step import gdpo_step_advantages, reward_components
 from tests.test_multi_turn import ByteTokenizer, CountingEnvironment, ScriptedEngine, _samples
 
 # -- the estimator -------------------------------------------------------------------------------------------

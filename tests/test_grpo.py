@@ -170,7 +170,7 @@ def test_resumed_policy_has_the_checkpointed_weights(ray_session, tmp_path, tiny
     from rlcore.models import resolve_builtin_models
     from rlcore.run.build import build_run
     from rlcore.run.checkpoints import save_step
-    from rlcore.run.grpo import grpo_train
+    from rlcore.algorithms.grpo.loop import grpo_train
     from rlcore.testing.models import make_batch
 
     cfg = resolve_builtin_models(short_run_config(tmp_path, 1))

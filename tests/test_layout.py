@@ -90,8 +90,8 @@ def test_the_conformance_kit_exports_what_it_did_before_the_split():
 
 
 def test_moved_modules_stay_light():
-    code = ("import sys, rlcore.models, rlcore.run.train, rlcore.run.grpo, rlcore.run.build, rlcore.config.resolve, "
-            "rlcore.cli.run_control, rlcore.testing.models, rlcore.backends.reference.plugin; "
+    code = ("import sys, rlcore.models, rlcore.run.train, rlcore.algorithms.grpo.loop, rlcore.run.build, "
+            "rlcore.config.resolve, rlcore.cli.run_control, rlcore.testing.models, rlcore.backends.reference.plugin; "
             "print(sorted(m for m in ('torch', 'ray', 'transformers', 'numpy') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

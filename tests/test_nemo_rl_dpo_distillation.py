@@ -19,7 +19,7 @@ from rlcore.cli.app import app
 from rlcore.config import ConfigError, load_config, resolve
 from rlcore.datasets import SampleBuilder
 from rlcore.nemo_rl import load_nemo_rl_config, load_nemo_rl_dict
-from rlcore.run.dpo_batches import preference_pair
+from rlcore.algorithms.dpo.batches import preference_pair
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures" / "nemo_rl"

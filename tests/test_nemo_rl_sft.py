@@ -18,7 +18,7 @@ from rlcore.cli.app import app
 from rlcore.config import ConfigError, resolve
 from rlcore.datasets import SampleBuilder
 from rlcore.nemo_rl import load_nemo_rl_config, load_nemo_rl_dict
-from rlcore.run.sft_batches import conversation
+from rlcore.algorithms.sft.batches import conversation
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures" / "nemo_rl"

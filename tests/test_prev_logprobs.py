@@ -176,7 +176,7 @@ def test_one_step_without_the_pass_trains_like_one_step_with_it(ray_session, tin
 def test_grpo_steps_report_which_path_they_took(ray_session, tmp_path):
     """One run, two steps: the default (one optimizer step per rollout) skips the pass, false runs it."""
     from rlcore.run.build import build_run
-    from rlcore.run.grpo import grpo_step
+    from rlcore.algorithms.grpo.loop import grpo_step
     from tests.test_grpo import short_run_config
 
     resolved = resolve(short_run_config(tmp_path, 2, **{"checkpointing.enabled": "false"}), run=True)

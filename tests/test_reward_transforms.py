@@ -243,7 +243,8 @@ def test_a_training_step_applies_the_options_in_nemo_rls_order():
 
     from rlcore.config import load_config_dict
     from rlcore.run.rollouts import Rollout
-    from rlcore.run.step import Timer, train_on_rollout
+    from rlcore.run.step import Timer
+    from rlcore.algorithms.grpo.step import train_on_rollout
 
     cfg = load_config_dict({"grpo": {
         "num_prompts_per_step": 2, "num_generations_per_prompt": 4, "advantage_estimator": "mean",

@@ -10,7 +10,7 @@ import torch
 
 from rlcore.config import ConfigError, SFTConfig, load_config, resolve
 from rlcore.datasets import DataError, Sample
-from rlcore.run.sft_batches import encode_conversation, sft_batch
+from rlcore.algorithms.sft.batches import encode_conversation, sft_batch
 
 CHAT = [{"role": "system", "content": "S"}, {"role": "user", "content": "hi"},
         {"role": "assistant", "content": "yo"}, {"role": "user", "content": "q"},

@@ -4,19 +4,20 @@ from rlcore.plugins import AlgorithmSpec, hookimpl
 
 #: ``name: (config class, algorithm class, what it is, the spec's flags)``; the name is the config section's key.
 _BUILTIN = {
-    "grpo": ("rlcore.config.grpo:GRPOConfig", "rlcore.run.grpo:GRPO",
+    "grpo": ("rlcore.config.grpo:GRPOConfig", "rlcore.algorithms.grpo.loop:GRPO",
              "Group Relative Policy Optimization on scored rollouts (synchronous or asynchronous, dynamic sampling); "
              "the algorithm of a config without an algorithm section.",
              {"default": True, "generates": True}),
-    "sft": ("rlcore.config.sft:SFTConfig", "rlcore.run.sft:SFT",
+    "sft": ("rlcore.config.sft:SFTConfig", "rlcore.algorithms.sft.loop:SFT",
             "Supervised fine-tuning: NLL on the assistant tokens of data.train.",
             {"unread_sections": {"loss": "the policy-gradient loss (sft has its own)",
                                  "env": "the environment that scores completions"}}),
-    "dpo": ("rlcore.config.dpo:DPOConfig", "rlcore.run.dpo:DPO",
+    "dpo": ("rlcore.config.dpo:DPOConfig", "rlcore.algorithms.dpo.loop:DPO",
             "Direct Preference Optimization on (prompt, chosen, rejected) pairs against the frozen initial weights.",
             {"unread_sections": {"loss": "the policy-gradient loss (dpo has its own)",
                                  "env": "the environment that scores completions"}}),
-    "distillation": ("rlcore.config.distillation:DistillationConfig", "rlcore.run.distillation:Distillation",
+    "distillation": ("rlcore.config.distillation:DistillationConfig",
+                     "rlcore.algorithms.distillation.loop:Distillation",
                      "On-policy distillation: the student trains on the KL to a frozen teacher's top-k logits over "
                      "its own rollouts.",
                      {"generates": True,

@@ -6,7 +6,7 @@ They cover ``grpo.reward_scaling``, ``grpo.reward_shaping``,
 (``grpo_train`` in ``nemo_rl/algorithms/grpo.py``):
 
 1. :func:`transform_rewards`: :func:`scale_rewards`, then :func:`shape_rewards`.
-2. Dynamic sampling (:mod:`rlcore.run.dynamic_sampling`): :func:`groups_with_signal`
+2. Dynamic sampling (:mod:`rlcore.algorithms.grpo.dynamic_sampling`): :func:`groups_with_signal`
    on the rewards *before* shaping (``TransformedRewards.unshaped``), so that a
    length penalty does not make a group look informative; groups without
    signal are dropped and more are generated.

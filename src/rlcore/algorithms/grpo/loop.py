@@ -5,8 +5,8 @@ Per step: take the next batch of samples (their message logs through
 group of trajectories per prompt (:mod:`rlcore.run.rollouts`: generate, cut to
 ``policy.max_total_sequence_length``, score with the environment; over ``grpo.max_rollout_turns`` turns
 the environment answers and generation goes on; with ``grpo.use_dynamic_sampling``, batch after batch
-until enough groups have signal: :mod:`rlcore.run.dynamic_sampling`); compute group-relative advantages; compute
-``prev_logprobs`` (and reference logprobs when the loss has a KL term) with the policy, unless
+until enough groups have signal: :mod:`rlcore.algorithms.grpo.dynamic_sampling`); compute group-relative
+advantages; compute ``prev_logprobs`` (and reference logprobs when the loss has a KL term) with the policy, unless
 resolution decided the loss uses the current logprobs
 (:func:`rlcore.config.resolve.skips_prev_logprob_pass`); train with ``ClippedPGLossFn``; mark the
 generation weights stale; validate when ``grpo.val_period`` says so. The pieces it runs on are started
@@ -17,12 +17,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable
 
+from rlcore.algorithms.grpo.async_loop import async_grpo_train
+from rlcore.algorithms.grpo.dynamic_sampling import sample_with_signal
+from rlcore.algorithms.grpo.step import train_on_rollout
 from rlcore.datasets import DataExhausted
 from rlcore.interfaces.algorithm import Algorithm, OnStep, Resolution
-from rlcore.run.async_grpo import async_grpo_train
-from rlcore.run.dynamic_sampling import sample_with_signal
 from rlcore.run.rollouts import run_rollout
-from rlcore.run.step import Timer, peak_memory_metrics, refit, train_on_rollout
+from rlcore.run.step import Timer, peak_memory_metrics, refit
 from rlcore.run.validation import synchronous_generate, validate, validation_due
 
 if TYPE_CHECKING:
@@ -72,7 +73,7 @@ def grpo_step(run: "Run", step: int, loss_fn: Any) -> dict[str, float]:
 def grpo_train(run: "Run", on_step: Callable[[int, dict[str, float]], None]) -> str | None:
     """Run steps ``run.start_step .. run.num_steps - 1``, calling ``on_step(step, metrics)`` after each.
 
-    Generation runs ahead of training (:mod:`rlcore.run.async_grpo`) where the resolved config says so.
+    Generation runs ahead of training (:mod:`rlcore.algorithms.grpo.async_loop`) where the resolved config says so.
     Returns None, or why the run ended before ``run.num_steps`` (dynamic sampling used up the epochs' data
     inside a step; the steps before it are complete).
     """

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable
 
+from rlcore.algorithms.sft.loop import step_metrics
 from rlcore.datasets import DataExhausted
 from rlcore.interfaces.algorithm import Algorithm, OnStep, Resolution
-from rlcore.run.sft import step_metrics
 from rlcore.run.step import Timer, refit
 
 if TYPE_CHECKING:
@@ -139,7 +139,7 @@ class Distillation(Algorithm):
 
     def load_data(self, cfg: Any, tokenizer: Any) -> Any:
         from rlcore.datasets import DataError, load_sources
-        from rlcore.run.sft_batches import answer_problem
+        from rlcore.algorithms.sft.batches import answer_problem
 
         data = load_sources(cfg)
         for where, samples in (("data.train", getattr(data.train, "samples", [])),

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from rlcore.algorithms.sft.batches import encode_conversation, padded_batch
 from rlcore.datasets.files import DataError
-from rlcore.run.sft_batches import encode_conversation, padded_batch
 
 if TYPE_CHECKING:
     from rlcore.data import BatchedDataDict

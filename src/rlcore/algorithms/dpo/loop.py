@@ -1,7 +1,7 @@
 """The DPO loop behind ``rlcore run`` (a config with a ``dpo`` section): one step, validation, the steps of a run.
 
 Per step: take the next ``policy.train_global_batch_size`` preference samples, encode each as a chosen and a
-rejected sequence kept together (:mod:`rlcore.run.dpo_batches`), add the frozen reference policy's logprobs
+rejected sequence kept together (:mod:`rlcore.algorithms.dpo.batches`), add the frozen reference policy's logprobs
 (the initial weights, which every rank keeps), and train one optimizer step with
 :class:`~rlcore.algorithms.preference.DPOLossFn`. As in NeMo-RL, ``policy.train_global_batch_size`` and
 ``policy.train_micro_batch_size`` count pairs: the policy sees twice as many sequences. Validation runs the
@@ -14,8 +14,8 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
+from rlcore.algorithms.sft.loop import OfflineAlgorithm, step_metrics
 from rlcore.interfaces.algorithm import OnStep, Resolution
-from rlcore.run.sft import OfflineAlgorithm, step_metrics
 from rlcore.run.step import Timer
 
 if TYPE_CHECKING:
@@ -48,7 +48,7 @@ def _train_pairs(run: "Run", batch: Any, eval_mode: bool, pairs: int, pairs_per_
 
 def dpo_step(run: "Run") -> dict[str, float]:
     """One optimizer step of DPO on the next batch of preference samples."""
-    from rlcore.run.dpo_batches import dpo_batch
+    from rlcore.algorithms.dpo.batches import dpo_batch
 
     p, timer = run.cfg.policy, Timer()
     with timer.phase("data"):
@@ -63,7 +63,7 @@ def dpo_step(run: "Run") -> dict[str, float]:
 
 def dpo_validate(run: "Run") -> dict[str, float]:
     """The loss and pair metrics of the validation samples, in eval mode, weighted by each batch's valid pairs."""
-    from rlcore.run.dpo_batches import dpo_batch
+    from rlcore.algorithms.dpo.batches import dpo_batch
 
     cfg, started = run.cfg.dpo, time.perf_counter()
     samples = run.data.validation or []
@@ -87,8 +87,8 @@ def dpo_validate(run: "Run") -> dict[str, float]:
 
 
 def dpo_train(run: "Run", on_step: Callable[[int, dict[str, float]], None]) -> str | None:
-    """The steps of a DPO run (:func:`rlcore.run.sft.offline_train`)."""
-    from rlcore.run.sft import offline_train
+    """The steps of a DPO run (:func:`rlcore.algorithms.sft.loop.offline_train`)."""
+    from rlcore.algorithms.sft.loop import offline_train
 
     return offline_train(run, on_step, dpo_step, dpo_validate)
 
@@ -112,7 +112,7 @@ class DPO(OfflineAlgorithm):
         return decided
 
     def sample_problem(self, sample: Any, where: str) -> str | None:
-        from rlcore.run.dpo_batches import preference_pair
+        from rlcore.algorithms.dpo.batches import preference_pair
 
         preference_pair(sample, where)  # raises DataError naming the row
         return None

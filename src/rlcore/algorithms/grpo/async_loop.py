@@ -38,8 +38,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
+from rlcore.algorithms.grpo.step import train_on_rollout
 from rlcore.run.rollouts import Rollout, run_rollout
-from rlcore.run.step import Timer, peak_memory_metrics, refit, train_on_rollout
+from rlcore.run.step import Timer, peak_memory_metrics, refit
 from rlcore.run.validation import validate, validation_due
 
 if TYPE_CHECKING:

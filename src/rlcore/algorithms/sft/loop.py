@@ -1,7 +1,7 @@
 """The SFT loop behind ``rlcore run`` (a config with an ``sft`` section): one step, validation, the steps of a run.
 
 Per step: take the next ``policy.train_global_batch_size`` samples, encode them
-with the loss on the assistant's tokens (:mod:`rlcore.run.sft_batches`), and
+with the loss on the assistant's tokens (:mod:`rlcore.algorithms.sft.batches`), and
 train one optimizer step with :class:`~rlcore.algorithms.loss_functions.NLLLoss`.
 Validation (NeMo-RL's ``sft.val_*``) runs the same loss in eval mode over
 ``sft.val_batches`` batches of ``sft.val_global_batch_size`` samples; its
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 def sft_step(run: "Run") -> dict[str, float]:
     """One optimizer step of NLL on the next batch of samples."""
     from rlcore.algorithms.loss_functions import NLLLoss
-    from rlcore.run.sft_batches import sft_batch
+    from rlcore.algorithms.sft.batches import sft_batch
 
     policy, timer = run.policy, Timer()
     with timer.phase("data"):
@@ -58,7 +58,7 @@ def step_metrics(run: "Run", result: dict, timer: Timer, extra: dict[str, float]
 def sft_validate(run: "Run") -> dict[str, float]:
     """The NLL per assistant token of the validation samples, in eval mode (no gradient, no step)."""
     from rlcore.algorithms.loss_functions import NLLLoss
-    from rlcore.run.sft_batches import sft_batch
+    from rlcore.algorithms.sft.batches import sft_batch
 
     cfg, started = run.cfg.sft, time.perf_counter()
     samples = run.data.validation or []
@@ -139,7 +139,7 @@ class SFT(OfflineAlgorithm):
     curve = ("loss", "loss", "loss_curve.png")
 
     def sample_problem(self, sample: Any, where: str) -> str | None:
-        from rlcore.run.sft_batches import answer_problem
+        from rlcore.algorithms.sft.batches import answer_problem
 
         return answer_problem(sample, where)
 
