@@ -12,7 +12,7 @@ from __future__ import annotations
 import difflib
 from typing import Any
 
-from pydantic import Field, ValidationError, model_serializer, model_validator
+from pydantic import Field, PrivateAttr, ValidationError, model_serializer, model_validator
 from pydantic_core import InitErrorDetails
 
 from rlcore.config.base import SectionsModel, StrictModel
@@ -54,10 +54,7 @@ class RLCoreConfig(StrictModel):
     env: EnvConfig = Field(default_factory=EnvConfig, description="The environment that scores completions.")
     logger: LoggerConfig = Field(default_factory=LoggerConfig, description="Metrics, plots and progress output.")
     checkpointing: CheckpointingConfig = Field(default_factory=CheckpointingConfig, description="Checkpoints.")
-    algorithm_sections: dict[str, Any] = Field(
-        default_factory=dict, description="The algorithm sections, keyed by algorithm name (e.g. 'grpo'). Written "
-        "in YAML as top-level keys; each is validated by its algorithm's config class. A config without one trains "
-        "the default algorithm (GRPO).")
+    _sections: dict[str, Any] = PrivateAttr(default_factory=dict)  # the algorithm sections, by algorithm name
 
     @model_validator(mode="wrap")
     @classmethod
@@ -69,7 +66,7 @@ class RLCoreConfig(StrictModel):
         data = dict(data)
         if "task" in data:  # rlcore 0.1's ``task`` section (two functions) still loads, as data and env
             data.update(legacy_task_sections(data.pop("task"), given=[k for k in ("data", "env") if k in data]))
-        sections = dict(data.pop(ALGORITHM_SECTIONS, None) or {})
+        sections: dict[str, Any] = {}
         errors: list[Any] = []
         known = registered_algorithms()
         for key in [k for k in data if k not in cls.model_fields]:
@@ -79,15 +76,12 @@ class RLCoreConfig(StrictModel):
                     sections[key] = value
                 continue
             close = difflib.get_close_matches(str(key), [*cls.model_fields, *known], n=1, cutoff=0.6)
-            close = [c for c in close if c != ALGORITHM_SECTIONS]
             errors.append(_problem(str(key), "unknown key" + (f"; did you mean '{close[0]}'?" if close else "")))
         validated = {}
         for key, value in sections.items():
             section, problems = _validated_section(key, value)
             validated[key] = section
             errors += [_problem(*line.split(": ", 1)) for line in problems]
-        if validated:
-            data[ALGORITHM_SECTIONS] = validated
         try:
             model = handler(data)
         except ValidationError as exc:
@@ -95,47 +89,53 @@ class RLCoreConfig(StrictModel):
             model = None
         if errors:
             raise ValidationError.from_exception_data(cls.__name__, errors)
+        model._sections = validated
         return model
 
     @model_serializer(mode="wrap")
-    def _inline_algorithm_sections(self, handler: Any) -> Any:
+    def _inline_algorithm_sections(self, handler: Any, info: Any) -> Any:
+        """Each algorithm section under its own key, dumped as its model dumps itself."""
         data = handler(self)
         if isinstance(data, dict):
-            data.update(data.pop(ALGORITHM_SECTIONS, None) or {})
+            for name, section in self._sections.items():
+                data[name] = section.model_dump(mode=info.mode, exclude_unset=info.exclude_unset,
+                                                exclude_defaults=info.exclude_defaults, exclude_none=info.exclude_none,
+                                                by_alias=info.by_alias)
         return data
 
     def __getattr__(self, name: str) -> Any:
         """``cfg.<algorithm>``: that algorithm's section, or None when the config has none."""
         if not name.startswith("_"):
-            sections = self.__dict__.get(ALGORITHM_SECTIONS)
-            if sections is not None and name in sections:
+            sections = (self.__pydantic_private__ or {}).get("_sections") or {}
+            if name in sections:
                 return sections[name]
             if name in registered_algorithms():
                 return None
         return super().__getattr__(name)  # type: ignore[misc]
 
     @property
+    def algorithm_sections(self) -> dict[str, Any]:
+        """The config's algorithm sections, ``{name: validated section}`` (at most one in a valid config)."""
+        return dict(self._sections)
+
+    @property
     def algorithm(self) -> str:
         """What ``rlcore run`` trains: the algorithm whose section the config has, else the default one (GRPO);
         a config with two is refused by :mod:`rlcore.config.rules`."""
-        return next(iter(self.algorithm_sections), None) or default_algorithm()
+        return next(iter(self._sections), None) or default_algorithm()
 
     @property
     def algorithm_section(self) -> Any:
         """The section of the algorithm ``rlcore run`` trains (None for the default algorithm until
         :func:`rlcore.config.resolve` fills it in for a run); every algorithm names its seed, steps, epochs and
         validation schedule alike (NeMo-RL's names)."""
-        return self.algorithm_sections.get(self.algorithm)
+        return self._sections.get(self.algorithm)
 
     @property
     def world_size(self) -> int:
         """Training ranks: ``cluster.num_nodes * cluster.workers_per_node`` (the data-parallel size follows
         from the training backend's layout: :func:`rlcore.config.resolve`)."""
         return self.cluster.world_size
-
-
-#: The field that holds the algorithm sections (written as top-level keys).
-ALGORITHM_SECTIONS = "algorithm_sections"
 
 
 def registered_algorithms(registry: Any = None) -> dict[str, Any]:
@@ -209,7 +209,6 @@ def _init_error(err: Any) -> InitErrorDetails:
 def config_json_schema() -> dict[str, Any]:
     """JSON schema (draft 2020-12) of ``RLCoreConfig`` as accepted on input."""
     schema = RLCoreConfig.model_json_schema(mode="validation")
-    schema["properties"].pop(ALGORITHM_SECTIONS)
     for name, spec in sorted(registered_algorithms().items()):
         if spec.missing_requirements():
             continue
