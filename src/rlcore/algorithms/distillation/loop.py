@@ -138,16 +138,12 @@ class Distillation(Algorithm):
         return Resolution(cfg, [], teacher=teacher)
 
     def load_data(self, cfg: Any, tokenizer: Any) -> Any:
-        from rlcore.datasets import DataError, load_sources
+        """The samples, each fixed one with an assistant message, as SFT checks them."""
         from rlcore.algorithms.sft.batches import answer_problem
+        from rlcore.algorithms.sft.loop import checked_samples
+        from rlcore.datasets import load_sources
 
-        data = load_sources(cfg)
-        for where, samples in (("data.train", getattr(data.train, "samples", [])),
-                               ("data.validation", data.validation)):
-            for sample in samples or []:
-                if problem := answer_problem(sample, where):
-                    raise DataError(problem)
-        return data
+        return checked_samples(load_sources(cfg), answer_problem)
 
     def train(self, run: "Run", on_step: OnStep) -> str | None:
         return distillation_train(run, on_step)

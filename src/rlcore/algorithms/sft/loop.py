@@ -118,15 +118,9 @@ class OfflineAlgorithm(Algorithm):
     def load_data(self, cfg: Any, tokenizer: Any) -> Any:
         """The samples, every fixed one checked for what the loss trains on (:meth:`sample_problem`); a
         generator's samples are checked as they are made."""
-        from rlcore.datasets import DataError, load_sources
+        from rlcore.datasets import load_sources
 
-        data = load_sources(cfg)
-        for where, samples in (("data.train", getattr(data.train, "samples", [])),
-                               ("data.validation", data.validation)):
-            for sample in samples or []:
-                if problem := self.sample_problem(sample, where):
-                    raise DataError(problem)
-        return data
+        return checked_samples(load_sources(cfg), self.sample_problem)
 
     def sample_problem(self, sample: Any, where: str) -> str | None:
         return None
@@ -148,3 +142,16 @@ class SFT(OfflineAlgorithm):
 
     def validate(self, run: "Run") -> dict[str, float]:
         return sft_validate(run)
+
+
+def checked_samples(data: Any, problem: Callable[[Any, str], str | None]) -> Any:
+    """``data`` after ``problem(sample, where)`` found nothing wrong with any fixed sample (train and validation);
+    raises :class:`rlcore.datasets.DataError` with the first problem. A generator's samples are checked as they
+    are made."""
+    from rlcore.datasets import DataError
+
+    for where, samples in (("data.train", getattr(data.train, "samples", [])), ("data.validation", data.validation)):
+        for sample in samples or []:
+            if found := problem(sample, where):
+                raise DataError(found)
+    return data
