@@ -89,6 +89,7 @@ def build_run(config: Any, resume_dir: Path | None = None, start_step: int = 0, 
     from rlcore.distributed import RayVirtualCluster
     from rlcore.distributed.reaper import SESSION_ENV
     from rlcore.environments.runner import EnvironmentRunner
+    from rlcore.plugins import declared_kwargs
     from rlcore.policy import Policy
     from rlcore.refit import WeightSynchronizer
     from rlcore.run.prompts import load_tokenizer
@@ -125,8 +126,8 @@ def build_run(config: Any, resume_dir: Path | None = None, start_step: int = 0, 
             available = {"tokenizer": tokenizer, "backend_config": gen.section}
             if gen.adapter_refit:
                 available["lora_rank"] = cfg.policy.lora.dim
-            run.generation = gen.spec.load_driver_class()(gen_cluster, gen.config,
-                                                          **gen.spec.api.generation_driver_kwargs(available))
+            driver_class = gen.spec.load_driver_class()  # given the keyword arguments it declares
+            run.generation = driver_class(gen_cluster, gen.config, **declared_kwargs(driver_class, available))
             run.synchronizer = WeightSynchronizer(run.policy, run.generation, colocated=colocated, cluster=cluster,
                                                   partial_refit=gen.partial_refit, adapter_refit=gen.adapter_refit,
                                                   scratch_dir=os.environ.get(SESSION_ENV))
