@@ -13,20 +13,25 @@ from rlcore.plugins.capabilities import Capability, parse_capabilities
 BackendKind = Literal["training", "generation", "environment"]
 
 
-def module_exists(name: str) -> bool:
-    """Whether ``name`` (possibly dotted) is installed, found without importing any of it."""
+def find_module_spec(name: str) -> Any:
+    """The import spec of ``name`` (possibly dotted), found without importing any of it; None when not installed."""
     from importlib.machinery import PathFinder
 
     top, *rest = name.split(".")
     try:
         spec = importlib.util.find_spec(top)
     except (ImportError, ValueError):
-        return False
+        return None
     for part in rest:
         if spec is None or spec.submodule_search_locations is None:
-            return False
+            return None
         spec = PathFinder.find_spec(part, list(spec.submodule_search_locations))
-    return spec is not None
+    return spec
+
+
+def module_exists(name: str) -> bool:
+    """Whether ``name`` (possibly dotted) is installed, found without importing any of it."""
+    return find_module_spec(name) is not None
 
 
 def import_object(path: str) -> Any:

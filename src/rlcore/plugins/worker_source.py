@@ -11,23 +11,14 @@ host before it builds the worker.
 from __future__ import annotations
 
 import ast
-from importlib.machinery import PathFinder
-from importlib.util import find_spec
 from pathlib import Path
+
+from rlcore.plugins.spec import find_module_spec
 
 
 def _source_path(module: str) -> Path | None:
     """The ``.py`` file of ``module``, found without importing it or its packages."""
-    top, *rest = module.split(".")
-    try:
-        spec = find_spec(top)
-    except (ImportError, ValueError):
-        return None
-    for part in rest:
-        if spec is None or spec.submodule_search_locations is None:
-            return None
-        spec = PathFinder.find_spec(part, list(spec.submodule_search_locations))
-    origin = getattr(spec, "origin", None)
+    origin = getattr(find_module_spec(module), "origin", None)
     return Path(origin) if origin and origin.endswith(".py") else None
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Callable
 
 from rlcore.algorithms.sft.loop import step_metrics
-from rlcore.datasets import DataExhausted
 from rlcore.interfaces.algorithm import Algorithm, OnStep, Resolution
 from rlcore.run.step import Timer, refit
 
@@ -83,18 +82,10 @@ def distillation_train(run: "Run", on_step: Callable[[int, dict[str, float]], No
     """Run steps ``run.start_step .. run.num_steps - 1``, validating when due, calling ``on_step(step, metrics)``
     after each; returns why the run ended early (the epochs' data ran out), or None."""
     from rlcore.algorithms.distillation import DistillationLossFn
-    from rlcore.run.validation import synchronous_generate, validate, validation_due
+    from rlcore.run.rollout_loop import train_rollout_steps
 
     loss_fn = DistillationLossFn(run.cfg.distillation.loss_settings())
-    for step in range(run.start_step, run.num_steps):
-        try:
-            metrics = distillation_step(run, loss_fn)
-        except DataExhausted as exc:
-            return f"the data ran out during step {step} ({exc})"
-        if validation_due(run, step):
-            metrics.update(validate(run, synchronous_generate(run)))
-        on_step(step, metrics)
-    return None
+    return train_rollout_steps(run, lambda step: distillation_step(run, loss_fn), on_step)
 
 
 class Distillation(Algorithm):

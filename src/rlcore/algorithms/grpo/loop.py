@@ -20,11 +20,11 @@ from typing import TYPE_CHECKING, Any, Callable
 from rlcore.algorithms.grpo.async_loop import async_grpo_train
 from rlcore.algorithms.grpo.dynamic_sampling import sample_with_signal
 from rlcore.algorithms.grpo.step import train_on_rollout
-from rlcore.datasets import DataExhausted
 from rlcore.interfaces.algorithm import Algorithm, OnStep, Resolution
 from rlcore.run.rollouts import run_rollout
+from rlcore.run.rollout_loop import train_rollout_steps
 from rlcore.run.step import Timer, peak_memory_metrics, refit
-from rlcore.run.validation import synchronous_generate, validate, validation_due
+from rlcore.run.validation import synchronous_generate, validate
 
 if TYPE_CHECKING:
     from rlcore.run.build import Run
@@ -83,15 +83,7 @@ def grpo_train(run: "Run", on_step: Callable[[int, dict[str, float]], None]) -> 
     if run.resolved.async_generation:
         async_grpo_train(run, loss_fn, on_step)
         return None
-    for step in range(run.start_step, run.num_steps):
-        try:
-            metrics = grpo_step(run, step, loss_fn)
-        except DataExhausted as exc:  # dynamic sampling drew the last batch the epochs allow inside this step
-            return f"the data ran out during step {step} ({exc})"
-        if validation_due(run, step):
-            metrics.update(validate(run, synchronous_generate(run)))
-        on_step(step, metrics)
-    return None
+    return train_rollout_steps(run, lambda step: grpo_step(run, step, loss_fn), on_step)
 
 
 class GRPO(Algorithm):
