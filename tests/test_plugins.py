@@ -85,6 +85,20 @@ def test_environments_list_shows_environments_and_broken_plugins(fixture_site):
     assert refused.returncode != 0 and "rlcore environments list" in refused.stderr
 
 
+def test_algorithms_list_shows_the_builtins_apart_from_backends(fixture_site):
+    result = run_cli(fixture_site, "algorithms", "list", "--json")
+    assert result.returncode == 0, result.stderr
+    rows = {r["name"]: r for r in json.loads(result.stdout)["algorithms"]}
+    assert {name: (r["distribution"], r["status"]) for name, r in rows.items() if r["distribution"] == "rlcore"} == {
+        name: ("rlcore", "ok") for name in ("grpo", "sft", "dpo", "distillation")}
+    backends = rows_by_name(run_cli(fixture_site, "backends", "list", "--json"))
+    assert {"reference", "dtensor"} <= {name for name, _ in backends} and not {name for name, _ in backends} & set(rows)
+    shown = run_cli(fixture_site, "algorithms", "show", "dpo")
+    assert shown.returncode == 0 and "algorithm_class: rlcore.algorithms.dpo.loop:DPO" in shown.stdout
+    missing = run_cli(fixture_site, "algorithms", "show", "ppo")
+    assert missing.returncode == 1 and "no algorithm named 'ppo'" in missing.stderr
+
+
 def test_list_table_and_kind_filter(fixture_site):
     result = run_cli(fixture_site, "backends", "list", "--kind", "generation")
     assert result.returncode == 0, result.stderr
