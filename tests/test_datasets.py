@@ -166,3 +166,16 @@ def test_dotted_keys_read_nested_fields_and_a_column_of_that_name_wins():
     assert flat.messages[0]["content"] == "flat" and "ground_truth" not in flat.metadata
     with pytest.raises(DataError, match=r"row 3: no field 'q.text' \(data.input_key\); the row has q"):
         builder.sample({"q": {"body": "x"}}, 2, "row 3")
+
+
+def test_jsonl_lines_end_at_newline_only(tmp_path):
+    """U+2028 and U+0085 are legal unescaped inside a JSON string (str.splitlines cuts at them); so are CRLF line
+    ends. A form feed is written escaped and stays one."""
+    rows = [{"problem": "a\u2028b", "answer": "1"}, {"problem": "c\u0085d", "answer": "2"},
+            {"problem": "e\x0cf", "answer": "3"}]
+    path = tmp_path / "odd.jsonl"
+    path.write_bytes("\r\n".join(json.dumps(r, ensure_ascii=False) for r in rows).encode("utf-8") + b"\r\n")
+    assert read_rows(path) == rows
+    (tmp_path / "bad.jsonl").write_text('{"a": 1}\n{"a": \n')
+    with pytest.raises(DataError, match="row 2: not JSON"):
+        read_rows(tmp_path / "bad.jsonl")

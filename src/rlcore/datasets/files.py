@@ -53,7 +53,9 @@ def _row(path: Path, number: int, value: Any) -> dict[str, Any]:
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     rows = []
-    for number, line in enumerate(_text(path).splitlines(), 1):
+    # A JSONL line ends at '\n' only: str.splitlines would also cut at U+2028 or U+0085, which a JSON string may
+    # hold unescaped. A '\r' before the '\n' is JSON whitespace.
+    for number, line in enumerate(_text(path).split("\n"), 1):
         if not line.strip():
             continue
         try:
