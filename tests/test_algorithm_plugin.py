@@ -108,6 +108,30 @@ def test_without_the_plugin_its_section_is_an_unknown_key():
         load_config_dict({"rloo": {}})
 
 
+
+def test_two_algorithms_claiming_the_default_are_refused_not_guessed(monkeypatch):
+    """A config without an algorithm section trains the default; when two installed plugins claim it, rlcore says so
+    instead of picking one by name."""
+    from rlcore.plugins import AlgorithmSpec, Registry, hookimpl
+    from rlcore.testing.pytest_plugin import isolated_registry
+
+    class Rival:
+        @staticmethod
+        @hookimpl
+        def rlcore_register_algorithms(register):
+            register(AlgorithmSpec(name="rival", config_class="rlcore.config.grpo:GRPOConfig",
+                                   algorithm_class="rlcore.algorithms.grpo.loop:GRPO", default=True))
+
+    monkeypatch.setattr("rlcore.config.schemas._INSTALLED", [])
+    registry = Registry()
+    registry.load_entry_points()
+    assert load_config_dict({}).algorithm == "grpo"
+    registry.register_plugin(Rival, name="rival")
+    with isolated_registry(registry):
+        with pytest.raises(ConfigError, match=r"grpo, rival each say they are the default"):
+            load_config_dict({}).algorithm
+        assert load_config_dict({"grpo": {}}).algorithm == "grpo"  # a section says which
+
 RUN_CONFIG = """
 cluster: {num_nodes: 1, workers_per_node: 2, use_gpu: false}
 policy:

@@ -161,6 +161,9 @@ def default_algorithm() -> str:
     if not defaults:
         raise ConfigError(["(top level): no installed algorithm is the default; add an algorithm section (e.g. grpo) "
                            "or reinstall rlcore"])
+    if len(defaults) > 1:  # two plugins claim it: choosing one by name would be a silent guess
+        raise ConfigError([f"(top level): the installed algorithms {', '.join(defaults)} each say they are the "
+                           "default; add the section of the one to train"])
     return defaults[0]
 
 
