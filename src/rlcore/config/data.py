@@ -8,7 +8,7 @@ scores each completion against it. See ``docs/tasks.md``.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, NonNegativeInt, PositiveFloat, model_validator
 
@@ -96,6 +96,10 @@ class EnvConfig(SectionsModel):
     timeout_s: PositiveFloat = Field(
         60.0, description="With num_workers > 0: how long one actor's share of a batch may take; its samples then "
                           "get reward 0 (counted in env/errors) and the actor is replaced.")
+    on_nonfinite_reward: Literal["zero", "fail"] = Field(
+        "zero", description="A reward (or reward component) that is NaN or +-inf: 'zero' makes the sample an "
+        "environment failure (reward 0, counted in env/errors and env/nonfinite_rewards); 'fail' stops the run in "
+        "one line naming the sample and the environment.")
 
 
 __all__ = ["DIGITS_GENERATOR", "DataConfig", "DatasetConfig", "EnvConfig", "legacy_task_sections"]

@@ -236,6 +236,11 @@ class PolicyConfig(SectionsModel):
         description="Clip the global gradient norm to this. None disables clipping; "
         "the meaning is the same for every backend.",
     )
+    max_consecutive_skipped_steps: PositiveInt | None = Field(
+        3, description="An optimizer step whose loss or gradient norm is NaN or +-inf is skipped (no update, "
+        "optimizer state untouched; counted in skipped_steps); after this many skipped in a row the run stops. "
+        "None = never stop for it (every such step is still skipped).",
+    )
     fsdp_offload_enabled: bool = Field(
         False, description=f"{FALLBACK_TRAINING_BACKEND} backend only: offload parameters to CPU (other backends: "
         "true is an error).", json_schema_extra={ONLY_READ_BY: FALLBACK_TRAINING_BACKEND})

@@ -6,6 +6,10 @@ of an actor that times out or dies get reward 0 with the reason while a new
 actor takes its place. A batch in which every sample failed is an error of
 the run (a wrong ``data.output_key`` or a broken environment), not noise to
 train on.
+
+A reward that is NaN or +-inf is such a failure too (``env.on_nonfinite_reward: zero``, the default: reward
+0, counted in ``env/errors`` and ``env/nonfinite_rewards``), or stops the run naming the sample
+(``fail``): one NaN reward in a batch would otherwise make the loss, and then every weight, NaN.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import threading
 import time
 from typing import Any
 
+from rlcore.environments.scoring import last_prompt, nonfinite_samples, zero_nonfinite
 from rlcore.interfaces.environment import EnvironmentReturn, Message
 
 
@@ -66,11 +71,16 @@ class EnvironmentHost:
 
 
 class EnvironmentRunner:
-    """The run's environment ``name``; ``num_workers`` = 0 runs it in the driver, N > 0 in N Ray actors."""
+    """The run's environment ``name``; ``num_workers`` = 0 runs it in the driver, N > 0 in N Ray actors.
+    ``on_nonfinite_reward``: ``"zero"`` or ``"fail"`` (``env.on_nonfinite_reward``)."""
 
-    def __init__(self, name: str, env_class: str, section: Any, num_workers: int = 0, timeout_s: float = 60.0) -> None:
+    def __init__(self, name: str, env_class: str, section: Any, num_workers: int = 0, timeout_s: float = 60.0,
+                 on_nonfinite_reward: str = "zero") -> None:
+        if on_nonfinite_reward not in ("zero", "fail"):
+            raise ValueError(f"env.on_nonfinite_reward: expected 'zero' or 'fail', got {on_nonfinite_reward!r}")
         self.name, self.env_class, self.section = name, env_class, section
         self.num_workers, self.timeout_s = num_workers, timeout_s
+        self.on_nonfinite_reward = on_nonfinite_reward
         self.local = build_environment(env_class, section) if num_workers == 0 else None
         self.actors = [self._new_actor() for _ in range(num_workers)]
         self._lock = threading.Lock()  # async GRPO's rollout thread and validation both step it
@@ -78,7 +88,7 @@ class EnvironmentRunner:
     @classmethod
     def from_resolved(cls, resolved_env: Any, env_cfg: Any) -> "EnvironmentRunner":
         return cls(resolved_env.spec.name, resolved_env.spec.worker_class, resolved_env.section,
-                   env_cfg.num_workers, env_cfg.timeout_s)
+                   env_cfg.num_workers, env_cfg.timeout_s, env_cfg.on_nonfinite_reward)
 
     def _new_actor(self) -> Any:
         import ray
@@ -91,11 +101,26 @@ class EnvironmentRunner:
         with self._lock:
             result = (isolated_step(self.local, message_logs, metadata) if self.local is not None
                       else self._step_on_actors(message_logs, metadata))
+        result = self._finite(result, message_logs)
         errors = [e for e in result.errors if e]
         if errors and len(errors) == len(result.errors):
             raise EnvironmentFailed(f"environment '{self.name}': all {len(errors)} samples failed; the first: "
                                     f"{errors[0]}")
         return result
+
+    def _finite(self, result: EnvironmentReturn, message_logs: list[list[Message]]) -> EnvironmentReturn:
+        """``result`` with its NaN / +-inf rewards failed (reward 0), or :class:`EnvironmentFailed` naming the
+        first such sample under ``fail``."""
+        found = nonfinite_samples(result)
+        if found and self.on_nonfinite_reward == "fail":
+            i, what = found[0]
+            prompt = " ".join(last_prompt(message_logs[i]).split())
+            prompt = prompt if len(prompt) <= 60 else prompt[:57] + "..."
+            raise EnvironmentFailed(
+                f"environment '{self.name}' returned a non-finite reward ({what}) for sample {i} of a batch of "
+                f"{len(message_logs)} (prompt {prompt!r}){f'; {len(found)} such samples' if len(found) > 1 else ''}"
+                "; env.on_nonfinite_reward: fail stops the run (zero, the default, scores such a sample 0)")
+        return zero_nonfinite(result, found, self.name) if found else result
 
     def _step_on_actors(self, message_logs: list[list[Message]], metadata: list[dict[str, Any]]) -> EnvironmentReturn:
         import ray

@@ -47,3 +47,33 @@ def ground_truth(meta: dict[str, Any]) -> str:
     if truth is None:
         raise ValueError("the sample has no ground_truth (set data.output_key to the column holding the answer)")
     return str(truth)
+
+
+#: How a non-finite reward's error line begins (rollouts count these apart: ``env/nonfinite_rewards``).
+NONFINITE_REWARD = "non-finite reward"
+
+
+def nonfinite_samples(result: EnvironmentReturn) -> list[tuple[int, str]]:
+    """``(index, what)`` of each sample whose reward, or one of its reward components, is NaN or +-inf."""
+    import math
+
+    found = []
+    for i, reward in enumerate(result.rewards):
+        parts = [f"{name}={values[i]!r}" for name, values in (result.reward_components or {}).items()
+                 if not math.isfinite(values[i])]
+        if not math.isfinite(reward):
+            found.append((i, f"{reward!r}" + (f" ({', '.join(parts)})" if parts else "")))
+        elif parts:
+            found.append((i, ", ".join(parts)))
+    return found
+
+
+def zero_nonfinite(result: EnvironmentReturn, found: list[tuple[int, str]], env_name: str) -> EnvironmentReturn:
+    """``result`` with each of the ``found`` samples failed: reward 0 (and each component 0) and an error line
+    saying what the environment returned. Training on a NaN reward would make every weight NaN."""
+    for i, what in found:
+        result.rewards[i] = 0.0
+        for values in (result.reward_components or {}).values():
+            values[i] = 0.0
+        result.errors[i] = f"{NONFINITE_REWARD} {what} from environment '{env_name}'"
+    return result

@@ -138,7 +138,8 @@ class Policy(WorkerGroupOwner, ColocatablePolicyInterface, GenerationInterface):
         """Train on ``data``: ``len(data) // gbs`` optimizer steps.
 
         Returns ``loss`` and ``grad_norm`` (one value per optimizer step, global
-        across ranks), ``metrics`` (each loss metric's global value, averaged
+        across ranks), ``skipped_steps`` (how many of them were skipped for a NaN or
+        infinite loss or grad norm), ``metrics`` (each loss metric's global value, averaged
         over steps) and ``all_mb_metrics`` (every micro-batch's contribution, all
         ranks). Rows in groups (``data.group_size``, e.g. DPO's pairs) stay
         together: a micro-batch holds whole groups, so ``mbs`` is rounded up to a
@@ -171,6 +172,7 @@ class Policy(WorkerGroupOwner, ColocatablePolicyInterface, GenerationInterface):
         return {
             "loss": torch.tensor(results[0]["losses"]),
             "grad_norm": torch.tensor(results[0]["grad_norms"]),
+            "skipped_steps": sum(results[0].get("skipped", ())),  # non-finite loss or grad norm: no update
             "metrics": step_metrics(all_mb, steps),
             "all_mb_metrics": all_mb,
         }

@@ -56,6 +56,7 @@ def run_rollout(cfg: Any, generate: Callable[[Any], Any], environment: Any, toke
     ``generate(batch) -> output`` is the engine call (sampling or greedy)."""
     import torch
 
+    from rlcore.environments.scoring import NONFINITE_REWARD
     from rlcore.run.prompts import clip_rollout, pad_id
     from rlcore.run.step import encode_samples
 
@@ -81,7 +82,8 @@ def run_rollout(cfg: Any, generate: Callable[[Any], Any], environment: Any, toke
         state.add_results(active, result, tokenizer, max_total, last_turn=turn == max_turns - 1)
     for error in errors[:3]:  # in the run's log; all of them are counted
         print(f"environment error (reward 0): {error}", file=sys.stderr)
-    metrics = {"env/errors": float(len(errors))}
+    metrics = {"env/errors": float(len(errors)),
+               "env/nonfinite_rewards": float(sum(e.startswith(NONFINITE_REWARD) for e in errors))}
     if max_turns > 1:
         metrics.update(state.turn_metrics())
     return Rollout(state.padded(pad), torch.tensor(state.rewards, dtype=torch.float32), metrics)

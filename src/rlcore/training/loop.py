@@ -5,11 +5,15 @@ logprobs), how its gradients are reduced across data-parallel ranks, and its
 optimizer; this module supplies the semantics that must be identical across
 backends: global batches → optimizer steps, micro-batches, loss normalised by
 the valid-token / valid-sequence counts of the whole step across dp, summed
-losses and gradients, ``max_grad_norm: None`` = no clipping.
+losses and gradients, ``max_grad_norm: None`` = no clipping, and a step whose
+loss or gradient norm is NaN or +-inf skipped: no parameter update, the
+optimizer and scheduler untouched, the gradients dropped (``skipped``; the
+worker stops the run after ``policy.max_consecutive_skipped_steps`` in a row).
 """
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
@@ -42,6 +46,14 @@ class StepHooks:
     - ``forward_with_inputs(mb, names)`` (optional, capability ``logits_at_indices``): one forward
       giving the logprobs and ``{name: tensor}`` of the loss inputs ``names``
       (:mod:`rlcore.training.loss_inputs`); used instead of ``forward`` when the loss asks for them.
+    - ``all_agree(ok)`` (optional): whether ``ok`` holds on every rank that trains the model. By default the
+      step's loss, summed over dp, is the same on every rank and so is the decision to skip a step; a
+      backend whose ranks see different losses (megatron: only the last pipeline stage computes it) reduces
+      the flag over all of them, or the ranks would diverge.
+
+    A step is skipped (``zero_grad`` instead of ``optimizer_step``) when its loss is not finite, without
+    calling ``clip_grads``, or when the norm ``clip_grads`` returns is not finite: a backend whose
+    ``clip_grads`` also steps (megatron) must not step then.
     """
 
     forward: Callable[["BatchedDataDict[Any]"], "torch.Tensor"]
@@ -53,6 +65,7 @@ class StepHooks:
     run_micro_batches: Callable[[list["BatchedDataDict[Any]"], Callable[..., "torch.Tensor"], bool], None] | None = None
     forward_with_inputs: Callable[["BatchedDataDict[Any]", tuple[str, ...]],
                                   tuple["torch.Tensor", dict[str, "torch.Tensor"]]] | None = None
+    all_agree: Callable[[bool], bool] | None = None
 
     def run(self, mbs: Iterable["BatchedDataDict[Any]"], loss_of: Callable[..., "torch.Tensor"],
             eval_mode: bool, inputs: tuple[str, ...] = ()) -> None:
@@ -135,7 +148,8 @@ def train_steps(
     ``local_batch_size`` is this rank's share of one global batch (gbs // dp);
     in dynamic/packing mode the step boundaries come from the shard's metadata.
     Every micro-batch is padded to a multiple of ``seq_multiple`` (:func:`pad_to_multiple`).
-    Returns per-step global losses and grad norms, and per-micro-batch metrics
+    Returns per-step global losses, grad norms and whether the step was ``skipped`` for a non-finite loss or
+    grad norm (its grad norm is NaN when the loss already was), and per-micro-batch metrics
     (each metric is the micro-batch's contribution to the global value, see
     :mod:`rlcore.algorithms.loss_functions`; summing a step's micro-batches over
     all dp ranks gives the step's global value).
@@ -146,7 +160,7 @@ def train_steps(
 
     inputs = loss_inputs(loss_fn)
     num_steps = shard.num_steps if mode != "plain" else shard.size // local_batch_size
-    losses, grad_norms = [], []
+    losses, grad_norms, skipped = [], [], []
     mb_metrics: dict[str, list[float]] = defaultdict(list)
     for k in range(num_steps):
         step = shard.get_batch(k, None if mode != "plain" else local_batch_size)
@@ -169,9 +183,17 @@ def train_steps(
         if eval_mode:
             hooks.zero_grad()
             grad_norms.append(0.0)
+            skipped.append(False)
         else:
             hooks.finish_grads()
-            grad_norms.append(float(hooks.clip_grads(max_grad_norm)))
-            hooks.optimizer_step()
+            loss_ok = math.isfinite(float(step_loss))
+            if hooks.all_agree is not None:
+                loss_ok = hooks.all_agree(loss_ok)
+            grad_norms.append(float(hooks.clip_grads(max_grad_norm)) if loss_ok else float("nan"))
+            skipped.append(not (loss_ok and math.isfinite(grad_norms[-1])))
+            if skipped[-1]:  # a NaN step would make every weight NaN: the weights and optimizer stay as they were
+                hooks.zero_grad()
+            else:
+                hooks.optimizer_step()
         losses.append(float(step_loss))
-    return {"losses": losses, "grad_norms": grad_norms, "all_mb_metrics": dict(mb_metrics)}
+    return {"losses": losses, "grad_norms": grad_norms, "skipped": skipped, "all_mb_metrics": dict(mb_metrics)}

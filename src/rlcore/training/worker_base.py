@@ -30,6 +30,10 @@ from rlcore.training.loop import StepHooks, micro_batches, train_steps
 from rlcore.training.optim import build_optimizer, build_scheduler
 
 
+class NonFiniteStepsError(RuntimeError):
+    """Too many optimizer steps in a row had a NaN or infinite loss or gradient norm."""
+
+
 #: ``policy.precision`` → torch dtype.
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -43,6 +47,7 @@ class TrainingWorkerBase:
     dp_size: int
     reference_state: dict[str, torch.Tensor] | None = None
     lora_targets: list[str] = []  # paths of the LoRA-adapted layers (set in __init__ when policy.lora is on)
+    consecutive_skipped: int = 0  # optimizer steps skipped in a row for a non-finite loss or gradient norm
 
     # -- to implement (the forwards default to a whole Hugging Face causal LM in self.model) ---------
     def _logits(self, mb: BatchedDataDict) -> torch.Tensor:
@@ -194,9 +199,23 @@ class TrainingWorkerBase:
         gbs = gbs or self.cfg.train_global_batch_size
         mbs = mbs or self.cfg.train_micro_batch_size
         self.model.train(not eval_mode)
-        return train_steps(data, loss_fn, self._step_hooks(), local_batch_size=gbs // self.dp_size, mbs=mbs,
-                           max_grad_norm=self.cfg.max_grad_norm, eval_mode=eval_mode, mode=mode,
-                           seq_multiple=self.cfg.make_sequence_length_divisible_by)
+        result = train_steps(data, loss_fn, self._step_hooks(), local_batch_size=gbs // self.dp_size, mbs=mbs,
+                             max_grad_norm=self.cfg.max_grad_norm, eval_mode=eval_mode, mode=mode,
+                             seq_multiple=self.cfg.make_sequence_length_divisible_by)
+        self._count_skipped(result)
+        return result
+
+    def _count_skipped(self, result: dict[str, Any]) -> None:
+        """Stop after ``policy.max_consecutive_skipped_steps`` optimizer steps in a row skipped for a non-finite
+        loss or gradient norm (every rank takes the same decisions, so every rank stops)."""
+        limit = getattr(self.cfg, "max_consecutive_skipped_steps", None)
+        for skipped, loss, norm in zip(result["skipped"], result["losses"], result["grad_norms"]):
+            self.consecutive_skipped = self.consecutive_skipped + 1 if skipped else 0
+            if limit is not None and self.consecutive_skipped >= limit:
+                raise NonFiniteStepsError(
+                    f"{self.consecutive_skipped} optimizer steps in a row were skipped, the last with loss {loss} and "
+                    f"gradient norm {norm} (policy.max_consecutive_skipped_steps={limit}); the weights are those "
+                    "before the first of them. Check the rewards and the data, or lower the learning rate")
 
     # -- lifecycle and introspection (override where a backend moves memory) ---------
     def prepare_for_training(self, *args: Any, **kwargs: Any) -> None:

@@ -25,6 +25,7 @@ so every result is broadcast over the pipeline group before it is returned.
 from __future__ import annotations
 
 import contextlib
+import math
 from typing import Any, Callable, Iterator
 
 import torch
@@ -299,15 +300,34 @@ class MegatronPolicyWorker(PipelineStages, RefitExportMixin, TrainingWorkerBase)
             optimizer_step=self._zero_grads,
             zero_grad=self._zero_grads,
             run_micro_batches=run_micro_batches,
+            all_agree=self._all_agree,  # only the last pipeline stage computes the loss
         )
 
+    def _all_agree(self, ok: bool) -> bool:
+        """Whether ``ok`` holds on every rank (all pipeline stages, tp and dp ranks)."""
+        flag = torch.tensor([0.0 if ok else 1.0])
+        self._all_reduce_sum(flag)
+        return float(flag) == 0.0
+
     def _optimizer_step(self) -> float:
-        """Clip (policy.max_grad_norm) and step; returns the global gradient norm before clipping."""
+        """Clip (policy.max_grad_norm) and step; returns the global gradient norm before clipping.
+
+        megatron-core steps on NaN gradients unless an fp16 loss scaler finds them, so the norm (global over
+        every rank, the same on each) is checked first: a non-finite one is returned without a step, the
+        scheduler untouched, and the shared loop drops the gradients. Its check costs one more pass over the
+        gradients (``prepare_grads`` copies them to the main grads again in ``step``: a copy, not a sum)."""
+        checked = None
+        if not self.optimizer.config.fp16:  # with fp16, megatron's loss scaler checks them and skips the step
+            self.optimizer.prepare_grads()
+            checked = float(self.optimizer.get_grad_norm())
+            if not math.isfinite(checked):
+                return checked
         success, grad_norm, _ = self.optimizer.step()
-        if grad_norm is None or self.cfg.max_grad_norm is None:
-            grad_norm = self.optimizer.get_grad_norm()  # the gradients are still in place after the step
-        if success:
-            self.scheduler.step(increment=1)
+        if not success:  # the fp16 loss scaler found inf/NaN gradients and skipped the update
+            return float("nan")
+        if grad_norm is None or self.cfg.max_grad_norm is None:  # the norm before clipping
+            grad_norm = checked if checked is not None else self.optimizer.get_grad_norm()
+        self.scheduler.step(increment=1)
         return float(grad_norm)
 
     def _zero_grads(self) -> None:

@@ -112,5 +112,5 @@ def _merged_rollout_metrics(rollouts: list["Rollout"]) -> dict[str, float]:
     merged: dict[str, float] = {}
     for key in rollouts[0].metrics:
         values = [r.metrics[key] for r in rollouts]
-        merged[key] = sum(values) if key == "env/errors" else sum(values) / len(values)
+        merged[key] = sum(values) if key in ("env/errors", "env/nonfinite_rewards") else sum(values) / len(values)
     return merged

@@ -116,6 +116,7 @@ def train_on_rollout(cfg: Any, policy: Any, loss_fn: Any, rollout: Any, timer: T
         "reward_std": float(raw.std()) if raw.numel() > 1 else 0.0,
         "loss": float(result["loss"].mean()),
         "grad_norm": float(result["grad_norm"].mean()),
+        "skipped_steps": float(result.get("skipped_steps", 0)),  # non-finite loss or grad norm: no update
         "kl_penalty": float(loss_metrics.get("kl_penalty", 0.0)),
         # generation vs prev logprobs; without the pass prev = the current logprobs of the parameters
         # that sampled the rollout, so it is the same engine-vs-policy check
