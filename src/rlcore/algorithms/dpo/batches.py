@@ -14,14 +14,17 @@ read from its row in either of NeMo-RL's shapes:
 Both sequences of a pair are tokenized like SFT samples (:func:`encode_conversation`), the loss mask on the
 response only, and sit in rows ``2i`` / ``2i+1`` of a batch marked ``group_size = 2``, so sharding and every
 micro-batch plan keep them together. A pair with a sequence longer than ``policy.max_total_sequence_length``
-is cut and masked as a whole.
+is cut and masked as a whole. A pair whose chosen response equals its rejected one trains nothing either (the
+preference loss of two equal sequences has no gradient), unless ``dpo.sft_loss_weight`` trains the chosen one;
+a step without a pair that trains stops the run (:func:`nothing_preferred` says why), and so does a file without
+one, before anything starts.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from rlcore.algorithms.sft.batches import encode_conversation, padded_batch
+from rlcore.algorithms.sft.batches import cut_reason, encode_conversation, padded_batch
 from rlcore.datasets.files import DataError
 
 if TYPE_CHECKING:
@@ -80,3 +83,38 @@ def dpo_batch(samples: list["Sample"], tokenizer: Any, cfg: Any, size: int | Non
     batch = padded_batch(rows, keep, pad_id(tokenizer))
     batch.group_size = 2
     return batch
+
+
+def teaches(sample: "Sample", cfg: Any) -> bool:
+    """Whether a pair has something to learn whatever its length: its chosen response differs from its rejected
+    one, or ``dpo.sft_loss_weight`` trains the chosen one anyway."""
+    _, chosen, rejected = preference_pair(sample, "data.train")
+    return chosen != rejected or cfg.dpo.sft_loss_weight > 0
+
+
+def nothing_preferred(samples: list["Sample"], tokenizer: Any, cfg: Any) -> str | None:
+    """Why no pair of ``samples`` trains anything (its chosen response equals its rejected one, or a sequence
+    is cut at ``policy.max_total_sequence_length``), or None as soon as one does."""
+    limit, same, cut = cfg.policy.max_total_sequence_length, 0, []
+    for sample in samples:
+        if not teaches(sample, cfg):
+            same += 1
+            continue
+        prompt, *responses = preference_pair(sample, "data.train")
+        longest = max(len(encode_conversation(tokenizer, prompt + response, cfg.dpo,
+                                              cfg.policy.tokenizer.chat_template_kwargs,
+                                              trained=[False] * len(prompt) + [True] * len(response))[0])
+                      for response in responses)
+        if longest <= limit:
+            return None
+        cut.append(longest)
+    count, differ = len(samples), "give each pair two different responses"
+    if same == count:
+        return (f"in all {count} pairs the chosen response equals the rejected one, so the preference loss has "
+                f"nothing to learn; {differ}")
+    if not same:
+        return cut_reason("pairs", count, cut, limit)
+    lo, hi = min(cut), max(cut)
+    return (f"none of its {count} pairs trains anything: {same} have the chosen response equal to the rejected "
+            f"one, {len(cut)} are longer than policy.max_total_sequence_length={limit} ({lo} to {hi} tokens) and "
+            f"cut; {differ}, and raise policy.max_total_sequence_length (to {hi}) or shorten them")

@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
-from rlcore.algorithms.sft.loop import OfflineAlgorithm, step_metrics
+from rlcore.algorithms.sft.loop import EmptyStep, OfflineAlgorithm, step_metrics
 from rlcore.interfaces.algorithm import OnStep, Resolution
 from rlcore.run.step import Timer
 
@@ -47,12 +47,17 @@ def _train_pairs(run: "Run", batch: Any, eval_mode: bool, pairs: int, pairs_per_
 
 
 def dpo_step(run: "Run") -> dict[str, float]:
-    """One optimizer step of DPO on the next batch of preference samples."""
-    from rlcore.algorithms.dpo.batches import dpo_batch
+    """One optimizer step of DPO on the next batch of preference samples (:class:`EmptyStep` when no pair
+    trains: each is cut, or its chosen response equals its rejected one)."""
+    from rlcore.algorithms.dpo.batches import dpo_batch, nothing_preferred, teaches
 
     p, timer = run.cfg.policy, Timer()
     with timer.phase("data"):
-        batch = dpo_batch(run.draw_train_batch(), run.tokenizer, run.cfg)
+        samples = run.draw_train_batch()
+        batch = dpo_batch(samples, run.tokenizer, run.cfg)
+    fits = batch["sample_mask"][::2].tolist()
+    if not any(fit and teaches(sample, run.cfg) for fit, sample in zip(fits, samples)):
+        raise EmptyStep(nothing_preferred(samples, run.tokenizer, run.cfg) or "no pair has a response to train")
     result = _train_pairs(run, batch, False, p.train_global_batch_size, p.train_micro_batch_size, timer)
     metrics = result["metrics"]
     return step_metrics(run, result, timer, {
@@ -116,6 +121,11 @@ class DPO(OfflineAlgorithm):
 
         preference_pair(sample, where)  # raises DataError naming the row
         return None
+
+    def nothing_trained(self, samples: list[Any], tokenizer: Any, cfg: Any) -> str | None:
+        from rlcore.algorithms.dpo.batches import nothing_preferred
+
+        return nothing_preferred(samples, tokenizer, cfg)
 
     def needs_reference_model(self, cfg: Any) -> bool:
         return True  # the loss is relative to the frozen initial weights

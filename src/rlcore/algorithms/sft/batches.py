@@ -11,7 +11,9 @@ assistant's reply to its prompt.
 
 A sample longer than ``policy.max_total_sequence_length`` is cut to it and its
 ``sample_mask`` is 0 (NeMo-RL's ``loss_multiplier``): it stays in the batch so
-the batch keeps its size, and trains nothing; the step reports how many.
+the batch keeps its size, and trains nothing; the step reports how many. A
+step in which no sample trains a token stops the run (:func:`nothing_trained`
+says why), and so does a file whose samples are all cut, before anything starts.
 """
 
 from __future__ import annotations
@@ -110,3 +112,37 @@ def padded_batch(rows: list[tuple[list[int], list[int]]], keep: list[bool], pad:
     return BatchedDataDict(input_ids=input_ids,
                            input_lengths=torch.tensor([len(ids) for ids, _ in rows], dtype=torch.long),
                            token_mask=token_mask, sample_mask=torch.tensor(keep, dtype=torch.float32))
+
+
+def trains_a_token(ids: list[int], mask: list[int], limit: int) -> bool:
+    """Whether an encoded sample trains: it fits in ``limit`` tokens and the loss reaches one of its tokens
+    (the first token is never predicted)."""
+    return len(ids) <= limit and any(mask[1:])
+
+
+def cut_reason(what: str, count: int, cut_lengths: list[int], limit: int) -> str:
+    """Why ``count`` samples (or pairs) train nothing when those of ``cut_lengths`` tokens are cut at ``limit``
+    (the others have no trained token)."""
+    lo, hi = min(cut_lengths, default=0), max(cut_lengths, default=0)
+    longer = f"longer than policy.max_total_sequence_length={limit} ({lo} to {hi} tokens)"
+    fix = f"raise policy.max_total_sequence_length (to {hi} to keep them all) or shorten them"
+    if len(cut_lengths) == count:
+        return f"all {count} {what} are {longer}, so each is cut and trains nothing; {fix}"
+    if not cut_lengths:
+        return f"none of its {count} {what} has a token to train (an assistant message's)"
+    return (f"none of its {count} {what} trains a token: {len(cut_lengths)} are {longer} and cut, the others have "
+            f"no assistant token; {fix}")
+
+
+def nothing_trained(samples: list["Sample"], tokenizer: Any, cfg: Any) -> str | None:
+    """Why no sample of ``samples`` trains a token (each cut at ``policy.max_total_sequence_length``, or without
+    an assistant token), or None as soon as one does (the samples are encoded up to that one)."""
+    limit, cut = cfg.policy.max_total_sequence_length, []
+    for sample in samples:
+        ids, mask = encode_conversation(tokenizer, conversation(sample), cfg.sft,
+                                        cfg.policy.tokenizer.chat_template_kwargs)
+        if trains_a_token(ids, mask, limit):
+            return None
+        if len(ids) > limit:
+            cut.append(len(ids))
+    return cut_reason("samples", len(samples), cut, limit)

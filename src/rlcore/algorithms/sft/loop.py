@@ -17,20 +17,28 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from rlcore.datasets import DataExhausted
 from rlcore.interfaces.algorithm import Algorithm, OnStep, Resolution
+from rlcore.run.errors import RunError
 from rlcore.run.step import Timer, peak_memory_metrics
 
 if TYPE_CHECKING:
     from rlcore.run.build import Run
 
 
+class EmptyStep(RunError):
+    """A step's batch trains nothing (every sample cut, every pair masked); the message says why and the fix."""
+
+
 def sft_step(run: "Run") -> dict[str, float]:
-    """One optimizer step of NLL on the next batch of samples."""
+    """One optimizer step of NLL on the next batch of samples (:class:`EmptyStep` when none trains a token)."""
     from rlcore.algorithms.loss_functions import NLLLoss
-    from rlcore.algorithms.sft.batches import sft_batch
+    from rlcore.algorithms.sft.batches import nothing_trained, sft_batch
 
     policy, timer = run.policy, Timer()
     with timer.phase("data"):
-        batch = sft_batch(run.draw_train_batch(), run.tokenizer, run.cfg)
+        samples = run.draw_train_batch()
+        batch = sft_batch(samples, run.tokenizer, run.cfg)
+    if not float((batch["token_mask"][:, 1:] * batch["sample_mask"][:, None]).sum()):
+        raise EmptyStep(nothing_trained(samples, run.tokenizer, run.cfg) or "no sample has a token to train")
     with timer.phase("train"):
         policy.prepare_for_training()
         result = policy.train(batch, NLLLoss())
@@ -88,7 +96,8 @@ def offline_train(run: "Run", on_step: Callable[[int, dict[str, float]], None],
                   validate_fn: Callable[["Run"], dict[str, float]]) -> str | None:
     """Run steps ``run.start_step .. run.num_steps - 1`` of an algorithm that trains on data as written (SFT,
     DPO), validating when due and calling ``on_step(step, metrics)`` after each; returns why the run ended
-    early (the epochs' data ran out), or None."""
+    early (the epochs' data ran out), or None. A step that would train nothing stops the run
+    (:class:`EmptyStep`, naming the step) before its optimizer step."""
     from rlcore.run.validation import validation_due
 
     for step in range(run.start_step, run.num_steps):
@@ -96,6 +105,8 @@ def offline_train(run: "Run", on_step: Callable[[int, dict[str, float]], None],
             metrics = step_fn(run)
         except DataExhausted as exc:
             return f"the data ran out during step {step} ({exc})"
+        except EmptyStep as exc:
+            raise EmptyStep(f"step {step}: {exc}") from None
         if validation_due(run, step):
             metrics.update(validate_fn(run))
         on_step(step, metrics)
@@ -116,13 +127,22 @@ class OfflineAlgorithm(Algorithm):
                                               mbs_name=f"{name}.val_micro_batch_size"))
 
     def load_data(self, cfg: Any, tokenizer: Any) -> Any:
-        """The samples, every fixed one checked for what the loss trains on (:meth:`sample_problem`); a
-        generator's samples are checked as they are made."""
-        from rlcore.datasets import load_sources
+        """The samples, every fixed one checked for what the loss trains on (:meth:`sample_problem`), and the
+        fixed training samples for one that trains anything (:meth:`nothing_trained`); a generator's samples are
+        checked as they are made, and a step that trains nothing stops the run (:class:`EmptyStep`)."""
+        from rlcore.datasets import DataError, load_sources
 
-        return checked_samples(load_sources(cfg), self.sample_problem)
+        data = checked_samples(load_sources(cfg), self.sample_problem)
+        fixed = getattr(data.train, "samples", None)
+        if fixed and (why := self.nothing_trained(fixed, tokenizer, cfg)):
+            raise DataError(f"data.train: {why}")
+        return data
 
     def sample_problem(self, sample: Any, where: str) -> str | None:
+        return None
+
+    def nothing_trained(self, samples: list[Any], tokenizer: Any, cfg: Any) -> str | None:
+        """Why none of ``samples`` would train anything, or None (as soon as one would)."""
         return None
 
 
@@ -136,6 +156,11 @@ class SFT(OfflineAlgorithm):
         from rlcore.algorithms.sft.batches import answer_problem
 
         return answer_problem(sample, where)
+
+    def nothing_trained(self, samples: list[Any], tokenizer: Any, cfg: Any) -> str | None:
+        from rlcore.algorithms.sft.batches import nothing_trained
+
+        return nothing_trained(samples, tokenizer, cfg)
 
     def train(self, run: "Run", on_step: OnStep) -> str | None:
         return sft_train(run, on_step)
