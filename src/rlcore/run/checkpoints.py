@@ -2,17 +2,27 @@
 
 Each step directory is published atomically (built aside, then renamed), so
 a crash mid-save leaves the previous step checkpoint whole, and ``--resume``
-only ever sees complete ones.
+only ever sees complete ones. A save that fills the disk stops the run in one
+line saying so, and which checkpoint is whole (:class:`DiskFull`).
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import shutil
 from pathlib import Path
 from typing import Any
 
+from rlcore.run.errors import RunError
 from rlcore.training.checkpoint import atomic_directory, recover_checkpoint
+
+#: What a full disk (or quota) says, by errno: the words of ``strerror``, which wrapped errors quote.
+_FULL_DISK = {errno.ENOSPC: "No space left on device", errno.EDQUOT: "Disk quota exceeded"}
+
+
+class DiskFull(RunError):
+    """A step checkpoint could not be saved for want of space; the message says which checkpoint is whole."""
 
 
 def step_dir(root: str | Path, step: int) -> Path:
@@ -21,18 +31,57 @@ def step_dir(root: str | Path, step: int) -> Path:
 
 def save_step(policy: Any, root: str | Path, step: int, keep_last: int, extra: dict[str, Any] | None = None,
               metric: tuple[str, bool] | None = None) -> Path:
-    """Save step ``step`` (``extra`` joins its ``state.json``) and drop the checkpoints :func:`kept` leaves out."""
+    """Save step ``step`` (``extra`` joins its ``state.json``) and drop the checkpoints :func:`kept` leaves out.
+    A full disk raises :class:`DiskFull` (the partial save removed, the previous checkpoint whole)."""
     final = step_dir(root, step)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_directory(final) as tmp:
-        policy.save_checkpoint(str(tmp / "weights"), str(tmp / "optimizer"), str(tmp / "tokenizer"))
-        (tmp / "state.json").write_text(json.dumps({"step": step, **(extra or {})}))
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_directory(final) as tmp:
+            policy.save_checkpoint(str(tmp / "weights"), str(tmp / "optimizer"), str(tmp / "tokenizer"))
+            (tmp / "state.json").write_text(json.dumps({"step": step, **(extra or {})}))
+    except BaseException as exc:  # torch's CheckpointException is a BaseException
+        if (full := disk_full(exc)) is None:
+            raise
+        raise DiskFull(f"{full} while saving step {step} to {root}; {whole_checkpoint(root)}") from exc
     steps = sorted(Path(root).glob("step_*"))
     keep = kept([(d, read_state(d)) for d in steps if (d / "state.json").is_file()], keep_last, metric)
     for old in steps:
         if old not in keep:
             shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def disk_full(exc: BaseException) -> str | None:
+    """``'No space left on device'`` (or ``'Disk quota exceeded'``) when ``exc`` or an error behind it says so:
+    an ``OSError``'s errno, or its words in a wrapping error's text (torch's ``CheckpointException`` lists each
+    rank's error; a worker's error reaches the driver as text); None otherwise."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno in _FULL_DISK:
+            return _FULL_DISK[exc.errno]
+        text = str(exc)
+        if found := next((words for words in _FULL_DISK.values() if words in text), None):
+            return found
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def whole_checkpoint(root: str | Path) -> str:
+    """What a failed save leaves to resume from, and what to do (the end of :class:`DiskFull`'s line)."""
+    try:
+        latest = latest_step(root)
+    except OSError:
+        latest = None
+    if latest is None:
+        return "no earlier step checkpoint was saved; free some space and run again"
+    return f"the checkpoint of step {latest[0]} is whole ({latest[1]}); free some space and resume from it with --resume"
+
+
+def complete_steps(root: str | Path) -> list[int]:
+    """The steps of the complete step checkpoints in ``root``, oldest first (after :func:`latest_step`'s repair)."""
+    found = [read_state(d)["step"] for d in Path(root).glob("step_*") if (d / "state.json").is_file()]
+    return sorted(found)
 
 
 def kept(checkpoints: list[tuple[Path, dict[str, Any]]], keep_last: int,

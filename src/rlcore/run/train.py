@@ -41,6 +41,35 @@ def resume_refusals(cfg: Any) -> list[str]:
             f"{cfg.checkpointing.enabled}); run without --resume to start fresh"]
 
 
+def resume_line(cfg: Any) -> str:
+    """What ``--resume`` continues from, said first: the newest complete step checkpoint and the step
+    checkpoints found (after :func:`resume_refusals` found nothing wrong)."""
+    from rlcore.run.checkpoints import complete_steps, latest_step
+
+    root = checkpoint_root(cfg)
+    step, directory = latest_step(root) or (None, root)
+    found = ", ".join(f"step {s}" for s in complete_steps(root))
+    return f"rlcore run: resuming after step {step} (checkpoints: {found}) from {directory}"
+
+
+def output_dir_problems(cfg: Any) -> list[str]:
+    """Why the run cannot write ``logger.output_dir`` (its logs, metrics and checkpoints), one line, found by
+    creating it (as the run would) and a file in it and its ``logs/``. Cheap, no Ray."""
+    import tempfile
+
+    out = Path(cfg.logger.output_dir)
+    for directory in (out, out / "logs"):
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            with tempfile.NamedTemporaryFile(dir=directory, prefix=".rlcore-write-check-"):
+                pass
+        except OSError as exc:
+            why = f"{exc.strerror}: {exc.filename}" if exc.strerror and exc.filename else str(exc)
+            return [f"logger.output_dir: cannot write {directory} ({why}); choose a directory you can write "
+                    "(-o logger.output_dir=...) or make it writable"]
+    return []
+
+
 def data_position(cfg: Any, data: Any, next_batch: int) -> dict[str, Any]:
     """What a checkpoint records of the data: the next batch, and what that index means."""
     train = data.train
