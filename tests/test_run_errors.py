@@ -116,8 +116,24 @@ def test_an_unwritable_output_directory_stops_the_run_before_ray_in_one_line(tmp
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     lines = [line for line in proc.stderr.splitlines() if not line.startswith("notice:")]
     assert proc.returncode == 1
-    assert lines == [f"logger.output_dir: cannot write {out} (Not a directory: {out}); choose a directory you can "
-                     "write (-o logger.output_dir=...) or make it writable"], proc.stderr
+    assert lines == [f"logger.output_dir: cannot write {out} ({out.parent} is not a directory); choose a directory "
+                     "you can write (-o logger.output_dir=...) or make it writable"], proc.stderr
+
+
+def test_a_read_only_output_directory_is_named_with_the_system_s_words(monkeypatch, tmp_path):
+    """Root writes through a chmod 0o555 directory, so the refusal a user meets is made here."""
+    import tempfile as tempfile_module
+
+    from rlcore.run.train import output_dir_problems
+
+    def refused(dir, prefix):
+        raise PermissionError(errno.EACCES, "Permission denied", str(Path(dir) / f"{prefix}abc"))
+
+    monkeypatch.setattr(tempfile_module, "NamedTemporaryFile", refused)
+    cfg = SimpleNamespace(logger=SimpleNamespace(output_dir=str(tmp_path / "out")))
+    assert output_dir_problems(cfg) == [f"logger.output_dir: cannot write {tmp_path / 'out'} (Permission denied); "
+                                        "choose a directory you can write (-o logger.output_dir=...) or make it "
+                                        "writable"]
 
 
 def invoke_run(monkeypatch, out: Path, *args: str, train=None):

@@ -64,10 +64,17 @@ def output_dir_problems(cfg: Any) -> list[str]:
             with tempfile.NamedTemporaryFile(dir=directory, prefix=".rlcore-write-check-"):
                 pass
         except OSError as exc:
-            why = f"{exc.strerror}: {exc.filename}" if exc.strerror and exc.filename else str(exc)
-            return [f"logger.output_dir: cannot write {directory} ({why}); choose a directory you can write "
-                    "(-o logger.output_dir=...) or make it writable"]
+            return [f"logger.output_dir: cannot write {directory} ({_unwritable(directory, exc)}); choose a "
+                    "directory you can write (-o logger.output_dir=...) or make it writable"]
     return []
+
+
+def _unwritable(directory: Path, exc: OSError) -> str:
+    """Why ``directory`` cannot be written, in a few words: a file where a directory must be, or the error's."""
+    existing = next((p for p in (directory, *directory.parents) if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        return f"{existing} is not a directory"
+    return exc.strerror or str(exc)
 
 
 def data_position(cfg: Any, data: Any, next_batch: int) -> dict[str, Any]:
