@@ -104,8 +104,9 @@ def _rollout_metrics(monkeypatch, run_rollout, completions):
 
     cfg = SimpleNamespace(algorithm_section=SimpleNamespace(max_rollout_turns=1),
                           policy=SimpleNamespace(max_total_sequence_length=64))
-    samples = [Sample(idx=i, messages=[{"role": "user", "content": f"p{i}"}], metadata={}) for i in range(len(completions))]
-    first = {"input_ids": torch.tensor([[1, 2]] * len(completions)), "input_lengths": torch.tensor([2] * len(completions))}
+    n = len(completions)
+    samples = [Sample(idx=i, messages=[{"role": "user", "content": f"p{i}"}], metadata={}) for i in range(n)]
+    first = {"input_ids": torch.tensor([[1, 2]] * n), "input_lengths": torch.tensor([2] * n)}
     monkeypatch.setattr("rlcore.run.step.encode_samples", lambda *args, **kwargs: first)
     timer = SimpleNamespace(phase=lambda name: nullcontext())
     rollout = run_rollout(cfg, generate, _python_env("rewards_with_nan_and_inf"), Tokenizer(), samples, 1, timer)
@@ -228,3 +229,4 @@ def test_too_many_skipped_steps_in_a_row_stop_in_one_line():
         "(policy.max_consecutive_skipped_steps=2)")
     never = TinyWorker(max_consecutive_skipped_steps=None)
     assert never.train(_batch(4, poisoned_steps={0, 1, 2, 3}), NLL())["skipped"] == [True] * 4
+
