@@ -229,4 +229,3 @@ def test_too_many_skipped_steps_in_a_row_stop_in_one_line():
         "(policy.max_consecutive_skipped_steps=2)")
     never = TinyWorker(max_consecutive_skipped_steps=None)
     assert never.train(_batch(4, poisoned_steps={0, 1, 2, 3}), NLL())["skipped"] == [True] * 4
-
