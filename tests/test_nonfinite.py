@@ -229,3 +229,32 @@ def test_too_many_skipped_steps_in_a_row_stop_in_one_line():
         "(policy.max_consecutive_skipped_steps=2)")
     never = TinyWorker(max_consecutive_skipped_steps=None)
     assert never.train(_batch(4, poisoned_steps={0, 1, 2, 3}), NLL())["skipped"] == [True] * 4
+# -- a real run ----------------------------------------------------------------------------------------------------
+
+def nan_for_the_first_completion(prompts, completions):
+    """NaN for the batch's first completion, else 1 for an even length: one NaN reward in every training step."""
+    return [math.nan if i == 0 else float(len(c) % 2 == 0) for i, c in enumerate(completions)]
+
+
+def test_a_run_with_a_nan_reward_trains_on_finite_values_and_saves_finite_weights(ray_session, tmp_path):
+    import json
+
+    from safetensors.torch import load_file
+
+    from rlcore.run.train import train
+    from tests.test_grpo import short_run_config
+
+    summary = train(short_run_config(tmp_path, 3, **{
+        "env.name": "python", "env.python_cfg.reward": "tests.test_nonfinite:nan_for_the_first_completion"}))
+    assert summary["steps"] == 3
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    for row in rows:
+        assert row["env/nonfinite_rewards"] == 1.0 and row["env/errors"] == 1.0, row
+        assert math.isfinite(row["loss"]) and math.isfinite(row["grad_norm"]) and math.isfinite(row["reward_mean"])
+        assert row["skipped_steps"] == 0.0  # the NaN never reached the loss
+    files = sorted((tmp_path / "checkpoints").rglob("*.safetensors"))
+    assert files, "no checkpoint was written"
+    for file in files:
+        for name, tensor in load_file(str(file)).items():
+            assert torch.isfinite(tensor.float()).all(), f"{file.relative_to(tmp_path)}: {name} is not finite"

@@ -83,7 +83,7 @@ def other_sections(owner: Any, path: str, registry: Registry, selected: str | No
     resolution reports them): a section naming no installed backend (one line, with how to install it), or one
     its installed backend's config class refuses. A section of a backend that is not installed is accepted when it
     says ``enabled: false`` (NeMo-RL's files carry every backend's section, all but one off)."""
-    known = sorted({r.name for r in registry.records if r.spec is not None})
+    known = sorted({r.name for r in registry.backends() if r.spec is not None})
     problems = []
     for key, section in (getattr(owner, "backend_sections", None) or {}).items():
         backend = key[: -len(SECTION_SUFFIX)]
@@ -96,7 +96,7 @@ def other_sections(owner: Any, path: str, registry: Registry, selected: str | No
             problems.append(f"{path}.{key}: no installed backend named '{backend}'; did you mean "
                             f"'{close[0]}{SECTION_SUFFIX}'?" if close else f"{path}.{key}: {_missing(registry, backend)}")
             continue
-        spec = next(r.spec for r in registry.records if r.name == backend and r.spec is not None)
+        spec = next(r.spec for r in registry.backends() if r.name == backend and r.spec is not None)
         try:
             own_section(spec, owner, path)
         except ConfigError as exc:
@@ -181,7 +181,7 @@ def lora_problems(policy: Any, spec: BackendSpec, generation_spec: BackendSpec |
     if not policy.lora.enabled:
         return []
     if not spec.supports(Capability.LORA):
-        with_lora = sorted(r.name for r in registry.records if r.spec is not None and r.spec.kind == "training"
+        with_lora = sorted(r.name for r in registry.backends() if r.spec is not None and r.spec.kind == "training"
                            and r.spec.supports(Capability.LORA))
         return [f"policy.lora.enabled: the '{spec.name}' training backend does not train LoRA adapters "
                 f"(no 'lora' capability); use one that does ({', '.join(with_lora) or 'none installed'}) or set "

@@ -119,7 +119,7 @@ def engine_install_problems(cfg: Any, installed: Mapping[str, str], registry: An
         from rlcore.plugins import get_registry
 
         registry = get_registry()
-    required = {m for r in registry.records if r.spec is not None and r.name == gen.backend
+    required = {m for r in registry.backends() if r.spec is not None and r.name == gen.backend
                 and r.kind == "generation" for m in r.spec.requires}
     if not required & set(TORCH_FAMILY_BREAKS):
         return []

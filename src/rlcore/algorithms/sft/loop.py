@@ -55,6 +55,7 @@ def step_metrics(run: "Run", result: dict, timer: Timer, extra: dict[str, float]
     return {
         "loss": float(result["loss"].mean()),
         "grad_norm": float(result["grad_norm"].mean()),
+        "skipped_steps": float(result.get("skipped_steps", 0)),  # optimizer steps skipped for a non-finite value
         **extra,
         "epoch": float(run.data.train.epoch_of(run.next_batch - 1)),
         "time/step_s": sum(timer.seconds.values()),
