@@ -14,6 +14,7 @@ from rlcore.config.messages import join_path, problems_from_validation_error, sh
 from rlcore.config.overrides import apply_overrides
 from rlcore.config.rules import check_rules
 from rlcore.config.schemas import RLCoreConfig
+from rlcore.config.unknown_keys import unknown_keys
 from rlcore.config.yaml_io import dump_text, read_config_file
 
 M = TypeVar("M", bound=BaseModel)
@@ -27,16 +28,20 @@ def validate_section(model_cls: type[M], data: Any, path: str,
     with lines formatted like every other config problem. Used by the plugin
     registry for backend sections (``policy.vllm_cfg`` ...). ``None`` data is
     treated as an empty section. ``context`` is pydantic's validation context (a backend section gets its
-    ``owner``).
+    ``owner``). A key the class would ignore (a plugin's class without ``extra="forbid"``) is refused as
+    an unknown key all the same.
     """
     if data is None:
         data = {}
     if not isinstance(data, Mapping):
         return None, [f"{join_path(path, [])}: expected a mapping (key: value), got {show_value(data)}"]
     try:
-        return model_cls.model_validate(dict(data), context=context), []
+        model = model_cls.model_validate(dict(data), context=context)
     except ValidationError as exc:
         return None, problems_from_validation_error(exc, model_cls, path)
+    if problems := unknown_keys(model_cls, data, path):  # a plugin's class that would drop a typo silently
+        return None, problems
+    return model, []
 
 
 def load_config_dict(raw: Mapping[str, Any], overrides: Sequence[str] = ()) -> RLCoreConfig:

@@ -157,7 +157,8 @@ def _merge_expected(phrases: list[str]) -> str:
     return " or ".join(unique)
 
 
-def _unknown_key(key: Any, owner: type[BaseModel] | None) -> str:
+def unknown_key_text(key: Any, owner: type[BaseModel] | None) -> str:
+    """``unknown key``, with the closest key ``owner`` reads when one is close."""
     valid = sorted(k for k in (owner.model_fields if owner else ()) if k != SECTIONS_FIELD)
     close = difflib.get_close_matches(str(key), valid, n=1, cutoff=0.6)
     return "unknown key" + (f"; did you mean '{close[0]}'?" if close else "")
@@ -174,7 +175,7 @@ def problems_from_validation_error(
         if kind == "extra_forbidden":
             parts, owner = _walk(root, loc)
             path = join_path(prefix, parts)
-            grouped.setdefault(path, {"text": f"{path}: {_unknown_key(loc[-1], owner)}"})
+            grouped.setdefault(path, {"text": f"{path}: {unknown_key_text(loc[-1], owner)}"})
             continue
         parts, _ = _walk(root, loc)
         path = join_path(prefix, parts)

@@ -26,6 +26,7 @@ from rlcore.config.errors import ConfigError
 from rlcore.config.messages import problems_from_validation_error, show_value
 from rlcore.config.loss import ClippedPGLossConfig
 from rlcore.config.sft import SFTConfig
+from rlcore.config.unknown_keys import unknown_keys
 from rlcore.config.policy import (
     DynamicBatchingConfig,
     PolicyConfig,
@@ -195,9 +196,10 @@ def _validated_section(name: str, value: Any) -> tuple[Any, list[str]]:
     if not isinstance(value, dict):
         return None, [f"{name}: expected a mapping (key: value), got {show_value(value)}"]
     try:
-        return model.model_validate(value), []
+        validated = model.model_validate(value)
     except ValidationError as exc:
         return None, problems_from_validation_error(exc, model, name)
+    return (None, problems) if (problems := unknown_keys(model, value, name)) else (validated, [])
 
 
 def _problem(path: str, text: str) -> InitErrorDetails:

@@ -8,6 +8,8 @@ validated model, or a dict validated with the spec's ``config_class`` (None:
 its defaults). ``cases`` are ``(completion, metadata)`` pairs a correct
 environment can score. The core relies on these properties:
 
+- its config class refuses unknown keys (``extra="forbid"``), so a typo is an
+  error rather than a setting left at its default;
 - it builds as ``Class(config)`` and ``step`` returns an ``EnvironmentReturn``
   with one entry per sample and finite rewards;
 - a sample's result depends on that sample only: the same reward whatever its
@@ -33,12 +35,16 @@ def _logs(cases: list[tuple[str, dict[str, Any]]]) -> tuple[list[list[dict[str, 
 
 def _class_and_config(environment: Any, config: Any) -> tuple[str, Any]:
     """The environment's 'module:Class' and its config, from a spec, a registered name or a class path."""
+    from rlcore.config.unknown_keys import ignores_unknown_keys
     from rlcore.plugins import EnvironmentSpec, get_registry
 
     if isinstance(environment, str) and ":" in environment:
         return environment, config
     spec = environment if isinstance(environment, EnvironmentSpec) else get_registry().resolve_environment(environment)
     model = spec.load_config_class()
+    if model is not None and ignores_unknown_keys(model):
+        raise TypeError(f"config class {spec.config_class} ignores unknown keys, so a user's typo would leave a "
+                        "setting at its default: set model_config = ConfigDict(extra='forbid')")
     if model is not None and (config is None or isinstance(config, dict)):
         config = model(**(config or {}))
     return spec.environment_class, config

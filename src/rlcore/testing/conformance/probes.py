@@ -63,6 +63,9 @@ if spec.config_class:
         cls = import_object(spec.config_class)
         if not (isinstance(cls, type) and issubclass(cls, BaseModel)):
             out["config_error"] = f"{spec.config_class} is not a pydantic model class"
+        elif cls.model_config.get("extra") in (None, "ignore"):
+            out["config_error"] = ("ignores unknown keys, so a user's typo would leave a setting at its "
+                                   "default: set model_config = ConfigDict(extra='forbid')")
     except Exception as exc:
         out["config_error"] = f"{type(exc).__name__}: {exc}"
 for function in filter(None, (spec.layout, spec.config_check)):
