@@ -374,8 +374,10 @@ RULES: tuple[Rule, ...] = (
     _c("data.max_input_seq_length", "sft_data", P + "max_total_sequence_length", "SFT configs: NeMo-RL masks a "
        "sample this long out of the loss, rlcore one longer than policy.max_total_sequence_length: equal is "
        "ignored, another value an error (GRPO configs: ignored)"),
-    _c("env", "task", "env", "env.math.num_workers → env.num_workers, math_verify_impl hf_math_verify → "
-       "env.math_cfg.verifier math_verify"),
+    _c("env", "task", "env", "the run's environment (data env_name, else the first section of an installed "
+       "environment): env.<name>.num_workers → env.num_workers; env.math.math_verify_impl hf_math_verify → "
+       "env.math_cfg.verifier math_verify; an installed plugin environment's env.<name>.* → env.<name>_cfg.* "
+       "(validated by its config class); a section no installed environment has is ignored"),
     _g("data_plane.enabled", "TransferQueue data plane"),
     _n("on_policy_distillation", (None,), "on-policy distillation"),
 )

@@ -87,11 +87,15 @@ def _prompts(entry: dict[str, Any], where: str, out: Conversion) -> None:
         if entry.get(key):
             _file(out, f"data.{key}", entry[key], f"{where}.{key}")
     env = entry.get("env_name")
-    if env is not None and env not in ENVIRONMENTS:
-        out.problems.append(f"{where}.env_name: is {show_value(env)}; rlcore's environments are "
-                            f"{', '.join(sorted(ENVIRONMENTS))} (and plugins: set env.name after converting)")
-    elif env is not None:
-        _set(out, "env.name", ENVIRONMENTS[env], f"{where}.env_name")
+    if env is None:
+        return
+    known = {**installed_environments(), **ENVIRONMENTS}
+    if env in known:
+        _set(out, "env.name", known[env], f"{where}.env_name")
+    else:
+        out.problems.append(f"{where}.env_name: is {show_value(env)}, and no installed environment has that name "
+                            f"(installed: {', '.join(sorted(known))}); install the plugin that provides it "
+                            "(rlcore environments list shows what is installed)")
 
 
 def _ignored(data: dict[str, Any], out: Conversion) -> None:
@@ -171,24 +175,48 @@ def checkpoint_metric(nemo: dict[str, Any], out: Conversion) -> None:
         _set(out, "checkpointing.higher_is_better", ck["higher_is_better"], "checkpointing.higher_is_better")
 
 
+def installed_environments() -> dict[str, str]:
+    """The environments installed here (built-in and plugins), each under its own name."""
+    from rlcore.plugins import get_registry
+
+    return {r.name: r.name for r in get_registry().environments() if r.status == "ok"}
+
+
 def _environment(env: dict[str, Any], out: Conversion) -> None:
-    """The settings of the environments rlcore has; without a data ``env_name`` (early releases), the one
-    configured is the run's."""
+    """NeMo-RL's ``env.<name>`` sections: the selected environment's settings (the data's ``env_name``, or
+    without one the first section rlcore has) become ``env.<name>_cfg``; NeMo-RL's math section is
+    translated key by key, an installed plugin environment's section is its config class's to validate."""
+    plugins = installed_environments()
     for name, settings in env.items():
-        if name not in ENVIRONMENTS or not isinstance(settings, dict):
-            out.ignored.append((f"env.{name}", "not the math environment: select an rlcore environment with env.name"))
+        if not isinstance(settings, dict) or (name not in ENVIRONMENTS and name not in plugins):
+            out.ignored.append((f"env.{name}", "no installed environment has this name (rlcore environments list); "
+                                "install the plugin that provides it to use this section"))
             continue
+        target = ENVIRONMENTS.get(name, name)
         if "env.name" not in out.sources:
-            _set(out, "env.name", ENVIRONMENTS[name], f"env.{name}")
+            _set(out, "env.name", target, f"env.{name}")
+        if out.config.get("env", {}).get("name") != target:
+            out.ignored.append((f"env.{name}", f"the run's environment is {out.config['env']['name']} "
+                                f"(from {out.sources['env.name']})"))
+            continue
         if "num_workers" in settings:
             _set(out, "env.num_workers", settings["num_workers"], f"env.{name}.num_workers")
-        impl = settings.get("math_verify_impl")
-        if impl is not None:
-            verifier = "math_verify" if impl == "hf_math_verify" else None
-            if verifier is None:
-                out.problems.append(f"env.{name}.math_verify_impl: is {show_value(impl)}; rlcore verifies with "
-                                    "'hf_math_verify' (math-verify) or its own rules (env.math_cfg.verifier: builtin)")
-            else:
-                _set(out, "env.math_cfg.verifier", verifier, f"env.{name}.math_verify_impl")
-        for key in set(settings) - {"num_workers", "math_verify_impl"}:
-            out.ignored.append((f"env.{name}.{key}", "a setting of NeMo-RL's math environment rlcore does not have"))
+        if name in ENVIRONMENTS:
+            _math_settings(name, settings, out)
+        else:
+            for key, value in settings.items():
+                if key != "num_workers":
+                    _set(out, f"env.{name}_cfg.{key}", value, f"env.{name}.{key}")
+
+
+def _math_settings(name: str, settings: dict[str, Any], out: Conversion) -> None:
+    impl = settings.get("math_verify_impl")
+    if impl is not None:
+        verifier = "math_verify" if impl == "hf_math_verify" else None
+        if verifier is None:
+            out.problems.append(f"env.{name}.math_verify_impl: is {show_value(impl)}; rlcore verifies with "
+                                "'hf_math_verify' (math-verify) or its own rules (env.math_cfg.verifier: builtin)")
+        else:
+            _set(out, "env.math_cfg.verifier", verifier, f"env.{name}.math_verify_impl")
+    for key in set(settings) - {"num_workers", "math_verify_impl"}:
+        out.ignored.append((f"env.{name}.{key}", "a setting of NeMo-RL's math environment rlcore does not have"))
