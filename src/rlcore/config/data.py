@@ -92,14 +92,21 @@ class EnvConfig(SectionsModel):
                       "math, exact_match, regex, python, or a plugin's.")
     num_workers: NonNegativeInt = Field(
         0, description="Ray actors running the environment beside the loop, the batch split among them; 0 = in "
-        "the driver (no timeout can be enforced there).")
+        "the driver.")
     timeout_s: PositiveFloat = Field(
-        60.0, description="With num_workers > 0: how long one actor's share of a batch may take; its samples then "
-                          "get reward 0 (counted in env/errors) and the actor is replaced.")
+        60.0, description="How long one actor's share of a batch (num_workers > 0), or the whole batch in the "
+                          "driver (0), may take; its samples then get reward 0 (counted in env/errors) and the "
+                          "actor, or the driver's environment object, is replaced. In the driver the late call is "
+                          "interrupted, or left running on a thread of its own (docs/tasks.md).")
     on_nonfinite_reward: Literal["zero", "fail"] = Field(
         "zero", description="A reward (or reward component) that is NaN or +-inf: 'zero' makes the sample an "
         "environment failure (reward 0, counted in env/errors and env/nonfinite_rewards); 'fail' stops the run in "
         "one line naming the sample and the environment.")
+    max_failure_fraction: float = Field(
+        0.5, ge=0.0, le=1.0, description="The share of one batch's samples that may fail in the environment "
+        "(raise, time out, non-finite reward: reward 0, counted in env/errors); more stops the run in one line "
+        "naming the first error, where it was raised and logs/environment_errors.log. A batch in which every "
+        "sample failed always stops it; 0 = any failure does.")
 
 
 __all__ = ["DIGITS_GENERATOR", "DataConfig", "DatasetConfig", "EnvConfig", "legacy_task_sections"]

@@ -3,9 +3,17 @@
 One sample's failure costs that sample only: an environment that raises is
 called again one sample at a time (:func:`isolated_step`), and the samples
 of an actor that times out or dies get reward 0 with the reason while a new
-actor takes its place. A batch in which every sample failed is an error of
-the run (a wrong ``data.output_key`` or a broken environment), not noise to
-train on.
+actor takes its place. The in-driver environment has the same deadline
+(``env.timeout_s``, :mod:`rlcore.environments.deadline`): at it, the batch's
+samples get reward 0 and a new environment object takes the old one's place.
+Each distinct exception is written once, with its count, to
+``logs/environment_errors.log`` (:mod:`rlcore.environments.failures`).
+
+A batch in which every sample failed is an error of the run (a wrong
+``data.output_key`` or a broken environment), not noise to train on, and so
+is one in which more than ``env.max_failure_fraction`` of the samples failed:
+a failed sample scores 0, which a group-relative advantage reads as a wrong
+answer, so beyond that share the batch teaches the failure more than the task.
 
 A reward that is NaN or +-inf is such a failure too (``env.on_nonfinite_reward: zero``, the default: reward
 0, counted in ``env/errors`` and ``env/nonfinite_rewards``), or stops the run naming the sample
@@ -16,8 +24,11 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
+from rlcore.environments.deadline import StepTimedOut, call_with_deadline
+from rlcore.environments.failures import FailureLog, SampleFailure, failure_of
 from rlcore.environments.scoring import last_prompt, nonfinite_samples, zero_nonfinite
 from rlcore.interfaces.environment import EnvironmentReturn, Message
 
@@ -45,15 +56,23 @@ def _checked(result: Any, n: int) -> EnvironmentReturn:
     return result
 
 
-def isolated_step(env: Any, message_logs: list[list[Message]], metadata: list[dict[str, Any]]) -> EnvironmentReturn:
-    """``env.step`` on the batch; if it raises, on each sample alone (a sample that raises gets reward 0)."""
+def isolated_step(env: Any, message_logs: list[list[Message]], metadata: list[dict[str, Any]],
+                  failures: list[SampleFailure | None] | None = None) -> EnvironmentReturn:
+    """``env.step`` on the batch; if it raises, on each sample alone (a sample that raises gets reward 0).
+    ``failures``, when given, gets one entry per sample: where its exception was raised, or None."""
+    failures = failures if failures is not None else []
     try:
-        return _checked(env.step(message_logs, metadata), len(message_logs))
+        result = _checked(env.step(message_logs, metadata), len(message_logs))
+        failures.extend([None] * len(message_logs))
+        return result
     except Exception as exc:  # noqa: BLE001 - the environment's own bug, charged to the samples that trigger it
         if len(message_logs) == 1:
-            return _failed(metadata, f"{type(exc).__name__}: {' '.join(str(exc).split())}")
-        return EnvironmentReturn.concat([isolated_step(env, [log], [meta])
-                                         for log, meta in zip(message_logs, metadata)])
+            failure = failure_of(exc)
+            failures.append(failure)
+            return _failed(metadata, failure.error)
+    # outside the handler, so that a sample's traceback does not carry the batch's as its context
+    return EnvironmentReturn.concat([isolated_step(env, [log], [meta], failures)
+                                     for log, meta in zip(message_logs, metadata)])
 
 
 class EnvironmentHost:
@@ -65,6 +84,11 @@ class EnvironmentHost:
     def step(self, message_logs: list[list[Message]], metadata: list[dict[str, Any]]) -> EnvironmentReturn:
         return isolated_step(self.env, message_logs, metadata)
 
+    def step_with_failures(self, message_logs: list[list[Message]], metadata: list[dict[str, Any]]
+                           ) -> tuple[EnvironmentReturn, list[SampleFailure | None]]:
+        failures: list[SampleFailure | None] = []
+        return isolated_step(self.env, message_logs, metadata, failures), failures
+
     def close(self) -> None:
         if hasattr(self.env, "close"):
             self.env.close()
@@ -72,23 +96,30 @@ class EnvironmentHost:
 
 class EnvironmentRunner:
     """The run's environment ``name``; ``num_workers`` = 0 runs it in the driver, N > 0 in N Ray actors.
-    ``on_nonfinite_reward``: ``"zero"`` or ``"fail"`` (``env.on_nonfinite_reward``)."""
+    ``on_nonfinite_reward``: ``"zero"`` or ``"fail"`` (``env.on_nonfinite_reward``); ``max_failure_fraction``:
+    the share of a batch's samples that may fail before the run stops; ``log_dir``: where
+    ``environment_errors.log`` goes (none without it)."""
 
     def __init__(self, name: str, env_class: str, section: Any, num_workers: int = 0, timeout_s: float = 60.0,
-                 on_nonfinite_reward: str = "zero") -> None:
+                 on_nonfinite_reward: str = "zero", max_failure_fraction: float = 0.5,
+                 log_dir: Path | None = None) -> None:
         if on_nonfinite_reward not in ("zero", "fail"):
             raise ValueError(f"env.on_nonfinite_reward: expected 'zero' or 'fail', got {on_nonfinite_reward!r}")
+        if not 0.0 <= max_failure_fraction <= 1.0:
+            raise ValueError(f"env.max_failure_fraction: expected a fraction from 0 to 1, got {max_failure_fraction}")
         self.name, self.env_class, self.section = name, env_class, section
         self.num_workers, self.timeout_s = num_workers, timeout_s
-        self.on_nonfinite_reward = on_nonfinite_reward
+        self.on_nonfinite_reward, self.max_failure_fraction = on_nonfinite_reward, max_failure_fraction
+        self.failure_log = FailureLog(name, log_dir)
         self.local = build_environment(env_class, section) if num_workers == 0 else None
         self.actors = [self._new_actor() for _ in range(num_workers)]
         self._lock = threading.Lock()  # async GRPO's rollout thread and validation both step it
 
     @classmethod
-    def from_resolved(cls, resolved_env: Any, env_cfg: Any) -> "EnvironmentRunner":
+    def from_resolved(cls, resolved_env: Any, env_cfg: Any, log_dir: Path | None = None) -> "EnvironmentRunner":
         return cls(resolved_env.spec.name, resolved_env.spec.worker_class, resolved_env.section,
-                   env_cfg.num_workers, env_cfg.timeout_s, env_cfg.on_nonfinite_reward)
+                   env_cfg.num_workers, env_cfg.timeout_s, env_cfg.on_nonfinite_reward,
+                   env_cfg.max_failure_fraction, log_dir)
 
     def _new_actor(self) -> Any:
         import ray
@@ -97,16 +128,45 @@ class EnvironmentRunner:
         return ray.remote(EnvironmentHost).options(num_cpus=0, max_restarts=0).remote(self.env_class, self.section)
 
     def step(self, message_logs: list[list[Message]], metadata: list[dict[str, Any]]) -> EnvironmentReturn:
-        """Every sample's result; raises :class:`EnvironmentFailed` when all of them failed."""
+        """Every sample's result; raises :class:`EnvironmentFailed` when all of them, or more than
+        ``max_failure_fraction`` of them, failed."""
         with self._lock:
-            result = (isolated_step(self.local, message_logs, metadata) if self.local is not None
-                      else self._step_on_actors(message_logs, metadata))
+            result, failures = (self._step_in_driver(message_logs, metadata) if self.local is not None
+                                else self._step_on_actors(message_logs, metadata))
+        self.failure_log.add([f for f in failures if f is not None])
         result = self._finite(result, message_logs)
-        errors = [e for e in result.errors if e]
-        if errors and len(errors) == len(result.errors):
-            raise EnvironmentFailed(f"environment '{self.name}': all {len(errors)} samples failed; the first: "
-                                    f"{errors[0]}")
+        self._check_failures(result, failures)
         return result
+
+    def _check_failures(self, result: EnvironmentReturn, failures: list[SampleFailure | None]) -> None:
+        """:class:`EnvironmentFailed` naming the first failed sample's error (and where the user's code raised
+        it) when every sample failed, or more than ``max_failure_fraction`` of them."""
+        failed = [i for i, error in enumerate(result.errors) if error]
+        n = len(result.errors)
+        if not failed or (len(failed) < n and len(failed) <= self.max_failure_fraction * n):
+            return
+        first = failed[0]
+        how_many = (f"all {n} samples failed" if len(failed) == n else
+                    f"{len(failed)} of {n} samples failed, more than env.max_failure_fraction "
+                    f"({self.max_failure_fraction:g}) allows")
+        where = ""
+        if (failure := failures[first]) is not None:
+            log = self.failure_log.path
+            where = f" (at {failure.where}" + (f"; traceback in {log})" if log is not None else ")")
+        raise EnvironmentFailed(f"environment '{self.name}': {how_many}; the first: {result.errors[first]}{where}")
+
+    def _step_in_driver(self, message_logs: list[list[Message]], metadata: list[dict[str, Any]]
+                        ) -> tuple[EnvironmentReturn, list[SampleFailure | None]]:
+        """The batch on the driver's environment, within ``timeout_s``; past it, the samples fail as an actor's
+        do and the environment object is replaced (the late call may still hold it)."""
+        failures: list[SampleFailure | None] = []
+        try:
+            return call_with_deadline(lambda: isolated_step(self.local, message_logs, metadata, failures),
+                                      self.timeout_s), failures
+        except StepTimedOut:
+            reason = f"environment '{self.name}' timed out after {self.timeout_s:g}s in the driver (env.timeout_s)"
+        self.local = build_environment(self.env_class, self.section)
+        return _failed(metadata, reason), [None] * len(message_logs)
 
     def _finite(self, result: EnvironmentReturn, message_logs: list[list[Message]]) -> EnvironmentReturn:
         """``result`` with its NaN / +-inf rewards failed (reward 0), or :class:`EnvironmentFailed` naming the
@@ -122,19 +182,23 @@ class EnvironmentRunner:
                 "; env.on_nonfinite_reward: fail stops the run (zero, the default, scores such a sample 0)")
         return zero_nonfinite(result, found, self.name) if found else result
 
-    def _step_on_actors(self, message_logs: list[list[Message]], metadata: list[dict[str, Any]]) -> EnvironmentReturn:
+    def _step_on_actors(self, message_logs: list[list[Message]], metadata: list[dict[str, Any]]
+                        ) -> tuple[EnvironmentReturn, list[SampleFailure | None]]:
         import ray
         from ray.exceptions import GetTimeoutError, RayActorError
 
         n = len(message_logs)
         bounds = [round(i * n / len(self.actors)) for i in range(len(self.actors) + 1)]
         chunks = [(i, bounds[i], bounds[i + 1]) for i in range(len(self.actors)) if bounds[i + 1] > bounds[i]]
-        refs = [self.actors[i].step.remote(message_logs[a:b], metadata[a:b]) for i, a, b in chunks]
+        refs = [self.actors[i].step_with_failures.remote(message_logs[a:b], metadata[a:b]) for i, a, b in chunks]
         deadline = time.monotonic() + self.timeout_s
-        parts = []
+        parts: list[EnvironmentReturn] = []
+        failures: list[SampleFailure | None] = []
         for (i, a, b), ref in zip(chunks, refs):
             try:
-                parts.append(ray.get(ref, timeout=max(0.0, deadline - time.monotonic())))
+                part, part_failures = ray.get(ref, timeout=max(0.0, deadline - time.monotonic()))
+                parts.append(part)
+                failures += part_failures
                 continue
             except GetTimeoutError:
                 reason = f"environment '{self.name}' actor {i} timed out after {self.timeout_s:g}s (env.timeout_s)"
@@ -143,7 +207,8 @@ class EnvironmentRunner:
             ray.kill(self.actors[i], no_restart=True)
             self.actors[i] = self._new_actor()
             parts.append(_failed(metadata[a:b], reason))
-        return EnvironmentReturn.concat(parts)
+            failures += [None] * (b - a)
+        return EnvironmentReturn.concat(parts), failures
 
     def shutdown(self) -> None:
         """Release the environment (and kill its actors)."""

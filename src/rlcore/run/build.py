@@ -105,7 +105,8 @@ def build_run(config: Any, resume_dir: Path | None = None, start_step: int = 0, 
               num_steps=data.num_steps(cfg.algorithm_section.max_num_steps), next_batch=start_step)
     try:
         if resolved.environment is not None:  # an SFT run scores nothing
-            run.environment = EnvironmentRunner.from_resolved(resolved.environment, cfg.env)
+            run.environment = EnvironmentRunner.from_resolved(resolved.environment, cfg.env,
+                                                              log_dir=Path(cfg.logger.output_dir) / "logs")
         weights = optimizer = None
         if resume_dir is not None:
             weights, optimizer = str(resume_dir / "weights"), str(resume_dir / "optimizer")
