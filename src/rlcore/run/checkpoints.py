@@ -25,6 +25,15 @@ class DiskFull(RunError):
     """A step checkpoint could not be saved for want of space; the message says which checkpoint is whole."""
 
 
+class DamagedCheckpoint(RunError):
+    """A step checkpoint's ``state.json`` cannot be read, or holds no step number; the message names the file."""
+
+
+def checkpoint_root(cfg: Any) -> Path:
+    """Where a run's step checkpoints go: ``<logger.output_dir>/checkpoints``."""
+    return Path(cfg.logger.output_dir) / "checkpoints"
+
+
 def step_dir(root: str | Path, step: int) -> Path:
     return Path(root) / f"step_{step:06d}"
 
@@ -103,18 +112,38 @@ def kept(checkpoints: list[tuple[Path, dict[str, Any]]], keep_last: int,
 
 
 def read_state(directory: str | Path) -> dict[str, Any]:
-    """A step checkpoint's ``state.json`` (its step, and the data position since rlcore 0.2)."""
-    return json.loads((Path(directory) / "state.json").read_text())
+    """A step checkpoint's ``state.json`` (its step, and the data position since rlcore 0.2); one that cannot
+    be read, or holds no step number, raises :class:`DamagedCheckpoint` naming it."""
+    path = Path(directory) / "state.json"
+    try:
+        state = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        detail = next(iter((getattr(exc, "strerror", None) or str(exc)).splitlines()), "no detail")[:120]
+        raise DamagedCheckpoint(_damaged(path, f"cannot be read ({type(exc).__name__}: {detail})")) from None
+    step = state.get("step") if isinstance(state, dict) else None
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        raise DamagedCheckpoint(_damaged(path, "holds no step number (a JSON object with \"step\": N is expected)"))
+    return state
+
+
+def _damaged(path: Path, why: str) -> str:
+    return (f"{path}: damaged, {why}; move {path.parent.name} away to resume from the step before it, or start "
+            "fresh in another logger.output_dir")
 
 
 def resume_problems(policy: Any, step_dir: Path) -> list[str]:
     """What would stop a resume from ``step_dir``, one line each, found on the driver before Ray starts:
-    files reaching outside the checkpoint, missing or damaged weights (:func:`rlcore.preflight.check_policy_sources`),
+    files reaching outside the step directory (``weights/`` a link out of it too; only the step directory itself
+    may be a link), missing or damaged weights (:func:`rlcore.preflight.check_policy_sources`),
     state files that name code, cannot be read or are cut short (:func:`state_file_problems`)."""
     from rlcore.preflight import check_policy_sources
 
+    from rlcore.training.checkpoint_files import outside_files
+
     field = f"--resume from {step_dir}"
-    lines = check_policy_sources(policy, step_dir / "weights", step_dir / "optimizer", fields=(field, field))
+    # The step directory itself may be a link (latest -> step_40); nothing in it may reach out, weights/ included.
+    lines = [f"{field}: {line}" for line in outside_files(step_dir)]
+    lines = lines or check_policy_sources(policy, step_dir / "weights", step_dir / "optimizer", fields=(field, field))
     lines = lines or [f"{field}: {line}" for line in state_file_problems(step_dir)]
     return [f"{line} (or move {step_dir.name} away to resume from the step before it)" for line in lines]
 

@@ -15,11 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from rlcore.config import ResolvedConfig, resolve
-
-
-def checkpoint_root(cfg: Any) -> Path:
-    """Where a run's step checkpoints go: ``<logger.output_dir>/checkpoints``."""
-    return Path(cfg.logger.output_dir) / "checkpoints"
+from rlcore.run.checkpoints import checkpoint_root
 
 
 def latest_checkpoint(cfg: Any) -> Path | None:
@@ -33,9 +29,17 @@ def latest_checkpoint(cfg: Any) -> Path | None:
 def resume_refusals(cfg: Any) -> list[str]:
     """Why ``--resume`` cannot continue this run, one line each (empty when it can): no complete checkpoint,
     or what is wrong in the newest one (:func:`rlcore.run.checkpoints.resume_problems`). Cheap, no Ray."""
-    from rlcore.run.checkpoints import resume_problems
+    from rlcore.run.checkpoints import DamagedCheckpoint, complete_steps, resume_problems
+    from rlcore.run.ownership import ownership_problems
 
-    if (latest := latest_checkpoint(cfg)) is not None:
+    if problems := ownership_problems(cfg, resume=True):  # another algorithm's run
+        return problems
+    try:
+        latest = latest_checkpoint(cfg)
+        complete_steps(checkpoint_root(cfg))  # every step's state.json: the run reads them all when it saves
+    except DamagedCheckpoint as exc:  # a state.json that cannot be read: one line, not a JSONDecodeError
+        return [f"--resume: {exc}"]
+    if latest is not None:
         return resume_problems(cfg.policy, latest)
     return [f"--resume: no complete checkpoint in {checkpoint_root(cfg)} (checkpointing.enabled="
             f"{cfg.checkpointing.enabled}); run without --resume to start fresh"]
@@ -52,12 +56,18 @@ def resume_line(cfg: Any) -> str:
     return f"rlcore run: resuming after step {step} (checkpoints: {found}) from {directory}"
 
 
-def output_dir_problems(cfg: Any) -> list[str]:
-    """Why the run cannot write ``logger.output_dir`` (its logs, metrics and checkpoints), one line, found by
-    creating it (as the run would) and a file in it and its ``logs/``. Cheap, no Ray."""
+def output_dir_problems(cfg: Any, resume: bool | None = None) -> list[str]:
+    """Why the run cannot write ``logger.output_dir`` (its logs, metrics and checkpoints), one line: it holds
+    another run's results (:func:`rlcore.run.ownership.ownership_problems`; checked when ``resume`` says
+    whether the run resumes), or it cannot be written, found by creating it (as the run would) and a file in it
+    and its ``logs/``. Cheap, no Ray."""
     import tempfile
 
+    from rlcore.run.ownership import ownership_problems
+
     out = Path(cfg.logger.output_dir)
+    if resume is not None and (problems := ownership_problems(cfg, resume)):
+        return problems  # before anything is created or written there
     for directory in (out, out / "logs"):
         try:
             directory.mkdir(parents=True, exist_ok=True)
@@ -125,17 +135,22 @@ def train(config: Any, resume: bool = False, signals: Any = None, progress_file:
     is complete. ``progress_file``: where the progress bar goes (default standard error). ``data`` and
     ``tokenizer``: the samples :func:`rlcore.run.build.load_run_data` read already, with the tokenizer it used
     (loaded here when None). The data position is part of each checkpoint, so a resumed run continues with
-    the next unseen batch.
+    the next unseen batch. A fresh run refuses an output directory holding another run's results, and a resumed
+    one another algorithm's run (:class:`rlcore.run.ownership.OutputDirTaken`); the run marks the directory its
+    own (:data:`rlcore.run.ownership.MARKER`).
     """
     from rlcore.run.build import build_run, load_run_data
     from rlcore.run.checkpoints import latest_step, read_state, resume_problems, save_step
     from rlcore.config.schemas import load_algorithm
     from rlcore.run.metrics import MetricsLogger, keep_steps_before, read_metrics
+    from rlcore.run.ownership import OutputDirTaken, ownership_problems, write_marker
     from rlcore.run.prompts import load_tokenizer
 
     resolved = config if isinstance(config, ResolvedConfig) else _resolved_with_notices(config)
     cfg = resolved.config
     out = Path(cfg.logger.output_dir)
+    if problems := ownership_problems(cfg, resume):  # another run's results are there: nothing of them changes
+        raise OutputDirTaken("\n".join(problems))
     ckpt_root = checkpoint_root(cfg)
     resume_from = latest_step(ckpt_root) if resume else None
     if resume and resume_from is None:
@@ -148,6 +163,7 @@ def train(config: Any, resume: bool = False, signals: Any = None, progress_file:
         next_batch = resumed_data_position(cfg, data, read_state(resume_from[1]).get("data"), start, resume_from[1])
         if problems := resume_problems(cfg.policy, resume_from[1]):
             raise ValueError("\n".join(problems))  # before Ray starts
+    write_marker(cfg, resume)
     keep_steps_before(out / "metrics.jsonl", start)  # a fresh run starts a fresh log; a resumed one drops re-run steps
     run = build_run(resolved, resume_from[1] if resume_from else None, start, tokenizer=tokenizer, data=data)
     run.next_batch = next_batch
