@@ -117,8 +117,7 @@ def reference_pg(cfg, logprobs, data, gseqs, gtoks):
     mismatch = gen is not None and prev is not None
     grad = np.zeros((B, S))
     names = ["loss", "actor_loss", "kl_loss", "kl_penalty", "approx_entropy", "num_valid_tokens", "num_valid_samples"]
-    if ppo:
-        names += ["probs_ratio", "probs_ratio_clamped", "clip_fraction"]
+    names += ["probs_ratio", "probs_ratio_clamped"] + (["clip_fraction"] if ppo else [])
     mu = c["positive_example_nll_weight"]
     if mu > 0:
         names += ["positive_nll_loss"]
@@ -225,12 +224,17 @@ def reference_pg(cfg, logprobs, data, gseqs, gtoks):
                 m["clip_fraction"] += clipped / gtoks
                 ratios.append(r)
                 clipped_ratios.append(cr)
+            else:  # REINFORCE: NeMo-RL reports log pi under the ratio's names
+                m["probs_ratio"] += x / gtoks
+                m["probs_ratio_clamped"] += x / gtoks
+                ratios.append(x)
+                clipped_ratios.append(x)
             q = gen if gen is not None else prev
             m["approx_entropy"] += -(math.exp(x - q[b, t]) if q is not None else 1.0) * x / gtoks
             m["num_valid_tokens"] += 1
     m["kl_loss"] = beta * m["kl_penalty"]
     m["loss"] = m["actor_loss"] + m["kl_loss"] + (mu * m["positive_nll_loss"] if mu > 0 else 0.0)
-    if ppo:
+    if ratios:
         m.update(probs_ratio_min=min(ratios), probs_ratio_max=max(ratios),
                  probs_ratio_clamped_min=min(clipped_ratios), probs_ratio_clamped_max=max(clipped_ratios))
     return m["loss"], grad, m

@@ -54,6 +54,48 @@ def _group_advantages64(rewards: "torch.Tensor", group_size: int, estimator: str
     return adv.reshape(-1)
 
 
+def calculate_baseline_and_std_per_prompt(
+    prompts: "torch.Tensor",
+    rewards: "torch.Tensor",
+    valid_mask: "torch.Tensor",
+    leave_one_out_baseline: bool = True,
+    std_rewards: "torch.Tensor | None" = None,
+) -> tuple["torch.Tensor", "torch.Tensor"]:
+    """Per-sample baseline and std ``[B]`` over the samples with the same prompt, NeMo-RL's function of this name.
+
+    ``prompts [B, S]``: samples whose rows are identical share a prompt, wherever they are in the batch (unlike
+    :func:`group_advantages`, which takes consecutive runs). Only samples with ``valid_mask [B]`` 1 count. With
+    ``n`` the number of counted samples (minus the sample itself with ``leave_one_out_baseline``, the RLOO
+    baseline), the baseline is the mean of their ``rewards`` and the std the unbiased std of their
+    ``std_rewards`` (default ``rewards``; DAPO takes the std of another reward). A prompt with at most one valid
+    sample gets its own rewards as baseline (advantage 0) and std 0; the std is also 0 where ``n <= 1`` or
+    rounding makes the variance negative. Both come back in the dtype and on the device of ``rewards``.
+    """
+    import torch
+
+    std_rewards = rewards if std_rewards is None else std_rewards
+    _, group = torch.unique(prompts, dim=0, return_inverse=True)
+    group = group.to(rewards.device)
+    r, s = rewards.double(), std_rewards.to(rewards.device).double()
+    valid = (torch.as_tensor(valid_mask, device=rewards.device) != 0).double()
+
+    def per_group(values: "torch.Tensor") -> "torch.Tensor":
+        """The sum of ``values`` over each sample's group, minus its own with the leave-one-out baseline."""
+        totals = torch.zeros(int(group.max()) + 1 if group.numel() else 0, dtype=torch.float64,
+                             device=values.device).index_add_(0, group, values)
+        return totals[group] - values if leave_one_out_baseline else totals[group]
+
+    valid_in_group = per_group(valid) + (valid if leave_one_out_baseline else 0.0)  # the whole group's count
+    n = valid_in_group - float(leave_one_out_baseline)
+    scored = valid_in_group > 1
+    safe_n = torch.where(n > 0, n, torch.ones_like(n))
+    baseline = torch.where(scored, per_group(r * valid) / safe_n, r)
+    mean, mean_sq = per_group(s * valid) / safe_n, per_group(s * s * valid) / safe_n
+    variance = (mean_sq - mean.square()) * n / torch.where(n > 1, n - 1, torch.ones_like(n))
+    std = torch.where(scored & (n > 1), variance.clamp_min(0).sqrt(), torch.zeros_like(variance))
+    return baseline.to(rewards.dtype), std.to(rewards.dtype)
+
+
 def gdpo_advantages(components: dict[str, "torch.Tensor"], group_size: int, leave_one_out: bool = False,
                     normalize: bool = True, weights: list[float] | None = None, eps: float = 1e-6) -> "torch.Tensor":
     """GDPO (https://arxiv.org/abs/2601.05242) advantages ``[B]`` from named rewards ``{name: [B]}``, as NeMo-RL's

@@ -16,9 +16,10 @@ the caller **sums** it over micro-batches and dp ranks to get the step value
   of the name) use the loss's own normalisation (per valid token, or per valid
   sequence for sequence-level losses) and ``loss == actor_loss + kl_loss``;
 - token diagnostics are means over valid tokens, i.e. divided by
-  ``global_valid_toks``, whatever the loss type: ``probs_ratio``,
-  ``probs_ratio_clamped`` and ``clip_fraction`` (not in REINFORCE mode, which
-  has no ratio), ``approx_entropy``, and where both ``prev_logprobs`` and
+  ``global_valid_toks``, whatever the loss type: ``probs_ratio`` and
+  ``probs_ratio_clamped`` (in REINFORCE mode, which has no ratio, both are
+  ``log pi``, NeMo-RL's value under that name; 1 with ``force_on_policy_ratio``),
+  ``clip_fraction`` (not in REINFORCE mode), ``approx_entropy``, and where both ``prev_logprobs`` and
   ``generation_logprobs`` are given ``token_mult_prob_error``, ``gen_kl_error``,
   ``policy_kl_error``, ``js_divergence_error``, ``sampling_importance_ratio``
   (per sequence with GSPO) and, with truncation bounds, ``is_oob_ratio`` (per
@@ -209,11 +210,14 @@ class ClippedPGLossFn:
                 return (per_row.to(lp.dtype) * rows.to(lp.dtype)).sum() / normaliser(global_valid_seqs, lp)
 
             named = {"loss": loss, "actor_loss": actor_loss, "kl_loss": kl_loss, "kl_penalty": kl_penalty}
+            if cfg.disable_ppo_ratio and not cfg.force_on_policy_ratio:
+                # REINFORCE has no ratio; NeMo-RL reports log pi under these names, and so does rlcore
+                ratio = clipped_ratio = lp
+            named.update(probs_ratio=token_mean(ratio), probs_ratio_clamped=token_mean(clipped_ratio))
             if not cfg.disable_ppo_ratio:
-                named.update(probs_ratio=token_mean(ratio), probs_ratio_clamped=token_mean(clipped_ratio),
-                             clip_fraction=token_mean(clipped))
-                named.update(extremes("probs_ratio", ratio, mask))
-                named.update(extremes("probs_ratio_clamped", clipped_ratio, mask))
+                named.update(clip_fraction=token_mean(clipped))
+            named.update(extremes("probs_ratio", ratio, mask))
+            named.update(extremes("probs_ratio_clamped", clipped_ratio, mask))
             # Entropy of pi from the sampled tokens: E_q[(pi / q) * -log pi].
             behaviour = gen if gen is not None else prev
             entropy_weight = torch.exp(lp - behaviour) if behaviour is not None else torch.ones_like(lp)

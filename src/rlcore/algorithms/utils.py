@@ -135,3 +135,27 @@ def normalised_sum(
         return per_token.sum() / normaliser(global_valid_toks, per_token)
     tokens_per_seq = mask.sum(-1).clamp_min(1).to(per_token.dtype)
     return (per_token.sum(-1) / tokens_per_seq).sum() / normaliser(global_valid_seqs, per_token)
+
+
+def masked_mean(
+    values: "torch.Tensor",
+    mask: "torch.Tensor",
+    dim: int | None = None,
+    global_normalization_factor: "torch.Tensor | float | None" = None,
+) -> "torch.Tensor":
+    """NeMo-RL's ``masked_mean``: ``sum(values * mask, dim) / sum(mask, dim)``, or divided by
+    ``global_normalization_factor`` instead (a micro-batch's share of a global mean), over all elements with
+    ``dim=None``.
+
+    Two deliberate differences (docs/nemo-rl-semantics.md): the denominator is the count itself, not
+    ``count + 1e-8``, and a denominator of 0 counts as 1 (a slice without a masked-in element gives 0);
+    values off the mask are never read, so NaN or -inf padding there cannot make the mean NaN.
+    """
+    import torch
+
+    weights = torch.as_tensor(mask, device=values.device).to(values.dtype)
+    kept = torch.where(weights != 0, values * weights, torch.zeros((), dtype=values.dtype, device=values.device))
+    total = kept.sum() if dim is None else kept.sum(dim)
+    count = (weights.sum() if dim is None else weights.sum(dim)) if global_normalization_factor is None \
+        else global_normalization_factor
+    return total / normaliser(count, total)

@@ -19,7 +19,8 @@ class DPOLossConfig(StrictModel):
     """The loss's settings (:class:`rlcore.algorithms.preference.DPOLossFn`), NeMo-RL's names and defaults."""
 
     reference_policy_kl_penalty: float = Field(
-        0.05, gt=0.0, description="beta: scales the log-ratio margin inside the sigmoid (the KL strength).")
+        0.05, ge=0.0, description="beta: scales the log-ratio margin inside the sigmoid (the KL strength); 0 makes "
+        "the preference term the constant log 2 with no gradient, so only the SFT term trains (as in NeMo-RL).")
     preference_loss_weight: float = Field(1.0, ge=0.0, description="Weight of the preference (DPO) term.")
     sft_loss_weight: float = Field(0.0, ge=0.0, description="Weight of the NLL term on the chosen responses.")
     preference_average_log_probs: bool = Field(

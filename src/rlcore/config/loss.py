@@ -104,8 +104,8 @@ class ClippedPGLossConfig(StrictModel):
         description="Use the current logprobs (detached) as prev_logprobs: the ratio is exactly 1 and its "
         "gradient the on-policy one, and the GRPO loop skips its prev-logprob pass. Exact when every rollout "
         "is trained in one optimizer step (all micro-batches see the parameters that sampled it). "
-        "null: automatic, on exactly then (and the model has no dropout); true: required (an error "
-        "otherwise); false: always run the pass. "
+        "null: automatic, on exactly then (and the model has no dropout, and not with use_cispo); true: required "
+        "(an error otherwise; refused with use_cispo, as NeMo-RL does); false: always run the pass. "
         "The loss itself reads null as false.",
     )
 
@@ -139,6 +139,9 @@ class ClippedPGLossConfig(StrictModel):
                 "truncated_importance_sampling_type='seq-mask-tis' masks sequences but keeps token weights; "
                 "sequence_level_importance_ratios=true (GSPO) already weighs whole sequences: use 'tis' or 'icepop'"
             )
+        if self.use_cispo and self.force_on_policy_ratio is True:  # NeMo-RL's ClippedPGLossFn refuses it too
+            raise ValueError("use_cispo=true cannot be combined with force_on_policy_ratio=true: a forced ratio of 1 "
+                             "removes the clipped weight CISPO trains with; set force_on_policy_ratio to null or false")
         if self.use_cispo:
             for on, name in ((self.disable_ppo_ratio, "disable_ppo_ratio=true"),
                              (self.sequence_level_importance_ratios, "sequence_level_importance_ratios=true"),

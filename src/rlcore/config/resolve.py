@@ -258,7 +258,8 @@ def skips_prev_logprob_pass(cfg: RLCoreConfig, policy: PolicyConfig | None = Non
     """Whether the loss uses the current logprobs as ``prev_logprobs`` instead of a separate pass.
 
     ``loss.force_on_policy_ratio`` null (automatic) means: when the rollout is trained in one
-    optimizer step (and ``loss.use_kl_in_reward`` does not need the logprobs before training).
+    optimizer step (and ``loss.use_kl_in_reward`` does not need the logprobs before training, and the loss is
+    not CISPO, which NeMo-RL refuses with a forced ratio).
     Then every micro-batch's forward runs on the parameters that sampled the rollout (gradients
     accumulate, nothing is updated before the step), so the separate pass would compute the same
     logprobs again — unless the model has dropout: the training forward
@@ -269,6 +270,8 @@ def skips_prev_logprob_pass(cfg: RLCoreConfig, policy: PolicyConfig | None = Non
     if forced is not None:
         return forced
     if cfg.loss.use_kl_in_reward:  # the reward's KL needs the logprobs before training starts
+        return False
+    if cfg.loss.use_cispo:  # NeMo-RL refuses CISPO with a forced ratio, and so does loss.force_on_policy_ratio
         return False
     model = (policy or cfg.policy).model_name
     return rollout_trained_in_one_step(cfg) and not model_dropout(model)

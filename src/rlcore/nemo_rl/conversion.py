@@ -17,9 +17,12 @@ class Conversion:
     ignored: list[tuple[str, str]] = field(default_factory=list)  # (NeMo-RL path, why)
     problems: list[str] = field(default_factory=list)  # one line each, NeMo-RL paths
     sources: dict[str, str] = field(default_factory=dict)  # rlcore path -> the NeMo-RL path it came from
+    notes: list[str] = field(default_factory=list)  # settings rlcore computes differently on purpose, one line each
 
     def ignored_lines(self) -> list[str]:
-        return [f"ignored: {path} ({why})" for path, why in self.ignored]
+        """The block printed after a conversion: ``ignored: <path> (<why>)`` per unused key, then
+        ``note: <what differs>`` per deliberate difference (:mod:`rlcore.nemo_rl.notes`)."""
+        return [f"ignored: {path} ({why})" for path, why in self.ignored] + [f"note: {line}" for line in self.notes]
 
 
 #: NeMo-RL's algorithms besides GRPO, each run by its own script that reads its own section.

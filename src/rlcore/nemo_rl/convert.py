@@ -13,7 +13,7 @@ import fnmatch
 from typing import Any, Callable
 
 from rlcore.config.messages import show_value
-from rlcore.nemo_rl import distillation, dpo, handlers, sft
+from rlcore.nemo_rl import distillation, dpo, handlers, notes, sft
 from rlcore.nemo_rl.conversion import Conversion, algorithm, get, is_neutral, put, same, unknown_problem
 from rlcore.nemo_rl.table import RULES, UNKNOWN_NEUTRAL, Rule
 
@@ -186,6 +186,7 @@ def convert(nemo: dict[str, Any]) -> Conversion:
         handlers.HANDLERS[name](nemo, out)
     # last, and given this walker: it converts the teacher's settings as a policy and compares them with the student's
     distillation.teacher(nemo, out, convert)
+    notes.add_notes(nemo, out)
     return out
 
 

@@ -51,6 +51,10 @@ class DistillationLossFn:
         for key in (LOGITS_AT_INDICES, TEACHER_LOGITS_KEY):
             if key not in data:
                 raise KeyError(f"DistillationLossFn needs data[{key!r}]")
+        for key in (LOGITS_AT_INDICES, TEACHER_LOGITS_KEY):
+            if data[key].shape[-1] == 0:  # what distillation.topk_logits_k refuses (NeMo-RL raises too)
+                raise ValueError(f"DistillationLossFn: data[{key!r}] has an empty top-k (k = 0), over which no KL "
+                                 "is defined; give the teacher's top k >= 1 logits (distillation.topk_logits_k)")
         mask = valid_token_mask(data, logprobs.device)
         token = mask[..., None]
         student = torch.where(token, data[LOGITS_AT_INDICES].float(), 0.0)
