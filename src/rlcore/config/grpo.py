@@ -7,6 +7,7 @@ from typing import Any, Literal
 from pydantic import Field, PositiveInt
 
 from rlcore.config.base import StrictModel
+from rlcore.config.logger import LoggerConfig  # noqa: F401  (its home until the trackers came)
 from rlcore.config.rollout_loop import RolloutLoopConfig
 
 
@@ -169,12 +170,6 @@ class GRPOConfig(RolloutLoopConfig):
         if self.use_dynamic_sampling:
             settings["size_setting"] = f"{name}.num_prompts_per_step * {name}.batch_multiplier"
         return settings
-
-
-class LoggerConfig(StrictModel):
-    output_dir: str = Field("runs/latest", description="Directory for metrics.jsonl, plots, TensorBoard, checkpoints.")
-    tensorboard: bool = Field(True, description="Also write TensorBoard events when tensorboard is installed.")
-    progress_bar: bool = Field(True, description="Show a progress bar per step.")
 
 
 class CheckpointingConfig(StrictModel):

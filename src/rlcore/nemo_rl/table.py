@@ -73,7 +73,7 @@ P, G, MG, DT = "policy.", "policy.generation.", "policy.megatron_cfg.", "policy.
 MOE = "MoE only: rlcore's backends build dense Llama/Qwen2/Qwen3 models (a MoE model fails at load)"
 KERNEL = "kernel/fusion choice: the same computation, another implementation"
 MEMORY = "memory placement only: what is computed does not change"
-LOGGING = "rlcore logs to <logger.output_dir>/metrics.jsonl and TensorBoard only"
+LOGGING = "rlcore logs to <logger.output_dir>/metrics.jsonl, TensorBoard, wandb and MLflow only"
 
 RULES: tuple[Rule, ...] = (
     # -- cluster ------------------------------------------------------------------------------
@@ -348,6 +348,10 @@ RULES: tuple[Rule, ...] = (
     # -- logger, data, env and the rest -------------------------------------------------------------------
     _m("logger.log_dir", "logger.output_dir"),
     _m("logger.tensorboard_enabled", "logger.tensorboard"),
+    *(_m(f"logger.{name}_enabled", note=f"needs rlcore[{name}]; --resume continues the same run; every "
+         "metrics.jsonl row and the resolved config (docs/trackers.md)") for name in ("wandb", "mlflow")),
+    *(_m("logger." + k) for k in ("wandb.project", "wandb.name", "mlflow.experiment_name", "mlflow.run_name",
+                                   "mlflow.tracking_uri")),
     _i("logger", LOGGING),
     _c("data", "task", "data", "local files only: data_path (train and validation, or a split_validation_size "
        "share of train), input_key/output_key (a known dataset's columns by default), prompt_file, "

@@ -1,25 +1,32 @@
-"""Where a run's numbers go: JSONL per step, TensorBoard when installed, a progress bar, a curve plot (the algorithm's
+"""Where a run's numbers go: JSONL per step, TensorBoard when installed, the experiment trackers switched on
+(:mod:`rlcore.run.trackers`: wandb, MLflow), a progress bar, a curve plot (the algorithm's
 :attr:`~rlcore.interfaces.algorithm.Algorithm.curve`)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 
 class MetricsLogger:
     def __init__(self, output_dir: str | Path, *, tensorboard: bool = True, progress_bar: bool = True,
                  progress_file: Any = None, total_steps: int = 0, initial_step: int = 0,
                  name: str = "grpo", curve: tuple[str, str, str] = ("reward_mean", "mean reward",
-                                                                     "reward_curve.png")) -> None:
+                                                                     "reward_curve.png"),
+                 trackers: Sequence[Any] = ()) -> None:
         """``name``: the progress bar's label; ``curve``: ``(metric, axis label, file name)`` of the plot
-        (:attr:`rlcore.interfaces.algorithm.Algorithm.curve`)."""
+        (:attr:`rlcore.interfaces.algorithm.Algorithm.curve`); ``trackers``: started
+        :class:`~rlcore.run.trackers.Tracker` objects, each given every row (:func:`rlcore.run.trackers.open_trackers`),
+        and ended by :meth:`close`."""
         self.dir = Path(output_dir)
         self.curve = curve
         self.dir.mkdir(parents=True, exist_ok=True)
         self.path = self.dir / "metrics.jsonl"
         self._file = self.path.open("a")
+        self._trackers = list(trackers)
         self._tb = None
         if tensorboard:
             try:
@@ -44,6 +51,8 @@ class MetricsLogger:
             for name, value in metrics.items():
                 if isinstance(value, (int, float)):
                     self._tb.add_scalar(name, value, step)
+        if self._trackers:
+            self._to_trackers(step, metrics)
         if self._bar is not None and advance:
             postfix = {"loss": f"{metrics.get('loss', 0):.4f}", "step_s": f"{metrics.get('time/step_s', 0):.2f}"}
             if "reward_mean" in metrics:
@@ -54,8 +63,33 @@ class MetricsLogger:
             self._bar.set_postfix(postfix, refresh=False)
             self._bar.update(1)
 
+    def _to_trackers(self, step: int, metrics: dict[str, Any]) -> None:
+        """A tracker that fails (its server gone) is dropped with one line; the training goes on, and
+        metrics.jsonl keeps every row."""
+        from rlcore.run.trackers import numeric_metrics
+
+        numbers = numeric_metrics(metrics)
+        for tracker in list(self._trackers):
+            try:
+                tracker.log(step, numbers)
+            except Exception as exc:  # noqa: BLE001 - a dashboard's outage must not end a training run
+                self._trackers.remove(tracker)
+                with contextlib.suppress(Exception):
+                    tracker.close(failed=True)
+                first = (str(exc).strip().splitlines() or [""])[0]
+                print(f"warning: {tracker.name} stopped logging at step {step}: {type(exc).__name__}: {first}; "
+                      f"metrics.jsonl has every row", file=sys.stderr)
+
     def close(self) -> Path | None:
-        """Close outputs and draw the curve; returns the PNG path (None without matplotlib)."""
+        """Close outputs and draw the curve; returns the PNG path (None without matplotlib). Called while an
+        exception is being handled (the run failed or was stopped), the trackers' runs end as failed."""
+        failed = sys.exc_info()[0] is not None
+        for tracker in self._trackers:
+            try:
+                tracker.close(failed=failed)
+            except Exception as exc:  # noqa: BLE001 - the other outputs still close
+                print(f"warning: {tracker.name} did not close its run: {type(exc).__name__}: {exc}", file=sys.stderr)
+        self._trackers = []
         self._file.close()
         if self._tb is not None:
             self._tb.close()

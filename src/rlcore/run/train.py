@@ -143,6 +143,7 @@ def train(config: Any, resume: bool = False, signals: Any = None, progress_file:
     from rlcore.run.checkpoints import latest_step, read_state, resume_problems, save_step
     from rlcore.config.schemas import load_algorithm
     from rlcore.run.metrics import MetricsLogger, keep_steps_before, read_metrics
+    from rlcore.run.trackers import open_trackers
     from rlcore.run.ownership import OutputDirTaken, ownership_problems, write_marker
     from rlcore.run.prompts import load_tokenizer
 
@@ -205,7 +206,7 @@ def train(config: Any, resume: bool = False, signals: Any = None, progress_file:
     try:
         logger = MetricsLogger(out, tensorboard=cfg.logger.tensorboard, progress_bar=cfg.logger.progress_bar,
                                progress_file=progress_file, total_steps=run.num_steps, initial_step=start,
-                               name=algorithm.name, curve=algorithm.curve)
+                               name=algorithm.name, curve=algorithm.curve, trackers=open_trackers(cfg, out, start))
         if cfg.algorithm_section.val_at_start and start == 0 and data.validation:
             logger.log(-1, validate(run), advance=False)  # the initial weights
         if (ended_early := algorithm.train(run, on_step)) is not None:
