@@ -21,6 +21,11 @@ def id_parity_reward(prompts, completions, metadata):
     return [float(len(c) % 2 == 0) for c in completions]
 
 
+#: The data path is the same whatever generates: fsdp1 trains and generates in one worker, so a run starts one
+#: process instead of two policy workers beside two vLLM engines (engines are tested in tests/test_grpo.py).
+ONE_WORKER = {"policy.backend": "fsdp1", "policy.generation.backend": "fsdp1", "cluster.workers_per_node": "1"}
+
+
 def _task_config(tmp_path, out, steps, **extra):
     rows = [{"id": f"s{i}", "question": f"count {i}", "answer": str(i)} for i in range(12)]
     (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -32,7 +37,7 @@ def _task_config(tmp_path, out, steps, **extra):
         "grpo.num_prompts_per_step": "4", "grpo.num_generations_per_prompt": "2", "grpo.max_num_epochs": "2",
         "grpo.val_period": "3", "grpo.val_at_start": "true", "grpo.max_val_samples": "4", "grpo.val_batch_size": "3",
         "policy.train_global_batch_size": "8", "policy.train_micro_batch_size": "4", "policy.logprob_batch_size": "8",
-        "checkpointing.save_every_n_steps": "3", **extra})
+        "checkpointing.save_every_n_steps": "3", **ONE_WORKER, **extra})
 
 
 def test_a_dataset_run_validates_and_resumes_on_the_next_unseen_batch(ray_session, tmp_path):
