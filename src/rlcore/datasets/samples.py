@@ -50,6 +50,12 @@ def _read_setting(path: str, setting: str) -> str:
         raise DataError(f"data.{setting}: cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from None
 
 
+def _positional_fields(template: str) -> int:
+    """How many ``{}`` / ``{N}`` fields ``template`` has (named ones, ``{problem}``, are the row's columns)."""
+    fields = [name for _, name, _, _ in string.Formatter().parse(template) if name is not None]
+    return sum(1 for name in fields if name == "" or name.split(".")[0].split("[")[0].isdigit())
+
+
 class SampleBuilder:
     """Turns rows into samples as ``data`` says (keys, system prompt, prompt template)."""
 
@@ -84,13 +90,19 @@ class SampleBuilder:
             raise DataError(f"{where}: field '{self.cfg.input_key}' is {type(value).__name__}, not text")
         if self.template is None:
             return value
-        setting = "prompt_file" if self.cfg.prompt_file else "prompt_template"
+        setting = f"prompt_file ({self.cfg.prompt_file})" if self.cfg.prompt_file else "prompt_template"
         try:
             return string.Formatter().vformat(self.template, (value,), {**row, "input": value})
-        except (KeyError, IndexError) as exc:
-            raise DataError(f"{where}: data.{setting} names {exc}, which the row does not have") from None
+        except IndexError:  # a second '{}' (or '{1}'): the prompt fills only the first
+            count = _positional_fields(self.template)
+            raise DataError(f"data.{setting}: has {count} '{{}}' fields, but a prompt fills only the first (with the "
+                            f"row's '{self.cfg.input_key}'); write literal braces as '{{{{}}}}'") from None
+        except KeyError as exc:
+            raise DataError(f"{where}: data.{setting} names {exc}, which the row does not have (it has "
+                            f"{', '.join(map(str, row))}); write a literal brace as '{{{{' or '}}}}'") from None
         except ValueError as exc:
-            raise DataError(f"data.{setting}: not a format string ({exc}); write a literal brace as '{{{{'") from None
+            raise DataError(f"data.{setting}: not a format string ({exc}); write literal braces as "
+                            f"'{{{{' and '}}}}'") from None
 
     def _messages(self, value: Any, where: str) -> list[Message]:
         key = self.cfg.messages_key

@@ -150,7 +150,8 @@ def load_sources(cfg: Any, prompt_length: Callable[[Sample], int] | None = None)
             raise DataError(f"data.train.generator: cannot import {data.train.generator}: {exc}") from None
         train: DatasetSource | GeneratorSource = GeneratorSource(
             fn, data.train.generator_kwargs, builder, draw.batch_size, seed=draw.seed)
-        checked: list[tuple[str, list[Sample]]] = []
+        # made up per step: the first step's prompts stand for the others (a multi-turn game's, say)
+        checked = [(f"{train.name} ({data.train.generator}): step 0 item", train.batch(0))] if prompt_length else []
     else:
         samples = read_samples(data.train, builder)
         if data.split_validation_size:
@@ -158,20 +159,20 @@ def load_sources(cfg: Any, prompt_length: Callable[[Sample], int] | None = None)
         train = DatasetSource(samples, draw.batch_size, seed=draw.seed, shuffle=data.shuffle,
                               max_epochs=draw.max_epochs, name=f"data.train ({data.train.path})",
                               size_setting=draw.size_setting, epochs_setting=draw.epochs_setting)
-        checked = [(data.train.path, samples)]
+        checked = [(f"{data.train.path}: row", samples)]
     validation = None
     if data.validation is not None:
         validation = read_samples(data.validation, builder)[:draw.max_val_samples]
-        checked.append((data.validation.path, validation))
+        checked.append((f"{data.validation.path}: row", validation))
     elif held_out:
         validation = held_out[:draw.max_val_samples]
-        checked.append((data.train.path, validation))
+        checked.append((f"{data.train.path}: row", validation))
     if prompt_length is not None:
         limit = cfg.policy.max_total_sequence_length
-        for path, samples in checked:
+        for where, samples in checked:
             for sample in samples:
                 if (n := prompt_length(sample)) >= limit:
-                    raise DataError(f"{path}: row {sample.idx + 1}: the prompt is {n} tokens, which leaves no room "
+                    raise DataError(f"{where} {sample.idx + 1}: the prompt is {n} tokens, which leaves no room "
                                     f"for a completion within policy.max_total_sequence_length={limit}: shorten "
-                                    "or drop the row, or raise the limit")
+                                    f"or drop the {where.rpartition(' ')[2]}, or raise the limit")
     return RunData(train, validation)
