@@ -32,7 +32,7 @@ from rlcore.training.checkpoint import (
     is_adapter_checkpoint,
 )
 
-__all__ = ["check_model_sources", "check_policy_sources"]
+__all__ = ["check_model", "check_model_sources", "check_policy_sources", "hub_offline"]
 
 PICKLE_WEIGHTS_NAME = "pytorch_model.bin"
 PICKLE_WEIGHTS_INDEX_NAME = "pytorch_model.bin.index.json"
@@ -73,6 +73,14 @@ def check_model_sources(cfg: Any) -> list[str]:
     gen = policy.generation
     if gen is not None and gen.model_name and gen.backend != policy.training_backend:
         checks.model("policy.generation.model_name", gen.model_name, weights=_engine_loads_weights(gen))
+    return checks.problems
+
+
+def check_model(field: str, name: str) -> list[str]:
+    """Problems with the model directory (or hub name) ``name`` that the config's ``field`` names: its
+    ``config.json`` and weights, as :func:`check_model_sources` checks the policy's (a distillation teacher's)."""
+    checks = _Checks()
+    checks.model(field, name)
     return checks.problems
 
 
@@ -185,7 +193,7 @@ def _locate(field: str, name: str) -> tuple[Path | None, str | None]:
                   "or a hub name downloaded into the local cache)")
 
 
-def _hub_offline() -> bool:
+def hub_offline() -> bool:
     """Whether transformers will refuse to download (read at call time, as fresh worker processes read it)."""
     flags = (os.environ.get(var, "") for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
     return any(flag.strip().upper() in {"1", "ON", "YES", "TRUE"} for flag in flags)
@@ -193,7 +201,7 @@ def _hub_offline() -> bool:
 
 def _locate_in_hub_cache(field: str, name: str) -> tuple[Path | None, str | None]:
     """A hub name: its cached snapshot directory when offline; online, the workers may download it."""
-    if not _hub_offline():
+    if not hub_offline():
         return None, None
     from huggingface_hub import constants, try_to_load_from_cache
 

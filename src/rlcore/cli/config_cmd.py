@@ -38,9 +38,10 @@ def _fail(problems: list[str]) -> None:
 
 
 def _load(file: Path, overrides: list[str] | None, source: ConfigSource = ConfigSource.rlcore,
-          nemo_overrides: list[str] | None = None) -> tuple[RLCoreConfig, list[str]]:
+          nemo_overrides: list[str] | None = None,
+          sources: dict[str, str] | None = None) -> tuple[RLCoreConfig, list[str]]:
     try:
-        return load_cli_config(file, overrides, source, nemo_overrides)
+        return load_cli_config(file, overrides, source, nemo_overrides, sources)
     except ConfigError as exc:
         _fail(exc.problems)
         raise  # unreachable: _fail exits
@@ -61,12 +62,25 @@ def _resolve(cfg: RLCoreConfig, ignored: list[str]) -> ResolvedConfig:
     return resolved
 
 
+NoFilesOpt = Annotated[bool, typer.Option(
+    "--no-files", help="Check the config alone, for a run on another machine: skip what depends on this one "
+    "(CUDA, the user's code, data and prompt files, models and tokenizers, the hub).")]
+
+
 @config_app.command()
 def validate(file: FileArg, nemo_overrides: NemoOverridesArg = None, override: OverrideOpt = None,
-             source: SourceOpt = ConfigSource.rlcore) -> None:
-    """Check a config file: schema, cross-field rules, backends, their sections and layout."""
-    cfg, ignored = _load(file, override, source, nemo_overrides)
+             source: SourceOpt = ConfigSource.rlcore, no_files: NoFilesOpt = False) -> None:
+    """Check a config file: schema, cross-field rules, backends, their sections and layout, and what `rlcore run`
+    checks before Ray starts (CUDA, the environment class and reward function, files, models, tokenizers)."""
+    from rlcore.run.preflight import run_problems
+    from rlcore.run.preflight.user_code import import_from_working_directory
+
+    import_from_working_directory()  # as rlcore run imports the user's code
+    sources: dict[str, str] = {}
+    cfg, ignored = _load(file, override, source, nemo_overrides, sources)
     resolved = _resolve(cfg, ignored)
+    if problems := run_problems(resolved, files=not no_files, sources=sources):
+        _fail(problems)
     what = f"NeMo-RL config, {len(ignored)} keys ignored; " if source is ConfigSource.nemo_rl else ""
     typer.echo(f"OK: {file} ({what}training backend: {cfg.policy.training_backend}, world size {cfg.world_size}, "
                f"data parallel {resolved.policy.data_parallel_size})")

