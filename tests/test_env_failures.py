@@ -82,7 +82,8 @@ def test_an_environment_actor_hands_its_failures_back_with_its_results():
 
 def test_more_than_max_failure_fraction_of_a_batch_stops_the_run_in_one_line(tmp_path):
     runner = _runner(tmp_path)
-    assert runner.step(_logs("a", "bad", "b", "bad"), [{}] * 4).rewards == [1.0, 0.0, 1.0, 0.0]  # 2 of 4: the default 0.5
+    # 2 of 4 is within the default 0.5
+    assert runner.step(_logs("a", "bad", "b", "bad"), [{}] * 4).rewards == [1.0, 0.0, 1.0, 0.0]
     with pytest.raises(EnvironmentFailed) as err:
         runner.step(_logs("bad1", "a", "bad2", "bad3"), [{}] * 4)
     message = str(err.value)
@@ -108,3 +109,32 @@ def test_max_failure_fraction_is_a_validated_env_setting():
         resolve(load_config_dict({"env": {"max_failure_fraction": 1.5}, "cluster": {"workers_per_node": 1}}),
                 run=True)
     assert any(p.startswith("env.max_failure_fraction") for p in info.value.problems), info.value.problems
+
+
+def test_the_line_named_is_the_users_deepest_not_rlcores_nor_a_librarys():
+    import sysconfig
+    from traceback import FrameSummary
+
+    from rlcore.environments.failures import user_frame
+
+    rlcore_dir = Path(__file__).resolve().parents[1] / "src" / "rlcore" / "environments"
+    site = Path(sysconfig.get_paths()["purelib"]).resolve()
+
+    def frames(*paths):
+        return [FrameSummary(str(p), i + 1, "f", lookup_line=False) for i, p in enumerate(paths)]
+
+    called_from_rlcore = [rlcore_dir / "runner.py", rlcore_dir / "python_reward.py"]
+    plugin = frames(*called_from_rlcore, site / "myplugin" / "env.py", site / "myplugin" / "util.py",
+                    site / "numpy" / "core.py")
+    assert user_frame(plugin).filename == str(site / "myplugin" / "util.py")  # an installed plugin's own line
+    script = frames(*called_from_rlcore, "/home/me/reward.py", site / "numpy" / "core.py")
+    assert user_frame(script).filename == "/home/me/reward.py"
+    assert user_frame(frames(*called_from_rlcore)).filename == str(rlcore_dir / "python_reward.py")  # rlcore's own
+
+
+def test_an_unwritable_log_directory_costs_the_log_not_the_run(tmp_path):
+    (tmp_path / "logs").write_text("a file where the directory should be")
+    runner = _runner(tmp_path)
+    with pytest.raises(EnvironmentFailed) as err:
+        runner.step(_logs("bad", "bad", "a"), [{}] * 3)
+    assert str(err.value).endswith(f"(at {THIS_FILE}:{_line_of('# marker: bad')})")  # no log file to point at

@@ -92,6 +92,7 @@ class FailureLog:
         self.env_name = env_name
         self.path = Path(log_dir) / FILE_NAME if log_dir is not None else None
         self.counts: dict[tuple[str, str, int], list] = {}  # key -> [first failure, count]
+        self.written: Path | None = None  # the file, once written (an unwritable directory leaves it None)
 
     def add(self, failures: list[SampleFailure]) -> None:
         """Count ``failures``; rewrite the file when there were any."""
@@ -114,6 +115,7 @@ class FailureLog:
             partial = self.path.with_name(f".{FILE_NAME}.partial")
             partial.write_text("".join(lines))
             os.replace(partial, self.path)
+            self.written = self.path
         except OSError:  # an unwritable log directory costs the log, not the run
             pass
 

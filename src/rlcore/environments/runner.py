@@ -151,7 +151,7 @@ class EnvironmentRunner:
                     f"({self.max_failure_fraction:g}) allows")
         where = ""
         if (failure := failures[first]) is not None:
-            log = self.failure_log.path
+            log = self.failure_log.written
             where = f" (at {failure.where}" + (f"; traceback in {log})" if log is not None else ")")
         raise EnvironmentFailed(f"environment '{self.name}': {how_many}; the first: {result.errors[first]}{where}")
 
