@@ -262,7 +262,11 @@ def checkpoint_metric_is_there_when_saving(cfg: "RLCoreConfig") -> Iterator[str]
     ck, g, name = cfg.checkpointing, cfg.algorithm_section, cfg.algorithm
     if ck.metric_name is None or not ck.metric_name.startswith("validation/") or g is None:
         return
-    if g.val_period == 0 or ck.save_every_n_steps % g.val_period:
+    if g.val_period == 0:
+        yield (f"checkpointing.metric_name: {ck.metric_name} is never measured, as {name}.val_period is 0 (no "
+               f"periodic validation); set {name}.val_period to a divisor of checkpointing.save_every_n_steps="
+               f"{ck.save_every_n_steps}, or checkpointing.metric_name=null to keep the newest checkpoints")
+    elif ck.save_every_n_steps % g.val_period:
         yield (f"checkpointing.metric_name: {ck.metric_name} is measured every {name}.val_period={g.val_period} steps, "
                f"but checkpoints are saved every checkpointing.save_every_n_steps={ck.save_every_n_steps}; make "
                "the save period a multiple of the validation period")

@@ -10,6 +10,7 @@ when their value is null/false/0/empty and errors otherwise.
 from __future__ import annotations
 
 import fnmatch
+import functools
 from typing import Any, Callable
 
 from rlcore.config.messages import show_value
@@ -23,13 +24,16 @@ def _match(pattern: str, path: str) -> bool:
     return len(p) == len(q) and all(fnmatch.fnmatchcase(b, a) for a, b in zip(p, q))
 
 
+@functools.cache
 def exact_rule(path: str) -> Rule | None:
+    """The first rule whose pattern matches ``path`` (cached: the rules are constant, NeMo-RL's keys repeat)."""
     for rule in RULES:
         if _match(rule.nemo, path):
             return rule
     return None
 
 
+@functools.cache
 def _has_descendant_rules(path: str) -> bool:
     depth = path.count(".") + 1
     for rule in RULES:
@@ -53,8 +57,14 @@ def _true_is_automatic(value: Any) -> Any:
     return None if value is True else value
 
 
+def _negative_is_off(value: Any) -> Any:
+    """NeMo-RL's ``val_period: -1`` (it validates when the period is > 0) → rlcore's 0 (no periodic validation)."""
+    return 0 if isinstance(value, int) and not isinstance(value, bool) and value < 0 else value
+
+
 TRANSFORMS: dict[str, Callable[[Any], Any]] = {"top_k": _top_k, "false_is_automatic": _false_is_automatic,
-                                               "true_is_automatic": _true_is_automatic}
+                                               "true_is_automatic": _true_is_automatic,
+                                               "negative_is_off": _negative_is_off}
 
 
 class _Walker:

@@ -183,6 +183,13 @@ RULES: tuple[Rule, ...] = (
                                   "linear_ce_fusion_chunk_size", "attention_backend", "transformer_impl",
                                   "cuda_graph_impl")),
     _i(MG + "clear_memory_caches_before_refit", MEMORY),
+    _i(MG + "cuda_graph_warmup_steps", "CUDA graph warm-up: " + KERNEL),
+    _i(MG + "use_fused_linear_logprobs", KERNEL),
+    _i(MG + "fused_linear_logprobs_chunk_size", "chunking of the fused logprob kernel: " + MEMORY),
+    _i(MG + "checkpoint.async_save", "rlcore writes each checkpoint whole before training goes on; the saved "
+       "state is the same"),
+    _i(MG + "checkpoint.ckpt_assume_constant_structure", "a Megatron distributed-checkpoint speed-up (rlcore saves "
+       "Hugging Face safetensors)"),
     _n(MG + "defer_fp32_logits", (False, None), "logits kept in low precision"),
     _g(MG + "mtp_num_layers", "multi-token prediction", neutral=(0, None),
        covers=(MG + "mtp_*",)),
@@ -214,6 +221,15 @@ RULES: tuple[Rule, ...] = (
     _i(G + "port_range_low", "ports: rlcore's engines pick free ports"),
     _i(G + "port_range_high", "ports: rlcore's engines pick free ports"),
     _i(G + "mcore_generation_config", "megatron-core inference engine (rlcore generates with vLLM or fsdp1)"),
+    *(_m(G + f"{engine}_cfg", note="the settings of a generation engine rlcore ships no plugin for: kept for the "
+         "plugin that provides it, whose config class validates them (without one, the run is refused at "
+         "generation.backend and this section, naming the plugin to install)") for engine in ("sglang", "trtllm",
+                                                                                                 "dynamo")),
+    _i(G + "trtllm_kwargs", "TensorRT-LLM engine arguments: no rlcore engine reads them (backend trtllm is refused "
+       "at generation.backend unless a plugin provides it)"),
+    _n(G + "vllm_cfg.limit_mm_per_prompt", NONE_OR_EMPTY, "multimodal inputs"),
+    _i(G + "refit_transport", "how refit moves the weights (NIXL, ...): rlcore picks shared memory or CUDA IPC "
+       "itself, and the weights that arrive are the same"),
     _m(G + "vllm_kwargs", G + "vllm_cfg.engine_kwargs"),
     Rule(G + "vllm_cfg", "section", note="used when generation.backend is vllm",
          active_if=(G + "backend", ("vllm",))),
@@ -247,7 +263,9 @@ RULES: tuple[Rule, ...] = (
        "→ reinforce_plus_plus[_baseline]; other estimators are errors"),
     _m("grpo.max_rollout_turns"),
     _m("grpo.max_num_epochs"),
-    *(_m("grpo." + k) for k in ("val_period", "val_at_start", "val_at_end", "max_val_samples", "val_batch_size")),
+    *(_m(f"{algo}.val_period", transform="negative_is_off", note="NeMo-RL validates when val_period > 0: a "
+         "negative period is 0 (off)") for algo in ("grpo", "sft", "dpo", "distillation")),
+    *(_m("grpo." + k) for k in ("val_at_start", "val_at_end", "max_val_samples", "val_batch_size")),
     _n("grpo.val_start_at", (-1, None), "starting validation at a later step"),
     _n("grpo.val_num_generations_per_prompt", (1, None), "several validation completions per prompt (pass@k)"),
     _n("grpo.stop_at_validation_metric", (None,), "stopping at a validation threshold"),
@@ -278,13 +296,13 @@ RULES: tuple[Rule, ...] = (
     _n("grpo.malformed_thinking_advantage", (None,), "thinking-tag advantages"),
     _n("grpo.skip_reference_policy_logprobs_calculation", (False, None), "skipping reference logprobs"),
     # -- sft (a config with an sft section and no grpo section is an SFT run: rlcore/nemo_rl/sft.py) --------
-    *(_m("sft." + k) for k in ("max_num_steps", "max_num_epochs", "val_period", "val_batches",
+    *(_m("sft." + k) for k in ("max_num_steps", "max_num_epochs", "val_batches",
                                "val_global_batch_size", "val_micro_batch_size", "val_at_start", "val_at_end",
                                "only_unmask_final")),
     _m("sft.seed", note="the sample order and the data.split_validation_size draw; absent sft keys take NeMo-RL's "
        "defaults (val_period 10, val_batches 8, val_at_start true, seed 42)"),
     # -- dpo (a config with a dpo section and no grpo section is a DPO run: rlcore/nemo_rl/dpo.py) --------
-    *(_m("dpo." + k) for k in ("max_num_steps", "max_num_epochs", "val_period", "val_batches",
+    *(_m("dpo." + k) for k in ("max_num_steps", "max_num_epochs", "val_batches",
                                "val_global_batch_size", "val_micro_batch_size", "val_at_start", "val_at_end")),
     _m("dpo.seed", note="the pair order; absent dpo keys take NeMo-RL's defaults (val_period 25, val_batches 8, "
        "val_at_start true, seed 42), and dpo.add_bos / add_eos / add_generation_prompt are set true / true / false, "
@@ -297,7 +315,7 @@ RULES: tuple[Rule, ...] = (
     _n("dpo.gt_reward_scale", (1, None), "RPO's reward scale (a TODO in NeMo-RL, which does not read the key)"),
     # -- distillation (a distillation section and no grpo section: rlcore/nemo_rl/distillation.py) ----------
     *(_m("distillation." + k) for k in ("num_prompts_per_step", "num_generations_per_prompt", "max_rollout_turns",
-                                        "max_num_steps", "max_num_epochs", "val_period", "val_at_start",
+                                        "max_num_steps", "max_num_epochs", "val_at_start",
                                         "val_at_end", "max_val_samples", "val_batch_size", "topk_logits_k")),
     _m("distillation.seed", note="absent distillation keys take NeMo-RL's defaults (num_prompts_per_step 128, "
        "max_num_steps 1000, max_num_epochs 10, val_batch_size 64, val_period 20, max_val_samples 512, seed 42)"),
@@ -383,6 +401,10 @@ RULES: tuple[Rule, ...] = (
        "env.math_cfg.verifier math_verify; an installed plugin environment's env.<name>.* → env.<name>_cfg.* "
        "(validated by its config class); a section no installed environment has is ignored"),
     _g("data_plane.enabled", "TransferQueue data plane"),
+    _n("teachers", NONE_OR_EMPTY, "several teachers (NeMo-RL's cross-tokenizer off-policy distillation; rlcore "
+       "distils from one teacher.model_name)"),
+    _i("async_rl", "NeMo-RL's single-controller async loop, which runs with data_plane (refused when enabled); "
+       "rlcore's asynchronous GRPO is grpo.async_grpo"),
     _n("on_policy_distillation", (None,), "on-policy distillation"),
 )
 
