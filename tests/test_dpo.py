@@ -189,7 +189,7 @@ def test_protocol_config_and_required_inputs():
         sft_average_log_probs: bool = True
 
     assert DPOLossFn(Settings()).cfg == DPOLossConfig(reference_policy_kl_penalty=0.3, sft_average_log_probs=True)
-    for bad in ({"reference_policy_kl_penalty": 0.0}, {"sft_loss_weight": -1.0}, {"beta": 0.1}):
+    for bad in ({"reference_policy_kl_penalty": -0.1}, {"sft_loss_weight": -1.0}, {"beta": 0.1}):
         with pytest.raises(ConfigError):
             DPOLossFn(bad)
     data = dpo_batch([5, 6, 7, 8])
