@@ -129,5 +129,5 @@ def fresh_directory(out: Path, suffix: str) -> Path:
     return Path(f"{base}-new")
 
 
-__all__ = ["MARKER", "OutputDirTaken", "config_hash", "fresh_directory", "ownership_problems", "read_marker", "run_results",
-           "write_marker"]
+__all__ = ["MARKER", "OutputDirTaken", "config_hash", "fresh_directory", "ownership_problems", "read_marker",
+           "run_results", "write_marker"]
