@@ -42,6 +42,9 @@ def pytest_sessionstart(session):
     from rlcore.testing import leaks
 
     os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", tempfile.gettempdir())  # tmp_path stays where pytest keeps it
+    # NeMo-RL's sft.yaml and distillation_math.yaml switch wandb on: no test reaches wandb's servers
+    # (tests/test_trackers.py runs it offline).
+    os.environ["WANDB_MODE"] = "disabled"
     _LEAK_BASELINE = leaks.start()
 
 

@@ -158,7 +158,7 @@ def trackers_offline(tmp_path, monkeypatch):
     wandb.teardown()  # its service process lives as long as the process that started it: not the test's
 
 
-def test_wandb_and_mlflow_hold_every_metric_of_a_run_and_its_resume_once(trackers_offline):
+def test_wandb_and_mlflow_hold_every_metric_of_a_run_and_its_resume_once(trackers_offline, capsys):
     from mlflow.tracking import MlflowClient
 
     out, store = trackers_offline / "run", (trackers_offline / "mlruns").as_uri()
@@ -184,7 +184,12 @@ def test_wandb_and_mlflow_hold_every_metric_of_a_run_and_its_resume_once(tracker
     attempt(cfg, 3, rows(range(3, 5), seed=1.0), fail=True)  # steps 3 and 4, then the crash
     interrupted = expected(out / "metrics.jsonl")
     assert client.get_run(mlflow_run.info.run_id).info.status == "FAILED"
+    capsys.readouterr()
     attempt(cfg, 4, rows(range(4, 6), seed=2.0))  # resumed after step 3's checkpoint: 4 runs again, then 5
+    said = [line for line in capsys.readouterr().err.splitlines() if "continues run" in line]
+    assert said == [f"{name}: continues run {rid}, from step 4; step 4 keeps the values the interrupted attempt "
+                    "logged (metrics.jsonl has the re-run's)"
+                    for name, rid in (("wandb", run_id), ("mlflow", mlflow_run.info.run_id))]
 
     resumed = expected(out / "metrics.jsonl")
     dirs = sorted((out / "wandb").glob("offline-run-*"))
@@ -209,7 +214,8 @@ def test_a_tracker_that_cannot_start_is_one_line_naming_the_key(trackers_offline
         open_trackers(cfg, out, 0)
     text = str(caught.value)
     assert text.startswith("logger.mlflow.tracking_uri: mlflow could not start its run: MlflowException: ")
-    assert "MLFLOW_ALLOW_FILE_STORE" in text and "\n" not in text
+    assert "MLFLOW_ALLOW_FILE_STORE" in text and text.endswith(" (or set logger.mlflow_enabled=false)")
+    assert "\n" not in text
 
 
 class Flaky:
@@ -262,7 +268,8 @@ def test_a_tracker_switched_on_without_its_package_is_one_line(tmp_path, monkeyp
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == package else real(name, *a))
     with pytest.raises(ConfigError) as caught:
         config(tmp_path, **{switch: True})
-    assert caught.value.problems == [f"logger.{switch}: {package} is not installed: pip install 'rlcore[{extra}]'"]
+    assert caught.value.problems == [f"logger.{switch}: {package} is not installed: pip install 'rlcore[{extra}]' "
+                                     f"(or set logger.{switch}=false)"]
     config(tmp_path, **{switch: False})  # off, nothing is needed
 
 
@@ -291,3 +298,11 @@ def test_nemo_rl_tracker_keys_are_mapped_not_ignored():
         "mlflow": {"experiment_name": "grpo-dev", "run_name": "grpo-dev-logger",
                    "tracking_uri": "http://localhost:5000"}}
     assert not [line for line in conversion.ignored_lines() if "wandb" in line or "mlflow" in line]
+
+
+def test_a_fresh_run_does_not_continue_an_earlier_run_s_trackers(tmp_path):
+    from rlcore.run.trackers import open_trackers
+
+    (tmp_path / "trackers.json").write_text(json.dumps({"wandb": {"run_id": "old", "where": "/", "last_step": 9}}))
+    assert open_trackers(config(tmp_path), tmp_path, 3) == [] and (tmp_path / "trackers.json").exists()
+    assert open_trackers(config(tmp_path), tmp_path, 0) == [] and not (tmp_path / "trackers.json").exists()

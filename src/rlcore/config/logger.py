@@ -52,7 +52,8 @@ class LoggerConfig(StrictModel):
     def _installed(cls, on: bool, info: ValidationInfo) -> bool:
         package = info.field_name.removesuffix("_enabled")
         if on and importlib.util.find_spec(package) is None:
-            raise ValueError(f"{package} is not installed: pip install 'rlcore[{package}]'")
+            raise ValueError(f"{package} is not installed: pip install 'rlcore[{package}]' (or set "
+                             f"logger.{package}_enabled=false)")
         return on
 
     @field_validator("mlflow")

@@ -27,6 +27,7 @@ class MetricsLogger:
         self.path = self.dir / "metrics.jsonl"
         self._file = self.path.open("a")
         self._trackers = list(trackers)
+        self._notices = progress_file  # a tracker's warning goes where the progress bar goes (None: stderr)
         self._tb = None
         if tensorboard:
             try:
@@ -78,7 +79,7 @@ class MetricsLogger:
                     tracker.close(failed=True)
                 first = (str(exc).strip().splitlines() or [""])[0]
                 print(f"warning: {tracker.name} stopped logging at step {step}: {type(exc).__name__}: {first}; "
-                      f"metrics.jsonl has every row", file=sys.stderr)
+                      f"metrics.jsonl has every row", file=self._notices or sys.stderr)
 
     def close(self) -> Path | None:
         """Close outputs and draw the curve; returns the PNG path (None without matplotlib). Called while an
@@ -88,7 +89,8 @@ class MetricsLogger:
             try:
                 tracker.close(failed=failed)
             except Exception as exc:  # noqa: BLE001 - the other outputs still close
-                print(f"warning: {tracker.name} did not close its run: {type(exc).__name__}: {exc}", file=sys.stderr)
+                print(f"warning: {tracker.name} did not close its run: {type(exc).__name__}: {exc}",
+                      file=self._notices or sys.stderr)
         self._trackers = []
         self._file.close()
         if self._tb is not None:

@@ -206,7 +206,8 @@ def train(config: Any, resume: bool = False, signals: Any = None, progress_file:
     try:
         logger = MetricsLogger(out, tensorboard=cfg.logger.tensorboard, progress_bar=cfg.logger.progress_bar,
                                progress_file=progress_file, total_steps=run.num_steps, initial_step=start,
-                               name=algorithm.name, curve=algorithm.curve, trackers=open_trackers(cfg, out, start))
+                               name=algorithm.name, curve=algorithm.curve,
+                               trackers=open_trackers(cfg, out, start, err=progress_file))
         if cfg.algorithm_section.val_at_start and start == 0 and data.validation:
             logger.log(-1, validate(run), advance=False)  # the initial weights
         if (ended_early := algorithm.train(run, on_step)) is not None:

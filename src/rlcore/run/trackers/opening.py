@@ -15,17 +15,20 @@ from typing import Any
 
 from rlcore.run.errors import RunError
 from rlcore.run.trackers.base import Tracker
-from rlcore.run.trackers.state import TrackerState
+from rlcore.run.trackers.state import FILE_NAME, TrackerState
 
 
 def open_trackers(cfg: Any, output_dir: str | Path, start: int = 0, err: Any = None) -> list[Tracker]:
     """The trackers ``cfg.logger`` switches on (an :class:`~rlcore.config.RLCoreConfig`), started; ``start``: the
-    first step this attempt trains (0: a fresh run). Notices go to ``err`` (standard error)."""
+    first step this attempt trains (0: a fresh run). Notices go to ``err`` (None: standard error), the terminal
+    under ``rlcore run``."""
     logger = cfg.logger
+    out = Path(output_dir)
+    if start == 0:  # a fresh run: an earlier run's tracker runs are not this run's to continue
+        (out / FILE_NAME).unlink(missing_ok=True)
     chosen = [name for name, on in (("wandb", logger.wandb_enabled), ("mlflow", logger.mlflow_enabled)) if on]
     if not chosen:
         return []
-    out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     state = TrackerState(out)
     params = cfg.model_dump(mode="json")
@@ -49,14 +52,16 @@ def _open(name: str, logger: Any, out: Path, params: dict[str, Any], state: Trac
         previous = state.previous(name, tracker.where) if start > 0 else None
         run_id = tracker.start(params, previous["run_id"] if previous else None)
     except Exception as exc:
-        raise RunError(f"{key}: {name} could not start its run: {_first_line(exc)}") from exc
+        raise RunError(f"{key}: {name} could not start its run: {_first_line(exc)} (or set "
+                       f"logger.{name}_enabled=false)") from exc
     last = previous.get("last_step") if previous else None
     state.started(name, run_id, tracker.where, last)
     skip_through = last if isinstance(last, int) and last >= start else None
     if start > 0:
         how = f"continues run {run_id}" if previous and run_id == previous["run_id"] else f"starts run {run_id}"
-        kept = (f"; steps {start}-{last} keep the values the interrupted attempt logged (metrics.jsonl has the "
-                f"re-run's)" if skip_through is not None else "")
+        steps = f"step {start}" if last == start else f"steps {start}-{last}"
+        kept = (f"; {steps} keep{'s' if last == start else ''} the values the interrupted attempt logged "
+                "(metrics.jsonl has the re-run's)" if skip_through is not None else "")
         print(f"{name}: {how}, from step {start}{kept}", file=err)
     return RecordedTracker(tracker, state, skip_through)
 
