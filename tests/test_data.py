@@ -499,3 +499,12 @@ def test_shards_pickle_with_metadata_and_packing_get_batch():
         for mb, load in zip(step.make_microbatch_iterator_for_packable_sequences(), step.micro_batch_lengths[0]):
             assert int(mb["input_lengths"].sum()) == load <= 12
             assert mb["input_ids"].shape[1] == int(mb["input_lengths"].max())
+
+
+def test_bins_split_for_more_ranks_are_never_empty_even_with_zero_length_rows():
+    """Found by the lockstep property above: two empty rows on two ranks were one bin and an empty one."""
+    from rlcore.data.packing import pack_sequences
+
+    for lengths in ([0, 0], [0, 0, 0, 0], [5, 0, 0, 0]):
+        bins = pack_sequences(lengths, 96, "modified_first_fit_decreasing", min_bin_count=2, bin_count_multiple=2)
+        assert all(bins) and sorted(i for b in bins for i in b) == list(range(len(lengths))), bins

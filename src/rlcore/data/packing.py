@@ -222,12 +222,13 @@ def _modified_first_fit_decreasing(lengths: Sequence[int], capacity: int) -> lis
 
 
 def _split_bin(bin_: list[int], lengths: Sequence[int]) -> tuple[list[int], list[int]]:
-    """Split one bin into two with balanced loads (largest item to the lighter)."""
+    """Split one bin into two with balanced loads (largest item to the lighter; on a tie, to the one with
+    fewer items, so that zero-length items cannot all land in one half and leave the other empty)."""
     a: list[int] = []
     b: list[int] = []
     la = lb = 0
     for i in _decreasing(lengths, bin_):
-        if la <= lb:
+        if (la, len(a)) <= (lb, len(b)):
             a.append(i)
             la += lengths[i]
         else:
