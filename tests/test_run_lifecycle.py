@@ -37,9 +37,20 @@ def run_args(out: Path, *overrides: str) -> list[str]:
 def start(out: Path, *overrides: str, resume: bool = False) -> tuple[subprocess.Popen, leaks.Baseline]:
     baseline = leaks.snapshot()
     env = {**os.environ, **baseline.env(), "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(run_args(out, *overrides) + (["--resume"] if resume else []), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen(run_args(out, *overrides) + (["--resume"] if resume else []), env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     return proc, baseline
+
+
+def finish(proc: subprocess.Popen, timeout_s: float) -> tuple[str, str]:
+    """``proc.communicate``; a run still going after ``timeout_s`` is killed (its reaper takes Ray and the workers)
+    before the test fails, so a slow machine does not also fail the session's leak check."""
+    try:
+        return proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise
 
 
 def wait_for_steps(proc: subprocess.Popen, metrics: Path, steps: int, timeout_s: float = 240) -> None:
@@ -70,7 +81,7 @@ def stop_with(proc: subprocess.Popen, baseline: leaks.Baseline, signum: int, cod
     releases everything; returns that checkpoint's step."""
     sent = time.monotonic()
     proc.send_signal(signum)
-    _, stderr = proc.communicate(timeout=60)
+    _, stderr = finish(proc, 60)
     print(f"{signal.Signals(signum).name}: exit {proc.returncode} {time.monotonic() - sent:.1f}s after the signal")
     assert proc.returncode == code, stderr[-3000:]
     last = stderr.strip().splitlines()[-1]
@@ -95,7 +106,7 @@ def test_a_killed_driver_takes_its_ray_and_workers_with_it(tmp_path):
     assert len(leaks.tagged_processes(baseline.tag)) > 3  # the driver, Ray's daemons, workers, engines
     killed = time.monotonic()
     proc.kill()
-    proc.communicate(timeout=10)
+    finish(proc, 10)
     seconds = assert_released(baseline, proc, killed, "driver SIGKILL")
     assert seconds < CLEANUP_BOUND_S
 
@@ -109,7 +120,7 @@ def test_a_killed_training_rank_is_one_line_without_ray_s_notice(tmp_path):
                 if re.search(r"/logs/lm_policy-[\w-]*rank0\.log$", _stdout_of(pid)))  # a worker's own log
     killed = time.monotonic()
     os.kill(rank, signal.SIGKILL)
-    stdout, stderr = proc.communicate(timeout=120)
+    stdout, stderr = finish(proc, 120)
     print(f"rank SIGKILL: exit {proc.returncode} {time.monotonic() - killed:.1f}s after it")
     assert proc.returncode == 1, stderr[-3000:]
     shown = stdout.splitlines() + stderr.splitlines()
@@ -129,7 +140,7 @@ def _stdout_of(pid: int) -> str:
 def test_an_error_during_the_run_is_one_line_and_releases_everything(tmp_path):
     # A valid argument with a value only torch's optimizer refuses: found when the workers build it.
     proc, baseline = start(tmp_path, "policy.optimizer.kwargs.lr=-1.0")
-    _, stderr = proc.communicate(timeout=240)
+    _, stderr = finish(proc, 240)
     assert proc.returncode == 1
     lines = stderr.strip().splitlines()
     assert lines[-2].startswith("error: worker lm_policy-") and "Invalid learning rate" in lines[-2], lines[-2:]
@@ -160,7 +171,7 @@ def test_a_resumed_log_keeps_one_row_per_step(tmp_path):
 
 def test_a_finished_run_and_its_resume_leave_nothing_and_skip_partial_checkpoints(tmp_path):
     proc, baseline = start(tmp_path, "grpo.max_num_steps=2", "checkpointing.save_every_n_steps=2")
-    stdout, stderr = proc.communicate(timeout=300)
+    stdout, stderr = finish(proc, 300)
     assert proc.returncode == 0, stderr[-2000:]
     assert json.loads(stdout.strip().splitlines()[-1])["steps"] == 2
     # Quiet: a few lines of rlcore's own on the terminal; Ray's, the workers' and the engines' output in logs/.
@@ -196,7 +207,7 @@ def _resume_refuses_a_checkpoint_reaching_outside(run_dir: Path) -> None:
     (run_dir / "elsewhere.safetensors").write_bytes(b"someone else's weights")
     os.symlink(run_dir / "elsewhere.safetensors", step / "weights" / "extra.safetensors")
     proc, baseline = start(forged, resume=True)
-    _, stderr = proc.communicate(timeout=120)
+    _, stderr = finish(proc, 120)
     assert proc.returncode == 1, stderr[-2000:]
     error = stderr.splitlines()[-1]
     assert error.startswith(f"--resume from {step}: {step / 'weights' / 'extra.safetensors'} "
@@ -220,7 +231,7 @@ def _resume_refuses_a_pickled_call(run_dir: Path) -> None:
     (step / "optimizer").write_bytes(torch_save_payload(marker, lambda evil: {"optimizer": evil}))
     began = time.monotonic()
     proc, baseline = start(forged, resume=True)
-    _, stderr = proc.communicate(timeout=120)
+    _, stderr = finish(proc, 120)
     print(f"refused pickled resume: exit {proc.returncode} after {time.monotonic() - began:.2f}s")
     assert proc.returncode == 1, stderr[-2000:]
     assert stderr.splitlines()[-1:] == [f"--resume from {step}: optimizer: refusing to load posix.system (not an "
