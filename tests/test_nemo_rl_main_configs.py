@@ -56,7 +56,8 @@ def test_each_config_loads_or_is_refused_naming_the_fix(path):
 
 def test_a_negative_val_period_is_no_periodic_validation_as_in_nemo_rl():
     """grpo_smoke.yaml says val_period: -1; NeMo-RL validates when the period is > 0."""
-    loaded = load_nemo_rl_config(MAIN / "grpo_smoke.yaml", ["++checkpointing.metric_name=null"])
+    loaded = load_nemo_rl_config(MAIN / "grpo_smoke.yaml", [f"++data.train.data_path={ROWS}",
+                                                             "++checkpointing.metric_name=null"])
     assert loaded.config.grpo.val_period == 0
     [line] = _problems(MAIN / "grpo_smoke.yaml")
     assert line.startswith("checkpointing.metric_name: validation/accuracy is never measured, as grpo.val_period is "
