@@ -39,7 +39,7 @@ def _summary_line(resolved: Any, data: Any, log_dir: Path, verbose: bool) -> str
 
     cfg = resolved.config
     steps = data.num_steps(cfg.algorithm_section.max_num_steps)
-    source = cfg.data.train.path or cfg.data.train.generator.rpartition(":")[2]
+    source = cfg.data.train.source or cfg.data.train.generator.rpartition(":")[2]
     p, c = cfg.policy, cfg.cluster
     where = "streamed here (-v)" if verbose else f"in {log_dir}/"
     workers = f"on {c.num_nodes}x{c.workers_per_node} {'GPU' if c.use_gpu else 'CPU'} workers, model {p.model_name}"

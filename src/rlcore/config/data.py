@@ -19,25 +19,43 @@ DIGITS_GENERATOR = "rlcore.environments.digits:digit_prompts"
 
 
 class DatasetConfig(StrictModel):
-    """One split's samples: a local file or directory, or a generator function (exactly one)."""
+    """One split's samples: a local file or directory, a Hugging Face hub dataset, or a generator function (exactly
+    one). Files, directories and hub datasets are all read with Hugging Face ``datasets`` (docs/datasets.md)."""
 
     path: str | None = Field(
         None, description="A local .jsonl, .json, .parquet or .csv file, or a directory written by Hugging Face "
-        "datasets' save_to_disk (parquet and datasets directories need pyarrow).")
+        "datasets' save_to_disk.")
+    hub_id: str | None = Field(
+        None, description="A Hugging Face hub dataset ('org/name'), loaded with datasets.load_dataset and its "
+        "cache; offline (HF_HUB_OFFLINE=1), the copy 'hf download --repo-type dataset <id>' put in the hub cache.")
     split: str | None = Field(
-        None, description="The split of a datasets directory holding several (e.g. 'train'), or the key of a .json "
-        "file whose top level maps split names to rows.")
+        None, description="The split: of a hub dataset (default 'train'), of a datasets directory holding several, "
+        "or the key of a .json file whose top level maps split names to rows.")
+    subset: str | None = Field(None, description="A hub dataset's subset (its config name), e.g. 'main' for gsm8k.")
+    revision: str | None = Field(None, description="A hub dataset's git revision (branch, tag or commit).")
+    data_files: str | list[str] | dict[str, str | list[str]] | None = Field(
+        None, description="Which files of a hub dataset to read (datasets.load_dataset's data_files).")
     generator: str | None = Field(
         None, description="'module:function' called as fn(step, n, seed, **generator_kwargs) -> list of prompts "
         "(strings) or rows (dicts): samples made up per step, without epochs.")
     generator_kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of the generator.")
 
+    @property
+    def source(self) -> str | None:
+        """What the rows come from, for messages: the path or the hub id."""
+        return self.path or self.hub_id
+
     @model_validator(mode="after")
     def _one_source(self) -> "DatasetConfig":
-        if (self.path is None) == (self.generator is None):
-            raise ValueError("give exactly one of path (a local file or directory) and generator ('module:function')")
+        if sum(value is not None for value in (self.path, self.hub_id, self.generator)) != 1:
+            raise ValueError("give exactly one of path (a local file or directory), hub_id (a hub dataset, "
+                             "'org/name') and generator ('module:function')")
         if self.generator is not None and self.split is not None:
             raise ValueError("split: only a file or directory has splits; a generator makes its samples")
+        if self.hub_id is None:
+            for key in ("subset", "revision", "data_files"):
+                if getattr(self, key) is not None:
+                    raise ValueError(f"{key}: belongs to a hub dataset: set hub_id too, or drop {key}")
         return self
 
 
@@ -75,7 +93,7 @@ class DataConfig(StrictModel):
             if getattr(self, text) is not None and getattr(self, file) is not None:
                 raise ValueError(f"{text} and {file}: give one of them")
         if self.validation is not None and self.validation.generator is not None:
-            raise ValueError("validation: validation needs fixed samples: give a path, not a generator")
+            raise ValueError("validation: validation needs fixed samples: give a path or hub_id, not a generator")
         if self.split_validation_size and (self.validation is not None or self.train.generator is not None):
             raise ValueError("split_validation_size: holds out part of data.train.path as the validation samples; "
                              "it needs a train file and no data.validation")

@@ -1,8 +1,9 @@
 """Rows from local files: JSONL, JSON, CSV, parquet, and directories written by Hugging Face ``datasets``.
 
 Every problem is one :class:`DataError` line naming the file, the row (1-based: the line of a JSONL file) and
-the field, so a bad row is found before anything starts. Parquet and ``datasets`` directories are read with
-pyarrow (``save_to_disk`` writes Arrow stream files), without the ``datasets`` library.
+the field, so a bad row is found before anything starts. Parquet files and ``save_to_disk`` directories are read
+with Hugging Face ``datasets``, as memory-mapped Arrow: a row becomes a Python dict only when it is drawn. JSONL,
+JSON and CSV are read here, row by row, so an error names the line.
 """
 
 from __future__ import annotations
@@ -10,14 +11,14 @@ from __future__ import annotations
 import csv
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 
 class DataError(ValueError):
     """A dataset problem, in one line naming the file, the row and the field, and the fix."""
 
 
-def read_rows(path: str | Path, split: str | None = None) -> list[dict[str, Any]]:
+def read_rows(path: str | Path, split: str | None = None) -> Sequence[dict[str, Any]]:
     """The rows of a local dataset file or ``datasets`` directory; ``split`` picks one of several."""
     path = Path(path).expanduser()
     if not path.exists():
@@ -32,7 +33,7 @@ def read_rows(path: str | Path, split: str | None = None) -> list[dict[str, Any]
         if split is not None and reader is not _read_json:
             raise DataError(f"{path}: split '{split}' given, but a {path.suffix} file holds one split")
         rows = reader(path, split) if reader is _read_json else reader(path)
-    if not rows:
+    if len(rows) == 0:
         raise DataError(f"{path}{f' (split {split})' if split else ''}: no rows")
     return rows
 
@@ -89,53 +90,47 @@ def _read_csv(path: Path) -> list[dict[str, Any]]:
     return [dict(row) for row in csv.DictReader(io.StringIO(_text(path), newline=""))]
 
 
-def _pyarrow(path: Path) -> Any:
+def _datasets(path: Path) -> Any:
     try:
-        import pyarrow
+        import datasets
     except ImportError:
-        raise DataError(f"{path}: reading it needs pyarrow: pip install pyarrow") from None
-    return pyarrow
+        raise DataError(f"{path}: reading it needs Hugging Face datasets: pip install 'rlcore[data]'") from None
+    datasets.disable_progress_bars()
+    datasets.logging.set_verbosity_error()
+    return datasets
 
 
-def _read_parquet(path: Path) -> list[dict[str, Any]]:
-    _pyarrow(path)
-    import pyarrow.parquet as pq
-
+def _read_parquet(path: Path) -> Any:
+    """A memory-mapped ``datasets.Dataset`` (rows are read as drawn, never copied into Python at once)."""
+    datasets = _datasets(path)
     try:
-        return pq.read_table(path).to_pylist()
-    except Exception as exc:  # noqa: BLE001 - pyarrow's many error types, reported as one line
+        return datasets.load_dataset("parquet", data_files=str(path), split="train")
+    except Exception as exc:  # noqa: BLE001 - pyarrow's and datasets' many error types, reported as one line
         raise DataError(f"{path}: not a readable parquet file ({' '.join(str(exc).split())})") from None
 
 
-def _read_datasets_dir(path: Path, split: str | None) -> list[dict[str, Any]]:
-    """A ``save_to_disk`` directory: a DatasetDict (``dataset_dict.json`` + one directory per split) or one
-    Dataset (``state.json`` naming its Arrow files)."""
-    splits_file = path / "dataset_dict.json"
-    if splits_file.is_file():
-        splits = json.loads(_text(splits_file)).get("splits", [])
+def _read_datasets_dir(path: Path, split: str | None) -> Any:
+    """A ``save_to_disk`` directory (a DatasetDict or one Dataset), with ``datasets.load_from_disk``."""
+    if not (path / "dataset_dict.json").is_file() and not (path / "state.json").is_file():
+        raise DataError(f"{path}: a directory, but not one written by datasets' save_to_disk (no state.json or "
+                        "dataset_dict.json); give the data file itself")
+    datasets = _datasets(path)
+    try:
+        loaded = datasets.load_from_disk(str(path))
+    except Exception as exc:  # noqa: BLE001
+        raise DataError(f"{path}: not readable by datasets.load_from_disk ({' '.join(str(exc).split())})") from None
+    if isinstance(loaded, datasets.DatasetDict):
+        splits = list(loaded)
         if split is None:
             if len(splits) != 1:
                 raise DataError(f"{path}: holds the splits {', '.join(splits)}: pick one with split")
             split = splits[0]
         if split not in splits:
             raise DataError(f"{path}: no split '{split}' (it has {', '.join(splits)})")
-        return _read_datasets_dir(path / split, None)
-    state_file = path / "state.json"
-    if not state_file.is_file():
-        raise DataError(f"{path}: a directory, but not one written by datasets' save_to_disk (no state.json or "
-                        "dataset_dict.json); give the data file itself")
+        return loaded[split]
     if split is not None:
         raise DataError(f"{path}: split '{split}' given, but the directory holds one split")
-    pa = _pyarrow(path)
-    rows: list[dict[str, Any]] = []
-    root = path.resolve()
-    for entry in json.loads(_text(state_file)).get("_data_files", []):
-        file = (path / entry["filename"]).resolve()
-        if root not in file.parents:
-            raise DataError(f"{state_file}: data file {entry['filename']!r} is outside {path}; refused")
-        with pa.memory_map(str(file)) as source:
-            rows.extend(pa.ipc.open_stream(source).read_all().to_pylist())
-    return rows
+    return loaded
 
 
 _READERS = {".jsonl": _read_jsonl, ".json": _read_json, ".csv": _read_csv, ".parquet": _read_parquet}

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator, Sequence
 
 from rlcore.datasets.files import DataError, read_rows
 from rlcore.datasets.samples import Sample, SampleBuilder
@@ -27,7 +27,7 @@ class DataExhausted(Exception):
 class DatasetSource:
     """Fixed samples in batches of ``batch_size``, reshuffled every epoch when ``shuffle``."""
 
-    def __init__(self, samples: list[Sample], batch_size: int, *, seed: int = 0, shuffle: bool = True,
+    def __init__(self, samples: Sequence[Sample], batch_size: int, *, seed: int = 0, shuffle: bool = True,
                  max_epochs: int | None = None, name: str = "data.train",
                  size_setting: str = "grpo.num_prompts_per_step", epochs_setting: str = "grpo.max_num_epochs") -> None:
         self.samples, self.batch_size, self.seed, self.shuffle = samples, batch_size, seed, shuffle
@@ -95,7 +95,7 @@ class RunData:
     """A run's samples: the training source and the validation samples (None: no validation)."""
 
     train: DatasetSource | GeneratorSource
-    validation: list[Sample] | None
+    validation: Sequence[Sample] | None
 
     def num_steps(self, max_num_steps: int) -> int:
         """The steps a run trains: ``max_num_steps``, or fewer when the epochs of the train data end first (with
@@ -120,16 +120,63 @@ class DrawSettings:
         return cls(**cfg.algorithm_section.draw_settings(cfg.algorithm, cfg))
 
 
-def read_samples(dataset_cfg: Any, builder: SampleBuilder) -> list[Sample]:
-    rows = read_rows(dataset_cfg.path, dataset_cfg.split)
-    return [builder.sample(row, i, f"{dataset_cfg.path}: row {i + 1}") for i, row in enumerate(rows)]
+#: How many rows of a dataset are made into samples (and their prompts measured) before the run starts, spread
+#: evenly over it; every other row is checked the same way when it is drawn. A set this size or smaller is
+#: checked whole before the run, as before; a large one (OpenMathInstruct-2's millions of rows) starts at once.
+ROWS_CHECKED_AT_START = 1000
 
 
-def split_off(samples: list[Sample], fraction: float, seed: int) -> tuple[list[Sample], list[Sample]]:
+class RowSamples(Sequence[Sample]):
+    """The samples of a dataset's rows, each made (and checked) when it is read: the rows stay where they are (a
+    memory-mapped ``datasets.Dataset``), never copied into a Python list. ``indices``: the rows this holds."""
+
+    def __init__(self, rows: Sequence[dict[str, Any]], builder: SampleBuilder, where: str,
+                 indices: Sequence[int] | None = None,
+                 check: Callable[[Sample, str], None] | None = None) -> None:
+        self.rows, self.builder, self.where, self.check = rows, builder, where, check
+        self.indices = range(len(rows)) if indices is None else indices
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return RowSamples(self.rows, self.builder, self.where, self.indices[i], self.check)
+        j = self.indices[i]
+        sample = self.builder.sample(dict(self.rows[j]), j, f"{self.where}: row {j + 1}")
+        if self.check is not None:
+            self.check(sample, f"{self.where}: row")
+        return sample
+
+    def __iter__(self) -> Iterator[Sample]:
+        return (self[i] for i in range(len(self)))
+
+    def subset(self, positions: Sequence[int]) -> "RowSamples":
+        """The samples at ``positions`` (of this sequence), in that order."""
+        return RowSamples(self.rows, self.builder, self.where, [self.indices[i] for i in positions], self.check)
+
+    def spread(self, n: int) -> list[Sample]:
+        """``n`` samples spread evenly over this (all of them when it holds ``n`` or fewer)."""
+        step = max(1, -(-len(self) // n))
+        return [self[i] for i in range(0, len(self), step)]
+
+
+def read_samples(dataset_cfg: Any, builder: SampleBuilder) -> RowSamples:
+    if dataset_cfg.hub_id is not None:
+        from rlcore.datasets.hub import read_hub_rows
+
+        rows = read_hub_rows(dataset_cfg)
+    else:
+        rows = read_rows(dataset_cfg.path, dataset_cfg.split)
+    return RowSamples(rows, builder, dataset_cfg.source)
+
+
+def split_off(samples: RowSamples, fraction: float, seed: int) -> tuple[RowSamples, RowSamples]:
     """``(rest, held_out)``: a seeded draw of ``fraction`` of the samples (at least one), in file order."""
     n = max(1, round(len(samples) * fraction))
     held = set(random.Random(seed).sample(range(len(samples)), n))
-    return ([s for i, s in enumerate(samples) if i not in held], [s for i, s in enumerate(samples) if i in held])
+    rest = [i for i in range(len(samples)) if i not in held]
+    return samples.subset(rest), samples.subset(sorted(held))
 
 
 def load_sources(cfg: Any, prompt_length: Callable[[Sample], int] | None = None) -> RunData:
@@ -142,7 +189,8 @@ def load_sources(cfg: Any, prompt_length: Callable[[Sample], int] | None = None)
 
     data, draw = cfg.data, DrawSettings.of(cfg)
     builder = SampleBuilder(data)
-    held_out: list[Sample] = []
+    check = None if prompt_length is None else _length_check(prompt_length, cfg.policy.max_total_sequence_length)
+    held_out: RowSamples | None = None
     if data.train.generator is not None:
         try:
             fn = import_object(data.train.generator)
@@ -151,28 +199,38 @@ def load_sources(cfg: Any, prompt_length: Callable[[Sample], int] | None = None)
         train: DatasetSource | GeneratorSource = GeneratorSource(
             fn, data.train.generator_kwargs, builder, draw.batch_size, seed=draw.seed)
         # made up per step: the first step's prompts stand for the others (a multi-turn game's, say)
-        checked = [(f"{train.name} ({data.train.generator}): step 0 item", train.batch(0))] if prompt_length else []
+        checked: list[tuple[str, Sequence[Sample]]] = (
+            [(f"{train.name} ({data.train.generator}): step 0 item", train.batch(0))] if prompt_length else [])
     else:
         samples = read_samples(data.train, builder)
         if data.split_validation_size:
             samples, held_out = split_off(samples, data.split_validation_size, draw.seed)
         train = DatasetSource(samples, draw.batch_size, seed=draw.seed, shuffle=data.shuffle,
-                              max_epochs=draw.max_epochs, name=f"data.train ({data.train.path})",
+                              max_epochs=draw.max_epochs, name=f"data.train ({data.train.source})",
                               size_setting=draw.size_setting, epochs_setting=draw.epochs_setting)
-        checked = [(f"{data.train.path}: row", samples)]
+        checked = [(f"{data.train.source}: row", samples.spread(ROWS_CHECKED_AT_START))]
     validation = None
     if data.validation is not None:
         validation = read_samples(data.validation, builder)[:draw.max_val_samples]
-        checked.append((f"{data.validation.path}: row", validation))
-    elif held_out:
+        checked.append((f"{data.validation.source}: row", validation.spread(ROWS_CHECKED_AT_START)))
+    elif held_out is not None:
         validation = held_out[:draw.max_val_samples]
-        checked.append((f"{data.train.path}: row", validation))
-    if prompt_length is not None:
-        limit = cfg.policy.max_total_sequence_length
-        for where, samples in checked:
-            for sample in samples:
-                if (n := prompt_length(sample)) >= limit:
-                    raise DataError(f"{where} {sample.idx + 1}: the prompt is {n} tokens, which leaves no room "
-                                    f"for a completion within policy.max_total_sequence_length={limit}: shorten "
-                                    f"or drop the {where.rpartition(' ')[2]}, or raise the limit")
+        checked.append((f"{data.train.source}: row", validation.spread(ROWS_CHECKED_AT_START)))
+    if check is not None:
+        for where, some in checked:
+            for sample in some:
+                check(sample, where)
+        # the rows not checked yet are checked as they are drawn
+        for rows in (getattr(train, "samples", None), validation):
+            if isinstance(rows, RowSamples):
+                rows.check = check
     return RunData(train, validation)
+
+
+def _length_check(prompt_length: Callable[[Sample], int], limit: int) -> Callable[[Sample, str], None]:
+    def check(sample: Sample, where: str) -> None:
+        if (n := prompt_length(sample)) >= limit:
+            raise DataError(f"{where} {sample.idx + 1}: the prompt is {n} tokens, which leaves no room "
+                            f"for a completion within policy.max_total_sequence_length={limit}: shorten "
+                            f"or drop the {where.rpartition(' ')[2]}, or raise the limit")
+    return check
