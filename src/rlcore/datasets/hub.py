@@ -32,16 +32,25 @@ def cached_snapshot(hub_id: str, revision: str | None = None) -> str | None:
     from huggingface_hub import snapshot_download
 
     try:
-        return snapshot_download(hub_id, repo_type="dataset", revision=revision, local_files_only=True)
+        return snapshot_download(hub_id, repo_type="dataset", revision=revision, local_files_only=True,
+                                 cache_dir=os.environ.get("HF_HUB_CACHE") or os.path.join(_hf_home(), "hub"))
     except Exception:  # noqa: BLE001 - not cached, or a name the hub would refuse: either way no local copy
         return None
 
 
+def _hf_home() -> str:
+    """HF_HOME as this process's environment says now (the libraries read it once, at import)."""
+    return os.environ.get("HF_HOME") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "huggingface")
+
+
 def _datasets_cache_holds(hub_id: str) -> bool:
     """Whether ``datasets``' own cache holds a prepared copy of ``hub_id`` (a load made earlier, online)."""
-    root = os.environ.get("HF_DATASETS_CACHE") or os.path.join(
-        os.environ.get("HF_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "huggingface"), "datasets")
-    return os.path.isdir(os.path.join(root, hub_id.replace("/", "___")))
+    return os.path.isdir(os.path.join(_datasets_cache(), hub_id.replace("/", "___")))
+
+
+def _datasets_cache() -> str:
+    return os.environ.get("HF_DATASETS_CACHE") or os.path.join(_hf_home(), "datasets")
 
 
 def missing_offline(hub_id: str, revision: str | None = None) -> bool:
@@ -76,7 +85,7 @@ def read_hub_rows(cfg: Any, key: str = "data.train.hub_id") -> Any:
             raise DataError(missing_line(key, cfg.hub_id, cfg.revision))
     try:
         return datasets.load_dataset(source, name=cfg.subset, split=split, revision=revision,
-                                     data_files=cfg.data_files)
+                                     data_files=cfg.data_files, cache_dir=_datasets_cache())
     except Exception as exc:  # noqa: BLE001 - datasets' many error types, reported as one line
         raise DataError(f"{key}: datasets.load_dataset({cfg.hub_id!r}, name={cfg.subset!r}, split={split!r}) "
                         f"failed: {' '.join(str(exc).split())[:300]}") from None

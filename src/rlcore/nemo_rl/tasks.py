@@ -16,15 +16,10 @@ from typing import Any
 from rlcore.config.messages import show_value
 from rlcore.nemo_rl.conversion import Conversion, algorithm, put
 from rlcore.nemo_rl.dpo import validation_metrics as dpo_metrics
+from rlcore.nemo_rl.hub_datasets import NAMES, HubDataset
 
 #: NeMo-RL datasets it downloads by name, and the keys of their rows (``data.*_key``).
-HUB_DATASETS: dict[str, dict[str, str]] = {
-    "OpenMathInstruct-2": {"input_key": "problem", "output_key": "expected_answer"},
-    "DeepScaler": {"input_key": "problem", "output_key": "answer"},
-    # the row's prompt is a message log already; the answer is nested
-    "DAPOMath17K": {"messages_key": "prompt", "output_key": "reward_model.ground_truth"},
-    "DAPOMathAIME2024": {"messages_key": "prompt", "output_key": "reward_model.ground_truth"},
-}
+HUB_DATASETS: dict[str, dict[str, str]] = {name: dict(d.keys) for name, d in NAMES.items()}
 #: Environments NeMo-RL names in ``env_name`` that rlcore has, by rlcore name.
 ENVIRONMENTS = {"math": "math"}
 #: Keys that change nothing here, with why.
@@ -62,15 +57,19 @@ def _merged(data: dict[str, Any], name: str) -> tuple[dict[str, Any] | None, str
     return {**(data.get("default") or {}), **entry}, f"data.{name}"
 
 
-def _dataset(entry: dict[str, Any], where: str, split: str, out: Conversion) -> None:
-    """The path and keys of one dataset entry (``split``: 'train' or 'validation')."""
+def _dataset(entry: dict[str, Any], where: str, split: str, out: Conversion) -> HubDataset | None:
+    """The path and keys of one dataset entry (``split``: 'train' or 'validation'); the hub dataset its name
+    maps to, if it names one."""
     path = entry.get("data_path") or entry.get(f"{split}_data_path") or entry.get(f"{split[:3]}_data_path")
     name = entry.get("dataset_name")
     columns = HUB_DATASETS.get(str(name))
+    if not path and str(name) in NAMES:
+        _hub_dataset(NAMES[str(name)], where, split, out)
+        return NAMES[str(name)]
     if not path:
-        known = f" (rows with {', '.join(f'{k} {v!r}' for k, v in columns.items())})" if columns else ""
-        out.problems.append(f"{where}.dataset_name: is {show_value(name)}, which NeMo-RL downloads; rlcore reads local "
-                            f"files: give a copy as ++{where}.data_path=/path/to/{split}.jsonl{known}")
+        out.problems.append(f"{where}.dataset_name: is {show_value(name)}, a dataset rlcore does not know by name "
+                            f"(docs/nemo-rl-mapping.md lists those it does); give its rows as a local file: "
+                            f"++{where}.data_path=/path/to/{split}.jsonl")
         return
     _file(out, f"data.{split}.path", path, f"{where}.data_path")
     if entry.get("split"):
@@ -80,6 +79,28 @@ def _dataset(entry: dict[str, Any], where: str, split: str, out: Conversion) -> 
             value = entry.get(key, (columns or {}).get(key))
             if value is not None:
                 _set(out, f"data.{key}", value, f"{where}.{key}")
+    return None
+
+
+def _hub_dataset(d: HubDataset, where: str, split: str, out: Conversion) -> None:
+    """A dataset name NeMo-RL loads from the hub: its hub id, split and (train) row keys."""
+    source = f"{where}.dataset_name"
+    _set(out, f"data.{split}.hub_id", d.hub_id, source)
+    _set(out, f"data.{split}.split", d.split, source)
+    if d.subset:
+        _set(out, f"data.{split}.subset", d.subset, source)
+    if split == "train":
+        for key, value in d.keys.items():
+            _set(out, f"data.{key}", value, source)
+
+
+def _named_validation(d: HubDataset, out: Conversion) -> None:
+    """The validation set a dataset name of the flat layout (v0.4) comes with in NeMo-RL."""
+    if d.validation is not None:
+        _set(out, "data.validation.hub_id", d.validation[0], "data.dataset_name")
+        _set(out, "data.validation.split", d.validation[1], "data.dataset_name")
+    elif d.held_out:
+        _set(out, "data.split_validation_size", d.held_out, "data.dataset_name")
 
 
 def _prompts(entry: dict[str, Any], where: str, out: Conversion) -> None:
@@ -102,10 +123,17 @@ def _ignored(data: dict[str, Any], out: Conversion) -> None:
     sections = [("data", data)] + [(f"data.{k}", v) for k, v in data.items() if isinstance(v, dict)]
     for where, section in sections:
         for key, why in IGNORED.items():
+            if key in ("dataset_name", "split") and _names_hub_dataset(section):
+                continue  # mapped to data.<split>.hub_id
             if key in section:
                 out.ignored.append((f"{where}.{key}", why))
         if "repeat" in section:
             _repeat(where, section["repeat"], out)
+
+
+def _names_hub_dataset(section: dict[str, Any]) -> bool:
+    return str(section.get("dataset_name")) in NAMES and not any(
+        section.get(k) for k in ("data_path", "train_data_path", "val_data_path"))
 
 
 def _repeat(where: str, value: Any, out: Conversion) -> None:
@@ -130,8 +158,9 @@ def task(nemo: dict[str, Any], out: Conversion) -> None:
     data = nemo.get("data")
     if isinstance(data, dict):
         train, where = _merged(data, "train")
+        hub = None
         if train is not None:
-            _dataset(train, where, "train", out)
+            hub = _dataset(train, where, "train", out)
             _prompts(train, where, out)
             if train.get("split_validation_size") and not data.get("validation"):
                 _set(out, "data.split_validation_size", train["split_validation_size"],
@@ -141,6 +170,8 @@ def task(nemo: dict[str, Any], out: Conversion) -> None:
             _dataset(validation, val_where, "validation", out)
         elif data.get("val_data_path"):
             _file(out, "data.validation.path", data["val_data_path"], "data.val_data_path")
+        elif hub is not None and where == "data":  # the flat layout's dataset brings its validation set
+            _named_validation(hub, out)
         if "shuffle" in data:
             _set(out, "data.shuffle", data["shuffle"], "data.shuffle")
         _ignored(data, out)

@@ -53,12 +53,14 @@ def run_problems(resolved: Any, *, files: bool = True, resume: bool = False,
 def _machine_problems(resolved: Any) -> list[str]:
     from rlcore.preflight import check_model, check_model_sources
     from rlcore.run.preflight.cuda import gpu_problems
+    from rlcore.run.preflight.datasets import dataset_problems
     from rlcore.run.preflight.hub import hub_problems
 
     cfg = resolved.config
     problems = gpu_problems(cfg.cluster)
     problems += code_problems(resolved)
     problems += file_problems(cfg.data)
+    problems += dataset_problems(cfg.data)  # hub datasets absent offline (:mod:`.datasets`)
     problems += check_model_sources(cfg)
     teacher = _teacher_model(resolved)
     if teacher is not None:
