@@ -266,13 +266,14 @@ def digits_and_brevity(prompts, completions):
 
 def test_a_short_gdpo_run_logs_each_component_and_trains(ray_session, tmp_path):
     from rlcore.run.train import train
-    from tests.test_grpo import short_run_config
+    from tests.runs import ONE_WORKER, short_run_config
 
-    cfg = short_run_config(tmp_path, 2, **{"grpo.advantage_estimator": "gdpo", "grpo.gdpo.reward_weights": "[1.0,0.5]",
-                                           "env.name": "python",
-                                           "env.python_cfg.reward": "tests.test_gdpo:digits_and_brevity",
-                                           "grpo.num_prompts_per_step": "4", "policy.train_global_batch_size": "16",
-                                           "checkpointing.enabled": "false"})
+    cfg = short_run_config(tmp_path, 2, **ONE_WORKER,
+                           **{"grpo.advantage_estimator": "gdpo", "grpo.gdpo.reward_weights": "[1.0,0.5]",
+                              "env.name": "python",
+                              "env.python_cfg.reward": "tests.test_gdpo:digits_and_brevity",
+                              "grpo.num_prompts_per_step": "4", "policy.train_global_batch_size": "16",
+                              "checkpointing.enabled": "false"})
     train(cfg)
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1]

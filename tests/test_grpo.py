@@ -11,9 +11,9 @@ import torch
 
 from rlcore.algorithms.advantages import group_advantages
 from rlcore.config import load_config
-from rlcore.plugins import get_registry
 from rlcore.run.step import encode_prompts, training_batch
 from rlcore.environments.digits import digit_prompts, digit_reward
+from tests.runs import ONE_WORKER, generation_backend, short_run_config
 
 
 def test_leave_one_out_and_mean_std_advantages():
@@ -106,19 +106,6 @@ def test_bad_config_fails_before_anything_starts(tmp_path):
     assert out.returncode == 1 and "no backend named 'vlm'" in out.stderr and "Traceback" not in out.stderr
 
 
-def generation_backend() -> str:
-    statuses = {r.name: r.status for r in get_registry().records}
-    return "vllm" if statuses.get("vllm") == "ok" else "fsdp1"
-
-
-def short_run_config(tmp_path, steps: int, **extra: str):
-    gen = generation_backend()
-    overrides = [f"policy.backend={'reference' if gen == 'vllm' else 'fsdp1'}", f"policy.generation.backend={gen}",
-                 f"grpo.max_num_steps={steps}", f"logger.output_dir={tmp_path}", "logger.progress_bar=false",
-                 "checkpointing.save_every_n_steps=2", *(f"{k}={v}" for k, v in extra.items())]
-    return load_config("examples/grpo_tiny.yaml", overrides)
-
-
 def test_short_run_writes_metrics_and_a_checkpoint(ray_session, tmp_path):
     from transformers import AutoModelForCausalLM
 
@@ -150,10 +137,11 @@ def test_short_run_writes_metrics_and_a_checkpoint(ray_session, tmp_path):
 def test_a_reinforce_plus_plus_run_with_the_kl_in_the_reward_and_vapo(ray_session, tmp_path):
     from rlcore.run.train import train
 
-    cfg = short_run_config(tmp_path, 1, **{"grpo.advantage_estimator": "reinforce_plus_plus_baseline",
-                                           "loss.use_kl_in_reward": "true",
-                                           "loss.reference_policy_kl_penalty": "0.05",
-                                           "loss.positive_example_nll_weight": "0.1"})
+    cfg = short_run_config(tmp_path, 1, **ONE_WORKER,
+                           **{"grpo.advantage_estimator": "reinforce_plus_plus_baseline",
+                              "loss.use_kl_in_reward": "true",
+                              "loss.reference_policy_kl_penalty": "0.05",
+                              "loss.positive_example_nll_weight": "0.1"})
     train(cfg)
     (row,) = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     # the KL went into the advantages (the prev-logprob pass ran for it), not into the loss
@@ -193,7 +181,7 @@ def test_reward_rises_well_above_random_on_a_fixed_seed(ray_session, tmp_path):
     from rlcore.run.train import train
 
     # 20 of the demo's 30 steps: the mean reward is ~0.8 by then on this seed (0.05 at the start)
-    summary = train(short_run_config(tmp_path, 20, **{"checkpointing.enabled": "false"}))
+    summary = train(short_run_config(tmp_path, 20, **ONE_WORKER, **{"checkpointing.enabled": "false"}))
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     first, last = sum(r["reward_mean"] for r in rows[:3]) / 3, sum(r["reward_mean"] for r in rows[-3:]) / 3
     assert first < 0.15 and last > 0.6, (first, last, summary)

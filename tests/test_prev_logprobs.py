@@ -177,9 +177,9 @@ def test_grpo_steps_report_which_path_they_took(ray_session, tmp_path):
     """One run, two steps: the default (one optimizer step per rollout) skips the pass, false runs it."""
     from rlcore.run.build import build_run
     from rlcore.algorithms.grpo.loop import grpo_step
-    from tests.test_grpo import short_run_config
+    from tests.runs import ONE_WORKER, short_run_config
 
-    resolved = resolve(short_run_config(tmp_path, 2, **{"checkpointing.enabled": "false"}), run=True)
+    resolved = resolve(short_run_config(tmp_path, 2, **ONE_WORKER, **{"checkpointing.enabled": "false"}), run=True)
     cfg = resolved.config  # force_on_policy_ratio resolved: true here (one optimizer step per rollout)
     with_pass = cfg.model_copy(update={"loss": cfg.loss.model_copy(update={"force_on_policy_ratio": False})})
     run = build_run(resolved)
@@ -188,5 +188,5 @@ def test_grpo_steps_report_which_path_they_took(ray_session, tmp_path):
     finally:
         run.shutdown()
     assert [r["prev_logprobs_pass"] for r in rows] == [0.0, 1.0]
-    assert all(abs(r["token_mult_prob_error"] - 1.0) < 1e-3 for r in rows), rows  # engine == trainer
+    assert all(abs(r["token_mult_prob_error"] - 1.0) < 1e-3 for r in rows), rows  # generator == trainer
     assert rows[0]["time/logprob_s"] < rows[1]["time/logprob_s"]

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from tests.test_grpo import short_run_config
+from tests.runs import ONE_WORKER, short_run_config
 
 #: (phase, sample id) of every completion the reward function scored, in order: the test's record of the data.
 SEEN: list[tuple[str, str]] = []
@@ -19,11 +19,6 @@ def id_parity_reward(prompts, completions, metadata):
     SEEN.extend((phase, m["id"]) for m in metadata)
     assert all(m["ground_truth"] == m["answer"] for m in metadata)
     return [float(len(c) % 2 == 0) for c in completions]
-
-
-#: The data path is the same whatever generates: fsdp1 trains and generates in one worker, so a run starts one
-#: process instead of two policy workers beside two vLLM engines (engines are tested in tests/test_grpo.py).
-ONE_WORKER = {"policy.backend": "fsdp1", "policy.generation.backend": "fsdp1", "cluster.workers_per_node": "1"}
 
 
 def _task_config(tmp_path, out, steps, **extra):
