@@ -23,6 +23,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from rlcore.distributed.startup_signals import deferred_signals, signal_self_at
+
 #: The running private instance: its temp dir and its reaper (None when attached or not started).
 _PRIVATE: dict[str, Any] = {}
 
@@ -49,12 +51,19 @@ def init_ray(address: str | None = None, *, num_cpus: int | None = None, num_gpu
         return False
     from ray._private import ray_constants
 
-    from rlcore.distributed.reaper import SESSION_ENV  # not at module level: ``-m reaper`` imports this package
-
     ray_constants.ENABLE_RAY_CLUSTER = False  # in case ray was imported before the variable was set
     # Ray starts workers at niceness 15 by default; ours are the job, not background work.
     os.environ.setdefault("RAY_worker_niceness", "0")
     sweep_orphaned_temp_dirs()
+    with deferred_signals(cleanup=shutdown_ray):  # a stop half-way through ray.init crashed the driver
+        _start_private(ray, num_cpus, num_gpus, log_to_driver)
+    return True
+
+
+def _start_private(ray: Any, num_cpus: int | None, num_gpus: int | None, log_to_driver: bool) -> None:
+    """Start the private instance: its temp dir, its reaper, then Ray itself."""
+    from rlcore.distributed.reaper import SESSION_ENV  # not at module level: ``-m reaper`` imports this package
+
     temp_dir = tempfile.mkdtemp(prefix=f"rlray-{os.getpid()}-", dir=_TEMP_ROOT)
     reaper = subprocess.Popen([sys.executable, "-m", "rlcore.distributed.reaper", temp_dir, str(os.getpid())],
                               stdin=subprocess.PIPE, start_new_session=True)
@@ -68,6 +77,7 @@ def init_ray(address: str | None = None, *, num_cpus: int | None = None, num_gpu
     os.mkdir(os.environ["TMPDIR"])
     sigterm_handler = signal.getsignal(signal.SIGTERM)
     try:
+        signal_self_at("ray_start")
         ray.init(
             address="local",
             num_cpus=max(num_cpus or 0, os.cpu_count() or 1),
@@ -78,6 +88,7 @@ def init_ray(address: str | None = None, *, num_cpus: int | None = None, num_gpu
             namespace="rlcore",
             log_to_driver=log_to_driver,
         )
+        signal_self_at("ray_started")
     except BaseException:
         shutdown_ray()
         raise
@@ -88,7 +99,6 @@ def init_ray(address: str | None = None, *, num_cpus: int | None = None, num_gpu
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
-    return True
 
 
 def _restore_sigterm(handler: Any) -> None:

@@ -68,8 +68,16 @@ def reap(temp_dir: str, driver: int, grace_s: float = GRACE_S) -> None:
     while alive and time.monotonic() < deadline:
         time.sleep(0.1)
         alive = [pid for pid in alive if Path(f"/proc/{pid}").exists() and not _is_zombie(pid)]
-    _signal_all(session_pids(temp_dir, driver), signal.SIGKILL)
-    shutil.rmtree(temp_dir, ignore_errors=True)
+    killed = _signal_all(session_pids(temp_dir, driver), signal.SIGKILL)
+    deadline = time.monotonic() + grace_s  # a process still dying may write into the dir as it is removed
+    while killed and time.monotonic() < deadline:
+        time.sleep(0.1)
+        killed = [pid for pid in killed if Path(f"/proc/{pid}").exists() and not _is_zombie(pid)]
+    for _ in range(10):
+        shutil.rmtree(temp_dir, ignore_errors=True)
+        if not os.path.exists(temp_dir):
+            break
+        time.sleep(0.2)
 
 
 def _is_zombie(pid: int) -> bool:

@@ -88,6 +88,7 @@ def build_run(config: Any, resume_dir: Path | None = None, start_step: int = 0, 
     from rlcore.config.schemas import load_algorithm
     from rlcore.distributed import RayVirtualCluster
     from rlcore.distributed.reaper import SESSION_ENV
+    from rlcore.distributed.startup_signals import signal_self_at
     from rlcore.environments.runner import EnvironmentRunner
     from rlcore.plugins import declared_kwargs
     from rlcore.policy import Policy
@@ -110,6 +111,7 @@ def build_run(config: Any, resume_dir: Path | None = None, start_step: int = 0, 
         weights = optimizer = None
         if resume_dir is not None:
             weights, optimizer = str(resume_dir / "weights"), str(resume_dir / "optimizer")
+        signal_self_at("workers")  # test hook (RLCORE_TEST_SIGNAL_AT), nothing when unset
         # The reference model only feeds the KL term: without one, no rank keeps its copy of the weights.
         run.policy = Policy(cluster, resolved.policy, tokenizer, weights_path=weights, optimizer_path=optimizer,
                             init_reference_model=load_algorithm(cfg.algorithm).needs_reference_model(cfg))
@@ -128,6 +130,7 @@ def build_run(config: Any, resume_dir: Path | None = None, start_step: int = 0, 
             if gen.adapter_refit:
                 available["lora_rank"] = cfg.policy.lora.dim
             driver_class = gen.spec.load_driver_class()  # given the keyword arguments it declares
+            signal_self_at("engines")
             run.generation = driver_class(gen_cluster, gen.config, **declared_kwargs(driver_class, available))
             run.synchronizer = WeightSynchronizer(run.policy, run.generation, colocated=colocated, cluster=cluster,
                                                   partial_refit=gen.partial_refit, adapter_refit=gen.adapter_refit,

@@ -139,6 +139,7 @@ def train(config: Any, resume: bool = False, signals: Any = None, progress_file:
     one another algorithm's run (:class:`rlcore.run.ownership.OutputDirTaken`); the run marks the directory its
     own (:data:`rlcore.run.ownership.MARKER`).
     """
+    from rlcore.distributed.startup_signals import signal_self_at
     from rlcore.run.build import build_run, load_run_data
     from rlcore.run.checkpoints import latest_step, read_state, resume_problems, save_step
     from rlcore.config.schemas import load_algorithm
@@ -210,6 +211,7 @@ def train(config: Any, resume: bool = False, signals: Any = None, progress_file:
                                trackers=open_trackers(cfg, out, start, err=progress_file))
         if cfg.algorithm_section.val_at_start and start == 0 and data.validation:
             logger.log(-1, validate(run), advance=False)  # the initial weights
+        signal_self_at("first_step")  # test hook (RLCORE_TEST_SIGNAL_AT), nothing when unset
         if (ended_early := algorithm.train(run, on_step)) is not None:
             end_early(ended_early)
     except BaseException:
