@@ -36,6 +36,10 @@ class DPOConfig(OfflineLoopConfig, DPOLossConfig):
                                        "pairs, one optimizer step).")
     val_global_batch_size: PositiveInt = Field(8, description="Pairs per validation batch (the last one is padded "
                                                "with masked pairs).")
+    reference_batches_per_swap: PositiveInt = Field(
+        8, description="Training batches whose reference-policy logprobs are computed together, with one swap of "
+        "the reference weights in and out (1: every step swaps, as before). rlcore's own setting; NeMo-RL computes "
+        "them once per batch.")
     add_generation_prompt: bool = Field(
         True, description="Render the prompt's last user message with the chat template's generation prompt, so "
         "the assistant header is context and only the response is scored.")

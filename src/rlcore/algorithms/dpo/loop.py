@@ -2,7 +2,8 @@
 
 Per step: take the next ``policy.train_global_batch_size`` preference samples, encode each as a chosen and a
 rejected sequence kept together (:mod:`rlcore.algorithms.dpo.batches`), add the frozen reference policy's logprobs
-(the initial weights, which every rank keeps), and train one optimizer step with
+(the initial weights, which every rank keeps; computed for ``dpo.reference_batches_per_swap`` batches at a time,
+:mod:`rlcore.algorithms.dpo.reference`), and train one optimizer step with
 :class:`~rlcore.algorithms.preference.DPOLossFn`. As in NeMo-RL, ``policy.train_global_batch_size`` and
 ``policy.train_micro_batch_size`` count pairs: the policy sees twice as many sequences. Validation runs the
 same loss in eval mode over ``dpo.val_batches`` batches of ``dpo.val_global_batch_size`` pairs; each
@@ -19,6 +20,7 @@ from rlcore.interfaces.algorithm import OnStep, Resolution
 from rlcore.run.step import Timer
 
 if TYPE_CHECKING:
+    from rlcore.algorithms.dpo.reference import ReferenceLogprobs
     from rlcore.run.build import Run
 
 #: Loss metrics a DPO step reports (each the step's mean over its valid pairs).
@@ -27,17 +29,15 @@ PAIR_METRICS = ("accuracy", "preference_loss", "sft_loss", "rewards_chosen_mean"
 
 
 def _train_pairs(run: "Run", batch: Any, eval_mode: bool, pairs: int, pairs_per_micro_batch: int,
-                 timer: Timer) -> dict[str, Any]:
-    """The reference logprobs, then one optimizer step (or, ``eval_mode``, the loss alone) on ``batch``."""
+                 timer: Timer, reference: Callable[[], Any] | None = None) -> dict[str, Any]:
+    """The reference logprobs (``reference()``'s, default: computed for ``batch`` alone), then one optimizer step
+    (or, ``eval_mode``, the loss alone) on ``batch``."""
+    from rlcore.algorithms.dpo.reference import reference_logprobs
     from rlcore.algorithms.preference import DPOLossFn
-
-    from rlcore.data import BatchedDataDict
 
     policy = run.policy
     with timer.phase("logprob"):
-        policy.prepare_for_lp_inference()
-        rows = BatchedDataDict(batch)  # token logprobs need no pairing: any micro-batch plan will do
-        batch["reference_policy_logprobs"] = policy.get_reference_policy_logprobs(rows)["reference_logprobs"]
+        batch["reference_policy_logprobs"] = reference() if reference else reference_logprobs(policy, [batch])[0]
     with timer.phase("train"):
         policy.prepare_for_training()
         result = policy.train(batch, DPOLossFn(run.cfg.dpo.loss_settings()), eval_mode=eval_mode, gbs=2 * pairs,
@@ -46,19 +46,22 @@ def _train_pairs(run: "Run", batch: Any, eval_mode: bool, pairs: int, pairs_per_
     return result
 
 
-def dpo_step(run: "Run") -> dict[str, float]:
+def dpo_step(run: "Run", reference: "ReferenceLogprobs | None" = None) -> dict[str, float]:
     """One optimizer step of DPO on the next batch of preference samples (:class:`EmptyStep` when no pair
-    trains: each is cut, or its chosen response equals its rejected one)."""
+    trains: each is cut, or its chosen response equals its rejected one); its reference logprobs from
+    ``reference`` (default: computed for this batch alone, one weight swap)."""
     from rlcore.algorithms.dpo.batches import dpo_batch, nothing_preferred, teaches
 
     p, timer = run.cfg.policy, Timer()
     with timer.phase("data"):
+        index = run.next_batch
         samples = run.draw_train_batch()
         batch = dpo_batch(samples, run.tokenizer, run.cfg)
     fits = batch["sample_mask"][::2].tolist()
     if not any(fit and teaches(sample, run.cfg) for fit, sample in zip(fits, samples)):
         raise EmptyStep(nothing_preferred(samples, run.tokenizer, run.cfg) or "no pair has a response to train")
-    result = _train_pairs(run, batch, False, p.train_global_batch_size, p.train_micro_batch_size, timer)
+    result = _train_pairs(run, batch, False, p.train_global_batch_size, p.train_micro_batch_size, timer,
+                          (lambda: reference.for_train_batch(index, batch)) if reference else None)
     metrics = result["metrics"]
     return step_metrics(run, result, timer, {
         **{name: float(metrics[name]) for name in PAIR_METRICS if name in metrics},
@@ -66,8 +69,9 @@ def dpo_step(run: "Run") -> dict[str, float]:
     })
 
 
-def dpo_validate(run: "Run") -> dict[str, float]:
-    """The loss and pair metrics of the validation samples, in eval mode, weighted by each batch's valid pairs."""
+def dpo_validate(run: "Run", reference: "ReferenceLogprobs | None" = None) -> dict[str, float]:
+    """The loss and pair metrics of the validation samples, in eval mode, weighted by each batch's valid pairs
+    (the reference logprobs of all batches from ``reference``, one swap; default: one swap per batch)."""
     from rlcore.algorithms.dpo.batches import dpo_batch
 
     cfg, started = run.cfg.dpo, time.perf_counter()
@@ -75,9 +79,12 @@ def dpo_validate(run: "Run") -> dict[str, float]:
     size = cfg.val_global_batch_size
     sums: dict[str, float] = {}
     pairs = 0.0
-    for begin in range(0, len(samples), size):
-        batch = dpo_batch(samples[begin:begin + size], run.tokenizer, run.cfg, size=size)
-        result = _train_pairs(run, batch, True, size, cfg.val_micro_batch_size, Timer())
+    batches = [dpo_batch(samples[begin:begin + size], run.tokenizer, run.cfg, size=size)
+               for begin in range(0, len(samples), size)]
+    references = reference.for_validation(batches) if reference and batches else [None] * len(batches)
+    for batch, values in zip(batches, references):
+        result = _train_pairs(run, batch, True, size, cfg.val_micro_batch_size, Timer(),
+                              None if values is None else (lambda v=values: v))
         valid = float(batch["sample_mask"][::2].sum())
         values = {"loss": float(result["loss"][0]), **{k: float(v) for k, v in result["metrics"].items()
                                                        if k in PAIR_METRICS}}
@@ -92,10 +99,13 @@ def dpo_validate(run: "Run") -> dict[str, float]:
 
 
 def dpo_train(run: "Run", on_step: Callable[[int, dict[str, float]], None]) -> str | None:
-    """The steps of a DPO run (:func:`rlcore.algorithms.sft.loop.offline_train`)."""
+    """The steps of a DPO run (:func:`rlcore.algorithms.sft.loop.offline_train`), reference logprobs computed
+    ``dpo.reference_batches_per_swap`` batches at a time (a fresh cache per process: a resumed run recomputes)."""
+    from rlcore.algorithms.dpo.reference import ReferenceLogprobs
     from rlcore.algorithms.sft.loop import offline_train
 
-    return offline_train(run, on_step, dpo_step, dpo_validate)
+    reference = ReferenceLogprobs(run, run.cfg.dpo.reference_batches_per_swap)
+    return offline_train(run, on_step, lambda r: dpo_step(r, reference), lambda r: dpo_validate(r, reference))
 
 
 class DPO(OfflineAlgorithm):
