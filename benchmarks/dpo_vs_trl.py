@@ -129,7 +129,7 @@ def case_rows(c: dict[str, Any]) -> list[dict[str, str]]:
 
 
 def rlcore_config(model_dir: str, c: dict[str, Any], data_path: str, out_dir: str, ranks: int,
-                  packing: bool | None) -> Any:
+                  packing: bool | None, reference_batches_per_swap: int | None = None) -> Any:
     from rlcore.config import load_config_dict
 
     return load_config_dict({
@@ -144,7 +144,8 @@ def rlcore_config(model_dir: str, c: dict[str, Any], data_path: str, out_dir: st
             "sequence_packing": {"enabled": packing},
         },
         "dpo": {"max_num_steps": c["steps"], "max_num_epochs": None, "reference_policy_kl_penalty": c["beta"],
-                "seed": 0},
+                "seed": 0, **({"reference_batches_per_swap": reference_batches_per_swap}
+                              if reference_batches_per_swap else {})},
         "data": {"train": {"path": data_path}, "input_key": "prompt", "shuffle": False},
         "logger": {"output_dir": out_dir, "tensorboard": False, "progress_bar": False},
         "checkpointing": {"enabled": False},
@@ -341,6 +342,10 @@ def main(argv: list[str] | None = None) -> None:
                         "ways to see the spread)")
     parser.add_argument("--packing", choices=("auto", "on", "off"), default="auto",
                         help="rlcore's policy.sequence_packing.enabled (auto: its default, packing on dtensor)")
+    parser.add_argument("--reference-batches-per-swap", type=int, help="rlcore's dpo.reference_batches_per_swap "
+                        "(default: its default; 1: a reference weight swap every step)")
+    parser.add_argument("--rlcore-only", action="store_true", help="time rlcore alone (no trl needed): prints its "
+                        "median step time and phases as JSON")
     args = parser.parse_args(argv)
 
     import transformers
@@ -372,7 +377,24 @@ def main(argv: list[str] | None = None) -> None:
     try:
         data_path = os.path.join(work, "pairs.jsonl")
         Path(data_path).write_text("".join(json.dumps(r) + "\n" for r in case_rows(c)))
-        cfg = rlcore_config(model_dir, c, data_path, os.path.join(work, "rlcore"), args.ranks, packing)
+        cfg = rlcore_config(model_dir, c, data_path, os.path.join(work, "rlcore"), args.ranks, packing,
+                            args.reference_batches_per_swap)
+        if args.rlcore_only:
+            start = os.getloadavg()[0]
+            metrics, _ = run_rlcore(cfg, os.path.join(work, "rlcore"))
+            print(json.dumps({"rlcore_step_s": round(median_after_warmup([r["time/step_s"] for r in metrics]), 3),
+                              "rlcore_phases_s": {p: round(median_after_warmup([r.get(f"time/{p}_s", 0.0)
+                                                                                for r in metrics]), 3)
+                                                  for p in ("data", "logprob", "train")},
+                              # the reference logprobs computed ahead land in the steps that swap (the first
+                              # among them): the mean over all steps, warm-up included, counts them all
+                              "mean_step_s_all": round(statistics.mean(r["time/step_s"] for r in metrics), 3),
+                              "mean_logprob_s_all": round(statistics.mean(r.get("time/logprob_s", 0.0)
+                                                                          for r in metrics), 3),
+                              "steps_s": [round(r["time/step_s"], 3) for r in metrics], "case": args.case,
+                              "reference_batches_per_swap": cfg.dpo.reference_batches_per_swap,
+                              "load": [round(start, 1), round(os.getloadavg()[0], 1)]}))
+            return
         sequences = rlcore_sequences(cfg, c["steps"])
         tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
         rows = trl_rows(tokenizer, sequences)
