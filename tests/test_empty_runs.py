@@ -31,9 +31,10 @@ class NoTraining:
 
 
 def run_of(cfg, tokenizer, batches):
-    """Just what a loop reads of a run: its config, tokenizer, steps and batches (no Ray, no policy)."""
+    """Just what a loop reads of a run: its config, tokenizer, steps, data position and batches (no Ray, no
+    policy)."""
     draws = iter(batches)
-    return SimpleNamespace(cfg=cfg, tokenizer=tokenizer, start_step=3, num_steps=5, policy=NoTraining(),
+    return SimpleNamespace(cfg=cfg, tokenizer=tokenizer, start_step=3, num_steps=5, next_batch=3, policy=NoTraining(),
                            draw_train_batch=lambda: next(draws))
 
 
