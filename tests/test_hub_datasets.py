@@ -113,3 +113,22 @@ def test_nemo_rl_config_with_no_data_override_validates_offline_against_the_cach
     hub_cache(home, "nvidia/OpenMathInstruct-2", {f"data/{SPLIT}-00000-of-00001.parquet": ROWS})
     out, _ = _rlcore("config", "validate", *args, env=env)
     assert out.returncode == 0, out.stderr
+
+
+def test_nemo_rl_dataset_names_map_to_their_hub_datasets():
+    """NeMo-RL's dataset names become data.*.hub_id; the flat layout's name brings its validation set; a name
+    rlcore does not know is one line naming the data_path override."""
+    from rlcore.config.errors import ConfigError
+    from rlcore.nemo_rl import load_nemo_rl_config
+
+    v04 = FIXTURE.parent.parent / "v0.4.0" / "grpo_math_1B.yaml"
+    cfg = load_nemo_rl_config(v04, ["data.prompt_file=null", "data.dataset_name=DAPOMath17K"]).config
+    assert (cfg.data.train.hub_id, cfg.data.validation.hub_id) == ("BytedTsinghua-SIA/DAPO-Math-17k",
+                                                                   "BytedTsinghua-SIA/AIME-2024")
+    assert (cfg.data.messages_key, cfg.data.output_key) == ("prompt", "reward_model.ground_truth")
+    cfg = load_nemo_rl_config(v04, ["data.prompt_file=null"]).config
+    assert (cfg.data.train.hub_id, cfg.data.train.split, cfg.data.split_validation_size) == (HUB_ID, SPLIT, 0.05)
+    with pytest.raises(ConfigError) as info:
+        load_nemo_rl_config(FIXTURE, ["data.default.prompt_file=null", "data.train.dataset_name=NotADataset"])
+    assert "data.train.dataset_name: is 'NotADataset', a dataset rlcore does not know by name" in str(info.value)
+    assert "++data.train.data_path=/path/to/train.jsonl" in str(info.value)

@@ -53,6 +53,20 @@ def _row(rule: Rule) -> str:
     return f"| {path} | {what} | {_cell(note)} |"
 
 
+def _dataset_names() -> list[str]:
+    """The section listing NeMo-RL's dataset names and the hub datasets they load (``data.*.hub_id``)."""
+    from rlcore.nemo_rl.hub_datasets import NAMES, describe
+
+    return ["## Dataset names", "",
+            "A GRPO or distillation config's `dataset_name` (with no `data_path`) loads the hub dataset NeMo-RL's",
+            "dataset class loads, through Hugging Face `datasets` (`data.train.hub_id`, docs/datasets.md); offline",
+            "(`HF_HUB_OFFLINE=1`) from the copy `hf download --repo-type dataset <id>` left in the hub cache. The",
+            "flat layout's (v0.4) name brings its validation set too. Another name is one line naming the",
+            "`++data.train.data_path=` override.", "",
+            "| NeMo-RL dataset_name | hub dataset; row keys; validation |", "| --- | --- |",
+            *(f"| `{name}` | {_cell(describe(name))} |" for name in NAMES), ""]
+
+
 def mapping_markdown() -> str:
     """The whole document, Markdown."""
     unknown = ", ".join(_value(v) for v in UNKNOWN_NEUTRAL if v not in ("None",))
@@ -121,6 +135,7 @@ def mapping_markdown() -> str:
         "(NeMo-RL's teacher neither generates nor trains) and a `tokenizer.name` naming the student's tokenizer or",
         "the teacher's model, which are ignored.",
         "",
+        *_dataset_names(),
         "| NeMo-RL key | rlcore | how / why |",
         "| --- | --- | --- |",
         *(_row(rule) for rule in RULES),
