@@ -75,8 +75,10 @@ def code_problems(resolved: Any) -> list[str]:
 
     cfg, env, problems = resolved.config, resolved.environment, []
     if env is not None:
-        dist = f"reinstall the plugin that provides environment '{env.spec.name}'"
-        problems += import_path_problems("env.name", env.spec.environment_class, "class", fix=dist)
+        spec = env.spec
+        problems += import_path_problems("env.name", spec.environment_class, "class", subject=(
+            f"environment '{spec.name}' names {spec.environment_class}, but "), fix=(
+            f"reinstall the plugin that provides environment '{spec.name}' (rlcore environments list)"))
         if env.spec.name == PYTHON_ENV and env.section is not None:
             problems += import_path_problems(REWARD_KEY, env.section.reward, "function")
     if cfg.data.train.generator is not None:

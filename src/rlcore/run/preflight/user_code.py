@@ -29,10 +29,15 @@ def import_from_working_directory() -> None:
         sys.path.append(cwd)
 
 
-def import_path_problems(key: str, path: str, what: str, fix: str = "") -> list[str]:
+def import_path_problems(key: str, path: str, what: str, fix: str = "", subject: str = "") -> list[str]:
     """Why ``path`` (``'module:name'``, set at config ``key``) is not a ``what`` (``'function'``, ``'class'``)
     the run can import; empty when it is. ``fix``: how to fix a module that is not found (default: where to
-    put it)."""
+    put it); ``subject``: what names ``path`` when the config does not (a plugin's environment), said first."""
+    lines = _problems(key, path, what, fix)
+    return [line.replace(f"{key}: ", f"{key}: {subject}", 1) for line in lines] if subject else lines
+
+
+def _problems(key: str, path: str, what: str, fix: str) -> list[str]:
     from rlcore.plugins.spec import find_module_spec
 
     module, sep, name = path.partition(":")
