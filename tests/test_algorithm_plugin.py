@@ -133,7 +133,7 @@ def test_two_algorithms_claiming_the_default_are_refused_not_guessed(monkeypatch
         assert load_config_dict({"grpo": {}}).algorithm == "grpo"  # a section says which
 
 RUN_CONFIG = """
-cluster: {num_nodes: 1, workers_per_node: 2, use_gpu: false}
+cluster: {num_nodes: 1, workers_per_node: 1, use_gpu: false}
 policy:
   backend: fsdp1
   model_name: tiny-llama

@@ -126,7 +126,8 @@ def test_a_vocabulary_split_over_a_gloo_group_gives_the_whole_vocabulary_s_logit
 def _distillation_config(tmp_path, **overrides):
     from rlcore.config import load_config
 
-    base = {"policy.backend": "fsdp1", "policy.generation.backend": "fsdp1", "policy.model_name": "tiny-llama",
+    base = {"cluster.workers_per_node": "1", "policy.backend": "fsdp1", "policy.generation.backend": "fsdp1",
+            "policy.model_name": "tiny-llama",
             "policy.train_global_batch_size": "8", "policy.train_micro_batch_size": "2",
             "policy.dtensor_cfg.enabled": "false",
             "policy.max_total_sequence_length": "32", "policy.generation.max_new_tokens": "6",
