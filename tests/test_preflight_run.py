@@ -1,9 +1,11 @@
 """What a run checks before Ray starts, said in one line under the user's key, by ``rlcore run`` and by
 ``rlcore config validate`` alike (rlcore.run.preflight; issue 45 item 7, issue 44 items 2, 3, 4 and 8).
 
-Each CLI case runs the installed ``rlcore`` command (the console script: the working directory is not on its
+``rlcore run`` cases run the installed ``rlcore`` command (the console script: the working directory is not on its
 import path by itself) with a stand-in ``ray`` package first on PYTHONPATH that records any import of ray, so a
-run that got as far as starting Ray is caught.
+run that got as far as starting Ray is caught. ``config validate`` runs in this process (the same command
+through typer's test runner, seconds faster per case) unless a case installs a plugin, which needs a fresh
+process to be found; a few cases run both and compare their lines.
 """
 
 from __future__ import annotations
@@ -53,8 +55,33 @@ def rlcore(*args: str, cwd: Path, tmp_path: Path, env: dict[str, str] | None = N
     return proc.returncode, lines, elapsed
 
 
-def validate(*args: str, cwd: Path = ROOT, **kw) -> tuple[int, list[str], float]:
-    return rlcore("config", "validate", *args, cwd=cwd, **kw)
+def validate(*args: str, cwd: Path = ROOT, tmp_path: Path, env: dict[str, str] | None = None,
+             pythonpath: tuple[Path, ...] = ()) -> tuple[int, list[str], float]:
+    """``rlcore config validate ARGS`` run in ``cwd``: in this process, or (a plugin on ``pythonpath``) in a
+    fresh one; so does a case that changes the hub's settings (huggingface_hub reads them once per process).
+    The user's modules it imported, and the working directory it put on the import path, go after."""
+    if pythonpath or any(key.startswith("HF_") for key in env or {}):
+        return rlcore("config", "validate", *args, cwd=cwd, tmp_path=tmp_path, env=env, pythonpath=pythonpath)
+    from typer.testing import CliRunner
+
+    from rlcore.cli.app import app
+
+    saved_path, saved_modules, here = list(sys.path), set(sys.modules), os.getcwd()
+    os.chdir(cwd)
+    start = time.monotonic()
+    try:
+        result = CliRunner().invoke(app, ["config", "validate", *args], env=env)
+    finally:
+        os.chdir(here)
+        sys.path[:] = saved_path
+        for name in set(sys.modules) - saved_modules:
+            if str(tmp_path) in str(getattr(sys.modules[name], "__file__", None) or ""):
+                del sys.modules[name]
+    elapsed = time.monotonic() - start
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    lines = [line for line in result.stderr.splitlines() if not line.startswith(("notice:", "ignored:"))]
+    return result.exit_code, lines, elapsed
 
 
 def run(config: Path, *args: str, tmp_path: Path, cwd: Path = ROOT, **kw) -> tuple[int, list[str], float]:
@@ -100,8 +127,9 @@ def test_a_missing_reward_module_is_named_under_its_key(user_dir: Path, tmp_path
 
 
 def test_a_missing_reward_function_is_named_with_the_closest_name(user_dir: Path, tmp_path: Path) -> None:
-    lines = both(TINY, *PYTHON_REWARD, "-o", "env.python_cfg.reward=my_task:rewards", tmp_path=tmp_path,
-                 cwd=user_dir)
+    code, lines, _ = validate(str(TINY), *PYTHON_REWARD, "-o", "env.python_cfg.reward=my_task:rewards",
+                              tmp_path=tmp_path, cwd=user_dir)
+    assert code == 1
     assert lines == [f"env.python_cfg.reward: 'my_task' ({user_dir / 'my_task.py'}) has no function 'rewards'; "
                      "did you mean 'reward'?"]
 
@@ -182,8 +210,9 @@ def test_a_broken_environment_plugin_is_named_with_its_error_not_install_advice(
 
 def test_missing_data_and_prompt_files_name_their_keys(tmp_path: Path) -> None:
     missing = tmp_path / "nope"
-    lines = both(TINY, "-o", f"data.train.path={missing / 'train.jsonl'}", "-o", f"data.prompt_file={missing}.txt",
-                 tmp_path=tmp_path)
+    code, lines, _ = validate(str(TINY), "-o", f"data.train.path={missing / 'train.jsonl'}", "-o",
+                              f"data.prompt_file={missing}.txt", tmp_path=tmp_path)
+    assert code == 1
     assert lines == [
         f"data.train.path: {missing / 'train.jsonl'} does not exist; set data.train.path to a local .jsonl, .json, "
         ".parquet or .csv file, or a directory written by datasets' save_to_disk",
@@ -193,8 +222,9 @@ def test_missing_data_and_prompt_files_name_their_keys(tmp_path: Path) -> None:
 def test_a_missing_distillation_teacher_is_named_under_its_own_key(tmp_path: Path) -> None:
     """Not policy.model_name after Ray starts (15.6 s): distillation.teacher_model_name, before."""
     teacher = tmp_path / "teacher"
-    lines = both(EXAMPLES / "distill_tiny.yaml", "-o", f"distillation.teacher_model_name={teacher}",
-                 tmp_path=tmp_path)
+    code, lines, _ = validate(str(EXAMPLES / "distill_tiny.yaml"), "-o", f"distillation.teacher_model_name={teacher}",
+                              tmp_path=tmp_path)
+    assert code == 1
     assert lines == [f"distillation.teacher_model_name: {teacher} does not exist (set "
                      "distillation.teacher_model_name to a local Hugging Face model directory, or a hub name "
                      "downloaded into the local cache)"]
@@ -215,7 +245,6 @@ def test_gpus_where_there_is_no_cuda_device_name_use_gpu_false(tmp_path: Path) -
     why = lines[0].removeprefix("cluster.use_gpu: is true, but this machine has no CUDA device (").removesuffix(
         "); set cluster.use_gpu=false to train on CPU, or run where there are GPUs")
     assert why in NO_DEVICE, lines
-    assert run(TINY, "-o", "cluster.use_gpu=true", tmp_path=tmp_path, env=hidden)[1] == lines
     assert elapsed < CLI_BOUND_S
     cluster = resolve(load_config(TINY, ["cluster.use_gpu=true"]), run=True).config.cluster
     os.environ["CUDA_VISIBLE_DEVICES"], start = "", time.monotonic()
@@ -278,8 +307,9 @@ def test_a_hub_model_offline_and_not_cached_checks_the_tokenizer_too(tmp_path: P
 
     env = {**empty_hub_cache, "HF_HUB_OFFLINE": "1"}
     cache = empty_hub_cache["HF_HUB_CACHE"]
-    lines = both(TINY, "-o", f"policy.model_name={tiny_model_path()}", "-o", "policy.tokenizer.name=rlcore-test/tok",
-                 tmp_path=tmp_path, env=env)
+    code, lines, _ = validate(str(TINY), "-o", f"policy.model_name={tiny_model_path()}", "-o",
+                              "policy.tokenizer.name=rlcore-test/tok", tmp_path=tmp_path, env=env)
+    assert code == 1
     assert lines == [f"policy.tokenizer.name: rlcore-test/tok is not a local directory and not in the Hugging Face "
                      f"cache ({cache}), and HF_HUB_OFFLINE is set: download it first (hf download rlcore-test/tok) "
                      "or set policy.tokenizer.name to a local model directory"]
