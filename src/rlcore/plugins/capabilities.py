@@ -46,6 +46,7 @@ class Capability(str, Enum):
     PARTIAL_REFIT = "partial_refit"
     LORA_ADAPTER = "lora_adapter"
     ASYNC_GENERATION = "async_generation"
+    VERIFIED_REFIT = "verified_refit"  # reports weight_version + fingerprints after a refit (since rlcore 0.3)
 
     def __str__(self) -> str:
         return self.value

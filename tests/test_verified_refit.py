@@ -1,0 +1,102 @@
+"""Verified refit: fingerprints, the kit's corrupting backend, and a real shared-memory refit checked end to end."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rlcore.plugins import Capability
+from rlcore.refit import RefitError
+from rlcore.refit.fingerprint import (SAMPLES, check_fingerprints, fingerprint, sample_indices, tensor_fingerprint,
+                                      verify_engines)
+from rlcore.testing.conformance.verified_refit import CorruptingEngines, FakeEngines, verified_refit_problems
+
+
+def weights() -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    return {
+        "embed.weight": torch.randn(1000, 64, generator=g),  # large: sampled
+        "layer.0.bias": torch.randn(7, generator=g).to(torch.bfloat16),  # small: summed whole
+        "layer.0.weight": torch.randn(300, 40, generator=g).to(torch.float16),
+        "steps": torch.tensor(3, dtype=torch.int64),
+        "mask": torch.tensor([True, False, True]),
+    }
+
+
+def test_equal_tensors_give_equal_fingerprints_and_copies_agree():
+    a = fingerprint(weights().items())
+    b = fingerprint((n, t.clone()) for n, t in weights().items())
+    assert a == b and set(a) == set(weights())
+    check_fingerprints(a, b, engine="engine 0")
+
+
+def test_the_sample_covers_the_first_and_last_element_at_a_fixed_stride():
+    index = sample_indices(64_000)
+    assert int(index[0]) == 0 and int(index[-1]) == 63_999 and len(index) == SAMPLES + 2
+    steps = index[1:-1].diff()
+    assert bool((steps == steps[0]).all())
+    assert sample_indices(10).tolist() == list(range(10))  # few elements: all of them
+
+
+@pytest.mark.parametrize("name", sorted(weights()))
+@pytest.mark.parametrize("where", ["first", "last", "sampled"])
+def test_one_changed_element_is_named(name, where):
+    sent = weights()
+    held = {n: t.clone() for n, t in sent.items()}
+    flat = held[name].view(-1)
+    index = sample_indices(flat.numel())
+    position = {"first": 0, "last": flat.numel() - 1, "sampled": int(index[len(index) // 2])}[where]
+    flat[position] = ~flat[position] if flat.dtype == torch.bool else flat[position] + 1
+    with pytest.raises(RefitError) as err:
+        check_fingerprints(fingerprint(sent.items()), fingerprint(held.items()), engine="engine 1",
+                           bucket_of={name: 2})
+    line = str(err.value)
+    assert "\n" not in line and f"'{name}' (bucket 2)" in line and "engine 1" in line
+
+
+def test_whole_tensor_faults_are_caught_between_samples():
+    t = weights()["embed.weight"]
+    base = tensor_fingerprint(t)
+    assert tensor_fingerprint(torch.zeros_like(t)) != base
+    assert tensor_fingerprint(t * 2) != base
+    assert tensor_fingerprint(t.roll(1)) != base
+    assert tensor_fingerprint(t[:-1]) != base
+    assert tensor_fingerprint(t.double()) != base
+    # a full pass (samples=None) catches one changed element anywhere
+    u = t.clone()
+    u.view(-1)[5] += 1
+    assert tensor_fingerprint(u, samples=None) != tensor_fingerprint(t, samples=None)
+
+
+def test_a_wrong_or_missing_version_is_one_line():
+    sent = fingerprint(weights().items())
+    with pytest.raises(RefitError, match=r"^refit verification failed: engine 0 holds weight_version 2, expected 3$"):
+        verify_engines(sent, [{"weight_version": 2, "fingerprints": sent}], version=3)
+    assert verify_engines(sent, [{"weight_version": 3, "fingerprints": sent}] * 2, version=3) == 3
+
+
+def test_capability_is_declared_in_the_enum():
+    assert Capability("verified_refit") is Capability.VERIFIED_REFIT
+
+
+def test_kit_passes_an_honest_backend_and_catches_one_corrupted_tensor():
+    named = list(weights().items())
+    assert verified_refit_problems(FakeEngines(), named) == []
+    problems = verified_refit_problems(CorruptingEngines("layer.0.weight"), named, version=4)
+    assert len(problems) == 1 and "\n" not in problems[0]
+    assert problems[0].startswith("refit verification failed: engine 1 holds fingerprint")
+    assert "tensor 'layer.0.weight'" in problems[0]
+
+
+def test_a_real_shared_memory_refit_is_verified():
+    """The colocated transport's real receiver (a spawned sender process, no Ray): what it loaded matches."""
+    from tests.test_refit import _receive_shm, sample_tensors
+
+    got: dict[str, torch.Tensor] = {}
+    _, (status, _) = _receive_shm(got)
+    assert status == "ok"
+    sent = fingerprint(sample_tensors().items())
+    verify_engines(sent, [{"weight_version": 1, "fingerprints": fingerprint(got.items())}], version=1)
+    got["big.weight"].view(-1)[-1] += 1
+    with pytest.raises(RefitError, match="tensor 'big.weight'"):
+        verify_engines(sent, [{"weight_version": 1, "fingerprints": fingerprint(got.items())}], version=1)
