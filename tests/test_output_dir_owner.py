@@ -223,8 +223,6 @@ def rlcore_without_ray(tmp_path: Path, *args: str) -> tuple[subprocess.Completed
     return proc, time.monotonic() - began
 
 
-@pytest.mark.xfail(strict=True, reason="until src/rlcore/cli/run_cmd.py says whether the run resumes: "
-                   "output_dir_problems(cfg, resume); then remove this mark")
 def test_rlcore_run_of_dpo_yaml_after_sft_yaml_refuses_in_one_line_before_ray(tmp_path: Path,
                                                                                tiny_model_dir: str) -> None:
     """NeMo-RL's own files as a user runs them: both say ``logger.log_dir: logs``, relative to where they run."""

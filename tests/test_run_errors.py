@@ -149,7 +149,7 @@ def test_the_run_s_own_error_handler_falls_back_to_the_temporary_directory(monke
     """Were the directory to become unwritable after the check, the error is still two lines, not a traceback."""
     import rlcore.run.train
 
-    monkeypatch.setattr(rlcore.run.train, "output_dir_problems", lambda cfg: [])
+    monkeypatch.setattr(rlcore.run.train, "output_dir_problems", lambda cfg, *args: [])
     out = under_a_file(tmp_path)
     began = time.time()
     result = invoke_run(monkeypatch, out)

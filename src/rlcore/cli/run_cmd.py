@@ -93,7 +93,7 @@ def run(
         data = load_run_data(cfg, tokenizer)  # so does a bad row, a missing file or a prompt too long
     except DataError as exc:
         _fail([f"error: {exc}"])
-    if problems := output_dir_problems(cfg):  # a read-only directory too (created here, once all else is right)
+    if problems := output_dir_problems(cfg, resume):  # another run's results, or unwritable (created here, last)
         _fail(problems)
     log_dir = Path(cfg.logger.output_dir) / "logs"
     if resume:
