@@ -22,6 +22,7 @@ A wrong answer is one line naming the engine, the bucket and the tensor (:func:`
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import TYPE_CHECKING, Iterable, Mapping
 
 from rlcore.refit.buckets import RefitError
@@ -56,14 +57,22 @@ def sample_indices(numel: int, samples: int | None = SAMPLES) -> "torch.Tensor":
     return torch.cat([torch.zeros(1, dtype=torch.int64), inner, torch.tensor([numel - 1])])
 
 
+@lru_cache(maxsize=1024)
+def _plan(numel: int, samples: int | None, device: str) -> tuple["torch.Tensor", "torch.Tensor"]:
+    """The sampled positions on ``device`` and their weights (odd: a weight never zeroes a changed element in
+    wrapping arithmetic); a model has few distinct sizes, so each is built once."""
+    index = sample_indices(numel, samples)
+    return index.to(device), index * 2 + 1
+
+
 def tensor_fingerprint(tensor: "torch.Tensor", samples: int | None = SAMPLES) -> int:
     """One tensor's checksum (an unsigned 64-bit int); equal tensors give equal checksums on any device."""
     import torch
 
     flat = tensor.detach().reshape(-1)
-    index = sample_indices(flat.numel(), samples)
-    picked = _bits(flat.index_select(0, index.to(flat.device))).cpu()
-    weights = index * 2 + 1  # odd: a weight never zeroes a changed element in wrapping arithmetic
+    plan = _plan if samples is not None else _plan.__wrapped__  # a full pass's positions are not worth keeping
+    index, weights = plan(flat.numel(), samples, str(flat.device))
+    picked = _bits(flat.index_select(0, index)).cpu()
     total = int((picked * weights).sum(dtype=torch.int64)) if picked.numel() else 0
     # the element count and dtype width enter too, so a truncated or re-typed tensor differs
     return (total * 1_000_003 + flat.numel() * 31 + flat.element_size()) & _MASK

@@ -337,6 +337,7 @@ class VllmGenerationWorker:
     def _refit(self, transport: str, receive: Any) -> dict[str, Any]:
         """Run ``receive(load)``; the engine is stale from the first loaded tensor until the reload completes."""
         from rl_vllm.refit import InPlaceReload
+        from rlcore.refit.fingerprint import fingerprint
 
         if self._asleep:
             self.prepare_for_generation()
@@ -344,10 +345,13 @@ class VllmGenerationWorker:
         session: list[InPlaceReload] = []
         previous = self.stale_reason
 
+        received: dict[str, int] = {}
+
         def load(named: Any) -> None:
             if not session:  # weights change from here on
                 self.stale_reason = f"a {transport} refit is in progress"
                 session.append(InPlaceReload(self.llm.collective_rpc(_own_worker)[0], self._partial_refit))
+            received.update(fingerprint(named))  # before vLLM's loader fuses them (qkv, gate_up): HF names
             session[0].load(named)
 
         try:
@@ -369,7 +373,13 @@ class VllmGenerationWorker:
             # Cached prefixes hold keys/values computed with the old weights.
             self.llm.reset_prefix_cache()
         self.stale_reason = None
+        self._fingerprints = {**getattr(self, "_fingerprints", {}), **received}  # a partial refit adds to the last
         return {"tensors": session[0].tensors, "seconds": time.perf_counter() - started}
+
+    def weight_fingerprints(self) -> dict[str, Any]:
+        """``verified_refit``: the ``weight_version`` this engine holds and the fingerprints of the tensors it
+        received (per tensor, as sent; vLLM fuses some on load, so what it holds has other names and shapes)."""
+        return {"weight_version": self.weight_version, "fingerprints": dict(getattr(self, "_fingerprints", {}))}
 
     # -- lifecycle --------------------------------------------------------------------
     def prepare_for_generation(self, *args: Any, **kwargs: Any) -> bool:
