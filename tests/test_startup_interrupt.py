@@ -86,3 +86,14 @@ def test_a_signal_during_start_up_is_one_line_its_exit_code_and_nothing_left(tmp
     assert rc == {"SIGINT": 130, "SIGTERM": 143}[name], after
     assert after == [f"stopped by {name}: no checkpoint was written yet"], after
     assert not left, f"still there after {CLEANUP_BOUND_S}s: {left}"
+
+
+def test_a_signal_while_the_run_is_prepared_is_one_line_before_ray(tmp_path):
+    """Before the summary line (config, checks, data): not typer's silence or a traceback, one line."""
+    env = {**os.environ, SIGNAL_AT_ENV: "prepare:TERM", "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.run([sys.executable, "-m", "rlcore", "run", "examples/grpo_tiny.yaml", "-o",
+                           f"logger.output_dir={tmp_path / 'out'}"], env=env, capture_output=True, text=True,
+                          timeout=300)
+    lines = [line for line in proc.stderr.splitlines() if not line.startswith(("notice:", "ignored:"))]
+    assert (proc.returncode, lines) == (143, ["stopped by SIGTERM before the run started: no checkpoint was written"])
+    assert not (tmp_path / "out").exists()

@@ -46,29 +46,18 @@ def _summary_line(resolved: Any, data: Any, log_dir: Path, verbose: bool) -> str
     return f"rlcore run: {load_algorithm(cfg.algorithm).describe(resolved, workers, source, steps)}; logs {where}"
 
 
-def run(
-    config: Optional[Path] = typer.Argument(None, help="YAML config, or a shipped example's name (rlcore examples "
-                                            "list); omitted = grpo_tiny, the tiny GRPO demo."),
-    override: list[str] = typer.Option([], "-o", "--override", help="Dotted override key=value (repeatable)."),
-    resume: bool = typer.Option(False, "--resume", help="Continue from the latest checkpoint in the output dir "
-                                "(an error when there is none)."),
-    verbose: bool = typer.Option(False, "-v", "--verbose", help="Stream every process's output (Ray, workers, "
-                                 "engines) instead of logging it to <output_dir>/logs/, and print full tracebacks."),
-    source: SourceOpt = ConfigSource.rlcore,
-    nemo_overrides: NemoOverridesArg = None,
-) -> None:
-    """Train with GRPO, or SFT when the config has an sft section. Fails before starting anything if the config, a
-    backend or the model is wrong."""
-    from rlcore.cli.errors import one_line, write_traceback
+def _prepare(config: Optional[Path], override: list[str], resume: bool, source: ConfigSource,
+             nemo_overrides: Optional[list[str]]) -> tuple[Any, Any, Any]:
+    """The config resolved and checked, its tokenizer and its data, or one line per problem and exit 1: all
+    before Ray starts and before anything is written."""
     from rlcore.config import ConfigError, resolve
-    from rlcore.run.output import quiet_output
+    from rlcore.datasets import DataError
+    from rlcore.distributed.startup_signals import signal_self_at
+    from rlcore.run.build import load_run_data
     from rlcore.run.preflight import run_problems
     from rlcore.run.preflight.user_code import import_from_working_directory
-    from rlcore.run.stopping import StopOnSignals
-    from rlcore.datasets import DataError
-    from rlcore.run.build import load_run_data
     from rlcore.run.prompts import load_tokenizer
-    from rlcore.run.train import latest_checkpoint, output_dir_problems, resume_line
+    from rlcore.run.train import output_dir_problems
 
     import_from_working_directory()  # the reward function of docs/tasks.md, ./my_task.py
     if config is None and source is ConfigSource.rlcore:
@@ -88,6 +77,7 @@ def run(
     # what `rlcore config validate` checks too: checkpoint, engines, CUDA, user code, files, models, hub
     if problems := run_problems(resolved, resume=resume, sources=sources):
         _fail(problems)
+    signal_self_at("prepare")  # a test hook (rlcore.distributed.startup_signals); nothing unless asked
     tokenizer = load_tokenizer(cfg)
     try:
         data = load_run_data(cfg, tokenizer)  # so does a bad row, a missing file or a prompt too long
@@ -95,6 +85,37 @@ def run(
         _fail([f"error: {exc}"])
     if problems := output_dir_problems(cfg, resume):  # another run's results, or unwritable (created here, last)
         _fail(problems)
+    return resolved, data, tokenizer
+
+
+def run(
+    config: Optional[Path] = typer.Argument(None, help="YAML config, or a shipped example's name (rlcore examples "
+                                            "list); omitted = grpo_tiny, the tiny GRPO demo."),
+    override: list[str] = typer.Option([], "-o", "--override", help="Dotted override key=value (repeatable)."),
+    resume: bool = typer.Option(False, "--resume", help="Continue from the latest checkpoint in the output dir "
+                                "(an error when there is none)."),
+    verbose: bool = typer.Option(False, "-v", "--verbose", help="Stream every process's output (Ray, workers, "
+                                 "engines) instead of logging it to <output_dir>/logs/, and print full tracebacks."),
+    source: SourceOpt = ConfigSource.rlcore,
+    nemo_overrides: NemoOverridesArg = None,
+) -> None:
+    """Train with GRPO, or SFT when the config has an sft section. Fails before starting anything if the config, a
+    backend or the model is wrong."""
+    from rlcore.cli.errors import one_line, write_traceback
+    from rlcore.run.output import quiet_output
+    from rlcore.run.stopping import StopOnSignals
+    from rlcore.run.train import latest_checkpoint, resume_line
+
+    early = StopOnSignals()  # a signal while the run is being prepared: one line, nothing written
+    try:
+        with early:
+            resolved, data, tokenizer = _prepare(config, override, resume, source, nemo_overrides)
+    except BaseException as exc:  # noqa: BLE001 - a stop, or what a stop inside an import turned into
+        if (stop := early.stop_behind(exc)) is None:
+            raise
+        typer.echo(f"stopped by {stop} before the run started: no checkpoint was written", err=True)
+        raise typer.Exit(stop.exit_code) from None
+    cfg = resolved.config
     log_dir = Path(cfg.logger.output_dir) / "logs"
     if resume:
         typer.echo(resume_line(cfg), err=True)

@@ -22,7 +22,7 @@ from typing import Callable, Iterator
 
 SIGNAL_AT_ENV = "RLCORE_TEST_SIGNAL_AT"
 #: Where :func:`signal_self_at` is called during ``rlcore run``'s start-up, in order.
-PHASES = ("ray_start", "ray_started", "workers", "engines", "first_step")
+PHASES = ("prepare", "ray_start", "ray_started", "workers", "engines", "first_step")
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
