@@ -567,5 +567,6 @@ def test_a_dapo_math_config_reads_the_nested_rows_of_dapo_math_17k(tmp_path):
     assert [s.messages[-1] for s in samples] == [{"role": "user", "content": f"What is {i} + 1?"} for i in range(3)]
     assert [s.metadata["ground_truth"] for s in samples] == ["1", "2", "3"]
     assert samples[2].metadata["extra_info"] == {"index": "id-2"}  # the other columns ride along as metadata
-    (problem,) = nemo_problems(BASE, "++data.train.dataset_name=DAPOMath17K", "~data.train.data_path")
-    assert "rows with messages_key 'prompt', output_key 'reward_model.ground_truth'" in problem, problem
+    hub = nemo_config(BASE, ["++data.train.dataset_name=DAPOMath17K", "data.default.prompt_file=null",
+                             "~data.train.data_path"]).config
+    assert (hub.data.train.hub_id, hub.data.messages_key) == ("BytedTsinghua-SIA/DAPO-Math-17k", "prompt")
