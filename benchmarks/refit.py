@@ -31,6 +31,7 @@ copies of layers split over buckets, and vLLM's layerwise ``load_weights``
 (+ ``finalize``), so a missed goal can be explained.
 
     python benchmarks/refit.py [--backend reference] [--model-dir DIR] [--repeats 5] [--breakdown]
+    python benchmarks/refit.py --fingerprint [--repeats 9]   # verified refit's cost, CPU, no vLLM
 
 The last line printed is JSON with ``colocated_vs_floor`` and ``collective_vs_floor``
 (collective over max(broadcast, floor)); goals <= 1.25 each, beside the
@@ -320,6 +321,97 @@ def figures(times: dict[str, list[float]], nbytes: int) -> dict:
     return {**result, "load_average": round(os.getloadavg()[0], 1)}
 
 
+def _llama_shaped(seed: int = 0) -> dict[str, Any]:
+    """The tensors of a ~162M-parameter Llama (MODEL's shapes, intermediate 3072), float32, random."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    h, i, v = MODEL["hidden_size"], 3072, MODEL["vocab_size"]
+    shapes = {"embed_tokens.weight": (v, h), "lm_head.weight": (v, h), "norm.weight": (h,)}
+    for n in range(MODEL["num_layers"]):
+        for w, shape in (("q_proj", (h, h)), ("k_proj", (h, h)), ("v_proj", (h, h)), ("o_proj", (h, h)),
+                         ("gate_proj", (i, h)), ("up_proj", (i, h)), ("down_proj", (h, i)),
+                         ("input_layernorm", (h,)), ("post_attention_layernorm", (h,))):
+            shapes[f"layers.{n}.{w}.weight"] = shape
+    return {k: torch.randn(shape, generator=g) for k, shape in shapes.items()}
+
+
+def _fingerprint_sender(address: str, authkey: bytes, commands: Any, results: Any) -> None:
+    """Spawned: holds the weights; per command, fingerprints them (if asked) and streams them once."""
+    import torch
+
+    from rlcore.refit import DEFAULT_BUCKET_BYTES, metadata_of
+    from rlcore.refit.fingerprint import fingerprint
+    from rlcore.refit.shared_memory import stream_to_receiver
+
+    torch.set_num_threads(1)
+    tensors = _llama_shaped()
+    results.put("ready")
+    while (verify := commands.get()) is not None:
+        started = time.perf_counter()
+        sent = (fingerprint(tensors.items()), time.perf_counter() - started) if verify else None
+        stream_to_receiver(iter(tensors.items()), metadata_of(tensors.items()), address, authkey,
+                           bucket_bytes=DEFAULT_BUCKET_BYTES, device=torch.device("cpu"))
+        results.put(sent)
+
+
+def fingerprint_cost(repeats: int) -> dict:
+    """Shared-memory refits of a ~162M model on CPU (no vLLM: the receiver copies into held tensors), with
+    the verified-refit fingerprints (sender's before, engine's of what it holds after, and the compare)
+    on and off, interleaved; median seconds of each, and the fingerprints' own time (timed directly, since
+    on a loaded machine the on/off difference is below the refit's noise) over the refit's."""
+    import multiprocessing as mp
+
+    import torch
+
+    from rlcore.refit import metadata_of
+    from rlcore.refit.fingerprint import fingerprint, verify_engines
+    from rlcore.refit.shared_memory import ShmReceiver
+
+    torch.set_num_threads(1)
+    held = {k: torch.empty_like(t) for k, t in _llama_shaped().items()}
+    metadata = metadata_of(held.items())
+
+    def load(named: list) -> None:
+        for name, t in named:
+            held[name].copy_(t)
+
+    ctx = mp.get_context("spawn")
+    receiver, commands, results = ShmReceiver(), ctx.Queue(), ctx.Queue()
+    sender = ctx.Process(target=_fingerprint_sender, args=(receiver.address, receiver.authkey, commands, results))
+    sender.start()
+    times: dict[str, list[float]] = {"off": [], "on": []}
+    loads: list[float] = []
+    fingerprint_s: list[float] = []  # the sender's fingerprint + the engine's + the compare, timed directly
+    try:
+        results.get(timeout=600)
+        for rep in range(repeats + 1):  # the first round warms up
+            for mode in ("off", "on") if rep % 2 == 0 else ("on", "off"):
+                start = time.perf_counter()
+                commands.put(mode == "on")
+                receiver.receive(metadata, load, timeout_s=600)
+                sent = results.get(timeout=600)
+                if sent is not None:
+                    engine_start = time.perf_counter()
+                    verify_engines(sent[0], [{"weight_version": rep, "fingerprints": fingerprint(held.items())}],
+                                   version=rep)
+                    if rep:
+                        fingerprint_s.append(sent[1] + time.perf_counter() - engine_start)
+                if rep:
+                    times[mode].append(time.perf_counter() - start)
+                    loads.append(os.getloadavg()[0])
+        commands.put(None)
+    finally:
+        sender.join(timeout=60)
+        receiver.close()
+    off, on = statistics.median(times["off"]), statistics.median(times["on"])
+    return {"params": sum(t.numel() for t in held.values()), "tensors": len(held), "refit_s": round(off, 4),
+            "refit_verified_s": round(on, 4), "on_vs_off": round(on / off - 1, 4),
+            "fingerprint_s": round(statistics.median(fingerprint_s), 5),
+            "fingerprint_vs_refit": round(statistics.median(fingerprint_s) / off, 4),
+            "load_average_median": round(statistics.median(loads), 2), "repeats": repeats}
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--backend", default="reference", help="training backend (reference, dtensor, ...)")
@@ -328,7 +420,12 @@ def main(argv: list[str] | None = None) -> None:
                         help="which refits to time (one at a time holds one engine less: the 0.5B preset on 24 GB)")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--breakdown", action="store_true", help="also profile the stages of a colocated refit")
+    parser.add_argument("--fingerprint", action="store_true",
+                        help="only: a CPU shared-memory refit with verified-refit fingerprints on vs off (no vLLM)")
     args = parser.parse_args(argv)
+    if args.fingerprint:
+        print(json.dumps(fingerprint_cost(args.repeats)))
+        return
 
     import torch
     import transformers
