@@ -2,8 +2,8 @@
 
 The command loads the config and resolves it once against the installed
 backends (:func:`rlcore.config.resolve`), checks what :func:`rlcore.run.preflight.run_problems`
-checks (as ``rlcore config validate`` does) and the data, then hands the resolved config to :func:`rlcore.run.train.train` and reports
-how the run ended.
+checks (as ``rlcore config validate`` does) and the data, then hands the resolved config to
+:func:`rlcore.run.train.train` and reports how the run ended.
 """
 
 from __future__ import annotations

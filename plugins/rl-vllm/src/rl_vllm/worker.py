@@ -139,6 +139,7 @@ class VllmGenerationWorker:
         self._refit_group: Any = None
         self._lora_request: Any = None  # the adapter every request runs with (adapter refit)
         self.weight_version = 0  # named by the driver after each refit; tags every sample generated
+        self._fingerprints: dict[str, int] = {}  # verified_refit: what the refits delivered, by tensor
         # Weights that did not come from a checkpoint are not the policy's until a refit lands.
         self.stale_reason: str | None = (
             "the engine started with load_format='dummy' and has not been refit yet"
@@ -373,13 +374,13 @@ class VllmGenerationWorker:
             # Cached prefixes hold keys/values computed with the old weights.
             self.llm.reset_prefix_cache()
         self.stale_reason = None
-        self._fingerprints = {**getattr(self, "_fingerprints", {}), **received}  # a partial refit adds to the last
+        self._fingerprints.update(received)  # a partial refit adds to the last
         return {"tensors": session[0].tensors, "seconds": time.perf_counter() - started}
 
     def weight_fingerprints(self) -> dict[str, Any]:
         """``verified_refit``: the ``weight_version`` this engine holds and the fingerprints of the tensors it
         received (per tensor, as sent; vLLM fuses some on load, so what it holds has other names and shapes)."""
-        return {"weight_version": self.weight_version, "fingerprints": dict(getattr(self, "_fingerprints", {}))}
+        return {"weight_version": self.weight_version, "fingerprints": dict(self._fingerprints)}
 
     # -- lifecycle --------------------------------------------------------------------
     def prepare_for_generation(self, *args: Any, **kwargs: Any) -> bool:
