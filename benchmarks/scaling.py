@@ -2,10 +2,10 @@
 
 For every (backend, size, sequence length) case, in fresh processes:
 
-- **time**: ``Policy.train`` (NLL loss, AdamW) and ``Policy.get_logprobs`` against a raw
-  torch multiprocess script of the same step — exactly the method and code of
-  ``policy_overhead.py`` (its ``RawRunner`` / ``_raw_rank`` / ``PolicyRunner.run`` are
-  imported, not copied), with its module constants (sequence length, rows per rank) set per
+- **time** (context for the memory figures; rlcore's step overhead against a raw loop is
+  ``step_overhead.py``'s figure, not this one): ``Policy.train`` (NLL loss, AdamW) and
+  ``Policy.get_logprobs`` tokens/s beside a raw torch multiprocess script of the same step
+  (``raw_ranks.py``'s ``RawRunner`` / ``_raw_rank`` / ``PolicyRunner.run``), with its module constants (sequence length, rows per rank) set per
   case in the driver and in every raw rank, and ``torch.optim.SGD`` replaced by
   ``torch.optim.AdamW`` inside the raw ranks so both sides keep Adam state. The raw script
   shards with FSDP2 wherever the backend shards the states (dtensor, fsdp1's FULL_SHARD,
@@ -47,7 +47,6 @@ Model sizes are scaled-down presets (real architecture, random fp32 weights): se
     python benchmarks/scaling.py --backends megatron --megatron-tp 2 --sizes 0.5b --no-refit
 
 The last line printed is JSON: ``largest_params``, ``max_memory_vs_theory``,
-``max_overhead_vs_raw`` (rlcore seconds / raw seconds of train + logprobs),
 ``max_refit_vs_floor`` (the larger of colocated / floor and collective / max(broadcast,
 floor) over the sizes), ``cases`` and ``refit_cases``.
 """
@@ -66,21 +65,9 @@ import time
 from typing import Any, Iterator
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import policy_overhead as po  # noqa: E402  (the sibling benchmark whose method this reuses)
+import raw_ranks as po  # noqa: E402  (the raw ranks and Policy runner this measures)
+from step_overhead import SIZES  # noqa: E402  (one list of model sizes for every benchmark)
 
-_QWEN = "qwen2.5-0.5b"
-_SMALL_QWEN = dict(vocab_size=32000, max_position_embeddings=4096)
-#: name -> (preset, overrides). ~10M and ~50M use a 32k vocabulary (else the 151,936-row embedding
-#: alone is 136M); "150m" is the 0.5B preset cut to 2 layers, "0.5b" and "1b" are the real shapes.
-SIZES: dict[str, tuple[str, dict]] = {
-    "10m": (_QWEN, dict(hidden_size=256, num_layers=4, num_heads=4, num_kv_heads=2, head_dim=64,
-                        intermediate_size=1024, **_SMALL_QWEN)),
-    "50m": (_QWEN, dict(hidden_size=512, num_layers=8, num_heads=8, num_kv_heads=2, head_dim=64,
-                        intermediate_size=2048, **_SMALL_QWEN)),
-    "150m": (_QWEN, dict(num_layers=2)),
-    "0.5b": (_QWEN, {}),
-    "1b": ("llama-3.2-1b", {}),
-}
 QUICK = dict(sizes="10m,50m,150m", seq_lens="256", repeats=2, rows_per_rank=1)
 FULL = dict(sizes="10m,50m,150m,0.5b", seq_lens="256,1024,2048", repeats=3, rows_per_rank=2)
 #: ``--apart auto``: from this many parameters on, raw and rlcore run one after the other (memory).
@@ -122,7 +109,7 @@ def count_params(model_dir: str) -> int:
 
 
 def configure(settings: dict) -> None:
-    """Set policy_overhead's module constants (this process) to one case's values."""
+    """Set raw_ranks' module constants (this process) to one case's values."""
     for key, value in settings.items():
         if key.isupper():
             setattr(po, key, value)
@@ -142,7 +129,7 @@ def patched(obj: Any, name: str, value: Any) -> Iterator[None]:
 
 
 def _scaled_raw_rank(settings: dict, rank: int, *args: Any) -> None:
-    """policy_overhead's raw rank with this case's constants and AdamW; records its runtime RSS first."""
+    """raw_ranks' raw rank with this case's constants and AdamW; records its runtime RSS first."""
     import torch
     import transformers  # noqa: F401
     from transformers import AutoModelForCausalLM  # noqa: F401  (resolve the lazy import now)
@@ -161,7 +148,7 @@ def raw_is_sharded(backend: str, args: argparse.Namespace) -> bool:
 
 
 def start_raw(model_dir: str, world_size: int, sharded: bool, settings: dict) -> po.RawRunner:
-    """policy_overhead.RawRunner, its ranks running :func:`_scaled_raw_rank`."""
+    """raw_ranks.RawRunner, its ranks running :func:`_scaled_raw_rank`."""
     with patched(po, "_raw_rank", functools.partial(_scaled_raw_rank, settings)):
         return po.RawRunner(model_dir, world_size, fsdp2=sharded)
 
@@ -179,7 +166,7 @@ def raw_baseline(settings: dict, world_size: int) -> int:
 
 
 class ScaledPolicyRunner(po.PolicyRunner):
-    """policy_overhead.PolicyRunner (same run/close) with AdamW, a per-case length and the reference copy."""
+    """raw_ranks.PolicyRunner (same run/close) with AdamW, a per-case length and the reference copy."""
 
     def __init__(self, backend: str, model_dir: str, world_size: int, reference: bool, megatron_tp: int) -> None:
         from rlcore.algorithms.loss_functions import NLLLoss
@@ -220,7 +207,7 @@ class ScaledPolicyRunner(po.PolicyRunner):
 
 
 def policy_config(backend: str, model_dir: str, world_size: int, megatron_tp: int = 1) -> dict:
-    """policy_overhead's policy config with AdamW (megatron: its own adam, undistributed, ``megatron_tp``)."""
+    """raw_ranks' policy config with AdamW (megatron: its own adam, undistributed, ``megatron_tp``)."""
     cfg = {"backend": backend, "model_name": model_dir,
            "train_global_batch_size": po.ROWS_PER_RANK * world_size, "train_micro_batch_size": po.MICRO_BATCH,
            "logprob_batch_size": po.LOGPROB_BATCH, "learning_rate": po.LR,
@@ -237,7 +224,7 @@ def policy_config(backend: str, model_dir: str, world_size: int, megatron_tp: in
 
 
 def time_runs(runners: dict[str, Any], repeats: int) -> dict[str, dict[str, list[float]]]:
-    """One warm-up of each runner, then ``repeats`` interleaved rounds (as policy_overhead.main does)."""
+    """One warm-up of each runner, then ``repeats`` interleaved rounds (the raw side beside rlcore's)."""
     times: dict[str, dict[str, list[float]]] = {side: {"train": [], "logprobs": []} for side in runners}
     for command in ("train", "logprobs"):
         for runner in runners.values():
@@ -319,12 +306,10 @@ def summarise(backend: str, size: str, seq_len: int, n_params: int, tokens: int,
     activations = max(raw_peak - runtime - STATE_BYTES * n_params / raw_shard, 0)
     reference = 4 * n_params / shard if args.reference else 0
     theory = runtime + STATE_BYTES * n_params / shard + reference + activations
-    ours_s = med([a + b for a, b in zip(times["rlcore"]["train"], times["rlcore"]["logprobs"])])
-    raw_s = med([a + b for a, b in zip(times["raw"]["train"], times["raw"]["logprobs"])])
     return dict(backend=backend, size=size, params=n_params, seq_len=seq_len, tokens=tokens,
                 train_tok_s=tokens / med(times["rlcore"]["train"]), raw_train_tok_s=tokens / med(times["raw"]["train"]),
                 lp_tok_s=tokens / med(times["rlcore"]["logprobs"]), raw_lp_tok_s=tokens / med(times["raw"]["logprobs"]),
-                overhead=ours_s / raw_s, peak_gb=our_peak / GB, raw_peak_gb=raw_peak / GB, runtime_gb=runtime / GB,
+                peak_gb=our_peak / GB, raw_peak_gb=raw_peak / GB, runtime_gb=runtime / GB,
                 activations_gb=activations / GB, theory_gb=theory / GB, mem_vs_theory=our_peak / theory)
 
 
@@ -333,7 +318,7 @@ def summarise(backend: str, size: str, seq_len: int, n_params: int, tokens: int,
 
 COLUMNS = [("backend", "backend", "{}"), ("size", "size", "{}"), ("params", "params(M)", "{:.1f}"),
            ("seq_len", "seq", "{}"), ("train_tok_s", "train tok/s", "{:.0f}"), ("raw_train_tok_s", "raw", "{:.0f}"),
-           ("lp_tok_s", "lp tok/s", "{:.0f}"), ("raw_lp_tok_s", "raw", "{:.0f}"), ("overhead", "t/raw", "{:.2f}"),
+           ("lp_tok_s", "lp tok/s", "{:.0f}"), ("raw_lp_tok_s", "raw", "{:.0f}"),
            ("init_peak_gb", "init GB", "{:.2f}"), ("peak_gb", "peak GB", "{:.2f}"), ("raw_peak_gb", "raw GB", "{:.2f}"),
            ("activations_gb", "act GB", "{:.2f}"),
            ("theory_gb", "theory GB", "{:.2f}"), ("mem_vs_theory", "mem/theory", "{:.2f}"),
@@ -364,7 +349,6 @@ def summary_json(rows: list[dict], refits: list[dict]) -> dict:
     refit_ratios = [max(r["colocated_vs_floor"], r["collective_vs_floor"]) for r in refits]
     return {"largest_params": max((r["params"] for r in rows + refits), default=0),
             "max_memory_vs_theory": round(max((r["mem_vs_theory"] for r in rows), default=0), 3) if rows else None,
-            "max_overhead_vs_raw": round(max((r["overhead"] for r in rows), default=0), 3) if rows else None,
             "max_refit_vs_floor": max(refit_ratios) if refit_ratios else None,
             "cases": [rounded(r) for r in rows], "refit_cases": [rounded(r) for r in refits]}
 

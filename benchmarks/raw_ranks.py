@@ -1,42 +1,17 @@
-"""What does going through ``Policy`` cost, compared with a hand-written torch script?
+"""The raw ranks and the Policy runner that ``scaling.py`` measures memory with (not a benchmark itself).
 
-The same work is timed twice:
+- :class:`RawRunner`: ``--world-size`` processes over gloo running a hand-written step of the same
+  model on the same per-rank rows (FSDP2 per decoder layer and the root, or a full replica per rank),
+  commanded 'train' / 'logprobs' so their peaks can be read beside rlcore's workers;
+- :class:`PolicyRunner`: the same work through ``Policy``.
 
-- **rlcore**: ``Policy.train`` (NLL loss, SGD) and ``Policy.get_logprobs`` on a
-  ``--world-size``-rank policy of the chosen backend, timed in the driver
-  (so Ray dispatch, sharding, object-store transfers and result gathering
-  all count);
-- **raw**: ``--world-size`` processes started with ``torch.multiprocessing``
-  over gloo, the same model, the same per-rank rows, the same micro-batches
-  and the same collectives (valid-token count, step loss, gradient reduction,
-  grad norm, SGD step), timed on rank 0 between barriers (its logprobs stay on
-  the ranks: gathering them is part of what Policy costs). The raw side does
-  the backend's kind of data parallelism: for ``dtensor``, plain torch FSDP2
-  (``fully_shard`` per decoder layer and the root, summed gradient
-  reduction); otherwise a full replica per rank with one flat gradient
-  all-reduce.
-
-Both sides are started and warmed up once, then their repeats are
-interleaved (raw step, rlcore step, raw logprobs, rlcore logprobs, ...) so
-that load from other processes on the machine hits both alike; the median over
-``--repeats`` is reported. Both run one torch thread per rank. The warm-up
-step's loss is printed from both sides as a check that they do the same
-computation.
-
-    python benchmarks/policy_overhead.py [--backend reference] [--world-size 2] [--repeats 5]
-
-The last line printed is JSON: ``{"rlcore_s": ..., "raw_s": ..., "ratio": ...}``
-(seconds of one train step plus one logprob pass, medians).
+Step overhead (rlcore's step against a raw loop's) is measured by ``step_overhead.py``, not here.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import socket
-import statistics
-import sys
 import time
 from typing import Any
 
@@ -240,60 +215,3 @@ class PolicyRunner:
         self.policy.shutdown()
         self.cluster.shutdown()
         shutdown_ray()
-
-
-# --------------------------------------------------------------------------- main
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--backend", default="reference")
-    parser.add_argument("--world-size", type=int, default=2)
-    parser.add_argument("--repeats", type=int, default=5)
-    args = parser.parse_args(argv)
-
-    import transformers
-
-    from rlcore.testing.models import tiny_model_path
-
-    transformers.utils.logging.disable_progress_bar()
-    model_dir = tiny_model_path(**MODEL)
-    print(f"model: {MODEL}; {ROWS_PER_RANK} rows/rank of <= {SEQ_LEN} tokens, micro-batch {MICRO_BATCH}, "
-          f"world size {args.world_size}, backend {args.backend!r}, {args.repeats} repeats after 1 warm-up",
-          file=sys.stderr)
-    raw = RawRunner(model_dir, args.world_size, fsdp2=args.backend == "dtensor")
-    try:
-        ours = PolicyRunner(args.backend, model_dir, args.world_size)
-        try:
-            times: dict[str, dict[str, list[float]]] = {"raw": {"train": [], "logprobs": []},
-                                                       "rlcore": {"train": [], "logprobs": []}}
-            warmup = {"raw": raw.run("train")[1], "rlcore": ours.run("train")[1]}
-            raw.run("logprobs")
-            ours.run("logprobs")
-            for _ in range(args.repeats):
-                for command in ("train", "logprobs"):
-                    for side, runner in (("raw", raw), ("rlcore", ours)):
-                        times[side][command].append(runner.run(command)[0])
-        finally:
-            ours.close()
-    finally:
-        raw.close()
-
-    def med(xs: list[float]) -> float:
-        return statistics.median(xs)
-
-    raw_t, our_t = times["raw"], times["rlcore"]
-    raw_total = med([a + b for a, b in zip(raw_t["train"], raw_t["logprobs"])])
-    our_total = med([a + b for a, b in zip(our_t["train"], our_t["logprobs"])])
-    print(f"warm-up step loss: rlcore {warmup['rlcore']:.6f}, raw {warmup['raw']:.6f}")
-    print(f"{'median seconds':<22}{'rlcore':>10}{'raw':>10}{'ratio':>8}")
-    for name, key in (("train step", "train"), ("logprob pass", "logprobs")):
-        ours_s, raw_s = med(our_t[key]), med(raw_t[key])
-        print(f"{name:<22}{ours_s:>10.3f}{raw_s:>10.3f}{ours_s / raw_s:>8.3f}")
-    print(f"{'train + logprobs':<22}{our_total:>10.3f}{raw_total:>10.3f}{our_total / raw_total:>8.3f}")
-    print(json.dumps({"rlcore_s": round(our_total, 4), "raw_s": round(raw_total, 4),
-                      "ratio": round(our_total / raw_total, 4)}))
-
-
-if __name__ == "__main__":
-    main()
