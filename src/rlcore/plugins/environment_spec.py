@@ -7,13 +7,16 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from rlcore.plugins.spec import import_object, module_exists
+from rlcore.plugins.spec_refusals import KeptWhenRefused
 
 
-class EnvironmentSpec(BaseModel):
+class EnvironmentSpec(KeptWhenRefused, BaseModel):
     """An environment that scores rollouts (``rlcore.interfaces.environment``), selected by ``env.name``.
 
     The core builds ``Class(config)`` in the driver or in ``env.num_workers`` Ray actors, ``config`` being the
-    ``env.<name>_cfg`` section validated with ``config_class`` (None without one).
+    ``env.<name>_cfg`` section validated with ``config_class`` (None without one). A spec with a bad field raises,
+    except inside the registry's hook call, where it is listed ``broken`` beside its plugin's other environments
+    (:mod:`rlcore.plugins.spec_refusals`).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")

@@ -10,7 +10,9 @@ gets a status:
 - ``unavailable``: its engine is not installed (``install_hint`` says how).
 - ``broken``: the plugin module failed to import or to register, its worker
   module is missing, or it declares a capability its worker class has no
-  method for (when the worker's source shows it without importing it).
+  method for (when the worker's source shows it without importing it). An
+  environment spec with a bad field is broken on its own: the plugin's other
+  specs, and those registered before a hook failed, are still listed.
 - ``conflict``: two distributions claim the same name; select one as
   ``"distribution:name"``.
 - ``incompatible``: its distribution requires an rlcore this is not
@@ -38,6 +40,7 @@ from rlcore.plugins.capabilities import CAPABILITY_METHODS
 from rlcore.plugins.environment_spec import EnvironmentSpec
 from rlcore.plugins.requirements import rlcore_requirement_problem
 from rlcore.plugins.spec import BackendSpec
+from rlcore.plugins.spec_refusals import Refusal, recording_refusals, refusal_of
 from rlcore.plugins.worker_source import defined_methods
 
 Spec = BackendSpec | EnvironmentSpec | AlgorithmSpec
@@ -114,18 +117,25 @@ class Registry:
         incompatible = rlcore_requirement_problem(requires, distribution) if requires else ""
         specs: list[Spec] = []
         hooks = self._pm.hook
-        try:
-            self._pm.register(plugin, name=name)
-            for hook in (hooks.rlcore_register_backends, hooks.rlcore_register_environments,
-                         hooks.rlcore_register_algorithms):
-                for impl in hook.get_hookimpls():
-                    if impl.plugin is plugin:  # an implementation gets the arguments it declares (pluggy's rule)
-                        impl.function(**{k: v for k, v in {"register": specs.append}.items() if k in impl.argnames})
-        except Exception as exc:  # a plugin's own bug must not break discovery
-            self._add_broken(name, distribution, version, exc, incompatible)
-            return
-        for spec in specs:
-            self._add_spec(spec, name, distribution, version, incompatible)
+        failure: Exception | None = None
+        with recording_refusals() as refusals:  # a refused environment spec is kept, so its siblings register
+            try:
+                self._pm.register(plugin, name=name)
+                for hook in (hooks.rlcore_register_backends, hooks.rlcore_register_environments,
+                             hooks.rlcore_register_algorithms):
+                    for impl in hook.get_hookimpls():
+                        if impl.plugin is plugin:  # an implementation gets the arguments it declares (pluggy's rule)
+                            impl.function(**{k: v for k, v in {"register": specs.append}.items()
+                                             if k in impl.argnames})
+            except Exception as exc:  # a plugin's own bug must not break discovery
+                failure = exc
+        for spec in specs:  # those registered before a failure too: one bad spec must not hide the others
+            if (refused := refusal_of(spec, refusals)) is not None:
+                self._add_refused(refused, name, distribution, version)
+            else:
+                self._add_spec(spec, name, distribution, version, incompatible)
+        if failure is not None:
+            self._add_broken(name, distribution, version, failure, incompatible)
 
     def load_entry_points(self, entry_points: Iterable[metadata.EntryPoint] | None = None) -> None:
         """Load ``rlcore.plugins`` entry points one by one, honouring the env filters."""
@@ -157,6 +167,14 @@ class Registry:
         if incompatible:  # most likely why: it uses what a newer rlcore has
             status, problem = "incompatible", f"{incompatible} (loading it failed: {_one_line(exc)})"
         self.records.append(BackendRecord(plugin, "?", plugin, dist, version, status, problem))
+
+    def _add_refused(self, refused: Refusal, plugin: str, dist: str, version: str) -> None:
+        """A spec the plugin made with a bad field: listed ``broken`` under the name it gave, with why and where."""
+        name = refused.fields.get("name")
+        kind = "algorithm" if isinstance(refused.spec, AlgorithmSpec) else refused.spec.kind
+        problem = f"{_one_line(refused.error)} (at {refused.where})"
+        self.records.append(BackendRecord(name if isinstance(name, str) and name else plugin, kind, plugin, dist,
+                                          version, "broken", problem, own=("broken", problem)))
 
     def _add_spec(self, spec: Spec, plugin: str, dist: str, version: str, incompatible: str = "") -> None:
         if isinstance(spec, BackendSpec) and spec.kind == "environment":
