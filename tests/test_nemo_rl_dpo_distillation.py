@@ -222,12 +222,13 @@ def test_absent_dpo_keys_take_nemo_rls_defaults(ranked: Path):
 
 
 @pytest.mark.parametrize("path", [DPO_MAIN, FIXTURES / "v0.4.0" / "dpo.yaml"], ids=_id)
-def test_a_dataset_nemo_rl_downloads_needs_a_local_file(path: Path):
+def test_a_dataset_rlcore_does_not_know_by_name_needs_a_local_file(path: Path):
     where, override = ("data", "train_data_path") if _flat(path) else ("data.train", "train.data_path")
-    problems = problems_of(path, TINY_DPO)
-    assert problems[0].startswith(f"{where}.dataset_name: is 'HelpSteer3', which NeMo-RL loads by name; rlcore reads "
-                                  f"local files: give the rows as ++data.{override}=/path/to/train.jsonl (NeMo-RL's "
-                                  "PreferenceDataset rows: a 'context' message log and ranked 'completions'"), problems
+    problems = problems_of(path, [*TINY_DPO, f"{where}.dataset_name=MyPreferences"])
+    assert problems[0].startswith(f"{where}.dataset_name: is 'MyPreferences', a dataset rlcore does not know by name "
+                                  "(docs/nemo-rl-mapping.md lists those it does); give its rows as a local file: "
+                                  f"++data.{override}=/path/to/train.jsonl (NeMo-RL's PreferenceDataset rows: a "
+                                  "'context' message log and ranked 'completions'"), problems
 
 
 @pytest.mark.parametrize("overrides, line", [
@@ -339,12 +340,10 @@ def test_the_teacher_must_run_with_the_students_settings(problems_file: Path):
     (["++teacher.dtensor_cfg.env_vars.FOO=1"], 'teacher.dtensor_cfg.env_vars: is {"FOO": 1}, but rlcore does not '
                                                "support per-worker environment variables"),
     (["teacher.model_name=null"], "teacher.model_name: is missing"),
-    (["loss_fn.zero_outside_topk=true"], "loss_fn.zero_outside_topk: is true, but rlcore does not support scoring "
-                                         "the student's probability mass outside the teacher's top-k"),
     (["loss_fn.kl_type=js"], "distillation.kl_type (NeMo-RL: loss_fn.kl_type): "),
     (["++distillation.new_option=3"], "distillation.new_option: is 3, a NeMo-RL key rlcore's reader does not know"),
     (["++data.train.repeat=2"], "data.train.repeat: is 2, but rlcore reads each training row once per epoch"),
-], ids=["tokenizer", "teacher_env_vars", "no_teacher", "zero_outside_topk", "kl_type", "unknown", "repeat"])
+], ids=["tokenizer", "teacher_env_vars", "no_teacher", "kl_type", "unknown", "repeat"])
 def test_what_distillation_does_not_do_stays_an_error(problems_file: Path, overrides: list[str], line: str):
     (problem,) = problems_of(DISTILLATION_MAIN, [*distillation_data(DISTILLATION_MAIN, problems_file),
                                                  *TINY_DISTILLATION, *overrides])

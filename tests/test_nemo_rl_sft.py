@@ -127,11 +127,13 @@ def test_validate_from_nemo_rl_on_the_command_line(rows: Path):
     assert result.stdout.startswith(f"OK: {MAIN} (NeMo-RL config")
     assert "ignored: data.default.processor (rlcore's SFT tokenizes each row as NeMo-RL's sft_processor does)" \
         in result.stderr
-    # without local files, the line says which override gives them
-    result = runner.invoke(app, ["config", "validate", "--from", "nemo-rl", str(MAIN), *TINY])
+    # a name rlcore does not know (squad it maps to the hub), the line says which override gives local rows
+    result = runner.invoke(app, ["config", "validate", "--from", "nemo-rl", str(MAIN), *TINY,
+                                 "data.train.dataset_name=my_squad"])
     assert result.exit_code == 1
-    assert "data.train.dataset_name: is 'squad', which NeMo-RL loads by name; rlcore reads local files: give the " \
-           "rows as ++data.train.data_path=/path/to/train.jsonl" in result.stderr
+    assert "data.train.dataset_name: is 'my_squad', a dataset rlcore does not know by name (docs/nemo-rl-mapping.md " \
+           "lists those it does); give its rows as a local file: ++data.train.data_path=/path/to/train.jsonl" \
+           in result.stderr
 
 
 # --- the rows: ResponseDataset and OpenAI format ------------------------------------------------------------

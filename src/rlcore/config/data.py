@@ -35,6 +35,9 @@ class DatasetConfig(StrictModel):
     revision: str | None = Field(None, description="A hub dataset's git revision (branch, tag or commit).")
     data_files: str | list[str] | dict[str, str | list[str]] | None = Field(
         None, description="Which files of a hub dataset to read (datasets.load_dataset's data_files).")
+    format: Literal["squad", "gsm8k", "helpsteer3", "tulu3_preference", "oasst"] | None = Field(
+        None, description="Rewrite each row as NeMo-RL's dataset class of that name does (a hub dataset's own "
+        "columns into messages, or context and ranked completions), when the row is drawn; docs/datasets.md.")
     generator: str | None = Field(
         None, description="'module:function' called as fn(step, n, seed, **generator_kwargs) -> list of prompts "
         "(strings) or rows (dicts): samples made up per step, without epochs.")
@@ -52,6 +55,8 @@ class DatasetConfig(StrictModel):
                              "'org/name') and generator ('module:function')")
         if self.generator is not None and self.split is not None:
             raise ValueError("split: only a file or directory has splits; a generator makes its samples")
+        if self.generator is not None and self.format is not None:
+            raise ValueError("format: rewrites a dataset's rows; a generator makes its samples: drop format")
         if self.hub_id is None:
             for key in ("subset", "revision", "data_files"):
                 if getattr(self, key) is not None:

@@ -33,9 +33,14 @@ def cached_snapshot(hub_id: str, revision: str | None = None) -> str | None:
 
     try:
         return snapshot_download(hub_id, repo_type="dataset", revision=revision, local_files_only=True,
-                                 cache_dir=os.environ.get("HF_HUB_CACHE") or os.path.join(_hf_home(), "hub"))
+                                 cache_dir=hub_cache_dir())
     except Exception:  # noqa: BLE001 - not cached, or a name the hub would refuse: either way no local copy
         return None
+
+
+def hub_cache_dir() -> str:
+    """The hub cache as this process's environment says now (HF_HUB_CACHE, else HF_HOME/hub)."""
+    return os.environ.get("HF_HUB_CACHE") or os.path.join(_hf_home(), "hub")
 
 
 def _hf_home() -> str:

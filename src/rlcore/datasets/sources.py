@@ -161,13 +161,23 @@ class RowSamples(Sequence[Sample]):
         return [self[i] for i in range(0, len(self), step)]
 
 
-def read_samples(dataset_cfg: Any, builder: SampleBuilder) -> RowSamples:
-    if dataset_cfg.hub_id is not None:
+def read_samples(dataset_cfg: Any, builder: SampleBuilder, key: str = "data.train") -> RowSamples:
+    """The samples of one split (``key``: its setting), its rows rewritten by its ``format`` as they are drawn."""
+    fmt = getattr(dataset_cfg, "format", None)
+    if fmt == "oasst":  # a trees file: one tree, many conversations
+        from rlcore.datasets.oasst import read_oasst_rows
+
+        rows: Sequence[dict[str, Any]] = read_oasst_rows(dataset_cfg, f"{key}.hub_id")
+    elif dataset_cfg.hub_id is not None:
         from rlcore.datasets.hub import read_hub_rows
 
-        rows = read_hub_rows(dataset_cfg)
+        rows = read_hub_rows(dataset_cfg, f"{key}.hub_id")
     else:
         rows = read_rows(dataset_cfg.path, dataset_cfg.split)
+    if fmt is not None and fmt != "oasst":
+        from rlcore.datasets.formats import FormattedRows
+
+        rows = FormattedRows(rows, fmt, dataset_cfg.source)
     return RowSamples(rows, builder, dataset_cfg.source)
 
 
@@ -211,7 +221,7 @@ def load_sources(cfg: Any, prompt_length: Callable[[Sample], int] | None = None)
         checked = [(f"{data.train.source}: row", samples.spread(ROWS_CHECKED_AT_START))]
     validation = None
     if data.validation is not None:
-        validation = read_samples(data.validation, builder)[:draw.max_val_samples]
+        validation = read_samples(data.validation, builder, "data.validation")[:draw.max_val_samples]
         checked.append((f"{data.validation.source}: row", validation.spread(ROWS_CHECKED_AT_START)))
     elif held_out is not None:
         validation = held_out[:draw.max_val_samples]

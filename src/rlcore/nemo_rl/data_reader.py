@@ -2,8 +2,9 @@
 
 Both read one train and one validation dataset from files: the flat section of the early releases (each
 algorithm names its file keys, e.g. ``train_data_path``), or ``data.train`` / ``data.validation`` entries
-(v0.6 on) with ``data.default`` filling in their keys. rlcore reads local files: an entry naming a dataset
-NeMo-RL loads by name without a ``data_path`` gets a line saying which override gives the file. What the
+(v0.6 on) with ``data.default`` filling in their keys. An entry naming a dataset NeMo-RL loads by name, without
+a ``data_path``, reads that hub dataset (``HUB_NAMES``); another name gets a line saying which override gives a
+local file. What the
 rows hold (their keys) is each algorithm's (:class:`DataReader` subclasses in :mod:`rlcore.nemo_rl.sft` and
 :mod:`rlcore.nemo_rl.dpo`); every key is reported once, by its NeMo-RL path.
 """
@@ -42,6 +43,8 @@ class DataReader:
     ENTRY_NAMES: set[str] = set()
     #: What a row of a local file holds, for the line asking for one.
     ROWS = ""
+    #: The dataset names NeMo-RL loads from the hub for this algorithm (rlcore.nemo_rl.hub_datasets).
+    HUB_NAMES: dict[str, Any] = {}
 
     def __init__(self, nemo: dict[str, Any], out: Conversion) -> None:
         self.nemo, self.out = nemo, out
@@ -79,6 +82,7 @@ class DataReader:
             self.problem("data.train", "no training rows: give them as ++data.train.data_path=/path/to/train.jsonl")
         for name, items in splits.items():
             self.dataset(name, items, *((self.FLAT_KEYS[name], "data") if flat else (ENTRY_KEYS, f"data.{name}")))
+        self.named_validation(splits, flat)
         self.row_keys({"train": splits["train"]} if flat else splits)  # the flat section has one set of keys
         for name, items in splits.items():
             for key, (value, path) in items.items():
@@ -160,9 +164,17 @@ class DataReader:
             self.set(f"data.{name}.path", str(file), found[1])
             if name_path is not None:
                 self.named_file(name_path, name)
+        elif name_path is not None and str(dataset_name) in self.HUB_NAMES:
+            given = next((value_of(items, k) for k in split_keys if value_of(items, k) is not None), None)
+            for key, value in self.HUB_NAMES[str(dataset_name)].entry(given).items():
+                self.set(f"data.{name}.{key}", value, name_path)
+            for key in (k for k in split_keys if k in items):
+                self.ignore(items[key][1], f"the hub dataset's split: data.{name}.split" if items[key][0] is not None
+                            else "null: the hub dataset's own split")
         elif name_path is not None:
-            self.problem(name_path, f"is {show_value(dataset_name)}, which NeMo-RL loads by name; rlcore reads local "
-                         f"files: give the rows as ++{override}=/path/to/{name}.jsonl ({self.ROWS})")
+            self.problem(name_path, f"is {show_value(dataset_name)}, a dataset rlcore does not know by name "
+                         "(docs/nemo-rl-mapping.md lists those it does); give its rows as a local file: "
+                         f"++{override}=/path/to/{name}.jsonl ({self.ROWS})")
         elif name == "train":
             self.problem("data.train", f"no training rows: give them as ++{override}=/path/to/train.jsonl")
         for key in (k for k in split_keys if k in items):
@@ -176,6 +188,20 @@ class DataReader:
                             "dataset loaded by name")
             else:
                 self.set(f"data.{name}.split", split, split_path)
+
+    def named_validation(self, splits: dict[str, Items], flat: bool) -> None:
+        """The validation set a hub dataset's name comes with, when the config gives none: the flat layout's (v0.4)
+        validation split, or the share of the rows NeMo-RL's class holds out by default."""
+        items = splits.get("train", {})
+        hub = self.HUB_NAMES.get(str(value_of(items, "dataset_name")))
+        if hub is None or "validation" in splits or any(value_of(items, k) for k in ("data_path", "train_data_path")):
+            return
+        source = items["dataset_name"][1]
+        if flat and hub.validation_entry():
+            for key, value in hub.validation_entry().items():
+                self.set(f"data.validation.{key}", value, source)
+        elif hub.held_out and "split_validation_size" not in items:
+            self.set("data.split_validation_size", hub.held_out, source)
 
     def named_file(self, name_path: str, name: str) -> None:
         """A split with a local file and a ``dataset_name`` (at ``name_path``): the file has the rows."""

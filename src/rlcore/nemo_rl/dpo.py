@@ -30,6 +30,7 @@ from rlcore.config.messages import show_value
 from rlcore.nemo_rl.conversion import Conversion, algorithm, get, nemo_defaults, put, without_unread
 from rlcore.nemo_rl.data_reader import DataReader, Items, value_of
 from rlcore.nemo_rl.data_reader import TOP_LEVEL as DATA_TOP_LEVEL
+from rlcore.nemo_rl.hub_datasets import PREFERENCE_NAMES
 
 #: NeMo-RL's defaults of ``dpo`` keys (its DPOConfig, main) where rlcore's differ.
 NEMO_DEFAULTS = {"val_period": 25, "val_batches": 8, "val_at_start": True, "seed": 42}
@@ -69,6 +70,7 @@ class _PreferenceData(DataReader):
     TOP_LEVEL = {*DATA_TOP_LEVEL, *TOKENS, "val_data_paths"}
     IGNORED = IGNORED
     NULL_ONLY = NULL_ONLY
+    HUB_NAMES = PREFERENCE_NAMES
     ENTRY_NAMES = {"dataset_name", "data_path", "split", "prompt_file", *BINARY_KEYS, *IGNORED, *NULL_ONLY,
                    *(k for keys in FLAT_KEYS.values() for group in keys for k in group)}
     ROWS = ("NeMo-RL's PreferenceDataset rows: a 'context' message log and ranked 'completions'; for 'prompt', "

@@ -1,14 +1,17 @@
-"""NeMo-RL's GRPO / distillation dataset names (``data.dataset_name``, ``data.train.dataset_name``) as the hub
-datasets they load, with the rows' keys and the validation set each comes with.
+"""NeMo-RL's dataset names (``data.dataset_name``, ``data.train.dataset_name``) as the hub datasets they load, with
+the rows' keys, the row format and the validation set each comes with, per algorithm family.
 
-Read from NeMo-RL's dataset classes (``nemo_rl/data/datasets/response_datasets``): the hub id and split each
-loads, the columns it reads the prompt and the answer from, and its validation set (a second hub dataset, or a
-seeded share of the training rows). A converted config reads the same rows through ``data.<split>.hub_id``.
+Read from NeMo-RL's dataset classes (``nemo_rl/data/datasets/response_datasets`` and ``preference_datasets`` at
+main 7ea279a, and v0.4.0's for the flat layout's names): the hub id, subset and split each loads, the columns it
+reads (or the rewrite of its rows, :mod:`rlcore.datasets.formats`), and its validation set (a split or another hub
+dataset, or a seeded share of the training rows). A converted config reads the same rows through
+``data.<split>.hub_id`` / ``split`` / ``subset`` / ``format``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -18,35 +21,85 @@ class HubDataset:
     hub_id: str
     split: str = "train"
     subset: str | None = None
-    #: ``data.input_key`` / ``output_key`` / ``messages_key`` of its rows
+    #: ``data.input_key`` / ``output_key`` / ``messages_key`` of its rows (after the format)
     keys: dict[str, str] = field(default_factory=dict)
-    #: the validation set it comes with: another hub dataset ``(hub id, split)``, or None
+    #: the validation set it comes with: ``(hub id, split)`` (the same hub id: its subset and format too), or None
     validation: tuple[str, str] | None = None
-    #: the share of the training rows held out as validation (NeMo-RL's test_size), or 0
+    #: the share of the training rows held out as validation (NeMo-RL's split_validation_size), or 0
     held_out: float = 0.0
+    #: ``data.<split>.format``: how its rows are rewritten (rlcore.datasets.formats), or None
+    format: str | None = None
+
+    def entry(self, split: str | None = None) -> dict[str, Any]:
+        """``data.<split>``'s hub settings for this dataset (``split``: the config's, else the dataset's own)."""
+        out: dict[str, Any] = {"hub_id": self.hub_id, "split": split or self.split}
+        if self.subset:
+            out["subset"] = self.subset
+        if self.format:
+            out["format"] = self.format
+        return out
+
+    def validation_entry(self) -> dict[str, Any] | None:
+        """``data.validation``'s hub settings of the validation set the name comes with (None: none or held out)."""
+        if self.validation is None:
+            return None
+        hub_id, split = self.validation
+        return self.entry(split) if hub_id == self.hub_id else {"hub_id": hub_id, "split": split}
 
 
 _AIME_H4 = ("HuggingFaceH4/aime_2024", "train")
 _AIME_DAPO = ("BytedTsinghua-SIA/AIME-2024", "train")
 _DAPO_KEYS = {"messages_key": "prompt", "output_key": "reward_model.ground_truth"}
+_OMI2 = HubDataset("nvidia/OpenMathInstruct-2", "train_1M", keys={"input_key": "problem",
+                                                                  "output_key": "expected_answer"}, held_out=0.05)
+_GSM8K = HubDataset("openai/gsm8k", subset="main", keys={"input_key": "question", "output_key": "answer"},
+                    format="gsm8k")
 
-#: NeMo-RL's dataset names, by name.
+#: GRPO's and distillation's names (response datasets scored by the math environment).
 NAMES: dict[str, HubDataset] = {
-    "OpenMathInstruct-2": HubDataset("nvidia/OpenMathInstruct-2", "train_1M",
-                                     keys={"input_key": "problem", "output_key": "expected_answer"}, held_out=0.05),
+    "OpenMathInstruct-2": _OMI2,
     "DeepScaler": HubDataset("agentica-org/DeepScaleR-Preview-Dataset",
                              keys={"input_key": "problem", "output_key": "answer"}, validation=_AIME_H4),
     "AIME2024": HubDataset(*_AIME_H4, keys={"input_key": "problem", "output_key": "answer"}),
     # the row's prompt is a message log already; the answer is nested
     "DAPOMath17K": HubDataset("BytedTsinghua-SIA/DAPO-Math-17k", keys=_DAPO_KEYS, validation=_AIME_DAPO),
     "DAPOMathAIME2024": HubDataset(*_AIME_DAPO, keys=_DAPO_KEYS),
+    "gsm8k": _GSM8K,
+    "GSM8K": _GSM8K,
 }
 
+#: SFT's names (message logs, or input/output rows).
+SFT_NAMES: dict[str, HubDataset] = {
+    "squad": HubDataset("rajpurkar/squad", keys={"messages_key": "messages"}, format="squad",
+                        validation=("rajpurkar/squad", "validation")),
+    "OpenMathInstruct-2": _OMI2,
+    "openmathinstruct2": _OMI2,  # v0.4's SFT name
+    "open_assistant": HubDataset("OpenAssistant/oasst1", keys={"messages_key": "messages"}, format="oasst",
+                                 held_out=0.05),
+    "tulu3_sft_mixture": HubDataset("allenai/tulu-3-sft-mixture", keys={"messages_key": "messages"},
+                                    held_out=0.05),
+    "gsm8k": _GSM8K,
+    "GSM8K": _GSM8K,
+}
 
-def describe(name: str) -> str:
+#: DPO's and RM's names (a 'context' log and ranked 'completions').
+PREFERENCE_NAMES: dict[str, HubDataset] = {
+    "HelpSteer3": HubDataset("nvidia/HelpSteer3", subset="preference", keys={"messages_key": "context"},
+                             format="helpsteer3", validation=("nvidia/HelpSteer3", "validation")),
+    "Tulu3Preference": HubDataset("allenai/llama-3.1-tulu-3-8b-preference-mixture",
+                                  keys={"messages_key": "context"}, format="tulu3_preference"),
+}
+
+#: Each family's names, as docs/nemo-rl-mapping.md lists them.
+FAMILIES = {"GRPO, distillation": NAMES, "SFT": SFT_NAMES, "DPO, RM": PREFERENCE_NAMES}
+
+
+def describe(name: str, names: dict[str, HubDataset] = NAMES) -> str:
     """What ``name`` maps to, in one cell of docs/nemo-rl-mapping.md."""
-    d = NAMES[name]
+    d = names[name]
     parts = [f"`{d.hub_id}` split `{d.split}`" + (f" subset `{d.subset}`" if d.subset else "")]
+    if d.format:
+        parts.append(f"format `{d.format}`")
     parts.append(", ".join(f"{k} `{v}`" for k, v in d.keys.items()))
     if d.validation:
         parts.append(f"validation `{d.validation[0]}` split `{d.validation[1]}`")

@@ -25,7 +25,7 @@ from rlcore.config.messages import show_value
 from rlcore.nemo_rl.conversion import Conversion, is_sft, nemo_defaults, without_unread
 from rlcore.nemo_rl.data_reader import DataReader, Items, value_of
 from rlcore.nemo_rl.data_reader import TOP_LEVEL as DATA_TOP_LEVEL
-from rlcore.nemo_rl.tasks import HUB_DATASETS
+from rlcore.nemo_rl.hub_datasets import SFT_NAMES
 
 #: NeMo-RL's defaults of ``sft`` keys (its SFTConfig, main) where rlcore's differ: an sft section without the
 #: key means these. (The releases before required every key.)
@@ -72,6 +72,7 @@ class _Data(DataReader):
     ENTRY_NAMES = {"dataset_name", "data_path", "split", "split_validation_size", "processor", *ROW_KEYS, *IGNORED,
                    *NULL_ONLY, *(k for keys in FLAT_KEYS.values() for group in keys for k in group)}
     ROWS = "each a 'messages' log, or 'input' and 'output'"
+    HUB_NAMES = SFT_NAMES
 
     def top_level(self, key: str, value: Any) -> None:
         if key in TOKENS:
@@ -140,7 +141,8 @@ class _Data(DataReader):
 
 def _row_key(items: Items, key: str, target: str, nemo_default: Any) -> Any:
     """A row key's value for one split: as given, else the named dataset's column, else NeMo-RL's default."""
-    columns = HUB_DATASETS.get(str(value_of(items, "dataset_name")), {})
+    named = SFT_NAMES.get(str(value_of(items, "dataset_name")))
+    columns = named.keys if named is not None else {}
     return value_of(items, key, columns.get(target, nemo_default))
 
 

@@ -64,7 +64,7 @@ def _dataset(entry: dict[str, Any], where: str, split: str, out: Conversion) -> 
     name = entry.get("dataset_name")
     columns = HUB_DATASETS.get(str(name))
     if not path and str(name) in NAMES:
-        _hub_dataset(NAMES[str(name)], where, split, out)
+        _hub_dataset(NAMES[str(name)], where, split, out, entry.get("split"))
         return NAMES[str(name)]
     if not path:
         out.problems.append(f"{where}.dataset_name: is {show_value(name)}, a dataset rlcore does not know by name "
@@ -82,13 +82,12 @@ def _dataset(entry: dict[str, Any], where: str, split: str, out: Conversion) -> 
     return None
 
 
-def _hub_dataset(d: HubDataset, where: str, split: str, out: Conversion) -> None:
-    """A dataset name NeMo-RL loads from the hub: its hub id, split and (train) row keys."""
+def _hub_dataset(d: HubDataset, where: str, split: str, out: Conversion, given_split: Any = None) -> None:
+    """A dataset name NeMo-RL loads from the hub: its hub id, split (``given_split``: the entry's), subset, row
+    format and (train) row keys."""
     source = f"{where}.dataset_name"
-    _set(out, f"data.{split}.hub_id", d.hub_id, source)
-    _set(out, f"data.{split}.split", d.split, source)
-    if d.subset:
-        _set(out, f"data.{split}.subset", d.subset, source)
+    for key, value in d.entry(given_split).items():
+        _set(out, f"data.{split}.{key}", value, f"{where}.split" if key == "split" and given_split else source)
     if split == "train":
         for key, value in d.keys.items():
             _set(out, f"data.{key}", value, source)
@@ -97,8 +96,8 @@ def _hub_dataset(d: HubDataset, where: str, split: str, out: Conversion) -> None
 def _named_validation(d: HubDataset, out: Conversion) -> None:
     """The validation set a dataset name of the flat layout (v0.4) comes with in NeMo-RL."""
     if d.validation is not None:
-        _set(out, "data.validation.hub_id", d.validation[0], "data.dataset_name")
-        _set(out, "data.validation.split", d.validation[1], "data.dataset_name")
+        for key, value in (d.validation_entry() or {}).items():
+            _set(out, f"data.validation.{key}", value, "data.dataset_name")
     elif d.held_out:
         _set(out, "data.split_validation_size", d.held_out, "data.dataset_name")
 
