@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, PositiveInt, model_validator
+from pydantic import Field, PositiveInt
 
 from rlcore.config.base import StrictModel
 from rlcore.config.rollout_loop import RolloutLoopConfig
@@ -21,17 +21,10 @@ class DistillationLossConfig(StrictModel):
     mixed_kl_weight: float = Field(0.5, ge=0.0, le=1.0, description="Weight of the forward KL when kl_type is "
                                    "mixed.")
     zero_outside_topk: bool = Field(
-        False, description="NeMo-RL's option to score the student's probability mass outside the teacher's top-k "
-        "(it needs the student's full-vocabulary entropy); not offered: must be false, which renormalises both "
-        "distributions over the top-k ids.")
-
-    @model_validator(mode="after")
-    def _only_within_topk(self) -> "DistillationLossConfig":
-        if self.zero_outside_topk:
-            raise ValueError("zero_outside_topk=true is not offered by rlcore (it needs the student's "
-                             "full-vocabulary entropy as a loss input); set it to false: both distributions are "
-                             "renormalised over the teacher's top-k ids")
-        return self
+        False, description="false: both distributions are renormalised over the teacher's top-k ids. true: the "
+        "student's full-vocabulary logprobs are used as they are, and a reverse or mixed KL also scores the "
+        "student's probability outside the top-k, where the teacher gets log-probability -100 (NeMo-RL's "
+        "semantics; needs a backend that computes the loss inputs logprobs_at_indices and entropy).")
 
 
 class DistillationConfig(RolloutLoopConfig, DistillationLossConfig):

@@ -40,6 +40,8 @@ class Capability(str, Enum):
     GENERATE = "generate"
     CHUNKED_LOGPROBS = "chunked_logprobs"  # honours policy.logprob_chunk_size (since rlcore 0.2)
     LOGITS_AT_INDICES = "logits_at_indices"  # a loss's input: logits at given token ids (since rlcore 0.2)
+    LOGPROBS_AT_INDICES = "logprobs_at_indices"  # a loss's input: full-vocabulary logprobs at ids (since 0.3)
+    ENTROPY = "entropy"  # a loss's input: the full-vocabulary entropy per position (since rlcore 0.3)
     # generation backends
     DATA_PARALLEL = "data_parallel"
     STOP_STRINGS = "stop_strings"

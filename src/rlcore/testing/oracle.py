@@ -49,6 +49,25 @@ def hf_logits_at_indices(model: Any, data: Any) -> "torch.Tensor":
     return torch.where(keep[..., None], out, torch.zeros_like(out))
 
 
+def hf_full_vocabulary_inputs(model: Any, data: Any) -> dict[str, "torch.Tensor"]:
+    """The ``logprobs_at_indices`` and ``entropy`` loss inputs from a plain Hugging Face forward, recomputed in
+    float64 (``log_softmax`` over the whole vocabulary at position ``i - 1``; position 0 and padding are 0), cast
+    to float32 as a backend gives them. Written independently of rlcore.training on purpose: it is the oracle."""
+    import torch
+
+    ids, lengths, indices = data["input_ids"], data["input_lengths"], data["logit_indices"]
+    keep = torch.arange(ids.shape[1])[None, :] < lengths[:, None]
+    logits = model(input_ids=ids, attention_mask=keep.long(), use_cache=False).logits.double()
+    logp = torch.log_softmax(logits[:, :-1], dim=-1)
+    picked = torch.cat([torch.zeros_like(logp[:, :1, :1]).expand(-1, -1, indices.shape[-1]),
+                        logp.gather(-1, indices[:, 1:])], dim=1)
+    entropy = -(logp.exp() * logp).sum(-1)
+    entropy = torch.cat([torch.zeros_like(entropy[:, :1]), entropy], dim=1)
+    keep[:, 0] = False
+    return {"logprobs_at_indices": torch.where(keep[..., None], picked, 0.0).float(),
+            "entropy": torch.where(keep, entropy, 0.0).float()}
+
+
 def load_hf_model(path: str) -> Any:
     """``AutoModelForCausalLM.from_pretrained(path)`` in float32; fails if any weight was not in the files."""
     import torch
@@ -125,8 +144,11 @@ def oracle_gradients(model: Any, data: Any, loss_fn: Any) -> tuple[float, dict]:
     sample_mask = data["sample_mask"].float()
     seqs = sample_mask.sum()
     toks = (data["token_mask"][:, 1:].float() * sample_mask[:, None]).sum()
-    if "logits_at_indices" in tuple(getattr(loss_fn, "inputs", ())):
+    asked = tuple(getattr(loss_fn, "inputs", ()))
+    if "logits_at_indices" in asked:
         data = {**data, "logits_at_indices": hf_logits_at_indices(model, data)}
+    if {"logprobs_at_indices", "entropy"} & set(asked):
+        data = {**data, **hf_full_vocabulary_inputs(model, data)}
     loss, _ = loss_fn(hf_token_logprobs(model, data), data, seqs, toks)
     loss.backward()
     grads = {name: p.grad.detach().clone() for name, p in model.named_parameters() if p.grad is not None}
@@ -134,8 +156,8 @@ def oracle_gradients(model: Any, data: Any, loss_fn: Any) -> tuple[float, dict]:
     return float(loss.detach()), grads
 
 
-__all__ = ["StepRecord", "hf_logits_at_indices", "hf_token_logprobs", "load_hf_model", "oracle_gradients",
-           "single_process_sgd", "state_copy", "train_and_save_step", "train_one_step_and_save"]
+__all__ = ["StepRecord", "hf_full_vocabulary_inputs", "hf_logits_at_indices", "hf_token_logprobs", "load_hf_model",
+           "oracle_gradients", "single_process_sgd", "state_copy", "train_and_save_step", "train_one_step_and_save"]
 
 
 def weight_problems(actual: dict, expected: dict, initial: dict, rtol: float, what: str = "weights") -> list[str]:

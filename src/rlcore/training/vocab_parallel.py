@@ -103,3 +103,76 @@ def vocab_parallel_topk(local: torch.Tensor, k: int, vocab_start: int, group: An
         values, indices = torch.cat(all_values, dim=-1), torch.cat(all_indices, dim=-1)
     best, order = values.topk(k, dim=-1)
     return best, indices.gather(-1, order)
+
+
+class VocabParallelLogsumexp(torch.autograd.Function):
+    """float32 ``logsumexp(x)`` over a last dimension split across ``group`` (None: ``x`` is whole): two
+    all-reduces (max, sum of exponentials); the backward is local (``grad * softmax`` on this rank's slice)."""
+
+    @staticmethod
+    def forward(ctx: Any, local: torch.Tensor, group: Any) -> torch.Tensor:
+        ctx.input_dtype = local.dtype
+        softmax, log_sum = _softmax_and_log_sum(local.float(), group)
+        ctx.save_for_backward(softmax)
+        return log_sum
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        (softmax,) = ctx.saved_tensors
+        return (softmax * grad.unsqueeze(-1)).to(ctx.input_dtype), None
+
+
+class VocabParallelEntropy(torch.autograd.Function):
+    """float32 entropy ``-sum p log p`` of ``softmax(x)`` over a last dimension split across ``group``: three
+    all-reduces (max, sum of exponentials, ``sum p x``). With ``E = sum p x`` the entropy is ``logsumexp - E``
+    and its gradient ``-p (x - E)``, local to each rank's slice."""
+
+    @staticmethod
+    def forward(ctx: Any, local: torch.Tensor, group: Any) -> torch.Tensor:
+        ctx.input_dtype = local.dtype
+        x = local.float()
+        softmax, log_sum = _softmax_and_log_sum(x, group)
+        # p * x with p = 0 at -inf logits (a padded vocabulary row) counts 0, not nan
+        weighted = torch.where(softmax > 0, softmax * x, torch.zeros_like(x))
+        expected = weighted.sum(-1)
+        if group is not None:
+            dist.all_reduce(expected, op=dist.ReduceOp.SUM, group=group)
+        ctx.save_for_backward(softmax, x, expected)
+        return log_sum - expected
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        softmax, x, expected = ctx.saved_tensors
+        centred = torch.where(softmax > 0, x - expected.unsqueeze(-1), torch.zeros_like(x))
+        return (-softmax * centred * grad.unsqueeze(-1)).to(ctx.input_dtype), None
+
+
+def _softmax_and_log_sum(x: torch.Tensor, group: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """This slice's share of the global softmax of float32 ``x`` and the global ``logsumexp`` (max and sum of
+    exponentials all-reduced over ``group``)."""
+    row_max = x.max(dim=-1).values
+    if group is not None:
+        dist.all_reduce(row_max, op=dist.ReduceOp.MAX, group=group)
+    exp = (x - row_max.unsqueeze(-1)).exp()
+    sum_exp = exp.sum(dim=-1)
+    if group is not None:
+        dist.all_reduce(sum_exp, op=dist.ReduceOp.SUM, group=group)
+    return exp / sum_exp.unsqueeze(-1), row_max + sum_exp.log()
+
+
+def vocab_parallel_logsumexp(local: torch.Tensor, group: Any = None) -> torch.Tensor:
+    """float32 ``logsumexp`` over the whole vocabulary from this rank's slice (differentiable; ``group`` None:
+    ``local`` is the whole vocabulary)."""
+    return VocabParallelLogsumexp.apply(local, group)
+
+
+def vocab_parallel_entropy(local: torch.Tensor, group: Any = None) -> torch.Tensor:
+    """float32 entropy of ``softmax`` over the whole vocabulary from this rank's slice (differentiable)."""
+    return VocabParallelEntropy.apply(local, group)
+
+
+def vocab_parallel_logprobs_at(local: torch.Tensor, indices: torch.Tensor, vocab_start: int = 0,
+                               group: Any = None) -> torch.Tensor:
+    """float32 ``log_softmax(x)[..., indices]`` over the whole vocabulary (``indices`` ``[..., k]`` global ids)
+    from this rank's slice (differentiable): the gathered logits minus the global ``logsumexp``."""
+    return vocab_parallel_gather(local, indices, vocab_start, group) - vocab_parallel_logsumexp(local, group)[..., None]

@@ -67,10 +67,10 @@ class TrainingWorkerBase:
 
     def _forward_with_inputs(self, mb: BatchedDataDict, names: tuple[str, ...]) -> tuple[torch.Tensor, dict]:
         """One forward: the logprobs and the loss inputs ``names`` (:mod:`rlcore.training.loss_inputs`)."""
-        from rlcore.training.loss_inputs import logits_at_indices
+        from rlcore.training.loss_inputs import compute_loss_inputs
 
         logits = self._logits(mb)
-        return self._logprobs_of(logits, mb), {name: logits_at_indices(logits, mb) for name in names}
+        return self._logprobs_of(logits, mb), compute_loss_inputs(logits, mb, names)
 
     def _step_hooks(self) -> StepHooks:
         raise NotImplementedError

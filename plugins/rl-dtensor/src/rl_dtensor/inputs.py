@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from rl_dtensor.vocab_parallel import gather_at, gather_logprobs, topk
+from rl_dtensor.vocab_parallel import entropy, gather_at, gather_logprobs, logprobs_at, topk
 from rlcore.data.packing import PackedSequences, pack_microbatch, unpack_tokens
 from rlcore.training.logprobs import align
 
@@ -75,21 +75,42 @@ class ModelInputs:
     def logits_at(self, logits: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
         """``[B, S, k]`` float32 logits at the aligned ids ``indices`` ``[B, S, k]`` (the ``logits_at_indices``
         loss input, :mod:`rlcore.training.loss_inputs`), in the same alignment."""
+        return self._aligned(gather_at(logits, self._next_ids(indices)))
+
+    def loss_input(self, name: str, logits: torch.Tensor, mb: Any) -> torch.Tensor:
+        """The loss input ``name`` (:mod:`rlcore.training.loss_inputs`) of this forward's logits, aligned like
+        logprobs: ``logits_at_indices``, ``logprobs_at_indices`` (``[B, S, k]``) or ``entropy`` (``[B, S]``)."""
+        from rlcore.training.loss_inputs import ENTROPY, LOGIT_INDICES_KEY, LOGITS_AT_INDICES, LOGPROBS_AT_INDICES
+
+        if name == ENTROPY:
+            return self._aligned(entropy(logits)[..., None])[..., 0]
+        if LOGIT_INDICES_KEY not in mb:
+            raise KeyError(f"the loss asks for {name}, which needs data[{LOGIT_INDICES_KEY!r}] ([B, S, k] token ids)")
+        at = {LOGITS_AT_INDICES: gather_at, LOGPROBS_AT_INDICES: logprobs_at}[name]
+        return self._aligned(at(logits, self._next_ids(mb[LOGIT_INDICES_KEY])))
+
+    def _next_ids(self, indices: torch.Tensor) -> torch.Tensor:
+        """Aligned ids ``[B, S, k]`` laid out like the forward's columns: column ``t`` holds the ids scored by the
+        logits at ``t`` (padded ``[B, W, k]``, or packed ``[1, W, k]``)."""
         width, k = self.input_ids.shape[1], indices.shape[-1]
-        lengths = self.input_lengths.cpu()
         if self.packed is None:  # column t of the forward scores ids t + 1
             nxt = indices.new_zeros(indices.shape[0], width, k)
             nxt[:, : self.seq_len - 1] = indices[:, 1: self.seq_len]
-            values = gather_at(logits, nxt.to(self.input_ids.device))
+            return nxt.to(self.input_ids.device)
+        starts = self.packed.cu_seqlens.long().tolist()
+        nxt = indices.new_zeros(1, width, k)
+        for b, length in enumerate(self.input_lengths.cpu().tolist()):
+            nxt[0, starts[b]: starts[b] + length - 1] = indices[b, 1:length]
+        return nxt.to(self.input_ids.device)
+
+    def _aligned(self, values: torch.Tensor) -> torch.Tensor:
+        """``[B', W, k]`` values at the forward's columns back to the caller's ``[B, S, k]`` in the logprob
+        alignment (position 0 of each sequence and padding are 0)."""
+        if self.packed is None:
             return align(values[:, : self.seq_len - 1], self.input_lengths)
         p = self.packed
-        starts = p.cu_seqlens.long().tolist()
-        nxt = indices.new_zeros(1, width, k)
-        for b, length in enumerate(lengths.tolist()):
-            nxt[0, starts[b]: starts[b] + length - 1] = indices[b, 1:length]
-        values = gather_at(logits, nxt.to(self.input_ids.device))
         used = int(p.cu_seqlens[-1])
-        flat = values.new_zeros(used, k)
+        flat = values.new_zeros(used, values.shape[-1])
         flat[1:] = values[0, : used - 1]
         first = (self.position_ids[0, :used] == 0)[:, None]  # a sequence's first token: 0 by contract
         flat = torch.where(first, torch.zeros_like(flat), flat)

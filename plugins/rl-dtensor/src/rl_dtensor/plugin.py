@@ -6,7 +6,7 @@ CAPABILITIES = frozenset({
     Capability.TRAIN, Capability.LOGPROBS, Capability.TOPK_LOGITS, Capability.REFERENCE_MODEL,
     Capability.DYNAMIC_BATCHING, Capability.SEQUENCE_PACKING, Capability.CHECKPOINT, Capability.TENSOR_PARALLEL,
     Capability.SEQUENCE_PARALLEL, Capability.REFIT, Capability.LORA, Capability.CHUNKED_LOGPROBS,
-    Capability.LOGITS_AT_INDICES,
+    Capability.LOGITS_AT_INDICES, Capability.LOGPROBS_AT_INDICES, Capability.ENTROPY,
 })
 
 

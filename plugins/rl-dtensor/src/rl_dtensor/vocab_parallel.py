@@ -19,7 +19,13 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from rlcore.training.chunked_logprobs import chunked_logprobs
-from rlcore.training.vocab_parallel import vocab_parallel_gather, vocab_parallel_logprobs, vocab_parallel_topk
+from rlcore.training.vocab_parallel import (
+    vocab_parallel_entropy,
+    vocab_parallel_gather,
+    vocab_parallel_logprobs,
+    vocab_parallel_logprobs_at,
+    vocab_parallel_topk,
+)
 
 
 def shard_offset(vocab_size: int, tp_size: int, tp_rank: int) -> int:
@@ -77,6 +83,28 @@ def gather_at(logits: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
         return vocab_parallel_gather(logits, indices)
     local, group, offset = _local_vocab(logits)
     return vocab_parallel_gather(local, indices, offset, group)
+
+
+def logprobs_at(logits: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+    """float32 full-vocabulary ``log_softmax(logits)[..., indices]`` for plain or vocab-sharded DTensor logits,
+    differentiable; a sharded vocabulary is never gathered."""
+    if isinstance(logits, DTensor) and not _vocab_sharded(logits):
+        logits = _replicated(logits)
+    if not isinstance(logits, DTensor):
+        return vocab_parallel_logprobs_at(logits, indices.to(logits.device))
+    local, group, offset = _local_vocab(logits)
+    return vocab_parallel_logprobs_at(local, indices.to(local.device), offset, group)
+
+
+def entropy(logits: torch.Tensor) -> torch.Tensor:
+    """float32 entropy of ``softmax(logits)`` over the last dimension for plain or vocab-sharded DTensor logits,
+    differentiable; a sharded vocabulary is never gathered."""
+    if isinstance(logits, DTensor) and not _vocab_sharded(logits):
+        logits = _replicated(logits)
+    if not isinstance(logits, DTensor):
+        return vocab_parallel_entropy(logits)
+    local, group, _ = _local_vocab(logits)
+    return vocab_parallel_entropy(local, group)
 
 
 def topk(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -139,12 +139,10 @@ class DTensorPolicyWorker(RefitExportMixin, TrainingWorkerBase):
         return inputs.topk(logits, k)
 
     def _forward_with_inputs(self, mb: BatchedDataDict, names: tuple[str, ...]) -> tuple[torch.Tensor, dict]:
-        """One forward: the logprobs and the loss inputs ``names`` (``logits_at_indices``)."""
-        from rlcore.training.loss_inputs import LOGIT_INDICES_KEY
-
+        """One forward: the logprobs and the loss inputs ``names`` (:mod:`rlcore.training.loss_inputs`)."""
         inputs, logits = self._run(mb)
         logprobs = inputs.logprobs(logits, self.logprob_temperature, self.cfg.logprob_chunk_size)
-        return logprobs, {name: inputs.logits_at(logits, mb[LOGIT_INDICES_KEY]) for name in names}
+        return logprobs, {name: inputs.loss_input(name, logits, mb) for name in names}
 
     # The base class passes the micro-batching mode to these two; remember it for _inputs.
     def _map_micro_batches(self, data, fn, micro_batch_size, mode):

@@ -9,7 +9,7 @@ from rlcore.plugins import BackendSpec, Capability, hookimpl
 CAPABILITIES = frozenset({
     Capability.TRAIN, Capability.LOGPROBS, Capability.TOPK_LOGITS, Capability.REFERENCE_MODEL,
     Capability.DYNAMIC_BATCHING, Capability.CHECKPOINT, Capability.GENERATE, Capability.REFIT, Capability.LORA,
-    Capability.CHUNKED_LOGPROBS, Capability.LOGITS_AT_INDICES,
+    Capability.CHUNKED_LOGPROBS, Capability.LOGITS_AT_INDICES, Capability.LOGPROBS_AT_INDICES, Capability.ENTROPY,
 })
 
 

@@ -208,12 +208,16 @@ class MegatronPolicyWorker(PipelineStages, RefitExportMixin, TrainingWorkerBase)
         lp = align(next_lp, mb["input_lengths"])
         return torch.nn.functional.pad(lp, (0, mb["input_ids"].shape[1] - lp.shape[1]))
 
-    def _logits_at_indices(self, mb: BatchedDataDict, logits: torch.Tensor) -> torch.Tensor:
-        """The ``logits_at_indices`` loss input at the caller's width, from this rank's vocabulary slice."""
-        from rlcore.training.loss_inputs import logits_at_indices
+    def _loss_inputs(self, mb: BatchedDataDict, logits: torch.Tensor, names: tuple[str, ...]) -> dict:
+        """The loss inputs ``names`` (:mod:`rlcore.training.loss_inputs`) at the caller's width, from this rank's
+        vocabulary slice (padded vocabulary rows carry no probability)."""
+        from rlcore.training.loss_inputs import compute_loss_inputs
 
-        values = logits_at_indices(logits[:, : mb["input_ids"].shape[1]], mb, self.vocab_start, self.tp_group)
-        return torch.nn.functional.pad(values, (0, 0, 0, mb["input_ids"].shape[1] - values.shape[1]))
+        width = mb["input_ids"].shape[1]
+        logits = vocab_parallel.mask_padded_vocab(logits[:, :width], self.vocab_start, self.shape.vocab_size)
+        values = compute_loss_inputs(logits, mb, names, self.vocab_start, self.tp_group)
+        return {name: torch.nn.functional.pad(v, (0, 0) * (v.ndim - 2) + (0, width - v.shape[1]))
+                for name, v in values.items()}
 
     def _empty_cache(self, level: int) -> None:
         if self.mcfg.empty_unused_memory_level >= level and self.device.type == "cuda":
@@ -283,7 +287,7 @@ class MegatronPolicyWorker(PipelineStages, RefitExportMixin, TrainingWorkerBase)
             inputs = getattr(loss_of, "inputs", ())
 
             def on_logits(mb: BatchedDataDict, logits: torch.Tensor) -> torch.Tensor:
-                mb.update({name: self._logits_at_indices(mb, logits) for name in inputs})
+                mb.update(self._loss_inputs(mb, logits, tuple(inputs)))
                 return loss_of(mb, self._token_logprobs(mb, logits))
 
             self._run_schedule(mbs, on_logits, forward_only=eval_mode)

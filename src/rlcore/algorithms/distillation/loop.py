@@ -5,8 +5,8 @@ generation backend if its weights are stale; the *student* rolls out ``num_gener
 completions each (scored by the environment, for the metrics: nothing trains on the rewards); the frozen
 *teacher* gives its top-``topk_logits_k`` logits at every position of those rollouts; the student trains one
 optimizer step on :class:`~rlcore.algorithms.distillation.DistillationLossFn` over its generated tokens,
-reading its own logits at the teacher's ids (the ``logits_at_indices`` loss input, computed by its backend
-without gathering the vocabulary). The teacher's ``[B, S-1, k]`` tensors come back to the driver once and
+reading its own logits at the teacher's ids (the ``logits_at_indices`` loss input; with ``zero_outside_topk``
+its full-vocabulary logprobs there and its entropy), computed by its backend without gathering the vocabulary. The teacher's ``[B, S-1, k]`` tensors come back to the driver once and
 go to the student's ranks with the rest of the batch. Validation is GRPO's: greedy completions scored by
 the environment (``validation/accuracy``).
 """
@@ -99,15 +99,19 @@ class Distillation(Algorithm):
         """The teacher: the student's policy settings with ``distillation.teacher_model_name``, frozen. The
         student's backend must compute the loss's input, the teacher's its top-k; every rollout must fill whole
         batches."""
+        from rlcore.algorithms.distillation import DistillationLossFn
         from rlcore.config import ConfigError
         from rlcore.config.resolve import resolve_policy
+        from rlcore.interfaces.loss import LOSS_INPUTS
         from rlcore.plugins import Capability
 
         d, problems, student = cfg.distillation, [], policy
-        if not student.spec.supports(Capability.LOGITS_AT_INDICES):
-            problems.append(f"distillation: the '{student.spec.name}' training backend does not declare "
-                            "'logits_at_indices', the loss input distillation trains on; use a backend that does "
-                            "(reference, dtensor, fsdp1, megatron)")
+        for name in DistillationLossFn(d.loss_settings()).inputs:
+            if not student.spec.supports(LOSS_INPUTS[name]):
+                setting = " (distillation.zero_outside_topk: true)" if d.zero_outside_topk else ""
+                problems.append(f"distillation: the '{student.spec.name}' training backend does not declare "
+                                f"'{LOSS_INPUTS[name]}', a loss input distillation trains on{setting}; use a backend "
+                                "that does (reference, dtensor, fsdp1, megatron)")
         if not student.spec.supports(Capability.TOPK_LOGITS):
             problems.append(f"distillation: the '{student.spec.name}' training backend cannot give the teacher's "
                             "top-k logits (capability 'topk_logits')")
