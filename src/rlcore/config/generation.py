@@ -75,3 +75,9 @@ class GenerationConfig(SectionsModel):
         description="Colocation with the training workers; a bool is shorthand for {enabled: <bool>}.",
         json_schema_extra=_or_bool,
     )
+    engine_restarts_per_step: int = Field(
+        1, ge=0, le=100,
+        description="Times one step restarts a generation engine that died (killed, out of memory) during "
+        "generation or refit: on the same bundle, refit with the current weights, the lost rollouts redone; "
+        "0 = the first death stops the run (docs/engine-faults.md).",
+    )

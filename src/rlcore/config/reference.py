@@ -46,6 +46,7 @@ READERS: dict[str, str] = {
     "policy.generation": "generation backend",
     "policy.generation.backend": "rlcore run",
     "policy.generation.colocated": "rlcore run",
+    "policy.generation.engine_restarts_per_step": "rlcore run",
     "policy.generation.temperature": "generation backend, training backends",
     "policy.generation.model_name": "{kind:generation}",
     "policy.generation_batch_size": "fsdp1",

@@ -35,6 +35,7 @@ class Run:
     data: Any = None  # the run's samples (rlcore.datasets.sources.RunData)
     num_steps: int = 0  # steps the run trains: grpo.max_num_steps, or fewer when grpo.max_num_epochs ends it
     next_batch: int = 0  # the data position: the next batch of data.train a synchronous step draws
+    engines: Any = None  # rlcore.run.engine_recovery.EngineRecovery: restarts an engine that died
 
     def draw_train_batch(self) -> list[Any]:
         """The next batch of training samples; moves the data position (raises
@@ -93,6 +94,7 @@ def build_run(config: Any, resume_dir: Path | None = None, start_step: int = 0, 
     from rlcore.plugins import declared_kwargs
     from rlcore.policy import Policy
     from rlcore.refit import WeightSynchronizer
+    from rlcore.run.engine_recovery import with_restarts
     from rlcore.run.prompts import load_tokenizer
 
     resolved = config if isinstance(config, ResolvedConfig) else resolve(config, run=True)
@@ -130,11 +132,16 @@ def build_run(config: Any, resume_dir: Path | None = None, start_step: int = 0, 
             if gen.adapter_refit:
                 available["lora_rank"] = cfg.policy.lora.dim
             driver_class = gen.spec.load_driver_class()  # given the keyword arguments it declares
+
+            def start_engines(gen_cluster: Any = gen_cluster) -> tuple[Any, Any]:
+                generation = driver_class(gen_cluster, gen.config, **declared_kwargs(driver_class, available))
+                return generation, WeightSynchronizer(
+                    run.policy, generation, colocated=colocated, cluster=cluster, partial_refit=gen.partial_refit,
+                    adapter_refit=gen.adapter_refit, scratch_dir=os.environ.get(SESSION_ENV))
+
             signal_self_at("engines")
-            run.generation = driver_class(gen_cluster, gen.config, **declared_kwargs(driver_class, available))
-            run.synchronizer = WeightSynchronizer(run.policy, run.generation, colocated=colocated, cluster=cluster,
-                                                  partial_refit=gen.partial_refit, adapter_refit=gen.adapter_refit,
-                                                  scratch_dir=os.environ.get(SESSION_ENV))
+            run.generation, run.synchronizer = start_engines()
+            with_restarts(run, start_engines, gen_cluster, gen.config.engine_restarts_per_step)
     except BaseException:
         with contextlib.suppress(Exception):  # the start-up error is the one worth reporting
             run.shutdown()

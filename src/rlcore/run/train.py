@@ -184,6 +184,8 @@ def train(config: Any, resume: bool = False, signals: Any = None, progress_file:
                       (ck.metric_name, ck.higher_is_better) if ck.metric_name else None)
 
     def on_step(step: int, metrics: dict[str, float]) -> None:
+        if run.engines is not None:  # engine/restarts, and the next step's allowance of restarts
+            metrics = {**metrics, **run.engines.end_step()}
         logger.log(step, metrics)
         position = step + 1 if run.resolved.async_generation else run.next_batch  # async draws by step, ahead
         saved = ck.enabled and ((step + 1) % ck.save_every_n_steps == 0 or step == last)

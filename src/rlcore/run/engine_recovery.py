@@ -1,0 +1,206 @@
+"""A generation engine that dies is restarted, and the run goes on.
+
+When an engine process dies (killed, out of memory) during generation or a refit, the run starts the
+generation backend again on the same placement (engine ``r`` in bundle ``r`` of the same placement group),
+refits the policy's current weights into it, and redoes the call that was lost: the generation of that turn's
+rollouts, or the refit. ``policy.generation.engine_restarts_per_step`` bounds the restarts of one step (0:
+the first death stops the run, as before). Fatal, with the death's one line: a second death past that
+bound, a placement whose node is gone, engines refit by collective broadcast (the training ranks cannot join a
+new refit group), a restart that fails, and the death of anything else (a training rank).
+
+Generic: the backend is started again through its driver class's constructor, the plugin API's own entry;
+an engine is recognised as one of the Ray actors of the driver's ``worker_group``
+(:class:`rlcore.distributed.RayWorkerGroup`, the documented way to start engines). A driver without one is
+not restarted. The run reaches the engines through :class:`RestartingGeneration` and
+:class:`RestartingSynchronizer`, which stand in for the backend and the synchronizer, so every rollout
+algorithm (GRPO, distillation, a third party's) gets this without a change. Asynchronous GRPO is not wrapped:
+its requests in flight belong to the dead engines.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Callable
+
+from rlcore.run.errors import RunError
+
+SETTING = "policy.generation.engine_restarts_per_step"
+
+
+def dead_actor_ids(exc: BaseException) -> set[str]:
+    """Ids (hex) of the Ray actors whose death ``exc`` reports, along its chain of causes (an error raised while
+    another was handled is not caused by it)."""
+    from ray.exceptions import RayActorError
+
+    ids: set[str] = set()
+    seen: set[int] = set()
+    pending: list[BaseException | None] = [exc]
+    while pending:
+        current = pending.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, RayActorError) and getattr(current, "actor_id", None):
+            ids.add(str(current.actor_id))
+        pending.append(current.__cause__ if current.__cause__ is not None or current.__suppress_context__
+                       else current.__context__)
+    return ids
+
+
+def engine_actor_ids(generation: Any) -> set[str]:
+    """Ids (hex) of the engine actors of a generation driver that keeps them in ``worker_group``; empty
+    for a driver that does not (its engines are not recognised, so not restarted)."""
+    group = getattr(generation, "worker_group", None)
+    workers = getattr(group, "workers", None) or []
+    return {w._actor_id.hex() for w in workers if hasattr(w, "_actor_id")}
+
+
+def first_line(exc: BaseException) -> str:
+    """The error's first line as ``rlcore run`` prints it (a worker's error names itself; others their type)."""
+    from rlcore.distributed import WorkerError
+
+    text = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), type(exc).__name__)
+    return text if isinstance(exc, (WorkerError, RunError)) else f"{type(exc).__name__}: {text}"
+
+
+def lost_nodes(cluster: Any) -> list[str]:
+    """``bundle i on node X`` for each bundle of ``cluster`` whose node Ray no longer counts alive."""
+    import ray
+
+    alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
+    return [f"bundle {b.index} on node {b.node_ip} ({b.node_id[:8]})" for b in cluster.bundles()
+            if b.node_id and b.node_id not in alive]
+
+
+class EngineRecovery:
+    """Holds the run's current generation backend and synchronizer, and replaces both when an engine dies.
+
+    ``start()`` builds a new ``(generation, synchronizer)`` pair on ``cluster`` (the generation placement);
+    ``policy`` is refit into the new engines. ``restarts`` counts every restart of the run (the metric
+    ``engine/restarts``); :meth:`end_step` starts the next step's allowance.
+    """
+
+    def __init__(self, start: Callable[[], tuple[Any, Any]], cluster: Any, policy: Any, restarts_per_step: int,
+                 generation: Any, synchronizer: Any) -> None:
+        self.start, self.cluster, self.policy = start, cluster, policy
+        self.restarts_per_step = restarts_per_step
+        self.generation, self.synchronizer = generation, synchronizer
+        self.engines = engine_actor_ids(generation)
+        self.restarts = 0
+        self.in_step = 0
+
+    def end_step(self) -> dict[str, float]:
+        """The metrics of the step that ended (``engine/restarts``: the run's restarts so far)."""
+        self.in_step = 0
+        return {"engine/restarts": float(self.restarts)}
+
+    def recover(self, exc: Exception) -> None:
+        """Restart the engines if ``exc`` is an engine's death this step may still survive; otherwise raise
+        (the error itself, or a :class:`RunError` saying in one line why the engine was not restarted)."""
+        dead = dead_actor_ids(exc)
+        if not dead or not dead <= self.engines or self.restarts_per_step == 0:
+            raise exc  # not an engine's death (a training rank's, a bug), or restarts are off: as before
+        why = self._not_restorable()
+        if why:
+            raise RunError(f"{first_line(exc)}; not restarted: {why}") from exc
+        print(f"engine restart: {first_line(exc)}; restarting the generation engines on the same placement "
+              f"({self.in_step + 1} of {SETTING}={self.restarts_per_step} this step)", file=sys.stderr)
+        self.in_step += 1
+        self._restart(exc)
+
+    def _not_restorable(self) -> str:
+        if self.in_step >= self.restarts_per_step:
+            return (f"it died again after {self.in_step} restart(s) in this step ({SETTING}="
+                    f"{self.restarts_per_step})")
+        if getattr(self.synchronizer, "transport", None) == "collective":
+            return ("its weights come by collective broadcast (policy.generation.colocated.enabled=false), and "
+                    "the training ranks cannot join a new refit group")
+        if lost := lost_nodes(self.cluster):
+            return f"its placement cannot be restored ({', '.join(lost)} is gone)"
+        return ""
+
+    def _restart(self, cause: Exception) -> None:
+        """Stop what is left of the old backend and start a new one on the same bundles (not refit yet)."""
+        import contextlib
+
+        for old in (self.synchronizer, self.generation):
+            with contextlib.suppress(Exception):  # the dead engines' error is the one that matters
+                old.shutdown()
+        try:
+            self.generation, self.synchronizer = self.start()
+        except Exception as exc:  # noqa: BLE001 - one line naming both deaths
+            raise RunError(f"{first_line(cause)}; restarting the engines failed: {first_line(exc)}") from exc
+        self.engines = engine_actor_ids(self.generation)
+        self.restarts += 1
+
+
+class RestartingSynchronizer:
+    """Stands in for the run's :class:`rlcore.refit.WeightSynchronizer`: a refit an engine's death broke is
+    done again into restarted engines (:class:`EngineRecovery`)."""
+
+    def __init__(self, recovery: EngineRecovery) -> None:
+        self._recovery = recovery
+
+    @property
+    def stale(self) -> bool:
+        return self._recovery.synchronizer.stale
+
+    @stale.setter
+    def stale(self, value: bool) -> None:
+        self._recovery.synchronizer.stale = value
+
+    def sync_weights(self) -> dict[str, float]:
+        while True:
+            try:
+                return self._recovery.synchronizer.sync_weights()
+            except Exception as exc:  # noqa: BLE001 - re-raised unless an engine died and was restarted
+                self._recovery.recover(exc)  # restarted: the refit is done again, into the new engines
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._recovery.synchronizer, name)
+
+
+class RestartingGeneration:
+    """Stands in for the run's generation backend: a call an engine's death lost is done again on restarted,
+    refit engines (:class:`EngineRecovery`); everything else goes to the current backend."""
+
+    def __init__(self, recovery: EngineRecovery) -> None:
+        self._recovery = recovery
+
+    def generate(self, data: Any, greedy: bool = False) -> Any:
+        return self._retried(lambda g: g.generate(data, greedy=greedy), wake=True)
+
+    def prepare_for_generation(self, *args: Any, **kwargs: Any) -> bool:
+        return self._retried(lambda g: g.prepare_for_generation(*args, **kwargs), wake=False)
+
+    def finish_generation(self, *args: Any, **kwargs: Any) -> bool:
+        return self._retried(lambda g: g.finish_generation(*args, **kwargs), wake=False)
+
+    def _retried(self, call: Callable[[Any], Any], wake: bool) -> Any:
+        while True:
+            try:
+                return call(self._recovery.generation)
+            except Exception as exc:  # noqa: BLE001 - re-raised unless an engine died and was restarted
+                self._recovery.recover(exc)
+            self._refit_and_wake(wake)
+
+    def _refit_and_wake(self, wake: bool) -> None:
+        """As at a step's start: the current weights into the new engines, then (to generate) wake them."""
+        from rlcore.run.step import refit
+
+        refit(self._recovery.policy, RestartingSynchronizer(self._recovery))  # a death here counts too
+        if wake:
+            self._recovery.generation.prepare_for_generation()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._recovery.generation, name)
+
+
+def with_restarts(run: Any, start: Callable[[], tuple[Any, Any]], cluster: Any, restarts_per_step: int) -> None:
+    """Put the run's generation backend and synchronizer behind an :class:`EngineRecovery` (``run.engines``),
+    ``start`` building a new pair on ``cluster``. Asynchronous generation is left as it is."""
+    if run.resolved.async_generation:
+        return
+    recovery = EngineRecovery(start, cluster, run.policy, restarts_per_step, run.generation, run.synchronizer)
+    run.engines = recovery
+    run.generation, run.synchronizer = RestartingGeneration(recovery), RestartingSynchronizer(recovery)
