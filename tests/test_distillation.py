@@ -1,6 +1,6 @@
 """On-policy distillation's loss and the loss-input contract it rests on (plugin API 5): the KL against a float64
-recomputation, the student's logits at the teacher's ids from a vocabulary split over a gloo group, and the
-refusal of the loss where a backend cannot compute its input."""
+recomputation, the student's logits at the teacher's ids (and zero_outside_topk's inputs) from a vocabulary split
+over a gloo group, and the refusal of the loss where a backend cannot compute its input."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import torch.multiprocessing as mp
 from rlcore.algorithms.distillation import TEACHER_LOGITS_KEY, DistillationLossFn
 from rlcore.interfaces.loss import LOGIT_INDICES_KEY, LOGITS_AT_INDICES, loss_inputs
 from rlcore.training.loss_inputs import logits_at_indices
-from rlcore.training.vocab_parallel import vocab_parallel_gather
+from rlcore.training.vocab_parallel import vocab_parallel_entropy, vocab_parallel_gather, vocab_parallel_logprobs_at
 
 
 def _batch(seed: int = 0, batch: int = 3, seq: int = 7, k: int = 4) -> dict:
@@ -60,13 +60,6 @@ def test_the_kl_and_its_gradient_match_a_float64_recomputation(kl_type, weight):
         assert metrics[f"{kl_type}_kl"] == pytest.approx(float(expected), rel=1e-5)
 
 
-def test_scoring_outside_the_top_k_is_refused_not_ignored():
-    from pydantic import ValidationError
-
-    with pytest.raises(ValidationError, match="zero_outside_topk=true is not offered"):
-        DistillationLossFn({"zero_outside_topk": True})
-
-
 def test_a_loss_input_rlcore_does_not_know_is_refused():
     class Odd:
         inputs = ("hidden_states",)
@@ -89,38 +82,59 @@ def test_logits_at_indices_take_the_previous_position_and_zero_padding():
             assert torch.equal(out[b, t], want), (b, t)
 
 
+def _split_vocab(dtype: torch.dtype = torch.float32) -> tuple:
+    """Logits with a padded vocabulary row (-inf, as megatron masks it), ids and weights of the split test."""
+    gen = torch.Generator().manual_seed(3)
+    full = torch.randn(2, 6, 37, generator=gen)
+    full[..., 36] = float("-inf")
+    indices = torch.randint(0, 36, (2, 6, 5), generator=gen)
+    weights = torch.randn(3, 2, 6, 5, generator=gen)
+    return full.to(dtype), indices, weights.to(dtype)
+
+
 def _split_vocab_rank(rank: int, world: int, init: str, out: str) -> None:
     import torch.distributed as dist
 
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     try:
-        gen = torch.Generator().manual_seed(3)
-        full = torch.randn(2, 6, 37, generator=gen)
-        indices = torch.randint(0, 37, (2, 6, 5), generator=gen)
-        weights = torch.randn(2, 6, 5, generator=gen)
+        full, indices, weights = _split_vocab()
         bounds = [0, 19, 37]  # uneven slices, as a padded vocabulary gives
         local = full[..., bounds[rank]:bounds[rank + 1]].clone().requires_grad_(True)
         values = vocab_parallel_gather(local, indices, bounds[rank], dist.group.WORLD)
-        (grad,) = torch.autograd.grad((values * weights).sum(), local)
-        torch.save({"values": values, "grad": grad}, f"{out}/rank{rank}.pt")
+        logprobs = vocab_parallel_logprobs_at(local, indices, bounds[rank], dist.group.WORLD)
+        entropy = vocab_parallel_entropy(local, dist.group.WORLD)
+        (grad,) = torch.autograd.grad((values * weights[0]).sum(), local)
+        (full_grad,) = torch.autograd.grad((logprobs * weights[1]).sum() + (entropy * weights[2, ..., 0]).sum(),
+                                           local)
+        torch.save({"values": values, "grad": grad, "logprobs": logprobs, "entropy": entropy,
+                    "full_grad": full_grad}, f"{out}/rank{rank}.pt")
     finally:
         dist.destroy_process_group()
 
 
-def test_a_vocabulary_split_over_a_gloo_group_gives_the_whole_vocabulary_s_logits(tmp_path: Path) -> None:
+def test_a_vocabulary_split_over_a_gloo_group_gives_the_whole_vocabulary_s_values(tmp_path: Path) -> None:
+    """The logits at given ids, and (``zero_outside_topk``'s inputs) the full-vocabulary logprobs there and the
+    entropy, with their gradients, from a vocabulary split unevenly over two gloo ranks (one spawn for all)."""
     mp.start_processes(_split_vocab_rank, args=(2, f"file://{tmp_path / 'rendezvous'}", str(tmp_path)), nprocs=2,
                        start_method="spawn")
-    gen = torch.Generator().manual_seed(3)
-    full = torch.randn(2, 6, 37, generator=gen).requires_grad_(True)
-    indices = torch.randint(0, 37, (2, 6, 5), generator=gen)
-    weights = torch.randn(2, 6, 5, generator=gen)
+    full, indices, weights = _split_vocab(torch.float64)
+    full.requires_grad_(True)
     expected = full.gather(-1, indices)
-    (expected_grad,) = torch.autograd.grad((expected * weights).sum(), full)
+    (expected_grad,) = torch.autograd.grad((expected * weights[0]).sum(), full)
+    log_p = torch.log_softmax(full[..., :36], -1)  # the padded row carries no probability
+    expected_lp = log_p.gather(-1, indices)
+    expected_h = -(log_p.exp() * log_p).sum(-1)
+    (expected_full_grad,) = torch.autograd.grad((expected_lp * weights[1]).sum()
+                                                + (expected_h * weights[2, ..., 0]).sum(), full)
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(2)]
-    for rank in ranks:  # every rank holds every id's logit
-        assert torch.equal(rank["values"], expected.detach())
-    grad = torch.cat([rank["grad"] for rank in ranks], dim=-1)  # each rank's slice of the gradient
-    assert (grad - expected_grad).abs().max() < 1e-6
+    for rank in ranks:  # every rank holds every id's logit, logprob and every position's entropy
+        assert torch.equal(rank["values"], expected.detach().float())
+        assert (rank["logprobs"].double() - expected_lp.detach()).abs().max() < 1e-5
+        assert (rank["entropy"].double() - expected_h.detach()).abs().max() < 1e-5
+    for key, want in (("grad", expected_grad), ("full_grad", expected_full_grad)):
+        grad = torch.cat([rank[key] for rank in ranks], dim=-1)  # each rank's slice of the gradient
+        assert torch.isfinite(grad).all(), key
+        assert (grad.double() - want).abs().max() < 1e-5, key
 
 
 def _distillation_config(tmp_path, **overrides):

@@ -48,15 +48,10 @@ def without_unread_loss_keys(nemo: dict[str, Any], out: Conversion) -> dict[str,
 
 
 def distillation_settings(nemo: dict[str, Any], out: Conversion) -> None:
-    """A distillation config's absent ``distillation`` keys (NeMo-RL's defaults where they differ from rlcore's),
-    and the one loss option rlcore lacks, refused by its NeMo-RL name."""
+    """A distillation config's absent ``distillation`` keys (NeMo-RL's defaults where they differ from rlcore's)."""
     if algorithm(nemo) != "distillation":
         return
     nemo_defaults(nemo, out, "distillation", NEMO_DEFAULTS)
-    if get(nemo, "loss_fn.zero_outside_topk") is True:
-        out.problems.append("loss_fn.zero_outside_topk: is true, but rlcore does not support scoring the student's "
-                            "probability mass outside the teacher's top-k (it renormalises both distributions over "
-                            "the top-k ids): set it to false")
 
 
 def teacher(nemo: dict[str, Any], out: Conversion, convert: Callable[[dict[str, Any]], Conversion]) -> None:

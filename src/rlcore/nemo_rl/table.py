@@ -322,8 +322,8 @@ RULES: tuple[Rule, ...] = (
     _m("loss_fn.kl_type", "distillation.kl_type", note="distillation configs (NeMo-RL's distillation loss, which "
        "reads only these three loss_fn keys: the others are ignored there)"),
     _m("loss_fn.mixed_kl_weight", "distillation.mixed_kl_weight", note="distillation configs"),
-    _m("loss_fn.zero_outside_topk", "distillation.zero_outside_topk", note="distillation configs; rlcore offers "
-       "false only (true is an error naming this key)"),
+    _m("loss_fn.zero_outside_topk", "distillation.zero_outside_topk", note="distillation configs; true needs a "
+       "student backend with the loss inputs logprobs_at_indices and entropy (dtensor, fsdp1, megatron, reference)"),
     _c("teacher.model_name", "teacher", "distillation.teacher_model_name", "distillation configs: the teacher model"),
     _c("teacher", "teacher", "distillation.teacher_model_name", "distillation configs: rlcore runs the teacher with "
        "the student's policy settings, so each other key, converted as policy's, must equal the student's (an "

@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 import pytest
 
+from rlcore.interfaces.loss import LossType
 from rlcore.plugins import Capability
 from rlcore.testing.conformance.backend_checks import deep_merge
 from rlcore.testing.conformance.lora import LORA_SETTINGS
@@ -48,10 +49,34 @@ def dpo_step(raw: dict, reference_logprobs: Any, masked_pair: int | None = 1) ->
     return batch, loss
 
 
-def distillation_step(raw: dict, tokenizer: Any, k: int = 4, seed: int = 7) -> tuple[Any, Any]:
+class SummedLosses:
+    """Token-level losses added up, ``weights[i] * losses[i]``, asking for every input any of them asks for (one
+    kit step then checks several loss inputs at once)."""
+
+    loss_type = LossType.TOKEN_LEVEL
+
+    def __init__(self, losses: list[Any], weights: list[float]) -> None:
+        self.losses, self.weights = losses, weights
+        self.inputs = tuple(dict.fromkeys(name for loss in losses for name in getattr(loss, "inputs", ())))
+
+    def __call__(self, logprobs: Any, data: Any, global_valid_seqs: Any, global_valid_toks: Any) -> tuple[Any, dict]:
+        total, metrics = 0.0, {}
+        for i, (loss_fn, weight) in enumerate(zip(self.losses, self.weights)):
+            loss, m = loss_fn(logprobs, data, global_valid_seqs, global_valid_toks)
+            total = total + weight * loss
+            metrics.update({f"{name}_{i}": value for name, value in m.items()})
+        metrics["loss"] = float(total.detach())
+        return total, metrics
+
+
+def distillation_step(raw: dict, tokenizer: Any, k: int = 4, seed: int = 7,
+                      full_vocabulary: bool = False) -> tuple[Any, Any]:
     """The kit's distillation step (backends with ``logits_at_indices``): a mixed KL against a made-up teacher's
     top-k (random distinct ids, random logits, aligned like logprobs). A backend that computes the student's
-    logits at the wrong position, or at the wrong ids on some tensor-parallel rank, fails against the oracle."""
+    logits at the wrong position, or at the wrong ids on some tensor-parallel rank, fails against the oracle.
+    With ``full_vocabulary`` (backends with ``logprobs_at_indices`` and ``entropy``) a small share of the
+    ``zero_outside_topk`` KL is added, whose inputs the oracle recomputes in float64 over the whole vocabulary:
+    a backend whose logsumexp or entropy misses part of a split vocabulary fails too."""
     import torch
 
     from rlcore.algorithms.distillation import TEACHER_LOGITS_KEY, DistillationLossFn
@@ -68,7 +93,12 @@ def distillation_step(raw: dict, tokenizer: Any, k: int = 4, seed: int = 7) -> t
     logits = 5.0 * torch.randn(*ids.shape, k, generator=gen)
     logits[:, 0] = 0.0
     batch = BatchedDataDict({**raw, LOGIT_INDICES_KEY: indices, TEACHER_LOGITS_KEY: logits})
-    return batch, DistillationLossFn({"kl_type": "mixed", "mixed_kl_weight": 0.3})
+    within_topk = DistillationLossFn({"kl_type": "mixed", "mixed_kl_weight": 0.3})
+    if not full_vocabulary:
+        return batch, within_topk
+    # the term outside the top-k is ~100 x the student's mass there: a small weight keeps the step comparable
+    whole = DistillationLossFn({"kl_type": "mixed", "mixed_kl_weight": 0.5, "zero_outside_topk": True})
+    return batch, SummedLosses([within_topk, whole], [1.0, 0.02])
 
 
 class _Once:
@@ -153,7 +183,8 @@ class _TrainingKit:
         pg_loss = ClippedPGLossFn({"reference_policy_kl_penalty": 0.1, "token_level_loss": False})
         self.steps = [(self.batch, NLLLoss()), (self.pg_batch, pg_loss), dpo_step(raw, self.initial_logprobs)]
         if spec.supports(Capability.LOGITS_AT_INDICES):
-            self.steps.append(distillation_step(raw, tokenizer))
+            whole = spec.supports(Capability.LOGPROBS_AT_INDICES) and spec.supports(Capability.ENTROPY)
+            self.steps.append(distillation_step(raw, tokenizer, full_vocabulary=whole))
         self.resume_steps = resume_steps(self.batch, tokenizer, self.gbs)
 
     # -- oracle --------------------------------------------------------------------------
