@@ -4,6 +4,7 @@ data (ResponseDataset and OpenAI-format rows), what stays an error, and one real
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -230,19 +231,26 @@ def test_a_grpo_config_is_read_as_before():
 
 # --- one real run -------------------------------------------------------------------------------------------
 
-def test_rlcore_run_from_nemo_rl_trains_sft_on_local_rows(rows: Path, tmp_path: Path):
-    """NeMo-RL's own sft.yaml (main), the model swapped for the tiny local one and squad for local rows."""
+def test_rlcore_run_from_nemo_rl_trains_sft_on_squad_from_the_hub_cache(tmp_path: Path):
+    """NeMo-RL's own sft.yaml (main) as a user runs it, offline: no data override, its squad read from a hub cache
+    built here (rajpurkar/squad as the hub holds it); only the model and the sizes a CPU needs are changed."""
+    from tests.test_hub_formats import squad_cache
+
+    home = tmp_path / "hf"
+    squad_cache(home)
+    env = {**os.environ, "HF_HOME": str(home), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    for name in ("HF_HUB_CACHE", "HF_DATASETS_CACHE"):
+        env.pop(name, None)
     nemo_overrides = [
-        *TINY, *local_data(MAIN, rows), "cluster.gpus_per_node=2", "policy.precision=float32",
+        *TINY, "cluster.gpus_per_node=2", "policy.precision=float32",
         "policy.train_global_batch_size=4", "policy.train_micro_batch_size=2",
-        "policy.max_total_sequence_length=64", "sft.max_num_steps=2", "sft.val_global_batch_size=4",
+        "policy.max_total_sequence_length=96", "sft.max_num_steps=2", "sft.val_global_batch_size=4",
         "sft.val_micro_batch_size=2", "sft.val_batches=1", "checkpointing.enabled=false",
         f"logger.log_dir={tmp_path / 'run'}"]
     out = subprocess.run([sys.executable, "-m", "rlcore", "run", "--from", "nemo-rl", str(MAIN), *nemo_overrides,
                           "-o", "cluster.use_gpu=false", "-o", "logger.progress_bar=false"],
-                         capture_output=True, text=True, timeout=300)
+                         capture_output=True, text=True, timeout=300, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert "ignored: data.train.split (a .jsonl file holds one split" in out.stderr
     summary = json.loads(out.stdout.strip().splitlines()[-1])
     assert summary["steps"] == 2 and summary["first_loss"] > 0 and summary["last_loss"] > 0
     assert summary["first_validation_loss"] > 0  # sft.val_at_start: true
