@@ -190,7 +190,7 @@ class RestartingGeneration:
 
         refit(self._recovery.policy, RestartingSynchronizer(self._recovery))  # a death here counts too
         if wake:
-            self._recovery.generation.prepare_for_generation()
+            self.prepare_for_generation()  # a death here counts too
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._recovery.generation, name)
