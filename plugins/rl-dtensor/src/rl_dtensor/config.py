@@ -8,7 +8,7 @@ party's ``<name>_cfg``, and hands the result to the worker as
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, PositiveInt
 
@@ -30,6 +30,17 @@ class DTensorConfig(StrictModel):
     custom_parallel_plan: str | None = Field(
         None, description="'module:object' path of a custom TP plan; None = the built-in plan for the architecture."
     )
+    reshard_after_forward: bool = Field(
+        False, description="Free each layer's gathered parameters after every forward and gather them again for "
+        "its backward (FSDP2's default; least memory). false: parameters gathered for a step's first micro-batch "
+        "stay gathered (in the compute dtype) through all its micro-batches and are freed after the last backward, "
+        "and a logprob pass gathers them once: one all-gather and one dtype cast per layer per step instead of two "
+        "per micro-batch, for the memory of the unsharded model. Changes no number.")
+    reduce_grads: Literal["per_step", "per_micro_batch"] = Field(
+        "per_step", description="When FSDP2 reduce-scatters gradients over dp: 'per_step' once, after the step's "
+        "last micro-batch (the micro-batches' gradients add up unsharded, in float32, meanwhile: the memory of one "
+        "unsharded gradient); 'per_micro_batch' after every backward (sharded gradients only). The sum is the same "
+        "up to float32 rounding order.")
 
 
 def dtensor_section(policy: Any, given: Any = None) -> DTensorConfig:

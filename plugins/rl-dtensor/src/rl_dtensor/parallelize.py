@@ -31,6 +31,7 @@ class ParallelOptions:
     activation_checkpointing: bool = False
     cpu_offload: bool = False
     custom_parallel_plan: str | None = None
+    reshard_after_forward: bool = True
 
     @classmethod
     def from_config(cls, cfg, section=None) -> "ParallelOptions":
@@ -38,7 +39,7 @@ class ParallelOptions:
         d = dtensor_section(cfg, section)
         return cls(precision=cfg.precision, sequence_parallel=d.sequence_parallel,
                    activation_checkpointing=d.activation_checkpointing, cpu_offload=d.cpu_offload,
-                   custom_parallel_plan=d.custom_parallel_plan)
+                   custom_parallel_plan=d.custom_parallel_plan, reshard_after_forward=d.reshard_after_forward)
 
 
 def build_mesh(device_type: str, dp: int, tp: int) -> DeviceMesh:
@@ -61,7 +62,7 @@ def parallelize(model: nn.Module, mesh: DeviceMesh, opts: ParallelOptions) -> nn
         apply_tp(model, mesh["tp"], opts.sequence_parallel, opts.custom_parallel_plan)
     if opts.activation_checkpointing:
         apply_ac(model)
-    apply_fsdp(model, mesh["dp"], opts.precision, opts.cpu_offload)
+    apply_fsdp(model, mesh["dp"], opts.precision, opts.cpu_offload, opts.reshard_after_forward)
     return model
 
 
@@ -107,7 +108,8 @@ def apply_ac(model: nn.Module) -> None:
         checkpoint(layer)
 
 
-def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, precision: str, cpu_offload: bool) -> None:
+def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, precision: str, cpu_offload: bool,
+               reshard_after_forward: bool = True) -> None:
     """``fully_shard`` each decoder layer, then the root, over ``dp_mesh``.
 
     Parameters stay float32 (the master weights); ``precision`` only sets the
@@ -117,14 +119,17 @@ def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, precision: str, cpu_offloa
     while FSDP's default would average. ``cpu_offload`` keeps parameters,
     gradients and optimizer state on the CPU (no pinned memory without an
     accelerator: ``pin_memory=True`` errors on CPU-only machines).
+    ``reshard_after_forward`` false keeps every unit gathered after its forward (the root always is:
+    FSDP2's default); the worker then reshards after a step's last backward and after a logprob pass.
     """
     dtype = DTYPES[precision]
     mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32) if dtype != torch.float32 \
         else MixedPrecisionPolicy()
     offload = CPUOffloadPolicy(pin_memory=torch.cuda.is_available()) if cpu_offload else OffloadPolicy()
+    reshard = None if reshard_after_forward else False  # None: FSDP2's default (every unit but the root)
     for layer in decoder_layers(model):
-        fully_shard(layer, mesh=dp_mesh, mp_policy=mp, offload_policy=offload)
-    fully_shard(model, mesh=dp_mesh, mp_policy=mp, offload_policy=offload)
+        fully_shard(layer, mesh=dp_mesh, mp_policy=mp, offload_policy=offload, reshard_after_forward=reshard)
+    fully_shard(model, mesh=dp_mesh, mp_policy=mp, offload_policy=offload, reshard_after_forward=reshard)
     for module in model.modules():
         if isinstance(module, FSDPModule):
             module.set_gradient_divide_factor(1.0)

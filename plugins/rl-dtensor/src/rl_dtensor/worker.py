@@ -25,6 +25,7 @@ from typing import Any, Iterator
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from rl_dtensor import state
@@ -86,6 +87,7 @@ class DTensorPolicyWorker(RefitExportMixin, TrainingWorkerBase):
         self.mesh = build_mesh(self.device.type, self.dp_size, self.tp_size)
         self.dp_group = self.mesh["dp"].get_group()
         self.opts = ParallelOptions.from_config(config, dcfg)
+        self.reduce_grads_per_step = dcfg.reduce_grads == "per_step"
         self.compute_dtype = DTYPES[config.precision]
         # Sequence parallel splits the sequence over tp ranks: widths must be multiples of tp; and of
         # policy.make_sequence_length_divisible_by (packed rows too; padded micro-batches already are).
@@ -148,7 +150,41 @@ class DTensorPolicyWorker(RefitExportMixin, TrainingWorkerBase):
     def _map_micro_batches(self, data, fn, micro_batch_size, mode):
         self._mode = mode
         self._ensure_on_device(optimizer=False)
-        return super()._map_micro_batches(data, fn, micro_batch_size, mode)
+        try:
+            return super()._map_micro_batches(data, fn, micro_batch_size, mode)
+        finally:
+            self._release_gathered()
+
+    def _release_gathered(self) -> None:
+        """Without ``reshard_after_forward`` a pass with no backward leaves every unit gathered: free them."""
+        if not self.opts.reshard_after_forward:
+            state.reshard(self.model)
+
+    def _fsdp_modules(self) -> list:
+        if not hasattr(self, "_fsdp_units"):
+            self._fsdp_units = [m for m in self.model.modules() if isinstance(m, FSDPModule)]
+        return self._fsdp_units
+
+    def _run_micro_batches(self, mbs: list[BatchedDataDict], loss_of: Any, eval_mode: bool) -> None:
+        """The step's micro-batches, FSDP2 told which one is the last: only its backward reduce-scatters the
+        summed gradients (``reduce_grads: per_step``) and reshards the parameters (no ``reshard_after_forward``)."""
+        inputs = getattr(loss_of, "inputs", ())
+        for i, mb in enumerate(mbs):
+            if not eval_mode:
+                last = i == len(mbs) - 1
+                for unit in self._fsdp_modules():
+                    if self.reduce_grads_per_step:
+                        unit.set_requires_gradient_sync(last, recurse=False)
+                    if not self.opts.reshard_after_forward:
+                        unit.set_reshard_after_backward(last, recurse=False)
+            if inputs:
+                logprobs, extra = self._forward_with_inputs(mb, inputs)
+                mb.update(extra)
+            else:
+                logprobs = self._forward_logprobs(mb)
+            loss = loss_of(mb, logprobs)
+            if not eval_mode:
+                loss.backward()
 
     def _ensure_on_device(self, optimizer: bool) -> None:
         """Bring offloaded weights (and optimizer state) back before a pass that needs them."""
@@ -161,7 +197,10 @@ class DTensorPolicyWorker(RefitExportMixin, TrainingWorkerBase):
               mbs: int | None = None, mode: str = "plain") -> dict[str, Any]:
         self._mode = mode
         self._ensure_on_device(optimizer=not eval_mode)
-        return super().train(data, loss_fn, eval_mode=eval_mode, gbs=gbs, mbs=mbs, mode=mode)
+        try:
+            return super().train(data, loss_fn, eval_mode=eval_mode, gbs=gbs, mbs=mbs, mode=mode)
+        finally:
+            self._release_gathered()
 
     def _step_hooks(self) -> StepHooks:
         return StepHooks(
@@ -173,6 +212,7 @@ class DTensorPolicyWorker(RefitExportMixin, TrainingWorkerBase):
             clip_grads=lambda max_norm: clip_grads(self.model.parameters(), max_norm, self.device),
             optimizer_step=self._optimizer_step,
             zero_grad=lambda: self.model.zero_grad(set_to_none=True),
+            run_micro_batches=self._run_micro_batches,
         )
 
     # -- reference model: this rank's own shards on CPU (LoRA: the base class switches adapters off) ------
