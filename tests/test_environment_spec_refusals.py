@@ -122,3 +122,25 @@ def test_outside_the_registry_a_bad_spec_still_raises() -> None:
         EnvironmentSpec(name="char_count", environment_class="wc_plugin.CountEnvironment")
     with pytest.raises(ValidationError, match="environment name must be alphanumeric"):
         EnvironmentSpec(name="char count", environment_class="wc_plugin:CountEnvironment")
+
+
+def test_a_refused_spec_does_not_shadow_the_same_name_from_another_distribution() -> None:
+    class Refused:
+        @hookimpl
+        def rlcore_register_environments(self, register):
+            register(EnvironmentSpec(name="char_count", environment_class="no colon"))
+
+    class Good:
+        @hookimpl
+        def rlcore_register_environments(self, register):
+            register(EnvironmentSpec(name="char_count", environment_class="collections:Counter"))
+
+    registry = Registry()
+    registry.register_plugin(Refused(), "refused", distribution="rl-refused")
+    registry.register_plugin(Good(), "good", distribution="rl-good")
+    assert [(r.distribution, r.status) for r in registry.environments()] == [("rl-refused", "broken"),
+                                                                            ("rl-good", "ok")]
+    assert registry.resolve_environment("char_count").environment_class == "collections:Counter"
+    with pytest.raises(BackendError, match="environment 'rl-refused:char_count' is broken: EnvironmentSpec refused: "
+                                           "environment_class: expected 'module:Name', got 'no colon'"):
+        registry.resolve_environment("rl-refused:char_count")

@@ -240,8 +240,8 @@ class Registry:
         dist, sep, short = name.rpartition(":")
         same_group = [r for r in self.records if group_of(r.kind) == group or (r.kind == "?" and group != "algorithm")]
         matches = [r for r in same_group if r.name == short and (not sep or r.distribution == dist)]
-        if matches:
-            return matches[0]
+        if matches:  # a spec before a refused one of the same name (from another distribution)
+            return min(matches, key=lambda r: r.spec is None)
         noun = group
         known = sorted({r.name for r in same_group if r.spec is not None})
         installed = ", ".join(known) or "none"
