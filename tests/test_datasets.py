@@ -172,3 +172,18 @@ def test_jsonl_lines_end_at_newline_only(tmp_path):
     (tmp_path / "bad.jsonl").write_text('{"a": 1}\n{"a": \n')
     with pytest.raises(DataError, match="row 2: not JSON"):
         read_rows(tmp_path / "bad.jsonl")
+
+
+def test_text_files_are_held_as_memory_mapped_arrow_with_each_row_as_written(tmp_path):
+    """JSONL goes through datasets' cache (Arrow files, memory-mapped), yet each row keeps its own keys and value
+    types, which a table's columns would fill in or refuse; a changed file is read again."""
+    from rlcore.datasets.files import TextFileRows
+
+    rows = [{"a": 1}, {"a": "x", "b": [1, {"c": None}]}, {"d": True}]
+    path = tmp_path / "mixed.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    read = read_rows(path)
+    assert isinstance(read, TextFileRows) and read.table.cache_files
+    assert [read[i] for i in range(3)] == rows and read[1:] == rows[1:]
+    path.write_text(json.dumps({"a": 2}) + "\n")
+    assert list(read_rows(path)) == [{"a": 2}]

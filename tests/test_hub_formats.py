@@ -75,7 +75,7 @@ def test_a_row_the_format_cannot_read_is_one_line_naming_the_row():
     rows = FormattedRows([{"context": "c", "question": "q", "answers": {"text": ["a"]}}, {"question": "q"}], "squad",
                          "rajpurkar/squad")
     assert rows[0]["messages"][-1] == _assistant("a")
-    with pytest.raises(DataError, match=r"^rajpurkar/squad: row 2: not a squad row \(no column 'answers'\); the format "):
+    with pytest.raises(DataError, match=r"^rajpurkar/squad: row 2: not a squad row \(no column 'answers'\); the "):
         rows[1]
 
 

@@ -1,9 +1,10 @@
 """Rows from local files: JSONL, JSON, CSV, parquet, and directories written by Hugging Face ``datasets``.
 
 Every problem is one :class:`DataError` line naming the file, the row (1-based: the line of a JSONL file) and
-the field, so a bad row is found before anything starts. Parquet files and ``save_to_disk`` directories are read
-with Hugging Face ``datasets``, as memory-mapped Arrow: a row becomes a Python dict only when it is drawn. JSONL,
-JSON and CSV are read here, row by row, so an error names the line.
+the field, so a bad row is found before anything starts. Every source is held by Hugging Face ``datasets`` as
+memory-mapped Arrow, a row becoming a Python dict only when it is drawn: parquet files (``load_dataset``),
+``save_to_disk`` directories (``load_from_disk``), and JSONL, JSON and CSV files, which are checked line by line
+(an error names the line) as ``datasets`` writes them into its cache, each row kept as written.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import csv
 import json
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 
 class DataError(ValueError):
@@ -26,24 +27,16 @@ def read_rows(path: str | Path, split: str | None = None) -> Sequence[dict[str, 
     if path.is_dir():
         rows = _read_datasets_dir(path, split)
     else:
-        reader = _READERS.get(path.suffix.lower())
-        if reader is None:
+        suffix = path.suffix.lower()
+        if suffix not in (*_TEXT_READERS, ".parquet"):
             raise DataError(f"{path}: unknown format '{path.suffix}'; use .jsonl, .json, .parquet, .csv or a "
                             "directory written by datasets' save_to_disk")
-        if split is not None and reader is not _read_json:
+        if split is not None and suffix != ".json":
             raise DataError(f"{path}: split '{split}' given, but a {path.suffix} file holds one split")
-        rows = reader(path, split) if reader is _read_json else reader(path)
+        rows = _read_parquet(path) if suffix == ".parquet" else _read_text_file(path, split)
     if len(rows) == 0:
         raise DataError(f"{path}{f' (split {split})' if split else ''}: no rows")
     return rows
-
-
-def _text(path: Path) -> str:
-    try:
-        return path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        line = path.read_bytes()[:exc.start].count(b"\n") + 1
-        raise DataError(f"{path}: line {line}: not UTF-8 (byte {exc.start}); re-encode the file as UTF-8") from None
 
 
 def _row(path: Path, number: int, value: Any) -> dict[str, Any]:
@@ -52,23 +45,35 @@ def _row(path: Path, number: int, value: Any) -> dict[str, Any]:
     return value
 
 
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    rows = []
-    # A JSONL line ends at '\n' only: str.splitlines would also cut at U+2028 or U+0085, which a JSON string may
-    # hold unescaped. A '\r' before the '\n' is JSON whitespace.
-    for number, line in enumerate(_text(path).split("\n"), 1):
+def _lines(path: Path) -> Iterator[tuple[int, str]]:
+    """The file's lines (1-based numbers), decoded as UTF-8. A line ends at '\\n' only: str.splitlines would also
+    cut at U+2028 or U+0085, which a JSON string may hold unescaped. A '\\r' before the '\\n' is JSON whitespace."""
+    offset = 0
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, 1):
+            try:
+                yield number, raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise DataError(f"{path}: line {number}: not UTF-8 (byte {offset + exc.start}); re-encode the file "
+                                "as UTF-8") from None
+            offset += len(raw)
+
+
+def _jsonl_rows(path: Path, split: str | None) -> Iterator[dict[str, Any]]:
+    for number, line in _lines(path):
         if not line.strip():
             continue
         try:
-            rows.append(_row(path, number, json.loads(line)))
+            yield _row(path, number, json.loads(line))
         except json.JSONDecodeError as exc:
             raise DataError(f"{path}: row {number}: not JSON ({exc.msg} at column {exc.colno})") from None
-    return rows
 
 
-def _read_json(path: Path, split: str | None) -> list[dict[str, Any]]:
+def _json_rows(path: Path, split: str | None) -> Iterator[dict[str, Any]]:
+    """A .json file is one value: read whole (JSON cannot be read in parts), then written out row by row."""
+    text = "".join(line for _, line in _lines(path))
     try:
-        data = json.loads(_text(path))
+        data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise DataError(f"{path}: line {exc.lineno}: not JSON ({exc.msg})") from None
     if isinstance(data, dict):
@@ -81,13 +86,63 @@ def _read_json(path: Path, split: str | None) -> list[dict[str, Any]]:
         raise DataError(f"{path}: split '{split}' given, but the file is one list of rows")
     if not isinstance(data, list):
         raise DataError(f"{path}: expected a list of rows, got {type(data).__name__}")
-    return [_row(path, number, row) for number, row in enumerate(data, 1)]
+    for number, row in enumerate(data, 1):
+        yield _row(path, number, row)
 
 
-def _read_csv(path: Path) -> list[dict[str, Any]]:
-    import io
+def _csv_rows(path: Path, split: str | None) -> Iterator[dict[str, Any]]:
+    yield from (dict(row) for row in csv.DictReader((line for _, line in _lines(path))))
 
-    return [dict(row) for row in csv.DictReader(io.StringIO(_text(path), newline=""))]
+
+def _row_texts(path: str, reader: str, split: str | None, stamp: Any = None) -> Iterator[dict[str, str]]:
+    """Each row of a JSONL / JSON / CSV file as the JSON text of the row (``stamp``: the file's size and time, which
+    key ``datasets``' cache of it)."""
+    for row in _TEXT_READERS[reader](Path(path), split):
+        yield {"row": json.dumps(row, ensure_ascii=False)}
+
+
+class TextFileRows(Sequence[dict[str, Any]]):
+    """The rows of a JSONL, JSON or CSV file, kept by ``datasets`` as memory-mapped Arrow (one column: each row's JSON
+    text), each row a dict only when read: every row stays as written (its own keys and value types, which a
+    table's columns would fill in or refuse), and no Python copy of the whole file is held."""
+
+    def __init__(self, table: Any) -> None:
+        self.table = table
+
+    def __len__(self) -> int:
+        return len(self.table)
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        return json.loads(self.table[i]["row"])
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, (list, TextFileRows)) and list(self) == list(other)
+
+
+def _read_text_file(path: Path, split: str | None) -> Sequence[dict[str, Any]]:
+    """A JSONL, JSON or CSV file read once (every row checked, with its line) into ``datasets``' cache, which later
+    runs read without reading the file again while it is unchanged; without ``datasets`` installed, a list."""
+    try:
+        import datasets
+    except ImportError:  # without rlcore[data]: the rows as a list, read the same way
+        return list(_TEXT_READERS[path.suffix.lower()](path, split))  # type: ignore[return-value]
+    datasets = _datasets(path)
+    from rlcore.datasets.caches import datasets_cache_dir
+
+    st = path.stat()
+    kwargs = {"path": str(path.absolute()), "reader": path.suffix.lower(), "split": split,
+              "stamp": (st.st_size, st.st_mtime_ns)}
+    try:
+        table = datasets.Dataset.from_generator(_row_texts, gen_kwargs=kwargs, cache_dir=datasets_cache_dir())
+    except datasets.exceptions.DatasetGenerationError as exc:
+        if isinstance(exc.__cause__, DataError):
+            raise exc.__cause__ from None
+        if next(_row_texts(**kwargs), None) is None:  # datasets refuses an empty table
+            raise DataError(f"{path}{f' (split {split})' if split else ''}: no rows") from None
+        raise DataError(f"{path}: not readable ({' '.join(str(exc.__cause__ or exc).split())[:300]})") from None
+    return TextFileRows(table)
 
 
 def _datasets(path: Path) -> Any:
@@ -133,4 +188,4 @@ def _read_datasets_dir(path: Path, split: str | None) -> Any:
     return loaded
 
 
-_READERS = {".jsonl": _read_jsonl, ".json": _read_json, ".csv": _read_csv, ".parquet": _read_parquet}
+_TEXT_READERS = {".jsonl": _jsonl_rows, ".json": _json_rows, ".csv": _csv_rows}

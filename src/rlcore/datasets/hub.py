@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from rlcore.datasets.caches import datasets_cache_dir, hub_cache_dir
 from rlcore.datasets.files import DataError
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -38,24 +39,9 @@ def cached_snapshot(hub_id: str, revision: str | None = None) -> str | None:
         return None
 
 
-def hub_cache_dir() -> str:
-    """The hub cache as this process's environment says now (HF_HUB_CACHE, else HF_HOME/hub)."""
-    return os.environ.get("HF_HUB_CACHE") or os.path.join(_hf_home(), "hub")
-
-
-def _hf_home() -> str:
-    """HF_HOME as this process's environment says now (the libraries read it once, at import)."""
-    return os.environ.get("HF_HOME") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "huggingface")
-
-
 def _datasets_cache_holds(hub_id: str) -> bool:
     """Whether ``datasets``' own cache holds a prepared copy of ``hub_id`` (a load made earlier, online)."""
-    return os.path.isdir(os.path.join(_datasets_cache(), hub_id.replace("/", "___")))
-
-
-def _datasets_cache() -> str:
-    return os.environ.get("HF_DATASETS_CACHE") or os.path.join(_hf_home(), "datasets")
+    return os.path.isdir(os.path.join(datasets_cache_dir(), hub_id.replace("/", "___")))
 
 
 def missing_offline(hub_id: str, revision: str | None = None) -> bool:
@@ -90,7 +76,7 @@ def read_hub_rows(cfg: Any, key: str = "data.train.hub_id") -> Any:
             raise DataError(missing_line(key, cfg.hub_id, cfg.revision))
     try:
         return datasets.load_dataset(source, name=cfg.subset, split=split, revision=revision,
-                                     data_files=cfg.data_files, cache_dir=_datasets_cache())
+                                     data_files=cfg.data_files, cache_dir=datasets_cache_dir())
     except Exception as exc:  # noqa: BLE001 - datasets' many error types, reported as one line
         raise DataError(f"{key}: datasets.load_dataset({cfg.hub_id!r}, name={cfg.subset!r}, split={split!r}) "
                         f"failed: {' '.join(str(exc).split())[:300]}") from None

@@ -50,7 +50,8 @@ def read_oasst_rows(cfg: Any, key: str = "data.train.hub_id") -> Any:
     ``datasets.Dataset``."""
     from huggingface_hub import hf_hub_download
 
-    from rlcore.datasets.hub import hub_cache_dir, missing_line, offline
+    from rlcore.datasets.caches import hub_cache_dir
+    from rlcore.datasets.hub import missing_line, offline
 
     files = cfg.data_files if isinstance(cfg.data_files, str) else TREES_FILE
     if cfg.path is not None:  # a local copy of the trees file
@@ -69,12 +70,12 @@ def read_oasst_rows(cfg: Any, key: str = "data.train.hub_id") -> Any:
 def _conversations_dataset(path: str, key: str) -> Any:
     import datasets
 
-    from rlcore.datasets.hub import _datasets_cache
+    from rlcore.datasets.caches import datasets_cache_dir
 
     datasets.disable_progress_bars()
     try:
         return datasets.Dataset.from_generator(tree_conversations, gen_kwargs={"path": path, "stamp": _stamp(path)},
-                                               cache_dir=_datasets_cache())
+                                               cache_dir=datasets_cache_dir())
     except Exception as exc:  # noqa: BLE001
         raise DataError(f"{key}: {path}: not OpenAssistant trees ({' '.join(str(exc).split())[:300]})") from None
 
