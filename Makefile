@@ -38,5 +38,7 @@ clean:
 # Every CUDA path on this machine's GPU (tests marked gpu + benchmarks/gpu.py), with the machine's own
 # torch: no .venv, no torch install. WHEELS=dir installs Ray / megatron-core / ... from local wheels.
 # Without CUDA it says so in one line and exits 0. See scripts/gpu_check/ (a package run as a folder).
+# benchmarks/gpu.py measures dtensor with its defaults and as 'dtensor-regather' (FSDP2's per-micro-batch
+# schedule, issue 41); GPU_BENCH_ARGS='--dtensor-cfg {"reshard_after_forward": true}' passes it more.
 gpu-check:
-	@$(PYTHON) scripts/gpu_check $(if $(WHEELS),--wheels "$(WHEELS)") $(GPU_CHECK_ARGS)
+	@$(PYTHON) scripts/gpu_check $(if $(WHEELS),--wheels "$(WHEELS)") $(if $(GPU_BENCH_ARGS),--benchmark-args '$(GPU_BENCH_ARGS)') $(GPU_CHECK_ARGS)

@@ -34,8 +34,12 @@ buffers, default 64 MiB buckets; the receiver copies each tensor into preallocat
 tensors). One warm-up, median of 3, timed in the driver. Baseline: a device-to-device copy of the
 same bytes in the receiver's process (CUDA events, median of 5 after one warm-up). GB/s count the payload once.
 
-    python benchmarks/gpu.py [--presets 0.5b,1b] [--backends dtensor,megatron] [--seq S] [--tokens 16384]
-                             [--steps 5] [--warmup 2] [--budget-s 1800] [--profile DIR]
+    python benchmarks/gpu.py [--presets 0.5b,1b] [--backends dtensor,dtensor-regather,megatron] [--seq S]
+                             [--tokens 16384] [--steps 5] [--warmup 2] [--budget-s 1800] [--profile DIR]
+                             [--dtensor-cfg '{"reshard_after_forward": true}']
+
+``dtensor-regather`` is the dtensor backend with FSDP2's per-micro-batch schedule (``reshard_after_forward:
+true``, ``reduce_grads: per_micro_batch``), beside ``dtensor`` with its defaults (issue 41).
 
 ``--profile DIR``: one more step of each side under the torch profiler, summed by kernel
 (:mod:`gpu_profile`), printed after the tables and kept in the JSON.
@@ -79,7 +83,12 @@ SEQ_CANDIDATES = (8192, 4096, 2048, 1024)
 MEMORY_FRACTION = 0.70
 LR = 1e-5
 #: Rough seconds each unit of work needs, to skip what the time budget cannot hold.
-COST_S = {"prepare": 30, "raw": 35, "dtensor": 60, "megatron": 80}
+COST_S = {"prepare": 30, "raw": 35, "dtensor": 60, "dtensor-regather": 60, "megatron": 80}
+#: ``dtensor-regather``: dtensor with FSDP2's own schedule, as before issue 41 (parameters re-gathered and
+#: re-cast for every micro-batch's forward and backward, gradients reduce-scattered after each), beside the
+#: ``dtensor`` row's defaults (gathered once a step, reduced once a step): the two rows measure the settings.
+DTENSOR_SIDES = {"dtensor": {},
+                 "dtensor-regather": {"reshard_after_forward": True, "reduce_grads": "per_micro_batch"}}
 
 
 # --------------------------------------------------------------------------- shapes and theory
@@ -342,10 +351,11 @@ class SinkGroup:
 # --------------------------------------------------------------------------- the policies
 
 
-def policy_config(backend: str, path: str, seq: int, batch: int, mbs: int) -> Any:
+def policy_config(backend: str, path: str, seq: int, batch: int, mbs: int, dtensor_cfg: dict | None = None) -> Any:
     from rlcore.config import load_config_dict
 
-    raw: dict[str, Any] = {"backend": backend, "model_name": path, "train_global_batch_size": batch,
+    raw: dict[str, Any] = {"backend": "dtensor" if backend in DTENSOR_SIDES else backend, "model_name": path,
+                           "train_global_batch_size": batch,
                            "train_micro_batch_size": mbs, "logprob_batch_size": mbs, "precision": "bfloat16",
                            "max_total_sequence_length": seq, "learning_rate": LR, "max_grad_norm": 1.0}
     if backend == "megatron":
@@ -353,17 +363,18 @@ def policy_config(backend: str, path: str, seq: int, batch: int, mbs: int) -> An
         raw["megatron_cfg"] = {"optimizer": {"optimizer": "adam", "bf16": True, "weight_decay": 0.01}}
     else:
         raw["optimizer"] = {"name": "torch.optim.AdamW", "kwargs": {"lr": LR}}
+        raw["dtensor_cfg"] = {**DTENSOR_SIDES[backend], **(dtensor_cfg or {})}
     return load_config_dict({"cluster": {"workers_per_node": 1, "use_gpu": True}, "policy": raw}).policy
 
 
 def run_policy(cluster: Any, backend: str, path: str, vocab: int, seq: int, batch: int, mbs: int, steps: int,
-               warmup: int, sink: SinkGroup | None) -> dict:
+               warmup: int, sink: SinkGroup | None, dtensor_cfg: dict | None = None) -> dict:
     from rlcore.algorithms.loss_functions import NLLLoss
     from rlcore.data import BatchedDataDict
     from rlcore.policy import Policy
     from rlcore.testing.models import build_tiny_tokenizer
 
-    policy = Policy(cluster, policy_config(backend, path, seq, batch, mbs), build_tiny_tokenizer(),
+    policy = Policy(cluster, policy_config(backend, path, seq, batch, mbs, dtensor_cfg), build_tiny_tokenizer(),
                     name_prefix=f"bench-{backend}", init_reference_model=False)
     try:
         data, loss_fn = BatchedDataDict(make_data(vocab, batch, seq)), NLLLoss()
@@ -447,7 +458,10 @@ def _importable(module: str) -> bool:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--presets", default="0.5b,1b")
-    parser.add_argument("--backends", default="dtensor,megatron")
+    parser.add_argument("--backends", default="dtensor,dtensor-regather,megatron",
+                        help="of dtensor, dtensor-regather (FSDP2's per-micro-batch schedule), megatron")
+    parser.add_argument("--dtensor-cfg", type=json.loads, default={}, metavar="JSON",
+                        help="policy.dtensor_cfg settings for the dtensor rows, over each row's own")
     parser.add_argument("--seq", type=int, default=None, help="sequence length (default: the longest that fits)")
     parser.add_argument("--tokens", type=int, default=16384, help="tokens per optimizer step")
     parser.add_argument("--steps", type=int, default=5)
@@ -482,7 +496,7 @@ def main(argv: list[str] | None = None) -> int:
     backends = [b for b in args.backends.split(",") if b]
     unknown = [p for p in presets if p not in PRESETS] + [b for b in backends if b not in COST_S or b == "raw"]
     if unknown:
-        parser.error(f"unknown presets/backends {unknown}; presets: {sorted(PRESETS)}, backends: dtensor, megatron")
+        parser.error(f"unknown presets/backends {unknown}; presets: {sorted(PRESETS)}, backends: {sorted(set(COST_S) - {'prepare', 'raw'})}")
     missing: dict[str, str] = {}
     if not _importable("ray"):
         missing.update({b: "Ray is not installed" for b in backends})
@@ -546,7 +560,7 @@ def main(argv: list[str] | None = None) -> int:
                         sink = SinkGroup(cluster)
                     try:
                         side = run_policy(cluster, backend, prep["path"], shape["vocab"], seq, batch, 1, args.steps,
-                                          args.warmup, sink)
+                                          args.warmup, sink, args.dtensor_cfg)
                         entry[backend] = summarize(side, flops, peak, raw_s,
                                                    memory_theory(backend, n_params, shape, seq, 1))
                     except Exception as exc:  # noqa: BLE001
@@ -571,28 +585,28 @@ def main(argv: list[str] | None = None) -> int:
 def print_tables(results: dict) -> None:
     print(f"GPU: {results.get('gpu')}, dense bf16 peak {results.get('peak_bf16_tflops')} TFLOP/s, "
           f"torch {results.get('torch')}")
-    header = f"{'preset':<7}{'S':>6}{'tok/step':>9} {'side':<9}{'step s':>8}{'TFLOP/s':>9}{'MFU':>7}{'vs raw':>8}" \
+    header = f"{'preset':<7}{'S':>6}{'tok/step':>9} {'side':<17}{'step s':>8}{'TFLOP/s':>9}{'MFU':>7}{'vs raw':>8}" \
              f"{'peak GB':>9}{'theory GB':>10}"
     print(header)
     for preset, entry in results["presets"].items():
-        for side in ("raw", "dtensor", "megatron"):
+        for side in ("raw", *DTENSOR_SIDES, "megatron"):
             row = entry.get(side)
             if row is None:
                 continue
             if "step_s" not in row:
-                print(f"{preset:<7}{entry.get('seq', ''):>6}{entry.get('tokens_per_step', ''):>9} {side:<9}"
+                print(f"{preset:<7}{entry.get('seq', ''):>6}{entry.get('tokens_per_step', ''):>9} {side:<17}"
                       f"{row.get('error') or row.get('skipped')}")
                 continue
             mfu = f"{row['mfu']:.3f}" if row.get("mfu") is not None else "-"
-            print(f"{preset:<7}{entry['seq']:>6}{entry['tokens_per_step']:>9} {side:<9}{row['step_s']:>8.3f}"
+            print(f"{preset:<7}{entry['seq']:>6}{entry['tokens_per_step']:>9} {side:<17}{row['step_s']:>8.3f}"
                   f"{row['tflops']:>9.1f}{mfu:>7}{row.get('vs_raw', 1.0):>8.3f}{row['peak_gb']:>9.2f}"
                   f"{row.get('theory_gb', math.nan):>10.2f}")
-    print(f"{'preset':<7} {'refit from':<9}{'GB':>7}{'refit s':>9}{'GB/s':>8}{'d2d GB/s':>10}{'x d2d':>7}")
+    print(f"{'preset':<7} {'refit from':<17}{'GB':>7}{'refit s':>9}{'GB/s':>8}{'d2d GB/s':>10}{'x d2d':>7}")
     for preset, entry in results["presets"].items():
-        for side in ("dtensor", "megatron"):
+        for side in (*DTENSOR_SIDES, "megatron"):
             r = (entry.get(side) or {}).get("refit")
             if r:
-                print(f"{preset:<7} {side:<9}{r['bytes'] / 1e9:>7.2f}{r['refit_s']:>9.4f}{r['refit_gb_s']:>8.1f}"
+                print(f"{preset:<7} {side:<17}{r['bytes'] / 1e9:>7.2f}{r['refit_s']:>9.4f}{r['refit_gb_s']:>8.1f}"
                       f"{r['d2d_gb_s']:>10.1f}{r['refit_vs_d2d']:>7.1f}")
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -34,6 +35,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--no-install", action="store_true", help="use what is installed as it is")
     parser.add_argument("--no-benchmark", action="store_true")
     parser.add_argument("--pytest-args", default="", help="extra pytest arguments (e.g. \"-k dtensor\")")
+    parser.add_argument("--benchmark-args", default="",
+                        help="extra benchmarks/gpu.py arguments (e.g. \"--backends dtensor,dtensor-regather\")")
     return parser.parse_args(argv)
 
 
@@ -88,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     bench = None
     t0 = time.monotonic()
     if not args.no_benchmark and not tests.get("error"):
-        bench = run.run_benchmark(args.python, out, env, left, notes)
+        bench = run.run_benchmark(args.python, out, env, left, notes, shlex.split(args.benchmark_args))
     timings["benchmark"] = round(time.monotonic() - t0, 1)
     timings["total"] = round(time.monotonic() - start, 1)
 

@@ -180,7 +180,7 @@ def render_markdown(summary: dict[str, Any]) -> str:
         refits = []
         for preset, entry in bench["presets"].items():
             shape = f"{entry.get('seq', '?')} x {entry.get('batch', '?')}"
-            for side in ("raw", "dtensor", "megatron"):
+            for side in ("raw", "dtensor", "dtensor-regather", "megatron"):
                 row = entry.get(side)
                 if not isinstance(row, dict):
                     continue

@@ -106,14 +106,14 @@ def run_tests(python: str, out: Path, env: dict[str, str], found: dict[str, Any]
 
 
 def run_benchmark(python: str, out: Path, env: dict[str, str], left: Callable[[], float],
-                  notes: list[str]) -> dict[str, Any] | None:
+                  notes: list[str], extra_args: list[str] | None = None) -> dict[str, Any] | None:
     """benchmarks/gpu.py in the time ``left()``; its JSON result (partial if interrupted), or None when
     too little time is left (said in ``notes``)."""
     budget = left() - 20.0
     if budget < 60:
         notes.append(f"benchmark not run: {max(budget, 0):.0f}s of the budget left")
         return None
-    cmd = [python, str(ROOT / "benchmarks" / "gpu.py"), "--budget-s", str(int(budget - 20))]
+    cmd = [python, str(ROOT / "benchmarks" / "gpu.py"), "--budget-s", str(int(budget - 20)), *(extra_args or [])]
     log(f"benchmark: {budget:.0f}s budget")
     code, timed_out = run_streaming(cmd, out / "benchmark.log", budget, env)
     bench = last_json((out / "benchmark.log").read_text(errors="replace"))  # partial if interrupted
