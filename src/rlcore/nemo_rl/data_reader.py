@@ -165,12 +165,11 @@ class DataReader:
             if name_path is not None:
                 self.named_file(name_path, name)
         elif name_path is not None and str(dataset_name) in self.HUB_NAMES:
-            given = next((value_of(items, k) for k in split_keys if value_of(items, k) is not None), None)
-            for key, value in self.HUB_NAMES[str(dataset_name)].entry(given).items():
-                self.set(f"data.{name}.{key}", value, name_path)
-            for key in (k for k in split_keys if k in items):
-                self.ignore(items[key][1], f"the hub dataset's split: data.{name}.split" if items[key][0] is not None
-                            else "null: the hub dataset's own split")
+            given = next((items[k] for k in split_keys if value_of(items, k) is not None), (None, name_path))
+            for key, value in self.HUB_NAMES[str(dataset_name)].entry(given[0]).items():
+                self.set(f"data.{name}.{key}", value, given[1] if key == "split" else name_path)
+            for key in (k for k in split_keys if k in items and items[k][0] is None):
+                self.ignore(items[key][1], "null: the hub dataset's own split")
         elif name_path is not None:
             self.problem(name_path, f"is {show_value(dataset_name)}, a dataset rlcore does not know by name "
                          "(docs/nemo-rl-mapping.md lists those it does); give its rows as a local file: "
