@@ -31,6 +31,10 @@ same logprob micro-batches.
     python benchmarks/step_overhead.py --quick                      # dtensor, 50m, 2 ranks
     python benchmarks/step_overhead.py --backends dtensor,fsdp1 --sizes 50m,150m --repeats 5
     python benchmarks/step_overhead.py --dtensor reshard_after_forward=true --dtensor reduce_grads=per_micro_batch
+    python benchmarks/step_overhead.py --versus reshard_after_forward=true --versus reduce_grads=per_micro_batch
+
+``--versus KEY=VALUE``: a third side, interleaved with the two: a second dtensor worker with those
+settings (its ratio to the same raw loop is ``*_versus_ratio``), so two settings compare under one load.
 
 The last line printed is JSON: ``cases`` (one per backend and size: medians, ratios, counts),
 ``max_train_ratio`` and ``max_logprob_ratio`` (rlcore / raw wall seconds) and ``load_average``.
@@ -87,7 +91,8 @@ def make_rows(vocab_size: int, rows: int, seq_len: int) -> dict:
     return make_batch(vocab_size, rows, max(2, seq_len // 2), seq_len, seed=0)
 
 
-def policy_config(backend: str, model_dir: str, world_size: int, args: argparse.Namespace) -> Any:
+def policy_config(backend: str, model_dir: str, world_size: int, args: argparse.Namespace,
+                  dtensor: list[tuple[str, Any]] | None = None) -> Any:
     from rlcore.config import load_config_dict
 
     policy = {"backend": backend, "model_name": model_dir,
@@ -96,7 +101,7 @@ def policy_config(backend: str, model_dir: str, world_size: int, args: argparse.
               "optimizer": {"name": "torch.optim.AdamW", "kwargs": {"lr": LR}}, "max_grad_norm": MAX_GRAD_NORM,
               "precision": "float32", "max_total_sequence_length": args.seq_len}
     if backend == "dtensor":
-        policy["dtensor_cfg"] = dict(args.dtensor)
+        policy["dtensor_cfg"] = dict(args.dtensor if dtensor is None else dtensor)
     return load_config_dict({"cluster": {"workers_per_node": world_size}, "policy": policy}).policy
 
 
@@ -256,6 +261,11 @@ def _rank(rank: int, world_size: int, port: int, backend: str, model_dir: str, a
                       MASTER_PORT=str(port))
     cfg = policy_config(backend, model_dir, world_size, args)
     ours = worker_class(backend)(cfg, None, init_reference_model=False)
+    sides = ["rlcore", "raw"]
+    if args.versus and backend == "dtensor":  # a second rlcore side with other dtensor settings
+        other = worker_class(backend)(policy_config(backend, model_dir, world_size, args, args.versus), None,
+                                      init_reference_model=False)
+        sides.append("versus")
     data = make_rows(AutoConfig.from_pretrained(model_dir).vocab_size, args.rows_per_rank * world_size, args.seq_len)
     rows = slice(rank * args.rows_per_rank, (rank + 1) * args.rows_per_rank)
     mine = {k: v[rows] for k, v in data.items()}
@@ -268,6 +278,9 @@ def _rank(rank: int, world_size: int, port: int, backend: str, model_dir: str, a
             ("raw", "train"): raw.train_step,
             ("rlcore", "logprobs"): lambda: ours.get_logprobs(shard, args.logprob_batch),
             ("raw", "logprobs"): raw.logprob_pass}
+    if "versus" in sides:
+        work.update({("versus", "train"): lambda: other.train(shard, loss_fn, gbs=gbs, mbs=args.micro_batch),
+                     ("versus", "logprobs"): lambda: other.get_logprobs(shard, args.logprob_batch)})
 
     def timed(key: tuple[str, str]) -> tuple[float, float]:
         dist.barrier()
@@ -283,8 +296,8 @@ def _rank(rank: int, world_size: int, port: int, backend: str, model_dir: str, a
     phases = ["train"] + (["logprobs"] if args.logprobs else [])
     out: dict[str, Any] = {"tokens": int(data["token_mask"][:, 1:].sum())}
     for phase in phases:
-        out[phase] = interleaved(("rlcore", "raw"), lambda side: timed((side, phase)), args.repeats)
-        out[phase + "_counts"] = {side: count_ops(work[(side, phase)]) for side in ("rlcore", "raw")}
+        out[phase] = interleaved(sides, lambda side: timed((side, phase)), args.repeats)
+        out[phase + "_counts"] = {side: count_ops(work[(side, phase)]) for side in sides}
     if rank == 0:
         results.put(out)
     dist.barrier()
@@ -317,11 +330,14 @@ def run_case(backend: str, size: str, args: argparse.Namespace) -> dict:
     for phase in ("train", "logprobs"):
         if phase not in out:
             continue
-        for side in ("rlcore", "raw"):
+        for side in out[phase]:
             case[f"{phase}_{side}_s"] = med(w for w, _ in out[phase][side])
             case[f"{phase}_{side}_cpu_s"] = med(c for _, c in out[phase][side])
         case[f"{phase}_ratio"] = case[f"{phase}_rlcore_s"] / case[f"{phase}_raw_s"]
         case[f"{phase}_cpu_ratio"] = case[f"{phase}_rlcore_cpu_s"] / case[f"{phase}_raw_cpu_s"]
+        if "versus" in out[phase]:
+            case[f"{phase}_versus_ratio"] = case[f"{phase}_versus_s"] / case[f"{phase}_raw_s"]
+            case[f"{phase}_versus_cpu_ratio"] = case[f"{phase}_versus_cpu_s"] / case[f"{phase}_raw_cpu_s"]
         case[f"{phase}_counts"] = out[phase + "_counts"]
     return case
 
@@ -334,6 +350,10 @@ def print_case(case: dict) -> None:
               f"raw {case[f'{phase}_raw_s']:.3f} s  ratio {case[f'{phase}_ratio']:.3f}   cpu rlcore "
               f"{case[f'{phase}_rlcore_cpu_s']:.3f} s  raw {case[f'{phase}_raw_cpu_s']:.3f} s  ratio "
               f"{case[f'{phase}_cpu_ratio']:.3f}")
+        if f"{phase}_versus_ratio" in case:
+            print(f"{'':17}{phase:8} versus {case[f'{phase}_versus_s']:.3f} s, ratio to raw "
+                  f"{case[f'{phase}_versus_ratio']:.3f}; cpu {case[f'{phase}_versus_cpu_s']:.3f} s, ratio "
+                  f"{case[f'{phase}_versus_cpu_ratio']:.3f}")
         for side, counts in case[f"{phase}_counts"].items():
             print(f"{'':24}{side:7} per step (rank 0): " + ", ".join(f"{k} {v}" for k, v in counts.items()))
 
@@ -362,6 +382,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="the raw loop's FSDP2 settings: FSDP2's defaults, or the same as rlcore's dtensor_cfg")
     parser.add_argument("--dtensor", action="append", type=parse_kv, default=[], metavar="KEY=VALUE",
                         help="a policy.dtensor_cfg setting for the rlcore side (repeatable)")
+    parser.add_argument("--versus", action="append", type=parse_kv, default=[], metavar="KEY=VALUE",
+                        help="a third side, interleaved: rlcore's dtensor worker with these dtensor_cfg settings "
+                             "(repeatable; e.g. the settings before issue 41: reshard_after_forward=true "
+                             "reduce_grads=per_micro_batch)")
     parser.add_argument("--quick", action="store_true", help="dtensor, 50m, 3 repeats, with logprobs")
     args = parser.parse_args(argv)
     if args.quick:
@@ -384,7 +408,8 @@ def main(argv: list[str] | None = None) -> None:
     ratios = {phase: [c[f"{phase}_ratio"] for c in cases if f"{phase}_ratio" in c] for phase in ("train", "logprobs")}
     print(json.dumps({"cases": cases, "max_train_ratio": max(ratios["train"], default=None),
                       "max_logprob_ratio": max(ratios["logprobs"], default=None), "load_average": load,
-                      "raw": args.raw, "dtensor_cfg": dict(args.dtensor)}, default=float))
+                      "raw": args.raw, "dtensor_cfg": dict(args.dtensor), "versus": dict(args.versus)},
+                     default=float))
 
 
 if __name__ == "__main__":
