@@ -167,3 +167,64 @@ def test_nemo_rls_distillation_yaml_with_zero_outside_topk_converts_and_resolves
     assert (d.zero_outside_topk, d.kl_type) == (True, "mixed")
     assert DistillationLossFn(d.loss_settings()).inputs == (LOGPROBS_AT_INDICES, ENTROPY)
     assert resolve(loaded.config, run=True).teacher is not None
+
+
+# --- the teacher's own settings (distillation.teacher) ----------------------------------------------------------
+
+def _nemo_rows(tmp_path):
+    import json
+
+    rows = tmp_path / "math.jsonl"
+    rows.write_text("".join(json.dumps({"problem": f"What is {a} + 1?", "answer": str(a + 1)}) + "\n"
+                            for a in range(8)))
+    return rows
+
+
+#: NeMo-RL's distillation_math.yaml at CPU size: the student tp 1, the teacher tp 2 (its own, as the example's
+#: teacher has a tp of its own), no context parallel (CUDA only), two CPU workers.
+CPU_SIZE = ["policy.model_name=tiny-llama", "teacher.model_name=tiny-teacher",
+            "policy.dtensor_cfg.tensor_parallel_size=1", "policy.dtensor_cfg.context_parallel_size=1",
+            "teacher.dtensor_cfg.tensor_parallel_size=2", "teacher.dtensor_cfg.context_parallel_size=1",
+            "checkpointing.save_period=20"]
+
+
+def test_nemo_rls_teacher_is_a_policy_of_its_own_layout(tmp_path):
+    from rlcore.config import resolve
+    from rlcore.nemo_rl import load_nemo_rl_config
+    from tests.test_nemo_rl_dpo_distillation import DISTILLATION_MAIN, distillation_data
+
+    rows = _nemo_rows(tmp_path)
+    loaded = load_nemo_rl_config(DISTILLATION_MAIN, [*distillation_data(DISTILLATION_MAIN, rows), *CPU_SIZE],
+                                 ["cluster.use_gpu=false", "cluster.workers_per_node=2"])
+    assert loaded.config.distillation.teacher == {"dtensor_cfg": {"tensor_parallel_size": 2},
+                                                  "make_sequence_length_divisible_by": 4}
+    resolved = resolve(loaded.config, run=True)
+    student, teacher = resolved.policy, resolved.teacher
+    assert (student.layout.tp, student.data_parallel_size) == (1, 2)
+    assert (teacher.layout.tp, teacher.data_parallel_size) == (2, 1)
+    assert teacher.config.model_name != student.config.model_name and teacher.config.generation is None
+    # everything the teacher does not set is the student's
+    s_cfg, t_cfg = student.config.backend_sections["dtensor_cfg"], teacher.config.backend_sections["dtensor_cfg"]
+    assert {k: v for k, v in t_cfg.items() if k != "tensor_parallel_size"} == \
+        {k: v for k, v in s_cfg.items() if k != "tensor_parallel_size"}
+    assert (teacher.config.precision, teacher.config.logprob_batch_size) == (student.config.precision,
+                                                                           student.config.logprob_batch_size)
+    assert teacher.config.make_sequence_length_divisible_by == 4 != student.config.make_sequence_length_divisible_by
+
+
+@pytest.mark.parametrize("overrides, line", [
+    ({"distillation.teacher.generation.temperature": "0.5"},
+     "distillation.teacher.generation is not the teacher's own setting: the teacher does not generate; remove it"),
+    ({"distillation.teacher.model_name": "x"},
+     "distillation.teacher.model_name is not the teacher's own setting: set distillation.teacher_model_name"),
+    ({"distillation.teacher.backend": "dtensor", "distillation.teacher.dtensor_cfg.tensor_parallel_size": "3"},
+     "distillation.teacher.dtensor_cfg.tensor_parallel_size"),
+], ids=["generation", "model_name", "layout"])
+def test_a_teacher_setting_that_cannot_be_its_own_is_refused_by_its_path(tmp_path, overrides, line):
+    from rlcore.config import ConfigError, resolve
+
+    from tests.test_distillation import _distillation_config
+
+    with pytest.raises(ConfigError) as info:
+        resolve(_distillation_config(tmp_path, **overrides), run=True)
+    assert any(line in p for p in info.value.problems), info.value.problems

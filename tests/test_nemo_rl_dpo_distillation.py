@@ -29,8 +29,8 @@ DISTILLATION = sorted(FIXTURES.glob("*/distillation_math.yaml"))
 DPO_MAIN = FIXTURES / "main" / "dpo.yaml"
 DISTILLATION_MAIN = FIXTURES / "main" / "distillation_math.yaml"
 TINY_DPO = ["policy.model_name=tiny-llama", "policy.tokenizer.name=${policy.model_name}"]
-#: The tiny student and teacher, on one CPU rank each way: the example's parallel sizes are for 8 GPUs, and the
-#: teacher's must be the student's.
+#: The tiny student and teacher, on one CPU rank each way: the example's parallel sizes are for 8 GPUs (the
+#: teacher's own layout: tests/test_distillation_full_vocabulary.py).
 TINY_DISTILLATION = [
     "policy.model_name=tiny-llama", "teacher.model_name=tiny-teacher", "policy.dtensor_cfg.tensor_parallel_size=1",
     "policy.dtensor_cfg.context_parallel_size=1",
@@ -318,20 +318,15 @@ def test_nemo_rls_distillation_yaml_is_a_distillation_run_with_its_values(path: 
     assert all(key.startswith(GRPO_PATH_SILENT) for key in left), left
 
 
-def test_the_teacher_must_run_with_the_students_settings(problems_file: Path):
-    """NeMo-RL's example gives its teacher tensor_parallel_size 4: rlcore refuses it, naming the fix."""
+def test_the_teacher_keeps_its_own_settings(problems_file: Path):
+    """NeMo-RL's example gives its teacher tensor_parallel_size 4 (the student 2): the teacher's differing
+    settings become its own (``distillation.teacher``), as written."""
     overrides = [*distillation_data(DISTILLATION_MAIN, problems_file), "policy.model_name=tiny-llama",
-                 "teacher.model_name=tiny-teacher", "teacher.precision=float32"]
-    problems = problems_of(DISTILLATION_MAIN, overrides)
-    assert sorted(problems) == [
-        "teacher.dtensor_cfg.tensor_parallel_size: is 4, but rlcore runs the teacher with the student's policy "
-        "settings (only teacher.model_name is its own), and policy.dtensor_cfg.tensor_parallel_size is 2: set it to "
-        "${policy.dtensor_cfg.tensor_parallel_size}",
-        "teacher.make_sequence_length_divisible_by: is 16, but rlcore runs the teacher with the student's policy "
-        "settings (only teacher.model_name is its own), and policy.make_sequence_length_divisible_by is 8: set it "
-        "to ${policy.make_sequence_length_divisible_by}",
-        "teacher.precision: is 'float32', but rlcore runs the teacher with the student's policy settings (only "
-        "teacher.model_name is its own), and policy.precision is 'bfloat16': set it to ${policy.precision}"]
+                 "teacher.model_name=tiny-teacher", "teacher.precision=float32", "checkpointing.save_period=20"]
+    loaded = load_nemo_rl_config(DISTILLATION_MAIN, overrides)
+    assert loaded.config.distillation.teacher == {"dtensor_cfg": {"tensor_parallel_size": 4},
+                                                  "make_sequence_length_divisible_by": 16, "precision": "float32"}
+    assert loaded.config.policy.backend_sections["dtensor_cfg"]["tensor_parallel_size"] == 2
 
 
 @pytest.mark.parametrize("overrides, line", [
@@ -367,12 +362,11 @@ def test_what_nemo_rls_teacher_and_distillation_loss_do_not_read_is_ignored(prob
 
 def test_the_teachers_anchored_copy_is_its_own(problems_file: Path):
     """The example's teacher is ``<<: *POLICY_BASE``: an override of the student's key leaves the teacher's as
-    OmegaConf does (a copy, not an alias), so it then differs."""
+    OmegaConf does (a copy, not an alias), so it then differs and is the teacher's own."""
     nemo = load_nemo_rl_dict(DISTILLATION_MAIN, ["policy.optimizer.kwargs.lr=1.0", "policy.precision=float32"])
     assert (nemo["teacher"]["optimizer"]["kwargs"]["lr"], nemo["teacher"]["precision"]) == (2.0e-5, "bfloat16")
-    problems = problems_of(DISTILLATION_MAIN, [*distillation_data(DISTILLATION_MAIN, problems_file),
-                                               *TINY_DISTILLATION, "policy.precision=float32"])
-    assert [p.split(":")[0] for p in problems] == ["teacher.precision"]
+    loaded = nemo_distillation(DISTILLATION_MAIN, problems_file, ["policy.precision=float32"])
+    assert loaded.config.distillation.teacher == {"precision": "bfloat16"}
 
 
 def test_a_teacher_section_in_another_algorithms_config_is_ignored():

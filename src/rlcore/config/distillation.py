@@ -4,9 +4,9 @@ imports the losses."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field, PositiveInt
+from pydantic import Field, PositiveInt, field_validator
 
 from rlcore.config.base import StrictModel
 from rlcore.config.rollout_loop import RolloutLoopConfig
@@ -34,13 +34,52 @@ class DistillationConfig(RolloutLoopConfig, DistillationLossConfig):
 
     teacher_model_name: str = Field(
         ..., description="The teacher: a model directory or a built-in name (tiny-qwen2, qwen2.5-0.5b, ...), frozen, "
-        "run by the student's training backend with the student's policy settings (precision, parallel layout, "
-        "batch sizes); it must share the student's tokenizer. NeMo-RL's teacher.model_name.")
+        "run with the student's policy settings (precision, backend, parallel layout, batch sizes) except those "
+        "distillation.teacher sets; it must share the student's tokenizer. NeMo-RL's teacher.model_name.")
+    teacher: dict[str, Any] = Field(
+        default_factory=dict, description="The teacher's own policy settings, each a policy key over the student's "
+        "(e.g. {dtensor_cfg: {tensor_parallel_size: 4}, precision: float32}): the teacher is a Policy of the merge, "
+        "with its own parallel layout on the same workers. NeMo-RL's teacher section. Not model_name "
+        "(teacher_model_name), tokenizer (the student's), generation, optimizer or scheduler (the teacher only "
+        "scores).")
     topk_logits_k: PositiveInt = Field(64, description="How many of the teacher's most likely tokens each "
                                        "position's KL runs over.")
     num_generations_per_prompt: PositiveInt = Field(1, description="Completions the student generates per prompt.")
     max_num_steps: PositiveInt = Field(100, description="Training steps (each: generate, teacher top-k, train).")
 
+    @field_validator("teacher")
+    @classmethod
+    def _teacher_scores_only(cls, value: dict[str, Any]) -> dict[str, Any]:
+        for key, fix in TEACHER_NOT_OWN.items():
+            if key in value:
+                raise ValueError(f"distillation.teacher.{key} is not the teacher's own setting: {fix}")
+        return value
+
+    def teacher_policy(self, student: Any) -> dict[str, Any]:
+        """The teacher's policy settings as a dict: the ``student``'s policy (a ``PolicyConfig``) with
+        :attr:`teacher` merged over it, the teacher's model, the student's tokenizer and no generation."""
+        merged = _merged(student.model_dump(exclude_unset=True), self.teacher)
+        return {**merged, "model_name": self.teacher_model_name, "generation": None,
+                "tokenizer": student.tokenizer.model_dump(exclude_unset=True)}
+
     def loss_settings(self) -> DistillationLossConfig:
         """The loss's settings alone."""
         return DistillationLossConfig(**{k: getattr(self, k) for k in DistillationLossConfig.model_fields})
+
+
+#: Policy keys the teacher takes from elsewhere, and where.
+TEACHER_NOT_OWN = {
+    "model_name": "set distillation.teacher_model_name",
+    "tokenizer": "the teacher reads the student's token ids (policy.tokenizer); remove it",
+    "generation": "the teacher does not generate; remove it",
+    "optimizer": "the teacher does not train; remove it",
+    "scheduler": "the teacher does not train; remove it",
+}
+
+
+def _merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """``over`` merged into ``base`` key by key (nested mappings merged, other values replaced)."""
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = _merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out

@@ -8,10 +8,11 @@ other ``loss_fn`` keys (a GRPO loss a ``defaults:`` chain brings) are not read b
 and are dropped as ignored. Policy, generation, data, env, cluster and checkpointing convert as a GRPO
 config's.
 
-The teacher: rlcore runs it with the student's policy settings, and only its model is its own
-(``teacher.model_name`` → ``distillation.teacher_model_name``). The rest of ``teacher`` (NeMo-RL's
-examples copy the student's policy with a YAML anchor) is converted as ``policy`` is and compared with the
-student's: the same values are ignored, another value is an error whose fix sets it to the student's. Its
+The teacher: a Policy of its own settings. Its model is ``teacher.model_name`` →
+``distillation.teacher_model_name``; the rest of ``teacher`` (NeMo-RL's examples copy the student's policy with
+a YAML anchor) is converted as ``policy`` is and compared with the student's: the same values are the student's
+already, each other one is the teacher's own, under ``distillation.teacher`` (its parallel layout, precision,
+batch sizes). Its
 ``generation``, ``optimizer`` and ``scheduler`` are ignored (NeMo-RL's teacher generates nothing and is built
 without an optimizer), and so is ``tokenizer.name`` when it names the student's tokenizer or the teacher's
 own model (both models read the student's token ids; NeMo-RL checks that their vocabularies are equal).
@@ -34,7 +35,6 @@ LOSS_KEYS = ("kl_type", "mixed_kl_weight", "zero_outside_topk")
 TEACHER_UNREAD = {"generation": "NeMo-RL's teacher generates nothing: the student does, with policy.generation",
                   "optimizer": "NeMo-RL builds the teacher without an optimizer: it does not train",
                   "scheduler": "NeMo-RL builds the teacher without an optimizer: it does not train"}
-_PLAIN_PATH = re.compile(r"^policy(\.[\w-]+)+$")
 _MISSING = object()
 
 
@@ -95,32 +95,20 @@ def _tokenizer(nemo: dict[str, Any], rest: dict[str, Any], model: Any, out: Conv
 
 def _compare(nemo: dict[str, Any], rest: dict[str, Any], out: Conversion,
              convert: Callable[[dict[str, Any]], Conversion]) -> None:
-    """The teacher's settings, converted as the student's policy is (``convert``), against the student's."""
+    """The teacher's settings, converted as the student's policy is (``convert``): each that differs from the
+    student's becomes the teacher's own (``distillation.teacher``), the others are the student's already."""
     converted = convert({"policy": rest})
     out.problems.extend(_as_teacher(line) for line in converted.problems)
     student = _leaves(out.config.get("policy", {}), "policy")
-    differ: dict[str, str] = {}
     for path, value in _leaves(converted.config.get("policy", {}), "policy").items():
         if not same(value, student.get(path, _MISSING)):
-            source = _source(converted.sources, path)
-            differ.setdefault(source, _difference(nemo, rest, source, path, (value, student.get(path, _MISSING))))
-    out.problems.extend(differ.values())
+            own = "distillation.teacher." + path[len("policy."):]
+            put(out.config, own, value)
+            out.sources[own] = _as_teacher(_source(converted.sources, path))
     if rest:
-        out.ignored.append(("teacher (its other keys)", "the same as the student's policy settings, which rlcore "
-                            "runs the teacher with, or ignored as they are under policy"))
-
-
-def _difference(nemo: dict[str, Any], rest: dict[str, Any], source: str, path: str, values: tuple[Any, Any]) -> str:
-    """The problem line of a teacher setting that differs from the student's (``values``: the teacher's and the
-    student's rlcore values at ``path``), in NeMo-RL's keys and values where ``source`` is one key."""
-    value, student = values
-    fix = "the student's"
-    if _PLAIN_PATH.match(source):
-        path, fix = source, f"${{{source}}}"
-        value, student = get({"policy": rest}, source, value), get(nemo, source, _MISSING)
-    shown = "not set" if student is _MISSING else f"is {show_value(student)}"
-    return (f"{_as_teacher(path)}: is {show_value(value)}, but rlcore runs the teacher with the student's policy "
-            f"settings (only teacher.model_name is its own), and {path} {shown}: set it to {fix}")
+        out.ignored.append(("teacher (its other keys)", "the same as the student's policy settings, which the "
+                            "teacher takes unless distillation.teacher sets its own, or ignored as they are under "
+                            "policy"))
 
 
 def _leaves(node: Any, prefix: str) -> dict[str, Any]:

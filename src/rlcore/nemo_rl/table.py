@@ -325,10 +325,11 @@ RULES: tuple[Rule, ...] = (
     _m("loss_fn.zero_outside_topk", "distillation.zero_outside_topk", note="distillation configs; true needs a "
        "student backend with the loss inputs logprobs_at_indices and entropy (dtensor, fsdp1, megatron, reference)"),
     _c("teacher.model_name", "teacher", "distillation.teacher_model_name", "distillation configs: the teacher model"),
-    _c("teacher", "teacher", "distillation.teacher_model_name", "distillation configs: rlcore runs the teacher with "
-       "the student's policy settings, so each other key, converted as policy's, must equal the student's (an "
-       "error naming the fix otherwise); generation, optimizer, scheduler ignored (NeMo-RL's teacher does not "
-       "generate or train), tokenizer.name ignored when it is the student's or the teacher model; other configs: "
+    _c("teacher", "teacher", "distillation.teacher", "distillation configs: each other key is converted as "
+       "policy's; one that differs from the student's is the teacher's own (distillation.teacher.<policy key>: its "
+       "parallel layout, precision, batch sizes), the rest are the student's; generation, optimizer, scheduler "
+       "ignored (NeMo-RL's teacher does not generate or train), tokenizer.name ignored when it is the student's or "
+       "the teacher model (another is an error: the teacher reads the student's token ids); other configs: "
        "ignored"),
     # -- loss_fn --------------------------------------------------------------------------------
     *(_m("loss_fn." + k, "loss." + k) for k in (

@@ -88,6 +88,14 @@ def distillation_train(run: "Run", on_step: Callable[[int, dict[str, float]], No
     return train_rollout_steps(run, lambda step: distillation_step(run, loss_fn), on_step)
 
 
+def _as_teacher(problem: str) -> str:
+    """A problem of the teacher's policy, named where it is fixed: ``distillation.teacher.<key>`` for a policy
+    key (the teacher's own settings override the student's), the teacher's model otherwise."""
+    if problem.startswith("policy."):
+        return "distillation.teacher." + problem[len("policy."):]
+    return f"distillation.teacher_model_name: {problem}"
+
+
 class Distillation(Algorithm):
     """On-policy distillation: the student generates, a frozen teacher gives its top-k, the student trains the
     KL to it."""
@@ -96,7 +104,8 @@ class Distillation(Algorithm):
     curve = ("loss", "KL to the teacher", "kl_curve.png")
 
     def resolve(self, cfg: Any, policy: Any, generation: Any, registry: Any, notices: list[str]) -> Resolution:
-        """The teacher: the student's policy settings with ``distillation.teacher_model_name``, frozen. The
+        """The teacher: a Policy of the student's policy settings with ``distillation.teacher`` over them and
+        ``distillation.teacher_model_name``, frozen, with its own layout on the same workers. The
         student's backend must compute the loss's input, the teacher's its top-k; every rollout must fill whole
         batches."""
         from rlcore.algorithms.distillation import DistillationLossFn
@@ -112,9 +121,6 @@ class Distillation(Algorithm):
                 problems.append(f"distillation: the '{student.spec.name}' training backend does not declare "
                                 f"'{LOSS_INPUTS[name]}', a loss input distillation trains on{setting}; use a backend "
                                 "that does (reference, dtensor, fsdp1, megatron)")
-        if not student.spec.supports(Capability.TOPK_LOGITS):
-            problems.append(f"distillation: the '{student.spec.name}' training backend cannot give the teacher's "
-                            "top-k logits (capability 'topk_logits')")
         rollout = d.num_prompts_per_step * d.num_generations_per_prompt
         gbs = student.config.train_global_batch_size
         if rollout % gbs or rollout % student.data_parallel_size:
@@ -123,13 +129,15 @@ class Distillation(Algorithm):
                             f"{student.data_parallel_size}); change one of them")
         if problems:
             return Resolution(cfg, problems)
-        teacher_cfg = cfg.policy.model_copy(update={"model_name": d.teacher_model_name, "generation": None,
-                                                    "tokenizer": cfg.policy.tokenizer})
-        try:
-            teacher = resolve_policy(teacher_cfg, world_size=cfg.world_size, use_gpu=cfg.cluster.use_gpu,
-                                     registry=registry)
+        try:  # a dict: validated and checked by the cross-field rules as the teacher's own policy
+            teacher = resolve_policy(d.teacher_policy(cfg.policy), world_size=cfg.world_size,
+                                     use_gpu=cfg.cluster.use_gpu, registry=registry)
         except ConfigError as exc:
-            return Resolution(cfg, [f"distillation.teacher_model_name: {p}" for p in exc.problems])
+            return Resolution(cfg, [_as_teacher(p) for p in exc.problems])
+        if not teacher.spec.supports(Capability.TOPK_LOGITS):
+            return Resolution(cfg, [f"distillation: the teacher's '{teacher.spec.name}' training backend cannot give "
+                                    "its top-k logits (capability 'topk_logits'); give the teacher another backend "
+                                    "(distillation.teacher.backend)"])
         return Resolution(cfg, [], teacher=teacher)
 
     def load_data(self, cfg: Any, tokenizer: Any) -> Any:
