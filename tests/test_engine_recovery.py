@@ -234,6 +234,20 @@ def test_the_setting_reaches_the_run() -> None:
     assert cfg.policy.generation.engine_restarts_per_step == 3
 
 
+def test_a_restart_count_set_for_engines_on_their_own_resources_is_refused() -> None:
+    """Such engines take weights by broadcast and are never restarted: a count the user sets is refused,
+    while the default (1) stays valid and such a death stops in the one line tested above."""
+    from rlcore.config import load_config
+
+    own = ["policy.generation.colocated={enabled: false, resources: {num_nodes: 1, workers_per_node: 1}}"]
+    assert load_config("examples/grpo_tiny.yaml", own).policy.generation.engine_restarts_per_step == 1
+    with pytest.raises(Exception) as caught:
+        load_config("examples/grpo_tiny.yaml", [*own, "policy.generation.engine_restarts_per_step=2"])
+    assert any(line.startswith("policy.generation.engine_restarts_per_step: is 2, but engines on their own")
+               and "set it to 0, or colocate the engines" in line for line in str(caught.value).splitlines())
+    assert load_config("examples/grpo_tiny.yaml", [*own, "policy.generation.engine_restarts_per_step=0"])
+
+
 def kill_an_engine_mid_refit_and_mid_generation(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """In a vLLM run started after this: SIGKILL engine 0 right after the run's first refit has started the
     engines' receivers (the training ranks then stream into a dead engine), and right after the first
