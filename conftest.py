@@ -45,13 +45,20 @@ def pytest_sessionstart(session):
     # NeMo-RL's sft.yaml and distillation_math.yaml switch wandb on: no test reaches wandb's servers
     # (tests/test_trackers.py runs it offline).
     os.environ["WANDB_MODE"] = "disabled"
+    # Local JSONL/CSV files are prepared into datasets' cache on first read: the suite's go to a directory
+    # of its own, removed at the end, not into the user's ~/.cache (tests of hub caches set their own).
+    os.environ.setdefault("HF_DATASETS_CACHE", tempfile.mkdtemp(prefix="rlcore-test-datasets-"))
     _LEAK_BASELINE = leaks.start()
 
 
 def pytest_sessionfinish(session, exitstatus):
     """Fail the run if the suite's processes left shared memory, temp entries or processes behind."""
     import os
+    import shutil
 
+    cache = os.environ.get("HF_DATASETS_CACHE", "")
+    if os.path.basename(cache).startswith("rlcore-test-datasets-"):
+        shutil.rmtree(cache, ignore_errors=True)
     if _LEAK_BASELINE is None or os.environ.get("RLCORE_LEAK_CHECK") == "0":
         return
     from rlcore.testing import leaks
