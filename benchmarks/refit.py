@@ -32,6 +32,7 @@ copies of layers split over buckets, and vLLM's layerwise ``load_weights``
 
     python benchmarks/refit.py [--backend reference] [--model-dir DIR] [--repeats 5] [--breakdown]
     python benchmarks/refit.py --fingerprint [--repeats 9]   # verified refit's cost, CPU, no vLLM
+    python benchmarks/refit.py --pack [--repeats 9]          # fused vs per-tensor packing, CPU, no vLLM
 
 The last line printed is JSON with ``colocated_vs_floor`` and ``collective_vs_floor``
 (collective over max(broadcast, floor)); goals <= 1.25 each, beside the
@@ -336,80 +337,140 @@ def _llama_shaped(seed: int = 0) -> dict[str, Any]:
     return {k: torch.randn(shape, generator=g) for k, shape in shapes.items()}
 
 
-def _fingerprint_sender(address: str, authkey: bytes, commands: Any, results: Any) -> None:
-    """Spawned: holds the weights; per command, fingerprints them (if asked) and streams them once."""
+class _NoFingerprints:
+    """Stands in for :class:`rlcore.refit.fingerprint.Fingerprints` in a sender timed without them."""
+
+    def add(self, named: Any) -> None:
+        pass
+
+    def result(self) -> dict:
+        return {}
+
+
+def _per_tensor_pack(bucket: Any, tensors: Any, buffer: Any, metadata: Any, fingerprints: Any = None) -> None:
+    """The pack before issue 41: one copy per tensor (kept here to time against the fused one)."""
     import torch
 
-    from rlcore.refit import DEFAULT_BUCKET_BYTES, metadata_of
-    from rlcore.refit.fingerprint import fingerprint
-    from rlcore.refit.shared_memory import stream_to_receiver
+    named = []
+    for name, offset in zip(bucket.names, bucket.offsets):
+        _, t = next(tensors)
+        flat = t.detach().contiguous().reshape(-1)
+        buffer[offset:offset + flat.numel() * flat.element_size()].copy_(flat.view(torch.uint8), non_blocking=True)
+        named.append((name, flat))
+    if fingerprints is not None:
+        fingerprints.add(named)
+
+
+#: What a timed sender does differently per mode (``--fingerprint``: verify on/off; ``--pack``: per-tensor/fused).
+SENDER_MODES = {"off": {"fingerprints": False}, "on": {}, "per_tensor": {"pack": "per_tensor"}, "fused": {}}
+
+
+def _timed_sender(address: str, authkey: bytes, commands: Any, results: Any) -> None:
+    """Spawned: holds the weights; per command (a mode of SENDER_MODES), streams them once and reports the
+    fingerprints it sent."""
+    import torch
+
+    from rlcore.refit import DEFAULT_BUCKET_BYTES, fingerprint, metadata_of
+    from rlcore.refit import shared_memory
 
     torch.set_num_threads(1)
     tensors = _llama_shaped()
+    real_pack = shared_memory.pack
     results.put("ready")
-    while (verify := commands.get()) is not None:
-        started = time.perf_counter()
-        sent = (fingerprint(tensors.items()), time.perf_counter() - started) if verify else None
-        stream_to_receiver(iter(tensors.items()), metadata_of(tensors.items()), address, authkey,
-                           bucket_bytes=DEFAULT_BUCKET_BYTES, device=torch.device("cpu"))
-        results.put(sent)
+    while (mode := commands.get()) is not None:
+        options = SENDER_MODES[mode]
+        shared_memory.pack = _per_tensor_pack if options.get("pack") == "per_tensor" else real_pack
+        shared_memory.Fingerprints = (fingerprint.Fingerprints if options.get("fingerprints", True)
+                                      else _NoFingerprints)
+        sent = shared_memory.stream_to_receiver(iter(tensors.items()), metadata_of(tensors.items()), address,
+                                                authkey, bucket_bytes=DEFAULT_BUCKET_BYTES, device=torch.device("cpu"))
+        results.put(sent.fingerprints)
 
 
-def fingerprint_cost(repeats: int) -> dict:
-    """Shared-memory refits of a ~162M model on CPU (no vLLM: the receiver copies into held tensors), with
-    the verified-refit fingerprints (sender's before, engine's of what it holds after, and the compare)
-    on and off, interleaved; median seconds of each, and the fingerprints' own time (timed directly, since
-    on a loaded machine the on/off difference is below the refit's noise) over the refit's."""
+def interleaved_refits(modes: tuple[str, str], repeats: int) -> dict:
+    """Shared-memory refits of a ~162M model on CPU (no vLLM: the receiver copies into held tensors), in two
+    sender modes interleaved (ABBA), ``repeats`` each after a warm-up round; per mode the median seconds, and
+    the load average. With fingerprints the receiver fingerprints what it received (as the rl-vllm engine
+    does) and the core's compare runs; the fingerprints' own time is also measured directly (on a loaded
+    machine an on/off difference of a few percent is below the refit's noise)."""
     import multiprocessing as mp
 
     import torch
 
     from rlcore.refit import metadata_of
-    from rlcore.refit.fingerprint import fingerprint, verify_engines
+    from rlcore.refit.fingerprint import Fingerprints, verify_engines
     from rlcore.refit.shared_memory import ShmReceiver
 
     torch.set_num_threads(1)
     held = {k: torch.empty_like(t) for k, t in _llama_shaped().items()}
     metadata = metadata_of(held.items())
-
-    def load(named: list) -> None:
-        for name, t in named:
-            held[name].copy_(t)
-
     ctx = mp.get_context("spawn")
     receiver, commands, results = ShmReceiver(), ctx.Queue(), ctx.Queue()
-    sender = ctx.Process(target=_fingerprint_sender, args=(receiver.address, receiver.authkey, commands, results))
+    sender = ctx.Process(target=_timed_sender, args=(receiver.address, receiver.authkey, commands, results))
     sender.start()
-    times: dict[str, list[float]] = {"off": [], "on": []}
+    times: dict[str, list[float]] = {m: [] for m in modes}
     loads: list[float] = []
-    fingerprint_s: list[float] = []  # the sender's fingerprint + the engine's + the compare, timed directly
+    engine_s: list[float] = []  # the engine's fingerprints + the compare, timed directly
     try:
         results.get(timeout=600)
         for rep in range(repeats + 1):  # the first round warms up
-            for mode in ("off", "on") if rep % 2 == 0 else ("on", "off"):
+            for mode in modes if rep % 2 == 0 else modes[::-1]:
+                fingerprints = SENDER_MODES[mode].get("fingerprints", True)
+                received = Fingerprints()
+                spent = [0.0]
+
+                def load(named: list) -> None:
+                    for name, t in named:
+                        held[name].copy_(t)
+                    if fingerprints:
+                        began = time.perf_counter()
+                        received.add(named)
+                        spent[0] += time.perf_counter() - began
+
                 start = time.perf_counter()
-                commands.put(mode == "on")
+                commands.put(mode)
                 receiver.receive(metadata, load, timeout_s=600)
                 sent = results.get(timeout=600)
-                if sent is not None:
-                    engine_start = time.perf_counter()
-                    verify_engines(sent[0], [{"weight_version": rep, "fingerprints": fingerprint(held.items())}],
-                                   version=rep)
-                    if rep:
-                        fingerprint_s.append(sent[1] + time.perf_counter() - engine_start)
+                if fingerprints:
+                    began = time.perf_counter()
+                    verify_engines(sent, [{"weight_version": rep, "fingerprints": received.result()}], version=rep)
+                    spent[0] += time.perf_counter() - began
                 if rep:
                     times[mode].append(time.perf_counter() - start)
                     loads.append(os.getloadavg()[0])
+                    if fingerprints:
+                        engine_s.append(spent[0])
         commands.put(None)
     finally:
         sender.join(timeout=60)
         receiver.close()
-    off, on = statistics.median(times["off"]), statistics.median(times["on"])
-    return {"params": sum(t.numel() for t in held.values()), "tensors": len(held), "refit_s": round(off, 4),
-            "refit_verified_s": round(on, 4), "on_vs_off": round(on / off - 1, 4),
-            "fingerprint_s": round(statistics.median(fingerprint_s), 5),
-            "fingerprint_vs_refit": round(statistics.median(fingerprint_s) / off, 4),
-            "load_average_median": round(statistics.median(loads), 2), "repeats": repeats}
+    med = {m: statistics.median(times[m]) for m in modes}
+    out = {"params": sum(t.numel() for t in held.values()), "tensors": len(held), "repeats": repeats,
+           **{f"{m}_s": round(med[m], 4) for m in modes},
+           f"{modes[1]}_vs_{modes[0]}": round(med[modes[1]] / med[modes[0]] - 1, 4),
+           "load_average_median": round(statistics.median(loads), 2)}
+    if engine_s:
+        out["engine_fingerprint_and_compare_s"] = round(statistics.median(engine_s), 5)
+    return out
+
+
+def sender_fingerprint_cost(repeats: int) -> dict:
+    """The sender's share, timed directly: fingerprinting the ~162M model's tensors the way pack does (one
+    gather per tensor, one read at the end), median seconds."""
+    import torch
+
+    from rlcore.refit.fingerprint import Fingerprints
+
+    torch.set_num_threads(1)
+    tensors = _llama_shaped()
+    spent = []
+    for _ in range(repeats + 1):
+        began = time.perf_counter()
+        acc = Fingerprints()
+        acc.add((k, t.reshape(-1)) for k, t in tensors.items())
+        acc.result()
+        spent.append(time.perf_counter() - began)
+    return {"sender_fingerprint_s": round(statistics.median(spent[1:]), 5)}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -422,9 +483,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--breakdown", action="store_true", help="also profile the stages of a colocated refit")
     parser.add_argument("--fingerprint", action="store_true",
                         help="only: a CPU shared-memory refit with verified-refit fingerprints on vs off (no vLLM)")
+    parser.add_argument("--pack", action="store_true",
+                        help="only: a CPU shared-memory refit packed tensor by tensor vs one fused copy per bucket")
     args = parser.parse_args(argv)
     if args.fingerprint:
-        print(json.dumps(fingerprint_cost(args.repeats)))
+        result = interleaved_refits(("off", "on"), args.repeats)
+        result.update(sender_fingerprint_cost(args.repeats))
+        result["fingerprint_vs_refit"] = round((result["engine_fingerprint_and_compare_s"]
+                                                + result["sender_fingerprint_s"]) / result["off_s"], 4)
+        print(json.dumps(result))
+        return
+    if args.pack:
+        print(json.dumps(interleaved_refits(("per_tensor", "fused"), args.repeats)))
         return
 
     import torch

@@ -56,6 +56,7 @@ def test_rollouts_are_never_older_than_the_limit_and_resume_keeps_the_rule(ray_s
     # generated while the previous step trained), never more.
     assert [r["async/age_max"] for r in first] == [0, 1, 1, 1]
     assert [r["async/age_1_fraction"] for r in first] == [0.0, 1.0, 1.0, 1.0]
+    assert [r["weight_version"] for r in first] == [0, 0, 1, 2]  # the verified versions the ages come from
     assert abs(first[0]["token_mult_prob_error"] - 1) < 1e-3 and abs(first[0]["sampling_importance_ratio"] - 1) < 1e-3
     assert all(r["token_mult_prob_error"] > 1 + 1e-4 for r in first[1:]), "one-step-old rollouts match the trainer"
     for key in ("time/generation_wait_s", "time/generation_idle_s", "time/refit_s", "time/train_s",
@@ -67,3 +68,4 @@ def test_rollouts_are_never_older_than_the_limit_and_resume_keeps_the_rule(ray_s
     resumed = rows()
     assert [r["step"] for r in resumed] == list(range(6))
     assert [r["async/age_max"] for r in resumed[4:]] == [0, 1], "the resumed run starts the schedule again"
+    assert [r["weight_version"] for r in resumed[4:]] == [4, 4]  # versions go on from the resumed step

@@ -128,6 +128,8 @@ def test_short_run_writes_metrics_and_a_checkpoint(ray_session, tmp_path, monkey
     # vLLM: a refit before every step, the whole model each time; fsdp1 generates from its own weights
     refits, vllm = [r["refit_bytes"] for r in rows], generation_backend() == "vllm"
     assert refits == ([refits[0]] * 2 if vllm else [0.0, 0.0]) and (refits[0] > 0) == vllm, refits
+    if vllm:  # verified refits (rl-vllm declares verified_refit): step s samples from weight_version s, restarts too
+        assert [r["weight_version"] for r in rows] == [0, 1], rows
     # peak RSS per role: a worker holds torch + the model (> 100 MiB) in well under this machine's memory
     for role in ("train", "generation"):
         peaks = [r[f"memory/{role}_peak_rss_gib"] for r in rows]

@@ -173,10 +173,13 @@ def test_train_then_refit_by_shared_memory(setup: dict, bucket_bytes: int) -> No
     train_one_step(setup["policy"], setup["tokenizer"], seed=100 + bucket_bytes % 7)
     err, _ = logprob_error(setup, before_data, before)
     assert err > 1e-3, "the training step did not change the policy: the refit test would be vacuous"
-    sync = WeightSynchronizer(setup["policy"], setup["generation"], colocated=True, bucket_bytes=bucket_bytes)
-    stats = sync.sync_weights()
-    assert sync.transport == "shared_memory" and stats["bytes"] > 0
+    sync = WeightSynchronizer(setup["policy"], setup["generation"], colocated=True, bucket_bytes=bucket_bytes,
+                              verify=True, weight_version=5)
+    stats = sync.sync_weights()  # verified: every engine holds version 5 and the fingerprints its rank sent
+    assert sync.transport == "shared_memory" and stats["bytes"] > 0 and stats["weight_version"] == 5
+    assert stats["verified_tensors"] == len(setup["policy"].prepare_refit_info())
     assert_in_sync(setup)
+    assert greedy(setup)[1]["weight_version"].tolist() == [5] * 4  # the samples carry the verified version
 
 
 @pytest.mark.parametrize("bucket_bytes", [SMALL_BUCKET, LAYER_BUCKET], ids=["split-layers", "whole-layers"])
@@ -185,12 +188,50 @@ def test_train_then_refit_by_collective(setup: dict, bucket_bytes: int) -> None:
     check_bucket_plan(setup, bucket_bytes)
     train_one_step(setup["policy"], setup["tokenizer"], seed=200 + bucket_bytes % 7)
     sync = WeightSynchronizer(setup["policy"], setup["generation"], colocated=False, cluster=setup["cluster"],
-                              bucket_bytes=bucket_bytes)
-    sync.sync_weights()
+                              bucket_bytes=bucket_bytes, verify=True)
+    stats = sync.sync_weights()  # verified against training rank 0's fingerprints
+    assert stats["weight_version"] == 0 and stats["verified_tensors"] == len(setup["policy"].prepare_refit_info())
     assert sync.transport == "collective"
     assert_in_sync(setup)
     train_one_step(setup["policy"], setup["tokenizer"], seed=201)
-    sync.sync_weights()  # the group is reused
+    assert sync.sync_weights()["weight_version"] == 1  # the group is reused; the next version, verified
+    assert_in_sync(setup)
+
+
+def test_an_engine_holding_other_bytes_than_were_sent_is_one_line(setup: dict) -> None:
+    """Verified refit against the real engines' reports: engine 1 is fed one changed element of one tensor (its
+    received bytes differ from what the trainer sent); the core's check names that engine and tensor."""
+    from rlcore.refit.fingerprint import verify_engines
+
+    reference_only(setup)
+    generation = setup["generation"]
+    info = setup["policy"].prepare_refit_info()
+    generation.prepare_refit_info(info)
+    weights = hf_weights(setup["model_dir"])
+    name = next(n for n in info if n.endswith("mlp.down_proj.weight"))
+    corrupted = {**weights, name: weights[name].clone()}
+    corrupted[name].view(-1)[-1] += 1.0  # the last element: always sampled
+
+    def stream(fed: list[dict[str, torch.Tensor]]) -> Any:
+        endpoints, receivers = generation.refit_endpoints(), generation.update_weights_via_ipc_zmq()
+        sent = [stream_to_receiver(((k, w[k]) for k in info), info, *endpoints[rank], SMALL_BUCKET,
+                                   torch.device("cpu")) for rank, w in enumerate(fed)]
+        ray.get(receivers)
+        generation.set_weight_version(9)
+        return sent[0].fingerprints  # what the trainer sent: the true weights
+
+    sent = stream([weights, weights])
+    assert verify_engines(sent, generation.weight_fingerprints(), version=9) == 9
+    sent = stream([weights, corrupted])
+    with pytest.raises(RefitError) as err:
+        verify_engines(sent, generation.weight_fingerprints(), version=9)
+    line = str(err.value)
+    print(line)
+    assert "\n" not in line and "engine 1 holds fingerprint" in line and f"tensor '{name}'" in line
+    with pytest.raises(RefitError, match="engine 0 holds weight_version 9, expected 10"):
+        verify_engines(sent, generation.weight_fingerprints(), version=10)
+    WeightSynchronizer(setup["policy"], generation, colocated=True, bucket_bytes=SMALL_BUCKET,
+                       verify=True).sync_weights()  # the policy's weights back, verified
     assert_in_sync(setup)
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 if TYPE_CHECKING:
     import torch
@@ -133,10 +133,17 @@ def buffer_bytes(plan: list[Bucket]) -> int:
 
 
 def pack(bucket: Bucket, tensors: Iterator[tuple[str, "torch.Tensor"]], buffer: "torch.Tensor",
-         metadata: RefitMetadata) -> None:
-    """Copy the bucket's tensors, pulled in order from ``tensors``, into the uint8 ``buffer``."""
+         metadata: RefitMetadata, fingerprints: Any = None) -> None:
+    """Copy the bucket's tensors, pulled in order from ``tensors``, into the uint8 ``buffer``: one fused copy
+    (``torch._foreach_copy_`` into the bucket's views) for the whole bucket, not one copy per tensor.
+
+    The bucket's tensors are all alive until that copy, so a sender holds up to one bucket of gathered
+    tensors at a time. ``fingerprints`` (:class:`rlcore.refit.fingerprint.Fingerprints`): where the
+    sampled elements of the tensors sent are gathered, for verified refit.
+    """
     import torch
 
+    targets, sources, named = [], [], []
     for name, offset in zip(bucket.names, bucket.offsets):
         got_name, t = next(tensors)
         shape, dtype = metadata[name]
@@ -144,9 +151,26 @@ def pack(bucket: Bucket, tensors: Iterator[tuple[str, "torch.Tensor"]], buffer: 
             raise RefitError(f"sender produced {got_name} {tuple(t.shape)} {dtype_name(t.dtype)} where the "
                              f"metadata expects {name} {tuple(shape)} {dtype}: iteration order must match "
                              "prepare_refit_info()")
-        n = t.numel() * t.element_size()
-        src = t.detach().contiguous().reshape(-1).view(torch.uint8)
-        buffer[offset:offset + n].copy_(src, non_blocking=True)
+        flat = t.detach().contiguous().reshape(-1)
+        targets.append(buffer[offset:offset + flat.numel() * flat.element_size()])
+        sources.append(flat.view(torch.uint8))
+        named.append((name, flat))
+    if targets:
+        torch._foreach_copy_(targets, sources, non_blocking=True)
+    if fingerprints is not None:
+        fingerprints.add(named)
+
+
+def wait_for_stream(device: "torch.device") -> None:
+    """On CUDA, wait until the work queued so far on ``device``'s current stream is done (an event recorded
+    there, not a device-wide synchronise: other streams run on); nothing to wait for on CPU."""
+    if device.type != "cuda":
+        return
+    import torch
+
+    done = torch.cuda.Event()
+    done.record(torch.cuda.current_stream(device))
+    done.synchronize()
 
 
 def unpack(bucket: Bucket, buffer: "torch.Tensor", metadata: RefitMetadata,

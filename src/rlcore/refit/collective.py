@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 from rlcore.refit.buckets import (LoadFn, RefitMetadata, buffer_bytes, pack, plan_buckets, split_layer_names,
                                   unpack)
+from rlcore.refit.fingerprint import Fingerprints, SentBytes
 
 if TYPE_CHECKING:
     import torch
@@ -33,22 +34,23 @@ def init_refit_group(ip: str, port: int, world_size: int, rank: int, device: "to
 
 
 def broadcast_weights(group: Any, tensors: Iterator[tuple[str, "torch.Tensor"]], metadata: RefitMetadata,
-                      bucket_bytes: int, device: "torch.device") -> int:
-    """Group rank 0: broadcast every tensor of ``metadata``, pulled in order from ``tensors``."""
-
+                      bucket_bytes: int, device: "torch.device") -> SentBytes:
+    """Group rank 0: broadcast every tensor of ``metadata``, pulled in order from ``tensors``; returns the
+    bytes sent, with the fingerprints of the tensors sent (:class:`rlcore.refit.fingerprint.SentBytes`)."""
     plan = plan_buckets(metadata, bucket_bytes)
+    sent = Fingerprints()
     buffers = _bucket_buffers(buffer_bytes(plan), device)
     pending: list[Any] = [None, None]
     for index, bucket in enumerate(plan):
         slot = index % 2
         if pending[slot] is not None:
             pending[slot].wait()
-        pack(bucket, tensors, buffers[slot], metadata)
+        pack(bucket, tensors, buffers[slot], metadata, sent)
         pending[slot] = group.broadcast(buffers[slot][:bucket.size], 0)
     for work in pending:
         if work is not None:
             work.wait()
-    return sum(b.size for b in plan)
+    return SentBytes(sum(b.size for b in plan), sent.result())
 
 
 def receive_weights(group: Any, metadata: RefitMetadata, bucket_bytes: int, device: "torch.device",

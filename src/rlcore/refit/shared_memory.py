@@ -43,7 +43,8 @@ from multiprocessing.connection import Client, Connection, answer_challenge, del
 from typing import TYPE_CHECKING, Any, Iterator
 
 from rlcore.refit.buckets import (LoadFn, RefitError, RefitMetadata, buffer_bytes, check_metadata, pack,
-                                  plan_buckets, split_layer_names, unpack)
+                                  plan_buckets, split_layer_names, unpack, wait_for_stream)
+from rlcore.refit.fingerprint import Fingerprints, SentBytes
 
 if TYPE_CHECKING:
     import torch
@@ -203,8 +204,6 @@ class ShmReceiver:
 
     def receive(self, expected: RefitMetadata, load: LoadFn, timeout_s: float = 600.0) -> ReceiveStats:
         """Accept one sender, check its metadata, and ``load`` every bucket's tensors in order."""
-        import torch
-
         with self._accept(timeout_s) as conn:
             hello = _recv(conn, timeout_s)
             offered = {k: (tuple(v[0]), v[1]) for k, v in hello["metadata"].items()}
@@ -224,12 +223,9 @@ class ShmReceiver:
                     message = _recv(conn, timeout_s)
                     if message.get("type") != "bucket" or message["index"] != index:
                         raise RefitError(f"expected bucket {index}, got {message}")
-                    buffer = buffers[message["buffer"]].tensor
-                    if buffer.device.type == "cuda":
-                        torch.cuda.current_stream(buffer.device).synchronize()
+                    buffer = buffers[message["buffer"]].tensor  # filled: the sender waited before it wrote
                     load(unpack(bucket, buffer, offered, copy=split))
-                    if buffer.device.type == "cuda":  # the engine's copies out of the buffer are done
-                        torch.cuda.current_stream(buffer.device).synchronize()
+                    wait_for_stream(buffer.device)  # the engine's copies out of the buffer are done
                     received += len(bucket.names)
                     _send(conn, type="free", buffer=message["buffer"])
                 if _recv(conn, timeout_s).get("type") != "done" or received != len(expected):
@@ -285,9 +281,11 @@ class ShmReceiver:
 
 def stream_to_receiver(tensors: Iterator[tuple[str, "torch.Tensor"]], metadata: RefitMetadata, address: str,
                        authkey: bytes, bucket_bytes: int, device: "torch.device",
-                       num_buffers: int = 2, timeout_s: float = 600.0) -> int:
-    """Send every tensor of ``metadata`` (pulled in order from ``tensors``); returns bytes sent."""
+                       num_buffers: int = 2, timeout_s: float = 600.0) -> SentBytes:
+    """Send every tensor of ``metadata`` (pulled in order from ``tensors``); returns the bytes sent, with the
+    fingerprints of the tensors sent (:class:`rlcore.refit.fingerprint.SentBytes`)."""
     plan = plan_buckets(metadata, bucket_bytes)
+    sent = Fingerprints()
     buffers = _sender_buffers(buffer_bytes(plan), device, num_buffers)
     with Client(address, family="AF_UNIX", authkey=authkey) as conn:
         _send(conn, type="hello", metadata={k: [list(v[0]), v[1]] for k, v in metadata.items()},
@@ -300,18 +298,15 @@ def stream_to_receiver(tensors: Iterator[tuple[str, "torch.Tensor"]], metadata: 
             while not free:
                 free.append(_recv(conn, timeout_s)["buffer"])
             slot = free.popleft()
-            pack(bucket, tensors, buffers[slot].tensor, metadata)
-            if device.type == "cuda":
-                import torch
-
-                torch.cuda.current_stream(device).synchronize()
+            pack(bucket, tensors, buffers[slot].tensor, metadata, sent)
+            wait_for_stream(device)  # the bucket's copy has landed before the receiver reads it
             _send(conn, type="bucket", index=index, buffer=slot)
         while len(free) < num_buffers:
             free.append(_recv(conn, timeout_s)["buffer"])
         _send(conn, type="done")
         if _recv(conn, timeout_s).get("type") != "ok":
             raise RefitError("receiver did not confirm the refit")
-    return sum(b.size for b in plan)
+    return SentBytes(sum(b.size for b in plan), sent.result())
 
 
 #: The sender's CPU buffers, kept across refits: first-touching fresh memory costs about as much as

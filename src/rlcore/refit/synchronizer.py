@@ -11,6 +11,7 @@ PEFT directory and the engines load it as a LoRA module.
 from __future__ import annotations
 
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -71,11 +72,20 @@ class WeightSynchronizer:
     ``scratch_dir`` (default: the system's temporary directory; ``build_run``
     gives the private Ray session's, which is swept even after a crash),
     removed by :meth:`shutdown`.
+
+    Weight versions (vLLM's word, ``weight_version``): each refit publishes one to the engines
+    (``set_weight_version``) once its weights are in; the first publishes ``weight_version`` (the version of
+    the policy's weights now: a run's start step, or what a replaced synchronizer had), every later one the
+    next number. ``verify`` (the generation backend declares ``verified_refit``): after each refit every
+    engine reports the version it holds and the fingerprints of what it received
+    (``weight_fingerprints()``), compared with what each training rank sent; a mismatch is a
+    :class:`RefitError` of one line naming the engine and the tensor (:mod:`rlcore.refit.fingerprint`).
     """
 
     def __init__(self, policy: Any, generation: Any, *, colocated: bool, cluster: Any = None,
                  transport: str = "auto", bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-                 partial_refit: bool = False, adapter_refit: bool = False, scratch_dir: str | None = None) -> None:
+                 partial_refit: bool = False, adapter_refit: bool = False, scratch_dir: str | None = None,
+                 verify: bool = False, weight_version: int = 0) -> None:
         if transport == "auto":
             transport = "shared_memory" if colocated else "collective"
         if transport not in ("shared_memory", "collective"):
@@ -95,6 +105,11 @@ class WeightSynchronizer:
         self._synced_once = False
         self._partial_plan = False
         self.stale = True
+        self.verify = verify
+        self._first_version = weight_version
+        self.weight_version: int | None = None  # the version the engines hold (None before the first refit)
+        self._sent: list[dict[str, int]] | None = None  # per engine: the fingerprints its refits were sent
+        self._said_unverified = False
 
     def _changed_only(self) -> bool:
         """After one whole refit, a LoRA policy sends only its adapted layers, if the engine takes a part."""
@@ -119,14 +134,25 @@ class WeightSynchronizer:
               "joining the refit group")
         self._group_ready = True
 
+    @property
+    def policy_weight_version(self) -> int:
+        """The version of the policy's weights now: the one the engines hold, or the next refit's when they
+        are stale (what a synchronizer that replaces this one starts from)."""
+        if self.weight_version is None:
+            return self._first_version
+        return self.weight_version + int(self.stale)
+
     def sync_weights(self) -> dict[str, float]:
-        """Refit now; returns ``{"bytes": ..., "seconds": ...}``. Raises :class:`RefitError` on failure."""
+        """Refit now; returns ``{"bytes", "seconds", "weight_version", "verified_tensors", "verify_seconds"}``. Raises
+        :class:`RefitError` on failure, or when verification finds an engine holding other weights."""
         start = time.perf_counter()
         self.stale = True
+        version = self._first_version if self.weight_version is None else self.weight_version + 1
         if self.adapter_refit:
             sent = self._hand_over_adapters()
+            self._publish(version)
             self.stale = False
-            return {"bytes": float(sent), "seconds": time.perf_counter() - start}
+            return {"bytes": float(sent), "seconds": time.perf_counter() - start, "weight_version": float(version)}
         changed_only = self._changed_only()
         self._exchange_metadata(changed_only)
         part = {"changed_only": True} if changed_only else {}
@@ -135,14 +161,53 @@ class WeightSynchronizer:
             receivers = self.generation.update_weights_via_ipc_zmq(bucket_bytes=self.bucket_bytes)
             senders = self.policy.stream_weights_via_ipc_zmq(endpoints=endpoints, bucket_bytes=self.bucket_bytes,
                                                              **part)
+            feeders = list(endpoints)  # engine i is fed by training rank feeders[i]
         else:
             self._init_group()
             receivers = self.generation.update_weights_from_collective(bucket_bytes=self.bucket_bytes)
             senders = self.policy.broadcast_weights_for_collective(bucket_bytes=self.bucket_bytes, **part)
+            feeders = None  # every engine is fed by training rank 0
         sent, _ = _wait([(self.policy, senders), (self.generation, receivers)], "refit")
+        self._publish(version)
+        verified, verify_seconds = 0, 0.0
+        if self.verify:
+            checked = time.perf_counter()
+            verified = self._verify(sent, feeders, version)
+            verify_seconds = time.perf_counter() - checked
         self.stale = False
         self._synced_once = True
-        return {"bytes": float(max(sent)), "seconds": time.perf_counter() - start}
+        return {"bytes": float(max(sent)), "seconds": time.perf_counter() - start, "weight_version": float(version),
+                "verified_tensors": float(verified), "verify_seconds": verify_seconds}
+
+    def _publish(self, version: int) -> None:
+        """Tell the engines which weights they hold now (queued behind the refit in each engine)."""
+        publish = getattr(self.generation, "set_weight_version", None)
+        try:
+            if publish is not None:
+                publish(version)
+        except NotImplementedError:  # a backend without versions (GenerationInterface's default)
+            pass
+        self.weight_version = version
+
+    def _verify(self, sent: list[Any], feeders: list[int] | None, version: int) -> int:
+        """Compare what each engine reports holding with what its training rank sent (one line on a mismatch);
+        returns the tensors compared per engine (0: not verified)."""
+        from rlcore.refit.fingerprint import verify_engines
+
+        reports = self.generation.weight_fingerprints()
+        fed = [sent[0]] * len(reports) if feeders is None else [sent[rank] for rank in feeders]
+        if not all(hasattr(s, "fingerprints") for s in fed):
+            if not self._said_unverified:  # once per run
+                print("notice: refit not verified: the training backend's workers send no fingerprints "
+                      "(they do not use rlcore.refit.RefitExportMixin)", file=sys.stderr)
+                self._said_unverified = True
+            return 0
+        if self._sent is None or len(self._sent) != len(fed):
+            self._sent = [{} for _ in fed]
+        for held, new in zip(self._sent, fed):
+            held.update(new.fingerprints)  # a partial refit (LoRA) sends a part; the rest stays as last sent
+        verify_engines(self._sent, reports, version=version)
+        return min((len(s) for s in self._sent), default=0)
 
     def _hand_over_adapters(self) -> int:
         """Adapter refit: the policy writes its adapters, the engines load them; returns the bytes written."""

@@ -86,7 +86,10 @@ def run_rollout(cfg: Any, generate: Callable[[Any], Any], environment: Any, toke
                "env/nonfinite_rewards": float(sum(e.startswith(NONFINITE_REWARD) for e in errors))}
     if max_turns > 1:
         metrics.update(state.turn_metrics())
-    return Rollout(state.padded(pad), torch.tensor(state.rewards, dtype=torch.float32), metrics)
+    data = state.padded(pad)
+    if "weight_version" in data:  # the oldest weights (vLLM's word) any of the step's samples was generated with
+        metrics["weight_version"] = float(data["weight_version"].min())
+    return Rollout(data, torch.tensor(state.rewards, dtype=torch.float32), metrics)
 
 
 class Trajectories:

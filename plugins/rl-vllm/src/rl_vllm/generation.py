@@ -113,6 +113,11 @@ class VllmGeneration(WorkerGroupOwner, GenerationInterface):
         """Queued behind the refit it names (and any request before it): later requests are tagged ``version``."""
         self._all("set_weight_version", version)
 
+    def weight_fingerprints(self) -> list[dict[str, Any]]:
+        """``verified_refit``: per engine, the ``weight_version`` it holds and the fingerprints of the tensors its
+        refits delivered (``{"weight_version": int, "fingerprints": {name: int}}``)."""
+        return self._all("weight_fingerprints")
+
     def _check_not_stale(self) -> None:
         """Raise here, on the driver, if a refit left an engine stale.
 

@@ -16,7 +16,7 @@ def rlcore_register_backends(register):
         config_class="rl_vllm.config:VllmConfig",
         capabilities={Capability.GENERATE, Capability.REFIT, Capability.PARTIAL_REFIT, Capability.LORA_ADAPTER,
                       Capability.ASYNC_GENERATION, Capability.DATA_PARALLEL, Capability.STOP_STRINGS,
-                      Capability.LOGPROBS},
+                      Capability.LOGPROBS, Capability.VERIFIED_REFIT},
         requires=("vllm",),
         install_hint="pip install 'rl-vllm[cpu]'  (or [gpu] on CUDA)",
         description="vLLM engines in Ray actors (data parallel), in-place weight refit.",

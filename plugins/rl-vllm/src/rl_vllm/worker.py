@@ -338,7 +338,7 @@ class VllmGenerationWorker:
     def _refit(self, transport: str, receive: Any) -> dict[str, Any]:
         """Run ``receive(load)``; the engine is stale from the first loaded tensor until the reload completes."""
         from rl_vllm.refit import InPlaceReload
-        from rlcore.refit.fingerprint import fingerprint
+        from rlcore.refit.fingerprint import Fingerprints
 
         if self._asleep:
             self.prepare_for_generation()
@@ -346,13 +346,13 @@ class VllmGenerationWorker:
         session: list[InPlaceReload] = []
         previous = self.stale_reason
 
-        received: dict[str, int] = {}
+        received = Fingerprints()  # sampled on the device as the buckets arrive; read once, at the end
 
         def load(named: Any) -> None:
             if not session:  # weights change from here on
                 self.stale_reason = f"a {transport} refit is in progress"
                 session.append(InPlaceReload(self.llm.collective_rpc(_own_worker)[0], self._partial_refit))
-            received.update(fingerprint(named))  # before vLLM's loader fuses them (qkv, gate_up): HF names
+            received.add(named)  # before vLLM's loader fuses them (qkv, gate_up): HF names
             session[0].load(named)
 
         try:
@@ -374,7 +374,7 @@ class VllmGenerationWorker:
             # Cached prefixes hold keys/values computed with the old weights.
             self.llm.reset_prefix_cache()
         self.stale_reason = None
-        self._fingerprints.update(received)  # a partial refit adds to the last
+        self._fingerprints.update(received.result())  # a partial refit adds to the last
         return {"tensors": session[0].tensors, "seconds": time.perf_counter() - started}
 
     def weight_fingerprints(self) -> dict[str, Any]:
