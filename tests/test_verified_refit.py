@@ -100,3 +100,26 @@ def test_a_real_shared_memory_refit_is_verified():
     got["big.weight"].view(-1)[-1] += 1
     with pytest.raises(RefitError, match="tensor 'big.weight'"):
         verify_engines(sent, [{"weight_version": 1, "fingerprints": fingerprint(got.items())}], version=1)
+
+
+@pytest.mark.parametrize("setting, decided", [(None, True), ("false", False), ("true", True)])
+def test_verify_refit_is_decided_by_the_setting_and_the_engine_s_capability(setting, decided):
+    from rlcore.config import load_config
+    from rlcore.config.resolve import resolve
+
+    overrides = [] if setting is None else [f"policy.generation.verify_refit={setting}"]
+    resolved = resolve(load_config("examples/grpo_tiny.yaml", overrides), run=True)
+    assert resolved.generation.spec.supports(Capability.VERIFIED_REFIT)  # vllm declares it
+    assert resolved.generation.verify_refit is decided
+
+
+def test_verify_refit_required_without_a_refit_is_one_line():
+    from rlcore.config import load_config
+    from rlcore.config.errors import ConfigError
+    from rlcore.config.resolve import resolve
+
+    with pytest.raises(ConfigError) as caught:
+        resolve(load_config("examples/grpo_fsdp1.yaml", ["policy.generation.verify_refit=true"]), run=True)
+    assert caught.value.problems == [
+        "policy.generation.verify_refit: is true, but the training backend generates itself and no refit happens; "
+        "remove it, or set policy.generation.backend to an engine (e.g. vllm)"]

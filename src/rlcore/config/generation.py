@@ -75,6 +75,12 @@ class GenerationConfig(SectionsModel):
         description="Colocation with the training workers; a bool is shorthand for {enabled: <bool>}.",
         json_schema_extra=_or_bool,
     )
+    verify_refit: bool | None = Field(
+        None,
+        description="After every refit, compare a fingerprint of what each engine holds with what the trainer "
+        "sent, and stop in one line naming the tensor on a mismatch (docs/refit.md): null = where the "
+        "generation backend declares verified_refit; true = required (refused where it does not); false = off.",
+    )
     engine_restarts_per_step: int = Field(
         1, ge=0, le=100,
         description="Times one step restarts a generation engine that died (killed, out of memory) during "

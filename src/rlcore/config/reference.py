@@ -47,6 +47,7 @@ READERS: dict[str, str] = {
     "policy.generation.backend": "rlcore run",
     "policy.generation.colocated": "rlcore run",
     "policy.generation.engine_restarts_per_step": "rlcore run",
+    "policy.generation.verify_refit": "rlcore run",
     "policy.generation.temperature": "generation backend, training backends",
     "policy.generation.model_name": "{kind:generation}",
     "policy.generation_batch_size": "fsdp1",

@@ -79,6 +79,7 @@ class ResolvedGeneration:
     colocated: bool  # a separate engine on the training workers' bundles
     adapter_refit: bool  # policy.lora.refit: adapter
     partial_refit: bool  # the engine loads part of the model (a LoRA policy sends only its adapted layers)
+    verify_refit: bool = False  # policy.generation.verify_refit, decided: fingerprints compared after each refit
 
 
 @dataclass(frozen=True)
@@ -208,6 +209,9 @@ def _resolve_generation(policy: ResolvedPolicy, registry: Registry) -> tuple[Res
         if not policy.spec.supports(Capability.GENERATE):
             return None, [f"policy.generation.backend: training backend '{gen.backend}' cannot generate; use a "
                           "generation backend such as 'vllm'"]
+        if gen.verify_refit:
+            return None, ["policy.generation.verify_refit: is true, but the training backend generates itself and "
+                          "no refit happens; remove it, or set policy.generation.backend to an engine (e.g. vllm)"]
         return ResolvedGeneration(gen, policy.spec, None, False, False, False, False), []
     spec, problems = backends.select(registry, gen.backend, "generation", "policy.generation.backend")
     if spec is None:
@@ -216,11 +220,17 @@ def _resolve_generation(policy: ResolvedPolicy, registry: Registry) -> tuple[Res
         section = backends.own_section(spec, gen, "policy.generation")
     except ConfigError as exc:
         return None, exc.problems
+    verifiable = spec.supports(Capability.VERIFIED_REFIT)
+    if gen.verify_refit and not verifiable:
+        return None, [f"policy.generation.verify_refit: is true, but generation backend '{spec.name}' does not "
+                      "declare the verified_refit capability (rlcore backends list shows it); set it to null or "
+                      "false, or use a backend that declares it (e.g. vllm)"]
     lora = policy.config.lora
     return ResolvedGeneration(
         gen, spec, section, separate=True, colocated=gen.colocated.enabled,
         adapter_refit=lora.enabled and lora.refit == "adapter",
-        partial_refit=spec.supports(Capability.PARTIAL_REFIT)), []
+        partial_refit=spec.supports(Capability.PARTIAL_REFIT),
+        verify_refit=verifiable if gen.verify_refit is None else gen.verify_refit), []
 
 
 def _resolve_environment(cfg: RLCoreConfig, registry: Registry) -> tuple[ResolvedEnvironment | None, list[str]]:

@@ -91,7 +91,7 @@ def build_run(config: Any, resume_dir: Path | None = None, start_step: int = 0, 
     from rlcore.distributed.reaper import SESSION_ENV
     from rlcore.distributed.startup_signals import signal_self_at
     from rlcore.environments.runner import EnvironmentRunner
-    from rlcore.plugins import Capability, declared_kwargs
+    from rlcore.plugins import declared_kwargs
     from rlcore.policy import Policy
     from rlcore.refit import WeightSynchronizer
     from rlcore.run.engine_recovery import with_restarts
@@ -138,7 +138,7 @@ def build_run(config: Any, resume_dir: Path | None = None, start_step: int = 0, 
                 return generation, WeightSynchronizer(
                     run.policy, generation, colocated=colocated, cluster=cluster, partial_refit=gen.partial_refit,
                     adapter_refit=gen.adapter_refit, scratch_dir=os.environ.get(SESSION_ENV),
-                    verify=gen.spec.supports(Capability.VERIFIED_REFIT),  # verified refit where declared
+                    verify=gen.verify_refit,  # policy.generation.verify_refit, decided at resolution
                     weight_version=run.synchronizer.policy_weight_version if run.synchronizer else run.start_step)
 
             signal_self_at("engines")
