@@ -487,7 +487,7 @@ def test_native_configs_still_reject_nemo_rl_positional_overrides(tmp_path):
 def test_rlcore_run_from_nemo_rl_trains_the_tiny_model_end_to_end(tmp_path):
     """NeMo-RL's own 1B dtensor GRPO config, the model swapped for the tiny local one through overrides."""
     nemo_overrides = [
-        "policy.model_name=tiny-llama", "cluster.gpus_per_node=2", "policy.precision=float32",
+        "policy.model_name=tiny-llama", "cluster.gpus_per_node=1", "policy.precision=float32",  # 1 rank, 1 engine
         "policy.train_global_batch_size=8", "policy.train_micro_batch_size=2",
         "policy.max_total_sequence_length=48",  # max_new_tokens follows: completions get cut to fit
         "policy.generation.vllm_cfg.enforce_eager=true", "grpo.num_prompts_per_step=4",
