@@ -228,3 +228,33 @@ def test_a_teacher_setting_that_cannot_be_its_own_is_refused_by_its_path(tmp_pat
     with pytest.raises(ConfigError) as info:
         resolve(_distillation_config(tmp_path, **overrides), run=True)
     assert any(line in p for p in info.value.problems), info.value.problems
+
+
+@pytest.mark.slow
+def test_rlcore_run_from_nemo_rls_distillation_yaml_trains_with_the_teacher_s_own_layout(tmp_path):
+    """NeMo-RL's distillation_math.yaml (main) as a user runs it, with only data, model and CPU-size overrides: the
+    teacher keeps a tensor-parallel size of its own (2 against the student's 1) and the student trains 2 steps
+    (about 4 minutes on two busy CPU cores, hence slow)."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.test_nemo_rl_dpo_distillation import DISTILLATION_MAIN, distillation_data
+
+    rows = _nemo_rows(tmp_path)
+    overrides = [*distillation_data(DISTILLATION_MAIN, rows), *CPU_SIZE, "policy.precision=float32",
+                 "teacher.precision=float32", "checkpointing.enabled=false", "distillation.max_num_steps=2",
+                 "distillation.num_prompts_per_step=4", "distillation.topk_logits_k=8",
+                 "policy.train_global_batch_size=4", "policy.train_micro_batch_size=2",
+                 "policy.max_total_sequence_length=64", "distillation.val_batch_size=4",
+                 "distillation.max_val_samples=4", "env.math.num_workers=1", "logger.wandb_enabled=false",
+                 f"logger.log_dir={tmp_path / 'run'}"]
+    out = subprocess.run([sys.executable, "-m", "rlcore", "run", "--from", "nemo-rl", str(DISTILLATION_MAIN),
+                          *overrides, "-o", "cluster.use_gpu=false", "-o", "cluster.workers_per_node=2", "-o",
+                          "logger.progress_bar=false", "-o", "policy.generation.max_new_tokens=8"],
+                         capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = json.loads(out.stdout.strip().splitlines()[-1])
+    assert summary["steps"] == 2
+    logged = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert all(r["forward_kl"] > 0 and r["reverse_kl"] > 0 for r in logged if "forward_kl" in r)
