@@ -26,9 +26,11 @@ CLEANUP_BOUND_S = 30.0
 
 
 def run_args(out: Path, *overrides: str) -> list[str]:
+    """One training rank and, with rl-vllm, one engine: what these tests stop, kill and reap is one of each
+    (on 2 shared cores, half the processes start sooner)."""
     gen = generation_backend()
     train = "reference" if gen == "vllm" else "fsdp1"
-    return [sys.executable, "-m", "rlcore", "run", "examples/grpo_tiny.yaml",
+    return [sys.executable, "-m", "rlcore", "run", "examples/grpo_tiny.yaml", "-o", "cluster.workers_per_node=1",
             "-o", f"policy.backend={train}", "-o", f"policy.generation.backend={gen}",
             "-o", f"logger.output_dir={out}", "-o", "logger.progress_bar=false", "-o", "logger.tensorboard=false",
             *[a for o in overrides for a in ("-o", o)]]
