@@ -55,10 +55,16 @@ def test_each_config_loads_or_is_refused_naming_the_fix(path):
 
 
 def test_a_negative_val_period_is_no_periodic_validation_as_in_nemo_rl():
-    """grpo_smoke.yaml says val_period: -1; NeMo-RL validates when the period is > 0."""
-    loaded = load_nemo_rl_config(MAIN / "grpo_smoke.yaml", [f"++data.train.data_path={ROWS}",
-                                                             "++checkpointing.metric_name=null"])
-    assert loaded.config.grpo.val_period == 0
-    [line] = _problems(MAIN / "grpo_smoke.yaml")
+    """grpo_smoke.yaml says val_period: -1; NeMo-RL validates when the period is > 0. Its checkpointing is off,
+    so the checkpoint metric it inherits ranks nothing and the file loads as written."""
+    assert _problems(MAIN / "grpo_smoke.yaml") == []
+    loaded = load_nemo_rl_config(MAIN / "grpo_smoke.yaml", [f"++data.train.data_path={ROWS}"])
+    assert (loaded.config.grpo.val_period, loaded.config.checkpointing.enabled) == (0, False)
+
+
+def test_a_checkpoint_metric_never_measured_is_refused_only_when_checkpoints_are_saved():
+    with pytest.raises(ConfigError) as caught:
+        load_nemo_rl_config(MAIN / "grpo_smoke.yaml", [f"++data.train.data_path={ROWS}", "checkpointing.enabled=true"])
+    [line] = caught.value.problems
     assert line.startswith("checkpointing.metric_name: validation/accuracy is never measured, as grpo.val_period is "
                            "0 (no periodic validation); set grpo.val_period to a divisor of ")

@@ -274,8 +274,8 @@ def validation_and_epochs_need_their_data(cfg: "RLCoreConfig") -> Iterator[str]:
 def checkpoint_metric_is_there_when_saving(cfg: "RLCoreConfig") -> Iterator[str]:
     """A validation metric exists only on validated steps: every checkpoint must be one, or it cannot rank."""
     ck, g, name = cfg.checkpointing, cfg.algorithm_section, cfg.algorithm
-    if ck.metric_name is None or not ck.metric_name.startswith("validation/") or g is None:
-        return
+    if not ck.enabled or ck.metric_name is None or not ck.metric_name.startswith("validation/") or g is None:
+        return  # nothing saved, nothing ranked
     if g.val_period == 0:
         yield (f"checkpointing.metric_name: {ck.metric_name} is never measured, as {name}.val_period is 0 (no "
                f"periodic validation); set {name}.val_period to a divisor of checkpointing.save_every_n_steps="
