@@ -15,6 +15,7 @@ from rlcore.config.data import DataConfig, DatasetConfig
 from rlcore.datasets import DataError, SampleBuilder
 from rlcore.datasets.hub import read_hub_rows
 from rlcore.datasets.sources import ROWS_CHECKED_AT_START, RowSamples
+from tests.hub_cache import hub_cache, offline_home  # noqa: F401 (a fixture)
 
 pytest.importorskip("datasets")
 FIXTURE = Path(__file__).parent / "fixtures" / "nemo_rl" / "v0.7.0" / "grpo_math_1B.yaml"
@@ -22,29 +23,6 @@ HUB_ID, SPLIT = "nvidia/OpenMathInstruct-2", "train_1M"  # what NeMo-RL's OpenMa
 ROWS = [{"problem": f"What is {a} + {a + 1}?", "expected_answer": str(2 * a + 1)} for a in range(40)]
 
 
-def hub_cache(home: Path, hub_id: str, files: dict[str, list[dict]]) -> Path:
-    """The huggingface_hub cache layout of a dataset repo at one commit: refs/main and a snapshot's files."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    repo = home / "hub" / f"datasets--{hub_id.replace('/', '--')}"
-    commit = "0123456789abcdef0123456789abcdef01234567"
-    for name, rows in files.items():
-        (repo / "snapshots" / commit / name).parent.mkdir(parents=True, exist_ok=True)
-        pq.write_table(pa.Table.from_pylist(rows), repo / "snapshots" / commit / name)
-    (repo / "refs").mkdir(parents=True, exist_ok=True)
-    (repo / "refs" / "main").write_text(commit)
-    return repo
-
-
-@pytest.fixture
-def offline_home(tmp_path, monkeypatch) -> Path:
-    home = tmp_path / "hf"
-    for name, value in (("HF_HOME", str(home)), ("HF_HUB_OFFLINE", "1"), ("HF_DATASETS_OFFLINE", "1")):
-        monkeypatch.setenv(name, value)
-    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
-    monkeypatch.delenv("HF_DATASETS_CACHE", raising=False)
-    return home
 
 
 def test_offline_a_downloaded_hub_dataset_loads_its_split(offline_home):

@@ -18,7 +18,7 @@ from rlcore.datasets.formats import FormattedRows, gsm8k, helpsteer3, squad, tul
 from rlcore.datasets.oasst import SYSTEM_PROMPT, tree_conversations
 from rlcore.datasets.sources import read_samples
 from rlcore.nemo_rl import load_nemo_rl_config
-from tests.hub_cache import hub_cache
+from tests.hub_cache import hub_cache, offline_home  # noqa: F401 (a fixture)
 
 pytest.importorskip("datasets")
 FIXTURES = Path(__file__).parent / "fixtures" / "nemo_rl"
@@ -98,14 +98,6 @@ def test_oasst_trees_become_every_conversation_from_root_to_leaf(tmp_path: Path)
 
 # --- NeMo-RL's sft.yaml and dpo.yaml, offline, from a hub cache ------------------------------------------------
 
-@pytest.fixture
-def offline_home(tmp_path, monkeypatch) -> Path:
-    home = tmp_path / "hf"
-    for name, value in (("HF_HOME", str(home)), ("HF_HUB_OFFLINE", "1"), ("HF_DATASETS_OFFLINE", "1")):
-        monkeypatch.setenv(name, value)
-    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
-    monkeypatch.delenv("HF_DATASETS_CACHE", raising=False)
-    return home
 
 
 def squad_cache(home: Path) -> None:
