@@ -485,25 +485,39 @@ def test_native_configs_still_reject_nemo_rl_positional_overrides(tmp_path):
 # --- one real run -------------------------------------------------------------------------------------
 
 def test_rlcore_run_from_nemo_rl_trains_the_tiny_model_end_to_end(tmp_path):
-    """NeMo-RL's own 1B dtensor GRPO config, the model swapped for the tiny local one through overrides."""
+    """NeMo-RL's own 1B dtensor GRPO config as a user runs it, offline: no data override, its OpenMathInstruct-2
+    read from a hub cache built here (nvidia/OpenMathInstruct-2's train_1M split, 5% held out for validation as
+    the config says); only the model and the sizes a CPU needs are changed."""
+    import os
+
+    from tests.hub_cache import hub_cache
+
+    home = tmp_path / "hf"
+    rows = [{"problem": f"What is {a} + {a + 1}?", "expected_answer": str(2 * a + 1)} for a in range(80)]
+    hub_cache(home, "nvidia/OpenMathInstruct-2", {"data/train_1M-00000-of-00001.parquet": rows})
+    env = {**os.environ, "HF_HOME": str(home), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    for name in ("HF_HUB_CACHE", "HF_DATASETS_CACHE"):
+        env.pop(name, None)
     nemo_overrides = [
         "policy.model_name=tiny-llama", "cluster.gpus_per_node=1", "policy.precision=float32",  # 1 rank, 1 engine
         "policy.train_global_batch_size=8", "policy.train_micro_batch_size=2",
         "policy.max_total_sequence_length=48",  # max_new_tokens follows: completions get cut to fit
         "policy.generation.vllm_cfg.enforce_eager=true", "grpo.num_prompts_per_step=4",
         "grpo.num_generations_per_prompt=2", "grpo.max_num_steps=2", "checkpointing.enabled=false",
-        f"logger.log_dir={tmp_path}", *local_data(BASE),  # rows of math problems, scored by the math environment
-        "data.default.prompt_file=null", "env.math.num_workers=0"]
+        "grpo.val_period=1", "grpo.val_batch_size=4", "grpo.max_val_samples=4",
+        f"logger.log_dir={tmp_path / 'run'}", "data.default.prompt_file=null", "env.math.num_workers=0"]
     out = subprocess.run([sys.executable, "-m", "rlcore", "run", "--from", "nemo-rl", str(BASE), *nemo_overrides,
                           "-o", "cluster.use_gpu=false", "-o", "logger.progress_bar=false"],
-                         capture_output=True, text=True, timeout=540)
+                         capture_output=True, text=True, timeout=540, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "ignored: data.max_input_seq_length (" in out.stderr
     assert "ignored: grpo.async_grpo.in_flight_weight_updates (" in out.stderr
     summary = json.loads(out.stdout.strip().splitlines()[-1])
     assert summary["steps"] == 2
-    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    logged = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    rows = [r for r in logged if "token_mult_prob_error" in r]
     assert [r["step"] for r in rows] == [0, 1]
+    assert any(r.get("validation/num_samples") == 4 for r in logged)  # 4 of the 5% held out (80 rows: 4)
     prompt_tokens = 48 - max(r["mean_generation_length"] for r in rows)
     assert prompt_tokens > 0  # prompt + completion fit policy.max_total_sequence_length
     assert all(abs(r["token_mult_prob_error"] - 1.0) < 1e-3 for r in rows)  # engine == trainer, after refit
