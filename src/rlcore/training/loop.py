@@ -43,6 +43,9 @@ class StepHooks:
       unless ``eval_mode`` — for an engine that schedules them together (megatron's pipeline). By
       default each micro-batch runs ``forward`` then ``backward``. When the loss asks for inputs
       beyond logprobs, ``loss_of.inputs`` names them and each must be in ``mb`` before the call.
+    - ``before_micro_batch(last)`` (optional): called before each micro-batch of a training (not eval)
+      step, ``last`` true for the step's final one; where a backend tells its engine which backward
+      reduces and reshards (FSDP2), keeping the loop itself the core's.
     - ``forward_with_inputs(mb, names)`` (optional, capability ``logits_at_indices``): one forward
       giving the logprobs and ``{name: tensor}`` of the loss inputs ``names``
       (:mod:`rlcore.training.loss_inputs`); used instead of ``forward`` when the loss asks for them.
@@ -66,6 +69,7 @@ class StepHooks:
     forward_with_inputs: Callable[["BatchedDataDict[Any]", tuple[str, ...]],
                                   tuple["torch.Tensor", dict[str, "torch.Tensor"]]] | None = None
     all_agree: Callable[[bool], bool] | None = None
+    before_micro_batch: Callable[[bool], None] | None = None
 
     def run(self, mbs: Iterable["BatchedDataDict[Any]"], loss_of: Callable[..., "torch.Tensor"],
             eval_mode: bool, inputs: tuple[str, ...] = ()) -> None:
@@ -78,7 +82,10 @@ class StepHooks:
         if inputs and self.forward_with_inputs is None:
             raise ValueError(f"the loss asks for {', '.join(inputs)}, which this backend's step hooks do not "
                              "compute (no forward_with_inputs; capability 'logits_at_indices')")
-        for mb in mbs:
+        mbs = list(mbs)
+        for i, mb in enumerate(mbs):
+            if not eval_mode and self.before_micro_batch is not None:
+                self.before_micro_batch(i == len(mbs) - 1)
             if inputs:
                 logprobs, extra = self.forward_with_inputs(mb, inputs)
                 mb.update(extra)

@@ -165,26 +165,14 @@ class DTensorPolicyWorker(RefitExportMixin, TrainingWorkerBase):
             self._fsdp_units = [m for m in self.model.modules() if isinstance(m, FSDPModule)]
         return self._fsdp_units
 
-    def _run_micro_batches(self, mbs: list[BatchedDataDict], loss_of: Any, eval_mode: bool) -> None:
-        """The step's micro-batches, FSDP2 told which one is the last: only its backward reduce-scatters the
+    def _before_micro_batch(self, last: bool) -> None:
+        """FSDP2 told whether this training micro-batch is the step's last: only its backward reduce-scatters the
         summed gradients (``reduce_grads: per_step``) and reshards the parameters (no ``reshard_after_forward``)."""
-        inputs = getattr(loss_of, "inputs", ())
-        for i, mb in enumerate(mbs):
-            if not eval_mode:
-                last = i == len(mbs) - 1
-                for unit in self._fsdp_modules():
-                    if self.reduce_grads_per_step:
-                        unit.set_requires_gradient_sync(last, recurse=False)
-                    if not self.opts.reshard_after_forward:
-                        unit.set_reshard_after_backward(last, recurse=False)
-            if inputs:
-                logprobs, extra = self._forward_with_inputs(mb, inputs)
-                mb.update(extra)
-            else:
-                logprobs = self._forward_logprobs(mb)
-            loss = loss_of(mb, logprobs)
-            if not eval_mode:
-                loss.backward()
+        for unit in self._fsdp_modules():
+            if self.reduce_grads_per_step:
+                unit.set_requires_gradient_sync(last, recurse=False)
+            if not self.opts.reshard_after_forward:
+                unit.set_reshard_after_backward(last, recurse=False)
 
     def _ensure_on_device(self, optimizer: bool) -> None:
         """Bring offloaded weights (and optimizer state) back before a pass that needs them."""
@@ -212,7 +200,7 @@ class DTensorPolicyWorker(RefitExportMixin, TrainingWorkerBase):
             clip_grads=lambda max_norm: clip_grads(self.model.parameters(), max_norm, self.device),
             optimizer_step=self._optimizer_step,
             zero_grad=lambda: self.model.zero_grad(set_to_none=True),
-            run_micro_batches=self._run_micro_batches,
+            before_micro_batch=self._before_micro_batch,
         )
 
     # -- reference model: this rank's own shards on CPU (LoRA: the base class switches adapters off) ------
