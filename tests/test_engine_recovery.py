@@ -1,6 +1,7 @@
 """Which engine deaths the run survives (:mod:`rlcore.run.engine_recovery`), without Ray: fake engines whose
-calls die the way Ray reports a dead actor. The real thing (vLLM engines SIGKILLed mid-refit and
-mid-generation in a run): plugins/rl-vllm/tests/test_engine_restart.py."""
+calls die the way Ray reports a dead actor. The real thing, vLLM engines SIGKILLed in runs: mid-refit and
+mid-generation in tests/test_grpo.py's short run (colocated), mid-request in tests/test_multi_turn.py's
+asynchronous run (engines on their own resources, refit by broadcast; found by the rollout thread)."""
 
 from __future__ import annotations
 
@@ -196,10 +197,90 @@ def test_a_placement_that_is_gone_is_not_restored(monkeypatch: pytest.MonkeyPatc
     assert "start" not in log
 
 
-def test_engines_refit_by_broadcast_are_not_restarted() -> None:
+def test_engines_refit_by_broadcast_are_restarted_into_a_new_refit_group() -> None:
+    """Engines on their own resources: the new synchronizer makes a new refit group (joined on its first refit)."""
     rec, log = recovery({"generate": 1}, transport="collective")
-    with pytest.raises(RunError, match="not restarted: its weights come by collective broadcast"):
-        RestartingGeneration(rec).generate("prompts")
+    assert RestartingGeneration(rec).generate("prompts") == "out(prompts)"
+    assert log == ["generate", "shutdown", "start", "offload", "refit", "onload", "prepare", "generate"]
+    assert rec.restarts == 1 and rec.synchronizer.transport == "collective"
+
+
+class AsyncEngines(Engines):
+    """Engines with ``generate_async``/``collect`` (asynchronous GRPO's calls): a handle dies at collect."""
+
+    def generate_async(self, data: Any, greedy: bool = False) -> tuple[Any, Any]:
+        self.log.append("submit")
+        return self, data
+
+    def collect(self, handle: tuple[Any, Any]) -> str:
+        engines, data = handle
+        self.log.append("collect")
+        engines.died("generate")
+        return f"out({data})"
+
+    def set_weight_version(self, version: int) -> None:
+        self.log.append(f"version {version}")
+        self.died("version")
+
+
+def async_recovery(deaths: dict[str, int]) -> tuple[EngineRecovery, list[str]]:
+    log: list[str] = []
+
+    def start() -> tuple[Engines, Synchronizer]:
+        log.append("start")
+        engines = AsyncEngines(log, deaths)
+        return engines, Synchronizer(engines, "collective")
+
+    generation, synchronizer = start()
+    log.clear()
+    return EngineRecovery(start, None, Policy(log), 1, generation, synchronizer, awake=True), log
+
+
+def test_an_asynchronous_request_lost_with_its_engine_is_submitted_again_to_woken_refit_engines() -> None:
+    rec, log = async_recovery({"generate": 1})
+    gen = RestartingGeneration(rec)
+    assert gen.collect(gen.generate_async("prompts")) == "out(prompts)"
+    # awake engines: woken as they start (no sleep between steps), refit, then the request submitted again
+    assert log == ["submit", "collect", "shutdown", "start", "prepare", "offload", "refit", "onload",
+                   "submit", "collect"]
+    assert rec.restarts == 1
+
+
+def test_a_request_the_other_thread_s_restart_broke_is_redone_without_counting_a_death() -> None:
+    """The rollout thread's request was on the old engines when the main thread's refit found them dead and
+    restarted them: collecting it fails, and it is submitted again to the new engines, no second restart."""
+    deaths = {"refit": 1}
+    rec, log = async_recovery(deaths)
+    gen, sync = RestartingGeneration(rec), RestartingSynchronizer(rec)
+    pending = gen.generate_async("prompts")  # on the first engines
+    sync.sync_weights()  # the main thread: the refit finds them dead; restarted, refit again
+    deaths["generate"] = 1  # the old engines are gone: the request in flight dies at collect
+    assert gen.collect(pending) == "out(prompts)"
+    assert rec.restarts == 1 and log.count("start") == 1
+    assert log[-2:] == ["submit", "collect"]
+    assert rec.end_step() == {"engine/restarts": 1.0}
+
+
+def test_a_weight_version_an_engine_death_lost_is_published_again() -> None:
+    rec, log = async_recovery({"version": 1})
+    RestartingGeneration(rec).set_weight_version(3)
+    assert log == ["version 3", "shutdown", "start", "prepare", "offload", "refit", "onload", "version 3"]
+
+
+def test_restarts_from_two_threads_are_serialised() -> None:
+    """The rollout thread collects while the main thread refits; the lock keeps a restart and its refit whole."""
+    import threading
+
+    rec, log = async_recovery({"generate": 1})
+    gen, sync = RestartingGeneration(rec), RestartingSynchronizer(rec)
+    results: list[str] = []
+    rollout = threading.Thread(target=lambda: results.append(gen.collect(gen.generate_async("p"))))
+    rollout.start()
+    sync.sync_weights()
+    rollout.join(timeout=10)
+    assert results == ["out(p)"] and rec.restarts == 1
+    restart = log.index("start")  # nothing of the other thread between a restart and its refit
+    assert log[restart:restart + 5] == ["start", "prepare", "offload", "refit", "onload"]
 
 
 def test_a_restart_that_fails_names_both_errors() -> None:
@@ -234,18 +315,14 @@ def test_the_setting_reaches_the_run() -> None:
     assert cfg.policy.generation.engine_restarts_per_step == 3
 
 
-def test_a_restart_count_set_for_engines_on_their_own_resources_is_refused() -> None:
-    """Such engines take weights by broadcast and are never restarted: a count the user sets is refused,
-    while the default (1) stays valid and such a death stops in the one line tested above."""
+def test_a_restart_count_is_accepted_for_engines_on_their_own_resources() -> None:
+    """Such engines are restarted too (into a new refit group), so the setting means the same there."""
     from rlcore.config import load_config
 
     own = ["policy.generation.colocated={enabled: false, resources: {num_nodes: 1, workers_per_node: 1}}"]
     assert load_config("examples/grpo_tiny.yaml", own).policy.generation.engine_restarts_per_step == 1
-    with pytest.raises(Exception) as caught:
-        load_config("examples/grpo_tiny.yaml", [*own, "policy.generation.engine_restarts_per_step=2"])
-    assert any(line.startswith("policy.generation.engine_restarts_per_step: is 2, but engines on their own")
-               and "set it to 0, or colocate the engines" in line for line in str(caught.value).splitlines())
-    assert load_config("examples/grpo_tiny.yaml", [*own, "policy.generation.engine_restarts_per_step=0"])
+    cfg = load_config("examples/grpo_tiny.yaml", [*own, "policy.generation.engine_restarts_per_step=2"])
+    assert cfg.policy.generation.engine_restarts_per_step == 2
 
 
 def kill_an_engine_mid_refit_and_mid_generation(monkeypatch: pytest.MonkeyPatch) -> list[int]:
@@ -276,4 +353,31 @@ def kill_an_engine_mid_refit_and_mid_generation(monkeypatch: pytest.MonkeyPatch)
 
     monkeypatch.setattr(VllmGeneration, "update_weights_via_ipc_zmq", killing_once("update_weights_via_ipc_zmq"))
     monkeypatch.setattr(VllmGeneration, "generate_async", killing_once("generate_async"))
+    return killed
+
+
+def kill_an_engine_mid_request(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """As :func:`kill_an_engine_mid_refit_and_mid_generation`, for asynchronous GRPO's engines (on their own
+    resources, weights by collective broadcast): SIGKILL engine 0 right after the third request (the first
+    rollout's third turn in a multi-turn run) is in the engines' hands. The rollout thread finds the death,
+    restarts the engines and refits them into a new refit group while the main thread goes on. Returns the
+    killed pid. Used by tests/test_multi_turn.py's asynchronous run."""
+    import os
+    import signal
+
+    from rl_vllm.generation import VllmGeneration
+
+    killed: list[int] = []
+    original, calls = VllmGeneration.generate_async, []
+
+    def generate_async(self: Any, *args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        pid = self.worker_group.worker_pids()[0] if len(calls) == 3 else None
+        out = original(self, *args, **kwargs)  # dispatched: the engines are generating
+        if pid is not None:
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+        return out
+
+    monkeypatch.setattr(VllmGeneration, "generate_async", generate_async)
     return killed

@@ -160,11 +160,17 @@ ASYNC = ["cluster.workers_per_node=1",
 
 @pytest.mark.skipif(vllm_missing(), reason="needs rl-vllm")
 @pytest.mark.parametrize("mode", ["sync", "async"])
-def test_the_tiny_model_learns_the_guessing_game_over_three_turns(ray_session, tmp_path, mode):
+def test_the_tiny_model_learns_the_guessing_game_over_three_turns(ray_session, tmp_path, monkeypatch, mode):
+    """Asynchronous: the engine is also SIGKILLed in the first rollout's third turn; the rollout thread
+    restarts it, refits it by broadcast into a new refit group, and the run learns as before."""
     from rlcore.run.train import train
+    from tests.test_engine_recovery import kill_an_engine_mid_request
 
+    killed = kill_an_engine_mid_request(monkeypatch) if mode == "async" else []
     train(multi_turn_config(tmp_path, 36, *(ASYNC if mode == "async" else [])))
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    if mode == "async":
+        assert len(killed) == 1 and {r["engine/restarts"] for r in rows} == {1.0}, (killed, rows[0])
     first, last = (sum(r["reward_mean"] for r in part) / len(part) for part in (rows[:6], rows[-6:]))
     assert last > first + 0.3, (first, last)
     assert rows[0]["rollout/turns_mean"] > 2.5  # the untrained model rarely guesses right: most episodes go on

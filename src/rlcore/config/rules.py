@@ -103,20 +103,6 @@ def async_grpo_needs_its_own_engine(cfg: "RLCoreConfig") -> Iterator[str]:
 
 
 @rule
-def engine_restarts_need_colocated_engines(cfg: "RLCoreConfig") -> Iterator[str]:
-    """Engines on their own resources take weights by collective broadcast, which a restarted engine cannot
-    rejoin (docs/engine-faults.md): a restart count the user sets there would never be used."""
-    gen = cfg.policy.generation
-    if gen is None or gen.colocated.enabled or "engine_restarts_per_step" not in gen.model_fields_set:
-        return
-    if gen.engine_restarts_per_step > 0:
-        yield (f"policy.generation.engine_restarts_per_step: is {gen.engine_restarts_per_step}, but engines on "
-               "their own resources (policy.generation.colocated.enabled=false, as async GRPO needs) receive "
-               "weights by collective broadcast, which a restarted engine cannot rejoin, so a dead engine stops "
-               "the run; set it to 0, or colocate the engines (colocated.enabled=true)")
-
-
-@rule
 def rollout_batch_fits_training(cfg: "RLCoreConfig") -> Iterator[str]:
     g, p = cfg.grpo, cfg.policy
     if g is None:

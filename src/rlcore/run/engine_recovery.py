@@ -5,21 +5,27 @@ generation backend again on the same placement (engine ``r`` in bundle ``r`` of 
 refits the policy's current weights into it, and redoes the call that was lost: the generation of that turn's
 rollouts, or the refit. ``policy.generation.engine_restarts_per_step`` bounds the restarts of one step (0:
 the first death stops the run, as before). Fatal, with the death's one line: a second death past that
-bound, a placement whose node is gone, engines refit by collective broadcast (the training ranks cannot join a
-new refit group), a restart that fails, and the death of anything else (a training rank).
+bound, a placement whose node is gone, a restart that fails, and the death of anything else (a training rank).
 
 Generic: the backend is started again through its driver class's constructor, the plugin API's own entry;
 an engine is recognised as one of the Ray actors of the driver's ``worker_group``
 (:class:`rlcore.distributed.RayWorkerGroup`, the documented way to start engines). A driver without one is
 not restarted. The run reaches the engines through :class:`RestartingGeneration` and
 :class:`RestartingSynchronizer`, which stand in for the backend and the synchronizer, so every rollout
-algorithm (GRPO, distillation, a third party's) gets this without a change. Asynchronous GRPO is not wrapped:
-its requests in flight belong to the dead engines.
+algorithm (GRPO, distillation, a third party's) gets this without a change.
+
+Engines on their own resources take their weights by collective broadcast: the new synchronizer builds a new
+refit group, which training rank 0 joins in place of the old one. Asynchronous GRPO calls the engines from two
+threads (the rollout thread generates while the main thread refits): one lock makes a restart, its refit and
+every refit atomic, and a call that finds only engines already replaced dead (the other thread restarted them)
+is simply redone on the new engines instead of counting as a second death.
 """
 
 from __future__ import annotations
 
 import sys
+import threading
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from rlcore.run.errors import RunError
@@ -77,44 +83,53 @@ class EngineRecovery:
 
     ``start()`` builds a new ``(generation, synchronizer)`` pair on ``cluster`` (the generation placement);
     ``policy`` is refit into the new engines. ``restarts`` counts every restart of the run (the metric
-    ``engine/restarts``); :meth:`end_step` starts the next step's allowance.
+    ``engine/restarts``); :meth:`end_step` starts the next step's allowance. ``awake``: the engines stay awake
+    for the whole run (asynchronous GRPO), so a new backend is woken as soon as it starts. ``lock`` is held by
+    whoever restarts and refits.
     """
 
     def __init__(self, start: Callable[[], tuple[Any, Any]], cluster: Any, policy: Any, restarts_per_step: int,
-                 generation: Any, synchronizer: Any) -> None:
+                 generation: Any, synchronizer: Any, awake: bool = False) -> None:
         self.start, self.cluster, self.policy = start, cluster, policy
-        self.restarts_per_step = restarts_per_step
+        self.restarts_per_step, self.awake = restarts_per_step, awake
         self.generation, self.synchronizer = generation, synchronizer
         self.engines = engine_actor_ids(generation)
+        self.retired: set[str] = set()  # the engines of backends this run replaced
         self.restarts = 0
         self.in_step = 0
+        self.lock = threading.RLock()
 
     def end_step(self) -> dict[str, float]:
         """The metrics of the step that ended (``engine/restarts``: the run's restarts so far)."""
-        self.in_step = 0
-        return {"engine/restarts": float(self.restarts)}
+        with self.lock:
+            self.in_step = 0
+            return {"engine/restarts": float(self.restarts)}
 
-    def recover(self, exc: Exception) -> None:
-        """Restart the engines if ``exc`` is an engine's death this step may still survive; otherwise raise
-        (the error itself, or a :class:`RunError` saying in one line why the engine was not restarted)."""
-        dead = dead_actor_ids(exc)
-        if not dead or not dead <= self.engines or self.restarts_per_step == 0:
-            raise exc  # not an engine's death (a training rank's, a bug), or restarts are off: as before
-        why = self._not_restorable()
-        if why:
-            raise RunError(f"{first_line(exc)}; not restarted: {why}") from exc
-        print(f"engine restart: {first_line(exc)}; restarting the generation engines on the same placement "
-              f"({self.in_step + 1} of {SETTING}={self.restarts_per_step} this step)", file=sys.stderr)
-        self.in_step += 1
-        self._restart(exc)
+    def recover(self, exc: Exception) -> bool:
+        """After ``exc`` ended a call: True when the engines were restarted here (the caller refits them), False
+        when only engines replaced already died (the other thread restarted them: the caller redoes its call);
+        otherwise raise (the error itself, or a :class:`RunError` saying in one line why no restart).
+
+        The dead are read along the error's chain, which may also name engines an earlier restart replaced."""
+        with self.lock:
+            dead = dead_actor_ids(exc)
+            if not dead or not dead <= self.engines | self.retired or self.restarts_per_step == 0:
+                raise exc  # not an engine's death (a training rank's, a bug), or restarts are off: as before
+            if not dead & self.engines:
+                return False  # its engines were replaced while it ran: redo it on the new ones
+            why = self._not_restorable()
+            if why:
+                raise RunError(f"{first_line(exc)}; not restarted: {why}") from exc
+            print(f"engine restart: {first_line(exc)}; restarting the generation engines on the same placement "
+                  f"({self.in_step + 1} of {SETTING}={self.restarts_per_step} this step)", file=sys.stderr)
+            self.in_step += 1
+            self._restart(exc)
+            return True
 
     def _not_restorable(self) -> str:
         if self.in_step >= self.restarts_per_step:
             return (f"it died again after {self.in_step} restart(s) in this step ({SETTING}="
                     f"{self.restarts_per_step})")
-        if getattr(self.synchronizer, "transport", None) == "collective":
-            return ("its weights come by collective broadcast (policy.generation.colocated.enabled=false), and "
-                    "the training ranks cannot join a new refit group")
         if lost := lost_nodes(self.cluster):
             return f"its placement cannot be restored ({', '.join(lost)} is gone)"
         return ""
@@ -126,12 +141,24 @@ class EngineRecovery:
         for old in (self.synchronizer, self.generation):
             with contextlib.suppress(Exception):  # the dead engines' error is the one that matters
                 old.shutdown()
+        self.retired |= self.engines
         try:
             self.generation, self.synchronizer = self.start()
+            if self.awake:
+                self.generation.prepare_for_generation()
         except Exception as exc:  # noqa: BLE001 - one line naming both deaths
             raise RunError(f"{first_line(cause)}; restarting the engines failed: {first_line(exc)}") from exc
         self.engines = engine_actor_ids(self.generation)
         self.restarts += 1
+
+    def refit_and_wake(self, wake: bool) -> None:
+        """As at a step's start: the current weights into the new engines, then (to generate) wake them."""
+        from rlcore.run.step import refit
+
+        with self.lock:
+            refit(self.policy, RestartingSynchronizer(self))  # a death here counts too
+            if wake and not self.awake:
+                RestartingGeneration(self).prepare_for_generation()  # a death here counts too
 
 
 class RestartingSynchronizer:
@@ -150,14 +177,26 @@ class RestartingSynchronizer:
         self._recovery.synchronizer.stale = value
 
     def sync_weights(self) -> dict[str, float]:
-        while True:
-            try:
-                return self._recovery.synchronizer.sync_weights()
-            except Exception as exc:  # noqa: BLE001 - re-raised unless an engine died and was restarted
-                self._recovery.recover(exc)  # restarted: the refit is done again, into the new engines
+        recovery = self._recovery
+        with recovery.lock:  # no restart by the other thread in the middle of a refit
+            while True:
+                try:
+                    return recovery.synchronizer.sync_weights()
+                except Exception as exc:  # noqa: BLE001 - re-raised unless an engine died and was restarted
+                    recovery.recover(exc)  # restarted: the refit is done again, into the new engines
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._recovery.synchronizer, name)
+
+
+@dataclass
+class PendingGeneration:
+    """A :meth:`RestartingGeneration.generate_async` under way: what was asked, and of which backend."""
+
+    data: Any
+    greedy: bool
+    backend: Any
+    handle: Any
 
 
 class RestartingGeneration:
@@ -170,27 +209,41 @@ class RestartingGeneration:
     def generate(self, data: Any, greedy: bool = False) -> Any:
         return self._retried(lambda g: g.generate(data, greedy=greedy), wake=True)
 
+    def generate_async(self, data: Any, greedy: bool = False) -> PendingGeneration:
+        with self._recovery.lock:  # never submitted to engines a restart has not refit yet
+            backend = self._recovery.generation
+            return PendingGeneration(data, greedy, backend, backend.generate_async(data, greedy))
+
+    def collect(self, pending: PendingGeneration) -> Any:
+        """The output of :meth:`generate_async`; if an engine died meanwhile, generated again on new engines."""
+        while True:
+            try:
+                return pending.backend.collect(pending.handle)
+            except Exception as exc:  # noqa: BLE001 - re-raised unless an engine died and was restarted
+                self._recover(exc, wake=True)
+            pending = self.generate_async(pending.data, pending.greedy)
+
     def prepare_for_generation(self, *args: Any, **kwargs: Any) -> bool:
         return self._retried(lambda g: g.prepare_for_generation(*args, **kwargs), wake=False)
 
     def finish_generation(self, *args: Any, **kwargs: Any) -> bool:
         return self._retried(lambda g: g.finish_generation(*args, **kwargs), wake=False)
 
+    def set_weight_version(self, version: int) -> None:
+        return self._retried(lambda g: g.set_weight_version(version), wake=False)
+
     def _retried(self, call: Callable[[Any], Any], wake: bool) -> Any:
-        while True:
-            try:
-                return call(self._recovery.generation)
-            except Exception as exc:  # noqa: BLE001 - re-raised unless an engine died and was restarted
-                self._recovery.recover(exc)
-            self._refit_and_wake(wake)
+        with self._recovery.lock:  # calls of one thread at a time (asynchronous GRPO generates with collect)
+            while True:
+                try:
+                    return call(self._recovery.generation)
+                except Exception as exc:  # noqa: BLE001 - re-raised unless an engine died and was restarted
+                    self._recover(exc, wake)
 
-    def _refit_and_wake(self, wake: bool) -> None:
-        """As at a step's start: the current weights into the new engines, then (to generate) wake them."""
-        from rlcore.run.step import refit
-
-        refit(self._recovery.policy, RestartingSynchronizer(self._recovery))  # a death here counts too
-        if wake:
-            self.prepare_for_generation()  # a death here counts too
+    def _recover(self, exc: Exception, wake: bool) -> None:
+        with self._recovery.lock:
+            if self._recovery.recover(exc):
+                self._recovery.refit_and_wake(wake)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._recovery.generation, name)
@@ -198,9 +251,8 @@ class RestartingGeneration:
 
 def with_restarts(run: Any, start: Callable[[], tuple[Any, Any]], cluster: Any, restarts_per_step: int) -> None:
     """Put the run's generation backend and synchronizer behind an :class:`EngineRecovery` (``run.engines``),
-    ``start`` building a new pair on ``cluster``. Asynchronous generation is left as it is."""
-    if run.resolved.async_generation:
-        return
-    recovery = EngineRecovery(start, cluster, run.policy, restarts_per_step, run.generation, run.synchronizer)
+    ``start`` building a new pair on ``cluster``."""
+    recovery = EngineRecovery(start, cluster, run.policy, restarts_per_step, run.generation, run.synchronizer,
+                              awake=run.resolved.async_generation)
     run.engines = recovery
     run.generation, run.synchronizer = RestartingGeneration(recovery), RestartingSynchronizer(recovery)
