@@ -330,15 +330,13 @@ def test_the_teacher_keeps_its_own_settings(problems_file: Path):
 
 
 @pytest.mark.parametrize("overrides, line", [
-    (["teacher.tokenizer.name=gpt2"], "teacher.tokenizer.name: is 'gpt2', but rlcore runs the teacher on the "
-                                      "student's tokenizer ('tiny-llama')"),
     (["++teacher.dtensor_cfg.env_vars.FOO=1"], 'teacher.dtensor_cfg.env_vars: is {"FOO": 1}, but rlcore does not '
                                                "support per-worker environment variables"),
     (["teacher.model_name=null"], "teacher.model_name: is missing"),
     (["loss_fn.kl_type=js"], "distillation.kl_type (NeMo-RL: loss_fn.kl_type): "),
     (["++distillation.new_option=3"], "distillation.new_option: is 3, a NeMo-RL key rlcore's reader does not know"),
     (["++data.train.repeat=2"], "data.train.repeat: is 2, but rlcore reads each training row once per epoch"),
-], ids=["tokenizer", "teacher_env_vars", "no_teacher", "kl_type", "unknown", "repeat"])
+], ids=["teacher_env_vars", "no_teacher", "kl_type", "unknown", "repeat"])
 def test_what_distillation_does_not_do_stays_an_error(problems_file: Path, overrides: list[str], line: str):
     (problem,) = problems_of(DISTILLATION_MAIN, [*distillation_data(DISTILLATION_MAIN, problems_file),
                                                  *TINY_DISTILLATION, *overrides])
@@ -347,7 +345,7 @@ def test_what_distillation_does_not_do_stays_an_error(problems_file: Path, overr
 
 def test_what_nemo_rls_teacher_and_distillation_loss_do_not_read_is_ignored(problems_file: Path):
     loaded = nemo_distillation(DISTILLATION_MAIN, problems_file, [
-        "teacher.generation.temperature=0.3", "teacher.optimizer.kwargs.lr=1.0", "teacher.tokenizer.name=tiny-llama",
+        "teacher.generation.temperature=0.3", "teacher.optimizer.kwargs.lr=1.0", "teacher.tokenizer.name=gpt2",
         "++loss_fn.ratio_clip_min=0.3", "loss_fn.kl_type=forward", "~distillation.max_val_samples",
         "~distillation.seed"])
     cfg = loaded.config
@@ -356,7 +354,7 @@ def test_what_nemo_rls_teacher_and_distillation_loss_do_not_read_is_ignored(prob
     assert cfg.policy.learning_rate == 2.0e-5 and cfg.policy.generation.temperature == 1.0
     ignored = "\n".join(loaded.ignored_lines())
     assert "ignored: loss_fn.ratio_clip_min (NeMo-RL's distillation loss reads only kl_type" in ignored
-    assert "ignored: teacher.tokenizer.name (rlcore runs the teacher on the student's tokenizer" in ignored
+    assert "ignored: teacher.tokenizer.name (rlcore runs the teacher on the student's tokenizer, as NeMo-RL" in ignored
     assert "ignored: data.validation.repeat (rlcore validates greedily" in ignored
 
 
@@ -390,3 +388,14 @@ def test_convert_writes_a_native_file_of_the_same_config(which: str, ranked: Pat
                                  "-o", str(out)])
     assert result.exit_code == 0, result.output
     assert load_config(out, ["cluster.use_gpu=false"]) == read(path, rows).config
+
+
+def test_nemo_rls_cross_tokenizer_off_policy_teachers_are_refused_in_one_line(problems_file: Path):
+    """NeMo-RL's cross-tokenizer path is another algorithm (off-policy, ``teachers`` each with a projection
+    matrix): refused by its key alone, without a second line about the ``teacher`` it sets to null."""
+    problems = problems_of(DISTILLATION_MAIN, [*distillation_data(DISTILLATION_MAIN, problems_file),
+                                               *TINY_DISTILLATION, "teacher=null", "logger.wandb.name=x",
+                                               "logger.swanlab.name=x",
+                                               "++teachers=[{model_name: tiny-teacher, projection_matrix_path: m.pt}]"])
+    assert len(problems) == 1 and problems[0].startswith("teachers: "), problems
+    assert "cross-tokenizer off-policy distillation" in problems[0]

@@ -35,13 +35,16 @@ class DistillationConfig(RolloutLoopConfig, DistillationLossConfig):
     teacher_model_name: str = Field(
         ..., description="The teacher: a model directory or a built-in name (tiny-qwen2, qwen2.5-0.5b, ...), frozen, "
         "run with the student's policy settings (precision, backend, parallel layout, batch sizes) except those "
-        "distillation.teacher sets; it must share the student's tokenizer. NeMo-RL's teacher.model_name.")
+        "distillation.teacher sets. Its vocabulary must be the student's unless distillation.teacher.tokenizer.name "
+        "names its own tokenizer. NeMo-RL's teacher.model_name.")
     teacher: dict[str, Any] = Field(
         default_factory=dict, description="The teacher's own policy settings, each a policy key over the student's "
         "(e.g. {dtensor_cfg: {tensor_parallel_size: 4}, precision: float32}): the teacher is a Policy of the merge, "
-        "with its own parallel layout on the same workers. NeMo-RL's teacher section. Not model_name "
-        "(teacher_model_name), tokenizer (the student's), generation, optimizer or scheduler (the teacher only "
-        "scores).")
+        "with its own parallel layout on the same workers. NeMo-RL's teacher section. tokenizer: {name: ...} only, "
+        "the teacher's own tokenizer when its vocabulary is not the student's: the teacher then re-tokenizes the "
+        "student's text and its top-k are mapped to the student's positions and ids through the token strings "
+        "(cross-tokenizer distillation). Not model_name (teacher_model_name), generation, optimizer or scheduler "
+        "(the teacher only scores).")
     topk_logits_k: PositiveInt = Field(64, description="How many of the teacher's most likely tokens each "
                                        "position's KL runs over.")
     num_generations_per_prompt: PositiveInt = Field(1, description="Completions the student generates per prompt.")
@@ -53,14 +56,29 @@ class DistillationConfig(RolloutLoopConfig, DistillationLossConfig):
         for key, fix in TEACHER_NOT_OWN.items():
             if key in value:
                 raise ValueError(f"distillation.teacher.{key} is not the teacher's own setting: {fix}")
+        tokenizer = value.get("tokenizer", {})
+        if not isinstance(tokenizer, dict) or set(tokenizer) - {"name"}:
+            other = sorted(set(tokenizer) - {"name"}) if isinstance(tokenizer, dict) else [tokenizer]
+            raise ValueError(f"distillation.teacher.tokenizer: only its name is the teacher's own (not {other}): the "
+                             "teacher re-tokenizes the student's text as it is, with no chat template; remove them")
         return value
 
     def teacher_policy(self, student: Any) -> dict[str, Any]:
         """The teacher's policy settings as a dict: the ``student``'s policy (a ``PolicyConfig``) with
-        :attr:`teacher` merged over it, the teacher's model, the student's tokenizer and no generation."""
+        :attr:`teacher` merged over it, the teacher's model, the student's tokenizer (or the teacher's own, see
+        :meth:`teacher_tokenizer`) and no generation."""
         merged = _merged(student.model_dump(exclude_unset=True), self.teacher)
-        return {**merged, "model_name": self.teacher_model_name, "generation": None,
-                "tokenizer": student.tokenizer.model_dump(exclude_unset=True)}
+        tokenizer = student.tokenizer.model_dump(exclude_unset=True)
+        if self.teacher_tokenizer(student) is not None:
+            tokenizer = {"name": self.teacher_tokenizer(student)}
+        return {**merged, "model_name": self.teacher_model_name, "generation": None, "tokenizer": tokenizer}
+
+    def teacher_tokenizer(self, student: Any) -> str | None:
+        """The teacher's own tokenizer (``distillation.teacher.tokenizer.name``) when it is not the student's
+        (``student``: the student's ``PolicyConfig``); None: the teacher reads the student's token ids."""
+        name = self.teacher.get("tokenizer", {}).get("name")
+        own = student.tokenizer.name or student.model_name
+        return None if name is None or name == own else name
 
     def loss_settings(self) -> DistillationLossConfig:
         """The loss's settings alone."""
@@ -70,7 +88,6 @@ class DistillationConfig(RolloutLoopConfig, DistillationLossConfig):
 #: Policy keys the teacher takes from elsewhere, and where.
 TEACHER_NOT_OWN = {
     "model_name": "set distillation.teacher_model_name",
-    "tokenizer": "the teacher reads the student's token ids (policy.tokenizer); remove it",
     "generation": "the teacher does not generate; remove it",
     "optimizer": "the teacher does not train; remove it",
     "scheduler": "the teacher does not train; remove it",

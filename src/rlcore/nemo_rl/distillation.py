@@ -14,8 +14,12 @@ a YAML anchor) is converted as ``policy`` is and compared with the student's: th
 already, each other one is the teacher's own, under ``distillation.teacher`` (its parallel layout, precision,
 batch sizes). Its
 ``generation``, ``optimizer`` and ``scheduler`` are ignored (NeMo-RL's teacher generates nothing and is built
-without an optimizer), and so is ``tokenizer.name`` when it names the student's tokenizer or the teacher's
-own model (both models read the student's token ids; NeMo-RL checks that their vocabularies are equal).
+without an optimizer), and so is ``tokenizer.name``, whatever it names: NeMo-RL's on-policy distillation builds
+the teacher with the student's tokenizer and checks that the teacher model's vocabulary is the student's
+(``check_vocab_equality``); rlcore checks the same when the run starts. A teacher of another vocabulary is
+rlcore's ``distillation.teacher.tokenizer.name`` (cross-tokenizer distillation), which no NeMo-RL on-policy key
+means. NeMo-RL's own cross-tokenizer path is another algorithm (off-policy, ``teachers`` with a projection matrix
+each), refused by the table.
 """
 
 from __future__ import annotations
@@ -23,8 +27,7 @@ from __future__ import annotations
 import re
 from typing import Any, Callable
 
-from rlcore.config.messages import show_value
-from rlcore.nemo_rl.conversion import Conversion, algorithm, get, nemo_defaults, put, same, without_unread
+from rlcore.nemo_rl.conversion import Conversion, algorithm, nemo_defaults, put, same, without_unread
 
 #: NeMo-RL's defaults of ``distillation`` keys (its DistillationConfig, main) where rlcore's differ.
 NEMO_DEFAULTS = {"num_prompts_per_step": 128, "max_num_steps": 1000, "max_num_epochs": 10, "val_batch_size": 64,
@@ -63,6 +66,8 @@ def teacher(nemo: dict[str, Any], out: Conversion, convert: Callable[[dict[str, 
             out.ignored.append(("teacher", f"only NeMo-RL's distillation reads it (this is a {algo} config)"))
         return
     model = section.get("model_name") if isinstance(section, dict) else None
+    if model is None and nemo.get("teachers"):  # NeMo-RL's cross-tokenizer off-policy config: the table refuses it
+        return
     if model is None:
         out.problems.append("teacher.model_name: is missing; a distillation config names its teacher there "
                             "(e.g. ++teacher.model_name=Qwen/Qwen3-4B)")
@@ -73,24 +78,19 @@ def teacher(nemo: dict[str, Any], out: Conversion, convert: Callable[[dict[str, 
     for key, why in TEACHER_UNREAD.items():
         if rest.pop(key, _MISSING) is not _MISSING:
             out.ignored.append((f"teacher.{key}", why))
-    _tokenizer(nemo, rest, model, out)
+    _tokenizer(rest, out)
     _compare(nemo, rest, out, convert)
 
 
-def _tokenizer(nemo: dict[str, Any], rest: dict[str, Any], model: Any, out: Conversion) -> None:
-    """``teacher.tokenizer.name``, taken out of ``rest``: the student's, or the teacher model's own."""
+def _tokenizer(rest: dict[str, Any], out: Conversion) -> None:
+    """``teacher.tokenizer.name``, taken out of ``rest``: NeMo-RL does not read it (see the module's docstring)."""
     tok = rest.get("tokenizer")
     if not isinstance(tok, dict) or "name" not in tok:
         return
     rest["tokenizer"] = {key: value for key, value in tok.items() if key != "name"}
-    student = get(nemo, "policy.tokenizer.name", get(nemo, "policy.model_name"))
-    if tok["name"] in (None, student, model):
-        out.ignored.append(("teacher.tokenizer.name", "rlcore runs the teacher on the student's tokenizer; NeMo-RL "
-                            "checks that the teacher model's vocabulary is the student's"))
-    else:
-        out.problems.append(f"teacher.tokenizer.name: is {show_value(tok['name'])}, but rlcore runs the teacher on "
-                            f"the student's tokenizer ({show_value(student)}): set it to ${{policy.tokenizer.name}} "
-                            "or to the teacher's model")
+    out.ignored.append(("teacher.tokenizer.name", "rlcore runs the teacher on the student's tokenizer, as NeMo-RL "
+                        "does, and refuses a teacher model of another vocabulary as NeMo-RL's check_vocab_equality "
+                        "does; distillation.teacher.tokenizer.name maps such a teacher instead"))
 
 
 def _compare(nemo: dict[str, Any], rest: dict[str, Any], out: Conversion,

@@ -31,19 +31,63 @@ def _aligned(next_token: Any) -> Any:
     return torch.cat([torch.zeros_like(next_token[:, :1]), next_token], dim=1)
 
 
-def add_teacher_topk(teacher: Any, data: Any, k: int) -> None:
-    """The teacher's top-k logits and ids over every position of ``data``, as the loss reads them."""
+def add_teacher_topk(teacher: Any, data: Any, k: int, tokens: Any = None) -> float:
+    """The teacher's top-k logits and ids over every position of ``data``, as the loss reads them. ``tokens``
+    (a :class:`~rlcore.algorithms.distillation.token_mapping.TeacherTokens`): the teacher has a tokenizer of its
+    own; it reads the student's text re-tokenized, and its top-k are mapped back (positions it has no row for
+    leave ``token_mask``). Returns the share of the trained tokens that got a teacher row."""
     from rlcore.algorithms.distillation import TEACHER_LOGITS_KEY
+    from rlcore.algorithms.distillation.token_mapping import student_topk
     from rlcore.interfaces.loss import LOGIT_INDICES_KEY
 
     teacher.prepare_for_lp_inference()
-    top = teacher.get_topk_logits(data, k=k)
-    data[TEACHER_LOGITS_KEY] = _aligned(top["topk_logits"])
-    data[LOGIT_INDICES_KEY] = _aligned(top["topk_indices"])
+    if tokens is None:
+        top = teacher.get_topk_logits(data, k=k)
+        data[TEACHER_LOGITS_KEY] = _aligned(top["topk_logits"])
+        data[LOGIT_INDICES_KEY] = _aligned(top["topk_indices"])
+        return 1.0
+    teacher_data, rows = tokens.teacher_batch(data["input_ids"], data["input_lengths"],
+                                              teacher.cfg.max_total_sequence_length)
+    top = teacher.get_topk_logits(teacher_data, k=k)
+    logits, ids, found = student_topk(_aligned(top["topk_logits"]), _aligned(top["topk_indices"]), rows,
+                                      tokens.vocab)
+    trained = data["token_mask"].sum()
+    data["token_mask"] = data["token_mask"] * found.to(data["token_mask"].dtype)
+    data[TEACHER_LOGITS_KEY], data[LOGIT_INDICES_KEY] = logits, ids
+    return float(data["token_mask"].sum() / trained) if trained > 0 else 1.0
 
 
-def distillation_step(run: "Run", loss_fn: Any) -> dict[str, float]:
-    """One step: the student's rollouts, the teacher's top-k on them, one optimizer step of the student."""
+def teacher_tokens(run: "Run") -> Any:
+    """The run's :class:`~rlcore.algorithms.distillation.token_mapping.TeacherTokens` when the teacher has a
+    tokenizer of its own whose vocabulary is not the student's, else None. A teacher without one
+    (``distillation.teacher.tokenizer.name``) whose model's own tokenizer has another vocabulary is refused, as
+    NeMo-RL's check_vocab_equality refuses it."""
+    from transformers import AutoTokenizer
+
+    from rlcore.algorithms.distillation.token_mapping import TeacherTokens
+    from rlcore.config import ConfigError
+    from rlcore.models import resolve_model
+
+    d, student = run.cfg.distillation, run.tokenizer
+    own = d.teacher_tokenizer(run.cfg.policy)
+    if own is not None:
+        teacher = AutoTokenizer.from_pretrained(resolve_model(own))
+        return None if teacher.get_vocab() == student.get_vocab() else TeacherTokens(student, teacher)
+    try:
+        model_tokenizer = AutoTokenizer.from_pretrained(resolve_model(d.teacher_model_name))
+    except (OSError, ValueError):  # no tokenizer beside the teacher's weights: nothing to compare
+        return None
+    if model_tokenizer.get_vocab() != student.get_vocab():
+        raise ConfigError([f"distillation.teacher_model_name: the teacher's vocabulary ({len(model_tokenizer)} "
+                           f"tokens) is not the student's ({len(student)}), so its token ids mean other tokens; set "
+                           "distillation.teacher.tokenizer.name to the teacher's tokenizer (its top-k are then mapped "
+                           "through the token strings) or distil from a teacher of the student's vocabulary"])
+    return None
+
+
+def distillation_step(run: "Run", loss_fn: Any, tokens: Any = None) -> dict[str, float]:
+    """One step: the student's rollouts, the teacher's top-k on them (through ``tokens``, a cross-tokenizer
+    teacher's mapping, see :func:`add_teacher_topk`), one optimizer step of the student."""
     import torch
 
     from rlcore.run.rollouts import run_rollout
@@ -62,7 +106,7 @@ def distillation_step(run: "Run", loss_fn: Any) -> dict[str, float]:
         generation.finish_generation()
     data = training_batch(rollout.data, torch.zeros_like(rollout.rewards))
     with timer.phase("teacher"):
-        add_teacher_topk(run.teacher, data, d.topk_logits_k)
+        aligned = add_teacher_topk(run.teacher, data, d.topk_logits_k, tokens)
     with timer.phase("train"):
         policy.prepare_for_training()
         result = policy.train(data, loss_fn)
@@ -74,6 +118,7 @@ def distillation_step(run: "Run", loss_fn: Any) -> dict[str, float]:
         **{name: float(metrics[name]) for name in ("forward_kl", "reverse_kl") if name in metrics},
         "reward_mean": float(rollout.rewards.mean()),
         "mean_generation_length": float(rollout.data["generation_lengths"].float().mean()),
+        **({"teacher_aligned_fraction": aligned} if tokens is not None else {}),
         **rollout.metrics,
     })
 
@@ -85,7 +130,8 @@ def distillation_train(run: "Run", on_step: Callable[[int, dict[str, float]], No
     from rlcore.run.rollout_loop import train_rollout_steps
 
     loss_fn = DistillationLossFn(run.cfg.distillation.loss_settings())
-    return train_rollout_steps(run, lambda step: distillation_step(run, loss_fn), on_step)
+    tokens = teacher_tokens(run)
+    return train_rollout_steps(run, lambda step: distillation_step(run, loss_fn, tokens), on_step)
 
 
 def _as_teacher(problem: str) -> str:

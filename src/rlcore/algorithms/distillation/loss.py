@@ -1,6 +1,10 @@
 """On-policy distillation's loss: a KL between the teacher's and the student's next-token distributions,
 restricted to the teacher's top-k token ids.
 
+A slot whose teacher logit is ``-inf`` is left out of both distributions (a cross-tokenizer teacher's entry with
+no counterpart in the student's vocabulary: :mod:`rlcore.algorithms.distillation.token_mapping`); with every logit
+finite the loss is the one below.
+
 The teacher's top-k logits and ids come with the batch (``teacher_topk_logits`` and ``logit_indices``,
 ``[B, S, k]``, aligned like logprobs: position ``i`` scores the prediction of token ``i``). The teacher is
 renormalised over its k ids (its logits are known nowhere else). The student's side is a loss input its backend
@@ -76,12 +80,16 @@ class DistillationLossFn:
         token = mask[..., None]
         student = torch.where(token, data[student_key].to(logprobs.device).float(), 0.0)
         teacher = torch.where(token, data[TEACHER_LOGITS_KEY].to(student.device).float().detach(), 0.0)
+        slot = teacher > float("-inf")  # a teacher logit of -inf: an entry with no student counterpart, left out
+        if not self.cfg.zero_outside_topk:
+            student = torch.where(slot, student, float("-inf"))
         log_s = student if self.cfg.zero_outside_topk else torch.log_softmax(student, -1)
-        log_t = torch.log_softmax(teacher, -1)
-        forward = (log_t.exp() * (log_t - log_s)).sum(-1)
-        reverse = (log_s.exp() * (log_s - log_t)).sum(-1)
+        log_s, log_t = torch.where(slot, log_s, 0.0), torch.where(slot, torch.log_softmax(teacher, -1), 0.0)
+        p_s, p_t = torch.where(slot, log_s.exp(), 0.0), torch.where(slot, log_t.exp(), 0.0)
+        forward = (p_t * (log_t - log_s)).sum(-1)
+        reverse = (p_s * (log_s - log_t)).sum(-1)
         if ENTROPY in self.inputs:
-            reverse = reverse + self._outside_topk(log_s, data[ENTROPY].to(student.device).float())
+            reverse = reverse + self._outside_topk(p_s, log_s, data[ENTROPY].to(student.device).float())
         w = {"forward": 1.0, "reverse": 0.0, "mixed": self.cfg.mixed_kl_weight}[self.cfg.kl_type]
         per_token = zero_off_mask(w * forward + (1.0 - w) * reverse, mask)
         loss = per_token.sum() / normaliser(global_valid_toks, per_token)
@@ -96,10 +104,10 @@ class DistillationLossFn:
         return loss, metrics
 
     @staticmethod
-    def _outside_topk(log_s: "torch.Tensor", entropy: "torch.Tensor") -> "torch.Tensor":
+    def _outside_topk(p_s: "torch.Tensor", log_s: "torch.Tensor", entropy: "torch.Tensor") -> "torch.Tensor":
         """The reverse KL's share outside the top-k: ``sum_outside p_s (log p_s - LOG_INFINITESIMAL)``, from the
-        full-vocabulary entropy and the student's top-k logprobs ``[B, S, k]``."""
-        p_s = log_s.exp()
+        full-vocabulary entropy and the student's top-k probabilities and logprobs ``[B, S, k]`` (0 in a slot
+        left out, which then counts as outside)."""
         plogp_rest = -entropy - (p_s * log_s).sum(-1)
         return plogp_rest - LOG_INFINITESIMAL * (1.0 - p_s.sum(-1))
 
