@@ -180,7 +180,9 @@ def test_the_student_trains_on_the_kl_to_the_teacher_s_top_k(ray_session, tmp_pa
     from transformers import AutoModelForCausalLM
 
     from rlcore.algorithms.distillation import DistillationLossFn
+    from rlcore.algorithms.distillation.token_mapping import TeacherTokens
     from rlcore.config import resolve
+    from tests.test_distillation_cross_tokenizer import teacher_tokenizer
     from rlcore.run.build import build_run
     from rlcore.algorithms.distillation.loop import add_teacher_topk
     from rlcore.run.rollouts import run_rollout
@@ -199,14 +201,19 @@ def test_the_student_trains_on_the_kl_to_the_teacher_s_top_k(ray_session, tmp_pa
         add_teacher_topk(run.teacher, data, 5)
         loss_fn = DistillationLossFn(cfg.distillation.loss_settings())
         got = float(run.policy.train(data, loss_fn, eval_mode=True)["loss"][0])
+        # the same rollout for a teacher of another tokenizer (cross-tokenizer distillation, issue 42)
+        mapping = TeacherTokens(run.tokenizer, teacher_tokenizer())
+        crossed = training_batch(rollout.data, torch.zeros_like(rollout.rewards))
+        aligned = add_teacher_topk(run.teacher, crossed, 5, mapping)
+        crossed_got = float(run.policy.train(crossed, loss_fn, eval_mode=True)["loss"][0])
     finally:
         run.shutdown()
 
-    def logits(path):
+    def logits(path, batch=data):
         model = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float64)
-        valid = torch.arange(data["input_ids"].shape[1])[None] < data["input_lengths"][:, None]
+        valid = torch.arange(batch["input_ids"].shape[1])[None] < batch["input_lengths"][:, None]
         with torch.no_grad():
-            return model(input_ids=data["input_ids"], attention_mask=valid.long()).logits[:, :-1]
+            return model(input_ids=batch["input_ids"], attention_mask=valid.long()).logits[:, :-1]
 
     teacher_top = logits(resolved.teacher.config.model_name).topk(5, dim=-1)
     student = logits(cfg.policy.model_name).gather(-1, teacher_top.indices)
@@ -219,3 +226,24 @@ def test_the_student_trains_on_the_kl_to_the_teacher_s_top_k(ray_session, tmp_pa
     assert got == pytest.approx(float(expected), rel=1e-4)
     rows = torch.arange(teacher_top.indices.shape[1])[None] < (data["input_lengths"][:, None] - 1)
     assert torch.equal(data[LOGIT_INDICES_KEY][:, 1:][rows], teacher_top.indices[rows])  # the teacher Policy's top-k
+
+    # Cross-tokenizer: the teacher Policy's top-k on its own tokens are the teacher's float64 ones at the aligned
+    # rows (top-1 where it maps), and the student's loss over the mapped ids (slots with no counterpart at -inf)
+    # equals the float64 recomputation.
+    teacher_batch, rows = mapping.teacher_batch(data["input_ids"], data["input_lengths"], 10_000)
+    teacher_top = logits(resolved.teacher.config.model_name, teacher_batch).topk(5, dim=-1)
+    pad = torch.zeros_like(teacher_top.values[:, :1])
+    values = torch.cat([pad, teacher_top.values], 1).gather(1, rows.clamp(min=0)[..., None].expand(-1, -1, 5))
+    top1 = (crossed[TEACHER_LOGITS_KEY][..., 0] > float("-inf")) & (crossed["token_mask"] > 0)
+    assert top1.sum() > 0 and 0 < aligned <= 1
+    assert torch.allclose(crossed[TEACHER_LOGITS_KEY][..., 0][top1].double(), values[..., 0][top1], rtol=1e-4,
+                          atol=1e-4)
+    student = logits(cfg.policy.model_name)
+    student = torch.cat([torch.zeros_like(student[:, :1]), student], 1).gather(-1, crossed[LOGIT_INDICES_KEY])
+    total, mask = 0.0, crossed["token_mask"] * crossed["sample_mask"][:, None]
+    for b, i in (mask[:, 1:] > 0).nonzero().tolist():
+        keep = crossed[TEACHER_LOGITS_KEY][b, i + 1] > float("-inf")
+        p = torch.softmax(crossed[TEACHER_LOGITS_KEY][b, i + 1][keep].double(), -1)
+        log_q = torch.log_softmax(student[b, i + 1][keep], -1)
+        total += w * float((p * (p.log() - log_q)).sum()) + (1 - w) * float((log_q.exp() * (log_q - p.log())).sum())
+    assert crossed_got == pytest.approx(total / float(mask[:, 1:].sum()), rel=1e-4)
