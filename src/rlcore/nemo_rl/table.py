@@ -328,9 +328,9 @@ RULES: tuple[Rule, ...] = (
     _c("teacher", "teacher", "distillation.teacher", "distillation configs: each other key is converted as "
        "policy's; one that differs from the student's is the teacher's own (distillation.teacher.<policy key>: its "
        "parallel layout, precision, batch sizes), the rest are the student's; generation, optimizer, scheduler "
-       "ignored (NeMo-RL's teacher does not generate or train), tokenizer.name ignored when it is the student's or "
-       "the teacher model (another is an error: the teacher reads the student's token ids); other configs: "
-       "ignored"),
+       "ignored (NeMo-RL's teacher does not generate or train), tokenizer.name ignored (NeMo-RL's teacher reads "
+       "the student's token ids; a teacher model of another vocabulary is refused when the run starts, as NeMo-RL "
+       "refuses it, and rlcore's distillation.teacher.tokenizer.name maps it instead); other configs: ignored"),
     # -- loss_fn --------------------------------------------------------------------------------
     *(_m("loss_fn." + k, "loss." + k) for k in (
         "reference_policy_kl_penalty", "reference_policy_kl_type", "kl_input_clamp_value", "kl_output_clamp_value",
@@ -402,8 +402,9 @@ RULES: tuple[Rule, ...] = (
        "env.math_cfg.verifier math_verify; an installed plugin environment's env.<name>.* → env.<name>_cfg.* "
        "(validated by its config class); a section no installed environment has is ignored"),
     _g("data_plane.enabled", "TransferQueue data plane"),
-    _n("teachers", NONE_OR_EMPTY, "several teachers (NeMo-RL's cross-tokenizer off-policy distillation; rlcore "
-       "distils from one teacher.model_name)"),
+    _n("teachers", NONE_OR_EMPTY, "several teachers (NeMo-RL's cross-tokenizer off-policy distillation, a "
+       "projection matrix per teacher; rlcore distils on-policy from one teacher.model_name, of another tokenizer "
+       "through distillation.teacher.tokenizer.name)"),
     _i("async_rl", "NeMo-RL's single-controller async loop, which runs with data_plane (refused when enabled); "
        "rlcore's asynchronous GRPO is grpo.async_grpo"),
     _n("on_policy_distillation", (None,), "on-policy distillation"),
