@@ -313,3 +313,14 @@ def test_a_teacher_of_another_vocabulary_is_refused_unless_its_tokenizer_is_name
     mapped = teacher_tokens(_run(student, str(tmp_path / "teacher"), tokenizer={"name": str(tmp_path / "teacher")}))
     assert isinstance(mapped, TeacherTokens) and mapped.vocab.numel() == len(teacher)
     assert teacher_tokens(_run(student, "x", tokenizer={"name": str(tmp_path / "same")})) is None  # same vocabulary
+
+
+def test_a_vocabulary_that_only_adds_tokens_at_new_ids_is_the_same():
+    """The tiny Qwen2 teacher's tokenizer adds ``<|endoftext|>`` at id 259 to the student's 259 ids: same ids.
+    A token at another id, or an id holding another token, is another vocabulary."""
+    from rlcore.algorithms.distillation.loop import same_ids
+
+    student = {"<pad>": 0, "a": 1, "b": 2}
+    assert same_ids(student, {**student, "<|endoftext|>": 3}) and same_ids(student, {"a": 1})
+    assert not same_ids(student, {"<pad>": 0, "a": 2, "b": 1})
+    assert not same_ids(student, {"<pad>": 0, "a": 1, "c": 2})

@@ -57,11 +57,18 @@ def add_teacher_topk(teacher: Any, data: Any, k: int, tokens: Any = None) -> flo
     return float(data["token_mask"].sum() / trained) if trained > 0 else 1.0
 
 
+def same_ids(student: dict[str, int], teacher: dict[str, int]) -> bool:
+    """Whether two vocabularies (token → id) give every token they share the same id and no id two tokens: one
+    may add tokens at ids of its own (the tiny Qwen2 teacher's ``<|endoftext|>``), which the other never sees."""
+    by_id = {i: token for token, i in student.items()}
+    return all(student.get(token, i) == i and by_id.get(i, token) == token for token, i in teacher.items())
+
+
 def teacher_tokens(run: "Run") -> Any:
     """The run's :class:`~rlcore.algorithms.distillation.token_mapping.TeacherTokens` when the teacher has a
-    tokenizer of its own whose vocabulary is not the student's, else None. A teacher without one
-    (``distillation.teacher.tokenizer.name``) whose model's own tokenizer has another vocabulary is refused, as
-    NeMo-RL's check_vocab_equality refuses it."""
+    tokenizer of its own whose vocabulary is not the student's (:func:`same_ids`), else None. A teacher without
+    one (``distillation.teacher.tokenizer.name``) whose model's own tokenizer has another vocabulary is refused, as
+    NeMo-RL's check_vocab_equality refuses it (which also refuses a vocabulary that only adds tokens)."""
     from transformers import AutoTokenizer
 
     from rlcore.algorithms.distillation.token_mapping import TeacherTokens
@@ -72,12 +79,12 @@ def teacher_tokens(run: "Run") -> Any:
     own = d.teacher_tokenizer(run.cfg.policy)
     if own is not None:
         teacher = AutoTokenizer.from_pretrained(resolve_model(own))
-        return None if teacher.get_vocab() == student.get_vocab() else TeacherTokens(student, teacher)
+        return None if same_ids(student.get_vocab(), teacher.get_vocab()) else TeacherTokens(student, teacher)
     try:
         model_tokenizer = AutoTokenizer.from_pretrained(resolve_model(d.teacher_model_name))
     except (OSError, ValueError):  # no tokenizer beside the teacher's weights: nothing to compare
         return None
-    if model_tokenizer.get_vocab() != student.get_vocab():
+    if not same_ids(student.get_vocab(), model_tokenizer.get_vocab()):
         raise ConfigError([f"distillation.teacher_model_name: the teacher's vocabulary ({len(model_tokenizer)} "
                            f"tokens) is not the student's ({len(student)}), so its token ids mean other tokens; set "
                            "distillation.teacher.tokenizer.name to the teacher's tokenizer (its top-k are then mapped "
