@@ -52,6 +52,9 @@ class LossFunction(Protocol):
     backend calls ``backward`` on) and a dict of float metrics, each this
     micro-batch's share of the step value (summed by the caller), except names
     ending in ``_min`` / ``_max``, which are extremes (see :func:`step_metrics`).
+    A metric may be a Python number or a detached 0-d tensor left on its device: the
+    core loop reads a step's tensors to the host in one copy at the step's end, so a
+    loss that returns tensors costs no device sync per micro-batch.
 
     A loss that needs more than token logprobs names it in an optional class
     attribute ``inputs`` (members of :data:`LOSS_INPUTS`, plugin API 5); the

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 if TYPE_CHECKING:
@@ -174,18 +175,23 @@ def train_steps(
         counts = torch.stack(valid_counts(step))
         hooks.all_reduce_sum(counts)
         global_seqs, global_toks = counts[0].float(), counts[1].float()
-        step_loss = torch.zeros((), dtype=torch.float64)
+        step_sum: "torch.Tensor | None" = None  # the step loss, summed on the loss's device: read once per step
+        step_metrics: dict[str, list[Any]] = defaultdict(list)
 
         def loss_of(mb: "BatchedDataDict[Any]", logprobs: "torch.Tensor") -> "torch.Tensor":
-            nonlocal step_loss
+            nonlocal step_sum
             loss, metrics = loss_fn(logprobs, mb, global_seqs, global_toks)
-            step_loss = step_loss + loss.detach().double().cpu()
+            step_sum = loss.detach().double() if step_sum is None else step_sum + loss.detach().double()
             for name, value in metrics.items():
-                mb_metrics[name].append(float(value))
+                step_metrics[name].append(value)
             return loss
 
         with torch.set_grad_enabled(not eval_mode):
             hooks.run(micro_batches(step, mbs, mode, seq_multiple), loss_of, eval_mode, inputs)
+        step_loss = step_sum.cpu() if step_sum is not None else torch.zeros((), dtype=torch.float64)
+        for name, values in zip(step_metrics, host_values([v for vs in step_metrics.values() for v in vs],
+                                                          [len(vs) for vs in step_metrics.values()])):
+            mb_metrics[name].extend(values)
         hooks.all_reduce_sum(step_loss)
         if eval_mode:
             hooks.zero_grad()
@@ -204,3 +210,16 @@ def train_steps(
                 hooks.optimizer_step()
         losses.append(float(step_loss))
     return {"losses": losses, "grad_norms": grad_norms, "skipped": skipped, "all_mb_metrics": dict(mb_metrics)}
+
+
+def host_values(values: list[Any], lengths: list[int]) -> list[list[float]]:
+    """A step's metric values as Python floats, in runs of ``lengths``: numbers as they are, tensors (a loss may
+    return 0-dim tensors, left on its device) read to the host in one copy for the whole step rather than one
+    device sync per micro-batch."""
+    import torch
+
+    tensors = [v for v in values if isinstance(v, torch.Tensor)]
+    read = iter(torch.stack([t.detach().reshape(()).double() for t in tensors]).cpu().tolist() if tensors else [])
+    floats = [next(read) if isinstance(v, torch.Tensor) else float(v) for v in values]
+    runs = [0, *accumulate(lengths)]
+    return [floats[a:b] for a, b in zip(runs, runs[1:])]
