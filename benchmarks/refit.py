@@ -455,8 +455,8 @@ def interleaved_refits(modes: tuple[str, str], repeats: int) -> dict:
 
 
 def sender_fingerprint_cost(repeats: int) -> dict:
-    """The sender's share, timed directly: fingerprinting the ~162M model's tensors the way pack does (one
-    gather per tensor, one read at the end), median seconds."""
+    """The sender's share, timed directly: fingerprinting the ~162M model's tensors as pack does (strided
+    views copied at once, one read at the end), median seconds."""
     import torch
 
     from rlcore.refit.fingerprint import Fingerprints
