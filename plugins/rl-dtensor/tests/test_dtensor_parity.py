@@ -185,6 +185,26 @@ def test_a_distillation_step_reads_the_student_logits_at_the_teacher_ids(policy,
     assert worst <= TOL, f"{mode}: {name} differs by {worst:.3g}"
 
 
+@pytest.fixture(scope="module")
+def full_vocabulary_oracle(llama, data, tiny_tokenizer):
+    """The kit's distillation step with ``zero_outside_topk`` (a share of its rows), which asks the backend for
+    ``logprobs_at_indices`` and ``entropy``, and its single-process SGD step (the HF model's own inputs)."""
+    batch, loss_fn = distillation_step(dict(data), tiny_tokenizer, full_vocabulary=True)
+    assert {"logprobs_at_indices", "entropy"} <= set(loss_fn.inputs)
+    return batch, loss_fn, oracle_step(llama, batch, loss_fn)[1]
+
+
+def test_the_full_vocabulary_inputs_of_a_split_vocabulary_equal_the_oracle_s(policy, full_vocabulary_oracle):
+    """The student's log-softmax at the teacher's ids and its entropy over the whole vocabulary, reduced over
+    the tp-split vocabulary (tp2) or whole (dp2): the step equals the single-process oracle's."""
+    batch, loss_fn, expected = full_vocabulary_oracle
+    out = policy.train(batch, loss_fn)
+    assert abs(float(out["loss"][0]) - expected.loss) <= TOL * max(1.0, abs(expected.loss))
+    assert abs(float(out["grad_norm"][0]) - expected.grad_norm) <= TOL * expected.grad_norm
+    worst, name = max_abs_diff(full_weights(policy), expected.weights)
+    assert worst <= TOL, f"{name} differs by {worst:.3g}"
+
+
 def test_reference_logprobs_are_the_initial_ones_after_training(policy, llama, data):
     initial = hf_logprobs(llama, data)
     for _ in range(2):
