@@ -4,7 +4,8 @@ Every figure rlcore publishes about step overhead comes from this script (docs/b
 ``--world-size`` ranks (gloo, one thread each, spawned processes) each hold **both sides**, built
 from the same model directory:
 
-- **rlcore**: the backend's own worker class (``DTensorPolicyWorker``, ``FSDP1PolicyWorker``),
+- **rlcore**: the backend's own worker class (``DTensorPolicyWorker``, ``FSDP1PolicyWorker``,
+  ``MegatronPolicyWorker``: megatron-core on gloo, its DDP and optimizer, tp = pp = 1),
   constructed in the rank from the environment a worker group sets, and its ``train(shard,
   NLLLoss(), gbs, mbs)``: the whole optimizer step (valid counts all-reduced, micro-batches cut to
   their longest row, forward, loss, backward, grad norm and clipping, AdamW step).
@@ -29,7 +30,7 @@ count of **collectives** (all-gathers, reduce-scatters, all-reduces, others) and
 same logprob micro-batches.
 
     python benchmarks/step_overhead.py --quick                      # dtensor, 50m, 2 ranks
-    python benchmarks/step_overhead.py --backends dtensor,fsdp1 --sizes 50m,150m --repeats 5
+    python benchmarks/step_overhead.py --backends dtensor,fsdp1,megatron --sizes 50m,150m --repeats 5
     python benchmarks/step_overhead.py --dtensor reshard_after_forward=true --dtensor reduce_grads=per_micro_batch
     python benchmarks/step_overhead.py --versus reshard_after_forward=true --versus reduce_grads=per_micro_batch
 
@@ -69,7 +70,7 @@ SIZES: dict[str, tuple[str, dict]] = {
     "0.5b": (_QWEN, {}),
     "1b": ("llama-3.2-1b", {}),
 }
-BACKENDS = ("dtensor", "fsdp1")
+BACKENDS = ("dtensor", "fsdp1", "megatron")
 LR = 1e-4
 MAX_GRAD_NORM = 1.0
 COLLECTIVES = ("all_gather", "reduce_scatter", "all_reduce")
@@ -242,6 +243,9 @@ def worker_class(backend: str) -> Any:
     if backend == "dtensor":
         from rl_dtensor.worker import DTensorPolicyWorker
         return DTensorPolicyWorker
+    if backend == "megatron":  # its own parallel state, built from the same environment in its constructor
+        from rl_megatron.worker import MegatronPolicyWorker
+        return MegatronPolicyWorker
     from rl_fsdp1.worker import FSDP1PolicyWorker
     return FSDP1PolicyWorker
 
