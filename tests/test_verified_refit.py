@@ -157,3 +157,32 @@ def test_checksums_added_bucket_by_bucket_equal_the_definition() -> None:
         acc.add(tensors[:3])
         acc.add(tensors[3:])
         assert acc.result() == {name: _by_definition(t, samples) for name, t in tensors}, samples
+
+
+def test_one_element_in_the_middle_of_a_large_tensor() -> None:
+    """A single changed element in the middle of a 4M-element tensor, as the kit's corrupting engine makes.
+
+    Detected: the change is caught and named when the element is one the strided sample reads (the
+    middle sampled position here), and always by a full pass (``samples=None``). Not detected, by design:
+    a change to one element *between* two samples, the price of summing 66 elements, not 4M. The last
+    assertion pins that limit, so a change to what is sampled shows up here rather than in a refit."""
+    g = torch.Generator().manual_seed(5)
+    sent = {"big.weight": torch.randn(2048, 2048, generator=g), "small.bias": torch.randn(5, generator=g)}
+    index = sample_indices(sent["big.weight"].numel()).tolist()
+    middle = index[len(index) // 2]
+    assert abs(middle - sent["big.weight"].numel() // 2) < index[2] - index[1]  # the sample reaches the middle
+
+    def held_with(position: int) -> dict[str, torch.Tensor]:
+        held = {n: t.clone() for n, t in sent.items()}
+        held["big.weight"].view(-1)[position] += 1
+        return held
+
+    with pytest.raises(RefitError, match=r"^refit verification failed: engine 0 holds fingerprint 0x[0-9a-f]{16} for "
+                                         r"tensor 'big\.weight' \(bucket 3\); the trainer sent 0x[0-9a-f]{16}$"):
+        check_fingerprints(fingerprint(sent.items()), fingerprint(held_with(middle).items()), engine="engine 0",
+                           bucket_of={"big.weight": 3, "small.bias": 3})
+    between = middle + 1  # not a sampled position
+    assert between not in index
+    full_sent, full_held = fingerprint(sent.items(), samples=None), fingerprint(held_with(between).items(), samples=None)
+    assert full_sent["big.weight"] != full_held["big.weight"] and full_sent["small.bias"] == full_held["small.bias"]
+    assert fingerprint(held_with(between).items()) == fingerprint(sent.items())  # the stated blind spot
