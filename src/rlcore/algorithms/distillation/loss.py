@@ -65,7 +65,7 @@ class DistillationLossFn:
         data: Mapping[str, Any],
         global_valid_seqs: "torch.Tensor",
         global_valid_toks: "torch.Tensor",
-    ) -> tuple["torch.Tensor", dict[str, float]]:
+    ) -> tuple["torch.Tensor", dict[str, "torch.Tensor"]]:
         import torch
 
         for key in (*self.inputs, TEACHER_LOGITS_KEY):
@@ -95,12 +95,12 @@ class DistillationLossFn:
         loss = per_token.sum() / normaliser(global_valid_toks, per_token)
         tokens = normaliser(global_valid_toks, per_token)
         metrics = {
-            "loss": float(loss.detach()),
-            "forward_kl": float(zero_off_mask(forward, mask).sum().detach() / tokens),
-            "num_valid_tokens": float(mask.sum()),
+            "loss": loss.detach(),  # 0-dim tensors, read to the host once per step by the training loop
+            "forward_kl": zero_off_mask(forward, mask).sum().detach() / tokens,
+            "num_valid_tokens": mask.sum(),
         }
         if not self.cfg.zero_outside_topk or ENTROPY in self.inputs:  # a forward KL alone has no full reverse
-            metrics["reverse_kl"] = float(zero_off_mask(reverse, mask).sum().detach() / tokens)
+            metrics["reverse_kl"] = zero_off_mask(reverse, mask).sum().detach() / tokens
         return loss, metrics
 
     @staticmethod
