@@ -186,3 +186,38 @@ def test_one_element_in_the_middle_of_a_large_tensor() -> None:
     full_sent, full_held = fingerprint(sent.items(), samples=None), fingerprint(held_with(between).items(), samples=None)
     assert full_sent["big.weight"] != full_held["big.weight"] and full_sent["small.bias"] == full_held["small.bias"]
     assert fingerprint(held_with(between).items()) == fingerprint(sent.items())  # the stated blind spot
+
+
+def test_views_of_one_buffer_are_gathered_with_the_same_checksums() -> None:
+    """A receiver's bucket: tensors of several dtypes packed into one uint8 buffer and unpacked as views (the
+    one-gather path), plus a transposed view of it and a separate tensor (the strided-view path): each
+    checksum equals the definition's, and a copied buffer gives the same; one changed byte of a sampled
+    element names its tensor."""
+    from rlcore.refit.fingerprint import Fingerprints, _storage_positions
+
+    g = torch.Generator().manual_seed(4)
+    tensors = [("w", torch.randn(300, 41, generator=g)), ("bf16", torch.randn(5000, generator=g).bfloat16()),
+               ("ints", torch.randint(-9, 9, (129,), generator=g)), ("mask", torch.rand(90, generator=g) > 0.5),
+               ("tiny", torch.randn(2, generator=g)), ("bf16.b", torch.randn(77, generator=g).bfloat16())]
+    buffer, views, offset = torch.zeros(1 << 18, dtype=torch.uint8), [], 0
+    for name, t in tensors:
+        n = t.numel() * t.element_size()
+        buffer[offset:offset + n].copy_(t.reshape(-1).view(torch.uint8))
+        views.append((name, buffer[offset:offset + n].view(t.dtype).view(t.shape)))
+        offset += -(-n // 64) * 64
+    views.append(("w.t", views[0][1].t()))  # same storage, not contiguous
+    views.append(("alone", torch.randn(1000, generator=g)))
+    expected = {name: _by_definition(t) for name, t in views}
+    acc = Fingerprints()
+    layouts = _storage_positions.cache_info().currsize
+    acc.add(views)
+    assert _storage_positions.cache_info().currsize == layouts + 2  # float32 and bfloat16 gathered
+    assert acc.result() == expected == fingerprint(views)
+    copy = buffer.clone()  # the other receive buffer: same offsets
+    unpacked = views[:6]
+    assert fingerprint([(n, copy[t.storage_offset() * t.element_size():][:t.numel() * t.element_size()]
+                         .view(t.dtype).view(t.shape)) for n, t in unpacked]) == {n: expected[n] for n, _ in unpacked}
+    position = sample_indices(views[1][1].numel())[10].item() * 2  # a byte of a sampled bf16 element
+    buffer[views[1][1].storage_offset() * 2 + position] ^= 1
+    with pytest.raises(RefitError, match=r"tensor 'bf16'"):
+        check_fingerprints(expected, fingerprint(views), engine="engine 0")

@@ -139,7 +139,7 @@ def pack(bucket: Bucket, tensors: Iterator[tuple[str, "torch.Tensor"]], buffer: 
 
     The bucket's tensors are all alive until that copy, so a sender holds up to one bucket of gathered
     tensors at a time. ``fingerprints`` (:class:`rlcore.refit.fingerprint.Fingerprints`): where the
-    sampled elements of the tensors sent are gathered, for verified refit.
+    sampled elements of the tensors sent are gathered, for verified refit, from the buffer after the copy.
     """
     import torch
 
@@ -154,7 +154,7 @@ def pack(bucket: Bucket, tensors: Iterator[tuple[str, "torch.Tensor"]], buffer: 
         flat = t.detach().contiguous().reshape(-1)
         targets.append(buffer[offset:offset + flat.numel() * flat.element_size()])
         sources.append(flat.view(torch.uint8))
-        named.append((name, flat))
+        named.append((name, targets[-1].view(flat.dtype)))  # fingerprinted: the bytes sent, one gather
     if targets:
         torch._foreach_copy_(targets, sources, non_blocking=True)
     if fingerprints is not None:

@@ -3,8 +3,10 @@
 What is summed: a tensor's *first and last elements* and ``SAMPLES`` elements at a fixed stride
 between them, as the raw bits of each element (an integer view of the same width, so NaN, -0.0 and
 bf16 compare bit for bit), each multiplied by an odd position weight, summed in wrapping int64.
-The cost is O(``SAMPLES``) per tensor, not O(bytes): the samples are strided views, copied once per
-bucket on the tensors' device and once per refit to the CPU, and summed for every tensor at once.
+The cost is O(``SAMPLES``) per tensor, not O(bytes): a bucket's tensors, views of one transport buffer
+(the sender fingerprints its buffer after packing, the engine the buffer it received), are sampled with one
+gather per dtype on that buffer; other tensors as strided views, copied once per bucket. The samples
+move to the CPU once per refit and are summed for every tensor at once.
 
 Detection power (stated, and tested in ``tests/test_verified_refit.py``):
 
@@ -57,7 +59,7 @@ def sample_indices(numel: int, samples: int | None = SAMPLES) -> "torch.Tensor":
 
 def _slices(numel: int, samples: int | None) -> tuple[int, int, bool]:
     """``flat[:stop:step]`` (plus the last element when ``tail``) are the positions :func:`sample_indices`
-    names: a view, so sampling a tensor costs no index tensor and no gather."""
+    names: a view, for a tensor sampled alone (one of a bucket's views is gathered instead)."""
     if samples is None or numel <= samples + 2:
         return numel, 1, False
     stride = (numel - 1) // (samples + 1)
@@ -72,13 +74,38 @@ def _plan(numel: int, samples: int | None) -> tuple[int, int, bool, "torch.Tenso
     return stop, step, tail, sample_indices(numel, samples) * 2 + 1
 
 
+def _gather(entries: list) -> "torch.Tensor":
+    """The sampled elements of ``entries`` (contiguous tensors of one storage, dtype and device), in order:
+    one gather on the storage, at positions built once per layout (a bucket's offsets repeat every refit)."""
+    first = entries[0][1]
+    layout = tuple((tensor.storage_offset(), tensor.numel(), *slices) for _, tensor, slices, _ in entries)
+    whole = first.untyped_storage().nbytes() // first.element_size()
+    return first.as_strided((whole,), (1,), 0).index_select(0, _storage_positions(layout, first.device))
+
+
+@lru_cache(maxsize=256)
+def _storage_positions(layout: tuple[tuple[int, int, int, int, bool], ...], device: "torch.device") -> "torch.Tensor":
+    """The storage positions of :func:`sample_indices` for tensors at ``(storage offset, numel, stop, step, tail)``."""
+    import torch
+
+    parts = []
+    for offset, numel, stop, step, tail in layout:
+        parts.append(torch.arange(offset, offset + stop, step, dtype=torch.int64))
+        if tail:
+            parts.append(torch.tensor([offset + numel - 1], dtype=torch.int64))
+    return torch.cat(parts).to(device)
+
+
 class Fingerprints:
     """Fingerprints of tensors added bucket by bucket, read once at the end.
 
-    :meth:`add` copies each tensor's sampled elements on the tensor's own device, one copy per dtype and
-    device for all the tensors of a call (a bucket), so it may be called on views of a transport buffer that
-    is reused afterwards; :meth:`result` moves the samples to the CPU in one copy per dtype and device and
-    sums every tensor's at once, so a CUDA refit pays one wait for its fingerprints, not one per tensor.
+    :meth:`add` copies each tensor's sampled elements on the tensor's own device, so it may be called on
+    views of a transport buffer that is reused afterwards. Tensors of one call that are contiguous views of
+    one storage (a bucket's tensors unpacked from the receive buffer) are sampled with one gather on that
+    storage; the others (a sender's separate parameters) as strided views, copied once per dtype and device.
+    The cost is per torch call, not per byte read, hence one gather per bucket, not views per tensor.
+    :meth:`result` moves the samples to the CPU in one copy per dtype and device and sums every tensor's
+    at once, so a CUDA refit pays one wait for its fingerprints, not one per tensor.
     """
 
     def __init__(self, samples: int | None = SAMPLES) -> None:
@@ -91,26 +118,37 @@ class Fingerprints:
         import torch
 
         plan = _plan if self.samples is not None else _plan.__wrapped__  # a full pass's positions are not kept
-        views: dict[tuple["torch.dtype", "torch.device"], list["torch.Tensor"]] = {}
+        by_storage: dict[tuple, list] = {}  # (storage, dtype, device) -> [(member, tensor, slices, weights)]
         with torch.no_grad():  # views of parameters without autograd's bookkeeping
             for name, tensor in named_tensors:
-                self._add_views(name, tensor.reshape(-1), plan, views)
-            for key, parts in views.items():  # the copy: the tensors may be views of a buffer reused next
-                self._groups[key][0].append(torch.cat(parts))
-
-    def _add_views(self, name: str, flat: "torch.Tensor", plan: Any, views: dict) -> None:
-        """Record ``flat``'s sampled positions (as views, in ``views`` by dtype and device) and weights."""
-        stop, step, tail, weights = plan(flat.numel(), self.samples)
-        key = (flat.dtype, flat.device)
-        copies_members_weights = self._groups.setdefault(key, [[], [], []])
-        parts = views.setdefault(key, [])
-        parts.append(flat[:stop:step])
-        if tail:
-            parts.append(flat[-1:])
-        copies_members_weights[1].append(len(self._names))
-        copies_members_weights[2].append(weights)
-        self._names.append(name)
-        self._sizes.append((flat.numel(), flat.element_size()))
+                numel = tensor.numel()
+                *slices, weights = plan(numel, self.samples)
+                storage = tensor.untyped_storage().data_ptr() if numel and tensor.is_contiguous() else None
+                by_storage.setdefault((storage, tensor.dtype, tensor.device), []).append(
+                    (len(self._names), tensor, tuple(slices), weights))
+                self._names.append(name)
+                self._sizes.append((numel, tensor.element_size()))
+            views: dict[tuple["torch.dtype", "torch.device"], list] = {}  # key -> [views, members, weights]
+            for (storage, dtype, device), entries in by_storage.items():
+                copies_members_weights = self._groups.setdefault((dtype, device), [[], [], []])
+                if storage is not None and len(entries) > 1 and self.samples is not None:
+                    copies_members_weights[0].append(_gather(entries))  # the copy, in one call
+                    target = copies_members_weights
+                else:
+                    target = views.setdefault((dtype, device), [[], [], []])
+                    for _, tensor, (stop, step, tail), _ in entries:
+                        flat = tensor.reshape(-1)
+                        target[0].append(flat[:stop:step])
+                        if tail:
+                            target[0].append(flat[-1:])
+                for member, _, _, weights in entries:
+                    target[1].append(member)
+                    target[2].append(weights)
+            for key, (parts, members, weights) in views.items():  # the copy: views of a buffer reused next
+                copies_members_weights = self._groups[key]
+                copies_members_weights[0].append(torch.cat(parts))
+                copies_members_weights[1].extend(members)
+                copies_members_weights[2].extend(weights)
 
     def result(self) -> dict[str, int]:
         """``{name: checksum}`` of every tensor added (a name added twice: its last tensor)."""
