@@ -34,9 +34,13 @@ copies of layers split over buckets, and vLLM's layerwise ``load_weights``
     python benchmarks/refit.py --fingerprint [--repeats 9]   # verified refit's cost, CPU, no vLLM
     python benchmarks/refit.py --pack [--repeats 9]          # fused vs per-tensor packing, CPU, no vLLM
 
+The pieces: ``refit_sides.py`` (the model, rlcore's refits, the engine's floor and breakdown),
+``refit_baselines.py`` (memcpy, raw broadcast), ``refit_cpu.py`` (``--fingerprint``, ``--pack``).
+
 The last line printed is JSON with ``colocated_vs_floor`` and ``collective_vs_floor``
 (collective over max(broadcast, floor)); goals <= 1.25 each, beside the
-earlier ``colocated_vs_memcpy`` / ``collective_vs_broadcast`` ratios.
+earlier ``colocated_vs_memcpy`` / ``collective_vs_broadcast`` ratios; with ``--fingerprint``,
+``fingerprint_vs_refit`` (wall) and ``fingerprint_vs_refit_cpu`` (CPU seconds), goal <= 0.05 (issue 44).
 """
 
 from __future__ import annotations
@@ -44,240 +48,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import sys
-import time
-from typing import Any
 
-# ~134M parameters (embeddings and an untied head of a 32k vocabulary, 12 layers), ~537 MB in float32.
-MODEL = dict(hidden_size=768, num_layers=12, num_heads=12, num_kv_heads=12, head_dim=64, intermediate_size=2048,
-             vocab_size=32000, max_position_embeddings=512)
-KV_CACHE_GB = 0.0625
-TRANSPORTS = ("colocated", "collective")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the refit_*.py beside this script
 
-
-def model_params(model_dir: str) -> int:
-    import glob
-
-    from safetensors import safe_open
-
-    total = 0
-    for path in glob.glob(os.path.join(model_dir, "*.safetensors")):
-        with safe_open(path, framework="pt") as f:
-            for name in f.keys():
-                n = 1
-                for d in f.get_slice(name).get_shape():
-                    n *= d
-                total += n
-    return total
-
-
-# --------------------------------------------------------------------------- baselines
-
-
-def time_memcpy(nbytes: int) -> float:
-    import torch
-
-    if not hasattr(time_memcpy, "buffers"):
-        src = torch.ones(nbytes, dtype=torch.uint8)
-        time_memcpy.buffers = (src, torch.zeros_like(src))  # both touched before any timing
-    src, dst = time_memcpy.buffers
-    t0 = time.perf_counter()
-    dst.copy_(src)
-    return time.perf_counter() - t0
-
-
-def _broadcast_rank(rank: int, port: int, nbytes: int, commands: Any, results: Any) -> None:
-    import torch
-    import torch.distributed as dist
-
-    torch.set_num_threads(1)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=2)
-    buf = torch.full((nbytes,), rank, dtype=torch.uint8)
-    results.put("ready")
-    while commands[rank].get() != "stop":
-        dist.barrier()
-        t0 = time.perf_counter()
-        dist.broadcast(buf, src=0)
-        dist.barrier()
-        if rank == 0:
-            results.put(time.perf_counter() - t0)
-    dist.destroy_process_group()
-
-
-class RawBroadcast:
-    """Two gloo processes kept alive between broadcasts, so they interleave with the refits."""
-
-    def __init__(self, nbytes: int) -> None:
-        import torch.multiprocessing as mp
-
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        ctx = mp.get_context("spawn")
-        self.commands = [ctx.SimpleQueue() for _ in range(2)]
-        self.results = ctx.SimpleQueue()
-        self.context = mp.start_processes(_broadcast_rank, args=(port, nbytes, self.commands, self.results),
-                                          nprocs=2, join=False, start_method="spawn")
-        for _ in range(2):
-            self.results.get()
-
-    def run(self) -> float:
-        for q in self.commands:
-            q.put("go")
-        return self.results.get()
-
-    def close(self) -> None:
-        for q in self.commands:
-            q.put("stop")
-        while not self.context.join():
-            pass
-
-
-# --------------------------------------------------------------------------- rlcore refit
-
-
-class Refits:
-    """One training rank and, per transport asked for, one vLLM engine and its synchronizer:
-    ``colocated`` shares the rank's bundle, ``collective`` sits on its own cluster."""
-
-    def __init__(self, backend: str, model_dir: str, transports: tuple[str, ...] = TRANSPORTS) -> None:
-        from rl_vllm.generation import VllmGeneration
-
-        from rlcore.config import load_config_dict
-        from rlcore.distributed import RayVirtualCluster
-        from rlcore.policy import Policy
-        from rlcore.refit import WeightSynchronizer
-        from rlcore.testing.models import build_tiny_tokenizer
-
-        tokenizer = build_tiny_tokenizer()
-        cfg = load_config_dict({"cluster": {"workers_per_node": 1}, "policy": {
-            "backend": backend, "model_name": model_dir, "precision": "float32",
-            "train_global_batch_size": 1, "max_total_sequence_length": 128,
-            **({} if backend == "megatron" else {"optimizer": {"name": "torch.optim.SGD", "kwargs": {"lr": 1e-3}}}),
-            "generation": {"backend": "vllm", "max_new_tokens": 8, "pad_token_id": tokenizer.pad_token_id,
-                           "vllm_cfg": {"kv_cache_space_gb": KV_CACHE_GB, "max_model_len": 128}},
-        }}).policy
-        self.clusters = [RayVirtualCluster([1], max_colocated_worker_groups=2, name="bench-train")]
-        self.policy = Policy(self.clusters[0], cfg, tokenizer, init_reference_model=False)
-        self.engines, self.sync = [], {}
-        if "colocated" in transports:
-            self.engines.append(VllmGeneration(self.clusters[0], cfg.generation, name_prefix="bench-coloc"))
-            self.sync["colocated"] = WeightSynchronizer(self.policy, self.engines[-1], colocated=True)
-            assert self.sync["colocated"].transport == "shared_memory"
-        if "collective" in transports:
-            self.clusters.append(RayVirtualCluster([1], name="bench-gen"))
-            self.engines.append(VllmGeneration(self.clusters[-1], cfg.generation, name_prefix="bench-own"))
-            self.sync["collective"] = WeightSynchronizer(self.policy, self.engines[-1], colocated=False,
-                                                         cluster=self.clusters[0])
-            assert self.sync["collective"].transport == "collective"
-
-    def run(self, which: str) -> tuple[float, int]:
-        t0 = time.perf_counter()
-        stats = self.sync[which].sync_weights()
-        return time.perf_counter() - t0, int(stats["bytes"])
-
-    def close(self) -> None:
-        for owner in (*self.engines, self.policy):
-            owner.shutdown()
-        for cluster in reversed(self.clusters):
-            cluster.shutdown()
-
-
-# --------------------------------------------------------------------------- the engine's floor, breakdown
-
-
-class InProcessEngine:
-    """A vLLM engine in this process (no Ray, no socket) with the model's weights already in memory.
-
-    :meth:`floor` is the engine's own in-process reload of those tensors, in the refit's bucket
-    order: the least any refit into this engine can cost. :meth:`stages` times one colocated
-    refit's steps in process (pack, the receiver's copies of split layers, ``load_weights``,
-    finalize), to explain a gap to the floor.
-    """
-
-    def __init__(self, model_dir: str, bucket_bytes: int) -> None:
-        import torch
-        from rl_vllm.config import VllmConfig
-        from rl_vllm.worker import VllmGenerationWorker, _own_worker
-        from transformers import AutoModelForCausalLM
-
-        from rlcore.config.generation import GenerationConfig
-        from rlcore.refit import metadata_of, plan_buckets
-        from rlcore.refit.buckets import buffer_bytes
-
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-        self.state = model.state_dict()
-        if model.config.tie_word_embeddings:  # a refit sends the tied head once, as the embedding
-            self.state.pop("lm_head.weight", None)
-        self.meta = metadata_of(self.state.items())
-        self.plan = plan_buckets(self.meta, bucket_bytes)
-        self.buffer = torch.empty(buffer_bytes(self.plan), dtype=torch.uint8)
-        self.engine = VllmGenerationWorker(GenerationConfig(model_name=model_dir, max_new_tokens=8),
-                                           VllmConfig(kv_cache_space_gb=KV_CACHE_GB, max_model_len=128),
-                                           engine_rank=0)
-        self.vllm_worker = self.engine.llm.collective_rpc(_own_worker)[0]
-
-    def floor(self) -> float:
-        from rl_vllm.refit import InPlaceReload
-
-        start = time.perf_counter()
-        reload = InPlaceReload(self.vllm_worker)
-        for bucket in self.plan:
-            reload.load([(name, self.state[name]) for name in bucket.names])
-        reload.finish()
-        return time.perf_counter() - start
-
-    def stages(self, profile: Any = None) -> dict[str, float]:
-        from rl_vllm.refit import InPlaceReload
-
-        from rlcore.refit.buckets import pack, split_layer_names, unpack
-
-        split = split_layer_names(self.plan)
-        stage = dict.fromkeys(("pack", "copy_split_layers", "load_weights", "finalize", "whole"), 0.0)
-        start = time.perf_counter()
-        reload = InPlaceReload(self.vllm_worker)  # initialize_layerwise_reload
-        source = iter(self.state.items())
-        for bucket in self.plan:
-            t0 = time.perf_counter()
-            pack(bucket, source, self.buffer, self.meta)
-            t1 = time.perf_counter()
-            batch = unpack(bucket, self.buffer, self.meta, copy=split)
-            t2 = time.perf_counter()
-            if profile is not None:
-                profile.enable()
-            reload.load(batch)
-            if profile is not None:
-                profile.disable()
-            t3 = time.perf_counter()
-            stage["pack"] += t1 - t0
-            stage["copy_split_layers"] += t2 - t1
-            stage["load_weights"] += t3 - t2
-        t0 = time.perf_counter()
-        reload.finish()  # finalize_layerwise_reload + the every-parameter check
-        stage["finalize"] = time.perf_counter() - t0
-        stage["whole"] = time.perf_counter() - start
-        return stage
-
-    def close(self) -> None:
-        self.engine.shutdown()
-
-
-def breakdown(engine: InProcessEngine, repeats: int) -> tuple[dict[str, float], list[tuple[str, float]]]:
-    """Median seconds of each stage, and the functions ``load_weights`` spends most time in (last pass)."""
-    import cProfile
-    import pstats
-
-    profile = cProfile.Profile()
-    runs = [engine.stages(profile if i == repeats else None) for i in range(repeats + 1)]
-    stats = pstats.Stats(profile).stats  # {(file, line, func): (cc, nc, tottime, cumtime, callers)}
-    top = sorted(((func, row[2]) for (_, _, func), row in stats.items()), key=lambda x: -x[1])[:5]
-    return {k: statistics.median(r[k] for r in runs[1:]) for k in runs[0]}, top  # the first is the warm-up
-
-
-# --------------------------------------------------------------------------- main
+from refit_baselines import RawBroadcast, time_memcpy  # noqa: E402
+from refit_cpu import fingerprint_cost, interleaved_refits  # noqa: E402
+from refit_sides import (KV_CACHE_GB, MODEL, TRANSPORTS, InProcessEngine, Refits, breakdown,  # noqa: E402,F401
+                         model_params)
 
 
 KINDS = ("memcpy", "broadcast", "floor", *TRANSPORTS)
@@ -322,157 +101,6 @@ def figures(times: dict[str, list[float]], nbytes: int) -> dict:
     return {**result, "load_average": round(os.getloadavg()[0], 1)}
 
 
-def _llama_shaped(seed: int = 0) -> dict[str, Any]:
-    """The tensors of a ~162M-parameter Llama (MODEL's shapes, intermediate 3072), float32, random."""
-    import torch
-
-    g = torch.Generator().manual_seed(seed)
-    h, i, v = MODEL["hidden_size"], 3072, MODEL["vocab_size"]
-    shapes = {"embed_tokens.weight": (v, h), "lm_head.weight": (v, h), "norm.weight": (h,)}
-    for n in range(MODEL["num_layers"]):
-        for w, shape in (("q_proj", (h, h)), ("k_proj", (h, h)), ("v_proj", (h, h)), ("o_proj", (h, h)),
-                         ("gate_proj", (i, h)), ("up_proj", (i, h)), ("down_proj", (h, i)),
-                         ("input_layernorm", (h,)), ("post_attention_layernorm", (h,))):
-            shapes[f"layers.{n}.{w}.weight"] = shape
-    return {k: torch.randn(shape, generator=g) for k, shape in shapes.items()}
-
-
-class _NoFingerprints:
-    """Stands in for :class:`rlcore.refit.fingerprint.Fingerprints` in a sender timed without them."""
-
-    def add(self, named: Any) -> None:
-        pass
-
-    def result(self) -> dict:
-        return {}
-
-
-def _per_tensor_pack(bucket: Any, tensors: Any, buffer: Any, metadata: Any, fingerprints: Any = None) -> None:
-    """The pack before issue 41: one copy per tensor (kept here to time against the fused one)."""
-    import torch
-
-    named = []
-    for name, offset in zip(bucket.names, bucket.offsets):
-        _, t = next(tensors)
-        flat = t.detach().contiguous().reshape(-1)
-        buffer[offset:offset + flat.numel() * flat.element_size()].copy_(flat.view(torch.uint8), non_blocking=True)
-        named.append((name, flat))
-    if fingerprints is not None:
-        fingerprints.add(named)
-
-
-#: What a timed sender does differently per mode (``--fingerprint``: verify on/off; ``--pack``: per-tensor/fused).
-SENDER_MODES = {"off": {"fingerprints": False}, "on": {}, "per_tensor": {"pack": "per_tensor"}, "fused": {}}
-
-
-def _timed_sender(address: str, authkey: bytes, commands: Any, results: Any) -> None:
-    """Spawned: holds the weights; per command (a mode of SENDER_MODES), streams them once and reports the
-    fingerprints it sent."""
-    import torch
-
-    from rlcore.refit import DEFAULT_BUCKET_BYTES, fingerprint, metadata_of
-    from rlcore.refit import shared_memory
-
-    torch.set_num_threads(1)
-    tensors = _llama_shaped()
-    real_pack = shared_memory.pack
-    results.put("ready")
-    while (mode := commands.get()) is not None:
-        options = SENDER_MODES[mode]
-        shared_memory.pack = _per_tensor_pack if options.get("pack") == "per_tensor" else real_pack
-        shared_memory.Fingerprints = (fingerprint.Fingerprints if options.get("fingerprints", True)
-                                      else _NoFingerprints)
-        sent = shared_memory.stream_to_receiver(iter(tensors.items()), metadata_of(tensors.items()), address,
-                                                authkey, bucket_bytes=DEFAULT_BUCKET_BYTES, device=torch.device("cpu"))
-        results.put(sent.fingerprints)
-
-
-def interleaved_refits(modes: tuple[str, str], repeats: int) -> dict:
-    """Shared-memory refits of a ~162M model on CPU (no vLLM: the receiver copies into held tensors), in two
-    sender modes interleaved (ABBA), ``repeats`` each after a warm-up round; per mode the median seconds, and
-    the load average. With fingerprints the receiver fingerprints what it received (as the rl-vllm engine
-    does) and the core's compare runs; the fingerprints' own time is also measured directly (on a loaded
-    machine an on/off difference of a few percent is below the refit's noise)."""
-    import multiprocessing as mp
-
-    import torch
-
-    from rlcore.refit import metadata_of
-    from rlcore.refit.fingerprint import Fingerprints, verify_engines
-    from rlcore.refit.shared_memory import ShmReceiver
-
-    torch.set_num_threads(1)
-    held = {k: torch.empty_like(t) for k, t in _llama_shaped().items()}
-    metadata = metadata_of(held.items())
-    ctx = mp.get_context("spawn")
-    receiver, commands, results = ShmReceiver(), ctx.Queue(), ctx.Queue()
-    sender = ctx.Process(target=_timed_sender, args=(receiver.address, receiver.authkey, commands, results))
-    sender.start()
-    times: dict[str, list[float]] = {m: [] for m in modes}
-    loads: list[float] = []
-    engine_s: list[float] = []  # the engine's fingerprints + the compare, timed directly
-    try:
-        results.get(timeout=600)
-        for rep in range(repeats + 1):  # the first round warms up
-            for mode in modes if rep % 2 == 0 else modes[::-1]:
-                fingerprints = SENDER_MODES[mode].get("fingerprints", True)
-                received = Fingerprints()
-                spent = [0.0]
-
-                def load(named: list) -> None:
-                    for name, t in named:
-                        held[name].copy_(t)
-                    if fingerprints:
-                        began = time.perf_counter()
-                        received.add(named)
-                        spent[0] += time.perf_counter() - began
-
-                start = time.perf_counter()
-                commands.put(mode)
-                receiver.receive(metadata, load, timeout_s=600)
-                sent = results.get(timeout=600)
-                if fingerprints:
-                    began = time.perf_counter()
-                    verify_engines(sent, [{"weight_version": rep, "fingerprints": received.result()}], version=rep)
-                    spent[0] += time.perf_counter() - began
-                if rep:
-                    times[mode].append(time.perf_counter() - start)
-                    loads.append(os.getloadavg()[0])
-                    if fingerprints:
-                        engine_s.append(spent[0])
-        commands.put(None)
-    finally:
-        sender.join(timeout=60)
-        receiver.close()
-    med = {m: statistics.median(times[m]) for m in modes}
-    out = {"params": sum(t.numel() for t in held.values()), "tensors": len(held), "repeats": repeats,
-           **{f"{m}_s": round(med[m], 4) for m in modes},
-           f"{modes[1]}_vs_{modes[0]}": round(med[modes[1]] / med[modes[0]] - 1, 4),
-           "load_average_median": round(statistics.median(loads), 2)}
-    if engine_s:
-        out["engine_fingerprint_and_compare_s"] = round(statistics.median(engine_s), 5)
-    return out
-
-
-def sender_fingerprint_cost(repeats: int) -> dict:
-    """The sender's share, timed directly: fingerprinting the ~162M model's tensors as pack does (strided
-    views copied at once, one read at the end), median seconds."""
-    import torch
-
-    from rlcore.refit.fingerprint import Fingerprints
-
-    torch.set_num_threads(1)
-    tensors = _llama_shaped()
-    spent = []
-    for _ in range(repeats + 1):
-        began = time.perf_counter()
-        acc = Fingerprints()
-        acc.add((k, t.reshape(-1)) for k, t in tensors.items())
-        acc.result()
-        spent.append(time.perf_counter() - began)
-    return {"sender_fingerprint_s": round(statistics.median(spent[1:]), 5)}
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--backend", default="reference", help="training backend (reference, dtensor, ...)")
@@ -487,11 +115,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="only: a CPU shared-memory refit packed tensor by tensor vs one fused copy per bucket")
     args = parser.parse_args(argv)
     if args.fingerprint:
-        result = interleaved_refits(("off", "on"), args.repeats)
-        result.update(sender_fingerprint_cost(args.repeats))
-        result["fingerprint_vs_refit"] = round((result["engine_fingerprint_and_compare_s"]
-                                                + result["sender_fingerprint_s"]) / result["off_s"], 4)
-        print(json.dumps(result))
+        print(json.dumps(fingerprint_cost(args.repeats)))
         return
     if args.pack:
         print(json.dumps(interleaved_refits(("per_tensor", "fused"), args.repeats)))
