@@ -200,16 +200,19 @@ def test_train_step_matches_dtensor_backend(started: dict, trained: dict, pool: 
     assert not problems, "\n".join(problems)
 
 
-@pytest.mark.parametrize("step", ["dpo", "distillation"])
+@pytest.mark.parametrize("step", ["dpo", "distillation", "full_vocabulary"])
 def test_more_losses_match_single_process_sgd(started: dict, trained: dict, tmp_path: Any, tiny_tokenizer: Any,
                                               step: str) -> None:
     """Last in the module (they train again, each from the weights the previous test left, saved first): a DPO
     step on pairs of uneven sequences against the initial model's logprobs, and a distillation step reading the
-    student's logits at a teacher's top-k ids, equal the single-process oracle's under tp and pp."""
+    student's logits at a teacher's top-k ids, and one that adds ``zero_outside_topk`` (the student's
+    ``logprobs_at_indices`` and ``entropy``, reduced over the tp-split vocabulary; the oracle's in float64), equal
+    the single-process oracle's under tp and pp."""
     if step == "dpo":
         batch, loss_fn = dpo_step(dict(started["batch"]), started["logprobs"], masked_pair=None)
     else:
-        batch, loss_fn = distillation_step(dict(started["batch"]), tiny_tokenizer)
+        batch, loss_fn = distillation_step(dict(started["batch"]), tiny_tokenizer,
+                                           full_vocabulary=step == "full_vocabulary")
     start = tmp_path / "start"
     started["policy"].save_checkpoint(str(start))
     initial, (expected,) = single_process_sgd(str(start), [(batch, loss_fn)], SGD_LR)
