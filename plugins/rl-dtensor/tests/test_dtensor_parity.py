@@ -194,7 +194,7 @@ def full_vocabulary_oracle(llama, data, tiny_tokenizer):
     return batch, loss_fn, oracle_step(llama, batch, loss_fn)[1]
 
 
-def test_the_full_vocabulary_inputs_of_a_split_vocabulary_equal_the_oracle_s(policy, full_vocabulary_oracle):
+def test_a_distillation_step_with_full_vocabulary_inputs_equals_the_oracle_s(policy, full_vocabulary_oracle):
     """The student's log-softmax at the teacher's ids and its entropy over the whole vocabulary, reduced over
     the tp-split vocabulary (tp2) or whole (dp2): the step equals the single-process oracle's."""
     batch, loss_fn, expected = full_vocabulary_oracle
