@@ -169,11 +169,11 @@ def test_whole_pair_micro_batches_sum_to_the_step(cfg):
         loss, metrics = fn(lp[a:b], data.slice(a, b), global_seqs(data), global_toks(data))
         total = total + loss
         for k, v in metrics.items():
-            per_mb.setdefault(k, []).append(v)
+            per_mb.setdefault(k, []).append(float(v))  # 0-dim tensors, read as the training loop reads them
     (split_grad,) = torch.autograd.grad(total, lp)
     assert total.item() == pytest.approx(whole.item(), abs=1e-12)
     torch.testing.assert_close(split_grad, whole_grad, atol=1e-12, rtol=0)
-    assert step_metrics(per_mb, 1) == pytest.approx(whole_metrics, abs=1e-12)
+    assert step_metrics(per_mb, 1) == pytest.approx({k: float(v) for k, v in whole_metrics.items()}, abs=1e-12)
 
 
 def test_protocol_config_and_required_inputs():

@@ -420,6 +420,7 @@ def test_kl_penalty_is_the_kl_and_kl_loss_its_beta_scaled_term(token_level):
     cfg = dict(reference_policy_kl_penalty=0.25, token_level_loss=token_level)
     gseqs, gtoks = global_counts(data)
     _, metrics = ClippedPGLossFn(cfg)(logprobs, data, gseqs, gtoks)
+    metrics = {name: float(value) for name, value in metrics.items()}  # 0-dim tensors, as the loop reads them
     assert metrics["kl_loss"] == pytest.approx(0.25 * metrics["kl_penalty"], rel=1e-12)
     assert metrics["loss"] == pytest.approx(metrics["actor_loss"] + metrics["kl_loss"], rel=1e-12)
 

@@ -36,9 +36,13 @@ def batch(rows: int, width: int = 6) -> BatchedDataDict:
     gen = torch.Generator().manual_seed(rows)
     lengths = torch.randint(2, width + 1, (rows,), generator=gen)
     token_mask = (torch.arange(width)[None, :] < lengths[:, None]).long()
-    return BatchedDataDict({"input_ids": torch.randint(0, 50, (rows, width), generator=gen),
+    data = BatchedDataDict({"input_ids": torch.randint(0, 50, (rows, width), generator=gen),
                             "input_lengths": lengths, "token_mask": token_mask,
                             "sample_mask": torch.ones(rows)})
+    for key in ("advantages", "prev_logprobs", "generation_logprobs", "reference_policy_logprobs"):
+        data[key] = torch.randn(rows, width, generator=gen) if key == "advantages" else \
+            -torch.rand(rows, width, generator=gen)  # what the clipped PG loss reads
+    return data
 
 
 def hooks(weight: torch.nn.Parameter) -> StepHooks:
@@ -61,14 +65,15 @@ def counted_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return reads
 
 
-def one_step(monkeypatch: pytest.MonkeyPatch, micro_batches: int) -> tuple[list[str], dict[str, Any], float]:
+def one_step(monkeypatch: pytest.MonkeyPatch, micro_batches: int,
+             loss_fn: Any = None) -> tuple[list[str], dict[str, Any], float]:
     """One optimizer step of 8 rows in ``micro_batches`` micro-batches: the host reads made during it, the
-    loop's result, and the step loss recomputed in float64."""
+    loop's result, and the step loss of :class:`TensorMetricsLoss` recomputed in float64."""
     weight = torch.nn.Parameter(torch.randn(50, 3, generator=torch.Generator().manual_seed(0)))
     data = batch(8)
     reads = counted_reads(monkeypatch)
-    result = train_steps(data, TensorMetricsLoss(), hooks(weight), local_batch_size=8, mbs=8 // micro_batches,
-                         max_grad_norm=None)
+    result = train_steps(data, loss_fn or TensorMetricsLoss(), hooks(weight), local_batch_size=8,
+                         mbs=8 // micro_batches, max_grad_norm=None)
     monkeypatch.undo()
     lp = torch.log_softmax(weight.detach().double()[data["input_ids"]], dim=-1)[..., 0]
     mask = data["token_mask"][:, 1:].double()
@@ -92,3 +97,44 @@ def test_host_values_reads_numbers_and_tensors_in_order() -> None:
     values = [1, torch.tensor(2.5), 3.0, torch.tensor([4.0]), torch.tensor(5, dtype=torch.int64)]
     assert host_values(values, [2, 3]) == [[1.0, 2.5], [3.0, 4.0, 5.0]]
     assert host_values([], []) == []
+
+
+def first_party_losses() -> dict[str, Any]:
+    from rlcore.algorithms.loss_functions import ClippedPGLossFn, NLLLoss
+
+    return {"clipped_pg": ClippedPGLossFn({"reference_policy_kl_penalty": 0.1}), "nll": NLLLoss()}
+
+
+@pytest.mark.parametrize("name", ["clipped_pg", "nll"])
+def test_a_first_party_loss_step_reads_the_host_the_same_number_of_times_whatever_its_micro_batches(
+        monkeypatch, name) -> None:
+    one, whole, _ = one_step(monkeypatch, 1, first_party_losses()[name])
+    for k in (2, 4):
+        reads, result, _ = one_step(monkeypatch, k, first_party_losses()[name])
+        assert sorted(reads) == sorted(one), (k, reads, one)
+        assert result["losses"] == [pytest.approx(whole["losses"][0], rel=1e-6)]
+        metrics = result["all_mb_metrics"]
+        assert len(metrics["loss"]) == k and all(type(v) is float for vs in metrics.values() for v in vs)
+        assert sum(metrics["loss"]) == pytest.approx(result["losses"][0], rel=1e-6)
+        assert sum(metrics["num_valid_tokens"]) == sum(whole["all_mb_metrics"]["num_valid_tokens"])
+
+
+def test_first_party_losses_read_nothing_and_the_loop_reads_the_floats_they_used_to_return(monkeypatch) -> None:
+    """The losses return detached 0-dim tensors (no device sync inside a micro-batch); the loop's float64 read
+    of each is the float the loss returned before (``float(t)``, or ``t.double().tolist()``), bit for bit."""
+    from rlcore.algorithms.distillation import TEACHER_LOGITS_KEY, DistillationLossFn
+    from rlcore.interfaces.loss import LOGITS_AT_INDICES
+
+    data = batch(4)
+    gen = torch.Generator().manual_seed(3)
+    data[LOGITS_AT_INDICES] = torch.randn(4, 6, 3, generator=gen)
+    data[TEACHER_LOGITS_KEY] = torch.randn(4, 6, 3, generator=gen)
+    toks = (data["token_mask"][:, 1:] * data["sample_mask"][:, None]).sum()
+    logprobs = -torch.rand(4, 6, generator=gen)
+    for name, loss_fn in {**first_party_losses(), "distillation": DistillationLossFn({"kl_type": "mixed"})}.items():
+        reads = counted_reads(monkeypatch)
+        _, metrics = loss_fn(logprobs.clone().requires_grad_(), data, torch.tensor(4.0), toks)
+        monkeypatch.undo()
+        assert reads == [], (name, reads)
+        assert all(isinstance(v, torch.Tensor) and v.dim() == 0 and not v.requires_grad for v in metrics.values())
+        assert host_values(list(metrics.values()), [len(metrics)]) == [[float(v) for v in metrics.values()]]

@@ -142,7 +142,7 @@ class ClippedPGLossFn:
         data: Mapping[str, Any],
         global_valid_seqs: "torch.Tensor",
         global_valid_toks: "torch.Tensor",
-    ) -> tuple["torch.Tensor", dict[str, float]]:
+    ) -> tuple["torch.Tensor", dict[str, "torch.Tensor"]]:
         import torch
 
         cfg = self.cfg
@@ -236,8 +236,8 @@ class ClippedPGLossFn:
                 named["positive_nll_loss"] = positive_nll
             named["num_valid_tokens"] = mask.sum()
             named["num_valid_samples"] = rows.sum()
-            values = torch.stack([v.detach().to(torch.float64) for v in named.values()]).tolist()
-        return loss, dict(zip(named, values))
+            values = torch.stack([v.detach().to(torch.float64) for v in named.values()]).unbind()
+        return loss, dict(zip(named, values))  # 0-dim float64 tensors: the training loop reads them once per step
 
     def _ratio(self, lp: "torch.Tensor", prev: "torch.Tensor | None", mask: "torch.Tensor") -> "torch.Tensor":
         """``pi / pi_prev`` per token, or with GSPO the geometric mean of its sequence's; 1 without prev."""
@@ -403,8 +403,8 @@ class NLLLoss:
         data: Mapping[str, Any],
         global_valid_seqs: "torch.Tensor",
         global_valid_toks: "torch.Tensor",
-    ) -> tuple["torch.Tensor", dict[str, float]]:
+    ) -> tuple["torch.Tensor", dict[str, "torch.Tensor"]]:
         mask = valid_token_mask(data, logprobs.device)
         lp = zero_off_mask(logprobs, mask)
         loss = normalised_sum(-lp, mask, self.loss_type, global_valid_seqs, global_valid_toks)
-        return loss, {"loss": float(loss.detach()), "num_valid_tokens": float(mask.sum())}
+        return loss, {"loss": loss.detach(), "num_valid_tokens": mask.sum()}  # read once per step by the loop

@@ -86,7 +86,7 @@ class DPOLossFn:
         data: Mapping[str, Any],
         global_valid_seqs: "torch.Tensor",
         global_valid_toks: "torch.Tensor",
-    ) -> tuple["torch.Tensor", dict[str, float]]:
+    ) -> tuple["torch.Tensor", dict[str, "torch.Tensor"]]:
         import torch
 
         cfg = self.cfg
@@ -130,8 +130,8 @@ class DPOLossFn:
                 "rewards_margin_mean": pair_mean(margin),
                 "num_valid_samples": pair_weight.sum(),
             }
-            values = torch.stack([v.detach().to(torch.float64) for v in named.values()]).tolist()
-        return loss, dict(zip(named, values))
+            values = torch.stack([v.detach().to(torch.float64) for v in named.values()]).unbind()
+        return loss, dict(zip(named, values))  # 0-dim float64 tensors: the training loop reads them once per step
 
 
 def check_pairs(data: Mapping[str, Any], mask: "torch.Tensor") -> "torch.Tensor":
