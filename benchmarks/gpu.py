@@ -45,16 +45,19 @@ true``, ``reduce_grads: per_micro_batch``), beside ``dtensor`` with its defaults
 (:mod:`gpu_profile`), printed after the tables and kept in the JSON.
 
 Without CUDA it prints one line and exits 0. The last line printed is JSON.
+
+This file is the command line, the driver and the tables; beside it, one job each: ``gpu_shapes`` (the
+presets, FLOPs, memory theory and data), ``gpu_raw`` (the model build and the raw torch step, run here as
+subprocess modes), ``gpu_policy`` (the rlcore sides), ``gpu_refit_sink`` (the refit receiver and its timing)
+and ``gpu_profile`` (the profiler summaries).
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import math
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -62,188 +65,14 @@ from pathlib import Path
 from typing import Any
 
 import gpu_profile
+from gpu_policy import DTENSOR_SIDES, run_policy
+from gpu_raw import prepare, raw_step
+from gpu_refit_sink import SinkGroup
+from gpu_shapes import PRESETS, memory_theory, model_flops, peak_tflops, pick_seq, shape_of
 
 HERE = Path(__file__).resolve().parent
-#: Ray workers import the receiver below as ``gpu:RefitSink`` (this directory goes on their PYTHONPATH).
-SINK_CLASS = f"{Path(__file__).stem}:RefitSink"
-
-#: Hugging Face config arguments of each preset (random weights; only the shapes are the real models').
-PRESETS: dict[str, dict[str, Any]] = {
-    "0.5b": {"arch": "qwen2", "hidden_size": 896, "num_hidden_layers": 24, "num_attention_heads": 14,
-             "num_key_value_heads": 2, "intermediate_size": 4864, "vocab_size": 151936,
-             "tie_word_embeddings": True, "max_position_embeddings": 32768},
-    "1b": {"arch": "llama", "hidden_size": 2048, "num_hidden_layers": 16, "num_attention_heads": 32,
-           "num_key_value_heads": 8, "head_dim": 64, "intermediate_size": 8192, "vocab_size": 128256,
-           "tie_word_embeddings": True, "max_position_embeddings": 131072},
-}
-#: Dense bf16 tensor-core peak, TFLOP/s, by a substring of the device name (first match wins).
-PEAK_BF16_TFLOPS = (("H200", 989.4), ("H100 PCIe", 756.0), ("H100 NVL", 835.0), ("H100", 989.4),
-                    ("H800", 989.4), ("A100", 312.0), ("L40S", 362.1))
-SEQ_CANDIDATES = (8192, 4096, 2048, 1024)
-MEMORY_FRACTION = 0.70
-LR = 1e-5
 #: Rough seconds each unit of work needs, to skip what the time budget cannot hold.
 COST_S = {"prepare": 30, "raw": 35, "dtensor": 60, "dtensor-regather": 60, "megatron": 80}
-#: ``dtensor-regather``: dtensor with FSDP2's own schedule, as before issue 41 (parameters re-gathered and
-#: re-cast for every micro-batch's forward and backward, gradients reduce-scattered after each), beside the
-#: ``dtensor`` row's defaults (gathered once a step, reduced once a step): the two rows measure the settings.
-DTENSOR_SIDES = {"dtensor": {},
-                 "dtensor-regather": {"reshard_after_forward": True, "reduce_grads": "per_micro_batch"}}
-
-
-# --------------------------------------------------------------------------- shapes and theory
-
-
-def shape_of(preset: str) -> dict[str, int]:
-    p = PRESETS[preset]
-    heads = p["num_attention_heads"]
-    head_dim = p.get("head_dim") or p["hidden_size"] // heads
-    return {"layers": p["num_hidden_layers"], "hidden": p["hidden_size"], "heads": heads,
-            "d_attn": heads * head_dim, "vocab": p["vocab_size"]}
-
-
-def model_flops(n_params: int, shape: dict[str, int], seq: int, tokens: int) -> float:
-    return 6.0 * n_params * tokens + 12.0 * shape["layers"] * shape["d_attn"] * seq * tokens
-
-
-def memory_theory(backend: str, n_params: int, shape: dict[str, int], seq: int, mbs: int) -> dict[str, float]:
-    static = 16.0 * n_params
-    activations = 34.0 * seq * mbs * shape["hidden"] * shape["layers"]
-    if backend == "megatron":
-        activations += 8.0 * shape["heads"] * seq * seq * mbs * shape["layers"]
-    logits = 10.0 * mbs * seq * shape["vocab"]
-    return {"static": static, "activations": activations, "logits": logits, "total": static + activations + logits}
-
-
-def pick_seq(backends: list[str], n_params: int, shape: dict[str, int], gpu_bytes: float) -> int:
-    for seq in SEQ_CANDIDATES:
-        if all(memory_theory(b, n_params, shape, seq, 1)["total"] <= MEMORY_FRACTION * gpu_bytes
-               for b in backends + ["raw"]):
-            return seq
-    return SEQ_CANDIDATES[-1]
-
-
-def peak_tflops(device_name: str) -> float | None:
-    return next((tflops for key, tflops in PEAK_BF16_TFLOPS if key in device_name), None)
-
-
-def make_data(vocab: int, batch: int, seq: int) -> dict:
-    """Full-length rows of random token ids (no padding): every step sees ``batch * seq`` tokens."""
-    import torch
-
-    g = torch.Generator().manual_seed(0)
-    ids = torch.randint(3, vocab, (batch, seq), generator=g)
-    mask = torch.ones(batch, seq)
-    mask[:, 0] = 0
-    return {"input_ids": ids, "input_lengths": torch.full((batch,), seq), "token_mask": mask,
-            "sample_mask": torch.ones(batch)}
-
-
-# --------------------------------------------------------------------------- subprocess modes
-
-
-def cache_root() -> Path:
-    base = os.environ.get("RLCORE_CACHE")
-    return (Path(base) if base else Path.home() / ".cache" / "rlcore") / "bench-models"
-
-
-def prepare(preset: str) -> dict:
-    """Build the preset's model (random weights, bf16 safetensors) once, on the GPU; report the GPU."""
-    import torch
-    import transformers
-    from transformers import AutoModelForCausalLM
-
-    from rlcore.testing.models import build_tiny_tokenizer
-
-    kwargs = dict(PRESETS[preset])
-    arch = kwargs.pop("arch")
-    digest = hashlib.sha256(json.dumps([preset, kwargs, transformers.__version__], sort_keys=True).encode())
-    path = cache_root() / f"{preset}-{digest.hexdigest()[:12]}"
-    built = 0.0
-    if not (path / "config.json").exists():
-        t0 = time.perf_counter()
-        tokenizer = build_tiny_tokenizer()
-        config_cls = {"qwen2": transformers.Qwen2Config, "llama": transformers.LlamaConfig}[arch]
-        config = config_cls(**kwargs, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                            pad_token_id=tokenizer.pad_token_id)
-        with torch.device("cuda"):
-            model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
-        tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
-        transformers.utils.logging.disable_progress_bar()
-        model.save_pretrained(str(tmp))
-        tokenizer.save_pretrained(str(tmp))  # preflight wants a complete model directory
-        try:
-            os.rename(tmp, path)
-        except OSError:  # another process built it first
-            import shutil
-
-            shutil.rmtree(tmp, ignore_errors=True)
-        built = time.perf_counter() - t0
-        n_params = sum(p.numel() for p in model.parameters())
-        del model
-    else:
-        config = transformers.AutoConfig.from_pretrained(str(path))
-        with torch.device("meta"):
-            n_params = sum(p.numel() for p in AutoModelForCausalLM.from_config(config).parameters())
-    props = torch.cuda.get_device_properties(0)
-    return {"path": str(path), "params": int(n_params), "build_s": round(built, 1),
-            "gpu": {"name": props.name, "total_bytes": int(props.total_memory),
-                    "capability": f"{props.major}.{props.minor}", "count": torch.cuda.device_count()},
-            "torch": torch.__version__, "transformers": transformers.__version__}
-
-
-def raw_step(path: str, seq: int, batch: int, mbs: int, steps: int, warmup: int, device: str = "cuda") -> dict:
-    """The raw torch side: the same optimizer step without rlcore (see the module docstring).
-
-    ``device`` is "cuda" for the measurement ("cpu" only smoke-tests this code path).
-    """
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    device = torch.device(device)
-    cuda = device.type == "cuda"
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device)
-    model.train()
-    params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=LR)
-    data = make_data(model.config.vocab_size, batch, seq)
-    ids, mask = data["input_ids"].to(device), data["token_mask"].to(device)
-    attention = torch.ones_like(ids)
-    tokens = mask[:, 1:].sum()
-
-    def step() -> float:
-        total = torch.zeros((), device=device)
-        for s in range(0, batch, mbs):
-            rows = slice(s, s + mbs)
-            with torch.autocast(device.type, dtype=torch.bfloat16):
-                logits = model(input_ids=ids[rows], attention_mask=attention[rows], use_cache=False).logits
-            logits = logits[:, :-1].float()
-            lp = logits.gather(-1, ids[rows, 1:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
-            loss = -(lp * mask[rows, 1:]).sum() / tokens
-            loss.backward()
-            total += loss.detach()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        return float(total)
-
-    losses = [step() for _ in range(warmup)]
-    if cuda:
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-    times = []
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        losses.append(step())  # float() waits for the step
-        times.append(time.perf_counter() - t0)
-    out = {"step_s": statistics.median(times), "times": times, "losses": losses,
-           "peak_bytes": int(torch.cuda.max_memory_allocated()) if cuda else 0}
-    if (folder := gpu_profile.profile_dir()) is not None:
-        with torch.profiler.profile() as profiler:
-            step()
-        profiler.export_chrome_trace(str(folder / "trace_raw.json"))
-        out["profile"] = gpu_profile.summarize_trace(folder / "trace_raw.json")
-    return out
 
 
 def run_subprocess(args: list[str], timeout_s: float) -> dict:
@@ -255,166 +84,6 @@ def run_subprocess(args: list[str], timeout_s: float) -> dict:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-6:]
         raise RuntimeError(f"{args[0]} failed (exit {proc.returncode}): " + " | ".join(tail))
     return json.loads(lines[-1])
-
-
-# --------------------------------------------------------------------------- the receiver (a Ray actor)
-
-
-class RefitSink:
-    """An engine-like refit target on this process's GPU: one preallocated tensor per weight."""
-
-    def __init__(self) -> None:
-        import torch
-
-        from rlcore.refit.shared_memory import ShmReceiver
-
-        self.device = torch.device("cuda", torch.cuda.current_device())
-        self.receiver = ShmReceiver()
-        self.dest: dict[str, Any] = {}
-        self.metadata: dict | None = None
-
-    def endpoint(self) -> tuple[str, bytes]:
-        return self.receiver.address, self.receiver.authkey
-
-    def prepare_refit_info(self, metadata: dict) -> None:
-        import torch
-
-        from rlcore.refit.buckets import to_dtype
-
-        self.dest = {}
-        torch.cuda.empty_cache()
-        self.dest = {name: torch.empty(tuple(shape), dtype=to_dtype(dtype), device=self.device)
-                     for name, (shape, dtype) in metadata.items()}
-        self.metadata = metadata
-
-    def receive(self, bucket_bytes: int) -> int:
-        import torch
-
-        def load(named: list) -> None:
-            for name, tensor in named:
-                self.dest[name].copy_(tensor)
-
-        stats = self.receiver.receive(self.metadata, load, timeout_s=600)
-        torch.cuda.synchronize(self.device)
-        return stats.tensors
-
-    def payload_bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.dest.values())
-
-    def time_copy(self, nbytes: int) -> float:
-        """Median seconds of one device-to-device copy of ``nbytes`` (CUDA events)."""
-        import torch
-        from gpu_refit_transport import device_copy_seconds
-
-        seconds = device_copy_seconds(nbytes, self.device)
-        torch.cuda.empty_cache()
-        return seconds
-
-    def shutdown(self) -> None:
-        self.receiver.close()
-
-
-class SinkGroup:
-    """Driver-side facade with the surface ``WeightSynchronizer`` uses for a colocated engine."""
-
-    def __init__(self, cluster: Any) -> None:
-        import ray
-
-        from rlcore.distributed import NamedSharding, RayWorkerGroup
-
-        self.worker_group = RayWorkerGroup(cluster, SINK_CLASS, sharding=NamedSharding.for_world(1),
-                                           name_prefix="bench-refit-sink")
-        self.actor = self.worker_group.workers[0]
-        self._endpoint = ray.get(self.actor.call.remote("endpoint"))
-
-    def call(self, method: str, *args: Any) -> Any:
-        import ray
-
-        return ray.get(self.actor.call.remote(method, *args))
-
-    def prepare_refit_info(self, metadata: dict) -> None:
-        self.call("prepare_refit_info", metadata)
-
-    def refit_endpoints(self) -> dict:
-        return {0: self._endpoint}
-
-    def update_weights_via_ipc_zmq(self, bucket_bytes: int) -> list:
-        return [self.actor.call.remote("receive", bucket_bytes)]
-
-    def refit_world_size(self) -> int:
-        return 1
-
-    def shutdown(self) -> None:
-        self.worker_group.shutdown()
-
-
-# --------------------------------------------------------------------------- the policies
-
-
-def policy_config(backend: str, path: str, seq: int, batch: int, mbs: int, dtensor_cfg: dict | None = None) -> Any:
-    from rlcore.config import load_config_dict
-
-    raw: dict[str, Any] = {"backend": "dtensor" if backend in DTENSOR_SIDES else backend, "model_name": path,
-                           "train_global_batch_size": batch,
-                           "train_micro_batch_size": mbs, "logprob_batch_size": mbs, "precision": "bfloat16",
-                           "max_total_sequence_length": seq, "learning_rate": LR, "max_grad_norm": 1.0}
-    if backend == "megatron":
-        # bf16 weights and gradients, float32 main weights in the optimizer (params_dtype's default).
-        raw["megatron_cfg"] = {"optimizer": {"optimizer": "adam", "bf16": True, "weight_decay": 0.01}}
-    else:
-        raw["optimizer"] = {"name": "torch.optim.AdamW", "kwargs": {"lr": LR}}
-        raw["dtensor_cfg"] = {**DTENSOR_SIDES[backend], **(dtensor_cfg or {})}
-    return load_config_dict({"cluster": {"workers_per_node": 1, "use_gpu": True}, "policy": raw}).policy
-
-
-def run_policy(cluster: Any, backend: str, path: str, vocab: int, seq: int, batch: int, mbs: int, steps: int,
-               warmup: int, sink: SinkGroup | None, dtensor_cfg: dict | None = None) -> dict:
-    from rlcore.algorithms.loss_functions import NLLLoss
-    from rlcore.data import BatchedDataDict
-    from rlcore.policy import Policy
-    from rlcore.testing.models import build_tiny_tokenizer
-
-    policy = Policy(cluster, policy_config(backend, path, seq, batch, mbs, dtensor_cfg), build_tiny_tokenizer(),
-                    name_prefix=f"bench-{backend}", init_reference_model=False)
-    try:
-        data, loss_fn = BatchedDataDict(make_data(vocab, batch, seq)), NLLLoss()
-        losses = [float(policy.train(data, loss_fn)["loss"][0]) for _ in range(warmup)]
-        policy._all("reset_peak_memory_stats")
-        times = []
-        for _ in range(steps):
-            t0 = time.perf_counter()
-            losses.append(float(policy.train(data, loss_fn)["loss"][0]))
-            times.append(time.perf_counter() - t0)
-        out: dict[str, Any] = {"step_s": statistics.median(times), "times": times, "losses": losses,
-                               "peak_bytes": int(policy._all("get_gpu_info")[0].get("peak_memory_allocated_mb", 0) * 2**20)}
-        if (folder := gpu_profile.profile_dir()) is not None:
-            try:
-                policy.start_gpu_profiling()
-                policy.train(data, loss_fn)
-                policy.stop_gpu_profiling()  # the worker writes trace_rank0.json there
-                out["profile"] = gpu_profile.summarize_trace(folder / "trace_rank0.json")
-            except Exception as exc:  # noqa: BLE001 - the timings above still count
-                out["profile"] = {"error": str(exc)[:300]}
-        if sink is not None:
-            try:
-                out["refit"] = time_refit(policy, sink)
-            except Exception as exc:  # noqa: BLE001 - the timings above still count
-                out["refit_error"] = str(exc)[:300]
-        return out
-    finally:
-        policy.shutdown()
-
-
-def time_refit(policy: Any, sink: SinkGroup) -> dict:
-    from rlcore.refit import WeightSynchronizer
-
-    sync = WeightSynchronizer(policy, sink, colocated=True)
-    sync.sync_weights()  # warm-up: sender buffers, IPC handles
-    refit_s = statistics.median([sync.sync_weights()["seconds"] for _ in range(3)])
-    nbytes = sink.call("payload_bytes")
-    copy_s = sink.call("time_copy", nbytes)
-    return {"bytes": nbytes, "refit_s": refit_s, "refit_gb_s": nbytes / refit_s / 1e9,
-            "d2d_copy_s": copy_s, "d2d_gb_s": nbytes / copy_s / 1e9, "ratio": refit_s / copy_s}
 
 
 # --------------------------------------------------------------------------- main
