@@ -138,3 +138,17 @@ def test_first_party_losses_read_nothing_and_the_loop_reads_the_floats_they_used
         assert reads == [], (name, reads)
         assert all(isinstance(v, torch.Tensor) and v.dim() == 0 and not v.requires_grad for v in metrics.values())
         assert host_values(list(metrics.values()), [len(metrics)]) == [[float(v) for v in metrics.values()]]
+
+
+def test_host_values_casts_once_per_dtype_not_once_per_value() -> None:
+    """A step's metrics are cast to float64 in one copy per dtype (here float32 and int64): 2 copies for 4 or for 16
+    values, where a cast per value made 4 and 16 (``aten::copy_`` counted by the profiler)."""
+    def copies(n: int) -> tuple[int, list[list[float]]]:
+        values = [torch.tensor(0.25 * i) if i % 2 else torch.tensor(i) for i in range(n)]
+        with torch.profiler.profile() as prof:
+            out = host_values(values, [n])
+        return sum(e.count for e in prof.key_averages() if e.key == "aten::copy_"), out
+
+    for n in (4, 16):
+        count, out = copies(n)
+        assert count == 2 and out == [[0.25 * i if i % 2 else float(i) for i in range(n)]], (n, count)

@@ -218,8 +218,15 @@ def host_values(values: list[Any], lengths: list[int]) -> list[list[float]]:
     device sync per micro-batch."""
     import torch
 
-    tensors = [v for v in values if isinstance(v, torch.Tensor)]
-    read = iter(torch.stack([t.detach().reshape(()).double() for t in tensors]).cpu().tolist() if tensors else [])
-    floats = [next(read) if isinstance(v, torch.Tensor) else float(v) for v in values]
+    groups: dict[tuple[Any, Any], list[int]] = defaultdict(list)  # one stack and one cast per dtype, not per value
+    for i, v in enumerate(values):
+        if isinstance(v, torch.Tensor):
+            groups[v.dtype, v.device].append(i)
+    read: dict[int, float] = {}
+    if groups:
+        stacked = [torch.stack([values[i].detach().reshape(()) for i in idx]).double() for idx in groups.values()]
+        flat = torch.cat([t.to(stacked[0].device) for t in stacked]).cpu().tolist()
+        read = dict(zip([i for idx in groups.values() for i in idx], flat))
+    floats = [read[i] if i in read else float(v) for i, v in enumerate(values)]
     runs = [0, *accumulate(lengths)]
     return [floats[a:b] for a, b in zip(runs, runs[1:])]
