@@ -12,7 +12,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 PLUGINS := $(wildcard plugins/*/pyproject.toml)
 
-.PHONY: install run test clean gpu-check
+.PHONY: install run test lint clean gpu-check
 
 $(VENV)/.installed: pyproject.toml $(PLUGINS)
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,11 @@ run: install
 
 test: install
 	$(PY) -m pytest -q
+
+# Style and types: ruff's linter and formatter over the whole tree (pyproject.toml [tool.ruff]).
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 clean:
 	rm -rf $(VENV)

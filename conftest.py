@@ -67,9 +67,12 @@ def pytest_sessionfinish(session, exitstatus):
     leaks.release(_LEAK_BASELINE)
     if found:
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-        lines = ["leak check: the test session left these behind:", *(f"  {item}" for item in found),
-                 "(what the suite's processes made; new shared memory nobody else holds counts as theirs: "
-                 "RLCORE_LEAK_CHECK=0 turns the check off)"]
+        lines = [
+            "leak check: the test session left these behind:",
+            *(f"  {item}" for item in found),
+            "(what the suite's processes made; new shared memory nobody else holds counts as theirs: "
+            "RLCORE_LEAK_CHECK=0 turns the check off)",
+        ]
         if reporter is not None:
             reporter.write_line("\n".join(lines), red=True)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED

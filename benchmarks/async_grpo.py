@@ -32,8 +32,14 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from scaling import SIZES, model_dir_for  # noqa: E402  (the sibling benchmark's helpers)
 
 EXAMPLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples", "grpo_async_tiny.yaml")
-PHASES = ("time/generation_s", "time/train_s", "time/refit_s", "time/logprob_s", "time/generation_wait_s",
-          "time/generation_idle_s")
+PHASES = (
+    "time/generation_s",
+    "time/train_s",
+    "time/refit_s",
+    "time/logprob_s",
+    "time/generation_wait_s",
+    "time/generation_idle_s",
+)
 
 
 def run(model_dir: str, args: argparse.Namespace, asynchronous: bool, out_dir: str) -> list[dict[str, Any]]:
@@ -42,16 +48,23 @@ def run(model_dir: str, args: argparse.Namespace, asynchronous: bool, out_dir: s
     from rlcore.run.metrics import read_metrics
     from rlcore.run.train import train
 
-    cfg = load_config(EXAMPLE, [
-        f"policy.model_name={model_dir}", f"grpo.max_num_steps={args.steps}",
-        f"grpo.num_prompts_per_step={args.prompts}", f"grpo.num_generations_per_prompt={args.generations}",
-        f"policy.train_global_batch_size={args.prompts * args.generations}",
-        f"policy.generation.max_new_tokens={args.new_tokens}",
-        f"policy.max_total_sequence_length={args.new_tokens + 32}",
-        f"grpo.async_grpo.enabled={str(asynchronous).lower()}",
-        f"logger.output_dir={out_dir}", "logger.progress_bar=false", "logger.tensorboard=false",
-        "checkpointing.enabled=false",
-    ])
+    cfg = load_config(
+        EXAMPLE,
+        [
+            f"policy.model_name={model_dir}",
+            f"grpo.max_num_steps={args.steps}",
+            f"grpo.num_prompts_per_step={args.prompts}",
+            f"grpo.num_generations_per_prompt={args.generations}",
+            f"policy.train_global_batch_size={args.prompts * args.generations}",
+            f"policy.generation.max_new_tokens={args.new_tokens}",
+            f"policy.max_total_sequence_length={args.new_tokens + 32}",
+            f"grpo.async_grpo.enabled={str(asynchronous).lower()}",
+            f"logger.output_dir={out_dir}",
+            "logger.progress_bar=false",
+            "logger.tensorboard=false",
+            "checkpointing.enabled=false",
+        ],
+    )
     return read_metrics(train(cfg)["metrics"])
 
 
@@ -81,19 +94,34 @@ def main(argv: list[str] | None = None) -> None:
             results[mode] = {
                 "step_s": median(rows, "time/step_s", args.warmup),
                 **{key.removeprefix("time/"): median(rows, key, args.warmup) for key in PHASES},
-                "first_reward": rows[0]["reward_mean"], "last_reward": rows[-1]["reward_mean"],
+                "first_reward": rows[0]["reward_mean"],
+                "last_reward": rows[-1]["reward_mean"],
                 "max_age": max(r.get("async/age_max", 0.0) for r in rows),
             }
     sync, asyn = results["sync"], results["async"]
-    print(f"model {args.model}, {args.prompts}x{args.generations} rollouts of {args.new_tokens} new tokens, "
-          f"{args.steps} steps (medians after {args.warmup}), load {load:.1f}")
+    print(
+        f"model {args.model}, {args.prompts}x{args.generations} rollouts of {args.new_tokens} new tokens, "
+        f"{args.steps} steps (medians after {args.warmup}), load {load:.1f}"
+    )
     print(f"{'':6}{'step s':>8}{'gen s':>8}{'train s':>9}{'refit s':>9}{'wait s':>8}{'idle s':>8}{'reward':>14}")
     for mode, r in results.items():
-        print(f"{mode:6}{r['step_s']:>8.2f}{r['generation_s']:>8.2f}{r['train_s']:>9.2f}{r['refit_s']:>9.2f}"
-              f"{r['generation_wait_s']:>8.2f}{r['generation_idle_s']:>8.2f}"
-              f"{r['first_reward']:>7.2f}->{r['last_reward']:.2f}")
-    print(json.dumps({"async_vs_sync": asyn["step_s"] / sync["step_s"], "sync_step_s": sync["step_s"],
-                      "async_step_s": asyn["step_s"], "model": args.model, "load": load, "modes": results}))
+        print(
+            f"{mode:6}{r['step_s']:>8.2f}{r['generation_s']:>8.2f}{r['train_s']:>9.2f}{r['refit_s']:>9.2f}"
+            f"{r['generation_wait_s']:>8.2f}{r['generation_idle_s']:>8.2f}"
+            f"{r['first_reward']:>7.2f}->{r['last_reward']:.2f}"
+        )
+    print(
+        json.dumps(
+            {
+                "async_vs_sync": asyn["step_s"] / sync["step_s"],
+                "sync_step_s": sync["step_s"],
+                "async_step_s": asyn["step_s"],
+                "model": args.model,
+                "load": load,
+                "modes": results,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

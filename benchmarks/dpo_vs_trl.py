@@ -80,15 +80,21 @@ import time
 from pathlib import Path
 from typing import Any
 
-SHAPED_MODEL = dict(arch="llama", hidden_size=768, num_layers=8, num_heads=12, num_kv_heads=4, head_dim=64,
-                    intermediate_size=2048, max_position_embeddings=512)
+SHAPED_MODEL = dict(
+    arch="llama",
+    hidden_size=768,
+    num_layers=8,
+    num_heads=12,
+    num_kv_heads=4,
+    head_dim=64,
+    intermediate_size=2048,
+    max_position_embeddings=512,
+)
 SHIPPED_DATA = Path(__file__).resolve().parents[1] / "src" / "rlcore" / "examples" / "data" / "preference_dpo.jsonl"
 
 CASES: dict[str, dict[str, Any]] = {
-    "shaped": dict(model=SHAPED_MODEL, data="ragged", pairs=16, micro_batch=4, max_len=256, lr=5e-5, beta=0.1,
-                   steps=5),
-    "tiny": dict(model="tiny-llama", data="shipped", pairs=16, micro_batch=4, max_len=64, lr=1e-3, beta=0.1,
-                 steps=10),
+    "shaped": dict(model=SHAPED_MODEL, data="ragged", pairs=16, micro_batch=4, max_len=256, lr=5e-5, beta=0.1, steps=5),
+    "tiny": dict(model="tiny-llama", data="shipped", pairs=16, micro_batch=4, max_len=64, lr=1e-3, beta=0.1, steps=10),
 }
 
 
@@ -109,8 +115,14 @@ def ragged_pairs(n: int, mean_length: float = 30.0, cap: int = 100, seed: int = 
         length = min(cap, 1 + int(rng.expovariate(1 / mean_length)))
         text = "".join(rng.choice("abcdefgh ") for _ in range(length)).strip() or "a"
         answer = text[::-1]
-        rows.append({"id": f"ragged-{i}", "prompt": f"reverse {text}", "chosen": answer,
-                     "rejected": answer[:rng.randint(1, len(answer))] if len(answer) > 1 else answer + "x"})
+        rows.append(
+            {
+                "id": f"ragged-{i}",
+                "prompt": f"reverse {text}",
+                "chosen": answer,
+                "rejected": answer[: rng.randint(1, len(answer))] if len(answer) > 1 else answer + "x",
+            }
+        )
     return rows
 
 
@@ -128,35 +140,53 @@ def case_rows(c: dict[str, Any]) -> list[dict[str, str]]:
 # --------------------------------------------------------------------------- rlcore
 
 
-def rlcore_config(model_dir: str, c: dict[str, Any], data_path: str, out_dir: str, ranks: int,
-                  packing: bool | None, reference_batches_per_swap: int | None = None) -> Any:
+def rlcore_config(
+    model_dir: str,
+    c: dict[str, Any],
+    data_path: str,
+    out_dir: str,
+    ranks: int,
+    packing: bool | None,
+    reference_batches_per_swap: int | None = None,
+) -> Any:
     from rlcore.config import load_config_dict
 
-    return load_config_dict({
-        "cluster": {"workers_per_node": ranks},
-        "policy": {
-            "backend": "dtensor", "model_name": model_dir, "precision": "float32",
-            "tokenizer": {"chat_template": "default"},  # the tiny tokenizer's own (dpo_tiny's)
-            "train_global_batch_size": c["pairs"], "train_micro_batch_size": c["micro_batch"],  # pairs
-            "logprob_batch_size": 2 * c["micro_batch"],  # sequences: a training micro-batch's rows
-            "max_total_sequence_length": c["max_len"], "learning_rate": c["lr"], "max_grad_norm": 1.0,
-            "optimizer": {"name": "torch.optim.AdamW", "kwargs": {"lr": c["lr"], "weight_decay": 0.0}},
-            "sequence_packing": {"enabled": packing},
-        },
-        "dpo": {"max_num_steps": c["steps"], "max_num_epochs": None, "reference_policy_kl_penalty": c["beta"],
-                "seed": 0, **({"reference_batches_per_swap": reference_batches_per_swap}
-                              if reference_batches_per_swap else {})},
-        "data": {"train": {"path": data_path}, "input_key": "prompt", "shuffle": False},
-        "logger": {"output_dir": out_dir, "tensorboard": False, "progress_bar": False},
-        "checkpointing": {"enabled": False},
-    })
+    return load_config_dict(
+        {
+            "cluster": {"workers_per_node": ranks},
+            "policy": {
+                "backend": "dtensor",
+                "model_name": model_dir,
+                "precision": "float32",
+                "tokenizer": {"chat_template": "default"},  # the tiny tokenizer's own (dpo_tiny's)
+                "train_global_batch_size": c["pairs"],
+                "train_micro_batch_size": c["micro_batch"],  # pairs
+                "logprob_batch_size": 2 * c["micro_batch"],  # sequences: a training micro-batch's rows
+                "max_total_sequence_length": c["max_len"],
+                "learning_rate": c["lr"],
+                "max_grad_norm": 1.0,
+                "optimizer": {"name": "torch.optim.AdamW", "kwargs": {"lr": c["lr"], "weight_decay": 0.0}},
+                "sequence_packing": {"enabled": packing},
+            },
+            "dpo": {
+                "max_num_steps": c["steps"],
+                "max_num_epochs": None,
+                "reference_policy_kl_penalty": c["beta"],
+                "seed": 0,
+                **({"reference_batches_per_swap": reference_batches_per_swap} if reference_batches_per_swap else {}),
+            },
+            "data": {"train": {"path": data_path}, "input_key": "prompt", "shuffle": False},
+            "logger": {"output_dir": out_dir, "tensorboard": False, "progress_bar": False},
+            "checkpointing": {"enabled": False},
+        }
+    )
 
 
 def rlcore_sequences(cfg: Any, steps: int) -> list[list[tuple[list[int], list[int]]]]:
     """Per step, the ``(input ids, loss mask)`` rows rlcore's DPO step trains (chosen, rejected, chosen, ...)."""
+    from rlcore.algorithms.dpo.batches import dpo_batch
     from rlcore.config import resolve
     from rlcore.run.build import load_run_data
-    from rlcore.algorithms.dpo.batches import dpo_batch
     from rlcore.run.prompts import load_tokenizer
 
     resolved = resolve(cfg, run=True).config
@@ -167,8 +197,12 @@ def rlcore_sequences(cfg: Any, steps: int) -> list[list[tuple[list[int], list[in
         batch = dpo_batch(data.train.batch(k), tokenizer, resolved)
         if float(batch["sample_mask"].min()) < 1:
             raise SystemExit(f"step {k}: a pair is longer than max_len; the two sides would cut it differently")
-        out.append([(batch["input_ids"][i, :n].tolist(), batch["token_mask"][i, :n].int().tolist())
-                    for i, n in enumerate(batch["input_lengths"].tolist())])
+        out.append(
+            [
+                (batch["input_ids"][i, :n].tolist(), batch["token_mask"][i, :n].int().tolist())
+                for i, n in enumerate(batch["input_lengths"].tolist())
+            ]
+        )
     return out
 
 
@@ -220,7 +254,7 @@ class WorkerCpu:
             while len(self.ends) < rows:
                 self.ends.append(cpu)
 
-    def __enter__(self) -> "WorkerCpu":
+    def __enter__(self) -> WorkerCpu:
         self._thread.start()
         return self
 
@@ -263,8 +297,9 @@ def trl_rows(tokenizer: Any, sequences: list[list[tuple[list[int], list[int]]]])
     return rows
 
 
-def run_trl(model_dir: str, c: dict[str, Any], rows: list[dict[str, str]], expected: list[list[int]], out_dir: str,
-            ranks: int) -> dict[str, Any]:
+def run_trl(
+    model_dir: str, c: dict[str, Any], rows: list[dict[str, str]], expected: list[list[int]], out_dir: str, ranks: int
+) -> dict[str, Any]:
     """TRL's DPOTrainer on the same pairs; step seconds, losses, token counts and whether the tokens match."""
     import torch
     from datasets import Dataset
@@ -275,12 +310,31 @@ def run_trl(model_dir: str, c: dict[str, Any], rows: list[dict[str, str]], expec
     torch.set_num_threads(ranks)
     micro = ranks * c["micro_batch"]  # pairs rlcore's ranks process per micro-step together
     args = DPOConfig(
-        output_dir=out_dir, use_cpu=True, bf16=False, fp16=False, gradient_checkpointing=False,
-        per_device_train_batch_size=micro, gradient_accumulation_steps=c["pairs"] // micro,
-        learning_rate=c["lr"], lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, optim="adamw_torch",
-        max_grad_norm=1.0, beta=c["beta"], loss_type=["sigmoid"], max_length=c["max_len"],
-        precompute_ref_log_probs=False, max_steps=c["steps"], train_sampling_strategy="sequential", seed=0,
-        logging_steps=1, report_to="none", save_strategy="no", disable_tqdm=True, dataloader_num_workers=0,
+        output_dir=out_dir,
+        use_cpu=True,
+        bf16=False,
+        fp16=False,
+        gradient_checkpointing=False,
+        per_device_train_batch_size=micro,
+        gradient_accumulation_steps=c["pairs"] // micro,
+        learning_rate=c["lr"],
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        weight_decay=0.0,
+        optim="adamw_torch",
+        max_grad_norm=1.0,
+        beta=c["beta"],
+        loss_type=["sigmoid"],
+        max_length=c["max_len"],
+        precompute_ref_log_probs=False,
+        max_steps=c["steps"],
+        train_sampling_strategy="sequential",
+        seed=0,
+        logging_steps=1,
+        report_to="none",
+        save_strategy="no",
+        disable_tqdm=True,
+        dataloader_num_workers=0,
     )
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
 
@@ -301,8 +355,13 @@ def run_trl(model_dir: str, c: dict[str, Any], rows: list[dict[str, str]], expec
             self.logs.append(dict(logs or {}))
 
     timer = StepTimer()
-    trainer = DPOTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows),
-                         processing_class=AutoTokenizer.from_pretrained(model_dir), callbacks=[timer])
+    trainer = DPOTrainer(
+        model=model,
+        args=args,
+        train_dataset=Dataset.from_list(rows),
+        processing_class=AutoTokenizer.from_pretrained(model_dir),
+        callbacks=[timer],
+    )
     trainer.remove_callback(PrinterCallback)
     # The same sequences as rlcore's, token for token?
     prepared = trainer.train_dataset
@@ -322,10 +381,16 @@ def run_trl(model_dir: str, c: dict[str, Any], rows: list[dict[str, str]], expec
     trainer.train()
     losses = [log["loss"] for log in timer.logs if "loss" in log]
     per_step = c["pairs"] // micro
-    steps = [batches[i:i + per_step] for i in range(0, per_step * c["steps"], per_step)]
-    return {"steps": timer.steps, "cpu": timer.cpu, "loss": losses, "same_tokens": same, "mismatches": sum(
-        a != b for a, b in zip(got, expected)) + abs(len(got) - len(expected)),
-        "padded": [sum(p for p, _ in s) for s in steps], "real": [sum(r for _, r in s) for s in steps]}
+    steps = [batches[i : i + per_step] for i in range(0, per_step * c["steps"], per_step)]
+    return {
+        "steps": timer.steps,
+        "cpu": timer.cpu,
+        "loss": losses,
+        "same_tokens": same,
+        "mismatches": sum(a != b for a, b in zip(got, expected)) + abs(len(got) - len(expected)),
+        "padded": [sum(p for p, _ in s) for s in steps],
+        "real": [sum(r for _, r in s) for s in steps],
+    }
 
 
 # --------------------------------------------------------------------------- main
@@ -338,14 +403,27 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--pairs", type=int, help="preference pairs per optimizer step")
     parser.add_argument("--micro-batch", type=int, help="pairs per micro-batch and rank")
     parser.add_argument("--ranks", type=int, default=1, help="rlcore ranks (one thread each) = TRL torch threads")
-    parser.add_argument("--trl-first", action="store_true", help="run TRL before rlcore (load drifts: rerun both "
-                        "ways to see the spread)")
-    parser.add_argument("--packing", choices=("auto", "on", "off"), default="auto",
-                        help="rlcore's policy.sequence_packing.enabled (auto: its default, packing on dtensor)")
-    parser.add_argument("--reference-batches-per-swap", type=int, help="rlcore's dpo.reference_batches_per_swap "
-                        "(default: its default; 1: a reference weight swap every step)")
-    parser.add_argument("--rlcore-only", action="store_true", help="time rlcore alone (no trl needed): prints its "
-                        "median step time and phases as JSON")
+    parser.add_argument(
+        "--trl-first",
+        action="store_true",
+        help="run TRL before rlcore (load drifts: rerun both ways to see the spread)",
+    )
+    parser.add_argument(
+        "--packing",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="rlcore's policy.sequence_packing.enabled (auto: its default, packing on dtensor)",
+    )
+    parser.add_argument(
+        "--reference-batches-per-swap",
+        type=int,
+        help="rlcore's dpo.reference_batches_per_swap (default: its default; 1: a reference weight swap every step)",
+    )
+    parser.add_argument(
+        "--rlcore-only",
+        action="store_true",
+        help="time rlcore alone (no trl needed): prints its median step time and phases as JSON",
+    )
     args = parser.parse_args(argv)
 
     import transformers
@@ -367,33 +445,44 @@ def main(argv: list[str] | None = None) -> None:
     datasets.disable_progress_bars()
     model_dir = tiny_model_path(**spec)
     params = sum(p.numel() for p in transformers.AutoModelForCausalLM.from_pretrained(model_dir).parameters())
-    print(f"case {args.case!r}: llama {spec}, {params / 1e6:.1f}M params float32; {c['pairs']} pairs per step in "
-          f"micro-batches of {c['micro_batch']} x {args.ranks} rank(s), max {c['max_len']} tokens, lr {c['lr']}, "
-          f"beta {c['beta']}, {c['steps']} steps (first = warm-up), {args.ranks} rank(s)/thread(s) each; data "
-          f"{c['data']}; load average {os.getloadavg()[0]:.1f}", file=sys.stderr)
+    print(
+        f"case {args.case!r}: llama {spec}, {params / 1e6:.1f}M params float32; {c['pairs']} pairs per step in "
+        f"micro-batches of {c['micro_batch']} x {args.ranks} rank(s), max {c['max_len']} tokens, lr {c['lr']}, "
+        f"beta {c['beta']}, {c['steps']} steps (first = warm-up), {args.ranks} rank(s)/thread(s) each; data "
+        f"{c['data']}; load average {os.getloadavg()[0]:.1f}",
+        file=sys.stderr,
+    )
 
     packing = {"auto": None, "on": True, "off": False}[args.packing]
     work = tempfile.mkdtemp(prefix="dpo-vs-trl-")
     try:
         data_path = os.path.join(work, "pairs.jsonl")
         Path(data_path).write_text("".join(json.dumps(r) + "\n" for r in case_rows(c)))
-        cfg = rlcore_config(model_dir, c, data_path, os.path.join(work, "rlcore"), args.ranks, packing,
-                            args.reference_batches_per_swap)
+        cfg = rlcore_config(
+            model_dir, c, data_path, os.path.join(work, "rlcore"), args.ranks, packing, args.reference_batches_per_swap
+        )
         if args.rlcore_only:
             start = os.getloadavg()[0]
             metrics, _ = run_rlcore(cfg, os.path.join(work, "rlcore"))
-            print(json.dumps({"rlcore_step_s": round(median_after_warmup([r["time/step_s"] for r in metrics]), 3),
-                              "rlcore_phases_s": {p: round(median_after_warmup([r.get(f"time/{p}_s", 0.0)
-                                                                                for r in metrics]), 3)
-                                                  for p in ("data", "logprob", "train")},
-                              # the reference logprobs computed ahead land in the steps that swap (the first
-                              # among them): the mean over all steps, warm-up included, counts them all
-                              "mean_step_s_all": round(statistics.mean(r["time/step_s"] for r in metrics), 3),
-                              "mean_logprob_s_all": round(statistics.mean(r.get("time/logprob_s", 0.0)
-                                                                          for r in metrics), 3),
-                              "steps_s": [round(r["time/step_s"], 3) for r in metrics], "case": args.case,
-                              "reference_batches_per_swap": cfg.dpo.reference_batches_per_swap,
-                              "load": [round(start, 1), round(os.getloadavg()[0], 1)]}))
+            print(
+                json.dumps(
+                    {
+                        "rlcore_step_s": round(median_after_warmup([r["time/step_s"] for r in metrics]), 3),
+                        "rlcore_phases_s": {
+                            p: round(median_after_warmup([r.get(f"time/{p}_s", 0.0) for r in metrics]), 3)
+                            for p in ("data", "logprob", "train")
+                        },
+                        # the reference logprobs computed ahead land in the steps that swap (the first
+                        # among them): the mean over all steps, warm-up included, counts them all
+                        "mean_step_s_all": round(statistics.mean(r["time/step_s"] for r in metrics), 3),
+                        "mean_logprob_s_all": round(statistics.mean(r.get("time/logprob_s", 0.0) for r in metrics), 3),
+                        "steps_s": [round(r["time/step_s"], 3) for r in metrics],
+                        "case": args.case,
+                        "reference_batches_per_swap": cfg.dpo.reference_batches_per_swap,
+                        "load": [round(start, 1), round(os.getloadavg()[0], 1)],
+                    }
+                )
+            )
             return
         sequences = rlcore_sequences(cfg, c["steps"])
         tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
@@ -404,16 +493,23 @@ def main(argv: list[str] | None = None) -> None:
             if side == "rlcore":
                 metrics, rlcore_cpu = run_rlcore(cfg, os.path.join(work, "rlcore"))
             else:
-                trl = run_trl(model_dir, c, rows, [ids for step in sequences for ids, _ in step],
-                              os.path.join(work, "trl"), args.ranks)
+                trl = run_trl(
+                    model_dir,
+                    c,
+                    rows,
+                    [ids for step in sequences for ids, _ in step],
+                    os.path.join(work, "trl"),
+                    args.ranks,
+                )
         load["end"] = os.getloadavg()[0]
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
     ours = median_after_warmup([r["time/step_s"] for r in metrics])
     theirs = median_after_warmup(trl["steps"])
-    phases = {p: median_after_warmup([r.get(f"time/{p}_s", 0.0) for r in metrics])
-              for p in ("data", "logprob", "train")}
+    phases = {
+        p: median_after_warmup([r.get(f"time/{p}_s", 0.0) for r in metrics]) for p in ("data", "logprob", "train")
+    }
     tokens = [sum(len(ids) for ids, _ in step) for step in sequences]
     lengths = [len(ids) for step in sequences for ids, _ in step]
     response = [sum(mask) for step in sequences for _, mask in step]
@@ -421,38 +517,59 @@ def main(argv: list[str] | None = None) -> None:
     trl_loss = [trl["loss"][0], trl["loss"][-1]] if trl["loss"] else [float("nan")] * 2
     first, second = ("trl", "rlcore") if args.trl_first else ("rlcore", "trl")
     names = {"rlcore": "rlcore", "trl": "TRL"}
-    print(f"1-minute load average at the start of {names[first]} {load[first]:.1f}, of {names[second]} "
-          f"{load[second]:.1f}, at the end {load['end']:.1f}")
-    print(f"sequences: {len(lengths)} ({len(lengths) // 2} pairs), length mean {statistics.mean(lengths):.1f} "
-          f"(min {min(lengths)}, max {max(lengths)}), response mean {statistics.mean(response):.1f} "
-          f"(min {min(response)}, max {max(response)}); TRL's tokens = rlcore's: "
-          f"{'yes' if trl['same_tokens'] else 'NO, %d sequences differ' % trl['mismatches']}")
+    print(
+        f"1-minute load average at the start of {names[first]} {load[first]:.1f}, of {names[second]} "
+        f"{load[second]:.1f}, at the end {load['end']:.1f}"
+    )
+    print(
+        f"sequences: {len(lengths)} ({len(lengths) // 2} pairs), length mean {statistics.mean(lengths):.1f} "
+        f"(min {min(lengths)}, max {max(lengths)}), response mean {statistics.mean(response):.1f} "
+        f"(min {min(response)}, max {max(response)}); TRL's tokens = rlcore's: "
+        f"{'yes' if trl['same_tokens'] else 'NO, ' + str(trl['mismatches']) + ' sequences differ'}"
+    )
     print(f"tokens per step: rlcore {tokens}; TRL real {trl['real']}, padded {trl['padded']}")
     print(f"{'median s per step':<24}{'step':>8}{'loss first':>12}{'loss last':>11}")
     print(f"{'rlcore (dtensor)':<24}{ours:>8.3f}{rl_loss[0]:>12.4f}{rl_loss[1]:>11.4f}")
     print(f"{'TRL DPOTrainer':<24}{theirs:>8.3f}{trl_loss[0]:>12.4f}{trl_loss[1]:>11.4f}")
     print("rlcore phases (median s): " + ", ".join(f"{p} {v:.3f}" for p, v in phases.items()))
-    print(f"per-step seconds: rlcore {[round(r['time/step_s'], 3) for r in metrics]}, "
-          f"TRL {[round(s, 3) for s in trl['steps']]}")
+    print(
+        f"per-step seconds: rlcore {[round(r['time/step_s'], 3) for r in metrics]}, "
+        f"TRL {[round(s, 3) for s in trl['steps']]}"
+    )
     trl_cpu = statistics.mean(trl["cpu"][1:] or trl["cpu"])
     cpu_ratio = trl_cpu / rlcore_cpu if rlcore_cpu else float("nan")
-    print(f"CPU seconds per step after the first (mean; what each side cost the cores, whatever the load took): "
-          f"rlcore workers {rlcore_cpu or float('nan'):.3f}, TRL process {trl_cpu:.3f}; TRL / rlcore {cpu_ratio:.2f}x")
+    print(
+        f"CPU seconds per step after the first (mean; what each side cost the cores, whatever the load took): "
+        f"rlcore workers {rlcore_cpu or float('nan'):.3f}, TRL process {trl_cpu:.3f}; TRL / rlcore {cpu_ratio:.2f}x"
+    )
     print(f"losses: rlcore {[round(r['loss'], 4) for r in metrics]}, TRL {[round(x, 4) for x in trl['loss']]}")
     speedup = theirs / ours
     goal = " (goal >= 1.3)" if args.case == "shaped" else ""
     print(f"TRL / rlcore step time: {speedup:.2f}x{goal}")
-    print(json.dumps({"rlcore_step_s": round(ours, 3), "trl_step_s": round(theirs, 3), "speedup": round(speedup, 2),
-                      "model_params": params, "pairs_per_step": c["pairs"], "case": args.case,
-                      "load": {k: round(v, 1) for k, v in load.items()}, "packing": args.packing,
-                      "order": "trl-first" if args.trl_first else "rlcore-first",
-                      "rlcore_cpu_s": round(rlcore_cpu, 3) if rlcore_cpu else None, "trl_cpu_s": round(trl_cpu, 3),
-                      "cpu_speedup": round(cpu_ratio, 2),
-                      "rlcore_loss": [round(x, 4) for x in rl_loss], "trl_loss": [round(x, 4) for x in trl_loss],
-                      "rlcore_phases_s": {p: round(v, 3) for p, v in phases.items()},
-                      "tokens_per_step": round(statistics.mean(tokens)),
-                      "trl_padded_tokens_per_step": round(statistics.mean(trl["padded"])) if trl["padded"] else None,
-                      "same_tokens": trl["same_tokens"]}))
+    print(
+        json.dumps(
+            {
+                "rlcore_step_s": round(ours, 3),
+                "trl_step_s": round(theirs, 3),
+                "speedup": round(speedup, 2),
+                "model_params": params,
+                "pairs_per_step": c["pairs"],
+                "case": args.case,
+                "load": {k: round(v, 1) for k, v in load.items()},
+                "packing": args.packing,
+                "order": "trl-first" if args.trl_first else "rlcore-first",
+                "rlcore_cpu_s": round(rlcore_cpu, 3) if rlcore_cpu else None,
+                "trl_cpu_s": round(trl_cpu, 3),
+                "cpu_speedup": round(cpu_ratio, 2),
+                "rlcore_loss": [round(x, 4) for x in rl_loss],
+                "trl_loss": [round(x, 4) for x in trl_loss],
+                "rlcore_phases_s": {p: round(v, 3) for p, v in phases.items()},
+                "tokens_per_step": round(statistics.mean(tokens)),
+                "trl_padded_tokens_per_step": round(statistics.mean(trl["padded"])) if trl["padded"] else None,
+                "same_tokens": trl["same_tokens"],
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -18,7 +18,8 @@ generated tokens (``generation_lengths``, so a row that stops at EOS counts
 what it produced) over the wall time of the facade call, as the driver sees
 it; the median over repeats is reported.
 
-    python benchmarks/generation.py [--model small|tiny-llama] [--prompts 32] [--new-tokens 64] [--ranks 1] [--repeats 5]
+    python benchmarks/generation.py [--model small|tiny-llama] [--prompts 32] [--new-tokens 64] [--ranks 1]
+        [--repeats 5]
         [--compile]
 
 ``--compile`` runs the engines with ``vllm_cfg.enforce_eager: false`` (vLLM
@@ -40,8 +41,16 @@ from interleave import interleaved
 
 MODELS = {
     # ~24M parameters: tiny-llama-shaped, big enough that the model's own work is not negligible.
-    "small": dict(arch="llama", hidden_size=512, num_layers=8, num_heads=8, num_kv_heads=4, head_dim=64,
-                  intermediate_size=1408, max_position_embeddings=512),
+    "small": dict(
+        arch="llama",
+        hidden_size=512,
+        num_layers=8,
+        num_heads=8,
+        num_kv_heads=4,
+        head_dim=64,
+        intermediate_size=1408,
+        max_position_embeddings=512,
+    ),
     # examples/grpo_tiny.yaml's model (~0.5M parameters): per-token overheads dominate.
     "tiny-llama": "tiny-llama",
 }
@@ -59,8 +68,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     import transformers
-    from rl_vllm.generation import VllmGeneration
 
+    from rl_vllm.generation import VllmGeneration
     from rlcore.config import load_config_dict
     from rlcore.data import BatchedDataDict
     from rlcore.distributed import RayVirtualCluster, shutdown_ray
@@ -75,21 +84,49 @@ def main(argv: list[str] | None = None) -> None:
     tokenizer = build_tiny_tokenizer()
     raw = make_batch(tokenizer, args.prompts, 16, 48, seed=0)
     prompts = BatchedDataDict(input_ids=raw["input_ids"], input_lengths=raw["input_lengths"])
-    generation = {"max_new_tokens": args.new_tokens, "temperature": 1.0, "top_p": 1.0,
-                  "pad_token_id": tokenizer.pad_token_id}
-    policy_cfg = {"model_name": model_dir, "precision": "float32", "train_global_batch_size": args.ranks,
-                  "max_total_sequence_length": MAX_LEN}
-    fsdp1_cfg = load_config_dict({"cluster": {"workers_per_node": args.ranks}, "policy": {
-        **policy_cfg, "backend": "fsdp1", "generation": {**generation, "backend": "fsdp1"}}}).policy
-    vllm_cfg = load_config_dict({"cluster": {"workers_per_node": args.ranks}, "policy": {
-        **policy_cfg, "generation": {**generation, "backend": "vllm",
-                                     "vllm_cfg": {"kv_cache_space_gb": 0.25, "max_model_len": MAX_LEN,
-                                                  "enforce_eager": not args.compile}}}}).policy
+    generation = {
+        "max_new_tokens": args.new_tokens,
+        "temperature": 1.0,
+        "top_p": 1.0,
+        "pad_token_id": tokenizer.pad_token_id,
+    }
+    policy_cfg = {
+        "model_name": model_dir,
+        "precision": "float32",
+        "train_global_batch_size": args.ranks,
+        "max_total_sequence_length": MAX_LEN,
+    }
+    fsdp1_cfg = load_config_dict(
+        {
+            "cluster": {"workers_per_node": args.ranks},
+            "policy": {**policy_cfg, "backend": "fsdp1", "generation": {**generation, "backend": "fsdp1"}},
+        }
+    ).policy
+    vllm_cfg = load_config_dict(
+        {
+            "cluster": {"workers_per_node": args.ranks},
+            "policy": {
+                **policy_cfg,
+                "generation": {
+                    **generation,
+                    "backend": "vllm",
+                    "vllm_cfg": {
+                        "kv_cache_space_gb": 0.25,
+                        "max_model_len": MAX_LEN,
+                        "enforce_eager": not args.compile,
+                    },
+                },
+            },
+        }
+    ).policy
     params = sum(p.numel() for p in transformers.AutoModelForCausalLM.from_pretrained(model_dir).parameters())
-    print(f"model {args.model!r}: {spec}, {params / 1e6:.1f}M params float32; {args.prompts} prompts of 16-48 tokens x "
-          f"{args.new_tokens} new tokens, temperature 1; {args.ranks} engine(s) / rank(s), vLLM "
-          f"{'compiled' if args.compile else 'eager'}; {args.repeats} repeats "
-          f"after 1 warm-up; load average {os.getloadavg()[0]:.1f}", file=sys.stderr)
+    print(
+        f"model {args.model!r}: {spec}, {params / 1e6:.1f}M params float32; {args.prompts} prompts of 16-48 tokens x "
+        f"{args.new_tokens} new tokens, temperature 1; {args.ranks} engine(s) / rank(s), vLLM "
+        f"{'compiled' if args.compile else 'eager'}; {args.repeats} repeats "
+        f"after 1 warm-up; load average {os.getloadavg()[0]:.1f}",
+        file=sys.stderr,
+    )
 
     cluster = RayVirtualCluster([args.ranks], max_colocated_worker_groups=2, name="bench-generation")
     policy = engines = None
@@ -117,12 +154,17 @@ def main(argv: list[str] | None = None) -> None:
     med = {side: statistics.median(r) for side, r in rates.items()}
     print(f"{'backend':<10}{'median tok/s':>14}{'min':>10}{'max':>10}{'mean new tokens':>17}")
     for side in rates:
-        print(f"{side:<10}{med[side]:>14.1f}{min(rates[side]):>10.1f}{max(rates[side]):>10.1f}"
-              f"{statistics.mean(lengths[side]):>17.1f}")
+        print(
+            f"{side:<10}{med[side]:>14.1f}{min(rates[side]):>10.1f}{max(rates[side]):>10.1f}"
+            f"{statistics.mean(lengths[side]):>17.1f}"
+        )
     speedup = med["vllm"] / med["fsdp1"]
     print(f"vllm / fsdp1: {speedup:.2f}x (goal >= 3)")
-    print(json.dumps({"vllm_tok_s": round(med["vllm"], 1), "fsdp1_tok_s": round(med["fsdp1"], 1),
-                      "speedup": round(speedup, 2)}))
+    print(
+        json.dumps(
+            {"vllm_tok_s": round(med["vllm"], 1), "fsdp1_tok_s": round(med["fsdp1"], 1), "speedup": round(speedup, 2)}
+        )
+    )
 
 
 if __name__ == "__main__":

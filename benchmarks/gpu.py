@@ -77,8 +77,12 @@ COST_S = {"prepare": 30, "raw": 35, "dtensor": 60, "dtensor-regather": 60, "mega
 
 def run_subprocess(args: list[str], timeout_s: float) -> dict:
     """Run this script in a fresh process in one of its modes; its last stdout line is JSON."""
-    proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), *args], capture_output=True, text=True,
-                          timeout=max(10.0, timeout_s))
+    proc = subprocess.run(
+        [sys.executable, str(Path(__file__).resolve()), *args],
+        capture_output=True,
+        text=True,
+        timeout=max(10.0, timeout_s),
+    )
     lines = proc.stdout.strip().splitlines()
     if proc.returncode != 0 or not lines:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-6:]
@@ -96,9 +100,13 @@ def _round(x: Any, n: int = 4) -> Any:
 def summarize(side: dict, flops: float, peak: float | None, raw_s: float | None, theory: dict | None) -> dict:
     if "step_s" not in side:
         return side
-    out = {"step_s": _round(side["step_s"]), "tflops": _round(flops / side["step_s"] / 1e12, 1),
-           "mfu": _round(flops / side["step_s"] / (peak * 1e12), 3) if peak else None,
-           "peak_gb": _round(side["peak_bytes"] / 1e9, 2), "loss": _round(side["losses"][-1])}
+    out = {
+        "step_s": _round(side["step_s"]),
+        "tflops": _round(flops / side["step_s"] / 1e12, 1),
+        "mfu": _round(flops / side["step_s"] / (peak * 1e12), 3) if peak else None,
+        "peak_gb": _round(side["peak_bytes"] / 1e9, 2),
+        "loss": _round(side["losses"][-1]),
+    }
     if raw_s:
         out["vs_raw"] = _round(side["step_s"] / raw_s, 3)
     if theory:
@@ -110,8 +118,13 @@ def summarize(side: dict, flops: float, peak: float | None, raw_s: float | None,
             out[key] = side[key]
     if "refit" in side:
         r = side["refit"]
-        out["refit"] = {"bytes": r["bytes"], "refit_s": _round(r["refit_s"]), "refit_gb_s": _round(r["refit_gb_s"], 1),
-                        "d2d_gb_s": _round(r["d2d_gb_s"], 1), "refit_vs_d2d": _round(r["ratio"], 1)}
+        out["refit"] = {
+            "bytes": r["bytes"],
+            "refit_s": _round(r["refit_s"]),
+            "refit_gb_s": _round(r["refit_gb_s"], 1),
+            "d2d_gb_s": _round(r["d2d_gb_s"], 1),
+            "refit_vs_d2d": _round(r["ratio"], 1),
+        }
     return out
 
 
@@ -127,10 +140,18 @@ def _importable(module: str) -> bool:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--presets", default="0.5b,1b")
-    parser.add_argument("--backends", default="dtensor,dtensor-regather,megatron",
-                        help="of dtensor, dtensor-regather (FSDP2's per-micro-batch schedule), megatron")
-    parser.add_argument("--dtensor-cfg", type=json.loads, default={}, metavar="JSON",
-                        help="policy.dtensor_cfg settings for the dtensor rows, over each row's own")
+    parser.add_argument(
+        "--backends",
+        default="dtensor,dtensor-regather,megatron",
+        help="of dtensor, dtensor-regather (FSDP2's per-micro-batch schedule), megatron",
+    )
+    parser.add_argument(
+        "--dtensor-cfg",
+        type=json.loads,
+        default={},
+        metavar="JSON",
+        help="policy.dtensor_cfg settings for the dtensor rows, over each row's own",
+    )
     parser.add_argument("--seq", type=int, default=None, help="sequence length (default: the longest that fits)")
     parser.add_argument("--tokens", type=int, default=16384, help="tokens per optimizer step")
     parser.add_argument("--steps", type=int, default=5)
@@ -165,7 +186,8 @@ def main(argv: list[str] | None = None) -> int:
     backends = [b for b in args.backends.split(",") if b]
     unknown = [p for p in presets if p not in PRESETS] + [b for b in backends if b not in COST_S or b == "raw"]
     if unknown:
-        parser.error(f"unknown presets/backends {unknown}; presets: {sorted(PRESETS)}, backends: {sorted(set(COST_S) - {'prepare', 'raw'})}")
+        backends = sorted(set(COST_S) - {"prepare", "raw"})
+        parser.error(f"unknown presets/backends {unknown}; presets: {sorted(PRESETS)}, backends: {backends}")
     missing: dict[str, str] = {}
     if not _importable("ray"):
         missing.update({b: "Ray is not installed" for b in backends})
@@ -200,15 +222,27 @@ def main(argv: list[str] | None = None) -> int:
             batch = max(1, args.tokens // seq)
             tokens = batch * (seq - 1)  # trained tokens: every position but the first of each row
             flops = model_flops(n_params, shape, seq, batch * seq)
-            entry.update(params=n_params, seq=seq, batch=batch, micro_batch=1, tokens_per_step=batch * seq,
-                         trained_tokens_per_step=tokens, model_tflop_per_step=_round(flops / 1e12, 2))
-            print(f"[{preset}] {n_params / 1e9:.3f}B params, S={seq}, {batch} x {seq} tokens/step, "
-                  f"{flops / 1e12:.1f} TFLOP/step", file=sys.stderr, flush=True)
+            entry.update(
+                params=n_params,
+                seq=seq,
+                batch=batch,
+                micro_batch=1,
+                tokens_per_step=batch * seq,
+                trained_tokens_per_step=tokens,
+                model_tflop_per_step=_round(flops / 1e12, 2),
+            )
+            print(
+                f"[{preset}] {n_params / 1e9:.3f}B params, S={seq}, {batch} x {seq} tokens/step, "
+                f"{flops / 1e12:.1f} TFLOP/step",
+                file=sys.stderr,
+                flush=True,
+            )
             peak = results["peak_bf16_tflops"]
             raw_s = None
             try:
-                raw = run_subprocess(["--raw", prep["path"], str(seq), str(batch), "1", str(args.steps),
-                                      str(args.warmup)], left())
+                raw = run_subprocess(
+                    ["--raw", prep["path"], str(seq), str(batch), "1", str(args.steps), str(args.warmup)], left()
+                )
                 raw_s = raw["step_s"]
                 entry["raw"] = summarize(raw, flops, peak, None, memory_theory("raw", n_params, shape, seq, 1))
             except Exception as exc:  # noqa: BLE001 - reported in the table, the other rows still run
@@ -228,10 +262,22 @@ def main(argv: list[str] | None = None) -> int:
                     if sink is None and not args.no_refit:
                         sink = SinkGroup(cluster)
                     try:
-                        side = run_policy(cluster, backend, prep["path"], shape["vocab"], seq, batch, 1, args.steps,
-                                          args.warmup, sink, args.dtensor_cfg)
-                        entry[backend] = summarize(side, flops, peak, raw_s,
-                                                   memory_theory(backend, n_params, shape, seq, 1))
+                        side = run_policy(
+                            cluster,
+                            backend,
+                            prep["path"],
+                            shape["vocab"],
+                            seq,
+                            batch,
+                            1,
+                            args.steps,
+                            args.warmup,
+                            sink,
+                            args.dtensor_cfg,
+                        )
+                        entry[backend] = summarize(
+                            side, flops, peak, raw_s, memory_theory(backend, n_params, shape, seq, 1)
+                        )
                     except Exception as exc:  # noqa: BLE001
                         entry[backend] = {"error": str(exc)[:300]}
                     print(f"[{preset}] {backend}: {entry[backend]}", file=sys.stderr, flush=True)
@@ -244,18 +290,26 @@ def main(argv: list[str] | None = None) -> int:
             cluster.shutdown()
 
     print_tables(results)
-    profiles = {f"{preset} {side}": row["profile"] for preset, entry in results["presets"].items()
-                for side, row in entry.items() if isinstance(row, dict) and "profile" in row}
+    profiles = {
+        f"{preset} {side}": row["profile"]
+        for preset, entry in results["presets"].items()
+        for side, row in entry.items()
+        if isinstance(row, dict) and "profile" in row
+    }
     gpu_profile.print_profiles(profiles, sys.stdout)
     print(json.dumps(results))
     return 0
 
 
 def print_tables(results: dict) -> None:
-    print(f"GPU: {results.get('gpu')}, dense bf16 peak {results.get('peak_bf16_tflops')} TFLOP/s, "
-          f"torch {results.get('torch')}")
-    header = f"{'preset':<7}{'S':>6}{'tok/step':>9} {'side':<17}{'step s':>8}{'TFLOP/s':>9}{'MFU':>7}{'vs raw':>8}" \
-             f"{'peak GB':>9}{'theory GB':>10}"
+    print(
+        f"GPU: {results.get('gpu')}, dense bf16 peak {results.get('peak_bf16_tflops')} TFLOP/s, "
+        f"torch {results.get('torch')}"
+    )
+    header = (
+        f"{'preset':<7}{'S':>6}{'tok/step':>9} {'side':<17}{'step s':>8}{'TFLOP/s':>9}{'MFU':>7}{'vs raw':>8}"
+        f"{'peak GB':>9}{'theory GB':>10}"
+    )
     print(header)
     for preset, entry in results["presets"].items():
         for side in ("raw", *DTENSOR_SIDES, "megatron"):
@@ -263,20 +317,26 @@ def print_tables(results: dict) -> None:
             if row is None:
                 continue
             if "step_s" not in row:
-                print(f"{preset:<7}{entry.get('seq', ''):>6}{entry.get('tokens_per_step', ''):>9} {side:<17}"
-                      f"{row.get('error') or row.get('skipped')}")
+                print(
+                    f"{preset:<7}{entry.get('seq', ''):>6}{entry.get('tokens_per_step', ''):>9} {side:<17}"
+                    f"{row.get('error') or row.get('skipped')}"
+                )
                 continue
             mfu = f"{row['mfu']:.3f}" if row.get("mfu") is not None else "-"
-            print(f"{preset:<7}{entry['seq']:>6}{entry['tokens_per_step']:>9} {side:<17}{row['step_s']:>8.3f}"
-                  f"{row['tflops']:>9.1f}{mfu:>7}{row.get('vs_raw', 1.0):>8.3f}{row['peak_gb']:>9.2f}"
-                  f"{row.get('theory_gb', math.nan):>10.2f}")
+            print(
+                f"{preset:<7}{entry['seq']:>6}{entry['tokens_per_step']:>9} {side:<17}{row['step_s']:>8.3f}"
+                f"{row['tflops']:>9.1f}{mfu:>7}{row.get('vs_raw', 1.0):>8.3f}{row['peak_gb']:>9.2f}"
+                f"{row.get('theory_gb', math.nan):>10.2f}"
+            )
     print(f"{'preset':<7} {'refit from':<17}{'GB':>7}{'refit s':>9}{'GB/s':>8}{'d2d GB/s':>10}{'x d2d':>7}")
     for preset, entry in results["presets"].items():
         for side in (*DTENSOR_SIDES, "megatron"):
             r = (entry.get(side) or {}).get("refit")
             if r:
-                print(f"{preset:<7} {side:<17}{r['bytes'] / 1e9:>7.2f}{r['refit_s']:>9.4f}{r['refit_gb_s']:>8.1f}"
-                      f"{r['d2d_gb_s']:>10.1f}{r['refit_vs_d2d']:>7.1f}")
+                print(
+                    f"{preset:<7} {side:<17}{r['bytes'] / 1e9:>7.2f}{r['refit_s']:>9.4f}{r['refit_gb_s']:>8.1f}"
+                    f"{r['d2d_gb_s']:>10.1f}{r['refit_vs_d2d']:>7.1f}"
+                )
 
 
 if __name__ == "__main__":

@@ -15,10 +15,24 @@ from pathlib import Path
 from typing import Any
 
 #: Kinds of kernel, by a substring of the kernel's name (first match wins, lower case).
-KINDS = (("nccl", "collective"), ("flash", "attention"), ("fmha", "attention"), ("attention", "attention"),
-         ("gemm", "matmul"), ("nvjet", "matmul"), ("xmma", "matmul"), ("cutlass", "matmul"),
-         ("reduce", "reduction"), ("softmax", "softmax"), ("memcpy", "copy"), ("memset", "copy"),
-         ("copy", "copy"), ("cast", "elementwise"), ("elementwise", "elementwise"), ("vectorized", "elementwise"))
+KINDS = (
+    ("nccl", "collective"),
+    ("flash", "attention"),
+    ("fmha", "attention"),
+    ("attention", "attention"),
+    ("gemm", "matmul"),
+    ("nvjet", "matmul"),
+    ("xmma", "matmul"),
+    ("cutlass", "matmul"),
+    ("reduce", "reduction"),
+    ("softmax", "softmax"),
+    ("memcpy", "copy"),
+    ("memset", "copy"),
+    ("copy", "copy"),
+    ("cast", "elementwise"),
+    ("elementwise", "elementwise"),
+    ("vectorized", "elementwise"),
+)
 GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 
 
@@ -43,9 +57,13 @@ def summarize_trace(path: str | Path, top: int = 12) -> dict[str, Any]:
     busy = sum(e["dur"] for e in gpu)
     span = max(e["ts"] + e["dur"] for e in gpu) - min(e["ts"] for e in gpu)
     largest = sorted(by_name.items(), key=lambda kv: -kv[1][0])[:top]
-    return {"gpu_busy_s": round(busy / 1e6, 4), "gpu_span_s": round(span / 1e6, 4), "kernels": len(gpu),
-            "by_kind_s": {k: round(v / 1e6, 4) for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])},
-            "top": [[name[:100], round(us / 1e3, 2), int(n)] for name, (us, n) in largest]}
+    return {
+        "gpu_busy_s": round(busy / 1e6, 4),
+        "gpu_span_s": round(span / 1e6, 4),
+        "kernels": len(gpu),
+        "by_kind_s": {k: round(v / 1e6, 4) for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])},
+        "top": [[name[:100], round(us / 1e3, 2), int(n)] for name, (us, n) in largest],
+    }
 
 
 def profile_dir() -> Path | None:
@@ -60,7 +78,10 @@ def print_profiles(profiles: dict[str, dict[str, Any]], file: Any) -> None:
             print(f"[profile] {side}: {p['error']}", file=file)
             continue
         kinds = ", ".join(f"{k} {v * 1e3:.0f}" for k, v in p["by_kind_s"].items())
-        print(f"[profile] {side}: GPU busy {p['gpu_busy_s'] * 1e3:.0f} ms of a {p['gpu_span_s'] * 1e3:.0f} ms span, "
-              f"{p['kernels']} kernels; ms by kind: {kinds}", file=file)
+        print(
+            f"[profile] {side}: GPU busy {p['gpu_busy_s'] * 1e3:.0f} ms of a {p['gpu_span_s'] * 1e3:.0f} ms span, "
+            f"{p['kernels']} kernels; ms by kind: {kinds}",
+            file=file,
+        )
         for name, ms, count in p["top"]:
             print(f"[profile]   {ms:9.1f} ms {count:6d}x  {name}", file=file)

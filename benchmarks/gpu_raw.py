@@ -36,8 +36,12 @@ def prepare(preset: str) -> dict:
         t0 = time.perf_counter()
         tokenizer = build_tiny_tokenizer()
         config_cls = {"qwen2": transformers.Qwen2Config, "llama": transformers.LlamaConfig}[arch]
-        config = config_cls(**kwargs, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                            pad_token_id=tokenizer.pad_token_id)
+        config = config_cls(
+            **kwargs,
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+        )
         with torch.device("cuda"):
             model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
         tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
@@ -58,10 +62,19 @@ def prepare(preset: str) -> dict:
         with torch.device("meta"):
             n_params = sum(p.numel() for p in AutoModelForCausalLM.from_config(config).parameters())
     props = torch.cuda.get_device_properties(0)
-    return {"path": str(path), "params": int(n_params), "build_s": round(built, 1),
-            "gpu": {"name": props.name, "total_bytes": int(props.total_memory),
-                    "capability": f"{props.major}.{props.minor}", "count": torch.cuda.device_count()},
-            "torch": torch.__version__, "transformers": transformers.__version__}
+    return {
+        "path": str(path),
+        "params": int(n_params),
+        "build_s": round(built, 1),
+        "gpu": {
+            "name": props.name,
+            "total_bytes": int(props.total_memory),
+            "capability": f"{props.major}.{props.minor}",
+            "count": torch.cuda.device_count(),
+        },
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+    }
 
 
 def raw_step(path: str, seq: int, batch: int, mbs: int, steps: int, warmup: int, device: str = "cuda") -> dict:
@@ -108,8 +121,12 @@ def raw_step(path: str, seq: int, batch: int, mbs: int, steps: int, warmup: int,
         t0 = time.perf_counter()
         losses.append(step())  # float() waits for the step
         times.append(time.perf_counter() - t0)
-    out = {"step_s": statistics.median(times), "times": times, "losses": losses,
-           "peak_bytes": int(torch.cuda.max_memory_allocated()) if cuda else 0}
+    out = {
+        "step_s": statistics.median(times),
+        "times": times,
+        "losses": losses,
+        "peak_bytes": int(torch.cuda.max_memory_allocated()) if cuda else 0,
+    }
     if (folder := gpu_profile.profile_dir()) is not None:
         with torch.profiler.profile() as profiler:
             step()

@@ -35,8 +35,10 @@ class RefitSink:
 
         self.dest = {}
         torch.cuda.empty_cache()
-        self.dest = {name: torch.empty(tuple(shape), dtype=to_dtype(dtype), device=self.device)
-                     for name, (shape, dtype) in metadata.items()}
+        self.dest = {
+            name: torch.empty(tuple(shape), dtype=to_dtype(dtype), device=self.device)
+            for name, (shape, dtype) in metadata.items()
+        }
         self.metadata = metadata
 
     def receive(self, bucket_bytes: int) -> int:
@@ -74,8 +76,9 @@ class SinkGroup:
 
         from rlcore.distributed import NamedSharding, RayWorkerGroup
 
-        self.worker_group = RayWorkerGroup(cluster, SINK_CLASS, sharding=NamedSharding.for_world(1),
-                                           name_prefix="bench-refit-sink")
+        self.worker_group = RayWorkerGroup(
+            cluster, SINK_CLASS, sharding=NamedSharding.for_world(1), name_prefix="bench-refit-sink"
+        )
         self.actor = self.worker_group.workers[0]
         self._endpoint = ray.get(self.actor.call.remote("endpoint"))
 
@@ -108,5 +111,11 @@ def time_refit(policy: Any, sink: SinkGroup) -> dict:
     refit_s = statistics.median([sync.sync_weights()["seconds"] for _ in range(3)])
     nbytes = sink.call("payload_bytes")
     copy_s = sink.call("time_copy", nbytes)
-    return {"bytes": nbytes, "refit_s": refit_s, "refit_gb_s": nbytes / refit_s / 1e9,
-            "d2d_copy_s": copy_s, "d2d_gb_s": nbytes / copy_s / 1e9, "ratio": refit_s / copy_s}
+    return {
+        "bytes": nbytes,
+        "refit_s": refit_s,
+        "refit_gb_s": nbytes / refit_s / 1e9,
+        "d2d_copy_s": copy_s,
+        "d2d_gb_s": nbytes / copy_s / 1e9,
+        "ratio": refit_s / copy_s,
+    }

@@ -35,15 +35,22 @@ def model_shapes() -> dict[str, tuple[int, ...]]:
     shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (s["vocab"], s["hidden"])}
     for i in range(s["layers"]):
         p = f"model.layers.{i}."
-        shapes.update({
-            p + "self_attn.q_proj.weight": (s["hidden"], s["hidden"]), p + "self_attn.q_proj.bias": (s["hidden"],),
-            p + "self_attn.k_proj.weight": (kv, s["hidden"]), p + "self_attn.k_proj.bias": (kv,),
-            p + "self_attn.v_proj.weight": (kv, s["hidden"]), p + "self_attn.v_proj.bias": (kv,),
-            p + "self_attn.o_proj.weight": (s["hidden"], s["hidden"]),
-            p + "mlp.gate_proj.weight": (s["mlp"], s["hidden"]), p + "mlp.up_proj.weight": (s["mlp"], s["hidden"]),
-            p + "mlp.down_proj.weight": (s["hidden"], s["mlp"]),
-            p + "input_layernorm.weight": (s["hidden"],), p + "post_attention_layernorm.weight": (s["hidden"],),
-        })
+        shapes.update(
+            {
+                p + "self_attn.q_proj.weight": (s["hidden"], s["hidden"]),
+                p + "self_attn.q_proj.bias": (s["hidden"],),
+                p + "self_attn.k_proj.weight": (kv, s["hidden"]),
+                p + "self_attn.k_proj.bias": (kv,),
+                p + "self_attn.v_proj.weight": (kv, s["hidden"]),
+                p + "self_attn.v_proj.bias": (kv,),
+                p + "self_attn.o_proj.weight": (s["hidden"], s["hidden"]),
+                p + "mlp.gate_proj.weight": (s["mlp"], s["hidden"]),
+                p + "mlp.up_proj.weight": (s["mlp"], s["hidden"]),
+                p + "mlp.down_proj.weight": (s["hidden"], s["mlp"]),
+                p + "input_layernorm.weight": (s["hidden"],),
+                p + "post_attention_layernorm.weight": (s["hidden"],),
+            }
+        )
     shapes["model.norm.weight"] = (s["hidden"],)
     return shapes
 
@@ -126,8 +133,9 @@ def main(argv: list[str] | None = None) -> int:
             dest[name].copy_(tensor)
 
     receiver, queue = ShmReceiver(), mp.get_context("spawn").Queue()
-    sender = mp.get_context("spawn").Process(target=_sender, args=(receiver.address, receiver.authkey, buckets,
-                                                                   args.repeats, args.device, queue))
+    sender = mp.get_context("spawn").Process(
+        target=_sender, args=(receiver.address, receiver.authkey, buckets, args.repeats, args.device, queue)
+    )
     sender.start()
     try:
         for _ in buckets:
@@ -142,17 +150,21 @@ def main(argv: list[str] | None = None) -> int:
 
     rows = {}
     name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
-    print(f"{name}: {len(shapes)} bf16 tensors, {nbytes / 1e9:.2f} GB; "
-          f"device copy {copy_s * 1e3:.2f} ms ({nbytes / copy_s / 1e9:.0f} GB/s)")
+    print(
+        f"{name}: {len(shapes)} bf16 tensors, {nbytes / 1e9:.2f} GB; "
+        f"device copy {copy_s * 1e3:.2f} ms ({nbytes / copy_s / 1e9:.0f} GB/s)"
+    )
     print(f"{'bucket MB':>10} {'refit ms':>9} {'GB/s':>7} {'x copy':>7}")
     for bucket, times in sorted((int(k), v) for k, v in sent["times"].items()):
         median = statistics.median(times)
-        rows[bucket >> 20] = {"refit_s": round(median, 5), "gb_s": round(nbytes / median / 1e9, 1),
-                              "vs_copy": round(median / copy_s, 1)}
+        rows[bucket >> 20] = {
+            "refit_s": round(median, 5),
+            "gb_s": round(nbytes / median / 1e9, 1),
+            "vs_copy": round(median / copy_s, 1),
+        }
         print(f"{bucket >> 20:>10} {median * 1e3:>9.1f} {nbytes / median / 1e9:>7.1f} {median / copy_s:>7.1f}")
     print(f"sender profile, one refit at {buckets[0] >> 20} MB buckets:\n{sent['profile']}", file=sys.stderr)
-    print(json.dumps({"gpu": name, "bytes": nbytes, "copy_s": round(copy_s, 6),
-                      "buckets_mb": rows}))
+    print(json.dumps({"gpu": name, "bytes": nbytes, "copy_s": round(copy_s, 6), "buckets_mb": rows}))
     return 0
 
 

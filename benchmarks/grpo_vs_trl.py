@@ -68,21 +68,61 @@ from typing import Any
 
 CASES: dict[str, dict[str, Any]] = {
     "shaped": dict(
-        model=dict(arch="llama", hidden_size=768, num_layers=8, num_heads=12, num_kv_heads=4, head_dim=64,
-                   intermediate_size=2048, max_position_embeddings=512),
+        model=dict(
+            arch="llama",
+            hidden_size=768,
+            num_layers=8,
+            num_heads=12,
+            num_kv_heads=4,
+            head_dim=64,
+            intermediate_size=2048,
+            max_position_embeddings=512,
+        ),
         # The KV cache holds the whole rollout at once (128 sequences x 2 blocks of 128 tokens on CPU, 16 KB a
         # token): HF generate holds every row too. At 0.25 GB half the rollout waited for the other half.
-        prompts=16, generations=8, new_tokens=128, lr=1e-5, micro_batch=16, steps=3, max_len=256, kv_cache_gb=0.5),
+        prompts=16,
+        generations=8,
+        new_tokens=128,
+        lr=1e-5,
+        micro_batch=16,
+        steps=3,
+        max_len=256,
+        kv_cache_gb=0.5,
+    ),
     # The shaped model and batch, but completions end at EOS after a long-tailed number of tokens (see
     # with_stop_habit): mean ~40, a few run to the 256-token cap, as the answers of a real task do.
     "varlen": dict(
-        model=dict(arch="llama", hidden_size=768, num_layers=8, num_heads=12, num_kv_heads=4, head_dim=64,
-                   intermediate_size=2048, max_position_embeddings=512),
-        prompts=16, generations=8, new_tokens=256, mean_length=40, lr=1e-5, micro_batch=16, steps=3, max_len=384,
-        kv_cache_gb=0.5),
+        model=dict(
+            arch="llama",
+            hidden_size=768,
+            num_layers=8,
+            num_heads=12,
+            num_kv_heads=4,
+            head_dim=64,
+            intermediate_size=2048,
+            max_position_embeddings=512,
+        ),
+        prompts=16,
+        generations=8,
+        new_tokens=256,
+        mean_length=40,
+        lr=1e-5,
+        micro_batch=16,
+        steps=3,
+        max_len=384,
+        kv_cache_gb=0.5,
+    ),
     "tiny": dict(
-        model="tiny-llama", prompts=8, generations=4, new_tokens=16, lr=3e-3, micro_batch=8, steps=8, max_len=64,
-        kv_cache_gb=0.0625),
+        model="tiny-llama",
+        prompts=8,
+        generations=4,
+        new_tokens=16,
+        lr=3e-3,
+        micro_batch=8,
+        steps=8,
+        max_len=64,
+        kv_cache_gb=0.0625,
+    ),
 }
 
 
@@ -133,33 +173,51 @@ def with_stop_habit(model_dir: str, mean_length: float, dest: str) -> str:
 # --------------------------------------------------------------------------- rlcore
 
 
-def run_rlcore(model_dir: str, c: dict[str, Any], out_dir: str, ranks: int, packing: bool | None = None
-               ) -> list[dict[str, Any]]:
+def run_rlcore(
+    model_dir: str, c: dict[str, Any], out_dir: str, ranks: int, packing: bool | None = None
+) -> list[dict[str, Any]]:
     """``rlcore run`` with this workload; returns its per-step metrics rows. ``packing``: the
     ``policy.sequence_packing.enabled`` to use (None: rlcore's default)."""
     from rlcore.config import load_config_dict
     from rlcore.run.metrics import read_metrics
     from rlcore.run.train import train
 
-    cfg = load_config_dict({
-        "cluster": {"workers_per_node": ranks},
-        "policy": {
-            "backend": "dtensor", "model_name": model_dir, "precision": "float32",
-            "train_global_batch_size": c["prompts"] * c["generations"],  # one optimizer step per GRPO step
-            "train_micro_batch_size": c["micro_batch"], "logprob_batch_size": c["micro_batch"],
-            "max_total_sequence_length": c["max_len"], "learning_rate": c["lr"], "max_grad_norm": 1.0,
-            "optimizer": {"name": "torch.optim.AdamW", "kwargs": {"lr": c["lr"], "weight_decay": 0.0}},
-            "sequence_packing": {"enabled": packing},
-            "generation": {"backend": "vllm", "max_new_tokens": c["new_tokens"], "temperature": 1.0, "top_p": 1.0,
-                           "colocated": True,
-                           "vllm_cfg": {"kv_cache_space_gb": c["kv_cache_gb"], "max_model_len": c["max_len"]}},
-        },
-        "grpo": {"num_prompts_per_step": c["prompts"], "num_generations_per_prompt": c["generations"],
-                 "max_num_steps": c["steps"], "advantage_estimator": "mean_std", "seed": 0},
-        "loss": {"reference_policy_kl_penalty": 0.0, "ratio_clip_min": 0.2, "ratio_clip_max": 0.2},
-        "logger": {"output_dir": out_dir, "tensorboard": False, "progress_bar": False},
-        "checkpointing": {"enabled": False},
-    })
+    cfg = load_config_dict(
+        {
+            "cluster": {"workers_per_node": ranks},
+            "policy": {
+                "backend": "dtensor",
+                "model_name": model_dir,
+                "precision": "float32",
+                "train_global_batch_size": c["prompts"] * c["generations"],  # one optimizer step per GRPO step
+                "train_micro_batch_size": c["micro_batch"],
+                "logprob_batch_size": c["micro_batch"],
+                "max_total_sequence_length": c["max_len"],
+                "learning_rate": c["lr"],
+                "max_grad_norm": 1.0,
+                "optimizer": {"name": "torch.optim.AdamW", "kwargs": {"lr": c["lr"], "weight_decay": 0.0}},
+                "sequence_packing": {"enabled": packing},
+                "generation": {
+                    "backend": "vllm",
+                    "max_new_tokens": c["new_tokens"],
+                    "temperature": 1.0,
+                    "top_p": 1.0,
+                    "colocated": True,
+                    "vllm_cfg": {"kv_cache_space_gb": c["kv_cache_gb"], "max_model_len": c["max_len"]},
+                },
+            },
+            "grpo": {
+                "num_prompts_per_step": c["prompts"],
+                "num_generations_per_prompt": c["generations"],
+                "max_num_steps": c["steps"],
+                "advantage_estimator": "mean_std",
+                "seed": 0,
+            },
+            "loss": {"reference_policy_kl_penalty": 0.0, "ratio_clip_min": 0.2, "ratio_clip_max": 0.2},
+            "logger": {"output_dir": out_dir, "tensorboard": False, "progress_bar": False},
+            "checkpointing": {"enabled": False},
+        }
+    )
     summary = train(cfg)
     return read_metrics(summary["metrics"])
 
@@ -167,8 +225,9 @@ def run_rlcore(model_dir: str, c: dict[str, Any], out_dir: str, ranks: int, pack
 # --------------------------------------------------------------------------- TRL
 
 
-def run_trl(model_dir: str, c: dict[str, Any], out_dir: str, ranks: int) -> tuple[list[float], list[float],
-                                                                                   list[dict[str, Any]]]:
+def run_trl(
+    model_dir: str, c: dict[str, Any], out_dir: str, ranks: int
+) -> tuple[list[float], list[float], list[dict[str, Any]]]:
     """TRL's GRPOTrainer on the same workload; returns step seconds, generate seconds per step, and its logs."""
     import torch
     from datasets import Dataset
@@ -187,13 +246,35 @@ def run_trl(model_dir: str, c: dict[str, Any], out_dir: str, ranks: int) -> tupl
         return digit_reward(prompts, completions)
 
     args = GRPOConfig(
-        output_dir=out_dir, use_cpu=True, bf16=False, fp16=False, gradient_checkpointing=False,
-        per_device_train_batch_size=micro, gradient_accumulation_steps=group_batch // micro,
-        num_generations=c["generations"], max_completion_length=c["new_tokens"],
-        temperature=1.0, top_p=1.0, top_k=0, learning_rate=c["lr"], lr_scheduler_type="constant",
-        warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0, beta=0.0, epsilon=0.2, num_iterations=1,
-        scale_rewards="group", max_steps=c["steps"], shuffle_dataset=False, seed=0, logging_steps=1,
-        report_to="none", save_strategy="no", disable_tqdm=True, dataloader_num_workers=0,
+        output_dir=out_dir,
+        use_cpu=True,
+        bf16=False,
+        fp16=False,
+        gradient_checkpointing=False,
+        per_device_train_batch_size=micro,
+        gradient_accumulation_steps=group_batch // micro,
+        num_generations=c["generations"],
+        max_completion_length=c["new_tokens"],
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        learning_rate=c["lr"],
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        weight_decay=0.0,
+        max_grad_norm=1.0,
+        beta=0.0,
+        epsilon=0.2,
+        num_iterations=1,
+        scale_rewards="group",
+        max_steps=c["steps"],
+        shuffle_dataset=False,
+        seed=0,
+        logging_steps=1,
+        report_to="none",
+        save_strategy="no",
+        disable_tqdm=True,
+        dataloader_num_workers=0,
     )
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     generate_s: list[float] = []
@@ -219,15 +300,20 @@ def run_trl(model_dir: str, c: dict[str, Any], out_dir: str, ranks: int) -> tupl
 
         def on_step_end(self, *a: Any, **kw: Any) -> None:
             self.steps.append(time.perf_counter() - self._t0)
-            self.generate.append(sum(generate_s[self._g0:]))
+            self.generate.append(sum(generate_s[self._g0 :]))
 
         def on_log(self, *a: Any, logs: dict[str, Any] | None = None, **kw: Any) -> None:
             self.logs.append(dict(logs or {}))
 
     timer = StepTimer()
-    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args,
-                          train_dataset=Dataset.from_dict({"prompt": prompts}),
-                          processing_class=AutoTokenizer.from_pretrained(model_dir), callbacks=[timer])
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=reward,
+        args=args,
+        train_dataset=Dataset.from_dict({"prompt": prompts}),
+        processing_class=AutoTokenizer.from_pretrained(model_dir),
+        callbacks=[timer],
+    )
     trainer.remove_callback(PrinterCallback)  # its per-step dicts would bury the table
     trainer.train()
     return timer.steps, timer.generate, [log for log in timer.logs if "reward" in log]
@@ -244,8 +330,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--generations", type=int)
     parser.add_argument("--new-tokens", type=int)
     parser.add_argument("--ranks", type=int, default=1, help="rlcore ranks (one thread each) = TRL torch threads")
-    parser.add_argument("--packing", choices=("auto", "on", "off"), default="auto",
-                        help="rlcore's policy.sequence_packing.enabled (auto: its default)")
+    parser.add_argument(
+        "--packing",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="rlcore's policy.sequence_packing.enabled (auto: its default)",
+    )
     args = parser.parse_args(argv)
 
     import transformers
@@ -261,10 +351,12 @@ def main(argv: list[str] | None = None) -> None:
     transformers.utils.logging.disable_progress_bar()
     model_dir = tiny_model_path(**spec)
     params = sum(p.numel() for p in transformers.AutoModelForCausalLM.from_pretrained(model_dir).parameters())
-    print(f"case {args.case!r}: llama {spec}, {params / 1e6:.1f}M params float32; {c['prompts']} prompts x "
-          f"{c['generations']} generations x {c['new_tokens']} new tokens, lr {c['lr']}, {c['steps']} steps "
-          f"(first = warm-up), {args.ranks} rank(s)/thread(s) each; load average {os.getloadavg()[0]:.1f}",
-          file=sys.stderr)
+    print(
+        f"case {args.case!r}: llama {spec}, {params / 1e6:.1f}M params float32; {c['prompts']} prompts x "
+        f"{c['generations']} generations x {c['new_tokens']} new tokens, lr {c['lr']}, {c['steps']} steps "
+        f"(first = warm-up), {args.ranks} rank(s)/thread(s) each; load average {os.getloadavg()[0]:.1f}",
+        file=sys.stderr,
+    )
 
     work = tempfile.mkdtemp(prefix="grpo-vs-trl-")
     try:
@@ -281,30 +373,48 @@ def main(argv: list[str] | None = None) -> None:
 
     ours = median_after_warmup([r["time/step_s"] for r in rows])
     theirs = median_after_warmup(trl_steps)
-    phases = {p: median_after_warmup([r.get(f"time/{p}_s", 0.0) for r in rows])
-              for p in ("refit", "generation", "logprob", "train")}
+    phases = {
+        p: median_after_warmup([r.get(f"time/{p}_s", 0.0) for r in rows])
+        for p in ("refit", "generation", "logprob", "train")
+    }
     print(f"load average at start of rlcore {load['rlcore']:.1f}, of TRL {load['trl']:.1f}, at end {load['end']:.1f}")
     print(f"{'median s per step':<22}{'step':>8}{'generate':>10}{'rest':>8}{'mean len':>10}{'reward first/last':>20}")
     gen_len = [r["mean_generation_length"] for r in rows[1:]] or [rows[0]["mean_generation_length"]]
-    print(f"{'rlcore (dtensor+vllm)':<22}{ours:>8.2f}{phases['generation']:>10.2f}{ours - phases['generation']:>8.2f}"
-          f"{statistics.mean(gen_len):>10.1f}{rows[0]['reward_mean']:>10.3f}{rows[-1]['reward_mean']:>10.3f}")
+    print(
+        f"{'rlcore (dtensor+vllm)':<22}{ours:>8.2f}{phases['generation']:>10.2f}{ours - phases['generation']:>8.2f}"
+        f"{statistics.mean(gen_len):>10.1f}{rows[0]['reward_mean']:>10.3f}{rows[-1]['reward_mean']:>10.3f}"
+    )
     trl_gen = median_after_warmup(trl_generate)
     trl_len = [log.get("completions/mean_length", float("nan")) for log in trl_logs[1:]] or [float("nan")]
     trl_reward = [log["reward"] for log in trl_logs] or [float("nan")]
-    print(f"{'TRL GRPOTrainer':<22}{theirs:>8.2f}{trl_gen:>10.2f}{theirs - trl_gen:>8.2f}"
-          f"{statistics.mean(trl_len):>10.1f}{trl_reward[0]:>10.3f}{trl_reward[-1]:>10.3f}")
+    print(
+        f"{'TRL GRPOTrainer':<22}{theirs:>8.2f}{trl_gen:>10.2f}{theirs - trl_gen:>8.2f}"
+        f"{statistics.mean(trl_len):>10.1f}{trl_reward[0]:>10.3f}{trl_reward[-1]:>10.3f}"
+    )
     print("rlcore phases (median s): " + ", ".join(f"{p} {v:.2f}" for p, v in phases.items()))
-    print(f"per-step seconds: rlcore {[round(r['time/step_s'], 2) for r in rows]}, "
-          f"TRL {[round(s, 2) for s in trl_steps]}")
+    print(
+        f"per-step seconds: rlcore {[round(r['time/step_s'], 2) for r in rows]}, TRL {[round(s, 2) for s in trl_steps]}"
+    )
     speedup = theirs / ours
     goal = {"varlen": " (goal >= 2)", "shaped": " (goal >= 1.3)"}.get(args.case, "")
     print(f"TRL / rlcore step time: {speedup:.2f}x{goal}")
-    print(json.dumps({"rlcore_step_s": round(ours, 3), "trl_step_s": round(theirs, 3), "speedup": round(speedup, 2),
-                      "model_params": params, "new_tokens": c["new_tokens"], "case": args.case,
-                      "packing": args.packing, "rlcore_mean_len": round(statistics.mean(gen_len), 1),
-                      "trl_mean_len": round(statistics.mean(trl_len), 1),
-                      "rlcore_reward": [round(rows[0]["reward_mean"], 3), round(rows[-1]["reward_mean"], 3)],
-                      "trl_reward": [round(trl_reward[0], 3), round(trl_reward[-1], 3)]}))
+    print(
+        json.dumps(
+            {
+                "rlcore_step_s": round(ours, 3),
+                "trl_step_s": round(theirs, 3),
+                "speedup": round(speedup, 2),
+                "model_params": params,
+                "new_tokens": c["new_tokens"],
+                "case": args.case,
+                "packing": args.packing,
+                "rlcore_mean_len": round(statistics.mean(gen_len), 1),
+                "trl_mean_len": round(statistics.mean(trl_len), 1),
+                "rlcore_reward": [round(rows[0]["reward_mean"], 3), round(rows[-1]["reward_mean"], 3)],
+                "trl_reward": [round(trl_reward[0], 3), round(trl_reward[-1], 3)],
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

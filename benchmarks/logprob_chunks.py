@@ -56,9 +56,11 @@ def measure_here(seq: int, vocab: int, chunk: int, dtype: str) -> dict:
 
 
 def measure(seq: int, vocab: int, chunk: int, dtype: str, threads: int) -> dict:
-    code = (f"import json, sys; sys.path.insert(0, {os.path.dirname(__file__)!r}); import torch; "
-            f"torch.set_num_threads({threads}); from logprob_chunks import measure_here; "
-            f"print(json.dumps(measure_here({seq}, {vocab}, {chunk}, {dtype!r})))")
+    code = (
+        f"import json, sys; sys.path.insert(0, {os.path.dirname(__file__)!r}); import torch; "
+        f"torch.set_num_threads({threads}); from logprob_chunks import measure_here; "
+        f"print(json.dumps(measure_here({seq}, {vocab}, {chunk}, {dtype!r})))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -79,20 +81,30 @@ def main() -> None:
     floor_mb = args.seq * args.vocab * itemsize / 2**20  # the logits' gradient
     whole = statistics.median(r["peak_mb"] for r in runs[0]) if 0 in runs else None
     whole_s = statistics.median(r["seconds"] for r in runs[0]) if 0 in runs else None
-    print(f"S={args.seq} V={args.vocab} {args.dtype}, {args.threads} threads, load {os.getloadavg()[0]:.2f}; "
-          f"floor (the logits' gradient) {floor_mb:.0f} MB; medians of {args.repeats}")
+    print(
+        f"S={args.seq} V={args.vocab} {args.dtype}, {args.threads} threads, load {os.getloadavg()[0]:.2f}; "
+        f"floor (the logits' gradient) {floor_mb:.0f} MB; medians of {args.repeats}"
+    )
     print(f"{'chunk':>8} {'peak MB':>9} {'x floor':>8} {'seconds':>8} {'x whole time':>12}")
     rows = []
     for chunk in chunks:
         peak = statistics.median(r["peak_mb"] for r in runs[chunk])
         seconds = statistics.median(r["seconds"] for r in runs[chunk])
-        row = {"chunk": chunk or None, "peak_mb": round(peak, 1), "x_floor": round(peak / floor_mb, 2),
-               "seconds": round(seconds, 3), "x_whole_time": round(seconds / whole_s, 2) if whole_s else None,
-               "x_whole_memory": round(peak / whole, 3) if whole else None}
+        row = {
+            "chunk": chunk or None,
+            "peak_mb": round(peak, 1),
+            "x_floor": round(peak / floor_mb, 2),
+            "seconds": round(seconds, 3),
+            "x_whole_time": round(seconds / whole_s, 2) if whole_s else None,
+            "x_whole_memory": round(peak / whole, 3) if whole else None,
+        }
         rows.append(row)
         print(f"{chunk or 'whole':>8} {peak:>9.0f} {row['x_floor']:>8} {seconds:>8.3f} {row['x_whole_time']!s:>12}")
-    print(json.dumps({"seq": args.seq, "vocab": args.vocab, "dtype": args.dtype, "floor_mb": round(floor_mb, 1),
-                      "rows": rows}))
+    print(
+        json.dumps(
+            {"seq": args.seq, "vocab": args.vocab, "dtype": args.dtype, "floor_mb": round(floor_mb, 1), "rows": rows}
+        )
+    )
 
 
 if __name__ == "__main__":

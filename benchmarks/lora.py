@@ -69,11 +69,21 @@ def config(model_dir: str, lora: dict | None, seq_len: int, pad_id: int, precisi
     from rlcore.config import load_config_dict
 
     policy = {
-        "backend": "dtensor", "model_name": model_dir, "precision": precision,
-        "train_global_batch_size": 2 * WORLD, "train_micro_batch_size": 1, "logprob_batch_size": 1,
-        "max_total_sequence_length": seq_len, "learning_rate": 1e-5, "max_grad_norm": 1.0,
-        "generation": {"backend": "vllm", "max_new_tokens": 8, "pad_token_id": pad_id,
-                       "vllm_cfg": {"kv_cache_space_gb": 0.25, "max_model_len": seq_len, "precision": precision}},
+        "backend": "dtensor",
+        "model_name": model_dir,
+        "precision": precision,
+        "train_global_batch_size": 2 * WORLD,
+        "train_micro_batch_size": 1,
+        "logprob_batch_size": 1,
+        "max_total_sequence_length": seq_len,
+        "learning_rate": 1e-5,
+        "max_grad_norm": 1.0,
+        "generation": {
+            "backend": "vllm",
+            "max_new_tokens": 8,
+            "pad_token_id": pad_id,
+            "vllm_cfg": {"kv_cache_space_gb": 0.25, "max_model_len": seq_len, "precision": precision},
+        },
     }
     if lora is not None:
         policy["lora"] = lora
@@ -83,8 +93,11 @@ def config(model_dir: str, lora: dict | None, seq_len: int, pad_id: int, precisi
 def run_mode(model_dir: str, lora: dict | None, args: argparse.Namespace, tokenizer: Any) -> dict:
     """Training (memory, step time) and refit (bytes, seconds) of one mode, in two rounds of fresh workers:
     the engines are not up while the policy trains, so the 0.5B preset fits in 24 GB."""
-    figures = {"trainable_params": trainable_params(model_dir, lora),
-               **train_figures(model_dir, lora, args, tokenizer), **refit_figures(model_dir, lora, args, tokenizer)}
+    figures = {
+        "trainable_params": trainable_params(model_dir, lora),
+        **train_figures(model_dir, lora, args, tokenizer),
+        **refit_figures(model_dir, lora, args, tokenizer),
+    }
     if lora is not None:
         adapter = refit_figures(model_dir, {**lora, "refit": "adapter"}, args, tokenizer)
         figures.update(adapter_refit_bytes=adapter["refit_bytes"], adapter_refit_s=adapter["refit_s"])
@@ -116,14 +129,25 @@ def train_figures(model_dir: str, lora: dict | None, args: argparse.Namespace, t
             policy.train(batch, NLLLoss())
             times.append(time.perf_counter() - start)
         train_peak = max(status_kb(pid, "VmHWM") for pid in pids)
-        peak = max(info["max_rss_mb"] for info in policy.worker_group.get_results(
-            policy.worker_group.run_all_workers_single_data("get_gpu_info"))) * 2**20
+        peak = (
+            max(
+                info["max_rss_mb"]
+                for info in policy.worker_group.get_results(
+                    policy.worker_group.run_all_workers_single_data("get_gpu_info")
+                )
+            )
+            * 2**20
+        )
     finally:
         if policy is not None:
             policy.shutdown()
         cluster.shutdown()
-    return {"train_peak_gb": train_peak / GB, "peak_rss_gb": peak / GB,
-            "step_s": statistics.median(times), "step_s_all": times}
+    return {
+        "train_peak_gb": train_peak / GB,
+        "peak_rss_gb": peak / GB,
+        "step_s": statistics.median(times),
+        "step_s_all": times,
+    }
 
 
 def refit_figures(model_dir: str, lora: dict | None, args: argparse.Namespace, tokenizer: Any) -> dict:
@@ -131,7 +155,6 @@ def refit_figures(model_dir: str, lora: dict | None, args: argparse.Namespace, t
     next one (LoRA: the adapted layers only, whatever their values; with ``refit: adapter`` the adapters
     alone, to engines running them as LoRA modules)."""
     from rl_vllm.generation import VllmGeneration
-
     from rlcore.distributed import RayVirtualCluster
     from rlcore.policy import Policy
     from rlcore.refit import WeightSynchronizer
@@ -140,11 +163,13 @@ def refit_figures(model_dir: str, lora: dict | None, args: argparse.Namespace, t
     cluster = RayVirtualCluster([WORLD], max_colocated_worker_groups=2)
     policy = generation = None
     try:
-        policy = Policy(cluster, cfg, tokenizer, name_prefix="bench-lora-refit", init_optimizer=False,
-                        init_reference_model=False)
+        policy = Policy(
+            cluster, cfg, tokenizer, name_prefix="bench-lora-refit", init_optimizer=False, init_reference_model=False
+        )
         adapter = lora is not None and lora.get("refit") == "adapter"
-        generation = VllmGeneration(cluster, cfg.generation, name_prefix="bench-lora-vllm",
-                                    **({"lora_rank": lora["dim"]} if adapter else {}))
+        generation = VllmGeneration(
+            cluster, cfg.generation, name_prefix="bench-lora-vllm", **({"lora_rank": lora["dim"]} if adapter else {})
+        )
         sync = WeightSynchronizer(policy, generation, colocated=True, partial_refit=True, adapter_refit=adapter)
         first = sync.sync_weights()
         after = sync.sync_weights()
@@ -154,8 +179,12 @@ def refit_figures(model_dir: str, lora: dict | None, args: argparse.Namespace, t
             if owner is not None:
                 owner.shutdown()
         cluster.shutdown()
-    return {"first_refit_bytes": first["bytes"], "first_refit_s": first["seconds"],
-            "refit_bytes": after["bytes"], "refit_s": after["seconds"]}
+    return {
+        "first_refit_bytes": first["bytes"],
+        "first_refit_s": first["seconds"],
+        "refit_bytes": after["bytes"],
+        "refit_s": after["seconds"],
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -166,8 +195,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dim", type=int, default=8)
     parser.add_argument("--seq-len", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--precision", default="bfloat16", choices=["float32", "bfloat16"],
-                        help="compute dtype of training (float32 master weights either way) and of the engines")
+    parser.add_argument(
+        "--precision",
+        default="bfloat16",
+        choices=["float32", "bfloat16"],
+        help="compute dtype of training (float32 master weights either way) and of the engines",
+    )
     args = parser.parse_args(argv)
 
     from transformers import AutoTokenizer
@@ -181,22 +214,36 @@ def main(argv: list[str] | None = None) -> None:
     lora = lora_settings(args.targets, args.dim)
     load = os.getloadavg()[0]
     with ray_session(WORLD):
-        results = {"full": run_mode(model_dir, None, args, tokenizer),
-                   "lora": run_mode(model_dir, lora, args, tokenizer)}
+        results = {
+            "full": run_mode(model_dir, None, args, tokenizer),
+            "lora": run_mode(model_dir, lora, args, tokenizer),
+        }
     full, ours = results["full"], results["lora"]
-    print(f"{args.preset}{f' ({args.preset_layers} layers)' if args.preset_layers else ''}: "
-          f"{count_params(model_dir) / 1e6:.0f}M params, LoRA r={args.dim} on {args.targets}, "
-          f"seq {args.seq_len}, dp={WORLD}, {args.precision}, load {load:.1f}")
-    print(f"{'':8}{'trainable':>12}{'train GB/rank':>15}{'peak GB/rank':>14}{'step s':>9}{'refit MB':>10}"
-          f"{'refit s':>9}")
+    print(
+        f"{args.preset}{f' ({args.preset_layers} layers)' if args.preset_layers else ''}: "
+        f"{count_params(model_dir) / 1e6:.0f}M params, LoRA r={args.dim} on {args.targets}, "
+        f"seq {args.seq_len}, dp={WORLD}, {args.precision}, load {load:.1f}"
+    )
+    print(
+        f"{'':8}{'trainable':>12}{'train GB/rank':>15}{'peak GB/rank':>14}{'step s':>9}{'refit MB':>10}{'refit s':>9}"
+    )
     for mode, r in results.items():
-        print(f"{mode:8}{r['trainable_params'] / 1e6:>11.2f}M{r['train_peak_gb']:>15.2f}{r['peak_rss_gb']:>14.2f}"
-              f"{r['step_s']:>9.2f}{r['refit_bytes'] / 1e6:>10.1f}{r['refit_s']:>9.2f}")
-    print(f"{'adapter':8}{'':>12}{'':>15}{'':>14}{'':>9}{ours['adapter_refit_bytes'] / 1e6:>10.1f}"
-          f"{ours['adapter_refit_s']:>9.2f}   (lora, refit: adapter)")
+        print(
+            f"{mode:8}{r['trainable_params'] / 1e6:>11.2f}M{r['train_peak_gb']:>15.2f}{r['peak_rss_gb']:>14.2f}"
+            f"{r['step_s']:>9.2f}{r['refit_bytes'] / 1e6:>10.1f}{r['refit_s']:>9.2f}"
+        )
+    print(
+        f"{'adapter':8}{'':>12}{'':>15}{'':>14}{'':>9}{ours['adapter_refit_bytes'] / 1e6:>10.1f}"
+        f"{ours['adapter_refit_s']:>9.2f}   (lora, refit: adapter)"
+    )
     summary = {
-        "preset": args.preset, "layers": args.preset_layers, "targets": args.targets, "dim": args.dim,
-        "seq_len": args.seq_len, "precision": args.precision, "load": load,
+        "preset": args.preset,
+        "layers": args.preset_layers,
+        "targets": args.targets,
+        "dim": args.dim,
+        "seq_len": args.seq_len,
+        "precision": args.precision,
+        "load": load,
         "trainable_params": ours["trainable_params"],
         "memory_vs_full": ours["train_peak_gb"] / full["train_peak_gb"],
         "peak_rss_vs_full": ours["peak_rss_gb"] / full["peak_rss_gb"],

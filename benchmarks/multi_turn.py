@@ -34,8 +34,16 @@ from types import SimpleNamespace
 
 from interleave import interleaved
 
-MODEL = dict(arch="llama", hidden_size=512, num_layers=8, num_heads=8, num_kv_heads=4, head_dim=64,
-             intermediate_size=1408, max_position_embeddings=512)
+MODEL = dict(
+    arch="llama",
+    hidden_size=512,
+    num_layers=8,
+    num_heads=8,
+    num_kv_heads=4,
+    head_dim=64,
+    intermediate_size=1408,
+    max_position_embeddings=512,
+)
 MAX_LEN = 512
 
 
@@ -49,8 +57,9 @@ class ChattyEnvironment:
         from rlcore.interfaces.environment import EnvironmentReturn
 
         n = len(logs)
-        return EnvironmentReturn([{"role": "environment", "content": self.observation}] * n, list(metadata),
-                                 [0.0] * n, [False] * n)
+        return EnvironmentReturn(
+            [{"role": "environment", "content": self.observation}] * n, list(metadata), [0.0] * n, [False] * n
+        )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -63,8 +72,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     import transformers
-    from rl_vllm.generation import VllmGeneration
 
+    from rl_vllm.generation import VllmGeneration
     from rlcore.config import load_config_dict
     from rlcore.datasets import Sample
     from rlcore.distributed import RayVirtualCluster, shutdown_ray
@@ -76,28 +85,48 @@ def main(argv: list[str] | None = None) -> None:
     model_dir = tiny_model_path(**MODEL)
     tokenizer = build_tiny_tokenizer()
     raw = make_batch(tokenizer, args.prompts, 16, 48, seed=0)
-    texts = [tokenizer.decode(row[:n].tolist(), skip_special_tokens=True)
-             for row, n in zip(raw["input_ids"], raw["input_lengths"].tolist())]
+    texts = [
+        tokenizer.decode(row[:n].tolist(), skip_special_tokens=True)
+        for row, n in zip(raw["input_ids"], raw["input_lengths"].tolist())
+    ]
     samples = [Sample(i, [{"role": "user", "content": t}], {}) for i, t in enumerate(texts)]
     observation = "o" * args.obs_tokens  # one byte = one token for the tiny tokenizer
     total = args.turns * args.tokens_per_turn
 
     def engine_cfg(new_tokens: int):
-        return load_config_dict({"policy": {
-            "model_name": model_dir, "precision": "float32", "train_global_batch_size": 1,
-            "max_total_sequence_length": MAX_LEN,
-            "generation": {"backend": "vllm", "max_new_tokens": new_tokens, "temperature": 1.0,
-                           "pad_token_id": tokenizer.pad_token_id,
-                           "vllm_cfg": {"kv_cache_space_gb": 0.25, "max_model_len": MAX_LEN}}}}).policy
+        return load_config_dict(
+            {
+                "policy": {
+                    "model_name": model_dir,
+                    "precision": "float32",
+                    "train_global_batch_size": 1,
+                    "max_total_sequence_length": MAX_LEN,
+                    "generation": {
+                        "backend": "vllm",
+                        "max_new_tokens": new_tokens,
+                        "temperature": 1.0,
+                        "pad_token_id": tokenizer.pad_token_id,
+                        "vllm_cfg": {"kv_cache_space_gb": 0.25, "max_model_len": MAX_LEN},
+                    },
+                }
+            }
+        ).policy
 
     def run_cfg(turns: int):
-        return SimpleNamespace(grpo=SimpleNamespace(max_rollout_turns=turns), policy=SimpleNamespace(
-            max_total_sequence_length=MAX_LEN, tokenizer=SimpleNamespace(chat_template_kwargs={})))
+        return SimpleNamespace(
+            grpo=SimpleNamespace(max_rollout_turns=turns),
+            policy=SimpleNamespace(
+                max_total_sequence_length=MAX_LEN, tokenizer=SimpleNamespace(chat_template_kwargs={})
+            ),
+        )
 
-    print(f"model small ({MODEL['hidden_size']}x{MODEL['num_layers']}, float32); {args.prompts} prompts of 16-48 "
-          f"tokens; 1 turn x {total} tokens vs {args.turns} turns x {args.tokens_per_turn} tokens with a "
-          f"{args.obs_tokens}-token observation between turns; one vLLM engine; {args.repeats} repeats after a "
-          f"warm-up; load average {os.getloadavg()[0]:.1f}", file=sys.stderr)
+    print(
+        f"model small ({MODEL['hidden_size']}x{MODEL['num_layers']}, float32); {args.prompts} prompts of 16-48 "
+        f"tokens; 1 turn x {total} tokens vs {args.turns} turns x {args.tokens_per_turn} tokens with a "
+        f"{args.obs_tokens}-token observation between turns; one vLLM engine; {args.repeats} repeats after a "
+        f"warm-up; load average {os.getloadavg()[0]:.1f}",
+        file=sys.stderr,
+    )
     tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
     cluster = RayVirtualCluster([1], max_colocated_worker_groups=1, name="bench-multi-turn")
     engine = None
@@ -111,8 +140,15 @@ def main(argv: list[str] | None = None) -> None:
             engine.cfg = engine.cfg.model_copy(update={"max_new_tokens": new_tokens})  # read at every request
             timer = Timer()
             t0 = time.perf_counter()
-            rollout = run_rollout(run_cfg(turns), lambda b: engine.generate(b, greedy=False),
-                                  ChattyEnvironment(observation), tokenizer, samples, 1, timer)
+            rollout = run_rollout(
+                run_cfg(turns),
+                lambda b: engine.generate(b, greedy=False),
+                ChattyEnvironment(observation),
+                tokenizer,
+                samples,
+                1,
+                timer,
+            )
             seconds = time.perf_counter() - t0
             generated = float(rollout.data["generation_lengths"].sum())
             in_engine = timer.seconds["time/generation_s"]
@@ -127,16 +163,27 @@ def main(argv: list[str] | None = None) -> None:
 
     rates, lengths, engine_s, other_s = ({side: [run[k] for run in r] for side, r in runs.items()} for k in range(4))
     med = {side: statistics.median(r) for side, r in rates.items()}
-    print(f"{'rollout':<10}{'median tok/s':>14}{'min':>10}{'max':>10}{'tokens/sample':>15}{'engine s':>10}"
-          f"{'other s':>9}")
+    print(
+        f"{'rollout':<10}{'median tok/s':>14}{'min':>10}{'max':>10}{'tokens/sample':>15}{'engine s':>10}{'other s':>9}"
+    )
     for side in rates:
-        print(f"{side:<10}{med[side]:>14.1f}{min(rates[side]):>10.1f}{max(rates[side]):>10.1f}"
-              f"{statistics.mean(lengths[side]):>15.1f}{statistics.median(engine_s[side]):>10.2f}"
-              f"{statistics.median(other_s[side]):>9.3f}")
+        print(
+            f"{side:<10}{med[side]:>14.1f}{min(rates[side]):>10.1f}{max(rates[side]):>10.1f}"
+            f"{statistics.mean(lengths[side]):>15.1f}{statistics.median(engine_s[side]):>10.2f}"
+            f"{statistics.median(other_s[side]):>9.3f}"
+        )
     ratio = med["multi"] / med["single"]
     print(f"{args.turns}-turn / 1-turn tokens/s: {ratio:.2f}x")
-    print(json.dumps({"single_turn_tok_s": round(med["single"], 1), "multi_turn_tok_s": round(med["multi"], 1),
-                      "ratio": round(ratio, 3), "load": round(os.getloadavg()[0], 1)}))
+    print(
+        json.dumps(
+            {
+                "single_turn_tok_s": round(med["single"], 1),
+                "multi_turn_tok_s": round(med["multi"], 1),
+                "ratio": round(ratio, 3),
+                "load": round(os.getloadavg()[0], 1),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

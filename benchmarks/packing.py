@@ -43,8 +43,9 @@ def make_data(lengths: list[int], vocab: int, seed: int):
     positions = torch.arange(width)
     ids = ids * (positions[None] < lens[:, None])
     token_mask = ((positions[None] >= 1) & (positions[None] < lens[:, None])).float()
-    return BatchedDataDict(input_ids=ids, input_lengths=lens, token_mask=token_mask,
-                           sample_mask=torch.ones(len(lengths)))
+    return BatchedDataDict(
+        input_ids=ids, input_lengths=lens, token_mask=token_mask, sample_mask=torch.ones(len(lengths))
+    )
 
 
 def padded_waste(lengths: list[int], dp: int, mbs: int) -> float:
@@ -52,9 +53,9 @@ def padded_waste(lengths: list[int], dp: int, mbs: int) -> float:
     per_rank = len(lengths) // dp
     computed = 0
     for r in range(dp):
-        rows = lengths[r * per_rank:(r + 1) * per_rank]
+        rows = lengths[r * per_rank : (r + 1) * per_rank]
         for i in range(0, len(rows), mbs):
-            chunk = rows[i:i + mbs]
+            chunk = rows[i : i + mbs]
             computed += max(chunk) * len(chunk)
     return 1 - sum(lengths) / computed
 
@@ -82,16 +83,30 @@ def main() -> None:
     from rlcore.policy import Policy
     from rlcore.testing.models import build_tiny_tokenizer, tiny_model_path
 
-    model = tiny_model_path(hidden_size=256, num_layers=4, num_heads=8, num_kv_heads=4, head_dim=32,
-                            intermediate_size=688, max_position_embeddings=1024)
+    model = tiny_model_path(
+        hidden_size=256,
+        num_layers=4,
+        num_heads=8,
+        num_kv_heads=4,
+        head_dim=32,
+        intermediate_size=688,
+        max_position_embeddings=1024,
+    )
     lengths = long_tail_lengths(args.samples, args.max_len, seed=0)
     data = make_data(lengths, vocab=259, seed=0)
     tokenizer = build_tiny_tokenizer()
-    base = {"backend": args.backend, "model_name": model, "train_global_batch_size": args.samples,
-            "train_micro_batch_size": args.micro_batch, "max_total_sequence_length": args.max_len,
-            "optimizer": {"name": "SGD", "kwargs": {"lr": 1e-4}}}
-    packed_cfg = {**base, "sequence_packing": {"enabled": True, "train_mb_tokens": args.capacity,
-                                               "logprob_mb_tokens": args.capacity}}
+    base = {
+        "backend": args.backend,
+        "model_name": model,
+        "train_global_batch_size": args.samples,
+        "train_micro_batch_size": args.micro_batch,
+        "max_total_sequence_length": args.max_len,
+        "optimizer": {"name": "SGD", "kwargs": {"lr": 1e-4}},
+    }
+    packed_cfg = {
+        **base,
+        "sequence_packing": {"enabled": True, "train_mb_tokens": args.capacity, "logprob_mb_tokens": args.capacity},
+    }
     cluster = RayVirtualCluster([2], max_colocated_worker_groups=2)  # both policies on the same two bundles
     policies = {
         "padded": Policy(cluster, load_config_dict({"policy": base}).policy, tokenizer, name_prefix="padded"),

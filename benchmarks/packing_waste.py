@@ -45,9 +45,7 @@ def main() -> None:
     rows: list[tuple[str, int, float, float]] = []
 
     t = time.perf_counter()
-    alloc = sum(
-        len(lengths[i : i + a.mbs]) * max(lengths[i : i + a.mbs]) for i in range(0, a.n, a.mbs)
-    )
+    alloc = sum(len(lengths[i : i + a.mbs]) * max(lengths[i : i + a.mbs]) for i in range(0, a.n, a.mbs))
     rows.append((f"padded (mbs={a.mbs})", -(-a.n // a.mbs), 1 - useful / alloc, time.perf_counter() - t))
     padded_waste = 1 - useful / alloc
 

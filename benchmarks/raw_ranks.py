@@ -16,8 +16,15 @@ import time
 from typing import Any
 
 # Big enough that one training step takes about a second per rank on one CPU thread.
-MODEL = dict(hidden_size=512, num_layers=8, num_heads=8, num_kv_heads=4, head_dim=64, intermediate_size=1408,
-             max_position_embeddings=512)
+MODEL = dict(
+    hidden_size=512,
+    num_layers=8,
+    num_heads=8,
+    num_kv_heads=4,
+    head_dim=64,
+    intermediate_size=1408,
+    max_position_embeddings=512,
+)
 SEQ_LEN = 256
 ROWS_PER_RANK = 2
 MICRO_BATCH = 1
@@ -58,7 +65,7 @@ def _reduce_replicated_grads(params: list) -> None:
     dist.all_reduce(flat)
     offset = 0
     for p in params:
-        p.grad = flat[offset:offset + p.numel()].view_as(p)
+        p.grad = flat[offset : offset + p.numel()].view_as(p)
         offset += p.numel()
     torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in params]))
 
@@ -71,8 +78,7 @@ def _sharded_grad_norm(params: list) -> None:
     dist.all_reduce(norm_sq)
 
 
-def _raw_rank(rank: int, world_size: int, port: int, model_dir: str, fsdp2: bool, commands: list,
-              results: Any) -> None:
+def _raw_rank(rank: int, world_size: int, port: int, model_dir: str, fsdp2: bool, commands: list, results: Any) -> None:
     """One raw rank: runs 'train' / 'logprobs' commands until 'stop'; rank 0 reports times and losses.
 
     ``('train', batch)`` trains on a global batch the caller gives (``input_ids``, ``input_lengths``,
@@ -107,7 +113,7 @@ def _raw_rank(rank: int, world_size: int, port: int, model_dir: str, fsdp2: bool
         data = mine
         if given is not None:
             share = len(given["input_ids"]) // world_size
-            data = {k: v[rank * share:(rank + 1) * share] for k, v in given.items()}
+            data = {k: v[rank * share : (rank + 1) * share] for k, v in given.items()}
         mask = data["token_mask"][:, 1:] * data["sample_mask"][:, None]
         counts = torch.stack([data["sample_mask"].sum(), mask.sum()]).double()
         dist.all_reduce(counts)
@@ -116,7 +122,7 @@ def _raw_rank(rank: int, world_size: int, port: int, model_dir: str, fsdp2: bool
             mb = slice(start, start + MICRO_BATCH)
             width = data["input_ids"].shape[1] if given is None else int(data["input_lengths"][mb].max())
             lp = logprobs(data["input_ids"][mb, :width], data["input_lengths"][mb])
-            loss = -(lp[:, 1:] * mask[mb, :width - 1]).sum() / counts[1].float()
+            loss = -(lp[:, 1:] * mask[mb, : width - 1]).sum() / counts[1].float()
             loss.backward()
             step_loss += loss.detach().double()
         dist.all_reduce(step_loss)
@@ -129,7 +135,7 @@ def _raw_rank(rank: int, world_size: int, port: int, model_dir: str, fsdp2: bool
     def logprob_pass() -> None:
         model.eval()
         for s in range(0, ROWS_PER_RANK, LOGPROB_BATCH):
-            logprobs(mine["input_ids"][s:s + LOGPROB_BATCH], mine["input_lengths"][s:s + LOGPROB_BATCH])
+            logprobs(mine["input_ids"][s : s + LOGPROB_BATCH], mine["input_lengths"][s : s + LOGPROB_BATCH])
 
     work = {"train": train_step, "logprobs": logprob_pass}
     results.put(("ready", rank))
@@ -156,8 +162,13 @@ class RawRunner:
         ctx = mp.get_context("spawn")
         self.commands = [ctx.SimpleQueue() for _ in range(world_size)]
         self.results = ctx.SimpleQueue()
-        self.context = mp.start_processes(_raw_rank, args=(world_size, port, model_dir, fsdp2, self.commands, self.results),
-                                          nprocs=world_size, join=False, start_method="spawn")
+        self.context = mp.start_processes(
+            _raw_rank,
+            args=(world_size, port, model_dir, fsdp2, self.commands, self.results),
+            nprocs=world_size,
+            join=False,
+            start_method="spawn",
+        )
         for _ in range(world_size):
             self.results.get()  # every rank has loaded the model
 
@@ -188,14 +199,23 @@ class PolicyRunner:
         from rlcore.testing.models import build_tiny_tokenizer
 
         init_ray(num_cpus=max(world_size, 2))
-        cfg = load_config_dict({
-            "cluster": {"workers_per_node": world_size},
-            "policy": {"backend": backend, "model_name": model_dir,
-                       "train_global_batch_size": ROWS_PER_RANK * world_size, "train_micro_batch_size": MICRO_BATCH,
-                       "logprob_batch_size": LOGPROB_BATCH, "learning_rate": LR,
-                       "optimizer": {"name": "torch.optim.SGD", "kwargs": {"lr": LR}}, "max_grad_norm": None,
-                       "precision": "float32", "max_total_sequence_length": SEQ_LEN},
-        }).policy
+        cfg = load_config_dict(
+            {
+                "cluster": {"workers_per_node": world_size},
+                "policy": {
+                    "backend": backend,
+                    "model_name": model_dir,
+                    "train_global_batch_size": ROWS_PER_RANK * world_size,
+                    "train_micro_batch_size": MICRO_BATCH,
+                    "logprob_batch_size": LOGPROB_BATCH,
+                    "learning_rate": LR,
+                    "optimizer": {"name": "torch.optim.SGD", "kwargs": {"lr": LR}},
+                    "max_grad_norm": None,
+                    "precision": "float32",
+                    "max_total_sequence_length": SEQ_LEN,
+                },
+            }
+        ).policy
         self.cluster = RayVirtualCluster([world_size])
         self.policy = Policy(self.cluster, cfg, build_tiny_tokenizer(), init_reference_model=False)
         self.data = BatchedDataDict(make_data(world_size))

@@ -55,15 +55,14 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the refit_*.py
 
 from refit_baselines import RawBroadcast, time_memcpy  # noqa: E402
 from refit_cpu import fingerprint_cost, interleaved_refits  # noqa: E402
-from refit_sides import (KV_CACHE_GB, MODEL, TRANSPORTS, InProcessEngine, Refits, breakdown,  # noqa: E402,F401
-                         model_params)
-
+from refit_sides import KV_CACHE_GB, MODEL, TRANSPORTS, InProcessEngine, Refits, breakdown, model_params  # noqa: E402,F401
 
 KINDS = ("memcpy", "broadcast", "floor", *TRANSPORTS)
 
 
-def measure(backend: str, model_dir: str, engine: InProcessEngine, repeats: int,
-            transports: tuple[str, ...] = TRANSPORTS) -> tuple[dict[str, list[float]], int]:
+def measure(
+    backend: str, model_dir: str, engine: InProcessEngine, repeats: int, transports: tuple[str, ...] = TRANSPORTS
+) -> tuple[dict[str, list[float]], int]:
     """One warm-up of each, then ``repeats`` interleaved rounds of the measurements (seconds)."""
     refits = Refits(backend, model_dir, transports)
     try:
@@ -105,14 +104,23 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--backend", default="reference", help="training backend (reference, dtensor, ...)")
     parser.add_argument("--model-dir", help="a float32 HF model directory (default: the ~134M Llama above)")
-    parser.add_argument("--transports", default=",".join(TRANSPORTS),
-                        help="which refits to time (one at a time holds one engine less: the 0.5B preset on 24 GB)")
+    parser.add_argument(
+        "--transports",
+        default=",".join(TRANSPORTS),
+        help="which refits to time (one at a time holds one engine less: the 0.5B preset on 24 GB)",
+    )
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--breakdown", action="store_true", help="also profile the stages of a colocated refit")
-    parser.add_argument("--fingerprint", action="store_true",
-                        help="only: a CPU shared-memory refit with verified-refit fingerprints on vs off (no vLLM)")
-    parser.add_argument("--pack", action="store_true",
-                        help="only: a CPU shared-memory refit packed tensor by tensor vs one fused copy per bucket")
+    parser.add_argument(
+        "--fingerprint",
+        action="store_true",
+        help="only: a CPU shared-memory refit with verified-refit fingerprints on vs off (no vLLM)",
+    )
+    parser.add_argument(
+        "--pack",
+        action="store_true",
+        help="only: a CPU shared-memory refit packed tensor by tensor vs one fused copy per bucket",
+    )
     args = parser.parse_args(argv)
     if args.fingerprint:
         print(json.dumps(fingerprint_cost(args.repeats)))
@@ -132,9 +140,12 @@ def main(argv: list[str] | None = None) -> None:
     transformers.utils.logging.disable_progress_bar()
     model_dir = args.model_dir or tiny_model_path(**MODEL)
     params = model_params(model_dir)
-    print(f"model: {model_dir if args.model_dir else f'llama {MODEL}'}, {params / 1e6:.1f}M params float32; "
-          f"backend {args.backend!r} (1 rank); {args.repeats} repeats after 1 warm-up; "
-          f"load average {os.getloadavg()[0]:.1f}", file=sys.stderr)
+    print(
+        f"model: {model_dir if args.model_dir else f'llama {MODEL}'}, {params / 1e6:.1f}M params float32; "
+        f"backend {args.backend!r} (1 rank); {args.repeats} repeats after 1 warm-up; "
+        f"load average {os.getloadavg()[0]:.1f}",
+        file=sys.stderr,
+    )
 
     engine = InProcessEngine(model_dir, DEFAULT_BUCKET_BYTES)
     try:
@@ -148,9 +159,11 @@ def main(argv: list[str] | None = None) -> None:
         for k in times:
             med = result[f"{k}_s"]
             print(f"{k:<26}{med:>9.3f}{nbytes / med / 1e9:>8.2f}{min(times[k]):>9.3f}{max(times[k]):>9.3f}")
-        print(f"colocated / floor {result.get('colocated_vs_floor')}x, collective / max(broadcast, floor) "
-              f"{result.get('collective_vs_floor')}x (goals <= 1.25); colocated / memcpy "
-              f"{result.get('colocated_vs_memcpy')}x, collective / broadcast {result.get('collective_vs_broadcast')}x")
+        print(
+            f"colocated / floor {result.get('colocated_vs_floor')}x, collective / max(broadcast, floor) "
+            f"{result.get('collective_vs_floor')}x (goals <= 1.25); colocated / memcpy "
+            f"{result.get('colocated_vs_memcpy')}x, collective / broadcast {result.get('collective_vs_broadcast')}x"
+        )
         if args.breakdown:
             stages, top = breakdown(engine, max(2, args.repeats // 2))
             print("colocated refit, stage by stage (in process, no Ray; median seconds, x this run's floor):")

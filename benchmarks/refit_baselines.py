@@ -58,8 +58,13 @@ class RawBroadcast:
         ctx = mp.get_context("spawn")
         self.commands = [ctx.SimpleQueue() for _ in range(2)]
         self.results = ctx.SimpleQueue()
-        self.context = mp.start_processes(_broadcast_rank, args=(port, nbytes, self.commands, self.results),
-                                          nprocs=2, join=False, start_method="spawn")
+        self.context = mp.start_processes(
+            _broadcast_rank,
+            args=(port, nbytes, self.commands, self.results),
+            nprocs=2,
+            join=False,
+            start_method="spawn",
+        )
         for _ in range(2):
             self.results.get()
 

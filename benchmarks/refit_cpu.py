@@ -28,9 +28,17 @@ def _llama_shaped(seed: int = 0) -> dict[str, Any]:
     h, i, v = MODEL["hidden_size"], 3072, MODEL["vocab_size"]
     shapes = {"embed_tokens.weight": (v, h), "lm_head.weight": (v, h), "norm.weight": (h,)}
     for n in range(MODEL["num_layers"]):
-        for w, shape in (("q_proj", (h, h)), ("k_proj", (h, h)), ("v_proj", (h, h)), ("o_proj", (h, h)),
-                         ("gate_proj", (i, h)), ("up_proj", (i, h)), ("down_proj", (h, i)),
-                         ("input_layernorm", (h,)), ("post_attention_layernorm", (h,))):
+        for w, shape in (
+            ("q_proj", (h, h)),
+            ("k_proj", (h, h)),
+            ("v_proj", (h, h)),
+            ("o_proj", (h, h)),
+            ("gate_proj", (i, h)),
+            ("up_proj", (i, h)),
+            ("down_proj", (h, i)),
+            ("input_layernorm", (h,)),
+            ("post_attention_layernorm", (h,)),
+        ):
             shapes[f"layers.{n}.{w}.weight"] = shape
     return {k: torch.randn(shape, generator=g) for k, shape in shapes.items()}
 
@@ -74,7 +82,7 @@ def _per_tensor_pack(bucket: Any, tensors: Any, buffer: Any, metadata: Any, fing
     for name, offset in zip(bucket.names, bucket.offsets):
         _, t = next(tensors)
         flat = t.detach().contiguous().reshape(-1)
-        buffer[offset:offset + flat.numel() * flat.element_size()].copy_(flat.view(torch.uint8), non_blocking=True)
+        buffer[offset : offset + flat.numel() * flat.element_size()].copy_(flat.view(torch.uint8), non_blocking=True)
         named.append((name, flat))
     if fingerprints is not None:
         fingerprints.add(named)
@@ -89,8 +97,7 @@ def _timed_sender(address: str, authkey: bytes, commands: Any, results: Any) -> 
     fingerprints it sent, its CPU seconds, and its fingerprints' own [wall, CPU] seconds."""
     import torch
 
-    from rlcore.refit import DEFAULT_BUCKET_BYTES, metadata_of
-    from rlcore.refit import shared_memory
+    from rlcore.refit import DEFAULT_BUCKET_BYTES, metadata_of, shared_memory
 
     torch.set_num_threads(1)
     tensors = _llama_shaped()
@@ -100,11 +107,18 @@ def _timed_sender(address: str, authkey: bytes, commands: Any, results: Any) -> 
         options = SENDER_MODES[mode]
         spent = [0.0, 0.0]
         shared_memory.pack = _per_tensor_pack if options.get("pack") == "per_tensor" else real_pack
-        shared_memory.Fingerprints = _timed_fingerprints(spent) if options.get("fingerprints", True) \
-            else _NoFingerprints
+        shared_memory.Fingerprints = (
+            _timed_fingerprints(spent) if options.get("fingerprints", True) else _NoFingerprints
+        )
         cpu = time.process_time()
-        sent = shared_memory.stream_to_receiver(iter(tensors.items()), metadata_of(tensors.items()), address,
-                                                authkey, bucket_bytes=DEFAULT_BUCKET_BYTES, device=torch.device("cpu"))
+        sent = shared_memory.stream_to_receiver(
+            iter(tensors.items()),
+            metadata_of(tensors.items()),
+            address,
+            authkey,
+            bucket_bytes=DEFAULT_BUCKET_BYTES,
+            device=torch.device("cpu"),
+        )
         results.put((sent.fingerprints, time.process_time() - cpu, spent))
 
 
@@ -171,11 +185,15 @@ def interleaved_refits(modes: tuple[str, str], repeats: int) -> dict:
         sender.join(timeout=60)
         receiver.close()
     med = {m: statistics.median(times[m]) for m in modes}
-    out = {"params": sum(t.numel() for t in held.values()), "tensors": len(held), "repeats": repeats,
-           **{f"{m}_s": round(med[m], 4) for m in modes},
-           **{f"{m}_cpu_s": round(statistics.median(cpus[m]), 4) for m in modes},
-           f"{modes[1]}_vs_{modes[0]}": round(med[modes[1]] / med[modes[0]] - 1, 4),
-           "load_average_median": round(statistics.median(loads), 2)}
+    out = {
+        "params": sum(t.numel() for t in held.values()),
+        "tensors": len(held),
+        "repeats": repeats,
+        **{f"{m}_s": round(med[m], 4) for m in modes},
+        **{f"{m}_cpu_s": round(statistics.median(cpus[m]), 4) for m in modes},
+        f"{modes[1]}_vs_{modes[0]}": round(med[modes[1]] / med[modes[0]] - 1, 4),
+        "load_average_median": round(statistics.median(loads), 2),
+    }
     for side, key in (("engine", "engine_fingerprint_and_compare"), ("sender", "sender_fingerprint")):
         if spent_by[side]:
             out[f"{key}_s"] = round(statistics.median(s[0] for s in spent_by[side]), 5)

@@ -15,8 +15,16 @@ import time
 from typing import Any
 
 # ~134M parameters (embeddings and an untied head of a 32k vocabulary, 12 layers), ~537 MB in float32.
-MODEL = dict(hidden_size=768, num_layers=12, num_heads=12, num_kv_heads=12, head_dim=64, intermediate_size=2048,
-             vocab_size=32000, max_position_embeddings=512)
+MODEL = dict(
+    hidden_size=768,
+    num_layers=12,
+    num_heads=12,
+    num_kv_heads=12,
+    head_dim=64,
+    intermediate_size=2048,
+    vocab_size=32000,
+    max_position_embeddings=512,
+)
 KV_CACHE_GB = 0.0625
 TRANSPORTS = ("colocated", "collective")
 
@@ -43,7 +51,6 @@ class Refits:
 
     def __init__(self, backend: str, model_dir: str, transports: tuple[str, ...] = TRANSPORTS) -> None:
         from rl_vllm.generation import VllmGeneration
-
         from rlcore.config import load_config_dict
         from rlcore.distributed import RayVirtualCluster
         from rlcore.policy import Policy
@@ -51,13 +58,29 @@ class Refits:
         from rlcore.testing.models import build_tiny_tokenizer
 
         tokenizer = build_tiny_tokenizer()
-        cfg = load_config_dict({"cluster": {"workers_per_node": 1}, "policy": {
-            "backend": backend, "model_name": model_dir, "precision": "float32",
-            "train_global_batch_size": 1, "max_total_sequence_length": 128,
-            **({} if backend == "megatron" else {"optimizer": {"name": "torch.optim.SGD", "kwargs": {"lr": 1e-3}}}),
-            "generation": {"backend": "vllm", "max_new_tokens": 8, "pad_token_id": tokenizer.pad_token_id,
-                           "vllm_cfg": {"kv_cache_space_gb": KV_CACHE_GB, "max_model_len": 128}},
-        }}).policy
+        cfg = load_config_dict(
+            {
+                "cluster": {"workers_per_node": 1},
+                "policy": {
+                    "backend": backend,
+                    "model_name": model_dir,
+                    "precision": "float32",
+                    "train_global_batch_size": 1,
+                    "max_total_sequence_length": 128,
+                    **(
+                        {}
+                        if backend == "megatron"
+                        else {"optimizer": {"name": "torch.optim.SGD", "kwargs": {"lr": 1e-3}}}
+                    ),
+                    "generation": {
+                        "backend": "vllm",
+                        "max_new_tokens": 8,
+                        "pad_token_id": tokenizer.pad_token_id,
+                        "vllm_cfg": {"kv_cache_space_gb": KV_CACHE_GB, "max_model_len": 128},
+                    },
+                },
+            }
+        ).policy
         self.clusters = [RayVirtualCluster([1], max_colocated_worker_groups=2, name="bench-train")]
         self.policy = Policy(self.clusters[0], cfg, tokenizer, init_reference_model=False)
         self.engines, self.sync = [], {}
@@ -68,8 +91,9 @@ class Refits:
         if "collective" in transports:
             self.clusters.append(RayVirtualCluster([1], name="bench-gen"))
             self.engines.append(VllmGeneration(self.clusters[-1], cfg.generation, name_prefix="bench-own"))
-            self.sync["collective"] = WeightSynchronizer(self.policy, self.engines[-1], colocated=False,
-                                                         cluster=self.clusters[0])
+            self.sync["collective"] = WeightSynchronizer(
+                self.policy, self.engines[-1], colocated=False, cluster=self.clusters[0]
+            )
             assert self.sync["collective"].transport == "collective"
 
     def run(self, which: str) -> tuple[float, int]:
@@ -95,10 +119,10 @@ class InProcessEngine:
 
     def __init__(self, model_dir: str, bucket_bytes: int) -> None:
         import torch
-        from rl_vllm.config import VllmConfig
-        from rl_vllm.worker import VllmGenerationWorker, _own_worker
         from transformers import AutoModelForCausalLM
 
+        from rl_vllm.config import VllmConfig
+        from rl_vllm.worker import VllmGenerationWorker, _own_worker
         from rlcore.config.generation import GenerationConfig
         from rlcore.refit import metadata_of, plan_buckets
         from rlcore.refit.buckets import buffer_bytes
@@ -110,9 +134,11 @@ class InProcessEngine:
         self.meta = metadata_of(self.state.items())
         self.plan = plan_buckets(self.meta, bucket_bytes)
         self.buffer = torch.empty(buffer_bytes(self.plan), dtype=torch.uint8)
-        self.engine = VllmGenerationWorker(GenerationConfig(model_name=model_dir, max_new_tokens=8),
-                                           VllmConfig(kv_cache_space_gb=KV_CACHE_GB, max_model_len=128),
-                                           engine_rank=0)
+        self.engine = VllmGenerationWorker(
+            GenerationConfig(model_name=model_dir, max_new_tokens=8),
+            VllmConfig(kv_cache_space_gb=KV_CACHE_GB, max_model_len=128),
+            engine_rank=0,
+        )
         self.vllm_worker = self.engine.llm.collective_rpc(_own_worker)[0]
 
     def floor(self) -> float:
@@ -127,7 +153,6 @@ class InProcessEngine:
 
     def stages(self, profile: Any = None) -> dict[str, float]:
         from rl_vllm.refit import InPlaceReload
-
         from rlcore.refit.buckets import pack, split_layer_names, unpack
 
         split = split_layer_names(self.plan)

@@ -5,9 +5,10 @@ For every (backend, size, sequence length) case, in fresh processes:
 - **time** (context for the memory figures; rlcore's step overhead against a raw loop is
   ``step_overhead.py``'s figure, not this one): ``Policy.train`` (NLL loss, AdamW) and
   ``Policy.get_logprobs`` tokens/s beside a raw torch multiprocess script of the same step
-  (``raw_ranks.py``'s ``RawRunner`` / ``_raw_rank`` / ``PolicyRunner.run``), with its module constants (sequence length, rows per rank) set per
-  case in the driver and in every raw rank, and ``torch.optim.SGD`` replaced by
-  ``torch.optim.AdamW`` inside the raw ranks so both sides keep Adam state. The raw script
+  (``raw_ranks.py``'s ``RawRunner`` / ``_raw_rank`` / ``PolicyRunner.run``), with its module
+  constants (sequence length, rows per rank) set per case in the driver and in every raw rank,
+  and ``torch.optim.SGD`` replaced by ``torch.optim.AdamW`` inside the raw ranks so both sides keep Adam state.
+  The raw script
   shards with FSDP2 wherever the backend shards the states (dtensor, fsdp1's FULL_SHARD,
   megatron with ``--megatron-tp`` > 1) and is a full replica otherwise. Repeats are
   interleaved; medians are reported as tokens/s (valid tokens of the whole batch / seconds).
@@ -62,7 +63,8 @@ import statistics
 import sys
 import tempfile
 import time
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import raw_ranks as po  # noqa: E402  (the raw ranks and Policy runner this measures)
@@ -177,8 +179,12 @@ class ScaledPolicyRunner(po.PolicyRunner):
         from rlcore.testing.models import build_tiny_tokenizer
 
         init_ray(num_cpus=max(world_size, 2))
-        cfg = load_config_dict({"cluster": {"workers_per_node": world_size},
-                                "policy": policy_config(backend, model_dir, world_size, megatron_tp)}).policy
+        cfg = load_config_dict(
+            {
+                "cluster": {"workers_per_node": world_size},
+                "policy": policy_config(backend, model_dir, world_size, megatron_tp),
+            }
+        ).policy
         self.cluster = RayVirtualCluster([world_size])
         self.policy = Policy(self.cluster, cfg, build_tiny_tokenizer(), init_reference_model=reference)
         self.data = BatchedDataDict(po.make_data(world_size))
@@ -208,14 +214,24 @@ class ScaledPolicyRunner(po.PolicyRunner):
 
 def policy_config(backend: str, model_dir: str, world_size: int, megatron_tp: int = 1) -> dict:
     """raw_ranks' policy config with AdamW (megatron: its own adam, undistributed, ``megatron_tp``)."""
-    cfg = {"backend": backend, "model_name": model_dir,
-           "train_global_batch_size": po.ROWS_PER_RANK * world_size, "train_micro_batch_size": po.MICRO_BATCH,
-           "logprob_batch_size": po.LOGPROB_BATCH, "learning_rate": po.LR,
-           "optimizer": {"name": "torch.optim.AdamW", "kwargs": {"lr": po.LR}}, "max_grad_norm": None,
-           "precision": "float32", "max_total_sequence_length": po.SEQ_LEN}
+    cfg = {
+        "backend": backend,
+        "model_name": model_dir,
+        "train_global_batch_size": po.ROWS_PER_RANK * world_size,
+        "train_micro_batch_size": po.MICRO_BATCH,
+        "logprob_batch_size": po.LOGPROB_BATCH,
+        "learning_rate": po.LR,
+        "optimizer": {"name": "torch.optim.AdamW", "kwargs": {"lr": po.LR}},
+        "max_grad_norm": None,
+        "precision": "float32",
+        "max_total_sequence_length": po.SEQ_LEN,
+    }
     if backend == "megatron":
-        cfg["megatron_cfg"] = {"enabled": True, "tensor_model_parallel_size": megatron_tp,
-                               "optimizer": {"optimizer": "adam", "use_distributed_optimizer": False}}
+        cfg["megatron_cfg"] = {
+            "enabled": True,
+            "tensor_model_parallel_size": megatron_tp,
+            "optimizer": {"optimizer": "adam", "use_distributed_optimizer": False},
+        }
         cfg["dtensor_cfg"] = {"enabled": False}
     return cfg
 
@@ -246,15 +262,15 @@ def measure_raw(model_dir: str, settings: dict, args: argparse.Namespace, sharde
         raw.close()
 
 
-def measure_ours(backend: str, model_dir: str, args: argparse.Namespace, tmp: str,
-                 raw: Any = None) -> dict[str, Any]:
+def measure_ours(backend: str, model_dir: str, args: argparse.Namespace, tmp: str, raw: Any = None) -> dict[str, Any]:
     """rlcore's workers (interleaved with ``raw`` when given): times, peaks, one checkpoint save."""
     ours = ScaledPolicyRunner(backend, model_dir, args.world_size, args.reference, args.megatron_tp)
     try:
         init_peak = max(ours.peak_rss())  # model loaded, sharded, reference copied; nothing run
         times = time_runs({"rlcore": ours, **({"raw": raw} if raw else {})}, args.repeats)
-        out = dict(times=times, init_peak=init_peak, peak=max(ours.peak_rss()),
-                   tokens=int(ours.data["input_lengths"].sum()))
+        out = dict(
+            times=times, init_peak=init_peak, peak=max(ours.peak_rss()), tokens=int(ours.data["input_lengths"].sum())
+        )
         if raw is not None:
             out["raw_peak"] = max(status_kb(pid, "VmHWM") for pid in raw.context.pids())
         if args.save:
@@ -273,9 +289,12 @@ def run_case(backend: str, size: str, seq_len: int, args: argparse.Namespace, tm
     so the two never share memory (the 0.5B cases on 24 GB).
     """
     model_dir, n_params = model_dir_for(size)
-    settings = dict(SEQ_LEN=seq_len, ROWS_PER_RANK=args.rows_per_rank,
-                    LOGPROB_BATCH=min(po.LOGPROB_BATCH, args.rows_per_rank),
-                    baseline_file=os.path.join(tmp, f"{backend}-{size}-{seq_len}"))
+    settings = dict(
+        SEQ_LEN=seq_len,
+        ROWS_PER_RANK=args.rows_per_rank,
+        LOGPROB_BATCH=min(po.LOGPROB_BATCH, args.rows_per_rank),
+        baseline_file=os.path.join(tmp, f"{backend}-{size}-{seq_len}"),
+    )
     configure(settings)
     sharded = raw_is_sharded(backend, args)
     apart = args.apart == "yes" or (args.apart == "auto" and n_params > APART_ABOVE)
@@ -290,15 +309,39 @@ def run_case(backend: str, size: str, seq_len: int, args: argparse.Namespace, tm
             ours = measure_ours(backend, model_dir, args, tmp, raw)
         finally:
             raw.close()
-    row = summarise(backend, size, seq_len, n_params, ours["tokens"], ours["times"], ours["peak"], ours["raw_peak"],
-                    raw_baseline(settings, args.world_size), args)
-    row.update(init_peak_gb=ours["init_peak"] / GB, apart=apart,
-               save_s=ours.get("save_s"), save_peak_gb=ours["save_peak"] / GB if "save_peak" in ours else None)
+    row = summarise(
+        backend,
+        size,
+        seq_len,
+        n_params,
+        ours["tokens"],
+        ours["times"],
+        ours["peak"],
+        ours["raw_peak"],
+        raw_baseline(settings, args.world_size),
+        args,
+    )
+    row.update(
+        init_peak_gb=ours["init_peak"] / GB,
+        apart=apart,
+        save_s=ours.get("save_s"),
+        save_peak_gb=ours["save_peak"] / GB if "save_peak" in ours else None,
+    )
     return row
 
 
-def summarise(backend: str, size: str, seq_len: int, n_params: int, tokens: int, times: dict,
-              our_peak: int, raw_peak: int, runtime: int, args: argparse.Namespace) -> dict:
+def summarise(
+    backend: str,
+    size: str,
+    seq_len: int,
+    n_params: int,
+    tokens: int,
+    times: dict,
+    our_peak: int,
+    raw_peak: int,
+    runtime: int,
+    args: argparse.Namespace,
+) -> dict:
     """Throughputs, ratios and the memory theory of one case."""
     med = statistics.median
     shard = args.megatron_tp if backend == "megatron" else args.world_size
@@ -306,36 +349,67 @@ def summarise(backend: str, size: str, seq_len: int, n_params: int, tokens: int,
     activations = max(raw_peak - runtime - STATE_BYTES * n_params / raw_shard, 0)
     reference = 4 * n_params / shard if args.reference else 0
     theory = runtime + STATE_BYTES * n_params / shard + reference + activations
-    return dict(backend=backend, size=size, params=n_params, seq_len=seq_len, tokens=tokens,
-                train_tok_s=tokens / med(times["rlcore"]["train"]), raw_train_tok_s=tokens / med(times["raw"]["train"]),
-                lp_tok_s=tokens / med(times["rlcore"]["logprobs"]), raw_lp_tok_s=tokens / med(times["raw"]["logprobs"]),
-                peak_gb=our_peak / GB, raw_peak_gb=raw_peak / GB, runtime_gb=runtime / GB,
-                activations_gb=activations / GB, theory_gb=theory / GB, mem_vs_theory=our_peak / theory)
+    return dict(
+        backend=backend,
+        size=size,
+        params=n_params,
+        seq_len=seq_len,
+        tokens=tokens,
+        train_tok_s=tokens / med(times["rlcore"]["train"]),
+        raw_train_tok_s=tokens / med(times["raw"]["train"]),
+        lp_tok_s=tokens / med(times["rlcore"]["logprobs"]),
+        raw_lp_tok_s=tokens / med(times["raw"]["logprobs"]),
+        peak_gb=our_peak / GB,
+        raw_peak_gb=raw_peak / GB,
+        runtime_gb=runtime / GB,
+        activations_gb=activations / GB,
+        theory_gb=theory / GB,
+        mem_vs_theory=our_peak / theory,
+    )
 
 
 # --------------------------------------------------------------------------- output
 
 
-COLUMNS = [("backend", "backend", "{}"), ("size", "size", "{}"), ("params", "params(M)", "{:.1f}"),
-           ("seq_len", "seq", "{}"), ("train_tok_s", "train tok/s", "{:.0f}"), ("raw_train_tok_s", "raw", "{:.0f}"),
-           ("lp_tok_s", "lp tok/s", "{:.0f}"), ("raw_lp_tok_s", "raw", "{:.0f}"),
-           ("init_peak_gb", "init GB", "{:.2f}"), ("peak_gb", "peak GB", "{:.2f}"), ("raw_peak_gb", "raw GB", "{:.2f}"),
-           ("activations_gb", "act GB", "{:.2f}"),
-           ("theory_gb", "theory GB", "{:.2f}"), ("mem_vs_theory", "mem/theory", "{:.2f}"),
-           ("save_s", "save s", "{:.1f}"), ("save_peak_gb", "save GB", "{:.2f}"), ("apart", "apart", "{}")]
-REFIT_COLUMNS = [("size", "size", "{}"), ("params", "params(M)", "{:.1f}"), ("bytes", "MB", "{:.0f}"),
-                 ("floor_s", "floor s", "{:.3f}"), ("colocated_s", "colocated s", "{:.3f}"),
-                 ("broadcast_s", "broadcast s", "{:.3f}"), ("collective_s", "collective s", "{:.3f}"),
-                 ("colocated_floor_s", "floor s (coloc)", "{:.3f}"), ("collective_floor_s", "floor s (coll)", "{:.3f}"),
-                 ("colocated_vs_floor", "coloc/floor", "{:.2f}"), ("collective_vs_floor", "coll/floor", "{:.2f}"),
-                 ("load_average", "load", "{:.1f}")]
+COLUMNS = [
+    ("backend", "backend", "{}"),
+    ("size", "size", "{}"),
+    ("params", "params(M)", "{:.1f}"),
+    ("seq_len", "seq", "{}"),
+    ("train_tok_s", "train tok/s", "{:.0f}"),
+    ("raw_train_tok_s", "raw", "{:.0f}"),
+    ("lp_tok_s", "lp tok/s", "{:.0f}"),
+    ("raw_lp_tok_s", "raw", "{:.0f}"),
+    ("init_peak_gb", "init GB", "{:.2f}"),
+    ("peak_gb", "peak GB", "{:.2f}"),
+    ("raw_peak_gb", "raw GB", "{:.2f}"),
+    ("activations_gb", "act GB", "{:.2f}"),
+    ("theory_gb", "theory GB", "{:.2f}"),
+    ("mem_vs_theory", "mem/theory", "{:.2f}"),
+    ("save_s", "save s", "{:.1f}"),
+    ("save_peak_gb", "save GB", "{:.2f}"),
+    ("apart", "apart", "{}"),
+]
+REFIT_COLUMNS = [
+    ("size", "size", "{}"),
+    ("params", "params(M)", "{:.1f}"),
+    ("bytes", "MB", "{:.0f}"),
+    ("floor_s", "floor s", "{:.3f}"),
+    ("colocated_s", "colocated s", "{:.3f}"),
+    ("broadcast_s", "broadcast s", "{:.3f}"),
+    ("collective_s", "collective s", "{:.3f}"),
+    ("colocated_floor_s", "floor s (coloc)", "{:.3f}"),
+    ("collective_floor_s", "floor s (coll)", "{:.3f}"),
+    ("colocated_vs_floor", "coloc/floor", "{:.2f}"),
+    ("collective_vs_floor", "coll/floor", "{:.2f}"),
+    ("load_average", "load", "{:.1f}"),
+]
 
 
 def print_table(rows: list[dict], columns: list[tuple[str, str, str]]) -> None:
     cells = [[h for _, h, _ in columns]]
     for row in rows:
-        values = dict(row, params=row["params"] / 1e6,
-                      bytes=row.get("bytes", row.get("colocated_bytes", 0)) / 1e6)
+        values = dict(row, params=row["params"] / 1e6, bytes=row.get("bytes", row.get("colocated_bytes", 0)) / 1e6)
         cells.append(["-" if values.get(key) is None else fmt.format(values[key]) for key, _, fmt in columns])
     widths = [max(len(r[i]) for r in cells) for i in range(len(columns))]
     for r in cells:
@@ -347,10 +421,13 @@ def summary_json(rows: list[dict], refits: list[dict]) -> dict:
         return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()}
 
     refit_ratios = [max(r["colocated_vs_floor"], r["collective_vs_floor"]) for r in refits]
-    return {"largest_params": max((r["params"] for r in rows + refits), default=0),
-            "max_memory_vs_theory": round(max((r["mem_vs_theory"] for r in rows), default=0), 3) if rows else None,
-            "max_refit_vs_floor": max(refit_ratios) if refit_ratios else None,
-            "cases": [rounded(r) for r in rows], "refit_cases": [rounded(r) for r in refits]}
+    return {
+        "largest_params": max((r["params"] for r in rows + refits), default=0),
+        "max_memory_vs_theory": round(max((r["mem_vs_theory"] for r in rows), default=0), 3) if rows else None,
+        "max_refit_vs_floor": max(refit_ratios) if refit_ratios else None,
+        "cases": [rounded(r) for r in rows],
+        "refit_cases": [rounded(r) for r in refits],
+    }
 
 
 # --------------------------------------------------------------------------- refit
@@ -367,9 +444,23 @@ def refit_case(size: str, args: argparse.Namespace) -> dict:
     rounds = ["colocated", "collective"] if n_params > APART_ABOVE else ["colocated,collective"]
     row: dict[str, Any] = dict(size=size, params=n_params)
     for transports in rounds:
-        done = subprocess.run([sys.executable, script, "--backend", args.refit_backend, "--model-dir", model_dir,
-                               "--repeats", str(args.repeats), "--transports", transports],
-                              stdout=subprocess.PIPE, text=True, check=True)
+        done = subprocess.run(
+            [
+                sys.executable,
+                script,
+                "--backend",
+                args.refit_backend,
+                "--model-dir",
+                model_dir,
+                "--repeats",
+                str(args.repeats),
+                "--transports",
+                transports,
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+            check=True,
+        )
         figures = json.loads(done.stdout.strip().splitlines()[-1])
         if len(rounds) > 1:  # each round's own floor, memcpy and broadcast: prefixed with its transport
             figures = {k if k.startswith(transports) else f"{transports}_{k}": v for k, v in figures.items()}
@@ -401,18 +492,38 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--world-size", type=int, default=2)
     parser.add_argument("--rows-per-rank", type=int)
     parser.add_argument("--repeats", type=int)
-    parser.add_argument("--reference", action=argparse.BooleanOptionalAction, default=True,
-                        help="build the reference model copy (init_reference_model)")
-    parser.add_argument("--megatron-tp", type=int, default=1,
-                        help="megatron's tensor_model_parallel_size (its optimizer cannot shard on CPU: "
-                             "2 fits the 0.5B preset on 24 GB)")
-    parser.add_argument("--apart", choices=("auto", "yes", "no"), default="auto",
-                        help=f"raw and rlcore one after the other instead of interleaved (auto: above "
-                             f"{APART_ABOVE / 1e6:.0f}M parameters)")
-    parser.add_argument("--save", action=argparse.BooleanOptionalAction, default=True,
-                        help="time one checkpoint save per case and its peak RSS")
-    parser.add_argument("--refit", action=argparse.BooleanOptionalAction, default=True,
-                        help="refit rows (refit.py per size: vLLM engines vs their own in-process reload)")
+    parser.add_argument(
+        "--reference",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="build the reference model copy (init_reference_model)",
+    )
+    parser.add_argument(
+        "--megatron-tp",
+        type=int,
+        default=1,
+        help="megatron's tensor_model_parallel_size (its optimizer cannot shard on CPU: "
+        "2 fits the 0.5B preset on 24 GB)",
+    )
+    parser.add_argument(
+        "--apart",
+        choices=("auto", "yes", "no"),
+        default="auto",
+        help=f"raw and rlcore one after the other instead of interleaved (auto: above "
+        f"{APART_ABOVE / 1e6:.0f}M parameters)",
+    )
+    parser.add_argument(
+        "--save",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="time one checkpoint save per case and its peak RSS",
+    )
+    parser.add_argument(
+        "--refit",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="refit rows (refit.py per size: vLLM engines vs their own in-process reload)",
+    )
     parser.add_argument("--refit-backend", default="dtensor")
     args = parser.parse_args(argv)
     for key, value in (QUICK if args.quick else FULL).items():  # explicit options win
@@ -427,8 +538,11 @@ def main(argv: list[str] | None = None) -> None:
 
     transformers.utils.logging.disable_progress_bar()
     rows, refits = [], []
-    print(f"world size {args.world_size}, {args.rows_per_rank} rows/rank, {args.repeats} repeats after 1 warm-up, "
-          f"reference copy {args.reference}, load average {os.getloadavg()}", file=sys.stderr)
+    print(
+        f"world size {args.world_size}, {args.rows_per_rank} rows/rank, {args.repeats} repeats after 1 warm-up, "
+        f"reference copy {args.reference}, load average {os.getloadavg()}",
+        file=sys.stderr,
+    )
     if args.backends:
         with tempfile.TemporaryDirectory() as tmp, ray_session(args.world_size):
             for backend in args.backends.split(","):
@@ -436,8 +550,11 @@ def main(argv: list[str] | None = None) -> None:
                     for seq_len in map(int, args.seq_lens.split(",")):
                         t0 = time.perf_counter()
                         rows.append(run_case(backend, size, seq_len, args, tmp))
-                        print(f"{backend} {size} {seq_len}: {time.perf_counter() - t0:.0f}s, "
-                              f"load {os.getloadavg()[0]:.2f}: {json.dumps(rows[-1])}", file=sys.stderr)
+                        print(
+                            f"{backend} {size} {seq_len}: {time.perf_counter() - t0:.0f}s, "
+                            f"load {os.getloadavg()[0]:.2f}: {json.dumps(rows[-1])}",
+                            file=sys.stderr,
+                        )
     if args.refit:
         for size in args.sizes.split(","):
             refits.append(refit_case(size, args))

@@ -60,12 +60,43 @@ _SMALL_QWEN = dict(vocab_size=32000, max_position_embeddings=4096)
 #: name -> (preset, overrides). ~10M and ~50M use a 32k vocabulary (else the 151,936-row embedding
 #: alone is 136M); "150m" is the 0.5B preset cut to 2 layers, "0.5b" and "1b" are the real shapes.
 SIZES: dict[str, tuple[str, dict]] = {
-    "tiny": (_QWEN, dict(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=32,
-                         intermediate_size=128, vocab_size=512, max_position_embeddings=1024)),
-    "10m": (_QWEN, dict(hidden_size=256, num_layers=4, num_heads=4, num_kv_heads=2, head_dim=64,
-                        intermediate_size=1024, **_SMALL_QWEN)),
-    "50m": (_QWEN, dict(hidden_size=512, num_layers=8, num_heads=8, num_kv_heads=2, head_dim=64,
-                        intermediate_size=2048, **_SMALL_QWEN)),
+    "tiny": (
+        _QWEN,
+        dict(
+            hidden_size=64,
+            num_layers=2,
+            num_heads=2,
+            num_kv_heads=1,
+            head_dim=32,
+            intermediate_size=128,
+            vocab_size=512,
+            max_position_embeddings=1024,
+        ),
+    ),
+    "10m": (
+        _QWEN,
+        dict(
+            hidden_size=256,
+            num_layers=4,
+            num_heads=4,
+            num_kv_heads=2,
+            head_dim=64,
+            intermediate_size=1024,
+            **_SMALL_QWEN,
+        ),
+    ),
+    "50m": (
+        _QWEN,
+        dict(
+            hidden_size=512,
+            num_layers=8,
+            num_heads=8,
+            num_kv_heads=2,
+            head_dim=64,
+            intermediate_size=2048,
+            **_SMALL_QWEN,
+        ),
+    ),
     "150m": (_QWEN, dict(num_layers=2)),
     "0.5b": (_QWEN, {}),
     "1b": ("llama-3.2-1b", {}),
@@ -92,15 +123,27 @@ def make_rows(vocab_size: int, rows: int, seq_len: int) -> dict:
     return make_batch(vocab_size, rows, max(2, seq_len // 2), seq_len, seed=0)
 
 
-def policy_config(backend: str, model_dir: str, world_size: int, args: argparse.Namespace,
-                  dtensor: list[tuple[str, Any]] | None = None) -> Any:
+def policy_config(
+    backend: str,
+    model_dir: str,
+    world_size: int,
+    args: argparse.Namespace,
+    dtensor: list[tuple[str, Any]] | None = None,
+) -> Any:
     from rlcore.config import load_config_dict
 
-    policy = {"backend": backend, "model_name": model_dir,
-              "train_global_batch_size": args.rows_per_rank * world_size, "train_micro_batch_size": args.micro_batch,
-              "logprob_batch_size": args.logprob_batch, "learning_rate": LR,
-              "optimizer": {"name": "torch.optim.AdamW", "kwargs": {"lr": LR}}, "max_grad_norm": MAX_GRAD_NORM,
-              "precision": "float32", "max_total_sequence_length": args.seq_len}
+    policy = {
+        "backend": backend,
+        "model_name": model_dir,
+        "train_global_batch_size": args.rows_per_rank * world_size,
+        "train_micro_batch_size": args.micro_batch,
+        "logprob_batch_size": args.logprob_batch,
+        "learning_rate": LR,
+        "optimizer": {"name": "torch.optim.AdamW", "kwargs": {"lr": LR}},
+        "max_grad_norm": MAX_GRAD_NORM,
+        "precision": "float32",
+        "max_total_sequence_length": args.seq_len,
+    }
     if backend == "dtensor":
         policy["dtensor_cfg"] = dict(args.dtensor if dtensor is None else dtensor)
     return load_config_dict({"cluster": {"workers_per_node": world_size}, "policy": policy}).policy
@@ -162,8 +205,15 @@ def shard_raw(model: Any, mesh: Any, keep_gathered: bool) -> None:
 class RawLoop:
     """The hand-written step: the same micro-batches, loss normalisation, clipping and optimizer."""
 
-    def __init__(self, model_dir: str, world_size: int, mine: dict, args: argparse.Namespace,
-                 keep_gathered: bool, per_step_reduction: bool) -> None:
+    def __init__(
+        self,
+        model_dir: str,
+        world_size: int,
+        mine: dict,
+        args: argparse.Namespace,
+        keep_gathered: bool,
+        per_step_reduction: bool,
+    ) -> None:
         import torch
         from torch.distributed.device_mesh import init_device_mesh
         from transformers import AutoModelForCausalLM
@@ -202,7 +252,7 @@ class RawLoop:
             mb = slice(start, start + self.mbs)
             width = int(data["input_lengths"][mb].max())
             lp = self.logprobs(data["input_ids"][mb, :width], data["input_lengths"][mb])
-            loss = -(lp * mask[mb, :width - 1]).sum() / counts[1].float()
+            loss = -(lp * mask[mb, : width - 1]).sum() / counts[1].float()
             loss.backward()
             step_loss += loss.detach().double()
         dist.all_reduce(step_loss)
@@ -217,8 +267,11 @@ class RawLoop:
         self.model.eval()
         with torch.no_grad():
             for s in range(0, len(self.mine["input_ids"]), self.lp_mbs):
-                ids, lengths = self.mine["input_ids"][s:s + self.lp_mbs], self.mine["input_lengths"][s:s + self.lp_mbs]
-                self.logprobs(ids[:, :int(lengths.max())], lengths)
+                ids, lengths = (
+                    self.mine["input_ids"][s : s + self.lp_mbs],
+                    self.mine["input_lengths"][s : s + self.lp_mbs],
+                )
+                self.logprobs(ids[:, : int(lengths.max())], lengths)
         if self.keep_gathered:
             for module in self.model.modules():
                 if hasattr(module, "reshard"):
@@ -235,23 +288,29 @@ def raw_settings(backend: str, cfg: Any, raw: str) -> tuple[bool, bool]:
     from rl_dtensor.config import dtensor_section
 
     section = dtensor_section(cfg)
-    return (not getattr(section, "reshard_after_forward", True),
-            getattr(section, "reduce_grads", "per_micro_batch") == "per_step")
+    return (
+        not getattr(section, "reshard_after_forward", True),
+        getattr(section, "reduce_grads", "per_micro_batch") == "per_step",
+    )
 
 
 def worker_class(backend: str) -> Any:
     if backend == "dtensor":
         from rl_dtensor.worker import DTensorPolicyWorker
+
         return DTensorPolicyWorker
     if backend == "megatron":  # its own parallel state, built from the same environment in its constructor
         from rl_megatron.worker import MegatronPolicyWorker
+
         return MegatronPolicyWorker
     from rl_fsdp1.worker import FSDP1PolicyWorker
+
     return FSDP1PolicyWorker
 
 
-def _rank(rank: int, world_size: int, port: int, backend: str, model_dir: str, args: argparse.Namespace,
-          results: Any) -> None:
+def _rank(
+    rank: int, world_size: int, port: int, backend: str, model_dir: str, args: argparse.Namespace, results: Any
+) -> None:
     """Build both sides in this rank, time them interleaved, count one step of each; rank 0 reports."""
     import torch
     import torch.distributed as dist
@@ -261,14 +320,16 @@ def _rank(rank: int, world_size: int, port: int, backend: str, model_dir: str, a
     from rlcore.data import BatchedDataDict
 
     torch.set_num_threads(1)
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))
+    os.environ.update(
+        RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+    )
     cfg = policy_config(backend, model_dir, world_size, args)
     ours = worker_class(backend)(cfg, None, init_reference_model=False)
     sides = ["rlcore", "raw"]
     if args.versus and backend == "dtensor":  # a second rlcore side with other dtensor settings
-        other = worker_class(backend)(policy_config(backend, model_dir, world_size, args, args.versus), None,
-                                      init_reference_model=False)
+        other = worker_class(backend)(
+            policy_config(backend, model_dir, world_size, args, args.versus), None, init_reference_model=False
+        )
         sides.append("versus")
     data = make_rows(AutoConfig.from_pretrained(model_dir).vocab_size, args.rows_per_rank * world_size, args.seq_len)
     rows = slice(rank * args.rows_per_rank, (rank + 1) * args.rows_per_rank)
@@ -278,13 +339,19 @@ def _rank(rank: int, world_size: int, port: int, backend: str, model_dir: str, a
     loss_fn, shard = NLLLoss(), BatchedDataDict(mine)
     gbs = args.rows_per_rank * world_size
 
-    work = {("rlcore", "train"): lambda: ours.train(shard, loss_fn, gbs=gbs, mbs=args.micro_batch),
-            ("raw", "train"): raw.train_step,
-            ("rlcore", "logprobs"): lambda: ours.get_logprobs(shard, args.logprob_batch),
-            ("raw", "logprobs"): raw.logprob_pass}
+    work = {
+        ("rlcore", "train"): lambda: ours.train(shard, loss_fn, gbs=gbs, mbs=args.micro_batch),
+        ("raw", "train"): raw.train_step,
+        ("rlcore", "logprobs"): lambda: ours.get_logprobs(shard, args.logprob_batch),
+        ("raw", "logprobs"): raw.logprob_pass,
+    }
     if "versus" in sides:
-        work.update({("versus", "train"): lambda: other.train(shard, loss_fn, gbs=gbs, mbs=args.micro_batch),
-                     ("versus", "logprobs"): lambda: other.get_logprobs(shard, args.logprob_batch)})
+        work.update(
+            {
+                ("versus", "train"): lambda: other.train(shard, loss_fn, gbs=gbs, mbs=args.micro_batch),
+                ("versus", "logprobs"): lambda: other.get_logprobs(shard, args.logprob_batch),
+            }
+        )
 
     def timed(key: tuple[str, str]) -> tuple[float, float]:
         dist.barrier()
@@ -322,8 +389,10 @@ def run_case(backend: str, size: str, args: argparse.Namespace) -> dict:
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_rank, args=(r, args.world_size, port, backend, model_dir, args, results))
-             for r in range(args.world_size)]
+    procs = [
+        ctx.Process(target=_rank, args=(r, args.world_size, port, backend, model_dir, args, results))
+        for r in range(args.world_size)
+    ]
     for p in procs:
         p.start()
     out = results.get()
@@ -350,14 +419,18 @@ def print_case(case: dict) -> None:
     for phase in ("train", "logprobs"):
         if f"{phase}_ratio" not in case:
             continue
-        print(f"{case['backend']:8} {case['size']:5} {phase:8} wall rlcore {case[f'{phase}_rlcore_s']:.3f} s  "
-              f"raw {case[f'{phase}_raw_s']:.3f} s  ratio {case[f'{phase}_ratio']:.3f}   cpu rlcore "
-              f"{case[f'{phase}_rlcore_cpu_s']:.3f} s  raw {case[f'{phase}_raw_cpu_s']:.3f} s  ratio "
-              f"{case[f'{phase}_cpu_ratio']:.3f}")
+        print(
+            f"{case['backend']:8} {case['size']:5} {phase:8} wall rlcore {case[f'{phase}_rlcore_s']:.3f} s  "
+            f"raw {case[f'{phase}_raw_s']:.3f} s  ratio {case[f'{phase}_ratio']:.3f}   cpu rlcore "
+            f"{case[f'{phase}_rlcore_cpu_s']:.3f} s  raw {case[f'{phase}_raw_cpu_s']:.3f} s  ratio "
+            f"{case[f'{phase}_cpu_ratio']:.3f}"
+        )
         if f"{phase}_versus_ratio" in case:
-            print(f"{'':17}{phase:8} versus {case[f'{phase}_versus_s']:.3f} s, ratio to raw "
-                  f"{case[f'{phase}_versus_ratio']:.3f}; cpu {case[f'{phase}_versus_cpu_s']:.3f} s, ratio "
-                  f"{case[f'{phase}_versus_cpu_ratio']:.3f}")
+            print(
+                f"{'':17}{phase:8} versus {case[f'{phase}_versus_s']:.3f} s, ratio to raw "
+                f"{case[f'{phase}_versus_ratio']:.3f}; cpu {case[f'{phase}_versus_cpu_s']:.3f} s, ratio "
+                f"{case[f'{phase}_versus_cpu_ratio']:.3f}"
+            )
         for side, counts in case[f"{phase}_counts"].items():
             print(f"{'':24}{side:7} per step (rank 0): " + ", ".join(f"{k} {v}" for k, v in counts.items()))
 
@@ -382,14 +455,30 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--seq-len", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--logprobs", action="store_true", help="also time get_logprobs against a raw forward")
-    parser.add_argument("--raw", choices=("default", "same"), default="default",
-                        help="the raw loop's FSDP2 settings: FSDP2's defaults, or the same as rlcore's dtensor_cfg")
-    parser.add_argument("--dtensor", action="append", type=parse_kv, default=[], metavar="KEY=VALUE",
-                        help="a policy.dtensor_cfg setting for the rlcore side (repeatable)")
-    parser.add_argument("--versus", action="append", type=parse_kv, default=[], metavar="KEY=VALUE",
-                        help="a third side, interleaved: rlcore's dtensor worker with these dtensor_cfg settings "
-                             "(repeatable; e.g. the settings before issue 41: reshard_after_forward=true "
-                             "reduce_grads=per_micro_batch)")
+    parser.add_argument(
+        "--raw",
+        choices=("default", "same"),
+        default="default",
+        help="the raw loop's FSDP2 settings: FSDP2's defaults, or the same as rlcore's dtensor_cfg",
+    )
+    parser.add_argument(
+        "--dtensor",
+        action="append",
+        type=parse_kv,
+        default=[],
+        metavar="KEY=VALUE",
+        help="a policy.dtensor_cfg setting for the rlcore side (repeatable)",
+    )
+    parser.add_argument(
+        "--versus",
+        action="append",
+        type=parse_kv,
+        default=[],
+        metavar="KEY=VALUE",
+        help="a third side, interleaved: rlcore's dtensor worker with these dtensor_cfg settings "
+        "(repeatable; e.g. the settings before issue 41: reshard_after_forward=true "
+        "reduce_grads=per_micro_batch)",
+    )
     parser.add_argument("--quick", action="store_true", help="dtensor, 50m, 3 repeats, with logprobs")
     args = parser.parse_args(argv)
     if args.quick:
@@ -406,14 +495,27 @@ def main(argv: list[str] | None = None) -> None:
             print_case(case)
             cases.append(case)
     load = os.getloadavg()[0]
-    print(f"load average (1 min) {load:.2f}; {args.world_size} ranks, {args.rows_per_rank} rows/rank, "
-          f"micro-batch {args.micro_batch}, seq <= {args.seq_len}, raw FSDP2 settings: {args.raw}, "
-          f"dtensor_cfg {dict(args.dtensor) or 'defaults'}", file=sys.stderr)
+    print(
+        f"load average (1 min) {load:.2f}; {args.world_size} ranks, {args.rows_per_rank} rows/rank, "
+        f"micro-batch {args.micro_batch}, seq <= {args.seq_len}, raw FSDP2 settings: {args.raw}, "
+        f"dtensor_cfg {dict(args.dtensor) or 'defaults'}",
+        file=sys.stderr,
+    )
     ratios = {phase: [c[f"{phase}_ratio"] for c in cases if f"{phase}_ratio" in c] for phase in ("train", "logprobs")}
-    print(json.dumps({"cases": cases, "max_train_ratio": max(ratios["train"], default=None),
-                      "max_logprob_ratio": max(ratios["logprobs"], default=None), "load_average": load,
-                      "raw": args.raw, "dtensor_cfg": dict(args.dtensor), "versus": dict(args.versus)},
-                     default=float))
+    print(
+        json.dumps(
+            {
+                "cases": cases,
+                "max_train_ratio": max(ratios["train"], default=None),
+                "max_logprob_ratio": max(ratios["logprobs"], default=None),
+                "load_average": load,
+                "raw": args.raw,
+                "dtensor_cfg": dict(args.dtensor),
+                "versus": dict(args.versus),
+            },
+            default=float,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -88,25 +88,30 @@ def probe_builtin_backends(worker: Any) -> dict[str, str | None]:
     from vllm.distributed.weight_transfer.nccl_common import trainer_init
 
     def worker_engine(backend: str) -> Any:
-        return WeightTransferEngineFactory.create_engine(WeightTransferConfig(backend=backend), worker.vllm_config,
-                                                         worker.device, worker.model_runner.get_model())
+        return WeightTransferEngineFactory.create_engine(
+            WeightTransferConfig(backend=backend), worker.vllm_config, worker.device, worker.model_runner.get_model()
+        )
 
     def ipc_receive() -> None:  # fails before load_weights: the model is not touched
         engine = worker_engine("ipc")
-        engine.receive_weights(engine.parse_update_info(
-            {"names": ["x"], "dtype_names": ["float32"], "shapes": [[1]], "ipc_handles": [{}]}))
+        engine.receive_weights(
+            engine.parse_update_info({"names": ["x"], "dtype_names": ["float32"], "shapes": [[1]], "ipc_handles": [{}]})
+        )
 
     def nccl_join() -> None:  # fails before the rendezvous: nothing listens on the port
         engine = worker_engine("nccl")
-        engine.init_transfer_engine(engine.parse_init_info(
-            {"master_address": "127.0.0.1", "master_port": 1, "rank_offset": 1, "world_size": 2}))
+        engine.init_transfer_engine(
+            engine.parse_init_info({"master_address": "127.0.0.1", "master_port": 1, "rank_offset": 1, "world_size": 2})
+        )
 
     return {
         "ipc trainer (trainer_init)": failing_vllm_line(
-            lambda: IPCTrainerWeightTransferEngine(client=None, source=None)),
+            lambda: IPCTrainerWeightTransferEngine(client=None, source=None)
+        ),
         "ipc worker (receive_weights)": failing_vllm_line(ipc_receive),
         "nccl trainer (trainer_init)": failing_vllm_line(
-            lambda: trainer_init({"master_address": "127.0.0.1", "master_port": 1, "world_size": 2})),
+            lambda: trainer_init({"master_address": "127.0.0.1", "master_port": 1, "world_size": 2})
+        ),
         "nccl worker (init_transfer_engine)": failing_vllm_line(nccl_join),
     }
 
@@ -140,7 +145,8 @@ def attach_in_memory_backend(engine: InProcessEngine) -> None:
     worker.vllm_config.weight_transfer_config = WeightTransferConfig(backend=BACKEND)
     # What Worker.load_model does when weight_transfer_config is set (refit.InProcessEngine starts without one).
     worker.weight_transfer_engine = WeightTransferEngineFactory.create_engine(
-        worker.vllm_config.weight_transfer_config, worker.vllm_config, worker.device, worker.model_runner.get_model())
+        worker.vllm_config.weight_transfer_config, worker.vllm_config, worker.device, worker.model_runner.get_model()
+    )
     engine.engine.llm.init_weight_transfer_engine({"init_info": {"packed": False}})
 
 
@@ -159,8 +165,9 @@ def transfer(engine: InProcessEngine, direct: bool = False) -> float:
 def greedy(engine: InProcessEngine) -> tuple[list[int], float]:
     from vllm import SamplingParams
 
-    out = engine.engine.llm.generate([{"prompt_token_ids": PROMPT}], SamplingParams(
-        temperature=0.0, max_tokens=8, logprobs=0), use_tqdm=False)[0].outputs[0]
+    out = engine.engine.llm.generate(
+        [{"prompt_token_ids": PROMPT}], SamplingParams(temperature=0.0, max_tokens=8, logprobs=0), use_tqdm=False
+    )[0].outputs[0]
     return list(out.token_ids), sum(lp[t].logprob for lp, t in zip(out.logprobs, out.token_ids))
 
 
@@ -178,9 +185,11 @@ def same_effect(engine: InProcessEngine) -> dict[str, bool]:
     engine.state = original
     engine.floor()
     restored = greedy(engine)
-    return {"outputs_changed": via_reload[1] != before[1],
-            "transfer_equals_reload": via_transfer[0] == via_reload[0] and abs(via_transfer[1] - via_reload[1]) < 1e-4,
-            "restored": restored[0] == before[0] and abs(restored[1] - before[1]) < 1e-4}
+    return {
+        "outputs_changed": via_reload[1] != before[1],
+        "transfer_equals_reload": via_transfer[0] == via_reload[0] and abs(via_transfer[1] - via_reload[1]) < 1e-4,
+        "restored": restored[0] == before[0] and abs(restored[1] - before[1]) < 1e-4,
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -197,8 +206,11 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(1)
     transformers.utils.logging.disable_progress_bar()
     model_dir = tiny_model_path(**MODEL)
-    print(f"model: llama {MODEL}, {model_params(model_dir) / 1e6:.1f}M params float32, kv cache {KV_CACHE_GB} GB; "
-          f"{args.repeats} repeats after 1 warm-up; load average {os.getloadavg()[0]:.1f}", file=sys.stderr)
+    print(
+        f"model: llama {MODEL}, {model_params(model_dir) / 1e6:.1f}M params float32, kv cache {KV_CACHE_GB} GB; "
+        f"{args.repeats} repeats after 1 warm-up; load average {os.getloadavg()[0]:.1f}",
+        file=sys.stderr,
+    )
 
     engine = InProcessEngine(model_dir, DEFAULT_BUCKET_BYTES)
     try:
@@ -206,12 +218,15 @@ def main(argv: list[str] | None = None) -> None:
         attach_in_memory_backend(engine)
         check = same_effect(engine)  # also the warm-up of both paths
         transfer(engine, direct=True)
-        runs = {"rlcore_reload": engine.floor, "transfer_engine": lambda: transfer(engine),
-                "transfer_engine_direct": lambda: transfer(engine, direct=True)}
+        runs = {
+            "rlcore_reload": engine.floor,
+            "transfer_engine": lambda: transfer(engine),
+            "transfer_engine_direct": lambda: transfer(engine, direct=True),
+        }
         times: dict[str, list[float]] = {k: [] for k in SIDES}
         loads: dict[str, list[float]] = {k: [] for k in SIDES}
         for i in range(args.repeats):
-            for k in SIDES[i % 3:] + SIDES[:i % 3]:
+            for k in SIDES[i % 3 :] + SIDES[: i % 3]:
                 loads[k].append(os.getloadavg()[0])
                 times[k].append(runs[k]())
     finally:
@@ -224,29 +239,39 @@ def main(argv: list[str] | None = None) -> None:
     print("vLLM's built-in backends on this machine:")
     for step, reason in unavailable.items():
         print(f"  {step:<36}{'runs' if reason is None else 'cannot run: ' + reason}")
-    print(f"measured instead: backend {BACKEND!r} (ipc's receive path, tensors already in memory, no transport); "
-          f"{nbytes / 1e6:.1f} MB in {len(engine.plan)} buckets of <= {DEFAULT_BUCKET_BYTES >> 20} MiB; "
-          f"same effect on the engine: {check}")
+    print(
+        f"measured instead: backend {BACKEND!r} (ipc's receive path, tensors already in memory, no transport); "
+        f"{nbytes / 1e6:.1f} MB in {len(engine.plan)} buckets of <= {DEFAULT_BUCKET_BYTES >> 20} MiB; "
+        f"same effect on the engine: {check}"
+    )
     print(f"{'median seconds':<26}{'s':>8}{'x reload':>10}{'min s':>8}{'max s':>8}{'load':>7}")
     for k in SIDES:
-        print(f"{k:<26}{med[k]:>8.3f}{med[k] / med['rlcore_reload']:>10.3f}{min(times[k]):>8.3f}"
-              f"{max(times[k]):>8.3f}{statistics.median(loads[k]):>7.1f}")
-    print(f"transfer_engine / rlcore_reload: {med['transfer_engine'] / med['rlcore_reload']:.3f} (medians), "
-          f"{paired:.3f} (median of each repeat's ratio)")
-    print(json.dumps({
-        "rlcore_reload_s": round(med["rlcore_reload"], 4),
-        "transfer_engine_s": round(med["transfer_engine"], 4),
-        "transfer_engine_direct_s": round(med["transfer_engine_direct"], 4),
-        "ratio": round(med["transfer_engine"] / med["rlcore_reload"], 3),
-        "ratio_direct": round(med["transfer_engine_direct"] / med["rlcore_reload"], 3),
-        "ratio_paired": round(paired, 3),
-        "backend": BACKEND,
-        "builtin_backends_unavailable": {k: v for k, v in unavailable.items() if v is not None},
-        "same_effect": check,
-        "bytes": nbytes,
-        "repeats": args.repeats,
-        "load_average": round(statistics.median(x for v in loads.values() for x in v), 1),
-    }))
+        print(
+            f"{k:<26}{med[k]:>8.3f}{med[k] / med['rlcore_reload']:>10.3f}{min(times[k]):>8.3f}"
+            f"{max(times[k]):>8.3f}{statistics.median(loads[k]):>7.1f}"
+        )
+    print(
+        f"transfer_engine / rlcore_reload: {med['transfer_engine'] / med['rlcore_reload']:.3f} (medians), "
+        f"{paired:.3f} (median of each repeat's ratio)"
+    )
+    print(
+        json.dumps(
+            {
+                "rlcore_reload_s": round(med["rlcore_reload"], 4),
+                "transfer_engine_s": round(med["transfer_engine"], 4),
+                "transfer_engine_direct_s": round(med["transfer_engine_direct"], 4),
+                "ratio": round(med["transfer_engine"] / med["rlcore_reload"], 3),
+                "ratio_direct": round(med["transfer_engine_direct"] / med["rlcore_reload"], 3),
+                "ratio_paired": round(paired, 3),
+                "backend": BACKEND,
+                "builtin_backends_unavailable": {k: v for k, v in unavailable.items() if v is not None},
+                "same_effect": check,
+                "bytes": nbytes,
+                "repeats": args.repeats,
+                "load_average": round(statistics.median(x for v in loads.values() for x in v), 1),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -12,7 +12,6 @@ what they define is used by the code compared. docs/nemo-rl-semantics.md has the
 
 import math
 import sys
-import traceback
 import types
 
 import torch
@@ -51,10 +50,15 @@ def stub(modname, names, classes=()):
 stub(
     "nemo_rl.algorithms.x_token.loss_utils",
     [
-        "build_exact_token_map", "ce_label_mask", "chunk_average_log_probs",
-        "get_sparse_projection_matrix", "next_token_accuracy",
-        "project_student_to_teacher_vocab", "select_teacher_topk_indices",
-        "student_next_token_ce", "valid_chunk_mask",
+        "build_exact_token_map",
+        "ce_label_mask",
+        "chunk_average_log_probs",
+        "get_sparse_projection_matrix",
+        "next_token_accuracy",
+        "project_student_to_teacher_vocab",
+        "select_teacher_topk_indices",
+        "student_next_token_ce",
+        "valid_chunk_mask",
         # imported by nemo_rl/algorithms/loss/utils.py (pulled in by loss/__init__.py)
         "prepare_xtoken_cross_tokenizer_loss_input",
     ],
@@ -149,23 +153,47 @@ def configs():
                 )
     isc = {**nokl, "use_importance_sampling_correction": True}
     add("is (no trunc)", isc)
-    add("is tis 1.5", {**isc, "truncated_importance_sampling_type": "tis",
-                       "truncated_importance_sampling_ratio": 1.5})
-    add("is tis [0.8,1.5]", {**isc, "truncated_importance_sampling_type": "tis",
-                             "truncated_importance_sampling_ratio": 1.5,
-                             "truncated_importance_sampling_ratio_min": 0.8})
-    add("is icepop [0.5,2]", {**isc, "truncated_importance_sampling_type": "icepop",
-                              "truncated_importance_sampling_ratio": 2.0,
-                              "truncated_importance_sampling_ratio_min": 0.5})
-    add("is seq-mask-tis [0.95,1.05]", {**isc, "truncated_importance_sampling_type": "seq-mask-tis",
-                                        "truncated_importance_sampling_ratio": 1.05,
-                                        "truncated_importance_sampling_ratio_min": 0.95})
+    add("is tis 1.5", {**isc, "truncated_importance_sampling_type": "tis", "truncated_importance_sampling_ratio": 1.5})
+    add(
+        "is tis [0.8,1.5]",
+        {
+            **isc,
+            "truncated_importance_sampling_type": "tis",
+            "truncated_importance_sampling_ratio": 1.5,
+            "truncated_importance_sampling_ratio_min": 0.8,
+        },
+    )
+    add(
+        "is icepop [0.5,2]",
+        {
+            **isc,
+            "truncated_importance_sampling_type": "icepop",
+            "truncated_importance_sampling_ratio": 2.0,
+            "truncated_importance_sampling_ratio_min": 0.5,
+        },
+    )
+    add(
+        "is seq-mask-tis [0.95,1.05]",
+        {
+            **isc,
+            "truncated_importance_sampling_type": "seq-mask-tis",
+            "truncated_importance_sampling_ratio": 1.05,
+            "truncated_importance_sampling_ratio_min": 0.95,
+        },
+    )
     gspo = {**nokl, "sequence_level_importance_ratios": True}
     add("gspo", gspo, levels=(False,))
     add("gspo + is", {**gspo, "use_importance_sampling_correction": True}, levels=(False,))
-    add("gspo + is tis 1.5", {**gspo, "use_importance_sampling_correction": True,
-                              "truncated_importance_sampling_type": "tis",
-                              "truncated_importance_sampling_ratio": 1.5}, levels=(False,))
+    add(
+        "gspo + is tis 1.5",
+        {
+            **gspo,
+            "use_importance_sampling_correction": True,
+            "truncated_importance_sampling_type": "tis",
+            "truncated_importance_sampling_ratio": 1.5,
+        },
+        levels=(False,),
+    )
     add("cispo + is", {**isc, "use_cispo": True}, levels=(True,))
     add("reinforce beta=0.05", {"disable_ppo_ratio": True, "reference_policy_kl_penalty": 0.05})
     return out
@@ -238,15 +266,17 @@ def main(label="MAIN RUN (NeMo-RL code unmodified)"):
         print(f"   only in NeMo:   {sorted(only_n)}")
         print(f"   only in rlcore: {sorted(only_r)}")
         flagged = [k for k, v in mdiff.items() if v[0] > 1e-9]
-        summary.append((name, worst["loss"], worst["grad"], max([v[0] for v in mdiff.values()] or [0.0]),
-                        flagged, errs))
+        summary.append(
+            (name, worst["loss"], worst["grad"], max([v[0] for v in mdiff.values()] or [0.0]), flagged, errs)
+        )
         print()
 
     print("\n===== SUMMARY (max over seeds) =====")
     print(f"{'config':44s} {'|dloss|':>10s} {'|dgrad|':>10s} {'max|dmetric|':>13s}  flagged metrics / errors")
     for name, dl, dg, dm, fl, errs in summary:
-        print(f"{name:44s} {dl:10.2e} {dg:10.2e} {dm:13.2e}  {','.join(fl)} {'ERR: ' + ' | '.join(errs) if errs else ''}")
-
+        print(
+            f"{name:44s} {dl:10.2e} {dg:10.2e} {dm:13.2e}  {','.join(fl)} {'ERR: ' + ' | '.join(errs) if errs else ''}"
+        )
 
 
 def gspo_sir_check():
@@ -256,13 +286,25 @@ def gspo_sir_check():
     tm, sm = data["token_mask"][:, 1:], data["sample_mask"]
     mask = tm * sm[:, None]
     w = torch.exp(((data["prev_logprobs"][:, 1:] - data["generation_logprobs"][:, 1:]) * mask).sum(-1))
-    _, _, mn = run_nemo({"reference_policy_kl_penalty": 0.0, "sequence_level_importance_ratios": True,
-                         "token_level_loss": False}, lp, data, gvs, gvt)
-    _, _, mr = run_rlcore({"reference_policy_kl_penalty": 0.0, "sequence_level_importance_ratios": True,
-                           "token_level_loss": False}, lp, data, gvs, gvt)
+    _, _, mn = run_nemo(
+        {"reference_policy_kl_penalty": 0.0, "sequence_level_importance_ratios": True, "token_level_loss": False},
+        lp,
+        data,
+        gvs,
+        gvt,
+    )
+    _, _, mr = run_rlcore(
+        {"reference_policy_kl_penalty": 0.0, "sequence_level_importance_ratios": True, "token_level_loss": False},
+        lp,
+        data,
+        gvs,
+        gvt,
+    )
     print(f"NeMo  metric = {mn['sampling_importance_ratio']:.10f}")
-    print(f"sum over ALL rows of w_i (incl. sample_mask=0 row) * sum(sample_mask)/(gvs+1e-8) = "
-          f"{float(w.sum() * sm.sum() / (gvs + 1e-8)):.10f}")
+    print(
+        f"sum over ALL rows of w_i (incl. sample_mask=0 row) * sum(sample_mask)/(gvs+1e-8) = "
+        f"{float(w.sum() * sm.sum() / (gvs + 1e-8)):.10f}"
+    )
     print(f"rlcore metric = {mr['sampling_importance_ratio']:.10f}")
     print(f"mean of w_i over sample_mask rows = {float((w * sm).sum() / gvs):.10f}")
 

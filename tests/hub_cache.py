@@ -11,8 +11,9 @@ import pytest
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
 
-def hub_cache(home: Path, hub_id: str, files: dict[str, list[dict[str, Any]]],
-              configs: dict[str, dict[str, str]] | None = None) -> Path:
+def hub_cache(
+    home: Path, hub_id: str, files: dict[str, list[dict[str, Any]]], configs: dict[str, dict[str, str]] | None = None
+) -> Path:
     """The hub cache (under ``home``, an HF_HOME) of one dataset repo at one commit: ``files`` (path → rows, written
     as parquet; other suffixes as given bytes) and, with ``configs`` (subset → split → file), the README's
     ``configs`` metadata by which ``datasets`` finds a subset's files."""

@@ -15,17 +15,27 @@ from typing import Any
 
 LR = 0.5
 SGD = {"name": "torch.optim.SGD", "kwargs": {"lr": LR}}
-MEGATRON_SGD = {"optimizer": {"optimizer": "sgd", "sgd_momentum": 0.0, "weight_decay": 0.0},
-                "scheduler": {"start_weight_decay": 0.0, "end_weight_decay": 0.0}}
+MEGATRON_SGD = {
+    "optimizer": {"optimizer": "sgd", "sgd_momentum": 0.0, "weight_decay": 0.0},
+    "scheduler": {"start_weight_decay": 0.0, "end_weight_decay": 0.0},
+}
 
 
 def policy_config(backend: str, model_dir: str, world: int, **extra: Any) -> Any:
     from rlcore.config import load_config_dict
 
-    raw = {"backend": backend, "model_name": model_dir, "train_global_batch_size": 4, "train_micro_batch_size": 1,
-           "logprob_batch_size": 2, "max_grad_norm": None, "precision": "float32", "max_total_sequence_length": 32,
-           **({"learning_rate": LR, "megatron_cfg": MEGATRON_SGD} if backend == "megatron" else {"optimizer": SGD}),
-           **extra}
+    raw = {
+        "backend": backend,
+        "model_name": model_dir,
+        "train_global_batch_size": 4,
+        "train_micro_batch_size": 1,
+        "logprob_batch_size": 2,
+        "max_grad_norm": None,
+        "precision": "float32",
+        "max_total_sequence_length": 32,
+        **({"learning_rate": LR, "megatron_cfg": MEGATRON_SGD} if backend == "megatron" else {"optimizer": SGD}),
+        **extra,
+    }
     return load_config_dict({"cluster": {"workers_per_node": world}, "policy": raw}).policy
 
 
@@ -70,6 +80,7 @@ def refit(model_dir: str, transport: str) -> dict[str, Any]:
     """
     import torch
 
+    from rl_vllm.generation import VllmGeneration
     from rlcore.algorithms.loss_functions import NLLLoss
     from rlcore.config import load_config_dict
     from rlcore.data import BatchedDataDict
@@ -77,15 +88,28 @@ def refit(model_dir: str, transport: str) -> dict[str, Any]:
     from rlcore.policy import Policy
     from rlcore.refit import WeightSynchronizer
     from rlcore.testing.models import build_tiny_tokenizer, make_batch
-    from rl_vllm.generation import VllmGeneration
 
     tokenizer = build_tiny_tokenizer()
-    gen_cfg = load_config_dict({"policy": {"model_name": model_dir, "generation": {
-        "backend": "vllm", "max_new_tokens": 6, "pad_token_id": tokenizer.pad_token_id,
-        "vllm_cfg": {"kv_cache_space_gb": 0.0625, "max_model_len": 128}}}}).policy.generation
+    gen_cfg = load_config_dict(
+        {
+            "policy": {
+                "model_name": model_dir,
+                "generation": {
+                    "backend": "vllm",
+                    "max_new_tokens": 6,
+                    "pad_token_id": tokenizer.pad_token_id,
+                    "vllm_cfg": {"kv_cache_space_gb": 0.0625, "max_model_len": 128},
+                },
+            }
+        }
+    ).policy.generation
     colocated = transport == "shared_memory"
-    train_cluster = RayVirtualCluster([2], placement_group_strategy="SPREAD" if colocated else "PACK",
-                                      max_colocated_worker_groups=2 if colocated else 1, placement_timeout_s=60)
+    train_cluster = RayVirtualCluster(
+        [2],
+        placement_group_strategy="SPREAD" if colocated else "PACK",
+        max_colocated_worker_groups=2 if colocated else 1,
+        placement_timeout_s=60,
+    )
     gen_cluster = train_cluster if colocated else RayVirtualCluster([1], name="gen", placement_timeout_s=60)
     owners: list[Any] = []
     try:
@@ -96,8 +120,9 @@ def refit(model_dir: str, transport: str) -> dict[str, Any]:
         policy.train(BatchedDataDict(make_batch(tokenizer, 4, 5, 16, seed=1)), NLLLoss())
         WeightSynchronizer(policy, generation, colocated=colocated, cluster=train_cluster).sync_weights()
         raw = make_batch(tokenizer, 4, 3, 8, seed=3)
-        out = generation.generate(BatchedDataDict(input_ids=raw["input_ids"], input_lengths=raw["input_lengths"]),
-                                  greedy=True)
+        out = generation.generate(
+            BatchedDataDict(input_ids=raw["input_ids"], input_lengths=raw["input_lengths"]), greedy=True
+        )
         seqs = BatchedDataDict(input_ids=out["output_ids"], input_lengths=out["unpadded_sequence_lengths"])
         expected = policy.get_logprobs(seqs)["logprobs"]
         positions = torch.arange(out["output_ids"].shape[1])[None, :]

@@ -55,9 +55,13 @@ class RecordingGeneration:
     def __init__(self, cluster: Any) -> None:
         from rlcore.distributed import NamedSharding, RayWorkerGroup
 
-        self.group = RayWorkerGroup(cluster, "tests.refit_fakes:RecordingReceiverWorker",
-                                    sharding=NamedSharding.for_world(cluster.world_size), name_prefix="recorder",
-                                    init_args=(1,))
+        self.group = RayWorkerGroup(
+            cluster,
+            "tests.refit_fakes:RecordingReceiverWorker",
+            sharding=NamedSharding.for_world(cluster.world_size),
+            name_prefix="recorder",
+            init_args=(1,),
+        )
         self.actor = self.group.workers[0]
         import ray
 

@@ -26,7 +26,13 @@ def short_run_config(tmp_path, steps: int, **extra: str):
     from rlcore.config import load_config
 
     gen = generation_backend()
-    overrides = [f"policy.backend={'reference' if gen == 'vllm' else 'fsdp1'}", f"policy.generation.backend={gen}",
-                 f"grpo.max_num_steps={steps}", f"logger.output_dir={tmp_path}", "logger.progress_bar=false",
-                 "checkpointing.save_every_n_steps=2", *(f"{k}={v}" for k, v in extra.items())]
+    overrides = [
+        f"policy.backend={'reference' if gen == 'vllm' else 'fsdp1'}",
+        f"policy.generation.backend={gen}",
+        f"grpo.max_num_steps={steps}",
+        f"logger.output_dir={tmp_path}",
+        "logger.progress_bar=false",
+        "checkpointing.save_every_n_steps=2",
+        *(f"{k}={v}" for k, v in extra.items()),
+    ]
     return load_config("examples/grpo_tiny.yaml", overrides)

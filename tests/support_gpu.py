@@ -56,8 +56,9 @@ def check_offload_frees_the_model(name: str, offloaded: float, plain: float, mod
     # Each parameter once: a tied embedding is one tensor under two names in a state dict.
     model_bytes = sum(p.numel() * p.element_size() for p in load_hf_model(model_path).parameters())
     record(name, offloaded, without_offload=plain, model_bytes=model_bytes, **extra)
-    assert plain - offloaded >= 0.9 * model_bytes, \
+    assert plain - offloaded >= 0.9 * model_bytes, (
         f"with offload {offloaded:.0f} B stay on the GPU, {plain:.0f} B without ({model_bytes} B of parameters)"
+    )
 
 
 def token_logprobs_f64(model_path: str, data: Any) -> Any:
@@ -99,8 +100,9 @@ class HFReceiverWorker:
 
         from rlcore.refit.shared_memory import ShmReceiver
 
-        self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() \
-            else torch.device("cpu")
+        self.device = (
+            torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+        )
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype)).to(self.device)
         self.model.eval()
         # Tied weights appear under both names; the refit sends one of them, and either is the same tensor.
@@ -113,8 +115,11 @@ class HFReceiverWorker:
 
     def prepare_refit_info(self, metadata: dict) -> None:
         unknown = [n for n in metadata if n not in self.tensors]
-        wrong = [n for n, (shape, _) in metadata.items() if n in self.tensors
-                 and tuple(self.tensors[n].shape) != tuple(shape)]
+        wrong = [
+            n
+            for n, (shape, _) in metadata.items()
+            if n in self.tensors and tuple(self.tensors[n].shape) != tuple(shape)
+        ]
         if unknown or wrong:
             raise ValueError(f"refit metadata does not fit the model: unknown {unknown[:5]}, wrong shape {wrong[:5]}")
         self.metadata = metadata
@@ -134,8 +139,13 @@ class HFReceiverWorker:
         stats = self.receiver.receive(self.metadata, load, timeout_s=300)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        return {"tensors": stats.tensors, "bytes": stats.bytes, "buckets": stats.buckets,
-                "devices": sorted(set(seen.values())), "names": sorted(seen)}
+        return {
+            "tensors": stats.tensors,
+            "bytes": stats.bytes,
+            "buckets": stats.buckets,
+            "devices": sorted(set(seen.values())),
+            "names": sorted(seen),
+        }
 
     def logprobs(self, data: dict) -> Any:
         """``[B, S]`` float32 token logprobs of the model as it is now (position 0 and padding 0), on CPU."""
@@ -144,8 +154,11 @@ class HFReceiverWorker:
         ids, lengths = data["input_ids"], data["input_lengths"]
         valid = torch.arange(ids.shape[1])[None, :] < lengths[:, None]
         with torch.no_grad():
-            logits = self.model(input_ids=ids.to(self.device), attention_mask=valid.long().to(self.device),
-                                use_cache=False).logits.float().cpu()
+            logits = (
+                self.model(input_ids=ids.to(self.device), attention_mask=valid.long().to(self.device), use_cache=False)
+                .logits.float()
+                .cpu()
+            )
         next_lp = torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
         out = torch.cat([torch.zeros_like(next_lp[:, :1]), next_lp], dim=1)
         return torch.where(valid, out, torch.zeros_like(out))
@@ -171,9 +184,13 @@ class HFReceiver:
 
         from rlcore.distributed import NamedSharding, RayWorkerGroup
 
-        self.worker_group = RayWorkerGroup(cluster, "tests.support_gpu:HFReceiverWorker",
-                                           sharding=NamedSharding.for_world(cluster.world_size),
-                                           name_prefix=name_prefix, init_args=(model_path, dtype))
+        self.worker_group = RayWorkerGroup(
+            cluster,
+            "tests.support_gpu:HFReceiverWorker",
+            sharding=NamedSharding.for_world(cluster.world_size),
+            name_prefix=name_prefix,
+            init_args=(model_path, dtype),
+        )
         self.actor = self.worker_group.workers[0]
         self._endpoint = ray.get(self.actor.call.remote("endpoint"))
         self.last: list[Any] = []
@@ -210,5 +227,14 @@ class HFReceiver:
         self.worker_group.shutdown()
 
 
-__all__ = ["HFReceiver", "HFReceiverWorker", "NO_MEGATRON", "NO_RAY", "RECORD_ENV", "missing", "record",
-           "token_logprobs_f64", "valid_error"]
+__all__ = [
+    "HFReceiver",
+    "HFReceiverWorker",
+    "NO_MEGATRON",
+    "NO_RAY",
+    "RECORD_ENV",
+    "missing",
+    "record",
+    "token_logprobs_f64",
+    "valid_error",
+]

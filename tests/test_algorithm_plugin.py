@@ -29,8 +29,23 @@ def rloo_site(tmp_path_factory) -> Path:
     source = root / FIXTURE.name
     shutil.copytree(FIXTURE, source, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
     site = root / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
-                    "--target", str(site), str(source)], check=True, capture_output=True, text=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "--target",
+            str(site),
+            str(source),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     return site
 
 
@@ -53,14 +68,13 @@ def rloo_registered(rloo_site, monkeypatch):
 
 def test_leave_one_out_advantages_and_loss_match_a_hand_computation(rloo_registered):
     import torch
-
     from rlcore_rloo.loss import RLOOLoss, leave_one_out_advantages
 
     rewards = torch.tensor([1.0, 0.0, 0.5, 0.25, 0.25, 1.0], dtype=torch.float64)
     k = 3
     expected = []
     for i, r in enumerate(rewards.tolist()):
-        group = rewards.tolist()[i // k * k:(i // k + 1) * k]
+        group = rewards.tolist()[i // k * k : (i // k + 1) * k]
         others = [x for j, x in enumerate(group) if j != i % k]
         expected.append(r - sum(others) / len(others))
     advantages = leave_one_out_advantages(rewards, k)
@@ -70,11 +84,12 @@ def test_leave_one_out_advantages_and_loss_match_a_hand_computation(rloo_registe
     generator = torch.Generator().manual_seed(0)
     logprobs = -torch.rand(6, 5, generator=generator, dtype=torch.float64)
     logprobs.requires_grad_(True)
-    token_mask = torch.tensor([[0, 0, 1, 1, 1], [0, 1, 1, 0, 0], [0, 0, 0, 1, 0],
-                               [1, 1, 1, 1, 1], [0, 0, 1, 1, 0], [0, 1, 0, 1, 1]], dtype=torch.float64)
+    token_mask = torch.tensor(
+        [[0, 0, 1, 1, 1], [0, 1, 1, 0, 0], [0, 0, 0, 1, 0], [1, 1, 1, 1, 1], [0, 0, 1, 1, 0], [0, 1, 0, 1, 1]],
+        dtype=torch.float64,
+    )
     sample_mask = torch.tensor([1, 1, 1, 1, 0, 1], dtype=torch.float64)
-    data = {"token_mask": token_mask, "sample_mask": sample_mask,
-            "advantages": advantages[:, None] * token_mask}
+    data = {"token_mask": token_mask, "sample_mask": sample_mask, "advantages": advantages[:, None] * token_mask}
     total, count = 0.0, 0
     for b in range(6):
         for t in range(1, 5):  # position 0 has no logprob
@@ -94,8 +109,11 @@ def test_its_section_is_validated_by_its_config_class(rloo_registered):
     assert cfg.algorithm == "rloo" and cfg.rloo.num_prompts_per_step == 4 and cfg.grpo is None
     with pytest.raises(ConfigError, match=r"rloo.num_generations_per_prompt: is 1; the leave-one-out baseline"):
         load_config_dict({"rloo": {"num_generations_per_prompt": 1}})
-    with pytest.raises(ConfigError, match=r"rloo.num_promts_per_step: unknown key; did you mean "
-                                          r"'num_prompts_per_step'\?"):
+    with pytest.raises(
+        ConfigError,
+        match=r"rloo.num_promts_per_step: unknown key; did you mean "
+        r"'num_prompts_per_step'\?",
+    ):
         load_config_dict({"rloo": {"num_promts_per_step": 4}})
     with pytest.raises(ConfigError, match=r"grpo, rloo: a config trains one algorithm"):
         load_config_dict({"rloo": {}, "grpo": {}})
@@ -108,7 +126,6 @@ def test_without_the_plugin_its_section_is_an_unknown_key():
         load_config_dict({"rloo": {}})
 
 
-
 def test_two_algorithms_claiming_the_default_are_refused_not_guessed(monkeypatch):
     """A config without an algorithm section trains the default; when two installed plugins claim it, rlcore says so
     instead of picking one by name."""
@@ -119,8 +136,14 @@ def test_two_algorithms_claiming_the_default_are_refused_not_guessed(monkeypatch
         @staticmethod
         @hookimpl
         def rlcore_register_algorithms(register):
-            register(AlgorithmSpec(name="rival", config_class="rlcore.config.grpo:GRPOConfig",
-                                   algorithm_class="rlcore.algorithms.grpo.loop:GRPO", default=True))
+            register(
+                AlgorithmSpec(
+                    name="rival",
+                    config_class="rlcore.config.grpo:GRPOConfig",
+                    algorithm_class="rlcore.algorithms.grpo.loop:GRPO",
+                    default=True,
+                )
+            )
 
     monkeypatch.setattr("rlcore.config.schemas._INSTALLED", [])
     registry = Registry()
@@ -131,6 +154,7 @@ def test_two_algorithms_claiming_the_default_are_refused_not_guessed(monkeypatch
         with pytest.raises(ConfigError, match=r"grpo, rival each say they are the default"):
             load_config_dict({}).algorithm
         assert load_config_dict({"grpo": {}}).algorithm == "grpo"  # a section says which
+
 
 RUN_CONFIG = """
 cluster: {num_nodes: 1, workers_per_node: 1, use_gpu: false}
@@ -154,13 +178,24 @@ def test_it_trains_the_tiny_model_through_rlcore_run(rloo_site, tmp_path):
     config.write_text(RUN_CONFIG.replace("OUT", str(tmp_path / "run")))
     env = {k: v for k, v in os.environ.items() if k not in ("RLCORE_PLUGINS", "RLCORE_DISABLE_PLUGINS")}
     env["PYTHONPATH"] = os.pathsep.join([str(rloo_site), *filter(None, [env.get("PYTHONPATH")])])
-    out = subprocess.run([sys.executable, "-m", "rlcore", "run", str(config)], cwd=tmp_path, env=env,
-                         capture_output=True, text=True, timeout=600)
+    out = subprocess.run(
+        [sys.executable, "-m", "rlcore", "run", str(config)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stderr[-4000:]
     summary = json.loads(out.stdout.strip().splitlines()[-1])
     assert summary["steps"] == 2 and summary["first_reward_mean"] is not None
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1]
     # the algorithm's own rows (a step whose groups all score alike has zero advantages, so no gradient)
-    assert all(0 <= r["reward_mean"] <= 1 and r["advantage_abs_mean"] >= 0 and math.isfinite(r["loss"])
-               and math.isfinite(r["grad_norm"]) for r in rows)
+    assert all(
+        0 <= r["reward_mean"] <= 1
+        and r["advantage_abs_mean"] >= 0
+        and math.isfinite(r["loss"])
+        and math.isfinite(r["grad_norm"])
+        for r in rows
+    )

@@ -17,10 +17,13 @@ def test_async_needs_its_own_engine_and_importance_weights():
     with pytest.raises(ConfigError) as err:
         load_config(EXAMPLE, ["policy.generation.colocated=true", "loss.use_importance_sampling_correction=false"])
     problems = str(err.value)
-    assert ("grpo.async_grpo.enabled: generation can run ahead of training only on its own resources, but "
-            "policy.generation.colocated.enabled is true") in problems
-    assert ("loss.use_importance_sampling_correction: async GRPO trains on rollouts sampled with older weights"
-            in problems)
+    assert (
+        "grpo.async_grpo.enabled: generation can run ahead of training only on its own resources, but "
+        "policy.generation.colocated.enabled is true"
+    ) in problems
+    assert (
+        "loss.use_importance_sampling_correction: async GRPO trains on rollouts sampled with older weights" in problems
+    )
     assert load_config(EXAMPLE).grpo.async_grpo.max_trajectory_age_steps == 1
 
 
@@ -28,8 +31,10 @@ def test_a_backend_that_generates_itself_falls_back_to_synchronous():
     cfg = load_config(EXAMPLE, ["policy.generation.backend=fsdp1", "policy.backend=fsdp1"])
     resolved = resolve(cfg, run=True)  # decided once, with a notice, before anything starts
     assert resolved.async_generation is False
-    assert resolved.notices == ("notice: grpo.async_grpo.enabled, but the 'fsdp1' training backend generates with "
-                                "its own weights; training synchronously",)
+    assert resolved.notices == (
+        "notice: grpo.async_grpo.enabled, but the 'fsdp1' training backend generates with "
+        "its own weights; training synchronously",
+    )
     assert resolve(load_config(EXAMPLE), run=True).async_generation is (not vllm_missing())
 
 
@@ -38,9 +43,16 @@ def vllm_missing() -> bool:
 
 
 def async_config(tmp_path, steps: int):
-    return load_config(EXAMPLE, ["policy.backend=reference", f"grpo.max_num_steps={steps}",
-                                 f"logger.output_dir={tmp_path}", "logger.progress_bar=false",
-                                 "checkpointing.save_every_n_steps=2"])
+    return load_config(
+        EXAMPLE,
+        [
+            "policy.backend=reference",
+            f"grpo.max_num_steps={steps}",
+            f"logger.output_dir={tmp_path}",
+            "logger.progress_bar=false",
+            "checkpointing.save_every_n_steps=2",
+        ],
+    )
 
 
 @pytest.mark.skipif(vllm_missing(), reason="needs rl-vllm")
@@ -59,8 +71,15 @@ def test_rollouts_are_never_older_than_the_limit_and_resume_keeps_the_rule(ray_s
     assert [r["weight_version"] for r in first] == [0, 0, 1, 2]  # the verified versions the ages come from
     assert abs(first[0]["token_mult_prob_error"] - 1) < 1e-3 and abs(first[0]["sampling_importance_ratio"] - 1) < 1e-3
     assert all(r["token_mult_prob_error"] > 1 + 1e-4 for r in first[1:]), "one-step-old rollouts match the trainer"
-    for key in ("time/generation_wait_s", "time/generation_idle_s", "time/refit_s", "time/train_s",
-                "sampling_importance_ratio", "clip_fraction", "async/regenerated_rollouts"):
+    for key in (
+        "time/generation_wait_s",
+        "time/generation_idle_s",
+        "time/refit_s",
+        "time/train_s",
+        "sampling_importance_ratio",
+        "clip_fraction",
+        "async/regenerated_rollouts",
+    ):
         assert key in first[1], key
     assert all(r["async/regenerated_rollouts"] == 0 for r in first)
 

@@ -25,8 +25,9 @@ marked and skipped with fewer GPUs.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -75,20 +76,34 @@ def policy_config(backend: str, *, precision: str = "float32", use_gpu: bool = T
     from rlcore.config import load_config_dict
 
     raw: dict[str, Any] = {
-        "backend": backend, "model_name": model_path(), "train_global_batch_size": 4,
-        "train_micro_batch_size": 2, "logprob_batch_size": 2, "max_grad_norm": None, "precision": precision,
-        "max_total_sequence_length": 32, "learning_rate": LR if precision == "float32" else 1e-3,
+        "backend": backend,
+        "model_name": model_path(),
+        "train_global_batch_size": 4,
+        "train_micro_batch_size": 2,
+        "logprob_batch_size": 2,
+        "max_grad_norm": None,
+        "precision": precision,
+        "max_total_sequence_length": 32,
+        "learning_rate": LR if precision == "float32" else 1e-3,
     }
     half = precision != "float32"
     if backend == "megatron":
         # bf16: bf16 weights with float32 main weights in the optimizer (params_dtype's default).
-        optimizer = {"optimizer": "adam", "bf16": True, "weight_decay": 0.0} if half else \
-            {"optimizer": "sgd", "sgd_momentum": MOMENTUM, "weight_decay": 0.0}
-        raw["megatron_cfg"] = {"optimizer": optimizer,
-                               "scheduler": {"start_weight_decay": 0.0, "end_weight_decay": 0.0}}
+        optimizer = (
+            {"optimizer": "adam", "bf16": True, "weight_decay": 0.0}
+            if half
+            else {"optimizer": "sgd", "sgd_momentum": MOMENTUM, "weight_decay": 0.0}
+        )
+        raw["megatron_cfg"] = {
+            "optimizer": optimizer,
+            "scheduler": {"start_weight_decay": 0.0, "end_weight_decay": 0.0},
+        }
     else:
-        raw["optimizer"] = {"name": "torch.optim.AdamW", "kwargs": {"lr": 1e-3}} if half else \
-            {"name": "torch.optim.SGD", "kwargs": {"lr": LR, "momentum": MOMENTUM}}
+        raw["optimizer"] = (
+            {"name": "torch.optim.AdamW", "kwargs": {"lr": 1e-3}}
+            if half
+            else {"name": "torch.optim.SGD", "kwargs": {"lr": LR, "momentum": MOMENTUM}}
+        )
     return load_config_dict({"cluster": {"workers_per_node": 1, "use_gpu": use_gpu}, "policy": raw}).policy
 
 
@@ -144,12 +159,16 @@ class BackendEnv:
         from rlcore.policy import Policy
 
         self.backend, self.tokenizer, self.tmp = backend, tokenizer, tmp
-        self.cluster = RayVirtualCluster([1], use_gpus=True, max_colocated_worker_groups=SLOTS,
-                                         name=f"gpu-{backend}")
+        self.cluster = RayVirtualCluster([1], use_gpus=True, max_colocated_worker_groups=SLOTS, name=f"gpu-{backend}")
         self.policy = None
         try:
-            self.policy = Policy(self.cluster, policy_config(backend), tokenizer, name_prefix=f"gpu-{backend}",
-                                 init_reference_model=False)
+            self.policy = Policy(
+                self.cluster,
+                policy_config(backend),
+                tokenizer,
+                name_prefix=f"gpu-{backend}",
+                init_reference_model=False,
+            )
             device = call_workers(self.policy, "report_device_id")[0]
             assert device.startswith("cuda"), f"the {backend} worker of a GPU cluster runs on {device}"
             self.data = make_data(tokenizer, seed=11)
@@ -173,8 +192,9 @@ class BackendEnv:
 
 
 @pytest.fixture(scope="module", params=BACKENDS)
-def env(request: pytest.FixtureRequest, ray_session: None, tiny_tokenizer: Any,
-        tmp_path_factory: pytest.TempPathFactory) -> Iterator[BackendEnv]:
+def env(
+    request: pytest.FixtureRequest, ray_session: None, tiny_tokenizer: Any, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[BackendEnv]:
     backend = request.param
     skip_unless_usable(backend)
     environment = BackendEnv(backend, tiny_tokenizer, tmp_path_factory.mktemp(f"gpu-{backend}"))
@@ -217,8 +237,13 @@ def test_bf16_policy_logprobs_and_training(env: BackendEnv) -> None:
     from rlcore.algorithms.loss_functions import NLLLoss
     from rlcore.policy import Policy
 
-    policy = Policy(env.cluster, policy_config(env.backend, precision="bfloat16"), env.tokenizer,
-                    name_prefix=f"gpu-{env.backend}-bf16", init_reference_model=False)
+    policy = Policy(
+        env.cluster,
+        policy_config(env.backend, precision="bfloat16"),
+        env.tokenizer,
+        name_prefix=f"gpu-{env.backend}-bf16",
+        init_reference_model=False,
+    )
     try:
         lengths = env.data["input_lengths"]
         got = policy.get_logprobs(env.data)["logprobs"]
@@ -262,8 +287,13 @@ def _check_bf16_refit(env: BackendEnv, policy: Any) -> None:
         before, _ = valid_error(receiver.logprobs(env.data), policy_lp, lengths)
         WeightSynchronizer(policy, receiver, colocated=True, bucket_bytes=REFIT_BUCKET_BYTES).sync_weights()
         after, _ = valid_error(receiver.logprobs(env.data), policy_lp, lengths)
-        record("bf16_refit_receiver_vs_policy_max_abs", after, backend=env.backend, before_refit=before,
-               tolerance=BF16_MAX_ATOL)
+        record(
+            "bf16_refit_receiver_vs_policy_max_abs",
+            after,
+            backend=env.backend,
+            before_refit=before,
+            tolerance=BF16_MAX_ATOL,
+        )
         assert after <= BF16_MAX_ATOL, (before, after)
     finally:
         receiver.shutdown()
@@ -324,12 +354,17 @@ def test_checkpoints_resume_across_gpu_and_cpu(env: BackendEnv, monkeypatch: pyt
     cpu_cluster = RayVirtualCluster([1], name=f"cpu-{env.backend}")
     cpu = None
     try:
-        cpu = Policy(cpu_cluster, policy_config(env.backend, use_gpu=False), env.tokenizer,
-                     name_prefix=f"cpu-{env.backend}", weights_path=env.step1_weights,
-                     optimizer_path=env.step1_optimizer, init_reference_model=False)
+        cpu = Policy(
+            cpu_cluster,
+            policy_config(env.backend, use_gpu=False),
+            env.tokenizer,
+            name_prefix=f"cpu-{env.backend}",
+            weights_path=env.step1_weights,
+            optimizer_path=env.step1_optimizer,
+            init_reference_model=False,
+        )
         assert call_workers(cpu, "report_device_id")[0] == "cpu"
-        paths = {name: str(env.tmp / "resume" / name) for name in
-                 ("cpu2", "cpu2_opt", "gpu2", "cpu3", "gpu3")}
+        paths = {name: str(env.tmp / "resume" / name) for name in ("cpu2", "cpu2_opt", "gpu2", "cpu3", "gpu3")}
 
         # GPU -> CPU: step 2 on the CPU from the GPU's step-1 checkpoint, vs the GPU from the same.
         data2, data3 = make_data(env.tokenizer, seed=12), make_data(env.tokenizer, seed=13)
@@ -338,8 +373,13 @@ def test_checkpoints_resume_across_gpu_and_cpu(env: BackendEnv, monkeypatch: pyt
         call_workers(env.policy, "load_checkpoint", env.step1_weights, env.step1_optimizer)
         env.policy.train(data2, NLLLoss())
         env.policy.save_checkpoint(paths["gpu2"])
-        problems = weight_problems(hf_weights(paths["cpu2"]), hf_weights(paths["gpu2"]),
-                                   hf_weights(env.step1_weights), rtol=STEP_RTOL, what="GPU->CPU resume")
+        problems = weight_problems(
+            hf_weights(paths["cpu2"]),
+            hf_weights(paths["gpu2"]),
+            hf_weights(env.step1_weights),
+            rtol=STEP_RTOL,
+            what="GPU->CPU resume",
+        )
 
         # CPU -> GPU: the GPU loads the CPU's step-2 checkpoint; both take step 3.
         call_workers(env.policy, "load_checkpoint", paths["cpu2"], paths["cpu2_opt"])
@@ -347,8 +387,13 @@ def test_checkpoints_resume_across_gpu_and_cpu(env: BackendEnv, monkeypatch: pyt
         env.policy.save_checkpoint(paths["gpu3"])
         cpu.train(data3, NLLLoss())
         cpu.save_checkpoint(paths["cpu3"])
-        problems += weight_problems(hf_weights(paths["gpu3"]), hf_weights(paths["cpu3"]),
-                                    hf_weights(paths["cpu2"]), rtol=STEP_RTOL, what="CPU->GPU resume")
+        problems += weight_problems(
+            hf_weights(paths["gpu3"]),
+            hf_weights(paths["cpu3"]),
+            hf_weights(paths["cpu2"]),
+            rtol=STEP_RTOL,
+            what="CPU->GPU resume",
+        )
         assert not problems, "\n".join(problems)
     finally:
         if cpu is not None:
@@ -379,8 +424,15 @@ def test_cuda_ipc_refit_into_another_process(env: BackendEnv) -> None:
             assert got["devices"] == ["cuda"], f"the receiver got {got['devices']} buffers, not CUDA IPC ones"
             assert set(got["names"]) == set(env.policy.prepare_refit_info()) and got["buckets"] > 2
             worst, _ = valid_error(receiver.logprobs(env.data), policy_lp, lengths)
-            record("ipc_refit_receiver_vs_policy_max_abs", worst, backend=env.backend, round=round_,
-                   tolerance=FP32_ATOL, bytes=stats["bytes"], seconds=stats["seconds"])
+            record(
+                "ipc_refit_receiver_vs_policy_max_abs",
+                worst,
+                backend=env.backend,
+                round=round_,
+                tolerance=FP32_ATOL,
+                bytes=stats["bytes"],
+                seconds=stats["seconds"],
+            )
             assert worst <= FP32_ATOL, f"round {round_}: receiver logprobs differ from the policy's by {worst:.3g}"
     finally:
         receiver.shutdown()
@@ -405,15 +457,26 @@ def test_offload_hooks_move_gpu_memory(env: BackendEnv) -> None:
     low = gpu_bytes(policy)
     policy.prepare_for_training()
     back = gpu_bytes(policy)
-    record("offload_bytes", {"full": full, "after_offload_before_refit": mid, "after_offload_after_refit": low,
-                             "after_prepare_for_training": back, "model_fp32_bytes": expected_bytes},
-           backend=env.backend)
-    assert full - mid >= MOVED_FRACTION * expected_bytes, \
+    record(
+        "offload_bytes",
+        {
+            "full": full,
+            "after_offload_before_refit": mid,
+            "after_offload_after_refit": low,
+            "after_prepare_for_training": back,
+            "model_fp32_bytes": expected_bytes,
+        },
+        backend=env.backend,
+    )
+    assert full - mid >= MOVED_FRACTION * expected_bytes, (
         f"offload_before_refit freed {full - mid:.0f} B; the optimizer state is {expected_bytes} B"
-    assert full - low >= MOVED_FRACTION * 2 * expected_bytes, \
+    )
+    assert full - low >= MOVED_FRACTION * 2 * expected_bytes, (
         f"after offload_after_refit only {full - low:.0f} B are free; expected >= 2 x {expected_bytes} B"
-    assert back - low >= MOVED_FRACTION * 2 * expected_bytes, \
+    )
+    assert back - low >= MOVED_FRACTION * 2 * expected_bytes, (
         f"prepare_for_training brought back {back - low:.0f} B; expected >= 2 x {expected_bytes} B"
+    )
     assert torch.equal(env.logprobs(), before_lp), "weights changed across the offload round trip"
     result = policy.train(env.data, NLLLoss())
     assert torch.isfinite(result["loss"]).all()

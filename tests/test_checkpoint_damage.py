@@ -17,7 +17,7 @@ import pytest
 from rlcore.config import load_config
 from rlcore.run.checkpoints import DamagedCheckpoint, read_state, resume_problems
 from rlcore.run.train import latest_checkpoint, resume_refusals
-from tests.test_output_dir_owner import BEFORE_RAY_S, first_run, fingerprint, rlcore_without_ray
+from tests.test_output_dir_owner import BEFORE_RAY_S, fingerprint, first_run, rlcore_without_ray
 
 REPO = Path(__file__).resolve().parents[1]
 SFT_EXAMPLE = REPO / "examples" / "sft_tiny.yaml"
@@ -82,7 +82,8 @@ def test_a_weights_directory_linked_out_of_the_step_is_refused(run: Any, tmp_pat
     fix = "a checkpoint must hold its own files: copy them into it, or resume from another checkpoint"
     assert resume_refusals(run) == [
         f"--resume from {step}: {step.resolve() / 'weights'} is a link to {outside}, outside the checkpoint "
-        f"{step.resolve()}; {fix} (or move step_000001 away to resume from the step before it)"]
+        f"{step.resolve()}; {fix} (or move step_000001 away to resume from the step before it)"
+    ]
 
 
 def test_the_step_directory_itself_may_be_a_link_and_links_inside_it_pass(run: Any) -> None:
@@ -101,12 +102,14 @@ def test_rlcore_run_resume_with_a_damaged_state_json_says_one_line_before_ray(ru
     state = steps(run) / "step_000001" / "state.json"
     state.write_bytes(CUT_SHORT)
     before = fingerprint(Path(run.logger.output_dir))
-    proc, took = rlcore_without_ray(tmp_path, str(SFT_EXAMPLE), "-o", f"logger.output_dir={run.logger.output_dir}",
-                                    "--resume")
+    proc, took = rlcore_without_ray(
+        tmp_path, str(SFT_EXAMPLE), "-o", f"logger.output_dir={run.logger.output_dir}", "--resume"
+    )
     lines = [ln for ln in proc.stderr.splitlines() if not ln.startswith("notice:")]
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
-    assert lines == [f"--resume: {state}: damaged, {decode_error(CUT_SHORT)}; {ADVICE.format(step='step_000001')}"], \
+    assert lines == [f"--resume: {state}: damaged, {decode_error(CUT_SHORT)}; {ADVICE.format(step='step_000001')}"], (
         proc.stderr
+    )
     assert took < BEFORE_RAY_S, took
     assert fingerprint(Path(run.logger.output_dir)) == before
     assert json.loads((Path(run.logger.output_dir) / "checkpoints" / "step_000000" / "state.json").read_text())

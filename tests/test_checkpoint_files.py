@@ -46,8 +46,10 @@ def test_an_index_entry_outside_is_named_with_where_it_points(tmp_path: Path, en
     _index(ckpt, {"a": "model-00001-of-00002.safetensors", "b": entry})
     (line,) = outside_files(ckpt)
     target = os.path.realpath(ckpt / entry)
-    assert line.startswith(f"{ckpt.resolve() / 'model.safetensors.index.json'} names the weight file {entry!r}, "
-                           f"which is {target}, outside the checkpoint {ckpt.resolve()}; "), line
+    assert line.startswith(
+        f"{ckpt.resolve() / 'model.safetensors.index.json'} names the weight file {entry!r}, "
+        f"which is {target}, outside the checkpoint {ckpt.resolve()}; "
+    ), line
     with pytest.raises(OutsideCheckpointError, match="outside the checkpoint"):
         check_inside(ckpt)
 

@@ -14,8 +14,9 @@ import torch.multiprocessing as mp
 from rlcore.training.chunked_logprobs import chunked_logprobs
 
 
-def _reference(full: torch.Tensor, target: torch.Tensor, weights: torch.Tensor,
-               temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+def _reference(
+    full: torch.Tensor, target: torch.Tensor, weights: torch.Tensor, temperature: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """float64 values and gradient (w.r.t. ``full``) of ``sum(weights * log_softmax(full[:, :-1] / T)[target])``."""
     full = full.detach().double().requires_grad_(True)
     values = (full[:, :-1] / temperature).log_softmax(-1).gather(-1, target.unsqueeze(-1)).squeeze(-1)
@@ -67,9 +68,8 @@ def _split_vocab_rank(rank: int, world: int, init: str, out: str) -> None:
     try:
         full, target, weights = _case(vocab=37, seed=1)
         bounds = [0, 19, 37]  # uneven slices, as a padded vocabulary gives
-        local = full[:, :-1, bounds[rank]:bounds[rank + 1]].clone().requires_grad_(True)
-        values = chunked_logprobs(local, target, 4, vocab_start=bounds[rank], group=dist.group.WORLD,
-                                  temperature=0.8)
+        local = full[:, :-1, bounds[rank] : bounds[rank + 1]].clone().requires_grad_(True)
+        values = chunked_logprobs(local, target, 4, vocab_start=bounds[rank], group=dist.group.WORLD, temperature=0.8)
         (grad,) = torch.autograd.grad((values.double() * weights).sum(), local)
         torch.save({"values": values, "grad": grad}, f"{out}/rank{rank}.pt")
     finally:
@@ -77,8 +77,9 @@ def _split_vocab_rank(rank: int, world: int, init: str, out: str) -> None:
 
 
 def test_a_vocabulary_split_over_a_gloo_group_gives_the_whole_vocabulary_s_numbers(tmp_path: Path) -> None:
-    mp.start_processes(_split_vocab_rank, args=(2, f"file://{tmp_path / 'rendezvous'}", str(tmp_path)), nprocs=2,
-                       start_method="spawn")
+    mp.start_processes(
+        _split_vocab_rank, args=(2, f"file://{tmp_path / 'rendezvous'}", str(tmp_path)), nprocs=2, start_method="spawn"
+    )
     full, target, weights = _case(vocab=37, seed=1)
     expected, expected_grad = _reference(full, target, weights, 0.8)
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(2)]
@@ -96,11 +97,16 @@ def test_a_backend_without_the_capability_is_refused_by_name() -> None:
     from rlcore.config.backends import capability_problems
     from rlcore.plugins import BackendSpec
 
-    spec = BackendSpec(name="older", kind="training", worker_class="older_pkg.worker:W", plugin_api_version=3,
-                       capabilities={"train", "logprobs"})
+    spec = BackendSpec(
+        name="older",
+        kind="training",
+        worker_class="older_pkg.worker:W",
+        plugin_api_version=3,
+        capabilities={"train", "logprobs"},
+    )
     assert capability_problems(cfg.policy, spec, packing=False) == [
-        "policy.logprob_chunk_size: the 'older' training backend does not declare 'chunked_logprobs'; "
-        "remove it (null)"]
+        "policy.logprob_chunk_size: the 'older' training backend does not declare 'chunked_logprobs'; remove it (null)"
+    ]
     resolve(cfg)  # the built-in reference backend declares it
     with pytest.raises(ConfigError):
         load_config_dict({"policy": {"logprob_chunk_size": 0}})

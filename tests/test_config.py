@@ -12,6 +12,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field
 from typer.testing import CliRunner
 
+from rl_dtensor.config import DTensorConfig
+from rl_megatron.config import megatron_section
 from rlcore.cli.config_cmd import config_app
 from rlcore.config import (
     ConfigError,
@@ -27,9 +29,6 @@ from rlcore.config import (
     resolve,
     validate_section,
 )
-
-from rl_dtensor.config import DTensorConfig
-from rl_megatron.config import megatron_section
 
 REPO = Path(__file__).resolve().parents[1]
 MEGATRON = {"dtensor_cfg": {"enabled": False}, "megatron_cfg": {"enabled": True}}
@@ -65,6 +64,7 @@ def write(tmp_path: Path, text: str, name: str = "cfg.yaml") -> Path:
 
 # --- defaults and examples ---------------------------------------------------------------
 
+
 def test_defaults_validate():
     cfg = load_config()
     assert cfg == load_config_dict({}) == load_config_dict({"cluster": {}, "policy": {}})
@@ -86,8 +86,9 @@ def test_configs_are_frozen_values_and_a_copy_derives_again():
     cfg = load_config_dict({"policy": {"dynamic_batching": {"enabled": True}, "generation": {}}})
     with pytest.raises(ValueError, match="frozen"):
         cfg.policy.learning_rate = 1.0
-    changed = cfg.policy.model_copy(update={"model_name": "tiny-qwen2", "learning_rate": 0.25,
-                                            "train_micro_batch_size": 2})
+    changed = cfg.policy.model_copy(
+        update={"model_name": "tiny-qwen2", "learning_rate": 0.25, "train_micro_batch_size": 2}
+    )
     assert changed.tokenizer.name == changed.generation.model_name == "tiny-qwen2"
     assert megatron_section(changed).optimizer.lr == 0.25
     plan = resolve(cfg.model_copy(update={"policy": changed})).policy.batch
@@ -102,8 +103,7 @@ def test_empty_file_is_defaults(tmp_path):
 
 def test_examples_found():
     names = {p.name for p in EXAMPLES}
-    assert {"dtensor_tiny.yaml", "dtensor_tp2.yaml", "fsdp1_tiny.yaml", "megatron_tiny.yaml",
-            "packing.yaml"} <= names
+    assert {"dtensor_tiny.yaml", "dtensor_tp2.yaml", "fsdp1_tiny.yaml", "megatron_tiny.yaml", "packing.yaml"} <= names
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: str(p.relative_to(REPO)))
@@ -121,14 +121,17 @@ def test_example_backends():
     assert load_config(REPO / "examples/packing.yaml").policy.sequence_packing.enabled
 
 
-@pytest.mark.parametrize("policy, expected", [
-    ({}, "dtensor"),
-    ({"dtensor_cfg": {"enabled": False}}, "fsdp1"),
-    ({"dtensor_cfg": {"enabled": False}, "megatron_cfg": {"enabled": True}}, "megatron"),
-    ({"backend": "mybackend"}, "mybackend"),
-    ({"dtensor_cfg": {"enabled": False}, "mybackend_cfg": {"enabled": True}}, "mybackend"),  # any backend's section
-    ({"megatron_cfg": {"enabled": False}, "mybackend_cfg": {"knob": 1}}, "dtensor"),
-])
+@pytest.mark.parametrize(
+    "policy, expected",
+    [
+        ({}, "dtensor"),
+        ({"dtensor_cfg": {"enabled": False}}, "fsdp1"),
+        ({"dtensor_cfg": {"enabled": False}, "megatron_cfg": {"enabled": True}}, "megatron"),
+        ({"backend": "mybackend"}, "mybackend"),
+        ({"dtensor_cfg": {"enabled": False}, "mybackend_cfg": {"enabled": True}}, "mybackend"),  # any backend's section
+        ({"megatron_cfg": {"enabled": False}, "mybackend_cfg": {"knob": 1}}, "dtensor"),
+    ],
+)
 def test_training_backend_resolution(policy, expected):
     assert load_config_dict({"policy": policy}).policy.training_backend == expected
 
@@ -144,11 +147,14 @@ def registry_without(*plugins: str):
     return registry
 
 
-@pytest.mark.parametrize("policy, path", [
-    (MEGATRON, "policy.megatron_cfg.enabled"),
-    ({"backend": "megatron"}, "policy.backend"),
-    ({"megatron_cfg": {"tensor_model_parallel_size": 2}}, "policy.megatron_cfg"),
-])
+@pytest.mark.parametrize(
+    "policy, path",
+    [
+        (MEGATRON, "policy.megatron_cfg.enabled"),
+        ({"backend": "megatron"}, "policy.backend"),
+        ({"megatron_cfg": {"tensor_model_parallel_size": 2}}, "policy.megatron_cfg"),
+    ],
+)
 def test_a_backend_section_without_its_plugin_says_what_to_install(monkeypatch, policy, path):
     monkeypatch.delenv("RLCORE_PLUGINS", raising=False)
     monkeypatch.delenv("RLCORE_DISABLE_PLUGINS", raising=False)
@@ -166,10 +172,10 @@ def test_a_backend_section_without_its_plugin_says_what_to_install(monkeypatch, 
         resolve(load_config_dict({"policy": {"megatron_cfg": {"enabled": False, "tensor_model_parallel_size": 0}}}))
 
 
-@pytest.mark.parametrize("policy, backend", [({}, "fsdp1"), ({"backend": "fsdp1"}, "fsdp1"),
-                                             ({"backend": "reference"}, "fsdp1")])
-def test_a_run_without_the_default_engine_falls_back_to_a_training_backend_that_generates(monkeypatch, policy,
-                                                                                         backend):
+@pytest.mark.parametrize(
+    "policy, backend", [({}, "fsdp1"), ({"backend": "fsdp1"}, "fsdp1"), ({"backend": "reference"}, "fsdp1")]
+)
+def test_a_run_without_the_default_engine_falls_back_to_a_training_backend_that_generates(monkeypatch, policy, backend):
     monkeypatch.delenv("RLCORE_PLUGINS", raising=False)
     monkeypatch.delenv("RLCORE_DISABLE_PLUGINS", raising=False)
     raw = {"policy": {**policy, "generation": {}}}
@@ -177,31 +183,67 @@ def test_a_run_without_the_default_engine_falls_back_to_a_training_backend_that_
     assert resolved.policy.spec.name == resolved.generation.spec.name == backend
     assert not resolved.generation.separate
     (notice,) = resolved.notices
-    assert notice.startswith("notice: no backend named 'vllm'") and \
-        notice.endswith(f"; falling back to {backend} for training and generation")
+    assert notice.startswith("notice: no backend named 'vllm'") and notice.endswith(
+        f"; falling back to {backend} for training and generation"
+    )
     # with the engine installed, or another engine named, nothing falls back
     assert resolve(load_config_dict(raw), run=True).generation.spec.name == "vllm"
     with pytest.raises(ConfigError, match="no backend named 'sglang'"):
-        resolve(load_config_dict({"policy": {**policy, "generation": {"backend": "sglang"}}}), run=True,
-                registry=registry_without("vllm"))
+        resolve(
+            load_config_dict({"policy": {**policy, "generation": {"backend": "sglang"}}}),
+            run=True,
+            registry=registry_without("vllm"),
+        )
 
 
 # --- cross-field rules ---------------------------------------------------------------------
 
-@pytest.mark.parametrize("raw, paths, words", [
-    ({"policy": {"dtensor_cfg": {"tensor_parallel_size": 4}}},
-     ["policy.dtensor_cfg.tensor_parallel_size"], ["tp 4", "world size 2"]),
-    ({"cluster": {"workers_per_node": 4},
-      "policy": {"dtensor_cfg": {"enabled": False}, "megatron_cfg": {"enabled": True, "pipeline_model_parallel_size": 3}}},
-     ["policy.megatron_cfg.pipeline_model_parallel_size"], ["pp 3", "world size 4"]),
-    ({"policy": {"train_global_batch_size": 6, "train_micro_batch_size": 2}, "grpo": {"num_prompts_per_step": 3}},
-     ["policy.train_global_batch_size", "policy.train_micro_batch_size"], ["6", "multiple of 4"]),
-    ({"policy": {"dtensor_cfg": {"context_parallel_size": 2}}},
-     ["policy.dtensor_cfg.context_parallel_size", "cluster.use_gpu"], ["CUDA", "is 2"]),
-    ({"policy": {"max_grad_norm": 1.0, "dtensor_cfg": {"enabled": False},
-                 "megatron_cfg": {"enabled": True, "optimizer": {"clip_grad": 0.5}}}},
-     ["policy.megatron_cfg.optimizer.clip_grad", "policy.max_grad_norm"], ["0.5"]),
-])
+
+@pytest.mark.parametrize(
+    "raw, paths, words",
+    [
+        (
+            {"policy": {"dtensor_cfg": {"tensor_parallel_size": 4}}},
+            ["policy.dtensor_cfg.tensor_parallel_size"],
+            ["tp 4", "world size 2"],
+        ),
+        (
+            {
+                "cluster": {"workers_per_node": 4},
+                "policy": {
+                    "dtensor_cfg": {"enabled": False},
+                    "megatron_cfg": {"enabled": True, "pipeline_model_parallel_size": 3},
+                },
+            },
+            ["policy.megatron_cfg.pipeline_model_parallel_size"],
+            ["pp 3", "world size 4"],
+        ),
+        (
+            {
+                "policy": {"train_global_batch_size": 6, "train_micro_batch_size": 2},
+                "grpo": {"num_prompts_per_step": 3},
+            },
+            ["policy.train_global_batch_size", "policy.train_micro_batch_size"],
+            ["6", "multiple of 4"],
+        ),
+        (
+            {"policy": {"dtensor_cfg": {"context_parallel_size": 2}}},
+            ["policy.dtensor_cfg.context_parallel_size", "cluster.use_gpu"],
+            ["CUDA", "is 2"],
+        ),
+        (
+            {
+                "policy": {
+                    "max_grad_norm": 1.0,
+                    "dtensor_cfg": {"enabled": False},
+                    "megatron_cfg": {"enabled": True, "optimizer": {"clip_grad": 0.5}},
+                }
+            },
+            ["policy.megatron_cfg.optimizer.clip_grad", "policy.max_grad_norm"],
+            ["0.5"],
+        ),
+    ],
+)
 def test_layout_and_batch_problems_are_found_when_resolving(raw, paths, words):
     """The layout comes from the training backend (rl-dtensor / rl-megatron declare theirs), so these are
     checked when the config is resolved against the installed backends, still before anything starts."""
@@ -211,26 +253,55 @@ def test_layout_and_batch_problems_are_found_when_resolving(raw, paths, words):
         assert text in line, (text, line)
 
 
-@pytest.mark.parametrize("raw, paths, words", [
-    ({"policy": {"dynamic_batching": {"enabled": True}, "sequence_packing": {"enabled": True}}},
-     ["policy.dynamic_batching.enabled", "policy.sequence_packing.enabled"], ["mutually exclusive"]),
-    ({"policy": {"megatron_cfg": {"enabled": True}}},
-     ["policy.megatron_cfg.enabled", "policy.dtensor_cfg.enabled"], ["enabled=false"]),
-    ({"policy": {"mybackend_cfg": {"enabled": True}, "megatron_cfg": {"enabled": True}}},
-     ["policy.mybackend_cfg.enabled", "policy.megatron_cfg.enabled", "policy.dtensor_cfg.enabled"], ["all are true"]),
-    ({"policy": {"backend": "reference", "activation_checkpointing_enabled": True}},
-     ["policy.activation_checkpointing_enabled", "'reference'"], ["only fsdp1 reads it"]),
-    ({"policy": {"generation": {"colocated": False}}},
-     ["policy.generation.colocated.resources"], ["workers_per_node"]),
-    ({"loss": {"use_kl_in_reward": True, "reference_policy_kl_penalty": 0.1}},
-     ["loss.use_kl_in_reward", "grpo.advantage_estimator"], ["reinforce_plus_plus"]),
-    ({"loss": {"use_kl_in_reward": True}, "grpo": {"advantage_estimator": "reinforce_plus_plus"}},
-     ["loss.use_kl_in_reward", "loss.reference_policy_kl_penalty"], ["is 0"]),
-    ({"loss": {"use_kl_in_reward": True, "reference_policy_kl_penalty": 0.1, "force_on_policy_ratio": True},
-      "grpo": {"advantage_estimator": "reinforce_plus_plus", "num_prompts_per_step": 2},
-      "policy": {"train_global_batch_size": 8}},
-     ["loss.force_on_policy_ratio", "loss.use_kl_in_reward"], ["prev-logprob pass"]),
-])
+@pytest.mark.parametrize(
+    "raw, paths, words",
+    [
+        (
+            {"policy": {"dynamic_batching": {"enabled": True}, "sequence_packing": {"enabled": True}}},
+            ["policy.dynamic_batching.enabled", "policy.sequence_packing.enabled"],
+            ["mutually exclusive"],
+        ),
+        (
+            {"policy": {"megatron_cfg": {"enabled": True}}},
+            ["policy.megatron_cfg.enabled", "policy.dtensor_cfg.enabled"],
+            ["enabled=false"],
+        ),
+        (
+            {"policy": {"mybackend_cfg": {"enabled": True}, "megatron_cfg": {"enabled": True}}},
+            ["policy.mybackend_cfg.enabled", "policy.megatron_cfg.enabled", "policy.dtensor_cfg.enabled"],
+            ["all are true"],
+        ),
+        (
+            {"policy": {"backend": "reference", "activation_checkpointing_enabled": True}},
+            ["policy.activation_checkpointing_enabled", "'reference'"],
+            ["only fsdp1 reads it"],
+        ),
+        (
+            {"policy": {"generation": {"colocated": False}}},
+            ["policy.generation.colocated.resources"],
+            ["workers_per_node"],
+        ),
+        (
+            {"loss": {"use_kl_in_reward": True, "reference_policy_kl_penalty": 0.1}},
+            ["loss.use_kl_in_reward", "grpo.advantage_estimator"],
+            ["reinforce_plus_plus"],
+        ),
+        (
+            {"loss": {"use_kl_in_reward": True}, "grpo": {"advantage_estimator": "reinforce_plus_plus"}},
+            ["loss.use_kl_in_reward", "loss.reference_policy_kl_penalty"],
+            ["is 0"],
+        ),
+        (
+            {
+                "loss": {"use_kl_in_reward": True, "reference_policy_kl_penalty": 0.1, "force_on_policy_ratio": True},
+                "grpo": {"advantage_estimator": "reinforce_plus_plus", "num_prompts_per_step": 2},
+                "policy": {"train_global_batch_size": 8},
+            },
+            ["loss.force_on_policy_ratio", "loss.use_kl_in_reward"],
+            ["prev-logprob pass"],
+        ),
+    ],
+)
 def test_cross_field_rule(raw, paths, words):
     (line,) = problems(raw)
     for text in paths + words:
@@ -240,31 +311,84 @@ def test_cross_field_rule(raw, paths, words):
 ASYNC = {"loss": {"use_importance_sampling_correction": True}}  # async GRPO's own rule satisfied
 
 
-@pytest.mark.parametrize("raw, paths, words", [
-    ({**ASYNC, "grpo": {"async_grpo": {"enabled": True}, "reward_scaling": {"enabled": True}}},
-     ["grpo.reward_scaling.enabled", "grpo.async_grpo.enabled"], ["not supported with async GRPO"]),
-    ({**ASYNC, "grpo": {"async_grpo": {"enabled": True},
-                        "reward_shaping": {"enabled": True, "stop_properly_penalty_coef": 0.5}}},
-     ["grpo.reward_shaping.enabled", "grpo.async_grpo.enabled"], ["not supported with async GRPO"]),
-    ({"grpo": {"batch_multiplier": 2}}, ["grpo.batch_multiplier", "grpo.use_dynamic_sampling=true"],
-     ["is 2.0", "grpo.batch_multiplier=1"]),
-    ({**ASYNC, "grpo": {"async_grpo": {"enabled": True}, "use_dynamic_sampling": True}},
-     ["grpo.use_dynamic_sampling", "grpo.async_grpo.enabled"], ["not supported with async GRPO"]),
-    ({"grpo": {"advantage_clip_low": 1.0, "advantage_clip_high": -1.0}},
-     ["grpo.advantage_clip_low", "grpo.advantage_clip_high"], ["1.0 > -1.0"]),
-    ({"grpo": {"advantage_clip_low": 0.5}}, ["grpo.advantage_clip_low"], ["0.5 > 0", "<= 0"]),
-    ({"grpo": {"advantage_clip_high": -0.5, "advantage_clip_low": -2.0}}, ["grpo.advantage_clip_high"],
-     ["-0.5 < 0", ">= 0"]),
-    ({"grpo": {"reward_scaling": {"enabled": True, "source_min": 1.0, "source_max": 1.0}}},
-     ["grpo.reward_scaling.source_max", "grpo.reward_scaling.source_min"], ["source_max > source_min"]),
-    ({"grpo": {"reward_shaping": {"enabled": True, "max_response_length": 512}}},
-     ["grpo.reward_shaping.overlong_buffer_length", "grpo.reward_shaping.overlong_buffer_penalty"],
-     ["are null", "stop_properly_penalty_coef"]),
-    ({"grpo": {"reward_shaping": {"enabled": True, "overlong_buffer_length": 256, "overlong_buffer_penalty": 1.0,
-                                  "max_response_length": 128}}},
-     ["grpo.reward_shaping.overlong_buffer_length", "grpo.reward_shaping.max_response_length"], ["is 256", "128"]),
-], ids=["scaling_async", "shaping_async", "multiplier_without_ds", "ds_not_yet", "clip_crossed",
-        "clip_low_positive", "clip_high_negative", "scaling_empty_range", "shaping_missing", "shaping_buffer_too_long"])
+@pytest.mark.parametrize(
+    "raw, paths, words",
+    [
+        (
+            {**ASYNC, "grpo": {"async_grpo": {"enabled": True}, "reward_scaling": {"enabled": True}}},
+            ["grpo.reward_scaling.enabled", "grpo.async_grpo.enabled"],
+            ["not supported with async GRPO"],
+        ),
+        (
+            {
+                **ASYNC,
+                "grpo": {
+                    "async_grpo": {"enabled": True},
+                    "reward_shaping": {"enabled": True, "stop_properly_penalty_coef": 0.5},
+                },
+            },
+            ["grpo.reward_shaping.enabled", "grpo.async_grpo.enabled"],
+            ["not supported with async GRPO"],
+        ),
+        (
+            {"grpo": {"batch_multiplier": 2}},
+            ["grpo.batch_multiplier", "grpo.use_dynamic_sampling=true"],
+            ["is 2.0", "grpo.batch_multiplier=1"],
+        ),
+        (
+            {**ASYNC, "grpo": {"async_grpo": {"enabled": True}, "use_dynamic_sampling": True}},
+            ["grpo.use_dynamic_sampling", "grpo.async_grpo.enabled"],
+            ["not supported with async GRPO"],
+        ),
+        (
+            {"grpo": {"advantage_clip_low": 1.0, "advantage_clip_high": -1.0}},
+            ["grpo.advantage_clip_low", "grpo.advantage_clip_high"],
+            ["1.0 > -1.0"],
+        ),
+        ({"grpo": {"advantage_clip_low": 0.5}}, ["grpo.advantage_clip_low"], ["0.5 > 0", "<= 0"]),
+        (
+            {"grpo": {"advantage_clip_high": -0.5, "advantage_clip_low": -2.0}},
+            ["grpo.advantage_clip_high"],
+            ["-0.5 < 0", ">= 0"],
+        ),
+        (
+            {"grpo": {"reward_scaling": {"enabled": True, "source_min": 1.0, "source_max": 1.0}}},
+            ["grpo.reward_scaling.source_max", "grpo.reward_scaling.source_min"],
+            ["source_max > source_min"],
+        ),
+        (
+            {"grpo": {"reward_shaping": {"enabled": True, "max_response_length": 512}}},
+            ["grpo.reward_shaping.overlong_buffer_length", "grpo.reward_shaping.overlong_buffer_penalty"],
+            ["are null", "stop_properly_penalty_coef"],
+        ),
+        (
+            {
+                "grpo": {
+                    "reward_shaping": {
+                        "enabled": True,
+                        "overlong_buffer_length": 256,
+                        "overlong_buffer_penalty": 1.0,
+                        "max_response_length": 128,
+                    }
+                }
+            },
+            ["grpo.reward_shaping.overlong_buffer_length", "grpo.reward_shaping.max_response_length"],
+            ["is 256", "128"],
+        ),
+    ],
+    ids=[
+        "scaling_async",
+        "shaping_async",
+        "multiplier_without_ds",
+        "ds_not_yet",
+        "clip_crossed",
+        "clip_low_positive",
+        "clip_high_negative",
+        "scaling_empty_range",
+        "shaping_missing",
+        "shaping_buffer_too_long",
+    ],
+)
 def test_grpo_reward_option_rules(raw, paths, words):
     (line,) = problems(raw)
     for text in paths + words:
@@ -272,43 +396,89 @@ def test_grpo_reward_option_rules(raw, paths, words):
 
 
 def test_grpo_reward_options_that_are_fine():
-    g = load_config_dict({"grpo": {
-        "dynamic_sampling_max_gen_batches": 3, "advantage_clip_low": -5.0, "advantage_clip_high": 5, "overlong_filtering": True,
-        "reward_scaling": {"enabled": True, "source_min": 0, "source_max": 1, "target_min": -1, "target_max": 1},
-        "reward_shaping": {"enabled": True, "overlong_buffer_length": 128, "overlong_buffer_penalty": 1,
-                           "max_response_length": 128}}}).grpo
+    g = load_config_dict(
+        {
+            "grpo": {
+                "dynamic_sampling_max_gen_batches": 3,
+                "advantage_clip_low": -5.0,
+                "advantage_clip_high": 5,
+                "overlong_filtering": True,
+                "reward_scaling": {
+                    "enabled": True,
+                    "source_min": 0,
+                    "source_max": 1,
+                    "target_min": -1,
+                    "target_max": 1,
+                },
+                "reward_shaping": {
+                    "enabled": True,
+                    "overlong_buffer_length": 128,
+                    "overlong_buffer_penalty": 1,
+                    "max_response_length": 128,
+                },
+            }
+        }
+    ).grpo
     assert (g.advantage_clip_high, g.reward_scaling.target_min) == (5.0, -1.0)
     # the truncation penalty needs none of the DAPO keys, and ignores them when they are there
     load_config_dict({"grpo": {"reward_shaping": {"enabled": True, "stop_properly_penalty_coef": 0.0}}})
-    load_config_dict({"grpo": {"reward_shaping": {"enabled": True, "stop_properly_penalty_coef": 1.0,
-                                                  "overlong_buffer_length": 999, "max_response_length": 1}}})
+    load_config_dict(
+        {
+            "grpo": {
+                "reward_shaping": {
+                    "enabled": True,
+                    "stop_properly_penalty_coef": 1.0,
+                    "overlong_buffer_length": 999,
+                    "max_response_length": 1,
+                }
+            }
+        }
+    )
     # switched off, a section's values are not checked against each other
-    load_config_dict({"grpo": {"reward_scaling": {"source_min": 1, "source_max": 0},
-                               "reward_shaping": {"max_response_length": 8}}})
+    load_config_dict(
+        {"grpo": {"reward_scaling": {"source_min": 1, "source_max": 0}, "reward_shaping": {"max_response_length": 8}}}
+    )
     g = load_config_dict({"grpo": {}}).grpo
-    assert (g.use_dynamic_sampling, g.dynamic_sampling_max_gen_batches, g.batch_multiplier, g.overlong_filtering,
-            g.advantage_clip_low, g.advantage_clip_high, g.reward_shaping.enabled, g.reward_scaling.enabled) == (
-        False, 10, 1.0, False, None, None, False, False)  # NeMo-RL's defaults
+    assert (
+        g.use_dynamic_sampling,
+        g.dynamic_sampling_max_gen_batches,
+        g.batch_multiplier,
+        g.overlong_filtering,
+        g.advantage_clip_low,
+        g.advantage_clip_high,
+        g.reward_shaping.enabled,
+        g.reward_scaling.enabled,
+    ) == (False, 10, 1.0, False, None, None, False, False)  # NeMo-RL's defaults
 
 
-@pytest.mark.parametrize("grpo, line", [
-    ({"batch_multiplier": 0.5}, "grpo.batch_multiplier: expected a value >= 1, got 0.5"),
-    ({"dynamic_sampling_max_gen_batches": 0}, "grpo.dynamic_sampling_max_gen_batches: expected a value > 0"),
-    ({"reward_shaping": {"stop_properly_penalty_coef": 1.5}},
-     "grpo.reward_shaping.stop_properly_penalty_coef: expected a value <= 1, got 1.5"),
-    ({"reward_shaping": {"overlong_buffer_penalty": -1.0}},
-     "grpo.reward_shaping.overlong_buffer_penalty: expected a value >= 0"),
-    ({"reward_shaping": {"overlong_buffer_length": 0}},
-     "grpo.reward_shaping.overlong_buffer_length: expected a value > 0"),
-])
+@pytest.mark.parametrize(
+    "grpo, line",
+    [
+        ({"batch_multiplier": 0.5}, "grpo.batch_multiplier: expected a value >= 1, got 0.5"),
+        ({"dynamic_sampling_max_gen_batches": 0}, "grpo.dynamic_sampling_max_gen_batches: expected a value > 0"),
+        (
+            {"reward_shaping": {"stop_properly_penalty_coef": 1.5}},
+            "grpo.reward_shaping.stop_properly_penalty_coef: expected a value <= 1, got 1.5",
+        ),
+        (
+            {"reward_shaping": {"overlong_buffer_penalty": -1.0}},
+            "grpo.reward_shaping.overlong_buffer_penalty: expected a value >= 0",
+        ),
+        (
+            {"reward_shaping": {"overlong_buffer_length": 0}},
+            "grpo.reward_shaping.overlong_buffer_length: expected a value > 0",
+        ),
+    ],
+)
 def test_grpo_reward_option_values(grpo, line):
     (problem,) = problems({"grpo": grpo})
     assert problem.startswith(line), problem
 
 
 def test_context_parallel_allowed_with_gpu():
-    resolved = resolve(load_config_dict({"cluster": {"use_gpu": True},
-                                         "policy": {"dtensor_cfg": {"context_parallel_size": 2}}}))
+    resolved = resolve(
+        load_config_dict({"cluster": {"use_gpu": True}, "policy": {"dtensor_cfg": {"context_parallel_size": 2}}})
+    )
     assert resolved.policy.layout.cp == 2 and resolved.policy.data_parallel_size == 1
 
 
@@ -318,16 +488,26 @@ def test_parallel_sizes_of_unselected_backend_ignored():
 
 
 def test_several_rule_violations_all_reported():
-    found = problems({"policy": {"dynamic_batching": {"enabled": True}, "sequence_packing": {"enabled": True},
-                                 "megatron_cfg": {"enabled": True}, "fsdp_offload_enabled": True}})
+    found = problems(
+        {
+            "policy": {
+                "dynamic_batching": {"enabled": True},
+                "sequence_packing": {"enabled": True},
+                "megatron_cfg": {"enabled": True},
+                "fsdp_offload_enabled": True,
+            }
+        }
+    )
     assert len(found) == 3, found
 
 
 # --- schema errors -----------------------------------------------------------------------
 
+
 def test_unknown_key_hint():
     assert problems({"policy": {"train_micro_batchsize": 2}}) == [
-        "policy.train_micro_batchsize: unknown key; did you mean 'train_micro_batch_size'?"]
+        "policy.train_micro_batchsize: unknown key; did you mean 'train_micro_batch_size'?"
+    ]
 
 
 def test_unknown_key_without_close_match_has_no_hint():
@@ -339,36 +519,48 @@ def test_unknown_key_in_nested_and_list_sections():
     assert "clustr: unknown key; did you mean 'cluster'?" in found
     assert "policy.scheduler[0].kwarg: unknown key; did you mean 'kwargs'?" in found
     # a backend's own section is checked by its config class when the config is resolved
-    found = config_problems({"policy": {"dtensor_cfg": {"tensor_paralel_size": 2},
-                                        "megatron_cfg": {"pipeline_model_paralel_size": 2}}})
-    assert found == ["policy.megatron_cfg.pipeline_model_paralel_size: unknown key; did you mean "
-                     "'pipeline_model_parallel_size'?",
-                     "policy.dtensor_cfg.tensor_paralel_size: unknown key; did you mean 'tensor_parallel_size'?"]
+    found = config_problems(
+        {"policy": {"dtensor_cfg": {"tensor_paralel_size": 2}, "megatron_cfg": {"pipeline_model_paralel_size": 2}}}
+    )
+    assert found == [
+        "policy.megatron_cfg.pipeline_model_paralel_size: unknown key; did you mean 'pipeline_model_parallel_size'?",
+        "policy.dtensor_cfg.tensor_paralel_size: unknown key; did you mean 'tensor_parallel_size'?",
+    ]
 
 
 def test_bad_type_names_path_and_value():
     assert problems({"policy": {"train_micro_batch_size": "abc"}}) == [
-        "policy.train_micro_batch_size: expected an integer, got 'abc'"]
+        "policy.train_micro_batch_size: expected an integer, got 'abc'"
+    ]
 
 
-@pytest.mark.parametrize("policy, line", [
-    ({"precision": "fp8"}, "policy.precision: expected one of 'float32', 'bfloat16' or 'float16', got 'fp8'"),
-    ({"max_grad_norm": "x"}, "policy.max_grad_norm: expected a number, got 'x'"),
-    ({"max_grad_norm": -1}, "policy.max_grad_norm: expected a value > 0, got -1"),
-    ({"dtensor_cfg": 3}, "policy.dtensor_cfg: expected a mapping (key: value), got 3"),
-    ({"vllm_cfg": [1]}, "policy.vllm_cfg: expected a mapping (key: value), got [1]"),
-    ({"scheduler": [{"kwargs": {}}]}, "policy.scheduler[0].name: required key is missing"),
-    ({"train_micro_batch_size": True}, "policy.train_micro_batch_size: expected an integer, got true"),
-    ({"train_micro_batch_size": 2.5}, "policy.train_micro_batch_size: expected an integer, got 2.5"),
-    ({"generation": {"colocated": "maybe"}}, "policy.generation.colocated: expected a mapping (key: value), got 'maybe'"),
-])
+@pytest.mark.parametrize(
+    "policy, line",
+    [
+        ({"precision": "fp8"}, "policy.precision: expected one of 'float32', 'bfloat16' or 'float16', got 'fp8'"),
+        ({"max_grad_norm": "x"}, "policy.max_grad_norm: expected a number, got 'x'"),
+        ({"max_grad_norm": -1}, "policy.max_grad_norm: expected a value > 0, got -1"),
+        ({"dtensor_cfg": 3}, "policy.dtensor_cfg: expected a mapping (key: value), got 3"),
+        ({"vllm_cfg": [1]}, "policy.vllm_cfg: expected a mapping (key: value), got [1]"),
+        ({"scheduler": [{"kwargs": {}}]}, "policy.scheduler[0].name: required key is missing"),
+        ({"train_micro_batch_size": True}, "policy.train_micro_batch_size: expected an integer, got true"),
+        ({"train_micro_batch_size": 2.5}, "policy.train_micro_batch_size: expected an integer, got 2.5"),
+        (
+            {"generation": {"colocated": "maybe"}},
+            "policy.generation.colocated: expected a mapping (key: value), got 'maybe'",
+        ),
+    ],
+)
 def test_bad_values(policy, line):
     assert problems({"policy": policy}) == [line]
 
 
 def test_all_problems_of_a_file_reported(tmp_path):
-    path = write(tmp_path, "cluster:\n  num_nodes: zero\npolicy:\n  train_micro_batchsize: 2\n"
-                           "  precision: fp8\n  max_grad_norm: x\n  dtensor_cfg:\n    enabled: maybe\n")
+    path = write(
+        tmp_path,
+        "cluster:\n  num_nodes: zero\npolicy:\n  train_micro_batchsize: 2\n"
+        "  precision: fp8\n  max_grad_norm: x\n  dtensor_cfg:\n    enabled: maybe\n",
+    )
     with pytest.raises(ConfigError) as info:
         load_config(path)
     assert len(info.value.problems) == 4
@@ -377,10 +569,13 @@ def test_all_problems_of_a_file_reported(tmp_path):
     assert "Traceback" not in str(info.value) and "pydantic" not in str(info.value)
 
 
-@pytest.mark.parametrize("section, line", [
-    ({"tensor_parallel_size": 0}, "policy.dtensor_cfg.tensor_parallel_size: expected a value > 0, got 0"),
-    ({"enabled": "maybe"}, "policy.dtensor_cfg.enabled: expected true or false, got 'maybe'"),
-])
+@pytest.mark.parametrize(
+    "section, line",
+    [
+        ({"tensor_parallel_size": 0}, "policy.dtensor_cfg.tensor_parallel_size: expected a value > 0, got 0"),
+        ({"enabled": "maybe"}, "policy.dtensor_cfg.enabled: expected true or false, got 'maybe'"),
+    ],
+)
 def test_bad_values_of_a_backend_section(section, line):
     assert config_problems({"policy": {"dtensor_cfg": section}}) == [line]
 
@@ -398,6 +593,7 @@ def test_max_grad_norm_null_and_int():
 
 
 # --- YAML ----------------------------------------------------------------------------------
+
 
 def test_yaml_syntax_error_names_file_and_line(tmp_path):
     path = write(tmp_path, "policy:\n  model_name: x\n  bad: [1, 2\n")
@@ -429,11 +625,23 @@ def test_missing_file_and_non_mapping(tmp_path):
 
 # --- overrides -----------------------------------------------------------------------------
 
+
 def test_override_values_are_yaml():
-    out = apply_overrides({"policy": {"x": 1}}, ["policy.train_micro_batch_size=2", "policy.max_grad_norm=null",
-                                                 "policy.generation.stop_token_ids=[1,2]", "a.b.c=text"])
-    assert out["policy"] == {"x": 1, "train_micro_batch_size": 2, "max_grad_norm": None,
-                             "generation": {"stop_token_ids": [1, 2]}}
+    out = apply_overrides(
+        {"policy": {"x": 1}},
+        [
+            "policy.train_micro_batch_size=2",
+            "policy.max_grad_norm=null",
+            "policy.generation.stop_token_ids=[1,2]",
+            "a.b.c=text",
+        ],
+    )
+    assert out["policy"] == {
+        "x": 1,
+        "train_micro_batch_size": 2,
+        "max_grad_norm": None,
+        "generation": {"stop_token_ids": [1, 2]},
+    }
     assert out["a"] == {"b": {"c": "text"}}
 
 
@@ -445,8 +653,15 @@ def test_override_does_not_mutate_input():
 
 def test_overrides_through_loader(tmp_path):
     path = write(tmp_path, "policy:\n  train_micro_batch_size: 1\n  generation: null\n")
-    cfg = load_config(path, ["policy.train_micro_batch_size=2", "policy.max_grad_norm=null",
-                             "policy.generation.stop_token_ids=[1,2]", "cluster.workers_per_node=4"])
+    cfg = load_config(
+        path,
+        [
+            "policy.train_micro_batch_size=2",
+            "policy.max_grad_norm=null",
+            "policy.generation.stop_token_ids=[1,2]",
+            "cluster.workers_per_node=4",
+        ],
+    )
     assert cfg.policy.train_micro_batch_size == 2
     assert cfg.policy.max_grad_norm is None
     assert cfg.policy.generation.stop_token_ids == [1, 2]
@@ -467,7 +682,8 @@ def test_malformed_override_named(bad):
 
 def test_override_bad_value_reports_path():
     assert problems({}, ["policy.train_micro_batch_size=abc"]) == [
-        "policy.train_micro_batch_size: expected an integer, got 'abc'"]
+        "policy.train_micro_batch_size: expected an integer, got 'abc'"
+    ]
 
 
 def test_override_through_scalar_is_an_error():
@@ -477,9 +693,17 @@ def test_override_through_scalar_is_an_error():
 
 # --- backend sections ----------------------------------------------------------------------
 
+
 def test_cfg_sections_collected_and_dumped_under_their_names():
-    cfg = load_config_dict({"policy": {"mybackend_cfg": {"knob": 3}, "empty_cfg": None,
-                                       "generation": {"vllm_cfg": {"gpu_memory_utilization": 0.5}}}})
+    cfg = load_config_dict(
+        {
+            "policy": {
+                "mybackend_cfg": {"knob": 3},
+                "empty_cfg": None,
+                "generation": {"vllm_cfg": {"gpu_memory_utilization": 0.5}},
+            }
+        }
+    )
     assert cfg.policy.backend_sections == {"mybackend_cfg": {"knob": 3}, "empty_cfg": {}}
     assert cfg.policy.generation.backend_sections == {"vllm_cfg": {"gpu_memory_utilization": 0.5}}
     dumped = yaml.safe_load(dump_config(cfg))
@@ -503,38 +727,54 @@ def test_validate_section():
     assert model == _SectionModel(knob=3) and found == []
     model, found = validate_section(_SectionModel, {"knob": "x", "knb": 1}, "policy.my_cfg")
     assert model is None
-    assert found == ["policy.my_cfg.knob: expected an integer, got 'x'",
-                     "policy.my_cfg.knb: unknown key; did you mean 'knob'?"]
+    assert found == [
+        "policy.my_cfg.knob: expected an integer, got 'x'",
+        "policy.my_cfg.knb: unknown key; did you mean 'knob'?",
+    ]
     assert validate_section(_SectionModel, None, "p.my_cfg") == (_SectionModel(), [])
-    assert validate_section(_SectionModel, 5, "p.my_cfg") == (None, ["p.my_cfg: expected a mapping (key: value), got 5"])
+    assert validate_section(_SectionModel, 5, "p.my_cfg") == (
+        None,
+        ["p.my_cfg: expected a mapping (key: value), got 5"],
+    )
     assert validate_section(DTensorConfig, {"enabled": False}, "policy.dtensor_cfg")[0].enabled is False
 
 
 # --- scheduler -------------------------------------------------------------------------------
 
+
 def test_scheduler_milestones_in_list():
-    cfg = load_config_dict({"policy": {"scheduler": [
-        {"name": "torch.optim.lr_scheduler.LinearLR", "kwargs": {"start_factor": 0.1, "total_iters": 5}},
-        {"name": "torch.optim.lr_scheduler.ConstantLR", "kwargs": {"factor": 1.0}},
-        {"name": "milestones", "milestones": [5]},
-    ]}})
+    cfg = load_config_dict(
+        {
+            "policy": {
+                "scheduler": [
+                    {"name": "torch.optim.lr_scheduler.LinearLR", "kwargs": {"start_factor": 0.1, "total_iters": 5}},
+                    {"name": "torch.optim.lr_scheduler.ConstantLR", "kwargs": {"factor": 1.0}},
+                    {"name": "milestones", "milestones": [5]},
+                ]
+            }
+        }
+    )
     first, second, marks = cfg.policy.scheduler
     assert isinstance(first, SinglePytorchSchedulerConfig) and isinstance(second, SinglePytorchSchedulerConfig)
     assert marks == SchedulerMilestones(name="milestones", milestones=[5])
 
 
 def test_scheduler_milestone_count_checked():
-    (line,) = problems({"policy": {"scheduler": [{"name": "a"}, {"name": "b"},
-                                                 {"name": "milestones", "milestones": [1, 2]}]}})
+    (line,) = problems(
+        {"policy": {"scheduler": [{"name": "a"}, {"name": "b"}, {"name": "milestones", "milestones": [1, 2]}]}}
+    )
     assert line.startswith("policy.scheduler[2].milestones:") and "one milestone fewer" in line
 
 
 # --- dump / schema -----------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("fmt, parse", [("yaml", yaml.safe_load), ("json", json.loads)])
 def test_dump_load_round_trip(fmt, parse):
-    cfg = load_config(REPO / "examples/dtensor_tiny.yaml",
-                      ["policy.vllm_cfg.x=1", "policy.scheduler=[{name: a}]", "policy.max_grad_norm=2"])
+    cfg = load_config(
+        REPO / "examples/dtensor_tiny.yaml",
+        ["policy.vllm_cfg.x=1", "policy.scheduler=[{name: a}]", "policy.max_grad_norm=2"],
+    )
     again = load_config_dict(parse(dump_config(cfg, fmt)))
     assert again == cfg
     assert dump_config(again, fmt) == dump_config(cfg, fmt)
@@ -581,19 +821,23 @@ def test_every_field_documented():
 
 def _types_in(tp):
     import typing
+
     yield tp
     for arg in typing.get_args(tp):
         yield from _types_in(arg)
 
 
 def test_import_is_light():
-    code = ("import sys, rlcore.config, rlcore.cli.config_cmd; "
-            "print([m for m in ('torch', 'ray', 'vllm', 'megatron') if m in sys.modules])")
+    code = (
+        "import sys, rlcore.config, rlcore.cli.config_cmd; "
+        "print([m for m in ('torch', 'ray', 'vllm', 'megatron') if m in sys.modules])"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 
 
 # --- CLI -----------------------------------------------------------------------------------
+
 
 @pytest.fixture
 def runner():
@@ -609,8 +853,10 @@ def test_cli_validate_ok(runner):
 
 def test_cli_validate_with_overrides(runner):
     path = REPO / "examples/dtensor_tiny.yaml"
-    result = runner.invoke(config_app, ["validate", str(path), "-o", "cluster.workers_per_node=4",
-                                        "--override", "policy.dtensor_cfg.enabled=false"])
+    result = runner.invoke(
+        config_app,
+        ["validate", str(path), "-o", "cluster.workers_per_node=4", "--override", "policy.dtensor_cfg.enabled=false"],
+    )
     assert result.exit_code == 0, result.output
     assert "(training backend: fsdp1, world size 4, data parallel 4)" in result.stdout
 
@@ -620,10 +866,12 @@ def test_cli_validate_fail(runner, tmp_path):
     result = runner.invoke(config_app, ["validate", str(path)])
     assert result.exit_code == 1
     lines = result.stderr.strip().splitlines()
-    assert sorted(lines) == sorted([
-        "policy.train_micro_batchsize: unknown key; did you mean 'train_micro_batch_size'?",
-        "policy.precision: expected one of 'float32', 'bfloat16' or 'float16', got 'fp8'",
-    ])
+    assert sorted(lines) == sorted(
+        [
+            "policy.train_micro_batchsize: unknown key; did you mean 'train_micro_batch_size'?",
+            "policy.precision: expected one of 'float32', 'bfloat16' or 'float16', got 'fp8'",
+        ]
+    )
     assert "Traceback" not in result.output and result.stdout == ""
 
 
@@ -634,7 +882,8 @@ def test_cli_validate_reports_backend_section_and_layout_problems(tmp_path):
     assert result.stderr.splitlines() == [
         "policy.dtenzor_cfg: no installed backend named 'dtenzor'; did you mean 'dtensor_cfg'?",
         "policy.dtensor_cfg.tensor_parallel_size: tp 4 does not divide the world size 2 (cluster.num_nodes × "
-        "cluster.workers_per_node); choose sizes whose product divides 2, or a cluster of a multiple of 4 ranks"]
+        "cluster.workers_per_node); choose sizes whose product divides 2, or a cluster of a multiple of 4 ranks",
+    ]
 
 
 def test_cli_validate_missing_file(runner, tmp_path):
@@ -672,9 +921,11 @@ def test_torch_optimizer_settings_are_refused_for_megatron_which_never_reads_the
     again.write_text(dump_config(ok))  # what `rlcore config show` writes loads back
     assert load_config(again) == ok
     resolve(ok, run=True)
-    for override, path in (("policy.optimizer.name=torch.optim.SGD", "policy.optimizer"),
-                           ("policy.optimizer.kwargs.lr=0.5", "policy.optimizer"),
-                           ("policy.scheduler=[{name: torch.optim.lr_scheduler.ConstantLR}]", "policy.scheduler")):
+    for override, path in (
+        ("policy.optimizer.name=torch.optim.SGD", "policy.optimizer"),
+        ("policy.optimizer.kwargs.lr=0.5", "policy.optimizer"),
+        ("policy.scheduler=[{name: torch.optim.lr_scheduler.ConstantLR}]", "policy.scheduler"),
+    ):
         with pytest.raises(ConfigError) as info:  # megatron's own config check, when the config is resolved
             resolve(load_config("examples/grpo_megatron.yaml", [override]), run=True)
         assert [p.split(":")[0] for p in info.value.problems] == [path], info.value.problems

@@ -32,7 +32,7 @@ SCHEMA_MODULES = {"base.py", "cluster.py", "generation.py", "grpo.py", "policy.p
 #: ``Model.field`` -> why it needs no read site of its own.
 ALLOWED: dict[str, str] = {
     "SectionsModel.backend_sections": "the container of '*_cfg' sub-sections: read by the plugin registry "
-                                      "through getattr(owner, 'backend_sections')",
+    "through getattr(owner, 'backend_sections')",
 }
 
 
@@ -59,9 +59,13 @@ def _models() -> list[type[BaseModel]]:
 
 
 def _runtime_sources() -> list[Path]:
-    files = [p for p in (REPO / "src" / "rlcore").rglob("*.py")
-             if not (p.parent.name == "config" and p.name in SCHEMA_MODULES)
-             and "nemo_rl" not in p.parts and "testing" not in p.parts]
+    files = [
+        p
+        for p in (REPO / "src" / "rlcore").rglob("*.py")
+        if not (p.parent.name == "config" and p.name in SCHEMA_MODULES)
+        and "nemo_rl" not in p.parts
+        and "testing" not in p.parts
+    ]
     for plugin in sorted((REPO / "plugins").glob("*/src")):
         files += [p for p in plugin.rglob("*.py") if not p.name.endswith("config.py") or "rl_megatron" in p.parts]
     return files
@@ -73,13 +77,17 @@ def _read_names() -> set[str]:
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load):
                 names.add(node.attr)
-            elif isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) \
-                    and isinstance(node.slice.value, str):
+            elif (
+                isinstance(node, ast.Subscript)
+                and isinstance(node.slice, ast.Constant)
+                and isinstance(node.slice.value, str)
+            ):
                 names.add(node.slice.value)
             elif isinstance(node, ast.Call) and node.args:
                 fn = node.func
-                getter = (isinstance(fn, ast.Attribute) and fn.attr == "get") or \
-                         (isinstance(fn, ast.Name) and fn.id in ("getattr", "hasattr"))
+                getter = (isinstance(fn, ast.Attribute) and fn.attr == "get") or (
+                    isinstance(fn, ast.Name) and fn.id in ("getattr", "hasattr")
+                )
                 key = node.args[1] if isinstance(fn, ast.Name) and len(node.args) > 1 else node.args[0]
                 if getter and isinstance(key, ast.Constant) and isinstance(key.value, str):
                     names.add(key.value)
@@ -94,8 +102,10 @@ def test_every_config_field_is_read_somewhere() -> None:
             owners = [f"{c.__name__}.{name}" for c in model.__mro__ if f"{c.__name__}.{name}" in ALLOWED]
             if name not in read and not owners and name != SECTIONS_FIELD:
                 unread.append(f"{model.__module__}.{model.__name__}.{name}")
-    assert not unread, ("config fields no runtime code reads (implement them, reject non-default values in a "
-                        "rule, or add them to ALLOWED with the reason):\n" + "\n".join(unread))
+    assert not unread, (
+        "config fields no runtime code reads (implement them, reject non-default values in a "
+        "rule, or add them to ALLOWED with the reason):\n" + "\n".join(unread)
+    )
 
 
 def test_the_walk_sees_the_plugins_and_would_catch_a_new_field() -> None:

@@ -14,6 +14,7 @@ import textwrap
 import pytest
 import torch
 
+from rlcore.backends.reference.worker import ReferenceWorker
 from rlcore.plugins import BackendSpec, hookimpl
 from rlcore.testing.conformance import (
     TrainingBackendConformance,
@@ -22,7 +23,6 @@ from rlcore.testing.conformance import (
     logprob_problems,
     weight_problems,
 )
-from rlcore.backends.reference.worker import ReferenceWorker
 
 
 class TestReferenceBackend(TrainingBackendConformance):
@@ -45,13 +45,16 @@ def test_logprob_checker_accepts_conforming_logprobs():
     assert logprob_problems(lp, lengths, lp.clone()) == []
 
 
-@pytest.mark.parametrize("defect, message", [
-    (lambda lp: lp.double(), "dtype"),
-    (lambda lp: lp.index_put((torch.tensor([0]), torch.tensor([0])), torch.tensor(-1.0)), "position 0"),
-    (lambda lp: lp.index_put((torch.tensor([1]), torch.tensor([3])), torch.tensor(-1.0)), "padding"),
-    (lambda lp: lp + torch.tensor([[0.0, 1e-4, 0.0, 0.0], [0.0] * 4]), "differ"),
-    (lambda lp: lp[:, :3], "shape"),
-])
+@pytest.mark.parametrize(
+    "defect, message",
+    [
+        (lambda lp: lp.double(), "dtype"),
+        (lambda lp: lp.index_put((torch.tensor([0]), torch.tensor([0])), torch.tensor(-1.0)), "position 0"),
+        (lambda lp: lp.index_put((torch.tensor([1]), torch.tensor([3])), torch.tensor(-1.0)), "padding"),
+        (lambda lp: lp + torch.tensor([[0.0, 1e-4, 0.0, 0.0], [0.0] * 4]), "differ"),
+        (lambda lp: lp[:, :3], "shape"),
+    ],
+)
 def test_logprob_checker_rejects(defect, message):
     lp, lengths = _good_logprobs()
     problems = logprob_problems(defect(lp.clone()), lengths, lp)
@@ -85,13 +88,16 @@ def test_generation_checker_accepts_conforming_output():
     assert generation_output_problems(prompts, lengths, out, max_new_tokens=2, pad_id=0) == []
 
 
-@pytest.mark.parametrize("key, row, col, value, message", [
-    ("output_ids", 1, 4, 13, "right-padded"),
-    ("output_ids", 0, 1, 99, "prompt"),
-    ("logprobs", 0, 1, -0.5, "prompt and padding"),
-    ("logprobs", 0, 3, 0.5, "<= 0"),
-    ("unpadded_sequence_lengths", 1, None, 4, "input_lengths + generation_lengths"),
-])
+@pytest.mark.parametrize(
+    "key, row, col, value, message",
+    [
+        ("output_ids", 1, 4, 13, "right-padded"),
+        ("output_ids", 0, 1, 99, "prompt"),
+        ("logprobs", 0, 1, -0.5, "prompt and padding"),
+        ("logprobs", 0, 3, 0.5, "<= 0"),
+        ("unpadded_sequence_lengths", 1, None, 4, "input_lengths + generation_lengths"),
+    ],
+)
 def test_generation_checker_rejects(key, row, col, value, message):
     prompts, lengths, out = _generation_case()
     out[key][(row, col) if col is not None else row] = value
@@ -101,7 +107,7 @@ def test_generation_checker_rejects(key, row, col, value, message):
 
 # --------------------------------------------------------------------------- whole kit tests fail on broken backends
 
-_BROKEN_PLUGIN = textwrap.dedent('''
+_BROKEN_PLUGIN = textwrap.dedent("""
     import torch  # the defect: a plugin module must not import torch
     from rlcore.plugins import BackendSpec, hookimpl
 
@@ -112,7 +118,7 @@ _BROKEN_PLUGIN = textwrap.dedent('''
     @hookimpl
     def rlcore_register_backends(register):
         register(BackendSpec(name="heavy", kind="training", worker_class="kit_broken_plugin:IncompleteWorker"))
-''')
+""")
 
 
 @pytest.fixture
@@ -161,12 +167,12 @@ class MeanGradWorker(ReferenceWorker):
 class _MeanGradPlugin:
     @hookimpl
     def rlcore_register_backends(self, register):
-        register(BackendSpec(name="meangrad", kind="training",
-                             worker_class=f"{__name__}:MeanGradWorker"))
+        register(BackendSpec(name="meangrad", kind="training", worker_class=f"{__name__}:MeanGradWorker"))
 
 
-def test_kit_catches_gradients_averaged_over_ranks(ray_session, tiny_model_dir, tiny_tokenizer, tmp_path,
-                                                  rlcore_registry):
+def test_kit_catches_gradients_averaged_over_ranks(
+    ray_session, tiny_model_dir, tiny_tokenizer, tmp_path, rlcore_registry
+):
     rlcore_registry.register_plugin(_MeanGradPlugin(), name="meangrad")
 
     class Kit(TrainingBackendConformance):
@@ -200,8 +206,9 @@ class _LengthSortingPlugin:
         register(BackendSpec(name="lengthsort", kind="training", worker_class=f"{__name__}:LengthSortingWorker"))
 
 
-def test_kit_catches_a_backend_that_splits_dpo_pairs(ray_session, tiny_model_dir, tiny_tokenizer, tmp_path,
-                                                     rlcore_registry):
+def test_kit_catches_a_backend_that_splits_dpo_pairs(
+    ray_session, tiny_model_dir, tiny_tokenizer, tmp_path, rlcore_registry
+):
     rlcore_registry.register_plugin(_LengthSortingPlugin(), name="lengthsort")
 
     class Kit(TrainingBackendConformance):

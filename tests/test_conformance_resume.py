@@ -14,9 +14,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from rlcore.backends.reference.worker import ReferenceWorker
 from rlcore.plugins import BackendSpec, hookimpl
 from rlcore.testing.conformance import TrainingBackendConformance, _TrainingKit
-from rlcore.backends.reference.worker import ReferenceWorker
 from rlcore.testing.conformance.resume_check import RECIPE, diagnose_update
 from rlcore.training.checkpoint import load_torch_state
 
@@ -43,16 +43,26 @@ class _Plugin:
 
     @hookimpl
     def rlcore_register_backends(self, register):
-        register(BackendSpec(name=self.name, kind="training", capabilities={"train", "logprobs", "checkpoint"},
-                             worker_class=f"{__name__}:{self.worker.__name__}"))
+        register(
+            BackendSpec(
+                name=self.name,
+                kind="training",
+                capabilities={"train", "logprobs", "checkpoint"},
+                worker_class=f"{__name__}:{self.worker.__name__}",
+            )
+        )
 
 
-@pytest.mark.parametrize("worker, cause, not_cause", [
-    (OptimizerDroppingWorker, "optimizer state (Adam moments) was not restored", "schedule was not restored"),
-    (SchedulerDroppingWorker, "learning-rate schedule was not restored", "Adam moments"),
-])
-def test_checkpoint_test_names_the_lost_state(ray_session, tiny_model_dir, tiny_tokenizer, tmp_path,
-                                              rlcore_registry, worker, cause, not_cause):
+@pytest.mark.parametrize(
+    "worker, cause, not_cause",
+    [
+        (OptimizerDroppingWorker, "optimizer state (Adam moments) was not restored", "schedule was not restored"),
+        (SchedulerDroppingWorker, "learning-rate schedule was not restored", "Adam moments"),
+    ],
+)
+def test_checkpoint_test_names_the_lost_state(
+    ray_session, tiny_model_dir, tiny_tokenizer, tmp_path, rlcore_registry, worker, cause, not_cause
+):
     name = worker.__name__.lower()
     rlcore_registry.register_plugin(_Plugin(name, worker), name=name)
 

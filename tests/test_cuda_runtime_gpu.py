@@ -74,10 +74,17 @@ print(json.dumps(out), flush=True)
 
 
 def test_one_rank_nccl_groups_from_rlcore_rendezvous() -> None:
-    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
-           "MASTER_PORT": str(_free_port())}
-    child = subprocess.run([sys.executable, "-c", _ONE_RANK, str(_free_port())], env=env, capture_output=True,
-                           text=True, timeout=180)
+    env = {
+        **os.environ,
+        "RANK": "0",
+        "WORLD_SIZE": "1",
+        "LOCAL_RANK": "0",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(_free_port()),
+    }
+    child = subprocess.run(
+        [sys.executable, "-c", _ONE_RANK, str(_free_port())], env=env, capture_output=True, text=True, timeout=180
+    )
     assert child.returncode == 0, child.stderr[-3000:]
     out = json.loads(child.stdout.strip().splitlines()[-1])
     # NCCL for CUDA tensors, gloo for the CPU ones (offloaded state, checkpoint gathers): one default group
@@ -98,8 +105,14 @@ def _nccl_refit_rank(rank: int, port: int, queue: Any) -> None:
     meta = metadata_of(tensors.items())
     group = init_refit_group("127.0.0.1", port, 2, rank, device, timeout_s=120)
     if rank == 0:
-        queue.put(("sent", broadcast_weights(group, iter({k: v.to(device) for k, v in tensors.items()}.items()),
-                                             meta, 4096, device)))
+        queue.put(
+            (
+                "sent",
+                broadcast_weights(
+                    group, iter({k: v.to(device) for k, v in tensors.items()}.items()), meta, 4096, device
+                ),
+            )
+        )
         return
     got: dict[str, torch.Tensor] = {}
     receive_weights(group, meta, 4096, device, lambda named: got.update({n: t.cpu().clone() for n, t in named}))
@@ -123,14 +136,14 @@ def test_nccl_refit_between_two_gpus() -> None:
 
 
 @pytest.mark.skipif(missing("ray"), reason=NO_RAY)
-def test_cpu_cluster_on_a_gpu_machine_stays_on_cpu(ray_session: None, tiny_model_dir: str,
-                                                   tiny_tokenizer: Any) -> None:
+def test_cpu_cluster_on_a_gpu_machine_stays_on_cpu(ray_session: None, tiny_model_dir: str, tiny_tokenizer: Any) -> None:
     from rlcore.config import load_config_dict
     from rlcore.distributed import RayVirtualCluster
     from rlcore.policy import Policy
 
-    cfg = load_config_dict({"policy": {"backend": "reference", "model_name": tiny_model_dir,
-                                       "train_global_batch_size": 2}}).policy
+    cfg = load_config_dict(
+        {"policy": {"backend": "reference", "model_name": tiny_model_dir, "train_global_batch_size": 2}}
+    ).policy
     cluster = RayVirtualCluster([2])
     try:
         policy = Policy(cluster, cfg, tiny_tokenizer, name_prefix="cpu-on-gpu-host", init_reference_model=False)
@@ -144,4 +157,5 @@ def test_cpu_cluster_on_a_gpu_machine_stays_on_cpu(ray_session: None, tiny_model
         cluster.shutdown()
     assert devices == ["cpu", "cpu"], (
         f"workers of a CPU cluster (use_gpus=False) run on {devices}: Ray does not hide the GPU from actors "
-        "that ask for none, and init_distributed picks CUDA whenever torch sees one")
+        "that ask for none, and init_distributed picks CUDA whenever torch sees one"
+    )

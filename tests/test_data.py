@@ -262,7 +262,9 @@ def test_shard_errors():
         data.shard_by_batch_size(2, batch_size=4)
     with pytest.raises(ValueError, match="mutually exclusive"):
         data.shard_by_batch_size(
-            2, dynamic_batching_args={"max_tokens_per_microbatch": 8}, sequence_packing_args={"max_tokens_per_microbatch": 8}
+            2,
+            dynamic_batching_args={"max_tokens_per_microbatch": 8},
+            sequence_packing_args={"max_tokens_per_microbatch": 8},
         )
     with pytest.raises(ValueError, match="unknown dynamic_batching_args"):
         data.shard_by_batch_size(2, dynamic_batching_args={"max_tokens_per_microbatch": 8, "train_mb_tokens": 3})
@@ -277,9 +279,7 @@ def test_shard_errors():
 def test_dynamic_get_batch_and_masked_samples_flow():
     lengths = [5, 30, 7, 12, 30, 2, 9, 11]
     data = make_batch(lengths)
-    shards, order = data.shard_by_batch_size(
-        2, batch_size=4, dynamic_batching_args={"max_tokens_per_microbatch": 32}
-    )
+    shards, order = data.shard_by_batch_size(2, batch_size=4, dynamic_batching_args={"max_tokens_per_microbatch": 32})
     total = 0
     for s in shards:
         assert s.num_steps == 2

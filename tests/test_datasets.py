@@ -35,8 +35,9 @@ def test_every_file_format_reads_the_same_rows(tmp_path, fmt):
 def test_a_datasets_directory_reads_its_arrow_files(tmp_path):
     """A directory datasets' save_to_disk wrote (a DatasetDict: a directory per split), read with datasets."""
     datasets = pytest.importorskip("datasets")
-    datasets.DatasetDict({"train": datasets.Dataset.from_list(ROWS[:4]),
-                          "test": datasets.Dataset.from_list(ROWS[4:])}).save_to_disk(str(tmp_path / "ds"))
+    datasets.DatasetDict(
+        {"train": datasets.Dataset.from_list(ROWS[:4]), "test": datasets.Dataset.from_list(ROWS[4:])}
+    ).save_to_disk(str(tmp_path / "ds"))
     assert list(read_rows(tmp_path / "ds", "test")) == ROWS[4:]
     assert list(read_rows(tmp_path / "ds" / "train")) == ROWS[:4]
     with pytest.raises(DataError, match="holds the splits train, test: pick one with split"):
@@ -54,12 +55,15 @@ def test_json_splits(tmp_path):
         read_rows(path, "test")
 
 
-@pytest.mark.parametrize("content, message", [
-    (b"", "no rows"),
-    (b'{"problem": "1"}\n{"problem": \n', r"d.jsonl: row 2: not JSON"),
-    (b'{"problem": "1"}\n[1, 2]\n', r"d.jsonl: row 2: expected an object"),
-    (b'{"problem": "1"}\n{"problem": "\xff"}\n', r"d.jsonl: line 2: not UTF-8"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (b"", "no rows"),
+        (b'{"problem": "1"}\n{"problem": \n', r"d.jsonl: row 2: not JSON"),
+        (b'{"problem": "1"}\n[1, 2]\n', r"d.jsonl: row 2: expected an object"),
+        (b'{"problem": "1"}\n{"problem": "\xff"}\n', r"d.jsonl: line 2: not UTF-8"),
+    ],
+)
 def test_bad_files_fail_in_one_line_naming_the_row(tmp_path, content, message):
     path = tmp_path / "d.jsonl"
     path.write_bytes(content)
@@ -77,17 +81,21 @@ def test_missing_file_and_unknown_format(tmp_path):
 
 
 def _cfg(**data):
-    return load_config_dict({"data": {"train": {"path": "unused.jsonl"}, "input_key": "problem",
-                                      "output_key": "answer", **data}})
+    return load_config_dict(
+        {"data": {"train": {"path": "unused.jsonl"}, "input_key": "problem", "output_key": "answer", **data}}
+    )
 
 
 def test_a_row_becomes_a_message_log_with_its_metadata(tmp_path):
     (tmp_path / "sys.txt").write_text("Think, then answer.")
-    builder = SampleBuilder(_cfg(system_prompt_file=str(tmp_path / "sys.txt"),
-                                 prompt_template="Solve {} (id {id})").data)
+    builder = SampleBuilder(
+        _cfg(system_prompt_file=str(tmp_path / "sys.txt"), prompt_template="Solve {} (id {id})").data
+    )
     sample = builder.sample(ROWS[2], 2, "d.jsonl: row 3")
-    assert sample.messages == [{"role": "system", "content": "Think, then answer."},
-                               {"role": "user", "content": "Solve 2+1= (id r2)"}]
+    assert sample.messages == [
+        {"role": "system", "content": "Think, then answer."},
+        {"role": "user", "content": "Solve 2+1= (id r2)"},
+    ]
     assert sample.metadata == {**ROWS[2], "ground_truth": "3"}
     chat = {"messages": [{"role": "user", "content": "hi"}], "answer": "yo", "topic": "greeting"}
     sample = SampleBuilder(_cfg(system_prompt="S").data).sample(chat, 0, "row 1")
@@ -95,12 +103,15 @@ def test_a_row_becomes_a_message_log_with_its_metadata(tmp_path):
     assert sample.metadata == {"answer": "yo", "topic": "greeting", "ground_truth": "yo"}
 
 
-@pytest.mark.parametrize("row, data, message", [
-    ({"question": "1+1"}, {}, r"d.jsonl: row 4: no field 'problem' \(data.input_key\); the row has question"),
-    ({"problem": 5}, {}, r"row 4: field 'problem' is int, not text"),
-    ({"problem": "1"}, {"prompt_template": "{unit}: {}"}, r"row 4: data.prompt_template names 'unit'"),
-    ({"messages": [{"role": "robot", "content": "x"}]}, {}, r"row 4: field 'messages' message 1 needs a role"),
-])
+@pytest.mark.parametrize(
+    "row, data, message",
+    [
+        ({"question": "1+1"}, {}, r"d.jsonl: row 4: no field 'problem' \(data.input_key\); the row has question"),
+        ({"problem": 5}, {}, r"row 4: field 'problem' is int, not text"),
+        ({"problem": "1"}, {"prompt_template": "{unit}: {}"}, r"row 4: data.prompt_template names 'unit'"),
+        ({"messages": [{"role": "robot", "content": "x"}]}, {}, r"row 4: field 'messages' message 1 needs a role"),
+    ],
+)
 def test_bad_rows_name_the_file_row_and_field(row, data, message):
     with pytest.raises(DataError, match=message):
         SampleBuilder(_cfg(**data).data).sample(row, 3, "d.jsonl: row 4")
@@ -125,19 +136,33 @@ def test_epochs_cover_every_sample_once_reshuffled_and_reproducible():
 def test_load_sources_checks_every_prompt_fits_before_a_run(tmp_path):
     path = tmp_path / "d.jsonl"
     _write(path, [*ROWS[:3], {"problem": "x" * 40, "answer": "1"}], "jsonl")
-    cfg = load_config_dict({"data": {"train": {"path": str(path)}, "validation": {"path": str(path)},
-                                     "input_key": "problem", "output_key": "answer"},
-                            "grpo": {"num_prompts_per_step": 2, "max_val_samples": 2},
-                            "policy": {"max_total_sequence_length": 32}})
-    with pytest.raises(DataError, match=r"d.jsonl: row 4: the prompt is 41 tokens, which leaves no room for a "
-                                        r"completion within policy.max_total_sequence_length=32"):
+    cfg = load_config_dict(
+        {
+            "data": {
+                "train": {"path": str(path)},
+                "validation": {"path": str(path)},
+                "input_key": "problem",
+                "output_key": "answer",
+            },
+            "grpo": {"num_prompts_per_step": 2, "max_val_samples": 2},
+            "policy": {"max_total_sequence_length": 32},
+        }
+    )
+    with pytest.raises(
+        DataError,
+        match=r"d.jsonl: row 4: the prompt is 41 tokens, which leaves no room for a "
+        r"completion within policy.max_total_sequence_length=32",
+    ):
         load_sources(cfg, lambda s: len(s.messages[-1]["content"]) + 1)
-    data = load_sources(cfg.model_copy(update={"policy": cfg.policy.model_copy(
-        update={"max_total_sequence_length": 64})}), lambda s: len(s.messages[-1]["content"]) + 1)
+    data = load_sources(
+        cfg.model_copy(update={"policy": cfg.policy.model_copy(update={"max_total_sequence_length": 64})}),
+        lambda s: len(s.messages[-1]["content"]) + 1,
+    )
     assert [s.idx for s in data.validation] == [0, 1] and data.train.batches_per_epoch == 2
     # a validation share held out of the train file is checked too (seed 0 holds out row 4 of 4)
-    held = cfg.model_copy(update={"data": cfg.data.model_copy(update={"validation": None,
-                                                                      "split_validation_size": 0.25})})
+    held = cfg.model_copy(
+        update={"data": cfg.data.model_copy(update={"validation": None, "split_validation_size": 0.25})}
+    )
     with pytest.raises(DataError, match=r"d.jsonl: row 4: the prompt is 41 tokens"):
         load_sources(held, lambda s: len(s.messages[-1]["content"]) + 1)
 
@@ -164,8 +189,11 @@ def test_dotted_keys_read_nested_fields_and_a_column_of_that_name_wins():
 def test_jsonl_lines_end_at_newline_only(tmp_path):
     """U+2028 and U+0085 are legal unescaped inside a JSON string (str.splitlines cuts at them); so are CRLF line
     ends. A form feed is written escaped and stays one."""
-    rows = [{"problem": "a\u2028b", "answer": "1"}, {"problem": "c\u0085d", "answer": "2"},
-            {"problem": "e\x0cf", "answer": "3"}]
+    rows = [
+        {"problem": "a\u2028b", "answer": "1"},
+        {"problem": "c\u0085d", "answer": "2"},
+        {"problem": "e\x0cf", "answer": "3"},
+    ]
     path = tmp_path / "odd.jsonl"
     path.write_bytes("\r\n".join(json.dumps(r, ensure_ascii=False) for r in rows).encode("utf-8") + b"\r\n")
     assert read_rows(path) == rows

@@ -20,9 +20,13 @@ def _batch(seed: int = 0, batch: int = 3, seq: int = 7, k: int = 4) -> dict:
     gen = torch.Generator().manual_seed(seed)
     lengths = torch.tensor([7, 4, 5])[:batch]
     token_mask = (torch.arange(seq)[None, :] >= 2).float() * (torch.arange(seq)[None, :] < lengths[:, None])
-    return {"input_lengths": lengths, "token_mask": token_mask, "sample_mask": torch.tensor([1.0, 1.0, 0.0]),
-            LOGITS_AT_INDICES: torch.randn(batch, seq, k, generator=gen, dtype=torch.float64) * 2,
-            TEACHER_LOGITS_KEY: torch.randn(batch, seq, k, generator=gen, dtype=torch.float64) * 2}
+    return {
+        "input_lengths": lengths,
+        "token_mask": token_mask,
+        "sample_mask": torch.tensor([1.0, 1.0, 0.0]),
+        LOGITS_AT_INDICES: torch.randn(batch, seq, k, generator=gen, dtype=torch.float64) * 2,
+        TEACHER_LOGITS_KEY: torch.randn(batch, seq, k, generator=gen, dtype=torch.float64) * 2,
+    }
 
 
 def _kl_float64(data: dict, kl_type: str, weight: float) -> torch.Tensor:
@@ -48,7 +52,8 @@ def test_the_kl_and_its_gradient_match_a_float64_recomputation(kl_type, weight):
     data = _batch()
     student = data[LOGITS_AT_INDICES].clone().requires_grad_(True)
     loss, metrics = DistillationLossFn({"kl_type": kl_type, "mixed_kl_weight": weight})(
-        torch.zeros(3, 7), {**data, LOGITS_AT_INDICES: student}, torch.tensor(2.0), torch.tensor(6.0))
+        torch.zeros(3, 7), {**data, LOGITS_AT_INDICES: student}, torch.tensor(2.0), torch.tensor(6.0)
+    )
     loss.backward()
     reference = data[LOGITS_AT_INDICES].clone().requires_grad_(True)
     expected = _kl_float64({**data, LOGITS_AT_INDICES: reference}, kl_type, weight) / 6.0
@@ -65,8 +70,11 @@ def test_a_loss_input_rlcore_does_not_know_is_refused():
         inputs = ("hidden_states",)
 
     assert loss_inputs(DistillationLossFn()) == (LOGITS_AT_INDICES,)
-    with pytest.raises(ValueError, match=r"Odd.inputs names \['hidden_states'\]; a loss may ask for "
-                                         "logits_at_indices"):
+    with pytest.raises(
+        ValueError,
+        match=r"Odd.inputs names \['hidden_states'\]; a loss may ask for "
+        "logits_at_indices",
+    ):
         loss_inputs(Odd())
 
 
@@ -99,15 +107,16 @@ def _split_vocab_rank(rank: int, world: int, init: str, out: str) -> None:
     try:
         full, indices, weights = _split_vocab()
         bounds = [0, 19, 37]  # uneven slices, as a padded vocabulary gives
-        local = full[..., bounds[rank]:bounds[rank + 1]].clone().requires_grad_(True)
+        local = full[..., bounds[rank] : bounds[rank + 1]].clone().requires_grad_(True)
         values = vocab_parallel_gather(local, indices, bounds[rank], dist.group.WORLD)
         logprobs = vocab_parallel_logprobs_at(local, indices, bounds[rank], dist.group.WORLD)
         entropy = vocab_parallel_entropy(local, dist.group.WORLD)
         (grad,) = torch.autograd.grad((values * weights[0]).sum(), local)
-        (full_grad,) = torch.autograd.grad((logprobs * weights[1]).sum() + (entropy * weights[2, ..., 0]).sum(),
-                                           local)
-        torch.save({"values": values, "grad": grad, "logprobs": logprobs, "entropy": entropy,
-                    "full_grad": full_grad}, f"{out}/rank{rank}.pt")
+        (full_grad,) = torch.autograd.grad((logprobs * weights[1]).sum() + (entropy * weights[2, ..., 0]).sum(), local)
+        torch.save(
+            {"values": values, "grad": grad, "logprobs": logprobs, "entropy": entropy, "full_grad": full_grad},
+            f"{out}/rank{rank}.pt",
+        )
     finally:
         dist.destroy_process_group()
 
@@ -115,8 +124,9 @@ def _split_vocab_rank(rank: int, world: int, init: str, out: str) -> None:
 def test_a_vocabulary_split_over_a_gloo_group_gives_the_whole_vocabulary_s_values(tmp_path: Path) -> None:
     """The logits at given ids, and (``zero_outside_topk``'s inputs) the full-vocabulary logprobs there and the
     entropy, with their gradients, from a vocabulary split unevenly over two gloo ranks (one spawn for all)."""
-    mp.start_processes(_split_vocab_rank, args=(2, f"file://{tmp_path / 'rendezvous'}", str(tmp_path)), nprocs=2,
-                       start_method="spawn")
+    mp.start_processes(
+        _split_vocab_rank, args=(2, f"file://{tmp_path / 'rendezvous'}", str(tmp_path)), nprocs=2, start_method="spawn"
+    )
     full, indices, weights = _split_vocab(torch.float64)
     full.requires_grad_(True)
     expected = full.gather(-1, indices)
@@ -124,8 +134,9 @@ def test_a_vocabulary_split_over_a_gloo_group_gives_the_whole_vocabulary_s_value
     log_p = torch.log_softmax(full[..., :36], -1)  # the padded row carries no probability
     expected_lp = log_p.gather(-1, indices)
     expected_h = -(log_p.exp() * log_p).sum(-1)
-    (expected_full_grad,) = torch.autograd.grad((expected_lp * weights[1]).sum()
-                                                + (expected_h * weights[2, ..., 0]).sum(), full)
+    (expected_full_grad,) = torch.autograd.grad(
+        (expected_lp * weights[1]).sum() + (expected_h * weights[2, ..., 0]).sum(), full
+    )
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(2)]
     for rank in ranks:  # every rank holds every id's logit, logprob and every position's entropy
         assert torch.equal(rank["values"], expected.detach().float())
@@ -140,15 +151,26 @@ def test_a_vocabulary_split_over_a_gloo_group_gives_the_whole_vocabulary_s_value
 def _distillation_config(tmp_path, **overrides):
     from rlcore.config import load_config
 
-    base = {"cluster.workers_per_node": "1", "policy.backend": "fsdp1", "policy.generation.backend": "fsdp1",
-            "policy.model_name": "tiny-llama",
-            "policy.train_global_batch_size": "8", "policy.train_micro_batch_size": "2",
-            "policy.dtensor_cfg.enabled": "false",
-            "policy.max_total_sequence_length": "32", "policy.generation.max_new_tokens": "6",
-            "distillation.teacher_model_name": "tiny-teacher", "distillation.topk_logits_k": "5",
-            "distillation.num_prompts_per_step": "4", "distillation.num_generations_per_prompt": "2",
-            "distillation.max_num_steps": "2", "logger.output_dir": str(tmp_path / "run"),
-            "logger.progress_bar": "false", "checkpointing.enabled": "false", **overrides}
+    base = {
+        "cluster.workers_per_node": "1",
+        "policy.backend": "fsdp1",
+        "policy.generation.backend": "fsdp1",
+        "policy.model_name": "tiny-llama",
+        "policy.train_global_batch_size": "8",
+        "policy.train_micro_batch_size": "2",
+        "policy.dtensor_cfg.enabled": "false",
+        "policy.max_total_sequence_length": "32",
+        "policy.generation.max_new_tokens": "6",
+        "distillation.teacher_model_name": "tiny-teacher",
+        "distillation.topk_logits_k": "5",
+        "distillation.num_prompts_per_step": "4",
+        "distillation.num_generations_per_prompt": "2",
+        "distillation.max_num_steps": "2",
+        "logger.output_dir": str(tmp_path / "run"),
+        "logger.progress_bar": "false",
+        "checkpointing.enabled": "false",
+        **overrides,
+    }
     return load_config("examples/distill_tiny.yaml", [f"{k}={v}" for k, v in base.items()])
 
 
@@ -159,18 +181,24 @@ def test_a_student_backend_without_the_loss_input_is_refused_by_name(tmp_path, r
     class OlderPlugin:
         @hookimpl
         def rlcore_register_backends(self, register):
-            register(BackendSpec(name="older", kind="training",
-                                 worker_class="rlcore.backends.reference.worker:ReferenceWorker",
-                                 plugin_api_version=4, capabilities={"train", "logprobs", "topk_logits",
-                                                                     "generate"}))
+            register(
+                BackendSpec(
+                    name="older",
+                    kind="training",
+                    worker_class="rlcore.backends.reference.worker:ReferenceWorker",
+                    plugin_api_version=4,
+                    capabilities={"train", "logprobs", "topk_logits", "generate"},
+                )
+            )
 
     import rlcore.environments.plugin as environments
 
     rlcore_registry.register_plugin(OlderPlugin(), name="older")
     rlcore_registry.register_plugin(environments, name="environments")
     cfg = _distillation_config(tmp_path, **{"policy.backend": "older", "policy.generation.backend": "older"})
-    with pytest.raises(ConfigError, match="distillation: the 'older' training backend does not declare "
-                                          "'logits_at_indices'"):
+    with pytest.raises(
+        ConfigError, match="distillation: the 'older' training backend does not declare 'logits_at_indices'"
+    ):
         resolve(cfg, run=True, registry=rlcore_registry)
 
 
@@ -180,13 +208,13 @@ def test_the_student_trains_on_the_kl_to_the_teacher_s_top_k(ray_session, tmp_pa
     from transformers import AutoModelForCausalLM
 
     from rlcore.algorithms.distillation import DistillationLossFn
+    from rlcore.algorithms.distillation.loop import add_teacher_topk
     from rlcore.algorithms.distillation.token_mapping import TeacherTokens
     from rlcore.config import resolve
-    from tests.test_distillation_cross_tokenizer import teacher_tokenizer
     from rlcore.run.build import build_run
-    from rlcore.algorithms.distillation.loop import add_teacher_topk
     from rlcore.run.rollouts import run_rollout
     from rlcore.run.step import Timer, training_batch
+    from tests.test_distillation_cross_tokenizer import teacher_tokenizer
 
     resolved = resolve(_distillation_config(tmp_path), run=True)
     cfg = resolved.config
@@ -194,8 +222,9 @@ def test_the_student_trains_on_the_kl_to_the_teacher_s_top_k(ray_session, tmp_pa
     try:
         samples = run.draw_train_batch()
         run.generation.prepare_for_generation()
-        rollout = run_rollout(cfg, lambda b: run.generation.generate(b, greedy=False), run.environment,
-                              run.tokenizer, samples, 2, Timer())
+        rollout = run_rollout(
+            cfg, lambda b: run.generation.generate(b, greedy=False), run.environment, run.tokenizer, samples, 2, Timer()
+        )
         run.generation.finish_generation()
         data = training_batch(rollout.data, torch.zeros_like(rollout.rewards))
         add_teacher_topk(run.teacher, data, 5)
@@ -218,8 +247,11 @@ def test_the_student_trains_on_the_kl_to_the_teacher_s_top_k(ray_session, tmp_pa
     teacher_top = logits(resolved.teacher.config.model_name).topk(5, dim=-1)
     student = logits(cfg.policy.model_name).gather(-1, teacher_top.indices)
     pad = torch.zeros_like(student[:, :1])
-    expected_data = {**data, LOGITS_AT_INDICES: torch.cat([pad, student], 1),
-                     TEACHER_LOGITS_KEY: torch.cat([pad, teacher_top.values], 1)}
+    expected_data = {
+        **data,
+        LOGITS_AT_INDICES: torch.cat([pad, student], 1),
+        TEACHER_LOGITS_KEY: torch.cat([pad, teacher_top.values], 1),
+    }
     tokens = (data["token_mask"][:, 1:] * data["sample_mask"][:, None]).sum()
     w = cfg.distillation.mixed_kl_weight
     expected = _kl_float64(expected_data, "mixed", w) / tokens
@@ -236,8 +268,9 @@ def test_the_student_trains_on_the_kl_to_the_teacher_s_top_k(ray_session, tmp_pa
     values = torch.cat([pad, teacher_top.values], 1).gather(1, rows.clamp(min=0)[..., None].expand(-1, -1, 5))
     top1 = (crossed[TEACHER_LOGITS_KEY][..., 0] > float("-inf")) & (crossed["token_mask"] > 0)
     assert top1.sum() > 0 and 0 < aligned <= 1
-    assert torch.allclose(crossed[TEACHER_LOGITS_KEY][..., 0][top1].double(), values[..., 0][top1], rtol=1e-4,
-                          atol=1e-4)
+    assert torch.allclose(
+        crossed[TEACHER_LOGITS_KEY][..., 0][top1].double(), values[..., 0][top1], rtol=1e-4, atol=1e-4
+    )
     student = logits(cfg.policy.model_name)
     student = torch.cat([torch.zeros_like(student[:, :1]), student], 1).gather(-1, crossed[LOGIT_INDICES_KEY])
     total, mask = 0.0, crossed["token_mask"] * crossed["sample_mask"][:, None]

@@ -14,8 +14,13 @@ import pytest
 import torch
 
 from rlcore.algorithms.distillation import TEACHER_LOGITS_KEY, DistillationLossFn
-from rlcore.algorithms.distillation.token_mapping import (TeacherTokens, aligned_rows, student_topk, token_bytes,
-                                                          vocabulary_map)
+from rlcore.algorithms.distillation.token_mapping import (
+    TeacherTokens,
+    aligned_rows,
+    student_topk,
+    token_bytes,
+    vocabulary_map,
+)
 from rlcore.interfaces.loss import ENTROPY, LOGITS_AT_INDICES, LOGPROBS_AT_INDICES
 
 WORDS = ["▁the", "▁cat", "▁sat", "▁on", "at", "he", "▁t", "▁c", "▁s"]
@@ -36,17 +41,24 @@ def teacher_tokenizer():
     merges = []
     for word in WORDS:  # each word by merging its prefix with its last character
         for end in range(2, len(word) + 1):
-            left, right = word[:end - 1], word[end - 1]
+            left, right = word[: end - 1], word[end - 1]
             if (left, right) not in merges:
                 merges.append((left, right))
             vocab.setdefault(word[:end], len(vocab))
     backend = Tokenizer(models.BPE(vocab=vocab, merges=merges, byte_fallback=True, unk_token="<unk>"))
     backend.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
-    backend.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
-                                         decoders.Strip(" ", 1, 0)])
+    backend.decoder = decoders.Sequence(
+        [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
+    )
     backend.add_special_tokens(["<unk>", "<|end|>", "<s>"])
-    return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", bos_token="<s>",
-                                   eos_token="<|end|>", pad_token="<unk>", clean_up_tokenization_spaces=False)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        unk_token="<unk>",
+        bos_token="<s>",
+        eos_token="<|end|>",
+        pad_token="<unk>",
+        clean_up_tokenization_spaces=False,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -65,8 +77,9 @@ def test_each_token_s_bytes_are_what_the_tokenizer_decodes(student, teacher):
     """Bytes per id against the tokenizers' own decoding: a whole text decodes to its tokens' bytes joined."""
     for tokenizer, text in ((student, "héllo wörld\n"), (teacher, "the cat sat on thé mat\n")):
         table, ids = token_bytes(tokenizer), tokenizer(text, add_special_tokens=False)["input_ids"]
-        assert b"".join(table[i] for i in ids).decode() == tokenizer.decode(ids) or \
-            b"".join(table[i] for i in ids).decode().lstrip(" ") == tokenizer.decode(ids)
+        assert b"".join(table[i] for i in ids).decode() == tokenizer.decode(ids) or b"".join(
+            table[i] for i in ids
+        ).decode().lstrip(" ") == tokenizer.decode(ids)
     table = token_bytes(teacher)
     assert table[teacher.convert_tokens_to_ids("▁cat")] == b" cat"
     assert table[teacher.convert_tokens_to_ids("<0x0A>")] == b"\n" and table[1] == b"<|end|>"
@@ -96,21 +109,28 @@ def test_teacher_ids_map_to_the_student_id_of_the_same_bytes(student, teacher):
 
 def test_a_token_without_a_counterpart_maps_to_minus_one_and_twins_to_the_preferred_id():
     student = [b"a", b"b", b"a", b"ab"]  # id 2 is a twin of id 0 (say a byte-fallback token)
-    assert vocabulary_map([b"ab", b"c", b"a", b""], student, student_preferred=[False, True, True, True]) == \
-        [3, -1, 2, -1]
+    assert vocabulary_map([b"ab", b"c", b"a", b""], student, student_preferred=[False, True, True, True]) == [
+        3,
+        -1,
+        2,
+        -1,
+    ]
     assert vocabulary_map([b"x"], student, roles=[(0, 1)]) == [1]
 
 
-@pytest.mark.parametrize("student_pieces, teacher_pieces, rows", [
-    # same text, other boundaries: a position aligns where both tokens start at the same byte
-    ([b"<s>", b"t", b"h", b"e", b" ", b"c", b"a", b"t"], [b"<s>", b"the", b" cat"], [-1, 1, -1, -1, 2, -1, -1, -1]),
-    # the teacher adds a prefix space: compared after it
-    ([b"t", b"he", b" c", b"at"], [b" the", b" cat"], [-1, -1, 1, -1]),
-    # the texts differ after "ab": nothing past the first difference aligns
-    ([b"a", b"b", b"c", b"d"], [b"a", b"b", b"x", b"d"], [-1, 1, 2, -1]),
-    # an empty student token (no bytes) is never aligned
-    ([b"a", b"", b"b"], [b"a", b"b"], [-1, -1, 1]),
-])
+@pytest.mark.parametrize(
+    "student_pieces, teacher_pieces, rows",
+    [
+        # same text, other boundaries: a position aligns where both tokens start at the same byte
+        ([b"<s>", b"t", b"h", b"e", b" ", b"c", b"a", b"t"], [b"<s>", b"the", b" cat"], [-1, 1, -1, -1, 2, -1, -1, -1]),
+        # the teacher adds a prefix space: compared after it
+        ([b"t", b"he", b" c", b"at"], [b" the", b" cat"], [-1, -1, 1, -1]),
+        # the texts differ after "ab": nothing past the first difference aligns
+        ([b"a", b"b", b"c", b"d"], [b"a", b"b", b"x", b"d"], [-1, 1, 2, -1]),
+        # an empty student token (no bytes) is never aligned
+        ([b"a", b"", b"b"], [b"a", b"b"], [-1, -1, 1]),
+    ],
+)
 def test_positions_align_where_both_tokens_start_at_the_same_byte(student_pieces, teacher_pieces, rows):
     assert aligned_rows(student_pieces, teacher_pieces) == rows
 
@@ -173,7 +193,7 @@ def test_the_teacher_reads_the_student_s_text_and_its_rows_come_back_where_the_t
     width = max(map(len, ids)) + 3
     input_ids = torch.zeros(len(ids), width, dtype=torch.long)
     for b, row in enumerate(ids):
-        input_ids[b, :len(row)] = torch.tensor(row)
+        input_ids[b, : len(row)] = torch.tensor(row)
     lengths = torch.tensor([len(row) for row in ids])
     batch, rows = tokens.teacher_batch(input_ids, lengths, max_length=64)
     assert batch["input_ids"][0, 0] == teacher.convert_tokens_to_ids("<s>")  # its own special, not 3 bytes
@@ -181,7 +201,7 @@ def test_the_teacher_reads_the_student_s_text_and_its_rows_come_back_where_the_t
     logits = torch.zeros(*batch["input_ids"].shape, k, dtype=torch.float64)
     top_ids = torch.zeros(*batch["input_ids"].shape, k, dtype=torch.long)
     for b in range(len(ids)):  # row j: the teacher's top-k having read its tokens before j
-        seq = batch["input_ids"][b, :int(batch["input_lengths"][b])].tolist()
+        seq = batch["input_ids"][b, : int(batch["input_lengths"][b])].tolist()
         for j in range(1, len(seq)):
             context = b"".join(tokens.teacher_bytes[t] for t in seq[:j])
             values, which = _context_logits(context, v_t).topk(k)
@@ -205,7 +225,7 @@ def test_the_teacher_reads_the_student_s_text_and_its_rows_come_back_where_the_t
             assert got.keys() == mass.keys(), (b, i)
             assert all(abs(got[s] - m / sum(mass.values())) < 1e-6 for s, m in mass.items())
     assert aligned >= 8  # word starts ("the", " cat", ...) and single-byte teacher tokens align
-    assert not found[0, 0] and not found[:, lengths.max():].any()
+    assert not found[0, 0] and not found[:, lengths.max() :].any()
 
 
 def _loss_data(zero_outside: bool, kl_type: str):
@@ -214,8 +234,12 @@ def _loss_data(zero_outside: bool, kl_type: str):
     teacher = torch.randn(b, s, k, generator=gen, dtype=torch.float64)
     teacher[0, 2, 1] = teacher[1, 3, 0] = teacher[1, 3, 3] = float("-inf")  # slots with no counterpart
     student = torch.randn(b, s, k, generator=gen, dtype=torch.float64)
-    data = {"input_lengths": torch.tensor([5, 4]), "token_mask": ((torch.arange(s)[None] >= 1) & (torch.arange(s)[None] < torch.tensor([[5], [4]]))).float(),
-            "sample_mask": torch.ones(b), TEACHER_LOGITS_KEY: teacher}
+    data = {
+        "input_lengths": torch.tensor([5, 4]),
+        "token_mask": ((torch.arange(s)[None] >= 1) & (torch.arange(s)[None] < torch.tensor([[5], [4]]))).float(),
+        "sample_mask": torch.ones(b),
+        TEACHER_LOGITS_KEY: teacher,
+    }
     if zero_outside:
         data[LOGPROBS_AT_INDICES] = torch.log_softmax(torch.cat([student, torch.zeros(b, s, 3)], -1), -1)[..., :k]
         data[ENTROPY] = torch.rand(b, s, generator=gen, dtype=torch.float64) + 1.0
@@ -224,8 +248,9 @@ def _loss_data(zero_outside: bool, kl_type: str):
     return data
 
 
-@pytest.mark.parametrize("zero_outside, kl_type", [(False, "mixed"), (True, "mixed"), (True, "forward"),
-                                                    (False, "reverse")])
+@pytest.mark.parametrize(
+    "zero_outside, kl_type", [(False, "mixed"), (True, "mixed"), (True, "forward"), (False, "reverse")]
+)
 def test_the_loss_leaves_slots_without_a_counterpart_out_of_both_distributions(zero_outside, kl_type):
     """The loss with ``-inf`` teacher slots equals the loss computed over the mapped slots alone (float64,
     per position), and its gradient is finite and zero at the slots left out."""
@@ -267,6 +292,7 @@ def test_with_every_slot_mapped_the_loss_is_unchanged():
 
 # -- config: distillation.teacher.tokenizer ---------------------------------------------------------------------
 
+
 def _distillation(**teacher):
     from rlcore.config.distillation import DistillationConfig
 
@@ -274,8 +300,11 @@ def _distillation(**teacher):
 
 
 def test_the_teacher_s_own_tokenizer_is_accepted_and_becomes_its_policy_s():
-    policy = SimpleNamespace(model_name="tiny-llama", tokenizer=SimpleNamespace(name="tiny-llama", model_dump=lambda
-                             **_: {"name": "tiny-llama"}), model_dump=lambda **_: {"precision": "float32"})
+    policy = SimpleNamespace(
+        model_name="tiny-llama",
+        tokenizer=SimpleNamespace(name="tiny-llama", model_dump=lambda **_: {"name": "tiny-llama"}),
+        model_dump=lambda **_: {"precision": "float32"},
+    )
     d = _distillation(tokenizer={"name": "/models/teacher-tok"})
     assert d.teacher_tokenizer(policy) == "/models/teacher-tok"
     assert d.teacher_policy(policy)["tokenizer"] == {"name": "/models/teacher-tok"}
@@ -286,8 +315,11 @@ def test_the_teacher_s_own_tokenizer_is_accepted_and_becomes_its_policy_s():
 def test_a_teacher_tokenizer_setting_other_than_its_name_is_refused_in_one_line():
     from pydantic import ValidationError
 
-    with pytest.raises(ValidationError, match=r"distillation.teacher.tokenizer: only its name is the teacher's own "
-                                              r"\(not \['chat_template'\]\)"):
+    with pytest.raises(
+        ValidationError,
+        match=r"distillation.teacher.tokenizer: only its name is the teacher's own "
+        r"\(not \['chat_template'\]\)",
+    ):
         _distillation(tokenizer={"name": "x", "chat_template": "default"})
 
 
@@ -305,8 +337,11 @@ def test_a_teacher_of_another_vocabulary_is_refused_unless_its_tokenizer_is_name
 
     teacher.save_pretrained(str(tmp_path / "teacher"))
     student.save_pretrained(str(tmp_path / "same"))
-    with pytest.raises(ConfigError, match=r"distillation.teacher_model_name: the teacher's vocabulary \(\d+ tokens\) "
-                                          r"is not the student's \(259\).*set distillation.teacher.tokenizer.name"):
+    with pytest.raises(
+        ConfigError,
+        match=r"distillation.teacher_model_name: the teacher's vocabulary \(\d+ tokens\) "
+        r"is not the student's \(259\).*set distillation.teacher.tokenizer.name",
+    ):
         teacher_tokens(_run(student, str(tmp_path / "teacher")))
     assert teacher_tokens(_run(student, str(tmp_path / "same"))) is None
     assert teacher_tokens(_run(student, str(tmp_path / "no-tokenizer-here"))) is None

@@ -24,12 +24,18 @@ def _batch(seed: int = 0, batch: int = 3, seq: int = 7, k: int = 4) -> dict:
     indices = torch.rand(batch, seq, VOCAB, generator=gen).topk(k, dim=-1).indices  # distinct ids per position
     # peaked logits on the teacher's ids, so the student's mass outside them is neither ~0 nor ~1
     logits = torch.randn(batch, seq, VOCAB, generator=gen, dtype=torch.float64)
-    logits.scatter_add_(-1, torch.cat([indices[:, 1:], indices[:, :1]], 1), torch.full((batch, seq, k), 2.0,
-                                                                                          dtype=torch.float64))
-    return {"input_ids": torch.zeros(batch, seq, dtype=torch.long), "input_lengths": lengths,
-            "token_mask": token_mask, "sample_mask": torch.tensor([1.0, 1.0, 0.0]), LOGIT_INDICES_KEY: indices,
-            TEACHER_LOGITS_KEY: torch.randn(batch, seq, k, generator=gen, dtype=torch.float64) * 2,
-            "logits": logits}
+    logits.scatter_add_(
+        -1, torch.cat([indices[:, 1:], indices[:, :1]], 1), torch.full((batch, seq, k), 2.0, dtype=torch.float64)
+    )
+    return {
+        "input_ids": torch.zeros(batch, seq, dtype=torch.long),
+        "input_lengths": lengths,
+        "token_mask": token_mask,
+        "sample_mask": torch.tensor([1.0, 1.0, 0.0]),
+        LOGIT_INDICES_KEY: indices,
+        TEACHER_LOGITS_KEY: torch.randn(batch, seq, k, generator=gen, dtype=torch.float64) * 2,
+        "logits": logits,
+    }
 
 
 def _nemo_kl_float64(data: dict, logits: torch.Tensor, kl_type: str, weight: float) -> torch.Tensor:
@@ -80,11 +86,14 @@ def test_without_zero_outside_topk_the_loss_asks_for_the_logits_at_the_ids_only(
 
 def test_an_empty_top_k_is_refused_under_zero_outside_topk_too():
     data = _batch(k=1)
-    data = {**data, LOGPROBS_AT_INDICES: torch.zeros(3, 7, 0), TEACHER_LOGITS_KEY: torch.zeros(3, 7, 0),
-            ENTROPY: torch.zeros(3, 7)}
+    data = {
+        **data,
+        LOGPROBS_AT_INDICES: torch.zeros(3, 7, 0),
+        TEACHER_LOGITS_KEY: torch.zeros(3, 7, 0),
+        ENTROPY: torch.zeros(3, 7),
+    }
     with pytest.raises(ValueError, match=r"data\['logprobs_at_indices'\] has an empty top-k"):
-        DistillationLossFn({"zero_outside_topk": True})(torch.zeros(3, 7), data, torch.tensor(2.0),
-                                                         torch.tensor(6.0))
+        DistillationLossFn({"zero_outside_topk": True})(torch.zeros(3, 7), data, torch.tensor(2.0), torch.tensor(6.0))
 
 
 def test_the_inputs_take_the_previous_position_and_zero_padding():
@@ -127,16 +136,19 @@ def test_the_dtensor_backend_s_layouts_give_the_same_inputs(packed: bool):
 def test_a_student_backend_without_the_full_vocabulary_inputs_is_refused_by_name(tmp_path, rlcore_registry):
     from rlcore.config import ConfigError, resolve
     from rlcore.plugins import BackendSpec, hookimpl
-
     from tests.test_distillation import _distillation_config
 
     class TopkOnlyPlugin:
         @hookimpl
         def rlcore_register_backends(self, register):
-            register(BackendSpec(name="topk_only", kind="training",
-                                 worker_class="rlcore.backends.reference.worker:ReferenceWorker",
-                                 capabilities={"train", "logprobs", "topk_logits", "generate",
-                                               "logits_at_indices"}))
+            register(
+                BackendSpec(
+                    name="topk_only",
+                    kind="training",
+                    worker_class="rlcore.backends.reference.worker:ReferenceWorker",
+                    capabilities={"train", "logprobs", "topk_logits", "generate", "logits_at_indices"},
+                )
+            )
 
     import rlcore.environments.plugin as environments
 
@@ -145,9 +157,12 @@ def test_a_student_backend_without_the_full_vocabulary_inputs_is_refused_by_name
     overrides = {"policy.backend": "topk_only", "policy.generation.backend": "topk_only"}
     resolve(_distillation_config(tmp_path, **overrides), run=True, registry=rlcore_registry)  # renormalised: fine
     cfg = _distillation_config(tmp_path, **overrides, **{"distillation.zero_outside_topk": "true"})
-    with pytest.raises(ConfigError, match=r"distillation: the 'topk_only' training backend does not declare "
-                                          r"'logprobs_at_indices', a loss input distillation trains on "
-                                          r"\(distillation.zero_outside_topk: true\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"distillation: the 'topk_only' training backend does not declare "
+        r"'logprobs_at_indices', a loss input distillation trains on "
+        r"\(distillation.zero_outside_topk: true\)",
+    ):
         resolve(cfg, run=True, registry=rlcore_registry)
 
 
@@ -160,8 +175,9 @@ def test_nemo_rls_distillation_yaml_with_zero_outside_topk_converts_and_resolves
     from tests.test_nemo_rl_dpo_distillation import DISTILLATION_MAIN, nemo_distillation
 
     rows = tmp_path / "math.jsonl"
-    rows.write_text("".join(json.dumps({"problem": f"What is {a} + 1?", "answer": str(a + 1)}) + "\n"
-                            for a in range(8)))
+    rows.write_text(
+        "".join(json.dumps({"problem": f"What is {a} + 1?", "answer": str(a + 1)}) + "\n" for a in range(8))
+    )
     loaded = nemo_distillation(DISTILLATION_MAIN, rows, ["loss_fn.zero_outside_topk=true"])
     d = loaded.config.distillation
     assert (d.zero_outside_topk, d.kl_type) == (True, "mixed")
@@ -171,21 +187,28 @@ def test_nemo_rls_distillation_yaml_with_zero_outside_topk_converts_and_resolves
 
 # --- the teacher's own settings (distillation.teacher) ----------------------------------------------------------
 
+
 def _nemo_rows(tmp_path):
     import json
 
     rows = tmp_path / "math.jsonl"
-    rows.write_text("".join(json.dumps({"problem": f"What is {a} + 1?", "answer": str(a + 1)}) + "\n"
-                            for a in range(8)))
+    rows.write_text(
+        "".join(json.dumps({"problem": f"What is {a} + 1?", "answer": str(a + 1)}) + "\n" for a in range(8))
+    )
     return rows
 
 
 #: NeMo-RL's distillation_math.yaml at CPU size: the student tp 1, the teacher tp 2 (its own, as the example's
 #: teacher has a tp of its own), no context parallel (CUDA only), two CPU workers.
-CPU_SIZE = ["policy.model_name=tiny-llama", "teacher.model_name=tiny-teacher",
-            "policy.dtensor_cfg.tensor_parallel_size=1", "policy.dtensor_cfg.context_parallel_size=1",
-            "teacher.dtensor_cfg.tensor_parallel_size=2", "teacher.dtensor_cfg.context_parallel_size=1",
-            "checkpointing.save_period=20"]
+CPU_SIZE = [
+    "policy.model_name=tiny-llama",
+    "teacher.model_name=tiny-teacher",
+    "policy.dtensor_cfg.tensor_parallel_size=1",
+    "policy.dtensor_cfg.context_parallel_size=1",
+    "teacher.dtensor_cfg.tensor_parallel_size=2",
+    "teacher.dtensor_cfg.context_parallel_size=1",
+    "checkpointing.save_period=20",
+]
 
 
 def test_nemo_rls_teacher_is_a_policy_of_its_own_layout(tmp_path):
@@ -194,10 +217,15 @@ def test_nemo_rls_teacher_is_a_policy_of_its_own_layout(tmp_path):
     from tests.test_nemo_rl_dpo_distillation import DISTILLATION_MAIN, distillation_data
 
     rows = _nemo_rows(tmp_path)
-    loaded = load_nemo_rl_config(DISTILLATION_MAIN, [*distillation_data(DISTILLATION_MAIN, rows), *CPU_SIZE],
-                                 ["cluster.use_gpu=false", "cluster.workers_per_node=2"])
-    assert loaded.config.distillation.teacher == {"dtensor_cfg": {"tensor_parallel_size": 2},
-                                                  "make_sequence_length_divisible_by": 4}
+    loaded = load_nemo_rl_config(
+        DISTILLATION_MAIN,
+        [*distillation_data(DISTILLATION_MAIN, rows), *CPU_SIZE],
+        ["cluster.use_gpu=false", "cluster.workers_per_node=2"],
+    )
+    assert loaded.config.distillation.teacher == {
+        "dtensor_cfg": {"tensor_parallel_size": 2},
+        "make_sequence_length_divisible_by": 4,
+    }
     resolved = resolve(loaded.config, run=True)
     student, teacher = resolved.policy, resolved.teacher
     assert (student.layout.tp, student.data_parallel_size) == (1, 2)
@@ -205,24 +233,37 @@ def test_nemo_rls_teacher_is_a_policy_of_its_own_layout(tmp_path):
     assert teacher.config.model_name != student.config.model_name and teacher.config.generation is None
     # everything the teacher does not set is the student's
     s_cfg, t_cfg = student.config.backend_sections["dtensor_cfg"], teacher.config.backend_sections["dtensor_cfg"]
-    assert {k: v for k, v in t_cfg.items() if k != "tensor_parallel_size"} == \
-        {k: v for k, v in s_cfg.items() if k != "tensor_parallel_size"}
-    assert (teacher.config.precision, teacher.config.logprob_batch_size) == (student.config.precision,
-                                                                           student.config.logprob_batch_size)
+    assert {k: v for k, v in t_cfg.items() if k != "tensor_parallel_size"} == {
+        k: v for k, v in s_cfg.items() if k != "tensor_parallel_size"
+    }
+    assert (teacher.config.precision, teacher.config.logprob_batch_size) == (
+        student.config.precision,
+        student.config.logprob_batch_size,
+    )
     assert teacher.config.make_sequence_length_divisible_by == 4 != student.config.make_sequence_length_divisible_by
 
 
-@pytest.mark.parametrize("overrides, line", [
-    ({"distillation.teacher.generation.temperature": "0.5"},
-     "distillation.teacher.generation is not the teacher's own setting: the teacher does not generate; remove it"),
-    ({"distillation.teacher.model_name": "x"},
-     "distillation.teacher.model_name is not the teacher's own setting: set distillation.teacher_model_name"),
-    ({"distillation.teacher.backend": "dtensor", "distillation.teacher.dtensor_cfg.tensor_parallel_size": "3"},
-     "distillation.teacher.dtensor_cfg.tensor_parallel_size"),
-], ids=["generation", "model_name", "layout"])
+@pytest.mark.parametrize(
+    "overrides, line",
+    [
+        (
+            {"distillation.teacher.generation.temperature": "0.5"},
+            "distillation.teacher.generation is not the teacher's own setting: the teacher does not generate; "
+            "remove it",
+        ),
+        (
+            {"distillation.teacher.model_name": "x"},
+            "distillation.teacher.model_name is not the teacher's own setting: set distillation.teacher_model_name",
+        ),
+        (
+            {"distillation.teacher.backend": "dtensor", "distillation.teacher.dtensor_cfg.tensor_parallel_size": "3"},
+            "distillation.teacher.dtensor_cfg.tensor_parallel_size",
+        ),
+    ],
+    ids=["generation", "model_name", "layout"],
+)
 def test_a_teacher_setting_that_cannot_be_its_own_is_refused_by_its_path(tmp_path, overrides, line):
     from rlcore.config import ConfigError, resolve
-
     from tests.test_distillation import _distillation_config
 
     with pytest.raises(ConfigError) as info:
@@ -242,17 +283,47 @@ def test_rlcore_run_from_nemo_rls_distillation_yaml_trains_with_the_teacher_s_ow
     from tests.test_nemo_rl_dpo_distillation import DISTILLATION_MAIN, distillation_data
 
     rows = _nemo_rows(tmp_path)
-    overrides = [*distillation_data(DISTILLATION_MAIN, rows), *CPU_SIZE, "policy.precision=float32",
-                 "teacher.precision=float32", "checkpointing.enabled=false", "distillation.max_num_steps=2",
-                 "distillation.num_prompts_per_step=4", "distillation.topk_logits_k=8",
-                 "policy.train_global_batch_size=4", "policy.train_micro_batch_size=2",
-                 "policy.max_total_sequence_length=64", "distillation.val_batch_size=4",
-                 "distillation.max_val_samples=4", "env.math.num_workers=1", "logger.wandb_enabled=false",
-                 f"logger.log_dir={tmp_path / 'run'}"]
-    out = subprocess.run([sys.executable, "-m", "rlcore", "run", "--from", "nemo-rl", str(DISTILLATION_MAIN),
-                          *overrides, "-o", "cluster.use_gpu=false", "-o", "cluster.workers_per_node=2", "-o",
-                          "logger.progress_bar=false", "-o", "policy.generation.max_new_tokens=8"],
-                         capture_output=True, text=True, timeout=900)
+    overrides = [
+        *distillation_data(DISTILLATION_MAIN, rows),
+        *CPU_SIZE,
+        "policy.precision=float32",
+        "teacher.precision=float32",
+        "checkpointing.enabled=false",
+        "distillation.max_num_steps=2",
+        "distillation.num_prompts_per_step=4",
+        "distillation.topk_logits_k=8",
+        "policy.train_global_batch_size=4",
+        "policy.train_micro_batch_size=2",
+        "policy.max_total_sequence_length=64",
+        "distillation.val_batch_size=4",
+        "distillation.max_val_samples=4",
+        "env.math.num_workers=1",
+        "logger.wandb_enabled=false",
+        f"logger.log_dir={tmp_path / 'run'}",
+    ]
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rlcore",
+            "run",
+            "--from",
+            "nemo-rl",
+            str(DISTILLATION_MAIN),
+            *overrides,
+            "-o",
+            "cluster.use_gpu=false",
+            "-o",
+            "cluster.workers_per_node=2",
+            "-o",
+            "logger.progress_bar=false",
+            "-o",
+            "policy.generation.max_new_tokens=8",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads(out.stdout.strip().splitlines()[-1])
     assert summary["steps"] == 2

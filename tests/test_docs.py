@@ -146,15 +146,18 @@ def run(command: str) -> subprocess.CompletedProcess:
     """``command`` in bash at the repository root, with this interpreter's environment first on PATH."""
     bindir = os.path.dirname(sys.executable)
     if command.startswith(".venv/bin/python "):
-        command = shlex.quote(sys.executable) + command[len(".venv/bin/python"):]
+        command = shlex.quote(sys.executable) + command[len(".venv/bin/python") :]
     env = {**os.environ, "PATH": bindir + os.pathsep + os.environ.get("PATH", "")}
-    return subprocess.run(["bash", "-c", command], check=False, cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=TIMEOUT_S)
+    return subprocess.run(
+        ["bash", "-c", command], check=False, cwd=REPO, env=env, capture_output=True, text=True, timeout=TIMEOUT_S
+    )
 
 
 def _not_runnable_message(block: Block, command: str) -> str:
-    return (f"{block.where}: `{command}` is not run by this test (not cheap or not safe here); mark the block "
-            "with '<!-- not run: REASON -->' on the line before its fence, or make it runnable")
+    return (
+        f"{block.where}: `{command}` is not run by this test (not cheap or not safe here); mark the block "
+        "with '<!-- not run: REASON -->' on the line before its fence, or make it runnable"
+    )
 
 
 # --------------------------------------------------------------------------- the blocks
@@ -176,8 +179,9 @@ def test_command_block_runs_or_says_why_not(block: Block) -> None:
         assert runnable(command), _not_runnable_message(block, command)
     for command in commands:
         out = run(command)
-        assert out.returncode == 0, (f"{block.where}: `{command}` exited {out.returncode}:\n"
-                                     f"{(out.stdout + out.stderr)[-3000:]}")
+        assert out.returncode == 0, (
+            f"{block.where}: `{command}` exited {out.returncode}:\n{(out.stdout + out.stderr)[-3000:]}"
+        )
 
 
 def session(text: str) -> list[tuple[str, list[str]]]:
@@ -201,8 +205,9 @@ def output_problems(shown: list[str], actual: list[str]) -> list[str]:
             continue
         if line.strip() == "…":
             continue
-        pattern = re.compile("".join(".*" if part == "…" else re.escape(part)
-                                     for part in re.split("(…)", line)) + r"\Z")
+        pattern = re.compile(
+            "".join(".*" if part == "…" else re.escape(part) for part in re.split("(…)", line)) + r"\Z"
+        )
         for k in range(pos, len(actual)):
             if pattern.match(actual[k].rstrip()):
                 pos = k + 1
@@ -232,8 +237,9 @@ def test_python_block_compiles_and_runs(block: Block) -> None:
     compile(block.text, block.where, "exec")
     if block.not_run:
         pytest.skip(f"compiled; not run: {block.not_run}")
-    out = subprocess.run([sys.executable, "-c", block.text], check=False, cwd=REPO, capture_output=True, text=True,
-                         timeout=TIMEOUT_S)
+    out = subprocess.run(
+        [sys.executable, "-c", block.text], check=False, cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT_S
+    )
     assert out.returncode == 0, f"{block.where}: the example failed:\n{out.stderr[-3000:]}"
 
 
@@ -276,9 +282,12 @@ def test_config_reference_is_current() -> None:
     if committed != generated:
         old, new = committed.splitlines(), generated.splitlines()
         first = next((i for i, (a, b) in enumerate(zip(old, new)) if a != b), min(len(old), len(new)))
-        pytest.fail(f"{OUTPUT_PATH} is stale: run `{REGENERATE}` from the repository root "
-                    f"(first difference at line {first + 1}:\n  committed: {old[first] if first < len(old) else '<end>'}"
-                    f"\n  generated: {new[first] if first < len(new) else '<end>'})", pytrace=False)
+        pytest.fail(
+            f"{OUTPUT_PATH} is stale: run `{REGENERATE}` from the repository root "
+            f"(first difference at line {first + 1}:\n  committed: {old[first] if first < len(old) else '<end>'}"
+            f"\n  generated: {new[first] if first < len(new) else '<end>'})",
+            pytrace=False,
+        )
 
 
 def test_reference_is_deterministic_and_covers_every_field() -> None:

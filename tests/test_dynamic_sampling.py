@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from rlcore.algorithms.grpo.dynamic_sampling import DynamicSamplingError, sample_with_signal
 from rlcore.config import load_config_dict
 from rlcore.datasets import DataExhausted
-from rlcore.algorithms.grpo.dynamic_sampling import DynamicSamplingError, sample_with_signal
 from rlcore.run.rollouts import Rollout
 
 PAD = 99
@@ -18,8 +18,12 @@ PAD = 99
 def _cfg(**grpo):
     grpo = {"num_prompts_per_step": 2, "num_generations_per_prompt": 2, "use_dynamic_sampling": True, **grpo}
     batch = grpo["num_prompts_per_step"] * grpo["num_generations_per_prompt"]
-    return load_config_dict({"grpo": grpo, "policy": {"train_global_batch_size": batch, "train_micro_batch_size": 1,
-                                                      "logprob_batch_size": 1}})
+    return load_config_dict(
+        {
+            "grpo": grpo,
+            "policy": {"train_global_batch_size": batch, "train_micro_batch_size": 1, "logprob_batch_size": 1},
+        }
+    )
 
 
 def _rollout(rewards: list[float], prompt_id: list[int], length: int, env_errors: float = 0.0) -> Rollout:
@@ -29,13 +33,23 @@ def _rollout(rewards: list[float], prompt_id: list[int], length: int, env_errors
     ids = torch.tensor([[p] * length for p in prompt_id], dtype=torch.long)
     mask = torch.zeros(n, length)
     mask[:, -1] = 1
-    data = {"output_ids": ids, "logprobs": -mask, "token_mask": mask, "input_lengths": torch.full((n,), length - 1),
-            "unpadded_sequence_lengths": torch.full((n,), length), "generation_lengths": torch.ones(n, dtype=torch.long),
-            "first_turn_lengths": torch.ones(n, dtype=torch.long), "truncated": torch.zeros(n, dtype=torch.bool)}
+    data = {
+        "output_ids": ids,
+        "logprobs": -mask,
+        "token_mask": mask,
+        "input_lengths": torch.full((n,), length - 1),
+        "unpadded_sequence_lengths": torch.full((n,), length),
+        "generation_lengths": torch.ones(n, dtype=torch.long),
+        "first_turn_lengths": torch.ones(n, dtype=torch.long),
+        "truncated": torch.zeros(n, dtype=torch.bool),
+    }
     from rlcore.data import BatchedDataDict
 
-    return Rollout(BatchedDataDict(data), torch.tensor(rewards, dtype=torch.float32), {"env/errors": env_errors,
-                                                                  "rollout/turns_mean": float(length)})
+    return Rollout(
+        BatchedDataDict(data),
+        torch.tensor(rewards, dtype=torch.float32),
+        {"env/errors": env_errors, "rollout/turns_mean": float(length)},
+    )
 
 
 class Batches:
@@ -57,9 +71,13 @@ class Batches:
 
 def test_a_step_keeps_the_groups_with_signal_in_order_until_it_is_full():
     # groups of 2; batch 0: prompt 10 flat, 11 differs; batch 1 (longer sequences): 12 flat, 13 and 14 differ
-    batches = Batches([_rollout([1, 1, 0, 1], [10, 10, 11, 11], 3, env_errors=1),
-                       _rollout([0, 0, 1, 0, 0, 1], [12, 12, 13, 13, 14, 14], 5, env_errors=2),
-                       _rollout([0, 1, 0, 1], [15, 15, 16, 16], 3)])
+    batches = Batches(
+        [
+            _rollout([1, 1, 0, 1], [10, 10, 11, 11], 3, env_errors=1),
+            _rollout([0, 0, 1, 0, 0, 1], [12, 12, 13, 13, 14, 14], 5, env_errors=2),
+            _rollout([0, 1, 0, 1], [15, 15, 16, 16], 3),
+        ]
+    )
     rollout, metrics = sample_with_signal(_cfg(), batches.draw, batches.roll_out, PAD)
     assert batches.drawn == 2  # full after the second batch: the third is never drawn
     assert rollout.data["output_ids"][:, 0].tolist() == [11, 11, 13, 13]  # 14 is surplus, 10 and 12 are flat
@@ -80,8 +98,7 @@ def test_a_step_keeps_the_groups_with_signal_in_order_until_it_is_full():
 
 def test_signal_is_judged_after_scaling_and_before_shaping():
     # rewards 1 and 2 clamp to the same scaled reward; a length penalty would make a flat group differ
-    shaping = {"enabled": True, "overlong_buffer_length": 2, "overlong_buffer_penalty": 1.0,
-               "max_response_length": 3}
+    shaping = {"enabled": True, "overlong_buffer_length": 2, "overlong_buffer_penalty": 1.0, "max_response_length": 3}
     cfg = _cfg(num_prompts_per_step=1, reward_scaling={"enabled": True, "source_max": 1.0}, reward_shaping=shaping)
     flat = _rollout([1, 2, 1, 1], [20, 20, 21, 21], 4)
     flat.data["first_turn_lengths"] = torch.tensor([1, 3, 1, 3])  # prompt 21's pair: penalties 0 and -1
@@ -98,8 +115,9 @@ def test_too_few_groups_within_the_batch_limit_is_an_error_that_says_what_to_cha
         sample_with_signal(_cfg(dynamic_sampling_max_gen_batches=3), batches.draw, batches.roll_out, PAD)
     assert batches.drawn == 3
     message = str(info.value)
-    assert message.startswith("grpo.dynamic_sampling_max_gen_batches: 3 generation batches of 2 prompts gave 1 "
-                              "of the 2 groups"), message
+    assert message.startswith(
+        "grpo.dynamic_sampling_max_gen_batches: 3 generation batches of 2 prompts gave 1 of the 2 groups"
+    ), message
     assert "raise dynamic_sampling_max_gen_batches" in message
 
 

@@ -84,8 +84,9 @@ class Policy:
         self.log.append("onload")
 
 
-def recovery(deaths: dict[str, int], restarts_per_step: int = 1, transport: str = "shared_memory",
-             start_fails: bool = False) -> tuple[EngineRecovery, list[str]]:
+def recovery(
+    deaths: dict[str, int], restarts_per_step: int = 1, transport: str = "shared_memory", start_fails: bool = False
+) -> tuple[EngineRecovery, list[str]]:
     """A recovery over fake engines whose calls die ``deaths`` times in all (each restart's engines share the
     count: a death after a restart is the new engines')."""
     log: list[str] = []
@@ -132,8 +133,9 @@ def test_a_second_death_in_the_step_stops_the_run_in_one_line() -> None:
         RestartingGeneration(rec).generate("prompts")
     line = str(caught.value)
     assert "\n" not in line and line.startswith("worker vllm-rank0 (rank 0) died on node 10.0.0.1")
-    assert line.endswith("not restarted: it died again after 1 restart(s) in this step "
-                         "(policy.generation.engine_restarts_per_step=1)")
+    assert line.endswith(
+        "not restarted: it died again after 1 restart(s) in this step (policy.generation.engine_restarts_per_step=1)"
+    )
     assert rec.restarts == 1
 
 
@@ -191,8 +193,11 @@ def test_an_error_that_is_no_death_is_raised_as_it_is() -> None:
 def test_a_placement_that_is_gone_is_not_restored(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(engine_recovery, "lost_nodes", lambda cluster: ["bundle 0 on node 10.0.0.1 (abcd1234)"])
     rec, log = recovery({"generate": 1})
-    with pytest.raises(RunError, match=r"killed; not restarted: its placement cannot be restored "
-                                       r"\(bundle 0 on node 10\.0\.0\.1 \(abcd1234\) is gone\)$"):
+    with pytest.raises(
+        RunError,
+        match=r"killed; not restarted: its placement cannot be restored "
+        r"\(bundle 0 on node 10\.0\.0\.1 \(abcd1234\) is gone\)$",
+    ):
         RestartingGeneration(rec).generate("prompts")
     assert "start" not in log
 
@@ -241,8 +246,18 @@ def test_an_asynchronous_request_lost_with_its_engine_is_submitted_again_to_woke
     gen = RestartingGeneration(rec)
     assert gen.collect(gen.generate_async("prompts")) == "out(prompts)"
     # awake engines: woken as they start (no sleep between steps), refit, then the request submitted again
-    assert log == ["submit", "collect", "shutdown", "start", "prepare", "offload", "refit", "onload",
-                   "submit", "collect"]
+    assert log == [
+        "submit",
+        "collect",
+        "shutdown",
+        "start",
+        "prepare",
+        "offload",
+        "refit",
+        "onload",
+        "submit",
+        "collect",
+    ]
     assert rec.restarts == 1
 
 
@@ -280,14 +295,17 @@ def test_restarts_from_two_threads_are_serialised() -> None:
     rollout.join(timeout=10)
     assert results == ["out(p)"] and rec.restarts == 1
     restart = log.index("start")  # nothing of the other thread between a restart and its refit
-    assert log[restart:restart + 5] == ["start", "prepare", "offload", "refit", "onload"]
+    assert log[restart : restart + 5] == ["start", "prepare", "offload", "refit", "onload"]
 
 
 def test_a_restart_that_fails_names_both_errors() -> None:
     rec, _ = recovery({"generate": 1})
     rec.start = lambda: (_ for _ in ()).throw(WorkerError("worker vllm-rank0 (rank 0) failed to start: OOM"))
-    with pytest.raises(RunError, match=r"killed; restarting the engines failed: worker vllm-rank0 \(rank 0\) "
-                                       r"failed to start: OOM$"):
+    with pytest.raises(
+        RunError,
+        match=r"killed; restarting the engines failed: worker vllm-rank0 \(rank 0\) "
+        r"failed to start: OOM$",
+    ):
         RestartingGeneration(rec).generate("prompts")
 
 
@@ -298,8 +316,9 @@ def test_everything_else_reaches_the_current_engines() -> None:
     assert gen.worker_group is rec.generation.worker_group and gen.finish_generation()
 
 
-@pytest.mark.parametrize("value, problem", [("-1", "expected a value >= 0, got -1"),
-                                            ("101", "expected a value <= 100, got 101")])
+@pytest.mark.parametrize(
+    "value, problem", [("-1", "expected a value >= 0, got -1"), ("101", "expected a value <= 100, got 101")]
+)
 def test_the_setting_s_range_is_one_line_naming_it(value: str, problem: str) -> None:
     from rlcore.config import load_config
 
@@ -349,6 +368,7 @@ def kill_an_engine_mid_refit_and_mid_generation(monkeypatch: pytest.MonkeyPatch)
                 os.kill(pid, signal.SIGKILL)
                 killed.append(pid)
             return out
+
         return call
 
     monkeypatch.setattr(VllmGeneration, "update_weights_via_ipc_zmq", killing_once("update_weights_via_ipc_zmq"))

@@ -54,18 +54,24 @@ def test_a_raising_reward_is_logged_once_per_distinct_error_with_its_count(tmp_p
     runner = _runner(tmp_path)
     out = runner.step(_logs("ab", "bad1", "abc", "json", "a"), [{}] * 5)
     assert out.rewards == [2.0, 0.0, 3.0, 0.0, 1.0]  # the metric stays: failed samples score 0 with their error
-    assert out.errors == [None, "ValueError: cannot score 'bad1'", None,
-                          "JSONDecodeError: Expecting property name enclosed in double quotes: line 1 column 2 "
-                          "(char 1)", None]
+    assert out.errors == [
+        None,
+        "ValueError: cannot score 'bad1'",
+        None,
+        "JSONDecodeError: Expecting property name enclosed in double quotes: line 1 column 2 (char 1)",
+        None,
+    ]
     runner.step(_logs("bad2", "x", "bad3", "yy"), [{}] * 4)  # the same error (type, file, line), other messages
 
     text = (tmp_path / "logs" / FILE_NAME).read_text()
     bad, parse = f"{THIS_FILE}:{_line_of('# marker: bad')}", f"{THIS_FILE}:{_line_of('# marker: json')}"
     assert text.startswith("rlcore: environment 'python' raised 2 distinct errors on 4 samples")
     headers = [line for line in text.splitlines() if line.startswith("--- ")]
-    assert headers == [f"--- ValueError at {bad}: 3 samples; the first: ValueError: cannot score 'bad1'",
-                       f"--- JSONDecodeError at {parse}: 1 sample; the first: JSONDecodeError: Expecting property "
-                       "name enclosed in double quotes: line 1 column 2 (char 1)"]  # the user's line, not json's
+    assert headers == [
+        f"--- ValueError at {bad}: 3 samples; the first: ValueError: cannot score 'bad1'",
+        f"--- JSONDecodeError at {parse}: 1 sample; the first: JSONDecodeError: Expecting property "
+        "name enclosed in double quotes: line 1 column 2 (char 1)",
+    ]  # the user's line, not json's
     assert text.count("Traceback (most recent call last)") == 2  # each traceback once, not once per sample
     assert text.count(f'File "{THIS_FILE}", line {_line_of("# marker: bad")}') == 1
 
@@ -76,7 +82,9 @@ def test_an_environment_actor_hands_its_failures_back_with_its_results():
     assert result.rewards == [1.0, 0.0, 0.0]
     assert failures[0] is None
     assert [(f.error.split(":")[0], f.line) for f in failures[1:]] == [
-        ("ValueError", _line_of("# marker: bad")), ("JSONDecodeError", _line_of("# marker: json"))]
+        ("ValueError", _line_of("# marker: bad")),
+        ("JSONDecodeError", _line_of("# marker: json")),
+    ]
     assert {f.file for f in failures[1:]} == {THIS_FILE}
 
 
@@ -88,9 +96,11 @@ def test_more_than_max_failure_fraction_of_a_batch_stops_the_run_in_one_line(tmp
         runner.step(_logs("bad1", "a", "bad2", "bad3"), [{}] * 4)
     message = str(err.value)
     assert "\n" not in message
-    assert message == (f"environment 'python': 3 of 4 samples failed, more than env.max_failure_fraction (0.5) "
-                       f"allows; the first: ValueError: cannot score 'bad1' (at {THIS_FILE}:{_line_of('# marker: bad')}"
-                       f"; traceback in {tmp_path / 'logs' / FILE_NAME})")
+    assert message == (
+        f"environment 'python': 3 of 4 samples failed, more than env.max_failure_fraction (0.5) "
+        f"allows; the first: ValueError: cannot score 'bad1' (at {THIS_FILE}:{_line_of('# marker: bad')}"
+        f"; traceback in {tmp_path / 'logs' / FILE_NAME})"
+    )
     strict = _runner(tmp_path, max_failure_fraction=0.0)
     with pytest.raises(EnvironmentFailed, match=r"1 of 5 samples failed, more than env.max_failure_fraction \(0\)"):
         strict.step(_logs("a", "b", "json", "c", "d"), [{}] * 5)
@@ -106,8 +116,7 @@ def test_max_failure_fraction_is_a_validated_env_setting():
 
     assert EnvConfig().max_failure_fraction == 0.5
     with pytest.raises(ConfigError) as info:
-        resolve(load_config_dict({"env": {"max_failure_fraction": 1.5}, "cluster": {"workers_per_node": 1}}),
-                run=True)
+        resolve(load_config_dict({"env": {"max_failure_fraction": 1.5}, "cluster": {"workers_per_node": 1}}), run=True)
     assert any(p.startswith("env.max_failure_fraction") for p in info.value.problems), info.value.problems
 
 
@@ -124,8 +133,9 @@ def test_the_line_named_is_the_users_deepest_not_rlcores_nor_a_librarys():
         return [FrameSummary(str(p), i + 1, "f", lookup_line=False) for i, p in enumerate(paths)]
 
     called_from_rlcore = [rlcore_dir / "runner.py", rlcore_dir / "python_reward.py"]
-    plugin = frames(*called_from_rlcore, site / "myplugin" / "env.py", site / "myplugin" / "util.py",
-                    site / "numpy" / "core.py")
+    plugin = frames(
+        *called_from_rlcore, site / "myplugin" / "env.py", site / "myplugin" / "util.py", site / "numpy" / "core.py"
+    )
     assert user_frame(plugin).filename == str(site / "myplugin" / "util.py")  # an installed plugin's own line
     script = frames(*called_from_rlcore, "/home/me/reward.py", site / "numpy" / "core.py")
     assert user_frame(script).filename == "/home/me/reward.py"

@@ -61,8 +61,10 @@ def test_a_hanging_reward_in_the_driver_fails_its_samples_at_env_timeout_s(how):
     assert 0.5 <= took < 3.0  # the deadline, then at most a repeated interrupt
     # the same line as a worker's ("environment 'flaky' actor 1 timed out after 3s (env.timeout_s)"); the whole batch
     # was the driver's share, so every sample failed and the run stops, as with one worker
-    assert str(err.value) == ("environment 'python': all 3 samples failed; the first: environment 'python' timed out "
-                              "after 0.5s in the driver (env.timeout_s)")
+    assert str(err.value) == (
+        "environment 'python': all 3 samples failed; the first: environment 'python' timed out "
+        "after 0.5s in the driver (env.timeout_s)"
+    )
     assert runner.local is not first  # replaced, as a worker's actor is
     assert runner.step(_logs("a", "b"), [{}] * 2).rewards == [1.0, 1.0]
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -21,7 +20,7 @@ from rlcore.plugins import BackendError, EnvironmentSpec, Registry, hookimpl, se
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "examples" / "grpo_tiny.yaml"
 
-PLUGIN = '''\
+PLUGIN = """\
 from rlcore.interfaces.environment import EnvironmentReturn
 from rlcore.plugins import EnvironmentSpec, hookimpl
 
@@ -39,7 +38,7 @@ def rlcore_register_environments(register):
     register(EnvironmentSpec(name="word_count", environment_class="wc_plugin:CountEnvironment"))
     register(EnvironmentSpec(name="char_count", environment_class="wc_plugin.CountEnvironment"))  # no colon
     register(EnvironmentSpec(name="line_count", environment_class="wc_plugin:CountEnvironment"))
-'''
+"""
 #: The line of PLUGIN that makes the char_count spec.
 BAD_LINE = next(i for i, line in enumerate(PLUGIN.splitlines(), 1) if 'name="char_count"' in line)
 
@@ -65,16 +64,24 @@ def plugin_registry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Registry
 
 
 def bad_line(site_module: Path) -> str:
-    return (f"EnvironmentSpec refused: environment_class: expected 'module:Name', got 'wc_plugin.CountEnvironment' "
-            f"(at {site_module}:{BAD_LINE})")
+    return (
+        f"EnvironmentSpec refused: environment_class: expected 'module:Name', got 'wc_plugin.CountEnvironment' "
+        f"(at {site_module}:{BAD_LINE})"
+    )
 
 
 def test_only_the_bad_spec_is_broken_and_its_siblings_are_usable(plugin_registry: Registry, tmp_path: Path) -> None:
-    mine = {r.name: (r.kind, r.status, r.problem) for r in plugin_registry.environments()
-            if r.distribution == "rl-word-count"}
+    mine = {
+        r.name: (r.kind, r.status, r.problem)
+        for r in plugin_registry.environments()
+        if r.distribution == "rl-word-count"
+    }
     module = tmp_path / "site" / "wc_plugin" / "__init__.py"
-    assert mine == {"word_count": ("environment", "ok", ""), "line_count": ("environment", "ok", ""),
-                    "char_count": ("environment", "broken", bad_line(module))}
+    assert mine == {
+        "word_count": ("environment", "ok", ""),
+        "line_count": ("environment", "ok", ""),
+        "char_count": ("environment", "broken", bad_line(module)),
+    }
     for name in ("word_count", "line_count", "rl-word-count:line_count"):
         assert plugin_registry.resolve_environment(name).environment_class == "wc_plugin:CountEnvironment"
     with pytest.raises(BackendError) as caught:
@@ -90,8 +97,11 @@ def test_environments_list_and_the_run_checks_say_so(plugin_registry: Registry, 
     module = tmp_path / "site" / "wc_plugin" / "__init__.py"
     listed = CliRunner().invoke(app, ["environments", "list", "--json"])
     assert listed.exit_code == 0, listed.output
-    rows = {r["name"]: (r["status"], r["problem"]) for r in json.loads(listed.output)["environments"]
-            if r["distribution"] == "rl-word-count"}
+    rows = {
+        r["name"]: (r["status"], r["problem"])
+        for r in json.loads(listed.output)["environments"]
+        if r["distribution"] == "rl-word-count"
+    }
     assert rows == {"word_count": ("ok", ""), "char_count": ("broken", bad_line(module)), "line_count": ("ok", "")}
 
     broken = CliRunner().invoke(app, ["config", "validate", str(TINY), "--no-files", "-o", "env.name=char_count"])
@@ -111,7 +121,9 @@ def test_a_hook_that_fails_midway_keeps_the_specs_it_registered() -> None:
     registry = Registry()
     registry.register_plugin(HalfPlugin(), "half", distribution="rl-half")
     assert [(r.name, r.kind, r.status) for r in registry.records] == [
-        ("first", "environment", "ok"), ("half", "?", "broken")]
+        ("first", "environment", "ok"),
+        ("half", "?", "broken"),
+    ]
     assert registry.records[1].problem.startswith("plugin failed to load: KeyError: 'settings' (at ")
     assert registry.resolve_environment("first").environment_class == "collections:Counter"
 
@@ -138,9 +150,14 @@ def test_a_refused_spec_does_not_shadow_the_same_name_from_another_distribution(
     registry = Registry()
     registry.register_plugin(Refused(), "refused", distribution="rl-refused")
     registry.register_plugin(Good(), "good", distribution="rl-good")
-    assert [(r.distribution, r.status) for r in registry.environments()] == [("rl-refused", "broken"),
-                                                                            ("rl-good", "ok")]
+    assert [(r.distribution, r.status) for r in registry.environments()] == [
+        ("rl-refused", "broken"),
+        ("rl-good", "ok"),
+    ]
     assert registry.resolve_environment("char_count").environment_class == "collections:Counter"
-    with pytest.raises(BackendError, match="environment 'rl-refused:char_count' is broken: EnvironmentSpec refused: "
-                                           "environment_class: expected 'module:Name', got 'no colon'"):
+    with pytest.raises(
+        BackendError,
+        match="environment 'rl-refused:char_count' is broken: EnvironmentSpec refused: "
+        "environment_class: expected 'module:Name', got 'no colon'",
+    ):
         registry.resolve_environment("rl-refused:char_count")

@@ -20,8 +20,14 @@ def _logs(*completions):
 def _runner(name, section=None, **kwargs):
     spec = get_registry().resolve_environment(name)
     model = spec.load_config_class()
-    return EnvironmentRunner(name, spec.environment_class, model(**section) if model and section is not None else
-                             (model() if model and name not in ("regex", "python") else section), **kwargs)
+    return EnvironmentRunner(
+        name,
+        spec.environment_class,
+        model(**section)
+        if model and section is not None
+        else (model() if model and name not in ("regex", "python") else section),
+        **kwargs,
+    )
 
 
 def test_the_builtins_are_listed_as_environments_not_backends():
@@ -40,8 +46,9 @@ def test_exact_match_and_regex_score_against_ground_truth():
     meta = [{"ground_truth": "Paris"}, {"ground_truth": "Paris"}, {"ground_truth": "7"}]
     out = _runner("exact_match").step(_logs(" Paris\n", "paris", "7"), meta)
     assert out.rewards == [1.0, 0.0, 1.0] and out.terminateds == [True] * 3
-    regex = EnvironmentRunner("regex", "rlcore.environments.matching:RegexEnvironment",
-                              RegexConfig(pattern=r"answer: (\d+)"))
+    regex = EnvironmentRunner(
+        "regex", "rlcore.environments.matching:RegexEnvironment", RegexConfig(pattern=r"answer: (\d+)")
+    )
     out = regex.step(_logs("answer: 3 ... answer: 7", "answer: 8", "none"), meta)
     assert out.rewards == [0.0, 0.0, 0.0] and out.answers == ["7", "8", None]
     out = regex.step(_logs("answer: 3 ... answer: 7"), [{"ground_truth": 7}])
@@ -58,12 +65,14 @@ def test_python_reward_gets_metadata_when_it_asks():
     from rlcore.environments.python_reward import PythonRewardConfig
 
     with_meta = PythonRewardConfig(reward="tests.test_environments:length_minus_offset", kwargs={"scale": 2.0})
-    out = EnvironmentRunner("python", "rlcore.environments.python_reward:PythonRewardEnvironment",
-                            with_meta).step(_logs("abc", "a"), [{"offset": 1}, {"offset": 0}])
+    out = EnvironmentRunner("python", "rlcore.environments.python_reward:PythonRewardEnvironment", with_meta).step(
+        _logs("abc", "a"), [{"offset": 1}, {"offset": 0}]
+    )
     assert out.rewards == [4.0, 2.0]
     legacy = PythonRewardConfig(reward="rlcore.run.tasks.toy:digit_reward")  # rlcore 0.1's signature
-    out = EnvironmentRunner("python", "rlcore.environments.python_reward:PythonRewardEnvironment",
-                            legacy).step(_logs("12ab", ""), [{}, {}])
+    out = EnvironmentRunner("python", "rlcore.environments.python_reward:PythonRewardEnvironment", legacy).step(
+        _logs("12ab", ""), [{}, {}]
+    )
     assert out.rewards == [0.5, 0.0]
 
 
@@ -92,8 +101,9 @@ def test_a_sample_that_crashes_the_environment_costs_that_sample_only():
     assert out.rewards == [1.0, 0.0, 1.0]
     assert out.errors == [None, "RuntimeError: verifier crashed", None]
     runner = EnvironmentRunner("flaky", "tests.test_environments:FlakyEnvironment", None)
-    with pytest.raises(EnvironmentFailed, match="environment 'flaky': all 2 samples failed; the first: "
-                                                "RuntimeError: verifier crashed"):
+    with pytest.raises(
+        EnvironmentFailed, match="environment 'flaky': all 2 samples failed; the first: RuntimeError: verifier crashed"
+    ):
         runner.step(_logs("boom", "boom"), [{}, {}])
 
 
@@ -108,8 +118,7 @@ def test_environment_return_checks_its_lengths():
 
 
 def test_actors_time_out_per_share_and_are_replaced(ray_session):
-    runner = EnvironmentRunner("flaky", "tests.test_environments:FlakyEnvironment", None, num_workers=2,
-                               timeout_s=3.0)
+    runner = EnvironmentRunner("flaky", "tests.test_environments:FlakyEnvironment", None, num_workers=2, timeout_s=3.0)
     try:
         started = time.monotonic()
         out = runner.step(_logs("a", "b", "slow", "d"), [{}] * 4)
@@ -124,27 +133,41 @@ def test_actors_time_out_per_share_and_are_replaced(ray_session):
 def test_env_config_is_validated_by_its_plugin():
     def problems(env):
         with pytest.raises(ConfigError) as info:
-            resolve(load_config_dict({"env": env, "policy": {"generation": {"backend": "vllm"}},
-                                      "cluster": {"workers_per_node": 1}}), run=True)
+            resolve(
+                load_config_dict(
+                    {"env": env, "policy": {"generation": {"backend": "vllm"}}, "cluster": {"workers_per_node": 1}}
+                ),
+                run=True,
+            )
         return info.value.problems
 
     assert problems({"name": "regex", "regex_cfg": {"pattern": "("}}) == [
-        "env.regex_cfg.pattern: not a regular expression: missing ), unterminated subpattern at position 0"]
+        "env.regex_cfg.pattern: not a regular expression: missing ), unterminated subpattern at position 0"
+    ]
     assert problems({"name": "mathh"})[0].startswith("env.name: no environment named 'mathh' (installed: ")
     assert problems({"name": "math", "regex_cfg": {"pattern": "x"}}) == [
-        "env.regex_cfg: the environment is 'math', which reads env.math_cfg; remove it"]
+        "env.regex_cfg: the environment is 'math', which reads env.math_cfg; remove it"
+    ]
     assert problems({"name": "digits", "digits_cfg": {"x": 1}}) == [
-        "env.digits_cfg: the 'digits' environment takes no settings; remove them"]
+        "env.digits_cfg: the 'digits' environment takes no settings; remove them"
+    ]
     assert problems({"name": "math", "math_cfg": {"verifer": "builtin"}})[0].startswith("env.math_cfg.verifer")
 
 
 def test_an_environment_registered_as_a_backend_is_an_environment():
     """rlcore 0.2's way, ``BackendSpec(kind="environment")`` through rlcore_register_backends, keeps working."""
+
     class Old:
         @hookimpl
         def rlcore_register_backends(self, register):
-            register(BackendSpec(name="old_env", kind="environment", worker_class="tests.test_environments:"
-                                 "PositionalEnvironment", plugin_api_version=3))
+            register(
+                BackendSpec(
+                    name="old_env",
+                    kind="environment",
+                    worker_class="tests.test_environments:PositionalEnvironment",
+                    plugin_api_version=3,
+                )
+            )
             register(BackendSpec(name="ghost_env", kind="environment", worker_class="no_such_pkg.env:MyEnv"))
 
     class New:
@@ -156,12 +179,18 @@ def test_an_environment_registered_as_a_backend_is_an_environment():
     registry.register_plugin(Old(), "old-plugin")
     registry.register_plugin(New(), "new-plugin")
     assert [(r.name, r.kind, r.status) for r in registry.environments()] == [
-        ("old_env", "environment", "ok"), ("ghost_env", "environment", "broken"), ("new_env", "environment", "ok")]
+        ("old_env", "environment", "ok"),
+        ("ghost_env", "environment", "broken"),
+        ("new_env", "environment", "ok"),
+    ]
     assert registry.backends() == []
     assert registry.resolve_environment("old_env") == EnvironmentSpec(
-        name="old_env", environment_class="tests.test_environments:PositionalEnvironment")
-    with pytest.raises(BackendError, match="environment 'ghost_env' is broken: environment module of "
-                                           "no_such_pkg.env:MyEnv is not installed"):
+        name="old_env", environment_class="tests.test_environments:PositionalEnvironment"
+    )
+    with pytest.raises(
+        BackendError,
+        match="environment 'ghost_env' is broken: environment module of no_such_pkg.env:MyEnv is not installed",
+    ):
         registry.resolve_environment("ghost_env")
 
 
@@ -175,24 +204,37 @@ def test_an_environment_plugin_that_fails_to_load_says_why():
     with pytest.raises(BackendError) as caught:
         registry.resolve_environment("word_count")
     message = str(caught.value)
-    assert message.startswith("environment 'word_count' is broken: plugin failed to load: ModuleNotFoundError: No "
-                              "module named 'rlcore_no_such_env_module_xyz'"), message
+    assert message.startswith(
+        "environment 'word_count' is broken: plugin failed to load: ModuleNotFoundError: No "
+        "module named 'rlcore_no_such_env_module_xyz'"
+    ), message
     assert "pip install" not in message
-    with pytest.raises(BackendError, match=r"no environment named 'wordcount' \(installed: none\); install the "
-                                           r"plugin that provides it \(plugins that failed to load: "):
+    with pytest.raises(
+        BackendError,
+        match=r"no environment named 'wordcount' \(installed: none\); install the "
+        r"plugin that provides it \(plugins that failed to load: ",
+    ):
         registry.resolve_environment("wordcount")
 
 
 def test_rlcore_0_1_task_section_still_runs_as_data_and_env():
     with pytest.warns(DeprecationWarning, match="task section is now data.train.generator and env"):
-        cfg = load_config_dict({"task": {"prompts": "rlcore.algorithms.toy_task:digit_prompts",
-                                         "reward": "rlcore.algorithms.toy_task:digit_reward"}})
+        cfg = load_config_dict(
+            {
+                "task": {
+                    "prompts": "rlcore.algorithms.toy_task:digit_prompts",
+                    "reward": "rlcore.algorithms.toy_task:digit_reward",
+                }
+            }
+        )
     assert cfg.env.name == "digits" and cfg.data.train.generator == "rlcore.environments.digits:digit_prompts"
     with pytest.warns(DeprecationWarning):
         cfg = load_config_dict({"task": {"prompts": "my.mod:prompts", "reward": "my.mod:reward", "kwargs": {"k": 1}}})
     assert (cfg.data.train.generator, cfg.data.train.generator_kwargs) == ("my.mod:prompts", {"k": 1})
-    assert cfg.env.name == "python" and cfg.env.backend_sections["python_cfg"] == {"reward": "my.mod:reward",
-                                                                                    "kwargs": {"k": 1}}
+    assert cfg.env.name == "python" and cfg.env.backend_sections["python_cfg"] == {
+        "reward": "my.mod:reward",
+        "kwargs": {"k": 1},
+    }
     with pytest.raises(ConfigError, match="task: replaced by data and env, which this config also sets \\(env\\)"):
         load_config_dict({"task": {}, "env": {"name": "math"}})
 
@@ -201,14 +243,15 @@ def test_rlcore_0_1_task_section_still_runs_as_data_and_env():
 
 BUILTIN_CASES = {
     "digits": (None, [("12ab", {}), ("", {}), ("7", {})]),
-    "math": ("MathConfig", [(r"\boxed{1/2}", {"ground_truth": "0.5"}), ("3", {"ground_truth": "4"}),
-                            ("so 10", {"ground_truth": "10"})]),
+    "math": (
+        "MathConfig",
+        [(r"\boxed{1/2}", {"ground_truth": "0.5"}), ("3", {"ground_truth": "4"}), ("so 10", {"ground_truth": "10"})],
+    ),
     "exact_match": ("ExactMatchConfig", [("Paris", {"ground_truth": "Paris"}), ("Rome", {"ground_truth": "Paris"})]),
     "regex": ("RegexConfig", [("x = 3", {"ground_truth": "3"}), ("x = 4", {"ground_truth": "3"})]),
     "python": ("PythonRewardConfig", [("abc", {"offset": 1}), ("a", {"offset": 0})]),
 }
-BUILTIN_SETTINGS = {"regex": {"pattern": r"(\d+)"},
-                    "python": {"reward": "tests.test_environments:offset_length"}}
+BUILTIN_SETTINGS = {"regex": {"pattern": r"(\d+)"}, "python": {"reward": "tests.test_environments:offset_length"}}
 
 
 def offset_length(prompts, completions, metadata):
@@ -247,8 +290,11 @@ def test_the_kit_catches_planted_bugs():
     cases = [("a", {}), ("b", {}), ("c", {})]
     assert check_environment("tests.test_environments:PositionalEnvironment", None, cases) == [
         "a sample's reward depends on its position in the batch",
-        "rewards of samples scored one by one [1.0, 1.0, 1.0] differ from the batch's [1.0, 0.0, 0.0]"]
+        "rewards of samples scored one by one [1.0, 1.0, 1.0] differ from the batch's [1.0, 0.0, 0.0]",
+    ]
     assert check_environment("tests.test_environments:MutatingEnvironment", None, cases) == [
-        "step changed the message logs or metadata it was given"]
+        "step changed the message logs or metadata it was given"
+    ]
     assert check_environment("tests.test_environments:FlakyEnvironment", None, [("boom", {}), ("b", {})]) == [
-        "step raised RuntimeError: verifier crashed"]
+        "step raised RuntimeError: verifier crashed"
+    ]

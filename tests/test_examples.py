@@ -17,8 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def rlcore(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "rlcore", *args], capture_output=True, text=True, timeout=120,
-                          cwd=cwd)
+    return subprocess.run([sys.executable, "-m", "rlcore", *args], capture_output=True, text=True, timeout=120, cwd=cwd)
 
 
 @pytest.mark.parametrize("name", example_names())

@@ -12,12 +12,12 @@ import pytest
 import torch
 
 from rlcore.algorithms.advantages import gdpo_advantages
+from rlcore.algorithms.grpo.step import gdpo_step_advantages, reward_components
 from rlcore.config import ConfigError, load_config
 from rlcore.environments.runner import EnvironmentRunner, isolated_step
 from rlcore.interfaces.environment import EnvironmentReturn
 from rlcore.run.rollouts import run_rollout
 from rlcore.run.step import Timer
-from rlcore.algorithms.grpo.step import gdpo_step_advantages, reward_components
 from tests.test_multi_turn import ByteTokenizer, CountingEnvironment, ScriptedEngine, _samples
 
 # -- the estimator -------------------------------------------------------------------------------------------
@@ -40,9 +40,9 @@ def recomputed(components, group_size, leave_one_out, normalize, weights):
     for name, weight in zip(names, weights):
         rewards = [float(r) for r in components[name]]
         for start in range(0, size, group_size):
-            group = rewards[start:start + group_size]
+            group = rewards[start : start + group_size]
             for j, r in enumerate(group):
-                pool = group[:j] + group[j + 1:] if leave_one_out else group
+                pool = group[:j] + group[j + 1 :] if leave_one_out else group
                 adv = r - mean(pool)
                 std = stdev(pool) if len(pool) > 1 else 0.0
                 if normalize and std > 0:
@@ -86,30 +86,38 @@ def test_gdpo_needs_two_components_and_one_weight_each():
 def _step_cfg(weights=None, scaling=False):
     scale = SimpleNamespace(enabled=scaling, source_min=0.0, source_max=1.0, target_min=-1.0, target_max=1.0)
     gdpo = SimpleNamespace(use_leave_one_out_baseline=False, normalize_rewards=True, reward_weights=weights)
-    return SimpleNamespace(env=SimpleNamespace(name="math"), grpo=SimpleNamespace(
-        num_generations_per_prompt=2, gdpo=gdpo, reward_scaling=scale))
+    return SimpleNamespace(
+        env=SimpleNamespace(name="math"),
+        grpo=SimpleNamespace(num_generations_per_prompt=2, gdpo=gdpo, reward_scaling=scale),
+    )
 
 
 def test_a_step_names_the_environment_when_gdpo_cannot_run():
-    with pytest.raises(ValueError, match="gdpo needs at least 2 named reward components per sample, but environment "
-                                         "'math' returns none .* set grpo.advantage_estimator to leave_one_out_std "
-                                         "or mean_std"):
+    with pytest.raises(
+        ValueError,
+        match="gdpo needs at least 2 named reward components per sample, but environment "
+        "'math' returns none .* set grpo.advantage_estimator to leave_one_out_std "
+        "or mean_std",
+    ):
         gdpo_step_advantages(_step_cfg(), {})
     with pytest.raises(ValueError, match=r"returns 1 \(accuracy\)"):
         gdpo_step_advantages(_step_cfg(), {"accuracy": torch.ones(4)})
-    with pytest.raises(ValueError, match="grpo.gdpo.reward_weights: has 1 entries, but environment 'math' returns 2 "
-                                         "reward components: accuracy, format"):
+    with pytest.raises(
+        ValueError,
+        match="grpo.gdpo.reward_weights: has 1 entries, but environment 'math' returns 2 "
+        "reward components: accuracy, format",
+    ):
         gdpo_step_advantages(_step_cfg([1.0]), {"format": torch.ones(4), "accuracy": torch.ones(4)})
 
 
 def test_reward_scaling_scales_each_component_first():
     components = {"a": torch.tensor([0.0, 2.0, 0.5, 0.25]), "b": torch.tensor([1.0, 0.0, -3.0, 0.0])}
     scaled = {"a": torch.tensor([-1.0, 1.0, 0.0, -0.5]), "b": torch.tensor([1.0, -1.0, -1.0, -1.0])}  # clamped
-    torch.testing.assert_close(gdpo_step_advantages(_step_cfg(scaling=True), components),
-                               gdpo_advantages(scaled, 2))
+    torch.testing.assert_close(gdpo_step_advantages(_step_cfg(scaling=True), components), gdpo_advantages(scaled, 2))
 
 
 # -- what environments return ----------------------------------------------------------------------------------
+
 
 def _logs(*completions):
     return [[{"role": "user", "content": "q"}, {"role": "assistant", "content": c}] for c in completions]
@@ -119,11 +127,13 @@ def test_reward_components_are_checked_and_sorted():
     out = EnvironmentReturn.from_components({"format": [1, 0], "accuracy": [0.5, 1]}, [{}, {}])
     assert list(out.reward_components) == ["accuracy", "format"] and out.rewards == [1.5, 1.0]
     assert EnvironmentReturn.final([1.0], [{}]).reward_components is None
-    bad = [({"a": [1.0]}, "reward_components\\['a'\\]: needs one entry per sample, got 1 for 2"),
-           ({"reward/a": [1.0, 0.0]}, "'reward/a' is not a component name"),
-           ({"": [1.0, 0.0]}, "'' is not a component name"),
-           ({}, "is empty"),
-           ([[1.0, 0.0]], "expected a dict")]
+    bad = [
+        ({"a": [1.0]}, "reward_components\\['a'\\]: needs one entry per sample, got 1 for 2"),
+        ({"reward/a": [1.0, 0.0]}, "'reward/a' is not a component name"),
+        ({"": [1.0, 0.0]}, "'' is not a component name"),
+        ({}, "is empty"),
+        ([[1.0, 0.0]], "expected a dict"),
+    ]
     for components, message in bad:
         with pytest.raises(ValueError, match=message):
             EnvironmentReturn.final([1.0, 0.0], [{}, {}], reward_components=components)
@@ -139,8 +149,9 @@ class TwoScores:
         texts = [log[-1]["content"] for log in message_logs]
         if "boom" in texts:
             raise RuntimeError("verifier crashed")
-        return EnvironmentReturn.from_components({"x": [float("x" in t) for t in texts],
-                                                  "len": [len(t) / 10 for t in texts]}, metadata)
+        return EnvironmentReturn.from_components(
+            {"x": [float("x" in t) for t in texts], "len": [len(t) / 10 for t in texts]}, metadata
+        )
 
 
 def test_joined_results_keep_the_components_and_a_failed_sample_scores_zero():
@@ -166,8 +177,10 @@ def test_components_survive_environment_actors(ray_session):
 
 def named_rewards(prompts, completions, metadata, bonus=0.0):
     """The python environment's named rewards: the completion has the answer; it is short."""
-    return {"answer": [float(str(m["ground_truth"]) in c) + bonus for c, m in zip(completions, metadata)],
-            "short": [float(len(c) <= 3) for c in completions]}
+    return {
+        "answer": [float(str(m["ground_truth"]) in c) + bonus for c, m in zip(completions, metadata)],
+        "short": [float(len(c) <= 3) for c in completions],
+    }
 
 
 def test_the_python_environment_returns_named_rewards_and_their_sum():
@@ -177,8 +190,9 @@ def test_the_python_environment_returns_named_rewards_and_their_sum():
 
     config = PythonRewardConfig(reward="tests.test_gdpo:named_rewards", kwargs={"bonus": 0.5})
     spec = get_registry().resolve_environment("python")
-    out = EnvironmentRunner("python", spec.environment_class, config).step(_logs("7", "it is 7", "8"),
-                                                                      [{"ground_truth": 7}] * 3)
+    out = EnvironmentRunner("python", spec.environment_class, config).step(
+        _logs("7", "it is 7", "8"), [{"ground_truth": 7}] * 3
+    )
     assert out.reward_components == {"answer": [1.5, 1.5, 0.5], "short": [1.0, 0.0, 1.0]}
     assert out.rewards == [2.5, 1.5, 1.5]
     assert check_environment(spec, config, [("7", {"ground_truth": 7}), ("", {"ground_truth": 1})]) == []
@@ -197,36 +211,59 @@ class ComponentCounting(CountingEnvironment):
 
 def _rollout_cfg(max_turns: int) -> SimpleNamespace:
     turns = SimpleNamespace(max_rollout_turns=max_turns)
-    return SimpleNamespace(grpo=turns, algorithm_section=turns, policy=SimpleNamespace(
-        max_total_sequence_length=64, tokenizer=SimpleNamespace(chat_template_kwargs={})))
+    return SimpleNamespace(
+        grpo=turns,
+        algorithm_section=turns,
+        policy=SimpleNamespace(max_total_sequence_length=64, tokenizer=SimpleNamespace(chat_template_kwargs={})),
+    )
 
 
 def test_components_add_up_over_turns_like_rewards():
-    rollout = run_rollout(_rollout_cfg(3), ScriptedEngine(), ComponentCounting(), ByteTokenizer(), _samples(1, 3),
-                          1, Timer())
+    rollout = run_rollout(
+        _rollout_cfg(3), ScriptedEngine(), ComponentCounting(), ByteTokenizer(), _samples(1, 3), 1, Timer()
+    )
     assert rollout.rewards.tolist() == [2.0, 4.0]
     assert rollout.data["reward/turn"].tolist() == [1.0, 3.0] and rollout.data["reward/first"].tolist() == [1.0, 1.0]
-    assert {k: v.tolist() for k, v in reward_components(rollout.data).items()} == {"first": [1.0, 1.0],
-                                                                                   "turn": [1.0, 3.0]}
-    plain = run_rollout(_rollout_cfg(3), ScriptedEngine(), CountingEnvironment(), ByteTokenizer(), _samples(1), 1,
-                        Timer())
+    assert {k: v.tolist() for k, v in reward_components(rollout.data).items()} == {
+        "first": [1.0, 1.0],
+        "turn": [1.0, 3.0],
+    }
+    plain = run_rollout(
+        _rollout_cfg(3), ScriptedEngine(), CountingEnvironment(), ByteTokenizer(), _samples(1), 1, Timer()
+    )
     assert reward_components(plain.data) == {}
 
 
 # -- config ----------------------------------------------------------------------------------------------------
+
 
 def test_gdpo_config_and_its_rules():
     cfg = load_config("examples/grpo_tiny.yaml", ["grpo.advantage_estimator=gdpo", "grpo.gdpo.reward_weights=[1, 2]"])
     assert (cfg.grpo.gdpo.use_leave_one_out_baseline, cfg.grpo.gdpo.normalize_rewards) == (False, True)
     assert cfg.grpo.gdpo.reward_weights == [1.0, 2.0]
     cases = [
-        (["grpo.gdpo.normalize_rewards=false"], "grpo.gdpo.normalize_rewards: only GDPO reads it, but "
-         "grpo.advantage_estimator is leave_one_out; set grpo.advantage_estimator=gdpo or remove it"),
-        (["grpo.advantage_estimator=gdpo", "grpo.reward_shaping.enabled=true",
-          "grpo.reward_shaping.stop_properly_penalty_coef=0.5"], "grpo.reward_shaping.enabled: is true, but GDPO's"),
-        (["grpo.advantage_estimator=gdpo", "grpo.gdpo.use_leave_one_out_baseline=true",
-          "grpo.num_generations_per_prompt=1", "grpo.num_prompts_per_step=32"],
-         "grpo.num_generations_per_prompt: GDPO with grpo.gdpo.use_leave_one_out_baseline needs at least 2"),
+        (
+            ["grpo.gdpo.normalize_rewards=false"],
+            "grpo.gdpo.normalize_rewards: only GDPO reads it, but "
+            "grpo.advantage_estimator is leave_one_out; set grpo.advantage_estimator=gdpo or remove it",
+        ),
+        (
+            [
+                "grpo.advantage_estimator=gdpo",
+                "grpo.reward_shaping.enabled=true",
+                "grpo.reward_shaping.stop_properly_penalty_coef=0.5",
+            ],
+            "grpo.reward_shaping.enabled: is true, but GDPO's",
+        ),
+        (
+            [
+                "grpo.advantage_estimator=gdpo",
+                "grpo.gdpo.use_leave_one_out_baseline=true",
+                "grpo.num_generations_per_prompt=1",
+                "grpo.num_prompts_per_step=32",
+            ],
+            "grpo.num_generations_per_prompt: GDPO with grpo.gdpo.use_leave_one_out_baseline needs at least 2",
+        ),
     ]
     for overrides, line in cases:
         with pytest.raises(ConfigError) as info:
@@ -238,12 +275,22 @@ def test_nemo_rls_gdpo_converts():
     from tests.test_nemo_rl_config import FIXTURES, nemo_config, nemo_problems
 
     main = FIXTURES / "main" / "grpo_math_1B.yaml"
-    conversion = nemo_config(main, ["grpo.adv_estimator.name=gdpo", "grpo.adv_estimator.normalize_rewards=true",
-                                    "grpo.adv_estimator.use_leave_one_out_baseline=false",
-                                    "++grpo.adv_estimator.reward_weights=[1.0,0.5]"])
+    conversion = nemo_config(
+        main,
+        [
+            "grpo.adv_estimator.name=gdpo",
+            "grpo.adv_estimator.normalize_rewards=true",
+            "grpo.adv_estimator.use_leave_one_out_baseline=false",
+            "++grpo.adv_estimator.reward_weights=[1.0,0.5]",
+        ],
+    )
     g = conversion.config.grpo
-    assert (g.advantage_estimator, g.gdpo.use_leave_one_out_baseline, g.gdpo.normalize_rewards,
-            g.gdpo.reward_weights) == ("gdpo", False, True, [1.0, 0.5])
+    assert (
+        g.advantage_estimator,
+        g.gdpo.use_leave_one_out_baseline,
+        g.gdpo.normalize_rewards,
+        g.gdpo.reward_weights,
+    ) == ("gdpo", False, True, [1.0, 0.5])
     assert "grpo.adv_estimator.minus_baseline (reinforce_plus_plus only)" in "\n".join(conversion.ignored_lines())
     # the base config's adv_estimator interpolates grpo.use_leave_one_out_baseline: true, NeMo-RL's default
     g = nemo_config(main, ["grpo.adv_estimator.name=gdpo"]).config.grpo
@@ -257,6 +304,7 @@ def test_nemo_rls_gdpo_converts():
 
 # -- a real run ------------------------------------------------------------------------------------------------
 
+
 def digits_and_brevity(prompts, completions):
     """Two named rewards on the toy task: the share of digits, and being at most 8 characters long."""
     from rlcore.environments.digits import digit_reward
@@ -268,12 +316,20 @@ def test_a_short_gdpo_run_logs_each_component_and_trains(ray_session, tmp_path):
     from rlcore.run.train import train
     from tests.runs import ONE_WORKER, short_run_config
 
-    cfg = short_run_config(tmp_path, 2, **ONE_WORKER,
-                           **{"grpo.advantage_estimator": "gdpo", "grpo.gdpo.reward_weights": "[1.0,0.5]",
-                              "env.name": "python",
-                              "env.python_cfg.reward": "tests.test_gdpo:digits_and_brevity",
-                              "grpo.num_prompts_per_step": "4", "policy.train_global_batch_size": "16",
-                              "checkpointing.enabled": "false"})
+    cfg = short_run_config(
+        tmp_path,
+        2,
+        **ONE_WORKER,
+        **{
+            "grpo.advantage_estimator": "gdpo",
+            "grpo.gdpo.reward_weights": "[1.0,0.5]",
+            "env.name": "python",
+            "env.python_cfg.reward": "tests.test_gdpo:digits_and_brevity",
+            "grpo.num_prompts_per_step": "4",
+            "policy.train_global_batch_size": "16",
+            "checkpointing.enabled": "false",
+        },
+    )
     train(cfg)
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1]

@@ -49,8 +49,14 @@ def gpu_check() -> ModuleType:
 
 @pytest.mark.skipif(_cuda(), reason="on a GPU machine this would run the whole check")
 def test_without_cuda_it_says_so_in_one_line_and_exits_0(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path / "out")], check=False,
-                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--out", str(tmp_path / "out")],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert len(lines) == 1 and lines[0].startswith("gpu-check: no CUDA"), proc.stdout
@@ -60,16 +66,23 @@ def test_without_cuda_it_says_so_in_one_line_and_exits_0(tmp_path: Path) -> None
 
 @pytest.mark.skipif(_cuda() or shutil.which("make") is None, reason="needs make and no GPU")
 def test_make_gpu_check_without_cuda() -> None:
-    proc = subprocess.run(["make", "--no-print-directory", "gpu-check", f"PYTHON={sys.executable}",
-                           "WHEELS=/nonexistent-wheels"], check=False, capture_output=True, text=True, timeout=300,
-                          cwd=ROOT)
+    proc = subprocess.run(
+        ["make", "--no-print-directory", "gpu-check", f"PYTHON={sys.executable}", "WHEELS=/nonexistent-wheels"],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines() == [proc.stdout.strip()] and "no CUDA" in proc.stdout, proc.stdout
 
 
 def test_no_cuda_line(gpu_check: ModuleType) -> None:
-    assert gpu_check.cuda.no_cuda_line({"error": "torch is not importable: ModuleNotFoundError: torch"}) == \
-        "gpu-check: no CUDA here (torch is not importable: ModuleNotFoundError: torch): nothing to check"
+    assert (
+        gpu_check.cuda.no_cuda_line({"error": "torch is not importable: ModuleNotFoundError: torch"})
+        == "gpu-check: no CUDA here (torch is not importable: ModuleNotFoundError: torch): nothing to check"
+    )
     assert "CPU-only build" in gpu_check.cuda.no_cuda_line({"torch": "2.13.0+cpu", "cuda_build": None, "cuda": False})
     assert "CUDA 12.8 build" in gpu_check.cuda.no_cuda_line({"torch": "2.11.0", "cuda_build": "12.8", "cuda": False})
     assert gpu_check.cuda.no_cuda_line({"torch": "2.11.0", "cuda_build": "13.0", "cuda": True, "count": 1}) is None
@@ -92,7 +105,7 @@ def _split(path: Path, first: Path, second: Path) -> None:
     first.mkdir(parents=True, exist_ok=True)
     second.mkdir(parents=True, exist_ok=True)
     (first / f"{path.name}.part-aa").write_bytes(data[: len(data) // 2])
-    (second / f"{path.name}.part-ab").write_bytes(data[len(data) // 2:])
+    (second / f"{path.name}.part-ab").write_bytes(data[len(data) // 2 :])
     path.unlink()
 
 
@@ -121,8 +134,11 @@ def test_split_wheels_are_joined_and_a_missing_half_is_reported(gpu_check: Modul
 
 
 def test_installed_newer_versions_are_kept(gpu_check: ModuleType, tmp_path: Path) -> None:
-    wheels = [_wheel(tmp_path, "pydantic", "2.14.3"), _wheel(tmp_path, "typing_extensions", "4.16.0"),
-              _wheel(tmp_path, "ray", "2.60.0")]
+    wheels = [
+        _wheel(tmp_path, "pydantic", "2.14.3"),
+        _wheel(tmp_path, "typing_extensions", "4.16.0"),
+        _wheel(tmp_path, "ray", "2.60.0"),
+    ]
     have = {"pydantic": None, "typing-extensions": "4.12.2", "ray": "2.60.0"}
     chosen, notes = gpu_check.wheels.wheels_to_install(wheels, installed=have.get)
     assert [p.name.split("-")[0] for p in chosen] == ["pydantic", "typing_extensions"]
@@ -175,14 +191,37 @@ JUNIT = """<?xml version="1.0" encoding="utf-8"?>
 </testsuite></testsuites>
 """
 
-BENCH = {"gpu": "NVIDIA H100 80GB HBM3", "peak_bf16_tflops": 989.4, "torch": "2.11.0+cu130", "presets": {
-    "0.5b": {"params": 494032768, "seq": 2048, "batch": 8, "tokens_per_step": 16384,
-             "raw": {"step_s": 0.21, "tflops": 272.5, "mfu": 0.275, "peak_gb": 21.3, "theory_gb": 23.8},
-             "dtensor": {"step_s": 0.23, "tflops": 248.8, "mfu": 0.251, "vs_raw": 1.095, "peak_gb": 22.9,
-                         "theory_gb": 23.8, "refit": {"bytes": 988065536, "refit_s": 0.05, "refit_gb_s": 19.8,
-                                                      "d2d_gb_s": 1450.0, "refit_vs_d2d": 73.2}},
-             "megatron": {"skipped": "megatron-core is not installed"}},
-    "1b": {"skipped": "time budget"}}}
+BENCH = {
+    "gpu": "NVIDIA H100 80GB HBM3",
+    "peak_bf16_tflops": 989.4,
+    "torch": "2.11.0+cu130",
+    "presets": {
+        "0.5b": {
+            "params": 494032768,
+            "seq": 2048,
+            "batch": 8,
+            "tokens_per_step": 16384,
+            "raw": {"step_s": 0.21, "tflops": 272.5, "mfu": 0.275, "peak_gb": 21.3, "theory_gb": 23.8},
+            "dtensor": {
+                "step_s": 0.23,
+                "tflops": 248.8,
+                "mfu": 0.251,
+                "vs_raw": 1.095,
+                "peak_gb": 22.9,
+                "theory_gb": 23.8,
+                "refit": {
+                    "bytes": 988065536,
+                    "refit_s": 0.05,
+                    "refit_gb_s": 19.8,
+                    "d2d_gb_s": 1450.0,
+                    "refit_vs_d2d": 73.2,
+                },
+            },
+            "megatron": {"skipped": "megatron-core is not installed"},
+        },
+        "1b": {"skipped": "time budget"},
+    },
+}
 
 
 def test_summary_and_table_from_a_pytest_report(gpu_check: ModuleType, tmp_path: Path) -> None:
@@ -196,20 +235,49 @@ def test_summary_and_table_from_a_pytest_report(gpu_check: ModuleType, tmp_path:
     assert tests["cases"][1]["message"].startswith("AssertionError: round 1")
 
     records_file = tmp_path / "records.jsonl"
-    records_file.write_text("\n".join(json.dumps(r) for r in [
-        {"test": ids[0], "name": "fp32_logprobs_vs_hf_f64_max_abs", "value": 3.2e-7, "backend": "dtensor",
-         "tolerance": 1e-5},
-        {"test": ids[1], "name": "ipc_refit_receiver_vs_policy_max_abs", "value": 0.031, "round": 1},
-    ]) + "\nnot json\n")
+    records_file.write_text(
+        "\n".join(
+            json.dumps(r)
+            for r in [
+                {
+                    "test": ids[0],
+                    "name": "fp32_logprobs_vs_hf_f64_max_abs",
+                    "value": 3.2e-7,
+                    "backend": "dtensor",
+                    "tolerance": 1e-5,
+                },
+                {"test": ids[1], "name": "ipc_refit_receiver_vs_policy_max_abs", "value": 0.031, "round": 1},
+            ]
+        )
+        + "\nnot json\n"
+    )
     records = gpu_check.report.read_records(records_file)
     assert len(records) == 2
-    machine = {"name": "NVIDIA H100 80GB HBM3", "memory_gb": 79.2, "capability": "9.0", "count": 1,
-               "torch": "2.11.0+cu130", "cuda_build": "13.0", "nccl": "2.27.7", "python": "3.12.3"}
-    setup = {"problems": [], "wheels_installed": ["ray-2.60.0-cp312.whl"], "checkout": "pip install -e",
-             "imports": {"ray": {"ok": True}, "megatron.core": {"ok": False, "error": "ModuleNotFoundError"}}}
-    summary = gpu_check.report.summarize(machine, setup, tests, records, BENCH,
-                                         {"install": 20.0, "tests": 300.0, "benchmark": 200.0, "total": 521.0},
-                                         ["a note"])
+    machine = {
+        "name": "NVIDIA H100 80GB HBM3",
+        "memory_gb": 79.2,
+        "capability": "9.0",
+        "count": 1,
+        "torch": "2.11.0+cu130",
+        "cuda_build": "13.0",
+        "nccl": "2.27.7",
+        "python": "3.12.3",
+    }
+    setup = {
+        "problems": [],
+        "wheels_installed": ["ray-2.60.0-cp312.whl"],
+        "checkout": "pip install -e",
+        "imports": {"ray": {"ok": True}, "megatron.core": {"ok": False, "error": "ModuleNotFoundError"}},
+    }
+    summary = gpu_check.report.summarize(
+        machine,
+        setup,
+        tests,
+        records,
+        BENCH,
+        {"install": 20.0, "tests": 300.0, "benchmark": 200.0, "total": 521.0},
+        ["a note"],
+    )
     assert summary["status"] == "failed" and summary["missing"] == ["megatron.core"]
     json.dumps(summary)  # the JSON file is written from this
 
@@ -253,13 +321,15 @@ def test_summary_status(gpu_check: ModuleType) -> None:
 
 
 def test_benchmark_result_is_the_last_json_line(gpu_check: ModuleType) -> None:
-    text = f"table\n{json.dumps(BENCH)}\n(raylet) {{not json\n{{\"other\": 1}}\n"
+    text = f'table\n{json.dumps(BENCH)}\n(raylet) {{not json\n{{"other": 1}}\n'
     assert gpu_check.report.last_json(text) == BENCH
     assert gpu_check.report.last_json("no result\n") is None
 
 
 def test_leak_lines(gpu_check: ModuleType) -> None:
-    log = "...\nleak check: the test session left these behind:\n  shared memory /dev/shm/torch_1_2\n" \
-          "  process 77 raylet\n(shared memory and temp entries of other runs ...)\n"
+    log = (
+        "...\nleak check: the test session left these behind:\n  shared memory /dev/shm/torch_1_2\n"
+        "  process 77 raylet\n(shared memory and temp entries of other runs ...)\n"
+    )
     assert gpu_check.report.leak_lines(log) == ["shared memory /dev/shm/torch_1_2", "process 77 raylet"]
     assert gpu_check.report.leak_lines("all good") == []

@@ -11,8 +11,8 @@ import torch
 
 from rlcore.algorithms.advantages import group_advantages
 from rlcore.config import load_config
-from rlcore.run.step import encode_prompts, training_batch
 from rlcore.environments.digits import digit_prompts, digit_reward
+from rlcore.run.step import encode_prompts, training_batch
 from tests.runs import ONE_WORKER, generation_backend, short_run_config
 
 
@@ -43,7 +43,7 @@ def test_reinforce_plus_plus_advantages_against_a_float64_recomputation(minus_ba
     adv = reinforce_plus_plus_advantages(rewards, 3, mask, minus_baseline, kl, kl_coef=0.3)
     values = {}
     for b in range(6):
-        group = [float(r) for r in rewards[(b // 3) * 3:(b // 3) * 3 + 3]]
+        group = [float(r) for r in rewards[(b // 3) * 3 : (b // 3) * 3 + 3]]
         base = float(rewards[b]) - (sum(group) / 3 if minus_baseline else 0.0)
         for t in range(7):
             if mask[b, t]:
@@ -59,12 +59,17 @@ def test_reinforce_plus_plus_advantages_against_a_float64_recomputation(minus_ba
 def test_kl_in_reward_takes_the_kl_out_of_the_loss():
     from rlcore.algorithms.loss_functions import ClippedPGLossFn
 
-    data = {"token_mask": torch.tensor([[0.0, 1.0, 1.0]]), "sample_mask": torch.ones(1),
-            "advantages": torch.tensor([[0.0, 1.0, -1.0]]), "prev_logprobs": torch.tensor([[0.0, -1.0, -2.0]])}
+    data = {
+        "token_mask": torch.tensor([[0.0, 1.0, 1.0]]),
+        "sample_mask": torch.ones(1),
+        "advantages": torch.tensor([[0.0, 1.0, -1.0]]),
+        "prev_logprobs": torch.tensor([[0.0, -1.0, -2.0]]),
+    }
     logprobs = torch.tensor([[0.0, -0.9, -2.1]])
     plain = ClippedPGLossFn({})(logprobs, data, torch.tensor(1.0), torch.tensor(2.0))
     in_reward = ClippedPGLossFn({"use_kl_in_reward": True, "reference_policy_kl_penalty": 0.5})(
-        logprobs, data, torch.tensor(1.0), torch.tensor(2.0))  # no reference logprobs needed
+        logprobs, data, torch.tensor(1.0), torch.tensor(2.0)
+    )  # no reference logprobs needed
     assert in_reward[0] == plain[0] and in_reward[1]["kl_penalty"] == 0.0
 
 
@@ -78,8 +83,12 @@ def test_training_batch_trains_only_generated_tokens(tiny_tokenizer):
     assert batch["input_ids"].shape[0] == 4 and batch["input_lengths"].tolist() == [3, 3, 5, 5]  # BOS + bytes
     mask = torch.zeros(4, 9)
     mask[0, 3:5] = mask[2, 5:9] = mask[3, 5:6] = 1  # the generated tokens (row 1 generated none)
-    rollout = {"output_ids": torch.zeros(4, 9, dtype=torch.long), "unpadded_sequence_lengths": torch.tensor([5, 3, 9, 6]),
-               "logprobs": torch.zeros(4, 9), "token_mask": mask}
+    rollout = {
+        "output_ids": torch.zeros(4, 9, dtype=torch.long),
+        "unpadded_sequence_lengths": torch.tensor([5, 3, 9, 6]),
+        "logprobs": torch.zeros(4, 9),
+        "token_mask": mask,
+    }
     data = training_batch(rollout, torch.tensor([1.0, -1.0, 0.5, 2.0]))
     assert data["token_mask"] is mask and data["input_lengths"].tolist() == [5, 3, 9, 6]
     assert data["advantages"][0].tolist() == [0, 0, 0, 1.0, 1.0, 0, 0, 0, 0] and data["advantages"][1].sum() == 0
@@ -94,15 +103,45 @@ def test_rollout_must_fill_whole_global_batches():
 
 
 def test_bad_config_fails_before_anything_starts(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "rlcore", "run", "examples/grpo_tiny.yaml",
-                          "-o", "grpo.max_num_step=3", "-o", "policy.generation.backend=vlm",
-                          "-o", f"logger.output_dir={tmp_path}"], capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rlcore",
+            "run",
+            "examples/grpo_tiny.yaml",
+            "-o",
+            "grpo.max_num_step=3",
+            "-o",
+            "policy.generation.backend=vlm",
+            "-o",
+            f"logger.output_dir={tmp_path}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 1
     assert out.stderr.strip().splitlines() == ["grpo.max_num_step: unknown key; did you mean 'max_num_steps'?"]
     assert not (tmp_path / "metrics.jsonl").exists()
-    out = subprocess.run([sys.executable, "-m", "rlcore", "run", "examples/grpo_tiny.yaml",
-                          "-o", "policy.generation.backend=vlm", "-o", "policy.backend=reference",
-                          "-o", f"logger.output_dir={tmp_path}"], capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rlcore",
+            "run",
+            "examples/grpo_tiny.yaml",
+            "-o",
+            "policy.generation.backend=vlm",
+            "-o",
+            "policy.backend=reference",
+            "-o",
+            f"logger.output_dir={tmp_path}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 1 and "no backend named 'vlm'" in out.stderr and "Traceback" not in out.stderr
 
 
@@ -121,8 +160,19 @@ def test_short_run_writes_metrics_and_a_checkpoint(ray_session, tmp_path, monkey
     assert [r["step"] for r in rows] == [0, 1] and summary["steps"] == 2
     if killed:  # one restart per death, both in step 0; the run goes on with every step
         assert len(killed) == 2 and [r["engine/restarts"] for r in rows] == [2.0, 2.0], (killed, rows)
-    for key in ("reward_mean", "reward_std", "loss", "grad_norm", "kl_penalty", "token_mult_prob_error",
-                "tokens_per_s", "time/generation_s", "time/logprob_s", "time/train_s", "time/step_s"):
+    for key in (
+        "reward_mean",
+        "reward_std",
+        "loss",
+        "grad_norm",
+        "kl_penalty",
+        "token_mult_prob_error",
+        "tokens_per_s",
+        "time/generation_s",
+        "time/logprob_s",
+        "time/train_s",
+        "time/step_s",
+    ):
         assert key in rows[0], key
     assert all(abs(r["token_mult_prob_error"] - 1.0) < 1e-3 for r in rows), rows  # engine == trainer
     # vLLM: a refit before every step, the whole model each time; fsdp1 generates from its own weights
@@ -145,11 +195,17 @@ def test_short_run_writes_metrics_and_a_checkpoint(ray_session, tmp_path, monkey
 def test_a_reinforce_plus_plus_run_with_the_kl_in_the_reward_and_vapo(ray_session, tmp_path):
     from rlcore.run.train import train
 
-    cfg = short_run_config(tmp_path, 1, **ONE_WORKER,
-                           **{"grpo.advantage_estimator": "reinforce_plus_plus_baseline",
-                              "loss.use_kl_in_reward": "true",
-                              "loss.reference_policy_kl_penalty": "0.05",
-                              "loss.positive_example_nll_weight": "0.1"})
+    cfg = short_run_config(
+        tmp_path,
+        1,
+        **ONE_WORKER,
+        **{
+            "grpo.advantage_estimator": "reinforce_plus_plus_baseline",
+            "loss.use_kl_in_reward": "true",
+            "loss.reference_policy_kl_penalty": "0.05",
+            "loss.positive_example_nll_weight": "0.1",
+        },
+    )
     train(cfg)
     (row,) = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     # the KL went into the advantages (the prev-logprob pass ran for it), not into the loss
@@ -162,11 +218,11 @@ def test_a_reinforce_plus_plus_run_with_the_kl_in_the_reward_and_vapo(ray_sessio
 @pytest.mark.slow  # the kit's checkpoint round trip checks the same state per backend, in make test
 def test_resumed_policy_has_the_checkpointed_weights(ray_session, tmp_path, tiny_tokenizer):
     """The state a checkpoint restores is the state that was saved: same logprobs, same next step."""
+    from rlcore.algorithms.grpo.loop import grpo_train
     from rlcore.data import BatchedDataDict
     from rlcore.models import resolve_builtin_models
     from rlcore.run.build import build_run
     from rlcore.run.checkpoints import save_step
-    from rlcore.algorithms.grpo.loop import grpo_train
     from rlcore.testing.models import make_batch
 
     cfg = resolve_builtin_models(short_run_config(tmp_path, 1))
@@ -216,8 +272,11 @@ def test_chat_template_where_prompts_are_built(tiny_tokenizer, tmp_path):
     assert formatted(str(tmp_path / "t.jinja"))[0] == "T:write 12"
     bare = copy.deepcopy(tiny_tokenizer)
     bare.chat_template = None
-    with pytest.raises(ConfigError, match=r"policy.tokenizer.chat_template: is 'default' but the tokenizer 'x' has "
-                                          r"no chat template"):
+    with pytest.raises(
+        ConfigError,
+        match=r"policy.tokenizer.chat_template: is 'default' but the tokenizer 'x' has "
+        r"no chat template",
+    ):
         configure_tokenizer(bare, TokenizerConfig(name="x", chat_template="default"))
 
 
@@ -225,9 +284,13 @@ def test_completions_are_cut_to_max_total_sequence_length():
     from rlcore.run.prompts import check_prompt_room, clip_rollout
 
     prompt_lengths = torch.tensor([3, 5])
-    rollout = {"output_ids": torch.arange(1, 21).view(2, 10), "logprobs": -torch.ones(2, 10),
-               "generation_lengths": torch.tensor([6, 2]), "unpadded_sequence_lengths": torch.tensor([9, 7]),
-               "truncated": torch.tensor([False, False])}
+    rollout = {
+        "output_ids": torch.arange(1, 21).view(2, 10),
+        "logprobs": -torch.ones(2, 10),
+        "generation_lengths": torch.tensor([6, 2]),
+        "unpadded_sequence_lengths": torch.tensor([9, 7]),
+        "truncated": torch.tensor([False, False]),
+    }
     out = clip_rollout(dict(rollout), prompt_lengths, 8, pad_id=0)
     assert out["generation_lengths"].tolist() == [5, 2] and out["unpadded_sequence_lengths"].tolist() == [8, 7]
     assert out["output_ids"].shape == (2, 8) and out["output_ids"][1, 7] == 0 and out["logprobs"][1, 7] == 0

@@ -21,8 +21,9 @@ def ragged_batch(vocab_size: int = 300) -> BatchedDataDict:
     lengths = torch.tensor([4, 5, 12, 6, 4, 7])
     ids = torch.randint(1, vocab_size, (6, 12), generator=torch.Generator().manual_seed(3))
     real = torch.arange(12)[None, :] < lengths[:, None]
-    return BatchedDataDict(input_ids=ids * real, input_lengths=lengths, token_mask=real.float(),
-                           sample_mask=torch.ones(6))
+    return BatchedDataDict(
+        input_ids=ids * real, input_lengths=lengths, token_mask=real.float(), sample_mask=torch.ones(6)
+    )
 
 
 def test_plain_micro_batches_are_cut_to_their_own_longest_row():
@@ -58,12 +59,15 @@ def test_cutting_leaves_the_real_tokens_logprobs_alone(tiny_model_dir):
             torch.testing.assert_close(cut[row, 1:n], full[start + row, 1:n], rtol=0, atol=1e-6)
 
 
-@pytest.mark.parametrize("example, overrides, packs", [
-    ("examples/grpo_tiny.yaml", [], True),  # dtensor packs
-    ("examples/grpo_tiny.yaml", ["policy.sequence_packing.enabled=false"], False),  # the user's word stands
-    ("examples/grpo_tiny.yaml", ["policy.dynamic_batching.enabled=true"], False),  # the two exclude each other
-    ("examples/grpo_fsdp1.yaml", [], False),  # fsdp1 cannot pack
-])
+@pytest.mark.parametrize(
+    "example, overrides, packs",
+    [
+        ("examples/grpo_tiny.yaml", [], True),  # dtensor packs
+        ("examples/grpo_tiny.yaml", ["policy.sequence_packing.enabled=false"], False),  # the user's word stands
+        ("examples/grpo_tiny.yaml", ["policy.dynamic_batching.enabled=true"], False),  # the two exclude each other
+        ("examples/grpo_fsdp1.yaml", [], False),  # fsdp1 cannot pack
+    ],
+)
 def test_a_grpo_run_packs_by_default_where_the_backend_can(example, overrides, packs):
     cfg = load_config(example, overrides)
     given = cfg.policy.sequence_packing.enabled

@@ -23,19 +23,23 @@ HUB_ID, SPLIT = "nvidia/OpenMathInstruct-2", "train_1M"  # what NeMo-RL's OpenMa
 ROWS = [{"problem": f"What is {a} + {a + 1}?", "expected_answer": str(2 * a + 1)} for a in range(40)]
 
 
-
-
 def test_offline_a_downloaded_hub_dataset_loads_its_split(offline_home):
-    hub_cache(offline_home, HUB_ID, {f"data/{SPLIT}-00000-of-00001.parquet": ROWS,
-                                     "data/validation-00000-of-00001.parquet": ROWS[:3]})
+    hub_cache(
+        offline_home,
+        HUB_ID,
+        {f"data/{SPLIT}-00000-of-00001.parquet": ROWS, "data/validation-00000-of-00001.parquet": ROWS[:3]},
+    )
     rows = read_hub_rows(DatasetConfig(hub_id=HUB_ID, split=SPLIT))
     assert len(rows) == 40 and [rows[i] for i in (0, 39)] == [ROWS[0], ROWS[39]]
     assert list(read_hub_rows(DatasetConfig(hub_id=HUB_ID, split="validation"))) == ROWS[:3]
 
 
 def test_offline_an_absent_hub_dataset_names_the_download(offline_home):
-    with pytest.raises(DataError, match=r"^data.train.hub_id: org/absent is not in the hub cache .*hf download "
-                                        r"--repo-type dataset org/absent"):
+    with pytest.raises(
+        DataError,
+        match=r"^data.train.hub_id: org/absent is not in the hub cache .*hf download "
+        r"--repo-type dataset org/absent",
+    ):
         read_hub_rows(DatasetConfig(hub_id="org/absent"))
 
 
@@ -62,15 +66,26 @@ def test_rows_past_the_start_up_check_are_checked_as_drawn():
 
 def _rlcore(*args: str, env: dict[str, str]) -> tuple[subprocess.CompletedProcess, float]:
     start = time.monotonic()
-    out = subprocess.run([sys.executable, "-m", "rlcore", *args], capture_output=True, text=True, timeout=120,
-                         env={**os.environ, **env})
+    out = subprocess.run(
+        [sys.executable, "-m", "rlcore", *args], capture_output=True, text=True, timeout=120, env={**os.environ, **env}
+    )
     return out, time.monotonic() - start
 
 
-CPU = ["policy.model_name=tiny-llama", "cluster.gpus_per_node=2", "policy.precision=float32",
-       "policy.train_global_batch_size=8", "policy.train_micro_batch_size=2", "policy.max_total_sequence_length=48",
-       "grpo.num_prompts_per_step=4", "grpo.num_generations_per_prompt=2", "grpo.max_num_steps=2",
-       "checkpointing.enabled=false", "data.default.prompt_file=null", "env.math.num_workers=0"]
+CPU = [
+    "policy.model_name=tiny-llama",
+    "cluster.gpus_per_node=2",
+    "policy.precision=float32",
+    "policy.train_global_batch_size=8",
+    "policy.train_micro_batch_size=2",
+    "policy.max_total_sequence_length=48",
+    "grpo.num_prompts_per_step=4",
+    "grpo.num_generations_per_prompt=2",
+    "grpo.max_num_steps=2",
+    "checkpointing.enabled=false",
+    "data.default.prompt_file=null",
+    "env.math.num_workers=0",
+]
 
 
 def test_nemo_rl_config_with_no_data_override_validates_offline_against_the_cache(tmp_path):
@@ -101,8 +116,10 @@ def test_nemo_rl_dataset_names_map_to_their_hub_datasets():
 
     v04 = FIXTURE.parent.parent / "v0.4.0" / "grpo_math_1B.yaml"
     cfg = load_nemo_rl_config(v04, ["data.prompt_file=null", "data.dataset_name=DAPOMath17K"]).config
-    assert (cfg.data.train.hub_id, cfg.data.validation.hub_id) == ("BytedTsinghua-SIA/DAPO-Math-17k",
-                                                                   "BytedTsinghua-SIA/AIME-2024")
+    assert (cfg.data.train.hub_id, cfg.data.validation.hub_id) == (
+        "BytedTsinghua-SIA/DAPO-Math-17k",
+        "BytedTsinghua-SIA/AIME-2024",
+    )
     assert (cfg.data.messages_key, cfg.data.output_key) == ("prompt", "reward_model.ground_truth")
     cfg = load_nemo_rl_config(v04, ["data.prompt_file=null"]).config
     assert (cfg.data.train.hub_id, cfg.data.train.split, cfg.data.split_validation_size) == (HUB_ID, SPLIT, 0.05)

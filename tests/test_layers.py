@@ -22,8 +22,7 @@ ROOTS = [REPO / "src", *sorted(p / "src" for p in (REPO / "plugins").iterdir() i
 LAYERS: list[set[str]] = [
     {"rlcore", "rlcore.data", "rlcore.models", "rlcore.plugins", "rlcore.safe_pickle", "rlcore.examples"},
     {"rlcore.config", "rlcore.interfaces"},
-    {"rlcore.training", "rlcore.nemo_rl", "rlcore.refit", "rlcore.preflight", "rlcore.datasets",
-     "rlcore.environments"},
+    {"rlcore.training", "rlcore.nemo_rl", "rlcore.refit", "rlcore.preflight", "rlcore.datasets", "rlcore.environments"},
     {"rlcore.distributed"},
     {"rlcore.policy", "rlcore.doctor"},
     {"rlcore.run", "rlcore.algorithms", "rlcore.backends", "rl_dtensor", "rl_fsdp1", "rl_megatron", "rl_vllm"},
@@ -144,8 +143,7 @@ def test_no_import_runs_back_up():
         for target, line in sorted(targets.items()):
             high = layer_of(package_of(target))
             if low is not None and high is not None and high > low:
-                upward.append(f"{MODULES[importer].relative_to(REPO)}:{line} imports {target} "
-                              f"(layer {high} > {low})")
+                upward.append(f"{MODULES[importer].relative_to(REPO)}:{line} imports {target} (layer {high} > {low})")
     assert not upward, "imports that run back up the layers:\n" + "\n".join(upward)
 
 
@@ -158,15 +156,19 @@ def test_no_circle_of_packages():
     graph: dict[str, set[str]] = {}
     for importer, targets in EDGES.items():
         graph.setdefault(package_of(importer), set()).update(
-            package_of(t) for t in targets if package_of(t) != package_of(importer))
+            package_of(t) for t in targets if package_of(t) != package_of(importer)
+        )
     found = circles(graph)
     assert not found, "packages that import each other:\n" + "\n".join(" <-> ".join(c) for c in found)
 
 
 def test_the_core_never_imports_a_plugin_and_plugins_never_import_each_other():
-    offenders = [f"{importer} imports {target}" for importer, targets in sorted(EDGES.items())
-                 for target in targets
-                 if package_of(target) in PLUGIN_PACKAGES and package_of(target) != package_of(importer)]
+    offenders = [
+        f"{importer} imports {target}"
+        for importer, targets in sorted(EDGES.items())
+        for target in targets
+        if package_of(target) in PLUGIN_PACKAGES and package_of(target) != package_of(importer)
+    ]
     assert not offenders, "\n".join(offenders)
 
 

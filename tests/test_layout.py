@@ -80,18 +80,36 @@ def test_the_old_toy_task_paths_still_import():
 def test_the_conformance_kit_exports_what_it_did_before_the_split():
     import rlcore.testing.conformance as kit
 
-    assert sorted(kit.__all__) == sorted([
-        "CAPABILITY_METHODS", "GENERATION_WORKER_METHODS", "HEAVY_MODULES", "TRAINING_WORKER_METHODS",
-        "GenerationBackendConformance", "StepRecord", "TrainingBackendConformance", "distillation_step", "dpo_step",
-        "generation_output_problems",
-        "hf_token_logprobs", "load_hf_model", "logprob_problems", "oracle_gradients", "plugin_reference",
-        "single_process_sgd", "train_and_save_step", "weight_problems"])
+    assert sorted(kit.__all__) == sorted(
+        [
+            "CAPABILITY_METHODS",
+            "GENERATION_WORKER_METHODS",
+            "HEAVY_MODULES",
+            "TRAINING_WORKER_METHODS",
+            "GenerationBackendConformance",
+            "StepRecord",
+            "TrainingBackendConformance",
+            "distillation_step",
+            "dpo_step",
+            "generation_output_problems",
+            "hf_token_logprobs",
+            "load_hf_model",
+            "logprob_problems",
+            "oracle_gradients",
+            "plugin_reference",
+            "single_process_sgd",
+            "train_and_save_step",
+            "weight_problems",
+        ]
+    )
     assert all(hasattr(kit, name) for name in kit.__all__)
 
 
 def test_moved_modules_stay_light():
-    code = ("import sys, rlcore.models, rlcore.run.train, rlcore.algorithms.grpo.loop, rlcore.run.build, "
-            "rlcore.config.resolve, rlcore.cli.run_control, rlcore.testing.models, rlcore.backends.reference.plugin; "
-            "print(sorted(m for m in ('torch', 'ray', 'transformers', 'numpy') if m in sys.modules))")
+    code = (
+        "import sys, rlcore.models, rlcore.run.train, rlcore.algorithms.grpo.loop, rlcore.run.build, "
+        "rlcore.config.resolve, rlcore.cli.run_control, rlcore.testing.models, rlcore.backends.reference.plugin; "
+        "print(sorted(m for m in ('torch', 'ray', 'transformers', 'numpy') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

@@ -17,8 +17,9 @@ def adapted(tiny_model_dir):
 
     from rlcore.testing.oracle import load_hf_model
 
-    cfg = LoRAConfig(enabled=True, dim=4, alpha=8, match_all_linear=False,
-                     target_modules=["q_proj", "v_proj", "lm_head"])
+    cfg = LoRAConfig(
+        enabled=True, dim=4, alpha=8, match_all_linear=False, target_modules=["q_proj", "v_proj", "lm_head"]
+    )
     ours = load_hf_model(tiny_model_dir)
     targets = lora.apply_lora(ours, cfg)
     with torch.no_grad():
@@ -83,10 +84,15 @@ def test_adapters_disabled_is_the_base_model(adapted, tiny_model_dir):
     assert torch.equal(off, base) and float((on - base).abs().max()) > 1e-3
 
 
-@pytest.mark.parametrize("policy, line", [
-    ({"megatron_cfg": {"enabled": True}, "dtensor_cfg": {"enabled": False}, "lora": {"enabled": True}},
-     "policy.lora.enabled: the 'megatron' training backend does not train LoRA adapters"),
-])
+@pytest.mark.parametrize(
+    "policy, line",
+    [
+        (
+            {"megatron_cfg": {"enabled": True}, "dtensor_cfg": {"enabled": False}, "lora": {"enabled": True}},
+            "policy.lora.enabled: the 'megatron' training backend does not train LoRA adapters",
+        ),
+    ],
+)
 def test_lora_needs_a_backend_that_declares_it(policy, line):
     from rlcore.config import ConfigError, resolve
 
@@ -104,28 +110,52 @@ def test_adapter_refit_needs_an_engine_that_declares_it():
     class Plugin:
         @hookimpl
         def rlcore_register_backends(self, register):
-            register(BackendSpec(name="trainer", kind="training", worker_class="collections:Counter",
-                                 capabilities={"train", "lora"}, plugin_api_version=2))
+            register(
+                BackendSpec(
+                    name="trainer",
+                    kind="training",
+                    worker_class="collections:Counter",
+                    capabilities={"train", "lora"},
+                    plugin_api_version=2,
+                )
+            )
             register(BackendSpec(name="plain", kind="generation", worker_class="collections:Counter"))
-            register(BackendSpec(name="lora-engine", kind="generation", worker_class="collections:Counter",
-                                 capabilities={"generate", "lora_adapter"}, plugin_api_version=2))
+            register(
+                BackendSpec(
+                    name="lora-engine",
+                    kind="generation",
+                    worker_class="collections:Counter",
+                    capabilities={"generate", "lora_adapter"},
+                    plugin_api_version=2,
+                )
+            )
 
     registry = Registry()
     registry.register_plugin(Plugin(), name="p")
 
     def problems(engine: str) -> list[str]:
-        policy = load_config_dict({"policy": {"backend": "trainer", "lora": {"enabled": True, "refit": "adapter"},
-                                              "generation": {"backend": engine}}}).policy
+        policy = load_config_dict(
+            {
+                "policy": {
+                    "backend": "trainer",
+                    "lora": {"enabled": True, "refit": "adapter"},
+                    "generation": {"backend": engine},
+                }
+            }
+        ).policy
         return lora_problems(policy, registry.resolve("trainer"), registry.resolve(engine), registry)
 
     (line,) = problems("plain")
-    assert line.startswith("policy.lora.refit: 'adapter' needs a generation backend that applies LoRA adapters "
-                           "itself ('lora_adapter' capability), and 'plain' does not declare it"), line
+    assert line.startswith(
+        "policy.lora.refit: 'adapter' needs a generation backend that applies LoRA adapters "
+        "itself ('lora_adapter' capability), and 'plain' does not declare it"
+    ), line
     assert problems("lora-engine") == []
 
 
-def test_an_adapter_checkpoint_is_checked_against_policy_lora_before_any_worker_starts(adapted, tiny_model_dir,
-                                                                                      tmp_path):
+def test_an_adapter_checkpoint_is_checked_against_policy_lora_before_any_worker_starts(
+    adapted, tiny_model_dir, tmp_path
+):
     from rlcore.config.policy import PolicyConfig
     from rlcore.preflight import check_policy_sources
 
@@ -138,12 +168,16 @@ def test_an_adapter_checkpoint_is_checked_against_policy_lora_before_any_worker_
         return check_policy_sources(policy, tmp_path / "ckpt")
 
     assert problems(enabled=True, dim=4, alpha=8, target_modules=["q_proj"]) == []
-    assert problems(enabled=False) == [f"weights_path: {tmp_path / 'ckpt'} is a LoRA adapter checkpoint, but "
-                                       "policy.lora.enabled is false; enable policy.lora with the settings it was "
-                                       "trained with, or pass a full model directory"]
+    assert problems(enabled=False) == [
+        f"weights_path: {tmp_path / 'ckpt'} is a LoRA adapter checkpoint, but "
+        "policy.lora.enabled is false; enable policy.lora with the settings it was "
+        "trained with, or pass a full model directory"
+    ]
     (line,) = problems(enabled=True, dim=8, alpha=8)
-    assert line.startswith("weights_path: the adapter was trained with {'dim': 4, 'alpha': 8.0}, but policy.lora "
-                           "has {'dim': 8, 'alpha': 8.0}"), line
+    assert line.startswith(
+        "weights_path: the adapter was trained with {'dim': 4, 'alpha': 8.0}, but policy.lora "
+        "has {'dim': 8, 'alpha': 8.0}"
+    ), line
     (tmp_path / "ckpt" / "adapter_model.safetensors").unlink()
     (line,) = problems(enabled=True, dim=4, alpha=8)
     assert "has adapter_config.json but no adapter_model.safetensors" in line, line

@@ -78,8 +78,9 @@ def make_batch(seed: int, B: int = 8, S: int = 12, garbage: bool = False):
     )
     # VAPO's inputs: rewards, and per row the count of valid tokens of rewarded rows in the (one-step) batch
     data["rewards"] = torch.as_tensor(rng.normal(size=B))
-    positive_tokens = sum(1 for b in range(B) for t in range(1, S)
-                          if token_mask[b, t] and sample_mask[b] and data["rewards"][b] > 0)
+    positive_tokens = sum(
+        1 for b in range(B) for t in range(1, S) if token_mask[b, t] and sample_mask[b] and data["rewards"][b] > 0
+    )
     data["positive_example_token_count"] = torch.full((B,), float(positive_tokens))
     pad = np.arange(S)[None, :] >= lengths[:, None]
     logprobs[pad] = 0.0  # design.md §2.2: padding logprobs are 0
@@ -111,8 +112,11 @@ def reference_pg(cfg, logprobs, data, gseqs, gtoks):
     B, S = lp.shape
     lo, hi, dual_c, beta = c["ratio_clip_min"], c["ratio_clip_max"], c["ratio_clip_c"], c["reference_policy_kl_penalty"]
     cin, cout = c["kl_input_clamp_value"], c["kl_output_clamp_value"]
-    tis_type, w_lo, w_hi = (c["truncated_importance_sampling_type"], c["truncated_importance_sampling_ratio_min"],
-                            c["truncated_importance_sampling_ratio"])
+    tis_type, w_lo, w_hi = (
+        c["truncated_importance_sampling_type"],
+        c["truncated_importance_sampling_ratio_min"],
+        c["truncated_importance_sampling_ratio"],
+    )
     ppo = not c["disable_ppo_ratio"]
     mismatch = gen is not None and prev is not None
     grad = np.zeros((B, S))
@@ -121,11 +125,20 @@ def reference_pg(cfg, logprobs, data, gseqs, gtoks):
     mu = c["positive_example_nll_weight"]
     if mu > 0:
         names += ["positive_nll_loss"]
-        positive_count = sum(1 for b in range(B) for t in range(1, S) if arr["token_mask"][b, t]
-                             and arr["sample_mask"][b] and arr["rewards"][b] > 0)
+        positive_count = sum(
+            1
+            for b in range(B)
+            for t in range(1, S)
+            if arr["token_mask"][b, t] and arr["sample_mask"][b] and arr["rewards"][b] > 0
+        )
     if mismatch:
-        names += ["token_mult_prob_error", "gen_kl_error", "policy_kl_error", "js_divergence_error",
-                  "sampling_importance_ratio"] + (["is_oob_ratio"] if w_hi is not None else [])
+        names += [
+            "token_mult_prob_error",
+            "gen_kl_error",
+            "policy_kl_error",
+            "js_divergence_error",
+            "sampling_importance_ratio",
+        ] + (["is_oob_ratio"] if w_hi is not None else [])
     m = dict.fromkeys(names, 0.0)
     ratios, clipped_ratios = [], []
 
@@ -148,14 +161,21 @@ def reference_pg(cfg, logprobs, data, gseqs, gtoks):
             seq_keep = w_lo is not None and w_lo <= math.exp(seq_log_w / n) <= w_hi
             if c["sequence_level_importance_ratios"]:
                 m["sampling_importance_ratio"] += (
-                    min(max(math.exp(seq_log_w), w_lo or 0.0), w_hi) if tis_type == "tis" and w_hi
-                    else math.exp(seq_log_w) * (w_lo <= math.exp(seq_log_w) <= w_hi) if tis_type == "icepop"
-                    else math.exp(seq_log_w)) / gseqs
+                    min(max(math.exp(seq_log_w), w_lo or 0.0), w_hi)
+                    if tis_type == "tis" and w_hi
+                    else math.exp(seq_log_w) * (w_lo <= math.exp(seq_log_w) <= w_hi)
+                    if tis_type == "icepop"
+                    else math.exp(seq_log_w)
+                ) / gseqs
             if tis_type == "seq-mask-tis":
                 m["is_oob_ratio"] += (not seq_keep) / gseqs
         for t in toks:
             A, x = adv[b, t], lp[b, t]
-            log_r = seq_log_ratio if c["sequence_level_importance_ratios"] else (x - prev[b, t] if prev is not None else 0.0)
+            log_r = (
+                seq_log_ratio
+                if c["sequence_level_importance_ratios"]
+                else (x - prev[b, t] if prev is not None else 0.0)
+            )
             r = math.exp(log_r)
             cr = min(max(r, 1 - lo), 1 + hi)
             clipped = False
@@ -235,8 +255,12 @@ def reference_pg(cfg, logprobs, data, gseqs, gtoks):
     m["kl_loss"] = beta * m["kl_penalty"]
     m["loss"] = m["actor_loss"] + m["kl_loss"] + (mu * m["positive_nll_loss"] if mu > 0 else 0.0)
     if ratios:
-        m.update(probs_ratio_min=min(ratios), probs_ratio_max=max(ratios),
-                 probs_ratio_clamped_min=min(clipped_ratios), probs_ratio_clamped_max=max(clipped_ratios))
+        m.update(
+            probs_ratio_min=min(ratios),
+            probs_ratio_max=max(ratios),
+            probs_ratio_clamped_min=min(clipped_ratios),
+            probs_ratio_clamped_max=max(clipped_ratios),
+        )
     return m["loss"], grad, m
 
 
@@ -303,9 +327,7 @@ def test_kl_penalty(kl_type, clamps, on_policy):
 def test_on_policy_kl_falls_back_to_prev_logprobs():
     logprobs, data = make_batch(3)
     del data["generation_logprobs"]
-    check_against_reference(
-        dict(reference_policy_kl_penalty=0.1, use_on_policy_kl_approximation=True), logprobs, data
-    )
+    check_against_reference(dict(reference_policy_kl_penalty=0.1, use_on_policy_kl_approximation=True), logprobs, data)
 
 
 @TOKEN_AND_SEQ
@@ -319,8 +341,11 @@ def test_on_policy_kl_falls_back_to_prev_logprobs():
             truncated_importance_sampling_ratio_min=0.7,
             truncated_importance_sampling_ratio=1.4,
         ),
-        dict(truncated_importance_sampling_type="tis", truncated_importance_sampling_ratio_min=0.8,
-             truncated_importance_sampling_ratio=1.3),
+        dict(
+            truncated_importance_sampling_type="tis",
+            truncated_importance_sampling_ratio_min=0.8,
+            truncated_importance_sampling_ratio=1.3,
+        ),
         dict(
             truncated_importance_sampling_type="seq-mask-tis",
             truncated_importance_sampling_ratio_min=0.95,
@@ -340,25 +365,36 @@ def test_importance_sampling(token_level, is_cfg):
 @TOKEN_AND_SEQ
 def test_gspo_sequence_ratios(token_level):
     logprobs, data = make_batch(5)
-    cfg = dict(sequence_level_importance_ratios=True, ratio_clip_min=0.05, ratio_clip_max=0.05,
-               token_level_loss=token_level)
+    cfg = dict(
+        sequence_level_importance_ratios=True, ratio_clip_min=0.05, ratio_clip_max=0.05, token_level_loss=token_level
+    )
     metrics = check_against_reference(cfg, logprobs, data)
     assert 0 < metrics["clip_fraction"] < 1
 
 
 @pytest.mark.parametrize(
     "truncation",
-    [{}, dict(truncated_importance_sampling_ratio=1.5),
-     dict(truncated_importance_sampling_type="icepop", truncated_importance_sampling_ratio_min=0.5,
-          truncated_importance_sampling_ratio=2.0)],
+    [
+        {},
+        dict(truncated_importance_sampling_ratio=1.5),
+        dict(
+            truncated_importance_sampling_type="icepop",
+            truncated_importance_sampling_ratio_min=0.5,
+            truncated_importance_sampling_ratio=2.0,
+        ),
+    ],
     ids=["raw", "tis", "icepop"],
 )
 def test_gspo_importance_weight_is_one_per_sequence(truncation):
     """With GSPO the correction weighs a sequence by exp(sum_t log pi_prev - log pi_gen), and tis/icepop act on
     that one weight (NeMo-RL's semantics), not on the token weights."""
     logprobs, data = make_batch(14)
-    cfg = dict(sequence_level_importance_ratios=True, token_level_loss=False,
-               use_importance_sampling_correction=True, **truncation)
+    cfg = dict(
+        sequence_level_importance_ratios=True,
+        token_level_loss=False,
+        use_importance_sampling_correction=True,
+        **truncation,
+    )
     metrics = check_against_reference(cfg, logprobs, data)
     valid = (data["token_mask"] * data["sample_mask"][:, None]).bool()
     valid[:, 0] = False
@@ -378,8 +414,12 @@ def test_seq_mask_tis_keeps_some_sequences_and_drops_others():
     log_w = (data["prev_logprobs"] - data["generation_logprobs"]) * valid
     geo = torch.exp(log_w.sum(-1) / valid.sum(-1))[data["sample_mask"].bool()]
     kept = ((geo >= 0.95) & (geo <= 1.1)).double().mean()
-    cfg = dict(use_importance_sampling_correction=True, truncated_importance_sampling_type="seq-mask-tis",
-               truncated_importance_sampling_ratio_min=0.95, truncated_importance_sampling_ratio=1.1)
+    cfg = dict(
+        use_importance_sampling_correction=True,
+        truncated_importance_sampling_type="seq-mask-tis",
+        truncated_importance_sampling_ratio_min=0.95,
+        truncated_importance_sampling_ratio=1.1,
+    )
     metrics = check_against_reference(cfg, logprobs, data)
     assert 0 < kept < 1
     assert metrics["is_oob_ratio"] == pytest.approx(1 - float(kept))
@@ -391,10 +431,16 @@ def test_kl_clamps_bound_the_weighted_estimate_and_stop_its_gradient(token_level
     """NeMo-RL's calculate_kl: the output clamp bounds w * k (not k), and where either clamp binds the token
     gets no KL gradient at all, through k or through its sampling weight w."""
     logprobs, data = make_batch(15)
-    cfg = ClippedPGLossConfig(reference_policy_kl_penalty=1.0, reference_policy_kl_type=kl_type,
-                              kl_input_clamp_value=0.6, kl_output_clamp_value=0.3,
-                              use_on_policy_kl_approximation=True, token_level_loss=token_level,
-                              ratio_clip_min=0.0, ratio_clip_max=0.0)  # actor gradient 0 where clipped
+    cfg = ClippedPGLossConfig(
+        reference_policy_kl_penalty=1.0,
+        reference_policy_kl_type=kl_type,
+        kl_input_clamp_value=0.6,
+        kl_output_clamp_value=0.3,
+        use_on_policy_kl_approximation=True,
+        token_level_loss=token_level,
+        ratio_clip_min=0.0,
+        ratio_clip_max=0.0,
+    )  # actor gradient 0 where clipped
     check_against_reference(cfg.model_dump(), logprobs, data)
     gseqs, gtoks = global_counts(data)
     data["advantages"] = torch.zeros_like(data["advantages"])  # the KL term alone
@@ -429,8 +475,14 @@ def test_kl_penalty_is_the_kl_and_kl_loss_its_beta_scaled_term(token_level):
 def test_cispo(clip):
     """CISPO: -A * sg(clip(r)) * log pi, so a clipped token keeps a gradient, scaled by its clipped ratio."""
     logprobs, data = make_batch(16)
-    cfg = dict(use_cispo=True, ratio_clip_min=clip[0], ratio_clip_max=clip[1], reference_policy_kl_penalty=0.1,
-               use_importance_sampling_correction=True, truncated_importance_sampling_ratio=1.5)
+    cfg = dict(
+        use_cispo=True,
+        ratio_clip_min=clip[0],
+        ratio_clip_max=clip[1],
+        reference_policy_kl_penalty=0.1,
+        use_importance_sampling_correction=True,
+        truncated_importance_sampling_ratio=1.5,
+    )
     metrics = check_against_reference(cfg, logprobs, data)
     assert 0 < metrics["clip_fraction"] < 1
 
@@ -441,8 +493,11 @@ def test_vapo_positive_example_nll(token_level):
     logprobs, data = make_batch(17)
     rewarded = data["rewards"][data["sample_mask"].bool()] > 0
     assert rewarded.any() and not rewarded.all()
-    metrics = check_against_reference(dict(positive_example_nll_weight=0.3, reference_policy_kl_penalty=0.1,
-                                           token_level_loss=token_level), logprobs, data)
+    metrics = check_against_reference(
+        dict(positive_example_nll_weight=0.3, reference_policy_kl_penalty=0.1, token_level_loss=token_level),
+        logprobs,
+        data,
+    )
     assert metrics["positive_nll_loss"] > 0
     # the loop's helper gives every row its step's count: here the batch is one step
     counts = positive_example_token_counts(data["token_mask"], data["sample_mask"], data["rewards"], 8)
@@ -462,8 +517,7 @@ def test_vapo_needs_its_inputs():
 @pytest.mark.parametrize("with_is", [False, True])
 def test_reinforce(with_is):
     logprobs, data = make_batch(6)
-    cfg = dict(disable_ppo_ratio=True, use_importance_sampling_correction=with_is,
-               reference_policy_kl_penalty=0.05)
+    cfg = dict(disable_ppo_ratio=True, use_importance_sampling_correction=with_is, reference_policy_kl_penalty=0.05)
     if not with_is:
         del data["prev_logprobs"]  # REINFORCE needs no old policy
     check_against_reference(cfg, logprobs, data)
@@ -471,10 +525,19 @@ def test_reinforce(with_is):
 
 def test_everything_at_once():
     logprobs, data = make_batch(7)
-    cfg = dict(ratio_clip_min=0.1, ratio_clip_max=0.3, ratio_clip_c=2.0, reference_policy_kl_penalty=0.2,
-               reference_policy_kl_type="k3", kl_input_clamp_value=1.0, kl_output_clamp_value=0.5,
-               use_on_policy_kl_approximation=True, use_importance_sampling_correction=True,
-               truncated_importance_sampling_ratio=1.5, token_level_loss=False)
+    cfg = dict(
+        ratio_clip_min=0.1,
+        ratio_clip_max=0.3,
+        ratio_clip_c=2.0,
+        reference_policy_kl_penalty=0.2,
+        reference_policy_kl_type="k3",
+        kl_input_clamp_value=1.0,
+        kl_output_clamp_value=0.5,
+        use_on_policy_kl_approximation=True,
+        use_importance_sampling_correction=True,
+        truncated_importance_sampling_ratio=1.5,
+        token_level_loss=False,
+    )
     check_against_reference(cfg, logprobs, data)
 
 
@@ -501,21 +564,40 @@ def test_nll():
 
 
 INVARIANCE_CFGS = {
-    "token_all": dict(ratio_clip_c=2.0, reference_policy_kl_penalty=0.2, use_on_policy_kl_approximation=True,
-                      use_importance_sampling_correction=True, truncated_importance_sampling_ratio=1.5),
-    "seq_all": dict(token_level_loss=False, ratio_clip_c=2.0, reference_policy_kl_penalty=0.2,
-                    reference_policy_kl_type="k2", use_importance_sampling_correction=True,
-                    truncated_importance_sampling_type="icepop", truncated_importance_sampling_ratio=1.4,
-                    truncated_importance_sampling_ratio_min=0.7),
-    "gspo_seq": dict(token_level_loss=False, sequence_level_importance_ratios=True,
-                     reference_policy_kl_penalty=0.1),
+    "token_all": dict(
+        ratio_clip_c=2.0,
+        reference_policy_kl_penalty=0.2,
+        use_on_policy_kl_approximation=True,
+        use_importance_sampling_correction=True,
+        truncated_importance_sampling_ratio=1.5,
+    ),
+    "seq_all": dict(
+        token_level_loss=False,
+        ratio_clip_c=2.0,
+        reference_policy_kl_penalty=0.2,
+        reference_policy_kl_type="k2",
+        use_importance_sampling_correction=True,
+        truncated_importance_sampling_type="icepop",
+        truncated_importance_sampling_ratio=1.4,
+        truncated_importance_sampling_ratio_min=0.7,
+    ),
+    "gspo_seq": dict(token_level_loss=False, sequence_level_importance_ratios=True, reference_policy_kl_penalty=0.1),
     "reinforce": dict(disable_ppo_ratio=True, reference_policy_kl_penalty=0.1),
-    "cispo_seq_mask_tis": dict(use_cispo=True, reference_policy_kl_penalty=0.1, use_importance_sampling_correction=True,
-                               truncated_importance_sampling_type="seq-mask-tis",
-                               truncated_importance_sampling_ratio_min=0.95, truncated_importance_sampling_ratio=1.1),
+    "cispo_seq_mask_tis": dict(
+        use_cispo=True,
+        reference_policy_kl_penalty=0.1,
+        use_importance_sampling_correction=True,
+        truncated_importance_sampling_type="seq-mask-tis",
+        truncated_importance_sampling_ratio_min=0.95,
+        truncated_importance_sampling_ratio=1.1,
+    ),
     "vapo": dict(positive_example_nll_weight=0.5, reference_policy_kl_penalty=0.1),
-    "gspo_is": dict(token_level_loss=False, sequence_level_importance_ratios=True,
-                    use_importance_sampling_correction=True, truncated_importance_sampling_ratio=1.5),
+    "gspo_is": dict(
+        token_level_loss=False,
+        sequence_level_importance_ratios=True,
+        use_importance_sampling_correction=True,
+        truncated_importance_sampling_ratio=1.5,
+    ),
     "nll": None,
 }
 
@@ -573,8 +655,11 @@ def test_microbatch_and_dp_invariance(cfg_name):
 
 
 @settings(max_examples=15, deadline=None)
-@given(perm_seed=st.integers(0, 2**16), cuts=st.lists(st.integers(1, B_INV - 1), max_size=5),
-       cfg_name=st.sampled_from(["token_all", "seq_all", "gspo_seq"]))
+@given(
+    perm_seed=st.integers(0, 2**16),
+    cuts=st.lists(st.integers(1, B_INV - 1), max_size=5),
+    cfg_name=st.sampled_from(["token_all", "seq_all", "gspo_seq"]),
+)
 def test_random_splits_invariance(perm_seed, cuts, cfg_name):
     logprobs, data = make_batch(10, B=B_INV, S=8)
     loss_fn = make_fn(cfg_name)
@@ -640,20 +725,37 @@ def test_protocol_and_loss_type():
         dict(reference_policy_kl_type="k4"),
         dict(kl_input_clamp_value=0.0),
         dict(truncated_importance_sampling_ratio=2.0),  # IS correction is off
-        dict(use_importance_sampling_correction=True, truncated_importance_sampling_type="icepop",
-             truncated_importance_sampling_ratio=2.0),  # no lower bound
-        dict(use_importance_sampling_correction=True, truncated_importance_sampling_type="icepop",
-             truncated_importance_sampling_ratio=0.5, truncated_importance_sampling_ratio_min=2.0),
+        dict(
+            use_importance_sampling_correction=True,
+            truncated_importance_sampling_type="icepop",
+            truncated_importance_sampling_ratio=2.0,
+        ),  # no lower bound
+        dict(
+            use_importance_sampling_correction=True,
+            truncated_importance_sampling_type="icepop",
+            truncated_importance_sampling_ratio=0.5,
+            truncated_importance_sampling_ratio_min=2.0,
+        ),
         dict(use_importance_sampling_correction=True, truncated_importance_sampling_ratio_min=0.5),  # tis
         dict(disable_ppo_ratio=True, ratio_clip_c=3.0),
         dict(disable_ppo_ratio=True, sequence_level_importance_ratios=True),
-        dict(use_importance_sampling_correction=True, truncated_importance_sampling_type="seq-mask-tis",
-             truncated_importance_sampling_ratio=1.1),  # no lower bound
-        dict(use_importance_sampling_correction=True, truncated_importance_sampling_type="seq-mask-tis",
-             truncated_importance_sampling_ratio_min=0.9, truncated_importance_sampling_ratio=1.1,
-             sequence_level_importance_ratios=True),
-        dict(use_importance_sampling_correction=True, truncated_importance_sampling_ratio_min=1.2,
-             truncated_importance_sampling_ratio=1.1),  # min > max
+        dict(
+            use_importance_sampling_correction=True,
+            truncated_importance_sampling_type="seq-mask-tis",
+            truncated_importance_sampling_ratio=1.1,
+        ),  # no lower bound
+        dict(
+            use_importance_sampling_correction=True,
+            truncated_importance_sampling_type="seq-mask-tis",
+            truncated_importance_sampling_ratio_min=0.9,
+            truncated_importance_sampling_ratio=1.1,
+            sequence_level_importance_ratios=True,
+        ),
+        dict(
+            use_importance_sampling_correction=True,
+            truncated_importance_sampling_ratio_min=1.2,
+            truncated_importance_sampling_ratio=1.1,
+        ),  # min > max
         dict(use_cispo=True, disable_ppo_ratio=True),
         dict(use_cispo=True, sequence_level_importance_ratios=True),
         dict(use_cispo=True, ratio_clip_c=3.0),

@@ -23,26 +23,29 @@ needs_sympy = pytest.mark.skipif(not _importable("sympy"), reason="the symbolic 
 # ---------------------------------------------------------------------------------------------- extraction
 
 
-@pytest.mark.parametrize(("completion", "answer"), [
-    ("So the answer is \\boxed{42}.", "42"),
-    ("\\boxed{\\frac{1}{2}}", "\\frac{1}{2}"),
-    ("first \\boxed{1}, then \\boxed{\\sqrt{\\frac{3}{4}}}", "\\sqrt{\\frac{3}{4}}"),
-    ("\\fbox{7}", "7"),
-    ("\\boxed{\\{1, 2\\}}", "\\{1, 2\\}"),
-    ("\\boxed{3} and then \\boxed{4", "3"),  # the unfinished box is not an answer
-    ("\\boxed 7 is it", "7"),
-    ("We get 3 apples and then 5.", "5"),
-    ("x = -3", "-3"),
-    ("5-3", "3"),  # a minus between numbers is not a sign
-    ("total: 1,234 dollars", "1,234"),
-    ("pi is about 3.14.", "3.14"),
-    ("a ratio of 3/4", "3/4"),
-    ("half is $\\frac{1}{2}$ here", "\\frac{1}{2}"),
-    ("so .5 of it", ".5"),
-    ("no digits here", None),
-    ("", None),
-    ("\\boxed{}", None),
-])
+@pytest.mark.parametrize(
+    ("completion", "answer"),
+    [
+        ("So the answer is \\boxed{42}.", "42"),
+        ("\\boxed{\\frac{1}{2}}", "\\frac{1}{2}"),
+        ("first \\boxed{1}, then \\boxed{\\sqrt{\\frac{3}{4}}}", "\\sqrt{\\frac{3}{4}}"),
+        ("\\fbox{7}", "7"),
+        ("\\boxed{\\{1, 2\\}}", "\\{1, 2\\}"),
+        ("\\boxed{3} and then \\boxed{4", "3"),  # the unfinished box is not an answer
+        ("\\boxed 7 is it", "7"),
+        ("We get 3 apples and then 5.", "5"),
+        ("x = -3", "-3"),
+        ("5-3", "3"),  # a minus between numbers is not a sign
+        ("total: 1,234 dollars", "1,234"),
+        ("pi is about 3.14.", "3.14"),
+        ("a ratio of 3/4", "3/4"),
+        ("half is $\\frac{1}{2}$ here", "\\frac{1}{2}"),
+        ("so .5 of it", ".5"),
+        ("no digits here", None),
+        ("", None),
+        ("\\boxed{}", None),
+    ],
+)
 def test_extract_answer(completion, answer):
     assert mg.extract_answer(completion) == answer
 
@@ -114,12 +117,15 @@ def test_builtin_different(given, truth):
     assert not mg._builtin_match(given, truth)
 
 
-@pytest.mark.parametrize("given", [
-    "__import__('os').system('echo hacked')",
-    "x.__class__",
-    "S(1)",
-    "lambda: 1",
-])
+@pytest.mark.parametrize(
+    "given",
+    [
+        "__import__('os').system('echo hacked')",
+        "x.__class__",
+        "S(1)",
+        "lambda: 1",
+    ],
+)
 def test_builtin_never_evaluates_code(given):
     assert not mg._builtin_match(given, "1")
 
@@ -187,8 +193,10 @@ def test_the_module_imports_neither_sympy_nor_math_verify():
     import subprocess
     import sys
 
-    code = ("import sys; import rlcore.environments.math_grading as m; m.extract_answer('\\\\boxed{1}'); "
-            "assert 'sympy' not in sys.modules and 'math_verify' not in sys.modules, sorted(sys.modules)")
+    code = (
+        "import sys; import rlcore.environments.math_grading as m; m.extract_answer('\\\\boxed{1}'); "
+        "assert 'sympy' not in sys.modules and 'math_verify' not in sys.modules, sorted(sys.modules)"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

@@ -17,8 +17,9 @@ import transformers
 from rlcore.models import BUILTIN_MODELS, build, cache, resolve_model
 from rlcore.models.presets import PARAMETER_COUNTS, PRESETS, preset
 
-SMALL = dict(num_layers=1, hidden_size=64, num_heads=2, num_kv_heads=1, head_dim=32,
-             intermediate_size=128, vocab_size=512)
+SMALL = dict(
+    num_layers=1, hidden_size=64, num_heads=2, num_kv_heads=1, head_dim=32, intermediate_size=128, vocab_size=512
+)
 
 
 def meta_model(config):
@@ -45,16 +46,22 @@ def test_preset_configs():
     assert (qwen3.model_type, qwen3.max_position_embeddings, qwen3.head_dim) == ("qwen3", 40960, 128)
     assert llama.model_type == "llama" and llama.vocab_size == 128256 and llama.tie_word_embeddings
     assert llama.rms_norm_eps == 1e-5 and llama.max_position_embeddings == 131072
-    assert llama.rope_parameters == {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0,
-                                     "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                                     "original_max_position_embeddings": 8192}
+    assert llama.rope_parameters == {
+        "rope_type": "llama3",
+        "rope_theta": 500000.0,
+        "factor": 32.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    }
 
 
 def test_presets_are_builtin_names(tmp_path, monkeypatch):
     monkeypatch.setenv("RLCORE_CACHE", str(tmp_path))
     built = []
-    monkeypatch.setattr(cache, "build_tiny_model",
-                        lambda save_dir, **kw: built.append(kw) or (Path(save_dir) / "config.json").touch())
+    monkeypatch.setattr(
+        cache, "build_tiny_model", lambda save_dir, **kw: built.append(kw) or (Path(save_dir) / "config.json").touch()
+    )
     for name in PRESETS:
         assert name in BUILTIN_MODELS
         assert Path(resolve_model(name)).parent == tmp_path / "tiny-models"
@@ -66,9 +73,21 @@ def test_presets_are_builtin_names(tmp_path, monkeypatch):
 
 def first_release_key(**kwargs) -> str:
     """The cache directory name as the first release computed it (before rope/norm arguments existed)."""
-    defaults = dict(arch="llama", hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=32,
-                    intermediate_size=128, vocab_size=None, tie_word_embeddings=False, seed=0, dtype="float32",
-                    max_position_embeddings=512, initializer_range=0.02)
+    defaults = dict(
+        arch="llama",
+        hidden_size=64,
+        num_layers=2,
+        num_heads=2,
+        num_kv_heads=1,
+        head_dim=32,
+        intermediate_size=128,
+        vocab_size=None,
+        tie_word_embeddings=False,
+        seed=0,
+        dtype="float32",
+        max_position_embeddings=512,
+        initializer_range=0.02,
+    )
     key = {name: str(value) for name, value in dict(defaults, **kwargs).items()}
     key["_transformers"] = transformers.__version__
     key["_build"] = "1"
@@ -117,7 +136,8 @@ def test_small_preset_builds_loads_and_runs(tmp_path, name):
 def test_large_vocab_rows_beyond_the_tokenizer(tmp_path):
     """A preset's vocabulary rows exceed the byte-level tokenizer: ids past it decode to nothing."""
     tokenizer = transformers.AutoTokenizer.from_pretrained(
-        build.build_tiny_model(tmp_path / "m", **preset("qwen2.5-0.5b", **dict(SMALL, vocab_size=151936))))
+        build.build_tiny_model(tmp_path / "m", **preset("qwen2.5-0.5b", **dict(SMALL, vocab_size=151936)))
+    )
     # 259 byte-level tokens (AutoTokenizer gives qwen2 models a Qwen2Tokenizer, which adds <|endoftext|>)
     assert len(tokenizer) <= 260
     assert tokenizer.decode([ord("a") + 3, 151935, 1000]) == "a"

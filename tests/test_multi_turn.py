@@ -37,10 +37,15 @@ class ScriptedEngine:
         for r in range(rows):
             n = int(lengths[r])
             out[r, :n] = ids[r, :n]
-            out[r, n:n + 2] = torch.tensor([100 + t, 200 + t])
-            logprobs[r, n:n + 2] = torch.tensor([-(t + 1) / 10, -(t + 1.0)])
-        return {"output_ids": out, "logprobs": logprobs, "generation_lengths": torch.full((rows,), 2),
-                "unpadded_sequence_lengths": lengths + 2, "truncated": torch.zeros(rows, dtype=torch.bool)}
+            out[r, n : n + 2] = torch.tensor([100 + t, 200 + t])
+            logprobs[r, n : n + 2] = torch.tensor([-(t + 1) / 10, -(t + 1.0)])
+        return {
+            "output_ids": out,
+            "logprobs": logprobs,
+            "generation_lengths": torch.full((rows,), 2),
+            "unpadded_sequence_lengths": lengths + 2,
+            "truncated": torch.zeros(rows, dtype=torch.bool),
+        }
 
 
 class CountingEnvironment:
@@ -53,9 +58,13 @@ class CountingEnvironment:
         self.seen.append(([list(log) for log in logs], [dict(m) for m in metadata]))
         turn = [m.get("turn", 0) + 1 for m in metadata]
         done = [t == m["stop"] for t, m in zip(turn, metadata)]
-        return EnvironmentReturn([{"role": "environment", "content": "ok"}] * len(logs),
-                                 [{**m, "turn": t} for m, t in zip(metadata, turn)], [1.0] * len(logs), done,
-                                 next_stop_strings=[["!"]] * len(logs))
+        return EnvironmentReturn(
+            [{"role": "environment", "content": "ok"}] * len(logs),
+            [{**m, "turn": t} for m, t in zip(metadata, turn)],
+            [1.0] * len(logs),
+            done,
+            next_stop_strings=[["!"]] * len(logs),
+        )
 
 
 class ByteTokenizer:
@@ -74,9 +83,10 @@ class ByteTokenizer:
 
 
 def _cfg(max_turns: int, max_total: int = 64):
-    return SimpleNamespace(algorithm_section=SimpleNamespace(max_rollout_turns=max_turns),
-                           policy=SimpleNamespace(max_total_sequence_length=max_total,
-                                                  tokenizer=SimpleNamespace(chat_template_kwargs={})))
+    return SimpleNamespace(
+        algorithm_section=SimpleNamespace(max_rollout_turns=max_turns),
+        policy=SimpleNamespace(max_total_sequence_length=max_total, tokenizer=SimpleNamespace(chat_template_kwargs={})),
+    )
 
 
 def _samples(*stops: int) -> list[Sample]:
@@ -91,7 +101,7 @@ def test_turns_append_completions_and_observations_and_train_only_the_generated_
     # sample 0 is done after turn 1 (nothing appended after it); sample 1 runs 3 turns, an observation between
     expected = [prompts[0] + [100, 200], prompts[1] + [100, 200] + ok + [101, 201] + ok + [102, 202]]
     for row, seq in enumerate(expected):
-        assert data["output_ids"][row, :len(seq)].tolist() == seq
+        assert data["output_ids"][row, : len(seq)].tolist() == seq
         assert int(data["unpadded_sequence_lengths"][row]) == len(seq)
     assert data["input_lengths"].tolist() == [3, 5] and data["generation_lengths"].tolist() == [2, 6]
     mask = data["token_mask"][1].tolist()
@@ -104,8 +114,7 @@ def test_turns_append_completions_and_observations_and_train_only_the_generated_
     assert engine.requests[1]["stop_strings"] == [["!"]] and "stop_strings" not in engine.requests[0]
     logs, metadata = env.seen[2]
     assert metadata == [{"stop": 3, "turn": 2}]  # the environment's metadata carried to the next turn
-    assert [m["role"] for m in logs[0]] == ["user", "assistant", "environment", "assistant", "environment",
-                                            "assistant"]
+    assert [m["role"] for m in logs[0]] == ["user", "assistant", "environment", "assistant", "environment", "assistant"]
 
 
 def test_a_rollout_ends_at_the_turn_limit_or_when_an_observation_leaves_no_room():
@@ -113,14 +122,14 @@ def test_a_rollout_ends_at_the_turn_limit_or_when_an_observation_leaves_no_room(
     assert rollout.data["generation_lengths"].tolist() == [4] and rollout.rewards.tolist() == [2.0]
     assert rollout.metrics["rollout/natural_termination_rate"] == 0 and rollout.metrics["rollout/truncation_rate"] == 0
     # 3 prompt + 2 generated + 2 observed leaves no room within 7: the episode ends, truncated, after one turn
-    short = run_rollout(_cfg(3, max_total=7), ScriptedEngine(), CountingEnvironment(), ByteTokenizer(), _samples(9),
-                        1, Timer())
+    short = run_rollout(
+        _cfg(3, max_total=7), ScriptedEngine(), CountingEnvironment(), ByteTokenizer(), _samples(9), 1, Timer()
+    )
     assert short.data["unpadded_sequence_lengths"].tolist() == [5] and short.metrics["rollout/truncation_rate"] == 1
 
 
 def test_one_turn_is_the_single_completion_each_repeated_sample_gets():
-    rollout = run_rollout(_cfg(1), ScriptedEngine(), CountingEnvironment(), ByteTokenizer(), _samples(5, 5), 2,
-                          Timer())
+    rollout = run_rollout(_cfg(1), ScriptedEngine(), CountingEnvironment(), ByteTokenizer(), _samples(5, 5), 2, Timer())
     data = rollout.data
     assert data["input_lengths"].tolist() == [3, 3, 5, 5]
     for row, start in enumerate([3, 3, 5, 5]):
@@ -147,15 +156,25 @@ def test_the_guessing_game_rewards_the_last_guess_and_ends_on_the_secret():
 
 
 def multi_turn_config(tmp_path, steps: int, *extra: str):
-    return load_config(EXAMPLE, ["policy.backend=reference", f"grpo.max_num_steps={steps}",
-                                 f"logger.output_dir={tmp_path}", "logger.progress_bar=false",
-                                 "checkpointing.enabled=false", *extra])
+    return load_config(
+        EXAMPLE,
+        [
+            "policy.backend=reference",
+            f"grpo.max_num_steps={steps}",
+            f"logger.output_dir={tmp_path}",
+            "logger.progress_bar=false",
+            "checkpointing.enabled=false",
+            *extra,
+        ],
+    )
 
 
-ASYNC = ["cluster.workers_per_node=1",
-         "policy.generation.colocated={enabled: false, resources: {num_nodes: 1, workers_per_node: 1}}",
-         "grpo.async_grpo.enabled=true",
-         "loss.use_importance_sampling_correction=true"]
+ASYNC = [
+    "cluster.workers_per_node=1",
+    "policy.generation.colocated={enabled: false, resources: {num_nodes: 1, workers_per_node: 1}}",
+    "grpo.async_grpo.enabled=true",
+    "loss.use_importance_sampling_correction=true",
+]
 
 
 @pytest.mark.skipif(vllm_missing(), reason="needs rl-vllm")
@@ -177,7 +196,8 @@ def test_the_tiny_model_learns_the_guessing_game_over_three_turns(ray_session, t
     # The engine's logprobs sit at the policy's positions in every turn: on the weights that sampled it, the
     # trainer scores the trajectory as the engine did (a shift by one token would be far off).
     on_policy = rows if mode == "sync" else rows[:1]
-    assert all(abs(r["token_mult_prob_error"] - 1) < 1e-3 for r in on_policy), [r["token_mult_prob_error"]
-                                                                                 for r in on_policy]
+    assert all(abs(r["token_mult_prob_error"] - 1) < 1e-3 for r in on_policy), [
+        r["token_mult_prob_error"] for r in on_policy
+    ]
     if mode == "async":
         assert max(r["async/age_max"] for r in rows) == 1 and all(r["async/regenerated_rollouts"] == 0 for r in rows)

@@ -14,7 +14,8 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -32,8 +33,13 @@ def cluster(ray_session: None) -> Iterator[Any]:
 
 
 def drive(cluster: Any, *args: str, timeout_s: float = 300) -> dict[str, Any]:
-    out = subprocess.run([sys.executable, DRIVER, *args], env={**os.environ, **cluster.driver_env()},
-                         capture_output=True, text=True, timeout=timeout_s)
+    out = subprocess.run(
+        [sys.executable, DRIVER, *args],
+        env={**os.environ, **cluster.driver_env()},
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     return result_of(out.stdout)
 
@@ -70,8 +76,7 @@ def test_a_policy_spanning_nodes_trains_like_one_on_a_single_node(cluster, backe
     assert spanning["loss"] == pytest.approx(single["loss"], rel=1e-5)
     import torch
 
-    torch.testing.assert_close(torch.tensor(spanning["logprobs"]), torch.tensor(single["logprobs"]),
-                               atol=1e-5, rtol=0)
+    torch.testing.assert_close(torch.tensor(spanning["logprobs"]), torch.tensor(single["logprobs"]), atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("transport", ["shared_memory", "collective"])
@@ -83,9 +88,13 @@ def test_refit_reaches_engines_on_every_node(cluster, transport, tiny_model_dir)
 
 
 def test_losing_a_node_mid_train_names_a_worker_and_frees_the_rest(cluster, tiny_model_dir):
-    proc = subprocess.Popen([sys.executable, DRIVER, "lose_a_node", tiny_model_dir],
-                            env={**os.environ, **cluster.driver_env()}, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, DRIVER, "lose_a_node", tiny_model_dir],
+        env={**os.environ, **cluster.driver_env()},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     assert proc.stdout.readline().strip() == "TRAINING"
     time.sleep(1.0)
     killed = time.monotonic()

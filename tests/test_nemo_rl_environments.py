@@ -39,8 +39,12 @@ def test_without_an_env_name_the_first_installed_environment_section_is_the_run_
 def test_a_section_of_an_environment_not_installed_is_ignored_with_how_to_get_it():
     loaded = _load("++env.word_count.min_words=3", "++env.regex.pattern=x")
     lines = loaded.ignored_lines()
-    assert any(line.startswith("ignored: env.word_count") and "no installed environment has this name" in line
-               and "rlcore environments list" in line for line in lines), lines
+    assert any(
+        line.startswith("ignored: env.word_count")
+        and "no installed environment has this name" in line
+        and "rlcore environments list" in line
+        for line in lines
+    ), lines
     assert any(line.startswith("ignored: env.regex") and "the run's environment is math" in line for line in lines)
 
 
@@ -48,8 +52,9 @@ def test_an_env_name_no_installed_environment_has_is_one_line_naming_the_nemo_rl
     with pytest.raises(ConfigError) as caught:
         _load("++data.train.env_name=word_count")
     [line] = [line for line in caught.value.problems if "env_name" in line]
-    assert line.startswith("data.train.env_name: is 'word_count', and no installed environment has that name "
-                           "(installed: ") and all(f"{name}," in line for name in ("exact_match", "math", "python")), line
+    assert line.startswith(
+        "data.train.env_name: is 'word_count', and no installed environment has that name (installed: "
+    ) and all(f"{name}," in line for name in ("exact_match", "math", "python")), line
     assert line.endswith("install the plugin that provides it (rlcore environments list shows what is installed)")
 
 
@@ -57,5 +62,6 @@ def test_a_typo_in_a_plugin_environment_section_names_the_key():
     loaded = _load("++data.train.env_name=regex", "++env.regex.patern=x")
     with pytest.raises(ConfigError) as caught:
         resolve(loaded.config, run=True)
-    assert any(line.startswith("env.regex_cfg.patern: unknown key; did you mean 'pattern'?")
-               for line in caught.value.problems), caught.value.problems
+    assert any(
+        line.startswith("env.regex_cfg.patern: unknown key; did you mean 'pattern'?") for line in caught.value.problems
+    ), caught.value.problems

@@ -18,9 +18,17 @@ ROWS = Path(__file__).parent / "fixtures" / "nemo_rl" / "math.jsonl"
 CONFIGS = sorted(MAIN.glob("*.yaml"))
 UNKNOWN = "a NeMo-RL key rlcore's reader does not know"
 #: The configs that load with only a local dataset: a change that refuses one of them is a regression.
-LOADS = {"grpo_math_1B.yaml", "grpo_math_8B.yaml", "grpo_math_1B_megatron.yaml", "grpo_math_8B_megatron.yaml",
-         "grpo_math_70B_megatron.yaml", "grpo_math_8B_megatron_nixl.yaml", "grpo_sliding_puzzle.yaml",
-         "prorlv2.v2.yaml", "sft_openmathinstruct2.yaml"}
+LOADS = {
+    "grpo_math_1B.yaml",
+    "grpo_math_8B.yaml",
+    "grpo_math_1B_megatron.yaml",
+    "grpo_math_8B_megatron.yaml",
+    "grpo_math_70B_megatron.yaml",
+    "grpo_math_8B_megatron_nixl.yaml",
+    "grpo_sliding_puzzle.yaml",
+    "prorlv2.v2.yaml",
+    "sft_openmathinstruct2.yaml",
+}
 
 
 def _problems(path: Path) -> list[str]:
@@ -44,8 +52,10 @@ def test_the_folder_holds_every_family_and_names_its_commit():
 def test_each_config_loads_or_is_refused_naming_the_fix(path):
     problems = _problems(path)
     unknown = [line for line in problems if UNKNOWN in line]
-    assert not unknown, f"{path.name}: keys rlcore's reader does not know (map them, ignore them with a reason, " \
-                        "or refuse them with the fix in rlcore/nemo_rl/table.py):\n" + "\n".join(unknown)
+    assert not unknown, (
+        f"{path.name}: keys rlcore's reader does not know (map them, ignore them with a reason, "
+        "or refuse them with the fix in rlcore/nemo_rl/table.py):\n" + "\n".join(unknown)
+    )
     if path.name in LOADS:
         assert problems == []
     for line in problems:  # a refusal names the key and what to do
@@ -66,5 +76,7 @@ def test_a_checkpoint_metric_never_measured_is_refused_only_when_checkpoints_are
     with pytest.raises(ConfigError) as caught:
         load_nemo_rl_config(MAIN / "grpo_smoke.yaml", [f"++data.train.data_path={ROWS}", "checkpointing.enabled=true"])
     [line] = caught.value.problems
-    assert line.startswith("checkpointing.metric_name: validation/accuracy is never measured, as grpo.val_period is "
-                           "0 (no periodic validation); set grpo.val_period to a divisor of ")
+    assert line.startswith(
+        "checkpointing.metric_name: validation/accuracy is never measured, as grpo.val_period is "
+        "0 (no periodic validation); set grpo.val_period to a divisor of "
+    )

@@ -41,9 +41,12 @@ def _batch(seed: int, rows: int = 6, length: int = 9) -> tuple[torch.Tensor, dic
     sample_mask[1] = 0.0
     logprobs = -rng.uniform(0.2, 3.0, (rows, length))
     logprobs[token_mask == 0] = float("nan")  # padding must never count
-    data = {"token_mask": torch.as_tensor(token_mask), "sample_mask": torch.as_tensor(sample_mask),
-            "advantages": torch.as_tensor(rng.normal(size=(rows, length))),
-            "prev_logprobs": torch.as_tensor(logprobs + rng.uniform(-0.3, 0.3, (rows, length)))}
+    data = {
+        "token_mask": torch.as_tensor(token_mask),
+        "sample_mask": torch.as_tensor(sample_mask),
+        "advantages": torch.as_tensor(rng.normal(size=(rows, length))),
+        "prev_logprobs": torch.as_tensor(logprobs + rng.uniform(-0.3, 0.3, (rows, length))),
+    }
     return torch.tensor(logprobs, requires_grad=True), data
 
 
@@ -56,8 +59,10 @@ def _valid(data: dict) -> list[tuple[int, int]]:
 # -- CISPO with a forced on-policy ratio --------------------------------------------------------------------------
 
 
-CISPO_FORCED = ("use_cispo=true cannot be combined with force_on_policy_ratio=true: a forced ratio of 1 removes "
-                "the clipped weight CISPO trains with; set force_on_policy_ratio to null or false")
+CISPO_FORCED = (
+    "use_cispo=true cannot be combined with force_on_policy_ratio=true: a forced ratio of 1 removes "
+    "the clipped weight CISPO trains with; set force_on_policy_ratio to null or false"
+)
 
 
 def test_cispo_with_a_forced_ratio_is_one_line_naming_both_keys_and_the_fix():
@@ -116,8 +121,14 @@ def test_dpo_with_zero_beta_and_only_the_sft_term_is_the_nll_of_the_chosen_respo
     from rlcore.algorithms.preference import DPOLossFn
 
     logprobs, data = _dpo_batch(1)
-    loss_fn = DPOLossFn({"reference_policy_kl_penalty": 0.0, "preference_loss_weight": 0.0, "sft_loss_weight": 1.0,
-                         "sft_average_log_probs": average})
+    loss_fn = DPOLossFn(
+        {
+            "reference_policy_kl_penalty": 0.0,
+            "preference_loss_weight": 0.0,
+            "sft_loss_weight": 1.0,
+            "sft_average_log_probs": average,
+        }
+    )
     loss, metrics = loss_fn(logprobs, data, data["sample_mask"].sum(), None)
     (grad,) = torch.autograd.grad(loss, logprobs)
 
@@ -175,8 +186,10 @@ def test_the_distillation_loss_refuses_an_empty_top_k_as_its_config_does():
 
     logprobs, data = _batch(3)
     for k, ok in ((0, False), (1, True)):
-        inputs = dict(data, **{LOGITS_AT_INDICES: torch.zeros(*logprobs.shape, k),
-                               TEACHER_LOGITS_KEY: torch.zeros(*logprobs.shape, k)})
+        inputs = dict(
+            data,
+            **{LOGITS_AT_INDICES: torch.zeros(*logprobs.shape, k), TEACHER_LOGITS_KEY: torch.zeros(*logprobs.shape, k)},
+        )
         if ok:
             loss, _ = DistillationLossFn()(logprobs, inputs, 5, 10)
             assert loss.item() == 0.0  # one id: both distributions are certain, KL 0
@@ -240,8 +253,9 @@ def test_baseline_and_std_per_prompt_against_a_float64_recomputation(leave_one_o
     std_rewards = torch.as_tensor(rng.normal(size=rows)) if seed % 2 else None
     baseline, std = calculate_baseline_and_std_per_prompt(prompts, rewards, valid, leave_one_out, std_rewards)
     assert baseline.dtype == std.dtype == rewards.dtype and baseline.shape == std.shape == (rows,)
-    ref_baseline, ref_std = _baseline_reference(prompt_ids, rewards.numpy(), valid.numpy(), leave_one_out,
-                                                None if std_rewards is None else std_rewards.numpy())
+    ref_baseline, ref_std = _baseline_reference(
+        prompt_ids, rewards.numpy(), valid.numpy(), leave_one_out, None if std_rewards is None else std_rewards.numpy()
+    )
     np.testing.assert_allclose(baseline.numpy(), ref_baseline, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(std.numpy(), ref_std, rtol=1e-10, atol=1e-12)
 
@@ -253,8 +267,9 @@ def test_leave_one_out_by_hand_and_a_prompt_with_one_valid_sample():
     baseline, std = calculate_baseline_and_std_per_prompt(prompts, rewards, valid)
     # prompt 5: the others' means (3+8)/2, (1+8)/2, (1+3)/2 and their unbiased stds; prompt 9: one other each
     torch.testing.assert_close(baseline, torch.tensor([5.5, 4.0, 4.5, 2.0, 2.0, 6.0, 7.0]))
-    torch.testing.assert_close(std, torch.tensor([math.sqrt(12.5), 0.0, math.sqrt(24.5), 0.0, math.sqrt(2.0),
-                                                  0.0, 0.0]))
+    torch.testing.assert_close(
+        std, torch.tensor([math.sqrt(12.5), 0.0, math.sqrt(24.5), 0.0, math.sqrt(2.0), 0.0, 0.0])
+    )
     # prompt 3 has one valid sample: baseline = own reward (advantage 0), std 0
     baseline, std = calculate_baseline_and_std_per_prompt(prompts, rewards, valid, leave_one_out_baseline=False)
     torch.testing.assert_close(baseline[[0, 2, 4]], torch.full((3,), 4.0))
@@ -301,18 +316,29 @@ def test_masked_mean_with_dim_against_a_float64_recomputation(dim):
 def test_masked_mean_with_a_global_normalization_factor_is_this_micro_batchs_share():
     values, mask = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]]), torch.tensor([[1, 0, 1], [1, 1, 0]])
     assert masked_mean(values, mask, global_normalization_factor=10).item() == pytest.approx(13.0 / 10)
-    torch.testing.assert_close(masked_mean(values, mask, dim=-1, global_normalization_factor=4.0),
-                               torch.tensor([1.0, 2.25]))
+    torch.testing.assert_close(
+        masked_mean(values, mask, dim=-1, global_normalization_factor=4.0), torch.tensor([1.0, 2.25])
+    )
 
 
 # -- the converter's note lines -------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("overrides, starts", [
-    (["loss_fn.positive_example_nll_weight=0.5"], "note: loss_fn.positive_example_nll_weight: "),
-    (["loss_fn.disable_ppo_ratio=true", "loss_fn.force_on_policy_ratio=true", "grpo.num_prompts_per_step=32",
-      "policy.train_global_batch_size=512"], "note: loss_fn.force_on_policy_ratio with disable_ppo_ratio: "),
-])
+@pytest.mark.parametrize(
+    "overrides, starts",
+    [
+        (["loss_fn.positive_example_nll_weight=0.5"], "note: loss_fn.positive_example_nll_weight: "),
+        (
+            [
+                "loss_fn.disable_ppo_ratio=true",
+                "loss_fn.force_on_policy_ratio=true",
+                "grpo.num_prompts_per_step=32",
+                "policy.train_global_batch_size=512",
+            ],
+            "note: loss_fn.force_on_policy_ratio with disable_ppo_ratio: ",
+        ),
+    ],
+)
 def test_a_deliberate_difference_gets_one_note_line(overrides, starts):
     from rlcore.nemo_rl import load_nemo_rl_config
 

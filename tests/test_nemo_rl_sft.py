@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+from rlcore.algorithms.sft.batches import conversation
 from rlcore.cli.app import app
 from rlcore.config import ConfigError, resolve
 from rlcore.datasets import SampleBuilder
 from rlcore.nemo_rl import load_nemo_rl_config, load_nemo_rl_dict
-from rlcore.algorithms.sft.batches import conversation
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures" / "nemo_rl"
@@ -42,8 +42,10 @@ def _flat(path: Path) -> bool:
 def rows(tmp_path: Path) -> Path:
     """Chat rows as NeMo-RL's ResponseDataset and OpenAI-format datasets both read them (a 'messages' log)."""
     path = tmp_path / "chat.jsonl"
-    logs = [[{"role": "user", "content": f"reverse {w}"}, {"role": "assistant", "content": w[::-1]}]
-            for w in ("abc", "bcd", "cab", "dab", "abd", "bad", "cad", "dca")]
+    logs = [
+        [{"role": "user", "content": f"reverse {w}"}, {"role": "assistant", "content": w[::-1]}]
+        for w in ("abc", "bcd", "cab", "dab", "abd", "bad", "cad", "dca")
+    ]
     path.write_text("".join(json.dumps({"messages": log}) + "\n" for log in logs))
     return path
 
@@ -74,13 +76,14 @@ def _leaves(node: Any, prefix: str = "") -> list[str]:
 def _unaccounted(nemo: dict[str, Any], conversion: Any) -> list[str]:
     """The NeMo-RL keys that are neither mapped (an rlcore value's source) nor ignored, nor under such a key."""
     places = {path.split(" (")[0] for path, _ in conversion.ignored}
-    places |= {part for source in conversion.sources.values() if "(" not in source
-               for part in re.split(r", | - ", source)}
-    return [leaf for leaf in _leaves(nemo)
-            if not any(leaf == p or leaf.startswith(p + ".") for p in places)]
+    places |= {
+        part for source in conversion.sources.values() if "(" not in source for part in re.split(r", | - ", source)
+    }
+    return [leaf for leaf in _leaves(nemo) if not any(leaf == p or leaf.startswith(p + ".") for p in places)]
 
 
 # --- NeMo-RL's sft.yaml, main and four releases ---------------------------------------------------------------
+
 
 def test_the_fixtures_are_nemo_rls_sft_yaml_of_main_and_four_releases():
     assert [p.parent.name for p in CONFIGS] == ["main", "v0.4.0", "v0.5.0", "v0.6.0", "v0.7.0"]
@@ -94,13 +97,26 @@ def test_nemo_rls_sft_yaml_is_an_sft_run_with_its_values(path: Path, rows: Path)
     cfg, converted = loaded.config, loaded.conversion.config
     assert cfg.algorithm == "sft"
     s = cfg.sft
-    assert (s.max_num_steps, s.max_num_epochs, s.val_period, s.val_batches, s.val_global_batch_size,
-            s.val_micro_batch_size, s.val_at_start, s.val_at_end, s.seed, s.only_unmask_final) == (
-        60, 1, 10, 8, 32, 1, True, False, 42, False)
+    assert (
+        s.max_num_steps,
+        s.max_num_epochs,
+        s.val_period,
+        s.val_batches,
+        s.val_global_batch_size,
+        s.val_micro_batch_size,
+        s.val_at_start,
+        s.val_at_end,
+        s.seed,
+        s.only_unmask_final,
+    ) == (60, 1, 10, 8, 32, 1, True, False, 42, False)
     assert (s.add_bos, s.add_eos, s.add_generation_prompt) == (True, True, False)  # NeMo-RL's data.add_*
     ck = cfg.checkpointing
     assert (ck.metric_name, ck.higher_is_better, ck.keep_last, ck.save_every_n_steps) == (
-        "validation/loss", False, 3, 10)  # val:val_loss
+        "validation/loss",
+        False,
+        3,
+        10,
+    )  # val:val_loss
     assert cfg.data.train.path == cfg.data.validation.path == str(rows)
     assert (cfg.data.train.split, cfg.data.validation.split) == (None, None)  # squad's splits; a .jsonl has one
     assert (cfg.data.messages_key, cfg.data.input_key, cfg.data.output_key) == ("messages", "input", "output")
@@ -122,30 +138,57 @@ def test_every_key_of_nemo_rls_sft_yaml_is_mapped_or_ignored(path: Path, rows: P
 
 
 def test_validate_from_nemo_rl_on_the_command_line(rows: Path):
-    result = runner.invoke(app, ["config", "validate", "--from", "nemo-rl", str(MAIN), *local_data(MAIN, rows),
-                                 *TINY, "-o", "cluster.use_gpu=false"])
+    result = runner.invoke(
+        app,
+        [
+            "config",
+            "validate",
+            "--from",
+            "nemo-rl",
+            str(MAIN),
+            *local_data(MAIN, rows),
+            *TINY,
+            "-o",
+            "cluster.use_gpu=false",
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert result.stdout.startswith(f"OK: {MAIN} (NeMo-RL config")
-    assert "ignored: data.default.processor (rlcore's SFT tokenizes each row as NeMo-RL's sft_processor does)" \
+    assert (
+        "ignored: data.default.processor (rlcore's SFT tokenizes each row as NeMo-RL's sft_processor does)"
         in result.stderr
+    )
     # a name rlcore does not know (squad it maps to the hub), the line says which override gives local rows
-    result = runner.invoke(app, ["config", "validate", "--from", "nemo-rl", str(MAIN), *TINY,
-                                 "data.train.dataset_name=my_squad"])
+    result = runner.invoke(
+        app, ["config", "validate", "--from", "nemo-rl", str(MAIN), *TINY, "data.train.dataset_name=my_squad"]
+    )
     assert result.exit_code == 1
-    assert "data.train.dataset_name: is 'my_squad', a dataset rlcore does not know by name (docs/nemo-rl-mapping.md " \
-           "lists those it does); give its rows as a local file: ++data.train.data_path=/path/to/train.jsonl" \
-           in result.stderr
+    assert (
+        "data.train.dataset_name: is 'my_squad', a dataset rlcore does not know by name (docs/nemo-rl-mapping.md "
+        "lists those it does); give its rows as a local file: ++data.train.data_path=/path/to/train.jsonl"
+        in result.stderr
+    )
 
 
 # --- the rows: ResponseDataset and OpenAI format ------------------------------------------------------------
 
+
 def test_response_dataset_entries_give_the_keys_of_both_splits(tmp_path: Path):
     path = tmp_path / "qa.jsonl"
     path.write_text(json.dumps({"question": "2+2?", "answer": "4"}) + "\n")
-    cfg = load_nemo_rl_config(MAIN, [*TINY, "data.train.dataset_name=ResponseDataset", f"++data.train.data_path={path}",
-                                     "++data.train.split_validation_size=0.5", "++data.train.seed=${sft.seed}",
-                                     "data.validation=null", "++data.default.input_key=question",
-                                     "++data.default.output_key=answer"]).config
+    cfg = load_nemo_rl_config(
+        MAIN,
+        [
+            *TINY,
+            "data.train.dataset_name=ResponseDataset",
+            f"++data.train.data_path={path}",
+            "++data.train.split_validation_size=0.5",
+            "++data.train.seed=${sft.seed}",
+            "data.validation=null",
+            "++data.default.input_key=question",
+            "++data.default.output_key=answer",
+        ],
+    ).config
     assert (cfg.data.input_key, cfg.data.output_key, cfg.data.split_validation_size) == ("question", "answer", 0.5)
     sample = SampleBuilder(cfg.data).sample({"question": "2+2?", "answer": "4"}, 0, "row 1")
     assert conversation(sample) == [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}]
@@ -155,10 +198,20 @@ def test_openai_format_rows_of_the_early_releases(tmp_path: Path):
     path = tmp_path / "chats.jsonl"
     log = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
     path.write_text(json.dumps({"conversation": log}) + "\n")
-    loaded = load_nemo_rl_config(FLAT, [*TINY, "data.dataset_name=openai_format", f"++data.train_data_path={path}",
-                                        f"++data.val_data_path={path}", "++data.chat_key=conversation",
-                                        "++data.system_key=null", "++data.system_prompt=Be brief.",
-                                        "++data.tool_key=null", "++data.use_preserving_dataset=false"])
+    loaded = load_nemo_rl_config(
+        FLAT,
+        [
+            *TINY,
+            "data.dataset_name=openai_format",
+            f"++data.train_data_path={path}",
+            f"++data.val_data_path={path}",
+            "++data.chat_key=conversation",
+            "++data.system_key=null",
+            "++data.system_prompt=Be brief.",
+            "++data.tool_key=null",
+            "++data.use_preserving_dataset=false",
+        ],
+    )
     data = loaded.config.data
     assert (data.messages_key, data.system_prompt, data.validation.path) == ("conversation", "Be brief.", str(path))
     sample = SampleBuilder(data).sample({"conversation": log}, 0, "row 1")
@@ -168,27 +221,60 @@ def test_openai_format_rows_of_the_early_releases(tmp_path: Path):
 
 # --- what stays an error ------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("overrides, line", [
-    (["data.default.processor=math_hf_data_processor"],
-     "data.default.processor: is 'math_hf_data_processor', but rlcore's SFT tokenizes each row as NeMo-RL's "
-     "sft_processor does: set it to sft_processor"),
-    (["++data.default.tool_key=tools"], "data.default.tool_key: is 'tools', but rlcore does not support tool "
-                                        "definitions"),
-    (["++data.train.system_key=system"], "data.train.system_key: is 'system', but rlcore does not support a system "
-                                         "message from a column of the row"),
-    (["data.max_input_seq_length=512"], "data.max_input_seq_length: is 512, but rlcore masks the samples longer than "
-                                        "policy.max_total_sequence_length (1024)"),
-    (["++data.validation.input_key=question"], "data.validation.input_key: data.train's is 'input', "
-                                               "data.validation's 'question'; rlcore reads both splits with one"),
-    (["checkpointing.metric_name=val:accuracy"], "checkpointing.metric_name: is 'val:accuracy'; rlcore ranks SFT "
-                                                 "checkpoints by val:val_loss"),
-    (["++sft.new_feature=3"], "sft.new_feature: is 3, a NeMo-RL key rlcore's reader does not know"),
-    (["++checkpointing.pretrained_checkpoint.path=/ckpt"],
-     'checkpointing.pretrained_checkpoint: is {"path": "/ckpt"}, but rlcore does not support loading Megatron'),
-    (["++data.train_data_path=/x.jsonl"], "data.train_data_path: is '/x.jsonl', but NeMo-RL (since v0.6) reads a "
-                                          "dataset's keys from data.train / data.validation"),
-], ids=["processor", "tools", "system_key", "max_input_seq_length", "row_keys", "metric", "unknown",
-        "pretrained", "moved_key"])
+
+@pytest.mark.parametrize(
+    "overrides, line",
+    [
+        (
+            ["data.default.processor=math_hf_data_processor"],
+            "data.default.processor: is 'math_hf_data_processor', but rlcore's SFT tokenizes each row as NeMo-RL's "
+            "sft_processor does: set it to sft_processor",
+        ),
+        (
+            ["++data.default.tool_key=tools"],
+            "data.default.tool_key: is 'tools', but rlcore does not support tool definitions",
+        ),
+        (
+            ["++data.train.system_key=system"],
+            "data.train.system_key: is 'system', but rlcore does not support a system message from a column of the row",
+        ),
+        (
+            ["data.max_input_seq_length=512"],
+            "data.max_input_seq_length: is 512, but rlcore masks the samples longer than "
+            "policy.max_total_sequence_length (1024)",
+        ),
+        (
+            ["++data.validation.input_key=question"],
+            "data.validation.input_key: data.train's is 'input', "
+            "data.validation's 'question'; rlcore reads both splits with one",
+        ),
+        (
+            ["checkpointing.metric_name=val:accuracy"],
+            "checkpointing.metric_name: is 'val:accuracy'; rlcore ranks SFT checkpoints by val:val_loss",
+        ),
+        (["++sft.new_feature=3"], "sft.new_feature: is 3, a NeMo-RL key rlcore's reader does not know"),
+        (
+            ["++checkpointing.pretrained_checkpoint.path=/ckpt"],
+            'checkpointing.pretrained_checkpoint: is {"path": "/ckpt"}, but rlcore does not support loading Megatron',
+        ),
+        (
+            ["++data.train_data_path=/x.jsonl"],
+            "data.train_data_path: is '/x.jsonl', but NeMo-RL (since v0.6) reads a "
+            "dataset's keys from data.train / data.validation",
+        ),
+    ],
+    ids=[
+        "processor",
+        "tools",
+        "system_key",
+        "max_input_seq_length",
+        "row_keys",
+        "metric",
+        "unknown",
+        "pretrained",
+        "moved_key",
+    ],
+)
 def test_what_rlcore_does_not_do_stays_an_error(rows: Path, overrides: list[str], line: str):
     (problem,) = problems_of(MAIN, [*local_data(MAIN, rows), *overrides])
     assert problem.startswith(line), problem
@@ -197,8 +283,15 @@ def test_what_rlcore_does_not_do_stays_an_error(rows: Path, overrides: list[str]
 def test_a_prompt_file_is_refused_for_message_logs(rows: Path, tmp_path: Path):
     prompt = tmp_path / "prompt.txt"
     prompt.write_text("Q: {}")
-    (problem,) = problems_of(FLAT, [*local_data(FLAT, rows), "data.dataset_name=openai_format",
-                                    "++data.tool_key=null", f"data.prompt_file={prompt}"])
+    (problem,) = problems_of(
+        FLAT,
+        [
+            *local_data(FLAT, rows),
+            "data.dataset_name=openai_format",
+            "++data.tool_key=null",
+            f"data.prompt_file={prompt}",
+        ],
+    )
     assert problem.startswith("data.prompt_file: is set, but data.dataset_name is 'openai_format'"), problem
     cfg = nemo_sft(FLAT, rows, [f"data.prompt_file={prompt}"]).config  # ResponseDataset rows: it formats inputs
     assert cfg.data.prompt_file == str(prompt)
@@ -206,10 +299,19 @@ def test_a_prompt_file_is_refused_for_message_logs(rows: Path, tmp_path: Path):
 
 # --- GRPO's sections and NeMo-RL's defaults ---------------------------------------------------------------
 
+
 def test_grpo_sections_of_an_sft_config_are_ignored_as_nemo_rls_sft_ignores_them(rows: Path):
-    loaded = nemo_sft(MAIN, rows, ["++loss_fn.ratio_clip_min=0.3", "++env.math.num_workers=2", "++grpo=null",
-                                   "++policy.generation.backend=vllm",
-                                   "++policy.generation.vllm_cfg.kv_cache_dtype=fp8"])
+    loaded = nemo_sft(
+        MAIN,
+        rows,
+        [
+            "++loss_fn.ratio_clip_min=0.3",
+            "++env.math.num_workers=2",
+            "++grpo=null",
+            "++policy.generation.backend=vllm",
+            "++policy.generation.vllm_cfg.kv_cache_dtype=fp8",
+        ],
+    )
     converted = loaded.conversion.config
     assert not {"grpo", "loss", "env"} & set(converted) and "generation" not in converted["policy"]
     ignored = "\n".join(loaded.ignored_lines())
@@ -231,6 +333,7 @@ def test_a_grpo_config_is_read_as_before():
 
 # --- one real run -------------------------------------------------------------------------------------------
 
+
 def test_rlcore_run_from_nemo_rl_trains_sft_on_squad_from_the_hub_cache(tmp_path: Path):
     """NeMo-RL's own sft.yaml (main) as a user runs it, offline: no data override, its squad read from a hub cache
     built here (rajpurkar/squad as the hub holds it); only the model and the sizes a CPU needs are changed."""
@@ -242,14 +345,39 @@ def test_rlcore_run_from_nemo_rl_trains_sft_on_squad_from_the_hub_cache(tmp_path
     for name in ("HF_HUB_CACHE", "HF_DATASETS_CACHE"):
         env.pop(name, None)
     nemo_overrides = [
-        *TINY, "cluster.gpus_per_node=2", "policy.precision=float32",
-        "policy.train_global_batch_size=4", "policy.train_micro_batch_size=2",
-        "policy.max_total_sequence_length=96", "sft.max_num_steps=2", "sft.val_global_batch_size=4",
-        "sft.val_micro_batch_size=2", "sft.val_batches=1", "checkpointing.enabled=false",
-        f"logger.log_dir={tmp_path / 'run'}"]
-    out = subprocess.run([sys.executable, "-m", "rlcore", "run", "--from", "nemo-rl", str(MAIN), *nemo_overrides,
-                          "-o", "cluster.use_gpu=false", "-o", "logger.progress_bar=false"],
-                         capture_output=True, text=True, timeout=300, env=env)
+        *TINY,
+        "cluster.gpus_per_node=2",
+        "policy.precision=float32",
+        "policy.train_global_batch_size=4",
+        "policy.train_micro_batch_size=2",
+        "policy.max_total_sequence_length=96",
+        "sft.max_num_steps=2",
+        "sft.val_global_batch_size=4",
+        "sft.val_micro_batch_size=2",
+        "sft.val_batches=1",
+        "checkpointing.enabled=false",
+        f"logger.log_dir={tmp_path / 'run'}",
+    ]
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rlcore",
+            "run",
+            "--from",
+            "nemo-rl",
+            str(MAIN),
+            *nemo_overrides,
+            "-o",
+            "cluster.use_gpu=false",
+            "-o",
+            "logger.progress_bar=false",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads(out.stdout.strip().splitlines()[-1])
     assert summary["steps"] == 2 and summary["first_loss"] > 0 and summary["last_loss"] > 0

@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from rlcore.data import BatchedDataDict
-from rlcore.environments.runner import EnvironmentFailed, EnvironmentRunner
 from rlcore.environments.python_reward import PythonRewardConfig
+from rlcore.environments.runner import EnvironmentFailed, EnvironmentRunner
 from rlcore.training.loop import StepHooks
 from rlcore.training.optim import clip_grad_norm_
 from rlcore.training.worker_base import NonFiniteStepsError, TrainingWorkerBase
@@ -34,8 +34,10 @@ def components_with_nan(prompts, completions):
 
 
 def _logs(*completions):
-    return [[{"role": "user", "content": f"say something number {i}"}, {"role": "assistant", "content": c}]
-            for i, c in enumerate(completions)]
+    return [
+        [{"role": "user", "content": f"say something number {i}"}, {"role": "assistant", "content": c}]
+        for i, c in enumerate(completions)
+    ]
 
 
 def _python_env(fn, **kwargs):
@@ -63,8 +65,10 @@ def test_on_nonfinite_reward_fail_stops_in_one_line_naming_the_sample_and_the_en
         runner.step(_logs("abc", "nan", "inf"), [{}] * 3)
     message = str(err.value)
     assert "\n" not in message
-    assert message.startswith("environment 'python' returned a non-finite reward (nan) for sample 1 of a batch of 3 "
-                              "(prompt 'say something number 1'); 2 such samples; env.on_nonfinite_reward: fail")
+    assert message.startswith(
+        "environment 'python' returned a non-finite reward (nan) for sample 1 of a batch of 3 "
+        "(prompt 'say something number 1'); 2 such samples; env.on_nonfinite_reward: fail"
+    )
     assert runner.step(_logs("abc"), [{}]).rewards == [3.0]  # finite rewards pass
 
 
@@ -98,12 +102,17 @@ def _rollout_metrics(monkeypatch, run_rollout, completions):
         for row, c in enumerate(completions):
             start = int(lengths[row])
             out[row, :start] = batch["input_ids"][row, :start]
-            out[row, start:start + len(c)] = torch.tensor([ord(ch) for ch in c])
-        return {"output_ids": out, "logprobs": torch.zeros(out.shape), "generation_lengths":
-                torch.tensor([len(c) for c in completions]), "unpadded_sequence_lengths": lengths + 0}
+            out[row, start : start + len(c)] = torch.tensor([ord(ch) for ch in c])
+        return {
+            "output_ids": out,
+            "logprobs": torch.zeros(out.shape),
+            "generation_lengths": torch.tensor([len(c) for c in completions]),
+            "unpadded_sequence_lengths": lengths + 0,
+        }
 
-    cfg = SimpleNamespace(algorithm_section=SimpleNamespace(max_rollout_turns=1),
-                          policy=SimpleNamespace(max_total_sequence_length=64))
+    cfg = SimpleNamespace(
+        algorithm_section=SimpleNamespace(max_rollout_turns=1), policy=SimpleNamespace(max_total_sequence_length=64)
+    )
     n = len(completions)
     samples = [Sample(idx=i, messages=[{"role": "user", "content": f"p{i}"}], metadata={}) for i in range(n)]
     first = {"input_ids": torch.tensor([[1, 2]] * n), "input_lengths": torch.tensor([2] * n)}
@@ -139,27 +148,45 @@ class TinyWorker(TrainingWorkerBase):
         self.model = torch.nn.Embedding(VOCAB, VOCAB)
         self.device, self.dp_size = torch.device("cpu"), 1
         self.cfg = SimpleNamespace(
-            optimizer={"name": "AdamW", "kwargs": {"lr": 0.1}}, scheduler=None, learning_rate=0.1,
-            max_grad_norm=1.0, make_sequence_length_divisible_by=1, train_global_batch_size=2,
-            train_micro_batch_size=1, logprob_chunk_size=None, generation=None,
-            max_consecutive_skipped_steps=max_consecutive_skipped_steps)
-        self._init_optimizer_and_reference(self.model.parameters(), init_optimizer=True, optimizer_path=None,
-                                           init_reference_model=False, load_optimizer=None)
+            optimizer={"name": "AdamW", "kwargs": {"lr": 0.1}},
+            scheduler=None,
+            learning_rate=0.1,
+            max_grad_norm=1.0,
+            make_sequence_length_divisible_by=1,
+            train_global_batch_size=2,
+            train_micro_batch_size=1,
+            logprob_chunk_size=None,
+            generation=None,
+            max_consecutive_skipped_steps=max_consecutive_skipped_steps,
+        )
+        self._init_optimizer_and_reference(
+            self.model.parameters(),
+            init_optimizer=True,
+            optimizer_path=None,
+            init_reference_model=False,
+            load_optimizer=None,
+        )
 
     def _logits(self, mb):
         return self.model(mb["input_ids"])
 
     def _step_hooks(self):
         params = list(self.model.parameters())
-        return StepHooks(forward=self._forward_logprobs, all_reduce_sum=lambda t: None, finish_grads=lambda: None,
-                         clip_grads=lambda max_norm: clip_grad_norm_(params, max_norm),
-                         optimizer_step=self._optimizer_step,
-                         zero_grad=lambda: self.model.zero_grad(set_to_none=True))
+        return StepHooks(
+            forward=self._forward_logprobs,
+            all_reduce_sum=lambda t: None,
+            finish_grads=lambda: None,
+            clip_grads=lambda max_norm: clip_grad_norm_(params, max_norm),
+            optimizer_step=self._optimizer_step,
+            zero_grad=lambda: self.model.zero_grad(set_to_none=True),
+        )
 
     def state(self):
-        return ({k: v.clone() for k, v in self.model.state_dict().items()},
-                {k: (v.clone() if torch.is_tensor(v) else v) for s in self.optimizer.state.values()
-                 for k, v in s.items()}, self.scheduler.last_epoch)
+        return (
+            {k: v.clone() for k, v in self.model.state_dict().items()},
+            {k: (v.clone() if torch.is_tensor(v) else v) for s in self.optimizer.state.values() for k, v in s.items()},
+            self.scheduler.last_epoch,
+        )
 
 
 def _batch(steps, poisoned_steps=()):
@@ -167,17 +194,23 @@ def _batch(steps, poisoned_steps=()):
     g = torch.Generator().manual_seed(1)
     n = 2 * steps
     return BatchedDataDict(
-        input_ids=torch.randint(0, VOCAB, (n, 6), generator=g), input_lengths=torch.full((n,), 6),
-        token_mask=torch.tensor([[0, 0, 1, 1, 1, 1]] * n, dtype=torch.float32), sample_mask=torch.ones(n),
-        poison=torch.tensor([float(i // 2 in poisoned_steps) for i in range(n)]))
+        input_ids=torch.randint(0, VOCAB, (n, 6), generator=g),
+        input_lengths=torch.full((n,), 6),
+        token_mask=torch.tensor([[0, 0, 1, 1, 1, 1]] * n, dtype=torch.float32),
+        sample_mask=torch.ones(n),
+        poison=torch.tensor([float(i // 2 in poisoned_steps) for i in range(n)]),
+    )
 
 
 def _same(a, b):
     weights_a, optim_a, sched_a = a
     weights_b, optim_b, sched_b = b
-    return (all(torch.equal(weights_a[k], weights_b[k]) for k in weights_a) and sched_a == sched_b
-            and optim_a.keys() == optim_b.keys() and all(torch.equal(torch.as_tensor(optim_a[k]),
-                                                                     torch.as_tensor(optim_b[k])) for k in optim_a))
+    return (
+        all(torch.equal(weights_a[k], weights_b[k]) for k in weights_a)
+        and sched_a == sched_b
+        and optim_a.keys() == optim_b.keys()
+        and all(torch.equal(torch.as_tensor(optim_a[k]), torch.as_tensor(optim_b[k])) for k in optim_a)
+    )
 
 
 def test_a_nan_loss_skips_the_step_leaving_weights_and_optimizer_untouched_and_the_next_step_trains():
@@ -226,10 +259,14 @@ def test_too_many_skipped_steps_in_a_row_stop_in_one_line():
     message = str(err.value)
     assert "\n" not in message and message.startswith(
         "2 optimizer steps in a row were skipped, the last with loss nan and gradient norm nan "
-        "(policy.max_consecutive_skipped_steps=2)")
+        "(policy.max_consecutive_skipped_steps=2)"
+    )
     never = TinyWorker(max_consecutive_skipped_steps=None)
     assert never.train(_batch(4, poisoned_steps={0, 1, 2, 3}), NLL())["skipped"] == [True] * 4
+
+
 # -- a real run ----------------------------------------------------------------------------------------------------
+
 
 def nan_for_the_first_completion(prompts, completions):
     """NaN for the batch's first completion, else 1 for an even length: one NaN reward in every training step."""
@@ -244,8 +281,14 @@ def test_a_run_with_a_nan_reward_trains_on_finite_values_and_saves_finite_weight
     from rlcore.run.train import train
     from tests.runs import ONE_WORKER, short_run_config
 
-    summary = train(short_run_config(tmp_path, 2, **ONE_WORKER, **{
-        "env.name": "python", "env.python_cfg.reward": "tests.test_nonfinite:nan_for_the_first_completion"}))
+    summary = train(
+        short_run_config(
+            tmp_path,
+            2,
+            **ONE_WORKER,
+            **{"env.name": "python", "env.python_cfg.reward": "tests.test_nonfinite:nan_for_the_first_completion"},
+        )
+    )
     assert summary["steps"] == 2
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1]

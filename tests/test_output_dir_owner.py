@@ -32,29 +32,54 @@ BEFORE_RAY_S = 60
 def data_files(root: Path) -> tuple[Path, Path]:
     """Chat rows for SFT, prompt/chosen/rejected pairs for DPO (the local copies of what NeMo-RL downloads)."""
     chat, pairs = root / "chat.jsonl", root / "pairs.jsonl"
-    chat.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"reverse {w}"},
-                                                     {"role": "assistant", "content": w[::-1]}]}) + "\n"
-                            for w in WORDS))
-    pairs.write_text("".join(json.dumps({"prompt": f"reverse {w}", "chosen": w[::-1], "rejected": w}) + "\n"
-                             for w in WORDS))
+    chat.write_text(
+        "".join(
+            json.dumps(
+                {"messages": [{"role": "user", "content": f"reverse {w}"}, {"role": "assistant", "content": w[::-1]}]}
+            )
+            + "\n"
+            for w in WORDS
+        )
+    )
+    pairs.write_text(
+        "".join(json.dumps({"prompt": f"reverse {w}", "chosen": w[::-1], "rejected": w}) + "\n" for w in WORDS)
+    )
     return chat, pairs
 
 
 #: The tiny local model and batches that 8 rows fill, on CPU.
-TINY = ["policy.model_name=tiny-llama", "policy.precision=float32", "policy.train_global_batch_size=4",
-        "policy.train_micro_batch_size=2", "policy.max_total_sequence_length=64"]
+TINY = [
+    "policy.model_name=tiny-llama",
+    "policy.precision=float32",
+    "policy.train_global_batch_size=4",
+    "policy.train_micro_batch_size=2",
+    "policy.max_total_sequence_length=64",
+]
 
 
 def sft_overrides(chat: Path) -> list[str]:
-    return [*TINY, f"++data.train.data_path={chat}", f"++data.validation.data_path={chat}", "cluster.gpus_per_node=2",
-            "sft.val_global_batch_size=4", "sft.val_micro_batch_size=2"]
+    return [
+        *TINY,
+        f"++data.train.data_path={chat}",
+        f"++data.validation.data_path={chat}",
+        "cluster.gpus_per_node=2",
+        "sft.val_global_batch_size=4",
+        "sft.val_micro_batch_size=2",
+    ]
 
 
 def dpo_overrides(pairs: Path) -> list[str]:
-    return [*TINY, "policy.tokenizer.name=${policy.model_name}", f"++data.train.data_path={pairs}",
-            f"++data.validation.data_path={pairs}", "++data.default.dataset_name=BinaryPreferenceDataset",
-            "~data.train.dataset_name", "~data.validation.dataset_name", "dpo.val_global_batch_size=4",
-            "dpo.val_micro_batch_size=2"]
+    return [
+        *TINY,
+        "policy.tokenizer.name=${policy.model_name}",
+        f"++data.train.data_path={pairs}",
+        f"++data.validation.data_path={pairs}",
+        "++data.default.dataset_name=BinaryPreferenceDataset",
+        "~data.train.dataset_name",
+        "~data.validation.dataset_name",
+        "dpo.val_global_batch_size=4",
+        "dpo.val_micro_batch_size=2",
+    ]
 
 
 def nemo_config(path: Path, overrides: list[str], log_dir: Path) -> Any:
@@ -127,7 +152,8 @@ def test_a_dpo_run_refuses_the_sft_run_s_directory_and_changes_nothing(sft_then_
     assert output_dir_problems(dpo, resume=False) == [
         f"logger.output_dir: {logs} holds the sft run started {started} (checkpoints/, metrics.jsonl), which this "
         f"run would overwrite; write this run to a fresh directory (-o logger.output_dir={logs}-dpo), or "
-        "continue that run with --resume and its own config"]
+        "continue that run with --resume and its own config"
+    ]
     with pytest.raises(OutputDirTaken, match=r"holds the sft run started"):  # the Python API, before Ray
         from rlcore.run.train import train
 
@@ -139,9 +165,11 @@ def test_resuming_the_sft_run_with_the_dpo_config_is_refused_the_same_way(sft_th
     sft, dpo, logs = sft_then_dpo
     before = fingerprint(logs)
     started = read_marker(logs)["started"]
-    line = (f"--resume: {logs} holds the sft run started {started}, and this config trains dpo; resume it with the "
-            f"config it was started with, or write this dpo run to a fresh directory "
-            f"(-o logger.output_dir={logs}-dpo)")
+    line = (
+        f"--resume: {logs} holds the sft run started {started}, and this config trains dpo; resume it with the "
+        f"config it was started with, or write this dpo run to a fresh directory "
+        f"(-o logger.output_dir={logs}-dpo)"
+    )
     assert resume_refusals(dpo) == [line] and output_dir_problems(dpo, resume=True) == [line]
     assert output_dir_problems(sft, resume=True) == []  # its own run resumes
     assert fingerprint(logs) == before
@@ -153,7 +181,8 @@ def test_the_same_config_again_without_resume_is_refused_with_the_resume_hint(sf
     assert output_dir_problems(sft, resume=False) == [
         f"logger.output_dir: {logs} holds this config's run (checkpoints/, metrics.jsonl; started {started}), which "
         f"a fresh start would overwrite; continue it with --resume, or start again in a fresh directory "
-        f"(-o logger.output_dir={logs}-2)"]
+        f"(-o logger.output_dir={logs}-2)"
+    ]
     (logs.parent / "logs-2").mkdir()  # the suggestion is a directory that does not exist yet
     assert f"-o logger.output_dir={logs}-3)" in output_dir_problems(sft, resume=False)[0]
 
@@ -162,8 +191,10 @@ def test_a_run_from_before_markers_is_protected_too(sft_then_dpo) -> None:
     _, dpo, logs = sft_then_dpo
     (logs / MARKER).unlink()
     (line,) = output_dir_problems(dpo, resume=False)
-    assert line.startswith(f"logger.output_dir: {logs} holds a run's files (checkpoints/, metrics.jsonl) from before "
-                           f"rlcore marked its runs ({MARKER}), which this run would overwrite;"), line
+    assert line.startswith(
+        f"logger.output_dir: {logs} holds a run's files (checkpoints/, metrics.jsonl) from before "
+        f"rlcore marked its runs ({MARKER}), which this run would overwrite;"
+    ), line
     assert "--resume" in line and f"{logs}-dpo" in line
     shutil.rmtree(logs / "checkpoints")  # metrics rows alone are a run's results
     (line,) = output_dir_problems(dpo, resume=False)
@@ -218,25 +249,35 @@ def rlcore_without_ray(tmp_path: Path, *args: str) -> tuple[subprocess.Completed
     (stub / "__init__.py").write_text("raise ImportError('ray must not be imported')\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(stub.parent), os.environ.get("PYTHONPATH")]))}
     began = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "rlcore", "run", *args], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=BEFORE_RAY_S * 2)
+    proc = subprocess.run(
+        [sys.executable, "-m", "rlcore", "run", *args],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=BEFORE_RAY_S * 2,
+    )
     return proc, time.monotonic() - began
 
 
-def test_rlcore_run_of_dpo_yaml_after_sft_yaml_refuses_in_one_line_before_ray(tmp_path: Path,
-                                                                               tiny_model_dir: str) -> None:
+def test_rlcore_run_of_dpo_yaml_after_sft_yaml_refuses_in_one_line_before_ray(
+    tmp_path: Path, tiny_model_dir: str
+) -> None:
     """NeMo-RL's own files as a user runs them: both say ``logger.log_dir: logs``, relative to where they run."""
     chat, pairs = data_files(tmp_path)
     first_run(nemo_config(SFT_YAML, sft_overrides(chat), tmp_path / "logs"), tiny_model_dir)
     before = fingerprint(tmp_path / "logs")
-    proc, took = rlcore_without_ray(tmp_path, "--from", "nemo-rl", str(DPO_YAML), *dpo_overrides(pairs),
-                                    "-o", "cluster.use_gpu=false")
+    proc, took = rlcore_without_ray(
+        tmp_path, "--from", "nemo-rl", str(DPO_YAML), *dpo_overrides(pairs), "-o", "cluster.use_gpu=false"
+    )
     lines = [ln for ln in proc.stderr.splitlines() if not ln.startswith(("notice:", "ignored:"))]
     started = read_marker(tmp_path / "logs")["started"]
     assert proc.returncode == 1, proc.stderr
-    assert lines == [f"logger.output_dir: logs holds the sft run started {started} (checkpoints/, metrics.jsonl), "
-                     "which this run would overwrite; write this run to a fresh directory (-o logger.output_dir="
-                     "logs-dpo), or continue that run with --resume and its own config"], proc.stderr
+    assert lines == [
+        f"logger.output_dir: logs holds the sft run started {started} (checkpoints/, metrics.jsonl), "
+        "which this run would overwrite; write this run to a fresh directory (-o logger.output_dir="
+        "logs-dpo), or continue that run with --resume and its own config"
+    ], proc.stderr
     assert took < BEFORE_RAY_S, took
     assert fingerprint(tmp_path / "logs") == before
     assert not (tmp_path / "logs-dpo").exists()

@@ -21,7 +21,8 @@ def test_a_dict_becomes_the_model_with_dotted_one_line_errors():
         as_policy_config({"train_global_batchsize": 4, "precision": "fp8"})
     assert info.value.problems == [
         "policy.precision: expected one of 'float32', 'bfloat16' or 'float16', got 'fp8'",
-        "policy.train_global_batchsize: unknown key; did you mean 'train_global_batch_size'?"]
+        "policy.train_global_batchsize: unknown key; did you mean 'train_global_batch_size'?",
+    ]
     # Resolved for the cluster's size, the cross-field rules and the layout run too, as for a config file.
     with pytest.raises(ConfigError, match=r"^policy.train_global_batch_size: 3 is not divisible by data-parallel"):
         resolve_policy({"train_global_batch_size": 3}, world_size=2, use_gpu=False)
@@ -38,16 +39,19 @@ def test_a_nemo_rl_policy_dict_given_to_policy_says_how_to_convert_it():
 
     with pytest.raises(ConfigError) as info:
         resolved_policy({"dtensor_cfg": {"_v2": True, "enabled": True}, "logprob_chunk_size": None}, Cluster())
-    assert info.value.problems[-1].startswith("hint: this is a NeMo-RL policy config; convert it with "
-                                              "rlcore.nemo_rl.policy_config_from_nemo_rl(config)")
+    assert info.value.problems[-1].startswith(
+        "hint: this is a NeMo-RL policy config; convert it with rlcore.nemo_rl.policy_config_from_nemo_rl(config)"
+    )
 
 
 def test_loss_functions_take_the_dict_with_the_same_errors():
     assert ClippedPGLossFn({"ratio_clip_min": 0.1}).cfg.ratio_clip_min == 0.1
     with pytest.raises(ConfigError) as info:
         ClippedPGLossFn({"ratio_clip_mn": 0.1, "reference_policy_kl_type": "k4"})
-    assert info.value.problems == ["loss.reference_policy_kl_type: expected one of 'k1', 'k2' or 'k3', got 'k4'",
-                                   "loss.ratio_clip_mn: unknown key; did you mean 'ratio_clip_min'?"]
+    assert info.value.problems == [
+        "loss.reference_policy_kl_type: expected one of 'k1', 'k2' or 'k3', got 'k4'",
+        "loss.ratio_clip_mn: unknown key; did you mean 'ratio_clip_min'?",
+    ]
     assert NLLLoss().loss_type is not None  # no config at all
 
 
@@ -58,18 +62,30 @@ def test_silently_ignored_fields_are_now_checked_at_load():
         return info.value.problems
 
     assert problems({"optimizer": {"kwargs": {"weigth_decay": 0.1}}}) == [
-        "policy.optimizer.kwargs.weigth_decay: not an argument of torch.optim.AdamW; did you mean 'weight_decay'?"]
+        "policy.optimizer.kwargs.weigth_decay: not an argument of torch.optim.AdamW; did you mean 'weight_decay'?"
+    ]
     assert problems({"scheduler": [{"name": "torch.optim.lr_scheduler.LinearLR", "kwargs": {"total_iter": 3}}]}) == [
         "policy.scheduler[0].kwargs.total_iter: not an argument of torch.optim.lr_scheduler.LinearLR; did you "
-        "mean 'total_iters'?"]
+        "mean 'total_iters'?"
+    ]
     assert problems({"optimizer": {"name": "SGD", "kwargs": {"params": [], "lr": 0.1}}}) == [
-        "policy.optimizer.kwargs.params: is passed by rlcore (the model's parameters); remove it"]
+        "policy.optimizer.kwargs.params: is passed by rlcore (the model's parameters); remove it"
+    ]
     (line,) = problems({"sequence_packing": {"algorithm": "best_fit"}})
     assert line.startswith("policy.sequence_packing.algorithm: expected one of 'concatenative'")
     (line,) = problems({"fsdp_offload_enabled": True})
     assert line.startswith("policy.fsdp_offload_enabled: is true but the training backend is 'dtensor'")
-    megatron = load_config_dict({"policy": {"dtensor_cfg": {"enabled": False}, "megatron_cfg": {"enabled": True,
-                                 "distributed_data_parallel_config": {"data_parallel_sharding_strategy": "optim"}}}})
+    megatron = load_config_dict(
+        {
+            "policy": {
+                "dtensor_cfg": {"enabled": False},
+                "megatron_cfg": {
+                    "enabled": True,
+                    "distributed_data_parallel_config": {"data_parallel_sharding_strategy": "optim"},
+                },
+            }
+        }
+    )
     with pytest.raises(ConfigError) as info:  # the megatron backend's own config check, at resolution
         resolve_policy(megatron.policy, world_size=2, use_gpu=False)
     (line,) = info.value.problems
@@ -78,9 +94,11 @@ def test_silently_ignored_fields_are_now_checked_at_load():
     import subprocess
     import sys
 
-    code = ("import sys; from rlcore.config import load_config_dict; "
-            "load_config_dict({'policy': {'optimizer': {'kwargs': {'weight_decay': 0.1}}}}); "
-            "print(sorted(m for m in ('torch', 'ray', 'numpy', 'transformers') if m in sys.modules))")
+    code = (
+        "import sys; from rlcore.config import load_config_dict; "
+        "load_config_dict({'policy': {'optimizer': {'kwargs': {'weight_decay': 0.1}}}}); "
+        "print(sorted(m for m in ('torch', 'ray', 'numpy', 'transformers') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stdout.strip() == "[]", out.stderr
 
@@ -107,7 +125,7 @@ def test_new_advantage_estimators_match_nemo_rl(estimator, nemo):
     expected = []
     for g in rewards.double().view(2, 4):
         for i in range(4):
-            others = torch.cat([g[:i], g[i + 1:]]) if loo else g
+            others = torch.cat([g[:i], g[i + 1 :]]) if loo else g
             base = others.mean()
             std = others.std() if len(others) > 1 else torch.tensor(0.0)
             adv = g[i] - base
@@ -124,17 +142,28 @@ def test_policy_takes_the_seed_dict_and_pads_to_the_multiple(make_cluster, tiny_
     from rlcore.plugins import get_registry
     from rlcore.policy import Policy
 
-    backend = "dtensor" if any(r.name == "dtensor" and r.status == "ok" for r in get_registry().records) \
-        else "reference"
-    raw = {"backend": backend, "model_name": tiny_model_dir, "train_global_batch_size": 4,
-           "train_micro_batch_size": 2, "logprob_batch_size": 2, "max_grad_norm": None, "precision": "float32",
-           "max_total_sequence_length": 20, "optimizer": {"name": "torch.optim.SGD", "kwargs": {"lr": 0.5}}}
+    backend = (
+        "dtensor" if any(r.name == "dtensor" and r.status == "ok" for r in get_registry().records) else "reference"
+    )
+    raw = {
+        "backend": backend,
+        "model_name": tiny_model_dir,
+        "train_global_batch_size": 4,
+        "train_micro_batch_size": 2,
+        "logprob_batch_size": 2,
+        "max_grad_norm": None,
+        "precision": "float32",
+        "max_total_sequence_length": 20,
+        "optimizer": {"name": "torch.optim.SGD", "kwargs": {"lr": 0.5}},
+    }
     batch = BatchedDataDict(make_batch(tiny_tokenizer, 4, 5, 13, seed=7))
     batch["token_mask"] = (torch.arange(batch["input_ids"].shape[1])[None] < batch["input_lengths"][:, None]).float()
     batch["sample_mask"] = torch.ones(4)
     results = []
-    for config in ({**raw, "make_sequence_length_divisible_by": 7},
-                   load_config_dict({"cluster": {"workers_per_node": 2}, "policy": raw}).policy):
+    for config in (
+        {**raw, "make_sequence_length_divisible_by": 7},
+        load_config_dict({"cluster": {"workers_per_node": 2}, "policy": raw}).policy,
+    ):
         cluster = make_cluster(2)
         policy = Policy(cluster, config, tiny_tokenizer, name_prefix="plain-dict")
         try:

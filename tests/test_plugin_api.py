@@ -43,25 +43,38 @@ def registry_with(**spec) -> Registry:
 
 
 def test_a_capability_typo_is_refused_at_registration_in_one_line():
-    registry = registry_with(name="mine", kind="training", worker_class="collections:Counter",
-                             capabilities={"train", "dynamic_batchng"}, plugin_api_version=2)
+    registry = registry_with(
+        name="mine",
+        kind="training",
+        worker_class="collections:Counter",
+        capabilities={"train", "dynamic_batchng"},
+        plugin_api_version=2,
+    )
     (record,) = registry.records
     assert record.status == "broken"
-    assert record.problem.startswith("plugin failed to load: BackendSpec refused: capabilities: unknown capability "
-                                     "'dynamic_batchng' (did you mean 'dynamic_batching'?); known: train, logprobs")
+    assert record.problem.startswith(
+        "plugin failed to load: BackendSpec refused: capabilities: unknown capability "
+        "'dynamic_batchng' (did you mean 'dynamic_batching'?); known: train, logprobs"
+    )
     assert "\n" not in record.problem
     with pytest.raises(BackendError, match="is broken: plugin failed to load"):
         registry.resolve("third-party")
 
 
 def test_the_core_tests_capabilities_by_member():
-    spec = BackendSpec(name="mine", kind="training", worker_class="collections:Counter",
-                       capabilities={Capability.TRAIN, "dynamic_batching"})
+    spec = BackendSpec(
+        name="mine",
+        kind="training",
+        worker_class="collections:Counter",
+        capabilities={Capability.TRAIN, "dynamic_batching"},
+    )
     assert spec.supports(Capability.DYNAMIC_BATCHING) and not spec.supports(Capability.SEQUENCE_PACKING)
     with pytest.raises(ValueError, match="'sequence_pakcing' is not a valid Capability"):
         spec.supports("sequence_pakcing")
-    assert spec.model_dump(mode="json")["capabilities"] in (["train", "dynamic_batching"],
-                                                            ["dynamic_batching", "train"])
+    assert spec.model_dump(mode="json")["capabilities"] in (
+        ["train", "dynamic_batching"],
+        ["dynamic_batching", "train"],
+    )
 
 
 def test_capability_methods_are_the_protocols_methods():
@@ -74,10 +87,15 @@ def test_capability_methods_are_the_protocols_methods():
 @pytest.mark.parametrize("version", [None, 1, 2, 5, 99])
 def test_plugin_api_version_is_accepted_and_means_nothing(version):
     """Whatever it says, a spec may use every field and capability, and is served like any other."""
-    registry = registry_with(name="any", kind="training", worker_class="collections:Counter",
-                             layout="my_pkg.layout:parallel_layout", config_check="my_pkg.checks:check",
-                             capabilities={"train", "lora", "chunked_logprobs", "logits_at_indices"},
-                             plugin_api_version=version)
+    registry = registry_with(
+        name="any",
+        kind="training",
+        worker_class="collections:Counter",
+        layout="my_pkg.layout:parallel_layout",
+        config_check="my_pkg.checks:check",
+        capabilities={"train", "lora", "chunked_logprobs", "logits_at_indices"},
+        plugin_api_version=version,
+    )
     (record,) = registry.records
     assert (record.status, record.problem) == ("ok", "")
     assert record.as_dict()["plugin_api_version"] == version  # kept in 'rlcore backends list --json'
@@ -89,20 +107,47 @@ def test_plugin_api_version_is_accepted_and_means_nothing(version):
 class V1Worker:
     """A training worker written for rlcore 0.1 (no ``**kwargs``)."""
 
-    def __init__(self, config, tokenizer=None, weights_path=None, optimizer_path=None, init_optimizer=True,
-                 init_reference_model=True):
-        self.given = dict(weights_path=weights_path, optimizer_path=optimizer_path, init_optimizer=init_optimizer,
-                          init_reference_model=init_reference_model)
+    def __init__(
+        self,
+        config,
+        tokenizer=None,
+        weights_path=None,
+        optimizer_path=None,
+        init_optimizer=True,
+        init_reference_model=True,
+    ):
+        self.given = dict(
+            weights_path=weights_path,
+            optimizer_path=optimizer_path,
+            init_optimizer=init_optimizer,
+            init_reference_model=init_reference_model,
+        )
         self.config, self.tokenizer = config, tokenizer
 
 
 class V2Worker:
     """One written after ``backend_config`` and ``layout`` were added (keyword-only)."""
 
-    def __init__(self, config, tokenizer=None, *, weights_path=None, optimizer_path=None, init_optimizer=True,
-                 init_reference_model=True, backend_config=None, layout=None):
-        self.given = dict(weights_path=weights_path, optimizer_path=optimizer_path, init_optimizer=init_optimizer,
-                          init_reference_model=init_reference_model, backend_config=backend_config, layout=layout)
+    def __init__(
+        self,
+        config,
+        tokenizer=None,
+        *,
+        weights_path=None,
+        optimizer_path=None,
+        init_optimizer=True,
+        init_reference_model=True,
+        backend_config=None,
+        layout=None,
+    ):
+        self.given = dict(
+            weights_path=weights_path,
+            optimizer_path=optimizer_path,
+            init_optimizer=init_optimizer,
+            init_reference_model=init_reference_model,
+            backend_config=backend_config,
+            layout=layout,
+        )
 
 
 class AnyWorker:
@@ -110,14 +155,21 @@ class AnyWorker:
         self.given = kwargs
 
 
-OFFERED = dict(weights_path="/w", optimizer_path=None, init_optimizer=False, init_reference_model=True,
-               backend_config=object(), layout=ParallelLayout(tp=2))
+OFFERED = dict(
+    weights_path="/w",
+    optimizer_path=None,
+    init_optimizer=False,
+    init_reference_model=True,
+    backend_config=object(),
+    layout=ParallelLayout(tp=2),
+)
 
 
 def test_each_constructor_gets_exactly_the_keywords_it_declares():
     assert set(OFFERED) == set(TRAINING_WORKER_KEYWORDS)
-    assert declared_kwargs(V1Worker, OFFERED) == {k: OFFERED[k] for k in ("weights_path", "optimizer_path",
-                                                                          "init_optimizer", "init_reference_model")}
+    assert declared_kwargs(V1Worker, OFFERED) == {
+        k: OFFERED[k] for k in ("weights_path", "optimizer_path", "init_optimizer", "init_reference_model")
+    }
     assert declared_kwargs(V2Worker, OFFERED) == OFFERED
     assert declared_kwargs(AnyWorker, OFFERED) == OFFERED
     assert declared_kwargs(len, OFFERED) == {}  # no signature to read: nothing beyond the positional call
@@ -148,11 +200,13 @@ def test_the_worker_host_builds_a_worker_with_what_it_declares(monkeypatch):
 def test_the_worker_host_refuses_a_worker_without_a_capabilitys_method(monkeypatch):
     monkeypatch.delenv("RLCORE_WORKER_LOG_DIR", raising=False)
     with pytest.raises(TypeError) as caught:
-        WorkerHost(f"{__name__}:V2Worker", {}, ("cfg", "tok"), {}, offered=OFFERED,
-                   capabilities=("train", "topk_logits"))
+        WorkerHost(
+            f"{__name__}:V2Worker", {}, ("cfg", "tok"), {}, offered=OFFERED, capabilities=("train", "topk_logits")
+        )
     assert str(caught.value) == (
         f"declares capability 'topk_logits', but {__name__}:V2Worker has no get_topk_logits (TopkLogitsWorker of "
-        "rlcore.interfaces.workers): implement it or drop 'topk_logits' from its capabilities")
+        "rlcore.interfaces.workers): implement it or drop 'topk_logits' from its capabilities"
+    )
 
 
 # -- the worker contract ---------------------------------------------------------------------------------
@@ -179,14 +233,16 @@ def test_a_worker_constructor_is_checked_against_what_the_core_offers():
     assert worker_problems(_worker(needs_more), W) == [
         "Candidate.__init__ requires mesh, rank_map, which rlcore does not pass (it offers weights_path, "
         "optimizer_path, init_optimizer, init_reference_model, backend_config, layout): give them a default or "
-        "take one of those"]
+        "take one of those"
+    ]
 
     def no_tokenizer(self, config):
         pass
 
     (problem,) = worker_problems(_worker(no_tokenizer), W)
-    assert problem.startswith("Candidate.__init__(self, config) cannot take rlcore's call __init__(config, "
-                              "tokenizer, ...)")
+    assert problem.startswith(
+        "Candidate.__init__(self, config) cannot take rlcore's call __init__(config, tokenizer, ...)"
+    )
 
 
 def test_a_worker_method_that_cannot_take_the_cores_call_is_named():
@@ -194,14 +250,15 @@ def test_a_worker_method_that_cannot_take_the_cores_call_is_named():
         pass
 
     problems = worker_problems(_worker(V2Worker.__init__, get_logprobs=get_logprobs, finish_training=None), W)
-    assert any(p.startswith("Candidate.get_logprobs(self, data) cannot take rlcore's call get_logprobs(data, "
-                            "mode=...)") for p in problems), problems
+    assert any(
+        p.startswith("Candidate.get_logprobs(self, data) cannot take rlcore's call get_logprobs(data, mode=...)")
+        for p in problems
+    ), problems
     assert "Candidate.finish_training: missing (TrainingWorker of rlcore.interfaces.workers)" in problems
     # a capability adds its Protocol: 'topk_logits' needs get_topk_logits(data, k=..., ...)
     topk = W.model_copy(update={"capabilities": W.capabilities | {Capability.TOPK_LOGITS}})
     assert worker_problems(_worker(V2Worker.__init__), topk) == []
-    assert any("get_topk_logits" in p for p in worker_problems(_worker(V2Worker.__init__, get_topk_logits=None),
-                                                               topk))
+    assert any("get_topk_logits" in p for p in worker_problems(_worker(V2Worker.__init__, get_topk_logits=None), topk))
 
 
 class NoTopkWorker:
@@ -219,23 +276,38 @@ class InheritingNoTopkWorker(NoTopkWorker):
 
 
 def test_a_declared_capability_without_its_method_is_refused_at_registration_in_one_line():
-    registry = registry_with(name="liar", kind="training", worker_class=f"{__name__}:InheritingNoTopkWorker",
-                             capabilities={"train", "logprobs", "topk_logits"}, plugin_api_version=5)
+    registry = registry_with(
+        name="liar",
+        kind="training",
+        worker_class=f"{__name__}:InheritingNoTopkWorker",
+        capabilities={"train", "logprobs", "topk_logits"},
+        plugin_api_version=5,
+    )
     (record,) = registry.records
-    assert (record.status, record.problem) == ("broken", (
-        f"declares capability 'topk_logits', but {__name__}:InheritingNoTopkWorker has no get_topk_logits: "
-        "implement it or drop 'topk_logits' from its capabilities"))
+    assert (record.status, record.problem) == (
+        "broken",
+        (
+            f"declares capability 'topk_logits', but {__name__}:InheritingNoTopkWorker has no get_topk_logits: "
+            "implement it or drop 'topk_logits' from its capabilities"
+        ),
+    )
     with pytest.raises(BackendError, match="backend 'liar' is broken: declares capability 'topk_logits'"):
         registry.resolve("liar")
     # without the capability it is fine; a class whose bases live elsewhere waits for the kit and the worker host
-    assert registry_with(name="honest", kind="training", worker_class=f"{__name__}:NoTopkWorker",
-                         capabilities={"train"}).records[0].status == "ok"
-    imported_base = registry_with(name="later", kind="training", worker_class=f"{__name__}:TopkLater",
-                                  capabilities={"train", "topk_logits"}).records[0]
+    assert (
+        registry_with(name="honest", kind="training", worker_class=f"{__name__}:NoTopkWorker", capabilities={"train"})
+        .records[0]
+        .status
+        == "ok"
+    )
+    imported_base = registry_with(
+        name="later", kind="training", worker_class=f"{__name__}:TopkLater", capabilities={"train", "topk_logits"}
+    ).records[0]
     assert imported_base.status == "ok"
     assert capability_problems(TopkLater, {"train", "topk_logits"}) == [
         f"declares capability 'topk_logits', but {__name__}:TopkLater has no get_topk_logits (TopkLogitsWorker of "
-        "rlcore.interfaces.workers): implement it or drop 'topk_logits' from its capabilities"]
+        "rlcore.interfaces.workers): implement it or drop 'topk_logits' from its capabilities"
+    ]
 
 
 class TopkLater(WorkerHost):  # a base imported from another module: its source cannot tell
@@ -271,9 +343,17 @@ def mine(layout: str, registry: Registry) -> None:
     class Plugin:
         @hookimpl
         def rlcore_register_backends(self, register):
-            register(BackendSpec(name="mine", kind="training", worker_class="collections:Counter",
-                                 config_class="tests.fixtures.third_party_config:MineConfig", layout=layout,
-                                 capabilities={"train", "tensor_parallel"}, plugin_api_version=2))
+            register(
+                BackendSpec(
+                    name="mine",
+                    kind="training",
+                    worker_class="collections:Counter",
+                    config_class="tests.fixtures.third_party_config:MineConfig",
+                    layout=layout,
+                    capabilities={"train", "tensor_parallel"},
+                    plugin_api_version=2,
+                )
+            )
 
     registry.register_plugin(Plugin(), name="mine")
 
@@ -288,9 +368,11 @@ def test_a_third_party_layout_sets_the_data_parallel_size(rlcore_registry):
     raw["policy"]["mine_cfg"] = {"shards": 3}
     with pytest.raises(ConfigError) as caught:
         resolve(load_config_dict(raw))
-    assert caught.value.problems == ["policy.mine_cfg.shards: tp 3 does not divide the world size 4 "
-                                     "(cluster.num_nodes × cluster.workers_per_node); choose sizes whose product "
-                                     "divides 4, or a cluster of a multiple of 3 ranks"]
+    assert caught.value.problems == [
+        "policy.mine_cfg.shards: tp 3 does not divide the world size 4 "
+        "(cluster.num_nodes × cluster.workers_per_node); choose sizes whose product "
+        "divides 4, or a cluster of a multiple of 3 ranks"
+    ]
     raw["policy"]["mine_cfg"] = {"shards": 8}
     with pytest.raises(ConfigError) as caught:
         resolve(load_config_dict(raw))
@@ -314,12 +396,18 @@ def test_a_backend_checks_the_config_it_will_run(rlcore_registry):
     class Plugin:
         @hookimpl
         def rlcore_register_backends(self, register):
-            register(BackendSpec(name="mine", kind="training", worker_class="collections:Counter",
-                                 config_check=f"{__name__}:refuses_odd_shards", plugin_api_version=2))
+            register(
+                BackendSpec(
+                    name="mine",
+                    kind="training",
+                    worker_class="collections:Counter",
+                    config_check=f"{__name__}:refuses_odd_shards",
+                    plugin_api_version=2,
+                )
+            )
 
     rlcore_registry.register_plugin(Plugin(), name="mine")
     assert resolve(load_config_dict({"policy": {"backend": "mine"}})).policy.spec.name == "mine"
     with pytest.raises(ConfigError) as caught:
         resolve(load_config_dict({"policy": {"backend": "mine", "train_micro_batch_size": 2}}))
-    assert caught.value.problems == ["policy.train_micro_batch_size: mine runs one sample per micro-batch; set it "
-                                     "to 1"]
+    assert caught.value.problems == ["policy.train_micro_batch_size: mine runs one sample per micro-batch; set it to 1"]

@@ -21,8 +21,18 @@ def fixture_site(tmp_path_factory) -> Path:
     """The fixture distributions, pip-installed into a private directory."""
     target = tmp_path_factory.mktemp("site")
     subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
-         "--target", str(target), *(str(p) for p in sorted(FIXTURES.iterdir()))],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "--target",
+            str(target),
+            *(str(p) for p in sorted(FIXTURES.iterdir())),
+        ],
         check=True,
     )
     return target
@@ -40,8 +50,17 @@ def rows_by_name(result: subprocess.CompletedProcess) -> dict[str, dict]:
     assert result.returncode == 0, result.stderr
     rows = json.loads(result.stdout)["backends"]
     for row in rows:
-        assert set(row) == {"name", "kind", "plugin", "distribution", "version", "status", "capabilities",
-                            "plugin_api_version", "problem"}
+        assert set(row) == {
+            "name",
+            "kind",
+            "plugin",
+            "distribution",
+            "version",
+            "status",
+            "capabilities",
+            "plugin_api_version",
+            "problem",
+        }
     return {(r["name"], r["distribution"]): r for r in rows}
 
 
@@ -74,7 +93,8 @@ def test_environments_list_shows_environments_and_broken_plugins(fixture_site):
     assert rows[("fixture_env", "rlcore-fixture-ok")]["status"] == "ok"
     assert rows[("math", "rlcore")]["status"] == "ok"
     assert rows[("fixture_future_env", "rlcore-fixture-future")]["problem"] == (
-        f"requires rlcore>=99, this is {rlcore.__version__}: upgrade rlcore")
+        f"requires rlcore>=99, this is {rlcore.__version__}: upgrade rlcore"
+    )
     assert rows[("fixture_broken", "rlcore-fixture-broken")]["status"] == "broken"  # it may have provided one
     assert not any(name.startswith("fixture_") and name.endswith(("ok", "dup", "unavailable")) for name, _ in rows)
     table = run_cli(fixture_site, "environments", "list")
@@ -90,7 +110,8 @@ def test_algorithms_list_shows_the_builtins_apart_from_backends(fixture_site):
     assert result.returncode == 0, result.stderr
     rows = {r["name"]: r for r in json.loads(result.stdout)["algorithms"]}
     assert {name: (r["distribution"], r["status"]) for name, r in rows.items() if r["distribution"] == "rlcore"} == {
-        name: ("rlcore", "ok") for name in ("grpo", "sft", "dpo", "distillation")}
+        name: ("rlcore", "ok") for name in ("grpo", "sft", "dpo", "distillation")
+    }
     backends = rows_by_name(run_cli(fixture_site, "backends", "list", "--json"))
     assert {"reference", "dtensor"} <= {name for name, _ in backends} and not {name for name, _ in backends} & set(rows)
     shown = run_cli(fixture_site, "algorithms", "show", "dpo")
@@ -116,8 +137,9 @@ def test_allow_and_deny_lists(fixture_site):
     rows = rows_by_name(run_cli(fixture_site, "backends", "list", "--json", RLCORE_PLUGINS=""))
     assert all(r["status"] == "disabled" for r in rows.values())
 
-    rows = rows_by_name(run_cli(fixture_site, "backends", "list", "--json",
-                                RLCORE_DISABLE_PLUGINS="rlcore-fixture-broken"))
+    rows = rows_by_name(
+        run_cli(fixture_site, "backends", "list", "--json", RLCORE_DISABLE_PLUGINS="rlcore-fixture-broken")
+    )
     assert rows[("fixture_broken", "rlcore-fixture-broken")]["status"] == "disabled"
     assert rows[("fixture_ok", "rlcore-fixture-ok")]["status"] == "ok"
 
@@ -151,8 +173,7 @@ def test_listing_imports_no_heavy_module(fixture_site):
 class OkPlugin:
     @hookimpl
     def rlcore_register_backends(self, register):
-        register(BackendSpec(name="mine", kind="training", worker_class="collections:Counter",
-                             capabilities={"train"}))
+        register(BackendSpec(name="mine", kind="training", worker_class="collections:Counter", capabilities={"train"}))
 
 
 class RaisingPlugin:
@@ -187,22 +208,33 @@ def test_unavailable_and_incompatible_fail_with_the_fix():
     class Plugin:
         @hookimpl
         def rlcore_register_backends(self, register):
-            register(BackendSpec(name="needs_engine", kind="generation", worker_class="collections:Counter",
-                                 requires=("no_such_engine_mod",), install_hint="pip install engine"))
+            register(
+                BackendSpec(
+                    name="needs_engine",
+                    kind="generation",
+                    worker_class="collections:Counter",
+                    requires=("no_such_engine_mod",),
+                    install_hint="pip install engine",
+                )
+            )
 
     class Future:
         @hookimpl
         def rlcore_register_backends(self, register):
-            register(BackendSpec(name="future", kind="training", worker_class="collections:Counter",
-                                 plugin_api_version=7))  # means nothing: its distribution says what it needs
+            register(
+                BackendSpec(name="future", kind="training", worker_class="collections:Counter", plugin_api_version=7)
+            )  # means nothing: its distribution says what it needs
 
     registry = Registry()
     registry.register_plugin(Plugin(), name="p", requires=["torch", "rlcore[hf]"])
     registry.register_plugin(Future(), name="f", distribution="rl-future", requires=["rlcore>=0.1, <0.1.0"])
     with pytest.raises(BackendError, match="unavailable: missing no_such_engine_mod: pip install engine"):
         registry.resolve("needs_engine")
-    with pytest.raises(BackendError, match=r"backend 'future' is incompatible: requires rlcore<0.1.0,>=0.1, this is "
-                                           r"0.1.0: install a release of rl-future made for rlcore 0.1.0"):
+    with pytest.raises(
+        BackendError,
+        match=r"backend 'future' is incompatible: requires rlcore<0.1.0,>=0.1, this is "
+        r"0.1.0: install a release of rl-future made for rlcore 0.1.0",
+    ):
         registry.resolve("future")
 
 
@@ -212,9 +244,11 @@ def test_a_plugin_that_fails_to_load_under_an_older_rlcore_says_so():
     from rlcore.plugins.requirements import rlcore_requirement_problem
 
     assert rlcore_requirement_problem(["rlcore>=99"], installed="0.1.0") == (
-        "requires rlcore>=99, this is 0.1.0: upgrade rlcore")
+        "requires rlcore>=99, this is 0.1.0: upgrade rlcore"
+    )
     assert rlcore_requirement_problem(["rlcore==0.3.*"], installed="0.2.5") == (
-        "requires rlcore==0.3.*, this is 0.2.5: upgrade rlcore")
+        "requires rlcore==0.3.*, this is 0.2.5: upgrade rlcore"
+    )
     assert rlcore_requirement_problem(["rlcore>=99; extra == 'test'", "rlcore>=0.1"], installed="0.1.0") == ""
     assert rlcore_requirement_problem(["rlcore>=0.2.0.dev0"], installed="0.2.0rc1") == ""
 
@@ -246,11 +280,14 @@ def test_broken_entry_point_does_not_hide_the_others():
 GOOD_PLUGIN = OkPlugin()
 
 
-@pytest.mark.parametrize("bad", [
-    dict(name="", kind="training", worker_class="collections:Counter"),
-    dict(name="x", kind="trainer", worker_class="collections:Counter"),
-    dict(name="x", kind="training", worker_class="a.B"),
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        dict(name="", kind="training", worker_class="collections:Counter"),
+        dict(name="x", kind="trainer", worker_class="collections:Counter"),
+        dict(name="x", kind="training", worker_class="a.B"),
+    ],
+)
 def test_backend_spec_rejects_bad_fields(bad):
     with pytest.raises(ValueError):
         BackendSpec(**bad)
@@ -268,21 +305,27 @@ def test_third_party_config_section_is_validated_by_its_own_class(rlcore_registr
     class Plugin:
         @hookimpl
         def rlcore_register_backends(self, register):
-            register(BackendSpec(name="mine", kind="training", worker_class="collections:Counter",
-                                 config_class="tests.fixtures.third_party_config:MineConfig"))
+            register(
+                BackendSpec(
+                    name="mine",
+                    kind="training",
+                    worker_class="collections:Counter",
+                    config_class="tests.fixtures.third_party_config:MineConfig",
+                )
+            )
 
     rlcore_registry.register_plugin(Plugin(), name="p")
     good = resolve(load_config_dict({"policy": {"backend": "mine", "mine_cfg": {"shards": 2}}}))
     assert good.policy.section.shards == 2 and type(good.policy.section).__name__ == "MineConfig"
-    bad = load_config_dict({"policy": {"backend": "mine", "mine_cfg": {"shards": "many", "colour": 1},
-                                       "mein_cfg": {}}})
+    bad = load_config_dict({"policy": {"backend": "mine", "mine_cfg": {"shards": "many", "colour": 1}, "mein_cfg": {}}})
     with pytest.raises(ConfigError) as caught:
         resolve(bad)
     problems = caught.value.problems
     assert any(p.startswith("policy.mine_cfg.shards:") and "'many'" in p for p in problems), problems
     assert any(p.startswith("policy.mine_cfg.colour: unknown key") for p in problems), problems
-    assert any(p.startswith("policy.mein_cfg: no installed backend named 'mein'; did you mean 'mine_cfg'")
-               for p in problems), problems
+    assert any(
+        p.startswith("policy.mein_cfg: no installed backend named 'mein'; did you mean 'mine_cfg'") for p in problems
+    ), problems
 
 
 def test_backend_whose_worker_module_is_missing_is_broken():

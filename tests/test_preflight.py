@@ -18,8 +18,10 @@ from rlcore.preflight import check_model_sources, check_policy_sources
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "grpo_tiny.yaml"
-DOES_NOT_EXIST = ("does not exist (set policy.model_name to a local Hugging Face model directory, "
-                  "or a hub name downloaded into the local cache)")
+DOES_NOT_EXIST = (
+    "does not exist (set policy.model_name to a local Hugging Face model directory, "
+    "or a hub name downloaded into the local cache)"
+)
 
 
 @pytest.fixture(scope="module")
@@ -124,7 +126,8 @@ def test_no_config_json(model: Path) -> None:
     (model / "config.json").unlink()
     assert only_line(problems(f"policy.model_name={model}")) == (
         f"policy.model_name: {model} has no config.json, so it is not a Hugging Face model directory "
-        "(set policy.model_name to the directory save_pretrained wrote)")
+        "(set policy.model_name to the directory save_pretrained wrote)"
+    )
 
 
 def test_config_json_invalid(model: Path) -> None:
@@ -138,14 +141,16 @@ def test_config_json_without_model_type(model: Path) -> None:
     (model / "config.json").write_text('{"hidden_size": 8}')
     assert only_line(problems(f"policy.model_name={model}")) == (
         f'policy.model_name: {model / "config.json"} has neither "model_type" nor "architectures", '
-        "so no model class fits it; re-download or re-save the model")
+        "so no model class fits it; re-download or re-save the model"
+    )
 
 
 def test_no_weights(model: Path) -> None:
     (model / "model.safetensors").unlink()
     assert only_line(problems(f"policy.model_name={model}")) == (
         f"policy.model_name: {model} has no weights (expected model.safetensors, "
-        "or model.safetensors.index.json with its shards); re-download or re-save the model")
+        "or model.safetensors.index.json with its shards); re-download or re-save the model"
+    )
 
 
 def test_safetensors_truncated_by_100_bytes(model: Path) -> None:
@@ -154,7 +159,8 @@ def test_safetensors_truncated_by_100_bytes(model: Path) -> None:
     os.truncate(weights, size - 100)
     assert only_line(problems(f"policy.model_name={model}")) == (
         f"policy.model_name: {weights} is truncated ({size - 100:,} bytes; its header describes {size:,}); "
-        "re-download or re-save the model")
+        "re-download or re-save the model"
+    )
 
 
 def test_safetensors_with_trailing_bytes(model: Path) -> None:
@@ -177,8 +183,9 @@ def test_safetensors_header_length_corrupted(model: Path) -> None:
     with weights.open("r+b") as f:
         f.write(struct.pack("<Q", 2**40))
     line = only_line(problems(f"policy.model_name={model}"))
-    assert line.startswith(f"policy.model_name: {weights} has a corrupted safetensors header "
-                           f"(it claims {2**40:,} header bytes in a ")
+    assert line.startswith(
+        f"policy.model_name: {weights} has a corrupted safetensors header (it claims {2**40:,} header bytes in a "
+    )
 
 
 def test_safetensors_unknown_dtype(model: Path) -> None:
@@ -196,7 +203,8 @@ def test_index_lists_a_missing_shard(model: Path) -> None:
     write_index(model, {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"})
     assert only_line(problems(f"policy.model_name={model}")) == (
         f"policy.model_name: {model / 'model.safetensors.index.json'} lists 1 shard file(s) that are missing: "
-        "model-00002-of-00002.safetensors; re-download or re-save the model")
+        "model-00002-of-00002.safetensors; re-download or re-save the model"
+    )
 
 
 def test_tokenizer_files_removed(model: Path) -> None:
@@ -205,7 +213,8 @@ def test_tokenizer_files_removed(model: Path) -> None:
     assert only_line(problems(f"policy.model_name={model}")) == (
         f"policy.tokenizer.name: {model} (the directory of policy.model_name) has no tokenizer files "
         "(tokenizer.json, or tokenizer_config.json with a vocabulary file such as tokenizer.model or vocab.json); "
-        "save the tokenizer there (tokenizer.save_pretrained) or set policy.tokenizer.name to a directory that has one")
+        "save the tokenizer there (tokenizer.save_pretrained) or set policy.tokenizer.name to a directory that has one"
+    )
 
 
 def test_tokenizer_config_without_vocabulary(model: Path, tmp_path: Path) -> None:
@@ -254,7 +263,8 @@ def test_pytorch_bin_that_names_code_is_refused_in_rlcore_s_words(model: Path, t
     weights.write_bytes(torch_save_payload(marker, lambda evil: {"lm_head.weight": evil}))
     assert only_line(problems(f"policy.model_name={model}")) == (
         f"policy.model_name: {weights}: refusing to load posix.system (not an allowed checkpoint type): pickled "
-        "weights that name code are never loaded; use safetensors weights")
+        "weights that name code are never loaded; use safetensors weights"
+    )
     assert not marker.exists()
 
 
@@ -267,7 +277,8 @@ def test_pytorch_bin_rejected_for_megatron(model: Path) -> None:
     assert only_line(caught.value.problems) == (
         f"policy.model_name: {model} has only pytorch_model.bin weights, but the megatron backend reads "
         "safetensors only; convert once with AutoModelForCausalLM.from_pretrained(dir).save_pretrained(dir) "
-        "(writes model.safetensors)")
+        "(writes model.safetensors)"
+    )
 
 
 # --------------------------------------------------------------------------- hub names
@@ -289,7 +300,8 @@ def test_hub_name_not_in_cache_offline(hub_cache: Path) -> None:
     assert problems("policy.model_name=rlcore-test/absent-model") == [
         f"policy.model_name: rlcore-test/absent-model is not a local directory and not in the Hugging Face cache "
         f"({hub_cache}), and HF_HUB_OFFLINE is set: download it first (hf download rlcore-test/absent-model) "
-        "or set policy.model_name to a local model directory"]
+        "or set policy.model_name to a local model directory"
+    ]
 
 
 def test_hub_name_in_cache_offline_is_checked_like_a_directory(hub_cache: Path, tiny: Path) -> None:
@@ -300,7 +312,8 @@ def test_hub_name_in_cache_offline_is_checked_like_a_directory(hub_cache: Path, 
     assert problems("policy.model_name=rlcore-test/tiny") == []
     (snapshot / "model.safetensors").unlink()
     assert only_line(problems("policy.model_name=rlcore-test/tiny")).startswith(
-        f"policy.model_name: {snapshot} has no weights")
+        f"policy.model_name: {snapshot} has no weights"
+    )
 
 
 def test_hub_name_online_is_left_to_the_download(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -322,8 +335,14 @@ def test_generation_model_with_dummy_weights_needs_only_its_config(model: Path, 
     gen = tmp_path / "gen"
     gen.mkdir()
     shutil.copy(model / "config.json", gen)
-    assert problems(f"policy.model_name={model}", f"policy.generation.model_name={gen}",
-                    "policy.generation.vllm_cfg.load_format=dummy") == []
+    assert (
+        problems(
+            f"policy.model_name={model}",
+            f"policy.generation.model_name={gen}",
+            "policy.generation.vllm_cfg.load_format=dummy",
+        )
+        == []
+    )
 
 
 def test_policy_sources_use_weights_path_when_given(model: Path, tmp_path: Path) -> None:
@@ -332,7 +351,8 @@ def test_policy_sources_use_weights_path_when_given(model: Path, tmp_path: Path)
     assert check_policy_sources(policy, weights_path=model) == []
     (model / "config.json").unlink()
     assert only_line(check_policy_sources(policy, weights_path=model)).startswith(
-        f"weights_path: {model} has no config.json")
+        f"weights_path: {model} has no config.json"
+    )
 
 
 # --------------------------------------------------------------------------- the CLI
@@ -349,13 +369,27 @@ def test_cli_run_fails_in_one_line_before_ray(tmp_path: Path) -> None:
     stub.mkdir(parents=True)
     marker = tmp_path / "ray-was-imported"
     (stub / "__init__.py").write_text(
-        f"open({str(marker)!r}, 'w').close()\nraise ImportError('ray must not be imported before preflight')\n")
+        f"open({str(marker)!r}, 'w').close()\nraise ImportError('ray must not be imported before preflight')\n"
+    )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(stub.parent), os.environ.get("PYTHONPATH")]))}
     start = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, "-m", "rlcore", "run", str(EXAMPLE), "-o", "policy.model_name=/nonexistent",
-         "-o", f"logger.output_dir={tmp_path / 'run'}"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "rlcore",
+            "run",
+            str(EXAMPLE),
+            "-o",
+            "policy.model_name=/nonexistent",
+            "-o",
+            f"logger.output_dir={tmp_path / 'run'}",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     elapsed = time.monotonic() - start
     lines = [line for line in proc.stderr.splitlines() if not line.startswith("notice:")]

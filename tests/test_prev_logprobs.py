@@ -24,12 +24,15 @@ TINY = "examples/grpo_tiny.yaml"  # rollout 8 prompts x 4 = 32 = policy.train_gl
 # -- the decision ------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("overrides, skips", [
-    ([], True),  # default null, one optimizer step per rollout
-    (["policy.train_global_batch_size=16"], False),  # the rollout takes 2 optimizer steps
-    (["loss.force_on_policy_ratio=false"], False),
-    (["loss.force_on_policy_ratio=true"], True),
-])
+@pytest.mark.parametrize(
+    "overrides, skips",
+    [
+        ([], True),  # default null, one optimizer step per rollout
+        (["policy.train_global_batch_size=16"], False),  # the rollout takes 2 optimizer steps
+        (["loss.force_on_policy_ratio=false"], False),
+        (["loss.force_on_policy_ratio=true"], True),
+    ],
+)
 def test_the_pass_is_skipped_exactly_when_the_rollout_is_one_optimizer_step(overrides, skips):
     cfg = load_config(TINY, overrides)
     assert skips_prev_logprob_pass(cfg) is skips
@@ -45,8 +48,9 @@ def test_a_model_with_dropout_keeps_the_pass(tmp_path):
     for dropout, skips in ((0.1, False), (0.0, True)):
         (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "attention_dropout": dropout}))
         assert skips_prev_logprob_pass(load_config(TINY, [f"policy.model_name={tmp_path}"])) is skips
-    assert skips_prev_logprob_pass(load_config(TINY, [f"policy.model_name={tmp_path}",
-                                                      "loss.force_on_policy_ratio=true"]))  # forced: user's call
+    assert skips_prev_logprob_pass(
+        load_config(TINY, [f"policy.model_name={tmp_path}", "loss.force_on_policy_ratio=true"])
+    )  # forced: user's call
 
 
 def test_resolving_leaves_the_users_config_alone():
@@ -69,8 +73,13 @@ def test_nemo_rl_false_is_automatic(nemo_value, expected):
     from rlcore.nemo_rl import load_nemo_rl_config
 
     path = REPO / "tests" / "fixtures" / "nemo_rl" / "v0.7.0" / "grpo_math_1B.yaml"
-    cfg = load_nemo_rl_config(path, [f"++data.train.data_path={path.parent.parent / 'math.jsonl'}",
-                                     f"loss_fn.force_on_policy_ratio={str(nemo_value).lower()}"]).config
+    cfg = load_nemo_rl_config(
+        path,
+        [
+            f"++data.train.data_path={path.parent.parent / 'math.jsonl'}",
+            f"loss_fn.force_on_policy_ratio={str(nemo_value).lower()}",
+        ],
+    ).config
     assert cfg.loss.force_on_policy_ratio is expected
     assert skips_prev_logprob_pass(cfg) is True  # 32 prompts x 16 = 512 = train_global_batch_size
 
@@ -81,10 +90,18 @@ def test_nemo_rl_false_is_automatic(nemo_value, expected):
 def _policy_config(model_dir: str, gbs: int):
     from rlcore.config import load_config_dict
 
-    raw = {"cluster": {"workers_per_node": 2},
-           "policy": {"backend": "reference", "model_name": model_dir, "train_global_batch_size": gbs,
-                      "train_micro_batch_size": 2, "logprob_batch_size": 4, "max_grad_norm": 1.0,
-                      "optimizer": {"name": "torch.optim.SGD", "kwargs": {"lr": 0.5}}}}
+    raw = {
+        "cluster": {"workers_per_node": 2},
+        "policy": {
+            "backend": "reference",
+            "model_name": model_dir,
+            "train_global_batch_size": gbs,
+            "train_micro_batch_size": 2,
+            "logprob_batch_size": 4,
+            "max_grad_norm": 1.0,
+            "optimizer": {"name": "torch.optim.SGD", "kwargs": {"lr": 0.5}},
+        },
+    }
     return load_config_dict(raw).policy
 
 
@@ -126,8 +143,7 @@ def _relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).abs().max() / b.abs().max().clamp_min(1e-12))
 
 
-def test_one_step_without_the_pass_trains_like_one_step_with_it(ray_session, tiny_model_dir, tiny_tokenizer,
-                                                               tmp_path):
+def test_one_step_without_the_pass_trains_like_one_step_with_it(ray_session, tiny_model_dir, tiny_tokenizer, tmp_path):
     """Two fresh 2-rank policies, same data, 4 micro-batches of gradient accumulation in one optimizer
     step: same loss, grad norm and updated parameters (1e-6 relative). Then, as a control, a rollout
     over two optimizer steps, where the pass is not redundant: the second step's losses differ."""
@@ -175,8 +191,8 @@ def test_one_step_without_the_pass_trains_like_one_step_with_it(ray_session, tin
 
 def test_grpo_steps_report_which_path_they_took(ray_session, tmp_path):
     """One run, two steps: the default (one optimizer step per rollout) skips the pass, false runs it."""
-    from rlcore.run.build import build_run
     from rlcore.algorithms.grpo.loop import grpo_step
+    from rlcore.run.build import build_run
     from tests.runs import ONE_WORKER, short_run_config
 
     resolved = resolve(short_run_config(tmp_path, 2, **ONE_WORKER, **{"checkpointing.enabled": "false"}), run=True)

@@ -23,31 +23,48 @@ def math_config(tmp_path: Path, prompt: str) -> object:
     data, prompt_file = tmp_path / "math.jsonl", tmp_path / "prompt.txt"
     data.write_text("".join(json.dumps(row) + "\n" for row in ROWS))
     prompt_file.write_text(prompt)
-    return load_config(None, [f"data.train.path={data}", "data.input_key=problem", "data.output_key=answer",
-                              f"data.prompt_file={prompt_file}", "grpo.num_prompts_per_step=2"])
+    return load_config(
+        None,
+        [
+            f"data.train.path={data}",
+            "data.input_key=problem",
+            "data.output_key=answer",
+            f"data.prompt_file={prompt_file}",
+            "grpo.num_prompts_per_step=2",
+        ],
+    )
 
 
 def test_a_literal_pair_of_braces_in_a_prompt_file_says_to_double_them(tmp_path: Path) -> None:
     cfg = math_config(tmp_path, "Reply as JSON, e.g. {}.\n{}")
     with pytest.raises(DataError) as err:
         load_sources(cfg)
-    assert str(err.value) == (f"data.prompt_file ({tmp_path / 'prompt.txt'}): has 2 '{{}}' fields, but a prompt "
-                              "fills only the first (with the row's 'problem'); write literal braces as '{{}}'")
+    assert str(err.value) == (
+        f"data.prompt_file ({tmp_path / 'prompt.txt'}): has 2 '{{}}' fields, but a prompt "
+        "fills only the first (with the row's 'problem'); write literal braces as '{{}}'"
+    )
 
 
 def test_doubled_braces_are_the_literal_ones_as_in_nemo_rl_s_prompt_files(tmp_path: Path) -> None:
     cfg = math_config(tmp_path, "Put the answer in \\boxed{{}}.\n{}\nAnswer:")
     data = load_sources(cfg)
     assert data.train.batch(0)[0].messages[-1]["content"] in {
-        f"Put the answer in \\boxed{{}}.\n{row['problem']}\nAnswer:" for row in ROWS}
+        f"Put the answer in \\boxed{{}}.\n{row['problem']}\nAnswer:" for row in ROWS
+    }
 
 
-@pytest.mark.parametrize("prompt, says", [
-    ("{question}\n{}", r"names 'question', which the row does not have \(it has problem, answer\); write a literal "
-                       r"brace as '\{\{' or '\}\}'"),
-    ('{"a": 1} {}', r"""names '"a"', which the row does not have \(it has problem, answer\); write a literal"""),
-    ("x { y {}", r"not a format string \(.*\); write literal braces as '\{\{' and '\}\}'"),
-])
+@pytest.mark.parametrize(
+    "prompt, says",
+    [
+        (
+            "{question}\n{}",
+            r"names 'question', which the row does not have \(it has problem, answer\); write a literal "
+            r"brace as '\{\{' or '\}\}'",
+        ),
+        ('{"a": 1} {}', r"""names '"a"', which the row does not have \(it has problem, answer\); write a literal"""),
+        ("x { y {}", r"not a format string \(.*\); write literal braces as '\{\{' and '\}\}'"),
+    ],
+)
 def test_other_brace_faults_name_the_fix_too(tmp_path: Path, prompt: str, says: str) -> None:
     with pytest.raises(DataError, match=says):
         load_sources(math_config(tmp_path, prompt))
@@ -82,16 +99,25 @@ def test_a_multi_turn_prompt_that_leaves_no_room_is_found_with_the_data() -> Non
     assert str(err.value) == (
         f"data.train.generator (rlcore.environments.guessing:guessing_games): step 0 item 1: the prompt is {length} "
         f"tokens, which leaves no room for a completion within policy.max_total_sequence_length={length}: shorten "
-        "or drop the item, or raise the limit")
+        "or drop the item, or raise the limit"
+    )
     load_run_data(with_limit(cfg, length + 1), tokenizer)  # one token of room is enough
 
 
 def test_rlcore_run_of_a_multi_turn_prompt_too_long_is_one_line_before_ray(tmp_path: Path) -> None:
     _, _, length = multi_turn_example()
-    proc, took = rlcore_without_ray(tmp_path, str(MULTI_TURN), "-o", f"policy.max_total_sequence_length={length}",
-                                    "-o", f"logger.output_dir={tmp_path / 'run'}")
+    proc, took = rlcore_without_ray(
+        tmp_path,
+        str(MULTI_TURN),
+        "-o",
+        f"policy.max_total_sequence_length={length}",
+        "-o",
+        f"logger.output_dir={tmp_path / 'run'}",
+    )
     lines = [ln for ln in proc.stderr.splitlines() if not ln.startswith("notice:")]
     assert proc.returncode == 1 and len(lines) == 1, proc.stderr
-    assert lines[0].startswith(f"error: data.train.generator (rlcore.environments.guessing:guessing_games): step 0 "
-                               f"item 1: the prompt is {length} tokens, which leaves no room"), lines
+    assert lines[0].startswith(
+        f"error: data.train.generator (rlcore.environments.guessing:guessing_games): step 0 "
+        f"item 1: the prompt is {length} tokens, which leaves no room"
+    ), lines
     assert took < BEFORE_RAY_S and not (tmp_path / "run").exists()

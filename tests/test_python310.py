@@ -17,9 +17,25 @@ REPO = Path(__file__).resolve().parents[1]
 
 #: module -> names that first appeared in Python 3.11 (or later).
 NEW_NAMES: dict[str, set[str]] = {
-    "typing": {"NotRequired", "Required", "Self", "LiteralString", "Never", "assert_never", "assert_type",
-               "reveal_type", "dataclass_transform", "TypeVarTuple", "Unpack", "get_overloads",
-               "clear_overloads", "override", "TypeAliasType", "ReadOnly", "TypeIs"},
+    "typing": {
+        "NotRequired",
+        "Required",
+        "Self",
+        "LiteralString",
+        "Never",
+        "assert_never",
+        "assert_type",
+        "reveal_type",
+        "dataclass_transform",
+        "TypeVarTuple",
+        "Unpack",
+        "get_overloads",
+        "clear_overloads",
+        "override",
+        "TypeAliasType",
+        "ReadOnly",
+        "TypeIs",
+    },
     "enum": {"StrEnum", "verify", "member", "nonmember", "global_enum", "EnumCheck", "ReprEnum"},
     "datetime": {"UTC"},
     "asyncio": {"TaskGroup", "timeout", "timeout_at", "Runner", "Barrier"},
@@ -42,8 +58,7 @@ def _sources() -> list[Path]:
 
 def _is_version_guard(test: ast.expr) -> bool:
     """``sys.version_info >= (3, 11)`` (or ``> (3, 10)``), the guard that makes new names fine."""
-    return (isinstance(test, ast.Compare) and isinstance(test.left, ast.Attribute)
-            and test.left.attr == "version_info")
+    return isinstance(test, ast.Compare) and isinstance(test.left, ast.Attribute) and test.left.attr == "version_info"
 
 
 class _Finder(ast.NodeVisitor):
@@ -59,8 +74,9 @@ class _Finder(ast.NodeVisitor):
 
     def visit_Try(self, node: ast.Try) -> None:
         # ``try: from typing import X / except ImportError: ...`` is a fallback, not a requirement.
-        catches_import = any(isinstance(h.type, ast.Name) and h.type.id in ("ImportError", "ModuleNotFoundError")
-                             for h in node.handlers)
+        catches_import = any(
+            isinstance(h.type, ast.Name) and h.type.id in ("ImportError", "ModuleNotFoundError") for h in node.handlers
+        )
         for child in ([] if catches_import else node.body) + node.handlers + node.orelse + node.finalbody:
             self.visit(child)
 
@@ -102,13 +118,14 @@ def test_sources_are_python_310_compatible() -> None:
 
 
 def test_the_finder_catches_what_it_is_for() -> None:
-    bad = ("from typing import NotRequired\nimport tomllib\nx = ExceptionGroup\nimport datetime\n"
-           "y = datetime.UTC\n")
+    bad = "from typing import NotRequired\nimport tomllib\nx = ExceptionGroup\nimport datetime\ny = datetime.UTC\n"
     finder = _Finder()
     finder.visit(ast.parse(bad))
     assert len(finder.found) == 4, finder.found
-    guarded = ("import sys\nif sys.version_info >= (3, 11):\n    from typing import NotRequired\n"
-               "else:\n    from typing_extensions import NotRequired\n")
+    guarded = (
+        "import sys\nif sys.version_info >= (3, 11):\n    from typing import NotRequired\n"
+        "else:\n    from typing_extensions import NotRequired\n"
+    )
     finder = _Finder()
     finder.visit(ast.parse(guarded))
     assert finder.found == []
@@ -119,7 +136,10 @@ def test_the_finder_catches_what_it_is_for() -> None:
 def test_every_distribution_declares_the_same_python_floor() -> None:
     tomllib = pytest.importorskip("tomllib")  # 3.11+; the check itself needs no 3.10 run
     floors = {}
-    for pyproject in [REPO / "pyproject.toml", *sorted(REPO.glob("plugins/*/pyproject.toml")),
-                      REPO / "examples" / "plugin-template" / "pyproject.toml"]:
+    for pyproject in [
+        REPO / "pyproject.toml",
+        *sorted(REPO.glob("plugins/*/pyproject.toml")),
+        REPO / "examples" / "plugin-template" / "pyproject.toml",
+    ]:
         floors[str(pyproject.relative_to(REPO))] = tomllib.loads(pyproject.read_text())["project"]["requires-python"]
     assert set(floors.values()) == {">=3.10"}, floors

@@ -23,9 +23,13 @@ README = REPO / "README.md"
 
 def recipe(subcommand: str) -> list[str]:
     """The arguments of the README's ``rlcore <subcommand> --from nemo-rl ...`` command (one, exactly)."""
-    found = [shlex.split(line, comments=True)[len(subcommand.split()) + 1:]
-             for block in parse_blocks(README) if block.kind == "commands"
-             for line in logical_lines(block.text) if line.startswith(f"rlcore {subcommand} --from nemo-rl ")]
+    found = [
+        shlex.split(line, comments=True)[len(subcommand.split()) + 1 :]
+        for block in parse_blocks(README)
+        if block.kind == "commands"
+        for line in logical_lines(block.text)
+        if line.startswith(f"rlcore {subcommand} --from nemo-rl ")
+    ]
     assert len(found) == 1, f"README.md: {len(found)} `rlcore {subcommand} --from nemo-rl` commands"
     return found[0]
 
@@ -33,8 +37,9 @@ def recipe(subcommand: str) -> list[str]:
 def test_the_recipe_is_validated_with_the_arguments_it_runs_with() -> None:
     run = recipe("run")
     assert run == recipe("config validate")
-    assert not [b for b in parse_blocks(README) if b.kind == "commands" and b.not_run is None
-                and "rlcore run" in b.text], "the run is marked not run; its validation is run"
+    assert not [
+        b for b in parse_blocks(README) if b.kind == "commands" and b.not_run is None and "rlcore run" in b.text
+    ], "the run is marked not run; its validation is run"
     for path in [a.partition("=")[2] for a in run if a.partition("=")[2].startswith("tests/")] + [run[2]]:
         assert (REPO / path).is_file(), path
 
@@ -61,8 +66,7 @@ def test_the_recipe_passes_every_check_before_ray(monkeypatch: pytest.MonkeyPatc
     assert Path(cfg.data.prompt_file).read_text() == (REPO / "tests/fixtures/nemo_rl/cot.txt").read_text()
 
 
-def test_the_recipe_s_old_context_is_refused_by_the_same_check(monkeypatch: pytest.MonkeyPatch,
-                                                              tmp_path: Path) -> None:
+def test_the_recipe_s_old_context_is_refused_by_the_same_check(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """What the check above would meet with the recipe as it was: NeMo-RL's prompt does not fit in 48 tokens."""
     args = [a.replace("max_total_sequence_length=256", "max_total_sequence_length=48") for a in recipe("run")]
     result, handed = run_until_ray(monkeypatch, tmp_path, args)

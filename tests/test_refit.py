@@ -89,8 +89,14 @@ def _shm_sender(address, authkey, drop: str | None, queue) -> None:
     if drop:
         tensors.pop(drop)
     try:
-        sent = stream_to_receiver(iter(tensors.items()), metadata_of(tensors.items()), address, authkey,
-                                  bucket_bytes=2048, device=torch.device("cpu"))
+        sent = stream_to_receiver(
+            iter(tensors.items()),
+            metadata_of(tensors.items()),
+            address,
+            authkey,
+            bucket_bytes=2048,
+            device=torch.device("cpu"),
+        )
         queue.put(("ok", sent))
     except Exception as exc:  # noqa: BLE001 - reported to the test process
         queue.put(("error", str(exc)))
@@ -105,8 +111,11 @@ def _receive_shm(got: dict[str, torch.Tensor], drop: str | None = None):
     sender = ctx.Process(target=_shm_sender, args=(receiver.address, receiver.authkey, drop, queue))
     sender.start()
     try:
-        stats = receiver.receive(metadata_of(sample_tensors().items()),
-                                 lambda named: got.update({n: t.clone() for n, t in named}), timeout_s=60)
+        stats = receiver.receive(
+            metadata_of(sample_tensors().items()),
+            lambda named: got.update({n: t.clone() for n, t in named}),
+            timeout_s=60,
+        )
         return stats, queue.get(timeout=60)
     finally:
         sender.join(timeout=60)
@@ -133,8 +142,14 @@ def _shm_sender_twice(address, authkey, queue) -> None:
 
     for scale in (1.0, 2.0):
         tensors = {k: v * scale if v.is_floating_point() else v for k, v in sample_tensors().items()}
-        stream_to_receiver(iter(tensors.items()), metadata_of(tensors.items()), address, authkey,
-                           bucket_bytes=2048, device=torch.device("cpu"))
+        stream_to_receiver(
+            iter(tensors.items()),
+            metadata_of(tensors.items()),
+            address,
+            authkey,
+            bucket_bytes=2048,
+            device=torch.device("cpu"),
+        )
     queue.put("ok")
 
 
@@ -149,8 +164,11 @@ def test_the_receiver_maps_a_senders_pooled_buffers_once():
     try:
         for _ in range(2):
             into: dict[str, torch.Tensor] = {}
-            receiver.receive(metadata_of(sample_tensors().items()),
-                             lambda named, into=into: into.update({n: t.clone() for n, t in named}), timeout_s=60)
+            receiver.receive(
+                metadata_of(sample_tensors().items()),
+                lambda named, into=into: into.update({n: t.clone() for n, t in named}),
+                timeout_s=60,
+            )
             got.append(into)
             mapped.append(dict(receiver._mapped))
         assert queue.get(timeout=60) == "ok"
@@ -168,8 +186,7 @@ def _collective_sender(port: int, queue) -> None:
 
     group = init_refit_group("127.0.0.1", port, 2, 0, torch.device("cpu"))
     tensors = sample_tensors()
-    queue.put(broadcast_weights(group, iter(tensors.items()), metadata_of(tensors.items()), 2048,
-                                torch.device("cpu")))
+    queue.put(broadcast_weights(group, iter(tensors.items()), metadata_of(tensors.items()), 2048, torch.device("cpu")))
 
 
 def test_collective_broadcast_delivers_every_tensor():
@@ -187,8 +204,13 @@ def test_collective_broadcast_delivers_every_tensor():
     try:
         group = init_refit_group("127.0.0.1", port, 2, 1, torch.device("cpu"), timeout_s=60)
         got: dict[str, torch.Tensor] = {}
-        received = receive_weights(group, metadata_of(sample_tensors().items()), 2048, torch.device("cpu"),
-                                   lambda named: got.update({n: t.clone() for n, t in named}))
+        received = receive_weights(
+            group,
+            metadata_of(sample_tensors().items()),
+            2048,
+            torch.device("cpu"),
+            lambda named: got.update({n: t.clone() for n, t in named}),
+        )
         assert received == queue.get(timeout=60)
     finally:
         sender.join(timeout=60)
@@ -201,29 +223,35 @@ def test_collective_broadcast_delivers_every_tensor():
 
 @pytest.mark.parametrize("transport", ["shared_memory", "collective"])
 def test_synchronizer_moves_trained_weights(transport, ray_session, tiny_model_dir, tiny_tokenizer):
-    from tests.refit_fakes import RecordingGeneration
-
     from rlcore.algorithms.loss_functions import NLLLoss
     from rlcore.config import load_config_dict
     from rlcore.data import BatchedDataDict
     from rlcore.distributed import RayVirtualCluster
     from rlcore.policy import Policy
     from rlcore.testing.models import make_batch
+    from tests.refit_fakes import RecordingGeneration
 
-    cfg = load_config_dict({"policy": {"backend": "reference", "model_name": tiny_model_dir,
-                                       "train_global_batch_size": 2,
-                                       "optimizer": {"name": "SGD", "kwargs": {"lr": 0.5}}}}).policy
+    cfg = load_config_dict(
+        {
+            "policy": {
+                "backend": "reference",
+                "model_name": tiny_model_dir,
+                "train_global_batch_size": 2,
+                "optimizer": {"name": "SGD", "kwargs": {"lr": 0.5}},
+            }
+        }
+    ).policy
     cluster = RayVirtualCluster([2], max_colocated_worker_groups=2)
     policy = Policy(cluster, cfg, tiny_tokenizer)
     generation = RecordingGeneration(RayVirtualCluster([1]) if transport == "collective" else cluster)
     try:
         policy.train(BatchedDataDict(make_batch(tiny_tokenizer, 2, 4, 12)), NLLLoss())
-        sync = WeightSynchronizer(policy, generation, colocated=transport == "shared_memory", cluster=cluster,
-                                  bucket_bytes=32 << 10)
+        sync = WeightSynchronizer(
+            policy, generation, colocated=transport == "shared_memory", cluster=cluster, bucket_bytes=32 << 10
+        )
         assert sync.transport == transport
         stats = sync.sync_weights()
-        expected = policy.worker_group.get_results(policy.worker_group.run_all_workers_single_data(
-            "state_dict_cpu"))[0]
+        expected = policy.worker_group.get_results(policy.worker_group.run_all_workers_single_data("state_dict_cpu"))[0]
         got = generation.received()
         assert set(got) == set(expected) and stats["bytes"] > 0 and not sync.stale
         for name, t in expected.items():
@@ -238,8 +266,16 @@ def _cuda_sender(address, authkey, queue) -> None:
     from rlcore.refit.shared_memory import stream_to_receiver
 
     tensors = {k: v.cuda() for k, v in sample_tensors().items()}
-    queue.put(stream_to_receiver(iter(tensors.items()), metadata_of(tensors.items()), address, authkey,
-                                 bucket_bytes=2048, device=torch.device("cuda")))
+    queue.put(
+        stream_to_receiver(
+            iter(tensors.items()),
+            metadata_of(tensors.items()),
+            address,
+            authkey,
+            bucket_bytes=2048,
+            device=torch.device("cuda"),
+        )
+    )
 
 
 @pytest.mark.gpu
@@ -253,8 +289,11 @@ def test_cuda_ipc_stream_delivers_every_tensor():
     sender.start()
     got: dict[str, torch.Tensor] = {}
     try:
-        receiver.receive(metadata_of(sample_tensors().items()),
-                         lambda named: got.update({n: t.clone() for n, t in named}), timeout_s=120)
+        receiver.receive(
+            metadata_of(sample_tensors().items()),
+            lambda named: got.update({n: t.clone() for n, t in named}),
+            timeout_s=120,
+        )
         assert queue.get(timeout=60) > 0
     finally:
         sender.join(timeout=60)

@@ -29,7 +29,7 @@ def reference_pack(bucket, named: dict[str, torch.Tensor], size: int) -> torch.T
     out = torch.zeros(size, dtype=torch.uint8)
     for name, offset in zip(bucket.names, bucket.offsets):
         raw = named[name].contiguous().reshape(-1).view(torch.uint8)
-        out[offset:offset + raw.numel()] = raw
+        out[offset : offset + raw.numel()] = raw
     return out
 
 
@@ -61,7 +61,7 @@ def test_pack_makes_one_copy_per_bucket_and_the_same_bytes(monkeypatch, bucket_b
         assert calls["foreach"] - before["foreach"] == 1, "one fused copy per bucket"
         assert calls["copy_"] == before["copy_"], "no tensor-by-tensor copy"
         monkeypatch.setattr(torch.Tensor, "copy_", single)  # the checks below copy freely
-        assert torch.equal(buffer[:bucket.size], reference_pack(bucket, named, bucket.size))
+        assert torch.equal(buffer[: bucket.size], reference_pack(bucket, named, bucket.size))
         for name, view in unpack(bucket, buffer, metadata):
             assert torch.equal(view, named[name]), name
         monkeypatch.setattr(torch.Tensor, "copy_", counting_copy)

@@ -31,6 +31,7 @@ def close(got: torch.Tensor, expected: list[float]) -> None:
 
 # --- reward scaling ---------------------------------------------------------------------------
 
+
 def test_scaling_clamps_to_the_source_range_then_maps_linearly():
     cfg = RewardScalingConfig(enabled=True, source_min=0.0, source_max=1.0, target_min=-1.0, target_max=1.0)
     # clamp to [0, 1]: -0.5 -> 0, 3 -> 1; then -1 + r * 2
@@ -78,14 +79,17 @@ def test_dapo_overlong_penalty_inside_and_outside_the_buffer():
     # expected length = 10 - 4 = 6; penalty = min(0, -(L - 6) / 4 * 1)
     lengths = torch.tensor([0, 6, 7, 8, 10, 12])
     rewards = t([1.0, 1.0, 1.0, 1.0, 1.0, 0.0])
-    close(shape_rewards(rewards, lengths, DAPO), [
-        1.0,          # L=0: +1.5 capped at 0
-        1.0,          # L=6: the buffer starts after this
-        0.75,         # L=7: -1/4
-        0.5,          # L=8: -2/4
-        0.0,          # L=10 = max_response_length: the whole penalty
-        -1.5,         # L=12: 0 - 6/4; past max_response_length it keeps growing (NeMo-RL)
-    ])
+    close(
+        shape_rewards(rewards, lengths, DAPO),
+        [
+            1.0,  # L=0: +1.5 capped at 0
+            1.0,  # L=6: the buffer starts after this
+            0.75,  # L=7: -1/4
+            0.5,  # L=8: -2/4
+            0.0,  # L=10 = max_response_length: the whole penalty
+            -1.5,  # L=12: 0 - 6/4; past max_response_length it keeps growing (NeMo-RL)
+        ],
+    )
 
 
 def test_dapo_penalty_scales_with_overlong_buffer_penalty_and_takes_lists():
@@ -95,8 +99,9 @@ def test_dapo_penalty_scales_with_overlong_buffer_penalty_and_takes_lists():
 
 def test_dapo_matches_a_float64_recomputation():
     rng = random.Random(1)
-    cfg = RewardShapingConfig(enabled=True, overlong_buffer_length=128, overlong_buffer_penalty=0.7,
-                              max_response_length=512)
+    cfg = RewardShapingConfig(
+        enabled=True, overlong_buffer_length=128, overlong_buffer_penalty=0.7, max_response_length=512
+    )
     lengths = [rng.randint(0, 600) for _ in range(50)]
     rewards = [rng.choice([0.0, 1.0]) for _ in range(50)]
     expected = [r + min(-(n - 384) / 128 * 0.7, 0.0) for r, n in zip(rewards, lengths)]
@@ -132,13 +137,16 @@ def test_shaping_off_and_missing_inputs():
 
 # --- the entry point: scaling, then shaping -------------------------------------------------------
 
+
 def grpo(**sections) -> GRPOConfig:
     return GRPOConfig.model_validate(sections)
 
 
 def test_transform_rewards_scales_before_it_shapes():
-    cfg = grpo(reward_scaling={"enabled": True, "target_min": -1.0, "target_max": 1.0},
-               reward_shaping={"enabled": True, "stop_properly_penalty_coef": 0.5})
+    cfg = grpo(
+        reward_scaling={"enabled": True, "target_min": -1.0, "target_max": 1.0},
+        reward_shaping={"enabled": True, "stop_properly_penalty_coef": 0.5},
+    )
     out = transform_rewards(cfg, t([1.0, 0.0, 1.0]), None, torch.tensor([True, True, False]))
     assert isinstance(out, TransformedRewards)
     # scaled: [1, -1, 1]; then truncated * 0.5: [0.5, -0.5, 1]
@@ -148,9 +156,15 @@ def test_transform_rewards_scales_before_it_shapes():
 
 
 def test_transform_rewards_dapo_penalty_is_in_scaled_units():
-    cfg = grpo(reward_scaling={"enabled": True, "target_min": 0.0, "target_max": 10.0},
-               reward_shaping={"enabled": True, "overlong_buffer_length": 4, "overlong_buffer_penalty": 1.0,
-                               "max_response_length": 10})
+    cfg = grpo(
+        reward_scaling={"enabled": True, "target_min": 0.0, "target_max": 10.0},
+        reward_shaping={
+            "enabled": True,
+            "overlong_buffer_length": 4,
+            "overlong_buffer_penalty": 1.0,
+            "max_response_length": 10,
+        },
+    )
     out = transform_rewards(cfg, t([1.0, 0.2]), torch.tensor([8, 3]), torch.tensor([False, False]))
     close(out.rewards, [9.5, 2.0])  # 10 - 2/4; 2 (short: no penalty)
     close(out.unshaped, [10.0, 2.0])
@@ -164,12 +178,33 @@ def test_transform_rewards_with_everything_off_is_the_identity():
 
 # --- dynamic sampling's filter ------------------------------------------------------------------
 
+
 def test_groups_with_signal_all_equal_versus_one_differing_reward():
-    rewards = t([1, 1, 1, 1,     # all equal: no signal
-                 1, 0, 0, 0,     # the first differs (NeMo-RL's leave-one-out std drops that very sample)
-                 0, 0, 0, 0,     # all equal
-                 0, 0, 0, 1,     # the last differs
-                 0.3, 0.3, 0.3, 0.3 + 1e-6], torch.float64)  # a tiny difference is a difference
+    rewards = t(
+        [
+            1,
+            1,
+            1,
+            1,  # all equal: no signal
+            1,
+            0,
+            0,
+            0,  # the first differs (NeMo-RL's leave-one-out std drops that very sample)
+            0,
+            0,
+            0,
+            0,  # all equal
+            0,
+            0,
+            0,
+            1,  # the last differs
+            0.3,
+            0.3,
+            0.3,
+            0.3 + 1e-6,
+        ],
+        torch.float64,
+    )  # a tiny difference is a difference
     assert groups_with_signal(rewards, 4).tolist() == [False, True, False, True, True]
 
 
@@ -189,8 +224,14 @@ def test_groups_with_signal_edge_cases():
 
 def test_dynamic_sampling_judges_the_rewards_before_shaping():
     """Two correct completions of different lengths: the penalty makes them differ, the task's reward does not."""
-    cfg = grpo(reward_shaping={"enabled": True, "overlong_buffer_length": 4, "overlong_buffer_penalty": 1.0,
-                               "max_response_length": 10})
+    cfg = grpo(
+        reward_shaping={
+            "enabled": True,
+            "overlong_buffer_length": 4,
+            "overlong_buffer_penalty": 1.0,
+            "max_response_length": 10,
+        }
+    )
     out = transform_rewards(cfg, t([1.0, 1.0]), torch.tensor([5, 9]), None)
     close(out.rewards, [1.0, 0.25])  # 1 - 3/4
     assert groups_with_signal(out.rewards, 2).tolist() == [True]
@@ -198,6 +239,7 @@ def test_dynamic_sampling_judges_the_rewards_before_shaping():
 
 
 # --- overlong filtering and advantage clipping ---------------------------------------------------
+
 
 def test_overlong_sample_mask():
     mask = overlong_sample_mask(torch.tensor([True, False, True, False]))
@@ -207,13 +249,16 @@ def test_overlong_sample_mask():
     assert (sample_mask * overlong_sample_mask(torch.tensor([True, False, False]))).tolist() == [0.0, 1.0, 0.0]
 
 
-@pytest.mark.parametrize("low, high, expected", [
-    (-2.0, 3.0, [-2.0, -1.0, 0.0, 2.0, 3.0]),
-    (None, 3.0, [-3.0, -1.0, 0.0, 2.0, 3.0]),
-    (-2.0, None, [-2.0, -1.0, 0.0, 2.0, 5.0]),
-    (None, None, [-3.0, -1.0, 0.0, 2.0, 5.0]),
-    (0.0, 0.0, [0.0, 0.0, 0.0, 0.0, 0.0]),
-])
+@pytest.mark.parametrize(
+    "low, high, expected",
+    [
+        (-2.0, 3.0, [-2.0, -1.0, 0.0, 2.0, 3.0]),
+        (None, 3.0, [-3.0, -1.0, 0.0, 2.0, 3.0]),
+        (-2.0, None, [-2.0, -1.0, 0.0, 2.0, 5.0]),
+        (None, None, [-3.0, -1.0, 0.0, 2.0, 5.0]),
+        (0.0, 0.0, [0.0, 0.0, 0.0, 0.0, 0.0]),
+    ],
+)
 def test_clip_advantages(low, high, expected):
     close(clip_advantages(t([-3.0, -1.0, 0.0, 2.0, 5.0]), low, high), expected)
 
@@ -241,22 +286,37 @@ class RecordingPolicy:
 def test_a_training_step_applies_the_options_in_nemo_rls_order():
     from types import SimpleNamespace
 
+    from rlcore.algorithms.grpo.step import train_on_rollout
     from rlcore.config import load_config_dict
     from rlcore.run.rollouts import Rollout
     from rlcore.run.step import Timer
-    from rlcore.algorithms.grpo.step import train_on_rollout
 
-    cfg = load_config_dict({"grpo": {
-        "num_prompts_per_step": 2, "num_generations_per_prompt": 4, "advantage_estimator": "mean",
-        "reward_scaling": {"enabled": True, "target_min": -1.0, "target_max": 1.0},
-        "reward_shaping": {"enabled": True, "stop_properly_penalty_coef": 0.5},
-        "advantage_clip_high": 0.5, "overlong_filtering": True}, "loss": {"reference_policy_kl_penalty": 0.0}})
+    cfg = load_config_dict(
+        {
+            "grpo": {
+                "num_prompts_per_step": 2,
+                "num_generations_per_prompt": 4,
+                "advantage_estimator": "mean",
+                "reward_scaling": {"enabled": True, "target_min": -1.0, "target_max": 1.0},
+                "reward_shaping": {"enabled": True, "stop_properly_penalty_coef": 0.5},
+                "advantage_clip_high": 0.5,
+                "overlong_filtering": True,
+            },
+            "loss": {"reference_policy_kl_penalty": 0.0},
+        }
+    )
     mask = torch.zeros(8, 4)
     mask[:, 2:] = 1  # 2 prompt tokens, 2 generated
     truncated = torch.tensor([False, False, False, True, True, False, False, False])
-    data = {"output_ids": torch.zeros(8, 4, dtype=torch.long), "logprobs": torch.zeros(8, 4), "token_mask": mask,
-            "unpadded_sequence_lengths": torch.full((8,), 4), "truncated": truncated,
-            "first_turn_lengths": torch.full((8,), 2), "generation_lengths": torch.full((8,), 2)}
+    data = {
+        "output_ids": torch.zeros(8, 4, dtype=torch.long),
+        "logprobs": torch.zeros(8, 4),
+        "token_mask": mask,
+        "unpadded_sequence_lengths": torch.full((8,), 4),
+        "truncated": truncated,
+        "first_turn_lengths": torch.full((8,), 2),
+        "generation_lengths": torch.full((8,), 2),
+    }
     policy = RecordingPolicy()
     loss_fn = SimpleNamespace(cfg=SimpleNamespace(force_on_policy_ratio=True, positive_example_nll_weight=0.0))
     metrics = train_on_rollout(cfg, policy, loss_fn, Rollout(data, t([1, 0, 0, 0, 1, 1, 1, 1])), Timer())

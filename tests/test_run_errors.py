@@ -53,11 +53,14 @@ def wrapped_by_a_worker(exc: BaseException) -> Exception:
     return WorkerError(f"worker lm_policy-0 (rank 0) raised {type(exc).__name__}: {exc}", 0)
 
 
-@pytest.mark.parametrize("error", [
-    pytest.param(OSError(errno.ENOSPC, NO_SPACE), id="oserror"),
-    pytest.param(checkpoint_exception(), id="torch-checkpoint-exception"),
-    pytest.param(wrapped_by_a_worker(checkpoint_exception()), id="worker-error"),
-])
+@pytest.mark.parametrize(
+    "error",
+    [
+        pytest.param(OSError(errno.ENOSPC, NO_SPACE), id="oserror"),
+        pytest.param(checkpoint_exception(), id="torch-checkpoint-exception"),
+        pytest.param(wrapped_by_a_worker(checkpoint_exception()), id="worker-error"),
+    ],
+)
 def test_a_full_disk_during_a_save_is_one_line_naming_the_whole_checkpoint(tmp_path, error):
     from rlcore.cli.errors import one_line
 
@@ -65,9 +68,11 @@ def test_a_full_disk_during_a_save_is_one_line_naming_the_whole_checkpoint(tmp_p
     save_step(SavingPolicy(), root, 2, keep_last=3)
     with pytest.raises(Exception) as caught:  # noqa: PT011 - which class is the point of the assertion below
         save_step(SavingPolicy(error), root, 4, keep_last=3)
-    assert one_line(caught.value) == (f"{NO_SPACE} while saving step 4 to {root}; the checkpoint of step 2 is "
-                                      f"whole ({step_dir(root, 2)}); free some space and resume from it with "
-                                      "--resume")
+    assert one_line(caught.value) == (
+        f"{NO_SPACE} while saving step 4 to {root}; the checkpoint of step 2 is "
+        f"whole ({step_dir(root, 2)}); free some space and resume from it with "
+        "--resume"
+    )
     assert sorted(p.name for p in root.iterdir()) == ["step_000002"]  # the partial save is gone
     assert json.loads((step_dir(root, 2) / "state.json").read_text()) == {"step": 2}
 
@@ -78,8 +83,10 @@ def test_a_full_disk_at_the_first_save_says_there_is_nothing_to_resume_and_other
     root = tmp_path / "checkpoints"
     with pytest.raises(Exception) as caught:  # noqa: PT011
         save_step(SavingPolicy(OSError(errno.EDQUOT, "Disk quota exceeded")), root, 0, keep_last=3)
-    assert one_line(caught.value) == (f"Disk quota exceeded while saving step 0 to {root}; no earlier step "
-                                      "checkpoint was saved; free some space and run again")
+    assert one_line(caught.value) == (
+        f"Disk quota exceeded while saving step 0 to {root}; no earlier step "
+        "checkpoint was saved; free some space and run again"
+    )
     with pytest.raises(PermissionError, match="denied"):
         save_step(SavingPolicy(PermissionError(errno.EACCES, "Permission denied")), root, 1, keep_last=3)
 
@@ -112,12 +119,20 @@ def test_an_unwritable_output_directory_stops_the_run_before_ray_in_one_line(tmp
     (stub / "__init__.py").write_text("raise ImportError('ray must not be imported')\n")
     out = under_a_file(tmp_path)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(stub.parent), os.environ.get("PYTHONPATH")]))}
-    proc = subprocess.run([sys.executable, "-m", "rlcore", "run", str(SFT_EXAMPLE), "-o", f"logger.output_dir={out}"],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "rlcore", "run", str(SFT_EXAMPLE), "-o", f"logger.output_dir={out}"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     lines = [line for line in proc.stderr.splitlines() if not line.startswith("notice:")]
     assert proc.returncode == 1
-    assert lines == [f"logger.output_dir: cannot write {out} ({out.parent} is not a directory); choose a directory "
-                     "you can write (-o logger.output_dir=...) or make it writable"], proc.stderr
+    assert lines == [
+        f"logger.output_dir: cannot write {out} ({out.parent} is not a directory); choose a directory "
+        "you can write (-o logger.output_dir=...) or make it writable"
+    ], proc.stderr
 
 
 def test_a_read_only_output_directory_is_named_with_the_system_s_words(monkeypatch, tmp_path):
@@ -131,9 +146,11 @@ def test_a_read_only_output_directory_is_named_with_the_system_s_words(monkeypat
 
     monkeypatch.setattr(tempfile_module, "NamedTemporaryFile", refused)
     cfg = SimpleNamespace(logger=SimpleNamespace(output_dir=str(tmp_path / "out")))
-    assert output_dir_problems(cfg) == [f"logger.output_dir: cannot write {tmp_path / 'out'} (Permission denied); "
-                                        "choose a directory you can write (-o logger.output_dir=...) or make it "
-                                        "writable"]
+    assert output_dir_problems(cfg) == [
+        f"logger.output_dir: cannot write {tmp_path / 'out'} (Permission denied); "
+        "choose a directory you can write (-o logger.output_dir=...) or make it "
+        "writable"
+    ]
 
 
 def invoke_run(monkeypatch, out: Path, *args: str, train=None):
@@ -177,8 +194,9 @@ def test_resume_says_first_which_step_it_resumes_after_and_the_checkpoints_it_fo
         fake_checkpoint(out / "checkpoints", step)
     (out / "checkpoints" / ".step_000006.tmp-x").mkdir()  # a save that never completed
     cfg = SimpleNamespace(logger=SimpleNamespace(output_dir=str(out)))
-    expected = (f"rlcore run: resuming after step 4 (checkpoints: step 2, step 4) from "
-                f"{out / 'checkpoints' / 'step_000004'}")
+    expected = (
+        f"rlcore run: resuming after step 4 (checkpoints: step 2, step 4) from {out / 'checkpoints' / 'step_000004'}"
+    )
     assert resume_line(cfg) == expected
 
     monkeypatch.setattr("rlcore.run.train.resume_refusals", lambda cfg: [])  # the fake checkpoints hold no weights

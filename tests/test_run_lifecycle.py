@@ -30,17 +30,38 @@ def run_args(out: Path, *overrides: str) -> list[str]:
     (on 2 shared cores, half the processes start sooner)."""
     gen = generation_backend()
     train = "reference" if gen == "vllm" else "fsdp1"
-    return [sys.executable, "-m", "rlcore", "run", "examples/grpo_tiny.yaml", "-o", "cluster.workers_per_node=1",
-            "-o", f"policy.backend={train}", "-o", f"policy.generation.backend={gen}",
-            "-o", f"logger.output_dir={out}", "-o", "logger.progress_bar=false", "-o", "logger.tensorboard=false",
-            *[a for o in overrides for a in ("-o", o)]]
+    return [
+        sys.executable,
+        "-m",
+        "rlcore",
+        "run",
+        "examples/grpo_tiny.yaml",
+        "-o",
+        "cluster.workers_per_node=1",
+        "-o",
+        f"policy.backend={train}",
+        "-o",
+        f"policy.generation.backend={gen}",
+        "-o",
+        f"logger.output_dir={out}",
+        "-o",
+        "logger.progress_bar=false",
+        "-o",
+        "logger.tensorboard=false",
+        *[a for o in overrides for a in ("-o", o)],
+    ]
 
 
 def start(out: Path, *overrides: str, resume: bool = False) -> tuple[subprocess.Popen, leaks.Baseline]:
     baseline = leaks.snapshot()
     env = {**os.environ, **baseline.env(), "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(run_args(out, *overrides) + (["--resume"] if resume else []), env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        run_args(out, *overrides) + (["--resume"] if resume else []),
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     return proc, baseline
 
 
@@ -96,8 +117,13 @@ def stop_with(proc: subprocess.Popen, baseline: leaks.Baseline, signum: int, cod
 def test_a_signal_stops_the_run_with_one_line_and_a_resumable_checkpoint(tmp_path):
     """SIGINT here, on fsdp1 ranks that generate themselves (no engines to start: the run is up sooner); SIGTERM
     (exit 143) stops the resumed run of the finished-run test below, with vLLM engines where rl-vllm is installed."""
-    proc, baseline = start(tmp_path, "grpo.max_num_steps=1000", "checkpointing.save_every_n_steps=1",
-                           "policy.backend=fsdp1", "policy.generation.backend=fsdp1")
+    proc, baseline = start(
+        tmp_path,
+        "grpo.max_num_steps=1000",
+        "checkpointing.save_every_n_steps=1",
+        "policy.backend=fsdp1",
+        "policy.generation.backend=fsdp1",
+    )
     wait_for_steps(proc, tmp_path / "metrics.jsonl", 2)
     assert stop_with(proc, baseline, signal.SIGINT, 130) >= 1  # a complete checkpoint of a finished step
 
@@ -118,8 +144,11 @@ def test_a_killed_training_rank_is_one_line_without_ray_s_notice(tmp_path):
     run sends it to logs/driver.log with the rest (seen there in every run tried)."""
     proc, baseline = start(tmp_path, "grpo.max_num_steps=1000")
     wait_for_steps(proc, tmp_path / "metrics.jsonl", 1)
-    rank = next(pid for pid in (int(p.split()[0]) for p in leaks.tagged_processes(baseline.tag))
-                if re.search(r"/logs/lm_policy-[\w-]*rank0\.log$", _stdout_of(pid)))  # a worker's own log
+    rank = next(
+        pid
+        for pid in (int(p.split()[0]) for p in leaks.tagged_processes(baseline.tag))
+        if re.search(r"/logs/lm_policy-[\w-]*rank0\.log$", _stdout_of(pid))
+    )  # a worker's own log
     killed = time.monotonic()
     os.kill(rank, signal.SIGKILL)
     stdout, stderr = finish(proc, 120)
@@ -157,7 +186,8 @@ def test_resume_with_nothing_to_resume_is_an_error(tmp_path):
     assert out.returncode == 1
     assert out.stderr.strip().splitlines() == [
         f"--resume: no complete checkpoint in {tmp_path / 'checkpoints'} (checkpointing.enabled=True); "
-        "run without --resume to start fresh"]
+        "run without --resume to start fresh"
+    ]
 
 
 def test_a_resumed_log_keeps_one_row_per_step(tmp_path):
@@ -212,8 +242,10 @@ def _resume_refuses_a_checkpoint_reaching_outside(run_dir: Path) -> None:
     _, stderr = finish(proc, 120)
     assert proc.returncode == 1, stderr[-2000:]
     error = stderr.splitlines()[-1]
-    assert error.startswith(f"--resume from {step}: {step / 'weights' / 'extra.safetensors'} "
-                            f"is a link to {run_dir / 'elsewhere.safetensors'}, outside the checkpoint"), stderr
+    assert error.startswith(
+        f"--resume from {step}: {step / 'weights' / 'extra.safetensors'} "
+        f"is a link to {run_dir / 'elsewhere.safetensors'}, outside the checkpoint"
+    ), stderr
     assert not list((forged / "logs").glob("ray*")) and "Started a local Ray" not in stderr
     assert_released(baseline, proc, time.monotonic(), "refused resume")
     _resume_refuses_a_pickled_call(run_dir)
@@ -236,9 +268,11 @@ def _resume_refuses_a_pickled_call(run_dir: Path) -> None:
     _, stderr = finish(proc, 120)
     print(f"refused pickled resume: exit {proc.returncode} after {time.monotonic() - began:.2f}s")
     assert proc.returncode == 1, stderr[-2000:]
-    assert stderr.splitlines()[-1:] == [f"--resume from {step}: optimizer: refusing to load posix.system (not an "
-                      "allowed checkpoint type) (checkpoints are data, never code; see "
-                      f"docs/writing-a-training-backend.md) (or move {step.name} away to resume from the step "
-                      "before it)"], stderr[-2000:]
+    assert stderr.splitlines()[-1:] == [
+        f"--resume from {step}: optimizer: refusing to load posix.system (not an "
+        "allowed checkpoint type) (checkpoints are data, never code; see "
+        f"docs/writing-a-training-backend.md) (or move {step.name} away to resume from the step "
+        "before it)"
+    ], stderr[-2000:]
     assert not marker.exists() and "Started a local Ray" not in stderr
     assert_released(baseline, proc, time.monotonic(), "refused pickled resume")

@@ -191,10 +191,19 @@ def test_ray_and_workers_listen_on_loopback_only(ray_session, tiny_model_dir, ti
 
 
 def policy_config(model_dir: str, **policy):
-    raw = {"cluster": {"workers_per_node": 2},
-           "policy": {"backend": "reference", "model_name": model_dir, "train_global_batch_size": 4,
-                      "train_micro_batch_size": 1, "logprob_batch_size": 2, "max_grad_norm": None,
-                      "optimizer": {"name": "torch.optim.SGD", "kwargs": {"lr": 0.5}}, **policy}}
+    raw = {
+        "cluster": {"workers_per_node": 2},
+        "policy": {
+            "backend": "reference",
+            "model_name": model_dir,
+            "train_global_batch_size": 4,
+            "train_micro_batch_size": 1,
+            "logprob_batch_size": 2,
+            "max_grad_norm": None,
+            "optimizer": {"name": "torch.optim.SGD", "kwargs": {"lr": 0.5}},
+            **policy,
+        },
+    }
     return load_config_dict(raw).policy
 
 
@@ -264,8 +273,11 @@ def test_worker_exception_names_the_worker(ray_session, tiny_model_dir, tiny_tok
     cluster = RayVirtualCluster([2])
     policy = Policy(cluster, policy_config(tiny_model_dir), tiny_tokenizer)
     try:
-        with pytest.raises(WorkerError, match=r"worker lm_policy-reference-rank\d \(rank \d\) raised "
-                                              r"ValueError: loss exploded on purpose"):
+        with pytest.raises(
+            WorkerError,
+            match=r"worker lm_policy-reference-rank\d \(rank \d\) raised "
+            r"ValueError: loss exploded on purpose",
+        ):
             policy.train(batch(tiny_tokenizer), ExplodingLoss())
         with pytest.raises(WorkerError, match="unusable after an earlier failure"):
             policy.get_logprobs(batch(tiny_tokenizer))

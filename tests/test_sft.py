@@ -8,13 +8,17 @@ import json
 import pytest
 import torch
 
+from rlcore.algorithms.sft.batches import encode_conversation, sft_batch
 from rlcore.config import ConfigError, SFTConfig, load_config, resolve
 from rlcore.datasets import DataError, Sample
-from rlcore.algorithms.sft.batches import encode_conversation, sft_batch
 
-CHAT = [{"role": "system", "content": "S"}, {"role": "user", "content": "hi"},
-        {"role": "assistant", "content": "yo"}, {"role": "user", "content": "q"},
-        {"role": "assistant", "content": "ok"}]
+CHAT = [
+    {"role": "system", "content": "S"},
+    {"role": "user", "content": "hi"},
+    {"role": "assistant", "content": "yo"},
+    {"role": "user", "content": "q"},
+    {"role": "assistant", "content": "ok"},
+]
 
 
 def trained_text(tokenizer, ids, mask):
@@ -31,8 +35,7 @@ def test_the_loss_mask_covers_the_assistant_messages_and_the_final_eos(tiny_toke
     ids, mask = encode_conversation(tiny_tokenizer, CHAT, SFTConfig())
     assert trained_text(tiny_tokenizer, ids, mask) == "<|assistant|>\nyo</s>\n<|assistant|>\nok</s>\n</s>"
     # only the final answer
-    ids, mask = encode_conversation(tiny_tokenizer, CHAT, SFTConfig(add_generation_prompt=True,
-                                                                    only_unmask_final=True))
+    ids, mask = encode_conversation(tiny_tokenizer, CHAT, SFTConfig(add_generation_prompt=True, only_unmask_final=True))
     assert trained_text(tiny_tokenizer, ids, mask) == "ok</s>\n</s>"
     # no EOS added (the template's own stay), and a log ending with the user trains nothing at the end
     ids, mask = encode_conversation(tiny_tokenizer, CHAT[:4], SFTConfig(add_eos=False, add_generation_prompt=True))
@@ -50,18 +53,34 @@ def test_a_template_that_rewrites_earlier_messages_is_refused(tiny_tokenizer):
 
 
 def sft_config(tmp_path, **overrides):
-    rows = [{"messages": [{"role": "user", "content": f"reverse {w}"}, {"role": "assistant", "content": w[::-1]}]}
-            for w in ("abc", "bcd", "cab", "dab", "abd", "bad", "cad", "dca")]
+    rows = [
+        {"messages": [{"role": "user", "content": f"reverse {w}"}, {"role": "assistant", "content": w[::-1]}]}
+        for w in ("abc", "bcd", "cab", "dab", "abd", "bad", "cad", "dca")
+    ]
     data = tmp_path / "chat.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    base = {"policy.backend": "reference", "policy.model_name": "tiny-llama", "policy.train_global_batch_size": "4",
-            "policy.train_micro_batch_size": "1", "policy.max_total_sequence_length": "64",
-            "policy.learning_rate": "0.01", "policy.tokenizer.chat_template": "default",
-            "cluster.workers_per_node": "2", "sft.max_num_steps": "4", "sft.max_num_epochs": "null",
-            "sft.val_at_start": "true", "sft.val_period": "2", "sft.val_global_batch_size": "4",
-            "sft.val_micro_batch_size": "2", "data.train.path": str(data), "data.validation.path": str(data),
-            "logger.output_dir": str(tmp_path / "run"), "logger.progress_bar": "false",
-            "checkpointing.save_every_n_steps": "2", **overrides}
+    base = {
+        "policy.backend": "reference",
+        "policy.model_name": "tiny-llama",
+        "policy.train_global_batch_size": "4",
+        "policy.train_micro_batch_size": "1",
+        "policy.max_total_sequence_length": "64",
+        "policy.learning_rate": "0.01",
+        "policy.tokenizer.chat_template": "default",
+        "cluster.workers_per_node": "2",
+        "sft.max_num_steps": "4",
+        "sft.max_num_epochs": "null",
+        "sft.val_at_start": "true",
+        "sft.val_period": "2",
+        "sft.val_global_batch_size": "4",
+        "sft.val_micro_batch_size": "2",
+        "data.train.path": str(data),
+        "data.validation.path": str(data),
+        "logger.output_dir": str(tmp_path / "run"),
+        "logger.progress_bar": "false",
+        "checkpointing.save_every_n_steps": "2",
+        **overrides,
+    }
     return load_config(None, [f"{k}={v}" for k, v in base.items()])
 
 
@@ -78,21 +97,26 @@ def test_a_long_sample_is_cut_and_masked_and_filler_rows_train_nothing(tiny_toke
         sft_batch([Sample(2, [{"role": "user", "content": "a"}], {})], tiny_tokenizer, cfg)
 
 
-@pytest.mark.parametrize("override, expected", [
-    ({"grpo.max_num_steps": "3"}, "grpo, sft: a config trains one algorithm"),
-    ({"loss.ratio_clip_min": "0.1"}, "loss: the config trains sft, so nothing reads the policy-gradient loss"),
-    ({"env.name": "math"}, "env: the config trains sft, so nothing reads the environment"),
-    ({"policy.generation.backend": "vllm"}, "policy.generation: sft does not generate"),
-    ({"data.validation": "null", "sft.val_period": "2"}, "sft.val_period, sft.val_at_start: there is nothing"),
-])
+@pytest.mark.parametrize(
+    "override, expected",
+    [
+        ({"grpo.max_num_steps": "3"}, "grpo, sft: a config trains one algorithm"),
+        ({"loss.ratio_clip_min": "0.1"}, "loss: the config trains sft, so nothing reads the policy-gradient loss"),
+        ({"env.name": "math"}, "env: the config trains sft, so nothing reads the environment"),
+        ({"policy.generation.backend": "vllm"}, "policy.generation: sft does not generate"),
+        ({"data.validation": "null", "sft.val_period": "2"}, "sft.val_period, sft.val_at_start: there is nothing"),
+    ],
+)
 def test_sections_an_sft_run_would_ignore_are_refused(tmp_path, override, expected):
     with pytest.raises(ConfigError, match=expected):
         sft_config(tmp_path, **override)
 
 
 def test_validation_batches_must_split_over_the_ranks(tmp_path):
-    with pytest.raises(ConfigError, match="sft.val_global_batch_size: 4 is not divisible by data-parallel size 2 "
-                                          "× sft.val_micro_batch_size 4"):
+    with pytest.raises(
+        ConfigError,
+        match="sft.val_global_batch_size: 4 is not divisible by data-parallel size 2 × sft.val_micro_batch_size 4",
+    ):
         resolve(sft_config(tmp_path, **{"sft.val_micro_batch_size": "4"}), run=True)
 
 
@@ -146,8 +170,9 @@ def test_a_shown_offline_config_validates_again(name, tmp_path):
     import subprocess
     import sys
 
-    shown = subprocess.run([sys.executable, "-m", "rlcore", "config", "show", name], capture_output=True, text=True,
-                           check=True).stdout
+    shown = subprocess.run(
+        [sys.executable, "-m", "rlcore", "config", "show", name], capture_output=True, text=True, check=True
+    ).stdout
     (tmp_path / "shown.yaml").write_text(shown)
     again = load_config(tmp_path / "shown.yaml")
     assert again.algorithm == name.split("_")[0] and again.grpo is None

@@ -61,23 +61,45 @@ def _interrupted_run(tmp_path: Path, at: str, *overrides: str) -> tuple[int, lis
     the summary line, and what it left."""
     baseline = leaks.snapshot()
     env = {**os.environ, **baseline.env(), SIGNAL_AT_ENV: at, "PYTHONUNBUFFERED": "1"}
-    args = [sys.executable, "-m", "rlcore", "run", "examples/grpo_tiny.yaml", "-o", f"logger.output_dir={tmp_path}",
-            "-o", "logger.progress_bar=false", "-o", "logger.tensorboard=false", "-o", "grpo.max_num_steps=1",
-            "-o", "policy.backend=fsdp1", "-o", "policy.generation.backend=fsdp1", "-o", "cluster.workers_per_node=1",
-            *[a for o in overrides for a in ("-o", o)]]
+    args = [
+        sys.executable,
+        "-m",
+        "rlcore",
+        "run",
+        "examples/grpo_tiny.yaml",
+        "-o",
+        f"logger.output_dir={tmp_path}",
+        "-o",
+        "logger.progress_bar=false",
+        "-o",
+        "logger.tensorboard=false",
+        "-o",
+        "grpo.max_num_steps=1",
+        "-o",
+        "policy.backend=fsdp1",
+        "-o",
+        "policy.generation.backend=fsdp1",
+        "-o",
+        "cluster.workers_per_node=1",
+        *[a for o in overrides for a in ("-o", o)],
+    ]
     proc = subprocess.run(args, env=env, capture_output=True, text=True, timeout=600)
     left = leaks.leftovers(baseline, grace_s=CLEANUP_BOUND_S)
     leaks.release(baseline)
     lines = (proc.stdout + proc.stderr).strip().splitlines()
     summary = next(i for i, line in enumerate(lines) if line.startswith("rlcore run: "))
-    return proc.returncode, lines[summary + 1:], left
+    return proc.returncode, lines[summary + 1 :], left
 
 
 CASES = [
     pytest.param("ray_start", (), id="sigint-during-ray-start"),  # the issue's crash: inside ray.init, deferred
     pytest.param("workers:TERM", (), id="sigterm-during-worker-creation"),
-    pytest.param("engines", ("policy.generation.backend=vllm", "policy.backend=dtensor"),
-                 id="sigint-during-engine-start", marks=pytest.mark.slow),
+    pytest.param(
+        "engines",
+        ("policy.generation.backend=vllm", "policy.backend=dtensor"),
+        id="sigint-during-engine-start",
+        marks=pytest.mark.slow,
+    ),
     pytest.param("first_step", (), id="sigint-during-first-step", marks=pytest.mark.slow),
 ]
 
@@ -96,9 +118,21 @@ def test_a_signal_during_start_up_is_one_line_its_exit_code_and_nothing_left(tmp
 def test_a_signal_while_the_run_is_prepared_is_one_line_before_ray(tmp_path):
     """Before the summary line (config, checks, data): not typer's silence or a traceback, one line."""
     env = {**os.environ, SIGNAL_AT_ENV: "prepare:TERM", "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.run([sys.executable, "-m", "rlcore", "run", "examples/grpo_tiny.yaml", "-o",
-                           f"logger.output_dir={tmp_path / 'out'}"], env=env, capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rlcore",
+            "run",
+            "examples/grpo_tiny.yaml",
+            "-o",
+            f"logger.output_dir={tmp_path / 'out'}",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     lines = [line for line in proc.stderr.splitlines() if not line.startswith(("notice:", "ignored:"))]
     assert (proc.returncode, lines) == (143, ["stopped by SIGTERM before the run started: no checkpoint was written"])
     assert not (tmp_path / "out").exists()

@@ -25,8 +25,9 @@ class TensorMetricsLoss:
 
     loss_type = "token_level"
 
-    def __call__(self, logprobs: torch.Tensor, data: Any, global_seqs: torch.Tensor,
-                 global_toks: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
+    def __call__(
+        self, logprobs: torch.Tensor, data: Any, global_seqs: torch.Tensor, global_toks: torch.Tensor
+    ) -> tuple[torch.Tensor, dict[str, Any]]:
         mask = data["token_mask"][:, 1:].float() * data["sample_mask"][:, None].float()
         loss = -(logprobs[:, 1:] * mask).sum() / global_toks
         return loss, {"loss": loss.detach(), "num_valid_tokens": mask.sum(), "rows": float(mask.shape[0])}
@@ -36,12 +37,18 @@ def batch(rows: int, width: int = 6) -> BatchedDataDict:
     gen = torch.Generator().manual_seed(rows)
     lengths = torch.randint(2, width + 1, (rows,), generator=gen)
     token_mask = (torch.arange(width)[None, :] < lengths[:, None]).long()
-    data = BatchedDataDict({"input_ids": torch.randint(0, 50, (rows, width), generator=gen),
-                            "input_lengths": lengths, "token_mask": token_mask,
-                            "sample_mask": torch.ones(rows)})
+    data = BatchedDataDict(
+        {
+            "input_ids": torch.randint(0, 50, (rows, width), generator=gen),
+            "input_lengths": lengths,
+            "token_mask": token_mask,
+            "sample_mask": torch.ones(rows),
+        }
+    )
     for key in ("advantages", "prev_logprobs", "generation_logprobs", "reference_policy_logprobs"):
-        data[key] = torch.randn(rows, width, generator=gen) if key == "advantages" else \
-            -torch.rand(rows, width, generator=gen)  # what the clipped PG loss reads
+        data[key] = (
+            torch.randn(rows, width, generator=gen) if key == "advantages" else -torch.rand(rows, width, generator=gen)
+        )  # what the clipped PG loss reads
     return data
 
 
@@ -49,8 +56,14 @@ def hooks(weight: torch.nn.Parameter) -> StepHooks:
     def forward(mb: BatchedDataDict) -> torch.Tensor:
         return torch.log_softmax(weight[mb["input_ids"]], dim=-1)[..., 0]
 
-    return StepHooks(forward=forward, all_reduce_sum=lambda t: None, finish_grads=lambda: None,
-                     clip_grads=lambda max_norm: 0.0, optimizer_step=lambda: None, zero_grad=lambda: None)
+    return StepHooks(
+        forward=forward,
+        all_reduce_sum=lambda t: None,
+        finish_grads=lambda: None,
+        clip_grads=lambda max_norm: 0.0,
+        optimizer_step=lambda: None,
+        zero_grad=lambda: None,
+    )
 
 
 def counted_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
@@ -61,19 +74,27 @@ def counted_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         def wrapped(self: torch.Tensor, *args: Any, _name: str = name, _original: Any = original, **kw: Any) -> Any:
             reads.append(_name)
             return _original(self, *args, **kw)
+
         monkeypatch.setattr(torch.Tensor, name, wrapped)
     return reads
 
 
-def one_step(monkeypatch: pytest.MonkeyPatch, micro_batches: int,
-             loss_fn: Any = None) -> tuple[list[str], dict[str, Any], float]:
+def one_step(
+    monkeypatch: pytest.MonkeyPatch, micro_batches: int, loss_fn: Any = None
+) -> tuple[list[str], dict[str, Any], float]:
     """One optimizer step of 8 rows in ``micro_batches`` micro-batches: the host reads made during it, the
     loop's result, and the step loss of :class:`TensorMetricsLoss` recomputed in float64."""
     weight = torch.nn.Parameter(torch.randn(50, 3, generator=torch.Generator().manual_seed(0)))
     data = batch(8)
     reads = counted_reads(monkeypatch)
-    result = train_steps(data, loss_fn or TensorMetricsLoss(), hooks(weight), local_batch_size=8,
-                         mbs=8 // micro_batches, max_grad_norm=None)
+    result = train_steps(
+        data,
+        loss_fn or TensorMetricsLoss(),
+        hooks(weight),
+        local_batch_size=8,
+        mbs=8 // micro_batches,
+        max_grad_norm=None,
+    )
     monkeypatch.undo()
     lp = torch.log_softmax(weight.detach().double()[data["input_ids"]], dim=-1)[..., 0]
     mask = data["token_mask"][:, 1:].double()
@@ -107,7 +128,8 @@ def first_party_losses() -> dict[str, Any]:
 
 @pytest.mark.parametrize("name", ["clipped_pg", "nll"])
 def test_a_first_party_loss_step_reads_the_host_the_same_number_of_times_whatever_its_micro_batches(
-        monkeypatch, name) -> None:
+    monkeypatch, name
+) -> None:
     one, whole, _ = one_step(monkeypatch, 1, first_party_losses()[name])
     for k in (2, 4):
         reads, result, _ = one_step(monkeypatch, k, first_party_losses()[name])
@@ -143,6 +165,7 @@ def test_first_party_losses_read_nothing_and_the_loop_reads_the_floats_they_used
 def test_host_values_casts_once_per_dtype_not_once_per_value() -> None:
     """A step's metrics are cast to float64 in one copy per dtype (here float32 and int64): 2 copies for 4 or for 16
     values, where a cast per value made 4 and 16 (``aten::copy_`` counted by the profiler)."""
+
     def copies(n: int) -> tuple[int, list[list[float]]]:
         values = [torch.tensor(0.25 * i) if i % 2 else torch.tensor(i) for i in range(n)]
         with torch.profiler.profile() as prof:

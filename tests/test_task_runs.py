@@ -25,14 +25,32 @@ def _task_config(tmp_path, out, steps, **extra):
     rows = [{"id": f"s{i}", "question": f"count {i}", "answer": str(i)} for i in range(12)]
     (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (tmp_path / "val.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:5]))
-    return short_run_config(out, steps, **{
-        "data.train.path": str(tmp_path / "train.jsonl"), "data.validation.path": str(tmp_path / "val.jsonl"),
-        "data.input_key": "question", "data.output_key": "answer", "data.system_prompt": "Be brief.",
-        "env.name": "python", "env.python_cfg.reward": "tests.test_task_runs:id_parity_reward",
-        "grpo.num_prompts_per_step": "4", "grpo.num_generations_per_prompt": "2", "grpo.max_num_epochs": "2",
-        "grpo.val_period": "3", "grpo.val_at_start": "true", "grpo.max_val_samples": "4", "grpo.val_batch_size": "3",
-        "policy.train_global_batch_size": "8", "policy.train_micro_batch_size": "4", "policy.logprob_batch_size": "8",
-        "checkpointing.save_every_n_steps": "3", **ONE_WORKER, **extra})
+    return short_run_config(
+        out,
+        steps,
+        **{
+            "data.train.path": str(tmp_path / "train.jsonl"),
+            "data.validation.path": str(tmp_path / "val.jsonl"),
+            "data.input_key": "question",
+            "data.output_key": "answer",
+            "data.system_prompt": "Be brief.",
+            "env.name": "python",
+            "env.python_cfg.reward": "tests.test_task_runs:id_parity_reward",
+            "grpo.num_prompts_per_step": "4",
+            "grpo.num_generations_per_prompt": "2",
+            "grpo.max_num_epochs": "2",
+            "grpo.val_period": "3",
+            "grpo.val_at_start": "true",
+            "grpo.max_val_samples": "4",
+            "grpo.val_batch_size": "3",
+            "policy.train_global_batch_size": "8",
+            "policy.train_micro_batch_size": "4",
+            "policy.logprob_batch_size": "8",
+            "checkpointing.save_every_n_steps": "3",
+            **ONE_WORKER,
+            **extra,
+        },
+    )
 
 
 def test_a_dataset_run_validates_and_resumes_on_the_next_unseen_batch(ray_session, tmp_path):
@@ -67,11 +85,20 @@ def test_a_dataset_run_validates_and_resumes_on_the_next_unseen_batch(ray_sessio
     kept = sorted(p.name for p in (tmp_path / "resumed" / "checkpoints").glob("step_*"))
     assert kept == (["step_000002", "step_000005"] if accuracy[2] > accuracy[5] else ["step_000005"])
 
-    with pytest.raises(ValueError, match=r"--resume: .*step_000005 continued a different data stream \(batch_size "
-                                         r"4 -> 2\)"):
-        train(_task_config(tmp_path, tmp_path / "resumed", 20, **{"grpo.num_prompts_per_step": "2",
-                                                                    "grpo.num_generations_per_prompt": "4"}),
-              resume=True)
+    with pytest.raises(
+        ValueError,
+        match=r"--resume: .*step_000005 continued a different data stream \(batch_size "
+        r"4 -> 2\)",
+    ):
+        train(
+            _task_config(
+                tmp_path,
+                tmp_path / "resumed",
+                20,
+                **{"grpo.num_prompts_per_step": "2", "grpo.num_generations_per_prompt": "4"},
+            ),
+            resume=True,
+        )
 
 
 def test_checkpoints_kept_by_a_metric_follow_nemo_rl(tmp_path):
@@ -80,15 +107,18 @@ def test_checkpoints_kept_by_a_metric_follow_nemo_rl(tmp_path):
     from rlcore.run.train import ranking_metric
 
     values = {1: 0.5, 3: 0.9, 5: 0.5, 7: 0.2, 9: None}  # step 9 saved without a validation
-    checkpoints = [(tmp_path / f"s{s}", {"step": s, **({"metrics": {"validation/accuracy": v}} if v is not None
-                                                        else {})}) for s, v in values.items()]
+    checkpoints = [
+        (tmp_path / f"s{s}", {"step": s, **({"metrics": {"validation/accuracy": v}} if v is not None else {})})
+        for s, v in values.items()
+    ]
     names = lambda keep: sorted(p.name for p in keep)  # noqa: E731
     assert names(kept(checkpoints, 2, ("validation/accuracy", True))) == ["s3", "s5", "s9"]
     assert names(kept(checkpoints, 2, ("validation/accuracy", False))) == ["s5", "s7", "s9"]  # 0.5 tie: newer
     assert names(kept(checkpoints, 2)) == ["s7", "s9"]
     assert ranking_metric("validation/accuracy", {"loss": 1.0}) == {}
-    with pytest.raises(ValueError, match="'validation/acuracy' is not a metric of this run; it has loss, "
-                                         "validation/accuracy"):
+    with pytest.raises(
+        ValueError, match="'validation/acuracy' is not a metric of this run; it has loss, validation/accuracy"
+    ):
         ranking_metric("validation/acuracy", {"loss": 1.0, "validation/accuracy": 0.5, "time/step_s": 1.0})
 
 
@@ -121,27 +151,41 @@ def test_dynamic_sampling_trains_on_groups_with_signal_resumes_and_ends_with_the
     from rlcore.run.train import train
 
     def config(out, steps, **extra):
-        return _task_config(tmp_path, tmp_path / out, steps, **{
-            "env.python_cfg.reward": "tests.test_task_runs:flat_or_differing_reward",
-            "grpo.use_dynamic_sampling": "true", "grpo.batch_multiplier": "1.5", "grpo.num_prompts_per_step": "2",
-            "grpo.val_period": "0", "grpo.val_at_start": "false", "grpo.val_at_end": "true",
-            "grpo.max_val_samples": "2", "grpo.val_batch_size": "2",
-            "policy.train_global_batch_size": "4", "policy.train_micro_batch_size": "2",
-            "policy.logprob_batch_size": "4", "checkpointing.save_every_n_steps": "100",
-            "grpo.seed": "11",  # its shuffle: step 1 draws 2 batches, and the last batch leaves a step unfinished
-            **extra})
+        return _task_config(
+            tmp_path,
+            tmp_path / out,
+            steps,
+            **{
+                "env.python_cfg.reward": "tests.test_task_runs:flat_or_differing_reward",
+                "grpo.use_dynamic_sampling": "true",
+                "grpo.batch_multiplier": "1.5",
+                "grpo.num_prompts_per_step": "2",
+                "grpo.val_period": "0",
+                "grpo.val_at_start": "false",
+                "grpo.val_at_end": "true",
+                "grpo.max_val_samples": "2",
+                "grpo.val_batch_size": "2",
+                "policy.train_global_batch_size": "4",
+                "policy.train_micro_batch_size": "2",
+                "policy.logprob_batch_size": "4",
+                "checkpointing.save_every_n_steps": "100",
+                "grpo.seed": "11",  # its shuffle: step 1 draws 2 batches, and the last batch leaves a step unfinished
+                **extra,
+            },
+        )
 
     SEEN.clear()
     whole = train(config("whole", 20))
     train_ids = [i for phase, i in SEEN if phase == "train"]
-    batches = [train_ids[k:k + 6] for k in range(0, len(train_ids), 6)]
+    batches = [train_ids[k : k + 6] for k in range(0, len(train_ids), 6)]
     assert len(batches) == 8  # every batch the 2 epochs allow was drawn, then the data ran out inside a step
     expected = _expected_dynamic_steps(batches, 2)
     rows = [json.loads(line) for line in (tmp_path / "whole" / "metrics.jsonl").read_text().splitlines()]
     trained = [r for r in rows if "reward_mean" in r]
     assert expected[1]["batches"] == 2 and sum(s["batches"] for s in expected) < 8  # what seed 11 was chosen for
     assert whole["steps"] == len(expected) == len(trained) and whole["ended_early"].startswith(
-        f"the data ran out during step {len(expected)}")
+        f"the data ran out during step {len(expected)}"
+    )
     for row, step in zip(trained, expected):
         assert row["dynamic_sampling/gen_batches"] == step["batches"]
         assert row["dynamic_sampling/discarded_valid_samples"] == 2 * (step["found"] - 2)

@@ -28,17 +28,28 @@ def rows(steps: range, seed: float) -> list[tuple[int, dict, bool]]:
     """``(step, metrics, advance)`` as a GRPO run logs them; ``seed`` makes one attempt's values its own."""
     out = []
     for step in steps:
-        out.append((step, {"loss": seed + 1 / (step + 2), "reward_mean": seed + step / 10, "grad_norm": math.nan,
-                           "time/step_s": 0.5 + step, "skipped_steps": 0, "clipped": step % 2 == 0,
-                           "backend": "reference"}, True))
+        out.append(
+            (
+                step,
+                {
+                    "loss": seed + 1 / (step + 2),
+                    "reward_mean": seed + step / 10,
+                    "grad_norm": math.nan,
+                    "time/step_s": 0.5 + step,
+                    "skipped_steps": 0,
+                    "clipped": step % 2 == 0,
+                    "backend": "reference",
+                },
+                True,
+            )
+        )
         if step % 2 == 1:
             out.append((step, {"validation/accuracy": seed + step / 8}, False))  # validation after the step
     return out
 
 
 def config(out: Path, **logger):
-    return load_config_dict({"logger": {"output_dir": str(out), "tensorboard": False, "progress_bar": False,
-                                        **logger}})
+    return load_config_dict({"logger": {"output_dir": str(out), "tensorboard": False, "progress_bar": False, **logger}})
 
 
 def attempt(cfg, start: int, logged: list[tuple[int, dict, bool]], fail: bool = False) -> None:
@@ -47,8 +58,7 @@ def attempt(cfg, start: int, logged: list[tuple[int, dict, bool]], fail: bool = 
 
     out = Path(cfg.logger.output_dir)
     keep_steps_before(out / "metrics.jsonl", start)
-    logger = MetricsLogger(out, tensorboard=False, progress_bar=False,
-                           trackers=open_trackers(cfg, out, start))
+    logger = MetricsLogger(out, tensorboard=False, progress_bar=False, trackers=open_trackers(cfg, out, start))
     if start == 0:
         logger.log(-1, {"validation/accuracy": 0.125}, advance=False)
     try:
@@ -78,6 +88,7 @@ def same(a: dict[tuple[int, str], float], b: dict[tuple[int, str], float]) -> bo
 
 # -- wandb's offline run directory, read back ------------------------------------------------------------------
 
+
 def wandb_records(path: Path):
     """The protobuf records of a ``.wandb`` file: a 7-byte header (``:W&B``, magic, version), then LevelDB-log
     framing in 32 KiB blocks (crc32, length, type: full, first, middle, last)."""
@@ -91,11 +102,11 @@ def wandb_records(path: Path):
         if left < 7:
             pos += left  # the block's tail is padding
             continue
-        _crc, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        _crc, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
         if kind == 0:
             pos += left
             continue
-        payload, pos = data[pos + 7:pos + 7 + length], pos + 7 + length
+        payload, pos = data[pos + 7 : pos + 7 + length], pos + 7 + length
         pending = payload if kind in (1, 2) else pending + payload
         if kind in (1, 4):
             record = wandb_internal_pb2.Record()
@@ -131,6 +142,7 @@ def wandb_logged(runs: list[tuple[str, dict, list[dict]]]) -> dict[tuple[int, st
 
 # -- MLflow's store, read back -----------------------------------------------------------------------------------
 
+
 def mlflow_logged(client, run_id: str) -> dict[tuple[int, str], float]:
     """(step, name) -> value of every metric of the run; a (step, name) logged twice fails."""
     out: dict[tuple[int, str], float] = {}
@@ -162,8 +174,13 @@ def test_wandb_and_mlflow_hold_every_metric_of_a_run_and_its_resume_once(tracker
     from mlflow.tracking import MlflowClient
 
     out, store = trackers_offline / "run", (trackers_offline / "mlruns").as_uri()
-    cfg = config(out, wandb_enabled=True, wandb={"project": "rlcore-test", "name": "tiny"}, mlflow_enabled=True,
-                 mlflow={"experiment_name": "rlcore-test", "run_name": "tiny", "tracking_uri": store})
+    cfg = config(
+        out,
+        wandb_enabled=True,
+        wandb={"project": "rlcore-test", "name": "tiny"},
+        mlflow_enabled=True,
+        mlflow={"experiment_name": "rlcore-test", "run_name": "tiny", "tracking_uri": store},
+    )
     # A 3-step run, then a crash after step 4 of a longer one whose last checkpoint was step 2.
     attempt(cfg, 0, rows(range(3), seed=0.0))
     first = expected(out / "metrics.jsonl")
@@ -187,9 +204,11 @@ def test_wandb_and_mlflow_hold_every_metric_of_a_run_and_its_resume_once(tracker
     capsys.readouterr()
     attempt(cfg, 4, rows(range(4, 6), seed=2.0))  # resumed after step 3's checkpoint: 4 runs again, then 5
     said = [line for line in capsys.readouterr().err.splitlines() if "continues run" in line]
-    assert said == [f"{name}: continues run {rid}, from step 4; step 4 keeps the values the interrupted attempt "
-                    "logged (metrics.jsonl has the re-run's)"
-                    for name, rid in (("wandb", run_id), ("mlflow", mlflow_run.info.run_id))]
+    assert said == [
+        f"{name}: continues run {rid}, from step 4; step 4 keeps the values the interrupted attempt "
+        "logged (metrics.jsonl has the re-run's)"
+        for name, rid in (("wandb", run_id), ("mlflow", mlflow_run.info.run_id))
+    ]
 
     resumed = expected(out / "metrics.jsonl")
     dirs = sorted((out / "wandb").glob("offline-run-*"))
@@ -243,7 +262,8 @@ def test_a_tracker_that_fails_is_dropped_with_one_line_and_the_rows_go_on(tmp_pa
     assert flaky.steps == [0] and flaky.closed == [True]
     assert [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [0, 1, 2]
     assert capsys.readouterr().err.splitlines() == [
-        "warning: flaky stopped logging at step 1: ConnectionError: server gone; metrics.jsonl has every row"]
+        "warning: flaky stopped logging at step 1: ConnectionError: server gone; metrics.jsonl has every row"
+    ]
 
 
 def test_trackers_get_the_numbers_of_a_row_and_end_failed_when_the_run_fails(tmp_path):
@@ -261,42 +281,64 @@ def test_trackers_get_the_numbers_of_a_row_and_end_failed_when_the_run_fails(tmp
     assert tracker.steps == [(0, {"loss": 1.0, "ok": 1.0, "grad_norm": math.inf})] and tracker.closed == [True]
 
 
-@pytest.mark.parametrize("switch, package, extra", [("wandb_enabled", "wandb", "wandb"),
-                                                     ("mlflow_enabled", "mlflow", "mlflow")])
+@pytest.mark.parametrize(
+    "switch, package, extra", [("wandb_enabled", "wandb", "wandb"), ("mlflow_enabled", "mlflow", "mlflow")]
+)
 def test_a_tracker_switched_on_without_its_package_is_one_line(tmp_path, monkeypatch, switch, package, extra):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == package else real(name, *a))
     with pytest.raises(ConfigError) as caught:
         config(tmp_path, **{switch: True})
-    assert caught.value.problems == [f"logger.{switch}: {package} is not installed: pip install 'rlcore[{extra}]' "
-                                     f"(or set logger.{switch}=false)"]
+    assert caught.value.problems == [
+        f"logger.{switch}: {package} is not installed: pip install 'rlcore[{extra}]' (or set logger.{switch}=false)"
+    ]
     config(tmp_path, **{switch: False})  # off, nothing is needed
 
 
 def test_a_database_store_without_sqlalchemy_is_one_line(tmp_path, monkeypatch):
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: None if name == "sqlalchemy" else real(name, *a) or object())
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "sqlalchemy" else real(name, *a) or object()
+    )
     with pytest.raises(ConfigError) as caught:
         config(tmp_path, mlflow_enabled=True, mlflow={"tracking_uri": "sqlite:///mlflow.db"})
-    assert caught.value.problems == ["logger.mlflow: tracking_uri sqlite:///mlflow.db is a database store, which "
-                                     "needs the full mlflow package, not mlflow-skinny: pip install mlflow"]
+    assert caught.value.problems == [
+        "logger.mlflow: tracking_uri sqlite:///mlflow.db is a database store, which "
+        "needs the full mlflow package, not mlflow-skinny: pip install mlflow"
+    ]
     config(tmp_path, mlflow_enabled=True, mlflow={"tracking_uri": "http://localhost:5000"})
 
 
 def test_nemo_rl_tracker_keys_are_mapped_not_ignored():
     from rlcore.nemo_rl import convert
 
-    nemo = {"logger": {"log_dir": "logs", "wandb_enabled": True, "tensorboard_enabled": False,
-                       "mlflow_enabled": True, "wandb": {"project": "grpo-dev", "name": "grpo-dev-logger"},
-                       "mlflow": {"experiment_name": "grpo-dev", "run_name": "grpo-dev-logger",
-                                  "tracking_uri": "http://localhost:5000"}}}
+    nemo = {
+        "logger": {
+            "log_dir": "logs",
+            "wandb_enabled": True,
+            "tensorboard_enabled": False,
+            "mlflow_enabled": True,
+            "wandb": {"project": "grpo-dev", "name": "grpo-dev-logger"},
+            "mlflow": {
+                "experiment_name": "grpo-dev",
+                "run_name": "grpo-dev-logger",
+                "tracking_uri": "http://localhost:5000",
+            },
+        }
+    }
     conversion = convert(nemo)
     assert conversion.config["logger"] == {
-        "output_dir": "logs", "wandb_enabled": True, "tensorboard": False, "mlflow_enabled": True,
+        "output_dir": "logs",
+        "wandb_enabled": True,
+        "tensorboard": False,
+        "mlflow_enabled": True,
         "wandb": {"project": "grpo-dev", "name": "grpo-dev-logger"},
-        "mlflow": {"experiment_name": "grpo-dev", "run_name": "grpo-dev-logger",
-                   "tracking_uri": "http://localhost:5000"}}
+        "mlflow": {
+            "experiment_name": "grpo-dev",
+            "run_name": "grpo-dev-logger",
+            "tracking_uri": "http://localhost:5000",
+        },
+    }
     assert not [line for line in conversion.ignored_lines() if "wandb" in line or "mlflow" in line]
 
 

@@ -71,9 +71,7 @@ def test_tokenizer_ids_and_save_load(tokenizer, tmp_path):
     assert loaded.decode(loaded.encode(text)) == text
     assert (loaded.pad_token_id, loaded.bos_token_id, loaded.eos_token_id) == (0, 1, 2)
 
-    chat = loaded.apply_chat_template(
-        [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True
-    )
+    chat = loaded.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
     assert chat == "<s><|user|>\nhi</s>\n<|assistant|>\n"
 
 
@@ -235,11 +233,14 @@ def test_scheduler_single():
     assert type(sched) is torch.optim.lr_scheduler.LinearLR
 
 
-@pytest.mark.parametrize("milestones_entry", [
-    {"name": "milestones", "milestones": [4]},
-    {"milestones": [4]},  # NeMo-RL's spelling
-    SimpleNamespace(name="milestones", milestones=[4]),
-])
+@pytest.mark.parametrize(
+    "milestones_entry",
+    [
+        {"name": "milestones", "milestones": [4]},
+        {"milestones": [4]},  # NeMo-RL's spelling
+        SimpleNamespace(name="milestones", milestones=[4]),
+    ],
+)
 def test_scheduler_sequential_milestones(milestones_entry):
     cfg = [
         {"name": "LinearLR", "kwargs": {"start_factor": 0.1, "end_factor": 1.0, "total_iters": 4}},
@@ -253,13 +254,24 @@ def test_scheduler_sequential_milestones(milestones_entry):
     assert lrs == pytest.approx(expected)
 
 
-@pytest.mark.parametrize("cfg", [
-    [{"name": "LinearLR", "kwargs": {}}, {"name": "ConstantLR", "kwargs": {}}],  # no milestones
-    [{"name": "LinearLR", "kwargs": {}}, {"name": "ConstantLR", "kwargs": {}}, {"name": "milestones", "milestones": [1, 2]}],
-    [{"name": "LinearLR", "kwargs": {}}, {"name": "milestones", "milestones": [3]}],
-    [{"name": "LinearLR", "kwargs": {}}, {"name": "ConstantLR", "kwargs": {}}, {"name": "ConstantLR", "kwargs": {}},
-     {"name": "milestones", "milestones": [4, 2]}],
-])
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        [{"name": "LinearLR", "kwargs": {}}, {"name": "ConstantLR", "kwargs": {}}],  # no milestones
+        [
+            {"name": "LinearLR", "kwargs": {}},
+            {"name": "ConstantLR", "kwargs": {}},
+            {"name": "milestones", "milestones": [1, 2]},
+        ],
+        [{"name": "LinearLR", "kwargs": {}}, {"name": "milestones", "milestones": [3]}],
+        [
+            {"name": "LinearLR", "kwargs": {}},
+            {"name": "ConstantLR", "kwargs": {}},
+            {"name": "ConstantLR", "kwargs": {}},
+            {"name": "milestones", "milestones": [4, 2]},
+        ],
+    ],
+)
 def test_scheduler_milestone_count_mismatch(cfg):
     with pytest.raises(ValueError, match="milestone"):
         build_scheduler(build_optimizer(_params(), {"name": "SGD", "kwargs": {}}, 1.0), cfg)
@@ -399,8 +411,7 @@ def test_save_hf_checkpoint_streams_pairs_one_shard_at_a_time(tmp_path):
             yield name, tensor.clone()  # a fresh tensor each time, like a gather
         written_before_end.extend(tmp_path.glob(".out.tmp-*/.part-*.safetensors"))
 
-    out = Path(ckpt.save_hf_checkpoint(pairs(), {"model_type": "llama"}, tmp_path / "out",
-                                       max_shard_size_bytes=40_000))
+    out = Path(ckpt.save_hf_checkpoint(pairs(), {"model_type": "llama"}, tmp_path / "out", max_shard_size_bytes=40_000))
     assert len(written_before_end) >= 2
     index = json.loads((out / "model.safetensors.index.json").read_text())
     assert len(set(index["weight_map"].values())) == 3  # two 16 KiB tensors per 40 kB shard
@@ -463,9 +474,7 @@ def test_atomic_directory_exception_keeps_previous(tmp_path):
         raise OSError("disk full")
 
     with pytest.raises(OSError, match="disk full"):
-        ckpt.save_hf_checkpoint(
-            {"w": torch.ones(3)}, {}, final, tokenizer=SimpleNamespace(save_pretrained=broken_save)
-        )
+        ckpt.save_hf_checkpoint({"w": torch.ones(3)}, {}, final, tokenizer=SimpleNamespace(save_pretrained=broken_save))
     assert tree_digest(final) == digest
     assert siblings(final) == ["step_1"]
 
@@ -580,8 +589,12 @@ def test_pydantic_config_objects():
     opt = build_optimizer(_params(), policy.PytorchOptimizerConfig(name="torch.optim.AdamW", kwargs={}), 0.5)
     assert isinstance(opt, torch.optim.AdamW) and opt.param_groups[0]["lr"] == 0.5
     cfg = [
-        policy.SinglePytorchSchedulerConfig(name="torch.optim.lr_scheduler.ConstantLR", kwargs={"factor": 0.5, "total_iters": 10}),
-        policy.SinglePytorchSchedulerConfig(name="torch.optim.lr_scheduler.LinearLR", kwargs={"start_factor": 1.0, "end_factor": 0.0, "total_iters": 2}),
+        policy.SinglePytorchSchedulerConfig(
+            name="torch.optim.lr_scheduler.ConstantLR", kwargs={"factor": 0.5, "total_iters": 10}
+        ),
+        policy.SinglePytorchSchedulerConfig(
+            name="torch.optim.lr_scheduler.LinearLR", kwargs={"start_factor": 1.0, "end_factor": 0.0, "total_iters": 2}
+        ),
         policy.SchedulerMilestones(name="milestones", milestones=[2]),
     ]
     sched = build_scheduler(opt, cfg)

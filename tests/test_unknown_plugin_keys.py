@@ -42,8 +42,10 @@ class KeywordEnvironment:
 def test_a_key_the_class_would_ignore_is_refused_with_the_closest_name_nested_too():
     model, problems = validate_section(LaxConfig, {"keywrod": "x", "nested": {"dpeth": 2}}, "env.lax_cfg")
     assert model is None
-    assert problems == ["env.lax_cfg.keywrod: unknown key; did you mean 'keyword'?",
-                        "env.lax_cfg.nested.dpeth: unknown key; did you mean 'depth'?"]
+    assert problems == [
+        "env.lax_cfg.keywrod: unknown key; did you mean 'keyword'?",
+        "env.lax_cfg.nested.dpeth: unknown key; did you mean 'depth'?",
+    ]
     model, problems = validate_section(LaxConfig, {"keyword": "x", "nested": {"depth": 2}}, "env.lax_cfg")
     assert problems == [] and model.keyword == "x" and model.nested.depth == 2
 
@@ -59,8 +61,11 @@ def _registry_with(config_class: str) -> Registry:
     class Plugin:
         @hookimpl
         def rlcore_register_environments(self, register):
-            register(EnvironmentSpec(name="keyword", environment_class=f"{__name__}:KeywordEnvironment",
-                                     config_class=config_class))
+            register(
+                EnvironmentSpec(
+                    name="keyword", environment_class=f"{__name__}:KeywordEnvironment", config_class=config_class
+                )
+            )
 
     registry = Registry()
     registry.load_entry_points()  # the installed backends, which the run needs too
@@ -75,13 +80,16 @@ def test_a_run_config_with_a_typo_in_an_environment_plugin_section_fails_at_reso
         resolve(cfg, run=True, registry=_registry_with(f"{__name__}:LaxConfig"))
     assert "env.keyword_cfg.keywrod: unknown key; did you mean 'keyword'?" in caught.value.problems
     cfg = load_config_dict({"env": {"name": "keyword", "keyword_cfg": {"keyword": "return"}}, "policy": generation})
-    assert resolve(cfg, run=True, registry=_registry_with(f"{__name__}:LaxConfig")).environment.section.keyword == "return"
+    assert (
+        resolve(cfg, run=True, registry=_registry_with(f"{__name__}:LaxConfig")).environment.section.keyword == "return"
+    )
 
 
 def test_the_environment_kit_fails_a_config_class_that_ignores_unknown_keys():
     cases = [("def f(): pass", {}), ("no code", {})]
-    spec = EnvironmentSpec(name="keyword", environment_class=f"{__name__}:KeywordEnvironment",
-                           config_class=f"{__name__}:LaxConfig")
+    spec = EnvironmentSpec(
+        name="keyword", environment_class=f"{__name__}:KeywordEnvironment", config_class=f"{__name__}:LaxConfig"
+    )
     problems = check_environment(spec, None, cases)
     assert len(problems) == 1 and "ignores unknown keys" in problems[0] and "extra='forbid'" in problems[0], problems
     strict = spec.model_copy(update={"config_class": f"{__name__}:StrictConfig"})
@@ -90,8 +98,12 @@ def test_the_environment_kit_fails_a_config_class_that_ignores_unknown_keys():
 
 def test_the_backend_kit_probe_fails_a_config_class_that_ignores_unknown_keys():
     def probe(config_class):
-        spec = BackendSpec(name="lax", kind="training", worker_class="rlcore.backends.reference.worker:ReferenceWorker",
-                           config_class=config_class)
+        spec = BackendSpec(
+            name="lax",
+            kind="training",
+            worker_class="rlcore.backends.reference.worker:ReferenceWorker",
+            config_class=config_class,
+        )
         return run_probe(CLASSES_PROBE, spec.model_dump_json(), "torch")["config_error"]
 
     assert "ignores unknown keys" in probe(f"{__name__}:LaxConfig")

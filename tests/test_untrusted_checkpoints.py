@@ -149,7 +149,8 @@ def test_resume_check_reads_the_pickled_files_on_the_driver(marker: Path, tmp_pa
     assert problems[0].startswith("damaged.pt: damaged, cannot be read ("), problems
     assert problems[1:] == [
         f"extra_state.pt: refusing to load posix.system (not an allowed checkpoint type) {see}",
-        f"optimizer/.metadata: refusing to load os.system (not an allowed checkpoint type) {see}"]
+        f"optimizer/.metadata: refusing to load os.system (not an allowed checkpoint type) {see}",
+    ]
     assert not any("weights_only" in line for line in problems)
     assert not marker.exists()
     for path in (step / "optimizer" / ".metadata", step / "extra_state.pt", step / "damaged.pt"):
@@ -173,11 +174,14 @@ def test_resume_check_finds_a_shard_cut_short_or_missing(tmp_path: Path) -> None
     assert len(data) >= 6 * 4 + 5 * 2  # both tensors' bytes are in the one shard
     shard.write_bytes(data[:10])
     (problem,) = state_file_problems(step)
-    assert problem.startswith(f"optimizer/{shard.name}: damaged, 10 bytes where optimizer/.metadata places data up "
-                              "to byte "), problem
+    assert problem.startswith(
+        f"optimizer/{shard.name}: damaged, 10 bytes where optimizer/.metadata places data up to byte "
+    ), problem
     assert int(problem.split("up to byte ")[1].split()[0]) > 10
     shard.unlink()
-    assert state_file_problems(step) == [f"optimizer/{shard.name}: missing, though optimizer/.metadata places data in it"]
+    assert state_file_problems(step) == [
+        f"optimizer/{shard.name}: missing, though optimizer/.metadata places data in it"
+    ]
 
 
 def test_torch_load_sets_aside_globals_other_libraries_registered(tmp_path: Path) -> None:
@@ -218,10 +222,17 @@ def test_hf_pickle_weights_are_read_weights_only(tmp_path: Path, tiny_model_dir:
 def _config(model: str) -> Any:
     from rlcore.config import load_config_dict
 
-    policy = {"backend": "reference", "model_name": model, "train_global_batch_size": 2,
-              "train_micro_batch_size": 1, "logprob_batch_size": 2, "precision": "float32",
-              "max_total_sequence_length": 32, "max_grad_norm": None,
-              "optimizer": {"name": "torch.optim.AdamW", "kwargs": {"lr": 1e-2}}}
+    policy = {
+        "backend": "reference",
+        "model_name": model,
+        "train_global_batch_size": 2,
+        "train_micro_batch_size": 1,
+        "logprob_batch_size": 2,
+        "precision": "float32",
+        "max_total_sequence_length": 32,
+        "max_grad_norm": None,
+        "optimizer": {"name": "torch.optim.AdamW", "kwargs": {"lr": 1e-2}},
+    }
     return load_config_dict({"cluster": {"workers_per_node": 1}, "policy": policy}).policy
 
 
@@ -255,23 +266,33 @@ def reference(ray_session: None, tiny_model_dir: str, tiny_tokenizer: Any, tmp_p
     root = tmp_path_factory.mktemp("untrusted-reference")
     batches = [_batch(tiny_tokenizer, seed) for seed in (1, 2, 3)]
     clusters = ClusterPool()
-    policy = Policy(clusters(1), _config(tiny_model_dir), tiny_tokenizer, name_prefix="untrusted-ref",
-                    init_reference_model=False)
+    policy = Policy(
+        clusters(1), _config(tiny_model_dir), tiny_tokenizer, name_prefix="untrusted-ref", init_reference_model=False
+    )
     try:
         _losses(policy, batches[:1])
         policy.save_checkpoint(str(root / "weights"), str(root / "optimizer.pt"))
         later = _losses(policy, batches[1:])
         policy.worker_group.kill_on_error = False
-        yield {"policy": policy, "root": root, "batches": batches, "later": later, "clusters": clusters,
-               "config": _config(tiny_model_dir), "tokenizer": tiny_tokenizer}
+        yield {
+            "policy": policy,
+            "root": root,
+            "batches": batches,
+            "later": later,
+            "clusters": clusters,
+            "config": _config(tiny_model_dir),
+            "tokenizer": tiny_tokenizer,
+        }
     finally:
         policy.shutdown()
         clusters.shutdown()
 
 
 REFERENCE_OPTIMIZER_PAYLOADS = {
-    "torch.save-os.system": (lambda m: torch_save_payload(m, lambda e: {"optimizer": e, "scheduler": None}),
-                             "posix.system"),
+    "torch.save-os.system": (
+        lambda m: torch_save_payload(m, lambda e: {"optimizer": e, "scheduler": None}),
+        "posix.system",
+    ),
     "legacy-pickle-os.system": (system_payload, "os.system"),
     "legacy-pickle-getattr": (getattr_payload, "getattr"),  # torch names builtins without the module
 }
@@ -297,9 +318,15 @@ def test_reference_resume_refuses_forged_optimizer_state(reference: dict, tmp_pa
     forged = tmp_path / "optimizer.pt"
     forged.write_bytes(torch_save_payload(marker, lambda e: {"optimizer": e, "scheduler": None}))
     with pytest.raises(Exception) as err:
-        Policy(reference["clusters"](1), reference["config"], reference["tokenizer"], name_prefix="untrusted-resume",
-               weights_path=str(reference["root"] / "weights"), optimizer_path=str(forged),
-               init_reference_model=False)
+        Policy(
+            reference["clusters"](1),
+            reference["config"],
+            reference["tokenizer"],
+            name_prefix="untrusted-resume",
+            weights_path=str(reference["root"] / "weights"),
+            optimizer_path=str(forged),
+            init_reference_model=False,
+        )
     assert f"{forged}: refusing to load posix.system" in str(err.value), str(err.value)
     assert not marker.exists()
 
@@ -346,8 +373,11 @@ def unrestricted_loads(path: Path, root: Path = ROOT) -> list[str]:
             name = _dotted(node.func)
             module, _, attr = name.rpartition(".")
             keywords = {k.arg: k.value for k in node.keywords}
-            if module.split(".")[-1] in _PICKLE_MODULES and attr in {"load", "loads", "Unpickler", "open"} \
-                    and not (trusted and attr == "Unpickler"):
+            if (
+                module.split(".")[-1] in _PICKLE_MODULES
+                and attr in {"load", "loads", "Unpickler", "open"}
+                and not (trusted and attr == "Unpickler")
+            ):
                 found.append(f"{where}: {name}(...)")
             elif name.endswith("torch.load") and not _is_true(keywords.get("weights_only")):
                 found.append(f"{where}: {name}(...) without weights_only=True")
@@ -371,7 +401,8 @@ def test_scanner_finds_each_kind_of_unrestricted_load(tmp_path: Path) -> None:
         "import pickle, torch\nfrom pickle import loads\n"
         "pickle.load(f)\npickle.loads(b)\ntorch.load(p)\ntorch.load(p, weights_only=False)\n"
         "x = foo(weights_only=False)\nclass U(pickle.Unpickler): pass\nnumpy.load(p, allow_pickle=True)\n"
-        "torch.serialization.add_safe_globals([X])\ntorch.load(p, weights_only=True)\n")
+        "torch.serialization.add_safe_globals([X])\ntorch.load(p, weights_only=True)\n"
+    )
     found = unrestricted_loads(sample, root=tmp_path)
     assert sorted(int(line.split(":")[1]) for line in found) == list(range(2, 11)), found
 
@@ -388,17 +419,43 @@ def test_no_unrestricted_unpickling_in_the_sources() -> None:
 
 def _fake_ipc_args() -> tuple:
     """What ``reduce_tensor`` gives for a CUDA tensor: ``rebuild_cuda_tensor``'s 15 arguments."""
-    return (torch.nn.Parameter, torch.Size([4, 3]), (3, 1), 2, torch.storage.TypedStorage, torch.bfloat16, 1,
-            b"\x01ipc-handle\x00\xff", 4096, 512, True, b"/torch_1234_ref", 7, b"\x02event\x00", False)
+    return (
+        torch.nn.Parameter,
+        torch.Size([4, 3]),
+        (3, 1),
+        2,
+        torch.storage.TypedStorage,
+        torch.bfloat16,
+        1,
+        b"\x01ipc-handle\x00\xff",
+        4096,
+        512,
+        True,
+        b"/torch_1234_ref",
+        7,
+        b"\x02event\x00",
+        False,
+    )
 
 
 #: The wire form of :func:`_fake_ipc_args`.
 FAKE_HANDLE = {
-    "cuda_ipc": 1, "tensor_cls": "torch.nn.parameter.Parameter", "tensor_size": [4, 3], "tensor_stride": [3, 1],
-    "tensor_offset": 2, "storage_cls": "torch.storage.TypedStorage", "dtype": "bfloat16", "storage_device": 1,
-    "storage_handle": "AWlwYy1oYW5kbGUA/w==", "storage_size_bytes": 4096, "storage_offset_bytes": 512,
-    "requires_grad": True, "ref_counter_handle": "L3RvcmNoXzEyMzRfcmVm", "ref_counter_offset": 7,
-    "event_handle": "AmV2ZW50AA==", "event_sync_required": False,
+    "cuda_ipc": 1,
+    "tensor_cls": "torch.nn.parameter.Parameter",
+    "tensor_size": [4, 3],
+    "tensor_stride": [3, 1],
+    "tensor_offset": 2,
+    "storage_cls": "torch.storage.TypedStorage",
+    "dtype": "bfloat16",
+    "storage_device": 1,
+    "storage_handle": "AWlwYy1oYW5kbGUA/w==",
+    "storage_size_bytes": 4096,
+    "storage_offset_bytes": 512,
+    "requires_grad": True,
+    "ref_counter_handle": "L3RvcmNoXzEyMzRfcmVm",
+    "ref_counter_offset": 7,
+    "event_handle": "AmV2ZW50AA==",
+    "event_sync_required": False,
 }
 
 
@@ -431,20 +488,23 @@ def test_cuda_ipc_handle_only_for_cuda_tensors(tensor: torch.Tensor) -> None:
         encode_handle(tensor)
 
 
-@pytest.mark.parametrize("field, value, message", [
-    ("tensor_cls", "os.system", "tensor_cls 'os.system' is not one of"),
-    ("tensor_cls", "builtins.getattr", "is not one of"),
-    ("storage_cls", "torch.Tensor", "storage_cls 'torch.Tensor' is not one of"),
-    ("storage_cls", "torch.storage.TypedStorage._new_shared_cuda", "is not one of"),
-    ("dtype", "__class__", "unknown dtype"),
-    ("dtype", {"py/object": "os.system"}, "unknown dtype"),
-    ("storage_handle", 5, "base64"),
-    ("storage_handle", "not base64!", "base64"),
-    ("tensor_size", [1, "2"], "non-negative integers"),
-    ("tensor_stride", [-1], "non-negative integers"),
-    ("requires_grad", 1, "true or false"),
-    ("storage_device", True, "non-negative integer"),
-])
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("tensor_cls", "os.system", "tensor_cls 'os.system' is not one of"),
+        ("tensor_cls", "builtins.getattr", "is not one of"),
+        ("storage_cls", "torch.Tensor", "storage_cls 'torch.Tensor' is not one of"),
+        ("storage_cls", "torch.storage.TypedStorage._new_shared_cuda", "is not one of"),
+        ("dtype", "__class__", "unknown dtype"),
+        ("dtype", {"py/object": "os.system"}, "unknown dtype"),
+        ("storage_handle", 5, "base64"),
+        ("storage_handle", "not base64!", "base64"),
+        ("tensor_size", [1, "2"], "non-negative integers"),
+        ("tensor_stride", [-1], "non-negative integers"),
+        ("requires_grad", 1, "true or false"),
+        ("storage_device", True, "non-negative integer"),
+    ],
+)
 def test_cuda_ipc_handle_cannot_name_other_classes_or_functions(field: str, value: Any, message: str) -> None:
     from rlcore.refit.cuda_ipc import decode_handle, open_handle
 
@@ -455,10 +515,17 @@ def test_cuda_ipc_handle_cannot_name_other_classes_or_functions(field: str, valu
             read(forged)
 
 
-@pytest.mark.parametrize("handle", [
-    "not json", "[]", '{"cuda_ipc": 1}', json.dumps({**FAKE_HANDLE, "cuda_ipc": 2}),
-    json.dumps({**FAKE_HANDLE, "__reduce__": "os.system"}), pickle.dumps(os.system).hex(),
-])
+@pytest.mark.parametrize(
+    "handle",
+    [
+        "not json",
+        "[]",
+        '{"cuda_ipc": 1}',
+        json.dumps({**FAKE_HANDLE, "cuda_ipc": 2}),
+        json.dumps({**FAKE_HANDLE, "__reduce__": "os.system"}),
+        pickle.dumps(os.system).hex(),
+    ],
+)
 def test_cuda_ipc_handle_must_be_the_exact_json_object(handle: str) -> None:
     from rlcore.refit.cuda_ipc import open_handle
 
@@ -484,8 +551,13 @@ def test_cuda_ipc_handle_opens_in_another_process() -> None:
     from rlcore.refit.cuda_ipc import encode_handle
 
     tensor = torch.arange(12, dtype=torch.float32, device="cuda").reshape(3, 4)[1:]  # a view: offset, shape
-    child = subprocess.run([sys.executable, "-c", _IPC_CHILD], input=encode_handle(tensor) + "\n",
-                           capture_output=True, text=True, timeout=120)
+    child = subprocess.run(
+        [sys.executable, "-c", _IPC_CHILD],
+        input=encode_handle(tensor) + "\n",
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert child.returncode == 0, child.stderr[-2000:]
     assert child.stdout.split()[:1] == [str(float(torch.arange(4, 12).sum()))]
     torch.cuda.synchronize()

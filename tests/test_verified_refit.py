@@ -7,8 +7,14 @@ import torch
 
 from rlcore.plugins import Capability
 from rlcore.refit import RefitError
-from rlcore.refit.fingerprint import (SAMPLES, check_fingerprints, fingerprint, sample_indices, tensor_fingerprint,
-                                      verify_engines)
+from rlcore.refit.fingerprint import (
+    SAMPLES,
+    check_fingerprints,
+    fingerprint,
+    sample_indices,
+    tensor_fingerprint,
+    verify_engines,
+)
 from rlcore.testing.conformance.verified_refit import CorruptingEngines, FakeEngines, verified_refit_problems
 
 
@@ -48,8 +54,7 @@ def test_one_changed_element_is_named(name, where):
     position = {"first": 0, "last": flat.numel() - 1, "sampled": int(index[len(index) // 2])}[where]
     flat[position] = ~flat[position] if flat.dtype == torch.bool else flat[position] + 1
     with pytest.raises(RefitError) as err:
-        check_fingerprints(fingerprint(sent.items()), fingerprint(held.items()), engine="engine 1",
-                           bucket_of={name: 2})
+        check_fingerprints(fingerprint(sent.items()), fingerprint(held.items()), engine="engine 1", bucket_of={name: 2})
     line = str(err.value)
     assert "\n" not in line and f"'{name}' (bucket 2)" in line and "engine 1" in line
 
@@ -122,7 +127,8 @@ def test_verify_refit_required_without_a_refit_is_one_line():
         resolve(load_config("examples/grpo_fsdp1.yaml", ["policy.generation.verify_refit=true"]), run=True)
     assert caught.value.problems == [
         "policy.generation.verify_refit: is true, but the training backend generates itself and no refit happens; "
-        "remove it, or set policy.generation.backend to an engine (e.g. vllm)"]
+        "remove it, or set policy.generation.backend to an engine (e.g. vllm)"
+    ]
 
 
 def _by_definition(tensor: torch.Tensor, samples: int | None = SAMPLES) -> int:
@@ -135,7 +141,7 @@ def _by_definition(tensor: torch.Tensor, samples: int | None = SAMPLES) -> int:
     code = {1: "b", 2: "h", 4: "i", 8: "q"}[width]
     total = 0
     for position in sample_indices(flat.numel(), samples).tolist():
-        element = raw[position: position + 1].contiguous()
+        element = raw[position : position + 1].contiguous()
         bits = struct.unpack(code, bytes(element.view(torch.uint8).tolist()))[0]
         total += bits * (2 * position + 1)
     total = (total + (1 << 63)) % (1 << 64) - (1 << 63)  # wrapping int64
@@ -148,10 +154,15 @@ def test_checksums_added_bucket_by_bucket_equal_the_definition() -> None:
     from rlcore.refit.fingerprint import Fingerprints
 
     g = torch.Generator().manual_seed(3)
-    tensors = [("big", torch.randn(4099, generator=g)), ("bf16", torch.randn(70, 9, generator=g).bfloat16()),
-               ("ints", torch.randint(-5, 5, (67,), generator=g)), ("mask", torch.rand(80, generator=g) > 0.5),
-               ("small", torch.randn(3, generator=g).half()), ("empty", torch.randn(0)),
-               ("strided", torch.randn(40, 130, generator=g).t())]
+    tensors = [
+        ("big", torch.randn(4099, generator=g)),
+        ("bf16", torch.randn(70, 9, generator=g).bfloat16()),
+        ("ints", torch.randint(-5, 5, (67,), generator=g)),
+        ("mask", torch.rand(80, generator=g) > 0.5),
+        ("small", torch.randn(3, generator=g).half()),
+        ("empty", torch.randn(0)),
+        ("strided", torch.randn(40, 130, generator=g).t()),
+    ]
     for samples in (SAMPLES, 8, None):
         acc = Fingerprints(samples)
         acc.add(tensors[:3])
@@ -177,13 +188,23 @@ def test_one_element_in_the_middle_of_a_large_tensor() -> None:
         held["big.weight"].view(-1)[position] += 1
         return held
 
-    with pytest.raises(RefitError, match=r"^refit verification failed: engine 0 holds fingerprint 0x[0-9a-f]{16} for "
-                                         r"tensor 'big\.weight' \(bucket 3\); the trainer sent 0x[0-9a-f]{16}$"):
-        check_fingerprints(fingerprint(sent.items()), fingerprint(held_with(middle).items()), engine="engine 0",
-                           bucket_of={"big.weight": 3, "small.bias": 3})
+    with pytest.raises(
+        RefitError,
+        match=r"^refit verification failed: engine 0 holds fingerprint 0x[0-9a-f]{16} for "
+        r"tensor 'big\.weight' \(bucket 3\); the trainer sent 0x[0-9a-f]{16}$",
+    ):
+        check_fingerprints(
+            fingerprint(sent.items()),
+            fingerprint(held_with(middle).items()),
+            engine="engine 0",
+            bucket_of={"big.weight": 3, "small.bias": 3},
+        )
     between = middle + 1  # not a sampled position
     assert between not in index
-    full_sent, full_held = fingerprint(sent.items(), samples=None), fingerprint(held_with(between).items(), samples=None)
+    full_sent, full_held = (
+        fingerprint(sent.items(), samples=None),
+        fingerprint(held_with(between).items(), samples=None),
+    )
     assert full_sent["big.weight"] != full_held["big.weight"] and full_sent["small.bias"] == full_held["small.bias"]
     assert fingerprint(held_with(between).items()) == fingerprint(sent.items())  # the stated blind spot
 
@@ -196,14 +217,19 @@ def test_views_of_one_buffer_are_gathered_with_the_same_checksums() -> None:
     from rlcore.refit.fingerprint import Fingerprints, _storage_positions
 
     g = torch.Generator().manual_seed(4)
-    tensors = [("w", torch.randn(300, 41, generator=g)), ("bf16", torch.randn(5000, generator=g).bfloat16()),
-               ("ints", torch.randint(-9, 9, (129,), generator=g)), ("mask", torch.rand(90, generator=g) > 0.5),
-               ("tiny", torch.randn(2, generator=g)), ("bf16.b", torch.randn(77, generator=g).bfloat16())]
+    tensors = [
+        ("w", torch.randn(300, 41, generator=g)),
+        ("bf16", torch.randn(5000, generator=g).bfloat16()),
+        ("ints", torch.randint(-9, 9, (129,), generator=g)),
+        ("mask", torch.rand(90, generator=g) > 0.5),
+        ("tiny", torch.randn(2, generator=g)),
+        ("bf16.b", torch.randn(77, generator=g).bfloat16()),
+    ]
     buffer, views, offset = torch.zeros(1 << 18, dtype=torch.uint8), [], 0
     for name, t in tensors:
         n = t.numel() * t.element_size()
-        buffer[offset:offset + n].copy_(t.reshape(-1).view(torch.uint8))
-        views.append((name, buffer[offset:offset + n].view(t.dtype).view(t.shape)))
+        buffer[offset : offset + n].copy_(t.reshape(-1).view(torch.uint8))
+        views.append((name, buffer[offset : offset + n].view(t.dtype).view(t.shape)))
         offset += -(-n // 64) * 64
     views.append(("w.t", views[0][1].t()))  # same storage, not contiguous
     views.append(("alone", torch.randn(1000, generator=g)))
@@ -215,8 +241,17 @@ def test_views_of_one_buffer_are_gathered_with_the_same_checksums() -> None:
     assert acc.result() == expected == fingerprint(views)
     copy = buffer.clone()  # the other receive buffer: same offsets
     unpacked = views[:6]
-    assert fingerprint([(n, copy[t.storage_offset() * t.element_size():][:t.numel() * t.element_size()]
-                         .view(t.dtype).view(t.shape)) for n, t in unpacked]) == {n: expected[n] for n, _ in unpacked}
+    assert fingerprint(
+        [
+            (
+                n,
+                copy[t.storage_offset() * t.element_size() :][: t.numel() * t.element_size()]
+                .view(t.dtype)
+                .view(t.shape),
+            )
+            for n, t in unpacked
+        ]
+    ) == {n: expected[n] for n, _ in unpacked}
     position = sample_indices(views[1][1].numel())[10].item() * 2  # a byte of a sampled bf16 element
     buffer[views[1][1].storage_offset() * 2 + position] ^= 1
     with pytest.raises(RefitError, match=r"tensor 'bf16'"):

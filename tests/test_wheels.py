@@ -37,14 +37,28 @@ def _run(args: list[str], timeout_s: float, **kwargs) -> subprocess.CompletedPro
 
 def _pip_install(python: Path, wheels: Path, *requirements: str) -> float:
     """``pip install torch rlcore rl-...`` with our distributions taken from their wheel files (never an index)."""
+
     def wheel(requirement: str) -> str:
         name, _, extra = requirement.partition("[")
         [found] = wheels.glob(f"{name.replace('-', '_')}-*.whl")
         return f"{found}[{extra}" if extra else str(found)
 
     started = time.monotonic()
-    out = _run([str(python), "-m", "pip", "install", "-q", "--no-compile", "--find-links", str(wheels), TORCH_SPEC,
-                *map(wheel, requirements)], timeout_s=900)
+    out = _run(
+        [
+            str(python),
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-compile",
+            "--find-links",
+            str(wheels),
+            TORCH_SPEC,
+            *map(wheel, requirements),
+        ],
+        timeout_s=900,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     return time.monotonic() - started
 
@@ -53,8 +67,21 @@ def _pip_install(python: Path, wheels: Path, *requirements: str) -> float:
 def wheels(tmp_path_factory) -> Path:
     out_dir = tmp_path_factory.mktemp("wheels")
     projects = [ROOT, *(ROOT / "plugins" / name for name in ("rl-megatron", "rl-dtensor", "rl-vllm"))]
-    out = _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(out_dir),
-                *map(str, projects)], timeout_s=300)
+    out = _run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(out_dir),
+            *map(str, projects),
+        ],
+        timeout_s=300,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert len(list(out_dir.glob("*.whl"))) == len(projects)
     return out_dir
@@ -75,16 +102,33 @@ def test_wheels_in_a_fresh_venv_install_and_train(wheels, tmp_path):
     environments = _run([str(rlcore), "environments", "list", "--json"], 60)
     assert environments.returncode == 0, environments.stderr[-2000:]
     assert {e["name"]: e["status"] for e in json.loads(environments.stdout)["environments"]} == {
-        name: "ok" for name in ("digits", "math", "exact_match", "regex", "python", "guessing")}  # rlcore's own
+        name: "ok" for name in ("digits", "math", "exact_match", "regex", "python", "guessing")
+    }  # rlcore's own
     # what a megatron run imports came with the plugin (found, not imported: the run below imports them)
-    found = _run([str(python), "-c", "import importlib.util as u, sys; sys.exit([m for m in ('ray', 'torch', "
-                  "'transformers', 'megatron.core', 'safetensors') if u.find_spec(m) is None] or 0)"], 120)
+    found = _run(
+        [
+            str(python),
+            "-c",
+            "import importlib.util as u, sys; sys.exit([m for m in ('ray', 'torch', "
+            "'transformers', 'megatron.core', 'safetensors') if u.find_spec(m) is None] or 0)",
+        ],
+        120,
+    )
     assert found.returncode == 0, found.stderr[-2000:]
 
     seconds += _pip_install(python, wheels, "rl-dtensor", "rl-vllm[cpu]")
     print(f"installs: {seconds:.0f}s")
-    run = [str(rlcore), "run", "grpo_megatron", "-o", "grpo.max_num_steps=1", "-o", f"logger.output_dir={tmp_path}/run",
-           "-o", "checkpointing.enabled=false"]
+    run = [
+        str(rlcore),
+        "run",
+        "grpo_megatron",
+        "-o",
+        "grpo.max_num_steps=1",
+        "-o",
+        f"logger.output_dir={tmp_path}/run",
+        "-o",
+        "checkpointing.enabled=false",
+    ]
     done = _run(run, 600, cwd=tmp_path)
     lines = done.stderr.strip().splitlines()
     if done.returncode == 1 and len(lines) == 1 and "CUDA builds beside CPU torch" in lines[0]:

@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from rlcore.algorithms.loss_functions import NLLLoss
+from rlcore.backends.reference.worker import ReferenceWorker
 from rlcore.distributed import RayVirtualCluster, WorkerError
 from rlcore.distributed.worker_group import RayWorkerGroup
 from rlcore.plugins import BackendSpec, hookimpl
 from rlcore.policy import Policy
-from rlcore.backends.reference.worker import ReferenceWorker
 from tests.test_runtime import batch, policy_config
 
 
@@ -27,8 +27,7 @@ class RaisesOnRankOne(NLLLoss):
         return super().__call__(*args, **kwargs)
 
 
-def test_a_rank_raising_while_its_peer_waits_in_a_collective_does_not_hang(ray_session, tiny_model_dir,
-                                                                             tiny_tokenizer):
+def test_a_rank_raising_while_its_peer_waits_in_a_collective_does_not_hang(ray_session, tiny_model_dir, tiny_tokenizer):
     cluster = RayVirtualCluster([2])
     policy = Policy(cluster, policy_config(tiny_model_dir), tiny_tokenizer)
     try:
@@ -44,8 +43,9 @@ def test_a_rank_raising_while_its_peer_waits_in_a_collective_does_not_hang(ray_s
 
 def test_a_worker_out_of_memory_is_named(ray_session, tiny_model_dir, tiny_tokenizer):
     cluster = RayVirtualCluster([2])
-    policy = Policy(cluster, policy_config(tiny_model_dir, logprob_batch_size=64, max_total_sequence_length=2048),
-                    tiny_tokenizer)
+    policy = Policy(
+        cluster, policy_config(tiny_model_dir, logprob_batch_size=64, max_total_sequence_length=2048), tiny_tokenizer
+    )
     try:
         victim = policy.worker_group.worker_pids()[1]
         in_use = int(Path(f"/proc/{victim}/status").read_text().split("VmSize:")[1].split()[0]) * 1024
@@ -86,9 +86,9 @@ class _RecordsShutdownPlugin:
         register(BackendSpec(name="records-shutdown", kind="training", worker_class=f"{__name__}:RecordsShutdown"))
 
 
-def test_shutdown_asks_each_worker_then_kills_the_ones_that_do_not_answer(ray_session, tiny_model_dir,
-                                                                          tiny_tokenizer, rlcore_registry,
-                                                                          tmp_path, monkeypatch):
+def test_shutdown_asks_each_worker_then_kills_the_ones_that_do_not_answer(
+    ray_session, tiny_model_dir, tiny_tokenizer, rlcore_registry, tmp_path, monkeypatch
+):
     import ray
 
     rlcore_registry.register_plugin(_RecordsShutdownPlugin(), name="records-shutdown")

@@ -27,16 +27,20 @@ STATUS_CODES = {"passed": 0, "failed": 1, "setup failed": 2, "incomplete": 3}
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="Check every CUDA path of rlcore on this machine's GPU.")
-    parser.add_argument("--wheels", action="append", default=[],
-                        help="folder of wheels to install first (repeatable; also $WHEELS)")
+    parser.add_argument(
+        "--wheels", action="append", default=[], help="folder of wheels to install first (repeatable; also $WHEELS)"
+    )
     parser.add_argument("--out", default=None, help=f"where the summary and logs go (default {DEFAULT_OUT})")
     parser.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S, help="the whole run's time limit")
     parser.add_argument("--python", default=sys.executable, help="the Python with the machine's CUDA torch")
     parser.add_argument("--no-install", action="store_true", help="use what is installed as it is")
     parser.add_argument("--no-benchmark", action="store_true")
-    parser.add_argument("--pytest-args", default="", help="extra pytest arguments (e.g. \"-k dtensor\")")
-    parser.add_argument("--benchmark-args", default="",
-                        help="extra benchmarks/gpu.py arguments (e.g. \"--backends dtensor,dtensor-regather\")")
+    parser.add_argument("--pytest-args", default="", help='extra pytest arguments (e.g. "-k dtensor")')
+    parser.add_argument(
+        "--benchmark-args",
+        default="",
+        help='extra benchmarks/gpu.py arguments (e.g. "--backends dtensor,dtensor-regather")',
+    )
     return parser.parse_args(argv)
 
 
@@ -56,11 +60,20 @@ def main(argv: list[str] | None = None) -> int:
 
     out = Path(args.out) if args.out else DEFAULT_OUT
     out.mkdir(parents=True, exist_ok=True)
-    for stale in ("summary.json", "summary.md", "install.log", "pytest.log", "junit.xml", "records.jsonl",
-                  "benchmark.log"):
+    for stale in (
+        "summary.json",
+        "summary.md",
+        "install.log",
+        "pytest.log",
+        "junit.xml",
+        "records.jsonl",
+        "benchmark.log",
+    ):
         (out / stale).unlink(missing_ok=True)
-    log(f"{info.get('name')} x{info.get('count')}, torch {info.get('torch')} (CUDA {info.get('cuda_build')}), "
-        f"Python {info.get('python')}; output in {out}")
+    log(
+        f"{info.get('name')} x{info.get('count')}, torch {info.get('torch')} (CUDA {info.get('cuda_build')}), "
+        f"Python {info.get('python')}; output in {out}"
+    )
     timings: dict[str, float] = {}
     notes: list[str] = []
     setup: dict[str, Any] = {"problems": [], "wheels_installed": []}

@@ -9,9 +9,15 @@ DEFAULT_OUT = ROOT / "runs" / "gpu-check"
 #: What rlcore needs to import at all, with the wheel(s) that provide it.
 REQUIRED = {
     "torch": "the machine's CUDA torch (never installed here)",
-    "transformers": "transformers", "safetensors": "safetensors", "tokenizers": "tokenizers",
-    "numpy": "numpy", "pydantic": "pydantic + pydantic-core, annotated-types, typing-inspection, typing-extensions",
-    "pluggy": "pluggy", "typer": "typer", "yaml": "pyyaml", "pytest": "pytest",
+    "transformers": "transformers",
+    "safetensors": "safetensors",
+    "tokenizers": "tokenizers",
+    "numpy": "numpy",
+    "pydantic": "pydantic + pydantic-core, annotated-types, typing-inspection, typing-extensions",
+    "pluggy": "pluggy",
+    "typer": "typer",
+    "yaml": "pyyaml",
+    "pytest": "pytest",
 }
 #: What some checks need; without it they are skipped, and the run is reported incomplete.
 OPTIONAL = {

@@ -18,8 +18,13 @@ from typing import Any
 from .common import DEFAULT_OUT, OPTIONAL, REQUIRED, ROOT, log
 from .wheels import collect_wheels, wheels_to_install
 
-PLUGIN_MODULES = {"rlcore": "rlcore", "rl-dtensor": "rl_dtensor", "rl-fsdp1": "rl_fsdp1",
-                  "rl-megatron": "rl_megatron", "rl-vllm": "rl_vllm"}
+PLUGIN_MODULES = {
+    "rlcore": "rlcore",
+    "rl-dtensor": "rl_dtensor",
+    "rl-fsdp1": "rl_fsdp1",
+    "rl-megatron": "rl_megatron",
+    "rl-vllm": "rl_vllm",
+}
 
 
 def run_logged(cmd: list[str], logfile: Path, timeout_s: float, env: dict | None = None) -> int:
@@ -27,8 +32,9 @@ def run_logged(cmd: list[str], logfile: Path, timeout_s: float, env: dict | None
         f.write(f"\n$ {' '.join(cmd)}\n")
         f.flush()
         try:
-            return subprocess.run(cmd, check=False, stdout=f, stderr=subprocess.STDOUT, timeout=max(5.0, timeout_s),
-                                  env=env, cwd=ROOT).returncode
+            return subprocess.run(
+                cmd, check=False, stdout=f, stderr=subprocess.STDOUT, timeout=max(5.0, timeout_s), env=env, cwd=ROOT
+            ).returncode
         except subprocess.TimeoutExpired:
             f.write(f"(timed out after {timeout_s:.0f}s)\n")
             return 124
@@ -71,13 +77,15 @@ def install_checkout(python: str, logfile: Path, timeout_s: float) -> tuple[str,
     shim = DEFAULT_OUT.parent / "gpu-check-site"
     write_metadata_shim(shim, projects)
     paths = [str(shim), str(ROOT / "src"), *(str(p / "src") for p in projects[1:])]
-    how = ("pip could not install the checkout (see install.log); sources and entry points put on "
-           f"PYTHONPATH from {shim}")
+    how = (
+        f"pip could not install the checkout (see install.log); sources and entry points put on PYTHONPATH from {shim}"
+    )
     return how, {"PYTHONPATH": os.pathsep.join(paths)}
 
 
-def install_all(python: str, folders: list[Path], logfile: Path, left: Callable[[], float],
-                setup: dict[str, Any], notes: list[str]) -> dict[str, str]:
+def install_all(
+    python: str, folders: list[Path], logfile: Path, left: Callable[[], float], setup: dict[str, Any], notes: list[str]
+) -> dict[str, str]:
     """The wheels in ``folders``, then the checkout, each within ``left()`` seconds (180 at most).
 
     Records what happened in ``setup`` and ``notes``; returns the environment the test processes
@@ -92,8 +100,10 @@ def install_all(python: str, folders: list[Path], logfile: Path, left: Callable[
         problems = install_wheels(python, todo, logfile, min(180.0, left()))
         setup["problems"] += problems
         setup["wheels_installed"] = [w.name for w in todo if not any(w.name in p for p in problems)]
-        log(f"wheels: {len(setup['wheels_installed'])} installed, {len(kept)} already there"
-            + (f", problems: {problems}" if problems else ""))
+        log(
+            f"wheels: {len(setup['wheels_installed'])} installed, {len(kept)} already there"
+            + (f", problems: {problems}" if problems else "")
+        )
     how, extra_env = install_checkout(python, logfile, min(180.0, left()))
     setup["checkout"] = how
     log(f"checkout: {how}")
@@ -150,15 +160,38 @@ except Exception as exc:
 print(json.dumps({"imports": out, "versions": versions, "backends": backends}))
 """
 
-VERSION_DISTS = ("torch", "transformers", "safetensors", "numpy", "pydantic", "pluggy", "typer", "pyyaml", "ray",
-                 "megatron-core", "pytest", "pytest-timeout", "rlcore", "rl-dtensor", "rl-fsdp1", "rl-megatron",
-                 "rl-vllm")
+VERSION_DISTS = (
+    "torch",
+    "transformers",
+    "safetensors",
+    "numpy",
+    "pydantic",
+    "pluggy",
+    "typer",
+    "pyyaml",
+    "ray",
+    "megatron-core",
+    "pytest",
+    "pytest-timeout",
+    "rlcore",
+    "rl-dtensor",
+    "rl-fsdp1",
+    "rl-megatron",
+    "rl-vllm",
+)
 
 
 def check_imports(python: str, env: dict[str, str]) -> dict[str, Any]:
     modules = [*REQUIRED, *OPTIONAL, *PLUGIN_MODULES.values()]
-    proc = subprocess.run([python, "-c", _IMPORTS, ",".join(modules), ",".join(VERSION_DISTS)],
-                          check=False, capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
+    proc = subprocess.run(
+        [python, "-c", _IMPORTS, ",".join(modules), ",".join(VERSION_DISTS)],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        cwd=ROOT,
+    )
     lines = proc.stdout.strip().splitlines()
     if proc.returncode != 0 or not lines:
         return {"error": (proc.stderr.strip().splitlines() or ["no output"])[-1]}
@@ -176,5 +209,7 @@ def log_imports(found: dict[str, Any], setup: dict[str, Any]) -> None:
             if module not in OPTIONAL:
                 setup["problems"].append(f"cannot import {module}: {state.get('error')}")
     for backend in found.get("backends", []):
-        log(f"backend {backend.get('name')}: {backend.get('status')}"
-            + (f" ({backend.get('problem')})" if backend.get("problem") else ""))
+        log(
+            f"backend {backend.get('name')}: {backend.get('status')}"
+            + (f" ({backend.get('problem')})" if backend.get("problem") else "")
+        )

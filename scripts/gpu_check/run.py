@@ -39,8 +39,9 @@ def run_streaming(cmd: list[str], logfile: Path, timeout_s: float, env: dict[str
 
     with open(logfile, "wb") as f:
         f.write(f"$ {' '.join(cmd)}\n".encode())
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=ROOT, start_new_session=True
+        )
         fd = proc.stdout.fileno()
         deadline = time.monotonic() + timeout_s
         timed_out = killed = False
@@ -76,8 +77,15 @@ def _signal_group(proc: subprocess.Popen, sig: int) -> None:
         pass
 
 
-def run_tests(python: str, out: Path, env: dict[str, str], found: dict[str, Any], pytest_args: str,
-              left: Callable[[], float], keep_s: float) -> dict[str, Any]:
+def run_tests(
+    python: str,
+    out: Path,
+    env: dict[str, str],
+    found: dict[str, Any],
+    pytest_args: str,
+    left: Callable[[], float],
+    keep_s: float,
+) -> dict[str, Any]:
     """pytest on every file with gpu tests, within ``left()`` less the ``keep_s`` seconds kept for the
     benchmark; the junit report read back, with the exit code and what the leak check found."""
     tests: dict[str, Any] = {"cases": [], "counts": {}}
@@ -88,16 +96,32 @@ def run_tests(python: str, out: Path, env: dict[str, str], found: dict[str, Any]
         return tests
     # The tests take what they need; the benchmark gets the rest, at least BENCH_MIN_S.
     budget = max(60.0, left() - keep_s - 15.0)
-    cmd = [python, "-m", "pytest", "-m", "gpu", "-v", "-rfEs", "-p", "no:cacheprovider",
-           f"--junitxml={out / 'junit.xml'}", "-o", "junit_family=xunit1"]
+    cmd = [
+        python,
+        "-m",
+        "pytest",
+        "-m",
+        "gpu",
+        "-v",
+        "-rfEs",
+        "-p",
+        "no:cacheprovider",
+        f"--junitxml={out / 'junit.xml'}",
+        "-o",
+        "junit_family=xunit1",
+    ]
     if found.get("imports", {}).get("pytest_timeout", {}).get("ok"):
         cmd += ["--timeout", str(int(min(180.0, budget)))]
     cmd += [*shlex.split(pytest_args), *(str(f.relative_to(ROOT)) for f in files)]
     log(f"pytest: {len(files)} files with gpu tests, {budget:.0f}s budget")
     code, timed_out = run_streaming(cmd, out / "pytest.log", budget, {**env, RECORD_ENV: str(records_path)})
     tests = parse_junit(out / "junit.xml")
-    tests.update(exit_code=code, timed_out=timed_out, files=[str(f.relative_to(ROOT)) for f in files],
-                 leaks=leak_lines((out / "pytest.log").read_text(encoding="utf-8", errors="replace")))
+    tests.update(
+        exit_code=code,
+        timed_out=timed_out,
+        files=[str(f.relative_to(ROOT)) for f in files],
+        leaks=leak_lines((out / "pytest.log").read_text(encoding="utf-8", errors="replace")),
+    )
     if code not in (0, 1) and not timed_out:  # 2 interrupted, 3 internal error, 4 usage error, 5 no tests
         tests["error"] = f"pytest exited {code} (see pytest.log)"
     elif not sum(tests.get("counts", {}).values()):
@@ -105,8 +129,14 @@ def run_tests(python: str, out: Path, env: dict[str, str], found: dict[str, Any]
     return tests
 
 
-def run_benchmark(python: str, out: Path, env: dict[str, str], left: Callable[[], float],
-                  notes: list[str], extra_args: list[str] | None = None) -> dict[str, Any] | None:
+def run_benchmark(
+    python: str,
+    out: Path,
+    env: dict[str, str],
+    left: Callable[[], float],
+    notes: list[str],
+    extra_args: list[str] | None = None,
+) -> dict[str, Any] | None:
     """benchmarks/gpu.py in the time ``left()``; its JSON result (partial if interrupted), or None when
     too little time is left (said in ``notes``)."""
     budget = left() - 20.0
@@ -118,6 +148,5 @@ def run_benchmark(python: str, out: Path, env: dict[str, str], left: Callable[[]
     code, timed_out = run_streaming(cmd, out / "benchmark.log", budget, env)
     bench = last_json((out / "benchmark.log").read_text(errors="replace"))  # partial if interrupted
     if bench is None or code != 0:
-        bench = {"error": f"exit {code}{' (timed out)' if timed_out else ''}; see benchmark.log",
-                 **(bench or {})}
+        bench = {"error": f"exit {code}{' (timed out)' if timed_out else ''}; see benchmark.log", **(bench or {})}
     return bench

@@ -25,7 +25,7 @@ def _natural(text: str) -> list[Any]:
 
 def wheel_name(path: Path) -> tuple[str, str]:
     """(normalised distribution name, version) from a wheel's file name."""
-    parts = path.name[:-len(".whl")].split("-")
+    parts = path.name[: -len(".whl")].split("-")
     if len(parts) < 5:
         raise ValueError(f"{path.name} is not a wheel file name")
     return re.sub(r"[-_.]+", "-", parts[0]).lower(), parts[1]
@@ -58,7 +58,7 @@ def collect_wheels(folders: Iterable[Path], work: Path) -> tuple[list[Path], lis
             if path.is_file() and path.name.endswith(".whl"):
                 found.append(path)
             elif path.is_file() and ".whl.part" in path.name:
-                parts.setdefault(path.name[:path.name.index(".whl.part") + 4], []).append(path)
+                parts.setdefault(path.name[: path.name.index(".whl.part") + 4], []).append(path)
     for name, pieces in sorted(parts.items()):
         if any(p.name == name for p in found):
             continue  # the whole wheel is there too
@@ -76,8 +76,10 @@ def collect_wheels(folders: Iterable[Path], work: Path) -> tuple[list[Path], lis
                 raise zipfile.BadZipFile(f"bad CRC in {bad}")
         except (zipfile.BadZipFile, OSError) as exc:
             joined.unlink(missing_ok=True)
-            notes.append(f"{name}: joining {len(pieces)} part(s) ({', '.join(p.name for p in pieces)}) does not give "
-                         f"a valid wheel ({exc}); a part is missing or damaged")
+            notes.append(
+                f"{name}: joining {len(pieces)} part(s) ({', '.join(p.name for p in pieces)}) does not give "
+                f"a valid wheel ({exc}); a part is missing or damaged"
+            )
             continue
         notes.append(f"{name}: joined from {len(pieces)} parts")
         found.append(joined)

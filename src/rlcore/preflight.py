@@ -39,11 +39,28 @@ PICKLE_WEIGHTS_INDEX_NAME = "pytorch_model.bin.index.json"
 
 #: Bits per element of every dtype name the safetensors format defines.
 SAFETENSORS_DTYPE_BITS: dict[str, int] = {
-    "BOOL": 8, "U8": 8, "I8": 8, "F8_E5M2": 8, "F8_E4M3": 8, "F8_E4M3FNUZ": 8, "F8_E5M2FNUZ": 8, "F8_E8M0": 8,
-    "U16": 16, "I16": 16, "F16": 16, "BF16": 16,
-    "U32": 32, "I32": 32, "F32": 32,
-    "U64": 64, "I64": 64, "F64": 64, "C64": 64,
-    "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6,
+    "BOOL": 8,
+    "U8": 8,
+    "I8": 8,
+    "F8_E5M2": 8,
+    "F8_E4M3": 8,
+    "F8_E4M3FNUZ": 8,
+    "F8_E5M2FNUZ": 8,
+    "F8_E8M0": 8,
+    "U16": 16,
+    "I16": 16,
+    "F16": 16,
+    "BF16": 16,
+    "U32": 32,
+    "I32": 32,
+    "F32": 32,
+    "U64": 64,
+    "I64": 64,
+    "F64": 64,
+    "C64": 64,
+    "F4": 4,
+    "F6_E2M3": 6,
+    "F6_E3M2": 6,
 }
 
 #: The safetensors library refuses headers larger than this.
@@ -84,9 +101,13 @@ def check_model(field: str, name: str) -> list[str]:
     return checks.problems
 
 
-def check_policy_sources(policy: Any, weights_path: str | os.PathLike | None = None,
-                         optimizer_path: str | os.PathLike | None = None, *,
-                         fields: tuple[str, str] = ("weights_path", "optimizer_path")) -> list[str]:
+def check_policy_sources(
+    policy: Any,
+    weights_path: str | os.PathLike | None = None,
+    optimizer_path: str | os.PathLike | None = None,
+    *,
+    fields: tuple[str, str] = ("weights_path", "optimizer_path"),
+) -> list[str]:
     """Problems with what the training workers of a ``Policy`` load: ``weights_path`` if given, else the model,
     and ``optimizer_path``. A checkpoint must read its own files only (:mod:`rlcore.training.checkpoint_files`).
     ``fields``: what the lines call the two paths.
@@ -116,22 +137,28 @@ def check_policy_sources(policy: Any, weights_path: str | os.PathLike | None = N
 def _adapter_problems(directory: Path, lora: Any) -> list[str]:
     """A LoRA checkpoint (PEFT adapter directory) that ``policy.lora`` cannot load, one line per problem."""
     if not lora.enabled:
-        return [f"weights_path: {directory} is a LoRA adapter checkpoint, but policy.lora.enabled is false; "
-                "enable policy.lora with the settings it was trained with, or pass a full model directory"]
+        return [
+            f"weights_path: {directory} is a LoRA adapter checkpoint, but policy.lora.enabled is false; "
+            "enable policy.lora with the settings it was trained with, or pass a full model directory"
+        ]
     adapter, problem = _read_json(directory / ADAPTER_CONFIG_NAME)
     if problem:
         return [f"weights_path: {problem}"]
     weights = directory / ADAPTER_WEIGHTS_NAME
     if not weights.is_file():
-        return [f"weights_path: {directory} has {ADAPTER_CONFIG_NAME} but no {ADAPTER_WEIGHTS_NAME}; "
-                "the checkpoint is incomplete, resume from an earlier one"]
+        return [
+            f"weights_path: {directory} has {ADAPTER_CONFIG_NAME} but no {ADAPTER_WEIGHTS_NAME}; "
+            "the checkpoint is incomplete, resume from an earlier one"
+        ]
     if problem := _safetensors_problem(weights):
         return [f"weights_path: {problem}"]
     saved = {"dim": adapter.get("r"), "alpha": adapter.get("lora_alpha")}
     wanted = {"dim": lora.dim, "alpha": lora.alpha}
     if saved != wanted:
-        return [f"weights_path: the adapter was trained with {saved}, but policy.lora has {wanted}; "
-                "set policy.lora to the adapter's settings"]
+        return [
+            f"weights_path: the adapter was trained with {saved}, but policy.lora has {wanted}; "
+            "set policy.lora to the adapter's settings"
+        ]
     return []
 
 
@@ -171,8 +198,10 @@ class _Checks:
         if directory is None or not self._first_time(name, "tokenizer"):
             return
         if problem := _tokenizer_problem(directory):
-            self.problems.append(f"{field}: {directory}{shared} {problem}; save the tokenizer there "
-                                 f"(tokenizer.save_pretrained) or set {field} to a directory that has one")
+            self.problems.append(
+                f"{field}: {directory}{shared} {problem}; save the tokenizer there "
+                f"(tokenizer.save_pretrained) or set {field} to a directory that has one"
+            )
 
 
 # --------------------------------------------------------------------------- where the files are
@@ -189,8 +218,10 @@ def _locate(field: str, name: str) -> tuple[Path | None, str | None]:
         return None, f"{name}: '~' is not expanded; write the full path {path.expanduser()}"
     if _HUB_ID.match(name) and ".." not in name:
         return _locate_in_hub_cache(field, name)
-    return None, (f"{name} does not exist (set {field} to a local Hugging Face model directory, "
-                  "or a hub name downloaded into the local cache)")
+    return None, (
+        f"{name} does not exist (set {field} to a local Hugging Face model directory, "
+        "or a hub name downloaded into the local cache)"
+    )
 
 
 def hub_offline() -> bool:
@@ -209,9 +240,11 @@ def _locate_in_hub_cache(field: str, name: str) -> tuple[Path | None, str | None
         found = try_to_load_from_cache(name, filename)
         if isinstance(found, str):
             return Path(found).parent, None
-    return None, (f"{name} is not a local directory and not in the Hugging Face cache ({constants.HF_HUB_CACHE}), "
-                  f"and HF_HUB_OFFLINE is set: download it first (hf download {name}) "
-                  f"or set {field} to a local model directory")
+    return None, (
+        f"{name} is not a local directory and not in the Hugging Face cache ({constants.HF_HUB_CACHE}), "
+        f"and HF_HUB_OFFLINE is set: download it first (hf download {name}) "
+        f"or set {field} to a local model directory"
+    )
 
 
 # --------------------------------------------------------------------------- config.json
@@ -231,8 +264,10 @@ def _config_problem(directory: Path, field: str) -> str | None:
     """transformers needs ``config.json`` with a model type to build the model."""
     path = directory / CONFIG_NAME
     if not path.is_file():
-        return (f"{directory} has no {CONFIG_NAME}, so it is not a Hugging Face model directory "
-                f"(set {field} to the directory save_pretrained wrote)")
+        return (
+            f"{directory} has no {CONFIG_NAME}, so it is not a Hugging Face model directory "
+            f"(set {field} to the directory save_pretrained wrote)"
+        )
     data, problem = _read_json(path)
     if problem:
         return problem
@@ -254,12 +289,16 @@ def _tokenizer_problem(directory: Path) -> str | None:
     if vocab and (has_tokenizer_config or (directory / CONFIG_NAME).is_file()):
         return None
     if has_tokenizer_config:
-        return ("has tokenizer_config.json but no vocabulary file "
-                "(tokenizer.json, tokenizer.model, vocab.json or vocab.txt)")
+        return (
+            "has tokenizer_config.json but no vocabulary file "
+            "(tokenizer.json, tokenizer.model, vocab.json or vocab.txt)"
+        )
     if vocab:
         return f"has {vocab[0]} but no tokenizer_config.json naming the tokenizer class"
-    return ("has no tokenizer files (tokenizer.json, or tokenizer_config.json with a vocabulary file "
-            "such as tokenizer.model or vocab.json)")
+    return (
+        "has no tokenizer files (tokenizer.json, or tokenizer_config.json with a vocabulary file "
+        "such as tokenizer.model or vocab.json)"
+    )
 
 
 # --------------------------------------------------------------------------- weights
@@ -282,8 +321,10 @@ def _weights_problems(directory: Path) -> list[str]:
         return [p] if (p := _safetensors_problem(single)) else []
     if (directory / PICKLE_WEIGHTS_NAME).is_file() or (directory / PICKLE_WEIGHTS_INDEX_NAME).is_file():
         return _pickle_weights_problems(directory)
-    return [f"{directory} has no weights (expected {SAFE_WEIGHTS_NAME}, "
-            f"or {SAFE_WEIGHTS_INDEX_NAME} with its shards); {_RESAVE}"]
+    return [
+        f"{directory} has no weights (expected {SAFE_WEIGHTS_NAME}, "
+        f"or {SAFE_WEIGHTS_INDEX_NAME} with its shards); {_RESAVE}"
+    ]
 
 
 def _index_shards(index: Path) -> tuple[list[Path], list[str]]:
@@ -299,8 +340,7 @@ def _index_shards(index: Path) -> tuple[list[Path], list[str]]:
     if not missing:
         return shards, []
     more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
-    line = (f"{index} lists {len(missing)} shard file(s) that are missing: "
-            f"{', '.join(missing[:3])}{more}; {_RESAVE}")
+    line = f"{index} lists {len(missing)} shard file(s) that are missing: {', '.join(missing[:3])}{more}; {_RESAVE}"
     return [shard for shard in shards if shard.is_file()], [line]
 
 
@@ -355,8 +395,10 @@ def _safetensors_problem(path: Path) -> str | None:
             return f"{path} is truncated ({size} bytes, less than a safetensors header); {_RESAVE}"
         (header_len,) = struct.unpack("<Q", prefix)
         if header_len > min(size - 8, _MAX_HEADER_BYTES):
-            return (f"{path} has a corrupted safetensors header (it claims {header_len:,} header bytes "
-                    f"in a {size:,}-byte file); {_RESAVE}")
+            return (
+                f"{path} has a corrupted safetensors header (it claims {header_len:,} header bytes "
+                f"in a {size:,}-byte file); {_RESAVE}"
+            )
         raw = f.read(header_len)
     try:
         header = json.loads(raw)
@@ -375,8 +417,10 @@ def _safetensors_problem(path: Path) -> str | None:
     if size < expected:
         return f"{path} is truncated ({size:,} bytes; its header describes {expected:,}); {_RESAVE}"
     if size > expected:
-        return (f"{path} has {size - expected:,} unexpected bytes after the last tensor "
-                f"({size:,} bytes; its header describes {expected:,}); {_RESAVE}")
+        return (
+            f"{path} has {size - expected:,} unexpected bytes after the last tensor "
+            f"({size:,} bytes; its header describes {expected:,}); {_RESAVE}"
+        )
     return None
 
 
@@ -389,14 +433,20 @@ def _tensor_entry_problem(name: str, info: Any) -> str | None:
         return f"tensor {name!r} has unknown dtype {dtype!r}"
     if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
         return f"tensor {name!r} has an invalid shape {shape!r}"
-    if (not isinstance(offsets, list) or len(offsets) != 2 or not all(isinstance(o, int) for o in offsets)
-            or not 0 <= offsets[0] <= offsets[1]):
+    if (
+        not isinstance(offsets, list)
+        or len(offsets) != 2
+        or not all(isinstance(o, int) for o in offsets)
+        or not 0 <= offsets[0] <= offsets[1]
+    ):
         return f"tensor {name!r} has invalid data_offsets {offsets!r}"
     numel = 1
     for dim in shape:
         numel *= dim
     needed = -(-numel * SAFETENSORS_DTYPE_BITS[dtype] // 8)
     if offsets[1] - offsets[0] != needed:
-        return (f"tensor {name!r} ({dtype} {shape}) needs {needed:,} bytes "
-                f"but data_offsets span {offsets[1] - offsets[0]:,}")
+        return (
+            f"tensor {name!r} ({dtype} {shape}) needs {needed:,} bytes "
+            f"but data_offsets span {offsets[1] - offsets[0]:,}"
+        )
     return None

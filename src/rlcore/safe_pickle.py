@@ -27,7 +27,8 @@ import contextlib
 import io
 import pickle
 import re
-from typing import Any, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
 
 #: ``(module, qualified name)`` as a pickle's GLOBAL / STACK_GLOBAL names it → the object it stands for.
 AllowList = Mapping[tuple[str, str], Any]
@@ -50,7 +51,8 @@ class RestrictedUnpickler(pickle.Unpickler):
             return self._allowed[(module, name)]
         except KeyError:
             raise UnsafeCheckpointError(
-                f"{self._source}: refusing to load {module}.{name} (not an allowed checkpoint type)") from None
+                f"{self._source}: refusing to load {module}.{name} (not an allowed checkpoint type)"
+            ) from None
 
     def persistent_load(self, pid: Any) -> Any:
         raise UnsafeCheckpointError(f"{self._source}: refusing a persistent reference (no tensors expected here)")
@@ -156,8 +158,9 @@ def dcp_metadata_globals() -> dict[tuple[str, str], Any]:
         ("torch.serialization", "_get_layout"): _layout,
         ("pathlib", "PosixPath"): pathlib.PosixPath,
     }
-    allowed.update({("torch", str(v).removeprefix("torch.")): v
-                    for v in vars(torch).values() if isinstance(v, torch.dtype)})
+    allowed.update(
+        {("torch", str(v).removeprefix("torch.")): v for v in vars(torch).values() if isinstance(v, torch.dtype)}
+    )
     return allowed
 
 
@@ -183,7 +186,8 @@ def load_dcp_metadata(data: bytes, source: str) -> Any:
     for index, info in storage.items():
         if not isinstance(info, _StorageInfo) or not _plain_file_name(info.relative_path):
             raise UnsafeCheckpointError(
-                f"{source}: the data of {getattr(index, 'fqn', index)!r} is not in a file of the checkpoint directory")
+                f"{source}: the data of {getattr(index, 'fqn', index)!r} is not in a file of the checkpoint directory"
+            )
     return metadata
 
 

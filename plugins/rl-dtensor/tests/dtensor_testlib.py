@@ -10,7 +10,8 @@ weights first put the initial ones back with ``load_checkpoint``.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 
@@ -25,8 +26,14 @@ LR = 0.5
 GBS = 8
 
 BATCHING = {
-    "dynamic": {"dynamic_batching": {"enabled": True, "train_mb_tokens": 32, "logprob_mb_tokens": 48,
-                                     "sequence_length_round": 4}},
+    "dynamic": {
+        "dynamic_batching": {
+            "enabled": True,
+            "train_mb_tokens": 32,
+            "logprob_mb_tokens": 48,
+            "sequence_length_round": 4,
+        }
+    },
     "packing": {"sequence_packing": {"enabled": True, "train_mb_tokens": 40, "logprob_mb_tokens": 48}},
 }
 
@@ -36,8 +43,9 @@ def model_dir(arch: str = "llama", **kwargs: Any) -> str:
     return tiny_model_path(arch=arch, num_heads=4, num_kv_heads=2, **kwargs)
 
 
-def policy_config(model: str, world: int = 2, tp: int = 1, sp: bool = False, use_gpu: bool = False,
-                  **policy: Any) -> Any:
+def policy_config(
+    model: str, world: int = 2, tp: int = 1, sp: bool = False, use_gpu: bool = False, **policy: Any
+) -> Any:
     raw = {
         "backend": "dtensor",
         "model_name": model,
@@ -111,8 +119,9 @@ def batching(policy: Any, mode: str) -> Iterator[None]:
         yield
         return
     original = policy.cfg
-    policy.cfg = original.model_copy(update={
-        key: type(getattr(original, key)).model_validate(value) for key, value in BATCHING[mode].items()})
+    policy.cfg = original.model_copy(
+        update={key: type(getattr(original, key)).model_validate(value) for key, value in BATCHING[mode].items()}
+    )
     try:
         yield
     finally:

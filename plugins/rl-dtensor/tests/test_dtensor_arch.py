@@ -34,9 +34,17 @@ MODELS = {
 }
 SETTINGS = {
     "qwen2": dict(tp=2, sp=False),
-    "qwen3": dict(tp=2, sp=True, max_grad_norm=MAX_NORM,
-                  dtensor_cfg={"tensor_parallel_size": 2, "sequence_parallel": True,
-                               "activation_checkpointing": True, "cpu_offload": True}),
+    "qwen3": dict(
+        tp=2,
+        sp=True,
+        max_grad_norm=MAX_NORM,
+        dtensor_cfg={
+            "tensor_parallel_size": 2,
+            "sequence_parallel": True,
+            "activation_checkpointing": True,
+            "cpu_offload": True,
+        },
+    ),
 }
 
 

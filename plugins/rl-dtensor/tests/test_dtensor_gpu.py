@@ -23,8 +23,11 @@ from dtensor_testlib import full_weights, max_abs_diff, model_dir, oracle_step, 
 from rlcore.algorithms.loss_functions import NLLLoss
 from tests.support_gpu import NO_RAY, check_offload_frees_the_model, missing
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(missing("ray"), reason=NO_RAY),
-              pytest.mark.filterwarnings("ignore::UserWarning")]
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(missing("ray"), reason=NO_RAY),
+    pytest.mark.filterwarnings("ignore::UserWarning"),
+]
 
 #: float32 on the GPU vs float64 HF on CPU; a step vs the single-process CPU step.
 ATOL = 1e-5
@@ -50,8 +53,9 @@ def _call(policy: Any, method: str, *args: Any) -> list[Any]:
     return wg.get_results(wg.run_all_workers_single_data(method, *args))
 
 
-def test_cpu_offload_with_activation_checkpointing_on_one_gpu(ray_session: None, tiny_tokenizer: Any,
-                                                               tmp_path: Any) -> None:
+def test_cpu_offload_with_activation_checkpointing_on_one_gpu(
+    ray_session: None, tiny_tokenizer: Any, tmp_path: Any
+) -> None:
     from rlcore.policy import Policy
     from rlcore.testing.oracle import load_hf_model, state_copy
     from tests.support_gpu import record
@@ -60,8 +64,9 @@ def test_cpu_offload_with_activation_checkpointing_on_one_gpu(ray_session: None,
     data = make_data(tiny_tokenizer)
     cluster = _gpu_cluster(1)
     try:
-        cfg = policy_config(model, world=1, use_gpu=True,
-                            dtensor_cfg={"cpu_offload": True, "activation_checkpointing": True})
+        cfg = policy_config(
+            model, world=1, use_gpu=True, dtensor_cfg={"cpu_offload": True, "activation_checkpointing": True}
+        )
         policy = Policy(cluster, cfg, tiny_tokenizer, name_prefix="dt-gpu-offload", init_reference_model=False)
         try:
             assert _call(policy, "report_device_id")[0].startswith("cuda")
@@ -88,16 +93,21 @@ def test_cpu_offload_with_activation_checkpointing_on_one_gpu(ray_session: None,
         finally:
             policy.shutdown()
 
-        plain = Policy(cluster, policy_config(model, world=1, use_gpu=True,
-                                              dtensor_cfg={"activation_checkpointing": True}),
-                       tiny_tokenizer, name_prefix="dt-gpu-no-offload", init_reference_model=False)
+        plain = Policy(
+            cluster,
+            policy_config(model, world=1, use_gpu=True, dtensor_cfg={"activation_checkpointing": True}),
+            tiny_tokenizer,
+            name_prefix="dt-gpu-no-offload",
+            init_reference_model=False,
+        )
         try:
             plain.train(data, NLLLoss())
             plain_on_gpu = _gpu_bytes(plain)
         finally:
             plain.shutdown()
-        check_offload_frees_the_model("cpu_offload_gpu_bytes_between_steps", on_gpu, plain_on_gpu, model,
-                                      after_refit_gather=after_gather)
+        check_offload_frees_the_model(
+            "cpu_offload_gpu_bytes_between_steps", on_gpu, plain_on_gpu, model, after_refit_gather=after_gather
+        )
     finally:
         cluster.shutdown()
 
@@ -113,8 +123,13 @@ def test_tensor_and_sequence_parallel_on_two_gpus(ray_session: None, tiny_tokeni
     model = model_dir("llama")
     data = make_data(tiny_tokenizer)
     try:
-        policy = Policy(cluster, policy_config(model, world=2, tp=2, sp=True, use_gpu=True), tiny_tokenizer,
-                        name_prefix="dt-gpu-tp", init_reference_model=False)
+        policy = Policy(
+            cluster,
+            policy_config(model, world=2, tp=2, sp=True, use_gpu=True),
+            tiny_tokenizer,
+            name_prefix="dt-gpu-tp",
+            init_reference_model=False,
+        )
         try:
             assert _f64_error(model, data, policy.get_logprobs(data)["logprobs"]) <= ATOL
             _, expected = oracle_step(model, data, NLLLoss())

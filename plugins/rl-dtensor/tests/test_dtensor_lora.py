@@ -19,8 +19,14 @@ from rlcore.testing.oracle import weight_problems
 
 TOL = 1e-5
 LR = 0.5
-LORA = {"enabled": True, "dim": 4, "alpha": 8, "match_all_linear": True, "target_modules": ["lm_head"],
-        "lora_A_init": "uniform"}
+LORA = {
+    "enabled": True,
+    "dim": 4,
+    "alpha": 8,
+    "match_all_linear": True,
+    "target_modules": ["lm_head"],
+    "lora_A_init": "uniform",
+}
 
 
 def test_lora_step_under_tensor_parallel_matches_peft(ray_session, tiny_tokenizer, tmp_path):
@@ -40,8 +46,13 @@ def test_lora_step_under_tensor_parallel_matches_peft(ray_session, tiny_tokenize
         loss = float(policy.train(data, NLLLoss())["loss"][0])
         assert abs(loss - expected.loss) <= TOL * max(1.0, abs(expected.loss))
         policy.save_checkpoint(str(tmp_path / "step1"))
-        problems = weight_problems(peft_adapters(peft_model(llama, tmp_path / "step1")), expected.adapters,
-                                   expected.initial_adapters, TOL, what="tp=2 adapters vs PEFT")
+        problems = weight_problems(
+            peft_adapters(peft_model(llama, tmp_path / "step1")),
+            expected.adapters,
+            expected.initial_adapters,
+            TOL,
+            what="tp=2 adapters vs PEFT",
+        )
         assert not problems, "\n".join(problems)
         lengths = data["input_lengths"]
         assert valid_diff(policy.get_logprobs(data)["logprobs"], expected.logprobs, lengths) <= TOL

@@ -34,8 +34,14 @@ def mesh2d(ray_session, tiny_tokenizer):
     from rlcore.policy import Policy
 
     path = model_dir("llama")
-    cfg = policy_config(path, world=4, tp=2, sp=True, max_grad_norm=1.0,
-                        optimizer={"name": "torch.optim.SGD", "kwargs": {"lr": 0.5, "momentum": 0.9}})
+    cfg = policy_config(
+        path,
+        world=4,
+        tp=2,
+        sp=True,
+        max_grad_norm=1.0,
+        optimizer={"name": "torch.optim.SGD", "kwargs": {"lr": 0.5, "momentum": 0.9}},
+    )
     cluster = RayVirtualCluster([4])
     policy = Policy(cluster, cfg, tiny_tokenizer, name_prefix="dt-2d")
     yield path, policy

@@ -255,8 +255,9 @@ def test_refit_transports_deliver_the_full_state_dict(layouts, data, transport):
     gen_cluster = cluster if transport == "shared_memory" else RayVirtualCluster([1])
     generation = RecordingGeneration(gen_cluster)
     try:
-        sync = WeightSynchronizer(policy, generation, colocated=transport == "shared_memory", cluster=cluster,
-                                  bucket_bytes=64 << 10)
+        sync = WeightSynchronizer(
+            policy, generation, colocated=transport == "shared_memory", cluster=cluster, bucket_bytes=64 << 10
+        )
         stats = sync.sync_weights()
         got = generation.received()
     finally:

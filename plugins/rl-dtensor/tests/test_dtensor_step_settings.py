@@ -3,8 +3,9 @@
 Two gloo ranks in spawned processes (no Ray) each build the real ``DTensorPolicyWorker`` four times,
 once per combination of the two settings, on a tiny 2-layer model (FSDP2 units: 2 decoder layers and
 the root), and train two SGD steps of K micro-batches (SGD: a weight's change is proportional to its
-gradient, so rounding stays rounding; Adam's first steps divide by the gradient's own size). The second step runs under the profiler,
-which counts the all-gathers and reduce-scatters it issued. The counts are FSDP2's schedule:
+gradient, so rounding stays rounding; Adam's first steps divide by the gradient's own size).
+The second step runs under the profiler, which counts the all-gathers and reduce-scatters it issued.
+The counts are FSDP2's schedule:
 
 - ``reshard_after_forward`` true: each micro-batch gathers every unit for its forward and each layer
   again for its backward (the root stays gathered between them): K * (3 + 2) all-gathers; false:
@@ -43,8 +44,17 @@ EXPECTED = {  # (reshard_after_forward, reduce_grads) -> (all-gathers, reduce-sc
 def _model_dir() -> str:
     from rlcore.models import tiny_model_path
 
-    return tiny_model_path(arch="llama", hidden_size=64, num_layers=LAYERS, num_heads=2, num_kv_heads=1,
-                           head_dim=32, intermediate_size=128, vocab_size=320, max_position_embeddings=128)
+    return tiny_model_path(
+        arch="llama",
+        hidden_size=64,
+        num_layers=LAYERS,
+        num_heads=2,
+        num_kv_heads=1,
+        head_dim=32,
+        intermediate_size=128,
+        vocab_size=320,
+        max_position_embeddings=128,
+    )
 
 
 def _batch() -> dict:
@@ -56,11 +66,23 @@ def _batch() -> dict:
 def _config(model_dir: str, reshard: bool, reduce_grads: str):
     from rlcore.config import load_config_dict
 
-    return load_config_dict({"cluster": {"workers_per_node": WORLD}, "policy": {
-        "backend": "dtensor", "model_name": model_dir, "train_global_batch_size": K * WORLD,
-        "train_micro_batch_size": 1, "logprob_batch_size": 2, "precision": "float32", "max_grad_norm": 1.0,
-        "max_total_sequence_length": 32, "optimizer": {"name": "torch.optim.SGD", "kwargs": {"lr": 0.5}},
-        "dtensor_cfg": {"reshard_after_forward": reshard, "reduce_grads": reduce_grads}}}).policy
+    return load_config_dict(
+        {
+            "cluster": {"workers_per_node": WORLD},
+            "policy": {
+                "backend": "dtensor",
+                "model_name": model_dir,
+                "train_global_batch_size": K * WORLD,
+                "train_micro_batch_size": 1,
+                "logprob_batch_size": 2,
+                "precision": "float32",
+                "max_grad_norm": 1.0,
+                "max_total_sequence_length": 32,
+                "optimizer": {"name": "torch.optim.SGD", "kwargs": {"lr": 0.5}},
+                "dtensor_cfg": {"reshard_after_forward": reshard, "reduce_grads": reduce_grads},
+            },
+        }
+    ).policy
 
 
 def _collectives(fn) -> tuple[int, int]:
@@ -73,27 +95,33 @@ def _collectives(fn) -> tuple[int, int]:
 
 
 def _rank(rank: int, port: int, model_dir: str, results) -> None:
+    from rl_dtensor.worker import DTensorPolicyWorker
     from rlcore.algorithms.loss_functions import NLLLoss
     from rlcore.data import BatchedDataDict
-    from rl_dtensor.worker import DTensorPolicyWorker
 
     torch.set_num_threads(1)
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(WORLD), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))
+    os.environ.update(
+        RANK=str(rank), WORLD_SIZE=str(WORLD), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+    )
     data = _batch()
-    shard = BatchedDataDict({k: v[rank * K:(rank + 1) * K] for k, v in data.items()})
+    shard = BatchedDataDict({k: v[rank * K : (rank + 1) * K] for k, v in data.items()})
     out = {"seconds": []}
     for reshard, reduce_grads in SETTINGS:
         t0 = time.perf_counter()
         worker = DTensorPolicyWorker(_config(model_dir, reshard, reduce_grads), None, init_reference_model=False)
         first = worker.train(shard, NLLLoss(), gbs=K * WORLD, mbs=1)
         counted = {}
-        counts = _collectives(lambda: counted.update(worker.train(shard, NLLLoss(), gbs=K * WORLD, mbs=1)))
+        train = worker.train
+        counts = _collectives(lambda: counted.update(train(shard, NLLLoss(), gbs=K * WORLD, mbs=1)))
         lp = worker.get_logprobs(shard)["logprobs"]
         weights = worker.state_dict_cpu()
-        out[(reshard, reduce_grads)] = dict(counts=counts, losses=first["losses"] + counted["losses"],
-                                            norms=first["grad_norms"] + counted["grad_norms"],
-                                            weights=weights, logprobs=lp)
+        out[(reshard, reduce_grads)] = dict(
+            counts=counts,
+            losses=first["losses"] + counted["losses"],
+            norms=first["grad_norms"] + counted["grad_norms"],
+            weights=weights,
+            logprobs=lp,
+        )
         out["seconds"].append(time.perf_counter() - t0)
         del worker  # the next one joins the same process group (shutdown would destroy it)
     if rank == 0:  # plain pickled bytes: shared-memory tensors would die with this process
@@ -112,10 +140,10 @@ def _float64_first_grad_norm(model_dir: str) -> float:
     total = torch.zeros((), dtype=torch.float64)
     for row in range(len(data["input_ids"])):
         width = int(data["input_lengths"][row])
-        ids = data["input_ids"][row:row + 1, :width]
+        ids = data["input_ids"][row : row + 1, :width]
         logits = model(input_ids=ids, use_cache=False).logits[:, :-1]
         lp = torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
-        total = total - (lp * mask[row:row + 1, :width - 1]).sum()
+        total = total - (lp * mask[row : row + 1, : width - 1]).sum()
     (total / mask.sum()).backward()
     return float(torch.sqrt(sum(p.grad.square().sum() for p in model.parameters())))
 
@@ -157,11 +185,13 @@ def test_a_step_of_k_micro_batches_issues_these_all_gathers_and_reduce_scatters(
     all_gathers, reduce_scatters = runs[setting]["counts"]
     assert (all_gathers, reduce_scatters) == EXPECTED[setting], (
         f"{setting}: {all_gathers} all-gathers and {reduce_scatters} reduce-scatters in a step of {K} micro-batches, "
-        f"expected {EXPECTED[setting]}")
+        f"expected {EXPECTED[setting]}"
+    )
 
 
-@pytest.mark.parametrize("setting", SETTINGS[1:], ids=[f"reshard_after_forward={r}-reduce_grads={g}"
-                                                      for r, g in SETTINGS[1:]])
+@pytest.mark.parametrize(
+    "setting", SETTINGS[1:], ids=[f"reshard_after_forward={r}-reduce_grads={g}" for r, g in SETTINGS[1:]]
+)
 def test_the_settings_change_no_number(runs, setting):
     base, got = runs[SETTINGS[0]], runs[setting]
     assert got["losses"] == pytest.approx(base["losses"], rel=1e-6, abs=1e-7)

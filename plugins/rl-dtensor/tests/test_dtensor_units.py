@@ -24,8 +24,11 @@ def test_dtensor_is_selected_by_default_and_by_name(tiny_model_dir):
 
 def test_context_parallel_is_refused_on_cpu():
     with pytest.raises(ConfigError, match=r"policy\.dtensor_cfg\.context_parallel_size"):
-        resolve(load_config_dict({"cluster": {"workers_per_node": 2},
-                                  "policy": {"dtensor_cfg": {"context_parallel_size": 2}}}))
+        resolve(
+            load_config_dict(
+                {"cluster": {"workers_per_node": 2}, "policy": {"dtensor_cfg": {"context_parallel_size": 2}}}
+            )
+        )
     # The worker refuses too (a config built without the CPU check, e.g. cluster.use_gpu on a CPU box).
     from rl_dtensor.worker import check_context_parallel
 
@@ -79,8 +82,9 @@ def test_block_causal_mask():
     from rl_dtensor.inputs import block_causal_mask
 
     mask = block_causal_mask(torch.tensor([0, 0, 1, 1, 1]), "sdpa", torch.float32)[0, 0]
-    expected = torch.tensor([[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [0, 0, 1, 0, 0], [0, 0, 1, 1, 0],
-                             [0, 0, 1, 1, 1]], dtype=torch.bool)
+    expected = torch.tensor(
+        [[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [0, 0, 1, 0, 0], [0, 0, 1, 1, 0], [0, 0, 1, 1, 1]], dtype=torch.bool
+    )
     assert torch.equal(mask, expected)
     additive = block_causal_mask(torch.tensor([0, 0, 1, 1, 1]), "eager", torch.float32)[0, 0]
     assert torch.equal(additive == 0, expected) and (additive[~expected] == torch.finfo(torch.float32).min).all()
@@ -91,14 +95,15 @@ def test_block_causal_mask():
 def test_packed_forward_equals_padded_forward(tiny_model_dir, tiny_tokenizer, attn, multiple):
     """One packed row (block-diagonal mask, or segment attention) gives each sequence's padded-batch
     logprobs and top-k."""
-    from rl_dtensor.inputs import packed_inputs, padded_inputs
-    from rl_dtensor.segment_attention import use_segment_attention
     from transformers import AutoModelForCausalLM
 
+    from rl_dtensor.inputs import packed_inputs, padded_inputs
+    from rl_dtensor.segment_attention import use_segment_attention
     from rlcore.testing.models import make_batch
 
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32,
-                                                 attn_implementation="sdpa" if attn == "segments" else attn)
+    model = AutoModelForCausalLM.from_pretrained(
+        tiny_model_dir, dtype=torch.float32, attn_implementation="sdpa" if attn == "segments" else attn
+    )
     if attn == "segments":
         assert use_segment_attention(model)
     mb = make_batch(tiny_tokenizer, 5, 2, 13, seed=3)
@@ -118,10 +123,10 @@ def test_packed_forward_equals_padded_forward(tiny_model_dir, tiny_tokenizer, at
 
 def test_segment_attention_gradients_equal_the_padded_batch(tiny_model_dir, tiny_tokenizer):
     """Backward through segment attention: the same parameter gradients as the padded batch (float64)."""
-    from rl_dtensor.inputs import packed_inputs, padded_inputs
-    from rl_dtensor.segment_attention import use_segment_attention
     from transformers import AutoModelForCausalLM
 
+    from rl_dtensor.inputs import packed_inputs, padded_inputs
+    from rl_dtensor.segment_attention import use_segment_attention
     from rlcore.testing.models import make_batch
 
     mb = make_batch(tiny_tokenizer, 6, 2, 17, seed=5)
@@ -138,8 +143,9 @@ def test_segment_attention_gradients_equal_the_padded_batch(tiny_model_dir, tiny
 
 
 def test_segment_attention_is_not_used_where_attention_is_not_plain_causal(tiny_model_dir):
-    from rl_dtensor.segment_attention import can_use_segment_attention
     from transformers import AutoConfig
+
+    from rl_dtensor.segment_attention import can_use_segment_attention
 
     config = AutoConfig.from_pretrained(tiny_model_dir)
     config._attn_implementation = "sdpa"
@@ -155,9 +161,10 @@ def test_segment_attention_is_not_used_where_attention_is_not_plain_causal(tiny_
 
 def test_replica_count_treats_fsdp_strided_shards_as_shards():
     """FSDP over a TP-sharded weight gives ``(_StridedShard, Shard)``: distinct pieces, not copies."""
-    from rl_dtensor.grads import replica_count
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.placement_types import _StridedShard
+
+    from rl_dtensor.grads import replica_count
 
     assert replica_count((_StridedShard(0, split_factor=2), Shard(0)), (2, 2), world=4) == 1
     assert replica_count((Shard(0), Replicate()), (2, 2), world=4) == 2  # a norm weight under SP
@@ -175,6 +182,7 @@ class _Boom:
 
 def test_dcp_reader_loads_real_checkpoints_and_refuses_foreign_objects(tmp_path):
     import torch.distributed.checkpoint as dcp
+
     from rlcore.training.sharded_checkpoint import SafeFileSystemReader
 
     state = {"w": torch.randn(3, 4), "step": torch.tensor(7), "h": torch.ones(2, dtype=torch.bfloat16)}

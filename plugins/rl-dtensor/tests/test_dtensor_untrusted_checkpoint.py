@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import pickle
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 import torch
@@ -99,6 +100,7 @@ def _write(name: str, build: Callable[[Path], bytes]) -> Callable[[Path, Path], 
     def forge(optim: Path, marker: Path) -> str:
         (optim / name).write_bytes(build(marker))
         return name
+
     return forge
 
 
@@ -106,10 +108,14 @@ def _write(name: str, build: Callable[[Path], bytes]) -> Callable[[Path, Path], 
 CASES: dict[str, tuple[Callable[[Path, Path], str], str]] = {
     "metadata-os.system": (_write(".metadata", system_payload), "refusing to load os.system"),
     "metadata-getattr-chain": (_write(".metadata", getattr_payload), "refusing to load builtins.getattr"),
-    "metadata-protocol-4-dotted": (_write(".metadata", dotted_payload),
-                                   "refusing to load torch.distributed.checkpoint.filesystem.os.system"),
-    "extra_state-torch.save": (_write("extra_state.pt", lambda m: torch_save_payload(
-        m, lambda evil: {"optimizer": evil, "scheduler": None})), "refusing to load posix.system"),
+    "metadata-protocol-4-dotted": (
+        _write(".metadata", dotted_payload),
+        "refusing to load torch.distributed.checkpoint.filesystem.os.system",
+    ),
+    "extra_state-torch.save": (
+        _write("extra_state.pt", lambda m: torch_save_payload(m, lambda evil: {"optimizer": evil, "scheduler": None})),
+        "refusing to load posix.system",
+    ),
     "extra_state-legacy-pickle": (_write("extra_state.pt", system_payload), "refusing to load os.system"),
     "distcp-bytes-entry": (forge_bytes_entry, "refusing to unpickle"),
     "distcp-tensor-data": (forge_tensor_file, "posix.system"),
@@ -118,8 +124,13 @@ CASES: dict[str, tuple[Callable[[Path, Path], str], str]] = {
 }
 #: The file of the copy each case's error names. A bytes entry's error names the entry; tensor data is
 #: refused by torch's own ``weights_only`` load, and a damaged shard by DCP: those errors name the directory.
-NAMES = {"extra_state-torch.save": "extra_state.pt", "extra_state-legacy-pickle": "extra_state.pt",
-         "distcp-bytes-entry": None, "distcp-tensor-data": None, "distcp-truncated": None}
+NAMES = {
+    "extra_state-torch.save": "extra_state.pt",
+    "extra_state-legacy-pickle": "extra_state.pt",
+    "distcp-bytes-entry": None,
+    "distcp-tensor-data": None,
+    "distcp-truncated": None,
+}
 
 
 # --------------------------------------------------------------------------- one policy, many forged loads
@@ -147,8 +158,15 @@ def trained(ray_session: None, tiny_model_dir: str, tiny_tokenizer: Any, tmp_pat
         policy.save_checkpoint(str(root / "weights"), str(root / "optimizer"))
         later = _losses(policy, batches[1:])
         policy.worker_group.kill_on_error = False  # a refused load must not end the policy
-        yield {"policy": policy, "root": root, "batches": batches, "later": later, "cfg": cfg,
-               "clusters": clusters, "tokenizer": tiny_tokenizer}
+        yield {
+            "policy": policy,
+            "root": root,
+            "batches": batches,
+            "later": later,
+            "cfg": cfg,
+            "clusters": clusters,
+            "tokenizer": tiny_tokenizer,
+        }
     finally:
         policy.shutdown()
         clusters.shutdown()
@@ -195,8 +213,15 @@ def test_resume_refuses_forged_metadata(trained: dict, tmp_path: Path) -> None:
 
     optim, marker, _ = _forged_copy(trained, tmp_path, "metadata-getattr-chain")
     with pytest.raises(Exception) as err:
-        Policy(trained["clusters"](1), trained["cfg"], trained["tokenizer"], name_prefix="untrusted-dt-resume",
-               weights_path=str(trained["root"] / "weights"), optimizer_path=str(optim), init_reference_model=False)
+        Policy(
+            trained["clusters"](1),
+            trained["cfg"],
+            trained["tokenizer"],
+            name_prefix="untrusted-dt-resume",
+            weights_path=str(trained["root"] / "weights"),
+            optimizer_path=str(optim),
+            init_reference_model=False,
+        )
     assert f"{optim / '.metadata'}: refusing to load builtins.getattr" in str(err.value), str(err.value)
     assert not marker.exists()
 
@@ -205,7 +230,9 @@ def test_resume_refuses_forged_metadata(trained: dict, tmp_path: Path) -> None:
 def test_load_refuses_files_outside_the_checkpoint(trained: dict, tmp_path: Path, case: str) -> None:
     """An index entry or a link reaching out of the checkpoint (rlcore.testing.outside_files) is refused,
     naming the file, before anything is read."""
-    assert_load_refuses(lambda w, o: call_all(trained["policy"], "load_checkpoint", str(w), str(o)), trained["root"], tmp_path, case)
+    assert_load_refuses(
+        lambda w, o: call_all(trained["policy"], "load_checkpoint", str(w), str(o)), trained["root"], tmp_path, case
+    )
 
 
 def test_genuine_checkpoint_still_resumes(trained: dict) -> None:

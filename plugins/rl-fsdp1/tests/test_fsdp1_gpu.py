@@ -26,8 +26,11 @@ from rlcore.testing.conformance import generation_output_problems, single_proces
 from rlcore.testing.models import make_batch, tiny_model_path
 from tests.support_gpu import NO_RAY, missing
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(missing("ray"), reason=NO_RAY),
-              pytest.mark.filterwarnings("ignore::UserWarning")]
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(missing("ray"), reason=NO_RAY),
+    pytest.mark.filterwarnings("ignore::UserWarning"),
+]
 
 ATOL = 1e-5
 STEP_RTOL = 1e-4
@@ -38,11 +41,22 @@ MAX_NEW_TOKENS = 8
 def _config(model: str, offload: bool = True) -> Any:
     from rlcore.config import load_config_dict
 
-    return load_config_dict({"cluster": {"workers_per_node": 1, "use_gpu": True}, "policy": {
-        "backend": "fsdp1", "model_name": model, "train_global_batch_size": 4, "train_micro_batch_size": 2,
-        "logprob_batch_size": 2, "max_grad_norm": None, "fsdp_offload_enabled": offload,
-        "optimizer": {"name": "torch.optim.SGD", "kwargs": {"lr": LR}},
-        "generation": {"max_new_tokens": MAX_NEW_TOKENS, "temperature": 1.0}}}).policy
+    return load_config_dict(
+        {
+            "cluster": {"workers_per_node": 1, "use_gpu": True},
+            "policy": {
+                "backend": "fsdp1",
+                "model_name": model,
+                "train_global_batch_size": 4,
+                "train_micro_batch_size": 2,
+                "logprob_batch_size": 2,
+                "max_grad_norm": None,
+                "fsdp_offload_enabled": offload,
+                "optimizer": {"name": "torch.optim.SGD", "kwargs": {"lr": LR}},
+                "generation": {"max_new_tokens": MAX_NEW_TOKENS, "temperature": 1.0},
+            },
+        }
+    ).policy
 
 
 def _call(policy: Any, method: str, *args: Any) -> list[Any]:
@@ -64,13 +78,15 @@ def test_fsdp_param_offload_on_one_gpu(ray_session: None, tiny_tokenizer: Any) -
     data = BatchedDataDict(make_batch(tiny_tokenizer, 4, 5, 16, seed=2))
     cluster = RayVirtualCluster([1], use_gpus=True)
     try:
-        policy = Policy(cluster, _config(model), tiny_tokenizer, name_prefix="fsdp1-gpu-offload",
-                        init_reference_model=False)
+        policy = Policy(
+            cluster, _config(model), tiny_tokenizer, name_prefix="fsdp1-gpu-offload", init_reference_model=False
+        )
         try:
             assert _call(policy, "report_device_id")[0].startswith("cuda")
             assert _call(policy, "report_notes")[0] == [], "offload must take effect on a GPU"
-            err, _ = valid_error(policy.get_logprobs(data)["logprobs"], token_logprobs_f64(model, data),
-                                 data["input_lengths"])
+            err, _ = valid_error(
+                policy.get_logprobs(data)["logprobs"], token_logprobs_f64(model, data), data["input_lengths"]
+            )
             record("fsdp1_offload_logprobs_vs_hf_f64_max_abs", err, tolerance=ATOL)
             assert err <= ATOL
 
@@ -86,17 +102,24 @@ def test_fsdp_param_offload_on_one_gpu(ray_session: None, tiny_tokenizer: Any) -
             raw = make_batch(tiny_tokenizer, 4, 2, 9, seed=5)
             prompts = BatchedDataDict(input_ids=raw["input_ids"], input_lengths=raw["input_lengths"])
             gen = policy.generate(prompts, greedy=True)
-            problems = generation_output_problems(prompts["input_ids"], prompts["input_lengths"], gen,
-                                                  MAX_NEW_TOKENS, tiny_tokenizer.pad_token_id)
+            problems = generation_output_problems(
+                prompts["input_ids"], prompts["input_lengths"], gen, MAX_NEW_TOKENS, tiny_tokenizer.pad_token_id
+            )
             assert not problems, "\n".join(problems)
             hf = load_hf_model(model)
             hf.load_state_dict(expected.weights)
             hf.eval()
             for i, length in enumerate(prompts["input_lengths"].tolist()):
-                want = hf.generate(prompts["input_ids"][i:i + 1, :length], attention_mask=torch.ones(1, length).long(),
-                                   max_new_tokens=MAX_NEW_TOKENS, do_sample=False, eos_token_id=2, pad_token_id=0)
+                want = hf.generate(
+                    prompts["input_ids"][i : i + 1, :length],
+                    attention_mask=torch.ones(1, length).long(),
+                    max_new_tokens=MAX_NEW_TOKENS,
+                    do_sample=False,
+                    eos_token_id=2,
+                    pad_token_id=0,
+                )
                 n = int(gen["generation_lengths"][i])
-                assert gen["output_ids"][i, length:length + n].tolist() == want[0, length:].tolist()[:n], i
+                assert gen["output_ids"][i, length : length + n].tolist() == want[0, length:].tolist()[:n], i
             sequences = BatchedDataDict(input_ids=gen["output_ids"], input_lengths=gen["unpadded_sequence_lengths"])
             policy_lp = policy.get_logprobs(sequences)["logprobs"]
             generated = torch.arange(gen["output_ids"].shape[1])[None] >= prompts["input_lengths"][:, None]
@@ -106,8 +129,13 @@ def test_fsdp_param_offload_on_one_gpu(ray_session: None, tiny_tokenizer: Any) -
         finally:
             policy.shutdown()
 
-        plain = Policy(cluster, _config(model, offload=False), tiny_tokenizer, name_prefix="fsdp1-gpu-no-offload",
-                       init_reference_model=False)
+        plain = Policy(
+            cluster,
+            _config(model, offload=False),
+            tiny_tokenizer,
+            name_prefix="fsdp1-gpu-no-offload",
+            init_reference_model=False,
+        )
         try:
             plain.train(data, NLLLoss())
             plain_on_gpu = _gpu_bytes(plain)

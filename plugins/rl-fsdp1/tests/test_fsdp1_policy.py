@@ -32,11 +32,20 @@ MAX_NEW_TOKENS = 8
 
 
 def policy_config(model_dir: str, backend: str = "fsdp1", **policy):
-    raw = {"cluster": {"workers_per_node": 2},
-           "policy": {"backend": backend, "model_name": model_dir, "train_global_batch_size": 4,
-                      "train_micro_batch_size": 1, "logprob_batch_size": 2, "max_grad_norm": None,
-                      "optimizer": {"name": "torch.optim.SGD", "kwargs": {"lr": LR}},
-                      "generation": {"max_new_tokens": MAX_NEW_TOKENS, "temperature": 1.0}, **policy}}
+    raw = {
+        "cluster": {"workers_per_node": 2},
+        "policy": {
+            "backend": backend,
+            "model_name": model_dir,
+            "train_global_batch_size": 4,
+            "train_micro_batch_size": 1,
+            "logprob_batch_size": 2,
+            "max_grad_norm": None,
+            "optimizer": {"name": "torch.optim.SGD", "kwargs": {"lr": LR}},
+            "generation": {"max_new_tokens": MAX_NEW_TOKENS, "temperature": 1.0},
+            **policy,
+        },
+    }
     return load_config_dict(raw).policy
 
 
@@ -72,8 +81,12 @@ def fsdp_step(fsdp_policy, batch):
     """The shared policy's logprobs, one SGD step on ``batch``, and the result."""
     before = fsdp_policy.get_logprobs(batch)["logprobs"]
     result = fsdp_policy.train(batch, NLLLoss())
-    return {"before": before, "result": result, "weights": full_state(fsdp_policy),
-            "after": fsdp_policy.get_logprobs(batch)["logprobs"]}
+    return {
+        "before": before,
+        "result": result,
+        "weights": full_state(fsdp_policy),
+        "after": fsdp_policy.get_logprobs(batch)["logprobs"],
+    }
 
 
 @pytest.fixture(scope="module")
@@ -83,15 +96,24 @@ def single_process_step(tiny_model_dir, batch):
     initial = {k: v.detach().clone() for k, v in model.state_dict().items()}
     with torch.no_grad():
         before = hf_token_logprobs(model, batch)
-    loss, _ = NLLLoss()(hf_token_logprobs(model, batch), batch, batch["sample_mask"].sum(),
-                        (batch["token_mask"][:, 1:] * batch["sample_mask"][:, None]).sum())
+    loss, _ = NLLLoss()(
+        hf_token_logprobs(model, batch),
+        batch,
+        batch["sample_mask"].sum(),
+        (batch["token_mask"][:, 1:] * batch["sample_mask"][:, None]).sum(),
+    )
     loss.backward()
     with torch.no_grad():
         for p in model.parameters():
             p -= LR * p.grad
         after = hf_token_logprobs(model, batch)
-    return {"initial": initial, "before": before, "loss": float(loss.detach()), "after": after,
-            "weights": {k: v.detach().clone() for k, v in model.state_dict().items()}}
+    return {
+        "initial": initial,
+        "before": before,
+        "loss": float(loss.detach()),
+        "after": after,
+        "weights": {k: v.detach().clone() for k, v in model.state_dict().items()},
+    }
 
 
 # -- parity with one process -------------------------------------------------------------------------
@@ -145,8 +167,9 @@ def _other_backend(name: str) -> None:
 
 
 @pytest.mark.parametrize("backend", ["reference", "dtensor"])
-def test_same_logprobs_and_post_step_weights_as_other_backends(backend, fsdp_step, batch, tiny_model_dir,
-                                                               tiny_tokenizer, tmp_path):
+def test_same_logprobs_and_post_step_weights_as_other_backends(
+    backend, fsdp_step, batch, tiny_model_dir, tiny_tokenizer, tmp_path
+):
     _other_backend(backend)
     other, cluster = start(policy_config(tiny_model_dir, backend=backend), tiny_tokenizer)
     try:
@@ -160,8 +183,9 @@ def test_same_logprobs_and_post_step_weights_as_other_backends(backend, fsdp_ste
         cluster.shutdown()
     lengths = batch["input_lengths"]
     problems = logprob_problems(fsdp_step["before"], lengths, before, 1e-5, what=f"initial logprobs vs {backend}")
-    problems += logprob_problems(fsdp_step["after"], lengths, other_logprobs, 1e-5,
-                                 what=f"post-step logprobs vs {backend}")
+    problems += logprob_problems(
+        fsdp_step["after"], lengths, other_logprobs, 1e-5, what=f"post-step logprobs vs {backend}"
+    )
     if abs(float(result["loss"][0]) - float(fsdp_step["result"]["loss"][0])) > 1e-5:
         problems.append(f"loss {float(fsdp_step['result']['loss'][0])} vs {backend} {float(result['loss'][0])}")
     worst = max(float((fsdp_step["weights"][k] - weights[k]).abs().max()) for k in weights)
@@ -178,8 +202,9 @@ def test_greedy_generate_equals_hf_and_its_logprobs_equal_get_logprobs(fsdp_poli
     prompts = BatchedDataDict(input_ids=raw["input_ids"], input_lengths=raw["input_lengths"])
     assert len(set(raw["input_lengths"].tolist())) > 1  # left padding is exercised
     out = fsdp_policy.generate(prompts, greedy=True)
-    problems = generation_output_problems(prompts["input_ids"], prompts["input_lengths"], out, MAX_NEW_TOKENS,
-                                          tiny_tokenizer.pad_token_id)
+    problems = generation_output_problems(
+        prompts["input_ids"], prompts["input_lengths"], out, MAX_NEW_TOKENS, tiny_tokenizer.pad_token_id
+    )
     assert not problems, "\n".join(problems)
 
     # The single-process model with the policy's current (trained) weights, one prompt at a time.
@@ -187,10 +212,16 @@ def test_greedy_generate_equals_hf_and_its_logprobs_equal_get_logprobs(fsdp_poli
     model.load_state_dict(fsdp_step["weights"])
     model.eval()
     for i, length in enumerate(prompts["input_lengths"].tolist()):
-        expected = model.generate(prompts["input_ids"][i:i + 1, :length], attention_mask=torch.ones(1, length).long(),
-                                  max_new_tokens=MAX_NEW_TOKENS, do_sample=False, eos_token_id=2, pad_token_id=0)
+        expected = model.generate(
+            prompts["input_ids"][i : i + 1, :length],
+            attention_mask=torch.ones(1, length).long(),
+            max_new_tokens=MAX_NEW_TOKENS,
+            do_sample=False,
+            eos_token_id=2,
+            pad_token_id=0,
+        )
         n = int(out["generation_lengths"][i])
-        assert out["output_ids"][i, length:length + n].tolist() == expected[0, length:].tolist()[:n]
+        assert out["output_ids"][i, length : length + n].tolist() == expected[0, length:].tolist()[:n]
         assert n == expected.shape[1] - length or expected[0, length + n - 1] == 2
 
     sequences = BatchedDataDict(input_ids=out["output_ids"], input_lengths=out["unpadded_sequence_lengths"])
@@ -205,12 +236,12 @@ def test_per_sample_stop_strings_through_the_policy(fsdp_policy, fsdp_step, tiny
     prompts = BatchedDataDict(input_ids=raw["input_ids"], input_lengths=raw["input_lengths"])
     free = fsdp_policy.generate(prompts, greedy=True)
     lengths = prompts["input_lengths"].tolist()
-    text = tiny_tokenizer.decode(free["output_ids"][1, lengths[1]:lengths[1] + MAX_NEW_TOKENS].tolist())
+    text = tiny_tokenizer.decode(free["output_ids"][1, lengths[1] : lengths[1] + MAX_NEW_TOKENS].tolist())
     stop = text[4:6]
     prompts["stop_strings"] = [None, [stop]]
     out = fsdp_policy.generate(prompts, greedy=True)
     assert torch.equal(out["output_ids"][0], free["output_ids"][0])
-    cut = tiny_tokenizer.decode(out["output_ids"][1, lengths[1]:int(out["unpadded_sequence_lengths"][1])].tolist())
+    cut = tiny_tokenizer.decode(out["output_ids"][1, lengths[1] : int(out["unpadded_sequence_lengths"][1])].tolist())
     assert cut.endswith(stop) and text.startswith(cut) and len(cut) < len(text), (cut, stop, text)
 
 
@@ -219,16 +250,16 @@ def test_per_sample_stop_strings_through_the_policy(fsdp_policy, fsdp_step, tiny
 
 @pytest.mark.parametrize("transport", ["shared_memory", "collective"])
 def test_refit_sends_the_full_state_dict(transport, fsdp_policy, fsdp_step):
-    from tests.refit_fakes import RecordingGeneration
-
     from rlcore.refit import WeightSynchronizer
+    from tests.refit_fakes import RecordingGeneration
 
     cluster = fsdp_policy.worker_group.cluster
     own = RayVirtualCluster([1]) if transport == "collective" else None
     generation = RecordingGeneration(own or cluster)
     try:
-        sync = WeightSynchronizer(fsdp_policy, generation, colocated=own is None, cluster=cluster,
-                                  bucket_bytes=32 << 10)
+        sync = WeightSynchronizer(
+            fsdp_policy, generation, colocated=own is None, cluster=cluster, bucket_bytes=32 << 10
+        )
         stats = sync.sync_weights()
         got = generation.received()
     finally:
@@ -262,8 +293,13 @@ def test_checkpoint_loads_with_from_pretrained(fsdp_policy, fsdp_step, batch, tm
     model = load_hf_model(str(tmp_path / "weights"))
     with torch.no_grad():
         hf = hf_token_logprobs(model, batch)
-    problems = logprob_problems(fsdp_step["after"], batch["input_lengths"], hf, 1e-5,
-                                what="policy logprobs vs from_pretrained of its checkpoint")
+    problems = logprob_problems(
+        fsdp_step["after"],
+        batch["input_lengths"],
+        hf,
+        1e-5,
+        what="policy logprobs vs from_pretrained of its checkpoint",
+    )
     assert not problems, "\n".join(problems)
     assert (tmp_path / "optim" / "extra_state.pt").is_file() and (tmp_path / "tokenizer" / "tokenizer.json").is_file()
     assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp or backup left
@@ -281,8 +317,9 @@ def tied_model_dir():
 
 
 def adamw_config(model_dir: str):
-    return policy_config(model_dir, optimizer=ADAMW, scheduler=SCHEDULE, max_grad_norm=0.5,
-                         activation_checkpointing_enabled=True)
+    return policy_config(
+        model_dir, optimizer=ADAMW, scheduler=SCHEDULE, max_grad_norm=0.5, activation_checkpointing_enabled=True
+    )
 
 
 @pytest.mark.parametrize("resume_ranks", [2, 1])
@@ -314,8 +351,9 @@ def test_adamw_resume_equals_uninterrupted(ray_session, tied_model_dir, tiny_tok
     worst = max(float((saved[k] - oracle["weights"][k]).abs().max()) for k in oracle["weights"])
     assert worst <= 1e-5, f"AdamW step differs from the single-process one by {worst:.3g}"
 
-    resumed, cluster = start(adamw_config(tied_model_dir), tiny_tokenizer, ranks=resume_ranks, weights_path=weights,
-                             optimizer_path=optim)
+    resumed, cluster = start(
+        adamw_config(tied_model_dir), tiny_tokenizer, ranks=resume_ranks, weights_path=weights, optimizer_path=optim
+    )
     try:
         again = resumed.train(steps[1], NLLLoss())
         resumed_lp = resumed.get_logprobs(steps[1])["logprobs"]
@@ -323,8 +361,9 @@ def test_adamw_resume_equals_uninterrupted(ray_session, tied_model_dir, tiny_tok
         resumed.shutdown()
         cluster.shutdown()
     assert abs(float(again["loss"][0]) - float(straight["loss"][0])) <= 1e-6
-    problems = logprob_problems(resumed_lp, steps[1]["input_lengths"], straight_lp, 1e-5,
-                                what="resumed vs uninterrupted logprobs after step 2")
+    problems = logprob_problems(
+        resumed_lp, steps[1]["input_lengths"], straight_lp, 1e-5, what="resumed vs uninterrupted logprobs after step 2"
+    )
     assert not problems, "\n".join(problems)
     assert float((straight_lp - resumed_lp).abs().max()) < 1e-6
 
@@ -334,14 +373,21 @@ def _single_process_adamw_step(model_dir: str, data: BatchedDataDict) -> dict:
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), **ADAMW["kwargs"])
     scheduler = torch.optim.lr_scheduler.LinearLR(optimizer, **SCHEDULE[0]["kwargs"])
-    loss, _ = NLLLoss()(hf_token_logprobs(model, data), data, data["sample_mask"].sum(),
-                        (data["token_mask"][:, 1:] * data["sample_mask"][:, None]).sum())
+    loss, _ = NLLLoss()(
+        hf_token_logprobs(model, data),
+        data,
+        data["sample_mask"].sum(),
+        (data["token_mask"][:, 1:] * data["sample_mask"][:, None]).sum(),
+    )
     loss.backward()
     norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5))
     optimizer.step()
     scheduler.step()
-    return {"loss": float(loss.detach()), "grad_norm": norm,
-            "weights": {k: v.detach().clone() for k, v in model.state_dict().items()}}
+    return {
+        "loss": float(loss.detach()),
+        "grad_norm": norm,
+        "weights": {k: v.detach().clone() for k, v in model.state_dict().items()},
+    }
 
 
 # -- mixed precision -------------------------------------------------------------------------------------
@@ -368,7 +414,8 @@ def test_bfloat16_policy_trains_generates_and_exports_bfloat16(ray_session, tiny
     valid = torch.arange(batch["input_ids"].shape[1])[None] < batch["input_lengths"][:, None]
     assert before.dtype == torch.float32 and float(((before - expected).abs() * valid).max()) < 0.1
     assert torch.isfinite(result["loss"]).all() and float((after - before).abs().max()) > 1e-2
-    assert not generation_output_problems(prompts["input_ids"], prompts["input_lengths"], out, MAX_NEW_TOKENS,
-                                          tiny_tokenizer.pad_token_id)
+    assert not generation_output_problems(
+        prompts["input_ids"], prompts["input_lengths"], out, MAX_NEW_TOKENS, tiny_tokenizer.pad_token_id
+    )
     assert {dtype for _, dtype in info.values()} == {"bfloat16"}
     assert all("no effect on CPU" in " ".join(n) for n in notes)

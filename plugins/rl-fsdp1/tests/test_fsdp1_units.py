@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from rl_fsdp1 import generation as gen
+from rl_fsdp1.sharding import ParamLayout, clean_name, decoder_layer_classes, fsdp_kwargs
 from rlcore.config.generation import GenerationConfig
 from rlcore.data import BatchedDataDict
 from rlcore.testing.conformance import generation_output_problems, hf_token_logprobs, load_hf_model
-from rl_fsdp1 import generation as gen
-from rl_fsdp1.sharding import ParamLayout, clean_name, decoder_layer_classes, fsdp_kwargs
 
 
 @pytest.fixture(scope="module")
@@ -22,7 +22,7 @@ def prompts(tokenizer, texts: list[str]) -> BatchedDataDict:
     width = max(len(e) for e in encoded)
     ids = torch.full((len(texts), width), tokenizer.pad_token_id, dtype=torch.long)
     for i, e in enumerate(encoded):
-        ids[i, :len(e)] = torch.tensor(e)
+        ids[i, : len(e)] = torch.tensor(e)
     return BatchedDataDict(input_ids=ids, input_lengths=torch.tensor([len(e) for e in encoded]))
 
 
@@ -44,13 +44,20 @@ def test_batched_greedy_equals_one_prompt_at_a_time(hf_model, tiny_tokenizer):
     out = run(hf_model, tiny_tokenizer, data)
     assert not generation_output_problems(data["input_ids"], data["input_lengths"], out, 12, 0)
     for i, length in enumerate(data["input_lengths"].tolist()):
-        alone = hf_model.generate(data["input_ids"][i:i + 1, :length], attention_mask=torch.ones(1, length).long(),
-                                  max_new_tokens=12, do_sample=False, eos_token_id=2, pad_token_id=0)
+        alone = hf_model.generate(
+            data["input_ids"][i : i + 1, :length],
+            attention_mask=torch.ones(1, length).long(),
+            max_new_tokens=12,
+            do_sample=False,
+            eos_token_id=2,
+            pad_token_id=0,
+        )
         n = int(out["generation_lengths"][i])
-        assert out["output_ids"][i, length:length + n].tolist() == alone[0, length:length + n].tolist()
+        assert out["output_ids"][i, length : length + n].tolist() == alone[0, length : length + n].tolist()
     with torch.no_grad():
-        expected = hf_token_logprobs(hf_model, {"input_ids": out["output_ids"],
-                                                "input_lengths": out["unpadded_sequence_lengths"]})
+        expected = hf_token_logprobs(
+            hf_model, {"input_ids": out["output_ids"], "input_lengths": out["unpadded_sequence_lengths"]}
+        )
     generated = torch.arange(out["output_ids"].shape[1])[None] >= data["input_lengths"][:, None]
     assert float(((out["logprobs"] - expected).abs() * generated).max()) <= 1e-5
 
@@ -74,16 +81,19 @@ def test_generation_batch_size_bounds_each_generate_call(hf_model, tiny_tokenize
 def test_stop_strings_global_and_per_sample_cut_at_the_first_occurrence(hf_model, tiny_tokenizer):
     data = prompts(tiny_tokenizer, ["<s>hello there", "<s>what is 2+2?"])
     free = run(hf_model, tiny_tokenizer, data)
-    texts = [tiny_tokenizer.decode(free["output_ids"][i, int(data["input_lengths"][i]):
-                                                       int(free["unpadded_sequence_lengths"][i])].tolist())
-             for i in range(2)]
+    texts = [
+        tiny_tokenizer.decode(
+            free["output_ids"][i, int(data["input_lengths"][i]) : int(free["unpadded_sequence_lengths"][i])].tolist()
+        )
+        for i in range(2)
+    ]
     # Stop strings taken from the free-running completions: row 0 by a global one, row 1 by its own.
     global_stop, row_stop = texts[0][3:5], texts[1][6:8]
     data["stop_strings"] = [None, [row_stop]]
     out = run(hf_model, tiny_tokenizer, data, stop_strings=[global_stop])
     for i, stop in enumerate([global_stop, row_stop]):
         length = int(data["input_lengths"][i])
-        text = tiny_tokenizer.decode(out["output_ids"][i, length:int(out["unpadded_sequence_lengths"][i])].tolist())
+        text = tiny_tokenizer.decode(out["output_ids"][i, length : int(out["unpadded_sequence_lengths"][i])].tolist())
         assert text.endswith(stop) and text.count(stop) == 1 and texts[i].startswith(text), (text, stop)
         assert not out["truncated"][i]
     assert not generation_output_problems(data["input_ids"], data["input_lengths"], out, 12, 0)
@@ -94,7 +104,7 @@ def test_stop_token_ids_end_a_row_and_are_kept(hf_model, tiny_tokenizer):
     free = run(hf_model, tiny_tokenizer, data)
     length = int(data["input_lengths"][0])
     stop_token = int(free["output_ids"][0, length + 4])
-    first = free["output_ids"][0, length:length + 12].tolist().index(stop_token)
+    first = free["output_ids"][0, length : length + 12].tolist().index(stop_token)
     out = run(hf_model, tiny_tokenizer, data, stop_token_ids=[stop_token])
     assert int(out["generation_lengths"][0]) == first + 1
     assert int(out["output_ids"][0, length + first]) == stop_token and not out["truncated"][0]
@@ -137,13 +147,14 @@ def test_param_layout_names_follow_the_hf_state_dict(tied):
 
 
 def test_clean_names_and_cpu_offload_note(hf_model):
-    assert clean_name("_fsdp_wrapped_module.model.layers.0._fsdp_wrapped_module._checkpoint_wrapped_module.mlp") \
+    assert (
+        clean_name("_fsdp_wrapped_module.model.layers.0._fsdp_wrapped_module._checkpoint_wrapped_module.mlp")
         == "model.layers.0.mlp"
+    )
     kwargs, notes = fsdp_kwargs(hf_model, torch.device("cpu"), "bfloat16", offload=True)
     assert kwargs["cpu_offload"] is None and "no effect on CPU" in notes[0]
     assert kwargs["mixed_precision"].param_dtype == torch.bfloat16
     assert kwargs["mixed_precision"].reduce_dtype == torch.float32
-
 
 
 _REPOINT_ONE_RANK_MODEL = r"""
@@ -179,7 +190,12 @@ def test_one_rank_module_weights_follow_a_moved_flat_parameter(tiny_model_dir, r
     import subprocess
     import sys
 
-    child = subprocess.run([sys.executable, "-c", _REPOINT_ONE_RANK_MODEL, tiny_model_dir, repoint],
-                           capture_output=True, text=True, timeout=300, check=False)
+    child = subprocess.run(
+        [sys.executable, "-c", _REPOINT_ONE_RANK_MODEL, tiny_model_dir, repoint],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert child.returncode == 0, child.stderr[-3000:]
     assert (int(child.stdout.split()[-1]) > 0) == stale, child.stdout

@@ -14,8 +14,9 @@ it refused. The genuine checkpoint still resumes.
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
@@ -35,8 +36,10 @@ pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
 #: case → (the forged optimizer file, what the error must say after the file's name)
 CASES: dict[str, tuple[Callable[[Path], bytes], str]] = {
-    "torch.save-os.system": (lambda m: torch_save_payload(m, lambda evil: {"optimizer": evil, "scheduler": {}}),
-                             "refusing to load posix.system"),
+    "torch.save-os.system": (
+        lambda m: torch_save_payload(m, lambda evil: {"optimizer": evil, "scheduler": {}}),
+        "refusing to load posix.system",
+    ),
     "legacy-pickle-os.system": (system_payload, "refusing to load os.system"),
     "legacy-pickle-getattr": (getattr_payload, "refusing to load getattr"),  # torch drops 'builtins.'
     "legacy-pickle-protocol-4": (dotted_payload, "refusing to load it"),  # torch's unpickler has no STACK_GLOBAL
@@ -49,9 +52,17 @@ CASES: dict[str, tuple[Callable[[Path], bytes], str]] = {
 def _config(model: str) -> Any:
     from rlcore.config import load_config_dict
 
-    policy = {"backend": "fsdp1", "model_name": model, "train_global_batch_size": 2, "train_micro_batch_size": 1,
-              "logprob_batch_size": 2, "precision": "float32", "max_total_sequence_length": 32,
-              "max_grad_norm": None, "optimizer": {"name": "torch.optim.AdamW", "kwargs": {"lr": 1e-2}}}
+    policy = {
+        "backend": "fsdp1",
+        "model_name": model,
+        "train_global_batch_size": 2,
+        "train_micro_batch_size": 1,
+        "logprob_batch_size": 2,
+        "precision": "float32",
+        "max_total_sequence_length": 32,
+        "max_grad_norm": None,
+        "optimizer": {"name": "torch.optim.AdamW", "kwargs": {"lr": 1e-2}},
+    }
     return load_config_dict({"cluster": {"workers_per_node": 1}, "policy": policy}).policy
 
 
@@ -93,8 +104,15 @@ def trained(ray_session: None, tiny_model_dir: str, tiny_tokenizer: Any, tmp_pat
         policy.save_checkpoint(str(root / "weights"), str(root / "optimizer"))
         later = _losses(policy, batches[1:])
         policy.worker_group.kill_on_error = False  # a refused load must not end the policy
-        yield {"policy": policy, "root": root, "batches": batches, "later": later, "cfg": cfg,
-               "clusters": clusters, "tokenizer": tiny_tokenizer}
+        yield {
+            "policy": policy,
+            "root": root,
+            "batches": batches,
+            "later": later,
+            "cfg": cfg,
+            "clusters": clusters,
+            "tokenizer": tiny_tokenizer,
+        }
     finally:
         policy.shutdown()
         clusters.shutdown()
@@ -124,12 +142,20 @@ def test_resume_refuses_forged_pickle_weights(trained: dict, tmp_path: Path) -> 
     shutil.copy(trained["root"] / "weights" / "config.json", weights)
     (weights / "pytorch_model.bin").write_bytes(torch_save_payload(marker, lambda evil: {"lm_head.weight": evil}))
     with pytest.raises(Exception) as err:
-        Policy(trained["clusters"](1), trained["cfg"], trained["tokenizer"], name_prefix="untrusted-fsdp1-resume",
-               weights_path=str(weights), optimizer_path=str(trained["root"] / "optimizer"),
-               init_reference_model=False)
-    assert str(err.value) == (f"weights_path: {weights / 'pytorch_model.bin'}: refusing to load posix.system (not "
-                              "an allowed checkpoint type): pickled weights that name code are never loaded; use "
-                              "safetensors weights"), _chain(err.value)
+        Policy(
+            trained["clusters"](1),
+            trained["cfg"],
+            trained["tokenizer"],
+            name_prefix="untrusted-fsdp1-resume",
+            weights_path=str(weights),
+            optimizer_path=str(trained["root"] / "optimizer"),
+            init_reference_model=False,
+        )
+    assert str(err.value) == (
+        f"weights_path: {weights / 'pytorch_model.bin'}: refusing to load posix.system (not "
+        "an allowed checkpoint type): pickled weights that name code are never loaded; use "
+        "safetensors weights"
+    ), _chain(err.value)
     assert not marker.exists()
 
 

@@ -9,8 +9,10 @@ import torch
 from rlcore.testing.conformance import hf_token_logprobs, load_hf_model
 
 #: SGD exactly (no momentum, no weight decay): the single-process oracle applies ``w -= lr * grad``.
-PLAIN_SGD = {"optimizer": {"optimizer": "sgd", "sgd_momentum": 0.0, "weight_decay": 0.0},
-             "scheduler": {"start_weight_decay": 0.0, "end_weight_decay": 0.0}}
+PLAIN_SGD = {
+    "optimizer": {"optimizer": "sgd", "sgd_momentum": 0.0, "weight_decay": 0.0},
+    "scheduler": {"start_weight_decay": 0.0, "end_weight_decay": 0.0},
+}
 SGD_LR = 0.5
 
 
@@ -18,8 +20,7 @@ def model_dir(arch: str = "llama", tied: bool = False, num_layers: int = 2) -> s
     """A tiny HF model (cached on disk) with 4 query / 2 KV heads, so TP=2 can split it."""
     from rlcore.testing.models import tiny_model_path
 
-    return tiny_model_path(arch=arch, tie_word_embeddings=tied, num_layers=num_layers, num_heads=4,
-                           num_kv_heads=2)
+    return tiny_model_path(arch=arch, tie_word_embeddings=tied, num_layers=num_layers, num_heads=4, num_kv_heads=2)
 
 
 def _merge(base: dict, extra: dict) -> dict:
@@ -29,15 +30,33 @@ def _merge(base: dict, extra: dict) -> dict:
     return out
 
 
-def policy_config(model: str, world: int, *, gbs: int = 4, mbs: int = 1, lr: float = SGD_LR,
-                  max_grad_norm: float | None = None, megatron: dict | None = None, **policy: Any) -> Any:
+def policy_config(
+    model: str,
+    world: int,
+    *,
+    gbs: int = 4,
+    mbs: int = 1,
+    lr: float = SGD_LR,
+    max_grad_norm: float | None = None,
+    megatron: dict | None = None,
+    **policy: Any,
+) -> Any:
     """A validated ``PolicyConfig`` for the megatron backend on ``world`` CPU ranks."""
     from rlcore.config import load_config_dict
 
-    raw = {"backend": "megatron", "model_name": model, "train_global_batch_size": gbs,
-           "train_micro_batch_size": mbs, "logprob_batch_size": 2, "learning_rate": lr,
-           "max_grad_norm": max_grad_norm, "precision": "float32", "max_total_sequence_length": 32,
-           "megatron_cfg": _merge(PLAIN_SGD, megatron or {}), **policy}
+    raw = {
+        "backend": "megatron",
+        "model_name": model,
+        "train_global_batch_size": gbs,
+        "train_micro_batch_size": mbs,
+        "logprob_batch_size": 2,
+        "learning_rate": lr,
+        "max_grad_norm": max_grad_norm,
+        "precision": "float32",
+        "max_total_sequence_length": 32,
+        "megatron_cfg": _merge(PLAIN_SGD, megatron or {}),
+        **policy,
+    }
     return load_config_dict({"cluster": {"workers_per_node": world}, "policy": raw}).policy
 
 

@@ -26,22 +26,22 @@ from typing import Any
 
 import pytest
 import torch
-
 from megatron_helpers import batch, max_valid_diff, model_dir, policy_config, state_of
+
 from rlcore.testing.conformance import weight_problems
 
 pytest_plugins = ["rlcore.testing.pytest_plugin"]
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
-ADAM = {"optimizer": {"optimizer": "adam", "weight_decay": 0.01},
-        "scheduler": {"start_weight_decay": 0.01, "end_weight_decay": 0.01, "lr_warmup_iters": 1,
-                      "lr_warmup_init": 1e-3}}
+ADAM = {
+    "optimizer": {"optimizer": "adam", "weight_decay": 0.01},
+    "scheduler": {"start_weight_decay": 0.01, "end_weight_decay": 0.01, "lr_warmup_iters": 1, "lr_warmup_init": 1e-3},
+}
 LR = 1e-2
 
 
 def _config(path: str, world: int, tp: int) -> Any:
-    return policy_config(path, world, lr=LR, max_grad_norm=1.0,
-                         megatron={**ADAM, "tensor_model_parallel_size": tp})
+    return policy_config(path, world, lr=LR, max_grad_norm=1.0, megatron={**ADAM, "tensor_model_parallel_size": tp})
 
 
 @pytest.fixture(scope="module")
@@ -57,8 +57,9 @@ def runs(ray_session: None, tiny_tokenizer: Any, tmp_path_factory: pytest.TempPa
     clusters = ClusterPool()
     out: dict[str, Any] = {"probe": probe}
     try:
-        straight = Policy(clusters(2), _config(path, 2, 2), tiny_tokenizer, name_prefix="resume-straight",
-                          init_reference_model=False)
+        straight = Policy(
+            clusters(2), _config(path, 2, 2), tiny_tokenizer, name_prefix="resume-straight", init_reference_model=False
+        )
         out["step1"] = straight.train(first, NLLLoss())
         straight.save_checkpoint(str(root / "w1"), str(root / "o1"))
         out["after_step1"] = straight.get_logprobs(probe)["logprobs"]
@@ -66,21 +67,40 @@ def runs(ray_session: None, tiny_tokenizer: Any, tmp_path_factory: pytest.TempPa
         straight.save_checkpoint(str(root / "w2"))
         straight.shutdown()
 
-        same = Policy(clusters(2), _config(path, 2, 2), tiny_tokenizer, name_prefix="resume-same-layout",
-                      optimizer_path=str(root / "o1"), init_reference_model=False)
+        same = Policy(
+            clusters(2),
+            _config(path, 2, 2),
+            tiny_tokenizer,
+            name_prefix="resume-same-layout",
+            optimizer_path=str(root / "o1"),
+            init_reference_model=False,
+        )
         out["same_step2"] = same.train(second, NLLLoss())
         same.save_checkpoint(str(root / "w2-same"))
         same.shutdown()
 
-        resumed = Policy(clusters(1), _config(path, 1, 1), tiny_tokenizer, name_prefix="resume-resumed",
-                         weights_path=str(root / "w1"), optimizer_path=str(root / "o1"), init_reference_model=False)
+        resumed = Policy(
+            clusters(1),
+            _config(path, 1, 1),
+            tiny_tokenizer,
+            name_prefix="resume-resumed",
+            weights_path=str(root / "w1"),
+            optimizer_path=str(root / "o1"),
+            init_reference_model=False,
+        )
         out["resumed_after_step1"] = resumed.get_logprobs(probe)["logprobs"]
         out["resumed_step2"] = resumed.train(second, NLLLoss())
         resumed.save_checkpoint(str(root / "w2-resumed"))
         resumed.shutdown()
 
-        fresh = Policy(clusters(1), _config(path, 1, 1), tiny_tokenizer, name_prefix="resume-fresh",
-                       weights_path=str(root / "w1"), init_reference_model=False)
+        fresh = Policy(
+            clusters(1),
+            _config(path, 1, 1),
+            tiny_tokenizer,
+            name_prefix="resume-fresh",
+            weights_path=str(root / "w1"),
+            init_reference_model=False,
+        )
         fresh.train(second, NLLLoss())
         fresh.save_checkpoint(str(root / "w2-fresh"))
         fresh.shutdown()
@@ -167,8 +187,13 @@ def test_a_crash_mid_save_leaves_the_previous_checkpoint_whole(tmp_path: Any) ->
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = str(s.getsockname()[1])
-    proc = subprocess.run([sys.executable, "-c", _ATOMIC, str(tmp_path), port], capture_output=True, text=True,
-                          timeout=300, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    proc = subprocess.run(
+        [sys.executable, "-c", _ATOMIC, str(tmp_path), port],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["first"] == [1.0] * 4

@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-
 from megatron_helpers import model_dir, policy_config
+
 from rl_megatron.config import megatron_config_problems
 
 pytest_plugins = ["rlcore.testing.pytest_plugin"]
@@ -25,10 +25,16 @@ def test_the_default_settings_are_fine_on_cpu() -> None:
     assert _problems() == []
 
 
-@pytest.mark.parametrize("policy, path", [
-    ({"megatron": {"sequence_parallel": True, "tensor_model_parallel_size": 2}}, "policy.megatron_cfg.sequence_parallel"),
-    ({"sequence_packing": {"enabled": True}}, "policy.sequence_packing.enabled"),
-])
+@pytest.mark.parametrize(
+    "policy, path",
+    [
+        (
+            {"megatron": {"sequence_parallel": True, "tensor_model_parallel_size": 2}},
+            "policy.megatron_cfg.sequence_parallel",
+        ),
+        ({"sequence_packing": {"enabled": True}}, "policy.sequence_packing.enabled"),
+    ],
+)
 def test_transformer_engine_features_are_config_errors_on_cpu(policy: dict, path: str) -> None:
     (problem,) = _problems(**policy)
     assert problem.startswith(f"{path}: ") and "TransformerEngine" in problem and "no CUDA GPU" in problem
@@ -48,26 +54,42 @@ def test_context_parallel_is_a_config_error_on_a_gpu_without_transformer_engine(
     assert problem.startswith("policy.megatron_cfg.context_parallel_size: ") and "TransformerEngine" in problem
 
 
-@pytest.mark.parametrize("policy, path", [
-    ({"precision": "bfloat16", "megatron": {"optimizer": {"bf16": True, "params_dtype": "float32"}}},
-     "policy.precision"),
-    ({"megatron": {"optimizer": {"use_distributed_optimizer": True}}},
-     "policy.megatron_cfg.optimizer.use_distributed_optimizer"),
-])
+@pytest.mark.parametrize(
+    "policy, path",
+    [
+        (
+            {"precision": "bfloat16", "megatron": {"optimizer": {"bf16": True, "params_dtype": "float32"}}},
+            "policy.precision",
+        ),
+        (
+            {"megatron": {"optimizer": {"use_distributed_optimizer": True}}},
+            "policy.megatron_cfg.optimizer.use_distributed_optimizer",
+        ),
+    ],
+)
 def test_cuda_only_optimizers_are_config_errors_on_cpu(policy: dict, path: str) -> None:
     (problem,) = _problems(**policy)
     assert problem.startswith(f"{path}: ") and "CUDA" in problem
-    assert megatron_config_problems(policy_config("unused", 2, **{k: v for k, v in policy.items()}),
-                                    cuda=True, transformer_engine=False) == []
+    assert (
+        megatron_config_problems(
+            policy_config("unused", 2, **{k: v for k, v in policy.items()}), cuda=True, transformer_engine=False
+        )
+        == []
+    )
 
 
-@pytest.mark.parametrize("megatron, path", [
-    ({"distributed_data_parallel_config": {"average_in_collective": True}},
-     "policy.megatron_cfg.distributed_data_parallel_config.average_in_collective"),
-    ({"optimizer": {"bf16": True}}, "policy.megatron_cfg.optimizer.bf16"),
-    ({"optimizer": {"params_dtype": "bfloat16"}}, "policy.megatron_cfg.optimizer.params_dtype"),
-    ({"scheduler": {"lr_decay_style": "cosine"}}, "policy.megatron_cfg.scheduler.lr_decay_iters"),
-])
+@pytest.mark.parametrize(
+    "megatron, path",
+    [
+        (
+            {"distributed_data_parallel_config": {"average_in_collective": True}},
+            "policy.megatron_cfg.distributed_data_parallel_config.average_in_collective",
+        ),
+        ({"optimizer": {"bf16": True}}, "policy.megatron_cfg.optimizer.bf16"),
+        ({"optimizer": {"params_dtype": "bfloat16"}}, "policy.megatron_cfg.optimizer.params_dtype"),
+        ({"scheduler": {"lr_decay_style": "cosine"}}, "policy.megatron_cfg.scheduler.lr_decay_iters"),
+    ],
+)
 def test_settings_that_change_the_step_are_config_errors(megatron: dict, path: str) -> None:
     problems = _problems(cuda=True, te=True, megatron=megatron)
     assert any(p.startswith(f"{path}: ") for p in problems), problems
@@ -91,20 +113,27 @@ def test_policy_refuses_to_start_with_the_dotted_path(make_cluster: Any, tiny_to
 
     config = policy_config(model_dir("llama"), 2, megatron={"sequence_parallel": True, "tensor_model_parallel_size": 2})
     cluster = make_cluster(2)
-    with pytest.raises(ConfigError, match=r"^policy\.megatron_cfg\.sequence_parallel: sequence parallelism needs "
-                                          r"TransformerEngine"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^policy\.megatron_cfg\.sequence_parallel: sequence parallelism needs "
+        r"TransformerEngine",
+    ):
         Policy(cluster, config, tiny_tokenizer, name_prefix="megatron-sp-on-cpu")
     assert cluster._placement_group is None  # nothing was reserved, nothing started
 
 
-def test_tensor_parallel_size_must_divide_the_kv_heads(make_cluster: Any, tiny_tokenizer: Any,
-                                                       tiny_model_dir: str) -> None:
+def test_tensor_parallel_size_must_divide_the_kv_heads(
+    make_cluster: Any, tiny_tokenizer: Any, tiny_model_dir: str
+) -> None:
     from rlcore.distributed import WorkerError
     from rlcore.policy import Policy
 
     config = policy_config(tiny_model_dir, 2, megatron={"tensor_model_parallel_size": 2})  # 1 KV head
-    with pytest.raises(WorkerError, match=r"tensor_model_parallel_size: 2 does not divide the model's "
-                                          r"num_key_value_heads \(1\)"):
+    with pytest.raises(
+        WorkerError,
+        match=r"tensor_model_parallel_size: 2 does not divide the model's "
+        r"num_key_value_heads \(1\)",
+    ):
         Policy(make_cluster(2), config, tiny_tokenizer, name_prefix="megatron-tp-too-large")
 
 

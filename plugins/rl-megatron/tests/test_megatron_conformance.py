@@ -14,8 +14,8 @@ import subprocess
 import sys
 
 import pytest
-
 from megatron_helpers import PLAIN_SGD
+
 from rlcore.testing.conformance import TrainingBackendConformance
 from rlcore.testing.conformance.resume_check import AdamRecipe
 
@@ -34,12 +34,22 @@ class TestMegatronBackend(TrainingBackendConformance):
     def resume_policy_overrides(self, recipe: AdamRecipe) -> dict:
         # The resume check's Adam and linear warm-up, in megatron_cfg's terms (weight decay stays 0).
         beta1, beta2 = recipe.betas
-        return {"megatron_cfg": {
-            "optimizer": {"optimizer": "adam", "lr": recipe.lr, "adam_beta1": beta1, "adam_beta2": beta2,
-                          "adam_eps": recipe.eps},
-            "scheduler": {"lr_decay_style": "constant", "lr_warmup_iters": recipe.warmup_steps,
-                          "lr_warmup_init": recipe.lr * recipe.warmup_start_factor},
-        }}
+        return {
+            "megatron_cfg": {
+                "optimizer": {
+                    "optimizer": "adam",
+                    "lr": recipe.lr,
+                    "adam_beta1": beta1,
+                    "adam_beta2": beta2,
+                    "adam_eps": recipe.eps,
+                },
+                "scheduler": {
+                    "lr_decay_style": "constant",
+                    "lr_warmup_iters": recipe.warmup_steps,
+                    "lr_warmup_init": recipe.lr * recipe.warmup_start_factor,
+                },
+            }
+        }
 
 
 def test_plugin_declares_without_importing_engines() -> None:
@@ -56,8 +66,11 @@ def test_plugin_declares_without_importing_engines() -> None:
     proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout.strip().splitlines()[-1])
-    heavy = [m for m in out["modules"] if m.split(".")[0] in ("torch", "ray", "vllm", "transformers")
-             or m.startswith("megatron.")]
+    heavy = [
+        m
+        for m in out["modules"]
+        if m.split(".")[0] in ("torch", "ray", "vllm", "transformers") or m.startswith("megatron.")
+    ]
     assert not heavy, f"the plugin module imported {heavy[:10]}"
     (record,) = out["records"]
     assert (record["name"], record["kind"], record["status"]) == ("megatron", "training", "ok")

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from megatron_helpers import model_dir
+
 from rl_megatron.converter import (
     ModelShape,
     all_mappings,
@@ -55,9 +55,19 @@ def test_hf_megatron_hf_round_trip_is_bit_exact(arch: str, tied: bool, tp: int) 
 
 
 def _shape(**kw) -> ModelShape:
-    base = dict(architecture="Qwen2ForCausalLM", num_layers=1, hidden_size=2, num_heads=4, num_kv_heads=2,
-                head_dim=1, intermediate_size=4, vocab_size=5, tie_word_embeddings=False, qkv_bias=True,
-                qk_norm=False)
+    base = dict(
+        architecture="Qwen2ForCausalLM",
+        num_layers=1,
+        hidden_size=2,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=1,
+        intermediate_size=4,
+        vocab_size=5,
+        tie_word_embeddings=False,
+        qkv_bias=True,
+        qk_norm=False,
+    )
     return ModelShape(**{**base, **kw})
 
 

@@ -105,8 +105,13 @@ def probe() -> dict:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, timeout=300,
-                          env={**__import__("os").environ, "PROBE_PORT": str(port), "CUDA_VISIBLE_DEVICES": ""})
+    proc = subprocess.run(
+        [sys.executable, "-c", _PROBE],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**__import__("os").environ, "PROBE_PORT": str(port), "CUDA_VISIBLE_DEVICES": ""},
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 

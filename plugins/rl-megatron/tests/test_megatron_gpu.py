@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 import torch
-
 from megatron_helpers import SGD_LR, batch, call_workers, model_dir, policy_config
+
 from tests.support_gpu import NO_MEGATRON, NO_RAY, missing
 
 pytestmark = [
@@ -37,8 +37,7 @@ def _check_against_references(policy: Any, model: str, data: Any, what: str) -> 
     from rlcore.testing.conformance import single_process_sgd, weight_problems
     from tests.support_gpu import record, token_logprobs_f64, valid_error
 
-    err, _ = valid_error(policy.get_logprobs(data)["logprobs"], token_logprobs_f64(model, data),
-                         data["input_lengths"])
+    err, _ = valid_error(policy.get_logprobs(data)["logprobs"], token_logprobs_f64(model, data), data["input_lengths"])
     record(f"{what}_logprobs_vs_hf_f64_max_abs", err, tolerance=ATOL)
     assert err <= ATOL, f"{what}: logprobs differ from float64 HF by {err:.3g}"
     initial, (expected,) = single_process_sgd(model, [(data, NLLLoss())], SGD_LR)
@@ -56,8 +55,9 @@ def test_one_gpu_without_cpu_redirects_tied_qwen2(make_cluster: Any, tiny_tokeni
 
     model = model_dir("qwen2", tied=True)
     config = policy_config(model, 1)  # the cluster (use_gpus=True) puts the worker on a GPU
-    policy = Policy(make_cluster(1, use_gpus=True), config, tiny_tokenizer, name_prefix="megatron-gpu",
-                    init_reference_model=False)
+    policy = Policy(
+        make_cluster(1, use_gpus=True), config, tiny_tokenizer, name_prefix="megatron-gpu", init_reference_model=False
+    )
     try:
         assert call_workers(policy, "redirected_call_sites") == [None], "cpu_compat must be inactive on a GPU"
         assert call_workers(policy, "report_device_id")[0].startswith("cuda")
@@ -66,18 +66,26 @@ def test_one_gpu_without_cpu_redirects_tied_qwen2(make_cluster: Any, tiny_tokeni
         policy.shutdown()
 
 
-@pytest.mark.parametrize("layout", [{"tensor_model_parallel_size": 2}, {"pipeline_model_parallel_size": 2}],
-                         ids=["tp2", "pp2"])
+@pytest.mark.parametrize(
+    "layout", [{"tensor_model_parallel_size": 2}, {"pipeline_model_parallel_size": 2}], ids=["tp2", "pp2"]
+)
 def test_two_gpus(make_cluster: Any, tiny_tokenizer: Any, layout: dict) -> None:
     from rlcore.policy import Policy
 
     if torch.cuda.device_count() < 2:
         pytest.skip("needs 2 GPUs")
     model = model_dir("llama")
-    policy = Policy(make_cluster(2, use_gpus=True), policy_config(model, 2, megatron=layout), tiny_tokenizer,
-                    name_prefix="megatron-gpu2", init_reference_model=False)
+    policy = Policy(
+        make_cluster(2, use_gpus=True),
+        policy_config(model, 2, megatron=layout),
+        tiny_tokenizer,
+        name_prefix="megatron-gpu2",
+        init_reference_model=False,
+    )
     try:
-        _check_against_references(policy, model, batch(tiny_tokenizer), f"megatron_{'_'.join(map(str, layout.values()))}")
+        _check_against_references(
+            policy, model, batch(tiny_tokenizer), f"megatron_{'_'.join(map(str, layout.values()))}"
+        )
     finally:
         policy.shutdown()
 
@@ -90,6 +98,9 @@ def test_sequence_parallel_is_refused_before_any_worker_starts(make_cluster: Any
 
     config = policy_config(model_dir("qwen3"), 1, megatron={"sequence_parallel": True})
     cluster = make_cluster(1, use_gpus=True)
-    with pytest.raises(ConfigError, match=r"^policy\.megatron_cfg\.sequence_parallel: sequence parallelism is not "
-                                          r"implemented by the megatron backend yet .*set it to false"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^policy\.megatron_cfg\.sequence_parallel: sequence parallelism is not "
+        r"implemented by the megatron backend yet .*set it to false",
+    ):
         Policy(cluster, config, tiny_tokenizer, name_prefix="megatron-gpu-sp")

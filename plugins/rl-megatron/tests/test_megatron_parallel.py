@@ -20,7 +20,6 @@ from typing import Any
 
 import pytest
 import torch
-
 from megatron_helpers import (
     SGD_LR,
     batch,
@@ -32,6 +31,7 @@ from megatron_helpers import (
     policy_config,
     state_of,
 )
+
 from rlcore.testing.conformance import distillation_step, dpo_step, single_process_sgd, weight_problems
 
 pytest_plugins = ["rlcore.testing.pytest_plugin"]
@@ -41,11 +41,20 @@ ATOL = 1e-5
 LAYOUTS = {
     "tp2": dict(arch="qwen3", tied=True, layers=2, megatron={"tensor_model_parallel_size": 2}),
     # policy.logprob_chunk_size over a vocabulary split across the two ranks: 3 positions per chunk
-    "tp2-chunked": dict(arch="qwen3", tied=True, layers=2, megatron={"tensor_model_parallel_size": 2},
-                        policy={"logprob_chunk_size": 3}),
-    "pp2": dict(arch="qwen2", tied=True, layers=3, megatron={
-        "pipeline_model_parallel_size": 2, "num_layers_in_first_pipeline_stage": 2,
-        "num_layers_in_last_pipeline_stage": 1, "activation_checkpointing": True}),
+    "tp2-chunked": dict(
+        arch="qwen3", tied=True, layers=2, megatron={"tensor_model_parallel_size": 2}, policy={"logprob_chunk_size": 3}
+    ),
+    "pp2": dict(
+        arch="qwen2",
+        tied=True,
+        layers=3,
+        megatron={
+            "pipeline_model_parallel_size": 2,
+            "num_layers_in_first_pipeline_stage": 2,
+            "num_layers_in_last_pipeline_stage": 1,
+            "activation_checkpointing": True,
+        },
+    ),
 }
 TOPK = 5
 
@@ -69,14 +78,24 @@ def started(request: pytest.FixtureRequest, pool: Any, tiny_tokenizer: Any) -> A
     data = batch(tiny_tokenizer)
     noisy = data.copy()
     pad = torch.arange(data["input_ids"].shape[1])[None, :] >= data["input_lengths"][:, None]
-    noisy["input_ids"] = torch.where(pad, torch.randint(3, 259, pad.shape, generator=torch.Generator().manual_seed(5)),
-                                     data["input_ids"])
-    policy = Policy(pool(2), policy_config(path, 2, megatron=spec["megatron"], **spec.get("policy", {})), tiny_tokenizer,
-                    name_prefix=f"parallel-{request.param}")
-    record = {"name": request.param, "policy": policy, "model": path, "batch": data,
-              "logprobs": policy.get_logprobs(data)["logprobs"],
-              "noisy_logprobs": policy.get_logprobs(noisy)["logprobs"],
-              "topk": policy.get_topk_logits(data, k=TOPK)}
+    noisy["input_ids"] = torch.where(
+        pad, torch.randint(3, 259, pad.shape, generator=torch.Generator().manual_seed(5)), data["input_ids"]
+    )
+    policy = Policy(
+        pool(2),
+        policy_config(path, 2, megatron=spec["megatron"], **spec.get("policy", {})),
+        tiny_tokenizer,
+        name_prefix=f"parallel-{request.param}",
+    )
+    record = {
+        "name": request.param,
+        "policy": policy,
+        "model": path,
+        "batch": data,
+        "logprobs": policy.get_logprobs(data)["logprobs"],
+        "noisy_logprobs": policy.get_logprobs(noisy)["logprobs"],
+        "topk": policy.get_topk_logits(data, k=TOPK),
+    }
     yield record
     policy.shutdown()
 
@@ -90,8 +109,12 @@ def trained(started: dict, tmp_path_factory: pytest.TempPathFactory) -> dict:
     result = policy.train(started["batch"], NLLLoss())
     root = tmp_path_factory.mktemp(f"trained-{started['name']}")
     policy.save_checkpoint(str(root / "weights"), str(root / "megatron"))
-    return {"result": result, "weights": str(root / "weights"), "megatron": str(root / "megatron"),
-            "logprobs": policy.get_logprobs(started["batch"])["logprobs"]}
+    return {
+        "result": result,
+        "weights": str(root / "weights"),
+        "megatron": str(root / "megatron"),
+        "logprobs": policy.get_logprobs(started["batch"])["logprobs"],
+    }
 
 
 def test_logprobs_match_hf(started: dict) -> None:
@@ -142,9 +165,14 @@ def test_checkpoint_reshards_to_a_single_rank(started: dict, trained: dict, pool
     from rlcore.policy import Policy
 
     assert (trained["logprobs"] - started["logprobs"]).abs().max() > 1e-3, "training must move the logprobs"
-    single = Policy(pool(1), policy_config(started["model"], 1), tiny_tokenizer,
-                    name_prefix=f"resharded-{started['name']}", optimizer_path=trained["megatron"],
-                    init_reference_model=False)
+    single = Policy(
+        pool(1),
+        policy_config(started["model"], 1),
+        tiny_tokenizer,
+        name_prefix=f"resharded-{started['name']}",
+        optimizer_path=trained["megatron"],
+        init_reference_model=False,
+    )
     try:
         got = single.get_logprobs(started["batch"])["logprobs"]
     finally:
@@ -169,8 +197,9 @@ def test_only_listed_cuda_call_sites_were_redirected(started: dict, trained: dic
         assert not unlisted, f"rank {rank} redirected call sites missing from CALL_SITES: {sorted(unlisted)}"
 
 
-def test_train_step_matches_dtensor_backend(started: dict, trained: dict, pool: Any, tiny_tokenizer: Any,
-                                            tmp_path: Any) -> None:
+def test_train_step_matches_dtensor_backend(
+    started: dict, trained: dict, pool: Any, tiny_tokenizer: Any, tmp_path: Any
+) -> None:
     """Same weights, batch and SGD step: megatron and dtensor agree on the loss and the updated weights."""
     from rlcore.plugins import BackendError, get_registry
 
@@ -182,12 +211,24 @@ def test_train_step_matches_dtensor_backend(started: dict, trained: dict, pool: 
     from rlcore.config import load_config_dict
     from rlcore.policy import Policy
 
-    config = load_config_dict({"cluster": {"workers_per_node": 1}, "policy": {
-        "backend": "dtensor", "model_name": started["model"], "train_global_batch_size": 4,
-        "train_micro_batch_size": 1, "learning_rate": SGD_LR, "max_grad_norm": None, "precision": "float32",
-        "optimizer": {"name": "torch.optim.SGD", "kwargs": {"lr": SGD_LR}}}}).policy
-    dtensor = Policy(pool(1), config, tiny_tokenizer, name_prefix=f"dtensor-vs-{started['name']}",
-                     init_reference_model=False)
+    config = load_config_dict(
+        {
+            "cluster": {"workers_per_node": 1},
+            "policy": {
+                "backend": "dtensor",
+                "model_name": started["model"],
+                "train_global_batch_size": 4,
+                "train_micro_batch_size": 1,
+                "learning_rate": SGD_LR,
+                "max_grad_norm": None,
+                "precision": "float32",
+                "optimizer": {"name": "torch.optim.SGD", "kwargs": {"lr": SGD_LR}},
+            },
+        }
+    ).policy
+    dtensor = Policy(
+        pool(1), config, tiny_tokenizer, name_prefix=f"dtensor-vs-{started['name']}", init_reference_model=False
+    )
     try:
         result = dtensor.train(started["batch"], NLLLoss())
         dtensor.save_checkpoint(str(tmp_path / "dtensor"))
@@ -201,8 +242,9 @@ def test_train_step_matches_dtensor_backend(started: dict, trained: dict, pool: 
 
 
 @pytest.mark.parametrize("step", ["dpo", "distillation", "full_vocabulary"])
-def test_more_losses_match_single_process_sgd(started: dict, trained: dict, tmp_path: Any, tiny_tokenizer: Any,
-                                              step: str) -> None:
+def test_more_losses_match_single_process_sgd(
+    started: dict, trained: dict, tmp_path: Any, tiny_tokenizer: Any, step: str
+) -> None:
     """Last in the module (they train again, each from the weights the previous test left, saved first): a DPO
     step on pairs of uneven sequences against the initial model's logprobs, and a distillation step reading the
     student's logits at a teacher's top-k ids, and one that adds ``zero_outside_topk`` (the student's
@@ -211,8 +253,9 @@ def test_more_losses_match_single_process_sgd(started: dict, trained: dict, tmp_
     if step == "dpo":
         batch, loss_fn = dpo_step(dict(started["batch"]), started["logprobs"], masked_pair=None)
     else:
-        batch, loss_fn = distillation_step(dict(started["batch"]), tiny_tokenizer,
-                                           full_vocabulary=step == "full_vocabulary")
+        batch, loss_fn = distillation_step(
+            dict(started["batch"]), tiny_tokenizer, full_vocabulary=step == "full_vocabulary"
+        )
     start = tmp_path / "start"
     started["policy"].save_checkpoint(str(start))
     initial, (expected,) = single_process_sgd(str(start), [(batch, loss_fn)], SGD_LR)

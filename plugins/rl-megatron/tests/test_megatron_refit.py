@@ -9,11 +9,11 @@ rl-vllm is not installed.
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import torch
-
 from megatron_helpers import batch, model_dir, policy_config
 
 pytest_plugins = ["rlcore.testing.pytest_plugin"]
@@ -27,15 +27,22 @@ MAX_NEW = 6
 def setup(ray_session: None, tiny_tokenizer: Any) -> Iterator[dict]:
     pytest.importorskip("rl_vllm", reason="rl-vllm is not installed")
     from rl_vllm.generation import VllmGeneration
-
     from rlcore.policy import Policy
     from rlcore.testing.pytest_plugin import ClusterPool
 
     path = model_dir("llama")
-    config = policy_config(path, 2, megatron={"tensor_model_parallel_size": 2}, max_total_sequence_length=64,
-                           generation={"backend": "vllm", "max_new_tokens": MAX_NEW,
-                                       "pad_token_id": tiny_tokenizer.pad_token_id,
-                                       "vllm_cfg": {"kv_cache_space_gb": 0.0625, "max_model_len": 128}})
+    config = policy_config(
+        path,
+        2,
+        megatron={"tensor_model_parallel_size": 2},
+        max_total_sequence_length=64,
+        generation={
+            "backend": "vllm",
+            "max_new_tokens": MAX_NEW,
+            "pad_token_id": tiny_tokenizer.pad_token_id,
+            "vllm_cfg": {"kv_cache_space_gb": 0.0625, "max_model_len": 128},
+        },
+    )
     clusters = ClusterPool()
     cluster = clusters(2, max_colocated_worker_groups=2)
     policy = generation = None
@@ -60,14 +67,16 @@ def _engine_vs_policy_error(setup: dict) -> float:
     from rlcore.data import BatchedDataDict
 
     prompts = batch(setup["tokenizer"], seed=11)
-    prompts = BatchedDataDict(input_ids=prompts["input_ids"][:, :8].clone(),
-                              input_lengths=prompts["input_lengths"].clamp(max=8))
+    prompts = BatchedDataDict(
+        input_ids=prompts["input_ids"][:, :8].clone(), input_lengths=prompts["input_lengths"].clamp(max=8)
+    )
     out = setup["generation"].generate(prompts, greedy=True)
     seqs = BatchedDataDict(input_ids=out["output_ids"], input_lengths=out["unpadded_sequence_lengths"])
     expected = setup["policy"].get_logprobs(seqs)["logprobs"]
     positions = torch.arange(out["output_ids"].shape[1])[None, :]
-    generated = (positions >= prompts["input_lengths"][:, None]) & \
-        (positions < out["unpadded_sequence_lengths"][:, None])
+    generated = (positions >= prompts["input_lengths"][:, None]) & (
+        positions < out["unpadded_sequence_lengths"][:, None]
+    )
     return float((out["logprobs"] - expected)[generated].abs().max())
 
 
@@ -85,8 +94,9 @@ def test_refit_by_collective(setup: dict) -> None:
     from rlcore.refit import WeightSynchronizer
 
     _train_step(setup, seed=200)
-    sync = WeightSynchronizer(setup["policy"], setup["generation"], colocated=False, cluster=setup["cluster"],
-                              bucket_bytes=32 << 10)
+    sync = WeightSynchronizer(
+        setup["policy"], setup["generation"], colocated=False, cluster=setup["cluster"], bucket_bytes=32 << 10
+    )
     sync.sync_weights()
     assert sync.transport == "collective"
     assert _engine_vs_policy_error(setup) <= ATOL

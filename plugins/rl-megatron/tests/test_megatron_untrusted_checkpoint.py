@@ -19,8 +19,9 @@ import io
 import json
 import pickle
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 from megatron_helpers import batch, call_workers, model_dir, policy_config
@@ -63,8 +64,9 @@ def _redirect(optim: Path, key: str, payload: bytes) -> str:
 
 def forge_sharded_object(optim: Path, marker: Path) -> str:
     """A genuine bytes entry (a layer's ``_extra_state``) whose pickle runs a command."""
-    return _redirect(optim, _first_key(_metadata(optim), "BytesStorageMetadata"),
-                     torch_save_payload(marker, lambda evil: [evil]))
+    return _redirect(
+        optim, _first_key(_metadata(optim), "BytesStorageMetadata"), torch_save_payload(marker, lambda evil: [evil])
+    )
 
 
 def forge_tensor_data(optim: Path, marker: Path) -> str:
@@ -97,19 +99,26 @@ def _write(name: str, build: Callable[[Path], bytes]) -> Callable[[Path, Path], 
     def forge(optim: Path, marker: Path) -> str:
         (optim / name).write_bytes(build(marker))
         return name
+
     return forge
 
 
 #: case → (forge the copy of optimizer/, what the error must say)
 CASES: dict[str, tuple[Callable[[Path, Path], str], str]] = {
     "metadata-os.system": (_write(".metadata", system_payload), "{optim}/.metadata: refusing to load os.system"),
-    "metadata-getattr-chain": (_write(".metadata", getattr_payload),
-                               "{optim}/.metadata: refusing to load builtins.getattr"),
-    "metadata-protocol-4-dotted": (_write(".metadata", dotted_payload),
-                                   "{optim}/.metadata: refusing to load torch.distributed.checkpoint.filesystem.os"),
+    "metadata-getattr-chain": (
+        _write(".metadata", getattr_payload),
+        "{optim}/.metadata: refusing to load builtins.getattr",
+    ),
+    "metadata-protocol-4-dotted": (
+        _write(".metadata", dotted_payload),
+        "{optim}/.metadata: refusing to load torch.distributed.checkpoint.filesystem.os",
+    ),
     "metadata-path-escape": (forge_path_escape, "{optim}/.metadata: the data of"),
-    "common.pt-torch.save": (_write("common.pt", lambda m: torch_save_payload(m, lambda evil: {"optimizer": evil})),
-                             "{optim}/common.pt: refusing to load posix.system"),
+    "common.pt-torch.save": (
+        _write("common.pt", lambda m: torch_save_payload(m, lambda evil: {"optimizer": evil})),
+        "{optim}/common.pt: refusing to load posix.system",
+    ),
     "common.pt-legacy-pickle": (_write("common.pt", system_payload), "{optim}/common.pt: refusing to load os.system"),
     "distcp-sharded-object": (forge_sharded_object, "{optim} (object '{forged}'): refusing to load posix.system"),
     # torch's own weights_only load refuses tensor data inside DCP: the error names the directory
@@ -144,8 +153,15 @@ def trained(ray_session: None, tiny_tokenizer: Any, tmp_path_factory: Any) -> An
         policy.save_checkpoint(str(root / "weights"), str(root / "optimizer"))
         later = _losses(policy, batches[1:])
         policy.worker_group.kill_on_error = False  # a refused load must not end the policy
-        yield {"policy": policy, "root": root, "batches": batches, "later": later, "cfg": cfg,
-               "clusters": clusters, "tokenizer": tiny_tokenizer}
+        yield {
+            "policy": policy,
+            "root": root,
+            "batches": batches,
+            "later": later,
+            "cfg": cfg,
+            "clusters": clusters,
+            "tokenizer": tiny_tokenizer,
+        }
     finally:
         policy.shutdown()
         clusters.shutdown()
@@ -194,8 +210,15 @@ def test_resume_refuses_forged_metadata(trained: dict, tmp_path: Path) -> None:
 
     optim, marker, _ = _forged_copy(trained, tmp_path, "metadata-getattr-chain")
     with pytest.raises(Exception) as err:
-        Policy(trained["clusters"](1), trained["cfg"], trained["tokenizer"], name_prefix="untrusted-mg-resume",
-               weights_path=str(trained["root"] / "weights"), optimizer_path=str(optim), init_reference_model=False)
+        Policy(
+            trained["clusters"](1),
+            trained["cfg"],
+            trained["tokenizer"],
+            name_prefix="untrusted-mg-resume",
+            weights_path=str(trained["root"] / "weights"),
+            optimizer_path=str(optim),
+            init_reference_model=False,
+        )
     assert f"{optim}/.metadata: refusing to load builtins.getattr" in str(err.value), str(err.value)
     assert not marker.exists()
 
@@ -204,7 +227,9 @@ def test_resume_refuses_forged_metadata(trained: dict, tmp_path: Path) -> None:
 def test_load_refuses_files_outside_the_checkpoint(trained: dict, tmp_path: Path, case: str) -> None:
     """An index entry or a link reaching out of the checkpoint (rlcore.testing.outside_files) is refused,
     naming the file, before anything is read."""
-    assert_load_refuses(lambda w, o: call_workers(trained["policy"], "load_checkpoint", str(w), str(o)), trained["root"], tmp_path, case)
+    assert_load_refuses(
+        lambda w, o: call_workers(trained["policy"], "load_checkpoint", str(w), str(o)), trained["root"], tmp_path, case
+    )
 
 
 def test_genuine_checkpoint_still_resumes(trained: dict) -> None:

@@ -7,15 +7,22 @@ import os
 import pytest
 import torch
 
-from rlcore.config import ConfigError, GenerationConfig, load_config_dict, resolve
-from rlcore.plugins import get_registry
 from rl_vllm.config import VllmConfig, vllm_config_from
 from rl_vllm.sampling import Completion, batch_problems, pack_outputs, request_stop_strings, sampled_logprobs
+from rlcore.config import ConfigError, GenerationConfig, load_config_dict, resolve
+from rlcore.plugins import get_registry
 
 
 def _config(vllm_cfg: dict):
-    return load_config_dict({"policy": {"backend": "reference", "model_name": "tiny", "generation": {
-        "backend": "vllm", "vllm_cfg": vllm_cfg}}})
+    return load_config_dict(
+        {
+            "policy": {
+                "backend": "reference",
+                "model_name": "tiny",
+                "generation": {"backend": "vllm", "vllm_cfg": vllm_cfg},
+            }
+        }
+    )
 
 
 def test_backend_is_registered_through_its_entry_point():
@@ -94,22 +101,33 @@ def test_sampled_logprobs_reads_flat_and_dict_logprobs():
 def test_batch_problems():
     ids = torch.tensor([[5, 6, 7], [8, 9, 0]])
     assert batch_problems({"input_ids": ids, "input_lengths": torch.tensor([3, 2])}, max_model_len=8) == []
-    assert "input_lengths must be in [1, 3]" in batch_problems(
-        {"input_ids": ids, "input_lengths": torch.tensor([0, 4])})[0]
+    assert (
+        "input_lengths must be in [1, 3]"
+        in batch_problems({"input_ids": ids, "input_lengths": torch.tensor([0, 4])})[0]
+    )
     assert "max_model_len=3" in batch_problems({"input_ids": ids, "input_lengths": torch.tensor([3, 2])}, 3)[0]
-    assert "stop_strings has 1 entries" in batch_problems(
-        {"input_ids": ids, "input_lengths": torch.tensor([3, 2]), "stop_strings": [None]})[0]
+    assert (
+        "stop_strings has 1 entries"
+        in batch_problems({"input_ids": ids, "input_lengths": torch.tensor([3, 2]), "stop_strings": [None]})[0]
+    )
 
 
 def test_engine_environment_and_kv_cache_size(monkeypatch: pytest.MonkeyPatch):
     from rl_vllm.worker import _prepare_process_env
 
-    for var in ("VLLM_HOST_IP", "VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_KVCACHE_SPACE",
-                "VLLM_ENABLE_V1_MULTIPROCESSING"):
+    for var in (
+        "VLLM_HOST_IP",
+        "VLLM_CPU_OMP_THREADS_BIND",
+        "VLLM_CPU_KVCACHE_SPACE",
+        "VLLM_ENABLE_V1_MULTIPROCESSING",
+    ):
         monkeypatch.delenv(var, raising=False)
     assert _prepare_process_env(VllmConfig(), on_cpu=True) == 1024**3  # never "a fraction of host memory"
-    assert (os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"], os.environ["VLLM_HOST_IP"],
-            os.environ["VLLM_CPU_OMP_THREADS_BIND"]) == ("0", "127.0.0.1", "nobind")
+    assert (
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"],
+        os.environ["VLLM_HOST_IP"],
+        os.environ["VLLM_CPU_OMP_THREADS_BIND"],
+    ) == ("0", "127.0.0.1", "nobind")
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "2")
     assert _prepare_process_env(VllmConfig(), on_cpu=True) is None  # the variable decides
     assert _prepare_process_env(VllmConfig(kv_cache_space_gb=0.5), on_cpu=True) == 512 * 1024**2

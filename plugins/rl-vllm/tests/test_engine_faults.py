@@ -12,20 +12,21 @@ import os
 import signal
 import threading
 import time
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import ray
 import torch
 
+from rl_vllm.generation import VllmGeneration
+from rl_vllm.refit import EngineStaleError
 from rlcore.config import load_config_dict
 from rlcore.data import BatchedDataDict
 from rlcore.distributed import WorkerError
 from rlcore.refit import RefitError, WeightSynchronizer
 from rlcore.testing.models import make_batch
 from rlcore.testing.pytest_plugin import ClusterPool
-from rl_vllm.generation import VllmGeneration
-from rl_vllm.refit import EngineStaleError
 
 #: A named error must arrive within this many seconds of the kill.
 PROMPT_S = 10.0
@@ -35,12 +36,25 @@ PROMPT_S = 10.0
 def pair(ray_session: None, tiny_model_dir: str, tiny_tokenizer: Any) -> Iterator[dict]:
     from rlcore.policy import Policy
 
-    cfg = load_config_dict({"cluster": {"workers_per_node": 1}, "policy": {
-        "backend": "reference", "model_name": tiny_model_dir, "precision": "float32",
-        "train_global_batch_size": 2, "train_micro_batch_size": 1, "max_total_sequence_length": 64,
-        "generation": {"backend": "vllm", "max_new_tokens": 8, "pad_token_id": tiny_tokenizer.pad_token_id,
-                       "vllm_cfg": {"kv_cache_space_gb": 0.0625, "max_model_len": 128}},
-    }}).policy
+    cfg = load_config_dict(
+        {
+            "cluster": {"workers_per_node": 1},
+            "policy": {
+                "backend": "reference",
+                "model_name": tiny_model_dir,
+                "precision": "float32",
+                "train_global_batch_size": 2,
+                "train_micro_batch_size": 1,
+                "max_total_sequence_length": 64,
+                "generation": {
+                    "backend": "vllm",
+                    "max_new_tokens": 8,
+                    "pad_token_id": tiny_tokenizer.pad_token_id,
+                    "vllm_cfg": {"kv_cache_space_gb": 0.0625, "max_model_len": 128},
+                },
+            },
+        }
+    ).policy
     clusters = ClusterPool()
     cluster = clusters(1, max_colocated_worker_groups=2)
     policy = generation = None

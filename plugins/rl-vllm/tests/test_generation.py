@@ -9,16 +9,17 @@ and put it back.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import torch
 
+from rl_vllm.generation import VllmGeneration
 from rlcore.data import BatchedDataDict
 from rlcore.testing.conformance import GenerationBackendConformance, generation_output_problems, load_hf_model
 from rlcore.testing.models import BYTE_OFFSET, make_batch
 from rlcore.training.logprobs import token_logprobs
-from rl_vllm.generation import VllmGeneration
 
 MAX_NEW = 8
 ATOL = 1e-4
@@ -42,8 +43,10 @@ def prompts(tokenizer: Any, n: int, seed: int) -> BatchedDataDict:
 
 def generated(out: BatchedDataDict, data: BatchedDataDict) -> list[list[int]]:
     """Generated tokens of each row."""
-    return [out["output_ids"][i, int(p):int(n)].tolist()
-            for i, (p, n) in enumerate(zip(data["input_lengths"], out["unpadded_sequence_lengths"]))]
+    return [
+        out["output_ids"][i, int(p) : int(n)].tolist()
+        for i, (p, n) in enumerate(zip(data["input_lengths"], out["unpadded_sequence_lengths"]))
+    ]
 
 
 def generated_mask(out: BatchedDataDict, data: BatchedDataDict) -> torch.Tensor:
@@ -63,7 +66,7 @@ def cut_at_stop(tokens: list[int], stop_chars: str) -> list[int]:
     stop_ids = {BYTE_OFFSET + ord(c) for c in stop_chars}
     for k, tok in enumerate(tokens):
         if tok in stop_ids:
-            return tokens[:k + 1]
+            return tokens[: k + 1]
     return tokens
 
 
@@ -94,8 +97,12 @@ class TestVllmBackend(GenerationBackendConformance):
         infos = generation["engine"].engine_info
         assert [i["rank"] for i in infos] == [0, 1]
         assert len({i["pid"] for i in infos}) == 2
-        print("engine start seconds:", [round(i["start_seconds"], 2) for i in infos],
-              "import vllm seconds:", [round(i["import_seconds"], 2) for i in infos])
+        print(
+            "engine start seconds:",
+            [round(i["start_seconds"], 2) for i in infos],
+            "import vllm seconds:",
+            [round(i["import_seconds"], 2) for i in infos],
+        )
 
     def test_engines_report_the_kv_cache_they_allocated(self, generation: dict) -> None:
         """The block count the shortfall warning reads is the cache's real size: kv_cache_space_gb over
@@ -120,24 +127,40 @@ class TestVllmBackend(GenerationBackendConformance):
         data, out = greedy_output
         ours = generated(out, data)
         for i, n in enumerate(data["input_lengths"].tolist()):
-            prompt = data["input_ids"][i:i + 1, :n]
+            prompt = data["input_ids"][i : i + 1, :n]
             with torch.no_grad():
-                ref = hf_model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=MAX_NEW,
-                                        do_sample=False)
+                ref = hf_model.generate(
+                    prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=MAX_NEW, do_sample=False
+                )
             assert ours[i] == ref[0, n:].tolist(), f"row {i}: vllm {ours[i]} != HF {ref[0, n:].tolist()}"
 
-    def test_greedy_logprobs_equal_policy_logprobs(self, generation: dict, greedy_output: tuple,
-                                                   make_cluster: Any) -> None:
+    def test_greedy_logprobs_equal_policy_logprobs(
+        self, generation: dict, greedy_output: tuple, make_cluster: Any
+    ) -> None:
         """The reference training backend's ``get_logprobs`` of the generated sequences, index by index."""
         from rlcore.config import load_config_dict
         from rlcore.policy import Policy
 
         data, out = greedy_output
-        cfg = load_config_dict({"cluster": {"workers_per_node": 1}, "policy": {
-            "backend": "reference", "model_name": generation["model_dir"], "precision": "float32",
-            "max_total_sequence_length": 64}}).policy
-        policy = Policy(make_cluster(1), cfg, generation["tokenizer"], name_prefix="vllm-test-ref",
-                        init_optimizer=False, init_reference_model=False)
+        cfg = load_config_dict(
+            {
+                "cluster": {"workers_per_node": 1},
+                "policy": {
+                    "backend": "reference",
+                    "model_name": generation["model_dir"],
+                    "precision": "float32",
+                    "max_total_sequence_length": 64,
+                },
+            }
+        ).policy
+        policy = Policy(
+            make_cluster(1),
+            cfg,
+            generation["tokenizer"],
+            name_prefix="vllm-test-ref",
+            init_optimizer=False,
+            init_reference_model=False,
+        )
         try:
             seqs = BatchedDataDict(input_ids=out["output_ids"], input_lengths=out["unpadded_sequence_lengths"])
             expected = policy.get_logprobs(seqs)["logprobs"]
@@ -163,15 +186,17 @@ class TestVllmBackend(GenerationBackendConformance):
 
     # -- sampling -------------------------------------------------------------------------------
     @pytest.mark.parametrize("temperature, top_k", [(0.7, None), (1.3, 20)])
-    def test_sampled_logprobs_are_the_sampling_distribution(self, generation: dict, hf_model: Any,
-                                                            temperature: float, top_k: int | None) -> None:
+    def test_sampled_logprobs_are_the_sampling_distribution(
+        self, generation: dict, hf_model: Any, temperature: float, top_k: int | None
+    ) -> None:
         """Logprobs at T (and after top-k) equal HF's logprobs of logits / T, renormalised over the top k."""
         engine, tokenizer = generation["engine"], generation["tokenizer"]
         data = prompts(tokenizer, 6, seed=11)
         with sampling(engine, temperature=temperature, top_k=top_k):
             out = engine.generate(data, greedy=False)
-        problems = generation_output_problems(data["input_ids"], data["input_lengths"], out, MAX_NEW,
-                                              tokenizer.pad_token_id)
+        problems = generation_output_problems(
+            data["input_ids"], data["input_lengths"], out, MAX_NEW, tokenizer.pad_token_id
+        )
         assert not problems, "\n".join(problems)
         logits = hf_logits(hf_model, out)
         if top_k is not None:
@@ -202,12 +227,12 @@ class TestVllmBackend(GenerationBackendConformance):
             assert tokens == expected, f"row {i} (stop {stops[i]}): {tokens} != {expected}"
         was_cut = torch.tensor([len(e) < len(f) for e, f in zip(generated(cut, data), full)])
         assert not cut["truncated"][was_cut].any()
-        problems = generation_output_problems(data["input_ids"], data["input_lengths"], cut, MAX_NEW,
-                                              generation["tokenizer"].pad_token_id)
+        problems = generation_output_problems(
+            data["input_ids"], data["input_lengths"], cut, MAX_NEW, generation["tokenizer"].pad_token_id
+        )
         assert not problems, "\n".join(problems)
 
-    def test_config_stop_strings_and_sample_stop_strings_combine(self, generation: dict,
-                                                                 greedy_output: tuple) -> None:
+    def test_config_stop_strings_and_sample_stop_strings_combine(self, generation: dict, greedy_output: tuple) -> None:
         engine = generation["engine"]
         data, out = greedy_output
         full = generated(out, data)
@@ -243,8 +268,7 @@ class TestVllmBackend(GenerationBackendConformance):
             assert bool(short["truncated"][i]) == (len(tokens) == 3 and tokens[-1] != 2)
 
     # -- bad input ------------------------------------------------------------------------------
-    def test_bad_input_is_rejected_before_it_reaches_the_engines(self, generation: dict,
-                                                                 greedy_output: tuple) -> None:
+    def test_bad_input_is_rejected_before_it_reaches_the_engines(self, generation: dict, greedy_output: tuple) -> None:
         engine = generation["engine"]
         data, out = greedy_output
         too_long = BatchedDataDict(input_ids=torch.full((1, 130), 40), input_lengths=torch.tensor([130]))
@@ -259,15 +283,24 @@ def test_bfloat16_engine_generates(make_cluster: Any, tiny_model_dir: str, tiny_
     """A bf16 engine in an actor runs (on AMX CPUs this needs the AMX permission rl-vllm requests)."""
     from rlcore.config import load_config_dict
 
-    config = load_config_dict({"policy": {"model_name": tiny_model_dir, "generation": {
-        "backend": "vllm", "max_new_tokens": 4, "pad_token_id": tiny_tokenizer.pad_token_id,
-        "vllm_cfg": {"precision": "bfloat16", "kv_cache_space_gb": 0.0625, "max_model_len": 64}}}}).policy.generation
+    config = load_config_dict(
+        {
+            "policy": {
+                "model_name": tiny_model_dir,
+                "generation": {
+                    "backend": "vllm",
+                    "max_new_tokens": 4,
+                    "pad_token_id": tiny_tokenizer.pad_token_id,
+                    "vllm_cfg": {"precision": "bfloat16", "kv_cache_space_gb": 0.0625, "max_model_len": 64},
+                },
+            }
+        }
+    ).policy.generation
     engine = VllmGeneration(make_cluster(1), config, name_prefix="vllm-bf16")
     try:
         data = prompts(tiny_tokenizer, 2, seed=5)
         out = engine.generate(data, greedy=True)
     finally:
         engine.shutdown()
-    problems = generation_output_problems(data["input_ids"], data["input_lengths"], out, 4,
-                                          tiny_tokenizer.pad_token_id)
+    problems = generation_output_problems(data["input_ids"], data["input_lengths"], out, 4, tiny_tokenizer.pad_token_id)
     assert not problems, "\n".join(problems)

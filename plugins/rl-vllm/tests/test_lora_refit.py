@@ -9,7 +9,8 @@ every refit the engines' greedy logprobs must equal the policy's.
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -26,32 +27,59 @@ ATOL = 1e-4
 
 
 @pytest.fixture(scope="module", params=["dtensor", "fsdp1"])
-def setup(request: pytest.FixtureRequest, ray_session: None, tiny_model_dir: str,
-          tiny_tokenizer: Any) -> Iterator[dict]:
+def setup(
+    request: pytest.FixtureRequest, ray_session: None, tiny_model_dir: str, tiny_tokenizer: Any
+) -> Iterator[dict]:
     from rl_vllm.generation import VllmGeneration
-
     from rlcore.policy import Policy
 
-    cfg = load_config_dict({"cluster": {"workers_per_node": WORLD}, "policy": {
-        "backend": request.param, "model_name": tiny_model_dir, "precision": "float32",
-        "train_global_batch_size": 4, "train_micro_batch_size": 1, "max_total_sequence_length": 64,
-        "optimizer": {"name": "torch.optim.SGD", "kwargs": {"lr": 2.0}}, "max_grad_norm": None,
-        "lora": {"enabled": True, "match_all_linear": False, "target_modules": ["q_proj", "v_proj", "lm_head"],
-                 "dim": 4, "alpha": 8, "lora_A_init": "uniform"},
-        "generation": {"backend": "vllm", "max_new_tokens": MAX_NEW, "pad_token_id": tiny_tokenizer.pad_token_id,
-                       "vllm_cfg": {"kv_cache_space_gb": 0.0625, "max_model_len": 128}},
-    }}).policy
+    cfg = load_config_dict(
+        {
+            "cluster": {"workers_per_node": WORLD},
+            "policy": {
+                "backend": request.param,
+                "model_name": tiny_model_dir,
+                "precision": "float32",
+                "train_global_batch_size": 4,
+                "train_micro_batch_size": 1,
+                "max_total_sequence_length": 64,
+                "optimizer": {"name": "torch.optim.SGD", "kwargs": {"lr": 2.0}},
+                "max_grad_norm": None,
+                "lora": {
+                    "enabled": True,
+                    "match_all_linear": False,
+                    "target_modules": ["q_proj", "v_proj", "lm_head"],
+                    "dim": 4,
+                    "alpha": 8,
+                    "lora_A_init": "uniform",
+                },
+                "generation": {
+                    "backend": "vllm",
+                    "max_new_tokens": MAX_NEW,
+                    "pad_token_id": tiny_tokenizer.pad_token_id,
+                    "vllm_cfg": {"kv_cache_space_gb": 0.0625, "max_model_len": 128},
+                },
+            },
+        }
+    ).policy
     clusters = ClusterPool()
     cluster = clusters(WORLD, max_colocated_worker_groups=3)
     policy = generation = adapter_engines = None
     try:
-        policy = Policy(cluster, cfg, tiny_tokenizer, name_prefix=f"lora-refit-{request.param}",
-                        init_reference_model=False)
+        policy = Policy(
+            cluster, cfg, tiny_tokenizer, name_prefix=f"lora-refit-{request.param}", init_reference_model=False
+        )
         generation = VllmGeneration(cluster, cfg.generation, name_prefix=f"lora-refit-{request.param}-vllm")
-        adapter_engines = VllmGeneration(cluster, cfg.generation, name_prefix=f"lora-refit-{request.param}-lora",
-                                         lora_rank=cfg.lora.dim)
-        yield {"policy": policy, "generation": generation, "adapter_engines": adapter_engines, "cluster": cluster,
-               "tokenizer": tiny_tokenizer}
+        adapter_engines = VllmGeneration(
+            cluster, cfg.generation, name_prefix=f"lora-refit-{request.param}-lora", lora_rank=cfg.lora.dim
+        )
+        yield {
+            "policy": policy,
+            "generation": generation,
+            "adapter_engines": adapter_engines,
+            "cluster": cluster,
+            "tokenizer": tiny_tokenizer,
+        }
     finally:
         for owner in (adapter_engines, generation, policy):
             if owner is not None:
@@ -81,8 +109,9 @@ def test_merged_refits_send_the_model_once_then_only_the_adapted_layers(setup: d
     policy = setup["policy"]
     full_info, changed_info = policy.prepare_refit_info(), policy.prepare_refit_info(changed_only=True)
     assert not [n for n in full_info if "lora_" in n or "base_layer" in n], "refit names must be Hugging Face's"
-    assert {n.rsplit(".", 2)[-2] for n in changed_info} == {"q_proj", "k_proj", "v_proj", "lm_head"}, \
-        sorted(changed_info)
+    assert {n.rsplit(".", 2)[-2] for n in changed_info} == {"q_proj", "k_proj", "v_proj", "lm_head"}, sorted(
+        changed_info
+    )
 
     sync = WeightSynchronizer(policy, setup["generation"], colocated=True, partial_refit=True)
     first = sync.sync_weights()
@@ -93,16 +122,18 @@ def test_merged_refits_send_the_model_once_then_only_the_adapted_layers(setup: d
         moved = logprob_error(setup)
         assert moved > 1e-3, "the LoRA step did not change the policy: the refit check would be vacuous"
         if transport == "collective":
-            sync = WeightSynchronizer(policy, setup["generation"], colocated=False, cluster=setup["cluster"],
-                                      partial_refit=True)
+            sync = WeightSynchronizer(
+                policy, setup["generation"], colocated=False, cluster=setup["cluster"], partial_refit=True
+            )
             sync.sync_weights()  # a new synchronizer's first refit is whole again
             train_one_step(setup, seed + 100)
         stats = sync.sync_weights()
         sizes[transport] = stats["bytes"]
         err = logprob_error(setup)
         assert err <= ATOL, f"{transport} partial refit: engine logprobs differ from the policy's by {err:.3g}"
-    expected_ratio = sum(torch.Size(s).numel() for s, _ in changed_info.values()) / \
-        sum(torch.Size(s).numel() for s, _ in full_info.values())
+    expected_ratio = sum(torch.Size(s).numel() for s, _ in changed_info.values()) / sum(
+        torch.Size(s).numel() for s, _ in full_info.values()
+    )
     for transport in ("shared memory", "collective"):
         ratio = sizes[transport] / sizes["full"]
         assert ratio == pytest.approx(expected_ratio, rel=0.05), (transport, ratio, expected_ratio)
@@ -126,4 +157,3 @@ def test_adapter_refit_runs_the_policy_adapters_as_vllm_lora_modules(setup: dict
     finally:
         sync.shutdown()
     assert not root.exists()
-

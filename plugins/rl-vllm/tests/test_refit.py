@@ -12,12 +12,15 @@ logprobs. The failure cases are the receiver's own and run only against
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import ray
 import torch
 
+from rl_vllm.generation import VllmGeneration
+from rl_vllm.refit import EngineStaleError
 from rlcore.config import load_config_dict
 from rlcore.data import BatchedDataDict
 from rlcore.refit import RefitError, WeightSynchronizer
@@ -25,8 +28,6 @@ from rlcore.refit.shared_memory import stream_to_receiver
 from rlcore.testing.conformance import generation_output_problems, load_hf_model
 from rlcore.testing.models import make_batch
 from rlcore.testing.pytest_plugin import ClusterPool
-from rl_vllm.generation import VllmGeneration
-from rl_vllm.refit import EngineStaleError
 
 WORLD = 2
 MAX_NEW = 6
@@ -65,27 +66,48 @@ def reference_only(setup: dict) -> None:
 
 
 @pytest.fixture(scope="module", params=TRAINING_BACKENDS)
-def setup(request: pytest.FixtureRequest, ray_session: None, tiny_model_dir: str,
-          tiny_tokenizer: Any) -> Iterator[dict]:
+def setup(
+    request: pytest.FixtureRequest, ray_session: None, tiny_model_dir: str, tiny_tokenizer: Any
+) -> Iterator[dict]:
     from rlcore.policy import Policy
 
     backend = request.param
     _skip_unless_usable(backend)
-    cfg = load_config_dict({"cluster": {"workers_per_node": WORLD}, "policy": {
-        "backend": backend, "model_name": tiny_model_dir, "precision": "float32",
-        "train_global_batch_size": 4, "train_micro_batch_size": 1, "max_total_sequence_length": 64,
-        "optimizer": {"name": "torch.optim.SGD", "kwargs": {"lr": 0.5}}, "max_grad_norm": None,
-        "generation": {"backend": "vllm", "max_new_tokens": MAX_NEW, "pad_token_id": tiny_tokenizer.pad_token_id,
-                       "vllm_cfg": {"kv_cache_space_gb": 0.0625, "max_model_len": 128}},
-    }}).policy
+    cfg = load_config_dict(
+        {
+            "cluster": {"workers_per_node": WORLD},
+            "policy": {
+                "backend": backend,
+                "model_name": tiny_model_dir,
+                "precision": "float32",
+                "train_global_batch_size": 4,
+                "train_micro_batch_size": 1,
+                "max_total_sequence_length": 64,
+                "optimizer": {"name": "torch.optim.SGD", "kwargs": {"lr": 0.5}},
+                "max_grad_norm": None,
+                "generation": {
+                    "backend": "vllm",
+                    "max_new_tokens": MAX_NEW,
+                    "pad_token_id": tiny_tokenizer.pad_token_id,
+                    "vllm_cfg": {"kv_cache_space_gb": 0.0625, "max_model_len": 128},
+                },
+            },
+        }
+    ).policy
     clusters = ClusterPool()
     cluster = clusters(WORLD, max_colocated_worker_groups=2)
     policy = generation = None
     try:
         policy = Policy(cluster, cfg, tiny_tokenizer, name_prefix=f"refit-{backend}", init_reference_model=False)
         generation = VllmGeneration(cluster, cfg.generation, name_prefix=f"refit-vllm-{backend}")
-        yield {"backend": backend, "policy": policy, "generation": generation, "cluster": cluster, "tokenizer": tiny_tokenizer,
-               "model_dir": tiny_model_dir}
+        yield {
+            "backend": backend,
+            "policy": policy,
+            "generation": generation,
+            "cluster": cluster,
+            "tokenizer": tiny_tokenizer,
+            "model_dir": tiny_model_dir,
+        }
     finally:
         for owner in (generation, policy):
             if owner is not None:
@@ -103,8 +125,9 @@ def greedy(setup: dict, seed: int = 3) -> tuple[BatchedDataDict, BatchedDataDict
     raw = make_batch(setup["tokenizer"], 4, 3, 8, seed=seed)
     data = BatchedDataDict(input_ids=raw["input_ids"], input_lengths=raw["input_lengths"])
     out = setup["generation"].generate(data, greedy=True)
-    problems = generation_output_problems(data["input_ids"], data["input_lengths"], out, MAX_NEW,
-                                          setup["tokenizer"].pad_token_id)
+    problems = generation_output_problems(
+        data["input_ids"], data["input_lengths"], out, MAX_NEW, setup["tokenizer"].pad_token_id
+    )
     assert not problems, "\n".join(problems)
     return data, out
 
@@ -173,8 +196,9 @@ def test_train_then_refit_by_shared_memory(setup: dict, bucket_bytes: int) -> No
     train_one_step(setup["policy"], setup["tokenizer"], seed=100 + bucket_bytes % 7)
     err, _ = logprob_error(setup, before_data, before)
     assert err > 1e-3, "the training step did not change the policy: the refit test would be vacuous"
-    sync = WeightSynchronizer(setup["policy"], setup["generation"], colocated=True, bucket_bytes=bucket_bytes,
-                              verify=True, weight_version=5)
+    sync = WeightSynchronizer(
+        setup["policy"], setup["generation"], colocated=True, bucket_bytes=bucket_bytes, verify=True, weight_version=5
+    )
     stats = sync.sync_weights()  # verified: every engine holds version 5 and the fingerprints its rank sent
     assert sync.transport == "shared_memory" and stats["bytes"] > 0 and stats["weight_version"] == 5
     assert stats["verified_tensors"] == len(setup["policy"].prepare_refit_info())
@@ -187,8 +211,14 @@ def test_train_then_refit_by_collective(setup: dict, bucket_bytes: int) -> None:
     """The same through the broadcast transport (gloo group of training rank 0 + both engines)."""
     check_bucket_plan(setup, bucket_bytes)
     train_one_step(setup["policy"], setup["tokenizer"], seed=200 + bucket_bytes % 7)
-    sync = WeightSynchronizer(setup["policy"], setup["generation"], colocated=False, cluster=setup["cluster"],
-                              bucket_bytes=bucket_bytes, verify=True)
+    sync = WeightSynchronizer(
+        setup["policy"],
+        setup["generation"],
+        colocated=False,
+        cluster=setup["cluster"],
+        bucket_bytes=bucket_bytes,
+        verify=True,
+    )
     stats = sync.sync_weights()  # verified against training rank 0's fingerprints
     assert stats["weight_version"] == 0 and stats["verified_tensors"] == len(setup["policy"].prepare_refit_info())
     assert sync.transport == "collective"
@@ -214,8 +244,10 @@ def test_an_engine_holding_other_bytes_than_were_sent_is_one_line(setup: dict) -
 
     def stream(fed: list[dict[str, torch.Tensor]]) -> Any:
         endpoints, receivers = generation.refit_endpoints(), generation.update_weights_via_ipc_zmq()
-        sent = [stream_to_receiver(((k, w[k]) for k in info), info, *endpoints[rank], SMALL_BUCKET,
-                                   torch.device("cpu")) for rank, w in enumerate(fed)]
+        sent = [
+            stream_to_receiver(((k, w[k]) for k in info), info, *endpoints[rank], SMALL_BUCKET, torch.device("cpu"))
+            for rank, w in enumerate(fed)
+        ]
         ray.get(receivers)
         generation.set_weight_version(9)
         return sent[0].fingerprints  # what the trainer sent: the true weights
@@ -230,8 +262,9 @@ def test_an_engine_holding_other_bytes_than_were_sent_is_one_line(setup: dict) -
     assert "\n" not in line and "engine 1 holds fingerprint" in line and f"tensor '{name}'" in line
     with pytest.raises(RefitError, match="engine 0 holds weight_version 9, expected 10"):
         verify_engines(sent, generation.weight_fingerprints(), version=10)
-    WeightSynchronizer(setup["policy"], generation, colocated=True, bucket_bytes=SMALL_BUCKET,
-                       verify=True).sync_weights()  # the policy's weights back, verified
+    WeightSynchronizer(
+        setup["policy"], generation, colocated=True, bucket_bytes=SMALL_BUCKET, verify=True
+    ).sync_weights()  # the policy's weights back, verified
     assert_in_sync(setup)
 
 
@@ -249,8 +282,9 @@ def test_a_stream_missing_a_tensor_is_refused_and_changes_nothing(setup: dict) -
     for rank in range(generation.num_engines):
         address, key = endpoints[rank]
         with pytest.raises(RefitError, match="missing 1 tensor"):
-            stream_to_receiver(((k, weights[k]) for k in partial), partial, address, key, SMALL_BUCKET,
-                               torch.device("cpu"))
+            stream_to_receiver(
+                ((k, weights[k]) for k in partial), partial, address, key, SMALL_BUCKET, torch.device("cpu")
+            )
     for ref in receivers:
         with pytest.raises(ray.exceptions.RayTaskError, match="missing 1 tensor"):
             ray.get(ref)
@@ -303,8 +337,9 @@ def test_a_refit_queued_behind_requests_waits_for_them(setup: dict) -> None:
     after = generation.collect(generation.generate_async(data, greedy=True))
     for out in (generation.collect(handle) for handle in queued):
         assert out["weight_version"].tolist() == [10] * len(data["input_ids"])
-        assert torch.equal(out["output_ids"], old["output_ids"]) and torch.equal(out["logprobs"], old["logprobs"]), \
+        assert torch.equal(out["output_ids"], old["output_ids"]) and torch.equal(out["logprobs"], old["logprobs"]), (
             "a request queued before the refit saw some of the new weights"
+        )
     assert after["weight_version"].tolist() == [11] * len(data["input_ids"])
     err, _ = logprob_error(setup, data, after)
     assert err <= ATOL, f"after the refit the engine's logprobs differ from the policy's by {err:.3g}"

@@ -9,8 +9,9 @@ if TYPE_CHECKING:
     import torch
 
 
-def group_advantages(rewards: "torch.Tensor", group_size: int, estimator: str = "leave_one_out",
-                     eps: float = 1e-6) -> "torch.Tensor":
+def group_advantages(
+    rewards: torch.Tensor, group_size: int, estimator: str = "leave_one_out", eps: float = 1e-6
+) -> torch.Tensor:
     """Advantages for ``rewards [B]`` where consecutive runs of ``group_size`` share a prompt.
 
     - ``leave_one_out``: ``r_i - mean(r_j, j != i)``; unbiased and needs no std.
@@ -23,7 +24,7 @@ def group_advantages(rewards: "torch.Tensor", group_size: int, estimator: str = 
     return _group_advantages64(rewards, group_size, estimator, eps).float()
 
 
-def _group_advantages64(rewards: "torch.Tensor", group_size: int, estimator: str, eps: float) -> "torch.Tensor":
+def _group_advantages64(rewards: torch.Tensor, group_size: int, estimator: str, eps: float) -> torch.Tensor:
     """:func:`group_advantages` in float64."""
     import torch
 
@@ -55,12 +56,12 @@ def _group_advantages64(rewards: "torch.Tensor", group_size: int, estimator: str
 
 
 def calculate_baseline_and_std_per_prompt(
-    prompts: "torch.Tensor",
-    rewards: "torch.Tensor",
-    valid_mask: "torch.Tensor",
+    prompts: torch.Tensor,
+    rewards: torch.Tensor,
+    valid_mask: torch.Tensor,
     leave_one_out_baseline: bool = True,
-    std_rewards: "torch.Tensor | None" = None,
-) -> tuple["torch.Tensor", "torch.Tensor"]:
+    std_rewards: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-sample baseline and std ``[B]`` over the samples with the same prompt, NeMo-RL's function of this name.
 
     ``prompts [B, S]``: samples whose rows are identical share a prompt, wherever they are in the batch (unlike
@@ -79,10 +80,11 @@ def calculate_baseline_and_std_per_prompt(
     r, s = rewards.double(), std_rewards.to(rewards.device).double()
     valid = (torch.as_tensor(valid_mask, device=rewards.device) != 0).double()
 
-    def per_group(values: "torch.Tensor") -> "torch.Tensor":
+    def per_group(values: torch.Tensor) -> torch.Tensor:
         """The sum of ``values`` over each sample's group, minus its own with the leave-one-out baseline."""
-        totals = torch.zeros(int(group.max()) + 1 if group.numel() else 0, dtype=torch.float64,
-                             device=values.device).index_add_(0, group, values)
+        totals = torch.zeros(
+            int(group.max()) + 1 if group.numel() else 0, dtype=torch.float64, device=values.device
+        ).index_add_(0, group, values)
         return totals[group] - values if leave_one_out_baseline else totals[group]
 
     valid_in_group = per_group(valid) + (valid if leave_one_out_baseline else 0.0)  # the whole group's count
@@ -96,8 +98,14 @@ def calculate_baseline_and_std_per_prompt(
     return baseline.to(rewards.dtype), std.to(rewards.dtype)
 
 
-def gdpo_advantages(components: dict[str, "torch.Tensor"], group_size: int, leave_one_out: bool = False,
-                    normalize: bool = True, weights: list[float] | None = None, eps: float = 1e-6) -> "torch.Tensor":
+def gdpo_advantages(
+    components: dict[str, torch.Tensor],
+    group_size: int,
+    leave_one_out: bool = False,
+    normalize: bool = True,
+    weights: list[float] | None = None,
+    eps: float = 1e-6,
+) -> torch.Tensor:
     """GDPO (https://arxiv.org/abs/2601.05242) advantages ``[B]`` from named rewards ``{name: [B]}``, as NeMo-RL's
     ``GDPOAdvantageEstimator`` computes them.
 
@@ -130,9 +138,14 @@ def gdpo_advantages(components: dict[str, "torch.Tensor"], group_size: int, leav
     return (centred / std if std > 0 else centred).float()
 
 
-def reinforce_plus_plus_advantages(rewards: "torch.Tensor", group_size: int, mask: "torch.Tensor",
-                                   minus_baseline: bool, kl: "torch.Tensor | None" = None,
-                                   kl_coef: float = 0.0) -> "torch.Tensor":
+def reinforce_plus_plus_advantages(
+    rewards: torch.Tensor,
+    group_size: int,
+    mask: torch.Tensor,
+    minus_baseline: bool,
+    kl: torch.Tensor | None = None,
+    kl_coef: float = 0.0,
+) -> torch.Tensor:
     """Reinforce++ (https://arxiv.org/abs/2501.03262) advantages ``[B, S]``, NeMo-RL's estimator.
 
     Every token of completion ``i`` starts from its reward ``r_i`` (minus its prompt group's mean with
@@ -140,7 +153,6 @@ def reinforce_plus_plus_advantages(rewards: "torch.Tensor", group_size: int, mas
     reward (``kl`` per token, ``[B, S]``); then all valid tokens of the batch (``mask``) are whitened
     together: ``(a - mean) / sqrt(max(var, 1e-8))``, with the population variance. Off the mask it is 0.
     """
-    import torch
 
     if rewards.numel() % group_size:
         raise ValueError(f"{rewards.numel()} rewards are not whole groups of {group_size}")

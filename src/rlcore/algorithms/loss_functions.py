@@ -38,7 +38,8 @@ Importing this module does not import torch.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from rlcore.algorithms.utils import (
     kl_estimate,
@@ -138,11 +139,11 @@ class ClippedPGLossFn:
 
     def __call__(
         self,
-        logprobs: "torch.Tensor",
+        logprobs: torch.Tensor,
         data: Mapping[str, Any],
-        global_valid_seqs: "torch.Tensor",
-        global_valid_toks: "torch.Tensor",
-    ) -> tuple["torch.Tensor", dict[str, "torch.Tensor"]]:
+        global_valid_seqs: torch.Tensor,
+        global_valid_toks: torch.Tensor,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         import torch
 
         cfg = self.cfg
@@ -150,7 +151,7 @@ class ClippedPGLossFn:
         # Off the mask everything is 0, so no padding value can reach a gradient.
         lp = zero_off_mask(logprobs, mask)
 
-        def get(key: str, required: bool, why: str = "") -> "torch.Tensor | None":
+        def get(key: str, required: bool, why: str = "") -> torch.Tensor | None:
             value = masked_input(data, key, mask, lp)
             if value is None and required:
                 raise KeyError(f"ClippedPGLossFn needs data[{key!r}]{why}")
@@ -171,8 +172,9 @@ class ClippedPGLossFn:
         ratio = self._ratio(lp, prev, mask)
         clipped_ratio = ratio.clamp(1.0 - cfg.ratio_clip_min, 1.0 + cfg.ratio_clip_max)
         actor, clipped = self._actor(lp, advantages, ratio, clipped_ratio)
-        is_weight, out_of_bounds = (self._importance_weights(prev, gen, mask) if gen is not None and prev is not None
-                                    else (None, None))
+        is_weight, out_of_bounds = (
+            self._importance_weights(prev, gen, mask) if gen is not None and prev is not None else (None, None)
+        )
         if cfg.use_importance_sampling_correction:
             actor = actor * is_weight
 
@@ -186,7 +188,7 @@ class ClippedPGLossFn:
                 weight=self._kl_weight(lp, prev, gen),
             )
 
-        def reduce(per_token: "torch.Tensor") -> "torch.Tensor":
+        def reduce(per_token: torch.Tensor) -> torch.Tensor:
             return normalised_sum(per_token, mask, self.loss_type, global_valid_seqs, global_valid_toks)
 
         actor_loss = reduce(actor)
@@ -199,14 +201,14 @@ class ClippedPGLossFn:
 
         with torch.no_grad():
 
-            def token_mean(per_token: "torch.Tensor") -> "torch.Tensor":
+            def token_mean(per_token: torch.Tensor) -> torch.Tensor:
                 return normalised_sum(
                     per_token.to(lp.dtype), mask, LossType.TOKEN_LEVEL, global_valid_seqs, global_valid_toks
                 )
 
             rows = sample_rows(data, mask)
 
-            def sample_mean(per_row: "torch.Tensor") -> "torch.Tensor":
+            def sample_mean(per_row: torch.Tensor) -> torch.Tensor:
                 return (per_row.to(lp.dtype) * rows.to(lp.dtype)).sum() / normaliser(global_valid_seqs, lp)
 
             named = {"loss": loss, "actor_loss": actor_loss, "kl_loss": kl_loss, "kl_penalty": kl_penalty}
@@ -239,7 +241,7 @@ class ClippedPGLossFn:
             values = torch.stack([v.detach().to(torch.float64) for v in named.values()]).unbind()
         return loss, dict(zip(named, values))  # 0-dim float64 tensors: the training loop reads them once per step
 
-    def _ratio(self, lp: "torch.Tensor", prev: "torch.Tensor | None", mask: "torch.Tensor") -> "torch.Tensor":
+    def _ratio(self, lp: torch.Tensor, prev: torch.Tensor | None, mask: torch.Tensor) -> torch.Tensor:
         """``pi / pi_prev`` per token, or with GSPO the geometric mean of its sequence's; 1 without prev."""
         import torch
 
@@ -252,8 +254,8 @@ class ClippedPGLossFn:
         return torch.exp(log_ratio)
 
     def _actor(
-        self, lp: "torch.Tensor", advantages: "torch.Tensor", ratio: "torch.Tensor", clipped_ratio: "torch.Tensor"
-    ) -> tuple["torch.Tensor", "torch.Tensor"]:
+        self, lp: torch.Tensor, advantages: torch.Tensor, ratio: torch.Tensor, clipped_ratio: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-token actor loss and where the clip bound it."""
         import torch
 
@@ -274,8 +276,8 @@ class ClippedPGLossFn:
         return actor, clipped
 
     def _importance_weights(
-        self, prev: "torch.Tensor", gen: "torch.Tensor", mask: "torch.Tensor"
-    ) -> tuple["torch.Tensor", "torch.Tensor | None"]:
+        self, prev: torch.Tensor, gen: torch.Tensor, mask: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Truncated ``pi_prev / pi_generation`` per token (GSPO: per sequence, broadcast to its tokens), and
         where the bounds were exceeded: per token, per sequence for seq-mask-tis, None without bounds."""
         import torch
@@ -301,9 +303,7 @@ class ClippedPGLossFn:
         keep_seq = (geo_mean >= low) & (geo_mean <= high)
         return weight * keep_seq.unsqueeze(-1).to(weight.dtype), ~keep_seq
 
-    def _kl_weight(
-        self, lp: "torch.Tensor", prev: "torch.Tensor | None", gen: "torch.Tensor | None"
-    ) -> "torch.Tensor":
+    def _kl_weight(self, lp: torch.Tensor, prev: torch.Tensor | None, gen: torch.Tensor | None) -> torch.Tensor:
         """``w_kl = pi / q``: value 1 with the score-function gradient, or pi / sampler (class docstring)."""
         import torch
 
@@ -315,7 +315,7 @@ class ClippedPGLossFn:
         return torch.nan_to_num(torch.exp(lp - sampler), nan=0.0, posinf=0.0, neginf=0.0)
 
 
-def positive_example_nll(lp: "torch.Tensor", data: Mapping[str, Any], mask: "torch.Tensor") -> "torch.Tensor":
+def positive_example_nll(lp: torch.Tensor, data: Mapping[str, Any], mask: torch.Tensor) -> torch.Tensor:
     """VAPO's NLL over the valid tokens of completions with ``rewards > 0``: this micro-batch's share of their
     mean over the whole step, whose count each row carries in ``positive_example_token_count`` (see
     :func:`positive_example_token_counts`). NeMo-RL divides by the micro-batch's own count instead, which
@@ -324,16 +324,19 @@ def positive_example_nll(lp: "torch.Tensor", data: Mapping[str, Any], mask: "tor
 
     for key in ("rewards", "positive_example_token_count"):
         if data.get(key) is None:
-            raise KeyError(f"ClippedPGLossFn needs data[{key!r}] when positive_example_nll_weight > 0 "
-                           "(rlcore.algorithms.loss_functions.positive_example_token_counts fills the count)")
+            raise KeyError(
+                f"ClippedPGLossFn needs data[{key!r}] when positive_example_nll_weight > 0 "
+                "(rlcore.algorithms.loss_functions.positive_example_token_counts fills the count)"
+            )
     positive = torch.as_tensor(data["rewards"], device=lp.device) > 0
     count = torch.as_tensor(data["positive_example_token_count"], device=lp.device).to(lp.dtype)
     per_row = zero_off_mask(-lp, mask & positive[:, None]).sum(-1)
     return torch.where(count > 0, per_row / count.clamp_min(1), torch.zeros_like(per_row)).sum()
 
 
-def positive_example_token_counts(token_mask: "torch.Tensor", sample_mask: "torch.Tensor",
-                                  rewards: "torch.Tensor", global_batch_size: int) -> "torch.Tensor":
+def positive_example_token_counts(
+    token_mask: torch.Tensor, sample_mask: torch.Tensor, rewards: torch.Tensor, global_batch_size: int
+) -> torch.Tensor:
     """``[B]``: for each row, the number of valid tokens (positions 1..S-1) of completions with reward > 0 in
     its optimizer step, the consecutive run of ``global_batch_size`` rows it belongs to."""
     import torch
@@ -343,7 +346,7 @@ def positive_example_token_counts(token_mask: "torch.Tensor", sample_mask: "torc
     return per_step.expand(-1, global_batch_size).reshape(-1).to(torch.float32)
 
 
-def sample_rows(data: Mapping[str, Any], mask: "torch.Tensor") -> "torch.Tensor":
+def sample_rows(data: Mapping[str, Any], mask: torch.Tensor) -> torch.Tensor:
     """``[B]`` 1.0 for the rows ``sample_mask`` keeps (all rows without one)."""
     import torch
 
@@ -353,7 +356,7 @@ def sample_rows(data: Mapping[str, Any], mask: "torch.Tensor") -> "torch.Tensor"
     return (torch.as_tensor(sample_mask, device=mask.device) != 0).to(torch.float64)
 
 
-def extremes(name: str, values: "torch.Tensor", mask: "torch.Tensor") -> dict[str, "torch.Tensor"]:
+def extremes(name: str, values: torch.Tensor, mask: torch.Tensor) -> dict[str, torch.Tensor]:
     """``<name>_min`` / ``<name>_max`` over valid tokens; +inf / -inf when there are none."""
     import torch
 
@@ -364,9 +367,7 @@ def extremes(name: str, values: "torch.Tensor", mask: "torch.Tensor") -> dict[st
     return {f"{name}_min": valid.min(), f"{name}_max": valid.max()}
 
 
-def engine_mismatch(
-    prev: "torch.Tensor", gen: "torch.Tensor", kl_type: str, token_mean: Any
-) -> dict[str, "torch.Tensor"]:
+def engine_mismatch(prev: torch.Tensor, gen: torch.Tensor, kl_type: str, token_mean: Any) -> dict[str, torch.Tensor]:
     """How far the trainer's logprobs (``prev``) are from the engine's (``gen``), means over valid tokens:
     ``token_mult_prob_error`` = exp|gen - prev|, ``gen_kl_error`` = KL(pi_gen || pi_train) and
     ``policy_kl_error`` = KL(pi_train || pi_gen) with the loss's estimator (no clamps), and the
@@ -377,7 +378,7 @@ def engine_mismatch(
 
     log_mixture = torch.logaddexp(prev, gen) - math.log(2.0)
 
-    def k3(log_p: "torch.Tensor") -> "torch.Tensor":
+    def k3(log_p: torch.Tensor) -> torch.Tensor:
         return torch.exp(log_p - log_mixture) - (log_p - log_mixture) - 1.0
 
     return {
@@ -399,11 +400,11 @@ class NLLLoss:
 
     def __call__(
         self,
-        logprobs: "torch.Tensor",
+        logprobs: torch.Tensor,
         data: Mapping[str, Any],
-        global_valid_seqs: "torch.Tensor",
-        global_valid_toks: "torch.Tensor",
-    ) -> tuple["torch.Tensor", dict[str, "torch.Tensor"]]:
+        global_valid_seqs: torch.Tensor,
+        global_valid_toks: torch.Tensor,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         mask = valid_token_mask(data, logprobs.device)
         lp = zero_off_mask(logprobs, mask)
         loss = normalised_sum(-lp, mask, self.loss_type, global_valid_seqs, global_valid_toks)

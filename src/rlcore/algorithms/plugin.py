@@ -4,30 +4,53 @@ from rlcore.plugins import AlgorithmSpec, hookimpl
 
 #: ``name: (config class, algorithm class, what it is, the spec's flags)``; the name is the config section's key.
 _BUILTIN = {
-    "grpo": ("rlcore.config.grpo:GRPOConfig", "rlcore.algorithms.grpo.loop:GRPO",
-             "Group Relative Policy Optimization on scored rollouts (synchronous or asynchronous, dynamic sampling); "
-             "the algorithm of a config without an algorithm section.",
-             {"default": True, "generates": True}),
-    "sft": ("rlcore.config.sft:SFTConfig", "rlcore.algorithms.sft.loop:SFT",
-            "Supervised fine-tuning: NLL on the assistant tokens of data.train.",
-            {"unread_sections": {"loss": "the policy-gradient loss (sft has its own)",
-                                 "env": "the environment that scores completions"}}),
-    "dpo": ("rlcore.config.dpo:DPOConfig", "rlcore.algorithms.dpo.loop:DPO",
-            "Direct Preference Optimization on (prompt, chosen, rejected) pairs against the frozen initial weights.",
-            {"unread_sections": {"loss": "the policy-gradient loss (dpo has its own)",
-                                 "env": "the environment that scores completions"}}),
-    "distillation": ("rlcore.config.distillation:DistillationConfig",
-                     "rlcore.algorithms.distillation.loop:Distillation",
-                     "On-policy distillation: the student trains on the KL to a frozen teacher's top-k logits over "
-                     "its own rollouts.",
-                     {"generates": True,
-                      "unread_sections": {"loss": "the policy-gradient loss (distillation trains the KL to the "
-                                                  "teacher)"}}),
+    "grpo": (
+        "rlcore.config.grpo:GRPOConfig",
+        "rlcore.algorithms.grpo.loop:GRPO",
+        "Group Relative Policy Optimization on scored rollouts (synchronous or asynchronous, dynamic sampling); "
+        "the algorithm of a config without an algorithm section.",
+        {"default": True, "generates": True},
+    ),
+    "sft": (
+        "rlcore.config.sft:SFTConfig",
+        "rlcore.algorithms.sft.loop:SFT",
+        "Supervised fine-tuning: NLL on the assistant tokens of data.train.",
+        {
+            "unread_sections": {
+                "loss": "the policy-gradient loss (sft has its own)",
+                "env": "the environment that scores completions",
+            }
+        },
+    ),
+    "dpo": (
+        "rlcore.config.dpo:DPOConfig",
+        "rlcore.algorithms.dpo.loop:DPO",
+        "Direct Preference Optimization on (prompt, chosen, rejected) pairs against the frozen initial weights.",
+        {
+            "unread_sections": {
+                "loss": "the policy-gradient loss (dpo has its own)",
+                "env": "the environment that scores completions",
+            }
+        },
+    ),
+    "distillation": (
+        "rlcore.config.distillation:DistillationConfig",
+        "rlcore.algorithms.distillation.loop:Distillation",
+        "On-policy distillation: the student trains on the KL to a frozen teacher's top-k logits over "
+        "its own rollouts.",
+        {
+            "generates": True,
+            "unread_sections": {"loss": "the policy-gradient loss (distillation trains the KL to the teacher)"},
+        },
+    ),
 }
 
 
 @hookimpl
 def rlcore_register_algorithms(register):
     for name, (config_class, algorithm_class, description, flags) in _BUILTIN.items():
-        register(AlgorithmSpec(name=name, config_class=config_class, algorithm_class=algorithm_class,
-                               description=description, **flags))
+        register(
+            AlgorithmSpec(
+                name=name, config_class=config_class, algorithm_class=algorithm_class, description=description, **flags
+            )
+        )

@@ -21,7 +21,8 @@ Importing this module does not import torch.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
@@ -82,11 +83,11 @@ class DPOLossFn:
 
     def __call__(
         self,
-        logprobs: "torch.Tensor",
+        logprobs: torch.Tensor,
         data: Mapping[str, Any],
-        global_valid_seqs: "torch.Tensor",
-        global_valid_toks: "torch.Tensor",
-    ) -> tuple["torch.Tensor", dict[str, "torch.Tensor"]]:
+        global_valid_seqs: torch.Tensor,
+        global_valid_toks: torch.Tensor,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         import torch
 
         cfg = self.cfg
@@ -95,13 +96,15 @@ class DPOLossFn:
         lp = zero_off_mask(logprobs, mask)
         ref = masked_input(data, "reference_policy_logprobs", mask, lp)
         if ref is None:
-            raise KeyError("DPOLossFn needs data['reference_policy_logprobs'] (reference-free DPO is not offered); "
-                           "compute them with Policy.get_reference_policy_logprobs before training")
+            raise KeyError(
+                "DPOLossFn needs data['reference_policy_logprobs'] (reference-free DPO is not offered); "
+                "compute them with Policy.get_reference_policy_logprobs before training"
+            )
         pair_weight = valid_pair.to(lp.dtype)
         pairs = normaliser(torch.as_tensor(global_valid_seqs, device=lp.device) / 2, lp)
         tokens = mask.sum(-1).clamp_min(1).to(lp.dtype)
 
-        def pair_mean(per_pair: "torch.Tensor") -> "torch.Tensor":
+        def pair_mean(per_pair: torch.Tensor) -> torch.Tensor:
             return (per_pair.to(lp.dtype) * pair_weight).sum() / pairs
 
         rewards = (lp - ref).sum(-1)
@@ -134,7 +137,7 @@ class DPOLossFn:
         return loss, dict(zip(named, values))  # 0-dim float64 tensors: the training loop reads them once per step
 
 
-def check_pairs(data: Mapping[str, Any], mask: "torch.Tensor") -> "torch.Tensor":
+def check_pairs(data: Mapping[str, Any], mask: torch.Tensor) -> torch.Tensor:
     """Bool ``[B / 2]``: which (chosen, rejected) pairs of the micro-batch count; raises if its rows are not
     whole pairs.
 
@@ -148,29 +151,40 @@ def check_pairs(data: Mapping[str, Any], mask: "torch.Tensor") -> "torch.Tensor"
     import torch
 
     rows = mask.shape[0]
-    hint = ("a DPO batch interleaves (chosen, rejected) rows and must be marked with batch.group_size = 2 "
-            "before Policy.train, so that every micro-batch holds whole pairs")
+    hint = (
+        "a DPO batch interleaves (chosen, rejected) rows and must be marked with batch.group_size = 2 "
+        "before Policy.train, so that every micro-batch holds whole pairs"
+    )
     if rows % 2:
         raise ValueError(f"DPOLossFn: a micro-batch of {rows} rows is not whole (chosen, rejected) pairs; {hint}")
     sample_mask = data.get("sample_mask")
-    keep = torch.ones(rows, dtype=torch.bool, device=mask.device) if sample_mask is None \
+    keep = (
+        torch.ones(rows, dtype=torch.bool, device=mask.device)
+        if sample_mask is None
         else torch.as_tensor(sample_mask, device=mask.device) != 0
+    )
     if bool((keep[0::2] != keep[1::2]).any()):
         bad = int((keep[0::2] != keep[1::2]).nonzero()[0, 0])
-        raise ValueError(f"DPOLossFn: rows {2 * bad} and {2 * bad + 1} of a pair have different sample_mask; "
-                         "mask a pair as a whole (both rows 0 or both 1)")
+        raise ValueError(
+            f"DPOLossFn: rows {2 * bad} and {2 * bad + 1} of a pair have different sample_mask; "
+            "mask a pair as a whole (both rows 0 or both 1)"
+        )
     pair_ids = data.get("pair_ids")
     if pair_ids is not None:
         ids = torch.as_tensor(pair_ids)
         differ = ids[0::2] != ids[1::2]
         if bool(differ.any()):
             bad = int(differ.nonzero()[0, 0])
-            raise ValueError(f"DPOLossFn: rows {2 * bad} and {2 * bad + 1} have pair_ids {ids[2 * bad].item()} "
-                             f"and {ids[2 * bad + 1].item()}: not one pair; {hint}")
+            raise ValueError(
+                f"DPOLossFn: rows {2 * bad} and {2 * bad + 1} have pair_ids {ids[2 * bad].item()} "
+                f"and {ids[2 * bad + 1].item()}: not one pair; {hint}"
+            )
     origin = getattr(data, "sample_indices", None)
     if origin is not None and len(origin) == rows:
         for i in range(0, rows, 2):
             if origin[i] % 2 or origin[i + 1] != origin[i] + 1:
-                raise ValueError(f"DPOLossFn: rows {i} and {i + 1} of this micro-batch are rows {origin[i]} and "
-                                 f"{origin[i + 1]} of the batch, not one (chosen, rejected) pair; {hint}")
+                raise ValueError(
+                    f"DPOLossFn: rows {i} and {i + 1} of this micro-batch are rows {origin[i]} and "
+                    f"{origin[i + 1]} of the batch, not one (chosen, rejected) pair; {hint}"
+                )
     return keep[0::2]

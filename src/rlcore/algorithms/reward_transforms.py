@@ -30,19 +30,19 @@ if TYPE_CHECKING:
     from rlcore.config.grpo import GRPOConfig, RewardScalingConfig, RewardShapingConfig
 
 
-def _as_tensor(values: Any, dtype: "torch.dtype") -> "torch.Tensor":
+def _as_tensor(values: Any, dtype: torch.dtype) -> torch.Tensor:
     import torch
 
     return values.to(dtype) if isinstance(values, torch.Tensor) else torch.tensor(values, dtype=dtype)
 
 
-def _result_dtype(rewards: "torch.Tensor") -> "torch.dtype":
+def _result_dtype(rewards: torch.Tensor) -> torch.dtype:
     import torch
 
     return rewards.dtype if rewards.is_floating_point() else torch.float32
 
 
-def scale_rewards(rewards: "torch.Tensor", cfg: "RewardScalingConfig") -> "torch.Tensor":
+def scale_rewards(rewards: torch.Tensor, cfg: RewardScalingConfig) -> torch.Tensor:
     """``rewards [B]`` clamped into ``[source_min, source_max]``, then mapped linearly onto
     ``[target_min, target_max]``; unchanged when ``cfg.enabled`` is false.
 
@@ -59,8 +59,12 @@ def scale_rewards(rewards: "torch.Tensor", cfg: "RewardScalingConfig") -> "torch
     return scaled.to(_result_dtype(rewards))
 
 
-def shape_rewards(rewards: "torch.Tensor", response_lengths: "torch.Tensor | None", cfg: "RewardShapingConfig",
-                  truncated: "torch.Tensor | None" = None) -> "torch.Tensor":
+def shape_rewards(
+    rewards: torch.Tensor,
+    response_lengths: torch.Tensor | None,
+    cfg: RewardShapingConfig,
+    truncated: torch.Tensor | None = None,
+) -> torch.Tensor:
     """``rewards [B]`` with NeMo-RL's length penalties; unchanged when ``cfg.enabled`` is false.
 
     - ``stop_properly_penalty_coef`` set: the reward of each ``truncated [B]`` (bool) sample is multiplied
@@ -89,14 +93,15 @@ def shape_rewards(rewards: "torch.Tensor", response_lengths: "torch.Tensor | Non
         return torch.where(cut, r * cfg.stop_properly_penalty_coef, r).to(out_dtype)
     buffer, penalty, max_len = cfg.overlong_buffer_length, cfg.overlong_buffer_penalty, cfg.max_response_length
     if buffer is None or penalty is None or max_len is None:
-        raise ValueError("reward_shaping: DAPO's overlong penalty needs overlong_buffer_length, "
-                         "overlong_buffer_penalty and max_response_length")
+        raise ValueError(
+            "reward_shaping: DAPO's overlong penalty needs overlong_buffer_length, "
+            "overlong_buffer_penalty and max_response_length"
+        )
     if response_lengths is None:
         raise ValueError("reward_shaping: DAPO's overlong penalty needs the response lengths")
     lengths = _as_tensor(response_lengths, torch.float64)
     if lengths.shape != r.shape:
-        raise ValueError(f"response lengths of shape {tuple(lengths.shape)} for rewards of shape "
-                         f"{tuple(r.shape)}")
+        raise ValueError(f"response lengths of shape {tuple(lengths.shape)} for rewards of shape {tuple(r.shape)}")
     expected = max_len - buffer
     overlong = (-(lengths - expected) / buffer * penalty).clamp(max=0.0)
     return (r + overlong).to(out_dtype)
@@ -105,13 +110,16 @@ def shape_rewards(rewards: "torch.Tensor", response_lengths: "torch.Tensor | Non
 class TransformedRewards(NamedTuple):
     """What :func:`transform_rewards` gives a step."""
 
-    rewards: "torch.Tensor"  #: scaled, then shaped ``[B]``: what the baselines and advantages are computed from
-    unshaped: "torch.Tensor"  #: scaled only ``[B]``: what dynamic sampling judges a group's signal by
+    rewards: torch.Tensor  #: scaled, then shaped ``[B]``: what the baselines and advantages are computed from
+    unshaped: torch.Tensor  #: scaled only ``[B]``: what dynamic sampling judges a group's signal by
 
 
-def transform_rewards(grpo_cfg: "GRPOConfig", rewards: "torch.Tensor",
-                      response_lengths: "torch.Tensor | None" = None,
-                      truncated: "torch.Tensor | None" = None) -> TransformedRewards:
+def transform_rewards(
+    grpo_cfg: GRPOConfig,
+    rewards: torch.Tensor,
+    response_lengths: torch.Tensor | None = None,
+    truncated: torch.Tensor | None = None,
+) -> TransformedRewards:
     """``grpo.reward_scaling``, then ``grpo.reward_shaping``, on the environment's ``rewards [B]``.
 
     Scaling comes first (NeMo-RL's order), so the shaping penalties are in the scaled units. The rewards
@@ -124,7 +132,7 @@ def transform_rewards(grpo_cfg: "GRPOConfig", rewards: "torch.Tensor",
     return TransformedRewards(shape_rewards(scaled, response_lengths, grpo_cfg.reward_shaping, truncated), scaled)
 
 
-def groups_with_signal(rewards: "torch.Tensor", group_size: int) -> "torch.Tensor":
+def groups_with_signal(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     """``[B // group_size]`` bool: whether the rewards of each group (consecutive runs of ``group_size``)
     are not all equal, i.e. whether its group-relative advantages can be non-zero.
 
@@ -138,7 +146,7 @@ def groups_with_signal(rewards: "torch.Tensor", group_size: int) -> "torch.Tenso
     return (groups != groups[:, :1]).any(dim=1)
 
 
-def overlong_sample_mask(truncated: "torch.Tensor") -> "torch.Tensor":
+def overlong_sample_mask(truncated: torch.Tensor) -> torch.Tensor:
     """``[B]`` float32: 0 for a truncated sample, 1 otherwise; multiplied into the sample mask.
 
     A truncated completion's reward judges an unfinished answer, so overlong filtering keeps it out of
@@ -149,7 +157,7 @@ def overlong_sample_mask(truncated: "torch.Tensor") -> "torch.Tensor":
     return 1.0 - _as_tensor(truncated, torch.bool).to(torch.float32)
 
 
-def clip_advantages(advantages: "torch.Tensor", low: float | None, high: float | None) -> "torch.Tensor":
+def clip_advantages(advantages: torch.Tensor, low: float | None, high: float | None) -> torch.Tensor:
     """``advantages`` (any shape) clamped to ``[low, high]``; ``None`` = no bound on that side.
 
     Normalizing by a tiny group std can blow an advantage up; the bounds cap one sample's pull on the update.
@@ -161,5 +169,12 @@ def clip_advantages(advantages: "torch.Tensor", low: float | None, high: float |
     return advantages
 
 
-__all__ = ["TransformedRewards", "clip_advantages", "groups_with_signal", "overlong_sample_mask", "scale_rewards",
-           "shape_rewards", "transform_rewards"]
+__all__ = [
+    "TransformedRewards",
+    "clip_advantages",
+    "groups_with_signal",
+    "overlong_sample_mask",
+    "scale_rewards",
+    "shape_rewards",
+    "transform_rewards",
+]

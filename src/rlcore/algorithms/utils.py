@@ -8,7 +8,8 @@ light.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from rlcore.config.loss import KLType
 from rlcore.interfaces.loss import LossType
@@ -16,7 +17,8 @@ from rlcore.interfaces.loss import LossType
 if TYPE_CHECKING:
     import torch
 
-def valid_token_mask(data: Mapping[str, Any], device: Any = None) -> "torch.Tensor":
+
+def valid_token_mask(data: Mapping[str, Any], device: Any = None) -> torch.Tensor:
     """Bool ``[B, S]``: ``token_mask * sample_mask`` restricted to positions ``1..S-1``.
 
     ``sample_mask`` is optional (all ones when absent). Position 0 is dropped
@@ -33,16 +35,14 @@ def valid_token_mask(data: Mapping[str, Any], device: Any = None) -> "torch.Tens
     return mask
 
 
-def zero_off_mask(values: "torch.Tensor", mask: "torch.Tensor") -> "torch.Tensor":
+def zero_off_mask(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """``values`` where ``mask`` is set, 0 elsewhere (gradient 0 there too, even for non-finite values)."""
     import torch
 
     return torch.where(mask, values, torch.zeros((), dtype=values.dtype, device=values.device))
 
 
-def masked_input(
-    data: Mapping[str, Any], key: str, mask: "torch.Tensor", like: "torch.Tensor"
-) -> "torch.Tensor | None":
+def masked_input(data: Mapping[str, Any], key: str, mask: torch.Tensor, like: torch.Tensor) -> torch.Tensor | None:
     """``data[key]`` detached, cast like ``like`` and zeroed off the mask (None if absent).
 
     Zeroing matters: padding may hold anything (-inf logprobs, NaN advantages),
@@ -58,12 +58,12 @@ def masked_input(
 
 
 def kl_estimate(
-    log_ratio: "torch.Tensor",
+    log_ratio: torch.Tensor,
     kl_type: KLType,
     input_clamp: float | None = None,
     output_clamp: float | None = None,
-    weight: "torch.Tensor | None" = None,
-) -> "torch.Tensor":
+    weight: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Per-token estimate of ``KL(pi || pi_ref)`` from ``log_ratio = log pi_ref(x) - log pi(x)``, x ~ pi.
 
     Schulman's estimators (http://joschu.net/blog/kl-approx.html), with
@@ -104,7 +104,7 @@ def kl_estimate(
     return kl
 
 
-def normaliser(value: Any, like: "torch.Tensor") -> "torch.Tensor":
+def normaliser(value: Any, like: torch.Tensor) -> torch.Tensor:
     """A global count as a tensor like ``like``; 0 becomes 1 (then every numerator is 0 too)."""
     import torch
 
@@ -113,12 +113,12 @@ def normaliser(value: Any, like: "torch.Tensor") -> "torch.Tensor":
 
 
 def normalised_sum(
-    per_token: "torch.Tensor",
-    mask: "torch.Tensor",
+    per_token: torch.Tensor,
+    mask: torch.Tensor,
     loss_type: LossType,
     global_valid_seqs: Any,
     global_valid_toks: Any,
-) -> "torch.Tensor":
+) -> torch.Tensor:
     """This micro-batch's share of a global mean of ``per_token`` over valid tokens.
 
     - token level: ``sum over valid tokens / global_valid_toks`` (every token
@@ -138,11 +138,11 @@ def normalised_sum(
 
 
 def masked_mean(
-    values: "torch.Tensor",
-    mask: "torch.Tensor",
+    values: torch.Tensor,
+    mask: torch.Tensor,
     dim: int | None = None,
-    global_normalization_factor: "torch.Tensor | float | None" = None,
-) -> "torch.Tensor":
+    global_normalization_factor: torch.Tensor | float | None = None,
+) -> torch.Tensor:
     """NeMo-RL's ``masked_mean``: ``sum(values * mask, dim) / sum(mask, dim)``, or divided by
     ``global_normalization_factor`` instead (a micro-batch's share of a global mean), over all elements with
     ``dim=None``.
@@ -156,6 +156,9 @@ def masked_mean(
     weights = torch.as_tensor(mask, device=values.device).to(values.dtype)
     kept = torch.where(weights != 0, values * weights, torch.zeros((), dtype=values.dtype, device=values.device))
     total = kept.sum() if dim is None else kept.sum(dim)
-    count = (weights.sum() if dim is None else weights.sum(dim)) if global_normalization_factor is None \
+    count = (
+        (weights.sum() if dim is None else weights.sum(dim))
+        if global_normalization_factor is None
         else global_normalization_factor
+    )
     return total / normaliser(count, total)

@@ -11,8 +11,9 @@ from rlcore.cli.examples_cmd import examples_app
 from rlcore.cli.kinds_cmd import algorithms_app, environments_app
 from rlcore.cli.run_cmd import run
 
-app = typer.Typer(help="rlcore: plugin-based RL post-training backends.", no_args_is_help=True,
-                  pretty_exceptions_enable=False)
+app = typer.Typer(
+    help="rlcore: plugin-based RL post-training backends.", no_args_is_help=True, pretty_exceptions_enable=False
+)
 app.add_typer(algorithms_app(), name="algorithms")
 app.add_typer(backends_app, name="backends")
 app.add_typer(config_app, name="config")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from typing import Optional
 
 import typer
 
@@ -12,7 +11,7 @@ backends_app = typer.Typer(help="List and inspect installed backends.", no_args_
 
 @backends_app.command("list")
 def list_backends(
-    kind: Optional[str] = typer.Option(None, "--kind", help="Only 'training' or 'generation' backends."),
+    kind: str | None = typer.Option(None, "--kind", help="Only 'training' or 'generation' backends."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
 ) -> None:
     """List every discovered training and generation backend with its status. Never fails on a bad plugin."""
@@ -54,7 +53,7 @@ def show_backend(name: str = typer.Argument(..., help="Backend name, or 'distrib
         record = registry.find(name)
     except BackendError as exc:
         typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(1)
+        raise typer.Exit(1) from None
     info = record.as_dict()
     if record.spec is not None:
         info.update(record.spec.model_dump(mode="json", exclude={"name", "kind", "capabilities"}))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -21,7 +21,7 @@ config_app = typer.Typer(help="Validate and inspect rlcore config files.", no_ar
 
 FileArg = Annotated[Path, typer.Argument(help="YAML config file.", show_default=False)]
 OverrideOpt = Annotated[
-    Optional[list[str]],
+    list[str] | None,
     typer.Option("--override", "-o", help="Dotted override KEY=VALUE (VALUE is YAML); repeatable."),
 ]
 
@@ -37,9 +37,13 @@ def _fail(problems: list[str]) -> None:
     raise typer.Exit(code=1)
 
 
-def _load(file: Path, overrides: list[str] | None, source: ConfigSource = ConfigSource.rlcore,
-          nemo_overrides: list[str] | None = None,
-          sources: dict[str, str] | None = None) -> tuple[RLCoreConfig, list[str]]:
+def _load(
+    file: Path,
+    overrides: list[str] | None,
+    source: ConfigSource = ConfigSource.rlcore,
+    nemo_overrides: list[str] | None = None,
+    sources: dict[str, str] | None = None,
+) -> tuple[RLCoreConfig, list[str]]:
     try:
         return load_cli_config(file, overrides, source, nemo_overrides, sources)
     except ConfigError as exc:
@@ -62,14 +66,24 @@ def _resolve(cfg: RLCoreConfig, ignored: list[str]) -> ResolvedConfig:
     return resolved
 
 
-NoFilesOpt = Annotated[bool, typer.Option(
-    "--no-files", help="Check the config alone, for a run on another machine: skip what depends on this one "
-    "(CUDA, the user's code, data and prompt files, models and tokenizers, the hub).")]
+NoFilesOpt = Annotated[
+    bool,
+    typer.Option(
+        "--no-files",
+        help="Check the config alone, for a run on another machine: skip what depends on this one "
+        "(CUDA, the user's code, data and prompt files, models and tokenizers, the hub).",
+    ),
+]
 
 
 @config_app.command()
-def validate(file: FileArg, nemo_overrides: NemoOverridesArg = None, override: OverrideOpt = None,
-             source: SourceOpt = ConfigSource.rlcore, no_files: NoFilesOpt = False) -> None:
+def validate(
+    file: FileArg,
+    nemo_overrides: NemoOverridesArg = None,
+    override: OverrideOpt = None,
+    source: SourceOpt = ConfigSource.rlcore,
+    no_files: NoFilesOpt = False,
+) -> None:
     """Check a config file: schema, cross-field rules, backends, their sections and layout, and what `rlcore run`
     checks before Ray starts (CUDA, the environment class and reward function, files, models, tokenizers)."""
     from rlcore.run.preflight import run_problems
@@ -82,8 +96,10 @@ def validate(file: FileArg, nemo_overrides: NemoOverridesArg = None, override: O
     if problems := run_problems(resolved, files=not no_files, sources=sources):
         _fail(problems)
     what = f"NeMo-RL config, {len(ignored)} keys ignored; " if source is ConfigSource.nemo_rl else ""
-    typer.echo(f"OK: {file} ({what}training backend: {cfg.policy.training_backend}, world size {cfg.world_size}, "
-               f"data parallel {resolved.policy.data_parallel_size})")
+    typer.echo(
+        f"OK: {file} ({what}training backend: {cfg.policy.training_backend}, world size {cfg.world_size}, "
+        f"data parallel {resolved.policy.data_parallel_size})"
+    )
 
 
 @config_app.command()
@@ -105,8 +121,10 @@ def convert(
     file: FileArg,
     output: Annotated[Path, typer.Option("--output", "-o", help="Where to write the rlcore config (YAML).")],
     nemo_overrides: NemoOverridesArg = None,
-    override: Annotated[Optional[list[str]], typer.Option(
-        "--override", help="rlcore dotted override KEY=VALUE applied after conversion; repeatable.")] = None,
+    override: Annotated[
+        list[str] | None,
+        typer.Option("--override", help="rlcore dotted override KEY=VALUE applied after conversion; repeatable."),
+    ] = None,
     source: SourceOpt = ConfigSource.nemo_rl,
 ) -> None:
     """Write a NeMo-RL config as a native rlcore config (which `rlcore config validate` accepts)."""
@@ -115,12 +133,16 @@ def convert(
     cfg, ignored = _load(file, override, source, nemo_overrides)
     _resolve(cfg, ignored)
     args = " ".join([str(file), *(nemo_overrides or [])])
-    header = [f"# rlcore config converted from the NeMo-RL config: {args}",
-              "# by `rlcore config convert --from nemo-rl` (mapping: docs/nemo-rl-mapping.md).",
-              *(f"# {line}" for line in ignored)]
+    header = [
+        f"# rlcore config converted from the NeMo-RL config: {args}",
+        "# by `rlcore config convert --from nemo-rl` (mapping: docs/nemo-rl-mapping.md).",
+        *(f"# {line}" for line in ignored),
+    ]
     output.write_text("\n".join(header) + "\n" + dump_config(cfg, "yaml"), encoding="utf-8")
-    typer.echo(f"wrote {output} (training backend: {cfg.policy.training_backend}, world size {cfg.world_size}, "
-               f"{len(ignored)} NeMo-RL keys ignored)")
+    typer.echo(
+        f"wrote {output} (training backend: {cfg.policy.training_backend}, world size {cfg.world_size}, "
+        f"{len(ignored)} NeMo-RL keys ignored)"
+    )
 
 
 def _print_or_write(text: str, write: bool, target: str, command: str) -> None:

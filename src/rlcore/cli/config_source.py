@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any, Optional, Sequence
+from typing import Annotated, Any
 
 import typer
 
@@ -16,19 +17,29 @@ class ConfigSource(str, Enum):
 
 SourceOpt = Annotated[
     ConfigSource,
-    typer.Option("--from", help="Config format: rlcore's own, or a NeMo-RL config (defaults:, ${...}, "
-                                "key=value overrides; see docs/nemo-rl-mapping.md)."),
+    typer.Option(
+        "--from",
+        help="Config format: rlcore's own, or a NeMo-RL config (defaults:, ${...}, "
+        "key=value overrides; see docs/nemo-rl-mapping.md).",
+    ),
 ]
 NemoOverridesArg = Annotated[
-    Optional[list[str]],
-    typer.Argument(help="With --from nemo-rl: NeMo-RL (Hydra) overrides key=value, +key=value, ++key=value, "
-                        "~key, applied before conversion.", show_default=False),
+    list[str] | None,
+    typer.Argument(
+        help="With --from nemo-rl: NeMo-RL (Hydra) overrides key=value, +key=value, ++key=value, "
+        "~key, applied before conversion.",
+        show_default=False,
+    ),
 ]
 
 
-def load_cli_config(file: Path | None, overrides: Sequence[str] | None, source: ConfigSource,
-                    nemo_overrides: Sequence[str] | None,
-                    sources: dict[str, str] | None = None) -> tuple[Any, list[str]]:
+def load_cli_config(
+    file: Path | None,
+    overrides: Sequence[str] | None,
+    source: ConfigSource,
+    nemo_overrides: Sequence[str] | None,
+    sources: dict[str, str] | None = None,
+) -> tuple[Any, list[str]]:
     """The validated config and the ``ignored: ...`` lines (NeMo-RL only). Raises ConfigError. ``sources``, when
     given, receives the NeMo-RL key each rlcore key came from (for :func:`rlcore.nemo_rl.annotate`)."""
     from rlcore.config import ConfigError, load_config
@@ -43,8 +54,12 @@ def load_cli_config(file: Path | None, overrides: Sequence[str] | None, source: 
             sources.update(loaded.conversion.sources)
         return loaded.config, loaded.ignored_lines()
     if nemo_overrides:
-        raise ConfigError([f"'{nemo_overrides[0]}': overrides after the file are for --from nemo-rl; "
-                           "give rlcore overrides with -o KEY=VALUE"])
+        raise ConfigError(
+            [
+                f"'{nemo_overrides[0]}': overrides after the file are for --from nemo-rl; "
+                "give rlcore overrides with -o KEY=VALUE"
+            ]
+        )
     try:
         return load_config(example_or_file(file), overrides or ()), []
     except ConfigError as exc:

@@ -38,6 +38,7 @@ def render(results: list[Any], summary: dict[str, Any]) -> list[str]:
         if r.fix and r.status != "ok":
             lines.append(f"{''.ljust(width)}        fix: {r.fix}")
     verdict = {"ok": "ready", "warn": "ready, with warnings", "fail": "not ready"}[summary["status"]]
-    lines.append(f"{summary['ok']} ok, {summary['warn']} warn, {summary['fail']} fail, "
-                 f"{summary['skip']} skip: {verdict}")
+    lines.append(
+        f"{summary['ok']} ok, {summary['warn']} warn, {summary['fail']} fail, {summary['skip']} skip: {verdict}"
+    )
     return lines

@@ -38,8 +38,9 @@ def write_traceback(exc: BaseException, log_dir: Path) -> Path | None:
     except OSError:
         pass
     try:
-        with tempfile.NamedTemporaryFile("w", prefix=f"rlcore-{time.strftime('%Y%m%d-%H%M%S')}-", suffix=".log",
-                                         delete=False) as f:
+        with tempfile.NamedTemporaryFile(
+            "w", prefix=f"rlcore-{time.strftime('%Y%m%d-%H%M%S')}-", suffix=".log", delete=False
+        ) as f:
             f.write(text)
         return Path(f.name)
     except OSError:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -25,7 +24,7 @@ def list_examples() -> None:
 @examples_app.command("copy")
 def copy_example(
     name: str = typer.Argument(..., help="An example name from `rlcore examples list`."),
-    dest: Optional[Path] = typer.Argument(None, help="File or directory to write (default: ./NAME.yaml)."),
+    dest: Path | None = typer.Argument(None, help="File or directory to write (default: ./NAME.yaml)."),
     force: bool = typer.Option(False, "--force", help="Overwrite an existing file."),
 ) -> None:
     """Write an example config to edit; never overwrites without --force."""

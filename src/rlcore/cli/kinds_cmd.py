@@ -41,7 +41,7 @@ def kind_app(kind: str, plural: str, what: str, none_installed: str) -> typer.Ty
             record = get_registry().find(name, kind=kind)
         except BackendError as exc:
             typer.echo(f"error: {exc}", err=True)
-            raise typer.Exit(1)
+            raise typer.Exit(1) from None
         info = {key: record.as_dict()[key] for key in FIELDS}
         if record.spec is not None:
             info.update(record.spec.model_dump(mode="json", exclude={"name"}))
@@ -53,10 +53,18 @@ def kind_app(kind: str, plural: str, what: str, none_installed: str) -> typer.Ty
 
 
 def environments_app() -> typer.Typer:
-    return kind_app("environment", "environments", "what env.name selects",
-                    "No environments installed: rlcore's built-ins are missing; reinstall rlcore.")
+    return kind_app(
+        "environment",
+        "environments",
+        "what env.name selects",
+        "No environments installed: rlcore's built-ins are missing; reinstall rlcore.",
+    )
 
 
 def algorithms_app() -> typer.Typer:
-    return kind_app("algorithm", "algorithms", "what a config's algorithm section selects",
-                    "No algorithms installed: rlcore's built-ins are missing; reinstall rlcore.")
+    return kind_app(
+        "algorithm",
+        "algorithms",
+        "what a config's algorithm section selects",
+        "No algorithms installed: rlcore's built-ins are missing; reinstall rlcore.",
+    )

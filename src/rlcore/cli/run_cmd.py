@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import tempfile
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import typer
 
@@ -46,8 +46,9 @@ def _summary_line(resolved: Any, data: Any, log_dir: Path, verbose: bool) -> str
     return f"rlcore run: {load_algorithm(cfg.algorithm).describe(resolved, workers, source, steps)}; logs {where}"
 
 
-def _prepare(config: Optional[Path], override: list[str], resume: bool, source: ConfigSource,
-             nemo_overrides: Optional[list[str]]) -> tuple[Any, Any, Any]:
+def _prepare(
+    config: Path | None, override: list[str], resume: bool, source: ConfigSource, nemo_overrides: list[str] | None
+) -> tuple[Any, Any, Any]:
     """The config resolved and checked, its tokenizer and its data, or one line per problem and exit 1: all
     before Ray starts and before anything is written."""
     from rlcore.config import ConfigError, resolve
@@ -89,13 +90,22 @@ def _prepare(config: Optional[Path], override: list[str], resume: bool, source: 
 
 
 def run(
-    config: Optional[Path] = typer.Argument(None, help="YAML config, or a shipped example's name (rlcore examples "
-                                            "list); omitted = grpo_tiny, the tiny GRPO demo."),
+    config: Path | None = typer.Argument(
+        None,
+        help="YAML config, or a shipped example's name (rlcore examples "
+        "list); omitted = grpo_tiny, the tiny GRPO demo.",
+    ),
     override: list[str] = typer.Option([], "-o", "--override", help="Dotted override key=value (repeatable)."),
-    resume: bool = typer.Option(False, "--resume", help="Continue from the latest checkpoint in the output dir "
-                                "(an error when there is none)."),
-    verbose: bool = typer.Option(False, "-v", "--verbose", help="Stream every process's output (Ray, workers, "
-                                 "engines) instead of logging it to <output_dir>/logs/, and print full tracebacks."),
+    resume: bool = typer.Option(
+        False, "--resume", help="Continue from the latest checkpoint in the output dir (an error when there is none)."
+    ),
+    verbose: bool = typer.Option(
+        False,
+        "-v",
+        "--verbose",
+        help="Stream every process's output (Ray, workers, "
+        "engines) instead of logging it to <output_dir>/logs/, and print full tracebacks.",
+    ),
     source: SourceOpt = ConfigSource.rlcore,
     nemo_overrides: NemoOverridesArg = None,
 ) -> None:
@@ -123,13 +133,17 @@ def run(
     signals = StopOnSignals()
     try:
         with quiet_output(log_dir, verbose) as terminal, signals:
-            summary = train(resolved, resume=resume, signals=signals, progress_file=terminal, data=data,
-                                tokenizer=tokenizer)
+            summary = train(
+                resolved, resume=resume, signals=signals, progress_file=terminal, data=data, tokenizer=tokenizer
+            )
     except BaseException as exc:  # noqa: BLE001 - a stop or a failure, each ends as one line
         if (stop := signals.stop_behind(exc)) is not None:
             latest = latest_checkpoint(cfg)
-            typer.echo(f"stopped by {stop}: " + (f"resume from {latest} with --resume" if latest
-                                                  else "no checkpoint was written yet"), err=True)
+            typer.echo(
+                f"stopped by {stop}: "
+                + (f"resume from {latest} with --resume" if latest else "no checkpoint was written yet"),
+                err=True,
+            )
             raise typer.Exit(stop.exit_code) from None
         if not isinstance(exc, Exception):
             raise
@@ -138,8 +152,12 @@ def run(
             typer.echo(path.read_text(), err=True)
         typer.echo(f"error: {one_line(exc)}", err=True)
         where = "" if path is None or path.parent == log_dir else f", as {log_dir} cannot be written"
-        typer.echo(f"(full traceback in {path}{where}{'' if verbose else '; -v prints it'})" if path else
-                   f"(no traceback file: neither {log_dir} nor {tempfile.gettempdir()} can be written)", err=True)
+        typer.echo(
+            f"(full traceback in {path}{where}{'' if verbose else '; -v prints it'})"
+            if path
+            else f"(no traceback file: neither {log_dir} nor {tempfile.gettempdir()} can be written)",
+            err=True,
+        )
         raise typer.Exit(1) from None
     typer.echo(json.dumps(summary))
 

@@ -93,8 +93,11 @@ def other_sections(owner: Any, path: str, registry: Registry, selected: str | No
             if disabled(section):
                 continue
             close = difflib.get_close_matches(backend, known, n=1)
-            problems.append(f"{path}.{key}: no installed backend named '{backend}'; did you mean "
-                            f"'{close[0]}{SECTION_SUFFIX}'?" if close else f"{path}.{key}: {_missing(registry, backend)}")
+            problems.append(
+                f"{path}.{key}: no installed backend named '{backend}'; did you mean '{close[0]}{SECTION_SUFFIX}'?"
+                if close
+                else f"{path}.{key}: {_missing(registry, backend)}"
+            )
             continue
         spec = next(r.spec for r in registry.backends() if r.name == backend and r.spec is not None)
         try:
@@ -130,13 +133,21 @@ def layout_of(spec: BackendSpec, request: LayoutRequest) -> ParallelLayout:
     except ValueError as exc:
         raise ConfigError(str(exc).splitlines()) from exc
     if not isinstance(layout, ParallelLayout):
-        raise ConfigError([f"policy: the layout function {spec.layout} of backend '{spec.name}' returned "
-                           f"{type(layout).__name__}, not a rlcore.plugins.ParallelLayout"])
+        raise ConfigError(
+            [
+                f"policy: the layout function {spec.layout} of backend '{spec.name}' returned "
+                f"{type(layout).__name__}, not a rlcore.plugins.ParallelLayout"
+            ]
+        )
     world, size = request.world_size, layout.model_parallel_size
     if world % size:
-        raise ConfigError([f"{', '.join(layout.setting_paths())}: {layout.describe()} does not divide the world "
-                           f"size {world} (cluster.num_nodes × cluster.workers_per_node); choose sizes whose product "
-                           f"divides {world}, or a cluster of a multiple of {size} ranks"])
+        raise ConfigError(
+            [
+                f"{', '.join(layout.setting_paths())}: {layout.describe()} does not divide the world "
+                f"size {world} (cluster.num_nodes × cluster.workers_per_node); choose sizes whose product "
+                f"divides {world}, or a cluster of a multiple of {size} ranks"
+            ]
+        )
     return layout
 
 
@@ -147,8 +158,10 @@ def check_problems(spec: BackendSpec, request: LayoutRequest) -> list[str]:
         return []
     problems = function(request)
     if not isinstance(problems, (list, tuple)) or not all(isinstance(p, str) for p in problems):
-        return [f"policy: the config check {spec.config_check} of backend '{spec.name}' returned "
-                f"{type(problems).__name__}, not a list of problem lines"]
+        return [
+            f"policy: the config check {spec.config_check} of backend '{spec.name}' returned "
+            f"{type(problems).__name__}, not a list of problem lines"
+        ]
     return list(problems)
 
 
@@ -166,29 +179,52 @@ def first_per_path(problems: list[str]) -> list[str]:
 
 def capability_problems(policy: Any, spec: BackendSpec, packing: bool) -> list[str]:
     """Batching modes and logprob chunking the config turns on that the training backend does not declare."""
-    wanted = [("policy.dynamic_batching.enabled", policy.dynamic_batching.enabled, Capability.DYNAMIC_BATCHING,
-               "set it to false"),
-              ("policy.sequence_packing.enabled", packing, Capability.SEQUENCE_PACKING, "set it to false"),
-              ("policy.logprob_chunk_size", policy.logprob_chunk_size is not None, Capability.CHUNKED_LOGPROBS,
-               "remove it (null)")]
-    return [f"{path}: the '{spec.name}' training backend does not declare '{capability}'; {fix}"
-            for path, on, capability, fix in wanted if on and not spec.supports(capability)]
+    wanted = [
+        (
+            "policy.dynamic_batching.enabled",
+            policy.dynamic_batching.enabled,
+            Capability.DYNAMIC_BATCHING,
+            "set it to false",
+        ),
+        ("policy.sequence_packing.enabled", packing, Capability.SEQUENCE_PACKING, "set it to false"),
+        (
+            "policy.logprob_chunk_size",
+            policy.logprob_chunk_size is not None,
+            Capability.CHUNKED_LOGPROBS,
+            "remove it (null)",
+        ),
+    ]
+    return [
+        f"{path}: the '{spec.name}' training backend does not declare '{capability}'; {fix}"
+        for path, on, capability, fix in wanted
+        if on and not spec.supports(capability)
+    ]
 
 
-def lora_problems(policy: Any, spec: BackendSpec, generation_spec: BackendSpec | None,
-                  registry: Registry) -> list[str]:
+def lora_problems(policy: Any, spec: BackendSpec, generation_spec: BackendSpec | None, registry: Registry) -> list[str]:
     """``policy.lora`` needs a training backend declaring 'lora'; adapter refit an engine declaring 'lora_adapter'."""
     if not policy.lora.enabled:
         return []
     if not spec.supports(Capability.LORA):
-        with_lora = sorted(r.name for r in registry.backends() if r.spec is not None and r.spec.kind == "training"
-                           and r.spec.supports(Capability.LORA))
-        return [f"policy.lora.enabled: the '{spec.name}' training backend does not train LoRA adapters "
-                f"(no 'lora' capability); use one that does ({', '.join(with_lora) or 'none installed'}) or set "
-                "policy.lora.enabled=false"]
-    if policy.lora.refit == "adapter" and generation_spec is not None and generation_spec is not spec \
-            and not generation_spec.supports(Capability.LORA_ADAPTER):
-        return [f"policy.lora.refit: 'adapter' needs a generation backend that applies LoRA adapters itself "
-                f"('lora_adapter' capability), and '{generation_spec.name}' does not declare it; use "
-                "policy.lora.refit=merged"]
+        with_lora = sorted(
+            r.name
+            for r in registry.backends()
+            if r.spec is not None and r.spec.kind == "training" and r.spec.supports(Capability.LORA)
+        )
+        return [
+            f"policy.lora.enabled: the '{spec.name}' training backend does not train LoRA adapters "
+            f"(no 'lora' capability); use one that does ({', '.join(with_lora) or 'none installed'}) or set "
+            "policy.lora.enabled=false"
+        ]
+    if (
+        policy.lora.refit == "adapter"
+        and generation_spec is not None
+        and generation_spec is not spec
+        and not generation_spec.supports(Capability.LORA_ADAPTER)
+    ):
+        return [
+            f"policy.lora.refit: 'adapter' needs a generation backend that applies LoRA adapters itself "
+            f"('lora_adapter' capability), and '{generation_spec.name}' does not declare it; use "
+            "policy.lora.refit=merged"
+        ]
     return []

@@ -13,7 +13,8 @@ the owning backend's config class (see ``rlcore.config.validate_section``).
 
 from __future__ import annotations
 
-from typing import Any, Mapping, TypeVar
+from collections.abc import Mapping
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 
@@ -86,8 +87,9 @@ class SectionsModel(StrictModel):
         if not isinstance(data, dict):
             return data
         declared = set(cls.model_fields)
-        extra = {k: v for k, v in data.items()
-                 if isinstance(k, str) and k.endswith(SECTION_SUFFIX) and k not in declared}
+        extra = {
+            k: v for k, v in data.items() if isinstance(k, str) and k.endswith(SECTION_SUFFIX) and k not in declared
+        }
         if not extra:
             return data
         rest = {k: v for k, v in data.items() if k not in extra}

@@ -16,18 +16,26 @@ from typing import Any, Literal
 BatchingMode = Literal["plain", "dynamic", "packing"]
 
 
-def batch_problems(gbs: int, mbs: int, dp: int, mode: BatchingMode, *, gbs_name: str = "policy.train_global_batch_size",
-                   mbs_name: str = "policy.train_micro_batch_size") -> list[str]:
+def batch_problems(
+    gbs: int,
+    mbs: int,
+    dp: int,
+    mode: BatchingMode,
+    *,
+    gbs_name: str = "policy.train_global_batch_size",
+    mbs_name: str = "policy.train_micro_batch_size",
+) -> list[str]:
     """Whether a global batch of ``gbs`` splits into whole per-rank shards (and, plain, whole micro-batches)."""
     if mode != "plain":
         if gbs % dp:
-            return [f"{gbs_name}: {gbs} is not divisible by the data-parallel size {dp}; set it to a multiple "
-                    f"of {dp}"]
+            return [f"{gbs_name}: {gbs} is not divisible by the data-parallel size {dp}; set it to a multiple of {dp}"]
         return []
     step = dp * mbs
     if gbs % step:
-        return [f"{gbs_name}: {gbs} is not divisible by data-parallel size {dp} × {mbs_name} {mbs} = {step}; "
-                f"set {gbs_name} to a multiple of {step} or change {mbs_name}"]
+        return [
+            f"{gbs_name}: {gbs} is not divisible by data-parallel size {dp} × {mbs_name} {mbs} = {step}; "
+            f"set {gbs_name} to a multiple of {step} or change {mbs_name}"
+        ]
     return []
 
 
@@ -46,7 +54,7 @@ class BatchPlan:
     packing_algorithm: str
 
     @classmethod
-    def of(cls, policy: Any, data_parallel_size: int, packing: bool) -> "BatchPlan":
+    def of(cls, policy: Any, data_parallel_size: int, packing: bool) -> BatchPlan:
         """The plan of a validated ``PolicyConfig`` at ``data_parallel_size``; ``packing``: whether it packs."""
         db, sp = policy.dynamic_batching, policy.sequence_packing
         budgets = db if db.enabled else sp
@@ -80,9 +88,12 @@ class BatchPlan:
         """Keyword arguments of ``BatchedDataDict.shard_by_batch_size`` for a training or a logprob pass."""
         tokens = self.train_mb_tokens if purpose == "train" else self.logprob_mb_tokens
         if self.mode == "dynamic":
-            return {"dynamic_batching_args": {"max_tokens_per_microbatch": tokens,
-                                              "sequence_length_round": self.sequence_length_round}}
+            return {
+                "dynamic_batching_args": {
+                    "max_tokens_per_microbatch": tokens,
+                    "sequence_length_round": self.sequence_length_round,
+                }
+            }
         if self.mode == "packing":
-            return {"sequence_packing_args": {"max_tokens_per_microbatch": tokens,
-                                              "algorithm": self.packing_algorithm}}
+            return {"sequence_packing_args": {"max_tokens_per_microbatch": tokens, "algorithm": self.packing_algorithm}}
         return {}

@@ -19,9 +19,7 @@ class ClusterConfig(StrictModel):
     use_gpu: bool = Field(
         False, description="Place one CUDA device per worker. False runs every rank on CPU with gloo."
     )
-    num_cpus_per_worker: float = Field(
-        1.0, ge=0, description="Ray CPUs reserved per worker (fractions allowed)."
-    )
+    num_cpus_per_worker: float = Field(1.0, ge=0, description="Ray CPUs reserved per worker (fractions allowed).")
     ray_address: str | None = Field(
         None,
         description="Ray cluster to attach to (e.g. 'ray://host:10001' or 'auto'). "

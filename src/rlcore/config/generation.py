@@ -67,9 +67,7 @@ class GenerationConfig(SectionsModel):
     model_name: str | None = Field(
         None, description="Model the engine loads; None (resolved at load) = policy.model_name."
     )
-    pad_token_id: int | None = Field(
-        None, description="Padding token id; None = taken from the tokenizer at run time."
-    )
+    pad_token_id: int | None = Field(None, description="Padding token id; None = taken from the tokenizer at run time.")
     colocated: ColocationConfig = Field(
         default_factory=ColocationConfig,
         description="Colocation with the training workers; a bool is shorthand for {enabled: <bool>}.",
@@ -82,7 +80,9 @@ class GenerationConfig(SectionsModel):
         "generation backend declares verified_refit; true = required (refused where it does not); false = off.",
     )
     engine_restarts_per_step: int = Field(
-        1, ge=0, le=100,
+        1,
+        ge=0,
+        le=100,
         description="Times one step restarts a generation engine that died (killed, out of memory) during "
         "generation or refit: on the same bundle, refit with the current weights, the lost rollouts redone; "
         "0 = the first death stops the run (docs/engine-faults.md).",

@@ -20,8 +20,9 @@ from rlcore.config.yaml_io import dump_text, read_config_file
 M = TypeVar("M", bound=BaseModel)
 
 
-def validate_section(model_cls: type[M], data: Any, path: str,
-                     context: Mapping[str, Any] | None = None) -> tuple[M | None, list[str]]:
+def validate_section(
+    model_cls: type[M], data: Any, path: str, context: Mapping[str, Any] | None = None
+) -> tuple[M | None, list[str]]:
     """Validate ``data`` with ``model_cls``; problems are prefixed with the dotted ``path``.
 
     Returns ``(model, [])`` on success and ``(None, problems)`` otherwise,

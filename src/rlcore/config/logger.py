@@ -28,23 +28,32 @@ class WandbConfig(StrictModel):
 class MlflowConfig(StrictModel):
     """The MLflow run (NeMo-RL's ``logger.mlflow``)."""
 
-    experiment_name: str | None = Field(None, description="The MLflow experiment, created when missing (none: "
-                                        "MLflow's default experiment).")
+    experiment_name: str | None = Field(
+        None, description="The MLflow experiment, created when missing (none: MLflow's default experiment)."
+    )
     run_name: str | None = Field(None, description="The run's display name (none: MLflow picks one).")
     tracking_uri: str | None = Field(
-        None, description="Where runs are stored: an http(s) server, or a database such as 'sqlite:///mlflow.db' "
-        "(needs the full mlflow package); none: MLFLOW_TRACKING_URI, else MLflow's default.")
+        None,
+        description="Where runs are stored: an http(s) server, or a database such as 'sqlite:///mlflow.db' "
+        "(needs the full mlflow package); none: MLFLOW_TRACKING_URI, else MLflow's default.",
+    )
 
 
 class LoggerConfig(StrictModel):
     output_dir: str = Field("runs/latest", description="Directory for metrics.jsonl, plots, TensorBoard, checkpoints.")
     tensorboard: bool = Field(True, description="Also write TensorBoard events when tensorboard is installed.")
     progress_bar: bool = Field(True, description="Show a progress bar per step.")
-    wandb_enabled: bool = Field(False, description="Also log every metrics.jsonl row and the resolved config to a "
-                                "wandb run (pip install rlcore[wandb]); --resume continues the same run.")
+    wandb_enabled: bool = Field(
+        False,
+        description="Also log every metrics.jsonl row and the resolved config to a "
+        "wandb run (pip install rlcore[wandb]); --resume continues the same run.",
+    )
     wandb: WandbConfig = Field(default_factory=WandbConfig, description="The wandb run, with wandb_enabled.")
-    mlflow_enabled: bool = Field(False, description="Also log every metrics.jsonl row and the resolved config to an "
-                                 "MLflow run (pip install rlcore[mlflow]); --resume continues the same run.")
+    mlflow_enabled: bool = Field(
+        False,
+        description="Also log every metrics.jsonl row and the resolved config to an "
+        "MLflow run (pip install rlcore[mlflow]); --resume continues the same run.",
+    )
     mlflow: MlflowConfig = Field(default_factory=MlflowConfig, description="The MLflow run, with mlflow_enabled.")
 
     @field_validator("wandb_enabled", "mlflow_enabled")
@@ -52,8 +61,9 @@ class LoggerConfig(StrictModel):
     def _installed(cls, on: bool, info: ValidationInfo) -> bool:
         package = info.field_name.removesuffix("_enabled")
         if on and importlib.util.find_spec(package) is None:
-            raise ValueError(f"{package} is not installed: pip install 'rlcore[{package}]' (or set "
-                             f"logger.{package}_enabled=false)")
+            raise ValueError(
+                f"{package} is not installed: pip install 'rlcore[{package}]' (or set logger.{package}_enabled=false)"
+            )
         return on
 
     @field_validator("mlflow")
@@ -61,8 +71,13 @@ class LoggerConfig(StrictModel):
     def _store_usable(cls, mlflow: MlflowConfig, info: ValidationInfo) -> MlflowConfig:
         uri = mlflow.tracking_uri or ""
         scheme = uri.split(":", 1)[0].split("+", 1)[0].lower()
-        if info.data.get("mlflow_enabled") and scheme in DATABASE_SCHEMES and importlib.util.find_spec(
-                "sqlalchemy") is None:
-            raise ValueError(f"tracking_uri {uri} is a database store, which needs the full mlflow package, not "
-                             "mlflow-skinny: pip install mlflow")
+        if (
+            info.data.get("mlflow_enabled")
+            and scheme in DATABASE_SCHEMES
+            and importlib.util.find_spec("sqlalchemy") is None
+        ):
+            raise ValueError(
+                f"tracking_uri {uri} is a database store, which needs the full mlflow package, not "
+                "mlflow-skinny: pip install mlflow"
+            )
         return mlflow

@@ -34,7 +34,9 @@ class ClippedPGLossConfig(StrictModel):
         0.2, ge=0.0, lt=1.0, description="Lower clip: the ratio is clipped below at 1 - ratio_clip_min."
     )
     ratio_clip_max: float = Field(
-        0.2, ge=0.0, description="Upper clip: the ratio is clipped above at 1 + ratio_clip_max (DAPO: > ratio_clip_min)."
+        0.2,
+        ge=0.0,
+        description="Upper clip: the ratio is clipped above at 1 + ratio_clip_max (DAPO: > ratio_clip_min).",
     )
     ratio_clip_c: float | None = Field(
         None,
@@ -110,7 +112,7 @@ class ClippedPGLossConfig(StrictModel):
     )
 
     @model_validator(mode="after")
-    def _check_combinations(self) -> "ClippedPGLossConfig":
+    def _check_combinations(self) -> ClippedPGLossConfig:
         tis_type = self.truncated_importance_sampling_type
         low, high = self.truncated_importance_sampling_ratio_min, self.truncated_importance_sampling_ratio
         if (low is not None or high is not None) and not self.use_importance_sampling_correction:
@@ -140,16 +142,22 @@ class ClippedPGLossConfig(StrictModel):
                 "sequence_level_importance_ratios=true (GSPO) already weighs whole sequences: use 'tis' or 'icepop'"
             )
         if self.use_cispo and self.force_on_policy_ratio is True:  # NeMo-RL's ClippedPGLossFn refuses it too
-            raise ValueError("use_cispo=true cannot be combined with force_on_policy_ratio=true: a forced ratio of 1 "
-                             "removes the clipped weight CISPO trains with; set force_on_policy_ratio to null or false")
+            raise ValueError(
+                "use_cispo=true cannot be combined with force_on_policy_ratio=true: a forced ratio of 1 "
+                "removes the clipped weight CISPO trains with; set force_on_policy_ratio to null or false"
+            )
         if self.use_cispo:
-            for on, name in ((self.disable_ppo_ratio, "disable_ppo_ratio=true"),
-                             (self.sequence_level_importance_ratios, "sequence_level_importance_ratios=true"),
-                             (self.ratio_clip_c is not None, "ratio_clip_c (dual clip)"),
-                             (not self.token_level_loss, "token_level_loss=false")):
+            for on, name in (
+                (self.disable_ppo_ratio, "disable_ppo_ratio=true"),
+                (self.sequence_level_importance_ratios, "sequence_level_importance_ratios=true"),
+                (self.ratio_clip_c is not None, "ratio_clip_c (dual clip)"),
+                (not self.token_level_loss, "token_level_loss=false"),
+            ):
                 if on:
-                    raise ValueError(f"use_cispo=true cannot be combined with {name}: CISPO is a token-level "
-                                     "loss on the clipped per-token ratio")
+                    raise ValueError(
+                        f"use_cispo=true cannot be combined with {name}: CISPO is a token-level "
+                        "loss on the clipped per-token ratio"
+                    )
         if self.disable_ppo_ratio and self.ratio_clip_c is not None:
             raise ValueError("ratio_clip_c clips the PPO ratio, which disable_ppo_ratio=true removes")
         if self.disable_ppo_ratio and self.sequence_level_importance_ratios:

@@ -146,7 +146,7 @@ def _expected(err: dict[str, Any]) -> str | None:
         return "one of " + str(ctx.get("expected", "?"))
     msg = err.get("msg", "")
     if msg.startswith("Input should be "):
-        return msg[len("Input should be "):]
+        return msg[len("Input should be ") :]
     return None
 
 
@@ -164,9 +164,7 @@ def unknown_key_text(key: Any, owner: type[BaseModel] | None) -> str:
     return "unknown key" + (f"; did you mean '{close[0]}'?" if close else "")
 
 
-def problems_from_validation_error(
-    exc: ValidationError, root: type[BaseModel], prefix: str = ""
-) -> list[str]:
+def problems_from_validation_error(exc: ValidationError, root: type[BaseModel], prefix: str = "") -> list[str]:
     """One line per problem (pydantic's order); union alternatives for one value are merged."""
     grouped: dict[str, dict[str, Any]] = {}
     for err in exc.errors(include_url=False):

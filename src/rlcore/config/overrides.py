@@ -78,8 +78,9 @@ def apply_overrides(raw: dict[str, Any], overrides: Sequence[str]) -> dict[str, 
         key, sep, text = item.partition("=")
         parts = _split_key(key.strip()) if sep else None
         if parts is None:
-            problems.append(f"override '{item}': expected KEY=VALUE with a dotted key, "
-                            "e.g. policy.train_micro_batch_size=2")
+            problems.append(
+                f"override '{item}': expected KEY=VALUE with a dotted key, e.g. policy.train_micro_batch_size=2"
+            )
             continue
         try:
             value = yaml.load(text, Loader=ConfigLoader)  # noqa: S506 - a SafeLoader

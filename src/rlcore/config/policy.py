@@ -15,7 +15,7 @@ here; that class may derive values from the policy too, which it receives as
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import Discriminator, Field, PositiveInt, Tag, model_validator
 
@@ -48,9 +48,7 @@ class TokenizerConfig(StrictModel):
     ``'default'`` for a NeMo-RL config that leaves the key out.)
     """
 
-    name: str | None = Field(
-        None, description="Tokenizer path or name; None (resolved at load) = policy.model_name."
-    )
+    name: str | None = Field(None, description="Tokenizer path or name; None (resolved at load) = policy.model_name.")
     chat_template: str | None = Field(
         None,
         description="Template applied where prompts are built (each prompt is one user message, with the "
@@ -66,12 +64,14 @@ class _TokenBudgets(StrictModel):
     """Per-micro-batch token budgets shared by dynamic batching and sequence packing."""
 
     train_mb_tokens: PositiveInt | None = Field(
-        None, description="Token budget per training micro-batch; None = train_micro_batch_size * "
-        "max_total_sequence_length (the run's batch plan)."
+        None,
+        description="Token budget per training micro-batch; None = train_micro_batch_size * "
+        "max_total_sequence_length (the run's batch plan).",
     )
     logprob_mb_tokens: PositiveInt | None = Field(
-        None, description="Token budget per logprob micro-batch; None = logprob_batch_size * "
-        "max_total_sequence_length (the run's batch plan)."
+        None,
+        description="Token budget per logprob micro-batch; None = logprob_batch_size * "
+        "max_total_sequence_length (the run's batch plan).",
     )
 
 
@@ -79,9 +79,10 @@ class SequencePackingConfig(_TokenBudgets):
     """Packing several sequences per micro-batch row, by token budget."""
 
     enabled: bool | None = Field(
-        None, description="Pack several sequences into each micro-batch row. None (automatic): a GRPO run "
+        None,
+        description="Pack several sequences into each micro-batch row. None (automatic): a GRPO run "
         "(rlcore run) packs its training and logprob passes when the training backend supports it and the "
-        "config allows it (no dynamic batching); a Policy built directly does not pack."
+        "config allows it (no dynamic batching); a Policy built directly does not pack.",
     )
     algorithm: PackingAlgorithm = Field(
         "modified_first_fit_decreasing", description="Bin-packing algorithm (rlcore.data.packing.ALGORITHMS)."
@@ -92,7 +93,9 @@ class DynamicBatchingConfig(_TokenBudgets):
     """Micro-batches formed by token budget instead of a fixed sample count."""
 
     enabled: bool = Field(False, description="Form micro-batches by token budget instead of a fixed count.")
-    sequence_length_round: PositiveInt = Field(64, description="Round padded sequence lengths up to a multiple of this.")
+    sequence_length_round: PositiveInt = Field(
+        64, description="Round padded sequence lengths up to a multiple of this."
+    )
 
 
 class PytorchOptimizerConfig(StrictModel):
@@ -108,7 +111,9 @@ class PytorchOptimizerConfig(StrictModel):
 class SinglePytorchSchedulerConfig(StrictModel):
     """One torch lr scheduler by import path."""
 
-    name: str = Field(description="Import path of a torch.optim.lr_scheduler class, e.g. 'torch.optim.lr_scheduler.LinearLR'.")
+    name: str = Field(
+        description="Import path of a torch.optim.lr_scheduler class, e.g. 'torch.optim.lr_scheduler.LinearLR'."
+    )
     kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of the scheduler.")
 
 
@@ -130,10 +135,8 @@ def _scheduler_kind(value: Any) -> str:
 
 # Tags are the class names so error locations can be mapped back to dotted paths.
 SchedulerEntry = Annotated[
-    Union[
-        Annotated[SinglePytorchSchedulerConfig, Tag("SinglePytorchSchedulerConfig")],
-        Annotated[SchedulerMilestones, Tag("SchedulerMilestones")],
-    ],
+    Annotated[SinglePytorchSchedulerConfig, Tag("SinglePytorchSchedulerConfig")]
+    | Annotated[SchedulerMilestones, Tag("SchedulerMilestones")],
     Discriminator(_scheduler_kind),
 ]
 
@@ -145,29 +148,44 @@ class LoRAConfig(StrictModel):
     model is the base model with the adapters switched off.
     """
 
-    enabled: bool = Field(False, description="Train LoRA adapters instead of every weight (needs a training "
-                          "backend declaring the 'lora' capability).")
+    enabled: bool = Field(
+        False,
+        description="Train LoRA adapters instead of every weight (needs a training "
+        "backend declaring the 'lora' capability).",
+    )
     target_modules: list[str] = Field(
-        default_factory=list, description="Linear layers to adapt: a module's own name ('q_proj') or a "
+        default_factory=list,
+        description="Linear layers to adapt: a module's own name ('q_proj') or a "
         "pattern over its dotted path ('*.layers.0.*.q_proj'). 'lm_head' adapts the output layer too (untied "
-        "models only), also beside match_all_linear.")
+        "models only), also beside match_all_linear.",
+    )
     exclude_modules: list[str] = Field(default_factory=list, description="Layers never adapted (same patterns).")
-    match_all_linear: bool = Field(True, description="Adapt every linear layer of the decoder blocks (not the "
-                                   "LM head); target_modules then only adds the LM head if it names it.")
+    match_all_linear: bool = Field(
+        True,
+        description="Adapt every linear layer of the decoder blocks (not the "
+        "LM head); target_modules then only adds the LM head if it names it.",
+    )
     dim: PositiveInt = Field(8, description="LoRA rank r.")
     alpha: float = Field(32, gt=0, description="Scale numerator: the adapter's output is multiplied by alpha/dim.")
     dropout: float = Field(0.0, ge=0, lt=1, description="Dropout probability inside the adapter (training only).")
     dropout_position: Literal["pre", "post"] = Field(
-        "post", description="'pre': dropout on the adapter's input (PEFT's place); 'post': on its output.")
+        "post", description="'pre': dropout on the adapter's input (PEFT's place); 'post': on its output."
+    )
     lora_A_init: Literal["xavier", "uniform"] = Field(
-        "xavier", description="Initialisation of A ('uniform' = kaiming-uniform, PEFT's default); B starts at 0.")
+        "xavier", description="Initialisation of A ('uniform' = kaiming-uniform, PEFT's default); B starts at 0."
+    )
     refit: Literal["merged", "adapter"] = Field(
-        "merged", description="How trained adapters reach the generation engine: 'merged' sends W + (alpha/dim) BA "
+        "merged",
+        description="How trained adapters reach the generation engine: 'merged' sends W + (alpha/dim) BA "
         "of the adapted layers (every weight only on the first refit); 'adapter' hands the engine only A and B, "
         "which it runs as LoRA modules over the base weights it loaded (needs a generation backend declaring "
-        "'lora_adapter', e.g. vllm).")
-    save_merged: bool = Field(False, description="Checkpoints also hold the merged full weights (a Hugging Face "
-                              "model directory under 'merged/'), beside the PEFT-format adapter.")
+        "'lora_adapter', e.g. vllm).",
+    )
+    save_merged: bool = Field(
+        False,
+        description="Checkpoints also hold the merged full weights (a Hugging Face "
+        "model directory under 'merged/'), beside the PEFT-format adapter.",
+    )
 
     @property
     def scaling(self) -> float:
@@ -175,10 +193,12 @@ class LoRAConfig(StrictModel):
         return self.alpha / self.dim
 
     @model_validator(mode="after")
-    def _something_to_adapt(self) -> "LoRAConfig":
+    def _something_to_adapt(self) -> LoRAConfig:
         if self.enabled and not self.match_all_linear and not self.target_modules:
-            raise ValueError("target_modules is empty while match_all_linear is false, so no layer would be "
-                             "adapted: list target_modules (e.g. [q_proj, v_proj]) or set match_all_linear: true")
+            raise ValueError(
+                "target_modules is empty while match_all_linear is false, so no layer would be "
+                "adapted: list target_modules (e.g. [q_proj, v_proj]) or set match_all_linear: true"
+            )
         return self
 
 
@@ -199,22 +219,26 @@ class PolicyConfig(SectionsModel):
     )
     model_name: str = Field("tiny-llama", description="Local path or name of the model to train.")
     tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig, description="Tokenizer settings.")
-    train_global_batch_size: PositiveInt = Field(8, description="Samples per optimizer step, across all data-parallel ranks.")
+    train_global_batch_size: PositiveInt = Field(
+        8, description="Samples per optimizer step, across all data-parallel ranks."
+    )
     train_micro_batch_size: PositiveInt = Field(1, description="Samples per forward/backward pass on one rank.")
     learning_rate: float = Field(5e-6, ge=0, description="Learning rate (default for the optimizer's lr).")
     logprob_batch_size: PositiveInt = Field(2, description="Samples per forward pass when computing logprobs.")
     logprob_chunk_size: PositiveInt | None = Field(
-        None, description="Compute token logprobs (and their gradient) this many positions at a time, so the "
+        None,
+        description="Compute token logprobs (and their gradient) this many positions at a time, so the "
         "float32 working set is chunk x vocabulary instead of sequence x vocabulary; same numbers, less peak "
         "memory, a little more time. None = all positions at once. Needs a training backend declaring "
-        "'chunked_logprobs' (NeMo-RL's policy.logprob_chunk_size)."
+        "'chunked_logprobs' (NeMo-RL's policy.logprob_chunk_size).",
     )
     generation: GenerationConfig | None = Field(
         None, description="Generation backend settings; None = no generation (training only)."
     )
     generation_batch_size: PositiveInt | None = Field(
-        None, description="Most prompts per Hugging Face generate call when the training backend generates "
-        "itself (fsdp1); None = a rank's whole shard at once. Engines such as vLLM batch on their own."
+        None,
+        description="Most prompts per Hugging Face generate call when the training backend generates "
+        "itself (fsdp1); None = a rank's whole shard at once. Engines such as vLLM batch on their own.",
     )
     precision: Precision = Field("float32", description="Training compute dtype.")
     dynamic_batching: DynamicBatchingConfig = Field(
@@ -224,12 +248,14 @@ class PolicyConfig(SectionsModel):
         default_factory=SequencePackingConfig, description="Sequence packing (excludes dynamic_batching)."
     )
     make_sequence_length_divisible_by: PositiveInt = Field(
-        1, description="Right-pad every training and logprob micro-batch to a sequence length that is a "
-        "multiple of this (e.g. tp with sequence parallel); padding is masked and cut from results."
+        1,
+        description="Right-pad every training and logprob micro-batch to a sequence length that is a "
+        "multiple of this (e.g. tp with sequence parallel); padding is masked and cut from results.",
     )
     max_total_sequence_length: PositiveInt = Field(
-        512, description="Longest prompt + completion, in tokens: a longer sequence given to the policy is an "
-        "error, and the GRPO loop cuts completions so prompt + completion fits."
+        512,
+        description="Longest prompt + completion, in tokens: a longer sequence given to the policy is an "
+        "error, and the GRPO loop cuts completions so prompt + completion fits.",
     )
     max_grad_norm: Annotated[float, Field(gt=0)] | Annotated[int, Field(gt=0)] | None = Field(
         1.0,
@@ -237,21 +263,28 @@ class PolicyConfig(SectionsModel):
         "the meaning is the same for every backend.",
     )
     max_consecutive_skipped_steps: PositiveInt | None = Field(
-        3, description="An optimizer step whose loss or gradient norm is NaN or +-inf is skipped (no update, "
+        3,
+        description="An optimizer step whose loss or gradient norm is NaN or +-inf is skipped (no update, "
         "optimizer state untouched; counted in skipped_steps); after this many skipped in a row the run stops. "
         "None = never stop for it (every such step is still skipped).",
     )
     fsdp_offload_enabled: bool = Field(
-        False, description=f"{FALLBACK_TRAINING_BACKEND} backend only: offload parameters to CPU (other backends: "
-        "true is an error).", json_schema_extra={ONLY_READ_BY: FALLBACK_TRAINING_BACKEND})
+        False,
+        description=f"{FALLBACK_TRAINING_BACKEND} backend only: offload parameters to CPU (other backends: "
+        "true is an error).",
+        json_schema_extra={ONLY_READ_BY: FALLBACK_TRAINING_BACKEND},
+    )
     activation_checkpointing_enabled: bool = Field(
-        False, description=f"{FALLBACK_TRAINING_BACKEND} backend only: recompute activations in backward (other "
+        False,
+        description=f"{FALLBACK_TRAINING_BACKEND} backend only: recompute activations in backward (other "
         "backends: true is an error; use the backend's own <name>_cfg.activation_checkpointing).",
-        json_schema_extra={ONLY_READ_BY: FALLBACK_TRAINING_BACKEND})
+        json_schema_extra={ONLY_READ_BY: FALLBACK_TRAINING_BACKEND},
+    )
     lora: LoRAConfig = Field(default_factory=LoRAConfig, description="LoRA adapters (off by default).")
     optimizer: PytorchOptimizerConfig = Field(
-        default_factory=PytorchOptimizerConfig, description="torch optimizer (dtensor/fsdp1 backends); its "
-        "kwargs are checked against the class's signature at load."
+        default_factory=PytorchOptimizerConfig,
+        description="torch optimizer (dtensor/fsdp1 backends); its "
+        "kwargs are checked against the class's signature at load.",
     )
     scheduler: list[SchedulerEntry] | None = Field(
         None,
@@ -272,15 +305,18 @@ class PolicyConfig(SectionsModel):
     def enabled_sections(self) -> list[str]:
         """The backends whose ``<name>_cfg`` section is on: it says ``enabled: true``, or it is the default
         backend's and does not say ``enabled: false``."""
-        on = [key[: -len(SECTION_SUFFIX)] for key, section in self.backend_sections.items()
-              if section.get("enabled") is True]
+        on = [
+            key[: -len(SECTION_SUFFIX)]
+            for key, section in self.backend_sections.items()
+            if section.get("enabled") is True
+        ]
         default = self.backend_sections.get(DEFAULT_TRAINING_BACKEND + SECTION_SUFFIX, {})
         if default.get("enabled", True) is not False and DEFAULT_TRAINING_BACKEND not in on:
             on.append(DEFAULT_TRAINING_BACKEND)
         return on
 
     @model_validator(mode="after")
-    def _derive_inherited(self) -> "PolicyConfig":
+    def _derive_inherited(self) -> PolicyConfig:
         if self.tokenizer.name is None:
             fill_derived(self, tokenizer=derived(self.tokenizer, name=self.model_name))
         if self.generation is not None and self.generation.model_name is None:

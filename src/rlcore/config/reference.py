@@ -67,8 +67,13 @@ READER_TERMS: tuple[tuple[str, str], ...] = (
     ("rlcore", "the core on the driver: config loading and rules, the Ray cluster, the `Policy` facade"),
     ("rlcore run", "the GRPO loop of `rlcore run` (prompts, rewards, the loss, logging, checkpoints)"),
     ("training backends", "every training backend's workers (each receives the whole `policy` section)"),
-    ("generation backend", ("the backend `policy.generation.backend` names (an engine such as vllm, or a "
-                            "training backend that generates, such as fsdp1)")),
+    (
+        "generation backend",
+        (
+            "the backend `policy.generation.backend` names (an engine such as vllm, or a "
+            "training backend that generates, such as fsdp1)"
+        ),
+    ),
     ("a backend name", "only that backend"),
 )
 
@@ -130,8 +135,14 @@ def installed_backends(registry: Any = None) -> list[BackendInfo]:
     for record in registry.backends():  # training and generation backends: environments and algorithms are not
         spec = record.spec
         if spec is not None and spec.name not in out:
-            out[spec.name] = BackendInfo(spec.name, spec.kind, record.distribution, frozenset(spec.capabilities),
-                                         spec.config_class, spec.worker_class)
+            out[spec.name] = BackendInfo(
+                spec.name,
+                spec.kind,
+                record.distribution,
+                frozenset(spec.capabilities),
+                spec.config_class,
+                spec.worker_class,
+            )
     return [out[name] for name in sorted(out)]
 
 
@@ -215,15 +226,27 @@ def sections(backends: list[BackendInfo] | None = None) -> list[Section]:
             key = f"{backend.name}{SECTION_SUFFIX}"
             if backend.kind != kind or not backend.config_class or key in model.model_fields:
                 continue
-            visit(Section(f"{section.path}.{key}", import_object(backend.config_class), backend.name,
-                          f"Backend `{backend.name}` (distribution `{backend.distribution}`), validated with "
-                          f"its config class `{backend.config_class}` when the config is resolved."))
+            visit(
+                Section(
+                    f"{section.path}.{key}",
+                    import_object(backend.config_class),
+                    backend.name,
+                    f"Backend `{backend.name}` (distribution `{backend.distribution}`), validated with "
+                    f"its config class `{backend.config_class}` when the config is resolved.",
+                )
+            )
 
     visit(Section("", RLCoreConfig, ""))
     for name, distribution, config_class in installed_algorithms():
-        visit(Section(name, import_object(config_class), "rlcore run",
-                      f"Algorithm `{name}` (distribution `{distribution}`): a config with this top-level section "
-                      f"trains it; validated with its config class `{config_class}`."))
+        visit(
+            Section(
+                name,
+                import_object(config_class),
+                "rlcore run",
+                f"Algorithm `{name}` (distribution `{distribution}`): a config with this top-level section "
+                f"trains it; validated with its config class `{config_class}`.",
+            )
+        )
     return out
 
 
@@ -235,8 +258,11 @@ def installed_algorithms(registry: Any = None) -> list[tuple[str, str, str]]:
 
         registry = Registry()
         registry.load_entry_points()
-    found = {r.spec.name: (r.spec.name, r.distribution, r.spec.config_class)
-             for r in getattr(registry, "algorithms", lambda: [])() if r.spec is not None}
+    found = {
+        r.spec.name: (r.spec.name, r.distribution, r.spec.config_class)
+        for r in getattr(registry, "algorithms", lambda: [])()
+        if r.spec is not None
+    }
     return [found[name] for name in sorted(found)]
 
 
@@ -368,13 +394,15 @@ def render_section(section: Section, index: dict[str, list[Section]], backends: 
         about.append(section.note)
     config = section.model.model_config
     if not config.get("strict"):
-        about.append("Not strict: a value of another type is converted where pydantic can (`\"0.5\"` → `0.5`).")
+        about.append('Not strict: a value of another type is converted where pydantic can (`"0.5"` → `0.5`).')
     if config.get("extra") != "forbid":
         about.append("Unknown keys are not rejected here.")
     if issubclass(section.model, SectionsModel):
-        about.append("Also takes backend sub-sections: any key ending in `_cfg` (`<backend>_cfg`), checked by "
-                     "that backend's config class when the config is resolved (the section of a backend that is "
-                     "not installed is accepted only if it says `enabled: false`).")
+        about.append(
+            "Also takes backend sub-sections: any key ending in `_cfg` (`<backend>_cfg`), checked by "
+            "that backend's config class when the config is resolved (the section of a backend that is "
+            "not installed is accepted only if it says `enabled: false`)."
+        )
     lines += [" ".join(about), ""]
     lines += ["| key | type | default | read by | description |", "| --- | --- | --- | --- | --- |"]
     for name, field in section.model.model_fields.items():
@@ -389,8 +417,9 @@ def render_section(section: Section, index: dict[str, list[Section]], backends: 
         kind = render_type(field.annotation, list(field.metadata), links)
         kind_cell = kind.replace("|", "\\|") if links else _cell_code(kind)
         readers = field_readers(section, name, backends)
-        lines.append(f"| `{path}` | {kind_cell} | {_default(field)} | {_text(readers)} | "
-                     f"{_text(field.description or '')} |")
+        lines.append(
+            f"| `{path}` | {kind_cell} | {_default(field)} | {_text(readers)} | {_text(field.description or '')} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -408,16 +437,20 @@ def reference_markdown(backends: list[BackendInfo] | None = None) -> str:
         f"<!-- Generated by `{REGENERATE}` from the pydantic schemas (src/rlcore/config/reference.py);",
         "     tests/test_docs.py fails when this file is stale. Do not edit by hand. -->",
         "",
-        ("Every key an rlcore config accepts, one table per section, in the order of the schema. A config is "
-         "YAML plus dotted overrides (`-o policy.train_micro_batch_size=2`); `rlcore config validate FILE` checks "
-         "one and `rlcore config show FILE` prints it with every default filled in. Unknown keys are errors, and "
-         "values are not coerced (`\"2\"` is not a number, `true` is not an integer) unless a section says "
-         "otherwise. A default written `null` that the description says is *resolved at load* is filled in from "
-         "another key when the config is loaded."),
+        (
+            "Every key an rlcore config accepts, one table per section, in the order of the schema. A config is "
+            "YAML plus dotted overrides (`-o policy.train_micro_batch_size=2`); `rlcore config validate FILE` checks "
+            "one and `rlcore config show FILE` prints it with every default filled in. Unknown keys are errors, and "
+            'values are not coerced (`"2"` is not a number, `true` is not an integer) unless a section says '
+            "otherwise. A default written `null` that the description says is *resolved at load* is filled in from "
+            "another key when the config is loaded."
+        ),
         "",
-        (f"Backend sections come from the plugins installed when this page was generated: "
-         f"{', '.join(f'`{d}`' for d in dists)} (backends: {', '.join(f'`{b.name}`' for b in backends)}). "
-         "`rlcore config reference` prints the same page for the plugins installed where it runs."),
+        (
+            f"Backend sections come from the plugins installed when this page was generated: "
+            f"{', '.join(f'`{d}`' for d in dists)} (backends: {', '.join(f'`{b.name}`' for b in backends)}). "
+            "`rlcore config reference` prints the same page for the plugins installed where it runs."
+        ),
         "",
         "**read by** names who uses a key:",
         "",
@@ -432,5 +465,16 @@ def reference_markdown(backends: list[BackendInfo] | None = None) -> str:
     return "\n".join(head) + "\n" + "\n".join(body)
 
 
-__all__ = ["OUTPUT_PATH", "READERS", "REGENERATE", "BackendInfo", "Section", "field_readers", "installed_backends",
-           "readers_of", "reference_markdown", "render_type", "sections"]
+__all__ = [
+    "OUTPUT_PATH",
+    "READERS",
+    "REGENERATE",
+    "BackendInfo",
+    "Section",
+    "field_readers",
+    "installed_backends",
+    "readers_of",
+    "reference_markdown",
+    "render_type",
+    "sections",
+]

@@ -103,8 +103,14 @@ class ResolvedConfig:
     teacher: ResolvedPolicy | None = None  # on-policy distillation's frozen teacher
 
 
-def resolve_policy(config: PolicyConfig | Mapping[str, Any], *, world_size: int, use_gpu: bool,
-                   registry: Registry | None = None, auto_packing: bool = False) -> ResolvedPolicy:
+def resolve_policy(
+    config: PolicyConfig | Mapping[str, Any],
+    *,
+    world_size: int,
+    use_gpu: bool,
+    registry: Registry | None = None,
+    auto_packing: bool = False,
+) -> ResolvedPolicy:
     """A policy config (the model, or the seed's plain dict) resolved for ``world_size`` ranks.
 
     A dict is validated with the cross-field rules, as a file would be. ``auto_packing``: a run packs
@@ -124,8 +130,9 @@ def resolve_policy(config: PolicyConfig | Mapping[str, Any], *, world_size: int,
     packing = config.sequence_packing.enabled
     if packing is None:
         packing = auto_packing and spec.supports(Capability.SEQUENCE_PACKING) and not config.dynamic_batching.enabled
-        config = config.model_copy(update={"sequence_packing": config.sequence_packing.model_copy(
-            update={"enabled": packing})})
+        config = config.model_copy(
+            update={"sequence_packing": config.sequence_packing.model_copy(update={"enabled": packing})}
+        )
     request = LayoutRequest(config, section, world_size, use_gpu)
     layout = backends.layout_of(spec, request)
     batch = BatchPlan.of(config, world_size // layout.model_parallel_size, packing)
@@ -147,8 +154,9 @@ def resolve(cfg: RLCoreConfig, *, run: bool = False, registry: Registry | None =
     if gen is not None:
         problems += backends.other_sections(gen, "policy.generation", registry, gen.backend)
     try:
-        policy = resolve_policy(cfg.policy, world_size=cfg.world_size, use_gpu=cfg.cluster.use_gpu,
-                                registry=registry, auto_packing=run)
+        policy = resolve_policy(
+            cfg.policy, world_size=cfg.world_size, use_gpu=cfg.cluster.use_gpu, registry=registry, auto_packing=run
+        )
     except ConfigError as exc:
         raise ConfigError(problems + exc.problems) from None
     generation = None
@@ -163,8 +171,12 @@ def resolve(cfg: RLCoreConfig, *, run: bool = False, registry: Registry | None =
         problems += env_problems
     if algorithm is not None and not problems:
         decided = algorithm.resolve(cfg, policy, generation, registry, notices)
-        cfg, problems, async_generation, teacher = (decided.config, decided.problems, decided.async_generation,
-                                                    decided.teacher)
+        cfg, problems, async_generation, teacher = (
+            decided.config,
+            decided.problems,
+            decided.async_generation,
+            decided.teacher,
+        )
     if problems:
         raise ConfigError(problems)
     cfg = cfg.model_copy(update={"policy": policy.config})
@@ -197,8 +209,9 @@ def _run_defaults(cfg: RLCoreConfig, registry: Registry, notices: list[str]) -> 
         if fallback is None:
             return cfg  # nothing to fall back to: resolution reports the original problem
         notices.append(f"notice: {exc}; falling back to {fallback} for training and generation")
-    policy = cfg.policy.model_copy(update={"backend": fallback,
-                                           "generation": gen.model_copy(update={"backend": fallback})})
+    policy = cfg.policy.model_copy(
+        update={"backend": fallback, "generation": gen.model_copy(update={"backend": fallback})}
+    )
     return cfg.model_copy(update={"policy": policy})
 
 
@@ -207,11 +220,15 @@ def _resolve_generation(policy: ResolvedPolicy, registry: Registry) -> tuple[Res
     separate = gen.backend != policy.config.training_backend
     if not separate:
         if not policy.spec.supports(Capability.GENERATE):
-            return None, [f"policy.generation.backend: training backend '{gen.backend}' cannot generate; use a "
-                          "generation backend such as 'vllm'"]
+            return None, [
+                f"policy.generation.backend: training backend '{gen.backend}' cannot generate; use a "
+                "generation backend such as 'vllm'"
+            ]
         if gen.verify_refit:
-            return None, ["policy.generation.verify_refit: is true, but the training backend generates itself and "
-                          "no refit happens; remove it, or set policy.generation.backend to an engine (e.g. vllm)"]
+            return None, [
+                "policy.generation.verify_refit: is true, but the training backend generates itself and "
+                "no refit happens; remove it, or set policy.generation.backend to an engine (e.g. vllm)"
+            ]
         return ResolvedGeneration(gen, policy.spec, None, False, False, False, False), []
     spec, problems = backends.select(registry, gen.backend, "generation", "policy.generation.backend")
     if spec is None:
@@ -222,23 +239,33 @@ def _resolve_generation(policy: ResolvedPolicy, registry: Registry) -> tuple[Res
         return None, exc.problems
     verifiable = spec.supports(Capability.VERIFIED_REFIT)
     if gen.verify_refit and not verifiable:
-        return None, [f"policy.generation.verify_refit: is true, but generation backend '{spec.name}' does not "
-                      "declare the verified_refit capability (rlcore backends list shows it); set it to null or "
-                      "false, or use a backend that declares it (e.g. vllm)"]
+        return None, [
+            f"policy.generation.verify_refit: is true, but generation backend '{spec.name}' does not "
+            "declare the verified_refit capability (rlcore backends list shows it); set it to null or "
+            "false, or use a backend that declares it (e.g. vllm)"
+        ]
     lora = policy.config.lora
     return ResolvedGeneration(
-        gen, spec, section, separate=True, colocated=gen.colocated.enabled,
+        gen,
+        spec,
+        section,
+        separate=True,
+        colocated=gen.colocated.enabled,
         adapter_refit=lora.enabled and lora.refit == "adapter",
         partial_refit=spec.supports(Capability.PARTIAL_REFIT),
-        verify_refit=verifiable if gen.verify_refit is None else gen.verify_refit), []
+        verify_refit=verifiable if gen.verify_refit is None else gen.verify_refit,
+    ), []
 
 
 def _resolve_environment(cfg: RLCoreConfig, registry: Registry) -> tuple[ResolvedEnvironment | None, list[str]]:
     spec, problems = backends.select(registry, cfg.env.name, "environment", "env.name")
     if spec is None:
         return None, problems
-    others = [f"env.{key}: the environment is '{spec.name}', which reads env.{spec.name}_cfg; remove it"
-              for key in cfg.env.backend_sections if key != f"{spec.name}_cfg"]
+    others = [
+        f"env.{key}: the environment is '{spec.name}', which reads env.{spec.name}_cfg; remove it"
+        for key in cfg.env.backend_sections
+        if key != f"{spec.name}_cfg"
+    ]
     if spec.config_class is None and cfg.env.backend_sections.get(f"{spec.name}_cfg"):
         others.append(f"env.{spec.name}_cfg: the '{spec.name}' environment takes no settings; remove them")
     try:
@@ -260,8 +287,11 @@ def model_dropout(model_dir: str) -> dict[str, float]:
     """The dropout probabilities above 0 in a Hugging Face ``config.json`` (``attention_dropout``, ...)."""
     path = Path(model_dir) / "config.json"
     config = json.loads(path.read_text()) if path.is_file() else {}
-    return {key: value for key, value in config.items()
-            if ("dropout" in key or "pdrop" in key) and isinstance(value, (int, float)) and value > 0}
+    return {
+        key: value
+        for key, value in config.items()
+        if ("dropout" in key or "pdrop" in key) and isinstance(value, (int, float)) and value > 0
+    }
 
 
 def skips_prev_logprob_pass(cfg: RLCoreConfig, policy: PolicyConfig | None = None) -> bool:

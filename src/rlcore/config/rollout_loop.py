@@ -19,19 +19,27 @@ class RolloutLoopConfig(StrictModel):
     max_num_steps: PositiveInt = Field(20, description="Training steps (each: generate, score, train).")
     seed: int = Field(0, description="Seed of prompt sampling and generation.")
     max_rollout_turns: PositiveInt = Field(
-        1, description="Turns per rollout: generate, let the environment answer (its observation is appended), "
+        1,
+        description="Turns per rollout: generate, let the environment answer (its observation is appended), "
         "generate again, until the environment says done, this many turns, or policy.max_total_sequence_length. "
-        "1 = a single completion. Only generated tokens are trained.")
+        "1 = a single completion. Only generated tokens are trained.",
+    )
     max_num_epochs: PositiveInt | None = Field(
-        None, description="Passes over the training data (data.train.path); the run ends at whichever of this and "
-        "max_num_steps comes first. None = only max_num_steps bounds it.")
-    val_period: NonNegativeInt = Field(0, description="Validate every N steps (after the step trains): greedy "
-                                       "completions of the validation samples, scored by the environment; 0 = "
-                                       "never periodically.")
+        None,
+        description="Passes over the training data (data.train.path); the run ends at whichever of this and "
+        "max_num_steps comes first. None = only max_num_steps bounds it.",
+    )
+    val_period: NonNegativeInt = Field(
+        0,
+        description="Validate every N steps (after the step trains): greedy "
+        "completions of the validation samples, scored by the environment; 0 = "
+        "never periodically.",
+    )
     val_at_start: bool = Field(False, description="Validate the initial weights before the first step.")
     val_at_end: bool = Field(False, description="Validate after the last step (once, if val_period already did).")
-    max_val_samples: PositiveInt | None = Field(None, description="Validate on the first N samples of "
-                                                "data.validation; None = all of them.")
+    max_val_samples: PositiveInt | None = Field(
+        None, description="Validate on the first N samples of data.validation; None = all of them."
+    )
     val_batch_size: PositiveInt = Field(32, description="Prompts generated per validation batch.")
 
     @property
@@ -42,6 +50,11 @@ class RolloutLoopConfig(StrictModel):
     def draw_settings(self, name: str, cfg: Any) -> dict[str, Any]:
         """How the run draws its samples (:class:`rlcore.datasets.sources.DrawSettings`); ``name``: the section's
         key, for messages."""
-        return {"batch_size": self.prompts_per_generation_batch, "size_setting": f"{name}.num_prompts_per_step",
-                "seed": self.seed, "max_epochs": self.max_num_epochs, "epochs_setting": f"{name}.max_num_epochs",
-                "max_val_samples": self.max_val_samples}
+        return {
+            "batch_size": self.prompts_per_generation_batch,
+            "size_setting": f"{name}.num_prompts_per_step",
+            "seed": self.seed,
+            "max_epochs": self.max_num_epochs,
+            "epochs_setting": f"{name}.max_num_epochs",
+            "max_val_samples": self.max_val_samples,
+        }

@@ -18,15 +18,13 @@ from pydantic_core import InitErrorDetails
 from rlcore.config.base import SectionsModel, StrictModel
 from rlcore.config.cluster import ClusterConfig
 from rlcore.config.data import DataConfig, DatasetConfig, EnvConfig, legacy_task_sections
-from rlcore.config.grpo import CheckpointingConfig, GRPOConfig, LoggerConfig
-from rlcore.config.generation import ColocationConfig, ColocationResources, GenerationConfig
 from rlcore.config.distillation import DistillationConfig
 from rlcore.config.dpo import DPOConfig
 from rlcore.config.errors import ConfigError
-from rlcore.config.messages import problems_from_validation_error, show_value
+from rlcore.config.generation import ColocationConfig, ColocationResources, GenerationConfig
+from rlcore.config.grpo import CheckpointingConfig, GRPOConfig, LoggerConfig
 from rlcore.config.loss import ClippedPGLossConfig
-from rlcore.config.sft import SFTConfig
-from rlcore.config.unknown_keys import unknown_keys
+from rlcore.config.messages import problems_from_validation_error, show_value
 from rlcore.config.policy import (
     DynamicBatchingConfig,
     PolicyConfig,
@@ -37,6 +35,8 @@ from rlcore.config.policy import (
     SinglePytorchSchedulerConfig,
     TokenizerConfig,
 )
+from rlcore.config.sft import SFTConfig
+from rlcore.config.unknown_keys import unknown_keys
 
 
 class RLCoreConfig(StrictModel):
@@ -50,8 +50,10 @@ class RLCoreConfig(StrictModel):
     cluster: ClusterConfig = Field(default_factory=ClusterConfig, description="Workers and the Ray cluster.")
     policy: PolicyConfig = Field(default_factory=PolicyConfig, description="The policy and its training backend.")
     loss: ClippedPGLossConfig = Field(default_factory=ClippedPGLossConfig, description="The policy-gradient loss.")
-    data: DataConfig = Field(default_factory=DataConfig, description="The samples: train and validation splits, "
-                             "and how a row becomes a prompt.")
+    data: DataConfig = Field(
+        default_factory=DataConfig,
+        description="The samples: train and validation splits, and how a row becomes a prompt.",
+    )
     env: EnvConfig = Field(default_factory=EnvConfig, description="The environment that scores completions.")
     logger: LoggerConfig = Field(default_factory=LoggerConfig, description="Metrics, plots and progress output.")
     checkpointing: CheckpointingConfig = Field(default_factory=CheckpointingConfig, description="Checkpoints.")
@@ -99,9 +101,13 @@ class RLCoreConfig(StrictModel):
         data = handler(self)
         if isinstance(data, dict):
             for name, section in self._sections.items():
-                data[name] = section.model_dump(mode=info.mode, exclude_unset=info.exclude_unset,
-                                                exclude_defaults=info.exclude_defaults, exclude_none=info.exclude_none,
-                                                by_alias=info.by_alias)
+                data[name] = section.model_dump(
+                    mode=info.mode,
+                    exclude_unset=info.exclude_unset,
+                    exclude_defaults=info.exclude_defaults,
+                    exclude_none=info.exclude_none,
+                    by_alias=info.by_alias,
+                )
         return data
 
     def __getattr__(self, name: str) -> Any:
@@ -160,11 +166,19 @@ def default_algorithm() -> str:
     """The algorithm a config without an algorithm section trains: the one whose spec says ``default``."""
     defaults = sorted(name for name, spec in registered_algorithms().items() if spec.default)
     if not defaults:
-        raise ConfigError(["(top level): no installed algorithm is the default; add an algorithm section (e.g. grpo) "
-                           "or reinstall rlcore"])
+        raise ConfigError(
+            [
+                "(top level): no installed algorithm is the default; add an algorithm section (e.g. grpo) "
+                "or reinstall rlcore"
+            ]
+        )
     if len(defaults) > 1:  # two plugins claim it: choosing one by name would be a silent guess
-        raise ConfigError([f"(top level): the installed algorithms {', '.join(defaults)} each say they are the "
-                           "default; add the section of the one to train"])
+        raise ConfigError(
+            [
+                f"(top level): the installed algorithms {', '.join(defaults)} each say they are the "
+                "default; add the section of the one to train"
+            ]
+        )
     return defaults[0]
 
 
@@ -219,8 +233,10 @@ def config_json_schema() -> dict[str, Any]:
             continue
         section = spec.load_config_class().model_json_schema(mode="validation", ref_template="#/$defs/{model}")
         schema.setdefault("$defs", {}).update(section.pop("$defs", {}))
-        schema["properties"][name] = {"anyOf": [section, {"type": "null"}],
-                                      "description": spec.description or f"The {name} algorithm's section."}
+        schema["properties"][name] = {
+            "anyOf": [section, {"type": "null"}],
+            "description": spec.description or f"The {name} algorithm's section.",
+        }
     return schema
 
 

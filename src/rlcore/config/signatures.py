@@ -171,8 +171,11 @@ def _signature(module: str, cls: ast.ClassDef, depth: int) -> InitSignature | No
             return InitSignature(f"{module}.{cls.name}", tuple(names), posonly, a.kwarg is not None)
     if any(isinstance(d, (ast.Name, ast.Attribute, ast.Call)) for d in cls.decorator_list):
         return None  # e.g. a dataclass: the __init__ is generated
-    real_bases = [b for b in cls.bases if not (isinstance(b, ast.Name) and b.id in ("object", "Generic"))
-                  and not isinstance(b, ast.Subscript)]
+    real_bases = [
+        b
+        for b in cls.bases
+        if not (isinstance(b, ast.Name) and b.id in ("object", "Generic")) and not isinstance(b, ast.Subscript)
+    ]
     if not real_bases:
         return InitSignature(f"{module}.{cls.name}", (), frozenset(), False)
     ref = _base_ref(module, real_bases[0])

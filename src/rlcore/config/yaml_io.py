@@ -28,7 +28,8 @@ class ConfigLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
                 continue
             if key_node.value in seen:
                 raise yaml.constructor.ConstructorError(
-                    None, None,
+                    None,
+                    None,
                     f"duplicate key '{key_node.value}' (first set on line {seen[key_node.value] + 1})",
                     key_node.start_mark,
                 )

@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import sys
 from collections import UserDict
-from typing import TYPE_CHECKING, Any, Generic, Iterator, Mapping, Sequence, TypeVar
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from rlcore.data.step_plans import check_step_split, plan_args, plan_shards
 
@@ -121,8 +122,9 @@ class BatchedDataDict(UserDict, Generic[T]):
             raise ValueError(f"inconsistent batch sizes across keys: {sizes}")
         return next(iter(sizes.values()), 0)
 
-    def _new(self, data: dict[str, Any], keep_meta: bool = False,
-              rows: Sequence[int] | None = None) -> "BatchedDataDict[T]":
+    def _new(
+        self, data: dict[str, Any], keep_meta: bool = False, rows: Sequence[int] | None = None
+    ) -> BatchedDataDict[T]:
         """A dict of ``data``; with ``keep_meta`` all metadata, else the group size only if ``rows`` (the
         selected row numbers) are whole groups."""
         out: BatchedDataDict[T] = type(self)(data)
@@ -135,11 +137,11 @@ class BatchedDataDict(UserDict, Generic[T]):
             out.micro_batch_lengths = self.micro_batch_lengths
         return out
 
-    def copy(self) -> "BatchedDataDict[T]":
+    def copy(self) -> BatchedDataDict[T]:
         """Shallow copy: new dict and metadata, same tensor objects."""
         return self._new(dict(self.data), keep_meta=True)
 
-    def to(self, device: "str | torch.device") -> "BatchedDataDict[T]":
+    def to(self, device: str | torch.device) -> BatchedDataDict[T]:
         """In place, as in NeMo-RL: every tensor moved to ``device`` (lists unchanged); returns ``self``."""
         for key, value in self.data.items():
             if _is_tensor(value):
@@ -149,7 +151,7 @@ class BatchedDataDict(UserDict, Generic[T]):
     @classmethod
     def from_batches(
         cls, batches: Sequence[dict[str, Any]], pad_value_dict: dict[str, int] | None = None
-    ) -> "BatchedDataDict[Any]":
+    ) -> BatchedDataDict[Any]:
         """Concatenate batches along dim 0.
 
         Tensors (dim >= 2) whose dim 1 differ are right-padded to the longest
@@ -194,7 +196,7 @@ class BatchedDataDict(UserDict, Generic[T]):
         shard_results: Sequence[dict[str, Any]],
         sorted_indices: Sequence[int] | None = None,
         pad_value_dict: dict[str, int] | None = None,
-    ) -> "BatchedDataDict[Any]":
+    ) -> BatchedDataDict[Any]:
         """Concatenate per-shard results and put rows back in the caller's order.
 
         ``sorted_indices`` is the second value :meth:`shard_by_batch_size`
@@ -208,14 +210,14 @@ class BatchedDataDict(UserDict, Generic[T]):
         return out
 
     # ------------------------------------------------------------- row access
-    def slice(self, start: int, end: int) -> "BatchedDataDict[T]":
+    def slice(self, start: int, end: int) -> BatchedDataDict[T]:
         """Rows ``start:end`` (tensor views, list copies)."""
         out = self._new({k: v[start:end] for k, v in self.data.items()}, rows=range(self.size)[start:end])
         if self.sample_indices is not None:
             out.sample_indices = self.sample_indices[start:end]
         return out
 
-    def select_indices(self, indices: "Sequence[int] | torch.Tensor") -> "BatchedDataDict[T]":
+    def select_indices(self, indices: Sequence[int] | torch.Tensor) -> BatchedDataDict[T]:
         """Rows ``indices`` in that order (repeats allowed)."""
         idx = _index_list(indices)
         data: dict[str, Any] = {}
@@ -231,7 +233,7 @@ class BatchedDataDict(UserDict, Generic[T]):
             out.sample_indices = [self.sample_indices[i] for i in idx]
         return out
 
-    def reorder_data(self, indices: "Sequence[int] | torch.Tensor") -> None:
+    def reorder_data(self, indices: Sequence[int] | torch.Tensor) -> None:
         """In place: the old row ``j`` moves to position ``indices[j]``; returns None.
 
         NeMo-RL's meaning, so ``reorder_data(sorted_indices)`` undoes
@@ -248,7 +250,7 @@ class BatchedDataDict(UserDict, Generic[T]):
         self.micro_batch_indices = None
         self.micro_batch_lengths = None
 
-    def repeat_interleave(self, n: int) -> "BatchedDataDict[T]":
+    def repeat_interleave(self, n: int) -> BatchedDataDict[T]:
         """Each sample repeated ``n`` times consecutively (a,a,b,b for n=2).
 
         List items (a message log, a dict of metadata) are deep copies, as in NeMo-RL: a rollout that
@@ -264,7 +266,7 @@ class BatchedDataDict(UserDict, Generic[T]):
                 out.data[key] = [copy.deepcopy(item) for item in value]
         return out
 
-    def chunk(self, n: int) -> "list[BatchedDataDict[T]]":
+    def chunk(self, n: int) -> list[BatchedDataDict[T]]:
         """``n`` contiguous chunks whose sizes differ by at most one."""
         if n < 1:
             raise ValueError(f"chunk needs n >= 1, got {n}")
@@ -284,7 +286,7 @@ class BatchedDataDict(UserDict, Generic[T]):
         dynamic_batching_args: dict[str, Any] | None = None,
         sequence_packing_args: dict[str, Any] | None = None,
         group_size: int | None = None,
-    ) -> "list[BatchedDataDict[T]] | tuple[list[BatchedDataDict[T]], list[int]]":
+    ) -> list[BatchedDataDict[T]] | tuple[list[BatchedDataDict[T]], list[int]]:
         """Split into ``shards`` data-parallel shards, step by step.
 
         The batch is cut into consecutive global batches of ``batch_size``
@@ -340,8 +342,14 @@ class BatchedDataDict(UserDict, Generic[T]):
         """
         # The plan (rows per shard, micro-batch ranges and lengths) is made in rlcore.data.step_plans.
         total = self.size
-        bs, g = check_step_split(total, batch_size, shards, self.group_size if group_size is None else group_size,
-                                 dynamic_batching_args, sequence_packing_args)
+        bs, g = check_step_split(
+            total,
+            batch_size,
+            shards,
+            self.group_size if group_size is None else group_size,
+            dynamic_batching_args,
+            sequence_packing_args,
+        )
         args = plan_args(dynamic_batching_args, sequence_packing_args)
         lengths = None if args is None else _index_list(self.data[args["input_lengths_key"]])
         seq = None if args is None else self.data.get(args["input_key"])
@@ -368,7 +376,7 @@ class BatchedDataDict(UserDict, Generic[T]):
         """Number of optimizer steps recorded by sharding (None in plain mode)."""
         return None if self.micro_batch_indices is None else len(self.micro_batch_indices)
 
-    def get_batch(self, batch_idx: int, batch_size: int | None = None) -> "BatchedDataDict[T]":
+    def get_batch(self, batch_idx: int, batch_size: int | None = None) -> BatchedDataDict[T]:
         """Rows of optimizer step ``batch_idx`` of this shard.
 
         With micro-batch metadata (dynamic batching / packing) the step's rows
@@ -389,7 +397,7 @@ class BatchedDataDict(UserDict, Generic[T]):
         out.micro_batch_lengths = [list(self.micro_batch_lengths[batch_idx])]
         return out
 
-    def make_microbatch_iterator(self, microbatch_size: int) -> "Iterator[BatchedDataDict[T]]":
+    def make_microbatch_iterator(self, microbatch_size: int) -> Iterator[BatchedDataDict[T]]:
         """Consecutive slices of ``microbatch_size`` rows (the last may be shorter).
 
         With groups (``group_size`` > 1) the size must be a multiple of the group size, so that every
@@ -428,7 +436,7 @@ class BatchedDataDict(UserDict, Generic[T]):
                     )
                 yield a, b, n
 
-    def make_microbatch_iterator_with_dynamic_shapes(self) -> "Iterator[BatchedDataDict[T]]":
+    def make_microbatch_iterator_with_dynamic_shapes(self) -> Iterator[BatchedDataDict[T]]:
         """Dynamic-batching micro-batches, over all steps of this dict in order.
 
         Each yielded micro-batch has its sequence tensors (every tensor whose
@@ -442,7 +450,7 @@ class BatchedDataDict(UserDict, Generic[T]):
     def get_microbatch_iterator_dynamic_shapes_len(self) -> int:
         return sum(1 for _ in self._planned("dynamic batching"))
 
-    def make_microbatch_iterator_for_packable_sequences(self) -> "Iterator[BatchedDataDict[T]]":
+    def make_microbatch_iterator_for_packable_sequences(self) -> Iterator[BatchedDataDict[T]]:
         """Packing micro-batches (one per bin), over all steps in order.
 
         Each micro-batch is still right-padded ``[b, s]`` (cut to its longest
@@ -464,7 +472,7 @@ class BatchedDataDict(UserDict, Generic[T]):
         v = self.data.get(self.seq_key)
         return int(v.shape[1]) if _is_tensor(v) and v.dim() >= 2 else None
 
-    def _fit_seq_dim(self, width: int | None, length: int) -> "BatchedDataDict[T]":
+    def _fit_seq_dim(self, width: int | None, length: int) -> BatchedDataDict[T]:
         """Cut or zero-pad dim 1 of the sequence tensors from ``width`` to ``length``."""
         if width is None or length == width:
             return self
@@ -474,7 +482,7 @@ class BatchedDataDict(UserDict, Generic[T]):
         return self
 
 
-def _fit_dim1(t: "torch.Tensor", length: int, pad_value: Any) -> "torch.Tensor":
+def _fit_dim1(t: torch.Tensor, length: int, pad_value: Any) -> torch.Tensor:
     if t.shape[1] >= length:
         return t[:, :length]
     pad = t.new_full((t.shape[0], length - t.shape[1]) + tuple(t.shape[2:]), pad_value)

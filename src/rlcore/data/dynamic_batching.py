@@ -14,8 +14,8 @@ therefore plans all shards together. Pure Python, no torch.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 
 def round_up(n: int, multiple: int, at_most: int | None = None) -> int:

@@ -16,8 +16,9 @@ torch is imported inside the tensor functions only.
 from __future__ import annotations
 
 import bisect
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, Sequence
+from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
     import torch
@@ -340,10 +341,10 @@ class PackedSequences:
     - ``seq_len``: ``S`` of the ``[B, S]`` micro-batch it came from.
     """
 
-    input_ids: "torch.Tensor"
-    position_ids: "torch.Tensor"
-    cu_seqlens: "torch.Tensor"
-    input_lengths: "torch.Tensor"
+    input_ids: torch.Tensor
+    position_ids: torch.Tensor
+    cu_seqlens: torch.Tensor
+    input_lengths: torch.Tensor
     max_seqlen: int
     seq_len: int
 
@@ -351,16 +352,12 @@ class PackedSequences:
     def batch_size(self) -> int:
         return int(self.input_lengths.shape[0])
 
-    def unpack(self, packed: "torch.Tensor") -> "torch.Tensor":
+    def unpack(self, packed: torch.Tensor) -> torch.Tensor:
         """Scatter a per-token result ``[1, T, ...]`` back to ``[B, S, ...]``."""
-        return unpack_tokens(
-            packed, self.cu_seqlens, self.batch_size, self.seq_len, self.input_lengths
-        )
+        return unpack_tokens(packed, self.cu_seqlens, self.batch_size, self.seq_len, self.input_lengths)
 
 
-def pack_microbatch(
-    input_ids: "torch.Tensor", input_lengths: "torch.Tensor", pad_to_multiple: int = 1
-) -> PackedSequences:
+def pack_microbatch(input_ids: torch.Tensor, input_lengths: torch.Tensor, pad_to_multiple: int = 1) -> PackedSequences:
     """Pack a right-padded ``[B, S]`` micro-batch into one ``[1, T]`` row.
 
     ``pad_to_multiple`` pads every sequence (with token 0) to a multiple of it,
@@ -401,12 +398,12 @@ def pack_microbatch(
 
 
 def unpack_tokens(
-    packed: "torch.Tensor",
-    cu_seqlens: "torch.Tensor",
+    packed: torch.Tensor,
+    cu_seqlens: torch.Tensor,
     batch_size: int,
     seq_len: int,
-    input_lengths: "torch.Tensor | None" = None,
-) -> "torch.Tensor":
+    input_lengths: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Inverse of :func:`pack_microbatch` for any per-token tensor.
 
     ``packed`` is ``[1, T, ...]`` or ``[T, ...]``; returns ``[B, S, ...]``
@@ -434,7 +431,7 @@ def unpack_tokens(
     return out
 
 
-def packed_next_token_logprobs(logits: "torch.Tensor", packed: PackedSequences) -> "torch.Tensor":
+def packed_next_token_logprobs(logits: torch.Tensor, packed: PackedSequences) -> torch.Tensor:
     """Token logprobs of a packed forward, in the contract's ``[B, S]`` layout.
 
     ``logits`` is ``[1, T, V]`` or ``[T, V]`` from a forward over
@@ -456,6 +453,4 @@ def packed_next_token_logprobs(logits: "torch.Tensor", packed: PackedSequences) 
         out[1:] = logp.gather(-1, ids[1:, None].to(logits.device)).squeeze(-1)
     # Sequence starts have no in-sequence context: 0 by contract.
     out = torch.where(packed.position_ids.reshape(-1).to(out.device) == 0, 0.0, out)
-    return unpack_tokens(
-        out, packed.cu_seqlens, packed.batch_size, packed.seq_len, packed.input_lengths
-    )
+    return unpack_tokens(out, packed.cu_seqlens, packed.batch_size, packed.seq_len, packed.input_lengths)

@@ -103,8 +103,10 @@ def _check_args(name: str, args: dict, allowed: set[str]) -> dict:
     if "sequence_length_pad_multiple" in out:  # NeMo-RL's name for it in sequence_packing_args
         multiple = out.pop("sequence_length_pad_multiple")
         if "sequence_length_round" in args and args["sequence_length_round"] != multiple:
-            raise ValueError(f"{name}: sequence_length_round={args['sequence_length_round']} and "
-                             f"sequence_length_pad_multiple={multiple} name the same setting; give one")
+            raise ValueError(
+                f"{name}: sequence_length_round={args['sequence_length_round']} and "
+                f"sequence_length_pad_multiple={multiple} name the same setting; give one"
+            )
         out["sequence_length_round"] = multiple
     return out
 
@@ -174,9 +176,7 @@ def plan_dynamic_step(
                 + f", more than max_tokens_per_microbatch={budget}"
             )
     dealt = balanced_assignment(unit_lens, shards)
-    plans = plan_dynamic_microbatches(
-        [[unit_lens[u] for u in d] for d in dealt], budget // g, rnd, max_length=width
-    )
+    plans = plan_dynamic_microbatches([[unit_lens[u] for u in d] for d in dealt], budget // g, rnd, max_length=width)
     return [
         ([[i for j in mb for i in units[d[j]]] for mb in p.micro_batches], p.padded_lengths)
         for d, p in zip(dealt, plans)
@@ -198,19 +198,18 @@ def plan_packed_step(
     for unit, n in zip(units, unit_lens):
         if n > cap:
             raw = sum(lengths[i] for i in unit)
-            what = f"sample {unit[0]} has length" if len(unit) == 1 else \
-                f"group of samples {unit} (kept together) has total length"
+            what = (
+                f"sample {unit[0]} has length"
+                if len(unit) == 1
+                else f"group of samples {unit} (kept together) has total length"
+            )
             raise ValueError(
                 f"{what} {raw}"
                 + (f" (rounded to {n})" if n != raw else "")
                 + f", longer than the packing capacity max_tokens_per_microbatch={cap}"
             )
-    bins = pack_sequences(
-        unit_lens, cap, args["algorithm"], min_bin_count=shards, bin_count_multiple=shards
-    )
+    bins = pack_sequences(unit_lens, cap, args["algorithm"], min_bin_count=shards, bin_count_multiple=shards)
     loads = [sum(unit_lens[u] for u in b) for b in bins]
     # Deal bins heaviest first in snake order so the shards' token totals match.
     dealt = balanced_assignment(loads, shards)
-    return [
-        ([[i for u in bins[b] for i in units[u]] for b in d], [loads[b] for b in d]) for d in dealt
-    ]
+    return [([[i for u in bins[b] for i in units[u]] for b in d], [loads[b] for b in d]) for d in dealt]

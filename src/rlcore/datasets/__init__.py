@@ -5,4 +5,13 @@ from rlcore.datasets.files import DataError, read_rows
 from rlcore.datasets.samples import Sample, SampleBuilder
 from rlcore.datasets.sources import DataExhausted, DatasetSource, GeneratorSource, load_sources
 
-__all__ = ["DataError", "DataExhausted", "DatasetSource", "GeneratorSource", "Sample", "SampleBuilder", "load_sources", "read_rows"]
+__all__ = [
+    "DataError",
+    "DataExhausted",
+    "DatasetSource",
+    "GeneratorSource",
+    "Sample",
+    "SampleBuilder",
+    "load_sources",
+    "read_rows",
+]

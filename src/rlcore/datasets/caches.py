@@ -9,7 +9,8 @@ import os
 def hf_home() -> str:
     """HF_HOME, else the default ``~/.cache/huggingface`` (XDG_CACHE_HOME honoured)."""
     return os.environ.get("HF_HOME") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "huggingface")
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "huggingface"
+    )
 
 
 def hub_cache_dir() -> str:

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import csv
 import json
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 
 class DataError(ValueError):
@@ -29,8 +30,10 @@ def read_rows(path: str | Path, split: str | None = None) -> Sequence[dict[str, 
     else:
         suffix = path.suffix.lower()
         if suffix not in (*_TEXT_READERS, ".parquet"):
-            raise DataError(f"{path}: unknown format '{path.suffix}'; use .jsonl, .json, .parquet, .csv or a "
-                            "directory written by datasets' save_to_disk")
+            raise DataError(
+                f"{path}: unknown format '{path.suffix}'; use .jsonl, .json, .parquet, .csv or a "
+                "directory written by datasets' save_to_disk"
+            )
         if split is not None and suffix != ".json":
             raise DataError(f"{path}: split '{split}' given, but a {path.suffix} file holds one split")
         rows = _read_parquet(path) if suffix == ".parquet" else _read_text_file(path, split)
@@ -54,8 +57,9 @@ def _lines(path: Path) -> Iterator[tuple[int, str]]:
             try:
                 yield number, raw.decode("utf-8")
             except UnicodeDecodeError as exc:
-                raise DataError(f"{path}: line {number}: not UTF-8 (byte {offset + exc.start}); re-encode the file "
-                                "as UTF-8") from None
+                raise DataError(
+                    f"{path}: line {number}: not UTF-8 (byte {offset + exc.start}); re-encode the file as UTF-8"
+                ) from None
             offset += len(raw)
 
 
@@ -132,8 +136,12 @@ def _read_text_file(path: Path, split: str | None) -> Sequence[dict[str, Any]]:
     from rlcore.datasets.caches import datasets_cache_dir
 
     st = path.stat()
-    kwargs = {"path": str(path.absolute()), "reader": path.suffix.lower(), "split": split,
-              "stamp": (st.st_size, st.st_mtime_ns)}
+    kwargs = {
+        "path": str(path.absolute()),
+        "reader": path.suffix.lower(),
+        "split": split,
+        "stamp": (st.st_size, st.st_mtime_ns),
+    }
     try:
         table = datasets.Dataset.from_generator(_row_texts, gen_kwargs=kwargs, cache_dir=datasets_cache_dir())
     except datasets.exceptions.DatasetGenerationError as exc:
@@ -167,8 +175,10 @@ def _read_parquet(path: Path) -> Any:
 def _read_datasets_dir(path: Path, split: str | None) -> Any:
     """A ``save_to_disk`` directory (a DatasetDict or one Dataset), with ``datasets.load_from_disk``."""
     if not (path / "dataset_dict.json").is_file() and not (path / "state.json").is_file():
-        raise DataError(f"{path}: a directory, but not one written by datasets' save_to_disk (no state.json or "
-                        "dataset_dict.json); give the data file itself")
+        raise DataError(
+            f"{path}: a directory, but not one written by datasets' save_to_disk (no state.json or "
+            "dataset_dict.json); give the data file itself"
+        )
     datasets = _datasets(path)
     try:
         loaded = datasets.load_from_disk(str(path))

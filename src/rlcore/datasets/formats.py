@@ -18,7 +18,8 @@ OpenAssistant's trees (one tree, many conversations) are not a row format: :mod:
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from rlcore.datasets.files import DataError
 
@@ -29,8 +30,13 @@ def squad(row: Row) -> Row:
     answers = row["answers"]["text"]
     if not answers:
         raise ValueError("'answers.text' is empty")
-    return {"messages": [{"role": "system", "content": row["context"]}, {"role": "user", "content": row["question"]},
-                         {"role": "assistant", "content": answers[0]}]}
+    return {
+        "messages": [
+            {"role": "system", "content": row["context"]},
+            {"role": "user", "content": row["question"]},
+            {"role": "assistant", "content": answers[0]},
+        ]
+    }
 
 
 def gsm8k(row: Row) -> Row:
@@ -39,8 +45,10 @@ def gsm8k(row: Row) -> Row:
 
 
 def _ranked(chosen: str, rejected: str) -> list[Row]:
-    return [{"rank": rank, "completion": [{"role": "assistant", "content": text}]}
-            for rank, text in enumerate((chosen, rejected))]
+    return [
+        {"rank": rank, "completion": [{"role": "assistant", "content": text}]}
+        for rank, text in enumerate((chosen, rejected))
+    ]
 
 
 def helpsteer3(row: Row) -> Row:
@@ -62,8 +70,12 @@ def tulu3_preference(row: Row) -> Row:
 
 
 #: The row formats, by the name ``data.<split>.format`` gives.
-FORMATS: dict[str, Callable[[Row], Row]] = {"squad": squad, "gsm8k": gsm8k, "helpsteer3": helpsteer3,
-                                            "tulu3_preference": tulu3_preference}
+FORMATS: dict[str, Callable[[Row], Row]] = {
+    "squad": squad,
+    "gsm8k": gsm8k,
+    "helpsteer3": helpsteer3,
+    "tulu3_preference": tulu3_preference,
+}
 
 
 class FormattedRows(Sequence[Row]):
@@ -82,5 +94,7 @@ class FormattedRows(Sequence[Row]):
             return self.fn(dict(self.rows[i]))
         except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
             what = f"no column {exc}" if isinstance(exc, KeyError) else str(exc)
-            raise DataError(f"{self.where}: row {i + 1}: not a {self.name} row ({what}); the format expects the "
-                            f"columns of the dataset it is named after (docs/datasets.md)") from None
+            raise DataError(
+                f"{self.where}: row {i + 1}: not a {self.name} row ({what}); the format expects the "
+                f"columns of the dataset it is named after (docs/datasets.md)"
+            ) from None

@@ -33,8 +33,9 @@ def cached_snapshot(hub_id: str, revision: str | None = None) -> str | None:
     from huggingface_hub import snapshot_download
 
     try:
-        return snapshot_download(hub_id, repo_type="dataset", revision=revision, local_files_only=True,
-                                 cache_dir=hub_cache_dir())
+        return snapshot_download(
+            hub_id, repo_type="dataset", revision=revision, local_files_only=True, cache_dir=hub_cache_dir()
+        )
     except Exception:  # noqa: BLE001 - not cached, or a name the hub would refuse: either way no local copy
         return None
 
@@ -51,9 +52,11 @@ def missing_offline(hub_id: str, revision: str | None = None) -> bool:
 
 def missing_line(key: str, hub_id: str, revision: str | None = None) -> str:
     """The one line for a hub dataset that is not cached on an offline machine; ``key``: its setting."""
-    return (f"{key}: {hub_id} is not in the hub cache and the hub is off (HF_HUB_OFFLINE / HF_DATASETS_OFFLINE); "
-            f"download it where the hub is reachable: {download_command(hub_id, revision)} (then copy HF_HOME "
-            f"here), or give a local copy of the rows as the path")
+    return (
+        f"{key}: {hub_id} is not in the hub cache and the hub is off (HF_HUB_OFFLINE / HF_DATASETS_OFFLINE); "
+        f"download it where the hub is reachable: {download_command(hub_id, revision)} (then copy HF_HOME "
+        f"here), or give a local copy of the rows as the path"
+    )
 
 
 def read_hub_rows(cfg: Any, key: str = "data.train.hub_id") -> Any:
@@ -62,8 +65,9 @@ def read_hub_rows(cfg: Any, key: str = "data.train.hub_id") -> Any:
     try:
         import datasets
     except ImportError:
-        raise DataError(f"{key}: loading a hub dataset needs Hugging Face datasets: pip install 'rlcore[data]'") \
-            from None
+        raise DataError(
+            f"{key}: loading a hub dataset needs Hugging Face datasets: pip install 'rlcore[data]'"
+        ) from None
     datasets.disable_progress_bars()
     datasets.logging.set_verbosity_error()
     split = cfg.split or "train"
@@ -75,8 +79,16 @@ def read_hub_rows(cfg: Any, key: str = "data.train.hub_id") -> Any:
         elif not _datasets_cache_holds(cfg.hub_id):
             raise DataError(missing_line(key, cfg.hub_id, cfg.revision))
     try:
-        return datasets.load_dataset(source, name=cfg.subset, split=split, revision=revision,
-                                     data_files=cfg.data_files, cache_dir=datasets_cache_dir())
+        return datasets.load_dataset(
+            source,
+            name=cfg.subset,
+            split=split,
+            revision=revision,
+            data_files=cfg.data_files,
+            cache_dir=datasets_cache_dir(),
+        )
     except Exception as exc:  # noqa: BLE001 - datasets' many error types, reported as one line
-        raise DataError(f"{key}: datasets.load_dataset({cfg.hub_id!r}, name={cfg.subset!r}, split={split!r}) "
-                        f"failed: {' '.join(str(exc).split())[:300]}") from None
+        raise DataError(
+            f"{key}: datasets.load_dataset({cfg.hub_id!r}, name={cfg.subset!r}, split={split!r}) "
+            f"failed: {' '.join(str(exc).split())[:300]}"
+        ) from None

@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import gzip
 import json
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from rlcore.datasets.files import DataError
 
 TREES_FILE = "2023-04-12_oasst_all.trees.jsonl.gz"
 #: NeMo-RL's system prompt of every OpenAssistant conversation.
-SYSTEM_PROMPT = ("A chat between a curious user and an artificial intelligence assistant. The assistant gives "
-                 "helpful, detailed, and polite answers to the user's questions.\n\n")
+SYSTEM_PROMPT = (
+    "A chat between a curious user and an artificial intelligence assistant. The assistant gives "
+    "helpful, detailed, and polite answers to the user's questions.\n\n"
+)
 _ROLES = {"prompter": "user", "assistant": "assistant"}
 
 
@@ -57,13 +60,18 @@ def read_oasst_rows(cfg: Any, key: str = "data.train.hub_id") -> Any:
     if cfg.path is not None:  # a local copy of the trees file
         return _conversations_dataset(str(cfg.path), f"{key.rpartition('.')[0]}.path")
     try:
-        path = hf_hub_download(cfg.hub_id, files, repo_type="dataset", revision=cfg.revision,
-                               local_files_only=offline(), cache_dir=hub_cache_dir())
+        path = hf_hub_download(
+            cfg.hub_id,
+            files,
+            repo_type="dataset",
+            revision=cfg.revision,
+            local_files_only=offline(),
+            cache_dir=hub_cache_dir(),
+        )
     except Exception as exc:  # noqa: BLE001 - not cached offline, or the hub refused: one line either way
         if offline():
             raise DataError(missing_line(key, cfg.hub_id, cfg.revision)) from None
-        raise DataError(f"{key}: cannot download {files} of {cfg.hub_id}: {' '.join(str(exc).split())[:300]}") \
-            from None
+        raise DataError(f"{key}: cannot download {files} of {cfg.hub_id}: {' '.join(str(exc).split())[:300]}") from None
     return _conversations_dataset(path, key)
 
 
@@ -74,8 +82,9 @@ def _conversations_dataset(path: str, key: str) -> Any:
 
     datasets.disable_progress_bars()
     try:
-        return datasets.Dataset.from_generator(tree_conversations, gen_kwargs={"path": path, "stamp": _stamp(path)},
-                                               cache_dir=datasets_cache_dir())
+        return datasets.Dataset.from_generator(
+            tree_conversations, gen_kwargs={"path": path, "stamp": _stamp(path)}, cache_dir=datasets_cache_dir()
+        )
     except Exception as exc:  # noqa: BLE001
         raise DataError(f"{key}: {path}: not OpenAssistant trees ({' '.join(str(exc).split())[:300]})") from None
 

@@ -75,8 +75,10 @@ class SampleBuilder:
             messages = self._messages(log, where)
         else:
             if (prompt := _field(row, cfg.input_key)) is _MISSING:
-                raise DataError(f"{where}: no field '{cfg.input_key}' (data.input_key); the row has "
-                                f"{', '.join(map(str, row)) or 'no fields'}")
+                raise DataError(
+                    f"{where}: no field '{cfg.input_key}' (data.input_key); the row has "
+                    f"{', '.join(map(str, row)) or 'no fields'}"
+                )
             messages = [{"role": "user", "content": self._prompt(row, prompt, where)}]
         if self.system is not None and messages[0]["role"] != "system":
             messages = [{"role": "system", "content": self.system}, *messages]
@@ -95,22 +97,29 @@ class SampleBuilder:
             return string.Formatter().vformat(self.template, (value,), {**row, "input": value})
         except IndexError:  # a second '{}' (or '{1}'): the prompt fills only the first
             count = _positional_fields(self.template)
-            raise DataError(f"data.{setting}: has {count} '{{}}' fields, but a prompt fills only the first (with the "
-                            f"row's '{self.cfg.input_key}'); write literal braces as '{{{{}}}}'") from None
+            raise DataError(
+                f"data.{setting}: has {count} '{{}}' fields, but a prompt fills only the first (with the "
+                f"row's '{self.cfg.input_key}'); write literal braces as '{{{{}}}}'"
+            ) from None
         except KeyError as exc:
-            raise DataError(f"{where}: data.{setting} names {exc}, which the row does not have (it has "
-                            f"{', '.join(map(str, row))}); write a literal brace as '{{{{' or '}}}}'") from None
+            raise DataError(
+                f"{where}: data.{setting} names {exc}, which the row does not have (it has "
+                f"{', '.join(map(str, row))}); write a literal brace as '{{{{' or '}}}}'"
+            ) from None
         except ValueError as exc:
-            raise DataError(f"data.{setting}: not a format string ({exc}); write literal braces as "
-                            f"'{{{{' and '}}}}'") from None
+            raise DataError(
+                f"data.{setting}: not a format string ({exc}); write literal braces as '{{{{' and '}}}}'"
+            ) from None
 
     def _messages(self, value: Any, where: str) -> list[Message]:
         key = self.cfg.messages_key
         if not isinstance(value, list) or not value:
             raise DataError(f"{where}: field '{key}' must be a non-empty list of {{role, content}} messages")
         for i, message in enumerate(value):
-            if not (isinstance(message, dict) and isinstance(message.get("content"), str)
-                    and message.get("role") in _ROLES):
-                raise DataError(f"{where}: field '{key}' message {i + 1} needs a role ({', '.join(_ROLES)}) and "
-                                "text content")
+            if not (
+                isinstance(message, dict) and isinstance(message.get("content"), str) and message.get("role") in _ROLES
+            ):
+                raise DataError(
+                    f"{where}: field '{key}' message {i + 1} needs a role ({', '.join(_ROLES)}) and text content"
+                )
         return [{"role": m["role"], "content": m["content"]} for m in value]

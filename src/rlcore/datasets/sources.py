@@ -13,8 +13,9 @@ batch is the data position a checkpoint records.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
 from rlcore.datasets.files import DataError, read_rows
 from rlcore.datasets.samples import Sample, SampleBuilder
@@ -27,15 +28,26 @@ class DataExhausted(Exception):
 class DatasetSource:
     """Fixed samples in batches of ``batch_size``, reshuffled every epoch when ``shuffle``."""
 
-    def __init__(self, samples: Sequence[Sample], batch_size: int, *, seed: int = 0, shuffle: bool = True,
-                 max_epochs: int | None = None, name: str = "data.train",
-                 size_setting: str = "grpo.num_prompts_per_step", epochs_setting: str = "grpo.max_num_epochs") -> None:
+    def __init__(
+        self,
+        samples: Sequence[Sample],
+        batch_size: int,
+        *,
+        seed: int = 0,
+        shuffle: bool = True,
+        max_epochs: int | None = None,
+        name: str = "data.train",
+        size_setting: str = "grpo.num_prompts_per_step",
+        epochs_setting: str = "grpo.max_num_epochs",
+    ) -> None:
         self.samples, self.batch_size, self.seed, self.shuffle = samples, batch_size, seed, shuffle
         self.max_epochs, self.epochs_setting = max_epochs, epochs_setting
         self.batches_per_epoch = len(samples) // batch_size
         if self.batches_per_epoch == 0:
-            raise DataError(f"{name}: {len(samples)} samples, fewer than one batch's {batch_size} "
-                            f"({size_setting}): add samples or lower it")
+            raise DataError(
+                f"{name}: {len(samples)} samples, fewer than one batch's {batch_size} "
+                f"({size_setting}): add samples or lower it"
+            )
         self._orders: dict[int, list[int]] = {}
 
     @property
@@ -52,11 +64,13 @@ class DatasetSource:
 
     def batch(self, k: int) -> list[Sample]:
         if self.total_batches is not None and k >= self.total_batches:
-            raise DataExhausted(f"{self.epochs_setting}={self.max_epochs}: the {self.total_batches} batches of "
-                                f"{self.batch_size} samples it allows are used up")
+            raise DataExhausted(
+                f"{self.epochs_setting}={self.max_epochs}: the {self.total_batches} batches of "
+                f"{self.batch_size} samples it allows are used up"
+            )
         epoch, j = divmod(k, self.batches_per_epoch)
         order = self._order(epoch)
-        return [self.samples[i] for i in order[j * self.batch_size:(j + 1) * self.batch_size]]
+        return [self.samples[i] for i in order[j * self.batch_size : (j + 1) * self.batch_size]]
 
     def _order(self, epoch: int) -> list[int]:
         if epoch not in self._orders:
@@ -73,8 +87,16 @@ class GeneratorSource:
     total_batches = None
     num_samples = None  # made up per batch: no fixed set
 
-    def __init__(self, fn: Callable[..., list[Any]], kwargs: dict[str, Any], builder: SampleBuilder, batch_size: int,
-                 *, seed: int = 0, name: str = "data.train.generator") -> None:
+    def __init__(
+        self,
+        fn: Callable[..., list[Any]],
+        kwargs: dict[str, Any],
+        builder: SampleBuilder,
+        batch_size: int,
+        *,
+        seed: int = 0,
+        name: str = "data.train.generator",
+    ) -> None:
         self.fn, self.kwargs, self.builder = fn, kwargs, builder
         self.batch_size, self.seed, self.name = batch_size, seed, name
 
@@ -86,8 +108,14 @@ class GeneratorSource:
         if len(items) != self.batch_size:
             raise DataError(f"{self.name}: returned {len(items)} prompts for step {k}, asked for {self.batch_size}")
         key = self.builder.cfg.input_key
-        return [self.builder.sample(item if isinstance(item, dict) else {key: item}, k * self.batch_size + j,
-                                    f"{self.name}: step {k} item {j + 1}") for j, item in enumerate(items)]
+        return [
+            self.builder.sample(
+                item if isinstance(item, dict) else {key: item},
+                k * self.batch_size + j,
+                f"{self.name}: step {k} item {j + 1}",
+            )
+            for j, item in enumerate(items)
+        ]
 
 
 @dataclass
@@ -115,7 +143,7 @@ class DrawSettings:
     max_val_samples: int | None
 
     @classmethod
-    def of(cls, cfg: Any) -> "DrawSettings":
+    def of(cls, cfg: Any) -> DrawSettings:
         """The settings the run's algorithm section declares (its ``draw_settings``)."""
         return cls(**cfg.algorithm_section.draw_settings(cfg.algorithm, cfg))
 
@@ -130,9 +158,14 @@ class RowSamples(Sequence[Sample]):
     """The samples of a dataset's rows, each made (and checked) when it is read: the rows stay where they are (a
     memory-mapped ``datasets.Dataset``), never copied into a Python list. ``indices``: the rows this holds."""
 
-    def __init__(self, rows: Sequence[dict[str, Any]], builder: SampleBuilder, where: str,
-                 indices: Sequence[int] | None = None,
-                 check: Callable[[Sample, str], None] | None = None) -> None:
+    def __init__(
+        self,
+        rows: Sequence[dict[str, Any]],
+        builder: SampleBuilder,
+        where: str,
+        indices: Sequence[int] | None = None,
+        check: Callable[[Sample, str], None] | None = None,
+    ) -> None:
         self.rows, self.builder, self.where, self.check = rows, builder, where, check
         self.indices = range(len(rows)) if indices is None else indices
 
@@ -151,7 +184,7 @@ class RowSamples(Sequence[Sample]):
     def __iter__(self) -> Iterator[Sample]:
         return (self[i] for i in range(len(self)))
 
-    def subset(self, positions: Sequence[int]) -> "RowSamples":
+    def subset(self, positions: Sequence[int]) -> RowSamples:
         """The samples at ``positions`` (of this sequence), in that order."""
         return RowSamples(self.rows, self.builder, self.where, [self.indices[i] for i in positions], self.check)
 
@@ -207,24 +240,33 @@ def load_sources(cfg: Any, prompt_length: Callable[[Sample], int] | None = None)
         except (ImportError, AttributeError, ValueError) as exc:
             raise DataError(f"data.train.generator: cannot import {data.train.generator}: {exc}") from None
         train: DatasetSource | GeneratorSource = GeneratorSource(
-            fn, data.train.generator_kwargs, builder, draw.batch_size, seed=draw.seed)
+            fn, data.train.generator_kwargs, builder, draw.batch_size, seed=draw.seed
+        )
         # made up per step: the first step's prompts stand for the others (a multi-turn game's, say)
         checked: list[tuple[str, Sequence[Sample]]] = (
-            [(f"{train.name} ({data.train.generator}): step 0 item", train.batch(0))] if prompt_length else [])
+            [(f"{train.name} ({data.train.generator}): step 0 item", train.batch(0))] if prompt_length else []
+        )
     else:
         samples = read_samples(data.train, builder)
         if data.split_validation_size:
             samples, held_out = split_off(samples, data.split_validation_size, draw.seed)
-        train = DatasetSource(samples, draw.batch_size, seed=draw.seed, shuffle=data.shuffle,
-                              max_epochs=draw.max_epochs, name=f"data.train ({data.train.source})",
-                              size_setting=draw.size_setting, epochs_setting=draw.epochs_setting)
+        train = DatasetSource(
+            samples,
+            draw.batch_size,
+            seed=draw.seed,
+            shuffle=data.shuffle,
+            max_epochs=draw.max_epochs,
+            name=f"data.train ({data.train.source})",
+            size_setting=draw.size_setting,
+            epochs_setting=draw.epochs_setting,
+        )
         checked = [(f"{data.train.source}: row", samples.spread(ROWS_CHECKED_AT_START))]
     validation = None
     if data.validation is not None:
-        validation = read_samples(data.validation, builder, "data.validation")[:draw.max_val_samples]
+        validation = read_samples(data.validation, builder, "data.validation")[: draw.max_val_samples]
         checked.append((f"{data.validation.source}: row", validation.spread(ROWS_CHECKED_AT_START)))
     elif held_out is not None:
-        validation = held_out[:draw.max_val_samples]
+        validation = held_out[: draw.max_val_samples]
         checked.append((f"{data.train.source}: row", validation.spread(ROWS_CHECKED_AT_START)))
     if check is not None:
         for where, some in checked:
@@ -240,7 +282,10 @@ def load_sources(cfg: Any, prompt_length: Callable[[Sample], int] | None = None)
 def _length_check(prompt_length: Callable[[Sample], int], limit: int) -> Callable[[Sample, str], None]:
     def check(sample: Sample, where: str) -> None:
         if (n := prompt_length(sample)) >= limit:
-            raise DataError(f"{where} {sample.idx + 1}: the prompt is {n} tokens, which leaves no room "
-                            f"for a completion within policy.max_total_sequence_length={limit}: shorten "
-                            f"or drop the {where.rpartition(' ')[2]}, or raise the limit")
+            raise DataError(
+                f"{where} {sample.idx + 1}: the prompt is {n} tokens, which leaves no room "
+                f"for a completion within policy.max_total_sequence_length={limit}: shorten "
+                f"or drop the {where.rpartition(' ')[2]}, or raise the limit"
+            )
+
     return check

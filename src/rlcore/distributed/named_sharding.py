@@ -26,7 +26,7 @@ class NamedSharding:
                 raise ValueError(f"{axis} size must be >= 1, got {getattr(self, axis)}")
 
     @classmethod
-    def for_world(cls, world_size: int, *, tp: int = 1, cp: int = 1, pp: int = 1) -> "NamedSharding":
+    def for_world(cls, world_size: int, *, tp: int = 1, cp: int = 1, pp: int = 1) -> NamedSharding:
         """The layout with the given model-parallel sizes; dp takes the rest."""
         model_parallel = tp * cp * pp
         if world_size % model_parallel:

@@ -5,7 +5,10 @@ import warnings
 
 from rlcore.training.process_group import init_distributed, tcp_store
 
-warnings.warn("rlcore.distributed.process_group moved to rlcore.training.process_group; this alias goes in "
-              "rlcore 0.3", DeprecationWarning, stacklevel=2)
+warnings.warn(
+    "rlcore.distributed.process_group moved to rlcore.training.process_group; this alias goes in rlcore 0.3",
+    DeprecationWarning,
+    stacklevel=2,
+)
 
 __all__ = ["init_distributed", "tcp_store"]

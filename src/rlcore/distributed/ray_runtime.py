@@ -65,8 +65,11 @@ def _start_private(ray: Any, num_cpus: int | None, num_gpus: int | None, log_to_
     from rlcore.distributed.reaper import SESSION_ENV  # not at module level: ``-m reaper`` imports this package
 
     temp_dir = tempfile.mkdtemp(prefix=f"rlray-{os.getpid()}-", dir=_TEMP_ROOT)
-    reaper = subprocess.Popen([sys.executable, "-m", "rlcore.distributed.reaper", temp_dir, str(os.getpid())],
-                              stdin=subprocess.PIPE, start_new_session=True)
+    reaper = subprocess.Popen(
+        [sys.executable, "-m", "rlcore.distributed.reaper", temp_dir, str(os.getpid())],
+        stdin=subprocess.PIPE,
+        start_new_session=True,
+    )
     _PRIVATE.update(temp_dir=temp_dir, reaper=reaper)
     previous = {name: os.environ.get(name) for name in (SESSION_ENV, "TMPDIR")}
     tempfile.gettempdir()  # the driver's own temp dir stays where it is (tempfile remembers it)

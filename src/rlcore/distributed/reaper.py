@@ -33,9 +33,11 @@ def session_pids(temp_dir: str, driver: int) -> list[int]:
     started without the driver's environment but keep their log files there.
     """
     marker = f"{SESSION_ENV}={temp_dir}".encode()
-    return [int(entry.name) for entry in Path("/proc").iterdir()
-            if entry.name.isdigit() and int(entry.name) not in (os.getpid(), driver)
-            and _belongs(entry, marker, temp_dir)]
+    return [
+        int(entry.name)
+        for entry in Path("/proc").iterdir()
+        if entry.name.isdigit() and int(entry.name) not in (os.getpid(), driver) and _belongs(entry, marker, temp_dir)
+    ]
 
 
 def _belongs(proc: Path, marker: bytes, temp_dir: str) -> bool:

@@ -18,7 +18,7 @@ import contextlib
 import os
 import signal
 import threading
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 SIGNAL_AT_ENV = "RLCORE_TEST_SIGNAL_AT"
 #: Where :func:`signal_self_at` is called during ``rlcore run``'s start-up, in order.
@@ -44,8 +44,9 @@ def deferred_signals(cleanup: Callable[[], None] | None = None) -> Iterator[None
         yield
         return
     received: list[int] = []
-    previous = {signum: signal.signal(signum, lambda signum, _frame: received.append(signum))
-                for signum in _STOP_SIGNALS}
+    previous = {
+        signum: signal.signal(signum, lambda signum, _frame: received.append(signum)) for signum in _STOP_SIGNALS
+    }
     try:
         yield
     finally:

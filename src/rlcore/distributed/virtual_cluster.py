@@ -194,9 +194,9 @@ class RayVirtualCluster:
         import ray
 
         probe = ray.remote(num_cpus=0)(_probe_bundle)
-        results = ray.get([
-            probe.options(scheduling_strategy=self.scheduling_strategy(i)).remote() for i in range(self.world_size)
-        ])
+        results = ray.get(
+            [probe.options(scheduling_strategy=self.scheduling_strategy(i)).remote() for i in range(self.world_size)]
+        )
         node_ips = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}
         per_node: dict[str, int] = {}  # by node id: several nodes may share an address (one machine)
         infos = []

@@ -22,18 +22,19 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence, Union
+from typing import Any
 
 from rlcore.distributed.named_sharding import NamedSharding
-from rlcore.distributed.worker_host import WORKER_LOG_DIR_ENV
 from rlcore.distributed.virtual_cluster import RayVirtualCluster
+from rlcore.distributed.worker_host import WORKER_LOG_DIR_ENV
 
 #: Seconds a worker group waits for its workers' own ``shutdown`` before killing them.
 SHUTDOWN_GRACE_S = 10.0
 
 #: A worker method: its name, or the Protocol method it implements (the name is what crosses to the worker).
-Method = Union[str, Callable[..., Any]]
+Method = str | Callable[..., Any]
 
 
 def method_name(method: Method) -> str:
@@ -120,8 +121,11 @@ class RayWorkerGroup:
                 "MASTER_ADDR": master_addr,
                 "MASTER_PORT": str(master_port),
                 # A CPU cluster's workers must not pick up a GPU the host happens to have.
-                **({} if cluster.use_gpus else {"RLCORE_CPU_THREADS": "1", "OMP_NUM_THREADS": "1",
-                                                "CUDA_VISIBLE_DEVICES": ""}),
+                **(
+                    {}
+                    if cluster.use_gpus
+                    else {"RLCORE_CPU_THREADS": "1", "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+                ),
                 **(extra_env or {}),
             }
             name = f"{name_prefix}-rank{rank}"
@@ -145,8 +149,10 @@ class RayWorkerGroup:
     # -- dispatch -------------------------------------------------------------
     def _call(self, rank: int, method: Method, *args: Any, **kwargs: Any) -> Any:
         if self._failure is not None:
-            raise WorkerError(f"worker group '{self.name_prefix}' is unusable after an earlier failure: "
-                              f"{self._failure}", self._failure.rank)
+            raise WorkerError(
+                f"worker group '{self.name_prefix}' is unusable after an earlier failure: {self._failure}",
+                self._failure.rank,
+            )
         if not self.workers:
             raise WorkerError(f"worker group '{self.name_prefix}' has been shut down")
         return self.workers[rank].call.remote(method_name(method), *args, **kwargs)
@@ -196,8 +202,9 @@ class RayWorkerGroup:
                 raise self._fail(self._root_cause(error, exc, pending, watched)) from exc
         return [results[r] for r in (calls.output_ranks if calls.output_ranks is not None else calls.ranks)]
 
-    def _root_cause(self, error: WorkerError, exc: BaseException, pending: list[Any],
-                    watched: dict[Any, int]) -> WorkerError:
+    def _root_cause(
+        self, error: WorkerError, exc: BaseException, pending: list[Any], watched: dict[Any, int]
+    ) -> WorkerError:
         """When a rank raised (e.g. a collective's 'connection reset'), check whether a peer died first.
 
         A rank killed mid-collective makes its peers fail within milliseconds; the dead rank is the
@@ -227,8 +234,9 @@ class RayWorkerGroup:
             lines = [ln.strip() for ln in str(getattr(exc, "error_msg", exc)).splitlines()]
             cause = next((ln for ln in reversed(lines) if re.match(r"^[\w.]+(Error|Exception|Exit)\b", ln)), lines[0])
             where = next((ln for ln in reversed(lines) if ln.startswith("File ")), "")
-            return WorkerError(f"worker {name} (rank {rank}) failed to start: {cause}"
-                               + (f" [{where}]" if where else ""), rank)
+            return WorkerError(
+                f"worker {name} (rank {rank}) failed to start: {cause}" + (f" [{where}]" if where else ""), rank
+            )
         if isinstance(exc, ray.exceptions.RayTaskError):
             return WorkerError(f"worker {name} (rank {rank}) raised {_task_error(exc)}", rank)
         if isinstance(exc, ray.exceptions.OutOfMemoryError):
@@ -236,8 +244,9 @@ class RayWorkerGroup:
         if isinstance(exc, ray.exceptions.RayActorError):
             reason = str(exc).strip().splitlines()
             summary = next((ln for ln in reason if "died" in ln or "exit" in ln.lower()), reason[0] if reason else "")
-            return WorkerError(f"worker {name} (rank {rank}) died on node {self.worker_nodes[rank]}: "
-                               f"{summary.strip()}", rank)
+            return WorkerError(
+                f"worker {name} (rank {rank}) died on node {self.worker_nodes[rank]}: {summary.strip()}", rank
+            )
         return WorkerError(f"worker {name} (rank {rank}) failed: {type(exc).__name__}: {exc}", rank)
 
     def _fail(self, error: WorkerError) -> WorkerError:

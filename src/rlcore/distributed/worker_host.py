@@ -22,8 +22,15 @@ WORKER_LOG_DIR_ENV = "RLCORE_WORKER_LOG_DIR"
 class WorkerHost:
     """Sets the rank's environment, then builds and serves the backend worker."""
 
-    def __init__(self, worker_class: str, env: dict[str, str], args: tuple, kwargs: dict[str, Any],
-                 offered: dict[str, Any] | None = None, capabilities: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        worker_class: str,
+        env: dict[str, str],
+        args: tuple,
+        kwargs: dict[str, Any],
+        offered: dict[str, Any] | None = None,
+        capabilities: tuple[str, ...] = (),
+    ) -> None:
         os.environ.update(env)
         _redirect_output(env.get("RLCORE_WORKER_NAME", f"worker-{os.getpid()}"))
         if env.get("RLCORE_CPU_THREADS"):

@@ -11,12 +11,12 @@ import os
 import re
 import socket
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Callable, Iterable
 
 from rlcore.doctor.result import CheckResult
 
-GIB = 1024 ** 3
+GIB = 1024**3
 #: Below these, Ray's object store (which lives in /dev/shm) and vLLM's buffers run short.
 SHM_MIN_SIZE = 2 * GIB
 SHM_MIN_FREE = 1 * GIB
@@ -27,6 +27,7 @@ _RLRAY_DIR = re.compile(r"rlray-(\d+)-\w+")
 
 # -- Python and rlcore ----------------------------------------------------------
 
+
 def check_python(version: tuple[int, int, int], requires: str | None) -> CheckResult:
     """Whether this interpreter satisfies rlcore's ``requires-python``."""
     shown = ".".join(map(str, version))
@@ -35,15 +36,24 @@ def check_python(version: tuple[int, int, int], requires: str | None) -> CheckRe
         return CheckResult("python", "ok", f"Python {shown}", details=details)
     if version_satisfies(version, requires):
         return CheckResult("python", "ok", f"Python {shown} (rlcore requires {requires})", details=details)
-    return CheckResult("python", "fail", f"Python {shown} does not satisfy rlcore's requires-python {requires}",
-                       f"use a Python {requires} interpreter for the venv", details)
+    return CheckResult(
+        "python",
+        "fail",
+        f"Python {shown} does not satisfy rlcore's requires-python {requires}",
+        f"use a Python {requires} interpreter for the venv",
+        details,
+    )
 
 
 def version_satisfies(version: tuple[int, ...], spec: str) -> bool:
     """``(3, 11, 7)`` against ``">=3.10,<4"``: the comparisons requires-python uses (PEP 440, numbers only)."""
     ops: dict[str, Callable[[tuple[int, ...], tuple[int, ...]], bool]] = {
-        ">=": lambda a, b: a >= b, "<=": lambda a, b: a <= b, ">": lambda a, b: a > b,
-        "<": lambda a, b: a < b, "!=": lambda a, b: a != b, "==": lambda a, b: a == b,
+        ">=": lambda a, b: a >= b,
+        "<=": lambda a, b: a <= b,
+        ">": lambda a, b: a > b,
+        "<": lambda a, b: a < b,
+        "!=": lambda a, b: a != b,
+        "==": lambda a, b: a == b,
     }
     for clause in filter(None, (c.strip() for c in spec.split(","))):
         match = re.fullmatch(r"(>=|<=|!=|==|>|<)\s*(\d+(?:\.\d+)*)(\.\*)?", clause)
@@ -51,7 +61,7 @@ def version_satisfies(version: tuple[int, ...], spec: str) -> bool:
             continue  # ~= and other rare forms: not judged
         op, bound = match.group(1), tuple(int(p) for p in match.group(2).split("."))
         if match.group(3):  # "==3.11.*": a prefix match
-            mine = tuple(version[:len(bound)])
+            mine = tuple(version[: len(bound)])
         else:
             width = max(len(bound), len(version))
             bound, mine = bound + (0,) * (width - len(bound)), tuple(version) + (0,) * (width - len(version))
@@ -64,12 +74,18 @@ def check_rlcore(version: str | None, path: str) -> CheckResult:
     """rlcore's own version; without installed metadata no plugin entry point is found."""
     details = {"version": version, "path": path}
     if version is None:
-        return CheckResult("rlcore", "warn", f"rlcore at {path} is not installed: no plugin is discovered",
-                           "pip install -e .  (in the rlcore checkout)", details)
+        return CheckResult(
+            "rlcore",
+            "warn",
+            f"rlcore at {path} is not installed: no plugin is discovered",
+            "pip install -e .  (in the rlcore checkout)",
+            details,
+        )
     return CheckResult("rlcore", "ok", f"rlcore {version} at {path}", details=details)
 
 
 # -- CPU flags (vLLM on CPU) ------------------------------------------------------
+
 
 def cpu_flags(cpuinfo: str) -> set[str]:
     """The ``flags`` of the first CPU in a ``/proc/cpuinfo`` text (empty when there is none)."""
@@ -90,14 +106,20 @@ def check_cpu(cpuinfo: str, gpus: int = 0, amx_permission: bool | None = None) -
     wanted = ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16")
     details: dict[str, object] = {"flags": [f for f in wanted if f in flags], "amx_permission": amx_permission}
     if not flags:
-        return CheckResult("cpu", "skip", "no x86 flags in /proc/cpuinfo: vLLM CPU prerequisites not checked",
-                           details=details)
+        return CheckResult(
+            "cpu", "skip", "no x86 flags in /proc/cpuinfo: vLLM CPU prerequisites not checked", details=details
+        )
     float32 = "keep policy.precision and policy.generation.vllm_cfg.precision at float32 (the defaults)"
     amx = "amx_bf16" in flags and "amx_tile" in flags
     if amx and amx_permission is False and not gpus:
         details["bf16"] = None
-        return CheckResult("cpu", "warn", "AMX CPU but the kernel refuses AMX permission: bf16 dies with SIGILL",
-                           f"{float32}, or use a Linux kernel >= 5.16", details)
+        return CheckResult(
+            "cpu",
+            "warn",
+            "AMX CPU but the kernel refuses AMX permission: bf16 dies with SIGILL",
+            f"{float32}, or use a Linux kernel >= 5.16",
+            details,
+        )
     if amx:
         bf16, message = "amx", "AMX + AVX-512: native bf16 (rl-vllm requests AMX permission per engine process)"
     elif "avx512_bf16" in flags:
@@ -108,12 +130,18 @@ def check_cpu(cpuinfo: str, gpus: int = 0, amx_permission: bool | None = None) -
         bf16, message = None, "AVX2 only: vLLM uses its AVX2 kernels, no native bf16 (slow or unsupported)"
     else:
         details["bf16"] = None
-        return CheckResult("cpu", "warn", "no AVX2: vLLM's CPU kernels cannot run here",
-                           "generate with fsdp1 (policy.generation.backend=fsdp1) or on a GPU", details)
+        return CheckResult(
+            "cpu",
+            "warn",
+            "no AVX2: vLLM's CPU kernels cannot run here",
+            "generate with fsdp1 (policy.generation.backend=fsdp1) or on a GPU",
+            details,
+        )
     details["bf16"] = bf16
     if bf16 is not None or gpus:
-        return CheckResult("cpu", "ok", message + (f"; {gpus} GPU(s) do the heavy work" if gpus else ""),
-                           details=details)
+        return CheckResult(
+            "cpu", "ok", message + (f"; {gpus} GPU(s) do the heavy work" if gpus else ""), details=details
+        )
     return CheckResult("cpu", "warn", message, float32, details)
 
 
@@ -126,16 +154,27 @@ def read_cpuinfo(path: str = "/proc/cpuinfo") -> str:
 
 # -- shared memory ------------------------------------------------------------------
 
+
 def check_shm(path: str, size: int | None, free: int | None) -> CheckResult:
     """Size and free space of the shared-memory mount Ray's object store and vLLM use."""
     details = {"path": path, "size_bytes": size, "free_bytes": free}
     if size is None or free is None:
-        return CheckResult("shm", "warn", f"{path} is missing: Ray falls back to a slower disk-backed store",
-                           "mount a tmpfs on /dev/shm (docker: --shm-size=8g)", details)
+        return CheckResult(
+            "shm",
+            "warn",
+            f"{path} is missing: Ray falls back to a slower disk-backed store",
+            "mount a tmpfs on /dev/shm (docker: --shm-size=8g)",
+            details,
+        )
     message = f"{path} {size / GIB:.1f} GiB, {free / GIB:.1f} GiB free"
     if size < SHM_MIN_SIZE or free < SHM_MIN_FREE:
-        return CheckResult("shm", "warn", f"{message}: Ray's object store and vLLM want GBs",
-                           f"sudo mount -o remount,size=8G {path}  (docker: --shm-size=8g)", details)
+        return CheckResult(
+            "shm",
+            "warn",
+            f"{message}: Ray's object store and vLLM want GBs",
+            f"sudo mount -o remount,size=8G {path}  (docker: --shm-size=8g)",
+            details,
+        )
     return CheckResult("shm", "ok", message, details=details)
 
 
@@ -150,8 +189,14 @@ def read_shm(path: str = "/dev/shm") -> tuple[int | None, int | None]:
 
 # -- leftovers of earlier runs --------------------------------------------------------
 
-def check_leftovers(shm_names: Iterable[str], mapped: set[str], temp_dirs: Iterable[str],
-                    alive: Callable[[int], bool], shm_dir: str = "/dev/shm") -> CheckResult:
+
+def check_leftovers(
+    shm_names: Iterable[str],
+    mapped: set[str],
+    temp_dirs: Iterable[str],
+    alive: Callable[[int], bool],
+    shm_dir: str = "/dev/shm",
+) -> CheckResult:
     """``psm_*`` segments no live process maps, and ``rlray-<pid>-*`` dirs whose driver is dead.
 
     ``shm_names`` are names in ``shm_dir``; ``mapped`` the ones some live
@@ -161,8 +206,9 @@ def check_leftovers(shm_names: Iterable[str], mapped: set[str], temp_dirs: Itera
     dirs = sorted(d for d in temp_dirs if (m := _RLRAY_DIR.fullmatch(Path(d).name)) and not alive(int(m.group(1))))
     details = {"shm": segments, "temp_dirs": dirs}
     if not segments and not dirs:
-        return CheckResult("leftovers", "ok", "no orphaned shared-memory segments or private-Ray temp dirs",
-                           details=details)
+        return CheckResult(
+            "leftovers", "ok", "no orphaned shared-memory segments or private-Ray temp dirs", details=details
+        )
     parts, commands = [], []
     if segments:
         parts.append(f"{len(segments)} orphaned psm_* segment(s)")
@@ -170,8 +216,9 @@ def check_leftovers(shm_names: Iterable[str], mapped: set[str], temp_dirs: Itera
     if dirs:
         parts.append(f"{len(dirs)} private-Ray temp dir(s) of dead drivers")
         commands.append(f"rm -rf {' '.join(dirs)}")
-    return CheckResult("leftovers", "warn", " and ".join(parts) + " (memory and disk held by dead runs)",
-                       "; ".join(commands), details)
+    return CheckResult(
+        "leftovers", "warn", " and ".join(parts) + " (memory and disk held by dead runs)", "; ".join(commands), details
+    )
 
 
 def find_shm_segments(shm_dir: str = "/dev/shm", min_age_s: float = 300.0) -> list[str]:
@@ -211,7 +258,7 @@ def find_mapped_shm(shm_dir: str = "/dev/shm", proc: str = "/proc", exclude: Ite
             except OSError:
                 continue
             if target.startswith(prefix):
-                names.add(target[len(prefix):].split(" ")[0])
+                names.add(target[len(prefix) :].split(" ")[0])
     return names
 
 
@@ -235,16 +282,28 @@ def _owned_by(entry: os.DirEntry, uid: int, before: float | None = None) -> bool
 
 # -- loopback ports -----------------------------------------------------------------------
 
+
 def check_ports(loopback_error: str | None, in_use: dict[int, bool]) -> CheckResult:
     """Binding on 127.0.0.1 must work (every private Ray process listens there); Ray's defaults are info."""
-    details = {"loopback_bind": loopback_error is None, "loopback_error": loopback_error,
-               "in_use": {str(port): used for port, used in in_use.items()}}
+    details = {
+        "loopback_bind": loopback_error is None,
+        "loopback_error": loopback_error,
+        "in_use": {str(port): used for port, used in in_use.items()},
+    }
     if loopback_error is not None:
-        return CheckResult("ports", "fail", f"cannot bind a port on 127.0.0.1: {loopback_error}",
-                           "bring up the loopback interface: sudo ip link set lo up", details)
+        return CheckResult(
+            "ports",
+            "fail",
+            f"cannot bind a port on 127.0.0.1: {loopback_error}",
+            "bring up the loopback interface: sudo ip link set lo up",
+            details,
+        )
     taken = [f"{port} ({RAY_PORTS.get(port, 'port')})" for port, used in in_use.items() if used]
-    note = f"; in use: {', '.join(taken)} (fine: rlcore's private Ray picks free ports)" if taken else \
-        f"; {', '.join(map(str, in_use))} free"
+    note = (
+        f"; in use: {', '.join(taken)} (fine: rlcore's private Ray picks free ports)"
+        if taken
+        else f"; {', '.join(map(str, in_use))} free"
+    )
     return CheckResult("ports", "ok", "127.0.0.1 binds" + note, details=details)
 
 

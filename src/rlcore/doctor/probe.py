@@ -89,7 +89,7 @@ def probe_imports(targets: list[str], timeout_s: float = 120.0, python: str = sy
     while pending:
         done, failure = _run_group(pending, timeout_s, python)
         results.update((p.target, p) for p in done)
-        pending = pending[len(done):]
+        pending = pending[len(done) :]
         if failure is not None and not done:  # it was first in a fresh interpreter: a real failure
             results[pending[0]] = ImportProbe(pending[0], False, error=failure)
             pending = pending[1:]
@@ -103,8 +103,15 @@ def probe_import(target: str, timeout_s: float = 120.0, python: str = sys.execut
 def _run_group(targets: list[str], timeout_s: float, python: str) -> tuple[list[ImportProbe], str | None]:
     """The probes of the targets that imported, in order, and the error that stopped the process (if any)."""
     with tempfile.TemporaryFile("w+", errors="replace") as err:
-        proc = subprocess.Popen([python, "-c", _SCRIPT, *targets], stdout=subprocess.PIPE, stderr=err,
-                                stdin=subprocess.DEVNULL, text=True, errors="replace", start_new_session=True)
+        proc = subprocess.Popen(
+            [python, "-c", _SCRIPT, *targets],
+            stdout=subprocess.PIPE,
+            stderr=err,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            errors="replace",
+            start_new_session=True,
+        )
         lines: queue.Queue[str | None] = queue.Queue()
         pump = threading.Thread(target=_pump, args=(proc.stdout, lines), daemon=True)
         pump.start()
@@ -120,8 +127,9 @@ def _run_group(targets: list[str], timeout_s: float, python: str) -> tuple[list[
         return done, failure
 
 
-def _follow(proc: subprocess.Popen, lines: queue.Queue[str | None], targets: list[str],
-            timeout_s: float) -> tuple[list[ImportProbe], str | None]:
+def _follow(
+    proc: subprocess.Popen, lines: queue.Queue[str | None], targets: list[str], timeout_s: float
+) -> tuple[list[ImportProbe], str | None]:
     """Read a probe's marked lines until it exits, fails, or spends ``timeout_s`` on one import."""
     done: list[ImportProbe] = []
     current = targets[0]
@@ -137,7 +145,7 @@ def _follow(proc: subprocess.Popen, lines: queue.Queue[str | None], targets: lis
             return done, None
         if not line.startswith(_MARKER):
             continue
-        msg = json.loads(line[len(_MARKER):])
+        msg = json.loads(line[len(_MARKER) :])
         if "begin" in msg:
             current, deadline = msg["begin"], time.monotonic() + timeout_s
         elif msg["ok"]:

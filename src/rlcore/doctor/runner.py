@@ -5,10 +5,11 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+from collections.abc import Callable
 from functools import partial
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from rlcore.distributed.ray_runtime import pid_alive
 from rlcore.doctor import engines, host
@@ -62,20 +63,43 @@ def run_checks(timeout_s: float = 120.0) -> list[CheckResult]:
         ("python", lambda: host.check_python(tuple(sys.version_info[:3]), _rlcore_meta("Requires-Python"))),
         ("rlcore", lambda: host.check_rlcore(_rlcore_meta("Version"), str(Path(__file__).resolve().parents[1]))),
         ("torch", lambda: engines.check_torch(torch_probe, dists.get("torch"))),
-        ("gpu", lambda: engines.check_gpu(torch_probe, shutil.which("nvidia-smi"),
-                                          os.environ.get("CUDA_VISIBLE_DEVICES"))),
+        (
+            "gpu",
+            lambda: engines.check_gpu(torch_probe, shutil.which("nvidia-smi"), os.environ.get("CUDA_VISIBLE_DEVICES")),
+        ),
         ("torch-packages", lambda: engines.check_torch_packages(dists)),
-        ("cpu", lambda: host.check_cpu(host.read_cpuinfo(), gpus,
-                                       torch_probe.info.get("amx_permission") if torch_probe else None)),
+        (
+            "cpu",
+            lambda: host.check_cpu(
+                host.read_cpuinfo(), gpus, torch_probe.info.get("amx_permission") if torch_probe else None
+            ),
+        ),
         ("ray", lambda: engines.check_ray(probes.get("ray"), os.environ.get("RAY_ADDRESS"))),
-        *((f"import:{m}", partial(engines.check_import, m, probes.get(m))) for m in modules
-          if m not in ("torch", "ray")),
-        *((f"backend:{r.name}", partial(engines.check_backend, r, probes,
-                                        found.get(r.spec.worker_class) if r.spec is not None else None,
-                                        names.count(r.name) > 1)) for r in records),
+        *(
+            (f"import:{m}", partial(engines.check_import, m, probes.get(m)))
+            for m in modules
+            if m not in ("torch", "ray")
+        ),
+        *(
+            (
+                f"backend:{r.name}",
+                partial(
+                    engines.check_backend,
+                    r,
+                    probes,
+                    found.get(r.spec.worker_class) if r.spec is not None else None,
+                    names.count(r.name) > 1,
+                ),
+            )
+            for r in records
+        ),
         ("shm", lambda: host.check_shm("/dev/shm", *host.read_shm("/dev/shm"))),
-        ("leftovers", lambda: host.check_leftovers(host.find_shm_segments(), host.find_mapped_shm(),
-                                                   host.find_rlray_dirs(), pid_alive)),
+        (
+            "leftovers",
+            lambda: host.check_leftovers(
+                host.find_shm_segments(), host.find_mapped_shm(), host.find_rlray_dirs(), pid_alive
+            ),
+        ),
         ("ports", lambda: host.check_ports(host.try_bind(0), host.ports_in_use())),
     ]
     return [_guarded(name, check) for name, check in checks]
@@ -86,8 +110,9 @@ def _guarded(name: str, check: Callable[[], CheckResult]) -> CheckResult:
     try:
         return check()
     except Exception as exc:  # noqa: BLE001
-        return CheckResult(name, "fail", f"the check itself crashed: {type(exc).__name__}: {exc}",
-                           "report this as an rlcore bug")
+        return CheckResult(
+            name, "fail", f"the check itself crashed: {type(exc).__name__}: {exc}", "report this as an rlcore bug"
+        )
 
 
 def _rlcore_meta(field: str) -> str | None:

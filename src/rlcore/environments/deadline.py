@@ -31,7 +31,8 @@ from __future__ import annotations
 
 import signal
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 #: How often the watchdog repeats its interrupt while the call has not returned.
 _REPEAT_S = 1.0

@@ -46,9 +46,12 @@ def failure_of(exc: BaseException) -> SampleFailure:
     """``exc`` as a :class:`SampleFailure`, located at the user's line (:func:`user_frame`)."""
     frames = traceback.extract_tb(exc.__traceback__)
     frame = user_frame(frames)
-    return SampleFailure(error=f"{type(exc).__name__}: {' '.join(str(exc).split())}",
-                         file=frame.filename if frame else "<unknown>", line=(frame.lineno or 0) if frame else 0,
-                         traceback="".join(traceback.format_exception(exc)))
+    return SampleFailure(
+        error=f"{type(exc).__name__}: {' '.join(str(exc).split())}",
+        file=frame.filename if frame else "<unknown>",
+        line=(frame.lineno or 0) if frame else 0,
+        traceback="".join(traceback.format_exception(exc)),
+    )
 
 
 def user_frame(frames: list[traceback.FrameSummary]) -> traceback.FrameSummary | None:
@@ -59,13 +62,14 @@ def user_frame(frames: list[traceback.FrameSummary]) -> traceback.FrameSummary |
         return None
     own = str(Path(__file__).resolve().parents[1]) + os.sep
     last_own = max((i for i, f in enumerate(frames) if _resolved(f.filename).startswith(own)), default=-1)
-    called = frames[last_own + 1:]
+    called = frames[last_own + 1 :]
     if not called:
         return frames[-1]
     libraries = _library_dirs()
     entry = _resolved(called[0].filename)
-    entry_root = next((entry[:len(d)] + entry[len(d):].split(os.sep, 1)[0] + os.sep for d in libraries
-                       if entry.startswith(d)), None)
+    entry_root = next(
+        (entry[: len(d)] + entry[len(d) :].split(os.sep, 1)[0] + os.sep for d in libraries if entry.startswith(d)), None
+    )
     for frame in reversed(called):
         path = _resolved(frame.filename)
         if (entry_root is not None and path.startswith(entry_root)) or not any(path.startswith(d) for d in libraries):
@@ -79,8 +83,11 @@ def _resolved(filename: str) -> str:
 
 def _library_dirs() -> list[str]:
     paths = sysconfig.get_paths()
-    dirs = {str(Path(paths[name]).resolve()) + os.sep for name in ("stdlib", "platstdlib", "purelib", "platlib")
-            if name in paths}
+    dirs = {
+        str(Path(paths[name]).resolve()) + os.sep
+        for name in ("stdlib", "platstdlib", "purelib", "platlib")
+        if name in paths
+    }
     return sorted(dirs, key=len, reverse=True)
 
 
@@ -104,12 +111,16 @@ class FailureLog:
     def _write(self) -> None:
         entries = sorted(self.counts.values(), key=lambda entry: -entry[1])
         total = sum(count for _, count in entries)
-        lines = [f"rlcore: environment '{self.env_name}' raised {len(entries)} distinct error"
-                 f"{'s' if len(entries) != 1 else ''} on {total} sample{'s' if total != 1 else ''} (each error once, "
-                 "the traceback of its first sample; the counts are the run's so far)\n"]
+        lines = [
+            f"rlcore: environment '{self.env_name}' raised {len(entries)} distinct error"
+            f"{'s' if len(entries) != 1 else ''} on {total} sample{'s' if total != 1 else ''} (each error once, "
+            "the traceback of its first sample; the counts are the run's so far)\n"
+        ]
         for failure, count in entries:
-            lines.append(f"\n--- {failure.key[0]} at {failure.where}: {count} sample{'s' if count != 1 else ''}; "
-                         f"the first: {failure.error}\n{failure.traceback}")
+            lines.append(
+                f"\n--- {failure.key[0]} at {failure.where}: {count} sample{'s' if count != 1 else ''}; "
+                f"the first: {failure.error}\n{failure.traceback}"
+            )
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             partial = self.path.with_name(f".{FILE_NAME}.partial")

@@ -50,8 +50,15 @@ class GuessingEnvironment:
             right = guess.isdigit() and int(guess) == secret
             done.append(right)
             answers.append(guess if guess.isdigit() else None)
-            hint = "" if right else " a digit:" if not guess.isdigit() else " higher:" if int(guess) < secret \
+            hint = (
+                ""
+                if right
+                else " a digit:"
+                if not guess.isdigit()
+                else " higher:"
+                if int(guess) < secret
                 else " lower:"
+            )
             observations.append({"role": "environment", "content": hint})
             next_metadata.append(None if right else {**meta, "closeness": now})
         return EnvironmentReturn(observations, next_metadata, rewards, done, answers=answers)

@@ -36,8 +36,11 @@ class ExactMatchEnvironment:
 
 class RegexConfig(StrictModel):
     pattern: str = Field(description="A Python regular expression searched in the completion.")
-    compare: bool = Field(True, description="true: the last match's first group (or the whole match) must equal "
-                          "ground_truth; false: any match scores 1.")
+    compare: bool = Field(
+        True,
+        description="true: the last match's first group (or the whole match) must equal "
+        "ground_truth; false: any match scores 1.",
+    )
 
     @field_validator("pattern")
     @classmethod

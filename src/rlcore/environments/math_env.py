@@ -13,9 +13,11 @@ from rlcore.interfaces.environment import EnvironmentReturn, Message
 
 class MathConfig(StrictModel):
     verifier: Literal["auto", "math_verify", "builtin"] = Field(
-        "auto", description="math_verify: Hugging Face's math-verify (pip install 'rlcore[math]'); builtin: "
+        "auto",
+        description="math_verify: Hugging Face's math-verify (pip install 'rlcore[math]'); builtin: "
         "rlcore's own rules (boxed answers, numbers, fractions, simple symbolic forms with sympy); auto: "
-        "math_verify when installed.")
+        "math_verify when installed.",
+    )
 
 
 class MathEnvironment:
@@ -27,8 +29,10 @@ class MathEnvironment:
         self.config = config or MathConfig()
         self._grading = math_grading
         if self.config.verifier == "math_verify" and math_grading.grader_name() != "math_verify":
-            raise RuntimeError("env.math_cfg.verifier: math_verify is not installed: pip install 'rlcore[math]' "
-                               "or set verifier: builtin")
+            raise RuntimeError(
+                "env.math_cfg.verifier: math_verify is not installed: pip install 'rlcore[math]' "
+                "or set verifier: builtin"
+            )
 
     def step(self, message_logs: list[list[Message]], metadata: list[dict[str, Any]]) -> EnvironmentReturn:
         builtin = self.config.verifier == "builtin"

@@ -66,13 +66,11 @@ def extract_answer(completion: str) -> str | None:
                 return box.group(1)
             open_at = box.end() - 1
             if open_at in braces:
-                content = completion[open_at + 1:braces[open_at]].strip()
+                content = completion[open_at + 1 : braces[open_at]].strip()
                 if content:
                     return content
-    last = None
-    for last in _NUMBER.finditer(completion):
-        pass
-    return last.group(0) if last else None
+    numbers = list(_NUMBER.finditer(completion))
+    return numbers[-1].group(0) if numbers else None
 
 
 # ---------------------------------------------------------------------------------------------- normalising
@@ -145,8 +143,19 @@ def _numbers_equal(a: tuple[Fraction, bool], b: tuple[Fraction, bool]) -> bool:
 
 # ---------------------------------------------------------------------------------------------- sympy
 
-_COMMANDS = {"pi": " pi ", "infty": " oo ", "cdot": "*", "times": "*", "div": "/", "ln": " log ", "log": " log ",
-             "exp": " exp ", "sin": " sin ", "cos": " cos ", "tan": " tan "}
+_COMMANDS = {
+    "pi": " pi ",
+    "infty": " oo ",
+    "cdot": "*",
+    "times": "*",
+    "div": "/",
+    "ln": " log ",
+    "log": " log ",
+    "exp": " exp ",
+    "sin": " sin ",
+    "cos": " cos ",
+    "tan": " tan ",
+}
 _FUNCTIONS = {"sqrt", "pi", "oo", "log", "exp", "sin", "cos", "tan"}
 
 
@@ -162,7 +171,7 @@ def _group(s: str, i: int) -> tuple[str, int]:
     for j in range(i, len(s)):
         depth += {"{": 1, "}": -1}.get(s[j], 0)
         if depth == 0:
-            return s[i + 1:j], j + 1
+            return s[i + 1 : j], j + 1
     raise ValueError("unbalanced braces")
 
 
@@ -182,9 +191,9 @@ def _to_plain(s: str) -> str:
             out.append(f"(({_to_plain(num)})/({_to_plain(den)}))")
         elif name == "sqrt":
             degree = None
-            if s[i:i + 1] == "[":
+            if s[i : i + 1] == "[":
                 end = s.index("]", i)
-                degree, i = s[i + 1:end], end + 1
+                degree, i = s[i + 1 : end], end + 1
             arg, i = _group(s, i)
             out.append(f"(({_to_plain(arg)})**(1/({_to_plain(degree)})))" if degree else f"sqrt({_to_plain(arg)})")
         elif name in _COMMANDS:
@@ -202,7 +211,7 @@ def _leading_operand(text: str) -> str | None:
     for j, ch in enumerate(text):
         depth += (ch == text[0]) - (ch == closer)
         if depth == 0:
-            return text[:j + 1]
+            return text[: j + 1]
     return None
 
 
@@ -214,12 +223,15 @@ def _explosive(text: str) -> bool:
     if re.search(r"(?:[)}]|\d{4,})\s*!|\d{300}|(?:binom|choose)[^$]{0,40}?(?:\d{5}|\^)", text):
         return True
     for op in re.finditer(r"\^|\*\*", text):
-        rest = text[op.end():op.end() + _MAX_SYMPY_CHARS].lstrip()  # an exponent longer than that is suspect
+        rest = text[op.end() : op.end() + _MAX_SYMPY_CHARS].lstrip()  # an exponent longer than that is suspect
         exponent = _leading_operand(rest)
-        if (exponent is None or re.search(r"\^|\*\*|\d{5,}", exponent)
-                or rest[len(exponent):].lstrip().startswith(("^", "**"))):
+        if (
+            exponent is None
+            or re.search(r"\^|\*\*|\d{5,}", exponent)
+            or rest[len(exponent) :].lstrip().startswith(("^", "**"))
+        ):
             return True
-        base = _trailing_group(text[max(0, op.start() - _MAX_SYMPY_CHARS):op.start()].rstrip())
+        base = _trailing_group(text[max(0, op.start() - _MAX_SYMPY_CHARS) : op.start()].rstrip())
         if re.search(r"\d{3}", exponent) and (base is None or re.search(r"\^|\*\*", base)):
             return True
     return False
@@ -258,14 +270,21 @@ def _sympy_expr(s: str):
         plain = _to_plain(s)
     except ValueError:
         return None
-    if (re.search(r"[^0-9A-Za-z.+\-*/() ]|\.(?!\d)", plain) or _explosive(plain)
-            or any(len(w) > 1 and w not in _FUNCTIONS for w in re.findall(r"[A-Za-z]+", plain))):
+    if (
+        re.search(r"[^0-9A-Za-z.+\-*/() ]|\.(?!\d)", plain)
+        or _explosive(plain)
+        or any(len(w) > 1 and w not in _FUNCTIONS for w in re.findall(r"[A-Za-z]+", plain))
+    ):
         return None
     names = {c: Symbol(c) for c in "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"}
     names.update(sqrt=sqrt, pi=pi, oo=oo, log=log, exp=exp, sin=sin, cos=cos, tan=tan)
     try:
-        return parse_expr(plain, local_dict=names, evaluate=False,
-                          transformations=standard_transformations + (implicit_multiplication, convert_xor))
+        return parse_expr(
+            plain,
+            local_dict=names,
+            evaluate=False,
+            transformations=standard_transformations + (implicit_multiplication, convert_xor),
+        )
     except Exception:  # noqa: BLE001 - SyntaxError, TokenError, RecursionError...: not an expression we handle
         return None
 
@@ -305,6 +324,7 @@ def _sympy_equal(given: str, truth: str) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------- public API
+
 
 def answers_match(given: str, ground_truth: str) -> bool:
     """Whether two answers are the same math, by the built-in rules (see the module docstring)."""

@@ -4,28 +4,45 @@ from rlcore.plugins import EnvironmentSpec, hookimpl
 
 _BUILTIN = {
     "digits": ("digits:DigitsEnvironment", None, "The toy task: the fraction of the completion that is digits."),
-    "math": ("math_env:MathEnvironment", "math_env:MathConfig",
-             "1 when the completion's final answer (the last \\boxed{}, else the last number) equals ground_truth as "
-             "math; uses math-verify when installed (pip install 'rlcore[math]')."),
-    "exact_match": ("matching:ExactMatchEnvironment", "matching:ExactMatchConfig",
-                    "1 when the completion equals ground_truth (after stripping; case optional)."),
-    "regex": ("matching:RegexEnvironment", "matching:RegexConfig",
-              "1 when a pattern's last match (its first group) equals ground_truth, or simply matches."),
-    "guessing": ("guessing:GuessingEnvironment", None,
-                 "Multi-turn toy: guess a hidden digit (ground_truth), told higher or lower; reward: the last "
-                 "guess's closeness."),
-    "python": ("python_reward:PythonRewardEnvironment", "python_reward:PythonRewardConfig",
-               "A 'module:function' reward(prompts, completions, metadata=..., **kwargs) -> list[float], or a "
-               "dict of named rewards (their sum; the components GDPO reads)."),
+    "math": (
+        "math_env:MathEnvironment",
+        "math_env:MathConfig",
+        "1 when the completion's final answer (the last \\boxed{}, else the last number) equals ground_truth as "
+        "math; uses math-verify when installed (pip install 'rlcore[math]').",
+    ),
+    "exact_match": (
+        "matching:ExactMatchEnvironment",
+        "matching:ExactMatchConfig",
+        "1 when the completion equals ground_truth (after stripping; case optional).",
+    ),
+    "regex": (
+        "matching:RegexEnvironment",
+        "matching:RegexConfig",
+        "1 when a pattern's last match (its first group) equals ground_truth, or simply matches.",
+    ),
+    "guessing": (
+        "guessing:GuessingEnvironment",
+        None,
+        "Multi-turn toy: guess a hidden digit (ground_truth), told higher or lower; reward: the last "
+        "guess's closeness.",
+    ),
+    "python": (
+        "python_reward:PythonRewardEnvironment",
+        "python_reward:PythonRewardConfig",
+        "A 'module:function' reward(prompts, completions, metadata=..., **kwargs) -> list[float], or a "
+        "dict of named rewards (their sum; the components GDPO reads).",
+    ),
 }
 
 
 @hookimpl
 def rlcore_register_environments(register):
     for name, (env_class, config_class, description) in _BUILTIN.items():
-        register(EnvironmentSpec(
-            name=name,
-            environment_class=f"rlcore.environments.{env_class}",
-            config_class=f"rlcore.environments.{config_class}" if config_class else None,
-            description=description,
-        ))
+        register(
+            EnvironmentSpec(
+                name=name,
+                environment_class=f"rlcore.environments.{env_class}",
+                config_class=f"rlcore.environments.{config_class}" if config_class else None,
+                description=description,
+            )
+        )

@@ -13,11 +13,13 @@ from rlcore.interfaces.environment import EnvironmentReturn, Message
 
 
 class PythonRewardConfig(StrictModel):
-    reward: str = Field(description="'module:function' called as fn(prompts, completions, **kwargs) -> list[float]; "
-                        "a function with a 'metadata' parameter (or **kwargs) also gets each sample's metadata "
-                        "(its row, with the expected answer as 'ground_truth'). It may instead return named "
-                        "rewards, {name: list[float]}: each sample's reward is their sum and the names are the "
-                        "reward components GDPO reads (grpo.advantage_estimator: gdpo).")
+    reward: str = Field(
+        description="'module:function' called as fn(prompts, completions, **kwargs) -> list[float]; "
+        "a function with a 'metadata' parameter (or **kwargs) also gets each sample's metadata "
+        "(its row, with the expected answer as 'ground_truth'). It may instead return named "
+        "rewards, {name: list[float]}: each sample's reward is their sum and the names are the "
+        "reward components GDPO reads (grpo.advantage_estimator: gdpo)."
+    )
     kwargs: dict[str, Any] = Field(default_factory=dict, description="Extra keyword arguments of the function.")
 
 

@@ -56,8 +56,12 @@ def _checked(result: Any, n: int) -> EnvironmentReturn:
     return result
 
 
-def isolated_step(env: Any, message_logs: list[list[Message]], metadata: list[dict[str, Any]],
-                  failures: list[SampleFailure | None] | None = None) -> EnvironmentReturn:
+def isolated_step(
+    env: Any,
+    message_logs: list[list[Message]],
+    metadata: list[dict[str, Any]],
+    failures: list[SampleFailure | None] | None = None,
+) -> EnvironmentReturn:
     """``env.step`` on the batch; if it raises, on each sample alone (a sample that raises gets reward 0).
     ``failures``, when given, gets one entry per sample: where its exception was raised, or None."""
     failures = failures if failures is not None else []
@@ -71,8 +75,9 @@ def isolated_step(env: Any, message_logs: list[list[Message]], metadata: list[di
             failures.append(failure)
             return _failed(metadata, failure.error)
     # outside the handler, so that a sample's traceback does not carry the batch's as its context
-    return EnvironmentReturn.concat([isolated_step(env, [log], [meta], failures)
-                                     for log, meta in zip(message_logs, metadata)])
+    return EnvironmentReturn.concat(
+        [isolated_step(env, [log], [meta], failures) for log, meta in zip(message_logs, metadata)]
+    )
 
 
 class EnvironmentHost:
@@ -84,8 +89,9 @@ class EnvironmentHost:
     def step(self, message_logs: list[list[Message]], metadata: list[dict[str, Any]]) -> EnvironmentReturn:
         return isolated_step(self.env, message_logs, metadata)
 
-    def step_with_failures(self, message_logs: list[list[Message]], metadata: list[dict[str, Any]]
-                           ) -> tuple[EnvironmentReturn, list[SampleFailure | None]]:
+    def step_with_failures(
+        self, message_logs: list[list[Message]], metadata: list[dict[str, Any]]
+    ) -> tuple[EnvironmentReturn, list[SampleFailure | None]]:
         failures: list[SampleFailure | None] = []
         return isolated_step(self.env, message_logs, metadata, failures), failures
 
@@ -100,9 +106,17 @@ class EnvironmentRunner:
     the share of a batch's samples that may fail before the run stops; ``log_dir``: where
     ``environment_errors.log`` goes (none without it)."""
 
-    def __init__(self, name: str, env_class: str, section: Any, num_workers: int = 0, timeout_s: float = 60.0,
-                 on_nonfinite_reward: str = "zero", max_failure_fraction: float = 0.5,
-                 log_dir: Path | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        env_class: str,
+        section: Any,
+        num_workers: int = 0,
+        timeout_s: float = 60.0,
+        on_nonfinite_reward: str = "zero",
+        max_failure_fraction: float = 0.5,
+        log_dir: Path | None = None,
+    ) -> None:
         if on_nonfinite_reward not in ("zero", "fail"):
             raise ValueError(f"env.on_nonfinite_reward: expected 'zero' or 'fail', got {on_nonfinite_reward!r}")
         if not 0.0 <= max_failure_fraction <= 1.0:
@@ -116,10 +130,17 @@ class EnvironmentRunner:
         self._lock = threading.Lock()  # async GRPO's rollout thread and validation both step it
 
     @classmethod
-    def from_resolved(cls, resolved_env: Any, env_cfg: Any, log_dir: Path | None = None) -> "EnvironmentRunner":
-        return cls(resolved_env.spec.name, resolved_env.spec.worker_class, resolved_env.section,
-                   env_cfg.num_workers, env_cfg.timeout_s, env_cfg.on_nonfinite_reward,
-                   env_cfg.max_failure_fraction, log_dir)
+    def from_resolved(cls, resolved_env: Any, env_cfg: Any, log_dir: Path | None = None) -> EnvironmentRunner:
+        return cls(
+            resolved_env.spec.name,
+            resolved_env.spec.worker_class,
+            resolved_env.section,
+            env_cfg.num_workers,
+            env_cfg.timeout_s,
+            env_cfg.on_nonfinite_reward,
+            env_cfg.max_failure_fraction,
+            log_dir,
+        )
 
     def _new_actor(self) -> Any:
         import ray
@@ -131,8 +152,11 @@ class EnvironmentRunner:
         """Every sample's result; raises :class:`EnvironmentFailed` when all of them, or more than
         ``max_failure_fraction`` of them, failed."""
         with self._lock:
-            result, failures = (self._step_in_driver(message_logs, metadata) if self.local is not None
-                                else self._step_on_actors(message_logs, metadata))
+            result, failures = (
+                self._step_in_driver(message_logs, metadata)
+                if self.local is not None
+                else self._step_on_actors(message_logs, metadata)
+            )
         self.failure_log.add([f for f in failures if f is not None])
         result = self._finite(result, message_logs)
         self._check_failures(result, failures)
@@ -146,23 +170,28 @@ class EnvironmentRunner:
         if not failed or (len(failed) < n and len(failed) <= self.max_failure_fraction * n):
             return
         first = failed[0]
-        how_many = (f"all {n} samples failed" if len(failed) == n else
-                    f"{len(failed)} of {n} samples failed, more than env.max_failure_fraction "
-                    f"({self.max_failure_fraction:g}) allows")
+        how_many = (
+            f"all {n} samples failed"
+            if len(failed) == n
+            else f"{len(failed)} of {n} samples failed, more than env.max_failure_fraction "
+            f"({self.max_failure_fraction:g}) allows"
+        )
         where = ""
         if (failure := failures[first]) is not None:
             log = self.failure_log.written
             where = f" (at {failure.where}" + (f"; traceback in {log})" if log is not None else ")")
         raise EnvironmentFailed(f"environment '{self.name}': {how_many}; the first: {result.errors[first]}{where}")
 
-    def _step_in_driver(self, message_logs: list[list[Message]], metadata: list[dict[str, Any]]
-                        ) -> tuple[EnvironmentReturn, list[SampleFailure | None]]:
+    def _step_in_driver(
+        self, message_logs: list[list[Message]], metadata: list[dict[str, Any]]
+    ) -> tuple[EnvironmentReturn, list[SampleFailure | None]]:
         """The batch on the driver's environment, within ``timeout_s``; past it, the samples fail as an actor's
         do and the environment object is replaced (the late call may still hold it)."""
         failures: list[SampleFailure | None] = []
         try:
-            return call_with_deadline(lambda: isolated_step(self.local, message_logs, metadata, failures),
-                                      self.timeout_s), failures
+            return call_with_deadline(
+                lambda: isolated_step(self.local, message_logs, metadata, failures), self.timeout_s
+            ), failures
         except StepTimedOut:
             reason = f"environment '{self.name}' timed out after {self.timeout_s:g}s in the driver (env.timeout_s)"
         self.local = build_environment(self.env_class, self.section)
@@ -179,11 +208,13 @@ class EnvironmentRunner:
             raise EnvironmentFailed(
                 f"environment '{self.name}' returned a non-finite reward ({what}) for sample {i} of a batch of "
                 f"{len(message_logs)} (prompt {prompt!r}){f'; {len(found)} such samples' if len(found) > 1 else ''}"
-                "; env.on_nonfinite_reward: fail stops the run (zero, the default, scores such a sample 0)")
+                "; env.on_nonfinite_reward: fail stops the run (zero, the default, scores such a sample 0)"
+            )
         return zero_nonfinite(result, found, self.name) if found else result
 
-    def _step_on_actors(self, message_logs: list[list[Message]], metadata: list[dict[str, Any]]
-                        ) -> tuple[EnvironmentReturn, list[SampleFailure | None]]:
+    def _step_on_actors(
+        self, message_logs: list[list[Message]], metadata: list[dict[str, Any]]
+    ) -> tuple[EnvironmentReturn, list[SampleFailure | None]]:
         import ray
         from ray.exceptions import GetTimeoutError, RayActorError
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from rlcore.interfaces.environment import EnvironmentReturn, Message
 
@@ -23,8 +24,11 @@ def last_prompt(log: list[Message]) -> str:
     return ""
 
 
-def score_each(score: Callable[[str, dict[str, Any]], tuple[float, str | None]], message_logs: list[list[Message]],
-               metadata: list[dict[str, Any]]) -> EnvironmentReturn:
+def score_each(
+    score: Callable[[str, dict[str, Any]], tuple[float, str | None]],
+    message_logs: list[list[Message]],
+    metadata: list[dict[str, Any]],
+) -> EnvironmentReturn:
     """Score every log's last completion with ``score(completion, metadata) -> (reward, answer)``; a sample whose
     scoring raises gets reward 0 and its error."""
     rewards, answers, errors = [], [], []
@@ -59,8 +63,11 @@ def nonfinite_samples(result: EnvironmentReturn) -> list[tuple[int, str]]:
 
     found = []
     for i, reward in enumerate(result.rewards):
-        parts = [f"{name}={values[i]!r}" for name, values in (result.reward_components or {}).items()
-                 if not math.isfinite(values[i])]
+        parts = [
+            f"{name}={values[i]!r}"
+            for name, values in (result.reward_components or {}).items()
+            if not math.isfinite(values[i])
+        ]
         if not math.isfinite(reward):
             found.append((i, f"{reward!r}" + (f" ({', '.join(parts)})" if parts else "")))
         elif parts:

@@ -10,8 +10,9 @@ except the loop itself; a module defining an algorithm imports torch and the lik
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar
+from typing import Any, ClassVar
 
 #: ``on_step(step, metrics)``: the run logs, checkpoints and counts a finished step.
 OnStep = Callable[[int, dict[str, float]], None]
@@ -87,8 +88,10 @@ class Algorithm:
         gen = resolved.generation
         placement = "" if not gen.separate else (" colocated" if gen.colocated else " separate")
         up_to = "" if self.one_batch_per_step(cfg) else "up to "
-        return (f"{self.what(cfg)}{p.training_backend} + {p.generation.backend}{placement} {workers}, {source} "
-                f"scored by {cfg.env.name}, {up_to}{steps} steps")
+        return (
+            f"{self.what(cfg)}{p.training_backend} + {p.generation.backend}{placement} {workers}, {source} "
+            f"scored by {cfg.env.name}, {up_to}{steps} steps"
+        )
 
     def what(self, cfg: Any) -> str:
         """The start of a generating run's description (``''`` or e.g. ``'distillation from X, '``)."""

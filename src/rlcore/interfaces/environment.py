@@ -63,27 +63,44 @@ class EnvironmentReturn:
         for name in ("next_stop_strings", "answers", "errors"):
             if not getattr(self, name):
                 setattr(self, name, [None] * n)
-        lengths = {name: len(getattr(self, name)) for name in ("observations", "metadata", "rewards", "terminateds",
-                                                                "next_stop_strings", "answers", "errors")}
+        lengths = {
+            name: len(getattr(self, name))
+            for name in ("observations", "metadata", "rewards", "terminateds", "next_stop_strings", "answers", "errors")
+        }
         if set(lengths.values()) != {n}:
             raise ValueError(f"EnvironmentReturn: every list needs one entry per sample, got lengths {lengths}")
         if self.reward_components is not None:
             self.reward_components = _checked_components(self.reward_components, n)
 
     @classmethod
-    def final(cls, rewards: list[float], metadata: list[dict[str, Any]], answers: list[str | None] | None = None,
-              errors: list[str | None] | None = None,
-              reward_components: dict[str, list[float]] | None = None) -> "EnvironmentReturn":
+    def final(
+        cls,
+        rewards: list[float],
+        metadata: list[dict[str, Any]],
+        answers: list[str | None] | None = None,
+        errors: list[str | None] | None = None,
+        reward_components: dict[str, list[float]] | None = None,
+    ) -> EnvironmentReturn:
         """A single-turn result: every sample scored and done, no observation."""
         n = len(rewards)
-        return cls([{"role": "environment", "content": ""} for _ in range(n)], list(metadata), list(rewards),
-                   [True] * n, answers=list(answers or []), errors=list(errors or []),
-                   reward_components=reward_components)
+        return cls(
+            [{"role": "environment", "content": ""} for _ in range(n)],
+            list(metadata),
+            list(rewards),
+            [True] * n,
+            answers=list(answers or []),
+            errors=list(errors or []),
+            reward_components=reward_components,
+        )
 
     @classmethod
-    def from_components(cls, reward_components: dict[str, list[float]], metadata: list[dict[str, Any]],
-                        answers: list[str | None] | None = None,
-                        errors: list[str | None] | None = None) -> "EnvironmentReturn":
+    def from_components(
+        cls,
+        reward_components: dict[str, list[float]],
+        metadata: list[dict[str, Any]],
+        answers: list[str | None] | None = None,
+        errors: list[str | None] | None = None,
+    ) -> EnvironmentReturn:
         """A single-turn result scored by named rewards; each sample's reward is their sum (NeMo-RL's
         ``total_reward``)."""
         components = _checked_components(reward_components, len(metadata))
@@ -91,11 +108,22 @@ class EnvironmentReturn:
         return cls.final(rewards, metadata, answers, errors, reward_components=components)
 
     @classmethod
-    def concat(cls, parts: list["EnvironmentReturn"]) -> "EnvironmentReturn":
+    def concat(cls, parts: list[EnvironmentReturn]) -> EnvironmentReturn:
         """The results of consecutive chunks of one batch, as one."""
-        joined = cls(*([item for part in parts for item in getattr(part, name)]
-                       for name in ("observations", "metadata", "rewards", "terminateds", "next_stop_strings",
-                                    "answers", "errors")))
+        joined = cls(
+            *(
+                [item for part in parts for item in getattr(part, name)]
+                for name in (
+                    "observations",
+                    "metadata",
+                    "rewards",
+                    "terminateds",
+                    "next_stop_strings",
+                    "answers",
+                    "errors",
+                )
+            )
+        )
         joined.reward_components = _joined_components(parts)
         return joined
 
@@ -103,21 +131,26 @@ class EnvironmentReturn:
 def _checked_components(components: Any, n: int) -> dict[str, list[float]]:
     """``components`` as ``{name: [n floats]}`` sorted by name, or a ``ValueError`` saying what is wrong."""
     if not isinstance(components, dict):
-        raise ValueError(f"EnvironmentReturn.reward_components: expected a dict of name -> one float per sample, "
-                         f"got {type(components).__name__}")
+        raise ValueError(
+            f"EnvironmentReturn.reward_components: expected a dict of name -> one float per sample, "
+            f"got {type(components).__name__}"
+        )
     if not components:
-        raise ValueError("EnvironmentReturn.reward_components: is empty; name at least one component, or leave it "
-                         "None")
+        raise ValueError("EnvironmentReturn.reward_components: is empty; name at least one component, or leave it None")
     checked = {}
     for name in sorted(components, key=str):
         if not isinstance(name, str) or not name or "/" in name:
-            raise ValueError(f"EnvironmentReturn.reward_components: {name!r} is not a component name (a non-empty "
-                             "string without '/': rlcore logs it as reward/<name>_mean; NeMo-RL's 'reward/' "
-                             "prefix is not part of the name)")
+            raise ValueError(
+                f"EnvironmentReturn.reward_components: {name!r} is not a component name (a non-empty "
+                "string without '/': rlcore logs it as reward/<name>_mean; NeMo-RL's 'reward/' "
+                "prefix is not part of the name)"
+            )
         values = list(components[name])
         if len(values) != n:
-            raise ValueError(f"EnvironmentReturn.reward_components['{name}']: needs one entry per sample, got "
-                             f"{len(values)} for {n} samples")
+            raise ValueError(
+                f"EnvironmentReturn.reward_components['{name}']: needs one entry per sample, got "
+                f"{len(values)} for {n} samples"
+            )
         checked[name] = [float(v) for v in values]
     return checked
 
@@ -128,16 +161,21 @@ def _joined_components(parts: list[EnvironmentReturn]) -> dict[str, list[float]]
     if not names:
         return None
     if any(other != names[0] for other in names):
-        raise ValueError(f"EnvironmentReturn.reward_components: the samples of one batch have different component "
-                         f"names: {sorted({tuple(n) for n in names})}")
+        raise ValueError(
+            f"EnvironmentReturn.reward_components: the samples of one batch have different component "
+            f"names: {sorted({tuple(n) for n in names})}"
+        )
     joined: dict[str, list[float]] = {name: [] for name in names[0]}
     for part in parts:
         if part.reward_components is None and not all(part.errors):
-            raise ValueError("EnvironmentReturn.reward_components: some samples of the batch have reward "
-                             "components and others, scored without an error, have none")
+            raise ValueError(
+                "EnvironmentReturn.reward_components: some samples of the batch have reward "
+                "components and others, scored without an error, have none"
+            )
         for name, values in joined.items():
-            values.extend(part.reward_components[name] if part.reward_components is not None
-                          else [0.0] * len(part.rewards))
+            values.extend(
+                part.reward_components[name] if part.reward_components is not None else [0.0] * len(part.rewards)
+            )
     return joined
 
 

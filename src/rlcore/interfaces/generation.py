@@ -22,8 +22,8 @@ class GenerationInterface(abc.ABC):
 
     @abc.abstractmethod
     def generate(
-        self, data: "BatchedDataDict[GenerationDatumSpec]", greedy: bool = False
-    ) -> "BatchedDataDict[GenerationOutputSpec]": ...
+        self, data: BatchedDataDict[GenerationDatumSpec], greedy: bool = False
+    ) -> BatchedDataDict[GenerationOutputSpec]: ...
 
     @abc.abstractmethod
     def prepare_for_generation(self, *args: Any, **kwargs: Any) -> bool:
@@ -53,9 +53,7 @@ class GenerationInterface(abc.ABC):
         """Number of engine ranks that join the collective refit group."""
         raise NotImplementedError(f"{type(self).__name__} cannot receive weights by collective")
 
-    def init_collective(
-        self, ip: str, port: int, world_size: int, *, train_world_size: int
-    ) -> list[Any]:
+    def init_collective(self, ip: str, port: int, world_size: int, *, train_world_size: int) -> list[Any]:
         """Join the refit group as ranks ``train_world_size ..``; returns futures."""
         raise NotImplementedError(f"{type(self).__name__} cannot receive weights by collective")
 
@@ -64,7 +62,7 @@ class GenerationInterface(abc.ABC):
         raise NotImplementedError(f"{type(self).__name__} cannot receive weights by collective")
 
     # -- asynchronous generation (the 'async_generation' capability; async GRPO) -------------------
-    def generate_async(self, data: "BatchedDataDict[GenerationDatumSpec]", greedy: bool = False) -> Any:
+    def generate_async(self, data: BatchedDataDict[GenerationDatumSpec], greedy: bool = False) -> Any:
         """Submit ``data`` and return at once; :meth:`collect` gives the result of the returned handle.
 
         Requests run in submission order, and so does a refit submitted after
@@ -74,7 +72,7 @@ class GenerationInterface(abc.ABC):
         """
         raise NotImplementedError(f"{type(self).__name__} does not generate asynchronously")
 
-    def collect(self, handle: Any) -> "BatchedDataDict[GenerationOutputSpec]":
+    def collect(self, handle: Any) -> BatchedDataDict[GenerationOutputSpec]:
         """Wait for a submitted request; ``generate``'s output plus ``weight_version`` (``[B]`` int64): the
         version of the weights that produced each sample, as set by :meth:`set_weight_version`; and
         ``generation_window`` (``[B, 2]`` float64): the wall-clock start and end of the engine call that

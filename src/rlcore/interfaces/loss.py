@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import enum
 import math
-from typing import TYPE_CHECKING, Any, Mapping, Protocol, Sequence, runtime_checkable
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     import torch
@@ -68,11 +69,11 @@ class LossFunction(Protocol):
 
     def __call__(
         self,
-        logprobs: "torch.Tensor",
-        data: "BatchedDataDict[Any]",
-        global_valid_seqs: "torch.Tensor",
-        global_valid_toks: "torch.Tensor",
-    ) -> tuple["torch.Tensor", dict[str, Any]]: ...
+        logprobs: torch.Tensor,
+        data: BatchedDataDict[Any],
+        global_valid_seqs: torch.Tensor,
+        global_valid_toks: torch.Tensor,
+    ) -> tuple[torch.Tensor, dict[str, Any]]: ...
 
 
 #: A loss input (plugin API 5, capability ``logits_at_indices``): the policy's logits at the token ids of
@@ -91,8 +92,7 @@ LOGPROBS_AT_INDICES = "logprobs_at_indices"
 #: (position ``i``: the distribution that predicts token ``i``; position 0 and padding are 0).
 ENTROPY = "entropy"
 #: Every input a loss may declare, and the capability a backend needs to provide it.
-LOSS_INPUTS = {LOGITS_AT_INDICES: "logits_at_indices", LOGPROBS_AT_INDICES: "logprobs_at_indices",
-               ENTROPY: "entropy"}
+LOSS_INPUTS = {LOGITS_AT_INDICES: "logits_at_indices", LOGPROBS_AT_INDICES: "logprobs_at_indices", ENTROPY: "entropy"}
 
 
 def loss_inputs(loss_fn: Any) -> tuple[str, ...]:
@@ -101,8 +101,9 @@ def loss_inputs(loss_fn: Any) -> tuple[str, ...]:
     names = tuple(getattr(loss_fn, "inputs", ()) or ())
     unknown = [n for n in names if n not in LOSS_INPUTS]
     if unknown:
-        raise ValueError(f"{type(loss_fn).__name__}.inputs names {unknown}; a loss may ask for "
-                         f"{', '.join(LOSS_INPUTS)}")
+        raise ValueError(
+            f"{type(loss_fn).__name__}.inputs names {unknown}; a loss may ask for {', '.join(LOSS_INPUTS)}"
+        )
     return names
 
 

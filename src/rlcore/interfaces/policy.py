@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import abc
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from rlcore.data import BatchedDataDict
@@ -29,44 +29,42 @@ class PolicyInterface(abc.ABC):
     """
 
     @abc.abstractmethod
-    def get_logprobs(
-        self, data: "BatchedDataDict[GenerationDatumSpec]"
-    ) -> "BatchedDataDict[LogprobOutputSpec]":
+    def get_logprobs(self, data: BatchedDataDict[GenerationDatumSpec]) -> BatchedDataDict[LogprobOutputSpec]:
         """Logprobs of ``data['input_ids']`` under the current policy."""
 
     @abc.abstractmethod
     def get_reference_policy_logprobs(
         self,
-        data: "BatchedDataDict[GenerationDatumSpec]",
-        micro_batch_size: Optional[int] = None,
-    ) -> "BatchedDataDict[ReferenceLogprobOutputSpec]":
+        data: BatchedDataDict[GenerationDatumSpec],
+        micro_batch_size: int | None = None,
+    ) -> BatchedDataDict[ReferenceLogprobOutputSpec]:
         """Logprobs under the frozen reference model (the initial weights)."""
 
     @abc.abstractmethod
     def get_topk_logits(
         self,
-        data: "BatchedDataDict[GenerationDatumSpec]",
+        data: BatchedDataDict[GenerationDatumSpec],
         k: int,
-        micro_batch_size: Optional[int] = None,
-    ) -> "BatchedDataDict[TopkLogitsOutputSpec]":
+        micro_batch_size: int | None = None,
+    ) -> BatchedDataDict[TopkLogitsOutputSpec]:
         """Top-k logits of next-token positions: ``S - 1`` rows per sequence."""
 
     @abc.abstractmethod
     def train(
         self,
-        data: "BatchedDataDict[Any]",
-        loss_fn: "LossFunction",
+        data: BatchedDataDict[Any],
+        loss_fn: LossFunction,
         eval_mode: bool = False,
         *,
-        gbs: Optional[int] = None,
-        mbs: Optional[int] = None,
+        gbs: int | None = None,
+        mbs: int | None = None,
     ) -> dict[str, Any]:
         """Train on ``data``; returns the global loss, grad norm and metrics."""
 
     def calibrate_qkv_fp8_scales(
         self,
-        data: "BatchedDataDict[GenerationDatumSpec]",
-        micro_batch_size: Optional[int] = None,
+        data: BatchedDataDict[GenerationDatumSpec],
+        micro_batch_size: int | None = None,
         percentile: float = 99.9,
         margin: float = 1.05,
         include_q: bool = False,
@@ -99,9 +97,7 @@ class ColocatablePolicyInterface(PolicyInterface):
     """
 
     @abc.abstractmethod
-    def init_collective(
-        self, ip: str, port: int, world_size: int, *, train_world_size: int
-    ) -> list[Any]:
+    def init_collective(self, ip: str, port: int, world_size: int, *, train_world_size: int) -> list[Any]:
         """Join the refit process group; returns futures to wait on."""
 
     @abc.abstractmethod
@@ -111,7 +107,7 @@ class ColocatablePolicyInterface(PolicyInterface):
     def offload_after_refit(self) -> None: ...
 
     @abc.abstractmethod
-    def prepare_refit_info(self) -> Optional[dict[str, Any]]:
+    def prepare_refit_info(self) -> dict[str, Any] | None:
         """``{hf_name: (shape, dtype)}`` of every tensor a refit sends."""
 
     @abc.abstractmethod
@@ -119,9 +115,7 @@ class ColocatablePolicyInterface(PolicyInterface):
         """Stream packed weight buffers to a colocated engine; returns futures."""
 
     @abc.abstractmethod
-    def broadcast_weights_for_collective(
-        self, kv_scales: Optional[dict[str, float]] = None
-    ) -> list[Any]:
+    def broadcast_weights_for_collective(self, kv_scales: dict[str, float] | None = None) -> list[Any]:
         """Broadcast packed buckets from training rank 0; returns futures."""
 
     @abc.abstractmethod

@@ -22,31 +22,31 @@ if TYPE_CHECKING:
 class GenerationDatumSpec(TypedDict):
     """Input of ``generate`` and of the logprob methods."""
 
-    input_ids: "torch.Tensor"  # [B, S] int64, right-padded
-    input_lengths: "torch.Tensor"  # [B] int64
+    input_ids: torch.Tensor  # [B, S] int64, right-padded
+    input_lengths: torch.Tensor  # [B] int64
     stop_strings: NotRequired[list[list[str] | None]]  # per-sample stop strings
 
 
 class GenerationOutputSpec(TypedDict):
     """Output of ``generate``: prompt and completion in one right-padded tensor."""
 
-    output_ids: "torch.Tensor"  # [B, S_prompt_padded + max_new_tokens]
-    generation_lengths: "torch.Tensor"  # [B] number of generated tokens
-    unpadded_sequence_lengths: "torch.Tensor"  # [B] prompt length + generation length
-    logprobs: "torch.Tensor"  # [B, S_out] float32, prompt positions and padding 0
-    truncated: NotRequired["torch.Tensor"]  # [B] bool, hit max_new_tokens without a stop
+    output_ids: torch.Tensor  # [B, S_prompt_padded + max_new_tokens]
+    generation_lengths: torch.Tensor  # [B] number of generated tokens
+    unpadded_sequence_lengths: torch.Tensor  # [B] prompt length + generation length
+    logprobs: torch.Tensor  # [B, S_out] float32, prompt positions and padding 0
+    truncated: NotRequired[torch.Tensor]  # [B] bool, hit max_new_tokens without a stop
 
 
 class LogprobOutputSpec(TypedDict):
-    logprobs: "torch.Tensor"  # [B, S] float32
+    logprobs: torch.Tensor  # [B, S] float32
 
 
 class ReferenceLogprobOutputSpec(TypedDict):
-    reference_logprobs: "torch.Tensor"  # [B, S] float32
+    reference_logprobs: torch.Tensor  # [B, S] float32
 
 
 class ScoreOutputSpec(TypedDict):
-    scores: "torch.Tensor"  # [B]
+    scores: torch.Tensor  # [B]
 
 
 class TopkLogitsOutputSpec(TypedDict):
@@ -56,5 +56,5 @@ class TopkLogitsOutputSpec(TypedDict):
     global (not vocab-shard-local) token indices.
     """
 
-    topk_logits: "torch.Tensor"  # [B, S - 1, k]
-    topk_indices: "torch.Tensor"  # [B, S - 1, k] int64
+    topk_logits: torch.Tensor  # [B, S - 1, k]
+    topk_indices: torch.Tensor  # [B, S - 1, k] int64

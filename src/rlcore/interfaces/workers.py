@@ -13,7 +13,8 @@ the keyword arguments its ``__init__`` declares (:mod:`rlcore.plugins.negotiatio
 from __future__ import annotations
 
 import inspect
-from typing import TYPE_CHECKING, Any, Iterable, Literal, Optional, Protocol
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from rlcore.plugins import CAPABILITY_METHODS, TRAINING_WORKER_KEYWORDS, BackendSpec, Capability
 
@@ -30,13 +31,15 @@ class TrainingWorker(Protocol):
 
     def is_alive(self) -> bool: ...
 
-    def get_logprobs(self, data: "BatchedDataDict", /, *, mode: Mode) -> "BatchedDataDict": ...
+    def get_logprobs(self, data: BatchedDataDict, /, *, mode: Mode) -> BatchedDataDict: ...
 
-    def get_reference_policy_logprobs(self, data: "BatchedDataDict", /, *, micro_batch_size: Optional[int],
-                                      mode: Mode) -> "BatchedDataDict": ...
+    def get_reference_policy_logprobs(
+        self, data: BatchedDataDict, /, *, micro_batch_size: int | None, mode: Mode
+    ) -> BatchedDataDict: ...
 
-    def train(self, data: "BatchedDataDict", /, *, loss_fn: "LossFunction", eval_mode: bool, gbs: int, mbs: int,
-              mode: Mode) -> dict[str, Any]: ...
+    def train(
+        self, data: BatchedDataDict, /, *, loss_fn: LossFunction, eval_mode: bool, gbs: int, mbs: int, mode: Mode
+    ) -> dict[str, Any]: ...
 
     def prepare_for_training(self) -> None: ...
 
@@ -48,10 +51,9 @@ class TrainingWorker(Protocol):
 
     def offload_after_refit(self) -> None: ...
 
-    def save_checkpoint(self, weights_path: str, optimizer_path: Optional[str], tokenizer_path: Optional[str],
-                        /) -> None: ...
+    def save_checkpoint(self, weights_path: str, optimizer_path: str | None, tokenizer_path: str | None, /) -> None: ...
 
-    def load_checkpoint(self, weights_path: str, optimizer_path: Optional[str], /) -> None: ...
+    def load_checkpoint(self, weights_path: str, optimizer_path: str | None, /) -> None: ...
 
     def start_gpu_profiling(self) -> None: ...
 
@@ -63,33 +65,35 @@ class TrainingWorker(Protocol):
 class TopkLogitsWorker(Protocol):
     """Capability ``topk_logits``."""
 
-    def get_topk_logits(self, data: "BatchedDataDict", /, *, k: int, micro_batch_size: Optional[int],
-                        mode: Mode) -> "BatchedDataDict": ...
+    def get_topk_logits(
+        self, data: BatchedDataDict, /, *, k: int, micro_batch_size: int | None, mode: Mode
+    ) -> BatchedDataDict: ...
 
 
 class RefitWorker(Protocol):
     """Capability ``refit``: the sending side of a weight refit (``rlcore.refit.RefitExportMixin`` has it)."""
 
-    def prepare_refit_info(self) -> Optional[dict[str, Any]]: ...
+    def prepare_refit_info(self) -> dict[str, Any] | None: ...
 
     def stream_weights_via_ipc_zmq(self, *, endpoints: dict[int, tuple[str, bytes]], bucket_bytes: int) -> int: ...
 
     def init_collective(self, ip: str, port: int, world_size: int, /, *, train_world_size: int) -> None: ...
 
-    def broadcast_weights_for_collective(self, *, kv_scales: Optional[dict[str, float]],
-                                         bucket_bytes: int) -> int: ...
+    def broadcast_weights_for_collective(self, *, kv_scales: dict[str, float] | None, bucket_bytes: int) -> int: ...
 
 
 class LoraWorker(Protocol):
     """Capability ``lora``: refits after the first send only the adapted layers; adapters save on their own."""
 
-    def prepare_refit_info(self, *, changed_only: bool) -> Optional[dict[str, Any]]: ...
+    def prepare_refit_info(self, *, changed_only: bool) -> dict[str, Any] | None: ...
 
-    def stream_weights_via_ipc_zmq(self, *, endpoints: dict[int, tuple[str, bytes]], bucket_bytes: int,
-                                   changed_only: bool) -> int: ...
+    def stream_weights_via_ipc_zmq(
+        self, *, endpoints: dict[int, tuple[str, bytes]], bucket_bytes: int, changed_only: bool
+    ) -> int: ...
 
-    def broadcast_weights_for_collective(self, *, kv_scales: Optional[dict[str, float]], bucket_bytes: int,
-                                         changed_only: bool) -> int: ...
+    def broadcast_weights_for_collective(
+        self, *, kv_scales: dict[str, float] | None, bucket_bytes: int, changed_only: bool
+    ) -> int: ...
 
     def save_lora_adapter(self, path: str, /) -> None: ...
 
@@ -97,13 +101,13 @@ class LoraWorker(Protocol):
 class GeneratingWorker(Protocol):
     """Capability ``generate`` of a training backend: it generates with its own weights."""
 
-    def generate(self, data: "BatchedDataDict", /, *, greedy: bool) -> "BatchedDataDict": ...
+    def generate(self, data: BatchedDataDict, /, *, greedy: bool) -> BatchedDataDict: ...
 
 
 class GenerationWorker(Protocol):
     """What every generation backend's worker has (its driver class, a ``GenerationInterface``, calls it)."""
 
-    def generate(self, data: "BatchedDataDict", /, *, greedy: bool) -> "BatchedDataDict": ...
+    def generate(self, data: BatchedDataDict, /, *, greedy: bool) -> BatchedDataDict: ...
 
     def prepare_for_generation(self) -> bool: ...
 
@@ -179,9 +183,11 @@ def capability_problems(worker_cls: type, capabilities: Iterable[Capability]) ->
     for capability in sorted(Capability(c) for c in capabilities):
         missing = [m for m in CAPABILITY_METHODS.get(capability, ()) if not callable(getattr(worker_cls, m, None))]
         if missing:
-            problems.append(f"declares capability '{capability}', but {owner} has no {', '.join(missing)} "
-                            f"({CAPABILITY_PROTOCOLS[capability].__name__} of rlcore.interfaces.workers): implement "
-                            f"{'it' if len(missing) == 1 else 'them'} or drop '{capability}' from its capabilities")
+            problems.append(
+                f"declares capability '{capability}', but {owner} has no {', '.join(missing)} "
+                f"({CAPABILITY_PROTOCOLS[capability].__name__} of rlcore.interfaces.workers): implement "
+                f"{'it' if len(missing) == 1 else 'them'} or drop '{capability}' from its capabilities"
+            )
     return problems
 
 
@@ -199,13 +205,22 @@ def constructor_problems(worker_cls: type, spec: BackendSpec) -> list[str]:
     positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     takes_varargs = any(p.kind is p.VAR_POSITIONAL for p in params)
     if len(positional) < 2 and not takes_varargs:
-        return [f"{owner}.__init__{signature} cannot take rlcore's call __init__(config, tokenizer, ...): it "
-                "must take the policy config and the tokenizer positionally"]
+        return [
+            f"{owner}.__init__{signature} cannot take rlcore's call __init__(config, tokenizer, ...): it "
+            "must take the policy config and the tokenizer positionally"
+        ]
     rest = [p for p in params if p not in positional[:2]]
-    unknown = [p.name for p in rest if p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
-               and p.name not in TRAINING_WORKER_KEYWORDS]
+    unknown = [
+        p.name
+        for p in rest
+        if p.default is p.empty
+        and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+        and p.name not in TRAINING_WORKER_KEYWORDS
+    ]
     if unknown:
-        return [f"{owner}.__init__ requires {', '.join(unknown)}, which rlcore does not pass (it offers "
-                f"{', '.join(TRAINING_WORKER_KEYWORDS)}): give {'it' if len(unknown) == 1 else 'them'} a default or "
-                "take one of those"]
+        return [
+            f"{owner}.__init__ requires {', '.join(unknown)}, which rlcore does not pass (it offers "
+            f"{', '.join(TRAINING_WORKER_KEYWORDS)}): give {'it' if len(unknown) == 1 else 'them'} a default or "
+            "take one of those"
+        ]
     return []

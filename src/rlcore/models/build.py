@@ -84,11 +84,21 @@ def build_tiny_model(
 
     tokenizer = build_tiny_tokenizer()
     config = _make_config(
-        arch, tokenizer, hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads,
-        num_kv_heads=num_kv_heads, head_dim=head_dim, intermediate_size=intermediate_size,
-        vocab_size=vocab_size, tie_word_embeddings=tie_word_embeddings,
-        max_position_embeddings=max_position_embeddings, initializer_range=initializer_range,
-        rope_theta=rope_theta, rope_scaling=rope_scaling, rms_norm_eps=rms_norm_eps,
+        arch,
+        tokenizer,
+        hidden_size=hidden_size,
+        num_layers=num_layers,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        intermediate_size=intermediate_size,
+        vocab_size=vocab_size,
+        tie_word_embeddings=tie_word_embeddings,
+        max_position_embeddings=max_position_embeddings,
+        initializer_range=initializer_range,
+        rope_theta=rope_theta,
+        rope_scaling=rope_scaling,
+        rms_norm_eps=rms_norm_eps,
     )
     torch_dtype = _resolve_dtype(dtype)
     with torch.random.fork_rng(devices=[]):
@@ -186,4 +196,3 @@ def _make_config(
         pad_token_id=tokenizer.pad_token_id,
         **{name: value for name, value in optional.items() if value is not None},
     )
-

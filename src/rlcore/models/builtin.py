@@ -10,16 +10,28 @@ from rlcore.models.presets import PRESETS
 #: Built on first use into the local cache (see :func:`rlcore.models.cache.tiny_model_path`):
 #: the tiny models, then the real-size presets of :mod:`rlcore.models.presets`.
 BUILTIN_MODELS: dict[str, dict[str, Any]] = {
-    "tiny-llama": dict(arch="llama", hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
-                       head_dim=32, intermediate_size=256),
-    "tiny-qwen2": dict(arch="qwen2", hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
-                       head_dim=32, intermediate_size=256),
-    "tiny-qwen3": dict(arch="qwen3", hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
-                       head_dim=32, intermediate_size=256),
+    "tiny-llama": dict(
+        arch="llama", hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=32, intermediate_size=256
+    ),
+    "tiny-qwen2": dict(
+        arch="qwen2", hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=32, intermediate_size=256
+    ),
+    "tiny-qwen3": dict(
+        arch="qwen3", hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=32, intermediate_size=256
+    ),
     # A teacher for the distillation demo: random but sharp (large initial weights), so its top-k distributions
     # are far from a fresh student's and the KL has somewhere to fall.
-    "tiny-teacher": dict(arch="qwen2", hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
-                         head_dim=32, intermediate_size=256, initializer_range=0.2, seed=1),
+    "tiny-teacher": dict(
+        arch="qwen2",
+        hidden_size=128,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=32,
+        intermediate_size=256,
+        initializer_range=0.2,
+        seed=1,
+    ),
     **PRESETS,
 }
 
@@ -35,12 +47,14 @@ def resolve_model(name: str | None) -> str | None:
 
 def resolve_builtin_policy(policy: Any) -> Any:
     """The policy config with its built-in model names (model, tokenizer, generation model) as paths."""
-    updates: dict[str, Any] = {"model_name": resolve_model(policy.model_name),
-                               "tokenizer": policy.tokenizer.model_copy(
-                                   update={"name": resolve_model(policy.tokenizer.name)})}
+    updates: dict[str, Any] = {
+        "model_name": resolve_model(policy.model_name),
+        "tokenizer": policy.tokenizer.model_copy(update={"name": resolve_model(policy.tokenizer.name)}),
+    }
     if policy.generation is not None:
         updates["generation"] = policy.generation.model_copy(
-            update={"model_name": resolve_model(policy.generation.model_name)})
+            update={"model_name": resolve_model(policy.generation.model_name)}
+        )
     return policy.model_copy(update=updates)
 
 

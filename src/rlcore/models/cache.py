@@ -38,8 +38,11 @@ def tiny_model_path(cache_root: str | os.PathLike | None = None, **kwargs: Any) 
     bound = _BUILD_SIGNATURE.bind("<dir>", **kwargs)
     bound.apply_defaults()
     # Arguments added later are left out at their default (None), so older cached models keep their key.
-    key = {name: str(value) for name, value in bound.arguments.items()
-           if name != "save_dir" and not (name in LATER_ARGUMENTS and value is None)}
+    key = {
+        name: str(value)
+        for name, value in bound.arguments.items()
+        if name != "save_dir" and not (name in LATER_ARGUMENTS and value is None)
+    }
     key["dtype"] = key["dtype"].removeprefix("torch.")
     key["_transformers"] = version("transformers")
     key["_build"] = str(BUILD_VERSION)
@@ -62,4 +65,3 @@ def tiny_model_path(cache_root: str | os.PathLike | None = None, **kwargs: Any) 
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return str(final)
-

@@ -37,11 +37,17 @@ def annotate(problems: list[str], sources: Mapping[str, str]) -> list[str]:
     for line in problems:
         match = _PATH.match(line)
         path = match.group(1) if match else ""
-        prefix = next((p for p in sorted(sources, key=len, reverse=True)
-                       if path == p or path.startswith(p + ".") or path.startswith(p + "[")), None)
+        prefix = next(
+            (
+                p
+                for p in sorted(sources, key=len, reverse=True)
+                if path == p or path.startswith(p + ".") or path.startswith(p + "[")
+            ),
+            None,
+        )
         if match and prefix is not None and sources[prefix] != prefix:
-            source = sources[prefix] + path[len(prefix):] if "," not in sources[prefix] else sources[prefix]
-            line = f"{path} (NeMo-RL: {source}): {line[match.end():]}"
+            source = sources[prefix] + path[len(prefix) :] if "," not in sources[prefix] else sources[prefix]
+            line = f"{path} (NeMo-RL: {source}): {line[match.end() :]}"
         out.append(line)
     return out
 
@@ -65,8 +71,9 @@ def convert_file(path: str | Path, overrides: Sequence[str] = ()) -> Conversion:
     return conversion
 
 
-def load_nemo_rl_config(path: str | Path, overrides: Sequence[str] = (),
-                        rlcore_overrides: Sequence[str] = ()) -> NemoRLConfig:
+def load_nemo_rl_config(
+    path: str | Path, overrides: Sequence[str] = (), rlcore_overrides: Sequence[str] = ()
+) -> NemoRLConfig:
     """Read, convert and validate a NeMo-RL config file.
 
     ``overrides`` are NeMo-RL's (Hydra) overrides, applied before interpolation and conversion;
@@ -99,8 +106,10 @@ def nemo_rl_policy_hint(problems: list[str]) -> list[str]:
     passes its ``config["policy"]`` to ``Policy``), else nothing."""
     unknown = [line.split(":", 1)[0] for line in problems if ": unknown key" in line]
     if any((rule := exact_rule(path)) is not None and rule.action != "map" for path in unknown):
-        return ["hint: this is a NeMo-RL policy config; convert it with "
-                "rlcore.nemo_rl.policy_config_from_nemo_rl(config), which lists what rlcore ignores or rejects"]
+        return [
+            "hint: this is a NeMo-RL policy config; convert it with "
+            "rlcore.nemo_rl.policy_config_from_nemo_rl(config), which lists what rlcore ignores or rejects"
+        ]
     return []
 
 

@@ -71,9 +71,11 @@ def nemo_defaults(nemo: dict[str, Any], out: Conversion, section: str, defaults:
 
 def unknown_problem(path: str, value: Any) -> str:
     """The problem line of a non-neutral key rlcore's reader does not know."""
-    return (f"{path}: is {show_value(value)}, a NeMo-RL key rlcore's reader does not know (see "
-            "docs/nemo-rl-mapping.md), so it cannot tell whether it changes training: remove it, or set it to "
-            "null/false if that turns it off")
+    return (
+        f"{path}: is {show_value(value)}, a NeMo-RL key rlcore's reader does not know (see "
+        "docs/nemo-rl-mapping.md), so it cannot tell whether it changes training: remove it, or set it to "
+        "null/false if that turns it off"
+    )
 
 
 def same(a: Any, b: Any) -> bool:

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import fnmatch
 import functools
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from rlcore.config.messages import show_value
 from rlcore.nemo_rl import distillation, dpo, handlers, notes, sft
@@ -62,9 +63,12 @@ def _negative_is_off(value: Any) -> Any:
     return 0 if isinstance(value, int) and not isinstance(value, bool) and value < 0 else value
 
 
-TRANSFORMS: dict[str, Callable[[Any], Any]] = {"top_k": _top_k, "false_is_automatic": _false_is_automatic,
-                                               "true_is_automatic": _true_is_automatic,
-                                               "negative_is_off": _negative_is_off}
+TRANSFORMS: dict[str, Callable[[Any], Any]] = {
+    "top_k": _top_k,
+    "false_is_automatic": _false_is_automatic,
+    "true_is_automatic": _true_is_automatic,
+    "negative_is_off": _negative_is_off,
+}
 
 
 class _Walker:
@@ -181,8 +185,10 @@ class _Walker:
 
 #: Per algorithm: ``nemo`` without what NeMo-RL's script for it does not read (each listed as ignored).
 UNREAD: dict[str, Callable[[dict[str, Any], Conversion], dict[str, Any]]] = {
-    "sft": sft.without_unread_sections, "dpo": dpo.without_unread_sections,
-    "distillation": distillation.without_unread_loss_keys}
+    "sft": sft.without_unread_sections,
+    "dpo": dpo.without_unread_sections,
+    "distillation": distillation.without_unread_loss_keys,
+}
 
 
 def convert(nemo: dict[str, Any]) -> Conversion:

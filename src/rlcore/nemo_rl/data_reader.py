@@ -107,12 +107,17 @@ class DataReader:
         """NeMo-RL masks a sample this long out of the loss; rlcore masks one longer than the sequence."""
         limit = get(self.nemo, "policy.max_total_sequence_length")
         if value is None or value == limit:
-            self.ignore("data.max_input_seq_length", "rlcore masks a sample longer than "
-                        "policy.max_total_sequence_length out of the loss, which this equals")
+            self.ignore(
+                "data.max_input_seq_length",
+                "rlcore masks a sample longer than policy.max_total_sequence_length out of the loss, which this equals",
+            )
         else:
-            self.problem("data.max_input_seq_length", f"is {show_value(value)}, but rlcore masks the samples longer "
-                         f"than policy.max_total_sequence_length ({show_value(limit)}): set it to "
-                         "${policy.max_total_sequence_length}")
+            self.problem(
+                "data.max_input_seq_length",
+                f"is {show_value(value)}, but rlcore masks the samples longer "
+                f"than policy.max_total_sequence_length ({show_value(limit)}): set it to "
+                "${policy.max_total_sequence_length}",
+            )
 
     def flat_splits(self, data: dict[str, Any]) -> dict[str, Items]:
         """The early releases' one section: its validation keys apart, the rest the train split's."""
@@ -134,19 +139,26 @@ class DataReader:
             elif is_neutral(value, UNKNOWN_NEUTRAL):
                 self.ignore(path, "null: changes nothing")
             elif key in self.ENTRY_NAMES:
-                self.problem(path, f"is {show_value(value)}, but NeMo-RL (since v0.6) reads a dataset's keys from "
-                             "data.train / data.validation (data_path, ...): move it there")
+                self.problem(
+                    path,
+                    f"is {show_value(value)}, but NeMo-RL (since v0.6) reads a dataset's keys from "
+                    "data.train / data.validation (data_path, ...): move it there",
+                )
             elif self.first(path):
                 self.out.problems.append(unknown_problem(path, value))
         splits = {}
         for name in ("train", "validation"):
             entry = data.get(name)
             if isinstance(entry, list):
-                self.problem(f"data.{name}", f"is a list of {len(entry)} datasets; an rlcore run reads one file "
-                             "per split: give one entry")
+                self.problem(
+                    f"data.{name}",
+                    f"is a list of {len(entry)} datasets; an rlcore run reads one file per split: give one entry",
+                )
             elif isinstance(entry, dict):
-                splits[name] = {**{k: (v, f"data.default.{k}") for k, v in default.items()},
-                                **{k: (v, f"data.{name}.{k}") for k, v in entry.items()}}
+                splits[name] = {
+                    **{k: (v, f"data.default.{k}") for k, v in default.items()},
+                    **{k: (v, f"data.{name}.{k}") for k, v in entry.items()},
+                }
         return splits
 
     # -- one split ----------------------------------------------------------------------------------
@@ -171,9 +183,12 @@ class DataReader:
             for key in (k for k in split_keys if k in items and items[k][0] is None):
                 self.ignore(items[key][1], "null: the hub dataset's own split")
         elif name_path is not None:
-            self.problem(name_path, f"is {show_value(dataset_name)}, a dataset rlcore does not know by name "
-                         "(docs/nemo-rl-mapping.md lists those it does); give its rows as a local file: "
-                         f"++{override}=/path/to/{name}.jsonl ({self.ROWS})")
+            self.problem(
+                name_path,
+                f"is {show_value(dataset_name)}, a dataset rlcore does not know by name "
+                "(docs/nemo-rl-mapping.md lists those it does); give its rows as a local file: "
+                f"++{override}=/path/to/{name}.jsonl ({self.ROWS})",
+            )
         elif name == "train":
             self.problem("data.train", f"no training rows: give them as ++{override}=/path/to/train.jsonl")
         for key in (k for k in split_keys if k in items):
@@ -183,8 +198,10 @@ class DataReader:
             elif file is None:
                 self.ignore(split_path, "no local file for this split")
             elif file.suffix in ONE_SPLIT_SUFFIXES:
-                self.ignore(split_path, f"a {file.suffix} file holds one split; NeMo-RL's split picks one of a "
-                            "dataset loaded by name")
+                self.ignore(
+                    split_path,
+                    f"a {file.suffix} file holds one split; NeMo-RL's split picks one of a dataset loaded by name",
+                )
             else:
                 self.set(f"data.{name}.split", split, split_path)
 

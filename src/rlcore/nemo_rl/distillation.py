@@ -25,19 +25,29 @@ each), refused by the table.
 from __future__ import annotations
 
 import re
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from rlcore.nemo_rl.conversion import Conversion, algorithm, nemo_defaults, put, same, without_unread
 
 #: NeMo-RL's defaults of ``distillation`` keys (its DistillationConfig, main) where rlcore's differ.
-NEMO_DEFAULTS = {"num_prompts_per_step": 128, "max_num_steps": 1000, "max_num_epochs": 10, "val_batch_size": 64,
-                 "val_period": 20, "max_val_samples": 512, "seed": 42}
+NEMO_DEFAULTS = {
+    "num_prompts_per_step": 128,
+    "max_num_steps": 1000,
+    "max_num_epochs": 10,
+    "val_batch_size": 64,
+    "val_period": 20,
+    "max_val_samples": 512,
+    "seed": 42,
+}
 #: The ``loss_fn`` keys NeMo-RL's distillation loss reads (DistillationLossConfig).
 LOSS_KEYS = ("kl_type", "mixed_kl_weight", "zero_outside_topk")
 #: The teacher's keys NeMo-RL does not read, with why.
-TEACHER_UNREAD = {"generation": "NeMo-RL's teacher generates nothing: the student does, with policy.generation",
-                  "optimizer": "NeMo-RL builds the teacher without an optimizer: it does not train",
-                  "scheduler": "NeMo-RL builds the teacher without an optimizer: it does not train"}
+TEACHER_UNREAD = {
+    "generation": "NeMo-RL's teacher generates nothing: the student does, with policy.generation",
+    "optimizer": "NeMo-RL builds the teacher without an optimizer: it does not train",
+    "scheduler": "NeMo-RL builds the teacher without an optimizer: it does not train",
+}
 _MISSING = object()
 
 
@@ -69,8 +79,10 @@ def teacher(nemo: dict[str, Any], out: Conversion, convert: Callable[[dict[str, 
     if model is None and nemo.get("teachers"):  # NeMo-RL's cross-tokenizer off-policy config: the table refuses it
         return
     if model is None:
-        out.problems.append("teacher.model_name: is missing; a distillation config names its teacher there "
-                            "(e.g. ++teacher.model_name=Qwen/Qwen3-4B)")
+        out.problems.append(
+            "teacher.model_name: is missing; a distillation config names its teacher there "
+            "(e.g. ++teacher.model_name=Qwen/Qwen3-4B)"
+        )
         return
     put(out.config, "distillation.teacher_model_name", model)
     out.sources["distillation.teacher_model_name"] = "teacher.model_name"
@@ -88,13 +100,19 @@ def _tokenizer(rest: dict[str, Any], out: Conversion) -> None:
     if not isinstance(tok, dict) or "name" not in tok:
         return
     rest["tokenizer"] = {key: value for key, value in tok.items() if key != "name"}
-    out.ignored.append(("teacher.tokenizer.name", "rlcore runs the teacher on the student's tokenizer, as NeMo-RL "
-                        "does, and refuses a teacher model of another vocabulary as NeMo-RL's check_vocab_equality "
-                        "does; distillation.teacher.tokenizer.name maps such a teacher instead"))
+    out.ignored.append(
+        (
+            "teacher.tokenizer.name",
+            "rlcore runs the teacher on the student's tokenizer, as NeMo-RL "
+            "does, and refuses a teacher model of another vocabulary as NeMo-RL's check_vocab_equality "
+            "does; distillation.teacher.tokenizer.name maps such a teacher instead",
+        )
+    )
 
 
-def _compare(nemo: dict[str, Any], rest: dict[str, Any], out: Conversion,
-             convert: Callable[[dict[str, Any]], Conversion]) -> None:
+def _compare(
+    nemo: dict[str, Any], rest: dict[str, Any], out: Conversion, convert: Callable[[dict[str, Any]], Conversion]
+) -> None:
     """The teacher's settings, converted as the student's policy is (``convert``): each that differs from the
     student's becomes the teacher's own (``distillation.teacher``), the others are the student's already."""
     converted = convert({"policy": rest})
@@ -102,13 +120,18 @@ def _compare(nemo: dict[str, Any], rest: dict[str, Any], out: Conversion,
     student = _leaves(out.config.get("policy", {}), "policy")
     for path, value in _leaves(converted.config.get("policy", {}), "policy").items():
         if not same(value, student.get(path, _MISSING)):
-            own = "distillation.teacher." + path[len("policy."):]
+            own = "distillation.teacher." + path[len("policy.") :]
             put(out.config, own, value)
             out.sources[own] = _as_teacher(_source(converted.sources, path))
     if rest:
-        out.ignored.append(("teacher (its other keys)", "the same as the student's policy settings, which the "
-                            "teacher takes unless distillation.teacher sets its own, or ignored as they are under "
-                            "policy"))
+        out.ignored.append(
+            (
+                "teacher (its other keys)",
+                "the same as the student's policy settings, which the "
+                "teacher takes unless distillation.teacher sets its own, or ignored as they are under "
+                "policy",
+            )
+        )
 
 
 def _leaves(node: Any, prefix: str) -> dict[str, Any]:

@@ -57,18 +57,26 @@ def _dataset_names() -> list[str]:
     """The section listing NeMo-RL's dataset names and the hub datasets they load (``data.*.hub_id``)."""
     from rlcore.nemo_rl.hub_datasets import FAMILIES, describe
 
-    lines = ["## Dataset names", "",
-             "A `dataset_name` (with no `data_path`) loads the hub dataset NeMo-RL's dataset class of that name loads",
-             "(read at NeMo-RL main 7ea279a and v0.4.0), through Hugging Face `datasets` (`data.<split>.hub_id`,",
-             "`subset`, `split`; docs/datasets.md); offline (`HF_HUB_OFFLINE=1`) from the copy",
-             "`hf download --repo-type dataset <id>` left in the hub cache. A config's `split` picks the hub split.",
-             "`format` rewrites each row as NeMo-RL's class does (docs/datasets.md#row-formats). The flat layout's",
-             "(v0.4) name brings its validation set; without a validation entry, a name NeMo-RL holds rows out of",
-             "holds out the same share (`data.split_validation_size`). Another name is one line naming the",
-             "`++data.train.data_path=` override.", ""]
+    lines = [
+        "## Dataset names",
+        "",
+        "A `dataset_name` (with no `data_path`) loads the hub dataset NeMo-RL's dataset class of that name loads",
+        "(read at NeMo-RL main 7ea279a and v0.4.0), through Hugging Face `datasets` (`data.<split>.hub_id`,",
+        "`subset`, `split`; docs/datasets.md); offline (`HF_HUB_OFFLINE=1`) from the copy",
+        "`hf download --repo-type dataset <id>` left in the hub cache. A config's `split` picks the hub split.",
+        "`format` rewrites each row as NeMo-RL's class does (docs/datasets.md#row-formats). The flat layout's",
+        "(v0.4) name brings its validation set; without a validation entry, a name NeMo-RL holds rows out of",
+        "holds out the same share (`data.split_validation_size`). Another name is one line naming the",
+        "`++data.train.data_path=` override.",
+        "",
+    ]
     for family, names in FAMILIES.items():
-        lines += [f"| {family}: NeMo-RL dataset_name | hub dataset; format; row keys; validation |", "| --- | --- |",
-                  *(f"| `{name}` | {_cell(describe(name, names))} |" for name in names), ""]
+        lines += [
+            f"| {family}: NeMo-RL dataset_name | hub dataset; format; row keys; validation |",
+            "| --- | --- |",
+            *(f"| `{name}` | {_cell(describe(name, names))} |" for name in names),
+            "",
+        ]
     return lines
 
 

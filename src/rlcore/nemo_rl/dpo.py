@@ -28,8 +28,8 @@ from typing import Any
 
 from rlcore.config.messages import show_value
 from rlcore.nemo_rl.conversion import Conversion, algorithm, get, nemo_defaults, put, without_unread
-from rlcore.nemo_rl.data_reader import DataReader, Items, value_of
 from rlcore.nemo_rl.data_reader import TOP_LEVEL as DATA_TOP_LEVEL
+from rlcore.nemo_rl.data_reader import DataReader, Items, value_of
 from rlcore.nemo_rl.hub_datasets import PREFERENCE_NAMES
 
 #: NeMo-RL's defaults of ``dpo`` keys (its DPOConfig, main) where rlcore's differ.
@@ -37,9 +37,11 @@ NEMO_DEFAULTS = {"val_period": 25, "val_batches": 8, "val_at_start": True, "seed
 #: How NeMo-RL's DPO tokenizes a pair (get_formatted_message_log's defaults), as rlcore's dpo settings.
 TOKENIZATION = {"add_bos": True, "add_eos": True, "add_generation_prompt": False}
 #: The sections of a NeMo-RL config its DPO does not read, with why.
-UNREAD = {"loss_fn": "NeMo-RL's DPO trains its own loss (set in dpo); it does not read the policy-gradient loss",
-          "env": "NeMo-RL's DPO scores nothing; it does not read the environments",
-          "policy.generation": "NeMo-RL's DPO generates nothing; it does not read the generation settings"}
+UNREAD = {
+    "loss_fn": "NeMo-RL's DPO trains its own loss (set in dpo); it does not read the policy-gradient loss",
+    "env": "NeMo-RL's DPO scores nothing; it does not read the environments",
+    "policy.generation": "NeMo-RL's DPO generates nothing; it does not read the generation settings",
+}
 #: NeMo-RL's DPO validation metrics (DPOValMetrics) that rlcore's DPO validation computes.
 METRICS = ("loss", "accuracy", "preference_loss", "sft_loss", "rewards_chosen_mean", "rewards_rejected_mean")
 #: Datasets whose rows are (or are formatted by NeMo-RL to) a 'context' log with ranked 'completions'.
@@ -57,8 +59,7 @@ IGNORED = {
     "use_multiple_dataloader": "one dataloader",
     "task_name": "one task per run",
 }
-NULL_ONLY = {"subset": ("Hugging Face dataset subsets",
-                        "set it to null and give the rows as a local file (data_path)")}
+NULL_ONLY = {"subset": ("Hugging Face dataset subsets", "set it to null and give the rows as a local file (data_path)")}
 #: Where each split's file and split name are, in the flat layout of the early releases.
 FLAT_KEYS = {"train": (("train_data_path",), ("train_split",)), "validation": (("val_data_path",), ("val_split",))}
 
@@ -71,10 +72,20 @@ class _PreferenceData(DataReader):
     IGNORED = IGNORED
     NULL_ONLY = NULL_ONLY
     HUB_NAMES = PREFERENCE_NAMES
-    ENTRY_NAMES = {"dataset_name", "data_path", "split", "prompt_file", *BINARY_KEYS, *IGNORED, *NULL_ONLY,
-                   *(k for keys in FLAT_KEYS.values() for group in keys for k in group)}
-    ROWS = ("NeMo-RL's PreferenceDataset rows: a 'context' message log and ranked 'completions'; for 'prompt', "
-            "'chosen' and 'rejected' rows also set its dataset_name=BinaryPreferenceDataset")
+    ENTRY_NAMES = {
+        "dataset_name",
+        "data_path",
+        "split",
+        "prompt_file",
+        *BINARY_KEYS,
+        *IGNORED,
+        *NULL_ONLY,
+        *(k for keys in FLAT_KEYS.values() for group in keys for k in group),
+    }
+    ROWS = (
+        "NeMo-RL's PreferenceDataset rows: a 'context' message log and ranked 'completions'; for 'prompt', "
+        "'chosen' and 'rejected' rows also set its dataset_name=BinaryPreferenceDataset"
+    )
 
     def __init__(self, nemo: dict[str, Any], out: Conversion) -> None:
         super().__init__(nemo, out)
@@ -82,8 +93,11 @@ class _PreferenceData(DataReader):
 
     def top_level(self, key: str, value: Any) -> None:
         if key in TOKENS:
-            self.ignore(f"data.{key}", "NeMo-RL's DPO does not read it: it tokenizes with BOS and EOS, without a "
-                        "generation prompt (dpo.add_bos, add_eos, add_generation_prompt)")
+            self.ignore(
+                f"data.{key}",
+                "NeMo-RL's DPO does not read it: it tokenizes with BOS and EOS, without a "
+                "generation prompt (dpo.add_bos, add_eos, add_generation_prompt)",
+            )
         elif key != "val_data_paths":  # read with the splits
             super().top_level(key, value)
 
@@ -100,10 +114,12 @@ class _PreferenceData(DataReader):
                 self.ignore("data.val_data_paths", "empty: none")
             return splits
         if len(paths) > 1:
-            self.problem("data.val_data_paths", f"names {len(paths)} validation sets; an rlcore run validates on "
-                         "one file: keep one")
+            self.problem(
+                "data.val_data_paths",
+                f"names {len(paths)} validation sets; an rlcore run validates on one file: keep one",
+            )
             return splits
-        (name, path), = paths.items()
+        ((name, path),) = paths.items()
         replaced = (k for k in data if k == "validation" or (k.startswith("val_") and k != "val_data_paths"))
         for key in replaced:
             self.ignore(f"data.{key}", "data.val_data_paths replaces it, as in NeMo-RL")
@@ -130,21 +146,31 @@ class _PreferenceData(DataReader):
                 prompts[name] = self.binary(items, path)
                 binary.append(path)
             elif kind is None:
-                self.problem(path, f"is missing; NeMo-RL's DPO needs one: PreferenceDataset or {BINARY} (with a "
-                             "local data_path)")
+                self.problem(
+                    path, f"is missing; NeMo-RL's DPO needs one: PreferenceDataset or {BINARY} (with a local data_path)"
+                )
             else:
-                self.problem(path, f"is {show_value(kind)}, a dataset rlcore does not read: give the rows as a local "
-                             "file with dataset_name PreferenceDataset ('context' and ranked 'completions') or "
-                             f"{BINARY} ('prompt', 'chosen' and 'rejected')")
+                self.problem(
+                    path,
+                    f"is {show_value(kind)}, a dataset rlcore does not read: give the rows as a local "
+                    "file with dataset_name PreferenceDataset ('context' and ranked 'completions') or "
+                    f"{BINARY} ('prompt', 'chosen' and 'rejected')",
+                )
         if ranked:
             self.set("data.messages_key", "context", ", ".join(sorted(set(ranked))))
         if len({key for key, _ in prompts.values()}) > 1:
-            self.problem(prompts["validation"][1], f"data.train's is {show_value(prompts['train'][0])}, "
-                         f"data.validation's {show_value(prompts['validation'][0])}; rlcore reads both splits with "
-                         "one data.input_key: give them the same (e.g. in data.default)")
+            self.problem(
+                prompts["validation"][1],
+                f"data.train's is {show_value(prompts['train'][0])}, "
+                f"data.validation's {show_value(prompts['validation'][0])}; rlcore reads both splits with "
+                "one data.input_key: give them the same (e.g. in data.default)",
+            )
         elif prompts:
-            self.set("data.input_key", next(iter(prompts.values()))[0],
-                     ", ".join(sorted({path for _, path in prompts.values()} | set(binary))))
+            self.set(
+                "data.input_key",
+                next(iter(prompts.values()))[0],
+                ", ".join(sorted({path for _, path in prompts.values()} | set(binary))),
+            )
         self.prompt_file(splits)
 
     def binary(self, items: Items, path: str) -> tuple[str, str]:
@@ -156,9 +182,12 @@ class _PreferenceData(DataReader):
             if value == BINARY_KEYS[key]:
                 self.ignore(items[key][1], f"rlcore reads the '{value}' column")
             else:
-                self.problem(items[key][1], f"is {show_value(value)}, but rlcore reads a binary row's responses from "
-                             f"its 'chosen' and 'rejected' columns: rename the column in the file and set it to "
-                             f"{show_value(BINARY_KEYS[key])}")
+                self.problem(
+                    items[key][1],
+                    f"is {show_value(value)}, but rlcore reads a binary row's responses from "
+                    f"its 'chosen' and 'rejected' columns: rename the column in the file and set it to "
+                    f"{show_value(BINARY_KEYS[key])}",
+                )
         return value_of(items, "prompt_key", BINARY_KEYS["prompt_key"]), items.get("prompt_key", (None, path))[1]
 
     def prompt_file(self, splits: dict[str, Items]) -> None:
@@ -173,13 +202,19 @@ class _PreferenceData(DataReader):
         for name, value in values.items():
             kind, where = self.kinds.get(name, (None, ""))
             if value is not None and kind in RANKED:
-                self.problem(splits[name]["prompt_file"][1], f"is set, but {where} names message-log rows "
-                             "('context'), and rlcore formats only input_key rows with the prompt file: set it to null")
+                self.problem(
+                    splits[name]["prompt_file"][1],
+                    f"is set, but {where} names message-log rows "
+                    "('context'), and rlcore formats only input_key rows with the prompt file: set it to null",
+                )
                 return
         files = {value for name, value in values.items() if self.kinds.get(name, (None,))[0] == BINARY}
         if len(files) > 1:
-            self.problem(paths[-1], "differs between data.train and data.validation; rlcore formats both splits with "
-                         "one data.prompt_file: give them the same (e.g. in data.default)")
+            self.problem(
+                paths[-1],
+                "differs between data.train and data.validation; rlcore formats both splits with "
+                "one data.prompt_file: give them the same (e.g. in data.default)",
+            )
         elif files - {None}:
             self.set("data.prompt_file", str(Path(str(files.pop())).expanduser().absolute()), ", ".join(paths))
 

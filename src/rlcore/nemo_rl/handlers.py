@@ -7,7 +7,8 @@ problems. A handler tolerates the keys it reads being absent.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from rlcore.config.messages import show_value
 from rlcore.nemo_rl.conversion import Conversion, algorithm, get, is_neutral, put
@@ -56,31 +57,40 @@ def cluster(nemo: dict[str, Any], out: Conversion) -> None:
     inf_gpus, inf_nodes = res.get("gpus_per_node"), res.get("num_nodes")
     if nodes == 1:
         if not isinstance(inf_gpus, int) or inf_gpus <= 0:
-            out.problems.append(f"{res_path}.gpus_per_node: is {show_value(inf_gpus)}; with cluster.num_nodes 1 and "
-                                "generation not colocated it must be the number of GPUs for generation (> 0)")
+            out.problems.append(
+                f"{res_path}.gpus_per_node: is {show_value(inf_gpus)}; with cluster.num_nodes 1 and "
+                "generation not colocated it must be the number of GPUs for generation (> 0)"
+            )
             return
         if inf_nodes not in (None, 1):
-            out.problems.append(f"{res_path}.num_nodes: is {show_value(inf_nodes)}; with cluster.num_nodes 1 it "
-                                "must be 1 or null")
+            out.problems.append(
+                f"{res_path}.num_nodes: is {show_value(inf_nodes)}; with cluster.num_nodes 1 it must be 1 or null"
+            )
         train = gpus - inf_gpus
         if train <= 0:
-            out.problems.append(f"cluster.gpus_per_node: {gpus} minus {res_path}.gpus_per_node {inf_gpus} leaves "
-                                "no GPU for training")
+            out.problems.append(
+                f"cluster.gpus_per_node: {gpus} minus {res_path}.gpus_per_node {inf_gpus} leaves no GPU for training"
+            )
             return
         _set(out, "cluster.num_nodes", 1, "cluster.num_nodes")
         _set(out, "cluster.workers_per_node", train, f"cluster.gpus_per_node - {res_path}.gpus_per_node")
         _set(out, res_path, {"num_nodes": 1, "workers_per_node": inf_gpus}, res_path)
         return
     if not isinstance(inf_nodes, int) or inf_nodes <= 0:
-        out.problems.append(f"{res_path}.num_nodes: is {show_value(inf_nodes)}; with several nodes and generation "
-                            "not colocated it must be the number of generation nodes (> 0)")
+        out.problems.append(
+            f"{res_path}.num_nodes: is {show_value(inf_nodes)}; with several nodes and generation "
+            "not colocated it must be the number of generation nodes (> 0)"
+        )
         return
     if inf_gpus != gpus:
-        out.problems.append(f"{res_path}.gpus_per_node: is {show_value(inf_gpus)}; with several nodes it must "
-                            f"equal cluster.gpus_per_node ({gpus})")
+        out.problems.append(
+            f"{res_path}.gpus_per_node: is {show_value(inf_gpus)}; with several nodes it must "
+            f"equal cluster.gpus_per_node ({gpus})"
+        )
     if nodes - inf_nodes <= 0:
-        out.problems.append(f"cluster.num_nodes: {nodes} minus {res_path}.num_nodes {inf_nodes} leaves no node "
-                            "for training")
+        out.problems.append(
+            f"cluster.num_nodes: {nodes} minus {res_path}.num_nodes {inf_nodes} leaves no node for training"
+        )
         return
     _set(out, "cluster.num_nodes", nodes - inf_nodes, f"cluster.num_nodes - {res_path}.num_nodes")
     _set(out, "cluster.workers_per_node", gpus, "cluster.gpus_per_node")
@@ -107,8 +117,9 @@ def clipping(nemo: dict[str, Any], out: Conversion) -> None:
             value = None if clip is None or clip == 0 else clip
             _set(out, "policy.max_grad_norm", value, "policy.megatron_cfg.optimizer.clip_grad")
             if norm is not _MISSING and norm != value:
-                out.ignored.append(("policy.max_grad_norm", "the megatron backend clips by "
-                                    "megatron_cfg.optimizer.clip_grad"))
+                out.ignored.append(
+                    ("policy.max_grad_norm", "the megatron backend clips by megatron_cfg.optimizer.clip_grad")
+                )
             return
     if norm is not _MISSING:
         _set(out, "policy.max_grad_norm", norm, "policy.max_grad_norm")
@@ -117,8 +128,11 @@ def clipping(nemo: dict[str, Any], out: Conversion) -> None:
 def optimizer(nemo: dict[str, Any], out: Conversion) -> None:
     opt = get(nemo, "policy.optimizer", _MISSING)
     if opt is None:
-        why = ("the megatron backend uses megatron_cfg.optimizer" if _backend(nemo) == "megatron"
-               else "null: rlcore's default optimizer (torch.optim.AdamW) is used")
+        why = (
+            "the megatron backend uses megatron_cfg.optimizer"
+            if _backend(nemo) == "megatron"
+            else "null: rlcore's default optimizer (torch.optim.AdamW) is used"
+        )
         out.ignored.append(("policy.optimizer", why))
     elif isinstance(opt, dict) and _backend(nemo) == "megatron":
         out.ignored.append(("policy.optimizer", "the megatron backend uses megatron_cfg.optimizer (as in NeMo-RL)"))
@@ -168,12 +182,16 @@ def advantage(nemo: dict[str, Any], out: Conversion) -> None:
     est = grpo.get("adv_estimator") if isinstance(grpo.get("adv_estimator"), dict) else {}
     name = est.get("name", "grpo")
     if name not in ("grpo", "gdpo", "reinforce_plus_plus"):
-        out.problems.append(f"grpo.adv_estimator.name: is {show_value(name)}, but rlcore does not support that "
-                            "advantage estimator: set it to 'grpo', 'gdpo' or 'reinforce_plus_plus'")
+        out.problems.append(
+            f"grpo.adv_estimator.name: is {show_value(name)}, but rlcore does not support that "
+            "advantage estimator: set it to 'grpo', 'gdpo' or 'reinforce_plus_plus'"
+        )
         return
-    own = {"grpo": ("normalize_rewards", "use_leave_one_out_baseline"),
-           "gdpo": ("normalize_rewards", "use_leave_one_out_baseline", "reward_weights"),
-           "reinforce_plus_plus": ("minus_baseline",)}
+    own = {
+        "grpo": ("normalize_rewards", "use_leave_one_out_baseline"),
+        "gdpo": ("normalize_rewards", "use_leave_one_out_baseline", "reward_weights"),
+        "reinforce_plus_plus": ("minus_baseline",),
+    }
     for key, value in est.items():
         if key == "name" or key in own[name]:
             continue
@@ -182,16 +200,24 @@ def advantage(nemo: dict[str, Any], out: Conversion) -> None:
             if value is not None:
                 out.ignored.append((f"grpo.adv_estimator.{key}", f"{owner} only"))
         elif not is_neutral(value, (None, False)):
-            out.problems.append(f"grpo.adv_estimator.{key}: is {show_value(value)}, an option rlcore's reader "
-                                "does not know: remove it")
+            out.problems.append(
+                f"grpo.adv_estimator.{key}: is {show_value(value)}, an option rlcore's reader does not know: remove it"
+            )
     if name == "reinforce_plus_plus":
         baseline = est.get("minus_baseline", True) is not False  # NeMo-RL's examples set it true
-        _set(out, "grpo.advantage_estimator", "reinforce_plus_plus_baseline" if baseline else "reinforce_plus_plus",
-             "grpo.adv_estimator.name, grpo.adv_estimator.minus_baseline")
+        _set(
+            out,
+            "grpo.advantage_estimator",
+            "reinforce_plus_plus_baseline" if baseline else "reinforce_plus_plus",
+            "grpo.adv_estimator.name, grpo.adv_estimator.minus_baseline",
+        )
         out.ignored.extend((f"grpo.{key}", "grpo advantages only") for key in own["grpo"] if key in grpo)
         return
-    loo_path = "grpo.adv_estimator.use_leave_one_out_baseline" if "use_leave_one_out_baseline" in est \
+    loo_path = (
+        "grpo.adv_estimator.use_leave_one_out_baseline"
+        if "use_leave_one_out_baseline" in est
         else "grpo.use_leave_one_out_baseline"
+    )
     norm_path = "grpo.adv_estimator.normalize_rewards" if "normalize_rewards" in est else "grpo.normalize_rewards"
     loo, norm = get(nemo, loo_path, _MISSING), get(nemo, norm_path, _MISSING)
     if name == "gdpo":
@@ -200,8 +226,12 @@ def advantage(nemo: dict[str, Any], out: Conversion) -> None:
     if loo is _MISSING and norm is _MISSING:
         return
     loo, norm = loo is not False, norm is not False  # NeMo-RL's defaults are true
-    estimator = {(True, True): "leave_one_out_std", (True, False): "leave_one_out",
-                 (False, True): "mean_std", (False, False): "mean"}[(loo, norm)]
+    estimator = {
+        (True, True): "leave_one_out_std",
+        (True, False): "leave_one_out",
+        (False, True): "mean_std",
+        (False, False): "mean",
+    }[(loo, norm)]
     _set(out, "grpo.advantage_estimator", estimator, f"{loo_path}, {norm_path}")
 
 
@@ -220,8 +250,11 @@ def importance_sampling(nemo: dict[str, Any], out: Conversion) -> None:
     on = loss.get("use_importance_sampling_correction", False)
     if "use_importance_sampling_correction" in loss:
         _set(out, "loss.use_importance_sampling_correction", on, "loss_fn.use_importance_sampling_correction")
-    keys = ("truncated_importance_sampling_type", "truncated_importance_sampling_ratio",
-            "truncated_importance_sampling_ratio_min")
+    keys = (
+        "truncated_importance_sampling_type",
+        "truncated_importance_sampling_ratio",
+        "truncated_importance_sampling_ratio_min",
+    )
     for key in keys:
         if key not in loss:
             continue
@@ -244,10 +277,20 @@ def loss_defaults(nemo: dict[str, Any], out: Conversion) -> None:
 
 
 HANDLERS: dict[str, Callable[[dict[str, Any], Conversion], None]] = {
-    "cluster": cluster, "chat_template": chat_template, "clipping": clipping, "optimizer": optimizer,
-    "scheduler": scheduler, "advantage": advantage, "importance_sampling": importance_sampling,
-    "loss_defaults": loss_defaults, "task": task, "checkpoint_metric": checkpoint_metric,
-    "sft_data": sft_data, "sft_defaults": sft_defaults, "dpo_data": dpo_data, "dpo_defaults": dpo_defaults,
+    "cluster": cluster,
+    "chat_template": chat_template,
+    "clipping": clipping,
+    "optimizer": optimizer,
+    "scheduler": scheduler,
+    "advantage": advantage,
+    "importance_sampling": importance_sampling,
+    "loss_defaults": loss_defaults,
+    "task": task,
+    "checkpoint_metric": checkpoint_metric,
+    "sft_data": sft_data,
+    "sft_defaults": sft_defaults,
+    "dpo_data": dpo_data,
+    "dpo_defaults": dpo_defaults,
     "distillation_settings": distillation_settings,
 }
 ORDER = tuple(HANDLERS)

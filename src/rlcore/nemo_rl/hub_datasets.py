@@ -50,16 +50,24 @@ class HubDataset:
 _AIME_H4 = ("HuggingFaceH4/aime_2024", "train")
 _AIME_DAPO = ("BytedTsinghua-SIA/AIME-2024", "train")
 _DAPO_KEYS = {"messages_key": "prompt", "output_key": "reward_model.ground_truth"}
-_OMI2 = HubDataset("nvidia/OpenMathInstruct-2", "train_1M", keys={"input_key": "problem",
-                                                                  "output_key": "expected_answer"}, held_out=0.05)
-_GSM8K = HubDataset("openai/gsm8k", subset="main", keys={"input_key": "question", "output_key": "answer"},
-                    format="gsm8k")
+_OMI2 = HubDataset(
+    "nvidia/OpenMathInstruct-2",
+    "train_1M",
+    keys={"input_key": "problem", "output_key": "expected_answer"},
+    held_out=0.05,
+)
+_GSM8K = HubDataset(
+    "openai/gsm8k", subset="main", keys={"input_key": "question", "output_key": "answer"}, format="gsm8k"
+)
 
 #: GRPO's and distillation's names (response datasets scored by the math environment).
 NAMES: dict[str, HubDataset] = {
     "OpenMathInstruct-2": _OMI2,
-    "DeepScaler": HubDataset("agentica-org/DeepScaleR-Preview-Dataset",
-                             keys={"input_key": "problem", "output_key": "answer"}, validation=_AIME_H4),
+    "DeepScaler": HubDataset(
+        "agentica-org/DeepScaleR-Preview-Dataset",
+        keys={"input_key": "problem", "output_key": "answer"},
+        validation=_AIME_H4,
+    ),
     "AIME2024": HubDataset(*_AIME_H4, keys={"input_key": "problem", "output_key": "answer"}),
     # the row's prompt is a message log already; the answer is nested
     "DAPOMath17K": HubDataset("BytedTsinghua-SIA/DAPO-Math-17k", keys=_DAPO_KEYS, validation=_AIME_DAPO),
@@ -70,24 +78,34 @@ NAMES: dict[str, HubDataset] = {
 
 #: SFT's names (message logs, or input/output rows).
 SFT_NAMES: dict[str, HubDataset] = {
-    "squad": HubDataset("rajpurkar/squad", keys={"messages_key": "messages"}, format="squad",
-                        validation=("rajpurkar/squad", "validation")),
+    "squad": HubDataset(
+        "rajpurkar/squad",
+        keys={"messages_key": "messages"},
+        format="squad",
+        validation=("rajpurkar/squad", "validation"),
+    ),
     "OpenMathInstruct-2": _OMI2,
     "openmathinstruct2": _OMI2,  # v0.4's SFT name
-    "open_assistant": HubDataset("OpenAssistant/oasst1", keys={"messages_key": "messages"}, format="oasst",
-                                 held_out=0.05),
-    "tulu3_sft_mixture": HubDataset("allenai/tulu-3-sft-mixture", keys={"messages_key": "messages"},
-                                    held_out=0.05),
+    "open_assistant": HubDataset(
+        "OpenAssistant/oasst1", keys={"messages_key": "messages"}, format="oasst", held_out=0.05
+    ),
+    "tulu3_sft_mixture": HubDataset("allenai/tulu-3-sft-mixture", keys={"messages_key": "messages"}, held_out=0.05),
     "gsm8k": _GSM8K,
     "GSM8K": _GSM8K,
 }
 
 #: DPO's and RM's names (a 'context' log and ranked 'completions').
 PREFERENCE_NAMES: dict[str, HubDataset] = {
-    "HelpSteer3": HubDataset("nvidia/HelpSteer3", subset="preference", keys={"messages_key": "context"},
-                             format="helpsteer3", validation=("nvidia/HelpSteer3", "validation")),
-    "Tulu3Preference": HubDataset("allenai/llama-3.1-tulu-3-8b-preference-mixture",
-                                  keys={"messages_key": "context"}, format="tulu3_preference"),
+    "HelpSteer3": HubDataset(
+        "nvidia/HelpSteer3",
+        subset="preference",
+        keys={"messages_key": "context"},
+        format="helpsteer3",
+        validation=("nvidia/HelpSteer3", "validation"),
+    ),
+    "Tulu3Preference": HubDataset(
+        "allenai/llama-3.1-tulu-3-8b-preference-mixture", keys={"messages_key": "context"}, format="tulu3_preference"
+    ),
 }
 
 #: Each family's names, as docs/nemo-rl-mapping.md lists them.

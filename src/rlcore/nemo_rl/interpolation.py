@@ -158,7 +158,7 @@ class Resolver:
         if path in self.done:
             return self.done[path]
         if path in self.resolving:
-            cycle = " -> ".join(join_path("", list(p)) for p in [*self.resolving[self.resolving.index(path):], path])
+            cycle = " -> ".join(join_path("", list(p)) for p in [*self.resolving[self.resolving.index(path) :], path])
             raise _Problem(f"interpolation cycle: {cycle}")
         raw = self._get(path)
         if raw is _MISSING:
@@ -188,12 +188,12 @@ class Resolver:
                 if j < 0:
                     pieces.append(text[i:])
                     break
-                pieces.append(text[i:j - 1] + "${")
+                pieces.append(text[i : j - 1] + "${")
                 i = j + 2
                 continue
             pieces.append(text[i:j])
             end = _scan(text, j)
-            pieces.append((self._expression(text[j + 2:end - 1], where),))
+            pieces.append((self._expression(text[j + 2 : end - 1], where),))
             i = end
         parts = [p for p in pieces if p != ""]
         if len(parts) == 1 and isinstance(parts[0], tuple):
@@ -207,7 +207,7 @@ class Resolver:
         expr = expr.strip()
         head = re.match(r"^([A-Za-z_][\w.]*):", expr)
         if head and not expr.startswith("."):
-            name, rest = head.group(1), expr[head.end():]
+            name, rest = head.group(1), expr[head.end() :]
             args = [self._argument(a, where) for a in _split_args(rest)] if rest.strip() else []
             if name == "oc.select":
                 target = self._reference(str(args[0]), where, missing_ok=True) if args else _MISSING
@@ -249,8 +249,10 @@ def resolve(config: dict[str, Any]) -> dict[str, Any]:
         if isinstance(node, list):
             return [walk(v, (*path, i)) for i, v in enumerate(node)]
         if node == "???":  # OmegaConf's mandatory value
-            problems.append(f"{join_path('', list(path))}: is '???' (a value the config leaves to you): set it "
-                            "with an override, e.g. " + join_path('', list(path)) + "=...")
+            problems.append(
+                f"{join_path('', list(path))}: is '???' (a value the config leaves to you): set it "
+                "with an override, e.g. " + join_path("", list(path)) + "=..."
+            )
             return None
         if isinstance(node, str) and "${" in node:
             try:

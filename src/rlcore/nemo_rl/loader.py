@@ -71,8 +71,9 @@ def load_with_defaults(path: str | Path, _chain: tuple[Path, ...] = ()) -> dict[
         return data
     names = [defaults] if isinstance(defaults, (str, Path)) else defaults
     if not isinstance(names, list) or not all(isinstance(n, (str, Path)) for n in names):
-        raise ConfigError([f"{path}: defaults: expected a file name or a list of file names, got {defaults!r}"],
-                          source=str(path))
+        raise ConfigError(
+            [f"{path}: defaults: expected a file name or a list of file names, got {defaults!r}"], source=str(path)
+        )
     base: dict[str, Any] = {}
     for name in names:
         parent = Path(name) if Path(name).is_absolute() else path.parent / str(name)
@@ -110,18 +111,20 @@ def apply_hydra_overrides(config: dict[str, Any], overrides: Sequence[str]) -> d
     """A copy of ``config`` with Hydra-style overrides applied in order; problems all reported together."""
     out = copy.deepcopy(config)
     problems: list[str] = []
-    for item in ([overrides] if isinstance(overrides, str) else overrides):
+    for item in [overrides] if isinstance(overrides, str) else overrides:
         text = item.strip()
         mode = "set"
         for prefix, name in (("++", "force"), ("+", "add"), ("~", "delete")):
             if text.startswith(prefix):
-                mode, text = name, text[len(prefix):]
+                mode, text = name, text[len(prefix) :]
                 break
         key, sep, raw = text.partition("=")
         parts = _split_key(key.strip())
         if parts is None or (not sep and mode != "delete"):
-            problems.append(f"override '{item}': expected key=value, +key=value, ++key=value or ~key "
-                            "with a dotted key, e.g. policy.train_micro_batch_size=2")
+            problems.append(
+                f"override '{item}': expected key=value, +key=value, ++key=value or ~key "
+                "with a dotted key, e.g. policy.train_micro_batch_size=2"
+            )
             continue
         try:
             value = yaml.load(raw, Loader=ConfigLoader) if sep else None  # noqa: S506 - a SafeLoader

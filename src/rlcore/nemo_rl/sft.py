@@ -23,22 +23,28 @@ from typing import Any
 
 from rlcore.config.messages import show_value
 from rlcore.nemo_rl.conversion import Conversion, is_sft, nemo_defaults, without_unread
-from rlcore.nemo_rl.data_reader import DataReader, Items, value_of
 from rlcore.nemo_rl.data_reader import TOP_LEVEL as DATA_TOP_LEVEL
+from rlcore.nemo_rl.data_reader import DataReader, Items, value_of
 from rlcore.nemo_rl.hub_datasets import SFT_NAMES
 
 #: NeMo-RL's defaults of ``sft`` keys (its SFTConfig, main) where rlcore's differ: an sft section without the
 #: key means these. (The releases before required every key.)
 NEMO_DEFAULTS = {"val_period": 10, "val_batches": 8, "val_at_start": True, "seed": 42}
 #: The sections of a NeMo-RL config its SFT does not read, with why.
-UNREAD = {"loss_fn": "NeMo-RL's SFT trains NLL; it does not read the policy-gradient loss",
-          "env": "NeMo-RL's SFT scores nothing; it does not read the environments",
-          "policy.generation": "NeMo-RL's SFT generates nothing; it does not read the generation settings"}
+UNREAD = {
+    "loss_fn": "NeMo-RL's SFT trains NLL; it does not read the policy-gradient loss",
+    "env": "NeMo-RL's SFT scores nothing; it does not read the environments",
+    "policy.generation": "NeMo-RL's SFT generates nothing; it does not read the generation settings",
+}
 TOKENS = ("add_bos", "add_eos", "add_generation_prompt")
 #: NeMo-RL's row keys (one per dataset entry), rlcore's single one for both splits, and their default.
-ROW_KEYS = {"input_key": ("input_key", "input"), "output_key": ("output_key", "output"),
-            "chat_key": ("messages_key", "messages"), "prompt_file": ("prompt_file", None),
-            "system_prompt": ("system_prompt", None)}
+ROW_KEYS = {
+    "input_key": ("input_key", "input"),
+    "output_key": ("output_key", "output"),
+    "chat_key": ("messages_key", "messages"),
+    "prompt_file": ("prompt_file", None),
+    "system_prompt": ("system_prompt", None),
+}
 #: Dataset keys that change nothing an rlcore SFT run computes, with why.
 IGNORED = {
     "num_workers": "dataloader worker processes: rlcore reads the data once, before the run",
@@ -51,15 +57,21 @@ IGNORED = {
 }
 #: Dataset keys that change nothing while null; another value is an error: (what rlcore lacks, the fix).
 NULL_ONLY = {
-    "system_key": ("a system message from a column of the row",
-                   "set it to null and put the system message in the row's messages (or use system_prompt)"),
-    "tool_key": ("tool definitions for the chat template (rlcore's SFT renders messages only)",
-                 "set it to null, with rows that hold no tools"),
+    "system_key": (
+        "a system message from a column of the row",
+        "set it to null and put the system message in the row's messages (or use system_prompt)",
+    ),
+    "tool_key": (
+        "tool definitions for the chat template (rlcore's SFT renders messages only)",
+        "set it to null, with rows that hold no tools",
+    ),
     "subset": ("Hugging Face dataset subsets", "set it to null and give the rows as a local file (data_path)"),
 }
 #: Where each split's file and split name are, in the flat layout of the early releases.
-FLAT_KEYS = {"train": (("train_data_path", "data_path"), ("split", "train_split")),
-             "validation": (("val_data_path",), ("val_split",))}
+FLAT_KEYS = {
+    "train": (("train_data_path", "data_path"), ("split", "train_split")),
+    "validation": (("val_data_path",), ("val_split",)),
+}
 
 
 class _Data(DataReader):
@@ -69,8 +81,17 @@ class _Data(DataReader):
     TOP_LEVEL = {*DATA_TOP_LEVEL, *TOKENS}
     IGNORED = IGNORED
     NULL_ONLY = NULL_ONLY
-    ENTRY_NAMES = {"dataset_name", "data_path", "split", "split_validation_size", "processor", *ROW_KEYS, *IGNORED,
-                   *NULL_ONLY, *(k for keys in FLAT_KEYS.values() for group in keys for k in group)}
+    ENTRY_NAMES = {
+        "dataset_name",
+        "data_path",
+        "split",
+        "split_validation_size",
+        "processor",
+        *ROW_KEYS,
+        *IGNORED,
+        *NULL_ONLY,
+        *(k for keys in FLAT_KEYS.values() for group in keys for k in group),
+    }
     ROWS = "each a 'messages' log, or 'input' and 'output'"
     HUB_NAMES = SFT_NAMES
 
@@ -87,14 +108,19 @@ class _Data(DataReader):
             if value in (None, "sft_processor"):
                 self.ignore(path, "rlcore's SFT tokenizes each row as NeMo-RL's sft_processor does")
             else:
-                self.problem(path, f"is {show_value(value)}, but rlcore's SFT tokenizes each row as NeMo-RL's "
-                             "sft_processor does: set it to sft_processor")
+                self.problem(
+                    path,
+                    f"is {show_value(value)}, but rlcore's SFT tokenizes each row as NeMo-RL's "
+                    "sft_processor does: set it to sft_processor",
+                )
         elif key == "split_validation_size":
             if name == "train" and value:
                 self.set("data.split_validation_size", value, path)
             elif value:
-                self.problem(path, f"is {show_value(value)}, but rlcore holds validation rows out of data.train "
-                             "only: remove it here")
+                self.problem(
+                    path,
+                    f"is {show_value(value)}, but rlcore holds validation rows out of data.train only: remove it here",
+                )
             else:
                 self.ignore(path, "none held out")
         else:
@@ -110,9 +136,12 @@ class _Data(DataReader):
             given = {name: items[key][1] for name, items in splits.items() if key in items}
             if len(set(map(repr, values.values()))) > 1:
                 where = given.get("validation") or given.get("train") or "data.validation.dataset_name"
-                self.problem(where, f"data.train's is {show_value(values['train'])}, data.validation's "
-                             f"{show_value(values['validation'])}; rlcore reads both splits with one data.{target}: "
-                             "give them the same (e.g. in data.default)")
+                self.problem(
+                    where,
+                    f"data.train's is {show_value(values['train'])}, data.validation's "
+                    f"{show_value(values['validation'])}; rlcore reads both splits with one data.{target}: "
+                    "give them the same (e.g. in data.default)",
+                )
                 continue
             value = values.get("train", nemo_default)
             named = sorted({path for name, path in given.items() if value_of(splits[name], key) is not None})
@@ -121,8 +150,12 @@ class _Data(DataReader):
                     value = str(Path(str(value)).expanduser().absolute())
                 self.set(f"data.{target}", value, ", ".join(named) or "data.train.dataset_name (its columns)")
             for path in sorted(set(given.values()) - set(named)):
-                self.ignore(path, "null: none" if nemo_default is None else
-                            f"null: NeMo-RL's default {show_value(nemo_default)}, rlcore's too")
+                self.ignore(
+                    path,
+                    "null: none"
+                    if nemo_default is None
+                    else f"null: NeMo-RL's default {show_value(nemo_default)}, rlcore's too",
+                )
         self.prompt_with_logs(splits)
 
     def prompt_with_logs(self, splits: dict[str, Items]) -> None:
@@ -135,7 +168,8 @@ class _Data(DataReader):
             if value_of(items, "dataset_name") == "openai_format":
                 self.out.problems.append(
                     f"{source.split(', ')[0]}: is set, but {items['dataset_name'][1]} is 'openai_format' (message "
-                    "logs), and rlcore formats only input_key rows with the prompt file: set it to null")
+                    "logs), and rlcore formats only input_key rows with the prompt file: set it to null"
+                )
                 return
 
 

@@ -25,7 +25,7 @@ ENVIRONMENTS = {"math": "math"}
 #: Keys that change nothing here, with why.
 IGNORED = {
     "max_input_seq_length": "rlcore refuses, before the run, a prompt that leaves no room for a completion within "
-                            "policy.max_total_sequence_length",
+    "policy.max_total_sequence_length",
     "num_workers": "dataloader worker processes: rlcore reads the data once, before the run",
     "processor": "rlcore builds prompts from data.prompt_file / system_prompt_file and the chat template",
     "seed": "rlcore splits and shuffles with grpo.seed",
@@ -67,9 +67,11 @@ def _dataset(entry: dict[str, Any], where: str, split: str, out: Conversion) -> 
         _hub_dataset(NAMES[str(name)], where, split, out, entry.get("split"))
         return NAMES[str(name)]
     if not path:
-        out.problems.append(f"{where}.dataset_name: is {show_value(name)}, a dataset rlcore does not know by name "
-                            f"(docs/nemo-rl-mapping.md lists those it does); give its rows as a local file: "
-                            f"++{where}.data_path=/path/to/{split}.jsonl")
+        out.problems.append(
+            f"{where}.dataset_name: is {show_value(name)}, a dataset rlcore does not know by name "
+            f"(docs/nemo-rl-mapping.md lists those it does); give its rows as a local file: "
+            f"++{where}.data_path=/path/to/{split}.jsonl"
+        )
         return
     _file(out, f"data.{split}.path", path, f"{where}.data_path")
     if entry.get("split"):
@@ -113,9 +115,11 @@ def _prompts(entry: dict[str, Any], where: str, out: Conversion) -> None:
     if env in known:
         _set(out, "env.name", known[env], f"{where}.env_name")
     else:
-        out.problems.append(f"{where}.env_name: is {show_value(env)}, and no installed environment has that name "
-                            f"(installed: {', '.join(sorted(known))}); install the plugin that provides it "
-                            "(rlcore environments list shows what is installed)")
+        out.problems.append(
+            f"{where}.env_name: is {show_value(env)}, and no installed environment has that name "
+            f"(installed: {', '.join(sorted(known))}); install the plugin that provides it "
+            "(rlcore environments list shows what is installed)"
+        )
 
 
 def _ignored(data: dict[str, Any], out: Conversion) -> None:
@@ -132,7 +136,8 @@ def _ignored(data: dict[str, Any], out: Conversion) -> None:
 
 def _names_hub_dataset(section: dict[str, Any]) -> bool:
     return str(section.get("dataset_name")) in NAMES and not any(
-        section.get(k) for k in ("data_path", "train_data_path", "val_data_path"))
+        section.get(k) for k in ("data_path", "train_data_path", "val_data_path")
+    )
 
 
 def _repeat(where: str, value: Any, out: Conversion) -> None:
@@ -141,11 +146,18 @@ def _repeat(where: str, value: Any, out: Conversion) -> None:
     if value in (None, 1):
         out.ignored.append((f"{where}.repeat", "once: the file as it is"))
     elif where == "data.validation":
-        out.ignored.append((f"{where}.repeat", "rlcore validates greedily, one completion per prompt: a repeated "
-                            "prompt gets the same completion and score, so validation/accuracy does not change"))
+        out.ignored.append(
+            (
+                f"{where}.repeat",
+                "rlcore validates greedily, one completion per prompt: a repeated "
+                "prompt gets the same completion and score, so validation/accuracy does not change",
+            )
+        )
     else:
-        out.problems.append(f"{where}.repeat: is {show_value(value)}, but rlcore reads each training row once per "
-                            "epoch: set it to 1 (repeat the rows in the file, or raise the epochs)")
+        out.problems.append(
+            f"{where}.repeat: is {show_value(value)}, but rlcore reads each training row once per "
+            "epoch: set it to 1 (repeat the rows in the file, or raise the epochs)"
+        )
 
 
 def task(nemo: dict[str, Any], out: Conversion) -> None:
@@ -162,8 +174,9 @@ def task(nemo: dict[str, Any], out: Conversion) -> None:
             hub = _dataset(train, where, "train", out)
             _prompts(train, where, out)
             if train.get("split_validation_size") and not data.get("validation"):
-                _set(out, "data.split_validation_size", train["split_validation_size"],
-                     f"{where}.split_validation_size")
+                _set(
+                    out, "data.split_validation_size", train["split_validation_size"], f"{where}.split_validation_size"
+                )
         validation, val_where = _merged(data, "validation")
         if validation is not None:
             _dataset(validation, val_where, "validation", out)
@@ -196,9 +209,11 @@ def checkpoint_metric(nemo: dict[str, Any], out: Conversion) -> None:
     metrics = SFT_METRICS if algo == "sft" else dpo_metrics(nemo) if algo == "dpo" else METRICS
     if name not in metrics:
         which = {"sft": "SFT ", "dpo": "DPO ", "distillation": "distillation "}.get(algo, "")
-        out.problems.append(f"checkpointing.metric_name: is {show_value(name)}; rlcore ranks {which}checkpoints by "
-                            f"{', '.join(metrics)} (or, after converting, any metric of metrics.jsonl), or null keeps "
-                            "the newest")
+        out.problems.append(
+            f"checkpointing.metric_name: is {show_value(name)}; rlcore ranks {which}checkpoints by "
+            f"{', '.join(metrics)} (or, after converting, any metric of metrics.jsonl), or null keeps "
+            "the newest"
+        )
         return
     _set(out, "checkpointing.metric_name", metrics[name], "checkpointing.metric_name")
     if "higher_is_better" in ck:
@@ -219,15 +234,24 @@ def _environment(env: dict[str, Any], out: Conversion) -> None:
     plugins = installed_environments()
     for name, settings in env.items():
         if not isinstance(settings, dict) or (name not in ENVIRONMENTS and name not in plugins):
-            out.ignored.append((f"env.{name}", "no installed environment has this name (rlcore environments list); "
-                                "install the plugin that provides it to use this section"))
+            out.ignored.append(
+                (
+                    f"env.{name}",
+                    "no installed environment has this name (rlcore environments list); "
+                    "install the plugin that provides it to use this section",
+                )
+            )
             continue
         target = ENVIRONMENTS.get(name, name)
         if "env.name" not in out.sources:
             _set(out, "env.name", target, f"env.{name}")
         if out.config.get("env", {}).get("name") != target:
-            out.ignored.append((f"env.{name}", f"the run's environment is {out.config['env']['name']} "
-                                f"(from {out.sources['env.name']})"))
+            out.ignored.append(
+                (
+                    f"env.{name}",
+                    f"the run's environment is {out.config['env']['name']} (from {out.sources['env.name']})",
+                )
+            )
             continue
         if "num_workers" in settings:
             _set(out, "env.num_workers", settings["num_workers"], f"env.{name}.num_workers")
@@ -244,8 +268,10 @@ def _math_settings(name: str, settings: dict[str, Any], out: Conversion) -> None
     if impl is not None:
         verifier = "math_verify" if impl == "hf_math_verify" else None
         if verifier is None:
-            out.problems.append(f"env.{name}.math_verify_impl: is {show_value(impl)}; rlcore verifies with "
-                                "'hf_math_verify' (math-verify) or its own rules (env.math_cfg.verifier: builtin)")
+            out.problems.append(
+                f"env.{name}.math_verify_impl: is {show_value(impl)}; rlcore verifies with "
+                "'hf_math_verify' (math-verify) or its own rules (env.math_cfg.verifier: builtin)"
+            )
         else:
             _set(out, "env.math_cfg.verifier", verifier, f"env.{name}.math_verify_impl")
     for key in set(settings) - {"num_workers", "math_verify_impl"}:

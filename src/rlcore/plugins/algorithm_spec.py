@@ -25,14 +25,21 @@ class AlgorithmSpec(BaseModel):
     requires: tuple[str, ...] = Field(default=(), description="Top-level modules the algorithm needs.")
     install_hint: str = Field(default="", description="How to install what 'requires' names.")
     description: str = ""
-    default: bool = Field(default=False, description="The algorithm a config without any algorithm section "
-                          "trains (rlcore's own GRPO); at most one installed algorithm should say so.")
-    generates: bool = Field(default=False, description="Its loop generates and scores rollouts: a run needs "
-                            "policy.generation and an environment (env).")
+    default: bool = Field(
+        default=False,
+        description="The algorithm a config without any algorithm section "
+        "trains (rlcore's own GRPO); at most one installed algorithm should say so.",
+    )
+    generates: bool = Field(
+        default=False,
+        description="Its loop generates and scores rollouts: a run needs policy.generation and an environment (env).",
+    )
     unread_sections: dict[str, str] = Field(
-        default_factory=dict, description="Top-level sections its run does not read, with what they hold: "
+        default_factory=dict,
+        description="Top-level sections its run does not read, with what they hold: "
         "{'loss': 'the policy-gradient loss'}. A config that sets one away from its defaults is refused rather "
-        "than silently ignored.")
+        "than silently ignored.",
+    )
 
     @field_validator("name")
     @classmethod

@@ -17,8 +17,9 @@ spell their signatures); the others change what existing calls do
 from __future__ import annotations
 
 import difflib
+from collections.abc import Iterable
 from enum import Enum
-from typing import Any, Iterable
+from typing import Any
 
 
 class Capability(str, Enum):
@@ -58,10 +59,18 @@ class Capability(str, Enum):
 #: ``rlcore.interfaces.workers`` hold their signatures; a test keeps the two equal).
 CAPABILITY_METHODS: dict[Capability, tuple[str, ...]] = {
     Capability.TOPK_LOGITS: ("get_topk_logits",),
-    Capability.REFIT: ("prepare_refit_info", "stream_weights_via_ipc_zmq", "init_collective",
-                       "broadcast_weights_for_collective"),
-    Capability.LORA: ("prepare_refit_info", "stream_weights_via_ipc_zmq", "broadcast_weights_for_collective",
-                      "save_lora_adapter"),
+    Capability.REFIT: (
+        "prepare_refit_info",
+        "stream_weights_via_ipc_zmq",
+        "init_collective",
+        "broadcast_weights_for_collective",
+    ),
+    Capability.LORA: (
+        "prepare_refit_info",
+        "stream_weights_via_ipc_zmq",
+        "broadcast_weights_for_collective",
+        "save_lora_adapter",
+    ),
     Capability.GENERATE: ("generate",),
 }
 

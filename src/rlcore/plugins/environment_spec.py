@@ -47,10 +47,16 @@ class EnvironmentSpec(KeptWhenRefused, BaseModel):
         return v
 
     @classmethod
-    def from_backend_spec(cls, spec: Any) -> "EnvironmentSpec":
+    def from_backend_spec(cls, spec: Any) -> EnvironmentSpec:
         """An environment registered the rlcore 0.2 way, as a ``BackendSpec(kind="environment")``."""
-        return cls(name=spec.name, environment_class=spec.worker_class, config_class=spec.config_class,
-                   requires=spec.requires, install_hint=spec.install_hint, description=spec.description)
+        return cls(
+            name=spec.name,
+            environment_class=spec.worker_class,
+            config_class=spec.config_class,
+            requires=spec.requires,
+            install_hint=spec.install_hint,
+            description=spec.description,
+        )
 
     # What code written for environments registered as backends reads (rlcore 0.2): the same facts.
     @property

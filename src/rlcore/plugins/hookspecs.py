@@ -9,7 +9,7 @@ as a new, optional hook.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import pluggy
 

@@ -14,8 +14,9 @@ each naming the dotted config path and the fix (``policy.x_cfg.tp: ...``).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 #: The model-parallel axes a layout declares, in the order ranks are laid out after dp: (pp, dp, cp, tp).
 MODEL_PARALLEL_AXES = ("tp", "cp", "pp")

@@ -10,7 +10,8 @@ meaning.
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 #: Keyword arguments of ``Worker(config, tokenizer, **...)`` for a training backend's worker, with the rlcore
 #: release that first offered each.

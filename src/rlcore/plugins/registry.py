@@ -28,9 +28,10 @@ from __future__ import annotations
 import difflib
 import os
 import traceback
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from importlib import metadata
-from typing import Any, Iterable
+from typing import Any
 
 import pluggy
 
@@ -107,8 +108,14 @@ class Registry:
     _pm: pluggy.PluginManager = field(default_factory=lambda: _new_plugin_manager())
 
     # -- building -----------------------------------------------------------
-    def register_plugin(self, plugin: object, name: str, distribution: str = "<local>", version: str = "",
-                        requires: Iterable[str] | None = None) -> None:
+    def register_plugin(
+        self,
+        plugin: object,
+        name: str,
+        distribution: str = "<local>",
+        version: str = "",
+        requires: Iterable[str] | None = None,
+    ) -> None:
         """Register a plugin object (a module or any object with hook impls); ``requires`` are its
         distribution's ``Requires-Dist`` lines, checked for the rlcore it needs.
 
@@ -121,12 +128,14 @@ class Registry:
         with recording_refusals() as refusals:  # a refused environment spec is kept, so its siblings register
             try:
                 self._pm.register(plugin, name=name)
-                for hook in (hooks.rlcore_register_backends, hooks.rlcore_register_environments,
-                             hooks.rlcore_register_algorithms):
+                for hook in (
+                    hooks.rlcore_register_backends,
+                    hooks.rlcore_register_environments,
+                    hooks.rlcore_register_algorithms,
+                ):
                     for impl in hook.get_hookimpls():
                         if impl.plugin is plugin:  # an implementation gets the arguments it declares (pluggy's rule)
-                            impl.function(**{k: v for k, v in {"register": specs.append}.items()
-                                             if k in impl.argnames})
+                            impl.function(**{k: v for k, v in {"register": specs.append}.items() if k in impl.argnames})
             except Exception as exc:  # a plugin's own bug must not break discovery
                 failure = exc
         for spec in specs:  # those registered before a failure too: one bad spec must not hide the others
@@ -149,8 +158,15 @@ class Registry:
             selected = {ep.name, dist}
             if (allow is not None and not selected & allow) or selected & deny:
                 self.records.append(
-                    BackendRecord(ep.name, "?", ep.name, dist, version, "disabled",
-                                  "excluded by RLCORE_PLUGINS / RLCORE_DISABLE_PLUGINS")
+                    BackendRecord(
+                        ep.name,
+                        "?",
+                        ep.name,
+                        dist,
+                        version,
+                        "disabled",
+                        "excluded by RLCORE_PLUGINS / RLCORE_DISABLE_PLUGINS",
+                    )
                 )
                 continue
             try:
@@ -159,8 +175,9 @@ class Registry:
                 incompatible = rlcore_requirement_problem(requires, dist) if requires else ""
                 self._add_broken(ep.name, dist, version, exc, incompatible)
                 continue
-            self.register_plugin(plugin, name=f"{dist}:{ep.name}", distribution=dist, version=version,
-                                 requires=requires)
+            self.register_plugin(
+                plugin, name=f"{dist}:{ep.name}", distribution=dist, version=version, requires=requires
+            )
 
     def _add_broken(self, plugin: str, dist: str, version: str, exc: BaseException, incompatible: str = "") -> None:
         status, problem = "broken", f"plugin failed to load: {_one_line(exc)}"
@@ -173,8 +190,18 @@ class Registry:
         name = refused.fields.get("name")
         kind = "algorithm" if isinstance(refused.spec, AlgorithmSpec) else refused.spec.kind
         problem = f"{_one_line(refused.error)} (at {refused.where})"
-        self.records.append(BackendRecord(name if isinstance(name, str) and name else plugin, kind, plugin, dist,
-                                          version, "broken", problem, own=("broken", problem)))
+        self.records.append(
+            BackendRecord(
+                name if isinstance(name, str) and name else plugin,
+                kind,
+                plugin,
+                dist,
+                version,
+                "broken",
+                problem,
+                own=("broken", problem),
+            )
+        )
 
     def _add_spec(self, spec: Spec, plugin: str, dist: str, version: str, incompatible: str = "") -> None:
         if isinstance(spec, BackendSpec) and spec.kind == "environment":
@@ -183,8 +210,14 @@ class Registry:
         record = BackendRecord(spec.name, kind, plugin, dist, version, spec=spec)
         record.own = ("incompatible", incompatible) if incompatible else _own_status(spec, dist)
         record.status, record.problem = record.own
-        rivals = [r for r in self.records if r.spec is not None and r.name == spec.name and r.distribution != dist
-                  and group_of(r.kind) == group_of(kind)]
+        rivals = [
+            r
+            for r in self.records
+            if r.spec is not None
+            and r.name == spec.name
+            and r.distribution != dist
+            and group_of(r.kind) == group_of(kind)
+        ]
         if rivals:
             for r in [*rivals, record]:
                 others = [o.qualified_name for o in [*rivals, record] if o is not r]
@@ -197,8 +230,7 @@ class Registry:
         """Training and generation backends (of ``kind`` when given), and plugins that failed to register."""
         if kind == "environment":
             raise ValueError("environments are their own kind: use Registry.environments()")
-        return [r for r in self.records if r.kind == "?" or (group_of(r.kind) == "backend"
-                                                              and kind in (None, r.kind))]
+        return [r for r in self.records if r.kind == "?" or (group_of(r.kind) == "backend" and kind in (None, r.kind))]
 
     def environments(self) -> list[BackendRecord]:
         """The registered environments, and plugins that failed to register (they may have provided one)."""
@@ -246,8 +278,9 @@ class Registry:
         known = sorted({r.name for r in same_group if r.spec is not None})
         installed = ", ".join(known) or "none"
         if group == "algorithm":
-            raise BackendError(f"no algorithm named '{name}' (installed: {installed}); install the plugin that "
-                               "provides it")
+            raise BackendError(
+                f"no algorithm named '{name}' (installed: {installed}); install the plugin that provides it"
+            )
         close = difflib.get_close_matches(short, known, n=1)
         hint = f"did you mean '{close[0]}'? " if close else ""
         failed = [r for r in same_group if r.kind == "?" and r.status in ("broken", "incompatible")]
@@ -255,11 +288,16 @@ class Registry:
         if suspects:  # the plugin that would provide it is there, and failed: say why, not "install it"
             r = suspects[0]
             raise BackendError(f"no {noun} named '{name}': its plugin {r.qualified_name} is {r.status}: {r.problem}")
-        fix = f"install the plugin that provides it, e.g. 'pip install rl-{short}'" if group == "backend" \
+        fix = (
+            f"install the plugin that provides it, e.g. 'pip install rl-{short}'"
+            if group == "backend"
             else "install the plugin that provides it"
+        )
         if failed:
-            fix += f" (plugins that failed to load: {', '.join(r.qualified_name for r in failed)}; see 'rlcore " \
-                   f"{noun}s list')"
+            fix += (
+                f" (plugins that failed to load: {', '.join(r.qualified_name for r in failed)}; see 'rlcore "
+                f"{noun}s list')"
+            )
         raise BackendError(f"no {noun} named '{name}' (installed: {installed}); {hint}{fix}")
 
 
@@ -272,8 +310,10 @@ def _one_line(exc: BaseException) -> str:
     from pydantic import ValidationError
 
     if isinstance(exc, ValidationError):
-        problems = [(".".join(map(str, e["loc"])) + ": " if e["loc"] else "") + e["msg"].removeprefix("Value error, ")
-                    for e in exc.errors()]
+        problems = [
+            (".".join(map(str, e["loc"])) + ": " if e["loc"] else "") + e["msg"].removeprefix("Value error, ")
+            for e in exc.errors()
+        ]
         return f"{exc.title} refused: {'; '.join(problems)}"
     where = traceback.extract_tb(exc.__traceback__)[-1:] if exc.__traceback__ else []
     at = f" (at {where[0].filename}:{where[0].lineno})" if where else ""
@@ -307,8 +347,10 @@ def _capability_problem(spec: BackendSpec) -> str:
         return ""
     for capability in sorted(spec.capabilities):
         if missing := [m for m in CAPABILITY_METHODS.get(capability, ()) if m not in methods]:
-            return (f"declares capability '{capability}', but {spec.worker_class} has no {', '.join(missing)}: "
-                    f"implement {'it' if len(missing) == 1 else 'them'} or drop '{capability}' from its capabilities")
+            return (
+                f"declares capability '{capability}', but {spec.worker_class} has no {', '.join(missing)}: "
+                f"implement {'it' if len(missing) == 1 else 'them'} or drop '{capability}' from its capabilities"
+            )
     return ""
 
 

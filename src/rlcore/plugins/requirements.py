@@ -8,11 +8,12 @@ has its backends listed ``incompatible`` with this reason.
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 
-def rlcore_requirement_problem(requires: Iterable[str] | None, distribution: str = "the plugin",
-                               installed: str | None = None) -> str:
+def rlcore_requirement_problem(
+    requires: Iterable[str] | None, distribution: str = "the plugin", installed: str | None = None
+) -> str:
     """Why this rlcore does not satisfy the ``rlcore`` requirement among ``requires`` (the distribution's
     ``Requires-Dist`` lines); empty when it does, or when there is none."""
     from packaging.requirements import InvalidRequirement, Requirement
@@ -32,8 +33,11 @@ def rlcore_requirement_problem(requires: Iterable[str] | None, distribution: str
         if req.marker is not None and not req.marker.evaluate({"extra": ""}):
             continue  # only for an extra of the plugin (e.g. its tests): not a requirement of the plugin
         if req.specifier and not req.specifier.contains(installed, prereleases=True):
-            too_old = any(s.operator in (">", ">=", "~=", "==", "===")
-                          and Version(installed) < Version(s.version.removesuffix(".*")) for s in req.specifier)
+            too_old = any(
+                s.operator in (">", ">=", "~=", "==", "===")
+                and Version(installed) < Version(s.version.removesuffix(".*"))
+                for s in req.specifier
+            )
             fix = "upgrade rlcore" if too_old else f"install a release of {distribution} made for rlcore {installed}"
             return f"requires rlcore{req.specifier}, this is {installed}: {fix}"
     return ""

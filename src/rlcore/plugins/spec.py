@@ -58,11 +58,15 @@ class BackendSpec(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     name: str = Field(description="Backend name users select in configs, e.g. 'dtensor'.")
-    kind: BackendKind = Field(description="'training' (a policy worker) or 'generation' (an engine). "
-                              "'environment' is still accepted and registers an rlcore.plugins.EnvironmentSpec "
-                              "(new plugins use rlcore_register_environments).")
-    worker_class: str = Field(description="'module:Class' of the Ray worker, imported only inside the worker (for "
-                              "kind 'environment': the environment class).")
+    kind: BackendKind = Field(
+        description="'training' (a policy worker) or 'generation' (an engine). "
+        "'environment' is still accepted and registers an rlcore.plugins.EnvironmentSpec "
+        "(new plugins use rlcore_register_environments)."
+    )
+    worker_class: str = Field(
+        description="'module:Class' of the Ray worker, imported only inside the worker (for "
+        "kind 'environment': the environment class)."
+    )
     driver_class: str | None = Field(
         default=None,
         description="'module:Class' of the driver-side facade of a generation backend, built as "
@@ -120,13 +124,15 @@ class BackendSpec(BaseModel):
         return parse_capabilities(v)
 
     @model_validator(mode="after")
-    def _fields_of_its_kind(self) -> "BackendSpec":
+    def _fields_of_its_kind(self) -> BackendSpec:
         if self.layout is not None and self.kind != "training":
             raise ValueError("layout is a training backend's; a generation backend lays out its engines itself")
-        if self.kind == "environment" and (extra := [f for f in ("driver_class", "config_check", "capabilities")
-                                                     if getattr(self, f)]):
-            raise ValueError(f"{', '.join(extra)}: not fields of an environment (it declares worker_class, "
-                             "config_class, requires)")
+        if self.kind == "environment" and (
+            extra := [f for f in ("driver_class", "config_check", "capabilities") if getattr(self, f)]
+        ):
+            raise ValueError(
+                f"{', '.join(extra)}: not fields of an environment (it declares worker_class, config_class, requires)"
+            )
         return self
 
     def supports(self, capability: Capability) -> bool:

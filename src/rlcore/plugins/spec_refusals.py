@@ -10,10 +10,11 @@ others. Anywhere else (a plugin's own tests, user code), a refused spec raises a
 from __future__ import annotations
 
 import traceback
+from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 from pydantic import ValidationError
 

@@ -12,7 +12,7 @@ and never imports the backend's modules.
 from __future__ import annotations
 
 import os
-from typing import Any, Optional, Union
+from typing import Any, Union
 
 from rlcore.config import ConfigError, ResolvedPolicy, batch_problems, resolve_policy
 from rlcore.data import BatchedDataDict
@@ -23,8 +23,8 @@ from rlcore.distributed import (
     WorkerGroupOwner,
 )
 from rlcore.interfaces import ColocatablePolicyInterface, GenerationInterface
-from rlcore.interfaces.workers import GeneratingWorker, LoraWorker, RefitWorker, TopkLogitsWorker, TrainingWorker
 from rlcore.interfaces.loss import LOSS_INPUTS, loss_inputs, step_metrics
+from rlcore.interfaces.workers import GeneratingWorker, LoraWorker, RefitWorker, TopkLogitsWorker, TrainingWorker
 from rlcore.plugins import BackendError, Capability
 from rlcore.preflight import check_policy_sources
 
@@ -53,10 +53,10 @@ class Policy(WorkerGroupOwner, ColocatablePolicyInterface, GenerationInterface):
         config: Any,
         tokenizer: Any,
         name_prefix: str = "lm_policy",
-        workers_per_node: Optional[Union[int, list[int]]] = None,
+        workers_per_node: int | list[int] | None = None,
         init_optimizer: bool = True,
-        weights_path: Optional[PathLike] = None,
-        optimizer_path: Optional[PathLike] = None,
+        weights_path: PathLike | None = None,
+        optimizer_path: PathLike | None = None,
         init_reference_model: bool = True,
     ) -> None:
         self.resolved = resolved_policy(config, cluster)
@@ -66,11 +66,16 @@ class Policy(WorkerGroupOwner, ColocatablePolicyInterface, GenerationInterface):
         if problems := check_policy_sources(self.cfg, weights_path, optimizer_path):
             raise ConfigError(problems)  # a missing or damaged model fails here, before any worker starts
         if workers_per_node is not None:
-            wanted = sum(workers_per_node) if isinstance(workers_per_node, list) \
+            wanted = (
+                sum(workers_per_node)
+                if isinstance(workers_per_node, list)
                 else workers_per_node * len(cluster.bundle_ct_per_node_list)
+            )
             if wanted != cluster.world_size:
-                raise ValueError(f"workers_per_node={workers_per_node} gives {wanted} workers but the cluster "
-                                 f"has {cluster.world_size} bundles")
+                raise ValueError(
+                    f"workers_per_node={workers_per_node} gives {wanted} workers but the cluster "
+                    f"has {cluster.world_size} bundles"
+                )
         self.sharding = NamedSharding.for_world(cluster.world_size, **self.resolved.layout.sizes())
         available = dict(
             weights_path=str(weights_path) if weights_path else None,
@@ -93,15 +98,18 @@ class Policy(WorkerGroupOwner, ColocatablePolicyInterface, GenerationInterface):
         self._all(TrainingWorker.is_alive)
 
     # -- dispatch helpers ----------------------------------------------------------
-    def _sharded(self, method: Any, data: BatchedDataDict, purpose: str, batch_size: int | None = None,
-                 **kwargs: Any) -> tuple[list[Any], list[int] | None]:
+    def _sharded(
+        self, method: Any, data: BatchedDataDict, purpose: str, batch_size: int | None = None, **kwargs: Any
+    ) -> tuple[list[Any], list[int] | None]:
         self._check_length(method.__name__, data)
         plan = self.resolved.batch
         dp = self.sharding.dp
         size = data.size
         if batch_size is None and size % dp:
-            raise ValueError(f"{method.__name__}: batch of {size} samples cannot be split over dp={dp} ranks; "
-                             "pad it to a multiple of the data-parallel size")
+            raise ValueError(
+                f"{method.__name__}: batch of {size} samples cannot be split over dp={dp} ranks; "
+                "pad it to a multiple of the data-parallel size"
+            )
         sharded = data.shard_by_batch_size(dp, batch_size=batch_size, **plan.shard_args(purpose))
         shards, order = (sharded, None) if plan.mode == "plain" else sharded
         wg = self.worker_group
@@ -112,29 +120,40 @@ class Policy(WorkerGroupOwner, ColocatablePolicyInterface, GenerationInterface):
         limit = self.cfg.max_total_sequence_length
         longest = int(data["input_lengths"].max()) if "input_lengths" in data and data.size else 0
         if longest > limit:
-            raise ValueError(f"{method}: a sequence of {longest} tokens is longer than "
-                             f"policy.max_total_sequence_length={limit}; raise it or shorten the batch")
+            raise ValueError(
+                f"{method}: a sequence of {longest} tokens is longer than "
+                f"policy.max_total_sequence_length={limit}; raise it or shorten the batch"
+            )
 
     # -- PolicyInterface -------------------------------------------------------------
     def get_logprobs(self, data: BatchedDataDict) -> BatchedDataDict:
         results, order = self._sharded(TrainingWorker.get_logprobs, data, "logprob")
         return BatchedDataDict.from_shards(results, order)
 
-    def get_reference_policy_logprobs(self, data: BatchedDataDict,
-                                      micro_batch_size: Optional[int] = None) -> BatchedDataDict:
-        results, order = self._sharded(TrainingWorker.get_reference_policy_logprobs, data, "logprob",
-                                       micro_batch_size=micro_batch_size)
+    def get_reference_policy_logprobs(
+        self, data: BatchedDataDict, micro_batch_size: int | None = None
+    ) -> BatchedDataDict:
+        results, order = self._sharded(
+            TrainingWorker.get_reference_policy_logprobs, data, "logprob", micro_batch_size=micro_batch_size
+        )
         return BatchedDataDict.from_shards(results, order)
 
-    def get_topk_logits(self, data: BatchedDataDict, k: int,
-                        micro_batch_size: Optional[int] = None) -> BatchedDataDict:
+    def get_topk_logits(self, data: BatchedDataDict, k: int, micro_batch_size: int | None = None) -> BatchedDataDict:
         self._require(Capability.TOPK_LOGITS)
-        results, order = self._sharded(TopkLogitsWorker.get_topk_logits, data, "logprob", k=k,
-                                       micro_batch_size=micro_batch_size)
+        results, order = self._sharded(
+            TopkLogitsWorker.get_topk_logits, data, "logprob", k=k, micro_batch_size=micro_batch_size
+        )
         return BatchedDataDict.from_shards(results, order)
 
-    def train(self, data: BatchedDataDict, loss_fn: Any, eval_mode: bool = False, *,
-              gbs: Optional[int] = None, mbs: Optional[int] = None) -> dict[str, Any]:
+    def train(
+        self,
+        data: BatchedDataDict,
+        loss_fn: Any,
+        eval_mode: bool = False,
+        *,
+        gbs: int | None = None,
+        mbs: int | None = None,
+    ) -> dict[str, Any]:
         """Train on ``data``: ``len(data) // gbs`` optimizer steps.
 
         Returns ``loss`` and ``grad_norm`` (one value per optimizer step, global
@@ -149,9 +168,11 @@ class Policy(WorkerGroupOwner, ColocatablePolicyInterface, GenerationInterface):
 
         for name in loss_inputs(loss_fn):
             if not self.spec.supports(LOSS_INPUTS[name]):
-                raise BackendError(f"{type(loss_fn).__name__} asks for {name}, which the '{self.spec.name}' "
-                                   f"training backend does not compute (capability '{LOSS_INPUTS[name]}'); use "
-                                   "a backend that declares it")
+                raise BackendError(
+                    f"{type(loss_fn).__name__} asks for {name}, which the '{self.spec.name}' "
+                    f"training backend does not compute (capability '{LOSS_INPUTS[name]}'); use "
+                    "a backend that declares it"
+                )
         plan = self.resolved.batch
         gbs = gbs or plan.global_batch_size
         mbs = mbs or plan.micro_batch_size
@@ -159,11 +180,13 @@ class Policy(WorkerGroupOwner, ColocatablePolicyInterface, GenerationInterface):
         mbs = -(-mbs // group) * group
         if data.size % gbs:
             raise ValueError(f"train: {data.size} samples is not a whole number of global batches of {gbs}")
-        if problems := batch_problems(gbs, mbs, plan.data_parallel_size, plan.mode, gbs_name="train: gbs",
-                                      mbs_name="mbs"):
+        if problems := batch_problems(
+            gbs, mbs, plan.data_parallel_size, plan.mode, gbs_name="train: gbs", mbs_name="mbs"
+        ):
             raise ValueError("; ".join(problems))
-        results, _ = self._sharded(TrainingWorker.train, data, "train", batch_size=gbs, loss_fn=loss_fn,
-                                   eval_mode=eval_mode, gbs=gbs, mbs=mbs)
+        results, _ = self._sharded(
+            TrainingWorker.train, data, "train", batch_size=gbs, loss_fn=loss_fn, eval_mode=eval_mode, gbs=gbs, mbs=mbs
+        )
         steps = len(results[0]["losses"])
         all_mb: dict[str, list[float]] = {}
         for r in results:
@@ -183,8 +206,10 @@ class Policy(WorkerGroupOwner, ColocatablePolicyInterface, GenerationInterface):
         self._check_length("generate", data)
         dp = self.sharding.dp
         if data.size % dp:
-            raise ValueError(f"generate: batch of {data.size} prompts cannot be split over dp={dp} ranks; "
-                             "pad it to a multiple of the data-parallel size")
+            raise ValueError(
+                f"generate: batch of {data.size} prompts cannot be split over dp={dp} ranks; "
+                "pad it to a multiple of the data-parallel size"
+            )
         shards = data.shard_by_batch_size(dp)
         wg = self.worker_group
         results = wg.get_results(wg.run_all_workers_sharded_data(GeneratingWorker.generate, shards, greedy=greedy))
@@ -219,7 +244,7 @@ class Policy(WorkerGroupOwner, ColocatablePolicyInterface, GenerationInterface):
         if not self.spec.supports(capability):
             raise BackendError(f"backend '{self.spec.name}' does not declare '{capability}'")
 
-    def prepare_refit_info(self, changed_only: bool = False) -> Optional[dict[str, Any]]:
+    def prepare_refit_info(self, changed_only: bool = False) -> dict[str, Any] | None:
         """``{hf_name: (shape, dtype)}`` of a refit; with ``changed_only`` (LoRA) of the refits after the first."""
         self._require(Capability.REFIT)
         if changed_only:
@@ -241,35 +266,40 @@ class Policy(WorkerGroupOwner, ColocatablePolicyInterface, GenerationInterface):
             raise RuntimeError("save_lora_adapter: policy.lora.enabled is false, there are no adapters")
         self._all(LoraWorker.save_lora_adapter, str(path))
 
-    def stream_weights_via_ipc_zmq(self, *, endpoints: dict[int, tuple[str, bytes]], bucket_bytes: int,
-                                   **lora: Any) -> list[Any]:
+    def stream_weights_via_ipc_zmq(
+        self, *, endpoints: dict[int, tuple[str, bytes]], bucket_bytes: int, **lora: Any
+    ) -> list[Any]:
         """Every rank streams its weights to the colocated engine ``endpoints`` names; ``lora``:
         ``changed_only=True`` for a LoRA refit after the first."""
         self._require(Capability.REFIT)
         method = LoraWorker.stream_weights_via_ipc_zmq if lora else RefitWorker.stream_weights_via_ipc_zmq
-        return self.worker_group.run_all_workers_single_data(method, endpoints=endpoints, bucket_bytes=bucket_bytes,
-                                                             **lora).refs
+        return self.worker_group.run_all_workers_single_data(
+            method, endpoints=endpoints, bucket_bytes=bucket_bytes, **lora
+        ).refs
 
     def init_collective(self, ip: str, port: int, world_size: int, *, train_world_size: int) -> list[Any]:
         self._require(Capability.REFIT)
         return self.worker_group.run_all_workers_single_data(
-            RefitWorker.init_collective, ip, port, world_size, train_world_size=train_world_size).refs
+            RefitWorker.init_collective, ip, port, world_size, train_world_size=train_world_size
+        ).refs
 
-    def broadcast_weights_for_collective(self, kv_scales: Optional[dict[str, float]] = None, *,
-                                         bucket_bytes: int, **lora: Any) -> list[Any]:
+    def broadcast_weights_for_collective(
+        self, kv_scales: dict[str, float] | None = None, *, bucket_bytes: int, **lora: Any
+    ) -> list[Any]:
         """Training rank 0 broadcasts the weights to the refit group; ``lora`` as for
         :meth:`stream_weights_via_ipc_zmq`."""
         self._require(Capability.REFIT)
         method = LoraWorker.broadcast_weights_for_collective if lora else RefitWorker.broadcast_weights_for_collective
-        return self.worker_group.run_all_workers_single_data(method, kv_scales=kv_scales, bucket_bytes=bucket_bytes,
-                                                             **lora).refs
+        return self.worker_group.run_all_workers_single_data(
+            method, kv_scales=kv_scales, bucket_bytes=bucket_bytes, **lora
+        ).refs
 
     # -- the older refit names (seeds 001/003/004), as adapters over the surface above -----
     def prepare_info_for_collective(self) -> dict[str, Any]:
         """Old name of :meth:`prepare_refit_info` (``{hf_name: (shape, dtype)}``)."""
         return self.prepare_refit_info() or {}
 
-    def prepare_weights_for_ipc(self, _refit_buffer_size_gb: Optional[float] = None) -> list[list[str]]:
+    def prepare_weights_for_ipc(self, _refit_buffer_size_gb: float | None = None) -> list[list[str]]:
         """Old IPC refit, step 1: the weight names in refit order, grouped as the refit buckets them for
         buffers of ``_refit_buffer_size_gb`` (default 1 GiB)."""
         from rlcore.refit import plan_buckets
@@ -281,14 +311,21 @@ class Policy(WorkerGroupOwner, ColocatablePolicyInterface, GenerationInterface):
         """Old IPC refit, step 2. rlcore moves weights by streaming packed buffers instead of handing out
         per-tensor IPC handles: use :meth:`stream_weights_via_ipc_zmq` (or ``rlcore.refit.WeightSynchronizer``,
         which drives it and the engine's side)."""
-        raise NotImplementedError("get_weights_ipc_handles: rlcore streams weights instead of handing out IPC "
-                                  "handles; use stream_weights_via_ipc_zmq or rlcore.refit.WeightSynchronizer")
+        raise NotImplementedError(
+            "get_weights_ipc_handles: rlcore streams weights instead of handing out IPC "
+            "handles; use stream_weights_via_ipc_zmq or rlcore.refit.WeightSynchronizer"
+        )
 
     # -- checkpoints, profiling, shutdown ------------------------------------------------
-    def save_checkpoint(self, weights_path: str, optimizer_path: Optional[str] = None,
-                        tokenizer_path: Optional[str] = None) -> None:
-        self._all(TrainingWorker.save_checkpoint, str(weights_path), str(optimizer_path) if optimizer_path else None,
-                  str(tokenizer_path) if tokenizer_path else None)
+    def save_checkpoint(
+        self, weights_path: str, optimizer_path: str | None = None, tokenizer_path: str | None = None
+    ) -> None:
+        self._all(
+            TrainingWorker.save_checkpoint,
+            str(weights_path),
+            str(optimizer_path) if optimizer_path else None,
+            str(tokenizer_path) if tokenizer_path else None,
+        )
 
     def start_gpu_profiling(self) -> None:
         self._all(TrainingWorker.start_gpu_profiling)

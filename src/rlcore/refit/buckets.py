@@ -8,8 +8,9 @@ receiver knows every bucket's layout without being told.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
@@ -30,15 +31,27 @@ class RefitError(RuntimeError):
     """A refit could not complete; the message says which tensors and why."""
 
 
-_ITEMSIZE = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2, "int64": 8, "int32": 4,
-             "int16": 2, "int8": 1, "uint8": 1, "bool": 1, "float8_e4m3fn": 1, "float8_e5m2": 1}
+_ITEMSIZE = {
+    "float64": 8,
+    "float32": 4,
+    "bfloat16": 2,
+    "float16": 2,
+    "int64": 8,
+    "int32": 4,
+    "int16": 2,
+    "int8": 1,
+    "uint8": 1,
+    "bool": 1,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
+}
 
 
-def dtype_name(dtype: "torch.dtype") -> str:
+def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def to_dtype(name: str) -> "torch.dtype":
+def to_dtype(name: str) -> torch.dtype:
     import torch
 
     return getattr(torch, name.removeprefix("torch."))
@@ -55,7 +68,7 @@ def _aligned(n: int) -> int:
     return -(-n // ALIGN) * ALIGN
 
 
-def metadata_of(named_tensors: Iterable[tuple[str, "torch.Tensor"]]) -> RefitMetadata:
+def metadata_of(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> RefitMetadata:
     return {name: (tuple(t.shape), dtype_name(t.dtype)) for name, t in named_tensors}
 
 
@@ -132,8 +145,13 @@ def buffer_bytes(plan: list[Bucket]) -> int:
     return max((b.size for b in plan), default=ALIGN)
 
 
-def pack(bucket: Bucket, tensors: Iterator[tuple[str, "torch.Tensor"]], buffer: "torch.Tensor",
-         metadata: RefitMetadata, fingerprints: Any = None) -> None:
+def pack(
+    bucket: Bucket,
+    tensors: Iterator[tuple[str, torch.Tensor]],
+    buffer: torch.Tensor,
+    metadata: RefitMetadata,
+    fingerprints: Any = None,
+) -> None:
     """Copy the bucket's tensors, pulled in order from ``tensors``, into the uint8 ``buffer``: one fused copy
     (``torch._foreach_copy_`` into the bucket's views) for the whole bucket, not one copy per tensor.
 
@@ -148,11 +166,13 @@ def pack(bucket: Bucket, tensors: Iterator[tuple[str, "torch.Tensor"]], buffer: 
         got_name, t = next(tensors)
         shape, dtype = metadata[name]
         if got_name != name or tuple(t.shape) != tuple(shape) or dtype_name(t.dtype) != _norm(dtype):
-            raise RefitError(f"sender produced {got_name} {tuple(t.shape)} {dtype_name(t.dtype)} where the "
-                             f"metadata expects {name} {tuple(shape)} {dtype}: iteration order must match "
-                             "prepare_refit_info()")
+            raise RefitError(
+                f"sender produced {got_name} {tuple(t.shape)} {dtype_name(t.dtype)} where the "
+                f"metadata expects {name} {tuple(shape)} {dtype}: iteration order must match "
+                "prepare_refit_info()"
+            )
         flat = t.detach().contiguous().reshape(-1)
-        targets.append(buffer[offset:offset + flat.numel() * flat.element_size()])
+        targets.append(buffer[offset : offset + flat.numel() * flat.element_size()])
         sources.append(flat.view(torch.uint8))
         named.append((name, targets[-1].view(flat.dtype)))  # fingerprinted: the bytes sent, one gather
     if targets:
@@ -161,7 +181,7 @@ def pack(bucket: Bucket, tensors: Iterator[tuple[str, "torch.Tensor"]], buffer: 
         fingerprints.add(named)
 
 
-def wait_for_stream(device: "torch.device") -> None:
+def wait_for_stream(device: torch.device) -> None:
     """On CUDA, wait until the work queued so far on ``device``'s current stream is done (an event recorded
     there, not a device-wide synchronise: other streams run on); nothing to wait for on CPU."""
     if device.type != "cuda":
@@ -173,8 +193,9 @@ def wait_for_stream(device: "torch.device") -> None:
     done.synchronize()
 
 
-def unpack(bucket: Bucket, buffer: "torch.Tensor", metadata: RefitMetadata,
-           copy: frozenset[str] = frozenset()) -> list[tuple[str, "torch.Tensor"]]:
+def unpack(
+    bucket: Bucket, buffer: torch.Tensor, metadata: RefitMetadata, copy: frozenset[str] = frozenset()
+) -> list[tuple[str, torch.Tensor]]:
     """The bucket's tensors: views inside ``buffer`` (valid until the buffer is reused), copies for ``copy``.
 
     Transports pass ``copy=split_layer_names(plan)``: a receiver may then hold on to a tensor
@@ -184,7 +205,7 @@ def unpack(bucket: Bucket, buffer: "torch.Tensor", metadata: RefitMetadata,
     for name, offset in zip(bucket.names, bucket.offsets):
         shape, dtype = metadata[name]
         n = nbytes(shape, dtype)
-        view = buffer[offset:offset + n].view(to_dtype(dtype)).view(shape)
+        view = buffer[offset : offset + n].view(to_dtype(dtype)).view(shape)
         out.append((name, view.clone() if name in copy else view))
     return out
 
@@ -197,9 +218,12 @@ def check_metadata(expected: RefitMetadata, offered: RefitMetadata) -> None:
     """Raise :class:`RefitError` unless ``offered`` has exactly the expected names, shapes and dtypes."""
     missing = [n for n in expected if n not in offered]
     extra = [n for n in offered if n not in expected]
-    wrong = [f"{n}: expected {tuple(expected[n][0])} {expected[n][1]}, got {tuple(offered[n][0])} {offered[n][1]}"
-             for n in expected if n in offered and
-             (tuple(expected[n][0]) != tuple(offered[n][0]) or _norm(expected[n][1]) != _norm(offered[n][1]))]
+    wrong = [
+        f"{n}: expected {tuple(expected[n][0])} {expected[n][1]}, got {tuple(offered[n][0])} {offered[n][1]}"
+        for n in expected
+        if n in offered
+        and (tuple(expected[n][0]) != tuple(offered[n][0]) or _norm(expected[n][1]) != _norm(offered[n][1]))
+    ]
     problems = []
     if missing:
         problems.append(f"missing {len(missing)} tensor(s): {', '.join(missing[:5])}")

@@ -10,18 +10,20 @@ the wire. gloo on CPU, NCCL on GPU.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any
 
-from rlcore.refit.buckets import (LoadFn, RefitMetadata, buffer_bytes, pack, plan_buckets, split_layer_names,
-                                  unpack)
+from rlcore.refit.buckets import LoadFn, RefitMetadata, buffer_bytes, pack, plan_buckets, split_layer_names, unpack
 from rlcore.refit.fingerprint import Fingerprints, SentBytes
 
 if TYPE_CHECKING:
     import torch
 
-def init_refit_group(ip: str, port: int, world_size: int, rank: int, device: "torch.device",
-                     timeout_s: float = 300.0) -> Any:
+
+def init_refit_group(
+    ip: str, port: int, world_size: int, rank: int, device: torch.device, timeout_s: float = 300.0
+) -> Any:
     """Join the refit group (blocks until all ``world_size`` members have joined)."""
     import torch.distributed as dist
 
@@ -33,8 +35,13 @@ def init_refit_group(ip: str, port: int, world_size: int, rank: int, device: "to
     return dist.ProcessGroupGloo(store, rank, world_size)
 
 
-def broadcast_weights(group: Any, tensors: Iterator[tuple[str, "torch.Tensor"]], metadata: RefitMetadata,
-                      bucket_bytes: int, device: "torch.device") -> SentBytes:
+def broadcast_weights(
+    group: Any,
+    tensors: Iterator[tuple[str, torch.Tensor]],
+    metadata: RefitMetadata,
+    bucket_bytes: int,
+    device: torch.device,
+) -> SentBytes:
     """Group rank 0: broadcast every tensor of ``metadata``, pulled in order from ``tensors``; returns the
     bytes sent, with the fingerprints of the tensors sent (:class:`rlcore.refit.fingerprint.SentBytes`)."""
     plan = plan_buckets(metadata, bucket_bytes)
@@ -46,15 +53,14 @@ def broadcast_weights(group: Any, tensors: Iterator[tuple[str, "torch.Tensor"]],
         if pending[slot] is not None:
             pending[slot].wait()
         pack(bucket, tensors, buffers[slot], metadata, sent)
-        pending[slot] = group.broadcast(buffers[slot][:bucket.size], 0)
+        pending[slot] = group.broadcast(buffers[slot][: bucket.size], 0)
     for work in pending:
         if work is not None:
             work.wait()
     return SentBytes(sum(b.size for b in plan), sent.result())
 
 
-def receive_weights(group: Any, metadata: RefitMetadata, bucket_bytes: int, device: "torch.device",
-                    load: LoadFn) -> int:
+def receive_weights(group: Any, metadata: RefitMetadata, bucket_bytes: int, device: torch.device, load: LoadFn) -> int:
     """Engine ranks: receive every bucket of the plan and ``load`` its tensors in order.
 
     Two buffers: bucket ``i + 1`` is already on the wire while bucket ``i`` is loaded.
@@ -63,12 +69,12 @@ def receive_weights(group: Any, metadata: RefitMetadata, bucket_bytes: int, devi
     plan = plan_buckets(metadata, bucket_bytes)
     split = split_layer_names(plan)
     buffers = _bucket_buffers(buffer_bytes(plan), device)
-    works = [group.broadcast(buffers[0][:plan[0].size], 0)] if plan else []
+    works = [group.broadcast(buffers[0][: plan[0].size], 0)] if plan else []
     for index, bucket in enumerate(plan):
         works[index].wait()
         if index + 1 < len(plan):
             nxt = plan[index + 1]
-            works.append(group.broadcast(buffers[(index + 1) % 2][:nxt.size], 0))
+            works.append(group.broadcast(buffers[(index + 1) % 2][: nxt.size], 0))
         load(unpack(bucket, buffers[index % 2], metadata, copy=split))
     return sum(b.size for b in plan)
 
@@ -76,10 +82,10 @@ def receive_weights(group: Any, metadata: RefitMetadata, bucket_bytes: int, devi
 #: Each process's two bucket buffers, kept across refits on CPU: touching fresh memory costs page
 #: faults on every refit, about as much as the copy itself. On a GPU, memory beside a colocated
 #: engine is scarcer: new buffers per refit.
-_BUFFERS: dict[tuple[int, str], list["torch.Tensor"]] = {}
+_BUFFERS: dict[tuple[int, str], list[torch.Tensor]] = {}
 
 
-def _bucket_buffers(size: int, device: "torch.device") -> list["torch.Tensor"]:
+def _bucket_buffers(size: int, device: torch.device) -> list[torch.Tensor]:
     import torch
 
     if device.type == "cuda":

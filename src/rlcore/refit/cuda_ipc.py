@@ -20,20 +20,20 @@ from typing import Any
 
 #: ``rebuild_cuda_tensor``'s parameters, in order, with the JSON form of each.
 FIELDS: tuple[tuple[str, str], ...] = (
-    ("tensor_cls", "class"),           # torch.Tensor or torch.nn.Parameter, by name
+    ("tensor_cls", "class"),  # torch.Tensor or torch.nn.Parameter, by name
     ("tensor_size", "ints"),
     ("tensor_stride", "ints"),
     ("tensor_offset", "int"),
-    ("storage_cls", "class"),          # torch.storage.TypedStorage, by name
-    ("dtype", "dtype"),                # e.g. "uint8"
-    ("storage_device", "int"),         # CUDA device index
-    ("storage_handle", "bytes"),       # cudaIpcMemHandle (base64); None for an empty storage
+    ("storage_cls", "class"),  # torch.storage.TypedStorage, by name
+    ("dtype", "dtype"),  # e.g. "uint8"
+    ("storage_device", "int"),  # CUDA device index
+    ("storage_handle", "bytes"),  # cudaIpcMemHandle (base64); None for an empty storage
     ("storage_size_bytes", "int"),
     ("storage_offset_bytes", "int"),
     ("requires_grad", "bool"),
-    ("ref_counter_handle", "bytes"),   # the sender's shared-memory reference counter
+    ("ref_counter_handle", "bytes"),  # the sender's shared-memory reference counter
     ("ref_counter_offset", "int"),
-    ("event_handle", "bytes"),         # cudaIpcEventHandle
+    ("event_handle", "bytes"),  # cudaIpcEventHandle
     ("event_sync_required", "bool"),
 )
 _VERSION = 1
@@ -42,8 +42,11 @@ _VERSION = 1
 def _classes() -> dict[str, type]:
     import torch
 
-    return {"torch.Tensor": torch.Tensor, "torch.nn.parameter.Parameter": torch.nn.Parameter,
-            "torch.storage.TypedStorage": torch.storage.TypedStorage}
+    return {
+        "torch.Tensor": torch.Tensor,
+        "torch.nn.parameter.Parameter": torch.nn.Parameter,
+        "torch.storage.TypedStorage": torch.storage.TypedStorage,
+    }
 
 
 def _dtypes() -> dict[str, Any]:
@@ -72,8 +75,10 @@ def _decode(name: str, kind: str, value: Any) -> Any:
     """One field from JSON, or ValueError; a class or dtype only from its allow-list."""
     if kind == "class":
         table = _classes()
-        allowed = {"tensor_cls": ("torch.Tensor", "torch.nn.parameter.Parameter"),
-                   "storage_cls": ("torch.storage.TypedStorage",)}[name]
+        allowed = {
+            "tensor_cls": ("torch.Tensor", "torch.nn.parameter.Parameter"),
+            "storage_cls": ("torch.storage.TypedStorage",),
+        }[name]
         if value not in allowed:
             raise ValueError(f"CUDA IPC handle: {name} {value!r} is not one of {list(allowed)}")
         return table[value]

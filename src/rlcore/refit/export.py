@@ -18,7 +18,8 @@ adapted layers, merged). The transports pass it through.
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Optional
+from collections.abc import Iterator
+from typing import Any
 
 #: Default bucket size; the synchronizer passes the same value to both sides.
 DEFAULT_BUCKET_BYTES = 64 << 20
@@ -43,15 +44,21 @@ class RefitExportMixin:
         """The tensors to send and their metadata; only a LoRA worker is ever asked for ``changed_only``."""
         if not changed_only:
             return self.iter_refit_tensors(), self.prepare_refit_info
-        return (self.iter_refit_tensors(changed_only=True),  # type: ignore[call-arg]
-                lambda: self.prepare_refit_info(changed_only=True))  # type: ignore[call-arg]
+        return (
+            self.iter_refit_tensors(changed_only=True),  # type: ignore[call-arg]
+            lambda: self.prepare_refit_info(changed_only=True),
+        )  # type: ignore[call-arg]
 
     def _drain(self, tensors: Iterator[Any]) -> None:
         for _ in tensors:  # take part in the gathers rank 0's iteration needs
             pass
 
-    def stream_weights_via_ipc_zmq(self, endpoints: dict[int, tuple[str, bytes]],
-                                   bucket_bytes: int = DEFAULT_BUCKET_BYTES, changed_only: bool = False) -> int:
+    def stream_weights_via_ipc_zmq(
+        self,
+        endpoints: dict[int, tuple[str, bytes]],
+        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+        changed_only: bool = False,
+    ) -> int:
         """Stream every weight to the colocated engine of this rank, if ``endpoints`` names one.
 
         ``endpoints`` maps a training rank to the ``(socket address, authkey)``
@@ -74,8 +81,12 @@ class RefitExportMixin:
         if self._rank() == 0:
             self._refit_group = init_refit_group(ip, port, world_size, 0, self.device)
 
-    def broadcast_weights_for_collective(self, kv_scales: Optional[dict[str, float]] = None,
-                                         bucket_bytes: int = DEFAULT_BUCKET_BYTES, changed_only: bool = False) -> int:
+    def broadcast_weights_for_collective(
+        self,
+        kv_scales: dict[str, float] | None = None,
+        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+        changed_only: bool = False,
+    ) -> int:
         from rlcore.refit.collective import broadcast_weights
 
         tensors, info = self._refit_stream(changed_only)

@@ -24,8 +24,9 @@ A wrong answer is one line naming the engine, the bucket and the tensor (:func:`
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping, Sequence
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from rlcore.refit.buckets import RefitError
 
@@ -37,7 +38,7 @@ SAMPLES = 64
 _MASK = (1 << 64) - 1
 
 
-def _bits(flat: "torch.Tensor") -> "torch.Tensor":
+def _bits(flat: torch.Tensor) -> torch.Tensor:
     """The raw bits of ``flat``'s elements as int64 (a reinterpretation, not a conversion)."""
     import torch
 
@@ -47,7 +48,7 @@ def _bits(flat: "torch.Tensor") -> "torch.Tensor":
     return flat.view(width).to(torch.int64)
 
 
-def sample_indices(numel: int, samples: int | None = SAMPLES) -> "torch.Tensor":
+def sample_indices(numel: int, samples: int | None = SAMPLES) -> torch.Tensor:
     """The flat positions summed for a tensor of ``numel`` elements: all of them when there are few
     (or ``samples`` is None), else the first, the last and ``samples`` at a fixed stride between."""
     import torch
@@ -67,14 +68,14 @@ def _slices(numel: int, samples: int | None) -> tuple[int, int, bool]:
 
 
 @lru_cache(maxsize=1024)
-def _plan(numel: int, samples: int | None) -> tuple[int, int, bool, "torch.Tensor"]:
+def _plan(numel: int, samples: int | None) -> tuple[int, int, bool, torch.Tensor]:
     """The slices of a tensor of ``numel`` elements and their position weights (odd: a weight never zeroes a
     changed element in wrapping arithmetic); a model has few distinct sizes, so each is built once."""
     stop, step, tail = _slices(numel, samples)
     return stop, step, tail, sample_indices(numel, samples) * 2 + 1
 
 
-def _gather(entries: list) -> "torch.Tensor":
+def _gather(entries: list) -> torch.Tensor:
     """The sampled elements of ``entries`` (contiguous tensors of one storage, dtype and device), in order:
     one gather on the storage, at positions built once per layout (a bucket's offsets repeat every refit)."""
     first = entries[0][1]
@@ -84,7 +85,7 @@ def _gather(entries: list) -> "torch.Tensor":
 
 
 @lru_cache(maxsize=256)
-def _storage_positions(layout: tuple[tuple[int, int, int, int, bool], ...], device: "torch.device") -> "torch.Tensor":
+def _storage_positions(layout: tuple[tuple[int, int, int, int, bool], ...], device: torch.device) -> torch.Tensor:
     """The storage positions of :func:`sample_indices` for tensors at ``(storage offset, numel, stop, step, tail)``."""
     import torch
 
@@ -112,9 +113,9 @@ class Fingerprints:
         self.samples = samples
         self._names: list[str] = []
         self._sizes: list[tuple[int, int]] = []  # (numel, element size)
-        self._groups: dict[tuple["torch.dtype", "torch.device"], list] = {}  # key -> [copies, members, weights]
+        self._groups: dict[tuple[torch.dtype, torch.device], list] = {}  # key -> [copies, members, weights]
 
-    def add(self, named_tensors: Iterable[tuple[str, "torch.Tensor"]]) -> None:
+    def add(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         import torch
 
         plan = _plan if self.samples is not None else _plan.__wrapped__  # a full pass's positions are not kept
@@ -125,10 +126,11 @@ class Fingerprints:
                 *slices, weights = plan(numel, self.samples)
                 storage = tensor.untyped_storage().data_ptr() if numel and tensor.is_contiguous() else None
                 by_storage.setdefault((storage, tensor.dtype, tensor.device), []).append(
-                    (len(self._names), tensor, tuple(slices), weights))
+                    (len(self._names), tensor, tuple(slices), weights)
+                )
                 self._names.append(name)
                 self._sizes.append((numel, tensor.element_size()))
-            views: dict[tuple["torch.dtype", "torch.device"], list] = {}  # key -> [views, members, weights]
+            views: dict[tuple[torch.dtype, torch.device], list] = {}  # key -> [views, members, weights]
             for (storage, dtype, device), entries in by_storage.items():
                 copies_members_weights = self._groups.setdefault((dtype, device), [[], [], []])
                 if storage is not None and len(entries) > 1 and self.samples is not None:
@@ -169,12 +171,12 @@ class Fingerprints:
         return out
 
 
-def tensor_fingerprint(tensor: "torch.Tensor", samples: int | None = SAMPLES) -> int:
+def tensor_fingerprint(tensor: torch.Tensor, samples: int | None = SAMPLES) -> int:
     """One tensor's checksum (an unsigned 64-bit int); equal tensors give equal checksums on any device."""
     return fingerprint([("", tensor)], samples)[""]
 
 
-def fingerprint(named_tensors: Iterable[tuple[str, "torch.Tensor"]], samples: int | None = SAMPLES) -> dict[str, int]:
+def fingerprint(named_tensors: Iterable[tuple[str, torch.Tensor]], samples: int | None = SAMPLES) -> dict[str, int]:
     """``{name: checksum}`` of every tensor; what the sender and each engine compute."""
     acc = Fingerprints(samples)
     acc.add(named_tensors)
@@ -187,7 +189,7 @@ class SentBytes(int):
 
     fingerprints: dict[str, int]
 
-    def __new__(cls, sent: int, fingerprints: Mapping[str, int]) -> "SentBytes":
+    def __new__(cls, sent: int, fingerprints: Mapping[str, int]) -> SentBytes:
         obj = super().__new__(cls, sent)
         obj.fingerprints = dict(fingerprints)
         return obj
@@ -196,8 +198,9 @@ class SentBytes(int):
         return SentBytes, (int(self), self.fingerprints)
 
 
-def check_fingerprints(sent: Mapping[str, int], held: Mapping[str, int], *, engine: str,
-                       bucket_of: Mapping[str, int] | None = None) -> None:
+def check_fingerprints(
+    sent: Mapping[str, int], held: Mapping[str, int], *, engine: str, bucket_of: Mapping[str, int] | None = None
+) -> None:
     """Raise :class:`RefitError`, one line naming the first differing tensor, unless ``held`` equals ``sent``."""
     for name, value in sent.items():
         got = held.get(name)
@@ -205,15 +208,21 @@ def check_fingerprints(sent: Mapping[str, int], held: Mapping[str, int], *, engi
             continue
         where = f" (bucket {bucket_of[name]})" if bucket_of and name in bucket_of else ""
         state = "does not hold" if got is None else f"holds fingerprint {got:#018x} for"
-        raise RefitError(f"refit verification failed: {engine} {state} tensor '{name}'{where}; "
-                         f"the trainer sent {value:#018x}")
+        raise RefitError(
+            f"refit verification failed: {engine} {state} tensor '{name}'{where}; the trainer sent {value:#018x}"
+        )
     extra = sorted(set(held) - set(sent))
     if extra:
         raise RefitError(f"refit verification failed: {engine} reports tensor '{extra[0]}', which was not sent")
 
 
-def verify_engines(sent: Mapping[str, int] | Sequence[Mapping[str, int]], reports: Iterable[Mapping], *,
-                   version: int, bucket_of: Mapping[str, int] | None = None) -> int:
+def verify_engines(
+    sent: Mapping[str, int] | Sequence[Mapping[str, int]],
+    reports: Iterable[Mapping],
+    *,
+    version: int,
+    bucket_of: Mapping[str, int] | None = None,
+) -> int:
     """Check each engine's report ``{"weight_version": int, "fingerprints": {name: int}}`` after a refit.
 
     ``sent``: the fingerprints every engine was sent, or one mapping per engine (engines fed by different
@@ -227,7 +236,8 @@ def verify_engines(sent: Mapping[str, int] | Sequence[Mapping[str, int]], report
         engine = f"engine {rank}"
         held_version = report.get("weight_version")
         if held_version != version:
-            raise RefitError(f"refit verification failed: {engine} holds weight_version {held_version}, "
-                             f"expected {version}")
+            raise RefitError(
+                f"refit verification failed: {engine} holds weight_version {held_version}, expected {version}"
+            )
         check_fingerprints(expected, report.get("fingerprints", {}), engine=engine, bucket_of=bucket_of)
     return version

@@ -37,17 +37,29 @@ import sys
 import tempfile
 import time
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass
 from multiprocessing import AuthenticationError
 from multiprocessing.connection import Client, Connection, answer_challenge, deliver_challenge
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any
 
-from rlcore.refit.buckets import (LoadFn, RefitError, RefitMetadata, buffer_bytes, check_metadata, pack,
-                                  plan_buckets, split_layer_names, unpack, wait_for_stream)
+from rlcore.refit.buckets import (
+    LoadFn,
+    RefitError,
+    RefitMetadata,
+    buffer_bytes,
+    check_metadata,
+    pack,
+    plan_buckets,
+    split_layer_names,
+    unpack,
+    wait_for_stream,
+)
 from rlcore.refit.fingerprint import Fingerprints, SentBytes
 
 if TYPE_CHECKING:
     import torch
+
 
 def _send(conn: Connection, **message: Any) -> None:
     conn.send_bytes(json.dumps(message).encode())
@@ -101,12 +113,13 @@ class _SharedBuffer:
     CUDA IPC handle.
     """
 
-    def __init__(self, tensor: "torch.Tensor", handle: str, mapping: mmap.mmap | None = None,
-                 fd: int | None = None) -> None:
+    def __init__(
+        self, tensor: torch.Tensor, handle: str, mapping: mmap.mmap | None = None, fd: int | None = None
+    ) -> None:
         self.tensor, self.handle, self._mapping, self.fd = tensor, handle, mapping, fd
 
     @classmethod
-    def create(cls, size: int, device: "torch.device") -> "_SharedBuffer":
+    def create(cls, size: int, device: torch.device) -> _SharedBuffer:
         import torch
 
         if device.type == "cuda":
@@ -119,7 +132,7 @@ class _SharedBuffer:
         return cls(torch.frombuffer(mapping, dtype=torch.uint8), "fd", mapping, fd)
 
     @classmethod
-    def attach(cls, handle: str, fd: int | None = None) -> "_SharedBuffer":
+    def attach(cls, handle: str, fd: int | None = None) -> _SharedBuffer:
         """Map the peer's buffer; a descriptor passed in is closed here (the mapping keeps the memory)."""
         import torch
 
@@ -157,8 +170,7 @@ def _peer_uid(sock: socket.socket) -> int | None:
     """The connecting process's user id (Linux); None where the platform cannot tell."""
     if not hasattr(socket, "SO_PEERCRED"):
         return None
-    _pid, uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
-                                                          struct.calcsize("3i")))
+    _pid, uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
     return uid
 
 
@@ -186,7 +198,7 @@ class ShmReceiver:
             self._socket.settimeout(left)
             try:
                 sock, _ = self._socket.accept()
-            except socket.timeout:
+            except TimeoutError:
                 break
             if _peer_uid(sock) not in (None, os.getuid()):
                 sock.close()
@@ -279,17 +291,29 @@ class ShmReceiver:
 # -- sender ----------------------------------------------------------------------------------
 
 
-def stream_to_receiver(tensors: Iterator[tuple[str, "torch.Tensor"]], metadata: RefitMetadata, address: str,
-                       authkey: bytes, bucket_bytes: int, device: "torch.device",
-                       num_buffers: int = 2, timeout_s: float = 600.0) -> SentBytes:
+def stream_to_receiver(
+    tensors: Iterator[tuple[str, torch.Tensor]],
+    metadata: RefitMetadata,
+    address: str,
+    authkey: bytes,
+    bucket_bytes: int,
+    device: torch.device,
+    num_buffers: int = 2,
+    timeout_s: float = 600.0,
+) -> SentBytes:
     """Send every tensor of ``metadata`` (pulled in order from ``tensors``); returns the bytes sent, with the
     fingerprints of the tensors sent (:class:`rlcore.refit.fingerprint.SentBytes`)."""
     plan = plan_buckets(metadata, bucket_bytes)
     sent = Fingerprints()
     buffers = _sender_buffers(buffer_bytes(plan), device, num_buffers)
     with Client(address, family="AF_UNIX", authkey=authkey) as conn:
-        _send(conn, type="hello", metadata={k: [list(v[0]), v[1]] for k, v in metadata.items()},
-              bucket_bytes=bucket_bytes, buffers=[b.handle for b in buffers])
+        _send(
+            conn,
+            type="hello",
+            metadata={k: [list(v[0]), v[1]] for k, v in metadata.items()},
+            bucket_bytes=bucket_bytes,
+            buffers=[b.handle for b in buffers],
+        )
         _recv(conn, timeout_s)  # "ready", or the receiver's rejection raised as RefitError
         if fds := [b.fd for b in buffers if b.fd is not None]:
             _send_fds(conn, fds)
@@ -315,7 +339,7 @@ def stream_to_receiver(tensors: Iterator[tuple[str, "torch.Tensor"]], metadata: 
 _SENDER_POOL: dict[tuple[int, str, int], list[_SharedBuffer]] = {}
 
 
-def _sender_buffers(size: int, device: "torch.device", count: int) -> list[_SharedBuffer]:
+def _sender_buffers(size: int, device: torch.device, count: int) -> list[_SharedBuffer]:
     if device.type == "cuda":  # GPU memory is scarce beside a colocated engine: new buffers per refit
         release_sender_buffers()
         return [_SharedBuffer.create(size, device) for _ in range(count)]

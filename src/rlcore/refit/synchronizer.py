@@ -82,10 +82,21 @@ class WeightSynchronizer:
     :class:`RefitError` of one line naming the engine and the tensor (:mod:`rlcore.refit.fingerprint`).
     """
 
-    def __init__(self, policy: Any, generation: Any, *, colocated: bool, cluster: Any = None,
-                 transport: str = "auto", bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-                 partial_refit: bool = False, adapter_refit: bool = False, scratch_dir: str | None = None,
-                 verify: bool = False, weight_version: int = 0) -> None:
+    def __init__(
+        self,
+        policy: Any,
+        generation: Any,
+        *,
+        colocated: bool,
+        cluster: Any = None,
+        transport: str = "auto",
+        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+        partial_refit: bool = False,
+        adapter_refit: bool = False,
+        scratch_dir: str | None = None,
+        verify: bool = False,
+        weight_version: int = 0,
+    ) -> None:
         if transport == "auto":
             transport = "shared_memory" if colocated else "collective"
         if transport not in ("shared_memory", "collective"):
@@ -129,9 +140,13 @@ class WeightSynchronizer:
             return
         ip, port = self.cluster.get_master_address_and_port()
         world_size = 1 + self.generation.refit_world_size()
-        _wait([(self.policy, self.policy.init_collective(ip, port, world_size, train_world_size=1)),
-               (self.generation, self.generation.init_collective(ip, port, world_size, train_world_size=1))],
-              "joining the refit group")
+        _wait(
+            [
+                (self.policy, self.policy.init_collective(ip, port, world_size, train_world_size=1)),
+                (self.generation, self.generation.init_collective(ip, port, world_size, train_world_size=1)),
+            ],
+            "joining the refit group",
+        )
         self._group_ready = True
 
     @property
@@ -159,8 +174,9 @@ class WeightSynchronizer:
         if self.transport == "shared_memory":
             endpoints = self.generation.refit_endpoints()  # before the receivers block their engines
             receivers = self.generation.update_weights_via_ipc_zmq(bucket_bytes=self.bucket_bytes)
-            senders = self.policy.stream_weights_via_ipc_zmq(endpoints=endpoints, bucket_bytes=self.bucket_bytes,
-                                                             **part)
+            senders = self.policy.stream_weights_via_ipc_zmq(
+                endpoints=endpoints, bucket_bytes=self.bucket_bytes, **part
+            )
             feeders = list(endpoints)  # engine i is fed by training rank feeders[i]
         else:
             self._init_group()
@@ -176,8 +192,13 @@ class WeightSynchronizer:
             verify_seconds = time.perf_counter() - checked
         self.stale = False
         self._synced_once = True
-        return {"bytes": float(max(sent)), "seconds": time.perf_counter() - start, "weight_version": float(version),
-                "verified_tensors": float(verified), "verify_seconds": verify_seconds}
+        return {
+            "bytes": float(max(sent)),
+            "seconds": time.perf_counter() - start,
+            "weight_version": float(version),
+            "verified_tensors": float(verified),
+            "verify_seconds": verify_seconds,
+        }
 
     def _publish(self, version: int) -> None:
         """Tell the engines which weights they hold now (queued behind the refit in each engine)."""
@@ -198,8 +219,11 @@ class WeightSynchronizer:
         fed = [sent[0]] * len(reports) if feeders is None else [sent[rank] for rank in feeders]
         if not all(hasattr(s, "fingerprints") for s in fed):
             if not self._said_unverified:  # once per run
-                print("notice: refit not verified: the training backend's workers send no fingerprints "
-                      "(they do not use rlcore.refit.RefitExportMixin)", file=sys.stderr)
+                print(
+                    "notice: refit not verified: the training backend's workers send no fingerprints "
+                    "(they do not use rlcore.refit.RefitExportMixin)",
+                    file=sys.stderr,
+                )
                 self._said_unverified = True
             return 0
         if self._sent is None or len(self._sent) != len(fed):
@@ -229,4 +253,3 @@ class WeightSynchronizer:
         if self._adapter_root is not None:
             shutil.rmtree(self._adapter_root, ignore_errors=True)
             self._adapter_root = None
-

@@ -52,8 +52,15 @@ class Run:
     def shutdown(self) -> None:
         """Stop the synchronizer, the generation backend, the policy and the clusters (each tried even if one
         fails)."""
-        parts = [self.environment, self.synchronizer, self.generation if self.generation is not self.policy else None,
-                 self.teacher, self.policy, *self.extra_clusters, self.cluster]
+        parts = [
+            self.environment,
+            self.synchronizer,
+            self.generation if self.generation is not self.policy else None,
+            self.teacher,
+            self.policy,
+            *self.extra_clusters,
+            self.cluster,
+        ]
         errors = []
         for part in parts:
             if part is None:
@@ -77,8 +84,9 @@ def load_run_data(cfg: Any, tokenizer: Any = None) -> Any:
     return load_algorithm(cfg.algorithm).load_data(cfg, tokenizer)
 
 
-def build_run(config: Any, resume_dir: Path | None = None, start_step: int = 0, tokenizer: Any = None,
-              data: Any = None) -> Run:
+def build_run(
+    config: Any, resume_dir: Path | None = None, start_step: int = 0, tokenizer: Any = None, data: Any = None
+) -> Run:
     """Read the data; start the cluster, the environment, the policy, the generation backend and the synchronizer.
 
     ``config``: a :class:`~rlcore.config.ResolvedConfig`, or an ``RLCoreConfig`` (resolved here with
@@ -104,29 +112,50 @@ def build_run(config: Any, resume_dir: Path | None = None, start_step: int = 0, 
     data = data if data is not None else load_run_data(cfg, tokenizer)
     groups = 1 + int(colocated) + int(resolved.teacher is not None)  # worker groups sharing each bundle
     cluster = RayVirtualCluster.from_config(cfg.cluster, max_colocated_worker_groups=groups)
-    run = Run(resolved, cluster, tokenizer=tokenizer, start_step=start_step, data=data,
-              num_steps=data.num_steps(cfg.algorithm_section.max_num_steps), next_batch=start_step)
+    run = Run(
+        resolved,
+        cluster,
+        tokenizer=tokenizer,
+        start_step=start_step,
+        data=data,
+        num_steps=data.num_steps(cfg.algorithm_section.max_num_steps),
+        next_batch=start_step,
+    )
     try:
         if resolved.environment is not None:  # an SFT run scores nothing
-            run.environment = EnvironmentRunner.from_resolved(resolved.environment, cfg.env,
-                                                              log_dir=Path(cfg.logger.output_dir) / "logs")
+            run.environment = EnvironmentRunner.from_resolved(
+                resolved.environment, cfg.env, log_dir=Path(cfg.logger.output_dir) / "logs"
+            )
         weights = optimizer = None
         if resume_dir is not None:
             weights, optimizer = str(resume_dir / "weights"), str(resume_dir / "optimizer")
         signal_self_at("workers")  # test hook (RLCORE_TEST_SIGNAL_AT), nothing when unset
         # The reference model only feeds the KL term: without one, no rank keeps its copy of the weights.
-        run.policy = Policy(cluster, resolved.policy, tokenizer, weights_path=weights, optimizer_path=optimizer,
-                            init_reference_model=load_algorithm(cfg.algorithm).needs_reference_model(cfg))
+        run.policy = Policy(
+            cluster,
+            resolved.policy,
+            tokenizer,
+            weights_path=weights,
+            optimizer_path=optimizer,
+            init_reference_model=load_algorithm(cfg.algorithm).needs_reference_model(cfg),
+        )
         if resolved.teacher is not None:  # frozen: no optimizer, no reference copy
-            run.teacher = Policy(cluster, resolved.teacher, tokenizer, name_prefix="teacher", init_optimizer=False,
-                                 init_reference_model=False)
+            run.teacher = Policy(
+                cluster,
+                resolved.teacher,
+                tokenizer,
+                name_prefix="teacher",
+                init_optimizer=False,
+                init_reference_model=False,
+            )
         run.generation = run.policy
         if gen is not None and gen.separate:
             gen_cluster = cluster
             if not colocated:
                 res = gen.config.colocated.resources
-                gen_cluster = RayVirtualCluster([res.workers_per_node] * res.num_nodes,
-                                                use_gpus=cfg.cluster.use_gpu, name="rlcore-generation")
+                gen_cluster = RayVirtualCluster(
+                    [res.workers_per_node] * res.num_nodes, use_gpus=cfg.cluster.use_gpu, name="rlcore-generation"
+                )
                 run.extra_clusters.append(gen_cluster)
             available = {"tokenizer": tokenizer, "backend_config": gen.section}
             if gen.adapter_refit:
@@ -136,10 +165,16 @@ def build_run(config: Any, resume_dir: Path | None = None, start_step: int = 0, 
             def start_engines(gen_cluster: Any = gen_cluster) -> tuple[Any, Any]:
                 generation = driver_class(gen_cluster, gen.config, **declared_kwargs(driver_class, available))
                 return generation, WeightSynchronizer(
-                    run.policy, generation, colocated=colocated, cluster=cluster, partial_refit=gen.partial_refit,
-                    adapter_refit=gen.adapter_refit, scratch_dir=os.environ.get(SESSION_ENV),
+                    run.policy,
+                    generation,
+                    colocated=colocated,
+                    cluster=cluster,
+                    partial_refit=gen.partial_refit,
+                    adapter_refit=gen.adapter_refit,
+                    scratch_dir=os.environ.get(SESSION_ENV),
                     verify=gen.verify_refit,  # policy.generation.verify_refit, decided at resolution
-                    weight_version=run.synchronizer.policy_weight_version if run.synchronizer else run.start_step)
+                    weight_version=run.synchronizer.policy_weight_version if run.synchronizer else run.start_step,
+                )
 
             signal_self_at("engines")
             run.generation, run.synchronizer = start_engines()

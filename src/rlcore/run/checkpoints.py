@@ -38,8 +38,14 @@ def step_dir(root: str | Path, step: int) -> Path:
     return Path(root) / f"step_{step:06d}"
 
 
-def save_step(policy: Any, root: str | Path, step: int, keep_last: int, extra: dict[str, Any] | None = None,
-              metric: tuple[str, bool] | None = None) -> Path:
+def save_step(
+    policy: Any,
+    root: str | Path,
+    step: int,
+    keep_last: int,
+    extra: dict[str, Any] | None = None,
+    metric: tuple[str, bool] | None = None,
+) -> Path:
     """Save step ``step`` (``extra`` joins its ``state.json``) and drop the checkpoints :func:`kept` leaves out.
     A full disk raises :class:`DiskFull` (the partial save removed, the previous checkpoint whole)."""
     final = step_dir(root, step)
@@ -84,7 +90,9 @@ def whole_checkpoint(root: str | Path) -> str:
         latest = None
     if latest is None:
         return "no earlier step checkpoint was saved; free some space and run again"
-    return f"the checkpoint of step {latest[0]} is whole ({latest[1]}); free some space and resume from it with --resume"
+    return (
+        f"the checkpoint of step {latest[0]} is whole ({latest[1]}); free some space and resume from it with --resume"
+    )
 
 
 def complete_steps(root: str | Path) -> list[int]:
@@ -93,8 +101,9 @@ def complete_steps(root: str | Path) -> list[int]:
     return sorted(found)
 
 
-def kept(checkpoints: list[tuple[Path, dict[str, Any]]], keep_last: int,
-         metric: tuple[str, bool] | None = None) -> set[Path]:
+def kept(
+    checkpoints: list[tuple[Path, dict[str, Any]]], keep_last: int, metric: tuple[str, bool] | None = None
+) -> set[Path]:
     """The checkpoints to keep: the ``keep_last`` newest; with ``metric`` = ``(name, higher_is_better)`` the
     ``keep_last`` best by ``state["metrics"][name]`` (ties: the newer; a checkpoint without it is the worst),
     and the newest in any case, to resume from."""
@@ -122,13 +131,15 @@ def read_state(directory: str | Path) -> dict[str, Any]:
         raise DamagedCheckpoint(_damaged(path, f"cannot be read ({type(exc).__name__}: {detail})")) from None
     step = state.get("step") if isinstance(state, dict) else None
     if not isinstance(step, int) or isinstance(step, bool) or step < 0:
-        raise DamagedCheckpoint(_damaged(path, "holds no step number (a JSON object with \"step\": N is expected)"))
+        raise DamagedCheckpoint(_damaged(path, 'holds no step number (a JSON object with "step": N is expected)'))
     return state
 
 
 def _damaged(path: Path, why: str) -> str:
-    return (f"{path}: damaged, {why}; move {path.parent.name} away to resume from the step before it, or start "
-            "fresh in another logger.output_dir")
+    return (
+        f"{path}: damaged, {why}; move {path.parent.name} away to resume from the step before it, or start "
+        "fresh in another logger.output_dir"
+    )
 
 
 def resume_problems(policy: Any, step_dir: Path) -> list[str]:
@@ -137,7 +148,6 @@ def resume_problems(policy: Any, step_dir: Path) -> list[str]:
     may be a link), missing or damaged weights (:func:`rlcore.preflight.check_policy_sources`),
     state files that name code, cannot be read or are cut short (:func:`state_file_problems`)."""
     from rlcore.preflight import check_policy_sources
-
     from rlcore.training.checkpoint_files import outside_files
 
     field = f"--resume from {step_dir}"
@@ -194,8 +204,10 @@ def shard_problems(metadata: Any, directory: Path, step_dir: Path) -> list[str]:
         if size is None:
             problems.append(f"{name}: missing, though {path.parent.name}/.metadata places data in it")
         elif size < end:
-            problems.append(f"{name}: damaged, {size} bytes where {path.parent.name}/.metadata places data up to "
-                            f"byte {end} (truncated or replaced)")
+            problems.append(
+                f"{name}: damaged, {size} bytes where {path.parent.name}/.metadata places data up to "
+                f"byte {end} (truncated or replaced)"
+            )
     return problems
 
 

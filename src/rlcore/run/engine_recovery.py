@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from rlcore.run.errors import RunError
 
@@ -48,8 +49,9 @@ def dead_actor_ids(exc: BaseException) -> set[str]:
         seen.add(id(current))
         if isinstance(current, RayActorError) and getattr(current, "actor_id", None):
             ids.add(str(current.actor_id))
-        pending.append(current.__cause__ if current.__cause__ is not None or current.__suppress_context__
-                       else current.__context__)
+        pending.append(
+            current.__cause__ if current.__cause__ is not None or current.__suppress_context__ else current.__context__
+        )
     return ids
 
 
@@ -74,8 +76,11 @@ def lost_nodes(cluster: Any) -> list[str]:
     import ray
 
     alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
-    return [f"bundle {b.index} on node {b.node_ip} ({b.node_id[:8]})" for b in cluster.bundles()
-            if b.node_id and b.node_id not in alive]
+    return [
+        f"bundle {b.index} on node {b.node_ip} ({b.node_id[:8]})"
+        for b in cluster.bundles()
+        if b.node_id and b.node_id not in alive
+    ]
 
 
 class EngineRecovery:
@@ -88,8 +93,16 @@ class EngineRecovery:
     whoever restarts and refits.
     """
 
-    def __init__(self, start: Callable[[], tuple[Any, Any]], cluster: Any, policy: Any, restarts_per_step: int,
-                 generation: Any, synchronizer: Any, awake: bool = False) -> None:
+    def __init__(
+        self,
+        start: Callable[[], tuple[Any, Any]],
+        cluster: Any,
+        policy: Any,
+        restarts_per_step: int,
+        generation: Any,
+        synchronizer: Any,
+        awake: bool = False,
+    ) -> None:
         self.start, self.cluster, self.policy = start, cluster, policy
         self.restarts_per_step, self.awake = restarts_per_step, awake
         self.generation, self.synchronizer = generation, synchronizer
@@ -120,16 +133,18 @@ class EngineRecovery:
             why = self._not_restorable()
             if why:
                 raise RunError(f"{first_line(exc)}; not restarted: {why}") from exc
-            print(f"engine restart: {first_line(exc)}; restarting the generation engines on the same placement "
-                  f"({self.in_step + 1} of {SETTING}={self.restarts_per_step} this step)", file=sys.stderr)
+            print(
+                f"engine restart: {first_line(exc)}; restarting the generation engines on the same placement "
+                f"({self.in_step + 1} of {SETTING}={self.restarts_per_step} this step)",
+                file=sys.stderr,
+            )
             self.in_step += 1
             self._restart(exc)
             return True
 
     def _not_restorable(self) -> str:
         if self.in_step >= self.restarts_per_step:
-            return (f"it died again after {self.in_step} restart(s) in this step ({SETTING}="
-                    f"{self.restarts_per_step})")
+            return f"it died again after {self.in_step} restart(s) in this step ({SETTING}={self.restarts_per_step})"
         if lost := lost_nodes(self.cluster):
             return f"its placement cannot be restored ({', '.join(lost)} is gone)"
         return ""
@@ -252,7 +267,14 @@ class RestartingGeneration:
 def with_restarts(run: Any, start: Callable[[], tuple[Any, Any]], cluster: Any, restarts_per_step: int) -> None:
     """Put the run's generation backend and synchronizer behind an :class:`EngineRecovery` (``run.engines``),
     ``start`` building a new pair on ``cluster``."""
-    recovery = EngineRecovery(start, cluster, run.policy, restarts_per_step, run.generation, run.synchronizer,
-                              awake=run.resolved.async_generation)
+    recovery = EngineRecovery(
+        start,
+        cluster,
+        run.policy,
+        restarts_per_step,
+        run.generation,
+        run.synchronizer,
+        awake=run.resolved.async_generation,
+    )
     run.engines = recovery
     run.generation, run.synchronizer = RestartingGeneration(recovery), RestartingSynchronizer(recovery)

@@ -7,16 +7,25 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 
 class MetricsLogger:
-    def __init__(self, output_dir: str | Path, *, tensorboard: bool = True, progress_bar: bool = True,
-                 progress_file: Any = None, total_steps: int = 0, initial_step: int = 0,
-                 name: str = "grpo", curve: tuple[str, str, str] = ("reward_mean", "mean reward",
-                                                                     "reward_curve.png"),
-                 trackers: Sequence[Any] = ()) -> None:
+    def __init__(
+        self,
+        output_dir: str | Path,
+        *,
+        tensorboard: bool = True,
+        progress_bar: bool = True,
+        progress_file: Any = None,
+        total_steps: int = 0,
+        initial_step: int = 0,
+        name: str = "grpo",
+        curve: tuple[str, str, str] = ("reward_mean", "mean reward", "reward_curve.png"),
+        trackers: Sequence[Any] = (),
+    ) -> None:
         """``name``: the progress bar's label; ``curve``: ``(metric, axis label, file name)`` of the plot
         (:attr:`rlcore.interfaces.algorithm.Algorithm.curve`); ``trackers``: started
         :class:`~rlcore.run.trackers.Tracker` objects, each given every row (:func:`rlcore.run.trackers.open_trackers`),
@@ -40,8 +49,9 @@ class MetricsLogger:
         if progress_bar:
             from tqdm import tqdm
 
-            self._bar = tqdm(total=total_steps, initial=initial_step, desc=name, unit="step", dynamic_ncols=True,
-                             file=progress_file)  # None: standard error
+            self._bar = tqdm(
+                total=total_steps, initial=initial_step, desc=name, unit="step", dynamic_ncols=True, file=progress_file
+            )  # None: standard error
 
     def log(self, step: int, metrics: dict[str, Any], advance: bool = True) -> None:
         """Write one row; ``advance``: it is a training step (the progress bar moves)."""
@@ -78,8 +88,11 @@ class MetricsLogger:
                 with contextlib.suppress(Exception):
                     tracker.close(failed=True)
                 first = (str(exc).strip().splitlines() or [""])[0]
-                print(f"warning: {tracker.name} stopped logging at step {step}: {type(exc).__name__}: {first}; "
-                      f"metrics.jsonl has every row", file=self._notices or sys.stderr)
+                print(
+                    f"warning: {tracker.name} stopped logging at step {step}: {type(exc).__name__}: {first}; "
+                    f"metrics.jsonl has every row",
+                    file=self._notices or sys.stderr,
+                )
 
     def close(self) -> Path | None:
         """Close outputs and draw the curve; returns the PNG path (None without matplotlib). Called while an
@@ -89,8 +102,10 @@ class MetricsLogger:
             try:
                 tracker.close(failed=failed)
             except Exception as exc:  # noqa: BLE001 - the other outputs still close
-                print(f"warning: {tracker.name} did not close its run: {type(exc).__name__}: {exc}",
-                      file=self._notices or sys.stderr)
+                print(
+                    f"warning: {tracker.name} did not close its run: {type(exc).__name__}: {exc}",
+                    file=self._notices or sys.stderr,
+                )
         self._trackers = []
         self._file.close()
         if self._tb is not None:

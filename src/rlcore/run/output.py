@@ -23,8 +23,9 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator, TextIO
+from typing import TextIO
 
 from rlcore.distributed.worker_host import WORKER_LOG_DIR_ENV
 

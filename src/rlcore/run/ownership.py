@@ -57,8 +57,12 @@ def write_marker(cfg: Any, resume: bool) -> Path:
     out = Path(cfg.logger.output_dir)
     now = datetime.now(timezone.utc).isoformat(timespec="seconds")
     old = read_marker(out) if resume else None
-    marker = {"algorithm": cfg.algorithm, "config_hash": config_hash(cfg), "started": now,
-              "rlcore_version": __version__}
+    marker = {
+        "algorithm": cfg.algorithm,
+        "config_hash": config_hash(cfg),
+        "started": now,
+        "rlcore_version": __version__,
+    }
     if old:
         marker = {**marker, "started": old.get("started", now), "resumed": [*old.get("resumed", []), now]}
     out.mkdir(parents=True, exist_ok=True)
@@ -93,23 +97,29 @@ def ownership_problems(cfg: Any, resume: bool) -> list[str]:
         owner = (marker or {}).get("algorithm")
         if owner is None or owner == cfg.algorithm:
             return []
-        return [f"--resume: {out} holds {_owner(marker)}, and this config trains {cfg.algorithm}; resume it with "
-                f"the config it was started with, or write this {cfg.algorithm} run to a fresh directory "
-                f"(-o logger.output_dir={fresh_directory(out, cfg.algorithm)})"]
+        return [
+            f"--resume: {out} holds {_owner(marker)}, and this config trains {cfg.algorithm}; resume it with "
+            f"the config it was started with, or write this {cfg.algorithm} run to a fresh directory "
+            f"(-o logger.output_dir={fresh_directory(out, cfg.algorithm)})"
+        ]
     if not (results := run_results(cfg)):
         return []
     held = ", ".join(results)
     if marker and marker.get("config_hash") == config_hash(cfg):
-        return [f"logger.output_dir: {out} holds this config's run ({held}; started {marker.get('started')}), "
-                f"which a fresh start would overwrite; continue it with --resume, or start again in a fresh "
-                f"directory (-o logger.output_dir={fresh_directory(out, '')})"]
+        return [
+            f"logger.output_dir: {out} holds this config's run ({held}; started {marker.get('started')}), "
+            f"which a fresh start would overwrite; continue it with --resume, or start again in a fresh "
+            f"directory (-o logger.output_dir={fresh_directory(out, '')})"
+        ]
     if marker is None:
         whose = f"a run's files ({held}) from before rlcore marked its runs ({MARKER})"
     else:
         whose = f"{_owner(marker)} ({held})"
-    return [f"logger.output_dir: {out} holds {whose}, which this run would overwrite; write this run to a fresh "
-            f"directory (-o logger.output_dir={fresh_directory(out, cfg.algorithm)}), or continue that run with "
-            "--resume and its own config"]
+    return [
+        f"logger.output_dir: {out} holds {whose}, which this run would overwrite; write this run to a fresh "
+        f"directory (-o logger.output_dir={fresh_directory(out, cfg.algorithm)}), or continue that run with "
+        "--resume and its own config"
+    ]
 
 
 def _owner(marker: dict[str, Any] | None) -> str:
@@ -129,5 +139,13 @@ def fresh_directory(out: Path, suffix: str) -> Path:
     return Path(f"{base}-new")
 
 
-__all__ = ["MARKER", "OutputDirTaken", "config_hash", "fresh_directory", "ownership_problems", "read_marker",
-           "run_results", "write_marker"]
+__all__ = [
+    "MARKER",
+    "OutputDirTaken",
+    "config_hash",
+    "fresh_directory",
+    "ownership_problems",
+    "read_marker",
+    "run_results",
+    "write_marker",
+]

@@ -32,8 +32,12 @@ def configure_tokenizer(tokenizer: Any, tokenizer_cfg: Any) -> Any:
         tokenizer.chat_template = PASSTHROUGH_TEMPLATE
     elif template.strip().lower() == "default":
         if not getattr(tokenizer, "chat_template", None):
-            raise ConfigError([f"{path}: is 'default' but the tokenizer {tokenizer_cfg.name!r} has no chat template "
-                               "of its own: set it to null (the prompt text as is) or to a Jinja template"])
+            raise ConfigError(
+                [
+                    f"{path}: is 'default' but the tokenizer {tokenizer_cfg.name!r} has no chat template "
+                    "of its own: set it to null (the prompt text as is) or to a Jinja template"
+                ]
+            )
     elif template.endswith(".jinja"):
         try:
             tokenizer.chat_template = Path(template).read_text(encoding="utf-8")
@@ -51,12 +55,14 @@ def load_tokenizer(cfg: Any) -> Any:
     return configure_tokenizer(AutoTokenizer.from_pretrained(cfg.policy.tokenizer.name), cfg.policy.tokenizer)
 
 
-def render_prompts(tokenizer: Any, message_logs: list[list[dict[str, str]]],
-                   template_kwargs: dict[str, Any] | None = None) -> list[str]:
+def render_prompts(
+    tokenizer: Any, message_logs: list[list[dict[str, str]]], template_kwargs: dict[str, Any] | None = None
+) -> list[str]:
     """Each message log through the tokenizer's chat template, with the generation prompt."""
     kwargs = dict(template_kwargs or {})
-    return [tokenizer.apply_chat_template(log, tokenize=False, add_generation_prompt=True, **kwargs)
-            for log in message_logs]
+    return [
+        tokenizer.apply_chat_template(log, tokenize=False, add_generation_prompt=True, **kwargs) for log in message_logs
+    ]
 
 
 def pad_id(tokenizer: Any) -> int:
@@ -68,8 +74,10 @@ def check_prompt_room(prompt_lengths: Any, max_total: int) -> None:
     """A prompt must leave room for at least one generated token within ``max_total``."""
     longest = int(prompt_lengths.max()) if len(prompt_lengths) else 0
     if longest >= max_total:
-        raise ValueError(f"a prompt of {longest} tokens leaves no room for a completion within "
-                         f"policy.max_total_sequence_length={max_total}; raise it or shorten the prompts")
+        raise ValueError(
+            f"a prompt of {longest} tokens leaves no room for a completion within "
+            f"policy.max_total_sequence_length={max_total}; raise it or shorten the prompts"
+        )
 
 
 def clip_rollout(rollout: Any, prompt_lengths: Any, max_total: int, pad_id: int) -> Any:
@@ -94,5 +102,12 @@ def clip_rollout(rollout: Any, prompt_lengths: Any, max_total: int, pad_id: int)
     return rollout
 
 
-__all__ = ["PASSTHROUGH_TEMPLATE", "check_prompt_room", "clip_rollout", "configure_tokenizer", "load_tokenizer",
-           "pad_id", "render_prompts"]
+__all__ = [
+    "PASSTHROUGH_TEMPLATE",
+    "check_prompt_room",
+    "clip_rollout",
+    "configure_tokenizer",
+    "load_tokenizer",
+    "pad_id",
+    "render_prompts",
+]

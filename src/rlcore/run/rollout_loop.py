@@ -3,7 +3,8 @@ validation when due, and an early end when the epochs' data runs out inside a st
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from rlcore.datasets import DataExhausted
 from rlcore.run.validation import synchronous_generate, validate, validation_due
@@ -12,8 +13,9 @@ if TYPE_CHECKING:
     from rlcore.run.build import Run
 
 
-def train_rollout_steps(run: "Run", one_step: Callable[[int], dict[str, float]],
-                        on_step: Callable[[int, dict[str, float]], None]) -> str | None:
+def train_rollout_steps(
+    run: Run, one_step: Callable[[int], dict[str, float]], on_step: Callable[[int, dict[str, float]], None]
+) -> str | None:
     """Run ``one_step(step)`` for steps ``run.start_step .. run.num_steps - 1``, adding the validation metrics
     when due and calling ``on_step(step, metrics)`` after each. Returns None, or why the run ended early (a step
     drew past the last batch the epochs allow; the steps before it are complete)."""

@@ -25,8 +25,9 @@ re-rendered text), so what the policy scores is exactly what the engine saw.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from rlcore.datasets import Sample
@@ -50,8 +51,15 @@ class Rollout:
     metrics: dict[str, float] = field(default_factory=dict)
 
 
-def run_rollout(cfg: Any, generate: Callable[[Any], Any], environment: Any, tokenizer: Any,
-                samples: list["Sample"], repeat: int, timer: "Timer") -> Rollout:
+def run_rollout(
+    cfg: Any,
+    generate: Callable[[Any], Any],
+    environment: Any,
+    tokenizer: Any,
+    samples: list[Sample],
+    repeat: int,
+    timer: Timer,
+) -> Rollout:
     """Roll out ``samples`` (each ``repeat`` times) for up to ``grpo.max_rollout_turns`` turns;
     ``generate(batch) -> output`` is the engine call (sampling or greedy)."""
     import torch
@@ -64,8 +72,11 @@ def run_rollout(cfg: Any, generate: Callable[[Any], Any], environment: Any, toke
     max_total = cfg.policy.max_total_sequence_length
     pad = pad_id(tokenizer)
     first = encode_samples(cfg, tokenizer, samples, repeat)
-    state = Trajectories(first, [dict(s.metadata) for s in samples for _ in range(repeat)],
-                         [[*s.messages] for s in samples for _ in range(repeat)])
+    state = Trajectories(
+        first,
+        [dict(s.metadata) for s in samples for _ in range(repeat)],
+        [[*s.messages] for s in samples for _ in range(repeat)],
+    )
     errors: list[str] = []
     for turn in range(max_turns):
         active = state.active()
@@ -82,8 +93,10 @@ def run_rollout(cfg: Any, generate: Callable[[Any], Any], environment: Any, toke
         state.add_results(active, result, tokenizer, max_total, last_turn=turn == max_turns - 1)
     for error in errors[:3]:  # in the run's log; all of them are counted
         print(f"environment error (reward 0): {error}", file=sys.stderr)
-    metrics = {"env/errors": float(len(errors)),
-               "env/nonfinite_rewards": float(sum(e.startswith(NONFINITE_REWARD) for e in errors))}
+    metrics = {
+        "env/errors": float(len(errors)),
+        "env/nonfinite_rewards": float(sum(e.startswith(NONFINITE_REWARD) for e in errors)),
+    }
     if max_turns > 1:
         metrics.update(state.turn_metrics())
     data = state.padded(pad)
@@ -125,8 +138,10 @@ class Trajectories:
         from rlcore.data import BatchedDataDict
 
         seqs = [self.tokens[i] for i in active]
-        batch = BatchedDataDict(input_ids=pad_sequence(seqs, batch_first=True, padding_value=pad),
-                                input_lengths=torch.tensor([len(s) for s in seqs], dtype=torch.long))
+        batch = BatchedDataDict(
+            input_ids=pad_sequence(seqs, batch_first=True, padding_value=pad),
+            input_lengths=torch.tensor([len(s) for s in seqs], dtype=torch.long),
+        )
         if any(self.stop_strings[i] is not None for i in active):
             batch["stop_strings"] = [self.stop_strings[i] for i in active]
         return batch
@@ -138,10 +153,10 @@ class Trajectories:
         truncated = out.get("truncated")
         for row, i in enumerate(active):
             start, count = int(lengths[row]), int(out["generation_lengths"][row])
-            new = out["output_ids"][row, start:start + count]
+            new = out["output_ids"][row, start : start + count]
             self.tokens[i] = torch.cat([self.tokens[i], new])
             self.mask[i] = torch.cat([self.mask[i], torch.ones(count)])
-            self.logprobs[i] = torch.cat([self.logprobs[i], out["logprobs"][row, start:start + count].float()])
+            self.logprobs[i] = torch.cat([self.logprobs[i], out["logprobs"][row, start : start + count].float()])
             if self.turns[i] == 0:
                 self.first_turn[i] = count
             if (truncated is not None and bool(truncated[row])) or len(self.tokens[i]) >= max_total:
@@ -152,8 +167,9 @@ class Trajectories:
                 begin, end = (float(x) for x in out["generation_window"][row])
                 old = self.windows[i]
                 self.windows[i] = [begin, end] if old is None else [min(old[0], begin), max(old[1], end)]
-            self.logs[i].append({"role": "assistant", "content": tokenizer.decode(new.tolist(),
-                                                                                  skip_special_tokens=True)})
+            self.logs[i].append(
+                {"role": "assistant", "content": tokenizer.decode(new.tolist(), skip_special_tokens=True)}
+            )
 
     def add_results(self, active: list[int], result: Any, tokenizer: Any, max_total: int, last_turn: bool) -> None:
         """Add the turn's rewards; end the samples that are done; append the others' observations."""
@@ -170,8 +186,9 @@ class Trajectories:
                 self.done[i] = True
                 continue
             observation = result.observations[row]
-            obs = torch.tensor(tokenizer.encode(observation.get("content", ""), add_special_tokens=False),
-                               dtype=torch.long)
+            obs = torch.tensor(
+                tokenizer.encode(observation.get("content", ""), add_special_tokens=False), dtype=torch.long
+            )
             if len(self.tokens[i]) + len(obs) >= max_total:  # no room to answer the observation
                 self.done[i] = self.truncated[i] = True
                 continue
@@ -201,11 +218,14 @@ class Trajectories:
         mask = pad_sequence(self.mask, batch_first=True)
         data = BatchedDataDict(
             output_ids=pad_sequence(self.tokens, batch_first=True, padding_value=pad),
-            logprobs=pad_sequence(self.logprobs, batch_first=True), token_mask=mask,
+            logprobs=pad_sequence(self.logprobs, batch_first=True),
+            token_mask=mask,
             input_lengths=self.prompt_lengths,
             unpadded_sequence_lengths=torch.tensor([len(t) for t in self.tokens], dtype=torch.long),
-            generation_lengths=mask.sum(dim=1).long(), truncated=torch.tensor(self.truncated),
-            first_turn_lengths=torch.tensor(self.first_turn, dtype=torch.long))
+            generation_lengths=mask.sum(dim=1).long(),
+            truncated=torch.tensor(self.truncated),
+            first_turn_lengths=torch.tensor(self.first_turn, dtype=torch.long),
+        )
         if self.versions[0] is not None:
             data["weight_version"] = torch.tensor(self.versions, dtype=torch.long)
             data["generation_window"] = torch.tensor(self.windows, dtype=torch.float64)

@@ -5,9 +5,10 @@ loss inputs and training call: :mod:`rlcore.algorithms.grpo.step`)."""
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from rlcore.datasets import Sample
@@ -92,7 +93,7 @@ def peak_memory_metrics(policy: Any, generation: Any) -> dict[str, float]:
     return metrics
 
 
-def encode_samples(cfg: Any, tokenizer: Any, samples: list["Sample"], repeat: int) -> Any:
+def encode_samples(cfg: Any, tokenizer: Any, samples: list[Sample], repeat: int) -> Any:
     """The samples' message logs through the chat template, encoded, each ``repeat`` times."""
     from rlcore.run.prompts import check_prompt_room, render_prompts
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import contextlib
 import signal
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 #: The shell's convention: 128 + signal number.
 EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
@@ -44,7 +45,7 @@ class StopOnSignals:
         self._stopping = False
         self.received: int | None = None  #: the first signal, once one came
 
-    def __enter__(self) -> "StopOnSignals":
+    def __enter__(self) -> StopOnSignals:
         for signum in EXIT_CODES:
             self._previous[signum] = signal.signal(signum, self._handle)
         return self

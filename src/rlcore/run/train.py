@@ -41,8 +41,10 @@ def resume_refusals(cfg: Any) -> list[str]:
         return [f"--resume: {exc}"]
     if latest is not None:
         return resume_problems(cfg.policy, latest)
-    return [f"--resume: no complete checkpoint in {checkpoint_root(cfg)} (checkpointing.enabled="
-            f"{cfg.checkpointing.enabled}); run without --resume to start fresh"]
+    return [
+        f"--resume: no complete checkpoint in {checkpoint_root(cfg)} (checkpointing.enabled="
+        f"{cfg.checkpointing.enabled}); run without --resume to start fresh"
+    ]
 
 
 def resume_line(cfg: Any) -> str:
@@ -74,8 +76,10 @@ def output_dir_problems(cfg: Any, resume: bool | None = None) -> list[str]:
             with tempfile.NamedTemporaryFile(dir=directory, prefix=".rlcore-write-check-"):
                 pass
         except OSError as exc:
-            return [f"logger.output_dir: cannot write {directory} ({_unwritable(directory, exc)}); choose a "
-                    "directory you can write (-o logger.output_dir=...) or make it writable"]
+            return [
+                f"logger.output_dir: cannot write {directory} ({_unwritable(directory, exc)}); choose a "
+                "directory you can write (-o logger.output_dir=...) or make it writable"
+            ]
     return []
 
 
@@ -90,8 +94,13 @@ def _unwritable(directory: Path, exc: OSError) -> str:
 def data_position(cfg: Any, data: Any, next_batch: int) -> dict[str, Any]:
     """What a checkpoint records of the data: the next batch, and what that index means."""
     train = data.train
-    return {"next_batch": next_batch, "epoch": train.epoch_of(next_batch), "batch_size": train.batch_size,
-            "num_samples": train.num_samples, "seed": cfg.algorithm_section.seed}
+    return {
+        "next_batch": next_batch,
+        "epoch": train.epoch_of(next_batch),
+        "batch_size": train.batch_size,
+        "num_samples": train.num_samples,
+        "seed": cfg.algorithm_section.seed,
+    }
 
 
 def resumed_data_position(cfg: Any, data: Any, saved: dict[str, Any] | None, start: int, where: Path) -> int:
@@ -106,8 +115,10 @@ def resumed_data_position(cfg: Any, data: Any, saved: dict[str, Any] | None, sta
     keys = ("batch_size", "num_samples", "seed") + (("next_batch",) if one_batch_per_step else ())
     changed = [f"{key} {saved.get(key)} -> {expected[key]}" for key in keys if saved.get(key) != expected[key]]
     if changed:
-        raise ValueError(f"--resume: {where} continued a different data stream ({', '.join(changed)}); resume with "
-                         "the data, batch size and seed it was written with, or start fresh")
+        raise ValueError(
+            f"--resume: {where} continued a different data stream ({', '.join(changed)}); resume with "
+            "the data, batch size and seed it was written with, or start fresh"
+        )
     return int(saved["next_batch"])
 
 
@@ -120,12 +131,20 @@ def ranking_metric(name: str | None, metrics: dict[str, float]) -> dict[str, Any
         return {"metrics": {name: metrics[name]}}
     if name.startswith("validation/") and not any(k.startswith("validation/") for k in metrics):
         return {}
-    raise ValueError(f"checkpointing.metric_name: {name!r} is not a metric of this run; it has "
-                     f"{', '.join(sorted(k for k in metrics if not k.startswith(('time/', 'memory/'))))}")
+    raise ValueError(
+        f"checkpointing.metric_name: {name!r} is not a metric of this run; it has "
+        f"{', '.join(sorted(k for k in metrics if not k.startswith(('time/', 'memory/'))))}"
+    )
 
 
-def train(config: Any, resume: bool = False, signals: Any = None, progress_file: Any = None,
-          data: Any = None, tokenizer: Any = None) -> dict[str, Any]:
+def train(
+    config: Any,
+    resume: bool = False,
+    signals: Any = None,
+    progress_file: Any = None,
+    data: Any = None,
+    tokenizer: Any = None,
+) -> dict[str, Any]:
     """Build the run, train, checkpoint; returns a summary (first/last mean reward, paths).
 
     ``config``: a :class:`~rlcore.config.ResolvedConfig`, or an ``RLCoreConfig`` resolved here with
@@ -139,14 +158,14 @@ def train(config: Any, resume: bool = False, signals: Any = None, progress_file:
     one another algorithm's run (:class:`rlcore.run.ownership.OutputDirTaken`); the run marks the directory its
     own (:data:`rlcore.run.ownership.MARKER`).
     """
+    from rlcore.config.schemas import load_algorithm
     from rlcore.distributed.startup_signals import signal_self_at
     from rlcore.run.build import build_run, load_run_data
     from rlcore.run.checkpoints import latest_step, read_state, resume_problems, save_step
-    from rlcore.config.schemas import load_algorithm
     from rlcore.run.metrics import MetricsLogger, keep_steps_before, read_metrics
-    from rlcore.run.trackers import open_trackers
     from rlcore.run.ownership import OutputDirTaken, ownership_problems, write_marker
     from rlcore.run.prompts import load_tokenizer
+    from rlcore.run.trackers import open_trackers
 
     resolved = config if isinstance(config, ResolvedConfig) else _resolved_with_notices(config)
     cfg = resolved.config
@@ -180,8 +199,14 @@ def train(config: Any, resume: bool = False, signals: Any = None, progress_file:
     def save(step: int, metrics: dict[str, float], position: int) -> None:
         with hold():
             extra = {"data": data_position(cfg, data, position), **ranking_metric(ck.metric_name, metrics)}
-            save_step(run.policy, ckpt_root, step, ck.keep_last, extra,
-                      (ck.metric_name, ck.higher_is_better) if ck.metric_name else None)
+            save_step(
+                run.policy,
+                ckpt_root,
+                step,
+                ck.keep_last,
+                extra,
+                (ck.metric_name, ck.higher_is_better) if ck.metric_name else None,
+            )
 
     def on_step(step: int, metrics: dict[str, float]) -> None:
         if run.engines is not None:  # engine/restarts, and the next step's allowance of restarts
@@ -207,10 +232,17 @@ def train(config: Any, resume: bool = False, signals: Any = None, progress_file:
             save(step, metrics, finished["position"])  # not the unfinished step's draws: they are retried
 
     try:
-        logger = MetricsLogger(out, tensorboard=cfg.logger.tensorboard, progress_bar=cfg.logger.progress_bar,
-                               progress_file=progress_file, total_steps=run.num_steps, initial_step=start,
-                               name=algorithm.name, curve=algorithm.curve,
-                               trackers=open_trackers(cfg, out, start, err=progress_file))
+        logger = MetricsLogger(
+            out,
+            tensorboard=cfg.logger.tensorboard,
+            progress_bar=cfg.logger.progress_bar,
+            progress_file=progress_file,
+            total_steps=run.num_steps,
+            initial_step=start,
+            name=algorithm.name,
+            curve=algorithm.curve,
+            trackers=open_trackers(cfg, out, start, err=progress_file),
+        )
         if cfg.algorithm_section.val_at_start and start == 0 and data.validation:
             logger.log(-1, validate(run), advance=False)  # the initial weights
         signal_self_at("first_step")  # test hook (RLCORE_TEST_SIGNAL_AT), nothing when unset

@@ -11,7 +11,8 @@ mean reward, which is the accuracy for a 0/1 environment) join step ``s``'s row.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from rlcore.run.rollouts import run_rollout
 from rlcore.run.step import Timer, refit
@@ -20,14 +21,15 @@ if TYPE_CHECKING:
     from rlcore.run.build import Run
 
 
-def validation_due(run: "Run", step: int) -> bool:
+def validation_due(run: Run, step: int) -> bool:
     """Whether a validation follows training step ``step``."""
     g = run.cfg.algorithm_section
     return bool(run.data.validation) and (
-        (g.val_period > 0 and (step + 1) % g.val_period == 0) or (g.val_at_end and step == run.num_steps - 1))
+        (g.val_period > 0 and (step + 1) % g.val_period == 0) or (g.val_at_end and step == run.num_steps - 1)
+    )
 
 
-def synchronous_generate(run: "Run") -> Callable[[Any], Any]:
+def synchronous_generate(run: Run) -> Callable[[Any], Any]:
     """Greedy generation with the current policy weights (refit first when the engines are stale)."""
 
     def generate(batch: Any) -> Any:
@@ -42,7 +44,7 @@ def synchronous_generate(run: "Run") -> Callable[[Any], Any]:
     return generate
 
 
-def validate(run: "Run", generate: Callable[[Any], Any]) -> dict[str, float]:
+def validate(run: Run, generate: Callable[[Any], Any]) -> dict[str, float]:
     """Roll out every validation sample greedily (``grpo.val_batch_size`` at a time, over
     ``grpo.max_rollout_turns`` turns), score, and summarise."""
     import torch
@@ -53,7 +55,7 @@ def validate(run: "Run", generate: Callable[[Any], Any]) -> dict[str, float]:
     size = cfg.algorithm_section.val_batch_size
     rewards, lengths, errors = [], [], 0.0
     for begin in range(0, len(samples), size):
-        rollout = run_rollout(cfg, generate, run.environment, run.tokenizer, samples[begin:begin + size], 1, Timer())
+        rollout = run_rollout(cfg, generate, run.environment, run.tokenizer, samples[begin : begin + size], 1, Timer())
         rewards.append(rollout.rewards)
         lengths.append(rollout.data["generation_lengths"].float())
         errors += rollout.metrics["env/errors"]

@@ -28,8 +28,10 @@ from typing import Any
 
 
 def _logs(cases: list[tuple[str, dict[str, Any]]]) -> tuple[list[list[dict[str, str]]], list[dict[str, Any]]]:
-    logs = [[{"role": "user", "content": f"question {i}"}, {"role": "assistant", "content": completion}]
-            for i, (completion, _) in enumerate(cases)]
+    logs = [
+        [{"role": "user", "content": f"question {i}"}, {"role": "assistant", "content": completion}]
+        for i, (completion, _) in enumerate(cases)
+    ]
     return logs, [dict(meta) for _, meta in cases]
 
 
@@ -43,8 +45,10 @@ def _class_and_config(environment: Any, config: Any) -> tuple[str, Any]:
     spec = environment if isinstance(environment, EnvironmentSpec) else get_registry().resolve_environment(environment)
     model = spec.load_config_class()
     if model is not None and ignores_unknown_keys(model):
-        raise TypeError(f"config class {spec.config_class} ignores unknown keys, so a user's typo would leave a "
-                        "setting at its default: set model_config = ConfigDict(extra='forbid')")
+        raise TypeError(
+            f"config class {spec.config_class} ignores unknown keys, so a user's typo would leave a "
+            "setting at its default: set model_config = ConfigDict(extra='forbid')"
+        )
     if model is not None and (config is None or isinstance(config, dict)):
         config = model(**(config or {}))
     return spec.environment_class, config

@@ -137,8 +137,8 @@ def _tagged(all_tags: bool = False, tag: str = "") -> list[tuple[int, str]]:
             values = [v for v in (entry / "environ").read_bytes().split(b"\0") if v.startswith(prefix)]
         except OSError:
             continue
-        if values and (all_tags or _within(values[0][len(prefix):].decode(errors="replace"), tag)):
-            found.append((int(entry.name), values[0][len(prefix):].decode(errors="replace")))
+        if values and (all_tags or _within(values[0][len(prefix) :].decode(errors="replace"), tag)):
+            found.append((int(entry.name), values[0][len(prefix) :].decode(errors="replace")))
     return found
 
 
@@ -157,8 +157,8 @@ def tagged_processes(tag: str) -> list[str]:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:
             continue
-        name = stat[stat.index("(") + 1:stat.rindex(")")]
-        state, ppid = stat[stat.rindex(")") + 2:].split()[:2]
+        name = stat[stat.index("(") + 1 : stat.rindex(")")]
+        state, ppid = stat[stat.rindex(")") + 2 :].split()[:2]
         helper = int(ppid) == os.getpid() and any(h in cmdline for h in _ENDS_WITH_PARENT)
         if state != "Z" and not helper:
             found.append(f"{pid} {name}")

@@ -53,19 +53,34 @@ class LocalRayCluster:
     def _start_node(self, index: int) -> None:
         worker_tmp = os.path.join(self.root, "tmp")  # the workers' temp files go when the cluster does
         os.makedirs(worker_tmp, exist_ok=True)
-        env = {**os.environ, **self.driver_env(), SESSION_ENV: self.root, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1",
-               "TMPDIR": worker_tmp}
+        env = {
+            **os.environ,
+            **self.driver_env(),
+            SESSION_ENV: self.root,
+            "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1",
+            "TMPDIR": worker_tmp,
+        }
         env.pop("RAY_ADDRESS")
-        where = (["--head", f"--port={self.port}", "--include-dashboard=false"] if index == 0
-                 else [f"--address={self.address}"])
-        cmd = [os.path.join(os.path.dirname(sys.executable), "ray"), "start", *where,
-               "--node-ip-address=127.0.0.1", f"--num-cpus={self.cpus_per_node[index]}", "--num-gpus=0",
-               f"--temp-dir={self._node_dir(index)}", "--disable-usage-stats"]
+        where = (
+            ["--head", f"--port={self.port}", "--include-dashboard=false"]
+            if index == 0
+            else [f"--address={self.address}"]
+        )
+        cmd = [
+            os.path.join(os.path.dirname(sys.executable), "ray"),
+            "start",
+            *where,
+            "--node-ip-address=127.0.0.1",
+            f"--num-cpus={self.cpus_per_node[index]}",
+            "--num-gpus=0",
+            f"--temp-dir={self._node_dir(index)}",
+            "--disable-usage-stats",
+        ]
         out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
         if out.returncode != 0:
             raise RuntimeError(f"ray start (node {index}) failed: {out.stderr[-2000:]}")
 
-    def start(self) -> "LocalRayCluster":
+    def start(self) -> LocalRayCluster:
         """Start every node and wait until the head sees them all alive."""
         for index in range(len(self.cpus_per_node)):
             self._start_node(index)
@@ -73,10 +88,14 @@ class LocalRayCluster:
         return self
 
     def alive_nodes(self) -> int:
-        script = ("import ray; ray.init(log_to_driver=False); "
-                  "print(sum(n['Alive'] for n in ray.nodes()))")
-        out = subprocess.run([sys.executable, "-c", script], env={**os.environ, **self.driver_env()},
-                             capture_output=True, text=True, timeout=120)
+        script = "import ray; ray.init(log_to_driver=False); print(sum(n['Alive'] for n in ray.nodes()))"
+        out = subprocess.run(
+            [sys.executable, "-c", script],
+            env={**os.environ, **self.driver_env()},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         return int(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 else -1
 
     def wait_for_nodes(self, count: int, timeout_s: float = 120.0) -> None:
@@ -103,7 +122,7 @@ class LocalRayCluster:
         reap(self.root, driver=os.getpid())
         shutil.rmtree(self.root, ignore_errors=True)
 
-    def __enter__(self) -> "LocalRayCluster":
+    def __enter__(self) -> LocalRayCluster:
         try:
             return self.start()
         except BaseException:

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     import torch
 
 
-def hf_token_logprobs(model: Any, data: Any) -> "torch.Tensor":
+def hf_token_logprobs(model: Any, data: Any) -> torch.Tensor:
     """Token logprobs of a plain Hugging Face forward, aligned as design.md §2.2 says.
 
     Written independently of the backends' helpers on purpose: it is the oracle.
@@ -32,7 +32,7 @@ def hf_token_logprobs(model: Any, data: Any) -> "torch.Tensor":
     return torch.where(valid, out, torch.zeros_like(out))
 
 
-def hf_logits_at_indices(model: Any, data: Any) -> "torch.Tensor":
+def hf_logits_at_indices(model: Any, data: Any) -> torch.Tensor:
     """The ``logits_at_indices`` loss input from a plain Hugging Face forward: position ``i`` holds the logits at
     position ``i - 1`` at the ids ``data['logit_indices'][:, i]``; position 0 and padding are 0. Written
     independently of rlcore.training on purpose: it is the oracle."""
@@ -49,7 +49,7 @@ def hf_logits_at_indices(model: Any, data: Any) -> "torch.Tensor":
     return torch.where(keep[..., None], out, torch.zeros_like(out))
 
 
-def hf_full_vocabulary_inputs(model: Any, data: Any) -> dict[str, "torch.Tensor"]:
+def hf_full_vocabulary_inputs(model: Any, data: Any) -> dict[str, torch.Tensor]:
     """The ``logprobs_at_indices`` and ``entropy`` loss inputs from a plain Hugging Face forward, recomputed in
     float64 (``log_softmax`` over the whole vocabulary at position ``i - 1``; position 0 and padding are 0), cast
     to float32 as a backend gives them. Written independently of rlcore.training on purpose: it is the oracle."""
@@ -59,13 +59,16 @@ def hf_full_vocabulary_inputs(model: Any, data: Any) -> dict[str, "torch.Tensor"
     keep = torch.arange(ids.shape[1])[None, :] < lengths[:, None]
     logits = model(input_ids=ids, attention_mask=keep.long(), use_cache=False).logits.double()
     logp = torch.log_softmax(logits[:, :-1], dim=-1)
-    picked = torch.cat([torch.zeros_like(logp[:, :1, :1]).expand(-1, -1, indices.shape[-1]),
-                        logp.gather(-1, indices[:, 1:])], dim=1)
+    picked = torch.cat(
+        [torch.zeros_like(logp[:, :1, :1]).expand(-1, -1, indices.shape[-1]), logp.gather(-1, indices[:, 1:])], dim=1
+    )
     entropy = -(logp.exp() * logp).sum(-1)
     entropy = torch.cat([torch.zeros_like(entropy[:, :1]), entropy], dim=1)
     keep[:, 0] = False
-    return {"logprobs_at_indices": torch.where(keep[..., None], picked, 0.0).float(),
-            "entropy": torch.where(keep, entropy, 0.0).float()}
+    return {
+        "logprobs_at_indices": torch.where(keep[..., None], picked, 0.0).float(),
+        "entropy": torch.where(keep, entropy, 0.0).float(),
+    }
 
 
 def load_hf_model(path: str) -> Any:
@@ -78,8 +81,9 @@ def load_hf_model(path: str) -> Any:
     model, info = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, output_loading_info=True)
     bad = {k: sorted(v) for k, v in info.items() if k != "error_msgs" and v}
     if bad or info.get("error_msgs"):
-        raise AssertionError(f"checkpoint {path} does not load cleanly with AutoModelForCausalLM: "
-                             f"{bad or info['error_msgs']}")
+        raise AssertionError(
+            f"checkpoint {path} does not load cleanly with AutoModelForCausalLM: {bad or info['error_msgs']}"
+        )
     return model
 
 
@@ -121,8 +125,9 @@ def single_process_sgd(model_dir: str, steps: list[tuple[Any, Any]], lr: float) 
     return initial, records
 
 
-def train_one_step_and_save(policy: Any, data: Any, loss_fn: Any, weights_dir: Path,
-                             optimizer_path: Path | None = None) -> dict:
+def train_one_step_and_save(
+    policy: Any, data: Any, loss_fn: Any, weights_dir: Path, optimizer_path: Path | None = None
+) -> dict:
     """One optimizer step of ``policy`` on ``data``, then a checkpoint at ``weights_dir``; the train result."""
     result = policy.train(data, loss_fn)
     policy.save_checkpoint(str(weights_dir), str(optimizer_path) if optimizer_path else None)
@@ -130,12 +135,14 @@ def train_one_step_and_save(policy: Any, data: Any, loss_fn: Any, weights_dir: P
     return result
 
 
-def train_and_save_step(policy: Any, data: Any, loss_fn: Any, weights_dir: Path,
-                        optimizer_path: Path | None = None) -> StepRecord:
+def train_and_save_step(
+    policy: Any, data: Any, loss_fn: Any, weights_dir: Path, optimizer_path: Path | None = None
+) -> StepRecord:
     """One optimizer step of ``policy``, then a checkpoint; the record's weights are read back with HF."""
     result = train_one_step_and_save(policy, data, loss_fn, weights_dir, optimizer_path)
-    return StepRecord(float(result["loss"][0]), float(result["grad_norm"][0]),
-                      state_copy(load_hf_model(str(weights_dir))))
+    return StepRecord(
+        float(result["loss"][0]), float(result["grad_norm"][0]), state_copy(load_hf_model(str(weights_dir)))
+    )
 
 
 def oracle_gradients(model: Any, data: Any, loss_fn: Any) -> tuple[float, dict]:
@@ -156,8 +163,18 @@ def oracle_gradients(model: Any, data: Any, loss_fn: Any) -> tuple[float, dict]:
     return float(loss.detach()), grads
 
 
-__all__ = ["StepRecord", "hf_full_vocabulary_inputs", "hf_logits_at_indices", "hf_token_logprobs", "load_hf_model",
-           "oracle_gradients", "single_process_sgd", "state_copy", "train_and_save_step", "train_one_step_and_save"]
+__all__ = [
+    "StepRecord",
+    "hf_full_vocabulary_inputs",
+    "hf_logits_at_indices",
+    "hf_token_logprobs",
+    "load_hf_model",
+    "oracle_gradients",
+    "single_process_sgd",
+    "state_copy",
+    "train_and_save_step",
+    "train_one_step_and_save",
+]
 
 
 def weight_problems(actual: dict, expected: dict, initial: dict, rtol: float, what: str = "weights") -> list[str]:
@@ -198,8 +215,16 @@ def close(actual: float, expected: float, rtol: float) -> bool:
     return abs(actual - expected) <= rtol * max(1.0, abs(expected))
 
 
-def step_problems(actual: list[StepRecord], expected: list[StepRecord], initial: dict, where: str, *,
-                  loss_rtol: float, grad_norm_rtol: float, weight_rtol: float) -> list[str]:
+def step_problems(
+    actual: list[StepRecord],
+    expected: list[StepRecord],
+    initial: dict,
+    where: str,
+    *,
+    loss_rtol: float,
+    grad_norm_rtol: float,
+    weight_rtol: float,
+) -> list[str]:
     """How a run's optimizer steps differ from a reference run's: loss, grad norm, and each step's update.
 
     Each step is judged by its own update: the run's weights are compared after removing the difference both
@@ -212,8 +237,9 @@ def step_problems(actual: list[StepRecord], expected: list[StepRecord], initial:
             problems.append(f"{at}: loss {got.loss!r} != {want.loss!r}")
         if not close(got.grad_norm, want.grad_norm, grad_norm_rtol):
             problems.append(f"{at}: grad_norm {got.grad_norm!r} != {want.grad_norm!r}")
-        problems += weight_problems(_without_carried_drift(got.weights, before_got, before), want.weights, before,
-                                    weight_rtol, at)
+        problems += weight_problems(
+            _without_carried_drift(got.weights, before_got, before), want.weights, before, weight_rtol, at
+        )
         before, before_got = want.weights, got.weights
     return problems
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 OUTSIDE_CASES = ("index-parent", "index-absolute", "link-weights", "link-optimizer")
 

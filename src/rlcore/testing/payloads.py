@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import io
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 
 def _text(value: str) -> bytes:
@@ -27,14 +28,25 @@ def system_payload(marker: Path) -> bytes:
 
 def getattr_payload(marker: Path) -> bytes:
     """``getattr(<the os that torch.distributed.checkpoint.filesystem imports>, "system")(cmd)``."""
-    return (b"\x80\x02cbuiltins\ngetattr\nctorch.distributed.checkpoint.filesystem\nos\n" + _text("system")
-            + b"\x86R" + _text(f"touch {marker}") + b"\x85R.")
+    return (
+        b"\x80\x02cbuiltins\ngetattr\nctorch.distributed.checkpoint.filesystem\nos\n"
+        + _text("system")
+        + b"\x86R"
+        + _text(f"touch {marker}")
+        + b"\x85R."
+    )
 
 
 def dotted_payload(marker: Path) -> bytes:
     """Protocol 4 resolves dotted names: ``torch.distributed.checkpoint.filesystem`` + ``os.system``."""
-    return (b"\x80\x04" + _text("torch.distributed.checkpoint.filesystem") + _text("os.system") + b"\x93"
-            + _text(f"touch {marker}") + b"\x85R.")
+    return (
+        b"\x80\x04"
+        + _text("torch.distributed.checkpoint.filesystem")
+        + _text("os.system")
+        + b"\x93"
+        + _text(f"touch {marker}")
+        + b"\x85R."
+    )
 
 
 class RunsCommand:

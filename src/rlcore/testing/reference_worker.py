@@ -8,7 +8,10 @@ import warnings
 
 from rlcore.backends.reference.worker import ReferenceWorker
 
-warnings.warn("rlcore.testing.reference_worker moved to rlcore.backends.reference.worker; this alias goes in "
-              "rlcore 0.3", DeprecationWarning, stacklevel=2)
+warnings.warn(
+    "rlcore.testing.reference_worker moved to rlcore.backends.reference.worker; this alias goes in rlcore 0.3",
+    DeprecationWarning,
+    stacklevel=2,
+)
 
 __all__ = ["ReferenceWorker"]

@@ -27,8 +27,9 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any
 
 SAFE_WEIGHTS_NAME = "model.safetensors"
 SAFE_WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
@@ -162,8 +163,9 @@ def _check_tie(state_dict: Mapping, tie_word_embeddings: bool) -> None:
         return
     for key in [k for k in state_dict if _is_tied_head(k, True)]:
         embed_key = key[: -len("lm_head.weight")] + "model.embed_tokens.weight"
-        if embed_key in state_dict and not torch.equal(state_dict[key].detach().cpu(),
-                                                       state_dict[embed_key].detach().cpu()):
+        if embed_key in state_dict and not torch.equal(
+            state_dict[key].detach().cpu(), state_dict[embed_key].detach().cpu()
+        ):
             raise ValueError(f"tie_word_embeddings is set but {key} differs from {embed_key}")
 
 
@@ -172,8 +174,17 @@ def _is_tied_head(name: str, tie_word_embeddings: bool) -> bool:
 
 
 _SAFETENSORS_DTYPES = {
-    "float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16", "float8_e4m3fn": "F8_E4M3",
-    "float8_e5m2": "F8_E5M2", "int64": "I64", "int32": "I32", "int16": "I16", "int8": "I8", "uint8": "U8",
+    "float64": "F64",
+    "float32": "F32",
+    "float16": "F16",
+    "bfloat16": "BF16",
+    "float8_e4m3fn": "F8_E4M3",
+    "float8_e5m2": "F8_E5M2",
+    "int64": "I64",
+    "int32": "I32",
+    "int16": "I16",
+    "int8": "I8",
+    "uint8": "U8",
     "bool": "BOOL",
 }
 
@@ -255,8 +266,10 @@ class _ShardedWriter:
         names = [f"model-{i + 1:05d}-of-{self.shards:05d}.safetensors" for i in range(self.shards)]
         for i, filename in enumerate(names):
             os.rename(self._part(i), self.directory / filename)
-        index = {"metadata": {"total_size": self.total_bytes},
-                 "weight_map": {name: names[i] for name, i in self.weight_map.items()}}
+        index = {
+            "metadata": {"total_size": self.total_bytes},
+            "weight_map": {name: names[i] for name, i in self.weight_map.items()},
+        }
         (self.directory / SAFE_WEIGHTS_INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n")
 
 
@@ -294,8 +307,13 @@ def save_hf_checkpoint(
     return str(path)
 
 
-def write_hf_files(tensors: Mapping | Iterable[tuple[str, Any]], hf_config: Any, directory: Path,
-                   tokenizer: Any = None, max_shard_size_bytes: int = DEFAULT_MAX_SHARD_SIZE_BYTES) -> None:
+def write_hf_files(
+    tensors: Mapping | Iterable[tuple[str, Any]],
+    hf_config: Any,
+    directory: Path,
+    tokenizer: Any = None,
+    max_shard_size_bytes: int = DEFAULT_MAX_SHARD_SIZE_BYTES,
+) -> None:
     """The files of :func:`save_hf_checkpoint`, written into an existing ``directory`` (not atomic by itself)."""
     tied = bool(_config_get(hf_config, "tie_word_embeddings", False))
     if isinstance(tensors, Mapping):

@@ -57,8 +57,9 @@ def _index_problems(index: Path, root: str) -> list[str]:
     for file in sorted({f for f in weight_map.values() if isinstance(f, str)}):
         target = os.path.realpath(os.path.join(index.parent, file))
         if os.path.isabs(file) or not _inside(target, root):
-            problems.append(f"{index} names the weight file {file!r}, which is {target}, outside the "
-                            f"checkpoint {root}; {_FIX}")
+            problems.append(
+                f"{index} names the weight file {file!r}, which is {target}, outside the checkpoint {root}; {_FIX}"
+            )
     return problems
 
 

@@ -34,8 +34,9 @@ def _upcast(chunk: torch.Tensor, temperature: float) -> torch.Tensor:
     return x.div_(temperature) if temperature != 1.0 else x
 
 
-def _chunk_statistics(x: torch.Tensor, index: torch.Tensor, here: torch.Tensor,
-                      group: Any) -> tuple[torch.Tensor, torch.Tensor]:
+def _chunk_statistics(
+    x: torch.Tensor, index: torch.Tensor, here: torch.Tensor, group: Any
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``(log-normaliser, target logit)`` per row of one float32 chunk ``x [rows, V_local]`` (consumed)."""
     picked = x.gather(-1, index.clamp(0, x.shape[-1] - 1).unsqueeze(-1)).squeeze(-1)
     picked = torch.where(here, picked, torch.zeros_like(picked))
@@ -59,8 +60,15 @@ class ChunkedLogprob(torch.autograd.Function):
     """``log_softmax(x / temperature)[target]`` over ``x [..., S, V_local]``, ``chunk_size`` positions at a time."""
 
     @staticmethod
-    def forward(ctx: Any, logits: torch.Tensor, target: torch.Tensor, chunk_size: int, vocab_start: int,
-                group: Any, temperature: float) -> torch.Tensor:
+    def forward(
+        ctx: Any,
+        logits: torch.Tensor,
+        target: torch.Tensor,
+        chunk_size: int,
+        vocab_start: int,
+        group: Any,
+        temperature: float,
+    ) -> torch.Tensor:
         sequences = logits.reshape(-1, *logits.shape[-2:])  # a view for [B, S, V] and [S, V]
         index = target.reshape(sequences.shape[:2]).to(logits.device) - vocab_start
         here = (index >= 0) & (index < sequences.shape[-1])
@@ -84,16 +92,24 @@ class ChunkedLogprob(torch.autograd.Function):
             g = grad[n, part].float()
             d = _upcast(sequences[n, part], ctx.temperature).sub_(normaliser[n, part].unsqueeze(-1)).exp_()
             d.mul_(-g.unsqueeze(-1))  # d logp / d x = onehot - softmax, times the incoming gradient
-            d.scatter_add_(-1, index[n, part].clamp(0, sequences.shape[-1] - 1).unsqueeze(-1),
-                           (g * here[n, part]).unsqueeze(-1))
+            d.scatter_add_(
+                -1, index[n, part].clamp(0, sequences.shape[-1] - 1).unsqueeze(-1), (g * here[n, part]).unsqueeze(-1)
+            )
             if ctx.temperature != 1.0:
                 d.div_(ctx.temperature)
             grad_logits[n, part] = d  # cast to the logits' dtype on the copy
         return grad_logits.reshape(logits.shape), None, None, None, None, None
 
 
-def chunked_logprobs(logits: torch.Tensor, target: torch.Tensor, chunk_size: int, *, vocab_start: int = 0,
-                     group: Any = None, temperature: float = 1.0) -> torch.Tensor:
+def chunked_logprobs(
+    logits: torch.Tensor,
+    target: torch.Tensor,
+    chunk_size: int,
+    *,
+    vocab_start: int = 0,
+    group: Any = None,
+    temperature: float = 1.0,
+) -> torch.Tensor:
     """float32 ``log_softmax(logits / temperature)[..., target]`` (differentiable), ``chunk_size`` positions
     at a time; ``logits [..., V_local]`` may be this rank's slice of a vocabulary split over ``group``."""
     if chunk_size < 1:
@@ -101,8 +117,15 @@ def chunked_logprobs(logits: torch.Tensor, target: torch.Tensor, chunk_size: int
     return ChunkedLogprob.apply(logits, target, chunk_size, vocab_start, group, temperature)
 
 
-def chunked_next_token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, chunk_size: int, *,
-                                vocab_start: int = 0, group: Any = None, temperature: float = 1.0) -> torch.Tensor:
+def chunked_next_token_logprobs(
+    logits: torch.Tensor,
+    input_ids: torch.Tensor,
+    chunk_size: int,
+    *,
+    vocab_start: int = 0,
+    group: Any = None,
+    temperature: float = 1.0,
+) -> torch.Tensor:
     """``[B, S-1]`` float32 ``log p(token_{i+1} | tokens_<=i)`` from ``[B, S, V_local]`` logits, ``chunk_size``
     positions at a time. Every position is computed, the last against a dummy target: slicing the logits to
     ``[:, :-1]`` first would cost the backward a zero-filled copy of the whole gradient."""

@@ -13,8 +13,13 @@ if TYPE_CHECKING:
     import torch
 
 
-def token_logprobs(logits: "torch.Tensor", input_ids: "torch.Tensor", input_lengths: "torch.Tensor",
-                   temperature: float = 1.0, chunk_size: int | None = None) -> "torch.Tensor":
+def token_logprobs(
+    logits: torch.Tensor,
+    input_ids: torch.Tensor,
+    input_lengths: torch.Tensor,
+    temperature: float = 1.0,
+    chunk_size: int | None = None,
+) -> torch.Tensor:
     """``[B, S]`` float32 logprobs of ``input_ids`` under full-vocabulary ``logits [B, S, V]``;
     ``chunk_size`` positions at a time when given (:mod:`rlcore.training.chunked_logprobs`)."""
     import torch
@@ -32,7 +37,7 @@ def token_logprobs(logits: "torch.Tensor", input_ids: "torch.Tensor", input_leng
     return align(lp, input_lengths)
 
 
-def align(next_token_logprobs: "torch.Tensor", input_lengths: "torch.Tensor") -> "torch.Tensor":
+def align(next_token_logprobs: torch.Tensor, input_lengths: torch.Tensor) -> torch.Tensor:
     """Shift ``[B, S-1, ...]`` next-token values (logprobs, or logits at given ids) to ``[B, S, ...]`` and zero
     position 0 and padding."""
     import torch
@@ -46,7 +51,7 @@ def align(next_token_logprobs: "torch.Tensor", input_lengths: "torch.Tensor") ->
     return torch.where(valid, out, torch.zeros_like(out))  # not a multiply: inf/NaN in padding must not leak
 
 
-def topk_logits(logits: "torch.Tensor", k: int) -> tuple["torch.Tensor", "torch.Tensor"]:
+def topk_logits(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-k logits of the next-token positions: ``[B, S-1, k]`` values and global indices."""
     values, indices = logits[:, :-1].float().topk(k, dim=-1)
     return values, indices

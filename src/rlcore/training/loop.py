@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from itertools import accumulate
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
@@ -60,20 +61,26 @@ class StepHooks:
     ``clip_grads`` also steps (megatron) must not step then.
     """
 
-    forward: Callable[["BatchedDataDict[Any]"], "torch.Tensor"]
-    all_reduce_sum: Callable[["torch.Tensor"], None]
+    forward: Callable[[BatchedDataDict[Any]], torch.Tensor]
+    all_reduce_sum: Callable[[torch.Tensor], None]
     finish_grads: Callable[[], None]
     clip_grads: Callable[[float | None], float]
     optimizer_step: Callable[[], None]
     zero_grad: Callable[[], None]
-    run_micro_batches: Callable[[list["BatchedDataDict[Any]"], Callable[..., "torch.Tensor"], bool], None] | None = None
-    forward_with_inputs: Callable[["BatchedDataDict[Any]", tuple[str, ...]],
-                                  tuple["torch.Tensor", dict[str, "torch.Tensor"]]] | None = None
+    run_micro_batches: Callable[[list[BatchedDataDict[Any]], Callable[..., torch.Tensor], bool], None] | None = None
+    forward_with_inputs: (
+        Callable[[BatchedDataDict[Any], tuple[str, ...]], tuple[torch.Tensor, dict[str, torch.Tensor]]] | None
+    ) = None
     all_agree: Callable[[bool], bool] | None = None
     before_micro_batch: Callable[[bool], None] | None = None
 
-    def run(self, mbs: Iterable["BatchedDataDict[Any]"], loss_of: Callable[..., "torch.Tensor"],
-            eval_mode: bool, inputs: tuple[str, ...] = ()) -> None:
+    def run(
+        self,
+        mbs: Iterable[BatchedDataDict[Any]],
+        loss_of: Callable[..., torch.Tensor],
+        eval_mode: bool,
+        inputs: tuple[str, ...] = (),
+    ) -> None:
         """Forward (and backward unless ``eval_mode``) every micro-batch of one step; ``inputs``: what the
         loss needs in each micro-batch beyond the logprobs."""
         if self.run_micro_batches is not None:
@@ -81,8 +88,10 @@ class StepHooks:
             self.run_micro_batches(list(mbs), loss_of, eval_mode)
             return
         if inputs and self.forward_with_inputs is None:
-            raise ValueError(f"the loss asks for {', '.join(inputs)}, which this backend's step hooks do not "
-                             "compute (no forward_with_inputs; capability 'logits_at_indices')")
+            raise ValueError(
+                f"the loss asks for {', '.join(inputs)}, which this backend's step hooks do not "
+                "compute (no forward_with_inputs; capability 'logits_at_indices')"
+            )
         mbs = list(mbs)
         for i, mb in enumerate(mbs):
             if not eval_mode and self.before_micro_batch is not None:
@@ -97,7 +106,7 @@ class StepHooks:
                 loss.backward()
 
 
-def valid_counts(batch: "BatchedDataDict[Any]") -> tuple["torch.Tensor", "torch.Tensor"]:
+def valid_counts(batch: BatchedDataDict[Any]) -> tuple[torch.Tensor, torch.Tensor]:
     """Local (valid sequences, valid tokens): tokens are ``token_mask * sample_mask`` at positions 1..S-1."""
     import torch
 
@@ -106,7 +115,7 @@ def valid_counts(batch: "BatchedDataDict[Any]") -> tuple["torch.Tensor", "torch.
     return sample_mask.sum().to(torch.float64), token_mask.sum().to(torch.float64)
 
 
-def pad_to_multiple(mb: "BatchedDataDict[Any]", multiple: int) -> "BatchedDataDict[Any]":
+def pad_to_multiple(mb: BatchedDataDict[Any], multiple: int) -> BatchedDataDict[Any]:
     """Right-pad ``mb``'s sequence tensors (dim 1 = ``input_ids``' width) with zeros to a multiple of
     ``multiple`` (``policy.make_sequence_length_divisible_by``). Padding has token_mask 0 and lies past
     ``input_lengths``, so nothing computed for the real tokens changes."""
@@ -116,7 +125,7 @@ def pad_to_multiple(mb: "BatchedDataDict[Any]", multiple: int) -> "BatchedDataDi
     return mb._fit_seq_dim(width, -(-width // multiple) * multiple)
 
 
-def cut_to_longest(mb: "BatchedDataDict[Any]") -> "BatchedDataDict[Any]":
+def cut_to_longest(mb: BatchedDataDict[Any]) -> BatchedDataDict[Any]:
     """Cut ``mb``'s sequence tensors to its own longest ``input_lengths``.
 
     A rollout is padded to its longest completion; a micro-batch of shorter ones would otherwise
@@ -128,8 +137,7 @@ def cut_to_longest(mb: "BatchedDataDict[Any]") -> "BatchedDataDict[Any]":
     return mb._fit_seq_dim(width, max(1, int(mb["input_lengths"].max())))
 
 
-def micro_batches(step: "BatchedDataDict[Any]", mbs: int, mode: str,
-                  multiple: int = 1) -> Iterator["BatchedDataDict[Any]"]:
+def micro_batches(step: BatchedDataDict[Any], mbs: int, mode: str, multiple: int = 1) -> Iterator[BatchedDataDict[Any]]:
     if mode == "dynamic":
         batches = step.make_microbatch_iterator_with_dynamic_shapes()
     elif mode == "packing":
@@ -140,8 +148,8 @@ def micro_batches(step: "BatchedDataDict[Any]", mbs: int, mode: str,
 
 
 def train_steps(
-    shard: "BatchedDataDict[Any]",
-    loss_fn: "LossFunction",
+    shard: BatchedDataDict[Any],
+    loss_fn: LossFunction,
     hooks: StepHooks,
     *,
     local_batch_size: int,
@@ -175,10 +183,10 @@ def train_steps(
         counts = torch.stack(valid_counts(step))
         hooks.all_reduce_sum(counts)
         global_seqs, global_toks = counts[0].float(), counts[1].float()
-        step_sum: "torch.Tensor | None" = None  # the step loss, summed on the loss's device: read once per step
+        step_sum: torch.Tensor | None = None  # the step loss, summed on the loss's device: read once per step
         step_metrics: dict[str, list[Any]] = defaultdict(list)
 
-        def loss_of(mb: "BatchedDataDict[Any]", logprobs: "torch.Tensor") -> "torch.Tensor":
+        def loss_of(mb: BatchedDataDict[Any], logprobs: torch.Tensor) -> torch.Tensor:
             nonlocal step_sum
             loss, metrics = loss_fn(logprobs, mb, global_seqs, global_toks)
             step_sum = loss.detach().double() if step_sum is None else step_sum + loss.detach().double()
@@ -189,8 +197,10 @@ def train_steps(
         with torch.set_grad_enabled(not eval_mode):
             hooks.run(micro_batches(step, mbs, mode, seq_multiple), loss_of, eval_mode, inputs)
         step_loss = step_sum.cpu() if step_sum is not None else torch.zeros((), dtype=torch.float64)
-        for name, values in zip(step_metrics, host_values([v for vs in step_metrics.values() for v in vs],
-                                                          [len(vs) for vs in step_metrics.values()])):
+        for name, values in zip(
+            step_metrics,
+            host_values([v for vs in step_metrics.values() for v in vs], [len(vs) for vs in step_metrics.values()]),
+        ):
             mb_metrics[name].extend(values)
         hooks.all_reduce_sum(step_loss)
         if eval_mode:

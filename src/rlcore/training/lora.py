@@ -22,8 +22,9 @@ import contextlib
 import fnmatch
 import json
 import math
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 import torch
 from torch import nn
@@ -37,8 +38,15 @@ PEFT_PREFIX = "base_model.model."
 class LoRALinear(nn.Module):
     """``base_layer(x) + scaling * lora_B(lora_A(x))``, with dropout before A ('pre') or after B ('post')."""
 
-    def __init__(self, base: nn.Linear, dim: int, alpha: float, dropout: float = 0.0,
-                 dropout_position: str = "post", a_init: str = "xavier") -> None:
+    def __init__(
+        self,
+        base: nn.Linear,
+        dim: int,
+        alpha: float,
+        dropout: float = 0.0,
+        dropout_position: str = "post",
+        a_init: str = "xavier",
+    ) -> None:
         super().__init__()
         self.base_layer = base
         factory = {"device": base.weight.device, "dtype": base.weight.dtype}
@@ -93,11 +101,15 @@ def select_targets(model: nn.Module, cfg: Any) -> list[str]:
         if wanted and not _matches(path, cfg.exclude_modules):
             found.append(path)
     if head in found and getattr(model.config, "tie_word_embeddings", False):
-        raise ValueError(f"policy.lora.target_modules: names the LM head ({head!r}), but this model ties it to the "
-                         "input embeddings, so a merged adapter would change the embeddings too; leave it out")
+        raise ValueError(
+            f"policy.lora.target_modules: names the LM head ({head!r}), but this model ties it to the "
+            "input embeddings, so a merged adapter would change the embeddings too; leave it out"
+        )
     if not found:
-        raise ValueError(f"policy.lora: no linear layer of the model matches target_modules={cfg.target_modules} "
-                         f"(exclude_modules={cfg.exclude_modules}); use the layers' own names, e.g. q_proj")
+        raise ValueError(
+            f"policy.lora: no linear layer of the model matches target_modules={cfg.target_modules} "
+            f"(exclude_modules={cfg.exclude_modules}); use the layers' own names, e.g. q_proj"
+        )
     return found
 
 
@@ -122,8 +134,13 @@ def apply_lora(model: nn.Module, cfg: Any, seed: int = 0) -> list[str]:
         for path in targets:
             parent_path, _, leaf = path.rpartition(".")
             parent = model.get_submodule(parent_path)
-            setattr(parent, leaf, LoRALinear(getattr(parent, leaf), cfg.dim, cfg.alpha, cfg.dropout,
-                                              cfg.dropout_position, cfg.lora_A_init))
+            setattr(
+                parent,
+                leaf,
+                LoRALinear(
+                    getattr(parent, leaf), cfg.dim, cfg.alpha, cfg.dropout, cfg.dropout_position, cfg.lora_A_init
+                ),
+            )
     finally:
         torch.random.set_rng_state(rng_state)
     return targets
@@ -194,8 +211,9 @@ def _is_base_weight(name: str) -> bool:
     return name.endswith(BASE + "weight")
 
 
-def merge_stream(named: Iterable[tuple[str, torch.Tensor]], scaling: float,
-                 only_layers: set[str] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+def merge_stream(
+    named: Iterable[tuple[str, torch.Tensor]], scaling: float, only_layers: set[str] | None = None
+) -> Iterator[tuple[str, torch.Tensor]]:
     """Turn a stream of model tensors (base, lora_A, lora_B per adapted layer) into Hugging Face tensors.
 
     Each adapted layer becomes one merged ``<path>.weight`` once its three
@@ -218,8 +236,9 @@ def merge_stream(named: Iterable[tuple[str, torch.Tensor]], scaling: float,
         if ".lora_B." in name:
             del held[path]
             named_parts = dict(parts)
-            weight = merged_weight(named_parts[path + BASE + "weight"], named_parts[path + ".lora_A.weight"],
-                                   tensor, scaling)
+            weight = merged_weight(
+                named_parts[path + BASE + "weight"], named_parts[path + ".lora_A.weight"], tensor, scaling
+            )
             yield path + ".weight", weight
             yield from ((hf_name(n), t) for n, t in parts if BASE in n and not _is_base_weight(n))
     if held:
@@ -228,8 +247,11 @@ def merge_stream(named: Iterable[tuple[str, torch.Tensor]], scaling: float,
 
 def merged_metadata(metadata: dict[str, Any], only_layers: set[str] | None = None) -> dict[str, Any]:
     """The refit metadata ``{name: (shape, dtype)}`` of :func:`merge_stream`'s output, in its order."""
-    return {hf_name(name): meta for name, meta in metadata.items()
-            if not is_adapter_name(name) and (only_layers is None or layer_path(name) in only_layers)}
+    return {
+        hf_name(name): meta
+        for name, meta in metadata.items()
+        if not is_adapter_name(name) and (only_layers is None or layer_path(name) in only_layers)
+    }
 
 
 # -- PEFT-format adapter files ---------------------------------------------------------------
@@ -238,19 +260,33 @@ def merged_metadata(metadata: dict[str, Any], only_layers: set[str] | None = Non
 def peft_adapter_config(cfg: Any, targets: list[str], base_model: str) -> dict[str, Any]:
     """``adapter_config.json`` for :func:`save_lora_checkpoint` (what ``peft.LoraConfig`` reads)."""
     return {
-        "peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": base_model,
-        "r": cfg.dim, "lora_alpha": cfg.alpha, "lora_dropout": cfg.dropout, "bias": "none",
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "base_model_name_or_path": base_model,
+        "r": cfg.dim,
+        "lora_alpha": cfg.alpha,
+        "lora_dropout": cfg.dropout,
+        "bias": "none",
         "target_modules": list(targets),  # full paths: PEFT adapts exactly these layers
-        "fan_in_fan_out": False, "inference_mode": True, "use_rslora": False, "use_dora": False,
-        "init_lora_weights": True, "modules_to_save": None,
+        "fan_in_fan_out": False,
+        "inference_mode": True,
+        "use_rslora": False,
+        "use_dora": False,
+        "init_lora_weights": True,
+        "modules_to_save": None,
     }
 
 
 MERGED_DIR = "merged"
 
 
-def save_lora_checkpoint(adapters: dict[str, torch.Tensor], config: dict[str, Any], path: str | Path,
-                         merged: dict[str, torch.Tensor] | None = None, hf_config: Any = None) -> None:
+def save_lora_checkpoint(
+    adapters: dict[str, torch.Tensor],
+    config: dict[str, Any],
+    path: str | Path,
+    merged: dict[str, torch.Tensor] | None = None,
+    hf_config: Any = None,
+) -> None:
     """Write the adapters (``{model name: tensor}``) in PEFT's format, atomically (safetensors, no pickle).
 
     With ``merged`` (full Hugging Face tensors), ``<path>/merged`` is also a
@@ -293,10 +329,11 @@ def load_adapter_into(model: nn.Module, path: str | Path) -> None:
     adapters = load_adapter(path)
     ours = {name for name, _ in model.named_parameters() if is_adapter_name(name)}
     if set(adapters) != ours:
-        raise KeyError(f"{path}: the adapter does not fit policy.lora's layers: missing "
-                       f"{sorted(ours - set(adapters))[:3]}, unexpected {sorted(set(adapters) - ours)[:3]}")
+        raise KeyError(
+            f"{path}: the adapter does not fit policy.lora's layers: missing "
+            f"{sorted(ours - set(adapters))[:3]}, unexpected {sorted(set(adapters) - ours)[:3]}"
+        )
     params = dict(model.named_parameters())
     with torch.no_grad():
         for name, tensor in adapters.items():
             params[name].copy_(tensor)
-

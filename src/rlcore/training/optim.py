@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import importlib
 import math
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 
 def _field(cfg: Any, key: str, default: Any = None) -> Any:
@@ -90,8 +91,7 @@ def build_scheduler(optimizer: Any, scheduler_cfg: Any = None):
     ]
     if len(milestones) != max(len(specs) - 1, 0):
         raise ValueError(
-            f"{len(specs)} scheduler(s) need {max(len(specs) - 1, 0)} milestone(s), "
-            f"got {len(milestones)}: {milestones}"
+            f"{len(specs)} scheduler(s) need {max(len(specs) - 1, 0)} milestone(s), got {len(milestones)}: {milestones}"
         )
     if milestones != sorted(milestones):
         raise ValueError(f"milestones must be increasing, got {milestones}")

@@ -17,8 +17,9 @@ if TYPE_CHECKING:
     import torch.distributed as dist
 
 
-def tcp_store(host: str, port: int, world_size: int, is_master: bool,
-              timeout: timedelta = timedelta(minutes=10)) -> "dist.TCPStore":
+def tcp_store(
+    host: str, port: int, world_size: int, is_master: bool, timeout: timedelta = timedelta(minutes=10)
+) -> dist.TCPStore:
     """A rendezvous store whose server (on the master) listens on ``host`` only."""
     import torch.distributed as dist
 
@@ -31,7 +32,7 @@ def tcp_store(host: str, port: int, world_size: int, is_master: bool,
     return dist.TCPStore(host, port, world_size, True, timeout=timeout, master_listen_fd=sock.detach())
 
 
-def init_distributed(timeout: timedelta = timedelta(minutes=10)) -> "torch.device":
+def init_distributed(timeout: timedelta = timedelta(minutes=10)) -> torch.device:
     """Join the default process group from the environment a worker group sets; returns this rank's device.
 
     On a GPU the group has NCCL for CUDA tensors and gloo for CPU ones (offloaded state,
@@ -52,6 +53,7 @@ def init_distributed(timeout: timedelta = timedelta(minutes=10)) -> "torch.devic
     if not dist.is_initialized():
         rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         store = tcp_store(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size, rank == 0, timeout)
-        dist.init_process_group("cpu:gloo,cuda:nccl" if cuda else "gloo", store=store, rank=rank,
-                                world_size=world_size, timeout=timeout)
+        dist.init_process_group(
+            "cpu:gloo,cuda:nccl" if cuda else "gloo", store=store, rank=rank, world_size=world_size, timeout=timeout
+        )
     return device

@@ -31,8 +31,9 @@ import collections
 import contextlib
 import io
 import pickle
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -102,9 +103,12 @@ def dcp_errors_in_words(path: str | Path) -> Iterator[None]:
             raise cause from None
         if isinstance(cause, pickle.UnpicklingError):  # torch's weights-only refusal of a tensor's data
             raise UnsafeCheckpointError(f"{path}: refusing to load {refused_by_torch(cause)}") from None
-        detail = (str(cause).splitlines() or ["the file ends early" if isinstance(cause, EOFError) else "no detail"])[0][:160]
-        raise DamagedCheckpointError(f"{path}: damaged, cannot be read ({type(cause).__name__}: {detail}); resume "
-                                     "from another checkpoint") from None
+        detail = (str(cause).splitlines() or ["the file ends early" if isinstance(cause, EOFError) else "no detail"])[
+            0
+        ][:160]
+        raise DamagedCheckpointError(
+            f"{path}: damaged, cannot be read ({type(cause).__name__}: {detail}); resume from another checkpoint"
+        ) from None
 
 
 class SafeFileSystemReader(dcp.FileSystemReader):
@@ -126,8 +130,10 @@ class TensorsOnlyLoadPlanner(DefaultLoadPlanner):
         self.source = source
 
     def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
-        raise UnsafeCheckpointError(f"{self.source}: refusing to unpickle {read_item.dest_index.fqn!r} "
-                                    "(these optimizer checkpoints hold only tensors)")
+        raise UnsafeCheckpointError(
+            f"{self.source}: refusing to unpickle {read_item.dest_index.fqn!r} "
+            "(these optimizer checkpoints hold only tensors)"
+        )
 
 
 # --------------------------------------------------------------------------- optimizer state
@@ -152,8 +158,9 @@ def save_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler
         if stepped:
             dcp.save(tensors, storage_writer=dcp.FileSystemWriter(str(tmp)))
         if dist.get_rank() == 0:
-            save_torch_state({"optimizer": extra, "scheduler": scheduler.state_dict() if scheduler else None},
-                             tmp / EXTRA_STATE_NAME)
+            save_torch_state(
+                {"optimizer": extra, "scheduler": scheduler.state_dict() if scheduler else None}, tmp / EXTRA_STATE_NAME
+            )
 
 
 def load_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, path: str) -> None:
@@ -163,8 +170,10 @@ def load_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler
     initialises empty optimizer state for it), so each rank reads only its shards.
     """
     if not Path(path).is_dir():
-        raise FileNotFoundError(f"{path}: expected an optimizer checkpoint directory (DCP shards + "
-                                f"{EXTRA_STATE_NAME}); a single-file optimizer state is not this format")
+        raise FileNotFoundError(
+            f"{path}: expected an optimizer checkpoint directory (DCP shards + "
+            f"{EXTRA_STATE_NAME}); a single-file optimizer state is not this format"
+        )
     check_inside(path)
     extra = load_torch_state(Path(path) / EXTRA_STATE_NAME)
     if scheduler is not None and extra["scheduler"] is not None:

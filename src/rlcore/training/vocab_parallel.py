@@ -78,8 +78,9 @@ class VocabParallelGather(torch.autograd.Function):
         return grad_local.to(ctx.input_dtype), None, None, None
 
 
-def vocab_parallel_gather(local: torch.Tensor, indices: torch.Tensor, vocab_start: int = 0,
-                          group: Any = None) -> torch.Tensor:
+def vocab_parallel_gather(
+    local: torch.Tensor, indices: torch.Tensor, vocab_start: int = 0, group: Any = None
+) -> torch.Tensor:
     """float32 logits at global vocabulary ``indices`` ``[..., k]`` from this rank's slice (differentiable);
     ``group`` None: ``local`` is the whole vocabulary."""
     return VocabParallelGather.apply(local, indices.to(local.device), vocab_start, group)
@@ -171,8 +172,9 @@ def vocab_parallel_entropy(local: torch.Tensor, group: Any = None) -> torch.Tens
     return VocabParallelEntropy.apply(local, group)
 
 
-def vocab_parallel_logprobs_at(local: torch.Tensor, indices: torch.Tensor, vocab_start: int = 0,
-                               group: Any = None) -> torch.Tensor:
+def vocab_parallel_logprobs_at(
+    local: torch.Tensor, indices: torch.Tensor, vocab_start: int = 0, group: Any = None
+) -> torch.Tensor:
     """float32 ``log_softmax(x)[..., indices]`` over the whole vocabulary (``indices`` ``[..., k]`` global ids)
     from this rank's slice (differentiable): the gathered logits minus the global ``logsumexp``."""
     return vocab_parallel_gather(local, indices, vocab_start, group) - vocab_parallel_logsumexp(local, group)[..., None]

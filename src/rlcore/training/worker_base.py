@@ -19,14 +19,15 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 
 from rlcore.data import BatchedDataDict
 from rlcore.training.logprobs import token_logprobs, topk_logits
-from rlcore.training.lora import adapters_disabled, changed_layers
 from rlcore.training.loop import StepHooks, micro_batches, train_steps
+from rlcore.training.lora import adapters_disabled, changed_layers
 from rlcore.training.optim import build_optimizer, build_scheduler
 
 
@@ -59,8 +60,13 @@ class TrainingWorkerBase:
         return self._logprobs_of(self._logits(mb), mb)
 
     def _logprobs_of(self, logits: torch.Tensor, mb: BatchedDataDict) -> torch.Tensor:
-        return token_logprobs(logits, mb["input_ids"].to(self.device), mb["input_lengths"],
-                              temperature=self.logprob_temperature, chunk_size=self.cfg.logprob_chunk_size)
+        return token_logprobs(
+            logits,
+            mb["input_ids"].to(self.device),
+            mb["input_lengths"],
+            temperature=self.logprob_temperature,
+            chunk_size=self.cfg.logprob_chunk_size,
+        )
 
     def _forward_topk(self, mb: BatchedDataDict, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         return topk_logits(self._logits(mb), k)
@@ -87,13 +93,19 @@ class TrainingWorkerBase:
         return gen.temperature if gen is not None and gen.temperature > 0 else 1.0
 
     # -- set-up --------------------------------------------------------------------
-    def _init_optimizer_and_reference(self, params: Any, *, init_optimizer: bool, optimizer_path: str | None,
-                                      init_reference_model: bool, load_optimizer: Callable[[str], None]) -> None:
+    def _init_optimizer_and_reference(
+        self,
+        params: Any,
+        *,
+        init_optimizer: bool,
+        optimizer_path: str | None,
+        init_reference_model: bool,
+        load_optimizer: Callable[[str], None],
+    ) -> None:
         """The end of a backend's ``__init__``: the optimizer and scheduler of ``policy.optimizer`` /
         ``policy.scheduler`` over ``params`` (none for an inference-only policy), their state restored by
         ``load_optimizer(optimizer_path)`` when resuming, then the reference copy of the weights."""
-        self.optimizer = build_optimizer(params, self.cfg.optimizer, self.cfg.learning_rate) if init_optimizer \
-            else None
+        self.optimizer = build_optimizer(params, self.cfg.optimizer, self.cfg.learning_rate) if init_optimizer else None
         self.scheduler = build_scheduler(self.optimizer, self.cfg.scheduler) if self.optimizer else None
         if optimizer_path and self.optimizer is not None:
             load_optimizer(optimizer_path)
@@ -141,8 +153,9 @@ class TrainingWorkerBase:
         return changed_layers(self.lora_targets) if changed_only and self.lora_targets else None
 
     # -- inference passes ----------------------------------------------------------
-    def _map_micro_batches(self, data: BatchedDataDict, fn: Callable[[BatchedDataDict], dict],
-                           micro_batch_size: int | None, mode: str) -> BatchedDataDict:
+    def _map_micro_batches(
+        self, data: BatchedDataDict, fn: Callable[[BatchedDataDict], dict], micro_batch_size: int | None, mode: str
+    ) -> BatchedDataDict:
         self.model.eval()
         mbs = micro_batch_size or self.cfg.logprob_batch_size
         with torch.no_grad():
@@ -150,20 +163,24 @@ class TrainingWorkerBase:
             parts = [fn(mb) for mb in micro_batches(data, mbs, mode, multiple)]
         return BatchedDataDict.from_batches(parts)
 
-    def get_logprobs(self, data: BatchedDataDict, micro_batch_size: int | None = None,
-                     mode: str = "plain") -> BatchedDataDict:
+    def get_logprobs(
+        self, data: BatchedDataDict, micro_batch_size: int | None = None, mode: str = "plain"
+    ) -> BatchedDataDict:
         out = self._map_micro_batches(
-            data, lambda mb: {"logprobs": self._forward_logprobs(mb).cpu()}, micro_batch_size, mode)
+            data, lambda mb: {"logprobs": self._forward_logprobs(mb).cpu()}, micro_batch_size, mode
+        )
         return pad_dim1(out, "logprobs", data["input_ids"].shape[1])
 
-    def get_reference_policy_logprobs(self, data: BatchedDataDict, micro_batch_size: int | None = None,
-                                      mode: str = "plain") -> BatchedDataDict:
+    def get_reference_policy_logprobs(
+        self, data: BatchedDataDict, micro_batch_size: int | None = None, mode: str = "plain"
+    ) -> BatchedDataDict:
         with self.use_reference_model():
             out = self.get_logprobs(data, micro_batch_size, mode)
         return BatchedDataDict(reference_logprobs=out["logprobs"])
 
-    def get_topk_logits(self, data: BatchedDataDict, k: int, micro_batch_size: int | None = None,
-                        mode: str = "plain") -> BatchedDataDict:
+    def get_topk_logits(
+        self, data: BatchedDataDict, k: int, micro_batch_size: int | None = None, mode: str = "plain"
+    ) -> BatchedDataDict:
         def run(mb: BatchedDataDict) -> dict:
             values, indices = self._forward_topk(mb, k)
             return {"topk_logits": values.cpu(), "topk_indices": indices.cpu()}
@@ -192,16 +209,31 @@ class TrainingWorkerBase:
         self.optimizer.zero_grad(set_to_none=True)
 
     # -- training ------------------------------------------------------------------
-    def train(self, data: BatchedDataDict, loss_fn: Any, eval_mode: bool = False, gbs: int | None = None,
-              mbs: int | None = None, mode: str = "plain") -> dict[str, Any]:
+    def train(
+        self,
+        data: BatchedDataDict,
+        loss_fn: Any,
+        eval_mode: bool = False,
+        gbs: int | None = None,
+        mbs: int | None = None,
+        mode: str = "plain",
+    ) -> dict[str, Any]:
         if getattr(self, "optimizer", None) is None and not eval_mode:
             raise RuntimeError("this worker was created with init_optimizer=False; it cannot train")
         gbs = gbs or self.cfg.train_global_batch_size
         mbs = mbs or self.cfg.train_micro_batch_size
         self.model.train(not eval_mode)
-        result = train_steps(data, loss_fn, self._step_hooks(), local_batch_size=gbs // self.dp_size, mbs=mbs,
-                             max_grad_norm=self.cfg.max_grad_norm, eval_mode=eval_mode, mode=mode,
-                             seq_multiple=self.cfg.make_sequence_length_divisible_by)
+        result = train_steps(
+            data,
+            loss_fn,
+            self._step_hooks(),
+            local_batch_size=gbs // self.dp_size,
+            mbs=mbs,
+            max_grad_norm=self.cfg.max_grad_norm,
+            eval_mode=eval_mode,
+            mode=mode,
+            seq_multiple=self.cfg.make_sequence_length_divisible_by,
+        )
         self._count_skipped(result)
         return result
 
@@ -215,7 +247,8 @@ class TrainingWorkerBase:
                 raise NonFiniteStepsError(
                     f"{self.consecutive_skipped} optimizer steps in a row were skipped, the last with loss {loss} and "
                     f"gradient norm {norm} (policy.max_consecutive_skipped_steps={limit}); the weights are those "
-                    "before the first of them. Check the rewards and the data, or lower the learning rate")
+                    "before the first of them. Check the rewards and the data, or lower the learning rate"
+                )
 
     # -- lifecycle and introspection (override where a backend moves memory) ---------
     def prepare_for_training(self, *args: Any, **kwargs: Any) -> None:
@@ -240,8 +273,7 @@ class TrainingWorkerBase:
         return str(self.device)
 
     def get_gpu_info(self) -> dict[str, Any]:
-        info: dict[str, Any] = {"rank": int(os.environ.get("RANK", 0)), "device": str(self.device),
-                                "pid": os.getpid()}
+        info: dict[str, Any] = {"rank": int(os.environ.get("RANK", 0)), "device": str(self.device), "pid": os.getpid()}
         if self.device.type == "cuda":
             info["memory_allocated_mb"] = torch.cuda.memory_allocated(self.device) / 2**20
             info["peak_memory_allocated_mb"] = torch.cuda.max_memory_allocated(self.device) / 2**20

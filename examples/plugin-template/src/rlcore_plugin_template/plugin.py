@@ -11,15 +11,22 @@ from rlcore.plugins import BackendSpec, Capability, hookimpl
 
 @hookimpl
 def rlcore_register_backends(register):
-    register(BackendSpec(
-        name="template",
-        kind="training",
-        worker_class="rlcore_plugin_template.worker:TemplateWorker",
-        config_class="rlcore_plugin_template.config:TemplateConfig",
-        capabilities={Capability.TRAIN, Capability.LOGPROBS, Capability.REFERENCE_MODEL, Capability.CHECKPOINT,
-                      Capability.DYNAMIC_BATCHING},
-        requires=("torch", "transformers"),
-        install_hint="pip install 'rlcore[runtime,hf]'",
-        description="Plain data parallel with bucketed gradient all-reduce (the plugin template).",
-        plugin_api_version=2,  # the contract this backend is written for (docs/plugin-api.md)
-    ))
+    register(
+        BackendSpec(
+            name="template",
+            kind="training",
+            worker_class="rlcore_plugin_template.worker:TemplateWorker",
+            config_class="rlcore_plugin_template.config:TemplateConfig",
+            capabilities={
+                Capability.TRAIN,
+                Capability.LOGPROBS,
+                Capability.REFERENCE_MODEL,
+                Capability.CHECKPOINT,
+                Capability.DYNAMIC_BATCHING,
+            },
+            requires=("torch", "transformers"),
+            install_hint="pip install 'rlcore[runtime,hf]'",
+            description="Plain data parallel with bucketed gradient all-reduce (the plugin template).",
+            plugin_api_version=2,  # the contract this backend is written for (docs/plugin-api.md)
+        )
+    )

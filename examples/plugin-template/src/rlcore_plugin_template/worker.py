@@ -17,7 +17,8 @@ the contracts.
 from __future__ import annotations
 
 import os
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -32,9 +33,18 @@ from rlcore_plugin_template.config import TemplateConfig
 
 
 class TemplateWorker(TrainingWorkerBase):
-    def __init__(self, config: Any, tokenizer: Any = None, *, weights_path: str | None = None,
-                 optimizer_path: str | None = None, init_optimizer: bool = True, init_reference_model: bool = True,
-                 backend_config: TemplateConfig | None = None, layout: Any = None) -> None:
+    def __init__(
+        self,
+        config: Any,
+        tokenizer: Any = None,
+        *,
+        weights_path: str | None = None,
+        optimizer_path: str | None = None,
+        init_optimizer: bool = True,
+        init_reference_model: bool = True,
+        backend_config: TemplateConfig | None = None,
+        layout: Any = None,
+    ) -> None:
         # Exactly the arguments of plugin API version 2; ``layout`` is pure data parallel here (no layout
         # function in our spec: see examples/plugin-tp for a backend that declares one).
         from transformers import AutoModelForCausalLM
@@ -49,13 +59,18 @@ class TemplateWorker(TrainingWorkerBase):
         self.own = backend_config if backend_config is not None else TemplateConfig()
 
         self.model = AutoModelForCausalLM.from_pretrained(
-            weights_path or config.model_name, dtype=getattr(torch, config.precision)).to(self.device)
+            weights_path or config.model_name, dtype=getattr(torch, config.precision)
+        ).to(self.device)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         # The optimizer and scheduler of policy.optimizer / policy.scheduler, their state when resuming, and
         # the reference model (a CPU copy of the initial weights).
-        self._init_optimizer_and_reference(self.params, init_optimizer=init_optimizer, optimizer_path=optimizer_path,
-                                           init_reference_model=init_reference_model,
-                                           load_optimizer=self._load_optimizer)
+        self._init_optimizer_and_reference(
+            self.params,
+            init_optimizer=init_optimizer,
+            optimizer_path=optimizer_path,
+            init_reference_model=init_reference_model,
+            load_optimizer=self._load_optimizer,
+        )
 
     # -- what the base class asks of a backend ---------------------------------------------
     def _forward_logprobs(self, mb: BatchedDataDict) -> torch.Tensor:
@@ -88,14 +103,16 @@ class TemplateWorker(TrainingWorkerBase):
                 p.grad.copy_(summed.view_as(p))
 
     # -- checkpoints -------------------------------------------------------------------------
-    def save_checkpoint(self, weights_path: str, optimizer_path: str | None = None,
-                        tokenizer_path: str | None = None) -> None:
+    def save_checkpoint(
+        self, weights_path: str, optimizer_path: str | None = None, tokenizer_path: str | None = None
+    ) -> None:
         """Rank 0 writes HF safetensors (atomically) and the optimizer state; the others wait."""
         if dist.get_rank() == 0:
             save_hf_checkpoint(self._snapshot_to_cpu(), self.model.config, weights_path)
             if optimizer_path and self.optimizer:
-                save_torch_state({"optimizer": self.optimizer.state_dict(),
-                                  "scheduler": self.scheduler.state_dict()}, optimizer_path)
+                save_torch_state(
+                    {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}, optimizer_path
+                )
             if tokenizer_path and self.tokenizer is not None:
                 self.tokenizer.save_pretrained(tokenizer_path)
         dist.barrier()

@@ -7,4 +7,5 @@ class TPExampleConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     tensor_parallel_size: PositiveInt = Field(
-        1, description="Ranks that split each linear layer of the decoder (tp); data parallelism is the rest.")
+        1, description="Ranks that split each linear layer of the decoder (tp); data parallelism is the rest."
+    )

@@ -10,16 +10,23 @@ from rlcore.plugins import BackendSpec, Capability, hookimpl
 
 @hookimpl
 def rlcore_register_backends(register):
-    register(BackendSpec(
-        name="tpexample",
-        kind="training",
-        worker_class="rlcore_plugin_tp.worker:TPWorker",
-        config_class="rlcore_plugin_tp.config:TPExampleConfig",
-        layout="rlcore_plugin_tp.layout:parallel_layout",
-        capabilities={Capability.TRAIN, Capability.LOGPROBS, Capability.REFERENCE_MODEL, Capability.CHECKPOINT,
-                      Capability.TENSOR_PARALLEL},
-        requires=("torch", "transformers"),
-        install_hint="pip install 'rlcore[runtime,hf]'",
-        description="Hand-written tensor parallel (column/row split linears) plus data parallel.",
-        plugin_api_version=2,
-    ))
+    register(
+        BackendSpec(
+            name="tpexample",
+            kind="training",
+            worker_class="rlcore_plugin_tp.worker:TPWorker",
+            config_class="rlcore_plugin_tp.config:TPExampleConfig",
+            layout="rlcore_plugin_tp.layout:parallel_layout",
+            capabilities={
+                Capability.TRAIN,
+                Capability.LOGPROBS,
+                Capability.REFERENCE_MODEL,
+                Capability.CHECKPOINT,
+                Capability.TENSOR_PARALLEL,
+            },
+            requires=("torch", "transformers"),
+            install_hint="pip install 'rlcore[runtime,hf]'",
+            description="Hand-written tensor parallel (column/row split linears) plus data parallel.",
+            plugin_api_version=2,
+        )
+    )

@@ -49,7 +49,7 @@ class Slice:
             return local
         parts = [torch.empty_like(local) for _ in range(size)]
         dist.all_gather(parts, local.contiguous(), group=group)
-        return torch.cat(parts[::self.holders], dim=self.dim)
+        return torch.cat(parts[:: self.holders], dim=self.dim)
 
 
 class _SumGradOverGroup(torch.autograd.Function):
@@ -114,9 +114,11 @@ def head_counts(hf_config: Any, size: int) -> tuple[int, int]:
     heads = hf_config.num_attention_heads
     kv_heads = getattr(hf_config, "num_key_value_heads", None) or heads
     if heads % size or (kv_heads % size and size % kv_heads):
-        raise ValueError(f"policy.tpexample_cfg.tensor_parallel_size: {size} does not divide the model's "
-                         f"{heads} attention heads, or neither divides nor is divided by its {kv_heads} key/value "
-                         "heads; choose another degree")
+        raise ValueError(
+            f"policy.tpexample_cfg.tensor_parallel_size: {size} does not divide the model's "
+            f"{heads} attention heads, or neither divides nor is divided by its {kv_heads} key/value "
+            "heads; choose another degree"
+        )
     return heads, kv_heads
 
 
@@ -163,6 +165,9 @@ def process_groups(tp: int, holders: int) -> tuple[Any, Any, Any]:
     world, rank = dist.get_world_size(), dist.get_rank()
     tp_groups = [dist.new_group(list(range(d * tp, (d + 1) * tp))) for d in range(world // tp)]
     dp_groups = [dist.new_group(list(range(t, world, tp))) for t in range(tp)]
-    share_groups = [dist.new_group(list(range(s * holders, (s + 1) * holders))) for s in range(world // holders)] \
-        if holders > 1 else [None]
+    share_groups = (
+        [dist.new_group(list(range(s * holders, (s + 1) * holders))) for s in range(world // holders)]
+        if holders > 1
+        else [None]
+    )
     return tp_groups[rank // tp], dp_groups[rank % tp], share_groups[rank // holders if holders > 1 else 0]

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -29,9 +30,18 @@ from rlcore_plugin_tp.tensor_parallel import Slice, key_value_holders, process_g
 
 
 class TPWorker(TrainingWorkerBase):
-    def __init__(self, config: Any, tokenizer: Any = None, *, weights_path: str | None = None,
-                 optimizer_path: str | None = None, init_optimizer: bool = True, init_reference_model: bool = True,
-                 backend_config: Any = None, layout: Any = None) -> None:
+    def __init__(
+        self,
+        config: Any,
+        tokenizer: Any = None,
+        *,
+        weights_path: str | None = None,
+        optimizer_path: str | None = None,
+        init_optimizer: bool = True,
+        init_reference_model: bool = True,
+        backend_config: Any = None,
+        layout: Any = None,
+    ) -> None:
         from transformers import AutoModelForCausalLM
 
         cuda = torch.cuda.is_available()
@@ -43,8 +53,9 @@ class TPWorker(TrainingWorkerBase):
         self.dp_size = dist.get_world_size() // self.tp_size
         self.tp_rank = dist.get_rank() % self.tp_size
 
-        model = AutoModelForCausalLM.from_pretrained(weights_path or config.model_name,
-                                                     dtype=getattr(torch, config.precision))
+        model = AutoModelForCausalLM.from_pretrained(
+            weights_path or config.model_name, dtype=getattr(torch, config.precision)
+        )
         self.hf_config = model.config
         holders = key_value_holders(model.config, self.tp_size)
         self.tp_group, self.dp_group, self.share_group = process_groups(self.tp_size, holders)
@@ -53,9 +64,13 @@ class TPWorker(TrainingWorkerBase):
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         names = {id(p): name for name, p in self.model.named_parameters()}
         self.param_parts = [self.parts.get(names[id(p)]) for p in self.params]  # in the optimizer's order
-        self._init_optimizer_and_reference(self.params, init_optimizer=init_optimizer, optimizer_path=optimizer_path,
-                                           init_reference_model=init_reference_model,
-                                           load_optimizer=self._load_optimizer)
+        self._init_optimizer_and_reference(
+            self.params,
+            init_optimizer=init_optimizer,
+            optimizer_path=optimizer_path,
+            init_reference_model=init_reference_model,
+            load_optimizer=self._load_optimizer,
+        )
 
     # -- what the base class asks of a backend ---------------------------------------------
     def _forward_logprobs(self, mb: BatchedDataDict) -> torch.Tensor:
@@ -86,8 +101,10 @@ class TPWorker(TrainingWorkerBase):
         self._all_reduce_op(low, dist.ReduceOp.MIN)
         self._all_reduce_op(high, dist.ReduceOp.MAX)
         if not torch.equal(low, high):
-            raise RuntimeError("the tensor-parallel ranks of one replica received different data: the layout "
-                               "rlcore sharded by is not this backend's")
+            raise RuntimeError(
+                "the tensor-parallel ranks of one replica received different data: the layout "
+                "rlcore sharded by is not this backend's"
+            )
 
     def _all_reduce_op(self, t: torch.Tensor, op: Any) -> None:
         on_device = t.to(self.device)
@@ -128,8 +145,9 @@ class TPWorker(TrainingWorkerBase):
             part = self.parts.get(name)
             yield name, (part.gather(tensor, self.tp_group, self.tp_size) if part is not None else tensor).cpu()
 
-    def save_checkpoint(self, weights_path: str, optimizer_path: str | None = None,
-                        tokenizer_path: str | None = None) -> None:
+    def save_checkpoint(
+        self, weights_path: str, optimizer_path: str | None = None, tokenizer_path: str | None = None
+    ) -> None:
         """Rank 0 writes HF safetensors and the full optimizer state, gathered as they come; all ranks take
         part in the gathers."""
         save_gathered(self._full_tensors(), self.hf_config, weights_path)
@@ -164,8 +182,9 @@ class TPWorker(TrainingWorkerBase):
 
     def _full_optimizer_state(self) -> dict:
         """The optimizer state with every per-parameter tensor gathered to its full shape. Collective over tp."""
-        return self._per_parameter(self.optimizer.state_dict(),
-                                   lambda t, part: part.gather(t, self.tp_group, self.tp_size).cpu())
+        return self._per_parameter(
+            self.optimizer.state_dict(), lambda t, part: part.gather(t, self.tp_group, self.tp_size).cpu()
+        )
 
     def _load_optimizer(self, optimizer_path: str) -> None:
         saved = load_torch_state(optimizer_path)  # weights_only: no arbitrary pickle

@@ -20,8 +20,11 @@ SECTION = "dtensor_cfg"
 class DTensorConfig(StrictModel):
     """FSDP2 + DTensor training backend (TP, sequence parallel, CP)."""
 
-    enabled: bool = Field(True, description="Train with the FSDP2 + DTensor backend ('dtensor'); true unless "
-                          "written false, so dtensor trains a config that enables no other backend.")
+    enabled: bool = Field(
+        True,
+        description="Train with the FSDP2 + DTensor backend ('dtensor'); true unless "
+        "written false, so dtensor trains a config that enables no other backend.",
+    )
     cpu_offload: bool = Field(False, description="Offload parameters and gradients to CPU (FSDP2 CPUOffloadPolicy).")
     sequence_parallel: bool = Field(False, description="Shard activations along the sequence in TP regions.")
     activation_checkpointing: bool = Field(False, description="Recompute activations in the backward pass.")
@@ -31,16 +34,20 @@ class DTensorConfig(StrictModel):
         None, description="'module:object' path of a custom TP plan; None = the built-in plan for the architecture."
     )
     reshard_after_forward: bool = Field(
-        False, description="Free each layer's gathered parameters after every forward and gather them again for "
+        False,
+        description="Free each layer's gathered parameters after every forward and gather them again for "
         "its backward (FSDP2's default; least memory). false: parameters gathered for a step's first micro-batch "
         "stay gathered (in the compute dtype) through all its micro-batches and are freed after the last backward, "
         "and a logprob pass gathers them once: one all-gather and one dtype cast per layer per step instead of two "
-        "per micro-batch, for the memory of the unsharded model. Changes no number.")
+        "per micro-batch, for the memory of the unsharded model. Changes no number.",
+    )
     reduce_grads: Literal["per_step", "per_micro_batch"] = Field(
-        "per_step", description="When FSDP2 reduce-scatters gradients over dp: 'per_step' once, after the step's "
+        "per_step",
+        description="When FSDP2 reduce-scatters gradients over dp: 'per_step' once, after the step's "
         "last micro-batch (the micro-batches' gradients add up unsharded, in float32, meanwhile: the memory of one "
         "unsharded gradient); 'per_micro_batch' after every backward (sharded gradients only). The sum is the same "
-        "up to float32 rounding order.")
+        "up to float32 rounding order.",
+    )
 
 
 def dtensor_section(policy: Any, given: Any = None) -> DTensorConfig:

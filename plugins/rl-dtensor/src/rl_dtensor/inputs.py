@@ -47,8 +47,12 @@ class ModelInputs:
     segment_bounds: torch.Tensor | None = None  # a packed row's segment starts + its width (segment attention)
 
     def model_kwargs(self) -> dict[str, Any]:
-        kwargs = {"input_ids": self.input_ids, "attention_mask": self.attention_mask,
-                  "position_ids": self.position_ids, "use_cache": False}
+        kwargs = {
+            "input_ids": self.input_ids,
+            "attention_mask": self.attention_mask,
+            "position_ids": self.position_ids,
+            "use_cache": False,
+        }
         if self.segment_bounds is not None:
             kwargs["cu_seq_lens_q"] = self.segment_bounds
         return kwargs
@@ -95,12 +99,12 @@ class ModelInputs:
         width, k = self.input_ids.shape[1], indices.shape[-1]
         if self.packed is None:  # column t of the forward scores ids t + 1
             nxt = indices.new_zeros(indices.shape[0], width, k)
-            nxt[:, : self.seq_len - 1] = indices[:, 1: self.seq_len]
+            nxt[:, : self.seq_len - 1] = indices[:, 1 : self.seq_len]
             return nxt.to(self.input_ids.device)
         starts = self.packed.cu_seqlens.long().tolist()
         nxt = indices.new_zeros(1, width, k)
         for b, length in enumerate(self.input_lengths.cpu().tolist()):
-            nxt[0, starts[b]: starts[b] + length - 1] = indices[b, 1:length]
+            nxt[0, starts[b] : starts[b] + length - 1] = indices[b, 1:length]
         return nxt.to(self.input_ids.device)
 
     def _aligned(self, values: torch.Tensor) -> torch.Tensor:
@@ -137,9 +141,13 @@ def padded_inputs(mb: Any, device: torch.device, multiple: int = 1) -> ModelInpu
         ids = torch.cat([ids, ids.new_zeros(batch, width - seq_len)], dim=1)
     positions = torch.arange(width)
     mask = (positions[None, :] < lengths[:, None]).long()
-    return ModelInputs(input_ids=ids.to(device), attention_mask=mask.to(device),
-                       position_ids=positions.expand(batch, width).to(device), input_lengths=lengths.to(device),
-                       seq_len=seq_len)
+    return ModelInputs(
+        input_ids=ids.to(device),
+        attention_mask=mask.to(device),
+        position_ids=positions.expand(batch, width).to(device),
+        input_lengths=lengths.to(device),
+        seq_len=seq_len,
+    )
 
 
 def block_causal_mask(segments: torch.Tensor, attn_implementation: str, dtype: torch.dtype) -> torch.Tensor:
@@ -157,8 +165,9 @@ def block_causal_mask(segments: torch.Tensor, attn_implementation: str, dtype: t
     return allowed[None, None]
 
 
-def packed_inputs(mb: Any, device: torch.device, attn_implementation: str, dtype: torch.dtype,
-                  multiple: int = 1) -> ModelInputs:
+def packed_inputs(
+    mb: Any, device: torch.device, attn_implementation: str, dtype: torch.dtype, multiple: int = 1
+) -> ModelInputs:
     """Pack a right-padded micro-batch into one row with a block-diagonal causal mask, or, for a model
     switched to segment attention (:mod:`rl_dtensor.segment_attention`), the segments' bounds instead.
 
@@ -173,8 +182,14 @@ def packed_inputs(mb: Any, device: torch.device, attn_implementation: str, dtype
     tail = width - used
     ids = torch.cat([packed.input_ids, packed.input_ids.new_zeros(1, tail)], dim=1)
     positions = torch.cat([packed.position_ids, torch.arange(tail)[None, :]], dim=1)
-    inputs = ModelInputs(input_ids=ids.to(device), attention_mask=None, position_ids=positions.to(device),
-                         input_lengths=lengths.to(device), seq_len=int(mb["input_ids"].shape[1]), packed=packed)
+    inputs = ModelInputs(
+        input_ids=ids.to(device),
+        attention_mask=None,
+        position_ids=positions.to(device),
+        input_lengths=lengths.to(device),
+        seq_len=int(mb["input_ids"].shape[1]),
+        packed=packed,
+    )
     bounds = packed.cu_seqlens.long()
     if tail:
         bounds = torch.cat([bounds, torch.tensor([width])])  # the padding is a segment of its own

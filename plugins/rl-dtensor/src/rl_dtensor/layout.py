@@ -14,8 +14,13 @@ _D = "policy.dtensor_cfg."
 def parallel_layout(request: LayoutRequest) -> ParallelLayout:
     d = request.section
     if d.context_parallel_size > 1 and not request.use_gpu:
-        raise ValueError(f"{_D}context_parallel_size: is {d.context_parallel_size} but cluster.use_gpu is false; "
-                         f"context parallel needs CUDA (there is no CPU attention sharding): set "
-                         f"{_D}context_parallel_size=1, or cluster.use_gpu=true on a CUDA machine")
-    return ParallelLayout(tp=d.tensor_parallel_size, cp=d.context_parallel_size,
-                          paths={"tp": _D + "tensor_parallel_size", "cp": _D + "context_parallel_size"})
+        raise ValueError(
+            f"{_D}context_parallel_size: is {d.context_parallel_size} but cluster.use_gpu is false; "
+            f"context parallel needs CUDA (there is no CPU attention sharding): set "
+            f"{_D}context_parallel_size=1, or cluster.use_gpu=true on a CUDA machine"
+        )
+    return ParallelLayout(
+        tp=d.tensor_parallel_size,
+        cp=d.context_parallel_size,
+        paths={"tp": _D + "tensor_parallel_size", "cp": _D + "context_parallel_size"},
+    )

@@ -12,7 +12,8 @@ small and not in the checkpoint.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -58,8 +59,9 @@ def full_state_on_rank0(base_path: str, lora_cfg: Any, adapter_path: str | None)
     return model.state_dict()
 
 
-def load_sharded_model(base_path: str, lora_cfg: Any, adapter_path: str | None, mesh: Any, opts: ParallelOptions,
-                       device: torch.device) -> tuple[nn.Module, list[str]]:
+def load_sharded_model(
+    base_path: str, lora_cfg: Any, adapter_path: str | None, mesh: Any, opts: ParallelOptions, device: torch.device
+) -> tuple[nn.Module, list[str]]:
     """The parallelized model with the checkpoint's weights, and its LoRA targets. Collective."""
     from transformers import AutoConfig, AutoModelForCausalLM
 

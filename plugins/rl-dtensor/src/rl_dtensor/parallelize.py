@@ -34,12 +34,17 @@ class ParallelOptions:
     reshard_after_forward: bool = True
 
     @classmethod
-    def from_config(cls, cfg, section=None) -> "ParallelOptions":
+    def from_config(cls, cfg, section=None) -> ParallelOptions:
         """From ``policy`` and its ``dtensor_cfg`` (``section``: the validated one, else validated here)."""
         d = dtensor_section(cfg, section)
-        return cls(precision=cfg.precision, sequence_parallel=d.sequence_parallel,
-                   activation_checkpointing=d.activation_checkpointing, cpu_offload=d.cpu_offload,
-                   custom_parallel_plan=d.custom_parallel_plan, reshard_after_forward=d.reshard_after_forward)
+        return cls(
+            precision=cfg.precision,
+            sequence_parallel=d.sequence_parallel,
+            activation_checkpointing=d.activation_checkpointing,
+            cpu_offload=d.cpu_offload,
+            custom_parallel_plan=d.custom_parallel_plan,
+            reshard_after_forward=d.reshard_after_forward,
+        )
 
 
 def build_mesh(device_type: str, dp: int, tp: int) -> DeviceMesh:
@@ -71,8 +76,10 @@ def check_tp_divisibility(config, tp: int) -> None:
     for key in ("num_attention_heads", "num_key_value_heads"):
         n = getattr(config, key, None)
         if n is not None and n % tp:
-            raise ValueError(f"policy.dtensor_cfg.tensor_parallel_size={tp} does not divide the model's "
-                             f"{key}={n}; choose a tensor_parallel_size that divides it")
+            raise ValueError(
+                f"policy.dtensor_cfg.tensor_parallel_size={tp} does not divide the model's "
+                f"{key}={n}; choose a tensor_parallel_size that divides it"
+            )
 
 
 def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, sequence_parallel: bool, custom_plan: str | None) -> None:
@@ -108,8 +115,9 @@ def apply_ac(model: nn.Module) -> None:
         checkpoint(layer)
 
 
-def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, precision: str, cpu_offload: bool,
-               reshard_after_forward: bool = True) -> None:
+def apply_fsdp(
+    model: nn.Module, dp_mesh: DeviceMesh, precision: str, cpu_offload: bool, reshard_after_forward: bool = True
+) -> None:
     """``fully_shard`` each decoder layer, then the root, over ``dp_mesh``.
 
     Parameters stay float32 (the master weights); ``precision`` only sets the
@@ -123,8 +131,11 @@ def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, precision: str, cpu_offloa
     FSDP2's default); the worker then reshards after a step's last backward and after a logprob pass.
     """
     dtype = DTYPES[precision]
-    mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32) if dtype != torch.float32 \
+    mp = (
+        MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+        if dtype != torch.float32
         else MixedPrecisionPolicy()
+    )
     offload = CPUOffloadPolicy(pin_memory=torch.cuda.is_available()) if cpu_offload else OffloadPolicy()
     reshard = None if reshard_after_forward else False  # None: FSDP2's default (every unit but the root)
     for layer in decoder_layers(model):

@@ -2,25 +2,40 @@
 
 from rlcore.plugins import BackendSpec, Capability, hookimpl
 
-CAPABILITIES = frozenset({
-    Capability.TRAIN, Capability.LOGPROBS, Capability.TOPK_LOGITS, Capability.REFERENCE_MODEL,
-    Capability.DYNAMIC_BATCHING, Capability.SEQUENCE_PACKING, Capability.CHECKPOINT, Capability.TENSOR_PARALLEL,
-    Capability.SEQUENCE_PARALLEL, Capability.REFIT, Capability.LORA, Capability.CHUNKED_LOGPROBS,
-    Capability.LOGITS_AT_INDICES, Capability.LOGPROBS_AT_INDICES, Capability.ENTROPY,
-})
+CAPABILITIES = frozenset(
+    {
+        Capability.TRAIN,
+        Capability.LOGPROBS,
+        Capability.TOPK_LOGITS,
+        Capability.REFERENCE_MODEL,
+        Capability.DYNAMIC_BATCHING,
+        Capability.SEQUENCE_PACKING,
+        Capability.CHECKPOINT,
+        Capability.TENSOR_PARALLEL,
+        Capability.SEQUENCE_PARALLEL,
+        Capability.REFIT,
+        Capability.LORA,
+        Capability.CHUNKED_LOGPROBS,
+        Capability.LOGITS_AT_INDICES,
+        Capability.LOGPROBS_AT_INDICES,
+        Capability.ENTROPY,
+    }
+)
 
 
 @hookimpl
 def rlcore_register_backends(register):
-    register(BackendSpec(
-        name="dtensor",
-        kind="training",
-        worker_class="rl_dtensor.worker:DTensorPolicyWorker",
-        config_class="rl_dtensor.config:DTensorConfig",  # policy.dtensor_cfg
-        layout="rl_dtensor.layout:parallel_layout",
-        capabilities=CAPABILITIES,
-        requires=("torch", "transformers"),
-        install_hint="pip install rl-dtensor",
-        description="FSDP2 data parallel + DTensor tensor/sequence parallel (Llama, Qwen2, Qwen3).",
-        plugin_api_version=5,
-    ))
+    register(
+        BackendSpec(
+            name="dtensor",
+            kind="training",
+            worker_class="rl_dtensor.worker:DTensorPolicyWorker",
+            config_class="rl_dtensor.config:DTensorConfig",  # policy.dtensor_cfg
+            layout="rl_dtensor.layout:parallel_layout",
+            capabilities=CAPABILITIES,
+            requires=("torch", "transformers"),
+            install_hint="pip install rl-dtensor",
+            description="FSDP2 data parallel + DTensor tensor/sequence parallel (Llama, Qwen2, Qwen3).",
+            plugin_api_version=5,
+        )
+    )

@@ -20,20 +20,38 @@ import torch
 NAME = "rlcore_segment_sdpa"
 
 
-def segment_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                 attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
-                 cu_seq_lens_q: torch.Tensor | None = None, **kwargs: Any) -> tuple[torch.Tensor, None]:
+def segment_sdpa(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    cu_seq_lens_q: torch.Tensor | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
     """``query`` ``[1, heads, T, d]``, ``key``/``value`` ``[1, kv_heads, T, d]`` → ``[1, T, heads, d]``."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     if cu_seq_lens_q is None:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                      **kwargs)
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
     gqa = getattr(module, "num_key_value_groups", 1) > 1
     bounds = cu_seq_lens_q.tolist()
-    parts = [torch.nn.functional.scaled_dot_product_attention(
-        query[:, :, a:b], key[:, :, a:b], value[:, :, a:b], dropout_p=dropout, scale=scaling, is_causal=True,
-        enable_gqa=gqa) for a, b in zip(bounds[:-1], bounds[1:])]
+    parts = [
+        torch.nn.functional.scaled_dot_product_attention(
+            query[:, :, a:b],
+            key[:, :, a:b],
+            value[:, :, a:b],
+            dropout_p=dropout,
+            scale=scaling,
+            is_causal=True,
+            enable_gqa=gqa,
+        )
+        for a, b in zip(bounds[:-1], bounds[1:])
+    ]
     return torch.cat(parts, dim=2).transpose(1, 2).contiguous(), None
 
 
@@ -41,7 +59,8 @@ def can_use_segment_attention(config: Any) -> bool:
     """Plain causal sdpa everywhere: no sliding window, no attention type other than full attention."""
     layer_types = getattr(config, "layer_types", None) or ["full_attention"]
     sliding = getattr(config, "use_sliding_window", False) or (
-        getattr(config, "sliding_window", None) is not None and not hasattr(config, "use_sliding_window"))
+        getattr(config, "sliding_window", None) is not None and not hasattr(config, "use_sliding_window")
+    )
     return config._attn_implementation == "sdpa" and set(layer_types) == {"full_attention"} and not sliding
 
 

@@ -9,7 +9,7 @@
 
 from __future__ import annotations
 
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import nn
@@ -67,8 +67,9 @@ def full_shapes(model: nn.Module) -> dict[str, tuple[int, ...]]:
     return {name: tuple(state[name].shape) for name in refit_names(model)}
 
 
-def iter_full_tensors(model: nn.Module, dtype: torch.dtype | None = None,
-                      keep: Callable[[str], bool] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+def iter_full_tensors(
+    model: nn.Module, dtype: torch.dtype | None = None, keep: Callable[[str], bool] | None = None
+) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield ``(name, full tensor)`` in :func:`refit_names` order (only names ``keep`` accepts, if given);
     DTensors are all-gathered (collective: every rank must iterate with the same ``keep``)."""
     state = model.state_dict(keep_vars=True)
@@ -80,8 +81,9 @@ def iter_full_tensors(model: nn.Module, dtype: torch.dtype | None = None,
         yield name, full if dtype is None else full.to(dtype)
 
 
-def load_full_state_dict(model: nn.Module, full: dict[str, torch.Tensor],
-                         only: Callable[[str], bool] | None = None) -> None:
+def load_full_state_dict(
+    model: nn.Module, full: dict[str, torch.Tensor], only: Callable[[str], bool] | None = None
+) -> None:
     """Copy full tensors (the same on every rank) into the model's shards; each rank keeps its own part.
 
     ``full`` must hold every tensor of the model, or every one ``only`` accepts

@@ -26,7 +26,8 @@ tp ranks — the sum the per-head gradients need.
 from __future__ import annotations
 
 import importlib
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from torch import nn
 from torch.distributed.tensor import Replicate, Shard
@@ -49,35 +50,40 @@ def decoder_plan(sequence_parallel: bool, qk_norm: bool = False) -> Plan:
     if sequence_parallel:
         residual = Shard(1)
         plan: Plan = {
-            "model.embed_tokens": RowwiseParallel(input_layouts=Replicate(), output_layouts=residual,
-                                                  use_local_output=False),
+            "model.embed_tokens": RowwiseParallel(
+                input_layouts=Replicate(), output_layouts=residual, use_local_output=False
+            ),
             "model.layers.*.input_layernorm": SequenceParallel(),
             "model.layers.*.post_attention_layernorm": SequenceParallel(),
             "model.norm": SequenceParallel(),
             "model.layers.*.self_attn": PrepareModuleInput(
                 input_kwarg_layouts={"hidden_states": residual},
                 desired_input_kwarg_layouts={"hidden_states": Replicate()},
-                use_local_output=True),
+                use_local_output=True,
+            ),
             "model.layers.*.mlp": PrepareModuleInput(
-                input_layouts=(residual,), desired_input_layouts=(Replicate(),), use_local_output=True),
+                input_layouts=(residual,), desired_input_layouts=(Replicate(),), use_local_output=True
+            ),
         }
     else:
         residual = Replicate()
         plan = {"model.embed_tokens": RowwiseParallel(input_layouts=Replicate(), output_layouts=residual)}
     # Row-wise outputs feed the residual add: keep them DTensors under SP, local tensors otherwise.
     keep_dtensor = sequence_parallel
-    plan.update({
-        "model.layers.*.self_attn.q_proj": ColwiseParallel(),
-        "model.layers.*.self_attn.k_proj": ColwiseParallel(),
-        "model.layers.*.self_attn.v_proj": ColwiseParallel(),
-        "model.layers.*.self_attn.o_proj": RowwiseParallel(output_layouts=residual,
-                                                           use_local_output=not keep_dtensor),
-        "model.layers.*.mlp.gate_proj": ColwiseParallel(),
-        "model.layers.*.mlp.up_proj": ColwiseParallel(),
-        "model.layers.*.mlp.down_proj": RowwiseParallel(output_layouts=residual,
-                                                        use_local_output=not keep_dtensor),
-        "lm_head": ColwiseParallel(input_layouts=residual, output_layouts=Shard(-1), use_local_output=False),
-    })
+    plan.update(
+        {
+            "model.layers.*.self_attn.q_proj": ColwiseParallel(),
+            "model.layers.*.self_attn.k_proj": ColwiseParallel(),
+            "model.layers.*.self_attn.v_proj": ColwiseParallel(),
+            "model.layers.*.self_attn.o_proj": RowwiseParallel(
+                output_layouts=residual, use_local_output=not keep_dtensor
+            ),
+            "model.layers.*.mlp.gate_proj": ColwiseParallel(),
+            "model.layers.*.mlp.up_proj": ColwiseParallel(),
+            "model.layers.*.mlp.down_proj": RowwiseParallel(output_layouts=residual, use_local_output=not keep_dtensor),
+            "lm_head": ColwiseParallel(input_layouts=residual, output_layouts=Shard(-1), use_local_output=False),
+        }
+    )
     if qk_norm:
         # Input [B, S, local heads, head_dim]: sharded along the heads (dim 2).
         plan["model.layers.*.self_attn.q_norm"] = SequenceParallel(sequence_dim=2, use_local_output=True)
@@ -111,8 +117,10 @@ def import_plan(path: str, model: nn.Module, sequence_parallel: bool) -> Plan:
         raise ValueError(f"policy.dtensor_cfg.custom_parallel_plan: cannot import {path!r}: {err}") from err
     plan = obj(model, sequence_parallel) if callable(obj) else obj
     if not isinstance(plan, dict) or not all(isinstance(v, ParallelStyle) for v in plan.values()):
-        raise ValueError(f"policy.dtensor_cfg.custom_parallel_plan: {path!r} must be (or return) a dict of "
-                         "module pattern -> torch.distributed.tensor.parallel.ParallelStyle")
+        raise ValueError(
+            f"policy.dtensor_cfg.custom_parallel_plan: {path!r} must be (or return) a dict of "
+            "module pattern -> torch.distributed.tensor.parallel.ParallelStyle"
+        )
     return plan
 
 
@@ -122,8 +130,10 @@ def plan_for(model: nn.Module, sequence_parallel: bool, custom: str | None = Non
         return import_plan(custom, model, sequence_parallel)
     model_type = getattr(model.config, "model_type", None)
     if model_type not in PLANS:
-        raise ValueError(f"no built-in tensor-parallel plan for model_type {model_type!r} (known: "
-                         f"{sorted(PLANS)}); set policy.dtensor_cfg.custom_parallel_plan to 'module:plan'")
+        raise ValueError(
+            f"no built-in tensor-parallel plan for model_type {model_type!r} (known: "
+            f"{sorted(PLANS)}); set policy.dtensor_cfg.custom_parallel_plan to 'module:plan'"
+        )
     return PLANS[model_type](sequence_parallel)
 
 
@@ -153,8 +163,10 @@ def with_lora(plan: Plan, model: nn.Module) -> Plan:
             out[pattern] = style
             continue
         if not isinstance(style, (ColwiseParallel, RowwiseParallel)):
-            raise ValueError(f"tensor-parallel plan entry {pattern!r} ({type(style).__name__}) covers LoRA-adapted "
-                             "linear layers; only ColwiseParallel/RowwiseParallel entries can")
+            raise ValueError(
+                f"tensor-parallel plan entry {pattern!r} ({type(style).__name__}) covers LoRA-adapted "
+                "linear layers; only ColwiseParallel/RowwiseParallel entries can"
+            )
         for path in _plain_hits(model, pattern, wrapped):
             out[path] = style
         for path in hits:
@@ -174,6 +186,10 @@ def _plain_hits(model: nn.Module, pattern: str, wrapped: set[str]) -> list[str]:
     """Paths ``pattern`` matches that are not LoRA-wrapped (nor inside a wrapper)."""
     import fnmatch
 
-    return [path for path, _ in model.named_modules()
-            if fnmatch.fnmatchcase(path, pattern) and path not in wrapped
-            and not any(path.startswith(w + ".") for w in wrapped)]
+    return [
+        path
+        for path, _ in model.named_modules()
+        if fnmatch.fnmatchcase(path, pattern)
+        and path not in wrapped
+        and not any(path.startswith(w + ".") for w in wrapped)
+    ]

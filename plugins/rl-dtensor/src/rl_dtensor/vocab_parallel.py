@@ -37,8 +37,9 @@ def shard_offset(vocab_size: int, tp_size: int, tp_rank: int) -> int:
 def _vocab_sharded(logits: DTensor) -> bool:
     """True for a DTensor on a 1-D mesh split along its last dimension (what the TP plans produce)."""
     placement = logits.placements[0]
-    return logits.device_mesh.ndim == 1 and isinstance(placement, Shard) \
-        and placement.dim % logits.ndim == logits.ndim - 1
+    return (
+        logits.device_mesh.ndim == 1 and isinstance(placement, Shard) and placement.dim % logits.ndim == logits.ndim - 1
+    )
 
 
 def _local_vocab(logits: DTensor) -> tuple[torch.Tensor, dist.ProcessGroup, int]:
@@ -53,8 +54,9 @@ def _replicated(logits: DTensor) -> torch.Tensor:
     return logits.redistribute(placements=[Replicate()] * logits.device_mesh.ndim).to_local()
 
 
-def gather_logprobs(logits: torch.Tensor, target: torch.Tensor, temperature: float = 1.0,
-                    chunk_size: int | None = None) -> torch.Tensor:
+def gather_logprobs(
+    logits: torch.Tensor, target: torch.Tensor, temperature: float = 1.0, chunk_size: int | None = None
+) -> torch.Tensor:
     """``log_softmax(logits / temperature)[..., target]`` in float32, for plain or vocab-sharded DTensor logits,
     ``chunk_size`` positions at a time when given (``policy.logprob_chunk_size``).
 

@@ -20,7 +20,8 @@ from __future__ import annotations
 import logging
 import math
 import resource
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -55,19 +56,31 @@ def check_context_parallel(cp: int, device: torch.device) -> None:
     if cp <= 1:
         return
     if device.type != "cuda":
-        raise ValueError(f"policy.dtensor_cfg.context_parallel_size={cp} needs CUDA devices: there is no CPU "
-                         "attention sharding strategy; set policy.dtensor_cfg.context_parallel_size=1 on CPU")
+        raise ValueError(
+            f"policy.dtensor_cfg.context_parallel_size={cp} needs CUDA devices: there is no CPU "
+            "attention sharding strategy; set policy.dtensor_cfg.context_parallel_size=1 on CPU"
+        )
     raise NotImplementedError(
         f"policy.dtensor_cfg.context_parallel_size={cp}: context parallel is not implemented by the rl-dtensor "
-        "backend yet; use tensor_parallel_size with sequence_parallel for long sequences")
+        "backend yet; use tensor_parallel_size with sequence_parallel for long sequences"
+    )
 
 
 class DTensorPolicyWorker(RefitExportMixin, TrainingWorkerBase):
     """One rank: a Hugging Face causal LM sharded with FSDP2 over dp and DTensor TP over tp."""
 
-    def __init__(self, config: Any, tokenizer: Any = None, *, weights_path: str | None = None,
-                 optimizer_path: str | None = None, init_optimizer: bool = True, init_reference_model: bool = True,
-                 backend_config: Any = None, layout: Any = None) -> None:
+    def __init__(
+        self,
+        config: Any,
+        tokenizer: Any = None,
+        *,
+        weights_path: str | None = None,
+        optimizer_path: str | None = None,
+        init_optimizer: bool = True,
+        init_reference_model: bool = True,
+        backend_config: Any = None,
+        layout: Any = None,
+    ) -> None:
         # backend_config is policy.dtensor_cfg (rl_dtensor.config) and layout its tp/cp (rl_dtensor.layout).
         from rlcore.config import as_policy_config
 
@@ -81,8 +94,9 @@ class DTensorPolicyWorker(RefitExportMixin, TrainingWorkerBase):
         self.tp_size = dcfg.tensor_parallel_size
         world = dist.get_world_size()
         if world % self.tp_size:
-            raise ValueError(f"policy.dtensor_cfg.tensor_parallel_size={self.tp_size} does not divide the world "
-                             f"size {world}")
+            raise ValueError(
+                f"policy.dtensor_cfg.tensor_parallel_size={self.tp_size} does not divide the world size {world}"
+            )
         self.dp_size = world // self.tp_size
         self.mesh = build_mesh(self.device.type, self.dp_size, self.tp_size)
         self.dp_group = self.mesh["dp"].get_group()
@@ -102,8 +116,9 @@ class DTensorPolicyWorker(RefitExportMixin, TrainingWorkerBase):
         base_path = config.model_name if adapter_path else (weights_path or config.model_name)
         # Each rank allocates only its shards; rank 0 reads the checkpoint and broadcasts it.
         self.model: nn.Module
-        self.model, self.lora_targets = load_sharded_model(base_path, config.lora, adapter_path, self.mesh,
-                                                           self.opts, self.device)
+        self.model, self.lora_targets = load_sharded_model(
+            base_path, config.lora, adapter_path, self.mesh, self.opts, self.device
+        )
         self.hf_config = self.model.config
         self._mode = "plain"
         # Where weights and optimizer state are now (offloading moves them to CPU between phases).
@@ -112,19 +127,25 @@ class DTensorPolicyWorker(RefitExportMixin, TrainingWorkerBase):
 
         # Frozen base weights (LoRA) get no optimizer state.
         self._init_optimizer_and_reference(
-            [p for p in self.model.parameters() if p.requires_grad], init_optimizer=init_optimizer,
-            optimizer_path=optimizer_path, init_reference_model=init_reference_model,
-            load_optimizer=lambda path: ckpt.load_optimizer(self.model, self.optimizer, self.scheduler, path))
+            [p for p in self.model.parameters() if p.requires_grad],
+            init_optimizer=init_optimizer,
+            optimizer_path=optimizer_path,
+            init_reference_model=init_reference_model,
+            load_optimizer=lambda path: ckpt.load_optimizer(self.model, self.optimizer, self.scheduler, path),
+        )
 
     def __repr__(self) -> str:
-        return (f"DTensorPolicyWorker(rank={getattr(self, 'rank', '?')}, dp={getattr(self, 'dp_size', '?')}, "
-                f"tp={getattr(self, 'tp_size', '?')})")
+        return (
+            f"DTensorPolicyWorker(rank={getattr(self, 'rank', '?')}, dp={getattr(self, 'dp_size', '?')}, "
+            f"tp={getattr(self, 'tp_size', '?')})"
+        )
 
     # -- model passes ----------------------------------------------------------------
     def _inputs(self, mb: BatchedDataDict) -> ModelInputs:
         if self._mode == "packing":
-            return packed_inputs(mb, self.device, self.hf_config._attn_implementation, self.compute_dtype,
-                                 self.seq_multiple)
+            return packed_inputs(
+                mb, self.device, self.hf_config._attn_implementation, self.compute_dtype, self.seq_multiple
+            )
         return padded_inputs(mb, self.device, self.seq_multiple)
 
     def _run(self, mb: BatchedDataDict) -> tuple[ModelInputs, torch.Tensor]:
@@ -181,8 +202,15 @@ class DTensorPolicyWorker(RefitExportMixin, TrainingWorkerBase):
         if optimizer:
             self._optimizer_to(self.device)
 
-    def train(self, data: BatchedDataDict, loss_fn: Any, eval_mode: bool = False, gbs: int | None = None,
-              mbs: int | None = None, mode: str = "plain") -> dict[str, Any]:
+    def train(
+        self,
+        data: BatchedDataDict,
+        loss_fn: Any,
+        eval_mode: bool = False,
+        gbs: int | None = None,
+        mbs: int | None = None,
+        mode: str = "plain",
+    ) -> dict[str, Any]:
         self._mode = mode
         self._ensure_on_device(optimizer=not eval_mode)
         try:
@@ -234,8 +262,9 @@ class DTensorPolicyWorker(RefitExportMixin, TrainingWorkerBase):
         yield from ((name, t.to(dtype)) for name, t in merged)
 
     # -- checkpoints ------------------------------------------------------------------------
-    def save_checkpoint(self, weights_path: str, optimizer_path: str | None = None,
-                        tokenizer_path: str | None = None) -> None:
+    def save_checkpoint(
+        self, weights_path: str, optimizer_path: str | None = None, tokenizer_path: str | None = None
+    ) -> None:
         """HF safetensors (rank 0 writes the gathered tensors) and DCP optimizer state; each atomic."""
         self._ensure_on_device(optimizer=bool(optimizer_path))
         if self.lora_targets:
@@ -257,12 +286,18 @@ class DTensorPolicyWorker(RefitExportMixin, TrainingWorkerBase):
         """The adapters in PEFT's format; with ``merged`` the merged model under ``merged/``."""
         state.reshard(self.model)
         on_rank0 = self.rank == 0  # every rank takes part in the gathers; rank 0 keeps and writes
-        adapters = {name: t.to("cpu", copy=True)
-                    for name, t in state.iter_full_tensors(self.model, keep=lora.is_adapter_name) if on_rank0}
+        adapters = {
+            name: t.to("cpu", copy=True)
+            for name, t in state.iter_full_tensors(self.model, keep=lora.is_adapter_name)
+            if on_rank0
+        }
         full = None
         if merged:
-            full = {name: t.to("cpu", copy=True) for name, t in
-                    lora.merge_stream(state.iter_full_tensors(self.model), self.cfg.lora.scaling) if on_rank0}
+            full = {
+                name: t.to("cpu", copy=True)
+                for name, t in lora.merge_stream(state.iter_full_tensors(self.model), self.cfg.lora.scaling)
+                if on_rank0
+            }
         config = lora.peft_adapter_config(self.cfg.lora, self.lora_targets, self.cfg.model_name)
         ckpt.on_rank0(lambda: lora.save_lora_checkpoint(adapters, config, weights_path, full, self.hf_config))
 
@@ -339,9 +374,13 @@ class DTensorPolicyWorker(RefitExportMixin, TrainingWorkerBase):
 
     def get_gpu_info(self) -> dict[str, Any]:
         info = super().get_gpu_info()
-        info.update(dp=self.dp_size, tp=self.tp_size, dp_rank=self.mesh["dp"].get_local_rank(),
-                    tp_rank=self.mesh["tp"].get_local_rank(),
-                    max_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+        info.update(
+            dp=self.dp_size,
+            tp=self.tp_size,
+            dp_rank=self.mesh["dp"].get_local_rank(),
+            tp_rank=self.mesh["tp"].get_local_rank(),
+            max_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        )
         if self.device.type == "cuda":
             info["device_name"] = torch.cuda.get_device_name(self.device)
             info["device_uuid"] = str(torch.cuda.get_device_properties(self.device).uuid)

@@ -20,8 +20,9 @@ kept as the last generated token.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
@@ -39,7 +40,7 @@ class SamplingSettings:
     pad_token_id: int
 
     @classmethod
-    def from_config(cls, gen_cfg: Any, tokenizer: Any, greedy: bool) -> "SamplingSettings":
+    def from_config(cls, gen_cfg: Any, tokenizer: Any, greedy: bool) -> SamplingSettings:
         eos = getattr(tokenizer, "eos_token_id", None)
         stop_ids = set(gen_cfg.stop_token_ids or ())
         if eos is not None:
@@ -67,8 +68,7 @@ class SamplingSettings:
         """A complete ``transformers.GenerationConfig`` (nothing inherited from the model's defaults, e.g. top_k=50)."""
         from transformers import GenerationConfig
 
-        sampling = {} if self.greedy else dict(temperature=self.temperature, top_p=self.top_p,
-                                                top_k=self.top_k or 0)
+        sampling = {} if self.greedy else dict(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k or 0)
         return GenerationConfig(
             max_new_tokens=self.max_new_tokens,
             do_sample=not self.greedy,
@@ -111,7 +111,7 @@ class StopStringFinder:
         """Whether ``tokens`` (generated so far) end with a completed stop string of ``row``."""
         if not self.stops[row] or not tokens:
             return False
-        text = self.tokenizer.decode(list(tokens[-self.window:]), skip_special_tokens=False)
+        text = self.tokenizer.decode(list(tokens[-self.window :]), skip_special_tokens=False)
         return any(s in text for s in self.stops[row])
 
     def first_hit(self, row: int, tokens: Sequence[int]) -> int | None:
@@ -144,13 +144,19 @@ def left_pad(input_ids: torch.Tensor, input_lengths: torch.Tensor, pad_id: int) 
     ids = torch.full((batch, width), pad_id, dtype=input_ids.dtype)
     mask = torch.zeros((batch, width), dtype=torch.long)
     for i, length in enumerate(input_lengths.tolist()):
-        ids[i, width - length:] = input_ids[i, :length]
-        mask[i, width - length:] = 1
+        ids[i, width - length :] = input_ids[i, :length]
+        mask[i, width - length :] = 1
     return ids, mask
 
 
-def generate(model: Any, data: Any, settings: SamplingSettings, tokenizer: Any,
-             stop_strings: Sequence[str] | None, device: torch.device) -> dict[str, torch.Tensor]:
+def generate(
+    model: Any,
+    data: Any,
+    settings: SamplingSettings,
+    tokenizer: Any,
+    stop_strings: Sequence[str] | None,
+    device: torch.device,
+) -> dict[str, torch.Tensor]:
     """Run HF ``generate`` on ``model`` (a plain, full-parameter HF model) and build the output spec."""
     from transformers import StoppingCriteriaList
 
@@ -162,9 +168,13 @@ def generate(model: Any, data: Any, settings: SamplingSettings, tokenizer: Any,
     if any(finder.stops):
         criteria.append(stopping_criteria(finder, left_ids.shape[1]))
 
-    out = model.generate(input_ids=left_ids.to(device), attention_mask=mask.to(device),
-                         generation_config=settings.hf_generation_config(), stopping_criteria=criteria)
-    new_tokens = out.sequences[:, left_ids.shape[1]:].cpu()
+    out = model.generate(
+        input_ids=left_ids.to(device),
+        attention_mask=mask.to(device),
+        generation_config=settings.hf_generation_config(),
+        stopping_criteria=criteria,
+    )
+    new_tokens = out.sequences[:, left_ids.shape[1] :].cpu()
     logits = torch.stack(out.logits, dim=1).float().cpu() if out.logits else torch.zeros(batch, 0, 1)
     step_logprobs = torch.log_softmax(logits / settings.logprob_temperature, dim=-1)
     step_logprobs = step_logprobs.gather(-1, new_tokens.unsqueeze(-1)).squeeze(-1)
@@ -184,8 +194,8 @@ def generate(model: Any, data: Any, settings: SamplingSettings, tokenizer: Any,
             n, stopped = by_string, True
         length = int(input_lengths[i])
         output_ids[i, :length] = input_ids[i, :length]
-        output_ids[i, length:length + n] = new_tokens[i, :n]
-        logprobs[i, length:length + n] = step_logprobs[i, :n]
+        output_ids[i, length : length + n] = new_tokens[i, :n]
+        logprobs[i, length : length + n] = step_logprobs[i, :n]
         gen_lengths[i] = n
         truncated[i] = not stopped and n == settings.max_new_tokens
     return {
@@ -197,16 +207,23 @@ def generate(model: Any, data: Any, settings: SamplingSettings, tokenizer: Any,
     }
 
 
-def generate_in_batches(model: Any, data: Any, settings: SamplingSettings, tokenizer: Any,
-                        stop_strings: Sequence[str] | None, device: torch.device,
-                        batch_size: int | None) -> dict[str, torch.Tensor]:
+def generate_in_batches(
+    model: Any,
+    data: Any,
+    settings: SamplingSettings,
+    tokenizer: Any,
+    stop_strings: Sequence[str] | None,
+    device: torch.device,
+    batch_size: int | None,
+) -> dict[str, torch.Tensor]:
     """:func:`generate` on consecutive slices of at most ``batch_size`` prompts
     (``policy.generation_batch_size``; None = all at once), results in order. Every slice keeps the
     batch's prompt width, so the outputs have one width and concatenate."""
     size = data.size
     if not batch_size or size <= batch_size:
         return generate(model, data, settings, tokenizer, stop_strings, device)
-    parts = [generate(model, data.slice(a, min(a + batch_size, size)), settings, tokenizer, stop_strings, device)
-             for a in range(0, size, batch_size)]
+    parts = [
+        generate(model, data.slice(a, min(a + batch_size, size)), settings, tokenizer, stop_strings, device)
+        for a in range(0, size, batch_size)
+    ]
     return {key: torch.cat([p[key] for p in parts]) for key in parts[0]}
-

@@ -30,17 +30,17 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Callable, Iterator
 
 import torch
 from torch import nn
 from torch.distributed.fsdp import CPUOffload, MixedPrecision, ShardingStrategy
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 from torch.distributed.fsdp.wrap import CustomPolicy
-from rlcore.training.worker_base import DTYPES
 
+from rlcore.training.worker_base import DTYPES
 
 #: Attribute names under which wrappers keep the module they wrap (FSDP, activation checkpointing).
 _WRAPPED_ATTRS = ("_fsdp_wrapped_module", "_checkpoint_wrapped_module")
@@ -141,15 +141,20 @@ def apply_activation_checkpointing(model: nn.Module) -> None:
     """Recompute each decoder layer in backward (non-reentrant checkpointing, inside the FSDP units)."""
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
         CheckpointImpl,
-        apply_activation_checkpointing as apply,
         checkpoint_wrapper,
+    )
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+        apply_activation_checkpointing as apply,
     )
 
     layers = tuple(decoder_layer_classes(model))
     if not layers:
         raise ValueError("activation_checkpointing_enabled: no decoder-layer class found to checkpoint")
-    apply(model, checkpoint_wrapper_fn=partial(checkpoint_wrapper, checkpoint_impl=CheckpointImpl.NO_REENTRANT),
-          check_fn=lambda m: isinstance(m, layers))
+    apply(
+        model,
+        checkpoint_wrapper_fn=partial(checkpoint_wrapper, checkpoint_impl=CheckpointImpl.NO_REENTRANT),
+        check_fn=lambda m: isinstance(m, layers),
+    )
 
 
 def unwrap(module: nn.Module) -> nn.Module:
@@ -225,7 +230,7 @@ class ParamLayout:
     units: dict[str, FSDP] = field(default_factory=dict)
 
     @classmethod
-    def from_model(cls, model: nn.Module) -> "ParamLayout":
+    def from_model(cls, model: nn.Module) -> ParamLayout:
         params = dict(model.named_parameters(remove_duplicate=False))
         unique_params = dict(model.named_parameters())
         names, shapes, dtypes, buffers, tied = [], {}, {}, set(), {}
@@ -254,7 +259,7 @@ class ParamLayout:
 
     def _relative(self, name: str) -> str:
         prefix = self.owners[name]
-        return name[len(prefix) + 1:] if prefix else name
+        return name[len(prefix) + 1 :] if prefix else name
 
     def iter_full(self, model: FSDP, names: list[str] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
         """Yield ``(hf_name, full tensor)`` in ``names`` order (default: all), gathering one unit at a time.
@@ -274,8 +279,7 @@ class ParamLayout:
                 for name in group:
                     yield name, resolve(unit, self._relative(name)).detach()
 
-    def load_full(self, model: FSDP, state: dict[str, torch.Tensor],
-                  only: Callable[[str], bool] | None = None) -> None:
+    def load_full(self, model: FSDP, state: dict[str, torch.Tensor], only: Callable[[str], bool] | None = None) -> None:
         """Copy full HF-named tensors into the sharded model (collective: every rank, same ``state``).
 
         ``only`` limits the load to the names it accepts (a LoRA adapter

@@ -24,22 +24,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
-from rlcore.data import BatchedDataDict
-from rlcore.refit import RefitExportMixin
-from rlcore.refit.buckets import dtype_name
-from rlcore.training import lora
-from rlcore.training import sharded_checkpoint as ckpt
-from rlcore.training.checkpoint import is_adapter_checkpoint, load_hf_state_dict, recover_checkpoint, save_tokenizer
-from rlcore.training.checkpoint_files import check_inside
-from rlcore.training.loop import StepHooks
-from rlcore.training.process_group import init_distributed
-from rlcore.training.worker_base import TrainingWorkerBase
 from rl_fsdp1 import generation as gen
 from rl_fsdp1.sharding import (
     DTYPES,
@@ -50,6 +41,16 @@ from rl_fsdp1.sharding import (
     repoint_unsharded_views,
     unwrapped_view,
 )
+from rlcore.data import BatchedDataDict
+from rlcore.refit import RefitExportMixin
+from rlcore.refit.buckets import dtype_name
+from rlcore.training import lora
+from rlcore.training import sharded_checkpoint as ckpt
+from rlcore.training.checkpoint import is_adapter_checkpoint, load_hf_state_dict, recover_checkpoint, save_tokenizer
+from rlcore.training.checkpoint_files import check_inside
+from rlcore.training.loop import StepHooks
+from rlcore.training.process_group import init_distributed
+from rlcore.training.worker_base import TrainingWorkerBase
 
 logger = logging.getLogger(__name__)
 
@@ -57,9 +58,18 @@ logger = logging.getLogger(__name__)
 class FSDP1PolicyWorker(RefitExportMixin, TrainingWorkerBase):
     """One rank of the ``fsdp1`` backend."""
 
-    def __init__(self, config: Any, tokenizer: Any = None, *, weights_path: str | None = None,
-                 optimizer_path: str | None = None, init_optimizer: bool = True, init_reference_model: bool = True,
-                 backend_config: Any = None, layout: Any = None) -> None:
+    def __init__(
+        self,
+        config: Any,
+        tokenizer: Any = None,
+        *,
+        weights_path: str | None = None,
+        optimizer_path: str | None = None,
+        init_optimizer: bool = True,
+        init_reference_model: bool = True,
+        backend_config: Any = None,
+        layout: Any = None,
+    ) -> None:
         # Plugin API 2: fsdp1 has no section and no layout function (backend_config None, pure dp).
         from transformers import AutoModelForCausalLM
 
@@ -98,9 +108,12 @@ class FSDP1PolicyWorker(RefitExportMixin, TrainingWorkerBase):
 
         # Frozen base weights (LoRA) get no optimizer state: only the adapter units' flat shards train.
         self._init_optimizer_and_reference(
-            [p for p in self.model.parameters() if p.requires_grad], init_optimizer=init_optimizer,
-            optimizer_path=optimizer_path, init_reference_model=init_reference_model,
-            load_optimizer=lambda path: ckpt.load_optimizer(self.model, self.optimizer, self.scheduler, path))
+            [p for p in self.model.parameters() if p.requires_grad],
+            init_optimizer=init_optimizer,
+            optimizer_path=optimizer_path,
+            init_reference_model=init_reference_model,
+            load_optimizer=lambda path: ckpt.load_optimizer(self.model, self.optimizer, self.scheduler, path),
+        )
 
     def __repr__(self) -> str:
         return f"FSDP1PolicyWorker(rank={getattr(self, 'rank', '?')}, device={getattr(self, 'device', '?')})"
@@ -141,8 +154,9 @@ class FSDP1PolicyWorker(RefitExportMixin, TrainingWorkerBase):
             run_micro_batches=self._run_offloaded_micro_batches if self.fsdp_offload else None,
         )
 
-    def _run_offloaded_micro_batches(self, mbs: list[BatchedDataDict], loss_of: Callable[..., torch.Tensor],
-                                     eval_mode: bool) -> None:
+    def _run_offloaded_micro_batches(
+        self, mbs: list[BatchedDataDict], loss_of: Callable[..., torch.Tensor], eval_mode: bool
+    ) -> None:
         """Forward and backward every micro-batch, summing the gradients here.
 
         With CPU offload, FSDP1 copies each backward's gradient over the previous one in its
@@ -168,13 +182,15 @@ class FSDP1PolicyWorker(RefitExportMixin, TrainingWorkerBase):
         for p, grad in sums.items():
             p.grad = grad
 
-    def get_logprobs(self, data: BatchedDataDict, micro_batch_size: int | None = None,
-                     mode: str = "plain") -> BatchedDataDict:
+    def get_logprobs(
+        self, data: BatchedDataDict, micro_batch_size: int | None = None, mode: str = "plain"
+    ) -> BatchedDataDict:
         self._ensure_on_device()
         return super().get_logprobs(data, micro_batch_size, mode)
 
-    def get_topk_logits(self, data: BatchedDataDict, k: int, micro_batch_size: int | None = None,
-                        mode: str = "plain") -> BatchedDataDict:
+    def get_topk_logits(
+        self, data: BatchedDataDict, k: int, micro_batch_size: int | None = None, mode: str = "plain"
+    ) -> BatchedDataDict:
         self._ensure_on_device()
         return super().get_topk_logits(data, k, micro_batch_size, mode)
 
@@ -202,13 +218,27 @@ class FSDP1PolicyWorker(RefitExportMixin, TrainingWorkerBase):
         self._ensure_on_device()
         was_training = self.model.training
         self.model.eval()
-        autocast = torch.autocast(self.device.type, dtype=self.export_dtype) \
-            if self.export_dtype != torch.float32 else contextlib.nullcontext()
+        autocast = (
+            torch.autocast(self.device.type, dtype=self.export_dtype)
+            if self.export_dtype != torch.float32
+            else contextlib.nullcontext()
+        )
         try:
-            with torch.no_grad(), FSDP.summon_full_params(self.model, writeback=False), \
-                    unwrapped_view(self.model) as plain, autocast:
-                out = gen.generate_in_batches(plain, data, settings, self.tokenizer, gen_cfg.stop_strings,
-                                              self.device, self.cfg.generation_batch_size)
+            with (
+                torch.no_grad(),
+                FSDP.summon_full_params(self.model, writeback=False),
+                unwrapped_view(self.model) as plain,
+                autocast,
+            ):
+                out = gen.generate_in_batches(
+                    plain,
+                    data,
+                    settings,
+                    self.tokenizer,
+                    gen_cfg.stop_strings,
+                    self.device,
+                    self.cfg.generation_batch_size,
+                )
         finally:
             self.model.train(was_training)
         return BatchedDataDict(out)
@@ -216,8 +246,9 @@ class FSDP1PolicyWorker(RefitExportMixin, TrainingWorkerBase):
     # -- refit export ------------------------------------------------------------------
     def prepare_refit_info(self, changed_only: bool = False) -> dict[str, tuple[tuple[int, ...], str]]:
         """``{hf_name: (shape, dtype)}`` in the order :meth:`iter_refit_tensors` yields them."""
-        info = {n: (self.layout.shapes[n], dtype_name(self._export_dtype(self.layout.dtypes[n])))
-                for n in self.layout.names}
+        info = {
+            n: (self.layout.shapes[n], dtype_name(self._export_dtype(self.layout.dtypes[n]))) for n in self.layout.names
+        }
         return lora.merged_metadata(info, self._changed_layers(changed_only)) if self.lora_targets else info
 
     def _export_dtype(self, dtype: torch.dtype) -> torch.dtype:
@@ -311,8 +342,9 @@ class FSDP1PolicyWorker(RefitExportMixin, TrainingWorkerBase):
         self._empty_cache()
 
     # -- checkpoints -------------------------------------------------------------------
-    def save_checkpoint(self, weights_path: str, optimizer_path: str | None = None,
-                        tokenizer_path: str | None = None) -> None:
+    def save_checkpoint(
+        self, weights_path: str, optimizer_path: str | None = None, tokenizer_path: str | None = None
+    ) -> None:
         """HF safetensors (float32) written by rank 0 as it gathers them; DCP optimizer state; tokenizer.
 
         Collective, and each part atomic. No rank holds the full model or the

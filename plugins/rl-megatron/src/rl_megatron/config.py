@@ -33,8 +33,9 @@ class MegatronOptimizerConfig(StrictModel):
     """megatron-core optimizer settings."""
 
     optimizer: Literal["adam", "sgd"] = Field("adam", description="Megatron optimizer type.")
-    lr: float | None = Field(None, ge=0, description="Peak learning rate; None = policy.learning_rate "
-                              "(derived when the config is resolved).")
+    lr: float | None = Field(
+        None, ge=0, description="Peak learning rate; None = policy.learning_rate (derived when the config is resolved)."
+    )
     min_lr: float = Field(0.0, ge=0, description="Floor of the decayed learning rate.")
     weight_decay: float = Field(0.01, ge=0, description="Weight decay.")
     bf16: bool = Field(False, description="bf16 model weights (must match policy.precision 'bfloat16').")
@@ -80,23 +81,29 @@ class MegatronDDPConfig(StrictModel):
     grad_reduce_in_fp32: bool = Field(False, description="Reduce gradients in fp32.")
     overlap_grad_reduce: bool = Field(False, description="Overlap gradient reduce-scatter with backward.")
     overlap_param_gather: bool = Field(False, description="Overlap parameter all-gather with forward.")
-    average_in_collective: bool = Field(False, description="Average (rather than sum then scale) inside the collective.")
+    average_in_collective: bool = Field(
+        False, description="Average (rather than sum then scale) inside the collective."
+    )
     use_custom_fsdp: bool = Field(False, description="Use Megatron's custom FSDP.")
     data_parallel_sharding_strategy: Literal["no_shard", "optim", "optim_grads", "optim_grads_params"] = Field(
-        "optim_grads_params", description="What Megatron's custom FSDP shards across data-parallel ranks; "
-        "only used with use_custom_fsdp (not supported), so any other value is rejected."
+        "optim_grads_params",
+        description="What Megatron's custom FSDP shards across data-parallel ranks; "
+        "only used with use_custom_fsdp (not supported), so any other value is rejected.",
     )
 
 
 class MegatronConfig(StrictModel):
     """megatron-core training backend (TP, PP, CP)."""
 
-    enabled: bool = Field(False, description="Train with the megatron-core backend ('megatron'), as "
-                          "policy.backend: megatron does.")
+    enabled: bool = Field(
+        False, description="Train with the megatron-core backend ('megatron'), as policy.backend: megatron does."
+    )
     empty_unused_memory_level: int = Field(0, ge=0, le=2, description="How aggressively to empty the CUDA cache (0-2).")
     activation_checkpointing: bool = Field(False, description="Recompute activations in the backward pass.")
     converter_type: str | None = Field(
-        None, description="HF architecture used for weight conversion (e.g. 'LlamaForCausalLM'); None = from the model config."
+        None,
+        description="HF architecture used for weight conversion (e.g. 'LlamaForCausalLM'); None = from the model "
+        "config.",
     )
     tensor_model_parallel_size: PositiveInt = Field(1, description="Tensor-parallel degree (tp).")
     pipeline_model_parallel_size: PositiveInt = Field(1, description="Pipeline-parallel degree (pp).")
@@ -108,18 +115,25 @@ class MegatronConfig(StrictModel):
     )
     context_parallel_size: PositiveInt = Field(1, description="Context-parallel degree (cp); > 1 needs CUDA.")
     pipeline_dtype: Precision | None = Field(
-        None, description="Dtype of tensors sent between pipeline stages; None = policy.precision (derived when the "
-        "config is resolved)."
+        None,
+        description="Dtype of tensors sent between pipeline stages; None = policy.precision (derived when the "
+        "config is resolved).",
     )
-    sequence_parallel: bool = Field(False, description="Megatron sequence parallelism (needs TransformerEngine, i.e. a GPU).")
-    optimizer: MegatronOptimizerConfig = Field(default_factory=MegatronOptimizerConfig, description="Megatron optimizer.")
-    scheduler: MegatronSchedulerConfig = Field(default_factory=MegatronSchedulerConfig, description="Megatron lr/wd schedule.")
+    sequence_parallel: bool = Field(
+        False, description="Megatron sequence parallelism (needs TransformerEngine, i.e. a GPU)."
+    )
+    optimizer: MegatronOptimizerConfig = Field(
+        default_factory=MegatronOptimizerConfig, description="Megatron optimizer."
+    )
+    scheduler: MegatronSchedulerConfig = Field(
+        default_factory=MegatronSchedulerConfig, description="Megatron lr/wd schedule."
+    )
     distributed_data_parallel_config: MegatronDDPConfig = Field(
         default_factory=MegatronDDPConfig, description="Megatron DDP settings."
     )
 
     @model_validator(mode="after")
-    def _derive_from_policy(self, info: ValidationInfo) -> "MegatronConfig":
+    def _derive_from_policy(self, info: ValidationInfo) -> MegatronConfig:
         """lr and pipeline_dtype left null follow the policy (rlcore passes it as the context's ``owner``)."""
         policy = (info.context or {}).get("owner")
         if policy is None:
@@ -145,8 +159,6 @@ def megatron_section(policy: Any, given: Any = None) -> MegatronConfig:
     return section
 
 
-
-
 def config_check(request: Any) -> list[str]:
     """What rlcore asks before anything starts (a ``rlcore.plugins.LayoutRequest``).
 
@@ -154,9 +166,12 @@ def config_check(request: Any) -> list[str]:
     the workers' to say, so only what no machine can run is reported.
     """
     policy, section = request.policy, request.section
-    return (torch_optimizer_problems(policy) + clipping_problems(policy, section)
-            + safetensors_problems(policy.model_name)
-            + megatron_config_problems(policy, section, cuda=request.use_gpu, transformer_engine=request.use_gpu))
+    return (
+        torch_optimizer_problems(policy)
+        + clipping_problems(policy, section)
+        + safetensors_problems(policy.model_name)
+        + megatron_config_problems(policy, section, cuda=request.use_gpu, transformer_engine=request.use_gpu)
+    )
 
 
 def clipping_problems(policy: Any, section: MegatronConfig) -> list[str]:
@@ -165,20 +180,27 @@ def clipping_problems(policy: Any, section: MegatronConfig) -> list[str]:
     if clip is None or clip == policy.max_grad_norm:
         return []
     norm = "null" if policy.max_grad_norm is None else policy.max_grad_norm
-    return [f"{_M}optimizer.clip_grad: is {clip} but policy.max_grad_norm is {norm}; gradient clipping has one "
-            "setting: remove clip_grad and set policy.max_grad_norm (null disables clipping)"]
+    return [
+        f"{_M}optimizer.clip_grad: is {clip} but policy.max_grad_norm is {norm}; gradient clipping has one "
+        "setting: remove clip_grad and set policy.max_grad_norm (null disables clipping)"
+    ]
 
 
 def safetensors_problems(model_name: str) -> list[str]:
     """The HF -> Megatron converter reads safetensors only; transformers (dtensor, fsdp1) also reads
     ``pytorch_model.bin``, so a model directory with only that is this backend's problem."""
     directory = Path(model_name)
-    if not directory.is_dir() or any(directory.glob("*.safetensors")) or \
-            not any((directory / name).is_file() for name in ("pytorch_model.bin", "pytorch_model.bin.index.json")):
+    if (
+        not directory.is_dir()
+        or any(directory.glob("*.safetensors"))
+        or not any((directory / name).is_file() for name in ("pytorch_model.bin", "pytorch_model.bin.index.json"))
+    ):
         return []
-    return [f"policy.model_name: {directory} has only pytorch_model.bin weights, but the megatron backend reads "
-            "safetensors only; convert once with AutoModelForCausalLM.from_pretrained(dir).save_pretrained(dir) "
-            "(writes model.safetensors)"]
+    return [
+        f"policy.model_name: {directory} has only pytorch_model.bin weights, but the megatron backend reads "
+        "safetensors only; convert once with AutoModelForCausalLM.from_pretrained(dir).save_pretrained(dir) "
+        "(writes model.safetensors)"
+    ]
 
 
 def torch_optimizer_problems(policy: Any) -> list[str]:
@@ -189,17 +211,22 @@ def torch_optimizer_problems(policy: Any) -> list[str]:
     default = type(policy.optimizer)()
     problems = []
     if policy.optimizer.name != default.name or policy.optimizer.kwargs not in ({}, {"lr": policy.learning_rate}):
-        problems.append("policy.optimizer: is set, but the megatron backend builds megatron-core's optimizer from "
-                        "policy.megatron_cfg.optimizer (its lr defaults to policy.learning_rate): remove "
-                        "policy.optimizer")
+        problems.append(
+            "policy.optimizer: is set, but the megatron backend builds megatron-core's optimizer from "
+            "policy.megatron_cfg.optimizer (its lr defaults to policy.learning_rate): remove "
+            "policy.optimizer"
+        )
     if policy.scheduler is not None:
-        problems.append("policy.scheduler: is set, but the megatron backend schedules the learning rate by "
-                        "policy.megatron_cfg.scheduler: remove policy.scheduler")
+        problems.append(
+            "policy.scheduler: is set, but the megatron backend schedules the learning rate by "
+            "policy.megatron_cfg.scheduler: remove policy.scheduler"
+        )
     return problems
 
 
-def megatron_config_problems(policy: Any, section: MegatronConfig | None = None, *, cuda: bool,
-                             transformer_engine: bool) -> list[str]:
+def megatron_config_problems(
+    policy: Any, section: MegatronConfig | None = None, *, cuda: bool, transformer_engine: bool
+) -> list[str]:
     """Problem lines for running ``policy`` (a ``PolicyConfig``) with the megatron backend; ``section``: its
     validated ``megatron_cfg`` (None: validated from ``policy`` here)."""
     m = megatron_section(policy, section)
@@ -219,65 +246,100 @@ def megatron_config_problems(policy: Any, section: MegatronConfig | None = None,
         if not wanted:
             continue
         if cuda and transformer_engine:
-            problems.append(f"{path}: {what} is not implemented by the megatron backend yet (it needs the "
-                            f"TransformerEngine layer spec): set it to {fix}")
+            problems.append(
+                f"{path}: {what} is not implemented by the megatron backend yet (it needs the "
+                f"TransformerEngine layer spec): set it to {fix}"
+            )
         else:
-            problems.append(f"{path}: {what} needs TransformerEngine kernels, i.e. a CUDA GPU, and {where}: "
-                            f"set it to {fix}")
+            problems.append(
+                f"{path}: {what} needs TransformerEngine kernels, i.e. a CUDA GPU, and {where}: set it to {fix}"
+            )
     if policy.dynamic_batching.enabled:
         problems.append("policy.dynamic_batching.enabled: not supported by the megatron backend: set it to false")
 
     if not cuda:
         if policy.precision != "float32":
-            problems.append(f"policy.precision: is {policy.precision!r} but {where}; megatron-core's mixed-precision "
-                            "optimizer only accepts CUDA tensors: use 'float32' on CPU")
+            problems.append(
+                f"policy.precision: is {policy.precision!r} but {where}; megatron-core's mixed-precision "
+                "optimizer only accepts CUDA tensors: use 'float32' on CPU"
+            )
         if opt.use_distributed_optimizer:
-            problems.append(f"{_M}optimizer.use_distributed_optimizer: is true but {where}; megatron-core's "
-                            "distributed optimizer only accepts CUDA tensors: set it to false")
+            problems.append(
+                f"{_M}optimizer.use_distributed_optimizer: is true but {where}; megatron-core's "
+                "distributed optimizer only accepts CUDA tensors: set it to false"
+            )
     half = {"bfloat16": "bf16", "float16": "fp16"}.get(policy.precision)
     for flag in ("bf16", "fp16"):
         if getattr(opt, flag) != (half == flag):
-            problems.append(f"{_M}optimizer.{flag}: is {getattr(opt, flag)} but policy.precision is "
-                            f"{policy.precision!r}; the optimizer's precision follows the model's: set "
-                            f"{_M}optimizer.{flag}={'true' if half == flag else 'false'}")
+            problems.append(
+                f"{_M}optimizer.{flag}: is {getattr(opt, flag)} but policy.precision is "
+                f"{policy.precision!r}; the optimizer's precision follows the model's: set "
+                f"{_M}optimizer.{flag}={'true' if half == flag else 'false'}"
+            )
     # params_dtype is the dtype of the optimizer's main (master) weights: fp32 (the standard mixed
     # precision, NeMo-RL's default) or the model's own dtype, which needs the precision-aware optimizer.
     if opt.params_dtype not in ("float32", policy.precision):
-        problems.append(f"{_M}optimizer.params_dtype: is {opt.params_dtype!r} but the model is {policy.precision!r}; "
-                        "the optimizer's main weights are float32 or the model's own dtype: set 'float32'")
+        problems.append(
+            f"{_M}optimizer.params_dtype: is {opt.params_dtype!r} but the model is {policy.precision!r}; "
+            "the optimizer's main weights are float32 or the model's own dtype: set 'float32'"
+        )
     elif opt.params_dtype != "float32" and not opt.use_precision_aware_optimizer:
-        problems.append(f"{_M}optimizer.params_dtype: is {opt.params_dtype!r}: low-precision main weights need "
-                        f"{_M}optimizer.use_precision_aware_optimizer=true; or set 'float32' (fp32 main weights)")
+        problems.append(
+            f"{_M}optimizer.params_dtype: is {opt.params_dtype!r}: low-precision main weights need "
+            f"{_M}optimizer.use_precision_aware_optimizer=true; or set 'float32' (fp32 main weights)"
+        )
     if opt.use_precision_aware_optimizer and not opt.use_distributed_optimizer:
-        problems.append(f"{_M}optimizer.use_precision_aware_optimizer: needs "
-                        f"{_M}optimizer.use_distributed_optimizer=true")
+        problems.append(
+            f"{_M}optimizer.use_precision_aware_optimizer: needs {_M}optimizer.use_distributed_optimizer=true"
+        )
 
     if ddp.average_in_collective:
-        problems.append(f"{_M}distributed_data_parallel_config.average_in_collective: is true, but rlcore sums "
-                        "gradients over data-parallel ranks (the loss is already normalised by the global token "
-                        "count, design.md §2.3): set it to false")
+        problems.append(
+            f"{_M}distributed_data_parallel_config.average_in_collective: is true, but rlcore sums "
+            "gradients over data-parallel ranks (the loss is already normalised by the global token "
+            "count, design.md §2.3): set it to false"
+        )
     if ddp.use_custom_fsdp:
-        problems.append(f"{_M}distributed_data_parallel_config.use_custom_fsdp: Megatron FSDP is not supported by "
-                        "the megatron backend: set it to false")
+        problems.append(
+            f"{_M}distributed_data_parallel_config.use_custom_fsdp: Megatron FSDP is not supported by "
+            "the megatron backend: set it to false"
+        )
     default = type(ddp).model_fields["data_parallel_sharding_strategy"].default
     if ddp.data_parallel_sharding_strategy != default and not ddp.use_custom_fsdp:
-        problems.append(f"{_M}distributed_data_parallel_config.data_parallel_sharding_strategy: is "
-                        f"'{ddp.data_parallel_sharding_strategy}', but it only applies to Megatron's custom FSDP "
-                        f"(use_custom_fsdp), which the megatron backend does not support: leave it at '{default}'")
+        problems.append(
+            f"{_M}distributed_data_parallel_config.data_parallel_sharding_strategy: is "
+            f"'{ddp.data_parallel_sharding_strategy}', but it only applies to Megatron's custom FSDP "
+            f"(use_custom_fsdp), which the megatron backend does not support: leave it at '{default}'"
+        )
     if ddp.overlap_param_gather and not opt.use_distributed_optimizer:
-        problems.append(f"{_M}distributed_data_parallel_config.overlap_param_gather: needs "
-                        f"{_M}optimizer.use_distributed_optimizer=true")
+        problems.append(
+            f"{_M}distributed_data_parallel_config.overlap_param_gather: needs "
+            f"{_M}optimizer.use_distributed_optimizer=true"
+        )
 
     sched = m.scheduler
     if sched.lr_decay_style not in ("constant",) and sched.lr_decay_iters is None:
-        problems.append(f"{_M}scheduler.lr_decay_iters: is null but lr_decay_style is {sched.lr_decay_style!r}; "
-                        "set the number of steps over which the learning rate decays")
+        problems.append(
+            f"{_M}scheduler.lr_decay_iters: is null but lr_decay_style is {sched.lr_decay_style!r}; "
+            "set the number of steps over which the learning rate decays"
+        )
     if sched.weight_decay_incr_style == "constant" and sched.start_weight_decay != sched.end_weight_decay:
-        problems.append(f"{_M}scheduler.end_weight_decay: is {sched.end_weight_decay} but start_weight_decay is "
-                        f"{sched.start_weight_decay} with weight_decay_incr_style 'constant': make them equal")
+        problems.append(
+            f"{_M}scheduler.end_weight_decay: is {sched.end_weight_decay} but start_weight_decay is "
+            f"{sched.start_weight_decay} with weight_decay_incr_style 'constant': make them equal"
+        )
     return problems
 
 
-__all__ = ["MegatronConfig", "MegatronDDPConfig", "MegatronOptimizerConfig", "MegatronSchedulerConfig",
-           "clipping_problems", "config_check", "megatron_config_problems", "megatron_section",
-           "safetensors_problems", "torch_optimizer_problems"]
+__all__ = [
+    "MegatronConfig",
+    "MegatronDDPConfig",
+    "MegatronOptimizerConfig",
+    "MegatronSchedulerConfig",
+    "clipping_problems",
+    "config_check",
+    "megatron_config_problems",
+    "megatron_section",
+    "safetensors_problems",
+    "torch_optimizer_problems",
+]

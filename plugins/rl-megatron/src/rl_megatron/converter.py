@@ -27,8 +27,9 @@ reshuffles: HF → Megatron → HF is bit-exact.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
@@ -58,12 +59,14 @@ class ModelShape:
     qk_norm: bool
 
     @classmethod
-    def from_hf_config(cls, hf_config: Any, converter_type: str | None = None) -> "ModelShape":
+    def from_hf_config(cls, hf_config: Any, converter_type: str | None = None) -> ModelShape:
         """Read the shape from an HF config; ``converter_type`` overrides ``hf_config.architectures[0]``."""
         arch = converter_type or (getattr(hf_config, "architectures", None) or [None])[0]
         if arch not in ARCHITECTURES:
-            raise ValueError(f"policy.megatron_cfg.converter_type: no weight mapping for {arch!r}; "
-                             f"supported: {sorted(ARCHITECTURES)}")
+            raise ValueError(
+                f"policy.megatron_cfg.converter_type: no weight mapping for {arch!r}; "
+                f"supported: {sorted(ARCHITECTURES)}"
+            )
         features = ARCHITECTURES[arch]
         heads = hf_config.num_attention_heads
         head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads
@@ -93,11 +96,16 @@ class ModelShape:
     def check_tp(self, tp_size: int) -> None:
         """Raise ValueError if the model cannot be split over ``tp_size`` ranks."""
         path = "policy.megatron_cfg.tensor_model_parallel_size"
-        for what, n in (("num_key_value_heads", self.num_kv_heads), ("num_attention_heads", self.num_heads),
-                        ("intermediate_size", self.intermediate_size)):
+        for what, n in (
+            ("num_key_value_heads", self.num_kv_heads),
+            ("num_attention_heads", self.num_heads),
+            ("intermediate_size", self.intermediate_size),
+        ):
             if n % tp_size:
-                raise ValueError(f"{path}: {tp_size} does not divide the model's {what} ({n}); "
-                                 f"choose a tensor-parallel size that divides it")
+                raise ValueError(
+                    f"{path}: {tp_size} does not divide the model's {what} ({n}); "
+                    f"choose a tensor-parallel size that divides it"
+                )
 
 
 @dataclass(frozen=True)
@@ -113,22 +121,43 @@ class ParamMapping:
 def layer_mappings(shape: ModelShape, layer: int) -> list[ParamMapping]:
     """The Megatron parameters of decoder layer ``layer`` (global index), in HF order."""
     m, h = f"decoder.layers.{layer}.", f"model.layers.{layer}."
-    attn = [ParamMapping(m + "self_attention.linear_qkv.weight",
-                         (h + "self_attn.q_proj.weight", h + "self_attn.k_proj.weight", h + "self_attn.v_proj.weight"),
-                         "qkv", layer)]
+    attn = [
+        ParamMapping(
+            m + "self_attention.linear_qkv.weight",
+            (h + "self_attn.q_proj.weight", h + "self_attn.k_proj.weight", h + "self_attn.v_proj.weight"),
+            "qkv",
+            layer,
+        )
+    ]
     if shape.qkv_bias:
-        attn.append(ParamMapping(m + "self_attention.linear_qkv.bias",
-                                 (h + "self_attn.q_proj.bias", h + "self_attn.k_proj.bias", h + "self_attn.v_proj.bias"),
-                                 "qkv", layer))
+        attn.append(
+            ParamMapping(
+                m + "self_attention.linear_qkv.bias",
+                (h + "self_attn.q_proj.bias", h + "self_attn.k_proj.bias", h + "self_attn.v_proj.bias"),
+                "qkv",
+                layer,
+            )
+        )
     attn.append(ParamMapping(m + "self_attention.linear_proj.weight", (h + "self_attn.o_proj.weight",), "row", layer))
     if shape.qk_norm:
-        attn += [ParamMapping(m + "self_attention.q_layernorm.weight", (h + "self_attn.q_norm.weight",), "replicated", layer),
-                 ParamMapping(m + "self_attention.k_layernorm.weight", (h + "self_attn.k_norm.weight",), "replicated", layer)]
-    mlp = [ParamMapping(m + "mlp.linear_fc1.weight", (h + "mlp.gate_proj.weight", h + "mlp.up_proj.weight"),
-                        "gate_up", layer),
-           ParamMapping(m + "mlp.linear_fc2.weight", (h + "mlp.down_proj.weight",), "row", layer)]
-    norms = [ParamMapping(m + "input_layernorm.weight", (h + "input_layernorm.weight",), "replicated", layer),
-             ParamMapping(m + "pre_mlp_layernorm.weight", (h + "post_attention_layernorm.weight",), "replicated", layer)]
+        attn += [
+            ParamMapping(
+                m + "self_attention.q_layernorm.weight", (h + "self_attn.q_norm.weight",), "replicated", layer
+            ),
+            ParamMapping(
+                m + "self_attention.k_layernorm.weight", (h + "self_attn.k_norm.weight",), "replicated", layer
+            ),
+        ]
+    mlp = [
+        ParamMapping(
+            m + "mlp.linear_fc1.weight", (h + "mlp.gate_proj.weight", h + "mlp.up_proj.weight"), "gate_up", layer
+        ),
+        ParamMapping(m + "mlp.linear_fc2.weight", (h + "mlp.down_proj.weight",), "row", layer),
+    ]
+    norms = [
+        ParamMapping(m + "input_layernorm.weight", (h + "input_layernorm.weight",), "replicated", layer),
+        ParamMapping(m + "pre_mlp_layernorm.weight", (h + "post_attention_layernorm.weight",), "replicated", layer),
+    ]
     return attn + mlp + norms
 
 
@@ -161,7 +190,7 @@ def tp_partition_dim(kind: str) -> int | None:
 # --------------------------------------------------------------------------- HF -> Megatron
 
 
-def _qkv_groups(shape: ModelShape, q: "torch.Tensor", k: "torch.Tensor", v: "torch.Tensor") -> "torch.Tensor":
+def _qkv_groups(shape: ModelShape, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """``[num_kv_heads, (q_per_group + 2) * head_dim, ...]``: each KV group's [q…q k v] rows."""
     import torch
 
@@ -171,8 +200,9 @@ def _qkv_groups(shape: ModelShape, q: "torch.Tensor", k: "torch.Tensor", v: "tor
     return torch.cat([q, k.reshape(g, d, *rest), v.reshape(g, d, *rest)], dim=1)
 
 
-def to_megatron(shape: ModelShape, mapping: ParamMapping, hf_tensors: Sequence["torch.Tensor"],
-                tp_rank: int, tp_size: int) -> "torch.Tensor":
+def to_megatron(
+    shape: ModelShape, mapping: ParamMapping, hf_tensors: Sequence[torch.Tensor], tp_rank: int, tp_size: int
+) -> torch.Tensor:
     """The ``tp_rank`` shard of ``mapping``'s Megatron parameter, from its (full) HF tensors."""
     import torch
 
@@ -200,7 +230,7 @@ def to_megatron(shape: ModelShape, mapping: ParamMapping, hf_tensors: Sequence["
 # --------------------------------------------------------------------------- Megatron -> HF
 
 
-def to_hf(shape: ModelShape, mapping: ParamMapping, shards: Sequence["torch.Tensor"]) -> list["torch.Tensor"]:
+def to_hf(shape: ModelShape, mapping: ParamMapping, shards: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     """The full HF tensors of ``mapping`` from the Megatron shards of every TP rank (rank order)."""
     import torch
 
@@ -257,17 +287,24 @@ def hf_shape(shape: ModelShape, hf_name: str) -> tuple[int, ...]:
 # --------------------------------------------------------------------------- whole state dicts (tests, tools)
 
 
-def hf_to_megatron_state(shape: ModelShape, hf_state: Mapping[str, "torch.Tensor"], tp_rank: int,
-                         tp_size: int, mappings: Iterable[ParamMapping] | None = None) -> dict[str, "torch.Tensor"]:
+def hf_to_megatron_state(
+    shape: ModelShape,
+    hf_state: Mapping[str, torch.Tensor],
+    tp_rank: int,
+    tp_size: int,
+    mappings: Iterable[ParamMapping] | None = None,
+) -> dict[str, torch.Tensor]:
     """``{megatron global name: tp_rank shard}`` for ``mappings`` (default: the whole model)."""
     get: Callable[[str], Any] = hf_state.__getitem__
     if shape.tie_word_embeddings and "lm_head.weight" in hf_state and "model.embed_tokens.weight" not in hf_state:
         get = lambda n: hf_state["lm_head.weight" if n == "model.embed_tokens.weight" else n]  # noqa: E731
-    return {m.megatron: to_megatron(shape, m, [get(n) for n in m.hf], tp_rank, tp_size)
-            for m in (mappings if mappings is not None else all_mappings(shape))}
+    return {
+        m.megatron: to_megatron(shape, m, [get(n) for n in m.hf], tp_rank, tp_size)
+        for m in (mappings if mappings is not None else all_mappings(shape))
+    }
 
 
-def megatron_to_hf_state(shape: ModelShape, tp_states: Sequence[Mapping[str, "torch.Tensor"]]) -> dict[str, "torch.Tensor"]:
+def megatron_to_hf_state(shape: ModelShape, tp_states: Sequence[Mapping[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
     """The full HF state dict from every TP rank's ``{megatron global name: shard}`` (rank order)."""
     out: dict[str, Any] = {}
     for m in all_mappings(shape):

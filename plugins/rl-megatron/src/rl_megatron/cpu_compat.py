@@ -58,8 +58,10 @@ import importlib
 import sys
 import threading
 import types
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any
+
 
 @dataclass(frozen=True)
 class CallSite:
@@ -88,15 +90,27 @@ CALL_SITES: tuple[CallSite, ...] = (
     CallSite(_R, "_set_all_rng_states", "_set_cuda_rng_state(", _RNG),
     # Buffers allocated on "the current CUDA device".
     CallSite("megatron.core.utils", "GlobalMemoryBuffer.get_tensor", "torch.cuda.current_device()", _T),
-    CallSite("megatron.core.models.common.embeddings.rotary_pos_embedding", "RotaryEmbedding.get_emb",
-             "torch.cuda.current_device()", _T),
-    CallSite("megatron.core.distributed.param_and_grad_buffer", "_ParamAndGradBuffer.__init__",
-             "torch.cuda.current_device()", _T),
+    CallSite(
+        "megatron.core.models.common.embeddings.rotary_pos_embedding",
+        "RotaryEmbedding.get_emb",
+        "torch.cuda.current_device()",
+        _T,
+    ),
+    CallSite(
+        "megatron.core.distributed.param_and_grad_buffer",
+        "_ParamAndGradBuffer.__init__",
+        "torch.cuda.current_device()",
+        _T,
+    ),
     CallSite("megatron.core.optimizer.optimizer", "FP32Optimizer.__init__", "device='cuda'", _T),
     # Pipeline schedules and their point-to-point communication.
     CallSite("megatron.core.pipeline_parallel.schedules", "forward_backward_no_pipelining", 'device="cuda"', _T),
-    CallSite("megatron.core.pipeline_parallel.schedules", "forward_backward_pipelining_without_interleaving",
-             'device="cuda"', _T),
+    CallSite(
+        "megatron.core.pipeline_parallel.schedules",
+        "forward_backward_pipelining_without_interleaving",
+        'device="cuda"',
+        _T,
+    ),
     CallSite(_P2P, "P2PCommunicator._communicate_shapes", "torch.cuda.current_device()", _T),
     CallSite(_P2P, "P2PCommunicator._communicate", "torch.cuda.synchronize()", _T),
     CallSite(_P2P, "P2PCommunicator._communicate.<locals>.create_tensor_recv_prev", "torch.cuda.current_device()", _T),
@@ -104,16 +118,32 @@ CALL_SITES: tuple[CallSite, ...] = (
     # Gradient norm and clipping.
     CallSite("megatron.core.utils", "local_multi_tensor_l2_norm", 'device="cuda"', _T),
     CallSite("megatron.core.optimizer.clip_grads", "get_grad_norm_fp32", "device='cuda'", _T),
-    CallSite("megatron.core.optimizer.clip_grads", "clip_grad_by_total_norm_fp32", "'torch.cuda.FloatTensor'",
-             "CPU gradient clipping"),
+    CallSite(
+        "megatron.core.optimizer.clip_grads",
+        "clip_grad_by_total_norm_fp32",
+        "'torch.cuda.FloatTensor'",
+        "CPU gradient clipping",
+    ),
     # Tied word embeddings across pipeline stages.
-    CallSite("megatron.core.models.common.language_module.language_module",
-             "LanguageModule.setup_embeddings_and_output_layer", "weight.data.cuda()", "Tensor.cuda as identity"),
+    CallSite(
+        "megatron.core.models.common.language_module.language_module",
+        "LanguageModule.setup_embeddings_and_output_layer",
+        "weight.data.cuda()",
+        "Tensor.cuda as identity",
+    ),
     # Distributed checkpoint saving.
-    CallSite("megatron.core.dist_checkpointing.strategies.filesystem_async", "FileSystemWriterAsync.preload_tensors",
-             "torch.cuda.synchronize()", _T),
-    CallSite("megatron.core.dist_checkpointing.strategies.state_dict_saver", "save_state_dict_async_finalize",
-             "torch.cuda.current_device()", _T),
+    CallSite(
+        "megatron.core.dist_checkpointing.strategies.filesystem_async",
+        "FileSystemWriterAsync.preload_tensors",
+        "torch.cuda.synchronize()",
+        _T,
+    ),
+    CallSite(
+        "megatron.core.dist_checkpointing.strategies.state_dict_saver",
+        "save_state_dict_async_finalize",
+        "torch.cuda.current_device()",
+        _T,
+    ),
 )
 
 #: Modules whose global ``torch`` becomes :class:`_CpuTorch`: exactly those of the call sites above.
@@ -254,11 +284,11 @@ def _set_cpu_rng_state(new_state: Any, *_: Any, **__: Any) -> None:
     torch.set_rng_state(new_state)
 
 
-def _clip_grad_by_total_norm_fp32(parameters: Any, max_norm: float, total_norm: float,
-                                  use_decoupled_grad: bool = False) -> None:
+def _clip_grad_by_total_norm_fp32(
+    parameters: Any, max_norm: float, total_norm: float, use_decoupled_grad: bool = False
+) -> None:
     """``clip_grad_by_total_norm_fp32`` without the CUDA tensor-type assert: scale fp32 grads in place."""
     import torch
-
     from megatron.core.utils import to_local_if_dtensor
 
     _OBSERVED.add(("megatron.core.optimizer.clip_grads", "clip_grad_by_total_norm_fp32"))
@@ -282,6 +312,7 @@ def _tensor_cuda_is_identity() -> Iterator[None]:
     import torch
 
     original = torch.Tensor.cuda
+
     def identity(self: Any, *args: Any, **kwargs: Any) -> Any:
         _OBSERVED.add((LANGUAGE_MODULE, "LanguageModule.setup_embeddings_and_output_layer"))
         return self
@@ -337,7 +368,8 @@ def apply() -> None:
         from megatron.core.models.common.language_module.language_module import LanguageModule
 
         LanguageModule.setup_embeddings_and_output_layer = _wrap_setup_embeddings(
-            LanguageModule.setup_embeddings_and_output_layer)
+            LanguageModule.setup_embeddings_and_output_layer
+        )
         _applied = True
 
 

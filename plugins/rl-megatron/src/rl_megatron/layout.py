@@ -16,10 +16,18 @@ _M = "policy.megatron_cfg."
 def parallel_layout(request: LayoutRequest) -> ParallelLayout:
     m = request.section  # policy.megatron_cfg, validated with rl_megatron.config.MegatronConfig
     if m.context_parallel_size > 1 and not request.use_gpu:
-        raise ValueError(f"{_M}context_parallel_size: is {m.context_parallel_size} but cluster.use_gpu is false; "
-                         f"context parallel needs CUDA (there is no CPU attention sharding): set "
-                         f"{_M}context_parallel_size=1, or cluster.use_gpu=true on a CUDA machine")
-    return ParallelLayout(tp=m.tensor_model_parallel_size, cp=m.context_parallel_size,
-                          pp=m.pipeline_model_parallel_size,
-                          paths={"tp": _M + "tensor_model_parallel_size", "cp": _M + "context_parallel_size",
-                                 "pp": _M + "pipeline_model_parallel_size"})
+        raise ValueError(
+            f"{_M}context_parallel_size: is {m.context_parallel_size} but cluster.use_gpu is false; "
+            f"context parallel needs CUDA (there is no CPU attention sharding): set "
+            f"{_M}context_parallel_size=1, or cluster.use_gpu=true on a CUDA machine"
+        )
+    return ParallelLayout(
+        tp=m.tensor_model_parallel_size,
+        cp=m.context_parallel_size,
+        pp=m.pipeline_model_parallel_size,
+        paths={
+            "tp": _M + "tensor_model_parallel_size",
+            "cp": _M + "context_parallel_size",
+            "pp": _M + "pipeline_model_parallel_size",
+        },
+    )

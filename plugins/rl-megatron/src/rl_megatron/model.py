@@ -30,8 +30,10 @@ def rope_settings(hf_config: Any) -> dict[str, Any]:
     if rope_type == "llama3" and all(float(params.get(k, v)) == v for k, v in llama3.items()):
         out.update(rope_scaling=True, rope_scaling_factor=float(params.get("factor", 8.0)))
         return out
-    raise NotImplementedError(f"rope parameters {params} are not supported by the megatron backend "
-                              "(supported: default rope, and llama3 scaling with the standard constants)")
+    raise NotImplementedError(
+        f"rope parameters {params} are not supported by the megatron backend "
+        "(supported: default rope, and llama3 scaling with the standard constants)"
+    )
 
 
 def transformer_config(shape: ModelShape, hf_config: Any, mcfg: Any, precision: str, use_cpu: bool) -> Any:

@@ -7,7 +7,8 @@ results moved from the last pipeline stage to every stage (``Policy`` reads from
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -34,8 +35,9 @@ class PipelineStages:
         dist.broadcast_object_list(box, src=self.pp_ranks[-1], group=self.pp_group)
         return box[0]
 
-    def _tensor_from_last_stage(self, tensor: torch.Tensor | None, shape: tuple[int, ...],
-                                dtype: torch.dtype) -> torch.Tensor:
+    def _tensor_from_last_stage(
+        self, tensor: torch.Tensor | None, shape: tuple[int, ...], dtype: torch.dtype
+    ) -> torch.Tensor:
         if self.pp_size == 1:
             return tensor
         if tensor is None:
@@ -44,8 +46,9 @@ class PipelineStages:
         dist.broadcast(tensor, src=self.pp_ranks[-1], group=self.pp_group)
         return tensor
 
-    def _run_schedule(self, micro_batches: list[BatchedDataDict], on_logits: Callable[[BatchedDataDict, Any], Any],
-                      forward_only: bool) -> None:
+    def _run_schedule(
+        self, micro_batches: list[BatchedDataDict], on_logits: Callable[[BatchedDataDict, Any], Any], forward_only: bool
+    ) -> None:
         """Run ``micro_batches`` through every stage; the last stage calls ``on_logits(mb, logits)``.
 
         ``on_logits`` returns this micro-batch's loss (a scalar to back-propagate) or None in
@@ -79,9 +82,14 @@ class PipelineStages:
 
         width = max(fit(int(mb["input_lengths"].max())) for mb in micro_batches)
         get_forward_backward_func()(
-            forward_step_func=forward_step, data_iterator=iter(micro_batches), model=[self.model],
-            num_microbatches=len(micro_batches), seq_length=width, micro_batch_size=micro_batches[0].size,
-            forward_only=forward_only)
+            forward_step_func=forward_step,
+            data_iterator=iter(micro_batches),
+            model=[self.model],
+            num_microbatches=len(micro_batches),
+            seq_length=width,
+            micro_batch_size=micro_batches[0].size,
+            forward_only=forward_only,
+        )
 
 
 __all__ = ["PipelineStages"]

@@ -37,7 +37,8 @@ import contextlib
 import functools
 import io
 import os
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from megatron.core import dist_checkpointing
 from megatron.core.dist_checkpointing import mapping
@@ -88,7 +89,8 @@ class SafeTorchDistLoadStrategy(torch_strategy.TorchDistLoadShardedStrategy):
     def check_backend_compatibility(self, loaded_backend: str) -> None:
         if loaded_backend != SHARDED_BACKEND:
             raise ValueError(
-                f"sharded backend {loaded_backend!r}: rl-megatron reads only {SHARDED_BACKEND!r} checkpoints")
+                f"sharded backend {loaded_backend!r}: rl-megatron reads only {SHARDED_BACKEND!r} checkpoints"
+            )
 
     def load(self, sharded_state_dict: Any, checkpoint_dir: Any) -> Any:
         with exact_torch_safe_globals(), _safe_reader_and_planner(checkpoint_dir), dcp_errors_in_words(checkpoint_dir):
@@ -111,7 +113,8 @@ class SafeCommonLoadStrategy(TorchCommonLoadStrategy):
     def check_backend_compatibility(self, loaded_backend: str) -> None:
         if loaded_backend != COMMON_BACKEND:
             raise ValueError(
-                f"common backend {loaded_backend!r}: rl-megatron reads only {COMMON_BACKEND!r} checkpoints")
+                f"common backend {loaded_backend!r}: rl-megatron reads only {COMMON_BACKEND!r} checkpoints"
+            )
 
     def load_common(self, checkpoint_dir: Any) -> Any:
         path = os.path.join(checkpoint_dir, COMMON_STATE_FNAME)
@@ -132,12 +135,16 @@ class SafeCommonLoadStrategy(TorchCommonLoadStrategy):
 @contextlib.contextmanager
 def _safe_reader_and_planner(checkpoint_dir: str) -> Iterator[None]:
     """Make megatron's ``torch_dist`` strategy build :class:`SafeMetadataReader` s and :class:`SafeLoadPlanner` s."""
-    names = {"_get_filesystem_reader": lambda path, cache_metadata=False: SafeMetadataReader(path),
-             "MCoreLoadPlanner": functools.partial(SafeLoadPlanner, source=str(checkpoint_dir))}
+    names = {
+        "_get_filesystem_reader": lambda path, cache_metadata=False: SafeMetadataReader(path),
+        "MCoreLoadPlanner": functools.partial(SafeLoadPlanner, source=str(checkpoint_dir)),
+    }
     missing = [name for name in names if not hasattr(torch_strategy, name)]
     if missing:
-        raise RuntimeError(f"megatron-core no longer has {missing} in {torch_strategy.__name__}: "
-                           "rl_megatron.safe_load cannot make its checkpoint reads safe")
+        raise RuntimeError(
+            f"megatron-core no longer has {missing} in {torch_strategy.__name__}: "
+            "rl_megatron.safe_load cannot make its checkpoint reads safe"
+        )
     saved = {name: getattr(torch_strategy, name) for name in names}
     try:
         for name, value in names.items():
@@ -150,8 +157,12 @@ def _safe_reader_and_planner(checkpoint_dir: str) -> Iterator[None]:
 
 def load(sharded_state: dict, checkpoint_dir: str) -> dict:
     """``dist_checkpointing.load(sharded_state, checkpoint_dir)`` with every read made safe. Collective."""
-    return dist_checkpointing.load(sharded_state, checkpoint_dir, sharded_strategy=SafeTorchDistLoadStrategy(),
-                                   common_strategy=SafeCommonLoadStrategy())
+    return dist_checkpointing.load(
+        sharded_state,
+        checkpoint_dir,
+        sharded_strategy=SafeTorchDistLoadStrategy(),
+        common_strategy=SafeCommonLoadStrategy(),
+    )
 
 
 __all__ = ["SafeCommonLoadStrategy", "SafeLoadPlanner", "SafeMetadataReader", "SafeTorchDistLoadStrategy", "load"]

@@ -24,15 +24,23 @@ class SdpaDotProductAttention(DotProductAttention):
     """``DotProductAttention`` through sdpa: query ``[sq, b, np, hn]``, key/value ``[sk, b, ng, hn]``,
     ``attention_mask`` True where attention is *not* allowed; returns ``[sq, b, np * hn]``."""
 
-    def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                attention_mask: torch.Tensor | None, attn_mask_type: Any = None,
-                attention_bias: torch.Tensor | None = None, packed_seq_params: Any = None) -> torch.Tensor:
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        attn_mask_type: Any = None,
+        attention_bias: torch.Tensor | None = None,
+        packed_seq_params: Any = None,
+    ) -> torch.Tensor:
         if packed_seq_params is not None or attention_bias is not None or self.softmax_offset is not None:
-            return super().forward(query, key, value, attention_mask, attn_mask_type, attention_bias,
-                                   packed_seq_params)
+            return super().forward(query, key, value, attention_mask, attn_mask_type, attention_bias, packed_seq_params)
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # [b, heads, s, hn]
         context = F.scaled_dot_product_attention(
-            q, k, v,
+            q,
+            k,
+            v,
             attn_mask=None if attention_mask is None else ~attention_mask,
             is_causal=attention_mask is None,
             dropout_p=self.attention_dropout.p if self.training else 0.0,

@@ -27,21 +27,35 @@ def mask_padded_vocab(logits: torch.Tensor, vocab_start: int, vocab_size: int) -
     return logits.masked_fill(ids >= vocab_size, float("-inf"))
 
 
-def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, vocab_start: int, vocab_size: int,
-                   group: Any, temperature: float = 1.0, chunk_size: int | None = None) -> torch.Tensor:
+def token_logprobs(
+    logits: torch.Tensor,
+    input_ids: torch.Tensor,
+    vocab_start: int,
+    vocab_size: int,
+    group: Any,
+    temperature: float = 1.0,
+    chunk_size: int | None = None,
+) -> torch.Tensor:
     """``[B, S-1]`` float32 ``log p(token_{i+1} | tokens_<=i)`` under ``softmax(logits / temperature)`` from
     ``[B, S, V/tp]`` logits (differentiable), ``chunk_size`` positions at a time when given."""
     if chunk_size is not None:  # no float32 copy of the whole slice: each chunk is upcast on its own
-        return chunked_next_token_logprobs(mask_padded_vocab(logits, vocab_start, vocab_size), input_ids, chunk_size,
-                                           vocab_start=vocab_start, group=group, temperature=temperature)
+        return chunked_next_token_logprobs(
+            mask_padded_vocab(logits, vocab_start, vocab_size),
+            input_ids,
+            chunk_size,
+            vocab_start=vocab_start,
+            group=group,
+            temperature=temperature,
+        )
     if temperature != 1.0:
         logits = logits / temperature
     logits = mask_padded_vocab(logits[:, :-1].float(), vocab_start, vocab_size)
     return vocab_parallel_logprobs(logits, input_ids[:, 1:], vocab_start, group)
 
 
-def topk(logits: torch.Tensor, k: int, vocab_start: int, vocab_size: int,
-         group: Any) -> tuple[torch.Tensor, torch.Tensor]:
+def topk(
+    logits: torch.Tensor, k: int, vocab_start: int, vocab_size: int, group: Any
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-k of the next-token positions: ``[B, S-1, k]`` values and global token ids.
 
     Each rank takes its local top-k, the candidates are all-gathered and the

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -96,8 +97,9 @@ def read_hf_tensors(path: str, names: list[str], tie_word_embeddings: bool) -> d
 
 
 @torch.no_grad()
-def load_hf_into_stage(model: torch.nn.Module, shape: ModelShape, path: str, offset: int, tp_rank: int,
-                       tp_size: int) -> None:
+def load_hf_into_stage(
+    model: torch.nn.Module, shape: ModelShape, path: str, offset: int, tp_rank: int, tp_size: int
+) -> None:
     """Copy this rank's shards of the HF checkpoint at ``path`` into ``model`` (one pipeline stage)."""
     params = stage_parameters(model, offset)
     mappings = stage_mappings(shape, params)
@@ -107,16 +109,26 @@ def load_hf_into_stage(model: torch.nn.Module, shape: ModelShape, path: str, off
         mapping = mappings[name]
         shard = to_megatron(shape, mapping, [hf[n] for n in mapping.hf], tp_rank, tp_size)
         if shard.shape != param.shape:
-            raise ValueError(f"{name}: converted shard has shape {tuple(shard.shape)}, the model "
-                             f"expects {tuple(param.shape)}")
+            raise ValueError(
+                f"{name}: converted shard has shape {tuple(shard.shape)}, the model expects {tuple(param.shape)}"
+            )
         param.copy_(shard)
 
 
 class HFExporter:
     """Full HF tensors from a TP × PP sharded model, in one deterministic order (collective)."""
 
-    def __init__(self, shape: ModelShape, model: torch.nn.Module, stage_offsets: list[int], pp_rank: int,
-                 tp_group: Any, tp_size: int, pp_group: Any, pp_ranks: list[int]) -> None:
+    def __init__(
+        self,
+        shape: ModelShape,
+        model: torch.nn.Module,
+        stage_offsets: list[int],
+        pp_rank: int,
+        tp_group: Any,
+        tp_size: int,
+        pp_group: Any,
+        pp_ranks: list[int],
+    ) -> None:
         """``stage_offsets[s]`` is the first global layer of stage ``s`` (plus a final ``num_layers`` entry);
         ``pp_ranks[s]`` the global rank of stage ``s`` in this rank's pipeline group."""
         self.shape = shape
@@ -155,8 +167,10 @@ class HFExporter:
         for mapping in self.mappings:
             owner = self.owner_stage(mapping)
             if owner == self.pp_rank:
-                tensors = [t.to(self.dtype) for t in
-                           to_hf(self.shape, mapping, self._gather_tp(self.params[mapping.megatron], mapping))]
+                tensors = [
+                    t.to(self.dtype)
+                    for t in to_hf(self.shape, mapping, self._gather_tp(self.params[mapping.megatron], mapping))
+                ]
             else:
                 tensors = [torch.empty(hf_shape(self.shape, n), dtype=self.dtype, device=device) for n in mapping.hf]
             if len(self.pp_ranks) > 1:
@@ -172,5 +186,12 @@ def stage_layer_offsets(config: Any, pp_size: int) -> list[int]:
     return [layer_offset(config, s) for s in range(pp_size)] + [config.num_layers]
 
 
-__all__ = ["HFExporter", "load_hf_into_stage", "read_hf_tensors", "stage_layer_offsets", "stage_mappings",
-           "stage_parameters", "to_global_name"]
+__all__ = [
+    "HFExporter",
+    "load_hf_into_stage",
+    "read_hf_tensors",
+    "stage_layer_offsets",
+    "stage_mappings",
+    "stage_parameters",
+    "to_global_name",
+]

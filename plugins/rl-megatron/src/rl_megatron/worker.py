@@ -26,25 +26,25 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from rlcore.training.process_group import init_distributed
-from rlcore.data import BatchedDataDict
-from rlcore.refit import RefitExportMixin
-from rlcore.training.logprobs import align
-from rlcore.training.checkpoint_files import check_inside
-from rlcore.training.loop import StepHooks
-from rlcore.training.worker_base import TrainingWorkerBase
 from rl_megatron import checkpointing, vocab_parallel
 from rl_megatron.config import megatron_config_problems, megatron_section
 from rl_megatron.converter import ModelShape
 from rl_megatron.model import build_gpt_model, transformer_config
 from rl_megatron.pipeline import PipelineStages
 from rl_megatron.weights import HFExporter, load_hf_into_stage, stage_layer_offsets
-
+from rlcore.data import BatchedDataDict
+from rlcore.refit import RefitExportMixin
+from rlcore.training.checkpoint_files import check_inside
+from rlcore.training.logprobs import align
+from rlcore.training.loop import StepHooks
+from rlcore.training.process_group import init_distributed
+from rlcore.training.worker_base import TrainingWorkerBase
 
 #: Seed of megatron's RNG tracker (dropout is zero in these models; the seed only fixes the streams).
 SEED = 1234
@@ -73,9 +73,18 @@ class MegatronPolicyWorker(PipelineStages, RefitExportMixin, TrainingWorkerBase)
     ``RefitExportMixin`` turns them into the shared-memory and collective transports.
     """
 
-    def __init__(self, config: Any, tokenizer: Any = None, *, weights_path: str | None = None,
-                 optimizer_path: str | None = None, init_optimizer: bool = True, init_reference_model: bool = True,
-                 backend_config: Any = None, layout: Any = None) -> None:
+    def __init__(
+        self,
+        config: Any,
+        tokenizer: Any = None,
+        *,
+        weights_path: str | None = None,
+        optimizer_path: str | None = None,
+        init_optimizer: bool = True,
+        init_reference_model: bool = True,
+        backend_config: Any = None,
+        layout: Any = None,
+    ) -> None:
         # backend_config is policy.megatron_cfg (rl_megatron.config.MegatronConfig), layout its tp/cp/pp.
         from transformers import AutoConfig
 
@@ -85,8 +94,7 @@ class MegatronPolicyWorker(PipelineStages, RefitExportMixin, TrainingWorkerBase)
         config = as_policy_config(config)  # the seed's plain dict is accepted too
         mcfg = megatron_section(config, backend_config)
         cuda = torch.cuda.is_available()
-        problems = megatron_config_problems(config, mcfg, cuda=cuda,
-                                            transformer_engine=_transformer_engine_available())
+        problems = megatron_config_problems(config, mcfg, cuda=cuda, transformer_engine=_transformer_engine_available())
         if problems:
             raise ConfigError(problems)
         self.cfg, self.mcfg, self.tokenizer = config, mcfg, tokenizer
@@ -110,8 +118,7 @@ class MegatronPolicyWorker(PipelineStages, RefitExportMixin, TrainingWorkerBase)
         self.gpt = build_gpt_model(self.shape, self.tconfig, self.hf_config, self.first_stage, self.last_stage)
         if cuda:
             self.gpt.cuda(self.device)
-        load_hf_into_stage(self.gpt, self.shape, hf_path, self.stage_offsets[self.pp_rank], self.tp_rank,
-                           self.tp_size)
+        load_hf_into_stage(self.gpt, self.shape, hf_path, self.stage_offsets[self.pp_rank], self.tp_rank, self.tp_size)
         self.vocab_start = self.tp_rank * (self.shape.padded_vocab_size(self.tp_size) // self.tp_size)
 
         self.optimizer = self.scheduler = None
@@ -133,8 +140,12 @@ class MegatronPolicyWorker(PipelineStages, RefitExportMixin, TrainingWorkerBase)
 
         m = self.mcfg
         tp, pp, cp = m.tensor_model_parallel_size, m.pipeline_model_parallel_size, m.context_parallel_size
-        ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
-                                     context_parallel_size=cp, order="tp-cp-ep-dp-pp")
+        ps.initialize_model_parallel(
+            tensor_model_parallel_size=tp,
+            pipeline_model_parallel_size=pp,
+            context_parallel_size=cp,
+            order="tp-cp-ep-dp-pp",
+        )
         model_parallel_cuda_manual_seed(SEED)
         self.rank = dist.get_rank()
         self.tp_size, self.pp_size = tp, pp
@@ -161,9 +172,12 @@ class MegatronPolicyWorker(PipelineStages, RefitExportMixin, TrainingWorkerBase)
         m, o, s = self.mcfg, self.mcfg.optimizer, self.mcfg.scheduler
         d = m.distributed_data_parallel_config
         ddp_config = DistributedDataParallelConfig(
-            grad_reduce_in_fp32=d.grad_reduce_in_fp32, overlap_grad_reduce=d.overlap_grad_reduce,
-            overlap_param_gather=d.overlap_param_gather, average_in_collective=False,
-            use_distributed_optimizer=o.use_distributed_optimizer)
+            grad_reduce_in_fp32=d.grad_reduce_in_fp32,
+            overlap_grad_reduce=d.overlap_grad_reduce,
+            overlap_param_gather=d.overlap_param_gather,
+            average_in_collective=False,
+            use_distributed_optimizer=o.use_distributed_optimizer,
+        )
         self.model = DistributedDataParallel(config=self.tconfig, ddp_config=ddp_config, module=self.gpt)
 
         def finalize_grads(model: list, num_tokens: Any = None, **kwargs: Any) -> None:
@@ -178,13 +192,23 @@ class MegatronPolicyWorker(PipelineStages, RefitExportMixin, TrainingWorkerBase)
         # keeps them in the model's dtype (megatron_config_problems checked the combination).
         main = dtypes[o.params_dtype] if o.use_precision_aware_optimizer else torch.float32
         opt_config = OptimizerConfig(
-            optimizer=o.optimizer, lr=o.lr, min_lr=o.min_lr, weight_decay=o.weight_decay, bf16=o.bf16, fp16=o.fp16,
-            params_dtype=dtypes[self.cfg.precision], main_params_dtype=main,
-            adam_beta1=o.adam_beta1, adam_beta2=o.adam_beta2, adam_eps=o.adam_eps,
-            sgd_momentum=o.sgd_momentum, use_distributed_optimizer=o.use_distributed_optimizer,
+            optimizer=o.optimizer,
+            lr=o.lr,
+            min_lr=o.min_lr,
+            weight_decay=o.weight_decay,
+            bf16=o.bf16,
+            fp16=o.fp16,
+            params_dtype=dtypes[self.cfg.precision],
+            main_params_dtype=main,
+            adam_beta1=o.adam_beta1,
+            adam_beta2=o.adam_beta2,
+            adam_eps=o.adam_eps,
+            sgd_momentum=o.sgd_momentum,
+            use_distributed_optimizer=o.use_distributed_optimizer,
             use_precision_aware_optimizer=o.use_precision_aware_optimizer,
             # One clipping setting across backends: policy.max_grad_norm (None = no clipping).
-            clip_grad=float(self.cfg.max_grad_norm) if self.cfg.max_grad_norm is not None else 0.0)
+            clip_grad=float(self.cfg.max_grad_norm) if self.cfg.max_grad_norm is not None else 0.0,
+        )
         self.optimizer = get_megatron_optimizer(opt_config, [self.model])
         for opt in getattr(self.optimizer, "chained_optimizers", [self.optimizer]):
             if getattr(opt, "init_state_fn", False) is None:
@@ -193,18 +217,35 @@ class MegatronPolicyWorker(PipelineStages, RefitExportMixin, TrainingWorkerBase)
         self.tconfig.grad_scale_func = self.optimizer.scale_loss
         decay_steps = s.lr_decay_iters or max(1, s.lr_warmup_iters + 1)
         self.scheduler = OptimizerParamScheduler(
-            self.optimizer, init_lr=s.lr_warmup_init, max_lr=o.lr, min_lr=o.min_lr,
-            lr_warmup_steps=s.lr_warmup_iters, lr_decay_steps=decay_steps, lr_decay_style=s.lr_decay_style,
-            start_wd=s.start_weight_decay, end_wd=s.end_weight_decay, wd_incr_steps=decay_steps,
-            wd_incr_style=s.weight_decay_incr_style, wsd_decay_steps=decay_steps, lr_wsd_decay_style="linear")
+            self.optimizer,
+            init_lr=s.lr_warmup_init,
+            max_lr=o.lr,
+            min_lr=o.min_lr,
+            lr_warmup_steps=s.lr_warmup_iters,
+            lr_decay_steps=decay_steps,
+            lr_decay_style=s.lr_decay_style,
+            start_wd=s.start_weight_decay,
+            end_wd=s.end_weight_decay,
+            wd_incr_steps=decay_steps,
+            wd_incr_style=s.weight_decay_incr_style,
+            wsd_decay_steps=decay_steps,
+            lr_wsd_decay_style="linear",
+        )
 
     def _token_logprobs(self, mb: BatchedDataDict, logits: torch.Tensor) -> torch.Tensor:
         """``[B, S]`` aligned float32 logprobs (differentiable) at the caller's width."""
         logits = logits[:, : mb["input_ids"].shape[1]]  # drop make_sequence_length_divisible_by padding
         ids = mb["input_ids"][:, : logits.shape[1]].to(logits.device)
         # rollouts were sampled from softmax(logits / T)
-        next_lp = vocab_parallel.token_logprobs(logits, ids, self.vocab_start, self.shape.vocab_size, self.tp_group,
-                                                self.logprob_temperature, self.cfg.logprob_chunk_size)
+        next_lp = vocab_parallel.token_logprobs(
+            logits,
+            ids,
+            self.vocab_start,
+            self.shape.vocab_size,
+            self.tp_group,
+            self.logprob_temperature,
+            self.cfg.logprob_chunk_size,
+        )
         lp = align(next_lp, mb["input_lengths"])
         return torch.nn.functional.pad(lp, (0, mb["input_ids"].shape[1] - lp.shape[1]))
 
@@ -216,8 +257,10 @@ class MegatronPolicyWorker(PipelineStages, RefitExportMixin, TrainingWorkerBase)
         width = mb["input_ids"].shape[1]
         logits = vocab_parallel.mask_padded_vocab(logits[:, :width], self.vocab_start, self.shape.vocab_size)
         values = compute_loss_inputs(logits, mb, names, self.vocab_start, self.tp_group)
-        return {name: torch.nn.functional.pad(v, (0, 0) * (v.ndim - 2) + (0, width - v.shape[1]))
-                for name, v in values.items()}
+        return {
+            name: torch.nn.functional.pad(v, (0, 0) * (v.ndim - 2) + (0, width - v.shape[1]))
+            for name, v in values.items()
+        }
 
     def _empty_cache(self, level: int) -> None:
         if self.mcfg.empty_unused_memory_level >= level and self.device.type == "cuda":
@@ -229,8 +272,9 @@ class MegatronPolicyWorker(PipelineStages, RefitExportMixin, TrainingWorkerBase)
             raise ValueError(f"the megatron backend supports plain micro-batching only, got mode {mode!r}")
 
     # -- inference -----------------------------------------------------------------------
-    def get_logprobs(self, data: BatchedDataDict, micro_batch_size: int | None = None,
-                     mode: str = "plain") -> BatchedDataDict:
+    def get_logprobs(
+        self, data: BatchedDataDict, micro_batch_size: int | None = None, mode: str = "plain"
+    ) -> BatchedDataDict:
         self._check_mode(mode)
         parts: list[torch.Tensor] = []
         mbs = list(data.make_microbatch_iterator(micro_batch_size or self.cfg.logprob_batch_size))
@@ -242,8 +286,9 @@ class MegatronPolicyWorker(PipelineStages, RefitExportMixin, TrainingWorkerBase)
         out = torch.cat(parts).float() if self.last_stage else None
         return BatchedDataDict(logprobs=self._tensor_from_last_stage(out, shape, torch.float32).cpu())
 
-    def get_topk_logits(self, data: BatchedDataDict, k: int, micro_batch_size: int | None = None,
-                        mode: str = "plain") -> BatchedDataDict:
+    def get_topk_logits(
+        self, data: BatchedDataDict, k: int, micro_batch_size: int | None = None, mode: str = "plain"
+    ) -> BatchedDataDict:
         self._check_mode(mode)
         width = data["input_ids"].shape[1] - 1
         values: list[torch.Tensor] = []
@@ -258,24 +303,31 @@ class MegatronPolicyWorker(PipelineStages, RefitExportMixin, TrainingWorkerBase)
 
         self.model.eval()
         with torch.no_grad():
-            self._run_schedule(list(data.make_microbatch_iterator(micro_batch_size or self.cfg.logprob_batch_size)),
-                               collect, True)
+            self._run_schedule(
+                list(data.make_microbatch_iterator(micro_batch_size or self.cfg.logprob_batch_size)), collect, True
+            )
         shape = (data.size, width, k)
         v = self._tensor_from_last_stage(torch.cat(values) if self.last_stage else None, shape, torch.float32)
         i = self._tensor_from_last_stage(torch.cat(indices) if self.last_stage else None, shape, torch.int64)
         return BatchedDataDict(topk_logits=v.cpu(), topk_indices=i.cpu())
 
     # -- training ---------------------------------------------------------------------------
-    def train(self, data: BatchedDataDict, loss_fn: Any, eval_mode: bool = False, gbs: int | None = None,
-              mbs: int | None = None, mode: str = "plain") -> dict[str, Any]:
+    def train(
+        self,
+        data: BatchedDataDict,
+        loss_fn: Any,
+        eval_mode: bool = False,
+        gbs: int | None = None,
+        mbs: int | None = None,
+        mode: str = "plain",
+    ) -> dict[str, Any]:
         """``rlcore.training.loop.train_steps`` with :meth:`_step_hooks`; losses and metrics come from the
         last pipeline stage."""
         self._check_mode(mode)
         if not eval_mode:
             self._zero_grads()  # restored (GPU-offloaded) gradient buffers hold no zeros yet
         result = super().train(data, loss_fn, eval_mode, gbs, mbs, mode)
-        result["losses"], result["all_mb_metrics"] = self._from_last_stage((result["losses"],
-                                                                              result["all_mb_metrics"]))
+        result["losses"], result["all_mb_metrics"] = self._from_last_stage((result["losses"], result["all_mb_metrics"]))
         return result
 
     def _step_hooks(self) -> StepHooks:
@@ -353,8 +405,16 @@ class MegatronPolicyWorker(PipelineStages, RefitExportMixin, TrainingWorkerBase)
     @property
     def exporter(self) -> HFExporter:
         if self._exporter is None:
-            self._exporter = HFExporter(self.shape, self.gpt, self.stage_offsets, self.pp_rank, self.tp_group,
-                                        self.tp_size, self.pp_group, self.pp_ranks)
+            self._exporter = HFExporter(
+                self.shape,
+                self.gpt,
+                self.stage_offsets,
+                self.pp_rank,
+                self.tp_group,
+                self.tp_size,
+                self.pp_group,
+                self.pp_ranks,
+            )
         return self._exporter
 
     def prepare_refit_info(self) -> dict[str, tuple[tuple[int, ...], str]]:
@@ -401,8 +461,9 @@ class MegatronPolicyWorker(PipelineStages, RefitExportMixin, TrainingWorkerBase)
             state["scheduler"] = self.scheduler.state_dict()
         return state
 
-    def save_checkpoint(self, weights_path: str, optimizer_path: str | None = None,
-                        tokenizer_path: str | None = None) -> None:
+    def save_checkpoint(
+        self, weights_path: str, optimizer_path: str | None = None, tokenizer_path: str | None = None
+    ) -> None:
         """HF safetensors at ``weights_path``; a megatron distributed checkpoint (model, optimizer,
         scheduler; reshardable) at ``optimizer_path``. Both are published atomically. Collective."""
         from rlcore.training.checkpoint import save_tokenizer
@@ -412,16 +473,21 @@ class MegatronPolicyWorker(PipelineStages, RefitExportMixin, TrainingWorkerBase)
         if tokenizer_path and self.tokenizer is not None:
             on_rank0(lambda: save_tokenizer(self.tokenizer, tokenizer_path))
         if optimizer_path:
-            info = {"format": "megatron-dist-checkpoint", "tensor_model_parallel_size": self.tp_size,
-                    "pipeline_model_parallel_size": self.pp_size, "optimizer": self.optimizer is not None,
-                    "architecture": self.shape.architecture}
+            info = {
+                "format": "megatron-dist-checkpoint",
+                "tensor_model_parallel_size": self.tp_size,
+                "pipeline_model_parallel_size": self.pp_size,
+                "optimizer": self.optimizer is not None,
+                "architecture": self.shape.architecture,
+            }
             checkpointing.save(self._sharded_state(False, self.optimizer is not None), optimizer_path, info)
 
     def load_checkpoint(self, weights_path: str, optimizer_path: str | None = None) -> None:
         for checkpoint in filter(None, (weights_path, optimizer_path)):
             check_inside(checkpoint)  # a checkpoint reads its own files only
-        load_hf_into_stage(self.gpt, self.shape, weights_path, self.stage_offsets[self.pp_rank], self.tp_rank,
-                           self.tp_size)
+        load_hf_into_stage(
+            self.gpt, self.shape, weights_path, self.stage_offsets[self.pp_rank], self.tp_rank, self.tp_size
+        )
         if optimizer_path:
             self._load_megatron_checkpoint(optimizer_path)
 

@@ -53,9 +53,10 @@ class VllmConfig(StrictModel):
         "sizes the KV cache when kv_cache_space_gb is None.",
     )
     enforce_eager: bool = Field(
-        True, description="Run the model eagerly (no torch.compile / CUDA graphs): fast start, slower steps. "
+        True,
+        description="Run the model eagerly (no torch.compile / CUDA graphs): fast start, slower steps. "
         "On CPU, false compiles with inductor: ~20-30 s more per engine start on 2 cores (warm compile cache "
-        "too), ~15% more tokens/s at 24M parameters (benchmarks/generation.py --compile)."
+        "too), ~15% more tokens/s at 24M parameters (benchmarks/generation.py --compile).",
     )
     enable_prefix_caching: bool = Field(
         True, description="Reuse the KV cache of shared prompt prefixes (reset after every weight refit)."
@@ -88,7 +89,7 @@ class VllmConfig(StrictModel):
     )
 
     @model_validator(mode="after")
-    def _supported(self) -> "VllmConfig":
+    def _supported(self) -> VllmConfig:
         if self.tensor_parallel_size != 1:
             raise ValueError(
                 f"tensor_parallel_size={self.tensor_parallel_size}: rl-vllm runs one in-process engine per "

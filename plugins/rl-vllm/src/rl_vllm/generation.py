@@ -18,13 +18,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from rl_vllm.config import VllmConfig, vllm_config_from
+from rl_vllm.refit import EngineStaleError
+from rl_vllm.sampling import batch_problems, sampling_options
 from rlcore.data import BatchedDataDict
 from rlcore.distributed import NamedSharding, RayVirtualCluster, RayWorkerGroup, WorkerGroupOwner
 from rlcore.interfaces import GenerationInterface
 from rlcore.refit import RefitError
-from rl_vllm.config import VllmConfig, vllm_config_from
-from rl_vllm.refit import EngineStaleError
-from rl_vllm.sampling import batch_problems, sampling_options
 
 WORKER_CLASS = "rl_vllm.worker:VllmGenerationWorker"
 #: Keys of a generation batch the engines read.
@@ -43,20 +43,32 @@ class VllmGeneration(WorkerGroupOwner, GenerationInterface):
     :class:`rlcore.distributed.WorkerError` naming the rank and the cause.
     """
 
-    def __init__(self, cluster: RayVirtualCluster, config: Any, *, backend_config: VllmConfig | None = None,
-                 tokenizer: Any = None, name_prefix: str = "vllm", lora_rank: int | None = None) -> None:
+    def __init__(
+        self,
+        cluster: RayVirtualCluster,
+        config: Any,
+        *,
+        backend_config: VllmConfig | None = None,
+        tokenizer: Any = None,
+        name_prefix: str = "vllm",
+        lora_rank: int | None = None,
+    ) -> None:
         # ``tokenizer`` is part of rlcore's driver-class contract; the engines load their own from the model.
         self.cfg = config
         self.vllm_cfg = backend_config if backend_config is not None else vllm_config_from(config)
         tp = self.vllm_cfg.tensor_parallel_size
         if cluster.world_size % tp:
-            raise ValueError(f"policy.generation.vllm_cfg.tensor_parallel_size={tp} does not divide the "
-                             f"{cluster.world_size} bundles of the generation cluster")
+            raise ValueError(
+                f"policy.generation.vllm_cfg.tensor_parallel_size={tp} does not divide the "
+                f"{cluster.world_size} bundles of the generation cluster"
+            )
         engines = cluster.world_size // tp
         wanted = self.vllm_cfg.num_engines
         if wanted is not None and wanted != engines:
-            raise ValueError(f"policy.generation.vllm_cfg.num_engines={wanted}, but the generation cluster has "
-                             f"{cluster.world_size} bundles, i.e. {engines} engine(s) of tensor_parallel_size={tp}")
+            raise ValueError(
+                f"policy.generation.vllm_cfg.num_engines={wanted}, but the generation cluster has "
+                f"{cluster.world_size} bundles, i.e. {engines} engine(s) of tensor_parallel_size={tp}"
+            )
         self.sharding = NamedSharding(dp=engines, tp=tp)
         extra_env: dict[str, str] = {}
         if self.vllm_cfg.cpu_threads and not cluster.use_gpus:
@@ -102,8 +114,9 @@ class VllmGeneration(WorkerGroupOwner, GenerationInterface):
         self._check_not_stale()
         batch = BatchedDataDict({k: data[k] for k in INPUT_KEYS if k in data})
         shards = batch.chunk(self.num_engines)
-        return self.worker_group.run_all_workers_sharded_data("generate", shards, greedy=greedy,
-                                                              sampling=sampling_options(self.cfg))
+        return self.worker_group.run_all_workers_sharded_data(
+            "generate", shards, greedy=greedy, sampling=sampling_options(self.cfg)
+        )
 
     def collect(self, handle: Any) -> BatchedDataDict:
         """The output of a :meth:`generate_async` call, with ``weight_version`` per sample."""
@@ -129,8 +142,10 @@ class VllmGeneration(WorkerGroupOwner, GenerationInterface):
             return
         reasons = [(rank, r) for rank, r in enumerate(self._all("refit_status")) if r is not None]
         if reasons:
-            raise EngineStaleError("; ".join(f"engine {rank} cannot generate: {r}" for rank, r in reasons)
-                                   + "; run a successful weight refit first")
+            raise EngineStaleError(
+                "; ".join(f"engine {rank} cannot generate: {r}" for rank, r in reasons)
+                + "; run a successful weight refit first"
+            )
         self._refit_unchecked = False
 
     def prepare_for_generation(self, *args: Any, **kwargs: Any) -> bool:
@@ -179,17 +194,19 @@ class VllmGeneration(WorkerGroupOwner, GenerationInterface):
         :class:`EngineStaleError` until a refit succeeds.
         """
         self._refit_unchecked = True
-        return self.worker_group.run_all_workers_single_data("update_weights_via_ipc_zmq",
-                                                             bucket_bytes=bucket_bytes).refs
+        return self.worker_group.run_all_workers_single_data(
+            "update_weights_via_ipc_zmq", bucket_bytes=bucket_bytes
+        ).refs
 
     def init_collective(self, ip: str, port: int, world_size: int, *, train_world_size: int) -> list[Any]:
         """Engines join the refit group as ranks ``train_world_size + r``; returns the Ray refs."""
         return self.worker_group.run_all_workers_single_data(
-            "init_collective", ip, port, world_size, train_world_size=train_world_size).refs
+            "init_collective", ip, port, world_size, train_world_size=train_world_size
+        ).refs
 
     def update_weights_from_collective(self, bucket_bytes: int | None = None) -> list[Any]:
         """Engines receive the broadcast refit; returns the Ray refs (see ``update_weights_via_ipc_zmq``)."""
         self._refit_unchecked = True
-        return self.worker_group.run_all_workers_single_data("update_weights_from_collective",
-                                                             bucket_bytes=bucket_bytes).refs
-
+        return self.worker_group.run_all_workers_single_data(
+            "update_weights_from_collective", bucket_bytes=bucket_bytes
+        ).refs

@@ -8,16 +8,26 @@ from rlcore.plugins import BackendSpec, Capability, hookimpl
 
 @hookimpl
 def rlcore_register_backends(register):
-    register(BackendSpec(
-        name="vllm",
-        kind="generation",
-        worker_class="rl_vllm.worker:VllmGenerationWorker",
-        driver_class="rl_vllm.generation:VllmGeneration",
-        config_class="rl_vllm.config:VllmConfig",
-        capabilities={Capability.GENERATE, Capability.REFIT, Capability.PARTIAL_REFIT, Capability.LORA_ADAPTER,
-                      Capability.ASYNC_GENERATION, Capability.DATA_PARALLEL, Capability.STOP_STRINGS,
-                      Capability.LOGPROBS, Capability.VERIFIED_REFIT},
-        requires=("vllm",),
-        install_hint="pip install 'rl-vllm[cpu]'  (or [gpu] on CUDA)",
-        description="vLLM engines in Ray actors (data parallel), in-place weight refit.",
-    ))
+    register(
+        BackendSpec(
+            name="vllm",
+            kind="generation",
+            worker_class="rl_vllm.worker:VllmGenerationWorker",
+            driver_class="rl_vllm.generation:VllmGeneration",
+            config_class="rl_vllm.config:VllmConfig",
+            capabilities={
+                Capability.GENERATE,
+                Capability.REFIT,
+                Capability.PARTIAL_REFIT,
+                Capability.LORA_ADAPTER,
+                Capability.ASYNC_GENERATION,
+                Capability.DATA_PARALLEL,
+                Capability.STOP_STRINGS,
+                Capability.LOGPROBS,
+                Capability.VERIFIED_REFIT,
+            },
+            requires=("vllm",),
+            install_hint="pip install 'rl-vllm[cpu]'  (or [gpu] on CUDA)",
+            description="vLLM engines in Ray actors (data parallel), in-place weight refit.",
+        )
+    )

@@ -26,9 +26,11 @@ import glob
 import json
 import logging
 import os
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from rlcore.refit import RefitError
+
 
 class EngineStaleError(RuntimeError):
     """The engine's weights are not the ones it was asked to hold (a refit failed part-way)."""
@@ -93,8 +95,11 @@ def metadata_problems(metadata: Metadata, model_dir: str, partial: bool = False)
         problems.append(f"refit info lacks {len(missing)} tensor(s) of the engine's model: {', '.join(missing[:5])}")
     if extra := sorted(set(metadata) - set(shapes) - optional):
         problems.append(f"refit info has {len(extra)} tensor(s) the engine's model does not: {', '.join(extra[:5])}")
-    wrong = [f"{n}: sent {metadata[n][0]}, engine has {shapes[n]}" for n in sorted(set(metadata) & set(shapes))
-             if tuple(metadata[n][0]) != tuple(shapes[n])]
+    wrong = [
+        f"{n}: sent {metadata[n][0]}, engine has {shapes[n]}"
+        for n in sorted(set(metadata) & set(shapes))
+        if tuple(metadata[n][0]) != tuple(shapes[n])
+    ]
     if wrong:
         problems.append(f"shape mismatch: {'; '.join(wrong[:5])}")
     return problems

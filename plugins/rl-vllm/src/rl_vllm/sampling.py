@@ -6,12 +6,12 @@ read without knowing vLLM. torch is imported inside the functions that need it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 #: The ``GenerationConfig`` fields that shape one ``generate`` call.
-SAMPLING_FIELDS = ("max_new_tokens", "temperature", "top_p", "top_k", "stop_token_ids", "stop_strings",
-                   "pad_token_id")
+SAMPLING_FIELDS = ("max_new_tokens", "temperature", "top_p", "top_k", "stop_token_ids", "stop_strings", "pad_token_id")
 
 
 def sampling_options(generation_config: Any) -> dict[str, Any]:
@@ -19,8 +19,9 @@ def sampling_options(generation_config: Any) -> dict[str, Any]:
     return {name: getattr(generation_config, name) for name in SAMPLING_FIELDS}
 
 
-def request_stop_strings(global_stops: Sequence[str] | None,
-                         per_sample: Sequence[Sequence[str] | None] | None, batch: int) -> list[list[str]]:
+def request_stop_strings(
+    global_stops: Sequence[str] | None, per_sample: Sequence[Sequence[str] | None] | None, batch: int
+) -> list[list[str]]:
     """Stop strings of each request: the config's plus the sample's own, deduplicated, in order."""
     if per_sample is not None and len(per_sample) != batch:
         raise ValueError(f"stop_strings has {len(per_sample)} entries for a batch of {batch}")
@@ -63,7 +64,7 @@ def sampled_logprobs(token_ids: Sequence[int], logprobs: Any) -> list[float]:
     if len(values) == len(starts) == len(token_ids) and ids == list(token_ids):
         return [float(v) for v in values]  # one entry per position, the sampled token's
     out = []
-    for i, tok in enumerate(token_ids[:len(starts)]):
+    for i, tok in enumerate(token_ids[: len(starts)]):
         j = next((k for k in range(starts[i], ends[i]) if ids[k] == tok), None)
         if j is None:
             raise ValueError(f"the engine returned no logprob for the sampled token {tok} at position {i}")
@@ -91,8 +92,10 @@ def batch_problems(data: Any, max_model_len: int | None = None) -> list[str]:
     if max_model_len is not None:
         long = [(i, int(n)) for i, n in enumerate(lengths.tolist()) if n >= max_model_len]
         if long:
-            problems.append(f"prompts leave no room to generate within max_model_len={max_model_len} "
-                            f"(policy.generation.vllm_cfg.max_model_len); (row, length) {long[:5]}")
+            problems.append(
+                f"prompts leave no room to generate within max_model_len={max_model_len} "
+                f"(policy.generation.vllm_cfg.max_model_len); (row, length) {long[:5]}"
+            )
     stops = data.get("stop_strings")
     if stops is not None and len(stops) != ids.shape[0]:
         problems.append(f"stop_strings has {len(stops)} entries for a batch of {ids.shape[0]}")
@@ -112,8 +115,9 @@ def prompts_from_batch(input_ids: Any, input_lengths: Any) -> list[list[int]]:
     return [input_ids[i, :n].tolist() for i, n in enumerate(lengths)]
 
 
-def pack_outputs(input_ids: Any, input_lengths: Any, completions: Sequence[Completion], max_new_tokens: int,
-                 pad_token_id: int) -> dict[str, Any]:
+def pack_outputs(
+    input_ids: Any, input_lengths: Any, completions: Sequence[Completion], max_new_tokens: int, pad_token_id: int
+) -> dict[str, Any]:
     """Right-padded ``GenerationOutputSpec`` tensors from per-prompt completions.
 
     ``output_ids`` is ``[B, S + max_new_tokens]``: the prompt, its generated
@@ -139,8 +143,8 @@ def pack_outputs(input_ids: Any, input_lengths: Any, completions: Sequence[Compl
             raise ValueError(f"sample {i}: {len(done.logprobs)} logprobs for {n_gen} tokens")
         output_ids[i, :n_prompt] = input_ids[i, :n_prompt]
         if n_gen:
-            output_ids[i, n_prompt:n_prompt + n_gen] = torch.tensor(done.token_ids, dtype=torch.long)
-            logprobs[i, n_prompt:n_prompt + n_gen] = torch.tensor(done.logprobs, dtype=torch.float32)
+            output_ids[i, n_prompt : n_prompt + n_gen] = torch.tensor(done.token_ids, dtype=torch.long)
+            logprobs[i, n_prompt : n_prompt + n_gen] = torch.tensor(done.logprobs, dtype=torch.float32)
         gen_lengths[i] = n_gen
         truncated[i] = done.finish_reason == "length"
     return {

@@ -15,14 +15,12 @@ import os
 import time
 from typing import Any
 
-from rlcore.refit import RefitError
 from rl_vllm.config import DEFAULT_CPU_KV_CACHE_GB, GIB, VllmConfig
 from rl_vllm.cpu_setup import request_amx_permission
 from rl_vllm.kv_capacity import KvCapacity
 from rl_vllm.refit import EngineStaleError
-from rl_vllm.sampling import (Completion, pack_outputs, prompts_from_batch, request_stop_strings,
-                              sampled_logprobs)
-
+from rl_vllm.sampling import Completion, pack_outputs, prompts_from_batch, request_stop_strings, sampled_logprobs
+from rlcore.refit import RefitError
 
 logger = logging.getLogger(__name__)
 
@@ -76,8 +74,14 @@ class VllmGenerationWorker:
     with each call), ``vllm_config`` the validated ``vllm_cfg`` section.
     """
 
-    def __init__(self, generation_config: Any, vllm_config: VllmConfig, *, engine_rank: int | None = None,
-                 lora_rank: int | None = None) -> None:
+    def __init__(
+        self,
+        generation_config: Any,
+        vllm_config: VllmConfig,
+        *,
+        engine_rank: int | None = None,
+        lora_rank: int | None = None,
+    ) -> None:
         import torch
 
         self.rank = int(os.environ.get("RANK", 0)) if engine_rank is None else engine_rank
@@ -131,8 +135,13 @@ class VllmGenerationWorker:
         self._warned_kv_shortfall = False
         tokenizer = self.llm.get_tokenizer()
         self.default_pad_id = next(
-            (t for t in (getattr(tokenizer, "pad_token_id", None), getattr(tokenizer, "eos_token_id", None))
-             if t is not None), 0)
+            (
+                t
+                for t in (getattr(tokenizer, "pad_token_id", None), getattr(tokenizer, "eos_token_id", None))
+                if t is not None
+            ),
+            0,
+        )
         self.refit_metadata: dict[str, Any] | None = None
         self._partial_refit = False  # the refits' plan covers part of the model (prepare_refit_info)
         self._receiver: Any = None
@@ -143,11 +152,12 @@ class VllmGenerationWorker:
         # Weights that did not come from a checkpoint are not the policy's until a refit lands.
         self.stale_reason: str | None = (
             "the engine started with load_format='dummy' and has not been refit yet"
-            if vllm_config.load_format == "dummy" else None)
+            if vllm_config.load_format == "dummy"
+            else None
+        )
 
     # -- generation -----------------------------------------------------------------
-    def _sampling_params(self, options: dict[str, Any], greedy: bool, stops: list[str],
-                         max_tokens: int) -> Any:
+    def _sampling_params(self, options: dict[str, Any], greedy: bool, stops: list[str], max_tokens: int) -> Any:
         from vllm import SamplingParams
 
         temperature = 0.0 if greedy else float(options["temperature"])
@@ -177,16 +187,16 @@ class VllmGenerationWorker:
         """
         import torch
 
-        from rlcore.data import BatchedDataDict
         from rl_vllm.sampling import SAMPLING_FIELDS, sampling_options
+        from rlcore.data import BatchedDataDict
 
         if self._asleep:
             self.prepare_for_generation()
         if self.stale_reason is not None:
-            raise EngineStaleError(f"engine {self.rank} cannot generate: {self.stale_reason}; "
-                                   "run a successful weight refit first")
-        options = sampling_options(self.gen_cfg) if sampling is None else {**sampling_options(self.gen_cfg),
-                                                                          **sampling}
+            raise EngineStaleError(
+                f"engine {self.rank} cannot generate: {self.stale_reason}; run a successful weight refit first"
+            )
+        options = sampling_options(self.gen_cfg) if sampling is None else {**sampling_options(self.gen_cfg), **sampling}
         unknown = set(options) - set(SAMPLING_FIELDS)
         if unknown:
             raise ValueError(f"unknown sampling options {sorted(unknown)}")
@@ -201,15 +211,18 @@ class VllmGenerationWorker:
         for i, (prompt, stop) in enumerate(zip(prompts, stops)):
             room = self.max_model_len - len(prompt)
             if room < 1:
-                raise ValueError(f"prompt {i} has {len(prompt)} tokens; the engine's max_model_len is "
-                                 f"{self.max_model_len} (policy.generation.vllm_cfg.max_model_len)")
+                raise ValueError(
+                    f"prompt {i} has {len(prompt)} tokens; the engine's max_model_len is "
+                    f"{self.max_model_len} (policy.generation.vllm_cfg.max_model_len)"
+                )
             params.append(self._sampling_params(options, greedy, stop, min(max_new, room)))
             requests.append({"prompt_token_ids": prompt})
 
         self._warn_kv_shortfall([len(p) for p in prompts], [p.max_tokens for p in params])
         started = time.time()
-        results = self.llm.generate(requests, params, use_tqdm=False, lora_request=self._lora_request) \
-            if requests else []
+        results = (
+            self.llm.generate(requests, params, use_tqdm=False, lora_request=self._lora_request) if requests else []
+        )
         window = (started, time.time())
         completions = []
         for result in results:
@@ -244,11 +257,15 @@ class VllmGenerationWorker:
         from vllm.lora.request import LoRARequest
 
         if self.stale_reason is not None:
-            raise RefitError(f"engine {self.rank}: an adapter refit runs over the weights the engine loaded, but "
-                             f"{self.stale_reason}; start it with load_format 'auto' (policy.generation.vllm_cfg)")
+            raise RefitError(
+                f"engine {self.rank}: an adapter refit runs over the weights the engine loaded, but "
+                f"{self.stale_reason}; start it with load_format 'auto' (policy.generation.vllm_cfg)"
+            )
         if not os.path.isdir(path):
-            raise RefitError(f"engine {self.rank}: the adapter directory {path} is not visible here: an adapter "
-                             "refit needs the engines on the node of training rank 0 (or a shared filesystem)")
+            raise RefitError(
+                f"engine {self.rank}: the adapter directory {path} is not visible here: an adapter "
+                "refit needs the engines on the node of training rank 0 (or a shared filesystem)"
+            )
         if self._asleep:
             self.prepare_for_generation()
         request = LoRARequest(f"rlcore-adapter-{version}", version, path)
@@ -290,8 +307,7 @@ class VllmGenerationWorker:
             self._receiver = ShmReceiver()
         return self._receiver.address, self._receiver.authkey
 
-    def update_weights_via_ipc_zmq(self, bucket_bytes: int | None = None,
-                                   timeout_s: float = 600.0) -> dict[str, Any]:
+    def update_weights_via_ipc_zmq(self, bucket_bytes: int | None = None, timeout_s: float = 600.0) -> dict[str, Any]:
         """Receive one refit streamed by the colocated training rank (blocks until it ends).
 
         The sender's metadata is checked against ``prepare_refit_info``'s before
@@ -299,8 +315,9 @@ class VllmGenerationWorker:
         stale. ``bucket_bytes`` is the sender's to choose (it is in its hello).
         """
         self.refit_endpoint()
-        return self._refit("shared memory", lambda load: self._receiver.receive(
-            self._expected_metadata(), load, timeout_s=timeout_s))
+        return self._refit(
+            "shared memory", lambda load: self._receiver.receive(self._expected_metadata(), load, timeout_s=timeout_s)
+        )
 
     def init_collective(self, ip: str, port: int, world_size: int, *, train_world_size: int = 1) -> int:
         """Join the refit group as rank ``train_world_size + engine rank``; returns that rank."""
@@ -318,8 +335,12 @@ class VllmGenerationWorker:
         if self._refit_group is None:
             raise RefitError(f"engine {self.rank}: update_weights_from_collective before init_collective")
         metadata = self._expected_metadata()
-        return self._refit("collective", lambda load: receive_weights(
-            self._refit_group, metadata, bucket_bytes or DEFAULT_BUCKET_BYTES, self._device(), load))
+        return self._refit(
+            "collective",
+            lambda load: receive_weights(
+                self._refit_group, metadata, bucket_bytes or DEFAULT_BUCKET_BYTES, self._device(), load
+            ),
+        )
 
     def refit_status(self) -> str | None:
         """None when the weights are whole; otherwise why the engine must not generate."""
@@ -363,8 +384,9 @@ class VllmGenerationWorker:
         except Exception as exc:
             if session:
                 session[0].abort()
-                self.stale_reason = (f"the last {transport} refit failed part-way ({_reason(exc)}); "
-                                     "its weights are a mix of old and new")
+                self.stale_reason = (
+                    f"the last {transport} refit failed part-way ({_reason(exc)}); its weights are a mix of old and new"
+                )
             else:
                 self.stale_reason = previous  # refused before any weight changed
             if isinstance(exc, RefitError):
@@ -404,11 +426,17 @@ class VllmGenerationWorker:
 
     def info(self) -> dict[str, Any]:
         """Facts about this engine, for logs and tests."""
-        return {"rank": self.rank, "pid": os.getpid(), "start_seconds": self.start_seconds,
-                "import_seconds": self.import_seconds,
-                "max_model_len": self.max_model_len, "stale": self.stale_reason,
-                "kv_cache_blocks": self.kv_capacity.num_blocks, "kv_block_size": self.kv_capacity.block_size,
-                "max_num_seqs": self.kv_capacity.max_num_seqs}
+        return {
+            "rank": self.rank,
+            "pid": os.getpid(),
+            "start_seconds": self.start_seconds,
+            "import_seconds": self.import_seconds,
+            "max_model_len": self.max_model_len,
+            "stale": self.stale_reason,
+            "kv_cache_blocks": self.kv_capacity.num_blocks,
+            "kv_block_size": self.kv_capacity.block_size,
+            "max_num_seqs": self.kv_capacity.max_num_seqs,
+        }
 
     def is_alive(self) -> bool:
         return True

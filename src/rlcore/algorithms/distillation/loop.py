@@ -6,14 +6,16 @@ completions each (scored by the environment, for the metrics: nothing trains on 
 *teacher* gives its top-``topk_logits_k`` logits at every position of those rollouts; the student trains one
 optimizer step on :class:`~rlcore.algorithms.distillation.DistillationLossFn` over its generated tokens,
 reading its own logits at the teacher's ids (the ``logits_at_indices`` loss input; with ``zero_outside_topk``
-its full-vocabulary logprobs there and its entropy), computed by its backend without gathering the vocabulary. The teacher's ``[B, S-1, k]`` tensors come back to the driver once and
-go to the student's ranks with the rest of the batch. Validation is GRPO's: greedy completions scored by
-the environment (``validation/accuracy``).
+its full-vocabulary logprobs there and its entropy), computed by its backend without gathering the
+vocabulary. The teacher's ``[B, S-1, k]`` tensors come back to the driver once and go to the student's ranks
+with the rest of the batch. Validation is GRPO's: greedy completions scored by the environment
+(``validation/accuracy``).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from rlcore.algorithms.sft.loop import step_metrics
 from rlcore.interfaces.algorithm import Algorithm, OnStep, Resolution
@@ -46,11 +48,11 @@ def add_teacher_topk(teacher: Any, data: Any, k: int, tokens: Any = None) -> flo
         data[TEACHER_LOGITS_KEY] = _aligned(top["topk_logits"])
         data[LOGIT_INDICES_KEY] = _aligned(top["topk_indices"])
         return 1.0
-    teacher_data, rows = tokens.teacher_batch(data["input_ids"], data["input_lengths"],
-                                              teacher.cfg.max_total_sequence_length)
+    teacher_data, rows = tokens.teacher_batch(
+        data["input_ids"], data["input_lengths"], teacher.cfg.max_total_sequence_length
+    )
     top = teacher.get_topk_logits(teacher_data, k=k)
-    logits, ids, found = student_topk(_aligned(top["topk_logits"]), _aligned(top["topk_indices"]), rows,
-                                      tokens.vocab)
+    logits, ids, found = student_topk(_aligned(top["topk_logits"]), _aligned(top["topk_indices"]), rows, tokens.vocab)
     trained = data["token_mask"].sum()
     data["token_mask"] = data["token_mask"] * found.to(data["token_mask"].dtype)
     data[TEACHER_LOGITS_KEY], data[LOGIT_INDICES_KEY] = logits, ids
@@ -64,7 +66,7 @@ def same_ids(student: dict[str, int], teacher: dict[str, int]) -> bool:
     return all(student.get(token, i) == i and by_id.get(i, token) == token for token, i in teacher.items())
 
 
-def teacher_tokens(run: "Run") -> Any:
+def teacher_tokens(run: Run) -> Any:
     """The run's :class:`~rlcore.algorithms.distillation.token_mapping.TeacherTokens` when the teacher has a
     tokenizer of its own whose vocabulary is not the student's (:func:`same_ids`), else None. A teacher without
     one (``distillation.teacher.tokenizer.name``) whose model's own tokenizer has another vocabulary is refused, as
@@ -85,14 +87,18 @@ def teacher_tokens(run: "Run") -> Any:
     except (OSError, ValueError):  # no tokenizer beside the teacher's weights: nothing to compare
         return None
     if not same_ids(student.get_vocab(), model_tokenizer.get_vocab()):
-        raise ConfigError([f"distillation.teacher_model_name: the teacher's vocabulary ({len(model_tokenizer)} "
-                           f"tokens) is not the student's ({len(student)}), so its token ids mean other tokens; set "
-                           "distillation.teacher.tokenizer.name to the teacher's tokenizer (its top-k are then mapped "
-                           "through the token strings) or distil from a teacher of the student's vocabulary"])
+        raise ConfigError(
+            [
+                f"distillation.teacher_model_name: the teacher's vocabulary ({len(model_tokenizer)} "
+                f"tokens) is not the student's ({len(student)}), so its token ids mean other tokens; set "
+                "distillation.teacher.tokenizer.name to the teacher's tokenizer (its top-k are then mapped "
+                "through the token strings) or distil from a teacher of the student's vocabulary"
+            ]
+        )
     return None
 
 
-def distillation_step(run: "Run", loss_fn: Any, tokens: Any = None) -> dict[str, float]:
+def distillation_step(run: Run, loss_fn: Any, tokens: Any = None) -> dict[str, float]:
     """One step: the student's rollouts, the teacher's top-k on them (through ``tokens``, a cross-tokenizer
     teacher's mapping, see :func:`add_teacher_topk`), one optimizer step of the student."""
     import torch
@@ -107,8 +113,15 @@ def distillation_step(run: "Run", loss_fn: Any, tokens: Any = None) -> dict[str,
             refit(policy, run.synchronizer)
     with timer.phase("generation"):
         generation.prepare_for_generation()
-    rollout = run_rollout(cfg, lambda batch: generation.generate(batch, greedy=False), run.environment,
-                          run.tokenizer, run.draw_train_batch(), d.num_generations_per_prompt, timer)
+    rollout = run_rollout(
+        cfg,
+        lambda batch: generation.generate(batch, greedy=False),
+        run.environment,
+        run.tokenizer,
+        run.draw_train_batch(),
+        d.num_generations_per_prompt,
+        timer,
+    )
     with timer.phase("generation"):
         generation.finish_generation()
     data = training_batch(rollout.data, torch.zeros_like(rollout.rewards))
@@ -121,16 +134,21 @@ def distillation_step(run: "Run", loss_fn: Any, tokens: Any = None) -> dict[str,
     if run.synchronizer is not None:
         run.synchronizer.stale = True
     metrics = result["metrics"]
-    return step_metrics(run, result, timer, {
-        **{name: float(metrics[name]) for name in ("forward_kl", "reverse_kl") if name in metrics},
-        "reward_mean": float(rollout.rewards.mean()),
-        "mean_generation_length": float(rollout.data["generation_lengths"].float().mean()),
-        **({"teacher_aligned_fraction": aligned} if tokens is not None else {}),
-        **rollout.metrics,
-    })
+    return step_metrics(
+        run,
+        result,
+        timer,
+        {
+            **{name: float(metrics[name]) for name in ("forward_kl", "reverse_kl") if name in metrics},
+            "reward_mean": float(rollout.rewards.mean()),
+            "mean_generation_length": float(rollout.data["generation_lengths"].float().mean()),
+            **({"teacher_aligned_fraction": aligned} if tokens is not None else {}),
+            **rollout.metrics,
+        },
+    )
 
 
-def distillation_train(run: "Run", on_step: Callable[[int, dict[str, float]], None]) -> str | None:
+def distillation_train(run: Run, on_step: Callable[[int, dict[str, float]], None]) -> str | None:
     """Run steps ``run.start_step .. run.num_steps - 1``, validating when due, calling ``on_step(step, metrics)``
     after each; returns why the run ended early (the epochs' data ran out), or None."""
     from rlcore.algorithms.distillation import DistillationLossFn
@@ -145,7 +163,7 @@ def _as_teacher(problem: str) -> str:
     """A problem of the teacher's policy, named where it is fixed: ``distillation.teacher.<key>`` for a policy
     key (the teacher's own settings override the student's), the teacher's model otherwise."""
     if problem.startswith("policy."):
-        return "distillation.teacher." + problem[len("policy."):]
+        return "distillation.teacher." + problem[len("policy.") :]
     return f"distillation.teacher_model_name: {problem}"
 
 
@@ -171,26 +189,36 @@ class Distillation(Algorithm):
         for name in DistillationLossFn(d.loss_settings()).inputs:
             if not student.spec.supports(LOSS_INPUTS[name]):
                 setting = " (distillation.zero_outside_topk: true)" if d.zero_outside_topk else ""
-                problems.append(f"distillation: the '{student.spec.name}' training backend does not declare "
-                                f"'{LOSS_INPUTS[name]}', a loss input distillation trains on{setting}; use a backend "
-                                "that does (reference, dtensor, fsdp1, megatron)")
+                problems.append(
+                    f"distillation: the '{student.spec.name}' training backend does not declare "
+                    f"'{LOSS_INPUTS[name]}', a loss input distillation trains on{setting}; use a backend "
+                    "that does (reference, dtensor, fsdp1, megatron)"
+                )
         rollout = d.num_prompts_per_step * d.num_generations_per_prompt
         gbs = student.config.train_global_batch_size
         if rollout % gbs or rollout % student.data_parallel_size:
-            problems.append(f"distillation.num_prompts_per_step × num_generations_per_prompt = {rollout} must be a "
-                            f"multiple of policy.train_global_batch_size {gbs} (and of the data-parallel size "
-                            f"{student.data_parallel_size}); change one of them")
+            problems.append(
+                f"distillation.num_prompts_per_step × num_generations_per_prompt = {rollout} must be a "
+                f"multiple of policy.train_global_batch_size {gbs} (and of the data-parallel size "
+                f"{student.data_parallel_size}); change one of them"
+            )
         if problems:
             return Resolution(cfg, problems)
         try:  # a dict: validated and checked by the cross-field rules as the teacher's own policy
-            teacher = resolve_policy(d.teacher_policy(cfg.policy), world_size=cfg.world_size,
-                                     use_gpu=cfg.cluster.use_gpu, registry=registry)
+            teacher = resolve_policy(
+                d.teacher_policy(cfg.policy), world_size=cfg.world_size, use_gpu=cfg.cluster.use_gpu, registry=registry
+            )
         except ConfigError as exc:
             return Resolution(cfg, [_as_teacher(p) for p in exc.problems])
         if not teacher.spec.supports(Capability.TOPK_LOGITS):
-            return Resolution(cfg, [f"distillation: the teacher's '{teacher.spec.name}' training backend cannot give "
-                                    "its top-k logits (capability 'topk_logits'); give the teacher another backend "
-                                    "(distillation.teacher.backend)"])
+            return Resolution(
+                cfg,
+                [
+                    f"distillation: the teacher's '{teacher.spec.name}' training backend cannot give "
+                    "its top-k logits (capability 'topk_logits'); give the teacher another backend "
+                    "(distillation.teacher.backend)"
+                ],
+            )
         return Resolution(cfg, [], teacher=teacher)
 
     def load_data(self, cfg: Any, tokenizer: Any) -> Any:
@@ -201,10 +229,10 @@ class Distillation(Algorithm):
 
         return checked_samples(load_sources(cfg), answer_problem)
 
-    def train(self, run: "Run", on_step: OnStep) -> str | None:
+    def train(self, run: Run, on_step: OnStep) -> str | None:
         return distillation_train(run, on_step)
 
-    def validate(self, run: "Run") -> dict[str, float]:
+    def validate(self, run: Run) -> dict[str, float]:
         from rlcore.run.validation import synchronous_generate, validate
 
         return validate(run, synchronous_generate(run))

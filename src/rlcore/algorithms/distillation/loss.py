@@ -31,7 +31,8 @@ averaged over every valid token of the step (token level, the loss contract of :
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from rlcore.algorithms.utils import normaliser, valid_token_mask, zero_off_mask
 from rlcore.config.distillation import DistillationLossConfig
@@ -61,11 +62,11 @@ class DistillationLossFn:
 
     def __call__(
         self,
-        logprobs: "torch.Tensor",
+        logprobs: torch.Tensor,
         data: Mapping[str, Any],
-        global_valid_seqs: "torch.Tensor",
-        global_valid_toks: "torch.Tensor",
-    ) -> tuple["torch.Tensor", dict[str, "torch.Tensor"]]:
+        global_valid_seqs: torch.Tensor,
+        global_valid_toks: torch.Tensor,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         import torch
 
         for key in (*self.inputs, TEACHER_LOGITS_KEY):
@@ -74,8 +75,10 @@ class DistillationLossFn:
         student_key = self.inputs[0]
         for key in (student_key, TEACHER_LOGITS_KEY):
             if data[key].shape[-1] == 0:  # what distillation.topk_logits_k refuses (NeMo-RL raises too)
-                raise ValueError(f"DistillationLossFn: data[{key!r}] has an empty top-k (k = 0), over which no KL "
-                                 "is defined; give the teacher's top k >= 1 logits (distillation.topk_logits_k)")
+                raise ValueError(
+                    f"DistillationLossFn: data[{key!r}] has an empty top-k (k = 0), over which no KL "
+                    "is defined; give the teacher's top k >= 1 logits (distillation.topk_logits_k)"
+                )
         mask = valid_token_mask(data, logprobs.device)
         token = mask[..., None]
         student = torch.where(token, data[student_key].to(logprobs.device).float(), 0.0)
@@ -104,7 +107,7 @@ class DistillationLossFn:
         return loss, metrics
 
     @staticmethod
-    def _outside_topk(p_s: "torch.Tensor", log_s: "torch.Tensor", entropy: "torch.Tensor") -> "torch.Tensor":
+    def _outside_topk(p_s: torch.Tensor, log_s: torch.Tensor, entropy: torch.Tensor) -> torch.Tensor:
         """The reverse KL's share outside the top-k: ``sum_outside p_s (log p_s - LOG_INFINITESIMAL)``, from the
         full-vocabulary entropy and the student's top-k probabilities and logprobs ``[B, S, k]`` (0 in a slot
         left out, which then counts as outside)."""

@@ -26,8 +26,9 @@ otherwise, only the positions before the first difference are aligned.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from itertools import accumulate
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
@@ -81,13 +82,18 @@ def token_bytes(tokenizer: Any) -> list[bytes]:
     tokens = tokenizer.convert_ids_to_tokens(list(range(size)))
     added = {int(i): str(getattr(t, "content", t)) for i, t in getattr(tokenizer, "added_tokens_decoder", {}).items()}
     byte_level, alphabet = _is_byte_level(tokenizer), _byte_alphabet()
-    return [added[i].encode() if i in added else b"" if tok is None else piece_bytes(tok, byte_level, alphabet)
-            for i, tok in enumerate(tokens)]
+    return [
+        added[i].encode() if i in added else b"" if tok is None else piece_bytes(tok, byte_level, alphabet)
+        for i, tok in enumerate(tokens)
+    ]
 
 
-def vocabulary_map(teacher_bytes: Sequence[bytes], student_bytes: Sequence[bytes],
-                   roles: Sequence[tuple[int | None, int | None]] = (),
-                   student_preferred: Sequence[bool] | None = None) -> list[int]:
+def vocabulary_map(
+    teacher_bytes: Sequence[bytes],
+    student_bytes: Sequence[bytes],
+    roles: Sequence[tuple[int | None, int | None]] = (),
+    student_preferred: Sequence[bool] | None = None,
+) -> list[int]:
     """For each teacher id, the student id with the same bytes, or -1 (no counterpart).
 
     Among student ids with the same bytes the first ``student_preferred`` one wins (default: the lowest id).
@@ -122,12 +128,15 @@ def aligned_rows(student_pieces: Sequence[bytes], teacher_pieces: Sequence[bytes
         if j > 0 and piece:
             teacher_at.setdefault(start - shift, j)
     starts = [0, *accumulate(len(p) for p in student_pieces)]
-    return [teacher_at.get(start, -1) if i > 0 and piece and start <= limit else -1
-            for i, (start, piece) in enumerate(zip(starts, student_pieces))]
+    return [
+        teacher_at.get(start, -1) if i > 0 and piece and start <= limit else -1
+        for i, (start, piece) in enumerate(zip(starts, student_pieces))
+    ]
 
 
-def student_topk(logits: "torch.Tensor", ids: "torch.Tensor", rows: "torch.Tensor",
-                 vocab: "torch.Tensor") -> tuple["torch.Tensor", "torch.Tensor", "torch.Tensor"]:
+def student_topk(
+    logits: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor, vocab: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The teacher's top-k (``[B, T, k]`` logits and teacher ids at the teacher's positions) at the student's
     positions and in its vocabulary: ``rows`` ``[B, S]`` (teacher position per student position, -1 none),
     ``vocab`` ``[V_teacher]`` (student id per teacher id, -1 none). Returns ``[B, S, k]`` logits (``-inf`` in a
@@ -147,7 +156,7 @@ def student_topk(logits: "torch.Tensor", ids: "torch.Tensor", rows: "torch.Tenso
     return out, torch.where(keep, sid, 0), keep.any(-1)
 
 
-def _merge_duplicates(values: "torch.Tensor", sid: "torch.Tensor", ok: "torch.Tensor") -> tuple[Any, Any]:
+def _merge_duplicates(values: torch.Tensor, sid: torch.Tensor, ok: torch.Tensor) -> tuple[Any, Any]:
     """``[P, k]`` rows: slots mapping to one student id merged into the first (log-sum-exp), the others dropped."""
     import torch
 
@@ -155,10 +164,10 @@ def _merge_duplicates(values: "torch.Tensor", sid: "torch.Tensor", ok: "torch.Te
     earlier = torch.ones(k, k, dtype=torch.bool, device=values.device).tril(-1)  # [j, l]: l before j
     merged, keep = torch.empty_like(values), torch.empty_like(ok)
     for lo in range(0, values.shape[0], _MERGE_CHUNK):
-        v, s, o = values[lo:lo + _MERGE_CHUNK], sid[lo:lo + _MERGE_CHUNK], ok[lo:lo + _MERGE_CHUNK]
+        v, s, o = values[lo : lo + _MERGE_CHUNK], sid[lo : lo + _MERGE_CHUNK], ok[lo : lo + _MERGE_CHUNK]
         same = (s[:, :, None] == s[:, None, :]) & o[:, :, None] & o[:, None, :]
-        merged[lo:lo + _MERGE_CHUNK] = torch.logsumexp(torch.where(same, v[:, None, :], float("-inf")), -1)
-        keep[lo:lo + _MERGE_CHUNK] = o & ~(same & earlier).any(-1)
+        merged[lo : lo + _MERGE_CHUNK] = torch.logsumexp(torch.where(same, v[:, None, :], float("-inf")), -1)
+        keep[lo : lo + _MERGE_CHUNK] = o & ~(same & earlier).any(-1)
     return merged, keep
 
 
@@ -174,13 +183,15 @@ class TeacherTokens:
         added = set(int(i) for i in getattr(student_tokenizer, "added_tokens_decoder", {}))
         tokens = student_tokenizer.convert_ids_to_tokens(list(range(len(self.student_bytes))))
         preferred = [i not in added and not (t or "").startswith("<0x") for i, t in enumerate(tokens)]
-        roles = [(getattr(teacher_tokenizer, role, None), getattr(student_tokenizer, role, None))
-                 for role in SPECIAL_ROLES]
+        roles = [
+            (getattr(teacher_tokenizer, role, None), getattr(student_tokenizer, role, None)) for role in SPECIAL_ROLES
+        ]
         self.vocab = torch.tensor(vocabulary_map(self.teacher_bytes, self.student_bytes, roles, preferred))
         self.pad_id = int(getattr(teacher_tokenizer, "pad_token_id", None) or 0)
 
-    def teacher_batch(self, input_ids: "torch.Tensor", input_lengths: "torch.Tensor",
-                      max_length: int) -> tuple[Any, "torch.Tensor"]:
+    def teacher_batch(
+        self, input_ids: torch.Tensor, input_lengths: torch.Tensor, max_length: int
+    ) -> tuple[Any, torch.Tensor]:
         """The teacher's batch (``input_ids`` re-encoded from the student's text, at most ``max_length``
         tokens each) and ``rows`` ``[B, S]`` (see :func:`aligned_rows`)."""
         import torch
@@ -192,18 +203,18 @@ class TeacherTokens:
             pieces = [self.student_bytes[i] if 0 <= i < len(self.student_bytes) else b"" for i in ids[:length]]
             text = b"".join(pieces).decode("utf-8", errors="replace")
             teacher_ids = self.teacher_tokenizer(text, add_special_tokens=False)["input_ids"][:max_length]
-            teacher_pieces = [self.teacher_bytes[i] if 0 <= i < len(self.teacher_bytes) else b""
-                              for i in teacher_ids]
+            teacher_pieces = [self.teacher_bytes[i] if 0 <= i < len(self.teacher_bytes) else b"" for i in teacher_ids]
             rows[b, :length] = torch.tensor(aligned_rows(pieces, teacher_pieces), dtype=torch.long)
             sequences.append(teacher_ids)
         width = max(2, max(len(s) for s in sequences))
         padded = torch.full((len(sequences), width), self.pad_id, dtype=torch.long)
         for b, ids in enumerate(sequences):
-            padded[b, :len(ids)] = torch.tensor(ids, dtype=torch.long)
+            padded[b, : len(ids)] = torch.tensor(ids, dtype=torch.long)
         lengths = torch.tensor([len(s) for s in sequences], dtype=torch.long)
         mask = (torch.arange(width)[None] < lengths[:, None]).float()
-        return BatchedDataDict(input_ids=padded, input_lengths=lengths, token_mask=mask,
-                               sample_mask=torch.ones(len(sequences))), rows
+        return BatchedDataDict(
+            input_ids=padded, input_lengths=lengths, token_mask=mask, sample_mask=torch.ones(len(sequences))
+        ), rows
 
 
 __all__ = ["TeacherTokens", "aligned_rows", "piece_bytes", "student_topk", "token_bytes", "vocabulary_map"]

@@ -37,32 +37,39 @@ Messages = list[dict[str, str]]
 def _response(value: Any, where: str, key: str) -> Messages:
     if isinstance(value, str):
         return [{"role": "assistant", "content": value}]
-    if isinstance(value, list) and value and all(isinstance(m, dict) and isinstance(m.get("content"), str)
-                                                 and m.get("role") for m in value):
+    if (
+        isinstance(value, list)
+        and value
+        and all(isinstance(m, dict) and isinstance(m.get("content"), str) and m.get("role") for m in value)
+    ):
         return [{"role": m["role"], "content": m["content"]} for m in value]
     raise DataError(f"{where}: '{key}' must be a text or a list of {{role, content}} messages")
 
 
-def preference_pair(sample: "Sample", where: str) -> tuple[Messages, Messages, Messages]:
+def preference_pair(sample: Sample, where: str) -> tuple[Messages, Messages, Messages]:
     """``(prompt, chosen, rejected)`` message logs of a DPO sample (see the module docstring)."""
     row = sample.metadata
     at = f"{where}: row {sample.idx + 1}"
     if "chosen" in row and "rejected" in row:
-        return list(sample.messages), _response(row["chosen"], at, "chosen"), _response(row["rejected"], at,
-                                                                                          "rejected")
+        return list(sample.messages), _response(row["chosen"], at, "chosen"), _response(row["rejected"], at, "rejected")
     completions = row.get("completions")
     if isinstance(completions, list) and len(completions) >= 2:
         try:
             ranked = sorted(completions, key=lambda c: c["rank"])
-            return (list(sample.messages), _response(ranked[0]["completion"], at, "completions"),
-                    _response(ranked[1]["completion"], at, "completions"))
+            return (
+                list(sample.messages),
+                _response(ranked[0]["completion"], at, "completions"),
+                _response(ranked[1]["completion"], at, "completions"),
+            )
         except (KeyError, TypeError):
             raise DataError(f"{at}: each of 'completions' needs a 'rank' and a 'completion'") from None
-    raise DataError(f"{at}: a DPO sample needs 'chosen' and 'rejected' responses, or 'completions' (at least two, "
-                    "ranked); the row has " + ", ".join(map(str, row)))
+    raise DataError(
+        f"{at}: a DPO sample needs 'chosen' and 'rejected' responses, or 'completions' (at least two, "
+        "ranked); the row has " + ", ".join(map(str, row))
+    )
 
 
-def dpo_batch(samples: list["Sample"], tokenizer: Any, cfg: Any, size: int | None = None) -> "BatchedDataDict":
+def dpo_batch(samples: list[Sample], tokenizer: Any, cfg: Any, size: int | None = None) -> BatchedDataDict:
     """``2 * size`` rows (``size`` pairs, default ``len(samples)``; the extra pairs masked fillers): right-padded
     ``input_ids``, ``input_lengths``, ``token_mask`` (the response), ``sample_mask``; ``group_size`` 2."""
     from rlcore.run.prompts import pad_id
@@ -71,9 +78,16 @@ def dpo_batch(samples: list["Sample"], tokenizer: Any, cfg: Any, size: int | Non
     rows, keep = [], []
     for sample in samples:
         prompt, *responses = preference_pair(sample, "data.train")
-        pair = [encode_conversation(tokenizer, prompt + response, dpo, cfg.policy.tokenizer.chat_template_kwargs,
-                                    trained=[False] * len(prompt) + [True] * len(response))
-                for response in responses]
+        pair = [
+            encode_conversation(
+                tokenizer,
+                prompt + response,
+                dpo,
+                cfg.policy.tokenizer.chat_template_kwargs,
+                trained=[False] * len(prompt) + [True] * len(response),
+            )
+            for response in responses
+        ]
         fits = all(len(ids) <= limit for ids, _ in pair)
         rows += [(ids[:limit], mask[:limit]) for ids, mask in pair]
         keep += [fits, fits]
@@ -85,14 +99,14 @@ def dpo_batch(samples: list["Sample"], tokenizer: Any, cfg: Any, size: int | Non
     return batch
 
 
-def teaches(sample: "Sample", cfg: Any) -> bool:
+def teaches(sample: Sample, cfg: Any) -> bool:
     """Whether a pair has something to learn whatever its length: its chosen response differs from its rejected
     one, or ``dpo.sft_loss_weight`` trains the chosen one anyway."""
     _, chosen, rejected = preference_pair(sample, "data.train")
     return chosen != rejected or cfg.dpo.sft_loss_weight > 0
 
 
-def nothing_preferred(samples: list["Sample"], tokenizer: Any, cfg: Any) -> str | None:
+def nothing_preferred(samples: list[Sample], tokenizer: Any, cfg: Any) -> str | None:
     """Why no pair of ``samples`` trains anything (its chosen response equals its rejected one, or a sequence
     is cut at ``policy.max_total_sequence_length``), or None as soon as one does."""
     limit, same, cut = cfg.policy.max_total_sequence_length, 0, []
@@ -101,20 +115,32 @@ def nothing_preferred(samples: list["Sample"], tokenizer: Any, cfg: Any) -> str 
             same += 1
             continue
         prompt, *responses = preference_pair(sample, "data.train")
-        longest = max(len(encode_conversation(tokenizer, prompt + response, cfg.dpo,
-                                              cfg.policy.tokenizer.chat_template_kwargs,
-                                              trained=[False] * len(prompt) + [True] * len(response))[0])
-                      for response in responses)
+        longest = max(
+            len(
+                encode_conversation(
+                    tokenizer,
+                    prompt + response,
+                    cfg.dpo,
+                    cfg.policy.tokenizer.chat_template_kwargs,
+                    trained=[False] * len(prompt) + [True] * len(response),
+                )[0]
+            )
+            for response in responses
+        )
         if longest <= limit:
             return None
         cut.append(longest)
     count, differ = len(samples), "give each pair two different responses"
     if same == count:
-        return (f"in all {count} pairs the chosen response equals the rejected one, so the preference loss has "
-                f"nothing to learn; {differ}")
+        return (
+            f"in all {count} pairs the chosen response equals the rejected one, so the preference loss has "
+            f"nothing to learn; {differ}"
+        )
     if not same:
         return cut_reason("pairs", count, cut, limit)
     lo, hi = min(cut), max(cut)
-    return (f"none of its {count} pairs trains anything: {same} have the chosen response equal to the rejected "
-            f"one, {len(cut)} are longer than policy.max_total_sequence_length={limit} ({lo} to {hi} tokens) and "
-            f"cut; {differ}, and raise policy.max_total_sequence_length (to {hi}) or shorten them")
+    return (
+        f"none of its {count} pairs trains anything: {same} have the chosen response equal to the rejected "
+        f"one, {len(cut)} are longer than policy.max_total_sequence_length={limit} ({lo} to {hi} tokens) and "
+        f"cut; {differ}, and raise policy.max_total_sequence_length (to {hi}) or shorten them"
+    )

@@ -13,7 +13,8 @@ validation metric is its mean over the valid pairs of all of them.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from rlcore.algorithms.sft.loop import EmptyStep, OfflineAlgorithm, step_metrics
 from rlcore.interfaces.algorithm import OnStep, Resolution
@@ -24,12 +25,25 @@ if TYPE_CHECKING:
     from rlcore.run.build import Run
 
 #: Loss metrics a DPO step reports (each the step's mean over its valid pairs).
-PAIR_METRICS = ("accuracy", "preference_loss", "sft_loss", "rewards_chosen_mean", "rewards_rejected_mean",
-                "rewards_margin_mean")
+PAIR_METRICS = (
+    "accuracy",
+    "preference_loss",
+    "sft_loss",
+    "rewards_chosen_mean",
+    "rewards_rejected_mean",
+    "rewards_margin_mean",
+)
 
 
-def _train_pairs(run: "Run", batch: Any, eval_mode: bool, pairs: int, pairs_per_micro_batch: int,
-                 timer: Timer, reference: Callable[[], Any] | None = None) -> dict[str, Any]:
+def _train_pairs(
+    run: Run,
+    batch: Any,
+    eval_mode: bool,
+    pairs: int,
+    pairs_per_micro_batch: int,
+    timer: Timer,
+    reference: Callable[[], Any] | None = None,
+) -> dict[str, Any]:
     """The reference logprobs (``reference()``'s, default: computed for ``batch`` alone), then one optimizer step
     (or, ``eval_mode``, the loss alone) on ``batch``."""
     from rlcore.algorithms.dpo.reference import reference_logprobs
@@ -40,13 +54,18 @@ def _train_pairs(run: "Run", batch: Any, eval_mode: bool, pairs: int, pairs_per_
         batch["reference_policy_logprobs"] = reference() if reference else reference_logprobs(policy, [batch])[0]
     with timer.phase("train"):
         policy.prepare_for_training()
-        result = policy.train(batch, DPOLossFn(run.cfg.dpo.loss_settings()), eval_mode=eval_mode, gbs=2 * pairs,
-                              mbs=2 * pairs_per_micro_batch)
+        result = policy.train(
+            batch,
+            DPOLossFn(run.cfg.dpo.loss_settings()),
+            eval_mode=eval_mode,
+            gbs=2 * pairs,
+            mbs=2 * pairs_per_micro_batch,
+        )
         policy.finish_training()
     return result
 
 
-def dpo_step(run: "Run", reference: "ReferenceLogprobs | None" = None) -> dict[str, float]:
+def dpo_step(run: Run, reference: ReferenceLogprobs | None = None) -> dict[str, float]:
     """One optimizer step of DPO on the next batch of preference samples (:class:`EmptyStep` when no pair
     trains: each is cut, or its chosen response equals its rejected one); its reference logprobs from
     ``reference`` (default: computed for this batch alone, one weight swap)."""
@@ -60,16 +79,28 @@ def dpo_step(run: "Run", reference: "ReferenceLogprobs | None" = None) -> dict[s
     fits = batch["sample_mask"][::2].tolist()
     if not any(fit and teaches(sample, run.cfg) for fit, sample in zip(fits, samples)):
         raise EmptyStep(nothing_preferred(samples, run.tokenizer, run.cfg) or "no pair has a response to train")
-    result = _train_pairs(run, batch, False, p.train_global_batch_size, p.train_micro_batch_size, timer,
-                          (lambda: reference.for_train_batch(index, batch)) if reference else None)
+    result = _train_pairs(
+        run,
+        batch,
+        False,
+        p.train_global_batch_size,
+        p.train_micro_batch_size,
+        timer,
+        (lambda: reference.for_train_batch(index, batch)) if reference else None,
+    )
     metrics = result["metrics"]
-    return step_metrics(run, result, timer, {
-        **{name: float(metrics[name]) for name in PAIR_METRICS if name in metrics},
-        "cut_pairs": float((batch["sample_mask"][::2] == 0).sum()),  # longer than policy.max_total_sequence_length
-    })
+    return step_metrics(
+        run,
+        result,
+        timer,
+        {
+            **{name: float(metrics[name]) for name in PAIR_METRICS if name in metrics},
+            "cut_pairs": float((batch["sample_mask"][::2] == 0).sum()),  # longer than policy.max_total_sequence_length
+        },
+    )
 
 
-def dpo_validate(run: "Run", reference: "ReferenceLogprobs | None" = None) -> dict[str, float]:
+def dpo_validate(run: Run, reference: ReferenceLogprobs | None = None) -> dict[str, float]:
     """The loss and pair metrics of the validation samples, in eval mode, weighted by each batch's valid pairs
     (the reference logprobs of all batches from ``reference``, one swap; default: one swap per batch)."""
     from rlcore.algorithms.dpo.batches import dpo_batch
@@ -79,15 +110,20 @@ def dpo_validate(run: "Run", reference: "ReferenceLogprobs | None" = None) -> di
     size = cfg.val_global_batch_size
     sums: dict[str, float] = {}
     pairs = 0.0
-    batches = [dpo_batch(samples[begin:begin + size], run.tokenizer, run.cfg, size=size)
-               for begin in range(0, len(samples), size)]
+    batches = [
+        dpo_batch(samples[begin : begin + size], run.tokenizer, run.cfg, size=size)
+        for begin in range(0, len(samples), size)
+    ]
     references = reference.for_validation(batches) if reference and batches else [None] * len(batches)
     for batch, values in zip(batches, references):
-        result = _train_pairs(run, batch, True, size, cfg.val_micro_batch_size, Timer(),
-                              None if values is None else (lambda v=values: v))
+        result = _train_pairs(
+            run, batch, True, size, cfg.val_micro_batch_size, Timer(), None if values is None else (lambda v=values: v)
+        )
         valid = float(batch["sample_mask"][::2].sum())
-        values = {"loss": float(result["loss"][0]), **{k: float(v) for k, v in result["metrics"].items()
-                                                       if k in PAIR_METRICS}}
+        values = {
+            "loss": float(result["loss"][0]),
+            **{k: float(v) for k, v in result["metrics"].items() if k in PAIR_METRICS},
+        }
         for name, value in values.items():
             sums[name] = sums.get(name, 0.0) + value * valid  # each batch's value is its mean over its pairs
         pairs += valid
@@ -98,7 +134,7 @@ def dpo_validate(run: "Run", reference: "ReferenceLogprobs | None" = None) -> di
     }
 
 
-def dpo_train(run: "Run", on_step: Callable[[int, dict[str, float]], None]) -> str | None:
+def dpo_train(run: Run, on_step: Callable[[int, dict[str, float]], None]) -> str | None:
     """The steps of a DPO run (:func:`rlcore.algorithms.sft.loop.offline_train`), reference logprobs computed
     ``dpo.reference_batches_per_swap`` batches at a time (a fresh cache per process: a resumed run recomputes)."""
     from rlcore.algorithms.dpo.reference import ReferenceLogprobs
@@ -123,7 +159,8 @@ class DPO(OfflineAlgorithm):
             decided.problems.append(
                 f"policy.{section}.train_mb_tokens: {plan.train_mb_tokens} tokens cannot hold a DPO pair, two "
                 f"sequences of up to policy.max_total_sequence_length={cfg.policy.max_total_sequence_length} kept "
-                f"in one micro-batch; set it to at least {pair_tokens}")
+                f"in one micro-batch; set it to at least {pair_tokens}"
+            )
         return decided
 
     def sample_problem(self, sample: Any, where: str) -> str | None:
@@ -140,8 +177,8 @@ class DPO(OfflineAlgorithm):
     def needs_reference_model(self, cfg: Any) -> bool:
         return True  # the loss is relative to the frozen initial weights
 
-    def train(self, run: "Run", on_step: OnStep) -> str | None:
+    def train(self, run: Run, on_step: OnStep) -> str | None:
         return dpo_train(run, on_step)
 
-    def validate(self, run: "Run") -> dict[str, float]:
+    def validate(self, run: Run) -> dict[str, float]:
         return dpo_validate(run)

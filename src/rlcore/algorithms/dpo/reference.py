@@ -19,20 +19,21 @@ if TYPE_CHECKING:
     from rlcore.run.build import Run
 
 
-def reference_logprobs(policy: Any, batches: list["BatchedDataDict"]) -> list[Any]:
+def reference_logprobs(policy: Any, batches: list[BatchedDataDict]) -> list[Any]:
     """The reference logprobs of each of ``batches`` (rows x its own width), from one call: one weight swap."""
     from rlcore.data import BatchedDataDict
 
     policy.prepare_for_lp_inference()
     # token logprobs need no pairing: any micro-batch plan will do; narrower batches are right-padded, which
     # leaves a causal model's logprobs of their tokens as they are
-    rows = BatchedDataDict.from_batches([{k: b[k] for k in ("input_ids", "input_lengths", "token_mask",
-                                                             "sample_mask")} for b in batches])
+    rows = BatchedDataDict.from_batches(
+        [{k: b[k] for k in ("input_ids", "input_lengths", "token_mask", "sample_mask")} for b in batches]
+    )
     values = policy.get_reference_policy_logprobs(rows)["reference_logprobs"]
     out, begin = [], 0
     for b in batches:
         size, width = b["input_ids"].shape
-        out.append(values[begin:begin + size, :width].clone())
+        out.append(values[begin : begin + size, :width].clone())
         begin += size
     return out
 
@@ -40,12 +41,12 @@ def reference_logprobs(policy: Any, batches: list["BatchedDataDict"]) -> list[An
 class ReferenceLogprobs:
     """Reference logprobs of a run's training batches (by batch index) and validation batches (by position)."""
 
-    def __init__(self, run: "Run", batches_per_swap: int) -> None:
+    def __init__(self, run: Run, batches_per_swap: int) -> None:
         self.run, self.batches_per_swap = run, batches_per_swap
         self.train: dict[int, tuple[Any, Any]] = {}  # batch index -> (input_ids, reference logprobs)
         self.validation: dict[int, Any] = {}
 
-    def for_train_batch(self, index: int, batch: "BatchedDataDict") -> Any:
+    def for_train_batch(self, index: int, batch: BatchedDataDict) -> Any:
         """``batch``'s (the run's training batch ``index``) reference logprobs, computing those of the next
         ``batches_per_swap`` batches in one swap when it has none."""
         if index not in self.train:
@@ -62,12 +63,14 @@ class ReferenceLogprobs:
                 self.train[i] = (b["input_ids"], values)
         input_ids, values = self.train.pop(index)
         if not (input_ids.shape == batch["input_ids"].shape and bool((input_ids == batch["input_ids"]).all())):
-            raise RuntimeError(f"DPO reference logprobs: training batch {index} was encoded differently when its "
-                               "reference logprobs were computed ahead (a data source that is not deterministic "
-                               "by batch index?)")
+            raise RuntimeError(
+                f"DPO reference logprobs: training batch {index} was encoded differently when its "
+                "reference logprobs were computed ahead (a data source that is not deterministic "
+                "by batch index?)"
+            )
         return values
 
-    def _encoded(self, index: int) -> "BatchedDataDict | None":
+    def _encoded(self, index: int) -> BatchedDataDict | None:
         """Training batch ``index`` encoded as its step will encode it, or None past the data's end."""
         from rlcore.algorithms.dpo.batches import dpo_batch
         from rlcore.datasets import DataExhausted
@@ -78,7 +81,7 @@ class ReferenceLogprobs:
             return None
         return dpo_batch(samples, self.run.tokenizer, self.run.cfg)
 
-    def for_validation(self, batches: list["BatchedDataDict"]) -> list[Any]:
+    def for_validation(self, batches: list[BatchedDataDict]) -> list[Any]:
         """The reference logprobs of the validation batches, all computed in one swap the first time."""
         if len(self.validation) != len(batches):
             self.validation = dict(enumerate(reference_logprobs(self.run.policy, batches)))

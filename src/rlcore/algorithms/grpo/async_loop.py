@@ -34,9 +34,10 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from rlcore.algorithms.grpo.step import train_on_rollout
 from rlcore.run.rollouts import Rollout, run_rollout
@@ -55,7 +56,7 @@ class InFlight:
     future: Future
 
 
-def async_grpo_train(run: "Run", loss_fn: Any, on_step: Callable[[int, dict[str, float]], None]) -> None:
+def async_grpo_train(run: Run, loss_fn: Any, on_step: Callable[[int, dict[str, float]], None]) -> None:
     """Run steps ``run.start_step .. run.num_steps - 1`` with generation running ahead (see the module doc)."""
     cfg, policy, generation = run.cfg, run.policy, run.generation
     max_age = cfg.grpo.async_grpo.max_trajectory_age_steps
@@ -66,8 +67,9 @@ def async_grpo_train(run: "Run", loss_fn: Any, on_step: Callable[[int, dict[str,
 
     def roll_out(samples: list[Any]) -> tuple[Rollout, Timer]:
         timer = Timer()
-        return run_rollout(cfg, sample, run.environment, run.tokenizer, samples,
-                           cfg.grpo.num_generations_per_prompt, timer), timer
+        return run_rollout(
+            cfg, sample, run.environment, run.tokenizer, samples, cfg.grpo.num_generations_per_prompt, timer
+        ), timer
 
     def launch(step: int) -> InFlight:
         samples = run.data.train.batch(step)
@@ -112,26 +114,30 @@ def async_grpo_train(run: "Run", loss_fn: Any, on_step: Callable[[int, dict[str,
             generated = float(rollout.data["generation_lengths"].sum())
             # The training ranks only: a call to an engine would queue behind the rollout it is generating.
             memory = peak_memory_metrics(policy, None)
-            on_step(step, {
-                **metrics,
-                "epoch": float(run.data.train.epoch_of(step)),
-                "tokens_per_s": generated / max(end - begin, 1e-9),
-                "refit_bytes": refit_bytes,
-                **timer.seconds,
-                "time/step_s": time.perf_counter() - started,  # wall: waiting, training, refit, launch, validation
-                "time/generation_s": end - begin,  # on the engines, overlapped with earlier steps' training
-                "time/generation_idle_s": idle,  # how long the engines waited (for weights) before this rollout
-                **age_metrics(ages, max_age),
-                "async/regenerated_rollouts": float(regenerated),
-                **memory,
-            })
+            on_step(
+                step,
+                {
+                    **metrics,
+                    "epoch": float(run.data.train.epoch_of(step)),
+                    "tokens_per_s": generated / max(end - begin, 1e-9),
+                    "refit_bytes": refit_bytes,
+                    **timer.seconds,
+                    "time/step_s": time.perf_counter() - started,  # wall: waiting, training, refit, launch, validation
+                    "time/generation_s": end - begin,  # on the engines, overlapped with earlier steps' training
+                    "time/generation_idle_s": idle,  # how long the engines waited (for weights) before this rollout
+                    **age_metrics(ages, max_age),
+                    "async/regenerated_rollouts": float(regenerated),
+                    **memory,
+                },
+            )
             refit_bytes = 0.0
     finally:
         rollouts.shutdown(wait=False, cancel_futures=True)
 
 
-def collect_young_enough(item: InFlight, step: int, max_age: int,
-                         roll_out: Callable[[list[Any]], tuple[Rollout, Timer]]) -> tuple[Rollout, int]:
+def collect_young_enough(
+    item: InFlight, step: int, max_age: int, roll_out: Callable[[list[Any]], tuple[Rollout, Timer]]
+) -> tuple[Rollout, int]:
     """The rollout of ``item`` (its environment time added to the step's), rolled out again on the current
     weights if any sample is older than ``max_age`` steps; returns it and how many times it was redone."""
     rollout, timer = item.future.result()
@@ -146,5 +152,8 @@ def collect_young_enough(item: InFlight, step: int, max_age: int,
 def age_metrics(ages: Any, max_age: int) -> dict[str, float]:
     """The staleness of a rollout: mean and max age in steps, and the fraction of samples of each age."""
     n = len(ages)
-    return {"async/age_mean": float(ages.float().mean()), "async/age_max": float(ages.max()),
-            **{f"async/age_{a}_fraction": float((ages == a).sum()) / n for a in range(max_age + 1)}}
+    return {
+        "async/age_mean": float(ages.float().mean()),
+        "async/age_max": float(ages.max()),
+        **{f"async/age_{a}_fraction": float((ages == a).sum()) / n for a in range(max_age + 1)},
+    }

@@ -22,7 +22,8 @@ draw one more).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from rlcore.datasets import Sample
@@ -33,8 +34,9 @@ class DynamicSamplingError(RuntimeError):
     """A step found too few groups with signal within ``grpo.dynamic_sampling_max_gen_batches`` batches."""
 
 
-def sample_with_signal(cfg: Any, draw: Callable[[], list["Sample"]], roll_out: Callable[[list["Sample"]], "Rollout"],
-                       pad: int) -> tuple["Rollout", dict[str, float]]:
+def sample_with_signal(
+    cfg: Any, draw: Callable[[], list[Sample]], roll_out: Callable[[list[Sample]], Rollout], pad: int
+) -> tuple[Rollout, dict[str, float]]:
     """Draw and roll out batches until ``num_prompts_per_step`` groups have signal.
 
     ``draw()``: the next batch of samples (moves the data position); ``roll_out(samples)``: their scored
@@ -49,8 +51,8 @@ def sample_with_signal(cfg: Any, draw: Callable[[], list["Sample"]], roll_out: C
 
     g = cfg.grpo
     size, wanted = g.num_generations_per_prompt, g.num_prompts_per_step
-    generated: list["Rollout"] = []
-    kept: list["Rollout"] = []
+    generated: list[Rollout] = []
+    kept: list[Rollout] = []
     found = 0
     while found < wanted:
         if len(generated) == g.dynamic_sampling_max_gen_batches:
@@ -59,11 +61,13 @@ def sample_with_signal(cfg: Any, draw: Callable[[], list["Sample"]], roll_out: C
                 f"{g.prompts_per_generation_batch} prompts gave {found} of the {wanted} groups "
                 "(grpo.num_prompts_per_step) whose rewards differ; every other group's rewards agree, so the task "
                 "is too easy or too hard for the policy; raise dynamic_sampling_max_gen_batches, "
-                "batch_multiplier or num_generations_per_prompt, or lower num_prompts_per_step")
+                "batch_multiplier or num_generations_per_prompt, or lower num_prompts_per_step"
+            )
         rollout = roll_out(draw())
         generated.append(rollout)
-        unshaped = transform_rewards(g, rollout.rewards, rollout.data["first_turn_lengths"],
-                                     rollout.data["truncated"]).unshaped
+        unshaped = transform_rewards(
+            g, rollout.rewards, rollout.data["first_turn_lengths"], rollout.data["truncated"]
+        ).unshaped
         signal = groups_with_signal(unshaped, size)
         groups = signal.nonzero().flatten().tolist()
         if groups:
@@ -84,14 +88,14 @@ def sample_with_signal(cfg: Any, draw: Callable[[], list["Sample"]], roll_out: C
     return trained, metrics
 
 
-def _select_groups(rollout: "Rollout", groups: list[int], size: int) -> "Rollout":
+def _select_groups(rollout: Rollout, groups: list[int], size: int) -> Rollout:
     from rlcore.run.rollouts import Rollout
 
     rows = [row for group in groups for row in range(group * size, (group + 1) * size)]
     return Rollout(rollout.data.select_indices(rows), rollout.rewards[rows])
 
 
-def _concatenate(parts: list["Rollout"], rows: int, pad: int) -> "Rollout":
+def _concatenate(parts: list[Rollout], rows: int, pad: int) -> Rollout:
     """The first ``rows`` trajectories of ``parts``, as one batch no wider than its longest sequence."""
     import torch
 
@@ -106,7 +110,7 @@ def _concatenate(parts: list["Rollout"], rows: int, pad: int) -> "Rollout":
     return Rollout(data, torch.cat([p.rewards for p in parts])[:rows])
 
 
-def _merged_rollout_metrics(rollouts: list["Rollout"]) -> dict[str, float]:
+def _merged_rollout_metrics(rollouts: list[Rollout]) -> dict[str, float]:
     """The batches' rollout metrics as one step's: environment errors add up, the rest are means over batches
     (of equal size)."""
     merged: dict[str, float] = {}

@@ -15,14 +15,15 @@ by :func:`rlcore.run.build.build_run`.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from rlcore.algorithms.grpo.async_loop import async_grpo_train
 from rlcore.algorithms.grpo.dynamic_sampling import sample_with_signal
 from rlcore.algorithms.grpo.step import train_on_rollout
 from rlcore.interfaces.algorithm import Algorithm, OnStep, Resolution
-from rlcore.run.rollouts import run_rollout
 from rlcore.run.rollout_loop import train_rollout_steps
+from rlcore.run.rollouts import run_rollout
 from rlcore.run.step import Timer, peak_memory_metrics, refit
 from rlcore.run.validation import synchronous_generate, validate
 
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
     from rlcore.run.build import Run
 
 
-def grpo_step(run: "Run", step: int, loss_fn: Any) -> dict[str, float]:
+def grpo_step(run: Run, step: int, loss_fn: Any) -> dict[str, float]:
     """One synchronous GRPO step on the next batch of data: refit (if stale), generate, score, train."""
     from rlcore.run.prompts import pad_id
 
@@ -44,8 +45,15 @@ def grpo_step(run: "Run", step: int, loss_fn: Any) -> dict[str, float]:
         generation.prepare_for_generation()
 
     def roll_out(samples: list[Any]) -> Any:
-        return run_rollout(cfg, lambda batch: generation.generate(batch, greedy=False), run.environment,
-                           run.tokenizer, samples, cfg.grpo.num_generations_per_prompt, timer)
+        return run_rollout(
+            cfg,
+            lambda batch: generation.generate(batch, greedy=False),
+            run.environment,
+            run.tokenizer,
+            samples,
+            cfg.grpo.num_generations_per_prompt,
+            timer,
+        )
 
     sampling: dict[str, float] = {}
     if cfg.grpo.use_dynamic_sampling:
@@ -70,7 +78,7 @@ def grpo_step(run: "Run", step: int, loss_fn: Any) -> dict[str, float]:
     }
 
 
-def grpo_train(run: "Run", on_step: Callable[[int, dict[str, float]], None]) -> str | None:
+def grpo_train(run: Run, on_step: Callable[[int, dict[str, float]], None]) -> str | None:
     """Run steps ``run.start_step .. run.num_steps - 1``, calling ``on_step(step, metrics)`` after each.
 
     Generation runs ahead of training (:mod:`rlcore.algorithms.grpo.async_loop`) where the resolved config says so.
@@ -100,12 +108,19 @@ class GRPO(Algorithm):
         problems = []
         rollout, dp = g.num_prompts_per_step * g.num_generations_per_prompt, policy.data_parallel_size
         if rollout % dp:
-            problems.append(f"grpo rollout batch {rollout} cannot be split over {dp} data-parallel ranks; "
-                            "make grpo.num_prompts_per_step × grpo.num_generations_per_prompt a multiple of it")
+            problems.append(
+                f"grpo rollout batch {rollout} cannot be split over {dp} data-parallel ranks; "
+                "make grpo.num_prompts_per_step × grpo.num_generations_per_prompt a multiple of it"
+            )
             return Resolution(cfg, problems)
         async_generation = _async_generation(g, generation, notices)
-        cfg = cfg.model_copy(update={"loss": cfg.loss.model_copy(
-            update={"force_on_policy_ratio": skips_prev_logprob_pass(cfg, policy.config)})})
+        cfg = cfg.model_copy(
+            update={
+                "loss": cfg.loss.model_copy(
+                    update={"force_on_policy_ratio": skips_prev_logprob_pass(cfg, policy.config)}
+                )
+            }
+        )
         return Resolution(cfg, [], async_generation)
 
     def load_data(self, cfg: Any, tokenizer: Any) -> Any:
@@ -117,10 +132,10 @@ class GRPO(Algorithm):
     def one_batch_per_step(self, cfg: Any) -> bool:
         return not cfg.grpo.use_dynamic_sampling  # dynamic sampling draws until enough groups have signal
 
-    def train(self, run: "Run", on_step: OnStep) -> str | None:
+    def train(self, run: Run, on_step: OnStep) -> str | None:
         return grpo_train(run, on_step)
 
-    def validate(self, run: "Run") -> dict[str, float]:
+    def validate(self, run: Run) -> dict[str, float]:
         return validate(run, synchronous_generate(run))
 
 

@@ -17,12 +17,21 @@ def token_advantages(cfg: Any, data: Any, rewards: Any) -> Any:
     loss = cfg.loss
     kl = None
     if loss.use_kl_in_reward:
-        kl = kl_estimate(data["reference_policy_logprobs"] - data["prev_logprobs"], loss.reference_policy_kl_type,
-                         loss.kl_input_clamp_value, loss.kl_output_clamp_value)
+        kl = kl_estimate(
+            data["reference_policy_logprobs"] - data["prev_logprobs"],
+            loss.reference_policy_kl_type,
+            loss.kl_input_clamp_value,
+            loss.kl_output_clamp_value,
+        )
     mask = data["token_mask"] * data["sample_mask"][:, None]
-    return reinforce_plus_plus_advantages(rewards, cfg.grpo.num_generations_per_prompt, mask,
-                                          cfg.grpo.advantage_estimator == "reinforce_plus_plus_baseline",
-                                          kl, loss.reference_policy_kl_penalty)
+    return reinforce_plus_plus_advantages(
+        rewards,
+        cfg.grpo.num_generations_per_prompt,
+        mask,
+        cfg.grpo.advantage_estimator == "reinforce_plus_plus_baseline",
+        kl,
+        loss.reference_policy_kl_penalty,
+    )
 
 
 def reward_components(data: Any) -> dict[str, Any]:
@@ -40,19 +49,24 @@ def gdpo_step_advantages(cfg: Any, components: dict[str, Any]) -> Any:
     g, env, names = cfg.grpo, cfg.env.name, sorted(components)
     if len(names) < 2:
         returned = f"{len(names)} ({', '.join(names)})" if names else "none"
-        raise ValueError(f"grpo.advantage_estimator: gdpo needs at least 2 named reward components per sample, but "
-                         f"environment '{env}' returns {returned} (EnvironmentReturn.reward_components); use an "
-                         "environment that scores several things by name (the python environment: a reward "
-                         "function returning {name: rewards}), or set grpo.advantage_estimator to leave_one_out_std "
-                         "or mean_std (GRPO on the total reward)")
+        raise ValueError(
+            f"grpo.advantage_estimator: gdpo needs at least 2 named reward components per sample, but "
+            f"environment '{env}' returns {returned} (EnvironmentReturn.reward_components); use an "
+            "environment that scores several things by name (the python environment: a reward "
+            "function returning {name: rewards}), or set grpo.advantage_estimator to leave_one_out_std "
+            "or mean_std (GRPO on the total reward)"
+        )
     weights = g.gdpo.reward_weights
     if weights is not None and len(weights) != len(names):
-        raise ValueError(f"grpo.gdpo.reward_weights: has {len(weights)} entries, but environment '{env}' returns "
-                         f"{len(names)} reward components: {', '.join(names)}; give one weight per component, in "
-                         "that (alphabetical) order")
+        raise ValueError(
+            f"grpo.gdpo.reward_weights: has {len(weights)} entries, but environment '{env}' returns "
+            f"{len(names)} reward components: {', '.join(names)}; give one weight per component, in "
+            "that (alphabetical) order"
+        )
     scaled = {name: scale_rewards(values, g.reward_scaling) for name, values in components.items()}
-    return gdpo_advantages(scaled, g.num_generations_per_prompt, g.gdpo.use_leave_one_out_baseline,
-                           g.gdpo.normalize_rewards, weights)
+    return gdpo_advantages(
+        scaled, g.num_generations_per_prompt, g.gdpo.use_leave_one_out_baseline, g.gdpo.normalize_rewards, weights
+    )
 
 
 def add_logprob_inputs(cfg: Any, policy: Any, data: Any, prev_pass: bool) -> None:
@@ -97,14 +111,16 @@ def train_on_rollout(cfg: Any, policy: Any, loss_fn: Any, rollout: Any, timer: T
     with timer.phase("logprob"):
         add_logprob_inputs(cfg, policy, data, prev_pass)
     if per_token:
-        data["advantages"] = clip_advantages(token_advantages(cfg, data, rewards), g.advantage_clip_low,
-                                             g.advantage_clip_high)
+        data["advantages"] = clip_advantages(
+            token_advantages(cfg, data, rewards), g.advantage_clip_low, g.advantage_clip_high
+        )
     if loss_fn.cfg.positive_example_nll_weight > 0:  # VAPO: the NLL of the step's rewarded completions
         from rlcore.algorithms.loss_functions import positive_example_token_counts
 
         data["rewards"] = rewards
         data["positive_example_token_count"] = positive_example_token_counts(
-            data["token_mask"], data["sample_mask"], rewards, cfg.policy.train_global_batch_size)
+            data["token_mask"], data["sample_mask"], rewards, cfg.policy.train_global_batch_size
+        )
     with timer.phase("train"):
         policy.prepare_for_training()
         result = policy.train(data, loss_fn)
@@ -130,7 +146,11 @@ def train_on_rollout(cfg: Any, policy: Any, loss_fn: Any, rollout: Any, timer: T
         metrics["reward_transformed_mean"] = float(rewards.mean())  # what the advantages were computed from
     if g.overlong_filtering:
         metrics["overlong_filtered_fraction"] = float(truncated.float().mean())
-    metrics.update({key: float(loss_metrics[key]) for key in ("clip_fraction", "sampling_importance_ratio",
-                                                               "is_oob_ratio", "positive_nll_loss")
-                    if key in loss_metrics})
+    metrics.update(
+        {
+            key: float(loss_metrics[key])
+            for key in ("clip_fraction", "sampling_importance_ratio", "is_oob_ratio", "positive_nll_loss")
+            if key in loss_metrics
+        }
+    )
     return metrics

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from rlcore.datasets import Sample
 
 
-def conversation(sample: "Sample") -> list[dict[str, str]]:
+def conversation(sample: Sample) -> list[dict[str, str]]:
     """The sample's message log with the assistant's answer: as written, or its prompt plus ``ground_truth``."""
     messages = list(sample.messages)
     if not any(m["role"] == "assistant" for m in messages) and "ground_truth" in sample.metadata:
@@ -35,17 +35,23 @@ def conversation(sample: "Sample") -> list[dict[str, str]]:
     return messages
 
 
-def answer_problem(sample: "Sample", where: str) -> str | None:
+def answer_problem(sample: Sample, where: str) -> str | None:
     """Why ``sample`` has nothing to train on (None when it has an assistant message)."""
     if any(m["role"] == "assistant" for m in conversation(sample)):
         return None
-    return (f"{where}: row {sample.idx + 1} has no assistant message to train on: give it a message log with an "
-            "assistant turn (data.messages_key) or an answer (data.output_key)")
+    return (
+        f"{where}: row {sample.idx + 1} has no assistant message to train on: give it a message log with an "
+        "assistant turn (data.messages_key) or an answer (data.output_key)"
+    )
 
 
-def encode_conversation(tokenizer: Any, messages: list[dict[str, str]], sft: Any,
-                        template_kwargs: dict[str, Any] | None = None,
-                        trained: list[bool] | None = None) -> tuple[list[int], list[int]]:
+def encode_conversation(
+    tokenizer: Any,
+    messages: list[dict[str, str]],
+    sft: Any,
+    template_kwargs: dict[str, Any] | None = None,
+    trained: list[bool] | None = None,
+) -> tuple[list[int], list[int]]:
     """``(token ids, loss mask)`` of one message log; the mask is 1 on the tokens the loss trains: the
     assistant's messages, or the messages ``trained`` marks (DPO: the response, not earlier turns). ``sft``:
     the section whose ``add_bos``, ``add_eos``, ``add_generation_prompt`` (and ``only_unmask_final``) apply."""
@@ -59,13 +65,14 @@ def encode_conversation(tokenizer: Any, messages: list[dict[str, str]], sft: Any
     before = ""
     for i, message in enumerate(messages):
         prompt = sft.add_generation_prompt and message["role"] == "user"
-        text = tokenizer.apply_chat_template(messages[:i + 1], tokenize=False, add_generation_prompt=prompt,
-                                             **kwargs)
+        text = tokenizer.apply_chat_template(messages[: i + 1], tokenize=False, add_generation_prompt=prompt, **kwargs)
         if not text.startswith(before):
-            raise DataError("policy.tokenizer.chat_template: rendering a message log does not extend the rendering "
-                            f"of the messages before message {i + 1}, so its tokens cannot be told apart; use a "
-                            "template that renders each message after the previous ones")
-        chunk = tokenizer.encode(text[len(before):], add_special_tokens=False)
+            raise DataError(
+                "policy.tokenizer.chat_template: rendering a message log does not extend the rendering "
+                f"of the messages before message {i + 1}, so its tokens cannot be told apart; use a "
+                "template that renders each message after the previous ones"
+            )
+        chunk = tokenizer.encode(text[len(before) :], add_special_tokens=False)
         ids += chunk
         mask += [int(trained[i])] * len(chunk)
         before = text
@@ -77,7 +84,7 @@ def encode_conversation(tokenizer: Any, messages: list[dict[str, str]], sft: Any
     return ids, mask
 
 
-def sft_batch(samples: list["Sample"], tokenizer: Any, cfg: Any, size: int | None = None) -> "BatchedDataDict":
+def sft_batch(samples: list[Sample], tokenizer: Any, cfg: Any, size: int | None = None) -> BatchedDataDict:
     """The training batch of ``samples``: right-padded ``input_ids``, ``input_lengths``, ``token_mask`` (the
     assistant's tokens) and ``sample_mask`` (0 for a sample cut at ``policy.max_total_sequence_length``, and
     for the masked rows that fill the batch up to ``size``)."""
@@ -87,8 +94,10 @@ def sft_batch(samples: list["Sample"], tokenizer: Any, cfg: Any, size: int | Non
     for sample in samples:  # a generator's samples meet this check here, a file's when the data was loaded
         if problem := answer_problem(sample, "data.train"):
             raise DataError(problem)
-    encoded = [encode_conversation(tokenizer, conversation(s), cfg.sft, cfg.policy.tokenizer.chat_template_kwargs)
-               for s in samples]
+    encoded = [
+        encode_conversation(tokenizer, conversation(s), cfg.sft, cfg.policy.tokenizer.chat_template_kwargs)
+        for s in samples
+    ]
     keep = [len(ids) <= limit for ids, _ in encoded]
     rows = [(ids[:limit], mask[:limit]) for ids, mask in encoded]
     size = size or len(rows)
@@ -97,7 +106,7 @@ def sft_batch(samples: list["Sample"], tokenizer: Any, cfg: Any, size: int | Non
     return padded_batch(rows, keep, pad_id(tokenizer))
 
 
-def padded_batch(rows: list[tuple[list[int], list[int]]], keep: list[bool], pad: int) -> "BatchedDataDict":
+def padded_batch(rows: list[tuple[list[int], list[int]]], keep: list[bool], pad: int) -> BatchedDataDict:
     """Right-padded ``input_ids``, ``input_lengths``, ``token_mask`` and ``sample_mask`` of ``(ids, mask)`` rows."""
     import torch
 
@@ -107,11 +116,14 @@ def padded_batch(rows: list[tuple[list[int], list[int]]], keep: list[bool], pad:
     input_ids = torch.full((len(rows), width), pad, dtype=torch.long)
     token_mask = torch.zeros((len(rows), width), dtype=torch.float32)
     for i, (ids, mask) in enumerate(rows):
-        input_ids[i, :len(ids)] = torch.tensor(ids)
-        token_mask[i, :len(mask)] = torch.tensor(mask, dtype=torch.float32)
-    return BatchedDataDict(input_ids=input_ids,
-                           input_lengths=torch.tensor([len(ids) for ids, _ in rows], dtype=torch.long),
-                           token_mask=token_mask, sample_mask=torch.tensor(keep, dtype=torch.float32))
+        input_ids[i, : len(ids)] = torch.tensor(ids)
+        token_mask[i, : len(mask)] = torch.tensor(mask, dtype=torch.float32)
+    return BatchedDataDict(
+        input_ids=input_ids,
+        input_lengths=torch.tensor([len(ids) for ids, _ in rows], dtype=torch.long),
+        token_mask=token_mask,
+        sample_mask=torch.tensor(keep, dtype=torch.float32),
+    )
 
 
 def trains_a_token(ids: list[int], mask: list[int], limit: int) -> bool:
@@ -130,17 +142,20 @@ def cut_reason(what: str, count: int, cut_lengths: list[int], limit: int) -> str
         return f"all {count} {what} are {longer}, so each is cut and trains nothing; {fix}"
     if not cut_lengths:
         return f"none of its {count} {what} has a token to train (an assistant message's)"
-    return (f"none of its {count} {what} trains a token: {len(cut_lengths)} are {longer} and cut, the others have "
-            f"no assistant token; {fix}")
+    return (
+        f"none of its {count} {what} trains a token: {len(cut_lengths)} are {longer} and cut, the others have "
+        f"no assistant token; {fix}"
+    )
 
 
-def nothing_trained(samples: list["Sample"], tokenizer: Any, cfg: Any) -> str | None:
+def nothing_trained(samples: list[Sample], tokenizer: Any, cfg: Any) -> str | None:
     """Why no sample of ``samples`` trains a token (each cut at ``policy.max_total_sequence_length``, or without
     an assistant token), or None as soon as one does (the samples are encoded up to that one)."""
     limit, cut = cfg.policy.max_total_sequence_length, []
     for sample in samples:
-        ids, mask = encode_conversation(tokenizer, conversation(sample), cfg.sft,
-                                        cfg.policy.tokenizer.chat_template_kwargs)
+        ids, mask = encode_conversation(
+            tokenizer, conversation(sample), cfg.sft, cfg.policy.tokenizer.chat_template_kwargs
+        )
         if trains_a_token(ids, mask, limit):
             return None
         if len(ids) > limit:

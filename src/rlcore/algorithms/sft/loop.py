@@ -13,7 +13,8 @@ backend, no environment).
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from rlcore.datasets import DataExhausted
 from rlcore.interfaces.algorithm import Algorithm, OnStep, Resolution
@@ -28,7 +29,7 @@ class EmptyStep(RunError):
     """A step's batch trains nothing (every sample cut, every pair masked); the message says why and the fix."""
 
 
-def sft_step(run: "Run") -> dict[str, float]:
+def sft_step(run: Run) -> dict[str, float]:
     """One optimizer step of NLL on the next batch of samples (:class:`EmptyStep` when none trains a token)."""
     from rlcore.algorithms.loss_functions import NLLLoss
     from rlcore.algorithms.sft.batches import nothing_trained, sft_batch
@@ -43,13 +44,18 @@ def sft_step(run: "Run") -> dict[str, float]:
         policy.prepare_for_training()
         result = policy.train(batch, NLLLoss())
         policy.finish_training()
-    return step_metrics(run, result, timer, {
-        "num_valid_tokens": float(result["metrics"].get("num_valid_tokens", 0.0)),
-        "cut_samples": float((batch["sample_mask"] == 0).sum()),  # longer than policy.max_total_sequence_length
-    })
+    return step_metrics(
+        run,
+        result,
+        timer,
+        {
+            "num_valid_tokens": float(result["metrics"].get("num_valid_tokens", 0.0)),
+            "cut_samples": float((batch["sample_mask"] == 0).sum()),  # longer than policy.max_total_sequence_length
+        },
+    )
 
 
-def step_metrics(run: "Run", result: dict, timer: Timer, extra: dict[str, float]) -> dict[str, float]:
+def step_metrics(run: Run, result: dict, timer: Timer, extra: dict[str, float]) -> dict[str, float]:
     """A step's row: the loss and grad norm of ``policy.train``'s ``result``, the algorithm's ``extra``, the data
     epoch, the phases' times and the peak memory."""
     return {
@@ -64,7 +70,7 @@ def step_metrics(run: "Run", result: dict, timer: Timer, extra: dict[str, float]
     }
 
 
-def sft_validate(run: "Run") -> dict[str, float]:
+def sft_validate(run: Run) -> dict[str, float]:
     """The NLL per assistant token of the validation samples, in eval mode (no gradient, no step)."""
     from rlcore.algorithms.loss_functions import NLLLoss
     from rlcore.algorithms.sft.batches import sft_batch
@@ -74,7 +80,7 @@ def sft_validate(run: "Run") -> dict[str, float]:
     size = cfg.val_global_batch_size
     total, tokens = 0.0, 0.0
     for begin in range(0, len(samples), size):
-        batch = sft_batch(samples[begin:begin + size], run.tokenizer, run.cfg, size=size)
+        batch = sft_batch(samples[begin : begin + size], run.tokenizer, run.cfg, size=size)
         result = run.policy.train(batch, NLLLoss(), eval_mode=True, gbs=size, mbs=cfg.val_micro_batch_size)
         valid = float((batch["token_mask"][:, 1:] * batch["sample_mask"][:, None]).sum())
         total += float(result["loss"][0]) * valid  # each batch's loss is its mean over its own valid tokens
@@ -87,14 +93,17 @@ def sft_validate(run: "Run") -> dict[str, float]:
     }
 
 
-def sft_train(run: "Run", on_step: Callable[[int, dict[str, float]], None]) -> str | None:
+def sft_train(run: Run, on_step: Callable[[int, dict[str, float]], None]) -> str | None:
     """The steps of an SFT run (:func:`offline_train`)."""
     return offline_train(run, on_step, sft_step, sft_validate)
 
 
-def offline_train(run: "Run", on_step: Callable[[int, dict[str, float]], None],
-                  step_fn: Callable[["Run"], dict[str, float]],
-                  validate_fn: Callable[["Run"], dict[str, float]]) -> str | None:
+def offline_train(
+    run: Run,
+    on_step: Callable[[int, dict[str, float]], None],
+    step_fn: Callable[[Run], dict[str, float]],
+    validate_fn: Callable[[Run], dict[str, float]],
+) -> str | None:
     """Run steps ``run.start_step .. run.num_steps - 1`` of an algorithm that trains on data as written (SFT,
     DPO), validating when due and calling ``on_step(step, metrics)`` after each; returns why the run ended
     early (the epochs' data ran out), or None. A step that would train nothing stops the run
@@ -122,10 +131,17 @@ class OfflineAlgorithm(Algorithm):
         from rlcore.config.batch_plan import batch_problems
 
         s, plan, name = self.section(cfg), policy.batch, self.name
-        return Resolution(cfg, batch_problems(s.val_global_batch_size, s.val_micro_batch_size,
-                                              plan.data_parallel_size, plan.mode,
-                                              gbs_name=f"{name}.val_global_batch_size",
-                                              mbs_name=f"{name}.val_micro_batch_size"))
+        return Resolution(
+            cfg,
+            batch_problems(
+                s.val_global_batch_size,
+                s.val_micro_batch_size,
+                plan.data_parallel_size,
+                plan.mode,
+                gbs_name=f"{name}.val_global_batch_size",
+                mbs_name=f"{name}.val_micro_batch_size",
+            ),
+        )
 
     def load_data(self, cfg: Any, tokenizer: Any) -> Any:
         """The samples, every fixed one checked for what the loss trains on (:meth:`sample_problem`), and the
@@ -163,10 +179,10 @@ class SFT(OfflineAlgorithm):
 
         return nothing_trained(samples, tokenizer, cfg)
 
-    def train(self, run: "Run", on_step: OnStep) -> str | None:
+    def train(self, run: Run, on_step: OnStep) -> str | None:
         return sft_train(run, on_step)
 
-    def validate(self, run: "Run") -> dict[str, float]:
+    def validate(self, run: Run) -> dict[str, float]:
         return sft_validate(run)
 
 

@@ -15,20 +15,29 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from rlcore.training.process_group import init_distributed
 from rlcore.refit import RefitExportMixin, metadata_of
 from rlcore.training.checkpoint import load_hf_state_dict, load_torch_state, save_hf_checkpoint, save_torch_state
 from rlcore.training.loop import StepHooks
 from rlcore.training.optim import clip_grad_norm_
+from rlcore.training.process_group import init_distributed
 from rlcore.training.worker_base import DTYPES, TrainingWorkerBase
 
 
 class ReferenceWorker(RefitExportMixin, TrainingWorkerBase):
     """One rank of the reference backend."""
 
-    def __init__(self, config: Any, tokenizer: Any = None, *, weights_path: str | None = None,
-                 optimizer_path: str | None = None, init_optimizer: bool = True, init_reference_model: bool = True,
-                 backend_config: Any = None, layout: Any = None) -> None:
+    def __init__(
+        self,
+        config: Any,
+        tokenizer: Any = None,
+        *,
+        weights_path: str | None = None,
+        optimizer_path: str | None = None,
+        init_optimizer: bool = True,
+        init_reference_model: bool = True,
+        backend_config: Any = None,
+        layout: Any = None,
+    ) -> None:
         # No config class and no layout function: backend_config is None and the layout pure data parallel.
         from transformers import AutoModelForCausalLM
 
@@ -40,9 +49,13 @@ class ReferenceWorker(RefitExportMixin, TrainingWorkerBase):
         self.model = AutoModelForCausalLM.from_pretrained(
             weights_path or config.model_name, dtype=DTYPES[config.precision]
         ).to(self.device)
-        self._init_optimizer_and_reference(self.model.parameters(), init_optimizer=init_optimizer,
-                                           optimizer_path=optimizer_path, init_reference_model=init_reference_model,
-                                           load_optimizer=self._load_optimizer)
+        self._init_optimizer_and_reference(
+            self.model.parameters(),
+            init_optimizer=init_optimizer,
+            optimizer_path=optimizer_path,
+            init_reference_model=init_reference_model,
+            load_optimizer=self._load_optimizer,
+        )
 
     # -- the step (the forwards are TrainingWorkerBase's: a whole HF model on every rank) ---
     def _step_hooks(self) -> StepHooks:
@@ -54,7 +67,7 @@ class ReferenceWorker(RefitExportMixin, TrainingWorkerBase):
             dist.all_reduce(flat, op=dist.ReduceOp.SUM)  # one collective for all gradients
             offset = 0
             for p, g in zip(params, grads):
-                p.grad = flat[offset:offset + g.numel()].view_as(g)
+                p.grad = flat[offset : offset + g.numel()].view_as(g)
                 offset += g.numel()
 
         return StepHooks(
@@ -75,8 +88,9 @@ class ReferenceWorker(RefitExportMixin, TrainingWorkerBase):
         yield from self.model.state_dict().items()
 
     # -- checkpoints -------------------------------------------------------------------
-    def save_checkpoint(self, weights_path: str, optimizer_path: str | None = None,
-                        tokenizer_path: str | None = None) -> None:
+    def save_checkpoint(
+        self, weights_path: str, optimizer_path: str | None = None, tokenizer_path: str | None = None
+    ) -> None:
         """Rank 0 writes HF safetensors (+ optimizer state); all ranks then synchronise."""
         if self.rank == 0:
             state = {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
@@ -84,8 +98,9 @@ class ReferenceWorker(RefitExportMixin, TrainingWorkerBase):
             if tokenizer_path and self.tokenizer is not None:
                 self.tokenizer.save_pretrained(tokenizer_path)
             if optimizer_path and self.optimizer is not None:
-                save_torch_state({"optimizer": self.optimizer.state_dict(),
-                                  "scheduler": self.scheduler.state_dict()}, optimizer_path)
+                save_torch_state(
+                    {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}, optimizer_path
+                )
         dist.barrier()
 
     def load_checkpoint(self, weights_path: str, optimizer_path: str | None = None) -> None:

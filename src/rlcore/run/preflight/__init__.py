@@ -22,15 +22,17 @@ next, still before Ray (:func:`rlcore.run.build.load_run_data`); ``config valida
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 #: The reward function of the ``python`` environment, and the key a config sets it with.
 PYTHON_ENV, REWARD_KEY = "python", "env.python_cfg.reward"
 
 
-def run_problems(resolved: Any, *, files: bool = True, resume: bool = False,
-                 sources: Mapping[str, str] | None = None) -> list[str]:
+def run_problems(
+    resolved: Any, *, files: bool = True, resume: bool = False, sources: Mapping[str, str] | None = None
+) -> list[str]:
     """What stops the run of ``resolved`` (a :class:`rlcore.config.ResolvedConfig`) before Ray starts, one line
     each; empty when nothing does. ``sources``: the NeMo-RL key each rlcore key came from (``--from nemo-rl``),
     named in the lines as ``<rlcore key> (NeMo-RL: <key>)``."""
@@ -76,9 +78,13 @@ def code_problems(resolved: Any) -> list[str]:
     cfg, env, problems = resolved.config, resolved.environment, []
     if env is not None:
         spec = env.spec
-        problems += import_path_problems("env.name", spec.environment_class, "class", subject=(
-            f"environment '{spec.name}' names {spec.environment_class}, but "), fix=(
-            f"reinstall the plugin that provides environment '{spec.name}' (rlcore environments list)"))
+        problems += import_path_problems(
+            "env.name",
+            spec.environment_class,
+            "class",
+            subject=(f"environment '{spec.name}' names {spec.environment_class}, but "),
+            fix=(f"reinstall the plugin that provides environment '{spec.name}' (rlcore environments list)"),
+        )
         if env.spec.name == PYTHON_ENV and env.section is not None:
             problems += import_path_problems(REWARD_KEY, env.section.reward, "function")
     if cfg.data.train.generator is not None:
@@ -89,11 +95,13 @@ def code_problems(resolved: Any) -> list[str]:
 def file_problems(data: Any) -> list[str]:
     """Data and prompt files the ``data`` section names that do not exist."""
     problems = []
-    what = ("a local .jsonl, .json, .parquet or .csv file, or a directory written by datasets' save_to_disk")
-    for key, path, holds in (("data.train.path", data.train.path, what),
-                             ("data.validation.path", data.validation and data.validation.path, what),
-                             ("data.system_prompt_file", data.system_prompt_file, "a file holding the system prompt"),
-                             ("data.prompt_file", data.prompt_file, "a file holding the prompt template")):
+    what = "a local .jsonl, .json, .parquet or .csv file, or a directory written by datasets' save_to_disk"
+    for key, path, holds in (
+        ("data.train.path", data.train.path, what),
+        ("data.validation.path", data.validation and data.validation.path, what),
+        ("data.system_prompt_file", data.system_prompt_file, "a file holding the system prompt"),
+        ("data.prompt_file", data.prompt_file, "a file holding the prompt template"),
+    ):
         if path is not None and not Path(path).expanduser().exists():
             problems.append(f"{key}: {path} does not exist; set {key} to {holds}")
     return problems
@@ -110,8 +118,10 @@ def _teacher_model(resolved: Any) -> tuple[str, str] | None:
 def _model_names(resolved: Any) -> list[tuple[str, str]]:
     """(key, name) of every model and tokenizer the run loads, in the order the lines name them."""
     policy = resolved.config.policy
-    names = [("policy.model_name", policy.model_name),
-             ("policy.tokenizer.name", policy.tokenizer.name or policy.model_name)]
+    names = [
+        ("policy.model_name", policy.model_name),
+        ("policy.tokenizer.name", policy.tokenizer.name or policy.model_name),
+    ]
     gen = policy.generation
     if gen is not None and gen.model_name and gen.backend != policy.training_backend:
         names.append(("policy.generation.model_name", gen.model_name))

@@ -44,8 +44,9 @@ PROBE_TIMEOUT_S = 20.0
 def cuda_devices() -> tuple[int, str]:
     """(the CUDA devices this process may use, why there are none: empty when there are some)."""
     try:
-        out = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True,
-                             timeout=PROBE_TIMEOUT_S).stdout.strip()
+        out = subprocess.run(
+            [sys.executable, "-c", _PROBE], capture_output=True, text=True, timeout=PROBE_TIMEOUT_S
+        ).stdout.strip()
     except (OSError, subprocess.TimeoutExpired) as exc:
         return 0, f"the CUDA probe failed ({type(exc).__name__})"
     if out.startswith("error "):
@@ -57,8 +58,7 @@ def cuda_devices() -> tuple[int, str]:
     if count:
         return count, ""
     hidden = os.environ.get("CUDA_VISIBLE_DEVICES")
-    return 0, ("the CUDA driver sees no device" + (f" (CUDA_VISIBLE_DEVICES={hidden!r})" if hidden is not None
-                                                    else ""))
+    return 0, ("the CUDA driver sees no device" + (f" (CUDA_VISIBLE_DEVICES={hidden!r})" if hidden is not None else ""))
 
 
 def torch_cuda_build() -> bool | None:
@@ -79,8 +79,9 @@ def torch_cuda_build() -> bool | None:
     except (OSError, SyntaxError, UnicodeDecodeError):
         return None
     for node in tree.body:
-        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
-            node, ast.AnnAssign) else []
+        targets = (
+            node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        )
         if any(getattr(t, "id", None) == "cuda" for t in targets):
             value = getattr(node, "value", None)
             return not (isinstance(value, ast.Constant) and value.value is None)
@@ -94,14 +95,20 @@ def gpu_problems(cluster: Any) -> list[str]:
         return []
     count, why = cuda_devices()
     if not count:
-        return [f"cluster.use_gpu: is true, but this machine has no CUDA device ({why}); set cluster.use_gpu=false "
-                "to train on CPU, or run where there are GPUs"]
+        return [
+            f"cluster.use_gpu: is true, but this machine has no CUDA device ({why}); set cluster.use_gpu=false "
+            "to train on CPU, or run where there are GPUs"
+        ]
     if torch_cuda_build() is False:
-        return [f"cluster.use_gpu: is true, but the installed torch is a CPU build (this machine has {count} CUDA "
-                "device(s)); install a CUDA build of torch, or set cluster.use_gpu=false to train on CPU"]
+        return [
+            f"cluster.use_gpu: is true, but the installed torch is a CPU build (this machine has {count} CUDA "
+            "device(s)); install a CUDA build of torch, or set cluster.use_gpu=false to train on CPU"
+        ]
     if cluster.num_nodes == 1 and cluster.workers_per_node > count:
-        return [f"cluster.workers_per_node: is {cluster.workers_per_node}, one GPU each, but this machine has "
-                f"{count} CUDA device(s); set cluster.workers_per_node={count} or less"]
+        return [
+            f"cluster.workers_per_node: is {cluster.workers_per_node}, one GPU each, but this machine has "
+            f"{count} CUDA device(s); set cluster.workers_per_node={count} or less"
+        ]
     return []
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Iterable
+from collections.abc import Iterable
 
 #: What a Hugging Face hub repository id looks like (``gpt2``, ``Qwen/Qwen2.5-0.5B``).
 _HUB_ID = re.compile(r"^[\w.-]+(/[\w.-]+)?$")
@@ -66,12 +66,17 @@ def _ask_hub(name: str) -> tuple[str | None, str | None]:
     try:
         HfApi().model_info(name, timeout=HUB_TIMEOUT_S)
     except GatedRepoError:
-        return (f"{name} is gated on the Hugging Face hub: accept its terms at {endpoint}/{name} and log in "
-                "(hf auth login), or set it to a local model directory", None)
+        return (
+            f"{name} is gated on the Hugging Face hub: accept its terms at {endpoint}/{name} and log in "
+            "(hf auth login), or set it to a local model directory",
+            None,
+        )
     except RepositoryNotFoundError:
-        return (f"{name} is not a local directory, and the Hugging Face hub ({endpoint}) has no model of that name; "
-                "check the name (log in with hf auth login if it is private), or set it to a local model directory",
-                None)
+        return (
+            f"{name} is not a local directory, and the Hugging Face hub ({endpoint}) has no model of that name; "
+            "check the name (log in with hf auth login if it is private), or set it to a local model directory",
+            None,
+        )
     except HfHubHTTPError as exc:
         status = getattr(getattr(exc, "response", None), "status_code", None)
         if status is not None and status < 500:
@@ -91,9 +96,11 @@ def _why(exc: BaseException) -> str:
 def _unreachable_line(name: str, key: str, why: str) -> str:
     from huggingface_hub import constants
 
-    return (f"{name} is not a local directory and not in the Hugging Face cache ({constants.HF_HUB_CACHE}), and the "
-            f"hub ({_endpoint()}) cannot be reached ({why}): download it where there is network (hf download "
-            f"{name}) or set {key} to a local model directory")
+    return (
+        f"{name} is not a local directory and not in the Hugging Face cache ({constants.HF_HUB_CACHE}), and the "
+        f"hub ({_endpoint()}) cannot be reached ({why}): download it where there is network (hf download "
+        f"{name}) or set {key} to a local model directory"
+    )
 
 
 def _endpoint() -> str:

@@ -42,12 +42,16 @@ def _problems(key: str, path: str, what: str, fix: str) -> list[str]:
 
     module, sep, name = path.partition(":")
     if not sep or not module or not name:
-        return [f"{key}: {path!r} is not 'module:{what}'; write the module's import name, a colon and the {what}'s "
-                f"name, e.g. my_rewards:score"]
+        return [
+            f"{key}: {path!r} is not 'module:{what}'; write the module's import name, a colon and the {what}'s "
+            f"name, e.g. my_rewards:score"
+        ]
     spec = find_module_spec(module)
     if spec is None:
-        fix = fix or (f"put {module.replace('.', '/')}.py in the directory you run from, add its directory to "
-                      "PYTHONPATH, or install its package")
+        fix = fix or (
+            f"put {module.replace('.', '/')}.py in the directory you run from, add its directory to "
+            "PYTHONPATH, or install its package"
+        )
         return [f"{key}: no module named '{module}' (from {path!r}); {fix}"]
     source = _source(spec)
     if source is not None:
@@ -141,7 +145,6 @@ def _error(exc: BaseException) -> str:
     frames = [f for f in frames if "importlib" not in f.filename]
     at = f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
     return f"{type(exc).__name__}: {text}{at}"
-
 
 
 def _a(noun: str) -> str:

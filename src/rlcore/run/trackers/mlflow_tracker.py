@@ -50,7 +50,7 @@ class MlflowTracker:
         now = int(time.time() * 1000)
         rows = [Metric(_name(key), value, now, step) for key, value in metrics.items()]
         for i in range(0, len(rows), METRICS_PER_BATCH):
-            self.client.log_batch(self.run_id, metrics=rows[i:i + METRICS_PER_BATCH])
+            self.client.log_batch(self.run_id, metrics=rows[i : i + METRICS_PER_BATCH])
 
     def close(self, failed: bool = False) -> None:
         if self.run_id is not None:
@@ -78,7 +78,7 @@ class MlflowTracker:
 
         rows = [Param(key, value) for key, value in params.items()]
         for i in range(0, len(rows), PARAMS_PER_BATCH):
-            self.client.log_batch(self.run_id, params=rows[i:i + PARAMS_PER_BATCH])
+            self.client.log_batch(self.run_id, params=rows[i : i + PARAMS_PER_BATCH])
 
 
 def flat_params(config: dict[str, Any], prefix: str = "") -> dict[str, str]:

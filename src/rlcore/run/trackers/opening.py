@@ -44,24 +44,30 @@ def open_trackers(cfg: Any, output_dir: str | Path, start: int = 0, err: Any = N
     return opened
 
 
-def _open(name: str, logger: Any, out: Path, params: dict[str, Any], state: TrackerState, start: int,
-          err: Any) -> Tracker:
+def _open(
+    name: str, logger: Any, out: Path, params: dict[str, Any], state: TrackerState, start: int, err: Any
+) -> Tracker:
     key = "logger.wandb" if name == "wandb" else "logger.mlflow.tracking_uri"
     try:
         tracker = _tracker(name, logger, out)
         previous = state.previous(name, tracker.where) if start > 0 else None
         run_id = tracker.start(params, previous["run_id"] if previous else None)
     except Exception as exc:
-        raise RunError(f"{key}: {name} could not start its run: {_first_line(exc)} (or set "
-                       f"logger.{name}_enabled=false)") from exc
+        raise RunError(
+            f"{key}: {name} could not start its run: {_first_line(exc)} (or set logger.{name}_enabled=false)"
+        ) from exc
     last = previous.get("last_step") if previous else None
     state.started(name, run_id, tracker.where, last)
     skip_through = last if isinstance(last, int) and last >= start else None
     if start > 0:
         how = f"continues run {run_id}" if previous and run_id == previous["run_id"] else f"starts run {run_id}"
         steps = f"step {start}" if last == start else f"steps {start}-{last}"
-        kept = (f"; {steps} keep{'s' if last == start else ''} the values the interrupted attempt logged "
-                "(metrics.jsonl has the re-run's)" if skip_through is not None else "")
+        kept = (
+            f"; {steps} keep{'s' if last == start else ''} the values the interrupted attempt logged "
+            "(metrics.jsonl has the re-run's)"
+            if skip_through is not None
+            else ""
+        )
         print(f"{name}: {how}, from step {start}{kept}", file=err)
     return RecordedTracker(tracker, state, skip_through)
 

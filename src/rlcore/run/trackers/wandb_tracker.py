@@ -31,8 +31,14 @@ class WandbTracker:
         import wandb
 
         resume = {"id": run_id, "resume": "allow", "allow_val_change": True} if run_id else {}
-        self.run = wandb.init(project=self.cfg.project, name=self.cfg.name, entity=self.cfg.entity,
-                              dir=str(self.output_dir), config=params, **resume)
+        self.run = wandb.init(
+            project=self.cfg.project,
+            name=self.cfg.name,
+            entity=self.cfg.entity,
+            dir=str(self.output_dir),
+            config=params,
+            **resume,
+        )
         self.run.define_metric(STEP_METRIC)
         self.run.define_metric("*", step_metric=STEP_METRIC)
         return str(self.run.id)

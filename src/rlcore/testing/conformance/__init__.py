@@ -78,8 +78,11 @@ from rlcore.testing.conformance.checkers import (
 from rlcore.testing.conformance.generation import GenerationBackendConformance
 from rlcore.testing.conformance.probes import plugin_reference
 from rlcore.testing.conformance.training import TrainingBackendConformance
-from rlcore.testing.conformance.training_kit import _TrainingKit  # noqa: F401 - rlcore's own kit tests drive it
-from rlcore.testing.conformance.training_kit import distillation_step, dpo_step
+from rlcore.testing.conformance.training_kit import (
+    _TrainingKit,  # noqa: F401 - rlcore's own kit tests drive it
+    distillation_step,
+    dpo_step,
+)
 from rlcore.testing.oracle import (  # re-exported: the oracles and checkers are part of the kit's public API
     StepRecord,
     close,  # noqa: F401

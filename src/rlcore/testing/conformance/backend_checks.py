@@ -83,11 +83,14 @@ class _BackendChecks:
         """Importing the plugin module and running its hook imports no heavy module (design.md §3)."""
         ref = plugin_reference(self.backend_name, self.plugin, kit_registry)
         out = run_probe(PLUGIN_PROBE, ref, ",".join(self.heavy_modules))
-        assert not out["heavy"], (f"importing plugin {ref!r} and running its hook imported {out['heavy']}; "
-                                  "import them inside the worker class's module instead")
+        assert not out["heavy"], (
+            f"importing plugin {ref!r} and running its hook imported {out['heavy']}; "
+            "import them inside the worker class's module instead"
+        )
         names = {(r["name"], r["kind"]) for r in out["records"]}
-        assert (self.backend_name, self.expected_kind) in names, \
+        assert (self.backend_name, self.expected_kind) in names, (
             f"plugin {ref!r} registered {sorted(names)}, not {self.expected_kind} backend '{self.backend_name}'"
+        )
 
     def test_spec_is_valid(self, backend_spec: Any) -> None:
         """Kind and name as declared; in a fresh interpreter, the config class, the layout function and the
@@ -97,16 +100,20 @@ class _BackendChecks:
         from rlcore.plugins import BackendSpec
 
         assert backend_spec.name == self.backend_name
-        assert backend_spec.kind == self.expected_kind, \
+        assert backend_spec.kind == self.expected_kind, (
             f"backend '{self.backend_name}' declares kind {backend_spec.kind!r}, expected {self.expected_kind!r}"
+        )
         assert BackendSpec.model_validate(backend_spec.model_dump()) == backend_spec
         out = run_probe(CLASSES_PROBE, backend_spec.model_dump_json(), ",".join(self.heavy_modules))
         assert out["config_error"] is None, f"config_class {backend_spec.config_class}: {out['config_error']}"
         assert out["layout_error"] is None, f"layout / config_check: {out['layout_error']}"
-        assert not out["config_heavy"], (f"importing config_class {backend_spec.config_class}, layout "
-                                         f"{backend_spec.layout} and config_check {backend_spec.config_check} "
-                                         f"imported {out['config_heavy']}; they run on the driver and must stay "
-                                         "light")
+        assert not out["config_heavy"], (
+            f"importing config_class {backend_spec.config_class}, layout "
+            f"{backend_spec.layout} and config_check {backend_spec.config_check} "
+            f"imported {out['config_heavy']}; they run on the driver and must stay "
+            "light"
+        )
         assert out["worker_error"] is None, f"worker_class {backend_spec.worker_class}: {out['worker_error']}"
-        assert not out["problems"], f"worker_class {backend_spec.worker_class} breaks the worker contract:\n" + \
-            "\n".join(out["problems"])
+        assert not out["problems"], (
+            f"worker_class {backend_spec.worker_class} breaks the worker contract:\n" + "\n".join(out["problems"])
+        )

@@ -14,9 +14,13 @@ if TYPE_CHECKING:
     import torch
 
 
-def logprob_problems(logprobs: Any, input_lengths: "torch.Tensor", expected: "torch.Tensor | None" = None,
-                     atol: float = 1e-5,
-                     what: str = "logprobs vs the single-process Hugging Face float32 forward") -> list[str]:
+def logprob_problems(
+    logprobs: Any,
+    input_lengths: torch.Tensor,
+    expected: torch.Tensor | None = None,
+    atol: float = 1e-5,
+    what: str = "logprobs vs the single-process Hugging Face float32 forward",
+) -> list[str]:
     """Problems with ``[B, S]`` token logprobs (design.md §2.2); empty when they conform.
 
     Float32, the shape of ``expected`` (if given), position 0 is 0, positions
@@ -45,17 +49,19 @@ def logprob_problems(logprobs: Any, input_lengths: "torch.Tensor", expected: "to
     if not torch.isfinite(lp).all():
         problems.append(f"{what}: non-finite values")
     if expected is not None:
-        diff = ((lp - expected.float()).abs() * valid)
+        diff = (lp - expected.float()).abs() * valid
         worst = float(diff.max())
         if not worst <= atol:  # also catches NaN
             row, col = divmod(int(diff.argmax()), lp.shape[1])
-            problems.append(f"{what}: differ from the expected values by {worst:.3g} (> {atol:g}) "
-                            f"at row {row}, position {col}")
+            problems.append(
+                f"{what}: differ from the expected values by {worst:.3g} (> {atol:g}) at row {row}, position {col}"
+            )
     return problems
 
 
-def generation_output_problems(input_ids: "torch.Tensor", input_lengths: "torch.Tensor", out: Any,
-                               max_new_tokens: int, pad_id: int) -> list[str]:
+def generation_output_problems(
+    input_ids: torch.Tensor, input_lengths: torch.Tensor, out: Any, max_new_tokens: int, pad_id: int
+) -> list[str]:
     """Problems with a ``generate`` result (``GenerationOutputSpec``); empty when it conforms.
 
     ``output_ids`` is ``[B, S_prompt + max_new_tokens]``: each row is its
@@ -81,8 +87,10 @@ def generation_output_problems(input_ids: "torch.Tensor", input_lengths: "torch.
     if ((gen_lens < 0) | (gen_lens > max_new_tokens)).any():
         problems.append(f"generation_lengths {gen_lens.tolist()} outside [0, {max_new_tokens}]")
     if not torch.equal(lens.long(), (input_lengths + gen_lens).long()):
-        problems.append(f"unpadded_sequence_lengths {lens.tolist()} != input_lengths + generation_lengths "
-                        f"{(input_lengths + gen_lens).tolist()}")
+        problems.append(
+            f"unpadded_sequence_lengths {lens.tolist()} != input_lengths + generation_lengths "
+            f"{(input_lengths + gen_lens).tolist()}"
+        )
     if problems:
         return problems
     positions = torch.arange(ids.shape[1])[None, :]

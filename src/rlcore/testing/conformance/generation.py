@@ -65,11 +65,21 @@ class GenerationBackendConformance(_BackendChecks):
         request.getfixturevalue("ray_session")
         model_dir = request.getfixturevalue("tiny_model_dir")
         tokenizer = request.getfixturevalue("tiny_tokenizer")
-        gen_cfg = deep_merge({"backend": cls.backend_name, "max_new_tokens": cls.max_new_tokens,
-                               "temperature": 1.0, "pad_token_id": tokenizer.pad_token_id},
-                              cls().generation_overrides())
-        config = load_config_dict({"cluster": {"workers_per_node": cls.world_size},
-                                   "policy": {"model_name": model_dir, "generation": gen_cfg}}).policy.generation
+        gen_cfg = deep_merge(
+            {
+                "backend": cls.backend_name,
+                "max_new_tokens": cls.max_new_tokens,
+                "temperature": 1.0,
+                "pad_token_id": tokenizer.pad_token_id,
+            },
+            cls().generation_overrides(),
+        )
+        config = load_config_dict(
+            {
+                "cluster": {"workers_per_node": cls.world_size},
+                "policy": {"model_name": model_dir, "generation": gen_cfg},
+            }
+        ).policy.generation
         clusters = ClusterPool()
         engine = cls().make_generation(clusters(cls.world_size), config)
         try:
@@ -90,8 +100,13 @@ class GenerationBackendConformance(_BackendChecks):
 
     def test_generate_output_format(self, generation: dict, greedy_output: tuple) -> None:
         prompts, out = greedy_output
-        problems = generation_output_problems(prompts["input_ids"], prompts["input_lengths"], out,
-                                              self.max_new_tokens, generation["tokenizer"].pad_token_id)
+        problems = generation_output_problems(
+            prompts["input_ids"],
+            prompts["input_lengths"],
+            out,
+            self.max_new_tokens,
+            generation["tokenizer"].pad_token_id,
+        )
         assert not problems, "\n".join(problems)
 
     def test_generation_matches_hf(self, generation: dict, greedy_output: tuple) -> None:
@@ -115,8 +130,10 @@ class GenerationBackendConformance(_BackendChecks):
     def test_refit_round_trip(self, backend_spec: Any) -> None:
         if not backend_spec.supports(Capability.REFIT):
             pytest.skip(f"backend '{self.backend_name}' does not declare 'refit'")
-        pytest.skip("generic refit round trip not in the kit yet (it needs a training policy beside the engine); "
-                    "backends test it themselves, e.g. plugins/rl-vllm/tests/test_refit.py")
+        pytest.skip(
+            "generic refit round trip not in the kit yet (it needs a training policy beside the engine); "
+            "backends test it themselves, e.g. plugins/rl-vllm/tests/test_refit.py"
+        )
 
     def test_async_generation(self, generation: dict, greedy_output: tuple, backend_spec: Any) -> None:
         """'async_generation' declared: ``generate_async`` returns before the result, requests run in

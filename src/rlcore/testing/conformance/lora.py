@@ -10,13 +10,21 @@ weights must not move, and the reference policy must be the base model.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 #: The kit's LoRA settings: every linear layer of the tiny Llama, rank 4, scale 2, no dropout.
-LORA_SETTINGS = {"enabled": True, "dim": 4, "alpha": 8, "dropout": 0.0, "match_all_linear": True,
-                 "lora_A_init": "uniform", "save_merged": True}
+LORA_SETTINGS = {
+    "enabled": True,
+    "dim": 4,
+    "alpha": 8,
+    "dropout": 0.0,
+    "match_all_linear": True,
+    "lora_A_init": "uniform",
+    "save_merged": True,
+}
 
 
 @dataclass
@@ -83,17 +91,21 @@ def base_weight_problems(merged_dir: Path, adapter_dir: Path, base_dir: str, sca
         a, b = adapters.get(path + ".lora_A.weight"), adapters.get(path + ".lora_B.weight")
         if a is None:
             if not bool((merged[name] == tensor).all()):
-                problems.append(f"{name} (not adapted) changed: max |diff| "
-                                f"{float((merged[name] - tensor).abs().max()):.3g}")
+                problems.append(
+                    f"{name} (not adapted) changed: max |diff| {float((merged[name] - tensor).abs().max()):.3g}"
+                )
             continue
         err = float((merged[name] - scaling * (b @ a) - tensor).abs().max())
         if err > 1e-5:
-            problems.append(f"{name}: merged - scaling * B @ A differs from the initial weight by {err:.3g}: "
-                            "the frozen base weight moved")
+            problems.append(
+                f"{name}: merged - scaling * B @ A differs from the initial weight by {err:.3g}: "
+                "the frozen base weight moved"
+            )
     return problems
 
 
 # -- resume from an adapter checkpoint --------------------------------------------------------
+
 
 @dataclass
 class LoRAResumeRun:
@@ -105,8 +117,14 @@ class LoRAResumeRun:
     restored: Any  # the resumed policy's probe logprobs before it trains
 
 
-def run_lora_resume(start: Callable[..., Any], stop: Callable[[str], None], steps: list[tuple[Any, Any]],
-                    probe: Any, tmp_dir: Path, checkpoint_step: int = 1) -> LoRAResumeRun:
+def run_lora_resume(
+    start: Callable[..., Any],
+    stop: Callable[[str], None],
+    steps: list[tuple[Any, Any]],
+    probe: Any,
+    tmp_dir: Path,
+    checkpoint_step: int = 1,
+) -> LoRAResumeRun:
     """Train uninterrupted, checkpointing adapters and optimizer after ``checkpoint_step``; then a new
     policy (``start(name, weights_path=..., optimizer_path=...)``) resumes from there."""
     weights, optimizer = tmp_dir / "lora-resume-checkpoint", tmp_dir / "lora-resume-optim"
@@ -133,15 +151,17 @@ def run_lora_resume(start: Callable[..., Any], stop: Callable[[str], None], step
     return LoRAResumeRun(uninterrupted, resumed, checkpoint_step, restored)
 
 
-def lora_resume_problems(run: LoRAResumeRun, lengths: Any, logprob_atol: float, exact_atol: float,
-                         exact_rtol: float) -> list[str]:
+def lora_resume_problems(
+    run: LoRAResumeRun, lengths: Any, logprob_atol: float, exact_atol: float, exact_rtol: float
+) -> list[str]:
     """Everything that differs between the resumed steps and the uninterrupted ones."""
     from rlcore.testing.conformance.checkers import logprob_problems
 
     k = run.checkpoint_step
     saved = run.uninterrupted[k - 1][2]
-    problems = logprob_problems(run.restored, lengths, saved, logprob_atol,
-                                what="the resumed policy's logprobs vs the saved policy's")
+    problems = logprob_problems(
+        run.restored, lengths, saved, logprob_atol, what="the resumed policy's logprobs vs the saved policy's"
+    )
     later = run.uninterrupted[k:]
     if float((later[-1][2] - saved).abs().max()) < 1e-4:
         problems.append("the steps after the checkpoint did not change the logprobs: the comparison is vacuous")
@@ -149,7 +169,12 @@ def lora_resume_problems(run: LoRAResumeRun, lengths: Any, logprob_atol: float, 
         for what, a, b in (("loss", expected[0], got[0]), ("grad norm", expected[1], got[1])):
             if abs(a - b) > exact_atol + exact_rtol * abs(a):
                 problems.append(f"step {n} {what}: resumed {b:.9g}, uninterrupted {a:.9g}")
-        problems += logprob_problems(got[2], lengths, expected[2], exact_atol,
-                                     what=f"logprobs after step {n}, resumed vs uninterrupted (adapters or "
-                                          "optimizer state not restored exactly?)")
+        problems += logprob_problems(
+            got[2],
+            lengths,
+            expected[2],
+            exact_atol,
+            what=f"logprobs after step {n}, resumed vs uninterrupted (adapters or "
+            "optimizer state not restored exactly?)",
+        )
     return problems

@@ -24,8 +24,9 @@ def subprocess_env() -> dict[str, str]:
 
 def run_probe(script: str, *args: str) -> dict:
     """Run ``script`` in a fresh interpreter; it prints one JSON object as its last line."""
-    proc = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True,
-                          env=subprocess_env(), timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", script, *args], capture_output=True, text=True, env=subprocess_env(), timeout=300
+    )
     lines = proc.stdout.strip().splitlines()
     if proc.returncode != 0 or not lines:
         raise AssertionError(f"probe failed (exit {proc.returncode}):\n{proc.stderr.strip()[-3000:]}")

@@ -19,9 +19,10 @@ optimizer state (Adam moments) was not.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from rlcore.testing.conformance.checkers import logprob_problems
 from rlcore.testing.oracle import (
@@ -75,10 +76,20 @@ class AdamRecipe:
         """The recipe in rlcore's generic ``policy.optimizer`` / ``policy.scheduler`` config."""
         return {
             "learning_rate": self.lr,
-            "optimizer": {"name": "torch.optim.AdamW", "kwargs": {
-                "lr": self.lr, "betas": list(self.betas), "eps": self.eps, "weight_decay": 0.0}},
-            "scheduler": [{"name": "torch.optim.lr_scheduler.LinearLR", "kwargs": {
-                "start_factor": self.warmup_start_factor, "end_factor": 1.0, "total_iters": self.warmup_steps}}],
+            "optimizer": {
+                "name": "torch.optim.AdamW",
+                "kwargs": {"lr": self.lr, "betas": list(self.betas), "eps": self.eps, "weight_decay": 0.0},
+            },
+            "scheduler": [
+                {
+                    "name": "torch.optim.lr_scheduler.LinearLR",
+                    "kwargs": {
+                        "start_factor": self.warmup_start_factor,
+                        "end_factor": 1.0,
+                        "total_iters": self.warmup_steps,
+                    },
+                }
+            ],
         }
 
 
@@ -106,11 +117,11 @@ class _Adam:
         self.moments: dict[str, tuple[Any, Any]] = {}
         self.steps = 0
 
-    def update(self, grads: dict[str, "torch.Tensor"], lr: float) -> dict[str, "torch.Tensor"]:
+    def update(self, grads: dict[str, torch.Tensor], lr: float) -> dict[str, torch.Tensor]:
         """The step to add to each parameter, advancing the moments."""
         beta1, beta2 = self.recipe.betas
         self.steps += 1
-        correction1, correction2 = 1 - beta1 ** self.steps, 1 - beta2 ** self.steps
+        correction1, correction2 = 1 - beta1**self.steps, 1 - beta2**self.steps
         out = {}
         for name, grad in grads.items():
             m, v = self.moments.get(name, (0.0, 0.0))
@@ -120,7 +131,7 @@ class _Adam:
         return out
 
 
-def _apply(model: Any, update: dict[str, "torch.Tensor"]) -> None:
+def _apply(model: Any, update: dict[str, torch.Tensor]) -> None:
     import torch
 
     with torch.no_grad():
@@ -129,8 +140,9 @@ def _apply(model: Any, update: dict[str, "torch.Tensor"]) -> None:
                 param += update[name]
 
 
-def single_process_adam(model_dir: str, steps: list[tuple[Any, Any]], recipe: AdamRecipe
-                        ) -> tuple[dict, list[StepRecord]]:
+def single_process_adam(
+    model_dir: str, steps: list[tuple[Any, Any]], recipe: AdamRecipe
+) -> tuple[dict, list[StepRecord]]:
     """:func:`~rlcore.testing.oracle.single_process_sgd` with the recipe's Adam and warm-up."""
     model = load_hf_model(model_dir)
     model.train()
@@ -142,8 +154,9 @@ def single_process_adam(model_dir: str, steps: list[tuple[Any, Any]], recipe: Ad
     return initial, records
 
 
-def fresh_adam_update(model_dir: str, weights: dict, data: Any, loss_fn: Any,
-                      recipe: AdamRecipe) -> dict[str, "torch.Tensor"]:
+def fresh_adam_update(
+    model_dir: str, weights: dict, data: Any, loss_fn: Any, recipe: AdamRecipe
+) -> dict[str, torch.Tensor]:
     """The update at lr 1 of an Adam built just now at ``weights``: what a resume that lost the moments does."""
     model = load_hf_model(model_dir)
     model.load_state_dict(weights)
@@ -165,8 +178,9 @@ def resume_steps(first: Any, tokenizer: Any, batch_size: int) -> list[tuple[Any,
     from rlcore.data import BatchedDataDict
     from rlcore.testing.models import make_batch
 
-    fresh = [BatchedDataDict(make_batch(tokenizer, batch_size, 5, 16, seed=seed))
-             for seed in range(2, RESUME_STEPS + 1)]
+    fresh = [
+        BatchedDataDict(make_batch(tokenizer, batch_size, 5, 16, seed=seed)) for seed in range(2, RESUME_STEPS + 1)
+    ]
     return [(data, NLLLoss()) for data in [first, *fresh]]
 
 
@@ -181,8 +195,9 @@ class ResumeRun:
     restored_logprobs: Any  # the resumed policy's, before it trained
 
 
-def run_resume(start: Callable[..., Any], stop: Callable[[str], None], steps: list[tuple[Any, Any]],
-               probe: Any, tmp_dir: Path) -> ResumeRun:
+def run_resume(
+    start: Callable[..., Any], stop: Callable[[str], None], steps: list[tuple[Any, Any]], probe: Any, tmp_dir: Path
+) -> ResumeRun:
     """Train uninterrupted (checkpointing once), then resume a new policy from the checkpoint.
 
     ``start(name, **policy_kwargs)`` starts a policy with the recipe's config;
@@ -196,8 +211,9 @@ def run_resume(start: Callable[..., Any], stop: Callable[[str], None], steps: li
         for k, (data, loss_fn) in enumerate(steps, start=1):
             at_checkpoint = k == CHECKPOINT_STEP
             weights = checkpoint if at_checkpoint else tmp_dir / f"adam-step{k}"
-            uninterrupted.append(train_and_save_step(policy, data, loss_fn, weights,
-                                                     optimizer if at_checkpoint else None))
+            uninterrupted.append(
+                train_and_save_step(policy, data, loss_fn, weights, optimizer if at_checkpoint else None)
+            )
             if at_checkpoint:
                 saved = policy.get_logprobs(probe)["logprobs"]
     finally:
@@ -205,8 +221,10 @@ def run_resume(start: Callable[..., Any], stop: Callable[[str], None], steps: li
     policy = start("resumed", weights_path=str(checkpoint), optimizer_path=str(optimizer))
     try:
         restored = policy.get_logprobs(probe)["logprobs"]
-        resumed = [train_and_save_step(policy, data, loss_fn, tmp_dir / f"resumed-step{k}", None)
-                   for k, (data, loss_fn) in enumerate(steps[CHECKPOINT_STEP:], start=CHECKPOINT_STEP + 1)]
+        resumed = [
+            train_and_save_step(policy, data, loss_fn, tmp_dir / f"resumed-step{k}", None)
+            for k, (data, loss_fn) in enumerate(steps[CHECKPOINT_STEP:], start=CHECKPOINT_STEP + 1)
+        ]
     finally:
         stop("resumed")
     return ResumeRun(uninterrupted, resumed, str(checkpoint), saved, restored)
@@ -215,58 +233,84 @@ def run_resume(start: Callable[..., Any], stop: Callable[[str], None], steps: li
 # --------------------------------------------------------------------------- checks
 
 
-def resume_problems(run: ResumeRun, steps: list[tuple[Any, Any]], probe: Any, model_dir: str,
-                    recipe: AdamRecipe, tol: ResumeTolerances) -> list[str]:
+def resume_problems(
+    run: ResumeRun, steps: list[tuple[Any, Any]], probe: Any, model_dir: str, recipe: AdamRecipe, tol: ResumeTolerances
+) -> list[str]:
     """Everything wrong with ``run``; empty when the checkpoint resumes training exactly."""
     import torch
 
     with torch.no_grad():
         hf = hf_token_logprobs(load_hf_model(run.checkpoint_dir), probe)
     lengths = probe["input_lengths"]
-    problems = logprob_problems(run.saved_logprobs, lengths, hf, tol.logprob_atol,
-                                what="logprobs at the checkpoint vs HF forward of the saved weights")
-    problems += logprob_problems(run.restored_logprobs, lengths, run.saved_logprobs, tol.logprob_atol,
-                                 what="logprobs of the policy restored from the checkpoint")
+    problems = logprob_problems(
+        run.saved_logprobs,
+        lengths,
+        hf,
+        tol.logprob_atol,
+        what="logprobs at the checkpoint vs HF forward of the saved weights",
+    )
+    problems += logprob_problems(
+        run.restored_logprobs,
+        lengths,
+        run.saved_logprobs,
+        tol.logprob_atol,
+        what="logprobs of the policy restored from the checkpoint",
+    )
     problems += _oracle_problems(run.uninterrupted, single_process_adam(model_dir, steps, recipe), tol)
     problems += _resumed_problems(run, steps, model_dir, recipe, tol)
     return problems
 
 
-def _oracle_problems(actual: list[StepRecord], oracle: tuple[dict, list[StepRecord]],
-                     tol: ResumeTolerances) -> list[str]:
+def _oracle_problems(
+    actual: list[StepRecord], oracle: tuple[dict, list[StepRecord]], tol: ResumeTolerances
+) -> list[str]:
     """The uninterrupted run is the recipe's Adam + warm-up (else the resume comparison proves little)."""
     before, expected = oracle
-    problems = step_problems(actual, expected, before, "uninterrupted Adam run vs single-process Adam oracle",
-                             loss_rtol=tol.oracle_rtol, grad_norm_rtol=tol.oracle_rtol, weight_rtol=tol.oracle_rtol)
+    problems = step_problems(
+        actual,
+        expected,
+        before,
+        "uninterrupted Adam run vs single-process Adam oracle",
+        loss_rtol=tol.oracle_rtol,
+        grad_norm_rtol=tol.oracle_rtol,
+        weight_rtol=tol.oracle_rtol,
+    )
     if not problems:
         return []
-    return ["the uninterrupted run is not the kit's Adam with LR warm-up (AdamRecipe), so the resume comparison "
-            "would prove little; a backend with its own optimizer settings maps the recipe in "
-            "resume_policy_overrides(recipe)", *problems]
+    return [
+        "the uninterrupted run is not the kit's Adam with LR warm-up (AdamRecipe), so the resume comparison "
+        "would prove little; a backend with its own optimizer settings maps the recipe in "
+        "resume_policy_overrides(recipe)",
+        *problems,
+    ]
 
 
-def _resumed_problems(run: ResumeRun, steps: list[tuple[Any, Any]], model_dir: str, recipe: AdamRecipe,
-                      tol: ResumeTolerances) -> list[str]:
+def _resumed_problems(
+    run: ResumeRun, steps: list[tuple[Any, Any]], model_dir: str, recipe: AdamRecipe, tol: ResumeTolerances
+) -> list[str]:
     """Resumed steps vs uninterrupted ones; the first difference is diagnosed and ends the comparison."""
     for k, got in enumerate(run.resumed, start=CHECKPOINT_STEP + 1):
         want, before = run.uninterrupted[k - 1], run.uninterrupted[k - 2].weights
         where = f"resumed step {k}"
         if not close(got.loss, want.loss, tol.exact_rtol):
-            return [f"{where}: loss {got.loss!r} != uninterrupted {want.loss!r}: the model the checkpoint "
-                    "restored is not the one that was saved"]
+            return [
+                f"{where}: loss {got.loss!r} != uninterrupted {want.loss!r}: the model the checkpoint "
+                "restored is not the one that was saved"
+            ]
         if not close(got.grad_norm, want.grad_norm, tol.exact_rtol):
             return [f"{where}: grad_norm {got.grad_norm!r} != uninterrupted {want.grad_norm!r} at the same loss"]
         worst = max(float((got.weights[n].double() - w.double()).abs().max()) for n, w in want.weights.items())
         if not worst <= tol.exact_atol:
             data, loss_fn = steps[k - 1]
             fresh = fresh_adam_update(model_dir, before, data, loss_fn, recipe)
-            return [f"{where}: weights differ from uninterrupted training by up to {worst:.3g} "
-                    f"(> {tol.exact_atol:g})", diagnose_update(k, before, got.weights, want.weights, fresh, recipe)]
+            return [
+                f"{where}: weights differ from uninterrupted training by up to {worst:.3g} (> {tol.exact_atol:g})",
+                diagnose_update(k, before, got.weights, want.weights, fresh, recipe),
+            ]
     return []
 
 
-def diagnose_update(step: int, before: dict, actual: dict, expected: dict, fresh: dict,
-                    recipe: AdamRecipe) -> str:
+def diagnose_update(step: int, before: dict, actual: dict, expected: dict, fresh: dict, recipe: AdamRecipe) -> str:
     """Name what the resume lost, from the direction and size of its first differing update.
 
     ``fresh`` is the oracle's lr-1 update of a new Adam from ``before``. The
@@ -280,36 +324,47 @@ def diagnose_update(step: int, before: dict, actual: dict, expected: dict, fresh
     scheduled = recipe.lr_at(step)
     ratio = float(got @ want / (want @ want)) if float(want @ want) > 0 else math.inf
     if cos_want >= SAME_DIRECTION and abs(ratio - 1) <= 1 - SAME_DIRECTION:
-        return (f"{DIFFERS}resumed step {step}'s update has uninterrupted training's direction and size (ratio "
-                f"{ratio:.6f}) but is not equal to it: is the backend's training step nondeterministic?")
+        return (
+            f"{DIFFERS}resumed step {step}'s update has uninterrupted training's direction and size (ratio "
+            f"{ratio:.6f}) but is not equal to it: is the backend's training step nondeterministic?"
+        )
     if cos_want >= SAME_DIRECTION:
-        return (f"{DIFFERS}learning-rate schedule was not restored: resumed step {step} moved the weights in "
-                f"uninterrupted training's direction but {ratio:.4g}x as far (lr ~ {ratio * scheduled:.4g}, the "
-                f"schedule gives {scheduled:.4g} at step {step})")
+        return (
+            f"{DIFFERS}learning-rate schedule was not restored: resumed step {step} moved the weights in "
+            f"uninterrupted training's direction but {ratio:.4g}x as far (lr ~ {ratio * scheduled:.4g}, the "
+            f"schedule gives {scheduled:.4g} at step {step})"
+        )
     if cos_fresh >= FRESH_DIRECTION:
         lr = float(got @ new / (new @ new))
-        restarted = "; the learning-rate schedule restarted too" \
-            if math.isclose(lr, recipe.lr_at(1), rel_tol=1e-3) and lr != scheduled else ""
-        return (f"{DIFFERS}optimizer state (Adam moments) was not restored: resumed step {step}'s update points "
-                f"like a freshly built optimizer's (cosine {cos_fresh:.5f}), not like uninterrupted training's "
-                f"(cosine {cos_want:.5f}); it ran at lr ~ {lr:.4g} where the schedule gives {scheduled:.4g}"
-                f"{restarted}")
-    return (f"{DIFFERS}resumed step {step}'s update has cosine {cos_want:.5f} with uninterrupted training's "
-            f"and {cos_fresh:.5f} with a fresh optimizer's; neither lost Adam moments nor a wrong learning rate "
-            "explains it")
+        restarted = (
+            "; the learning-rate schedule restarted too"
+            if math.isclose(lr, recipe.lr_at(1), rel_tol=1e-3) and lr != scheduled
+            else ""
+        )
+        return (
+            f"{DIFFERS}optimizer state (Adam moments) was not restored: resumed step {step}'s update points "
+            f"like a freshly built optimizer's (cosine {cos_fresh:.5f}), not like uninterrupted training's "
+            f"(cosine {cos_want:.5f}); it ran at lr ~ {lr:.4g} where the schedule gives {scheduled:.4g}"
+            f"{restarted}"
+        )
+    return (
+        f"{DIFFERS}resumed step {step}'s update has cosine {cos_want:.5f} with uninterrupted training's "
+        f"and {cos_fresh:.5f} with a fresh optimizer's; neither lost Adam moments nor a wrong learning rate "
+        "explains it"
+    )
 
 
-def _flat(tensors: list["torch.Tensor"]) -> "torch.Tensor":
+def _flat(tensors: list[torch.Tensor]) -> torch.Tensor:
     import torch
 
     return torch.cat([t.detach().double().reshape(-1) for t in tensors])
 
 
-def _delta(after: dict, before: dict, names: list[str]) -> "torch.Tensor":
+def _delta(after: dict, before: dict, names: list[str]) -> torch.Tensor:
     return _flat([after[n] for n in names]) - _flat([before[n] for n in names])
 
 
-def _cosine(a: "torch.Tensor", b: "torch.Tensor") -> float:
+def _cosine(a: torch.Tensor, b: torch.Tensor) -> float:
     denom = float(a.norm() * b.norm())
     return float(a @ b) / denom if denom > 0 else 0.0
 

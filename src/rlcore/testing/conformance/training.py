@@ -60,7 +60,7 @@ class TrainingBackendConformance(_BackendChecks):
         """Extra ``policy`` config for the 1-rank policy; override when ``policy_overrides`` sets tp/pp > 1."""
         return self.policy_overrides()
 
-    def resume_policy_overrides(self, recipe: "AdamRecipe") -> dict:
+    def resume_policy_overrides(self, recipe: AdamRecipe) -> dict:
         """``policy`` config for the checkpoint-resume check: the recipe's Adam and LR warm-up.
 
         The default sets rlcore's generic ``policy.optimizer``/``policy.scheduler``;
@@ -75,14 +75,19 @@ class TrainingBackendConformance(_BackendChecks):
         try:
             request.getfixturevalue("ray_session")
         except pytest.FixtureLookupError:
-            pytest.fail("the conformance kit needs its fixtures: add "
-                        "pytest_plugins = ['rlcore.testing.pytest_plugin'] to your root conftest.py or test module", pytrace=False)
+            pytest.fail(
+                "the conformance kit needs its fixtures: add "
+                "pytest_plugins = ['rlcore.testing.pytest_plugin'] to your root conftest.py or test module",
+                pytrace=False,
+            )
         from rlcore.interfaces.workers import worker_problems
 
         # The worker contract first: a worker that cannot take rlcore's calls fails here, not inside Ray.
         if problems := worker_problems(backend_spec.load_worker_class(), backend_spec):
-            pytest.fail(f"worker_class {backend_spec.worker_class} breaks the worker contract:\n" + "\n".join(problems),
-                        pytrace=False)
+            pytest.fail(
+                f"worker_class {backend_spec.worker_class} breaks the worker contract:\n" + "\n".join(problems),
+                pytrace=False,
+            )
         model_dir = request.getfixturevalue("tiny_model_dir")
         tokenizer = request.getfixturevalue("tiny_tokenizer")
         kit = _TrainingKit(cls, backend_spec, model_dir, tokenizer, tmp_path_factory.mktemp(f"kit-{cls.__name__}"))
@@ -98,8 +103,13 @@ class TrainingBackendConformance(_BackendChecks):
         record = kit.policy(variant)
         lengths = kit.batch["input_lengths"]
         problems = logprob_problems(record["logprobs"], lengths, kit.initial_logprobs, self.logprob_atol)
-        problems += logprob_problems(record["noisy_logprobs"], lengths, kit.initial_logprobs, self.logprob_atol,
-                                     what="logprobs (random tokens in the padding)")
+        problems += logprob_problems(
+            record["noisy_logprobs"],
+            lengths,
+            kit.initial_logprobs,
+            self.logprob_atol,
+            what="logprobs (random tokens in the padding)",
+        )
         assert not problems, "\n".join(problems)
 
     def test_topk_logits(self, kit: _TrainingKit) -> None:
@@ -112,8 +122,9 @@ class TrainingBackendConformance(_BackendChecks):
         values, indices = topk["topk_logits"], topk["topk_indices"]
         batch, seq = kit.batch["input_ids"].shape
         shape = (batch, seq - 1, self.topk_k)
-        assert tuple(values.shape) == shape and tuple(indices.shape) == shape, \
+        assert tuple(values.shape) == shape and tuple(indices.shape) == shape, (
             f"topk shapes {tuple(values.shape)} / {tuple(indices.shape)}, expected {shape}"
+        )
         assert indices.dtype == torch.int64, f"topk_indices dtype {indices.dtype}, expected torch.int64"
         rows = torch.arange(seq - 1)[None, :] < (kit.batch["input_lengths"][:, None] - 1)
         logits = kit.initial_logits[:, :-1]
@@ -122,8 +133,10 @@ class TrainingBackendConformance(_BackendChecks):
         err_values = float(((values - expected_values).abs().amax(-1) * rows).max())
         err_indices = float(((values - at_indices).abs().amax(-1) * rows).max())
         assert err_values <= self.logprob_atol, f"top-k values differ from HF by {err_values:.3g}"
-        assert err_indices <= self.logprob_atol, f"top-k values do not match the logits at their indices " \
-                                                 f"({err_indices:.3g}); indices must be global token ids"
+        assert err_indices <= self.logprob_atol, (
+            f"top-k values do not match the logits at their indices "
+            f"({err_indices:.3g}); indices must be global token ids"
+        )
 
     # -- sharding ---------------------------------------------------------------------------
     def test_data_is_sharded_by_the_declared_layout(self, kit: _TrainingKit) -> None:
@@ -140,8 +153,9 @@ class TrainingBackendConformance(_BackendChecks):
         declared = function(request) if function else ParallelLayout()
         assert isinstance(declared, ParallelLayout), f"layout {kit.spec.layout} returned {declared!r}"
         expected = NamedSharding.for_world(self.world_size, **declared.sizes())
-        assert policy.sharding == policy.worker_group.sharding == expected, \
+        assert policy.sharding == policy.worker_group.sharding == expected, (
             f"Policy shards as {policy.sharding}, the backend declares {declared.sizes()} ({expected})"
+        )
         assert policy.resolved.batch.data_parallel_size == expected.dp
 
     # -- training invariance ----------------------------------------------------------------
@@ -151,11 +165,12 @@ class TrainingBackendConformance(_BackendChecks):
 
         policy = kit.policy("world")["policy"]
         per_rank = kit.gbs // policy.sharding.dp
-        losses = {mbs: float(policy.train(kit.batch, NLLLoss(), eval_mode=True, mbs=mbs)["loss"][0])
-                  for mbs in sorted({1, 2, per_rank})}
+        losses = {
+            mbs: float(policy.train(kit.batch, NLLLoss(), eval_mode=True, mbs=mbs)["loss"][0])
+            for mbs in sorted({1, 2, per_rank})
+        }
         first = next(iter(losses.values()))
-        assert all(close(v, first, self.loss_rtol) for v in losses.values()), \
-            f"eval loss by micro-batch size: {losses}"
+        assert all(close(v, first, self.loss_rtol) for v in losses.values()), f"eval loss by micro-batch size: {losses}"
 
     @pytest.mark.parametrize("variant", ["world", "single", "dynamic", "packing", "chunked"])
     def test_train_steps_match_single_process(self, kit: _TrainingKit, variant: str) -> None:
@@ -173,9 +188,15 @@ class TrainingBackendConformance(_BackendChecks):
         actual = kit.trained(variant)["steps"]
         problems = []
         for against, reference in runs.items():
-            problems += step_problems(actual, reference, initial, f"'{variant}' vs {against}",
-                                      loss_rtol=self.loss_rtol, grad_norm_rtol=self.grad_norm_rtol,
-                                      weight_rtol=self.weight_rtol)
+            problems += step_problems(
+                actual,
+                reference,
+                initial,
+                f"'{variant}' vs {against}",
+                loss_rtol=self.loss_rtol,
+                grad_norm_rtol=self.grad_norm_rtol,
+                weight_rtol=self.weight_rtol,
+            )
         assert not problems, "\n".join(problems)
 
     # -- reference model ----------------------------------------------------------------------
@@ -191,12 +212,19 @@ class TrainingBackendConformance(_BackendChecks):
         assert moved > 1e-3, f"training moved logprobs by only {moved:.3g}; the swap test would be vacuous"
         ref = policy.get_reference_policy_logprobs(kit.batch)
         assert "reference_logprobs" in ref, f"get_reference_policy_logprobs returned keys {sorted(ref)}"
-        problems = logprob_problems(ref["reference_logprobs"], kit.batch["input_lengths"], record["logprobs"],
-                                    self.logprob_atol, what="reference_logprobs vs initial logprobs")
+        problems = logprob_problems(
+            ref["reference_logprobs"],
+            kit.batch["input_lengths"],
+            record["logprobs"],
+            self.logprob_atol,
+            what="reference_logprobs vs initial logprobs",
+        )
         after = policy.get_logprobs(kit.batch)["logprobs"]
         if not torch.allclose(after, before, rtol=0, atol=self.logprob_atol):
-            problems.append(f"get_logprobs changed by {float((after - before).abs().max()):.3g} after "
-                            "get_reference_policy_logprobs: the trained weights were not swapped back")
+            problems.append(
+                f"get_logprobs changed by {float((after - before).abs().max()):.3g} after "
+                "get_reference_policy_logprobs: the trained weights were not swapped back"
+            )
         assert not problems, "\n".join(problems)
 
     # -- checkpoints --------------------------------------------------------------------------
@@ -217,8 +245,7 @@ class TrainingBackendConformance(_BackendChecks):
             resume_problems,
         )
 
-        tolerances = ResumeTolerances(self.logprob_atol, self.resume_atol, self.resume_rtol,
-                                      self.resume_oracle_rtol)
+        tolerances = ResumeTolerances(self.logprob_atol, self.resume_atol, self.resume_rtol, self.resume_oracle_rtol)
         problems = resume_problems(kit.resumed(), kit.resume_steps, kit.batch, kit.model_dir, RECIPE, tolerances)
         assert not problems, "\n".join(problems)
 
@@ -263,27 +290,50 @@ class TrainingBackendConformance(_BackendChecks):
         record = kit.policy("lora")
         run = kit.lora_trained()
         expected, lengths = run["expected"], kit.batch["input_lengths"]
-        problems = logprob_problems(record["logprobs"], lengths, kit.initial_logprobs, self.logprob_atol,
-                                    what="logprobs with fresh adapters (B = 0) vs the base model")
+        problems = logprob_problems(
+            record["logprobs"],
+            lengths,
+            kit.initial_logprobs,
+            self.logprob_atol,
+            what="logprobs with fresh adapters (B = 0) vs the base model",
+        )
         if not close(run["loss"], expected.loss, self.loss_rtol):
             problems.append(f"loss {run['loss']:.6g}, PEFT oracle {expected.loss:.6g}")
         saved = peft_model(kit.model_dir, run["step_dir"])
-        problems += weight_problems(peft_adapters(saved), expected.adapters, expected.initial_adapters,
-                                    self.weight_rtol, what="adapters after one step vs PEFT")
-        problems += logprob_problems(run["logprobs"], lengths, expected.logprobs, self.logprob_atol,
-                                     what="logprobs after the step vs PEFT")
+        problems += weight_problems(
+            peft_adapters(saved),
+            expected.adapters,
+            expected.initial_adapters,
+            self.weight_rtol,
+            what="adapters after one step vs PEFT",
+        )
+        problems += logprob_problems(
+            run["logprobs"], lengths, expected.logprobs, self.logprob_atol, what="logprobs after the step vs PEFT"
+        )
         with torch.no_grad():
             reloaded = hf_token_logprobs(saved.eval(), kit.batch)
-        problems += logprob_problems(reloaded, lengths, expected.logprobs, self.logprob_atol,
-                                     what="the saved adapter loaded with PEFT")
-        problems += logprob_problems(run["reference"], lengths, kit.initial_logprobs, self.logprob_atol,
-                                     what="reference logprobs (adapters off) vs the base model")
+        problems += logprob_problems(
+            reloaded, lengths, expected.logprobs, self.logprob_atol, what="the saved adapter loaded with PEFT"
+        )
+        problems += logprob_problems(
+            run["reference"],
+            lengths,
+            kit.initial_logprobs,
+            self.logprob_atol,
+            what="reference logprobs (adapters off) vs the base model",
+        )
         merged = load_hf_model(str(run["step_dir"] / "merged"))
         with torch.no_grad():
-            problems += logprob_problems(hf_token_logprobs(merged, kit.batch), lengths, expected.logprobs,
-                                         self.logprob_atol, what="merged/ loaded with AutoModelForCausalLM")
-        problems += base_weight_problems(run["step_dir"] / "merged", run["step_dir"], kit.model_dir,
-                                         LORA_SETTINGS["alpha"] / LORA_SETTINGS["dim"])
+            problems += logprob_problems(
+                hf_token_logprobs(merged, kit.batch),
+                lengths,
+                expected.logprobs,
+                self.logprob_atol,
+                what="merged/ loaded with AutoModelForCausalLM",
+            )
+        problems += base_weight_problems(
+            run["step_dir"] / "merged", run["step_dir"], kit.model_dir, LORA_SETTINGS["alpha"] / LORA_SETTINGS["dim"]
+        )
         assert not problems, "\n".join(problems)
 
     def test_lora_checkpoint_resumes(self, kit: _TrainingKit) -> None:
@@ -291,6 +341,7 @@ class TrainingBackendConformance(_BackendChecks):
         (Adam, LR warm-up) trains on exactly like the uninterrupted one: losses, grad norms, logprobs."""
         from rlcore.testing.conformance.lora import lora_resume_problems
 
-        problems = lora_resume_problems(kit.lora_resumed(), kit.batch["input_lengths"], self.logprob_atol,
-                                        self.resume_atol, self.resume_rtol)
+        problems = lora_resume_problems(
+            kit.lora_resumed(), kit.batch["input_lengths"], self.logprob_atol, self.resume_atol, self.resume_rtol
+        )
         assert not problems, "\n".join(problems)

@@ -7,9 +7,10 @@ oracle they are compared with.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
@@ -40,12 +41,14 @@ def dpo_step(raw: dict, reference_logprobs: Any, masked_pair: int | None = 1) ->
 
     sample_mask = torch.ones(len(raw["input_lengths"]))
     if masked_pair is not None:
-        sample_mask[2 * masked_pair:2 * masked_pair + 2] = 0.0
-    batch = BatchedDataDict({**raw, "sample_mask": sample_mask,
-                             "reference_policy_logprobs": reference_logprobs.clone()})
+        sample_mask[2 * masked_pair : 2 * masked_pair + 2] = 0.0
+    batch = BatchedDataDict(
+        {**raw, "sample_mask": sample_mask, "reference_policy_logprobs": reference_logprobs.clone()}
+    )
     batch.group_size = 2
-    loss = DPOLossFn(DPOLossConfig(reference_policy_kl_penalty=0.5, sft_loss_weight=0.2,
-                                   preference_average_log_probs=True))
+    loss = DPOLossFn(
+        DPOLossConfig(reference_policy_kl_penalty=0.5, sft_loss_weight=0.2, preference_average_log_probs=True)
+    )
     return batch, loss
 
 
@@ -69,8 +72,9 @@ class SummedLosses:
         return total, metrics
 
 
-def distillation_step(raw: dict, tokenizer: Any, k: int = 4, seed: int = 7,
-                      full_vocabulary: bool = False) -> tuple[Any, Any]:
+def distillation_step(
+    raw: dict, tokenizer: Any, k: int = 4, seed: int = 7, full_vocabulary: bool = False
+) -> tuple[Any, Any]:
     """The kit's distillation step (backends with ``logits_at_indices``): a mixed KL against a made-up teacher's
     top-k (random distinct ids, random logits, aligned like logprobs). A backend that computes the student's
     logits at the wrong position, or at the wrong ids on some tensor-parallel rank, fails against the oracle.
@@ -87,7 +91,7 @@ def distillation_step(raw: dict, tokenizer: Any, k: int = 4, seed: int = 7,
     ids = raw["input_ids"]
     # ids drawn per position from a small pool, so the step moves a few output rows visibly (random ids over the
     # whole vocabulary would give an update too small to compare after the large DPO step)
-    pool = torch.randperm(len(tokenizer), generator=gen)[:2 * k]
+    pool = torch.randperm(len(tokenizer), generator=gen)[: 2 * k]
     indices = pool[torch.rand(*ids.shape, len(pool), generator=gen).topk(k, dim=-1).indices]
     indices[:, 0] = 0
     logits = 5.0 * torch.randn(*ids.shape, k, generator=gen)
@@ -133,15 +137,14 @@ class _Variant:
 class _TrainingKit:
     """The class-wide state: data, the oracle, and lazily built, lazily trained policies."""
 
-    def __init__(self, cls: type, spec: Any, model_dir: str, tokenizer: Any,
-                 tmp_dir: Path) -> None:
+    def __init__(self, cls: type, spec: Any, model_dir: str, tokenizer: Any, tmp_dir: Path) -> None:
         import torch
 
         from rlcore.algorithms.loss_functions import ClippedPGLossFn, NLLLoss
         from rlcore.data import BatchedDataDict
+        from rlcore.testing.conformance.resume_check import resume_steps
         from rlcore.testing.models import make_batch
         from rlcore.testing.pytest_plugin import ClusterPool
-        from rlcore.testing.conformance.resume_check import resume_steps
 
         self.author = cls()  # the subclass instance whose hooks we call
         self.cls = cls
@@ -159,8 +162,9 @@ class _TrainingKit:
         gen = torch.Generator().manual_seed(99)
         noise = torch.randint(3, 259, raw["input_ids"].shape, generator=gen)
         pad = torch.arange(raw["input_ids"].shape[1])[None, :] >= raw["input_lengths"][:, None]
-        self.noisy_batch = BatchedDataDict(input_ids=torch.where(pad, noise, raw["input_ids"]),
-                                           input_lengths=raw["input_lengths"].clone())
+        self.noisy_batch = BatchedDataDict(
+            input_ids=torch.where(pad, noise, raw["input_ids"]), input_lengths=raw["input_lengths"].clone()
+        )
 
         import transformers
 
@@ -177,9 +181,15 @@ class _TrainingKit:
         adv = torch.randn(self.gbs, 1, generator=gen).expand_as(raw["token_mask"]).contiguous()
         sample_mask = torch.ones(self.gbs)
         sample_mask[1] = 0.0
-        self.pg_batch = BatchedDataDict({**raw, "sample_mask": sample_mask, "advantages": adv,
-                                         "prev_logprobs": self.initial_logprobs.clone(),
-                                         "reference_policy_logprobs": self.initial_logprobs.clone()})
+        self.pg_batch = BatchedDataDict(
+            {
+                **raw,
+                "sample_mask": sample_mask,
+                "advantages": adv,
+                "prev_logprobs": self.initial_logprobs.clone(),
+                "reference_policy_logprobs": self.initial_logprobs.clone(),
+            }
+        )
         pg_loss = ClippedPGLossFn({"reference_policy_kl_penalty": 0.1, "token_level_loss": False})
         self.steps = [(self.batch, NLLLoss()), (self.pg_batch, pg_loss), dpo_step(raw, self.initial_logprobs)]
         if spec.supports(Capability.LOGITS_AT_INDICES):
@@ -189,29 +199,49 @@ class _TrainingKit:
 
     # -- oracle --------------------------------------------------------------------------
     def oracle(self) -> tuple[dict, list[StepRecord]]:
-        return self.once("the single-process oracle",
-                         lambda: single_process_sgd(self.model_dir, self.steps, self.cls.learning_rate))
+        return self.once(
+            "the single-process oracle", lambda: single_process_sgd(self.model_dir, self.steps, self.cls.learning_rate)
+        )
 
     # -- policies ------------------------------------------------------------------------
     def variants(self) -> dict[str, _Variant]:
         from rlcore.testing.conformance.resume_check import RECIPE
 
         gbs = self.gbs
-        return {v.name: v for v in (
-            _Variant("world"),
-            _Variant("adam", policy=self.author.resume_policy_overrides(RECIPE)),
-            # dp=1 and another micro-batch size (2 micro-batches per step instead of 4 per rank)
-            _Variant("single", single_rank=True, policy={"train_micro_batch_size": gbs // 2}),
-            _Variant("dynamic", capability=Capability.DYNAMIC_BATCHING, policy={"dynamic_batching": {
-                "enabled": True, "train_mb_tokens": 32, "logprob_mb_tokens": 48, "sequence_length_round": 4}}),
-            _Variant("packing", capability=Capability.SEQUENCE_PACKING, policy={"sequence_packing": {
-                "enabled": True, "train_mb_tokens": 32, "logprob_mb_tokens": 48}}),
-            # 3 positions at a time: several chunks per sequence, a short last one
-            _Variant("chunked", capability=Capability.CHUNKED_LOGPROBS, policy={"logprob_chunk_size": 3}),
-            _Variant("lora", capability=Capability.LORA, policy={"lora": LORA_SETTINGS}),
-            _Variant("lora-adam", capability=Capability.LORA,
-                     policy={**self.author.resume_policy_overrides(RECIPE), "lora": LORA_SETTINGS}),
-        )}
+        return {
+            v.name: v
+            for v in (
+                _Variant("world"),
+                _Variant("adam", policy=self.author.resume_policy_overrides(RECIPE)),
+                # dp=1 and another micro-batch size (2 micro-batches per step instead of 4 per rank)
+                _Variant("single", single_rank=True, policy={"train_micro_batch_size": gbs // 2}),
+                _Variant(
+                    "dynamic",
+                    capability=Capability.DYNAMIC_BATCHING,
+                    policy={
+                        "dynamic_batching": {
+                            "enabled": True,
+                            "train_mb_tokens": 32,
+                            "logprob_mb_tokens": 48,
+                            "sequence_length_round": 4,
+                        }
+                    },
+                ),
+                _Variant(
+                    "packing",
+                    capability=Capability.SEQUENCE_PACKING,
+                    policy={"sequence_packing": {"enabled": True, "train_mb_tokens": 32, "logprob_mb_tokens": 48}},
+                ),
+                # 3 positions at a time: several chunks per sequence, a short last one
+                _Variant("chunked", capability=Capability.CHUNKED_LOGPROBS, policy={"logprob_chunk_size": 3}),
+                _Variant("lora", capability=Capability.LORA, policy={"lora": LORA_SETTINGS}),
+                _Variant(
+                    "lora-adam",
+                    capability=Capability.LORA,
+                    policy={**self.author.resume_policy_overrides(RECIPE), "lora": LORA_SETTINGS},
+                ),
+            )
+        }
 
     def variant(self, name: str) -> _Variant:
         variant = self.variants()[name]
@@ -236,8 +266,9 @@ class _TrainingKit:
         }
         if self.cls.reads_policy_optimizer:
             policy["optimizer"] = {"name": "torch.optim.SGD", "kwargs": {"lr": lr}}
-        overrides = self.author.single_rank_policy_overrides() if variant.single_rank \
-            else self.author.policy_overrides()
+        overrides = (
+            self.author.single_rank_policy_overrides() if variant.single_rank else self.author.policy_overrides()
+        )
         policy = deep_merge(deep_merge(policy, overrides), variant.policy)
         ranks = 1 if variant.single_rank else self.cls.world_size
         return load_config_dict({"cluster": {"workers_per_node": ranks}, "policy": policy}).policy
@@ -258,8 +289,11 @@ class _TrainingKit:
 
         def build() -> dict:
             policy = self.start(name, variant)
-            record = {"policy": policy, "logprobs": policy.get_logprobs(self.batch)["logprobs"],
-                      "noisy_logprobs": policy.get_logprobs(self.noisy_batch)["logprobs"]}
+            record = {
+                "policy": policy,
+                "logprobs": policy.get_logprobs(self.batch)["logprobs"],
+                "noisy_logprobs": policy.get_logprobs(self.noisy_batch)["logprobs"],
+            }
             if self.spec.supports(Capability.TOPK_LOGITS):
                 record["topk"] = policy.get_topk_logits(self.batch, k=self.cls.topk_k)
             return record
@@ -272,8 +306,10 @@ class _TrainingKit:
         record = self.policy(name)
 
         def train() -> dict:
-            steps = [train_and_save_step(record["policy"], data, loss_fn, self.tmp_dir / f"{name}-step{k}")
-                     for k, (data, loss_fn) in enumerate(self.steps, start=1)]
+            steps = [
+                train_and_save_step(record["policy"], data, loss_fn, self.tmp_dir / f"{name}-step{k}")
+                for k, (data, loss_fn) in enumerate(self.steps, start=1)
+            ]
             if name != "world":  # the world policy stays up for the swap test
                 self.stop(name)
             return {"steps": steps}
@@ -293,9 +329,14 @@ class _TrainingKit:
             expected = peft_sgd_step(self.model_dir, initial_dir, self.batch, NLLLoss(), self.cls.learning_rate)
             step_dir = self.tmp_dir / "lora-step1"
             result = train_one_step_and_save(policy, self.batch, NLLLoss(), step_dir)
-            return {"initial_dir": initial_dir, "step_dir": step_dir, "loss": float(result["loss"][0]),
-                    "expected": expected, "logprobs": policy.get_logprobs(self.batch)["logprobs"],
-                    "reference": policy.get_reference_policy_logprobs(self.batch)["reference_logprobs"]}
+            return {
+                "initial_dir": initial_dir,
+                "step_dir": step_dir,
+                "loss": float(result["loss"][0]),
+                "expected": expected,
+                "logprobs": policy.get_logprobs(self.batch)["logprobs"],
+                "reference": policy.get_reference_policy_logprobs(self.batch)["reference_logprobs"],
+            }
 
         return self.once("training the 'lora' policy", train)
 
@@ -304,18 +345,32 @@ class _TrainingKit:
         from rlcore.testing.conformance.resume_check import run_resume
 
         variant = self.variant("adam")
-        return self.once("the checkpoint resume run", lambda: run_resume(
-            lambda name, **kwargs: self.start(name, variant, **kwargs), self.stop, self.resume_steps,
-            self.batch, self.tmp_dir))
+        return self.once(
+            "the checkpoint resume run",
+            lambda: run_resume(
+                lambda name, **kwargs: self.start(name, variant, **kwargs),
+                self.stop,
+                self.resume_steps,
+                self.batch,
+                self.tmp_dir,
+            ),
+        )
 
     def lora_resumed(self) -> Any:
         """The LoRA resume check's two policies (Adam), run once: uninterrupted, and resumed."""
         from rlcore.testing.conformance.lora import run_lora_resume
 
         variant = self.variant("lora-adam")
-        return self.once("the LoRA resume run", lambda: run_lora_resume(
-            lambda name, **kwargs: self.start(name, variant, **kwargs), self.stop, self.resume_steps,
-            self.batch, self.tmp_dir))
+        return self.once(
+            "the LoRA resume run",
+            lambda: run_lora_resume(
+                lambda name, **kwargs: self.start(name, variant, **kwargs),
+                self.stop,
+                self.resume_steps,
+                self.batch,
+                self.tmp_dir,
+            ),
+        )
 
     def stop(self, name: str) -> None:
         """Shut the policy down and give its bundles back (the kit's policies would not all fit at once)."""

@@ -11,7 +11,8 @@ returns what is wrong (empty when the promise holds).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterable
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 from rlcore.refit.buckets import RefitError
 from rlcore.refit.fingerprint import fingerprint, verify_engines
@@ -24,10 +25,10 @@ class FakeEngines:
     """``engines`` in-process generation engines that keep a copy of what a refit sends them."""
 
     def __init__(self, engines: int = 2) -> None:
-        self.weights: list[dict[str, "torch.Tensor"]] = [{} for _ in range(engines)]
+        self.weights: list[dict[str, torch.Tensor]] = [{} for _ in range(engines)]
         self.version = 0
 
-    def load_weights(self, named_tensors: Iterable[tuple[str, "torch.Tensor"]], version: int) -> None:
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         named = list(named_tensors)
         for held in self.weights:
             for name, tensor in named:
@@ -48,14 +49,13 @@ class CorruptingEngines(FakeEngines):
         super().__init__(engines)
         self.corrupt_name, self.corrupt_engine = name, engine
 
-    def load_weights(self, named_tensors: Iterable[tuple[str, "torch.Tensor"]], version: int) -> None:
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         super().load_weights(named_tensors, version)
         flat = self.weights[self.corrupt_engine][self.corrupt_name].view(-1)
         flat[-1] = flat[-1] + 1
 
 
-def verified_refit_problems(engines: Any, named_tensors: list[tuple[str, "torch.Tensor"]],
-                            version: int = 1) -> list[str]:
+def verified_refit_problems(engines: Any, named_tensors: list[tuple[str, torch.Tensor]], version: int = 1) -> list[str]:
     """Refit ``engines`` with ``named_tensors`` at ``version`` and verify; the verification error, if any."""
     sent = fingerprint(named_tensors)
     engines.load_weights(named_tensors, version)
