@@ -8,7 +8,7 @@ import pytest
 pytest_plugins = ["rlcore.testing.pytest_plugin"]
 
 # Plugin distributions kept as fixtures carry test suites of their own, run installed, in a subprocess
-# (tests/test_plugin_template.py); they are not part of this collection.
+# (tests/plugins/test_plugin_template.py); they are not part of this collection.
 collect_ignore_glob = ["tests/fixtures/*"]
 
 
@@ -43,7 +43,7 @@ def pytest_sessionstart(session):
 
     os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", tempfile.gettempdir())  # tmp_path stays where pytest keeps it
     # NeMo-RL's sft.yaml and distillation_math.yaml switch wandb on: no test reaches wandb's servers
-    # (tests/test_trackers.py runs it offline).
+    # (tests/run/test_trackers.py runs it offline).
     os.environ["WANDB_MODE"] = "disabled"
     # Local JSONL/CSV files are prepared into datasets' cache on first read: the suite's go to a directory
     # of its own, removed at the end, not into the user's ~/.cache (tests of hub caches set their own).

@@ -20,7 +20,7 @@ from .report import last_json, leak_lines, parse_junit
 #: Seconds kept for benchmarks/gpu.py however long the tests take (enough for the 0.5B raw + dtensor rows).
 BENCH_MIN_S = 150.0
 GPU_MARK = re.compile(r"pytest\.mark\.gpu\b")
-RECORD_ENV = "RLCORE_GPU_RECORD"  # tests/support_gpu.py appends measured values here
+RECORD_ENV = "RLCORE_GPU_RECORD"  # tests/support/support_gpu.py appends measured values here
 
 
 def gpu_test_files(root: Path = ROOT) -> list[Path]:

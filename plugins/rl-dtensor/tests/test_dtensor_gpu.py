@@ -1,4 +1,4 @@
-"""dtensor's CUDA-only paths (skipped without CUDA); the cross-backend checks are tests/test_backends_gpu.py.
+"""dtensor's CUDA-only paths (skipped without CUDA); the cross-backend checks are tests/backends/test_backends_gpu.py.
 
 - FSDP2 CPU offload on a GPU (``CPUOffloadPolicy(pin_memory=True)``, which CPU machines cannot
   run) with activation checkpointing: logprobs equal float64 HF, one step equals the
@@ -21,7 +21,7 @@ from dtensor_testlib import batch as make_data
 from dtensor_testlib import full_weights, max_abs_diff, model_dir, oracle_step, policy_config
 
 from rlcore.algorithms.loss_functions import NLLLoss
-from tests.support_gpu import NO_RAY, check_offload_frees_the_model, missing
+from tests.support.support_gpu import NO_RAY, check_offload_frees_the_model, missing
 
 pytestmark = [
     pytest.mark.gpu,
@@ -43,7 +43,7 @@ def _gpu_cluster(world: int) -> Any:
 
 
 def _f64_error(model: str, data: Any, got: torch.Tensor) -> float:
-    from tests.support_gpu import token_logprobs_f64, valid_error
+    from tests.support.support_gpu import token_logprobs_f64, valid_error
 
     return valid_error(got, token_logprobs_f64(model, data), data["input_lengths"])[0]
 
@@ -58,7 +58,7 @@ def test_cpu_offload_with_activation_checkpointing_on_one_gpu(
 ) -> None:
     from rlcore.policy import Policy
     from rlcore.testing.oracle import load_hf_model, state_copy
-    from tests.support_gpu import record
+    from tests.support.support_gpu import record
 
     model = model_dir("qwen2", tie_word_embeddings=True)
     data = make_data(tiny_tokenizer)

@@ -248,7 +248,7 @@ def test_refit_transports_deliver_the_full_state_dict(layouts, data, transport):
     """The tensors received through each transport equal the full (gathered) model state dict."""
     from rlcore.distributed import RayVirtualCluster
     from rlcore.refit import WeightSynchronizer
-    from tests.refit_fakes import RecordingGeneration
+    from tests.support.refit_fakes import RecordingGeneration
 
     policy, cluster = layouts("tp2")
     policy.train(data, NLLLoss())  # refit trained weights, not the ones on disk

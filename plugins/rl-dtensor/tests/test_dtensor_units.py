@@ -200,7 +200,8 @@ def test_dcp_reader_loads_real_checkpoints_and_refuses_foreign_objects(tmp_path)
 @pytest.mark.parametrize("chunk", [None, 3])
 def test_logprobs_take_the_chunked_path_only_when_asked(chunk):
     """``gather_logprobs`` (what the worker calls with ``policy.logprob_chunk_size``) on whole-vocabulary logits;
-    the split-vocabulary path is tests/test_chunked_logprobs.py's gloo test and the kit's ``chunked`` variant."""
+    the split-vocabulary path is
+    tests/training/test_chunked_logprobs.py's gloo test and the kit's ``chunked`` variant."""
     from rl_dtensor.vocab_parallel import gather_logprobs
 
     gen = torch.Generator().manual_seed(0)

@@ -1,4 +1,4 @@
-"""fsdp1's CUDA-only paths (skipped without CUDA); the cross-backend checks are tests/test_backends_gpu.py.
+"""fsdp1's CUDA-only paths (skipped without CUDA); the cross-backend checks are tests/backends/test_backends_gpu.py.
 
 FSDP1's own parameter offload (``CPUOffload(offload_params=True)``) only exists with an
 accelerator: on a CPU machine ``fsdp_offload_enabled`` is a documented no-op. On one GPU:
@@ -24,7 +24,7 @@ from rlcore.algorithms.loss_functions import NLLLoss
 from rlcore.data import BatchedDataDict
 from rlcore.testing.conformance import generation_output_problems, single_process_sgd, weight_problems
 from rlcore.testing.models import make_batch, tiny_model_path
-from tests.support_gpu import NO_RAY, missing
+from tests.support.support_gpu import NO_RAY, missing
 
 pytestmark = [
     pytest.mark.gpu,
@@ -72,7 +72,7 @@ def test_fsdp_param_offload_on_one_gpu(ray_session: None, tiny_tokenizer: Any) -
     from rlcore.distributed import RayVirtualCluster
     from rlcore.policy import Policy
     from rlcore.testing.oracle import load_hf_model
-    from tests.support_gpu import check_offload_frees_the_model, record, token_logprobs_f64, valid_error
+    from tests.support.support_gpu import check_offload_frees_the_model, record, token_logprobs_f64, valid_error
 
     model = tiny_model_path(arch="llama", num_heads=4, num_kv_heads=2)
     data = BatchedDataDict(make_batch(tiny_tokenizer, 4, 5, 16, seed=2))

@@ -251,7 +251,7 @@ def test_per_sample_stop_strings_through_the_policy(fsdp_policy, fsdp_step, tiny
 @pytest.mark.parametrize("transport", ["shared_memory", "collective"])
 def test_refit_sends_the_full_state_dict(transport, fsdp_policy, fsdp_step):
     from rlcore.refit import WeightSynchronizer
-    from tests.refit_fakes import RecordingGeneration
+    from tests.support.refit_fakes import RecordingGeneration
 
     cluster = fsdp_policy.worker_group.cluster
     own = RayVirtualCluster([1]) if transport == "collective" else None

@@ -1,4 +1,4 @@
-"""megatron's CUDA-only paths (skipped without CUDA); the cross-backend checks are tests/test_backends_gpu.py.
+"""megatron's CUDA-only paths (skipped without CUDA); the cross-backend checks are tests/backends/test_backends_gpu.py.
 
 On one GPU:
 
@@ -18,7 +18,7 @@ import pytest
 import torch
 from megatron_helpers import SGD_LR, batch, call_workers, model_dir, policy_config
 
-from tests.support_gpu import NO_MEGATRON, NO_RAY, missing
+from tests.support.support_gpu import NO_MEGATRON, NO_RAY, missing
 
 pytestmark = [
     pytest.mark.gpu,
@@ -35,7 +35,7 @@ STEP_RTOL = 1e-4
 def _check_against_references(policy: Any, model: str, data: Any, what: str) -> None:
     from rlcore.algorithms.loss_functions import NLLLoss
     from rlcore.testing.conformance import single_process_sgd, weight_problems
-    from tests.support_gpu import record, token_logprobs_f64, valid_error
+    from tests.support.support_gpu import record, token_logprobs_f64, valid_error
 
     err, _ = valid_error(policy.get_logprobs(data)["logprobs"], token_logprobs_f64(model, data), data["input_lengths"])
     record(f"{what}_logprobs_vs_hf_f64_max_abs", err, tolerance=ATOL)

@@ -8,7 +8,7 @@ The cost is O(``SAMPLES``) per tensor, not O(bytes): a bucket's tensors, views o
 gather per dtype on that buffer; other tensors as strided views, copied once per bucket. The samples
 move to the CPU once per refit and are summed for every tensor at once.
 
-Detection power (stated, and tested in ``tests/test_verified_refit.py``):
+Detection power (stated, and tested in ``tests/refit/test_verified_refit.py``):
 
 - a tensor with at most ``SAMPLES + 2`` elements is summed whole: any changed element is caught;
 - in a larger tensor, any change to a sampled element (the first, the last, every stride-th) is

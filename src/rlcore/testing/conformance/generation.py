@@ -32,9 +32,9 @@ class GenerationBackendConformance(_BackendChecks):
     it and adds its own checks on the same engines. The refit round trip
     (generation logprobs after a refit equal the policy's) is not in the kit:
     :meth:`test_refit_round_trip` skips, because it needs a training policy
-    beside the engine; backends test it themselves (``plugins/rl-vllm/tests/test_refit.py``).
+    beside the engine; backends test it themselves (``plugins/rl-vllm/tests/refit/test_refit.py``).
     The pure checker :func:`~rlcore.testing.conformance.checkers.generation_output_problems`
-    is also unit-tested (``tests/test_conformance_reference.py``) and used by the
+    is also unit-tested (``tests/backends/test_conformance_reference.py``) and used by the
     fsdp1 backend's generation tests.
     """
 
@@ -132,7 +132,7 @@ class GenerationBackendConformance(_BackendChecks):
             pytest.skip(f"backend '{self.backend_name}' does not declare 'refit'")
         pytest.skip(
             "generic refit round trip not in the kit yet (it needs a training policy beside the engine); "
-            "backends test it themselves, e.g. plugins/rl-vllm/tests/test_refit.py"
+            "backends test it themselves, e.g. plugins/rl-vllm/tests/refit/test_refit.py"
         )
 
     def test_async_generation(self, generation: dict, greedy_output: tuple, backend_spec: Any) -> None:
