@@ -5,4 +5,4 @@ and the runtime. It imports nothing heavy at module level: torch, ray and the
 engines are imported inside the functions and worker processes that use them.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -83,11 +83,11 @@ class LossFunction(Protocol):
 LOGITS_AT_INDICES = "logits_at_indices"
 #: Where a batch holds the ids of :data:`LOGITS_AT_INDICES`.
 LOGIT_INDICES_KEY = "logit_indices"
-#: A loss input (capability ``logprobs_at_indices``, since rlcore 0.3): ``log_softmax`` over the whole vocabulary
+#: A loss input (capability ``logprobs_at_indices``, since rlcore 0.2): ``log_softmax`` over the whole vocabulary
 #: at the ids of ``data['logit_indices']``, ``[B, S, k]`` float32 (differentiable), aligned like
 #: :data:`LOGITS_AT_INDICES`. Distillation with ``zero_outside_topk`` asks for it (no renormalisation over the k ids).
 LOGPROBS_AT_INDICES = "logprobs_at_indices"
-#: A loss input (capability ``entropy``, since rlcore 0.3): the entropy ``-sum_v p log p`` of the policy's
+#: A loss input (capability ``entropy``, since rlcore 0.2): the entropy ``-sum_v p log p`` of the policy's
 #: next-token distribution over the whole vocabulary, ``[B, S]`` float32 (differentiable), aligned like logprobs
 #: (position ``i``: the distribution that predicts token ``i``; position 0 and padding are 0).
 ENTROPY = "entropy"

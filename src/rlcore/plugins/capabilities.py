@@ -41,15 +41,15 @@ class Capability(str, Enum):
     GENERATE = "generate"
     CHUNKED_LOGPROBS = "chunked_logprobs"  # honours policy.logprob_chunk_size (since rlcore 0.2)
     LOGITS_AT_INDICES = "logits_at_indices"  # a loss's input: logits at given token ids (since rlcore 0.2)
-    LOGPROBS_AT_INDICES = "logprobs_at_indices"  # a loss's input: full-vocabulary logprobs at ids (since 0.3)
-    ENTROPY = "entropy"  # a loss's input: the full-vocabulary entropy per position (since rlcore 0.3)
+    LOGPROBS_AT_INDICES = "logprobs_at_indices"  # a loss's input: full-vocabulary logprobs at ids (since rlcore 0.2)
+    ENTROPY = "entropy"  # a loss's input: the full-vocabulary entropy per position (since rlcore 0.2)
     # generation backends
     DATA_PARALLEL = "data_parallel"
     STOP_STRINGS = "stop_strings"
     PARTIAL_REFIT = "partial_refit"
     LORA_ADAPTER = "lora_adapter"
     ASYNC_GENERATION = "async_generation"
-    VERIFIED_REFIT = "verified_refit"  # reports weight_version + fingerprints after a refit (since rlcore 0.3)
+    VERIFIED_REFIT = "verified_refit"  # reports weight_version + fingerprints after a refit (since rlcore 0.2)
 
     def __str__(self) -> str:
         return self.value
