@@ -115,5 +115,25 @@ def test_every_page_asks_a_plugin_for_the_documented_requirement():
         for page in pages
         for requirement in re.findall(r'dependencies = \["(rlcore[^"]*)"', page.read_text())
     }
-    assert {page for page, _ in shown} >= {"docs/plugin-api.md", "README.md"}
-    assert {requirement for _, requirement in shown} == {documented_requirement()}, sorted(shown)
+    assert {page for page, _ in shown} >= {"docs/plugin-api.md", "README.md", "examples/plugin-template/README.md"}
+    documented = Requirement(documented_requirement()).specifier
+    assert {Requirement(r).specifier for _, r in shown} == {documented}, sorted(shown)
+    for example in ("plugin-template", "plugin-tp"):  # the template's own pyproject does what it teaches
+        (line,) = re.findall(
+            r'dependencies = \["(rlcore[^"]*)"', (REPO / "examples" / example / "pyproject.toml").read_text()
+        )
+        assert Requirement(line).specifier == documented, example
+
+
+def test_plugin_api_version_is_taught_nowhere_but_the_change_log():
+    """The retired field is still accepted (tests/plugins/test_plugin_api.py), but no page, template or
+    first-party spec shows it; docs/plugin-api.md's change log says what it was."""
+    files = [*(REPO / "docs").glob("*.md"), REPO / "README.md", *(REPO / "examples").rglob("*.*")]
+    files += [*(REPO / "plugins").glob("rl-*/src/*/plugin.py"), REPO / "src/rlcore/backends/reference/plugin.py"]
+    found = []
+    for path in files:
+        text = path.read_text(encoding="utf-8", errors="replace")
+        if path.name == "plugin-api.md":
+            text = text.split("## Change log", 1)[0]
+        found += [path.relative_to(REPO).as_posix()] if "plugin_api_version" in text else []
+    assert not found, found

@@ -9,7 +9,7 @@ import typer
 
 from rlcore.cli.backends_cmd import print_table
 
-#: The fields of a row (a backend's capabilities and plugin API version are not among them).
+#: The fields of a row (a backend's capabilities are not among them).
 FIELDS = ("name", "kind", "plugin", "distribution", "version", "status", "problem")
 
 

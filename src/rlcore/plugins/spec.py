@@ -99,8 +99,9 @@ class BackendSpec(BaseModel):
     install_hint: str = Field(default="", description="How to install what 'requires' names.")
     plugin_api_version: int | None = Field(
         default=None,
-        description="Accepted and ignored since rlcore 0.2: constructors get the keyword arguments they declare, "
-        "and a plugin states the rlcore it needs as its distribution's requirement (rlcore>=X).",
+        description="Deprecated, ignored (since rlcore 0.2; kept so that specs declaring it still load): "
+        "constructors get the keyword arguments they declare, and a plugin states the rlcore it needs as its "
+        "distribution's requirement (rlcore>=X). Leave it out.",
     )
     description: str = ""
 

@@ -1,8 +1,8 @@
 """``Policy``: the driver-side facade over a training backend's workers (seed 001).
 
 It takes a resolved policy (:func:`rlcore.config.resolve_policy`; a plain
-config is resolved here, once), starts one worker per rank with the arguments
-of the backend's plugin API version, shards data over the data-parallel ranks
+config is resolved here, once), starts one worker per rank with the keyword
+arguments its constructor declares, shards data over the data-parallel ranks
 of the layout the backend declared (plain, dynamic batching or sequence
 packing, as the batch plan says), and puts results back in the caller's order.
 It calls the workers through the Protocols of :mod:`rlcore.interfaces.workers`

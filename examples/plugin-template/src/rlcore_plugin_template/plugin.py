@@ -27,6 +27,5 @@ def rlcore_register_backends(register):
             requires=("torch", "transformers"),
             install_hint="pip install 'rlcore[runtime,hf]'",
             description="Plain data parallel with bucketed gradient all-reduce (the plugin template).",
-            plugin_api_version=2,  # the contract this backend is written for (docs/plugin-api.md)
         )
     )

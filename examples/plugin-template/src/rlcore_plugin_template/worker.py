@@ -45,8 +45,8 @@ class TemplateWorker(TrainingWorkerBase):
         backend_config: TemplateConfig | None = None,
         layout: Any = None,
     ) -> None:
-        # Exactly the arguments of plugin API version 2; ``layout`` is pure data parallel here (no layout
-        # function in our spec: see examples/plugin-tp for a backend that declares one).
+        # rlcore passes the keyword arguments this signature declares, of those it offers (docs/plugin-api.md);
+        # ``layout`` is pure data parallel here (no layout function in our spec: examples/plugin-tp declares one).
         from transformers import AutoModelForCausalLM
 
         cuda = torch.cuda.is_available()

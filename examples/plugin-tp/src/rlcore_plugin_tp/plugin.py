@@ -27,6 +27,5 @@ def rlcore_register_backends(register):
             requires=("torch", "transformers"),
             install_hint="pip install 'rlcore[runtime,hf]'",
             description="Hand-written tensor parallel (column/row split linears) plus data parallel.",
-            plugin_api_version=2,
         )
     )

@@ -36,6 +36,5 @@ def rlcore_register_backends(register):
             requires=("torch", "transformers"),
             install_hint="pip install rl-dtensor",
             description="FSDP2 data parallel + DTensor tensor/sequence parallel (Llama, Qwen2, Qwen3).",
-            plugin_api_version=5,
         )
     )

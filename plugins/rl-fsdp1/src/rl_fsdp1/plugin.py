@@ -36,6 +36,5 @@ def rlcore_register_backends(register):
             requires=("torch", "transformers"),
             install_hint="pip install rl-fsdp1 (needs torch>=2.6 and transformers)",
             description="torch FSDP1 data parallel training with Hugging Face generate.",
-            plugin_api_version=5,
         )
     )

@@ -26,7 +26,6 @@ MEGATRON_SPEC = BackendSpec(
     requires=("torch", "megatron.core", "transformers"),
     install_hint="pip install rl-megatron",
     description="megatron-core GPTModel: tensor, pipeline and data parallel; Megatron DDP and optimizer.",
-    plugin_api_version=5,
 )
 
 

@@ -26,6 +26,5 @@ def rlcore_register_backends(register):
             requires=("torch", "transformers"),
             install_hint="pip install 'rlcore[runtime,hf]'",
             description="Plain torch data parallel: the smallest correct training backend.",
-            plugin_api_version=5,
         )
     )
