@@ -12,6 +12,12 @@ from pathlib import Path
 from typing import Any
 
 
+def _shown(value: Any, spec: str) -> str:
+    """A number as the progress bar shows it; ``-`` when the step has none (a step that trained nothing has no
+    loss: showing 0 would claim a perfect one)."""
+    return format(value, spec) if isinstance(value, (int, float)) and not isinstance(value, bool) else "-"
+
+
 class MetricsLogger:
     def __init__(
         self,
@@ -65,7 +71,7 @@ class MetricsLogger:
         if self._trackers:
             self._to_trackers(step, metrics)
         if self._bar is not None and advance:
-            postfix = {"loss": f"{metrics.get('loss', 0):.4f}", "step_s": f"{metrics.get('time/step_s', 0):.2f}"}
+            postfix = {"loss": _shown(metrics.get("loss"), ".4f"), "step_s": _shown(metrics.get("time/step_s"), ".2f")}
             if "reward_mean" in metrics:
                 postfix = {"reward": f"{metrics['reward_mean']:.3f}", **postfix}
             for key, short in (("validation/accuracy", "val_acc"), ("validation/loss", "val_loss")):
