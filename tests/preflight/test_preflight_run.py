@@ -1,5 +1,5 @@
 """What a run checks before Ray starts, said in one line under the user's key, by ``rlcore run`` and by
-``rlcore config validate`` alike (rlcore.run.preflight; issue 45 item 7, issue 44 items 2, 3, 4 and 8).
+``rlcore config validate`` alike (rlcore.preflight; issue 45 item 7, issue 44 items 2, 3, 4 and 8).
 
 ``rlcore run`` cases run the installed ``rlcore`` command (the console script: the working directory is not on its
 import path by itself) with a stand-in ``ray`` package first on PYTHONPATH that records any import of ray, so a
@@ -282,7 +282,7 @@ NO_DEVICE = ("no CUDA driver (libcuda) is installed", "the CUDA driver sees no d
 
 def test_gpus_where_there_is_no_cuda_device_name_use_gpu_false(tmp_path: Path) -> None:
     from rlcore.config import load_config, resolve
-    from rlcore.run.preflight.cuda import gpu_problems
+    from rlcore.preflight.cuda import gpu_problems
 
     hidden = {"CUDA_VISIBLE_DEVICES": ""}  # no device, on a GPU machine too
     code, lines, elapsed = validate(str(TINY), "-o", "cluster.use_gpu=true", tmp_path=tmp_path, env=hidden)
@@ -400,7 +400,7 @@ def test_a_hub_name_the_hub_does_not_have_is_one_line_in_time(
     from huggingface_hub import constants
 
     from rlcore.config import load_config, resolve
-    from rlcore.run.preflight import run_problems
+    from rlcore.preflight import preflight, problem_lines
 
     server = HTTPServer(("127.0.0.1", 0), _NoSuchRepo)
     threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -412,7 +412,7 @@ def test_a_hub_name_the_hub_does_not_have_is_one_line_in_time(
     resolved = resolve(load_config(TINY, ["policy.model_name=rlcore-test/misspelt-model"]), run=True)
     start = time.monotonic()
     try:
-        lines = run_problems(resolved)
+        lines = problem_lines(preflight(resolved))
     finally:
         server.shutdown()
     assert time.monotonic() - start < BOUND_S
@@ -452,13 +452,14 @@ def test_nemo_rl_lines_name_the_nemo_rl_key(tmp_path: Path) -> None:
 
 def test_a_teacher_from_nemo_rl_is_named_by_its_nemo_rl_key(tmp_path: Path) -> None:
     from rlcore.config import load_config, resolve
-    from rlcore.run.preflight import run_problems
+    from rlcore.preflight import preflight, problem_lines
 
     teacher = tmp_path / "teacher"
     resolved = resolve(
         load_config(EXAMPLES / "distill_tiny.yaml", [f"distillation.teacher_model_name={teacher}"]), run=True
     )
-    assert run_problems(resolved, sources={"distillation.teacher_model_name": "teacher.model_name"}) == [
+    sources = {"distillation.teacher_model_name": "teacher.model_name"}
+    assert problem_lines(preflight(resolved, sources=sources)) == [
         f"distillation.teacher_model_name (NeMo-RL: teacher.model_name): {teacher} does not exist (set "
         "distillation.teacher_model_name to a local Hugging Face model directory, or a hub name downloaded into the "
         "local cache)"
@@ -467,10 +468,10 @@ def test_a_teacher_from_nemo_rl_is_named_by_its_nemo_rl_key(tmp_path: Path) -> N
 
 def test_the_shipped_cpu_examples_pass_the_preflight() -> None:
     from rlcore.config import load_config, resolve
-    from rlcore.run.preflight import run_problems
+    from rlcore.preflight import preflight
 
     for name in ("grpo_tiny", "distill_tiny", "sft_tiny", "grpo_math_tiny"):
         cfg = load_config(EXAMPLES / f"{name}.yaml")
         resolved = resolve(cfg, run=cfg.policy.generation is not None)
-        assert run_problems(resolved) == [], name
+        assert preflight(resolved) == [], name
     assert shutil.which("rlcore") or RLCORE.exists()

@@ -22,9 +22,9 @@ ROOTS = [REPO / "src", *sorted(p / "src" for p in (REPO / "plugins").iterdir() i
 LAYERS: list[set[str]] = [
     {"rlcore", "rlcore.data", "rlcore.models", "rlcore.plugins", "rlcore.safe_pickle", "rlcore.examples"},
     {"rlcore.config", "rlcore.interfaces"},
-    {"rlcore.training", "rlcore.nemo_rl", "rlcore.refit", "rlcore.preflight", "rlcore.datasets", "rlcore.environments"},
+    {"rlcore.training", "rlcore.nemo_rl", "rlcore.refit", "rlcore.datasets", "rlcore.environments"},
     {"rlcore.distributed"},
-    {"rlcore.policy", "rlcore.doctor"},
+    {"rlcore.policy", "rlcore.preflight", "rlcore.doctor"},
     {"rlcore.run", "rlcore.algorithms", "rlcore.backends", "rl_dtensor", "rl_fsdp1", "rl_megatron", "rl_vllm"},
     {"rlcore.cli", "rlcore.__main__"},
     {"rlcore.testing"},

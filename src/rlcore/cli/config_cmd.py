@@ -86,14 +86,14 @@ def validate(
 ) -> None:
     """Check a config file: schema, cross-field rules, backends, their sections and layout, and what `rlcore run`
     checks before Ray starts (CUDA, the environment class and reward function, files, models, tokenizers)."""
-    from rlcore.run.preflight import run_problems
-    from rlcore.run.preflight.user_code import import_from_working_directory
+    from rlcore.preflight import preflight, problem_lines
+    from rlcore.preflight.user_code import import_from_working_directory
 
     import_from_working_directory()  # as rlcore run imports the user's code
     sources: dict[str, str] = {}
     cfg, ignored = _load(file, override, source, nemo_overrides, sources)
     resolved = _resolve(cfg, ignored)
-    if problems := run_problems(resolved, files=not no_files, sources=sources):
+    if problems := problem_lines(preflight(resolved, files=not no_files, sources=sources)):
         _fail(problems)
     what = f"NeMo-RL config, {len(ignored)} keys ignored; " if source is ConfigSource.nemo_rl else ""
     typer.echo(

@@ -1,8 +1,8 @@
 """``rlcore run``: the config's algorithm (GRPO by default) from a config, on a private local Ray by default.
 
 The command loads the config and resolves it once against the installed
-backends (:func:`rlcore.config.resolve`), checks what :func:`rlcore.run.preflight.run_problems`
-checks (as ``rlcore config validate`` does) and the data, then hands the resolved config to
+backends (:func:`rlcore.config.resolve`), runs the preflight (:func:`rlcore.preflight.preflight`, as
+``rlcore config validate`` and ``rlcore doctor`` do) and the data, then hands the resolved config to
 :func:`rlcore.run.train.train` and reports how the run ended.
 """
 
@@ -54,11 +54,11 @@ def _prepare(
     from rlcore.config import ConfigError, resolve
     from rlcore.datasets import DataError
     from rlcore.distributed.startup_signals import signal_self_at
+    from rlcore.preflight import preflight, problem_lines
+    from rlcore.preflight.user_code import import_from_working_directory
     from rlcore.run.build import load_run_data
-    from rlcore.run.preflight import run_problems
-    from rlcore.run.preflight.user_code import import_from_working_directory
     from rlcore.run.prompts import load_tokenizer
-    from rlcore.run.train import output_dir_problems
+    from rlcore.run.train import output_dir_problems, resume_refusals
 
     import_from_working_directory()  # the reward function of docs/tasks.md, ./my_task.py
     if config is None and source is ConfigSource.rlcore:
@@ -75,8 +75,9 @@ def _prepare(
     for notice in resolved.notices:
         typer.echo(notice, err=True)
     cfg = resolved.config
-    # what `rlcore config validate` checks too: checkpoint, engines, CUDA, user code, files, models, hub
-    if problems := run_problems(resolved, resume=resume, sources=sources):
+    # what `rlcore config validate` checks too (engines, CUDA, user code, files, models, hub), after the checkpoint
+    refusals = resume_refusals(cfg) if resume else []  # a damaged or forged checkpoint too
+    if problems := problem_lines(preflight(resolved, first=refusals, sources=sources)):
         _fail(problems)
     signal_self_at("prepare")  # a test hook (rlcore.distributed.startup_signals); nothing unless asked
     tokenizer = load_tokenizer(cfg)

@@ -1,12 +1,17 @@
-"""``rlcore doctor``: what a run needs on this machine, one line per check.
+"""Moved: ``rlcore doctor``'s checks are part of :mod:`rlcore.preflight`, the one home of "will this run start?"
+(:func:`rlcore.preflight.preflight` without a config runs them). This path re-exports the doctor's names for one
+release and warns; it goes in the release after."""
 
-Checks are cheap and safe: engines are imported only in subprocesses with a
-time limit, nothing is started (no Ray, no engine) and the network is never
-touched. Each check is a function of the facts it judges, returning a
-:class:`CheckResult`; :func:`run_checks` gathers the facts and runs them all.
-"""
+import warnings
 
-from rlcore.doctor.result import CheckResult, summarize
-from rlcore.doctor.runner import run_checks
+from rlcore.preflight.machine import run_checks
+from rlcore.preflight.result import CheckResult, summarize
+
+warnings.warn(
+    "rlcore.doctor moved to rlcore.preflight (rlcore.preflight.preflight() runs the doctor's checks); "
+    "this alias goes in the next release",
+    DeprecationWarning,
+    stacklevel=2,
+)
 
 __all__ = ["CheckResult", "run_checks", "summarize"]

@@ -97,6 +97,18 @@ class BackendSpec(BaseModel):
     )
     requires: tuple[str, ...] = Field(default=(), description="Top-level modules the engine needs.")
     install_hint: str = Field(default="", description="How to install what 'requires' names.")
+    checks: str | None = Field(
+        default=None,
+        description="'module:function' of the backend's own host checks: called with "
+        "rlcore.preflight.HostFacts, it returns rlcore.preflight.CheckResult lines. rlcore doctor shows them; "
+        "rlcore run and config validate refuse a run of this backend on a failed one. Imported only when checks "
+        "run: keep it light. None = the backend's host is not checked.",
+    )
+    import_check: str | None = Field(
+        default=None,
+        description="'module:Attr' rlcore doctor imports to tell the engine works, instead of the plain import of "
+        "that module of 'requires': for an engine that imports lazily, e.g. 'vllm:LLM'.",
+    )
     plugin_api_version: int | None = Field(
         default=None,
         description="Deprecated, ignored (since rlcore 0.2; kept so that specs declaring it still load): "
@@ -112,7 +124,7 @@ class BackendSpec(BaseModel):
             raise ValueError(f"backend name must be alphanumeric with '-' or '_', got {v!r}")
         return v
 
-    @field_validator("worker_class", "config_class", "driver_class", "layout", "config_check")
+    @field_validator("worker_class", "config_class", "driver_class", "layout", "config_check", "checks", "import_check")
     @classmethod
     def _is_import_path(cls, v: str | None) -> str | None:
         if v is not None and (v.count(":") != 1 or v.startswith(":") or v.endswith(":")):

@@ -173,7 +173,7 @@ def _our_shm(baseline: Baseline, ours: set[int]) -> list[str]:
     new = set(_shm_entries() - baseline.shm)
     if not new:
         return []
-    from rlcore.doctor.host import find_mapped_shm
+    from rlcore.preflight.host import find_mapped_shm
 
     foreign = find_mapped_shm(str(_SHM), exclude=ours) & new  # held open by a live process outside the tree
     for name in new - foreign:

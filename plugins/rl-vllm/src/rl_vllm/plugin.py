@@ -28,6 +28,8 @@ def rlcore_register_backends(register):
             },
             requires=("vllm",),
             install_hint="pip install 'rl-vllm[cpu]'  (or [gpu] on CUDA)",
+            checks="rl_vllm.checks:host_checks",  # the torch-family clash, the CPU's kernels
+            import_check="vllm:LLM",  # `import vllm` is lazy: it works where `from vllm import LLM` dies
             description="vLLM engines in Ray actors (data parallel), in-place weight refit.",
         )
     )

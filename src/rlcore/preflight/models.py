@@ -1,4 +1,4 @@
-"""Preflight: is the model (and tokenizer) a config names actually loadable? Checked before Ray starts.
+"""Is the model (and tokenizer) a config names actually loadable? Checked before Ray starts.
 
 Without this, a missing directory or a truncated weight file surfaces 30-60 s
 into a run as a long traceback from inside a worker. These checks read only
@@ -21,7 +21,7 @@ import os
 import re
 import struct
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlcore.training.checkpoint import (
     ADAPTER_CONFIG_NAME,
@@ -31,6 +31,10 @@ from rlcore.training.checkpoint import (
     SAFE_WEIGHTS_NAME,
     is_adapter_checkpoint,
 )
+
+if TYPE_CHECKING:
+    from rlcore.config import GenerationConfig, PolicyConfig, RLCoreConfig
+    from rlcore.config.policy import LoRAConfig
 
 __all__ = ["check_model", "check_model_sources", "check_policy_sources", "hub_offline"]
 
@@ -74,7 +78,7 @@ _VOCAB_FILES = ("tokenizer.model", "spiece.model", "sentencepiece.bpe.model", "v
 _RESAVE = "re-download or re-save the model"
 
 
-def check_model_sources(cfg: Any) -> list[str]:
+def check_model_sources(cfg: RLCoreConfig) -> list[str]:
     """Problems with the model, tokenizer and generation model of a run config; empty when all load.
 
     ``cfg`` is a validated ``RLCoreConfig`` whose built-in model names are
@@ -102,7 +106,7 @@ def check_model(field: str, name: str) -> list[str]:
 
 
 def check_policy_sources(
-    policy: Any,
+    policy: PolicyConfig,
     weights_path: str | os.PathLike | None = None,
     optimizer_path: str | os.PathLike | None = None,
     *,
@@ -134,7 +138,7 @@ def check_policy_sources(
     return checks.problems
 
 
-def _adapter_problems(directory: Path, lora: Any) -> list[str]:
+def _adapter_problems(directory: Path, lora: LoRAConfig) -> list[str]:
     """A LoRA checkpoint (PEFT adapter directory) that ``policy.lora`` cannot load, one line per problem."""
     if not lora.enabled:
         return [
@@ -304,7 +308,7 @@ def _tokenizer_problem(directory: Path) -> str | None:
 # --------------------------------------------------------------------------- weights
 
 
-def _engine_loads_weights(gen: Any) -> bool:
+def _engine_loads_weights(gen: GenerationConfig) -> bool:
     """False when the generation engine starts with random weights (``load_format: dummy``) and waits for a refit."""
     section = gen.backend_sections.get(f"{gen.backend}_cfg") or {}
     return section.get("load_format") != "dummy"

@@ -4,10 +4,13 @@ checked on the cache folders alone (no ``datasets`` import, no network), so it a
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rlcore.config import DataConfig
 
 
-def dataset_problems(data: Any) -> list[str]:
+def dataset_problems(data: DataConfig) -> list[str]:
     """One line per hub dataset the ``data`` section names that this offline machine has no copy of."""
     from rlcore.datasets.hub import missing_line, missing_offline
 

@@ -1,6 +1,6 @@
 """Hub model names that are neither local nor cached: does the hub have them, and can it be reached?
 
-:func:`rlcore.preflight.check_model_sources` never touches the network: online, it leaves a hub name to the
+:func:`rlcore.preflight.models.check_model_sources` never touches the network: online, it leaves a hub name to the
 workers' download. A name with no network behind it then costs 2 × 5 retries and a 100-line traceback after
 50 s, and a misspelt one fails the same way. Here each such name is asked of the hub once, with a short
 timeout, before anything starts; a hub that cannot be reached is asked only once.
@@ -24,8 +24,8 @@ _CACHED_FILES = ("config.json", "tokenizer_config.json", "tokenizer.json")
 def hub_problems(named: Iterable[tuple[str, str]]) -> list[str]:
     """One line per ``(config key, model name)`` that is a hub name, not a local directory nor cached, which
     the hub does not have or cannot be asked about. Offline (``HF_HUB_OFFLINE``) names are left to
-    :func:`rlcore.preflight.check_model_sources`; a name seen under an earlier key is not asked again."""
-    from rlcore.preflight import hub_offline
+    :func:`rlcore.preflight.models.check_model_sources`; a name seen under an earlier key is not asked again."""
+    from rlcore.preflight.models import hub_offline
 
     if hub_offline():
         return []

@@ -1,4 +1,5 @@
-"""Gather the machine's facts and run every doctor check on them."""
+"""``rlcore doctor``'s side of the preflight: gather this machine's facts (no config) and run every check on
+them: the host's, the engine imports', each installed backend's status and its own checks."""
 
 from __future__ import annotations
 
@@ -6,21 +7,21 @@ import os
 import shutil
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from functools import partial
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from rlcore.distributed.ray_runtime import pid_alive
-from rlcore.doctor import engines, host
-from rlcore.doctor.probe import probe_imports
-from rlcore.doctor.result import CheckResult
+from rlcore.preflight import engines, host
+from rlcore.preflight.backend_checks import backend_checks, installed_distributions
+from rlcore.preflight.facts import HostFacts
+from rlcore.preflight.probe import probe_imports
+from rlcore.preflight.result import CheckResult
 
 #: Imported by every run (torch, ray) or by the Hugging Face side of every backend.
 BASE_MODULES = ("torch", "transformers", "ray")
-#: What a worker takes from an engine package whose own import is lazy: ``import vllm``
-#: works even where ``from vllm import LLM`` dies (a CUDA torchvision beside a CPU torch).
-ENGINE_TARGETS = {"vllm": "vllm:LLM"}
 
 
 def engine_modules(records: list[Any]) -> list[str]:
@@ -34,14 +35,14 @@ def worker_targets(records: list[Any]) -> list[str]:
     return list(dict.fromkeys(r.spec.worker_class for r in records if r.spec is not None and r.status == "ok"))
 
 
-def installed_distributions() -> dict[str, str]:
-    """``{normalized name: version}`` of every installed distribution (metadata only)."""
-    found: dict[str, str] = {}
-    for dist in metadata.distributions():
-        name = dist.metadata["Name"]
-        if name:
-            found.setdefault(name.lower().replace("_", "-").replace(".", "-"), dist.version)
-    return found
+def import_targets(records: list[Any]) -> dict[str, str]:
+    """``{module: target}``: what to import to tell a required module works, where a backend's
+    ``import_check`` (``'module:Attr'``) says more than the plain import of its module does."""
+    return {
+        r.spec.import_check.partition(":")[0]: r.spec.import_check
+        for r in records
+        if r.spec is not None and getattr(r.spec, "import_check", None)
+    }
 
 
 def run_checks(timeout_s: float = 120.0) -> list[CheckResult]:
@@ -52,27 +53,21 @@ def run_checks(timeout_s: float = 120.0) -> list[CheckResult]:
     records = get_registry().backends()
     modules = engine_modules(records)
     installed = [m for m in modules if module_exists(m)]
+    targets = import_targets(records)
     # One probe process, torch first so the rest reuse it; workers last (they import the engines).
-    found = probe_imports([ENGINE_TARGETS.get(m, m) for m in installed] + worker_targets(records), timeout_s)
-    probes = {m: found[ENGINE_TARGETS.get(m, m)] for m in installed}
+    found = probe_imports([targets.get(m, m) for m in installed] + worker_targets(records), timeout_s)
+    probes = {m: found[targets.get(m, m)] for m in installed}
     dists = installed_distributions()
     torch_probe = probes.get("torch")
-    gpus = len(torch_probe.info.get("device_names") or []) if torch_probe is not None and torch_probe.ok else 0
+    facts = HostFacts(installed=dists, probes=found, cpuinfo=host.read_cpuinfo())
     names = [r.name for r in records]
-    checks: list[tuple[str, Callable[[], CheckResult]]] = [
+    checks: list[tuple[str, Callable[[], CheckResult | list[CheckResult]]]] = [
         ("python", lambda: host.check_python(tuple(sys.version_info[:3]), _rlcore_meta("Requires-Python"))),
         ("rlcore", lambda: host.check_rlcore(_rlcore_meta("Version"), str(Path(__file__).resolve().parents[1]))),
         ("torch", lambda: engines.check_torch(torch_probe, dists.get("torch"))),
         (
             "gpu",
             lambda: engines.check_gpu(torch_probe, shutil.which("nvidia-smi"), os.environ.get("CUDA_VISIBLE_DEVICES")),
-        ),
-        ("torch-packages", lambda: engines.check_torch_packages(dists)),
-        (
-            "cpu",
-            lambda: host.check_cpu(
-                host.read_cpuinfo(), gpus, torch_probe.info.get("amx_permission") if torch_probe else None
-            ),
         ),
         ("ray", lambda: engines.check_ray(probes.get("ray"), os.environ.get("RAY_ADDRESS"))),
         *(
@@ -93,6 +88,7 @@ def run_checks(timeout_s: float = 120.0) -> list[CheckResult]:
             )
             for r in records
         ),
+        *((f"checks:{r.name}", partial(backend_checks, r, facts)) for r in records),
         ("shm", lambda: host.check_shm("/dev/shm", *host.read_shm("/dev/shm"))),
         (
             "leftovers",
@@ -102,17 +98,38 @@ def run_checks(timeout_s: float = 120.0) -> list[CheckResult]:
         ),
         ("ports", lambda: host.check_ports(host.try_bind(0), host.ports_in_use())),
     ]
-    return [_guarded(name, check) for name, check in checks]
+    return distinct_names([line for name, check in checks for line in _guarded(name, check)])
 
 
-def _guarded(name: str, check: Callable[[], CheckResult]) -> CheckResult:
+def _guarded(name: str, check: Callable[[], CheckResult | list[CheckResult]]) -> list[CheckResult]:
     """A check's own bug (or its fact-gathering's) becomes a failed line, not a crashed doctor."""
     try:
-        return check()
+        found = check()
     except Exception as exc:  # noqa: BLE001
-        return CheckResult(
-            name, "fail", f"the check itself crashed: {type(exc).__name__}: {exc}", "report this as an rlcore bug"
-        )
+        return [
+            CheckResult(
+                name, "fail", f"the check itself crashed: {type(exc).__name__}: {exc}", "report this as an rlcore bug"
+            )
+        ]
+    return found if isinstance(found, list) else [found]
+
+
+def distinct_names(results: list[CheckResult]) -> list[CheckResult]:
+    """The lines with a name each: the core's lines keep theirs, and a backend's line named like another line is
+    shown as ``<backend>:<name>`` (then ``#2``, ``#3``... if that too is taken)."""
+    taken = {r.name for r in results if not r.details.get("backend")}
+    out = []
+    for result in results:
+        name, backend = result.name, result.details.get("backend")
+        if backend:
+            name = f"{backend}:{name}" if name in taken else name
+            base, n = name, 1
+            while name in taken:
+                n += 1
+                name = f"{base}#{n}"
+            taken.add(name)
+        out.append(result if name == result.name else replace(result, name=name))
+    return out
 
 
 def _rlcore_meta(field: str) -> str | None:

