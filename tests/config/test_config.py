@@ -163,7 +163,9 @@ def test_a_backend_section_without_its_plugin_says_what_to_install(monkeypatch, 
     with pytest.raises(ConfigError) as info:
         resolve(cfg, registry=registry)
     (line,) = info.value.problems
-    assert line.startswith(f"{path}: no backend named 'megatron'") and line.endswith("pip install rl-megatron'")
+    assert line.startswith(f"{path}: no backend named 'megatron'") and line.endswith(
+        "comes with rlcore's rl-megatron distribution: pip install rl-megatron"
+    )
     # NeMo-RL's files carry every backend's section: one switched off needs no plugin ...
     off = load_config_dict({"policy": {"megatron_cfg": {"enabled": False, "tensor_model_parallel_size": 2}}})
     assert resolve(off, registry=registry).policy.spec.name == "dtensor"

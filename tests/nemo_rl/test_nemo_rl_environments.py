@@ -55,7 +55,10 @@ def test_an_env_name_no_installed_environment_has_is_one_line_naming_the_nemo_rl
     assert line.startswith(
         "data.train.env_name: is 'word_count', and no installed environment has that name (installed: "
     ) and all(f"{name}," in line for name in ("exact_match", "math", "python")), line
-    assert line.endswith("install the plugin that provides it (rlcore environments list shows what is installed)")
+    assert line.endswith(
+        "; no plugin rlcore knows of provides 'word_count': choose an installed environment (rlcore environments "
+        "list), or install or write the plugin that provides it (docs/tasks.md)"
+    )
 
 
 def test_a_typo_in_a_plugin_environment_section_names_the_key():

@@ -349,7 +349,7 @@ RULES: tuple[Rule, ...] = (
             G + f"{engine}_cfg",
             note="the settings of a generation engine rlcore ships no plugin for: kept for the "
             "plugin that provides it, whose config class validates them (without one, the run is refused at "
-            "generation.backend and this section, naming the plugin to install)",
+            "generation.backend and this section, saying that no rlcore plugin provides the engine)",
         )
         for engine in ("sglang", "trtllm", "dynamo")
     ),

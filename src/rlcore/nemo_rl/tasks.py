@@ -17,6 +17,7 @@ from rlcore.config.messages import show_value
 from rlcore.nemo_rl.conversion import Conversion, algorithm, put
 from rlcore.nemo_rl.dpo import validation_metrics as dpo_metrics
 from rlcore.nemo_rl.hub_datasets import NAMES, HubDataset
+from rlcore.plugins.unknown_names import what_to_do_about
 
 #: NeMo-RL datasets it downloads by name, and the keys of their rows (``data.*_key``).
 HUB_DATASETS: dict[str, dict[str, str]] = {name: dict(d.keys) for name, d in NAMES.items()}
@@ -117,8 +118,7 @@ def _prompts(entry: dict[str, Any], where: str, out: Conversion) -> None:
     else:
         out.problems.append(
             f"{where}.env_name: is {show_value(env)}, and no installed environment has that name "
-            f"(installed: {', '.join(sorted(known))}); install the plugin that provides it "
-            "(rlcore environments list shows what is installed)"
+            f"(installed: {', '.join(sorted(known))}); {what_to_do_about('environment', str(env), sorted(known))}"
         )
 
 

@@ -25,13 +25,11 @@ Listing never fails; selecting a backend that is not ``ok`` raises
 
 from __future__ import annotations
 
-import difflib
 import os
 import traceback
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from importlib import metadata
-from typing import Any
 
 import pluggy
 
@@ -42,6 +40,7 @@ from rlcore.plugins.environment_spec import EnvironmentSpec
 from rlcore.plugins.requirements import rlcore_requirement_problem
 from rlcore.plugins.spec import BackendSpec
 from rlcore.plugins.spec_refusals import Refusal, recording_refusals, refusal_of
+from rlcore.plugins.unknown_names import unknown_name_message
 from rlcore.plugins.worker_source import defined_methods
 
 Spec = BackendSpec | EnvironmentSpec | AlgorithmSpec
@@ -73,7 +72,7 @@ class BackendRecord:
     def qualified_name(self) -> str:
         return f"{self.distribution}:{self.name}"
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         caps = sorted(c.value for c in getattr(self.spec, "capabilities", ()))
         return {
             "name": self.name,
@@ -188,7 +187,7 @@ class Registry:
     def _add_refused(self, refused: Refusal, plugin: str, dist: str, version: str) -> None:
         """A spec the plugin made with a bad field: listed ``broken`` under the name it gave, with why and where."""
         name = refused.fields.get("name")
-        kind = "algorithm" if isinstance(refused.spec, AlgorithmSpec) else refused.spec.kind
+        kind = "algorithm" if isinstance(refused.spec, AlgorithmSpec) else getattr(refused.spec, "kind", "?")
         problem = f"{_one_line(refused.error)} (at {refused.where})"
         self.records.append(
             BackendRecord(
@@ -252,7 +251,7 @@ class Registry:
         assert isinstance(spec, EnvironmentSpec)
         return spec
 
-    def resolve(self, name: str, kind: str | None = None) -> Any:
+    def resolve(self, name: str, kind: str | None = None) -> Spec:
         """The spec of an ``ok`` record of ``kind`` (a backend when None), by ``name`` or ``distribution:name``."""
         record = self.find(name, kind)
         noun = group_of(kind)
@@ -274,31 +273,13 @@ class Registry:
         matches = [r for r in same_group if r.name == short and (not sep or r.distribution == dist)]
         if matches:  # a spec before a refused one of the same name (from another distribution)
             return min(matches, key=lambda r: r.spec is None)
-        noun = group
         known = sorted({r.name for r in same_group if r.spec is not None})
-        installed = ", ".join(known) or "none"
-        if group == "algorithm":
-            raise BackendError(
-                f"no algorithm named '{name}' (installed: {installed}); install the plugin that provides it"
-            )
-        close = difflib.get_close_matches(short, known, n=1)
-        hint = f"did you mean '{close[0]}'? " if close else ""
         failed = [r for r in same_group if r.kind == "?" and r.status in ("broken", "incompatible")]
         suspects = [r for r in failed if _normal(short) in _normal(r.distribution) + " " + _normal(r.name)]
         if suspects:  # the plugin that would provide it is there, and failed: say why, not "install it"
             r = suspects[0]
-            raise BackendError(f"no {noun} named '{name}': its plugin {r.qualified_name} is {r.status}: {r.problem}")
-        fix = (
-            f"install the plugin that provides it, e.g. 'pip install rl-{short}'"
-            if group == "backend"
-            else "install the plugin that provides it"
-        )
-        if failed:
-            fix += (
-                f" (plugins that failed to load: {', '.join(r.qualified_name for r in failed)}; see 'rlcore "
-                f"{noun}s list')"
-            )
-        raise BackendError(f"no {noun} named '{name}' (installed: {installed}); {hint}{fix}")
+            raise BackendError(f"no {group} named '{name}': its plugin {r.qualified_name} is {r.status}: {r.problem}")
+        raise BackendError(unknown_name_message(group, name, known, [r.qualified_name for r in failed]))
 
 
 def _normal(name: str) -> str:
