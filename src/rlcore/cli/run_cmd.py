@@ -13,7 +13,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import click
 import typer
+from typer.core import TyperCommand
 
 from rlcore.cli.config_source import (
     ConfigSource,
@@ -25,6 +27,34 @@ from rlcore.cli.config_source import (
 
 # re-exported: the run's logic lives in rlcore.run
 from rlcore.run.train import train
+
+
+def installed_algorithms() -> str:
+    """The algorithms a config can select here, from the registry (plugin modules only: no torch), for
+    ``rlcore run --help``."""
+    from rlcore.plugins import get_registry
+
+    usable, unusable = [], []
+    for record in get_registry().algorithms():
+        origin = [] if record.distribution == "rlcore" else [f"from {record.distribution}"]
+        if record.status != "ok":
+            unusable.append(f"{record.name} ({record.status})")
+        elif getattr(record.spec, "default", False):
+            usable.insert(0, f"{record.name} ({', '.join(['the default', *origin])})")
+        else:
+            usable.append(record.name + (f" ({origin[0]})" if origin else ""))
+    line = f"Installed algorithms: {', '.join(usable) or 'none'}"
+    line += f"; found but not usable: {', '.join(unusable)}" if unusable else ""
+    return line + " (rlcore algorithms list shows each with its status)."
+
+
+class RunCommand(TyperCommand):
+    """``rlcore run``, whose help lists the installed algorithms when it is shown (not when the CLI starts)."""
+
+    def format_help(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        static = self.__dict__.setdefault("_static_help", (self.help or "").rstrip())
+        self.help = f"{static}\n\n{installed_algorithms()}"
+        super().format_help(ctx, formatter)
 
 
 def _fail(lines: list[str]) -> None:
@@ -110,8 +140,8 @@ def run(
     source: SourceOpt = ConfigSource.rlcore,
     nemo_overrides: NemoOverridesArg = None,
 ) -> None:
-    """Train with GRPO, or SFT when the config has an sft section. Fails before starting anything if the config, a
-    backend or the model is wrong."""
+    """Train with the algorithm the config selects: the one whose section it has (sft:, dpo:, ...), or the
+    default one when it has none. Fails before starting anything if the config, a backend or the model is wrong."""
     from rlcore.cli.errors import one_line, write_traceback
     from rlcore.run.output import quiet_output
     from rlcore.run.stopping import StopOnSignals
