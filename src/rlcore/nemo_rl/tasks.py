@@ -237,8 +237,8 @@ def _environment(env: dict[str, Any], out: Conversion) -> None:
             out.ignored.append(
                 (
                     f"env.{name}",
-                    "no installed environment has this name (rlcore environments list); "
-                    "install the plugin that provides it to use this section",
+                    "no installed environment has this name (rlcore environments list); only a plugin that "
+                    "provides an environment of this name reads it (docs/tasks.md)",
                 )
             )
             continue
