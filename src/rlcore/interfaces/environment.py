@@ -1,7 +1,7 @@
 """The environment contract: what scores a rollout (and, over several turns, answers it).
 
-An environment is a class named in a ``BackendSpec`` of kind ``environment``
-(plugin API 3). The core builds it as ``Environment(config)``, where
+An environment is a class named in an ``EnvironmentSpec`` (or, the older way, a
+``BackendSpec`` of kind ``environment``). The core builds it as ``Environment(config)``, where
 ``config`` is the validated ``env.<name>_cfg`` section (an instance of the
 spec's ``config_class``; ``None`` without one), and calls :meth:`step` with a
 batch of message logs and each sample's metadata: the dataset row's columns,

@@ -1,4 +1,4 @@
-"""How a backend computes the inputs a loss may ask for beyond token logprobs (plugin API 5; the names and
+"""How a backend computes the inputs a loss may ask for beyond token logprobs (since rlcore 0.2; the names and
 their contract: :mod:`rlcore.interfaces.loss`).
 
 ``logits_at_indices``, ``logprobs_at_indices`` and ``entropy`` come from whatever logits the backend holds,

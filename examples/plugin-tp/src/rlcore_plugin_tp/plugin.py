@@ -1,7 +1,7 @@
 """Declares the 'tpexample' backend to rlcore (light: no torch, no ray).
 
-Beside the plain template's spec, it names a layout function (plugin API 2):
-rlcore then shards data by the layout this backend runs, not as pure data
+Beside the plain template's spec, it names a layout function (the spec's
+``layout`` field): rlcore then shards data by the layout this backend runs, not as pure data
 parallel.
 """
 

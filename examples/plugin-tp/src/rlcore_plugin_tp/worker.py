@@ -1,7 +1,7 @@
 """One rank of the 'tpexample' backend: tensor parallel inside each data-parallel replica.
 
-rlcore (plugin API 2) builds it with the layout this backend declared
-(:mod:`rlcore_plugin_tp.layout`), ranks laid out (pp, dp, cp, tp) with tp
+rlcore builds it with the layout this backend declared
+(:mod:`rlcore_plugin_tp.layout`, passed as ``layout=``), ranks laid out (pp, dp, cp, tp) with tp
 fastest, and gives the tp ranks of one data-parallel index the same data. The
 shared contracts (alignment, the optimizer-step loop with globally normalised
 losses, the reference model as a CPU copy of this rank's slices) come from
