@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlcore.preflight.probe import ImportProbe
 from rlcore.preflight.result import CheckResult
+
+if TYPE_CHECKING:
+    from rlcore.plugins import BackendRecord
 
 RUNTIME_HINT = "pip install 'rlcore[runtime]'"
 
@@ -142,7 +145,7 @@ def check_import(module: str, probe: ImportProbe | None, python: str = sys.execu
 
 
 def check_backend(
-    record: Any,
+    record: BackendRecord,
     probes: Mapping[str, ImportProbe],
     worker: ImportProbe | None = None,
     qualify: bool = False,
@@ -166,7 +169,7 @@ def check_backend(
         "status": record.status,
         "problem": record.problem,
         "requires": requires,
-        "worker_class": spec.worker_class if spec is not None else None,
+        "worker_class": getattr(spec, "worker_class", None),
     }
     where = f"{record.distribution} {record.version}".strip()
     status = record.status

@@ -11,38 +11,41 @@ from dataclasses import replace
 from functools import partial
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from rlcore.distributed.ray_runtime import pid_alive
+from rlcore.plugins.spec import BackendSpec
 from rlcore.preflight import engines, host
 from rlcore.preflight.backend_checks import backend_checks, installed_distributions
 from rlcore.preflight.facts import HostFacts
 from rlcore.preflight.probe import probe_imports
 from rlcore.preflight.result import CheckResult
 
+if TYPE_CHECKING:
+    from rlcore.plugins import BackendRecord
+
 #: Imported by every run (torch, ray) or by the Hugging Face side of every backend.
 BASE_MODULES = ("torch", "transformers", "ray")
 
 
-def engine_modules(records: list[Any]) -> list[str]:
+def engine_modules(records: list[BackendRecord]) -> list[str]:
     """The base modules plus every module a discovered backend requires, in a stable order."""
     required = [m for r in records if r.spec is not None for m in r.spec.requires]
     return list(dict.fromkeys([*BASE_MODULES, *required]))
 
 
-def worker_targets(records: list[Any]) -> list[str]:
+def worker_targets(records: list[BackendRecord]) -> list[str]:
     """``module:Class`` of every usable backend's worker (what a Ray worker imports)."""
-    return list(dict.fromkeys(r.spec.worker_class for r in records if r.spec is not None and r.status == "ok"))
+    return list(
+        dict.fromkeys(r.spec.worker_class for r in records if isinstance(r.spec, BackendSpec) and r.status == "ok")
+    )
 
 
-def import_targets(records: list[Any]) -> dict[str, str]:
+def import_targets(records: list[BackendRecord]) -> dict[str, str]:
     """``{module: target}``: what to import to tell a required module works, where a backend's
     ``import_check`` (``'module:Attr'``) says more than the plain import of its module does."""
-    return {
-        r.spec.import_check.partition(":")[0]: r.spec.import_check
-        for r in records
-        if r.spec is not None and getattr(r.spec, "import_check", None)
-    }
+    checks = [r.spec.import_check for r in records if isinstance(r.spec, BackendSpec) and r.spec.import_check]
+    return {target.partition(":")[0]: target for target in checks}
 
 
 def run_checks(timeout_s: float = 120.0) -> list[CheckResult]:
@@ -62,7 +65,7 @@ def run_checks(timeout_s: float = 120.0) -> list[CheckResult]:
     facts = HostFacts(installed=dists, probes=found, cpuinfo=host.read_cpuinfo())
     names = [r.name for r in records]
     checks: list[tuple[str, Callable[[], CheckResult | list[CheckResult]]]] = [
-        ("python", lambda: host.check_python(tuple(sys.version_info[:3]), _rlcore_meta("Requires-Python"))),
+        ("python", lambda: host.check_python(_python_version(), _rlcore_meta("Requires-Python"))),
         ("rlcore", lambda: host.check_rlcore(_rlcore_meta("Version"), str(Path(__file__).resolve().parents[1]))),
         ("torch", lambda: engines.check_torch(torch_probe, dists.get("torch"))),
         (
@@ -82,7 +85,7 @@ def run_checks(timeout_s: float = 120.0) -> list[CheckResult]:
                     engines.check_backend,
                     r,
                     probes,
-                    found.get(r.spec.worker_class) if r.spec is not None else None,
+                    found.get(r.spec.worker_class) if isinstance(r.spec, BackendSpec) else None,
                     names.count(r.name) > 1,
                 ),
             )
@@ -132,8 +135,13 @@ def distinct_names(results: list[CheckResult]) -> list[CheckResult]:
     return out
 
 
+def _python_version() -> tuple[int, int, int]:
+    return sys.version_info.major, sys.version_info.minor, sys.version_info.micro
+
+
 def _rlcore_meta(field: str) -> str | None:
     try:
-        return metadata.metadata("rlcore").get(field)
+        values = metadata.metadata("rlcore").get_all(field)
     except metadata.PackageNotFoundError:
         return None
+    return str(values[0]) if values else None

@@ -30,6 +30,6 @@ class CheckResult:
 
 def summarize(results: list[CheckResult]) -> dict[str, Any]:
     """Counts per status, the overall status and the exit code (1 only when a check failed)."""
-    counts = {status: sum(r.status == status for r in results) for status in STATUSES}
+    counts: dict[str, int] = {status: sum(r.status == status for r in results) for status in STATUSES}
     overall = "fail" if counts["fail"] else "warn" if counts["warn"] else "ok"
     return {**counts, "status": overall, "exit_code": 1 if counts["fail"] else 0}

@@ -13,8 +13,8 @@ from __future__ import annotations
 import ast
 import difflib
 import traceback
+from importlib.machinery import ModuleSpec
 from pathlib import Path
-from typing import Any
 
 
 def import_from_working_directory() -> None:
@@ -99,12 +99,12 @@ def _kind_problem(key: str, path: str, what: str, kind: str) -> list[str]:
     return []
 
 
-def _imported_problems(key: str, path: str, what: str, module: str, name: str, spec: Any) -> list[str]:
+def _imported_problems(key: str, path: str, what: str, module: str, name: str, spec: ModuleSpec) -> list[str]:
     """Import the module (the source could not tell) and look the name up."""
     import importlib
 
     try:
-        obj: Any = importlib.import_module(module)
+        obj: object = importlib.import_module(module)
     except Exception as exc:  # noqa: BLE001 - whatever the user's module raises, it is one line
         return [f"{key}: importing '{module}' failed: {_error(exc)}; fix the module"]
     for i, part in enumerate(name.split(".")):
@@ -122,7 +122,7 @@ def _imported_problems(key: str, path: str, what: str, module: str, name: str, s
     return []
 
 
-def _source(spec: Any) -> str | None:
+def _source(spec: ModuleSpec) -> str | None:
     origin = getattr(spec, "origin", None)
     if not origin or not str(origin).endswith(".py"):
         return None
@@ -132,7 +132,7 @@ def _source(spec: Any) -> str | None:
         return None
 
 
-def _where(spec: Any) -> str:
+def _where(spec: ModuleSpec) -> str:
     return str(getattr(spec, "origin", None) or spec.name)
 
 
