@@ -53,7 +53,7 @@ def run_policy(
     sink: SinkGroup | None,
     dtensor_cfg: dict | None = None,
 ) -> dict:
-    from rlcore.algorithms.loss_functions import NLLLoss
+    from rlcore.algorithms.sft.loss import NLLLoss
     from rlcore.data import BatchedDataDict
     from rlcore.policy import Policy
     from rlcore.testing.models import build_tiny_tokenizer

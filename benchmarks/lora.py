@@ -106,7 +106,7 @@ def run_mode(model_dir: str, lora: dict | None, args: argparse.Namespace, tokeni
 
 def train_figures(model_dir: str, lora: dict | None, args: argparse.Namespace, tokenizer: Any) -> dict:
     """A dp=2 policy (AdamW, reference model on, as GRPO runs it): peak memory and time of the steps."""
-    from rlcore.algorithms.loss_functions import NLLLoss
+    from rlcore.algorithms.sft.loss import NLLLoss
     from rlcore.data import BatchedDataDict
     from rlcore.distributed import RayVirtualCluster
     from rlcore.policy import Policy

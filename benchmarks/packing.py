@@ -77,7 +77,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
 
-    from rlcore.algorithms.loss_functions import NLLLoss
+    from rlcore.algorithms.sft.loss import NLLLoss
     from rlcore.config import load_config_dict
     from rlcore.distributed import RayVirtualCluster
     from rlcore.policy import Policy

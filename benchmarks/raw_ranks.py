@@ -191,7 +191,7 @@ class PolicyRunner:
     """The same work through ``Policy``, timed in the driver."""
 
     def __init__(self, backend: str, model_dir: str, world_size: int) -> None:
-        from rlcore.algorithms.loss_functions import NLLLoss
+        from rlcore.algorithms.sft.loss import NLLLoss
         from rlcore.config import load_config_dict
         from rlcore.data import BatchedDataDict
         from rlcore.distributed import RayVirtualCluster, init_ray

@@ -171,7 +171,7 @@ class ScaledPolicyRunner(po.PolicyRunner):
     """raw_ranks.PolicyRunner (same run/close) with AdamW, a per-case length and the reference copy."""
 
     def __init__(self, backend: str, model_dir: str, world_size: int, reference: bool, megatron_tp: int) -> None:
-        from rlcore.algorithms.loss_functions import NLLLoss
+        from rlcore.algorithms.sft.loss import NLLLoss
         from rlcore.config import load_config_dict
         from rlcore.data import BatchedDataDict
         from rlcore.distributed import RayVirtualCluster, init_ray

@@ -316,7 +316,7 @@ def _rank(
     import torch.distributed as dist
     from transformers import AutoConfig
 
-    from rlcore.algorithms.loss_functions import NLLLoss
+    from rlcore.algorithms.sft.loss import NLLLoss
     from rlcore.data import BatchedDataDict
 
     torch.set_num_threads(1)

@@ -139,7 +139,7 @@ def test_two_algorithms_claiming_the_default_are_refused_not_guessed(monkeypatch
             register(
                 AlgorithmSpec(
                     name="rival",
-                    config_class="rlcore.config.grpo:GRPOConfig",
+                    config_class="rlcore.algorithms.grpo.config:GRPOConfig",
                     algorithm_class="rlcore.algorithms.grpo.loop:GRPO",
                     default=True,
                 )

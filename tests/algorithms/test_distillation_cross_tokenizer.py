@@ -294,7 +294,7 @@ def test_with_every_slot_mapped_the_loss_is_unchanged():
 
 
 def _distillation(**teacher):
-    from rlcore.config.distillation import DistillationConfig
+    from rlcore.algorithms.distillation.config import DistillationConfig
 
     return DistillationConfig(teacher_model_name="tiny-teacher", teacher=teacher)
 

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from rlcore.algorithms.preference import DPOLossConfig, DPOLossFn
+from rlcore.algorithms.dpo.loss import DPOLossConfig, DPOLossFn
 from rlcore.config import ConfigError
 from rlcore.config.base import StrictModel
 from rlcore.data import BatchedDataDict
@@ -251,7 +251,7 @@ def test_import_does_not_import_torch():
     import subprocess
     import sys
 
-    code = "import sys, rlcore.algorithms.preference; assert 'torch' not in sys.modules"
+    code = "import sys, rlcore.algorithms.dpo.loss; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

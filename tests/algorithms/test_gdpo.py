@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from rlcore.algorithms.advantages import gdpo_advantages
+from rlcore.algorithms.grpo.advantages import gdpo_advantages
 from rlcore.algorithms.grpo.step import gdpo_step_advantages, reward_components
 from rlcore.config import ConfigError, load_config
 from rlcore.environments.runner import EnvironmentRunner, isolated_step

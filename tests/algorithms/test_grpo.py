@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from rlcore.algorithms.advantages import group_advantages
+from rlcore.algorithms.grpo.advantages import group_advantages
 from rlcore.config import load_config
 from rlcore.environments.digits import digit_prompts, digit_reward
 from rlcore.run.step import encode_prompts, training_batch
@@ -32,7 +32,7 @@ def test_leave_one_out_and_mean_std_advantages():
 @pytest.mark.parametrize("with_kl", [False, True])
 def test_reinforce_plus_plus_advantages_against_a_float64_recomputation(minus_baseline, with_kl):
     """NeMo-RL's estimator: r (minus the group mean) minus beta * KL per token, whitened over every valid token."""
-    from rlcore.algorithms.advantages import reinforce_plus_plus_advantages
+    from rlcore.algorithms.grpo.advantages import reinforce_plus_plus_advantages
 
     gen = torch.Generator().manual_seed(0)
     rewards = torch.rand(6, generator=gen)
@@ -57,7 +57,7 @@ def test_reinforce_plus_plus_advantages_against_a_float64_recomputation(minus_ba
 
 
 def test_kl_in_reward_takes_the_kl_out_of_the_loss():
-    from rlcore.algorithms.loss_functions import ClippedPGLossFn
+    from rlcore.algorithms.grpo.loss import ClippedPGLossFn
 
     data = {
         "token_mask": torch.tensor([[0.0, 1.0, 1.0]]),

@@ -1,4 +1,4 @@
-"""Tests for rlcore.algorithms.loss_functions.
+"""Tests for GRPO's loss (rlcore.algorithms.grpo.loss) and SFT's (rlcore.algorithms.sft.loss).
 
 The reference below recomputes every loss token by token in float64 Python
 (values *and* the gradient w.r.t. logprobs, written out by hand), without using
@@ -18,12 +18,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from rlcore.algorithms.loss_functions import (
-    ClippedPGLossConfig,
-    ClippedPGLossFn,
-    NLLLoss,
-    positive_example_token_counts,
-)
+from rlcore.algorithms.grpo.loss import ClippedPGLossFn, positive_example_token_counts
+from rlcore.algorithms.grpo.loss_config import ClippedPGLossConfig
+from rlcore.algorithms.sft.loss import NLLLoss
 from rlcore.interfaces.loss import LossFunction, LossType, step_metrics
 
 RTOL, ATOL = 1e-6, 1e-10
@@ -779,9 +776,23 @@ def test_missing_inputs_are_named():
         ClippedPGLossFn(dict(use_importance_sampling_correction=True))(logprobs, data, gseqs, gtoks)
 
 
-def test_import_does_not_import_torch():
-    code = "import sys, rlcore.algorithms.loss_functions; assert 'torch' not in sys.modules"
+@pytest.mark.parametrize(
+    "module", ["rlcore.algorithms.grpo.loss", "rlcore.algorithms.sft.loss", "rlcore.algorithms.loss_functions"]
+)
+def test_import_does_not_import_torch(module):
+    code = f"import sys, {module}; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_losses_keep_their_public_import_place():
+    """``rlcore.algorithms.loss_functions`` (the README's path) names the same classes as their packages."""
+    import rlcore.algorithms.loss_functions as public
+
+    assert (public.NLLLoss, public.ClippedPGLossFn, public.ClippedPGLossConfig) == (
+        NLLLoss,
+        ClippedPGLossFn,
+        ClippedPGLossConfig,
+    )
 
 
 def test_force_on_policy_ratio_equals_prev_logprobs_set_to_the_current_ones():

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlcore.algorithms.loss_functions import ClippedPGLossFn
+from rlcore.algorithms.grpo.loss import ClippedPGLossFn
+from rlcore.algorithms.grpo.prev_logprobs import skips_prev_logprob_pass
 from rlcore.config import ConfigError, load_config, resolve
-from rlcore.config.resolve import skips_prev_logprob_pass
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = "examples/grpo_tiny.yaml"  # rollout 8 prompts x 4 = 32 = policy.train_global_batch_size
@@ -121,7 +121,7 @@ def _rollout(policy, tokenizer, n: int):
 
 def _train_once(policy, data, force: bool, gbs: int, out: Path | None = None):
     """One ``policy.train`` call, with ``prev_logprobs`` from a separate pass unless ``force``."""
-    from rlcore.algorithms.loss_functions import ClippedPGLossConfig
+    from rlcore.algorithms.grpo.loss_config import ClippedPGLossConfig
 
     batch = data.copy()
     if not force:

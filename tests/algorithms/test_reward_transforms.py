@@ -8,7 +8,8 @@ import random
 import pytest
 import torch
 
-from rlcore.algorithms.reward_transforms import (
+from rlcore.algorithms.grpo.config import GRPOConfig, RewardScalingConfig, RewardShapingConfig
+from rlcore.algorithms.grpo.reward_transforms import (
     TransformedRewards,
     clip_advantages,
     groups_with_signal,
@@ -17,7 +18,6 @@ from rlcore.algorithms.reward_transforms import (
     shape_rewards,
     transform_rewards,
 )
-from rlcore.config.grpo import GRPOConfig, RewardScalingConfig, RewardShapingConfig
 
 
 def t(values, dtype=torch.float32):

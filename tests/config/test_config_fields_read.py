@@ -27,7 +27,12 @@ from rlcore.config.base import SECTIONS_FIELD
 from rlcore.plugins import get_registry
 
 REPO = Path(__file__).resolve().parents[2]
-SCHEMA_MODULES = {"base.py", "cluster.py", "generation.py", "grpo.py", "policy.py", "schemas.py"}
+SCHEMA_MODULES = {"base.py", "cluster.py", "checkpointing.py", "generation.py", "policy.py", "schemas.py"}
+#: The algorithms' schema modules (their sections and the sections they own), outside ``src/rlcore/config``.
+ALGORITHM_SCHEMA_MODULES = {("grpo", "config.py"), ("grpo", "loss_config.py")}
+#: Functions that read a setting named by their second argument: ``getattr(cfg, "x")``,
+#: ``loop_setting(cfg, "x", default)`` (an algorithm section's setting, when it has one).
+NAMED_GETTERS = ("getattr", "hasattr", "loop_setting")
 
 #: ``Model.field`` -> why it needs no read site of its own.
 ALLOWED: dict[str, str] = {
@@ -55,6 +60,8 @@ def _models() -> list[type[BaseModel]]:
         spec = record.spec
         if spec is not None and spec.config_class:
             visit(spec.load_config_class())
+        for key in getattr(spec, "sections", None) or {}:  # an algorithm's other top-level sections (GRPO's loss)
+            visit(spec.load_section_class(key))
     return found
 
 
@@ -63,6 +70,7 @@ def _runtime_sources() -> list[Path]:
         p
         for p in (REPO / "src" / "rlcore").rglob("*.py")
         if not (p.parent.name == "config" and p.name in SCHEMA_MODULES)
+        and (p.parent.name, p.name) not in ALGORITHM_SCHEMA_MODULES
         and "nemo_rl" not in p.parts
         and "testing" not in p.parts
     ]
@@ -86,7 +94,7 @@ def _read_names() -> set[str]:
             elif isinstance(node, ast.Call) and node.args:
                 fn = node.func
                 getter = (isinstance(fn, ast.Attribute) and fn.attr == "get") or (
-                    isinstance(fn, ast.Name) and fn.id in ("getattr", "hasattr")
+                    isinstance(fn, ast.Name) and fn.id in NAMED_GETTERS
                 )
                 key = node.args[1] if isinstance(fn, ast.Name) and len(node.args) > 1 else node.args[0]
                 if getter and isinstance(key, ast.Constant) and isinstance(key.value, str):

@@ -117,7 +117,7 @@ def test_padding_to_a_multiple_touches_only_padding():
 @pytest.mark.parametrize("estimator, nemo", [("leave_one_out_std", (True, True)), ("mean", (False, False))])
 def test_new_advantage_estimators_match_nemo_rl(estimator, nemo):
     """NeMo-RL's GRPO advantage (calculate_baseline_and_std_per_prompt, then / (std + 1e-6) where std > 0)."""
-    from rlcore.algorithms.advantages import group_advantages
+    from rlcore.algorithms.grpo.advantages import group_advantages
 
     rewards = torch.tensor([1.0, 0.0, 0.5, 0.2, 1.0, 1.0, 1.0, 1.0])
     got = group_advantages(rewards, 4, estimator).double()

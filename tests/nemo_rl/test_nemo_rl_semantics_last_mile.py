@@ -18,11 +18,11 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from rlcore.algorithms.advantages import calculate_baseline_and_std_per_prompt, group_advantages
-from rlcore.algorithms.loss_functions import ClippedPGLossConfig, ClippedPGLossFn
+from rlcore.algorithms.grpo.advantages import calculate_baseline_and_std_per_prompt, group_advantages
+from rlcore.algorithms.grpo.loss import ClippedPGLossConfig, ClippedPGLossFn
+from rlcore.algorithms.grpo.prev_logprobs import skips_prev_logprob_pass
 from rlcore.algorithms.utils import masked_mean
 from rlcore.config import ConfigError, load_config, resolve
-from rlcore.config.resolve import skips_prev_logprob_pass
 
 GRPO = "examples/grpo_tiny.yaml"  # one optimizer step per rollout: the automatic choice would skip the pass
 NEMO_GRPO = Path(__file__).parents[1] / "fixtures" / "nemo_rl" / "v0.7.0" / "grpo_math_1B.yaml"
@@ -118,7 +118,7 @@ def _dpo_batch(seed: int) -> tuple[torch.Tensor, dict]:
 
 @pytest.mark.parametrize("average", [False, True])
 def test_dpo_with_zero_beta_and_only_the_sft_term_is_the_nll_of_the_chosen_responses(average):
-    from rlcore.algorithms.preference import DPOLossFn
+    from rlcore.algorithms.dpo.loss import DPOLossFn
 
     logprobs, data = _dpo_batch(1)
     loss_fn = DPOLossFn(
@@ -158,7 +158,7 @@ def test_dpo_with_zero_beta_and_only_the_sft_term_is_the_nll_of_the_chosen_respo
 
 
 def test_dpo_with_zero_beta_keeps_a_constant_preference_term_without_gradient():
-    from rlcore.algorithms.preference import DPOLossFn
+    from rlcore.algorithms.dpo.loss import DPOLossFn
 
     logprobs, data = _dpo_batch(2)
     sft_only = DPOLossFn({"reference_policy_kl_penalty": 0.0, "preference_loss_weight": 0.0, "sft_loss_weight": 0.5})

@@ -41,7 +41,8 @@ def test_production_code_never_imports_the_test_kit():
 #: (old module, name, where it lives now)
 MOVED = [
     ("rlcore.cli.run_cmd", "train", "rlcore.run.train"),
-    ("rlcore.algorithms.loss_functions", "ClippedPGLossConfig", "rlcore.config.loss"),
+    ("rlcore.algorithms.loss_functions", "ClippedPGLossConfig", "rlcore.algorithms.grpo.loss_config"),
+    ("rlcore.algorithms.loss_functions", "NLLLoss", "rlcore.algorithms.sft.loss"),
     ("rlcore.testing.resume_check", "run_resume", "rlcore.testing.conformance.resume_check"),
     ("rlcore.testing.reference_worker", "ReferenceWorker", "rlcore.backends.reference.worker"),
     ("rlcore.distributed.process_group", "init_distributed", "rlcore.training.process_group"),

@@ -1,8 +1,7 @@
-"""The training algorithms, one package each, registered through the public hook (:mod:`.plugin`):
-:mod:`~rlcore.algorithms.grpo` (sync and async loops, dynamic sampling, GDPO), :mod:`~rlcore.algorithms.sft`,
-:mod:`~rlcore.algorithms.dpo` and :mod:`~rlcore.algorithms.distillation`; their config sections live in
-:mod:`rlcore.config` (``grpo``, ``sft``, ``dpo``, ``distillation``), so a config validates without this package.
-The losses they share: :mod:`~rlcore.algorithms.loss_functions` (ClippedPGLossFn, NLLLoss; token helpers in
-:mod:`~rlcore.algorithms.utils`), :mod:`~rlcore.algorithms.preference` (DPO), GRPO's advantages
-(:mod:`~rlcore.algorithms.advantages`) and reward transforms (:mod:`~rlcore.algorithms.reward_transforms`).
+"""The training algorithms, one package each (its config section, rules, loss, data and loop), registered through
+the public hook (:mod:`.plugin`): :mod:`~rlcore.algorithms.grpo` (sync and async loops, dynamic sampling, GDPO,
+advantages, reward transforms), :mod:`~rlcore.algorithms.sft`, :mod:`~rlcore.algorithms.dpo` and
+:mod:`~rlcore.algorithms.distillation`. Each package's ``config`` module is light (pydantic only): the config layer
+imports it through the registry, never by name. Shared here: the token helpers of :mod:`~rlcore.algorithms.utils`
+and :mod:`~rlcore.algorithms.loss_functions`, the losses in one import place.
 """

@@ -1,18 +1,25 @@
-"""Registers the built-in algorithms through the public hook, as a third party would (light: only names)."""
+"""Registers the built-in algorithms through the public hook, as a third party would (light: only names). Each
+algorithm is one package: its config class, the top-level sections it owns (GRPO's ``loss``) and its rules are
+named here by import path, so a config validates without importing a loop."""
 
 from rlcore.plugins import AlgorithmSpec, hookimpl
 
 #: ``name: (config class, algorithm class, what it is, the spec's flags)``; the name is the config section's key.
 _BUILTIN = {
     "grpo": (
-        "rlcore.config.grpo:GRPOConfig",
+        "rlcore.algorithms.grpo.config:GRPOConfig",
         "rlcore.algorithms.grpo.loop:GRPO",
         "Group Relative Policy Optimization on scored rollouts (synchronous or asynchronous, dynamic sampling); "
         "the algorithm of a config without an algorithm section.",
-        {"default": True, "generates": True},
+        {
+            "default": True,
+            "generates": True,
+            "sections": {"loss": "rlcore.algorithms.grpo.loss_config:ClippedPGLossConfig"},
+            "rules": "rlcore.algorithms.grpo.rules:check",
+        },
     ),
     "sft": (
-        "rlcore.config.sft:SFTConfig",
+        "rlcore.algorithms.sft.config:SFTConfig",
         "rlcore.algorithms.sft.loop:SFT",
         "Supervised fine-tuning: NLL on the assistant tokens of data.train.",
         {
@@ -23,7 +30,7 @@ _BUILTIN = {
         },
     ),
     "dpo": (
-        "rlcore.config.dpo:DPOConfig",
+        "rlcore.algorithms.dpo.config:DPOConfig",
         "rlcore.algorithms.dpo.loop:DPO",
         "Direct Preference Optimization on (prompt, chosen, rejected) pairs against the frozen initial weights.",
         {
@@ -34,7 +41,7 @@ _BUILTIN = {
         },
     ),
     "distillation": (
-        "rlcore.config.distillation:DistillationConfig",
+        "rlcore.algorithms.distillation.config:DistillationConfig",
         "rlcore.algorithms.distillation.loop:Distillation",
         "On-policy distillation: the student trains on the KL to a frozen teacher's top-k logits over "
         "its own rollouts.",

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from rlcore.config.loss import KLType
+from rlcore.algorithms.grpo.loss_config import KLType
 from rlcore.interfaces.loss import LossType
 
 if TYPE_CHECKING:

@@ -8,8 +8,13 @@ Typical use::
     resolved = resolve(cfg)              # against the installed backends: layout, batch plan, sections
     resolved.policy.data_parallel_size
 
-Importing this package never imports torch or ray.
+Importing this package never imports torch or ray. The algorithms' sections live in their packages
+(``rlcore.algorithms.<name>.config``); the names ``GRPOConfig``, ``SFTConfig``, ``DPOConfig``,
+``DistillationConfig`` and ``ClippedPGLossConfig`` are still importable from here, looked up through the registry
+(the config layer never imports an algorithm).
 """
+
+from typing import Any
 
 from rlcore.config.batch_plan import BatchPlan, batch_problems
 from rlcore.config.coerce import as_policy_config
@@ -22,8 +27,6 @@ from rlcore.config.schemas import (
     ClusterConfig,
     ColocationConfig,
     ColocationResources,
-    DistillationConfig,
-    DPOConfig,
     DynamicBatchingConfig,
     GenerationConfig,
     PolicyConfig,
@@ -33,7 +36,6 @@ from rlcore.config.schemas import (
     SchedulerMilestones,
     SectionsModel,
     SequencePackingConfig,
-    SFTConfig,
     SinglePytorchSchedulerConfig,
     StrictModel,
     TokenizerConfig,
@@ -78,3 +80,23 @@ __all__ = [
     "rule",
     "validate_section",
 ]
+
+#: Names this package exported before the algorithms' sections moved: ``name: (algorithm, owned section key)``.
+_ALGORITHM_CLASSES = {
+    "GRPOConfig": ("grpo", None),
+    "SFTConfig": ("sft", None),
+    "DPOConfig": ("dpo", None),
+    "DistillationConfig": ("distillation", None),
+    "ClippedPGLossConfig": ("grpo", "loss"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    """An algorithm's config class by its old name here, through the registry (see the module docstring)."""
+    if name not in _ALGORITHM_CLASSES:
+        raise AttributeError(f"module 'rlcore.config' has no attribute {name!r}")
+    from rlcore.config.schemas import registered_algorithms
+
+    algorithm, key = _ALGORITHM_CLASSES[name]
+    spec = registered_algorithms()[algorithm]
+    return spec.load_config_class() if key is None else spec.load_section_class(key)

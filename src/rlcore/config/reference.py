@@ -247,6 +247,16 @@ def sections(backends: list[BackendInfo] | None = None) -> list[Section]:
                 f"trains it; validated with its config class `{config_class}`.",
             )
         )
+    for key, name, config_class in owned_sections():
+        visit(
+            Section(
+                key,
+                import_object(config_class),
+                "rlcore run",
+                f"A section algorithm `{name}` owns (its spec's `sections`); validated with `{config_class}`, "
+                "its defaults when the config leaves it out.",
+            )
+        )
     return out
 
 
@@ -264,6 +274,21 @@ def installed_algorithms(registry: Any = None) -> list[tuple[str, str, str]]:
         if r.spec is not None
     }
     return [found[name] for name in sorted(found)]
+
+
+def owned_sections(registry: Any = None) -> list[tuple[str, str, str]]:
+    """``(key, algorithm, config class)`` of every top-level section an algorithm owns besides its own (its spec's
+    ``sections``), sorted by key; a fresh registry by default, as :func:`installed_algorithms`."""
+    if registry is None:
+        from rlcore.plugins import Registry
+
+        registry = Registry()
+        registry.load_entry_points()
+    found: dict[str, tuple[str, str, str]] = {}
+    for r in sorted(getattr(registry, "algorithms", lambda: [])(), key=lambda r: r.name):
+        for key, config_class in (r.spec.sections if r.spec is not None else {}).items():
+            found.setdefault(key, (key, r.spec.name, config_class))
+    return [found[key] for key in sorted(found)]
 
 
 # --------------------------------------------------------------------------- rendering

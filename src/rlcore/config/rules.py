@@ -2,7 +2,11 @@
 
 Each rule takes a validated ``RLCoreConfig`` and yields problem lines that
 name the dotted path(s), the bad value(s) and the fix. Adding a rule is
-writing one function and decorating it with ``@rule``.
+writing one function and decorating it with ``@rule``. The rules here are the
+core's; an algorithm's own rules live in its package and are reached through
+the registry (its spec's ``rules``: :func:`algorithms_own_rules`). The rules
+that read an algorithm's section read only its schedule
+(:class:`rlcore.config.schedule.LoopSchedule`) and skip a section without one.
 """
 
 from __future__ import annotations
@@ -11,8 +15,8 @@ import difflib
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING
 
-from rlcore.config.grpo import TOKEN_LEVEL_ESTIMATORS
 from rlcore.config.policy import ONLY_READ_BY, SchedulerMilestones
+from rlcore.config.schedule import schedule_of
 
 if TYPE_CHECKING:
     from rlcore.config.schemas import RLCoreConfig
@@ -97,174 +101,6 @@ def separate_generation_has_resources(cfg: RLCoreConfig) -> Iterator[str]:
 
 
 @rule
-def async_grpo_needs_its_own_engine(cfg: RLCoreConfig) -> Iterator[str]:
-    """Async GRPO overlaps a separate engine with training: it needs its own resources, and importance weights
-    to correct for rollouts from older weights (as NeMo-RL requires)."""
-    if cfg.grpo is None or not cfg.grpo.async_grpo.enabled:
-        return
-    gen, p = cfg.policy.generation, cfg.policy
-    if gen is not None and gen.backend != p.training_backend and gen.colocated.enabled:
-        yield (
-            "grpo.async_grpo.enabled: generation can run ahead of training only on its own resources, but "
-            "policy.generation.colocated.enabled is true; set it to false and give "
-            "policy.generation.colocated.resources (e.g. {num_nodes: 1, workers_per_node: 1})"
-        )
-    if not cfg.loss.use_importance_sampling_correction:
-        yield (
-            "loss.use_importance_sampling_correction: async GRPO trains on rollouts sampled with older "
-            "weights, which the importance weights correct for; set it to true"
-        )
-
-
-@rule
-def rollout_batch_fits_training(cfg: RLCoreConfig) -> Iterator[str]:
-    g, p = cfg.grpo, cfg.policy
-    if g is None:
-        return
-    rollout = g.num_prompts_per_step * g.num_generations_per_prompt
-    if rollout % p.train_global_batch_size:
-        yield (
-            f"grpo.num_prompts_per_step × grpo.num_generations_per_prompt = {g.num_prompts_per_step} × "
-            f"{g.num_generations_per_prompt} = {rollout} is not a multiple of policy.train_global_batch_size "
-            f"{p.train_global_batch_size}: each step trains on whole global batches; change one of them"
-        )
-    if cfg.loss.force_on_policy_ratio is True and rollout != p.train_global_batch_size:
-        yield (
-            f"loss.force_on_policy_ratio needs each rollout trained in one optimizer step, but the rollout "
-            f"batch {rollout} != policy.train_global_batch_size {p.train_global_batch_size}: set them equal, "
-            "or set it to null (automatic: on only when they are equal) or false"
-        )
-    if g.advantage_estimator.startswith("leave_one_out") and g.num_generations_per_prompt < 2:
-        yield (
-            f"grpo.num_generations_per_prompt: {g.advantage_estimator} advantages need at least 2 completions "
-            "per prompt; raise it or set grpo.advantage_estimator=mean_std"
-        )
-
-
-@rule
-def kl_in_reward_needs_reinforce_plus_plus(cfg: RLCoreConfig) -> Iterator[str]:
-    """The KL moves from the loss into the reward only where an estimator puts it there; elsewhere it would
-    vanish (NeMo-RL drops it silently)."""
-    loss = cfg.loss
-    if not loss.use_kl_in_reward:
-        return
-    estimator = cfg.grpo.advantage_estimator if cfg.grpo is not None else None
-    if estimator not in TOKEN_LEVEL_ESTIMATORS:
-        yield (
-            f"loss.use_kl_in_reward: only the Reinforce++ advantages put the KL into the reward, but "
-            f"grpo.advantage_estimator is {estimator}; set it to reinforce_plus_plus[_baseline] or set "
-            "use_kl_in_reward to false (KL in the loss)"
-        )
-    if loss.reference_policy_kl_penalty == 0:
-        yield (
-            "loss.use_kl_in_reward: the KL coefficient loss.reference_policy_kl_penalty is 0, so there is no "
-            "KL to put into the reward; set a coefficient > 0 or set use_kl_in_reward to false"
-        )
-    if loss.force_on_policy_ratio is True:
-        yield (
-            "loss.force_on_policy_ratio: true skips the prev-logprob pass, but loss.use_kl_in_reward computes "
-            "the reward's KL from those logprobs before training; set it to null (automatic) or false"
-        )
-
-
-@rule
-def reward_transforms_not_with_async_grpo(cfg: RLCoreConfig) -> Iterator[str]:
-    """NeMo-RL's async GRPO refuses dynamic sampling, reward scaling and reward shaping (examples/run_grpo.py)."""
-    g = cfg.grpo
-    if g is None or not g.async_grpo.enabled:
-        return
-    for path, on in (
-        ("grpo.use_dynamic_sampling", g.use_dynamic_sampling),
-        ("grpo.reward_scaling.enabled", g.reward_scaling.enabled),
-        ("grpo.reward_shaping.enabled", g.reward_shaping.enabled),
-    ):
-        if on:
-            yield (
-                f"{path}: is true, but it is not supported with async GRPO (grpo.async_grpo.enabled), as in "
-                f"NeMo-RL; set {path}=false or grpo.async_grpo.enabled=false"
-            )
-
-
-@rule
-def batch_multiplier_only_with_dynamic_sampling(cfg: RLCoreConfig) -> Iterator[str]:
-    """batch_multiplier only sizes dynamic sampling's generation batches (NeMo-RL asserts it is 1 without)."""
-    g = cfg.grpo
-    if g is not None and not g.use_dynamic_sampling and g.batch_multiplier != 1:
-        yield (
-            f"grpo.batch_multiplier: is {g.batch_multiplier}, but it only sizes the generation batches of "
-            "dynamic sampling; set grpo.use_dynamic_sampling=true or grpo.batch_multiplier=1"
-        )
-
-
-@rule
-def advantage_clip_bounds_around_zero(cfg: RLCoreConfig) -> Iterator[str]:
-    """Advantages are centred on 0: a bound on the wrong side of 0 gives every advantage beyond it the same sign
-    (NeMo-RL does not check; its docs describe symmetric bounds such as -100/100)."""
-    g = cfg.grpo
-    if g is None:
-        return
-    low, high = g.advantage_clip_low, g.advantage_clip_high
-    if low is not None and high is not None and low > high:
-        yield (
-            f"grpo.advantage_clip_low, grpo.advantage_clip_high: {low} > {high}; the low bound must not exceed "
-            "the high one"
-        )
-        return
-    if low is not None and low > 0:
-        yield (
-            f"grpo.advantage_clip_low: is {low} > 0, so every advantage below it, all negative ones included, "
-            f"would become +{low} (bad completions pushed up); set it <= 0 (e.g. -5) or null"
-        )
-    if high is not None and high < 0:
-        yield (
-            f"grpo.advantage_clip_high: is {high} < 0, so every advantage above it, all positive ones "
-            f"included, would become {high} (good completions pushed down); set it >= 0 (e.g. 5) or null"
-        )
-
-
-@rule
-def reward_scaling_range(cfg: RLCoreConfig) -> Iterator[str]:
-    g = cfg.grpo
-    if g is None or not g.reward_scaling.enabled:
-        return
-    sc = g.reward_scaling
-    if sc.source_max <= sc.source_min:
-        yield (
-            f"grpo.reward_scaling.source_max: is {sc.source_max}, not above grpo.reward_scaling.source_min "
-            f"{sc.source_min}; the source range must not be empty: set source_max > source_min"
-        )
-
-
-@rule
-def reward_shaping_has_its_settings(cfg: RLCoreConfig) -> Iterator[str]:
-    """DAPO's overlong penalty needs its three settings (NeMo-RL raises at the first step without them); the
-    truncation penalty (stop_properly_penalty_coef) needs none of them."""
-    g = cfg.grpo
-    if g is None or not g.reward_shaping.enabled or g.reward_shaping.stop_properly_penalty_coef is not None:
-        return
-    sh = g.reward_shaping
-    missing = [
-        f"grpo.reward_shaping.{k}"
-        for k in ("overlong_buffer_length", "overlong_buffer_penalty", "max_response_length")
-        if getattr(sh, k) is None
-    ]
-    if missing:
-        yield (
-            f"{', '.join(missing)}: {'is' if len(missing) == 1 else 'are'} null, but DAPO's overlong penalty "
-            "(grpo.reward_shaping.enabled without stop_properly_penalty_coef) needs it; set "
-            f"{'it' if len(missing) == 1 else 'them'} (e.g. overlong_buffer_length: 128, "
-            "overlong_buffer_penalty: 1, max_response_length: the longest completion), or set "
-            "stop_properly_penalty_coef to penalize truncation instead"
-        )
-    elif sh.overlong_buffer_length > sh.max_response_length:  # type: ignore[operator]
-        yield (
-            f"grpo.reward_shaping.overlong_buffer_length: is {sh.overlong_buffer_length}, more than "
-            f"grpo.reward_shaping.max_response_length {sh.max_response_length}, so even an empty completion "
-            "would be penalized; make the buffer at most max_response_length"
-        )
-
-
-@rule
 def one_algorithm_and_only_its_sections(cfg: RLCoreConfig) -> Iterator[str]:
     """A config trains one algorithm. The sections its spec says it does not read (SFT and DPO: the loss and the
     environment; distillation: the loss) would be ignored, so they are refused (a section at its defaults says
@@ -279,9 +115,8 @@ def one_algorithm_and_only_its_sections(cfg: RLCoreConfig) -> Iterator[str]:
     algo = chosen[0]
     spec = registered_algorithms()[algo]
     for name, why in spec.unread_sections.items():
-        value = getattr(cfg, name)
-        default = type(cfg).model_fields[name].get_default(call_default_factory=True)
-        if name in cfg.model_fields_set and value is not None and value != default:
+        given = name in cfg.model_fields_set or name in cfg.owned_sections
+        if given and getattr(cfg, name) is not None and getattr(cfg, name) != cfg.section_default(name):
             yield f"{name}: the config trains {algo}, so nothing reads {why}; remove {name} (or {algo})"
     if not spec.generates and cfg.policy.generation is not None:
         yield f"policy.generation: {algo} does not generate; remove the section (or {algo})"
@@ -290,9 +125,9 @@ def one_algorithm_and_only_its_sections(cfg: RLCoreConfig) -> Iterator[str]:
 @rule
 def validation_and_epochs_need_their_data(cfg: RLCoreConfig) -> Iterator[str]:
     """Validation settings need validation samples, and epochs need a dataset; otherwise they would do nothing."""
-    g, name = cfg.algorithm_section, cfg.algorithm
+    g, name = schedule_of(cfg.algorithm_section), cfg.algorithm
     if g is None:
-        return
+        return  # no section yet (the default algorithm's), or one without a schedule
     asked = [f"{name}.{k}" for k in ("val_period", "val_at_start", "val_at_end") if getattr(g, k)]
     if asked and cfg.data.validation is None and not cfg.data.split_validation_size:
         yield (
@@ -300,7 +135,8 @@ def validation_and_epochs_need_their_data(cfg: RLCoreConfig) -> Iterator[str]:
             "samples) or data.split_validation_size, or turn validation off"
         )
     # a default (sft's 1) suits a generator: only epochs the config asks for are refused
-    if g.max_num_epochs is not None and "max_num_epochs" in g.model_fields_set and cfg.data.train.generator is not None:
+    given = getattr(g, "model_fields_set", {"max_num_epochs"})
+    if g.max_num_epochs is not None and "max_num_epochs" in given and cfg.data.train.generator is not None:
         yield (
             f"{name}.max_num_epochs: the train data is a generator, which has no epochs; set data.train.path or "
             f"remove max_num_epochs ({name}.max_num_steps bounds the run)"
@@ -310,7 +146,7 @@ def validation_and_epochs_need_their_data(cfg: RLCoreConfig) -> Iterator[str]:
 @rule
 def checkpoint_metric_is_there_when_saving(cfg: RLCoreConfig) -> Iterator[str]:
     """A validation metric exists only on validated steps: every checkpoint must be one, or it cannot rank."""
-    ck, g, name = cfg.checkpointing, cfg.algorithm_section, cfg.algorithm
+    ck, g, name = cfg.checkpointing, schedule_of(cfg.algorithm_section), cfg.algorithm
     if not ck.enabled or ck.metric_name is None or not ck.metric_name.startswith("validation/") or g is None:
         return  # nothing saved, nothing ranked
     if g.val_period == 0:
@@ -374,30 +210,19 @@ def optimizer_and_scheduler_kwargs_exist(cfg: RLCoreConfig) -> Iterator[str]:
 
 
 @rule
-def gdpo_settings_reach_gdpo(cfg: RLCoreConfig) -> Iterator[str]:
-    """grpo.gdpo is read only by GDPO, and GDPO reads the reward components, which reward shaping does not touch
-    (NeMo-RL shapes the total reward only, so under GDPO its penalties silently change nothing)."""
-    g = cfg.grpo
-    if g is None:
-        return
-    if g.advantage_estimator != "gdpo":
-        default = type(g.gdpo)()
-        changed = [f"grpo.gdpo.{k}" for k in type(g.gdpo).model_fields if getattr(g.gdpo, k) != getattr(default, k)]
-        if changed:
-            yield (
-                f"{', '.join(changed)}: only GDPO reads {'it' if len(changed) == 1 else 'them'}, but "
-                f"grpo.advantage_estimator is {g.advantage_estimator}; set grpo.advantage_estimator=gdpo or "
-                f"remove {'it' if len(changed) == 1 else 'them'}"
-            )
-        return
-    if g.reward_shaping.enabled:
-        yield (
-            "grpo.reward_shaping.enabled: is true, but GDPO's advantages come from the environment's reward "
-            "components, which the shaping penalties do not touch (NeMo-RL shapes the total reward only); set "
-            "it to false, or set grpo.advantage_estimator to a GRPO estimator (e.g. leave_one_out_std)"
-        )
-    if g.gdpo.use_leave_one_out_baseline and g.num_generations_per_prompt < 2:
-        yield (
-            "grpo.num_generations_per_prompt: GDPO with grpo.gdpo.use_leave_one_out_baseline needs at least 2 "
-            "completions per prompt; raise it or set use_leave_one_out_baseline=false"
-        )
+def algorithms_own_rules(cfg: RLCoreConfig) -> Iterator[str]:
+    """Each algorithm's own rules (its spec's ``rules``), run when the config trains it or sets a top-level
+    section it owns (GRPO's rules also judge ``loss`` in a config that trains SFT, as that section is GRPO's)."""
+    from rlcore.config.schemas import registered_algorithms
+
+    for name, spec in registered_algorithms().items():
+        if spec.rules is None or spec.missing_requirements():
+            continue
+        if name != cfg.algorithm and not set(spec.sections) & set(cfg.owned_sections):
+            continue
+        try:
+            check = spec.load_rules()
+        except Exception as exc:  # noqa: BLE001 - a plugin's import error, reported as a config problem
+            yield f"{name}: cannot import the rules {spec.rules}: {exc}"
+            continue
+        yield from check(cfg)

@@ -2,9 +2,11 @@
 
 Adding a top-level section is one line in ``RLCoreConfig`` (plus, if it has
 cross-field rules, one function registered in ``rlcore.config.rules``). An
-algorithm's section is not declared here: a plugin registers the algorithm
-(:class:`rlcore.plugins.AlgorithmSpec`) and its top-level key is validated by
-the spec's ``config_class`` (:func:`registered_algorithms`).
+algorithm's sections are not declared here: a plugin registers the algorithm
+(:class:`rlcore.plugins.AlgorithmSpec`); its top-level key is validated by
+the spec's ``config_class``, and the other top-level sections it owns (GRPO's
+``loss``) by the classes its ``sections`` name (:func:`registered_algorithms`).
+The config layer reaches them only through the registry, never by import.
 """
 
 from __future__ import annotations
@@ -16,14 +18,12 @@ from pydantic import Field, PrivateAttr, ValidationError, model_serializer, mode
 from pydantic_core import InitErrorDetails
 
 from rlcore.config.base import SectionsModel, StrictModel
+from rlcore.config.checkpointing import CheckpointingConfig
 from rlcore.config.cluster import ClusterConfig
 from rlcore.config.data import DataConfig, DatasetConfig, EnvConfig, legacy_task_sections
-from rlcore.config.distillation import DistillationConfig
-from rlcore.config.dpo import DPOConfig
 from rlcore.config.errors import ConfigError
 from rlcore.config.generation import ColocationConfig, ColocationResources, GenerationConfig
-from rlcore.config.grpo import CheckpointingConfig, GRPOConfig, LoggerConfig
-from rlcore.config.loss import ClippedPGLossConfig
+from rlcore.config.logger import LoggerConfig
 from rlcore.config.messages import problems_from_validation_error, show_value
 from rlcore.config.policy import (
     DynamicBatchingConfig,
@@ -35,7 +35,6 @@ from rlcore.config.policy import (
     SinglePytorchSchedulerConfig,
     TokenizerConfig,
 )
-from rlcore.config.sft import SFTConfig
 from rlcore.config.unknown_keys import unknown_keys
 
 
@@ -44,12 +43,13 @@ class RLCoreConfig(StrictModel):
 
     The algorithm's section (``grpo``, ``sft``, ``dpo``, ``distillation``, or a third party's) is a top-level key
     named after a registered algorithm (:func:`registered_algorithms`), validated by its spec's ``config_class``
-    and read as an attribute (``cfg.grpo``: the section, or None when the config has none).
+    and read as an attribute (``cfg.<name>``: the section, or None when the config has none). A top-level section
+    an algorithm owns (its spec's ``sections``: GRPO's ``loss``) is validated by its class and read the same way
+    (``cfg.loss``: the section, or its defaults when the config leaves it out).
     """
 
     cluster: ClusterConfig = Field(default_factory=ClusterConfig, description="Workers and the Ray cluster.")
     policy: PolicyConfig = Field(default_factory=PolicyConfig, description="The policy and its training backend.")
-    loss: ClippedPGLossConfig = Field(default_factory=ClippedPGLossConfig, description="The policy-gradient loss.")
     data: DataConfig = Field(
         default_factory=DataConfig,
         description="The samples: train and validation splits, and how a row becomes a prompt.",
@@ -58,6 +58,7 @@ class RLCoreConfig(StrictModel):
     logger: LoggerConfig = Field(default_factory=LoggerConfig, description="Metrics, plots and progress output.")
     checkpointing: CheckpointingConfig = Field(default_factory=CheckpointingConfig, description="Checkpoints.")
     _sections: dict[str, Any] = PrivateAttr(default_factory=dict)  # the algorithm sections, by algorithm name
+    _owned: dict[str, Any] = PrivateAttr(default_factory=dict)  # the given sections algorithms own, by key
 
     @model_validator(mode="wrap")
     @classmethod
@@ -70,20 +71,25 @@ class RLCoreConfig(StrictModel):
         if "task" in data:  # rlcore 0.1's ``task`` section (two functions) still loads, as data and env
             data.update(legacy_task_sections(data.pop("task"), given=[k for k in ("data", "env") if k in data]))
         sections: dict[str, Any] = {}
+        owned: dict[str, Any] = {}
         errors: list[Any] = []
-        known = registered_algorithms()
+        known, keys = registered_algorithms(), owned_section_keys()
         for key in [k for k in data if k not in cls.model_fields]:
             value = data.pop(key)
-            if key in known:
+            if key in known or key in keys:
                 if value is not None:  # null: no section (as a dumped config of another algorithm writes it)
-                    sections[key] = value
+                    (sections if key in known else owned)[key] = value
                 continue
-            close = difflib.get_close_matches(str(key), [*cls.model_fields, *known], n=1, cutoff=0.6)
+            close = difflib.get_close_matches(str(key), [*cls.model_fields, *known, *keys], n=1, cutoff=0.6)
             errors.append(_problem(str(key), "unknown key" + (f"; did you mean '{close[0]}'?" if close else "")))
-        validated = {}
+        validated, validated_owned = {}, {}
         for key, value in sections.items():
             section, problems = _validated_section(key, value)
             validated[key] = section
+            errors += [_problem(*line.split(": ", 1)) for line in problems]
+        for key, value in owned.items():
+            section, problems = _validated_section(keys[key], value, key)
+            validated_owned[key] = section
             errors += [_problem(*line.split(": ", 1)) for line in problems]
         try:
             model = handler(data)
@@ -93,14 +99,16 @@ class RLCoreConfig(StrictModel):
         if errors:
             raise ValidationError.from_exception_data(cls.__name__, errors)
         model._sections = validated
+        model._owned = validated_owned
         return model
 
     @model_serializer(mode="wrap")
     def _inline_algorithm_sections(self, handler: Any, info: Any) -> Any:
-        """Each algorithm section under its own key, dumped as its model dumps itself."""
+        """Each algorithm section under its own key, dumped as its model dumps itself, and each section an
+        algorithm owns that the config gives (one it leaves out loads as its defaults again)."""
         data = handler(self)
         if isinstance(data, dict):
-            for name, section in self._sections.items():
+            for name, section in {**self._sections, **self._owned}.items():
                 data[name] = section.model_dump(
                     mode=info.mode,
                     exclude_unset=info.exclude_unset,
@@ -113,12 +121,29 @@ class RLCoreConfig(StrictModel):
     def __getattr__(self, name: str) -> Any:
         """``cfg.<algorithm>``: that algorithm's section, or None when the config has none."""
         if not name.startswith("_"):
-            sections = (self.__pydantic_private__ or {}).get("_sections") or {}
+            private = self.__pydantic_private__ or {}
+            sections, owned = private.get("_sections") or {}, private.get("_owned") or {}
             if name in sections:
                 return sections[name]
+            if name in owned:
+                return owned[name]
             if name in registered_algorithms():
                 return None
+            if name in owned_section_keys():
+                return self.section_default(name)
         return super().__getattr__(name)  # type: ignore[misc]
+
+    @property
+    def owned_sections(self) -> dict[str, Any]:
+        """The top-level sections owned by an algorithm (its spec's ``sections``) that the config gives."""
+        return dict(self._owned)
+
+    def section_default(self, name: str) -> Any:
+        """The value of top-level section ``name`` when the config leaves it out."""
+        if name in type(self).model_fields:
+            return type(self).model_fields[name].get_default(call_default_factory=True)
+        algorithm = owned_section_keys()[name]
+        return registered_algorithms()[algorithm].load_section_class(name)()
 
     @property
     def algorithm_sections(self) -> dict[str, Any]:
@@ -153,6 +178,18 @@ def registered_algorithms(registry: Any = None) -> dict[str, Any]:
     specs = {r.name: r.spec for r in _installed_registry().algorithms() if r.spec is not None}
     specs.update({r.name: r.spec for r in (registry or get_registry()).algorithms() if r.spec is not None})
     return specs
+
+
+def owned_section_keys(registry: Any = None) -> dict[str, str]:
+    """``{top-level key: algorithm}`` of the sections registered algorithms own besides their own (their spec's
+    ``sections``, e.g. ``{'loss': 'grpo'}``); a key that is a core field or an algorithm's name is not one."""
+    specs = registered_algorithms(registry)
+    found: dict[str, str] = {}
+    for name, spec in sorted(specs.items()):
+        for key in spec.sections:
+            if key not in RLCoreConfig.model_fields and key not in specs:
+                found.setdefault(key, name)
+    return found
 
 
 def load_algorithm(name: str, registry: Any = None) -> Any:
@@ -195,25 +232,28 @@ def _installed_registry() -> Any:
     return _INSTALLED[0]
 
 
-def _validated_section(name: str, value: Any) -> tuple[Any, list[str]]:
-    """An algorithm's section validated by its config class (an instance of it passes as is), or its problems."""
-    spec = registered_algorithms()[name]
+def _validated_section(algorithm: str, value: Any, key: str | None = None) -> tuple[Any, list[str]]:
+    """An algorithm's section (``key`` None) or a top-level section ``key`` it owns, validated by its class (an
+    instance of it passes as is), or its problems."""
+    spec = registered_algorithms()[algorithm]
+    path = key or algorithm
     if missing := spec.missing_requirements():
         hint = f": {spec.install_hint}" if spec.install_hint else ""
-        return None, [f"{name}: the '{name}' algorithm needs {', '.join(missing)}, which is not installed{hint}"]
+        return None, [f"{path}: the '{algorithm}' algorithm needs {', '.join(missing)}, which is not installed{hint}"]
+    class_path = spec.config_class if key is None else spec.sections[key]
     try:
-        model = spec.load_config_class()
+        model = spec.load_config_class() if key is None else spec.load_section_class(key)
     except Exception as exc:  # noqa: BLE001 - a plugin's import error, reported as a config problem
-        return None, [f"{name}: cannot import config class {spec.config_class}: {exc}"]
+        return None, [f"{path}: cannot import config class {class_path}: {exc}"]
     if isinstance(value, model):
         return value, []
     if not isinstance(value, dict):
-        return None, [f"{name}: expected a mapping (key: value), got {show_value(value)}"]
+        return None, [f"{path}: expected a mapping (key: value), got {show_value(value)}"]
     try:
         validated = model.model_validate(value)
     except ValidationError as exc:
-        return None, problems_from_validation_error(exc, model, name)
-    return (None, problems) if (problems := unknown_keys(model, value, name)) else (validated, [])
+        return None, problems_from_validation_error(exc, model, path)
+    return (None, problems) if (problems := unknown_keys(model, value, path)) else (validated, [])
 
 
 def _problem(path: str, text: str) -> InitErrorDetails:
@@ -228,22 +268,25 @@ def _init_error(err: Any) -> InitErrorDetails:
 def config_json_schema() -> dict[str, Any]:
     """JSON schema (draft 2020-12) of ``RLCoreConfig`` as accepted on input."""
     schema = RLCoreConfig.model_json_schema(mode="validation")
+    keys = owned_section_keys()
     for name, spec in sorted(registered_algorithms().items()):
         if spec.missing_requirements():
             continue
-        section = spec.load_config_class().model_json_schema(mode="validation", ref_template="#/$defs/{model}")
-        schema.setdefault("$defs", {}).update(section.pop("$defs", {}))
-        schema["properties"][name] = {
-            "anyOf": [section, {"type": "null"}],
-            "description": spec.description or f"The {name} algorithm's section.",
-        }
+        owned = {key: spec.load_section_class(key) for key in spec.sections if keys.get(key) == name}
+        for key, model in [(name, spec.load_config_class()), *owned.items()]:
+            section = model.model_json_schema(mode="validation", ref_template="#/$defs/{model}")
+            schema.setdefault("$defs", {}).update(section.pop("$defs", {}))
+            what = (spec.description or f"The {name} algorithm's section.") if key == name else _first_line(model)
+            schema["properties"][key] = {"anyOf": [section, {"type": "null"}], "description": what}
     return schema
+
+
+def _first_line(model: type) -> str:
+    return ((model.__doc__ or "").strip().splitlines() or [model.__name__])[0]
 
 
 __all__ = [
     "CheckpointingConfig",
-    "ClippedPGLossConfig",
-    "GRPOConfig",
     "LoggerConfig",
     "DataConfig",
     "DatasetConfig",
@@ -256,10 +299,7 @@ __all__ = [
     "PolicyConfig",
     "Precision",
     "PytorchOptimizerConfig",
-    "DPOConfig",
-    "DistillationConfig",
     "RLCoreConfig",
-    "SFTConfig",
     "SchedulerMilestones",
     "SectionsModel",
     "SequencePackingConfig",
@@ -269,5 +309,6 @@ __all__ = [
     "config_json_schema",
     "default_algorithm",
     "load_algorithm",
+    "owned_section_keys",
     "registered_algorithms",
 ]

@@ -63,8 +63,9 @@ class Algorithm:
         raise NotImplementedError(f"algorithm '{self.name}' reads no data")
 
     def needs_reference_model(self, cfg: Any) -> bool:
-        """Whether each rank keeps a frozen copy of the initial weights (a KL term, DPO's reference)."""
-        return cfg.loss.reference_policy_kl_penalty > 0
+        """Whether each rank keeps a frozen copy of the initial weights (a KL term, DPO's reference). Default:
+        no; an algorithm whose loss needs one says so (GRPO with a KL penalty, DPO)."""
+        return False
 
     def one_batch_per_step(self, cfg: Any) -> bool:
         """Whether each step draws exactly one batch (a resumed run then checks the data position)."""

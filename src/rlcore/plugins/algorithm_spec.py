@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -41,6 +42,21 @@ class AlgorithmSpec(BaseModel):
         "than silently ignored.",
     )
 
+    sections: dict[str, str] = Field(
+        default_factory=dict,
+        description="Top-level sections the algorithm owns besides its own, with the 'module:Class' of the pydantic "
+        "model that validates each (light, like config_class): {'loss': 'mypkg.config:MyLossConfig'}. Validated "
+        "like the algorithm's section, with dotted paths; read as cfg.<key> (the defaults when the config leaves it "
+        "out). Added in rlcore 0.2.",
+    )
+    rules: str | None = Field(
+        default=None,
+        description="'module:function' of the algorithm's cross-field rules (light): called with the validated "
+        "whole config, it yields one problem line per problem, starting with the dotted path. Run by 'rlcore "
+        "config validate' and every run when the config trains this algorithm or sets a section it owns. Added "
+        "in rlcore 0.2.",
+    )
+
     @field_validator("name")
     @classmethod
     def _name_is_identifier(cls, v: str) -> str:
@@ -55,6 +71,20 @@ class AlgorithmSpec(BaseModel):
             raise ValueError(f"expected 'module:Name', got {v!r}")
         return v
 
+    @field_validator("sections")
+    @classmethod
+    def _sections_are_keys_and_import_paths(cls, v: dict[str, str]) -> dict[str, str]:
+        for key, path in v.items():
+            if not key.isidentifier():
+                raise ValueError(f"a section's key is a top-level config key, a Python identifier; got {key!r}")
+            cls._is_import_path(path)
+        return v
+
+    @field_validator("rules")
+    @classmethod
+    def _rules_is_import_path(cls, v: str | None) -> str | None:
+        return None if v is None else cls._is_import_path(v)
+
     def missing_requirements(self) -> list[str]:
         """Required modules that are not installed (checked without importing them)."""
         return [module for module in self.requires if not module_exists(module)]
@@ -64,3 +94,11 @@ class AlgorithmSpec(BaseModel):
 
     def load_algorithm_class(self) -> Any:
         return import_object(self.algorithm_class)
+
+    def load_section_class(self, key: str) -> type[BaseModel]:
+        """The model of the top-level section ``key`` the algorithm owns (:attr:`sections`)."""
+        return import_object(self.sections[key])
+
+    def load_rules(self) -> Callable[[Any], Iterable[str]] | None:
+        """The algorithm's rule function (:attr:`rules`), or None when it declares none."""
+        return None if self.rules is None else import_object(self.rules)

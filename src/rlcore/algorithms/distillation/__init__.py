@@ -1,5 +1,5 @@
-"""On-policy distillation: the loss (``loss``: the KL to the teacher's top-k) and the loop (``loop``); the section
-is :class:`rlcore.config.distillation.DistillationConfig`."""
+"""On-policy distillation: the section (``config``: :class:`~.config.DistillationConfig`), the loss (``loss``: the KL
+to the teacher's top-k) and the loop (``loop``)."""
 
 from rlcore.algorithms.distillation.loss import TEACHER_LOGITS_KEY, DistillationLossFn
 

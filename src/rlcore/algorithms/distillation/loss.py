@@ -34,8 +34,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from rlcore.algorithms.distillation.config import DistillationLossConfig
 from rlcore.algorithms.utils import normaliser, valid_token_mask, zero_off_mask
-from rlcore.config.distillation import DistillationLossConfig
 from rlcore.interfaces.loss import ENTROPY, LOGITS_AT_INDICES, LOGPROBS_AT_INDICES, LossType
 
 if TYPE_CHECKING:

@@ -1,2 +1,2 @@
 """Direct Preference Optimization: the loop (``loop``) and how preference pairs become batches (``batches``); the
-section is :class:`rlcore.config.dpo.DPOConfig`, the loss :class:`rlcore.algorithms.preference.DPOLossFn`."""
+section is :class:`rlcore.algorithms.dpo.config.DPOConfig`, the loss :class:`rlcore.algorithms.dpo.loss.DPOLossFn`."""

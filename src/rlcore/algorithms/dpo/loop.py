@@ -46,8 +46,8 @@ def _train_pairs(
 ) -> dict[str, Any]:
     """The reference logprobs (``reference()``'s, default: computed for ``batch`` alone), then one optimizer step
     (or, ``eval_mode``, the loss alone) on ``batch``."""
+    from rlcore.algorithms.dpo.loss import DPOLossFn
     from rlcore.algorithms.dpo.reference import reference_logprobs
-    from rlcore.algorithms.preference import DPOLossFn
 
     policy = run.policy
     with timer.phase("logprob"):

@@ -47,7 +47,7 @@ def sample_with_signal(
     """
     import torch
 
-    from rlcore.algorithms.reward_transforms import groups_with_signal, transform_rewards
+    from rlcore.algorithms.grpo.reward_transforms import groups_with_signal, transform_rewards
 
     g = cfg.grpo
     size, wanted = g.num_generations_per_prompt, g.num_prompts_per_step

@@ -8,7 +8,7 @@ the environment answers and generation goes on; with ``grpo.use_dynamic_sampling
 until enough groups have signal: :mod:`rlcore.algorithms.grpo.dynamic_sampling`); compute group-relative
 advantages; compute ``prev_logprobs`` (and reference logprobs when the loss has a KL term) with the policy, unless
 resolution decided the loss uses the current logprobs
-(:func:`rlcore.config.resolve.skips_prev_logprob_pass`); train with ``ClippedPGLossFn``; mark the
+(:func:`rlcore.algorithms.grpo.prev_logprobs.skips_prev_logprob_pass`); train with ``ClippedPGLossFn``; mark the
 generation weights stale; validate when ``grpo.val_period`` says so. The pieces it runs on are started
 by :func:`rlcore.run.build.build_run`.
 """
@@ -85,7 +85,7 @@ def grpo_train(run: Run, on_step: Callable[[int, dict[str, float]], None]) -> st
     Returns None, or why the run ended before ``run.num_steps`` (dynamic sampling used up the epochs' data
     inside a step; the steps before it are complete).
     """
-    from rlcore.algorithms.loss_functions import ClippedPGLossFn
+    from rlcore.algorithms.grpo.loss import ClippedPGLossFn
 
     loss_fn = ClippedPGLossFn(run.cfg.loss)  # force_on_policy_ratio was decided when the config was resolved
     if run.resolved.async_generation:
@@ -102,7 +102,7 @@ class GRPO(Algorithm):
     curve = ("reward_mean", "mean reward", "reward_curve.png")
 
     def resolve(self, cfg: Any, policy: Any, generation: Any, registry: Any, notices: list[str]) -> Resolution:
-        from rlcore.config.resolve import skips_prev_logprob_pass
+        from rlcore.algorithms.grpo.prev_logprobs import skips_prev_logprob_pass
 
         g = cfg.grpo
         problems = []
@@ -128,6 +128,9 @@ class GRPO(Algorithm):
         from rlcore.run.step import prompt_length_of
 
         return load_sources(cfg, prompt_length_of(cfg, tokenizer))
+
+    def needs_reference_model(self, cfg: Any) -> bool:
+        return cfg.loss.reference_policy_kl_penalty > 0  # the KL term (in the loss, or in the reward)
 
     def one_batch_per_step(self, cfg: Any) -> bool:
         return not cfg.grpo.use_dynamic_sampling  # dynamic sampling draws until enough groups have signal

@@ -11,7 +11,7 @@ from rlcore.run.step import Timer, training_batch
 
 def token_advantages(cfg: Any, data: Any, rewards: Any) -> Any:
     """Reinforce++'s per-token advantages, from the rewards and (KL in the reward) the logprob passes."""
-    from rlcore.algorithms.advantages import reinforce_plus_plus_advantages
+    from rlcore.algorithms.grpo.advantages import reinforce_plus_plus_advantages
     from rlcore.algorithms.utils import kl_estimate
 
     loss = cfg.loss
@@ -43,8 +43,8 @@ def gdpo_step_advantages(cfg: Any, components: dict[str, Any]) -> Any:
     """GDPO's advantages from the rollout's reward components, each scaled like the rewards
     (``grpo.reward_scaling``, as NeMo-RL does); a run whose environment returns too few components, or another
     count than ``grpo.gdpo.reward_weights``, stops here at its first step, naming the environment."""
-    from rlcore.algorithms.advantages import gdpo_advantages
-    from rlcore.algorithms.reward_transforms import scale_rewards
+    from rlcore.algorithms.grpo.advantages import gdpo_advantages
+    from rlcore.algorithms.grpo.reward_transforms import scale_rewards
 
     g, env, names = cfg.grpo, cfg.env.name, sorted(components)
     if len(names) < 2:
@@ -87,9 +87,9 @@ def train_on_rollout(cfg: Any, policy: Any, loss_fn: Any, rollout: Any, timer: T
     :class:`rlcore.run.rollouts.Rollout`), train; returns the step's metrics."""
     import torch
 
-    from rlcore.algorithms.advantages import group_advantages
-    from rlcore.algorithms.reward_transforms import clip_advantages, overlong_sample_mask, transform_rewards
-    from rlcore.config.grpo import TOKEN_LEVEL_ESTIMATORS
+    from rlcore.algorithms.grpo.advantages import group_advantages
+    from rlcore.algorithms.grpo.config import TOKEN_LEVEL_ESTIMATORS
+    from rlcore.algorithms.grpo.reward_transforms import clip_advantages, overlong_sample_mask, transform_rewards
 
     g = cfg.grpo
     truncated = rollout.data["truncated"]
@@ -115,7 +115,7 @@ def train_on_rollout(cfg: Any, policy: Any, loss_fn: Any, rollout: Any, timer: T
             token_advantages(cfg, data, rewards), g.advantage_clip_low, g.advantage_clip_high
         )
     if loss_fn.cfg.positive_example_nll_weight > 0:  # VAPO: the NLL of the step's rewarded completions
-        from rlcore.algorithms.loss_functions import positive_example_token_counts
+        from rlcore.algorithms.grpo.loss import positive_example_token_counts
 
         data["rewards"] = rewards
         data["positive_example_token_count"] = positive_example_token_counts(

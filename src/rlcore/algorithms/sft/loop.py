@@ -31,8 +31,8 @@ class EmptyStep(RunError):
 
 def sft_step(run: Run) -> dict[str, float]:
     """One optimizer step of NLL on the next batch of samples (:class:`EmptyStep` when none trains a token)."""
-    from rlcore.algorithms.loss_functions import NLLLoss
     from rlcore.algorithms.sft.batches import nothing_trained, sft_batch
+    from rlcore.algorithms.sft.loss import NLLLoss
 
     policy, timer = run.policy, Timer()
     with timer.phase("data"):
@@ -72,8 +72,8 @@ def step_metrics(run: Run, result: dict, timer: Timer, extra: dict[str, float]) 
 
 def sft_validate(run: Run) -> dict[str, float]:
     """The NLL per assistant token of the validation samples, in eval mode (no gradient, no step)."""
-    from rlcore.algorithms.loss_functions import NLLLoss
     from rlcore.algorithms.sft.batches import sft_batch
+    from rlcore.algorithms.sft.loss import NLLLoss
 
     cfg, started = run.cfg.sft, time.perf_counter()
     samples = run.data.validation or []

@@ -174,7 +174,7 @@ def _norm(tensors: Any) -> float:
 
 def resume_steps(first: Any, tokenizer: Any, batch_size: int) -> list[tuple[Any, Any]]:
     """The check's :data:`RESUME_STEPS` optimizer steps: NLL on ``first``, then on fresh seeded batches."""
-    from rlcore.algorithms.loss_functions import NLLLoss
+    from rlcore.algorithms.sft.loss import NLLLoss
     from rlcore.data import BatchedDataDict
     from rlcore.testing.models import make_batch
 

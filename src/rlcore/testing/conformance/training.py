@@ -161,7 +161,7 @@ class TrainingBackendConformance(_BackendChecks):
     # -- training invariance ----------------------------------------------------------------
     def test_loss_invariant_to_micro_batch_size(self, kit: _TrainingKit) -> None:
         """Evaluation loss of one global batch is the same for every micro-batch size (design.md §2.3)."""
-        from rlcore.algorithms.loss_functions import NLLLoss
+        from rlcore.algorithms.sft.loss import NLLLoss
 
         policy = kit.policy("world")["policy"]
         per_rank = kit.gbs // policy.sharding.dp

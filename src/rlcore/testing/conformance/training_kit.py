@@ -35,8 +35,8 @@ def dpo_step(raw: dict, reference_logprobs: Any, masked_pair: int | None = 1) ->
     against the oracle, or the loss refuses."""
     import torch
 
-    from rlcore.algorithms.preference import DPOLossFn
-    from rlcore.config.dpo import DPOLossConfig
+    from rlcore.algorithms.dpo.config import DPOLossConfig
+    from rlcore.algorithms.dpo.loss import DPOLossFn
     from rlcore.data import BatchedDataDict
 
     sample_mask = torch.ones(len(raw["input_lengths"]))
@@ -140,7 +140,8 @@ class _TrainingKit:
     def __init__(self, cls: type, spec: Any, model_dir: str, tokenizer: Any, tmp_dir: Path) -> None:
         import torch
 
-        from rlcore.algorithms.loss_functions import ClippedPGLossFn, NLLLoss
+        from rlcore.algorithms.grpo.loss import ClippedPGLossFn
+        from rlcore.algorithms.sft.loss import NLLLoss
         from rlcore.data import BatchedDataDict
         from rlcore.testing.conformance.resume_check import resume_steps
         from rlcore.testing.models import make_batch
@@ -318,7 +319,7 @@ class _TrainingKit:
 
     def lora_trained(self) -> dict:
         """The LoRA policy's adapters saved before and after one NLL step, and the PEFT oracle's step."""
-        from rlcore.algorithms.loss_functions import NLLLoss
+        from rlcore.algorithms.sft.loss import NLLLoss
         from rlcore.testing.conformance.lora import peft_sgd_step
 
         record = self.policy("lora")
