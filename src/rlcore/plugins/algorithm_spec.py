@@ -97,8 +97,12 @@ class AlgorithmSpec(BaseModel):
 
     def load_section_class(self, key: str) -> type[BaseModel]:
         """The model of the top-level section ``key`` the algorithm owns (:attr:`sections`)."""
-        return import_object(self.sections[key])
+        model: type[BaseModel] = import_object(self.sections[key])
+        return model
 
     def load_rules(self) -> Callable[[Any], Iterable[str]] | None:
         """The algorithm's rule function (:attr:`rules`), or None when it declares none."""
-        return None if self.rules is None else import_object(self.rules)
+        if self.rules is None:
+            return None
+        check: Callable[[Any], Iterable[str]] = import_object(self.rules)
+        return check

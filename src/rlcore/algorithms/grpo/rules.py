@@ -190,7 +190,7 @@ def reward_shaping_has_its_settings(cfg: RLCoreConfig) -> Iterator[str]:
             "overlong_buffer_penalty: 1, max_response_length: the longest completion), or set "
             "stop_properly_penalty_coef to penalize truncation instead"
         )
-    elif sh.overlong_buffer_length > sh.max_response_length:  # type: ignore[operator]
+    elif sh.overlong_buffer_length > sh.max_response_length:
         yield (
             f"grpo.reward_shaping.overlong_buffer_length: is {sh.overlong_buffer_length}, more than "
             f"grpo.reward_shaping.max_response_length {sh.max_response_length}, so even an empty completion "
