@@ -9,16 +9,10 @@ timeout, before anything starts; a hub that cannot be reached is asked only once
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Iterable
-
-#: What a Hugging Face hub repository id looks like (``gpt2``, ``Qwen/Qwen2.5-0.5B``).
-_HUB_ID = re.compile(r"^[\w.-]+(/[\w.-]+)?$")
 
 #: Seconds one question to the hub may take (connecting included).
 HUB_TIMEOUT_S = 1.5
-
-_CACHED_FILES = ("config.json", "tokenizer_config.json", "tokenizer.json")
 
 
 def hub_problems(named: Iterable[tuple[str, str]]) -> list[str]:
@@ -48,13 +42,17 @@ def hub_problems(named: Iterable[tuple[str, str]]) -> list[str]:
 
 
 def _is_hub_name(name: str) -> bool:
-    return bool(_HUB_ID.match(name)) and ".." not in name and not os.path.exists(name)
+    from rlcore.preflight.models import is_hub_id
+
+    return is_hub_id(name) and not os.path.exists(name)
 
 
 def _cached(name: str) -> bool:
     from huggingface_hub import try_to_load_from_cache
 
-    return any(isinstance(try_to_load_from_cache(name, filename), str) for filename in _CACHED_FILES)
+    from rlcore.preflight.models import HUB_CACHE_FILES
+
+    return any(isinstance(try_to_load_from_cache(name, filename), str) for filename in HUB_CACHE_FILES)
 
 
 def _ask_hub(name: str) -> tuple[str | None, str | None]:

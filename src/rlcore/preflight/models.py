@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from rlcore.config import GenerationConfig, PolicyConfig, RLCoreConfig
     from rlcore.config.policy import LoRAConfig
 
-__all__ = ["check_model", "check_model_sources", "check_policy_sources", "hub_offline"]
+__all__ = ["HUB_CACHE_FILES", "check_model", "check_model_sources", "check_policy_sources", "hub_offline", "is_hub_id"]
 
 PICKLE_WEIGHTS_NAME = "pytorch_model.bin"
 PICKLE_WEIGHTS_INDEX_NAME = "pytorch_model.bin.index.json"
@@ -72,6 +72,8 @@ _MAX_HEADER_BYTES = 100 * 1024 * 1024
 
 #: What a Hugging Face hub repository id looks like (``gpt2``, ``Qwen/Qwen2.5-0.5B``).
 _HUB_ID = re.compile(r"^[\w.-]+(/[\w.-]+)?$")
+#: The files whose cached copy shows a hub model (or its tokenizer) was downloaded.
+HUB_CACHE_FILES = (CONFIG_NAME, "tokenizer_config.json", "tokenizer.json")
 
 _VOCAB_FILES = ("tokenizer.model", "spiece.model", "sentencepiece.bpe.model", "vocab.json", "vocab.txt")
 
@@ -220,12 +222,17 @@ def _locate(field: str, name: str) -> tuple[Path | None, str | None]:
         return None, f"{name} is a file; set {field} to the directory that holds it ({path.parent})"
     if name.startswith("~") and path.expanduser().exists():
         return None, f"{name}: '~' is not expanded; write the full path {path.expanduser()}"
-    if _HUB_ID.match(name) and ".." not in name:
+    if is_hub_id(name):
         return _locate_in_hub_cache(field, name)
     return None, (
         f"{name} does not exist (set {field} to a local Hugging Face model directory, "
         "or a hub name downloaded into the local cache)"
     )
+
+
+def is_hub_id(name: str) -> bool:
+    """Whether ``name`` has the shape of a Hugging Face hub repository id (it may still be a local path)."""
+    return bool(_HUB_ID.match(name)) and ".." not in name
 
 
 def hub_offline() -> bool:
@@ -240,7 +247,7 @@ def _locate_in_hub_cache(field: str, name: str) -> tuple[Path | None, str | None
         return None, None
     from huggingface_hub import constants, try_to_load_from_cache
 
-    for filename in (CONFIG_NAME, "tokenizer_config.json", "tokenizer.json"):
+    for filename in HUB_CACHE_FILES:
         found = try_to_load_from_cache(name, filename)
         if isinstance(found, str):
             return Path(found).parent, None
