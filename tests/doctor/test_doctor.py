@@ -500,3 +500,43 @@ def test_lines_keep_distinct_names():
     mine = CheckResult("ports", "ok", "plugin", details={"backend": "eng"})
     again = CheckResult("ports", "ok", "plugin again", details={"backend": "eng"})
     assert [r.name for r in distinct_names([mine, again, core])] == ["eng:ports", "eng:ports#2", "ports"]
+
+
+def test_before_a_run_a_failed_backend_check_refuses_and_a_broken_one_is_passed_over(tmp_path, monkeypatch):
+    """config_backend_problems: the lines of the config's backends' checks, under the key that selects them."""
+    import importlib
+    from types import SimpleNamespace
+
+    from rlcore.plugins import Registry
+
+    (tmp_path / "rlcore_preflight_fake_checks.py").write_text(
+        THIRD_PARTY.replace("rlcore_doctor_fake_engine", "rlcore_preflight_fake_checks")
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    plugin = importlib.import_module("rlcore_preflight_fake_checks")
+
+    def refusing(facts):
+        assert facts.config is resolved and not facts.probes  # a run's facts: its config, nothing imported
+        return [CheckResult("driver", "fail", "no fancy driver", "install it"), CheckResult("x", "warn", "fine")]
+
+    plugin.refusing = refusing
+    registry = Registry()
+    registry.register_plugin(plugin, name="rl-fancy:fancy", distribution="rl-fancy", version="1.0")
+    registry.records = [
+        r if r.name != "fancy" else BackendRecord(r.name, r.kind, r.plugin, r.distribution, r.version, spec=spec)
+        for r in registry.records
+        for spec in [r.spec.model_copy(update={"checks": "rlcore_preflight_fake_checks:refusing"})]
+    ]
+
+    def config(training: str, generation: str | None) -> SimpleNamespace:
+        gen = SimpleNamespace(backend=generation) if generation else None
+        return SimpleNamespace(
+            config=SimpleNamespace(policy=SimpleNamespace(training_backend=training, generation=gen))
+        )
+
+    resolved = config("plain", "fancy")
+    assert config_backend_problems(resolved, {}, registry) == [
+        "policy.generation.backend=fancy: no fancy driver; fix: install it"
+    ]
+    resolved = config("buggy", "odd")  # both checks broken: the doctor says so, a run is not refused for it
+    assert config_backend_problems(resolved, {}, registry) == []
