@@ -199,3 +199,99 @@ def test_it_trains_the_tiny_model_through_rlcore_run(rloo_site, tmp_path):
         and math.isfinite(r["grad_norm"])
         for r in rows
     )
+
+
+RFT_FIXTURE = REPO / "tests" / "fixtures" / "algorithm-rft"
+RFT_CONFIG = """
+cluster: {num_nodes: 1, workers_per_node: 1, use_gpu: false}
+policy:
+  backend: fsdp1
+  model_name: tiny-llama
+  train_global_batch_size: 16
+  train_micro_batch_size: 4
+  logprob_batch_size: 16
+  max_total_sequence_length: 64
+  generation: {backend: fsdp1, max_new_tokens: 8, temperature: 1.0}
+rft: {num_prompts_per_step: 4, num_generations_per_prompt: 4, max_num_steps: 2, reward_threshold: 0.0}
+env: {name: digits}
+logger: {output_dir: OUT, progress_bar: false, tensorboard: false}
+checkpointing: {enabled: true, save_every_n_steps: 2}
+"""
+
+
+@pytest.fixture(scope="module")
+def rft_site(tmp_path_factory) -> Path:
+    """``tests/fixtures/algorithm-rft`` installed like the RLOO fixture (see :func:`rloo_site`)."""
+    root = tmp_path_factory.mktemp("rft")
+    source = root / RFT_FIXTURE.name
+    shutil.copytree(RFT_FIXTURE, source, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
+    site = root / "site"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--target", str(site)]
+        + [str(source)],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return site
+
+
+def test_rft_s_config_class_derives_from_nothing_of_rlcore_s(rft_site, monkeypatch):
+    """Its section is a plain pydantic model: it validates, and a config without the rollout loop's settings
+    (val_period, max_rollout_turns, ...) loads without any core rule reading them."""
+    from rlcore.plugins import Registry
+    from rlcore.testing.pytest_plugin import isolated_registry
+
+    monkeypatch.syspath_prepend(str(rft_site))
+    monkeypatch.setattr("rlcore.config.schemas._INSTALLED", [])
+    import rlcore_rft.plugin
+    from rlcore_rft.config import RFTConfig
+
+    assert not [c for c in RFTConfig.__mro__ if c.__module__.startswith("rlcore.")]
+    registry = Registry()
+    registry.load_entry_points()
+    registry.register_plugin(rlcore_rft.plugin, name="rft", distribution="rlcore-algorithm-rft")
+    with isolated_registry(registry):
+        cfg = load_config_dict({"rft": {"num_prompts_per_step": 2, "reward_threshold": 0.25}})
+        assert cfg.algorithm == "rft" and cfg.rft.reward_threshold == 0.25 and cfg.rft.num_prompts_per_step == 2
+        with pytest.raises(ConfigError, match=r"rft.reward_treshold"):
+            load_config_dict({"rft": {"reward_treshold": 0.25}})
+
+
+def test_rft_trains_two_steps_on_the_toolkit_keeping_only_rewarded_completions(rft_site, tmp_path):
+    """Two steps through ``rlcore run``: each step's kept and rejected completions split the 16 sampled at the
+    threshold, the loss counts the kept completions' generated tokens only (no padding row, no rejected one), and
+    the weights the run saved differ from the initial model's."""
+    from safetensors.torch import load_file
+
+    from rlcore.models.builtin import resolve_model
+
+    config = tmp_path / "rft_tiny.yaml"
+    config.write_text(RFT_CONFIG.replace("OUT", str(tmp_path / "run")))
+    env = {k: v for k, v in os.environ.items() if k not in ("RLCORE_PLUGINS", "RLCORE_DISABLE_PLUGINS")}
+    env["PYTHONPATH"] = os.pathsep.join([str(rft_site), *filter(None, [env.get("PYTHONPATH")])])
+    out = subprocess.run(
+        [sys.executable, "-m", "rlcore", "run", str(config)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stderr[-4000:]
+    summary = json.loads(out.stdout.strip().splitlines()[-1])
+    assert summary["steps"] == 2
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1]
+    for r in rows:
+        assert r["kept"] + r["rejected"] == 16 and 0 <= r["reward_mean"] <= 1
+        if r["kept"]:
+            assert r["kept_reward_min"] > 0.0 and math.isfinite(r["loss"]) and r["grad_norm"] > 0
+            assert r["num_valid_tokens"] == r["kept_generated_tokens"] > 0  # kept rows only
+        if r["rejected"]:
+            assert r["rejected_reward_max"] <= 0.0
+    assert any(r["kept"] for r in rows), rows  # 16 completions of 8 tokens: some hold a digit
+    trained = load_file(str(Path(summary["final_weights"]) / "model.safetensors"))
+    initial = load_file(str(Path(resolve_model("tiny-llama")) / "model.safetensors"))
+    shared = sorted(set(trained) & set(initial))
+    assert shared and any(not trained[k].equal(initial[k].to(trained[k].dtype)) for k in shared)

@@ -319,7 +319,8 @@ def test_a_training_step_applies_the_options_in_nemo_rls_order():
     }
     policy = RecordingPolicy()
     loss_fn = SimpleNamespace(cfg=SimpleNamespace(force_on_policy_ratio=True, positive_example_nll_weight=0.0))
-    metrics = train_on_rollout(cfg, policy, loss_fn, Rollout(data, t([1, 0, 0, 0, 1, 1, 1, 1])), Timer())
+    run = SimpleNamespace(cfg=cfg, policy=policy, synchronizer=None)
+    metrics = train_on_rollout(run, loss_fn, Rollout(data, t([1, 0, 0, 0, 1, 1, 1, 1])), Timer())
     # scaled 0/1 -> -1/1: [1, -1, -1, -1, 1, 1, 1, 1]; the truncated (3, 4) halved: [1, -1, -1, -.5, .5, 1, 1, 1];
     # minus the group means (-0.375, 0.875): [1.375, -.625, -.625, -.125, -.375, .125, .125, .125]; clipped at 0.5
     close(policy.trained["advantages"][:, 2], [0.5, -0.625, -0.625, -0.125, -0.375, 0.125, 0.125, 0.125])

@@ -12,7 +12,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    from rlcore.interfaces.run import RunContext
 
 #: ``on_step(step, metrics)``: the run logs, checkpoints and counts a finished step.
 OnStep = Callable[[int, dict[str, float]], None]
@@ -71,12 +74,14 @@ class Algorithm:
         """Whether each step draws exactly one batch (a resumed run then checks the data position)."""
         return True
 
-    def train(self, run: Any, on_step: OnStep) -> str | None:
+    def train(self, run: RunContext, on_step: OnStep) -> str | None:
         """Train steps ``run.start_step .. run.num_steps - 1``, calling ``on_step`` after each; returns why the
-        data ended early, or None."""
+        data ended early, or None. ``run`` (:class:`~rlcore.interfaces.run.RunContext`): the policy, the engines,
+        the environment and the data; a rollout algorithm keeps the step order of
+        :mod:`rlcore.algorithms.toolkit` (docs/writing-an-algorithm.md)."""
         raise NotImplementedError(f"algorithm '{self.name}' has no loop")
 
-    def validate(self, run: Any) -> dict[str, float]:
+    def validate(self, run: RunContext) -> dict[str, float]:
         """Validation metrics (``validation/...``) of the current weights."""
         return {}
 

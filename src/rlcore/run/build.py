@@ -13,14 +13,18 @@ import contextlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlcore.config import ResolvedConfig, resolve
+
+if TYPE_CHECKING:
+    from rlcore.config import BatchPlan
 
 
 @dataclass
 class Run:
-    """Everything a run holds, built from a resolved config (pieces not started yet are None)."""
+    """Everything a run holds, built from a resolved config (pieces not started yet are None). An algorithm sees
+    it as a :class:`rlcore.interfaces.run.RunContext`."""
 
     resolved: ResolvedConfig
     cluster: Any
@@ -48,6 +52,11 @@ class Run:
     def cfg(self) -> Any:
         """The whole config, every decision written in (``resolved.config``)."""
         return self.resolved.config
+
+    @property
+    def batch(self) -> BatchPlan:
+        """How the policy cuts a global batch (``resolved.policy.batch``)."""
+        return self.resolved.policy.batch
 
     def shutdown(self) -> None:
         """Stop the synchronizer, the generation backend, the policy and the clusters (each tried even if one

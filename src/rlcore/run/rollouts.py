@@ -66,9 +66,9 @@ def run_rollout(
 
     from rlcore.environments.scoring import NONFINITE_REWARD
     from rlcore.run.prompts import clip_rollout, pad_id
-    from rlcore.run.step import encode_samples
+    from rlcore.run.step import encode_samples, loop_setting
 
-    max_turns = cfg.algorithm_section.max_rollout_turns  # GRPO's or on-policy distillation's
+    max_turns = loop_setting(cfg, "max_rollout_turns", 1)  # GRPO's, on-policy distillation's; 1 without one
     max_total = cfg.policy.max_total_sequence_length
     pad = pad_id(tokenizer)
     first = encode_samples(cfg, tokenizer, samples, repeat)

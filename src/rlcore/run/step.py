@@ -29,6 +29,14 @@ class Timer:
             self.seconds[f"time/{name}_s"] = self.seconds.get(f"time/{name}_s", 0.0) + time.perf_counter() - start
 
 
+def loop_setting(cfg: Any, name: str, default: Any) -> Any:
+    """The algorithm section's ``name``, one of the settings rlcore's rollout loops share
+    (:class:`rlcore.config.rollout_loop.RolloutLoopConfig`: ``max_rollout_turns``, ``val_period``, ``val_at_start``,
+    ``val_at_end``, ``val_batch_size``, ``seed``), or ``default`` for a section that does not declare it (a third
+    party's config class owes rlcore nothing: without ``val_period`` it is simply never validated periodically)."""
+    return getattr(cfg.algorithm_section, name, default)
+
+
 def prompt_ids(tokenizer: Any, text: str) -> list[int]:
     """The token ids of a rendered prompt, starting with the tokenizer's BOS (once: a chat template may have
     written it)."""

@@ -16,6 +16,7 @@ from typing import Any
 
 from rlcore.config import ResolvedConfig, resolve
 from rlcore.run.checkpoints import checkpoint_root
+from rlcore.run.step import loop_setting
 
 
 def latest_checkpoint(cfg: Any) -> Path | None:
@@ -99,7 +100,7 @@ def data_position(cfg: Any, data: Any, next_batch: int) -> dict[str, Any]:
         "epoch": train.epoch_of(next_batch),
         "batch_size": train.batch_size,
         "num_samples": train.num_samples,
-        "seed": cfg.algorithm_section.seed,
+        "seed": loop_setting(cfg, "seed", None),
     }
 
 
@@ -224,7 +225,7 @@ def train(
         if not finished:
             return
         step, metrics = finished["step"], finished["metrics"]
-        if cfg.algorithm_section.val_at_end and data.validation and not _validated(metrics):
+        if loop_setting(cfg, "val_at_end", False) and data.validation and not _validated(metrics):
             validation = validate(run)
             logger.log(step, validation, advance=False)
             metrics = {**metrics, **validation}
@@ -243,7 +244,7 @@ def train(
             curve=algorithm.curve,
             trackers=open_trackers(cfg, out, start, err=progress_file),
         )
-        if cfg.algorithm_section.val_at_start and start == 0 and data.validation:
+        if loop_setting(cfg, "val_at_start", False) and start == 0 and data.validation:
             logger.log(-1, validate(run), advance=False)  # the initial weights
         signal_self_at("first_step")  # test hook (RLCORE_TEST_SIGNAL_AT), nothing when unset
         if (ended_early := algorithm.train(run, on_step)) is not None:

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from rlcore.run.rollouts import run_rollout
-from rlcore.run.step import Timer, refit
+from rlcore.run.step import Timer, loop_setting, refit
 
 if TYPE_CHECKING:
     from rlcore.run.build import Run
@@ -23,9 +23,9 @@ if TYPE_CHECKING:
 
 def validation_due(run: Run, step: int) -> bool:
     """Whether a validation follows training step ``step``."""
-    g = run.cfg.algorithm_section
+    period, at_end = loop_setting(run.cfg, "val_period", 0), loop_setting(run.cfg, "val_at_end", False)
     return bool(run.data.validation) and (
-        (g.val_period > 0 and (step + 1) % g.val_period == 0) or (g.val_at_end and step == run.num_steps - 1)
+        (period > 0 and (step + 1) % period == 0) or (at_end and step == run.num_steps - 1)
     )
 
 
@@ -52,7 +52,7 @@ def validate(run: Run, generate: Callable[[Any], Any]) -> dict[str, float]:
     cfg = run.cfg
     started = time.perf_counter()
     samples = run.data.validation or []
-    size = cfg.algorithm_section.val_batch_size
+    size = loop_setting(cfg, "val_batch_size", len(samples) or 1)
     rewards, lengths, errors = [], [], 0.0
     for begin in range(0, len(samples), size):
         rollout = run_rollout(cfg, generate, run.environment, run.tokenizer, samples[begin : begin + size], 1, Timer())

@@ -17,9 +17,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from rlcore.algorithms.sft.loop import step_metrics
+from rlcore.algorithms.toolkit import (
+    Timer,
+    generating,
+    sample_and_score,
+    step_metrics,
+    train_rollout_steps,
+    train_step,
+    training_batch,
+)
 from rlcore.interfaces.algorithm import Algorithm, OnStep, Resolution
-from rlcore.run.step import Timer, refit
 
 if TYPE_CHECKING:
     from rlcore.run.build import Run
@@ -103,36 +110,14 @@ def distillation_step(run: Run, loss_fn: Any, tokens: Any = None) -> dict[str, f
     teacher's mapping, see :func:`add_teacher_topk`), one optimizer step of the student."""
     import torch
 
-    from rlcore.run.rollouts import run_rollout
-    from rlcore.run.step import training_batch
-
-    cfg, d, policy, generation = run.cfg, run.cfg.distillation, run.policy, run.generation
+    d = run.cfg.distillation
     timer = Timer()
-    if run.synchronizer is not None and run.synchronizer.stale:
-        with timer.phase("refit"):
-            refit(policy, run.synchronizer)
-    with timer.phase("generation"):
-        generation.prepare_for_generation()
-    rollout = run_rollout(
-        cfg,
-        lambda batch: generation.generate(batch, greedy=False),
-        run.environment,
-        run.tokenizer,
-        run.draw_train_batch(),
-        d.num_generations_per_prompt,
-        timer,
-    )
-    with timer.phase("generation"):
-        generation.finish_generation()
+    with generating(run, timer):
+        rollout = sample_and_score(run, timer, d.num_generations_per_prompt)
     data = training_batch(rollout.data, torch.zeros_like(rollout.rewards))
     with timer.phase("teacher"):
         aligned = add_teacher_topk(run.teacher, data, d.topk_logits_k, tokens)
-    with timer.phase("train"):
-        policy.prepare_for_training()
-        result = policy.train(data, loss_fn)
-        policy.finish_training()
-    if run.synchronizer is not None:
-        run.synchronizer.stale = True
+    result = train_step(run, data, loss_fn, timer)
     metrics = result["metrics"]
     return step_metrics(
         run,
@@ -152,7 +137,6 @@ def distillation_train(run: Run, on_step: Callable[[int, dict[str, float]], None
     """Run steps ``run.start_step .. run.num_steps - 1``, validating when due, calling ``on_step(step, metrics)``
     after each; returns why the run ended early (the epochs' data ran out), or None."""
     from rlcore.algorithms.distillation import DistillationLossFn
-    from rlcore.run.rollout_loop import train_rollout_steps
 
     loss_fn = DistillationLossFn(run.cfg.distillation.loss_settings())
     tokens = teacher_tokens(run)

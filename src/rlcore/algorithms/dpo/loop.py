@@ -16,9 +16,9 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from rlcore.algorithms.sft.loop import EmptyStep, OfflineAlgorithm, step_metrics
+from rlcore.algorithms.sft.loop import EmptyStep, OfflineAlgorithm
+from rlcore.algorithms.toolkit import Timer, step_metrics
 from rlcore.interfaces.algorithm import OnStep, Resolution
-from rlcore.run.step import Timer
 
 if TYPE_CHECKING:
     from rlcore.algorithms.dpo.reference import ReferenceLogprobs

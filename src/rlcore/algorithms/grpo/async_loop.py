@@ -40,8 +40,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from rlcore.algorithms.grpo.step import train_on_rollout
-from rlcore.run.rollouts import Rollout, run_rollout
-from rlcore.run.step import Timer, peak_memory_metrics, refit
+from rlcore.algorithms.toolkit import Rollout, Timer, sample_and_score
+from rlcore.run.step import peak_memory_metrics, refit
 from rlcore.run.validation import validate, validation_due
 
 if TYPE_CHECKING:
@@ -62,14 +62,9 @@ def async_grpo_train(run: Run, loss_fn: Any, on_step: Callable[[int, dict[str, f
     max_age = cfg.grpo.async_grpo.max_trajectory_age_steps
     last_step = run.num_steps - 1
 
-    def sample(batch: Any) -> Any:
-        return generation.collect(generation.generate_async(batch, greedy=False))
-
-    def roll_out(samples: list[Any]) -> tuple[Rollout, Timer]:
+    def roll_out(samples: list[Any]) -> tuple[Rollout, Timer]:  # on the rollout thread, in submission order
         timer = Timer()
-        return run_rollout(
-            cfg, sample, run.environment, run.tokenizer, samples, cfg.grpo.num_generations_per_prompt, timer
-        ), timer
+        return sample_and_score(run, timer, cfg.grpo.num_generations_per_prompt, samples, ahead=True), timer
 
     def launch(step: int) -> InFlight:
         samples = run.data.train.batch(step)
@@ -102,7 +97,7 @@ def async_grpo_train(run: Run, loss_fn: Any, on_step: Callable[[int, dict[str, f
             begin, end = float(window[:, 0].min()), float(window[:, 1].max())
             idle = max(0.0, begin - previous_end) if previous_end is not None else 0.0
             previous_end = end
-            metrics = train_on_rollout(cfg, policy, loss_fn, rollout, timer)
+            metrics = train_on_rollout(run, loss_fn, rollout, timer)
             validating = validation_due(run, step)
             if step < last_step or validating:
                 with timer.phase("refit"):

@@ -21,10 +21,9 @@ from typing import TYPE_CHECKING, Any
 from rlcore.algorithms.grpo.async_loop import async_grpo_train
 from rlcore.algorithms.grpo.dynamic_sampling import sample_with_signal
 from rlcore.algorithms.grpo.step import train_on_rollout
+from rlcore.algorithms.toolkit import Timer, generating, sample_and_score, train_rollout_steps
 from rlcore.interfaces.algorithm import Algorithm, OnStep, Resolution
-from rlcore.run.rollout_loop import train_rollout_steps
-from rlcore.run.rollouts import run_rollout
-from rlcore.run.step import Timer, peak_memory_metrics, refit
+from rlcore.run.step import peak_memory_metrics
 from rlcore.run.validation import synchronous_generate, validate
 
 if TYPE_CHECKING:
@@ -35,36 +34,19 @@ def grpo_step(run: Run, step: int, loss_fn: Any) -> dict[str, float]:
     """One synchronous GRPO step on the next batch of data: refit (if stale), generate, score, train."""
     from rlcore.run.prompts import pad_id
 
-    cfg, policy, generation, synchronizer = run.cfg, run.policy, run.generation, run.synchronizer
+    cfg, policy, generation = run.cfg, run.policy, run.generation
     timer = Timer()
-    refit_bytes = 0.0
-    if synchronizer is not None and synchronizer.stale:
-        with timer.phase("refit"):
-            refit_bytes = refit(policy, synchronizer)
-    with timer.phase("generation"):
-        generation.prepare_for_generation()
+    with generating(run, timer) as refit_bytes:
 
-    def roll_out(samples: list[Any]) -> Any:
-        return run_rollout(
-            cfg,
-            lambda batch: generation.generate(batch, greedy=False),
-            run.environment,
-            run.tokenizer,
-            samples,
-            cfg.grpo.num_generations_per_prompt,
-            timer,
-        )
+        def roll_out(samples: list[Any]) -> Any:
+            return sample_and_score(run, timer, cfg.grpo.num_generations_per_prompt, samples)
 
-    sampling: dict[str, float] = {}
-    if cfg.grpo.use_dynamic_sampling:
-        rollout, sampling = sample_with_signal(cfg, run.draw_train_batch, roll_out, pad_id(run.tokenizer))
-    else:
-        rollout = roll_out(run.draw_train_batch())
-    with timer.phase("generation"):
-        generation.finish_generation()
-    metrics = train_on_rollout(cfg, policy, loss_fn, rollout, timer)
-    if synchronizer is not None:
-        synchronizer.stale = True
+        sampling: dict[str, float] = {}
+        if cfg.grpo.use_dynamic_sampling:
+            rollout, sampling = sample_with_signal(cfg, run.draw_train_batch, roll_out, pad_id(run.tokenizer))
+        else:
+            rollout = roll_out(run.draw_train_batch())
+    metrics = train_on_rollout(run, loss_fn, rollout, timer)
     generated = sampling.get("dynamic_sampling/generated_tokens", float(rollout.data["generation_lengths"].sum()))
     return {
         **metrics,

@@ -4,9 +4,12 @@ inputs and the training call."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rlcore.run.step import Timer, training_batch
+from rlcore.algorithms.toolkit import Timer, train_step, training_batch
+
+if TYPE_CHECKING:
+    from rlcore.interfaces.run import RunContext
 
 
 def token_advantages(cfg: Any, data: Any, rewards: Any) -> Any:
@@ -82,16 +85,17 @@ def add_logprob_inputs(cfg: Any, policy: Any, data: Any, prev_pass: bool) -> Non
         data["reference_policy_logprobs"] = policy.get_reference_policy_logprobs(data)["reference_logprobs"]
 
 
-def train_on_rollout(cfg: Any, policy: Any, loss_fn: Any, rollout: Any, timer: Timer) -> dict[str, float]:
+def train_on_rollout(run: RunContext, loss_fn: Any, rollout: Any, timer: Timer) -> dict[str, float]:
     """Compute group advantages and the loss's inputs from a scored rollout (a
-    :class:`rlcore.run.rollouts.Rollout`), train; returns the step's metrics."""
+    :class:`rlcore.run.rollouts.Rollout`), train and mark the engines' weights stale
+    (:func:`rlcore.algorithms.toolkit.train_step`); returns the step's metrics."""
     import torch
 
     from rlcore.algorithms.grpo.advantages import group_advantages
     from rlcore.algorithms.grpo.config import TOKEN_LEVEL_ESTIMATORS
     from rlcore.algorithms.grpo.reward_transforms import clip_advantages, overlong_sample_mask, transform_rewards
 
-    g = cfg.grpo
+    cfg, policy, g = run.cfg, run.policy, run.cfg.grpo
     truncated = rollout.data["truncated"]
     # NeMo-RL's order: scale, shape; advantages from those; truncated samples out of the loss; clip the advantages
     rewards = transform_rewards(g, rollout.rewards, rollout.data["first_turn_lengths"], truncated).rewards
@@ -121,10 +125,7 @@ def train_on_rollout(cfg: Any, policy: Any, loss_fn: Any, rollout: Any, timer: T
         data["positive_example_token_count"] = positive_example_token_counts(
             data["token_mask"], data["sample_mask"], rewards, cfg.policy.train_global_batch_size
         )
-    with timer.phase("train"):
-        policy.prepare_for_training()
-        result = policy.train(data, loss_fn)
-        policy.finish_training()
+    result = train_step(run, data, loss_fn, timer)
     loss_metrics = result["metrics"]
     raw = rollout.rewards  # the environment's
     metrics = {

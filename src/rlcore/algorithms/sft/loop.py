@@ -16,10 +16,10 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from rlcore.algorithms.toolkit import Timer, step_metrics, train_step
 from rlcore.datasets import DataExhausted
 from rlcore.interfaces.algorithm import Algorithm, OnStep, Resolution
 from rlcore.run.errors import RunError
-from rlcore.run.step import Timer, peak_memory_metrics
 
 if TYPE_CHECKING:
     from rlcore.run.build import Run
@@ -34,16 +34,13 @@ def sft_step(run: Run) -> dict[str, float]:
     from rlcore.algorithms.sft.batches import nothing_trained, sft_batch
     from rlcore.algorithms.sft.loss import NLLLoss
 
-    policy, timer = run.policy, Timer()
+    timer = Timer()
     with timer.phase("data"):
         samples = run.draw_train_batch()
         batch = sft_batch(samples, run.tokenizer, run.cfg)
     if not float((batch["token_mask"][:, 1:] * batch["sample_mask"][:, None]).sum()):
         raise EmptyStep(nothing_trained(samples, run.tokenizer, run.cfg) or "no sample has a token to train")
-    with timer.phase("train"):
-        policy.prepare_for_training()
-        result = policy.train(batch, NLLLoss())
-        policy.finish_training()
+    result = train_step(run, batch, NLLLoss(), timer)
     return step_metrics(
         run,
         result,
@@ -53,21 +50,6 @@ def sft_step(run: Run) -> dict[str, float]:
             "cut_samples": float((batch["sample_mask"] == 0).sum()),  # longer than policy.max_total_sequence_length
         },
     )
-
-
-def step_metrics(run: Run, result: dict, timer: Timer, extra: dict[str, float]) -> dict[str, float]:
-    """A step's row: the loss and grad norm of ``policy.train``'s ``result``, the algorithm's ``extra``, the data
-    epoch, the phases' times and the peak memory."""
-    return {
-        "loss": float(result["loss"].mean()),
-        "grad_norm": float(result["grad_norm"].mean()),
-        "skipped_steps": float(result.get("skipped_steps", 0)),  # optimizer steps skipped for a non-finite value
-        **extra,
-        "epoch": float(run.data.train.epoch_of(run.next_batch - 1)),
-        "time/step_s": sum(timer.seconds.values()),
-        **timer.seconds,
-        **peak_memory_metrics(run.policy, run.generation or run.policy),
-    }
 
 
 def sft_validate(run: Run) -> dict[str, float]:
