@@ -111,24 +111,19 @@ class EnvironmentReturn:
     def concat(cls, parts: list[EnvironmentReturn]) -> EnvironmentReturn:
         """The results of consecutive chunks of one batch, as one."""
         joined = cls(
-            *(
-                [item for part in parts for item in getattr(part, name)]
-                for name in (
-                    "observations",
-                    "metadata",
-                    "rewards",
-                    "terminateds",
-                    "next_stop_strings",
-                    "answers",
-                    "errors",
-                )
-            )
+            observations=[item for part in parts for item in part.observations],
+            metadata=[item for part in parts for item in part.metadata],
+            rewards=[item for part in parts for item in part.rewards],
+            terminateds=[item for part in parts for item in part.terminateds],
+            next_stop_strings=[item for part in parts for item in part.next_stop_strings],
+            answers=[item for part in parts for item in part.answers],
+            errors=[item for part in parts for item in part.errors],
         )
         joined.reward_components = _joined_components(parts)
         return joined
 
 
-def _checked_components(components: Any, n: int) -> dict[str, list[float]]:
+def _checked_components(components: object, n: int) -> dict[str, list[float]]:
     """``components`` as ``{name: [n floats]}`` sorted by name, or a ``ValueError`` saying what is wrong."""
     if not isinstance(components, dict):
         raise ValueError(

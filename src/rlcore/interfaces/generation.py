@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from rlcore.data import BatchedDataDict
-    from rlcore.interfaces.specs import GenerationDatumSpec, GenerationOutputSpec
+    from rlcore.interfaces.specs import GenerationDatumSpec, GenerationOutputSpec, RefitInfo
 
 
 class GenerationInterface(abc.ABC):
@@ -34,7 +34,7 @@ class GenerationInterface(abc.ABC):
         """Let the engine sleep to free memory for training, where supported."""
 
     # -- refit, receiving side (see rlcore.refit; used by WeightSynchronizer) ----------------
-    def prepare_refit_info(self, state_dict_info: dict[str, Any]) -> None:
+    def prepare_refit_info(self, state_dict_info: RefitInfo) -> None:
         """Receive ``{hf_name: (shape, dtype)}`` once before the first refit."""
         raise NotImplementedError(f"{type(self).__name__} cannot be refit")
 

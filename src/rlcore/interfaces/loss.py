@@ -95,7 +95,7 @@ ENTROPY = "entropy"
 LOSS_INPUTS = {LOGITS_AT_INDICES: "logits_at_indices", LOGPROBS_AT_INDICES: "logprobs_at_indices", ENTROPY: "entropy"}
 
 
-def loss_inputs(loss_fn: Any) -> tuple[str, ...]:
+def loss_inputs(loss_fn: object) -> tuple[str, ...]:
     """The extra inputs ``loss_fn`` declares (empty for a loss of token logprobs only); ValueError for a name
     rlcore does not know."""
     names = tuple(getattr(loss_fn, "inputs", ()) or ())

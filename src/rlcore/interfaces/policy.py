@@ -12,6 +12,7 @@ if TYPE_CHECKING:
         GenerationDatumSpec,
         LogprobOutputSpec,
         ReferenceLogprobOutputSpec,
+        RefitInfo,
         TopkLogitsOutputSpec,
     )
 
@@ -107,7 +108,7 @@ class ColocatablePolicyInterface(PolicyInterface):
     def offload_after_refit(self) -> None: ...
 
     @abc.abstractmethod
-    def prepare_refit_info(self) -> dict[str, Any] | None:
+    def prepare_refit_info(self) -> RefitInfo | None:
         """``{hf_name: (shape, dtype)}`` of every tensor a refit sends."""
 
     @abc.abstractmethod

@@ -58,3 +58,10 @@ class TopkLogitsOutputSpec(TypedDict):
 
     topk_logits: torch.Tensor  # [B, S - 1, k]
     topk_indices: torch.Tensor  # [B, S - 1, k] int64
+
+
+#: The rows ``train`` steps on: ``input_ids``, ``input_lengths`` and whatever its loss reads (the loss's own keys).
+TrainingBatch = dict[str, object]
+
+#: ``{hf_name: (shape, dtype name)}`` of every tensor a refit sends, in send order (``rlcore.refit.RefitMetadata``).
+RefitInfo = dict[str, tuple[tuple[int, ...], str]]

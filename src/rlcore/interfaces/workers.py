@@ -13,14 +13,24 @@ the keyword arguments its ``__init__`` declares (:mod:`rlcore.plugins.negotiatio
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from collections.abc import Callable, Iterable
+from types import FunctionType
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from rlcore.plugins import CAPABILITY_METHODS, TRAINING_WORKER_KEYWORDS, BackendSpec, Capability
 
 if TYPE_CHECKING:
     from rlcore.data import BatchedDataDict
     from rlcore.interfaces.loss import LossFunction
+    from rlcore.interfaces.specs import (
+        GenerationDatumSpec,
+        GenerationOutputSpec,
+        LogprobOutputSpec,
+        ReferenceLogprobOutputSpec,
+        RefitInfo,
+        TopkLogitsOutputSpec,
+        TrainingBatch,
+    )
 
 #: How ``Policy`` cut the data into micro-batches (see ``rlcore.config.BatchPlan``).
 Mode = Literal["plain", "dynamic", "packing"]
@@ -31,15 +41,25 @@ class TrainingWorker(Protocol):
 
     def is_alive(self) -> bool: ...
 
-    def get_logprobs(self, data: BatchedDataDict, /, *, mode: Mode) -> BatchedDataDict: ...
+    def get_logprobs(
+        self, data: BatchedDataDict[GenerationDatumSpec], /, *, mode: Mode
+    ) -> BatchedDataDict[LogprobOutputSpec]: ...
 
     def get_reference_policy_logprobs(
-        self, data: BatchedDataDict, /, *, micro_batch_size: int | None, mode: Mode
-    ) -> BatchedDataDict: ...
+        self, data: BatchedDataDict[GenerationDatumSpec], /, *, micro_batch_size: int | None, mode: Mode
+    ) -> BatchedDataDict[ReferenceLogprobOutputSpec]: ...
 
     def train(
-        self, data: BatchedDataDict, /, *, loss_fn: LossFunction, eval_mode: bool, gbs: int, mbs: int, mode: Mode
-    ) -> dict[str, Any]: ...
+        self,
+        data: BatchedDataDict[TrainingBatch],
+        /,
+        *,
+        loss_fn: LossFunction,
+        eval_mode: bool,
+        gbs: int,
+        mbs: int,
+        mode: Mode,
+    ) -> dict[str, object]: ...
 
     def prepare_for_training(self) -> None: ...
 
@@ -66,14 +86,14 @@ class TopkLogitsWorker(Protocol):
     """Capability ``topk_logits``."""
 
     def get_topk_logits(
-        self, data: BatchedDataDict, /, *, k: int, micro_batch_size: int | None, mode: Mode
-    ) -> BatchedDataDict: ...
+        self, data: BatchedDataDict[GenerationDatumSpec], /, *, k: int, micro_batch_size: int | None, mode: Mode
+    ) -> BatchedDataDict[TopkLogitsOutputSpec]: ...
 
 
 class RefitWorker(Protocol):
     """Capability ``refit``: the sending side of a weight refit (``rlcore.refit.RefitExportMixin`` has it)."""
 
-    def prepare_refit_info(self) -> dict[str, Any] | None: ...
+    def prepare_refit_info(self) -> RefitInfo | None: ...
 
     def stream_weights_via_ipc_zmq(self, *, endpoints: dict[int, tuple[str, bytes]], bucket_bytes: int) -> int: ...
 
@@ -85,7 +105,7 @@ class RefitWorker(Protocol):
 class LoraWorker(Protocol):
     """Capability ``lora``: refits after the first send only the adapted layers; adapters save on their own."""
 
-    def prepare_refit_info(self, *, changed_only: bool) -> dict[str, Any] | None: ...
+    def prepare_refit_info(self, *, changed_only: bool) -> RefitInfo | None: ...
 
     def stream_weights_via_ipc_zmq(
         self, *, endpoints: dict[int, tuple[str, bytes]], bucket_bytes: int, changed_only: bool
@@ -101,19 +121,23 @@ class LoraWorker(Protocol):
 class GeneratingWorker(Protocol):
     """Capability ``generate`` of a training backend: it generates with its own weights."""
 
-    def generate(self, data: BatchedDataDict, /, *, greedy: bool) -> BatchedDataDict: ...
+    def generate(
+        self, data: BatchedDataDict[GenerationDatumSpec], /, *, greedy: bool
+    ) -> BatchedDataDict[GenerationOutputSpec]: ...
 
 
 class GenerationWorker(Protocol):
     """What every generation backend's worker has (its driver class, a ``GenerationInterface``, calls it)."""
 
-    def generate(self, data: BatchedDataDict, /, *, greedy: bool) -> BatchedDataDict: ...
+    def generate(
+        self, data: BatchedDataDict[GenerationDatumSpec], /, *, greedy: bool
+    ) -> BatchedDataDict[GenerationOutputSpec]: ...
 
     def prepare_for_generation(self) -> bool: ...
 
     def finish_generation(self) -> bool: ...
 
-    def shutdown(self) -> Any: ...
+    def shutdown(self) -> object: ...
 
 
 #: The Protocols a declared capability adds to a training worker's contract.
@@ -132,12 +156,14 @@ def required_protocols(spec: BackendSpec) -> list[type]:
     return [TrainingWorker, *(p for c, p in CAPABILITY_PROTOCOLS.items() if spec.supports(c))]
 
 
-def protocol_methods(protocol: type) -> dict[str, Any]:
+def protocol_methods(protocol: type) -> dict[str, FunctionType]:
     """``{name: function}`` of the methods a Protocol declares."""
     return {name: fn for name, fn in vars(protocol).items() if inspect.isfunction(fn) and not name.startswith("_")}
 
 
-def _call_problem(owner: str, name: str, impl: Any, args: list[str], kwargs: list[str]) -> str | None:
+def _call_problem(  # type: ignore[explicit-any]  # impl: a method of any signature, which is what is checked
+    owner: str, name: str, impl: Callable[..., object], args: list[str], kwargs: list[str]
+) -> str | None:
     """Why ``impl`` cannot take the call ``name(*args, **kwargs)`` (None when it can)."""
     shown = ", ".join([*args, *(f"{k}=..." for k in kwargs)])
     try:
@@ -151,7 +177,7 @@ def _call_problem(owner: str, name: str, impl: Any, args: list[str], kwargs: lis
     return None
 
 
-def _protocol_call(fn: Any) -> tuple[list[str], list[str]]:
+def _protocol_call(fn: FunctionType) -> tuple[list[str], list[str]]:
     """The positional and keyword argument names of a Protocol method (its call shape)."""
     params = list(inspect.signature(fn).parameters.values())[1:]
     positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
@@ -175,7 +201,7 @@ def worker_problems(worker_cls: type, spec: BackendSpec) -> list[str]:
     return problems + constructor_problems(worker_cls, spec)
 
 
-def capability_problems(worker_cls: type, capabilities: Iterable[Capability]) -> list[str]:
+def capability_problems(worker_cls: type, capabilities: Iterable[Capability | str]) -> list[str]:
     """One line per declared capability whose methods ``worker_cls`` lacks, naming the capability, the
     methods and the fix (the worker host refuses to build such a worker; the kit refuses it too)."""
     owner = f"{worker_cls.__module__}:{worker_cls.__qualname__}"
@@ -198,7 +224,7 @@ def constructor_problems(worker_cls: type, spec: BackendSpec) -> list[str]:
         return []
     owner = worker_cls.__qualname__
     try:
-        signature = inspect.signature(worker_cls.__init__)
+        signature = inspect.signature(worker_cls.__init__)  # type: ignore[misc]  # the class's own, with self
     except (TypeError, ValueError):
         return []
     params = list(signature.parameters.values())[1:]

@@ -19,7 +19,6 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterable
 from enum import Enum
-from typing import Any
 
 
 class Capability(str, Enum):
@@ -75,12 +74,13 @@ CAPABILITY_METHODS: dict[Capability, tuple[str, ...]] = {
 }
 
 
-def parse_capabilities(values: Iterable[Any]) -> frozenset[Capability]:
+def parse_capabilities(values: Iterable[object]) -> frozenset[Capability]:
     """``values`` (members or their names) as members; ``ValueError`` naming every unknown one."""
     if isinstance(values, (str, bytes)):
         raise ValueError(f"capabilities is a set of names, got the string {values!r}")
     known = [c.value for c in Capability]
-    out, unknown = set(), []
+    out: set[Capability] = set()
+    unknown: list[str] = []
     for value in values:
         try:
             out.add(Capability(value))

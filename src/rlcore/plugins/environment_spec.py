@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from rlcore.plugins.spec import import_object, module_exists
+from rlcore.plugins.capabilities import Capability
+from rlcore.plugins.spec import BackendSpec, import_object, module_exists
 from rlcore.plugins.spec_refusals import KeptWhenRefused
 
 
@@ -47,7 +46,7 @@ class EnvironmentSpec(KeptWhenRefused, BaseModel):
         return v
 
     @classmethod
-    def from_backend_spec(cls, spec: Any) -> EnvironmentSpec:
+    def from_backend_spec(cls, spec: BackendSpec) -> EnvironmentSpec:
         """An environment registered the rlcore 0.2 way, as a ``BackendSpec(kind="environment")``."""
         return cls(
             name=spec.name,
@@ -64,7 +63,7 @@ class EnvironmentSpec(KeptWhenRefused, BaseModel):
         return "environment"
 
     @property
-    def capabilities(self) -> frozenset:
+    def capabilities(self) -> frozenset[Capability]:
         return frozenset()
 
     @property
@@ -80,8 +79,8 @@ class EnvironmentSpec(KeptWhenRefused, BaseModel):
         """Whether the environment's module is installed (checked without importing it)."""
         return module_exists(self.environment_class.partition(":")[0])
 
-    def load_environment_class(self) -> Any:
+    def load_environment_class(self) -> type:
         return import_object(self.environment_class)
 
-    def load_config_class(self) -> Any:
+    def load_config_class(self) -> type[BaseModel] | None:
         return import_object(self.config_class) if self.config_class else None

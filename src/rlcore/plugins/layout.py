@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+
+from pydantic import BaseModel
 
 #: The model-parallel axes a layout declares, in the order ranks are laid out after dp: (pp, dp, cp, tp).
 MODEL_PARALLEL_AXES = ("tp", "cp", "pp")
@@ -26,8 +27,8 @@ MODEL_PARALLEL_AXES = ("tp", "cp", "pp")
 class LayoutRequest:
     """What a layout function is given."""
 
-    policy: Any  # the validated PolicyConfig
-    section: Any  # the backend's own section, validated with its config_class (None without one)
+    policy: BaseModel  # the validated rlcore.config.PolicyConfig
+    section: BaseModel | None  # the backend's own section, validated with its config_class (None without one)
     world_size: int  # training ranks: cluster.num_nodes * cluster.workers_per_node
     use_gpu: bool  # cluster.use_gpu
 

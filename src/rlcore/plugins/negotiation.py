@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TypeVar
+
+Value = TypeVar("Value")
 
 #: Keyword arguments of ``Worker(config, tokenizer, **...)`` for a training backend's worker, with the rlcore
 #: release that first offered each.
@@ -33,7 +35,9 @@ GENERATION_DRIVER_KEYWORDS: dict[str, str] = {
 }
 
 
-def declared_kwargs(fn: Callable[..., Any], available: Mapping[str, Any]) -> dict[str, Any]:
+def declared_kwargs(  # type: ignore[explicit-any]  # fn: any signature at all, which is the point
+    fn: Callable[..., object], available: Mapping[str, Value]
+) -> dict[str, Value]:
     """The entries of ``available`` that ``fn`` (a function or a class) declares as keyword parameters; all of
     them when it takes ``**kwargs``, none when its signature cannot be read."""
     try:

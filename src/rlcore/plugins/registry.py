@@ -251,6 +251,13 @@ class Registry:
         assert isinstance(spec, EnvironmentSpec)
         return spec
 
+    def resolve_backend(self, name: str, kind: str | None = None) -> BackendSpec:
+        """The spec of an ``ok`` backend of ``kind`` (``'training'``, ``'generation'``; any when None)."""
+        spec = self.resolve(name, kind)
+        if not isinstance(spec, BackendSpec):
+            raise BackendError(f"'{name}' names an environment, not a backend")
+        return spec
+
     def resolve(self, name: str, kind: str | None = None) -> Spec:
         """The spec of an ``ok`` record of ``kind`` (a backend when None), by ``name`` or ``distribution:name``."""
         record = self.find(name, kind)

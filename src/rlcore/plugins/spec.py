@@ -4,16 +4,23 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+from collections.abc import Callable, Iterable
+from importlib.machinery import ModuleSpec
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from rlcore.plugins.capabilities import Capability, parse_capabilities
+from rlcore.plugins.layout import LayoutRequest, ParallelLayout
 
 BackendKind = Literal["training", "generation", "environment"]
+#: A training backend's layout function (``BackendSpec.layout``).
+LayoutFunction = Callable[[LayoutRequest], ParallelLayout]
+#: A training backend's config check (``BackendSpec.config_check``): one problem line per setting it cannot run.
+ConfigCheck = Callable[[LayoutRequest], list[str]]
 
 
-def find_module_spec(name: str) -> Any:
+def find_module_spec(name: str) -> ModuleSpec | None:
     """The import spec of ``name`` (possibly dotted), found without importing any of it; None when not installed."""
     from importlib.machinery import PathFinder
 
@@ -34,12 +41,12 @@ def module_exists(name: str) -> bool:
     return find_module_spec(name) is not None
 
 
-def import_object(path: str) -> Any:
+def import_object(path: str) -> Any:  # type: ignore[explicit-any]  # what a path names is known at run time only
     """Import ``"package.module:Qualified.Name"`` and return the object."""
     module_name, sep, qualname = path.partition(":")
     if not sep or not module_name or not qualname:
         raise ValueError(f"expected 'module:Class', got {path!r}")
-    obj: Any = importlib.import_module(module_name)
+    obj: object = importlib.import_module(module_name)
     for part in qualname.split("."):
         obj = getattr(obj, part)
     return obj
@@ -133,7 +140,9 @@ class BackendSpec(BaseModel):
 
     @field_validator("capabilities", mode="before")
     @classmethod
-    def _known_capabilities(cls, v: Any) -> frozenset[Capability]:
+    def _known_capabilities(cls, v: object) -> frozenset[Capability]:
+        if not isinstance(v, Iterable):
+            raise ValueError(f"capabilities is a set of names, got {v!r}")
         return parse_capabilities(v)
 
     @model_validator(mode="after")
@@ -166,13 +175,13 @@ class BackendSpec(BaseModel):
     def load_driver_class(self) -> type | None:
         return import_object(self.driver_class) if self.driver_class else None
 
-    def load_config_class(self) -> type | None:
+    def load_config_class(self) -> type[BaseModel] | None:
         return import_object(self.config_class) if self.config_class else None
 
-    def load_layout(self) -> Any:
+    def load_layout(self) -> LayoutFunction | None:
         """The layout function, or None for a pure data-parallel backend."""
         return import_object(self.layout) if self.layout else None
 
-    def load_config_check(self) -> Any:
+    def load_config_check(self) -> ConfigCheck | None:
         """The config check function, or None."""
         return import_object(self.config_check) if self.config_check else None

@@ -14,17 +14,17 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any
+from typing import cast
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 
 @dataclass
 class Refusal:
     """A spec the plugin made that failed validation: the fields it gave, the error, and where it was made."""
 
-    spec: Any
-    fields: dict[str, Any]
+    spec: BaseModel
+    fields: dict[str, object]
     error: ValidationError
     where: str
 
@@ -43,7 +43,7 @@ def recording_refusals() -> Iterator[list[Refusal]]:
         _REFUSALS.reset(token)
 
 
-def refusal_of(spec: Any, refusals: list[Refusal]) -> Refusal | None:
+def refusal_of(spec: object, refusals: list[Refusal]) -> Refusal | None:
     """The refusal recorded for this very object (by identity: a refused spec cannot be compared by value)."""
     return next((r for r in refusals if r.spec is spec), None)
 
@@ -51,7 +51,7 @@ def refusal_of(spec: Any, refusals: list[Refusal]) -> Refusal | None:
 class KeptWhenRefused:
     """Mixin for a pydantic spec model: refused inside :func:`recording_refusals`, it is kept with its refusal."""
 
-    def __init__(self, /, **data: Any) -> None:
+    def __init__(self, /, **data: object) -> None:
         try:
             super().__init__(**data)
         except ValidationError as exc:
@@ -59,13 +59,14 @@ class KeptWhenRefused:
             if refusals is None:
                 raise
             caller = traceback.extract_stack(limit=2)[0]  # the plugin's line that made the spec
-            _fill_unvalidated(self, data)
-            refusals.append(Refusal(self, dict(data), exc, f"{caller.filename}:{caller.lineno}"))
+            model = cast(BaseModel, self)  # the mixin is for pydantic models only
+            _fill_unvalidated(model, data)
+            refusals.append(Refusal(model, dict(data), exc, f"{caller.filename}:{caller.lineno}"))
 
 
-def _fill_unvalidated(spec: Any, data: dict[str, Any]) -> None:
+def _fill_unvalidated(spec: BaseModel, data: dict[str, object]) -> None:
     """Give the half-made model the fields it was given, as pydantic's ``model_construct`` would."""
-    made = type(spec).model_construct(**{k: v for k, v in data.items() if k in type(spec).model_fields})
+    made = type(spec).model_construct(None, **{k: v for k, v in data.items() if k in type(spec).model_fields})
     for attr in ("__dict__", "__pydantic_fields_set__", "__pydantic_extra__", "__pydantic_private__"):
         object.__setattr__(spec, attr, getattr(made, attr))
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     import torch
@@ -23,6 +23,13 @@ RefitMetadata = dict[str, tuple[tuple[int, ...], str]]
 #: the call only until every tensor of its layer (:func:`layer_of`) has arrived: the transports keep
 #: that much valid (views for layers whole in the bucket, copies for the others), no more.
 LoadFn = Callable[[list[tuple[str, "torch.Tensor"]]], None]
+
+
+class FingerprintSink(Protocol):
+    """Where :func:`pack` hands the tensors it sent (:class:`rlcore.refit.fingerprint.Fingerprints`)."""
+
+    def add(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None: ...
+
 
 ALIGN = 256  # byte alignment of each tensor inside a bucket (what CUDA kernels like)
 
@@ -150,7 +157,7 @@ def pack(
     tensors: Iterator[tuple[str, torch.Tensor]],
     buffer: torch.Tensor,
     metadata: RefitMetadata,
-    fingerprints: Any = None,
+    fingerprints: FingerprintSink | None = None,
 ) -> None:
     """Copy the bucket's tensors, pulled in order from ``tensors``, into the uint8 ``buffer``: one fused copy
     (``torch._foreach_copy_`` into the bucket's views) for the whole bucket, not one copy per tensor.

@@ -12,31 +12,39 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Protocol, cast
 
 from rlcore.refit.buckets import LoadFn, RefitMetadata, buffer_bytes, pack, plan_buckets, split_layer_names, unpack
 from rlcore.refit.fingerprint import Fingerprints, SentBytes
 
 if TYPE_CHECKING:
     import torch
+    from torch.distributed import Work
+
+
+class BroadcastGroup(Protocol):
+    """The refit group as the transports use it (a c10d ``ProcessGroupGloo`` / ``ProcessGroupNCCL``)."""
+
+    def broadcast(self, tensor: torch.Tensor, root: int) -> Work: ...
 
 
 def init_refit_group(
     ip: str, port: int, world_size: int, rank: int, device: torch.device, timeout_s: float = 300.0
-) -> Any:
+) -> BroadcastGroup:
     """Join the refit group (blocks until all ``world_size`` members have joined)."""
     import torch.distributed as dist
 
     from rlcore.training.process_group import tcp_store
 
     store = tcp_store(ip, port, world_size, rank == 0, timedelta(seconds=timeout_s))
+    # torch's stubs give broadcast to ProcessGroup only, and make options (NCCL) and timeout (gloo) required
     if device.type == "cuda":
-        return dist.ProcessGroupNCCL(store, rank, world_size)
-    return dist.ProcessGroupGloo(store, rank, world_size)
+        return cast(BroadcastGroup, dist.ProcessGroupNCCL(store, rank, world_size))  # type: ignore[call-arg]
+    return cast(BroadcastGroup, dist.ProcessGroupGloo(store, rank, world_size))  # type: ignore[call-arg]
 
 
 def broadcast_weights(
-    group: Any,
+    group: BroadcastGroup,
     tensors: Iterator[tuple[str, torch.Tensor]],
     metadata: RefitMetadata,
     bucket_bytes: int,
@@ -47,11 +55,12 @@ def broadcast_weights(
     plan = plan_buckets(metadata, bucket_bytes)
     sent = Fingerprints()
     buffers = _bucket_buffers(buffer_bytes(plan), device)
-    pending: list[Any] = [None, None]
+    pending: list[Work | None] = [None, None]
     for index, bucket in enumerate(plan):
         slot = index % 2
-        if pending[slot] is not None:
-            pending[slot].wait()
+        previous = pending[slot]
+        if previous is not None:
+            previous.wait()
         pack(bucket, tensors, buffers[slot], metadata, sent)
         pending[slot] = group.broadcast(buffers[slot][: bucket.size], 0)
     for work in pending:
@@ -60,7 +69,9 @@ def broadcast_weights(
     return SentBytes(sum(b.size for b in plan), sent.result())
 
 
-def receive_weights(group: Any, metadata: RefitMetadata, bucket_bytes: int, device: torch.device, load: LoadFn) -> int:
+def receive_weights(
+    group: BroadcastGroup, metadata: RefitMetadata, bucket_bytes: int, device: torch.device, load: LoadFn
+) -> int:
     """Engine ranks: receive every bucket of the plan and ``load`` its tensors in order.
 
     Two buffers: bucket ``i + 1`` is already on the wire while bucket ``i`` is loaded.

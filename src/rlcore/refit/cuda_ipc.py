@@ -16,7 +16,16 @@ from __future__ import annotations
 
 import base64
 import json
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+    #: A field decoded for ``rebuild_cuda_tensor``.
+    RebuildArg = type | torch.dtype | bytes | tuple[int, ...] | int | bool | None
+
+#: A field of a handle as JSON: a class or dtype by name, base64 bytes, integers, a flag.
+JsonField = str | int | bool | list[int] | None
 
 #: ``rebuild_cuda_tensor``'s parameters, in order, with the JSON form of each.
 FIELDS: tuple[tuple[str, str], ...] = (
@@ -49,7 +58,7 @@ def _classes() -> dict[str, type]:
     }
 
 
-def _dtypes() -> dict[str, Any]:
+def _dtypes() -> dict[str, torch.dtype]:
     import torch
 
     return {str(v).removeprefix("torch."): v for v in vars(torch).values() if isinstance(v, torch.dtype)}
@@ -59,19 +68,23 @@ def _class_name(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
-def _encode(kind: str, value: Any) -> Any:
+def _encode(kind: str, value: object) -> JsonField:
     if kind == "class":
+        assert isinstance(value, type)
         return _class_name(value)
     if kind == "dtype":
         return str(value).removeprefix("torch.")
     if kind == "bytes":
+        assert value is None or isinstance(value, bytes)
         return None if value is None else base64.b64encode(value).decode("ascii")
     if kind == "ints":
+        assert isinstance(value, (list, tuple))
         return [int(v) for v in value]
+    assert value is None or isinstance(value, (int, str))  # int, bool: JSON as they are
     return value
 
 
-def _decode(name: str, kind: str, value: Any) -> Any:
+def _decode(name: str, kind: str, value: object) -> RebuildArg:
     """One field from JSON, or ValueError; a class or dtype only from its allow-list."""
     if kind == "class":
         table = _classes()
@@ -91,7 +104,7 @@ def _decode(name: str, kind: str, value: Any) -> Any:
         if value is None:
             return None
         try:
-            return base64.b64decode(value, validate=True)
+            return base64.b64decode(value, validate=True)  # type: ignore[arg-type]  # not text: TypeError
         except (TypeError, ValueError):
             raise ValueError(f"CUDA IPC handle: {name} must be base64 text") from None
     if kind == "ints":
@@ -111,7 +124,7 @@ def _decode(name: str, kind: str, value: Any) -> Any:
     return value
 
 
-def encode_handle(tensor: Any) -> str:
+def encode_handle(tensor: torch.Tensor) -> str:
     """A JSON string another process on this machine turns back into ``tensor`` with :func:`open_handle`.
 
     ``tensor`` must be a dense CUDA tensor; it must stay alive until the
@@ -130,7 +143,7 @@ def encode_handle(tensor: Any) -> str:
     return json.dumps({"cuda_ipc": _VERSION, **fields}, separators=(",", ":"))
 
 
-def decode_handle(handle: str) -> tuple[Any, ...]:
+def decode_handle(handle: str) -> tuple[RebuildArg, ...]:
     """The ``rebuild_cuda_tensor`` arguments in ``handle``; ValueError if it is anything else."""
     try:
         data = json.loads(handle)
@@ -142,7 +155,7 @@ def decode_handle(handle: str) -> tuple[Any, ...]:
     return tuple(_decode(name, kind, data[name]) for name, kind in FIELDS)
 
 
-def open_handle(handle: str) -> Any:
+def open_handle(handle: str) -> torch.Tensor:
     """The CUDA tensor described by an :func:`encode_handle` string (shares the sender's memory)."""
     from torch.multiprocessing import reductions
 

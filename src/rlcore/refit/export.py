@@ -18,21 +18,30 @@ adapted layers, merged). The transports pass it through.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
+
+from rlcore.refit.buckets import RefitMetadata
+
+if TYPE_CHECKING:
+    import torch
+
+    from rlcore.refit.collective import BroadcastGroup
+
+NamedTensors = Iterator[tuple[str, "torch.Tensor"]]
 
 #: Default bucket size; the synchronizer passes the same value to both sides.
 DEFAULT_BUCKET_BYTES = 64 << 20
 
 
 class RefitExportMixin:
-    device: Any
-    _refit_group: Any = None
+    device: torch.device
+    _refit_group: BroadcastGroup | None = None
 
-    def prepare_refit_info(self) -> dict[str, Any]:
+    def prepare_refit_info(self) -> RefitMetadata:
         raise NotImplementedError
 
-    def iter_refit_tensors(self) -> Iterator[tuple[str, Any]]:
+    def iter_refit_tensors(self) -> NamedTensors:
         raise NotImplementedError
 
     def _rank(self) -> int:
@@ -40,16 +49,16 @@ class RefitExportMixin:
 
         return dist.get_rank() if dist.is_initialized() else 0
 
-    def _refit_stream(self, changed_only: bool) -> tuple[Iterator[tuple[str, Any]], Any]:
+    def _refit_stream(self, changed_only: bool) -> tuple[NamedTensors, Callable[[], RefitMetadata]]:
         """The tensors to send and their metadata; only a LoRA worker is ever asked for ``changed_only``."""
         if not changed_only:
             return self.iter_refit_tensors(), self.prepare_refit_info
         return (
             self.iter_refit_tensors(changed_only=True),  # type: ignore[call-arg]
-            lambda: self.prepare_refit_info(changed_only=True),
-        )  # type: ignore[call-arg]
+            lambda: self.prepare_refit_info(changed_only=True),  # type: ignore[call-arg]
+        )
 
-    def _drain(self, tensors: Iterator[Any]) -> None:
+    def _drain(self, tensors: NamedTensors) -> None:
         for _ in tensors:  # take part in the gathers rank 0's iteration needs
             pass
 

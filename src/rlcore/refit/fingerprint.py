@@ -33,6 +33,15 @@ from rlcore.refit.buckets import RefitError
 if TYPE_CHECKING:
     import torch
 
+#: One tensor of an :meth:`Fingerprints.add` call: its member index, the tensor, its slices
+#: ``(stop, step, tail)`` and its position weights.
+_Entry = tuple[int, "torch.Tensor", tuple[int, int, bool], "torch.Tensor"]
+#: Per dtype and device: the sampled copies, the members they hold, and the members' position weights.
+_Group = tuple[list["torch.Tensor"], list[int], list["torch.Tensor"]]
+#: Where a tensor's elements live: its storage (None: sampled alone), dtype and device.
+_StorageKey = tuple[int | None, "torch.dtype", "torch.device"]
+
+
 #: Elements sampled between the first and the last of each tensor.
 SAMPLES = 64
 _MASK = (1 << 64) - 1
@@ -75,7 +84,7 @@ def _plan(numel: int, samples: int | None) -> tuple[int, int, bool, torch.Tensor
     return stop, step, tail, sample_indices(numel, samples) * 2 + 1
 
 
-def _gather(entries: list) -> torch.Tensor:
+def _gather(entries: list[_Entry]) -> torch.Tensor:
     """The sampled elements of ``entries`` (contiguous tensors of one storage, dtype and device), in order:
     one gather on the storage, at positions built once per layout (a bucket's offsets repeat every refit)."""
     first = entries[0][1]
@@ -113,39 +122,39 @@ class Fingerprints:
         self.samples = samples
         self._names: list[str] = []
         self._sizes: list[tuple[int, int]] = []  # (numel, element size)
-        self._groups: dict[tuple[torch.dtype, torch.device], list] = {}  # key -> [copies, members, weights]
+        self._groups: dict[tuple[torch.dtype, torch.device], _Group] = {}
 
     def add(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         import torch
 
         plan = _plan if self.samples is not None else _plan.__wrapped__  # a full pass's positions are not kept
-        by_storage: dict[tuple, list] = {}  # (storage, dtype, device) -> [(member, tensor, slices, weights)]
+        by_storage: dict[_StorageKey, list[_Entry]] = {}
         with torch.no_grad():  # views of parameters without autograd's bookkeeping
             for name, tensor in named_tensors:
                 numel = tensor.numel()
-                *slices, weights = plan(numel, self.samples)
+                stop, step, tail, positions = plan(numel, self.samples)
                 storage = tensor.untyped_storage().data_ptr() if numel and tensor.is_contiguous() else None
                 by_storage.setdefault((storage, tensor.dtype, tensor.device), []).append(
-                    (len(self._names), tensor, tuple(slices), weights)
+                    (len(self._names), tensor, (stop, step, tail), positions)
                 )
                 self._names.append(name)
                 self._sizes.append((numel, tensor.element_size()))
-            views: dict[tuple[torch.dtype, torch.device], list] = {}  # key -> [views, members, weights]
+            views: dict[tuple[torch.dtype, torch.device], _Group] = {}  # the same, views not yet copied
             for (storage, dtype, device), entries in by_storage.items():
-                copies_members_weights = self._groups.setdefault((dtype, device), [[], [], []])
+                copies_members_weights = self._groups.setdefault((dtype, device), ([], [], []))
                 if storage is not None and len(entries) > 1 and self.samples is not None:
                     copies_members_weights[0].append(_gather(entries))  # the copy, in one call
                     target = copies_members_weights
                 else:
-                    target = views.setdefault((dtype, device), [[], [], []])
+                    target = views.setdefault((dtype, device), ([], [], []))
                     for _, tensor, (stop, step, tail), _ in entries:
                         flat = tensor.reshape(-1)
                         target[0].append(flat[:stop:step])
                         if tail:
                             target[0].append(flat[-1:])
-                for member, _, _, weights in entries:
+                for member, _, _, member_weights in entries:
                     target[1].append(member)
-                    target[2].append(weights)
+                    target[2].append(member_weights)
             for key, (parts, members, weights) in views.items():  # the copy: views of a buffer reused next
                 copies_members_weights = self._groups[key]
                 copies_members_weights[0].append(torch.cat(parts))
@@ -194,7 +203,7 @@ class SentBytes(int):
         obj.fingerprints = dict(fingerprints)
         return obj
 
-    def __reduce__(self) -> tuple:
+    def __reduce__(self) -> tuple[type[SentBytes], tuple[int, dict[str, int]]]:
         return SentBytes, (int(self), self.fingerprints)
 
 
@@ -218,7 +227,7 @@ def check_fingerprints(
 
 def verify_engines(
     sent: Mapping[str, int] | Sequence[Mapping[str, int]],
-    reports: Iterable[Mapping],
+    reports: Iterable[Mapping[str, object]],
     *,
     version: int,
     bucket_of: Mapping[str, int] | None = None,
@@ -239,5 +248,8 @@ def verify_engines(
             raise RefitError(
                 f"refit verification failed: {engine} holds weight_version {held_version}, expected {version}"
             )
-        check_fingerprints(expected, report.get("fingerprints", {}), engine=engine, bucket_of=bucket_of)
+        held = report.get("fingerprints", {})
+        if not isinstance(held, Mapping):
+            raise RefitError(f"refit verification failed: {engine} reports fingerprints {held!r}, not a mapping")
+        check_fingerprints(expected, held, engine=engine, bucket_of=bucket_of)
     return version

@@ -41,7 +41,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from multiprocessing import AuthenticationError
 from multiprocessing.connection import Client, Connection, answer_challenge, deliver_challenge
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypeAlias, TypedDict
 
 from rlcore.refit.buckets import (
     LoadFn,
@@ -61,25 +61,41 @@ if TYPE_CHECKING:
     import torch
 
 
-def _send(conn: Connection, **message: Any) -> None:
+#: The refit socket: raw bytes both ways (JSON messages, then buffers by descriptor or handle).
+_Conn: TypeAlias = "Connection[object, object]"
+
+
+class _Message(TypedDict, total=False):
+    """One JSON message between a sender and a receiver: its ``type`` and that type's fields."""
+
+    type: str  # hello (no type), ready, bucket, free, done, ok, error
+    message: str  # error
+    metadata: dict[str, tuple[list[int], str]]  # hello: the RefitMetadata, shapes as JSON lists
+    bucket_bytes: int  # hello
+    buffers: list[str]  # hello: each buffer's handle ("fd", or a CUDA IPC handle)
+    index: int  # bucket
+    buffer: int  # bucket, free: which buffer
+
+
+def _send(conn: _Conn, **message: object) -> None:
     conn.send_bytes(json.dumps(message).encode())
 
 
-def _recv(conn: Connection, timeout_s: float) -> dict[str, Any]:
+def _recv(conn: _Conn, timeout_s: float) -> _Message:
     if not conn.poll(timeout_s):
         raise RefitError(f"refit peer sent nothing for {timeout_s:.0f}s")
-    message = json.loads(conn.recv_bytes())
+    message: _Message = json.loads(conn.recv_bytes())
     if message.get("type") == "error":
         raise RefitError(f"refit peer failed: {message['message']}")
     return message
 
 
-def _send_fds(conn: Connection, fds: list[int]) -> None:
+def _send_fds(conn: _Conn, fds: list[int]) -> None:
     with socket.fromfd(conn.fileno(), socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         socket.send_fds(sock, [b"F"], fds)
 
 
-def _recv_fds(conn: Connection, count: int, timeout_s: float) -> list[int]:
+def _recv_fds(conn: _Conn, count: int, timeout_s: float) -> list[int]:
     if not conn.poll(timeout_s):
         raise RefitError(f"refit peer sent no buffers for {timeout_s:.0f}s")
     with socket.fromfd(conn.fileno(), socket.AF_UNIX, socket.SOCK_STREAM) as sock:
@@ -140,6 +156,8 @@ class _SharedBuffer:
             from rlcore.refit.cuda_ipc import open_handle
 
             return cls(open_handle(handle), handle)
+        if fd is None:
+            raise RefitError("a shared-memory buffer arrived without its descriptor")
         try:
             mapping = mmap.mmap(fd, os.fstat(fd).st_size)
         finally:
@@ -147,7 +165,7 @@ class _SharedBuffer:
         return cls(torch.frombuffer(mapping, dtype=torch.uint8), handle, mapping)
 
     def close(self) -> None:
-        self.tensor = None  # the torch view must go before the mapping can close
+        self.tensor = None  # type: ignore[assignment]  # the torch view must go before the mapping can close
         if self._mapping is not None:
             self._mapping.close()
             self._mapping = None
@@ -191,7 +209,7 @@ class ShmReceiver:
         self._socket.bind(self.address)
         self._socket.listen(4)
 
-    def _accept(self, timeout_s: float) -> Connection:
+    def _accept(self, timeout_s: float) -> _Conn:
         """The first peer of this user that knows the key; others are dropped. Never waits past the deadline."""
         deadline = time.monotonic() + timeout_s
         while (left := deadline - time.monotonic()) > 0:

@@ -14,14 +14,59 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Protocol, TypedDict, cast
 
-from rlcore.refit.buckets import RefitError
+from rlcore.refit.buckets import RefitError, RefitMetadata
 from rlcore.refit.export import DEFAULT_BUCKET_BYTES
 
+if TYPE_CHECKING:
+    from ray import ObjectRef
 
-def _wait(parts: list[tuple[Any, list[Any]]], what: str) -> list[list[Any]]:
+    from rlcore.refit.fingerprint import SentBytes
+
+    #: What a worker group's remote calls return: one future per worker.
+    Futures = Sequence[ObjectRef[object]]
+
+
+class _Part(TypedDict, total=False):
+    changed_only: bool  # a LoRA refit after the first: only the adapted layers
+
+
+class RefitSource(Protocol):
+    """The training side of a refit, as the synchronizer calls it (``rlcore.policy.Policy``)."""
+
+    def prepare_refit_info(self, changed_only: bool = False) -> RefitMetadata | None: ...
+    def init_collective(self, ip: str, port: int, world_size: int, *, train_world_size: int) -> Futures: ...
+    def stream_weights_via_ipc_zmq(
+        self, *, endpoints: dict[int, tuple[str, bytes]], bucket_bytes: int, changed_only: bool = False
+    ) -> Futures: ...
+    def broadcast_weights_for_collective(self, *, bucket_bytes: int, changed_only: bool = False) -> Futures: ...
+    def save_lora_adapter(self, path: str) -> None: ...
+
+
+class RefitTarget(Protocol):
+    """The generation side of a refit, as the synchronizer calls it (a ``GenerationInterface`` that can be refit;
+    ``set_weight_version`` is optional)."""
+
+    def prepare_refit_info(self, state_dict_info: RefitMetadata | None, partial: bool = False) -> None: ...
+    def refit_endpoints(self) -> dict[int, tuple[str, bytes]]: ...
+    def update_weights_via_ipc_zmq(self, bucket_bytes: int) -> Futures: ...
+    def refit_world_size(self) -> int: ...
+    def init_collective(self, ip: str, port: int, world_size: int, *, train_world_size: int) -> Futures: ...
+    def update_weights_from_collective(self, bucket_bytes: int) -> Futures: ...
+    def weight_fingerprints(self) -> Sequence[Mapping[str, object]]: ...
+    def load_lora_adapter(self, path: str, version: int) -> None: ...
+
+
+class MasterAddress(Protocol):
+    """Where the collective group meets (the run's cluster: ``rlcore.distributed.RayVirtualCluster``)."""
+
+    def get_master_address_and_port(self) -> tuple[str, int]: ...
+
+
+def _wait(parts: list[tuple[object, Futures]], what: str) -> list[list[object]]:
     """Results of each ``(owner, refs)`` part; on the first failure a :class:`RefitError` naming the worker.
 
     Both sides of a refit fail together (a dead engine breaks its sender's socket, a dead sender
@@ -31,7 +76,8 @@ def _wait(parts: list[tuple[Any, list[Any]]], what: str) -> list[list[Any]]:
     import ray
 
     owner_of = {ref: (owner, rank) for owner, refs in parts for rank, ref in enumerate(refs)}
-    pending, failures = list(owner_of), []
+    pending = list(owner_of)
+    failures: list[tuple[ObjectRef[object], BaseException]] = []
     while pending and not failures:
         ready, pending = ray.wait(pending, num_returns=1)
         failures += _failure(ready[0])
@@ -48,7 +94,7 @@ def _wait(parts: list[tuple[Any, list[Any]]], what: str) -> list[list[Any]]:
     return [ray.get(refs) for _, refs in parts]
 
 
-def _failure(ref: Any) -> list[tuple[Any, BaseException]]:
+def _failure(ref: ObjectRef[object]) -> list[tuple[ObjectRef[object], BaseException]]:
     import ray
 
     try:
@@ -84,11 +130,11 @@ class WeightSynchronizer:
 
     def __init__(
         self,
-        policy: Any,
-        generation: Any,
+        policy: RefitSource,
+        generation: RefitTarget,
         *,
         colocated: bool,
-        cluster: Any = None,
+        cluster: MasterAddress | None = None,
         transport: str = "auto",
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
         partial_refit: bool = False,
@@ -111,7 +157,7 @@ class WeightSynchronizer:
         self.scratch_dir = scratch_dir
         self._adapter_root: Path | None = None
         self._adapter_version = 0
-        self.metadata: dict[str, Any] | None = None
+        self.metadata: RefitMetadata | None = None
         self._group_ready = False
         self._synced_once = False
         self._partial_plan = False
@@ -138,6 +184,7 @@ class WeightSynchronizer:
     def _init_group(self) -> None:
         if self._group_ready:
             return
+        assert self.cluster is not None  # __init__ refuses the collective transport without one
         ip, port = self.cluster.get_master_address_and_port()
         world_size = 1 + self.generation.refit_world_size()
         _wait(
@@ -164,13 +211,13 @@ class WeightSynchronizer:
         self.stale = True
         version = self._first_version if self.weight_version is None else self.weight_version + 1
         if self.adapter_refit:
-            sent = self._hand_over_adapters()
+            written = self._hand_over_adapters()
             self._publish(version)
             self.stale = False
-            return {"bytes": float(sent), "seconds": time.perf_counter() - start, "weight_version": float(version)}
+            return {"bytes": float(written), "seconds": time.perf_counter() - start, "weight_version": float(version)}
         changed_only = self._changed_only()
         self._exchange_metadata(changed_only)
-        part = {"changed_only": True} if changed_only else {}
+        part: _Part = {"changed_only": True} if changed_only else {}
         if self.transport == "shared_memory":
             endpoints = self.generation.refit_endpoints()  # before the receivers block their engines
             receivers = self.generation.update_weights_via_ipc_zmq(bucket_bytes=self.bucket_bytes)
@@ -183,7 +230,8 @@ class WeightSynchronizer:
             receivers = self.generation.update_weights_from_collective(bucket_bytes=self.bucket_bytes)
             senders = self.policy.broadcast_weights_for_collective(bucket_bytes=self.bucket_bytes, **part)
             feeders = None  # every engine is fed by training rank 0
-        sent, _ = _wait([(self.policy, senders), (self.generation, receivers)], "refit")
+        results, _ = _wait([(self.policy, senders), (self.generation, receivers)], "refit")
+        sent = cast("list[int]", results)  # bytes per training rank (SentBytes from RefitExportMixin)
         self._publish(version)
         verified, verify_seconds = 0, 0.0
         if self.verify:
@@ -210,7 +258,7 @@ class WeightSynchronizer:
             pass
         self.weight_version = version
 
-    def _verify(self, sent: list[Any], feeders: list[int] | None, version: int) -> int:
+    def _verify(self, sent: list[int], feeders: list[int] | None, version: int) -> int:
         """Compare what each engine reports holding with what its training rank sent (one line on a mismatch);
         returns the tensors compared per engine (0: not verified)."""
         from rlcore.refit.fingerprint import verify_engines
@@ -229,7 +277,9 @@ class WeightSynchronizer:
         if self._sent is None or len(self._sent) != len(fed):
             self._sent = [{} for _ in fed]
         for held, new in zip(self._sent, fed):
-            held.update(new.fingerprints)  # a partial refit (LoRA) sends a part; the rest stays as last sent
+            held.update(
+                cast("SentBytes", new).fingerprints
+            )  # a partial refit (LoRA) sends a part; the rest stays as last sent
         verify_engines(self._sent, reports, version=version)
         return min((len(s) for s in self._sent), default=0)
 

@@ -6,13 +6,18 @@ a config, and shards data over the data-parallel ranks that are left.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, cast
+
 from rlcore.plugins import LayoutRequest, ParallelLayout
+
+if TYPE_CHECKING:
+    from rl_dtensor.config import DTensorConfig
 
 _D = "policy.dtensor_cfg."
 
 
 def parallel_layout(request: LayoutRequest) -> ParallelLayout:
-    d = request.section
+    d = cast("DTensorConfig", request.section)  # policy.dtensor_cfg, validated with the spec's config_class
     if d.context_parallel_size > 1 and not request.use_gpu:
         raise ValueError(
             f"{_D}context_parallel_size: is {d.context_parallel_size} but cluster.use_gpu is false; "

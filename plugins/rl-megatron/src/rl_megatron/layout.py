@@ -8,13 +8,18 @@ checks that megatron placed them so.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, cast
+
 from rlcore.plugins import LayoutRequest, ParallelLayout
+
+if TYPE_CHECKING:
+    from rl_megatron.config import MegatronConfig
 
 _M = "policy.megatron_cfg."
 
 
 def parallel_layout(request: LayoutRequest) -> ParallelLayout:
-    m = request.section  # policy.megatron_cfg, validated with rl_megatron.config.MegatronConfig
+    m = cast("MegatronConfig", request.section)  # policy.megatron_cfg, validated with the spec's config_class
     if m.context_parallel_size > 1 and not request.use_gpu:
         raise ValueError(
             f"{_M}context_parallel_size: is {m.context_parallel_size} but cluster.use_gpu is false; "
