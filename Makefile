@@ -32,10 +32,12 @@ run: install
 test: install
 	$(PY) -m pytest -q
 
-# Style and types: ruff's linter and formatter over the whole tree (pyproject.toml [tool.ruff]).
+# Style and types: ruff's linter and formatter over the whole tree (pyproject.toml [tool.ruff]), then mypy over
+# src/ and plugins/*/src (pyproject.toml [tool.mypy]: the interfaces, plugin specs and refit checked strictly).
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 
 clean:
 	rm -rf $(VENV)
