@@ -299,3 +299,22 @@ def test_a_step_on_fewer_rows_is_the_masked_whole_batch_s_update():
     assert torch.allclose(run.policy.weight.detach(), ref_weight, atol=1e-6, rtol=0)
     assert few_loss == pytest.approx(masked_loss, rel=1e-6)
     assert not torch.allclose(few_weight, weight)  # it did train
+
+
+def test_ahead_generates_through_the_asynchronous_calls():
+    """A loop that generates ahead of training (asynchronous GRPO's rollout thread) submits and collects."""
+    run = recording_run(stale=False)
+    engines = run.generation
+
+    def generate_async(batch: Any, greedy: bool = False) -> tuple[str, Any]:
+        engines.note(f"generate_async(greedy={greedy})")
+        return ("handle", batch)
+
+    def collect(handle: tuple[str, Any]) -> Any:
+        engines.note("collect")
+        return engines.engine(handle[1])
+
+    engines.generate_async, engines.collect = generate_async, collect
+    rollout = sample_and_score(run, Timer(), repeat=2, ahead=True)
+    assert run.calls == ["generation.generate_async(greedy=False)", "generation.collect", "environment.step"]
+    assert rollout.rewards.tolist() == [1.0, 1.0, 1.0, 1.0]
