@@ -24,8 +24,11 @@ RECORD_ENV = "RLCORE_GPU_RECORD"  # tests/support/support_gpu.py appends measure
 
 
 def gpu_test_files(root: Path = ROOT) -> list[Path]:
-    """Test files that use the ``gpu`` marker, under ``tests/`` and ``plugins/*/tests/``."""
-    candidates = [*sorted((root / "tests").glob("test_*.py")), *sorted(root.glob("plugins/*/tests/test_*.py"))]
+    """Test files that use the ``gpu`` marker, under ``tests/`` (its package folders, not the fixture plugins)
+    and ``plugins/*/tests/``."""
+    tests = root / "tests"
+    own = [p for p in sorted(tests.glob("**/test_*.py")) if "fixtures" not in p.relative_to(tests).parts]
+    candidates = [*own, *sorted(root.glob("plugins/*/tests/test_*.py"))]
     return [p for p in candidates if GPU_MARK.search(p.read_text(encoding="utf-8", errors="replace"))]
 
 
