@@ -80,6 +80,41 @@ def test_missing_file_and_unknown_format(tmp_path):
         read_rows(tmp_path / "d.txt")
 
 
+def test_a_fifo_or_socket_is_refused_in_one_line_without_being_opened(tmp_path):
+    """Opening a FIFO waits for a writer (forever, and before Ray a first SIGINT was lost in it): it is named for
+    what it is from its status, never opened, as a data file and as a prompt file."""
+    import os
+    import socket
+    import threading
+
+    fifo = tmp_path / "rows.jsonl"
+    os.mkfifo(fifo)
+    done = threading.Event()
+
+    def read() -> None:
+        with pytest.raises(DataError) as err:
+            read_rows(fifo)
+        assert str(err.value) == (
+            f"{fifo}: is a FIFO (named pipe), not a regular file; reading it could wait forever for a writer: give "
+            "a data file (.jsonl, .json, .parquet, .csv) or a directory written by datasets' save_to_disk"
+        )
+        with pytest.raises(DataError) as err:
+            SampleBuilder(_cfg(prompt_file=str(fifo)).data)
+        assert (
+            str(err.value) == f"data.prompt_file: {fifo} is a FIFO (named pipe), not a regular file; give a text file"
+        )
+        done.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(timeout=30)
+    assert done.is_set(), "the FIFO was opened: the reader is blocked waiting for a writer"
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.bind(str(tmp_path / "rows.csv"))
+        with pytest.raises(DataError, match=r"rows.csv: is a socket, not a regular file"):
+            read_rows(tmp_path / "rows.csv")
+
+
 def _cfg(**data):
     return load_config_dict(
         {"data": {"train": {"path": "unused.jsonl"}, "input_key": "problem", "output_key": "answer", **data}}

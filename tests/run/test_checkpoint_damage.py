@@ -64,6 +64,17 @@ def test_a_damaged_state_json_is_one_line_naming_the_file_and_what_to_do(run: An
     assert resume_refusals(run) == [] and latest_checkpoint(run) == steps(run) / "step_000000"
 
 
+def test_a_state_json_whose_step_is_not_its_directory_s_is_refused(run: Any) -> None:
+    """``{"step": 10**30}`` in step_000001 resumed, trained nothing and exited 0: the step a checkpoint says
+    must be the one its directory names."""
+    state = steps(run) / "step_000001" / "state.json"
+    state.write_text(json.dumps({"step": 10**30, "data": {"next_batch": 2}}))
+    why = f"holds step {10**30}, but its directory is step_000001 (step 1)"
+    assert resume_refusals(run) == [f"--resume: {state}: damaged, {why}; {ADVICE.format(step='step_000001')}"]
+    state.write_text(json.dumps({"step": 1, "data": {"next_batch": 2}}))
+    assert resume_refusals(run) == []
+
+
 def test_an_older_damaged_state_json_is_found_too(run: Any) -> None:
     """The run reads every step's state.json when it saves (which checkpoints to keep)."""
     state = steps(run) / "step_000000" / "state.json"

@@ -281,3 +281,87 @@ def test_rlcore_run_of_dpo_yaml_after_sft_yaml_refuses_in_one_line_before_ray(
     assert took < BEFORE_RAY_S, took
     assert fingerprint(tmp_path / "logs") == before
     assert not (tmp_path / "logs-dpo").exists()
+
+
+#: Each contender: wait for the go file, try to hold the directory, say which, keep it a moment.
+CONTENDER = """
+import os, sys, time
+from pathlib import Path
+from rlcore.run.ownership import OutputDirLock, OutputDirTaken
+out, go = Path(sys.argv[1]), Path(sys.argv[2])
+print("ready", flush=True)
+while not go.exists():
+    time.sleep(0.0005)
+try:
+    with OutputDirLock(out):
+        print("won", flush=True)
+        time.sleep(0.5)
+except OutputDirTaken as exc:
+    print("refused:", exc, flush=True)
+"""
+
+
+def test_two_runs_released_together_into_one_directory_exactly_one_proceeds(tmp_path: Path) -> None:
+    """20 times: two processes released by one file into a directory that does not exist yet; one holds it,
+    the other is refused in one line (the check and the claim cannot interleave: the hold is a lock)."""
+    tallies = []
+    for trial in range(20):
+        out, go = tmp_path / f"run{trial}" / "out", tmp_path / f"go{trial}"
+        procs = [
+            subprocess.Popen([sys.executable, "-c", CONTENDER, str(out), str(go)], stdout=subprocess.PIPE, text=True)
+            for _ in range(2)
+        ]
+        assert all(p.stdout.readline().strip() == "ready" for p in procs)
+        go.touch()
+        said = sorted(p.communicate(timeout=30)[0].strip() for p in procs)
+        tallies.append(said[1] == "won" and said[0].startswith("refused:"))
+        assert said[0] == (
+            f"refused: logger.output_dir: {out} is being written by another rlcore run right now; wait for it to "
+            f"end, or write this run to a fresh directory (-o logger.output_dir={out}-new)"
+        ), said
+    assert tallies == [True] * 20
+
+
+def test_a_held_directory_lets_go_when_its_run_ends_however(tmp_path: Path) -> None:
+    from rlcore.run.ownership import OutputDirLock
+
+    out = tmp_path / "out"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", CONTENDER.replace("time.sleep(0.5)", "time.sleep(600)"), str(out), str(tmp_path)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert holder.stdout.readline().strip() == "ready" and holder.stdout.readline().strip() == "won"
+    with pytest.raises(OutputDirTaken, match="is being written by another rlcore run right now"):
+        OutputDirLock(out)
+    holder.kill()  # SIGKILL: no cleanup runs, the kernel drops the lock with the process
+    holder.wait()
+    with OutputDirLock(out) as lock:
+        assert lock.path == out
+    assert sorted(p.name for p in out.iterdir()) == []  # the hold leaves no file behind
+
+
+def test_rlcore_run_into_a_directory_another_run_holds_is_one_line_before_ray(
+    tmp_path: Path, tiny_model_dir: str
+) -> None:
+    from rlcore.run.ownership import OutputDirLock
+
+    chat, _ = data_files(tmp_path)
+    out = tmp_path / "held"
+    with OutputDirLock(out):
+        proc, took = rlcore_without_ray(
+            tmp_path,
+            str(REPO / "examples" / "sft_tiny.yaml"),
+            "-o",
+            f"logger.output_dir={out}",
+            "-o",
+            f"policy.model_name={tiny_model_dir}",
+        )
+    lines = [ln for ln in proc.stderr.splitlines() if not ln.startswith(("notice:", "ignored:"))]
+    assert proc.returncode == 1, proc.stderr
+    assert lines == [
+        f"logger.output_dir: {out} is being written by another rlcore run right now; wait for it to end, or "
+        f"write this run to a fresh directory (-o logger.output_dir={out}-new)"
+    ], proc.stderr
+    assert took < BEFORE_RAY_S, took
+    assert list(out.iterdir()) == []

@@ -184,6 +184,28 @@ def test_resume_check_finds_a_shard_cut_short_or_missing(tmp_path: Path) -> None
     ]
 
 
+def test_resume_check_finds_a_shard_replaced_by_another_file_of_the_same_size(tmp_path: Path) -> None:
+    """A ``.distcp`` replaced by a same-size pickle was read only by the workers, after Ray started ("Unsupported
+    operand 0"); every item DCP places in a shard starts as a ``torch.save`` archive, which the driver checks."""
+    import pickle
+
+    import torch.distributed.checkpoint as dcp
+
+    from rlcore.run.checkpoints import state_file_problems
+
+    step = tmp_path / "step_000003"
+    state = {"a": torch.arange(6.0).reshape(2, 3), "opt": {"step": 3, "lr": 0.1}}
+    dcp.save(state, storage_writer=dcp.FileSystemWriter(step / "optimizer"), no_dist=True)
+    (shard,) = (step / "optimizer").glob("*.distcp")
+    size = shard.stat().st_size
+    payload = pickle.dumps({"a": list(range(6))}, protocol=2)
+    shard.write_bytes(payload + b"\0" * (size - len(payload)))
+    assert state_file_problems(step) == [
+        f"optimizer/{shard.name}: damaged, the item optimizer/.metadata places at byte 0 is not a torch.save "
+        "archive (replaced by another file)"
+    ]
+
+
 def test_torch_load_sets_aside_globals_other_libraries_registered(tmp_path: Path) -> None:
     """megatron-core registers e.g. ``argparse.Namespace`` process-wide; a checkpoint gets torch's list only."""
     import argparse

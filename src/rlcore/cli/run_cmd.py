@@ -8,6 +8,7 @@ backends (:func:`rlcore.config.resolve`), runs the preflight (:func:`rlcore.pref
 
 from __future__ import annotations
 
+import contextlib
 import json
 import tempfile
 from pathlib import Path
@@ -78,15 +79,17 @@ def _summary_line(resolved: Any, data: Any, log_dir: Path, verbose: bool) -> str
 
 def _prepare(
     config: Path | None, override: list[str], resume: bool, source: ConfigSource, nemo_overrides: list[str] | None
-) -> tuple[Any, Any, Any]:
-    """The config resolved and checked, its tokenizer and its data, or one line per problem and exit 1: all
-    before Ray starts and before anything is written."""
+) -> tuple[Any, Any, Any, Any]:
+    """The config resolved and checked, its tokenizer, its data and the hold on its output directory
+    (:class:`rlcore.run.ownership.OutputDirLock`, or None when the directory cannot be created), or one line per
+    problem and exit 1: all before Ray starts and before anything is written."""
     from rlcore.config import ConfigError, resolve
     from rlcore.datasets import DataError
     from rlcore.distributed.startup_signals import signal_self_at
     from rlcore.preflight import preflight, problem_lines
     from rlcore.preflight.user_code import import_from_working_directory
     from rlcore.run.build import load_run_data
+    from rlcore.run.ownership import OutputDirLock, OutputDirTaken
     from rlcore.run.prompts import load_tokenizer
     from rlcore.run.train import output_dir_problems, resume_refusals
 
@@ -115,9 +118,17 @@ def _prepare(
         data = load_run_data(cfg, tokenizer)  # so does a bad row, a missing file or a prompt too long
     except DataError as exc:
         _fail([f"error: {exc}"])
+    try:  # from here until the run ends, a second run into the same directory is refused
+        hold = OutputDirLock(Path(cfg.logger.output_dir))
+    except OutputDirTaken as exc:
+        _fail([str(exc)])
+    except OSError:
+        hold = None  # it cannot be created: output_dir_problems says why
     if problems := output_dir_problems(cfg, resume):  # another run's results, or unwritable (created here, last)
+        if hold is not None:
+            hold.release()
         _fail(problems)
-    return resolved, data, tokenizer
+    return resolved, data, tokenizer, hold
 
 
 def run(
@@ -150,7 +161,7 @@ def run(
     early = StopOnSignals()  # a signal while the run is being prepared: one line, nothing written
     try:
         with early:
-            resolved, data, tokenizer = _prepare(config, override, resume, source, nemo_overrides)
+            resolved, data, tokenizer, hold = _prepare(config, override, resume, source, nemo_overrides)
     except BaseException as exc:  # noqa: BLE001 - a stop, or what a stop inside an import turned into
         if (stop := early.stop_behind(exc)) is None:
             raise
@@ -163,7 +174,7 @@ def run(
     typer.echo(_summary_line(resolved, data, log_dir, verbose), err=True)
     signals = StopOnSignals()
     try:
-        with quiet_output(log_dir, verbose) as terminal, signals:
+        with hold or contextlib.nullcontext(), quiet_output(log_dir, verbose) as terminal, signals:
             summary = train(
                 resolved, resume=resume, signals=signals, progress_file=terminal, data=data, tokenizer=tokenizer
             )

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import json
+import stat
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,11 @@ def read_rows(path: str | Path, split: str | None = None) -> Sequence[dict[str, 
     path = Path(path).expanduser()
     if not path.exists():
         raise DataError(f"{path}: no such file or directory")
+    if (kind := special_file_kind(path)) is not None:
+        raise DataError(
+            f"{path}: is {kind}, not a regular file; reading it could wait forever for a writer: give a data file "
+            "(.jsonl, .json, .parquet, .csv) or a directory written by datasets' save_to_disk"
+        )
     if path.is_dir():
         rows = _read_datasets_dir(path, split)
     else:
@@ -40,6 +46,21 @@ def read_rows(path: str | Path, split: str | None = None) -> Sequence[dict[str, 
     if len(rows) == 0:
         raise DataError(f"{path}{f' (split {split})' if split else ''}: no rows")
     return rows
+
+
+def special_file_kind(path: Path) -> str | None:
+    """What ``path`` is when it is neither a regular file nor a directory (``'a FIFO (named pipe)'``), read from
+    its status without opening it: opening a FIFO blocks until a writer comes."""
+    mode = path.stat().st_mode
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        return None
+    kinds = {
+        stat.S_ISFIFO: "a FIFO (named pipe)",
+        stat.S_ISSOCK: "a socket",
+        stat.S_ISCHR: "a character device",
+        stat.S_ISBLK: "a block device",
+    }
+    return next((name for test, name in kinds.items() if test(mode)), "a special file")
 
 
 def _row(path: Path, number: int, value: Any) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rlcore.datasets.files import DataError
+from rlcore.datasets.files import DataError, special_file_kind
 from rlcore.interfaces.environment import Message
 
 _ROLES = ("system", "user", "assistant", "environment", "tool")
@@ -45,6 +45,8 @@ class Sample:
 
 def _read_setting(path: str, setting: str) -> str:
     try:
+        if (kind := special_file_kind(Path(path))) is not None:
+            raise DataError(f"data.{setting}: {path} is {kind}, not a regular file; give a text file")
         return Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise DataError(f"data.{setting}: cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from None

@@ -132,7 +132,18 @@ def read_state(directory: str | Path) -> dict[str, Any]:
     step = state.get("step") if isinstance(state, dict) else None
     if not isinstance(step, int) or isinstance(step, bool) or step < 0:
         raise DamagedCheckpoint(_damaged(path, 'holds no step number (a JSON object with "step": N is expected)'))
+    named = _directory_step(path.parent)
+    if named is not None and named != step:
+        raise DamagedCheckpoint(
+            _damaged(path, f"holds step {step}, but its directory is {path.parent.name} (step {named})")
+        )
     return state
+
+
+def _directory_step(directory: Path) -> int | None:
+    """The step a ``step_NNNNNN`` directory's name says (None for another name, e.g. a link's target)."""
+    digits = directory.name.removeprefix("step_")
+    return int(digits) if directory.name.startswith("step_") and digits.isdigit() else None
 
 
 def _damaged(path: Path, why: str) -> str:
@@ -194,8 +205,10 @@ def shard_problems(metadata: Any, directory: Path, step_dir: Path) -> list[str]:
     """The DCP shard files ``metadata`` places data in: each must exist and hold every byte range it names
     (a truncated or replaced ``.distcp`` is found here, not as an ``EOFError`` inside a worker)."""
     needed: dict[str, int] = {}
+    offsets: dict[str, set[int]] = {}
     for info in metadata.storage_data.values():
         needed[info.relative_path] = max(needed.get(info.relative_path, 0), info.offset + info.length)
+        offsets.setdefault(info.relative_path, set()).add(info.offset)
     problems = []
     for file, end in sorted(needed.items()):
         path = directory / file
@@ -208,7 +221,28 @@ def shard_problems(metadata: Any, directory: Path, step_dir: Path) -> list[str]:
                 f"{name}: damaged, {size} bytes where {path.parent.name}/.metadata places data up to "
                 f"byte {end} (truncated or replaced)"
             )
+        elif (offset := _foreign_item(path, offsets[file])) is not None:
+            problems.append(
+                f"{name}: damaged, the item {path.parent.name}/.metadata places at byte {offset} is not a "
+                "torch.save archive (replaced by another file)"
+            )
     return problems
+
+
+#: The first bytes of every item torch's DCP file writer stores: a ``torch.save`` zip archive (tensors and
+#: pickled objects alike).
+_ZIP_MAGIC = b"PK\x03\x04"
+
+
+def _foreign_item(path: Path, offsets: set[int]) -> int | None:
+    """The first offset in ``path`` where the item DCP's metadata places there does not start as a
+    ``torch.save`` archive does, or None (a few bytes read per item; the workers read the rest)."""
+    with open(path, "rb") as f:
+        for offset in sorted(offsets):
+            f.seek(offset)
+            if f.read(len(_ZIP_MAGIC)) != _ZIP_MAGIC:
+                return offset
+    return None
 
 
 def latest_step(root: str | Path) -> tuple[int, Path] | None:

@@ -29,6 +29,57 @@ class OutputDirTaken(RunError):
     """``logger.output_dir`` holds another run's results (or, with ``--resume``, another algorithm's run)."""
 
 
+class OutputDirLock:
+    """An exclusive hold on ``logger.output_dir`` for as long as one run writes it: an advisory ``flock`` on the
+    directory itself, so two runs started at the same moment cannot both pass the ownership check (the loser
+    is refused in one line), and a run that dies, however, lets go with its process (no stale lock file).
+
+    Holds nest within a process (``rlcore run`` holds the directory from its checks on, and :func:`train`
+    holds it again): only the outermost takes and drops the lock."""
+
+    def __init__(self, out: Path) -> None:
+        import fcntl
+
+        out.mkdir(parents=True, exist_ok=True)
+        self.path = out
+        self._key = os.path.realpath(out)
+        self._held = False
+        if self._key not in _HELD:
+            fd = os.open(out, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                raise OutputDirTaken(
+                    f"logger.output_dir: {out} is being written by another rlcore run right now; wait for it to "
+                    f"end, or write this run to a fresh directory (-o logger.output_dir={fresh_directory(out, 'new')})"
+                ) from None
+            _HELD[self._key] = [fd, 0]
+        _HELD[self._key][1] += 1
+        self._held = True
+
+    def release(self) -> None:
+        """Let the directory go (the outermost hold closes the descriptor, which drops the lock)."""
+        if not self._held:
+            return
+        self._held = False
+        entry = _HELD[self._key]
+        entry[1] -= 1
+        if entry[1] == 0:
+            del _HELD[self._key]
+            os.close(entry[0])
+
+    def __enter__(self) -> OutputDirLock:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+#: The directories this process holds: ``{real path: [descriptor, holds]}``.
+_HELD: dict[str, list[int]] = {}
+
+
 def config_hash(cfg: Any) -> str:
     """A short hash of the resolved config, its output directory left out (the same config elsewhere hashes
     the same)."""
@@ -141,6 +192,7 @@ def fresh_directory(out: Path, suffix: str) -> Path:
 
 __all__ = [
     "MARKER",
+    "OutputDirLock",
     "OutputDirTaken",
     "config_hash",
     "fresh_directory",

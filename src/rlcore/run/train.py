@@ -159,6 +159,24 @@ def train(
     one another algorithm's run (:class:`rlcore.run.ownership.OutputDirTaken`); the run marks the directory its
     own (:data:`rlcore.run.ownership.MARKER`).
     """
+    from rlcore.run.ownership import OutputDirLock
+
+    resolved = config if isinstance(config, ResolvedConfig) else _resolved_with_notices(config)
+    cfg = resolved.config
+    out = Path(cfg.logger.output_dir)
+    with OutputDirLock(out):  # held until the run ends: a second run started now is refused, not interleaved
+        return _train_owned(resolved, resume, signals, progress_file, data, tokenizer)
+
+
+def _train_owned(
+    resolved: ResolvedConfig,
+    resume: bool,
+    signals: Any,
+    progress_file: Any,
+    data: Any,
+    tokenizer: Any,
+) -> dict[str, Any]:
+    """:func:`train`'s body, run while this process holds ``logger.output_dir``."""
     from rlcore.config.schemas import load_algorithm
     from rlcore.distributed.startup_signals import signal_self_at
     from rlcore.run.build import build_run, load_run_data
@@ -168,7 +186,6 @@ def train(
     from rlcore.run.prompts import load_tokenizer
     from rlcore.run.trackers import open_trackers
 
-    resolved = config if isinstance(config, ResolvedConfig) else _resolved_with_notices(config)
     cfg = resolved.config
     out = Path(cfg.logger.output_dir)
     if problems := ownership_problems(cfg, resume):  # another run's results are there: nothing of them changes
