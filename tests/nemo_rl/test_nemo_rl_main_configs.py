@@ -25,7 +25,6 @@ LOADS = {
     "grpo_math_8B_megatron.yaml",
     "grpo_math_70B_megatron.yaml",
     "grpo_math_8B_megatron_nixl.yaml",
-    "grpo_sliding_puzzle.yaml",
     "prorlv2.v2.yaml",
     "sft_openmathinstruct2.yaml",
 }
@@ -80,3 +79,20 @@ def test_a_checkpoint_metric_never_measured_is_refused_only_when_checkpoints_are
         "checkpointing.metric_name: validation/accuracy is never measured, as grpo.val_period is "
         "0 (no periodic validation); set grpo.val_period to a divisor of "
     )
+
+
+def test_a_recipe_whose_environment_is_its_task_is_refused_not_swapped_for_math():
+    """grpo_sliding_puzzle.yaml inherits grpo_math_1B's math data; its own script makes sliding puzzles instead.
+    It validated and then trained OpenMathInstruct-2 with 50 turns, its env section one ``ignored:`` line."""
+    problems = _problems(MAIN / "grpo_sliding_puzzle.yaml")
+    assert problems == [
+        "env.sliding_puzzle_game: is NeMo-RL's sliding-puzzle game (its script, examples/run_grpo_sliding_puzzle.py, "
+        "generates the puzzles and scores each move over up to grpo.max_rollout_turns turns; data.* is not read), a "
+        "task rlcore has no environment for (installed: digits, exact_match, guessing, math, python, regex); install "
+        "a plugin that registers 'sliding_puzzle_game' to run this recipe, or remove the section to train the math "
+        "task its data names"
+    ]
+    without = load_nemo_rl_config(
+        MAIN / "grpo_sliding_puzzle.yaml", [f"++data.train.data_path={ROWS}", "~env.sliding_puzzle_game"]
+    )
+    assert without.config.env.name == "math"  # the fix the line gives: the math task, as the user then chose

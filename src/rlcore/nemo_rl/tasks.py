@@ -23,6 +23,13 @@ from rlcore.plugins.unknown_names import what_to_do_about
 HUB_DATASETS: dict[str, dict[str, str]] = {name: dict(d.keys) for name, d in NAMES.items()}
 #: Environments NeMo-RL names in ``env_name`` that rlcore has, by rlcore name.
 ENVIRONMENTS = {"math": "math"}
+#: NeMo-RL environments whose section is the task itself: their run script makes the prompts and scores them, and
+#: reads none of ``data``. Without an installed environment of that name such a recipe would train another task
+#: (the inherited math data), so the section refuses the run instead of being ignored.
+TASK_ENVIRONMENTS = {
+    "sliding_puzzle_game": "NeMo-RL's sliding-puzzle game (its script, examples/run_grpo_sliding_puzzle.py, "
+    "generates the puzzles and scores each move over up to grpo.max_rollout_turns turns; data.* is not read)",
+}
 #: Keys that change nothing here, with why.
 IGNORED = {
     "max_input_seq_length": "rlcore refuses, before the run, a prompt that leaves no room for a completion within "
@@ -233,6 +240,13 @@ def _environment(env: dict[str, Any], out: Conversion) -> None:
     translated key by key, an installed plugin environment's section is its config class's to validate."""
     plugins = installed_environments()
     for name, settings in env.items():
+        if name in TASK_ENVIRONMENTS and name not in plugins:
+            out.problems.append(
+                f"env.{name}: is {TASK_ENVIRONMENTS[name]}, a task rlcore has no environment for (installed: "
+                f"{', '.join(sorted(plugins))}); install a plugin that registers '{name}' to run this recipe, "
+                "or remove the section to train the math task its data names"
+            )
+            continue
         if not isinstance(settings, dict) or (name not in ENVIRONMENTS and name not in plugins):
             out.ignored.append(
                 (
