@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import tempfile
+import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -156,23 +159,25 @@ def run(
     from rlcore.cli.errors import one_line, write_traceback
     from rlcore.run.output import quiet_output
     from rlcore.run.stopping import StopOnSignals
-    from rlcore.run.train import latest_checkpoint, resume_line
+    from rlcore.run.train import resume_line
 
-    early = StopOnSignals()  # a signal while the run is being prepared: one line, nothing written
+    line = StopLine(os.dup(2))  # a stop's one line, said once, on the terminal whatever became of stderr
+    before = "stopped by {stop} before the run started: no checkpoint was written"
+    early = StopOnSignals(force=line.forced(lambda stop: before.format(stop=stop)))
     try:
         with early:
             resolved, data, tokenizer, hold = _prepare(config, override, resume, source, nemo_overrides)
     except BaseException as exc:  # noqa: BLE001 - a stop, or what a stop inside an import turned into
         if (stop := early.stop_behind(exc)) is None:
             raise
-        typer.echo(f"stopped by {stop} before the run started: no checkpoint was written", err=True)
+        line.say(before.format(stop=stop))
         raise typer.Exit(stop.exit_code) from None
     cfg = resolved.config
     log_dir = Path(cfg.logger.output_dir) / "logs"
     if resume:
         typer.echo(resume_line(cfg), err=True)
     typer.echo(_summary_line(resolved, data, log_dir, verbose), err=True)
-    signals = StopOnSignals()
+    signals = StopOnSignals(force=line.forced(lambda stop: _stopped_line(stop, cfg)))
     try:
         with hold or contextlib.nullcontext(), quiet_output(log_dir, verbose) as terminal, signals:
             summary = train(
@@ -180,12 +185,7 @@ def run(
             )
     except BaseException as exc:  # noqa: BLE001 - a stop or a failure, each ends as one line
         if (stop := signals.stop_behind(exc)) is not None:
-            latest = latest_checkpoint(cfg)
-            typer.echo(
-                f"stopped by {stop}: "
-                + (f"resume from {latest} with --resume" if latest else "no checkpoint was written yet"),
-                err=True,
-            )
+            line.say(_stopped_line(stop, cfg))
             raise typer.Exit(stop.exit_code) from None
         if not isinstance(exc, Exception):
             raise
@@ -202,6 +202,49 @@ def run(
         )
         raise typer.Exit(1) from None
     typer.echo(json.dumps(summary))
+
+
+def _stopped_line(stop: Any, cfg: Any) -> str:
+    """``stopped by SIGTERM: resume from <checkpoint> with --resume`` (or that none was written yet)."""
+    from rlcore.run.train import latest_checkpoint
+
+    latest = latest_checkpoint(cfg)
+    return f"stopped by {stop}: " + (
+        f"resume from {latest} with --resume" if latest else "no checkpoint was written yet"
+    )
+
+
+class StopLine:
+    """The one line a stopped run says, said once: by the main thread when the stop ends gracefully, or by
+    :class:`~rlcore.run.stopping.StopOnSignals`' watchdog thread when it is forced, whichever comes first."""
+
+    def __init__(self, terminal_fd: int) -> None:
+        self._terminal_fd = terminal_fd
+        self._lock = threading.Lock()
+        self._said = False
+
+    def say(self, text: str) -> None:
+        with self._lock:
+            if not self._said:
+                self._said = True
+                os.write(self._terminal_fd, (text + "\n").encode())
+
+    def forced(self, text: Callable[[Any], str]) -> Callable[[Any], None]:
+        """What a stop that outlived its deadline does: say the line (unless said), hand the private Ray to its
+        reaper without waiting on Ray or on the reaper, and end the process with the signal's exit code. The
+        checkpoints on disk are whole: each is published by a rename, and one being written was let finish
+        (or a second signal gave it up)."""
+
+        def force(stop: Any) -> None:
+            from rlcore.distributed.ray_runtime import abandon_private_ray
+
+            try:
+                self.say(text(stop))
+                abandon_private_ray(timeout_s=None)
+            finally:
+                os._exit(stop.exit_code)
+
+        return force
 
 
 __all__ = ["run", "train"]

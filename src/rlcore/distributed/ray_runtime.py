@@ -12,6 +12,7 @@ temp directory when that process exits, however it exits (design.md §2.9).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -20,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -81,16 +83,18 @@ def _start_private(ray: Any, num_cpus: int | None, num_gpus: int | None, log_to_
     sigterm_handler = signal.getsignal(signal.SIGTERM)
     try:
         signal_self_at("ray_start")
-        ray.init(
-            address="local",
-            num_cpus=max(num_cpus or 0, os.cpu_count() or 1),
-            num_gpus=num_gpus,
-            _node_ip_address="127.0.0.1",
-            include_dashboard=False,
-            _temp_dir=temp_dir,
-            namespace="rlcore",
-            log_to_driver=log_to_driver,
-        )
+        with _keeping_our_sigterm_handler():
+            ray.init(
+                address="local",
+                num_cpus=max(num_cpus or 0, os.cpu_count() or 1),
+                num_gpus=num_gpus,
+                _node_ip_address="127.0.0.1",
+                include_dashboard=False,
+                _temp_dir=temp_dir,
+                namespace="rlcore",
+                log_to_driver=log_to_driver,
+            )
+        _restore_sigterm(sigterm_handler)  # before the hook: a SIGTERM from here on is the program's
         signal_self_at("ray_started")
     except BaseException:
         shutdown_ray()
@@ -117,16 +121,45 @@ def shutdown_ray(timeout_s: float = 30.0) -> None:
 
     if ray.is_initialized():
         ray.shutdown()
+    abandon_private_ray(timeout_s)
+
+
+def abandon_private_ray(timeout_s: float | None = 5.0) -> None:
+    """Stop the private instance without a word to Ray, whose GCS may be gone (a signal to the whole process
+    group kills it first) so that any call to it would wait: the reaper stops every process of the session
+    and removes its temp dir. ``timeout_s=None``: do not wait for it (the process is about to end; the reaper,
+    in a session of its own, finishes the job). Nothing for an attached cluster (its actors go with this
+    driver's connection)."""
     reaper = _PRIVATE.pop("reaper", None)
     temp_dir = _PRIVATE.pop("temp_dir", None)
     if reaper is not None:
         reaper.stdin.close()  # EOF: the reaper stops what is left and removes the temp dir
+        if timeout_s is None:
+            return
         try:
             reaper.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             reaper.kill()
     if temp_dir:
         shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _keeping_our_sigterm_handler() -> Iterator[None]:
+    """``ray.init`` sets SIGTERM handlers of its own (``sys.exit(15)`` while it connects, then one that drains
+    the node and exits 1): a SIGTERM during start-up then ended the run with rc 15 or 1 and no line. For the
+    block, Ray's requests to set one are declined, so the program's handler (or a deferring one) keeps it."""
+    from ray._private import utils
+
+    original = getattr(utils, "set_sigterm_handler", None)
+    if original is None:  # another Ray: _restore_sigterm still puts ours back afterwards
+        yield
+        return
+    utils.set_sigterm_handler = lambda handler: None
+    try:
+        yield
+    finally:
+        utils.set_sigterm_handler = original
 
 
 def sweep_orphaned_temp_dirs(root: str = _TEMP_ROOT) -> list[str]:

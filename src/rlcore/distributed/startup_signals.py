@@ -5,7 +5,8 @@ A Python handler runs between any two bytecodes of the main thread. Raised half-
 worker: the driver died of SIGSEGV and left its ``rlray-<pid>-*`` directory (issue 44, item 11).
 :func:`deferred_signals` records a signal that arrives inside such a block and delivers it to the program's
 own handler once the block is done (after tearing down what the block started), so the stop is raised at a
-safe point.
+safe point. A handler that is a bound method of an object with ``note(signum)`` (``rlcore run``'s
+:class:`~rlcore.run.stopping.StopOnSignals`) is told at once, so its deadline runs while the block waits.
 
 Test/debug hook: ``RLCORE_TEST_SIGNAL_AT=<phase>[:TERM]`` makes the process send itself SIGINT (or SIGTERM)
 when start-up reaches ``<phase>`` (:data:`PHASES`), so tests interrupt each phase deterministically instead
@@ -18,19 +19,33 @@ import contextlib
 import os
 import signal
 import threading
+import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 SIGNAL_AT_ENV = "RLCORE_TEST_SIGNAL_AT"
+SIGNAL_STAMP_ENV = "RLCORE_TEST_SIGNAL_STAMP"
 #: Where :func:`signal_self_at` is called during ``rlcore run``'s start-up, in order.
 PHASES = ("prepare", "ray_start", "ray_started", "workers", "engines", "first_step")
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 def signal_self_at(phase: str) -> None:
-    """Test hook: send this process the signal ``RLCORE_TEST_SIGNAL_AT`` asks for when it names ``phase``."""
-    wanted, _, which = os.environ.get(SIGNAL_AT_ENV, "").partition(":")
-    if wanted == phase:
-        os.kill(os.getpid(), signal.SIGTERM if which.upper() == "TERM" else signal.SIGINT)
+    """Test hook: send the signal ``RLCORE_TEST_SIGNAL_AT`` asks for when it names ``phase``:
+    ``<phase>[:TERM][:group]``, ``group`` sending it to the whole process group (what a scheduler does: Ray's
+    GCS and raylet, started by this process, get it too). When ``RLCORE_TEST_SIGNAL_STAMP`` names a file, the
+    wall-clock time of the signal is written there first."""
+    wanted, *options = os.environ.get(SIGNAL_AT_ENV, "").split(":")
+    if wanted != phase:
+        return
+    if stamp := os.environ.get(SIGNAL_STAMP_ENV):
+        with open(stamp, "w") as f:
+            f.write(repr(time.time()))
+    signum = signal.SIGTERM if "TERM" in (o.upper() for o in options) else signal.SIGINT
+    if "group" in options:
+        os.killpg(os.getpgid(0), signum)
+    else:
+        os.kill(os.getpid(), signum)
 
 
 @contextlib.contextmanager
@@ -44,9 +59,15 @@ def deferred_signals(cleanup: Callable[[], None] | None = None) -> Iterator[None
         yield
         return
     received: list[int] = []
-    previous = {
-        signum: signal.signal(signum, lambda signum, _frame: received.append(signum)) for signum in _STOP_SIGNALS
-    }
+    previous: dict[int, Any] = {}
+
+    def record(signum: int, _frame: Any) -> None:
+        received.append(signum)
+        note = getattr(previous.get(signum), "__self__", None)  # the program's stop handler, told at once
+        if callable(getattr(note, "note", None)):
+            note.note(signum)
+
+    previous.update({signum: signal.signal(signum, record) for signum in _STOP_SIGNALS})
     try:
         yield
     finally:

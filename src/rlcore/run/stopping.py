@@ -12,11 +12,19 @@ from __future__ import annotations
 
 import contextlib
 import signal
-from collections.abc import Iterator
+import threading
+import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 #: The shell's convention: 128 + signal number.
 EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
+#: How long a stop may take before it is forced: the graceful shutdown (workers asked to close, the private
+#: Ray stopped) ends well within it on an idle machine; a shutdown that cannot end (a dead Ray GCS, a worker
+#: stuck in a collective) is cut here, so a signal always ends the run within about this long.
+STOP_GRACE_S = 6.0
+#: After a second signal: the user insists.
+SECOND_SIGNAL_GRACE_S = 1.0
 
 
 class StopRequested(BaseException):
@@ -36,14 +44,27 @@ class StopRequested(BaseException):
 
 
 class StopOnSignals:
-    """Context manager: SIGINT and SIGTERM raise :class:`StopRequested` (main thread only)."""
+    """Context manager: SIGINT and SIGTERM raise :class:`StopRequested` (main thread only).
 
-    def __init__(self) -> None:
+    With ``force`` given, the first signal also starts a deadline (:data:`STOP_GRACE_S`, less after a second
+    signal, more while a checkpoint is being written): if the process still runs when it passes, ``force`` is
+    called from a watchdog thread with the stop, to say so, stop what is left without waiting on anything,
+    and end the process. The main thread may be where it cannot be interrupted (a Ray call waiting on a dead
+    GCS after a signal to the whole process group killed it, a collective whose peer died): the deadline
+    holds all the same. It stays armed until the process ends, as the interpreter's exit can wait on Ray too.
+    """
+
+    def __init__(self, force: Callable[[StopRequested], None] | None = None, grace_s: float = STOP_GRACE_S) -> None:
         self._previous: dict[int, Any] = {}
         self._holding = False
         self._pending: int | None = None
         self._stopping = False
         self.received: int | None = None  #: the first signal, once one came
+        self._force = force
+        self._grace_s = grace_s
+        self._deadline = 0.0
+        self._insisted = False
+        self._watchdog: threading.Thread | None = None
 
     def __enter__(self) -> StopOnSignals:
         for signum in EXIT_CODES:
@@ -55,14 +76,42 @@ class StopOnSignals:
             signal.signal(signum, handler)
 
     def _handle(self, signum: int, _frame: Any) -> None:
-        if self.received is None:
-            self.received = signum
+        self.note(signum)
         if self._holding and not self._stopping:
             self._pending = signum
             self._stopping = True
             return
         self._stopping = True
         raise StopRequested(signum)
+
+    def note(self, signum: int) -> None:
+        """A stop signal came (here, or to a block that defers signals such as ``ray.init``: its deadline runs
+        from now too)."""
+        if self.received is None:
+            self.received = signum
+        if self._force is None:
+            return
+        now = time.monotonic()
+        if self._watchdog is None:
+            self._deadline = now + self._grace_s
+            stop = StopRequested(self.received)
+            self._watchdog = threading.Thread(target=self._watch, args=(stop,), name="rlcore-stop-deadline")
+            self._watchdog.daemon = True
+            self._watchdog.start()
+        else:
+            self._insisted = True
+            self._deadline = min(self._deadline, now + SECOND_SIGNAL_GRACE_S)
+
+    def _watch(self, stop: StopRequested) -> None:
+        while True:
+            now = time.monotonic()
+            if self._holding and not self._insisted:  # a checkpoint being written: it is let finish
+                self._deadline = max(self._deadline, now + self._grace_s)
+            if now >= self._deadline:
+                break
+            time.sleep(min(self._deadline - now, 0.1))
+        assert self._force is not None
+        self._force(stop)
 
     @contextlib.contextmanager
     def hold(self) -> Iterator[None]:
