@@ -218,6 +218,46 @@ def test_collective_broadcast_delivers_every_tensor():
         assert torch.equal(got[name], t)
 
 
+def _silent_member(port: int, joined) -> None:
+    """A refit group member that joins and then takes no part (an engine stuck, or gone quiet mid-stream)."""
+    import time
+
+    from rlcore.refit.collective import init_refit_group
+
+    group = init_refit_group("127.0.0.1", port, 2, 1, torch.device("cpu"), timeout_s=60)
+    joined.set()
+    time.sleep(60)
+    del group
+
+
+def test_a_refit_broadcast_to_a_member_that_takes_no_part_fails_within_the_group_timeout():
+    """Every collective of the refit group has a deadline (``timeout_s``; the backends' default is 30 min):
+    a sender whose engine stops taking part gets an error, not a wait without end."""
+    import socket
+    import time
+
+    from rlcore.refit.collective import broadcast_weights, init_refit_group
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    joined = ctx.Event()
+    member = ctx.Process(target=_silent_member, args=(port, joined), daemon=True)
+    member.start()
+    try:
+        group = init_refit_group("127.0.0.1", port, 2, 0, torch.device("cpu"), timeout_s=2)
+        assert joined.wait(60)
+        tensors = sample_tensors()
+        began = time.monotonic()
+        with pytest.raises(RuntimeError, match="(?i)timed out|timeout"):
+            broadcast_weights(group, iter(tensors.items()), metadata_of(tensors.items()), 2048, torch.device("cpu"))
+        assert time.monotonic() - began < 30
+    finally:
+        member.kill()
+        member.join(timeout=30)
+
+
 # -- the synchronizer through Ray, from a real Policy ----------------------------------------
 
 

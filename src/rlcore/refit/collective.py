@@ -31,16 +31,23 @@ class BroadcastGroup(Protocol):
 def init_refit_group(
     ip: str, port: int, world_size: int, rank: int, device: torch.device, timeout_s: float = 300.0
 ) -> BroadcastGroup:
-    """Join the refit group (blocks until all ``world_size`` members have joined)."""
+    """Join the refit group (blocks until all ``world_size`` members have joined).
+
+    ``timeout_s`` bounds the join and every collective of the group: a member that stops taking part makes the
+    others' broadcasts fail within it (the backends' default is 30 minutes), so a refit never waits forever.
+    """
     import torch.distributed as dist
 
     from rlcore.training.process_group import tcp_store
 
-    store = tcp_store(ip, port, world_size, rank == 0, timedelta(seconds=timeout_s))
-    # torch's stubs give broadcast to ProcessGroup only, and make options (NCCL) and timeout (gloo) required
+    timeout = timedelta(seconds=timeout_s)
+    store = tcp_store(ip, port, world_size, rank == 0, timeout)
+    # torch's stubs give broadcast to ProcessGroup only
     if device.type == "cuda":
-        return cast(BroadcastGroup, dist.ProcessGroupNCCL(store, rank, world_size))  # type: ignore[call-arg]
-    return cast(BroadcastGroup, dist.ProcessGroupGloo(store, rank, world_size))  # type: ignore[call-arg]
+        options = dist.ProcessGroupNCCL.Options()
+        options._timeout = timeout
+        return cast(BroadcastGroup, dist.ProcessGroupNCCL(store, rank, world_size, options))
+    return cast(BroadcastGroup, dist.ProcessGroupGloo(store, rank, world_size, timeout))
 
 
 def broadcast_weights(
