@@ -16,7 +16,7 @@ module imports no torch and no vLLM; the engines are built inside the actors.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rl_vllm.config import VllmConfig, vllm_config_from
 from rl_vllm.refit import EngineStaleError
@@ -25,6 +25,9 @@ from rlcore.data import BatchedDataDict
 from rlcore.distributed import NamedSharding, RayVirtualCluster, RayWorkerGroup, WorkerGroupOwner
 from rlcore.interfaces import GenerationInterface
 from rlcore.refit import RefitError
+
+if TYPE_CHECKING:
+    from rlcore.interfaces.specs import GenerationDatumSpec
 
 WORKER_CLASS = "rl_vllm.worker:VllmGenerationWorker"
 #: Keys of a generation batch the engines read.
@@ -112,7 +115,7 @@ class VllmGeneration(WorkerGroupOwner, GenerationInterface):
         if problems:
             raise ValueError("; ".join(problems))
         self._check_not_stale()
-        batch = BatchedDataDict({k: data[k] for k in INPUT_KEYS if k in data})
+        batch: BatchedDataDict[GenerationDatumSpec] = BatchedDataDict({k: data[k] for k in INPUT_KEYS if k in data})
         shards = batch.chunk(self.num_engines)
         return self.worker_group.run_all_workers_sharded_data(
             "generate", shards, greedy=greedy, sampling=sampling_options(self.cfg)

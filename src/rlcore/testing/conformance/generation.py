@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import pytest
 
@@ -14,6 +14,9 @@ from rlcore.testing.conformance.backend_checks import (
 )
 from rlcore.testing.conformance.checkers import generation_output_problems
 from rlcore.testing.oracle import hf_token_logprobs, load_hf_model
+
+if TYPE_CHECKING:
+    from rlcore.interfaces.specs import GenerationDatumSpec
 
 
 class GenerationBackendConformance(_BackendChecks):
@@ -95,7 +98,9 @@ class GenerationBackendConformance(_BackendChecks):
         from rlcore.testing.models import make_batch
 
         raw = make_batch(generation["tokenizer"], 4 * cls.world_size, 3, 8, seed=7)
-        prompts = BatchedDataDict(input_ids=raw["input_ids"], input_lengths=raw["input_lengths"])
+        prompts: BatchedDataDict[GenerationDatumSpec] = BatchedDataDict(
+            input_ids=raw["input_ids"], input_lengths=raw["input_lengths"]
+        )
         return prompts, generation["engine"].generate(prompts, greedy=True)
 
     def test_generate_output_format(self, generation: dict, greedy_output: tuple) -> None:

@@ -39,6 +39,8 @@ from rlcore.testing.oracle import (
 if TYPE_CHECKING:
     import torch
 
+    from rlcore.interfaces.specs import TrainingBatch
+
 #: Optimizer steps of the check; the checkpoint is taken after step CHECKPOINT_STEP.
 RESUME_STEPS = 3
 CHECKPOINT_STEP = 1
@@ -178,7 +180,7 @@ def resume_steps(first: Any, tokenizer: Any, batch_size: int) -> list[tuple[Any,
     from rlcore.data import BatchedDataDict
     from rlcore.testing.models import make_batch
 
-    fresh = [
+    fresh: list[BatchedDataDict[TrainingBatch]] = [
         BatchedDataDict(make_batch(tokenizer, batch_size, 5, 16, seed=seed)) for seed in range(2, RESUME_STEPS + 1)
     ]
     return [(data, NLLLoss()) for data in [first, *fresh]]
