@@ -50,7 +50,7 @@ class RefitTarget(Protocol):
     """The generation side of a refit, as the synchronizer calls it (a ``GenerationInterface`` that can be refit;
     ``set_weight_version`` is optional)."""
 
-    def prepare_refit_info(self, state_dict_info: RefitMetadata | None, partial: bool = False) -> None: ...
+    def prepare_refit_info(self, state_dict_info: RefitMetadata, partial: bool = False) -> None: ...
     def refit_endpoints(self) -> dict[int, tuple[str, bytes]]: ...
     def update_weights_via_ipc_zmq(self, bucket_bytes: int) -> Futures: ...
     def refit_world_size(self) -> int: ...
@@ -102,6 +102,14 @@ def _failure(ref: ObjectRef[object]) -> list[tuple[ObjectRef[object], BaseExcept
     except Exception as exc:  # noqa: BLE001 - collected, then reported with the worker named
         return [(ref, exc)]
     return []
+
+
+def _plan(metadata: RefitMetadata | None) -> RefitMetadata:
+    """The training side's refit plan; a backend that has none cannot be refit (said in one line, not as an
+    engine's error on None)."""
+    if metadata is None:
+        raise RefitError("refit: the training backend's prepare_refit_info() gave no plan (None)")
+    return metadata
 
 
 class WeightSynchronizer:
@@ -175,10 +183,10 @@ class WeightSynchronizer:
     def _exchange_metadata(self, changed_only: bool) -> None:
         """Send the engines the plan of this refit: the whole model first, the changed part after (LoRA)."""
         if self.metadata is None:
-            self.metadata = self.policy.prepare_refit_info()
+            self.metadata = _plan(self.policy.prepare_refit_info())
             self.generation.prepare_refit_info(self.metadata)
         if changed_only and not self._partial_plan:
-            self.generation.prepare_refit_info(self.policy.prepare_refit_info(changed_only=True), partial=True)
+            self.generation.prepare_refit_info(_plan(self.policy.prepare_refit_info(changed_only=True)), partial=True)
             self._partial_plan = True
 
     def _init_group(self) -> None:
