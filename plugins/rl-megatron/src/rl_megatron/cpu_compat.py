@@ -162,7 +162,8 @@ _OBSERVED: set[tuple[str, str]] = set()
 def _record(depth: int = 2) -> None:
     """Note the function ``depth`` frames up (the megatron caller) as a redirected call site."""
     frame = sys._getframe(depth)
-    _OBSERVED.add((frame.f_globals.get("__name__", "?"), frame.f_code.co_qualname))
+    code = frame.f_code  # co_qualname is Python 3.11's; on 3.10 the bare name is what there is
+    _OBSERVED.add((frame.f_globals.get("__name__", "?"), getattr(code, "co_qualname", code.co_name)))
 
 
 def observed_call_sites() -> list[tuple[str, str]]:
