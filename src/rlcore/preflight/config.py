@@ -14,9 +14,10 @@ Each problem is one line, ``<dotted key>: <what is wrong>; <the fix>``, the shap
 5. the data files (``data.train.path``, ``data.validation.path``), hub datasets offline, and prompt files;
 6. the models and tokenizers, local or cached: the policy's, the generation engine's and the distillation
    teacher's (:mod:`.models`);
-7. hub names that are neither: asked of the hub once, with a short timeout (:mod:`.hub`).
+7. the trackers the config switches on: wandb's credentials, MLflow's store, TensorBoard (:mod:`.trackers`);
+8. hub names that are neither local nor cached: asked of the hub once, with a short timeout (:mod:`.hub`).
 
-``files=False`` (``rlcore config validate --no-files``) skips what depends on this machine (3-7), to validate a
+``files=False`` (``rlcore config validate --no-files``) skips what depends on this machine (3-8), to validate a
 config meant for another one. What needs the tokenizer (each row, the prompts' lengths) ``rlcore run`` checks
 next, still before Ray (:func:`rlcore.run.build.load_run_data`); ``config validate`` does not load it.
 """
@@ -63,6 +64,7 @@ def _machine_problems(resolved: ResolvedConfig) -> list[str]:
     from rlcore.preflight.datasets import dataset_problems
     from rlcore.preflight.hub import hub_problems
     from rlcore.preflight.models import check_model, check_model_sources
+    from rlcore.preflight.trackers import tracker_problems
 
     cfg = resolved.config
     problems = gpu_problems(cfg.cluster)
@@ -73,6 +75,7 @@ def _machine_problems(resolved: ResolvedConfig) -> list[str]:
     teacher = _teacher_model(resolved)
     if teacher is not None:
         problems += check_model(*teacher)
+    problems += tracker_problems(cfg.logger)  # this machine's credentials and packages
     problems += hub_problems(_model_names(resolved))  # the network last
     return problems
 
