@@ -54,6 +54,11 @@ def test_examples_list_and_copy(tmp_path):
     again = rlcore("examples", "copy", "grpo_megatron", cwd=tmp_path)
     assert again.returncode == 1 and "--force" in again.stderr
     assert (tmp_path / "grpo_megatron.yaml").read_text() == "# mine\n"  # nothing lost
+    math = rlcore("examples", "copy", "grpo_math_tiny", cwd=tmp_path)  # trains and validates on one file
+    assert math.stdout.strip() == (
+        "wrote grpo_math_tiny.yaml and data/arithmetic.jsonl; run it with: rlcore run grpo_math_tiny.yaml"
+    )
+    assert sorted(p.name for p in (tmp_path / "data").iterdir()) == ["arithmetic.jsonl"]
     unknown = rlcore("examples", "copy", "grpo_tinny", cwd=tmp_path)
     assert unknown.returncode == 1 and "grpo_tiny" in unknown.stderr and len(unknown.stderr.splitlines()) == 1
 

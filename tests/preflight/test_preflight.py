@@ -116,6 +116,19 @@ def test_missing_directory(tmp_path: Path) -> None:
     assert problems(f"policy.model_name={missing}") == [f"policy.model_name: {missing} {DOES_NOT_EXIST}"]
 
 
+@pytest.mark.parametrize(("typed", "meant"), [("tiny-lama", "tiny-llama"), ("Qwen3-0.6B", "qwen3-0.6b")])
+def test_a_near_miss_of_a_built_in_model_asks_did_you_mean_not_hf_download(typed: str, meant: str) -> None:
+    """``tiny-lama`` was asked of the hub and answered with ``hf download tiny-lama``."""
+    from rlcore.preflight.hub import hub_problems
+
+    assert problems(f"policy.model_name={typed}") == [
+        f"policy.model_name: {typed} is neither a local directory nor a model rlcore builds; did you mean "
+        f"'{meant}'? (the models rlcore builds locally are in docs/models.md; a hub model is named org/name)"
+    ]
+    assert hub_problems([("policy.model_name", typed)]) == []  # not asked of the hub as well
+    assert problems("policy.model_name=tiny-llama") == []
+
+
 def test_a_file_instead_of_the_directory(model: Path) -> None:
     line = only_line(problems(f"policy.model_name={model / 'model.safetensors'}"))
     assert line.startswith(f"policy.model_name: {model / 'model.safetensors'} is a file; ")

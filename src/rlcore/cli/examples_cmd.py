@@ -56,12 +56,14 @@ def copy_example(
 
 
 def example_data_files(config: Path) -> list[Path]:
-    """The files an example's data section names by relative path (they ship beside it)."""
+    """The files an example's data section names by relative path (they ship beside it), each once (an example
+    may validate on its training file)."""
     from rlcore.config.loader import data_path_settings
     from rlcore.config.yaml_io import read_config_file
 
     data = read_config_file(config).get("data") or {}
-    return [Path(value) for _, _, value in data_path_settings(data) if not Path(value).is_absolute()]
+    named = [Path(value) for _, _, value in data_path_settings(data) if not Path(value).is_absolute()]
+    return list(dict.fromkeys(named))
 
 
 __all__ = ["examples_app"]

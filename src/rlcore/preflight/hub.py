@@ -42,9 +42,9 @@ def hub_problems(named: Iterable[tuple[str, str]]) -> list[str]:
 
 
 def _is_hub_name(name: str) -> bool:
-    from rlcore.preflight.models import is_hub_id
+    from rlcore.preflight.models import builtin_near_miss, is_hub_id
 
-    return is_hub_id(name) and not os.path.exists(name)
+    return is_hub_id(name) and not os.path.exists(name) and builtin_near_miss(name) is None
 
 
 def _cached(name: str) -> bool:

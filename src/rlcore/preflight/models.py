@@ -222,12 +222,31 @@ def _locate(field: str, name: str) -> tuple[Path | None, str | None]:
         return None, f"{name} is a file; set {field} to the directory that holds it ({path.parent})"
     if name.startswith("~") and path.expanduser().exists():
         return None, f"{name}: '~' is not expanded; write the full path {path.expanduser()}"
+    if (close := builtin_near_miss(name)) is not None:
+        return None, (
+            f"{name} is neither a local directory nor a model rlcore builds; did you mean '{close}'? (the models "
+            "rlcore builds locally are in docs/models.md; a hub model is named org/name)"
+        )
     if is_hub_id(name):
         return _locate_in_hub_cache(field, name)
     return None, (
         f"{name} does not exist (set {field} to a local Hugging Face model directory, "
         "or a hub name downloaded into the local cache)"
     )
+
+
+def builtin_near_miss(name: str) -> str | None:
+    """The built-in model (``tiny-llama``, ``qwen3-0.6b``, ...) ``name`` looks like a misspelling of, when it is
+    no path and has no ``org/`` part; None otherwise (asked of the hub instead, ``hf download tiny-lama`` would
+    have been the advice)."""
+    import difflib
+
+    from rlcore.models import BUILTIN_MODELS
+
+    if "/" in name or name in BUILTIN_MODELS or Path(name).exists():
+        return None
+    close = difflib.get_close_matches(name.lower(), list(BUILTIN_MODELS), n=1, cutoff=0.8)
+    return close[0] if close else None
 
 
 def is_hub_id(name: str) -> bool:
