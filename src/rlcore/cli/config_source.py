@@ -63,9 +63,23 @@ def load_cli_config(
     try:
         return load_config(example_or_file(file), overrides or ()), []
     except ConfigError as exc:
+        exc.problems[:] = [_with_rlcore_name(line) for line in exc.problems]
         if file is not None and _looks_like_nemo_rl(exc.problems):
             exc.problems.append(f"hint: {file} looks like a NeMo-RL config: read it with --from nemo-rl")
         raise
+
+
+def _with_rlcore_name(line: str) -> str:
+    """``logger.log_dir: unknown key`` told rlcore's name for NeMo-RL's key, when the two differ."""
+    from rlcore.nemo_rl import rlcore_name
+
+    path, _, why = line.partition(": ")
+    if not why.startswith("unknown key") or "did you mean" in why or (native := rlcore_name(path)) is None:
+        return line
+    return (
+        f"{path}: unknown key; it is NeMo-RL's name for rlcore's {native}: set {native} (or read the file with "
+        "--from nemo-rl)"
+    )
 
 
 def example_or_file(file: Path | None) -> Path | None:

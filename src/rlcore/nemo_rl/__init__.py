@@ -113,6 +113,15 @@ def nemo_rl_policy_hint(problems: list[str]) -> list[str]:
     return []
 
 
+def rlcore_name(path: str) -> str | None:
+    """rlcore's key for NeMo-RL's ``path`` when the two differ (``logger.log_dir`` -> ``logger.output_dir``), for a
+    line about a NeMo-RL key written into an rlcore config; None when rlcore has no such renaming."""
+    rule = exact_rule(path)
+    if rule is None or rule.action != "map" or rule.target in (None, path) or "*" in rule.nemo:
+        return None
+    return rule.target
+
+
 __all__ = [
     "Conversion",
     "NemoRLConfig",
@@ -125,4 +134,5 @@ __all__ = [
     "load_with_defaults",
     "nemo_rl_policy_hint",
     "policy_config_from_nemo_rl",
+    "rlcore_name",
 ]
