@@ -8,6 +8,7 @@ rlcore.training with a TrainingWorkerBase over a tiny torch model, its optimizer
 
 from __future__ import annotations
 
+import json
 import math
 from types import SimpleNamespace
 
@@ -83,6 +84,28 @@ def test_the_rollout_counts_nonfinite_rewards_beside_the_environment_errors(monk
         EnvConfig(on_nonfinite_reward="skip")
     metrics = _rollout_metrics(monkeypatch, run_rollout, ["abc", "nan", "inf", "ab"])
     assert metrics["env/errors"] == 2.0 and metrics["env/nonfinite_rewards"] == 2.0
+    assert metrics["env/first_error"] == "data row 1: non-finite reward nan from environment 'python'"
+
+
+def test_what_a_step_zeroed_is_one_terminal_line_naming_the_first_sample(tmp_path):
+    """30% NaN rewards per step were zeroed and counted, but only metrics.jsonl and the driver log showed it."""
+    import io
+
+    from rlcore.run.metrics import MetricsLogger, zeroed_line
+
+    first = "data row 7: non-finite reward nan from environment 'python'"
+    row = {"loss": 0.5, "env/errors": 3.0, "env/nonfinite_rewards": 2.0, "env/first_error": first}
+    assert zeroed_line(4, row) == (
+        f"step 4: 3 samples scored 0 (2 non-finite rewards, 1 environment error); the first, {first}"
+    )
+    assert zeroed_line(4, {"loss": 0.5, "env/errors": 0.0}) is None
+    terminal = io.StringIO()
+    logger = MetricsLogger(tmp_path, tensorboard=False, progress_bar=False, progress_file=terminal)
+    logger.log(4, row)
+    logger.log(5, {"loss": 0.4, "env/errors": 0.0, "env/nonfinite_rewards": 0.0})
+    logger.close()
+    assert terminal.getvalue().splitlines() == [zeroed_line(4, row)]
+    assert json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])["env/first_error"] == first
 
 
 def _rollout_metrics(monkeypatch, run_rollout, completions):

@@ -70,6 +70,8 @@ class MetricsLogger:
                     self._tb.add_scalar(name, value, step)
         if self._trackers:
             self._to_trackers(step, metrics)
+        if zeroed := zeroed_line(step, metrics):
+            self._say(zeroed)
         if self._bar is not None and advance:
             postfix = {"loss": _shown(metrics.get("loss"), ".4f"), "step_s": _shown(metrics.get("time/step_s"), ".2f")}
             if "reward_mean" in metrics:
@@ -79,6 +81,13 @@ class MetricsLogger:
                     postfix[short] = f"{metrics[key]:.3f}"
             self._bar.set_postfix(postfix, refresh=False)
             self._bar.update(1)
+
+    def _say(self, line: str) -> None:
+        """One line on the terminal, above the progress bar."""
+        if self._bar is not None:
+            self._bar.write(line, file=self._notices)
+        else:
+            print(line, file=self._notices or sys.stderr)
 
     def _to_trackers(self, step: int, metrics: dict[str, Any]) -> None:
         """A tracker that fails (its server gone) is dropped with one line; the training goes on, and
@@ -120,6 +129,27 @@ class MetricsLogger:
             self._bar.close()
         metric, label, file = self.curve
         return plot_curve(self.path, self.dir / file, metric, label)
+
+
+def zeroed_line(step: int, metrics: dict[str, Any]) -> str | None:
+    """What a step zeroed, in one line (None when nothing): samples the environment failed or scored NaN/inf
+    were trained with reward 0, which only metrics.jsonl and the driver log used to show."""
+    failed = int(metrics.get("env/errors") or 0)
+    if failed <= 0:
+        return None
+    nonfinite = int(metrics.get("env/nonfinite_rewards") or 0)
+    kinds = ", ".join(
+        part
+        for part in (
+            f"{nonfinite} non-finite reward{'s' * (nonfinite != 1)}" if nonfinite else "",
+            f"{failed - nonfinite} environment error{'s' * (failed - nonfinite != 1)}" if failed > nonfinite else "",
+        )
+        if part
+    )
+    first = metrics.get("env/first_error")
+    return f"step {step}: {failed} sample{'s' * (failed != 1)} scored 0 ({kinds})" + (
+        f"; the first, {first}" if first else ""
+    )
 
 
 def keep_steps_before(path: str | Path, step: int) -> None:

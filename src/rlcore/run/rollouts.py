@@ -48,7 +48,7 @@ class Rollout:
 
     data: Any
     rewards: Any
-    metrics: dict[str, float] = field(default_factory=dict)
+    metrics: dict[str, float | str] = field(default_factory=dict)  # env/first_error: text
 
 
 def run_rollout(
@@ -78,6 +78,7 @@ def run_rollout(
         [[*s.messages] for s in samples for _ in range(repeat)],
     )
     errors: list[str] = []
+    first_error = ""  # the first failed sample, named by its data row: the terminal's line says it
     for turn in range(max_turns):
         active = state.active()
         if not active:
@@ -90,13 +91,19 @@ def run_rollout(
         with timer.phase("environment"):
             result = environment.step([state.logs[i] for i in active], [state.metadata[i] for i in active])
         errors += [e for e in result.errors if e]
+        if not first_error:
+            failed = next(((i, e) for i, e in zip(active, result.errors) if e), None)
+            if failed is not None:
+                first_error = f"data row {samples[failed[0] // repeat].idx}: {failed[1]}"
         state.add_results(active, result, tokenizer, max_total, last_turn=turn == max_turns - 1)
     for error in errors[:3]:  # in the run's log; all of them are counted
         print(f"environment error (reward 0): {error}", file=sys.stderr)
-    metrics = {
+    metrics: dict[str, float | str] = {
         "env/errors": float(len(errors)),
         "env/nonfinite_rewards": float(sum(e.startswith(NONFINITE_REWARD) for e in errors)),
     }
+    if first_error:
+        metrics["env/first_error"] = first_error
     if max_turns > 1:
         metrics.update(state.turn_metrics())
     data = state.padded(pad)

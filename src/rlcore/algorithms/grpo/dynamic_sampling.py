@@ -110,11 +110,15 @@ def _concatenate(parts: list[Rollout], rows: int, pad: int) -> Rollout:
     return Rollout(data, torch.cat([p.rewards for p in parts])[:rows])
 
 
-def _merged_rollout_metrics(rollouts: list[Rollout]) -> dict[str, float]:
+def _merged_rollout_metrics(rollouts: list[Rollout]) -> dict[str, float | str]:
     """The batches' rollout metrics as one step's: environment errors add up, the rest are means over batches
-    (of equal size)."""
-    merged: dict[str, float] = {}
-    for key in rollouts[0].metrics:
-        values = [r.metrics[key] for r in rollouts]
-        merged[key] = sum(values) if key in ("env/errors", "env/nonfinite_rewards") else sum(values) / len(values)
+    (of equal size); a text (``env/first_error``, only where a batch had one) is the first batch's."""
+    merged: dict[str, float | str] = {}
+    for key in dict.fromkeys(k for r in rollouts for k in r.metrics):
+        values = [r.metrics[key] for r in rollouts if key in r.metrics]
+        if isinstance(values[0], str):
+            merged[key] = values[0]
+        else:
+            total = sum(values)
+            merged[key] = total if key in ("env/errors", "env/nonfinite_rewards") else total / len(values)
     return merged
