@@ -77,6 +77,26 @@ def test_a_full_disk_during_a_save_is_one_line_naming_the_whole_checkpoint(tmp_p
     assert json.loads((step_dir(root, 2) / "state.json").read_text()) == {"step": 2}
 
 
+def test_a_full_disk_torch_s_zip_writer_reports_without_an_errno_is_named_as_one(tmp_path):
+    """1 of 2 sizes of a save on a full disk failed inside torch's zip writer, whose error has no errno:
+    'CheckpointException ranks:dict_keys([0, 1])' with 'unexpected pos 704 vs 598' and 'No space' nowhere."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    from rlcore.cli.errors import one_line
+
+    short = RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")
+    error = wrapped_by_a_worker(CheckpointException("save failed", {0: (short, None), 1: (short, None)}))
+    root = tmp_path / "checkpoints"
+    save_step(SavingPolicy(), root, 2, keep_last=3)
+    with pytest.raises(Exception) as caught:  # noqa: PT011 - which class is the point of the assertion below
+        save_step(SavingPolicy(error), root, 4, keep_last=3)
+    assert one_line(caught.value) == (
+        "No space left on device (torch's checkpoint writer stopped short: unexpected pos 704 vs 598) while saving "
+        f"step 4 to {root}; the checkpoint of step 2 is whole ({step_dir(root, 2)}); free some space and resume "
+        "from it with --resume"
+    )
+
+
 def test_a_full_disk_at_the_first_save_says_there_is_nothing_to_resume_and_other_errors_pass_through(tmp_path):
     from rlcore.cli.errors import one_line
 

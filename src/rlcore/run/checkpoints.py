@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import json
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,8 @@ from rlcore.training.checkpoint import atomic_directory, recover_checkpoint
 
 #: What a full disk (or quota) says, by errno: the words of ``strerror``, which wrapped errors quote.
 _FULL_DISK = {errno.ENOSPC: "No space left on device", errno.EDQUOT: "Disk quota exceeded"}
+#: What torch's zip writer says when a write stops short, as writes do on a full disk (it drops the errno).
+_SHORT_WRITE = re.compile(r"unexpected pos \d+ vs \d+")
 
 
 class DiskFull(RunError):
@@ -78,6 +81,8 @@ def disk_full(exc: BaseException) -> str | None:
         text = str(exc)
         if found := next((words for words in _FULL_DISK.values() if words in text), None):
             return found
+        if short := _SHORT_WRITE.search(text):
+            return f"No space left on device (torch's checkpoint writer stopped short: {short.group(0)})"
         exc = exc.__cause__ or exc.__context__
     return None
 
