@@ -58,7 +58,7 @@ def validate(run: Run, generate: Callable[[Any], Any]) -> dict[str, float]:
         rollout = run_rollout(cfg, generate, run.environment, run.tokenizer, samples[begin : begin + size], 1, Timer())
         rewards.append(rollout.rewards)
         lengths.append(rollout.data["generation_lengths"].float())
-        errors += rollout.metrics["env/errors"]
+        errors += float(rollout.metrics["env/errors"])
     all_rewards = torch.cat(rewards)
     return {
         "validation/accuracy": float(all_rewards.mean()),
