@@ -71,13 +71,16 @@ class isolated_registry:  # noqa: N801 - used like a function: ``with isolated_r
 
 
 def _worker_pythonpath(rootdir: Path) -> str:
-    """PYTHONPATH for Ray workers: the test roots, this process's sys.path, then the old value.
+    """PYTHONPATH for Ray workers: the test root, this process's sys.path, then the old value.
 
     Ray worker processes are fresh interpreters: without this they cannot
     import test-local modules (a worker class defined next to the tests, or a
-    plugin put on sys.path by a conftest).
+    plugin put on sys.path by a conftest). ``<root>/tests`` itself is not put
+    first: its folders are named after the packages they test (``tests/datasets``),
+    and would hide the libraries of those names (Hugging Face ``datasets``) from
+    every process started after it; pytest's own sys.path entries come along.
     """
-    entries = [str(rootdir), str(rootdir / "tests"), *sys.path]
+    entries = [str(rootdir), *sys.path]
     old = os.environ.get("PYTHONPATH")
     if old:
         entries += old.split(os.pathsep)
