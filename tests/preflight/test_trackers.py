@@ -73,13 +73,17 @@ def test_mlflow_s_file_store_is_refused_exactly_when_mlflow_refuses_it(tmp_path,
         ]
 
 
-def test_mlflow_s_database_store_needs_sqlalchemy_and_a_server_needs_nothing_here(tmp_path):
+def test_mlflow_s_default_database_store_needs_sqlalchemy_and_a_server_needs_nothing_here(tmp_path, monkeypatch):
+    """MLflow 3's default store, with no tracking_uri, is a sqlite database (an explicit one the config itself
+    refuses without SQLAlchemy: rlcore.config.logger)."""
     pytest.importorskip("mlflow")
-    lines = mlflow_problems(MlflowConfig(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}"))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    lines = mlflow_problems(MlflowConfig())
     if importlib.util.find_spec("sqlalchemy") is None:
         assert lines == [
-            "logger.mlflow.tracking_uri: is a database store (sqlite), which needs the full mlflow package "
-            "(rlcore[mlflow] brings mlflow-skinny): pip install mlflow, or give a tracking server (http://host:5000)"
+            f"logger.mlflow.tracking_uri (unset: MLflow's default, sqlite:///{tmp_path / 'mlflow.db'}): is a "
+            "database store (sqlite), which needs the full mlflow package (rlcore[mlflow] brings mlflow-skinny): pip "
+            "install mlflow, or give a tracking server (http://host:5000)"
         ]
     else:
         assert lines == []

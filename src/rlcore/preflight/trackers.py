@@ -1,6 +1,7 @@
 """The experiment trackers a config switches on, checked as their first minute would check them: wandb's
 credentials and MLflow's store, and TensorBoard when the config asks for it by name. Without this, a run
-found out 15-40 s in, after its workers had started (issue 52, item 9)."""
+found out 15-40 s in, after its workers had started (issue 52, item 9). That a tracker's package is installed,
+and that a database ``tracking_uri`` has SQLAlchemy, the config itself checks (:mod:`rlcore.config.logger`)."""
 
 from __future__ import annotations
 
@@ -11,13 +12,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
+from rlcore.config.logger import DATABASE_SCHEMES
+
 if TYPE_CHECKING:
     from rlcore.config.logger import LoggerConfig, MlflowConfig
 
 #: WANDB_MODE values under which wandb needs no credentials.
 WANDB_LOCAL_MODES = ("offline", "disabled", "dryrun")
-#: Tracking-URI schemes of MLflow's database stores (SQLAlchemy, which mlflow-skinny leaves out).
-DATABASE_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql")
 
 
 def tracker_problems(logger: LoggerConfig) -> list[str]:
@@ -36,10 +37,8 @@ def tracker_problems(logger: LoggerConfig) -> list[str]:
 
 
 def wandb_problems() -> list[str]:
-    """wandb installed, and an API key where ``wandb.init`` looks (``WANDB_API_KEY``; ``wandb login`` writes
-    ``~/.netrc``), unless ``WANDB_MODE`` keeps the run local."""
-    if not _installed("wandb"):
-        return ["logger.wandb_enabled: wandb is not installed; pip install 'rlcore[wandb]', or set it to false"]
+    """An API key where ``wandb.init`` looks (``WANDB_API_KEY``; ``wandb login`` writes ``~/.netrc``), unless
+    ``WANDB_MODE`` keeps the run local."""
     if os.environ.get("WANDB_MODE", "").lower() in WANDB_LOCAL_MODES or os.environ.get("WANDB_API_KEY"):
         return []
     host = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname or "api.wandb.ai"
@@ -53,10 +52,9 @@ def wandb_problems() -> list[str]:
 
 
 def mlflow_problems(cfg: MlflowConfig) -> list[str]:
-    """mlflow installed, and a store it will open: MLflow 3 refuses its file store unless
-    ``MLFLOW_ALLOW_FILE_STORE`` is set, and a database store needs the full ``mlflow`` package."""
-    if not _installed("mlflow"):
-        return ["logger.mlflow_enabled: mlflow is not installed; pip install 'rlcore[mlflow]', or set it to false"]
+    """A store MLflow will open: MLflow 3 refuses its file store unless ``MLFLOW_ALLOW_FILE_STORE`` is set, and
+    its default store when no ``tracking_uri`` is given may be a database, which needs the full ``mlflow``
+    package (an explicit database ``tracking_uri`` the config refuses itself)."""
     import mlflow
     import mlflow.environment_variables as variables
 
@@ -69,7 +67,7 @@ def mlflow_problems(cfg: MlflowConfig) -> list[str]:
                 f"{where}: is a file store, which this MLflow refuses unless MLFLOW_ALLOW_FILE_STORE=true; set "
                 "that, or give a tracking server (http://host:5000)"
             ]
-    if scheme.split("+")[0] in DATABASE_SCHEMES and not _installed("sqlalchemy"):
+    if not cfg.tracking_uri and scheme.split("+")[0] in DATABASE_SCHEMES and not _installed("sqlalchemy"):
         return [
             f"{where}: is a database store ({scheme}), which needs the full mlflow package (rlcore[mlflow] brings "
             "mlflow-skinny): pip install mlflow, or give a tracking server (http://host:5000)"
