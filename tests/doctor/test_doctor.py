@@ -426,9 +426,13 @@ def test_the_vllm_checks_fire_through_its_spec_on_the_facts_the_doctor_judged():
     assert lines["torch-packages"].status == "fail" and "torchvision 0.28.0" in lines["torch-packages"].message
     assert lines["cpu"].status == "warn" and "SIGILL" in lines["cpu"].message
     assert all(r.details["backend"] == "vllm" for r in lines.values())
-    # before a run (a config, nothing imported): the clash only; the CPU's bf16 path is the config's choice
-    before_run = backend_checks(record, HostFacts(installed=trapped, config=object(), cpuinfo=AMX_CPUINFO))
-    assert [r.name for r in before_run] == ["torch-packages"]
+    # the CPU's bf16 path is the config's choice: no cpu line before a run
+    from rlcore.config import load_config, resolve
+
+    grpo_tiny = resolve(load_config(Path(__file__).resolve().parents[2] / "examples" / "grpo_tiny.yaml"))
+    before_run = backend_checks(record, HostFacts(installed=trapped, config=grpo_tiny, cpuinfo=AMX_CPUINFO))
+    # before a run (a config, nothing imported): the clash, and the model's head size on CPU (tiny-llama's 32 fits)
+    assert [(r.name, r.status) for r in before_run] == [("torch-packages", "fail"), ("head-size", "ok")]
     fine = backend_checks(record, HostFacts(installed={"torch": "2.13.0+cpu"}, cpuinfo=AMX_CPUINFO))
     assert [r.status for r in fine] == ["ok", "ok"]  # AMX permission unknown without torch's probe: not refused
     unusable = BackendRecord("vllm", "generation", "rl-vllm:vllm", "rl-vllm", "1", "unavailable", "x", record.spec)
