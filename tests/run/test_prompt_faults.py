@@ -121,3 +121,19 @@ def test_rlcore_run_of_a_multi_turn_prompt_too_long_is_one_line_before_ray(tmp_p
         f"item 1: the prompt is {length} tokens, which leaves no room"
     ), lines
     assert took < BEFORE_RAY_S and not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    "prompt",
+    ["Solve {}. Put the final answer in \\boxed{}.", "Reply as JSON, e.g. {}.\n{}", "x { y {}"],
+)
+def test_config_validate_finds_the_brace_faults_a_run_finds_with_its_rows(tmp_path: Path, prompt: str) -> None:
+    """A single-brace \\boxed{} was found only when the run read its rows (after the workers had started, under
+    NeMo-RL's data path), though config validate said OK. The preflight's line is the one the run gives."""
+    from rlcore.preflight.config import template_problems
+
+    cfg = math_config(tmp_path, prompt)
+    with pytest.raises(DataError) as err:
+        load_sources(cfg)
+    assert template_problems(cfg.data) == [str(err.value)]
+    assert template_problems(math_config(tmp_path, "Put the answer in \\boxed{{}}.\n{}").data) == []

@@ -58,6 +58,33 @@ def _positional_fields(template: str) -> int:
     return sum(1 for name in fields if name == "" or name.split(".")[0].split("[")[0].isdigit())
 
 
+def template_problem(data_cfg: Any) -> str | None:
+    """What is wrong with the prompt template ``data`` names (``prompt_template``, or the text of ``prompt_file``)
+    that no row is needed to see: not a format string, or more ``{}`` fields than the one a prompt fills (a
+    single-brace ``\\boxed{}``). None when it is fine, or when there is none. ``rlcore config validate`` asks
+    this; a run finds the same when it reads its rows."""
+    template = data_cfg.prompt_template
+    setting = "prompt_template"
+    if data_cfg.prompt_file is not None:
+        setting = f"prompt_file ({data_cfg.prompt_file})"
+        try:
+            template = Path(data_cfg.prompt_file).expanduser().read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            return None  # the file checks say why it cannot be read
+    if template is None:
+        return None
+    try:
+        count = _positional_fields(template)
+    except ValueError as exc:
+        return f"data.{setting}: not a format string ({exc}); write literal braces as '{{{{' and '}}}}'"
+    if count > 1:
+        return (
+            f"data.{setting}: has {count} '{{}}' fields, but a prompt fills only the first (with the row's "
+            f"'{data_cfg.input_key}'); write literal braces as '{{{{}}}}'"
+        )
+    return None
+
+
 class SampleBuilder:
     """Turns rows into samples as ``data`` says (keys, system prompt, prompt template)."""
 

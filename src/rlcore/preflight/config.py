@@ -11,7 +11,8 @@ Each problem is one line, ``<dotted key>: <what is wrong>; <the fix>``, the shap
 4. the environment class (``env.name``'s plugin), the reward function (``env.python_cfg.reward``) and the prompt
    generator (``data.train.generator``), found without running their code where the source shows them
    (:mod:`.user_code`);
-5. the data files (``data.train.path``, ``data.validation.path``), hub datasets offline, and prompt files;
+5. the data files (``data.train.path``, ``data.validation.path``), hub datasets offline, and prompt files and
+   templates (braces that are not placeholders);
 6. the models and tokenizers, local or cached: the policy's, the generation engine's and the distillation
    teacher's (:mod:`.models`);
 7. the trackers the config switches on: wandb's credentials, MLflow's store, TensorBoard (:mod:`.trackers`);
@@ -70,6 +71,7 @@ def _machine_problems(resolved: ResolvedConfig) -> list[str]:
     problems = gpu_problems(cfg.cluster)
     problems += code_problems(resolved)
     problems += file_problems(cfg.data)
+    problems += template_problems(cfg.data)
     problems += dataset_problems(cfg.data)  # hub datasets absent offline (:mod:`.datasets`)
     problems += check_model_sources(cfg)
     teacher = _teacher_model(resolved)
@@ -99,6 +101,13 @@ def code_problems(resolved: ResolvedConfig) -> list[str]:
     if cfg.data.train.generator is not None:
         problems += import_path_problems("data.train.generator", cfg.data.train.generator, "function")
     return problems
+
+
+def template_problems(data: DataConfig) -> list[str]:
+    """The prompt template's problems that need no row (:func:`rlcore.datasets.samples.template_problem`)."""
+    from rlcore.datasets.samples import template_problem
+
+    return [problem] if (problem := template_problem(data)) is not None else []
 
 
 def file_problems(data: DataConfig) -> list[str]:
