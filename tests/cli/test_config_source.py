@@ -34,3 +34,35 @@ def test_a_close_rlcore_key_keeps_its_did_you_mean():
     assert _problems("policy.train_micro_batchsize=2") == [
         "policy.train_micro_batchsize: unknown key; did you mean 'train_micro_batch_size'?"
     ]
+
+
+def test_a_nemo_rl_default_key_is_named_as_written_and_its_fix_says_that_key(tmp_path):
+    """``++data.default.prompt_file`` was answered as ``data.train.prompt_file``, told to set rlcore's
+    ``data.prompt_file``."""
+    import subprocess
+    import sys
+
+    fixtures = Path(__file__).resolve().parents[1] / "fixtures" / "nemo_rl"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rlcore",
+            "config",
+            "validate",
+            "--from",
+            "nemo-rl",
+            str(fixtures / "main" / "grpo_math_1B.yaml"),
+        ]
+        + [f"++data.default.prompt_file={tmp_path / 'none.txt'}", f"++data.train.data_path={fixtures / 'math.jsonl'}"]
+        + ["policy.model_name=tiny-llama", "-o", "cluster.use_gpu=false"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    lines = [line for line in proc.stderr.splitlines() if not line.startswith(("notice:", "ignored:"))]
+    assert proc.returncode == 1
+    assert lines == [
+        f"data.prompt_file (NeMo-RL: data.default.prompt_file): {tmp_path / 'none.txt'} does not exist; set "
+        "data.default.prompt_file to a file holding the prompt template"
+    ], lines

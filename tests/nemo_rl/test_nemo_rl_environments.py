@@ -68,3 +68,21 @@ def test_a_typo_in_a_plugin_environment_section_names_the_key():
     assert any(
         line.startswith("env.regex_cfg.patern: unknown key; did you mean 'pattern'?") for line in caught.value.problems
     ), caught.value.problems
+
+
+def test_rlcore_config_validate_names_the_typo_under_the_key_the_user_wrote(tmp_path):
+    """``++env.word_count.colum`` came back as ``env.word_count_cfg.colum`` alone: the line names both."""
+    import subprocess
+    import sys
+
+    base = Path(__file__).resolve().parents[1] / "fixtures" / "nemo_rl" / "main" / "grpo_math_1B.yaml"
+    proc = subprocess.run(
+        [sys.executable, "-m", "rlcore", "config", "validate", "--from", "nemo-rl", "--no-files", str(base)]
+        + ["++data.train.env_name=regex", "++env.regex.patern=x"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    lines = [line for line in proc.stderr.splitlines() if not line.startswith(("notice:", "ignored:"))]
+    assert proc.returncode == 1
+    assert "env.regex_cfg.patern (NeMo-RL: env.regex.patern): unknown key; did you mean 'pattern'?" in lines, lines

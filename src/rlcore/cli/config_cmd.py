@@ -14,7 +14,14 @@ from typing import Annotated
 
 import typer
 
-from rlcore.cli.config_source import ConfigSource, NemoOverridesArg, SourceOpt, echo_ignored, load_cli_config
+from rlcore.cli.config_source import (
+    ConfigSource,
+    NemoOverridesArg,
+    SourceOpt,
+    echo_ignored,
+    load_cli_config,
+    named_as_written,
+)
 from rlcore.config import ConfigError, ResolvedConfig, RLCoreConfig, config_json_schema, dump_config, resolve
 
 config_app = typer.Typer(help="Validate and inspect rlcore config files.", no_args_is_help=True)
@@ -51,14 +58,15 @@ def _load(
         raise  # unreachable: _fail exits
 
 
-def _resolve(cfg: RLCoreConfig, ignored: list[str]) -> ResolvedConfig:
+def _resolve(cfg: RLCoreConfig, ignored: list[str], sources: dict[str, str] | None = None) -> ResolvedConfig:
     """Phase 2: the config against the installed backends, as ``rlcore run`` would take it when it has a
-    generation section (layout, batch plan, backend sections); problems exit with the ignored keys listed."""
+    generation section (layout, batch plan, backend sections); problems exit with the ignored keys listed, each
+    naming the NeMo-RL key it came from (``sources``, ``--from nemo-rl``)."""
     try:
         resolved = resolve(cfg, run=cfg.policy.generation is not None)
     except ConfigError as exc:
         echo_ignored(ignored)
-        _fail(exc.problems)
+        _fail(named_as_written(exc.problems, sources))
         raise  # unreachable: _fail exits
     echo_ignored(ignored)
     for notice in resolved.notices:
@@ -92,7 +100,7 @@ def validate(
     import_from_working_directory()  # as rlcore run imports the user's code
     sources: dict[str, str] = {}
     cfg, ignored = _load(file, override, source, nemo_overrides, sources)
-    resolved = _resolve(cfg, ignored)
+    resolved = _resolve(cfg, ignored, sources)
     if problems := problem_lines(preflight(resolved, files=not no_files, sources=sources)):
         _fail(problems)
     what = f"NeMo-RL config, {len(ignored)} keys ignored; " if source is ConfigSource.nemo_rl else ""
@@ -130,8 +138,9 @@ def convert(
     """Write a NeMo-RL config as a native rlcore config (which `rlcore config validate` accepts)."""
     if source is not ConfigSource.nemo_rl:
         _fail(["convert: only --from nemo-rl configs need converting"])
-    cfg, ignored = _load(file, override, source, nemo_overrides)
-    _resolve(cfg, ignored)
+    sources: dict[str, str] = {}
+    cfg, ignored = _load(file, override, source, nemo_overrides, sources)
+    _resolve(cfg, ignored, sources)
     args = " ".join([str(file), *(nemo_overrides or [])])
     header = [
         f"# rlcore config converted from the NeMo-RL config: {args}",

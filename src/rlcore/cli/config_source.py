@@ -82,6 +82,15 @@ def _with_rlcore_name(line: str) -> str:
     )
 
 
+def named_as_written(problems: list[str], sources: dict[str, str] | None) -> list[str]:
+    """``problems`` with the NeMo-RL key each rlcore key came from (``--from nemo-rl``), as the user wrote it."""
+    if not sources:
+        return problems
+    from rlcore.nemo_rl import annotate
+
+    return annotate(problems, sources)
+
+
 def example_or_file(file: Path | None) -> Path | None:
     """``file`` itself, or the shipped example of that name when no such file exists (``grpo_tiny``)."""
     if file is None or file.exists() or file.parent != Path("."):
@@ -102,4 +111,4 @@ def echo_ignored(lines: list[str]) -> None:
         typer.echo(line, err=True)
 
 
-__all__ = ["ConfigSource", "NemoOverridesArg", "SourceOpt", "echo_ignored", "load_cli_config"]
+__all__ = ["ConfigSource", "NemoOverridesArg", "SourceOpt", "echo_ignored", "load_cli_config", "named_as_written"]

@@ -27,6 +27,7 @@ from rlcore.cli.config_source import (
     SourceOpt,
     echo_ignored,
     load_cli_config,
+    named_as_written,
 )
 
 # re-exported: the run's logic lives in rlcore.run
@@ -107,7 +108,7 @@ def _prepare(
         echo_ignored(ignored)
         resolved = resolve(loaded, run=True)
     except ConfigError as exc:
-        _fail(exc.problems)
+        _fail(named_as_written(exc.problems, sources))
     for notice in resolved.notices:
         typer.echo(notice, err=True)
     cfg = resolved.config

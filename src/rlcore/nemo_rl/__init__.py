@@ -47,7 +47,11 @@ def annotate(problems: list[str], sources: Mapping[str, str]) -> list[str]:
         )
         if match and prefix is not None and sources[prefix] != prefix:
             source = sources[prefix] + path[len(prefix) :] if "," not in sources[prefix] else sources[prefix]
-            line = f"{path} (NeMo-RL: {source}): {line[match.end() :]}"
+            rest = line[match.end() :]
+            if "," not in source and source.rsplit(".", 1)[-1] == path.rsplit(".", 1)[-1]:
+                # the same setting under another section: the fix names the key the user wrote, not rlcore's
+                rest = re.sub(rf"\bset {re.escape(path)}(?=[ =])", f"set {source}", rest)
+            line = f"{path} (NeMo-RL: {source}): {rest}"
         out.append(line)
     return out
 

@@ -112,21 +112,29 @@ def _named_validation(d: HubDataset, out: Conversion) -> None:
         _set(out, "data.split_validation_size", d.held_out, "data.dataset_name")
 
 
-def _prompts(entry: dict[str, Any], where: str, out: Conversion) -> None:
+def _prompts(entry: dict[str, Any], where: str, out: Conversion, own: dict[str, Any] | None = None) -> None:
+    """The prompt files and environment of ``entry``; ``own``: the split's keys as written, so that a key
+    ``data.default`` filled in is named as the user wrote it (``data.default.prompt_file``)."""
     for key in ("prompt_file", "system_prompt_file"):
         if entry.get(key):
-            _file(out, f"data.{key}", entry[key], f"{where}.{key}")
+            _file(out, f"data.{key}", entry[key], _written(where, key, own))
     env = entry.get("env_name")
     if env is None:
         return
     known = {**installed_environments(), **ENVIRONMENTS}
     if env in known:
-        _set(out, "env.name", known[env], f"{where}.env_name")
+        _set(out, "env.name", known[env], _written(where, "env_name", own))
     else:
         out.problems.append(
-            f"{where}.env_name: is {show_value(env)}, and no installed environment has that name "
+            f"{_written(where, 'env_name', own)}: is {show_value(env)}, and no installed environment has that name "
             f"(installed: {', '.join(sorted(known))}); {what_to_do_about('environment', str(env), sorted(known))}"
         )
+
+
+def _written(where: str, key: str, own: dict[str, Any] | None) -> str:
+    """The NeMo-RL path of ``key`` of the split at ``where``: its own, or ``data.default``'s when the split took it
+    from there."""
+    return f"data.default.{key}" if own is not None and key not in own else f"{where}.{key}"
 
 
 def _ignored(data: dict[str, Any], out: Conversion) -> None:
@@ -179,7 +187,7 @@ def task(nemo: dict[str, Any], out: Conversion) -> None:
         hub = None
         if train is not None:
             hub = _dataset(train, where, "train", out)
-            _prompts(train, where, out)
+            _prompts(train, where, out, data.get("train") if "default" in data else None)
             if train.get("split_validation_size") and not data.get("validation"):
                 _set(
                     out, "data.split_validation_size", train["split_validation_size"], f"{where}.split_validation_size"
