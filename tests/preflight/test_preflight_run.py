@@ -443,8 +443,8 @@ def test_nemo_rl_lines_name_the_nemo_rl_key(tmp_path: Path) -> None:
         "cluster.use_gpu (NeMo-RL: cluster.gpus_per_node): is true, but this machine has no CUDA device ("
     ), lines
     assert lines[1] == (
-        f"data.prompt_file (NeMo-RL: data.train.prompt_file): {ROOT / 'examples/prompts/cot.txt'} "
-        "does not exist; set data.prompt_file to a file holding the prompt template"
+        f"data.prompt_file (NeMo-RL: data.default.prompt_file): {ROOT / 'examples/prompts/cot.txt'} "
+        "does not exist; set data.default.prompt_file to a file holding the prompt template"
     )
     code, lines, _ = validate(*args, "data.default.prompt_file=null", "-o", "cluster.use_gpu=false", tmp_path=tmp_path)
     assert code == 0, lines
