@@ -66,6 +66,28 @@ def test_the_recipe_passes_every_check_before_ray(monkeypatch: pytest.MonkeyPatc
     assert Path(cfg.data.prompt_file).read_text() == (REPO / "tests/fixtures/nemo_rl/cot.txt").read_text()
 
 
+def doc_recipes() -> list[tuple[str, list[str]]]:
+    """Every ``rlcore run --from nemo-rl ...`` command of README.md and docs/*.md: (where, its arguments)."""
+    found = []
+    for page in [README, *sorted((REPO / "docs").glob("*.md"))]:
+        for block in parse_blocks(page):
+            if block.kind != "commands":
+                continue
+            for line in logical_lines(block.text):
+                if line.startswith("rlcore run --from nemo-rl "):
+                    found.append((page.name, shlex.split(line, comments=True)[2:]))
+    return found
+
+
+def test_every_recipe_of_the_docs_passes_every_check_before_ray(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    """docs/getting-started.md kept the recipe with a context of 48 tokens after the README's was fixed."""
+    recipes = doc_recipes()
+    assert {where for where, _ in recipes} >= {"README.md", "getting-started.md"}
+    for number, (where, args) in enumerate(recipes):
+        result, handed = run_until_ray(monkeypatch, tmp_path / str(number), args)
+        assert result.exit_code == 0 and len(handed) == 1, f"{where}: {' '.join(args)}\n{result.output[-2000:]}"
+
+
 def test_the_recipe_s_old_context_is_refused_by_the_same_check(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """What the check above would meet with the recipe as it was: NeMo-RL's prompt does not fit in 48 tokens."""
     args = [a.replace("max_total_sequence_length=256", "max_total_sequence_length=48") for a in recipe("run")]
