@@ -225,3 +225,28 @@ def test_resume_says_first_which_step_it_resumes_after_and_the_checkpoints_it_fo
     assert result.exit_code == 0, result.output
     lines = [line for line in result.stderr.splitlines() if not line.startswith("notice:")]
     assert lines[0] == expected and lines[1].startswith("rlcore run: SFT with ") and resumed == [True]
+
+
+def test_a_full_disk_at_any_other_write_is_rlcore_s_line_naming_the_file(tmp_path):
+    """Before the start, or writing metrics or logs, a full disk was 'error: OSError: [Errno 28] No space left on
+    device'."""
+    import shutil
+
+    from rlcore.cli.errors import one_line
+
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    try:
+        try:
+            raise OSError(errno.ENOSPC, NO_SPACE, str(metrics))
+        except OSError as exc:
+            raise RuntimeError("the run's logger failed") from exc
+    except RuntimeError as wrapped:
+        line = one_line(wrapped)
+    free = shutil.disk_usage(tmp_path).free // 2**20
+    assert line.startswith(f"{NO_SPACE} while writing {metrics}, ") and "MiB free there now" in line, line
+    assert abs(int(line.split(", ")[1].split()[0]) - free) < 1024  # the disk's own figure, read when it failed
+    assert line.endswith(
+        "; nothing of the run's checkpoints was changed by it; free some space (or choose logger.output_dir on "
+        "another disk) and run again (with --resume to continue from the newest checkpoint)"
+    )
+    assert one_line(OSError(errno.EACCES, "Permission denied")) == "PermissionError: [Errno 13] Permission denied"

@@ -21,7 +21,37 @@ def one_line(exc: BaseException) -> str:
 
     if isinstance(exc, (WorkerError, RunError)) or not text:
         return text or type(exc).__name__
+    if (full := full_disk_line(exc)) is not None:
+        return full
     return f"{type(exc).__name__}: {text}"
+
+
+def full_disk_line(exc: BaseException) -> str | None:
+    """rlcore's line for a write a full disk stopped (an ``OSError`` with ENOSPC or EDQUOT in ``exc``'s chain),
+    naming the file and what to do; None for another error. A save's own line (:class:`rlcore.run.checkpoints.
+    DiskFull`) also says which checkpoint is whole."""
+    import errno
+    import shutil
+
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if isinstance(cause, OSError) and cause.errno in (errno.ENOSPC, errno.EDQUOT):
+            where = Path(cause.filename) if isinstance(cause.filename, str) else None
+            free = ""
+            if where is not None:
+                existing = next((p for p in (where, *where.parents) if p.exists()), None)
+                if existing is not None:
+                    free = f", {shutil.disk_usage(existing).free // 2**20} MiB free there now"
+            writing = f" while writing {where}" if where is not None else ""
+            return (
+                f"{cause.strerror or 'No space left on device'}{writing}{free}; nothing of the run's checkpoints "
+                "was changed by it; free some space (or choose logger.output_dir on another disk) and run again "
+                "(with --resume to continue from the newest checkpoint)"
+            )
+        cause = cause.__cause__ or cause.__context__
+    return None
 
 
 def write_traceback(exc: BaseException, log_dir: Path) -> Path | None:
@@ -47,4 +77,4 @@ def write_traceback(exc: BaseException, log_dir: Path) -> Path | None:
         return None
 
 
-__all__ = ["one_line", "write_traceback"]
+__all__ = ["full_disk_line", "one_line", "write_traceback"]
