@@ -157,7 +157,7 @@ def run(
 ) -> None:
     """Train with the algorithm the config selects: the one whose section it has (sft:, dpo:, ...), or the
     default one when it has none. Fails before starting anything if the config, a backend or the model is wrong."""
-    from rlcore.cli.errors import one_line, write_traceback
+    from rlcore.cli.errors import full_disk_line, one_line, write_traceback
     from rlcore.run.output import quiet_output
     from rlcore.run.stopping import StopOnSignals
     from rlcore.run.train import resume_line
@@ -170,6 +170,9 @@ def run(
             resolved, data, tokenizer, hold = _prepare(config, override, resume, source, nemo_overrides)
     except BaseException as exc:  # noqa: BLE001 - a stop, or what a stop inside an import turned into
         if (stop := early.stop_behind(exc)) is None:
+            if (full := full_disk_line(exc)) is not None:  # before anything of the run is written
+                typer.echo(f"error: {full}", err=True)
+                raise typer.Exit(1) from None
             raise
         line.say(before.format(stop=stop))
         raise typer.Exit(stop.exit_code) from None
