@@ -86,3 +86,32 @@ def test_rlcore_config_validate_names_the_typo_under_the_key_the_user_wrote(tmp_
     lines = [line for line in proc.stderr.splitlines() if not line.startswith(("notice:", "ignored:"))]
     assert proc.returncode == 1
     assert "env.regex_cfg.patern (NeMo-RL: env.regex.patern): unknown key; did you mean 'pattern'?" in lines, lines
+
+
+def test_an_env_name_of_an_installed_but_broken_plugin_is_named_broken_not_install_it(tmp_path):
+    """NeMo-RL's ``env_name`` naming an installed plugin that fails to load said "install the plugin"."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.preflight.test_preflight_run import write_plugin
+
+    site = write_plugin(tmp_path / "site", "rl-word-count", "word_count", "import rlcore_no_such_dependency\n")
+    base = Path(__file__).resolve().parents[1] / "fixtures" / "nemo_rl" / "main" / "grpo_math_1B.yaml"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.run(
+        [sys.executable, "-m", "rlcore", "config", "validate", "--from", "nemo-rl", "--no-files", str(base)]
+        + ["++data.train.env_name=word_count"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    lines = [line for line in proc.stderr.splitlines() if not line.startswith(("notice:", "ignored:"))]
+    assert proc.returncode == 1
+    assert lines == [
+        "data.train.env_name: is 'word_count', which rl-word-count registers, but it is broken: plugin failed to "
+        "load: ModuleNotFoundError: No module named 'rlcore_no_such_dependency' "
+        f"(at {site / 'word_count' / '__init__.py'}:1); fix or reinstall rl-word-count (rlcore environments list "
+        "shows it)"
+    ], lines

@@ -124,6 +124,8 @@ def _prompts(entry: dict[str, Any], where: str, out: Conversion, own: dict[str, 
     known = {**installed_environments(), **ENVIRONMENTS}
     if env in known:
         _set(out, "env.name", known[env], _written(where, "env_name", own))
+    elif (broken := _not_usable(str(env))) is not None:
+        out.problems.append(f"{_written(where, 'env_name', own)}: is {show_value(env)}, {broken}")
     else:
         out.problems.append(
             f"{_written(where, 'env_name', own)}: is {show_value(env)}, and no installed environment has that name "
@@ -233,6 +235,20 @@ def checkpoint_metric(nemo: dict[str, Any], out: Conversion) -> None:
     _set(out, "checkpointing.metric_name", metrics[name], "checkpointing.metric_name")
     if "higher_is_better" in ck:
         _set(out, "checkpointing.higher_is_better", ck["higher_is_better"], "checkpointing.higher_is_better")
+
+
+def _not_usable(name: str) -> str | None:
+    """Why the environment ``name``, which a plugin registers, cannot be used (its plugin is broken, disabled,
+    ...), with the fix; None when no plugin registers it."""
+    from rlcore.plugins import get_registry
+
+    record = next((r for r in get_registry().environments() if r.name == name and r.status != "ok"), None)
+    if record is None:
+        return None
+    return (
+        f"which {record.distribution} registers, but it is {record.status}: {record.problem}; fix or reinstall "
+        f"{record.distribution} (rlcore environments list shows it)"
+    )
 
 
 def installed_environments() -> dict[str, str]:
