@@ -62,6 +62,17 @@ class RefitExportMixin:
         for _ in tensors:  # take part in the gathers rank 0's iteration needs
             pass
 
+    def _send_or_drain(self, tensors: NamedTensors, send: Callable[[NamedTensors], int]) -> int:
+        """``send(tensors)``; if it fails part-way (its engine died mid-stream), the rest of ``tensors`` is still
+        iterated before the error goes on: the other training ranks are inside the same gathers, and a rank that
+        left them would leave the others waiting in a collective for the group's whole timeout (the run hung
+        with rank 0 gone and rank 1 in ``wait_tensor``)."""
+        try:
+            return send(tensors)
+        except BaseException:
+            self._drain(tensors)
+            raise
+
     def stream_weights_via_ipc_zmq(
         self,
         endpoints: dict[int, tuple[str, bytes]],
@@ -81,7 +92,9 @@ class RefitExportMixin:
             self._drain(tensors)
             return 0
         address, authkey = endpoint
-        return stream_to_receiver(tensors, info(), address, authkey, bucket_bytes, self.device)
+        return self._send_or_drain(
+            tensors, lambda stream: stream_to_receiver(stream, info(), address, authkey, bucket_bytes, self.device)
+        )
 
     def init_collective(self, ip: str, port: int, world_size: int, *, train_world_size: int = 1) -> None:
         """Training rank 0 joins the refit group as its rank 0; other training ranks stay out."""
@@ -102,6 +115,10 @@ class RefitExportMixin:
         if self._rank() != 0:
             self._drain(tensors)
             return 0
-        if self._refit_group is None:
+        group = self._refit_group
+        if group is None:
+            self._drain(tensors)
             raise RuntimeError("broadcast_weights_for_collective before init_collective")
-        return broadcast_weights(self._refit_group, tensors, info(), bucket_bytes, self.device)
+        return self._send_or_drain(
+            tensors, lambda stream: broadcast_weights(group, stream, info(), bucket_bytes, self.device)
+        )
