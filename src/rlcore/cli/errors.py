@@ -30,28 +30,24 @@ def full_disk_line(exc: BaseException) -> str | None:
     """rlcore's line for a write a full disk stopped (an ``OSError`` with ENOSPC or EDQUOT in ``exc``'s chain),
     naming the file and what to do; None for another error. A save's own line (:class:`rlcore.run.checkpoints.
     DiskFull`) also says which checkpoint is whole."""
-    import errno
     import shutil
 
-    seen: set[int] = set()
-    cause: BaseException | None = exc
-    while cause is not None and id(cause) not in seen:
-        seen.add(id(cause))
-        if isinstance(cause, OSError) and cause.errno in (errno.ENOSPC, errno.EDQUOT):
-            where = Path(cause.filename) if isinstance(cause.filename, str) else None
-            free = ""
-            if where is not None:
-                existing = next((p for p in (where, *where.parents) if p.exists()), None)
-                if existing is not None:
-                    free = f", {shutil.disk_usage(existing).free // 2**20} MiB free there now"
-            writing = f" while writing {where}" if where is not None else ""
-            return (
-                f"{cause.strerror or 'No space left on device'}{writing}{free}; nothing of the run's checkpoints "
-                "was changed by it; free some space (or choose logger.output_dir on another disk) and run again "
-                "(with --resume to continue from the newest checkpoint)"
-            )
-        cause = cause.__cause__ or cause.__context__
-    return None
+    from rlcore.run.checkpoints import full_disk_error
+
+    if (full := full_disk_error(exc)) is None:
+        return None
+    where = Path(full.filename) if isinstance(full.filename, str) else None
+    free = ""
+    if where is not None:
+        existing = next((p for p in (where, *where.parents) if p.exists()), None)
+        if existing is not None:
+            free = f", {shutil.disk_usage(existing).free // 2**20} MiB free there now"
+    writing = f" while writing {where}" if where is not None else ""
+    return (
+        f"{full.strerror or 'No space left on device'}{writing}{free}; nothing of the run's checkpoints was "
+        "changed by it; free some space (or choose logger.output_dir on another disk) and run again (with --resume "
+        "to continue from the newest checkpoint)"
+    )
 
 
 def write_traceback(exc: BaseException, log_dir: Path) -> Path | None:

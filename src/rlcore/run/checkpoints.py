@@ -15,7 +15,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from rlcore.run.errors import RunError
+from rlcore.run.errors import RunError, error_chain
 from rlcore.training.checkpoint import atomic_directory, recover_checkpoint
 
 #: What a full disk (or quota) says, by errno: the words of ``strerror``, which wrapped errors quote.
@@ -73,18 +73,20 @@ def disk_full(exc: BaseException) -> str | None:
     """``'No space left on device'`` (or ``'Disk quota exceeded'``) when ``exc`` or an error behind it says so:
     an ``OSError``'s errno, or its words in a wrapping error's text (torch's ``CheckpointException`` lists each
     rank's error; a worker's error reaches the driver as text); None otherwise."""
-    seen: set[int] = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        if isinstance(exc, OSError) and exc.errno in _FULL_DISK:
-            return _FULL_DISK[exc.errno]
-        text = str(exc)
+    for error in error_chain(exc):
+        if isinstance(error, OSError) and error.errno in _FULL_DISK:
+            return _FULL_DISK[error.errno]
+        text = str(error)
         if found := next((words for words in _FULL_DISK.values() if words in text), None):
             return found
         if short := _SHORT_WRITE.search(text):
             return f"No space left on device (torch's checkpoint writer stopped short: {short.group(0)})"
-        exc = exc.__cause__ or exc.__context__
     return None
+
+
+def full_disk_error(exc: BaseException) -> OSError | None:
+    """The ``OSError`` (ENOSPC or EDQUOT) in ``exc``'s chain, when a full disk stopped a write in this process."""
+    return next((e for e in error_chain(exc) if isinstance(e, OSError) and e.errno in _FULL_DISK), None)
 
 
 def whole_checkpoint(root: str | Path) -> str:

@@ -3,9 +3,21 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 
 class RunError(RuntimeError):
     """A run stopped for a reason its message says in one line."""
 
 
-__all__ = ["RunError"]
+def error_chain(exc: BaseException) -> Iterator[BaseException]:
+    """``exc``, then each error behind it (its ``__cause__``, else its ``__context__``), each once."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or current.__context__
+
+
+__all__ = ["RunError", "error_chain"]
