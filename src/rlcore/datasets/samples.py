@@ -64,9 +64,7 @@ def template_problem(data_cfg: Any) -> str | None:
     single-brace ``\\boxed{}``). None when it is fine, or when there is none. ``rlcore config validate`` asks
     this; a run finds the same when it reads its rows."""
     template = data_cfg.prompt_template
-    setting = "prompt_template"
     if data_cfg.prompt_file is not None:
-        setting = f"prompt_file ({data_cfg.prompt_file})"
         try:
             template = Path(data_cfg.prompt_file).expanduser().read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError):
@@ -76,13 +74,24 @@ def template_problem(data_cfg: Any) -> str | None:
     try:
         count = _positional_fields(template)
     except ValueError as exc:
-        return f"data.{setting}: not a format string ({exc}); write literal braces as '{{{{' and '}}}}'"
-    if count > 1:
-        return (
-            f"data.{setting}: has {count} '{{}}' fields, but a prompt fills only the first (with the row's "
-            f"'{data_cfg.input_key}'); write literal braces as '{{{{}}}}'"
-        )
-    return None
+        return _not_a_format_string(data_cfg, exc)
+    return _too_many_fields(data_cfg, count) if count > 1 else None
+
+
+def _template_setting(data_cfg: Any) -> str:
+    """How a line names the template: ``prompt_file (<path>)`` or ``prompt_template``."""
+    return f"prompt_file ({data_cfg.prompt_file})" if data_cfg.prompt_file else "prompt_template"
+
+
+def _too_many_fields(data_cfg: Any, count: int) -> str:
+    return (
+        f"data.{_template_setting(data_cfg)}: has {count} '{{}}' fields, but a prompt fills only the first (with "
+        f"the row's '{data_cfg.input_key}'); write literal braces as '{{{{}}}}'"
+    )
+
+
+def _not_a_format_string(data_cfg: Any, exc: ValueError) -> str:
+    return f"data.{_template_setting(data_cfg)}: not a format string ({exc}); write literal braces as '{{{{' and '}}}}'"
 
 
 class SampleBuilder:
@@ -121,24 +130,17 @@ class SampleBuilder:
             raise DataError(f"{where}: field '{self.cfg.input_key}' is {type(value).__name__}, not text")
         if self.template is None:
             return value
-        setting = f"prompt_file ({self.cfg.prompt_file})" if self.cfg.prompt_file else "prompt_template"
         try:
             return string.Formatter().vformat(self.template, (value,), {**row, "input": value})
         except IndexError:  # a second '{}' (or '{1}'): the prompt fills only the first
-            count = _positional_fields(self.template)
-            raise DataError(
-                f"data.{setting}: has {count} '{{}}' fields, but a prompt fills only the first (with the "
-                f"row's '{self.cfg.input_key}'); write literal braces as '{{{{}}}}'"
-            ) from None
+            raise DataError(_too_many_fields(self.cfg, _positional_fields(self.template))) from None
         except KeyError as exc:
             raise DataError(
-                f"{where}: data.{setting} names {exc}, which the row does not have (it has "
+                f"{where}: data.{_template_setting(self.cfg)} names {exc}, which the row does not have (it has "
                 f"{', '.join(map(str, row))}); write a literal brace as '{{{{' or '}}}}'"
             ) from None
         except ValueError as exc:
-            raise DataError(
-                f"data.{setting}: not a format string ({exc}); write literal braces as '{{{{' and '}}}}'"
-            ) from None
+            raise DataError(_not_a_format_string(self.cfg, exc)) from None
 
     def _messages(self, value: Any, where: str) -> list[Message]:
         key = self.cfg.messages_key
