@@ -110,7 +110,7 @@ def test_an_env_name_of_an_installed_but_broken_plugin_is_named_broken_not_insta
     lines = [line for line in proc.stderr.splitlines() if not line.startswith(("notice:", "ignored:"))]
     assert proc.returncode == 1
     assert lines == [
-        "data.train.env_name: is 'word_count', which rl-word-count registers, but it is broken: plugin failed to "
+        "data.train.env_name: is 'word_count', but environment 'word_count' is broken: plugin failed to "
         "load: ModuleNotFoundError: No module named 'rlcore_no_such_dependency' "
         f"(at {site / 'word_count' / '__init__.py'}:1); fix or reinstall rl-word-count (rlcore environments list "
         "shows it)"

@@ -239,16 +239,19 @@ def checkpoint_metric(nemo: dict[str, Any], out: Conversion) -> None:
 
 def _not_usable(name: str) -> str | None:
     """Why the environment ``name``, which a plugin registers, cannot be used (its plugin is broken, disabled,
-    ...), with the fix; None when no plugin registers it."""
-    from rlcore.plugins import get_registry
+    ...), in the registry's words; None when no plugin registers it."""
+    from rlcore.plugins import BackendError, get_registry
 
-    record = next((r for r in get_registry().environments() if r.name == name and r.status != "ok"), None)
-    if record is None:
-        return None
-    return (
-        f"which {record.distribution} registers, but it is {record.status}: {record.problem}; fix or reinstall "
-        f"{record.distribution} (rlcore environments list shows it)"
-    )
+    registry = get_registry()
+    try:
+        record = registry.find(name, "environment")
+    except BackendError:
+        return None  # no plugin registers it: the caller's line says what to do
+    try:
+        registry.resolve(name, "environment")
+    except BackendError as exc:
+        return f"but {exc}; fix or reinstall {record.distribution} (rlcore environments list shows it)"
+    return None
 
 
 def installed_environments() -> dict[str, str]:
