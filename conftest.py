@@ -46,9 +46,27 @@ def pytest_sessionstart(session):
     # (tests/run/test_trackers.py runs it offline).
     os.environ["WANDB_MODE"] = "disabled"
     # Local JSONL/CSV files are prepared into datasets' cache on first read: the suite's go to a directory
-    # of its own, removed at the end, not into the user's ~/.cache (tests of hub caches set their own).
-    os.environ.setdefault("HF_DATASETS_CACHE", tempfile.mkdtemp(prefix="rlcore-test-datasets-"))
+    # of its own, removed at the end, not into the user's ~/.cache (tests of hub caches set their own). A
+    # session that was killed never reaches its end: the next one removes its cache (named by its pid).
+    _sweep_dead_sessions_caches(tempfile.gettempdir())
+    os.environ.setdefault("HF_DATASETS_CACHE", tempfile.mkdtemp(prefix=f"{_CACHE_PREFIX}{os.getpid()}-"))
     _LEAK_BASELINE = leaks.start()
+
+
+_CACHE_PREFIX = "rlcore-test-datasets-"
+
+
+def _sweep_dead_sessions_caches(root: str) -> None:
+    import re
+    import shutil
+    from pathlib import Path
+
+    from rlcore.distributed.ray_runtime import pid_alive
+
+    for path in Path(root).glob(f"{_CACHE_PREFIX}*"):
+        owner = re.fullmatch(rf"{_CACHE_PREFIX}(\d+)-\w+", path.name)
+        if owner and not pid_alive(int(owner.group(1))):
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def pytest_sessionfinish(session, exitstatus):
@@ -57,7 +75,7 @@ def pytest_sessionfinish(session, exitstatus):
     import shutil
 
     cache = os.environ.get("HF_DATASETS_CACHE", "")
-    if os.path.basename(cache).startswith("rlcore-test-datasets-"):
+    if os.path.basename(cache).startswith(_CACHE_PREFIX):
         shutil.rmtree(cache, ignore_errors=True)
     if _LEAK_BASELINE is None or os.environ.get("RLCORE_LEAK_CHECK") == "0":
         return
