@@ -15,6 +15,8 @@ import os
 import signal
 import subprocess
 import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -56,11 +58,25 @@ def test_no_signal_no_cleanup_and_the_hook_is_silent_unless_named(monkeypatch):
     assert got == [signal.SIGTERM]
 
 
-def _interrupted_run(tmp_path: Path, at: str, *overrides: str) -> tuple[int, list[str], list[str]]:
-    """Run ``rlcore run`` (fsdp1, 1 step) signalling itself at ``at``; its exit code, its output lines after
-    the summary line, and what it left."""
+@dataclass
+class Interrupted:
+    """What a signalled ``rlcore run`` did: its exit code, its output lines after the summary line, what it
+    left behind, and the wall-clock time it exited."""
+
+    returncode: int
+    after: list[str]
+    left: list[str]
+    ended: float
+
+
+def interrupted_run(
+    tmp_path: Path, at: str, *overrides: str, env: dict[str, str] | None = None, own_group: bool = False
+) -> Interrupted:
+    """Run ``rlcore run`` (fsdp1, 1 step) signalling itself at ``at`` (``RLCORE_TEST_SIGNAL_AT``); ``own_group``
+    starts it in a process group of its own, so that a ``:group`` signal reaches it and what it started, not
+    pytest."""
     baseline = leaks.snapshot()
-    env = {**os.environ, **baseline.env(), SIGNAL_AT_ENV: at, "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, **baseline.env(), SIGNAL_AT_ENV: at, "PYTHONUNBUFFERED": "1", **(env or {})}
     args = [
         sys.executable,
         "-m",
@@ -68,7 +84,7 @@ def _interrupted_run(tmp_path: Path, at: str, *overrides: str) -> tuple[int, lis
         "run",
         "examples/grpo_tiny.yaml",
         "-o",
-        f"logger.output_dir={tmp_path}",
+        f"logger.output_dir={tmp_path / 'out'}",
         "-o",
         "logger.progress_bar=false",
         "-o",
@@ -83,12 +99,13 @@ def _interrupted_run(tmp_path: Path, at: str, *overrides: str) -> tuple[int, lis
         "cluster.workers_per_node=1",
         *[a for o in overrides for a in ("-o", o)],
     ]
-    proc = subprocess.run(args, env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(args, env=env, capture_output=True, text=True, timeout=600, start_new_session=own_group)
+    ended = time.time()
     left = leaks.leftovers(baseline, grace_s=CLEANUP_BOUND_S)
     leaks.release(baseline)
     lines = (proc.stdout + proc.stderr).strip().splitlines()
     summary = next(i for i, line in enumerate(lines) if line.startswith("rlcore run: "))
-    return proc.returncode, lines[summary + 1 :], left
+    return Interrupted(proc.returncode, lines[summary + 1 :], left, ended)
 
 
 CASES = [
@@ -109,10 +126,10 @@ def test_a_signal_during_start_up_is_one_line_its_exit_code_and_nothing_left(tmp
     if "vllm" in " ".join(overrides):
         pytest.importorskip("rl_vllm")
     name = "SIGTERM" if at.endswith(":TERM") else "SIGINT"
-    rc, after, left = _interrupted_run(tmp_path, at, *overrides)
-    assert rc == {"SIGINT": 130, "SIGTERM": 143}[name], after
-    assert after == [f"stopped by {name}: no checkpoint was written yet"], after
-    assert not left, f"still there after {CLEANUP_BOUND_S}s: {left}"
+    run = interrupted_run(tmp_path, at, *overrides)
+    assert run.returncode == {"SIGINT": 130, "SIGTERM": 143}[name], run.after
+    assert run.after == [f"stopped by {name}: no checkpoint was written yet"], run.after
+    assert not run.left, f"still there after {CLEANUP_BOUND_S}s: {run.left}"
 
 
 def test_a_signal_while_the_run_is_prepared_is_one_line_before_ray(tmp_path):

@@ -12,21 +12,16 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
-from rlcore.distributed.startup_signals import SIGNAL_AT_ENV, SIGNAL_STAMP_ENV, deferred_signals
+from rlcore.distributed.startup_signals import SIGNAL_STAMP_ENV, deferred_signals
 from rlcore.run.stopping import SECOND_SIGNAL_GRACE_S, STOP_GRACE_S, StopOnSignals, StopRequested
-from rlcore.testing import leaks
+from tests.cli.test_startup_interrupt import CLEANUP_BOUND_S, interrupted_run
 
-REPO = Path(__file__).resolve().parents[2]
 #: The issue's bound: a signal gives its exit code and one line within this long.
 LINE_WITHIN_S = 10.0
-CLEANUP_BOUND_S = 30.0
 
 
 def _stopping(grace_s: float) -> tuple[StopOnSignals, list[tuple[float, str]]]:
@@ -89,45 +84,6 @@ def test_no_signal_no_deadline():
     assert forced == [] and STOP_GRACE_S + 1 < LINE_WITHIN_S + 1
 
 
-def _group_signalled_run(tmp_path: Path, at: str) -> tuple[subprocess.CompletedProcess, float, list[str], list]:
-    """``rlcore run`` (fsdp1, 1 step) in a process group of its own, which gets SIGTERM at phase ``at``;
-    the process, the seconds from the signal to its exit, its lines after the summary, what it left."""
-    baseline = leaks.snapshot()
-    stamp = tmp_path / "signalled_at"
-    env = {
-        **os.environ,
-        **baseline.env(),
-        SIGNAL_AT_ENV: f"{at}:TERM:group",
-        SIGNAL_STAMP_ENV: str(stamp),
-        "PYTHONUNBUFFERED": "1",
-    }
-    overrides = [
-        f"logger.output_dir={tmp_path / 'out'}",
-        "logger.progress_bar=false",
-        "logger.tensorboard=false",
-        "grpo.max_num_steps=2",
-        "policy.backend=fsdp1",
-        "policy.generation.backend=fsdp1",
-        "cluster.workers_per_node=1",
-    ]
-    proc = subprocess.run(
-        [sys.executable, "-m", "rlcore", "run", str(REPO / "examples" / "grpo_tiny.yaml")]
-        + [a for o in overrides for a in ("-o", o)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        start_new_session=True,  # its own group: the signal reaches it and what it started, not pytest
-        cwd=tmp_path,
-    )
-    ended = time.time()
-    left = leaks.leftovers(baseline, grace_s=CLEANUP_BOUND_S)
-    leaks.release(baseline)
-    lines = (proc.stdout + proc.stderr).strip().splitlines()
-    summary = next(i for i, line in enumerate(lines) if line.startswith("rlcore run: "))
-    return proc, ended - float(stamp.read_text()), lines[summary + 1 :], left
-
-
 PHASES = [
     pytest.param("first_step", id="mid-run"),
     pytest.param("ray_started", id="after-ray-init", marks=pytest.mark.slow),
@@ -137,8 +93,11 @@ PHASES = [
 
 @pytest.mark.parametrize("at", PHASES)
 def test_sigterm_to_the_process_group_is_143_and_one_line_within_10_s(tmp_path, at):
-    proc, took, after, left = _group_signalled_run(tmp_path, at)
-    assert proc.returncode == 143, (proc.returncode, after)
-    assert after == ["stopped by SIGTERM: no checkpoint was written yet"], after
+    """``rlcore run`` in a process group of its own, which gets SIGTERM at phase ``at``."""
+    stamp = tmp_path / "signalled_at"
+    run = interrupted_run(tmp_path, f"{at}:TERM:group", env={SIGNAL_STAMP_ENV: str(stamp)}, own_group=True)
+    took = run.ended - float(stamp.read_text())
+    assert run.returncode == 143, (run.returncode, run.after)
+    assert run.after == ["stopped by SIGTERM: no checkpoint was written yet"], run.after
     assert took < LINE_WITHIN_S, f"{took:.1f} s from the signal to the exit"
-    assert not left, f"still there after {CLEANUP_BOUND_S}s: {left}"
+    assert not run.left, f"still there after {CLEANUP_BOUND_S}s: {run.left}"
