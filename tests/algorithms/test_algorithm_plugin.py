@@ -173,11 +173,13 @@ checkpointing: {enabled: false}
 """
 
 
-def test_it_trains_the_tiny_model_through_rlcore_run(rloo_site, tmp_path):
-    config = tmp_path / "rloo_tiny.yaml"
-    config.write_text(RUN_CONFIG.replace("OUT", str(tmp_path / "run")))
+def run_with_plugin(site: Path, config_text: str, tmp_path: Path) -> tuple[dict, list[dict]]:
+    """``rlcore run`` of ``config_text`` (``OUT``: its output directory) with the plugin installed at ``site``
+    (every installed plugin enabled): its summary and its metrics rows. Fails the test when the run fails."""
+    config = tmp_path / "config.yaml"
+    config.write_text(config_text.replace("OUT", str(tmp_path / "run")))
     env = {k: v for k, v in os.environ.items() if k not in ("RLCORE_PLUGINS", "RLCORE_DISABLE_PLUGINS")}
-    env["PYTHONPATH"] = os.pathsep.join([str(rloo_site), *filter(None, [env.get("PYTHONPATH")])])
+    env["PYTHONPATH"] = os.pathsep.join([str(site), *filter(None, [env.get("PYTHONPATH")])])
     out = subprocess.run(
         [sys.executable, "-m", "rlcore", "run", str(config)],
         cwd=tmp_path,
@@ -187,9 +189,13 @@ def test_it_trains_the_tiny_model_through_rlcore_run(rloo_site, tmp_path):
         timeout=600,
     )
     assert out.returncode == 0, out.stderr[-4000:]
-    summary = json.loads(out.stdout.strip().splitlines()[-1])
-    assert summary["steps"] == 2 and summary["first_reward_mean"] is not None
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    return json.loads(out.stdout.strip().splitlines()[-1]), rows
+
+
+def test_it_trains_the_tiny_model_through_rlcore_run(rloo_site, tmp_path):
+    summary, rows = run_with_plugin(rloo_site, RUN_CONFIG, tmp_path)
+    assert summary["steps"] == 2 and summary["first_reward_mean"] is not None
     assert [r["step"] for r in rows] == [0, 1]
     # the algorithm's own rows (a step whose groups all score alike has zero advantages, so no gradient)
     assert all(
@@ -266,22 +272,8 @@ def test_rft_trains_two_steps_on_the_toolkit_keeping_only_rewarded_completions(r
 
     from rlcore.models.builtin import resolve_model
 
-    config = tmp_path / "rft_tiny.yaml"
-    config.write_text(RFT_CONFIG.replace("OUT", str(tmp_path / "run")))
-    env = {k: v for k, v in os.environ.items() if k not in ("RLCORE_PLUGINS", "RLCORE_DISABLE_PLUGINS")}
-    env["PYTHONPATH"] = os.pathsep.join([str(rft_site), *filter(None, [env.get("PYTHONPATH")])])
-    out = subprocess.run(
-        [sys.executable, "-m", "rlcore", "run", str(config)],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert out.returncode == 0, out.stderr[-4000:]
-    summary = json.loads(out.stdout.strip().splitlines()[-1])
+    summary, rows = run_with_plugin(rft_site, RFT_CONFIG, tmp_path)
     assert summary["steps"] == 2
-    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1]
     for r in rows:
         assert r["kept"] + r["rejected"] == 16 and 0 <= r["reward_mean"] <= 1
