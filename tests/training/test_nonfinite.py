@@ -87,6 +87,19 @@ def test_the_rollout_counts_nonfinite_rewards_beside_the_environment_errors(monk
     assert metrics["env/first_error"] == "data row 1: non-finite reward nan from environment 'python'"
 
 
+def test_the_line_goes_above_the_progress_bar_on_standard_error(tmp_path, capsys):
+    """With a progress bar and no terminal given, the line goes where the bar goes (tqdm's own default is stdout,
+    where ``rlcore run`` prints its JSON summary)."""
+    from rlcore.run.metrics import MetricsLogger, zeroed_line
+
+    row = {"loss": 0.5, "env/errors": 1.0, "env/nonfinite_rewards": 1.0, "env/first_error": "data row 0: nan"}
+    logger = MetricsLogger(tmp_path, tensorboard=False, progress_bar=True, total_steps=1)
+    logger.log(0, row)
+    logger.close()
+    captured = capsys.readouterr()
+    assert captured.out == "" and zeroed_line(0, row) in captured.err.splitlines()
+
+
 def test_what_a_step_zeroed_is_one_terminal_line_naming_the_first_sample(tmp_path):
     """30% NaN rewards per step were zeroed and counted, but only metrics.jsonl and the driver log showed it."""
     import io

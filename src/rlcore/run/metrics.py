@@ -83,9 +83,9 @@ class MetricsLogger:
             self._bar.update(1)
 
     def _say(self, line: str) -> None:
-        """One line on the terminal, above the progress bar."""
+        """One line where the progress bar goes (the terminal under ``rlcore run``), above the bar."""
         if self._bar is not None:
-            self._bar.write(line, file=self._notices)
+            self._bar.write(line, file=self._notices or sys.stderr)  # tqdm's own default is stdout
         else:
             print(line, file=self._notices or sys.stderr)
 
@@ -103,10 +103,9 @@ class MetricsLogger:
                 with contextlib.suppress(Exception):
                     tracker.close(failed=True)
                 first = (str(exc).strip().splitlines() or [""])[0]
-                print(
+                self._say(
                     f"warning: {tracker.name} stopped logging at step {step}: {type(exc).__name__}: {first}; "
-                    f"metrics.jsonl has every row",
-                    file=self._notices or sys.stderr,
+                    f"metrics.jsonl has every row"
                 )
 
     def close(self) -> Path | None:
