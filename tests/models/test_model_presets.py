@@ -1,4 +1,4 @@
-"""The real-size presets (qwen2.5-0.5b, qwen3-0.6b, llama-3.2-1b): shapes, counts, cache keys, a small build.
+"""The real-size presets (qwen2.5-0.5b, qwen3-0.6b, llama-3.2-1b, qwen3-30b-a3b): shapes, counts, cache keys, builds.
 
 Nothing here allocates a preset's weights: counts come from the meta device,
 and the end-to-end build uses a preset's settings at one small layer.
@@ -31,7 +31,8 @@ def meta_model(config):
 def test_preset_parameter_count_is_the_real_one(name):
     model = meta_model(build.model_config(**PRESETS[name]))
     assert sum(p.numel() for p in model.parameters()) == PARAMETER_COUNTS[name]
-    assert model.lm_head.weight is model.model.embed_tokens.weight
+    tied = model.lm_head.weight is model.model.embed_tokens.weight
+    assert tied == PRESETS[name]["tie_word_embeddings"]
 
 
 def test_preset_configs():
@@ -124,7 +125,8 @@ def test_small_preset_builds_loads_and_runs(tmp_path, name):
     cfg = model.config
     assert cfg.model_type == PRESETS[name]["arch"]
     assert cfg.rope_parameters == build.model_config(**PRESETS[name]).rope_parameters
-    assert cfg.rms_norm_eps == PRESETS[name]["rms_norm_eps"] and cfg.tie_word_embeddings
+    assert cfg.rms_norm_eps == PRESETS[name]["rms_norm_eps"]
+    assert cfg.tie_word_embeddings == PRESETS[name]["tie_word_embeddings"]
     tokenizer = transformers.AutoTokenizer.from_pretrained(path)
     assert len(tokenizer) <= cfg.vocab_size
     ids = torch.tensor([tokenizer.encode("hello world")])
@@ -141,3 +143,31 @@ def test_large_vocab_rows_beyond_the_tokenizer(tmp_path):
     # 259 byte-level tokens (AutoTokenizer gives qwen2 models a Qwen2Tokenizer, which adds <|endoftext|>)
     assert len(tokenizer) <= 260
     assert tokenizer.decode([ord("a") + 3, 151935, 1000]) == "a"
+
+
+def test_moe_preset_and_tiny_moe():
+    """The Qwen3-MoE shapes: 128 experts top-8 at real size; the tiny one 8 experts top-2 with an aux loss."""
+    real = build.model_config(**PRESETS["qwen3-30b-a3b"])
+    assert (real.model_type, real.num_experts, real.num_experts_per_tok, real.moe_intermediate_size) == (
+        "qwen3_moe",
+        128,
+        8,
+        768,
+    )
+    assert real.norm_topk_prob and real.router_aux_loss_coef == 0.001 and not real.tie_word_embeddings
+    tiny = build.model_config(**BUILTIN_MODELS["tiny-qwen3-moe"])
+    assert (tiny.num_experts, tiny.num_experts_per_tok, tiny.moe_intermediate_size) == (8, 2, 64)
+    model = transformers.AutoModelForCausalLM.from_config(tiny)
+    ids = torch.tensor([[5, 6, 7, 8]])
+    out = model(input_ids=ids, labels=ids, output_router_logits=True)
+    # the loss includes the load-balancing term: the plain cross-entropy plus coef x aux
+    assert out.aux_loss is not None and out.aux_loss > 0
+    ce = torch.nn.functional.cross_entropy(out.logits[0, :-1], ids[0, 1:])
+    torch.testing.assert_close(out.loss, ce + tiny.router_aux_loss_coef * out.aux_loss)
+
+
+def test_moe_arguments_need_the_moe_arch():
+    with pytest.raises(ValueError, match="need arch 'qwen3_moe'"):
+        build.model_config("qwen3", num_experts=8)
+    with pytest.raises(ValueError, match="exceeds num_experts"):
+        build.model_config("qwen3_moe", num_experts=2, num_experts_per_tok=4)

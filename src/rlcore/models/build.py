@@ -1,4 +1,4 @@
-"""A randomly initialised causal LM (Llama, Qwen2 or Qwen3) built from a config and saved as safetensors.
+"""A randomly initialised causal LM (Llama, Qwen2, Qwen3, Qwen3-MoE) built from a config and saved as safetensors.
 
 Tiny by default; the presets of :mod:`rlcore.models.presets` use the same
 builder at the real sizes. Nothing is downloaded: the weights are drawn under a
@@ -16,7 +16,7 @@ from typing import Any
 
 from rlcore.models.tokenizer import build_tiny_tokenizer
 
-ARCHS = ("llama", "qwen2", "qwen3")
+ARCHS = ("llama", "qwen2", "qwen3", "qwen3_moe")
 
 #: Bump when the way models are built changes, so cached builds are not reused.
 BUILD_VERSION = 1
@@ -24,7 +24,16 @@ BUILD_VERSION = 1
 #: Arguments added after the first release. Left at their default (``None``:
 #: the transformers config's own default) they are not part of the cache key,
 #: so models cached before they existed keep their directory.
-LATER_ARGUMENTS = ("rope_theta", "rope_scaling", "rms_norm_eps")
+LATER_ARGUMENTS = (
+    "rope_theta",
+    "rope_scaling",
+    "rms_norm_eps",
+    "num_experts",
+    "num_experts_per_tok",
+    "moe_intermediate_size",
+    "router_aux_loss_coef",
+    "norm_topk_prob",
+)
 
 
 def _round_up(n: int, multiple: int) -> int:
@@ -61,11 +70,19 @@ def build_tiny_model(
     rope_theta: float | None = None,
     rope_scaling: dict[str, Any] | None = None,
     rms_norm_eps: float | None = None,
+    num_experts: int | None = None,
+    num_experts_per_tok: int | None = None,
+    moe_intermediate_size: int | None = None,
+    router_aux_loss_coef: float | None = None,
+    norm_topk_prob: bool | None = None,
 ) -> str:
     """Build a randomly initialised causal LM and save it (+ tokenizer) to ``save_dir``.
 
     ``arch`` picks ``LlamaConfig`` / ``Qwen2Config`` (q/k/v biases) /
-    ``Qwen3Config`` (q/k norms). Weights depend only on the arguments: they are
+    ``Qwen3Config`` (q/k norms) / ``Qwen3MoeConfig`` (q/k norms, every MLP a
+    mixture of ``num_experts`` experts of width ``moe_intermediate_size``, top
+    ``num_experts_per_tok`` routing, a load-balancing aux loss weighted by
+    ``router_aux_loss_coef``). Weights depend only on the arguments: they are
     drawn under ``seed`` inside a forked RNG, so the caller's global torch RNG
     is left as it was. ``vocab_size`` defaults to the tokenizer size rounded up
     to a multiple of 64 (padded rows, as real checkpoints have). ``head_dim``
@@ -99,6 +116,11 @@ def build_tiny_model(
         rope_theta=rope_theta,
         rope_scaling=rope_scaling,
         rms_norm_eps=rms_norm_eps,
+        num_experts=num_experts,
+        num_experts_per_tok=num_experts_per_tok,
+        moe_intermediate_size=moe_intermediate_size,
+        router_aux_loss_coef=router_aux_loss_coef,
+        norm_topk_prob=norm_topk_prob,
     )
     torch_dtype = _resolve_dtype(dtype)
     with torch.random.fork_rng(devices=[]):
@@ -159,6 +181,11 @@ def _make_config(
     rope_theta: float | None = None,
     rope_scaling: dict[str, Any] | None = None,
     rms_norm_eps: float | None = None,
+    num_experts: int | None = None,
+    num_experts_per_tok: int | None = None,
+    moe_intermediate_size: int | None = None,
+    router_aux_loss_coef: float | None = None,
+    norm_topk_prob: bool | None = None,
 ):
     """Validate the shape and make the transformers config (arguments left None are not passed)."""
     import transformers
@@ -174,11 +201,28 @@ def _make_config(
     if vocab_size < len(tokenizer):
         raise ValueError(f"vocab_size {vocab_size} is smaller than the tokenizer ({len(tokenizer)})")
 
-    optional = {"rope_parameters": _rope_parameters(rope_theta, rope_scaling), "rms_norm_eps": rms_norm_eps}
+    moe = {
+        "num_experts": num_experts,
+        "num_experts_per_tok": num_experts_per_tok,
+        "moe_intermediate_size": moe_intermediate_size,
+        "router_aux_loss_coef": router_aux_loss_coef,
+        "norm_topk_prob": norm_topk_prob,
+    }
+    given_moe = sorted(name for name, value in moe.items() if value is not None)
+    if given_moe and arch != "qwen3_moe":
+        raise ValueError(f"{', '.join(given_moe)}: mixture-of-experts arguments need arch 'qwen3_moe', not {arch!r}")
+    if num_experts is not None and num_experts_per_tok is not None and num_experts_per_tok > num_experts:
+        raise ValueError(f"num_experts_per_tok ({num_experts_per_tok}) exceeds num_experts ({num_experts})")
+    optional = {
+        "rope_parameters": _rope_parameters(rope_theta, rope_scaling),
+        "rms_norm_eps": rms_norm_eps,
+        **moe,
+    }
     config_cls = {
         "llama": transformers.LlamaConfig,
         "qwen2": transformers.Qwen2Config,
         "qwen3": transformers.Qwen3Config,
+        "qwen3_moe": transformers.Qwen3MoeConfig,
     }[arch]
     return config_cls(
         vocab_size=vocab_size,

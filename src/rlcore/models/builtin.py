@@ -19,6 +19,21 @@ BUILTIN_MODELS: dict[str, dict[str, Any]] = {
     "tiny-qwen3": dict(
         arch="qwen3", hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=32, intermediate_size=256
     ),
+    # Mixture of experts in the Qwen3-MoE shape: every MLP is 8 experts of width 64, top-2 routing, an aux loss.
+    "tiny-qwen3-moe": dict(
+        arch="qwen3_moe",
+        hidden_size=128,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=32,
+        intermediate_size=256,
+        num_experts=8,
+        num_experts_per_tok=2,
+        moe_intermediate_size=64,
+        router_aux_loss_coef=0.001,
+        norm_topk_prob=True,
+    ),
     # A teacher for the distillation demo: random but sharp (large initial weights), so its top-k distributions
     # are far from a fresh student's and the KL has somewhere to fall.
     "tiny-teacher": dict(

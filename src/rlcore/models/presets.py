@@ -1,4 +1,4 @@
-"""Built-in models with the shapes of real ones (Qwen2.5-0.5B, Qwen3-0.6B, Llama-3.2-1B), random weights.
+"""Built-in models with the shapes of real ones (Qwen2.5-0.5B, Qwen3-0.6B, Llama-3.2-1B, Qwen3-30B-A3B), random weights.
 
 Each preset is a set of :func:`rlcore.models.build.build_tiny_model` arguments
 matching the real model's ``config.json``: layers, widths, heads, vocabulary
@@ -66,6 +66,25 @@ PRESETS: dict[str, dict[str, Any]] = {
             original_max_position_embeddings=8192,
         ),
     ),
+    # Mixture of experts: 128 experts of width 768 per layer, 8 routed per token (about 3.3B of 30.5B active).
+    "qwen3-30b-a3b": dict(
+        arch="qwen3_moe",
+        hidden_size=2048,
+        num_layers=48,
+        num_heads=32,
+        num_kv_heads=4,
+        head_dim=128,
+        intermediate_size=6144,
+        vocab_size=151936,
+        tie_word_embeddings=False,
+        max_position_embeddings=40960,
+        num_experts=128,
+        num_experts_per_tok=8,
+        moe_intermediate_size=768,
+        router_aux_loss_coef=0.001,
+        norm_topk_prob=True,
+        **_QWEN_ROPE_EPS,
+    ),
 }
 
 #: Parameters of the real models (tied embeddings counted once); the presets have exactly these.
@@ -73,6 +92,7 @@ PARAMETER_COUNTS: dict[str, int] = {
     "qwen2.5-0.5b": 494_032_768,
     "qwen3-0.6b": 596_049_920,
     "llama-3.2-1b": 1_235_814_400,
+    "qwen3-30b-a3b": 30_532_122_624,
 }
 
 
