@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Discriminator, Field, PositiveInt, Tag, model_validator
+from pydantic import Discriminator, Field, JsonValue, PositiveInt, Tag, model_validator
 
 from rlcore.config.base import SECTION_SUFFIX, SectionsModel, StrictModel, derived, fill_derived
 from rlcore.config.generation import GenerationConfig
@@ -279,6 +279,13 @@ class PolicyConfig(SectionsModel):
         description=f"{FALLBACK_TRAINING_BACKEND} backend only: recompute activations in backward (other "
         "backends: true is an error; use the backend's own <name>_cfg.activation_checkpointing).",
         json_schema_extra={ONLY_READ_BY: FALLBACK_TRAINING_BACKEND},
+    )
+    hf_config_overrides: dict[str, JsonValue] = Field(
+        default_factory=dict,
+        description="Values set on the model's Hugging Face config before the training model is built "
+        "(NeMo-RL's policy.hf_config_overrides; top-level keys replace the config's). A key the config does not "
+        "have, or one that changes a parameter's shape, is refused; the generation engine applies the same "
+        "(vLLM: hf_overrides). Backends: rlcore.training.hf_config.",
     )
     lora: LoRAConfig = Field(default_factory=LoRAConfig, description="LoRA adapters (off by default).")
     optimizer: PytorchOptimizerConfig = Field(
