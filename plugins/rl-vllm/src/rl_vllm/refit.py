@@ -135,6 +135,26 @@ def _reprocess_tied_head(model: Any) -> None:
     method.process_weights_after_loading(head)
 
 
+def _repack_cpu_experts(model: Any, loaded: set[str]) -> None:
+    """Redo the CPU packing of the fused expert weights that a reload loaded.
+
+    vLLM 0.32's unquantized MoE method runs its experts' own post-load step
+    (on CPU: packing ``w13``/``w2`` into the grouped-GEMM layout) only on the
+    first load; on a weight update it copies the new weights in and skips it,
+    so a refit would leave the CPU kernel reading unpacked weights (logprobs
+    off by ~0.5 after a refit, and still off after refitting the original
+    weights). Run it for every expert layer that got new weights.
+    """
+    try:
+        from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
+    except ImportError:  # a build without the CPU MoE kernels: nothing of it to redo
+        return
+    for prefix, module in model.named_modules():
+        experts = getattr(getattr(getattr(module, "quant_method", None), "moe_kernel", None), "fused_experts", None)
+        if isinstance(experts, CPUUnquantizedExperts) and f"{prefix}.w13_weight" in loaded:
+            experts.process_weights_after_loading(module)
+
+
 class InPlaceReload:
     """One in-place reload of an in-process engine's weights: ``load`` per bucket, then ``finish``.
 
@@ -179,6 +199,7 @@ class InPlaceReload:
                 with self._config_ctx(self._worker.vllm_config):
                     finalize_layerwise_reload(self.model, self._worker.vllm_config.model_config)
                     _reprocess_tied_head(self.model)
+                    _repack_cpu_experts(self.model, self.loaded)
             finally:
                 self._quiet.__exit__(None, None, None)
 
