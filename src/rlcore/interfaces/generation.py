@@ -18,6 +18,12 @@ class GenerationInterface(abc.ABC):
     and padding are 0, position ``i`` of a generated token holds
     ``log p(token_i | tokens_<i)`` under the sampling distribution
     (temperature applied), so the two can be compared index by index.
+
+    A batch may carry ``sampling_seeds`` (``[B]`` int64, optional; design.md §2.1): a seed per request, which an
+    engine that can should sample that request with (a generator of its own), so that the same request on the
+    same weights gives the same completion, whatever was sampled before it. rlcore's rollouts always send it; an
+    engine that ignores it keeps working, but a resumed run does not reproduce its rollouts
+    (docs/reproducibility.md).
     """
 
     @abc.abstractmethod

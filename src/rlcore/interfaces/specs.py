@@ -25,6 +25,11 @@ class GenerationDatumSpec(TypedDict):
     input_ids: torch.Tensor  # [B, S] int64, right-padded
     input_lengths: torch.Tensor  # [B] int64
     stop_strings: NotRequired[list[list[str] | None]]  # per-sample stop strings
+    # [B] int64, optional: each request's sampling seed (rlcore.run.rollouts.sampling_seed). An engine that honours
+    # it samples a request from a generator of its own seeded with it (vLLM: SamplingParams(seed=...)), so the same
+    # request on the same weights gives the same completion; one that ignores it still works, but a resumed run
+    # does not reproduce its rollouts (docs/reproducibility.md).
+    sampling_seeds: NotRequired[torch.Tensor]
 
 
 class GenerationOutputSpec(TypedDict):

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from rlcore.datasets import DataExhausted
+from rlcore.run.rollouts import rollout_step
 from rlcore.run.validation import synchronous_generate, validate, validation_due
 
 if TYPE_CHECKING:
@@ -21,7 +22,8 @@ def train_rollout_steps(
     drew past the last batch the epochs allow; the steps before it are complete)."""
     for step in range(run.start_step, run.num_steps):
         try:
-            metrics = one_step(step)
+            with rollout_step(step):  # the step's sampling seeds (rlcore.run.rollouts.sampling_seed)
+                metrics = one_step(step)
         except DataExhausted as exc:
             return f"the data ran out during step {step} ({exc})"
         if validation_due(run, step):

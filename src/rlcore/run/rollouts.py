@@ -20,12 +20,21 @@ only ones trained (observations are context, like the prompt), and
 position, so the loss compares it with the policy's token by token across
 turns. The next turn is generated from these very token ids (never from
 re-rendered text), so what the policy scores is exactly what the engine saw.
+
+Each generation request carries its own sampling seed (``sampling_seeds``, design.md §2.1): a pure function of the
+run's seed, the training step, the sample's data row, its copy and the turn (:func:`sampling_seed`), never of an
+engine's running random state. An engine that honours the key samples the same completion from the same weights
+whenever the request is made again, which is what lets a resumed run reproduce the steps it re-runs
+(docs/reproducibility.md).
 """
 
 from __future__ import annotations
 
+import hashlib
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -51,6 +60,29 @@ class Rollout:
     metrics: dict[str, float | str] = field(default_factory=dict)  # env/first_error: text
 
 
+#: The training step whose rollouts are being generated (None outside a step, e.g. on a thread of its own).
+_ROLLOUT_STEP: ContextVar[int | None] = ContextVar("rlcore_rollout_step", default=None)
+
+
+@contextmanager
+def rollout_step(step: int) -> Iterator[None]:
+    """Rollouts made inside the block belong to training step ``step``: their sampling seeds include it, so a
+    data row drawn again in a later epoch is not sampled with the same seeds."""
+    token = _ROLLOUT_STEP.set(step)
+    try:
+        yield
+    finally:
+        _ROLLOUT_STEP.reset(token)
+
+
+def sampling_seed(run_seed: int, step: int | None, row: int, copy: int, turn: int) -> int:
+    """The seed of one generation request: a 63-bit digest of the run's seed, the step (None: not known), the
+    sample's data row, which of its ``repeat`` copies, and the turn. The same request, made again after a resume,
+    gets the same seed; distinct requests of a run get unrelated ones."""
+    key = f"rlcore-sampling/{run_seed}/{step}/{row}/{copy}/{turn}".encode()
+    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big") >> 1
+
+
 def run_rollout(
     cfg: Any,
     generate: Callable[[Any], Any],
@@ -69,6 +101,7 @@ def run_rollout(
     from rlcore.run.step import encode_samples, loop_setting
 
     max_turns = loop_setting(cfg, "max_rollout_turns", 1)  # GRPO's, on-policy distillation's; 1 without one
+    run_seed, step = loop_setting(cfg, "seed", 0) or 0, _ROLLOUT_STEP.get()
     max_total = cfg.policy.max_total_sequence_length
     pad = pad_id(tokenizer)
     first = encode_samples(cfg, tokenizer, samples, repeat)
@@ -84,6 +117,10 @@ def run_rollout(
         if not active:
             break
         batch = state.batch(active, pad)
+        batch["sampling_seeds"] = torch.tensor(
+            [sampling_seed(run_seed, step, samples[i // repeat].idx, i % repeat, turn) for i in active],
+            dtype=torch.long,
+        )
         with timer.phase("generation"):
             out = generate(batch)
         out = clip_rollout(out, batch["input_lengths"], max_total, pad)

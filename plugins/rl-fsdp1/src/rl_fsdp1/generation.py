@@ -16,6 +16,12 @@ nothing, as in vLLM).
 Where a stop string ends a row, the row keeps the tokens up to and including
 the one that completed the string (tokens are not split); a stop token id is
 kept as the last generated token.
+
+A batch with ``sampling_seeds`` (``[B]`` int64, design.md §2.1) samples each
+row from a ``torch.Generator`` of its own, seeded with the row's seed
+(:class:`SeededRowSampler`), so a row's completion depends on its seed and
+the weights, not on what was sampled before it (a resumed run reproduces it).
+Without the key, rows draw from torch's global generator, as HF does.
 """
 
 from __future__ import annotations
@@ -64,14 +70,17 @@ class SamplingSettings:
     def logprob_temperature(self) -> float:
         return 1.0 if self.greedy else self.temperature
 
-    def hf_generation_config(self) -> Any:
-        """A complete ``transformers.GenerationConfig`` (nothing inherited from the model's defaults, e.g. top_k=50)."""
+    def hf_generation_config(self, seeded: bool = False) -> Any:
+        """A complete ``transformers.GenerationConfig`` (nothing inherited from the model's defaults, e.g. top_k=50).
+        ``seeded``: a :class:`SeededRowSampler` picks the tokens; HF takes them (the argmax of one finite score)."""
         from transformers import GenerationConfig
 
         sampling = {} if self.greedy else dict(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k or 0)
+        if seeded:
+            sampling = {}
         return GenerationConfig(
             max_new_tokens=self.max_new_tokens,
-            do_sample=not self.greedy,
+            do_sample=not self.greedy and not seeded,
             eos_token_id=list(self.stop_token_ids) or None,
             pad_token_id=self.pad_token_id,
             return_dict_in_generate=True,
@@ -137,6 +146,54 @@ def stopping_criteria(finder: StopStringFinder, prompt_width: int) -> Any:
     return _PerRowStopStrings()
 
 
+class SeededRowSampler:
+    """An HF logits processor that samples each row's next token with the row's own generator.
+
+    It applies what HF's sampling would (temperature, then top-k, then top-p, HF's own warpers), draws one token
+    per row from ``softmax`` with that row's ``torch.Generator``, and returns scores that are ``-inf`` except at
+    the drawn token, which HF's greedy selection then takes. HF reports the raw logits (``output_logits``), so
+    the logprobs are those of the unchanged distribution.
+    """
+
+    def __init__(self, settings: SamplingSettings, seeds: Sequence[int], device: torch.device) -> None:
+        from transformers.generation.logits_process import (
+            TemperatureLogitsWarper,
+            TopKLogitsWarper,
+            TopPLogitsWarper,
+        )
+
+        self.warpers: list[Any] = []
+        if settings.temperature != 1.0:
+            self.warpers.append(TemperatureLogitsWarper(settings.temperature))
+        if settings.top_k:
+            self.warpers.append(TopKLogitsWarper(top_k=settings.top_k))
+        if settings.top_p < 1.0:
+            self.warpers.append(TopPLogitsWarper(top_p=settings.top_p))
+        self.generators = [torch.Generator(device=device).manual_seed(int(seed)) for seed in seeds]
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        for warper in self.warpers:
+            scores = warper(input_ids, scores)
+        probs = torch.softmax(scores.float(), dim=-1)
+        drawn = [torch.multinomial(probs[i], 1, generator=g) for i, g in enumerate(self.generators)]
+        chosen = torch.cat(drawn)
+        picked = torch.full_like(scores, float("-inf"))
+        picked[torch.arange(scores.shape[0], device=scores.device), chosen] = 0.0
+        return picked
+
+
+def row_seeds(data: Any) -> list[int] | None:
+    """``data["sampling_seeds"]`` as ints (None when the batch has none); one per row or an error."""
+    seeds = data.get("sampling_seeds") if hasattr(data, "get") else None
+    if seeds is None:
+        return None
+    values = [int(s) for s in (seeds.tolist() if hasattr(seeds, "tolist") else seeds)]
+    rows = data["input_ids"].shape[0]
+    if len(values) != rows:
+        raise ValueError(f"sampling_seeds has {len(values)} entries for a batch of {rows}")
+    return values
+
+
 def left_pad(input_ids: torch.Tensor, input_lengths: torch.Tensor, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Right-padded prompts → left-padded ``[B, max_len]`` prompts and their attention mask."""
     width = int(input_lengths.max())
@@ -158,7 +215,7 @@ def generate(
     device: torch.device,
 ) -> dict[str, torch.Tensor]:
     """Run HF ``generate`` on ``model`` (a plain, full-parameter HF model) and build the output spec."""
-    from transformers import StoppingCriteriaList
+    from transformers import LogitsProcessorList, StoppingCriteriaList
 
     input_ids, input_lengths = data["input_ids"], data["input_lengths"].long()
     batch, prompt_width = input_ids.shape
@@ -167,12 +224,15 @@ def generate(
     criteria = StoppingCriteriaList()
     if any(finder.stops):
         criteria.append(stopping_criteria(finder, left_ids.shape[1]))
+    seeds = None if settings.greedy else row_seeds(data)
+    processors = LogitsProcessorList([SeededRowSampler(settings, seeds, device)] if seeds is not None else [])
 
     out = model.generate(
         input_ids=left_ids.to(device),
         attention_mask=mask.to(device),
-        generation_config=settings.hf_generation_config(),
+        generation_config=settings.hf_generation_config(seeded=seeds is not None),
         stopping_criteria=criteria,
+        logits_processor=processors,
     )
     new_tokens = out.sequences[:, left_ids.shape[1] :].cpu()
     logits = torch.stack(out.logits, dim=1).float().cpu() if out.logits else torch.zeros(batch, 0, 1)

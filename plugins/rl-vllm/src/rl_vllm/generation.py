@@ -30,8 +30,8 @@ if TYPE_CHECKING:
     from rlcore.interfaces.specs import GenerationDatumSpec
 
 WORKER_CLASS = "rl_vllm.worker:VllmGenerationWorker"
-#: Keys of a generation batch the engines read.
-INPUT_KEYS = ("input_ids", "input_lengths", "stop_strings")
+#: Keys of a generation batch the engines read (``sampling_seeds``: a seed per request, design.md §2.1).
+INPUT_KEYS = ("input_ids", "input_lengths", "stop_strings", "sampling_seeds")
 
 
 class VllmGeneration(WorkerGroupOwner, GenerationInterface):

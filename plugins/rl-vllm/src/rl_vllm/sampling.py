@@ -35,6 +35,20 @@ def request_stop_strings(
     return out
 
 
+def request_seeds(data: Any, batch: int) -> list[int | None]:
+    """Each request's sampling seed: ``data["sampling_seeds"]`` (``[B]`` int64, design.md §2.1), or None for
+    every request of a batch without the key (the engine's own random state then draws, as before). A seeded
+    request samples from a generator of its own (``SamplingParams(seed=...)``): the same request on the same
+    weights gives the same completion, whatever the engine sampled before it."""
+    seeds = data.get("sampling_seeds") if hasattr(data, "get") else None
+    if seeds is None:
+        return [None] * batch
+    values = [int(s) for s in (seeds.tolist() if hasattr(seeds, "tolist") else seeds)]
+    if len(values) != batch:
+        raise ValueError(f"sampling_seeds has {len(values)} entries for a batch of {batch}")
+    return values
+
+
 @dataclass
 class Completion:
     """What the engine produced for one prompt."""
@@ -99,6 +113,9 @@ def batch_problems(data: Any, max_model_len: int | None = None) -> list[str]:
     stops = data.get("stop_strings")
     if stops is not None and len(stops) != ids.shape[0]:
         problems.append(f"stop_strings has {len(stops)} entries for a batch of {ids.shape[0]}")
+    seeds = data.get("sampling_seeds")
+    if seeds is not None and len(seeds) != ids.shape[0]:
+        problems.append(f"sampling_seeds has {len(seeds)} entries for a batch of {ids.shape[0]}")
     return problems
 
 
