@@ -13,6 +13,11 @@ The base class turns those into the worker methods the ``Policy`` calls, with
 the contracts of design.md §2: alignment, padding back to the caller's width,
 the shared optimizer-step loop, and the reference model swapped in from a CPU
 copy of this rank's own shards.
+
+Training randomness (dropout, LoRA dropout, anything that draws from torch's
+generator during ``train``) is a pure function of the optimizer steps taken
+and the rank (:func:`training_random_state`): a resumed run, whose scheduler
+state says how many steps were taken, draws what the uninterrupted run drew.
 """
 
 from __future__ import annotations
@@ -33,6 +38,31 @@ from rlcore.training.optim import build_optimizer, build_scheduler
 
 class NonFiniteStepsError(RuntimeError):
     """Too many optimizer steps in a row had a NaN or infinite loss or gradient norm."""
+
+
+def optimizer_steps_taken(scheduler: Any) -> int | None:
+    """How many optimizer steps ``scheduler`` has seen (torch's ``last_epoch``, megatron's ``num_steps``), None
+    for a scheduler that does not say; it is checkpointed with the optimizer, so a resumed run reads it too."""
+    for name in ("last_epoch", "num_steps"):
+        value = getattr(scheduler, name, None)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None
+
+
+@contextlib.contextmanager
+def training_random_state(steps_taken: int | None, rank: int, device: torch.device) -> Iterator[None]:
+    """Inside the block torch's generators (CPU, and ``device``'s when it is an accelerator) are seeded from
+    ``steps_taken`` and ``rank`` alone; after it they are as they were. None: nothing is seeded (a scheduler
+    that does not count its steps: the run's randomness is then that of the process, not reproduced on resume)."""
+    if steps_taken is None:
+        yield
+        return
+    accelerator = device.type not in ("cpu", "meta")
+    devices = [device.index if device.index is not None else 0] if accelerator else []
+    with torch.random.fork_rng(devices=devices, device_type=device.type if accelerator else "cuda"):
+        torch.manual_seed(1_000_003 * steps_taken + rank)  # every device's generator, from the step and rank
+        yield
 
 
 #: ``policy.precision`` → torch dtype.
@@ -223,17 +253,19 @@ class TrainingWorkerBase:
         gbs = gbs or self.cfg.train_global_batch_size
         mbs = mbs or self.cfg.train_micro_batch_size
         self.model.train(not eval_mode)
-        result = train_steps(
-            data,
-            loss_fn,
-            self._step_hooks(),
-            local_batch_size=gbs // self.dp_size,
-            mbs=mbs,
-            max_grad_norm=self.cfg.max_grad_norm,
-            eval_mode=eval_mode,
-            mode=mode,
-            seq_multiple=self.cfg.make_sequence_length_divisible_by,
-        )
+        steps = optimizer_steps_taken(getattr(self, "scheduler", None))
+        with training_random_state(steps, int(os.environ.get("RANK", "0")), self.device):
+            result = train_steps(
+                data,
+                loss_fn,
+                self._step_hooks(),
+                local_batch_size=gbs // self.dp_size,
+                mbs=mbs,
+                max_grad_norm=self.cfg.max_grad_norm,
+                eval_mode=eval_mode,
+                mode=mode,
+                seq_multiple=self.cfg.make_sequence_length_divisible_by,
+            )
         self._count_skipped(result)
         return result
 
