@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
     from rlcore.data import BatchedDataDict
     from rlcore.interfaces import LossFunction
+    from rlcore.training.moe_aux import AuxLoss
 
 
 @dataclass
@@ -51,6 +52,10 @@ class StepHooks:
     - ``forward_with_inputs(mb, names)`` (optional, capability ``logits_at_indices``): one forward
       giving the logprobs and ``{name: tensor}`` of the loss inputs ``names``
       (:mod:`rlcore.training.loss_inputs`); used instead of ``forward`` when the loss asks for them.
+    - ``model_aux_loss()`` (optional): the model's own auxiliary loss of the forward that just ran
+      (:class:`rlcore.training.moe_aux.AuxLoss`, a mixture-of-experts' load balancing), or None; the loop adds it
+      to that micro-batch's loss normalised by the step's routed tokens over every dp rank
+      (:mod:`rlcore.training.moe_aux`) and reports it as the ``router_aux_loss`` metric.
     - ``all_agree(ok)`` (optional): whether ``ok`` holds on every rank that trains the model. By default the
       step's loss, summed over dp, is the same on every rank and so is the decision to skip a step; a
       backend whose ranks see different losses (megatron: only the last pipeline stage computes it) reduces
@@ -73,6 +78,7 @@ class StepHooks:
     ) = None
     all_agree: Callable[[bool], bool] | None = None
     before_micro_batch: Callable[[bool], None] | None = None
+    model_aux_loss: Callable[[], AuxLoss | None] | None = None
 
     def run(
         self,
@@ -172,6 +178,7 @@ def train_steps(
     """
     import torch
 
+    from rlcore.training import moe_aux
     from rlcore.training.loss_inputs import loss_inputs
 
     inputs = loss_inputs(loss_fn)
@@ -180,15 +187,22 @@ def train_steps(
     mb_metrics: dict[str, list[float]] = defaultdict(list)
     for k in range(num_steps):
         step = shard.get_batch(k, None if mode != "plain" else local_batch_size)
-        counts = torch.stack(valid_counts(step))
+        with_aux = hooks.model_aux_loss is not None
+        counts = torch.stack([*valid_counts(step), *([moe_aux.routed_tokens(step)] if with_aux else [])])
         hooks.all_reduce_sum(counts)
         global_seqs, global_toks = counts[0].float(), counts[1].float()
+        global_routed = float(counts[2]) if with_aux else 0.0
         step_sum: torch.Tensor | None = None  # the step loss, summed on the loss's device: read once per step
         step_metrics: dict[str, list[Any]] = defaultdict(list)
 
         def loss_of(mb: BatchedDataDict[Any], logprobs: torch.Tensor) -> torch.Tensor:
             nonlocal step_sum
             loss, metrics = loss_fn(logprobs, mb, global_seqs, global_toks)
+            aux = hooks.model_aux_loss() if hooks.model_aux_loss is not None else None
+            if aux is not None:
+                share = aux.value * (aux.tokens / global_routed) if global_routed else aux.value * 0.0
+                loss = loss + aux.coef * share
+                metrics = {**metrics, moe_aux.METRIC: share.detach()}
             step_sum = loss.detach().double() if step_sum is None else step_sum + loss.detach().double()
             for name, value in metrics.items():
                 step_metrics[name].append(value)

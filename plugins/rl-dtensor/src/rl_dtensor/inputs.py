@@ -57,6 +57,20 @@ class ModelInputs:
             kwargs["cu_seq_lens_q"] = self.segment_bounds
         return kwargs
 
+    def routed_mask(self, sample_mask: torch.Tensor) -> torch.Tensor:
+        """``[rows, width]`` bool, true at the real tokens of rows whose ``sample_mask`` is 1: the tokens a
+        mixture-of-experts' load-balancing loss counts (:mod:`rlcore.training.moe_aux`), in this forward's layout."""
+        keep = sample_mask.to(self.input_lengths.device).bool()
+        width = self.input_ids.shape[1]
+        if self.packed is None:
+            real = torch.arange(width, device=keep.device)[None, :] < self.input_lengths[:, None]
+            return real & keep[:, None]
+        mask = torch.zeros(1, width, dtype=torch.bool, device=keep.device)
+        starts = self.packed.cu_seqlens.long().tolist()
+        for b, length in enumerate(self.input_lengths.cpu().tolist()):
+            mask[0, starts[b] : starts[b] + length] = keep[b]
+        return mask
+
     def _next_targets(self) -> torch.Tensor:
         """``target[:, t] = input_ids[:, t + 1]`` (the last column is a dummy 0)."""
         ids = self.input_ids

@@ -12,8 +12,8 @@ small and not in the checkpoint.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -23,6 +23,10 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_
 from rl_dtensor.parallelize import ParallelOptions, parallelize
 from rl_dtensor.segment_attention import use_segment_attention
 from rlcore.training import lora
+from rlcore.training.hf_config import load_config
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 
 @contextlib.contextmanager
@@ -46,13 +50,15 @@ def _with_lora(model: nn.Module, lora_cfg: Any) -> list[str]:
     return lora.apply_lora(model, lora_cfg) if lora_cfg.enabled else []
 
 
-def full_state_on_rank0(base_path: str, lora_cfg: Any, adapter_path: str | None) -> dict[str, torch.Tensor]:
+def full_state_on_rank0(
+    base_path: str, lora_cfg: Any, adapter_path: str | None, config: PretrainedConfig
+) -> dict[str, torch.Tensor]:
     """The model's full float32 state (LoRA applied, the adapter loaded) on rank 0; empty elsewhere."""
     from transformers import AutoModelForCausalLM
 
     if dist.get_rank() != 0:
         return {}
-    model = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(base_path, config=config, dtype=torch.float32)
     _with_lora(model, lora_cfg)
     if adapter_path:
         lora.load_adapter_into(model, adapter_path)
@@ -60,14 +66,23 @@ def full_state_on_rank0(base_path: str, lora_cfg: Any, adapter_path: str | None)
 
 
 def load_sharded_model(
-    base_path: str, lora_cfg: Any, adapter_path: str | None, mesh: Any, opts: ParallelOptions, device: torch.device
+    base_path: str,
+    lora_cfg: Any,
+    adapter_path: str | None,
+    mesh: Any,
+    opts: ParallelOptions,
+    device: torch.device,
+    config_overrides: Mapping[str, Any] | None = None,
 ) -> tuple[nn.Module, list[str]]:
-    """The parallelized model with the checkpoint's weights, and its LoRA targets. Collective."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    """The parallelized model with the checkpoint's weights, and its LoRA targets. Collective.
 
-    full = full_state_on_rank0(base_path, lora_cfg, adapter_path)
+    ``config_overrides``: ``policy.hf_config_overrides``, set on the config every rank builds from."""
+    from transformers import AutoModelForCausalLM
+
+    config = load_config(base_path, config_overrides)
+    full = full_state_on_rank0(base_path, lora_cfg, adapter_path, config)
     with parameters_on_meta():
-        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(base_path), dtype=torch.float32)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
         targets = _with_lora(model, lora_cfg)
     use_segment_attention(model)  # packed rows attend per sequence, not through a [T, T] mask
     buffers = {name: b.detach().clone() for name, b in model.named_buffers()}

@@ -82,6 +82,20 @@ def check_tp_divisibility(config, tp: int) -> None:
             )
 
 
+def check_no_experts(model: nn.Module, tp: int) -> None:
+    """The built-in plans shard dense MLPs only: a mixture-of-experts model trains with tp 1 (experts sharded by
+    FSDP2 over dp) on this backend."""
+    from rlcore.training.moe_aux import moe_routers
+
+    if moe_routers(model):
+        raise ValueError(
+            f"policy.dtensor_cfg.tensor_parallel_size={tp}: {type(model).__name__} is a mixture-of-experts model "
+            "and the dtensor backend has no tensor-parallel plan for its experts; set "
+            "policy.dtensor_cfg.tensor_parallel_size=1 (FSDP2 shards the experts over dp), or train it with the "
+            "megatron backend (tensor and expert parallel)"
+        )
+
+
 def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, sequence_parallel: bool, custom_plan: str | None) -> None:
     """Shard the model over ``tp_mesh`` with the architecture's plan (or the user's).
 
@@ -91,6 +105,7 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, sequence_parallel: bool, cus
     """
     if custom_plan is None:
         check_tp_divisibility(model.config, tp_mesh.size())
+        check_no_experts(model, tp_mesh.size())
     tied = _tied_embeddings(model)
     # The parallel styles replace parameters by new (trainable) ones: frozen weights (LoRA) stay frozen.
     frozen = {name for name, p in model.named_parameters() if not p.requires_grad}

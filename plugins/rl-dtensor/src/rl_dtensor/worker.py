@@ -38,7 +38,7 @@ from rl_dtensor.parallelize import DTYPES, ParallelOptions, build_mesh
 from rlcore.data import BatchedDataDict
 from rlcore.refit import RefitExportMixin
 from rlcore.refit.buckets import dtype_name
-from rlcore.training import lora
+from rlcore.training import lora, moe_aux
 from rlcore.training import sharded_checkpoint as ckpt
 from rlcore.training.checkpoint import is_adapter_checkpoint, load_hf_state_dict, save_tokenizer
 from rlcore.training.checkpoint_files import check_inside
@@ -117,9 +117,14 @@ class DTensorPolicyWorker(RefitExportMixin, TrainingWorkerBase):
         # Each rank allocates only its shards; rank 0 reads the checkpoint and broadcasts it.
         self.model: nn.Module
         self.model, self.lora_targets = load_sharded_model(
-            base_path, config.lora, adapter_path, self.mesh, self.opts, self.device
+            base_path, config.lora, adapter_path, self.mesh, self.opts, self.device, config.hf_config_overrides
         )
         self.hf_config = self.model.config
+        # A mixture-of-experts' load-balancing loss, trained when its config asks (rlcore.training.moe_aux).
+        self.aux_coef = moe_aux.aux_coefficient(self.hf_config)
+        self._routers = moe_aux.RouterLogitsRecorder(self.model) if self.aux_coef else None
+        self._training_forward = False
+        self._pending_aux: moe_aux.AuxLoss | None = None
         self._mode = "plain"
         # Where weights and optimizer state are now (offloading moves them to CPU between phases).
         self._model_device = self.device
@@ -150,7 +155,19 @@ class DTensorPolicyWorker(RefitExportMixin, TrainingWorkerBase):
 
     def _run(self, mb: BatchedDataDict) -> tuple[ModelInputs, torch.Tensor]:
         inputs = self._inputs(mb)
-        return inputs, self.model(**inputs.model_kwargs()).logits
+        if not (self._routers and self._training_forward):
+            return inputs, self.model(**inputs.model_kwargs()).logits
+        with self._routers.recording() as router_logits:
+            logits = self.model(**inputs.model_kwargs()).logits
+        mask = inputs.routed_mask(mb["sample_mask"])
+        aux = moe_aux.load_balancing_loss(router_logits, mask, self.hf_config.num_experts_per_tok)
+        self._pending_aux = moe_aux.AuxLoss(aux, float(mask.sum()), self.aux_coef)
+        return inputs, logits
+
+    def _take_aux(self) -> moe_aux.AuxLoss | None:
+        """The aux loss of the training forward that just ran (the loop adds it to that micro-batch's loss)."""
+        aux, self._pending_aux = self._pending_aux, None
+        return aux
 
     def _forward_logprobs(self, mb: BatchedDataDict) -> torch.Tensor:
         inputs, logits = self._run(mb)
@@ -213,9 +230,11 @@ class DTensorPolicyWorker(RefitExportMixin, TrainingWorkerBase):
     ) -> dict[str, Any]:
         self._mode = mode
         self._ensure_on_device(optimizer=not eval_mode)
+        self._training_forward = True
         try:
             return super().train(data, loss_fn, eval_mode=eval_mode, gbs=gbs, mbs=mbs, mode=mode)
         finally:
+            self._training_forward = False
             self._release_gathered()
 
     def _step_hooks(self) -> StepHooks:
@@ -229,6 +248,7 @@ class DTensorPolicyWorker(RefitExportMixin, TrainingWorkerBase):
             optimizer_step=self._optimizer_step,
             zero_grad=lambda: self.model.zero_grad(set_to_none=True),
             before_micro_batch=self._before_micro_batch,
+            model_aux_loss=self._take_aux if self._routers else None,
         )
 
     # -- reference model: this rank's own shards on CPU (LoRA: the base class switches adapters off) ------

@@ -71,9 +71,8 @@ class FSDP1PolicyWorker(RefitExportMixin, TrainingWorkerBase):
         layout: Any = None,
     ) -> None:
         # Plugin API 2: fsdp1 has no section and no layout function (backend_config None, pure dp).
-        from transformers import AutoModelForCausalLM
-
         from rlcore.config import as_policy_config
+        from rlcore.training.hf_config import pretrained_model
 
         config = as_policy_config(config)  # the seed's plain dict is accepted too
         self.device = init_distributed()
@@ -90,7 +89,7 @@ class FSDP1PolicyWorker(RefitExportMixin, TrainingWorkerBase):
             check_inside(weights_path)  # a checkpoint reads its own files only
         adapter_path = weights_path if is_adapter_checkpoint(weights_path) else None
         base_path = config.model_name if adapter_path else (weights_path or config.model_name)
-        hf_model = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32)
+        hf_model = pretrained_model(base_path, config.hf_config_overrides, dtype=torch.float32)
         self.hf_config = hf_model.config
         self.lora_targets = lora.apply_lora(hf_model, config.lora) if config.lora.enabled else []
         if adapter_path:

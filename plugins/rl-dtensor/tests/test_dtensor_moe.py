@@ -1,0 +1,184 @@
+"""A mixture-of-experts model (tiny-qwen3-moe: 8 experts, top-2) on the dtensor backend, FSDP2 over dp=2 ranks,
+against a single-process float64 Hugging Face reference written here.
+
+One policy serves every test: started with ``policy.hf_config_overrides`` that turn the router's
+load-balancing loss on (``output_router_logits``, a larger ``router_aux_loss_coef`` so its gradient shows)
+and change a number of the forward (``rms_norm_eps``). It computes logprobs, then makes one SGD step of
+NLL + aux loss (``rlcore.training.moe_aux``'s rule: each micro-batch's HF aux loss weighted by its share of the
+step's routed tokens over both ranks; micro-batches of one sample, one row's ``sample_mask`` 0).
+
+Tolerance: 1e-5, relative for the loss, the aux loss and the grad norm, absolute for logprobs and weights
+(SGD: a weight's error is ``lr`` times its gradient's). The backend computes in float32, so this is the float32
+error of its forward and backward, well below the negative controls' gaps (4e-4 in the router weights without
+the aux term, over 1e-3 in logprobs without the overrides).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from dtensor_testlib import LR, call_all, full_weights, max_abs_diff, policy_config, valid_diff
+from dtensor_testlib import batch as make_data
+
+from rlcore.algorithms.loss_functions import NLLLoss
+
+TOL = 1e-5
+OVERRIDES = {"output_router_logits": True, "router_aux_loss_coef": 0.5, "rms_norm_eps": 0.05}
+
+
+@pytest.fixture(scope="module")
+def moe_path() -> str:
+    from rlcore.models import resolve_model
+
+    return resolve_model("tiny-qwen3-moe")
+
+
+@pytest.fixture(scope="module")
+def data(tiny_tokenizer):
+    d = make_data(tiny_tokenizer)
+    d["sample_mask"][3] = 0.0  # a row that counts for neither the NLL nor the routing balance
+    return d
+
+
+@pytest.fixture(scope="module")
+def run(ray_session, moe_path, tiny_tokenizer, data):
+    """One 2-rank policy: its logprobs, one SGD step's result and its weights after it."""
+    from rlcore.distributed import RayVirtualCluster
+    from rlcore.policy import Policy
+
+    cluster = RayVirtualCluster([2])
+    cfg = policy_config(moe_path, hf_config_overrides=OVERRIDES)
+    policy = Policy(cluster, cfg, tiny_tokenizer, name_prefix="dt-moe")
+    try:
+        layout = call_all(policy, "is_dtensor_model")[0]
+        logprobs = policy.get_logprobs(data)["logprobs"]
+        out = policy.train(data, NLLLoss())
+        weights = full_weights(policy)
+    finally:
+        policy.shutdown()
+        cluster.shutdown()
+    return {"layout": layout, "logprobs": logprobs, "out": out, "weights": weights}
+
+
+def hf_float64(path: str, overrides: dict) -> torch.nn.Module:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(path, **overrides)
+    # The per-expert loop: an implementation of its own (the backend runs grouped_mm, which has no float64).
+    return AutoModelForCausalLM.from_pretrained(
+        path, config=config, dtype=torch.float64, experts_implementation="eager"
+    )
+
+
+def switch_aux_loss(router_logits: tuple[torch.Tensor, ...], top_k: int) -> torch.Tensor:
+    """Hugging Face's load-balancing loss of one unpadded sequence, in float64 (f_e * P_e over all layers)."""
+    experts = router_logits[0].shape[-1]
+    probs = [torch.softmax(layer.double(), dim=-1) for layer in router_logits]
+    rows = sum(p.shape[0] for p in probs)
+    assigned = sum(torch.nn.functional.one_hot(p.topk(top_k).indices, experts).sum((0, 1)).double() for p in probs)
+    mean_prob = sum(p.sum(0) for p in probs) / rows
+    return experts * torch.sum(assigned / rows * mean_prob)
+
+
+def reference_step(path: str, overrides: dict, data, with_aux: bool = True) -> dict:
+    """One SGD step of NLL (+ coef * aux) in float64, one sequence at a time without padding."""
+    model = hf_float64(path, overrides)
+    coef = model.config.router_aux_loss_coef
+    lengths, keep, token_mask = data["input_lengths"], data["sample_mask"].double(), data["token_mask"].double()
+    valid_tokens = float((token_mask[:, 1:] * keep[:, None]).sum())
+    routed = float((lengths.double() * keep).sum())
+    nll, aux = torch.zeros((), dtype=torch.float64), torch.zeros((), dtype=torch.float64)
+    logprobs = torch.zeros(data["input_ids"].shape, dtype=torch.float64)
+    for i, length in enumerate(lengths.tolist()):
+        ids = data["input_ids"][i : i + 1, :length]
+        out = model(input_ids=ids, output_router_logits=True, use_cache=False)
+        lp = torch.log_softmax(out.logits[0, :-1], dim=-1).gather(-1, ids[0, 1:, None])[:, 0]
+        logprobs[i, 1:length] = lp.detach()
+        nll = nll - (lp * token_mask[i, 1:length]).sum() * keep[i] / valid_tokens
+        seq_aux = switch_aux_loss(out.router_logits, model.config.num_experts_per_tok)
+        assert abs(float(seq_aux.detach()) - float(out.aux_loss.detach())) <= 1e-6 * float(
+            seq_aux
+        )  # HF's own (float32) definition
+        aux = aux + seq_aux * length * keep[i] / routed
+    loss = nll + coef * aux if with_aux else nll
+    loss.backward()
+    grads = {name: p.grad for name, p in model.named_parameters()}
+    norm = math.sqrt(sum(float(g.square().sum()) for g in grads.values()))
+    with torch.no_grad():
+        weights = {name: (p - LR * p.grad).float() for name, p in model.named_parameters()}
+    return {"loss": float(loss), "aux": float(aux), "grad_norm": norm, "weights": weights, "logprobs": logprobs}
+
+
+@pytest.fixture(scope="module")
+def reference(moe_path, data):
+    return reference_step(moe_path, OVERRIDES, data)
+
+
+def test_experts_are_sharded_by_fsdp2_over_dp(run):
+    layout = run["layout"]
+    assert layout["model.layers.0.mlp.experts.gate_up_proj"] == 1 and layout["model.layers.0.mlp.gate.weight"] == 1
+
+
+def test_overridden_config_gives_hf_s_forward_with_that_config(run, moe_path, data, reference):
+    """policy.hf_config_overrides reaches the trained model: its logprobs are those of an HF model built with the
+    overridden config, and not those of the checkpoint's own config (negative control)."""
+    got = run["logprobs"]
+    assert valid_diff(got, reference["logprobs"].float(), data["input_lengths"]) <= TOL
+    with torch.no_grad():
+        plain = hf_float64(moe_path, {})
+        ids, lengths = data["input_ids"], data["input_lengths"]
+        valid = torch.arange(ids.shape[1])[None, :] < lengths[:, None]
+        logits = plain(input_ids=ids, attention_mask=valid.long(), use_cache=False).logits[:, :-1]
+        lp = torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None])[..., 0]
+    unchanged = torch.where(valid[:, 1:], lp, torch.zeros_like(lp)).float()
+    assert float((got[:, 1:] - unchanged).abs().max()) > 1e-3
+
+
+def test_moe_step_with_router_aux_loss_matches_float64_reference(run, reference):
+    out = run["out"]
+    print(  # the measured gaps (pytest -s)
+        "loss",
+        abs(float(out["loss"][0]) - reference["loss"]),
+        "aux",
+        abs(sum(out["all_mb_metrics"]["router_aux_loss"]) - reference["aux"]),
+        "norm",
+        abs(float(out["grad_norm"][0]) - reference["grad_norm"]),
+        "weights",
+        max_abs_diff(run["weights"], reference["weights"]),
+        "reference",
+        reference["loss"],
+        reference["aux"],
+        reference["grad_norm"],
+    )
+    loss, norm = float(out["loss"][0]), float(out["grad_norm"][0])
+    aux = sum(out["all_mb_metrics"]["router_aux_loss"])
+    assert abs(loss - reference["loss"]) <= TOL * abs(reference["loss"])
+    assert abs(aux - reference["aux"]) <= TOL * reference["aux"]
+    assert abs(norm - reference["grad_norm"]) <= TOL * reference["grad_norm"]
+    worst, name = max_abs_diff(run["weights"], reference["weights"])
+    assert worst <= TOL, f"{name} differs from the float64 reference by {worst:.3g}"
+
+
+def test_negative_control_the_aux_loss_is_in_the_step(run, moe_path, data):
+    """The same reference without the aux term: the router weights it gives are far from the policy's."""
+    without = reference_step(moe_path, OVERRIDES, data, with_aux=False)
+    gaps = {
+        name: float((run["weights"][name].double() - w.double()).abs().max())
+        for name, w in without["weights"].items()
+        if name.endswith("mlp.gate.weight")
+    }
+    assert gaps and min(gaps.values()) > 10 * TOL, gaps  # measured: 4.3e-4 and 5.0e-4
+
+
+def test_tensor_parallel_is_refused_for_experts(moe_path):
+    """tp 2 on a MoE model: one line naming the setting, the reason and the ways out."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from rl_dtensor.parallelize import check_no_experts
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(moe_path))
+    with pytest.raises(ValueError, match=r"^policy\.dtensor_cfg\.tensor_parallel_size=2: .*megatron"):
+        check_no_experts(model, 2)
