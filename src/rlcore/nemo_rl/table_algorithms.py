@@ -11,7 +11,6 @@ from rlcore.nemo_rl.rule import (  # the tables' shorthand: map, custom, ignore,
     P,
     Rule,
     _c,
-    _g,
     _i,
     _m,
     _n,
@@ -333,7 +332,13 @@ ALGORITHM_AND_RUN_RULES: tuple[Rule, ...] = (
         "env.math_cfg.verifier math_verify; an installed plugin environment's env.<name>.* → env.<name>_cfg.* "
         "(validated by its config class); a section no installed environment has is ignored",
     ),
-    _g("data_plane.enabled", "TransferQueue data plane"),
+    _c(
+        "data_plane",
+        "data_plane",
+        "data_plane",
+        "ignored: TransferQueue moves the same batches between the same steps (NeMo-RL's grpo_train_sync, "
+        "parity-tested against grpo_train); with async_grpo refused, as NeMo-RL's run_grpo.py refuses it",
+    ),
     _n(
         "teachers",
         NONE_OR_EMPTY,
@@ -341,9 +346,12 @@ ALGORITHM_AND_RUN_RULES: tuple[Rule, ...] = (
         "projection matrix per teacher; rlcore distils on-policy from one teacher.model_name, of another tokenizer "
         "through distillation.teacher.tokenizer.name)",
     ),
-    _i(
+    _c(
         "async_rl",
-        "NeMo-RL's single-controller async loop, which runs with data_plane (refused when enabled); "
+        "data_plane",
+        "async_rl",
+        "NeMo-RL's single-controller asynchronous loop (run_grpo_single_controller.py): refused with "
+        "data_plane.enabled (the loop that then runs), ignored without it (no script of NeMo-RL reads it then); "
         "rlcore's asynchronous GRPO is grpo.async_grpo",
     ),
     _n("on_policy_distillation", (None,), "on-policy distillation"),

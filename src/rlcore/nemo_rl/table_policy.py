@@ -37,7 +37,11 @@ CLUSTER_AND_POLICY_RULES: tuple[Rule, ...] = (
     ),
     _i("cluster.master_port_range_low", "ports: rlcore's workers pick free ports"),
     _i("cluster.master_port_range_high", "ports: rlcore's workers pick free ports"),
-    _n("cluster.segment_size", (None,), "NVLink-domain placement"),
+    _i(
+        "cluster.segment_size",
+        "NVLink-domain placement (which nodes' GPUs NeMo-RL's placement groups take): where ranks run, not what "
+        "they compute",
+    ),
     # -- policy: model, batches, precision ------------------------------------------------------
     _m(P + "model_name"),
     _m(P + "tokenizer.name"),
@@ -110,6 +114,11 @@ CLUSTER_AND_POLICY_RULES: tuple[Rule, ...] = (
     _m(P + "sequence_packing.train_mb_tokens"),
     _m(P + "sequence_packing.logprob_mb_tokens"),
     _m(P + "sequence_packing.algorithm"),
+    _i(
+        P + "sequence_packing.fuse_loss",
+        "one logprob pass over the packed logits instead of one per sequence (NeMo-RL's "
+        "SequencePackingFusionLossWrapper: the same loss, numerically identical): " + KERNEL,
+    ),
     _i(
         P + "sequence_packing.sequence_length_round",
         "padding granularity of packed kernels: rlcore packs exact lengths, which computes the same",

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from rlcore.config.messages import show_value
-from rlcore.nemo_rl.conversion import Conversion, algorithm, put
+from rlcore.nemo_rl.conversion import Conversion, algorithm, put, same
 from rlcore.nemo_rl.dpo import validation_metrics as dpo_metrics
 from rlcore.nemo_rl.hub_datasets import NAMES, HubDataset
 from rlcore.plugins.unknown_names import what_to_do_about
@@ -30,18 +30,51 @@ TASK_ENVIRONMENTS = {
     "sliding_puzzle_game": "NeMo-RL's sliding-puzzle game (its script, examples/run_grpo_sliding_puzzle.py, "
     "generates the puzzles and scores each move over up to grpo.max_rollout_turns turns; data.* is not read)",
 }
+#: Keys of NeMo-RL's math environment section it declares but does not read (nemo_rl/environments/math_environment.py).
+MATH_ENV_UNREAD = {
+    "stop_strings": "declared by NeMo-RL's MathEnvConfig but read nowhere: generation stops at "
+    "policy.generation.stop_strings",
+}
 #: Keys that change nothing here, with why.
 IGNORED = {
-    "max_input_seq_length": "rlcore refuses, before the run, a prompt that leaves no room for a completion within "
-    "policy.max_total_sequence_length",
     "num_workers": "dataloader worker processes: rlcore reads the data once, before the run",
-    "processor": "rlcore builds prompts from data.prompt_file / system_prompt_file and the chat template",
-    "seed": "rlcore splits and shuffles with grpo.seed",
-    "use_multiple_dataloader": "one dataloader",
+    "seed": "rlcore splits and shuffles with grpo.seed (NeMo-RL's draw cannot be repeated by another sampler "
+    "either way)",
     "task_name": "one task per run",
     "dataset_name": "the dataset is data.train.path",
     "split": "the file is the split",
 }
+#: The keys of a GRPO (or distillation) ``data`` section, or of one of its entries, that this module reads.
+READ = {
+    "train",
+    "validation",
+    "default",
+    "data_path",
+    "train_data_path",
+    "val_data_path",
+    "dataset_name",
+    "split",
+    "input_key",
+    "output_key",
+    "messages_key",
+    "prompt_file",
+    "system_prompt_file",
+    "env_name",
+    "split_validation_size",
+    "shuffle",
+    "repeat",
+    "processor",
+    "max_input_seq_length",
+    "use_multiple_dataloader",
+}
+#: Keys NeMo-RL reads only with ``data.use_multiple_dataloader: true`` (which is refused).
+MULTIPLE_DATALOADER_KEYS = ("num_prompts_per_dataloader", "custom_dataloader")
+#: Keys of SFT's data that NeMo-RL's GRPO and distillation scripts do not read.
+SFT_ONLY = ("add_bos", "add_eos", "add_generation_prompt")
+#: NeMo-RL's data processors that build a prompt the way rlcore does: the prompt file formatted with the row's
+#: input_key, after the system prompt, through the chat template; the row's output_key is the ground truth
+#: (nemo_rl/data/processors.py, math_hf_data_processor; 'default' is that one).
+PROMPT_PROCESSORS = (None, "default", "math_hf_data_processor")
 
 
 def _set(out: Conversion, target: str, value: Any, source: str) -> None:
@@ -139,7 +172,9 @@ def _written(where: str, key: str, own: dict[str, Any] | None) -> str:
     return f"data.default.{key}" if own is not None and key not in own else f"{where}.{key}"
 
 
-def _ignored(data: dict[str, Any], out: Conversion) -> None:
+def _ignored(data: dict[str, Any], out: Conversion, max_total: Any = None) -> None:
+    """Each key of the data section this module does not map: ignored with why when it changes nothing, else
+    refused (a key NeMo-RL reads that decides the data or the prompts is never dropped)."""
     sections = [("data", data)] + [(f"data.{k}", v) for k, v in data.items() if isinstance(v, dict)]
     for where, section in sections:
         for key, why in IGNORED.items():
@@ -149,6 +184,89 @@ def _ignored(data: dict[str, Any], out: Conversion) -> None:
                 out.ignored.append((f"{where}.{key}", why))
         if "repeat" in section:
             _repeat(where, section["repeat"], out)
+        if "processor" in section:
+            _processor(where, section["processor"], out)
+        if "max_input_seq_length" in section:
+            _max_input(where, section["max_input_seq_length"], max_total, out)
+        for key in sorted(set(section) - READ - set(IGNORED) - {"train", "validation", "default"}):
+            _other_key(where, key, section[key], data, out)
+    if data.get("use_multiple_dataloader"):
+        out.problems.append(
+            "data.use_multiple_dataloader: is true: NeMo-RL then draws each step's prompts from every train dataset's "
+            "own dataloader (data.num_prompts_per_dataloader each, or data.custom_dataloader's mix); rlcore reads "
+            "one train file: set it to false and give one ++data.train.data_path"
+        )
+    elif "use_multiple_dataloader" in data:
+        out.ignored.append(("data.use_multiple_dataloader", "false: one dataloader, as rlcore's"))
+
+
+def _other_key(where: str, key: str, value: Any, data: dict[str, Any], out: Conversion) -> None:
+    path = f"{where}.{key}"
+    if key in MULTIPLE_DATALOADER_KEYS and not data.get("use_multiple_dataloader"):
+        out.ignored.append((path, "only read with data.use_multiple_dataloader: true"))
+    elif key in SFT_ONLY:
+        out.ignored.append((path, "NeMo-RL's SFT reads it; its GRPO and distillation scripts do not"))
+    elif value is None or value in ({}, []) or value is False:
+        out.ignored.append((path, "not known to rlcore's NeMo-RL reader; its value changes nothing"))
+    else:
+        out.problems.append(
+            f"{path}: is {show_value(value)}, a key of NeMo-RL's data section rlcore does not read; it may decide "
+            "which rows, or which text of them, NeMo-RL trains on, so it is not dropped: remove it, or give the "
+            "rows as a local file (data_path) with input_key / output_key naming their columns"
+        )
+
+
+def _processor(where: str, value: Any, out: Conversion) -> None:
+    """NeMo-RL's data processor makes the prompts: the math one is what rlcore does, another makes another task."""
+    if value in PROMPT_PROCESSORS:
+        out.ignored.append(
+            (
+                f"{where}.processor",
+                "rlcore builds prompts as math_hf_data_processor does: data.prompt_file formatted with the row's "
+                "input_key, after data.system_prompt_file, through the chat template",
+            )
+        )
+        return
+    out.problems.append(
+        f"{where}.processor: is {show_value(value)}, a NeMo-RL data processor that builds prompts (and their "
+        "ground truth) other than rlcore's, which builds them as math_hf_data_processor does; set it to "
+        "math_hf_data_processor (with input_key / output_key naming the row's columns) or use a plugin "
+        "environment for this task"
+    )
+
+
+def _max_input(where: str, value: Any, max_total: Any, out: Conversion) -> None:
+    """NeMo-RL masks a prompt of ``max_input_seq_length`` tokens or more out of training; rlcore refuses, before
+    the run, a prompt that leaves no room for a completion: the same set of prompts only when the two lengths
+    are equal."""
+    if value is None or same(value, max_total):
+        out.ignored.append(
+            (
+                f"{where}.max_input_seq_length",
+                "equals policy.max_total_sequence_length: rlcore refuses, before the run, a prompt that leaves no "
+                "room for a completion, where NeMo-RL would mask it out",
+            )
+        )
+        return
+    out.problems.append(
+        f"{where}.max_input_seq_length: is {show_value(value)}, below policy.max_total_sequence_length "
+        f"({show_value(max_total)}): NeMo-RL masks prompts this long out of training, rlcore does not; set it to "
+        "${policy.max_total_sequence_length} (or drop the longer prompts from the file)"
+    )
+
+
+def _several_datasets(data: dict[str, Any], out: Conversion) -> bool:
+    """``data.train`` / ``data.validation`` as a list (NeMo-RL concatenates the datasets): rlcore reads one file per
+    split, and training on the first alone would be another data mix, so the run is refused."""
+    lists = [split for split in ("train", "validation") if isinstance(data.get(split), list)]
+    for split in lists:
+        names = ", ".join(str((d or {}).get("dataset_name") or (d or {}).get("data_path")) for d in data[split])
+        out.problems.append(
+            f"data.{split}: is a list of {len(data[split])} datasets ({names}), which NeMo-RL concatenates; rlcore "
+            f"reads one file per split: concatenate their rows into one file and give ++data.{split}="
+            f"{{data_path: /path/to/{split}.jsonl}}"
+        )
+    return bool(lists)
 
 
 def _names_hub_dataset(section: dict[str, Any]) -> bool:
@@ -185,6 +303,8 @@ def task(nemo: dict[str, Any], out: Conversion) -> None:
         return
     data = nemo.get("data")
     if isinstance(data, dict):
+        if _several_datasets(data, out):
+            return
         train, where = _merged(data, "train")
         hub = None
         if train is not None:
@@ -203,7 +323,13 @@ def task(nemo: dict[str, Any], out: Conversion) -> None:
             _named_validation(hub, out)
         if "shuffle" in data:
             _set(out, "data.shuffle", data["shuffle"], "data.shuffle")
-        _ignored(data, out)
+        _ignored(data, out, (nemo.get("policy") or {}).get("max_total_sequence_length"))
+        if train is None:
+            out.problems.append(
+                "data.train: the data section names no train dataset, so NeMo-RL's script would not start and "
+                "rlcore would train on its default task instead: give one, e.g. ++data.train.data_path=/path/to/"
+                "train.jsonl"
+            )
     env = nemo.get("env")
     if isinstance(env, dict):
         _environment(env, out)
@@ -278,8 +404,9 @@ def _environment(env: dict[str, Any], out: Conversion) -> None:
             out.ignored.append(
                 (
                     f"env.{name}",
-                    "no installed environment has this name (rlcore environments list); only a plugin that "
-                    "provides an environment of this name reads it (docs/tasks.md)",
+                    "no installed environment has this name (rlcore environments list), and no data entry's "
+                    "env_name names it (that is refused): NeMo-RL creates only the environments the data names "
+                    "(v0.4: env.math only)",
                 )
             )
             continue
@@ -315,5 +442,14 @@ def _math_settings(name: str, settings: dict[str, Any], out: Conversion) -> None
             )
         else:
             _set(out, "env.math_cfg.verifier", verifier, f"env.{name}.math_verify_impl")
-    for key in set(settings) - {"num_workers", "math_verify_impl"}:
-        out.ignored.append((f"env.{name}.{key}", "a setting of NeMo-RL's math environment rlcore does not have"))
+    verifier_type = settings.get("verifier_type")
+    if verifier_type not in (None, "math"):
+        out.problems.append(
+            f"env.{name}.verifier_type: is {show_value(verifier_type)}, a grader other than the math one (NeMo-RL's "
+            "multiple-choice graders score a letter): rlcore's math environment grades math answers; set it to "
+            "'math' or remove it"
+        )
+    elif "verifier_type" in settings:
+        out.ignored.append((f"env.{name}.verifier_type", "'math': the math grader, rlcore's"))
+    for key in sorted(set(settings) - {"num_workers", "math_verify_impl", "verifier_type"}):
+        out.ignored.append((f"env.{name}.{key}", MATH_ENV_UNREAD.get(key, "not read by NeMo-RL's math environment")))
