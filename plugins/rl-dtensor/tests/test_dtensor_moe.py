@@ -182,3 +182,21 @@ def test_tensor_parallel_is_refused_for_experts(moe_path):
         model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(moe_path))
     with pytest.raises(ValueError, match=r"^policy\.dtensor_cfg\.tensor_parallel_size=2: .*megatron"):
         check_no_experts(model, 2)
+
+
+@pytest.mark.parametrize(
+    ("policy", "line"),
+    [
+        ({"dtensor_cfg": {"tensor_parallel_size": 2}}, r"policy\.dtensor_cfg\.tensor_parallel_size: is 2, .*8 experts"),
+        ({"dtensor_cfg": {"expert_parallel_size": 2}}, r"policy\.dtensor_cfg\.expert_parallel_size: is 2, .*megatron"),
+        ({"hf_config_overrides": {"moe_capacity_factor": 1.25}}, r"policy\.hf_config_overrides\.moe_capacity_factor: "),
+        ({"hf_config_overrides": {"num_experts": 4}}, r"policy\.hf_config_overrides: setting num_experts changes"),
+    ],
+)
+def test_moe_settings_this_backend_cannot_honour_fail_before_any_process_starts(moe_path, policy, line):
+    from rlcore.config import ConfigError, load_config_dict, resolve
+
+    raw = {"cluster": {"workers_per_node": 2}, "policy": {"model_name": moe_path, **policy}}
+    with pytest.raises(ConfigError, match=line) as info:
+        resolve(load_config_dict(raw))
+    assert len(info.value.problems) == 1, info.value.problems

@@ -6,7 +6,9 @@ a config, and shards data over the data-parallel ranks that are left.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, cast
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
 from rlcore.plugins import LayoutRequest, ParallelLayout
 
@@ -24,8 +26,37 @@ def parallel_layout(request: LayoutRequest) -> ParallelLayout:
             f"context parallel needs CUDA (there is no CPU attention sharding): set "
             f"{_D}context_parallel_size=1, or cluster.use_gpu=true on a CUDA machine"
         )
+    check_model(request.policy, d.tensor_parallel_size)
     return ParallelLayout(
         tp=d.tensor_parallel_size,
         cp=d.context_parallel_size,
         paths={"tp": _D + "tensor_parallel_size", "cp": _D + "context_parallel_size"},
     )
+
+
+#: config.json keys of an expert count (Qwen-MoE and Mixtral spellings).
+_EXPERT_KEYS = ("num_experts", "num_local_experts")
+
+
+def check_model(policy: Any, tp: int) -> None:
+    """What the local model's config decides before any process starts: tensor parallel over experts (refused,
+    :func:`rl_dtensor.parallelize.check_no_experts` says why) and ``policy.hf_config_overrides`` (a key the
+    config lacks, or one changing a parameter's shape: refused by :mod:`rlcore.training.hf_config`). A model
+    not on this disk is checked when the workers load it."""
+    model_dir = Path(str(policy.model_name))
+    config_file = model_dir / "config.json"
+    if not config_file.is_file():
+        return
+    if tp > 1:
+        config = json.loads(config_file.read_text())
+        experts = max((int(config.get(key) or 0) for key in _EXPERT_KEYS), default=0)
+        if experts > 1:
+            raise ValueError(
+                f"{_D}tensor_parallel_size: is {tp}, but {policy.model_name} is a mixture-of-experts model "
+                f"({experts} experts) and the dtensor backend has no tensor-parallel plan for experts; set "
+                f"{_D}tensor_parallel_size=1 (FSDP2 shards the experts over dp), or use the megatron backend"
+            )
+    if policy.hf_config_overrides:
+        from rlcore.training.hf_config import load_config
+
+        load_config(str(model_dir), policy.hf_config_overrides)  # raises ValueError naming the key
