@@ -13,6 +13,7 @@ import socket
 import time
 from datetime import timedelta
 
+import pytest
 import torch
 
 from rlcore.refit.buckets import metadata_of
@@ -49,7 +50,7 @@ class EngineDiesAtTheSecondBucket:
     def __init__(self) -> None:
         self.calls = 0
 
-    def broadcast(self, tensor, root):
+    def broadcast(self, tensors, opts):
         self.calls += 1
         if self.calls == 2:
             raise RuntimeError("[gloo] Connection closed by peer")
@@ -100,3 +101,54 @@ def test_a_sender_failing_mid_stream_leaves_the_other_ranks_out_of_the_gathers()
     assert outcomes[0][0] == "raised [gloo] Connection closed by peer", outcomes
     assert outcomes[1][0] == "returned 0", outcomes  # it finished its gathers: rank 0 took part in all of them
     assert max(took for _, took in outcomes.values()) < GROUP_TIMEOUT_S / 2, outcomes
+
+
+def _receiver_hanging_in_its_second_load(port: int, joined) -> None:
+    """An engine that takes the first bucket, then hangs loading the second (a stuck engine, not a dead one)."""
+    from rlcore.refit.collective import init_refit_group, receive_weights
+
+    group = init_refit_group("127.0.0.1", port, 2, 1, torch.device("cpu"), timeout_s=GROUP_TIMEOUT_S)
+    joined.set()
+    loads = []
+
+    def load(named):
+        loads.append(named)
+        if len(loads) == 2:
+            time.sleep(GROUP_TIMEOUT_S * 3)
+
+    receive_weights(group, metadata_of(_weights().items()), 64 * 64 * 4, torch.device("cpu"), load)
+
+
+def test_a_collective_stream_that_stalls_mid_way_fails_at_the_stall_deadline_not_the_group_timeout():
+    """After the first buckets, each bucket has a deadline of its own (``stall_timeout_s``, 60 s by default):
+    a hung engine fails the sender within it instead of leaving training rank 0, and the ranks gathering with
+    it, in the stream for the refit group's whole timeout (300 s in a run, 20 s here)."""
+    from rlcore.refit.buckets import RefitError
+    from rlcore.refit.collective import broadcast_weights, init_refit_group
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    joined = ctx.Event()
+    receiver = ctx.Process(target=_receiver_hanging_in_its_second_load, args=(port, joined), daemon=True)
+    receiver.start()
+    try:
+        group = init_refit_group("127.0.0.1", port, 2, 0, torch.device("cpu"), timeout_s=GROUP_TIMEOUT_S)
+        assert joined.wait(60)
+        weights = _weights()
+        began = time.monotonic()
+        with pytest.raises(RefitError) as stalled:  # one weight per bucket: 6 buckets; bucket 4 is never taken
+            broadcast_weights(
+                group, iter(weights.items()), metadata_of(weights.items()), 64 * 64 * 4, torch.device("cpu"), 2.0
+            )
+        took = time.monotonic() - began
+        del group  # the timed-out op freed gloo's thread: no wait here
+    finally:
+        receiver.kill()
+        receiver.join(timeout=30)
+    assert str(stalled.value) == (
+        "refit stream stalled at bucket 4 of 6: a peer of the refit group took no part in it within 2s "
+        "(hung, or its process stopped)"
+    )
+    assert 2.0 <= took < GROUP_TIMEOUT_S / 2, took

@@ -7,7 +7,10 @@ receiver knows every bucket's layout without being told.
 
 from __future__ import annotations
 
+import os
 import re
+import signal
+import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
@@ -208,6 +211,7 @@ def unpack(
     Transports pass ``copy=split_layer_names(plan)``: a receiver may then hold on to a tensor
     until its layer is complete — the views' layers all complete within the bucket.
     """
+    die_at(f"bucket:{_next_bucket()}")  # test hook (RLCORE_TEST_KILL_ENGINE_AT), nothing when unset
     out = []
     for name, offset in zip(bucket.names, bucket.offsets):
         shape, dtype = metadata[name]
@@ -240,3 +244,39 @@ def check_metadata(expected: RefitMetadata, offered: RefitMetadata) -> None:
         problems.append("mismatched " + "; ".join(wrong[:5]))
     if problems:
         raise RefitError("refit rejected before any weight was changed: " + "; ".join(problems))
+
+
+# -- test hook: an engine that dies inside a refit's weight stream ------------------------------------------
+
+#: ``<phase>[:STOP]``, the phase ``start`` (the engine's collective receive began, nothing received),
+#: ``bucket:<k>`` (the k-th bucket this engine process unpacks has arrived and is not loaded yet: its first
+#: refit's bucket k, the next bucket already on the wire) or ``end`` (every bucket of a collective refit loaded,
+#: before the engine returns). ``:STOP``: the engine freezes there (SIGSTOP, a hung peer) instead of dying.
+KILL_ENGINE_AT_ENV = "RLCORE_TEST_KILL_ENGINE_AT"
+#: A file: the kill happens once (the first engine process to reach the phase creates it and writes
+#: ``<time> <pid>``); restarted engines then live. Unset: every engine that reaches the phase dies.
+KILL_ENGINE_STAMP_ENV = "RLCORE_TEST_KILL_ENGINE_STAMP"
+_unpacked = [0]
+
+
+def _next_bucket() -> int:
+    _unpacked[0] += 1
+    return _unpacked[0] - 1
+
+
+def die_at(phase: str) -> None:
+    """Test hook: SIGKILL (or SIGSTOP) this engine process when ``RLCORE_TEST_KILL_ENGINE_AT`` names ``phase``,
+    so tests kill an engine at a chosen moment of the weight stream instead of at wall-clock offsets. Unset:
+    nothing."""
+    wanted = os.environ.get(KILL_ENGINE_AT_ENV, "")
+    freeze = wanted.endswith(":STOP")
+    if wanted.removesuffix(":STOP") != phase:
+        return
+    if stamp := os.environ.get(KILL_ENGINE_STAMP_ENV):
+        try:
+            fd = os.open(stamp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            return  # one kill per stamp: this engine was started after it
+        os.write(fd, f"{time.time()!r} {os.getpid()}".encode())
+        os.close(fd)
+    os.kill(os.getpid(), signal.SIGSTOP if freeze else signal.SIGKILL)

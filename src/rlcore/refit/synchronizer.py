@@ -10,6 +10,7 @@ PEFT directory and the engines load it as a LoRA module.
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 import tempfile
@@ -112,6 +113,15 @@ def _plan(metadata: RefitMetadata | None) -> RefitMetadata:
     return metadata
 
 
+#: Test hook: the bucket size of a synchronizer not given one (a tiny model then streams in several buckets).
+BUCKET_BYTES_ENV = "RLCORE_TEST_REFIT_BUCKET_BYTES"
+
+
+def _default_bucket_bytes() -> int:
+    value = os.environ.get(BUCKET_BYTES_ENV)
+    return int(value) if value else DEFAULT_BUCKET_BYTES
+
+
 class WeightSynchronizer:
     """Keeps a generation backend's weights equal to a policy's.
 
@@ -144,7 +154,7 @@ class WeightSynchronizer:
         colocated: bool,
         cluster: MasterAddress | None = None,
         transport: str = "auto",
-        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+        bucket_bytes: int | None = None,
         partial_refit: bool = False,
         adapter_refit: bool = False,
         scratch_dir: str | None = None,
@@ -159,7 +169,7 @@ class WeightSynchronizer:
             raise ValueError("the collective transport needs the cluster for its rendezvous address")
         self.policy, self.generation, self.cluster = policy, generation, cluster
         self.transport = transport
-        self.bucket_bytes = bucket_bytes
+        self.bucket_bytes = bucket_bytes if bucket_bytes is not None else _default_bucket_bytes()
         self.partial_refit = partial_refit
         self.adapter_refit = adapter_refit
         self.scratch_dir = scratch_dir
