@@ -200,3 +200,29 @@ def test_moe_settings_this_backend_cannot_honour_fail_before_any_process_starts(
     with pytest.raises(ConfigError, match=line) as info:
         resolve(load_config_dict(raw))
     assert len(info.value.problems) == 1, info.value.problems
+
+
+def test_packed_and_padded_forwards_give_one_aux_loss(moe_path, data):
+    """Sequence packing lays the tokens out differently (one row, a padded tail): the routed tokens and the aux
+    loss are the padded layout's (single process, the backend's input builders and the router recorder)."""
+    from transformers import AutoModelForCausalLM
+
+    from rl_dtensor.inputs import packed_inputs, padded_inputs
+    from rlcore.training.moe_aux import RouterLogitsRecorder, load_balancing_loss, routed_tokens
+
+    model = AutoModelForCausalLM.from_pretrained(moe_path, dtype=torch.float32)
+    recorder = RouterLogitsRecorder(model)
+    cpu = torch.device("cpu")
+
+    def aux_of(inputs) -> tuple[float, int]:
+        with torch.no_grad(), recorder.recording() as router_logits:
+            model(**inputs.model_kwargs())
+        mask = inputs.routed_mask(data["sample_mask"])
+        assert len(router_logits) == model.config.num_hidden_layers
+        return float(load_balancing_loss(router_logits, mask, model.config.num_experts_per_tok)), int(mask.sum())
+
+    padded = aux_of(padded_inputs(data, cpu))
+    packed = aux_of(packed_inputs(data, cpu, model.config._attn_implementation, torch.float32, multiple=8))
+    recorder.remove()
+    assert padded[1] == packed[1] == int(routed_tokens(data))
+    assert abs(padded[0] - packed[0]) <= TOL * padded[0]

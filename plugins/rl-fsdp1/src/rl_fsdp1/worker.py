@@ -73,6 +73,7 @@ class FSDP1PolicyWorker(RefitExportMixin, TrainingWorkerBase):
         # Plugin API 2: fsdp1 has no section and no layout function (backend_config None, pure dp).
         from rlcore.config import as_policy_config
         from rlcore.training.hf_config import pretrained_model
+        from rlcore.training.moe_aux import aux_coefficient
 
         config = as_policy_config(config)  # the seed's plain dict is accepted too
         self.device = init_distributed()
@@ -91,6 +92,12 @@ class FSDP1PolicyWorker(RefitExportMixin, TrainingWorkerBase):
         base_path = config.model_name if adapter_path else (weights_path or config.model_name)
         hf_model = pretrained_model(base_path, config.hf_config_overrides, dtype=torch.float32)
         self.hf_config = hf_model.config
+        if aux_coefficient(self.hf_config):
+            raise ValueError(
+                "policy.hf_config_overrides.output_router_logits: the model's config asks for the router "
+                "load-balancing loss (output_router_logits true), which the fsdp1 backend does not train; set "
+                "policy.hf_config_overrides.output_router_logits=false, or train with the dtensor backend"
+            )
         self.lora_targets = lora.apply_lora(hf_model, config.lora) if config.lora.enabled else []
         if adapter_path:
             lora.load_adapter_into(hf_model, adapter_path)
