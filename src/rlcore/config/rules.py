@@ -145,7 +145,8 @@ def validation_and_epochs_need_their_data(cfg: RLCoreConfig) -> Iterator[str]:
 
 @rule
 def checkpoint_metric_is_there_when_saving(cfg: RLCoreConfig) -> Iterator[str]:
-    """A validation metric exists only on validated steps: every checkpoint must be one, or it cannot rank."""
+    """A validation metric exists only on validated steps: never measured is an error; measured on some saved
+    steps only is NeMo-RL's warning (the others stay out of the top-k)."""
     ck, g, name = cfg.checkpointing, schedule_of(cfg.algorithm_section), cfg.algorithm
     if not ck.enabled or ck.metric_name is None or not ck.metric_name.startswith("validation/") or g is None:
         return  # nothing saved, nothing ranked
@@ -156,11 +157,23 @@ def checkpoint_metric_is_there_when_saving(cfg: RLCoreConfig) -> Iterator[str]:
             f"{ck.save_every_n_steps}, or checkpointing.metric_name=null to keep the newest checkpoints"
         )
     elif ck.save_every_n_steps % g.val_period:
-        yield (
-            f"checkpointing.metric_name: {ck.metric_name} is measured every {name}.val_period={g.val_period} steps, "
-            f"but checkpoints are saved every checkpointing.save_every_n_steps={ck.save_every_n_steps}; make "
-            "the save period a multiple of the validation period"
-        )
+        _warn_unranked_checkpoints(ck.metric_name, name, g.val_period, ck.save_every_n_steps)
+
+
+def _warn_unranked_checkpoints(metric: str, algorithm: str, val_period: int, save_period: int) -> None:
+    """NeMo-RL accepts a save period that is not a multiple of the validation period and warns: a checkpoint of a
+    step without validation records no metric and stays out of the top-k (rlcore.run.checkpoints.kept ranks it
+    last, as NeMo-RL's CheckpointManager sorts it), though the newest checkpoint is always kept."""
+    import warnings
+
+    warnings.warn(
+        f"checkpointing.metric_name: {metric} is measured every {algorithm}.val_period={val_period} steps, but "
+        f"checkpoints are saved every checkpointing.save_every_n_steps={save_period}: a checkpoint of a step "
+        "without validation records no metric and is kept out of the top-k (the newest is kept regardless); make "
+        "the save period a multiple of the validation period to rank every checkpoint",
+        UserWarning,
+        stacklevel=2,
+    )
 
 
 @rule
