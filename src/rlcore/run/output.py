@@ -16,6 +16,10 @@ logs. :func:`quiet_output` sends all of it to ``<output_dir>/logs/``:
   output to the driver.
 
 ``-v`` (``verbose=True``) leaves everything streaming to the terminal, as before.
+
+The logs are one level below the run's directory whatever it is called: NeMo-RL's ``logger.log_dir: logs``
+becomes ``logger.output_dir: logs``, whose process logs are ``logs/`` itself, not ``logs/logs/``
+(:func:`run_log_dir`).
 """
 
 from __future__ import annotations
@@ -29,6 +33,19 @@ from typing import TextIO
 
 from rlcore.distributed.worker_host import WORKER_LOG_DIR_ENV
 
+LOGS = "logs"
+
+
+def one_level(log_dir: Path) -> Path:
+    """``log_dir`` without a doubled ``logs/logs`` at its end (a run directory that is itself named logs)."""
+    return log_dir.parent if log_dir.name == LOGS and log_dir.parent.name == LOGS else log_dir
+
+
+def run_log_dir(output_dir: str | Path) -> Path:
+    """Where a run writing to ``output_dir`` (``logger.output_dir``) puts its process logs: ``<output_dir>/logs``,
+    or ``output_dir`` itself when it is already a directory named logs."""
+    return one_level(Path(output_dir) / LOGS)
+
 
 @contextlib.contextmanager
 def quiet_output(log_dir: Path, verbose: bool = False) -> Iterator[TextIO]:
@@ -36,6 +53,7 @@ def quiet_output(log_dir: Path, verbose: bool = False) -> Iterator[TextIO]:
     if verbose:
         yield sys.stderr
         return
+    log_dir = one_level(log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
     streams = (sys.stdout, sys.stderr)
     for stream in streams:
