@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from rlcore.data import BatchedDataDict
+from rlcore.training.checkpoint import is_adapter_checkpoint
 from rlcore.training.logprobs import token_logprobs, topk_logits
 from rlcore.training.loop import StepHooks, micro_batches, train_steps
 from rlcore.training.lora import adapters_disabled, changed_layers
@@ -63,6 +64,16 @@ def training_random_state(steps_taken: int | None, rank: int, device: torch.devi
     with torch.random.fork_rng(devices=devices, device_type=device.type if accelerator else "cuda"):
         torch.manual_seed(1_000_003 * steps_taken + rank)  # every device's generator, from the step and rank
         yield
+
+
+def initial_weights_dir(model_name: str) -> str:
+    """The directory of ``policy.model_name``'s weights: the path itself, or the hub model's snapshot in the local
+    cache (the run loaded it from there when it started)."""
+    if os.path.isdir(model_name):
+        return model_name
+    from huggingface_hub import snapshot_download
+
+    return snapshot_download(model_name, local_files_only=True)
 
 
 #: ``policy.precision`` → torch dtype.
@@ -156,10 +167,27 @@ class TrainingWorkerBase:
     def _load_snapshot(self, state: dict[str, torch.Tensor]) -> None:
         self.model.load_state_dict(state)
 
+    def __new__(cls, *args: Any, **kwargs: Any) -> TrainingWorkerBase:
+        # Noted before the backend's __init__ runs: a worker resumed from a checkpoint (``weights_path``, as the
+        # Policy passes it) takes its reference from the initial weights, not from the checkpoint's.
+        worker = super().__new__(cls)
+        worker._resumed_weights = kwargs.get("weights_path")
+        return worker
+
     def init_reference_model(self) -> None:
-        """A CPU copy of this rank's shards; none with LoRA, whose reference is the model with adapters off."""
-        if not self.lora_targets:
+        """A CPU copy of this rank's shards of the initial weights (``policy.model_name``, also when the worker
+        resumed from a checkpoint: the reference of DPO and of a KL penalty never moves); none with LoRA, whose
+        reference is the model with adapters off."""
+        if self.lora_targets:
+            return
+        resumed = getattr(self, "_resumed_weights", None)
+        if not resumed or is_adapter_checkpoint(resumed):  # an adapter checkpoint's base weights are the initial ones
             self.reference_state = self._snapshot_to_cpu()
+            return
+        trained = self._snapshot_to_cpu()
+        self.load_checkpoint(initial_weights_dir(self.cfg.model_name))
+        self.reference_state = self._snapshot_to_cpu()
+        self._load_snapshot(trained)
 
     @contextlib.contextmanager
     def use_reference_model(self) -> Iterator[None]:
