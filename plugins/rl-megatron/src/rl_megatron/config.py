@@ -122,6 +122,62 @@ class MegatronConfig(StrictModel):
     sequence_parallel: bool = Field(
         False, description="Megatron sequence parallelism (needs TransformerEngine, i.e. a GPU)."
     )
+    # -- mixture of experts (models with experts only; a dense model refuses non-default values) --------
+    expert_model_parallel_size: PositiveInt = Field(
+        1, description="Expert-parallel degree (ep): each rank of an ep group holds num_experts / ep experts."
+    )
+    expert_tensor_parallel_size: PositiveInt = Field(
+        1, description="Tensor parallelism inside each expert; only 1 (experts whole on their rank) is supported."
+    )
+    moe_token_dispatcher_type: Literal["alltoall", "allgather", "flex"] = Field(
+        "alltoall",
+        description="How tokens reach their experts' ranks: 'alltoall' or 'allgather' (the same numbers, "
+        "different communication); 'flex' needs DeepEP/HybridEP kernels (CUDA).",
+    )
+    moe_router_dtype: Literal["fp32", "fp64"] | None = Field(
+        None, description="Dtype of the router's logits, routing and aux loss; None = the model's dtype."
+    )
+    moe_router_load_balancing_type: Literal["aux_loss", "none", "seq_aux_loss", "global_aux_loss", "sinkhorn"] = Field(
+        "aux_loss",
+        description="'aux_loss': Hugging Face's Switch load-balancing loss (load_balancing_loss_func, pooled "
+        "over layers, per micro-batch, weighted by its share of the step's tokens) times moe_aux_loss_coeff "
+        "is added to the training loss; 'none': no aux loss. Other megatron types are refused.",
+    )
+    moe_aux_loss_coeff: float | None = Field(
+        None, ge=0, description="Weight of the aux loss; None = the model config's router_aux_loss_coef."
+    )
+    moe_expert_capacity_factor: float | None = Field(
+        None, description="Token dropping at this capacity; only null (no dropping, as Hugging Face) is supported."
+    )
+    moe_router_bias_update_rate: float = Field(
+        0.0, ge=0, description="Expert-bias (aux-loss-free) balancing rate; only 0 (Qwen3-MoE has no expert bias)."
+    )
+    freeze_moe_router: bool = Field(False, description="Do not train the routers' weights.")
+    moe_permute_fusion: bool = Field(
+        False,
+        description="Accepted and ignored: a fused (TransformerEngine) kernel for the same token permutation; "
+        "the local spec permutes in PyTorch.",
+    )
+    moe_grouped_gemm: bool = Field(
+        False,
+        description="Accepted and ignored: grouped GEMM computes the same expert products in one kernel "
+        "(TransformerEngine); the local spec runs the experts one after another (SequentialMLP).",
+    )
+    moe_shared_expert_overlap: bool = Field(
+        False,
+        description="Accepted and ignored: overlaps shared-expert compute with dispatch (a schedule, same numbers).",
+    )
+    moe_enable_deepep: bool = Field(
+        False, description="DeepEP dispatch kernels (CUDA only); must be false on this backend."
+    )
+    moe_per_layer_logging: bool = Field(
+        False, description="Accepted and ignored: megatron's per-layer MoE logging (rlcore logs the aux loss)."
+    )
+    defer_fp32_logits: bool = Field(
+        False,
+        description="Keep the output layer's logits in the training dtype (not float32) until the logprob/loss "
+        "computation casts them: less memory with bf16, float32 maths where it matters.",
+    )
     optimizer: MegatronOptimizerConfig = Field(
         default_factory=MegatronOptimizerConfig, description="Megatron optimizer."
     )
@@ -170,6 +226,7 @@ def config_check(request: Any) -> list[str]:
         torch_optimizer_problems(policy)
         + clipping_problems(policy, section)
         + safetensors_problems(policy.model_name)
+        + moe_model_problems(section, policy.model_name, request.world_size)
         + megatron_config_problems(policy, section, cuda=request.use_gpu, transformer_engine=request.use_gpu)
     )
 
@@ -317,6 +374,8 @@ def megatron_config_problems(
             f"{_M}optimizer.use_distributed_optimizer=true"
         )
 
+    problems += moe_problems(m)
+
     sched = m.scheduler
     if sched.lr_decay_style not in ("constant",) and sched.lr_decay_iters is None:
         problems.append(
@@ -331,6 +390,68 @@ def megatron_config_problems(
     return problems
 
 
+def moe_problems(m: MegatronConfig) -> list[str]:
+    """The mixture-of-experts settings this backend cannot honour, one line each. Settings needing the model
+    (ep divides the experts, a dense model with ep > 1) are checked where the model config is read."""
+    problems = []
+    if m.expert_tensor_parallel_size != 1:
+        problems.append(
+            f"{_M}expert_tensor_parallel_size: is {m.expert_tensor_parallel_size}, but the megatron backend keeps "
+            "each expert whole on its rank: set it to 1 (split experts with expert_model_parallel_size)"
+        )
+    if m.moe_token_dispatcher_type == "flex" or m.moe_enable_deepep:
+        path = "moe_enable_deepep" if m.moe_enable_deepep else "moe_token_dispatcher_type"
+        problems.append(
+            f"{_M}{path}: DeepEP/HybridEP dispatch needs CUDA kernels the megatron backend does not build: "
+            "use moe_token_dispatcher_type 'alltoall' and moe_enable_deepep false"
+        )
+    if m.moe_router_load_balancing_type not in ("aux_loss", "none"):
+        problems.append(
+            f"{_M}moe_router_load_balancing_type: is {m.moe_router_load_balancing_type!r}, which changes the "
+            "loss in a way the megatron backend does not implement: use 'aux_loss' (Hugging Face's) or 'none'"
+        )
+    if m.moe_expert_capacity_factor is not None:
+        problems.append(
+            f"{_M}moe_expert_capacity_factor: is {m.moe_expert_capacity_factor}, but token dropping would compute "
+            "another model than the Hugging Face checkpoint's (which drops none): set it to null"
+        )
+    if m.moe_router_bias_update_rate != 0:
+        problems.append(
+            f"{_M}moe_router_bias_update_rate: is {m.moe_router_bias_update_rate}, but Qwen3-MoE routers have no "
+            "expert bias to update: set it to 0"
+        )
+    return problems
+
+
+def moe_model_problems(m: MegatronConfig, model_name: str, world_size: int) -> list[str]:
+    """Expert parallelism against the model's ``config.json`` (read as JSON: light) and the world size."""
+    import json
+
+    ep = m.expert_model_parallel_size
+    path = f"{_M}expert_model_parallel_size"
+    problems = []
+    if world_size % (ep * m.expert_tensor_parallel_size * m.pipeline_model_parallel_size):
+        problems.append(
+            f"{path}: {ep} does not divide the {world_size // m.pipeline_model_parallel_size} ranks of a pipeline "
+            "stage: choose a divisor"
+        )
+    config_file = Path(model_name) / "config.json"
+    if not config_file.is_file():
+        return problems
+    hf = json.loads(config_file.read_text())
+    experts = hf.get("num_experts") or hf.get("num_local_experts") or 0
+    if ep > 1 and not experts:
+        problems.append(f"{path}: is {ep} but {model_name} has no experts: set it to 1")
+    elif experts and experts % ep:
+        problems.append(f"{path}: {ep} does not divide the model's {experts} experts: choose a divisor")
+    if experts and m.pipeline_model_parallel_size > 1:
+        problems.append(
+            f"{_M}pipeline_model_parallel_size: is {m.pipeline_model_parallel_size}, but the megatron backend "
+            "computes the MoE aux loss over every layer of one rank: set it to 1 for a model with experts"
+        )
+    return problems
+
+
 __all__ = [
     "MegatronConfig",
     "MegatronDDPConfig",
@@ -340,6 +461,8 @@ __all__ = [
     "config_check",
     "megatron_config_problems",
     "megatron_section",
+    "moe_model_problems",
+    "moe_problems",
     "safetensors_problems",
     "torch_optimizer_problems",
 ]

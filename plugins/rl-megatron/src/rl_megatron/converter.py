@@ -39,6 +39,7 @@ ARCHITECTURES = {
     "LlamaForCausalLM": {"qkv_bias": False, "qk_norm": False},
     "Qwen2ForCausalLM": {"qkv_bias": True, "qk_norm": False},
     "Qwen3ForCausalLM": {"qkv_bias": False, "qk_norm": True},
+    "Qwen3MoeForCausalLM": {"qkv_bias": False, "qk_norm": True},
 }
 
 
@@ -57,6 +58,12 @@ class ModelShape:
     tie_word_embeddings: bool
     qkv_bias: bool
     qk_norm: bool
+    #: Mixture of experts (every decoder layer's MLP; 0 experts = a dense model).
+    num_experts: int = 0
+    moe_topk: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = True
+    router_aux_loss_coef: float = 0.0
 
     @classmethod
     def from_hf_config(cls, hf_config: Any, converter_type: str | None = None) -> ModelShape:
@@ -75,6 +82,7 @@ class ModelShape:
                 raise ValueError(f"{arch} with {flag}=True is not supported by the megatron backend")
         if getattr(hf_config, "hidden_act", "silu") != "silu":
             raise ValueError(f"{arch} with hidden_act={hf_config.hidden_act!r} is not supported (SwiGLU needs 'silu')")
+        moe = _moe_fields(hf_config, arch)
         return cls(
             architecture=arch,
             num_layers=hf_config.num_hidden_layers,
@@ -87,7 +95,12 @@ class ModelShape:
             tie_word_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)),
             qkv_bias=features["qkv_bias"],
             qk_norm=features["qk_norm"],
+            **moe,
         )
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
 
     def padded_vocab_size(self, tp_size: int) -> int:
         """The vocabulary rounded up to a multiple of ``tp_size`` (each rank holds an equal slice)."""
@@ -96,16 +109,48 @@ class ModelShape:
     def check_tp(self, tp_size: int) -> None:
         """Raise ValueError if the model cannot be split over ``tp_size`` ranks."""
         path = "policy.megatron_cfg.tensor_model_parallel_size"
-        for what, n in (
-            ("num_key_value_heads", self.num_kv_heads),
-            ("num_attention_heads", self.num_heads),
-            ("intermediate_size", self.intermediate_size),
-        ):
+        sizes = [("num_key_value_heads", self.num_kv_heads), ("num_attention_heads", self.num_heads)]
+        if not self.is_moe:  # experts are not split over TP (expert_tensor_parallel_size 1)
+            sizes.append(("intermediate_size", self.intermediate_size))
+        for what, n in sizes:
             if n % tp_size:
                 raise ValueError(
                     f"{path}: {tp_size} does not divide the model's {what} ({n}); "
                     f"choose a tensor-parallel size that divides it"
                 )
+
+    def check_ep(self, ep_size: int) -> None:
+        """Raise ValueError if the experts cannot be split over ``ep_size`` ranks."""
+        path = "policy.megatron_cfg.expert_model_parallel_size"
+        if ep_size > 1 and not self.is_moe:
+            raise ValueError(f"{path}: is {ep_size} but {self.architecture} has no experts: set it to 1")
+        if self.is_moe and self.num_experts % ep_size:
+            raise ValueError(
+                f"{path}: {ep_size} does not divide the model's {self.num_experts} experts; choose a divisor"
+            )
+
+
+def _moe_fields(hf_config: Any, arch: str) -> dict[str, Any]:
+    """The mixture-of-experts fields of :class:`ModelShape` (none for a dense model)."""
+    experts = getattr(hf_config, "num_experts", None) or getattr(hf_config, "num_local_experts", None) or 0
+    if not experts:
+        return {}
+    sparse_step = getattr(hf_config, "decoder_sparse_step", 1)
+    dense_layers = list(getattr(hf_config, "mlp_only_layers", None) or [])
+    if sparse_step != 1 or dense_layers:
+        raise ValueError(
+            f"{arch} with decoder_sparse_step={sparse_step}, mlp_only_layers={dense_layers} is not supported by the "
+            "megatron backend: every decoder layer must be a mixture of experts"
+        )
+    if getattr(hf_config, "shared_expert_intermediate_size", 0):
+        raise ValueError(f"{arch} with shared experts is not supported by the megatron backend")
+    return {
+        "num_experts": int(experts),
+        "moe_topk": int(hf_config.num_experts_per_tok),
+        "moe_intermediate_size": int(hf_config.moe_intermediate_size),
+        "norm_topk_prob": bool(getattr(hf_config, "norm_topk_prob", True)),
+        "router_aux_loss_coef": float(getattr(hf_config, "router_aux_loss_coef", 0.0) or 0.0),
+    }
 
 
 @dataclass(frozen=True)
@@ -114,8 +159,30 @@ class ParamMapping:
 
     megatron: str
     hf: tuple[str, ...]
-    kind: str  # replicated | vocab | row | qkv | gate_up
+    kind: str  # replicated | vocab | row | qkv | gate_up | expert_gate_up | expert
     layer: int | None = None  # global decoder layer index, None for embeddings / final norm / output layer
+    expert: int | None = None  # global expert index of an expert's weight
+
+
+def expert_mappings(shape: ModelShape, layer: int) -> list[ParamMapping]:
+    """The router and the experts of MoE layer ``layer``: HF's per-expert names <-> megatron's SequentialMLP
+    ``local_experts`` (named here by *global* expert index; the worker maps them to its EP rank's local ones).
+    Experts are not split over TP (expert_tensor_parallel_size 1)."""
+    m, h = f"decoder.layers.{layer}.mlp.", f"model.layers.{layer}.mlp."
+    out = [ParamMapping(m + "router.weight", (h + "gate.weight",), "replicated", layer)]
+    for e in range(shape.num_experts):
+        me, he = f"{m}experts.local_experts.{e}.", f"{h}experts.{e}."
+        out += [
+            ParamMapping(
+                me + "linear_fc1.weight",
+                (he + "gate_proj.weight", he + "up_proj.weight"),
+                "expert_gate_up",
+                layer,
+                e,
+            ),
+            ParamMapping(me + "linear_fc2.weight", (he + "down_proj.weight",), "expert", layer, e),
+        ]
+    return out
 
 
 def layer_mappings(shape: ModelShape, layer: int) -> list[ParamMapping]:
@@ -148,12 +215,16 @@ def layer_mappings(shape: ModelShape, layer: int) -> list[ParamMapping]:
                 m + "self_attention.k_layernorm.weight", (h + "self_attn.k_norm.weight",), "replicated", layer
             ),
         ]
-    mlp = [
-        ParamMapping(
-            m + "mlp.linear_fc1.weight", (h + "mlp.gate_proj.weight", h + "mlp.up_proj.weight"), "gate_up", layer
-        ),
-        ParamMapping(m + "mlp.linear_fc2.weight", (h + "mlp.down_proj.weight",), "row", layer),
-    ]
+    mlp = (
+        expert_mappings(shape, layer)
+        if shape.is_moe
+        else [
+            ParamMapping(
+                m + "mlp.linear_fc1.weight", (h + "mlp.gate_proj.weight", h + "mlp.up_proj.weight"), "gate_up", layer
+            ),
+            ParamMapping(m + "mlp.linear_fc2.weight", (h + "mlp.down_proj.weight",), "row", layer),
+        ]
+    )
     norms = [
         ParamMapping(m + "input_layernorm.weight", (h + "input_layernorm.weight",), "replicated", layer),
         ParamMapping(m + "pre_mlp_layernorm.weight", (h + "post_attention_layernorm.weight",), "replicated", layer),
@@ -184,7 +255,7 @@ def output_copy_mapping() -> ParamMapping:
 
 def tp_partition_dim(kind: str) -> int | None:
     """Dimension a ``kind`` is split along across TP ranks (None: replicated)."""
-    return {"replicated": None, "row": 1}.get(kind, 0)
+    return {"replicated": None, "row": 1, "expert": None, "expert_gate_up": None}.get(kind, 0)
 
 
 # --------------------------------------------------------------------------- HF -> Megatron
@@ -207,8 +278,10 @@ def to_megatron(
     import torch
 
     kind = mapping.kind
-    if kind == "replicated":
+    if kind in ("replicated", "expert"):
         return hf_tensors[0].clone()
+    if kind == "expert_gate_up":
+        return torch.cat(list(hf_tensors)).clone()
     if kind == "vocab":
         full = hf_tensors[0]
         padded = shape.padded_vocab_size(tp_size)
@@ -235,8 +308,10 @@ def to_hf(shape: ModelShape, mapping: ParamMapping, shards: Sequence[torch.Tenso
     import torch
 
     kind = mapping.kind
-    if kind == "replicated":
+    if kind in ("replicated", "expert"):
         return [shards[0].clone()]
+    if kind == "expert_gate_up":
+        return [t.clone() for t in shards[0].chunk(2, dim=0)]
     if kind == "vocab":
         return [torch.cat(list(shards), dim=0)[: shape.vocab_size].clone()]
     if kind == "row":
@@ -279,6 +354,10 @@ def hf_shape(shape: ModelShape, hf_name: str) -> tuple[int, ...]:
         "post_attention_layernorm.weight": (h,),
         "norm.weight": (h,),
     }
+    if ".mlp.experts." in hf_name:
+        f = shape.moe_intermediate_size
+        table.update({"gate_proj.weight": (f, h), "up_proj.weight": (f, h), "down_proj.weight": (h, f)})
+    table["gate.weight"] = (shape.num_experts, h)
     if tail not in table:
         raise KeyError(f"unknown HF parameter {hf_name!r}")
     return table[tail]
@@ -317,6 +396,7 @@ __all__ = [
     "ModelShape",
     "ParamMapping",
     "all_mappings",
+    "expert_mappings",
     "hf_shape",
     "hf_to_megatron_state",
     "layer_mappings",

@@ -77,6 +77,7 @@ _T = "module-local torch"
 _RNG = "CPU RNG state helpers"
 _R = "megatron.core.tensor_parallel.random"
 _P2P = "megatron.core.pipeline_parallel.p2p_communication"
+_TD = "megatron.core.transformer.moe.token_dispatcher"
 #: Every CUDA use met on the code paths the backend runs: model build, forward/backward with
 #: TP and PP (tied embeddings included), activation checkpointing, DDP, the FP32 optimizer,
 #: gradient clipping, RNG seeding, distributed checkpoint save/load. ``tests/test_megatron_cpu_compat.py``
@@ -130,6 +131,17 @@ CALL_SITES: tuple[CallSite, ...] = (
         "LanguageModule.setup_embeddings_and_output_layer",
         "weight.data.cuda()",
         "Tensor.cuda as identity",
+    ),
+    # Mixture of experts: the router's weight placement, the all-to-all's output buffer, and the
+    # all-to-all dispatcher's side stream for its device-to-host copies of the token counts.
+    CallSite("megatron.core.transformer.moe.router", "Router.gating", "torch.cuda.current_device()", _T),
+    CallSite("megatron.core.tensor_parallel.mappings", "_AllToAll.forward", "torch.cuda.current_device()", _T),
+    CallSite(_TD, "MoEAlltoAllTokenDispatcher.__init__", "torch.cuda.Stream()", _T),
+    CallSite(_TD, "MoEAlltoAllTokenDispatcher._maybe_dtoh_and_synchronize", "torch.cuda.current_stream()", _T),
+    CallSite(_TD, "MoEAlltoAllTokenDispatcher._maybe_dtoh_and_synchronize", "torch.cuda.stream(", _T),
+    # ... whose split sizes become numpy arrays (what all_to_all_single accepts) only when they were CUDA tensors.
+    CallSite(
+        "megatron.core.transformer.moe.moe_utils", "maybe_move_tensor_to_cpu", "tensor.is_cuda", "CPU split sizes"
     ),
     # Distributed checkpoint saving.
     CallSite(
@@ -202,6 +214,22 @@ def _cpu_factory(fn: Callable[..., Any]) -> Callable[..., Any]:
     return factory
 
 
+class _CpuStream:
+    """The one in-order CPU "stream": waiting on it or for its events returns at once (the work is done)."""
+
+    def wait_stream(self, other: Any) -> None:
+        pass
+
+    def record_event(self, *_: Any) -> _CpuStream:
+        return self
+
+    def synchronize(self) -> None:
+        pass
+
+
+_CPU_STREAM = _CpuStream()
+
+
 class _CpuCuda:
     """``torch.cuda`` as the redirected modules see it on a CPU-only process.
 
@@ -243,6 +271,22 @@ class _CpuCuda:
         import torch
 
         torch.set_rng_state(state)
+
+    @staticmethod
+    def Stream(*_: Any, **__: Any) -> _CpuStream:  # noqa: N802 - torch.cuda's name
+        """CPU work runs in order on one stream: every "side stream" is that one."""
+        _record()
+        return _CPU_STREAM
+
+    @staticmethod
+    def current_stream(*_: Any, **__: Any) -> _CpuStream:
+        _record()
+        return _CPU_STREAM
+
+    @staticmethod
+    def stream(*_: Any, **__: Any) -> contextlib.nullcontext[None]:
+        _record()
+        return contextlib.nullcontext()
 
     @staticmethod
     def manual_seed(seed: int) -> None:
@@ -338,6 +382,22 @@ def _wrap_setup_embeddings(method: Callable[..., Any]) -> Callable[..., Any]:
     return setup_embeddings_and_output_layer
 
 
+def _to_cpu_also_numpy(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``maybe_move_tensor_to_cpu`` that gives numpy (``as_numpy``) for a tensor already on CPU too: the
+    all-to-all dispatcher's split sizes then reach ``all_to_all_single`` as a sequence of ints, as on a GPU."""
+
+    @functools.wraps(original)
+    def maybe_move_tensor_to_cpu(tensor: Any, as_numpy: bool = False, record_stream: bool = False) -> Any:
+        import torch
+
+        if as_numpy and torch.is_tensor(tensor) and not tensor.is_cuda:
+            _OBSERVED.add(("megatron.core.transformer.moe.moe_utils", "maybe_move_tensor_to_cpu"))
+            return tensor.numpy()
+        return original(tensor, as_numpy=as_numpy, record_stream=record_stream)
+
+    return maybe_move_tensor_to_cpu
+
+
 def is_applied() -> bool:
     return _applied
 
@@ -371,6 +431,9 @@ def apply() -> None:
         LanguageModule.setup_embeddings_and_output_layer = _wrap_setup_embeddings(
             LanguageModule.setup_embeddings_and_output_layer
         )
+        from megatron.core.transformer.moe import token_dispatcher
+
+        token_dispatcher.maybe_move_tensor_to_cpu = _to_cpu_also_numpy(token_dispatcher.maybe_move_tensor_to_cpu)
         _applied = True
 
 

@@ -90,7 +90,35 @@ def transformer_config(shape: ModelShape, hf_config: Any, mcfg: Any, precision: 
         # scale gradients by the data-parallel size (design.md §2.3).
         calculate_per_token_loss=True,
         **recompute,
+        **moe_settings(shape, mcfg),
     )
+
+
+def moe_settings(shape: ModelShape, mcfg: Any) -> dict[str, Any]:
+    """``TransformerConfig`` fields of a Qwen3-MoE-style model: softmax top-k routing (renormalised over the
+    chosen experts when ``norm_topk_prob``: megatron's top-k-then-softmax is exactly that, and softmax-then-top-k
+    is its ``pre_softmax``), experts run one after another (no grouped GEMM without TransformerEngine).
+
+    megatron's own aux loss is off: it normalises differently from Hugging Face's (per layer, divided by top-k),
+    so rlcore adds Hugging Face's loss itself (:mod:`rl_megatron.moe`)."""
+    if not shape.is_moe:
+        return {}
+    return {
+        "num_moe_experts": shape.num_experts,
+        "moe_router_topk": shape.moe_topk,
+        "moe_ffn_hidden_size": shape.moe_intermediate_size,
+        "moe_router_score_function": "softmax",
+        "moe_router_pre_softmax": not shape.norm_topk_prob,
+        "moe_router_load_balancing_type": "none",
+        "moe_aux_loss_coeff": 0.0,
+        "moe_router_dtype": mcfg.moe_router_dtype,
+        "moe_token_dispatcher_type": mcfg.moe_token_dispatcher_type,
+        "moe_grouped_gemm": False,
+        "moe_permute_fusion": False,
+        "moe_expert_capacity_factor": None,
+        "expert_model_parallel_size": mcfg.expert_model_parallel_size,
+        "expert_tensor_parallel_size": mcfg.expert_tensor_parallel_size,
+    }
 
 
 def layer_offset(config: Any, pp_rank: int) -> int:
@@ -107,7 +135,9 @@ def build_gpt_model(shape: ModelShape, config: Any, hf_config: Any, pre_process:
 
     from rl_megatron.sdpa_attention import SdpaDotProductAttention
 
-    spec = get_gpt_layer_local_spec(qk_layernorm=shape.qk_norm, normalization="RMSNorm")
+    spec = get_gpt_layer_local_spec(
+        num_experts=shape.num_experts or None, qk_layernorm=shape.qk_norm, normalization="RMSNorm"
+    )
     spec.submodules.self_attention.submodules.core_attention = SdpaDotProductAttention  # fused, not [s, s] in fp32
     return GPTModel(
         config=config,
@@ -124,4 +154,4 @@ def build_gpt_model(shape: ModelShape, config: Any, hf_config: Any, pre_process:
     )
 
 
-__all__ = ["DTYPES", "build_gpt_model", "layer_offset", "rope_settings", "transformer_config"]
+__all__ = ["DTYPES", "build_gpt_model", "layer_offset", "moe_settings", "rope_settings", "transformer_config"]

@@ -1,8 +1,8 @@
 """Megatron's pipeline schedule as the worker runs it: micro-batches through every stage in lockstep, and
 results moved from the last pipeline stage to every stage (``Policy`` reads from pipeline rank 0).
 
-:class:`PipelineStages` is a mixin of ``MegatronPolicyWorker``: it reads the worker's ``model``, ``cfg``,
-``device``, ``pp_size``, ``pp_ranks`` and ``pp_group``.
+:class:`PipelineStages` is a mixin of ``MegatronPolicyWorker``: it reads the worker's ``model``, ``cfg``, ``mcfg``,
+``device``, ``pp_size``, ``pp_ranks``, ``pp_group`` and ``router_logits`` (a mixture of experts' router recorder).
 """
 
 from __future__ import annotations
@@ -58,6 +58,8 @@ class PipelineStages:
 
         device = self.device
         multiple = self.cfg.make_sequence_length_divisible_by
+        router_logits = getattr(self, "router_logits", None)
+        defer_fp32_logits = self.mcfg.defer_fp32_logits
 
         def fit(n: int) -> int:  # each micro-batch's own longest sequence, rounded up to the multiple
             return -(-max(n, 2) // multiple) * multiple
@@ -70,9 +72,13 @@ class PipelineStages:
             if ids.shape[1] < width:
                 ids = torch.nn.functional.pad(ids, (0, width - ids.shape[1]))
             positions = torch.arange(width, device=device)[None, :].expand_as(ids)
+            if router_logits is not None:
+                router_logits.clear()  # a new forward: the routers' logits of this micro-batch only
             output = model(ids, positions, _attention_mask(lengths, width, device))
 
             def loss_func(logits: torch.Tensor) -> tuple:
+                if not defer_fp32_logits:  # else they stay in the training dtype until the logprob maths casts
+                    logits = logits.float()
                 loss = on_logits(mb, logits)
                 if loss is None:
                     loss = logits.new_zeros(())

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,16 +34,20 @@ from rl_megatron.converter import (
 )
 
 _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.")
+_EXPERT = re.compile(r"\.mlp\.experts\.local_experts\.(\d+)\.")
 
 
-def to_global_name(local_name: str, offset: int) -> str:
-    """``decoder.layers.<local i>.x`` → ``decoder.layers.<offset + i>.x`` (other names unchanged)."""
-    return _LAYER.sub(lambda m: f"decoder.layers.{int(m.group(1)) + offset}.", local_name)
+def to_global_name(local_name: str, offset: int, expert_offset: int = 0) -> str:
+    """``decoder.layers.<local i>.x`` → ``decoder.layers.<offset + i>.x``, and an expert-parallel rank's
+    ``local_experts.<j>`` → ``local_experts.<expert_offset + j>`` (other names unchanged)."""
+    name = _LAYER.sub(lambda m: f"decoder.layers.{int(m.group(1)) + offset}.", local_name)
+    return _EXPERT.sub(lambda m: f".mlp.experts.local_experts.{int(m.group(1)) + expert_offset}.", name)
 
 
-def stage_parameters(model: torch.nn.Module, offset: int) -> dict[str, torch.nn.Parameter]:
-    """``{global megatron name: parameter}`` of one pipeline stage (unwrapped GPTModel)."""
-    return {to_global_name(name, offset): p for name, p in model.named_parameters()}
+def stage_parameters(model: torch.nn.Module, offset: int, expert_offset: int = 0) -> dict[str, torch.nn.Parameter]:
+    """``{global megatron name: parameter}`` of one pipeline stage (unwrapped GPTModel); ``expert_offset``: the
+    global index of this expert-parallel rank's first expert."""
+    return {to_global_name(name, offset, expert_offset): p for name, p in model.named_parameters()}
 
 
 def stage_mappings(shape: ModelShape, names: Any) -> dict[str, ParamMapping]:
@@ -98,10 +103,17 @@ def read_hf_tensors(path: str, names: list[str], tie_word_embeddings: bool) -> d
 
 @torch.no_grad()
 def load_hf_into_stage(
-    model: torch.nn.Module, shape: ModelShape, path: str, offset: int, tp_rank: int, tp_size: int
+    model: torch.nn.Module,
+    shape: ModelShape,
+    path: str,
+    offset: int,
+    tp_rank: int,
+    tp_size: int,
+    expert_offset: int = 0,
 ) -> None:
-    """Copy this rank's shards of the HF checkpoint at ``path`` into ``model`` (one pipeline stage)."""
-    params = stage_parameters(model, offset)
+    """Copy this rank's shards of the HF checkpoint at ``path`` into ``model`` (one pipeline stage; with expert
+    parallelism, only this rank's experts are read)."""
+    params = stage_parameters(model, offset, expert_offset)
     mappings = stage_mappings(shape, params)
     needed = sorted({n for m in mappings.values() for n in m.hf})
     hf = read_hf_tensors(path, needed, shape.tie_word_embeddings)
@@ -115,8 +127,30 @@ def load_hf_into_stage(
         param.copy_(shard)
 
 
+@dataclass(frozen=True)
+class ExpertGroup:
+    """This rank's expert-parallel group: its rank in it, the global ranks of the group, experts per rank."""
+
+    rank: int = 0
+    ranks: tuple[int, ...] = (0,)
+    group: Any = None
+    experts_per_rank: int = 0
+
+    @property
+    def size(self) -> int:
+        return len(self.ranks)
+
+    @property
+    def offset(self) -> int:
+        """Global index of this rank's first expert."""
+        return self.rank * self.experts_per_rank
+
+
 class HFExporter:
-    """Full HF tensors from a TP × PP sharded model, in one deterministic order (collective)."""
+    """Full HF tensors from a TP × PP × EP sharded model, in one deterministic order (collective).
+
+    An expert's weights live on one rank of each expert-parallel group (expert ``e`` on ep rank
+    ``e // experts_per_rank``), which broadcasts them to the others."""
 
     def __init__(
         self,
@@ -128,11 +162,13 @@ class HFExporter:
         tp_size: int,
         pp_group: Any,
         pp_ranks: list[int],
+        experts: ExpertGroup | None = None,
     ) -> None:
         """``stage_offsets[s]`` is the first global layer of stage ``s`` (plus a final ``num_layers`` entry);
         ``pp_ranks[s]`` the global rank of stage ``s`` in this rank's pipeline group."""
         self.shape = shape
-        self.params = stage_parameters(model, stage_offsets[pp_rank])
+        self.experts = experts or ExpertGroup()
+        self.params = stage_parameters(model, stage_offsets[pp_rank], self.experts.offset)
         self.stage_offsets = stage_offsets
         self.pp_rank = pp_rank
         self.tp_group, self.tp_size = tp_group, tp_size
@@ -161,18 +197,28 @@ class HFExporter:
         dist.all_gather(shards, local.contiguous(), group=self.tp_group)
         return shards
 
+    def _expert_owner(self, mapping: ParamMapping) -> int | None:
+        """The ep rank holding ``mapping``'s expert (None: not an expert weight, or no expert parallelism)."""
+        if mapping.expert is None or self.experts.size == 1:
+            return None
+        return mapping.expert // self.experts.experts_per_rank
+
     @torch.no_grad()
     def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
         device = next(iter(self.params.values())).device
         for mapping in self.mappings:
             owner = self.owner_stage(mapping)
-            if owner == self.pp_rank:
+            expert_owner = self._expert_owner(mapping)
+            if owner == self.pp_rank and expert_owner in (None, self.experts.rank):
                 tensors = [
                     t.to(self.dtype)
                     for t in to_hf(self.shape, mapping, self._gather_tp(self.params[mapping.megatron], mapping))
                 ]
             else:
                 tensors = [torch.empty(hf_shape(self.shape, n), dtype=self.dtype, device=device) for n in mapping.hf]
+            if expert_owner is not None and owner == self.pp_rank:
+                for t in tensors:
+                    dist.broadcast(t, src=self.experts.ranks[expert_owner], group=self.experts.group)
             if len(self.pp_ranks) > 1:
                 for t in tensors:
                     dist.broadcast(t, src=self.pp_ranks[owner], group=self.pp_group)
@@ -187,6 +233,7 @@ def stage_layer_offsets(config: Any, pp_size: int) -> list[int]:
 
 
 __all__ = [
+    "ExpertGroup",
     "HFExporter",
     "load_hf_into_stage",
     "read_hf_tensors",

@@ -36,6 +36,7 @@ from rl_megatron import checkpointing, vocab_parallel
 from rl_megatron.config import megatron_config_problems, megatron_section
 from rl_megatron.converter import ModelShape
 from rl_megatron.model import build_gpt_model, transformer_config
+from rl_megatron.moe import MixtureOfExpertsStage
 from rl_megatron.pipeline import PipelineStages
 from rl_megatron.weights import HFExporter, load_hf_into_stage, stage_layer_offsets
 from rlcore.data import BatchedDataDict
@@ -66,7 +67,7 @@ def _init_sgd_state(opt: torch.optim.Optimizer, config: Any = None) -> None:
                     opt.state[p]["momentum_buffer"] = torch.zeros_like(p.data)
 
 
-class MegatronPolicyWorker(PipelineStages, RefitExportMixin, TrainingWorkerBase):
+class MegatronPolicyWorker(PipelineStages, MixtureOfExpertsStage, RefitExportMixin, TrainingWorkerBase):
     """One rank of the ``megatron`` backend (see the module docstring).
 
     Refit: :meth:`prepare_refit_info` and :meth:`iter_refit_tensors` are the export;
@@ -111,6 +112,8 @@ class MegatronPolicyWorker(PipelineStages, RefitExportMixin, TrainingWorkerBase)
         self.hf_config = AutoConfig.from_pretrained(hf_path)
         self.shape = ModelShape.from_hf_config(self.hf_config, self.mcfg.converter_type)
         self.shape.check_tp(self.tp_size)
+        self.shape.check_ep(self.mcfg.expert_model_parallel_size)
+        self.experts = self._expert_group()
         self.tconfig = transformer_config(self.shape, self.hf_config, self.mcfg, config.precision, use_cpu=not cuda)
         # Micro-batches are cut to their own longest sequence, so shapes vary between them.
         self.tconfig.variable_seq_lengths = self.pp_size > 1
@@ -118,7 +121,8 @@ class MegatronPolicyWorker(PipelineStages, RefitExportMixin, TrainingWorkerBase)
         self.gpt = build_gpt_model(self.shape, self.tconfig, self.hf_config, self.first_stage, self.last_stage)
         if cuda:
             self.gpt.cuda(self.device)
-        load_hf_into_stage(self.gpt, self.shape, hf_path, self.stage_offsets[self.pp_rank], self.tp_rank, self.tp_size)
+        self.router_logits = self._moe_setup()
+        self._load_hf(hf_path)
         self.vocab_start = self.tp_rank * (self.shape.padded_vocab_size(self.tp_size) // self.tp_size)
 
         self.optimizer = self.scheduler = None
@@ -132,6 +136,17 @@ class MegatronPolicyWorker(PipelineStages, RefitExportMixin, TrainingWorkerBase)
             self.init_reference_model()
 
     # -- setup -----------------------------------------------------------------------
+    def _load_hf(self, path: str) -> None:
+        load_hf_into_stage(
+            self.gpt,
+            self.shape,
+            path,
+            self.stage_offsets[self.pp_rank],
+            self.tp_rank,
+            self.tp_size,
+            self.experts.offset,
+        )
+
     def _init_parallel_state(self) -> None:
         from megatron.core import parallel_state as ps
         from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
@@ -144,6 +159,8 @@ class MegatronPolicyWorker(PipelineStages, RefitExportMixin, TrainingWorkerBase)
             tensor_model_parallel_size=tp,
             pipeline_model_parallel_size=pp,
             context_parallel_size=cp,
+            expert_model_parallel_size=m.expert_model_parallel_size,
+            expert_tensor_parallel_size=m.expert_tensor_parallel_size,
             order="tp-cp-ep-dp-pp",
         )
         model_parallel_cuda_manual_seed(SEED)
@@ -326,7 +343,10 @@ class MegatronPolicyWorker(PipelineStages, RefitExportMixin, TrainingWorkerBase)
         self._check_mode(mode)
         if not eval_mode:
             self._zero_grads()  # restored (GPU-offloaded) gradient buffers hold no zeros yet
+        self._aux_metrics: list[float] = []
         result = super().train(data, loss_fn, eval_mode, gbs, mbs, mode)
+        if self._aux_loss_coeff():
+            result["all_mb_metrics"]["moe_aux_loss"] = self._aux_metrics
         result["losses"], result["all_mb_metrics"] = self._from_last_stage((result["losses"], result["all_mb_metrics"]))
         return result
 
@@ -337,10 +357,12 @@ class MegatronPolicyWorker(PipelineStages, RefitExportMixin, TrainingWorkerBase)
 
         def run_micro_batches(mbs: list[BatchedDataDict], loss_of: Callable, eval_mode: bool) -> None:
             inputs = getattr(loss_of, "inputs", ())
+            aux_loss = self._aux_loss_term(mbs)
 
             def on_logits(mb: BatchedDataDict, logits: torch.Tensor) -> torch.Tensor:
                 mb.update(self._loss_inputs(mb, logits, tuple(inputs)))
-                return loss_of(mb, self._token_logprobs(mb, logits))
+                loss = loss_of(mb, self._token_logprobs(mb, logits))
+                return loss if aux_loss is None else loss + aux_loss(mb)
 
             self._run_schedule(mbs, on_logits, forward_only=eval_mode)
             self._empty_cache(1)
@@ -414,6 +436,7 @@ class MegatronPolicyWorker(PipelineStages, RefitExportMixin, TrainingWorkerBase)
                 self.tp_size,
                 self.pp_group,
                 self.pp_ranks,
+                self.experts,
             )
         return self._exporter
 
@@ -477,6 +500,7 @@ class MegatronPolicyWorker(PipelineStages, RefitExportMixin, TrainingWorkerBase)
                 "format": "megatron-dist-checkpoint",
                 "tensor_model_parallel_size": self.tp_size,
                 "pipeline_model_parallel_size": self.pp_size,
+                "expert_model_parallel_size": self.experts.size,
                 "optimizer": self.optimizer is not None,
                 "architecture": self.shape.architecture,
             }
@@ -485,9 +509,7 @@ class MegatronPolicyWorker(PipelineStages, RefitExportMixin, TrainingWorkerBase)
     def load_checkpoint(self, weights_path: str, optimizer_path: str | None = None) -> None:
         for checkpoint in filter(None, (weights_path, optimizer_path)):
             check_inside(checkpoint)  # a checkpoint reads its own files only
-        load_hf_into_stage(
-            self.gpt, self.shape, weights_path, self.stage_offsets[self.pp_rank], self.tp_rank, self.tp_size
-        )
+        self._load_hf(weights_path)
         if optimizer_path:
             self._load_megatron_checkpoint(optimizer_path)
 

@@ -1,0 +1,150 @@
+"""The router aux loss of a mixture-of-experts model, as Hugging Face computes it.
+
+megatron-core's ``aux_loss`` (``switch_load_balancing_loss_func``) is computed per layer, divided by the top-k and
+summed over layers; Hugging Face's ``load_balancing_loss_func`` (Qwen3-MoE's, Mixtral's) pools the expert counts and
+router probabilities of *all* layers first, then takes one product, not divided by the top-k. The two disagree, so
+the megatron backend turns megatron's off and adds Hugging Face's (design.md §2.3 for the step normalisation):
+
+    step aux loss = coeff · Σ_micro-batches (T_mb / T_step) · LB(mb)
+
+where ``LB(mb)`` is ``load_balancing_loss_func`` of the micro-batch with its attention mask (padding excluded),
+``T_mb`` its tokens inside ``input_lengths`` and ``T_step`` those of the whole optimizer step across data-parallel
+ranks. With one micro-batch on one rank it is exactly Hugging Face's ``router_aux_loss_coef · aux_loss``.
+
+:class:`RouterLogits` keeps each router's logits of the current forward (megatron's routers return only the
+chosen experts' probabilities): the logits megatron routed with, in its router dtype, still in the graph.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from rl_megatron.weights import ExpertGroup
+from rlcore.data import BatchedDataDict
+
+
+class RouterLogits:
+    """Collects every ``TopKRouter``'s gating logits (``[S, B, E]``) of the forward pass in flight."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        from megatron.core.transformer.moe.router import TopKRouter
+
+        self.logits: list[torch.Tensor] = []
+        self.routers = [m for m in model.modules() if isinstance(m, TopKRouter)]
+        for router in self.routers:
+            router.gating = self._recording(router.gating)
+
+    def _recording(self, gating: Any) -> Any:
+        def gating_and_record(input: torch.Tensor) -> torch.Tensor:
+            logits = gating(input)
+            self.logits.append(logits)
+            return logits
+
+        return gating_and_record
+
+    def clear(self) -> None:
+        self.logits = []
+
+    def take(self) -> list[torch.Tensor]:
+        """The logits of the last forward, layer by layer (activation recomputation appends its own copies
+        later: only the first ``len(routers)`` are this forward's)."""
+        out, self.logits = self.logits[: len(self.routers)], []
+        return out
+
+
+def define_missing_te_gemm() -> None:
+    """megatron-core 0.16.1's router gating reads ``moe_utils.te_general_gemm`` (``is not None``), a name it defines
+    only when TransformerEngine imports: without TransformerEngine every MoE forward raises NameError. Defining it
+    as None takes megatron's own PyTorch branch (``torch.mm`` in the router dtype). Does nothing where it exists."""
+    from megatron.core.transformer.moe import moe_utils
+
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
+
+
+def load_balancing_loss(logits: list[torch.Tensor], valid: torch.Tensor, top_k: int) -> torch.Tensor:
+    """Hugging Face's ``load_balancing_loss_func`` of one forward: ``logits`` per layer (``[..., E]``, any
+    leading shape), ``valid`` (the same leading shape, bool) the tokens that count. Accumulated in float32,
+    or in the logits' dtype where that is wider (``moe_router_dtype`` fp64)."""
+    num_experts = logits[0].shape[-1]
+    dtype = torch.promote_types(logits[0].dtype, torch.float32)
+    mask = valid.reshape(-1).to(dtype)
+    counts = torch.zeros(num_experts, dtype=dtype, device=logits[0].device)
+    probs = torch.zeros(num_experts, dtype=dtype, device=logits[0].device)
+    for layer in logits:
+        weights = torch.softmax(layer.reshape(-1, num_experts), dim=-1)
+        chosen = torch.topk(weights, top_k, dim=-1).indices
+        counts = counts + torch.zeros_like(counts).scatter_add_(0, chosen.reshape(-1), mask.repeat_interleave(top_k))
+        probs = probs + (weights.to(dtype) * mask[:, None]).sum(dim=0)
+    rows = mask.sum() * len(logits)
+    return num_experts * torch.sum((counts / rows) * (probs / rows))
+
+
+def valid_tokens(lengths: torch.Tensor, width: int, seq_first: bool) -> torch.Tensor:
+    """``[S, B]`` (``seq_first``, megatron's layout) or ``[B, S]`` bool: positions inside ``input_lengths``."""
+    valid = torch.arange(width, device=lengths.device)[None, :] < lengths[:, None]
+    return valid.t() if seq_first else valid
+
+
+class MixtureOfExpertsStage:
+    """The MoE part of ``MegatronPolicyWorker`` (a mixin): the expert-parallel group, the routers' setup and the aux
+    loss of each training step. Reads the worker's ``shape``, ``mcfg``, ``gpt``, ``dp_group``, ``router_logits``
+    and ``_all_reduce_sum``."""
+
+    def _expert_group(self) -> ExpertGroup:
+        if not self.shape.is_moe:
+            return ExpertGroup()
+        from megatron.core import parallel_state as ps
+
+        group = ps.get_expert_model_parallel_group()
+        return ExpertGroup(
+            rank=ps.get_expert_model_parallel_rank(),
+            ranks=tuple(dist.get_process_group_ranks(group)),
+            group=group,
+            experts_per_rank=self.shape.num_experts // ps.get_expert_model_parallel_world_size(),
+        )
+
+    def _moe_setup(self) -> RouterLogits | None:
+        """Freeze the routers (``freeze_moe_router``) and record their logits for the aux loss."""
+        if not self.shape.is_moe:
+            return None
+        define_missing_te_gemm()
+        logits = RouterLogits(self.gpt)
+        if self.mcfg.freeze_moe_router:
+            for router in logits.routers:
+                router.weight.requires_grad_(False)
+        return logits
+
+    def _aux_loss_coeff(self) -> float:
+        """The weight of Hugging Face's load-balancing loss (0: none), see :mod:`rl_megatron.moe`."""
+        m = self.mcfg
+        if not self.shape.is_moe or m.moe_router_load_balancing_type == "none":
+            return 0.0
+        return self.shape.router_aux_loss_coef if m.moe_aux_loss_coeff is None else m.moe_aux_loss_coeff
+
+    def _aux_loss_term(self, mbs: list[BatchedDataDict]) -> Callable[[BatchedDataDict], torch.Tensor] | None:
+        """The router aux loss of each micro-batch of one step (:mod:`rl_megatron.moe`), recorded as the
+        ``moe_aux_loss`` metric (its micro-batch values sum, over micro-batches and dp ranks, to the step's)."""
+        coeff = self._aux_loss_coeff()
+        if coeff == 0.0:
+            return None
+        step_tokens = torch.tensor([float(sum(int(mb["input_lengths"].sum()) for mb in mbs))])
+        self._all_reduce_sum(step_tokens, self.dp_group)
+
+        def aux_loss(mb: BatchedDataDict) -> torch.Tensor:
+            logits = self.router_logits.take()
+            lengths = mb["input_lengths"].to(logits[0].device)
+            valid = valid_tokens(lengths, logits[0].shape[0], seq_first=True)
+            weight = coeff * float(lengths.sum()) / float(step_tokens)
+            term = weight * load_balancing_loss(logits, valid, self.shape.moe_topk)
+            self._aux_metrics.append(float(term.detach()))
+            return term
+
+        return aux_loss
+
+
+__all__ = ["MixtureOfExpertsStage", "RouterLogits", "define_missing_te_gemm", "load_balancing_loss", "valid_tokens"]
