@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, PositiveInt, field_validator
+from pydantic import Field, PositiveInt
 
 from rlcore.config.base import StrictModel
 
@@ -32,9 +32,9 @@ class DTensorConfig(StrictModel):
     context_parallel_size: PositiveInt = Field(1, description="Context-parallel degree (cp); > 1 needs CUDA.")
     expert_parallel_size: PositiveInt = Field(
         1,
-        description="Expert-parallel degree; only 1 here: the dtensor backend shards a mixture-of-experts' experts "
-        "with FSDP2 over dp like every other weight. Expert parallel: the megatron backend "
-        "(policy.megatron_cfg.expert_model_parallel_size).",
+        description="Expert-parallel degree; only 1 here (more is refused when the config is resolved): the dtensor "
+        "backend shards a mixture-of-experts' experts with FSDP2 over dp like every other weight. Expert "
+        "parallel: the megatron backend (policy.megatron_cfg.expert_model_parallel_size).",
     )
     custom_parallel_plan: str | None = Field(
         None, description="'module:object' path of a custom TP plan; None = the built-in plan for the architecture."
@@ -54,16 +54,6 @@ class DTensorConfig(StrictModel):
         "unsharded gradient); 'per_micro_batch' after every backward (sharded gradients only). The sum is the same "
         "up to float32 rounding order.",
     )
-
-    @field_validator("expert_parallel_size")
-    @classmethod
-    def _no_expert_parallel(cls, value: int) -> int:
-        if value > 1:
-            raise ValueError(
-                f"is {value}, but the dtensor backend has no expert parallel (FSDP2 shards the experts over dp); "
-                "set 1, or use the megatron backend's policy.megatron_cfg.expert_model_parallel_size"
-            )
-        return value
 
 
 def dtensor_section(policy: Any, given: Any = None) -> DTensorConfig:

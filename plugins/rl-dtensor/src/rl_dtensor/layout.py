@@ -26,6 +26,12 @@ def parallel_layout(request: LayoutRequest) -> ParallelLayout:
             f"context parallel needs CUDA (there is no CPU attention sharding): set "
             f"{_D}context_parallel_size=1, or cluster.use_gpu=true on a CUDA machine"
         )
+    if d.expert_parallel_size > 1:
+        raise ValueError(
+            f"{_D}expert_parallel_size: is {d.expert_parallel_size}, but the dtensor backend has no expert parallel "
+            "(FSDP2 shards the experts over dp); set 1, or use the megatron backend's "
+            "policy.megatron_cfg.expert_model_parallel_size"
+        )
     check_model(request.policy, d.tensor_parallel_size)
     return ParallelLayout(
         tp=d.tensor_parallel_size,
