@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Discriminator, Field, JsonValue, PositiveInt, Tag, model_validator
+from pydantic import Discriminator, Field, JsonValue, PositiveInt, Tag, field_validator, model_validator
 
 from rlcore.config.base import SECTION_SUFFIX, SectionsModel, StrictModel, derived, fill_derived
 from rlcore.config.generation import GenerationConfig
@@ -202,6 +202,12 @@ class LoRAConfig(StrictModel):
         return self
 
 
+#: Environment variables each training worker's runtime sets (rlcore.distributed.worker_group): not the user's.
+RUNTIME_ENV_VARS = frozenset(
+    {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "CUDA_VISIBLE_DEVICES"}
+)
+
+
 class PolicyConfig(SectionsModel):
     """The policy being trained and how.
 
@@ -287,6 +293,13 @@ class PolicyConfig(SectionsModel):
         "have, or one that changes a parameter's shape, is refused; the generation engine applies the same "
         "(vLLM: hf_overrides). Backends: rlcore.training.hf_config.",
     )
+    env_vars: dict[str, str] = Field(
+        default_factory=dict,
+        description="Environment variables set in every training worker process of this policy before its backend "
+        "worker is built (NeMo-RL's dtensor_cfg.env_vars / megatron_cfg.env_vars), e.g. NCCL or allocator "
+        "settings. Names the runtime sets itself (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT, "
+        "CUDA_VISIBLE_DEVICES, RLCORE_*) are refused.",
+    )
     lora: LoRAConfig = Field(default_factory=LoRAConfig, description="LoRA adapters (off by default).")
     optimizer: PytorchOptimizerConfig = Field(
         default_factory=PytorchOptimizerConfig,
@@ -298,6 +311,17 @@ class PolicyConfig(SectionsModel):
         description="torch lr schedulers; several are chained by a {name: milestones} entry "
         "(SequentialLR). None = constant learning rate.",
     )
+
+    @field_validator("env_vars")
+    @classmethod
+    def _not_the_runtime_s(cls, env_vars: dict[str, str]) -> dict[str, str]:
+        owned = sorted(name for name in env_vars if name in RUNTIME_ENV_VARS or name.startswith("RLCORE_"))
+        if owned:
+            raise ValueError(
+                f"{', '.join(owned)}: set by rlcore for each worker (its rank, its rendezvous, its devices); "
+                "remove them from policy.env_vars (the cluster section decides ranks and devices)"
+            )
+        return env_vars
 
     @property
     def training_backend(self) -> str:

@@ -63,7 +63,13 @@ def _negative_is_off(value: Any) -> Any:
     return 0 if isinstance(value, int) and not isinstance(value, bool) and value < 0 else value
 
 
+def _none_is_empty(value: Any) -> Any:
+    """NeMo-RL's ``env_vars: null`` → rlcore's ``{}`` (no variables)."""
+    return {} if value is None else value
+
+
 TRANSFORMS: dict[str, Callable[[Any], Any]] = {
+    "none_is_empty": _none_is_empty,
     "top_k": _top_k,
     "false_is_automatic": _false_is_automatic,
     "true_is_automatic": _true_is_automatic,

@@ -139,11 +139,12 @@ CLUSTER_AND_POLICY_RULES: tuple[Rule, ...] = (
     _m(DT + "tensor_parallel_size"),
     _m(DT + "context_parallel_size", note="> 1 needs CUDA (an error before any process starts otherwise)"),
     _m(DT + "custom_parallel_plan"),
-    _n(
+    _m(
         DT + "env_vars",
-        (*NONE_OR_EMPTY, {"PYTORCH_CUDA_ALLOC_CONF": ""}),
-        "per-worker environment variables (set "
-        "them in the environment; an empty PYTORCH_CUDA_ALLOC_CONF, as NeMo-RL's dpo.yaml writes, is the default)",
+        P + "env_vars",
+        transform="none_is_empty",
+        note="set in every training worker of the policy, as NeMo-RL sets them in its DTensor workers; names "
+        "rlcore's runtime sets (RANK, MASTER_ADDR, CUDA_VISIBLE_DEVICES, ...) are refused",
     ),
     _n(DT + "expert_parallel_size", (1, None), "expert parallelism"),
     _n(DT + "dp_replicate_size", (1, None), "HSDP replication"),
@@ -240,7 +241,12 @@ CLUSTER_AND_POLICY_RULES: tuple[Rule, ...] = (
     ),
     _g(MG + "fp8_cfg.enabled", "FP8 training"),
     _n(MG + "fp8_cfg", (None,), "FP8 training"),
-    _n(MG + "env_vars", NONE_OR_EMPTY, "per-worker environment variables (set them in the environment)"),
+    _m(
+        MG + "env_vars",
+        P + "env_vars",
+        transform="none_is_empty",
+        note="set in every training worker of the policy, as NeMo-RL sets them in its Megatron workers",
+    ),
     *(
         _m(MG + "optimizer." + k)
         for k in (

@@ -93,6 +93,7 @@ class Policy(WorkerGroupOwner, ColocatablePolicyInterface, GenerationInterface):
             init_args=(self.cfg, tokenizer),
             offered_kwargs=available,  # the worker gets those its constructor declares
             capabilities=tuple(self.spec.capabilities),  # a missing method of one is refused in the worker
+            extra_env=dict(self.cfg.env_vars),  # policy.env_vars: set in each rank before its worker is built
         )
         # Constructing actors is asynchronous: wait so that a worker that cannot start fails here.
         self._all(TrainingWorker.is_alive)
