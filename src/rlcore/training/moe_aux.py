@@ -77,7 +77,10 @@ def load_balancing_loss(router_logits: list[torch.Tensor], mask: torch.Tensor, t
 
 def moe_routers(model: nn.Module) -> list[nn.Module]:
     """The router of every sparse MoE block: the ``gate`` of each module holding both ``gate`` and ``experts``."""
-    return [m.gate for m in model.modules() if hasattr(m, "gate") and hasattr(m, "experts")]
+    from torch import nn
+
+    routers = [getattr(m, "gate", None) for m in model.modules() if hasattr(m, "experts")]
+    return [r for r in routers if isinstance(r, nn.Module)]
 
 
 class RouterLogitsRecorder:
