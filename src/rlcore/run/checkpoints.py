@@ -1,4 +1,5 @@
-"""Step checkpoints of a run: ``<dir>/step_NNNNNN/{weights,optimizer,tokenizer,state.json}``.
+"""Step checkpoints of a run: ``<dir>/step_NNNNNN/{weights,optimizer,tokenizer,state.json}``, and
+``rollouts/`` when a run generates ahead of training (:func:`save_rollouts`).
 
 Each step directory is published atomically (built aside, then renamed), so
 a crash mid-save leaves the previous step checkpoint whole, and ``--resume``
@@ -48,14 +49,18 @@ def save_step(
     keep_last: int,
     extra: dict[str, Any] | None = None,
     metric: tuple[str, bool] | None = None,
+    rollouts: dict[int, Any] | None = None,
 ) -> Path:
-    """Save step ``step`` (``extra`` joins its ``state.json``) and drop the checkpoints :func:`kept` leaves out.
-    A full disk raises :class:`DiskFull` (the partial save removed, the previous checkpoint whole)."""
+    """Save step ``step`` (``extra`` joins its ``state.json``; ``rollouts``, generated ahead from weights older
+    than the saved ones, go to ``rollouts/``: :func:`save_rollouts`) and drop the checkpoints :func:`kept` leaves
+    out. A full disk raises :class:`DiskFull` (the partial save removed, the previous checkpoint whole)."""
     final = step_dir(root, step)
     try:
         final.parent.mkdir(parents=True, exist_ok=True)
         with atomic_directory(final) as tmp:
             policy.save_checkpoint(str(tmp / "weights"), str(tmp / "optimizer"), str(tmp / "tokenizer"))
+            if rollouts:
+                save_rollouts(tmp / ROLLOUTS, rollouts)
             (tmp / "state.json").write_text(json.dumps({"step": step, **(extra or {})}))
     except BaseException as exc:  # torch's CheckpointException is a BaseException
         if (full := disk_full(exc)) is None:
@@ -67,6 +72,47 @@ def save_step(
         if old not in keep:
             shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+#: The directory of a step checkpoint holding the rollouts generated ahead (:func:`save_rollouts`).
+ROLLOUTS = "rollouts"
+
+
+def save_rollouts(directory: Path, rollouts: dict[int, Any]) -> None:
+    """``{training step: Rollout}`` as ``step_NNNNNN.safetensors`` files: the rollout's tensors (``data/<key>``
+    and ``rewards``) with its metrics as JSON in the file's metadata. Data, never pickles: a checkpoint is
+    untrusted input (design.md §2.8). Every value of ``data`` must be a tensor."""
+    from safetensors.torch import save_file
+
+    directory.mkdir(parents=True, exist_ok=True)
+    for step, rollout in sorted(rollouts.items()):
+        tensors = {f"data/{key}": value.contiguous() for key, value in rollout.data.items()}
+        tensors["rewards"] = rollout.rewards.contiguous()
+        save_file(tensors, str(directory / f"step_{step:06d}.safetensors"), {"metrics": json.dumps(rollout.metrics)})
+
+
+def load_rollouts(checkpoint: str | Path) -> dict[int, Any]:
+    """The rollouts a step checkpoint carries (:func:`save_rollouts`), by the training step they are for; empty
+    when it carries none."""
+    from safetensors import safe_open
+
+    from rlcore.data import BatchedDataDict
+    from rlcore.run.rollouts import Rollout
+    from rlcore.training.checkpoint_files import check_inside
+
+    directory = Path(checkpoint) / ROLLOUTS
+    found: dict[int, Any] = {}
+    if not directory.is_dir():
+        return found
+    check_inside(directory)
+    for path in sorted(directory.glob("step_*.safetensors")):
+        with safe_open(str(path), framework="pt") as f:
+            data = {key.removeprefix("data/"): f.get_tensor(key) for key in f.keys() if key.startswith("data/")}
+            metrics = json.loads((f.metadata() or {}).get("metrics", "{}"))
+            found[int(path.stem.removeprefix("step_"))] = Rollout(
+                BatchedDataDict(data), f.get_tensor("rewards"), metrics
+            )
+    return found
 
 
 def disk_full(exc: BaseException) -> str | None:
