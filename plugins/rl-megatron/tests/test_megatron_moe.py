@@ -182,3 +182,60 @@ def _spec_plugin(spec: Any) -> Any:
             register(spec)
 
     return SpecPlugin()
+
+
+@pytest.mark.parametrize(
+    "megatron, path",
+    [
+        ({"expert_tensor_parallel_size": 2}, "expert_tensor_parallel_size"),
+        ({"moe_token_dispatcher_type": "flex"}, "moe_token_dispatcher_type"),
+        ({"moe_enable_deepep": True}, "moe_enable_deepep"),
+        ({"moe_router_load_balancing_type": "seq_aux_loss"}, "moe_router_load_balancing_type"),
+        ({"moe_expert_capacity_factor": 1.0}, "moe_expert_capacity_factor"),
+        ({"moe_router_bias_update_rate": 0.001}, "moe_router_bias_update_rate"),
+    ],
+)
+def test_moe_settings_that_change_the_numbers_are_refused_in_one_line(megatron: dict, path: str) -> None:
+    from rl_megatron.config import megatron_config_problems
+
+    (problem,) = megatron_config_problems(
+        policy_config("unused", 2, megatron=megatron), cuda=False, transformer_engine=False
+    )
+    assert problem.startswith(f"policy.megatron_cfg.{path}: ")
+
+
+def test_kernel_choices_are_accepted_and_ignored() -> None:
+    """NeMo-RL's recipes set these; they pick kernels or schedules for the same numbers."""
+    from rl_megatron.config import megatron_config_problems
+
+    kernels = {"moe_permute_fusion": True, "moe_grouped_gemm": True, "moe_shared_expert_overlap": True}
+    config = policy_config("unused", 2, megatron={**kernels, "moe_per_layer_logging": True})
+    assert megatron_config_problems(config, cuda=False, transformer_engine=False) == []
+
+
+@pytest.mark.parametrize(
+    "megatron, model, message",
+    [
+        ({"expert_model_parallel_size": 3}, "moe", "expert_model_parallel_size: 3 does not divide the model's 8"),
+        ({"expert_model_parallel_size": 2}, "dense", "expert_model_parallel_size: is 2 but"),
+        ({"expert_model_parallel_size": 4}, "moe", "expert_model_parallel_size: 4 does not divide the 2 ranks"),
+        ({"pipeline_model_parallel_size": 2}, "moe", "pipeline_model_parallel_size: is 2"),
+    ],
+)
+def test_expert_parallel_sizes_are_checked_before_any_process_starts(megatron: dict, model: str, message: str) -> None:
+    from rl_megatron.config import megatron_section, moe_model_problems
+    from rlcore.testing.models import tiny_model_path
+
+    path = moe_model() if model == "moe" else tiny_model_path()
+    section = megatron_section(policy_config(path, 2, megatron=megatron))
+    problems = moe_model_problems(section, path, world_size=2)
+    assert any(p.startswith("policy.megatron_cfg.") and message in p for p in problems), problems
+
+
+def test_resolving_the_config_refuses_a_bad_expert_parallel_size() -> None:
+    """The same check runs where rlcore resolves a config (the spec's config_check), before any worker."""
+    from rlcore.config import ConfigError, resolve_policy
+
+    config = policy_config(moe_model(), 2, megatron={"expert_model_parallel_size": 3})
+    with pytest.raises(ConfigError, match="policy.megatron_cfg.expert_model_parallel_size: 3 does not divide"):
+        resolve_policy(config, world_size=2, use_gpu=False)
