@@ -173,3 +173,9 @@ def test_keys_that_change_nothing_computed_are_accepted_with_their_reason_whatev
     assert problems == []
     assert "NVLink" in ignored["cluster.segment_size"]
     assert "numerically identical" in ignored["policy.sequence_packing.fuse_loss"]
+
+
+def test_dapo_math_verify_maps_to_rlcore_s_dapo_grader():
+    out = convert_file(GRPO, [f"++data.train.data_path={ROWS}", "env.math.math_verify_impl=dapo_math_verify"])
+    assert out.problems == [] and out.config["env"]["math_cfg"] == {"verifier": "dapo"}
+    assert out.sources["env.math_cfg.verifier"] == "env.math.math_verify_impl"

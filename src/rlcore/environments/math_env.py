@@ -12,11 +12,12 @@ from rlcore.interfaces.environment import EnvironmentReturn, Message
 
 
 class MathConfig(StrictModel):
-    verifier: Literal["auto", "math_verify", "builtin"] = Field(
+    verifier: Literal["auto", "math_verify", "builtin", "dapo"] = Field(
         "auto",
         description="math_verify: Hugging Face's math-verify (pip install 'rlcore[math]'); builtin: "
-        "rlcore's own rules (boxed answers, numbers, fractions, simple symbolic forms with sympy); auto: "
-        "math_verify when installed.",
+        "rlcore's own rules (boxed answers, numbers, fractions, simple symbolic forms with sympy); dapo: DAPO's "
+        "grader (NeMo-RL's dapo_math_verify: the last 'Answer:' line, Minerva-normalised, equal as a string); "
+        "auto: math_verify when installed.",
     )
 
 
@@ -35,6 +36,12 @@ class MathEnvironment:
             )
 
     def step(self, message_logs: list[list[Message]], metadata: list[dict[str, Any]]) -> EnvironmentReturn:
+        if self.config.verifier == "dapo":
+            from rlcore.environments import dapo_grading
+
+            return score_each(
+                lambda completion, meta: dapo_grading.grade(completion, ground_truth(meta)), message_logs, metadata
+            )
         builtin = self.config.verifier == "builtin"
 
         def score(completion: str, meta: dict[str, Any]) -> tuple[float, str | None]:

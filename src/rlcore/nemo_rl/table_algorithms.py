@@ -329,8 +329,9 @@ ALGORITHM_AND_RUN_RULES: tuple[Rule, ...] = (
         "env",
         "the run's environment (data env_name, else the first section of an installed "
         "environment): env.<name>.num_workers → env.num_workers; env.math.math_verify_impl hf_math_verify → "
-        "env.math_cfg.verifier math_verify; an installed plugin environment's env.<name>.* → env.<name>_cfg.* "
-        "(validated by its config class); a section no installed environment has is ignored",
+        "env.math_cfg.verifier math_verify, dapo_math_verify → dapo (DAPO's grader); env.math.verifier_type other "
+        "than math is an error; an installed plugin environment's env.<name>.* → env.<name>_cfg.* (validated by its "
+        "config class); a section no installed environment has, which no data entry names, is ignored",
     ),
     _c(
         "data_plane",

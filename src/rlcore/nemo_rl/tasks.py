@@ -434,11 +434,12 @@ def _environment(env: dict[str, Any], out: Conversion) -> None:
 def _math_settings(name: str, settings: dict[str, Any], out: Conversion) -> None:
     impl = settings.get("math_verify_impl")
     if impl is not None:
-        verifier = "math_verify" if impl == "hf_math_verify" else None
+        verifier = {"hf_math_verify": "math_verify", "dapo_math_verify": "dapo"}.get(str(impl))
         if verifier is None:
             out.problems.append(
                 f"env.{name}.math_verify_impl: is {show_value(impl)}; rlcore verifies with "
-                "'hf_math_verify' (math-verify) or its own rules (env.math_cfg.verifier: builtin)"
+                "'hf_math_verify' (math-verify), 'dapo_math_verify' (DAPO's grader) or its own rules "
+                "(env.math_cfg.verifier: builtin)"
             )
         else:
             _set(out, "env.math_cfg.verifier", verifier, f"env.{name}.math_verify_impl")
