@@ -226,3 +226,30 @@ def test_packed_and_padded_forwards_give_one_aux_loss(moe_path, data):
     recorder.remove()
     assert padded[1] == packed[1] == int(routed_tokens(data))
     assert abs(padded[0] - packed[0]) <= TOL * padded[0]
+
+
+def test_activation_checkpointing_counts_each_router_once(moe_path, data):
+    """A checkpointed layer runs its router again in backward: those logits are not recorded, and the aux loss's
+    gradients are those of the model without checkpointing (single process)."""
+    from transformers import AutoModelForCausalLM
+
+    from rl_dtensor.inputs import padded_inputs
+    from rl_dtensor.parallelize import apply_ac
+    from rlcore.training.moe_aux import RouterLogitsRecorder, load_balancing_loss
+
+    inputs = padded_inputs(data, torch.device("cpu"))
+    mask = inputs.routed_mask(data["sample_mask"])
+    grads = []
+    for checkpointed in (False, True):
+        model = AutoModelForCausalLM.from_pretrained(moe_path, dtype=torch.float32)
+        if checkpointed:
+            apply_ac(model)
+        recorder = RouterLogitsRecorder(model)
+        with recorder.recording() as router_logits:
+            logits = model(**inputs.model_kwargs()).logits
+        loss = logits.square().mean() + load_balancing_loss(router_logits, mask, model.config.num_experts_per_tok)
+        loss.backward()
+        assert len(recorder.logits) == model.config.num_hidden_layers  # nothing added by the recomputation
+        grads.append({name: p.grad.clone() for name, p in model.named_parameters()})
+    worst, name = max_abs_diff(grads[0], grads[1])
+    assert worst <= 1e-6, f"{name}: {worst:.3g}"
