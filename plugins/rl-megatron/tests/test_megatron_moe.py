@@ -98,11 +98,16 @@ def train_step(pool: Any, tokenizer: Any, root: Path, ep: int, name: str) -> dic
     policy = Policy(pool(2), config, tokenizer, name_prefix=f"moe-{name}")
     try:
         result = policy.train(batch(tokenizer), NLLLoss())
-        policy.save_checkpoint(str(root / name))
+        policy.save_checkpoint(str(root / name), str(root / f"{name}-megatron"))
         refit_info = call_workers(policy, "prepare_refit_info")[0]
+        logprobs = policy.get_logprobs(batch(tokenizer))["logprobs"]
+        redirected = call_workers(policy, "redirected_call_sites")
     finally:
         policy.shutdown()
     return {
+        "megatron_checkpoint": str(root / f"{name}-megatron"),
+        "logprobs": logprobs,
+        "redirected": redirected,
         "loss": float(result["loss"][0]),
         "aux": float(sum(result["all_mb_metrics"]["moe_aux_loss"])),
         "grad_norm": float(result["grad_norm"][0]),
@@ -145,6 +150,39 @@ def test_refit_sends_every_expert_under_hf_names(ep2: dict) -> None:
     sent = {name: tuple(shape) for name, (shape, _) in ep2["refit_info"].items()}
     assert sent == expected
     assert sum(".mlp.experts." in name for name in sent) == 2 * 8 * 3
+
+
+def test_expert_parallel_checkpoint_reshards_to_one_rank(ep2: dict, pool: Any, tiny_tokenizer: Any) -> None:
+    """megatron's distributed checkpoint saved at EP 2 (4 experts per rank) loads into one rank holding all 8
+    (the model: the optimizer state resumes at the same expert-parallel size only, the worker says so)."""
+    from rlcore.policy import Policy
+
+    single = Policy(
+        pool(1),
+        policy_config(moe_model(), 1, gbs=4, mbs=1, lr=LR),
+        tiny_tokenizer,
+        name_prefix="moe-resharded",
+        optimizer_path=ep2["megatron_checkpoint"],
+        init_optimizer=False,
+        init_reference_model=False,
+    )
+    try:
+        got = single.get_logprobs(batch(tiny_tokenizer))["logprobs"]
+    finally:
+        single.shutdown()
+    lengths = batch(tiny_tokenizer)["input_lengths"]
+    valid = torch.arange(got.shape[1])[None, :] < lengths[:, None]
+    assert float(((got - ep2["logprobs"]).abs() * valid).max()) <= 1e-5
+
+
+def test_only_listed_cuda_call_sites_were_redirected(ep2: dict) -> None:
+    from rl_megatron.cpu_compat import CALL_SITES
+
+    listed = {(s.module, s.function) for s in CALL_SITES}
+    for rank, observed in enumerate(ep2["redirected"]):
+        assert observed, f"rank {rank}: the compatibility layer is not active on a CPU worker"
+        unlisted = {tuple(site) for site in observed} - listed
+        assert not unlisted, f"rank {rank} redirected call sites missing from CALL_SITES: {sorted(unlisted)}"
 
 
 def test_broken_reverse_all_to_all_fails_parity(

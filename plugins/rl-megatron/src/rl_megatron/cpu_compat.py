@@ -136,6 +136,7 @@ CALL_SITES: tuple[CallSite, ...] = (
     # all-to-all dispatcher's side stream for its device-to-host copies of the token counts.
     CallSite("megatron.core.transformer.moe.router", "Router.gating", "torch.cuda.current_device()", _T),
     CallSite("megatron.core.tensor_parallel.mappings", "_AllToAll.forward", "torch.cuda.current_device()", _T),
+    CallSite("megatron.core.tensor_parallel.mappings", "_gather_along_first_dim", "torch.cuda.current_device()", _T),
     CallSite(_TD, "MoEAlltoAllTokenDispatcher.__init__", "torch.cuda.Stream()", _T),
     CallSite(_TD, "MoEAlltoAllTokenDispatcher._maybe_dtoh_and_synchronize", "torch.cuda.current_stream()", _T),
     CallSite(_TD, "MoEAlltoAllTokenDispatcher._maybe_dtoh_and_synchronize", "torch.cuda.stream(", _T),

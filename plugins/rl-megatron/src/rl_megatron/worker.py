@@ -518,6 +518,14 @@ class MegatronPolicyWorker(PipelineStages, MixtureOfExpertsStage, RefitExportMix
         resharded to this run's TP/PP layout."""
         info = checkpointing.read_info(path)
         with_optimizer = self.optimizer is not None and info.get("optimizer", False)
+        saved_ep = info.get("expert_model_parallel_size", 1)
+        if with_optimizer and saved_ep != self.experts.size:
+            # megatron keeps expert parameters in an optimizer of their own only with EP > 1: the state differs.
+            raise ValueError(
+                f"{path}: its optimizer state was saved at policy.megatron_cfg.expert_model_parallel_size="
+                f"{saved_ep}, this run has {self.experts.size}; resume at the same expert-parallel size, or load "
+                "the weights alone (without the optimizer)"
+            )
         loaded = checkpointing.load(self._sharded_state(True, with_optimizer), path)
         missing, _ = self.gpt.load_state_dict(loaded["model"], strict=False)
         missing = [k for k in missing if not k.endswith("_extra_state")]
