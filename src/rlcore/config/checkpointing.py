@@ -2,9 +2,23 @@
 
 from __future__ import annotations
 
-from pydantic import Field, PositiveInt
+import re
+
+from pydantic import Field, PositiveInt, field_validator
 
 from rlcore.config.base import StrictModel
+
+#: NeMo-RL's ``checkpoint_must_save_by`` format: days, hours, minutes, seconds.
+DURATION = re.compile(r"^(\d+):(\d+):(\d+):(\d+)$")
+
+
+def duration_seconds(text: str) -> int:
+    """``'DD:HH:MM:SS'`` → seconds (``'00:03:45:00'`` → 13500); ValueError for another form."""
+    match = DURATION.match(text.strip())
+    if match is None:
+        raise ValueError(f"{text!r} is not a duration 'DD:HH:MM:SS' (e.g. '00:03:45:00', 3 hours 45 minutes)")
+    days, hours, minutes, seconds = (int(g) for g in match.groups())
+    return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
 
 
 class CheckpointingConfig(StrictModel):
@@ -21,3 +35,16 @@ class CheckpointingConfig(StrictModel):
         "ties: the newer wins) instead of the newest; NeMo-RL's keep_top_k by metric_name.",
     )
     higher_is_better: bool = Field(True, description="With metric_name: whether a larger value is better.")
+    checkpoint_must_save_by: str | None = Field(
+        None,
+        description="A training-time limit 'DD:HH:MM:SS' from the start of training (NeMo-RL's key): at the end of "
+        "the first step after which the limit has passed, or the next step (as long as the mean step) would pass "
+        "it, a checkpoint is saved and the run stops cleanly, resumable with --resume. None: no limit.",
+    )
+
+    @field_validator("checkpoint_must_save_by")
+    @classmethod
+    def _a_duration(cls, value: str | None) -> str | None:
+        if value is not None:
+            duration_seconds(value)
+        return value

@@ -250,7 +250,11 @@ ALGORITHM_AND_RUN_RULES: tuple[Rule, ...] = (
         "loss, accuracy, preference_loss, sft_loss, rewards_chosen_mean, rewards_rejected_mean; others are errors",
     ),
     _c("checkpointing.higher_is_better", "checkpoint_metric", "checkpointing.higher_is_better", "as is"),
-    _n("checkpointing.checkpoint_must_save_by", (None,), "time-limited saving"),
+    _m(
+        "checkpointing.checkpoint_must_save_by",
+        note="'DD:HH:MM:SS' from the start of training: the step after which it has passed, or the next step would "
+        "pass it, is saved and the run stops (NeMo-RL's TimeoutChecker)",
+    ),
     _n("checkpointing.model_save_format", ("safetensors", None), "checkpoint format (rlcore writes safetensors)"),
     _i("checkpointing.save_consolidated", "rlcore's weights/ is always a consolidated Hugging Face checkpoint"),
     _n("checkpointing.save_optimizer", (True, None), "weights-only checkpoints"),
