@@ -184,6 +184,7 @@ def _train_owned(
     from rlcore.run.metrics import MetricsLogger, keep_steps_before, read_metrics
     from rlcore.run.ownership import OutputDirTaken, ownership_problems, write_marker
     from rlcore.run.prompts import load_tokenizer
+    from rlcore.run.save_deadline import SaveDeadline, SaveDeadlineReached
     from rlcore.run.trackers import open_trackers
 
     cfg = resolved.config
@@ -213,6 +214,7 @@ def _train_owned(
     algorithm = load_algorithm(cfg.algorithm)
     validate = algorithm.validate
     finished: dict[str, Any] = {}  # the newest finished step: "step", "metrics", "position", "saved"
+    deadline = SaveDeadline(ck.checkpoint_must_save_by)  # its clock starts with training, as NeMo-RL's
 
     def save(step: int, metrics: dict[str, float], position: int) -> None:
         with hold():
@@ -231,10 +233,13 @@ def _train_owned(
             metrics = {**metrics, **run.engines.end_step()}
         logger.log(step, metrics)
         position = step + 1 if run.resolved.async_generation else run.next_batch  # async draws by step, ahead
-        saved = ck.enabled and ((step + 1) % ck.save_every_n_steps == 0 or step == last)
+        due = deadline.step_done() and step != last  # checkpointing.checkpoint_must_save_by: save, then stop
+        saved = ck.enabled and ((step + 1) % ck.save_every_n_steps == 0 or step == last or due)
         if saved:
             save(step, metrics, position)
         finished.update(step=step, metrics=metrics, position=position, saved=saved)
+        if due:
+            raise deadline.reached_after(step)
 
     def end_early(why: str) -> None:
         """The data ended inside a step: the step before it is the run's last (validated, saved)."""
@@ -264,8 +269,14 @@ def _train_owned(
         if loop_setting(cfg, "val_at_start", False) and start == 0 and data.validation:
             logger.log(-1, validate(run), advance=False)  # the initial weights
         signal_self_at("first_step")  # test hook (RLCORE_TEST_SIGNAL_AT), nothing when unset
-        if (ended_early := algorithm.train(run, on_step)) is not None:
-            end_early(ended_early)
+        try:
+            ended_early = algorithm.train(run, on_step)
+        except SaveDeadlineReached as reached:  # the step was saved in on_step: the run ends here, cleanly
+            ended_early = str(reached)
+            print(ended_early, file=sys.stderr)
+        else:
+            if ended_early is not None:
+                end_early(ended_early)
     except BaseException:
         if logger is not None:
             with contextlib.suppress(Exception):  # the run's error is the one worth reporting
