@@ -82,8 +82,9 @@ def switch_aux_loss(router_logits: tuple[torch.Tensor, ...], top_k: int) -> torc
     return experts * torch.sum(assigned / rows * mean_prob)
 
 
-def reference_step(path: str, overrides: dict, data, with_aux: bool = True) -> dict:
-    """One SGD step of NLL (+ coef * aux) in float64, one sequence at a time without padding."""
+def reference_step(path: str, overrides: dict, data) -> dict:
+    """One SGD step of NLL + coef * aux in float64, one sequence at a time without padding; and, for the
+    negative control, the weights the step would give without the aux term."""
     model = hf_float64(path, overrides)
     coef = model.config.router_aux_loss_coef
     lengths, keep, token_mask = data["input_lengths"], data["sample_mask"].double(), data["token_mask"].double()
@@ -98,17 +99,27 @@ def reference_step(path: str, overrides: dict, data, with_aux: bool = True) -> d
         logprobs[i, 1:length] = lp.detach()
         nll = nll - (lp * token_mask[i, 1:length]).sum() * keep[i] / valid_tokens
         seq_aux = switch_aux_loss(out.router_logits, model.config.num_experts_per_tok)
-        assert abs(float(seq_aux.detach()) - float(out.aux_loss.detach())) <= 1e-6 * float(
-            seq_aux
-        )  # HF's own (float32) definition
+        hf_aux = float(out.aux_loss.detach())  # HF's own definition (computed in float32)
+        assert abs(float(seq_aux.detach()) - hf_aux) <= 1e-6 * hf_aux
         aux = aux + seq_aux * length * keep[i] / routed
-    loss = nll + coef * aux if with_aux else nll
-    loss.backward()
-    grads = {name: p.grad for name, p in model.named_parameters()}
+    params = dict(model.named_parameters())
+    nll_grads = torch.autograd.grad(nll, list(params.values()), retain_graph=True)
+    aux_grads = torch.autograd.grad(aux, list(params.values()), allow_unused=True)
+    grads = {
+        name: g + (0.0 if a is None else coef * a) for name, g, a in zip(params, nll_grads, aux_grads, strict=True)
+    }
     norm = math.sqrt(sum(float(g.square().sum()) for g in grads.values()))
     with torch.no_grad():
-        weights = {name: (p - LR * p.grad).float() for name, p in model.named_parameters()}
-    return {"loss": float(loss), "aux": float(aux), "grad_norm": norm, "weights": weights, "logprobs": logprobs}
+        weights = {name: (p - LR * grads[name]).float() for name, p in params.items()}
+        without_aux = {name: (p - LR * g).float() for (name, p), g in zip(params.items(), nll_grads, strict=True)}
+    return {
+        "loss": float(nll + coef * aux),
+        "aux": float(aux),
+        "grad_norm": norm,
+        "weights": weights,
+        "weights_without_aux": without_aux,
+        "logprobs": logprobs,
+    }
 
 
 @pytest.fixture(scope="module")
@@ -161,12 +172,11 @@ def test_moe_step_with_router_aux_loss_matches_float64_reference(run, reference)
     assert worst <= TOL, f"{name} differs from the float64 reference by {worst:.3g}"
 
 
-def test_negative_control_the_aux_loss_is_in_the_step(run, moe_path, data):
-    """The same reference without the aux term: the router weights it gives are far from the policy's."""
-    without = reference_step(moe_path, OVERRIDES, data, with_aux=False)
+def test_negative_control_the_aux_loss_is_in_the_step(run, reference):
+    """The same reference step without the aux term: the router weights it gives are far from the policy's."""
     gaps = {
         name: float((run["weights"][name].double() - w.double()).abs().max())
-        for name, w in without["weights"].items()
+        for name, w in reference["weights_without_aux"].items()
         if name.endswith("mlp.gate.weight")
     }
     assert gaps and min(gaps.values()) > 10 * TOL, gaps  # measured: 4.3e-4 and 5.0e-4
