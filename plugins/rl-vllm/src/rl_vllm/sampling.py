@@ -43,7 +43,7 @@ def request_seeds(data: Any, batch: int) -> list[int | None]:
     seeds = data.get("sampling_seeds") if hasattr(data, "get") else None
     if seeds is None:
         return [None] * batch
-    values = [int(s) for s in (seeds.tolist() if hasattr(seeds, "tolist") else seeds)]
+    values: list[int | None] = [int(s) for s in (seeds.tolist() if hasattr(seeds, "tolist") else seeds)]
     if len(values) != batch:
         raise ValueError(f"sampling_seeds has {len(values)} entries for a batch of {batch}")
     return values
