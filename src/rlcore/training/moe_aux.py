@@ -69,9 +69,9 @@ def load_balancing_loss(router_logits: list[torch.Tensor], mask: torch.Tensor, t
         chosen = torch.topk(probs, top_k, dim=-1).indices.reshape(-1)
         assigned = assigned + torch.bincount(chosen, minlength=experts).to(dtype)
         prob_sum = prob_sum + probs.sum(dim=0)
-    rows = float(keep.sum()) * len(router_logits)
-    if rows == 0:
-        return prob_sum.sum() * 0.0  # keeps the graph (every rank runs the same backward) and adds nothing
+    # A tensor, not a host number: no device sync per micro-batch. With no routed row both sums are 0, so the
+    # loss is 0 and its graph is kept (every rank runs the same backward).
+    rows = (keep.sum() * len(router_logits)).clamp(min=1).to(dtype)
     return experts * torch.sum((assigned / rows) * (prob_sum / rows))
 
 

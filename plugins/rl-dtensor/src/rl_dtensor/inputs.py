@@ -60,16 +60,16 @@ class ModelInputs:
     def routed_mask(self, sample_mask: torch.Tensor) -> torch.Tensor:
         """``[rows, width]`` bool, true at the real tokens of rows whose ``sample_mask`` is 1: the tokens a
         mixture-of-experts' load-balancing loss counts (:mod:`rlcore.training.moe_aux`), in this forward's layout."""
-        keep = sample_mask.to(self.input_lengths.device).bool()
-        width = self.input_ids.shape[1]
+        device, width = self.input_ids.device, self.input_ids.shape[1]
         if self.packed is None:
-            real = torch.arange(width, device=keep.device)[None, :] < self.input_lengths[:, None]
-            return real & keep[:, None]
-        mask = torch.zeros(1, width, dtype=torch.bool, device=keep.device)
+            real = torch.arange(width, device=device)[None, :] < self.input_lengths[:, None]
+            return real & sample_mask.to(device).bool()[:, None]
+        # Built on the host from the packing's own (host) bounds, then moved: no device sync.
+        mask = torch.zeros(1, width, dtype=torch.bool)
         starts = self.packed.cu_seqlens.long().tolist()
-        for b, length in enumerate(self.input_lengths.cpu().tolist()):
-            mask[0, starts[b] : starts[b] + length] = keep[b]
-        return mask
+        for b, (length, keep) in enumerate(zip(self.packed.input_lengths.tolist(), sample_mask.bool().tolist())):
+            mask[0, starts[b] : starts[b] + length] = keep
+        return mask.to(device)
 
     def _next_targets(self) -> torch.Tensor:
         """``target[:, t] = input_ids[:, t + 1]`` (the last column is a dummy 0)."""

@@ -161,7 +161,7 @@ class DTensorPolicyWorker(RefitExportMixin, TrainingWorkerBase):
             logits = self.model(**inputs.model_kwargs()).logits
         mask = inputs.routed_mask(mb["sample_mask"])
         aux = moe_aux.load_balancing_loss(router_logits, mask, self.hf_config.num_experts_per_tok)
-        self._pending_aux = moe_aux.AuxLoss(aux, float(mask.sum()), self.aux_coef)
+        self._pending_aux = moe_aux.AuxLoss(aux, float(moe_aux.routed_tokens(mb)), self.aux_coef)  # host count
         return inputs, logits
 
     def _take_aux(self) -> moe_aux.AuxLoss | None:
