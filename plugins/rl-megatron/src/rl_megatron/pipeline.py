@@ -24,6 +24,13 @@ def _attention_mask(lengths: torch.Tensor, width: int, device: torch.device) -> 
     return (causal[None] | past_end[:, None, :])[:, None]
 
 
+def logits_for_loss(logits: torch.Tensor, defer_fp32_logits: bool) -> torch.Tensor:
+    """The output layer's logits as the logprob and loss computations receive them: cast to float32 at once, or,
+    with ``policy.megatron_cfg.defer_fp32_logits``, left in the training dtype (no float32 copy of the whole
+    ``[B, S, V/tp]`` tensor): those computations upcast before any arithmetic, so the numbers are the same."""
+    return logits if defer_fp32_logits else logits.float()
+
+
 class PipelineStages:
     """Runs micro-batches through megatron's pipeline schedule and broadcasts the last stage's results."""
 
@@ -77,9 +84,7 @@ class PipelineStages:
             output = model(ids, positions, _attention_mask(lengths, width, device))
 
             def loss_func(logits: torch.Tensor) -> tuple:
-                if not defer_fp32_logits:  # else they stay in the training dtype until the logprob maths casts
-                    logits = logits.float()
-                loss = on_logits(mb, logits)
+                loss = on_logits(mb, logits_for_loss(logits, defer_fp32_logits))
                 if loss is None:
                     loss = logits.new_zeros(())
                 return loss, torch.ones((), dtype=torch.int), {}
@@ -98,4 +103,4 @@ class PipelineStages:
         )
 
 
-__all__ = ["PipelineStages"]
+__all__ = ["PipelineStages", "logits_for_loss"]

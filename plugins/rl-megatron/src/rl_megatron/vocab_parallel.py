@@ -47,9 +47,10 @@ def token_logprobs(
             group=group,
             temperature=temperature,
         )
+    logits = logits[:, :-1].float()  # before the temperature: bf16 logits (defer_fp32_logits) divide in float32
     if temperature != 1.0:
         logits = logits / temperature
-    logits = mask_padded_vocab(logits[:, :-1].float(), vocab_start, vocab_size)
+    logits = mask_padded_vocab(logits, vocab_start, vocab_size)
     return vocab_parallel_logprobs(logits, input_ids[:, 1:], vocab_start, group)
 
 
