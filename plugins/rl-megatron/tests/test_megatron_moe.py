@@ -300,3 +300,30 @@ def test_grpo_moe_tiny_example_trains_with_verified_refit(tmp_path: Path) -> Non
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 2 and all(r["refit_bytes"] > 0 for r in rows)
     assert all(abs(r["token_mult_prob_error"] - 1.0) < 1e-3 for r in rows), rows
+
+
+def test_expert_weights_round_trip_bit_exact_and_split_by_expert_parallel_rank() -> None:
+    """HF per-expert tensors -> megatron (global expert names; fc1 = [gate; up]) -> HF, bit for bit, at TP 1 and 2;
+    an EP rank's local expert j is global expert ep_rank * experts_per_rank + j."""
+    from transformers import AutoConfig
+
+    from rl_megatron.converter import ModelShape, hf_shape, hf_to_megatron_state, megatron_to_hf_state
+    from rl_megatron.weights import to_global_name
+    from rlcore.training.checkpoint import load_hf_state_dict
+
+    shape = ModelShape.from_hf_config(AutoConfig.from_pretrained(moe_model()))
+    hf = load_hf_state_dict(moe_model())
+    assert (shape.num_experts, shape.moe_topk, shape.moe_intermediate_size) == (8, 2, 64)
+    for tp in (1, 2):
+        shards = [hf_to_megatron_state(shape, hf, rank, tp) for rank in range(tp)]
+        back = megatron_to_hf_state(shape, shards)
+        assert sorted(back) == sorted(hf)
+        assert all(torch.equal(back[name], hf[name]) and tuple(hf[name].shape) == hf_shape(shape, name) for name in hf)
+    fc1 = shards[0]["decoder.layers.1.mlp.experts.local_experts.5.linear_fc1.weight"]
+    gate, up = (hf[f"model.layers.1.mlp.experts.5.{p}_proj.weight"] for p in ("gate", "up"))
+    assert torch.equal(fc1, torch.cat([gate, up]))  # whole on every TP rank: experts are not TP-split
+    local = "decoder.layers.0.mlp.experts.local_experts.1.linear_fc2.weight"
+    assert (
+        to_global_name(local, offset=1, expert_offset=4)
+        == "decoder.layers.1.mlp.experts.local_experts.5.linear_fc2.weight"
+    )
