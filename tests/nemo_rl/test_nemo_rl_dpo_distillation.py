@@ -500,16 +500,12 @@ def test_the_teacher_keeps_its_own_settings(problems_file: Path):
 @pytest.mark.parametrize(
     "overrides, line",
     [
-        (
-            ["++teacher.dtensor_cfg.env_vars.FOO=1"],
-            'teacher.dtensor_cfg.env_vars: is {"FOO": 1}, but rlcore does not support per-worker environment variables',
-        ),
         (["teacher.model_name=null"], "teacher.model_name: is missing"),
         (["loss_fn.kl_type=js"], "distillation.kl_type (NeMo-RL: loss_fn.kl_type): "),
         (["++distillation.new_option=3"], "distillation.new_option: is 3, a NeMo-RL key rlcore's reader does not know"),
         (["++data.train.repeat=2"], "data.train.repeat: is 2, but rlcore reads each training row once per epoch"),
     ],
-    ids=["teacher_env_vars", "no_teacher", "kl_type", "unknown", "repeat"],
+    ids=["no_teacher", "kl_type", "unknown", "repeat"],
 )
 def test_what_distillation_does_not_do_stays_an_error(problems_file: Path, overrides: list[str], line: str):
     (problem,) = problems_of(
@@ -591,3 +587,10 @@ def test_nemo_rls_cross_tokenizer_off_policy_teachers_are_refused_in_one_line(pr
     )
     assert len(problems) == 1 and problems[0].startswith("teachers: "), problems
     assert "cross-tokenizer off-policy distillation" in problems[0]
+
+
+def test_the_teacher_s_env_vars_are_its_own_workers_(problems_file: Path):
+    """NeMo-RL's teacher is a Policy of its own workers, its env_vars set there; rlcore's too (policy.env_vars)."""
+    loaded = nemo_distillation(DISTILLATION_MAIN, problems_file, ["++teacher.dtensor_cfg.env_vars.FOO='1'"])
+    assert loaded.config.distillation.teacher["env_vars"] == {"FOO": "1"}
+    assert loaded.config.distillation.teacher_policy(loaded.config.policy)["env_vars"] == {"FOO": "1"}
