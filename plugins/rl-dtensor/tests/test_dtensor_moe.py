@@ -43,23 +43,37 @@ def data(tiny_tokenizer):
 
 
 @pytest.fixture(scope="module")
-def run(ray_session, moe_path, tiny_tokenizer, data):
-    """One 2-rank policy: its logprobs, one SGD step's result and its weights after it."""
+def run(ray_session, moe_path, tiny_tokenizer, data, tmp_path_factory):
+    """One 2-rank policy: its logprobs, one SGD step's result and its weights after it; the refit metadata and a
+    checkpoint of the trained weights; its logprobs after loading the initial checkpoint back."""
     from rlcore.distributed import RayVirtualCluster
     from rlcore.policy import Policy
 
     cluster = RayVirtualCluster([2])
     cfg = policy_config(moe_path, hf_config_overrides=OVERRIDES)
     policy = Policy(cluster, cfg, tiny_tokenizer, name_prefix="dt-moe")
+    saved = str(tmp_path_factory.mktemp("moe") / "weights")
     try:
         layout = call_all(policy, "is_dtensor_model")[0]
         logprobs = policy.get_logprobs(data)["logprobs"]
         out = policy.train(data, NLLLoss())
         weights = full_weights(policy)
+        refit_info = call_all(policy, "prepare_refit_info")[0]
+        call_all(policy, "save_checkpoint", saved)
+        call_all(policy, "load_checkpoint", moe_path)  # the per-expert files back into the fused experts
+        reloaded = policy.get_logprobs(data)["logprobs"]
     finally:
         policy.shutdown()
         cluster.shutdown()
-    return {"layout": layout, "logprobs": logprobs, "out": out, "weights": weights}
+    return {
+        "layout": layout,
+        "logprobs": logprobs,
+        "out": out,
+        "weights": weights,
+        "refit_info": refit_info,
+        "saved": saved,
+        "reloaded": reloaded,
+    }
 
 
 def hf_float64(path: str, overrides: dict) -> torch.nn.Module:
@@ -180,6 +194,23 @@ def test_negative_control_the_aux_loss_is_in_the_step(run, reference):
         if name.endswith("mlp.gate.weight")
     }
     assert gaps and min(gaps.values()) > 10 * TOL, gaps  # measured: 4.3e-4 and 5.0e-4
+
+
+def test_refit_and_checkpoints_use_the_checkpoint_s_per_expert_names(run, moe_path, data, reference):
+    """The fused experts leave as the files' per-expert tensors (what vLLM and HF tools load): the refit metadata
+    is the original checkpoint's names and shapes, the saved checkpoint loads with from_pretrained into the trained
+    weights, and the original files load back into the fused experts (the initial logprobs again)."""
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM
+
+    with safe_open(f"{moe_path}/model.safetensors", "pt") as files:
+        expected = {name: tuple(files.get_slice(name).get_shape()) for name in files.keys()}  # noqa: SIM118
+    assert {name: tuple(shape) for name, (shape, _) in run["refit_info"].items()} == expected
+    assert "model.layers.1.mlp.experts.7.up_proj.weight" in run["refit_info"]
+    loaded = AutoModelForCausalLM.from_pretrained(run["saved"], dtype=torch.float32, experts_implementation="eager")
+    worst, name = max_abs_diff(dict(loaded.named_parameters()), run["weights"])
+    assert worst == 0.0, f"{name}: {worst:.3g}"
+    assert valid_diff(run["reloaded"], run["logprobs"], data["input_lengths"]) <= TOL
 
 
 def test_tensor_parallel_is_refused_for_experts(moe_path):

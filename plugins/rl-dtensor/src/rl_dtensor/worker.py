@@ -42,6 +42,7 @@ from rlcore.training import lora, moe_aux
 from rlcore.training import sharded_checkpoint as ckpt
 from rlcore.training.checkpoint import is_adapter_checkpoint, load_hf_state_dict, save_tokenizer
 from rlcore.training.checkpoint_files import check_inside
+from rlcore.training.hf_names import CheckpointNames
 from rlcore.training.loop import StepHooks
 from rlcore.training.process_group import init_distributed
 from rlcore.training.worker_base import TrainingWorkerBase
@@ -125,6 +126,8 @@ class DTensorPolicyWorker(RefitExportMixin, TrainingWorkerBase):
         self._routers = moe_aux.RouterLogitsRecorder(self.model) if self.aux_coef else None
         self._training_forward = False
         self._pending_aux: moe_aux.AuxLoss | None = None
+        # Refit and checkpoints use the checkpoint's names (a MoE's fused experts: per expert again).
+        self.checkpoint_names = CheckpointNames(self.model)
         self._mode = "plain"
         # Where weights and optimizer state are now (offloading moves them to CPU between phases).
         self._model_device = self.device
@@ -266,7 +269,10 @@ class DTensorPolicyWorker(RefitExportMixin, TrainingWorkerBase):
         """``{hf_name: (full shape, dtype)}`` in :meth:`iter_refit_tensors` order; no communication."""
         dtype = dtype_name(self._refit_dtype())
         info = {name: (shape, dtype) for name, shape in state.full_shapes(self.model).items()}
-        return lora.merged_metadata(info, self._changed_layers(changed_only)) if self.lora_targets else info
+        if self.lora_targets:
+            info = lora.merged_metadata(info, self._changed_layers(changed_only))
+        shapes = self.checkpoint_names.shapes({name: shape for name, (shape, _) in info.items()})
+        return {name: (shape, dtype) for name, shape in shapes.items()}
 
     def iter_refit_tensors(self, changed_only: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
         """Full HF-named tensors (LoRA: merged); every rank must iterate (gathering shards is a collective)."""
@@ -274,12 +280,12 @@ class DTensorPolicyWorker(RefitExportMixin, TrainingWorkerBase):
         state.reshard(self.model)
         dtype = self._refit_dtype()
         if not self.lora_targets:
-            yield from state.iter_full_tensors(self.model, dtype)
+            yield from self.checkpoint_names.tensors(state.iter_full_tensors(self.model, dtype))
             return
         only = self._changed_layers(changed_only)
         keep = None if only is None else (lambda name: lora.layer_path(name) in only)
         merged = lora.merge_stream(state.iter_full_tensors(self.model, keep=keep), self.cfg.lora.scaling, only)
-        yield from ((name, t.to(dtype)) for name, t in merged)
+        yield from self.checkpoint_names.tensors((name, t.to(dtype)) for name, t in merged)
 
     # -- checkpoints ------------------------------------------------------------------------
     def save_checkpoint(
@@ -291,7 +297,8 @@ class DTensorPolicyWorker(RefitExportMixin, TrainingWorkerBase):
             self._save_lora(weights_path, merged=self.cfg.lora.save_merged)
         else:
             state.reshard(self.model)
-            ckpt.save_gathered(state.iter_full_tensors(self.model), self.hf_config, weights_path)
+            tensors = self.checkpoint_names.tensors(state.iter_full_tensors(self.model))
+            ckpt.save_gathered(tensors, self.hf_config, weights_path)
         if tokenizer_path and self.tokenizer is not None:
             ckpt.on_rank0(lambda: save_tokenizer(self.tokenizer, tokenizer_path))
         if optimizer_path and self.optimizer is not None:
@@ -315,7 +322,9 @@ class DTensorPolicyWorker(RefitExportMixin, TrainingWorkerBase):
         if merged:
             full = {
                 name: t.to("cpu", copy=True)
-                for name, t in lora.merge_stream(state.iter_full_tensors(self.model), self.cfg.lora.scaling)
+                for name, t in self.checkpoint_names.tensors(
+                    lora.merge_stream(state.iter_full_tensors(self.model), self.cfg.lora.scaling)
+                )
                 if on_rank0
             }
         config = lora.peft_adapter_config(self.cfg.lora, self.lora_targets, self.cfg.model_name)
@@ -326,9 +335,23 @@ class DTensorPolicyWorker(RefitExportMixin, TrainingWorkerBase):
         if is_adapter_checkpoint(weights_path):
             state.load_full_state_dict(self.model, lora.load_adapter(weights_path), only=lora.is_adapter_name)
         else:
-            state.load_full_state_dict(self.model, load_hf_state_dict(weights_path))
+            state.load_full_state_dict(self.model, self._full_state_of(weights_path))
         if optimizer_path and self.optimizer is not None:
             ckpt.load_optimizer(self.model, self.optimizer, self.scheduler, optimizer_path)
+
+    def _full_state_of(self, weights_path: str) -> dict[str, torch.Tensor]:
+        """A checkpoint's tensors under the model's in-memory names: read as they are, or, for a model whose
+        layout differs from its files (a MoE's fused experts), through transformers' loader (safetensors only)."""
+        if not self.checkpoint_names.converts:
+            return load_hf_state_dict(weights_path)
+        from transformers import AutoModelForCausalLM
+
+        check_inside(weights_path)  # a checkpoint reads its own files only
+
+        loaded = AutoModelForCausalLM.from_pretrained(
+            weights_path, config=self.hf_config, dtype=torch.float32, use_safetensors=True
+        )
+        return loaded.state_dict()
 
     # -- lifecycle and memory ----------------------------------------------------------------
     def _optimizer_to(self, device: torch.device | str) -> None:
