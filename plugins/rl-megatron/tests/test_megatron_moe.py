@@ -89,12 +89,13 @@ def parity_problems(run: dict, ref: dict) -> list[str]:
     return problems + weight_problems(run["weights"], ref["weights"], ref["initial"], WEIGHT_RTOL)
 
 
-def train_step(pool: Any, tokenizer: Any, root: Path, ep: int, name: str) -> dict[str, Any]:
+def train_step(pool: Any, tokenizer: Any, root: Path, ep: int, name: str, **megatron: Any) -> dict[str, Any]:
     """A 2-rank policy at expert parallel ``ep``: one step, its HF checkpoint read back, its refit metadata."""
     from rlcore.algorithms.loss_functions import NLLLoss
     from rlcore.policy import Policy
 
-    config = policy_config(moe_model(), 2, gbs=4, mbs=1, lr=LR, megatron={"expert_model_parallel_size": ep})
+    megatron["expert_model_parallel_size"] = ep
+    config = policy_config(moe_model(), 2, gbs=4, mbs=1, lr=LR, megatron=megatron)
     policy = Policy(pool(2), config, tokenizer, name_prefix=f"moe-{name}")
     try:
         result = policy.train(batch(tokenizer), NLLLoss())
@@ -277,6 +278,14 @@ def test_resolving_the_config_refuses_a_bad_expert_parallel_size() -> None:
     config = policy_config(moe_model(), 2, megatron={"expert_model_parallel_size": 3})
     with pytest.raises(ConfigError, match="policy.megatron_cfg.expert_model_parallel_size: 3 does not divide"):
         resolve_policy(config, world_size=2, use_gpu=False)
+
+
+@pytest.mark.slow
+def test_allgather_dispatcher_step_matches_float64_reference(
+    pool: Any, tiny_tokenizer: Any, reference: dict, tmp_path: Path
+) -> None:
+    run = train_step(pool, tiny_tokenizer, tmp_path, 2, "allgather", moe_token_dispatcher_type="allgather")
+    assert parity_problems(run, reference) == []
 
 
 @pytest.mark.slow
