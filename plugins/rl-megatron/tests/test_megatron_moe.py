@@ -153,6 +153,7 @@ def test_refit_sends_every_expert_under_hf_names(ep2: dict) -> None:
     assert sum(".mlp.experts." in name for name in sent) == 2 * 8 * 3
 
 
+@pytest.mark.slow  # a third policy start: the default suite keeps the EP 2 run and its negative control
 def test_expert_parallel_checkpoint_reshards_to_one_rank(ep2: dict, pool: Any, tiny_tokenizer: Any) -> None:
     """megatron's distributed checkpoint saved at EP 2 (4 experts per rank) loads into one rank holding all 8
     (the model: the optimizer state resumes at the same expert-parallel size only, the worker says so)."""
