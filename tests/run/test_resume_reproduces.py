@@ -30,7 +30,7 @@ from tests.support.runs import ONE_WORKER, short_run_config
 WALL_CLOCK_PREFIXES = ("time/", "memory/")
 WALL_CLOCK = ("tokens_per_s",)
 
-#: One worker, checkpoints after every step, all kept (the interrupted run is cut from the uninterrupted one).
+#: Checkpoints after every step, all kept (the interrupted run is cut from the uninterrupted one); no bar.
 EVERY_STEP = {"checkpointing.save_every_n_steps": "1", "checkpointing.keep_last": "10", "logger.progress_bar": "false"}
 
 
@@ -103,7 +103,7 @@ VLLM_SEEDS_PENDING = pytest.mark.xfail(
 )
 
 
-@pytest.mark.slow  # two runs with vLLM engines: about 2 minutes on the 2-core machine
+@pytest.mark.slow  # two runs with vLLM engines: 231 s on the shared 2-core machine (2026-11-29)
 @pytest.mark.skipif(vllm_missing(), reason="needs rl-vllm")
 @VLLM_SEEDS_PENDING
 def test_grpo_with_colocated_vllm_engines_resumed_reproduces_the_uninterrupted_run(ray_session, tmp_path):
@@ -115,7 +115,7 @@ def test_grpo_with_colocated_vllm_engines_resumed_reproduces_the_uninterrupted_r
     assert_resume_reproduces(config, tmp_path, steps=3, interrupted_at=0)
 
 
-@pytest.mark.slow  # two runs with a vLLM engine: about 2 minutes on the 2-core machine
+@pytest.mark.slow  # two runs with a vLLM engine: 190 s on the shared 2-core machine (2026-11-29)
 @pytest.mark.skipif(vllm_missing(), reason="needs rl-vllm")
 @pytest.mark.xfail(
     strict=True,
