@@ -53,9 +53,8 @@ def test_bad_section_fails_with_dotted_paths():
         vllm_config_from(cfg.policy.generation)
 
 
-def test_tensor_parallel_is_rejected_with_the_reason():
-    with pytest.raises(ConfigError, match=r"policy\.generation\.vllm_cfg.*tensor_parallel_size=2"):
-        vllm_config_from(_config({"tensor_parallel_size": 2}).policy.generation)
+def test_tensor_parallel_is_accepted():
+    assert vllm_config_from(_config({"tensor_parallel_size": 2}).policy.generation).tensor_parallel_size == 2
 
 
 def test_request_stop_strings_merge_config_and_sample():
@@ -113,7 +112,10 @@ def test_batch_problems():
 
 
 def test_engine_environment_and_kv_cache_size(monkeypatch: pytest.MonkeyPatch):
-    from rl_vllm.worker import _prepare_process_env
+    from rl_vllm.engine_env import EngineRank, prepare_process_env
+
+    def _prepare_process_env(cfg: VllmConfig, on_cpu: bool) -> int | None:
+        return prepare_process_env(cfg, on_cpu, EngineRank(0, 1))
 
     for var in (
         "VLLM_HOST_IP",
@@ -133,6 +135,38 @@ def test_engine_environment_and_kv_cache_size(monkeypatch: pytest.MonkeyPatch):
     assert _prepare_process_env(VllmConfig(kv_cache_space_gb=0.5), on_cpu=True) == 512 * 1024**2
     assert "VLLM_CPU_KVCACHE_SPACE" not in os.environ  # it would override the configured size
     assert _prepare_process_env(VllmConfig(), on_cpu=False) is None  # GPU: gpu_memory_utilization
+
+
+def test_engine_ranks_of_a_tensor_parallel_engine(monkeypatch: pytest.MonkeyPatch):
+    """Bundle 3 of two engines of tensor_parallel_size 2 is rank 1 of engine 1: its own torch.distributed group
+    (rank 1 of 2, on the rendezvous port + 1) and the OpenMP cores of both ranks of its engine."""
+    from rl_vllm.engine_env import SEGMENT_PREFIX_ENV, EngineRank, omp_threads_bind, prepare_process_env
+
+    for var in (
+        "VLLM_CPU_OMP_THREADS_BIND",
+        "VLLM_CPU_KVCACHE_SPACE",
+        "MASTER_ADDR",
+        "VLLM_HOST_IP",
+        SEGMENT_PREFIX_ENV,
+    ):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")  # restored after: the test sets it
+    for var, value in {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "3", "MASTER_PORT": "30000"}.items():
+        monkeypatch.setenv(var, value)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    place = EngineRank(3, 2)
+    assert (place.engine, place.tp_rank) == (1, 1)
+    prepare_process_env(VllmConfig(tensor_parallel_size=2), True, place)
+    env = {k: os.environ[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT", "VLLM_CPU_OMP_THREADS_BIND")}
+    assert env == {
+        "RANK": "1",
+        "WORLD_SIZE": "2",
+        "LOCAL_RANK": "1",
+        "MASTER_PORT": "30001",
+        "VLLM_CPU_OMP_THREADS_BIND": "2|3",
+    }
+    assert omp_threads_bind(EngineRank(0, 2), 1, [0, 1]) == "0|1"  # this machine: one core per rank
+    assert omp_threads_bind(EngineRank(2, 2), 2, [0, 1, 2]) == "1,2|0,1"  # engine 1; fewer cores than asked: shared
 
 
 # --------------------------------------------------------------------------- KV-cache shortfall

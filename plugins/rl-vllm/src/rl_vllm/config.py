@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, PositiveInt, model_validator
+from pydantic import Field, PositiveInt
 
 from rlcore.config import ConfigError, StrictModel, validate_section
 
@@ -29,7 +29,10 @@ class VllmConfig(StrictModel):
         "cluster; when set it must equal that number (it is checked, so a config states its intent).",
     )
     tensor_parallel_size: PositiveInt = Field(
-        1, description="Ranks per engine (tensor parallel inside one engine). Only 1 is supported for now."
+        1,
+        description="Ranks per engine (tensor parallel inside one engine): each rank is an engine actor in its own "
+        "bundle (vLLM's external_launcher), so the generation cluster's bundles must be a multiple of it. Every "
+        "rank receives the whole refit and keeps its shard.",
     )
     precision: Literal["float32", "bfloat16", "float16"] = Field(
         "float32",
@@ -87,15 +90,6 @@ class VllmConfig(StrictModel):
         default_factory=dict,
         description="Extra keyword arguments passed as-is to vllm.LLM (escape hatch; overrides the above).",
     )
-
-    @model_validator(mode="after")
-    def _supported(self) -> VllmConfig:
-        if self.tensor_parallel_size != 1:
-            raise ValueError(
-                f"tensor_parallel_size={self.tensor_parallel_size}: rl-vllm runs one in-process engine per "
-                "Ray actor and supports only 1 for now; use more engines (data parallel) instead"
-            )
-        return self
 
     @property
     def kv_cache_bytes(self) -> int | None:

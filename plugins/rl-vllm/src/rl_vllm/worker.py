@@ -15,37 +15,15 @@ import os
 import time
 from typing import Any
 
-from rl_vllm.config import DEFAULT_CPU_KV_CACHE_GB, GIB, VllmConfig
+from rl_vllm.config import VllmConfig
 from rl_vllm.cpu_setup import request_amx_permission
+from rl_vllm.engine_env import EngineRank, name_segments_uniquely, prepare_process_env, unlink_rank_segments
 from rl_vllm.kv_capacity import KvCapacity
 from rl_vllm.refit import EngineStaleError
 from rl_vllm.sampling import Completion, pack_outputs, prompts_from_batch, request_stop_strings, sampled_logprobs
 from rlcore.refit import RefitError
 
 logger = logging.getLogger(__name__)
-
-
-def _prepare_process_env(cfg: VllmConfig, on_cpu: bool) -> int | None:
-    """Set the environment the in-process engine reads when it starts (design.md §5).
-
-    Returns the KV cache size to ask for, in bytes (None: let vLLM size it).
-    """
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    # The engine is a single in-process rank: nothing needs to reach it from another host.
-    os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")
-    if on_cpu:
-        # Several ranks share few cores: never let the engine pin OpenMP threads to cores.
-        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
-    if cfg.kv_cache_space_gb is not None:
-        # vLLM's CPU platform lets this legacy variable (whole GiB) override the size asked for.
-        os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
-        return cfg.kv_cache_bytes
-    if not on_cpu:
-        return None
-    if os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
-        return None  # the variable sizes it
-    # Unset, vLLM's CPU worker would reserve a fraction of all host memory.
-    return int(DEFAULT_CPU_KV_CACHE_GB * GIB)
 
 
 def vllm_lora_rank(rank: int) -> int:
@@ -87,8 +65,9 @@ class VllmGenerationWorker:
         self.rank = int(os.environ.get("RANK", 0)) if engine_rank is None else engine_rank
         self.gen_cfg = generation_config
         self.cfg = vllm_config
+        self.place = EngineRank(self.rank, vllm_config.tensor_parallel_size)
         on_cpu = not torch.cuda.is_available()
-        kv_cache_bytes = _prepare_process_env(vllm_config, on_cpu)
+        kv_cache_bytes = prepare_process_env(vllm_config, on_cpu, self.place)
         if on_cpu:
             if vllm_config.cpu_threads:
                 torch.set_num_threads(vllm_config.cpu_threads)
@@ -105,7 +84,7 @@ class VllmGenerationWorker:
             model=model,
             tokenizer=vllm_config.tokenizer or model,
             dtype=vllm_config.precision,
-            seed=vllm_config.seed + self.rank,
+            seed=vllm_config.seed + self.place.engine,  # the same on every rank of one engine: they sample alike
             enforce_eager=vllm_config.enforce_eager,
             max_model_len=vllm_config.max_model_len,
             kv_cache_memory_bytes=kv_cache_bytes,
@@ -117,6 +96,10 @@ class VllmGenerationWorker:
             logprobs_mode="processed_logprobs",
             tensor_parallel_size=vllm_config.tensor_parallel_size,
         )
+        if vllm_config.tensor_parallel_size > 1:  # this actor is one rank of the engine (see rl_vllm.engine_env)
+            kwargs["distributed_executor_backend"] = "external_launcher"
+            if on_cpu:
+                name_segments_uniquely()
         if vllm_config.enable_sleep_mode and not on_cpu:
             kwargs["enable_sleep_mode"] = True
         self._sleep_mode = bool(kwargs.get("enable_sleep_mode"))
@@ -128,6 +111,8 @@ class VllmGenerationWorker:
         kwargs.update(vllm_config.engine_kwargs)
         started = time.perf_counter()
         self.llm = LLM(**kwargs)
+        if vllm_config.tensor_parallel_size > 1:
+            unlink_rank_segments()
         self.start_seconds = time.perf_counter() - started
         self.max_model_len = int(self.llm.model_config.max_model_len)
         self.kv_capacity = KvCapacity.of(self.llm)

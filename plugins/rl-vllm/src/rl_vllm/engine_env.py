@@ -1,0 +1,136 @@
+"""The process environment an engine rank sets before its in-process vLLM engine starts (design.md §5).
+
+An engine of ``tensor_parallel_size`` N runs as N engine actors, one per bundle, each holding one rank of
+the model in its own process (vLLM's ``external_launcher`` executor: every rank runs the same engine loop on
+the same requests, and the ranks meet in a torch.distributed group of their own). Compared with vLLM's
+multiprocessing executor, which would spawn the ranks from one actor: each rank is a Ray actor in its own
+bundle (its resources are accounted), it starts in a few seconds instead of 20-25, and its model is a plain
+module in the actor's process, so a refit loads into it in place exactly as at ``tensor_parallel_size`` 1.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from rl_vllm.config import DEFAULT_CPU_KV_CACHE_GB, GIB, VllmConfig
+
+#: Set per engine rank: the prefix of its CPU all-reduce segments' names (see :func:`name_segments_uniquely`).
+SEGMENT_PREFIX_ENV = "RL_VLLM_SEGMENT_PREFIX"
+
+
+@dataclass(frozen=True)
+class EngineRank:
+    """Where one engine actor sits: its rank among all engine ranks, its engine and its rank in that engine."""
+
+    rank: int  # the bundle index: training rank ``rank`` shares its bundle when colocated
+    tp_size: int
+
+    @property
+    def engine(self) -> int:
+        return self.rank // self.tp_size
+
+    @property
+    def tp_rank(self) -> int:
+        return self.rank % self.tp_size
+
+
+def omp_threads_bind(engine: EngineRank, threads: int, cpus: list[int]) -> str:
+    """``VLLM_CPU_OMP_THREADS_BIND`` for an engine's ranks: ``"0|1"``, one ``|`` entry per rank of the engine.
+
+    Engine rank ``r`` (``engine * tp_size + tp_rank`` over all engines) gets ``threads`` cores of ``cpus`` (the
+    cores this process may run on), the next ones after those of rank ``r - 1``, wrapping around when there are
+    fewer cores than threads asked for (ranks then share cores, as the bundles of a CPU Ray cluster do).
+    """
+    entries = []
+    for tp_rank in range(engine.tp_size):
+        first = (engine.engine * engine.tp_size + tp_rank) * threads
+        cores = sorted({cpus[(first + i) % len(cpus)] for i in range(threads)})
+        entries.append(",".join(map(str, cores)))
+    return "|".join(entries)
+
+
+def prepare_process_env(cfg: VllmConfig, on_cpu: bool, engine: EngineRank) -> int | None:
+    """Set what the in-process engine reads when it starts; returns the KV cache bytes to ask for (None: vLLM's).
+
+    With ``tensor_parallel_size`` > 1 this is the rank's torch.distributed environment for vLLM's
+    ``external_launcher``: the engine's own group (rank = tensor-parallel rank, world = its size), its store
+    on the port of the worker group's rendezvous, offset by the engine's index.
+    """
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    # The engine's ranks are on this host: nothing needs to reach them from another one.
+    os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")
+    if engine.tp_size > 1:
+        port = int(os.environ.get("MASTER_PORT", "29500")) + engine.engine
+        os.environ.update(
+            RANK=str(engine.tp_rank),
+            LOCAL_RANK=str(engine.tp_rank),
+            WORLD_SIZE=str(engine.tp_size),
+            MASTER_PORT=str(port),
+        )
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ[SEGMENT_PREFIX_ENV] = f"rlcore-{os.environ['MASTER_ADDR']}-{port}"
+    if on_cpu:
+        if engine.tp_size == 1:
+            # Several ranks share few cores: never let the engine pin OpenMP threads to cores.
+            os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+        else:  # vLLM's CPU workers of several ranks refuse 'nobind' and automatic binding on one NUMA node
+            cpus = sorted(os.sched_getaffinity(0))
+            os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", omp_threads_bind(engine, cfg.cpu_threads or 1, cpus))
+    if cfg.kv_cache_space_gb is not None:
+        # vLLM's CPU platform lets this legacy variable (whole GiB) override the size asked for.
+        os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
+        return cfg.kv_cache_bytes
+    if not on_cpu:
+        return None
+    if os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+        return None  # the variable sizes it
+    # Unset, vLLM's CPU worker would reserve a fraction of all host memory.
+    return int(DEFAULT_CPU_KV_CACHE_GB * GIB)
+
+
+def name_segments_uniquely() -> None:
+    """Prefix the names of vLLM's CPU all-reduce segments with this engine's own (``SEGMENT_PREFIX_ENV``).
+
+    vLLM names them from ``VLLM_DIST_IDENT``, which its CPU worker derives from the distributed init method;
+    under ``external_launcher`` that is ``env://`` for every engine, so two engines on one host (or two runs)
+    would open the same segments, ``-tp:0-[0-1]-cpushm_0``, and all-reduce into each other's.
+    """
+    prefix = os.environ.get(SEGMENT_PREFIX_ENV)
+    if not prefix:
+        return
+    from vllm.distributed.device_communicators import cpu_communicator
+
+    shm = cpu_communicator._CPUSHMDistributed
+    if getattr(shm, "_rlcore_prefixed", False):
+        return
+    original = shm.make_group_name
+
+    def make_group_name(communicator: object) -> str:
+        # vLLM's own part starts with the init method's tail, '//' (from 'env://'), which glibc's shm_open drops
+        # only at the start of a name: inside one it is an invalid name (EINVAL).
+        return f"{os.environ.get(SEGMENT_PREFIX_ENV, '')}{original(communicator).replace('/', '')}"
+
+    shm.make_group_name = staticmethod(make_group_name)  # type: ignore[method-assign]
+    shm._rlcore_prefixed = True  # type: ignore[attr-defined]
+
+
+def unlink_rank_segments() -> list[str]:
+    """Remove the names of the engine's CPU all-reduce segments from /dev/shm (design.md §2.9); returns them.
+
+    vLLM's CPU communicator creates one segment per rank and every rank maps all of them before the engine
+    finishes starting (two barriers in its set-up), so once ``LLM`` is built here the names are no longer
+    needed: the mappings stay valid, and the memory goes when the last rank's process ends, however it ends.
+    """
+    prefix = os.environ.get(SEGMENT_PREFIX_ENV)
+    if not prefix or not os.path.isdir("/dev/shm"):
+        return []
+    removed = []
+    for name in os.listdir("/dev/shm"):
+        if name.startswith(prefix) and "-cpushm" in name:
+            try:
+                os.unlink(os.path.join("/dev/shm", name))
+                removed.append(name)
+            except FileNotFoundError:  # another rank of the engine was first
+                pass
+    return removed
