@@ -16,13 +16,13 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import torch
-    from torch import nn
+    from transformers import PreTrainedModel
 
 
 class CheckpointNames:
     """Maps ``(in-memory name, tensor)`` pairs of ``model`` to the checkpoint's pairs, in a deterministic order."""
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: PreTrainedModel) -> None:
         from transformers.conversion_mapping import get_model_conversion_mapping
         from transformers.core_model_loading import PrefixChange
 
