@@ -53,6 +53,14 @@ def test_bad_section_fails_with_dotted_paths():
         vllm_config_from(cfg.policy.generation)
 
 
+def test_logits_modes_are_refused_with_the_reason():
+    with pytest.raises(ConfigError, match=r"policy\.generation\.vllm_cfg\.logprobs_mode.*log-probabilities"):
+        vllm_config_from(_config({"logprobs_mode": "raw_logits"}).policy.generation)
+    assert (
+        vllm_config_from(_config({"logprobs_mode": "raw_logprobs"}).policy.generation).logprobs_mode == "raw_logprobs"
+    )
+
+
 def test_tensor_parallel_is_accepted():
     assert vllm_config_from(_config({"tensor_parallel_size": 2}).policy.generation).tensor_parallel_size == 2
 

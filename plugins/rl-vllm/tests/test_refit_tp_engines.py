@@ -22,6 +22,9 @@ from rlcore.refit import WeightSynchronizer
 from rlcore.testing.models import make_batch
 from rlcore.testing.pytest_plugin import ClusterPool
 
+#: Two engines (TP 2 ranks + training ranks) start per module: ~90 s on the idle 2-core machine.
+pytestmark = pytest.mark.slow
+
 WORLD = 2
 MAX_NEW = 6
 #: float32 engine sharded over two ranks (all-reduced partial sums) against the policy's float32 forward.

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, PositiveInt
+from pydantic import Field, PositiveInt, field_validator
 
 from rlcore.config import ConfigError, StrictModel, validate_section
 
@@ -86,10 +86,30 @@ class VllmConfig(StrictModel):
         description="torch threads of an engine process on CPU; None = rlcore's default of one per rank "
         "(several ranks share few cores).",
     )
+    logprobs_mode: Literal["processed_logprobs", "raw_logprobs", "processed_logits", "raw_logits"] = Field(
+        "processed_logprobs",
+        description="What the engine's logprobs are (vLLM's logprobs_mode). processed_logprobs: log-probabilities of "
+        "the distribution tokens are drawn from (after temperature, top-k, top-p), the sampler's own, which "
+        "GRPO's importance weights need and the policy's get_logprobs (temperature applied) reproduces when "
+        "top-k/top-p are off. raw_logprobs: log-probabilities of the model before temperature and filtering; they "
+        "equal the policy's only at temperature 1 with top-k/top-p off. The *_logits modes are refused: they "
+        "return logits, not log-probabilities (design.md §2.2).",
+    )
     engine_kwargs: dict[str, Any] = Field(
         default_factory=dict,
         description="Extra keyword arguments passed as-is to vllm.LLM (escape hatch; overrides the above).",
     )
+
+    @field_validator("logprobs_mode")
+    @classmethod
+    def _log_probabilities(cls, mode: str) -> str:
+        if mode.endswith("_logits"):
+            raise ValueError(
+                f"{mode!r} makes the engine return logits, but rlcore's generation logprobs are log-probabilities "
+                "(design.md §2.2: compared with the policy's get_logprobs, used by GRPO's importance weights); use "
+                "'processed_logprobs' (the sampler's distribution) or 'raw_logprobs' (before temperature/top-k/top-p)"
+            )
+        return mode
 
     @property
     def kv_cache_bytes(self) -> int | None:

@@ -91,9 +91,9 @@ class VllmGenerationWorker:
             gpu_memory_utilization=vllm_config.gpu_memory_utilization,
             enable_prefix_caching=vllm_config.enable_prefix_caching,
             load_format=vllm_config.load_format,
-            # Logprobs of the distribution tokens are drawn from (temperature, top-k/top-p applied),
-            # which is what the policy compares against (design.md §2.2).
-            logprobs_mode="processed_logprobs",
+            # Default: logprobs of the distribution tokens are drawn from (temperature, top-k/top-p applied),
+            # which is what the policy compares against (design.md §2.2); see VllmConfig.logprobs_mode.
+            logprobs_mode=vllm_config.logprobs_mode,
             tensor_parallel_size=vllm_config.tensor_parallel_size,
         )
         if vllm_config.tensor_parallel_size > 1:  # this actor is one rank of the engine (see rl_vllm.engine_env)
