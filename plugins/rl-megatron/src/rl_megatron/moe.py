@@ -23,6 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from rl_megatron.converter import ModelShape
 from rl_megatron.weights import ExpertGroup
 from rlcore.data import BatchedDataDict
 
@@ -92,8 +93,15 @@ def valid_tokens(lengths: torch.Tensor, width: int, seq_first: bool) -> torch.Te
 
 class MixtureOfExpertsStage:
     """The MoE part of ``MegatronPolicyWorker`` (a mixin): the expert-parallel group, the routers' setup and the aux
-    loss of each training step. Reads the worker's ``shape``, ``mcfg``, ``gpt``, ``dp_group``, ``router_logits``
-    and ``_all_reduce_sum``."""
+    loss of each training step. Reads the worker's ``shape``, ``mcfg``, ``gpt``, ``dp_group`` and
+    ``router_logits``."""
+
+    shape: ModelShape
+    mcfg: Any  # rl_megatron.config.MegatronConfig
+    gpt: torch.nn.Module
+    dp_group: Any
+    router_logits: RouterLogits | None
+    _aux_metrics: list[float]
 
     def _expert_group(self) -> ExpertGroup:
         if not self.shape.is_moe:
@@ -132,11 +140,14 @@ class MixtureOfExpertsStage:
         coeff = self._aux_loss_coeff()
         if coeff == 0.0:
             return None
-        step_tokens = torch.tensor([float(sum(int(mb["input_lengths"].sum()) for mb in mbs))])
-        self._all_reduce_sum(step_tokens, self.dp_group)
+        router_logits = self.router_logits
+        assert router_logits is not None  # a model with experts records them (_moe_setup)
+        device = next(self.gpt.parameters()).device
+        step_tokens = torch.tensor([float(sum(int(mb["input_lengths"].sum()) for mb in mbs))], device=device)
+        dist.all_reduce(step_tokens, group=self.dp_group)
 
         def aux_loss(mb: BatchedDataDict) -> torch.Tensor:
-            logits = self.router_logits.take()
+            logits = router_logits.take()
             lengths = mb["input_lengths"].to(logits[0].device)
             valid = valid_tokens(lengths, logits[0].shape[0], seq_first=True)
             weight = coeff * float(lengths.sum()) / float(step_tokens)
