@@ -31,11 +31,17 @@ copies of layers split over buckets, and vLLM's layerwise ``load_weights``
 (+ ``finalize``), so a missed goal can be explained.
 
     python benchmarks/refit.py [--backend reference] [--model-dir DIR] [--repeats 5] [--breakdown]
+    python benchmarks/refit.py --tp 2 [--model-dir DIR]      # an engine of tensor_parallel_size 2 (below)
     python benchmarks/refit.py --fingerprint [--repeats 9]   # verified refit's cost, CPU, no vLLM
     python benchmarks/refit.py --pack [--repeats 9]          # fused vs per-tensor packing, CPU, no vLLM
 
 The pieces: ``refit_sides.py`` (the model, rlcore's refits, the engine's floor and breakdown),
 ``refit_baselines.py`` (memcpy, raw broadcast), ``refit_cpu.py`` (``--fingerprint``, ``--pack``).
+
+``--tp N``: one engine of ``tensor_parallel_size`` N over N bundles beside N ``--backend`` training ranks
+(colocated: rank r streams to engine rank r; collective: rank 0 broadcasts to all N), against that engine's
+own floor: every rank's in-place reload of the checkpoint already in its memory, run on all ranks at once
+(``VllmGenerationWorker.reload_floor``); JSON ``tp_colocated_vs_floor`` / ``tp_collective_vs_floor``, goal <= 1.10.
 
 The last line printed is JSON with ``colocated_vs_floor`` and ``collective_vs_floor``
 (collective over max(broadcast, floor)); goals <= 1.25 each, beside the
@@ -100,6 +106,61 @@ def figures(times: dict[str, list[float]], nbytes: int) -> dict:
     return {**result, "load_average": round(os.getloadavg()[0], 1)}
 
 
+def measure_tp(backend: str, model_dir: str, tp: int, repeats: int) -> dict:
+    """Median seconds of the floor and of both refits into one engine of ``tensor_parallel_size`` ``tp``."""
+    import ray
+
+    from rl_vllm.generation import VllmGeneration
+    from rlcore.config import load_config_dict
+    from rlcore.distributed import RayVirtualCluster
+    from rlcore.policy import Policy
+    from rlcore.refit import DEFAULT_BUCKET_BYTES, WeightSynchronizer
+    from rlcore.testing.models import build_tiny_tokenizer
+
+    gen = {"backend": "vllm", "max_new_tokens": 8, "pad_token_id": 0}
+    gen["vllm_cfg"] = {"kv_cache_space_gb": KV_CACHE_GB, "max_model_len": 128, "tensor_parallel_size": tp}
+    policy_cfg = {"backend": backend, "model_name": model_dir, "precision": "float32", "generation": gen}
+    policy_cfg.update(train_global_batch_size=tp, train_micro_batch_size=1, max_total_sequence_length=64)
+    cfg = load_config_dict({"cluster": {"workers_per_node": tp}, "policy": policy_cfg}).policy
+    cluster = RayVirtualCluster([tp], max_colocated_worker_groups=2)
+    policy = generation = None
+    try:
+        policy = Policy(cluster, cfg, build_tiny_tokenizer(), name_prefix="bench-tp", init_reference_model=False)
+        generation = VllmGeneration(cluster, cfg.generation, name_prefix="bench-tp-vllm")
+        syncs = {
+            "colocated": WeightSynchronizer(policy, generation, colocated=True),
+            "collective": WeightSynchronizer(policy, generation, colocated=False, cluster=cluster),
+        }
+
+        def floor() -> float:
+            calls = generation.worker_group.run_all_workers_single_data("reload_floor", DEFAULT_BUCKET_BYTES)
+            return max(ray.get(calls.refs))
+
+        def refit(which: str) -> float:
+            return float(syncs[which].sync_weights()["seconds"])
+
+        steps = {"floor": floor, "colocated": lambda: refit("colocated"), "collective": lambda: refit("collective")}
+        for step in steps.values():
+            step()  # warm-up: metadata, the group, the floor's copy of the checkpoint
+        times: dict[str, list[float]] = {k: [] for k in steps}
+        for _ in range(repeats):
+            for name, step in steps.items():
+                times[name].append(step())
+    finally:
+        for owner in (generation, policy):
+            if owner is not None:
+                owner.shutdown()
+        cluster.shutdown()
+    med = {k: statistics.median(v) for k, v in times.items()}
+    return {
+        "tp": tp,
+        **{f"{k}_s": round(v, 4) for k, v in med.items()},
+        "tp_colocated_vs_floor": round(med["colocated"] / med["floor"], 2),
+        "tp_collective_vs_floor": round(med["collective"] / med["floor"], 2),
+        "load_average": round(os.getloadavg()[0], 1),
+    }
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--backend", default="reference", help="training backend (reference, dtensor, ...)")
@@ -110,6 +171,7 @@ def main(argv: list[str] | None = None) -> None:
         help="which refits to time (one at a time holds one engine less: the 0.5B preset on 24 GB)",
     )
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--tp", type=int, default=1, help="only: refits into one engine of this tensor_parallel_size")
     parser.add_argument("--breakdown", action="store_true", help="also profile the stages of a colocated refit")
     parser.add_argument(
         "--fingerprint",
@@ -146,6 +208,13 @@ def main(argv: list[str] | None = None) -> None:
         f"load average {os.getloadavg()[0]:.1f}",
         file=sys.stderr,
     )
+
+    if args.tp > 1:
+        try:
+            print(json.dumps(measure_tp(args.backend, model_dir, args.tp, args.repeats)))
+        finally:
+            shutdown_ray()
+        return
 
     engine = InProcessEngine(model_dir, DEFAULT_BUCKET_BYTES)
     try:

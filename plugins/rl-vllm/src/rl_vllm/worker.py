@@ -10,6 +10,7 @@ This module is imported only inside the actor (it imports torch and vLLM).
 
 from __future__ import annotations
 
+import glob
 import logging
 import os
 import time
@@ -59,6 +60,7 @@ class VllmGenerationWorker:
         *,
         engine_rank: int | None = None,
         lora_rank: int | None = None,
+        hf_overrides: dict[str, Any] | None = None,
     ) -> None:
         import torch
 
@@ -106,6 +108,8 @@ class VllmGenerationWorker:
         self._asleep = False
         if vllm_config.max_num_seqs is not None:
             kwargs["max_num_seqs"] = vllm_config.max_num_seqs
+        if hf_overrides:  # policy.hf_config_overrides: the engine's model config must be the trainer's
+            kwargs["hf_overrides"] = dict(hf_overrides)
         if lora_rank is not None:  # adapter refit: the policy's adapters run as vLLM LoRA modules
             kwargs.update(enable_lora=True, max_loras=1, max_lora_rank=vllm_lora_rank(lora_rank))
         kwargs.update(vllm_config.engine_kwargs)
@@ -383,6 +387,33 @@ class VllmGenerationWorker:
         self.stale_reason = None
         self._fingerprints.update(received.result())  # a partial refit adds to the last
         return {"tensors": session[0].tensors, "seconds": time.perf_counter() - started}
+
+    def reload_floor(self, bucket_bytes: int) -> float:
+        """Seconds of an in-place reload of the engine's own checkpoint, already in memory, in a refit's bucket
+        order: the least a refit into this rank can cost (``benchmarks/refit.py --tp``). Leaves the checkpoint's
+        weights, so the engine is stale until the next refit."""
+        from safetensors.torch import load_file
+
+        from rl_vllm.refit import InPlaceReload
+        from rlcore.refit import metadata_of, plan_buckets
+
+        state = getattr(self, "_floor_state", None)
+        if state is None:
+            state = {}
+            for path in sorted(glob.glob(os.path.join(self.gen_cfg.model_name, "*.safetensors"))):
+                state.update(load_file(path))
+            self._floor_state = state
+        plan = plan_buckets(metadata_of(state.items()), bucket_bytes)
+        worker = self.llm.collective_rpc(_own_worker)[0]
+        started = time.perf_counter()
+        reload = InPlaceReload(worker, self._partial_refit)
+        for bucket in plan:
+            reload.load([(name, state[name]) for name in bucket.names])
+        reload.finish()
+        seconds = time.perf_counter() - started
+        self.llm.reset_prefix_cache()
+        self.stale_reason = "reload_floor put the checkpoint's weights back, not the policy's"
+        return seconds
 
     def weight_fingerprints(self) -> dict[str, Any]:
         """``verified_refit``: the ``weight_version`` this engine holds and the fingerprints of the tensors it
