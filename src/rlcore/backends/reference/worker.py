@@ -39,15 +39,15 @@ class ReferenceWorker(RefitExportMixin, TrainingWorkerBase):
         layout: Any = None,
     ) -> None:
         # No config class and no layout function: backend_config is None and the layout pure data parallel.
-        from transformers import AutoModelForCausalLM
+        from rlcore.training.hf_config import pretrained_model
 
         self.device = init_distributed()
         self.cfg = config
         self.tokenizer = tokenizer
         self.rank = dist.get_rank()
         self.dp_size = dist.get_world_size()
-        self.model = AutoModelForCausalLM.from_pretrained(
-            weights_path or config.model_name, dtype=DTYPES[config.precision]
+        self.model = pretrained_model(
+            weights_path or config.model_name, config.hf_config_overrides, dtype=DTYPES[config.precision]
         ).to(self.device)
         self._init_optimizer_and_reference(
             self.model.parameters(),
