@@ -158,7 +158,7 @@ def run(
     """Train with the algorithm the config selects: the one whose section it has (sft:, dpo:, ...), or the
     default one when it has none. Fails before starting anything if the config, a backend or the model is wrong."""
     from rlcore.cli.errors import full_disk_line, one_line, write_traceback
-    from rlcore.run.output import quiet_output
+    from rlcore.run.output import quiet_output, run_log_dir
     from rlcore.run.stopping import StopOnSignals
     from rlcore.run.train import resume_line
 
@@ -177,7 +177,7 @@ def run(
         line.say(before.format(stop=stop))
         raise typer.Exit(stop.exit_code) from None
     cfg = resolved.config
-    log_dir = Path(cfg.logger.output_dir) / "logs"
+    log_dir = run_log_dir(cfg.logger.output_dir)
     if resume:
         typer.echo(resume_line(cfg), err=True)
     typer.echo(_summary_line(resolved, data, log_dir, verbose), err=True)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlcore.config import ResolvedConfig, resolve
+from rlcore.run.output import run_log_dir
 
 if TYPE_CHECKING:
     from rlcore.config import BatchPlan
@@ -133,7 +134,7 @@ def build_run(
     try:
         if resolved.environment is not None:  # an SFT run scores nothing
             run.environment = EnvironmentRunner.from_resolved(
-                resolved.environment, cfg.env, log_dir=Path(cfg.logger.output_dir) / "logs"
+                resolved.environment, cfg.env, log_dir=run_log_dir(cfg.logger.output_dir)
             )
         weights = optimizer = None
         if resume_dir is not None:

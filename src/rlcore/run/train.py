@@ -16,6 +16,7 @@ from typing import Any
 
 from rlcore.config import ResolvedConfig, resolve
 from rlcore.run.checkpoints import checkpoint_root
+from rlcore.run.output import run_log_dir
 from rlcore.run.step import loop_setting
 
 
@@ -71,7 +72,7 @@ def output_dir_problems(cfg: Any, resume: bool | None = None) -> list[str]:
     out = Path(cfg.logger.output_dir)
     if resume is not None and (problems := ownership_problems(cfg, resume)):
         return problems  # before anything is created or written there
-    for directory in (out, out / "logs"):
+    for directory in (out, run_log_dir(out)):
         try:
             directory.mkdir(parents=True, exist_ok=True)
             with tempfile.NamedTemporaryFile(dir=directory, prefix=".rlcore-write-check-"):
