@@ -216,12 +216,13 @@ def test_a_frozen_engine_fails_a_collective_refit_at_the_stall_deadline_in_one_l
     pytest.importorskip("rl_vllm")
     run = killed_run(tmp_path, "bucket:2:STOP", COLLECTIVE)
     print(run.tally("collective", "bucket:2:STOP"))
-    assert run.returncode == 1, run.after
+    assert run.returncode == 1 and len(run.after) == 2 and run.after[1].startswith("(full traceback in "), run.after
     assert run.after[0].startswith(
         "error: RefitError: refit failed: worker lm_policy-dtensor-rank0 (rank 0) raised "
     ), run.after
     assert f"refit stream stalled at bucket 5 of {BUCKETS}" in run.after[0], run.after
-    assert run.kill_to_exit_s is not None and STALL_TIMEOUT_S <= run.kill_to_exit_s < STALL_TIMEOUT_S + 45, run.tally(
-        "collective", "frozen"
-    )
+    # then the driver's 3 s for the other side to settle, and the teardown (the frozen engine gets the worker
+    # group's 10 s to answer before it is killed): 109 s measured beside another run, 322 s before the deadline
+    took = run.kill_to_exit_s
+    assert took is not None and STALL_TIMEOUT_S <= took < STALL_TIMEOUT_S + 90, run.tally("collective", "frozen")
     assert not run.left, f"still there after {CLEANUP_BOUND_S}s: {run.left}"
