@@ -131,8 +131,8 @@ class MegatronConfig(StrictModel):
     )
     moe_token_dispatcher_type: Literal["alltoall", "allgather", "flex"] = Field(
         "alltoall",
-        description="How tokens reach their experts' ranks: 'alltoall' or 'allgather' (the same numbers, "
-        "different communication); 'flex' needs DeepEP/HybridEP kernels (CUDA).",
+        description="How tokens reach their experts' ranks: 'alltoall' (the one this backend runs); "
+        "'allgather' (crashes a CPU worker in megatron-core 0.16.1) and 'flex' (DeepEP/HybridEP, CUDA) are refused.",
     )
     moe_router_dtype: Literal["fp32", "fp64"] | None = Field(
         None, description="Dtype of the router's logits, routing and aux loss; None = the model's dtype."
@@ -404,6 +404,12 @@ def moe_problems(m: MegatronConfig) -> list[str]:
         problems.append(
             f"{_M}{path}: DeepEP/HybridEP dispatch needs CUDA kernels the megatron backend does not build: "
             "use moe_token_dispatcher_type 'alltoall' and moe_enable_deepep false"
+        )
+    if m.moe_token_dispatcher_type == "allgather":
+        problems.append(
+            f"{_M}moe_token_dispatcher_type: 'allgather' is not supported by the megatron backend (megatron-core "
+            "0.16.1's all-gather dispatcher crashes a CPU worker; the all-to-all computes the same numbers): "
+            "set it to 'alltoall'"
         )
     if m.moe_router_load_balancing_type not in ("aux_loss", "none"):
         problems.append(
