@@ -106,7 +106,7 @@ def name_segments_uniquely() -> None:
         return
     original = shm.make_group_name
 
-    def make_group_name(communicator: object) -> str:
+    def make_group_name(communicator: cpu_communicator.CpuCommunicator) -> str:
         # vLLM's own part starts with the init method's tail, '//' (from 'env://'), which glibc's shm_open drops
         # only at the start of a name: inside one it is an invalid name (EINVAL).
         return f"{os.environ.get(SEGMENT_PREFIX_ENV, '')}{original(communicator).replace('/', '')}"
