@@ -180,3 +180,43 @@ def test_collective_refit_lands_in_the_fused_experts(engine: dict[str, Any]) -> 
     generation.set_weight_version(7)
     assert verify_engines(sent.fingerprints, generation.weight_fingerprints(), version=7) == 7
     assert_engine_matches_hf(engine, weights)
+
+
+@pytest.mark.slow
+def test_a_tensor_parallel_engine_refits_the_moe(ray_session: None) -> None:
+    """tensor_parallel_size 2: each engine rank receives the whole per-expert state dict by shared memory and
+    keeps its shard of the fused experts; the engine's logprobs are HF's float64 ones of the refit weights."""
+    from rl_vllm.generation import VllmGeneration
+    from rlcore.models import resolve_model
+    from rlcore.refit.shared_memory import stream_to_receiver
+
+    model_dir = resolve_model("tiny-qwen3-moe")
+    vllm_cfg = {"kv_cache_space_gb": 0.0625, "max_model_len": 128, "tensor_parallel_size": 2}
+    gen = {"backend": "vllm", "max_new_tokens": MAX_NEW, "pad_token_id": 0, "vllm_cfg": vllm_cfg}
+    cfg = load_config_dict({"cluster": {"workers_per_node": 2}, "policy": {"model_name": model_dir, "generation": gen}})
+    clusters = ClusterPool()
+    generation = None
+    try:
+        generation = VllmGeneration(clusters(2), cfg.policy.generation, name_prefix="moe-tp-vllm")
+        weights = perturbed(checkpoint_weights(model_dir), seed=3)
+        info = {k: (tuple(v.shape), str(v.dtype).removeprefix("torch.")) for k, v in weights.items()}
+        generation.prepare_refit_info(info)
+        endpoints = generation.refit_endpoints()
+        receivers = generation.update_weights_via_ipc_zmq(bucket_bytes=BUCKET)
+        # One sender after the other: this process's sender buffers are pooled, one set per process (a training
+        # rank is a process of its own), and an engine rank's load needs nothing from the other rank.
+        cpu = torch.device("cpu")
+        sent = {
+            rank: stream_to_receiver(((k, weights[k]) for k in info), info, *endpoints[rank], BUCKET, cpu)
+            for rank in sorted(endpoints)
+        }
+        ray.get(receivers, timeout=300)
+        generation.set_weight_version(2)
+        reports = generation.weight_fingerprints()
+        assert len(reports) == 2, "one report per engine rank"
+        assert verify_engines([sent[0].fingerprints, sent[1].fingerprints], reports, version=2) == 2
+        assert_engine_matches_hf({"generation": generation, "model_dir": model_dir}, weights)
+    finally:
+        if generation is not None:
+            generation.shutdown()
+        clusters.shutdown()
