@@ -50,6 +50,16 @@ def omp_threads_bind(engine: EngineRank, threads: int, cpus: list[int]) -> str:
     return "|".join(entries)
 
 
+def _local_device_index(engine: EngineRank, on_cpu: bool) -> int:
+    """The device vLLM's ``external_launcher`` rank uses (``cuda:LOCAL_RANK``): on a GPU actor that Ray gave
+    one device (its own ``CUDA_VISIBLE_DEVICES``), that one; otherwise the rank's index. Not yet run on a GPU."""
+    if on_cpu:
+        return engine.tp_rank
+    import torch
+
+    return 0 if torch.cuda.device_count() == 1 else engine.tp_rank
+
+
 def prepare_process_env(cfg: VllmConfig, on_cpu: bool, engine: EngineRank) -> int | None:
     """Set what the in-process engine reads when it starts; returns the KV cache bytes to ask for (None: vLLM's).
 
@@ -64,7 +74,7 @@ def prepare_process_env(cfg: VllmConfig, on_cpu: bool, engine: EngineRank) -> in
         port = int(os.environ.get("MASTER_PORT", "29500")) + engine.engine
         os.environ.update(
             RANK=str(engine.tp_rank),
-            LOCAL_RANK=str(engine.tp_rank),
+            LOCAL_RANK=str(_local_device_index(engine, on_cpu)),
             WORLD_SIZE=str(engine.tp_size),
             MASTER_PORT=str(port),
         )
