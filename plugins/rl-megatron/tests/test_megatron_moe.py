@@ -245,6 +245,19 @@ def test_moe_settings_that_change_the_numbers_are_refused_in_one_line(megatron: 
     assert problem.startswith(f"policy.megatron_cfg.{path}: ")
 
 
+def test_moe_settings_of_a_dense_model_change_nothing_and_are_accepted() -> None:
+    """NeMo-RL's dense recipes carry moe_* settings (dpo.yaml: moe_router_bias_update_rate 1e-3); a model without
+    experts computes the same with or without them, so they are not refused there."""
+    from rl_megatron.config import megatron_config_problems
+    from rlcore.testing.models import tiny_model_path
+
+    moe_only = {"moe_router_bias_update_rate": 0.001, "moe_router_load_balancing_type": "seq_aux_loss"}
+    config = policy_config(tiny_model_path(), 2, megatron=moe_only)
+    assert megatron_config_problems(config, cuda=False, transformer_engine=False) == []
+    moe = policy_config(moe_model(), 2, megatron=moe_only)
+    assert len(megatron_config_problems(moe, cuda=False, transformer_engine=False)) == 2
+
+
 def test_kernel_choices_are_accepted_and_ignored() -> None:
     """NeMo-RL's recipes set these; they pick kernels or schedules for the same numbers."""
     from rl_megatron.config import megatron_config_problems

@@ -374,7 +374,8 @@ def megatron_config_problems(
             f"{_M}optimizer.use_distributed_optimizer=true"
         )
 
-    problems += moe_problems(m)
+    if model_experts(policy.model_name) != 0:  # the MoE settings change nothing of a dense model
+        problems += moe_problems(m)
 
     sched = m.scheduler
     if sched.lr_decay_style not in ("constant",) and sched.lr_decay_iters is None:
@@ -429,10 +430,20 @@ def moe_problems(m: MegatronConfig) -> list[str]:
     return problems
 
 
-def moe_model_problems(m: MegatronConfig, model_name: str, world_size: int) -> list[str]:
-    """Expert parallelism against the model's ``config.json`` (read as JSON: light) and the world size."""
+def model_experts(model_name: str) -> int | None:
+    """The experts per MoE layer of the model's ``config.json`` (read as JSON: light), 0 for a dense model, None
+    when there is no local config to read."""
     import json
 
+    config_file = Path(model_name) / "config.json"
+    if not config_file.is_file():
+        return None
+    hf = json.loads(config_file.read_text())
+    return int(hf.get("num_experts") or hf.get("num_local_experts") or 0)
+
+
+def moe_model_problems(m: MegatronConfig, model_name: str, world_size: int) -> list[str]:
+    """Expert parallelism against the model's ``config.json`` and the world size."""
     ep = m.expert_model_parallel_size
     path = f"{_M}expert_model_parallel_size"
     problems = []
@@ -441,11 +452,9 @@ def moe_model_problems(m: MegatronConfig, model_name: str, world_size: int) -> l
             f"{path}: {ep} does not divide the {world_size // m.pipeline_model_parallel_size} ranks of a pipeline "
             "stage: choose a divisor"
         )
-    config_file = Path(model_name) / "config.json"
-    if not config_file.is_file():
+    experts = model_experts(model_name)
+    if experts is None:
         return problems
-    hf = json.loads(config_file.read_text())
-    experts = hf.get("num_experts") or hf.get("num_local_experts") or 0
     if ep > 1 and not experts:
         problems.append(f"{path}: is {ep} but {model_name} has no experts: set it to 1")
     elif experts and experts % ep:
@@ -467,6 +476,7 @@ __all__ = [
     "config_check",
     "megatron_config_problems",
     "megatron_section",
+    "model_experts",
     "moe_model_problems",
     "moe_problems",
     "safetensors_problems",
