@@ -61,6 +61,11 @@ def test_logits_modes_are_refused_with_the_reason():
     )
 
 
+def test_pipeline_parallel_is_refused_in_one_line():
+    with pytest.raises(ConfigError, match=r"policy\.generation\.vllm_cfg\.pipeline_parallel_size.*tensor_parallel"):
+        vllm_config_from(_config({"pipeline_parallel_size": 2}).policy.generation)
+
+
 def test_tensor_parallel_is_accepted():
     assert vllm_config_from(_config({"tensor_parallel_size": 2}).policy.generation).tensor_parallel_size == 2
 

@@ -34,6 +34,9 @@ class VllmConfig(StrictModel):
         "bundle (vLLM's external_launcher), so the generation cluster's bundles must be a multiple of it. Every "
         "rank receives the whole refit and keeps its shard.",
     )
+    pipeline_parallel_size: PositiveInt = Field(
+        1, description="Pipeline stages per engine: only 1 (rl-vllm runs no pipeline-parallel engines)."
+    )
     precision: Literal["float32", "bfloat16", "float16"] = Field(
         "float32",
         description="Engine weights/activations dtype. float32 gives logprobs equal to a float32 training "
@@ -99,6 +102,16 @@ class VllmConfig(StrictModel):
         default_factory=dict,
         description="Extra keyword arguments passed as-is to vllm.LLM (escape hatch; overrides the above).",
     )
+
+    @field_validator("pipeline_parallel_size")
+    @classmethod
+    def _no_pipeline(cls, size: int) -> int:
+        if size != 1:
+            raise ValueError(
+                f"{size}: rl-vllm runs no pipeline-parallel engines (each engine rank holds every layer); use "
+                "tensor_parallel_size to split a model over ranks, or more engines"
+            )
+        return size
 
     @field_validator("logprobs_mode")
     @classmethod
