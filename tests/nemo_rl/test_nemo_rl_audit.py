@@ -20,8 +20,8 @@ GRPO = MAIN / "grpo_math_1B.yaml"
 ROWS = FIXTURES / "math.jsonl"
 
 #: Every ``ignore`` rule, reviewed (issue 52 item 1): each changes no number rlcore computes. Ports, logging,
-#: memory placement, kernel and fusion choices, transports, checkpoint layout, MoE-only keys (a MoE model is
-#: refused at load), NeMo-RL worker implementation switches, and validation sampling (rlcore validates greedily,
+#: memory placement, kernel and fusion choices, transports, checkpoint layout, MoE kernel and dispatch-backend
+#: keys (rl-megatron honours the MoE keys that change the numbers), NeMo-RL worker implementation switches, and validation sampling (rlcore validates greedily,
 #: docs/tasks.md: a reported metric, not training).
 REVIEWED_IGNORE_RULES = {
     "checkpointing.checkpoint_dir",
@@ -60,14 +60,19 @@ REVIEWED_IGNORE_RULES = {
     "policy.megatron_cfg.cuda_graph_impl",
     "policy.megatron_cfg.cuda_graph_warmup_steps",
     "policy.megatron_cfg.force_reconvert_from_hf",
-    "policy.megatron_cfg.freeze_moe_router",
     "policy.megatron_cfg.fused_linear_logprobs_chunk_size",
     "policy.megatron_cfg.gradient_accumulation_fusion",
     "policy.megatron_cfg.hybridep_*",
     "policy.megatron_cfg.inference_grouped_gemm_backend",
     "policy.megatron_cfg.inference_moe_token_dispatcher_type",
     "policy.megatron_cfg.linear_ce_fusion_chunk_size",
-    "policy.megatron_cfg.moe_*",
+    "policy.megatron_cfg.moe_flex_dispatcher_backend",
+    "policy.megatron_cfg.moe_grouped_gemm",
+    "policy.megatron_cfg.moe_hybridep_num_sms",
+    "policy.megatron_cfg.moe_pad_experts_for_cuda_graph_inference",
+    "policy.megatron_cfg.moe_per_layer_logging",
+    "policy.megatron_cfg.moe_permute_fusion",
+    "policy.megatron_cfg.moe_shared_expert_overlap",
     "policy.megatron_cfg.optimizer.optimizer_cpu_offload",
     "policy.megatron_cfg.optimizer.optimizer_offload_fraction",
     "policy.megatron_cfg.transformer_impl",

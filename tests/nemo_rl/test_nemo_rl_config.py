@@ -183,7 +183,7 @@ def test_validate_and_show_from_nemo_rl_on_the_command_line():
     assert result.exit_code == 0, result.output
     assert "training backend: megatron, world size 8" in result.stdout
     ignored = [line for line in result.stderr.splitlines() if line.startswith("ignored: ")]
-    assert "ignored: policy.megatron_cfg.moe_token_dispatcher_type (MoE only" in "\n".join(ignored)
+    assert "ignored: policy.megatron_cfg.moe_permute_fusion (a fused kernel" in "\n".join(ignored)
     assert all(line.startswith("ignored: ") for line in result.stderr.splitlines())
     # NeMo-RL overrides after the file, rlcore overrides with -o.
     result = runner.invoke(
@@ -244,8 +244,8 @@ MEGATRON = FIXTURES / "v0.7.0" / "grpo_math_1B_megatron.yaml"
     [
         (
             MEGATRON,
-            "policy.megatron_cfg.expert_model_parallel_size=2",
-            "policy.megatron_cfg.expert_model_parallel_size: is 2, but rlcore does not support expert parallelism",
+            "++policy.megatron_cfg.moe_router_enable_expert_bias=true",
+            "policy.megatron_cfg.moe_router_enable_expert_bias: is true, but rlcore does not support expert-bias",
         ),
         (
             MEGATRON,
@@ -377,7 +377,6 @@ def test_switched_off_features_and_neutral_values_are_ignored_once():
         "policy.megatron_cfg.fp8_cfg",
         "policy.megatron_cfg.peft",
         "policy.dtensor_cfg",
-        "policy.megatron_cfg.expert_model_parallel_size",
         "policy.some_new_feature",
         "data.max_input_seq_length",
         "data.default.processor",

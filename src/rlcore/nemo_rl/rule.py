@@ -66,7 +66,7 @@ def _g(nemo: str, note: str, neutral: tuple[Any, ...] = (False, None), covers: t
 
 
 P, G, MG, DT = "policy.", "policy.generation.", "policy.megatron_cfg.", "policy.dtensor_cfg."
-MOE = "MoE only: rlcore's backends build dense Llama/Qwen2/Qwen3 models (a MoE model fails at load)"
+MOE = "a MoE setting rlcore's backends do not read: kernels, schedules and inference-side dispatch of the same model"
 KERNEL = "kernel/fusion choice: the same computation, another implementation"
 MEMORY = "memory placement only: what is computed does not change"
 LOGGING = "rlcore logs to <logger.output_dir>/metrics.jsonl, TensorBoard, wandb and MLflow only"

@@ -146,7 +146,11 @@ CLUSTER_AND_POLICY_RULES: tuple[Rule, ...] = (
         note="set in every training worker of the policy, as NeMo-RL sets them in its DTensor workers; names "
         "rlcore's runtime sets (RANK, MASTER_ADDR, CUDA_VISIBLE_DEVICES, ...) are refused",
     ),
-    _n(DT + "expert_parallel_size", (1, None), "expert parallelism"),
+    _n(
+        DT + "expert_parallel_size",
+        (1, None),
+        "expert parallelism on dtensor (its experts are FSDP-sharded; use megatron_cfg.expert_model_parallel_size)",
+    ),
     _n(DT + "dp_replicate_size", (1, None), "HSDP replication"),
     _i(DT + "defer_fsdp_grad_sync", "gradient-sync timing: " + MEMORY),
     _i(DT + "moe_parallelizer", MOE),
@@ -194,13 +198,37 @@ CLUSTER_AND_POLICY_RULES: tuple[Rule, ...] = (
     _i(MG + "force_reconvert_from_hf", "rlcore converts Hugging Face weights in memory at every start"),
     _n(MG + "recompute_granularity", ("full", None), "selective recomputation (rlcore recomputes whole layers)"),
     _n(MG + "recompute_modules", (None,), "selective recomputation"),
-    _n(MG + "expert_tensor_parallel_size", (1, None), "expert tensor parallelism"),
-    _n(MG + "expert_model_parallel_size", (1, None), "expert parallelism"),
+    # -- mixture of experts: honoured by rl-megatron (or refused there in one line, for a model with experts) ----
+    *(
+        _m(MG + k)
+        for k in (
+            "expert_tensor_parallel_size",
+            "expert_model_parallel_size",
+            "freeze_moe_router",
+            "moe_router_dtype",
+            "moe_router_load_balancing_type",
+            "moe_router_bias_update_rate",
+            "moe_aux_loss_coeff",
+            "moe_expert_capacity_factor",
+            "moe_token_dispatcher_type",
+            "moe_enable_deepep",
+        )
+    ),
+    _i(MG + "moe_permute_fusion", "a fused kernel for the same token permutation: " + KERNEL),
+    _i(MG + "moe_grouped_gemm", "grouped GEMM computes the same expert products: " + KERNEL),
+    _i(MG + "moe_shared_expert_overlap", "a schedule overlapping shared experts, the same numbers: " + KERNEL),
+    _i(MG + "moe_per_layer_logging", LOGGING),
+    # Routing that changes which experts a token reaches (DeepSeek-V3's expert bias and group-limited top-k): the
+    # Qwen3-MoE routers rl-megatron builds have neither, so only their neutral values load.
+    _n(MG + "moe_router_enable_expert_bias", (False, None), "expert-bias (aux-loss-free) routing"),
+    _n(MG + "moe_router_num_groups", (None,), "group-limited routing"),
+    _n(MG + "moe_router_group_topk", (None,), "group-limited routing"),
     *(
         _i(MG + k, MOE)
         for k in (
-            "freeze_moe_router",
-            "moe_*",
+            "moe_flex_dispatcher_backend",
+            "moe_hybridep_num_sms",
+            "moe_pad_experts_for_cuda_graph_inference",
             "hybridep_*",
             "inference_moe_token_dispatcher_type",
             "inference_grouped_gemm_backend",
@@ -232,7 +260,7 @@ CLUSTER_AND_POLICY_RULES: tuple[Rule, ...] = (
         MG + "checkpoint.ckpt_assume_constant_structure",
         "a Megatron distributed-checkpoint speed-up (rlcore saves Hugging Face safetensors)",
     ),
-    _n(MG + "defer_fp32_logits", (False, None), "logits kept in low precision"),
+    _m(MG + "defer_fp32_logits"),
     _g(MG + "mtp_num_layers", "multi-token prediction", neutral=(0, None), covers=(MG + "mtp_*",)),
     _g(
         MG + "peft.enabled",

@@ -87,10 +87,9 @@ class MegatronPolicyWorker(PipelineStages, MixtureOfExpertsStage, RefitExportMix
         layout: Any = None,
     ) -> None:
         # backend_config is policy.megatron_cfg (rl_megatron.config.MegatronConfig), layout its tp/cp/pp.
-        from transformers import AutoConfig
-
         from rlcore.config import as_policy_config
         from rlcore.config.errors import ConfigError
+        from rlcore.training.hf_config import load_config
 
         config = as_policy_config(config)  # the seed's plain dict is accepted too
         mcfg = megatron_section(config, backend_config)
@@ -109,7 +108,7 @@ class MegatronPolicyWorker(PipelineStages, MixtureOfExpertsStage, RefitExportMix
         for checkpoint in filter(None, (weights_path, optimizer_path)):
             check_inside(checkpoint)  # a checkpoint reads its own files only
         hf_path = weights_path or config.model_name
-        self.hf_config = AutoConfig.from_pretrained(hf_path)
+        self.hf_config = load_config(hf_path, config.hf_config_overrides)  # policy.hf_config_overrides applied
         self.shape = ModelShape.from_hf_config(self.hf_config, self.mcfg.converter_type)
         self.shape.check_tp(self.tp_size)
         self.shape.check_ep(self.mcfg.expert_model_parallel_size)
