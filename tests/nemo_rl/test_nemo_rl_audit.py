@@ -21,8 +21,8 @@ ROWS = FIXTURES / "math.jsonl"
 
 #: Every ``ignore`` rule, reviewed (issue 52 item 1): each changes no number rlcore computes. Ports, logging,
 #: memory placement, kernel and fusion choices, transports, checkpoint layout, MoE kernel and dispatch-backend
-#: keys (rl-megatron honours the MoE keys that change the numbers), NeMo-RL worker implementation switches, and validation sampling (rlcore validates greedily,
-#: docs/tasks.md: a reported metric, not training).
+#: keys (rl-megatron honours the MoE keys that change the numbers), NeMo-RL worker implementation switches, and
+#: validation sampling (rlcore validates greedily, docs/tasks.md: a reported metric, not training).
 REVIEWED_IGNORE_RULES = {
     "checkpointing.checkpoint_dir",
     "checkpointing.save_consolidated",
