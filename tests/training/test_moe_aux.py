@@ -53,7 +53,7 @@ def _nll(logprobs, data, global_seqs, global_toks):
 @pytest.mark.parametrize("mbs", [1, 2])
 def test_the_loop_adds_each_micro_batch_s_aux_weighted_by_its_routed_tokens(mbs):
     """loss = NLL + coef * sum_mb aux_mb * n_mb / N, N the step's routed tokens (sample_mask 0 rows excluded);
-    the router_aux_loss metrics sum to the step's aux; its gradient reaches the parameter."""
+    the moe_aux_loss metrics sum to the step's aux; its gradient reaches the parameter."""
     weight = torch.tensor(0.3, requires_grad=True)
     lengths = torch.tensor([5, 3, 4, 6])
     data = BatchedDataDict(
@@ -84,6 +84,6 @@ def test_the_loop_adds_each_micro_batch_s_aux_weighted_by_its_routed_tokens(mbs)
     expected_aux = sum(float(a.value.detach()) * a.tokens / routed_total for a in seen)
     nll = (4 + 3 + 5) / (4 + 3 + 5)  # every valid token has logprob -1
     assert out["losses"][0] == pytest.approx(nll + 0.25 * expected_aux, rel=1e-6)
-    assert sum(out["all_mb_metrics"]["router_aux_loss"]) == pytest.approx(expected_aux, rel=1e-6)
+    assert sum(out["all_mb_metrics"]["moe_aux_loss"]) == pytest.approx(expected_aux, rel=1e-6)
     grad = sum(0.25 * (i + 1) * a.tokens / routed_total for i, a in enumerate(seen))
     assert steps == [pytest.approx(grad, rel=1e-6)]

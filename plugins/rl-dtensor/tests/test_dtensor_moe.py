@@ -167,7 +167,7 @@ def test_moe_step_with_router_aux_loss_matches_float64_reference(run, reference)
         "loss",
         abs(float(out["loss"][0]) - reference["loss"]),
         "aux",
-        abs(sum(out["all_mb_metrics"]["router_aux_loss"]) - reference["aux"]),
+        abs(sum(out["all_mb_metrics"]["moe_aux_loss"]) - reference["aux"]),
         "norm",
         abs(float(out["grad_norm"][0]) - reference["grad_norm"]),
         "weights",
@@ -178,7 +178,7 @@ def test_moe_step_with_router_aux_loss_matches_float64_reference(run, reference)
         reference["grad_norm"],
     )
     loss, norm = float(out["loss"][0]), float(out["grad_norm"][0])
-    aux = sum(out["all_mb_metrics"]["router_aux_loss"])
+    aux = sum(out["all_mb_metrics"]["moe_aux_loss"])
     assert abs(loss - reference["loss"]) <= TOL * abs(reference["loss"])
     assert abs(aux - reference["aux"]) <= TOL * reference["aux"]
     assert abs(norm - reference["grad_norm"]) <= TOL * reference["grad_norm"]

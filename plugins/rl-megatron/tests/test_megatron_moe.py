@@ -71,7 +71,8 @@ def float64_reference(path: str, data: Any) -> dict[str, Any]:
         aux = load_balancing_loss_func(out.router_logits, config.num_experts, config.num_experts_per_tok, mask)
         aux = config.router_aux_loss_coef * float(length.sum()) / step_tokens * aux
         (nll + aux).backward()
-        nll_total, aux_total = nll_total + float(nll), aux_total + float(aux)
+        # the moe_aux_loss metric is the aux loss without its coefficient
+        nll_total, aux_total = nll_total + float(nll), aux_total + float(aux) / config.router_aux_loss_coef
     grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
     norm = math.sqrt(sum(float(g.square().sum()) for g in grads.values()))
     with torch.no_grad():

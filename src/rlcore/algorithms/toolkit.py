@@ -162,6 +162,14 @@ def train_step(
     return result
 
 
+def moe_metrics(result: dict[str, Any]) -> dict[str, float]:
+    """The router load-balancing loss of a mixture-of-experts step (rlcore.training.moe_aux), when it was trained."""
+    from rlcore.training.moe_aux import METRIC
+
+    value = result.get("metrics", {}).get(METRIC)
+    return {} if value is None else {METRIC: float(value)}
+
+
 def step_metrics(run: RunContext, result: dict[str, Any], timer: Timer, extra: dict[str, float]) -> dict[str, float]:
     """A step's row: the loss and grad norm of ``policy.train``'s ``result`` (mean over its optimizer steps), the
     algorithm's ``extra``, the data epoch, the phases' times and the peak memory."""
@@ -169,6 +177,7 @@ def step_metrics(run: RunContext, result: dict[str, Any], timer: Timer, extra: d
         "loss": float(result["loss"].mean()),
         "grad_norm": float(result["grad_norm"].mean()),
         "skipped_steps": float(result.get("skipped_steps", 0)),  # optimizer steps skipped for a non-finite value
+        **moe_metrics(result),
         **extra,
         "epoch": float(run.data.train.epoch_of(run.next_batch - 1)),
         "time/step_s": sum(timer.seconds.values()),
@@ -181,6 +190,7 @@ __all__ = [
     "Rollout",
     "Timer",
     "generating",
+    "moe_metrics",
     "pad_rows",
     "refit_if_stale",
     "sample_and_score",

@@ -55,7 +55,7 @@ class StepHooks:
     - ``model_aux_loss()`` (optional): the model's own auxiliary loss of the forward that just ran
       (:class:`rlcore.training.moe_aux.AuxLoss`, a mixture-of-experts' load balancing), or None; the loop adds it
       to that micro-batch's loss normalised by the step's routed tokens over every dp rank
-      (:mod:`rlcore.training.moe_aux`) and reports it as the ``router_aux_loss`` metric.
+      (:mod:`rlcore.training.moe_aux`) and reports it as the ``moe_aux_loss`` metric.
     - ``all_agree(ok)`` (optional): whether ``ok`` holds on every rank that trains the model. By default the
       step's loss, summed over dp, is the same on every rank and so is the decision to skip a step; a
       backend whose ranks see different losses (megatron: only the last pipeline stage computes it) reduces

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 #: The per-micro-batch metric: the micro-batch's share of the step's aux loss (summed over micro-batches and
 #: data-parallel ranks it is the step's aux loss, without the coefficient).
-METRIC = "router_aux_loss"
+METRIC = "moe_aux_loss"
 
 
 class AuxLoss(NamedTuple):

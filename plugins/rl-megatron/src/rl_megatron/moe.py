@@ -136,7 +136,8 @@ class MixtureOfExpertsStage:
 
     def _aux_loss_term(self, mbs: list[BatchedDataDict]) -> Callable[[BatchedDataDict], torch.Tensor] | None:
         """The router aux loss of each micro-batch of one step (:mod:`rl_megatron.moe`), recorded as the
-        ``moe_aux_loss`` metric (its micro-batch values sum, over micro-batches and dp ranks, to the step's)."""
+        ``moe_aux_loss`` metric (rlcore.training.moe_aux.METRIC, as on dtensor: without the coefficient; its
+        micro-batch values sum, over micro-batches and dp ranks, to the step's)."""
         coeff = self._aux_loss_coeff()
         if coeff == 0.0:
             return None
@@ -152,7 +153,7 @@ class MixtureOfExpertsStage:
             valid = valid_tokens(lengths, logits[0].shape[0], seq_first=True)
             weight = coeff * float(lengths.sum()) / float(step_tokens)
             term = weight * load_balancing_loss(logits, valid, self.shape.moe_topk)
-            self._aux_metrics.append(float(term.detach()))
+            self._aux_metrics.append(float(term.detach()) / coeff)
             return term
 
         return aux_loss

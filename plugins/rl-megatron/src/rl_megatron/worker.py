@@ -41,6 +41,7 @@ from rl_megatron.pipeline import PipelineStages
 from rl_megatron.weights import HFExporter, load_hf_into_stage, stage_layer_offsets
 from rlcore.data import BatchedDataDict
 from rlcore.refit import RefitExportMixin
+from rlcore.training import moe_aux
 from rlcore.training.checkpoint_files import check_inside
 from rlcore.training.logprobs import align
 from rlcore.training.loop import StepHooks
@@ -345,7 +346,7 @@ class MegatronPolicyWorker(PipelineStages, MixtureOfExpertsStage, RefitExportMix
         self._aux_metrics: list[float] = []
         result = super().train(data, loss_fn, eval_mode, gbs, mbs, mode)
         if self._aux_loss_coeff():
-            result["all_mb_metrics"]["moe_aux_loss"] = self._aux_metrics
+            result["all_mb_metrics"][moe_aux.METRIC] = self._aux_metrics
         result["losses"], result["all_mb_metrics"] = self._from_last_stage((result["losses"], result["all_mb_metrics"]))
         return result
 

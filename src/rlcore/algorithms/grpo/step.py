@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from rlcore.algorithms.toolkit import Timer, train_step, training_batch
+from rlcore.algorithms.toolkit import Timer, moe_metrics, train_step, training_batch
 
 if TYPE_CHECKING:
     from rlcore.interfaces.run import RunContext
@@ -134,6 +134,7 @@ def train_on_rollout(run: RunContext, loss_fn: Any, rollout: Any, timer: Timer) 
         "loss": float(result["loss"].mean()),
         "grad_norm": float(result["grad_norm"].mean()),
         "skipped_steps": float(result.get("skipped_steps", 0)),  # non-finite loss or grad norm: no update
+        **moe_metrics(result),
         "kl_penalty": float(loss_metrics.get("kl_penalty", 0.0)),
         # generation vs prev logprobs; without the pass prev = the current logprobs of the parameters
         # that sampled the rollout, so it is the same engine-vs-policy check
