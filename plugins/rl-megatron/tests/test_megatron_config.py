@@ -25,19 +25,22 @@ def test_the_default_settings_are_fine_on_cpu() -> None:
     assert _problems() == []
 
 
-@pytest.mark.parametrize(
-    "policy, path",
-    [
-        (
-            {"megatron": {"sequence_parallel": True, "tensor_model_parallel_size": 2}},
-            "policy.megatron_cfg.sequence_parallel",
-        ),
-        ({"sequence_packing": {"enabled": True}}, "policy.sequence_packing.enabled"),
-    ],
-)
-def test_transformer_engine_features_are_config_errors_on_cpu(policy: dict, path: str) -> None:
-    (problem,) = _problems(**policy)
-    assert problem.startswith(f"{path}: ") and "TransformerEngine" in problem and "no CUDA GPU" in problem
+def test_transformer_engine_features_are_config_errors_on_cpu() -> None:
+    (problem,) = _problems(sequence_packing={"enabled": True})
+    assert problem.startswith("policy.sequence_packing.enabled: ") and "TransformerEngine" in problem
+    assert "no CUDA GPU" in problem
+
+
+@pytest.mark.parametrize("cuda", [False, True], ids=["cpu-checks", "cuda-checks"])
+def test_sequence_parallel_needs_sequences_divisible_by_tp(cuda: bool) -> None:
+    sp = {"sequence_parallel": True, "tensor_model_parallel_size": 2}
+    assert _problems(cuda=cuda, te=cuda, megatron=sp, make_sequence_length_divisible_by=4) == []
+    (problem,) = _problems(cuda=cuda, te=cuda, megatron=sp, make_sequence_length_divisible_by=3)
+    assert problem.startswith(
+        "policy.make_sequence_length_divisible_by: is 3 but policy.megatron_cfg.sequence_parallel"
+    )
+    assert problem.endswith("set it to a multiple of policy.megatron_cfg.tensor_model_parallel_size (2)")
+    assert _problems(cuda=cuda, te=cuda, megatron={"sequence_parallel": True}) == []  # tp 1: one shard
 
 
 def test_context_parallel_is_a_config_error_on_a_gpu_without_transformer_engine() -> None:
@@ -111,13 +114,10 @@ def test_policy_refuses_to_start_with_the_dotted_path(make_cluster: Any, tiny_to
     from rlcore.config import ConfigError
     from rlcore.policy import Policy
 
-    config = policy_config(model_dir("llama"), 2, megatron={"sequence_parallel": True, "tensor_model_parallel_size": 2})
+    sp = {"sequence_parallel": True, "tensor_model_parallel_size": 2}
+    config = policy_config(model_dir("llama"), 2, megatron=sp)  # make_sequence_length_divisible_by 1
     cluster = make_cluster(2)
-    with pytest.raises(
-        ConfigError,
-        match=r"^policy\.megatron_cfg\.sequence_parallel: sequence parallelism needs "
-        r"TransformerEngine",
-    ):
+    with pytest.raises(ConfigError, match=r"^policy\.make_sequence_length_divisible_by: is 1 but "):
         Policy(cluster, config, tiny_tokenizer, name_prefix="megatron-sp-on-cpu")
     assert cluster._placement_group is None  # nothing was reserved, nothing started
 

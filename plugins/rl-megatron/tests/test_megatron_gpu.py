@@ -5,9 +5,10 @@ On one GPU:
 - megatron-core runs with none of ``cpu_compat``'s redirects, on Qwen2 with tied embeddings
   (QKV bias, the tied output layer's gradient): logprobs equal a float64 HF recomputation and one
   step equals the single-process step;
-- sequence parallel is refused as a config error before any worker starts.
+- sequence parallel with sequences not divisible by TP is refused as a config error before any worker starts.
 
-Two GPUs (skipped with fewer): TP=2 and PP=2 over NCCL against the same references.
+Two GPUs (skipped with fewer): TP=2, TP=2 with sequence parallelism, and PP=2 over NCCL against the same
+references.
 """
 
 from __future__ import annotations
@@ -67,7 +68,13 @@ def test_one_gpu_without_cpu_redirects_tied_qwen2(make_cluster: Any, tiny_tokeni
 
 
 @pytest.mark.parametrize(
-    "layout", [{"tensor_model_parallel_size": 2}, {"pipeline_model_parallel_size": 2}], ids=["tp2", "pp2"]
+    "layout",
+    [
+        {"tensor_model_parallel_size": 2},
+        {"tensor_model_parallel_size": 2, "sequence_parallel": True},
+        {"pipeline_model_parallel_size": 2},
+    ],
+    ids=["tp2", "tp2-sp", "pp2"],
 )
 def test_two_gpus(make_cluster: Any, tiny_tokenizer: Any, layout: dict) -> None:
     from rlcore.policy import Policy
@@ -77,7 +84,7 @@ def test_two_gpus(make_cluster: Any, tiny_tokenizer: Any, layout: dict) -> None:
     model = model_dir("llama")
     policy = Policy(
         make_cluster(2, use_gpus=True),
-        policy_config(model, 2, megatron=layout),
+        policy_config(model, 2, megatron=layout, make_sequence_length_divisible_by=2),
         tiny_tokenizer,
         name_prefix="megatron-gpu2",
         init_reference_model=False,
@@ -91,16 +98,13 @@ def test_two_gpus(make_cluster: Any, tiny_tokenizer: Any, layout: dict) -> None:
 
 
 def test_sequence_parallel_is_refused_before_any_worker_starts(make_cluster: Any, tiny_tokenizer: Any) -> None:
-    """On GPUs the driver refuses sequence parallelism with or without TransformerEngine: the backend
-    builds the local layer spec, which has no sequence-parallel path yet."""
+    """On GPUs too, sequence parallelism with sequences that TP cannot split evenly is a config error."""
     from rlcore.config import ConfigError
     from rlcore.policy import Policy
 
-    config = policy_config(model_dir("qwen3"), 1, megatron={"sequence_parallel": True})
-    cluster = make_cluster(1, use_gpus=True)
-    with pytest.raises(
-        ConfigError,
-        match=r"^policy\.megatron_cfg\.sequence_parallel: sequence parallelism is not "
-        r"implemented by the megatron backend yet .*set it to false",
-    ):
+    sp = {"sequence_parallel": True, "tensor_model_parallel_size": 2}
+    config = policy_config(model_dir("qwen3"), 2, megatron=sp, make_sequence_length_divisible_by=3)
+    cluster = make_cluster(2, use_gpus=True)
+    with pytest.raises(ConfigError, match=r"^policy\.make_sequence_length_divisible_by: is 3 but "):
         Policy(cluster, config, tiny_tokenizer, name_prefix="megatron-gpu-sp")
+    assert cluster._placement_group is None  # nothing was reserved, nothing started

@@ -120,7 +120,9 @@ class MegatronConfig(StrictModel):
         "config is resolved).",
     )
     sequence_parallel: bool = Field(
-        False, description="Megatron sequence parallelism (needs TransformerEngine, i.e. a GPU)."
+        False,
+        description="Megatron sequence parallelism: activations outside the tensor-parallel regions split along "
+        "the sequence over the tp ranks (policy.make_sequence_length_divisible_by must be a multiple of tp).",
     )
     # -- mixture of experts (models with experts only; a dense model refuses non-default values) --------
     expert_model_parallel_size: PositiveInt = Field(
@@ -292,10 +294,16 @@ def megatron_config_problems(
     where = "this machine has no CUDA GPU" if not cuda else "TransformerEngine is not installed"
     problems: list[str] = []
 
+    tp = m.tensor_model_parallel_size
+    if m.sequence_parallel and policy.make_sequence_length_divisible_by % tp:
+        problems.append(
+            f"policy.make_sequence_length_divisible_by: is {policy.make_sequence_length_divisible_by} but "
+            f"{_M}sequence_parallel splits every sequence over the {tp} tensor-parallel ranks: set it to a "
+            f"multiple of {_M}tensor_model_parallel_size ({tp})"
+        )
     # Features built on TransformerEngine kernels: impossible without a GPU, and not wired
     # into this backend yet (it builds the local, TransformerEngine-free layer spec).
     te_only = {
-        f"{_M}sequence_parallel": (m.sequence_parallel, "sequence parallelism", "false"),
         f"{_M}context_parallel_size": (m.context_parallel_size > 1, "context parallelism", "1"),
         "policy.sequence_packing.enabled": (policy.sequence_packing.enabled, "packed (THD) sequences", "false"),
     }

@@ -42,8 +42,8 @@ training runs redirect nothing that is not listed
 Features that need CUDA for more than these call sites are not emulated but
 rejected by the worker's config checks (:mod:`rl_megatron.config`): the
 mixed-precision (bf16/fp16) and distributed optimizers (they check
-``param.type()`` for CUDA tensor types), sequence parallel, context parallel
-and packed sequences (TransformerEngine).
+``param.type()`` for CUDA tensor types), context parallel and packed
+sequences (TransformerEngine).
 
 :func:`apply` is called by the worker, in its own process, only when CUDA is
 not available; importing this module changes nothing. On a GPU none of this
@@ -143,6 +143,16 @@ CALL_SITES: tuple[CallSite, ...] = (
     # ... whose split sizes become numpy arrays (what all_to_all_single accepts) only when they were CUDA tensors.
     CallSite(
         "megatron.core.transformer.moe.moe_utils", "maybe_move_tensor_to_cpu", "tensor.is_cuda", "CPU split sizes"
+    ),
+    # Sequence parallelism: the reduce-scatter of activations (forward) and of input gradients (backward).
+    CallSite(
+        "megatron.core.tensor_parallel.mappings", "_reduce_scatter_along_first_dim", "torch.cuda.current_device()", _T
+    ),
+    CallSite(
+        "megatron.core.tensor_parallel.layers",
+        "LinearWithGradAccumulationAndAsyncCommunication.backward",
+        "torch.cuda.current_device()",
+        _T,
     ),
     # Distributed checkpoint saving.
     CallSite(

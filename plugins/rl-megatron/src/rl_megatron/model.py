@@ -139,6 +139,10 @@ def build_gpt_model(shape: ModelShape, config: Any, hf_config: Any, pre_process:
         num_experts=shape.num_experts or None, qk_layernorm=shape.qk_norm, normalization="RMSNorm"
     )
     spec.submodules.self_attention.submodules.core_attention = SdpaDotProductAttention  # fused, not [s, s] in fp32
+    if config.sequence_parallel:
+        from rl_megatron.sequence_parallel import sequence_parallel_spec
+
+        spec = sequence_parallel_spec(spec, config)
     return GPTModel(
         config=config,
         transformer_layer_spec=spec,

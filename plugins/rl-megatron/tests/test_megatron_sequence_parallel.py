@@ -1,0 +1,144 @@
+"""Sequence parallelism (``policy.megatron_cfg.sequence_parallel``) at TP 2 on CPU/gloo, through
+``rlcore.policy.Policy`` (real Ray workers).
+
+Qwen3 (its q/k norms see the full sequence, its input / pre-MLP / final norms only their rank's half) with tied
+embeddings, TP 2 with sequence parallelism, compared with a single-process HF float32 model: the logprobs, and one
+plain-SGD NLL step (loss, gradient norm, every updated weight read back from the HF checkpoint the policy saves).
+The TP 2 run without sequence parallelism is held to the same reference, at the same tolerance, in
+test_megatron_parallel.py. Tolerance: 1e-5 (absolute for logprobs, relative for loss and gradient norm, of the
+largest update for weights, :func:`rlcore.testing.oracle.weight_problems`).
+
+Negative control, in the same run: the norms' ``sequence_parallel`` mark is taken off (``sp_switch_worker``), so
+their gradients are no longer summed over TP, and a second step is compared with the single-process step from the
+first step's weights: the norms' updated weights, and only theirs, must then differ.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from megatron_helpers import (
+    SGD_LR,
+    batch,
+    call_workers,
+    hf_logprobs,
+    max_valid_diff,
+    model_dir,
+    policy_config,
+    state_of,
+)
+
+from rlcore.testing.conformance import single_process_sgd, weight_problems
+
+pytest_plugins = ["rlcore.testing.pytest_plugin"]
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+ATOL = 1e-5
+SP = {"tensor_model_parallel_size": 2, "sequence_parallel": True}
+#: the HF names of the norms that see a sequence shard under sequence parallelism
+SHARDED_NORMS = ("input_layernorm.", "post_attention_layernorm.", "model.norm.")
+
+
+@pytest.fixture(scope="module")
+def pool(ray_session: None) -> Any:
+    from rlcore.testing.pytest_plugin import ClusterPool
+
+    clusters = ClusterPool()
+    yield clusters
+    clusters.shutdown()
+
+
+def sp_policy(pool: Any, tokenizer: Any, model: str, name: str) -> Any:
+    """A 2-rank TP 2 + sequence-parallel policy on ``sp_switch_worker`` (the production worker plus one method);
+    call inside ``isolated_registry`` with ``switch_plugin`` registered."""
+    from rlcore.policy import Policy
+
+    # an odd multiple of tp: micro-batches padded to 18 positions, 9 per rank
+    config = policy_config(model, 2, megatron=SP, make_sequence_length_divisible_by=6)
+    return Policy(pool(2), config, tokenizer, name_prefix=f"sp-{name}", init_reference_model=False)
+
+
+def switch_plugin() -> Any:
+    from rl_megatron.plugin import MEGATRON_SPEC
+    from rlcore.plugins import hookimpl
+
+    spec = MEGATRON_SPEC.model_copy(update={"worker_class": "sp_switch_worker:NormMarkSwitchWorker"})
+
+    class SpecPlugin:
+        @hookimpl
+        def rlcore_register_backends(self, register: Any) -> None:
+            register(spec)
+
+    return SpecPlugin()
+
+
+@pytest.fixture(scope="module")
+def run(pool: Any, tiny_tokenizer: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Logprobs, a step, then (norms unmarked) a second step, each with its HF checkpoint and reference."""
+    from rlcore.algorithms.loss_functions import NLLLoss
+    from rlcore.testing.pytest_plugin import isolated_registry
+
+    root = tmp_path_factory.mktemp("sp")
+    model, data = model_dir("qwen3", tied=True), batch(tiny_tokenizer)
+    with isolated_registry() as registry:
+        registry.register_plugin(switch_plugin(), name="megatron-sp-switch")
+        policy = sp_policy(pool, tiny_tokenizer, model, "qwen3")
+        try:
+            logprobs = policy.get_logprobs(data)["logprobs"]
+            first = policy.train(data, NLLLoss())
+            policy.save_checkpoint(str(root / "first"))
+            redirected = call_workers(policy, "redirected_call_sites")
+            unmarked = call_workers(policy, "unmark_sequence_parallel_norms")
+            policy.train(data, NLLLoss())
+            policy.save_checkpoint(str(root / "unmarked"))
+        finally:
+            policy.shutdown()
+    initial, (step,) = single_process_sgd(model, [(data, NLLLoss())], SGD_LR)
+    after_first, (second_step,) = single_process_sgd(str(root / "first"), [(data, NLLLoss())], SGD_LR)
+    return {
+        "batch": data,
+        "logprobs": logprobs,
+        "hf_logprobs": hf_logprobs(model, data),
+        "loss": float(first["loss"][0]),
+        "grad_norm": float(first["grad_norm"][0]),
+        "weights": state_of(str(root / "first")),
+        "reference": (initial, step),
+        "redirected": redirected,
+        "unmarked": unmarked,
+        "unmarked_weights": state_of(str(root / "unmarked")),
+        "unmarked_reference": (after_first, second_step),
+    }
+
+
+def test_logprobs_match_hf(run: dict) -> None:
+    lengths = run["batch"]["input_lengths"]
+    assert run["logprobs"].shape == run["hf_logprobs"].shape
+    assert max_valid_diff(run["logprobs"], run["hf_logprobs"], lengths) <= ATOL
+
+
+def test_train_step_matches_single_process_sgd(run: dict) -> None:
+    initial, expected = run["reference"]
+    assert abs(run["loss"] - expected.loss) <= ATOL * abs(expected.loss), (run["loss"], expected.loss)
+    assert abs(run["grad_norm"] - expected.grad_norm) <= ATOL * expected.grad_norm, (run["grad_norm"], expected)
+    problems = weight_problems(run["weights"], expected.weights, initial, ATOL)
+    assert not problems, "\n".join(problems)
+
+
+def test_only_listed_cuda_call_sites_were_redirected(run: dict) -> None:
+    from rl_megatron.cpu_compat import CALL_SITES
+
+    listed = {(s.module, s.function) for s in CALL_SITES}
+    for rank, observed in enumerate(run["redirected"]):
+        unlisted = {tuple(site) for site in observed} - listed
+        assert observed and not unlisted, f"rank {rank}: redirected call sites missing from CALL_SITES: {unlisted}"
+
+
+def test_norm_gradients_not_summed_over_tp_fail_parity(run: dict) -> None:
+    """The negative control: the input, pre-MLP and final norms (2 layers: 5 weights) were the marked parameters;
+    unmarked, their updated weights differ from the reference, and the q/k norms and linear layers still match."""
+    for names in run["unmarked"]:
+        assert len(names) == 5 and all("layernorm" in n for n in names), names
+    initial, expected = run["unmarked_reference"]
+    problems = weight_problems(run["unmarked_weights"], expected.weights, initial, ATOL)
+    assert problems and all(any(norm in line for norm in SHARDED_NORMS) for line in problems), problems
