@@ -20,6 +20,14 @@ restart's line in the driver log) within :data:`KILL_TO_EXIT_BOUND_S` of the kil
 hangs instead of dying) is the case no death notice ends: SIGTERM to the driver then ends the run in one line
 with rc 143 within :data:`SIGNAL_BOUND_S`.
 
+Measured 2026-11-29 on the shared 2-core machine (load 1.5-21), ``-m slow -s``: collective, 9 phases x 2 =
+17 kills, 17 restarted and finished, kill to exit 36-106 s (an 18th run never got to its kill: its engine
+failed to start on another session's half-edited rl-vllm); colocated, 6 phases: 7 kills (bucket 0 x2, 1, 3, 5,
+6, 9 once each: the second repeats were not run for lack of time), all restarted and finished, kill to exit
+48-155 s. No hang, no stop, nothing left behind. Frozen
+engine + SIGTERM: rc 143, one line, 6.9 s (collective and colocated); frozen engine alone (collective): one
+line at 109 s (the 60 s stream deadline; 322 s before it).
+
 The runs are ``slow`` (each 60-90 s on the loaded 2-core machine; run with ``-s`` to see each one's tally
 line); the default suite checks the hook alone (under 2 s).
 """
