@@ -96,16 +96,8 @@ def vllm_missing() -> bool:
     return {r.name: r.status for r in get_registry().records}.get("vllm") != "ok"
 
 
-#: Until rl_vllm/worker.py passes each request's seed on (SamplingParams(seed=...)), its engines sample from
-#: their own running generator and a resumed run's completions differ (the change: docs/reproducibility.md).
-VLLM_SEEDS_PENDING = pytest.mark.xfail(
-    strict=True, reason="rl_vllm/worker.py does not yet pass sampling_seeds to SamplingParams(seed=...)"
-)
-
-
 @pytest.mark.slow  # two runs with vLLM engines: 231 s on the shared 2-core machine (2026-11-29)
 @pytest.mark.skipif(vllm_missing(), reason="needs rl-vllm")
-@VLLM_SEEDS_PENDING
 def test_grpo_with_colocated_vllm_engines_resumed_reproduces_the_uninterrupted_run(ray_session, tmp_path):
     """examples/grpo_tiny.yaml's layout: training ranks and vLLM engines share the bundles, refit after each step."""
 
@@ -117,11 +109,6 @@ def test_grpo_with_colocated_vllm_engines_resumed_reproduces_the_uninterrupted_r
 
 @pytest.mark.slow  # two runs with a vLLM engine: 190 s on the shared 2-core machine (2026-11-29)
 @pytest.mark.skipif(vllm_missing(), reason="needs rl-vllm")
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs rl_vllm/worker.py to honour sampling_seeds and the async loop to carry its rollouts in flight "
-    "through the checkpoint (docs/reproducibility.md)",
-)
 def test_async_grpo_resumed_reproduces_the_uninterrupted_run(ray_session, tmp_path):
     """examples/grpo_async_tiny.yaml: the rollout of step 1 was generated from the weights of step 0 while step 0
     trained; the checkpoint after step 0 carries it, and the resumed run trains on it. ``refit_bytes`` is dropped:

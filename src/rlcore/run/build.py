@@ -41,6 +41,11 @@ class Run:
     num_steps: int = 0  # steps the run trains: grpo.max_num_steps, or fewer when grpo.max_num_epochs ends it
     next_batch: int = 0  # the data position: the next batch of data.train a synchronous step draws
     engines: Any = None  # rlcore.run.engine_recovery.EngineRecovery: restarts an engine that died
+    # Rollouts generated ahead before an interruption, from weights older than the checkpoint's, by the step they
+    # are for: a resumed asynchronous run trains on these instead of generating them again (docs/reproducibility.md).
+    resumed_rollouts: dict[int, Any] = field(default_factory=dict)
+    # Set by a loop that generates ahead: the rollouts a checkpoint saved now must carry (rlcore.run.checkpoints).
+    carried_rollouts: Any = None
 
     def draw_train_batch(self) -> list[Any]:
         """The next batch of training samples; moves the data position (raises
@@ -171,6 +176,14 @@ def build_run(
             if gen.adapter_refit:
                 available["lora_rank"] = cfg.policy.lora.dim
             driver_class = gen.spec.load_driver_class()  # given the keyword arguments it declares
+            if overrides := cfg.policy.hf_config_overrides:
+                available["hf_config_overrides"] = dict(overrides)
+                if "hf_config_overrides" not in declared_kwargs(driver_class, available):
+                    raise ValueError(
+                        f"policy.hf_config_overrides: the generation backend {gen.spec.name!r} does not take it "
+                        "(its driver class declares no hf_config_overrides), so its engines would compute another "
+                        "model than the trainer's: remove the overrides or use a backend that applies them"
+                    )
 
             def start_engines(gen_cluster: Any = gen_cluster) -> tuple[Any, Any]:
                 generation = driver_class(gen_cluster, gen.config, **declared_kwargs(driver_class, available))

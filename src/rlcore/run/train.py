@@ -181,7 +181,7 @@ def _train_owned(
     from rlcore.config.schemas import load_algorithm
     from rlcore.distributed.startup_signals import signal_self_at
     from rlcore.run.build import build_run, load_run_data
-    from rlcore.run.checkpoints import latest_step, read_state, resume_problems, save_step
+    from rlcore.run.checkpoints import latest_step, load_rollouts, read_state, resume_problems, save_step
     from rlcore.run.metrics import MetricsLogger, keep_steps_before, read_metrics
     from rlcore.run.ownership import OutputDirTaken, ownership_problems, write_marker
     from rlcore.run.prompts import load_tokenizer
@@ -208,6 +208,8 @@ def _train_owned(
     keep_steps_before(out / "metrics.jsonl", start)  # a fresh run starts a fresh log; a resumed one drops re-run steps
     run = build_run(resolved, resume_from[1] if resume_from else None, start, tokenizer=tokenizer, data=data)
     run.next_batch = next_batch
+    if resume_from:
+        run.resumed_rollouts = load_rollouts(resume_from[1])  # generated ahead before the interruption
     logger = None
     last = run.num_steps - 1
     hold = signals.hold if signals is not None else contextlib.nullcontext
@@ -227,6 +229,7 @@ def _train_owned(
                 ck.keep_last,
                 extra,
                 (ck.metric_name, ck.higher_is_better) if ck.metric_name else None,
+                run.carried_rollouts() if run.carried_rollouts is not None else None,
             )
 
     def on_step(step: int, metrics: dict[str, float]) -> None:

@@ -21,7 +21,14 @@ from rl_vllm.cpu_setup import request_amx_permission
 from rl_vllm.engine_env import EngineRank, name_segments_uniquely, prepare_process_env, unlink_rank_segments
 from rl_vllm.kv_capacity import KvCapacity
 from rl_vllm.refit import EngineStaleError
-from rl_vllm.sampling import Completion, pack_outputs, prompts_from_batch, request_stop_strings, sampled_logprobs
+from rl_vllm.sampling import (
+    Completion,
+    pack_outputs,
+    prompts_from_batch,
+    request_seeds,
+    request_stop_strings,
+    sampled_logprobs,
+)
 from rlcore.refit import RefitError
 
 logger = logging.getLogger(__name__)
@@ -146,12 +153,15 @@ class VllmGenerationWorker:
         )
 
     # -- generation -----------------------------------------------------------------
-    def _sampling_params(self, options: dict[str, Any], greedy: bool, stops: list[str], max_tokens: int) -> Any:
+    def _sampling_params(
+        self, options: dict[str, Any], greedy: bool, stops: list[str], max_tokens: int, seed: int | None = None
+    ) -> Any:
         from vllm import SamplingParams
 
         temperature = 0.0 if greedy else float(options["temperature"])
         return SamplingParams(
             n=1,
+            seed=None if temperature == 0 else seed,  # a request's own generator (sampling_seeds)
             temperature=temperature,
             top_p=1.0 if temperature == 0 else float(options["top_p"]),
             top_k=0 if temperature == 0 or options["top_k"] is None else int(options["top_k"]),
@@ -195,6 +205,7 @@ class VllmGenerationWorker:
         pad_id = options["pad_token_id"] if options["pad_token_id"] is not None else self.default_pad_id
         prompts = prompts_from_batch(input_ids, input_lengths)
         stops = request_stop_strings(options["stop_strings"], data.get("stop_strings"), len(prompts))
+        seeds = request_seeds(data, len(prompts))
 
         params, requests = [], []
         for i, (prompt, stop) in enumerate(zip(prompts, stops)):
@@ -204,7 +215,7 @@ class VllmGenerationWorker:
                     f"prompt {i} has {len(prompt)} tokens; the engine's max_model_len is "
                     f"{self.max_model_len} (policy.generation.vllm_cfg.max_model_len)"
                 )
-            params.append(self._sampling_params(options, greedy, stop, min(max_new, room)))
+            params.append(self._sampling_params(options, greedy, stop, min(max_new, room), seeds[i]))
             requests.append({"prompt_token_ids": prompt})
 
         self._warn_kv_shortfall([len(p) for p in prompts], [p.max_tokens for p in params])

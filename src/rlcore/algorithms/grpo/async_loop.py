@@ -52,6 +52,7 @@ if TYPE_CHECKING:
 class InFlight:
     """A rollout under way: its samples, and the future of ``(rollout, its timer)``."""
 
+    step: int
     samples: list[Any]
     future: Future
 
@@ -68,7 +69,16 @@ def async_grpo_train(run: Run, loss_fn: Any, on_step: Callable[[int, dict[str, f
 
     def launch(step: int) -> InFlight:
         samples = run.data.train.batch(step)
-        return InFlight(samples, rollouts.submit(roll_out, samples))
+        if step in run.resumed_rollouts:  # generated before the interruption, from weights older than the checkpoint's
+            done: Future = Future()
+            done.set_result((run.resumed_rollouts.pop(step), Timer()))
+            return InFlight(step, samples, done)
+        return InFlight(step, samples, rollouts.submit(roll_out, samples))
+
+    def carried(saved_step: int) -> dict[int, Rollout]:
+        """What a checkpoint after ``saved_step`` must hold: the rollouts in flight that were launched before the
+        refit to its weights (waited for); the later ones are generated again, alike, from its weights."""
+        return {item.step: item.future.result()[0] for item in queue if item.step <= saved_step + max_age}
 
     def generate_greedy(batch: Any) -> Any:  # queued behind the rollouts in flight, on the newest weights
         return generation.collect(generation.generate_async(batch, greedy=True))
@@ -109,6 +119,7 @@ def async_grpo_train(run: Run, loss_fn: Any, on_step: Callable[[int, dict[str, f
             generated = float(rollout.data["generation_lengths"].sum())
             # The training ranks only: a call to an engine would queue behind the rollout it is generating.
             memory = peak_memory_metrics(policy, None)
+            run.carried_rollouts = lambda step=step: carried(step)
             on_step(
                 step,
                 {
@@ -125,8 +136,10 @@ def async_grpo_train(run: Run, loss_fn: Any, on_step: Callable[[int, dict[str, f
                     **memory,
                 },
             )
+            run.carried_rollouts = None
             refit_bytes = 0.0
     finally:
+        run.carried_rollouts = None
         rollouts.shutdown(wait=False, cancel_futures=True)
 
 
