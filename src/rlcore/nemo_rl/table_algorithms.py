@@ -56,10 +56,10 @@ ALGORITHM_AND_RUN_RULES: tuple[Rule, ...] = (
     *(_i(G + k, "rlcore validates greedily (docs/tasks.md)") for k in ("val_temperature", "val_top_p", "val_top_k")),
     _i(G + "refit_cfg", "refit transport: rlcore refits through its own synchronizer (docs/refit.md)"),
     _i(G + "real_quant_export_cpu_offload", MEMORY),
-    _n(
+    _m(
         G + "vllm_cfg.logprobs_mode",
-        ("processed_logprobs", None),
-        "vLLM logprobs other than the sampling distribution's (rl-vllm returns processed_logprobs)",
+        note="processed_logprobs or raw_logprobs (raw only where sampling is the model's own distribution); the "
+        "*_logits modes are refused",
     ),
     _i(
         P + "sequence_packing.microbatch_order",

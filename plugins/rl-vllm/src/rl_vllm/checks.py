@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 import sys
 from collections.abc import Mapping
+from typing import Any
 
 from rlcore.preflight import CheckResult, HostFacts, ImportProbe
 
@@ -39,10 +40,39 @@ def host_checks(facts: HostFacts) -> list[CheckResult]:
         return results
     cfg = facts.config.config
     generation = cfg.policy.generation
-    if generation is not None and generation.backend == "vllm" and not cfg.cluster.use_gpu:
-        if (head := check_cpu_head_size(generation.model_name or cfg.policy.model_name)) is not None:
+    if generation is not None and generation.backend == "vllm":
+        if (raw := check_raw_logprobs(generation)) is not None:
+            results.append(raw)
+        if not cfg.cluster.use_gpu and (head := check_cpu_head_size(generation.model_name or cfg.policy.model_name)):
             results.append(head)
     return results
+
+
+def check_raw_logprobs(generation: Any) -> CheckResult | None:
+    """``vllm_cfg.logprobs_mode: raw_logprobs`` returns the model's log-probabilities before temperature, top-k
+    and top-p; rlcore compares generation logprobs with the policy's (temperature applied) and GRPO's importance
+    weights read them, so raw ones are refused unless sampling is the model's own distribution."""
+    section = (generation.backend_sections or {}).get("vllm_cfg") or {}
+    if section.get("logprobs_mode") != "raw_logprobs":
+        return None
+    shaped = [
+        f"{name}={value}"
+        for name, value, neutral in (
+            ("temperature", generation.temperature, 1.0),
+            ("top_k", generation.top_k, None),
+            ("top_p", generation.top_p, 1.0),
+        )
+        if value != neutral
+    ]
+    if not shaped:
+        return None
+    return CheckResult(
+        "logprobs-mode",
+        "fail",
+        f"policy.generation.vllm_cfg.logprobs_mode: 'raw_logprobs' with {', '.join(shaped)} gives logprobs of "
+        "another distribution than the one tokens are drawn from and the policy computes (design.md §2.2)",
+        "use logprobs_mode 'processed_logprobs', or sample at temperature 1 with top_k null and top_p 1",
+    )
 
 
 def check_cpu_head_size(model: str) -> CheckResult | None:

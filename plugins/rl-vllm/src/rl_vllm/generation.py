@@ -55,8 +55,10 @@ class VllmGeneration(WorkerGroupOwner, GenerationInterface):
         tokenizer: Any = None,
         name_prefix: str = "vllm",
         lora_rank: int | None = None,
+        hf_config_overrides: dict[str, Any] | None = None,
     ) -> None:
         # ``tokenizer`` is part of rlcore's driver-class contract; the engines load their own from the model.
+        # ``hf_config_overrides`` is policy.hf_config_overrides: the engines build the trainer's model config.
         self.cfg = config
         self.vllm_cfg = backend_config if backend_config is not None else vllm_config_from(config)
         tp = self.vllm_cfg.tensor_parallel_size
@@ -83,7 +85,11 @@ class VllmGeneration(WorkerGroupOwner, GenerationInterface):
             sharding=self.sharding,
             name_prefix=name_prefix,
             init_args=(config, self.vllm_cfg),
-            init_kwargs={"lora_rank": lora_rank} if lora_rank is not None else None,
+            init_kwargs={
+                **({"lora_rank": lora_rank} if lora_rank is not None else {}),
+                **({"hf_overrides": dict(hf_config_overrides)} if hf_config_overrides else {}),
+            }
+            or None,
             extra_env=extra_env,
             kill_on_error=False,  # engines share no collective: one engine's exception leaves the others usable
         )
