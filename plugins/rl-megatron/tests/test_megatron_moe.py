@@ -275,6 +275,13 @@ def test_kernel_choices_are_accepted_and_ignored() -> None:
         ({"expert_model_parallel_size": 2}, "dense", "expert_model_parallel_size: is 2 but"),
         ({"expert_model_parallel_size": 4}, "moe", "expert_model_parallel_size: 4 does not divide the 2 ranks"),
         ({"pipeline_model_parallel_size": 2}, "moe", "pipeline_model_parallel_size: is 2"),
+        # megatron-core raises in the first training forward; and at ep 1 it would not sum the experts' gradients
+        ({"tensor_model_parallel_size": 2, "expert_model_parallel_size": 2}, "moe", "sequence_parallel: is false"),
+        (
+            {"tensor_model_parallel_size": 2, "sequence_parallel": True},
+            "moe",
+            "expert_model_parallel_size: is 1 with tensor_model_parallel_size 2",
+        ),
     ],
 )
 def test_expert_parallel_sizes_are_checked_before_any_process_starts(megatron: dict, model: str, message: str) -> None:
@@ -285,6 +292,14 @@ def test_expert_parallel_sizes_are_checked_before_any_process_starts(megatron: d
     section = megatron_section(policy_config(path, 2, megatron=megatron))
     problems = moe_model_problems(section, path, world_size=2)
     assert any(p.startswith("policy.megatron_cfg.") and message in p for p in problems), problems
+
+
+def test_tensor_parallel_moe_with_sequence_parallel_and_expert_parallel_is_accepted() -> None:
+    from rl_megatron.config import megatron_section, moe_model_problems
+
+    megatron = {"tensor_model_parallel_size": 2, "sequence_parallel": True, "expert_model_parallel_size": 2}
+    section = megatron_section(policy_config(moe_model(), 2, megatron=megatron))
+    assert moe_model_problems(section, moe_model(), world_size=2) == []
 
 
 def test_resolving_the_config_refuses_a_bad_expert_parallel_size() -> None:

@@ -11,6 +11,9 @@ largest update for weights, :func:`rlcore.testing.oracle.weight_problems`).
 Negative control, in the same run: the norms' ``sequence_parallel`` mark is taken off (``sp_switch_worker``), so
 their gradients are no longer summed over TP, and a second step is compared with the single-process step from the
 first step's weights: the norms' updated weights, and only theirs, must then differ.
+
+``slow``: Qwen3-MoE at TP 2 + sequence parallelism + EP 2 against test_megatron_moe's float64 reference (the aux
+loss gathers the routers' logits over the sequence shards; without that gather its aux loss is off by ~1%).
 """
 
 from __future__ import annotations
@@ -142,3 +145,36 @@ def test_norm_gradients_not_summed_over_tp_fail_parity(run: dict) -> None:
     initial, expected = run["unmarked_reference"]
     problems = weight_problems(run["unmarked_weights"], expected.weights, initial, ATOL)
     assert problems and all(any(norm in line for norm in SHARDED_NORMS) for line in problems), problems
+
+
+@pytest.mark.slow  # a second policy start and a float64 MoE reference
+def test_moe_step_matches_float64_reference(
+    pool: Any, tiny_tokenizer: Any, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Qwen3-MoE at TP 2 + sequence parallelism (each rank routes half of every sequence; the aux loss gathers
+    the routers' logits) and EP 2: loss, aux loss, gradient norm and weights equal test_megatron_moe's float64
+    reference at its tolerances. (EP 1 at TP 2 is refused: rl_megatron.config.moe_model_problems.)"""
+    ep = 2
+    from test_megatron_moe import LR, float64_reference, moe_model, parity_problems
+
+    from rlcore.algorithms.loss_functions import NLLLoss
+    from rlcore.policy import Policy
+    from rlcore.testing.oracle import load_hf_model, state_copy
+
+    root = tmp_path_factory.mktemp(f"sp-moe-{ep}")
+    data = batch(tiny_tokenizer)
+    megatron = {**SP, "expert_model_parallel_size": ep}
+    config = policy_config(moe_model(), 2, lr=LR, megatron=megatron, make_sequence_length_divisible_by=2)
+    policy = Policy(pool(2), config, tiny_tokenizer, name_prefix=f"sp-moe-ep{ep}", init_reference_model=False)
+    try:
+        result = policy.train(data, NLLLoss())
+        policy.save_checkpoint(str(root / "weights"))
+    finally:
+        policy.shutdown()
+    run = {
+        "loss": float(result["loss"][0]),
+        "aux": float(sum(result["all_mb_metrics"]["moe_aux_loss"])),
+        "grad_norm": float(result["grad_norm"][0]),
+        "weights": state_copy(load_hf_model(str(root / "weights"))),
+    }
+    assert parity_problems(run, float64_reference(moe_model(), data)) == []

@@ -467,6 +467,20 @@ def moe_model_problems(m: MegatronConfig, model_name: str, world_size: int) -> l
         problems.append(f"{path}: is {ep} but {model_name} has no experts: set it to 1")
     elif experts and experts % ep:
         problems.append(f"{path}: {ep} does not divide the model's {experts} experts: choose a divisor")
+    tp = m.tensor_model_parallel_size
+    if experts and tp > 1 and not m.sequence_parallel:
+        problems.append(
+            f"{_M}sequence_parallel: is false, but megatron-core trains a model with experts at "
+            f"tensor_model_parallel_size {tp} only with sequence parallelism: set it to true"
+        )
+    if experts and tp > 1 and ep == 1:
+        # megatron-core marks expert weights as dense ones at ep 1 (``allreduce``), so their gradients are
+        # summed over the dense data-parallel group only, not over the tp ranks that routed other tokens.
+        problems.append(
+            f"{path}: is 1 with tensor_model_parallel_size {tp}: megatron-core then sums the experts' gradients "
+            "over the data-parallel ranks only, not over the tensor-parallel ranks that routed other tokens: "
+            f"set it to a multiple of {tp} that divides the experts"
+        )
     if experts and m.pipeline_model_parallel_size > 1:
         problems.append(
             f"{_M}pipeline_model_parallel_size: is {m.pipeline_model_parallel_size}, but the megatron backend "

@@ -29,20 +29,30 @@ from rlcore.data import BatchedDataDict
 
 
 class RouterLogits:
-    """Collects every ``TopKRouter``'s gating logits (``[S, B, E]``) of the forward pass in flight."""
+    """Collects every ``TopKRouter``'s gating logits (``[S, B, E]``) of the forward pass in flight.
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    Under sequence parallelism each TP rank routes only its slice of the sequence: the recorded logits are
+    all-gathered along the sequence (the whole micro-batch's, as the aux loss needs), and the gradient of that
+    copy is split back, not summed, since every TP rank computes the same aux loss from it."""
+
+    def __init__(self, model: torch.nn.Module, sequence_parallel: bool = False) -> None:
         from megatron.core.transformer.moe.router import TopKRouter
 
         self.logits: list[torch.Tensor] = []
+        self.sequence_parallel = sequence_parallel
         self.routers = [m for m in model.modules() if isinstance(m, TopKRouter)]
         for router in self.routers:
             router.gating = self._recording(router.gating)
 
     def _recording(self, gating: Any) -> Any:
+        from megatron.core.tensor_parallel import gather_from_sequence_parallel_region
+
         def gating_and_record(input: torch.Tensor) -> torch.Tensor:
             logits = gating(input)
-            self.logits.append(logits)
+            whole = logits
+            if self.sequence_parallel:
+                whole = gather_from_sequence_parallel_region(logits, tensor_parallel_output_grad=False)
+            self.logits.append(whole)
             return logits
 
         return gating_and_record
@@ -121,7 +131,7 @@ class MixtureOfExpertsStage:
         if not self.shape.is_moe:
             return None
         define_missing_te_gemm()
-        logits = RouterLogits(self.gpt)
+        logits = RouterLogits(self.gpt, sequence_parallel=self.mcfg.sequence_parallel)
         if self.mcfg.freeze_moe_router:
             for router in logits.routers:
                 router.weight.requires_grad_(False)
