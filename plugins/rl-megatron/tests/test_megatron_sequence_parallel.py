@@ -178,3 +178,30 @@ def test_moe_step_matches_float64_reference(
         "weights": state_copy(load_hf_model(str(root / "weights"))),
     }
     assert parity_problems(run, float64_reference(moe_model(), data)) == []
+
+
+@pytest.mark.slow  # a second policy start
+def test_untied_llama_step_matches_single_process_sgd(
+    pool: Any, tiny_tokenizer: Any, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Llama with untied embeddings (the output layer's own all-gather of the sequence) on the production worker:
+    logprobs and one step equal the single-process reference."""
+    from rlcore.algorithms.loss_functions import NLLLoss
+    from rlcore.policy import Policy
+
+    root = tmp_path_factory.mktemp("sp-llama")
+    model, data = model_dir("llama"), batch(tiny_tokenizer)
+    config = policy_config(model, 2, megatron=SP, make_sequence_length_divisible_by=2)
+    policy = Policy(pool(2), config, tiny_tokenizer, name_prefix="sp-llama", init_reference_model=False)
+    try:
+        logprobs = policy.get_logprobs(data)["logprobs"]
+        result = policy.train(data, NLLLoss())
+        policy.save_checkpoint(str(root / "weights"))
+    finally:
+        policy.shutdown()
+    assert max_valid_diff(logprobs, hf_logprobs(model, data), data["input_lengths"]) <= ATOL
+    initial, (expected,) = single_process_sgd(model, [(data, NLLLoss())], SGD_LR)
+    assert abs(float(result["loss"][0]) - expected.loss) <= ATOL * abs(expected.loss)
+    assert abs(float(result["grad_norm"][0]) - expected.grad_norm) <= ATOL * expected.grad_norm
+    problems = weight_problems(state_of(str(root / "weights")), expected.weights, initial, ATOL)
+    assert not problems, "\n".join(problems)
