@@ -38,6 +38,8 @@ NAMED_GETTERS = ("getattr", "hasattr", "loop_setting")
 ALLOWED: dict[str, str] = {
     "SectionsModel.backend_sections": "the container of '*_cfg' sub-sections: read by the plugin registry "
     "through getattr(owner, 'backend_sections')",
+    "VllmConfig.pipeline_parallel_size": "NeMo-RL's key, accepted at 1 only: its field validator refuses more (each "
+    "engine rank holds every layer; tensor_parallel_size splits a model)",
 }
 
 
