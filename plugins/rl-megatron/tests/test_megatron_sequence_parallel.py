@@ -205,3 +205,32 @@ def test_untied_llama_step_matches_single_process_sgd(
     assert abs(float(result["grad_norm"][0]) - expected.grad_norm) <= ATOL * expected.grad_norm
     problems = weight_problems(state_of(str(root / "weights")), expected.weights, initial, ATOL)
     assert not problems, "\n".join(problems)
+
+
+@pytest.mark.slow  # four ranks
+def test_tensor_and_pipeline_parallel_step_matches_single_process_sgd(
+    pool: Any, tiny_tokenizer: Any, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """TP 2 + sequence parallelism + PP 2 (the pipeline sends sequence-sharded activations between stages) on
+    four ranks: logprobs and one step equal the single-process reference."""
+    from rlcore.algorithms.loss_functions import NLLLoss
+    from rlcore.policy import Policy
+
+    root = tmp_path_factory.mktemp("sp-pp")
+    model, data = model_dir("qwen3", tied=True), batch(tiny_tokenizer)
+    config = policy_config(
+        model, 4, megatron={**SP, "pipeline_model_parallel_size": 2}, make_sequence_length_divisible_by=2
+    )
+    policy = Policy(pool(4), config, tiny_tokenizer, name_prefix="sp-pp", init_reference_model=False)
+    try:
+        logprobs = policy.get_logprobs(data)["logprobs"]
+        result = policy.train(data, NLLLoss())
+        policy.save_checkpoint(str(root / "weights"))
+    finally:
+        policy.shutdown()
+    assert max_valid_diff(logprobs, hf_logprobs(model, data), data["input_lengths"]) <= ATOL
+    initial, (expected,) = single_process_sgd(model, [(data, NLLLoss())], SGD_LR)
+    assert abs(float(result["loss"][0]) - expected.loss) <= ATOL * abs(expected.loss)
+    assert abs(float(result["grad_norm"][0]) - expected.grad_norm) <= ATOL * expected.grad_norm
+    problems = weight_problems(state_of(str(root / "weights")), expected.weights, initial, ATOL)
+    assert not problems, "\n".join(problems)
