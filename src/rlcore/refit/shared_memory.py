@@ -55,6 +55,7 @@ from rlcore.refit.buckets import (
     unpack,
     wait_for_stream,
 )
+from rlcore.refit.collective import STALL_TIMEOUT_S
 from rlcore.refit.fingerprint import Fingerprints, SentBytes
 
 if TYPE_CHECKING:
@@ -232,8 +233,12 @@ class ShmReceiver:
             return conn
         raise RefitError(f"no sender connected within {timeout_s:.0f}s")
 
-    def receive(self, expected: RefitMetadata, load: LoadFn, timeout_s: float = 600.0) -> ReceiveStats:
-        """Accept one sender, check its metadata, and ``load`` every bucket's tensors in order."""
+    def receive(
+        self, expected: RefitMetadata, load: LoadFn, timeout_s: float = 600.0, stall_timeout_s: float = STALL_TIMEOUT_S
+    ) -> ReceiveStats:
+        """Accept one sender, check its metadata, and ``load`` every bucket's tensors in order. The sender has
+        ``timeout_s`` to connect and send its first two buckets (it may still be busy); after that every message
+        must come within ``stall_timeout_s``: a sender that stopped fails the refit in a minute, not ten."""
         with self._accept(timeout_s) as conn:
             hello = _recv(conn, timeout_s)
             offered = {k: (tuple(v[0]), v[1]) for k, v in hello["metadata"].items()}
@@ -246,11 +251,13 @@ class ShmReceiver:
             split = split_layer_names(plan)
             _send(conn, type="ready")
             handles = hello["buffers"]
-            buffers = self._attach(handles, _recv_fds(conn, handles.count("fd"), timeout_s) if "fd" in handles else [])
+            fds = _recv_fds(conn, handles.count("fd"), timeout_s) if "fd" in handles else []
+            buffers = self._attach(handles, fds)
             try:
                 received = 0
                 for index, bucket in enumerate(plan):
-                    message = _recv(conn, timeout_s)
+                    # The first buckets may wait for the sender's first gathers; later ones flow or the sender hung.
+                    message = _recv(conn, timeout_s if index < 2 else stall_timeout_s)
                     if message.get("type") != "bucket" or message["index"] != index:
                         raise RefitError(f"expected bucket {index}, got {message}")
                     buffer = buffers[message["buffer"]].tensor  # filled: the sender waited before it wrote
@@ -258,7 +265,7 @@ class ShmReceiver:
                     wait_for_stream(buffer.device)  # the engine's copies out of the buffer are done
                     received += len(bucket.names)
                     _send(conn, type="free", buffer=message["buffer"])
-                if _recv(conn, timeout_s).get("type") != "done" or received != len(expected):
+                if _recv(conn, stall_timeout_s).get("type") != "done" or received != len(expected):
                     raise RefitError(f"stream ended after {received} of {len(expected)} tensors")
                 _send(conn, type="ok")
             except Exception as exc:
@@ -318,9 +325,13 @@ def stream_to_receiver(
     device: torch.device,
     num_buffers: int = 2,
     timeout_s: float = 600.0,
+    stall_timeout_s: float = STALL_TIMEOUT_S,
 ) -> SentBytes:
     """Send every tensor of ``metadata`` (pulled in order from ``tensors``); returns the bytes sent, with the
-    fingerprints of the tensors sent (:class:`rlcore.refit.fingerprint.SentBytes`)."""
+    fingerprints of the tensors sent (:class:`rlcore.refit.fingerprint.SentBytes`). The receiver has
+    ``timeout_s`` to answer the hello and free its first buffers (an engine may be finishing a generation first);
+    after that each of its answers must come within ``stall_timeout_s``, so a frozen engine fails the refit in
+    one line within about a minute."""
     plan = plan_buckets(metadata, bucket_bytes)
     sent = Fingerprints()
     buffers = _sender_buffers(buffer_bytes(plan), device, num_buffers)
@@ -337,16 +348,17 @@ def stream_to_receiver(
             _send_fds(conn, fds)
         free = deque(range(num_buffers))
         for index, bucket in enumerate(plan):
-            while not free:
-                free.append(_recv(conn, timeout_s)["buffer"])
+            while not free:  # the engine's first loads may be slow (first touch); later ones flow or it hung
+                free.append(_recv(conn, timeout_s if index < num_buffers + 2 else stall_timeout_s)["buffer"])
             slot = free.popleft()
             pack(bucket, tensors, buffers[slot].tensor, metadata, sent)
             wait_for_stream(device)  # the bucket's copy has landed before the receiver reads it
             _send(conn, type="bucket", index=index, buffer=slot)
+        last_wait = timeout_s if len(plan) < num_buffers + 2 else stall_timeout_s  # a short stream: first loads
         while len(free) < num_buffers:
-            free.append(_recv(conn, timeout_s)["buffer"])
+            free.append(_recv(conn, last_wait)["buffer"])
         _send(conn, type="done")
-        if _recv(conn, timeout_s).get("type") != "ok":
+        if _recv(conn, stall_timeout_s).get("type") != "ok":
             raise RefitError("receiver did not confirm the refit")
     return SentBytes(sum(b.size for b in plan), sent.result())
 
