@@ -250,3 +250,19 @@ def test_a_full_disk_at_any_other_write_is_rlcore_s_line_naming_the_file(tmp_pat
         "another disk) and run again (with --resume to continue from the newest checkpoint)"
     )
     assert one_line(OSError(errno.EACCES, "Permission denied")) == "PermissionError: [Errno 13] Permission denied"
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux)")
+def test_a_real_full_device_under_the_metrics_log_is_named_with_its_file(tmp_path):
+    """The kernel's own ENOSPC (a write to /dev/full), not a raised one: a flush's error carries no file name,
+    so the metrics logger puts its file on it and the run's line names it."""
+    from rlcore.cli.errors import one_line
+    from rlcore.run.metrics import MetricsLogger
+
+    (tmp_path / "metrics.jsonl").symlink_to("/dev/full")
+    logger = MetricsLogger(tmp_path, tensorboard=False, progress_bar=False)
+    with pytest.raises(OSError) as caught:
+        logger.log(0, {"loss": 1.0})
+    line = one_line(caught.value)
+    assert line.startswith(f"{NO_SPACE} while writing {tmp_path / 'metrics.jsonl'}, "), line
+    assert "free some space" in line

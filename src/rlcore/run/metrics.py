@@ -62,8 +62,11 @@ class MetricsLogger:
     def log(self, step: int, metrics: dict[str, Any], advance: bool = True) -> None:
         """Write one row; ``advance``: it is a training step (the progress bar moves)."""
         record = {"step": step, **metrics}
-        self._file.write(json.dumps(record) + "\n")
-        self._file.flush()
+        try:
+            self._file.write(json.dumps(record) + "\n")
+            self._file.flush()
+        except OSError as exc:  # a write's error names no file (a full disk): the run's line names this one
+            raise OSError(exc.errno, exc.strerror, str(self.path)) from exc
         if self._tb is not None:
             for name, value in metrics.items():
                 if isinstance(value, (int, float)):
