@@ -16,6 +16,7 @@ MEGATRON_SPEC = BackendSpec(
         Capability.REFERENCE_MODEL,
         Capability.CHECKPOINT,
         Capability.TENSOR_PARALLEL,
+        Capability.SEQUENCE_PARALLEL,
         Capability.PIPELINE_PARALLEL,
         Capability.REFIT,
         Capability.CHUNKED_LOGPROBS,
