@@ -184,3 +184,18 @@ def test_dapo_math_verify_maps_to_rlcore_s_dapo_grader():
     out = convert_file(GRPO, [f"++data.train.data_path={ROWS}", "env.math.math_verify_impl=dapo_math_verify"])
     assert out.problems == [] and out.config["env"]["math_cfg"] == {"verifier": "dapo"}
     assert out.sources["env.math_cfg.verifier"] == "env.math.math_verify_impl"
+
+
+def test_the_qwen3_moe_recipe_converts_with_its_expert_parallelism_as_written():
+    """NeMo-RL main's grpo_math_qwen30ba3b_megatron.yaml: its MoE settings reach rl-megatron as written (which
+    honours or refuses each), its kernel choices are ignored saying why, and nothing is refused."""
+    out = convert_file(MAIN / "grpo_math_qwen30ba3b_megatron.yaml")
+    assert out.problems == []
+    megatron = out.config["policy"]["megatron_cfg"]
+    assert (megatron["expert_model_parallel_size"], megatron["expert_tensor_parallel_size"]) == (8, 1)
+    assert megatron["sequence_parallel"] is True and megatron["moe_token_dispatcher_type"] == "alltoall"
+    assert megatron["moe_router_dtype"] == "fp64" and megatron["freeze_moe_router"] is True
+    assert out.config["policy"]["env_vars"] == {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False"}
+    ignored = dict(out.ignored)
+    assert "the same token permutation" in ignored["policy.megatron_cfg.moe_permute_fusion"]
+    assert not any(key.startswith("policy.megatron_cfg.moe_router") for key in ignored)

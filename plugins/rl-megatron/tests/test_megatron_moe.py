@@ -259,15 +259,6 @@ def test_moe_settings_of_a_dense_model_change_nothing_and_are_accepted() -> None
     assert len(megatron_config_problems(moe, cuda=False, transformer_engine=False)) == 2
 
 
-def test_kernel_choices_are_accepted_and_ignored() -> None:
-    """NeMo-RL's recipes set these; they pick kernels or schedules for the same numbers."""
-    from rl_megatron.config import megatron_config_problems
-
-    kernels = {"moe_permute_fusion": True, "moe_grouped_gemm": True, "moe_shared_expert_overlap": True}
-    config = policy_config("unused", 2, megatron={**kernels, "moe_per_layer_logging": True})
-    assert megatron_config_problems(config, cuda=False, transformer_engine=False) == []
-
-
 @pytest.mark.parametrize(
     "megatron, model, message",
     [

@@ -155,25 +155,8 @@ class MegatronConfig(StrictModel):
         0.0, ge=0, description="Expert-bias (aux-loss-free) balancing rate; only 0 (Qwen3-MoE has no expert bias)."
     )
     freeze_moe_router: bool = Field(False, description="Do not train the routers' weights.")
-    moe_permute_fusion: bool = Field(
-        False,
-        description="Accepted and ignored: a fused (TransformerEngine) kernel for the same token permutation; "
-        "the local spec permutes in PyTorch.",
-    )
-    moe_grouped_gemm: bool = Field(
-        False,
-        description="Accepted and ignored: grouped GEMM computes the same expert products in one kernel "
-        "(TransformerEngine); the local spec runs the experts one after another (SequentialMLP).",
-    )
-    moe_shared_expert_overlap: bool = Field(
-        False,
-        description="Accepted and ignored: overlaps shared-expert compute with dispatch (a schedule, same numbers).",
-    )
     moe_enable_deepep: bool = Field(
         False, description="DeepEP dispatch kernels (CUDA only); must be false on this backend."
-    )
-    moe_per_layer_logging: bool = Field(
-        False, description="Accepted and ignored: megatron's per-layer MoE logging (rlcore logs the aux loss)."
     )
     defer_fp32_logits: bool = Field(
         False,
