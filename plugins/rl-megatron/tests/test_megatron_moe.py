@@ -241,7 +241,7 @@ def test_moe_settings_that_change_the_numbers_are_refused_in_one_line(megatron: 
     from rl_megatron.config import megatron_config_problems
 
     (problem,) = megatron_config_problems(
-        policy_config("unused", 2, megatron=megatron), cuda=False, transformer_engine=False
+        policy_config(moe_model(), 2, megatron=megatron), cuda=False, transformer_engine=False
     )
     assert problem.startswith(f"policy.megatron_cfg.{path}: ")
 
@@ -255,6 +255,10 @@ def test_moe_settings_of_a_dense_model_change_nothing_and_are_accepted() -> None
     moe_only = {"moe_router_bias_update_rate": 0.001, "moe_router_load_balancing_type": "seq_aux_loss"}
     config = policy_config(tiny_model_path(), 2, megatron=moe_only)
     assert megatron_config_problems(config, cuda=False, transformer_engine=False) == []
+    # a hub name (NeMo-RL's dense Llama recipes, validated without files): not known to have experts, not refused;
+    # the workers, reading the downloaded model, refuse them for a model with experts
+    hub = policy_config("meta-llama/Llama-3.1-8B-Instruct", 2, megatron=moe_only)
+    assert megatron_config_problems(hub, cuda=False, transformer_engine=False) == []
     moe = policy_config(moe_model(), 2, megatron=moe_only)
     assert len(megatron_config_problems(moe, cuda=False, transformer_engine=False)) == 2
 

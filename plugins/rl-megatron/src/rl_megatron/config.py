@@ -365,7 +365,9 @@ def megatron_config_problems(
             f"{_M}optimizer.use_distributed_optimizer=true"
         )
 
-    if model_experts(policy.model_name) != 0:  # the MoE settings change nothing of a dense model
+    # The MoE settings change nothing of a dense model: refused for a model with experts, which the workers (whose
+    # model_name is a local directory) always know, and a config check knows when the model is on this machine.
+    if model_experts(policy.model_name):
         problems += moe_problems(m)
 
     sched = m.scheduler
