@@ -25,7 +25,9 @@ def data_plane(nemo: dict[str, Any], out: Conversion) -> None:
     section = nemo.get("data_plane")
     enabled = isinstance(section, dict) and section.get("enabled") is True
     if "data_plane" in nemo:
-        out.ignored.append(("data_plane", TRANSPORT if enabled else "off: batches go by Ray object refs"))
+        out.ignored.append(
+            ("data_plane", TRANSPORT if enabled else "off: batches go from the driver to the workers directly")
+        )
     if nemo.get("async_rl") not in (None, {}):
         if enabled:
             out.problems.append(
