@@ -26,6 +26,7 @@ import torch.distributed as dist
 from rl_megatron.converter import ModelShape
 from rl_megatron.weights import ExpertGroup
 from rlcore.data import BatchedDataDict
+from rlcore.training.moe_aux import load_balancing_loss
 
 
 class RouterLogits:
@@ -75,24 +76,6 @@ def define_missing_te_gemm() -> None:
 
     if not hasattr(moe_utils, "te_general_gemm"):
         moe_utils.te_general_gemm = None
-
-
-def load_balancing_loss(logits: list[torch.Tensor], valid: torch.Tensor, top_k: int) -> torch.Tensor:
-    """Hugging Face's ``load_balancing_loss_func`` of one forward: ``logits`` per layer (``[..., E]``, any
-    leading shape), ``valid`` (the same leading shape, bool) the tokens that count. Accumulated in float32,
-    or in the logits' dtype where that is wider (``moe_router_dtype`` fp64)."""
-    num_experts = logits[0].shape[-1]
-    dtype = torch.promote_types(logits[0].dtype, torch.float32)
-    mask = valid.reshape(-1).to(dtype)
-    counts = torch.zeros(num_experts, dtype=dtype, device=logits[0].device)
-    probs = torch.zeros(num_experts, dtype=dtype, device=logits[0].device)
-    for layer in logits:
-        weights = torch.softmax(layer.reshape(-1, num_experts), dim=-1)
-        chosen = torch.topk(weights, top_k, dim=-1).indices
-        counts = counts + torch.zeros_like(counts).scatter_add_(0, chosen.reshape(-1), mask.repeat_interleave(top_k))
-        probs = probs + (weights.to(dtype) * mask[:, None]).sum(dim=0)
-    rows = mask.sum() * len(logits)
-    return num_experts * torch.sum((counts / rows) * (probs / rows))
 
 
 def valid_tokens(lengths: torch.Tensor, width: int, seq_first: bool) -> torch.Tensor:
@@ -162,11 +145,13 @@ class MixtureOfExpertsStage:
             lengths = mb["input_lengths"].to(logits[0].device)
             valid = valid_tokens(lengths, logits[0].shape[0], seq_first=True)
             weight = coeff * float(lengths.sum()) / float(step_tokens)
-            term = weight * load_balancing_loss(logits, valid, self.shape.moe_topk)
+            experts = logits[0].shape[-1]  # [S, B, E] per layer, flattened like ``valid``
+            flat = [layer.reshape(-1, experts) for layer in logits]
+            term = weight * load_balancing_loss(flat, valid.reshape(-1), self.shape.moe_topk)
             self._aux_metrics.append(float(term.detach()) / coeff)
             return term
 
         return aux_loss
 
 
-__all__ = ["MixtureOfExpertsStage", "RouterLogits", "define_missing_te_gemm", "load_balancing_loss", "valid_tokens"]
+__all__ = ["MixtureOfExpertsStage", "RouterLogits", "define_missing_te_gemm", "valid_tokens"]
