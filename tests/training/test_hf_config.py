@@ -60,3 +60,48 @@ def test_overrides_that_would_change_nothing_or_break_the_weights_are_refused(ll
     with pytest.raises(ValueError, match=line) as info:
         load_config(llama_dir, overrides)
     assert "\n" not in str(info.value)
+
+
+def test_a_separate_engine_that_takes_no_overrides_is_refused_before_anything_starts():
+    """A generation backend whose driver class declares no ``hf_config_overrides`` would serve the checkpoint's
+    model while the trainer trains the overridden one: refused at resolution, naming the key; one declaring it
+    (rl-vllm's) passes, and so does a run with no overrides."""
+    from rlcore.config.backends import hf_config_overrides_problems
+    from rlcore.config.loader import load_config_dict
+    from rlcore.plugins import BackendSpec, hookimpl
+    from rlcore.plugins.registry import Registry
+
+    class Plugin:
+        @hookimpl
+        def rlcore_register_backends(self, register):
+            register(BackendSpec(name="trainer", kind="training", worker_class="collections:Counter"))
+            register(
+                BackendSpec(
+                    name="plain",
+                    kind="generation",
+                    worker_class="collections:Counter",
+                    driver_class="fractions:Fraction",
+                )
+            )
+            register(
+                BackendSpec(
+                    name="engine",
+                    kind="generation",
+                    worker_class="collections:Counter",
+                    driver_class="rl_vllm.generation:VllmGeneration",
+                )
+            )
+
+    registry = Registry()
+    registry.register_plugin(Plugin(), name="p")
+
+    def problems(engine: str, overrides: dict) -> list[str]:
+        policy = load_config_dict(
+            {"policy": {"backend": "trainer", "hf_config_overrides": overrides, "generation": {"backend": engine}}}
+        ).policy
+        return hf_config_overrides_problems(policy, registry.resolve(engine), registry.resolve("trainer"))
+
+    (line,) = problems("plain", {"rms_norm_eps": 0.05})
+    assert line.startswith("policy.hf_config_overrides: the generation backend 'plain' does not take it"), line
+    assert problems("engine", {"rms_norm_eps": 0.05}) == []
+    assert problems("plain", {}) == []

@@ -14,7 +14,15 @@ from rlcore.config.base import SECTION_SUFFIX
 from rlcore.config.errors import ConfigError
 from rlcore.config.loader import validate_section
 from rlcore.config.policy import FALLBACK_TRAINING_BACKEND
-from rlcore.plugins import BackendError, BackendSpec, Capability, LayoutRequest, ParallelLayout, Registry
+from rlcore.plugins import (
+    BackendError,
+    BackendSpec,
+    Capability,
+    LayoutRequest,
+    ParallelLayout,
+    Registry,
+    declared_kwargs,
+)
 from rlcore.plugins.layout import DATA_PARALLEL
 
 
@@ -228,3 +236,23 @@ def lora_problems(policy: Any, spec: BackendSpec, generation_spec: BackendSpec |
             "policy.lora.refit=merged"
         ]
     return []
+
+
+def hf_config_overrides_problems(
+    policy: Any, generation_spec: BackendSpec | None, training_spec: BackendSpec
+) -> list[str]:
+    """``policy.hf_config_overrides`` must reach a separate engine too: its driver class has to take them.
+
+    Checked before any process starts (the driver class is imported, nothing is built): an engine that
+    ignored them would compute another model than the trainer's.
+    """
+    if not policy.hf_config_overrides or generation_spec is None or generation_spec is training_spec:
+        return []
+    driver_class = generation_spec.load_driver_class()
+    if driver_class is None or "hf_config_overrides" in declared_kwargs(driver_class, {"hf_config_overrides": {}}):
+        return []
+    return [
+        f"policy.hf_config_overrides: the generation backend '{generation_spec.name}' does not take it (its "
+        "driver class declares no hf_config_overrides), so its engines would compute another model than the "
+        "trainer's; remove the overrides or use a generation backend that applies them"
+    ]

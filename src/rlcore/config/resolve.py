@@ -163,6 +163,7 @@ def resolve(cfg: RLCoreConfig, *, run: bool = False, registry: Registry | None =
         generation, gen_problems = _resolve_generation(policy, registry)
         problems += gen_problems
     problems += backends.lora_problems(policy.config, policy.spec, generation and generation.spec, registry)
+    problems += backends.hf_config_overrides_problems(policy.config, generation and generation.spec, policy.spec)
     async_generation, environment, teacher = False, None, None
     algorithm = load_algorithm(cfg.algorithm, registry) if run else None
     if algorithm is not None and algorithm.generates:  # it generates and scores

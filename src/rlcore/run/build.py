@@ -175,18 +175,13 @@ def build_run(
             available = {"tokenizer": tokenizer, "backend_config": gen.section}
             if gen.adapter_refit:
                 available["lora_rank"] = cfg.policy.lora.dim
-            driver_class = gen.spec.load_driver_class()  # given the keyword arguments it declares
-            if overrides := cfg.policy.hf_config_overrides:
-                available["hf_config_overrides"] = dict(overrides)
-                if "hf_config_overrides" not in declared_kwargs(driver_class, available):
-                    raise ValueError(
-                        f"policy.hf_config_overrides: the generation backend {gen.spec.name!r} does not take it "
-                        "(its driver class declares no hf_config_overrides), so its engines would compute another "
-                        "model than the trainer's: remove the overrides or use a backend that applies them"
-                    )
+            if cfg.policy.hf_config_overrides:
+                available["hf_config_overrides"] = dict(cfg.policy.hf_config_overrides)
+            driver_class = gen.spec.load_driver_class()  # it declares hf_config_overrides if set (resolve checked)
+            driver_kwargs = declared_kwargs(driver_class, available)  # only the keyword arguments it declares
 
             def start_engines(gen_cluster: Any = gen_cluster) -> tuple[Any, Any]:
-                generation = driver_class(gen_cluster, gen.config, **declared_kwargs(driver_class, available))
+                generation = driver_class(gen_cluster, gen.config, **driver_kwargs)
                 return generation, WeightSynchronizer(
                     run.policy,
                     generation,
