@@ -21,17 +21,19 @@ the caller **sums** it over micro-batches and dp ranks to get the step value
   ``log pi``, NeMo-RL's value under that name; 1 with ``force_on_policy_ratio``),
   ``clip_fraction`` (not in REINFORCE mode), ``approx_entropy``, and where both ``prev_logprobs`` and
   ``generation_logprobs`` are given ``token_mult_prob_error``, ``gen_kl_error``,
-  ``policy_kl_error``, ``js_divergence_error``, ``sampling_importance_ratio``
-  (per sequence with GSPO) and, with truncation bounds, ``is_oob_ratio`` (per
-  sequence with seq-mask-tis);
-- names ending in ``_min`` / ``_max`` (``probs_ratio_min``, ...) are extremes
+  ``policy_kl_error``, ``js_divergence_error``, the engine/trainer gap of
+  :func:`~rlcore.algorithms.grpo.off_policy.engine_gap_metrics` (``rollout_probs_diff_mean``, ``k3_kl``
+  and the moments of ``rollout_actor_probs_pearson_corr``), ``sampling_importance_ratio``
+  (per sequence with GSPO, seq-tis and geo-mask) and, with truncation bounds, ``is_oob_ratio``
+  (per sequence with seq-mask-tis, seq-tis and geo-mask);
+- names ending in ``_min`` / ``_max`` (``probs_ratio_min``, ``rollout_probs_diff_max``, ...) are extremes
   over this micro-batch's valid tokens (+inf / -inf without any), reduced with
   min / max;
 - ``num_valid_tokens`` and ``num_valid_samples`` are raw counts of this
   micro-batch, not normalised. Summed, they give the step's counts.
 
 Every name means what it means in NeMo-RL's ``ClippedPGLossFn``
-(``docs/nemo-rl-mapping.md`` lists them).
+(``docs/nemo-rl-mapping.md`` lists them); the engine/trainer gap's names are verl's.
 
 Importing this module does not import torch.
 """
@@ -42,6 +44,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from rlcore.algorithms.grpo.loss_config import ClippedPGLossConfig
+from rlcore.algorithms.grpo.off_policy import engine_gap_metrics, truncated_importance_weights
 from rlcore.algorithms.utils import (
     kl_estimate,
     masked_input,
@@ -56,6 +59,9 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = ["ClippedPGLossConfig", "ClippedPGLossFn", "positive_example_token_counts"]
+
+#: Truncation types whose weight is one per sequence: ``sampling_importance_ratio`` is then a sequence mean.
+ONE_PER_SEQUENCE = ("seq-tis", "geo-mask")
 
 
 class ClippedPGLossFn:
@@ -101,7 +107,12 @@ class ClippedPGLossFn:
     ``[ratio_min (default 0), ratio]`` to bound variance, ``icepop`` zeroes
     the tokens whose weight is outside ``[ratio_min, ratio]``, ``seq-mask-tis``
     zeroes the sequences whose geometric-mean weight is outside it and leaves
-    the others' token weights as they are.
+    the others' token weights as they are. ``seq-tis`` weighs every token of a
+    sequence by the sequence's weight ``exp(sum_t (log pi_prev - log
+    pi_generation))`` clamped to ``[ratio_min (default 0), ratio]``;
+    ``geo-mask`` does not reweight, it leaves out of the loss the sequences whose
+    geometric-mean weight is outside ``[ratio_min, ratio]`` (SkyRL's default
+    after token TIS let the gap grow). See :mod:`rlcore.algorithms.grpo.off_policy`.
 
     **KL weight** ``w_kl``: the KL estimators are expectations under the
     current policy, ``KL(pi||pi_ref) = E_{x~pi}[k(x)]``, but ``x`` came from a
@@ -173,7 +184,7 @@ class ClippedPGLossFn:
         clipped_ratio = ratio.clamp(1.0 - cfg.ratio_clip_min, 1.0 + cfg.ratio_clip_max)
         actor, clipped = self._actor(lp, advantages, ratio, clipped_ratio)
         is_weight, out_of_bounds = (
-            self._importance_weights(prev, gen, mask) if gen is not None and prev is not None else (None, None)
+            truncated_importance_weights(prev, gen, mask, cfg) if gen is not None and prev is not None else (None, None)
         )
         if cfg.use_importance_sampling_correction:
             actor = actor * is_weight
@@ -226,11 +237,12 @@ class ClippedPGLossFn:
             named["approx_entropy"] = token_mean(-entropy_weight * lp)
             if gen is not None and prev is not None:
                 named.update(engine_mismatch(prev, gen, cfg.reference_policy_kl_type, token_mean))
-                if cfg.sequence_level_importance_ratios:
+                named.update(engine_gap_metrics(prev, gen, mask, global_valid_toks))
+                if cfg.sequence_level_importance_ratios or cfg.truncated_importance_sampling_type in ONE_PER_SEQUENCE:
                     named["sampling_importance_ratio"] = sample_mean(is_weight[:, 0])
                 else:
                     named["sampling_importance_ratio"] = token_mean(is_weight)
-                if out_of_bounds is not None and out_of_bounds.dim() == 1:  # seq-mask-tis: per sequence
+                if out_of_bounds is not None and out_of_bounds.dim() == 1:  # decided per sequence
                     named["is_oob_ratio"] = sample_mean(out_of_bounds)
                 elif out_of_bounds is not None:
                     named["is_oob_ratio"] = token_mean(out_of_bounds)
@@ -274,34 +286,6 @@ class ClippedPGLossFn:
             actor = torch.where(dual, bound, actor)
             clipped = clipped | dual
         return actor, clipped
-
-    def _importance_weights(
-        self, prev: torch.Tensor, gen: torch.Tensor, mask: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Truncated ``pi_prev / pi_generation`` per token (GSPO: per sequence, broadcast to its tokens), and
-        where the bounds were exceeded: per token, per sequence for seq-mask-tis, None without bounds."""
-        import torch
-
-        cfg = self.cfg
-        log_weight = prev - gen  # 0 off the mask
-        if cfg.sequence_level_importance_ratios:
-            log_weight = log_weight.sum(-1, keepdim=True).expand_as(log_weight)
-        weight = torch.nan_to_num(torch.exp(log_weight), nan=0.0, posinf=0.0, neginf=0.0)
-        low, high = cfg.truncated_importance_sampling_ratio_min, cfg.truncated_importance_sampling_ratio
-        if high is None:
-            return weight, None
-        kind = cfg.truncated_importance_sampling_type
-        if kind == "tis":
-            low = 0.0 if low is None else low
-            return weight.clamp(low, high), (weight < low) | (weight > high)
-        if kind == "icepop":
-            keep = (weight >= low) & (weight <= high)
-            return torch.where(keep, weight, torch.zeros_like(weight)), ~keep
-        # seq-mask-tis: the geometric mean of the sequence's token weights decides
-        tokens_per_seq = mask.sum(-1).clamp_min(1).to(prev.dtype)
-        geo_mean = torch.exp(log_weight.sum(-1) / tokens_per_seq)
-        keep_seq = (geo_mean >= low) & (geo_mean <= high)
-        return weight * keep_seq.unsqueeze(-1).to(weight.dtype), ~keep_seq
 
     def _kl_weight(self, lp: torch.Tensor, prev: torch.Tensor | None, gen: torch.Tensor | None) -> torch.Tensor:
         """``w_kl = pi / q``: value 1 with the score-function gradient, or pi / sampler (class docstring)."""

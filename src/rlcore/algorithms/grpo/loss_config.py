@@ -62,25 +62,34 @@ class ClippedPGLossConfig(StrictModel):
     use_importance_sampling_correction: bool = Field(
         False,
         description="Weight each token's actor loss by pi_prev / pi_generation to correct for "
-        "trainer/inference-engine mismatch (needs generation_logprobs).",
+        "trainer/inference-engine mismatch (needs generation_logprobs), truncated as "
+        "truncated_importance_sampling_type says (geo-mask: a 0/1 weight per sequence).",
     )
     truncated_importance_sampling_ratio: float | None = Field(
         None,
         gt=0.0,
-        description="Upper bound of the importance weight: tis truncates at it; icepop and seq-mask-tis keep "
-        "what lies in [ratio_min, ratio]. null: no truncation.",
+        description="Upper bound of the importance weight: tis and seq-tis truncate at it; icepop, seq-mask-tis "
+        "and geo-mask keep what lies in [ratio_min, ratio]. null: no truncation.",
     )
     truncated_importance_sampling_ratio_min: float | None = Field(
         None,
         ge=0.0,
-        description="Lower bound of the importance weight: tis raises weights below it to it (null: 0); "
-        "icepop and seq-mask-tis need it.",
+        description="Lower bound of the importance weight: tis and seq-tis raise weights below it to it "
+        "(null: 0); icepop, seq-mask-tis and geo-mask need it.",
     )
-    truncated_importance_sampling_type: Literal["tis", "icepop", "seq-mask-tis"] = Field(
+    truncated_importance_sampling_type: Literal["tis", "icepop", "seq-mask-tis", "seq-tis", "geo-mask"] = Field(
         "tis",
-        description="tis: clamp each weight to [ratio_min, ratio]; icepop: zero the tokens whose weight is "
+        description="How the importance weights pi_prev / pi_generation (the trainer's logprobs of the "
+        "parameters that sampled the rollout vs the engine's logprobs of the sampled tokens) are truncated; a "
+        "sequence is a sample's valid tokens (token_mask: in a multi-turn sample the generated tokens of every "
+        "turn). tis: clamp each weight to [ratio_min (null: 0), ratio]; icepop: zero the tokens whose weight is "
         "outside [ratio_min, ratio]; seq-mask-tis: zero the sequences whose geometric-mean weight is outside "
-        "[ratio_min, ratio], the rest keep their untruncated token weights.",
+        "[ratio_min, ratio], the rest keep their untruncated token weights; seq-tis: one weight per sequence, "
+        "exp(sum over its tokens of log pi_prev - log pi_generation), clamped to [ratio_min (null: 0), ratio] "
+        "and applied to all its tokens (needs ratio; not with sequence_level_importance_ratios, whose tis is "
+        "the same); geo-mask: no reweighting, a sequence whose geometric-mean weight exp(mean over its tokens "
+        "of log pi_prev - log pi_generation) is outside [ratio_min, ratio] is left out of the loss, the others "
+        "count with weight 1 (needs both bounds). seq-tis and geo-mask need use_importance_sampling_correction.",
     )
     use_cispo: bool = Field(
         False,
@@ -119,7 +128,12 @@ class ClippedPGLossConfig(StrictModel):
                 "truncated_importance_sampling_ratio[_min] only act on importance weights: "
                 "set use_importance_sampling_correction=true or leave them null"
             )
-        if tis_type in ("icepop", "seq-mask-tis") and self.use_importance_sampling_correction:
+        if tis_type in ("seq-tis", "geo-mask") and not self.use_importance_sampling_correction:
+            raise ValueError(
+                f"truncated_importance_sampling_type='{tis_type}' acts on the importance weights only: "
+                "set use_importance_sampling_correction=true or leave the type at its default 'tis'"
+            )
+        if tis_type in ("icepop", "seq-mask-tis", "geo-mask") and self.use_importance_sampling_correction:
             if low is None or high is None:
                 raise ValueError(
                     f"truncated_importance_sampling_type='{tis_type}' needs truncated_importance_sampling_ratio_min "
@@ -134,6 +148,16 @@ class ClippedPGLossConfig(StrictModel):
             raise ValueError(
                 "truncated_importance_sampling_ratio_min needs truncated_importance_sampling_ratio: "
                 "tis truncates to [ratio_min, ratio]"
+            )
+        if tis_type == "seq-tis" and high is None:
+            raise ValueError(
+                "truncated_importance_sampling_type='seq-tis' needs truncated_importance_sampling_ratio: "
+                "it truncates each sequence's weight to [ratio_min (null: 0), ratio]"
+            )
+        if tis_type == "seq-tis" and self.sequence_level_importance_ratios:
+            raise ValueError(
+                "truncated_importance_sampling_type='seq-tis' with sequence_level_importance_ratios=true (GSPO) "
+                "is 'tis', which already truncates GSPO's one weight per sequence: use 'tis'"
             )
         if tis_type == "seq-mask-tis" and self.sequence_level_importance_ratios:
             raise ValueError(
