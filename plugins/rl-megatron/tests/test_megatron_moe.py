@@ -5,9 +5,10 @@ on 2 ranks (4 experts per rank, the all-to-all dispatcher), and is compared with
 Hugging Face reference: the loss, the aux loss, the gradient norm and every updated weight (read back from the HF
 checkpoint the policy saves, so the expert converter and the EP checkpoint export are checked too).
 
-The aux loss is rlcore's (``rl_megatron.moe``): ``coeff · Σ_mb (T_mb / T_step) · LB(mb)``; with one sample per
-micro-batch (mbs 1) the reference is Hugging Face's own ``load_balancing_loss_func`` of each sample, weighted by
-its share of the step's tokens, whatever the number of ranks.
+The aux loss is rlcore's (``rl_megatron.moe``): ``coeff · Σ_mb (T_mb / T_step) · LB(mb)`` over routed tokens;
+with one sample per micro-batch (mbs 1) the reference is Hugging Face's own ``load_balancing_loss_func`` of each
+sample, weighted by its share of the step's routed tokens, whatever the number of ranks. The training batch has
+one row with ``sample_mask`` 0: its tokens are not routed tokens (no aux loss of its own, not in ``T_step``).
 
 Tolerance (float32 ranks against float64): loss and aux loss 1e-5 relative, gradient norm 1e-4 relative, weights
 1e-4 of the largest update (:func:`rlcore.testing.oracle.weight_problems`). The negative control breaks the
@@ -60,8 +61,9 @@ def float64_reference(path: str, data: Any) -> dict[str, Any]:
     lengths = data["input_lengths"]
     seqs = data["sample_mask"].double().sum()
     toks = (data["token_mask"][:, 1:].double() * data["sample_mask"].double()[:, None]).sum()
-    step_tokens = float(lengths.sum())
-    nll_total, aux_total = 0.0, 0.0
+    keep = data["sample_mask"].double()
+    step_tokens = float((lengths * keep).sum())  # routed tokens: a row with sample_mask 0 routes none
+    nll_total, aux_total, per_row_aux = 0.0, 0.0, []
     for i in range(data.size):
         sample = {k: v[i : i + 1] for k, v in data.items() if isinstance(v, torch.Tensor)}
         ids, length = sample["input_ids"], sample["input_lengths"]
@@ -69,16 +71,33 @@ def float64_reference(path: str, data: Any) -> dict[str, Any]:
         out = model(input_ids=ids, attention_mask=mask, output_router_logits=True, use_cache=False)
         nll, _ = NLLLoss()(_float64_logprobs(out.logits, ids, length), sample, seqs, toks)
         aux = load_balancing_loss_func(out.router_logits, config.num_experts, config.num_experts_per_tok, mask)
-        aux = config.router_aux_loss_coef * float(length.sum()) / step_tokens * aux
+        per_row_aux.append(float(aux))
+        aux = config.router_aux_loss_coef * float(length.sum() * keep[i]) / step_tokens * aux
         (nll + aux).backward()
         # the moe_aux_loss metric is the aux loss without its coefficient
         nll_total, aux_total = nll_total + float(nll), aux_total + float(aux) / config.router_aux_loss_coef
+    # what a step counting the masked rows' tokens would report: the masked-row comparison must tell them apart
+    every_row = sum(a * float(n) for a, n in zip(per_row_aux, lengths)) / float(lengths.sum())
     grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
     norm = math.sqrt(sum(float(g.square().sum()) for g in grads.values()))
     with torch.no_grad():
         for name, p in model.named_parameters():
             p -= LR * grads[name]
-    return {"loss": nll_total, "aux": aux_total, "grad_norm": norm, "initial": initial, "weights": state_copy(model)}
+    return {
+        "loss": nll_total + config.router_aux_loss_coef * aux_total,  # the step's loss includes the aux term
+        "aux": aux_total,
+        "aux_counting_masked_rows": every_row,
+        "grad_norm": norm,
+        "initial": initial,
+        "weights": state_copy(model),
+    }
+
+
+def masked_batch(tokenizer: Any) -> Any:
+    """The training batch: :func:`batch` with its second row's ``sample_mask`` 0."""
+    data = batch(tokenizer)
+    data["sample_mask"][1] = 0.0
+    return data
 
 
 def parity_problems(run: dict, ref: dict) -> list[str]:
@@ -99,7 +118,7 @@ def train_step(pool: Any, tokenizer: Any, root: Path, ep: int, name: str, **mega
     config = policy_config(moe_model(), 2, gbs=4, mbs=1, lr=LR, megatron=megatron)
     policy = Policy(pool(2), config, tokenizer, name_prefix=f"moe-{name}")
     try:
-        result = policy.train(batch(tokenizer), NLLLoss())
+        result = policy.train(masked_batch(tokenizer), NLLLoss())
         policy.save_checkpoint(str(root / name), str(root / f"{name}-megatron"))
         refit_info = call_workers(policy, "prepare_refit_info")[0]
         logprobs = policy.get_logprobs(batch(tokenizer))["logprobs"]
@@ -129,7 +148,7 @@ def pool(ray_session: None) -> Any:
 
 @pytest.fixture(scope="module")
 def reference(tiny_tokenizer: Any) -> dict[str, Any]:
-    return float64_reference(moe_model(), batch(tiny_tokenizer))
+    return float64_reference(moe_model(), masked_batch(tiny_tokenizer))
 
 
 @pytest.fixture(scope="module")
@@ -140,6 +159,15 @@ def ep2(pool: Any, tiny_tokenizer: Any, tmp_path_factory: pytest.TempPathFactory
 def test_ep2_step_matches_float64_reference(ep2: dict, reference: dict) -> None:
     assert reference["aux"] > 0, "the reference has no aux loss: the comparison would not cover it"
     assert parity_problems(ep2, reference) == []
+
+
+def test_aux_loss_routes_no_token_of_a_masked_row(ep2: dict, reference: dict) -> None:
+    """The row with ``sample_mask`` 0 neither adds an aux loss nor counts in the step's routed tokens: the step's
+    ``moe_aux_loss`` is the reference's that skips it, and differs from one that counts it by far more than the
+    tolerance (so the parity test above would catch a backend counting it)."""
+    aux, skipping, counting = ep2["aux"], reference["aux"], reference["aux_counting_masked_rows"]
+    assert abs(counting - skipping) > 100 * LOSS_RTOL * abs(skipping), (counting, skipping)
+    assert abs(aux - skipping) <= LOSS_RTOL * abs(skipping), (aux, skipping, counting)
 
 
 def test_refit_sends_every_expert_under_hf_names(ep2: dict) -> None:

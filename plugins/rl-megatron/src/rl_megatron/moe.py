@@ -3,13 +3,16 @@
 megatron-core's ``aux_loss`` (``switch_load_balancing_loss_func``) is computed per layer, divided by the top-k and
 summed over layers; Hugging Face's ``load_balancing_loss_func`` (Qwen3-MoE's, Mixtral's) pools the expert counts and
 router probabilities of *all* layers first, then takes one product, not divided by the top-k. The two disagree, so
-the megatron backend turns megatron's off and adds Hugging Face's (design.md §2.3 for the step normalisation):
+the megatron backend turns megatron's off and adds Hugging Face's, normalised per step as on dtensor
+(:mod:`rlcore.training.moe_aux`, design.md §2.3):
 
     step aux loss = coeff · Σ_micro-batches (T_mb / T_step) · LB(mb)
 
-where ``LB(mb)`` is ``load_balancing_loss_func`` of the micro-batch with its attention mask (padding excluded),
-``T_mb`` its tokens inside ``input_lengths`` and ``T_step`` those of the whole optimizer step across data-parallel
-ranks. With one micro-batch on one rank it is exactly Hugging Face's ``router_aux_loss_coef · aux_loss``.
+where ``LB(mb)`` is ``load_balancing_loss`` over the micro-batch's routed tokens, ``T_mb`` their number and
+``T_step`` those of the whole optimizer step across data-parallel ranks. Routed tokens are the positions before
+``input_lengths`` of the rows whose ``sample_mask`` is 1 (``moe_aux.routed_tokens``). The worker hands each
+micro-batch's ``AuxLoss`` to rlcore's training loop (``StepHooks.model_aux_loss``), which does the step
+normalisation and reports the ``moe_aux_loss`` metric.
 
 :class:`RouterLogits` keeps each router's logits of the current forward (megatron's routers return only the
 chosen experts' probabilities): the logits megatron routed with, in its router dtype, still in the graph.
@@ -17,7 +20,6 @@ chosen experts' probabilities): the logits megatron routed with, in its router d
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -26,7 +28,7 @@ import torch.distributed as dist
 from rl_megatron.converter import ModelShape
 from rl_megatron.weights import ExpertGroup
 from rlcore.data import BatchedDataDict
-from rlcore.training.moe_aux import load_balancing_loss
+from rlcore.training import moe_aux
 
 
 class RouterLogits:
@@ -78,23 +80,21 @@ def define_missing_te_gemm() -> None:
         moe_utils.te_general_gemm = None
 
 
-def valid_tokens(lengths: torch.Tensor, width: int, seq_first: bool) -> torch.Tensor:
-    """``[S, B]`` (``seq_first``, megatron's layout) or ``[B, S]`` bool: positions inside ``input_lengths``."""
-    valid = torch.arange(width, device=lengths.device)[None, :] < lengths[:, None]
-    return valid.t() if seq_first else valid
+def routed_mask(lengths: torch.Tensor, sample_mask: torch.Tensor, width: int) -> torch.Tensor:
+    """``[S, B]`` bool (megatron's sequence-first layout): the routed tokens, positions inside ``input_lengths`` of
+    the rows whose ``sample_mask`` is 1."""
+    inside = torch.arange(width, device=lengths.device)[None, :] < lengths[:, None]
+    return (inside & sample_mask.to(lengths.device).bool()[:, None]).t()
 
 
 class MixtureOfExpertsStage:
     """The MoE part of ``MegatronPolicyWorker`` (a mixin): the expert-parallel group, the routers' setup and the aux
-    loss of each training step. Reads the worker's ``shape``, ``mcfg``, ``gpt``, ``dp_group`` and
-    ``router_logits``."""
+    loss of each micro-batch. Reads the worker's ``shape``, ``mcfg``, ``gpt`` and ``router_logits``."""
 
     shape: ModelShape
     mcfg: Any  # rl_megatron.config.MegatronConfig
     gpt: torch.nn.Module
-    dp_group: Any
     router_logits: RouterLogits | None
-    _aux_metrics: list[float]
 
     def _expert_group(self) -> ExpertGroup:
         if not self.shape.is_moe:
@@ -127,31 +127,21 @@ class MixtureOfExpertsStage:
             return 0.0
         return self.shape.router_aux_loss_coef if m.moe_aux_loss_coeff is None else m.moe_aux_loss_coeff
 
-    def _aux_loss_term(self, mbs: list[BatchedDataDict]) -> Callable[[BatchedDataDict], torch.Tensor] | None:
-        """The router aux loss of each micro-batch of one step (:mod:`rl_megatron.moe`), recorded as the
-        ``moe_aux_loss`` metric (rlcore.training.moe_aux.METRIC, as on dtensor: without the coefficient; its
-        micro-batch values sum, over micro-batches and dp ranks, to the step's)."""
+    def _router_aux_loss(self, mb: BatchedDataDict) -> moe_aux.AuxLoss | None:
+        """The load-balancing loss of the forward that just ran on ``mb`` (before the step normalisation, which
+        rlcore's loop applies), or None when the model trains none."""
         coeff = self._aux_loss_coeff()
         if coeff == 0.0:
             return None
         router_logits = self.router_logits
         assert router_logits is not None  # a model with experts records them (_moe_setup)
-        device = next(self.gpt.parameters()).device
-        step_tokens = torch.tensor([float(sum(int(mb["input_lengths"].sum()) for mb in mbs))], device=device)
-        dist.all_reduce(step_tokens, group=self.dp_group)
-
-        def aux_loss(mb: BatchedDataDict) -> torch.Tensor:
-            logits = router_logits.take()
-            lengths = mb["input_lengths"].to(logits[0].device)
-            valid = valid_tokens(lengths, logits[0].shape[0], seq_first=True)
-            weight = coeff * float(lengths.sum()) / float(step_tokens)
-            experts = logits[0].shape[-1]  # [S, B, E] per layer, flattened like ``valid``
-            flat = [layer.reshape(-1, experts) for layer in logits]
-            term = weight * load_balancing_loss(flat, valid.reshape(-1), self.shape.moe_topk)
-            self._aux_metrics.append(float(term.detach()) / coeff)
-            return term
-
-        return aux_loss
+        logits = router_logits.take()
+        device = logits[0].device
+        mask = routed_mask(mb["input_lengths"].to(device), mb["sample_mask"], logits[0].shape[0])
+        experts = logits[0].shape[-1]  # [S, B, E] per layer, flattened like ``mask``
+        flat = [layer.reshape(-1, experts) for layer in logits]
+        value = moe_aux.load_balancing_loss(flat, mask.reshape(-1), self.shape.moe_topk)
+        return moe_aux.AuxLoss(value, float(moe_aux.routed_tokens(mb)), coeff)
 
 
-__all__ = ["MixtureOfExpertsStage", "RouterLogits", "define_missing_te_gemm", "valid_tokens"]
+__all__ = ["MixtureOfExpertsStage", "RouterLogits", "define_missing_te_gemm", "routed_mask"]

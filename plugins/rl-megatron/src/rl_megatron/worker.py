@@ -343,10 +343,7 @@ class MegatronPolicyWorker(PipelineStages, MixtureOfExpertsStage, RefitExportMix
         self._check_mode(mode)
         if not eval_mode:
             self._zero_grads()  # restored (GPU-offloaded) gradient buffers hold no zeros yet
-        self._aux_metrics: list[float] = []
         result = super().train(data, loss_fn, eval_mode, gbs, mbs, mode)
-        if self._aux_loss_coeff():
-            result["all_mb_metrics"][moe_aux.METRIC] = self._aux_metrics
         result["losses"], result["all_mb_metrics"] = self._from_last_stage((result["losses"], result["all_mb_metrics"]))
         return result
 
@@ -355,17 +352,22 @@ class MegatronPolicyWorker(PipelineStages, MixtureOfExpertsStage, RefitExportMix
         ``finalize_model_grads``, sums gradients over dp). megatron's optimizer clips inside its own step
         (``clip_grad`` = policy.max_grad_norm), so the clip hook is the step and returns the norm."""
 
+        pending_aux: list[moe_aux.AuxLoss | None] = [None]  # the router aux loss of the forward that just ran
+
         def run_micro_batches(mbs: list[BatchedDataDict], loss_of: Callable, eval_mode: bool) -> None:
             inputs = getattr(loss_of, "inputs", ())
-            aux_loss = self._aux_loss_term(mbs)
 
             def on_logits(mb: BatchedDataDict, logits: torch.Tensor) -> torch.Tensor:
                 mb.update(self._loss_inputs(mb, logits, tuple(inputs)))
-                loss = loss_of(mb, self._token_logprobs(mb, logits))
-                return loss if aux_loss is None else loss + aux_loss(mb)
+                pending_aux[0] = self._router_aux_loss(mb)  # loss_of adds it, normalised over the step
+                return loss_of(mb, self._token_logprobs(mb, logits))
 
             self._run_schedule(mbs, on_logits, forward_only=eval_mode)
             self._empty_cache(1)
+
+        def take_aux() -> moe_aux.AuxLoss | None:
+            aux, pending_aux[0] = pending_aux[0], None
+            return aux
 
         def unused_forward(mb: BatchedDataDict) -> torch.Tensor:
             raise AssertionError("megatron runs micro-batches through run_micro_batches")
@@ -379,6 +381,7 @@ class MegatronPolicyWorker(PipelineStages, MixtureOfExpertsStage, RefitExportMix
             zero_grad=self._zero_grads,
             run_micro_batches=run_micro_batches,
             all_agree=self._all_agree,  # only the last pipeline stage computes the loss
+            model_aux_loss=take_aux if self._aux_loss_coeff() else None,
         )
 
     def _all_agree(self, ok: bool) -> bool:
