@@ -37,6 +37,26 @@ def algorithm(nemo: dict[str, Any]) -> str:
     return next((name for name in ALGORITHMS if isinstance(nemo.get(name), dict)), "grpo")
 
 
+#: NeMo-RL's algorithms rlcore does not run, by the section their script reads: the one line that refuses such a
+#: config (instead of one "unknown key" line per key of that section).
+UNSUPPORTED_ALGORITHMS = {
+    "ppo": "ppo: NeMo-RL's PPO trains a value model (the critic, its `value` section) beside the policy for GAE "
+    "advantages, and rlcore has no value model yet: PPO is not supported; use a GRPO config instead (e.g. NeMo-RL's "
+    "grpo_math_1B.yaml: group-relative advantages, no critic)",
+    "rm": "rm: NeMo-RL's reward-model training (a Bradley-Terry reward model, policy.reward_model_cfg) is not "
+    "supported by rlcore yet; use a DPO config to learn from preference pairs (NeMo-RL's dpo.yaml), or score "
+    "completions with an environment (docs/tasks.md)",
+}
+
+
+def unsupported_algorithm(nemo: dict[str, Any]) -> str | None:
+    """The refusal of a config for an algorithm rlcore does not run (:data:`UNSUPPORTED_ALGORITHMS`): one with such a
+    section and none of the sections rlcore runs; None otherwise."""
+    if any(isinstance(nemo.get(name), dict) for name in ("grpo", *ALGORITHMS)):
+        return None
+    return next((line for name, line in UNSUPPORTED_ALGORITHMS.items() if isinstance(nemo.get(name), dict)), None)
+
+
 def is_sft(nemo: dict[str, Any]) -> bool:
     """An SFT config: an ``sft`` section and no ``grpo`` one (NeMo-RL's run_sft.py reads only its own sections)."""
     return algorithm(nemo) == "sft"

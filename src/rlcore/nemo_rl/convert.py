@@ -16,7 +16,16 @@ from typing import Any
 
 from rlcore.config.messages import show_value
 from rlcore.nemo_rl import distillation, dpo, handlers, notes, sft
-from rlcore.nemo_rl.conversion import Conversion, algorithm, get, is_neutral, put, same, unknown_problem
+from rlcore.nemo_rl.conversion import (
+    Conversion,
+    algorithm,
+    get,
+    is_neutral,
+    put,
+    same,
+    unknown_problem,
+    unsupported_algorithm,
+)
 from rlcore.nemo_rl.table import RULES, UNKNOWN_NEUTRAL, Rule
 
 
@@ -200,6 +209,9 @@ UNREAD: dict[str, Callable[[dict[str, Any], Conversion], dict[str, Any]]] = {
 def convert(nemo: dict[str, Any]) -> Conversion:
     """Map a resolved NeMo-RL config dict (see :func:`rlcore.nemo_rl.loader.load_nemo_rl_dict`)."""
     out = Conversion()
+    if (refusal := unsupported_algorithm(nemo)) is not None:
+        out.problems.append(refusal)  # one line for the algorithm, not one per key of its section
+        return out
     if (unread := UNREAD.get(algorithm(nemo))) is not None:
         nemo = unread(nemo, out)
     walker = _Walker(nemo, out)
