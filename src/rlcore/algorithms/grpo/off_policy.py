@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from rlcore.algorithms.grpo.loss_config import ClippedPGLossConfig
 
 __all__ = [
+    "ENGINE_GAP_METRICS",
     "PEARSON_MOMENTS",
     "PEARSON_NAME",
     "SEQUENCE_LEVEL_TYPES",
@@ -36,6 +37,9 @@ __all__ = [
 
 #: Truncation types that decide per sequence (``is_oob_ratio`` is then a fraction of sequences).
 SEQUENCE_LEVEL_TYPES = ("seq-mask-tis", "seq-tis", "geo-mask")
+
+#: The gap's step metrics that the loss reports as they are (verl's names).
+ENGINE_GAP_METRICS = ("rollout_probs_diff_mean", "rollout_probs_diff_max", "k3_kl")
 
 #: verl's name for the Pearson correlation of the engine's and the trainer's token probabilities.
 PEARSON_NAME = "rollout_actor_probs_pearson_corr"
