@@ -32,15 +32,15 @@ def test_transformer_engine_features_are_config_errors_on_cpu() -> None:
 
 
 @pytest.mark.parametrize("cuda", [False, True], ids=["cpu-checks", "cuda-checks"])
-def test_sequence_parallel_needs_sequences_divisible_by_tp(cuda: bool) -> None:
+def test_sequence_parallel_accepts_any_divisor_and_pads_to_a_multiple_of_tp(cuda: bool) -> None:
+    """NeMo-RL's SP recipes set make_sequence_length_divisible_by 1: the worker pads to lcm(divisor, tp) itself."""
+    from rl_megatron.pipeline import width_multiple
+
     sp = {"sequence_parallel": True, "tensor_model_parallel_size": 2}
-    assert _problems(cuda=cuda, te=cuda, megatron=sp, make_sequence_length_divisible_by=4) == []
-    (problem,) = _problems(cuda=cuda, te=cuda, megatron=sp, make_sequence_length_divisible_by=3)
-    assert problem.startswith(
-        "policy.make_sequence_length_divisible_by: is 3 but policy.megatron_cfg.sequence_parallel"
-    )
-    assert problem.endswith("set it to a multiple of policy.megatron_cfg.tensor_model_parallel_size (2)")
-    assert _problems(cuda=cuda, te=cuda, megatron={"sequence_parallel": True}) == []  # tp 1: one shard
+    for divisor in (1, 3, 4):
+        assert _problems(cuda=cuda, te=cuda, megatron=sp, make_sequence_length_divisible_by=divisor) == []
+    assert [width_multiple(d, 2, True) for d in (1, 3, 4)] == [2, 6, 4]
+    assert width_multiple(3, 2, False) == 3  # without sequence parallelism the divisor alone
 
 
 def test_context_parallel_is_a_config_error_on_a_gpu_without_transformer_engine() -> None:
@@ -115,11 +115,10 @@ def test_policy_refuses_to_start_with_the_dotted_path(make_cluster: Any, tiny_to
     from rlcore.config import ConfigError
     from rlcore.policy import Policy
 
-    sp = {"sequence_parallel": True, "tensor_model_parallel_size": 2}
-    config = policy_config(model_dir("llama"), 2, megatron=sp)  # make_sequence_length_divisible_by 1
+    config = policy_config(model_dir("llama"), 2, sequence_packing={"enabled": True})  # needs TransformerEngine
     cluster = make_cluster(2)
-    with pytest.raises(ConfigError, match=r"^policy\.make_sequence_length_divisible_by: is 1 but "):
-        Policy(cluster, config, tiny_tokenizer, name_prefix="megatron-sp-on-cpu")
+    with pytest.raises(ConfigError, match=r"^policy\.sequence_packing\.enabled: "):
+        Policy(cluster, config, tiny_tokenizer, name_prefix="megatron-packing-on-cpu")
     assert cluster._placement_group is None  # nothing was reserved, nothing started
 
 

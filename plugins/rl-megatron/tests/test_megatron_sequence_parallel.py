@@ -4,6 +4,8 @@
 Qwen3 (its q/k norms see the full sequence, its input / pre-MLP / final norms only their rank's half) with tied
 embeddings, TP 2 with sequence parallelism, compared with a single-process HF float32 model: the logprobs, and one
 plain-SGD NLL step (loss, gradient norm, every updated weight read back from the HF checkpoint the policy saves).
+``make_sequence_length_divisible_by`` is 1 (NeMo-RL's SP recipes) and the batch has odd lengths: the worker pads
+each micro-batch to a multiple of tp and cuts the results back.
 The TP 2 run without sequence parallelism is held to the same reference, at the same tolerance, in
 test_megatron_parallel.py. Tolerance: 1e-5 (absolute for logprobs, relative for loss and gradient norm, of the
 largest update for weights, :func:`rlcore.testing.oracle.weight_problems`).
@@ -57,8 +59,8 @@ def sp_policy(pool: Any, tokenizer: Any, model: str, name: str) -> Any:
     call inside ``isolated_registry`` with ``switch_plugin`` registered."""
     from rlcore.policy import Policy
 
-    # an odd multiple of tp: micro-batches padded to 18 positions, 9 per rank
-    config = policy_config(model, 2, megatron=SP, make_sequence_length_divisible_by=6)
+    # NeMo-RL's SP recipes' divisor: the worker pads each micro-batch to a multiple of tp itself
+    config = policy_config(model, 2, megatron=SP, make_sequence_length_divisible_by=1)
     return Policy(pool(2), config, tokenizer, name_prefix=f"sp-{name}", init_reference_model=False)
 
 
@@ -116,6 +118,8 @@ def run(pool: Any, tiny_tokenizer: Any, tmp_path_factory: pytest.TempPathFactory
 
 def test_logprobs_match_hf(run: dict) -> None:
     lengths = run["batch"]["input_lengths"]
+    # odd lengths (15, 13) are padded to 16 and 14 by the worker (7 positions per rank: an odd shard)
+    assert {int(n) % 2 for n in lengths} == {0, 1}, lengths
     assert run["logprobs"].shape == run["hf_logprobs"].shape
     assert max_valid_diff(run["logprobs"], run["hf_logprobs"], lengths) <= ATOL
 
@@ -164,7 +168,7 @@ def test_moe_step_matches_float64_reference(
     root = tmp_path_factory.mktemp(f"sp-moe-{ep}")
     data = batch(tiny_tokenizer)
     megatron = {**SP, "expert_model_parallel_size": ep}
-    config = policy_config(moe_model(), 2, lr=LR, megatron=megatron, make_sequence_length_divisible_by=2)
+    config = policy_config(moe_model(), 2, lr=LR, megatron=megatron)
     policy = Policy(pool(2), config, tiny_tokenizer, name_prefix=f"sp-moe-ep{ep}", init_reference_model=False)
     try:
         result = policy.train(data, NLLLoss())
@@ -180,31 +184,44 @@ def test_moe_step_matches_float64_reference(
     assert parity_problems(run, float64_reference(moe_model(), data)) == []
 
 
-@pytest.mark.slow  # a second policy start
-def test_untied_llama_step_matches_single_process_sgd(
-    pool: Any, tiny_tokenizer: Any, tmp_path_factory: pytest.TempPathFactory
-) -> None:
-    """Llama with untied embeddings (the output layer's own all-gather of the sequence) on the production worker:
-    logprobs and one step equal the single-process reference."""
+def single_process_problems(
+    pool: Any, tokenizer: Any, root: Any, model: str, world: int, megatron: dict, name: str
+) -> list[str]:
+    """Where a ``world``-rank policy under ``megatron`` (make_sequence_length_divisible_by 1) differs from the
+    single-process reference: its logprobs, and one NLL step's loss, gradient norm and updated weights."""
     from rlcore.algorithms.loss_functions import NLLLoss
     from rlcore.policy import Policy
 
-    root = tmp_path_factory.mktemp("sp-llama")
-    model, data = model_dir("llama"), batch(tiny_tokenizer)
-    config = policy_config(model, 2, megatron=SP, make_sequence_length_divisible_by=2)
-    policy = Policy(pool(2), config, tiny_tokenizer, name_prefix="sp-llama", init_reference_model=False)
+    data = batch(tokenizer)
+    config = policy_config(model, world, megatron=megatron)
+    policy = Policy(pool(world), config, tokenizer, name_prefix=name, init_reference_model=False)
     try:
         logprobs = policy.get_logprobs(data)["logprobs"]
         result = policy.train(data, NLLLoss())
         policy.save_checkpoint(str(root / "weights"))
     finally:
         policy.shutdown()
-    assert max_valid_diff(logprobs, hf_logprobs(model, data), data["input_lengths"]) <= ATOL
+    problems = []
+    if (diff := max_valid_diff(logprobs, hf_logprobs(model, data), data["input_lengths"])) > ATOL:
+        problems.append(f"logprobs: max difference {diff} (atol {ATOL})")
     initial, (expected,) = single_process_sgd(model, [(data, NLLLoss())], SGD_LR)
-    assert abs(float(result["loss"][0]) - expected.loss) <= ATOL * abs(expected.loss)
-    assert abs(float(result["grad_norm"][0]) - expected.grad_norm) <= ATOL * expected.grad_norm
-    problems = weight_problems(state_of(str(root / "weights")), expected.weights, initial, ATOL)
-    assert not problems, "\n".join(problems)
+    for what, got, want in (
+        ("loss", result["loss"][0], expected.loss),
+        ("grad_norm", result["grad_norm"][0], expected.grad_norm),
+    ):
+        if not abs(float(got) - want) <= ATOL * abs(want):
+            problems.append(f"{what}: {float(got)!r} vs reference {want!r} (rtol {ATOL})")
+    return problems + weight_problems(state_of(str(root / "weights")), expected.weights, initial, ATOL)
+
+
+@pytest.mark.slow  # a second policy start
+def test_untied_llama_step_matches_single_process_sgd(
+    pool: Any, tiny_tokenizer: Any, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Llama with untied embeddings (the output layer's own all-gather of the sequence) on the production worker:
+    logprobs and one step equal the single-process reference."""
+    root = tmp_path_factory.mktemp("sp-llama")
+    assert single_process_problems(pool, tiny_tokenizer, root, model_dir("llama"), 2, SP, "sp-llama") == []
 
 
 @pytest.mark.slow  # four ranks
@@ -213,24 +230,7 @@ def test_tensor_and_pipeline_parallel_step_matches_single_process_sgd(
 ) -> None:
     """TP 2 + sequence parallelism + PP 2 (the pipeline sends sequence-sharded activations between stages) on
     four ranks: logprobs and one step equal the single-process reference."""
-    from rlcore.algorithms.loss_functions import NLLLoss
-    from rlcore.policy import Policy
-
     root = tmp_path_factory.mktemp("sp-pp")
-    model, data = model_dir("qwen3", tied=True), batch(tiny_tokenizer)
-    config = policy_config(
-        model, 4, megatron={**SP, "pipeline_model_parallel_size": 2}, make_sequence_length_divisible_by=2
-    )
-    policy = Policy(pool(4), config, tiny_tokenizer, name_prefix="sp-pp", init_reference_model=False)
-    try:
-        logprobs = policy.get_logprobs(data)["logprobs"]
-        result = policy.train(data, NLLLoss())
-        policy.save_checkpoint(str(root / "weights"))
-    finally:
-        policy.shutdown()
-    assert max_valid_diff(logprobs, hf_logprobs(model, data), data["input_lengths"]) <= ATOL
-    initial, (expected,) = single_process_sgd(model, [(data, NLLLoss())], SGD_LR)
-    assert abs(float(result["loss"][0]) - expected.loss) <= ATOL * abs(expected.loss)
-    assert abs(float(result["grad_norm"][0]) - expected.grad_norm) <= ATOL * expected.grad_norm
-    problems = weight_problems(state_of(str(root / "weights")), expected.weights, initial, ATOL)
-    assert not problems, "\n".join(problems)
+    megatron = {**SP, "pipeline_model_parallel_size": 2}
+    model = model_dir("qwen3", tied=True)
+    assert single_process_problems(pool, tiny_tokenizer, root, model, 4, megatron, "sp-pp") == []

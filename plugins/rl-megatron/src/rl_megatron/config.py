@@ -122,7 +122,8 @@ class MegatronConfig(StrictModel):
     sequence_parallel: bool = Field(
         False,
         description="Megatron sequence parallelism: activations outside the tensor-parallel regions split along "
-        "the sequence over the tp ranks (policy.make_sequence_length_divisible_by must be a multiple of tp).",
+        "the sequence over the tp ranks (each micro-batch is padded to a multiple of tp as well as of "
+        "policy.make_sequence_length_divisible_by).",
     )
     # -- mixture of experts (models with experts only; a dense model refuses non-default values) --------
     expert_model_parallel_size: PositiveInt = Field(
@@ -277,13 +278,6 @@ def megatron_config_problems(
     where = "this machine has no CUDA GPU" if not cuda else "TransformerEngine is not installed"
     problems: list[str] = []
 
-    tp = m.tensor_model_parallel_size
-    if m.sequence_parallel and policy.make_sequence_length_divisible_by % tp:
-        problems.append(
-            f"policy.make_sequence_length_divisible_by: is {policy.make_sequence_length_divisible_by} but "
-            f"{_M}sequence_parallel splits every sequence over the {tp} tensor-parallel ranks: set it to a "
-            f"multiple of {_M}tensor_model_parallel_size ({tp})"
-        )
     # Features built on TransformerEngine kernels: impossible without a GPU, and not wired
     # into this backend yet (it builds the local, TransformerEngine-free layer spec).
     te_only = {

@@ -7,6 +7,7 @@ results moved from the last pipeline stage to every stage (``Policy`` reads from
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -22,6 +23,14 @@ def _attention_mask(lengths: torch.Tensor, width: int, device: torch.device) -> 
     causal = positions[None, :] > positions[:, None]
     past_end = positions[None, :] >= lengths.to(device)[:, None]
     return (causal[None] | past_end[:, None, :])[:, None]
+
+
+def width_multiple(divisible_by: int, tp: int, sequence_parallel: bool) -> int:
+    """What every micro-batch's width is padded to a multiple of: ``policy.make_sequence_length_divisible_by``,
+    and ``tp`` under sequence parallelism (megatron splits the sequence evenly over the TP ranks). As NeMo-RL does,
+    the padding is the backend's own: it lies past every ``input_lengths``, and the worker cuts the logits back to
+    the caller's width, so nothing computed for the real tokens changes."""
+    return math.lcm(divisible_by, tp) if sequence_parallel else divisible_by
 
 
 def logits_for_loss(logits: torch.Tensor, defer_fp32_logits: bool) -> torch.Tensor:
@@ -64,7 +73,10 @@ class PipelineStages:
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         device = self.device
-        multiple = self.cfg.make_sequence_length_divisible_by
+        m = self.mcfg
+        multiple = width_multiple(
+            self.cfg.make_sequence_length_divisible_by, m.tensor_model_parallel_size, m.sequence_parallel
+        )
         router_logits = getattr(self, "router_logits", None)
         defer_fp32_logits = self.mcfg.defer_fp32_logits
 
@@ -103,4 +115,4 @@ class PipelineStages:
         )
 
 
-__all__ = ["PipelineStages", "logits_for_loss"]
+__all__ = ["PipelineStages", "logits_for_loss", "width_multiple"]
