@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, NonNegativeInt, PositiveFloat, model_validator
+from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, model_validator
 
 from rlcore.config.base import SectionsModel, StrictModel
 
@@ -119,6 +119,15 @@ class DataConfig(StrictModel):
         description="Hold out this fraction of the train file as validation samples (a seeded "
         "draw, the same every run; NeMo-RL's name); 0 = none. Only without data.validation.",
     )
+    max_input_seq_length: PositiveInt | None = Field(
+        None,
+        description="NeMo-RL's: a sample this long is cut to a few tokens and masked out of the loss "
+        "(sample_mask 0), counted per step. GRPO and distillation: a prompt of at least this many tokens (it is "
+        "still generated from and scored; cut_prompts); SFT: a sample of at least this many; DPO: a pair with a "
+        "sequence longer than this (cut_samples / cut_pairs). At most policy.max_total_sequence_length; "
+        "none = only what exceeds policy.max_total_sequence_length (a prompt that leaves no completion room is "
+        "an error).",
+    )
 
     @model_validator(mode="after")
     def _one_of_each(self) -> DataConfig:
@@ -175,7 +184,46 @@ class EnvConfig(SectionsModel):
     )
 
 
-__all__ = ["DIGITS_GENERATOR", "DataConfig", "DatasetConfig", "EnvConfig", "legacy_task_sections"]
+#: NeMo-RL's cut of a sample at ``data.max_input_seq_length``: each message keeps at most this many tokens.
+CUT_MESSAGE_TOKENS = 4
+
+
+def cut_tokens_per_message(max_input: int, messages: int) -> int:
+    """The tokens each of a cut sample's ``messages`` keeps: NeMo-RL's ``min(4, max_seq_length // messages)``."""
+    return min(CUT_MESSAGE_TOKENS, max_input // max(messages, 1))
+
+
+def max_input_problem(cfg: Any) -> str | None:
+    """Why ``data.max_input_seq_length`` does not fit ``policy.max_total_sequence_length`` (None when it does):
+    a limit above it would let a prompt in that leaves no room for a completion, and a cut prompt must leave
+    room for one too."""
+    limit, total = cfg.data.max_input_seq_length, cfg.policy.max_total_sequence_length
+    if limit is None:
+        return None
+    if limit > total:
+        return (
+            f"data.max_input_seq_length: is {limit}, above policy.max_total_sequence_length ({total}): a sample is "
+            f"masked from this length on, so it must be at most {total}; lower it (or leave it null)"
+        )
+    if min(CUT_MESSAGE_TOKENS, limit) >= total:
+        return (
+            f"data.max_input_seq_length: is {limit}, and a prompt cut at it keeps {min(CUT_MESSAGE_TOKENS, limit)} "
+            f"tokens, which leaves no room for a completion within policy.max_total_sequence_length ({total}); "
+            "raise policy.max_total_sequence_length"
+        )
+    return None
+
+
+__all__ = [
+    "CUT_MESSAGE_TOKENS",
+    "DIGITS_GENERATOR",
+    "DataConfig",
+    "DatasetConfig",
+    "EnvConfig",
+    "cut_tokens_per_message",
+    "legacy_task_sections",
+    "max_input_problem",
+]
 
 
 # -- rlcore 0.1's task section ---------------------------------------------------------------------------------

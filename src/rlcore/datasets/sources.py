@@ -226,13 +226,21 @@ def load_sources(cfg: Any, prompt_length: Callable[[Sample], int] | None = None)
     """The run's samples from ``cfg.data`` (read and checked now: raises :class:`DataError`).
 
     ``prompt_length`` (the prompt's tokens under the run's chat template): every sample must leave room for a
-    completion within ``policy.max_total_sequence_length``.
+    completion within ``policy.max_total_sequence_length``, unless ``data.max_input_seq_length`` is set: a prompt
+    that long is cut and masked out of the loss, and every shorter one leaves room (the limit is at most
+    ``policy.max_total_sequence_length``, checked here too, for an algorithm that does not check it itself).
     """
+    from rlcore.config.data import max_input_problem
     from rlcore.plugins import import_object
 
+    if problem := max_input_problem(cfg):
+        raise DataError(problem)
     data, draw = cfg.data, DrawSettings.of(cfg)
     builder = SampleBuilder(data)
-    check = None if prompt_length is None else _length_check(prompt_length, cfg.policy.max_total_sequence_length)
+    if prompt_length is None or data.max_input_seq_length is not None:
+        check = None
+    else:
+        check = _length_check(prompt_length, cfg.policy.max_total_sequence_length)
     held_out: RowSamples | None = None
     if data.train.generator is not None:
         try:
@@ -244,7 +252,7 @@ def load_sources(cfg: Any, prompt_length: Callable[[Sample], int] | None = None)
         )
         # made up per step: the first step's prompts stand for the others (a multi-turn game's, say)
         checked: list[tuple[str, Sequence[Sample]]] = (
-            [(f"{train.name} ({data.train.generator}): step 0 item", train.batch(0))] if prompt_length else []
+            [(f"{train.name} ({data.train.generator}): step 0 item", train.batch(0))] if check else []
         )
     else:
         samples = read_samples(data.train, builder)

@@ -11,6 +11,13 @@ generation prompt.
 that leaves no room is an error, and completions are cut so that the
 sequence fits (as vLLM's ``max_model_len`` does for NeMo-RL), marked
 ``truncated``.
+
+``data.max_input_seq_length`` (NeMo-RL's): a prompt of at least that many
+tokens is no error but is cut to its first few tokens (NeMo-RL's
+``math_hf_data_processor``: a one-message log keeps ``min(4, limit)``), still
+generated from and scored, and its samples are masked out of the loss
+(``prompt_cut``, which :func:`rlcore.run.step.training_batch` turns into
+``sample_mask`` 0).
 """
 
 from __future__ import annotations
@@ -70,6 +77,18 @@ def pad_id(tokenizer: Any) -> int:
     return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
 
 
+def cut_long_prompts(ids: list[list[int]], max_input: int | None) -> tuple[list[list[int]], list[bool]]:
+    """``(ids, cut)``: each prompt of at least ``max_input`` tokens (``data.max_input_seq_length``) cut as NeMo-RL
+    cuts its one-message prompt, and which were; ``None`` cuts nothing."""
+    from rlcore.config.data import cut_tokens_per_message
+
+    if max_input is None:
+        return ids, [False] * len(ids)
+    keep = cut_tokens_per_message(max_input, 1)
+    cut = [len(seq) >= max_input for seq in ids]
+    return [seq[:keep] if long else seq for seq, long in zip(ids, cut)], cut
+
+
 def check_prompt_room(prompt_lengths: Any, max_total: int) -> None:
     """A prompt must leave room for at least one generated token within ``max_total``."""
     longest = int(prompt_lengths.max()) if len(prompt_lengths) else 0
@@ -107,6 +126,7 @@ __all__ = [
     "check_prompt_room",
     "clip_rollout",
     "configure_tokenizer",
+    "cut_long_prompts",
     "load_tokenizer",
     "pad_id",
     "render_prompts",

@@ -21,6 +21,11 @@ position, so the loss compares it with the policy's token by token across
 turns. The next turn is generated from these very token ids (never from
 re-rendered text), so what the policy scores is exactly what the engine saw.
 
+A prompt of ``data.max_input_seq_length`` tokens or more is cut as NeMo-RL cuts it
+(:func:`rlcore.run.prompts.cut_long_prompts`) and rolled out like any other; its
+trajectories carry ``prompt_cut`` (the training batch masks them out of the loss) and
+the rollout's ``cut_prompts`` metric counts such prompts (not their copies).
+
 Each generation request carries its own sampling seed (``sampling_seeds``, design.md §2.1): a pure function of the
 run's seed, the training step, the sample's data row, its copy and the turn (:func:`sampling_seed`), never of an
 engine's running random state. An engine that honours the key samples the same completion from the same weights
@@ -52,7 +57,8 @@ class Rollout:
     turns), ``first_turn_lengths`` (the first completion's) and ``truncated`` (a completion or observation cut by
     a token budget) ``[B]``; with an asynchronous engine also ``weight_version`` (the oldest weights any turn
     used) and ``generation_window``; with an environment that returns named reward components, ``reward/<name>``
-    ``[B]`` for each (summed over turns like ``rewards``; NeMo-RL's batch keys), which GDPO reads.
+    ``[B]`` for each (summed over turns like ``rewards``; NeMo-RL's batch keys), which GDPO reads; ``prompt_cut``
+    ``[B]`` (bool): the prompt was cut at ``data.max_input_seq_length``, so the sample trains nothing.
     """
 
     data: Any
@@ -98,7 +104,7 @@ def run_rollout(
 
     from rlcore.environments.scoring import NONFINITE_REWARD
     from rlcore.run.prompts import clip_rollout, pad_id
-    from rlcore.run.step import encode_samples, loop_setting
+    from rlcore.run.step import encode_samples, loop_setting, max_input_of
 
     max_turns = loop_setting(cfg, "max_rollout_turns", 1)  # GRPO's, on-policy distillation's; 1 without one
     run_seed, step = loop_setting(cfg, "seed", 0) or 0, _ROLLOUT_STEP.get()
@@ -141,6 +147,8 @@ def run_rollout(
     }
     if first_error:
         metrics["env/first_error"] = first_error
+    if max_input_of(cfg) is not None:  # the prompts (not their copies) cut at data.max_input_seq_length
+        metrics["cut_prompts"] = float(state.prompt_cut.sum()) / repeat
     if max_turns > 1:
         metrics.update(state.turn_metrics())
     data = state.padded(pad)
@@ -157,6 +165,8 @@ class Trajectories:
 
         lengths = first["input_lengths"].tolist()
         self.prompt_lengths = first["input_lengths"].clone()
+        cut = first.get("prompt_cut")
+        self.prompt_cut = torch.zeros(len(lengths), dtype=torch.bool) if cut is None else cut.clone()
         self.tokens = [first["input_ids"][i, :length] for i, length in enumerate(lengths)]
         self.mask = [torch.zeros(length) for length in lengths]
         self.logprobs = [torch.zeros(length) for length in lengths]
@@ -269,6 +279,7 @@ class Trajectories:
             generation_lengths=mask.sum(dim=1).long(),
             truncated=torch.tensor(self.truncated),
             first_turn_lengths=torch.tensor(self.first_turn, dtype=torch.long),
+            prompt_cut=self.prompt_cut,
         )
         if self.versions[0] is not None:
             data["weight_version"] = torch.tensor(self.versions, dtype=torch.long)

@@ -53,34 +53,40 @@ def prompt_length_of(cfg: Any, tokenizer: Any) -> Any:
     return lambda sample: len(prompt_ids(tokenizer, render_prompts(tokenizer, [sample.messages], kwargs)[0]))
 
 
-def encode_prompts(tokenizer: Any, prompts: list[str], repeat: int) -> Any:
-    """Right-padded ``input_ids`` / ``input_lengths`` with every prompt repeated ``repeat`` times."""
+def encode_prompts(tokenizer: Any, prompts: list[str], repeat: int, max_input: int | None = None) -> Any:
+    """Right-padded ``input_ids`` / ``input_lengths`` with every prompt repeated ``repeat`` times, and
+    ``prompt_cut``: the prompts of at least ``max_input`` tokens (``data.max_input_seq_length``), cut
+    (:func:`rlcore.run.prompts.cut_long_prompts`)."""
     import torch
 
     from rlcore.data import BatchedDataDict
-    from rlcore.run.prompts import pad_id
+    from rlcore.run.prompts import cut_long_prompts, pad_id
 
-    ids = [prompt_ids(tokenizer, p) for p in prompts]
+    ids, cut = cut_long_prompts([prompt_ids(tokenizer, p) for p in prompts], max_input)
     width = max(len(seq) for seq in ids)
     pad = pad_id(tokenizer)
     input_ids = torch.tensor([seq + [pad] * (width - len(seq)) for seq in ids], dtype=torch.long)
     lengths = torch.tensor([len(seq) for seq in ids], dtype=torch.long)
-    return BatchedDataDict(input_ids=input_ids, input_lengths=lengths).repeat_interleave(repeat)
+    cut_mask = torch.tensor(cut, dtype=torch.bool)
+    batch: BatchedDataDict[Any] = BatchedDataDict(input_ids=input_ids, input_lengths=lengths, prompt_cut=cut_mask)
+    return batch.repeat_interleave(repeat)
 
 
 def training_batch(rollout: Any, advantages: Any) -> Any:
     """The policy's training data: the generated tokens (``token_mask``) are the trained ones, each carrying its
-    sample's advantage."""
+    sample's advantage; a sample whose prompt was cut at ``data.max_input_seq_length`` (``prompt_cut``) has
+    ``sample_mask`` 0, NeMo-RL's ``loss_multiplier``."""
     import torch
 
     from rlcore.data import BatchedDataDict
 
     token_mask = rollout["token_mask"]
+    cut = rollout.get("prompt_cut")
     return BatchedDataDict(
         input_ids=rollout["output_ids"],
         input_lengths=rollout["unpadded_sequence_lengths"],
         token_mask=token_mask,
-        sample_mask=torch.ones(token_mask.shape[0]),
+        sample_mask=torch.ones(token_mask.shape[0]) if cut is None else (~cut).float(),
         advantages=advantages[:, None] * token_mask,
         generation_logprobs=rollout["logprobs"].float(),
     )
@@ -102,13 +108,19 @@ def peak_memory_metrics(policy: Any, generation: Any) -> dict[str, float]:
 
 
 def encode_samples(cfg: Any, tokenizer: Any, samples: list[Sample], repeat: int) -> Any:
-    """The samples' message logs through the chat template, encoded, each ``repeat`` times."""
+    """The samples' message logs through the chat template, encoded (those of ``data.max_input_seq_length``
+    tokens or more cut, ``prompt_cut``), each ``repeat`` times."""
     from rlcore.run.prompts import check_prompt_room, render_prompts
 
     texts = render_prompts(tokenizer, [s.messages for s in samples], cfg.policy.tokenizer.chat_template_kwargs)
-    batch = encode_prompts(tokenizer, texts, repeat)
+    batch = encode_prompts(tokenizer, texts, repeat, max_input_of(cfg))
     check_prompt_room(batch["input_lengths"], cfg.policy.max_total_sequence_length)
     return batch
+
+
+def max_input_of(cfg: Any) -> int | None:
+    """``data.max_input_seq_length``, or None for a config without one (a stand-in of a test, a third party's)."""
+    return getattr(getattr(cfg, "data", None), "max_input_seq_length", None)
 
 
 def refit(policy: Any, synchronizer: Any) -> float:

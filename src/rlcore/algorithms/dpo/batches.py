@@ -14,17 +14,18 @@ read from its row in either of NeMo-RL's shapes:
 Both sequences of a pair are tokenized like SFT samples (:func:`encode_conversation`), the loss mask on the
 response only, and sit in rows ``2i`` / ``2i+1`` of a batch marked ``group_size = 2``, so sharding and every
 micro-batch plan keep them together. A pair with a sequence longer than ``policy.max_total_sequence_length``
-is cut and masked as a whole. A pair whose chosen response equals its rejected one trains nothing either (the
-preference loss of two equal sequences has no gradient), unless ``dpo.sft_loss_weight`` trains the chosen one;
-a step without a pair that trains stops the run (:func:`nothing_preferred` says why), and so does a file without
-one, before anything starts.
+(or, when set, ``data.max_input_seq_length``: NeMo-RL's ``preference_preprocessor``, which cuts each message of
+both to ``min(4, limit // messages)`` tokens) is cut and masked as a whole. A pair whose chosen response
+equals its rejected one trains nothing either (the preference loss of two equal sequences has no gradient),
+unless ``dpo.sft_loss_weight`` trains the chosen one; a step without a pair that trains stops the run
+(:func:`nothing_preferred` says why), and so does a file without one, before anything starts.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from rlcore.algorithms.sft.batches import cut_reason, encode_conversation, padded_batch
+from rlcore.algorithms.sft.batches import LengthRule, cut_reason, encode_messages, padded_batch
 from rlcore.datasets.files import DataError
 
 if TYPE_CHECKING:
@@ -74,22 +75,12 @@ def dpo_batch(samples: list[Sample], tokenizer: Any, cfg: Any, size: int | None 
     ``input_ids``, ``input_lengths``, ``token_mask`` (the response), ``sample_mask``; ``group_size`` 2."""
     from rlcore.run.prompts import pad_id
 
-    limit, dpo = cfg.policy.max_total_sequence_length, cfg.dpo
+    rule = LengthRule.of(cfg, pairs=True)
     rows, keep = [], []
     for sample in samples:
-        prompt, *responses = preference_pair(sample, "data.train")
-        pair = [
-            encode_conversation(
-                tokenizer,
-                prompt + response,
-                dpo,
-                cfg.policy.tokenizer.chat_template_kwargs,
-                trained=[False] * len(prompt) + [True] * len(response),
-            )
-            for response in responses
-        ]
-        fits = all(len(ids) <= limit for ids, _ in pair)
-        rows += [(ids[:limit], mask[:limit]) for ids, mask in pair]
+        pair = encoded_pair(sample, tokenizer, cfg)
+        fits = not rule.too_long(max(sum(len(ids) for ids, _ in chunks) for chunks in pair))
+        rows += [rule.fitted(chunks, not fits) for chunks in pair]
         keep += [fits, fits]
     size = size or len(samples)
     rows += rows[-2:] * (size - len(samples))  # filler pairs, masked out
@@ -97,6 +88,22 @@ def dpo_batch(samples: list[Sample], tokenizer: Any, cfg: Any, size: int | None 
     batch = padded_batch(rows, keep, pad_id(tokenizer))
     batch.group_size = 2
     return batch
+
+
+def encoded_pair(sample: Sample, tokenizer: Any, cfg: Any) -> list[list[tuple[list[int], list[int]]]]:
+    """The chosen and the rejected sequence of a pair, message by message (:func:`encode_messages`), the loss
+    mask on the response."""
+    prompt, *responses = preference_pair(sample, "data.train")
+    return [
+        encode_messages(
+            tokenizer,
+            prompt + response,
+            cfg.dpo,
+            cfg.policy.tokenizer.chat_template_kwargs,
+            trained=[False] * len(prompt) + [True] * len(response),
+        )
+        for response in responses
+    ]
 
 
 def teaches(sample: Sample, cfg: Any) -> bool:
@@ -108,26 +115,14 @@ def teaches(sample: Sample, cfg: Any) -> bool:
 
 def nothing_preferred(samples: list[Sample], tokenizer: Any, cfg: Any) -> str | None:
     """Why no pair of ``samples`` trains anything (its chosen response equals its rejected one, or a sequence
-    is cut at ``policy.max_total_sequence_length``), or None as soon as one does."""
-    limit, same, cut = cfg.policy.max_total_sequence_length, 0, []
+    is cut by the :class:`~rlcore.algorithms.sft.batches.LengthRule`), or None as soon as one does."""
+    rule, same, cut = LengthRule.of(cfg, pairs=True), 0, []
     for sample in samples:
         if not teaches(sample, cfg):
             same += 1
             continue
-        prompt, *responses = preference_pair(sample, "data.train")
-        longest = max(
-            len(
-                encode_conversation(
-                    tokenizer,
-                    prompt + response,
-                    cfg.dpo,
-                    cfg.policy.tokenizer.chat_template_kwargs,
-                    trained=[False] * len(prompt) + [True] * len(response),
-                )[0]
-            )
-            for response in responses
-        )
-        if longest <= limit:
+        longest = max(sum(len(ids) for ids, _ in chunks) for chunks in encoded_pair(sample, tokenizer, cfg))
+        if not rule.too_long(longest):
             return None
         cut.append(longest)
     count, differ = len(samples), "give each pair two different responses"
@@ -137,10 +132,10 @@ def nothing_preferred(samples: list[Sample], tokenizer: Any, cfg: Any) -> str | 
             f"nothing to learn; {differ}"
         )
     if not same:
-        return cut_reason("pairs", count, cut, limit)
+        return cut_reason("pairs", count, cut, rule)
     lo, hi = min(cut), max(cut)
     return (
         f"none of its {count} pairs trains anything: {same} have the chosen response equal to the rejected "
-        f"one, {len(cut)} are longer than policy.max_total_sequence_length={limit} ({lo} to {hi} tokens) and "
-        f"cut; {differ}, and raise policy.max_total_sequence_length (to {hi}) or shorten them"
+        f"one, {len(cut)} are {rule.too_long_words()} ({lo} to {hi} tokens) and "
+        f"cut; {differ}, and raise {rule.setting} (to {rule.keeping(hi)}) or shorten them"
     )

@@ -95,7 +95,7 @@ def dpo_step(run: Run, reference: ReferenceLogprobs | None = None) -> dict[str, 
         timer,
         {
             **{name: float(metrics[name]) for name in PAIR_METRICS if name in metrics},
-            "cut_pairs": float((batch["sample_mask"][::2] == 0).sum()),  # longer than policy.max_total_sequence_length
+            "cut_pairs": float((batch["sample_mask"][::2] == 0).sum()),  # too long: sft.batches.LengthRule
         },
     )
 

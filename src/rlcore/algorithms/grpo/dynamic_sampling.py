@@ -17,7 +17,8 @@ inside a step, the run ends after the step before it.
 Where it differs from NeMo-RL (``dynamic_sampling`` in ``nemo_rl/algorithms/grpo.py``): whole groups are
 kept or dropped (NeMo-RL filters samples by a per-sample std, which with ``use_leave_one_out_baseline`` can
 split a group); a step draws at most ``dynamic_sampling_max_gen_batches`` batches (NeMo-RL's check lets it
-draw one more).
+draw one more); a group whose prompt was cut at ``data.max_input_seq_length`` is never kept, whatever its
+rewards (NeMo-RL keeps it when they differ, and then trains a step with fewer samples: its loss multiplier is 0).
 """
 
 from __future__ import annotations
@@ -28,6 +29,10 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from rlcore.datasets import Sample
     from rlcore.run.rollouts import Rollout
+
+
+#: Rollout metrics that count things, added up over a step's generation batches (the others are means).
+SUMMED_METRICS = ("env/errors", "env/nonfinite_rewards", "cut_prompts")
 
 
 class DynamicSamplingError(RuntimeError):
@@ -53,13 +58,15 @@ def sample_with_signal(
     size, wanted = g.num_generations_per_prompt, g.num_prompts_per_step
     generated: list[Rollout] = []
     kept: list[Rollout] = []
-    found = 0
+    found = cut = 0
     while found < wanted:
         if len(generated) == g.dynamic_sampling_max_gen_batches:
             raise DynamicSamplingError(
                 f"grpo.dynamic_sampling_max_gen_batches: {len(generated)} generation batches of "
                 f"{g.prompts_per_generation_batch} prompts gave {found} of the {wanted} groups "
-                "(grpo.num_prompts_per_step) whose rewards differ; every other group's rewards agree, so the task "
+                "(grpo.num_prompts_per_step) whose rewards differ; "
+                + (f"{cut} had their prompt cut at data.max_input_seq_length, and " if cut else "")
+                + "every other group's rewards agree, so the task "
                 "is too easy or too hard for the policy; raise dynamic_sampling_max_gen_batches, "
                 "batch_multiplier or num_generations_per_prompt, or lower num_prompts_per_step"
             )
@@ -68,7 +75,9 @@ def sample_with_signal(
         unshaped = transform_rewards(
             g, rollout.rewards, rollout.data["first_turn_lengths"], rollout.data["truncated"]
         ).unshaped
-        signal = groups_with_signal(unshaped, size)
+        cut_groups = _cut_groups(rollout, size)
+        cut += int(cut_groups.sum())
+        signal = groups_with_signal(unshaped, size) & ~cut_groups
         groups = signal.nonzero().flatten().tolist()
         if groups:
             kept.append(_select_groups(rollout, groups, size))
@@ -86,6 +95,16 @@ def sample_with_signal(
     }
     trained.metrics = _merged_rollout_metrics(generated)
     return trained, metrics
+
+
+def _cut_groups(rollout: Rollout, size: int) -> Any:
+    """``[groups]`` (bool): the group's prompt was cut at ``data.max_input_seq_length`` (it trains nothing)."""
+    import torch
+
+    cut = rollout.data.get("prompt_cut")
+    if cut is None:
+        return torch.zeros(rollout.rewards.numel() // size, dtype=torch.bool)
+    return cut.view(-1, size).any(dim=1)
 
 
 def _select_groups(rollout: Rollout, groups: list[int], size: int) -> Rollout:
@@ -120,5 +139,5 @@ def _merged_rollout_metrics(rollouts: list[Rollout]) -> dict[str, float | str]:
             merged[key] = values[0]
         else:
             total = sum(values)
-            merged[key] = total if key in ("env/errors", "env/nonfinite_rewards") else total / len(values)
+            merged[key] = total if key in SUMMED_METRICS else total / len(values)
     return merged

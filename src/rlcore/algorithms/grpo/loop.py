@@ -85,15 +85,17 @@ class GRPO(Algorithm):
 
     def resolve(self, cfg: Any, policy: Any, generation: Any, registry: Any, notices: list[str]) -> Resolution:
         from rlcore.algorithms.grpo.prev_logprobs import skips_prev_logprob_pass
+        from rlcore.config.data import max_input_problem
 
         g = cfg.grpo
-        problems = []
+        problems = [p for p in [max_input_problem(cfg)] if p]
         rollout, dp = g.num_prompts_per_step * g.num_generations_per_prompt, policy.data_parallel_size
         if rollout % dp:
             problems.append(
                 f"grpo rollout batch {rollout} cannot be split over {dp} data-parallel ranks; "
                 "make grpo.num_prompts_per_step × grpo.num_generations_per_prompt a multiple of it"
             )
+        if problems:
             return Resolution(cfg, problems)
         async_generation = _async_generation(g, generation, notices)
         cfg = cfg.model_copy(

@@ -47,7 +47,7 @@ def sft_step(run: Run) -> dict[str, float]:
         timer,
         {
             "num_valid_tokens": float(result["metrics"].get("num_valid_tokens", 0.0)),
-            "cut_samples": float((batch["sample_mask"] == 0).sum()),  # longer than policy.max_total_sequence_length
+            "cut_samples": float((batch["sample_mask"] == 0).sum()),  # too long: sft.batches.LengthRule
         },
     )
 
@@ -109,21 +109,21 @@ class OfflineAlgorithm(Algorithm):
     """An algorithm that trains on data as written (SFT, DPO): no rollouts, validation in eval-mode batches."""
 
     def resolve(self, cfg: Any, policy: Any, generation: Any, registry: Any, notices: list[str]) -> Resolution:
-        """Validation batches must split over the ranks as training's do."""
+        """Validation batches must split over the ranks as training's do; ``data.max_input_seq_length`` must fit
+        the sequence."""
         from rlcore.config.batch_plan import batch_problems
+        from rlcore.config.data import max_input_problem
 
         s, plan, name = self.section(cfg), policy.batch, self.name
-        return Resolution(
-            cfg,
-            batch_problems(
-                s.val_global_batch_size,
-                s.val_micro_batch_size,
-                plan.data_parallel_size,
-                plan.mode,
-                gbs_name=f"{name}.val_global_batch_size",
-                mbs_name=f"{name}.val_micro_batch_size",
-            ),
+        problems = batch_problems(
+            s.val_global_batch_size,
+            s.val_micro_batch_size,
+            plan.data_parallel_size,
+            plan.mode,
+            gbs_name=f"{name}.val_global_batch_size",
+            mbs_name=f"{name}.val_micro_batch_size",
         )
+        return Resolution(cfg, problems + [p for p in [max_input_problem(cfg)] if p])
 
     def load_data(self, cfg: Any, tokenizer: Any) -> Any:
         """The samples, every fixed one checked for what the loss trains on (:meth:`sample_problem`), and the
