@@ -43,6 +43,7 @@ def host_checks(facts: HostFacts) -> list[CheckResult]:
     if generation is not None and generation.backend == "vllm":
         if (raw := check_raw_logprobs(generation)) is not None:
             results.append(raw)
+        results += check_engine_bundles(facts.config)
         if not cfg.cluster.use_gpu and (head := check_cpu_head_size(generation.model_name or cfg.policy.model_name)):
             results.append(head)
     return results
@@ -73,6 +74,62 @@ def check_raw_logprobs(generation: Any) -> CheckResult | None:
         "another distribution than the one tokens are drawn from and the policy computes (design.md §2.2)",
         "use logprobs_mode 'processed_logprobs', or sample at temperature 1 with top_k null and top_p 1",
     )
+
+
+def generation_bundles(cfg: Any) -> tuple[int, str]:
+    """The bundles of the generation cluster of ``cfg`` (an RLCoreConfig), and the keys that size it."""
+    colocated = cfg.policy.generation.colocated
+    if colocated.enabled or colocated.resources is None:
+        cluster = cfg.cluster
+        return cluster.num_nodes * cluster.workers_per_node, (
+            f"colocated: the training workers' cluster.num_nodes {cluster.num_nodes} x cluster.workers_per_node "
+            f"{cluster.workers_per_node}"
+        )
+    res = colocated.resources
+    return res.num_nodes * res.workers_per_node, (
+        f"policy.generation.colocated.resources.num_nodes {res.num_nodes} x workers_per_node {res.workers_per_node}"
+    )
+
+
+def check_engine_bundles(resolved: Any) -> list[CheckResult]:
+    """Each rank of an engine is an actor in its own bundle of the generation cluster: its bundles must be a
+    multiple of ``vllm_cfg.tensor_parallel_size`` (and ``num_engines``, when set, their quotient). The engines'
+    driver refuses it too, but only once Ray and the training workers have started."""
+    from rl_vllm.config import VllmConfig, vllm_config_from
+
+    generation = resolved.generation
+    section = generation.section if generation is not None else None
+    if not isinstance(section, VllmConfig):
+        section = vllm_config_from(resolved.config.policy.generation)
+    tp, wanted = section.tensor_parallel_size, section.num_engines
+    bundles, sized_by = generation_bundles(resolved.config)
+    details: dict[str, object] = {"bundles": bundles, "tensor_parallel_size": tp, "num_engines": wanted}
+    path = "policy.generation.vllm_cfg"
+    if bundles % tp:
+        fits = max(d for d in range(1, tp + 1) if bundles % d == 0)
+        return [
+            CheckResult(
+                "engine-bundles",
+                "fail",
+                f"{path}.tensor_parallel_size: is {tp}, but the generation cluster has {bundles} bundle(s) "
+                f"({sized_by}), not a multiple of {tp} (each engine rank is an actor in its own bundle)",
+                f"set {path}.tensor_parallel_size to a divisor of {bundles} (e.g. {fits}), or give generation a "
+                f"multiple of {tp} bundles",
+                details,
+            )
+        ]
+    if wanted is not None and wanted != bundles // tp:
+        return [
+            CheckResult(
+                "engine-bundles",
+                "fail",
+                f"{path}.num_engines: is {wanted}, but the generation cluster's {bundles} bundle(s) ({sized_by}) "
+                f"make {bundles // tp} engine(s) of tensor_parallel_size {tp}",
+                f"set {path}.num_engines to {bundles // tp} or null",
+                details,
+            )
+        ]
+    return []
 
 
 def check_cpu_head_size(model: str) -> CheckResult | None:
@@ -220,6 +277,7 @@ __all__ = [
     "TORCH_FAMILY",
     "check_cpu",
     "check_cpu_head_size",
+    "check_engine_bundles",
     "check_torch_packages",
     "cpu_flags",
     "host_checks",

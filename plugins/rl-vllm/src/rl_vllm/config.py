@@ -8,6 +8,10 @@ nothing heavy: the registry imports it to validate configs.
 
 from __future__ import annotations
 
+import os
+import sys
+import warnings
+from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 from pydantic import Field, PositiveInt, field_validator
@@ -18,6 +22,38 @@ SECTION = "vllm_cfg"
 GIB = 1024**3
 #: KV cache of a CPU engine when neither the config nor VLLM_CPU_KVCACHE_SPACE sets one.
 DEFAULT_CPU_KV_CACHE_GB = 1.0
+#: ``engine_kwargs`` that choose a CUDA kernel for a computation vLLM's CPU platform does with its own kernel, and
+#: why: on CPU they are dropped before the engine starts (one warning line each) instead of killing it.
+CPU_IGNORED_ENGINE_KWARGS = {
+    "moe_backend": "it selects a GPU kernel for the same mixture-of-experts computation (routing and experts "
+    "unchanged); vLLM's CPU platform runs its own MoE kernel and refuses every other backend ('kernel does not "
+    "support current device cpu'), so the engine uses its CPU kernel",
+}
+
+
+def vllm_platform_is_cpu(
+    version: Callable[[str], str] | None = None,
+    environ: Mapping[str, str] = os.environ,
+    platform: str = sys.platform,
+) -> bool:
+    """Whether the installed vLLM runs on its CPU platform, by vLLM's own rule
+    (``vllm.platforms.cpu_platform_plugin``) read from package metadata, without importing vLLM:
+    ``VLLM_TARGET_DEVICE=cpu``, a CPU build (the ``vllm-cpu`` distribution, or a version tagged ``cpu``), or macOS.
+    ``version``: ``importlib.metadata.version`` (a test hands fabricated versions)."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed_version
+
+    version = version or installed_version
+    if environ.get("VLLM_TARGET_DEVICE", "").lower() == "cpu":
+        return True
+    try:
+        try:
+            built = version("vllm")
+        except PackageNotFoundError:
+            built = version("vllm-cpu") + "+cpu"
+    except PackageNotFoundError:
+        return False
+    return "cpu" in built or platform.startswith("darwin")
 
 
 class VllmConfig(StrictModel):
@@ -123,6 +159,23 @@ class VllmConfig(StrictModel):
                 "'processed_logprobs' (the sampler's distribution) or 'raw_logprobs' (before temperature/top-k/top-p)"
             )
         return mode
+
+    @field_validator("engine_kwargs")
+    @classmethod
+    def _cpu_kernels(cls, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """On vLLM's CPU platform, drop the kernel choices of :data:`CPU_IGNORED_ENGINE_KWARGS` (NeMo-RL's MoE
+        recipes set ``moe_backend: triton``), saying so in one warning line each."""
+        chosen = {k: v for k, v in kwargs.items() if k in CPU_IGNORED_ENGINE_KWARGS and v != "auto"}
+        if not chosen or not vllm_platform_is_cpu():
+            return kwargs
+        for key, value in chosen.items():
+            warnings.warn(
+                f"ignored: policy.generation.{SECTION}.engine_kwargs.{key}={value!r} on vLLM's CPU platform: "
+                f"{CPU_IGNORED_ENGINE_KWARGS[key]}",
+                UserWarning,
+                stacklevel=2,
+            )
+        return {k: v for k, v in kwargs.items() if k not in chosen}
 
     @property
     def kv_cache_bytes(self) -> int | None:
