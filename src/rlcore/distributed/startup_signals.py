@@ -78,5 +78,9 @@ def deferred_signals(cleanup: Callable[[], None] | None = None) -> Iterator[None
         finally:
             for signum, handler in previous.items():
                 signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
-        if received:
-            signal.raise_signal(received[0])  # the program's handler raises it here, at a safe point
+        if received:  # the program's handler raises it here, at a safe point
+            stopping = getattr(previous.get(received[0]), "__self__", None)
+            if callable(getattr(stopping, "redeliver", None)):
+                stopping.redeliver(received[0])  # told of it already: not counted as a second signal
+            else:
+                signal.raise_signal(received[0])

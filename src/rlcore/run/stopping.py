@@ -6,12 +6,22 @@ raised as soon as the checkpoint is complete, so a stop never costs the
 checkpoint that was due. A second signal always raises at once (the shutdown
 that follows the first one is graceful, then forced; a second Ctrl-C skips
 to forced).
+
+A stop must never be lost. The handler runs between any two bytecodes of the main thread, and some of them
+are where Python cannot raise: a ``__del__`` or a weakref callback (run by the garbage collector or by a
+reference count reaching zero), a C extension's callback. There the interpreter hands the exception to
+:func:`sys.unraisablehook`, prints "Exception ignored in ...", and the code around carries on; a run would
+have trained on after a Ctrl-C. While a :class:`StopOnSignals` block is active its hook recognises a stop so
+swallowed and has it raised again within milliseconds (or when the block ends, at the latest). A stop that
+code catches on purpose (``except StopRequested``) is that code's to handle.
 """
 
 from __future__ import annotations
 
+import _thread
 import contextlib
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -65,24 +75,81 @@ class StopOnSignals:
         self._deadline = 0.0
         self._insisted = False
         self._watchdog: threading.Thread | None = None
+        self._lost: StopRequested | None = None  #: a stop swallowed where it was raised, not raised again yet
+        self._redelivering = False  #: the next call of the handler raises a stop it was told of already
+        self._previous_hook: Callable[[Any], object] = sys.__unraisablehook__
+        self._active = False
+        self._lost_lock = threading.RLock()  # a lost stop is raised again only while the block is active
+        self._hook = self._unraisable  # one bound method: ``sys.unraisablehook is self._hook`` says it is ours
 
     def __enter__(self) -> StopOnSignals:
+        self._lost = None
+        self._previous_hook = sys.unraisablehook
+        sys.unraisablehook = self._hook
+        self._active = True
         for signum in EXIT_CODES:
             self._previous[signum] = signal.signal(signum, self._handle)
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        for signum, handler in self._previous.items():
-            signal.signal(signum, handler)
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        try:
+            with self._lost_lock:
+                self._active = False
+                lost, self._lost = self._lost, None
+            if exc is None and lost is not None:  # swallowed, and the block ended before it was raised again
+                raise StopRequested(lost.signum) from lost
+        finally:
+            self._active = self._redelivering = False
+            for signum, handler in self._previous.items():
+                signal.signal(signum, handler)
+            if sys.unraisablehook is self._hook:  # else another hook wraps this one: this one passes all on
+                sys.unraisablehook = self._previous_hook
 
     def _handle(self, signum: int, _frame: Any) -> None:
-        self.note(signum)
-        if self._holding and not self._stopping:
+        again = self._redelivering  # a stop raised again (swallowed, or deferred): not a new signal
+        if again:
+            self._redelivering = False
+            self._lost = None
+        else:
+            self.note(signum)
+        if self._holding and not (self._stopping and not again):  # a first stop waits for the checkpoint
             self._pending = signum
             self._stopping = True
             return
         self._stopping = True
         raise StopRequested(signum)
+
+    def _unraisable(self, unraisable: Any) -> None:
+        """``sys.unraisablehook`` while the block is active: a stop swallowed by the interpreter is raised again
+        once the swallowing code is left; anything else goes to the hook that was there before.
+
+        Not from here: a pending signal runs its handler at the main thread's next check point, which would be
+        in this hook, where the stop would be swallowed again. A thread of its own asks for it, started last
+        and without waiting for it (``threading.Thread.start`` waits): it can only run, and ask, once the main
+        thread lets go of the interpreter lock at a check point after this hook.
+        """
+        stop = _stop_in(unraisable.exc_value)
+        if stop is None or not self._active:  # not a stop, or this block has ended
+            self._previous_hook(unraisable)
+            return
+        self._lost = stop
+        _thread.start_new_thread(self._raise_lost, ())
+
+    def _raise_lost(self) -> None:
+        with self._lost_lock:  # the block does not end in between: its handler is the one that runs
+            if self._active and self._lost is not None:
+                self._redelivering = True  # a real signal: it also ends a sleep or a wait the main thread is in
+                signal.pthread_kill(threading.main_thread().ident or 0, self._lost.signum)
+
+    def redeliver(self, signum: int) -> None:
+        """Raise (through the handler, now) a stop signal this object was told of already (:meth:`note`): a
+        signal :func:`rlcore.distributed.startup_signals.deferred_signals` held back. Its deadline keeps
+        running from the first delivery; it does not count as a second signal."""
+        self._redelivering = True
+        try:
+            signal.raise_signal(signum)
+        finally:
+            self._redelivering = False
 
     def note(self, signum: int) -> None:
         """A stop signal came (here, or to a block that defers signals such as ``ray.init``: its deadline runs
@@ -134,3 +201,15 @@ class StopOnSignals:
         if isinstance(exc, StopRequested):
             return exc
         return StopRequested(self.received) if self.received is not None else None
+
+
+def _stop_in(exc: BaseException | None) -> StopRequested | None:
+    """The :class:`StopRequested` that ``exc`` is or was raised from (a C extension's callback turns it into
+    a ``SystemError`` caused by it), or None."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, StopRequested):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
