@@ -135,8 +135,17 @@ def reference_pg(cfg, logprobs, data, gseqs, gtoks):
             "policy_kl_error",
             "js_divergence_error",
             "sampling_importance_ratio",
+            "rollout_probs_diff_mean",
+            "k3_kl",
+            "rollout_probs_train_mean",
+            "rollout_probs_engine_mean",
+            "rollout_probs_train_sq_mean",
+            "rollout_probs_engine_sq_mean",
+            "rollout_probs_product_mean",
         ] + (["is_oob_ratio"] if w_hi is not None else [])
     m = dict.fromkeys(names, 0.0)
+    if mismatch:
+        m["rollout_probs_diff_max"] = -math.inf
     ratios, clipped_ratios = [], []
 
     def k_of(y, kind):  # estimate and its derivative in y = log pi_ref - log pi
@@ -208,6 +217,14 @@ def reference_pg(cfg, logprobs, data, gseqs, gtoks):
                 mix = 0.5 * (p_prev + p_gen)
                 m["js_divergence_error"] += 0.5 * (p_prev / mix - math.log(p_prev / mix) - 1) / gtoks
                 m["js_divergence_error"] += 0.5 * (p_gen / mix - math.log(p_gen / mix) - 1) / gtoks
+                m["rollout_probs_diff_mean"] += abs(p_prev - p_gen) / gtoks
+                m["rollout_probs_diff_max"] = max(m["rollout_probs_diff_max"], abs(p_prev - p_gen))
+                m["k3_kl"] += (p_prev / p_gen - 1 - math.log(p_prev / p_gen)) / gtoks
+                m["rollout_probs_train_mean"] += p_prev / gtoks
+                m["rollout_probs_engine_mean"] += p_gen / gtoks
+                m["rollout_probs_train_sq_mean"] += p_prev * p_prev / gtoks
+                m["rollout_probs_engine_sq_mean"] += p_gen * p_gen / gtoks
+                m["rollout_probs_product_mean"] += p_prev * p_gen / gtoks
                 if c["use_importance_sampling_correction"]:
                     a, da = a * w, da * w
             if c["sequence_level_importance_ratios"]:  # d log r / d log pi_u = 1/n for every u
