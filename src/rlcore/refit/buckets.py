@@ -22,6 +22,12 @@ if TYPE_CHECKING:
 #: pickles cheaply and can be compared without torch.
 RefitMetadata = dict[str, tuple[tuple[int, ...], str]]
 
+#: ``(dim, start, length)``: the slice of a tensor along one dimension that a receiver reads of it (an engine
+#: rank of a tensor-parallel engine reads its shard of most tensors). A tensor without one is read whole.
+Region = tuple[int, int, int]
+#: ``{hf_name: Region}`` for the tensors a receiver reads only part of.
+Regions = dict[str, Region]
+
 #: What a receiver does with one bucket's ``(name, tensor)`` pairs. It may hold on to a tensor past
 #: the call only until every tensor of its layer (:func:`layer_of`) has arrived: the transports keep
 #: that much valid (views for layers whole in the bucket, copies for the others), no more.
@@ -161,17 +167,23 @@ def pack(
     buffer: torch.Tensor,
     metadata: RefitMetadata,
     fingerprints: FingerprintSink | None = None,
-) -> None:
+    regions: Regions | None = None,
+) -> int:
     """Copy the bucket's tensors, pulled in order from ``tensors``, into the uint8 ``buffer``: one fused copy
-    (``torch._foreach_copy_`` into the bucket's views) for the whole bucket, not one copy per tensor.
+    (``torch._foreach_copy_`` into the bucket's views) for the whole bucket, not one copy per tensor. Returns
+    the bytes of those tensors it left out (see ``regions``; 0 without).
 
     The bucket's tensors are all alive until that copy, so a sender holds up to one bucket of gathered
-    tensors at a time. ``fingerprints`` (:class:`rlcore.refit.fingerprint.Fingerprints`): where the
-    sampled elements of the tensors sent are gathered, for verified refit, from the buffer after the copy.
+    tensors at a time. ``regions``: of those tensors only the slice the receiver reads is copied, to where it
+    sits in the tensor's place in the bucket (the rest of that place keeps whatever it held).
+    ``fingerprints`` (:class:`rlcore.refit.fingerprint.Fingerprints`): where the sampled elements of what was
+    sent (a tensor, or its region) are gathered, for verified refit, from the buffer after the copy.
     """
     import torch
 
     targets, sources, named = [], [], []
+    region_targets, region_sources = [], []
+    skipped = 0
     for name, offset in zip(bucket.names, bucket.offsets):
         got_name, t = next(tensors)
         shape, dtype = metadata[name]
@@ -181,14 +193,53 @@ def pack(
                 f"metadata expects {name} {tuple(shape)} {dtype}: iteration order must match "
                 "prepare_refit_info()"
             )
+        region = regions.get(name) if regions else None
+        if region is not None:
+            place = buffer[offset : offset + t.numel() * t.element_size()].view(t.dtype).view(t.shape)
+            region_targets.append(region_view(place, region))
+            region_sources.append(region_view(t.detach(), region))
+            named.append((name, region_targets[-1]))
+            skipped += (t.numel() - region_targets[-1].numel()) * t.element_size()
+            continue
         flat = t.detach().contiguous().reshape(-1)
         targets.append(buffer[offset : offset + flat.numel() * flat.element_size()])
         sources.append(flat.view(torch.uint8))
         named.append((name, targets[-1].view(flat.dtype)))  # fingerprinted: the bytes sent, one gather
     if targets:
         torch._foreach_copy_(targets, sources, non_blocking=True)
+    if region_targets:
+        torch._foreach_copy_(region_targets, region_sources, non_blocking=True)
     if fingerprints is not None:
         fingerprints.add(named)
+    return skipped
+
+
+def skipped_bytes(regions: Regions, metadata: RefitMetadata) -> int:
+    """The bytes of ``metadata``'s tensors outside ``regions``: what a refit that sends only the regions skips."""
+    skipped = 0
+    for name, (dim, _, length) in regions.items():
+        shape, dtype = metadata[name]
+        skipped += nbytes(shape, dtype) // shape[dim] * (shape[dim] - length)
+    return skipped
+
+
+def region_view(tensor: torch.Tensor, region: Region | None) -> torch.Tensor:
+    """The part of ``tensor`` a receiver reads: ``region`` (a view), or the whole tensor when None."""
+    if region is None:
+        return tensor
+    dim, start, length = region
+    return tensor.narrow(dim, start, length)
+
+
+def check_regions(regions: Regions, metadata: RefitMetadata) -> None:
+    """Raise :class:`RefitError` unless every region names a tensor of ``metadata`` and fits inside it."""
+    for name, region in regions.items():
+        if name not in metadata:
+            raise RefitError(f"the receiver asked for a region of '{name}', which is not sent")
+        shape = metadata[name][0]
+        dim, start, length = region
+        if not (0 <= dim < len(shape) and 0 <= start and 0 < length and start + length <= shape[dim]):
+            raise RefitError(f"the receiver's region {tuple(region)} of '{name}' does not fit its shape {shape}")
 
 
 def wait_for_stream(device: torch.device) -> None:

@@ -5,8 +5,10 @@ between them, as the raw bits of each element (an integer view of the same width
 bf16 compare bit for bit), each multiplied by an odd position weight, summed in wrapping int64.
 The cost is O(``SAMPLES``) per tensor, not O(bytes): a bucket's tensors, views of one transport buffer
 (the sender fingerprints its buffer after packing, the engine the buffer it received), are sampled with one
-gather per dtype on that buffer; other tensors as strided views, copied once per bucket. The samples
-move to the CPU once per refit and are summed for every tensor at once.
+gather per dtype on that buffer (a tensor's region, the slice one tensor-parallel engine rank reads, is a
+strided view of it and is sampled in that gather too, in row-major order: the fingerprint of
+``region.contiguous()``); other tensors as strided views, copied once per bucket. The samples move to the CPU
+once per refit and are summed for every tensor at once.
 
 Detection power (stated, and tested in ``tests/refit/test_verified_refit.py``):
 
@@ -85,34 +87,54 @@ def _plan(numel: int, samples: int | None) -> tuple[int, int, bool, torch.Tensor
 
 
 def _gather(entries: list[_Entry]) -> torch.Tensor:
-    """The sampled elements of ``entries`` (contiguous tensors of one storage, dtype and device), in order:
-    one gather on the storage, at positions built once per layout (a bucket's offsets repeat every refit)."""
+    """The sampled elements of ``entries`` (tensors of one storage, dtype and device, contiguous or strided
+    views such as a tensor's region), in order: one gather on the storage, at positions built once per layout
+    (a bucket's offsets repeat every refit)."""
     first = entries[0][1]
-    layout = tuple((tensor.storage_offset(), tensor.numel(), *slices) for _, tensor, slices, _ in entries)
+    layout = tuple(
+        (tensor.storage_offset(), tuple(tensor.shape), tuple(tensor.stride()), *slices)
+        for _, tensor, slices, _ in entries
+    )
     whole = first.untyped_storage().nbytes() // first.element_size()
     return first.as_strided((whole,), (1,), 0).index_select(0, _storage_positions(layout, first.device))
 
 
 @lru_cache(maxsize=256)
-def _storage_positions(layout: tuple[tuple[int, int, int, int, bool], ...], device: torch.device) -> torch.Tensor:
-    """The storage positions of :func:`sample_indices` for tensors at ``(storage offset, numel, stop, step, tail)``."""
+def _storage_positions(
+    layout: tuple[tuple[int, tuple[int, ...], tuple[int, ...], int, int, bool], ...], device: torch.device
+) -> torch.Tensor:
+    """The storage positions of :func:`sample_indices` (row-major element order) for tensors at
+    ``(storage offset, shape, strides, stop, step, tail)``."""
     import torch
 
     parts = []
-    for offset, numel, stop, step, tail in layout:
-        parts.append(torch.arange(offset, offset + stop, step, dtype=torch.int64))
+    for offset, shape, strides, stop, step, tail in layout:
+        flat = torch.arange(0, stop, step, dtype=torch.int64)
         if tail:
-            parts.append(torch.tensor([offset + numel - 1], dtype=torch.int64))
+            flat = torch.cat([flat, torch.tensor([_numel(shape) - 1], dtype=torch.int64)])
+        position = torch.full_like(flat, offset)
+        for size, stride in zip(reversed(shape), reversed(strides)):  # unravel the flat index, innermost first
+            position += (flat % size) * stride
+            flat = flat // size
+        parts.append(position)
     return torch.cat(parts).to(device)
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
 
 
 class Fingerprints:
     """Fingerprints of tensors added bucket by bucket, read once at the end.
 
     :meth:`add` copies each tensor's sampled elements on the tensor's own device, so it may be called on
-    views of a transport buffer that is reused afterwards. Tensors of one call that are contiguous views of
-    one storage (a bucket's tensors unpacked from the receive buffer) are sampled with one gather on that
-    storage; the others (a sender's separate parameters) as strided views, copied once per dtype and device.
+    views of a transport buffer that is reused afterwards. Tensors of one call that are views of one storage
+    (a bucket's tensors unpacked from the receive buffer, or regions of them) and any non-contiguous view are
+    sampled with one gather on that storage; the others (a sender's separate parameters) as strided views,
+    copied once per dtype and device.
     The cost is per torch call, not per byte read, hence one gather per bucket, not views per tensor.
     :meth:`result` moves the samples to the CPU in one copy per dtype and device and sums every tensor's
     at once, so a CUDA refit pays one wait for its fingerprints, not one per tensor.
@@ -133,7 +155,7 @@ class Fingerprints:
             for name, tensor in named_tensors:
                 numel = tensor.numel()
                 stop, step, tail, positions = plan(numel, self.samples)
-                storage = tensor.untyped_storage().data_ptr() if numel and tensor.is_contiguous() else None
+                storage = tensor.untyped_storage().data_ptr() if numel else None
                 by_storage.setdefault((storage, tensor.dtype, tensor.device), []).append(
                     (len(self._names), tensor, (stop, step, tail), positions)
                 )
@@ -142,7 +164,8 @@ class Fingerprints:
             views: dict[tuple[torch.dtype, torch.device], _Group] = {}  # the same, views not yet copied
             for (storage, dtype, device), entries in by_storage.items():
                 copies_members_weights = self._groups.setdefault((dtype, device), ([], [], []))
-                if storage is not None and len(entries) > 1 and self.samples is not None:
+                gather = len(entries) > 1 or not entries[0][1].is_contiguous()  # a strided view: no flat copy
+                if storage is not None and gather and self.samples is not None:
                     copies_members_weights[0].append(_gather(entries))  # the copy, in one call
                     target = copies_members_weights
                 else:

@@ -47,10 +47,13 @@ from rlcore.refit.buckets import (
     LoadFn,
     RefitError,
     RefitMetadata,
+    Regions,
     buffer_bytes,
     check_metadata,
+    check_regions,
     pack,
     plan_buckets,
+    skipped_bytes,
     split_layer_names,
     unpack,
     wait_for_stream,
@@ -74,6 +77,7 @@ class _Message(TypedDict, total=False):
     metadata: dict[str, tuple[list[int], str]]  # hello: the RefitMetadata, shapes as JSON lists
     bucket_bytes: int  # hello
     buffers: list[str]  # hello: each buffer's handle ("fd", or a CUDA IPC handle)
+    regions: dict[str, list[int]]  # ready: the receiver's Regions, [dim, start, length] each
     index: int  # bucket
     buffer: int  # bucket, free: which buffer
 
@@ -234,11 +238,19 @@ class ShmReceiver:
         raise RefitError(f"no sender connected within {timeout_s:.0f}s")
 
     def receive(
-        self, expected: RefitMetadata, load: LoadFn, timeout_s: float = 600.0, stall_timeout_s: float = STALL_TIMEOUT_S
+        self,
+        expected: RefitMetadata,
+        load: LoadFn,
+        timeout_s: float = 600.0,
+        stall_timeout_s: float = STALL_TIMEOUT_S,
+        regions: Regions | None = None,
     ) -> ReceiveStats:
         """Accept one sender, check its metadata, and ``load`` every bucket's tensors in order. The sender has
         ``timeout_s`` to connect and send its first two buckets (it may still be busy); after that every message
-        must come within ``stall_timeout_s``: a sender that stopped fails the refit in a minute, not ten."""
+        must come within ``stall_timeout_s``: a sender that stopped fails the refit in a minute, not ten.
+
+        ``regions``: the parts of tensors this receiver reads (a tensor-parallel engine rank's shards); the
+        sender then writes only those, and the rest of each such tensor ``load`` gets is not the sender's."""
         with self._accept(timeout_s) as conn:
             hello = _recv(conn, timeout_s)
             offered = {k: (tuple(v[0]), v[1]) for k, v in hello["metadata"].items()}
@@ -249,7 +261,7 @@ class ShmReceiver:
                 raise
             plan = plan_buckets(offered, hello["bucket_bytes"])
             split = split_layer_names(plan)
-            _send(conn, type="ready")
+            _send(conn, type="ready", regions={name: list(region) for name, region in (regions or {}).items()})
             handles = hello["buffers"]
             fds = _recv_fds(conn, handles.count("fd"), timeout_s) if "fd" in handles else []
             buffers = self._attach(handles, fds)
@@ -278,7 +290,7 @@ class ShmReceiver:
                 for b in buffers:
                     if b.handle != "fd":  # CUDA buffers are new every refit; CPU mappings are kept
                         b.close()
-        return ReceiveStats(received, sum(b.size for b in plan), len(plan))
+        return ReceiveStats(received, sum(b.size for b in plan) - skipped_bytes(regions or {}, offered), len(plan))
 
     def _attach(self, handles: list[str], fds: list[int]) -> list[_SharedBuffer]:
         """The sender's buffers. Its CPU buffers are pooled, so memory mapped at an earlier refit (the
@@ -328,7 +340,9 @@ def stream_to_receiver(
     stall_timeout_s: float = STALL_TIMEOUT_S,
 ) -> SentBytes:
     """Send every tensor of ``metadata`` (pulled in order from ``tensors``); returns the bytes sent, with the
-    fingerprints of the tensors sent (:class:`rlcore.refit.fingerprint.SentBytes`). The receiver has
+    fingerprints of the tensors sent (:class:`rlcore.refit.fingerprint.SentBytes`). Of a tensor the receiver
+    reads only part of (its ``ready`` names regions: a tensor-parallel engine rank's shards), only that part is
+    written and fingerprinted, and the bytes returned leave the rest out. The receiver has
     ``timeout_s`` to answer the hello and free its first buffers (an engine may be finishing a generation first);
     after that each of its answers must come within ``stall_timeout_s``, so a frozen engine fails the refit in
     one line within about a minute."""
@@ -343,15 +357,18 @@ def stream_to_receiver(
             bucket_bytes=bucket_bytes,
             buffers=[b.handle for b in buffers],
         )
-        _recv(conn, timeout_s)  # "ready", or the receiver's rejection raised as RefitError
+        ready = _recv(conn, timeout_s)  # or the receiver's rejection raised as RefitError
+        regions: Regions = {name: (r[0], r[1], r[2]) for name, r in ready.get("regions", {}).items()}
+        check_regions(regions, metadata)
         if fds := [b.fd for b in buffers if b.fd is not None]:
             _send_fds(conn, fds)
         free = deque(range(num_buffers))
+        skipped = 0
         for index, bucket in enumerate(plan):
             while not free:  # the engine's first loads may be slow (first touch); later ones flow or it hung
                 free.append(_recv(conn, timeout_s if index < num_buffers + 2 else stall_timeout_s)["buffer"])
             slot = free.popleft()
-            pack(bucket, tensors, buffers[slot].tensor, metadata, sent)
+            skipped += pack(bucket, tensors, buffers[slot].tensor, metadata, sent, regions)
             wait_for_stream(device)  # the bucket's copy has landed before the receiver reads it
             _send(conn, type="bucket", index=index, buffer=slot)
         last_wait = timeout_s if len(plan) < num_buffers + 2 else stall_timeout_s  # a short stream: first loads
@@ -360,7 +377,7 @@ def stream_to_receiver(
         _send(conn, type="done")
         if _recv(conn, stall_timeout_s).get("type") != "ok":
             raise RefitError("receiver did not confirm the refit")
-    return SentBytes(sum(b.size for b in plan), sent.result())
+    return SentBytes(sum(b.size for b in plan) - skipped, sent.result())
 
 
 #: The sender's CPU buffers, kept across refits: first-touching fresh memory costs about as much as

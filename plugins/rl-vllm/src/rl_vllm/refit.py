@@ -17,6 +17,11 @@ transport buffers, so the transports cut buckets between decoder layers and
 copy only the tensors of a layer too large for one bucket
 (:func:`rlcore.refit.buckets.split_layer_names`): everything else is handed
 over as a view, with no copy.
+
+A rank of a tensor-parallel engine reads only its shard of most tensors (the
+loaders ``narrow`` them). :class:`ReadRegions` records, during one reload,
+which slice of each tensor the loaders read; later colocated refits then write
+only those slices (``rlcore.refit.buckets.Region``).
 """
 
 from __future__ import annotations
@@ -26,10 +31,15 @@ import glob
 import json
 import logging
 import os
-from collections.abc import Iterable
-from typing import Any
+from bisect import bisect_right
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Any
 
 from rlcore.refit import RefitError
+from rlcore.refit.buckets import Region, Regions
+
+if TYPE_CHECKING:
+    import torch
 
 
 class EngineStaleError(RuntimeError):
@@ -155,6 +165,98 @@ def _repack_cpu_experts(model: Any, loaded: set[str]) -> None:
             experts.process_weights_after_loading(module)
 
 
+#: A tensor read whole, or in a way that is not one slice along one dimension.
+_WHOLE: Region = (-1, 0, 0)
+
+
+def _slice_read(tensor: torch.Tensor, view: torch.Tensor, offset: int) -> Region:
+    """The slice of contiguous ``tensor`` that ``view`` (starting ``offset`` elements into it) covers, if it is
+    ``tensor.narrow(dim, start, length)`` for some dim; else :data:`_WHOLE`."""
+    shape, strides = tuple(tensor.shape), tensor.stride()
+    if view.dim() != len(shape):
+        return _WHOLE
+    differ = [d for d in range(len(shape)) if view.shape[d] != shape[d]]
+    if len(differ) != 1 or any(view.stride(d) != strides[d] for d in range(len(shape)) if view.shape[d] > 1):
+        return _WHOLE
+    dim = differ[0]
+    start, rest = divmod(offset, strides[dim])
+    if rest or start + view.shape[dim] > shape[dim]:
+        return _WHOLE
+    return dim, start, view.shape[dim]
+
+
+def _union(a: Region, b: Region) -> Region:
+    if a == _WHOLE or b == _WHOLE or a[0] != b[0]:
+        return _WHOLE
+    start, end = min(a[1], b[1]), max(a[1] + a[2], b[1] + b[2])
+    return a[0], start, end - start
+
+
+class ReadRegions:
+    """Records which part of each tensor handed to vLLM's loaders they read, while :meth:`watch` is entered.
+
+    Every aten op that reads data (not a view) with an argument inside a tracked tensor's memory counts as a
+    read of the part that argument covers: a loader's ``copy_`` of ``tensor.narrow(dim, start, length)`` reads
+    that slice; any other access counts as reading the whole tensor. :attr:`regions` keeps the tensors read
+    as one slice along one dimension that is less than the whole. The tracked tensors are kept alive until
+    the recorder goes, so no other tensor takes their memory while it watches.
+    """
+
+    def __init__(self) -> None:
+        self._spans: list[tuple[int, int, str, torch.Tensor]] = []  # (first byte, end byte, name, tensor), sorted
+        self._starts: list[int] = []
+        self._kept: list[torch.Tensor] = []
+        self._read: dict[str, Region] = {}
+
+    def track(self, named: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Watch these tensors (a bucket's); a tracked tensor whose memory a new one reuses is dropped."""
+        for name, tensor in named:
+            if not tensor.numel() or not tensor.is_contiguous():
+                continue
+            first = tensor.data_ptr()
+            end = first + tensor.numel() * tensor.element_size()
+            self._spans = [s for s in self._spans if s[1] <= first or s[0] >= end] + [(first, end, name, tensor)]
+            self._kept.append(tensor)
+        self._spans.sort(key=lambda s: s[0])
+        self._starts = [s[0] for s in self._spans]
+
+    def note(self, arg: torch.Tensor) -> None:
+        """An op read ``arg``: if it lies in a tracked tensor, widen that tensor's region to cover it."""
+        if not arg.numel() or arg.device.type == "meta":
+            return
+        address = arg.data_ptr()
+        at = bisect_right(self._starts, address) - 1
+        if at < 0 or address >= self._spans[at][1]:
+            return
+        first, _, name, tensor = self._spans[at]
+        read = _slice_read(tensor, arg, (address - first) // tensor.element_size())
+        read = _union(self._read[name], read) if name in self._read else read
+        self._read[name] = _WHOLE if read[2] == tensor.shape[read[0]] else read  # slices that add up to all
+
+    @contextlib.contextmanager
+    def watch(self) -> Iterator[None]:
+        import torch
+        from torch.utils._python_dispatch import TorchDispatchMode
+        from torch.utils._pytree import tree_leaves
+
+        recorder = self
+
+        class _ReadMode(TorchDispatchMode):
+            def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+                if not func.is_view:
+                    for leaf in tree_leaves((args, kwargs)):
+                        if isinstance(leaf, torch.Tensor):
+                            recorder.note(leaf)
+                return func(*args, **(kwargs or {}))
+
+        with _ReadMode():
+            yield
+
+    @property
+    def regions(self) -> Regions:
+        return {name: region for name, region in self._read.items() if region != _WHOLE}
+
+
 class InPlaceReload:
     """One in-place reload of an in-process engine's weights: ``load`` per bucket, then ``finish``.
 
@@ -162,10 +264,11 @@ class InPlaceReload:
     process through ``LLM.collective_rpc``). If ``finish`` is never reached
     (the stream broke), ``abort`` still completes vLLM's reload bookkeeping so
     the model stays structurally whole; its weights are then a mix of old and
-    new, and the caller must treat the engine as stale.
+    new, and the caller must treat the engine as stale. ``record_regions``: a
+    :class:`ReadRegions` fills :attr:`regions` with the slices the loaders read.
     """
 
-    def __init__(self, vllm_worker: Any, partial: bool = False) -> None:
+    def __init__(self, vllm_worker: Any, partial: bool = False, record_regions: bool = False) -> None:
         from vllm.config import set_current_vllm_config
         from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
 
@@ -178,13 +281,16 @@ class InPlaceReload:
         self._quiet.__enter__()
         self.loaded: set[str] = set()
         self.tensors = 0
+        self._recorder = ReadRegions() if record_regions else None
         self._open = True
         with self._config_ctx(vllm_worker.vllm_config):
             initialize_layerwise_reload(self.model)
 
     def load(self, named: Iterable[tuple[str, Any]]) -> None:
         batch = list(named)  # no copy: the transport keeps each tensor valid until its layer is whole
-        with self._config_ctx(self._worker.vllm_config):
+        if self._recorder is not None:
+            self._recorder.track(batch)
+        with self._config_ctx(self._worker.vllm_config), self._watching():
             loaded = self.model.load_weights(batch)
         self.tensors += len(batch)
         if loaded:
@@ -196,12 +302,20 @@ class InPlaceReload:
         if self._open:
             self._open = False
             try:
-                with self._config_ctx(self._worker.vllm_config):
+                with self._config_ctx(self._worker.vllm_config), self._watching():
                     finalize_layerwise_reload(self.model, self._worker.vllm_config.model_config)
                     _reprocess_tied_head(self.model)
                     _repack_cpu_experts(self.model, self.loaded)
             finally:
                 self._quiet.__exit__(None, None, None)
+
+    def _watching(self) -> contextlib.AbstractContextManager[None]:
+        return self._recorder.watch() if self._recorder is not None else contextlib.nullcontext()
+
+    @property
+    def regions(self) -> Regions:
+        """The slices of tensors the loaders read, when recorded (empty otherwise)."""
+        return self._recorder.regions if self._recorder is not None else {}
 
     def finish(self) -> None:
         """Complete the reload; raises :class:`RefitError` if some engine parameter got no new value."""

@@ -30,6 +30,7 @@ from rl_vllm.sampling import (
     sampled_logprobs,
 )
 from rlcore.refit import RefitError
+from rlcore.refit.buckets import Regions
 
 logger = logging.getLogger(__name__)
 
@@ -145,6 +146,9 @@ class VllmGenerationWorker:
         self._lora_request: Any = None  # the adapter every request runs with (adapter refit)
         self.weight_version = 0  # named by the driver after each refit; tags every sample generated
         self._fingerprints: dict[str, int] = {}  # verified_refit: what the refits delivered, by tensor
+        # At tensor_parallel_size > 1: the slices of the refit's tensors this rank's loaders read (recorded
+        # in the first whole refit); colocated refits after it send only those.
+        self._read_regions: Regions | None = None
         # Weights that did not come from a checkpoint are not the policy's until a refit lands.
         self.stale_reason: str | None = (
             "the engine started with load_format='dummy' and has not been refit yet"
@@ -295,6 +299,8 @@ class VllmGenerationWorker:
             return [str(exc)]
         if problems := metadata_problems(metadata, self.gen_cfg.model_name, partial):
             return problems
+        if not partial and metadata != self.refit_metadata:
+            self._read_regions = None  # another model plan: record again
         self.refit_metadata = metadata
         self._partial_refit = partial
         return []
@@ -315,8 +321,12 @@ class VllmGenerationWorker:
         stale. ``bucket_bytes`` is the sender's to choose (it is in its hello).
         """
         self.refit_endpoint()
+        expected = self._expected_metadata()
+        regions = {name: r for name, r in (self._read_regions or {}).items() if name in expected}
         return self._refit(
-            "shared memory", lambda load: self._receiver.receive(self._expected_metadata(), load, timeout_s=timeout_s)
+            "shared memory",
+            lambda load: self._receiver.receive(expected, load, timeout_s=timeout_s, regions=regions),
+            regions,
         )
 
     def init_collective(self, ip: str, port: int, world_size: int, *, train_world_size: int = 1) -> int:
@@ -356,9 +366,14 @@ class VllmGenerationWorker:
 
         return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
 
-    def _refit(self, transport: str, receive: Any) -> dict[str, Any]:
-        """Run ``receive(load)``; the engine is stale from the first loaded tensor until the reload completes."""
+    def _refit(self, transport: str, receive: Any, regions: Regions | None = None) -> dict[str, Any]:
+        """Run ``receive(load)``; the engine is stale from the first loaded tensor until the reload completes.
+
+        ``regions``: the sender wrote only these slices of those tensors, so only they are fingerprinted (what
+        this rank reads of them). A whole refit at tensor_parallel_size > 1 records the slices when they are
+        not known yet."""
         from rl_vllm.refit import InPlaceReload
+        from rlcore.refit.buckets import region_view
         from rlcore.refit.fingerprint import Fingerprints
 
         if self._asleep:
@@ -368,12 +383,15 @@ class VllmGenerationWorker:
         previous = self.stale_reason
 
         received = Fingerprints()  # sampled on the device as the buckets arrive; read once, at the end
+        record = self._read_regions is None and not self._partial_refit and self.place.tp_size > 1
 
         def load(named: Any) -> None:
             if not session:  # weights change from here on
                 self.stale_reason = f"a {transport} refit is in progress"
-                session.append(InPlaceReload(self.llm.collective_rpc(_own_worker)[0], self._partial_refit))
-            received.add(named)  # before vLLM's loader fuses them (qkv, gate_up): HF names
+                worker = self.llm.collective_rpc(_own_worker)[0]
+                session.append(InPlaceReload(worker, self._partial_refit, record_regions=record))
+            # before vLLM's loader fuses them (qkv, gate_up): HF names; of a tensor sent in part, that part
+            received.add([(name, region_view(t, regions.get(name))) for name, t in named] if regions else named)
             session[0].load(named)
 
         try:
@@ -396,6 +414,8 @@ class VllmGenerationWorker:
             # Cached prefixes hold keys/values computed with the old weights.
             self.llm.reset_prefix_cache()
         self.stale_reason = None
+        if record:
+            self._read_regions = session[0].regions
         self._fingerprints.update(received.result())  # a partial refit adds to the last
         return {"tensors": session[0].tensors, "seconds": time.perf_counter() - started}
 
