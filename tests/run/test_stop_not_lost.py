@@ -59,6 +59,22 @@ def _drop_by_gc() -> None:
     gc.collect()
 
 
+class WrapsWhileFinalized:
+    """A finalizer that turns what it meets into its own error (as a C extension's callback turns the stop
+    into a ``SystemError``): the stop is its cause."""
+
+    def __del__(self) -> None:
+        try:
+            _signal_and_run_on()
+        except BaseException as exc:
+            raise RuntimeError("cleanup failed") from exc
+
+
+def _drop_wrapping() -> None:
+    finalized = WrapsWhileFinalized()
+    del finalized
+
+
 def _drop_with_weakref_callback() -> None:
     class Owner:
         pass
@@ -72,6 +88,7 @@ FINALIZERS = [
     pytest.param(_drop_by_refcount, id="__del__"),
     pytest.param(_drop_by_gc, id="gc-collected-cycle"),
     pytest.param(_drop_with_weakref_callback, id="weakref-callback"),
+    pytest.param(_drop_wrapping, id="wrapped-in-__del__"),
 ]
 
 
@@ -89,7 +106,8 @@ def test_a_plain_raising_handler_loses_a_stop_raised_in_a_finalizer(finalize, un
         time.sleep(0.01)
     finally:
         signal.signal(signal.SIGINT, previous)
-    assert [type(e) for e in unraisable] == [StopRequested]
+    (lost,) = unraisable
+    assert isinstance(lost, StopRequested) or isinstance(lost.__cause__, StopRequested), repr(lost)
 
 
 @pytest.mark.parametrize("finalize", FINALIZERS)

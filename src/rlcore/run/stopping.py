@@ -35,6 +35,8 @@ EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
 STOP_GRACE_S = 6.0
 #: After a second signal: the user insists.
 SECOND_SIGNAL_GRACE_S = 1.0
+#: How often a stop swallowed where it was raised is signalled again until the handler has run.
+RESEND_AFTER_S = 0.05
 
 
 class StopRequested(BaseException):
@@ -76,19 +78,22 @@ class StopOnSignals:
         self._insisted = False
         self._watchdog: threading.Thread | None = None
         self._lost: StopRequested | None = None  #: a stop swallowed where it was raised, not raised again yet
-        self._redelivering = False  #: the next call of the handler raises a stop it was told of already
+        self._redelivering = False  #: a stop this object was told of already is being raised again
+        self._sent = self._handled = 0  #: signals this object sent itself, and how many of them the handler met
         self._previous_hook: Callable[[Any], object] = sys.__unraisablehook__
         self._active = False
+        self._main_thread = 0
         self._lost_lock = threading.RLock()  # a lost stop is raised again only while the block is active
         self._hook = self._unraisable  # one bound method: ``sys.unraisablehook is self._hook`` says it is ours
 
     def __enter__(self) -> StopOnSignals:
         self._lost = None
+        for signum in EXIT_CODES:  # refused outside the main thread
+            self._previous[signum] = signal.signal(signum, self._handle)
+        self._main_thread = threading.get_ident()
         self._previous_hook = sys.unraisablehook
         sys.unraisablehook = self._hook
         self._active = True
-        for signum in EXIT_CODES:
-            self._previous[signum] = signal.signal(signum, self._handle)
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
@@ -106,13 +111,17 @@ class StopOnSignals:
                 sys.unraisablehook = self._previous_hook
 
     def _handle(self, signum: int, _frame: Any) -> None:
-        again = self._redelivering  # a stop raised again (swallowed, or deferred): not a new signal
+        again = self._sent != self._handled  # a stop this object sent again (swallowed, or deferred)
         if again:
+            self._handled = self._sent
+            if not self._redelivering:  # one more wake-up of a stop raised again already
+                return
             self._redelivering = False
             self._lost = None
         else:
             self.note(signum)
-        if self._holding and not (self._stopping and not again):  # a first stop waits for the checkpoint
+            self._redelivering, self._lost = False, None  # a stop swallowed before is raised now, with this one
+        if self._holding and (again or not self._stopping):  # a first stop waits for the checkpoint
             self._pending = signum
             self._stopping = True
             return
@@ -136,16 +145,28 @@ class StopOnSignals:
         _thread.start_new_thread(self._raise_lost, ())
 
     def _raise_lost(self) -> None:
-        with self._lost_lock:  # the block does not end in between: its handler is the one that runs
-            if self._active and self._lost is not None:
-                self._redelivering = True  # a real signal: it also ends a sleep or a wait the main thread is in
-                signal.pthread_kill(threading.main_thread().ident or 0, self._lost.signum)
+        """Signal the main thread again (a real signal: it also ends a sleep or a wait there) until its handler
+        ran. Again, because a signal that comes between the main thread's letting go of the interpreter lock
+        and its entering the blocking call does not end that call; extra ones before the handler runs merge
+        into its one run, and one the handler meets after it ran is dropped (:attr:`_sent`)."""
+        with self._lost_lock:
+            if not self._active or self._lost is None:
+                return
+            self._redelivering = True
+        while True:
+            with self._lost_lock:  # the block does not end in between: its handler is the one that runs
+                if not (self._active and self._redelivering and self._lost is not None):
+                    return
+                self._sent += 1
+                signal.pthread_kill(self._main_thread, self._lost.signum)
+            time.sleep(RESEND_AFTER_S)
 
     def redeliver(self, signum: int) -> None:
         """Raise (through the handler, now) a stop signal this object was told of already (:meth:`note`): a
         signal :func:`rlcore.distributed.startup_signals.deferred_signals` held back. Its deadline keeps
         running from the first delivery; it does not count as a second signal."""
         self._redelivering = True
+        self._sent += 1
         try:
             signal.raise_signal(signum)
         finally:
