@@ -113,7 +113,11 @@ class MegatronConfig(StrictModel):
     num_layers_in_last_pipeline_stage: PositiveInt | None = Field(
         None, description="Layers on the last pipeline stage; None = even split."
     )
-    context_parallel_size: PositiveInt = Field(1, description="Context-parallel degree (cp); > 1 needs CUDA.")
+    context_parallel_size: PositiveInt = Field(
+        1,
+        description="Context-parallel degree (cp): each rank runs 2 of the 2·cp chunks of every sequence, attention "
+        "all-gathers keys and values over cp; without pipeline parallelism or experts.",
+    )
     pipeline_dtype: Precision | None = Field(
         None,
         description="Dtype of tensors sent between pipeline stages; None = policy.precision (derived when the "
@@ -281,7 +285,6 @@ def megatron_config_problems(
     # Features built on TransformerEngine kernels: impossible without a GPU, and not wired
     # into this backend yet (it builds the local, TransformerEngine-free layer spec).
     te_only = {
-        f"{_M}context_parallel_size": (m.context_parallel_size > 1, "context parallelism", "1"),
         "policy.sequence_packing.enabled": (policy.sequence_packing.enabled, "packed (THD) sequences", "false"),
     }
     for path, (wanted, what, fix) in te_only.items():
@@ -296,6 +299,12 @@ def megatron_config_problems(
             problems.append(
                 f"{path}: {what} needs TransformerEngine kernels, i.e. a CUDA GPU, and {where}: set it to {fix}"
             )
+    if m.context_parallel_size > 1 and m.pipeline_model_parallel_size > 1:
+        problems.append(
+            f"{_M}context_parallel_size: is {m.context_parallel_size} with pipeline_model_parallel_size "
+            f"{m.pipeline_model_parallel_size}; the megatron backend runs context parallelism without pipeline "
+            f"stages only (its local-spec CP is not tested with them): set one of them to 1"
+        )
     if policy.dynamic_batching.enabled:
         problems.append("policy.dynamic_batching.enabled: not supported by the megatron backend: set it to false")
 
@@ -446,6 +455,11 @@ def moe_model_problems(m: MegatronConfig, model_name: str, world_size: int) -> l
         problems.append(f"{path}: is {ep} but {model_name} has no experts: set it to 1")
     elif experts and experts % ep:
         problems.append(f"{path}: {ep} does not divide the model's {experts} experts: choose a divisor")
+    if experts and m.context_parallel_size > 1:
+        problems.append(
+            f"{_M}context_parallel_size: is {m.context_parallel_size} but {model_name} has experts; the megatron "
+            "backend's context parallelism does not gather the routers' logits for the aux loss: set it to 1"
+        )
     tp = m.tensor_model_parallel_size
     if experts and tp > 1 and not m.sequence_parallel:
         problems.append(

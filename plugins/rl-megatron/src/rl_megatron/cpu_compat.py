@@ -42,8 +42,9 @@ training runs redirect nothing that is not listed
 Features that need CUDA for more than these call sites are not emulated but
 rejected by the worker's config checks (:mod:`rl_megatron.config`): the
 mixed-precision (bf16/fp16) and distributed optimizers (they check
-``param.type()`` for CUDA tensor types), context parallel and packed
-sequences (TransformerEngine).
+``param.type()`` for CUDA tensor types) and packed sequences
+(TransformerEngine). Context parallelism selects its rotary positions itself
+(:mod:`rl_megatron.context_parallel`), without megatron's ``.cuda()`` call.
 
 :func:`apply` is called by the worker, in its own process, only when CUDA is
 not available; importing this module changes nothing. On a GPU none of this

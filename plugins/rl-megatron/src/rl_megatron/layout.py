@@ -20,14 +20,6 @@ _M = "policy.megatron_cfg."
 
 def parallel_layout(request: LayoutRequest) -> ParallelLayout:
     m = cast("MegatronConfig", request.section)  # policy.megatron_cfg, validated with the spec's config_class
-    if m.context_parallel_size > 1 and not request.use_gpu:
-        raise ValueError(
-            f"{_M}context_parallel_size: is {m.context_parallel_size} but cluster.use_gpu is false; "
-            "context parallelism needs CUDA kernels (TransformerEngine's sharded attention; there is no CPU "
-            "one), and the megatron backend does not implement it on GPUs yet either: set "
-            f"{_M}context_parallel_size=1 (split long sequences with tensor_model_parallel_size and "
-            "sequence_parallel instead)"
-        )
     return ParallelLayout(
         tp=m.tensor_model_parallel_size,
         cp=m.context_parallel_size,

@@ -143,7 +143,7 @@ def build_gpt_model(shape: ModelShape, config: Any, hf_config: Any, pre_process:
         from rl_megatron.sequence_parallel import sequence_parallel_spec
 
         spec = sequence_parallel_spec(spec, config)
-    return GPTModel(
+    model = GPTModel(
         config=config,
         transformer_layer_spec=spec,
         vocab_size=shape.padded_vocab_size(config.tensor_model_parallel_size),
@@ -156,6 +156,14 @@ def build_gpt_model(shape: ModelShape, config: Any, hf_config: Any, pre_process:
         parallel_output=True,
         **rope_settings(hf_config),
     )
+    if config.context_parallel_size > 1:
+        from megatron.core import parallel_state
+
+        from rl_megatron.context_parallel import rotary_at_local_positions
+
+        cp_rank = parallel_state.get_context_parallel_rank()
+        rotary_at_local_positions(model.rotary_pos_emb, config.context_parallel_size, cp_rank)
+    return model
 
 
 __all__ = ["DTYPES", "build_gpt_model", "layer_offset", "moe_settings", "rope_settings", "transformer_config"]

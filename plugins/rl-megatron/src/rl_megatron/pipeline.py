@@ -25,12 +25,14 @@ def _attention_mask(lengths: torch.Tensor, width: int, device: torch.device) -> 
     return (causal[None] | past_end[:, None, :])[:, None]
 
 
-def width_multiple(divisible_by: int, tp: int, sequence_parallel: bool) -> int:
-    """What every micro-batch's width is padded to a multiple of: ``policy.make_sequence_length_divisible_by``,
-    and ``tp`` under sequence parallelism (megatron splits the sequence evenly over the TP ranks). As NeMo-RL does,
-    the padding is the backend's own: it lies past every ``input_lengths``, and the worker cuts the logits back to
-    the caller's width, so nothing computed for the real tokens changes."""
-    return math.lcm(divisible_by, tp) if sequence_parallel else divisible_by
+def width_multiple(divisible_by: int, tp: int, sequence_parallel: bool, cp: int = 1) -> int:
+    """What every micro-batch's width is padded to a multiple of: ``policy.make_sequence_length_divisible_by``;
+    ``2·cp`` under context parallelism (``2·cp`` chunks, :mod:`rl_megatron.context_parallel`), times ``tp`` under
+    sequence parallelism (megatron splits each rank's positions evenly over the TP ranks). As NeMo-RL does, the
+    padding is the backend's own: it lies past every ``input_lengths``, and the worker cuts the logits back to the
+    caller's width, so nothing computed for the real tokens changes."""
+    split = (2 * cp if cp > 1 else 1) * (tp if sequence_parallel else 1)
+    return math.lcm(divisible_by, split)
 
 
 def logits_for_loss(logits: torch.Tensor, defer_fp32_logits: bool) -> torch.Tensor:
@@ -75,8 +77,12 @@ class PipelineStages:
         device = self.device
         m = self.mcfg
         multiple = width_multiple(
-            self.cfg.make_sequence_length_divisible_by, m.tensor_model_parallel_size, m.sequence_parallel
+            self.cfg.make_sequence_length_divisible_by,
+            m.tensor_model_parallel_size,
+            m.sequence_parallel,
+            m.context_parallel_size,
         )
+        cp_group = getattr(self, "cp_group", None)  # context parallelism: this rank's positions, then all of them
         router_logits = getattr(self, "router_logits", None)
         defer_fp32_logits = self.mcfg.defer_fp32_logits
 
@@ -90,12 +96,23 @@ class PipelineStages:
             ids = mb["input_ids"][:, :width].to(device)
             if ids.shape[1] < width:
                 ids = torch.nn.functional.pad(ids, (0, width - ids.shape[1]))
-            positions = torch.arange(width, device=device)[None, :].expand_as(ids)
+            mask = _attention_mask(lengths, width, device)
+            positions = torch.arange(width, device=device)
+            if cp_group is not None:
+                from rl_megatron.context_parallel import local_positions
+
+                size, rank = dist.get_world_size(cp_group), dist.get_rank(cp_group)
+                positions = local_positions(width, size, rank, device)
+                ids, mask = ids[:, positions], mask[:, :, positions]  # queries here, keys everywhere
             if router_logits is not None:
                 router_logits.clear()  # a new forward: the routers' logits of this micro-batch only
-            output = model(ids, positions, _attention_mask(lengths, width, device))
+            output = model(ids, positions[None, :].expand_as(ids), mask)
 
             def loss_func(logits: torch.Tensor) -> tuple:
+                if cp_group is not None:
+                    from rl_megatron.context_parallel import gather_logits
+
+                    logits = gather_logits(logits, cp_group)
                 loss = on_logits(mb, logits_for_loss(logits, defer_fp32_logits))
                 if loss is None:
                     loss = logits.new_zeros(())

@@ -170,6 +170,7 @@ class MegatronPolicyWorker(PipelineStages, MixtureOfExpertsStage, RefitExportMix
         self.dp_size, self.dp_rank = ps.get_data_parallel_world_size(), ps.get_data_parallel_rank()
         self.tp_group, self.pp_group = ps.get_tensor_model_parallel_group(), ps.get_pipeline_model_parallel_group()
         self.dp_group = ps.get_data_parallel_group()
+        self.cp_group = ps.get_context_parallel_group() if cp > 1 else None  # rl_megatron.context_parallel
         self.pp_ranks = dist.get_process_group_ranks(self.pp_group)
         self.first_stage, self.last_stage = self.pp_rank == 0, self.pp_rank == pp - 1
         ours = NamedSharding.for_world(dist.get_world_size(), tp=tp, cp=cp, pp=pp).coords(self.rank)
