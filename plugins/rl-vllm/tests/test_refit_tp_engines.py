@@ -2,8 +2,9 @@
 
 One placement for the module: a 2-bundle cluster holding two ``reference`` training ranks and one vLLM engine
 of tensor_parallel_size 2, whose rank ``r`` is an engine actor in bundle ``r`` beside training rank ``r``.
-Colocated, training rank ``r`` streams the whole model to engine rank ``r`` (each keeps its shard); by
-collective, training rank 0 broadcasts to both engine ranks. The reference is the policy's own
+Colocated, training rank ``r`` streams the whole model to engine rank ``r`` in the first refit; each engine
+rank records which slices its loaders read (its shards), and the refits after it carry only those. By
+collective, training rank 0 broadcasts the whole model to both engine ranks. The reference is the policy's own
 ``get_logprobs`` (a float32 forward of the same weights, equal to a tensor_parallel_size 1 engine's logprobs
 to 1e-4, ``test_refit.py``), and the greedy tokens must be the policy's argmax.
 """
@@ -119,6 +120,11 @@ def test_colocated_refit_feeds_each_engine_rank(setup: dict[str, Any]) -> None:
     stats = refit_and_compare(setup, sync, seed=11)  # verified: each engine rank holds what its training rank sent
     assert sync.transport == "shared_memory" and stats["weight_version"] == 4
     assert stats["verified_tensors"] == len(setup["policy"].prepare_refit_info())
+    # Each engine rank recorded the slices its loaders read; now its training rank writes (and both sides
+    # fingerprint) only those: about half the bytes at tensor_parallel_size 2, and the same logprobs.
+    second = refit_and_compare(setup, sync, seed=13)
+    assert second["verified_tensors"] == stats["verified_tensors"] and second["weight_version"] == 5
+    assert second["bytes"] < 0.7 * stats["bytes"], (second["bytes"], stats["bytes"])
 
 
 def test_collective_refit_feeds_each_engine_rank(setup: dict[str, Any]) -> None:
