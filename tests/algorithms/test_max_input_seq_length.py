@@ -297,3 +297,38 @@ def test_with_the_limit_a_file_s_long_prompts_are_no_error_before_the_run(tmp_pa
         load_sources(load_config(None, common), length)
     data = load_sources(load_config(None, [*common, "data.max_input_seq_length=20"]), length)
     assert len(data.train.batch(0)) == 2
+
+
+# -- a real run ---------------------------------------------------------------------------------------------------
+
+
+def long_and_short_prompts(step: int, n: int, seed: int = 0) -> list[str]:
+    """Every other prompt far over the run's limit (the tiny model's tokenizer: about a token per byte)."""
+    return [("digits " * 12 if i % 2 else "digits:") for i in range(n)]
+
+
+@pytest.mark.slow
+def test_a_grpo_run_generates_from_the_cut_prompts_and_counts_them(ray_session, tmp_path):
+    import json
+
+    from rlcore.run.train import train
+    from tests.support.runs import ONE_WORKER, short_run_config
+
+    cfg = short_run_config(
+        tmp_path,
+        2,
+        **ONE_WORKER,
+        **{
+            "data.train.generator": "tests.algorithms.test_max_input_seq_length:long_and_short_prompts",
+            "data.max_input_seq_length": "24",
+            "grpo.num_prompts_per_step": "4",
+            "policy.train_global_batch_size": "16",
+            "checkpointing.enabled": "false",
+        },
+    )
+    train(cfg)
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1]
+    for row in rows:
+        assert row["cut_prompts"] == 2.0  # of 4 prompts per step, the 2 long ones
+        assert np.isfinite(row["loss"]) and row["grad_norm"] > 0  # the short prompts still train
