@@ -175,6 +175,10 @@ def test_short_run_writes_metrics_and_a_checkpoint(ray_session, tmp_path, monkey
     ):
         assert key in rows[0], key
     assert all(abs(r["token_mult_prob_error"] - 1.0) < 1e-3 for r in rows), rows  # engine == trainer
+    # the engine/trainer gap metrics beside it (rlcore.algorithms.grpo.off_policy): no gap here either
+    for r in rows:
+        assert 0 <= r["rollout_probs_diff_mean"] <= r["rollout_probs_diff_max"] < 1e-3, r
+        assert abs(r["k3_kl"]) < 1e-5 and r["rollout_actor_probs_pearson_corr"] > 0.999, r
     # vLLM: a refit before every step, the whole model each time; fsdp1 generates from its own weights
     refits, vllm = [r["refit_bytes"] for r in rows], generation_backend() == "vllm"
     assert refits == ([refits[0]] * 2 if vllm else [0.0, 0.0]) and (refits[0] > 0) == vllm, refits

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from rlcore.algorithms.grpo.off_policy import ENGINE_GAP_METRICS, PEARSON_MOMENTS, PEARSON_NAME, probs_pearson
 from rlcore.algorithms.toolkit import Timer, moe_metrics, train_step, training_batch
 
 if TYPE_CHECKING:
@@ -151,8 +152,16 @@ def train_on_rollout(run: RunContext, loss_fn: Any, rollout: Any, timer: Timer) 
     metrics.update(
         {
             key: float(loss_metrics[key])
-            for key in ("clip_fraction", "sampling_importance_ratio", "is_oob_ratio", "positive_nll_loss")
+            for key in (
+                "clip_fraction",
+                "sampling_importance_ratio",
+                "is_oob_ratio",
+                "positive_nll_loss",
+                *ENGINE_GAP_METRICS,
+            )
             if key in loss_metrics
         }
     )
+    if all(name in loss_metrics for name in PEARSON_MOMENTS):  # the engine's and the trainer's logprobs
+        metrics[PEARSON_NAME] = probs_pearson(loss_metrics)
     return metrics
