@@ -14,6 +14,12 @@ not restarted. The run reaches the engines through :class:`RestartingGeneration`
 :class:`RestartingSynchronizer`, which stand in for the backend and the synchronizer, so every rollout
 algorithm (GRPO, distillation, a third party's) gets this without a change.
 
+The whole backend is replaced, never one rank: an engine of several ranks (vLLM's tensor_parallel_size N is N
+actors meeting in a torch.distributed group of their own) whose rank died has its other ranks stuck in a dead
+group, so they are stopped with it and the group is made anew. The new engines hold the checkpoint's weights,
+not the policy's: until their refit lands, :class:`RestartingGeneration` refuses to generate on them
+(:class:`EnginesNotRefitError`), also when that refit failed.
+
 Engines on their own resources take their weights by collective broadcast: the new synchronizer builds a new
 refit group, which training rank 0 joins in place of the old one. Asynchronous GRPO calls the engines from two
 threads (the rollout thread generates while the main thread refits): one lock makes a restart, its refit and
@@ -110,6 +116,7 @@ class EngineRecovery:
         self.retired: set[str] = set()  # the engines of backends this run replaced
         self.restarts = 0
         self.in_step = 0
+        self.unrefit = False  # restarted, and not refit since: the engines hold the checkpoint's weights
         self.lock = threading.RLock()
 
     def end_step(self) -> dict[str, float]:
@@ -165,6 +172,16 @@ class EngineRecovery:
             raise RunError(f"{first_line(cause)}; restarting the engines failed: {first_line(exc)}") from exc
         self.engines = engine_actor_ids(self.generation)
         self.restarts += 1
+        self.unrefit = True
+
+    def check_refit(self) -> None:
+        """Raise :class:`EnginesNotRefitError` while the engines of the last restart have not been refit."""
+        if self.unrefit:
+            raise EnginesNotRefitError(
+                f"the generation engines have not been refit since they were restarted (restart {self.restarts} "
+                "of this run): they hold the checkpoint's weights, not the policy's; refit them (the run's "
+                "synchronizer's sync_weights) before generating"
+            )
 
     def refit_and_wake(self, wake: bool) -> None:
         """As at a step's start: the current weights into the new engines, then (to generate) wake them."""
@@ -174,6 +191,10 @@ class EngineRecovery:
             refit(self.policy, RestartingSynchronizer(self))  # a death here counts too
             if wake and not self.awake:
                 RestartingGeneration(self).prepare_for_generation()  # a death here counts too
+
+
+class EnginesNotRefitError(RuntimeError):
+    """A generation asked of engines a restart started and no refit has fed yet."""
 
 
 class RestartingSynchronizer:
@@ -196,7 +217,9 @@ class RestartingSynchronizer:
         with recovery.lock:  # no restart by the other thread in the middle of a refit
             while True:
                 try:
-                    return recovery.synchronizer.sync_weights()
+                    stats = recovery.synchronizer.sync_weights()
+                    recovery.unrefit = False
+                    return stats
                 except Exception as exc:  # noqa: BLE001 - re-raised unless an engine died and was restarted
                     recovery.recover(exc)  # restarted: the refit is done again, into the new engines
 
@@ -222,10 +245,13 @@ class RestartingGeneration:
         self._recovery = recovery
 
     def generate(self, data: Any, greedy: bool = False) -> Any:
-        return self._retried(lambda g: g.generate(data, greedy=greedy), wake=True)
+        with self._recovery.lock:
+            self._recovery.check_refit()
+            return self._retried(lambda g: g.generate(data, greedy=greedy), wake=True)
 
     def generate_async(self, data: Any, greedy: bool = False) -> PendingGeneration:
         with self._recovery.lock:  # never submitted to engines a restart has not refit yet
+            self._recovery.check_refit()
             backend = self._recovery.generation
             return PendingGeneration(data, greedy, backend, backend.generate_async(data, greedy))
 

@@ -11,12 +11,20 @@ module in the actor's process, so a refit loads into it in place exactly as at `
 from __future__ import annotations
 
 import os
+import re
+import shutil
+import tempfile
 from dataclasses import dataclass
 
 from rl_vllm.config import DEFAULT_CPU_KV_CACHE_GB, GIB, VllmConfig
 
 #: Set per engine rank: the prefix of its CPU all-reduce segments' names (see :func:`name_segments_uniquely`).
 SEGMENT_PREFIX_ENV = "RL_VLLM_SEGMENT_PREFIX"
+#: Set by the driver for its engine actors: each rank binds vLLM's IPC sockets in a directory of its own
+#: (see :func:`use_private_ipc_dir`).
+PRIVATE_IPC_ENV = "RL_VLLM_PRIVATE_IPC_DIR"
+#: ``<temp dir>/rlvllm-<pid>``: an engine rank's IPC socket directory, named after its process.
+IPC_DIR = re.compile(r"rlvllm-(\d+)")
 
 
 @dataclass(frozen=True)
@@ -80,6 +88,8 @@ def prepare_process_env(cfg: VllmConfig, on_cpu: bool, engine: EngineRank) -> in
         )
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ[SEGMENT_PREFIX_ENV] = f"rlcore-{os.environ['MASTER_ADDR']}-{port}"
+    if os.environ.get(PRIVATE_IPC_ENV) == "1" and "VLLM_RPC_BASE_PATH" not in os.environ:
+        use_private_ipc_dir()
     if on_cpu:
         if engine.tp_size == 1:
             # Several ranks share few cores: never let the engine pin OpenMP threads to cores.
@@ -126,16 +136,21 @@ def name_segments_uniquely() -> None:
 
 
 def unlink_rank_segments() -> list[str]:
-    """Remove the names of the engine's CPU all-reduce segments from /dev/shm (design.md §2.9); returns them.
+    """Remove from /dev/shm the names of the engine's shared-memory segments (design.md §2.9); returns them.
 
-    vLLM's CPU communicator creates one segment per rank and every rank maps all of them before the engine
-    finishes starting (two barriers in its set-up), so once ``LLM`` is built here the names are no longer
-    needed: the mappings stay valid, and the memory goes when the last rank's process ends, however it ends.
+    Two kinds, both mapped by every rank of the engine before ``LLM`` is built here, so their names are no
+    longer needed: the mappings stay valid, and the memory goes when the last rank's process ends, however it
+    ends (a killed rank's peers are killed with it: rlcore restarts an engine whole):
+
+    - vLLM's CPU all-reduce segments, one per rank (every rank maps all of them in two barriers of its set-up);
+    - the ring buffer of each message queue this rank created (the tensor-parallel group's, made by its rank 0
+      and opened by the others as the group is built). Python's resource tracker would remove it if the
+      process died alone, but Ray ends an actor's child processes with it.
     """
+    removed = _unlink_message_queue_buffers()
     prefix = os.environ.get(SEGMENT_PREFIX_ENV)
     if not prefix or not os.path.isdir("/dev/shm"):
-        return []
-    removed = []
+        return removed
     for name in os.listdir("/dev/shm"):
         if name.startswith(prefix) and "-cpushm" in name:
             try:
@@ -144,3 +159,49 @@ def unlink_rank_segments() -> list[str]:
             except FileNotFoundError:  # another rank of the engine was first
                 pass
     return removed
+
+
+def _unlink_message_queue_buffers() -> list[str]:
+    from vllm.distributed import parallel_state
+
+    removed = []
+    for ref in list(parallel_state._groups.values()):
+        group = ref()
+        queue = getattr(group, "mq_broadcaster", None)
+        buffer = getattr(queue, "buffer", None)
+        if buffer is None or not getattr(buffer, "is_creator", False):
+            continue
+        buffer.shared_memory.unlink()  # also tells the resource tracker it is gone
+        buffer.is_creator = False  # its finalizer would unlink the name again
+        removed.append(buffer.shared_memory.name)
+    return removed
+
+
+def use_private_ipc_dir() -> str:
+    """Bind vLLM's IPC sockets in ``<temp dir>/rlvllm-<pid>`` (``VLLM_RPC_BASE_PATH``), after removing the
+    directories of engine ranks whose process is gone; returns this rank's.
+
+    vLLM binds ZMQ ``ipc://`` sockets (the message queue of a tensor-parallel group: two unix socket files named
+    by a uuid4, made by the group's rank 0) in the temp dir, and removes them when it closes them; a rank that
+    is killed leaves them. Named after its process, a killed rank's directory is recognised by the next engine
+    rank that starts on the node (the restart of that engine) and removed.
+    """
+    root = tempfile.gettempdir()
+    for name in os.listdir(root):
+        match = IPC_DIR.fullmatch(name)
+        if match and not _pid_alive(int(match.group(1))):
+            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+    path = os.path.join(root, f"rlvllm-{os.getpid()}")
+    os.makedirs(path, exist_ok=True)
+    os.environ["VLLM_RPC_BASE_PATH"] = path
+    return path
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True

@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from rl_vllm.config import VllmConfig, vllm_config_from
+from rl_vllm.engine_env import PRIVATE_IPC_ENV
 from rl_vllm.refit import EngineStaleError
 from rl_vllm.sampling import batch_problems, sampling_options
 from rlcore.data import BatchedDataDict
@@ -75,7 +76,7 @@ class VllmGeneration(WorkerGroupOwner, GenerationInterface):
                 f"{cluster.world_size} bundles, i.e. {engines} engine(s) of tensor_parallel_size={tp}"
             )
         self.sharding = NamedSharding(dp=engines, tp=tp)
-        extra_env: dict[str, str] = {}
+        extra_env: dict[str, str] = {PRIVATE_IPC_ENV: "1"}  # a dead rank's sockets are removed by its restart
         if self.vllm_cfg.cpu_threads and not cluster.use_gpus:
             threads = str(self.vllm_cfg.cpu_threads)
             extra_env.update(RLCORE_CPU_THREADS=threads, OMP_NUM_THREADS=threads)
