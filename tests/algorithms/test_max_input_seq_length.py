@@ -261,23 +261,19 @@ def test_a_dpo_pair_longer_than_the_limit_is_masked_and_one_of_exactly_it_is_not
 
 
 def test_a_limit_above_the_sequence_is_refused_naming_both_paths(tmp_path):
-    from rlcore.config import ConfigError, resolve
+    """A core config rule: the config does not load (so no algorithm, and no `rlcore config validate`, misses it)."""
+    from rlcore.config import ConfigError
     from rlcore.config.data import max_input_problem
-    from rlcore.datasets import load_sources
 
-    cfg = offline_cfg(tmp_path, "sft", 300, max_total=256)
-    problem = max_input_problem(cfg)
-    assert problem == (
+    with pytest.raises(ConfigError) as err:
+        offline_cfg(tmp_path, "sft", 300, max_total=256)
+    assert err.value.problems == [
         "data.max_input_seq_length: is 300, above policy.max_total_sequence_length (256): a sample is masked from "
         "this length on, so it must be at most 256; lower it (or leave it null)"
-    )
-    with pytest.raises(ConfigError) as err:
-        resolve(cfg, run=True)
-    assert problem in err.value.problems
-    with pytest.raises(DataError, match="data.max_input_seq_length: is 300, above"):
-        load_sources(cfg)  # an algorithm that does not check it in its resolve still meets it with the data
+    ]
     assert max_input_problem(offline_cfg(tmp_path, "sft", 256, max_total=256)) is None
-    assert "leaves no room" in max_input_problem(offline_cfg(tmp_path, "sft", 3, max_total=3))
+    with pytest.raises(ConfigError, match="leaves no room"):
+        offline_cfg(tmp_path, "sft", 3, max_total=3)
 
 
 def test_with_the_limit_a_file_s_long_prompts_are_no_error_before_the_run(tmp_path):

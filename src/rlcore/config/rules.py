@@ -15,6 +15,7 @@ import difflib
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING
 
+from rlcore.config.data import max_input_problem
 from rlcore.config.policy import ONLY_READ_BY, SchedulerMilestones
 from rlcore.config.schedule import schedule_of
 
@@ -51,6 +52,13 @@ def one_training_backend(cfg: RLCoreConfig) -> Iterator[str]:
         )
     else:
         yield f"{paths}: all are true; enable one training backend: set enabled=false on all but one"
+
+
+@rule
+def max_input_fits_the_sequence(cfg: RLCoreConfig) -> Iterator[str]:
+    """``data.max_input_seq_length`` is at most ``policy.max_total_sequence_length``, and a cut prompt fits."""
+    if problem := max_input_problem(cfg):
+        yield problem
 
 
 @rule

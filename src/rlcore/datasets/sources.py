@@ -228,13 +228,10 @@ def load_sources(cfg: Any, prompt_length: Callable[[Sample], int] | None = None)
     ``prompt_length`` (the prompt's tokens under the run's chat template): every sample must leave room for a
     completion within ``policy.max_total_sequence_length``, unless ``data.max_input_seq_length`` is set: a prompt
     that long is cut and masked out of the loss, and every shorter one leaves room (the limit is at most
-    ``policy.max_total_sequence_length``, checked here too, for an algorithm that does not check it itself).
+    ``policy.max_total_sequence_length``: a config rule, ``rlcore.config.rules``).
     """
-    from rlcore.config.data import max_input_problem
     from rlcore.plugins import import_object
 
-    if problem := max_input_problem(cfg):
-        raise DataError(problem)
     data, draw = cfg.data, DrawSettings.of(cfg)
     builder = SampleBuilder(data)
     if prompt_length is None or data.max_input_seq_length is not None:

@@ -85,10 +85,9 @@ class GRPO(Algorithm):
 
     def resolve(self, cfg: Any, policy: Any, generation: Any, registry: Any, notices: list[str]) -> Resolution:
         from rlcore.algorithms.grpo.prev_logprobs import skips_prev_logprob_pass
-        from rlcore.config.data import max_input_problem
 
         g = cfg.grpo
-        problems = [p for p in [max_input_problem(cfg)] if p]
+        problems: list[str] = []
         rollout, dp = g.num_prompts_per_step * g.num_generations_per_prompt, policy.data_parallel_size
         if rollout % dp:
             problems.append(

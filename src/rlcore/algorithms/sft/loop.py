@@ -109,10 +109,8 @@ class OfflineAlgorithm(Algorithm):
     """An algorithm that trains on data as written (SFT, DPO): no rollouts, validation in eval-mode batches."""
 
     def resolve(self, cfg: Any, policy: Any, generation: Any, registry: Any, notices: list[str]) -> Resolution:
-        """Validation batches must split over the ranks as training's do; ``data.max_input_seq_length`` must fit
-        the sequence."""
+        """Validation batches must split over the ranks as training's do."""
         from rlcore.config.batch_plan import batch_problems
-        from rlcore.config.data import max_input_problem
 
         s, plan, name = self.section(cfg), policy.batch, self.name
         problems = batch_problems(
@@ -123,7 +121,7 @@ class OfflineAlgorithm(Algorithm):
             gbs_name=f"{name}.val_global_batch_size",
             mbs_name=f"{name}.val_micro_batch_size",
         )
-        return Resolution(cfg, problems + [p for p in [max_input_problem(cfg)] if p])
+        return Resolution(cfg, problems)
 
     def load_data(self, cfg: Any, tokenizer: Any) -> Any:
         """The samples, every fixed one checked for what the loss trains on (:meth:`sample_problem`), and the
