@@ -39,9 +39,13 @@ The pieces: ``refit_sides.py`` (the model, rlcore's refits, the engine's floor a
 ``refit_baselines.py`` (memcpy, raw broadcast), ``refit_cpu.py`` (``--fingerprint``, ``--pack``).
 
 ``--tp N``: one engine of ``tensor_parallel_size`` N over N bundles beside N ``--backend`` training ranks
-(colocated: rank r streams to engine rank r; collective: rank 0 broadcasts to all N), against that engine's
-own floor: every rank's in-place reload of the checkpoint already in its memory, run on all ranks at once
-(``VllmGenerationWorker.reload_floor``); JSON ``tp_colocated_vs_floor`` / ``tp_collective_vs_floor``, goal <= 1.10.
+(colocated: rank r streams to engine rank r the slices engine rank r reads; collective: rank 0 broadcasts the
+whole model to all N), against that engine's own floor: every rank's in-place reload of the checkpoint already
+in its memory, run on all ranks at once (``VllmGenerationWorker.reload_floor``); JSON ``tp_colocated_vs_floor`` /
+``tp_collective_vs_floor``, goal <= 1.10 (issue 53), and ``tp_collective_vs_max_broadcast_floor`` (a raw gloo
+broadcast of the same bytes to N processes). ``*_cpu_training_s`` / ``*_cpu_engine_s``: the CPU seconds all
+ranks of a side spent in one floor / refit (every thread: gloo's too), which matter more than wall time when
+the ranks share cores.
 
 The last line printed is JSON with ``colocated_vs_floor`` and ``collective_vs_floor``
 (collective over max(broadcast, floor)); goals <= 1.25 each, beside the
@@ -62,6 +66,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the refit_*.py
 from refit_baselines import RawBroadcast, time_memcpy  # noqa: E402
 from refit_cpu import fingerprint_cost, interleaved_refits  # noqa: E402
 from refit_sides import KV_CACHE_GB, MODEL, TRANSPORTS, InProcessEngine, Refits, breakdown, model_params  # noqa: E402,F401
+
+from rlcore.refit.buckets import nbytes as nbytes_of  # noqa: E402
 
 KINDS = ("memcpy", "broadcast", "floor", *TRANSPORTS)
 
@@ -107,7 +113,8 @@ def figures(times: dict[str, list[float]], nbytes: int) -> dict:
 
 
 def measure_tp(backend: str, model_dir: str, tp: int, repeats: int) -> dict:
-    """Median seconds of the floor and of both refits into one engine of ``tensor_parallel_size`` ``tp``."""
+    """Median seconds of the floor, of both refits into one engine of ``tensor_parallel_size`` ``tp`` and of a raw
+    gloo broadcast of the refit's bytes to ``tp`` processes; and the CPU seconds each side spent in them."""
     import ray
 
     from rl_vllm.generation import VllmGeneration
@@ -123,14 +130,17 @@ def measure_tp(backend: str, model_dir: str, tp: int, repeats: int) -> dict:
     policy_cfg.update(train_global_batch_size=tp, train_micro_batch_size=1, max_total_sequence_length=64)
     cfg = load_config_dict({"cluster": {"workers_per_node": tp}, "policy": policy_cfg}).policy
     cluster = RayVirtualCluster([tp], max_colocated_worker_groups=2)
-    policy = generation = None
+    policy = generation = raw = None
     try:
         policy = Policy(cluster, cfg, build_tiny_tokenizer(), name_prefix="bench-tp", init_reference_model=False)
         generation = VllmGeneration(cluster, cfg.generation, name_prefix="bench-tp-vllm")
+        sides = {"training": policy.worker_group.worker_pids(), "engine": generation.worker_group.worker_pids()}
         syncs = {
             "colocated": WeightSynchronizer(policy, generation, colocated=True),
             "collective": WeightSynchronizer(policy, generation, colocated=False, cluster=cluster),
         }
+        nbytes = sum(nbytes_of(shape, dtype) for shape, dtype in policy.prepare_refit_info().values())
+        raw = RawBroadcast(nbytes, receivers=tp)
 
         def floor() -> float:
             calls = generation.worker_group.run_all_workers_single_data("reload_floor", DEFAULT_BUCKET_BYTES)
@@ -139,14 +149,26 @@ def measure_tp(backend: str, model_dir: str, tp: int, repeats: int) -> dict:
         def refit(which: str) -> float:
             return float(syncs[which].sync_weights()["seconds"])
 
-        steps = {"floor": floor, "colocated": lambda: refit("colocated"), "collective": lambda: refit("collective")}
+        steps = {
+            "floor": floor,
+            "colocated": lambda: refit("colocated"),
+            "collective": lambda: refit("collective"),
+            "broadcast": raw.run,
+        }
         for step in steps.values():
-            step()  # warm-up: metadata, the group, the floor's copy of the checkpoint
+            step()  # warm-up: metadata, the group, the floor's copy of the checkpoint, the engines' regions
         times: dict[str, list[float]] = {k: [] for k in steps}
+        cpu: dict[str, dict[str, list[float]]] = {k: {side: [] for side in sides} for k in steps if k != "broadcast"}
         for _ in range(repeats):
             for name, step in steps.items():
+                before = {side: sum(cpu_seconds(pid) for pid in pids) for side, pids in sides.items()}
                 times[name].append(step())
+                for side, pids in sides.items():
+                    if name in cpu:
+                        cpu[name][side].append(sum(cpu_seconds(pid) for pid in pids) - before[side])
     finally:
+        if raw is not None:
+            raw.close()
         for owner in (generation, policy):
             if owner is not None:
                 owner.shutdown()
@@ -154,11 +176,22 @@ def measure_tp(backend: str, model_dir: str, tp: int, repeats: int) -> dict:
     med = {k: statistics.median(v) for k, v in times.items()}
     return {
         "tp": tp,
+        "bytes": nbytes,
         **{f"{k}_s": round(v, 4) for k, v in med.items()},
+        # CPU seconds of all ranks of a side together (utime + stime of their processes, every thread)
+        **{f"{k}_cpu_{side}_s": round(statistics.median(v), 3) for k, by in cpu.items() for side, v in by.items()},
         "tp_colocated_vs_floor": round(med["colocated"] / med["floor"], 2),
         "tp_collective_vs_floor": round(med["collective"] / med["floor"], 2),
+        "tp_collective_vs_max_broadcast_floor": round(med["collective"] / max(med["broadcast"], med["floor"]), 2),
         "load_average": round(os.getloadavg()[0], 1),
     }
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far, all its threads (Linux ``/proc``)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -2,9 +2,9 @@
 
 - **memcpy**: one ``torch`` copy of a uint8 tensor of that size into an already-touched tensor (this
   process, one torch thread, like the ranks);
-- **broadcast**: one raw gloo broadcast of a tensor of that size between two processes (one thread
-  each), kept alive between broadcasts so they interleave with the refits; timed on the sender
-  between barriers.
+- **broadcast**: one raw gloo broadcast of a tensor of that size from one process to one other (or
+  ``receivers``; one thread each), kept alive between broadcasts so they interleave with the refits;
+  timed on the sender between barriers.
 """
 
 from __future__ import annotations
@@ -27,13 +27,13 @@ def time_memcpy(nbytes: int) -> float:
     return time.perf_counter() - t0
 
 
-def _broadcast_rank(rank: int, port: int, nbytes: int, commands: Any, results: Any) -> None:
+def _broadcast_rank(rank: int, port: int, nbytes: int, commands: Any, results: Any, world: int) -> None:
     import torch
     import torch.distributed as dist
 
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=2)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
     buf = torch.full((nbytes,), rank, dtype=torch.uint8)
     results.put("ready")
     while commands[rank].get() != "stop":
@@ -47,25 +47,27 @@ def _broadcast_rank(rank: int, port: int, nbytes: int, commands: Any, results: A
 
 
 class RawBroadcast:
-    """Two gloo processes kept alive between broadcasts, so they interleave with the refits."""
+    """A sender and ``receivers`` gloo processes kept alive between broadcasts, so they interleave with the
+    refits."""
 
-    def __init__(self, nbytes: int) -> None:
+    def __init__(self, nbytes: int, receivers: int = 1) -> None:
         import torch.multiprocessing as mp
 
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
         ctx = mp.get_context("spawn")
-        self.commands = [ctx.SimpleQueue() for _ in range(2)]
+        world = 1 + receivers
+        self.commands = [ctx.SimpleQueue() for _ in range(world)]
         self.results = ctx.SimpleQueue()
         self.context = mp.start_processes(
             _broadcast_rank,
-            args=(port, nbytes, self.commands, self.results),
-            nprocs=2,
+            args=(port, nbytes, self.commands, self.results, world),
+            nprocs=world,
             join=False,
             start_method="spawn",
         )
-        for _ in range(2):
+        for _ in range(world):
             self.results.get()
 
     def run(self) -> float:
