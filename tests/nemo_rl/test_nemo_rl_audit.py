@@ -118,6 +118,21 @@ def test_several_train_datasets_are_refused_not_silently_replaced_by_the_default
     assert len(validation) == 1 and "AIME2024" in validation[0]
 
 
+def test_max_input_seq_length_is_rlcores_same_rule_with_one_value_for_every_split():
+    """NeMo-RL masks a prompt this long out of the loss: converted as is (rlcore's data.max_input_seq_length); a
+    split asking for another limit is refused, since rlcore has one; null is ignored."""
+    out = convert_file(GRPO, ["data.max_input_seq_length=256"])
+    assert out.problems == [] and out.config["data"]["max_input_seq_length"] == 256
+    out = convert_file(GRPO, ["data.max_input_seq_length=256", "++data.train.max_input_seq_length=128"])
+    assert out.problems == [
+        "data.train.max_input_seq_length: is 128, but data.max_input_seq_length is 256: rlcore has one limit "
+        "for every split (data.max_input_seq_length); give one value"
+    ]
+    out = convert_file(GRPO, ["data.max_input_seq_length=null"])
+    assert "data.max_input_seq_length" not in out.config.get("data", {})
+    assert dict(out.ignored)["data.max_input_seq_length"].startswith("null")
+
+
 def test_a_data_section_naming_no_train_dataset_is_refused():
     out = convert_file(GRPO, ["~data.train"])
     assert any(line.startswith("data.train: the data section names no train dataset") for line in out.problems)
@@ -127,18 +142,16 @@ def test_data_keys_that_decide_the_prompts_are_refused_and_the_neutral_ones_igno
     problems, ignored = _problems_and_ignored(GRPO)
     assert problems == []
     assert "math_hf_data_processor" in ignored["data.default.processor"]
-    assert "equals policy.max_total_sequence_length" in ignored["data.max_input_seq_length"]
+    assert "data.max_input_seq_length" not in ignored  # NeMo-RL's rule, rlcore's same-named key
     assert ignored["data.use_multiple_dataloader"].startswith("false")
     problems, _ = _problems_and_ignored(
         GRPO,
         "data.default.processor=vlm_hf_data_processor",
-        "data.max_input_seq_length=256",
         "data.use_multiple_dataloader=true",
         "++data.train.text_key=text",
     )
     lines = {line.split(":")[0]: line for line in problems}
     assert "'vlm_hf_data_processor'" in lines["data.default.processor"]
-    assert "is 256, below policy.max_total_sequence_length (512)" in lines["data.max_input_seq_length"]
     assert "data.num_prompts_per_dataloader" in lines["data.use_multiple_dataloader"]
     assert "data.train.text_key" in lines and "not dropped" in lines["data.train.text_key"]
 

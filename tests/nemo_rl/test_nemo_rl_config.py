@@ -378,7 +378,6 @@ def test_switched_off_features_and_neutral_values_are_ignored_once():
         "policy.megatron_cfg.peft",
         "policy.dtensor_cfg",
         "policy.some_new_feature",
-        "data.max_input_seq_length",
         "data.default.processor",
     ):
         assert sum(line.startswith(f"ignored: {path} (") for line in lines) == 1, (path, lines)
@@ -747,7 +746,6 @@ def test_rlcore_run_from_nemo_rl_trains_the_tiny_model_end_to_end(tmp_path):
         env=env,
     )
     assert out.returncode == 0, out.stderr[-3000:]
-    assert "ignored: data.max_input_seq_length (" in out.stderr
     assert "ignored: grpo.async_grpo.in_flight_weight_updates (" in out.stderr
     summary = json.loads(out.stdout.strip().splitlines()[-1])
     assert summary["steps"] == 2

@@ -341,11 +341,6 @@ def test_a_dataset_rlcore_does_not_know_by_name_needs_a_local_file(path: Path):
         ),
         (["++dpo.new_option=3"], "dpo.new_option: is 3, a NeMo-RL key rlcore's reader does not know"),
         (
-            ["data.max_input_seq_length=512"],
-            "data.max_input_seq_length: is 512, but rlcore masks the samples longer "
-            "than policy.max_total_sequence_length (1024)",
-        ),
-        (
             ["++data.val_data_paths.a=/a.jsonl", "++data.val_data_paths.b=/b.jsonl", "checkpointing.metric_name=null"],
             "data.val_data_paths: names 2 validation sets; an rlcore run validates on one file",
         ),
@@ -361,7 +356,6 @@ def test_a_dataset_rlcore_does_not_know_by_name_needs_a_local_file(path: Path):
         "metric",
         "preference_loss",
         "unknown",
-        "max_input_seq_length",
         "val_data_paths",
         "subset",
     ],

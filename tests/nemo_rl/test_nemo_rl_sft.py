@@ -126,7 +126,7 @@ def test_nemo_rls_sft_yaml_is_an_sft_run_with_its_values(path: Path, rows: Path)
     resolve(cfg, run=True)  # the batch plan of the run, validation batches included
     lines = loaded.ignored_lines()
     assert len(lines) == len(set(lines))
-    assert "ignored: data.max_input_seq_length (rlcore masks a sample longer than " in "\n".join(lines)
+    assert cfg.data.max_input_seq_length == converted["data"].get("max_input_seq_length")  # NeMo-RL's rule, as is
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=_id)
@@ -239,11 +239,6 @@ def test_openai_format_rows_of_the_early_releases(tmp_path: Path):
             "data.train.system_key: is 'system', but rlcore does not support a system message from a column of the row",
         ),
         (
-            ["data.max_input_seq_length=512"],
-            "data.max_input_seq_length: is 512, but rlcore masks the samples longer than "
-            "policy.max_total_sequence_length (1024)",
-        ),
-        (
             ["++data.validation.input_key=question"],
             "data.validation.input_key: data.train's is 'input', "
             "data.validation's 'question'; rlcore reads both splits with one",
@@ -267,7 +262,6 @@ def test_openai_format_rows_of_the_early_releases(tmp_path: Path):
         "processor",
         "tools",
         "system_key",
-        "max_input_seq_length",
         "row_keys",
         "metric",
         "unknown",

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from rlcore.config.messages import show_value
-from rlcore.nemo_rl.conversion import Conversion, get, is_neutral, put, unknown_problem
+from rlcore.nemo_rl.conversion import Conversion, is_neutral, put, unknown_problem
 from rlcore.nemo_rl.table import UNKNOWN_NEUTRAL
 
 #: A split's items: each key of its entry (``data.default``'s filled in) as (value, NeMo-RL path).
@@ -104,20 +104,11 @@ class DataReader:
             self.ignore(path, "null: none")
 
     def max_input(self, value: Any) -> None:
-        """NeMo-RL masks a sample this long out of the loss; rlcore masks one longer than the sequence."""
-        limit = get(self.nemo, "policy.max_total_sequence_length")
-        if value is None or value == limit:
-            self.ignore(
-                "data.max_input_seq_length",
-                "rlcore masks a sample longer than policy.max_total_sequence_length out of the loss, which this equals",
-            )
+        """NeMo-RL masks a sample this long out of the loss (cut to a few tokens): rlcore's same-named key."""
+        if value is None:
+            self.ignore("data.max_input_seq_length", "null: no limit but policy.max_total_sequence_length")
         else:
-            self.problem(
-                "data.max_input_seq_length",
-                f"is {show_value(value)}, but rlcore masks the samples longer "
-                f"than policy.max_total_sequence_length ({show_value(limit)}): set it to "
-                "${policy.max_total_sequence_length}",
-            )
+            self.set("data.max_input_seq_length", value, "data.max_input_seq_length")
 
     def flat_splits(self, data: dict[str, Any]) -> dict[str, Items]:
         """The early releases' one section: its validation keys apart, the rest the train split's."""

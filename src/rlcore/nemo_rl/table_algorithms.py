@@ -322,10 +322,9 @@ ALGORITHM_AND_RUN_RULES: tuple[Rule, ...] = (
     _c(
         "data.max_input_seq_length",
         "sft_data",
-        P + "max_total_sequence_length",
-        "SFT configs: NeMo-RL masks a "
-        "sample this long out of the loss, rlcore one longer than policy.max_total_sequence_length: equal is "
-        "ignored, another value an error (GRPO configs: ignored)",
+        "data.max_input_seq_length",
+        "as is: a prompt (GRPO, distillation) or sample (SFT; DPO: a pair) this long is cut to a few tokens and "
+        "masked out of the loss, as NeMo-RL's processors do; one value for every split; null: ignored",
     ),
     _c(
         "env",

@@ -172,7 +172,7 @@ def _written(where: str, key: str, own: dict[str, Any] | None) -> str:
     return f"data.default.{key}" if own is not None and key not in own else f"{where}.{key}"
 
 
-def _ignored(data: dict[str, Any], out: Conversion, max_total: Any = None) -> None:
+def _ignored(data: dict[str, Any], out: Conversion) -> None:
     """Each key of the data section this module does not map: ignored with why when it changes nothing, else
     refused (a key NeMo-RL reads that decides the data or the prompts is never dropped)."""
     sections = [("data", data)] + [(f"data.{k}", v) for k, v in data.items() if isinstance(v, dict)]
@@ -187,7 +187,7 @@ def _ignored(data: dict[str, Any], out: Conversion, max_total: Any = None) -> No
         if "processor" in section:
             _processor(where, section["processor"], out)
         if "max_input_seq_length" in section:
-            _max_input(where, section["max_input_seq_length"], max_total, out)
+            _max_input(where, section["max_input_seq_length"], out)
         for key in sorted(set(section) - READ - set(IGNORED) - {"train", "validation", "default"}):
             _other_key(where, key, section[key], data, out)
     if data.get("use_multiple_dataloader"):
@@ -235,24 +235,21 @@ def _processor(where: str, value: Any, out: Conversion) -> None:
     )
 
 
-def _max_input(where: str, value: Any, max_total: Any, out: Conversion) -> None:
-    """NeMo-RL masks a prompt of ``max_input_seq_length`` tokens or more out of training; rlcore refuses, before
-    the run, a prompt that leaves no room for a completion: the same set of prompts only when the two lengths
-    are equal."""
-    if value is None or same(value, max_total):
-        out.ignored.append(
-            (
-                f"{where}.max_input_seq_length",
-                "equals policy.max_total_sequence_length: rlcore refuses, before the run, a prompt that leaves no "
-                "room for a completion, where NeMo-RL would mask it out",
-            )
+def _max_input(where: str, value: Any, out: Conversion) -> None:
+    """NeMo-RL cuts a prompt of ``max_input_seq_length`` tokens or more to a few tokens and masks it out of the
+    loss: rlcore's ``data.max_input_seq_length`` is that rule, one value for every split."""
+    path = f"{where}.max_input_seq_length"
+    if value is None:
+        out.ignored.append((path, "null: no limit but policy.max_total_sequence_length"))
+        return
+    earlier = out.config.get("data", {}).get("max_input_seq_length")
+    if earlier is not None and not same(earlier, value):
+        out.problems.append(
+            f"{path}: is {show_value(value)}, but {out.sources['data.max_input_seq_length']} is "
+            f"{show_value(earlier)}: rlcore has one limit for every split (data.max_input_seq_length); give one value"
         )
         return
-    out.problems.append(
-        f"{where}.max_input_seq_length: is {show_value(value)}, below policy.max_total_sequence_length "
-        f"({show_value(max_total)}): NeMo-RL masks prompts this long out of training, rlcore does not; set it to "
-        "${policy.max_total_sequence_length} (or drop the longer prompts from the file)"
-    )
+    _set(out, "data.max_input_seq_length", value, path)
 
 
 def _several_datasets(data: dict[str, Any], out: Conversion) -> bool:
@@ -323,7 +320,7 @@ def task(nemo: dict[str, Any], out: Conversion) -> None:
             _named_validation(hub, out)
         if "shuffle" in data:
             _set(out, "data.shuffle", data["shuffle"], "data.shuffle")
-        _ignored(data, out, (nemo.get("policy") or {}).get("max_total_sequence_length"))
+        _ignored(data, out)
         if train is None:
             out.problems.append(
                 "data.train: the data section names no train dataset, so NeMo-RL's script would not start and "
