@@ -328,3 +328,28 @@ class InPlaceReload:
             self._finalize()
         except Exception:  # noqa: BLE001 - the engine is marked stale either way
             pass
+
+
+def checkpoint_state(model_dir: str) -> dict[str, torch.Tensor]:
+    """Every tensor of the safetensors checkpoint in ``model_dir``, in memory."""
+    from safetensors.torch import load_file
+
+    state: dict[str, torch.Tensor] = {}
+    for path in sorted(glob.glob(os.path.join(model_dir, "*.safetensors"))):
+        state.update(load_file(path))
+    return state
+
+
+def timed_reload(vllm_worker: Any, state: dict[str, torch.Tensor], bucket_bytes: int) -> float:
+    """Seconds of an in-place reload of ``state`` (already in memory) in a refit's bucket order: a refit's floor."""
+    import time
+
+    from rlcore.refit import metadata_of, plan_buckets
+
+    plan = plan_buckets(metadata_of(state.items()), bucket_bytes)
+    started = time.perf_counter()
+    reload = InPlaceReload(vllm_worker)
+    for bucket in plan:
+        reload.load([(name, state[name]) for name in bucket.names])
+    reload.finish()
+    return time.perf_counter() - started

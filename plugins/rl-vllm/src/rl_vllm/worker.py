@@ -10,7 +10,6 @@ This module is imported only inside the actor (it imports torch and vLLM).
 
 from __future__ import annotations
 
-import glob
 import logging
 import os
 import time
@@ -423,25 +422,11 @@ class VllmGenerationWorker:
         """Seconds of an in-place reload of the engine's own checkpoint, already in memory, in a refit's bucket
         order: the least a refit into this rank can cost (``benchmarks/refit.py --tp``). Leaves the checkpoint's
         weights, so the engine is stale until the next refit."""
-        from safetensors.torch import load_file
+        from rl_vllm.refit import checkpoint_state, timed_reload
 
-        from rl_vllm.refit import InPlaceReload
-        from rlcore.refit import metadata_of, plan_buckets
-
-        state = getattr(self, "_floor_state", None)
-        if state is None:
-            state = {}
-            for path in sorted(glob.glob(os.path.join(self.gen_cfg.model_name, "*.safetensors"))):
-                state.update(load_file(path))
-            self._floor_state = state
-        plan = plan_buckets(metadata_of(state.items()), bucket_bytes)
-        worker = self.llm.collective_rpc(_own_worker)[0]
-        started = time.perf_counter()
-        reload = InPlaceReload(worker, self._partial_refit)
-        for bucket in plan:
-            reload.load([(name, state[name]) for name in bucket.names])
-        reload.finish()
-        seconds = time.perf_counter() - started
+        if getattr(self, "_floor_state", None) is None:
+            self._floor_state = checkpoint_state(self.gen_cfg.model_name)
+        seconds = timed_reload(self.llm.collective_rpc(_own_worker)[0], self._floor_state, bucket_bytes)
         self.llm.reset_prefix_cache()
         self.stale_reason = "reload_floor put the checkpoint's weights back, not the policy's"
         return seconds
