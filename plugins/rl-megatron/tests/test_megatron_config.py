@@ -62,28 +62,38 @@ def test_context_parallel_is_accepted_on_cpu_and_refused_with_pipeline_stages_or
     assert problem.startswith("policy.megatron_cfg.context_parallel_size: is 2 but ") and "experts" in problem
 
 
+def test_bf16_and_the_distributed_optimizer_are_accepted_on_cpu() -> None:
+    """NeMo-RL's standard mixed precision (bf16 model, fp32 main weights) with the distributed optimizer runs
+    on CPU too (cpu_compat; test_megatron_mixed_precision.py trains it)."""
+    standard = {"optimizer": "adam", "bf16": True, "params_dtype": "float32", "use_distributed_optimizer": True}
+    assert _problems(precision="bfloat16", megatron={"optimizer": standard}) == []
+
+
 @pytest.mark.parametrize(
-    "policy, path",
+    "optimizer, path, fix",
     [
         (
-            {"precision": "bfloat16", "megatron": {"optimizer": {"bf16": True, "params_dtype": "float32"}}},
-            "policy.precision",
+            {
+                "optimizer": "adam",
+                "bf16": True,
+                "params_dtype": "bfloat16",
+                "use_distributed_optimizer": True,
+                "use_precision_aware_optimizer": True,
+            },
+            "policy.megatron_cfg.optimizer.use_precision_aware_optimizer",
+            "TransformerEngine's FusedAdam",
         ),
         (
-            {"megatron": {"optimizer": {"use_distributed_optimizer": True}}},
+            {"optimizer": "sgd", "use_distributed_optimizer": True},
             "policy.megatron_cfg.optimizer.use_distributed_optimizer",
+            "use optimizer 'adam'",
         ),
     ],
 )
-def test_cuda_only_optimizers_are_config_errors_on_cpu(policy: dict, path: str) -> None:
-    (problem,) = _problems(**policy)
-    assert problem.startswith(f"{path}: ") and "CUDA" in problem
-    assert (
-        megatron_config_problems(
-            policy_config("unused", 2, **{k: v for k, v in policy.items()}), cuda=True, transformer_engine=False
-        )
-        == []
-    )
+def test_optimizers_megatron_cannot_run_here_are_config_errors(optimizer: dict, path: str, fix: str) -> None:
+    precision = "bfloat16" if optimizer.get("bf16") else "float32"
+    (problem,) = _problems(precision=precision, megatron={"optimizer": optimizer})
+    assert problem.startswith(f"{path}: ") and fix in problem, problem
 
 
 @pytest.mark.parametrize(
@@ -110,7 +120,7 @@ def test_fp32_main_weights_are_the_standard_mixed_precision() -> None:
     low = {"bf16": True, "params_dtype": "bfloat16"}
     (problem,) = _problems(cuda=True, te=True, precision="bfloat16", megatron={"optimizer": low})
     assert problem.startswith("policy.megatron_cfg.optimizer.params_dtype: ") and "precision_aware" in problem
-    aware = {**low, "use_distributed_optimizer": True, "use_precision_aware_optimizer": True}
+    aware = {**low, "optimizer": "adam", "use_distributed_optimizer": True, "use_precision_aware_optimizer": True}
     assert _problems(cuda=True, te=True, precision="bfloat16", megatron={"optimizer": aware}) == []
 
 

@@ -308,17 +308,6 @@ def megatron_config_problems(
     if policy.dynamic_batching.enabled:
         problems.append("policy.dynamic_batching.enabled: not supported by the megatron backend: set it to false")
 
-    if not cuda:
-        if policy.precision != "float32":
-            problems.append(
-                f"policy.precision: is {policy.precision!r} but {where}; megatron-core's mixed-precision "
-                "optimizer only accepts CUDA tensors: use 'float32' on CPU"
-            )
-        if opt.use_distributed_optimizer:
-            problems.append(
-                f"{_M}optimizer.use_distributed_optimizer: is true but {where}; megatron-core's "
-                "distributed optimizer only accepts CUDA tensors: set it to false"
-            )
     half = {"bfloat16": "bf16", "float16": "fp16"}.get(policy.precision)
     for flag in ("bf16", "fp16"):
         if getattr(opt, flag) != (half == flag):
@@ -342,6 +331,16 @@ def megatron_config_problems(
     if opt.use_precision_aware_optimizer and not opt.use_distributed_optimizer:
         problems.append(
             f"{_M}optimizer.use_precision_aware_optimizer: needs {_M}optimizer.use_distributed_optimizer=true"
+        )
+    elif opt.use_precision_aware_optimizer and not (cuda and transformer_engine):
+        problems.append(
+            f"{_M}optimizer.use_precision_aware_optimizer: is true but {where}; it keeps low-precision state in "
+            "TransformerEngine's FusedAdam (torch's Adam has no such state): set it to false"
+        )
+    if opt.use_distributed_optimizer and opt.optimizer == "sgd":
+        problems.append(
+            f"{_M}optimizer.use_distributed_optimizer: is true with optimizer 'sgd'; megatron-core's distributed "
+            "optimizer checkpoints Adam's state only (exp_avg, exp_avg_sq): use optimizer 'adam' or set it to false"
         )
 
     if ddp.average_in_collective:

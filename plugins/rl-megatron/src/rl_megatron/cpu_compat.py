@@ -25,6 +25,13 @@ call sites, and nothing else:
   is a ``'torch.cuda.FloatTensor'``; the optimizer module uses
   :func:`_clip_grad_by_total_norm_fp32` instead, the same scaling with the
   assert on the dtype (float32) rather than on the device.
+- **CUDA tensor type names.** The mixed-precision (bf16/fp16) and distributed
+  optimizers sort the parameters they wrap by ``param.type()`` against
+  ``'torch.cuda.BFloat16Tensor'`` / ``'torch.cuda.FloatTensor'`` names (bf16
+  ones get fp32 main copies, fp32 ones are stepped as they are) and raise for
+  anything else. During their constructors only, ``Tensor.type()`` (no
+  argument, CPU tensor) names the CUDA type of the same dtype, so CPU
+  parameters are sorted by their dtype exactly as CUDA ones are.
 - **Tied embeddings with pipeline parallelism.**
   ``LanguageModule.setup_embeddings_and_output_layer`` moves the last stage's
   copy of the word embeddings with ``weight.data.cuda()`` before all-reducing
@@ -40,10 +47,8 @@ training runs redirect nothing that is not listed
 (``tests/test_megatron_cpu_compat.py``, ``tests/test_megatron_parallel.py``).
 
 Features that need CUDA for more than these call sites are not emulated but
-rejected by the worker's config checks (:mod:`rl_megatron.config`): the
-mixed-precision (bf16/fp16) and distributed optimizers (they check
-``param.type()`` for CUDA tensor types) and packed sequences
-(TransformerEngine). Context parallelism selects its rotary positions itself
+rejected by the worker's config checks (:mod:`rl_megatron.config`): packed
+sequences (TransformerEngine). Context parallelism selects its rotary positions itself
 (:mod:`rl_megatron.context_parallel`), without megatron's ``.cuda()`` call.
 
 :func:`apply` is called by the worker, in its own process, only when CUDA is
@@ -79,6 +84,9 @@ _RNG = "CPU RNG state helpers"
 _R = "megatron.core.tensor_parallel.random"
 _P2P = "megatron.core.pipeline_parallel.p2p_communication"
 _TD = "megatron.core.transformer.moe.token_dispatcher"
+_OPT = "megatron.core.optimizer.optimizer"
+_DOPT = "megatron.core.optimizer.distrib_optimizer"
+_TYPES = "CUDA tensor type names"
 #: Every CUDA use met on the code paths the backend runs: model build, forward/backward with
 #: TP and PP (tied embeddings included), activation checkpointing, DDP, the FP32 optimizer,
 #: gradient clipping, RNG seeding, distributed checkpoint save/load. ``tests/test_megatron_cpu_compat.py``
@@ -104,7 +112,7 @@ CALL_SITES: tuple[CallSite, ...] = (
         "torch.cuda.current_device()",
         _T,
     ),
-    CallSite("megatron.core.optimizer.optimizer", "FP32Optimizer.__init__", "device='cuda'", _T),
+    CallSite(_OPT, "FP32Optimizer.__init__", "device='cuda'", _T),
     # Pipeline schedules and their point-to-point communication.
     CallSite("megatron.core.pipeline_parallel.schedules", "forward_backward_no_pipelining", 'device="cuda"', _T),
     CallSite(
@@ -126,6 +134,11 @@ CALL_SITES: tuple[CallSite, ...] = (
         "'torch.cuda.FloatTensor'",
         "CPU gradient clipping",
     ),
+    # The mixed-precision and distributed optimizers: CUDA tensor type names, their unit loss scale.
+    CallSite(_OPT, "MixedPrecisionOptimizer.__init__", "device='cuda'", _T),
+    CallSite(_OPT, "Float16OptimizerWithFloat16Params.__init__", "param.type()", _TYPES),
+    CallSite(_DOPT, "DistributedOptimizer.__init__", "param.type()", _TYPES),
+    CallSite(_DOPT, "DistributedOptimizer._build_model_and_main_param_groups", "model_param.type()", _TYPES),
     # Tied word embeddings across pipeline stages.
     CallSite(
         "megatron.core.models.common.language_module.language_module",
@@ -381,6 +394,46 @@ def _tensor_cuda_is_identity() -> Iterator[None]:
         torch.Tensor.cuda = original  # type: ignore[method-assign]
 
 
+_type_lock = threading.RLock()
+
+
+@contextlib.contextmanager
+def _tensor_type_names_cuda() -> Iterator[None]:
+    """``Tensor.type()`` of a CPU tensor names the CUDA type of its dtype (``'torch.cuda.BFloat16Tensor'``) for
+    the duration; with an argument (a conversion) or on a CUDA tensor it is the real method."""
+    import torch
+
+    with _type_lock:
+        original = torch.Tensor.type
+        if getattr(original, "__rl_megatron_cpu__", False):  # already inside one of the wrapped constructors
+            yield
+            return
+
+        @functools.wraps(original)
+        def type_name(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if args or kwargs or self.is_cuda:
+                return original(self, *args, **kwargs)
+            _record()
+            return original(self).replace("torch.", "torch.cuda.", 1)
+
+        type_name.__rl_megatron_cpu__ = True  # type: ignore[attr-defined]
+        torch.Tensor.type = type_name  # type: ignore[method-assign]
+        try:
+            yield
+        finally:
+            torch.Tensor.type = original  # type: ignore[method-assign]
+
+
+def _with_cuda_type_names(method: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(method)
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        with _tensor_type_names_cuda():
+            return method(*args, **kwargs)
+
+    wrapped.__rl_megatron_cpu__ = True  # type: ignore[attr-defined]
+    return wrapped
+
+
 LANGUAGE_MODULE = "megatron.core.models.common.language_module.language_module"
 
 
@@ -446,6 +499,10 @@ def apply() -> None:
         from megatron.core.transformer.moe import token_dispatcher
 
         token_dispatcher.maybe_move_tensor_to_cpu = _to_cpu_also_numpy(token_dispatcher.maybe_move_tensor_to_cpu)
+        from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+        for cls in (megatron_optimizer.Float16OptimizerWithFloat16Params, DistributedOptimizer):
+            cls.__init__ = _with_cuda_type_names(cls.__init__)
         _applied = True
 
 

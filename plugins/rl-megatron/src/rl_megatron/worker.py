@@ -58,16 +58,6 @@ def _transformer_engine_available() -> bool:
     return importlib.util.find_spec("transformer_engine") is not None
 
 
-def _init_sgd_state(opt: torch.optim.Optimizer, config: Any = None) -> None:
-    """Create SGD's momentum buffers (zeros, which SGD without dampening treats like absent ones)
-    so that a checkpoint's state has somewhere to load into."""
-    for group in opt.param_groups:
-        if group.get("momentum", 0):
-            for p in group["params"]:
-                if opt.state[p].get("momentum_buffer") is None:
-                    opt.state[p]["momentum_buffer"] = torch.zeros_like(p.data)
-
-
 class MegatronPolicyWorker(PipelineStages, MixtureOfExpertsStage, RefitExportMixin, TrainingWorkerBase):
     """One rank of the ``megatron`` backend (see the module docstring).
 
@@ -179,76 +169,10 @@ class MegatronPolicyWorker(PipelineStages, MixtureOfExpertsStage, RefitExportMix
             raise RuntimeError(f"rank {self.rank}: megatron placed it at {theirs}, rlcore's layout says {ours}")
 
     def _init_ddp_and_optimizer(self) -> None:
-        from megatron.core.distributed import (
-            DistributedDataParallel,
-            DistributedDataParallelConfig,
-            finalize_model_grads,
-        )
-        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
-        from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+        from rl_megatron import optimizer
 
-        m, o, s = self.mcfg, self.mcfg.optimizer, self.mcfg.scheduler
-        d = m.distributed_data_parallel_config
-        ddp_config = DistributedDataParallelConfig(
-            grad_reduce_in_fp32=d.grad_reduce_in_fp32,
-            overlap_grad_reduce=d.overlap_grad_reduce,
-            overlap_param_gather=d.overlap_param_gather,
-            average_in_collective=False,
-            use_distributed_optimizer=o.use_distributed_optimizer,
-        )
-        self.model = DistributedDataParallel(config=self.tconfig, ddp_config=ddp_config, module=self.gpt)
-
-        def finalize_grads(model: list, num_tokens: Any = None, **kwargs: Any) -> None:
-            # All-reduce over dp (sum, see the module docstring), tied-embedding and q/k-norm
-            # reductions; never a division by a token count: rlcore's loss is already normalised.
-            finalize_model_grads(model, None, **kwargs)
-
-        self.tconfig.finalize_model_grads_func = finalize_grads
-        self.tconfig.no_sync_func = self.model.no_sync
-        dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-        # params_dtype is the main (master) weights' dtype: fp32 unless the precision-aware optimizer
-        # keeps them in the model's dtype (megatron_config_problems checked the combination).
-        main = dtypes[o.params_dtype] if o.use_precision_aware_optimizer else torch.float32
-        opt_config = OptimizerConfig(
-            optimizer=o.optimizer,
-            lr=o.lr,
-            min_lr=o.min_lr,
-            weight_decay=o.weight_decay,
-            bf16=o.bf16,
-            fp16=o.fp16,
-            params_dtype=dtypes[self.cfg.precision],
-            main_params_dtype=main,
-            adam_beta1=o.adam_beta1,
-            adam_beta2=o.adam_beta2,
-            adam_eps=o.adam_eps,
-            sgd_momentum=o.sgd_momentum,
-            use_distributed_optimizer=o.use_distributed_optimizer,
-            use_precision_aware_optimizer=o.use_precision_aware_optimizer,
-            # One clipping setting across backends: policy.max_grad_norm (None = no clipping).
-            clip_grad=float(self.cfg.max_grad_norm) if self.cfg.max_grad_norm is not None else 0.0,
-        )
-        self.optimizer = get_megatron_optimizer(opt_config, [self.model])
-        for opt in getattr(self.optimizer, "chained_optimizers", [self.optimizer]):
-            if getattr(opt, "init_state_fn", False) is None:
-                # megatron-core gives SGD no state initialiser, so loading its checkpoint fails.
-                opt.init_state_fn = _init_sgd_state
-        self.tconfig.grad_scale_func = self.optimizer.scale_loss
-        decay_steps = s.lr_decay_iters or max(1, s.lr_warmup_iters + 1)
-        self.scheduler = OptimizerParamScheduler(
-            self.optimizer,
-            init_lr=s.lr_warmup_init,
-            max_lr=o.lr,
-            min_lr=o.min_lr,
-            lr_warmup_steps=s.lr_warmup_iters,
-            lr_decay_steps=decay_steps,
-            lr_decay_style=s.lr_decay_style,
-            start_wd=s.start_weight_decay,
-            end_wd=s.end_weight_decay,
-            wd_incr_steps=decay_steps,
-            wd_incr_style=s.weight_decay_incr_style,
-            wsd_decay_steps=decay_steps,
-            lr_wsd_decay_style="linear",
-        )
+        built = optimizer.build(self.gpt, self.tconfig, self.mcfg, self.cfg)
+        self.model, self.optimizer, self.scheduler = built.model, built.optimizer, built.scheduler
 
     def _token_logprobs(self, mb: BatchedDataDict, logits: torch.Tensor) -> torch.Tensor:
         """``[B, S]`` aligned float32 logprobs (differentiable) at the caller's width."""
@@ -283,6 +207,10 @@ class MegatronPolicyWorker(PipelineStages, MixtureOfExpertsStage, RefitExportMix
     def _empty_cache(self, level: int) -> None:
         if self.mcfg.empty_unused_memory_level >= level and self.device.type == "cuda":
             torch.cuda.empty_cache()
+
+    @property
+    def _distributed_optimizer(self) -> bool:
+        return self.optimizer is not None and self.mcfg.optimizer.use_distributed_optimizer
 
     @staticmethod
     def _check_mode(mode: str) -> None:
@@ -484,7 +412,16 @@ class MegatronPolicyWorker(PipelineStages, MixtureOfExpertsStage, RefitExportMix
         model_state = self.gpt.sharded_state_dict()
         state: dict[str, Any] = {"model": model_state}
         if with_optimizer:
-            state["optimizer"] = self.optimizer.sharded_state_dict(model_state, is_loading=is_loading)
+            metadata = None
+            if self._distributed_optimizer:
+                from rl_megatron import optimizer
+
+                metadata = optimizer.distributed_checkpoint_metadata(self.device.type == "cuda")
+                if is_loading:
+                    optimizer.create_missing_adam_state(self.optimizer)
+            state["optimizer"] = self.optimizer.sharded_state_dict(
+                model_state, is_loading=is_loading, metadata=metadata
+            )
             state["scheduler"] = self.scheduler.state_dict()
         return state
 
@@ -506,6 +443,7 @@ class MegatronPolicyWorker(PipelineStages, MixtureOfExpertsStage, RefitExportMix
                 "pipeline_model_parallel_size": self.pp_size,
                 "expert_model_parallel_size": self.experts.size,
                 "optimizer": self.optimizer is not None,
+                "distributed_optimizer": self._distributed_optimizer,
                 "architecture": self.shape.architecture,
             }
             checkpointing.save(self._sharded_state(False, self.optimizer is not None), optimizer_path, info)
@@ -530,13 +468,25 @@ class MegatronPolicyWorker(PipelineStages, MixtureOfExpertsStage, RefitExportMix
                 f"{saved_ep}, this run has {self.experts.size}; resume at the same expert-parallel size, or load "
                 "the weights alone (without the optimizer)"
             )
+        saved_distributed = info.get("distributed_optimizer", False)
+        if with_optimizer and saved_distributed != self._distributed_optimizer:
+            raise ValueError(
+                f"{path}: its optimizer state was saved with policy.megatron_cfg.optimizer.use_distributed_optimizer="
+                f"{str(saved_distributed).lower()}, this run has {str(self._distributed_optimizer).lower()} (the two "
+                "store it differently); resume with the same setting, or load the weights alone (without the optimizer)"
+            )
         loaded = checkpointing.load(self._sharded_state(True, with_optimizer), path)
         missing, _ = self.gpt.load_state_dict(loaded["model"], strict=False)
         missing = [k for k in missing if not k.endswith("_extra_state")]
         if missing:
             raise RuntimeError(f"{path}: the checkpoint lacks model tensors {missing[:5]}")
         if with_optimizer:
-            self.optimizer.load_state_dict(loaded["optimizer"])
+            if self._distributed_optimizer:
+                from rl_megatron import optimizer
+
+                optimizer.load_distributed_state(self.optimizer, loaded["optimizer"])
+            else:
+                self.optimizer.load_state_dict(loaded["optimizer"])
             self.scheduler.load_state_dict(loaded["scheduler"])
 
     # -- test helpers ----------------------------------------------------------------------------
