@@ -238,6 +238,8 @@ def test_pearson_needs_its_moments_and_variance():
     [
         (dict(truncated_importance_sampling_type="seq-tis"), "use_importance_sampling_correction"),
         (dict(truncated_importance_sampling_type="geo-mask"), "use_importance_sampling_correction"),
+        (dict(truncated_importance_sampling_type="icepop"), "use_importance_sampling_correction"),
+        (dict(truncated_importance_sampling_type="seq-mask-tis"), "use_importance_sampling_correction"),
         (
             dict(use_importance_sampling_correction=True, truncated_importance_sampling_type="seq-tis"),
             "needs truncated_importance_sampling_ratio",

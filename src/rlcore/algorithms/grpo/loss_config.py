@@ -128,7 +128,7 @@ class ClippedPGLossConfig(StrictModel):
                 "truncated_importance_sampling_ratio[_min] only act on importance weights: "
                 "set use_importance_sampling_correction=true or leave them null"
             )
-        if tis_type in ("seq-tis", "geo-mask") and not self.use_importance_sampling_correction:
+        if tis_type != "tis" and not self.use_importance_sampling_correction:
             raise ValueError(
                 f"truncated_importance_sampling_type='{tis_type}' acts on the importance weights only: "
                 "set use_importance_sampling_correction=true or leave the type at its default 'tis'"
