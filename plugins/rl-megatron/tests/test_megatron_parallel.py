@@ -197,6 +197,12 @@ def test_only_listed_cuda_call_sites_were_redirected(started: dict, trained: dic
         assert not unlisted, f"rank {rank} redirected call sites missing from CALL_SITES: {sorted(unlisted)}"
 
 
+def test_workers_never_load_wandb(started: dict, trained: dict) -> None:
+    """megatron-core's timers import wandb, whose import-time temp dirs a killed worker leaves behind in the
+    session's temp dir (rl_megatron.wandb_guard): after building, training and checkpointing, no worker loaded it."""
+    assert call_workers(started["policy"], "wandb_imported") == [False, False]
+
+
 def test_train_step_matches_dtensor_backend(
     started: dict, trained: dict, pool: Any, tiny_tokenizer: Any, tmp_path: Any
 ) -> None:

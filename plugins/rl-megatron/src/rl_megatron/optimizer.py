@@ -209,6 +209,13 @@ def _unshare_adam_steps(optimizer: Any) -> None:
                 state["step"] = state["step"].clone()
 
 
+def state_summary(optimizer: Any) -> dict[str, Any]:
+    """What this rank's optimizer holds: the elements of its main weights and their dtypes (a distributed
+    optimizer holds its 1/dp slice), for tests."""
+    main = [p for opt in parts(optimizer) for group in opt.optimizer.param_groups for p in group["params"]]
+    return {"numel": sum(p.numel() for p in main), "dtypes": sorted({str(p.dtype) for p in main})}
+
+
 def _is_torch_adam(inner: Any) -> bool:
     return isinstance(inner, torch.optim.Adam | torch.optim.AdamW)
 
@@ -222,4 +229,5 @@ __all__ = [
     "init_sgd_state",
     "load_distributed_state",
     "parts",
+    "state_summary",
 ]

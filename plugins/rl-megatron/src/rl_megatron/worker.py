@@ -78,6 +78,9 @@ class MegatronPolicyWorker(PipelineStages, MixtureOfExpertsStage, RefitExportMix
         layout: Any = None,
     ) -> None:
         # backend_config is policy.megatron_cfg (rl_megatron.config.MegatronConfig), layout its tp/cp/pp.
+        from rl_megatron.wandb_guard import keep_wandb_out
+
+        keep_wandb_out()  # before megatron-core's first import (rl_megatron.wandb_guard says why)
         from rlcore.config import as_policy_config
         from rlcore.config.errors import ConfigError
         from rlcore.training.hf_config import load_config
@@ -494,6 +497,16 @@ class MegatronPolicyWorker(PipelineStages, MixtureOfExpertsStage, RefitExportMix
         """The full HF state dict on global rank 0 (None elsewhere). Collective."""
         out = {name: t.cpu().clone() for name, t in self.iter_refit_tensors()}
         return out if self.rank == 0 else None
+
+    def wandb_imported(self) -> bool:
+        from rl_megatron.wandb_guard import wandb_imported
+
+        return wandb_imported()
+
+    def optimizer_state_summary(self) -> dict[str, Any]:
+        from rl_megatron import optimizer
+
+        return optimizer.state_summary(self.optimizer)
 
     def redirected_call_sites(self) -> list[tuple[str, str]] | None:
         """The megatron call sites ``cpu_compat`` redirected in this process; None where it is not active."""
