@@ -64,3 +64,22 @@ def test_engines_never_restarted_generate_as_before() -> None:
     """The guard is the restart's: engines the run started generate without it (the run refits them first)."""
     rec, log = recovery({})
     assert RestartingGeneration(rec).generate("p") == "out(p)" and log == ["generate"]
+
+
+def test_an_engine_found_dead_while_a_request_is_submitted_is_restarted() -> None:
+    """Submitting may call the engines (vLLM's driver asks them whether the last refit landed): a death found
+    there is recovered like one found at collect, instead of stopping an asynchronous run."""
+    from tests.run.test_engine_recovery import AsyncEngines, async_recovery
+
+    class DyingAtSubmit(AsyncEngines):
+        def generate_async(self, data: object, greedy: bool = False) -> tuple[object, object]:
+            self.log.append("submit")
+            self.died("submit")
+            return self, data
+
+    rec, log = async_recovery({"submit": 1})
+    rec.generation.__class__ = DyingAtSubmit  # the engines the run started; a restart's come from start()
+    gen = RestartingGeneration(rec)
+    assert gen.collect(gen.generate_async("p")) == "out(p)"
+    assert log == ["submit", "shutdown", "start", "prepare", "offload", "refit", "onload", "submit", "collect"]
+    assert rec.restarts == 1

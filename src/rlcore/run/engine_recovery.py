@@ -252,8 +252,12 @@ class RestartingGeneration:
     def generate_async(self, data: Any, greedy: bool = False) -> PendingGeneration:
         with self._recovery.lock:  # never submitted to engines a restart has not refit yet
             self._recovery.check_refit()
-            backend = self._recovery.generation
-            return PendingGeneration(data, greedy, backend, backend.generate_async(data, greedy))
+            while True:
+                backend = self._recovery.generation
+                try:  # submitting may call the engines (vLLM's asks them whether the last refit landed)
+                    return PendingGeneration(data, greedy, backend, backend.generate_async(data, greedy))
+                except Exception as exc:  # noqa: BLE001 - re-raised unless an engine died and was restarted
+                    self._recover(exc, wake=True)
 
     def collect(self, pending: PendingGeneration) -> Any:
         """The output of :meth:`generate_async`; if an engine died meanwhile, generated again on new engines."""
