@@ -32,13 +32,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from rl_megatron import checkpointing, vocab_parallel
+from rl_megatron import vocab_parallel
 from rl_megatron.config import megatron_config_problems, megatron_section
 from rl_megatron.converter import ModelShape
 from rl_megatron.model import build_gpt_model, transformer_config
 from rl_megatron.moe import MixtureOfExpertsStage
 from rl_megatron.pipeline import PipelineStages
 from rl_megatron.weights import HFExporter, load_hf_into_stage, stage_layer_offsets
+from rl_megatron.worker_checkpoints import MegatronCheckpoints
 from rlcore.data import BatchedDataDict
 from rlcore.refit import RefitExportMixin
 from rlcore.training import moe_aux
@@ -58,7 +59,9 @@ def _transformer_engine_available() -> bool:
     return importlib.util.find_spec("transformer_engine") is not None
 
 
-class MegatronPolicyWorker(PipelineStages, MixtureOfExpertsStage, RefitExportMixin, TrainingWorkerBase):
+class MegatronPolicyWorker(
+    PipelineStages, MixtureOfExpertsStage, MegatronCheckpoints, RefitExportMixin, TrainingWorkerBase
+):
     """One rank of the ``megatron`` backend (see the module docstring).
 
     Refit: :meth:`prepare_refit_info` and :meth:`iter_refit_tensors` are the export;
@@ -210,10 +213,6 @@ class MegatronPolicyWorker(PipelineStages, MixtureOfExpertsStage, RefitExportMix
     def _empty_cache(self, level: int) -> None:
         if self.mcfg.empty_unused_memory_level >= level and self.device.type == "cuda":
             torch.cuda.empty_cache()
-
-    @property
-    def _distributed_optimizer(self) -> bool:
-        return self.optimizer is not None and self.mcfg.optimizer.use_distributed_optimizer
 
     @staticmethod
     def _check_mode(mode: str) -> None:
@@ -409,88 +408,6 @@ class MegatronPolicyWorker(PipelineStages, MixtureOfExpertsStage, RefitExportMix
             self.model.restore_grad_buffers()
             self._optimizer_state_to(self.device)
         self.model.train()
-
-    # -- checkpoints --------------------------------------------------------------------------------
-    def _sharded_state(self, is_loading: bool, with_optimizer: bool) -> dict[str, Any]:
-        model_state = self.gpt.sharded_state_dict()
-        state: dict[str, Any] = {"model": model_state}
-        if with_optimizer:
-            metadata = None
-            if self._distributed_optimizer:
-                from rl_megatron import optimizer
-
-                metadata = optimizer.distributed_checkpoint_metadata(self.device.type == "cuda")
-                if is_loading:
-                    optimizer.create_missing_adam_state(self.optimizer)
-            state["optimizer"] = self.optimizer.sharded_state_dict(
-                model_state, is_loading=is_loading, metadata=metadata
-            )
-            state["scheduler"] = self.scheduler.state_dict()
-        return state
-
-    def save_checkpoint(
-        self, weights_path: str, optimizer_path: str | None = None, tokenizer_path: str | None = None
-    ) -> None:
-        """HF safetensors at ``weights_path``; a megatron distributed checkpoint (model, optimizer,
-        scheduler; reshardable) at ``optimizer_path``. Both are published atomically. Collective."""
-        from rlcore.training.checkpoint import save_tokenizer
-        from rlcore.training.sharded_checkpoint import on_rank0, save_gathered
-
-        save_gathered(self.iter_refit_tensors(), self.hf_config, weights_path)
-        if tokenizer_path and self.tokenizer is not None:
-            on_rank0(lambda: save_tokenizer(self.tokenizer, tokenizer_path))
-        if optimizer_path:
-            info = {
-                "format": "megatron-dist-checkpoint",
-                "tensor_model_parallel_size": self.tp_size,
-                "pipeline_model_parallel_size": self.pp_size,
-                "expert_model_parallel_size": self.experts.size,
-                "optimizer": self.optimizer is not None,
-                "distributed_optimizer": self._distributed_optimizer,
-                "architecture": self.shape.architecture,
-            }
-            checkpointing.save(self._sharded_state(False, self.optimizer is not None), optimizer_path, info)
-
-    def load_checkpoint(self, weights_path: str, optimizer_path: str | None = None) -> None:
-        for checkpoint in filter(None, (weights_path, optimizer_path)):
-            check_inside(checkpoint)  # a checkpoint reads its own files only
-        self._load_hf(weights_path)
-        if optimizer_path:
-            self._load_megatron_checkpoint(optimizer_path)
-
-    def _load_megatron_checkpoint(self, path: str) -> None:
-        """Model (and, when both sides have one, optimizer + scheduler) from a distributed checkpoint,
-        resharded to this run's TP/PP layout."""
-        info = checkpointing.read_info(path)
-        with_optimizer = self.optimizer is not None and info.get("optimizer", False)
-        saved_ep = info.get("expert_model_parallel_size", 1)
-        if with_optimizer and saved_ep != self.experts.size:
-            # megatron keeps expert parameters in an optimizer of their own only with EP > 1: the state differs.
-            raise ValueError(
-                f"{path}: its optimizer state was saved at policy.megatron_cfg.expert_model_parallel_size="
-                f"{saved_ep}, this run has {self.experts.size}; resume at the same expert-parallel size, or load "
-                "the weights alone (without the optimizer)"
-            )
-        saved_distributed = info.get("distributed_optimizer", False)
-        if with_optimizer and saved_distributed != self._distributed_optimizer:
-            raise ValueError(
-                f"{path}: its optimizer state was saved with policy.megatron_cfg.optimizer.use_distributed_optimizer="
-                f"{str(saved_distributed).lower()}, this run has {str(self._distributed_optimizer).lower()} (the two "
-                "store it differently); resume with the same setting, or load the weights alone (without the optimizer)"
-            )
-        loaded = checkpointing.load(self._sharded_state(True, with_optimizer), path)
-        missing, _ = self.gpt.load_state_dict(loaded["model"], strict=False)
-        missing = [k for k in missing if not k.endswith("_extra_state")]
-        if missing:
-            raise RuntimeError(f"{path}: the checkpoint lacks model tensors {missing[:5]}")
-        if with_optimizer:
-            if self._distributed_optimizer:
-                from rl_megatron import optimizer
-
-                optimizer.load_distributed_state(self.optimizer, loaded["optimizer"])
-            else:
-                self.optimizer.load_state_dict(loaded["optimizer"])
-            self.scheduler.load_state_dict(loaded["scheduler"])
 
     # -- test helpers ----------------------------------------------------------------------------
     def hf_state_dict(self) -> dict[str, torch.Tensor] | None:
