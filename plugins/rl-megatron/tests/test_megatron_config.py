@@ -69,6 +69,21 @@ def test_bf16_and_the_distributed_optimizer_are_accepted_on_cpu() -> None:
     assert _problems(precision="bfloat16", megatron={"optimizer": standard}) == []
 
 
+def test_the_precision_aware_optimizer_with_fp32_state_runs_as_the_distributed_one_without_te() -> None:
+    """NeMo-RL's megatron recipes set use_precision_aware_optimizer with float32 main weights: the same state
+    and update as the plain distributed optimizer, which runs without TransformerEngine's FusedAdam; on CPU it is
+    accepted with one ignored line (low-precision state stays refused: the case above)."""
+    aware = {
+        "optimizer": "adam",
+        "bf16": True,
+        "params_dtype": "float32",
+        "use_distributed_optimizer": True,
+        "use_precision_aware_optimizer": True,
+    }
+    with pytest.warns(UserWarning, match=r"^ignored: policy\.megatron_cfg\.optimizer\.use_precision_aware_optimizer"):
+        assert _problems(precision="bfloat16", megatron={"optimizer": aware}) == []
+
+
 @pytest.mark.parametrize(
     "optimizer, path, fix",
     [

@@ -17,6 +17,7 @@ whether TransformerEngine is installed.
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any, Literal
 
@@ -333,10 +334,21 @@ def megatron_config_problems(
             f"{_M}optimizer.use_precision_aware_optimizer: needs {_M}optimizer.use_distributed_optimizer=true"
         )
     elif opt.use_precision_aware_optimizer and not (cuda and transformer_engine):
-        problems.append(
-            f"{_M}optimizer.use_precision_aware_optimizer: is true but {where}; it keeps low-precision state in "
-            "TransformerEngine's FusedAdam (torch's Adam has no such state): set it to false"
-        )
+        if opt.params_dtype != "float32":
+            problems.append(
+                f"{_M}optimizer.use_precision_aware_optimizer: is true with {opt.params_dtype} main weights but "
+                f"{where}; low-precision optimizer state needs TransformerEngine's FusedAdam (torch's Adam has no "
+                f"such state): set {_M}optimizer.params_dtype='float32' (and the precision-aware optimizer changes "
+                "nothing computed) or run on a GPU with TransformerEngine"
+            )
+        else:
+            warnings.warn(
+                f"ignored: {_M}optimizer.use_precision_aware_optimizer=true ({where}): with float32 main weights "
+                "its state is the distributed optimizer's own (float32 main weights and Adam moments), which runs "
+                "without TransformerEngine's FusedAdam: the same update",
+                UserWarning,
+                stacklevel=2,
+            )
     if opt.use_distributed_optimizer and opt.optimizer == "sgd":
         problems.append(
             f"{_M}optimizer.use_distributed_optimizer: is true with optimizer 'sgd'; megatron-core's distributed "

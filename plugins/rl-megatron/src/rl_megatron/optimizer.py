@@ -50,9 +50,13 @@ class TrainingState:
     scheduler: Any
 
 
-def build(gpt: torch.nn.Module, tconfig: Any, mcfg: Any, policy: Any) -> TrainingState:
+def build(gpt: torch.nn.Module, tconfig: Any, mcfg: Any, policy: Any, *, fused_adam: bool) -> TrainingState:
     """Wrap ``gpt`` in megatron's DDP and build the optimizer and scheduler that ``policy.megatron_cfg``
-    (``mcfg``) describes. Sets ``tconfig``'s gradient hooks (finalize, no_sync, loss scaling)."""
+    (``mcfg``) describes. Sets ``tconfig``'s gradient hooks (finalize, no_sync, loss scaling).
+
+    ``fused_adam``: TransformerEngine's FusedAdam is there (a GPU with TransformerEngine); without it a
+    precision-aware optimizer with float32 main weights is the plain distributed one, whose state is the same
+    (megatron_config_problems refused low-precision state without it)."""
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
@@ -70,7 +74,8 @@ def build(gpt: torch.nn.Module, tconfig: Any, mcfg: Any, policy: Any) -> Trainin
     tconfig.no_sync_func = model.no_sync
     # main_params_dtype is the main (master) weights' dtype: fp32 unless the precision-aware optimizer
     # keeps them in the model's dtype (megatron_config_problems checked the combination).
-    main = DTYPES[o.params_dtype] if o.use_precision_aware_optimizer else torch.float32
+    precision_aware = o.use_precision_aware_optimizer and fused_adam
+    main = DTYPES[o.params_dtype] if precision_aware else torch.float32
     opt_config = OptimizerConfig(
         optimizer=o.optimizer,
         lr=o.lr,
@@ -85,7 +90,7 @@ def build(gpt: torch.nn.Module, tconfig: Any, mcfg: Any, policy: Any) -> Trainin
         adam_eps=o.adam_eps,
         sgd_momentum=o.sgd_momentum,
         use_distributed_optimizer=o.use_distributed_optimizer,
-        use_precision_aware_optimizer=o.use_precision_aware_optimizer,
+        use_precision_aware_optimizer=precision_aware,
         # One clipping setting across backends: policy.max_grad_norm (None = no clipping).
         clip_grad=float(policy.max_grad_norm) if policy.max_grad_norm is not None else 0.0,
     )

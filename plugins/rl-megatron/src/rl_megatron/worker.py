@@ -177,7 +177,8 @@ class MegatronPolicyWorker(
     def _init_ddp_and_optimizer(self) -> None:
         from rl_megatron import optimizer
 
-        built = optimizer.build(self.gpt, self.tconfig, self.mcfg, self.cfg)
+        fused_adam = self.device.type == "cuda" and _transformer_engine_available()
+        built = optimizer.build(self.gpt, self.tconfig, self.mcfg, self.cfg, fused_adam=fused_adam)
         self.model, self.optimizer, self.scheduler = built.model, built.optimizer, built.scheduler
 
     def _token_logprobs(self, mb: BatchedDataDict, logits: torch.Tensor) -> torch.Tensor:
