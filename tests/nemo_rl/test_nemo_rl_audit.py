@@ -74,6 +74,7 @@ REVIEWED_IGNORE_RULES = {
     "policy.megatron_cfg.moe_permute_fusion",
     "policy.megatron_cfg.moe_shared_expert_overlap",
     "policy.megatron_cfg.optimizer.optimizer_cpu_offload",
+    "policy.megatron_cfg.optimizer.params_dtype",  # megatron-core's optimizer never reads it (main_params_dtype)
     "policy.megatron_cfg.optimizer.optimizer_offload_fraction",
     "policy.megatron_cfg.transformer_impl",
     "policy.megatron_cfg.use_fused_linear_logprobs",

@@ -107,7 +107,8 @@ def _expected(nemo: dict[str, Any]) -> dict[str, Any]:
         )
         o = m["optimizer"]
         out["lr"] = o["lr"]
-        out["optimizer"] = (o["optimizer"], o["lr"], o["min_lr"], o["weight_decay"], o["bf16"], o["params_dtype"])
+        # main weights: float32 whatever optimizer.params_dtype says (megatron-core's optimizer never reads it)
+        out["optimizer"] = (o["optimizer"], o["lr"], o["min_lr"], o["weight_decay"], o["bf16"], "float32")
         out["clip"] = o["clip_grad"]
         out["schedule"] = tuple(
             m["scheduler"][k] for k in ("lr_decay_style", "lr_decay_iters", "lr_warmup_iters", "lr_warmup_init")

@@ -297,9 +297,11 @@ CLUSTER_AND_POLICY_RULES: tuple[Rule, ...] = (
             "use_precision_aware_optimizer",
         )
     ),
-    _m(
+    _i(
         MG + "optimizer.params_dtype",
-        note="dtype of the optimizer's main weights: float32 with a bf16 model is the standard mixed precision",
+        "megatron-core's optimizer never reads it (OptimizerConfig.params_dtype is only declared): its main "
+        "weights are main_params_dtype, float32, which NeMo-RL does not set, and the model's dtype is "
+        "policy.precision; rlcore's megatron optimizer keeps float32 main weights likewise",
     ),
     _c(
         MG + "optimizer.clip_grad",
