@@ -11,6 +11,10 @@ Tolerance 1e-5 (absolute for logprobs, relative for loss and gradient norm, of t
 Negative control, in the same run: the keys' and values' gradients are no longer summed over the CP group
 (``cp_control_worker``); a second step, compared with the single-process step from the first step's weights,
 must then differ.
+
+CP 2 × PP 2 on 4 ranks (a 2-layer Qwen3, one layer per stage): the pipeline sends each stage's activations of the
+rank's own positions (``seq_length / cp``), every stage gathers keys and values over its CP pair, the last stage
+gathers the logits. The same step against the same single-process reference and tolerance.
 """
 
 from __future__ import annotations
@@ -93,6 +97,39 @@ def run(ray_session: None, tiny_tokenizer: Any, tmp_path_factory: pytest.TempPat
     }
 
 
+@pytest.fixture(scope="module")
+def cp_pp_run(ray_session: None, tiny_tokenizer: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """CP 2 × PP 2 on 4 ranks: logprobs and one step, with the single-process reference."""
+    from rlcore.algorithms.loss_functions import NLLLoss
+    from rlcore.policy import Policy
+    from rlcore.testing.pytest_plugin import ClusterPool
+
+    root = tmp_path_factory.mktemp("cp-pp")
+    model, data = model_dir("qwen3", tied=True), batch(tiny_tokenizer)
+    pool = ClusterPool()
+    try:
+        config = policy_config(model, 4, megatron={**CP, "pipeline_model_parallel_size": 2})
+        policy = Policy(pool(4), config, tiny_tokenizer, name_prefix="cp-pp", init_reference_model=False)
+        try:
+            logprobs = policy.get_logprobs(data)["logprobs"]
+            first = policy.train(data, NLLLoss())
+            policy.save_checkpoint(str(root / "first"))
+        finally:
+            policy.shutdown()
+    finally:
+        pool.shutdown()
+    initial, (step,) = single_process_sgd(model, [(data, NLLLoss())], SGD_LR)
+    return {
+        "batch": data,
+        "logprobs": logprobs,
+        "hf_logprobs": hf_logprobs(model, data),
+        "loss": float(first["loss"][0]),
+        "grad_norm": float(first["grad_norm"][0]),
+        "weights": state_of(str(root / "first")),
+        "reference": (initial, step),
+    }
+
+
 def test_logprobs_match_hf(run: dict) -> None:
     lengths = run["batch"]["input_lengths"]
     assert {int(n) % 4 for n in lengths} != {0}, lengths  # the worker pads to a multiple of 2·cp
@@ -112,3 +149,17 @@ def test_key_value_gradients_not_summed_over_cp_fail_parity(run: dict) -> None:
     initial, expected = run["control_reference"]
     problems = weight_problems(run["control_weights"], expected.weights, initial, ATOL)
     assert any("self_attn" in line for line in problems), problems
+
+
+def test_cp2_pp2_logprobs_match_hf(cp_pp_run: dict) -> None:
+    lengths = cp_pp_run["batch"]["input_lengths"]
+    assert max_valid_diff(cp_pp_run["logprobs"], cp_pp_run["hf_logprobs"], lengths) <= ATOL
+
+
+def test_cp2_pp2_train_step_matches_single_process_sgd(cp_pp_run: dict) -> None:
+    initial, expected = cp_pp_run["reference"]
+    loss, grad_norm = cp_pp_run["loss"], cp_pp_run["grad_norm"]
+    assert abs(loss - expected.loss) <= ATOL * abs(expected.loss), (loss, expected.loss)
+    assert abs(grad_norm - expected.grad_norm) <= ATOL * expected.grad_norm, (grad_norm, expected.grad_norm)
+    problems = weight_problems(cp_pp_run["weights"], expected.weights, initial, ATOL)
+    assert not problems, "\n".join(problems)

@@ -300,12 +300,6 @@ def megatron_config_problems(
             problems.append(
                 f"{path}: {what} needs TransformerEngine kernels, i.e. a CUDA GPU, and {where}: set it to {fix}"
             )
-    if m.context_parallel_size > 1 and m.pipeline_model_parallel_size > 1:
-        problems.append(
-            f"{_M}context_parallel_size: is {m.context_parallel_size} with pipeline_model_parallel_size "
-            f"{m.pipeline_model_parallel_size}; the megatron backend runs context parallelism without pipeline "
-            f"stages only (its local-spec CP is not tested with them): set one of them to 1"
-        )
     if policy.dynamic_batching.enabled:
         problems.append("policy.dynamic_batching.enabled: not supported by the megatron backend: set it to false")
 
@@ -466,11 +460,6 @@ def moe_model_problems(m: MegatronConfig, model_name: str, world_size: int) -> l
         problems.append(f"{path}: is {ep} but {model_name} has no experts: set it to 1")
     elif experts and experts % ep:
         problems.append(f"{path}: {ep} does not divide the model's {experts} experts: choose a divisor")
-    if experts and m.context_parallel_size > 1:
-        problems.append(
-            f"{_M}context_parallel_size: is {m.context_parallel_size} but {model_name} has experts; the megatron "
-            "backend's context parallelism does not gather the routers' logits for the aux loss: set it to 1"
-        )
     tp = m.tensor_model_parallel_size
     if experts and tp > 1 and not m.sequence_parallel:
         problems.append(
