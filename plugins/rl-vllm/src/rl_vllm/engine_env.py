@@ -197,6 +197,13 @@ def use_private_ipc_dir() -> str:
     return path
 
 
+def remove_own_ipc_dir() -> None:
+    """Remove this rank's ``rlvllm-<pid>`` directory (:func:`use_private_ipc_dir`) once its engine is gone."""
+    path = os.environ.get("VLLM_RPC_BASE_PATH", "")
+    if IPC_DIR.fullmatch(os.path.basename(path)) and os.path.basename(path) == f"rlvllm-{os.getpid()}":
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

@@ -483,7 +483,10 @@ class VllmGenerationWorker:
             del self.llm
             import gc
 
+            from rl_vllm.engine_env import remove_own_ipc_dir
+
             gc.collect()
+            remove_own_ipc_dir()  # its sockets went with the engine
         return True
 
 
