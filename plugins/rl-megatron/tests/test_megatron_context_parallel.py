@@ -14,7 +14,8 @@ must then differ.
 
 CP 2 × PP 2 on 4 ranks (a 2-layer Qwen3, one layer per stage): the pipeline sends each stage's activations of the
 rank's own positions (``seq_length / cp``), every stage gathers keys and values over its CP pair, the last stage
-gathers the logits. The same step against the same single-process reference and tolerance.
+gathers the logits. The same step against the same single-process reference and tolerance, and the same negative
+control (both stages' attention projections then differ).
 """
 
 from __future__ import annotations
@@ -102,23 +103,29 @@ def cp_pp_run(ray_session: None, tiny_tokenizer: Any, tmp_path_factory: pytest.T
     """CP 2 × PP 2 on 4 ranks: logprobs and one step, with the single-process reference."""
     from rlcore.algorithms.loss_functions import NLLLoss
     from rlcore.policy import Policy
-    from rlcore.testing.pytest_plugin import ClusterPool
+    from rlcore.testing.pytest_plugin import ClusterPool, isolated_registry
 
     root = tmp_path_factory.mktemp("cp-pp")
     model, data = model_dir("qwen3", tied=True), batch(tiny_tokenizer)
     pool = ClusterPool()
     try:
-        config = policy_config(model, 4, megatron={**CP, "pipeline_model_parallel_size": 2})
-        policy = Policy(pool(4), config, tiny_tokenizer, name_prefix="cp-pp", init_reference_model=False)
-        try:
-            logprobs = policy.get_logprobs(data)["logprobs"]
-            first = policy.train(data, NLLLoss())
-            policy.save_checkpoint(str(root / "first"))
-        finally:
-            policy.shutdown()
+        with isolated_registry() as registry:
+            registry.register_plugin(control_plugin(), name="megatron-cp-pp-control")
+            config = policy_config(model, 4, megatron={**CP, "pipeline_model_parallel_size": 2})
+            policy = Policy(pool(4), config, tiny_tokenizer, name_prefix="cp-pp", init_reference_model=False)
+            try:
+                logprobs = policy.get_logprobs(data)["logprobs"]
+                first = policy.train(data, NLLLoss())
+                policy.save_checkpoint(str(root / "first"))
+                call_workers(policy, "stop_summing_key_value_gradients")
+                policy.train(data, NLLLoss())
+                policy.save_checkpoint(str(root / "control"))
+            finally:
+                policy.shutdown()
     finally:
         pool.shutdown()
     initial, (step,) = single_process_sgd(model, [(data, NLLLoss())], SGD_LR)
+    after_first, (second_step,) = single_process_sgd(str(root / "first"), [(data, NLLLoss())], SGD_LR)
     return {
         "batch": data,
         "logprobs": logprobs,
@@ -127,6 +134,8 @@ def cp_pp_run(ray_session: None, tiny_tokenizer: Any, tmp_path_factory: pytest.T
         "grad_norm": float(first["grad_norm"][0]),
         "weights": state_of(str(root / "first")),
         "reference": (initial, step),
+        "control_weights": state_of(str(root / "control")),
+        "control_reference": (after_first, second_step),
     }
 
 
@@ -163,3 +172,11 @@ def test_cp2_pp2_train_step_matches_single_process_sgd(cp_pp_run: dict) -> None:
     assert abs(grad_norm - expected.grad_norm) <= ATOL * expected.grad_norm, (grad_norm, expected.grad_norm)
     problems = weight_problems(cp_pp_run["weights"], expected.weights, initial, ATOL)
     assert not problems, "\n".join(problems)
+
+
+def test_cp2_pp2_key_value_gradients_not_summed_over_cp_fail_parity(cp_pp_run: dict) -> None:
+    """The negative control of the CP 2 x PP 2 run: both stages' attention runs over CP (its K/V gradients matter)."""
+    initial, expected = cp_pp_run["control_reference"]
+    problems = weight_problems(cp_pp_run["control_weights"], expected.weights, initial, ATOL)
+    assert any("layers.0.self_attn" in line for line in problems), problems
+    assert any("layers.1.self_attn" in line for line in problems), problems
