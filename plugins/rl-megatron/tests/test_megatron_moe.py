@@ -242,6 +242,29 @@ def test_ep1_step_matches_float64_reference(
     assert abs(ep1["loss"] - ep2["loss"]) <= LOSS_RTOL * abs(ep2["loss"])
 
 
+@pytest.mark.slow
+def test_context_parallel_step_matches_float64_reference(
+    pool: Any, tiny_tokenizer: Any, reference: dict, tmp_path: Path
+) -> None:
+    """CP 2 at EP 1 on 2 ranks: each rank routes its 2 of the 4 chunks of every sequence; the aux loss gathers the
+    routers' logits over CP (every position of a sequence, as the reference's per-sample loss sees them)."""
+    cp2 = train_step(pool, tiny_tokenizer, tmp_path, 1, "cp2", context_parallel_size=2)
+    assert parity_problems(cp2, reference) == []
+
+
+@pytest.mark.slow
+def test_context_parallel_without_gathered_router_logits_fails_parity(
+    pool: Any, tiny_tokenizer: Any, reference: dict, rlcore_registry: Any, tmp_path: Path
+) -> None:
+    """The negative control: each CP rank's aux loss over its own positions only, the aux loss differs."""
+    from rl_megatron.plugin import MEGATRON_SPEC
+
+    ungathered = MEGATRON_SPEC.model_copy(update={"worker_class": "moe_cp_control_worker:UngatheredRouterLogitsWorker"})
+    rlcore_registry.register_plugin(_spec_plugin(ungathered), name="megatron-ungathered-router-logits")
+    run = train_step(pool, tiny_tokenizer, tmp_path, 1, "cp2-ungathered", context_parallel_size=2)
+    assert any(p.startswith("aux:") for p in parity_problems(run, reference)), parity_problems(run, reference)
+
+
 def _spec_plugin(spec: Any) -> Any:
     from rlcore.plugins import hookimpl
 

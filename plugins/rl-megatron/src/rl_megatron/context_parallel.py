@@ -10,6 +10,8 @@ much causal attention work as the others). Every rank holds the whole micro-batc
 - attention: each rank's queries attend to every rank's keys and values, all-gathered over the CP group in
   :class:`rl_megatron.sdpa_attention.SdpaDotProductAttention` (:func:`gather_keys_values`), with a causal mask
   built from global positions; the gradient of the gathered keys and values is summed over the CP group;
+- a mixture of experts' routers route the rank's positions; their gating logits are all-gathered for the
+  load-balancing loss (:func:`gather_router_logits`, used by :class:`rl_megatron.moe.RouterLogits`);
 - the logits are all-gathered into global order (:func:`gather_logits`), so logprobs and loss are computed as
   without CP on every CP rank; each rank back-propagates only its own positions' share, and megatron's DDP sums
   the weight gradients over data-parallel × CP ranks.
@@ -72,6 +74,12 @@ def gather_logits(logits: torch.Tensor, group: Any) -> torch.Tensor:
     return _GatherSequence.apply(logits, 1, group, False)
 
 
+def gather_router_logits(logits: torch.Tensor, group: Any) -> torch.Tensor:
+    """A router's ``[s_local, b, experts]`` gating logits of every CP rank, ``[s, b, experts]`` in global order:
+    the load-balancing loss pools every position of a sequence, and every CP rank computes it whole."""
+    return _GatherSequence.apply(logits, 0, group, False)
+
+
 def rotary_at_local_positions(rotary: torch.nn.Module, cp_size: int, cp_rank: int) -> None:
     """Make megatron's ``RotaryEmbedding`` return its embedding at this CP rank's global positions.
 
@@ -87,4 +95,7 @@ def rotary_at_local_positions(rotary: torch.nn.Module, cp_size: int, cp_rank: in
     rotary.forward = forward
 
 
-__all__ = ["gather_keys_values", "gather_logits", "local_positions", "rotary_at_local_positions"]
+__all__ = [
+    "gather_keys_values",
+    "gather_logits",
+    "gather_router_logits", "local_positions", "rotary_at_local_positions"]

@@ -36,13 +36,17 @@ class RouterLogits:
 
     Under sequence parallelism each TP rank routes only its slice of the sequence: the recorded logits are
     all-gathered along the sequence (the whole micro-batch's, as the aux loss needs), and the gradient of that
-    copy is split back, not summed, since every TP rank computes the same aux loss from it."""
+    copy is split back, not summed, since every TP rank computes the same aux loss from it. Under context
+    parallelism (``cp_group``) each CP rank routes its own positions: the logits are then all-gathered over CP as
+    well, into global order, the gradient again split back (:func:`rl_megatron.context_parallel.gather_router_logits`).
+    """
 
-    def __init__(self, model: torch.nn.Module, sequence_parallel: bool = False) -> None:
+    def __init__(self, model: torch.nn.Module, sequence_parallel: bool = False, cp_group: Any = None) -> None:
         from megatron.core.transformer.moe.router import TopKRouter
 
         self.logits: list[torch.Tensor] = []
         self.sequence_parallel = sequence_parallel
+        self.cp_group = cp_group
         self.routers = [m for m in model.modules() if isinstance(m, TopKRouter)]
         for router in self.routers:
             router.gating = self._recording(router.gating)
@@ -55,6 +59,10 @@ class RouterLogits:
             whole = logits
             if self.sequence_parallel:
                 whole = gather_from_sequence_parallel_region(logits, tensor_parallel_output_grad=False)
+            if self.cp_group is not None:
+                from rl_megatron.context_parallel import gather_router_logits
+
+                whole = gather_router_logits(whole, self.cp_group)
             self.logits.append(whole)
             return logits
 
@@ -114,7 +122,12 @@ class MixtureOfExpertsStage:
         if not self.shape.is_moe:
             return None
         define_missing_te_gemm()
-        logits = RouterLogits(self.gpt, sequence_parallel=self.mcfg.sequence_parallel)
+        cp_group = None
+        if self.mcfg.context_parallel_size > 1:
+            from megatron.core import parallel_state as ps
+
+            cp_group = ps.get_context_parallel_group()
+        logits = RouterLogits(self.gpt, sequence_parallel=self.mcfg.sequence_parallel, cp_group=cp_group)
         if self.mcfg.freeze_moe_router:
             for router in logits.routers:
                 router.weight.requires_grad_(False)
