@@ -109,14 +109,16 @@ def parity_problems(run: dict, ref: dict) -> list[str]:
     return problems + weight_problems(run["weights"], ref["weights"], ref["initial"], WEIGHT_RTOL)
 
 
-def train_step(pool: Any, tokenizer: Any, root: Path, ep: int, name: str, **megatron: Any) -> dict[str, Any]:
-    """A 2-rank policy at expert parallel ``ep``: one step, its HF checkpoint read back, its refit metadata."""
+def train_step(
+    pool: Any, tokenizer: Any, root: Path, ep: int, name: str, world: int = 2, **megatron: Any
+) -> dict[str, Any]:
+    """A ``world``-rank policy at expert parallel ``ep``: one step, its HF checkpoint read back, its refit metadata."""
     from rlcore.algorithms.loss_functions import NLLLoss
     from rlcore.policy import Policy
 
     megatron["expert_model_parallel_size"] = ep
-    config = policy_config(moe_model(), 2, gbs=4, mbs=1, lr=LR, megatron=megatron)
-    policy = Policy(pool(2), config, tokenizer, name_prefix=f"moe-{name}")
+    config = policy_config(moe_model(), world, gbs=4, mbs=1, lr=LR, megatron=megatron)
+    policy = Policy(pool(world), config, tokenizer, name_prefix=f"moe-{name}")
     try:
         result = policy.train(masked_batch(tokenizer), NLLLoss())
         policy.save_checkpoint(str(root / name), str(root / f"{name}-megatron"))
@@ -250,6 +252,16 @@ def test_context_parallel_step_matches_float64_reference(
     routers' logits over CP (every position of a sequence, as the reference's per-sample loss sees them)."""
     cp2 = train_step(pool, tiny_tokenizer, tmp_path, 1, "cp2", context_parallel_size=2)
     assert parity_problems(cp2, reference) == []
+
+
+@pytest.mark.slow
+def test_context_parallel_with_expert_parallel_step_matches_float64_reference(
+    pool: Any, tiny_tokenizer: Any, reference: dict, tmp_path: Path
+) -> None:
+    """CP 2 × EP 2 on 4 ranks (dp 2): the all-to-all dispatcher sends each rank's own positions' tokens to the
+    experts' ranks of its EP group; the aux loss gathers the routers' logits over CP."""
+    run = train_step(pool, tiny_tokenizer, tmp_path, 2, "cp2-ep2", world=4, context_parallel_size=2)
+    assert parity_problems(run, reference) == []
 
 
 @pytest.mark.slow
