@@ -117,7 +117,8 @@ class MegatronConfig(StrictModel):
     context_parallel_size: PositiveInt = Field(
         1,
         description="Context-parallel degree (cp): each rank runs 2 of the 2·cp chunks of every sequence, attention "
-        "all-gathers keys and values over cp; without pipeline parallelism or experts.",
+        "all-gathers keys and values over cp; with pipeline stages and experts too (the routers' logits are "
+        "gathered over cp for the aux loss).",
     )
     pipeline_dtype: Precision | None = Field(
         None,

@@ -98,4 +98,7 @@ def rotary_at_local_positions(rotary: torch.nn.Module, cp_size: int, cp_rank: in
 __all__ = [
     "gather_keys_values",
     "gather_logits",
-    "gather_router_logits", "local_positions", "rotary_at_local_positions"]
+    "gather_router_logits",
+    "local_positions",
+    "rotary_at_local_positions",
+]

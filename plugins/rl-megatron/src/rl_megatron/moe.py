@@ -15,7 +15,9 @@ micro-batch's ``AuxLoss`` to rlcore's training loop (``StepHooks.model_aux_loss`
 normalisation and reports the ``moe_aux_loss`` metric.
 
 :class:`RouterLogits` keeps each router's logits of the current forward (megatron's routers return only the
-chosen experts' probabilities): the logits megatron routed with, in its router dtype, still in the graph.
+chosen experts' probabilities): the logits megatron routed with, in its router dtype, still in the graph;
+gathered over TP under sequence parallelism and over CP under context parallelism, so every rank's aux loss is
+the one of the whole micro-batch.
 """
 
 from __future__ import annotations
