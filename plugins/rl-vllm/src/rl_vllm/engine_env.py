@@ -17,6 +17,7 @@ import tempfile
 from dataclasses import dataclass
 
 from rl_vllm.config import DEFAULT_CPU_KV_CACHE_GB, GIB, VllmConfig
+from rlcore.distributed.ray_runtime import pid_alive
 
 #: Set per engine rank: the prefix of its CPU all-reduce segments' names (see :func:`name_segments_uniquely`).
 SEGMENT_PREFIX_ENV = "RL_VLLM_SEGMENT_PREFIX"
@@ -189,7 +190,7 @@ def use_private_ipc_dir() -> str:
     root = tempfile.gettempdir()
     for name in os.listdir(root):
         match = IPC_DIR.fullmatch(name)
-        if match and not _pid_alive(int(match.group(1))):
+        if match and not pid_alive(int(match.group(1))):
             shutil.rmtree(os.path.join(root, name), ignore_errors=True)
     path = os.path.join(root, f"rlvllm-{os.getpid()}")
     os.makedirs(path, exist_ok=True)
@@ -202,13 +203,3 @@ def remove_own_ipc_dir() -> None:
     path = os.environ.get("VLLM_RPC_BASE_PATH", "")
     if IPC_DIR.fullmatch(os.path.basename(path)) and os.path.basename(path) == f"rlvllm-{os.getpid()}":
         shutil.rmtree(path, ignore_errors=True)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
