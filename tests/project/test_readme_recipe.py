@@ -93,5 +93,6 @@ def test_the_recipe_s_old_context_is_refused_by_the_same_check(monkeypatch: pyte
     args = [a.replace("max_total_sequence_length=256", "max_total_sequence_length=48") for a in recipe("run")]
     result, handed = run_until_ray(monkeypatch, tmp_path, args)
     assert result.exit_code == 1 and not handed
-    assert "tests/fixtures/nemo_rl/math.jsonl: row 1: the prompt is " in result.stderr
-    assert "leaves no room for a completion within policy.max_total_sequence_length=48" in result.stderr
+    # NeMo-RL's max_input_seq_length (= the context) would cut and mask every prompt: nothing would be trained
+    assert "tests/fixtures/nemo_rl/math.jsonl: every prompt checked (" in result.stderr
+    assert "is at least data.max_input_seq_length=48 tokens" in result.stderr

@@ -273,6 +273,8 @@ def load_sources(cfg: Any, prompt_length: Callable[[Sample], int] | None = None)
     elif held_out is not None:
         validation = held_out[: draw.max_val_samples]
         checked.append((f"{data.train.source}: row", validation.spread(ROWS_CHECKED_AT_START)))
+    if prompt_length is not None and data.max_input_seq_length is not None:
+        _some_prompt_under(prompt_length, data.max_input_seq_length, checked)
     if check is not None:
         for where, some in checked:
             for sample in some:
@@ -282,6 +284,22 @@ def load_sources(cfg: Any, prompt_length: Callable[[Sample], int] | None = None)
             if isinstance(rows, RowSamples):
                 rows.check = check
     return RunData(train, validation)
+
+
+def _some_prompt_under(
+    prompt_length: Callable[[Sample], int], limit: int, checked: list[tuple[str, Sequence[Sample]]]
+) -> None:
+    """With ``data.max_input_seq_length`` a prompt at the limit is cut and masked out of the loss; a split whose
+    checked rows are all that long would train (or validate) nothing, which is a mistake, not a run."""
+    for where, some in checked:
+        lengths = [prompt_length(sample) for sample in some]
+        if lengths and min(lengths) >= limit:
+            raise DataError(
+                f"{where.rpartition(':')[0]}: every prompt checked ({len(lengths)} rows, the shortest "
+                f"{min(lengths)} tokens) is at least data.max_input_seq_length={limit} tokens, so each would be "
+                "cut and masked out of the loss and nothing trained: raise data.max_input_seq_length (and "
+                "policy.max_total_sequence_length), or shorten the prompts"
+            )
 
 
 def _length_check(prompt_length: Callable[[Sample], int], limit: int) -> Callable[[Sample, str], None]:
