@@ -91,6 +91,7 @@ class RayWorkerGroup:
         capabilities: Sequence[str] = (),
         extra_env: dict[str, str] | None = None,
         kill_on_error: bool = True,
+        max_concurrency: int = 1,
     ) -> None:
         import ray
 
@@ -134,7 +135,7 @@ class RayWorkerGroup:
                 env[WORKER_LOG_DIR_ENV] = os.environ[WORKER_LOG_DIR_ENV]
             actor = host_cls.options(
                 scheduling_strategy=cluster.scheduling_strategy(rank),
-                max_concurrency=1,
+                max_concurrency=max_concurrency,  # > 1: calls run in threads of their own (a serving engine)
                 max_restarts=0,
                 **cluster.actor_resources(),
             ).remote(worker_class, env, init_args, init_kwargs or {}, offered_kwargs, tuple(map(str, capabilities)))

@@ -1,6 +1,6 @@
 """Abstract contracts every backend implements."""
 
-from rlcore.interfaces.generation import GenerationInterface
+from rlcore.interfaces.generation import PAUSE_MODES, GenerationInterface, PauseMode
 from rlcore.interfaces.loss import LossFunction, LossType
 from rlcore.interfaces.policy import ColocatablePolicyInterface, PolicyInterface
 from rlcore.interfaces.specs import (
@@ -13,6 +13,7 @@ from rlcore.interfaces.specs import (
 )
 
 __all__ = [
+    "PAUSE_MODES",
     "ColocatablePolicyInterface",
     "GenerationDatumSpec",
     "GenerationInterface",
@@ -20,6 +21,7 @@ __all__ = [
     "LogprobOutputSpec",
     "LossFunction",
     "LossType",
+    "PauseMode",
     "PolicyInterface",
     "ReferenceLogprobOutputSpec",
     "ScoreOutputSpec",

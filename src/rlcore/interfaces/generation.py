@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import abc
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
     from rlcore.data import BatchedDataDict
     from rlcore.interfaces.specs import GenerationDatumSpec, GenerationOutputSpec, RefitInfo
+
+#: How :meth:`GenerationInterface.pause_generation` treats the requests running when it is called (vLLM's names).
+PauseMode = Literal["abort", "wait", "keep"]
+PAUSE_MODES: tuple[PauseMode, ...] = ("abort", "wait", "keep")
 
 
 class GenerationInterface(abc.ABC):
@@ -80,14 +85,56 @@ class GenerationInterface(abc.ABC):
 
     def collect(self, handle: Any) -> BatchedDataDict[GenerationOutputSpec]:
         """Wait for a submitted request; ``generate``'s output plus ``weight_version`` (``[B]`` int64): the
-        version of the weights that produced each sample, as set by :meth:`set_weight_version`; and
-        ``generation_window`` (``[B, 2]`` float64): the wall-clock start and end of the engine call that
-        produced each sample (the gaps between calls are the time generation waited)."""
+        version of the weights that produced each sample, as set by :meth:`set_weight_version` (the oldest, when
+        a refit landed while the sample was generated); and ``generation_window`` (``[B, 2]`` float64): the
+        wall-clock start and end of the engine call that produced each sample (the gaps between calls are the
+        time generation waited).
+
+        An 'in_flight_weight_updates' backend adds ``generation_weight_versions`` (``[B, T]`` int64, aligned
+        with ``output_ids``): the version of the weights that generated each token, -1 at prompt and padding
+        positions. A sample's tokens then form spans of versions, each span's logprobs those of its weights."""
         raise NotImplementedError(f"{type(self).__name__} does not generate asynchronously")
 
     def set_weight_version(self, version: int) -> None:
-        """Name the weights of the latest refit (submitted after it, it applies to the requests after it)."""
+        """Name the weights of the latest refit (submitted after it, it applies to the requests after it). On an
+        'async_engine' backend, call it while paused, before the resume: every token after the resume carries it."""
         raise NotImplementedError(f"{type(self).__name__} does not generate asynchronously")
+
+    def as_completed(
+        self, handles: Sequence[Any], timeout_s: float | None = None
+    ) -> Iterator[tuple[int, BatchedDataDict[GenerationOutputSpec]]]:
+        """``(index into handles, collected output)`` for each of ``handles`` (from :meth:`generate_async`), in
+        the order they finish. This default collects them in the order given; an ``async_engine`` backend yields
+        each as soon as it is done. ``timeout_s``: raise ``TimeoutError`` when the next one is not done by then."""
+        for index, handle in enumerate(handles):
+            yield index, self.collect(handle)
+
+    # -- the engine lifecycle (the 'async_engine' and 'in_flight_weight_updates' capabilities) ---------------
+    # An 'async_engine' backend serves requests continuously: ``generate_async`` calls from any thread join
+    # one running batch between two engine steps, and each call's result is ready when its own requests are.
+    def pause_generation(self, mode: PauseMode = "wait", timeout_s: float | None = None) -> None:
+        """Stop the engines between two engine steps; returns once every engine is paused.
+
+        What happens to the requests running at the call:
+
+        - ``"wait"``: they finish first (a drain); then the engines stop;
+        - ``"keep"``: they stop where they are, keeping their tokens and KV cache, and continue on resume;
+        - ``"abort"``: they are stopped and their partial output dropped; on resume they start again from their
+          prompt, so their callers still get one whole completion (never an aborted one).
+
+        A request submitted while paused, or during a drain, is queued and starts on resume: never refused
+        for the pause, never lost. Weights may be refit while paused (with 'in_flight_weight_updates', also
+        after a ``"keep"`` pause with requests in flight). ``TimeoutError``, naming the engine, when an engine
+        is not paused within ``timeout_s``.
+        """
+        raise NotImplementedError(f"{type(self).__name__} has no engine lifecycle ('async_engine')")
+
+    def resume_generation(self, recompute_kv_cache: bool = False) -> None:
+        """Continue after :meth:`pause_generation`. ``recompute_kv_cache``: the KV cache of the requests kept
+        across the pause is computed again with the current weights before they continue (their tokens so far,
+        and those tokens' logprobs, stay as generated); otherwise they continue on the cache the old weights
+        computed. Either way, every token generated after the resume comes from the current weights."""
+        raise NotImplementedError(f"{type(self).__name__} has no engine lifecycle ('async_engine')")
 
     def shutdown(self) -> bool:
         return True

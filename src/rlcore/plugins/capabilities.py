@@ -49,6 +49,10 @@ class Capability(str, Enum):
     LORA_ADAPTER = "lora_adapter"
     ASYNC_GENERATION = "async_generation"
     VERIFIED_REFIT = "verified_refit"  # reports weight_version + fingerprints after a refit (since rlcore 0.2)
+    # requests served continuously: pause/resume in the three modes, ``as_completed`` (since rlcore 0.3)
+    ASYNC_ENGINE = "async_engine"
+    # a refit may land while requests run; outputs carry ``generation_weight_versions`` (since rlcore 0.3)
+    IN_FLIGHT_WEIGHT_UPDATES = "in_flight_weight_updates"
 
     def __str__(self) -> str:
         return self.value
