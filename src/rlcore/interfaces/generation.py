@@ -112,6 +112,13 @@ class GenerationInterface(abc.ABC):
     # -- the engine lifecycle (the 'async_engine' and 'in_flight_weight_updates' capabilities) ---------------
     # An 'async_engine' backend serves requests continuously: ``generate_async`` calls from any thread join
     # one running batch between two engine steps, and each call's result is ready when its own requests are.
+    @property
+    def continuous_serving(self) -> bool:
+        """True when this instance serves requests continuously (an 'async_engine' backend configured so): the
+        core then submits each sample group on its own and takes the results as they finish. False (the
+        default): the core sends whole batches, which an engine that runs one call at a time needs."""
+        return False
+
     def pause_generation(self, mode: PauseMode = "wait", timeout_s: float | None = None) -> None:
         """Stop the engines between two engine steps; returns once every engine is paused.
 
