@@ -134,6 +134,13 @@ class VllmConfig(StrictModel):
         "equal the policy's only at temperature 1 with top-k/top-p off. The *_logits modes are refused: they "
         "return logits, not log-probabilities (design.md §2.2).",
     )
+    async_engine: bool = Field(
+        False,
+        description="Serve requests continuously: each engine actor runs an engine loop thread that admits "
+        "requests as they come (per sample group, collected ready-first), tags every generated token with the "
+        "weight version it was sampled under, and supports pause_generation/resume_generation (abort, wait, "
+        "keep) so a refit can land while requests are in flight. False: one blocking llm.generate per batch.",
+    )
     engine_kwargs: dict[str, Any] = Field(
         default_factory=dict,
         description="Extra keyword arguments passed as-is to vllm.LLM (escape hatch; overrides the above).",
