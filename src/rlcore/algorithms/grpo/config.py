@@ -28,7 +28,30 @@ class AsyncGRPOConfig(StrictModel):
     max_trajectory_age_steps: PositiveInt = Field(
         1,
         description="How many training steps older than the trained weights a rollout's weights may be; "
-        "generation runs at most this many rollouts ahead. A rollout that would be older is regenerated.",
+        "generation runs at most this many rollouts ahead. A rollout that would be older is regenerated. With "
+        "in-flight weight updates the age is that of a sample's oldest tokens.",
+    )
+    in_flight_weight_updates: bool = Field(
+        False,
+        description="A refit lands while rollouts are being generated instead of after them (NeMo-RL's meaning): "
+        "the engines pause as in_flight_pause_mode says, take the new weights and resume, so a sample's tokens "
+        "may come from several weight versions (its age is that of the oldest). Needs grpo.async_grpo.enabled "
+        "and a generation backend that declares 'in_flight_weight_updates' (rl-vllm with "
+        "vllm_cfg.async_engine: true). False: each refit waits until the requests running finish.",
+    )
+    recompute_kv_cache_after_weight_updates: bool = Field(
+        False,
+        description="With in-flight weight updates and in_flight_pause_mode keep: after each refit the KV cache "
+        "of the requests kept across it is computed again with the new weights before they continue (AREAL's "
+        "way; their tokens and logprobs so far stay as generated). False: they continue on the cache the old "
+        "weights computed (Magistral's way, NeMo-RL's default).",
+    )
+    in_flight_pause_mode: Literal["keep", "abort", "wait"] = Field(
+        "keep",
+        description="With in-flight weight updates: what a refit does to the requests running. keep: they stop "
+        "between two engine steps and continue on the new weights (NeMo-RL's in-flight behaviour); abort: they "
+        "are dropped and started again from their prompt on the new weights (each sample then comes from one "
+        "version); wait: they finish on the old weights first (a drain: what happens without in-flight updates).",
     )
 
 

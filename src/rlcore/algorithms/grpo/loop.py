@@ -97,6 +97,8 @@ class GRPO(Algorithm):
         if problems:
             return Resolution(cfg, problems)
         async_generation = _async_generation(g, generation, notices)
+        if problem := _in_flight_problem(g, generation, async_generation):
+            return Resolution(cfg, [problem])
         cfg = cfg.model_copy(
             update={
                 "loss": cfg.loss.model_copy(
@@ -127,15 +129,40 @@ class GRPO(Algorithm):
 
 def _async_generation(g: Any, generation: Any, notices: list[str]) -> bool:
     """``grpo.async_grpo.enabled`` where the engine can generate ahead; a notice where it cannot."""
-    from rlcore.plugins import Capability
-
     if not g.async_grpo.enabled or generation is None:
         return False
-    if not generation.separate:
-        reason = f"the '{generation.spec.name}' training backend generates with its own weights"
-    elif not generation.spec.supports(Capability.ASYNC_GENERATION):
-        reason = f"the '{generation.spec.name}' generation backend does not declare 'async_generation'"
-    else:
+    reason = _why_not_ahead(generation)
+    if reason is None:
         return True
     notices.append(f"notice: grpo.async_grpo.enabled, but {reason}; training synchronously")
     return False
+
+
+def _why_not_ahead(generation: Any) -> str | None:
+    """Why ``generation`` cannot generate ahead of training, or None when it can."""
+    from rlcore.plugins import Capability
+
+    if not generation.separate:
+        return f"the '{generation.spec.name}' training backend generates with its own weights"
+    if not generation.spec.supports(Capability.ASYNC_GENERATION):
+        return f"the '{generation.spec.name}' generation backend does not declare 'async_generation'"
+    return None
+
+
+def _in_flight_problem(g: Any, generation: Any, async_generation: bool) -> str | None:
+    """The refusal of ``grpo.async_grpo.in_flight_weight_updates`` where the run's engine cannot take weights while
+    requests run (the backend's own check refuses a config of it that cannot, e.g. rl-vllm without async_engine)."""
+    from rlcore.plugins import Capability
+
+    if not g.async_grpo.in_flight_weight_updates or generation is None:
+        return None
+    path = "grpo.async_grpo.in_flight_weight_updates"
+    if not async_generation:
+        reason = _why_not_ahead(generation) or "generation does not run ahead"
+        return f"{path}: is true, but {reason}, so no refit can land during generation; set it to false"
+    if not generation.spec.supports(Capability.IN_FLIGHT_WEIGHT_UPDATES):
+        return (
+            f"{path}: is true, but the '{generation.spec.name}' generation backend does not declare "
+            "'in_flight_weight_updates' (its refits wait for the requests running); set it to false"
+        )
+    return None

@@ -51,6 +51,40 @@ def async_grpo_needs_its_own_engine(cfg: RLCoreConfig) -> Iterator[str]:
 
 
 @_grpo_rule
+def in_flight_settings_need_in_flight_updates(cfg: RLCoreConfig) -> Iterator[str]:
+    """In-flight weight updates act only in asynchronous GRPO, and their two settings only with them (a setting
+    that is accepted does what it says). Whether the engine can take weights mid-request is the backend's
+    capability, checked when the run is resolved (``GRPO.resolve`` in :mod:`rlcore.algorithms.grpo.loop`)."""
+    if cfg.grpo is None:
+        return
+    a = cfg.grpo.async_grpo
+    prefix = "grpo.async_grpo."
+    if a.in_flight_weight_updates and not a.enabled:
+        yield (
+            f"{prefix}in_flight_weight_updates: is true, but refits land during generation only when generation "
+            f"runs ahead of training; set {prefix}enabled=true or in_flight_weight_updates=false"
+        )
+    if a.in_flight_pause_mode != "keep" and not a.in_flight_weight_updates:
+        yield (
+            f"{prefix}in_flight_pause_mode: is '{a.in_flight_pause_mode}', but it is read only with in-flight "
+            f"weight updates (without them every refit waits for the requests running); set "
+            f"{prefix}in_flight_weight_updates=true or remove in_flight_pause_mode"
+        )
+    keeps_requests = a.in_flight_weight_updates and a.in_flight_pause_mode == "keep"
+    if a.recompute_kv_cache_after_weight_updates and not keeps_requests:
+        why = (
+            "without in-flight weight updates no request runs across a refit"
+            if not a.in_flight_weight_updates
+            else f"with in_flight_pause_mode '{a.in_flight_pause_mode}' no request keeps a cache across a refit"
+        )
+        yield (
+            f"{prefix}recompute_kv_cache_after_weight_updates: is true, but {why}, so there is no KV cache to "
+            f"recompute; set {prefix}in_flight_weight_updates=true with in_flight_pause_mode=keep, or set "
+            "recompute_kv_cache_after_weight_updates=false"
+        )
+
+
+@_grpo_rule
 def rollout_batch_fits_training(cfg: RLCoreConfig) -> Iterator[str]:
     g, p = cfg.grpo, cfg.policy
     if g is None:
