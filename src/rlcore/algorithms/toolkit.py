@@ -80,7 +80,12 @@ def sample_and_score(
 
     ``ahead``: generate through the engines' asynchronous calls (``generate_async`` and ``collect``), as a loop
     that generates ahead of training does from its rollout thread; each sample is then tagged with the weight
-    version that generated it (``data['weight_version']``)."""
+    version that generated it (``data['weight_version']``).
+
+    A backend that serves requests continuously (``continuous_serving``: vLLM's async engine) gets each sample
+    group as a request of its own, handled as it finishes (:mod:`rlcore.run.group_rollouts`), whether ``ahead``
+    or not; its samples are tagged with their weight versions too (per token as well, with in-flight weight
+    updates: ``data['generation_weight_versions']``)."""
     generation = run.generation
     if generation is None:
         raise ValueError("sample_and_score: this run has no generation backend")
@@ -99,6 +104,8 @@ def sample_and_score(
         drawn,
         repeat,
         timer,
+        generation=generation,
+        greedy=greedy,
     )
 
 

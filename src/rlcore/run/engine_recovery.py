@@ -25,15 +25,25 @@ refit group, which training rank 0 joins in place of the old one. Asynchronous G
 threads (the rollout thread generates while the main thread refits): one lock makes a restart, its refit and
 every refit atomic, and a call that finds only engines already replaced dead (the other thread restarted them)
 is simply redone on the new engines instead of counting as a second death.
+
+The engine lifecycle ('async_engine') under a restart: ``as_completed`` over :class:`PendingGeneration` handles
+yields each output as it finishes, and a handle whose engines died (or were replaced) is submitted again to the
+new ones and yielded when that finishes, as ``collect`` redoes its call. ``pause_generation`` and
+``resume_generation`` go to the current backend under the lock (no restart in the middle of one), and are redone
+on new engines if theirs die; engines started while the run has them paused are paused before anything is
+submitted to them, so a pause the caller holds (to refit) stays true across a restart.
 """
 
 from __future__ import annotations
 
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rlcore.interfaces.generation import PauseMode
 
 from rlcore.run.errors import RunError
 
@@ -117,6 +127,7 @@ class EngineRecovery:
         self.restarts = 0
         self.in_step = 0
         self.unrefit = False  # restarted, and not refit since: the engines hold the checkpoint's weights
+        self.paused: PauseMode | None = None  # the mode of the pause the run holds (pause_generation), if any
         self.lock = threading.RLock()
 
     def end_step(self) -> dict[str, float]:
@@ -168,6 +179,8 @@ class EngineRecovery:
             self.generation, self.synchronizer = self.start()
             if self.awake:
                 self.generation.prepare_for_generation()
+            if self.paused is not None:  # the run holds its engines paused (to refit): so are the new ones
+                self.generation.pause_generation(self.paused)
         except Exception as exc:  # noqa: BLE001 - one line naming both deaths
             raise RunError(f"{first_line(cause)}; restarting the engines failed: {first_line(exc)}") from exc
         self.engines = engine_actor_ids(self.generation)
@@ -267,6 +280,54 @@ class RestartingGeneration:
             except Exception as exc:  # noqa: BLE001 - re-raised unless an engine died and was restarted
                 self._recover(exc, wake=True)
             pending = self.generate_async(pending.data, pending.greedy)
+
+    def as_completed(
+        self, handles: Sequence[PendingGeneration], timeout_s: float | None = None
+    ) -> Iterator[tuple[int, Any]]:
+        """``(index, output)`` of each of ``handles`` as it finishes (the backend's ``as_completed``); a handle
+        whose engines died, or were replaced meanwhile, is generated again on the new engines, like ``collect``."""
+        remaining = dict(enumerate(handles))
+        while remaining:
+            backend = self._recovery.generation
+            for index, pending in list(remaining.items()):
+                if pending.backend is not backend:  # submitted to engines a restart replaced: submit it again
+                    remaining[index] = self.generate_async(pending.data, pending.greedy)
+            if any(pending.backend is not self._recovery.generation for pending in remaining.values()):
+                continue  # a restart while submitting again: resubmit to the newest engines
+            order = list(remaining)
+            results = iter(backend.as_completed([remaining[i].handle for i in order], timeout_s))
+            try:
+                while True:
+                    try:
+                        position, output = next(results)
+                    except StopIteration:
+                        break
+                    except Exception as exc:  # noqa: BLE001 - re-raised unless an engine died and was restarted
+                        self._recover(exc, wake=True)
+                        break  # the ones not yielded yet are submitted again to the new engines
+                    index = order[position]
+                    del remaining[index]
+                    yield index, output
+            finally:
+                close = getattr(results, "close", None)
+                if close is not None:
+                    close()
+
+    @property
+    def continuous_serving(self) -> bool:
+        """The current backend's (a restart starts the same driver with the same config, so it does not change)."""
+        return bool(getattr(self._recovery.generation, "continuous_serving", False))
+
+    def pause_generation(self, mode: PauseMode = "wait", timeout_s: float | None = None) -> None:
+        """Pause the current engines; engines a restart starts before :meth:`resume_generation` start paused."""
+        with self._recovery.lock:
+            self._retried(lambda g: g.pause_generation(mode, timeout_s), wake=False)
+            self._recovery.paused = mode
+
+    def resume_generation(self, recompute_kv_cache: bool = False) -> None:
+        with self._recovery.lock:
+            self._retried(lambda g: g.resume_generation(recompute_kv_cache), wake=False)
+            self._recovery.paused = None
 
     def prepare_for_generation(self, *args: Any, **kwargs: Any) -> bool:
         return self._retried(lambda g: g.prepare_for_generation(*args, **kwargs), wake=False)

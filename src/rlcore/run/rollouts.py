@@ -56,8 +56,10 @@ class Rollout:
     (the first prompt's length), ``unpadded_sequence_lengths``, ``generation_lengths`` (generated tokens, all
     turns), ``first_turn_lengths`` (the first completion's) and ``truncated`` (a completion or observation cut by
     a token budget) ``[B]``; with an asynchronous engine also ``weight_version`` (the oldest weights any turn
-    used) and ``generation_window``; with an environment that returns named reward components, ``reward/<name>``
-    ``[B]`` for each (summed over turns like ``rewards``; NeMo-RL's batch keys), which GDPO reads; ``prompt_cut``
+    used) and ``generation_window``; with an 'in_flight_weight_updates' engine also ``generation_weight_versions``
+    ``[B, T]`` (the version that generated each token, -1 at prompt, observation and padding positions); with an
+    environment that returns named reward components, ``reward/<name>`` ``[B]`` for each (summed over turns
+    like ``rewards``; NeMo-RL's batch keys), which GDPO reads; ``prompt_cut``
     ``[B]`` (bool): the prompt was cut at ``data.max_input_seq_length``, so the sample trains nothing.
     """
 
@@ -97,64 +99,117 @@ def run_rollout(
     samples: list[Sample],
     repeat: int,
     timer: Timer,
+    *,
+    generation: Any | None = None,
+    greedy: bool = False,
 ) -> Rollout:
     """Roll out ``samples`` (each ``repeat`` times) for up to ``grpo.max_rollout_turns`` turns;
-    ``generate(batch) -> output`` is the engine call (sampling or greedy)."""
+    ``generate(batch) -> output`` is the engine call (sampling or greedy).
+
+    ``generation``: the backend behind ``generate``. When it serves requests continuously (its
+    ``continuous_serving``), each sample group is rolled out on its own and handled as it finishes
+    (:func:`rlcore.run.group_rollouts.roll_out_ready_first`, sampling greedily with ``greedy``); the rollout is
+    the same as the whole-batch turns give for the same completions. Otherwise (or None) every turn is one
+    ``generate`` call over all the samples still going."""
     import torch
 
     from rlcore.environments.scoring import NONFINITE_REWARD
-    from rlcore.run.prompts import clip_rollout, pad_id
-    from rlcore.run.step import encode_samples, loop_setting, max_input_of
+    from rlcore.run.prompts import pad_id
+    from rlcore.run.step import encode_samples, max_input_of
 
-    max_turns = loop_setting(cfg, "max_rollout_turns", 1)  # GRPO's, on-policy distillation's; 1 without one
-    run_seed, step = loop_setting(cfg, "seed", 0) or 0, _ROLLOUT_STEP.get()
-    max_total = cfg.policy.max_total_sequence_length
-    pad = pad_id(tokenizer)
     first = encode_samples(cfg, tokenizer, samples, repeat)
     state = Trajectories(
         first,
         [dict(s.metadata) for s in samples for _ in range(repeat)],
         [[*s.messages] for s in samples for _ in range(repeat)],
     )
-    errors: list[str] = []
-    first_error = ""  # the first failed sample, named by its data row: the terminal's line says it
-    for turn in range(max_turns):
-        active = state.active()
-        if not active:
-            break
-        batch = state.batch(active, pad)
-        batch["sampling_seeds"] = torch.tensor(
-            [sampling_seed(run_seed, step, samples[i // repeat].idx, i % repeat, turn) for i in active],
-            dtype=torch.long,
-        )
-        with timer.phase("generation"):
-            out = generate(batch)
-        out = clip_rollout(out, batch["input_lengths"], max_total, pad)
-        state.add_generated(active, batch["input_lengths"], out, tokenizer, max_total)
-        with timer.phase("environment"):
-            result = environment.step([state.logs[i] for i in active], [state.metadata[i] for i in active])
-        errors += [e for e in result.errors if e]
-        if not first_error:
-            failed = next(((i, e) for i, e in zip(active, result.errors) if e), None)
-            if failed is not None:
-                first_error = f"data row {samples[failed[0] // repeat].idx}: {failed[1]}"
-        state.add_results(active, result, tokenizer, max_total, last_turn=turn == max_turns - 1)
-    for error in errors[:3]:  # in the run's log; all of them are counted
+    turns = RolloutTurns(cfg, state, environment, tokenizer, samples, repeat)
+    if getattr(generation, "continuous_serving", False):  # a stand-in without the property: whole batches
+        from rlcore.run.group_rollouts import roll_out_ready_first
+
+        roll_out_ready_first(turns, generation, greedy, timer)
+    else:
+        for turn in range(turns.max_turns):
+            active = state.active()
+            if not active:
+                break
+            batch = turns.request(active, turn)
+            with timer.phase("generation"):
+                out = generate(batch)
+            turns.take(active, batch, out)
+            turns.score(active, turn, timer)
+    errors = turns.sorted_errors()
+    for _, error in errors[:3]:  # in the run's log; all of them are counted
         print(f"environment error (reward 0): {error}", file=sys.stderr)
     metrics: dict[str, float | str] = {
         "env/errors": float(len(errors)),
-        "env/nonfinite_rewards": float(sum(e.startswith(NONFINITE_REWARD) for e in errors)),
+        "env/nonfinite_rewards": float(sum(e.startswith(NONFINITE_REWARD) for _, e in errors)),
     }
-    if first_error:
-        metrics["env/first_error"] = first_error
+    if errors:  # the first failed sample (earliest turn, then sample order), named by its data row
+        metrics["env/first_error"] = errors[0][0]
     if max_input_of(cfg) is not None:  # the prompts (not their copies) cut at data.max_input_seq_length
         metrics["cut_prompts"] = float(state.prompt_cut.sum()) / repeat
-    if max_turns > 1:
+    if turns.max_turns > 1:
         metrics.update(state.turn_metrics())
-    data = state.padded(pad)
+    data = state.padded(pad_id(tokenizer))
     if "weight_version" in data:  # the oldest weights (vLLM's word) any of the step's samples was generated with
         metrics["weight_version"] = float(data["weight_version"].min())
     return Rollout(data, torch.tensor(state.rewards, dtype=torch.float32), metrics)
+
+
+class RolloutTurns:
+    """One turn's work for some of the samples, whichever path calls it: the request (tokens so far, stop
+    strings, seeds), taking the engine's output, and the environment's answer. The environment's errors are
+    kept with their turn and sample, so both paths report them in the same order."""
+
+    def __init__(
+        self, cfg: Any, state: Trajectories, environment: Any, tokenizer: Any, samples: list[Sample], repeat: int
+    ) -> None:
+        from rlcore.run.prompts import pad_id
+        from rlcore.run.step import loop_setting
+
+        self.max_turns = loop_setting(cfg, "max_rollout_turns", 1)  # GRPO's, distillation's; 1 without one
+        self.run_seed, self.step = loop_setting(cfg, "seed", 0) or 0, _ROLLOUT_STEP.get()
+        self.max_total = cfg.policy.max_total_sequence_length
+        self.pad = pad_id(tokenizer)
+        self.state, self.environment, self.tokenizer = state, environment, tokenizer
+        self.samples, self.repeat = samples, repeat
+        self.errors: list[tuple[int, int, str, str]] = []  # (turn, sample, "data row N: error", error)
+
+    def request(self, active: list[int], turn: int) -> Any:
+        """The generation request of ``active`` at ``turn``, with each sample's own seed (:func:`sampling_seed`)."""
+        import torch
+
+        batch = self.state.batch(active, self.pad)
+        batch["sampling_seeds"] = torch.tensor(
+            [
+                sampling_seed(self.run_seed, self.step, self.samples[i // self.repeat].idx, i % self.repeat, turn)
+                for i in active
+            ],
+            dtype=torch.long,
+        )
+        return batch
+
+    def take(self, active: list[int], batch: Any, out: Any) -> None:
+        """Append the engine's output for ``batch`` (cut to the sequence budget) to ``active``'s trajectories."""
+        from rlcore.run.prompts import clip_rollout
+
+        out = clip_rollout(out, batch["input_lengths"], self.max_total, self.pad)
+        self.state.add_generated(active, batch["input_lengths"], out, self.tokenizer, self.max_total)
+
+    def score(self, active: list[int], turn: int, timer: Timer) -> None:
+        """Step the environment on ``active``'s logs (timed as ``environment``) and add what it answers."""
+        state = self.state
+        with timer.phase("environment"):
+            result = self.environment.step([state.logs[i] for i in active], [state.metadata[i] for i in active])
+        for i, error in zip(active, result.errors):
+            if error:
+                self.errors.append((turn, i, f"data row {self.samples[i // self.repeat].idx}: {error}", error))
+        state.add_results(active, result, self.tokenizer, self.max_total, last_turn=turn == self.max_turns - 1)
+
+    def sorted_errors(self) -> list[tuple[str, str]]:
+        """``(named, error)`` per failed sample and turn, by turn then sample (the batch path's order)."""
+        return [(named, error) for _, _, named, error in sorted(self.errors, key=lambda e: (e[0], e[1]))]
 
 
 class Trajectories:
@@ -170,6 +225,9 @@ class Trajectories:
         self.tokens = [first["input_ids"][i, :length] for i, length in enumerate(lengths)]
         self.mask = [torch.zeros(length) for length in lengths]
         self.logprobs = [torch.zeros(length) for length in lengths]
+        # the weight version of each token (-1: prompt, observation), kept when the engine reports it
+        self.token_versions = [torch.full((length,), -1, dtype=torch.long) for length in lengths]
+        self.has_token_versions = False
         self.metadata, self.logs = metadata, logs
         n = len(lengths)
         self.rewards = [0.0] * n
@@ -211,6 +269,7 @@ class Trajectories:
             self.tokens[i] = torch.cat([self.tokens[i], new])
             self.mask[i] = torch.cat([self.mask[i], torch.ones(count)])
             self.logprobs[i] = torch.cat([self.logprobs[i], out["logprobs"][row, start : start + count].float()])
+            self.token_versions[i] = torch.cat([self.token_versions[i], self._versions_of(out, row, start, count)])
             if self.turns[i] == 0:
                 self.first_turn[i] = count
             if (truncated is not None and bool(truncated[row])) or len(self.tokens[i]) >= max_total:
@@ -224,6 +283,16 @@ class Trajectories:
             self.logs[i].append(
                 {"role": "assistant", "content": tokenizer.decode(new.tolist(), skip_special_tokens=True)}
             )
+
+    def _versions_of(self, out: Any, row: int, start: int, count: int) -> Any:
+        """The weight version of each of a completion's tokens: the engine's ``generation_weight_versions``, or
+        -1 each from an engine that does not report them."""
+        import torch
+
+        if "generation_weight_versions" not in out:
+            return torch.full((count,), -1, dtype=torch.long)
+        self.has_token_versions = True
+        return out["generation_weight_versions"][row, start : start + count].long()
 
     def add_results(self, active: list[int], result: Any, tokenizer: Any, max_total: int, last_turn: bool) -> None:
         """Add the turn's rewards; end the samples that are done; append the others' observations."""
@@ -249,6 +318,7 @@ class Trajectories:
             self.tokens[i] = torch.cat([self.tokens[i], obs])
             self.mask[i] = torch.cat([self.mask[i], torch.zeros(len(obs))])
             self.logprobs[i] = torch.cat([self.logprobs[i], torch.zeros(len(obs))])
+            self.token_versions[i] = torch.cat([self.token_versions[i], torch.full((len(obs),), -1, dtype=torch.long)])
             self.env_tokens[i] += len(obs)
             self.logs[i].append(dict(observation))
             if result.metadata[row] is not None:
@@ -284,6 +354,8 @@ class Trajectories:
         if self.versions[0] is not None:
             data["weight_version"] = torch.tensor(self.versions, dtype=torch.long)
             data["generation_window"] = torch.tensor(self.windows, dtype=torch.float64)
+        if self.has_token_versions:  # per token, aligned with output_ids; -1 at prompt, observation and padding
+            data["generation_weight_versions"] = pad_sequence(self.token_versions, batch_first=True, padding_value=-1)
         for name in sorted(self.components):
             data[f"reward/{name}"] = torch.tensor(self.components[name], dtype=torch.float32)
         return data
