@@ -80,11 +80,14 @@ ALGORITHM_AND_RUN_RULES: tuple[Rule, ...] = (
     *(_m("grpo.reward_scaling." + k) for k in ("enabled", "source_min", "source_max", "target_min", "target_max")),
     _m("grpo.async_grpo.enabled"),
     _m("grpo.async_grpo.max_trajectory_age_steps"),
-    _n("grpo.async_grpo.in_flight_weight_updates", (False, None), "in-flight weight updates"),
-    _n(
+    _m(
+        "grpo.async_grpo.in_flight_weight_updates",
+        note="a refit lands while requests run; they continue on the new weights (rlcore's in_flight_pause_mode "
+        "keep); needs an engine that serves continuously (policy.generation.vllm_cfg.async_engine)",
+    ),
+    _m(
         "grpo.async_grpo.recompute_kv_cache_after_weight_updates",
-        (False, None),
-        "recomputing the KV cache after in-flight weight updates",
+        note="the kept requests' KV caches are computed again with the new weights (AREAL's way)",
     ),
     _n("grpo.seq_logprob_error_threshold", (None,), "sequence logprob-error filtering"),
     _n("grpo.invalid_tool_call_advantage", (None,), "tool-call advantages"),
@@ -353,10 +356,15 @@ ALGORITHM_AND_RUN_RULES: tuple[Rule, ...] = (
     _c(
         "async_rl",
         "data_plane",
-        "async_rl",
-        "NeMo-RL's single-controller asynchronous loop (run_grpo_single_controller.py): refused with "
-        "data_plane.enabled (the loop that then runs), ignored without it (no script of NeMo-RL reads it then); "
-        "rlcore's asynchronous GRPO is grpo.async_grpo",
+        "grpo.async_grpo",
+        "NeMo-RL's single-controller asynchronous loop (run_grpo_single_controller.py), with data_plane.enabled "
+        "(the loop that then runs): sampler in_order with max_lookahead_versions N > 0 → grpo.async_grpo enabled, "
+        "max_trajectory_age_steps N, in_flight_weight_updates (its weight syncs never drain), and "
+        "recompute_kv_cache_after_weight_updates as is; N = 0 is synchronous GRPO; other samplers, drop budgets, "
+        "deadlines, stall_action abort, generation_fleet_health or generation_router enabled, and "
+        "max_buffered_rollouts below the sampler's capacity are errors; the streaming, concurrency, diagnostics and "
+        "disabled or report-only resiliency keys are ignored, saying why. Without data_plane.enabled it is ignored "
+        "(no script of NeMo-RL reads it then)",
     ),
     _n("on_policy_distillation", (None,), "on-policy distillation"),
 )

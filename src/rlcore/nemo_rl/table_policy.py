@@ -366,7 +366,11 @@ CLUSTER_AND_POLICY_RULES: tuple[Rule, ...] = (
     _m(G + "vllm_cfg.max_model_len"),
     _m(G + "vllm_cfg.gpu_memory_utilization"),
     _m(G + "vllm_cfg.enforce_eager"),
-    _n(G + "vllm_cfg.async_engine", (False, None), "async vLLM engine"),
+    _m(
+        G + "vllm_cfg.async_engine",
+        note="vLLM's asynchronous engine: requests served continuously, per sample group; in-flight weight updates "
+        "need it",
+    ),
     _n(G + "vllm_cfg.kv_cache_dtype", ("auto", None), "quantized KV cache"),
     _n(G + "vllm_cfg.pipeline_parallel_size", (1, None), "vLLM pipeline parallelism (use tensor_parallel_size)"),
     _n(G + "vllm_cfg.expert_parallel_size", (1, None), "vLLM expert parallelism"),
