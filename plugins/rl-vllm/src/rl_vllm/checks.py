@@ -44,6 +44,8 @@ def host_checks(facts: HostFacts) -> list[CheckResult]:
         if (raw := check_raw_logprobs(generation)) is not None:
             results.append(raw)
         results += check_engine_bundles(facts.config)
+        if (in_flight := check_in_flight_updates(facts.config)) is not None:
+            results.append(in_flight)
         if not cfg.cluster.use_gpu and (head := check_cpu_head_size(generation.model_name or cfg.policy.model_name)):
             results.append(head)
     return results
@@ -130,6 +132,29 @@ def check_engine_bundles(resolved: Any) -> list[CheckResult]:
             )
         ]
     return []
+
+
+def check_in_flight_updates(resolved: Any) -> CheckResult | None:
+    """``grpo.async_grpo.in_flight_weight_updates: true`` lands refits while requests run, which only the engine
+    loop of ``vllm_cfg.async_engine: true`` can do (a sync engine finishes its whole batch before a refit)."""
+    from rl_vllm.config import VllmConfig, vllm_config_from
+
+    async_grpo = getattr(getattr(resolved.config, "grpo", None), "async_grpo", None)
+    if not getattr(async_grpo, "in_flight_weight_updates", False):
+        return None
+    generation = resolved.generation
+    section = generation.section if generation is not None else None
+    if not isinstance(section, VllmConfig):
+        section = vllm_config_from(resolved.config.policy.generation)
+    if section.async_engine:
+        return None
+    return CheckResult(
+        "in-flight-weight-updates",
+        "fail",
+        "grpo.async_grpo.in_flight_weight_updates: true needs policy.generation.vllm_cfg.async_engine: true "
+        "(a sync vLLM engine finishes its whole batch before a refit lands)",
+        "set policy.generation.vllm_cfg.async_engine: true, or grpo.async_grpo.in_flight_weight_updates: false",
+    )
 
 
 def check_cpu_head_size(model: str) -> CheckResult | None:

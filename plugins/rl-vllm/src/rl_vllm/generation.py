@@ -16,6 +16,7 @@ module imports no torch and no vLLM; the engines are built inside the actors.
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from rl_vllm.config import VllmConfig, vllm_config_from
@@ -24,7 +25,9 @@ from rl_vllm.refit import EngineStaleError
 from rl_vllm.sampling import batch_problems, sampling_options
 from rlcore.data import BatchedDataDict
 from rlcore.distributed import NamedSharding, RayVirtualCluster, RayWorkerGroup, WorkerGroupOwner
+from rlcore.distributed.worker_group import Calls
 from rlcore.interfaces import GenerationInterface
+from rlcore.interfaces.generation import PAUSE_MODES, PauseMode
 from rlcore.refit import RefitError
 
 if TYPE_CHECKING:
@@ -33,6 +36,9 @@ if TYPE_CHECKING:
 WORKER_CLASS = "rl_vllm.worker:VllmGenerationWorker"
 #: Keys of a generation batch the engines read (``sampling_seeds``: a seed per request, design.md §2.1).
 INPUT_KEYS = ("input_ids", "input_lengths", "stop_strings", "sampling_seeds")
+#: Actor threads of an ``async_engine`` engine: calls waiting on their requests each hold one, and a pause,
+#: resume or refit must still find one free.
+ASYNC_ENGINE_CONCURRENCY = 64
 
 
 class VllmGeneration(WorkerGroupOwner, GenerationInterface):
@@ -93,11 +99,15 @@ class VllmGeneration(WorkerGroupOwner, GenerationInterface):
             or None,
             extra_env=extra_env,
             kill_on_error=False,  # engines share no collective: one engine's exception leaves the others usable
+            max_concurrency=ASYNC_ENGINE_CONCURRENCY if self.vllm_cfg.async_engine else 1,
         )
         # Actor construction is asynchronous: wait here so an engine that cannot start fails now.
         self.engine_info: list[dict[str, Any]] = self._all("info")
         # Set when a refit was dispatched: the next generate asks the engines whether it landed.
         self._refit_unchecked = any(info["stale"] for info in self.engine_info)
+        # async_engine: rows submitted to each engine and not collected yet (routing of one-group batches)
+        self._outstanding = [0] * self.num_engines
+        self._routed: dict[int, tuple[int, int]] = {}  # id(handle) -> (engine, rows)
 
     @property
     def num_engines(self) -> int:
@@ -115,22 +125,98 @@ class VllmGeneration(WorkerGroupOwner, GenerationInterface):
     def generate_async(self, data: BatchedDataDict, greedy: bool = False) -> Any:
         """Submit to the engines and return at once (see ``GenerationInterface.generate_async``).
 
-        Each engine is a sync Ray actor: its calls run one at a time in
-        submission order, so a refit submitted later waits for this request.
+        Without ``async_engine`` each engine is a sync Ray actor: its calls run one at a time in submission
+        order, so a refit submitted later waits for this request. With it, the requests join the engines'
+        running batches at once; a batch of one sample group (every row the same prompt, or a single row) goes
+        whole to the engine with the fewest rows outstanding, so the group shares its prompt's prefix cache;
+        any other batch is cut into one chunk per engine, as without it.
         """
         problems = batch_problems(data, min(info["max_model_len"] for info in self.engine_info))
         if problems:
             raise ValueError("; ".join(problems))
         self._check_not_stale()
         batch: BatchedDataDict[GenerationDatumSpec] = BatchedDataDict({k: data[k] for k in INPUT_KEYS if k in data})
+        sampling = sampling_options(self.cfg)
+        if self.vllm_cfg.async_engine and self.num_engines > 1 and _one_group(batch):
+            engine = min(range(self.num_engines), key=lambda e: self._outstanding[e])
+            # tensor_parallel_size is 1 with async_engine: rank == engine; the group's own dispatch (its checks)
+            call = self.worker_group._call(engine, "generate", batch, greedy=greedy, sampling=sampling)
+            handle = Calls([call], [engine])
+            rows = int(batch["input_ids"].shape[0])
+            self._outstanding[engine] += rows
+            self._routed[id(handle)] = (engine, rows)
+            return handle
         shards = batch.chunk(self.num_engines)
-        return self.worker_group.run_all_workers_sharded_data(
-            "generate", shards, greedy=greedy, sampling=sampling_options(self.cfg)
-        )
+        return self.worker_group.run_all_workers_sharded_data("generate", shards, greedy=greedy, sampling=sampling)
 
     def collect(self, handle: Any) -> BatchedDataDict:
-        """The output of a :meth:`generate_async` call, with ``weight_version`` per sample."""
-        return BatchedDataDict.from_batches(self.worker_group.get_results(handle))
+        """The output of a :meth:`generate_async` call, with ``weight_version`` per sample (and, per token,
+        ``generation_weight_versions``)."""
+        try:
+            return BatchedDataDict.from_batches(self.worker_group.get_results(handle))
+        finally:
+            self._release(handle)
+
+    def _release(self, handle: Any) -> None:
+        routed = self._routed.pop(id(handle), None)
+        if routed is not None:
+            self._outstanding[routed[0]] -= routed[1]
+
+    def as_completed(
+        self, handles: Sequence[Any], timeout_s: float | None = None
+    ) -> Iterator[tuple[int, BatchedDataDict]]:
+        """``(index, output)`` of each handle as soon as all its engines are done (ready-first);
+        ``TimeoutError`` when none more is done within ``timeout_s``."""
+        import ray
+
+        owner = {ref: i for i, handle in enumerate(handles) for ref in handle.refs}
+        left = {i: len(handle.refs) for i, handle in enumerate(handles)}
+        pending = list(owner)
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1, timeout=timeout_s)
+            if not ready:
+                raise TimeoutError(f"no generation request finished within {timeout_s}s ({len(left)} outstanding)")
+            index = owner[ready[0]]
+            left[index] -= 1
+            if not left[index]:
+                del left[index]
+                yield index, self.collect(handles[index])
+
+    @property
+    def continuous_serving(self) -> bool:
+        """``vllm_cfg.async_engine``: the engines serve requests continuously."""
+        return self.vllm_cfg.async_engine
+
+    def pause_generation(self, mode: PauseMode = "wait", timeout_s: float | None = None) -> None:
+        """Pause every engine (see ``GenerationInterface.pause_generation``). When one does not pause within
+        ``timeout_s``, the others are resumed and ``TimeoutError`` names the engines that did not."""
+        import ray
+
+        if mode not in PAUSE_MODES:
+            raise ValueError(f"pause mode {mode!r}: one of {list(PAUSE_MODES)}")
+        self._require_async_engine("pause_generation")
+        refs = self.worker_group.run_all_workers_single_data("pause_generation", mode, timeout_s).refs
+        late = []
+        for ref in refs:
+            try:
+                ray.get(ref)
+            except TimeoutError as exc:  # Ray's task error is also a TimeoutError
+                late.append(str(getattr(exc, "cause", exc)))
+        if late:
+            self._all("resume_generation")
+            raise TimeoutError("; ".join(late))
+
+    def resume_generation(self, recompute_kv_cache: bool = False) -> None:
+        """Resume every engine; ``recompute_kv_cache``: kept requests prefill again with the current weights."""
+        self._require_async_engine("resume_generation")
+        self._all("resume_generation", recompute_kv_cache)
+
+    def _require_async_engine(self, method: str) -> None:
+        if not self.vllm_cfg.async_engine:
+            raise RuntimeError(
+                f"{method} needs policy.generation.vllm_cfg.async_engine: true (these engines run one blocking "
+                "llm.generate per batch; there is nothing to pause)"
+            )
 
     def set_weight_version(self, version: int) -> None:
         """Queued behind the refit it names (and any request before it): later requests are tagged ``version``."""
@@ -220,3 +306,11 @@ class VllmGeneration(WorkerGroupOwner, GenerationInterface):
         return self.worker_group.run_all_workers_single_data(
             "update_weights_from_collective", bucket_bytes=bucket_bytes
         ).refs
+
+
+def _one_group(batch: BatchedDataDict) -> bool:
+    """One sample group: a single row, or every row the same prompt (a group's samples of one prompt)."""
+    ids, lengths = batch["input_ids"], batch["input_lengths"]
+    if ids.shape[0] <= 1:
+        return True
+    return bool((lengths == lengths[0]).all()) and bool((ids[:, : int(lengths[0])] == ids[:1, : int(lengths[0])]).all())

@@ -25,6 +25,8 @@ def rlcore_register_backends(register):
                 Capability.STOP_STRINGS,
                 Capability.LOGPROBS,
                 Capability.VERIFIED_REFIT,
+                Capability.ASYNC_ENGINE,  # with vllm_cfg.async_engine: true (rl_vllm.engine_loop)
+                Capability.IN_FLIGHT_WEIGHT_UPDATES,
             },
             requires=("vllm",),
             install_hint="pip install 'rl-vllm[cpu]'  (or [gpu] on CUDA)",

@@ -10,14 +10,17 @@ This module is imported only inside the actor (it imports torch and vLLM).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
-from typing import Any
+from collections.abc import Iterator
+from typing import Any, Literal
 
 from rl_vllm.config import VllmConfig
 from rl_vllm.cpu_setup import request_amx_permission
 from rl_vllm.engine_env import EngineRank, name_segments_uniquely, prepare_process_env, unlink_rank_segments
+from rl_vllm.engine_loop import EngineLoop
 from rl_vllm.kv_capacity import KvCapacity
 from rl_vllm.refit import EngineStaleError
 from rl_vllm.sampling import (
@@ -154,6 +157,16 @@ class VllmGenerationWorker:
             if vllm_config.load_format == "dummy"
             else None
         )
+        # vllm_cfg.async_engine: a thread serves the engine continuously (rl_vllm.engine_loop)
+        self._loop: EngineLoop | None = (
+            EngineLoop(self.llm.llm_engine, f"engine {self.rank}", self._serving_state, sampled_logprobs)
+            if vllm_config.async_engine
+            else None
+        )
+
+    def _serving_state(self) -> tuple[int, Any]:
+        """The weight version and adapter a request admitted now runs with (asked by the engine loop)."""
+        return self.weight_version, self._lora_request
 
     # -- generation -----------------------------------------------------------------
     def _sampling_params(
@@ -223,20 +236,87 @@ class VllmGenerationWorker:
 
         self._warn_kv_shortfall([len(p) for p in prompts], [p.max_tokens for p in params])
         started = time.time()
+        if self._loop is not None:
+            completions, versions = self._serve(prompts, params)
+        else:
+            completions, versions = self._generate_batch(requests, params)
+        window = (started, time.time())
+        packed = pack_outputs(input_ids, input_lengths, completions, max_new, int(pad_id))
+        packed.update(token_versions(input_lengths, versions, packed["output_ids"].shape[1], self.weight_version))
+        packed["generation_window"] = torch.tensor(window, dtype=torch.float64).repeat(len(prompts), 1)  # [B, 2]
+        return BatchedDataDict(packed)
+
+    def _generate_batch(self, requests: list[Any], params: list[Any]) -> tuple[list[Completion], list[list[int]]]:
+        """One blocking ``llm.generate``: a sync actor runs one call at a time, so a refit never lands inside it
+        and every token carries the one version."""
         results = (
             self.llm.generate(requests, params, use_tqdm=False, lora_request=self._lora_request) if requests else []
         )
-        window = (started, time.time())
         completions = []
         for result in results:
             out = result.outputs[0]
             tokens = list(out.token_ids)
             completions.append(Completion(tokens, sampled_logprobs(tokens, out.logprobs), out.finish_reason))
-        packed = pack_outputs(input_ids, input_lengths, completions, max_new, int(pad_id))
-        # A sync actor runs one call at a time: a refit never lands inside this call, so one version per sample.
-        packed["weight_version"] = torch.full((len(prompts),), self.weight_version, dtype=torch.long)
-        packed["generation_window"] = torch.tensor(window, dtype=torch.float64).repeat(len(prompts), 1)  # [B, 2]
-        return BatchedDataDict(packed)
+        return completions, [[self.weight_version] * len(c.token_ids) for c in completions]
+
+    def _serve(self, prompts: list[list[int]], params: list[Any]) -> tuple[list[Completion], list[list[int]]]:
+        """Submit to the engine loop and wait: the requests join the running batch; each token carries the
+        version of the weights of the step that sampled it. A failed loop raises here, naming the engine."""
+        from vllm.sampling_params import RequestOutputKind
+
+        assert self._loop is not None
+        futures = []
+        for prompt, param in zip(prompts, params):
+            param.output_kind = RequestOutputKind.DELTA
+            futures.append(self._loop.submit(prompt, param))
+        served = [f.result() for f in futures]
+        completions = [Completion(s.token_ids, s.logprobs, s.finish_reason) for s in served]
+        return completions, [s.versions for s in served]
+
+    # -- the engine lifecycle (vllm_cfg.async_engine) ---------------------------------------
+    def pause_generation(self, mode: Literal["abort", "wait", "keep"] = "wait", timeout_s: float | None = None) -> str:
+        """Stop the engine between two steps (``GenerationInterface.pause_generation``); returns the state."""
+        loop = self._require_loop("pause_generation")
+        loop.pause(mode, timeout_s)
+        return loop.state
+
+    def resume_generation(self, recompute_kv_cache: bool = False) -> str:
+        """Serve again (``GenerationInterface.resume_generation``); returns the state."""
+        loop = self._require_loop("resume_generation")
+        loop.resume(recompute_kv_cache)
+        return loop.state
+
+    def serving_state(self) -> dict[str, Any]:
+        """The loop's state, its step count and its requests (running + queued), for tests and logs."""
+        loop = self._require_loop("serving_state")
+        return {"state": loop.state, "steps": loop.steps, "requests": loop.running()}
+
+    def _require_loop(self, method: str) -> EngineLoop:
+        if self._loop is None:
+            raise RuntimeError(
+                f"engine {self.rank}: {method} needs policy.generation.vllm_cfg.async_engine: true (this engine runs "
+                "one blocking llm.generate per batch; there is nothing to pause)"
+            )
+        return self._loop
+
+    @contextlib.contextmanager
+    def _exclusive(self) -> Iterator[None]:
+        """Hold the engine for a refit: directly when paused (the loop parked); otherwise pause in ``wait`` mode
+        (running requests finish on the old weights), do it, and resume: a safety net for callers that do not
+        pause (sync GRPO). Without the engine loop, the actor runs one call at a time already."""
+        loop = self._loop
+        if loop is None:
+            yield
+            return
+        paused_here = loop.state != "paused"
+        if paused_here:
+            loop.pause("wait")
+        try:
+            with loop.parked():
+                yield
+        finally:
+            if paused_here:
+                loop.resume()
 
     def _warn_kv_shortfall(self, prompt_lengths: list[int], max_tokens: list[int]) -> None:
         """Once per engine: the first batch that cannot run at once in the KV cache (see kv_capacity)."""
@@ -269,14 +349,15 @@ class VllmGenerationWorker:
                 f"engine {self.rank}: the adapter directory {path} is not visible here: an adapter "
                 "refit needs the engines on the node of training rank 0 (or a shared filesystem)"
             )
-        if self._asleep:
-            self.prepare_for_generation()
-        request = LoRARequest(f"rlcore-adapter-{version}", version, path)
-        if not self.llm.llm_engine.add_lora(request):
-            raise RefitError(f"engine {self.rank}: vLLM did not load the LoRA adapter at {path}")
-        previous, self._lora_request = self._lora_request, request
-        if previous is not None:
-            self.llm.llm_engine.remove_lora(previous.lora_int_id)
+        with self._exclusive():
+            if self._asleep:
+                self.prepare_for_generation()
+            request = LoRARequest(f"rlcore-adapter-{version}", version, path)
+            if not self.llm.llm_engine.add_lora(request):
+                raise RefitError(f"engine {self.rank}: vLLM did not load the LoRA adapter at {path}")
+            previous, self._lora_request = self._lora_request, request
+            if previous is not None:
+                self.llm.llm_engine.remove_lora(previous.lora_int_id)
 
     # -- weight refit (receiving side) ---------------------------------------------------
     def prepare_refit_info(self, state_dict_info: dict[str, Any], partial: bool = False) -> list[str]:
@@ -366,6 +447,11 @@ class VllmGenerationWorker:
         return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
 
     def _refit(self, transport: str, receive: Any, regions: Regions | None = None) -> dict[str, Any]:
+        """:meth:`_refit_now` with the engine held (see :meth:`_exclusive`)."""
+        with self._exclusive():
+            return self._refit_now(transport, receive, regions)
+
+    def _refit_now(self, transport: str, receive: Any, regions: Regions | None = None) -> dict[str, Any]:
         """Run ``receive(load)``; the engine is stale from the first loaded tensor until the reload completes.
 
         ``regions``: the sender wrote only these slices of those tensors, so only they are fingerprinted (what
@@ -426,8 +512,9 @@ class VllmGenerationWorker:
 
         if getattr(self, "_floor_state", None) is None:
             self._floor_state = checkpoint_state(self.gen_cfg.model_name)
-        seconds = timed_reload(self.llm.collective_rpc(_own_worker)[0], self._floor_state, bucket_bytes)
-        self.llm.reset_prefix_cache()
+        with self._exclusive():
+            seconds = timed_reload(self.llm.collective_rpc(_own_worker)[0], self._floor_state, bucket_bytes)
+            self.llm.reset_prefix_cache()
         self.stale_reason = "reload_floor put the checkpoint's weights back, not the policy's"
         return seconds
 
@@ -444,15 +531,17 @@ class VllmGenerationWorker:
         nothing), so on CPU the engine simply stays resident.
         """
         if self._sleep_mode and self._asleep:
-            self.llm.wake_up()
+            with self._exclusive():
+                self.llm.wake_up()
             self._asleep = False
         return True
 
     def finish_generation(self, *args: Any, **kwargs: Any) -> bool:
         """Put the engine to sleep (level 1: weights offloaded, KV cache dropped) where supported."""
         if self._sleep_mode and not self._asleep:
-            self.llm.reset_prefix_cache()
-            self.llm.sleep(level=1)
+            with self._exclusive():
+                self.llm.reset_prefix_cache()
+                self.llm.sleep(level=1)
             self._asleep = True
         return True
 
@@ -468,12 +557,17 @@ class VllmGenerationWorker:
             "kv_cache_blocks": self.kv_capacity.num_blocks,
             "kv_block_size": self.kv_capacity.block_size,
             "max_num_seqs": self.kv_capacity.max_num_seqs,
+            "async_engine": self._loop is not None,
         }
 
     def is_alive(self) -> bool:
         return True
 
     def shutdown(self) -> bool:
+        loop = getattr(self, "_loop", None)
+        if loop is not None:
+            loop.stop()
+            self._loop = None
         receiver = getattr(self, "_receiver", None)
         if receiver is not None:
             receiver.close()
@@ -488,6 +582,21 @@ class VllmGenerationWorker:
             gc.collect()
             remove_own_ipc_dir()  # its sockets went with the engine
         return True
+
+
+def token_versions(input_lengths: Any, versions: list[list[int]], width: int, current: int) -> dict[str, Any]:
+    """``generation_weight_versions`` (``[B, width]`` int64: each generated token's weight version, -1 at prompt
+    and padding) and ``weight_version`` (``[B]``: the oldest version among the sample's tokens; ``current`` for a
+    sample with none)."""
+    import torch
+
+    per_token = torch.full((len(versions), width), -1, dtype=torch.long)
+    for i, own in enumerate(versions):
+        start = int(input_lengths[i])
+        if own:
+            per_token[i, start : start + len(own)] = torch.tensor(own, dtype=torch.long)
+    oldest = torch.tensor([min(own) if own else current for own in versions], dtype=torch.long)
+    return {"generation_weight_versions": per_token, "weight_version": oldest}
 
 
 def _reason(exc: BaseException) -> str:
