@@ -59,10 +59,11 @@ The kit is split by concern; every name is importable from here:
 - :mod:`~rlcore.testing.conformance.training`: :class:`TrainingBackendConformance`,
   with its class-wide state in :mod:`~rlcore.testing.conformance.training_kit`;
 - :mod:`~rlcore.testing.conformance.generation`: :class:`GenerationBackendConformance`;
-- :mod:`~rlcore.testing.conformance.lifecycle`: :class:`EngineLifecycleConformance`, the engine lifecycle of
+- :mod:`~rlcore.testing.conformance.lifecycle`: :func:`lifecycle_problems`, the engine lifecycle of
   'async_engine' backends (pause in each mode, resume, requests submitted while paused or draining, sleep and
-  wake twice, refit while paused, identity refit, a restarted engine stale until refit) as pure checks
-  (:func:`lifecycle_problems`), with in-process fakes in :mod:`~rlcore.testing.conformance.lifecycle_fakes`;
+  wake twice, refit while paused, identity refit, a restarted engine stale until refit) as pure checks, with
+  in-process fakes in :mod:`~rlcore.testing.conformance.lifecycle_fakes`; the pytest mixin
+  :class:`EngineLifecycleConformance` is :mod:`~rlcore.testing.conformance.lifecycle_conformance`;
 - :mod:`~rlcore.testing.conformance.checkers`: :func:`logprob_problems`,
   :func:`generation_output_problems`; the oracles and the step/weight checkers
   are :mod:`rlcore.testing.oracle`.
@@ -80,11 +81,11 @@ from rlcore.testing.conformance.checkers import (
     logprob_problems,
 )
 from rlcore.testing.conformance.generation import GenerationBackendConformance
-from rlcore.testing.conformance.lifecycle import (
-    EngineLifecycleConformance,
+from rlcore.testing.conformance.lifecycle import (  # noqa: F401 - importable from here (__all__: see tests/project)
     LifecycleSubject,
     lifecycle_problems,
 )
+from rlcore.testing.conformance.lifecycle_conformance import EngineLifecycleConformance  # noqa: F401
 from rlcore.testing.conformance.probes import plugin_reference
 from rlcore.testing.conformance.training import TrainingBackendConformance
 from rlcore.testing.conformance.training_kit import (
@@ -110,16 +111,13 @@ __all__ = [
     "GENERATION_WORKER_METHODS",
     "HEAVY_MODULES",
     "TRAINING_WORKER_METHODS",
-    "EngineLifecycleConformance",
     "GenerationBackendConformance",
-    "LifecycleSubject",
     "StepRecord",
     "TrainingBackendConformance",
     "distillation_step",
     "dpo_step",
     "generation_output_problems",
     "hf_token_logprobs",
-    "lifecycle_problems",
     "load_hf_model",
     "logprob_problems",
     "oracle_gradients",
