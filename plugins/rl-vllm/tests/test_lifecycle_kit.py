@@ -1,8 +1,9 @@
 """rl-vllm with ``vllm_cfg.async_engine: true`` through the kit's engine lifecycle checks, on CPU.
 
-One pair of data-parallel engines for the class (started once; the restart check, last, starts a new pair on
-the same placement). The generation kit's own checks run on the same engines (output format, HF agreement,
-continuous ``generate_async``); the plugin probes are left to ``test_generation.py``. Weights are pushed by the
+One engine for the class (started once; the restart check, last and slow, starts a new one on the same
+placement); two data-parallel engines doubled the start-up on two cores, and test_generation.py covers them.
+The generation kit's own checks run on the same engine (output format, HF agreement, continuous
+``generate_async``); the plugin probes are left to ``test_generation.py``. Weights are pushed by the
 shared-memory transport straight from this process: the tiny model's own checkpoint, so every refit here is an
 identity refit and every output must equal the unpaused one.
 """
