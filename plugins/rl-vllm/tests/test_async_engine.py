@@ -150,6 +150,13 @@ def long_request(engine: VllmGeneration, prompt: list[int] = PROMPTS[0]) -> Any:
 
 
 class TestAsyncEngine:
+    @pytest.fixture(autouse=True)
+    def serving_again(self, engines: dict) -> Iterator[None]:
+        """A test that failed while paused must not leave the shared engine paused for the next one."""
+        yield
+        if engines["async"]._all("serving_state")[0]["state"] != "serving":
+            engines["async"].resume_generation()
+
     def test_async_engine_outputs_equal_the_sync_engine_s(self, engines: dict) -> None:
         data = prompts(PROMPTS)
         for greedy in (True, False):
@@ -238,13 +245,16 @@ class TestAsyncEngine:
         kept = long_request(engine)
         after_steps(engine, 8)
         engine.pause_generation("keep", timeout_s=10)
+        [at_refit] = engine._all("serving_state")[0]["tokens_so_far"]  # the refit log: where it lands
         refit(engine, engines["weights"][1], version=1)
         engine.resume_generation(recompute_kv_cache=recompute)
         out = engine.collect(kept)
         refit(engine, engines["weights"][0], version=0)  # back to v0 for the tests after this one
         tokens, logprobs, versions = generated(out)
         split = int((versions == 0).sum())
-        assert split >= 8 and versions[:split].eq(0).all() and versions[split:].eq(1).all(), versions.tolist()
+        assert split == at_refit >= 8 and versions[:split].eq(0).all() and versions[split:].eq(1).all(), (
+            versions.tolist()
+        )
         assert len(tokens) > split, "no token after the refit: the request ended before it"
         assert out["weight_version"].tolist() == [0]  # the oldest span
         start = int(out["unpadded_sequence_lengths"][0]) - len(tokens)

@@ -10,12 +10,10 @@ This module is imported only inside the actor (it imports torch and vLLM).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import time
-from collections.abc import Iterator
-from typing import Any, Literal
+from typing import Any
 
 from rl_vllm.config import VllmConfig
 from rl_vllm.cpu_setup import request_amx_permission
@@ -24,13 +22,13 @@ from rl_vllm.engine_loop import EngineLoop
 from rl_vllm.kv_capacity import KvCapacity
 from rl_vllm.refit import EngineStaleError
 from rl_vllm.sampling import (
-    Completion,
     pack_outputs,
     prompts_from_batch,
     request_seeds,
     request_stop_strings,
     sampled_logprobs,
 )
+from rl_vllm.serving import EngineLifecycle, token_versions
 from rlcore.refit import RefitError
 from rlcore.refit.buckets import Regions
 
@@ -55,7 +53,7 @@ def _own_worker(worker: Any) -> Any:
     return worker
 
 
-class VllmGenerationWorker:
+class VllmGenerationWorker(EngineLifecycle):
     """One data-parallel rank of the ``vllm`` backend: an in-process ``vllm.LLM``.
 
     ``generation_config`` is rlcore's ``GenerationConfig`` (its sampling
@@ -245,78 +243,6 @@ class VllmGenerationWorker:
         packed.update(token_versions(input_lengths, versions, packed["output_ids"].shape[1], self.weight_version))
         packed["generation_window"] = torch.tensor(window, dtype=torch.float64).repeat(len(prompts), 1)  # [B, 2]
         return BatchedDataDict(packed)
-
-    def _generate_batch(self, requests: list[Any], params: list[Any]) -> tuple[list[Completion], list[list[int]]]:
-        """One blocking ``llm.generate``: a sync actor runs one call at a time, so a refit never lands inside it
-        and every token carries the one version."""
-        results = (
-            self.llm.generate(requests, params, use_tqdm=False, lora_request=self._lora_request) if requests else []
-        )
-        completions = []
-        for result in results:
-            out = result.outputs[0]
-            tokens = list(out.token_ids)
-            completions.append(Completion(tokens, sampled_logprobs(tokens, out.logprobs), out.finish_reason))
-        return completions, [[self.weight_version] * len(c.token_ids) for c in completions]
-
-    def _serve(self, prompts: list[list[int]], params: list[Any]) -> tuple[list[Completion], list[list[int]]]:
-        """Submit to the engine loop and wait: the requests join the running batch; each token carries the
-        version of the weights of the step that sampled it. A failed loop raises here, naming the engine."""
-        from vllm.sampling_params import RequestOutputKind
-
-        assert self._loop is not None
-        futures = []
-        for prompt, param in zip(prompts, params):
-            param.output_kind = RequestOutputKind.DELTA
-            futures.append(self._loop.submit(prompt, param))
-        served = [f.result() for f in futures]
-        completions = [Completion(s.token_ids, s.logprobs, s.finish_reason) for s in served]
-        return completions, [s.versions for s in served]
-
-    # -- the engine lifecycle (vllm_cfg.async_engine) ---------------------------------------
-    def pause_generation(self, mode: Literal["abort", "wait", "keep"] = "wait", timeout_s: float | None = None) -> str:
-        """Stop the engine between two steps (``GenerationInterface.pause_generation``); returns the state."""
-        loop = self._require_loop("pause_generation")
-        loop.pause(mode, timeout_s)
-        return loop.state
-
-    def resume_generation(self, recompute_kv_cache: bool = False) -> str:
-        """Serve again (``GenerationInterface.resume_generation``); returns the state."""
-        loop = self._require_loop("resume_generation")
-        loop.resume(recompute_kv_cache)
-        return loop.state
-
-    def serving_state(self) -> dict[str, Any]:
-        """The loop's state, its step count and its requests (running + queued), for tests and logs."""
-        loop = self._require_loop("serving_state")
-        return {"state": loop.state, "steps": loop.steps, "requests": loop.running()}
-
-    def _require_loop(self, method: str) -> EngineLoop:
-        if self._loop is None:
-            raise RuntimeError(
-                f"engine {self.rank}: {method} needs policy.generation.vllm_cfg.async_engine: true (this engine runs "
-                "one blocking llm.generate per batch; there is nothing to pause)"
-            )
-        return self._loop
-
-    @contextlib.contextmanager
-    def _exclusive(self) -> Iterator[None]:
-        """Hold the engine for a refit: directly when paused (the loop parked); otherwise pause in ``wait`` mode
-        (running requests finish on the old weights), do it, and resume: a safety net for callers that do not
-        pause (sync GRPO). Without the engine loop, the actor runs one call at a time already."""
-        loop = self._loop
-        if loop is None:
-            yield
-            return
-        paused_here = loop.state != "paused"
-        if paused_here:
-            loop.pause("wait")
-        try:
-            with loop.parked():
-                yield
-        finally:
-            if paused_here:
-                loop.resume()
 
     def _warn_kv_shortfall(self, prompt_lengths: list[int], max_tokens: list[int]) -> None:
         """Once per engine: the first batch that cannot run at once in the KV cache (see kv_capacity)."""
@@ -582,21 +508,6 @@ class VllmGenerationWorker:
             gc.collect()
             remove_own_ipc_dir()  # its sockets went with the engine
         return True
-
-
-def token_versions(input_lengths: Any, versions: list[list[int]], width: int, current: int) -> dict[str, Any]:
-    """``generation_weight_versions`` (``[B, width]`` int64: each generated token's weight version, -1 at prompt
-    and padding) and ``weight_version`` (``[B]``: the oldest version among the sample's tokens; ``current`` for a
-    sample with none)."""
-    import torch
-
-    per_token = torch.full((len(versions), width), -1, dtype=torch.long)
-    for i, own in enumerate(versions):
-        start = int(input_lengths[i])
-        if own:
-            per_token[i, start : start + len(own)] = torch.tensor(own, dtype=torch.long)
-    oldest = torch.tensor([min(own) if own else current for own in versions], dtype=torch.long)
-    return {"generation_weight_versions": per_token, "weight_version": oldest}
 
 
 def _reason(exc: BaseException) -> str:
