@@ -25,14 +25,14 @@ BUCKET_BYTES = 1 << 20
 class TestVllmLifecycle(GenerationBackendConformance, EngineLifecycleConformance):
     backend_name = "vllm"
     world_size = 1
-    max_new_tokens = 120  # about 0.6 s a request on CPU: still running when the kit pauses, 0.1 s in
+    max_new_tokens = 240  # about 0.8 s a request on CPU: still running when the kit pauses, 0.15 s in
     stale_errors = (EngineStaleError,)
     lifecycle_timeout_s = 60.0
-    lifecycle_settle_s = 0.1
+    lifecycle_settle_s = 0.15
     lifecycle_paused_probe_s = 0.3
 
     def generation_overrides(self) -> dict:
-        return {"vllm_cfg": {"kv_cache_space_gb": 0.0625, "max_model_len": 128, "async_engine": True}}
+        return {"vllm_cfg": {"kv_cache_space_gb": 0.0625, "max_model_len": 256, "async_engine": True}}
 
     def make_generation(self, cluster: Any, config: Any) -> Any:
         return VllmGeneration(cluster, config, name_prefix="lifecycle-vllm")
