@@ -13,18 +13,22 @@ from rlcore.plugins import get_registry
 EXAMPLE = "examples/grpo_async_tiny.yaml"
 
 
-def test_async_needs_its_own_engine_and_importance_weights():
+def test_async_needs_its_own_engine_and_says_when_it_trains_uncorrected():
     with pytest.raises(ConfigError) as err:
-        load_config(EXAMPLE, ["policy.generation.colocated=true", "loss.use_importance_sampling_correction=false"])
-    problems = str(err.value)
+        load_config(EXAMPLE, ["policy.generation.colocated=true"])
     assert (
         "grpo.async_grpo.enabled: generation can run ahead of training only on its own resources, but "
         "policy.generation.colocated.enabled is true"
-    ) in problems
-    assert (
-        "loss.use_importance_sampling_correction: async GRPO trains on rollouts sampled with older weights" in problems
-    )
+    ) in str(err.value)
     assert load_config(EXAMPLE).grpo.async_grpo.max_trajectory_age_steps == 1
+    # Without importance weights (NeMo-RL's single-controller loop trains so) the run is allowed, with a notice.
+    uncorrected = load_config(EXAMPLE, ["loss.use_importance_sampling_correction=false"])
+    if vllm_missing():
+        return
+    resolved = resolve(uncorrected, run=True)
+    assert resolved.async_generation is True
+    assert any("trained as if on-policy" in n and "up to 1 step(s) older" in n for n in resolved.notices)
+    assert not any("as if on-policy" in n for n in resolve(load_config(EXAMPLE), run=True).notices)
 
 
 def test_a_backend_that_generates_itself_falls_back_to_synchronous():

@@ -169,14 +169,14 @@ def test_a_math_grader_other_than_math_is_refused_and_the_unread_stop_strings_ig
     assert problems == [] and "env.math.verifier_type" in ignored
 
 
-def test_the_transfer_queue_data_plane_is_transport_and_the_single_controller_loop_is_refused():
+def test_the_transfer_queue_data_plane_is_transport_and_the_single_controller_loop_is_asynchronous_grpo():
     # examples/run_grpo.py picks grpo_train_sync (the same loop through TransferQueue) on data_plane.enabled;
-    # examples/run_grpo_single_controller.py (async_rl) streams rollouts ahead of training.
+    # examples/run_grpo_single_controller.py (async_rl) streams rollouts ahead of training, refitting in flight:
+    # rlcore's asynchronous GRPO with in-flight weight updates (tests/nemo_rl/test_single_controller_mapping.py).
     problems, ignored = _problems_and_ignored(GRPO, "data_plane.enabled=true")
     assert problems == [] and "parity-tested" in ignored["data_plane"]
     out = convert_file(MAIN / "grpo_math_1B_megatron_single_controller.yaml")
-    assert any(line.startswith("async_rl: is NeMo-RL's single-controller") for line in out.problems)
-    assert not any(line.startswith("data_plane") for line in out.problems)
+    assert out.problems == [] and out.config["grpo"]["async_grpo"]["in_flight_weight_updates"] is True
     problems, ignored = _problems_and_ignored(GRPO, "++async_rl.sampler.name=in_order")
     assert problems == [] and "refuses to start without data_plane.enabled" in ignored["async_rl"]
     problems, _ = _problems_and_ignored(GRPO, "data_plane.enabled=true", "grpo.async_grpo.enabled=true")

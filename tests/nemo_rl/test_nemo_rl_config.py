@@ -255,8 +255,8 @@ MEGATRON = FIXTURES / "v0.7.0" / "grpo_math_1B_megatron.yaml"
         ),
         (
             BASE,
-            "grpo.async_grpo.in_flight_weight_updates=true",
-            "grpo.async_grpo.in_flight_weight_updates: is true, but rlcore does not support in-flight weight updates",
+            "grpo.async_grpo.in_flight_weight_updates=true",  # mapped; without async GRPO rlcore's rule refuses it
+            "grpo.async_grpo.in_flight_weight_updates: is true, but refits land during generation only when",
         ),
         (
             MEGATRON,
@@ -747,7 +747,7 @@ def test_rlcore_run_from_nemo_rl_trains_the_tiny_model_end_to_end(tmp_path):
         env=env,
     )
     assert out.returncode == 0, out.stderr[-3000:]
-    assert "ignored: grpo.async_grpo.in_flight_weight_updates (" in out.stderr
+    assert "ignored: policy.generation.vllm_cfg.use_tqdm (" in out.stderr
     summary = json.loads(out.stdout.strip().splitlines()[-1])
     assert summary["steps"] == 2
     logged = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]

@@ -97,6 +97,8 @@ class GRPO(Algorithm):
         if problems:
             return Resolution(cfg, problems)
         async_generation = _async_generation(g, generation, notices)
+        if async_generation and not cfg.loss.use_importance_sampling_correction:
+            notices.append(uncorrected_notice(g.async_grpo.max_trajectory_age_steps))
         if problem := _in_flight_problem(g, generation, async_generation):
             return Resolution(cfg, [problem])
         cfg = cfg.model_copy(
@@ -136,6 +138,16 @@ def _async_generation(g: Any, generation: Any, notices: list[str]) -> bool:
         return True
     notices.append(f"notice: grpo.async_grpo.enabled, but {reason}; training synchronously")
     return False
+
+
+def uncorrected_notice(max_age: int) -> str:
+    """The notice of asynchronous GRPO without importance weights (NeMo-RL's single-controller loop trains so;
+    its older ``grpo.async_grpo`` loop refuses it)."""
+    return (
+        "notice: grpo.async_grpo.enabled with loss.use_importance_sampling_correction false: rollouts from "
+        f"weights up to {max_age} step(s) older are trained as if on-policy (the ratio is taken against the "
+        "trainer's logprobs, not the engine's); set it to true to correct for their age"
+    )
 
 
 def _why_not_ahead(generation: Any) -> str | None:

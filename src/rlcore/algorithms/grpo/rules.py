@@ -32,8 +32,8 @@ def check(cfg: RLCoreConfig) -> Iterator[str]:
 
 @_grpo_rule
 def async_grpo_needs_its_own_engine(cfg: RLCoreConfig) -> Iterator[str]:
-    """Async GRPO overlaps a separate engine with training: it needs its own resources, and importance weights
-    to correct for rollouts from older weights (as NeMo-RL requires)."""
+    """Async GRPO overlaps a separate engine with training: it needs its own resources. (Without importance
+    weights it trains on older rollouts as if on-policy: a notice at resolve, :func:`uncorrected_notice`.)"""
     if cfg.grpo is None or not cfg.grpo.async_grpo.enabled:
         return
     gen, p = cfg.policy.generation, cfg.policy
@@ -42,11 +42,6 @@ def async_grpo_needs_its_own_engine(cfg: RLCoreConfig) -> Iterator[str]:
             "grpo.async_grpo.enabled: generation can run ahead of training only on its own resources, but "
             "policy.generation.colocated.enabled is true; set it to false and give "
             "policy.generation.colocated.resources (e.g. {num_nodes: 1, workers_per_node: 1})"
-        )
-    if not cfg.loss.use_importance_sampling_correction:
-        yield (
-            "loss.use_importance_sampling_correction: async GRPO trains on rollouts sampled with older "
-            "weights, which the importance weights correct for; set it to true"
         )
 
 
