@@ -1,21 +1,34 @@
-"""Asynchronous vs synchronous GRPO: the same run, generation on its own core, step time side by side.
+"""Synchronous, one-step-off and in-flight GRPO: the same run, generation on its own core, side by side.
 
-Both runs are ``rlcore run`` on ``examples/grpo_async_tiny.yaml``'s layout: one
-CPU worker trains (dtensor), a vLLM engine on the other generates. The only
-difference is ``grpo.async_grpo.enabled``: synchronous, the engine and the
-trainer take turns (step = refit + generation + logprobs + train); async, the
-engine generates the next rollout while the trainer trains (step ~ max of the
-two + refit), on weights one step older (``max_trajectory_age_steps: 1``,
-importance-weighted).
+The runs are ``rlcore run`` on ``examples/grpo_async_tiny.yaml``'s layout: one
+CPU worker trains (dtensor), a vLLM engine on the other generates. They differ
+in how generation and training overlap:
+
+- ``sync``: ``grpo.async_grpo.enabled: false``; the engine and the trainer take
+  turns (step = refit + generation + logprobs + train);
+- ``one_step_off``: async GRPO with whole-batch engine calls; the engine
+  generates the next rollout while the trainer trains, on weights one step older
+  (``max_trajectory_age_steps: 1``, importance-weighted), and a refit waits for
+  the rollout in flight to end;
+- ``in_flight``: the same with ``vllm_cfg.async_engine: true`` and
+  ``grpo.async_grpo.in_flight_weight_updates: true``: the engine serves sample
+  groups continuously and a refit lands between two engine steps while requests
+  run (``keep`` pause), so neither side waits for the other's tail.
+
+For each: the median step time, the engine's busy fraction (the loop's
+``async/engine_busy_fraction`` where it reports one, else generation time over
+step time) and the ratio of the step to its overlap floor
+``max(generation, logprobs + train + refit)``, each phase's median from the same
+run (goal for ``in_flight``: busy fraction >= 0.95, floor ratio <= 1.05).
 
     python benchmarks/async_grpo.py                    # tiny-llama, 16 prompts x 4, 32 new tokens, 20 steps
     python benchmarks/async_grpo.py --model 10m --new-tokens 48 --steps 12   # training-bound: less to overlap
 
 Step time is the loop's ``time/step_s`` (async: wall time from waiting for the
 rollout to the next refit), median over the steps after ``--warmup``. The
-last line printed is JSON: ``async_vs_sync`` (median async step / median
-sync step; goal <= 0.65), both medians, the phase medians, and each run's
-first and last mean reward.
+last line printed is JSON: ``async_vs_sync`` (median one-step-off step / median
+sync step; goal <= 0.65), ``in_flight_vs_one_step_off``, every mode's medians,
+busy fraction, floor ratio, and first and last mean reward.
 """
 
 from __future__ import annotations
@@ -42,8 +55,20 @@ PHASES = (
 )
 
 
-def run(model_dir: str, args: argparse.Namespace, asynchronous: bool, out_dir: str) -> list[dict[str, Any]]:
-    """One ``rlcore run``; its per-step metrics rows."""
+#: The overrides of each mode, on top of the example's (which is asynchronous).
+MODES: dict[str, list[str]] = {
+    "sync": ["grpo.async_grpo.enabled=false"],
+    "one_step_off": ["grpo.async_grpo.enabled=true"],
+    "in_flight": [
+        "grpo.async_grpo.enabled=true",
+        "policy.generation.vllm_cfg.async_engine=true",
+        "grpo.async_grpo.in_flight_weight_updates=true",
+    ],
+}
+
+
+def run(model_dir: str, args: argparse.Namespace, mode: str, out_dir: str) -> list[dict[str, Any]]:
+    """One ``rlcore run`` in ``mode``; its per-step metrics rows."""
     from rlcore.config import load_config
     from rlcore.run.metrics import read_metrics
     from rlcore.run.train import train
@@ -58,7 +83,7 @@ def run(model_dir: str, args: argparse.Namespace, asynchronous: bool, out_dir: s
             f"policy.train_global_batch_size={args.prompts * args.generations}",
             f"policy.generation.max_new_tokens={args.new_tokens}",
             f"policy.max_total_sequence_length={args.new_tokens + 32}",
-            f"grpo.async_grpo.enabled={str(asynchronous).lower()}",
+            *MODES[mode],
             f"logger.output_dir={out_dir}",
             "logger.progress_bar=false",
             "logger.tensorboard=false",
@@ -73,6 +98,24 @@ def median(rows: list[dict[str, Any]], key: str, warmup: int) -> float:
     return statistics.median(values) if values else float("nan")
 
 
+def summary(rows: list[dict[str, Any]], warmup: int) -> dict[str, float]:
+    """A mode's medians, its engine busy fraction and its step over the overlap floor."""
+    out = {
+        "step_s": median(rows, "time/step_s", warmup),
+        **{key.removeprefix("time/"): median(rows, key, warmup) for key in PHASES},
+        "first_reward": rows[0]["reward_mean"],
+        "last_reward": rows[-1]["reward_mean"],
+        "max_age": max(r.get("async/age_max", 0.0) for r in rows),
+    }
+    trainer = sum(0.0 if out[k] != out[k] else out[k] for k in ("logprob_s", "train_s", "refit_s"))  # nan: 0
+    floor = max(out["generation_s"], trainer)
+    busy = median(rows, "async/engine_busy_fraction", warmup)
+    out["engine_busy_fraction"] = busy if busy == busy else out["generation_s"] / out["step_s"]
+    out["floor_s"] = floor
+    out["floor_ratio"] = out["step_s"] / floor
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="tiny-llama", help=f"a built-in model name, or one of {sorted(SIZES)}")
@@ -81,6 +124,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--generations", type=int, default=4)
     parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--modes", nargs="+", choices=sorted(MODES), default=list(MODES))
     args = parser.parse_args(argv)
 
     from rlcore.models import resolve_model
@@ -89,33 +133,33 @@ def main(argv: list[str] | None = None) -> None:
     load = os.getloadavg()[0]
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for mode, asynchronous in (("sync", False), ("async", True)):
-            rows = run(model_dir, args, asynchronous, os.path.join(tmp, mode))
-            results[mode] = {
-                "step_s": median(rows, "time/step_s", args.warmup),
-                **{key.removeprefix("time/"): median(rows, key, args.warmup) for key in PHASES},
-                "first_reward": rows[0]["reward_mean"],
-                "last_reward": rows[-1]["reward_mean"],
-                "max_age": max(r.get("async/age_max", 0.0) for r in rows),
-            }
-    sync, asyn = results["sync"], results["async"]
+        for mode in args.modes:
+            results[mode] = summary(run(model_dir, args, mode, os.path.join(tmp, mode)), args.warmup)
     print(
         f"model {args.model}, {args.prompts}x{args.generations} rollouts of {args.new_tokens} new tokens, "
         f"{args.steps} steps (medians after {args.warmup}), load {load:.1f}"
     )
-    print(f"{'':6}{'step s':>8}{'gen s':>8}{'train s':>9}{'refit s':>9}{'wait s':>8}{'idle s':>8}{'reward':>14}")
+    print(
+        f"{'':13}{'step s':>8}{'gen s':>8}{'train s':>9}{'refit s':>9}{'wait s':>8}{'idle s':>8}"
+        f"{'busy':>7}{'/floor':>8}{'reward':>14}"
+    )
     for mode, r in results.items():
         print(
-            f"{mode:6}{r['step_s']:>8.2f}{r['generation_s']:>8.2f}{r['train_s']:>9.2f}{r['refit_s']:>9.2f}"
+            f"{mode:13}{r['step_s']:>8.2f}{r['generation_s']:>8.2f}{r['train_s']:>9.2f}{r['refit_s']:>9.2f}"
             f"{r['generation_wait_s']:>8.2f}{r['generation_idle_s']:>8.2f}"
+            f"{r['engine_busy_fraction']:>7.2f}{r['floor_ratio']:>8.2f}"
             f"{r['first_reward']:>7.2f}->{r['last_reward']:.2f}"
         )
+
+    def ratio(a: str, b: str) -> float | None:
+        return results[a]["step_s"] / results[b]["step_s"] if a in results and b in results else None
+
     print(
         json.dumps(
             {
-                "async_vs_sync": asyn["step_s"] / sync["step_s"],
-                "sync_step_s": sync["step_s"],
-                "async_step_s": asyn["step_s"],
+                "async_vs_sync": ratio("one_step_off", "sync"),
+                "in_flight_vs_one_step_off": ratio("in_flight", "one_step_off"),
+                "in_flight_vs_sync": ratio("in_flight", "sync"),
                 "model": args.model,
                 "load": load,
                 "modes": results,
