@@ -18,11 +18,25 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from rlcore.run.rollouts import RolloutTurns
     from rlcore.run.step import Timer
+
+
+class GroupTurns(Protocol):
+    """What a ready-first rollout needs of the rollout's turn work (:class:`rlcore.run.rollouts.RolloutTurns`;
+    named here as a protocol so that this module does not import the one that imports it)."""
+
+    repeat: int
+    max_turns: int
+    state: Any  # rlcore.run.rollouts.Trajectories: per-sample ``done`` flags
+
+    def request(self, active: list[int], turn: int) -> Any: ...
+
+    def take(self, active: list[int], batch: Any, out: Any) -> None: ...
+
+    def score(self, active: list[int], turn: int, timer: Timer) -> None: ...
 
 
 @dataclass
@@ -50,7 +64,7 @@ def first_done(generation: Any, handles: list[Any]) -> tuple[int, Any]:
             close()
 
 
-def roll_out_ready_first(turns: RolloutTurns, generation: Any, greedy: bool, timer: Timer) -> None:
+def roll_out_ready_first(turns: GroupTurns, generation: Any, greedy: bool, timer: Timer) -> None:
     """Roll out every group of ``turns``' samples through ``generation``, each group's turns one after another and
     the groups side by side, handling whichever finishes first.
 

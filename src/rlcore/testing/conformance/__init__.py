@@ -81,11 +81,8 @@ from rlcore.testing.conformance.checkers import (
     logprob_problems,
 )
 from rlcore.testing.conformance.generation import GenerationBackendConformance
-from rlcore.testing.conformance.lifecycle import (  # noqa: F401 - importable from here (__all__: see tests/project)
-    LifecycleSubject,
-    lifecycle_problems,
-)
-from rlcore.testing.conformance.lifecycle_conformance import EngineLifecycleConformance  # noqa: F401
+from rlcore.testing.conformance.lifecycle import LifecycleSubject, lifecycle_problems
+from rlcore.testing.conformance.lifecycle_conformance import EngineLifecycleConformance
 from rlcore.testing.conformance.probes import plugin_reference
 from rlcore.testing.conformance.training import TrainingBackendConformance
 from rlcore.testing.conformance.training_kit import (
@@ -111,13 +108,16 @@ __all__ = [
     "GENERATION_WORKER_METHODS",
     "HEAVY_MODULES",
     "TRAINING_WORKER_METHODS",
+    "EngineLifecycleConformance",
     "GenerationBackendConformance",
+    "LifecycleSubject",
     "StepRecord",
     "TrainingBackendConformance",
     "distillation_step",
     "dpo_step",
     "generation_output_problems",
     "hf_token_logprobs",
+    "lifecycle_problems",
     "load_hf_model",
     "logprob_problems",
     "oracle_gradients",
