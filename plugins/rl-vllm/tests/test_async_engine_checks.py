@@ -1,11 +1,15 @@
 """``vllm_cfg.async_engine`` before anything starts: in-flight weight updates need it (one line naming the key and
-the fix), and a tensor-parallel engine cannot run the engine loop (refused when the section is validated)."""
+the fix), a tensor-parallel engine cannot run the engine loop (refused when the section is validated); and how
+the driver routes a sample group (against a recording stand-in for the engines: no engine starts here)."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
+import torch
 
 from rl_vllm.checks import check_in_flight_updates
 from rl_vllm.config import VllmConfig
@@ -40,3 +44,53 @@ def test_in_flight_weight_updates_without_the_async_engine_are_refused_in_one_li
 def test_a_tensor_parallel_async_engine_is_refused() -> None:
     with pytest.raises(ValueError, match="async_engine: true with tensor_parallel_size=2"):
         VllmConfig(async_engine=True, tensor_parallel_size=2)
+
+
+class RecordingGroup:
+    """Stands in for the engines' worker group: records which engine each call went to."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[int, int]] = []  # (engine, rows)
+
+    def _call(self, rank: int, method: str, batch: Any, **kwargs: Any) -> tuple[int, int]:
+        self.calls.append((rank, int(batch["input_ids"].shape[0])))
+        return (rank, len(self.calls))
+
+    def get_results(self, handle: Any) -> list[Any]:
+        return []
+
+
+def routed_engine() -> Any:
+    from rl_vllm.generation import VllmGeneration
+    from rl_vllm.sampling import SAMPLING_FIELDS
+    from rlcore.distributed import NamedSharding
+
+    engine = object.__new__(VllmGeneration)
+    engine.cfg = SimpleNamespace(**dict.fromkeys(SAMPLING_FIELDS))
+    engine.vllm_cfg = VllmConfig(async_engine=True)
+    engine.sharding = NamedSharding(dp=2, tp=1)
+    engine.engine_info = [{"max_model_len": 128}] * 2
+    engine._refit_unchecked = False
+    engine._outstanding, engine._routed = [0, 0], {}
+    engine.worker_group = RecordingGroup()
+    return engine
+
+
+def group(prompt: list[int], rows: int) -> Any:
+    from rlcore.data import BatchedDataDict
+
+    return BatchedDataDict(
+        input_ids=torch.tensor([prompt] * rows), input_lengths=torch.full((rows,), len(prompt), dtype=torch.long)
+    )
+
+
+def test_a_sample_group_goes_whole_to_the_engine_with_the_fewest_rows_outstanding() -> None:
+    engine = routed_engine()
+    first = engine.generate_async(group([1, 5, 6], 4))
+    engine.generate_async(group([1, 7], 2))
+    engine.generate_async(group([1, 8], 3))  # engine 1 has 2 rows outstanding, engine 0 has 4
+    assert engine.worker_group.calls == [(0, 4), (1, 2), (1, 3)]
+    engine.collect(first)
+    engine.generate_async(group([1, 9], 1))  # engine 0 is free again
+    assert engine.worker_group.calls[-1] == (0, 1)
+    assert engine._outstanding == [1, 5]  # second and third still outstanding on engine 1
