@@ -273,6 +273,25 @@ class TestAsyncEngine:
         else:
             assert v1_err > ATOL, "without recompute the v1 span should follow the old KV cache"
 
+    def test_a_refit_sent_unpaused_lets_running_requests_finish_on_the_old_weights(self, engines: dict) -> None:
+        """The safety net for callers that do not pause (sync GRPO): the refit pauses in 'wait' mode itself."""
+        engine = engines["async"]
+        whole = engine.collect(long_request(engine))
+        running = long_request(engine)
+        after_steps(engine, 3)
+        refit(engine, engines["weights"][1], version=1)  # not paused: drains, refits, resumes
+        out = engine.collect(running)
+        after = engine.generate(prompts([PROMPTS[0]]), greedy=True)
+        refit(engine, engines["weights"][0], version=0)
+        assert engine._all("serving_state")[0]["state"] == "serving"
+        assert torch.equal(out["output_ids"], whole["output_ids"]) and generated(out)[2].eq(0).all()
+        tokens, logprobs, versions = generated(after)
+        start = int(after["unpadded_sequence_lengths"][0]) - len(tokens)
+        assert versions.eq(1).all()
+        assert (
+            float((logprobs - hf_logprobs(engines["hf"][1], after)[0, start : start + len(tokens)]).abs().max()) <= ATOL
+        )
+
     def test_a_request_after_a_refit_reuses_no_prefix_cached_by_old_weights(self, engines: dict) -> None:
         """A v0 request is kept across the refit, so vLLM cannot reset the prefix cache (its blocks are in use);
         a new request with a prompt computed under v0 must still get v1 logprobs from its first token."""

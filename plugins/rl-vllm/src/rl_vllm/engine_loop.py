@@ -249,7 +249,8 @@ class EngineLoop:
             except Exception as exc:  # noqa: BLE001 - reported to its caller
                 request.future.set_exception(exc)
                 continue
-            self._running[request.engine_id] = request
+            with self._cond:  # other threads read it (running, tokens_so_far)
+                self._running[request.engine_id] = request
 
     def _step(self) -> None:
         outputs = self._engine.step()
@@ -267,7 +268,8 @@ class EngineLoop:
             served.versions += [version] * len(tokens)
             if output.finished:
                 served.finish_reason = done.finish_reason
-                del self._running[output.request_id]
+                with self._cond:
+                    del self._running[output.request_id]
                 request.future.set_result(served)
 
     def _abort_running(self, engine: Any) -> int:

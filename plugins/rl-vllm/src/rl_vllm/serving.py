@@ -93,14 +93,14 @@ class EngineLifecycle:
         if loop is None:
             yield
             return
-        paused_here = loop.state != "paused"
-        if paused_here:
+        was = loop.state
+        if was != "paused":  # also when draining for a caller's pause('wait'): that pause then stays
             loop.pause("wait")
         try:
             with loop.parked():
                 yield
         finally:
-            if paused_here:
+            if was == "serving":
                 loop.resume()
 
 
