@@ -60,18 +60,27 @@ def engines(ray_session: None, tiny_model_dir: str, tiny_tokenizer: Any) -> Iter
     try:
         pad = tiny_tokenizer.pad_token_id
         made.append(VllmGeneration(cluster, config(tiny_model_dir, pad, True), name_prefix="async-vllm"))
-        made.append(VllmGeneration(cluster, config(tiny_model_dir, pad, False), name_prefix="sync-vllm"))
         v0 = load_hf_model(tiny_model_dir)
         weights0 = {k: v.detach().clone() for k, v in v0.state_dict().items()}
         generator = torch.Generator().manual_seed(7)
         weights1 = {k: v + 0.02 * torch.randn(v.shape, generator=generator) for k, v in weights0.items()}
         v1 = load_hf_model(tiny_model_dir)
         v1.load_state_dict(weights1)
-        yield {"async": made[0], "sync": made[1], "hf": [v0, v1], "weights": [weights0, weights1]}
+        yield {"async": made[0], "hf": [v0, v1], "weights": [weights0, weights1], "cluster": cluster, "made": made}
     finally:
         for engine in made:
             engine.shutdown()
         clusters.shutdown()
+
+
+@pytest.fixture(scope="class")
+def sync_engine(engines: dict, tiny_model_dir: str, tiny_tokenizer: Any) -> VllmGeneration:
+    """A sync engine beside the async one (same bundle), started only by the tests that compare with it; the
+    ``engines`` fixture shuts it down."""
+    cfg = config(tiny_model_dir, tiny_tokenizer.pad_token_id, False)
+    engine = VllmGeneration(engines["cluster"], cfg, name_prefix="sync-vllm")
+    engines["made"].append(engine)
+    return engine
 
 
 @contextlib.contextmanager
@@ -157,7 +166,10 @@ class TestAsyncEngine:
         if engines["async"]._all("serving_state")[0]["state"] != "serving":
             engines["async"].resume_generation()
 
-    def test_async_engine_outputs_equal_the_sync_engine_s(self, engines: dict) -> None:
+    @pytest.mark.slow
+    def test_async_engine_outputs_equal_the_sync_engine_s(self, engines: dict, sync_engine: VllmGeneration) -> None:
+        """Slow: a second engine costs ~20-40 s on two loaded cores."""
+        engines = {**engines, "sync": sync_engine}
         data = prompts(PROMPTS)
         for greedy in (True, False):
             if not greedy:
@@ -231,10 +243,23 @@ class TestAsyncEngine:
         assert done(running, timeout_s=30)
         assert engine._all("serving_state")[0]["state"] == "serving"
 
-    def test_the_sync_engine_has_no_pause(self, engines: dict) -> None:
+    @pytest.mark.slow
+    def test_the_sync_engine_has_no_pause(self, engines: dict, sync_engine: VllmGeneration) -> None:
         with pytest.raises(RuntimeError, match="vllm_cfg.async_engine: true"):
-            engines["sync"].pause_generation("keep")
-        assert engines["async"].continuous_serving and not engines["sync"].continuous_serving
+            sync_engine.pause_generation("keep")
+        assert engines["async"].continuous_serving and not sync_engine.continuous_serving
+
+    def test_outputs_carry_the_version_of_every_generated_token(self, engines: dict) -> None:
+        """Default-suite check of the output format (the slow test compares the tokens with a sync engine)."""
+        data = prompts(PROMPTS)
+        out = engines["async"].generate(data, greedy=True)
+        on_tokens = out["generation_weight_versions"] >= 0
+        assert int(on_tokens.sum()) == int(out["generation_lengths"].sum()) > 0
+        assert out["generation_weight_versions"][on_tokens].eq(0).all()
+        assert out["weight_version"].tolist() == [0] * 4
+        start = data["input_lengths"]
+        for row in range(4):
+            assert not on_tokens[row, : int(start[row])].any()  # -1 at the prompt
 
     @pytest.mark.parametrize("recompute", [True, False])
     def test_a_refit_in_flight_gives_spans_of_versions(self, engines: dict, recompute: bool) -> None:
