@@ -158,6 +158,10 @@ class RayWorkerGroup:
             raise WorkerError(f"worker group '{self.name_prefix}' has been shut down")
         return self.workers[rank].call.remote(method_name(method), *args, **kwargs)
 
+    def run_on_worker(self, rank: int, method: Method, *args: Any, **kwargs: Any) -> Calls:
+        """One call on one rank (e.g. the serving engine with the least work outstanding)."""
+        return Calls([self._call(rank, method, *args, **kwargs)], [rank])
+
     def run_all_workers_single_data(self, method: Method, *args: Any, **kwargs: Any) -> Calls:
         ranks = list(range(self.world_size))
         return Calls([self._call(r, method, *args, **kwargs) for r in ranks], ranks)

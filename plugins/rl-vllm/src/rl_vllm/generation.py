@@ -25,7 +25,6 @@ from rl_vllm.refit import EngineStaleError
 from rl_vllm.sampling import batch_problems, sampling_options
 from rlcore.data import BatchedDataDict
 from rlcore.distributed import NamedSharding, RayVirtualCluster, RayWorkerGroup, WorkerGroupOwner
-from rlcore.distributed.worker_group import Calls
 from rlcore.interfaces import GenerationInterface
 from rlcore.interfaces.generation import PAUSE_MODES, PauseMode
 from rlcore.refit import RefitError
@@ -140,8 +139,7 @@ class VllmGeneration(WorkerGroupOwner, GenerationInterface):
         if self.vllm_cfg.async_engine and self.num_engines > 1 and _one_group(batch):
             engine = min(range(self.num_engines), key=lambda e: self._outstanding[e])
             # tensor_parallel_size is 1 with async_engine: rank == engine; the group's own dispatch (its checks)
-            call = self.worker_group._call(engine, "generate", batch, greedy=greedy, sampling=sampling)
-            handle = Calls([call], [engine])
+            handle = self.worker_group.run_on_worker(engine, "generate", batch, greedy=greedy, sampling=sampling)
             rows = int(batch["input_ids"].shape[0])
             self._outstanding[engine] += rows
             self._routed[id(handle)] = (engine, rows)
