@@ -52,7 +52,7 @@ class RecordingGroup:
     def __init__(self) -> None:
         self.calls: list[tuple[int, int]] = []  # (engine, rows)
 
-    def _call(self, rank: int, method: str, batch: Any, **kwargs: Any) -> tuple[int, int]:
+    def run_on_worker(self, rank: int, method: str, batch: Any, **kwargs: Any) -> tuple[int, int]:
         self.calls.append((rank, int(batch["input_ids"].shape[0])))
         return (rank, len(self.calls))
 
