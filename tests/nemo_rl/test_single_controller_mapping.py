@@ -153,3 +153,18 @@ def test_nemo_rl_s_in_flight_keys_map_as_they_are():
     assert (a["in_flight_weight_updates"], a["recompute_kv_cache_after_weight_updates"]) == (True, True)
     assert out.config["policy"]["generation"]["vllm_cfg"]["async_engine"] is True
     assert out.sources["grpo.async_grpo.in_flight_weight_updates"] == "grpo.async_grpo.in_flight_weight_updates"
+
+
+def test_the_legacy_recompute_key_maps_with_in_flight_updates_and_is_ignored_without() -> None:
+    """NeMo-RL's ``grpo.async_grpo.recompute_kv_cache_after_weight_updates`` (grpo_math_1B_dynamo.yaml sets it
+    without in-flight updates): as it is with them; without them one ``ignored`` line, since nothing computed on
+    older weights outlives a refit there (rlcore's own config refuses the pair)."""
+    key = "grpo.async_grpo.recompute_kv_cache_after_weight_updates"
+    on = ("grpo.async_grpo.enabled=true", f"{key}=true")
+    with_in_flight = conversion(*on, "grpo.async_grpo.in_flight_weight_updates=true", path=MAIN / "grpo_math_1B.yaml")
+    assert with_in_flight.problems == []
+    assert with_in_flight.config["grpo"]["async_grpo"]["recompute_kv_cache_after_weight_updates"] is True
+    without = conversion(*on, path=MAIN / "grpo_math_1B.yaml")
+    assert without.problems == []
+    assert "recompute_kv_cache_after_weight_updates" not in without.config["grpo"]["async_grpo"]
+    assert "no request runs across a refit" in dict(without.ignored)[key]

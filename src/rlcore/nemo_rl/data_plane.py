@@ -262,4 +262,26 @@ def _unknown(path: str, value: Any, out: Conversion) -> None:
         out.problems.append(unknown_problem(path, value))
 
 
-__all__ = ["TRANSPORT", "data_plane", "single_controller"]
+def kv_recompute(nemo: dict[str, Any], out: Conversion) -> None:
+    """``grpo.async_grpo.recompute_kv_cache_after_weight_updates``: as it is with in-flight weight updates; without
+    them ignored, saying why: every refit then waits for the requests running (NeMo-RL's non-in-flight path drains
+    too) and the engines drop their prefix cache after it, so every later request is computed on the new
+    weights already (rlcore refuses the setting where it could not act)."""
+    path = f"{ASYNC}.recompute_kv_cache_after_weight_updates"
+    value = get(nemo, path)
+    if value is None:
+        return
+    if value is True and get(nemo, f"{ASYNC}.in_flight_weight_updates") is not True:
+        out.ignored.append(
+            (
+                path,
+                "without in-flight weight updates no request runs across a refit, and the engines drop their "
+                "prefix cache after each: nothing computed on older weights remains to recompute",
+            )
+        )
+        return
+    put(out.config, path, value)
+    out.sources[path] = path
+
+
+__all__ = ["TRANSPORT", "data_plane", "kv_recompute", "single_controller"]

@@ -12,7 +12,7 @@ from typing import Any
 
 from rlcore.config.messages import show_value
 from rlcore.nemo_rl.conversion import Conversion, algorithm, get, is_neutral, put
-from rlcore.nemo_rl.data_plane import data_plane
+from rlcore.nemo_rl.data_plane import data_plane, kv_recompute
 from rlcore.nemo_rl.distillation import distillation_settings
 from rlcore.nemo_rl.dpo import dpo_data, dpo_defaults
 from rlcore.nemo_rl.sft import sft_data, sft_defaults
@@ -294,6 +294,7 @@ HANDLERS: dict[str, Callable[[dict[str, Any], Conversion], None]] = {
     "dpo_defaults": dpo_defaults,
     "distillation_settings": distillation_settings,
     "data_plane": data_plane,
+    "kv_recompute": kv_recompute,
 }
 ORDER = tuple(HANDLERS)
 

@@ -85,9 +85,12 @@ ALGORITHM_AND_RUN_RULES: tuple[Rule, ...] = (
         note="a refit lands while requests run; they continue on the new weights (rlcore's in_flight_pause_mode "
         "keep); needs an engine that serves continuously (policy.generation.vllm_cfg.async_engine)",
     ),
-    _m(
+    _c(
         "grpo.async_grpo.recompute_kv_cache_after_weight_updates",
-        note="the kept requests' KV caches are computed again with the new weights (AREAL's way)",
+        "kv_recompute",
+        "grpo.async_grpo.recompute_kv_cache_after_weight_updates",
+        "the kept requests' KV caches are computed again with the new weights (AREAL's way); without in-flight "
+        "updates ignored (nothing computed on older weights outlives a refit)",
     ),
     _n("grpo.seq_logprob_error_threshold", (None,), "sequence logprob-error filtering"),
     _n("grpo.invalid_tool_call_advantage", (None,), "tool-call advantages"),
