@@ -345,3 +345,20 @@ def test_a_rollout_whose_oldest_span_is_too_old_is_regenerated_and_its_windows_k
     )
     assert redone == 1 and rollout is fresh
     assert sorted(set(windows)) == [(1.0, 2.0), (3.0, 4.0)]  # the discarded rollout's engine time counts too
+
+
+def test_keeping_requests_across_an_adapter_refit_is_refused_and_the_other_modes_are_not() -> None:
+    lora = ["policy.lora.enabled=true", "policy.lora.refit=adapter", f"{A}in_flight_weight_updates=true"]
+    lines = problems_of(*lora)
+    assert lines == [
+        f"{A}in_flight_pause_mode: is 'keep' with policy.lora.refit 'adapter', but an adapter refit swaps the "
+        "engine's LoRA adapter, and the requests kept across it would run on one it removed; set "
+        f"{A}in_flight_pause_mode to abort or wait, or policy.lora.refit to merged"
+    ]
+    for mode in ("abort", "wait"):
+        assert (
+            load_config(EXAMPLE, [*lora, f"{A}in_flight_pause_mode={mode}"]).grpo.async_grpo.in_flight_pause_mode
+            == mode
+        )
+    merged = load_config(EXAMPLE, [*lora[:1], "policy.lora.refit=merged", lora[2]])
+    assert merged.grpo.async_grpo.in_flight_pause_mode == "keep"

@@ -66,6 +66,13 @@ def in_flight_settings_need_in_flight_updates(cfg: RLCoreConfig) -> Iterator[str
             f"{prefix}in_flight_weight_updates=true or remove in_flight_pause_mode"
         )
     keeps_requests = a.in_flight_weight_updates and a.in_flight_pause_mode == "keep"
+    lora = cfg.policy.lora
+    if keeps_requests and lora.enabled and lora.refit == "adapter":
+        yield (
+            f"{prefix}in_flight_pause_mode: is 'keep' with policy.lora.refit 'adapter', but an adapter refit swaps "
+            "the engine's LoRA adapter, and the requests kept across it would run on one it removed; set "
+            f"{prefix}in_flight_pause_mode to abort or wait, or policy.lora.refit to merged"
+        )
     if a.recompute_kv_cache_after_weight_updates and not keeps_requests:
         why = (
             "without in-flight weight updates no request runs across a refit"
