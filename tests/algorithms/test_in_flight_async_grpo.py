@@ -307,14 +307,15 @@ def test_busy_fraction_is_the_union_of_the_windows_over_the_interval():
 
 def test_the_busy_fraction_covers_one_launch_interval_and_drops_what_no_later_one_needs():
     windows = [(0.0, 4.0), (9.0, 12.0), (11.0, 15.0), (18.0, 25.0)]
-    launched_at = {3: 10.0, 4: 20.0}
     data = rollout_of([2] * ROWS, [2] * ROWS, 0.0, 1.0).data
-    metrics = engine_metrics(data, windows, launched_at, step=3)
+    metrics = engine_metrics(data, windows, 10.0, 20.0)  # rollout 3 launched at 10, rollout 4 at 20
     # [10, 20]: [10, 15] + [18, 20] = 7 of 10 seconds.
     assert metrics["async/engine_busy_fraction"] == pytest.approx(0.7, abs=1e-12)
     assert metrics["async/mixed_version_samples_fraction"] == 0.0
-    assert windows == [(18.0, 25.0)] and launched_at == {4: 20.0}
-    assert "async/engine_busy_fraction" not in engine_metrics(data, windows, {5: 1.0, 6: 1.0}, step=5)
+    assert windows == [(18.0, 25.0)]
+    assert "async/engine_busy_fraction" not in engine_metrics(data, windows, 1.0, 1.0)  # launched together
+    assert "async/engine_busy_fraction" not in engine_metrics(data, windows, 30.0, None)  # the last rollout
+    assert windows == [(18.0, 25.0)]  # nothing dropped without a next launch
 
 
 def test_oldest_span_and_mixed_samples_come_from_the_token_tags():

@@ -15,6 +15,12 @@ PauseMode = Literal["abort", "wait", "keep"]
 PAUSE_MODES: tuple[PauseMode, ...] = ("abort", "wait", "keep")
 
 
+def serves_continuously(generation: object) -> bool:
+    """``generation.continuous_serving``, False for a backend written before it (a driver that does not subclass
+    :class:`GenerationInterface` may lack the property)."""
+    return bool(getattr(generation, "continuous_serving", False))
+
+
 class GenerationInterface(abc.ABC):
     """Generates completions from right-padded prompts.
 

@@ -316,7 +316,9 @@ class RestartingGeneration:
     @property
     def continuous_serving(self) -> bool:
         """The current backend's (a restart starts the same driver with the same config, so it does not change)."""
-        return bool(getattr(self._recovery.generation, "continuous_serving", False))
+        from rlcore.interfaces.generation import serves_continuously
+
+        return serves_continuously(self._recovery.generation)
 
     def pause_generation(self, mode: PauseMode = "wait", timeout_s: float | None = None) -> None:
         """Pause the current engines; engines a restart starts before :meth:`resume_generation` start paused."""

@@ -114,6 +114,7 @@ def run_rollout(
     import torch
 
     from rlcore.environments.scoring import NONFINITE_REWARD
+    from rlcore.interfaces.generation import serves_continuously
     from rlcore.run.prompts import pad_id
     from rlcore.run.step import encode_samples, max_input_of
 
@@ -124,7 +125,7 @@ def run_rollout(
         [[*s.messages] for s in samples for _ in range(repeat)],
     )
     turns = RolloutTurns(cfg, state, environment, tokenizer, samples, repeat)
-    if getattr(generation, "continuous_serving", False):  # a stand-in without the property: whole batches
+    if serves_continuously(generation):  # a stand-in without the property: whole batches
         from rlcore.run.group_rollouts import roll_out_ready_first
 
         roll_out_ready_first(turns, generation, greedy, timer)

@@ -51,6 +51,7 @@ from typing import TYPE_CHECKING, Any
 
 from rlcore.algorithms.grpo.step import train_on_rollout
 from rlcore.algorithms.toolkit import Rollout, Timer, sample_and_score
+from rlcore.interfaces.generation import serves_continuously
 from rlcore.run.step import peak_memory_metrics, refit
 from rlcore.run.validation import validate, validation_due
 
@@ -74,7 +75,7 @@ def async_grpo_train(run: Run, loss_fn: Any, on_step: Callable[[int, dict[str, f
     settings = cfg.grpo.async_grpo
     max_age = settings.max_trajectory_age_steps
     last_step = run.num_steps - 1
-    serving = bool(getattr(generation, "continuous_serving", False))
+    serving = serves_continuously(generation)
     in_flight = settings.in_flight_weight_updates
     if in_flight and not serving:
         raise ValueError(
@@ -128,7 +129,6 @@ def async_grpo_train(run: Run, loss_fn: Any, on_step: Callable[[int, dict[str, f
     try:
         first = time.time()  # the first rollouts are launched together
         queue = deque(launch(s, first) for s in range(run.start_step, min(run.start_step + max_age, last_step) + 1))
-        launched_at = {item.step: item.launched_at for item in queue}
         windows: list[tuple[float, float]] = []  # every collected sample's generation window, for the busy fraction
         previous_end: float | None = None
         for step in range(run.start_step, last_step + 1):
@@ -151,8 +151,8 @@ def async_grpo_train(run: Run, loss_fn: Any, on_step: Callable[[int, dict[str, f
                     refit_bytes += update_weights(step + 1, timer)
                 if step + max_age + 1 <= last_step:
                     queue.append(launch(step + max_age + 1))
-                    launched_at[step + max_age + 1] = queue[-1].launched_at
-            engine = engine_metrics(rollout.data, windows, launched_at, step)
+            # this step's interval: from rollout ``step``'s launch to the next one's (queue[0] is rollout step + 1)
+            engine = engine_metrics(rollout.data, windows, item.launched_at, queue[0].launched_at if queue else None)
             if in_flight:
                 engine["async/in_flight_refits"] = float(refit_in_flight and mode != "wait")
             if validating:
@@ -209,6 +209,17 @@ def collect_young_enough(
     return rollout, regenerated
 
 
+def tagged_span_ends(tags: Any) -> tuple[Any, Any, Any]:
+    """Of per-token version tags ``[B, T]`` (-1 where no token was generated): each row's oldest and newest tag,
+    and whether it has any (``[B]`` each; the oldest and newest of a row without tags are meaningless)."""
+    import torch
+
+    tagged = tags >= 0
+    oldest = tags.masked_fill(~tagged, torch.iinfo(tags.dtype).max).min(dim=1).values
+    newest = tags.masked_fill(~tagged, -1).max(dim=1).values
+    return oldest, newest, tagged.any(dim=1)
+
+
 def oldest_versions(data: Any) -> Any:
     """``[B]``: the version of each sample's oldest weights, its ``weight_version``, or, where the engine tagged
     every token (``generation_weight_versions``, -1 where no token was generated), the oldest tag if older."""
@@ -217,10 +228,8 @@ def oldest_versions(data: Any) -> Any:
     oldest = data["weight_version"]
     if "generation_weight_versions" not in data:
         return oldest
-    tags = data["generation_weight_versions"]
-    tagged = tags >= 0
-    first = tags.masked_fill(~tagged, torch.iinfo(tags.dtype).max).min(dim=1).values
-    return torch.where(tagged.any(dim=1), torch.minimum(oldest, first), oldest)
+    first, _, tagged = tagged_span_ends(data["generation_weight_versions"])
+    return torch.where(tagged, torch.minimum(oldest, first), oldest)
 
 
 def mixed_version_fraction(data: Any) -> float | None:
@@ -228,14 +237,8 @@ def mixed_version_fraction(data: Any) -> float | None:
     engine does not tag tokens: ``generation_weight_versions``)."""
     if "generation_weight_versions" not in data:
         return None
-    import torch
-
-    tags = data["generation_weight_versions"]
-    tagged = tags >= 0
-    newest = tags.masked_fill(~tagged, -1).max(dim=1).values
-    oldest = tags.masked_fill(~tagged, torch.iinfo(tags.dtype).max).min(dim=1).values
-    mixed = tagged.any(dim=1) & (newest != oldest)
-    return float(mixed.float().mean())
+    oldest, newest, tagged = tagged_span_ends(data["generation_weight_versions"])
+    return float((tagged & (newest != oldest)).float().mean())
 
 
 def busy_fraction(windows: Iterable[tuple[float, float]], start: float, end: float) -> float:
@@ -251,24 +254,21 @@ def busy_fraction(windows: Iterable[tuple[float, float]], start: float, end: flo
     return covered / (end - start)
 
 
-def engine_metrics(
-    data: Any, windows: list[tuple[float, float]], launched_at: dict[int, float], step: int
-) -> dict[str, float]:
-    """``async/mixed_version_samples_fraction`` of the rollout ``data``, and ``async/engine_busy_fraction``: the
-    fraction of the time from the launch of rollout ``step`` to the launch of rollout ``step + 1`` (one step's
-    wall time) during which the engines were generating (the union of the ``windows`` of every sample collected
-    so far). Every sample generated in that time belongs to a rollout up to ``step``, all collected by now, so
-    the fraction is exact; it is left out where that time is empty (the rollouts launched together at the start)
-    or rollout ``step + 1`` is never launched. Windows and launch times no later interval needs are dropped."""
+def engine_metrics(data: Any, windows: list[tuple[float, float]], start: float, end: float | None) -> dict[str, float]:
+    """``async/mixed_version_samples_fraction`` of the rollout ``data`` of step ``s``, and
+    ``async/engine_busy_fraction``: the fraction of the time from the launch of rollout ``s`` (``start``) to the
+    launch of rollout ``s + 1`` (``end``; one step's wall time) during which the engines were generating (the
+    union of the ``windows`` of every sample collected so far). Every sample generated in that time belongs to a
+    rollout up to ``s``, all collected by now, so the fraction is exact; it is left out where that time is empty
+    (the rollouts launched together at the start) or rollout ``s + 1`` is never launched (``end`` None). Windows
+    no later interval needs are dropped."""
     metrics: dict[str, float] = {}
     if (mixed := mixed_version_fraction(data)) is not None:
         metrics["async/mixed_version_samples_fraction"] = mixed
-    start, end = launched_at.get(step), launched_at.get(step + 1)
-    if start is not None and end is not None and end > start:
-        metrics["async/engine_busy_fraction"] = busy_fraction(windows, start, end)
     if end is not None:
+        if end > start:
+            metrics["async/engine_busy_fraction"] = busy_fraction(windows, start, end)
         windows[:] = [w for w in windows if w[1] > end]
-    launched_at.pop(step, None)
     return metrics
 
 
