@@ -209,35 +209,37 @@ def check_pause_wait(s: LifecycleSubject) -> list[str]:
 @lifecycle_check("pause 'keep'")
 def check_pause_keep(s: LifecycleSubject) -> list[str]:
     """``keep`` returns with the requests unfinished; they finish after the resume with the unpaused output."""
-    greedy_reference(s)
-    handle = submit(s)
-    _settle(s)
-    pause(s, "keep")
-    problems = []
-    if finished_within(s, handle, s.paused_probe_s):
-        problems.append(
-            "a request in flight was done while paused (it ran on, or finished before the pause: make it longer)"
-        )
-    resume(s)
-    return problems + output_problems(s, collect_within(s, handle, "the kept request"), "the kept request")
+    return _held_across_pause(
+        s,
+        "keep",
+        "the kept request",
+        "a request in flight was done while paused (it ran on, or finished before the pause: make it longer)",
+    )
 
 
 @lifecycle_check("pause 'abort'")
 def check_pause_abort(s: LifecycleSubject) -> list[str]:
     """``abort`` drops the partial outputs; on resume the requests start again and their callers get whole
     completions, equal to the unpaused ones (never an aborted one)."""
+    return _held_across_pause(
+        s,
+        "abort",
+        "the aborted request",
+        "an aborted request's output was handed to its caller while paused (it must start again on resume; "
+        "or it finished before the pause: make it longer)",
+    )
+
+
+def _held_across_pause(s: LifecycleSubject, mode: str, what: str, done_while_paused: str) -> list[str]:
+    """A request in flight when ``mode`` pauses: not done while paused (``done_while_paused`` if it is), and
+    after the resume the greedy output of an unpaused run."""
     greedy_reference(s)
     handle = submit(s)
     _settle(s)
-    pause(s, "abort")
-    problems = []
-    if finished_within(s, handle, s.paused_probe_s):
-        problems.append(
-            "an aborted request's output was handed to its caller while paused (it must start again on resume; "
-            "or it finished before the pause: make it longer)"
-        )
+    pause(s, mode)
+    problems = [done_while_paused] if finished_within(s, handle, s.paused_probe_s) else []
     resume(s)
-    return problems + output_problems(s, collect_within(s, handle, "the aborted request"), "the aborted request")
+    return problems + output_problems(s, collect_within(s, handle, what), what)
 
 
 # -- (b) requests submitted while paused or during a drain ---------------------------------------------------
