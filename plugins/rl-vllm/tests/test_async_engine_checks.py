@@ -4,6 +4,7 @@ the driver routes a sample group (against a recording stand-in for the engines: 
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -71,7 +72,7 @@ def routed_engine() -> Any:
     engine.sharding = NamedSharding(dp=2, tp=1)
     engine.engine_info = [{"max_model_len": 128}] * 2
     engine._refit_unchecked = False
-    engine._outstanding, engine._routed = [0, 0], {}
+    engine._outstanding, engine._routed, engine._routing = [0, 0], {}, threading.Lock()
     engine.worker_group = RecordingGroup()
     return engine
 

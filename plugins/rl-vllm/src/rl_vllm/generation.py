@@ -16,6 +16,7 @@ module imports no torch and no vLLM; the engines are built inside the actors.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -107,6 +108,7 @@ class VllmGeneration(WorkerGroupOwner, GenerationInterface):
         # async_engine: rows submitted to each engine and not collected yet (routing of one-group batches)
         self._outstanding = [0] * self.num_engines
         self._routed: dict[int, tuple[int, int]] = {}  # id(handle) -> (engine, rows)
+        self._routing = threading.Lock()  # rollout threads submit and collect side by side
 
     @property
     def num_engines(self) -> int:
@@ -137,12 +139,14 @@ class VllmGeneration(WorkerGroupOwner, GenerationInterface):
         batch: BatchedDataDict[GenerationDatumSpec] = BatchedDataDict({k: data[k] for k in INPUT_KEYS if k in data})
         sampling = sampling_options(self.cfg)
         if self.vllm_cfg.async_engine and self.num_engines > 1 and _one_group(batch):
-            engine = min(range(self.num_engines), key=lambda e: self._outstanding[e])
+            rows = int(batch["input_ids"].shape[0])
+            with self._routing:  # choose and count at once: another thread's group sees this one's rows
+                engine = min(range(self.num_engines), key=lambda e: self._outstanding[e])
+                self._outstanding[engine] += rows
             # tensor_parallel_size is 1 with async_engine: rank == engine; the group's own dispatch (its checks)
             handle = self.worker_group.run_on_worker(engine, "generate", batch, greedy=greedy, sampling=sampling)
-            rows = int(batch["input_ids"].shape[0])
-            self._outstanding[engine] += rows
-            self._routed[id(handle)] = (engine, rows)
+            with self._routing:
+                self._routed[id(handle)] = (engine, rows)
             return handle
         shards = batch.chunk(self.num_engines)
         return self.worker_group.run_all_workers_sharded_data("generate", shards, greedy=greedy, sampling=sampling)
@@ -156,9 +160,10 @@ class VllmGeneration(WorkerGroupOwner, GenerationInterface):
             self._release(handle)
 
     def _release(self, handle: Any) -> None:
-        routed = self._routed.pop(id(handle), None)
-        if routed is not None:
-            self._outstanding[routed[0]] -= routed[1]
+        with self._routing:
+            routed = self._routed.pop(id(handle), None)
+            if routed is not None:
+                self._outstanding[routed[0]] -= routed[1]
 
     def as_completed(
         self, handles: Sequence[Any], timeout_s: float | None = None
