@@ -31,6 +31,11 @@ TRANSPORT = (
 )
 SC = "async_rl"
 ASYNC = "grpo.async_grpo"
+#: Why a KV-cache recompute setting is ignored where every refit waits for the requests running.
+NOTHING_TO_RECOMPUTE = (
+    "no request runs across a refit, and the engines drop their prefix cache after each: nothing computed on "
+    "older weights remains to recompute"
+)
 
 #: NeMo-RL's samplers other than in_order (nemo_rl/algorithms/async_utils/staleness_sampler.py), by what they do.
 OTHER_SAMPLERS = {
@@ -106,7 +111,7 @@ def single_controller(nemo: dict[str, Any], out: Conversion) -> None:
             out.sources[f"{ASYNC}.{key}"] = f"{SC}.{key}" if key.startswith("recompute") else f"{SC}.sampler"
         _buffer(nemo, sc, lookahead, out)
     elif lookahead == 0 and recompute is not None:
-        out.ignored.append((f"{SC}.recompute_kv_cache_after_weight_updates", "no request runs across a refit"))
+        out.ignored.append((f"{SC}.recompute_kv_cache_after_weight_updates", NOTHING_TO_RECOMPUTE))
     for key, why in IGNORED.items():
         if key in sc:
             out.ignored.append((f"{SC}.{key}", why))
@@ -272,13 +277,7 @@ def kv_recompute(nemo: dict[str, Any], out: Conversion) -> None:
     if value is None:
         return
     if value is True and get(nemo, f"{ASYNC}.in_flight_weight_updates") is not True:
-        out.ignored.append(
-            (
-                path,
-                "without in-flight weight updates no request runs across a refit, and the engines drop their "
-                "prefix cache after each: nothing computed on older weights remains to recompute",
-            )
-        )
+        out.ignored.append((path, f"without in-flight weight updates {NOTHING_TO_RECOMPUTE}"))
         return
     put(out.config, path, value)
     out.sources[path] = path
