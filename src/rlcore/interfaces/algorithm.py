@@ -29,6 +29,9 @@ class Resolution:
     problems: list[str] = field(default_factory=list)  # one line each, with its dotted path
     async_generation: bool = False  # rollouts are generated ahead of training
     teacher: Any = None  # a ResolvedPolicy of a frozen second model (distillation's teacher)
+    # A ResolvedPolicy of a trained second model with a value head (PPO's critic): built with model_head="value",
+    # its own optimizer, checkpointed beside the policy (``value/`` of a step) and restored by --resume.
+    value_model: Any = None
 
 
 class Algorithm:

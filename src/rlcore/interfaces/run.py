@@ -90,8 +90,8 @@ class RunContext(Protocol):
 
     Pieces a run does not have are None: ``generation``, ``synchronizer`` and ``environment`` for an algorithm
     whose spec says it does not generate (SFT, DPO); ``synchronizer`` too when the training backend generates
-    with its own weights; ``teacher`` unless the algorithm's resolution asked for one. ``generation`` and
-    ``synchronizer`` stand in for the engines: an engine that dies is restarted behind them
+    with its own weights; ``teacher`` and ``value_model`` unless the algorithm's resolution asked for one.
+    ``generation`` and ``synchronizer`` stand in for the engines: an engine that dies is restarted behind them
     (``policy.generation.engine_restarts_per_step``).
     """
 
@@ -101,6 +101,7 @@ class RunContext(Protocol):
     tokenizer: PreTrainedTokenizerBase  # with the run's chat template installed
     environment: EnvironmentInterface | None  # scores rollouts
     teacher: PolicyInterface | None  # a frozen second model (on-policy distillation's teacher)
+    value_model: PolicyInterface | None  # a trained critic with a value head (``get_values``; PPO's), or None
     data: RunSamples
     start_step: int  # the first step this run trains (after a resumed checkpoint's)
     num_steps: int  # steps the run ends at (its algorithm section's max_num_steps, or fewer epochs' worth)

@@ -37,6 +37,7 @@ class Run:
     extra_clusters: list[Any] = field(default_factory=list)
     environment: Any = None  # an rlcore.environments.runner.EnvironmentRunner
     teacher: Any = None  # on-policy distillation's frozen teacher Policy
+    value_model: Any = None  # a trained critic Policy with a value head (PPO's), checkpointed beside the policy
     data: Any = None  # the run's samples (rlcore.datasets.sources.RunData)
     num_steps: int = 0  # steps the run trains: grpo.max_num_steps, or fewer when grpo.max_num_epochs ends it
     next_batch: int = 0  # the data position: the next batch of data.train a synchronous step draws
@@ -72,6 +73,7 @@ class Run:
             self.synchronizer,
             self.generation if self.generation is not self.policy else None,
             self.teacher,
+            self.value_model,
             self.policy,
             *self.extra_clusters,
             self.cluster,
@@ -125,7 +127,8 @@ def build_run(
     colocated = gen is not None and gen.separate and gen.colocated
     tokenizer = tokenizer if tokenizer is not None else load_tokenizer(cfg)
     data = data if data is not None else load_run_data(cfg, tokenizer)
-    groups = 1 + int(colocated) + int(resolved.teacher is not None)  # worker groups sharing each bundle
+    # worker groups sharing each bundle
+    groups = 1 + int(colocated) + int(resolved.teacher is not None) + int(resolved.value_model is not None)
     cluster = RayVirtualCluster.from_config(cfg.cluster, max_colocated_worker_groups=groups)
     run = Run(
         resolved,
@@ -163,6 +166,8 @@ def build_run(
                 init_optimizer=False,
                 init_reference_model=False,
             )
+        if resolved.value_model is not None:  # trained beside the policy: its own optimizer and checkpoints
+            run.value_model = start_value_model(resolved.value_model, cluster, tokenizer, resume_dir)
         run.generation = run.policy
         if gen is not None and gen.separate:
             gen_cluster = cluster
@@ -202,3 +207,24 @@ def build_run(
             run.shutdown()
         raise
     return run
+
+
+def start_value_model(resolved: Any, cluster: Any, tokenizer: Any, resume_dir: Path | None) -> Any:
+    """The critic: a Policy of ``resolved`` built with ``model_head="value"`` on the run's workers, restored from
+    ``<step>/value/`` when resuming (:func:`rlcore.run.checkpoints.save_step` writes it there)."""
+    from rlcore.policy import Policy
+    from rlcore.run.checkpoints import VALUE_MODEL
+
+    weights = optimizer = None
+    if resume_dir is not None:
+        weights, optimizer = str(resume_dir / VALUE_MODEL / "weights"), str(resume_dir / VALUE_MODEL / "optimizer")
+    return Policy(
+        cluster,
+        resolved,
+        tokenizer,
+        name_prefix="value",
+        weights_path=weights,
+        optimizer_path=optimizer,
+        init_reference_model=False,
+        model_head="value",
+    )

@@ -50,15 +50,19 @@ def save_step(
     extra: dict[str, Any] | None = None,
     metric: tuple[str, bool] | None = None,
     rollouts: dict[int, Any] | None = None,
+    value_model: Any = None,
 ) -> Path:
     """Save step ``step`` (``extra`` joins its ``state.json``; ``rollouts``, generated ahead from weights older
-    than the saved ones, go to ``rollouts/``: :func:`save_rollouts`) and drop the checkpoints :func:`kept` leaves
-    out. A full disk raises :class:`DiskFull` (the partial save removed, the previous checkpoint whole)."""
+    than the saved ones, go to ``rollouts/``: :func:`save_rollouts`; a ``value_model``, a run's critic, to
+    ``value/weights`` and ``value/optimizer``) and drop the checkpoints :func:`kept` leaves out. A full disk
+    raises :class:`DiskFull` (the partial save removed, the previous checkpoint whole)."""
     final = step_dir(root, step)
     try:
         final.parent.mkdir(parents=True, exist_ok=True)
         with atomic_directory(final) as tmp:
             policy.save_checkpoint(str(tmp / "weights"), str(tmp / "optimizer"), str(tmp / "tokenizer"))
+            if value_model is not None:
+                value_model.save_checkpoint(str(tmp / VALUE_MODEL / "weights"), str(tmp / VALUE_MODEL / "optimizer"))
             if rollouts:
                 save_rollouts(tmp / ROLLOUTS, rollouts)
             (tmp / "state.json").write_text(json.dumps({"step": step, **(extra or {})}))
@@ -76,6 +80,8 @@ def save_step(
 
 #: The directory of a step checkpoint holding the rollouts generated ahead (:func:`save_rollouts`).
 ROLLOUTS = "rollouts"
+#: The directory of a step checkpoint holding the critic's ``weights/`` and ``optimizer/`` (a run's value model).
+VALUE_MODEL = "value"
 
 
 def save_rollouts(directory: Path, rollouts: dict[int, Any]) -> None:
@@ -206,10 +212,11 @@ def _damaged(path: Path, why: str) -> str:
     )
 
 
-def resume_problems(policy: Any, step_dir: Path) -> list[str]:
+def resume_problems(policy: Any, step_dir: Path, value_model: Any = None) -> list[str]:
     """What would stop a resume from ``step_dir``, one line each, found on the driver before Ray starts:
     files reaching outside the step directory (``weights/`` a link out of it too; only the step directory itself
-    may be a link), missing or damaged weights (:func:`rlcore.preflight.check_policy_sources`),
+    may be a link), missing or damaged weights (:func:`rlcore.preflight.check_policy_sources`; the critic's under
+    ``value/`` too when the run has a ``value_model``, its policy config),
     state files that name code, cannot be read or are cut short (:func:`state_file_problems`)."""
     from rlcore.preflight import check_policy_sources
     from rlcore.training.checkpoint_files import outside_files
@@ -218,6 +225,9 @@ def resume_problems(policy: Any, step_dir: Path) -> list[str]:
     # The step directory itself may be a link (latest -> step_40); nothing in it may reach out, weights/ included.
     lines = [f"{field}: {line}" for line in outside_files(step_dir)]
     lines = lines or check_policy_sources(policy, step_dir / "weights", step_dir / "optimizer", fields=(field, field))
+    if value_model is not None and not lines:
+        critic = step_dir / VALUE_MODEL
+        lines = check_policy_sources(value_model, critic / "weights", critic / "optimizer", fields=(field, field))
     lines = lines or [f"{field}: {line}" for line in state_file_problems(step_dir)]
     return [f"{line} (or move {step_dir.name} away to resume from the step before it)" for line in lines]
 

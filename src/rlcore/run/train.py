@@ -202,7 +202,8 @@ def _train_owned(
     next_batch = start
     if resume_from:
         next_batch = resumed_data_position(cfg, data, read_state(resume_from[1]).get("data"), start, resume_from[1])
-        if problems := resume_problems(cfg.policy, resume_from[1]):
+        value_model = resolved.value_model.config if resolved.value_model is not None else None
+        if problems := resume_problems(cfg.policy, resume_from[1], value_model):
             raise ValueError("\n".join(problems))  # before Ray starts
     write_marker(cfg, resume)
     keep_steps_before(out / "metrics.jsonl", start)  # a fresh run starts a fresh log; a resumed one drops re-run steps
@@ -230,6 +231,7 @@ def _train_owned(
                 extra,
                 (ck.metric_name, ck.higher_is_better) if ck.metric_name else None,
                 run.carried_rollouts() if run.carried_rollouts is not None else None,
+                run.value_model,
             )
 
     def on_step(step: int, metrics: dict[str, float]) -> None:
