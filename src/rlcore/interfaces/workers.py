@@ -15,11 +15,13 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Iterable
 from types import FunctionType
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol, TypedDict
 
 from rlcore.plugins import CAPABILITY_METHODS, TRAINING_WORKER_KEYWORDS, BackendSpec, Capability
 
 if TYPE_CHECKING:
+    import torch
+
     from rlcore.data import BatchedDataDict
     from rlcore.interfaces.loss import LossFunction
     from rlcore.interfaces.specs import (
@@ -34,6 +36,12 @@ if TYPE_CHECKING:
 
 #: How ``Policy`` cut the data into micro-batches (see ``rlcore.config.BatchPlan``).
 Mode = Literal["plain", "dynamic", "packing"]
+
+
+class ValueOutputSpec(TypedDict):
+    """What ``get_values`` returns (capability ``value_head``)."""
+
+    values: torch.Tensor  # [B, S] float32, aligned like logprobs: position 0 and padding 0
 
 
 class TrainingWorker(Protocol):
@@ -126,6 +134,19 @@ class GeneratingWorker(Protocol):
     ) -> BatchedDataDict[GenerationOutputSpec]: ...
 
 
+class ValueWorker(Protocol):
+    """Capability ``value_head``: a worker built with ``model_head="value"`` is a value model.
+
+    ``values`` is ``[B, S]`` float32 aligned like logprobs: position ``i`` holds V(s_i), the value of the state in
+    which token ``i`` is chosen (the head's output at the hidden state of position ``i - 1``); position 0 and
+    padding are 0. ``mode`` is how ``Policy`` cut the data, as for ``get_logprobs``.
+    """
+
+    def get_values(
+        self, data: BatchedDataDict[GenerationDatumSpec], /, *, micro_batch_size: int | None, mode: Mode
+    ) -> BatchedDataDict[ValueOutputSpec]: ...
+
+
 class GenerationWorker(Protocol):
     """What every generation backend's worker has (its driver class, a ``GenerationInterface``, calls it)."""
 
@@ -146,6 +167,7 @@ CAPABILITY_PROTOCOLS: dict[Capability, type] = {
     Capability.REFIT: RefitWorker,
     Capability.LORA: LoraWorker,
     Capability.GENERATE: GeneratingWorker,
+    Capability.VALUE_HEAD: ValueWorker,
 }
 
 

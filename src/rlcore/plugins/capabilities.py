@@ -42,6 +42,9 @@ class Capability(str, Enum):
     LOGITS_AT_INDICES = "logits_at_indices"  # a loss's input: logits at given token ids (since rlcore 0.2)
     LOGPROBS_AT_INDICES = "logprobs_at_indices"  # a loss's input: full-vocabulary logprobs at ids (since rlcore 0.2)
     ENTROPY = "entropy"  # a loss's input: the full-vocabulary entropy per position (since rlcore 0.2)
+    # builds a value model (a scalar head on the language model) when its worker is given ``model_head='value'``
+    # (since rlcore 0.3)
+    VALUE_HEAD = "value_head"
     # generation backends
     DATA_PARALLEL = "data_parallel"
     STOP_STRINGS = "stop_strings"
@@ -75,6 +78,7 @@ CAPABILITY_METHODS: dict[Capability, tuple[str, ...]] = {
         "save_lora_adapter",
     ),
     Capability.GENERATE: ("generate",),
+    Capability.VALUE_HEAD: ("get_values",),
 }
 
 

@@ -24,6 +24,7 @@ TRAINING_WORKER_KEYWORDS: dict[str, str] = {
     "init_reference_model": "0.1.0",
     "backend_config": "0.2",
     "layout": "0.2",
+    "model_head": "0.3",  # "lm" (a causal LM) or "value" (a value model; capability value_head)
 }
 
 #: Keyword arguments of ``Driver(cluster, generation_config, **...)`` for a generation backend's driver class
