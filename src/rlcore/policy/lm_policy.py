@@ -12,7 +12,7 @@ and never imports the backend's modules.
 from __future__ import annotations
 
 import os
-from typing import Any, Union
+from typing import Any, Literal, Union
 
 from rlcore.config import ConfigError, ResolvedPolicy, batch_problems, resolve_policy
 from rlcore.data import BatchedDataDict
@@ -24,7 +24,14 @@ from rlcore.distributed import (
 )
 from rlcore.interfaces import ColocatablePolicyInterface, GenerationInterface
 from rlcore.interfaces.loss import LOSS_INPUTS, loss_inputs, step_metrics
-from rlcore.interfaces.workers import GeneratingWorker, LoraWorker, RefitWorker, TopkLogitsWorker, TrainingWorker
+from rlcore.interfaces.workers import (
+    GeneratingWorker,
+    LoraWorker,
+    RefitWorker,
+    TopkLogitsWorker,
+    TrainingWorker,
+    ValueWorker,
+)
 from rlcore.plugins import BackendError, Capability
 from rlcore.preflight import check_policy_sources
 
@@ -46,7 +53,29 @@ def resolved_policy(config: Any, cluster: RayVirtualCluster) -> ResolvedPolicy:
         raise ConfigError(exc.problems + nemo_rl_policy_hint(exc.problems)) from None
 
 
+def value_head_problem(spec_name: str, capabilities: frozenset[Capability], model_head: str) -> str | None:
+    """Why a ``Policy`` of ``model_head`` cannot run on the backend ``spec_name`` (None when it can)."""
+    if model_head not in ("lm", "value"):
+        return f"model_head={model_head!r}: expected 'lm' (a language model) or 'value' (a value model)"
+    if model_head == "value" and Capability.VALUE_HEAD not in capabilities:
+        return (
+            f"model_head='value': the '{spec_name}' training backend does not declare 'value_head', so it cannot "
+            "build a value model; give the value model a backend that declares it (dtensor, megatron; "
+            "`rlcore backends list` shows each backend's capabilities)"
+        )
+    return None
+
+
 class Policy(WorkerGroupOwner, ColocatablePolicyInterface, GenerationInterface):
+    """The driver's handle on a training backend's workers.
+
+    ``model_head="value"`` makes it a value model (capability ``value_head``, rlcore 0.3): the language model's
+    trunk with a scalar head (Hugging Face's ``AutoModelForTokenClassification`` with one label). It answers
+    :meth:`get_values` and trains with a loss that gets values where a language model's gets logprobs; it has no
+    token distribution (logprobs, top-k, generation and refit are refused) and no reference model
+    (``init_reference_model`` is ignored).
+    """
+
     def __init__(
         self,
         cluster: RayVirtualCluster,
@@ -58,11 +87,15 @@ class Policy(WorkerGroupOwner, ColocatablePolicyInterface, GenerationInterface):
         weights_path: PathLike | None = None,
         optimizer_path: PathLike | None = None,
         init_reference_model: bool = True,
+        model_head: Literal["lm", "value"] = "lm",
     ) -> None:
         self.resolved = resolved_policy(config, cluster)
         self.cfg = self.resolved.config
         self.spec = self.resolved.spec
         self.tokenizer = tokenizer
+        if problem := value_head_problem(self.spec.name, self.spec.capabilities, model_head):
+            raise BackendError(problem)  # before any worker starts
+        self._model_head = model_head
         if problems := check_policy_sources(self.cfg, weights_path, optimizer_path):
             raise ConfigError(problems)  # a missing or damaged model fails here, before any worker starts
         if workers_per_node is not None:
@@ -84,6 +117,7 @@ class Policy(WorkerGroupOwner, ColocatablePolicyInterface, GenerationInterface):
             init_reference_model=init_reference_model,
             backend_config=self.resolved.section,
             layout=self.resolved.layout,
+            model_head=model_head,  # a worker that does not declare it builds a language model (and is refused above)
         )
         self.worker_group = RayWorkerGroup(
             cluster,
@@ -126,20 +160,43 @@ class Policy(WorkerGroupOwner, ColocatablePolicyInterface, GenerationInterface):
                 f"policy.max_total_sequence_length={limit}; raise it or shorten the batch"
             )
 
+    # -- value models ------------------------------------------------------------------
+    @property
+    def model_head(self) -> Literal["lm", "value"]:
+        """``"lm"`` (a language model) or ``"value"`` (a value model), as constructed."""
+        return self._model_head
+
+    def get_values(self, data: BatchedDataDict, micro_batch_size: int | None = None) -> BatchedDataDict:
+        """``values`` ``[B, S]`` float32 of a value model, rows in ``data``'s order: position ``i`` holds V(s_i),
+        the value of the state in which token ``i`` is chosen; position 0 and padding are 0."""
+        if self._model_head != "value":
+            raise BackendError("get_values: this Policy is a language model; construct it with model_head='value'")
+        results, order = self._sharded(ValueWorker.get_values, data, "logprob", micro_batch_size=micro_batch_size)
+        return BatchedDataDict.from_shards(results, order)
+
+    def _refuse_on_value_model(self, method: str) -> None:
+        if self._model_head == "value":
+            from rlcore.training.value_head import no_token_distribution
+
+            raise no_token_distribution(method)
+
     # -- PolicyInterface -------------------------------------------------------------
     def get_logprobs(self, data: BatchedDataDict) -> BatchedDataDict:
+        self._refuse_on_value_model("get_logprobs")
         results, order = self._sharded(TrainingWorker.get_logprobs, data, "logprob")
         return BatchedDataDict.from_shards(results, order)
 
     def get_reference_policy_logprobs(
         self, data: BatchedDataDict, micro_batch_size: int | None = None
     ) -> BatchedDataDict:
+        self._refuse_on_value_model("get_reference_policy_logprobs")
         results, order = self._sharded(
             TrainingWorker.get_reference_policy_logprobs, data, "logprob", micro_batch_size=micro_batch_size
         )
         return BatchedDataDict.from_shards(results, order)
 
     def get_topk_logits(self, data: BatchedDataDict, k: int, micro_batch_size: int | None = None) -> BatchedDataDict:
+        self._refuse_on_value_model("get_topk_logits")
         self._require(Capability.TOPK_LOGITS)
         results, order = self._sharded(
             TopkLogitsWorker.get_topk_logits, data, "logprob", k=k, micro_batch_size=micro_batch_size
@@ -167,6 +224,10 @@ class Policy(WorkerGroupOwner, ColocatablePolicyInterface, GenerationInterface):
         """
         import torch
 
+        if self._model_head == "value" and loss_inputs(loss_fn):
+            self._refuse_on_value_model(
+                f"train with {type(loss_fn).__name__} (it asks for {', '.join(loss_inputs(loss_fn))})"
+            )
         for name in loss_inputs(loss_fn):
             if not self.spec.supports(LOSS_INPUTS[name]):
                 raise BackendError(
@@ -202,6 +263,7 @@ class Policy(WorkerGroupOwner, ColocatablePolicyInterface, GenerationInterface):
         }
 
     def generate(self, data: BatchedDataDict, greedy: bool = False) -> BatchedDataDict:
+        self._refuse_on_value_model("generate")
         if not self.spec.supports(Capability.GENERATE):
             raise BackendError(f"backend '{self.spec.name}' cannot generate; use a generation backend")
         self._check_length("generate", data)
@@ -242,6 +304,8 @@ class Policy(WorkerGroupOwner, ColocatablePolicyInterface, GenerationInterface):
 
     # -- refit surface (backends that declare 'refit') ---------------------------------
     def _require(self, capability: Capability) -> None:
+        if capability in (Capability.REFIT, Capability.LORA):
+            self._refuse_on_value_model(f"refit ({capability})")
         if not self.spec.supports(capability):
             raise BackendError(f"backend '{self.spec.name}' does not declare '{capability}'")
 

@@ -7,7 +7,10 @@ provides:
 - :meth:`_forward_logprobs` (micro-batch → ``[B, S]`` float32 logprobs, grad-enabled) and
   :meth:`_forward_topk` (micro-batch → top-k logits of next-token positions), unless its model is a
   whole Hugging Face causal LM, which the defaults run;
-- :meth:`_step_hooks` (how gradients are reduced, clipped and applied).
+- :meth:`_step_hooks` (how gradients are reduced, clipped and applied);
+- for a value model (capability ``value_head``: its ``__init__`` takes ``model_head`` and sets
+  ``self.model_head``), :meth:`_forward_values` (micro-batch → ``[B, S]`` values in the logprob alignment,
+  :mod:`rlcore.training.value_head`), unless its model is a whole Hugging Face token-classification model.
 
 The base class turns those into the worker methods the ``Policy`` calls, with
 the contracts of design.md §2: alignment, padding back to the caller's width,
@@ -35,6 +38,7 @@ from rlcore.training.logprobs import token_logprobs, topk_logits
 from rlcore.training.loop import StepHooks, micro_batches, train_steps
 from rlcore.training.lora import adapters_disabled, changed_layers
 from rlcore.training.optim import build_optimizer, build_scheduler
+from rlcore.training.value_head import ModelHead, aligned_values, no_token_distribution, value_step_hooks
 
 
 class NonFiniteStepsError(RuntimeError):
@@ -90,6 +94,7 @@ class TrainingWorkerBase:
     reference_state: dict[str, torch.Tensor] | None = None
     lora_targets: list[str] = []  # paths of the LoRA-adapted layers (set in __init__ when policy.lora is on)
     consecutive_skipped: int = 0  # optimizer steps skipped in a row for a non-finite loss or gradient norm
+    model_head: ModelHead = "lm"  # "value": a value model (set in __init__ from the model_head keyword)
 
     # -- to implement (the forwards default to a whole Hugging Face causal LM in self.model) ---------
     def _logits(self, mb: BatchedDataDict) -> torch.Tensor:
@@ -122,6 +127,13 @@ class TrainingWorkerBase:
     def _step_hooks(self) -> StepHooks:
         raise NotImplementedError
 
+    def _forward_values(self, mb: BatchedDataDict) -> torch.Tensor:
+        """``[B, S]`` float32 values of a micro-batch (value model), from ``self.model`` called as a Hugging Face
+        ``AutoModelForTokenClassification`` with one label; grad-enabled."""
+        ids = mb["input_ids"].to(self.device)
+        head = self.model(input_ids=ids, attention_mask=attention_mask(mb, self.device), use_cache=False).logits
+        return aligned_values(head, mb["input_lengths"].to(self.device))
+
     @property
     def logprob_temperature(self) -> float:
         """The generation temperature, applied to the policy's logits too.
@@ -150,7 +162,7 @@ class TrainingWorkerBase:
         self.scheduler = build_scheduler(self.optimizer, self.cfg.scheduler) if self.optimizer else None
         if optimizer_path and self.optimizer is not None:
             load_optimizer(optimizer_path)
-        if init_reference_model:
+        if init_reference_model and self.model_head == "lm":  # a value model has no reference (rlcore 0.3)
             self.init_reference_model()
 
     # -- reference model ---------------------------------------------------------
@@ -177,8 +189,8 @@ class TrainingWorkerBase:
     def init_reference_model(self) -> None:
         """A CPU copy of this rank's shards of the initial weights (``policy.model_name``, also when the worker
         resumed from a checkpoint: the reference of DPO and of a KL penalty never moves); none with LoRA, whose
-        reference is the model with adapters off."""
-        if self.lora_targets:
+        reference is the model with adapters off; none for a value model."""
+        if self.lora_targets or self.model_head == "value":
             return
         resumed = getattr(self, "_resumed_weights", None)
         if not resumed or is_adapter_checkpoint(resumed):  # an adapter checkpoint's base weights are the initial ones
@@ -221,9 +233,26 @@ class TrainingWorkerBase:
             parts = [fn(mb) for mb in micro_batches(data, mbs, mode, multiple)]
         return BatchedDataDict.from_batches(parts)
 
+    def _refuse_on_value_model(self, method: str) -> None:
+        """Logprobs, top-k, generation and refit need a token distribution, which a value model has not."""
+        if self.model_head == "value":
+            raise no_token_distribution(method)
+
+    def get_values(
+        self, data: BatchedDataDict, micro_batch_size: int | None = None, mode: str = "plain"
+    ) -> BatchedDataDict:
+        """``values`` ``[B, S]`` float32 of a value model (capability ``value_head``), aligned like logprobs."""
+        if self.model_head != "value":
+            raise RuntimeError("get_values: this worker is a language model; build it with model_head='value'")
+        out = self._map_micro_batches(
+            data, lambda mb: {"values": self._forward_values(mb).float().cpu()}, micro_batch_size, mode
+        )
+        return pad_dim1(out, "values", data["input_ids"].shape[1])
+
     def get_logprobs(
         self, data: BatchedDataDict, micro_batch_size: int | None = None, mode: str = "plain"
     ) -> BatchedDataDict:
+        self._refuse_on_value_model("get_logprobs")
         out = self._map_micro_batches(
             data, lambda mb: {"logprobs": self._forward_logprobs(mb).cpu()}, micro_batch_size, mode
         )
@@ -232,6 +261,7 @@ class TrainingWorkerBase:
     def get_reference_policy_logprobs(
         self, data: BatchedDataDict, micro_batch_size: int | None = None, mode: str = "plain"
     ) -> BatchedDataDict:
+        self._refuse_on_value_model("get_reference_policy_logprobs")
         with self.use_reference_model():
             out = self.get_logprobs(data, micro_batch_size, mode)
         return BatchedDataDict(reference_logprobs=out["logprobs"])
@@ -239,6 +269,8 @@ class TrainingWorkerBase:
     def get_topk_logits(
         self, data: BatchedDataDict, k: int, micro_batch_size: int | None = None, mode: str = "plain"
     ) -> BatchedDataDict:
+        self._refuse_on_value_model("get_topk_logits")
+
         def run(mb: BatchedDataDict) -> dict:
             values, indices = self._forward_topk(mb, k)
             return {"topk_logits": values.cpu(), "topk_indices": indices.cpu()}
@@ -286,7 +318,7 @@ class TrainingWorkerBase:
             result = train_steps(
                 data,
                 loss_fn,
-                self._step_hooks(),
+                self._loss_step_hooks(loss_fn),
                 local_batch_size=gbs // self.dp_size,
                 mbs=mbs,
                 max_grad_norm=self.cfg.max_grad_norm,
@@ -296,6 +328,15 @@ class TrainingWorkerBase:
             )
         self._count_skipped(result)
         return result
+
+    def _loss_step_hooks(self, loss_fn: Any) -> StepHooks:
+        """The backend's step hooks; a value model's forward feeds the loss its values instead of logprobs."""
+        hooks = self._step_hooks()
+        if self.model_head != "value":
+            return hooks
+        from rlcore.training.loss_inputs import loss_inputs
+
+        return value_step_hooks(hooks, self._forward_values, loss_inputs(loss_fn))
 
     def _count_skipped(self, result: dict[str, Any]) -> None:
         """Stop after ``policy.max_consecutive_skipped_steps`` optimizer steps in a row skipped for a non-finite
