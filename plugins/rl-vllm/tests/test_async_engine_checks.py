@@ -1,5 +1,5 @@
 """``vllm_cfg.async_engine`` before anything starts: in-flight weight updates need it (one line naming the key and
-the fix), a tensor-parallel engine cannot run the engine loop (refused when the section is validated); and how
+the fix), a tensor-parallel engine runs it too (accepted when the section is validated); and how
 the driver routes a sample group (against a recording stand-in for the engines: no engine starts here)."""
 
 from __future__ import annotations
@@ -42,9 +42,10 @@ def test_in_flight_weight_updates_without_the_async_engine_are_refused_in_one_li
     assert check_in_flight_updates(resolved()) is None
 
 
-def test_a_tensor_parallel_async_engine_is_refused() -> None:
-    with pytest.raises(ValueError, match="async_engine: true with tensor_parallel_size=2"):
-        VllmConfig(async_engine=True, tensor_parallel_size=2)
+def test_a_tensor_parallel_async_engine_is_accepted() -> None:
+    """Its ranks' engine loops run in lock step (rl_vllm.lockstep; served in test_async_engine_tp.py)."""
+    section = VllmConfig(async_engine=True, tensor_parallel_size=2)
+    assert section.async_engine and section.tensor_parallel_size == 2
 
 
 class RecordingGroup:

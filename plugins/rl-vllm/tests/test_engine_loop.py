@@ -1,17 +1,22 @@
 """``EngineLoop``'s orchestration against a scripted stand-in for vLLM's ``LLMEngine`` (no model): a step that
-raises reaches every waiting caller naming the engine, a stop fails what is left, and nothing hangs. The real
-engine's behaviour is tested in ``test_async_engine.py``."""
+raises reaches every waiting caller naming the engine, a stop fails what is left, and nothing hangs; and two
+loops in lock step (a tensor-parallel engine's leader and follower, over a real loopback ``TCPStore``) make the
+same engine calls in the same order however late each rank gets its calls. The real engine's behaviour is tested
+in ``test_async_engine.py`` and ``test_async_engine_tp.py``."""
 
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from rl_vllm.engine_loop import EngineLoop, EngineLoopError
+from rl_vllm.lockstep import Lockstep
 
 WAIT_S = 5.0
 
@@ -19,22 +24,31 @@ WAIT_S = 5.0
 class ScriptedEngine:
     """Each request yields one token per step, ``length`` of them; ``fail_at`` makes that step raise."""
 
-    def __init__(self, length: int = 3, fail_at: int | None = None) -> None:
-        self.length, self.fail_at = length, fail_at
+    def __init__(self, length: int = 3, fail_at: int | None = None, step_s: float = 0.0) -> None:
+        self.length, self.fail_at, self.step_s = length, fail_at, step_s
         self.requests: dict[str, int] = {}
         self.steps = 0
         self.threads: set[str] = set()
+        self.calls: list[tuple] = []  # every call, in order: what a tensor-parallel engine's ranks must agree on
 
     def add_request(self, request_id: str, prompt: dict, params: Any, lora_request: Any = None) -> None:
         self.threads.add(threading.current_thread().name)
+        self.calls.append(("add", request_id, tuple(prompt["prompt_token_ids"]), prompt["cache_salt"]))
         self.requests[request_id] = 0
 
     def abort_request(self, ids: list[str]) -> None:
+        self.calls.append(("abort", tuple(ids)))
         for i in ids:
             self.requests.pop(i, None)
 
+    def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+        self.calls.append(("reset", reset_running_requests))
+        return True
+
     def step(self) -> list[Any]:
         self.threads.add(threading.current_thread().name)
+        self.calls.append(("step",))
+        time.sleep(self.step_s)
         self.steps += 1
         if self.steps == self.fail_at:
             raise RuntimeError("kernel exploded")
@@ -103,3 +117,121 @@ def test_stop_fails_queued_requests_and_ends_the_thread() -> None:
     with pytest.raises(EngineLoopError, match="engine 3: the engine was shut down"):
         queued.result(WAIT_S)
     assert not any(t.name == "rl-vllm engine 3 loop" for t in threading.enumerate())
+
+
+# -- lock step (tensor_parallel_size > 1) -----------------------------------------------------------------------
+@pytest.fixture
+def pair() -> Iterator[dict[str, Any]]:
+    """A leader and a follower loop, each over its own scripted engine, meeting in a loopback TCPStore."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30))
+    version = [0]
+    engines = [ScriptedEngine(length=4, step_s=0.002), ScriptedEngine(length=4, step_s=0.002)]
+    loops = []
+    for tp_rank, engine in enumerate(engines):
+        lockstep = Lockstep(
+            lambda: dist.TCPStore("127.0.0.1", server.port, is_master=False, timeout=timedelta(seconds=30)),
+            tp_rank,
+            2,
+        )
+        loops.append(
+            EngineLoop(
+                engine,
+                f"engine 0 rank {tp_rank}",
+                lambda: (version[0], None),
+                lambda tokens, _: [-1.0] * len(tokens),
+                lockstep,
+                request_wait_s=1.0,
+            )
+        )
+    try:
+        yield {"loops": loops, "engines": engines, "version": version, "server": server}
+    finally:
+        for loop in reversed(loops):
+            loop.stop()
+
+
+def on_both(loops: list[EngineLoop], call: Callable[[EngineLoop], Any], late_s: float = 0.0) -> list[Any]:
+    """``call`` on each rank from a thread of its own (as Ray runs an actor's calls); the follower's ``late_s``
+    later."""
+    with ThreadPoolExecutor(2) as pool:
+        leader = pool.submit(call, loops[0])
+        time.sleep(late_s)
+        follower = pool.submit(call, loops[1])
+        return [leader.result(WAIT_S), follower.result(WAIT_S)]
+
+
+def test_a_follower_makes_the_leader_s_engine_calls_however_late_its_calls_come(pair: dict) -> None:
+    loops, engines, version = pair["loops"], pair["engines"], pair["version"]
+    first = [loop.submit([1, 2], Params(), key="a:0") for loop in loops[:1]]
+    time.sleep(0.2)  # the leader admits and steps before the follower has the request: the follower waits for it
+    first.append(loops[1].submit([1, 2], Params(), key="a:0"))
+    served = [f.result(WAIT_S) for f in first]
+    assert served[0] == served[1] and served[0].token_ids == [1, 2, 3, 4]
+
+    # keep a request across a pause; a refit (version 1) holds both ranks at the same tick; one submitted
+    # during the pause runs after resume; an abort pause restarts what runs, on both ranks alike
+    engines[0].length = engines[1].length = 150  # 0.3 s: still running at the pauses
+    kept = [loop.submit([7], Params(), key="b:0") for loop in loops]
+    while engines[1].steps < 10:
+        time.sleep(0.001)
+    on_both(loops, lambda loop: loop.pause("keep", WAIT_S), late_s=0.05)
+    assert [loop.state for loop in loops] == ["paused", "paused"]
+    queued = [loop.submit([8], Params(), key="c:0") for loop in loops]
+
+    def refit(loop: EngineLoop) -> int:
+        with loop.held():
+            steps = loop._engine.steps
+            time.sleep(0.1)  # loading weights: neither rank may step
+            assert loop._engine.steps == steps
+            if loop is loops[0]:
+                version[0] = 1
+            return steps
+
+    at_refit = on_both(loops, refit, late_s=0.05)
+    assert at_refit[0] == at_refit[1], "the ranks held the engine at different steps"
+    on_both(loops, lambda loop: loop.resume(recompute_kv_cache=True))
+    while engines[1].steps < at_refit[1] + 5:
+        time.sleep(0.001)
+    on_both(loops, lambda loop: loop.pause("abort", WAIT_S))
+    on_both(loops, lambda loop: loop.resume())
+    results = [[f.result(WAIT_S) for f in futures] for futures in (kept, queued)]
+    for leader, follower in results:
+        assert leader == follower
+    assert results[0][0].restarts == 1 and results[1][0].restarts == 1  # both running at the abort
+    assert set(results[1][0].versions) == {1}
+    assert engines[0].calls == engines[1].calls, "the ranks' engine calls diverged"
+    kinds = {call[0] for call in engines[0].calls}
+    assert {"add", "step", "abort", "reset"} <= kinds
+
+
+def test_a_request_the_follower_never_gets_fails_its_loop_naming_the_request(pair: dict) -> None:
+    loops = pair["loops"]
+    leader = loops[0].submit([1], Params(), key="lost:0")
+    started = time.monotonic()
+    waiting = loops[1].submit([2], Params(), key="other:0")  # never admitted: the leader does not know it
+    with pytest.raises(EngineLoopError, match=r"engine 0 rank 1: the leading rank admitted request 'lost:0'"):
+        waiting.result(WAIT_S)
+    assert time.monotonic() - started < 3.0
+    assert leader.result(WAIT_S).token_ids == [1, 2, 3, 4]  # the leader served it (its collectives are not modelled)
+
+
+def test_a_leader_s_timed_out_pause_is_the_follower_s_too(pair: dict) -> None:
+    loops, engines = pair["loops"], pair["engines"]
+    engines[0].length = engines[1].length = 10_000
+    [loop.submit([1], Params(), key="long:0") for loop in loops]
+    while engines[1].steps < 2:
+        time.sleep(0.001)
+    outcomes = on_both(loops, lambda loop: _raised(lambda: loop.pause("wait", 0.01)))
+    assert all(isinstance(o, TimeoutError) and "engine 0 rank 0: not paused within 0.01s" in str(o) for o in outcomes)
+    assert loops[0].state == "serving"
+
+
+def _raised(call: Callable[[], Any]) -> Any:
+    try:
+        return call()
+    except Exception as exc:  # noqa: BLE001 - returned for the test to compare
+        return exc

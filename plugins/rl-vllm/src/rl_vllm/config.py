@@ -14,7 +14,7 @@ import warnings
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
-from pydantic import Field, PositiveInt, field_validator, model_validator
+from pydantic import Field, PositiveInt, field_validator
 
 from rlcore.config import ConfigError, StrictModel, validate_section
 
@@ -155,16 +155,6 @@ class VllmConfig(StrictModel):
                 "tensor_parallel_size to split a model over ranks, or more engines"
             )
         return size
-
-    @model_validator(mode="after")
-    def _async_engine_one_rank(self) -> VllmConfig:
-        if self.async_engine and self.tensor_parallel_size > 1:
-            raise ValueError(
-                f"async_engine: true with tensor_parallel_size={self.tensor_parallel_size}: the engine loop steps "
-                "one rank's engine on its own, and the ranks of a tensor-parallel engine must step together; use "
-                "tensor_parallel_size 1 (more engines) or async_engine: false"
-            )
-        return self
 
     @field_validator("logprobs_mode")
     @classmethod

@@ -15,6 +15,10 @@ Pause states: ``serving`` (admit and step), ``draining`` (no admits; step until 
 ``paused`` (neither; requests keep their state). :meth:`parked` lets another thread use the engine exclusively
 (a refit) while the loop neither steps nor runs commands.
 
+At ``tensor_parallel_size`` > 1 every rank runs an engine loop, and the ranks must make the same engine calls in
+the same order: tensor-parallel rank 0's loop leads and the others follow its ticks (:mod:`rl_vllm.lockstep`).
+A request is known on every rank by its ``key`` (the facade's call id and the row), commands by their name.
+
 Imports nothing heavy: the engine and the sampling parameters come from the caller.
 """
 
@@ -29,6 +33,8 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Literal
+
+from rl_vllm.lockstep import REQUEST_WAIT_S, Lockstep, Outcome, Tick
 
 LoopState = Literal["serving", "draining", "paused"]
 
@@ -46,6 +52,7 @@ class Served:
 
 @dataclass
 class _Request:
+    key: str  # the same on every rank of a tensor-parallel engine
     prompt_token_ids: list[int]
     params: Any  # vllm.SamplingParams with output_kind=DELTA; cloned at every (re-)admission
     future: Future[Served]
@@ -57,12 +64,17 @@ class EngineLoopError(RuntimeError):
     """The engine loop failed or was stopped; names the engine."""
 
 
+#: The commands a loop runs between two steps, by name (a follower replays the leader's by name).
+COMMANDS = ("abort_running", "reset_prefix_cache")
+
+
 class EngineLoop:
     """Serves ``engine`` (a vLLM ``LLMEngine``) from one thread; see the module docstring.
 
-    ``current`` answers, at admission and after each step, ``(weight version, lora request or None)``;
+    ``current`` answers, at admission and before each step, ``(weight version, lora request or None)``;
     ``name`` (e.g. ``"engine 0"``) prefixes every error. ``logprobs_of(token_ids, logprobs)`` turns a step's
-    delta logprobs into floats (``rl_vllm.sampling.sampled_logprobs``).
+    delta logprobs into floats (``rl_vllm.sampling.sampled_logprobs``). ``lockstep``: this rank's end of a
+    tensor-parallel engine's tick channel (None at ``tensor_parallel_size`` 1: the loop decides alone).
     """
 
     def __init__(
@@ -71,21 +83,28 @@ class EngineLoop:
         name: str,
         current: Callable[[], tuple[int, Any]],
         logprobs_of: Callable[[list[int], Any], list[float]],
+        lockstep: Lockstep | None = None,
+        request_wait_s: float = REQUEST_WAIT_S,
     ) -> None:
         self._engine = engine
         self.name = name
         self._current = current
         self._logprobs_of = logprobs_of
+        self._lockstep = lockstep
+        self._request_wait_s = request_wait_s
         self._cond = threading.Condition()
-        self._queued: deque[_Request] = deque()  # submitted, not admitted (also: aborted, to restart)
+        self._queued: dict[str, _Request] = {}  # key -> submitted, not admitted (also: aborted, to restart)
         self._running: dict[str, _Request] = {}  # engine id -> request
-        self._commands: deque[tuple[Callable[[Any], Any], Future[Any]]] = deque()
+        self._commands: deque[tuple[str, Future[Any]]] = deque()
         self._state: LoopState = "serving"
+        self._acted: LoopState = "serving"  # the state the last iteration ran in (the leader published it)
+        self._ticks = 0  # iterations run: ticks published (leader) or applied (follower)
         self._busy = False  # inside a step or a command
         self._holds = 0  # parked() users: the loop neither steps nor runs commands
         self._stopping = False
         self._error: BaseException | None = None
         self._ids = itertools.count()
+        self._keys = itertools.count()
         self.steps = 0
         self._thread = threading.Thread(target=self._run, name=f"rl-vllm {name} loop", daemon=True)
         self._thread.start()
@@ -95,60 +114,60 @@ class EngineLoop:
     def state(self) -> LoopState:
         return self._state
 
-    def submit(self, prompt_token_ids: list[int], params: Any) -> Future[Served]:
-        """Queue one request; it is admitted at the next step while serving, else at resume."""
+    @property
+    def follows(self) -> bool:
+        """A follower: its engine calls are the leading rank's ticks."""
+        return self._lockstep is not None and not self._lockstep.leader
+
+    def submit(self, prompt_token_ids: list[int], params: Any, key: str | None = None) -> Future[Served]:
+        """Queue one request; it is admitted at the next step while serving, else at resume. ``key`` names it
+        on every rank of a tensor-parallel engine (the leader's ticks admit it by key)."""
         future: Future[Served] = Future()
         with self._cond:
             self._raise_if_down()
-            self._queued.append(_Request(list(prompt_token_ids), params, future))
+            key = f"auto-{next(self._keys)}" if key is None else key
+            if key in self._queued or any(r.key == key for r in self._running.values()):
+                raise ValueError(f"{self.name}: request {key!r} was submitted twice")
+            self._queued[key] = _Request(key, list(prompt_token_ids), params, future)
             self._cond.notify_all()
         return future
 
-    def call(self, fn: Callable[[Any], Any]) -> Any:
-        """Run ``fn(engine)`` on the loop thread between two steps (paused or not) and return its result."""
+    def command(self, name: str) -> Any:
+        """Run the named command (one of :data:`COMMANDS`) on the loop thread between two steps (paused or not)
+        and return its result. A follower runs the leader's commands from its ticks, never its own."""
+        if name not in COMMANDS:
+            raise ValueError(f"{self.name}: unknown engine loop command {name!r}; one of {list(COMMANDS)}")
+        if self.follows:
+            raise RuntimeError(f"{self.name}: a following rank runs only the leading rank's commands")
         future: Future[Any] = Future()
         with self._cond:
             self._raise_if_down()
-            self._commands.append((fn, future))
+            self._commands.append((name, future))
             self._cond.notify_all()
         return future.result()
 
     def pause(self, mode: Literal["abort", "wait", "keep"], timeout_s: float | None = None) -> None:
         """Stop between two steps (see ``GenerationInterface.pause_generation``); ``TimeoutError`` naming the
         engine when not paused within ``timeout_s`` (a ``wait`` that timed out goes back to serving)."""
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        with self._cond:
-            self._raise_if_down()
-            if mode == "wait":
-                if self._state == "serving":
-                    self._state = "draining" if self._running else "paused"
-            else:
-                self._state = "paused"
-            self._cond.notify_all()
-            while self._error is None and (self._state != "paused" or self._busy):
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    if self._state == "draining":
-                        self._state = "serving"
-                        self._cond.notify_all()
-                    raise TimeoutError(
-                        f"{self.name}: not paused within {timeout_s}s ({len(self._running)} request(s) still "
-                        f"running in a '{mode}' pause)"
-                    )
-                self._cond.wait(left)
-            self._raise_if_down()
-        if mode == "abort":
-            self.call(self._abort_running)
+        self._led("pause", lambda: self._pause_here(mode, timeout_s))
 
     def resume(self, recompute_kv_cache: bool = False) -> None:
         """Serve again; queued requests are admitted. ``recompute_kv_cache``: vLLM preempts the requests kept
         across the pause (their tokens so far stay), and they prefill again with the current weights."""
-        if recompute_kv_cache:
-            self.call(lambda engine: engine.reset_prefix_cache(reset_running_requests=True))
-        with self._cond:
-            self._raise_if_down()
-            self._state = "serving"
-            self._cond.notify_all()
+        self._led("resume", lambda: self._resume_here(recompute_kv_cache))
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """Hold the engine for a refit: directly when paused; otherwise pause in ``wait`` mode (running requests
+        finish on the old weights), run the block parked, and resume. At ``tensor_parallel_size`` > 1 every rank
+        holds at the same tick, decided by the leader (a follower never steps while its own refit loads)."""
+        was = self._led("hold", self._hold_here).was
+        try:
+            with self.parked():
+                yield
+        finally:
+            if was == "serving":
+                self.resume()
 
     @contextlib.contextmanager
     def parked(self) -> Iterator[None]:
@@ -176,13 +195,91 @@ class EngineLoop:
             return [len(r.served.token_ids) for r in self._running.values()]
 
     def stop(self, timeout_s: float = 30.0) -> None:
-        """End the thread; every request not finished fails with an error naming the engine."""
+        """End the thread; every request not finished fails with an error naming the engine. A leader tells its
+        followers (their requests fail too, instead of waiting for ticks that will not come)."""
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
+        if self._lockstep is not None:
+            self._lockstep.stop()
         if self._thread is not threading.current_thread():
             self._thread.join(timeout_s)
+        if self._lockstep is not None and self._lockstep.leader and self._error is None:
+            self._tell_followers("the engine's leading rank was shut down")
         self._fail_all(EngineLoopError(f"{self.name}: the engine was shut down before the request finished"))
+
+    # -- lifecycle calls, led by tensor-parallel rank 0 -------------------------------------------------------
+    def _led(self, kind: str, action: Callable[[], str | None]) -> Outcome:
+        """Run a lifecycle call here (alone, or as the leader, telling the followers how it ended), or, on a
+        follower, mirror the leader's call of the same kind and number: apply every tick it had published by
+        then, and raise what it raised."""
+        lockstep = self._lockstep
+        if lockstep is None:
+            return Outcome(self._ticks, action())
+        k = lockstep.call_number(kind)
+        if lockstep.leader:
+            try:
+                was = action()
+            except BaseException as exc:
+                lockstep.tell(kind, k, Outcome(self._ticks, error=str(exc), timed_out=isinstance(exc, TimeoutError)))
+                raise
+            with self._cond:  # its last tick has run, so a follower returns from the same place
+                while self._busy and self._error is None:
+                    self._cond.wait()
+                outcome = Outcome(self._ticks, was)
+            lockstep.tell(kind, k, outcome)
+            return outcome
+        told = lockstep.outcome(kind, k)
+        if told is None:
+            raise EngineLoopError(f"{self.name}: the engine has been shut down")
+        with self._cond:
+            while self._error is None and not self._stopping and self._ticks < told.ticks:
+                self._cond.wait()
+            self._raise_if_down()
+        if told.error is not None:
+            if told.timed_out:
+                raise TimeoutError(told.error)
+            raise EngineLoopError(f"{self.name}: the leading rank's {kind} failed: {told.error}")
+        return told
+
+    def _pause_here(self, mode: str, timeout_s: float | None) -> None:
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        with self._cond:
+            self._raise_if_down()
+            if mode == "wait":
+                if self._state == "serving":
+                    self._state = "draining" if self._running else "paused"
+            else:
+                self._state = "paused"
+            self._cond.notify_all()
+            while self._error is None and (self._state != "paused" or self._acted != "paused" or self._busy):
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    if self._state == "draining":
+                        self._state = "serving"
+                        self._cond.notify_all()
+                    raise TimeoutError(
+                        f"{self.name}: not paused within {timeout_s}s ({len(self._running)} request(s) still "
+                        f"running in a '{mode}' pause)"
+                    )
+                self._cond.wait(left)
+            self._raise_if_down()
+        if mode == "abort":
+            self.command("abort_running")
+
+    def _resume_here(self, recompute_kv_cache: bool) -> None:
+        if recompute_kv_cache:
+            self.command("reset_prefix_cache")
+        with self._cond:
+            self._raise_if_down()
+            self._state = "serving"
+            self._cond.notify_all()
+
+    def _hold_here(self) -> str:
+        was = self._state
+        if was != "paused":  # also when draining for a caller's pause('wait'): that pause then stays
+            self._pause_here("wait", None)
+        return was
 
     # -- the loop thread -------------------------------------------------------------------------------------
     def _raise_if_down(self) -> None:
@@ -194,7 +291,7 @@ class EngineLoop:
     def _has_work(self) -> bool:
         if self._holds:
             return False
-        if self._commands:
+        if self._commands or self._state != self._acted:  # a state change is a tick of its own
             return True
         if self._state == "serving":
             return bool(self._queued or self._running)
@@ -202,47 +299,123 @@ class EngineLoop:
 
     def _run(self) -> None:
         try:
-            while True:
-                with self._cond:
-                    while not self._stopping and not self._has_work():
-                        self._cond.wait()
-                    if self._stopping:
-                        return
-                    self._busy = True
-                    command = self._commands.popleft() if self._commands else None
-                    admits = []
-                    if command is None and self._state == "serving":
-                        admits = list(self._queued)
-                        self._queued.clear()
-                try:
-                    if command is not None:
-                        self._run_command(*command)
-                    else:
-                        self._admit(admits)
-                        if self._running:
-                            self._step()
-                finally:
-                    with self._cond:
-                        self._busy = False
-                        if self._state == "draining" and not self._running:
-                            self._state = "paused"
-                        self._cond.notify_all()
+            if self.follows:
+                self._follow()
+            else:
+                self._lead()
         except BaseException as exc:  # noqa: BLE001 - every waiting caller gets it, naming the engine
             with self._cond:
                 self._error = exc
                 self._cond.notify_all()
+            if self._lockstep is not None and self._lockstep.leader:
+                self._tell_followers(f"{self.name}: {_reason(exc)}")
             self._fail_all(EngineLoopError(f"{self.name}: the engine loop failed: {_reason(exc)}"))
 
-    def _run_command(self, fn: Callable[[Any], Any], future: Future[Any]) -> None:
-        try:
-            future.set_result(fn(self._engine))
-        except BaseException as exc:  # noqa: BLE001 - the caller re-raises it
-            future.set_exception(exc)
+    def _lead(self) -> None:
+        """Decide each iteration (publishing it as a tick when others follow) and run it."""
+        while True:
+            with self._cond:
+                while not self._stopping and not self._has_work():
+                    self._cond.wait()
+                if self._stopping:
+                    return
+                self._busy = True
+                tick, admitted, future = self._decide()
+            try:
+                if self._lockstep is not None:
+                    self._lockstep.publish(self._ticks, tick)
+                self._execute(tick, admitted, future)
+            finally:
+                self._ran(tick)
 
-    def _admit(self, requests: list[_Request]) -> None:
-        version, lora = self._current()
+    def _decide(self) -> tuple[Tick, list[_Request], Future[Any] | None]:
+        """The next iteration (under the lock): one command, or the queued requests' admission and a step."""
+        version = int(self._current()[0])
+        if self._commands:
+            name, future = self._commands.popleft()
+            return Tick(self._state, version, command=name), [], future
+        admitted: list[_Request] = []
+        if self._state == "serving":
+            admitted = list(self._queued.values())
+            self._queued.clear()
+            for request in admitted:
+                request.engine_id = f"rlcore-{next(self._ids)}"
+        return Tick(self._state, version, admit=[(r.key, str(r.engine_id)) for r in admitted]), admitted, None
+
+    def _follow(self) -> None:
+        """Apply the leader's ticks in order; never while this rank's own refit holds the engine."""
+        assert self._lockstep is not None
+        while True:
+            tick = self._lockstep.next_tick(self._ticks)
+            if tick is None:
+                return
+            if tick.error is not None:
+                raise EngineLoopError(f"the leading rank stopped: {tick.error}")
+            with self._cond:
+                while self._holds and not self._stopping:
+                    self._cond.wait()
+                if self._stopping:
+                    return
+                self._busy = True
+                self._state = tick.state  # type: ignore[assignment]
+                try:
+                    admitted = self._take(tick.admit)
+                except BaseException:
+                    self._busy = False
+                    raise
+            try:
+                self._execute(tick, admitted, None)
+            finally:
+                self._ran(tick)
+
+    def _take(self, admit: list[tuple[str, str]]) -> list[_Request]:
+        """Follower, under the lock: the requests a tick admits, waiting (bounded) for any not received yet."""
+        deadline = time.monotonic() + self._request_wait_s
+        taken = []
+        for key, engine_id in admit:
+            while key not in self._queued and not self._stopping:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise EngineLoopError(
+                        f"{self.name}: the leading rank admitted request {key!r}, which did not reach this rank "
+                        f"within {self._request_wait_s}s (every rank of a tensor-parallel engine must get the "
+                        "same generate call)"
+                    )
+                self._cond.wait(left)
+            if self._stopping:
+                return []
+            request = self._queued.pop(key)
+            request.engine_id = engine_id
+            taken.append(request)
+        return taken
+
+    def _ran(self, tick: Tick) -> None:
+        with self._cond:
+            self._busy = False
+            self._ticks += 1
+            self._acted = tick.state  # type: ignore[assignment]
+            if self._state == "draining" and not self._running and not self.follows:
+                self._state = "paused"  # the next tick says so
+            self._cond.notify_all()
+
+    def _execute(self, tick: Tick, admitted: list[_Request], future: Future[Any] | None) -> None:
+        if tick.command is not None:
+            try:
+                result = self._abort_running() if tick.command == "abort_running" else self._reset_prefix_cache()
+            except Exception as exc:  # noqa: BLE001 - the caller re-raises it (a follower's has none)
+                if future is not None:
+                    future.set_exception(exc)
+                return
+            if future is not None:
+                future.set_result(result)
+            return
+        self._admit(admitted, tick.version)
+        if self._running:
+            self._step(tick.version)
+
+    def _admit(self, requests: list[_Request], version: int) -> None:
+        lora = self._current()[1]
         for request in requests:
-            request.engine_id = f"rlcore-{next(self._ids)}"
             prompt = {"prompt_token_ids": request.prompt_token_ids, "cache_salt": f"v{version}"}
             try:  # a request that cannot start fails alone
                 self._engine.add_request(request.engine_id, prompt, request.params.clone(), lora_request=lora)
@@ -250,12 +423,11 @@ class EngineLoop:
                 request.future.set_exception(exc)
                 continue
             with self._cond:  # other threads read it (running, tokens_so_far)
-                self._running[request.engine_id] = request
+                self._running[str(request.engine_id)] = request
 
-    def _step(self) -> None:
+    def _step(self, version: int) -> None:
         outputs = self._engine.step()
         self.steps += 1
-        version, _ = self._current()
         for output in outputs:
             request = self._running.get(output.request_id)
             if request is None:  # aborted meanwhile
@@ -272,22 +444,34 @@ class EngineLoop:
                     del self._running[output.request_id]
                 request.future.set_result(served)
 
-    def _abort_running(self, engine: Any) -> int:
+    def _abort_running(self) -> int:
         """Abort every running request in the engine and queue it again, first, from its prompt."""
         with self._cond:
             aborted = list(self._running.values())
             self._running.clear()
         if aborted:
-            engine.abort_request([r.engine_id for r in aborted])
+            self._engine.abort_request([r.engine_id for r in aborted])
         with self._cond:
-            for request in reversed(aborted):
+            for request in aborted:
                 request.served = Served(restarts=request.served.restarts + 1)
-                self._queued.appendleft(request)
+            self._queued = {**{r.key: r for r in aborted}, **self._queued}
         return len(aborted)
+
+    def _reset_prefix_cache(self) -> Any:
+        """vLLM preempts the running requests (their tokens so far stay) and drops every cached prefix."""
+        return self._engine.reset_prefix_cache(reset_running_requests=True)
+
+    def _tell_followers(self, error: str) -> None:
+        """Leader: a last tick that fails the followers' loops (best effort: the store may be gone)."""
+        assert self._lockstep is not None
+        try:
+            self._lockstep.publish(self._ticks, Tick(self._state, 0, error=error))
+        except Exception:  # noqa: BLE001 - the followers then fail on the store instead
+            pass
 
     def _fail_all(self, error: BaseException) -> None:
         with self._cond:
-            waiting = [*self._running.values(), *self._queued]
+            waiting = [*self._running.values(), *self._queued.values()]
             self._running.clear()
             self._queued.clear()
             commands = list(self._commands)

@@ -17,6 +17,7 @@ module imports no torch and no vLLM; the engines are built inside the actors.
 from __future__ import annotations
 
 import threading
+import uuid
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -25,7 +26,7 @@ from rl_vllm.engine_env import PRIVATE_IPC_ENV
 from rl_vllm.refit import EngineStaleError
 from rl_vllm.sampling import batch_problems, sampling_options
 from rlcore.data import BatchedDataDict
-from rlcore.distributed import NamedSharding, RayVirtualCluster, RayWorkerGroup, WorkerGroupOwner
+from rlcore.distributed import Calls, NamedSharding, RayVirtualCluster, RayWorkerGroup, WorkerGroupOwner
 from rlcore.interfaces import GenerationInterface
 from rlcore.interfaces.generation import PAUSE_MODES, PauseMode
 from rlcore.refit import RefitError
@@ -137,19 +138,33 @@ class VllmGeneration(WorkerGroupOwner, GenerationInterface):
             raise ValueError("; ".join(problems))
         self._check_not_stale()
         batch: BatchedDataDict[GenerationDatumSpec] = BatchedDataDict({k: data[k] for k in INPUT_KEYS if k in data})
-        sampling = sampling_options(self.cfg)
+        # call_id: the same on every rank of an engine, so a tensor-parallel engine's ranks know its requests alike
+        kwargs = {"greedy": greedy, "sampling": sampling_options(self.cfg), "call_id": uuid.uuid4().hex}
         if self.vllm_cfg.async_engine and self.num_engines > 1 and _one_group(batch):
             rows = int(batch["input_ids"].shape[0])
             with self._routing:  # choose and count at once: another thread's group sees this one's rows
                 engine = min(range(self.num_engines), key=lambda e: self._outstanding[e])
                 self._outstanding[engine] += rows
-            # tensor_parallel_size is 1 with async_engine: rank == engine; the group's own dispatch (its checks)
-            handle = self.worker_group.run_on_worker(engine, "generate", batch, greedy=greedy, sampling=sampling)
+            handle = self._run_on_engine(engine, batch, kwargs)
             with self._routing:
                 self._routed[id(handle)] = (engine, rows)
             return handle
         shards = batch.chunk(self.num_engines)
-        return self.worker_group.run_all_workers_sharded_data("generate", shards, greedy=greedy, sampling=sampling)
+        return self.worker_group.run_all_workers_sharded_data("generate", shards, **kwargs)
+
+    def _run_on_engine(self, engine: int, batch: BatchedDataDict, kwargs: dict[str, Any]) -> Any:
+        """``generate`` on every rank of one engine (through the group's own dispatch, its checks); the result
+        is tensor-parallel rank 0's, the others' calls are waited on (a failure anywhere surfaces)."""
+        tp = self.sharding.tp
+        if tp == 1:
+            return self.worker_group.run_on_worker(engine, "generate", batch, **kwargs)
+        import ray
+
+        shared = ray.put(batch)  # one copy for the engine's ranks
+        ranks = [self.sharding.rank(dp=engine, tp=t) for t in range(tp)]
+        calls = [self.worker_group.run_on_worker(rank, "generate", shared, **kwargs) for rank in ranks]
+        refs = [ref for call in calls for ref in call.refs]
+        return Calls(refs, ranks, [ranks[0]])
 
     def collect(self, handle: Any) -> BatchedDataDict:
         """The output of a :meth:`generate_async` call, with ``weight_version`` per sample (and, per token,
@@ -207,7 +222,7 @@ class VllmGeneration(WorkerGroupOwner, GenerationInterface):
                 late.append(str(getattr(exc, "cause", exc)))
         if late:
             self._all("resume_generation")
-            raise TimeoutError("; ".join(late))
+            raise TimeoutError("; ".join(dict.fromkeys(late)))  # a tensor-parallel engine's ranks raise alike
 
     def resume_generation(self, recompute_kv_cache: bool = False) -> None:
         """Resume every engine; ``recompute_kv_cache``: kept requests prefill again with the current weights."""

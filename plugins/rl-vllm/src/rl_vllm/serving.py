@@ -38,16 +38,20 @@ class EngineLifecycle:
             completions.append(Completion(tokens, sampled_logprobs(tokens, out.logprobs), out.finish_reason))
         return completions, [[self.weight_version] * len(c.token_ids) for c in completions]
 
-    def _serve(self, prompts: list[list[int]], params: list[Any]) -> tuple[list[Completion], list[list[int]]]:
+    def _serve(
+        self, prompts: list[list[int]], params: list[Any], call_id: str | None = None
+    ) -> tuple[list[Completion], list[list[int]]]:
         """Submit to the engine loop and wait: the requests join the running batch; each token carries the
-        version of the weights of the step that sampled it. A failed loop raises here, naming the engine."""
+        version of the weights of the step that sampled it. A failed loop raises here, naming the engine.
+        ``call_id`` (the facade's, the same on every rank of the engine) keys row ``i`` as ``call_id:i``: the
+        leading rank's ticks admit requests by key (tensor_parallel_size > 1)."""
         from vllm.sampling_params import RequestOutputKind
 
         assert self._loop is not None
         futures = []
-        for prompt, param in zip(prompts, params):
+        for row, (prompt, param) in enumerate(zip(prompts, params)):
             param.output_kind = RequestOutputKind.DELTA
-            futures.append(self._loop.submit(prompt, param))
+            futures.append(self._loop.submit(prompt, param, None if call_id is None else f"{call_id}:{row}"))
         served = [f.result() for f in futures]
         completions = [Completion(s.token_ids, s.logprobs, s.finish_reason) for s in served]
         return completions, [s.versions for s in served]
@@ -86,22 +90,14 @@ class EngineLifecycle:
 
     @contextlib.contextmanager
     def _exclusive(self) -> Iterator[None]:
-        """Hold the engine for a refit: directly when paused (the loop parked); otherwise pause in ``wait`` mode
-        (running requests finish on the old weights), do it, and resume: a safety net for callers that do not
-        pause (sync GRPO). Without the engine loop, the actor runs one call at a time already."""
-        loop = self._loop
-        if loop is None:
+        """Hold the engine for a refit (:meth:`rl_vllm.engine_loop.EngineLoop.held`: parked, pausing in ``wait``
+        mode first and resuming after when the caller did not pause, a safety net for sync GRPO). Without the
+        engine loop, the actor runs one call at a time already."""
+        if self._loop is None:
             yield
             return
-        was = loop.state
-        if was != "paused":  # also when draining for a caller's pause('wait'): that pause then stays
-            loop.pause("wait")
-        try:
-            with loop.parked():
-                yield
-        finally:
-            if was == "serving":
-                loop.resume()
+        with self._loop.held():
+            yield
 
 
 def token_versions(input_lengths: Any, versions: list[list[int]], width: int, current: int) -> dict[str, Any]:

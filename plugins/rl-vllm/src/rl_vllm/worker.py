@@ -156,11 +156,19 @@ class VllmGenerationWorker(EngineLifecycle):
             else None
         )
         # vllm_cfg.async_engine: a thread serves the engine continuously (rl_vllm.engine_loop)
-        self._loop: EngineLoop | None = (
-            EngineLoop(self.llm.llm_engine, f"engine {self.rank}", self._serving_state, sampled_logprobs)
-            if vllm_config.async_engine
-            else None
-        )
+        self._loop: EngineLoop | None = self._engine_loop() if vllm_config.async_engine else None
+
+    def _engine_loop(self) -> EngineLoop:
+        """The engine loop; at tensor_parallel_size > 1 tensor-parallel rank 0's leads the others'
+        (:mod:`rl_vllm.lockstep`), which are named by their rank in errors."""
+        lockstep, name = None, f"engine {self.place.engine}"
+        if self.place.tp_size > 1:
+            from rl_vllm.lockstep import Lockstep
+
+            lockstep = Lockstep.of_engine(self.place.tp_rank, self.place.tp_size)
+            if self.place.tp_rank:
+                name += f" (tensor-parallel rank {self.place.tp_rank})"
+        return EngineLoop(self.llm.llm_engine, name, self._serving_state, sampled_logprobs, lockstep)
 
     def _serving_state(self) -> tuple[int, Any]:
         """The weight version and adapter a request admitted now runs with (asked by the engine loop)."""
@@ -188,7 +196,9 @@ class VllmGenerationWorker(EngineLifecycle):
             detokenize=bool(stops),  # stop strings are matched on text; nothing else needs it
         )
 
-    def generate(self, data: Any, greedy: bool = False, sampling: dict[str, Any] | None = None) -> Any:
+    def generate(
+        self, data: Any, greedy: bool = False, sampling: dict[str, Any] | None = None, call_id: str | None = None
+    ) -> Any:
         """Generate for a right-padded batch; returns a ``GenerationOutputSpec`` BatchedDataDict.
 
         ``sampling`` holds the ``GenerationConfig`` sampling fields for this
@@ -196,7 +206,8 @@ class VllmGenerationWorker(EngineLifecycle):
         temperature 0 (argmax); its logprobs are then those of the
         unscaled distribution. Stop strings (the config's and the sample's
         own ``stop_strings``) end a completion with the token that completes
-        the string, which is kept. An EOS or stop token is kept too.
+        the string, which is kept. An EOS or stop token is kept too. ``call_id`` names the call on every rank
+        of a tensor-parallel ``async_engine`` engine (the facade sends each rank the same one).
         """
         import torch
 
@@ -235,7 +246,7 @@ class VllmGenerationWorker(EngineLifecycle):
         self._warn_kv_shortfall([len(p) for p in prompts], [p.max_tokens for p in params])
         started = time.time()
         if self._loop is not None:
-            completions, versions = self._serve(prompts, params)
+            completions, versions = self._serve(prompts, params, call_id)
         else:
             completions, versions = self._generate_batch(requests, params)
         window = (started, time.time())

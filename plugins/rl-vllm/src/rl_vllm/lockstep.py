@@ -1,0 +1,180 @@
+"""Lock step for the engine loops of one tensor-parallel ``async_engine`` engine (``tensor_parallel_size`` > 1).
+
+Under vLLM's ``external_launcher`` every rank of an engine runs its own scheduler and must make exactly the same
+engine calls in the same order (``add_request`` with the same ids, ``abort_request``, ``step``,
+``reset_prefix_cache``), or the ranks' collectives diverge and hang. Requests, pauses and commands reach each
+rank's actor at slightly different times, so the loop of tensor-parallel rank 0 *leads*: each iteration it
+decides what the engine does (a :class:`Tick`) and publishes it; the other ranks' loops *follow*: they wait for
+the next tick and apply exactly it. Lifecycle calls (pause, resume, holding the engine for a refit) run on the
+leader; a follower's call of the same kind and number waits for the leader's :class:`Outcome` and mirrors it.
+
+The channel is the engine's own rendezvous store (the ``TCPStore`` that ``external_launcher``'s process group
+was set up with, ``MASTER_ADDR:MASTER_PORT``), under a prefix: the leader sets ``tick/<n>`` (JSON, never
+pickle); each follower waits for it, reads it and adds to ``ack/<n>``; the last follower to acknowledge deletes
+both keys. Waits are sliced so a follower notices ``stop`` (which also wakes the waits it is in).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+#: A follower re-checks for ``stop`` this often while no tick comes (each slice that ends logs a c10d warning).
+WAIT_SLICE_S = 30.0
+#: How long a follower waits for a request the leader admitted but this rank's actor has not received yet.
+REQUEST_WAIT_S = 30.0
+_STOP = b'{"stop": true}'
+
+
+@dataclass
+class Tick:
+    """One iteration of the leading loop: the pause state it ran in, the weight version that tags its step's
+    tokens (and salts its admitted prompts), then either one named command or admissions followed by a step
+    when requests are running. ``error``: the leader's loop failed (the followers fail with it)."""
+
+    state: str
+    version: int
+    admit: list[tuple[str, str]] = field(default_factory=list)  # (request key, engine request id)
+    command: str | None = None
+    error: str | None = None
+
+    def to_json(self) -> bytes:
+        return json.dumps(asdict(self)).encode()
+
+    @classmethod
+    def from_json(cls, raw: bytes) -> Tick:
+        data = json.loads(raw)
+        data["admit"] = [(str(key), str(rid)) for key, rid in data.get("admit", [])]
+        return cls(**data)
+
+
+@dataclass
+class Outcome:
+    """How the leader's lifecycle call ended: the number of ticks it had published by then (a follower applies
+    them all before it returns), ``was`` (the state before a refit's hold) and its error, if it raised."""
+
+    ticks: int
+    was: str | None = None
+    error: str | None = None
+    timed_out: bool = False
+
+
+class Lockstep:
+    """One rank's end of its engine's tick channel; ``leader`` is tensor-parallel rank 0.
+
+    ``connect()`` opens a connection to the store: each thread gets its own (a ``TCPStore`` client runs one
+    request at a time, so the loop's wait for a tick would hold up a lifecycle call's wait, or a stop's wake-up).
+    """
+
+    def __init__(self, connect: Callable[[], Any], tp_rank: int, tp_size: int) -> None:
+        self._connect = connect
+        self._local = threading.local()
+        self.leader = tp_rank == 0
+        self._followers = tp_size - 1
+        self._counts: dict[str, int] = {}
+        self._lock = threading.Lock()
+        self._awaited: set[str] = set()  # keys a thread of this rank waits for (woken by stop)
+        self._stopping = False
+
+    @classmethod
+    def of_engine(cls, tp_rank: int, tp_size: int) -> Lockstep:
+        """Join the store of the engine's ``external_launcher`` group (``MASTER_ADDR:MASTER_PORT``, set by
+        :func:`rl_vllm.engine_env.prepare_process_env`), under a prefix of its own."""
+        from datetime import timedelta
+
+        import torch.distributed as dist
+
+        host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+
+        def connect() -> Any:
+            client = dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=WAIT_SLICE_S))
+            return dist.PrefixStore("rl-vllm-lockstep/", client)
+
+        return cls(connect, tp_rank, tp_size)
+
+    @property
+    def _store(self) -> Any:
+        store = getattr(self._local, "store", None)
+        if store is None:
+            store = self._local.store = self._connect()
+        return store
+
+    # -- ticks ---------------------------------------------------------------------------------------------
+    def publish(self, n: int, tick: Tick) -> None:
+        """Leader: tick ``n`` (0-based, consecutive)."""
+        self._store.set(f"tick/{n}", tick.to_json())
+
+    def next_tick(self, n: int) -> Tick | None:
+        """Follower: tick ``n`` once the leader published it (acknowledged); None once this rank stops."""
+        raw = self._wait(f"tick/{n}")
+        if raw is None:
+            return None
+        self._acknowledge(f"tick/{n}", f"ack/{n}")
+        return Tick.from_json(raw)
+
+    # -- lifecycle calls -------------------------------------------------------------------------------------
+    def call_number(self, kind: str) -> int:
+        """This rank's count of lifecycle calls of ``kind`` so far: the leader's and a follower's ``k``-th calls
+        of a kind are the same call (the driver sends each to every rank of the engine)."""
+        with self._lock:
+            k = self._counts.get(kind, 0)
+            self._counts[kind] = k + 1
+        return k
+
+    def tell(self, kind: str, k: int, outcome: Outcome) -> None:
+        """Leader: how its ``k``-th ``kind`` call ended."""
+        self._store.set(f"{kind}/{k}", json.dumps(asdict(outcome)).encode())
+
+    def outcome(self, kind: str, k: int) -> Outcome | None:
+        """Follower: the leader's outcome of its ``k``-th ``kind`` call; None once this rank stops."""
+        raw = self._wait(f"{kind}/{k}")
+        if raw is None:
+            return None
+        self._acknowledge(f"{kind}/{k}", f"ack/{kind}/{k}")
+        return Outcome(**json.loads(raw))
+
+    # -- waiting -------------------------------------------------------------------------------------------------
+    def stop(self) -> None:
+        """Wake every wait of this rank (they return None)."""
+        with self._lock:
+            self._stopping = True
+            awaited = list(self._awaited)
+        for key in awaited:
+            try:
+                self._store.set(key, _STOP)
+            except Exception:  # noqa: BLE001 - the store's server (the leader's process) may be gone
+                pass
+
+    def _wait(self, key: str) -> bytes | None:
+        from datetime import timedelta
+
+        from torch.distributed import DistStoreError
+
+        with self._lock:
+            if self._stopping:
+                return None
+            self._awaited.add(key)
+        try:
+            while True:
+                try:
+                    self._store.wait([key], timedelta(seconds=WAIT_SLICE_S))
+                except DistStoreError as exc:
+                    if "timeout" not in str(exc).lower():
+                        raise
+                if self._stopping:
+                    return None
+                if self._store.check([key]):
+                    raw: bytes = self._store.get(key)
+                    return None if raw == _STOP else raw
+        finally:
+            with self._lock:
+                self._awaited.discard(key)
+
+    def _acknowledge(self, key: str, ack: str) -> None:
+        if self._store.add(ack, 1) == self._followers:  # the last follower to read it
+            self._store.delete_key(key)
+            self._store.delete_key(ack)
