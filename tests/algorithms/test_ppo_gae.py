@@ -4,13 +4,15 @@ code runs), whitening with the statistics module."""
 
 from __future__ import annotations
 
+import math
 import statistics
 
 import pytest
 import torch
 
+from rlcore.algorithms.grpo.loss_config import ClippedPGLossConfig
 from rlcore.algorithms.ppo.config import GAEConfig
-from rlcore.algorithms.ppo.gae import generalized_advantages, policy_lambda, ppo_advantages, whiten
+from rlcore.algorithms.ppo.gae import batch_advantages, generalized_advantages, policy_lambda, ppo_advantages, whiten
 
 B, S = 4, 14
 
@@ -147,3 +149,44 @@ def test_normalize_advantages_whitens_over_the_batch_tokens():
     single = torch.zeros(1, 3, dtype=torch.bool)
     single[0, 1] = True
     assert not whiten(torch.tensor([[5.0, 2.0, 7.0]]), single).any()  # one token: centred, variance taken as 0
+
+
+def test_a_training_batch_multi_turn_with_the_kl_in_the_reward():
+    """From the batch as the loop holds it: a filtered row is all zeros, the sequence reward lands on the last token
+    of the last turn, the KL per token is in the reward, and GAE bootstraps across the environment's tokens."""
+    _, values, _ = batch(6)
+    token_mask = torch.zeros(B, S)
+    token_mask[0, 3:7] = 1.0
+    token_mask[0, 9:12] = 1.0  # turn 2 after an observation at 7..8
+    token_mask[1, 2:14] = 1.0
+    token_mask[2, 4:8] = 1.0
+    token_mask[3, 1:5] = 1.0
+    g = torch.Generator().manual_seed(7)
+    data = {
+        "token_mask": token_mask,
+        "sample_mask": torch.tensor([1.0, 1.0, 0.0, 1.0]),
+        "values": values,
+        "prev_logprobs": -torch.rand(B, S, generator=g),
+        "reference_policy_logprobs": -torch.rand(B, S, generator=g),
+    }
+    rewards = torch.tensor([1.0, -1.0, 1.0, 0.5])
+    beta, gamma, lam = 0.1, 0.99, 0.9
+    loss_cfg = ClippedPGLossConfig(reference_policy_kl_penalty=beta, use_kl_in_reward=True)
+    cfg = GAEConfig(gae_gamma=gamma, gae_lambda=lam, normalize_advantages=False)
+    out = batch_advantages(cfg, loss_cfg, data, rewards)
+    valid = (token_mask != 0) & (data["sample_mask"][:, None] != 0)
+    per_token = torch.zeros(B, S, dtype=torch.float64)
+    for b in range(B):
+        positions = [i for i in range(1, S) if valid[b, i]]
+        for i in positions:
+            log_ratio = float(data["reference_policy_logprobs"][b, i]) - float(data["prev_logprobs"][b, i])
+            per_token[b, i] = -beta * (math.exp(log_ratio) - 1 - log_ratio)
+        if positions:
+            per_token[b, positions[-1]] += float(rewards[b])
+    adv, ret = reference_batch(per_token, values, valid, gamma, [lam] * B)
+    close(out.advantages, adv)
+    close(out.returns, ret)
+    assert not out.advantages[2].any() and not out.returns[2].any()
+    assert out.advantages[0, 7:9].tolist() == [0.0, 0.0]
+    with pytest.raises(KeyError, match="values"):
+        batch_advantages(cfg, loss_cfg, {k: v for k, v in data.items() if k != "values"}, rewards)

@@ -21,11 +21,13 @@ read. Importing this module does not import torch.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
     import torch
 
+    from rlcore.algorithms.grpo.loss_config import ClippedPGLossConfig
     from rlcore.algorithms.ppo.config import GAEConfig
 
 #: Added to the variance before whitening (NeMo-RL's ``_reward_whiten``).
@@ -120,4 +122,23 @@ def ppo_advantages(cfg: GAEConfig, token_rewards: torch.Tensor, values: torch.Te
     return Advantages(advantages.to(torch.float32), returns.to(torch.float32))
 
 
-__all__ = ["Advantages", "generalized_advantages", "policy_lambda", "ppo_advantages", "whiten"]
+def batch_advantages(
+    cfg: GAEConfig, loss_cfg: ClippedPGLossConfig, data: Mapping[str, Any], rewards: torch.Tensor
+) -> Advantages:
+    """A step's advantages and returns from its training batch: ``rewards [B]`` (after
+    :func:`rlcore.algorithms.ppo.rewards.transform_rewards`) on each row's last valid token, minus the KL per token
+    with ``loss.use_kl_in_reward`` (:func:`~rlcore.algorithms.ppo.rewards.kl_reward`), GAE over ``data['values']``
+    (the critic's, aligned like logprobs) on the loss's valid tokens (``token_mask * sample_mask`` at ``1..S-1``)."""
+    import torch
+
+    from rlcore.algorithms.ppo.rewards import kl_reward, token_rewards
+    from rlcore.algorithms.utils import valid_token_mask
+
+    if data.get("values") is None:
+        raise KeyError("PPO's advantages need data['values'], the critic's values of the batch (get_values)")
+    mask = valid_token_mask(data, device=rewards.device)
+    values = torch.as_tensor(data["values"], device=rewards.device)
+    return ppo_advantages(cfg, token_rewards(rewards, mask, kl_reward(loss_cfg, data)), values, mask)
+
+
+__all__ = ["Advantages", "batch_advantages", "generalized_advantages", "policy_lambda", "ppo_advantages", "whiten"]
