@@ -11,6 +11,7 @@ import pytest
 from pydantic import ValidationError
 
 from rlcore.algorithms.ppo.config import PPOConfig, ValueLossConfig
+from rlcore.config.policy import PolicyConfig
 
 #: ppo_math_1B.yaml's ppo section.
 NEMO_RL_PPO = {
@@ -249,3 +250,23 @@ def test_vapo_settings_and_value_loss_bounds():
     for bad in ({"scale": 0.0}, {"cliprange": 0.0}, {"clip": 0.2}):
         with pytest.raises(ValidationError):
             ValueLossConfig.model_validate(bad)
+
+
+def test_the_critic_s_settings_merge_over_the_policy_s():
+    policy = PolicyConfig.model_validate(
+        {
+            "model_name": "tiny-llama",
+            "precision": "float32",
+            "optimizer": {"name": "torch.optim.AdamW", "kwargs": {"lr": 1e-6, "weight_decay": 0.01}},
+            "tokenizer": {"name": "tiny-llama"},
+        }
+    )
+    cfg = PPOConfig(value={"optimizer": {"kwargs": {"lr": 1e-5}}, "model_name": "tiny-critic"})
+    critic = cfg.value_policy(policy)
+    assert critic["optimizer"] == {"name": "torch.optim.AdamW", "kwargs": {"lr": 1e-5, "weight_decay": 0.01}}
+    assert (critic["model_name"], critic["precision"], critic["generation"]) == ("tiny-critic", "float32", None)
+    assert critic["tokenizer"] == {"name": "tiny-llama"}
+    assert PPOConfig().value_policy(policy)["model_name"] == "tiny-llama"
+    for key in ("generation", "tokenizer"):
+        with pytest.raises(ValidationError, match=rf"ppo\.value\.{key}"):
+            PPOConfig(value={key: {}})

@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 from pydantic import Field, NonNegativeInt, PositiveInt, field_validator, model_validator
 
+from rlcore.algorithms.distillation.config import _merged
 from rlcore.algorithms.grpo.config import AsyncGRPOConfig, RewardScalingConfig, RewardShapingConfig
 from rlcore.config.base import StrictModel
 from rlcore.config.rollout_loop import RolloutLoopConfig
@@ -213,6 +214,29 @@ class PPOConfig(RolloutLoopConfig):
         "(null only), as for GRPO. The per-token gap is in the loss metrics (token_mult_prob_error).",
     )
 
+    value: dict[str, Any] = Field(
+        default_factory=dict,
+        description="The critic's own policy settings, each a policy key over the policy's (e.g. {optimizer: "
+        "{kwargs: {lr: 1.0e-5}}, dtensor_cfg: {tensor_parallel_size: 2}, model_name: ...}): the critic is a Policy "
+        "of the merge with a value head (model_head='value') and its own optimizer, trained on the returns. "
+        "NeMo-RL's top-level value section. Not generation (the critic does not generate) nor tokenizer (it reads "
+        "the policy's token ids).",
+    )
+
+    @field_validator("value")
+    @classmethod
+    def _critic_settings_only(cls, value: dict[str, Any]) -> dict[str, Any]:
+        for key, why in CRITIC_NOT_OWN.items():
+            if key in value:
+                raise ValueError(f"ppo.value.{key} is not the critic's own setting: {why}; remove it")
+        return value
+
+    def value_policy(self, policy: Any) -> dict[str, Any]:
+        """The critic's policy settings as a dict: ``policy`` (the ``PolicyConfig``) with :attr:`value` merged over
+        it (nested sections key by key), the policy's tokenizer and no generation."""
+        merged = _merged(policy.model_dump(exclude_unset=True), self.value)
+        return {**merged, "tokenizer": policy.tokenizer.model_dump(exclude_unset=True), "generation": None}
+
     @field_validator("max_num_epochs", mode="before")
     @classmethod
     def _minus_one_is_unbounded(cls, value: Any) -> Any:
@@ -260,6 +284,13 @@ class PPOConfig(RolloutLoopConfig):
         """Whether the policy trains at ``step`` (0-based count of steps done before it): after the critic's
         warmup of ``policy_training_start_step`` steps."""
         return step >= self.policy_training_start_step
+
+
+#: Policy keys the critic takes from the policy or has no use for, and why.
+CRITIC_NOT_OWN = {
+    "generation": "the critic does not generate",
+    "tokenizer": "the critic reads the policy's token ids, so it has the policy's tokenizer",
+}
 
 
 class ValueLossConfig(StrictModel):
