@@ -90,6 +90,15 @@ class ModelInputs:
         flat = torch.where(self.position_ids[0, :width] == 0, torch.zeros_like(flat), flat)
         return unpack_tokens(flat, p.cu_seqlens, p.batch_size, p.seq_len, p.input_lengths)
 
+    def values(self, head_out: torch.Tensor) -> torch.Tensor:
+        """``[B, S]`` float32 values of a value model's head output (``[B', W, 1]``), aligned like logprobs
+        (:func:`rlcore.training.value_head.aligned_values`)."""
+        from rlcore.training.value_head import aligned_values
+
+        if self.packed is None:
+            return aligned_values(head_out[:, : self.seq_len], self.input_lengths)
+        return aligned_values(head_out, self.input_lengths, self.packed)
+
     def logits_at(self, logits: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
         """``[B, S, k]`` float32 logits at the aligned ids ``indices`` ``[B, S, k]`` (the ``logits_at_indices``
         loss input, :mod:`rlcore.training.loss_inputs`), in the same alignment."""

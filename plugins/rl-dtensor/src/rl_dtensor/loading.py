@@ -7,6 +7,10 @@ device (no memory), shards it, and allocates only its own shards; rank 0 alone
 reads the checkpoint (on CPU) and broadcasts it tensor by tensor, each rank
 keeping its part. Buffers (rotary frequencies) are real all along: they are
 small and not in the checkpoint.
+
+A value model (``model_head="value"``) is Hugging Face's token-classification
+model with one label, loaded by :func:`rlcore.training.value_head.load_value_model`
+(a causal-LM checkpoint gets a freshly initialised head).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from rl_dtensor.parallelize import ParallelOptions, parallelize
 from rl_dtensor.segment_attention import use_segment_attention
 from rlcore.training import lora
 from rlcore.training.hf_config import load_config
+from rlcore.training.value_head import ModelHead, load_value_model, value_model_config
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
@@ -51,13 +56,15 @@ def _with_lora(model: nn.Module, lora_cfg: Any) -> list[str]:
 
 
 def full_state_on_rank0(
-    base_path: str, lora_cfg: Any, adapter_path: str | None, config: PretrainedConfig
+    base_path: str, lora_cfg: Any, adapter_path: str | None, config: PretrainedConfig, model_head: ModelHead = "lm"
 ) -> dict[str, torch.Tensor]:
     """The model's full float32 state (LoRA applied, the adapter loaded) on rank 0; empty elsewhere."""
     from transformers import AutoModelForCausalLM
 
     if dist.get_rank() != 0:
         return {}
+    if model_head == "value":
+        return load_value_model(base_path, config).state_dict()
     model = AutoModelForCausalLM.from_pretrained(base_path, config=config, dtype=torch.float32)
     _with_lora(model, lora_cfg)
     if adapter_path:
@@ -73,16 +80,21 @@ def load_sharded_model(
     opts: ParallelOptions,
     device: torch.device,
     config_overrides: Mapping[str, Any] | None = None,
+    model_head: ModelHead = "lm",
 ) -> tuple[nn.Module, list[str]]:
     """The parallelized model with the checkpoint's weights, and its LoRA targets. Collective.
 
-    ``config_overrides``: ``policy.hf_config_overrides``, set on the config every rank builds from."""
-    from transformers import AutoModelForCausalLM
+    ``config_overrides``: ``policy.hf_config_overrides``, set on the config every rank builds from;
+    ``model_head``: ``"value"`` builds the value model (Hugging Face's token-classification class, one label)."""
+    from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
 
     config = load_config(base_path, config_overrides)
-    full = full_state_on_rank0(base_path, lora_cfg, adapter_path, config)
+    if model_head == "value":
+        config = value_model_config(config)
+    full = full_state_on_rank0(base_path, lora_cfg, adapter_path, config, model_head)
+    model_class = AutoModelForTokenClassification if model_head == "value" else AutoModelForCausalLM
     with parameters_on_meta():
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        model = model_class.from_config(config, dtype=torch.float32)
         targets = _with_lora(model, lora_cfg)
     use_segment_attention(model)  # packed rows attend per sequence, not through a [T, T] mask
     buffers = {name: b.detach().clone() for name, b in model.named_buffers()}

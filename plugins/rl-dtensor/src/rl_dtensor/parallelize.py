@@ -18,7 +18,7 @@ from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionP
 from torch.distributed.tensor.parallel import parallelize_module
 
 from rl_dtensor.config import dtensor_section
-from rl_dtensor.tp_plans import plan_for, with_lora
+from rl_dtensor.tp_plans import plan_for, value_model_plan, with_lora
 from rlcore.training.worker_base import DTYPES
 
 
@@ -32,6 +32,7 @@ class ParallelOptions:
     cpu_offload: bool = False
     custom_parallel_plan: str | None = None
     reshard_after_forward: bool = True
+    value_model: bool = False  # model_head="value": a token-classification head ``score`` instead of ``lm_head``
 
     @classmethod
     def from_config(cls, cfg, section=None) -> ParallelOptions:
@@ -64,7 +65,7 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
 def parallelize(model: nn.Module, mesh: DeviceMesh, opts: ParallelOptions) -> nn.Module:
     """Apply TP (when the tp axis is > 1), activation checkpointing (if asked), then FSDP2 over dp."""
     if mesh["tp"].size() > 1:
-        apply_tp(model, mesh["tp"], opts.sequence_parallel, opts.custom_parallel_plan)
+        apply_tp(model, mesh["tp"], opts.sequence_parallel, opts.custom_parallel_plan, opts.value_model)
     if opts.activation_checkpointing:
         apply_ac(model)
     apply_fsdp(model, mesh["dp"], opts.precision, opts.cpu_offload, opts.reshard_after_forward)
@@ -96,8 +97,11 @@ def check_no_experts(model: nn.Module, tp: int) -> None:
         )
 
 
-def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, sequence_parallel: bool, custom_plan: str | None) -> None:
-    """Shard the model over ``tp_mesh`` with the architecture's plan (or the user's).
+def apply_tp(
+    model: nn.Module, tp_mesh: DeviceMesh, sequence_parallel: bool, custom_plan: str | None, value_model: bool = False
+) -> None:
+    """Shard the model over ``tp_mesh`` with the architecture's plan (or the user's; a value model's built-in plan
+    replicates its head, :func:`rl_dtensor.tp_plans.value_model_plan`).
 
     Tied input/output embeddings are re-tied afterwards: both plans shard the
     shared ``[vocab, hidden]`` weight along the vocabulary, so one DTensor can
@@ -109,7 +113,10 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, sequence_parallel: bool, cus
     tied = _tied_embeddings(model)
     # The parallel styles replace parameters by new (trainable) ones: frozen weights (LoRA) stay frozen.
     frozen = {name for name, p in model.named_parameters() if not p.requires_grad}
-    parallelize_module(model, tp_mesh, with_lora(plan_for(model, sequence_parallel, custom_plan), model))
+    plan = plan_for(model, sequence_parallel, custom_plan)
+    if value_model and custom_plan is None:
+        plan = value_model_plan(plan, sequence_parallel)
+    parallelize_module(model, tp_mesh, with_lora(plan, model))
     for name, p in model.named_parameters():
         if name in frozen:
             p.requires_grad_(False)

@@ -19,6 +19,7 @@ CAPABILITIES = frozenset(
         Capability.LOGITS_AT_INDICES,
         Capability.LOGPROBS_AT_INDICES,
         Capability.ENTROPY,
+        Capability.VALUE_HEAD,  # model_head="value" (rlcore 0.3)
     }
 )
 

@@ -13,6 +13,7 @@ tensor because the model-level code of HF models reads
 ``inputs_embeds.shape[1]`` to build the causal mask, and a local shard would
 report ``S / tp``.
 
+A value model's head ``score`` is replicated (:func:`value_model_plan`).
 The LM head always produces vocab-sharded logits (``Shard(-1)`` DTensor) so
 logprobs are computed without gathering the vocabulary
 (:mod:`rl_dtensor.vocab_parallel`).
@@ -98,6 +99,22 @@ PLANS: dict[str, Callable[[bool], Plan]] = {
     "qwen2": lambda sp: decoder_plan(sp),
     "qwen3": lambda sp: decoder_plan(sp, qk_norm=True),
 }
+
+
+def value_model_plan(plan: Plan, sequence_parallel: bool) -> Plan:
+    """``plan`` for a value model: Hugging Face's token-classification head ``score`` (``Linear(hidden, 1)``)
+    instead of ``lm_head``.
+
+    One output feature leaves nothing to split, so ``score`` stays replicated on every tp rank: its input, the
+    final norm's output, is replicated without sequence parallel; with it, that output is sharded along the
+    sequence and is all-gathered first, so every rank's head sees the whole sequence (its backward keeps each
+    rank's slice of the gradient, which every tp rank computes whole)."""
+    out = {pattern: style for pattern, style in plan.items() if pattern != "lm_head"}
+    if sequence_parallel:
+        out["score"] = PrepareModuleInput(
+            input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), use_local_output=True
+        )
+    return out
 
 
 def import_plan(path: str, model: nn.Module, sequence_parallel: bool) -> Plan:

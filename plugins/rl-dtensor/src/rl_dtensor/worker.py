@@ -12,11 +12,16 @@ swap); this class supplies the sharded model and how to run it:
   same data), gradients summed by FSDP's reduce-scatter, the global norm over
   DTensor gradients (:mod:`rl_dtensor.grads`);
 - refit export, checkpoints, and moving weights/optimizer state between
-  devices.
+  devices;
+- with ``model_head="value"`` (capability ``value_head``) a value model: Hugging Face's token-classification
+  model with one label, its head replicated over tp (:func:`rl_dtensor.tp_plans.value_model_plan`), values from
+  the same padded or packed forwards; no refit, no reference model.
 """
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import logging
 import math
 import resource
@@ -45,6 +50,7 @@ from rlcore.training.checkpoint_files import check_inside
 from rlcore.training.hf_names import CheckpointNames
 from rlcore.training.loop import StepHooks
 from rlcore.training.process_group import init_distributed
+from rlcore.training.value_head import check_model_head, load_value_model
 from rlcore.training.worker_base import TrainingWorkerBase
 
 # Gathering FSDP x TP shards (``full_tensor``) takes two all-gathers and DTensor warns about it on
@@ -81,12 +87,19 @@ class DTensorPolicyWorker(RefitExportMixin, TrainingWorkerBase):
         init_reference_model: bool = True,
         backend_config: Any = None,
         layout: Any = None,
+        model_head: str = "lm",
     ) -> None:
         # backend_config is policy.dtensor_cfg (rl_dtensor.config) and layout its tp/cp (rl_dtensor.layout).
         from rlcore.config import as_policy_config
 
         config = as_policy_config(config)  # the seed's plain dict is accepted too
         dcfg = dtensor_section(config, backend_config)
+        self.model_head = check_model_head(model_head)
+        if self.model_head == "value" and config.lora.enabled:
+            raise ValueError(
+                "policy.lora.enabled: the dtensor backend trains a value model's weights in full (no LoRA "
+                "adapters on a value model); set policy.lora.enabled=false in the value model's section"
+            )
         self.cfg = config
         self.tokenizer = tokenizer
         self.device = init_distributed()
@@ -101,7 +114,9 @@ class DTensorPolicyWorker(RefitExportMixin, TrainingWorkerBase):
         self.dp_size = world // self.tp_size
         self.mesh = build_mesh(self.device.type, self.dp_size, self.tp_size)
         self.dp_group = self.mesh["dp"].get_group()
-        self.opts = ParallelOptions.from_config(config, dcfg)
+        self.opts = dataclasses.replace(
+            ParallelOptions.from_config(config, dcfg), value_model=self.model_head == "value"
+        )
         self.reduce_grads_per_step = dcfg.reduce_grads == "per_step"
         self.compute_dtype = DTYPES[config.precision]
         # Sequence parallel splits the sequence over tp ranks: widths must be multiples of tp; and of
@@ -118,7 +133,14 @@ class DTensorPolicyWorker(RefitExportMixin, TrainingWorkerBase):
         # Each rank allocates only its shards; rank 0 reads the checkpoint and broadcasts it.
         self.model: nn.Module
         self.model, self.lora_targets = load_sharded_model(
-            base_path, config.lora, adapter_path, self.mesh, self.opts, self.device, config.hf_config_overrides
+            base_path,
+            config.lora,
+            adapter_path,
+            self.mesh,
+            self.opts,
+            self.device,
+            config.hf_config_overrides,
+            self.model_head,
         )
         self.hf_config = self.model.config
         # A mixture-of-experts' load-balancing loss, trained when its config asks (rlcore.training.moe_aux).
@@ -176,6 +198,10 @@ class DTensorPolicyWorker(RefitExportMixin, TrainingWorkerBase):
         inputs, logits = self._run(mb)
         # rollouts were sampled from softmax(logits / T)
         return inputs.logprobs(logits, self.logprob_temperature, self.cfg.logprob_chunk_size)
+
+    def _forward_values(self, mb: BatchedDataDict) -> torch.Tensor:
+        inputs, head_out = self._run(mb)  # a value model's "logits" are its head's [B', W, 1] outputs
+        return inputs.values(head_out)
 
     def _forward_topk(self, mb: BatchedDataDict, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         inputs, logits = self._run(mb)
@@ -267,6 +293,7 @@ class DTensorPolicyWorker(RefitExportMixin, TrainingWorkerBase):
 
     def prepare_refit_info(self, changed_only: bool = False) -> dict[str, tuple[tuple[int, ...], str]]:
         """``{hf_name: (full shape, dtype)}`` in :meth:`iter_refit_tensors` order; no communication."""
+        self._refuse_on_value_model("prepare_refit_info")
         dtype = dtype_name(self._refit_dtype())
         info = {name: (shape, dtype) for name, shape in state.full_shapes(self.model).items()}
         if self.lora_targets:
@@ -276,6 +303,7 @@ class DTensorPolicyWorker(RefitExportMixin, TrainingWorkerBase):
 
     def iter_refit_tensors(self, changed_only: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
         """Full HF-named tensors (LoRA: merged); every rank must iterate (gathering shards is a collective)."""
+        self._refuse_on_value_model("refit")
         self._ensure_on_device(optimizer=False)
         state.reshard(self.model)
         dtype = self._refit_dtype()
@@ -341,7 +369,12 @@ class DTensorPolicyWorker(RefitExportMixin, TrainingWorkerBase):
 
     def _full_state_of(self, weights_path: str) -> dict[str, torch.Tensor]:
         """A checkpoint's tensors under the model's in-memory names: read as they are, or, for a model whose
-        layout differs from its files (a MoE's fused experts), through transformers' loader (safetensors only)."""
+        layout differs from its files (a MoE's fused experts), through transformers' loader (safetensors only). A
+        value model reads through :func:`rlcore.training.value_head.load_value_model` (a causal LM's weights get a
+        fresh head)."""
+        if self.model_head == "value":
+            check_inside(weights_path)  # a checkpoint reads its own files only
+            return load_value_model(weights_path, copy.deepcopy(self.hf_config)).state_dict()
         if not self.checkpoint_names.converts:
             return load_hf_state_dict(weights_path)
         from transformers import AutoModelForCausalLM

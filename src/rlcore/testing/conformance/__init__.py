@@ -64,6 +64,9 @@ The kit is split by concern; every name is importable from here:
   wake twice, refit while paused, identity refit, a restarted engine stale until refit) as pure checks, with
   in-process fakes in :mod:`~rlcore.testing.conformance.lifecycle_fakes`; the pytest mixin
   :class:`EngineLifecycleConformance` is :mod:`~rlcore.testing.conformance.lifecycle_conformance`;
+- :mod:`~rlcore.testing.conformance.value_model`: :class:`ValueModelConformance`, the value-model checks of
+  'value_head' backends (a mixin for a ``TrainingBackendConformance`` subclass), with :func:`hf_values` (the
+  float64 reference) and :class:`SquaredErrorValueLoss`;
 - :mod:`~rlcore.testing.conformance.checkers`: :func:`logprob_problems`,
   :func:`generation_output_problems`; the oracles and the step/weight checkers
   are :mod:`rlcore.testing.oracle`.
@@ -90,6 +93,12 @@ from rlcore.testing.conformance.training_kit import (
     distillation_step,
     dpo_step,
 )
+from rlcore.testing.conformance.value_model import (
+    SquaredErrorValueLoss,
+    ValueModelConformance,
+    hf_values,
+    value_sgd_step,
+)
 from rlcore.testing.oracle import (  # re-exported: the oracles and checkers are part of the kit's public API
     StepRecord,
     close,  # noqa: F401
@@ -111,12 +120,15 @@ __all__ = [
     "EngineLifecycleConformance",
     "GenerationBackendConformance",
     "LifecycleSubject",
+    "SquaredErrorValueLoss",
     "StepRecord",
     "TrainingBackendConformance",
+    "ValueModelConformance",
     "distillation_step",
     "dpo_step",
     "generation_output_problems",
     "hf_token_logprobs",
+    "hf_values",
     "lifecycle_problems",
     "load_hf_model",
     "logprob_problems",
@@ -124,5 +136,6 @@ __all__ = [
     "plugin_reference",
     "single_process_sgd",
     "train_and_save_step",
+    "value_sgd_step",
     "weight_problems",
 ]
