@@ -64,11 +64,20 @@ class ModelShape:
     moe_intermediate_size: int = 0
     norm_topk_prob: bool = True
     router_aux_loss_coef: float = 0.0
+    #: A value model (``model_head='value'``): the trunk plus HF's token-classification ``score`` head
+    #: (``Linear(hidden, 1)`` with bias) in place of the vocabulary output layer, never tied to the embeddings.
+    value_head: bool = False
 
     @classmethod
-    def from_hf_config(cls, hf_config: Any, converter_type: str | None = None) -> ModelShape:
-        """Read the shape from an HF config; ``converter_type`` overrides ``hf_config.architectures[0]``."""
+    def from_hf_config(cls, hf_config: Any, converter_type: str | None = None, value_head: bool = False) -> ModelShape:
+        """Read the shape from an HF config; ``converter_type`` overrides ``hf_config.architectures[0]``. A value
+        model reads a causal LM's config or a token-classification one (``Qwen2ForTokenClassification``: the same
+        trunk)."""
         arch = converter_type or (getattr(hf_config, "architectures", None) or [None])[0]
+        if value_head and arch is not None:
+            from rl_megatron.value_head import causal_lm_architecture
+
+            arch = causal_lm_architecture(arch)
         if arch not in ARCHITECTURES:
             raise ValueError(
                 f"policy.megatron_cfg.converter_type: no weight mapping for {arch!r}; "
@@ -92,9 +101,10 @@ class ModelShape:
             head_dim=head_dim,
             intermediate_size=hf_config.intermediate_size,
             vocab_size=hf_config.vocab_size,
-            tie_word_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)),
+            tie_word_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)) and not value_head,
             qkv_bias=features["qkv_bias"],
             qk_norm=features["qk_norm"],
+            value_head=value_head,
             **moe,
         )
 
@@ -243,9 +253,18 @@ def all_mappings(shape: ModelShape) -> list[ParamMapping]:
     for layer in range(shape.num_layers):
         out += layer_mappings(shape, layer)
     out.append(ParamMapping("decoder.final_layernorm.weight", ("model.norm.weight",), "replicated"))
-    if not shape.tie_word_embeddings:
+    if shape.value_head:
+        out += value_head_mappings()
+    elif not shape.tie_word_embeddings:
         out.append(ParamMapping("output_layer.weight", ("lm_head.weight",), "vocab"))
     return out
+
+
+def value_head_mappings() -> list[ParamMapping]:
+    """A value model's head (megatron's ``output_layer`` slot, :mod:`rl_megatron.value_head`) ⇄ HF's ``score``."""
+    from rl_megatron.value_head import value_head_names
+
+    return [ParamMapping(m, (h,), "replicated") for m, h in value_head_names().items()]
 
 
 def output_copy_mapping() -> ParamMapping:
@@ -353,6 +372,8 @@ def hf_shape(shape: ModelShape, hf_name: str) -> tuple[int, ...]:
         "input_layernorm.weight": (h,),
         "post_attention_layernorm.weight": (h,),
         "norm.weight": (h,),
+        "score.weight": (1, h),
+        "score.bias": (1,),
     }
     if ".mlp.experts." in hf_name:
         f = shape.moe_intermediate_size
@@ -405,4 +426,5 @@ __all__ = [
     "to_hf",
     "to_megatron",
     "tp_partition_dim",
+    "value_head_mappings",
 ]

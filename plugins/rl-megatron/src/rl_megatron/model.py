@@ -129,7 +129,8 @@ def layer_offset(config: Any, pp_rank: int) -> int:
 
 
 def build_gpt_model(shape: ModelShape, config: Any, hf_config: Any, pre_process: bool, post_process: bool) -> Any:
-    """One pipeline stage of the GPTModel (local layer spec: no TransformerEngine needed)."""
+    """One pipeline stage of the GPTModel (local layer spec: no TransformerEngine needed); a value model's last
+    stage ends in :class:`rl_megatron.value_head.ValueHead` instead of the vocabulary output layer."""
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
@@ -163,6 +164,10 @@ def build_gpt_model(shape: ModelShape, config: Any, hf_config: Any, pre_process:
 
         cp_rank = parallel_state.get_context_parallel_rank()
         rotary_at_local_positions(model.rotary_pos_emb, config.context_parallel_size, cp_rank)
+    if shape.value_head:  # the last stage's output layer becomes the value head (before DDP wraps the model)
+        from rl_megatron.value_head import install_value_head
+
+        install_value_head(model, config)
     return model
 
 

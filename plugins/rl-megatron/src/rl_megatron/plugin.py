@@ -23,10 +23,13 @@ MEGATRON_SPEC = BackendSpec(
         Capability.LOGITS_AT_INDICES,
         Capability.LOGPROBS_AT_INDICES,
         Capability.ENTROPY,
+        Capability.VALUE_HEAD,  # model_head="value": rl_megatron.value_worker
     },
     requires=("torch", "megatron.core", "transformers"),
     install_hint="pip install rl-megatron",
-    description="megatron-core GPTModel: tensor, pipeline and data parallel; Megatron DDP and optimizer.",
+    description=(
+        "megatron-core GPTModel: tensor, pipeline and data parallel; Megatron DDP and optimizer; value models."
+    ),
 )
 
 

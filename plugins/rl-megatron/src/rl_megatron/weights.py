@@ -77,6 +77,11 @@ def _hf_files(path: str) -> dict[str, str]:
         return {name: str(single) for name in f.keys()}
 
 
+def hf_tensor_names(path: str) -> set[str]:
+    """The names of the tensors an HF safetensors checkpoint directory holds (reads the index or the header)."""
+    return set(_hf_files(path))
+
+
 def read_hf_tensors(path: str, names: list[str], tie_word_embeddings: bool) -> dict[str, torch.Tensor]:
     """The named tensors from an HF checkpoint, opening each file once (tied lm_head/embed aliasing handled)."""
     from safetensors import safe_open
@@ -110,10 +115,12 @@ def load_hf_into_stage(
     tp_rank: int,
     tp_size: int,
     expert_offset: int = 0,
+    skip: frozenset[str] = frozenset(),
 ) -> None:
     """Copy this rank's shards of the HF checkpoint at ``path`` into ``model`` (one pipeline stage; with expert
-    parallelism, only this rank's experts are read)."""
-    params = stage_parameters(model, offset, expert_offset)
+    parallelism, only this rank's experts are read). Parameters named in ``skip`` (global megatron names) are
+    left as they are: a value model's head when the checkpoint is a causal LM's."""
+    params = {n: p for n, p in stage_parameters(model, offset, expert_offset).items() if n not in skip}
     mappings = stage_mappings(shape, params)
     needed = sorted({n for m in mappings.values() for n in m.hf})
     hf = read_hf_tensors(path, needed, shape.tie_word_embeddings)
@@ -235,6 +242,7 @@ def stage_layer_offsets(config: Any, pp_size: int) -> list[int]:
 __all__ = [
     "ExpertGroup",
     "HFExporter",
+    "hf_tensor_names",
     "load_hf_into_stage",
     "read_hf_tensors",
     "stage_layer_offsets",

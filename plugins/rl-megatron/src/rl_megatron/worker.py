@@ -38,7 +38,8 @@ from rl_megatron.converter import ModelShape
 from rl_megatron.model import build_gpt_model, transformer_config
 from rl_megatron.moe import MixtureOfExpertsStage
 from rl_megatron.pipeline import PipelineStages
-from rl_megatron.weights import HFExporter, load_hf_into_stage, stage_layer_offsets
+from rl_megatron.value_worker import MegatronValueModel
+from rl_megatron.weights import HFExporter, stage_layer_offsets
 from rl_megatron.worker_checkpoints import MegatronCheckpoints
 from rlcore.data import BatchedDataDict
 from rlcore.refit import RefitExportMixin
@@ -60,12 +61,19 @@ def _transformer_engine_available() -> bool:
 
 
 class MegatronPolicyWorker(
-    PipelineStages, MixtureOfExpertsStage, MegatronCheckpoints, RefitExportMixin, TrainingWorkerBase
+    PipelineStages,
+    MixtureOfExpertsStage,
+    MegatronCheckpoints,
+    MegatronValueModel,
+    RefitExportMixin,
+    TrainingWorkerBase,
 ):
     """One rank of the ``megatron`` backend (see the module docstring).
 
     Refit: :meth:`prepare_refit_info` and :meth:`iter_refit_tensors` are the export;
     ``RefitExportMixin`` turns them into the shared-memory and collective transports.
+    With ``model_head='value'`` it is a value model (:mod:`rl_megatron.value_worker`): ``get_values`` instead of
+    the token-distribution methods, no reference model.
     """
 
     def __init__(
@@ -79,15 +87,19 @@ class MegatronPolicyWorker(
         init_reference_model: bool = True,
         backend_config: Any = None,
         layout: Any = None,
+        model_head: str = "lm",
     ) -> None:
-        # backend_config is policy.megatron_cfg (rl_megatron.config.MegatronConfig), layout its tp/cp/pp.
+        # backend_config is policy.megatron_cfg (rl_megatron.config.MegatronConfig), layout its tp/cp/pp;
+        # model_head (rlcore 0.3) "lm" (a causal LM) or "value" (a value model: rl_megatron.value_worker).
         from rl_megatron.wandb_guard import keep_wandb_out
 
         keep_wandb_out()  # before megatron-core's first import (rl_megatron.wandb_guard says why)
         from rlcore.config import as_policy_config
         from rlcore.config.errors import ConfigError
         from rlcore.training.hf_config import load_config
+        from rlcore.training.value_head import check_model_head, value_model_config
 
+        self.model_head = check_model_head(model_head)
         config = as_policy_config(config)  # the seed's plain dict is accepted too
         mcfg = megatron_section(config, backend_config)
         cuda = torch.cuda.is_available()
@@ -106,7 +118,9 @@ class MegatronPolicyWorker(
             check_inside(checkpoint)  # a checkpoint reads its own files only
         hf_path = weights_path or config.model_name
         self.hf_config = load_config(hf_path, config.hf_config_overrides)  # policy.hf_config_overrides applied
-        self.shape = ModelShape.from_hf_config(self.hf_config, self.mcfg.converter_type)
+        if self.is_value_model:  # saved as AutoModelForTokenClassification with one label
+            self.hf_config = value_model_config(self.hf_config)
+        self.shape = ModelShape.from_hf_config(self.hf_config, self.mcfg.converter_type, self.is_value_model)
         self.shape.check_tp(self.tp_size)
         self.shape.check_ep(self.mcfg.expert_model_parallel_size)
         self.experts = self._expert_group()
@@ -128,21 +142,10 @@ class MegatronPolicyWorker(
         self._exporter: HFExporter | None = None
         if optimizer_path:
             self._load_megatron_checkpoint(optimizer_path)
-        if init_reference_model:
+        if init_reference_model and not self.is_value_model:  # a value model has no reference (ignored)
             self.init_reference_model()
 
     # -- setup -----------------------------------------------------------------------
-    def _load_hf(self, path: str) -> None:
-        load_hf_into_stage(
-            self.gpt,
-            self.shape,
-            path,
-            self.stage_offsets[self.pp_rank],
-            self.tp_rank,
-            self.tp_size,
-            self.experts.offset,
-        )
-
     def _init_parallel_state(self) -> None:
         from megatron.core import parallel_state as ps
         from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
@@ -221,23 +224,40 @@ class MegatronPolicyWorker(
             raise ValueError(f"the megatron backend supports plain micro-batching only, got mode {mode!r}")
 
     # -- inference -----------------------------------------------------------------------
-    def get_logprobs(
-        self, data: BatchedDataDict, micro_batch_size: int | None = None, mode: str = "plain"
-    ) -> BatchedDataDict:
-        self._check_mode(mode)
+    def _token_pass(
+        self,
+        data: BatchedDataDict,
+        micro_batch_size: int | None,
+        per_token: Callable[[BatchedDataDict, torch.Tensor], torch.Tensor],
+    ) -> torch.Tensor:
+        """``[B, S]`` float32 ``per_token(mb, model output)`` of every micro-batch, on CPU, on every stage."""
         parts: list[torch.Tensor] = []
         mbs = list(data.make_microbatch_iterator(micro_batch_size or self.cfg.logprob_batch_size))
         self.model.eval()
         with torch.no_grad():
-            self._run_schedule(mbs, lambda mb, logits: parts.append(self._token_logprobs(mb, logits)), True)
+            self._run_schedule(mbs, lambda mb, out: parts.append(per_token(mb, out)), True)
         self._empty_cache(1)
         shape = tuple(data["input_ids"].shape)
         out = torch.cat(parts).float() if self.last_stage else None
-        return BatchedDataDict(logprobs=self._tensor_from_last_stage(out, shape, torch.float32).cpu())
+        return self._tensor_from_last_stage(out, shape, torch.float32).cpu()
+
+    def get_logprobs(
+        self, data: BatchedDataDict, micro_batch_size: int | None = None, mode: str = "plain"
+    ) -> BatchedDataDict:
+        self._refuse_on_value_model("get_logprobs")
+        self._check_mode(mode)
+        return BatchedDataDict(logprobs=self._token_pass(data, micro_batch_size, self._token_logprobs))
+
+    def get_reference_policy_logprobs(
+        self, data: BatchedDataDict, micro_batch_size: int | None = None, mode: str = "plain"
+    ) -> BatchedDataDict:
+        self._refuse_on_value_model("get_reference_policy_logprobs")
+        return super().get_reference_policy_logprobs(data, micro_batch_size, mode)
 
     def get_topk_logits(
         self, data: BatchedDataDict, k: int, micro_batch_size: int | None = None, mode: str = "plain"
     ) -> BatchedDataDict:
+        self._refuse_on_value_model("get_topk_logits")
         self._check_mode(mode)
         width = data["input_ids"].shape[1] - 1
         values: list[torch.Tensor] = []
@@ -287,11 +307,13 @@ class MegatronPolicyWorker(
         pending_aux: list[moe_aux.AuxLoss | None] = [None]  # the router aux loss of the forward that just ran
 
         def run_micro_batches(mbs: list[BatchedDataDict], loss_of: Callable, eval_mode: bool) -> None:
-            inputs = getattr(loss_of, "inputs", ())
+            inputs = tuple(getattr(loss_of, "inputs", ()))  # none on a value model (value_step_hooks refuses them)
 
             def on_logits(mb: BatchedDataDict, logits: torch.Tensor) -> torch.Tensor:
-                mb.update(self._loss_inputs(mb, logits, tuple(inputs)))
                 pending_aux[0] = self._router_aux_loss(mb)  # loss_of adds it, normalised over the step
+                if self.is_value_model:  # the head's output: the loss gets values where it gets logprobs
+                    return loss_of(mb, self._values_of(mb, logits))
+                mb.update(self._loss_inputs(mb, logits, inputs))
                 return loss_of(mb, self._token_logprobs(mb, logits))
 
             self._run_schedule(mbs, on_logits, forward_only=eval_mode)
@@ -377,11 +399,17 @@ class MegatronPolicyWorker(
 
     def prepare_refit_info(self) -> dict[str, tuple[tuple[int, ...], str]]:
         """``{hf_name: (shape, dtype)}`` in the order :meth:`iter_refit_tensors` yields them."""
+        self._refuse_on_value_model("prepare_refit_info")
         return self.exporter.refit_info()
 
     def iter_refit_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         """``(hf_name, full HF tensor)`` for the whole model. Collective: every rank must iterate it."""
+        self._refuse_on_value_model("refit")
         return iter(self.exporter)
+
+    def init_collective(self, ip: str, port: int, world_size: int, *, train_world_size: int = 1) -> None:
+        self._refuse_on_value_model("init_collective")
+        super().init_collective(ip, port, world_size, train_world_size=train_world_size)
 
     # -- memory hooks -----------------------------------------------------------------------------
     def _optimizer_state_to(self, device: torch.device | str) -> None:
@@ -413,7 +441,7 @@ class MegatronPolicyWorker(
     # -- test helpers ----------------------------------------------------------------------------
     def hf_state_dict(self) -> dict[str, torch.Tensor] | None:
         """The full HF state dict on global rank 0 (None elsewhere). Collective."""
-        out = {name: t.cpu().clone() for name, t in self.iter_refit_tensors()}
+        out = {name: t.cpu().clone() for name, t in self.exporter}
         return out if self.rank == 0 else None
 
     def wandb_imported(self) -> bool:

@@ -3,7 +3,7 @@ optimizer and scheduler (reshardable over tp and pp), published atomically (:mod
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from rl_megatron import checkpointing
@@ -25,7 +25,7 @@ class MegatronCheckpoints:
     experts: Any
     tp_size: int
     pp_size: int
-    iter_refit_tensors: Callable[[], Iterator[tuple[str, Any]]]
+    exporter: Iterable[tuple[str, Any]]  # the whole model as full HF tensors (collective)
     _load_hf: Callable[[str], None]
 
     @property
@@ -58,7 +58,7 @@ class MegatronCheckpoints:
         from rlcore.training.checkpoint import save_tokenizer
         from rlcore.training.sharded_checkpoint import on_rank0, save_gathered
 
-        save_gathered(self.iter_refit_tensors(), self.hf_config, weights_path)
+        save_gathered(iter(self.exporter), self.hf_config, weights_path)
         if tokenizer_path and self.tokenizer is not None:
             on_rank0(lambda: save_tokenizer(self.tokenizer, tokenizer_path))
         if optimizer_path:

@@ -1,0 +1,223 @@
+"""Value models on megatron (``Policy(..., model_head="value")``, capability ``value_head``): PPO's critic.
+
+Each layout is one module-scoped 2-rank policy (real Ray workers, gloo, CPU) started from a *causal-LM*
+checkpoint, so its head is initialised fresh. In one run it gives its values, saves the initial weights, trains one
+plain-SGD step of a squared-error value loss (written here, normalised by ``global_valid_toks``), saves again,
+trains two more steps and saves the final weights. The reference is Hugging Face's
+``AutoModelForTokenClassification`` (one label) in float64 in this process, with the values aligned here (position
+``i`` holds the head at position ``i - 1``; position 0 and padding 0), independently of rlcore.training:
+
+- the initial values equal the reference's forward of the saved initial weights, and the saved head is exactly the
+  one Hugging Face initialises for the class under rlcore's seed (``load_value_model`` of the causal LM);
+- the first step's loss, gradient norm and updated weights equal a float64 SGD step of the reference;
+- the loss falls over the next steps, and the final values equal the reference's forward of the final checkpoint,
+  which ``AutoModelForTokenClassification.from_pretrained`` loads cleanly with ``num_labels == 1``.
+
+Layouts: ``tp2-sp`` (Qwen2 with tied embeddings, TP 2 with sequence parallelism, odd lengths padded by the
+worker), ``dp2`` (Llama, two data-parallel ranks, two micro-batches each), ``pp2`` (Qwen2 with tied embeddings,
+3 layers split 2 + 1 over 2 pipeline stages: only the last has the head) and ``cp2`` (Llama, context parallel
+2: the head scores each rank's positions, gathered like logits). Token-distribution methods are refused on the
+workers in one line.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+import torch
+from megatron_helpers import batch, call_workers, max_valid_diff, model_dir, policy_config
+
+from rlcore.interfaces.loss import LossType
+from rlcore.testing.conformance import weight_problems
+
+pytest_plugins = ["rlcore.testing.pytest_plugin"]
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+ATOL = 1e-5
+LR = 0.02
+LAYOUTS: dict[str, dict[str, Any]] = {
+    "tp2-sp": dict(
+        arch="qwen2",
+        tied=True,
+        layers=2,
+        megatron={"tensor_model_parallel_size": 2, "sequence_parallel": True},
+        policy={"make_sequence_length_divisible_by": 1},
+    ),
+    "dp2": dict(arch="llama", tied=False, layers=2, megatron={}),
+    "pp2": dict(
+        arch="qwen2",
+        tied=True,
+        layers=3,
+        megatron={
+            "pipeline_model_parallel_size": 2,
+            "num_layers_in_first_pipeline_stage": 2,
+            "num_layers_in_last_pipeline_stage": 1,
+        },
+    ),
+    "cp2": dict(arch="llama", tied=False, layers=2, megatron={"context_parallel_size": 2}),
+}
+
+
+class SquaredValueError:
+    """``sum((V - returns)^2 * mask) / global_valid_toks`` over the response tokens (mask ``token_mask[:, 1:]``,
+    the tokens the training loop counts)."""
+
+    loss_type = LossType.TOKEN_LEVEL
+
+    def __call__(
+        self,
+        values: torch.Tensor,
+        data: Mapping[str, Any],
+        global_valid_seqs: torch.Tensor,
+        global_valid_toks: torch.Tensor,
+    ) -> tuple[torch.Tensor, dict[str, Any]]:
+        mask = data["token_mask"][:, 1:].to(values) * data["sample_mask"][:, None].to(values)
+        error = (values[:, 1:] - data["returns"][:, 1:].to(values)).square()
+        loss = (error * mask).sum() / global_valid_toks.to(values)
+        return loss, {"loss": loss.detach()}
+
+
+def value_batch(tokenizer: Any) -> Any:
+    data = batch(tokenizer)
+    data["returns"] = torch.randn(data["input_ids"].shape, generator=torch.Generator().manual_seed(7))
+    return data
+
+
+# --------------------------------------------------------------------------- the float64 reference
+
+
+def hf_value_model(path: str) -> Any:
+    """``AutoModelForTokenClassification.from_pretrained(path)`` in float64; fails unless every weight loads and
+    it has one label."""
+    from transformers import AutoModelForTokenClassification
+
+    model, info = AutoModelForTokenClassification.from_pretrained(path, dtype=torch.float64, output_loading_info=True)
+    bad = {k: v for k, v in info.items() if v}
+    assert not bad, f"{path} does not load cleanly as a token-classification model: {bad}"
+    assert model.config.num_labels == 1 and model.score.weight.shape[0] == 1
+    return model.eval()
+
+
+def reference_values(model: Any, data: Any) -> torch.Tensor:
+    """Position ``i`` holds the head at position ``i - 1``; position 0 and padding are 0."""
+    ids, lengths = data["input_ids"], data["input_lengths"]
+    valid = torch.arange(ids.shape[1])[None, :] < lengths[:, None]
+    head = model(input_ids=ids, attention_mask=valid.long()).logits[..., 0]
+    shifted = torch.cat([torch.zeros_like(head[:, :1]), head[:, :-1]], dim=1)
+    return torch.where(valid, shifted, torch.zeros_like(shifted))
+
+
+def reference_step(path: str, data: Any, lr: float) -> dict[str, Any]:
+    """One float64 SGD step of :class:`SquaredValueError` over the whole batch."""
+    model = hf_value_model(path)
+    toks = (data["token_mask"][:, 1:] * data["sample_mask"][:, None]).sum().double()
+    loss, _ = SquaredValueError()(reference_values(model, data), data, data["sample_mask"].sum(), toks)
+    loss.backward()
+    initial = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    norm = math.sqrt(sum(float(p.grad.square().sum()) for p in model.parameters() if p.grad is not None))
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.grad is not None:
+                p -= lr * p.grad
+    return {"loss": float(loss), "grad_norm": norm, "initial": initial, "weights": model.state_dict()}
+
+
+# --------------------------------------------------------------------------- the run
+
+
+@pytest.fixture(scope="module")
+def pool(ray_session: None) -> Any:
+    from rlcore.testing.pytest_plugin import ClusterPool
+
+    clusters = ClusterPool()
+    yield clusters
+    clusters.shutdown()
+
+
+@pytest.fixture(scope="module", params=sorted(LAYOUTS))
+def run(request: pytest.FixtureRequest, pool: Any, tiny_tokenizer: Any, tmp_path_factory: Any) -> dict[str, Any]:
+    from rlcore.policy import Policy
+
+    spec = LAYOUTS[request.param]
+    path = model_dir(spec["arch"], spec["tied"], spec["layers"])
+    data = value_batch(tiny_tokenizer)
+    root = tmp_path_factory.mktemp(f"value-{request.param}")
+    config = policy_config(path, 2, lr=LR, megatron=spec["megatron"], **spec.get("policy", {}))
+    policy = Policy(pool(2), config, tiny_tokenizer, name_prefix=f"value-{request.param}", model_head="value")
+    try:
+        out: dict[str, Any] = {"name": request.param, "model": path, "batch": data, "root": root}
+        out["values"] = policy.get_values(data)["values"]
+        policy.save_checkpoint(str(root / "initial"))
+        out["first"] = policy.train(data, SquaredValueError())
+        policy.save_checkpoint(str(root / "first"))
+        out["later"] = [float(policy.train(data, SquaredValueError())["loss"][0]) for _ in range(2)]
+        out["final_values"] = policy.get_values(data)["values"]
+        policy.save_checkpoint(str(root / "final"))
+        out["refusals"] = {
+            method: _refusal(policy, method, *args)
+            for method, args in (("get_logprobs", (data,)), ("get_topk_logits", (data, 2)), ("prepare_refit_info", ()))
+        }
+    finally:
+        policy.shutdown()
+    return out
+
+
+def _refusal(policy: Any, method: str, *args: Any) -> str:
+    """The error a worker raises for ``method`` (the ``Policy`` facade refuses these on the driver first)."""
+    try:
+        call_workers(policy, method, *args)
+    except Exception as exc:  # noqa: BLE001  # Ray wraps the worker's error
+        return str(exc)
+    return ""
+
+
+def test_values_match_hf_token_classification(run: dict) -> None:
+    data, got = run["batch"], run["values"]
+    expected = reference_values(hf_value_model(str(run["root"] / "initial")), data).detach()
+    assert got.dtype == torch.float32 and got.shape == expected.shape
+    assert max_valid_diff(got.double(), expected, data["input_lengths"]) <= ATOL
+    positions = torch.arange(got.shape[1])[None, :]
+    assert (got[:, 0] == 0).all() and (got[positions >= data["input_lengths"][:, None]] == 0).all()
+    assert float(got[:, 1:].abs().max()) > 1e-3  # not vacuously zero
+
+
+def test_fresh_head_is_hugging_faces_initialisation(run: dict) -> None:
+    """Loaded from a causal LM, the head is what Hugging Face initialises for the class under rlcore's seed, and
+    every other weight is the checkpoint's (``lm_head`` dropped)."""
+    from transformers import AutoConfig
+
+    from rlcore.training.value_head import load_value_model, value_model_config
+
+    hf = load_value_model(run["model"], value_model_config(AutoConfig.from_pretrained(run["model"]))).state_dict()
+    saved = hf_value_model(str(run["root"] / "initial")).state_dict()
+    assert sorted(saved) == sorted(hf)
+    assert float(saved["score.bias"].abs().max()) == 0.0 and float(saved["score.weight"].std()) > 0
+    for name, tensor in hf.items():
+        assert torch.equal(saved[name].float(), tensor.float()), name
+
+
+def test_one_step_matches_float64_reference(run: dict) -> None:
+    expected = reference_step(str(run["root"] / "initial"), run["batch"], LR)
+    loss, norm = float(run["first"]["loss"][0]), float(run["first"]["grad_norm"][0])
+    assert abs(loss - expected["loss"]) <= ATOL * expected["loss"], (loss, expected["loss"])
+    assert abs(norm - expected["grad_norm"]) <= ATOL * expected["grad_norm"], (norm, expected["grad_norm"])
+    saved = hf_value_model(str(run["root"] / "first")).state_dict()
+    problems = weight_problems(saved, expected["weights"], expected["initial"], ATOL)
+    assert not problems, "\n".join(problems)
+
+
+def test_training_lowers_the_loss_and_checkpoint_reloads(run: dict) -> None:
+    losses = [float(run["first"]["loss"][0]), *run["later"]]
+    assert all(b < a for a, b in zip(losses, losses[1:])), losses
+    data = run["batch"]
+    expected = reference_values(hf_value_model(str(run["root"] / "final")), data).detach()
+    assert max_valid_diff(run["final_values"].double(), expected, data["input_lengths"]) <= ATOL
+    assert not torch.equal(run["final_values"], run["values"])
+
+
+def test_token_distribution_methods_are_refused(run: dict) -> None:
+    for method, error in run["refusals"].items():
+        assert "a value model has no token distribution" in error, (method, error)
