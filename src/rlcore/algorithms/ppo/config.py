@@ -1,5 +1,5 @@
 """PPO's sections: ``ppo`` (:class:`PPOConfig`, NeMo-RL's keys and defaults, ``nemo_rl/algorithms/ppo.py``) and the
-top-level ``value_loss_fn`` (:class:`ValueLossConfig`, NeMo-RL's ``MseValueLossConfig``). The policy's loss is GRPO's
+critic's loss section (:class:`ValueLossConfig`, NeMo-RL's top-level ``value_loss_fn``). The policy's loss is GRPO's
 ``loss`` section. A NeMo-RL key whose behaviour rlcore does not have is refused here, naming its dotted path and the
 fix, before any process starts. Light: importing it imports neither torch nor the loop."""
 
@@ -294,7 +294,7 @@ CRITIC_NOT_OWN = {
 
 
 class ValueLossConfig(StrictModel):
-    """The critic's loss (the top-level ``value_loss_fn`` section, NeMo-RL's ``MseValueLossConfig``):
+    """The critic's loss section (NeMo-RL's top-level ``value_loss_fn``, its ``MseValueLossConfig``):
     :class:`rlcore.algorithms.ppo.value_loss.ValueLossFn`."""
 
     scale: float = Field(

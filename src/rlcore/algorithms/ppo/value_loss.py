@@ -45,7 +45,8 @@ VARIANCE_FLOOR = 1e-8
 
 
 class ValueLossFn:
-    """The clipped value loss of the module docstring, configured by the ``value_loss_fn`` section."""
+    """The clipped value loss of the module docstring, configured by the critic's loss section
+    (:class:`~rlcore.algorithms.ppo.config.ValueLossConfig`)."""
 
     loss_type = LossType.TOKEN_LEVEL
 
@@ -73,8 +74,7 @@ class ValueLossFn:
             old = masked_input(data, OLD_VALUES_KEY, mask, values)
             if old is None:
                 raise KeyError(
-                    f"ValueLossFn needs data[{OLD_VALUES_KEY!r}], the critic's values at scoring, with "
-                    "value_loss_fn.cliprange set"
+                    f"ValueLossFn needs data[{OLD_VALUES_KEY!r}], the critic's values at scoring, with cliprange set"
                 )
             clipped_error = (torch.clamp(v, old - cliprange, old + cliprange) - returns).square()
             per_token = torch.maximum(unclipped, clipped_error)
