@@ -2,10 +2,10 @@
 
 Each layout is one module-scoped 2-rank policy (real Ray workers, gloo, CPU) started from a *causal-LM*
 checkpoint, so its head is initialised fresh. In one run it gives its values, saves the initial weights, trains one
-plain-SGD step of a squared-error value loss (written here, normalised by ``global_valid_toks``), saves again,
-trains two more steps and saves the final weights. The reference is Hugging Face's
-``AutoModelForTokenClassification`` (one label) in float64 in this process, with the values aligned here (position
-``i`` holds the head at position ``i - 1``; position 0 and padding 0), independently of rlcore.training:
+plain-SGD step of the kit's squared-error value loss (normalised by ``global_valid_toks``), saves again, trains two
+more steps and saves the final weights. The reference is the value kit's float64 Hugging Face
+``AutoModelForTokenClassification`` (one label) in this process, its values aligned by the kit's ``hf_values``
+(position ``i`` holds the head at position ``i - 1``; position 0 and padding 0), independent of rlcore.training:
 
 - the initial values equal the reference's forward of the saved initial weights, and the saved head is exactly the
   one Hugging Face initialises for the class under rlcore's seed (``load_value_model`` of the causal LM);
@@ -14,24 +14,30 @@ trains two more steps and saves the final weights. The reference is Hugging Face
   which ``AutoModelForTokenClassification.from_pretrained`` loads cleanly with ``num_labels == 1``.
 
 Layouts: ``tp2-sp`` (Qwen2 with tied embeddings, TP 2 with sequence parallelism, odd lengths padded by the
-worker), ``dp2`` (Llama, two data-parallel ranks, two micro-batches each), ``pp2`` (Qwen2 with tied embeddings,
-3 layers split 2 + 1 over 2 pipeline stages: only the last has the head) and ``cp2`` (Llama, context parallel
-2: the head scores each rank's positions, gathered like logits). Token-distribution methods are refused on the
-workers in one line.
+worker), ``pp2`` (Qwen2 with tied embeddings, 3 layers split 2 + 1 over 2 pipeline stages: only the last has the
+head) and ``cp2`` (Llama, context parallel 2: the head scores each rank's positions, gathered like logits).
+Token-distribution methods are refused on the workers in one line. Data parallel (dp 2) is the value kit's run in
+test_megatron_conformance.py.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from typing import Any
 
 import pytest
 import torch
 from megatron_helpers import batch, call_workers, max_valid_diff, model_dir, policy_config
 
-from rlcore.interfaces.loss import LossType
 from rlcore.testing.conformance import weight_problems
+from rlcore.testing.conformance.value_model import (
+    SquaredErrorValueLoss,
+    hf_values,
+    load_value_checkpoint,
+    value_sgd_step,
+    weights_of,
+    with_returns,
+)
 
 pytest_plugins = ["rlcore.testing.pytest_plugin"]
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -46,7 +52,6 @@ LAYOUTS: dict[str, dict[str, Any]] = {
         megatron={"tensor_model_parallel_size": 2, "sequence_parallel": True},
         policy={"make_sequence_length_divisible_by": 1},
     ),
-    "dp2": dict(arch="llama", tied=False, layers=2, megatron={}),
     "pp2": dict(
         arch="qwen2",
         tied=True,
@@ -61,68 +66,31 @@ LAYOUTS: dict[str, dict[str, Any]] = {
 }
 
 
-class SquaredValueError:
-    """``sum((V - returns)^2 * mask) / global_valid_toks`` over the response tokens (mask ``token_mask[:, 1:]``,
-    the tokens the training loop counts)."""
-
-    loss_type = LossType.TOKEN_LEVEL
-
-    def __call__(
-        self,
-        values: torch.Tensor,
-        data: Mapping[str, Any],
-        global_valid_seqs: torch.Tensor,
-        global_valid_toks: torch.Tensor,
-    ) -> tuple[torch.Tensor, dict[str, Any]]:
-        mask = data["token_mask"][:, 1:].to(values) * data["sample_mask"][:, None].to(values)
-        error = (values[:, 1:] - data["returns"][:, 1:].to(values)).square()
-        loss = (error * mask).sum() / global_valid_toks.to(values)
-        return loss, {"loss": loss.detach()}
-
-
 def value_batch(tokenizer: Any) -> Any:
-    data = batch(tokenizer)
-    data["returns"] = torch.randn(data["input_ids"].shape, generator=torch.Generator().manual_seed(7))
-    return data
-
-
-# --------------------------------------------------------------------------- the float64 reference
+    return with_returns(batch(tokenizer), seed=7)
 
 
 def hf_value_model(path: str) -> Any:
-    """``AutoModelForTokenClassification.from_pretrained(path)`` in float64; fails unless every weight loads and
-    it has one label."""
+    """The kit's float64 ``AutoModelForTokenClassification`` of ``path``, also failing unless every weight was in
+    the files and it has one label."""
     from transformers import AutoModelForTokenClassification
 
-    model, info = AutoModelForTokenClassification.from_pretrained(path, dtype=torch.float64, output_loading_info=True)
+    _, info = AutoModelForTokenClassification.from_pretrained(path, output_loading_info=True)
     bad = {k: v for k, v in info.items() if v}
     assert not bad, f"{path} does not load cleanly as a token-classification model: {bad}"
+    model = load_value_checkpoint(path)
     assert model.config.num_labels == 1 and model.score.weight.shape[0] == 1
-    return model.eval()
-
-
-def reference_values(model: Any, data: Any) -> torch.Tensor:
-    """Position ``i`` holds the head at position ``i - 1``; position 0 and padding are 0."""
-    ids, lengths = data["input_ids"], data["input_lengths"]
-    valid = torch.arange(ids.shape[1])[None, :] < lengths[:, None]
-    head = model(input_ids=ids, attention_mask=valid.long()).logits[..., 0]
-    shifted = torch.cat([torch.zeros_like(head[:, :1]), head[:, :-1]], dim=1)
-    return torch.where(valid, shifted, torch.zeros_like(shifted))
+    return model
 
 
 def reference_step(path: str, data: Any, lr: float) -> dict[str, Any]:
-    """One float64 SGD step of :class:`SquaredValueError` over the whole batch."""
-    model = hf_value_model(path)
-    toks = (data["token_mask"][:, 1:] * data["sample_mask"][:, None]).sum().double()
-    loss, _ = SquaredValueError()(reference_values(model, data), data, data["sample_mask"].sum(), toks)
-    loss.backward()
-    initial = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    norm = math.sqrt(sum(float(p.grad.square().sum()) for p in model.parameters() if p.grad is not None))
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.grad is not None:
-                p -= lr * p.grad
-    return {"loss": float(loss), "grad_norm": norm, "initial": initial, "weights": model.state_dict()}
+    """One float64 SGD step of the kit's squared-error loss over the whole batch, with its gradient norm."""
+    model = hf_value_model(path).train()
+    initial = weights_of(model)
+    loss = value_sgd_step(model, data, SquaredErrorValueLoss(), lr)
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    norm = math.sqrt(sum(float(g.square().sum()) for g in grads))
+    return {"loss": loss, "grad_norm": norm, "initial": initial, "weights": weights_of(model)}
 
 
 # --------------------------------------------------------------------------- the run
@@ -151,9 +119,9 @@ def run(request: pytest.FixtureRequest, pool: Any, tiny_tokenizer: Any, tmp_path
         out: dict[str, Any] = {"name": request.param, "model": path, "batch": data, "root": root}
         out["values"] = policy.get_values(data)["values"]
         policy.save_checkpoint(str(root / "initial"))
-        out["first"] = policy.train(data, SquaredValueError())
+        out["first"] = policy.train(data, SquaredErrorValueLoss())
         policy.save_checkpoint(str(root / "first"))
-        out["later"] = [float(policy.train(data, SquaredValueError())["loss"][0]) for _ in range(2)]
+        out["later"] = [float(policy.train(data, SquaredErrorValueLoss())["loss"][0]) for _ in range(2)]
         out["final_values"] = policy.get_values(data)["values"]
         policy.save_checkpoint(str(root / "final"))
         out["refusals"] = {
@@ -176,7 +144,7 @@ def _refusal(policy: Any, method: str, *args: Any) -> str:
 
 def test_values_match_hf_token_classification(run: dict) -> None:
     data, got = run["batch"], run["values"]
-    expected = reference_values(hf_value_model(str(run["root"] / "initial")), data).detach()
+    expected = hf_values(hf_value_model(str(run["root"] / "initial")), data).detach()
     assert got.dtype == torch.float32 and got.shape == expected.shape
     assert max_valid_diff(got.double(), expected, data["input_lengths"]) <= ATOL
     positions = torch.arange(got.shape[1])[None, :]
@@ -213,7 +181,7 @@ def test_training_lowers_the_loss_and_checkpoint_reloads(run: dict) -> None:
     losses = [float(run["first"]["loss"][0]), *run["later"]]
     assert all(b < a for a, b in zip(losses, losses[1:])), losses
     data = run["batch"]
-    expected = reference_values(hf_value_model(str(run["root"] / "final")), data).detach()
+    expected = hf_values(hf_value_model(str(run["root"] / "final")), data).detach()
     assert max_valid_diff(run["final_values"].double(), expected, data["input_lengths"]) <= ATOL
     assert not torch.equal(run["final_values"], run["values"])
 
