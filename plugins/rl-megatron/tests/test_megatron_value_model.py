@@ -123,14 +123,43 @@ def run(request: pytest.FixtureRequest, pool: Any, tiny_tokenizer: Any, tmp_path
         policy.save_checkpoint(str(root / "first"))
         out["later"] = [float(policy.train(data, SquaredErrorValueLoss())["loss"][0]) for _ in range(2)]
         out["final_values"] = policy.get_values(data)["values"]
-        policy.save_checkpoint(str(root / "final"))
+        policy.save_checkpoint(str(root / "final"), str(root / "final-megatron"))
+        out["next"] = policy.train(data, SquaredErrorValueLoss())
         out["refusals"] = {
             method: _refusal(policy, method, *args)
             for method, args in (("get_logprobs", (data,)), ("get_topk_logits", (data, 2)), ("prepare_refit_info", ()))
         }
     finally:
         policy.shutdown()
+    out["resumed"] = resume_on_one_rank(pool, tiny_tokenizer, path, root, data, spec.get("policy", {}))
     return out
+
+
+def resume_on_one_rank(
+    pool: Any, tokenizer: Any, path: str, root: Any, data: Any, overrides: dict[str, Any]
+) -> dict[str, Any]:
+    """A 1-rank value policy given the *initial* HF weights and the *final* megatron distributed checkpoint
+    (resharded from the layout's 2 ranks, which must win, head included): its values and the step after the
+    checkpoint; then the HF token-classification checkpoint of the first step loaded alone (``load_checkpoint``:
+    its head must load, not be initialised) and the values it gives."""
+    from rlcore.policy import Policy
+
+    policy = Policy(
+        pool(1),
+        policy_config(path, 1, lr=LR, **overrides),
+        tokenizer,
+        name_prefix="value-resumed",
+        weights_path=str(root / "initial"),
+        optimizer_path=str(root / "final-megatron"),
+        model_head="value",
+    )
+    try:
+        out = {"values": policy.get_values(data)["values"], "next": policy.train(data, SquaredErrorValueLoss())}
+        call_workers(policy, "load_checkpoint", str(root / "first"))
+        out["first_values"] = policy.get_values(data)["values"]
+        return out
+    finally:
+        policy.shutdown()
 
 
 def _refusal(policy: Any, method: str, *args: Any) -> str:
@@ -184,6 +213,18 @@ def test_training_lowers_the_loss_and_checkpoint_reloads(run: dict) -> None:
     expected = hf_values(hf_value_model(str(run["root"] / "final")), data).detach()
     assert max_valid_diff(run["final_values"].double(), expected, data["input_lengths"]) <= ATOL
     assert not torch.equal(run["final_values"], run["values"])
+
+
+def test_resumed_on_one_rank_continues_the_run(run: dict) -> None:
+    """Resharded to one rank, the value model gives the same values and the same next step (loss and gradient
+    norm) as the run it was saved from; a token-classification checkpoint loaded alone gives its own values."""
+    resumed, lengths = run["resumed"], run["batch"]["input_lengths"]
+    assert max_valid_diff(resumed["values"], run["final_values"], lengths) <= ATOL
+    for key in ("loss", "grad_norm"):
+        got, expected = float(resumed["next"][key][0]), float(run["next"][key][0])
+        assert abs(got - expected) <= ATOL * abs(expected), (key, got, expected)
+    first = hf_values(hf_value_model(str(run["root"] / "first")), run["batch"]).detach()
+    assert max_valid_diff(resumed["first_values"].double(), first, lengths) <= ATOL
 
 
 def test_token_distribution_methods_are_refused(run: dict) -> None:
