@@ -116,3 +116,38 @@ def test_converter_type_selects_the_mapping() -> None:
     assert not ModelShape.from_hf_config(config, "LlamaForCausalLM").qk_norm
     with pytest.raises(ValueError, match="converter_type: no weight mapping for 'GPT2LMHeadModel'"):
         ModelShape.from_hf_config(config, "GPT2LMHeadModel")
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_value_model_maps_the_trunk_and_the_score_head(tp: int) -> None:
+    """A value model (model_head='value') read from a tied causal LM's config: untied, no vocabulary output layer,
+    HF's ``score`` in the output layer's place (replicated over TP); HF → Megatron → HF is bit-exact, lm_head
+    is never read."""
+    from transformers import AutoConfig
+
+    from rlcore.training.checkpoint import load_hf_state_dict
+
+    path = model_dir("qwen2", tied=True)
+    shape = ModelShape.from_hf_config(AutoConfig.from_pretrained(path), value_head=True)
+    assert shape.value_head and not shape.tie_word_embeddings
+    hf = {k: v for k, v in load_hf_state_dict(path).items() if k != "lm_head.weight"}
+    hf["score.weight"], hf["score.bias"] = torch.randn(1, shape.hidden_size), torch.randn(1)
+    shards = [hf_to_megatron_state(shape, hf, rank, tp) for rank in range(tp)]
+    assert all(torch.equal(s["output_layer.weight"], hf["score.weight"]) for s in shards)
+    back = megatron_to_hf_state(shape, shards)
+    assert sorted(back) == sorted(hf)
+    for name, tensor in hf.items():
+        assert torch.equal(back[name], tensor) and tuple(tensor.shape) == hf_shape(shape, name), name
+
+
+def test_value_model_reads_a_token_classification_config() -> None:
+    """A saved value model's config names the token-classification class: its trunk maps as the causal LM's; a
+    language model refuses it (it has no lm_head)."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model_dir("qwen3"))
+    config.architectures = ["Qwen3ForTokenClassification"]
+    shape = ModelShape.from_hf_config(config, value_head=True)
+    assert shape.architecture == "Qwen3ForCausalLM" and shape.qk_norm and shape.value_head
+    with pytest.raises(ValueError, match="no weight mapping for 'Qwen3ForTokenClassification'"):
+        ModelShape.from_hf_config(config)
