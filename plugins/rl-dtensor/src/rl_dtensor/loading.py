@@ -80,14 +80,14 @@ def load_sharded_model(
     opts: ParallelOptions,
     device: torch.device,
     config_overrides: Mapping[str, Any] | None = None,
-    model_head: ModelHead = "lm",
 ) -> tuple[nn.Module, list[str]]:
     """The parallelized model with the checkpoint's weights, and its LoRA targets. Collective.
 
-    ``config_overrides``: ``policy.hf_config_overrides``, set on the config every rank builds from;
-    ``model_head``: ``"value"`` builds the value model (Hugging Face's token-classification class, one label)."""
+    ``config_overrides``: ``policy.hf_config_overrides``, set on the config every rank builds from. With
+    ``opts.value_model`` it is the value model (Hugging Face's token-classification class, one label)."""
     from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
 
+    model_head: ModelHead = "value" if opts.value_model else "lm"
     config = load_config(base_path, config_overrides)
     if model_head == "value":
         config = value_model_config(config)

@@ -133,14 +133,7 @@ class DTensorPolicyWorker(RefitExportMixin, TrainingWorkerBase):
         # Each rank allocates only its shards; rank 0 reads the checkpoint and broadcasts it.
         self.model: nn.Module
         self.model, self.lora_targets = load_sharded_model(
-            base_path,
-            config.lora,
-            adapter_path,
-            self.mesh,
-            self.opts,
-            self.device,
-            config.hf_config_overrides,
-            self.model_head,
+            base_path, config.lora, adapter_path, self.mesh, self.opts, self.device, config.hf_config_overrides
         )
         self.hf_config = self.model.config
         # A mixture-of-experts' load-balancing loss, trained when its config asks (rlcore.training.moe_aux).
