@@ -21,6 +21,7 @@ import torch
 from rl_megatron.value_head import init_value_head, logger, value_head_names
 from rl_megatron.weights import hf_tensor_names, load_hf_into_stage
 from rlcore.data import BatchedDataDict
+from rlcore.training.value_head import ModelHead
 
 
 class MegatronValueModel:
@@ -31,7 +32,7 @@ class MegatronValueModel:
     hf_config: Any
     cfg: Any
     model: Any
-    model_head: str
+    model_head: ModelHead
     stage_offsets: list[int]
     pp_rank: int
     tp_rank: int

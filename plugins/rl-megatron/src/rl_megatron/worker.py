@@ -48,6 +48,7 @@ from rlcore.training.checkpoint_files import check_inside
 from rlcore.training.logprobs import align
 from rlcore.training.loop import StepHooks
 from rlcore.training.process_group import init_distributed
+from rlcore.training.value_head import ModelHead
 from rlcore.training.worker_base import TrainingWorkerBase
 
 #: Seed of megatron's RNG tracker (dropout is zero in these models; the seed only fixes the streams).
@@ -87,7 +88,7 @@ class MegatronPolicyWorker(
         init_reference_model: bool = True,
         backend_config: Any = None,
         layout: Any = None,
-        model_head: str = "lm",
+        model_head: ModelHead = "lm",
     ) -> None:
         # backend_config is policy.megatron_cfg (rl_megatron.config.MegatronConfig), layout its tp/cp/pp;
         # model_head (rlcore 0.3) "lm" (a causal LM) or "value" (a value model: rl_megatron.value_worker).
@@ -142,7 +143,7 @@ class MegatronPolicyWorker(
         self._exporter: HFExporter | None = None
         if optimizer_path:
             self._load_megatron_checkpoint(optimizer_path)
-        if init_reference_model and not self.is_value_model:  # a value model has no reference (ignored)
+        if init_reference_model:  # a value model has none (TrainingWorkerBase.init_reference_model ignores it)
             self.init_reference_model()
 
     # -- setup -----------------------------------------------------------------------
