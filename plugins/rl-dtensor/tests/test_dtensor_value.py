@@ -17,6 +17,7 @@ from dtensor_testlib import batch as make_data
 from rlcore.testing.conformance.checkers import logprob_problems
 from rlcore.testing.conformance.value_model import (
     SquaredErrorValueLoss,
+    driver_batching,
     head_problems,
     hf_values,
     load_value_checkpoint,
@@ -72,16 +73,8 @@ def tp2(started, tmp_path_factory):
 
 
 def values_in(policy, data, mode: str) -> torch.Tensor:
-    """``get_values`` with the driver cutting the batch in ``mode`` (only the driver reads the batch plan)."""
-    import dataclasses
-
-    resolved = policy.resolved
-    batch = dataclasses.replace(resolved.batch, mode=mode, logprob_mb_tokens=48)
-    policy.resolved = dataclasses.replace(resolved, batch=batch)
-    try:
+    with driver_batching(policy, mode):
         return policy.get_values(data)["values"]
-    finally:
-        policy.resolved = resolved
 
 
 @pytest.mark.parametrize("mode", ["plain", "packing"])
@@ -97,16 +90,17 @@ def test_tp_sp_values_match_hf(tp2, data, llama, mode):
 
 
 def test_tp_sp_step_checkpoint_and_resume(tp2, data, started, tmp_path):
-    """One SGD step of a squared-error loss at tp=2 + SP equals the float64 single-process step (loss and every
-    weight, the replicated head's included); its checkpoint loads with Hugging Face and gives the policy's values;
-    a dp=2 policy resumed from it gives them too."""
+    """One SGD step of a squared-error loss at tp=2 + SP on packed micro-batches equals the float64 single-process
+    step (loss and every weight, the replicated head's included); its checkpoint loads with Hugging Face and gives
+    the policy's values; a dp=2 policy resumed from it gives them too."""
     policy, initial = tp2
     loss_fn = SquaredErrorValueLoss()
     oracle = load_value_checkpoint(initial).train()
     before = weights_of(oracle)
     expected_loss = value_sgd_step(oracle, data, loss_fn, LR)
     call_all(policy, "load_checkpoint", str(initial))  # the initial weights, whatever ran before
-    loss = float(policy.train(data, loss_fn)["loss"][0])
+    with driver_batching(policy, "packing", mb_tokens=40):  # packed micro-batches, several per rank
+        loss = float(policy.train(data, loss_fn)["loss"][0])
     assert close(loss, expected_loss, TOL), (loss, expected_loss)
     step = tmp_path / "step1"
     policy.save_checkpoint(str(step))

@@ -22,6 +22,9 @@ first checkpoint (so the checkpoint format is checked too), on ``world_size`` ra
 
 from __future__ import annotations
 
+import contextlib
+import re
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -84,6 +87,22 @@ def hf_values(model: Any, data: Any) -> torch.Tensor:
     values = torch.zeros_like(head)
     values[:, 1:] = head[:, :-1]
     return torch.where(valid, values, torch.zeros_like(values))
+
+
+@contextlib.contextmanager
+def driver_batching(policy: Any, mode: BatchingMode, mb_tokens: int = VALUE_MB_TOKENS) -> Iterator[None]:
+    """``policy`` cuts its data in ``mode`` inside the block, with ``mb_tokens`` per micro-batch (training and
+    values). Only the driver reads the batch plan (each worker call is told the mode), so this saves starting a
+    policy per mode."""
+    import dataclasses
+
+    resolved = policy.resolved
+    batch = dataclasses.replace(resolved.batch, mode=mode, logprob_mb_tokens=mb_tokens, train_mb_tokens=mb_tokens)
+    policy.resolved = dataclasses.replace(resolved, batch=batch)
+    try:
+        yield
+    finally:
+        policy.resolved = resolved
 
 
 def load_value_checkpoint(path: str | Path) -> Any:
@@ -217,19 +236,27 @@ class ValueModelConformance:
         assert not problems, "\n".join(problems)
 
     def test_value_model_has_no_token_distribution(self, value_kit: _ValueKit) -> None:
-        """Logprobs, top-k and generation of a value model are refused on the driver, naming the cause."""
+        """Logprobs, top-k, generation and a loss asking for more than values are refused on the driver, naming
+        the cause."""
         from rlcore.training.value_head import NoTokenDistributionError
 
         policy = value_kit.policy
         assert policy.model_head == "value"
-        calls = {
+        calls: dict[str, Callable[[], object]] = {
             "get_logprobs": lambda: policy.get_logprobs(value_kit.batch),
             "get_reference_policy_logprobs": lambda: policy.get_reference_policy_logprobs(value_kit.batch),
             "get_topk_logits": lambda: policy.get_topk_logits(value_kit.batch, k=2),
             "generate": lambda: policy.generate(value_kit.batch),
         }
+
+        class EntropyBonus(SquaredErrorValueLoss):
+            inputs = ("entropy",)
+
+        calls[f"train with {EntropyBonus.__name__} (it asks for entropy)"] = lambda: policy.train(
+            value_kit.batch, EntropyBonus()
+        )
         for name, call in calls.items():
-            with pytest.raises(NoTokenDistributionError, match=f"^{name}: a value model has no token distribution"):
+            with pytest.raises(NoTokenDistributionError, match=f"^{re.escape(name)}: a value model has no token"):
                 call()
 
 
@@ -282,18 +309,9 @@ class _ValueKit:
         return capability is None or self.spec.supports(capability)
 
     def _values_in(self, mode: BatchingMode) -> torch.Tensor:
-        """``get_values`` with the driver cutting the data in ``mode`` (only the driver reads the batch plan; the
-        workers are told the mode with each call)."""
-        import dataclasses
-
-        resolved = self.policy.resolved
-        batch = dataclasses.replace(resolved.batch, mode=mode, logprob_mb_tokens=VALUE_MB_TOKENS)
-        self.policy.resolved = dataclasses.replace(resolved, batch=batch)
-        try:
+        with driver_batching(self.policy, mode):
             values: torch.Tensor = self.policy.get_values(self.batch)["values"]
-            return values
-        finally:
-            self.policy.resolved = resolved
+        return values
 
     def trained(self) -> dict[str, Any]:
         """One step compared with the float64 oracle, then ``value_extra_steps`` more (each run once)."""
