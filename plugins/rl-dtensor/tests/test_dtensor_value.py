@@ -128,3 +128,19 @@ def test_worker_refuses_refit(tp2):
         call_all(policy, "prepare_refit_info")
     with pytest.raises(NoTokenDistributionError, match="a value model has no token distribution"):
         policy.prepare_refit_info()
+
+
+def test_value_model_plan_replicates_the_head():
+    """No ``lm_head`` to shard; under sequence parallel the head's input is gathered (unless a custom plan says)."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput
+
+    from rl_dtensor.tp_plans import decoder_plan, value_model_plan
+
+    plain = value_model_plan(decoder_plan(False), sequence_parallel=False)
+    assert "lm_head" not in plain and "score" not in plain and "model.layers.*.mlp.down_proj" in plain
+    gathered = value_model_plan(decoder_plan(True), sequence_parallel=True)["score"]
+    assert isinstance(gathered, PrepareModuleInput)
+    assert gathered.input_layouts == (Shard(1),) and gathered.desired_input_layouts == (Replicate(),)
+    own = ColwiseParallel()
+    assert value_model_plan({**decoder_plan(True), "score": own}, sequence_parallel=True)["score"] is own

@@ -100,8 +100,8 @@ def check_no_experts(model: nn.Module, tp: int) -> None:
 def apply_tp(
     model: nn.Module, tp_mesh: DeviceMesh, sequence_parallel: bool, custom_plan: str | None, value_model: bool = False
 ) -> None:
-    """Shard the model over ``tp_mesh`` with the architecture's plan (or the user's; a value model's built-in plan
-    replicates its head, :func:`rl_dtensor.tp_plans.value_model_plan`).
+    """Shard the model over ``tp_mesh`` with the architecture's plan (or the user's); a value model's replicates its
+    head instead of sharding ``lm_head`` (:func:`rl_dtensor.tp_plans.value_model_plan`).
 
     Tied input/output embeddings are re-tied afterwards: both plans shard the
     shared ``[vocab, hidden]`` weight along the vocabulary, so one DTensor can
@@ -114,7 +114,7 @@ def apply_tp(
     # The parallel styles replace parameters by new (trainable) ones: frozen weights (LoRA) stay frozen.
     frozen = {name for name, p in model.named_parameters() if not p.requires_grad}
     plan = plan_for(model, sequence_parallel, custom_plan)
-    if value_model and custom_plan is None:
+    if value_model:  # a plan written for the language model serves its value model too
         plan = value_model_plan(plan, sequence_parallel)
     parallelize_module(model, tp_mesh, with_lora(plan, model))
     for name, p in model.named_parameters():

@@ -110,7 +110,7 @@ def value_model_plan(plan: Plan, sequence_parallel: bool) -> Plan:
     sequence and is all-gathered first, so every rank's head sees the whole sequence (its backward keeps each
     rank's slice of the gradient, which every tp rank computes whole)."""
     out = {pattern: style for pattern, style in plan.items() if pattern != "lm_head"}
-    if sequence_parallel:
+    if sequence_parallel and "score" not in out:  # a custom plan's own entry for the head is kept
         out["score"] = PrepareModuleInput(
             input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), use_local_output=True
         )
