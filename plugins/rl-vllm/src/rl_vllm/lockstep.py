@@ -162,14 +162,14 @@ class Lockstep:
             while True:
                 try:
                     self._store.wait([key], timedelta(seconds=WAIT_SLICE_S))
-                except DistStoreError as exc:
+                except DistStoreError as exc:  # a slice ended: look at stop, wait again
                     if "timeout" not in str(exc).lower():
                         raise
-                if self._stopping:
-                    return None
-                if self._store.check([key]):
-                    raw: bytes = self._store.get(key)
-                    return None if raw == _STOP else raw
+                    if self._stopping:
+                        return None
+                    continue
+                raw: bytes = self._store.get(key)
+                return None if raw == _STOP or self._stopping else raw
         finally:
             with self._lock:
                 self._awaited.discard(key)
