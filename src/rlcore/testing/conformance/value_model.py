@@ -17,6 +17,8 @@ first checkpoint (so the checkpoint format is checked too), on ``world_size`` ra
 - ``get_values`` is ``[B, S]`` float32, position 0 and padding 0, equal to the reference shifted as logprobs are
   (plain, and dynamic batching / sequence packing where declared);
 - one SGD step of a squared-error loss gives the reference's loss and post-step weights, a few more lower it;
+- a value policy resumed from a step's weights and optimizer state (SGD with momentum) takes the next step as
+  the uninterrupted run did;
 - the token-distribution methods are refused on the driver, naming the cause.
 """
 
@@ -46,6 +48,8 @@ VALUE_MODES: dict[BatchingMode, Capability | None] = {
     "dynamic": Capability.DYNAMIC_BATCHING,
     "packing": Capability.SEQUENCE_PACKING,
 }
+#: The SGD momentum of the kit's value policy: state in the optimizer that a resumed run must restore.
+VALUE_MOMENTUM = 0.9
 #: The token budget of a logprob (and values) micro-batch in the dynamic and packing modes: several per rank.
 VALUE_MB_TOKENS = 48
 
@@ -166,11 +170,13 @@ class ValueModelConformance:
 
     world_size: ClassVar[int] = 2
     #: SGD learning rate of the value steps.
-    value_learning_rate: ClassVar[float] = 0.1
+    value_learning_rate: ClassVar[float] = 0.01
     #: float32 backend vs float64 reference.
     value_atol: ClassVar[float] = 1e-5
     value_loss_rtol: ClassVar[float] = 1e-5
     value_weight_rtol: ClassVar[float] = 1e-5
+    #: A resumed run vs the uninterrupted one (same backend and layout).
+    value_resume_rtol: ClassVar[float] = 1e-6
     #: More steps of the same batch, after the compared one: the loss must fall.
     value_extra_steps: ClassVar[int] = 3
 
@@ -235,6 +241,22 @@ class ValueModelConformance:
             problems.append(f"{len(losses)} steps on one batch did not lower the value loss: {losses}")
         assert not problems, "\n".join(problems)
 
+    def test_value_checkpoint_resumes(self, value_kit: _ValueKit) -> None:
+        """A value policy started from a step's weights and optimizer state (SGD with momentum) takes the next
+        step exactly as the uninterrupted run did: the loss and every weight."""
+        run, resumed = value_kit.trained(), value_kit.resumed()
+        problems = []
+        if not close(resumed["loss"], run["losses"][1], self.value_resume_rtol):
+            problems.append(f"resumed step-2 loss {resumed['loss']:.8g}, uninterrupted {run['losses'][1]:.8g}")
+        problems += weight_problems(
+            resumed["weights"],
+            run["step2_weights"],
+            run["weights"],
+            self.value_resume_rtol,
+            what="weights after the resumed step 2 vs the uninterrupted run (was the optimizer state restored?)",
+        )
+        assert not problems, "\n".join(problems)
+
     def test_value_model_has_no_token_distribution(self, value_kit: _ValueKit) -> None:
         """Logprobs, top-k, generation and a loss asking for more than values are refused on the driver, naming
         the cause."""
@@ -289,11 +311,13 @@ class _ValueKit:
             "max_grad_norm": None,
             "precision": "float32",
             "max_total_sequence_length": 32,
-            "optimizer": {"name": "torch.optim.SGD", "kwargs": {"lr": lr}},
+            # momentum: optimizer state a resumed run must restore (the first step is plain SGD's)
+            "optimizer": {"name": "torch.optim.SGD", "kwargs": {"lr": lr, "momentum": VALUE_MOMENTUM}},
         }
         policy = deep_merge(policy, cls().value_policy_overrides())
         config = load_config_dict({"cluster": {"workers_per_node": cls.world_size}, "policy": policy}).policy
         self.clusters = ClusterPool()
+        self.config, self.tokenizer = config, tokenizer
         self.policy = Policy(
             self.clusters(cls.world_size), config, tokenizer, name_prefix="kit-value", model_head="value"
         )
@@ -304,6 +328,7 @@ class _ValueKit:
             self.expected_values = hf_values(self.reference, self.batch)
         self.values = {mode: self._values_in(mode) for mode, cap in VALUE_MODES.items() if self._declared(cap)}
         self._trained: dict[str, Any] | None = None
+        self._resumed: dict[str, Any] | None = None
 
     def _declared(self, capability: Capability | None) -> bool:
         return capability is None or self.spec.supports(capability)
@@ -324,8 +349,10 @@ class _ValueKit:
         expected_loss = value_sgd_step(oracle, self.batch, loss_fn, self.cls.value_learning_rate)
         losses = [float(self.policy.train(self.batch, loss_fn)["loss"][0])]
         step_dir = self.tmp_dir / "step1"
-        self.policy.save_checkpoint(str(step_dir))
-        weights = weights_of(load_value_checkpoint(step_dir))
+        self.policy.save_checkpoint(str(step_dir / "weights"), str(step_dir / "optimizer"))
+        weights = weights_of(load_value_checkpoint(step_dir / "weights"))
+        losses += [float(self.policy.train(self.batch, loss_fn)["loss"][0])]
+        self.policy.save_checkpoint(str(self.tmp_dir / "step2"))
         losses += [float(self.policy.train(self.batch, loss_fn)["loss"][0]) for _ in range(self.cls.value_extra_steps)]
         self._trained = {
             "loss": losses[0],
@@ -334,8 +361,36 @@ class _ValueKit:
             "weights": weights,
             "expected_weights": weights_of(oracle),
             "initial": initial,
+            "step2_weights": weights_of(load_value_checkpoint(self.tmp_dir / "step2")),
         }
         return self._trained
+
+    def resumed(self) -> dict[str, Any]:
+        """A value policy started from the step-1 checkpoint (weights and optimizer, as ``--resume`` starts it)
+        takes step 2: its loss and weights (each run once)."""
+        if self._resumed is not None:
+            return self._resumed
+        from rlcore.policy import Policy
+
+        self.trained()
+        step_dir = self.tmp_dir / "step1"
+        cluster = self.clusters(self.cls.world_size)
+        policy = Policy(
+            cluster,
+            self.config,
+            self.tokenizer,
+            name_prefix="kit-value-resumed",
+            weights_path=str(step_dir / "weights"),
+            optimizer_path=str(step_dir / "optimizer"),
+            model_head="value",
+        )
+        try:
+            loss = float(policy.train(self.batch, SquaredErrorValueLoss())["loss"][0])
+            policy.save_checkpoint(str(self.tmp_dir / "resumed-step2"))
+        finally:
+            policy.shutdown()
+        self._resumed = {"loss": loss, "weights": weights_of(load_value_checkpoint(self.tmp_dir / "resumed-step2"))}
+        return self._resumed
 
     def shutdown(self) -> None:
         self.policy.shutdown()
