@@ -15,6 +15,7 @@ import torch
 from rl_vllm.checks import check_in_flight_updates
 from rl_vllm.config import VllmConfig
 from rlcore.config import load_config, resolve
+from rlcore.distributed import Calls
 
 TINY = str(Path(__file__).parents[3] / "src" / "rlcore" / "examples" / "grpo_tiny.yaml")
 
@@ -52,25 +53,27 @@ class RecordingGroup:
     """Stands in for the engines' worker group: records which engine each call went to."""
 
     def __init__(self) -> None:
-        self.calls: list[tuple[int, int]] = []  # (engine, rows)
+        self.calls: list[tuple[int, int]] = []  # (engine rank, rows)
+        self.call_ids: list[str] = []
 
-    def run_on_worker(self, rank: int, method: str, batch: Any, **kwargs: Any) -> tuple[int, int]:
+    def run_on_worker(self, rank: int, method: str, batch: Any, **kwargs: Any) -> Calls:
         self.calls.append((rank, int(batch["input_ids"].shape[0])))
-        return (rank, len(self.calls))
+        self.call_ids.append(kwargs["call_id"])
+        return Calls([len(self.calls)], [rank])
 
     def get_results(self, handle: Any) -> list[Any]:
         return []
 
 
-def routed_engine() -> Any:
+def routed_engine(tp: int = 1) -> Any:
     from rl_vllm.generation import VllmGeneration
     from rl_vllm.sampling import SAMPLING_FIELDS
     from rlcore.distributed import NamedSharding
 
-    engine = object.__new__(VllmGeneration)
+    engine: Any = object.__new__(VllmGeneration)  # a stand-in group replaces its worker group
     engine.cfg = SimpleNamespace(**dict.fromkeys(SAMPLING_FIELDS))
-    engine.vllm_cfg = VllmConfig(async_engine=True)
-    engine.sharding = NamedSharding(dp=2, tp=1)
+    engine.vllm_cfg = VllmConfig(async_engine=True, tensor_parallel_size=tp)
+    engine.sharding = NamedSharding(dp=2, tp=tp)
     engine.engine_info = [{"max_model_len": 128}] * 2
     engine._refit_unchecked = False
     engine._outstanding, engine._routed, engine._routing = [0, 0], {}, threading.Lock()
@@ -96,3 +99,19 @@ def test_a_sample_group_goes_whole_to_the_engine_with_the_fewest_rows_outstandin
     engine.generate_async(group([1, 9], 1))  # engine 0 is free again
     assert engine.worker_group.calls[-1] == (0, 1)
     assert engine._outstanding == [1, 5]  # second and third still outstanding on engine 1
+
+
+def test_a_sample_group_goes_to_every_rank_of_a_tensor_parallel_engine_and_rank_0_answers() -> None:
+    """The ranks of one engine (tensor_parallel_size 2) get the same call, with the same call id (their
+    requests' keys); only tensor-parallel rank 0's result is returned."""
+    engine = routed_engine(tp=2)
+    engine.generate_async(group([1, 5, 6], 4))
+    second = engine.generate_async(group([1, 7], 2))
+    group_calls = engine.worker_group.calls
+    assert group_calls == [(0, 4), (1, 4), (2, 2), (3, 2)]  # engine 1 is ranks 2 and 3
+    assert second.ranks == [2, 3] and second.output_ranks == [2] and len(second.refs) == 2
+    ids = engine.worker_group.call_ids
+    assert ids[0] == ids[1] and ids[2] == ids[3] and ids[0] != ids[2]
+    assert engine._outstanding == [4, 2]
+    engine.collect(second)
+    assert engine._outstanding == [4, 0]

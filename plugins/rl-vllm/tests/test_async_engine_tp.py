@@ -33,6 +33,7 @@ TP = 2
 ATOL = 1e-4  # float32 engine over two ranks against the HF float32 forward
 BUCKET = 32 << 10
 SHORT = 8
+TP_ASYNC_ENGINE = {"kv_cache_space_gb": 0.0625, "max_model_len": 256, "tensor_parallel_size": TP, "async_engine": True}
 
 
 @pytest.fixture(scope="class")
@@ -45,6 +46,38 @@ def versions(tiny_model_dir: str) -> dict[str, Any]:
     v1 = load_hf_model(tiny_model_dir)
     v1.load_state_dict(weights1)
     return {"hf": [v0, v1], "weights": [weights0, weights1]}
+
+
+@pytest.fixture(scope="class")
+def tp_engine(ray_session: None, tiny_model_dir: str, tiny_tokenizer: Any, versions: dict) -> Iterator[dict[str, Any]]:
+    """One engine of tensor_parallel_size 2 for the class, greedy requests of SHORT tokens by default."""
+    generation = {
+        "backend": "vllm",
+        "max_new_tokens": SHORT,
+        "pad_token_id": tiny_tokenizer.pad_token_id,
+        "vllm_cfg": TP_ASYNC_ENGINE,
+    }
+    cfg = load_config_dict(
+        {
+            "policy": {
+                "backend": "reference",
+                "model_name": tiny_model_dir,
+                "precision": "float32",
+                "generation": generation,
+            }
+        }
+    ).policy.generation
+    clusters = ClusterPool()
+    engine = None
+    try:
+        started = time.perf_counter()
+        engine = VllmGeneration(clusters(TP), cfg, name_prefix="tp-async-vllm")
+        print(f"tp={TP} async engine started in {time.perf_counter() - started:.1f}s")
+        yield {"engine": engine, **versions}
+    finally:
+        if engine is not None:
+            engine.shutdown()
+        clusters.shutdown()
 
 
 def stream_weights(engine: VllmGeneration, weights: dict[str, torch.Tensor]) -> None:
@@ -122,39 +155,7 @@ def hf_agreement(model: Any, out: BatchedDataDict) -> tuple[float, int]:
 
 
 class TestTensorParallelAsyncEngine:
-    """One engine of tensor_parallel_size 2 for the class."""
-
-    @pytest.fixture(scope="class")
-    def tp_engine(
-        self, ray_session: None, tiny_model_dir: str, tiny_tokenizer: Any, versions: dict
-    ) -> Iterator[dict[str, Any]]:
-        generation = {
-            "backend": "vllm",
-            "max_new_tokens": SHORT,
-            "pad_token_id": tiny_tokenizer.pad_token_id,
-            **TestTensorParallelAsyncEngineKits().generation_overrides(),
-        }
-        cfg = load_config_dict(
-            {
-                "policy": {
-                    "backend": "reference",
-                    "model_name": tiny_model_dir,
-                    "precision": "float32",
-                    "generation": generation,
-                }
-            }
-        ).policy.generation
-        clusters = ClusterPool()
-        engine = None
-        try:
-            started = time.perf_counter()
-            engine = VllmGeneration(clusters(TP), cfg, name_prefix="tp-async-vllm")
-            print(f"tp={TP} async engine started in {time.perf_counter() - started:.1f}s")
-            yield {"engine": engine, **versions}
-        finally:
-            if engine is not None:
-                engine.shutdown()
-            clusters.shutdown()
+    """This module's checks, on the class's engine (``tp_engine``)."""
 
     @pytest.fixture(autouse=True)
     def serving_again(self, tp_engine: dict) -> Iterator[None]:
@@ -260,14 +261,7 @@ class TestTensorParallelAsyncEngineKits(GenerationBackendConformance, EngineLife
     lifecycle_paused_probe_s = 0.3
 
     def generation_overrides(self) -> dict:
-        return {
-            "vllm_cfg": {
-                "kv_cache_space_gb": 0.0625,
-                "max_model_len": 256,
-                "tensor_parallel_size": TP,
-                "async_engine": True,
-            }
-        }
+        return {"vllm_cfg": TP_ASYNC_ENGINE}
 
     def make_generation(self, cluster: Any, config: Any) -> Any:
         started = time.perf_counter()

@@ -158,11 +158,8 @@ class VllmGeneration(WorkerGroupOwner, GenerationInterface):
         tp = self.sharding.tp
         if tp == 1:
             return self.worker_group.run_on_worker(engine, "generate", batch, **kwargs)
-        import ray
-
-        shared = ray.put(batch)  # one copy for the engine's ranks
         ranks = [self.sharding.rank(dp=engine, tp=t) for t in range(tp)]
-        calls = [self.worker_group.run_on_worker(rank, "generate", shared, **kwargs) for rank in ranks]
+        calls = [self.worker_group.run_on_worker(rank, "generate", batch, **kwargs) for rank in ranks]
         refs = [ref for call in calls for ref in call.refs]
         return Calls(refs, ranks, [ranks[0]])
 
