@@ -16,8 +16,8 @@ more steps and saves the final weights. The reference is the value kit's float64
 Layouts: ``tp2-sp`` (Qwen2 with tied embeddings, TP 2 with sequence parallelism, odd lengths padded by the
 worker), ``pp2`` (Qwen2 with tied embeddings, 3 layers split 2 + 1 over 2 pipeline stages: only the last has the
 head) and ``cp2`` (Llama, context parallel 2: the head scores each rank's positions, gathered like logits).
-Token-distribution methods are refused on the workers in one line. Data parallel (dp 2) is the value kit's run in
-test_megatron_conformance.py.
+The tp2-sp and pp2 runs are then resumed on one rank (resharded). Token-distribution methods are refused on the
+workers in one line. Data parallel (dp 2) is the value kit's run in test_megatron_conformance.py.
 """
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ LAYOUTS: dict[str, dict[str, Any]] = {
         layers=2,
         megatron={"tensor_model_parallel_size": 2, "sequence_parallel": True},
         policy={"make_sequence_length_divisible_by": 1},
+        resume=True,
     ),
     "pp2": dict(
         arch="qwen2",
@@ -61,6 +62,7 @@ LAYOUTS: dict[str, dict[str, Any]] = {
             "num_layers_in_first_pipeline_stage": 2,
             "num_layers_in_last_pipeline_stage": 1,
         },
+        resume=True,
     ),
     "cp2": dict(arch="llama", tied=False, layers=2, megatron={"context_parallel_size": 2}),
 }
@@ -131,7 +133,8 @@ def run(request: pytest.FixtureRequest, pool: Any, tiny_tokenizer: Any, tmp_path
         }
     finally:
         policy.shutdown()
-    out["resumed"] = resume_on_one_rank(pool, tiny_tokenizer, path, root, data, spec.get("policy", {}))
+    if spec.get("resume"):
+        out["resumed"] = resume_on_one_rank(pool, tiny_tokenizer, path, root, data, spec.get("policy", {}))
     return out
 
 
@@ -218,6 +221,8 @@ def test_training_lowers_the_loss_and_checkpoint_reloads(run: dict) -> None:
 def test_resumed_on_one_rank_continues_the_run(run: dict) -> None:
     """Resharded to one rank, the value model gives the same values and the same next step (loss and gradient
     norm) as the run it was saved from; a token-classification checkpoint loaded alone gives its own values."""
+    if "resumed" not in run:
+        pytest.skip("resumed from the tp2-sp and pp2 runs only (a 1-rank start each)")
     resumed, lengths = run["resumed"], run["batch"]["input_lengths"]
     assert max_valid_diff(resumed["values"], run["final_values"], lengths) <= ATOL
     for key in ("loss", "grad_norm"):
