@@ -121,3 +121,18 @@ def test_value_step_hooks_feed_values_and_refuse_loss_inputs():
     assert check_model_head("value") == "value"
     with pytest.raises(ValueError, match="model_head='critic'"):
         check_model_head("critic")
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
+def test_other_architectures_load_as_their_token_classification_class(arch):
+    from transformers import AutoModelForCausalLM
+
+    from rlcore.models import tiny_model_path
+
+    path = tiny_model_path(arch=arch)
+    model = load_value_model(path, value_model_config(load_config(path)))
+    assert type(model).__name__ == model.config.architectures[0] == f"{arch.capitalize()}ForTokenClassification"
+    lm = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).state_dict()
+    state = model.state_dict()
+    assert all(torch.equal(state[k], lm[k]) for k in state if not k.startswith("score."))
+    assert tuple(state["score.weight"].shape) == (1, model.config.hidden_size)
