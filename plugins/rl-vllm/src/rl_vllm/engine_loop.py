@@ -98,7 +98,8 @@ class EngineLoop:
         self._commands: deque[tuple[str, Future[Any]]] = deque()
         self._state: LoopState = "serving"
         self._acted: LoopState = "serving"  # the state the last iteration ran in (the leader published it)
-        self._ticks = 0  # iterations run: ticks published (leader) or applied (follower)
+        self._ticks = 0  # iterations run: by the leader (or alone), or applied by a follower
+        self._published = 0  # ticks the leader published (each before it runs)
         self._busy = False  # inside a step or a command
         self._holds = 0  # parked() users: the loop neither steps nor runs commands
         self._stopping = False
@@ -218,15 +219,14 @@ class EngineLoop:
             return Outcome(self._ticks, action())
         k = lockstep.call_number(kind)
         if lockstep.leader:
+            # The ticks published by the end of the call (its command's, its pause's) are the followers' to apply.
             try:
                 was = action()
             except BaseException as exc:
-                lockstep.tell(kind, k, Outcome(self._ticks, error=str(exc), timed_out=isinstance(exc, TimeoutError)))
+                failed = Outcome(self._published, error=str(exc), timed_out=isinstance(exc, TimeoutError))
+                lockstep.tell(kind, k, failed)
                 raise
-            with self._cond:  # its last tick has run, so a follower returns from the same place
-                while self._busy and self._error is None:
-                    self._cond.wait()
-                outcome = Outcome(self._ticks, was)
+            outcome = Outcome(self._published, was)
             lockstep.tell(kind, k, outcome)
             return outcome
         told = lockstep.outcome(kind, k)
@@ -324,6 +324,7 @@ class EngineLoop:
             try:
                 if self._lockstep is not None:
                     self._lockstep.publish(self._ticks, tick)
+                    self._published += 1  # only this thread writes it
                 self._execute(tick, admitted, future)
             finally:
                 self._ran(tick)
