@@ -111,21 +111,28 @@ def reset_weights(policy: Any, path: str) -> None:
 def batching(policy: Any, mode: str) -> Iterator[None]:
     """Run the policy with dynamic batching or sequence packing switched on for a while.
 
-    Only the driver reads these settings (it shards the data and passes
-    ``mode=`` to the workers, which read nothing else), so swapping the
-    driver's config is equivalent to starting a policy with it, and saves a start.
+    Only the driver reads these settings (its batch plan, ``policy.resolved.batch``: it shards the data and
+    passes ``mode=`` to the workers, which read nothing else), so swapping the driver's plan is equivalent to
+    starting a policy with them, and saves a start.
     """
     if mode == "plain":
         yield
         return
-    original = policy.cfg
-    policy.cfg = original.model_copy(
-        update={key: type(getattr(original, key)).model_validate(value) for key, value in BATCHING[mode].items()}
+    import dataclasses
+
+    from rlcore.config import BatchPlan
+
+    original = policy.resolved
+    cfg = original.config.model_copy(
+        update={key: type(getattr(original.config, key)).model_validate(value) for key, value in BATCHING[mode].items()}
     )
+    plan = BatchPlan.of(cfg, original.batch.data_parallel_size, packing=mode == "packing")
+    assert plan.mode == mode, (plan.mode, mode)
+    policy.resolved = dataclasses.replace(original, batch=plan)
     try:
         yield
     finally:
-        policy.cfg = original
+        policy.resolved = original
 
 
 def max_abs_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> tuple[float, str]:
