@@ -127,13 +127,14 @@ def pair() -> Iterator[dict[str, Any]]:
 
     import torch.distributed as dist
 
-    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30))
+    servers = [dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30))]
+    port = servers[0].port  # the connections below do not hold the server: a test may end it
     version = [0]
     engines = [ScriptedEngine(length=4, step_s=0.002), ScriptedEngine(length=4, step_s=0.002)]
     loops = []
     for tp_rank, engine in enumerate(engines):
         lockstep = Lockstep(
-            lambda: dist.TCPStore("127.0.0.1", server.port, is_master=False, timeout=timedelta(seconds=30)),
+            lambda: dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=2)),
             tp_rank,
             2,
         )
@@ -148,7 +149,7 @@ def pair() -> Iterator[dict[str, Any]]:
             )
         )
     try:
-        yield {"loops": loops, "engines": engines, "version": version, "server": server}
+        yield {"loops": loops, "engines": engines, "version": version, "servers": servers}
     finally:
         for loop in reversed(loops):
             loop.stop()
@@ -235,3 +236,18 @@ def _raised(call: Callable[[], Any]) -> Any:
         return call()
     except Exception as exc:  # noqa: BLE001 - returned for the test to compare
         return exc
+
+
+def test_a_follower_whose_leader_s_process_ends_fails_its_requests_naming_it(pair: dict) -> None:
+    """The store lives in tensor-parallel rank 0's process: when it ends, a follower waiting for a tick fails its
+    requests at once (no hang), naming itself and the leader."""
+    loops = pair["loops"]
+    assert loops[0].submit([1], Params(), key="a:0").result(WAIT_S).token_ids == [1, 2, 3, 4]
+    waiting = loops[1].submit([1], Params(), key="a:0")
+    assert waiting.result(WAIT_S).token_ids == [1, 2, 3, 4]
+    orphan = loops[1].submit([5], Params(), key="b:0")
+    started = time.monotonic()
+    pair["servers"].clear()  # the leader's process ends (its store with it)
+    with pytest.raises(EngineLoopError, match=r"engine 0 rank 1: .*tick channel to tensor-parallel rank 0 broke"):
+        orphan.result(WAIT_S)
+    assert time.monotonic() - started < 3.0

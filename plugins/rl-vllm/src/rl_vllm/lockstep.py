@@ -152,7 +152,7 @@ class Lockstep:
     def _wait(self, key: str) -> bytes | None:
         from datetime import timedelta
 
-        from torch.distributed import DistStoreError
+        from torch.distributed import DistNetworkError, DistStoreError
 
         with self._lock:
             if self._stopping:
@@ -163,11 +163,16 @@ class Lockstep:
                 try:
                     self._store.wait([key], timedelta(seconds=WAIT_SLICE_S))
                 except DistStoreError as exc:  # a slice ended: look at stop, wait again
-                    if "timeout" not in str(exc).lower():
+                    if "wait timeout" not in str(exc):
                         raise
                     if self._stopping:
                         return None
                     continue
+                except DistNetworkError as exc:  # the store lives in the leader's process
+                    raise ConnectionError(
+                        f"the tick channel to tensor-parallel rank 0 broke while waiting for {key!r} (did its "
+                        f"process end?): {str(exc).splitlines()[0]}"
+                    ) from exc
                 raw: bytes = self._store.get(key)
                 return None if raw == _STOP or self._stopping else raw
         finally:
