@@ -74,7 +74,8 @@ def prepare_process_env(cfg: VllmConfig, on_cpu: bool, engine: EngineRank) -> in
 
     With ``tensor_parallel_size`` > 1 this is the rank's torch.distributed environment for vLLM's
     ``external_launcher``: the engine's own group (rank = tensor-parallel rank, world = its size), its store
-    on the port of the worker group's rendezvous, offset by the engine's index.
+    on the port of the worker group's rendezvous, offset by the engine's index. With ``async_engine`` that store
+    also carries the engine loops' ticks (:mod:`rl_vllm.lockstep`).
     """
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     # The engine's ranks are on this host: nothing needs to reach them from another one.
