@@ -4,8 +4,7 @@ Two ranks, data parallel (TP=PP=1, the kit's tiny Llama has one KV head):
 logprob alignment and HF parity, loss/gradient invariance to dp size and
 micro-batch size against a single-process SGD oracle (so data-parallel
 gradients are really summed), reference model swap, checkpoint round trip,
-refit info, top-k; value models (the kit's ``test_value_*``: dp 2). TP/PP parity is in
-test_megatron_parallel.py, value models under TP+SP, PP and CP in test_megatron_value_model.py.
+refit info, top-k. TP/PP parity is in test_megatron_parallel.py.
 """
 
 from __future__ import annotations
@@ -17,27 +16,20 @@ import sys
 import pytest
 from megatron_helpers import PLAIN_SGD
 
-from rlcore.testing.conformance import TrainingBackendConformance, ValueModelConformance
+from rlcore.testing.conformance import TrainingBackendConformance
 from rlcore.testing.conformance.resume_check import AdamRecipe
 
 pytest_plugins = ["rlcore.testing.pytest_plugin"]
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
 
-class TestMegatronBackend(TrainingBackendConformance, ValueModelConformance):
+class TestMegatronBackend(TrainingBackendConformance):
     backend_name = "megatron"
     reads_policy_optimizer = False  # megatron_cfg.optimizer is its optimizer: plain SGD below
 
     def policy_overrides(self) -> dict:
         # The kit's oracle is plain SGD; the megatron backend takes its optimizer from megatron_cfg.
         return {"megatron_cfg": PLAIN_SGD}
-
-    def value_policy_overrides(self) -> dict:
-        # The value kit always writes policy.optimizer (torch SGD); set back to the default it is no setting, and
-        # megatron_cfg's plain SGD is the optimizer (the kit's reads_policy_optimizer=False is not read there yet).
-        from rlcore.config.policy import PytorchOptimizerConfig
-
-        return {**self.policy_overrides(), "optimizer": {"name": PytorchOptimizerConfig().name}}
 
     def resume_policy_overrides(self, recipe: AdamRecipe) -> dict:
         # The resume check's Adam and linear warm-up, in megatron_cfg's terms (weight decay stays 0).

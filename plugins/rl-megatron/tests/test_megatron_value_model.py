@@ -2,22 +2,23 @@
 
 Each layout is one module-scoped 2-rank policy (real Ray workers, gloo, CPU) started from a *causal-LM*
 checkpoint, so its head is initialised fresh. In one run it gives its values, saves the initial weights, trains one
-plain-SGD step of the kit's squared-error value loss (normalised by ``global_valid_toks``), saves again, trains two
-more steps and saves the final weights. The reference is the value kit's float64 Hugging Face
-``AutoModelForTokenClassification`` (one label) in this process, its values aligned by the kit's ``hf_values``
-(position ``i`` holds the head at position ``i - 1``; position 0 and padding 0), independent of rlcore.training:
+SGD step (momentum 0.9: the first step is plain SGD's) of the kit's squared-error value loss (normalised by
+``global_valid_toks``), saves again, trains two more steps and saves the final weights. The reference is the value
+kit's float64 Hugging Face ``AutoModelForTokenClassification`` (one label) in this process, its values aligned by
+the kit's ``hf_values`` (position ``i`` holds the head at position ``i - 1``; position 0 and padding 0),
+independent of rlcore.training:
 
 - the initial values equal the reference's forward of the saved initial weights, and the saved head is exactly the
   one Hugging Face initialises for the class under rlcore's seed (``load_value_model`` of the causal LM);
 - the first step's loss, gradient norm and updated weights equal a float64 SGD step of the reference;
-- the loss falls over the next steps, and the final values equal the reference's forward of the final checkpoint,
-  which ``AutoModelForTokenClassification.from_pretrained`` loads cleanly with ``num_labels == 1``.
+- the loss falls (by a tenth over three steps), and the final values equal the reference's forward of the final
+  checkpoint, which ``AutoModelForTokenClassification.from_pretrained`` loads cleanly with ``num_labels == 1``.
 
 Layouts: ``tp2-sp`` (Qwen2 with tied embeddings, TP 2 with sequence parallelism, odd lengths padded by the
-worker), ``pp2`` (Qwen2 with tied embeddings, 3 layers split 2 + 1 over 2 pipeline stages: only the last has the
-head) and ``cp2`` (Llama, context parallel 2: the head scores each rank's positions, gathered like logits).
-The tp2-sp and pp2 runs are then resumed on one rank (resharded). Token-distribution methods are refused on the
-workers in one line. Data parallel (dp 2) is the value kit's run in test_megatron_conformance.py.
+worker), ``dp2`` (Llama, two data-parallel ranks of two micro-batches each), ``pp2`` (Qwen2 with tied embeddings,
+3 layers split 2 + 1 over 2 pipeline stages: only the last has the head) and ``cp2`` (Llama, context parallel 2:
+the head scores each rank's positions, gathered like logits). The tp2-sp and pp2 runs are then resumed on one
+rank (resharded). Token-distribution methods are refused on the workers in one line.
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
 ATOL = 1e-5
 LR = 0.02
+#: SGD momentum: optimizer state the resumed runs must restore (the first step is plain SGD's, as the reference's).
+MOMENTUM = {"optimizer": {"sgd_momentum": 0.9}}
 LAYOUTS: dict[str, dict[str, Any]] = {
     "tp2-sp": dict(
         arch="qwen2",
@@ -53,6 +56,7 @@ LAYOUTS: dict[str, dict[str, Any]] = {
         policy={"make_sequence_length_divisible_by": 1},
         resume=True,
     ),
+    "dp2": dict(arch="llama", tied=False, layers=2, megatron={}),
     "pp2": dict(
         arch="qwen2",
         tied=True,
@@ -115,7 +119,7 @@ def run(request: pytest.FixtureRequest, pool: Any, tiny_tokenizer: Any, tmp_path
     path = model_dir(spec["arch"], spec["tied"], spec["layers"])
     data = value_batch(tiny_tokenizer)
     root = tmp_path_factory.mktemp(f"value-{request.param}")
-    config = policy_config(path, 2, lr=LR, megatron=spec["megatron"], **spec.get("policy", {}))
+    config = policy_config(path, 2, lr=LR, megatron={**spec["megatron"], **MOMENTUM}, **spec.get("policy", {}))
     policy = Policy(pool(2), config, tiny_tokenizer, name_prefix=f"value-{request.param}", model_head="value")
     try:
         out: dict[str, Any] = {"name": request.param, "model": path, "batch": data, "root": root}
@@ -127,6 +131,7 @@ def run(request: pytest.FixtureRequest, pool: Any, tiny_tokenizer: Any, tmp_path
         out["final_values"] = policy.get_values(data)["values"]
         policy.save_checkpoint(str(root / "final"), str(root / "final-megatron"))
         out["next"] = policy.train(data, SquaredErrorValueLoss())
+        policy.save_checkpoint(str(root / "next"))
         out["refusals"] = {
             method: _refusal(policy, method, *args)
             for method, args in (("get_logprobs", (data,)), ("get_topk_logits", (data, 2)), ("prepare_refit_info", ()))
@@ -142,14 +147,14 @@ def resume_on_one_rank(
     pool: Any, tokenizer: Any, path: str, root: Any, data: Any, overrides: dict[str, Any]
 ) -> dict[str, Any]:
     """A 1-rank value policy given the *initial* HF weights and the *final* megatron distributed checkpoint
-    (resharded from the layout's 2 ranks, which must win, head included): its values and the step after the
-    checkpoint; then the HF token-classification checkpoint of the first step loaded alone (``load_checkpoint``:
-    its head must load, not be initialised) and the values it gives."""
+    (resharded from the layout's 2 ranks, which must win, head and momentum included): its values and the step
+    after the checkpoint (saved); then the HF token-classification checkpoint of the first step loaded alone
+    (``load_checkpoint``: its head must load, not be initialised) and the values it gives."""
     from rlcore.policy import Policy
 
     policy = Policy(
         pool(1),
-        policy_config(path, 1, lr=LR, **overrides),
+        policy_config(path, 1, lr=LR, megatron=MOMENTUM, **overrides),
         tokenizer,
         name_prefix="value-resumed",
         weights_path=str(root / "initial"),
@@ -158,6 +163,7 @@ def resume_on_one_rank(
     )
     try:
         out = {"values": policy.get_values(data)["values"], "next": policy.train(data, SquaredErrorValueLoss())}
+        policy.save_checkpoint(str(root / "resumed-next"))
         call_workers(policy, "load_checkpoint", str(root / "first"))
         out["first_values"] = policy.get_values(data)["values"]
         return out
@@ -211,7 +217,7 @@ def test_one_step_matches_float64_reference(run: dict) -> None:
 
 def test_training_lowers_the_loss_and_checkpoint_reloads(run: dict) -> None:
     losses = [float(run["first"]["loss"][0]), *run["later"]]
-    assert all(b < a for a, b in zip(losses, losses[1:])), losses
+    assert losses[-1] < 0.9 * losses[0], losses  # as the value kit asks, with a margin
     data = run["batch"]
     expected = hf_values(hf_value_model(str(run["root"] / "final")), data).detach()
     assert max_valid_diff(run["final_values"].double(), expected, data["input_lengths"]) <= ATOL
@@ -219,8 +225,9 @@ def test_training_lowers_the_loss_and_checkpoint_reloads(run: dict) -> None:
 
 
 def test_resumed_on_one_rank_continues_the_run(run: dict) -> None:
-    """Resharded to one rank, the value model gives the same values and the same next step (loss and gradient
-    norm) as the run it was saved from; a token-classification checkpoint loaded alone gives its own values."""
+    """Resharded to one rank, the value model gives the same values and the same next step (loss, gradient norm
+    and the weights it leaves: the momentum was restored) as the run it was saved from; a token-classification
+    checkpoint loaded alone gives its own values."""
     if "resumed" not in run:
         pytest.skip("resumed from the tp2-sp and pp2 runs only (a 1-rank start each)")
     resumed, lengths = run["resumed"], run["batch"]["input_lengths"]
@@ -228,6 +235,11 @@ def test_resumed_on_one_rank_continues_the_run(run: dict) -> None:
     for key in ("loss", "grad_norm"):
         got, expected = float(resumed["next"][key][0]), float(run["next"][key][0])
         assert abs(got - expected) <= ATOL * abs(expected), (key, got, expected)
+    root = run["root"]
+    before = weights_of(hf_value_model(str(root / "final")))
+    after, expected_after = (weights_of(hf_value_model(str(root / name))) for name in ("resumed-next", "next"))
+    problems = weight_problems(after, expected_after, before, ATOL, what="the step after resuming (momentum)")
+    assert not problems, "\n".join(problems)
     first = hf_values(hf_value_model(str(run["root"] / "first")), run["batch"]).detach()
     assert max_valid_diff(resumed["first_values"].double(), first, lengths) <= ATOL
 
