@@ -38,6 +38,8 @@ NAMED_GETTERS = ("getattr", "hasattr", "loop_setting")
 ALLOWED: dict[str, str] = {
     "SectionsModel.backend_sections": "the container of '*_cfg' sub-sections: read by the plugin registry "
     "through getattr(owner, 'backend_sections')",
+    "AsyncPPOConfig.drop_incomplete_targets_on_restore": "NeMo-RL's key of asynchronous PPO, which "
+    "ppo.async_ppo.enabled: true asks for and PPO.resolve refuses; with it false the key does nothing, as in NeMo-RL",
     "VllmConfig.pipeline_parallel_size": "NeMo-RL's key, accepted at 1 only: its field validator refuses more (each "
     "engine rank holds every layer; tensor_parallel_size splits a model)",
 }

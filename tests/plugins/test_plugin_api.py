@@ -162,7 +162,10 @@ OFFERED = dict(
     init_reference_model=True,
     backend_config=object(),
     layout=ParallelLayout(tp=2),
+    model_head="value",
 )
+#: What a worker written for rlcore 0.2 declares: everything offered before model_head (0.3).
+OFFERED_IN_0_2 = {k: v for k, v in OFFERED.items() if k != "model_head"}
 
 
 def test_each_constructor_gets_exactly_the_keywords_it_declares():
@@ -170,7 +173,7 @@ def test_each_constructor_gets_exactly_the_keywords_it_declares():
     assert declared_kwargs(V1Worker, OFFERED) == {
         k: OFFERED[k] for k in ("weights_path", "optimizer_path", "init_optimizer", "init_reference_model")
     }
-    assert declared_kwargs(V2Worker, OFFERED) == OFFERED
+    assert declared_kwargs(V2Worker, OFFERED) == OFFERED_IN_0_2
     assert declared_kwargs(AnyWorker, OFFERED) == OFFERED
     assert declared_kwargs(len, OFFERED) == {}  # no signature to read: nothing beyond the positional call
 
@@ -194,7 +197,7 @@ def test_the_worker_host_builds_a_worker_with_what_it_declares(monkeypatch):
     assert (old.worker.config, old.worker.tokenizer) == ("cfg", "tok")
     assert old.worker.given == {k: OFFERED[k] for k in old.worker.given} and "layout" not in old.worker.given
     new = WorkerHost(f"{__name__}:V2Worker", {}, ("cfg", "tok"), {}, offered=OFFERED, capabilities=("train",))
-    assert new.worker.given == OFFERED
+    assert new.worker.given == OFFERED_IN_0_2
 
 
 def test_the_worker_host_refuses_a_worker_without_a_capabilitys_method(monkeypatch):
@@ -232,8 +235,8 @@ def test_a_worker_constructor_is_checked_against_what_the_core_offers():
 
     assert worker_problems(_worker(needs_more), W) == [
         "Candidate.__init__ requires mesh, rank_map, which rlcore does not pass (it offers weights_path, "
-        "optimizer_path, init_optimizer, init_reference_model, backend_config, layout): give them a default or "
-        "take one of those"
+        "optimizer_path, init_optimizer, init_reference_model, backend_config, layout, model_head): give them a "
+        "default or take one of those"
     ]
 
     def no_tokenizer(self, config):

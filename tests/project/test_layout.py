@@ -91,12 +91,15 @@ def test_the_conformance_kit_exports_what_it_did_before_the_split():
             "EngineLifecycleConformance",
             "GenerationBackendConformance",
             "LifecycleSubject",
+            "SquaredErrorValueLoss",
             "StepRecord",
             "TrainingBackendConformance",
+            "ValueModelConformance",
             "distillation_step",
             "dpo_step",
             "generation_output_problems",
             "hf_token_logprobs",
+            "hf_values",
             "lifecycle_problems",
             "load_hf_model",
             "logprob_problems",
@@ -104,6 +107,7 @@ def test_the_conformance_kit_exports_what_it_did_before_the_split():
             "plugin_reference",
             "single_process_sgd",
             "train_and_save_step",
+            "value_sgd_step",
             "weight_problems",
         ]
     )

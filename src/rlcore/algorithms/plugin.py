@@ -40,6 +40,19 @@ _BUILTIN = {
             }
         },
     ),
+    "ppo": (
+        "rlcore.algorithms.ppo.config:PPOConfig",
+        "rlcore.algorithms.ppo.loop:PPO",
+        "Proximal Policy Optimization with a critic: a value model trained beside the policy gives GAE's per-token "
+        "advantages; ppo_epochs updates of the critic, then the policy, per rollout.",
+        {
+            "generates": True,
+            "sections": {
+                "loss": "rlcore.algorithms.grpo.loss_config:ClippedPGLossConfig",
+                "value_loss": "rlcore.algorithms.ppo.config:ValueLossConfig",
+            },
+        },
+    ),
     "distillation": (
         "rlcore.algorithms.distillation.config:DistillationConfig",
         "rlcore.algorithms.distillation.loop:Distillation",

@@ -26,7 +26,7 @@ class Conversion:
 
 
 #: NeMo-RL's algorithms besides GRPO, each run by its own script that reads its own section.
-ALGORITHMS = ("sft", "dpo", "distillation")
+ALGORITHMS = ("sft", "dpo", "distillation", "ppo")
 
 
 def algorithm(nemo: dict[str, Any]) -> str:
@@ -40,9 +40,6 @@ def algorithm(nemo: dict[str, Any]) -> str:
 #: NeMo-RL's algorithms rlcore does not run, by the section their script reads: the one line that refuses such a
 #: config (instead of one "unknown key" line per key of that section).
 UNSUPPORTED_ALGORITHMS = {
-    "ppo": "ppo: NeMo-RL's PPO trains a value model (the critic, its `value` section) beside the policy for GAE "
-    "advantages, and rlcore has no value model yet: PPO is not supported; use a GRPO config instead (e.g. NeMo-RL's "
-    "grpo_math_1B.yaml: group-relative advantages, no critic)",
     "rm": "rm: NeMo-RL's reward-model training (a Bradley-Terry reward model, policy.reward_model_cfg) is not "
     "supported by rlcore yet; use a DPO config to learn from preference pairs (NeMo-RL's dpo.yaml), or score "
     "completions with an environment (docs/tasks.md)",

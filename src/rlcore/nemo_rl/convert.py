@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rlcore.config.messages import show_value
-from rlcore.nemo_rl import distillation, dpo, handlers, notes, sft
+from rlcore.nemo_rl import distillation, dpo, handlers, notes, ppo, sft
 from rlcore.nemo_rl.conversion import (
     Conversion,
     algorithm,
@@ -220,6 +220,7 @@ def convert(nemo: dict[str, Any]) -> Conversion:
         handlers.HANDLERS[name](nemo, out)
     # last, and given this walker: it converts the teacher's settings as a policy and compares them with the student's
     distillation.teacher(nemo, out, convert)
+    ppo.value(nemo, out, convert)
     notes.add_notes(nemo, out)
     return out
 

@@ -24,11 +24,11 @@ each), refused by the table.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from typing import Any
 
-from rlcore.nemo_rl.conversion import Conversion, algorithm, nemo_defaults, put, same, without_unread
+from rlcore.nemo_rl.conversion import Conversion, algorithm, nemo_defaults, put, without_unread
+from rlcore.nemo_rl.second_policy import own_settings
 
 #: NeMo-RL's defaults of ``distillation`` keys (its DistillationConfig, main) where rlcore's differ.
 NEMO_DEFAULTS = {
@@ -91,7 +91,7 @@ def teacher(nemo: dict[str, Any], out: Conversion, convert: Callable[[dict[str, 
         if rest.pop(key, _MISSING) is not _MISSING:
             out.ignored.append((f"teacher.{key}", why))
     _tokenizer(rest, out)
-    _compare(nemo, rest, out, convert)
+    own_settings(rest, out, convert, "distillation.teacher", "teacher")
 
 
 def _tokenizer(rest: dict[str, Any], out: Conversion) -> None:
@@ -108,47 +108,6 @@ def _tokenizer(rest: dict[str, Any], out: Conversion) -> None:
             "does; distillation.teacher.tokenizer.name maps such a teacher instead",
         )
     )
-
-
-def _compare(
-    nemo: dict[str, Any], rest: dict[str, Any], out: Conversion, convert: Callable[[dict[str, Any]], Conversion]
-) -> None:
-    """The teacher's settings, converted as the student's policy is (``convert``): each that differs from the
-    student's becomes the teacher's own (``distillation.teacher``), the others are the student's already."""
-    converted = convert({"policy": rest})
-    out.problems.extend(_as_teacher(line) for line in converted.problems)
-    student = _leaves(out.config.get("policy", {}), "policy")
-    for path, value in _leaves(converted.config.get("policy", {}), "policy").items():
-        if not same(value, student.get(path, _MISSING)):
-            own = "distillation.teacher." + path[len("policy.") :]
-            put(out.config, own, value)
-            out.sources[own] = _as_teacher(_source(converted.sources, path))
-    if rest:
-        out.ignored.append(
-            (
-                "teacher (its other keys)",
-                "the same as the student's policy settings, which the "
-                "teacher takes unless distillation.teacher sets its own, or ignored as they are under "
-                "policy",
-            )
-        )
-
-
-def _leaves(node: Any, prefix: str) -> dict[str, Any]:
-    if not isinstance(node, dict) or not node:
-        return {prefix: node}
-    return {path: leaf for key, value in node.items() for path, leaf in _leaves(value, f"{prefix}.{key}").items()}
-
-
-def _source(sources: dict[str, str], path: str) -> str:
-    """The NeMo-RL key an rlcore value came from (a value written as a whole section: the section's)."""
-    while path and path not in sources:
-        path = path.rpartition(".")[0]
-    return sources.get(path, path)
-
-
-def _as_teacher(text: str) -> str:
-    return re.sub(r"^policy\b", "teacher", text)
 
 
 __all__ = ["distillation_settings", "teacher", "without_unread_loss_keys"]

@@ -271,9 +271,9 @@ def importance_sampling(nemo: dict[str, Any], out: Conversion) -> None:
 
 def loss_defaults(nemo: dict[str, Any], out: Conversion) -> None:
     """NeMo-RL builds its loss config with its own defaults; the one that differs from rlcore's is the KL
-    coefficient (0.01 there, 0 here), so a GRPO loss_fn section without it keeps NeMo-RL's."""
+    coefficient (0.01 there, 0 here), so a GRPO or PPO loss_fn section without it keeps NeMo-RL's."""
     loss = nemo.get("loss_fn")
-    if algorithm(nemo) == "grpo" and isinstance(loss, dict) and "reference_policy_kl_penalty" not in loss:
+    if algorithm(nemo) in ("grpo", "ppo") and isinstance(loss, dict) and "reference_policy_kl_penalty" not in loss:
         _set(out, "loss.reference_policy_kl_penalty", 0.01, "loss_fn (NeMo-RL's default reference_policy_kl_penalty)")
 
 

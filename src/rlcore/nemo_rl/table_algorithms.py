@@ -46,7 +46,7 @@ ALGORITHM_AND_RUN_RULES: tuple[Rule, ...] = (
             transform="negative_is_off",
             note="NeMo-RL validates when val_period > 0: a negative period is 0 (off)",
         )
-        for algo in ("grpo", "sft", "dpo", "distillation")
+        for algo in ("grpo", "sft", "dpo", "distillation", "ppo")
     ),
     *(_m("grpo." + k) for k in ("val_at_start", "val_at_end", "max_val_samples", "val_batch_size")),
     _n("grpo.val_start_at", (-1, None), "starting validation at a later step"),
@@ -195,6 +195,44 @@ ALGORITHM_AND_RUN_RULES: tuple[Rule, ...] = (
         "ignored (NeMo-RL's teacher does not generate or train), tokenizer.name ignored (NeMo-RL's teacher reads "
         "the student's token ids; a teacher model of another vocabulary is refused when the run starts, as NeMo-RL "
         "refuses it, and rlcore's distillation.teacher.tokenizer.name maps it instead); other configs: ignored",
+    ),
+    # -- ppo (a ppo section: rlcore/nemo_rl/ppo.py; rlcore's PPOConfig takes NeMo-RL's keys and defaults) ---------
+    *(
+        _m("ppo." + k)
+        for k in (
+            "num_prompts_per_step",
+            "num_generations_per_prompt",
+            "max_rollout_turns",
+            "max_num_epochs",
+            "max_num_steps",
+            "ppo_epochs",
+            "policy_training_start_step",
+            "val_at_start",
+            "val_at_end",
+            "overlong_filtering",
+            "max_val_samples",
+            "val_batch_size",
+            "seed",
+            "use_dynamic_sampling",
+            "dynamic_sampling_max_gen_batches",
+            "batch_multiplier",
+            "skip_reference_policy_logprobs_calculation",
+            "async_ppo",
+            "reward_shaping",
+            "adv_estimator",
+            "reward_scaling",
+            "seq_logprob_error_threshold",
+        )
+    ),
+    *(_m("value_loss_fn." + k, "value_loss." + k) for k in ("scale", "cliprange")),
+    _c(
+        "value",
+        "value",
+        "ppo.value",
+        "PPO configs: the critic's policy section; each key is converted as policy's and one that differs from the "
+        "policy's is the critic's own (ppo.value.<policy key>: its backend, parallel layout, learning rate, batch "
+        "sizes), the rest are the policy's; reward_model_cfg {enabled: true, reward_model_type: regression} is the "
+        "value head rlcore builds; other configs: ignored",
     ),
     # -- loss_fn --------------------------------------------------------------------------------
     *(

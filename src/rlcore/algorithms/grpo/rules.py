@@ -119,7 +119,8 @@ def kl_in_reward_needs_reinforce_plus_plus(cfg: RLCoreConfig) -> Iterator[str]:
     if not loss.use_kl_in_reward:
         return
     estimator = cfg.grpo.advantage_estimator if cfg.grpo is not None else None
-    if estimator not in TOKEN_LEVEL_ESTIMATORS:
+    # another algorithm's (PPO's GAE) reads it its own way (rlcore.algorithms.ppo.rewards)
+    if cfg.algorithm == "grpo" and estimator not in TOKEN_LEVEL_ESTIMATORS:
         yield (
             f"loss.use_kl_in_reward: only the Reinforce++ advantages put the KL into the reward, but "
             f"grpo.advantage_estimator is {estimator}; set it to reinforce_plus_plus[_baseline] or set "
