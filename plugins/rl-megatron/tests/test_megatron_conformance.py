@@ -14,22 +14,27 @@ import subprocess
 import sys
 
 import pytest
-from megatron_helpers import PLAIN_SGD
+from megatron_helpers import PLAIN_SGD, _merge
 
-from rlcore.testing.conformance import TrainingBackendConformance
+from rlcore.testing.conformance import TrainingBackendConformance, ValueModelConformance
 from rlcore.testing.conformance.resume_check import AdamRecipe
+from rlcore.testing.conformance.value_model import VALUE_MOMENTUM
 
 pytest_plugins = ["rlcore.testing.pytest_plugin"]
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
 
-class TestMegatronBackend(TrainingBackendConformance):
+class TestMegatronBackend(TrainingBackendConformance, ValueModelConformance):
     backend_name = "megatron"
     reads_policy_optimizer = False  # megatron_cfg.optimizer is its optimizer: plain SGD below
 
     def policy_overrides(self) -> dict:
         # The kit's oracle is plain SGD; the megatron backend takes its optimizer from megatron_cfg.
         return {"megatron_cfg": PLAIN_SGD}
+
+    def value_policy_overrides(self) -> dict:
+        # The value kit's SGD with momentum (optimizer state a resume must restore), in megatron_cfg's terms.
+        return {"megatron_cfg": _merge(PLAIN_SGD, {"optimizer": {"sgd_momentum": VALUE_MOMENTUM}})}
 
     def resume_policy_overrides(self, recipe: AdamRecipe) -> dict:
         # The resume check's Adam and linear warm-up, in megatron_cfg's terms (weight decay stays 0).

@@ -311,9 +311,10 @@ class _ValueKit:
             "max_grad_norm": None,
             "precision": "float32",
             "max_total_sequence_length": 32,
-            # momentum: optimizer state a resumed run must restore (the first step is plain SGD's)
-            "optimizer": {"name": "torch.optim.SGD", "kwargs": {"lr": lr, "momentum": VALUE_MOMENTUM}},
         }
+        if getattr(cls, "reads_policy_optimizer", True):  # else value_policy_overrides gives it in the backend's terms
+            # momentum: optimizer state a resumed run must restore (the first step is plain SGD's)
+            policy["optimizer"] = {"name": "torch.optim.SGD", "kwargs": {"lr": lr, "momentum": VALUE_MOMENTUM}}
         policy = deep_merge(policy, cls().value_policy_overrides())
         config = load_config_dict({"cluster": {"workers_per_node": cls.world_size}, "policy": policy}).policy
         self.clusters = ClusterPool()
