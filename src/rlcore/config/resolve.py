@@ -101,6 +101,7 @@ class ResolvedConfig:
     notices: tuple[str, ...] = ()  # one line each: a default the run chose (fall-back, synchronous GRPO)
     teacher: ResolvedPolicy | None = None  # on-policy distillation's frozen teacher
     value_model: ResolvedPolicy | None = None  # a trained critic with a value head (PPO's), see Resolution
+    policy_head: str = "lm"  # the policy's head: "value" for a reward model's training (see Resolution)
 
 
 def resolve_policy(
@@ -165,24 +166,27 @@ def resolve(cfg: RLCoreConfig, *, run: bool = False, registry: Registry | None =
         problems += gen_problems
     problems += backends.lora_problems(policy.config, policy.spec, generation and generation.spec, registry)
     problems += backends.hf_config_overrides_problems(policy.config, generation and generation.spec, policy.spec)
-    async_generation, environment, teacher, value_model = False, None, None, None
+    async_generation, environment, teacher, value_model, policy_head = False, None, None, None, "lm"
     algorithm = load_algorithm(cfg.algorithm, registry) if run else None
     if algorithm is not None and algorithm.generates:  # it generates and scores
         environment, env_problems = _resolve_environment(cfg, registry)
         problems += env_problems
     if algorithm is not None and not problems:
         decided = algorithm.resolve(cfg, policy, generation, registry, notices)
-        cfg, problems, async_generation, teacher, value_model = (
+        cfg, problems, async_generation, teacher, value_model, policy_head = (
             decided.config,
             decided.problems,
             decided.async_generation,
             decided.teacher,
             decided.value_model,
+            decided.policy_head,
         )
     if problems:
         raise ConfigError(problems)
     cfg = cfg.model_copy(update={"policy": policy.config})
-    return ResolvedConfig(cfg, policy, generation, async_generation, environment, tuple(notices), teacher, value_model)
+    return ResolvedConfig(
+        cfg, policy, generation, async_generation, environment, tuple(notices), teacher, value_model, policy_head
+    )
 
 
 # -- a run's defaults --------------------------------------------------------------------------------

@@ -32,6 +32,9 @@ class Resolution:
     # A ResolvedPolicy of a trained second model with a value head (PPO's critic): built with model_head="value",
     # its own optimizer, checkpointed beside the policy (``value/`` of a step) and restored by --resume.
     value_model: Any = None
+    # The policy's head: "lm" (a causal LM, every algorithm that generates or trains on logprobs) or "value" (a
+    # scalar head, built with Policy(model_head="value") on a backend declaring value_head: a reward model's training).
+    policy_head: str = "lm"
 
 
 class Algorithm:

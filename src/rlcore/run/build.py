@@ -156,6 +156,7 @@ def build_run(
             weights_path=weights,
             optimizer_path=optimizer,
             init_reference_model=load_algorithm(cfg.algorithm).needs_reference_model(cfg),
+            model_head=resolved.policy_head,
         )
         if resolved.teacher is not None:  # frozen: no optimizer, no reference copy
             run.teacher = Policy(
