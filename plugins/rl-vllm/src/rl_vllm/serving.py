@@ -12,6 +12,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any, Literal
 
+from rl_vllm.engine_env import EngineRank
 from rl_vllm.engine_loop import EngineLoop
 from rl_vllm.sampling import Completion, sampled_logprobs
 
@@ -20,10 +21,27 @@ class EngineLifecycle:
     """The ``async_engine`` part of ``VllmGenerationWorker``: ``_loop`` is its engine loop (None: a sync engine)."""
 
     rank: int
+    place: EngineRank
     _loop: EngineLoop | None
     llm: Any
     weight_version: int
     _lora_request: Any
+
+    def _engine_loop(self) -> EngineLoop:
+        """The engine loop; at tensor_parallel_size > 1 tensor-parallel rank 0's leads the others'
+        (:mod:`rl_vllm.lockstep`), which are named by their rank in errors."""
+        lockstep, name = None, f"engine {self.place.engine}"
+        if self.place.tp_size > 1:
+            from rl_vllm.lockstep import Lockstep
+
+            lockstep = Lockstep.of_engine(self.place.tp_rank, self.place.tp_size)
+            if self.place.tp_rank:
+                name += f" (tensor-parallel rank {self.place.tp_rank})"
+        return EngineLoop(self.llm.llm_engine, name, self._serving_state, sampled_logprobs, lockstep)
+
+    def _serving_state(self) -> tuple[int, Any]:
+        """The weight version and adapter a request admitted now runs with (asked by the engine loop)."""
+        return self.weight_version, self._lora_request
 
     def _generate_batch(self, requests: list[Any], params: list[Any]) -> tuple[list[Completion], list[list[int]]]:
         """One blocking ``llm.generate``: a sync actor runs one call at a time, so a refit never lands inside it

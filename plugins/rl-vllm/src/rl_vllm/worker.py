@@ -26,7 +26,6 @@ from rl_vllm.sampling import (
     prompts_from_batch,
     request_seeds,
     request_stop_strings,
-    sampled_logprobs,
 )
 from rl_vllm.serving import EngineLifecycle, token_versions
 from rlcore.refit import RefitError
@@ -157,22 +156,6 @@ class VllmGenerationWorker(EngineLifecycle):
         )
         # vllm_cfg.async_engine: a thread serves the engine continuously (rl_vllm.engine_loop)
         self._loop: EngineLoop | None = self._engine_loop() if vllm_config.async_engine else None
-
-    def _engine_loop(self) -> EngineLoop:
-        """The engine loop; at tensor_parallel_size > 1 tensor-parallel rank 0's leads the others'
-        (:mod:`rl_vllm.lockstep`), which are named by their rank in errors."""
-        lockstep, name = None, f"engine {self.place.engine}"
-        if self.place.tp_size > 1:
-            from rl_vllm.lockstep import Lockstep
-
-            lockstep = Lockstep.of_engine(self.place.tp_rank, self.place.tp_size)
-            if self.place.tp_rank:
-                name += f" (tensor-parallel rank {self.place.tp_rank})"
-        return EngineLoop(self.llm.llm_engine, name, self._serving_state, sampled_logprobs, lockstep)
-
-    def _serving_state(self) -> tuple[int, Any]:
-        """The weight version and adapter a request admitted now runs with (asked by the engine loop)."""
-        return self.weight_version, self._lora_request
 
     # -- generation -----------------------------------------------------------------
     def _sampling_params(
