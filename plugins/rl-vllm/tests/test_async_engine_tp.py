@@ -154,6 +154,7 @@ def hf_agreement(model: Any, out: BatchedDataDict) -> tuple[float, int]:
     return err, int(wrong.sum())
 
 
+@pytest.mark.slow  # 1-2.5 min on 2 busy cores; the lock step itself is tested fast in test_engine_loop.py
 class TestTensorParallelAsyncEngine:
     """This module's checks, on the class's engine (``tp_engine``)."""
 
