@@ -92,11 +92,12 @@ def training_batch(rollout: Any, advantages: Any) -> Any:
     )
 
 
-def peak_memory_metrics(policy: Any, generation: Any) -> dict[str, float]:
+def peak_memory_metrics(policy: Any, generation: Any, **others: Any) -> dict[str, float]:
     """Peak resident memory so far (GiB, the largest rank) of the training workers and, when they are
-    other processes, the generation engines; plus GPU peaks where the workers use a GPU."""
+    other processes, the generation engines; plus GPU peaks where the workers use a GPU. ``others``: more worker
+    groups' owners by role (``value=`` a critic), reported as ``memory/<role>_peak_rss_gib``."""
     metrics: dict[str, float] = {}
-    for role, owner in (("train", policy), ("generation", generation)):
+    for role, owner in (("train", policy), ("generation", generation), *others.items()):
         group = getattr(owner, "worker_group", None)
         if group is None or (role == "generation" and owner is policy):
             continue

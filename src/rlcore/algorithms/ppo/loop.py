@@ -122,7 +122,7 @@ def ppo_step(run: Run, step: int, policy_loss: Any, value_loss: Any) -> dict[str
         "epoch": float(run.data.train.epoch_of(run.next_batch - 1)),
         "time/step_s": sum(timer.seconds.values()),
         **timer.seconds,
-        **peak_memory_metrics(run.policy, run.generation),
+        **peak_memory_metrics(run.policy, run.generation, value=run.value_model),
     }
 
 
@@ -207,4 +207,7 @@ class PPO(Algorithm):
 
 def _as_value(problem: str) -> str:
     """A problem of the critic's policy, named where it is fixed (``ppo.value.<key>`` over the policy's)."""
-    return "ppo.value." + problem[len("policy.") :] if problem.startswith("policy.") else f"ppo.value: {problem}"
+    import re
+
+    named = re.sub(r"\bpolicy\.", "ppo.value.", problem)
+    return named if named.startswith("ppo.value.") else f"ppo.value: {named}"
