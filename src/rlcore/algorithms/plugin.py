@@ -53,6 +53,18 @@ _BUILTIN = {
             },
         },
     ),
+    "rm": (
+        "rlcore.algorithms.rm.config:RMConfig",
+        "rlcore.algorithms.rm.loop:RM",
+        "Reward-model training: the policy as a value model (trunk + scalar head) trained with the Bradley-Terry "
+        "loss on (prompt, chosen, rejected) pairs.",
+        {
+            "unread_sections": {
+                "loss": "the policy-gradient loss (rm trains the Bradley-Terry loss)",
+                "env": "the environment that scores completions",
+            }
+        },
+    ),
     "distillation": (
         "rlcore.algorithms.distillation.config:DistillationConfig",
         "rlcore.algorithms.distillation.loop:Distillation",
