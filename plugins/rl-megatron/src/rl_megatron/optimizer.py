@@ -6,8 +6,16 @@ The optimizer is megatron's own (``get_megatron_optimizer``): fp32 (``FP32Optimi
 data-parallel rank keeps the main weights and Adam moments of its 1/dp slice of the gradient buffer,
 ``DistributedOptimizer``). On a CPU process :mod:`rl_megatron.cpu_compat` gets them past their CUDA checks.
 
-The distributed optimizer's checkpoint, without TransformerEngine or Apex (torch's Adam), needs two repairs,
-both in :func:`load_distributed_state`:
+The distributed optimizer's checkpoint finds each parameter's main weights and Adam state through
+``model_param_group_index_map`` (parameter -> position in its optimizer group). megatron-core 0.16.1 numbers the
+parameters in grad-buffer order, but puts the float32 parameters of a group before its bf16/fp16 ones: in a group
+holding both (a bf16 Qwen2's no-weight-decay group: its bf16 qkv biases beside the float32 RMSNorm weights of the
+local spec's torch norm) the numbers point at other parameters' state, and saving fails (a size mismatch in
+``get_parameter_state_dp_zero``) or, where the sizes happen to agree, stores one parameter's state under
+another's name. :func:`build` renumbers them in the group's own order (:func:`repair_group_index_map`).
+
+Without TransformerEngine or Apex (torch's Adam), the checkpoint needs three more repairs, all in
+:func:`load_distributed_state`:
 
 - megatron builds the load request from ``state_dict()``, which reads each parameter's Adam ``step``; a fresh
   optimizer has no state yet, so it fails (``assert len(steps) == 1``). The state is created first, as torch's
@@ -96,6 +104,8 @@ def build(gpt: torch.nn.Module, tconfig: Any, mcfg: Any, policy: Any, *, fused_a
     )
     optimizer = get_megatron_optimizer(opt_config, [model])
     for opt in parts(optimizer):
+        if hasattr(opt, "model_param_group_index_map"):  # a DistributedOptimizer
+            repair_group_index_map(opt)
         if getattr(opt, "init_state_fn", False) is None:
             # megatron-core gives SGD no state initialiser, so loading its checkpoint fails.
             opt.init_state_fn = init_sgd_state
@@ -151,6 +161,38 @@ def distributed_checkpoint_metadata(on_gpu: bool) -> dict[str, Any]:
         "distrib_optim_sharding_type": "fully_reshardable",
         "distrib_optim_fully_reshardable_mem_efficient": not on_gpu,
     }
+
+
+def repair_group_index_map(opt: Any) -> None:
+    """Point ``opt.model_param_group_index_map`` (a megatron ``DistributedOptimizer``'s parameter ->
+    ``(group index, position)``) at each parameter's own main weights in ``opt.optimizer.param_groups`` (see the
+    module docstring). The position is found by identity: each group's main weights are the shards megatron made
+    of its float32 and its bf16/fp16 model parameters (``shard_fp32_groups``, and ``shard_fp32_from_float16_groups``
+    or, with the precision-aware optimizer, ``shard_float16_groups``), in the order it built them."""
+    half_shards = (
+        opt.shard_float16_groups
+        if opt.config.use_precision_aware_optimizer_no_fp8_or_ds_fp8
+        else opt.shard_fp32_from_float16_groups
+    )
+    repaired: dict[Any, tuple[int, int]] = {}
+    for index, group in enumerate(opt.optimizer.param_groups):
+        model_param_of = {
+            id(shard): model_param
+            for model_params, shards in (
+                (opt.model_fp32_groups[index], opt.shard_fp32_groups[index]),
+                (opt.model_float16_groups[index], half_shards[index]),
+            )
+            for model_param, shard in zip(model_params, shards, strict=True)
+        }
+        for position, main_param in enumerate(group["params"]):
+            repaired[model_param_of[id(main_param)]] = (index, position)
+    if repaired.keys() != opt.model_param_group_index_map.keys():
+        raise RuntimeError(
+            "megatron's distributed optimizer: its parameter groups hold other parameters than its grad buffers "
+            f"({len(repaired)} vs {len(opt.model_param_group_index_map)}); this megatron-core version lays them "
+            "out differently from the one rl_megatron.optimizer.repair_group_index_map was written for"
+        )
+    opt.model_param_group_index_map = repaired
 
 
 def load_distributed_state(optimizer: Any, state_dict: Any) -> None:
@@ -234,5 +276,6 @@ __all__ = [
     "init_sgd_state",
     "load_distributed_state",
     "parts",
+    "repair_group_index_map",
     "state_summary",
 ]
