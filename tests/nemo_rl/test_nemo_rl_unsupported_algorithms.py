@@ -1,5 +1,6 @@
-"""NeMo-RL algorithms rlcore does not run (reward-model training) are refused in one line that names the algorithm
-and what to use instead, not in one "unknown key" line per key of their sections."""
+"""NeMo-RL configs for an algorithm rlcore does not run, or for two, are refused in one line that names the algorithm
+and what to use instead, not in one "unknown key" line per key of their sections; reward-model training, once refused
+so, converts (its only refusal left: a reward model type other than Bradley-Terry)."""
 
 from __future__ import annotations
 
@@ -20,10 +21,24 @@ def refusal(path: Path, overrides: list[str] | None = None) -> list[str]:
     return caught.value.problems
 
 
-def test_reward_model_training_is_refused_in_one_line() -> None:
-    [line] = refusal(FIXTURES / "unsupported_main" / "rm.yaml")
-    assert line.startswith("rm: NeMo-RL's reward-model training (a Bradley-Terry reward model")
-    assert "not supported by rlcore yet; use a DPO config" in line
+def test_reward_model_training_converts_and_other_reward_model_types_are_refused_in_one_line() -> None:
+    rows = Path(__file__).parents[2] / "src" / "rlcore" / "examples" / "data" / "preference_dpo.jsonl"
+    data = [
+        f"++data.{s}.{k}={v}"
+        for s in ("train", "validation")
+        for k, v in (("dataset_name", "BinaryPreferenceDataset"), ("data_path", rows))
+    ]
+    loaded = load_nemo_rl_config(
+        FIXTURES / "main" / "rm.yaml", ["policy.model_name=tiny-llama", *data], ["cluster.use_gpu=false"]
+    )
+    assert loaded.config.algorithm == "rm" and loaded.config.rm.val_period == 16
+    assert loaded.config.checkpointing.metric_name == "validation/loss"
+    problems = refusal(FIXTURES / "main" / "rm.yaml", ["policy.reward_model_cfg.reward_model_type=regression", *data])
+    assert not [line for line in problems if UNKNOWN in line], problems
+    assert [line for line in problems if line.startswith("policy.reward_model_cfg")] == [
+        'policy.reward_model_cfg: is {"enabled": true, "reward_model_type": "regression"}; rlcore trains '
+        "Bradley-Terry reward models only: set enabled: true and reward_model_type: bradley_terry"
+    ], problems
 
 
 def test_a_grpo_section_beside_a_ppo_one_is_refused_as_two_algorithms() -> None:

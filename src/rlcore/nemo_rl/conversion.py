@@ -26,7 +26,7 @@ class Conversion:
 
 
 #: NeMo-RL's algorithms besides GRPO, each run by its own script that reads its own section.
-ALGORITHMS = ("sft", "dpo", "distillation", "ppo")
+ALGORITHMS = ("sft", "dpo", "distillation", "ppo", "rm")
 
 
 def algorithm(nemo: dict[str, Any]) -> str:
@@ -39,11 +39,7 @@ def algorithm(nemo: dict[str, Any]) -> str:
 
 #: NeMo-RL's algorithms rlcore does not run, by the section their script reads: the one line that refuses such a
 #: config (instead of one "unknown key" line per key of that section).
-UNSUPPORTED_ALGORITHMS = {
-    "rm": "rm: NeMo-RL's reward-model training (a Bradley-Terry reward model, policy.reward_model_cfg) is not "
-    "supported by rlcore yet; use a DPO config to learn from preference pairs (NeMo-RL's dpo.yaml), or score "
-    "completions with an environment (docs/tasks.md)",
-}
+UNSUPPORTED_ALGORITHMS: dict[str, str] = {}
 
 
 def unsupported_algorithm(nemo: dict[str, Any]) -> str | None:

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rlcore.config.messages import show_value
-from rlcore.nemo_rl import distillation, dpo, handlers, notes, ppo, sft
+from rlcore.nemo_rl import distillation, dpo, handlers, notes, ppo, rm, sft
 from rlcore.nemo_rl.conversion import (
     Conversion,
     algorithm,
@@ -203,6 +203,7 @@ UNREAD: dict[str, Callable[[dict[str, Any], Conversion], dict[str, Any]]] = {
     "sft": sft.without_unread_sections,
     "dpo": dpo.without_unread_sections,
     "distillation": distillation.without_unread_loss_keys,
+    "rm": rm.own_sections,
 }
 
 

@@ -234,6 +234,24 @@ ALGORITHM_AND_RUN_RULES: tuple[Rule, ...] = (
         "sizes), the rest are the policy's; reward_model_cfg {enabled: true, reward_model_type: regression} is the "
         "value head rlcore builds; other configs: ignored",
     ),
+    # -- rm (an rm section and no grpo section: rlcore/nemo_rl/rm.py; rlcore's RMConfig takes NeMo-RL's defaults) --
+    *(
+        _m("rm." + k)
+        for k in ("max_num_epochs", "val_global_batch_size", "val_micro_batch_size", "val_at_start", "val_at_end")
+    ),
+    _m("rm.max_num_steps", note="-1 (NeMo-RL's default) trains max_num_epochs epochs"),
+    _m(
+        "rm.val_period",
+        transform="negative_is_off",
+        note="NeMo-RL validates when val_period > 0: a negative period is 0 (off)",
+    ),
+    _m("rm.val_batches", transform="negative_is_off", note="-1 (NeMo-RL's default: every validation batch) is 0"),
+    _m(
+        "rm.seed",
+        note="the pair order; policy.reward_model_cfg enabled with reward_model_type bradley_terry is what rm does "
+        "(the policy as a value model, the Bradley-Terry loss; other types are errors); the data is read as DPO's, "
+        "rm.add_bos / add_eos / add_generation_prompt set true / true / false, NeMo-RL's tokenization of pairs",
+    ),
     # -- loss_fn --------------------------------------------------------------------------------
     *(
         _m("loss_fn." + k, "loss." + k)
