@@ -32,6 +32,12 @@ _BUILTIN = {
         "A 'module:function' reward(prompts, completions, metadata=..., **kwargs) -> list[float], or a "
         "dict of named rewards (their sum; the components GDPO reads).",
     ),
+    "reward_model": (
+        "reward_model:RewardModelEnvironment",
+        "reward_model_config:RewardModelConfig",
+        "A reward model on Ray workers of its own scores each conversation: the reward is its score at the "
+        "last token (NeMo-RL's env.reward_model; an rm run's checkpoint or a Hugging Face reward model).",
+    ),
 }
 
 

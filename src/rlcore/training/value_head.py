@@ -8,7 +8,8 @@ Backend-neutral pieces every training backend that declares ``value_head`` share
 - :func:`value_model_config` and :func:`load_value_model`: the weights are exactly Hugging Face's
   ``AutoModelForTokenClassification`` with one label (trunk + ``score = Linear(hidden, 1)`` with bias), so a
   checkpoint saves and loads in that format; a causal-LM checkpoint loads its trunk, drops ``lm_head`` and gets a
-  freshly initialised head (as Hugging Face initialises that class, under a fixed seed);
+  freshly initialised head (as Hugging Face initialises that class, under a fixed seed); a one-label
+  sequence-classification checkpoint (a hub reward model: ``score`` without bias) loads its head with a zero bias;
 - :func:`value_step_hooks`: the step hooks of a value model, whose forward feeds the loss values instead of
   logprobs (``TrainingWorkerBase.train`` applies it).
 """
@@ -105,9 +106,10 @@ def value_model_config(config: PretrainedConfig) -> PretrainedConfig:
     """``config`` (a causal LM's or a value model's, changed in place and returned) as a value model's: one label,
     no dropout before the head (training must be a pure function of the weights), the token-classification
     architecture recorded for ``from_pretrained``."""
-    if getattr(config, "num_labels", 1) != 1 and _is_token_classification(config):
+    kind = _classification_kind(config)
+    if getattr(config, "num_labels", 1) != 1 and kind is not None:
         raise ValueError(
-            f"the checkpoint is a token-classification model with {config.num_labels} labels; a value model has "
+            f"the checkpoint is a {kind} model with {config.num_labels} labels; a value model has "
             "one (num_labels=1): start from a causal LM or a one-label checkpoint"
         )
     config.num_labels = 1
@@ -116,15 +118,25 @@ def value_model_config(config: PretrainedConfig) -> PretrainedConfig:
     return config
 
 
-def _is_token_classification(config: PretrainedConfig) -> bool:
-    return any(str(a).endswith("ForTokenClassification") for a in (getattr(config, "architectures", None) or ()))
+def _classification_kind(config: PretrainedConfig) -> str | None:
+    """``"token-classification"`` or ``"sequence-classification"`` when ``config``'s architecture is one, else None."""
+    for arch in getattr(config, "architectures", None) or ():
+        for suffix, kind in (
+            ("ForTokenClassification", "token-classification"),
+            ("ForSequenceClassification", "sequence-classification"),
+        ):
+            if str(arch).endswith(suffix):
+                return kind
+    return None
 
 
 def load_value_model(path: str, config: PretrainedConfig, seed: int = VALUE_HEAD_SEED) -> PreTrainedModel:
     """The float32 value model of the checkpoint at ``path`` with ``config`` (:func:`value_model_config`), on CPU.
 
-    A token-classification checkpoint with one label loads whole. A causal-LM checkpoint loads its trunk, drops
-    ``lm_head``, and the head is initialised as Hugging Face initialises the class (weight normal(0,
+    A token-classification checkpoint with one label loads whole. A one-label sequence-classification checkpoint
+    (Hugging Face's reward models: the same ``score`` weight, without bias) loads whole with a zero bias, so each
+    position's output is that model's score had the sequence ended there. A causal-LM checkpoint loads its trunk,
+    drops ``lm_head``, and the head is initialised as Hugging Face initialises the class (weight normal(0,
     ``initializer_range``), bias 0) from ``seed``, leaving torch's generator as it was; an INFO line says so.
     """
     import torch
@@ -137,7 +149,11 @@ def load_value_model(path: str, config: PretrainedConfig, seed: int = VALUE_HEAD
     fresh = sorted(k for k in info["missing_keys"] if k.startswith("score."))
     if other := sorted(set(info["missing_keys"]) - set(fresh)):
         raise ValueError(f"{path}: the checkpoint lacks {', '.join(other[:3])} of the value model's trunk")
-    if fresh:
+    if fresh == ["score.bias"]:  # a sequence-classification head: its weight loaded, it has no bias
+        with torch.no_grad():
+            cast("torch.nn.Linear", model.get_submodule("score")).bias.zero_()
+        log.info("value model: %s has a score head without bias (sequence classification); its bias is 0", path)
+    elif fresh:
         log.info(
             "value model: %s has no value head (%s); initialised score as %s initialises it "
             "(normal(0, %s) weight, zero bias, seed %d); its lm_head is not used",
