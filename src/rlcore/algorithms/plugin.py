@@ -53,6 +53,16 @@ _BUILTIN = {
             },
         },
     ),
+    "distillation": (
+        "rlcore.algorithms.distillation.config:DistillationConfig",
+        "rlcore.algorithms.distillation.loop:Distillation",
+        "On-policy distillation: the student trains on the KL to a frozen teacher's top-k logits over "
+        "its own rollouts.",
+        {
+            "generates": True,
+            "unread_sections": {"loss": "the policy-gradient loss (distillation trains the KL to the teacher)"},
+        },
+    ),
     "rm": (
         "rlcore.algorithms.rm.config:RMConfig",
         "rlcore.algorithms.rm.loop:RM",
@@ -63,16 +73,6 @@ _BUILTIN = {
                 "loss": "the policy-gradient loss (rm trains the Bradley-Terry loss)",
                 "env": "the environment that scores completions",
             }
-        },
-    ),
-    "distillation": (
-        "rlcore.algorithms.distillation.config:DistillationConfig",
-        "rlcore.algorithms.distillation.loop:Distillation",
-        "On-policy distillation: the student trains on the KL to a frozen teacher's top-k logits over "
-        "its own rollouts.",
-        {
-            "generates": True,
-            "unread_sections": {"loss": "the policy-gradient loss (distillation trains the KL to the teacher)"},
         },
     ),
 }
