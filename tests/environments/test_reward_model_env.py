@@ -121,6 +121,22 @@ def test_a_section_that_cannot_run_is_refused_before_anything_starts(settings, l
     assert [p for p in caught.value.problems if p.startswith(line)], caught.value.problems
 
 
+def test_a_missing_checkpoint_fails_before_any_worker_is_reserved(tmp_path: Path, monkeypatch) -> None:
+    from rlcore.config import ConfigError
+    from rlcore.environments import reward_model
+
+    def no_cluster(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("a cluster was reserved for a reward model that cannot load")
+
+    monkeypatch.setattr("rlcore.distributed.RayVirtualCluster", no_cluster)
+    missing = tmp_path / "missing"
+    settings = section(model_name="tiny-qwen2", checkpoint_path=str(missing), resources={"use_gpu": False})
+    with pytest.raises(ConfigError) as caught:
+        reward_model.RewardModelEnvironment(settings)
+    [line] = caught.value.problems
+    assert line.startswith(f"env.reward_model_cfg.checkpoint_path: {missing}"), line
+
+
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     root = tmp_path_factory.mktemp("reward-models")

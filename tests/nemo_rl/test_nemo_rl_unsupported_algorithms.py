@@ -50,8 +50,35 @@ def test_a_grpo_section_beside_a_ppo_one_is_refused_as_two_algorithms() -> None:
     assert problems == ["grpo, ppo: a config trains one algorithm; keep one of the sections"], problems
 
 
-def test_grpo_with_a_reward_model_environment_names_the_environment_not_unknown_keys() -> None:
-    """grpo_rm_1B.yaml is GRPO scored by a reward model: refused for its environment, with the fix."""
-    problems = refusal(FIXTURES / "main" / "grpo_rm_1B.yaml")
-    assert not [line for line in problems if UNKNOWN in line], problems
-    assert any(line.startswith("data.default.env_name: is 'reward_model'") for line in problems), problems
+def test_grpo_with_a_reward_model_environment_converts_and_other_reward_model_types_are_refused() -> None:
+    """grpo_rm_1B.yaml is GRPO scored by a reward model: env.reward_model becomes the reward_model environment's
+    section (its policy keys converted as a policy's), its GPU comes off the policy's; what NeMo-RL's environment
+    asserts is refused in one line each."""
+    main, rows = FIXTURES / "main" / "grpo_rm_1B.yaml", [f"++data.train.data_path={FIXTURES / 'math.jsonl'}"]
+    loaded = load_nemo_rl_config(main, rows)
+    cfg, sources = loaded.config, loaded.conversion.sources
+    section = cfg.env.backend_sections["reward_model_cfg"]
+    assert cfg.env.name == "reward_model" and cfg.cluster.workers_per_node == 1  # gpus_per_node 2, one the RM's
+    assert sources["cluster.workers_per_node"] == "cluster.gpus_per_node - env.reward_model.resources"
+    assert section["model_name"] == section["policy"]["tokenizer"]["name"] == "Skywork/Skywork-Reward-V2-Qwen3-0.6B"
+    assert (section["batch_size"], section["precision"], section["max_model_len"]) == (
+        cfg.policy.train_micro_batch_size,
+        "bfloat16",
+        2048,
+    )
+    assert section["resources"] == {"workers_per_node": 1, "num_nodes": 1}
+    assert section["policy"]["dtensor_cfg"]["tensor_parallel_size"] == 1
+    assert section["policy"]["tokenizer"]["chat_template"] == "default"  # NeMo-RL's: the tokenizer's own
+    ignored = dict(loaded.conversion.ignored)
+    assert {"env.reward_model.reward_model_cfg", "env.reward_model.processor", "env.reward_model.max_grad_norm"} <= set(
+        ignored
+    )
+    assert refusal(main, [*rows, "env.reward_model.reward_model_cfg.reward_model_type=regression"]) == [
+        'env.reward_model.reward_model_cfg: is {"enabled": true, "reward_model_type": "regression"}; the '
+        "reward-model environment scores with a Bradley-Terry reward model (the score at the last token): set "
+        "enabled: true and reward_model_type: bradley_terry"
+    ]
+    [line] = refusal(main, [*rows, "env.reward_model.sequence_packing.enabled=true"])
+    assert line.startswith("env.reward_model.sequence_packing.enabled: is true;") and "set it to false" in line
+    [line] = refusal(main, [*rows, "env.reward_model.resources.gpus_per_node=2"])
+    assert line.startswith("env.reward_model.resources: the reward model's 2 GPUs leave no GPU"), line

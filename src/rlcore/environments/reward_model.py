@@ -78,13 +78,21 @@ class RewardModelEnvironment:
     """Scores conversations with a reward model on workers of its own (see the module's docstring)."""
 
     def __init__(self, config: RewardModelConfig) -> None:
+        from rlcore.config import ConfigError
         from rlcore.config.resolve import resolve_policy
         from rlcore.distributed import RayVirtualCluster
         from rlcore.policy import Policy
+        from rlcore.preflight import check_policy_sources
 
         self.config = config
         res = config.resources
         use_gpu = ray_has_gpus() if res.use_gpu is None else res.use_gpu
+        resolved = resolve_policy(config.policy_dict(), world_size=res.world_size, use_gpu=use_gpu)
+        fields = (f"{SECTION}.checkpoint_path", "optimizer_path")
+        if problems := check_policy_sources(resolved.config, config.checkpoint_path, fields=fields):
+            raise ConfigError([renamed_problem(line) for line in problems])  # before any worker is reserved
+        self.tokenizer = load_reward_tokenizer(resolved.config)
+        self.template_kwargs = dict(resolved.config.tokenizer.chat_template_kwargs or {})
         self.cluster: Any = RayVirtualCluster(
             [res.workers_per_node] * res.num_nodes,
             use_gpus=use_gpu,
@@ -93,8 +101,6 @@ class RewardModelEnvironment:
         )
         self.policy: Any = None
         try:
-            resolved = resolve_policy(config.policy_dict(), world_size=self.cluster.world_size, use_gpu=use_gpu)
-            self.tokenizer = load_reward_tokenizer(resolved.config)
             self.policy = Policy(
                 self.cluster,
                 resolved,
@@ -109,7 +115,6 @@ class RewardModelEnvironment:
         except BaseException:
             self.close()
             raise
-        self.template_kwargs = dict(resolved.config.tokenizer.chat_template_kwargs or {})
 
     def encode(self, message_log: list[Message]) -> list[int]:
         """The conversation's token ids as the reward model reads them."""

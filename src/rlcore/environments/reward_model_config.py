@@ -174,7 +174,7 @@ def renamed_problem(line: str) -> str:
             return own + line[len(path) :]
     if line.startswith("policy."):
         return f"{SECTION}.policy." + line[len("policy.") :]
-    return f"{SECTION}: {line}"
+    return line if line.startswith(SECTION) else f"{SECTION}: {line}"
 
 
 __all__ = ["NOT_POLICY_KEYS", "SECTION", "RewardModelConfig", "RewardModelResources", "renamed_problem"]

@@ -395,8 +395,16 @@ ALGORITHM_AND_RUN_RULES: tuple[Rule, ...] = (
         "the run's environment (data env_name, else the first section of an installed "
         "environment): env.<name>.num_workers → env.num_workers; env.math.math_verify_impl hf_math_verify → "
         "env.math_cfg.verifier math_verify, dapo_math_verify → dapo (DAPO's grader); env.math.verifier_type other "
-        "than math is an error; an installed plugin environment's env.<name>.* → env.<name>_cfg.* (validated by its "
-        "config class); a section no installed environment has, which no data entry names, is ignored",
+        "than math is an error; env.reward_model (a reward model scoring each conversation) → env.reward_model_cfg: "
+        "model_name, checkpoint_path, batch_size, precision, max_model_len as they are, resources.gpus_per_node → "
+        "resources.workers_per_node (taken off cluster.gpus_per_node on one node, its num_nodes off cluster.num_nodes "
+        "on several), its policy keys (tokenizer, dtensor_cfg, ...) converted as policy's → "
+        "env.reward_model_cfg.policy, reward_model_cfg other than {enabled: true, reward_model_type: bradley_terry}, "
+        "dynamic_batching or sequence_packing on, a max_grad_norm, generation, or dtensor_cfg cpu_offload / "
+        "activation_checkpointing are errors (NeMo-RL asserts them), processor, logprob_batch_size and "
+        "offload_optimizer_for_logprob ignored; an installed plugin environment's env.<name>.* → env.<name>_cfg.* "
+        "(validated by its config class); a section no installed environment has, which no data entry names, is "
+        "ignored",
     ),
     _c(
         "data_plane",

@@ -329,7 +329,7 @@ def task(nemo: dict[str, Any], out: Conversion) -> None:
             )
     env = nemo.get("env")
     if isinstance(env, dict):
-        _environment(env, out)
+        _environment(env, nemo, out)
 
 
 #: NeMo-RL's ``checkpointing.metric_name`` values rlcore computes, by rlcore metric: GRPO's (and distillation's,
@@ -384,10 +384,13 @@ def installed_environments() -> dict[str, str]:
     return {r.name: r.name for r in get_registry().environments() if r.status == "ok"}
 
 
-def _environment(env: dict[str, Any], out: Conversion) -> None:
+def _environment(env: dict[str, Any], nemo: dict[str, Any], out: Conversion) -> None:
     """NeMo-RL's ``env.<name>`` sections: the selected environment's settings (the data's ``env_name``, or
-    without one the first section rlcore has) become ``env.<name>_cfg``; NeMo-RL's math section is
-    translated key by key, an installed plugin environment's section is its config class's to validate."""
+    without one the first section rlcore has) become ``env.<name>_cfg``; NeMo-RL's math and reward-model sections
+    are translated key by key (:mod:`rlcore.nemo_rl.reward_model`), an installed plugin environment's section is its
+    config class's to validate."""
+    from rlcore.nemo_rl.reward_model import reward_model_settings
+
     plugins = installed_environments()
     for name, settings in env.items():
         if name in TASK_ENVIRONMENTS and name not in plugins:
@@ -422,6 +425,8 @@ def _environment(env: dict[str, Any], out: Conversion) -> None:
             _set(out, "env.num_workers", settings["num_workers"], f"env.{name}.num_workers")
         if name in ENVIRONMENTS:
             _math_settings(name, settings, out)
+        elif name == "reward_model":
+            reward_model_settings(settings, nemo, out)
         else:
             for key, value in settings.items():
                 if key != "num_workers":
