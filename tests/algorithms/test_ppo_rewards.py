@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from rlcore.algorithms.grpo.loss_config import ClippedPGLossConfig
+from rlcore.algorithms.grpo.reward_transforms import transform_rewards
 from rlcore.algorithms.ppo.config import PPOConfig
-from rlcore.algorithms.ppo.rewards import kl_reward, token_rewards, transform_rewards
+from rlcore.algorithms.ppo.rewards import kl_reward, token_rewards
 
 REWARDS = [-0.5, 0.0, 0.25, 1.0, 1.7]
 

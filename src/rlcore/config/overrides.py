@@ -1,4 +1,4 @@
-"""Dotted ``key.sub=value`` overrides applied to a raw config dict."""
+"""Dotted ``key.sub=value`` overrides applied to a raw config dict, and one raw section merged over another."""
 
 from __future__ import annotations
 
@@ -94,3 +94,13 @@ def apply_overrides(raw: dict[str, Any], overrides: Sequence[str]) -> dict[str, 
     if problems:
         raise ConfigError(problems)
     return result
+
+
+def merged_section(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """``over`` merged into ``base`` key by key (nested mappings merged, other values replaced): a second model's
+    own settings over the policy's (distillation's teacher, PPO's critic)."""
+    out = dict(base)
+    for key, value in over.items():
+        nested = isinstance(value, dict) and isinstance(out.get(key), dict)
+        out[key] = merged_section(out[key], value) if nested else value
+    return out

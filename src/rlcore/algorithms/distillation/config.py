@@ -9,6 +9,7 @@ from typing import Any, Literal
 from pydantic import Field, PositiveInt, field_validator
 
 from rlcore.config.base import StrictModel
+from rlcore.config.overrides import merged_section
 from rlcore.config.rollout_loop import RolloutLoopConfig
 
 
@@ -77,7 +78,7 @@ class DistillationConfig(RolloutLoopConfig, DistillationLossConfig):
         """The teacher's policy settings as a dict: the ``student``'s policy (a ``PolicyConfig``) with
         :attr:`teacher` merged over it, the teacher's model, the student's tokenizer (or the teacher's own, see
         :meth:`teacher_tokenizer`) and no generation."""
-        merged = _merged(student.model_dump(exclude_unset=True), self.teacher)
+        merged = merged_section(student.model_dump(exclude_unset=True), self.teacher)
         tokenizer = student.tokenizer.model_dump(exclude_unset=True)
         if self.teacher_tokenizer(student) is not None:
             tokenizer = {"name": self.teacher_tokenizer(student)}
@@ -102,11 +103,3 @@ TEACHER_NOT_OWN = {
     "optimizer": "the teacher does not train; remove it",
     "scheduler": "the teacher does not train; remove it",
 }
-
-
-def _merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
-    """``over`` merged into ``base`` key by key (nested mappings merged, other values replaced)."""
-    out = dict(base)
-    for key, value in over.items():
-        out[key] = _merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
-    return out

@@ -22,12 +22,12 @@ Each option off leaves its input unchanged.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 if TYPE_CHECKING:
     import torch
 
-    from rlcore.algorithms.grpo.config import GRPOConfig, RewardScalingConfig, RewardShapingConfig
+    from rlcore.algorithms.grpo.config import RewardScalingConfig, RewardShapingConfig
 
 
 def _as_tensor(values: Any, dtype: torch.dtype) -> torch.Tensor:
@@ -107,6 +107,13 @@ def shape_rewards(
     return (r + overlong).to(out_dtype)
 
 
+class RewardTransforms(Protocol):
+    """A section with the two reward transforms (``grpo``, ``ppo``)."""
+
+    reward_scaling: RewardScalingConfig
+    reward_shaping: RewardShapingConfig
+
+
 class TransformedRewards(NamedTuple):
     """What :func:`transform_rewards` gives a step."""
 
@@ -115,12 +122,13 @@ class TransformedRewards(NamedTuple):
 
 
 def transform_rewards(
-    grpo_cfg: GRPOConfig,
+    section: RewardTransforms,
     rewards: torch.Tensor,
     response_lengths: torch.Tensor | None = None,
     truncated: torch.Tensor | None = None,
 ) -> TransformedRewards:
-    """``grpo.reward_scaling``, then ``grpo.reward_shaping``, on the environment's ``rewards [B]``.
+    """``reward_scaling``, then ``reward_shaping`` of ``section`` (``grpo``'s, ``ppo``'s: NeMo-RL's PPO shares its
+    GRPO's transforms), on the environment's ``rewards [B]``.
 
     Scaling comes first (NeMo-RL's order), so the shaping penalties are in the scaled units. The rewards
     between the two are kept for dynamic sampling, which NeMo-RL filters on the task's own signal, not on
@@ -128,8 +136,8 @@ def transform_rewards(
     turn; ``truncated [B]`` (bool): the completion was cut by a token budget; each needed only by the
     shaping form that uses it.
     """
-    scaled = scale_rewards(rewards, grpo_cfg.reward_scaling)
-    return TransformedRewards(shape_rewards(scaled, response_lengths, grpo_cfg.reward_shaping, truncated), scaled)
+    scaled = scale_rewards(rewards, section.reward_scaling)
+    return TransformedRewards(shape_rewards(scaled, response_lengths, section.reward_shaping, truncated), scaled)
 
 
 def groups_with_signal(rewards: torch.Tensor, group_size: int) -> torch.Tensor:

@@ -9,9 +9,9 @@ from typing import Any, Literal
 
 from pydantic import Field, NonNegativeInt, PositiveInt, field_validator, model_validator
 
-from rlcore.algorithms.distillation.config import _merged
 from rlcore.algorithms.grpo.config import AsyncGRPOConfig, RewardScalingConfig, RewardShapingConfig
 from rlcore.config.base import StrictModel
+from rlcore.config.overrides import merged_section
 from rlcore.config.rollout_loop import RolloutLoopConfig
 
 
@@ -234,7 +234,7 @@ class PPOConfig(RolloutLoopConfig):
     def value_policy(self, policy: Any) -> dict[str, Any]:
         """The critic's policy settings as a dict: ``policy`` (the ``PolicyConfig``) with :attr:`value` merged over
         it (nested sections key by key), the policy's tokenizer and no generation."""
-        merged = _merged(policy.model_dump(exclude_unset=True), self.value)
+        merged = merged_section(policy.model_dump(exclude_unset=True), self.value)
         return {**merged, "tokenizer": policy.tokenizer.model_dump(exclude_unset=True), "generation": None}
 
     @field_validator("max_num_epochs", mode="before")

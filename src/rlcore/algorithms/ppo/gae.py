@@ -125,10 +125,11 @@ def ppo_advantages(cfg: GAEConfig, token_rewards: torch.Tensor, values: torch.Te
 def batch_advantages(
     cfg: GAEConfig, loss_cfg: ClippedPGLossConfig, data: Mapping[str, Any], rewards: torch.Tensor
 ) -> Advantages:
-    """A step's advantages and returns from its training batch: ``rewards [B]`` (after
-    :func:`rlcore.algorithms.ppo.rewards.transform_rewards`) on each row's last valid token, minus the KL per token
-    with ``loss.use_kl_in_reward`` (:func:`~rlcore.algorithms.ppo.rewards.kl_reward`), GAE over ``data['values']``
-    (the critic's, aligned like logprobs) on the loss's valid tokens (``token_mask * sample_mask`` at ``1..S-1``)."""
+    """A step's advantages and returns from its training batch: ``rewards [B]`` (after GRPO's
+    :func:`~rlcore.algorithms.grpo.reward_transforms.transform_rewards` on the ``ppo`` section) on each row's last
+    valid token, minus the KL per token with ``loss.use_kl_in_reward``
+    (:func:`~rlcore.algorithms.ppo.rewards.kl_reward`), GAE over ``data['values']`` (the critic's, aligned like
+    logprobs) on the loss's valid tokens (``token_mask * sample_mask`` at ``1..S-1``)."""
     import torch
 
     from rlcore.algorithms.ppo.rewards import kl_reward, token_rewards

@@ -27,8 +27,7 @@ def score_rollout(run: Run, timer: Timer) -> tuple[Any, Any, dict[str, float]]:
     rewards ``[B]`` and the rollout's metrics."""
     import torch
 
-    from rlcore.algorithms.grpo.reward_transforms import overlong_sample_mask
-    from rlcore.algorithms.ppo.rewards import transform_rewards
+    from rlcore.algorithms.grpo.reward_transforms import overlong_sample_mask, transform_rewards
 
     p = run.cfg.ppo
     with generating(run, timer):
@@ -53,19 +52,15 @@ def score_rollout(run: Run, timer: Timer) -> tuple[Any, Any, dict[str, float]]:
 def add_advantages(run: Run, data: Any, rewards: Any, timer: Timer) -> None:
     """The critic's values, the policy's logprob passes, and GAE's advantages and returns, into ``data``."""
     from rlcore.algorithms.grpo.step import add_logprob_inputs
-    from rlcore.algorithms.ppo.gae import ppo_advantages
-    from rlcore.algorithms.ppo.rewards import kl_reward, token_rewards
+    from rlcore.algorithms.ppo.gae import batch_advantages
     from rlcore.algorithms.ppo.value_loss import OLD_VALUES_KEY, RETURNS_KEY
-    from rlcore.algorithms.utils import valid_token_mask
 
     with timer.phase("value"):
         run.value_model.prepare_for_lp_inference()
         data[OLD_VALUES_KEY] = run.value_model.get_values(data)["values"]
     with timer.phase("logprob"):  # ppo_epochs > 1 moves the policy between epochs: the ratio needs the pass
         add_logprob_inputs(run.cfg, run.policy, data, prev_pass=True)
-    mask = valid_token_mask(data)
-    per_token = token_rewards(rewards, mask, kl_reward(run.cfg.loss, data))
-    gae = ppo_advantages(run.cfg.ppo.adv_estimator, per_token, data[OLD_VALUES_KEY], mask)
+    gae = batch_advantages(run.cfg.ppo.adv_estimator, run.cfg.loss, data, rewards)
     data["advantages"], data[RETURNS_KEY] = gae.advantages, gae.returns
 
 

@@ -1,7 +1,8 @@
 """The rewards PPO's GAE reads, in NeMo-RL's order (``ppo_train`` and ``GeneralizedAdvantageEstimator``):
 
-1. :func:`transform_rewards`: ``ppo.reward_scaling`` then ``ppo.reward_shaping`` on the sequence rewards, GRPO's
-   own transforms (:mod:`rlcore.algorithms.grpo.reward_transforms`), which NeMo-RL's PPO shares with its GRPO;
+1. ``ppo.reward_scaling`` then ``ppo.reward_shaping`` on the sequence rewards: GRPO's own transforms
+   (:func:`rlcore.algorithms.grpo.reward_transforms.transform_rewards` on the ``ppo`` section), which NeMo-RL's PPO
+   shares with its GRPO;
 2. :func:`kl_reward`: with ``loss.use_kl_in_reward``, ``-beta * KL(pi_prev || pi_ref)`` at every generated token,
    the estimator and clamps of the ``loss`` section (as Reinforce++'s KL in the reward);
 3. :func:`token_rewards`: the sequence reward on each row's last generated token, plus the per-token terms.
@@ -18,24 +19,6 @@ if TYPE_CHECKING:
     import torch
 
     from rlcore.algorithms.grpo.loss_config import ClippedPGLossConfig
-    from rlcore.algorithms.grpo.reward_transforms import TransformedRewards
-    from rlcore.algorithms.ppo.config import PPOConfig
-
-
-def transform_rewards(
-    ppo_cfg: PPOConfig,
-    rewards: torch.Tensor,
-    response_lengths: torch.Tensor | None = None,
-    truncated: torch.Tensor | None = None,
-) -> TransformedRewards:
-    """``ppo.reward_scaling``, then ``ppo.reward_shaping``, on the environment's ``rewards [B]``: exactly GRPO's
-    :func:`~rlcore.algorithms.grpo.reward_transforms.transform_rewards` on PPO's section (``response_lengths``:
-    tokens of each completion's first assistant turn, for DAPO's penalty; ``truncated``: bool, for
-    ``stop_properly_penalty_coef``)."""
-    from rlcore.algorithms.grpo.reward_transforms import TransformedRewards, scale_rewards, shape_rewards
-
-    scaled = scale_rewards(rewards, ppo_cfg.reward_scaling)
-    return TransformedRewards(shape_rewards(scaled, response_lengths, ppo_cfg.reward_shaping, truncated), scaled)
 
 
 def kl_reward(loss_cfg: ClippedPGLossConfig, data: Mapping[str, Any]) -> torch.Tensor | None:
@@ -76,4 +59,4 @@ def token_rewards(rewards: torch.Tensor, mask: torch.Tensor, per_token: torch.Te
     return out
 
 
-__all__ = ["kl_reward", "token_rewards", "transform_rewards"]
+__all__ = ["kl_reward", "token_rewards"]
