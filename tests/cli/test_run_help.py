@@ -51,7 +51,7 @@ def test_run_help_lists_the_installed_algorithms_without_importing_torch(tmp_pat
     text = " ".join(first.split())  # rich wraps and pads the lines
     assert "Train with GRPO" not in text
     assert (
-        "Installed algorithms: grpo (the default), sft, dpo, distillation, rft (from rlcore-rft) "
+        "Installed algorithms: grpo (the default), sft, dpo, ppo, distillation, rm, rft (from rlcore-rft) "
         "(rlcore algorithms list shows each with its status)." in text
     ), text
     assert second == first  # the list is not appended again
