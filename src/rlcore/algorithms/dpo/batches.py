@@ -23,6 +23,7 @@ unless ``dpo.sft_loss_weight`` trains the chosen one; a step without a pair that
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from rlcore.algorithms.sft.batches import LengthRule, cut_reason, encode_messages, padded_batch
@@ -73,9 +74,15 @@ def preference_pair(sample: Sample, where: str) -> tuple[Messages, Messages, Mes
 def dpo_batch(samples: list[Sample], tokenizer: Any, cfg: Any, size: int | None = None) -> BatchedDataDict:
     """``2 * size`` rows (``size`` pairs, default ``len(samples)``; the extra pairs masked fillers): right-padded
     ``input_ids``, ``input_lengths``, ``token_mask`` (the response), ``sample_mask``; ``group_size`` 2."""
+    return pair_batch(samples, tokenizer, cfg, LengthRule.of(cfg, pairs=True), size)
+
+
+def pair_batch(
+    samples: list[Sample], tokenizer: Any, cfg: Any, rule: LengthRule, size: int | None = None
+) -> BatchedDataDict:
+    """:func:`dpo_batch` with the length rule ``rule`` (a reward model keeps one position more)."""
     from rlcore.run.prompts import pad_id
 
-    rule = LengthRule.of(cfg, pairs=True)
     rows, keep = [], []
     for sample in samples:
         pair = encoded_pair(sample, tokenizer, cfg)
@@ -91,14 +98,14 @@ def dpo_batch(samples: list[Sample], tokenizer: Any, cfg: Any, size: int | None 
 
 
 def encoded_pair(sample: Sample, tokenizer: Any, cfg: Any) -> list[list[tuple[list[int], list[int]]]]:
-    """The chosen and the rejected sequence of a pair, message by message (:func:`encode_messages`), the loss
-    mask on the response."""
+    """The chosen and the rejected sequence of a pair, message by message (:func:`encode_messages`, by the
+    algorithm's section: ``dpo``, ``rm``), the loss mask on the response."""
     prompt, *responses = preference_pair(sample, "data.train")
     return [
         encode_messages(
             tokenizer,
             prompt + response,
-            cfg.dpo,
+            cfg.algorithm_section,
             cfg.policy.tokenizer.chat_template_kwargs,
             trained=[False] * len(prompt) + [True] * len(response),
         )
@@ -106,19 +113,31 @@ def encoded_pair(sample: Sample, tokenizer: Any, cfg: Any) -> list[list[tuple[li
     ]
 
 
-def teaches(sample: Sample, cfg: Any) -> bool:
-    """Whether a pair has something to learn whatever its length: its chosen response differs from its rejected
-    one, or ``dpo.sft_loss_weight`` trains the chosen one anyway."""
+def differs(sample: Sample, cfg: Any) -> bool:
+    """Whether a pair's chosen response differs from its rejected one (a preference to learn)."""
     _, chosen, rejected = preference_pair(sample, "data.train")
-    return chosen != rejected or cfg.dpo.sft_loss_weight > 0
+    return chosen != rejected
 
 
-def nothing_preferred(samples: list[Sample], tokenizer: Any, cfg: Any) -> str | None:
-    """Why no pair of ``samples`` trains anything (its chosen response equals its rejected one, or a sequence
-    is cut by the :class:`~rlcore.algorithms.sft.batches.LengthRule`), or None as soon as one does."""
-    rule, same, cut = LengthRule.of(cfg, pairs=True), 0, []
+def teaches(sample: Sample, cfg: Any) -> bool:
+    """Whether a DPO pair has something to learn whatever its length: its chosen response differs from its
+    rejected one, or ``dpo.sft_loss_weight`` trains the chosen one anyway."""
+    return differs(sample, cfg) or cfg.dpo.sft_loss_weight > 0
+
+
+def nothing_preferred(
+    samples: list[Sample],
+    tokenizer: Any,
+    cfg: Any,
+    rule: LengthRule | None = None,
+    learns_from: Callable[[Sample, Any], bool] = teaches,
+) -> str | None:
+    """Why no pair of ``samples`` trains anything (``learns_from`` says no, by default :func:`teaches`, or a
+    sequence is cut by ``rule``, by default DPO's :class:`~rlcore.algorithms.sft.batches.LengthRule`), or None as
+    soon as one does."""
+    rule, same, cut = rule or LengthRule.of(cfg, pairs=True), 0, []
     for sample in samples:
-        if not teaches(sample, cfg):
+        if not learns_from(sample, cfg):
             same += 1
             continue
         longest = max(sum(len(ids) for ids, _ in chunks) for chunks in encoded_pair(sample, tokenizer, cfg))

@@ -144,8 +144,9 @@ def dpo_train(run: Run, on_step: Callable[[int, dict[str, float]], None]) -> str
     return offline_train(run, on_step, lambda r: dpo_step(r, reference), lambda r: dpo_validate(r, reference))
 
 
-class DPO(OfflineAlgorithm):
-    """Direct Preference Optimization on (prompt, chosen, rejected) pairs against the frozen initial weights."""
+class PreferencePairs(OfflineAlgorithm):
+    """An offline algorithm on (prompt, chosen, rejected) pairs (DPO, a reward model's training): each row must
+    be a pair, and a micro-batch keeps a pair's two sequences together."""
 
     headline = ("accuracy", "validation/accuracy")
     curve = ("accuracy", "preference accuracy", "accuracy_curve.png")
@@ -157,9 +158,9 @@ class DPO(OfflineAlgorithm):
         if plan.mode != "plain" and plan.train_mb_tokens < pair_tokens:
             section = "dynamic_batching" if plan.mode == "dynamic" else "sequence_packing"
             decided.problems.append(
-                f"policy.{section}.train_mb_tokens: {plan.train_mb_tokens} tokens cannot hold a DPO pair, two "
-                f"sequences of up to policy.max_total_sequence_length={cfg.policy.max_total_sequence_length} kept "
-                f"in one micro-batch; set it to at least {pair_tokens}"
+                f"policy.{section}.train_mb_tokens: {plan.train_mb_tokens} tokens cannot hold a preference pair, "
+                f"two sequences of up to policy.max_total_sequence_length={cfg.policy.max_total_sequence_length} "
+                f"kept in one micro-batch; set it to at least {pair_tokens}"
             )
         return decided
 
@@ -168,6 +169,10 @@ class DPO(OfflineAlgorithm):
 
         preference_pair(sample, where)  # raises DataError naming the row
         return None
+
+
+class DPO(PreferencePairs):
+    """Direct Preference Optimization on (prompt, chosen, rejected) pairs against the frozen initial weights."""
 
     def nothing_trained(self, samples: list[Any], tokenizer: Any, cfg: Any) -> str | None:
         from rlcore.algorithms.dpo.batches import nothing_preferred

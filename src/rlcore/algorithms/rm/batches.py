@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
-from rlcore.algorithms.sft.batches import LengthRule, cut_reason, encode_messages, padded_batch
+from rlcore.algorithms.sft.batches import LengthRule
 
 if TYPE_CHECKING:
     from rlcore.data import BatchedDataDict
@@ -31,23 +31,6 @@ def length_rule(cfg: Any) -> LengthRule:
     if rule.setting == "policy.max_total_sequence_length":
         return dataclasses.replace(rule, limit=rule.limit - 1, setting=f"{rule.setting} less the score position")
     return rule
-
-
-def encoded_pair(sample: Sample, tokenizer: Any, cfg: Any) -> list[list[tuple[list[int], list[int]]]]:
-    """The chosen and the rejected sequence of a pair, message by message, tokenized by the ``rm`` section."""
-    from rlcore.algorithms.dpo.batches import preference_pair
-
-    prompt, *responses = preference_pair(sample, "data.train")
-    return [
-        encode_messages(
-            tokenizer,
-            prompt + response,
-            cfg.rm,
-            cfg.policy.tokenizer.chat_template_kwargs,
-            trained=[False] * len(prompt) + [True] * len(response),
-        )
-        for response in responses
-    ]
 
 
 def with_score_position(batch: BatchedDataDict, pad: int) -> BatchedDataDict:
@@ -69,41 +52,15 @@ def with_score_position(batch: BatchedDataDict, pad: int) -> BatchedDataDict:
 def rm_batch(samples: list[Sample], tokenizer: Any, cfg: Any, size: int | None = None) -> BatchedDataDict:
     """``2 * size`` rows (``size`` pairs, default ``len(samples)``; the extra pairs masked fillers), chosen then
     rejected, each with its score position (:func:`with_score_position`); ``group_size`` 2."""
+    from rlcore.algorithms.dpo.batches import pair_batch
     from rlcore.run.prompts import pad_id
 
-    rule = length_rule(cfg)
-    rows, keep = [], []
-    for sample in samples:
-        pair = encoded_pair(sample, tokenizer, cfg)
-        fits = not rule.too_long(max(sum(len(ids) for ids, _ in chunks) for chunks in pair))
-        rows += [rule.fitted(chunks, not fits) for chunks in pair]
-        keep += [fits, fits]
-    size = size or len(samples)
-    rows += rows[-2:] * (size - len(samples))  # filler pairs, masked out
-    keep += [False, False] * (size - len(samples))
-    batch = with_score_position(padded_batch(rows, keep, pad_id(tokenizer)), pad_id(tokenizer))
-    batch.group_size = 2
-    return batch
+    return with_score_position(pair_batch(samples, tokenizer, cfg, length_rule(cfg), size), pad_id(tokenizer))
 
 
 def nothing_preferred(samples: list[Sample], tokenizer: Any, cfg: Any) -> str | None:
     """Why no pair of ``samples`` trains anything (each has its chosen response equal to its rejected one, or is
-    cut by :func:`length_rule`), or None as soon as one does."""
-    from rlcore.algorithms.dpo.batches import preference_pair
+    cut by :func:`length_rule`), or None as soon as one does (DPO's reasons)."""
+    from rlcore.algorithms.dpo import batches
 
-    rule, same, cut = length_rule(cfg), 0, []
-    for sample in samples:
-        _, chosen, rejected = preference_pair(sample, "data.train")
-        if chosen == rejected:
-            same += 1
-            continue
-        longest = max(sum(len(ids) for ids, _ in chunks) for chunks in encoded_pair(sample, tokenizer, cfg))
-        if not rule.too_long(longest):
-            return None
-        cut.append(longest)
-    if not cut:
-        return (
-            f"in all {len(samples)} pairs the chosen response equals the rejected one, so a reward model has "
-            "nothing to tell apart; give each pair two different responses"
-        )
-    return cut_reason("pairs", len(samples) - same, cut, rule)
+    return batches.nothing_preferred(samples, tokenizer, cfg, length_rule(cfg), batches.differs)

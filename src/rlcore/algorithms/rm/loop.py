@@ -17,7 +17,8 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from rlcore.algorithms.sft.loop import EmptyStep, OfflineAlgorithm, offline_train
+from rlcore.algorithms.dpo.loop import PreferencePairs
+from rlcore.algorithms.sft.loop import EmptyStep, offline_train
 from rlcore.algorithms.toolkit import Timer, step_metrics
 from rlcore.interfaces.algorithm import OnStep, Resolution
 
@@ -96,14 +97,11 @@ def rm_validate(run: Run) -> dict[str, float]:
     }
 
 
-class RM(OfflineAlgorithm):
+class RM(PreferencePairs):
     """Bradley-Terry reward-model training: the policy as a value model, ``-log sigmoid(r_chosen - r_rejected)``."""
 
-    headline = ("accuracy", "validation/accuracy")
-    curve = ("accuracy", "preference accuracy", "accuracy_curve.png")
-
     def resolve(self, cfg: Any, policy: Any, generation: Any, registry: Any, notices: list[str]) -> Resolution:
-        """As SFT's; the backend must build value models, and a micro-batch token budget must hold a pair."""
+        """As DPO's (pairs kept together); the policy is built as a value model, on a backend that can."""
         from rlcore.plugins import Capability
 
         decided = super().resolve(cfg, policy, generation, registry, notices)
@@ -113,21 +111,7 @@ class RM(OfflineAlgorithm):
                 f"policy.backend: '{policy.spec.name}' cannot build a value model (capability 'value_head'), which "
                 "a reward model is; use a backend that declares it (dtensor or megatron)"
             )
-        plan, pair_tokens = policy.batch, 2 * cfg.policy.max_total_sequence_length
-        if plan.mode != "plain" and plan.train_mb_tokens < pair_tokens:
-            section = "dynamic_batching" if plan.mode == "dynamic" else "sequence_packing"
-            decided.problems.append(
-                f"policy.{section}.train_mb_tokens: {plan.train_mb_tokens} tokens cannot hold a preference pair, "
-                f"two sequences of up to policy.max_total_sequence_length={cfg.policy.max_total_sequence_length} "
-                f"kept in one micro-batch; set it to at least {pair_tokens}"
-            )
         return decided
-
-    def sample_problem(self, sample: Any, where: str) -> str | None:
-        from rlcore.algorithms.dpo.batches import preference_pair
-
-        preference_pair(sample, where)  # raises DataError naming the row
-        return None
 
     def nothing_trained(self, samples: list[Any], tokenizer: Any, cfg: Any) -> str | None:
         from rlcore.algorithms.rm.batches import nothing_preferred
