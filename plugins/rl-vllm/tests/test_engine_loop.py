@@ -19,6 +19,7 @@ from rl_vllm.engine_loop import EngineLoop, EngineLoopError
 from rl_vllm.lockstep import Lockstep
 
 WAIT_S = 5.0
+LAG_S = 1.0  # the pair's bounds: a follower's silence, a leader's missing outcome
 
 
 class ScriptedEngine:
@@ -26,6 +27,7 @@ class ScriptedEngine:
 
     def __init__(self, length: int = 3, fail_at: int | None = None, step_s: float = 0.0) -> None:
         self.length, self.fail_at, self.step_s = length, fail_at, step_s
+        self.stuck: threading.Event | None = None  # set: each step blocks until it is set (a hung collective)
         self.requests: dict[str, int] = {}
         self.steps = 0
         self.threads: set[str] = set()
@@ -49,6 +51,8 @@ class ScriptedEngine:
         self.threads.add(threading.current_thread().name)
         self.calls.append(("step",))
         time.sleep(self.step_s)
+        if self.stuck is not None:
+            self.stuck.wait()
         self.steps += 1
         if self.steps == self.fail_at:
             raise RuntimeError("kernel exploded")
@@ -137,6 +141,7 @@ def pair() -> Iterator[dict[str, Any]]:
             lambda: dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=2)),
             tp_rank,
             2,
+            follower_lag_s=LAG_S,
         )
         loops.append(
             EngineLoop(
@@ -146,6 +151,7 @@ def pair() -> Iterator[dict[str, Any]]:
                 lambda tokens, _: [-1.0] * len(tokens),
                 lockstep,
                 request_wait_s=1.0,
+                outcome_wait_s=LAG_S,
             )
         )
     try:
@@ -217,7 +223,11 @@ def test_a_request_the_follower_never_gets_fails_its_loop_naming_the_request(pai
     with pytest.raises(EngineLoopError, match=r"engine 0 rank 1: the leading rank admitted request 'lost:0'"):
         waiting.result(WAIT_S)
     assert time.monotonic() - started < 3.0
-    assert leader.result(WAIT_S).token_ids == [1, 2, 3, 4]  # the leader served it (its collectives are not modelled)
+    # the leader stops at its next tick instead of stepping into a collective the follower would not join
+    with pytest.raises(
+        EngineLoopError, match=r"engine 0 rank 0: .*tensor-parallel rank 1 failed at tick 0: .*'lost:0'"
+    ):
+        leader.result(WAIT_S)
 
 
 def test_a_leader_s_timed_out_pause_is_the_follower_s_too(pair: dict) -> None:
@@ -242,12 +252,71 @@ def test_a_follower_whose_leader_s_process_ends_fails_its_requests_naming_it(pai
     """The store lives in tensor-parallel rank 0's process: when it ends, a follower waiting for a tick fails its
     requests at once (no hang), naming itself and the leader."""
     loops = pair["loops"]
-    assert loops[0].submit([1], Params(), key="a:0").result(WAIT_S).token_ids == [1, 2, 3, 4]
-    waiting = loops[1].submit([1], Params(), key="a:0")
-    assert waiting.result(WAIT_S).token_ids == [1, 2, 3, 4]
+    served = [loop.submit([1], Params(), key="a:0") for loop in loops]
+    assert [f.result(WAIT_S).token_ids for f in served] == [[1, 2, 3, 4]] * 2
     orphan = loops[1].submit([5], Params(), key="b:0")
     started = time.monotonic()
     pair["servers"].clear()  # the leader's process ends (its store with it)
     with pytest.raises(EngineLoopError, match=r"engine 0 rank 1: .*tick channel to tensor-parallel rank 0 broke"):
         orphan.result(WAIT_S)
     assert time.monotonic() - started < 3.0
+
+
+def test_a_follower_whose_step_raises_fails_the_leader_s_requests_naming_it(pair: dict) -> None:
+    """The follower reports its loop's failure on the channel: the leader stops at its next tick (it would block
+    in the step's collective otherwise) and every request waiting on it fails naming the follower and the cause."""
+    loops, engines = pair["loops"], pair["engines"]
+    engines[0].length = engines[1].length = 10_000
+    engines[1].fail_at = 5
+    running = [loop.submit([1], Params(), key="long:0") for loop in loops]
+    queued = [loop.submit([2], Params(), key="later:0") for loop in loops][0]
+    started = time.monotonic()
+    for future in (running[0], queued):
+        with pytest.raises(
+            EngineLoopError,
+            match=r"engine 0 rank 0: the engine loop failed: FollowerFailed: tensor-parallel rank 1 failed at tick "
+            r"\d+: RuntimeError: kernel exploded",
+        ):
+            future.result(WAIT_S)
+    assert time.monotonic() - started < 2.0
+    assert engines[0].steps <= engines[1].steps + 1, "the leader kept stepping without its follower"
+    with pytest.raises(EngineLoopError, match="engine 0 rank 1: the engine loop failed: RuntimeError: kernel"):
+        running[1].result(WAIT_S)
+
+
+def test_a_silent_follower_fails_the_leader_within_the_lag_bound(pair: dict) -> None:
+    """A follower that reports nothing (its process died, or it hangs) is named once ``follower_lag_s`` passes;
+    the leader does not step again meanwhile."""
+    loops, engines = pair["loops"], pair["engines"]
+    engines[0].length = engines[1].length = 10_000
+    stuck = engines[1].stuck = threading.Event()
+    try:
+        running = loops[0].submit([1], Params(), key="long:0")
+        loops[1].submit([1], Params(), key="long:0")
+        while engines[0].steps < 1:
+            time.sleep(0.001)
+        started = time.monotonic()
+        with pytest.raises(
+            EngineLoopError,
+            match=rf"engine 0 rank 0: .*tensor-parallel rank 1 reported no progress on tick 0 within {LAG_S}s",
+        ):
+            running.result(WAIT_S)
+        assert LAG_S - 0.1 < time.monotonic() - started < LAG_S + 1.0
+        assert engines[0].steps == 1, "the leader stepped past a silent follower"
+    finally:
+        stuck.set()
+
+
+def test_a_follower_waits_for_a_missing_leader_outcome_within_the_bound(pair: dict) -> None:
+    """A follower's pause mirrors the leader's: when the leader never tells its outcome (it never got the call),
+    the follower's call ends in a TimeoutError naming the engine and what it waited for, not a hang; a pause's
+    own ``timeout_s`` extends the bound."""
+    loops = pair["loops"]
+    started = time.monotonic()
+    with pytest.raises(
+        TimeoutError,
+        match=r"engine 0 rank 1: the leading rank \(tensor-parallel rank 0\) told no outcome of its pause call #0 "
+        rf"within {LAG_S + 0.5}s",
+    ):
+        loops[1].pause("keep", 0.5)
+    assert LAG_S + 0.4 < time.monotonic() - started < LAG_S + 2.0

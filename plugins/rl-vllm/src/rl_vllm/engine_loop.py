@@ -34,7 +34,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from rl_vllm.lockstep import REQUEST_WAIT_S, Lockstep, Outcome, Tick
+from rl_vllm.lockstep import OUTCOME_WAIT_S, REQUEST_WAIT_S, Lockstep, Outcome, Tick
 
 LoopState = Literal["serving", "draining", "paused"]
 
@@ -75,6 +75,8 @@ class EngineLoop:
     ``name`` (e.g. ``"engine 0"``) prefixes every error. ``logprobs_of(token_ids, logprobs)`` turns a step's
     delta logprobs into floats (``rl_vllm.sampling.sampled_logprobs``). ``lockstep``: this rank's end of a
     tensor-parallel engine's tick channel (None at ``tensor_parallel_size`` 1: the loop decides alone).
+    ``outcome_wait_s``: how long a follower's lifecycle call waits for the leader's outcome while the leader
+    publishes no tick (a pause's ``timeout_s`` is added); then ``TimeoutError`` naming the engine.
     """
 
     def __init__(
@@ -85,6 +87,7 @@ class EngineLoop:
         logprobs_of: Callable[[list[int], Any], list[float]],
         lockstep: Lockstep | None = None,
         request_wait_s: float = REQUEST_WAIT_S,
+        outcome_wait_s: float = OUTCOME_WAIT_S,
     ) -> None:
         self._engine = engine
         self.name = name
@@ -92,6 +95,7 @@ class EngineLoop:
         self._logprobs_of = logprobs_of
         self._lockstep = lockstep
         self._request_wait_s = request_wait_s
+        self._outcome_wait_s = outcome_wait_s
         self._cond = threading.Condition()
         self._queued: dict[str, _Request] = {}  # key -> submitted, not admitted (also: aborted, to restart)
         self._running: dict[str, _Request] = {}  # engine id -> request
@@ -100,6 +104,7 @@ class EngineLoop:
         self._acted: LoopState = "serving"  # the state the last iteration ran in (the leader published it)
         self._ticks = 0  # iterations run: by the leader (or alone), or applied by a follower
         self._published = 0  # ticks the leader published (each before it runs)
+        self._confirmed = 0  # ticks every follower reported done (the leader's gate before the next)
         self._busy = False  # inside a step or a command
         self._holds = 0  # parked() users: the loop neither steps nor runs commands
         self._stopping = False
@@ -150,7 +155,7 @@ class EngineLoop:
     def pause(self, mode: Literal["abort", "wait", "keep"], timeout_s: float | None = None) -> None:
         """Stop between two steps (see ``GenerationInterface.pause_generation``); ``TimeoutError`` naming the
         engine when not paused within ``timeout_s`` (a ``wait`` that timed out goes back to serving)."""
-        self._led("pause", lambda: self._pause_here(mode, timeout_s))
+        self._led("pause", lambda: self._pause_here(mode, timeout_s), timeout_s)
 
     def resume(self, recompute_kv_cache: bool = False) -> None:
         """Serve again; queued requests are admitted. ``recompute_kv_cache``: vLLM preempts the requests kept
@@ -201,6 +206,8 @@ class EngineLoop:
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
+        if self.follows and self._error is None:
+            self._report_failure("the rank was shut down")
         if self._lockstep is not None:
             self._lockstep.stop()
         if self._thread is not threading.current_thread():
@@ -210,10 +217,11 @@ class EngineLoop:
         self._fail_all(EngineLoopError(f"{self.name}: the engine was shut down before the request finished"))
 
     # -- lifecycle calls, led by tensor-parallel rank 0 -------------------------------------------------------
-    def _led(self, kind: str, action: Callable[[], str | None]) -> Outcome:
+    def _led(self, kind: str, action: Callable[[], str | None], timeout_s: float | None = None) -> Outcome:
         """Run a lifecycle call here (alone, or as the leader, telling the followers how it ended), or, on a
         follower, mirror the leader's call of the same kind and number: apply every tick it had published by
-        then, and raise what it raised."""
+        then, and raise what it raised. A follower waits for the outcome ``outcome_wait_s`` (+ the call's
+        ``timeout_s``) at a time, again while the leader keeps publishing ticks (e.g. a long drain)."""
         lockstep = self._lockstep
         if lockstep is None:
             return Outcome(self._ticks, action())
@@ -229,7 +237,7 @@ class EngineLoop:
             outcome = Outcome(self._published, was)
             lockstep.tell(kind, k, outcome)
             return outcome
-        told = lockstep.outcome(kind, k)
+        told = self._await_outcome(lockstep, kind, k, self._outcome_wait_s + (timeout_s or 0.0))
         if told is None:
             raise EngineLoopError(f"{self.name}: the engine has been shut down")
         with self._cond:
@@ -241,6 +249,19 @@ class EngineLoop:
                 raise TimeoutError(told.error)
             raise EngineLoopError(f"{self.name}: the leading rank's {kind} failed: {told.error}")
         return told
+
+    def _await_outcome(self, lockstep: Lockstep, kind: str, k: int, wait_s: float) -> Outcome | None:
+        while True:
+            ticks = self._ticks
+            try:
+                return lockstep.outcome(kind, k, wait_s)
+            except TimeoutError:
+                if self._ticks == ticks:  # the leader published nothing meanwhile either
+                    raise TimeoutError(
+                        f"{self.name}: the leading rank (tensor-parallel rank 0) told no outcome of its {kind} call "
+                        f"#{k} within {wait_s}s and published no tick meanwhile (did its actor get the same call? "
+                        "is it alive?)"
+                    ) from None
 
     def _pause_here(self, mode: str, timeout_s: float | None) -> None:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
@@ -309,16 +330,28 @@ class EngineLoop:
                 self._cond.notify_all()
             if self._lockstep is not None and self._lockstep.leader:
                 self._tell_followers(f"{self.name}: {_reason(exc)}")
+            elif self.follows:
+                self._report_failure(_reason(exc))
             self._fail_all(EngineLoopError(f"{self.name}: the engine loop failed: {_reason(exc)}"))
 
     def _lead(self) -> None:
-        """Decide each iteration (publishing it as a tick when others follow) and run it."""
+        """Decide each iteration (publishing it as a tick when others follow, once every follower reported the
+        previous one done) and run it."""
         while True:
             with self._cond:
                 while not self._stopping and not self._has_work():
                     self._cond.wait()
                 if self._stopping:
                     return
+            if self._lockstep is not None and self._confirmed < self._ticks:
+                if not self._lockstep.followers_done(self._ticks - 1):
+                    return  # stopped
+                self._confirmed = self._ticks
+            with self._cond:
+                if self._stopping:
+                    return
+                if not self._has_work():  # e.g. a refit parked the loop meanwhile
+                    continue
                 self._busy = True
                 tick, admitted, future = self._decide()
             try:
@@ -368,6 +401,7 @@ class EngineLoop:
                 self._execute(tick, admitted, None)
             finally:
                 self._ran(tick)
+            self._lockstep.report(self._ticks - 1)
 
     def _take(self, admit: list[tuple[str, str]]) -> list[_Request]:
         """Follower, under the lock: the requests a tick admits, waiting (bounded) for any not received yet."""
@@ -468,6 +502,15 @@ class EngineLoop:
         try:
             self._lockstep.publish(self._ticks, Tick(self._state, 0, error=error))
         except Exception:  # noqa: BLE001 - the followers then fail on the store instead
+            pass
+
+    def _report_failure(self, reason: str) -> None:
+        """Follower: tell the leader this rank's loop failed or stopped (best effort: the store may be gone), so
+        it stops before a collective this rank will not join."""
+        assert self._lockstep is not None
+        try:
+            self._lockstep.report(self._ticks, error=reason)
+        except Exception:  # noqa: BLE001 - the leader then notices the silence
             pass
 
     def _fail_all(self, error: BaseException) -> None:

@@ -181,7 +181,8 @@ class VllmGeneration(WorkerGroupOwner, GenerationInterface):
         self, handles: Sequence[Any], timeout_s: float | None = None
     ) -> Iterator[tuple[int, BatchedDataDict]]:
         """``(index, output)`` of each handle as soon as all its engines are done (ready-first);
-        ``TimeoutError`` when none more is done within ``timeout_s``."""
+        ``TimeoutError`` when none more is done within ``timeout_s``. A rank's failure (a tensor-parallel
+        engine's follower that raised or died) is raised as soon as it is known, not after the other ranks."""
         import ray
 
         owner = {ref: i for i, handle in enumerate(handles) for ref in handle.refs}
@@ -193,9 +194,12 @@ class VllmGeneration(WorkerGroupOwner, GenerationInterface):
                 raise TimeoutError(f"no generation request finished within {timeout_s}s ({len(left)} outstanding)")
             index = owner[ready[0]]
             left[index] -= 1
+            if left[index] and _failed(ready[0]):
+                left[index] = 0
+                pending = [ref for ref in pending if owner[ref] != index]
             if not left[index]:
                 del left[index]
-                yield index, self.collect(handles[index])
+                yield index, self.collect(handles[index])  # raises a rank's failure, naming it
 
     @property
     def continuous_serving(self) -> bool:
@@ -321,6 +325,19 @@ class VllmGeneration(WorkerGroupOwner, GenerationInterface):
         return self.worker_group.run_all_workers_single_data(
             "update_weights_from_collective", bucket_bytes=bucket_bytes
         ).refs
+
+
+def _failed(ref: Any) -> bool:
+    """A finished call that raised (or whose actor died)."""
+    import ray
+
+    try:
+        ray.get(ref, timeout=0)
+    except ray.exceptions.GetTimeoutError:
+        return False
+    except Exception:  # noqa: BLE001 - any failure: the caller raises it through collect, named
+        return True
+    return False
 
 
 def _one_group(batch: BatchedDataDict) -> bool:

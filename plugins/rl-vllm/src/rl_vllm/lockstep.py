@@ -10,8 +10,13 @@ leader; a follower's call of the same kind and number waits for the leader's :cl
 
 The channel is the engine's own rendezvous store (the ``TCPStore`` that ``external_launcher``'s process group
 was set up with, ``MASTER_ADDR:MASTER_PORT``), under a prefix: the leader sets ``tick/<n>`` (JSON, never
-pickle); each follower waits for it, reads it and adds to ``ack/<n>``; the last follower to acknowledge deletes
-both keys. Waits are sliced so a follower notices ``stop`` (which also wakes the waits it is in).
+pickle); each follower waits for it, reads it, runs it and pushes ``{"tick": n}`` on its queue ``done/<rank>``.
+Before it publishes tick ``n + 1`` the leader pops each follower's report of tick ``n`` (one store round trip
+each; then it deletes ``tick/<n>``), so it never steps into a collective a follower will not join: a follower
+whose loop failed (or was stopped) pushes its error instead, and a follower that reports nothing within
+``follower_lag_s`` (its process died, its loop is stuck) is named in a :class:`FollowerFailed` as well. A
+follower's wait for the leader's lifecycle outcome is bounded too (``outcome(..., timeout_s)``). Waits are sliced
+so a rank notices ``stop`` (which also wakes the waits it is in).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -27,7 +33,17 @@ from typing import Any
 WAIT_SLICE_S = 30.0
 #: How long a follower waits for a request the leader admitted but this rank's actor has not received yet.
 REQUEST_WAIT_S = 30.0
+#: How long the leader waits for a follower to report the previous tick before it gives up on it. Generous: a
+#: follower may still wait up to ``REQUEST_WAIT_S`` for a request, or load its share of a refit, while the leader
+#: would only block in the step's collective; far below gloo's own timeout (minutes), which it replaces.
+FOLLOWER_LAG_S = 120.0
+#: How long a follower's lifecycle call waits for the leader's outcome (a pause's ``timeout_s`` is added to it).
+OUTCOME_WAIT_S = 300.0
 _STOP = b'{"stop": true}'
+
+
+class FollowerFailed(RuntimeError):
+    """A follower of the leading rank failed, was stopped, or reported no tick in time; names its rank."""
 
 
 @dataclass
@@ -70,11 +86,15 @@ class Lockstep:
     request at a time, so the loop's wait for a tick would hold up a lifecycle call's wait, or a stop's wake-up).
     """
 
-    def __init__(self, connect: Callable[[], Any], tp_rank: int, tp_size: int) -> None:
+    def __init__(
+        self, connect: Callable[[], Any], tp_rank: int, tp_size: int, follower_lag_s: float = FOLLOWER_LAG_S
+    ) -> None:
         self._connect = connect
         self._local = threading.local()
         self.leader = tp_rank == 0
+        self.tp_rank = tp_rank
         self._followers = tp_size - 1
+        self.follower_lag_s = follower_lag_s
         self._counts: dict[str, int] = {}
         self._lock = threading.Lock()
         self._awaited: set[str] = set()  # keys a thread of this rank waits for (woken by stop)
@@ -108,13 +128,55 @@ class Lockstep:
         """Leader: tick ``n`` (0-based, consecutive)."""
         self._store.set(f"tick/{n}", tick.to_json())
 
+    def followers_done(self, n: int) -> bool:
+        """Leader, before it publishes tick ``n + 1``: every follower reported tick ``n`` done (then its key is
+        deleted). False once this rank stops; :class:`FollowerFailed` naming the first follower that reported a
+        failure, or nothing within ``follower_lag_s``."""
+        from datetime import timedelta
+
+        from torch.distributed import DistStoreError
+
+        for rank in range(1, self._followers + 1):
+            queue = f"done/{rank}"
+            if not self._awaiting(queue):
+                return False
+            deadline = time.monotonic() + self.follower_lag_s
+            try:
+                while True:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise FollowerFailed(
+                            f"tensor-parallel rank {rank} reported no progress on tick {n} within "
+                            f"{self.follower_lag_s}s (its process ended or its engine loop is stuck); the leading "
+                            "rank stops instead of entering a collective it would not join"
+                        )
+                    self._store.set_timeout(timedelta(seconds=min(WAIT_SLICE_S, left)))
+                    try:
+                        raw = self._store.queue_pop(queue)
+                        break
+                    except DistStoreError as exc:  # a slice ended: look at stop, wait again
+                        if "wait timeout" not in str(exc):
+                            raise
+                        if self._stopping:
+                            return False
+            finally:
+                self._done_awaiting(queue)
+            if raw == _STOP or self._stopping:
+                return False
+            report = json.loads(raw)
+            if report.get("error") is not None:
+                raise FollowerFailed(f"tensor-parallel rank {rank} failed at tick {report['tick']}: {report['error']}")
+        self._store.delete_key(f"tick/{n}")
+        return True
+
     def next_tick(self, n: int) -> Tick | None:
-        """Follower: tick ``n`` once the leader published it (acknowledged); None once this rank stops."""
+        """Follower: tick ``n`` once the leader published it; None once this rank stops."""
         raw = self._wait(f"tick/{n}")
-        if raw is None:
-            return None
-        self._acknowledge(f"tick/{n}", f"ack/{n}")
-        return Tick.from_json(raw)
+        return None if raw is None else Tick.from_json(raw)
+
+    def report(self, n: int, error: str | None = None) -> None:
+        """Follower: tick ``n`` ran (or, with ``error``, this rank's loop failed or stopped at tick ``n``)."""
+        self._store.queue_push(f"done/{self.tp_rank}", json.dumps({"tick": n, "error": error}).encode())
 
     # -- lifecycle calls -------------------------------------------------------------------------------------
     def call_number(self, kind: str) -> int:
@@ -129,9 +191,10 @@ class Lockstep:
         """Leader: how its ``k``-th ``kind`` call ended."""
         self._store.set(f"{kind}/{k}", json.dumps(asdict(outcome)).encode())
 
-    def outcome(self, kind: str, k: int) -> Outcome | None:
-        """Follower: the leader's outcome of its ``k``-th ``kind`` call; None once this rank stops."""
-        raw = self._wait(f"{kind}/{k}")
+    def outcome(self, kind: str, k: int, timeout_s: float = OUTCOME_WAIT_S) -> Outcome | None:
+        """Follower: the leader's outcome of its ``k``-th ``kind`` call; None once this rank stops;
+        ``TimeoutError`` when the leader tells none within ``timeout_s``."""
+        raw = self._wait(f"{kind}/{k}", timeout_s)
         if raw is None:
             return None
         self._acknowledge(f"{kind}/{k}", f"ack/{kind}/{k}")
@@ -139,29 +202,45 @@ class Lockstep:
 
     # -- waiting -------------------------------------------------------------------------------------------------
     def stop(self) -> None:
-        """Wake every wait of this rank (they return None)."""
+        """Wake every wait of this rank (they return None or False)."""
         with self._lock:
             self._stopping = True
             awaited = list(self._awaited)
         for key in awaited:
             try:
-                self._store.set(key, _STOP)
+                if key.startswith("done/"):  # the leader pops a follower's queue
+                    self._store.queue_push(key, _STOP)
+                else:
+                    self._store.set(key, _STOP)
             except Exception:  # noqa: BLE001 - the store's server (the leader's process) may be gone
                 pass
 
-    def _wait(self, key: str) -> bytes | None:
+    def _awaiting(self, key: str) -> bool:
+        with self._lock:
+            if self._stopping:
+                return False
+            self._awaited.add(key)
+            return True
+
+    def _done_awaiting(self, key: str) -> None:
+        with self._lock:
+            self._awaited.discard(key)
+
+    def _wait(self, key: str, timeout_s: float | None = None) -> bytes | None:
         from datetime import timedelta
 
         from torch.distributed import DistNetworkError, DistStoreError
 
-        with self._lock:
-            if self._stopping:
-                return None
-            self._awaited.add(key)
+        if not self._awaiting(key):
+            return None
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
         try:
             while True:
+                left = WAIT_SLICE_S if deadline is None else min(WAIT_SLICE_S, deadline - time.monotonic())
+                if left <= 0:
+                    raise TimeoutError(f"{key!r} was not set within {timeout_s}s")
                 try:
-                    self._store.wait([key], timedelta(seconds=WAIT_SLICE_S))
+                    self._store.wait([key], timedelta(seconds=left))
                 except DistStoreError as exc:  # a slice ended: look at stop, wait again
                     if "wait timeout" not in str(exc):
                         raise
@@ -176,8 +255,7 @@ class Lockstep:
                 raw: bytes = self._store.get(key)
                 return None if raw == _STOP or self._stopping else raw
         finally:
-            with self._lock:
-                self._awaited.discard(key)
+            self._done_awaiting(key)
 
     def _acknowledge(self, key: str, ack: str) -> None:
         if self._store.add(ack, 1) == self._followers:  # the last follower to read it
