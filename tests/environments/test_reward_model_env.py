@@ -27,8 +27,8 @@ CONVERSATIONS = [
 TOL = 1e-4
 
 
-def reward_model_dir(root: Path, kind: str, seed: int) -> str:
-    """A tiny reward model of the tiny-qwen2 preset with random weights (its head included) and its tokenizer."""
+def reward_model_dir(root: Path, kind: str, seed: int, preset: str = "tiny-qwen2") -> str:
+    """A tiny reward model of a tiny preset with random weights (its head included) and its tokenizer."""
     from transformers import (
         AutoConfig,
         AutoModelForSequenceClassification,
@@ -38,7 +38,7 @@ def reward_model_dir(root: Path, kind: str, seed: int) -> str:
 
     from rlcore.models import resolve_model
 
-    base = resolve_model("tiny-qwen2")
+    base = resolve_model(preset)
     config = AutoConfig.from_pretrained(base)
     config.num_labels, config.pad_token_id = 1, 0
     cls = AutoModelForSequenceClassification if kind == "sequence" else AutoModelForTokenClassification
@@ -121,7 +121,7 @@ def test_a_section_that_cannot_run_is_refused_before_anything_starts(settings, l
     assert [p for p in caught.value.problems if p.startswith(line)], caught.value.problems
 
 
-def test_a_missing_checkpoint_fails_before_any_worker_is_reserved(tmp_path: Path, monkeypatch) -> None:
+def test_a_missing_checkpoint_or_tokenizer_fails_before_any_worker_is_reserved(tmp_path: Path, monkeypatch) -> None:
     from rlcore.config import ConfigError
     from rlcore.environments import reward_model
 
@@ -135,6 +135,20 @@ def test_a_missing_checkpoint_fails_before_any_worker_is_reserved(tmp_path: Path
         reward_model.RewardModelEnvironment(settings)
     [line] = caught.value.problems
     assert line.startswith(f"env.reward_model_cfg.checkpoint_path: {missing}"), line
+
+    # an rlcore checkpoint's weights/ without a tokenizer (a Llama: transformers builds no tokenizer from its config
+    # alone): the line names the one beside it
+    step = tmp_path / "step_000009"
+    weights = Path(reward_model_dir(step, "token", seed=3, preset="tiny-llama"))
+    (step / "tokenizer").mkdir()
+    for file in weights.iterdir():  # the tokenizer's files go beside weights/, as a checkpoint keeps them
+        if not file.name.startswith(("config", "model", "generation")):
+            file.rename(step / "tokenizer" / file.name)
+    with pytest.raises(ConfigError) as caught:
+        reward_model.RewardModelEnvironment(section(model_name=str(weights), resources={"use_gpu": False}))
+    [line] = caught.value.problems
+    assert line.startswith(f"env.reward_model_cfg.policy.tokenizer.name: no tokenizer loads from {weights}"), line
+    assert line.endswith(f"set it to {step / 'tokenizer'} (the reward model's own)"), line
 
 
 @pytest.fixture(scope="module")

@@ -22,6 +22,7 @@ component ``reward_model`` (its mean logged as ``reward/reward_model_mean``).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlcore.environments.reward_model_config import SECTION, RewardModelConfig, renamed_problem
@@ -67,7 +68,16 @@ def load_reward_tokenizer(config: Any) -> Any:
     from rlcore.config import ConfigError
     from rlcore.run.prompts import configure_tokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(config.tokenizer.name or config.model_name)
+    name = config.tokenizer.name or config.model_name
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(name)
+    except (OSError, ValueError) as exc:
+        beside = Path(name).parent / "tokenizer"  # an rlcore checkpoint keeps it beside weights/
+        fix = f"set it to {beside}" if (beside / "tokenizer_config.json").exists() else "set it to the tokenizer's"
+        why = " ".join(str(exc).split())[:160]
+        raise ConfigError(
+            [f"{SECTION}.policy.tokenizer.name: no tokenizer loads from {name} ({why}); {fix} (the reward model's own)"]
+        ) from None
     try:
         return configure_tokenizer(tokenizer, config.tokenizer)
     except ConfigError as exc:
