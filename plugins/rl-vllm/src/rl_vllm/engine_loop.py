@@ -237,7 +237,10 @@ class EngineLoop:
             outcome = Outcome(self._published, was)
             lockstep.tell(kind, k, outcome)
             return outcome
-        told = self._await_outcome(lockstep, kind, k, self._outcome_wait_s + (timeout_s or 0.0))
+        try:
+            told = lockstep.outcome(kind, k, self._outcome_wait_s + (timeout_s or 0.0), lambda: self._ticks)
+        except TimeoutError as exc:
+            raise TimeoutError(f"{self.name}: {exc}") from None
         if told is None:
             raise EngineLoopError(f"{self.name}: the engine has been shut down")
         with self._cond:
@@ -249,19 +252,6 @@ class EngineLoop:
                 raise TimeoutError(told.error)
             raise EngineLoopError(f"{self.name}: the leading rank's {kind} failed: {told.error}")
         return told
-
-    def _await_outcome(self, lockstep: Lockstep, kind: str, k: int, wait_s: float) -> Outcome | None:
-        while True:
-            ticks = self._ticks
-            try:
-                return lockstep.outcome(kind, k, wait_s)
-            except TimeoutError:
-                if self._ticks == ticks:  # the leader published nothing meanwhile either
-                    raise TimeoutError(
-                        f"{self.name}: the leading rank (tensor-parallel rank 0) told no outcome of its {kind} call "
-                        f"#{k} within {wait_s}s and published no tick meanwhile (did its actor get the same call? "
-                        "is it alive?)"
-                    ) from None
 
     def _pause_here(self, mode: str, timeout_s: float | None) -> None:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
@@ -335,8 +325,9 @@ class EngineLoop:
             self._fail_all(EngineLoopError(f"{self.name}: the engine loop failed: {_reason(exc)}"))
 
     def _lead(self) -> None:
-        """Decide each iteration (publishing it as a tick when others follow, once every follower reported the
-        previous one done) and run it."""
+        """Decide each iteration and run it. When others follow, it is published as a tick once every follower
+        reported the previous one done, and a tick that admits requests runs once every follower has taken them
+        (a follower that cannot fails before the step's collective, which the leader then never enters)."""
         while True:
             with self._cond:
                 while not self._stopping and not self._has_work():
@@ -358,9 +349,25 @@ class EngineLoop:
                 if self._lockstep is not None:
                     self._lockstep.publish(self._ticks, tick)
                     self._published += 1  # only this thread writes it
+                    if tick.admit and not self._lockstep.followers_done(self._ticks):
+                        self._requeue(tick, admitted, future)
+                        return  # stopped
                 self._execute(tick, admitted, future)
+            except BaseException:
+                self._requeue(tick, admitted, future)  # failed with the rest of the requests
+                raise
             finally:
                 self._ran(tick)
+
+    def _requeue(self, tick: Tick, admitted: list[_Request], future: Future[Any] | None) -> None:
+        """Leader: an iteration that did not run gives its requests (not admitted yet) and command back, for
+        :meth:`_fail_all`."""
+        with self._cond:
+            for request in admitted:
+                if request.engine_id not in self._running and not request.future.done():
+                    self._queued[request.key] = request
+            if future is not None and not future.done():
+                self._commands.appendleft((str(tick.command), future))
 
     def _decide(self) -> tuple[Tick, list[_Request], Future[Any] | None]:
         """The next iteration (under the lock): one command, or the queued requests' admission and a step."""
@@ -397,6 +404,8 @@ class EngineLoop:
                 except BaseException:
                     self._busy = False
                     raise
+            if tick.admit and not self._stopping:
+                self._lockstep.report(self._ticks)  # taken: the leader may step with them
             try:
                 self._execute(tick, admitted, None)
             finally:

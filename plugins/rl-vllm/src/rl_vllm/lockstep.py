@@ -129,9 +129,10 @@ class Lockstep:
         self._store.set(f"tick/{n}", tick.to_json())
 
     def followers_done(self, n: int) -> bool:
-        """Leader, before it publishes tick ``n + 1``: every follower reported tick ``n`` done (then its key is
-        deleted). False once this rank stops; :class:`FollowerFailed` naming the first follower that reported a
-        failure, or nothing within ``follower_lag_s``."""
+        """Leader: every follower reported its next step of tick ``n`` (before tick ``n + 1`` is published: tick
+        ``n`` done; after a tick that admits requests: those requests taken), then tick ``n``'s key is deleted.
+        False once this rank stops; :class:`FollowerFailed` naming the first follower that reported a failure, or
+        nothing within ``follower_lag_s``."""
         from datetime import timedelta
 
         from torch.distributed import DistStoreError
@@ -175,7 +176,8 @@ class Lockstep:
         return None if raw is None else Tick.from_json(raw)
 
     def report(self, n: int, error: str | None = None) -> None:
-        """Follower: tick ``n`` ran (or, with ``error``, this rank's loop failed or stopped at tick ``n``)."""
+        """Follower: tick ``n`` ran, or its requests were taken (a tick that admits is reported both times), or,
+        with ``error``, this rank's loop failed or stopped at tick ``n``."""
         self._store.queue_push(f"done/{self.tp_rank}", json.dumps({"tick": n, "error": error}).encode())
 
     # -- lifecycle calls -------------------------------------------------------------------------------------
@@ -191,10 +193,24 @@ class Lockstep:
         """Leader: how its ``k``-th ``kind`` call ended."""
         self._store.set(f"{kind}/{k}", json.dumps(asdict(outcome)).encode())
 
-    def outcome(self, kind: str, k: int, timeout_s: float = OUTCOME_WAIT_S) -> Outcome | None:
+    def outcome(
+        self, kind: str, k: int, timeout_s: float = OUTCOME_WAIT_S, progress: Callable[[], int] = lambda: 0
+    ) -> Outcome | None:
         """Follower: the leader's outcome of its ``k``-th ``kind`` call; None once this rank stops;
-        ``TimeoutError`` when the leader tells none within ``timeout_s``."""
-        raw = self._wait(f"{kind}/{k}", timeout_s)
+        ``TimeoutError`` when the leader tells none within ``timeout_s``, counted again while ``progress()`` (the
+        ticks this rank applied) grows: a leader still publishing ticks is alive (e.g. draining)."""
+        while True:
+            seen = progress()
+            try:
+                raw = self._wait(f"{kind}/{k}", timeout_s)
+                break
+            except TimeoutError:
+                if progress() == seen:
+                    raise TimeoutError(
+                        f"the leading rank (tensor-parallel rank 0) told no outcome of its {kind} call #{k} within "
+                        f"{timeout_s}s and published no tick meanwhile (did its actor get the same call? is it "
+                        "alive?)"
+                    ) from None
         if raw is None:
             return None
         self._acknowledge(f"{kind}/{k}", f"ack/{kind}/{k}")
