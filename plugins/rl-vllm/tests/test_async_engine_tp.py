@@ -162,7 +162,7 @@ class TestTensorParallelAsyncEngine:
     def serving_again(self, tp_engine: dict) -> Iterator[None]:
         """A test that failed while paused must not leave the shared engine paused for the next one."""
         yield
-        if ranks(tp_engine["engine"])[0]["state"] != "serving":
+        if tp_engine["engine"].worker_group.workers and ranks(tp_engine["engine"])[0]["state"] != "serving":
             tp_engine["engine"].resume_generation()
 
     def test_greedy_outputs_are_the_hf_model_s(self, tp_engine: dict) -> None:
@@ -244,6 +244,24 @@ class TestTensorParallelAsyncEngine:
         assert done(running, timeout_s=10)
         engine.resume_generation()
         assert engine.collect(short_request(engine, [PROMPTS[3]]))["generation_lengths"][0] > 0
+
+    def test_a_killed_follower_fails_the_engine_s_requests_naming_it(self, tp_engine: dict) -> None:
+        """Last in the class (it ends the engine): the follower's process dies mid-generation; ``as_completed``
+        raises at once, naming the dead rank (what ``rlcore.run.engine_recovery`` restarts the engine on), instead
+        of waiting for the leader's call (its step's collective would wait for the dead rank)."""
+        from rlcore.distributed import WorkerError
+
+        engine = tp_engine["engine"]
+        running = long_request(engine)
+        after_steps(engine, 3)
+        started = time.monotonic()
+        ray.kill(engine.worker_group.workers[1], no_restart=True)
+        with pytest.raises(WorkerError, match=r"worker tp-async-vllm-rank1 \(rank 1\) died") as raised:
+            list(engine.as_completed([running], timeout_s=120))
+        elapsed = time.monotonic() - started
+        print(f"the killed follower was named {elapsed:.2f}s after its death: {raised.value}")
+        assert elapsed < 30
+        assert not engine.worker_group.workers, "the engine's other rank was left running"
 
 
 @pytest.mark.slow
