@@ -51,9 +51,11 @@ def _runner(how="sleep", timeout_s=0.5):
 
 
 @pytest.mark.parametrize("how", ["sleep", "socket", "swallowing"])
-def test_a_hanging_reward_in_the_driver_fails_its_samples_at_env_timeout_s(how):
+def test_a_hanging_reward_in_the_driver_fails_its_samples_at_env_timeout_s(how, monkeypatch):
     runner = _runner(how)
     first = runner.local
+    closed = []
+    monkeypatch.setattr(first, "close", lambda: closed.append(first), raising=False)
     started = time.monotonic()
     with pytest.raises(EnvironmentFailed) as err:
         runner.step(_logs("a", "slow", "c"), [{}] * 3)
@@ -65,7 +67,7 @@ def test_a_hanging_reward_in_the_driver_fails_its_samples_at_env_timeout_s(how):
         "environment 'python': all 3 samples failed; the first: environment 'python' timed out "
         "after 0.5s in the driver (env.timeout_s)"
     )
-    assert runner.local is not first  # replaced, as a worker's actor is
+    assert runner.local is not first and closed == [first]  # replaced, as a worker's actor is; what it held freed
     assert runner.step(_logs("a", "b"), [{}] * 2).rewards == [1.0, 1.0]
 
 

@@ -83,8 +83,8 @@ def passthrough_ids(path: str, log: list[dict[str, str]]) -> list[int]:
 
 
 def section(**settings: Any) -> Any:
+    from rlcore.algorithms.rm.environment_config import RewardModelConfig
     from rlcore.config.loader import validate_section
-    from rlcore.environments.reward_model_config import RewardModelConfig
 
     validated, problems = validate_section(RewardModelConfig, settings, "env.reward_model_cfg")
     assert validated is not None, problems
@@ -122,8 +122,8 @@ def test_a_section_that_cannot_run_is_refused_before_anything_starts(settings, l
 
 
 def test_a_missing_checkpoint_or_tokenizer_fails_before_any_worker_is_reserved(tmp_path: Path, monkeypatch) -> None:
+    from rlcore.algorithms.rm import environment as reward_model
     from rlcore.config import ConfigError
-    from rlcore.environments import reward_model
 
     def no_cluster(*args: Any, **kwargs: Any) -> None:
         raise AssertionError("a cluster was reserved for a reward model that cannot load")
@@ -162,7 +162,7 @@ def environments(ray_session: None, models: dict[str, str]) -> Any:
     """``sequence``: the sequence-classification model as model_name, passthrough template, 2 ranks (the odd batch
     is padded for them), one conversation per forward pass. ``token``: tiny-qwen2 (a causal LM) as model_name with
     the token-classification checkpoint as checkpoint_path, the tokenizer's own template, 1 rank."""
-    from rlcore.environments.reward_model import RewardModelEnvironment
+    from rlcore.algorithms.rm.environment import RewardModelEnvironment
 
     started: dict[str, Any] = {}
     try:

@@ -32,9 +32,9 @@ _BUILTIN = {
         "A 'module:function' reward(prompts, completions, metadata=..., **kwargs) -> list[float], or a "
         "dict of named rewards (their sum; the components GDPO reads).",
     ),
-    "reward_model": (
-        "reward_model:RewardModelEnvironment",
-        "reward_model_config:RewardModelConfig",
+    "reward_model": (  # it starts a Policy on Ray workers of its own: it lives above them, with reward models
+        "rlcore.algorithms.rm.environment:RewardModelEnvironment",
+        "rlcore.algorithms.rm.environment_config:RewardModelConfig",
         "A reward model on Ray workers of its own scores each conversation: the reward is its score at the "
         "last token (NeMo-RL's env.reward_model; an rm run's checkpoint or a Hugging Face reward model).",
     ),
@@ -47,8 +47,13 @@ def rlcore_register_environments(register):
         register(
             EnvironmentSpec(
                 name=name,
-                environment_class=f"rlcore.environments.{env_class}",
-                config_class=f"rlcore.environments.{config_class}" if config_class else None,
+                environment_class=_where(env_class),
+                config_class=_where(config_class) if config_class else None,
                 description=description,
             )
         )
+
+
+def _where(path: str) -> str:
+    """A built-in's ``module:Class``: relative to rlcore.environments unless it names its package."""
+    return path if path.startswith("rlcore.") else f"rlcore.environments.{path}"

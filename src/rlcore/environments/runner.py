@@ -22,6 +22,7 @@ A reward that is NaN or +-inf is such a failure too (``env.on_nonfinite_reward: 
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from pathlib import Path
@@ -186,7 +187,9 @@ class EnvironmentRunner:
         self, message_logs: list[list[Message]], metadata: list[dict[str, Any]]
     ) -> tuple[EnvironmentReturn, list[SampleFailure | None]]:
         """The batch on the driver's environment, within ``timeout_s``; past it, the samples fail as an actor's
-        do and the environment object is replaced (the late call may still hold it)."""
+        do and the environment object is replaced. The late call may still hold the old one: it is closed all the
+        same, so what it holds (a reward model's workers) is freed for the new one; the late call then fails,
+        and nothing waits for it."""
         failures: list[SampleFailure | None] = []
         try:
             return call_with_deadline(
@@ -194,6 +197,10 @@ class EnvironmentRunner:
             ), failures
         except StepTimedOut:
             reason = f"environment '{self.name}' timed out after {self.timeout_s:g}s in the driver (env.timeout_s)"
+        timed_out = self.local
+        if timed_out is not None and hasattr(timed_out, "close"):
+            with contextlib.suppress(Exception):  # the timed-out environment's own failure is not the run's
+                timed_out.close()
         self.local = build_environment(self.env_class, self.section)
         return _failed(metadata, reason), [None] * len(message_logs)
 

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rlcore.config.messages import show_value
-from rlcore.nemo_rl import distillation, dpo, handlers, notes, ppo, rm, sft
+from rlcore.nemo_rl import distillation, dpo, handlers, notes, ppo, reward_model, rm, sft
 from rlcore.nemo_rl.conversion import (
     Conversion,
     algorithm,
@@ -222,6 +222,7 @@ def convert(nemo: dict[str, Any]) -> Conversion:
     # last, and given this walker: it converts the teacher's settings as a policy and compares them with the student's
     distillation.teacher(nemo, out, convert)
     ppo.value(nemo, out, convert)
+    reward_model.policy_keys(nemo, out, convert)
     notes.add_notes(nemo, out)
     return out
 

@@ -12,6 +12,7 @@ off ``cluster.gpus_per_node``, on several its nodes off ``cluster.num_nodes``, a
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from rlcore.config.messages import show_value
@@ -70,7 +71,6 @@ def reward_model_settings(settings: dict[str, Any], nemo: dict[str, Any], out: C
             )
         elif value is not _ABSENT and not path.startswith("dtensor_cfg."):
             out.ignored.append((f"{NEMO}.{path}", f"{show_value(value)}: off, as rlcore's reward model always is"))
-    _policy_keys(rest, out)
 
 
 _ABSENT = object()
@@ -130,10 +130,15 @@ def _resources(res: Any, nemo: dict[str, Any], out: Conversion) -> None:
     _set(out, f"cluster.{key}", left, f"{out.sources.get(f'cluster.{key}', 'cluster')} - {path}")
 
 
-def _policy_keys(rest: dict[str, Any], out: Conversion) -> None:
-    """The rest of the section converted as a policy section into ``env.reward_model_cfg.policy``."""
-    from rlcore.nemo_rl.convert import convert  # it imports the handlers, which import this module's caller
-
+def policy_keys(nemo: dict[str, Any], out: Conversion, convert: Callable[[dict[str, Any]], Conversion]) -> None:
+    """After the table's walk, when the data's environment is the reward model: the section's keys
+    :func:`reward_model_settings` leaves converted as a policy section into ``env.reward_model_cfg.policy``.
+    ``convert``: the table's walker (:func:`rlcore.nemo_rl.convert.convert`, passed in: it imports this module)."""
+    if "reward_model_cfg" not in (out.config.get("env") or {}):
+        return
+    section = (nemo.get("env") or {}).get("reward_model") or {}
+    handled = {*SAME, *IGNORED, "reward_model_cfg", "resources", "generation"}
+    rest = {key: value for key, value in section.items() if key not in handled}
     if not rest:
         return
     converted = convert({"policy": rest})
@@ -151,4 +156,4 @@ def _renamed(text: str) -> str:
     return NEMO + text[len("policy") :] if text.startswith("policy") else text
 
 
-__all__ = ["reward_model_settings"]
+__all__ = ["policy_keys", "reward_model_settings"]

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rlcore.environments.reward_model_config import SECTION, RewardModelConfig, renamed_problem
+from rlcore.algorithms.rm.environment_config import SECTION, RewardModelConfig, renamed_problem
 from rlcore.interfaces.environment import EnvironmentReturn, Message
 
 if TYPE_CHECKING:
