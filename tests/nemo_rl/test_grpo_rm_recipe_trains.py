@@ -82,6 +82,7 @@ def load(out: Path, reward_model: str) -> Any:
     return load_nemo_rl_config(RECIPE, recipe_overrides(out, reward_model), RLCORE_OVERRIDES)
 
 
+@pytest.mark.slow  # ~45 s; the environment on its own cluster is in tests/environments/test_reward_model_env.py
 def test_grpo_rm_trains_three_steps_scored_by_the_reward_model(ray_session: None, tmp_path: Path) -> None:
     """3 GRPO steps; each step's rewards are the reward model's scores (reward/reward_model_mean is reward_mean: the
     recipe shapes and scales nothing), none failed, and they differ between completions (the advantages are not

@@ -93,8 +93,9 @@ def test_the_configs_convert_as_written(tmp_path: Path, name: str, backend: str,
 @pytest.mark.parametrize(
     "name",
     [
-        "ppo_math_1B.yaml",  # ~70 s on 2 busy cores
-        pytest.param("ppo_math_1B_megatron.yaml", marks=pytest.mark.slow),  # ~70 s; megatron values are kit-tested
+        # ~70 s each on 2 busy cores: a PPO run is in tests/algorithms/test_ppo_resume.py, the conversion above
+        pytest.param("ppo_math_1B.yaml", marks=pytest.mark.slow),
+        pytest.param("ppo_math_1B_megatron.yaml", marks=pytest.mark.slow),
     ],
 )
 def test_ppo_trains_a_policy_and_its_critic(ray_session: None, tmp_path: Path, name: str) -> None:
