@@ -15,6 +15,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "nemo_rl"
 RECIPE = FIXTURES / "main" / "grpo_rm_1B.yaml"
 STEPS = 3

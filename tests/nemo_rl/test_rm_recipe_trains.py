@@ -13,6 +13,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "nemo_rl"
 PAIRS = Path(__file__).parents[2] / "src" / "rlcore" / "examples" / "data" / "preference_dpo.jsonl"
 STEPS = 3
@@ -48,7 +50,7 @@ def load(out: Path) -> Any:
     return load_nemo_rl_config(FIXTURES / "main" / "rm.yaml", recipe_overrides(out), RLCORE_OVERRIDES)
 
 
-@pytest.mark.slow  # ~60 s; an rm run is in tests/algorithms/test_rm.py, the conversion in test_nemo_rl_unsupported_algorithms
+@pytest.mark.slow  # ~60 s; an rm run: tests/algorithms/test_rm.py; the conversion: test_nemo_rl_unsupported_algorithms
 def test_rm_yaml_converts_as_written_and_trains_a_bradley_terry_reward_model(ray_session, tmp_path: Path) -> None:
     from rlcore.config import resolve
     from rlcore.run.train import train
