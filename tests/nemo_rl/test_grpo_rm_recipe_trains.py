@@ -41,7 +41,7 @@ def tiny_reward_model(root: Path) -> str:
     return str(root)
 
 
-def recipe_overrides(out: Path, reward_model: str) -> list[str]:
+def recipe_overrides(out: Path, reward_model: str, tokenizer: str | None = None) -> list[str]:
     """NeMo-RL (Hydra) overrides: model, sizes, data, where the run writes, the reward model; no CPU-only ones."""
     return [
         # model
@@ -72,28 +72,48 @@ def recipe_overrides(out: Path, reward_model: str) -> list[str]:
         # the reward model
         f"env.reward_model.model_name={reward_model}",
         f"env.reward_model.checkpoint_path={reward_model}",
+        f"env.reward_model.tokenizer.name={tokenizer or reward_model}",
     ]
 
 
 RLCORE_OVERRIDES = ["cluster.use_gpu=false", "logger.progress_bar=false"]
 
 
-def load(out: Path, reward_model: str) -> Any:
+def load(out: Path, reward_model: str, tokenizer: str | None = None) -> Any:
     from rlcore.nemo_rl import load_nemo_rl_config
 
-    return load_nemo_rl_config(RECIPE, recipe_overrides(out, reward_model), RLCORE_OVERRIDES)
+    return load_nemo_rl_config(RECIPE, recipe_overrides(out, reward_model, tokenizer), RLCORE_OVERRIDES)
 
 
-@pytest.mark.slow  # ~45 s; the environment on its own cluster is in tests/environments/test_reward_model_env.py
-def test_grpo_rm_trains_three_steps_scored_by_the_reward_model(ray_session: None, tmp_path: Path) -> None:
+def rm_run_checkpoint(root: Path) -> tuple[str, str]:
+    """The weights and the tokenizer of the last step of NeMo-RL's rm.yaml trained as
+    tests/nemo_rl/test_rm_recipe_trains.py trains it (a Bradley-Terry reward model of the tiny Llama)."""
+    from rlcore.config import resolve
+    from rlcore.run.checkpoints import latest_step
+    from rlcore.run.train import train
+    from tests.nemo_rl.test_rm_recipe_trains import load as load_rm
+
+    train(resolve(load_rm(root).config, run=True))
+    found = latest_step(root / "checkpoints")
+    assert found is not None
+    return str(found[1] / "weights"), str(found[1] / "tokenizer")
+
+
+@pytest.mark.slow  # ~45 s with a built reward model, ~100 s after an rm.yaml run; the environment is tested fast
+@pytest.mark.parametrize("source", ["built", "rm.yaml run"])
+def test_grpo_rm_trains_three_steps_scored_by_the_reward_model(ray_session: None, tmp_path: Path, source: str) -> None:
     """3 GRPO steps; each step's rewards are the reward model's scores (reward/reward_model_mean is reward_mean: the
     recipe shapes and scales nothing), none failed, and they differ between completions (the advantages are not
-    all zero, so the policy trains)."""
+    all zero, so the policy trains). The reward model: one built here, or the checkpoint an ``rm`` run of NeMo-RL's
+    rm.yaml saved (another model and tokenizer than the policy's)."""
     from rlcore.config import resolve
     from rlcore.run.train import train
 
-    reward_model = tiny_reward_model(tmp_path / "reward_model")
-    resolved = resolve(load(tmp_path / "run", reward_model).config, run=True)
+    if source == "built":
+        reward_model, tokenizer = tiny_reward_model(tmp_path / "rm"), None
+    else:
+        reward_model, tokenizer = rm_run_checkpoint(tmp_path / "rm")
+    resolved = resolve(load(tmp_path / "run", reward_model, tokenizer).config, run=True)
     section = resolved.environment.section
     assert resolved.environment.spec.name == "reward_model" and resolved.config.cluster.workers_per_node == 1
     assert (section.model_name, section.checkpoint_path) == (reward_model, reward_model)
