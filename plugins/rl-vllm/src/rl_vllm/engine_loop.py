@@ -31,37 +31,12 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
-from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from rl_vllm.lockstep import OUTCOME_WAIT_S, REQUEST_WAIT_S, Lockstep, Outcome, Tick
+from rl_vllm.served import EngineLoopError, LoopRequest, Served, reason_of
 
 LoopState = Literal["serving", "draining", "paused"]
-
-
-@dataclass
-class Served:
-    """What one request produced: its tokens, their logprobs, and the weight version of each token."""
-
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    versions: list[int] = field(default_factory=list)
-    finish_reason: str | None = None
-    restarts: int = 0  # times an ``abort`` pause dropped its partial output and it started again
-
-
-@dataclass
-class _Request:
-    key: str  # the same on every rank of a tensor-parallel engine
-    prompt_token_ids: list[int]
-    params: Any  # vllm.SamplingParams with output_kind=DELTA; cloned at every (re-)admission
-    future: Future[Served]
-    served: Served = field(default_factory=Served)
-    engine_id: str | None = None  # the id of its current admission (a restart gets a new one)
-
-
-class EngineLoopError(RuntimeError):
-    """The engine loop failed or was stopped; names the engine."""
 
 
 #: The commands a loop runs between two steps, by name (a follower replays the leader's by name).
@@ -97,8 +72,8 @@ class EngineLoop:
         self._request_wait_s = request_wait_s
         self._outcome_wait_s = outcome_wait_s
         self._cond = threading.Condition()
-        self._queued: dict[str, _Request] = {}  # key -> submitted, not admitted (also: aborted, to restart)
-        self._running: dict[str, _Request] = {}  # engine id -> request
+        self._queued: dict[str, LoopRequest] = {}  # key -> submitted, not admitted (also: aborted, to restart)
+        self._running: dict[str, LoopRequest] = {}  # engine id -> request
         self._commands: deque[tuple[str, Future[Any]]] = deque()
         self._state: LoopState = "serving"
         self._acted: LoopState = "serving"  # the state the last iteration ran in (the leader published it)
@@ -134,7 +109,7 @@ class EngineLoop:
             key = f"auto-{next(self._keys)}" if key is None else key
             if key in self._queued or any(r.key == key for r in self._running.values()):
                 raise ValueError(f"{self.name}: request {key!r} was submitted twice")
-            self._queued[key] = _Request(key, list(prompt_token_ids), params, future)
+            self._queued[key] = LoopRequest(key, list(prompt_token_ids), params, future)
             self._cond.notify_all()
         return future
 
@@ -295,7 +270,7 @@ class EngineLoop:
     # -- the loop thread -------------------------------------------------------------------------------------
     def _raise_if_down(self) -> None:
         if self._error is not None:
-            raise EngineLoopError(f"{self.name}: the engine loop failed: {_reason(self._error)}") from self._error
+            raise EngineLoopError(f"{self.name}: the engine loop failed: {reason_of(self._error)}") from self._error
         if self._stopping:
             raise EngineLoopError(f"{self.name}: the engine has been shut down")
 
@@ -319,10 +294,10 @@ class EngineLoop:
                 self._error = exc
                 self._cond.notify_all()
             if self._lockstep is not None and self._lockstep.leader:
-                self._tell_followers(f"{self.name}: {_reason(exc)}")
+                self._tell_followers(f"{self.name}: {reason_of(exc)}")
             elif self.follows:
-                self._report_failure(_reason(exc))
-            self._fail_all(EngineLoopError(f"{self.name}: the engine loop failed: {_reason(exc)}"))
+                self._report_failure(reason_of(exc))
+            self._fail_all(EngineLoopError(f"{self.name}: the engine loop failed: {reason_of(exc)}"))
 
     def _lead(self) -> None:
         """Decide each iteration and run it. When others follow, it is published as a tick once every follower
@@ -359,7 +334,7 @@ class EngineLoop:
             finally:
                 self._ran(tick)
 
-    def _requeue(self, tick: Tick, admitted: list[_Request], future: Future[Any] | None) -> None:
+    def _requeue(self, tick: Tick, admitted: list[LoopRequest], future: Future[Any] | None) -> None:
         """Leader: an iteration that did not run gives its requests (not admitted yet) and command back, for
         :meth:`_fail_all`."""
         with self._cond:
@@ -369,13 +344,13 @@ class EngineLoop:
             if future is not None and not future.done():
                 self._commands.appendleft((str(tick.command), future))
 
-    def _decide(self) -> tuple[Tick, list[_Request], Future[Any] | None]:
+    def _decide(self) -> tuple[Tick, list[LoopRequest], Future[Any] | None]:
         """The next iteration (under the lock): one command, or the queued requests' admission and a step."""
         version = int(self._current()[0])
         if self._commands:
             name, future = self._commands.popleft()
             return Tick(self._state, version, command=name), [], future
-        admitted: list[_Request] = []
+        admitted: list[LoopRequest] = []
         if self._state == "serving":
             admitted = list(self._queued.values())
             self._queued.clear()
@@ -412,7 +387,7 @@ class EngineLoop:
                 self._ran(tick)
             self._lockstep.report(self._ticks - 1)
 
-    def _take(self, admit: list[tuple[str, str]]) -> list[_Request]:
+    def _take(self, admit: list[tuple[str, str]]) -> list[LoopRequest]:
         """Follower, under the lock: the requests a tick admits, waiting (bounded) for any not received yet."""
         deadline = time.monotonic() + self._request_wait_s
         taken = []
@@ -442,7 +417,7 @@ class EngineLoop:
                 self._state = "paused"  # the next tick says so
             self._cond.notify_all()
 
-    def _execute(self, tick: Tick, admitted: list[_Request], future: Future[Any] | None) -> None:
+    def _execute(self, tick: Tick, admitted: list[LoopRequest], future: Future[Any] | None) -> None:
         if tick.command is not None:
             try:
                 result = self._abort_running() if tick.command == "abort_running" else self._reset_prefix_cache()
@@ -457,7 +432,7 @@ class EngineLoop:
         if self._running:
             self._step(tick.version)
 
-    def _admit(self, requests: list[_Request], version: int) -> None:
+    def _admit(self, requests: list[LoopRequest], version: int) -> None:
         lora = self._current()[1]
         for request in requests:
             prompt = {"prompt_token_ids": request.prompt_token_ids, "cache_salt": f"v{version}"}
@@ -535,7 +510,3 @@ class EngineLoop:
         for _, future in commands:
             if not future.done():
                 future.set_exception(error)
-
-
-def _reason(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__

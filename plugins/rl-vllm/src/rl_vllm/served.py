@@ -1,0 +1,38 @@
+"""What an engine loop's requests are (:mod:`rl_vllm.engine_loop`): a request as the loop holds it, what it
+produced, and the loop's error; plain data, importing nothing heavy."""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Served:
+    """What one request produced: its tokens, their logprobs, and the weight version of each token."""
+
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    restarts: int = 0  # times an ``abort`` pause dropped its partial output and it started again
+
+
+@dataclass
+class LoopRequest:
+    key: str  # the same on every rank of a tensor-parallel engine
+    prompt_token_ids: list[int]
+    params: Any  # vllm.SamplingParams with output_kind=DELTA; cloned at every (re-)admission
+    future: Future[Served]
+    served: Served = field(default_factory=Served)
+    engine_id: str | None = None  # the id of its current admission (a restart gets a new one)
+
+
+class EngineLoopError(RuntimeError):
+    """The engine loop failed or was stopped; names the engine."""
+
+
+def reason_of(exc: BaseException) -> str:
+    """``exc`` as one line: its type, and its message when it has one."""
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
