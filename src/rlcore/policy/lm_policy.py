@@ -117,8 +117,10 @@ class Policy(WorkerGroupOwner, ColocatablePolicyInterface, GenerationInterface):
             init_reference_model=init_reference_model,
             backend_config=self.resolved.section,
             layout=self.resolved.layout,
-            model_head=model_head,  # a worker that does not declare it builds a language model (and is refused above)
         )
+        if model_head != "lm":  # offered only when it asks for more than every worker built before 0.3 builds:
+            # a worker taking **kwargs and passing them to a parent that predates model_head keeps working
+            available["model_head"] = model_head
         self.worker_group = RayWorkerGroup(
             cluster,
             self.spec.worker_class,
