@@ -106,7 +106,7 @@ def test_a_dpo_config_refuses_what_it_would_ignore(tmp_path, override, expected)
 def test_a_micro_batch_budget_too_small_for_a_pair_is_refused(tmp_path):
     with pytest.raises(
         ConfigError,
-        match=r"policy.dynamic_batching.train_mb_tokens: 96 tokens cannot hold a DPO "
+        match=r"policy.dynamic_batching.train_mb_tokens: 96 tokens cannot hold a preference "
         r"pair.*set it to at least 128",
     ):
         resolve(dpo_config(tmp_path, **{"policy.dynamic_batching.train_mb_tokens": "96"}), run=True)

@@ -112,14 +112,14 @@ def test_algorithms_list_shows_the_builtins_apart_from_backends(fixture_site):
     assert result.returncode == 0, result.stderr
     rows = {r["name"]: r for r in json.loads(result.stdout)["algorithms"]}
     assert {name: (r["distribution"], r["status"]) for name, r in rows.items() if r["distribution"] == "rlcore"} == {
-        name: ("rlcore", "ok") for name in ("grpo", "sft", "dpo", "distillation")
+        name: ("rlcore", "ok") for name in ("grpo", "sft", "dpo", "ppo", "distillation", "rm")
     }
     backends = rows_by_name(run_cli(fixture_site, "backends", "list", "--json"))
     assert {"reference", "dtensor"} <= {name for name, _ in backends} and not {name for name, _ in backends} & set(rows)
     shown = run_cli(fixture_site, "algorithms", "show", "dpo")
     assert shown.returncode == 0 and "algorithm_class: rlcore.algorithms.dpo.loop:DPO" in shown.stdout
-    missing = run_cli(fixture_site, "algorithms", "show", "ppo")
-    assert missing.returncode == 1 and "no algorithm named 'ppo'" in missing.stderr
+    missing = run_cli(fixture_site, "algorithms", "show", "trpo")
+    assert missing.returncode == 1 and "no algorithm named 'trpo'" in missing.stderr
 
 
 def test_list_table_and_kind_filter(fixture_site):
