@@ -16,6 +16,7 @@ import pluggy
 from rlcore.plugins.algorithm_spec import AlgorithmSpec
 from rlcore.plugins.environment_spec import EnvironmentSpec
 from rlcore.plugins.spec import BackendSpec
+from rlcore.plugins.tool_call_parser_spec import ToolCallParserSpec
 
 hookspec = pluggy.HookspecMarker("rlcore")
 hookimpl = pluggy.HookimplMarker("rlcore")
@@ -47,4 +48,15 @@ def rlcore_register_algorithms(register: Callable[[AlgorithmSpec], None]) -> Non
 
     The same rule as for backends: the module implementing this hook is light, and the algorithm's classes
     are named as ``"module:Class"`` strings.
+    """
+
+
+@hookspec
+def rlcore_register_tool_call_parsers(register: Callable[[ToolCallParserSpec], None]) -> None:
+    """Declare tool-call parsers by calling ``register(ToolCallParserSpec(...))`` once per parser.
+
+    A parser turns an assistant completion's text into the tool calls it makes
+    (``rlcore.chat.tool_calls.ToolCallParser``); environments and the serving endpoint select one by name with
+    ``rlcore.chat.tool_calls.get_tool_call_parser``. The same rule as for backends: the module implementing this
+    hook is light, and the parser class is named as a ``"module:Class"`` string.
     """

@@ -40,10 +40,11 @@ from rlcore.plugins.environment_spec import EnvironmentSpec
 from rlcore.plugins.requirements import rlcore_requirement_problem
 from rlcore.plugins.spec import BackendSpec
 from rlcore.plugins.spec_refusals import Refusal, recording_refusals, refusal_of
+from rlcore.plugins.tool_call_parser_spec import ToolCallParserSpec
 from rlcore.plugins.unknown_names import unknown_name_message
 from rlcore.plugins.worker_source import defined_methods
 
-Spec = BackendSpec | EnvironmentSpec | AlgorithmSpec
+Spec = BackendSpec | EnvironmentSpec | AlgorithmSpec | ToolCallParserSpec
 
 ENTRY_POINT_GROUP = "rlcore.plugins"
 
@@ -88,8 +89,9 @@ class BackendRecord:
 
 
 def group_of(kind: str | None) -> str:
-    """The name space a kind of record lives in: ``'algorithm'``, ``'environment'`` or ``'backend'``."""
-    return kind if kind in ("algorithm", "environment") else "backend"
+    """The name space a kind of record lives in: ``'algorithm'``, ``'environment'``, ``'tool_call_parser'`` or
+    ``'backend'``."""
+    return kind if kind in ("algorithm", "environment", "tool_call_parser") else "backend"
 
 
 def _env_names(var: str) -> set[str] | None:
@@ -131,6 +133,7 @@ class Registry:
                     hooks.rlcore_register_backends,
                     hooks.rlcore_register_environments,
                     hooks.rlcore_register_algorithms,
+                    hooks.rlcore_register_tool_call_parsers,
                 ):
                     for impl in hook.get_hookimpls():
                         if impl.plugin is plugin:  # an implementation gets the arguments it declares (pluggy's rule)
@@ -239,6 +242,20 @@ class Registry:
         """The registered algorithms (records of kind ``'algorithm'``)."""
         return [r for r in self.records if r.kind == "algorithm"]
 
+    def tool_call_parsers(self) -> list[BackendRecord]:
+        """The registered tool-call parsers (records of kind ``'tool_call_parser'``)."""
+        return [r for r in self.records if r.kind == "tool_call_parser"]
+
+    def resolve_tool_call_parser(self, name: str) -> ToolCallParserSpec:
+        """The spec of an ``ok`` tool-call parser, by ``name`` or ``distribution:name``."""
+        spec = self.resolve(name, kind="tool_call_parser")
+        assert isinstance(spec, ToolCallParserSpec)
+        return spec
+
+    def has_plugin(self, plugin: object) -> bool:
+        """Whether this very plugin object is registered."""
+        return self._pm.is_registered(plugin)
+
     def resolve_algorithm(self, name: str) -> AlgorithmSpec:
         """The spec of an ``ok`` algorithm, by ``name`` or ``distribution:name``."""
         spec = self.resolve(name, kind="algorithm")
@@ -316,6 +333,8 @@ def _own_status(spec: Spec, dist: str) -> tuple[str, str]:
         return "unavailable", f"missing {', '.join(missing)}{hint}"
     if isinstance(spec, EnvironmentSpec) and not spec.class_module_exists():
         return "broken", f"environment module of {spec.environment_class} is not installed: reinstall {dist}"
+    if isinstance(spec, ToolCallParserSpec) and not spec.class_module_exists():
+        return "broken", f"parser module of {spec.parser_class} is not installed: reinstall {dist}"
     if not isinstance(spec, BackendSpec):
         return "ok", ""
     if not spec.worker_module_exists():
