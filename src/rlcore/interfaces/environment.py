@@ -18,6 +18,13 @@ also return them by name in ``reward_components`` (plugin API 5), for GDPO
 (``grpo.advantage_estimator: gdpo``), which normalizes each one within its
 group before combining them; NeMo-RL's multi-reward environments return the
 same as a ``rewards`` dict.
+
+Tool-using environments (issue 55): a message is any JSON-like dict (a ``tool`` message carries
+``tool_call_id`` and ``name``, an assistant message may carry ``tool_calls``). An environment may flag the
+samples whose latest assistant turn held a malformed or invalid tool call (``invalid_tool_calls``): the rollout
+marks that turn's generated tokens (``invalid_tool_call_mask``), which ``grpo.invalid_tool_call_advantage``
+reads. It may also report numbers about each sample's turn by name (``metrics``), which the rollout sums per
+sample over its turns and logs per sample as ``env/<name>_per_sample``.
 """
 
 from __future__ import annotations
@@ -25,8 +32,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-#: One chat message: ``{"role": "system" | "user" | "assistant" | "environment" | "tool", "content": str}``.
-Message = dict[str, str]
+#: One chat message: ``{"role": "system" | "user" | "assistant" | "environment" | "tool", "content": str, ...}``;
+#: a ``tool`` message also carries ``tool_call_id`` and ``name``, an assistant message may carry ``tool_calls``.
+Message = dict[str, Any]
 
 
 @dataclass
@@ -45,6 +53,11 @@ class EnvironmentReturn:
     reports and GRPO trains on, by NeMo-RL's convention their sum (:meth:`from_components`). A sample that could
     not be scored has no components: a result built by joining parts (:meth:`concat`) gives each component 0 on
     the samples of a part without them, which must be failed samples (each with an error).
+
+    ``invalid_tool_calls`` (optional): whether each sample's latest assistant turn held a malformed or invalid
+    tool call (default: all False). ``metrics`` (optional): numbers about each sample's latest turn by name,
+    ``{name: [one float per sample]}`` (a tools environment: ``tool_calls``, ``invalid_tool_calls``); joined
+    parts without a name count 0 for it.
     """
 
     observations: list[Message]
@@ -55,6 +68,8 @@ class EnvironmentReturn:
     answers: list[str | None] = field(default_factory=list)
     errors: list[str | None] = field(default_factory=list)
     reward_components: dict[str, list[float]] | None = None
+    invalid_tool_calls: list[bool] = field(default_factory=list)
+    metrics: dict[str, list[float]] | None = None
 
     def __post_init__(self) -> None:
         n = len(self.rewards)
@@ -63,14 +78,26 @@ class EnvironmentReturn:
         for name in ("next_stop_strings", "answers", "errors"):
             if not getattr(self, name):
                 setattr(self, name, [None] * n)
+        self.invalid_tool_calls = [bool(f) for f in self.invalid_tool_calls] or [False] * n
         lengths = {
             name: len(getattr(self, name))
-            for name in ("observations", "metadata", "rewards", "terminateds", "next_stop_strings", "answers", "errors")
+            for name in (
+                "observations",
+                "metadata",
+                "rewards",
+                "terminateds",
+                "next_stop_strings",
+                "answers",
+                "errors",
+                "invalid_tool_calls",
+            )
         }
         if set(lengths.values()) != {n}:
             raise ValueError(f"EnvironmentReturn: every list needs one entry per sample, got lengths {lengths}")
         if self.reward_components is not None:
             self.reward_components = _checked_components(self.reward_components, n)
+        if self.metrics is not None:
+            self.metrics = _checked_metrics(self.metrics, n)
 
     @classmethod
     def final(
@@ -118,8 +145,10 @@ class EnvironmentReturn:
             next_stop_strings=[item for part in parts for item in part.next_stop_strings],
             answers=[item for part in parts for item in part.answers],
             errors=[item for part in parts for item in part.errors],
+            invalid_tool_calls=[item for part in parts for item in part.invalid_tool_calls],
         )
         joined.reward_components = _joined_components(parts)
+        joined.metrics = _joined_metrics(parts)
         return joined
 
 
@@ -172,6 +201,34 @@ def _joined_components(parts: list[EnvironmentReturn]) -> dict[str, list[float]]
                 part.reward_components[name] if part.reward_components is not None else [0.0] * len(part.rewards)
             )
     return joined
+
+
+def _checked_metrics(metrics: object, n: int) -> dict[str, list[float]]:
+    """``metrics`` as ``{name: [n floats]}`` sorted by name, or a ``ValueError`` saying what is wrong."""
+    if not isinstance(metrics, dict):
+        raise ValueError(f"EnvironmentReturn.metrics: expected a dict of name -> one float per sample, got {metrics!r}")
+    checked = {}
+    for name in sorted(metrics, key=str):
+        if not isinstance(name, str) or not name or "/" in name:
+            raise ValueError(
+                f"EnvironmentReturn.metrics: {name!r} is not a metric name (a non-empty string without '/': "
+                "rlcore logs it as env/<name>_per_sample)"
+            )
+        values = list(metrics[name])
+        if len(values) != n:
+            raise ValueError(
+                f"EnvironmentReturn.metrics['{name}']: needs one entry per sample, got {len(values)} for {n} samples"
+            )
+        checked[name] = [float(v) for v in values]
+    return checked
+
+
+def _joined_metrics(parts: list[EnvironmentReturn]) -> dict[str, list[float]] | None:
+    """The parts' metrics end to end; a part without a name (a failed chunk, say) counts 0 for it."""
+    names = sorted({name for p in parts for name in (p.metrics or {})})
+    if not names:
+        return None
+    return {name: [v for p in parts for v in (p.metrics or {}).get(name, [0.0] * len(p.rewards))] for name in names}
 
 
 @runtime_checkable

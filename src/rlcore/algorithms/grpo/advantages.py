@@ -169,8 +169,36 @@ def reinforce_plus_plus_advantages(
     return ((adv - mean) * var.clamp_min(1e-8).rsqrt() * mask).float()
 
 
+def override_flagged_tokens(
+    advantages: torch.Tensor, flagged: torch.Tensor, token_mask: torch.Tensor, value: float
+) -> torch.Tensor:
+    """``advantages [B, T]`` with each trained token (``token_mask``) under ``flagged [B, T]`` set to ``value``.
+
+    NeMo-RL's ``_apply_message_level_advantage_penalties``: the token span of each assistant message flagged as an
+    invalid tool call gets the configured advantage in place of the computed one; the rollout's
+    ``invalid_tool_call_mask`` marks exactly the generated tokens of the flagged turns.
+    """
+    import torch
+
+    hit = flagged.to(torch.bool) & (token_mask != 0)
+    return torch.where(hit, torch.full_like(advantages, value), advantages)
+
+
+def count_spans(mask: torch.Tensor) -> int:
+    """How many runs of consecutive nonzero entries the rows of ``mask [B, T]`` hold together: assistant turns
+    in a ``token_mask`` (turns are separated by the tokens appended between them), flagged turns in an
+    ``invalid_tool_call_mask``."""
+    import torch
+
+    on = mask != 0
+    starts = on & ~torch.nn.functional.pad(on[:, :-1], (1, 0), value=False)
+    return int(starts.sum())
+
+
 __all__ = [
     "calculate_baseline_and_std_per_prompt",
+    "count_spans",
+    "override_flagged_tokens",
     "gdpo_advantages",
     "group_advantages",
     "reinforce_plus_plus_advantages",

@@ -232,6 +232,15 @@ class GRPOConfig(RolloutLoopConfig):
         description="Upper bound the advantages are clamped to after they are computed (and normalized); "
         "None = no bound. >= 0.",
     )
+    invalid_tool_call_advantage: float | None = Field(
+        None,
+        description="The advantage every generated token of an assistant turn the environment flagged as an "
+        "invalid tool call gets (EnvironmentReturn.invalid_tool_calls: the tools environment flags a malformed "
+        "call, an unknown tool, arguments that do not fit, calls past its per-turn limit), overwriting the "
+        "computed one before grpo.advantage_clip_low/high (NeMo-RL's order), e.g. -5. None: advantages are left "
+        "as computed. Accepted with any environment: one that never flags a turn leaves every advantage as "
+        "computed (invalid_tool_call_rate stays 0).",
+    )
     overlong_filtering: bool = Field(
         False,
         description="Leave truncated completions (cut by a token budget before they stopped) out of the "

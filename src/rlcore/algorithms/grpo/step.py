@@ -73,6 +73,29 @@ def gdpo_step_advantages(cfg: Any, components: dict[str, Any]) -> Any:
     )
 
 
+def final_advantages(g: Any, data: Any, rollout_data: Any) -> Any:
+    """The training batch's per-token ``advantages`` once computed: the tokens of turns flagged as invalid tool
+    calls set to ``grpo.invalid_tool_call_advantage`` (when set), then clipped to ``grpo.advantage_clip_low/high``,
+    NeMo-RL's order."""
+    from rlcore.algorithms.grpo.advantages import override_flagged_tokens
+    from rlcore.algorithms.grpo.reward_transforms import clip_advantages
+
+    advantages = data["advantages"]
+    flagged = rollout_data.get("invalid_tool_call_mask")
+    if g.invalid_tool_call_advantage is not None and flagged is not None:
+        advantages = override_flagged_tokens(advantages, flagged, data["token_mask"], g.invalid_tool_call_advantage)
+    return clip_advantages(advantages, g.advantage_clip_low, g.advantage_clip_high)
+
+
+def invalid_tool_call_rate(rollout_data: Any) -> float:
+    """The share of the rollout's assistant turns flagged as invalid tool calls (NeMo-RL's
+    ``invalid_tool_call_rate``): flagged turns over turns, each counted as a run of generated tokens."""
+    from rlcore.algorithms.grpo.advantages import count_spans
+
+    turns = count_spans(rollout_data["token_mask"])
+    return count_spans(rollout_data["invalid_tool_call_mask"]) / max(turns, 1)
+
+
 def add_logprob_inputs(cfg: Any, policy: Any, data: Any, prev_pass: bool) -> None:
     """Add the loss's policy-computed inputs to ``data``: ``prev_logprobs`` (when ``prev_pass``) and
     ``reference_policy_logprobs`` (when the loss has a KL term). Nothing to compute: no lp-inference switch."""
@@ -94,7 +117,7 @@ def train_on_rollout(run: RunContext, loss_fn: Any, rollout: Any, timer: Timer) 
 
     from rlcore.algorithms.grpo.advantages import group_advantages
     from rlcore.algorithms.grpo.config import TOKEN_LEVEL_ESTIMATORS
-    from rlcore.algorithms.grpo.reward_transforms import clip_advantages, overlong_sample_mask, transform_rewards
+    from rlcore.algorithms.grpo.reward_transforms import overlong_sample_mask, transform_rewards
 
     cfg, policy, g = run.cfg, run.policy, run.cfg.grpo
     truncated = rollout.data["truncated"]
@@ -108,7 +131,9 @@ def train_on_rollout(run: RunContext, loss_fn: Any, rollout: Any, timer: Timer) 
         advantages = gdpo_step_advantages(cfg, components)
     else:
         advantages = group_advantages(rewards, g.num_generations_per_prompt, g.advantage_estimator)
-    data = training_batch(rollout.data, clip_advantages(advantages, g.advantage_clip_low, g.advantage_clip_high))
+    data = training_batch(rollout.data, advantages)
+    if not per_token:  # Reinforce++'s come after the logprob passes
+        data["advantages"] = final_advantages(g, data, rollout.data)
     if g.overlong_filtering:
         data["sample_mask"] = data["sample_mask"] * overlong_sample_mask(truncated)
     # decided once, when the config was resolved: without the pass the loss uses the current logprobs
@@ -116,9 +141,8 @@ def train_on_rollout(run: RunContext, loss_fn: Any, rollout: Any, timer: Timer) 
     with timer.phase("logprob"):
         add_logprob_inputs(cfg, policy, data, prev_pass)
     if per_token:
-        data["advantages"] = clip_advantages(
-            token_advantages(cfg, data, rewards), g.advantage_clip_low, g.advantage_clip_high
-        )
+        data["advantages"] = token_advantages(cfg, data, rewards)
+        data["advantages"] = final_advantages(g, data, rollout.data)
     if loss_fn.cfg.positive_example_nll_weight > 0:  # VAPO: the NLL of the step's rewarded completions
         from rlcore.algorithms.grpo.loss import positive_example_token_counts
 
@@ -145,6 +169,8 @@ def train_on_rollout(run: RunContext, loss_fn: Any, rollout: Any, timer: Timer) 
         **rollout.metrics,
         **{f"reward/{name}_mean": float(values.mean()) for name, values in components.items()},  # the env's
     }
+    if "invalid_tool_call_mask" in rollout.data:
+        metrics["invalid_tool_call_rate"] = invalid_tool_call_rate(rollout.data)
     if g.reward_scaling.enabled or g.reward_shaping.enabled:
         metrics["reward_transformed_mean"] = float(rewards.mean())  # what the advantages were computed from
     if g.overlong_filtering:
