@@ -211,6 +211,35 @@ def test_multi_turn_ready_first_is_the_batch_rollout_and_a_fast_group_goes_on_wh
     assert env.calls[:2] == ["f", "f"] or env.calls[:3] == ["f", "m", "f"]
 
 
+class GroupedServingEngine(ServingEngine):
+    """:class:`ServingEngine` with ``generate_groups_async``: records the group letters of each call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[list[str]] = []
+
+    def generate_groups_async(self, batches: Sequence[Any], greedy: bool = False) -> list[Future]:
+        self.calls.append([ByteTokenizer().decode(b["input_ids"][0, 1:2].tolist()) for b in batches])
+        return [self.generate_async(batch, greedy) for batch in batches]
+
+
+def test_a_backend_taking_groups_together_gets_every_first_turn_in_one_call() -> None:
+    """Multi-turn through ``generate_groups_async``: the same rollout as the whole-batch one; the three groups'
+    first turns are one call, every request goes through it, and a fast group's next turn is still asked while
+    the slow group generates."""
+    engine = GroupedServingEngine()
+    try:
+        batch, ready, _ = _both_ways(engine, _cfg(3, max_total=16))
+    finally:
+        engine.pool.shutdown(wait=True)
+    _assert_same_rollout(batch, ready)
+    assert engine.calls[0] == ["s", "f", "m"] and len(engine.calls) > 1, engine.calls
+    assert sum(len(call) for call in engine.calls) == sum(kind == "submit" for kind, _, _ in engine.events)
+    slow_done = engine.events.index(next(e for e in engine.events if e[:2] == ("done", "s")))
+    fast_second = [i for i, e in enumerate(engine.events) if e[:2] == ("submit", "f")][1]
+    assert fast_second < slow_done  # still ready-first: the fast group went on while the slow one generated
+
+
 def test_tokens_carry_the_weight_version_that_generated_them() -> None:
     engine = ServingEngine(version=3, refit_at=1)
     try:

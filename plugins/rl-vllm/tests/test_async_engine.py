@@ -191,6 +191,32 @@ class TestAsyncEngine:
         order = [index for index, _ in engine.as_completed([long, short], timeout_s=60)]
         assert order == [1, 0]
 
+    def test_sample_groups_submitted_together_run_as_one_streaming_call(self, engines: dict) -> None:
+        """``generate_groups_async``: one streaming call admits every group at one engine step (the engine steps
+        as often as the longest completion has tokens, no more) and hands each back as it finishes, before a
+        long request submitted earlier, mixed in one ``as_completed``; each group's output is the one its own
+        ``generate_async`` gives."""
+        engine = engines["async"]
+        groups = [prompts([p, p]) for p in PROMPTS[1:]]  # a group: two samples of one prompt
+        alone = [engine.collect(engine.generate_async(g, greedy=True)) for g in groups]
+        before = steps(engine)
+        together = [engine.collect(h) for h in reversed(engine.generate_groups_async(groups, greedy=True))][::-1]
+        longest = max(int(out["generation_lengths"].max()) for out in together)
+        assert steps(engine) - before == longest > 1, "the groups were not admitted at one step"
+        long = long_request(engine)
+        handles = [long, *engine.generate_groups_async(groups, greedy=True)]
+        order, outputs = [], {}
+        for index, out in engine.as_completed(handles, timeout_s=60):
+            order.append(index)
+            outputs[index] = out
+        assert order[-1] == 0 and sorted(order) == [0, 1, 2, 3], order
+        for group, own in enumerate(alone):
+            for out in (together[group], outputs[group + 1]):
+                assert torch.equal(out["output_ids"], own["output_ids"]), f"group {group}: other tokens"
+                assert float((out["logprobs"] - own["logprobs"]).abs().max()) <= SAME
+                assert out["weight_version"].tolist() == [0, 0]
+        assert engine._outstanding == [0], "the routing's count of rows in flight was not given back"
+
     def test_pause_wait_drains_then_parks_and_queues_new_requests(self, engines: dict) -> None:
         engine = engines["async"]
         running = long_request(engine)

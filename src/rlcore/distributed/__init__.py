@@ -3,7 +3,7 @@
 from rlcore.distributed.named_sharding import NamedSharding
 from rlcore.distributed.ray_runtime import init_ray, shutdown_ray
 from rlcore.distributed.virtual_cluster import ClusterError, RayVirtualCluster
-from rlcore.distributed.worker_group import Calls, RayWorkerGroup, WorkerError, WorkerGroupOwner
+from rlcore.distributed.worker_group import Calls, RayWorkerGroup, Stream, WorkerError, WorkerGroupOwner
 
 __all__ = [
     "Calls",
@@ -11,6 +11,7 @@ __all__ = [
     "NamedSharding",
     "RayVirtualCluster",
     "RayWorkerGroup",
+    "Stream",
     "WorkerError",
     "WorkerGroupOwner",
     "init_ray",

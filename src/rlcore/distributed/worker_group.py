@@ -8,6 +8,8 @@ implements, e.g. ``TrainingWorker.train`` from :mod:`rlcore.interfaces.workers`)
 - :meth:`run_all_workers_sharded_data`: data is split along ``dp``; workers
   that share a dp index (tp/cp/pp peers) get the same shard; results are read
   from coordinate 0 of the replicated axes (one per dp index, in dp order).
+- :meth:`run_streaming_on_worker`: a generator method on one rank, its items taken one at a time as the
+  worker yields them (:meth:`next_item`), e.g. each sample group of one engine call as it finishes.
 
 :meth:`get_results` waits on calls as they finish: the first failure (an
 exception, or a dead process: killed, OOM) is raised at once as a
@@ -60,6 +62,17 @@ class Calls:
     refs: list[Any]
     ranks: list[int]
     output_ranks: list[int] | None = None
+
+
+@dataclass(eq=False)
+class Stream:
+    """One streaming call on one rank: the items the worker's generator method yields, in that order.
+
+    ``generator`` is Ray's ``ObjectRefGenerator``, which ``ray.wait`` takes beside object refs (ready when
+    its next item is, or when it ended); take the items with :meth:`RayWorkerGroup.next_item`."""
+
+    generator: Any
+    rank: int
 
 
 def _task_error(exc: Any) -> str:
@@ -149,6 +162,10 @@ class RayWorkerGroup:
 
     # -- dispatch -------------------------------------------------------------
     def _call(self, rank: int, method: Method, *args: Any, **kwargs: Any) -> Any:
+        self._check_usable()
+        return self.workers[rank].call.remote(method_name(method), *args, **kwargs)
+
+    def _check_usable(self) -> None:
         if self._failure is not None:
             raise WorkerError(
                 f"worker group '{self.name_prefix}' is unusable after an earlier failure: {self._failure}",
@@ -156,11 +173,38 @@ class RayWorkerGroup:
             )
         if not self.workers:
             raise WorkerError(f"worker group '{self.name_prefix}' has been shut down")
-        return self.workers[rank].call.remote(method_name(method), *args, **kwargs)
 
     def run_on_worker(self, rank: int, method: Method, *args: Any, **kwargs: Any) -> Calls:
         """One call on one rank (e.g. the serving engine with the least work outstanding)."""
         return Calls([self._call(rank, method, *args, **kwargs)], [rank])
+
+    def run_streaming_on_worker(self, rank: int, method: Method, *args: Any, **kwargs: Any) -> Stream:
+        """A generator method of the worker on one rank (through :meth:`WorkerHost.stream`); each item it
+        yields can be taken as soon as it is yielded, while the call goes on (:meth:`next_item`)."""
+        self._check_usable()
+        generator = (
+            self.workers[rank].stream.options(num_returns="streaming").remote(method_name(method), *args, **kwargs)
+        )
+        return Stream(generator, rank)
+
+    def next_item(self, stream: Stream, timeout_s: float | None = None) -> Any:
+        """The stream's next item, waiting up to ``timeout_s`` (``TimeoutError``); ``StopIteration`` once the
+        worker's generator has returned. A failure is raised as :meth:`get_results` raises it: a
+        :class:`WorkerError` naming the worker (a dead worker, or any failure in a ``kill_on_error`` group,
+        fails the group)."""
+        import ray
+
+        ready, _ = ray.wait([stream.generator], num_returns=1, timeout=timeout_s)
+        if not ready:
+            raise TimeoutError(f"worker group '{self.name_prefix}': no item within {timeout_s}s")
+        ref = next(stream.generator)  # StopIteration when it ended
+        try:
+            return ray.get(ref)
+        except Exception as exc:  # noqa: BLE001 - re-raised with the worker named
+            error = self.describe(stream.rank, exc)
+            if not self.kill_on_error and not isinstance(exc, ray.exceptions.RayActorError):
+                raise error from exc
+            raise self._fail(error) from exc
 
     def run_all_workers_single_data(self, method: Method, *args: Any, **kwargs: Any) -> Calls:
         ranks = list(range(self.world_size))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 #: Set (to a directory) in the driver of a quiet run: each worker then writes its stdout and stderr to
@@ -51,6 +52,12 @@ class WorkerHost:
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         return getattr(self.worker, method)(*args, **kwargs)
+
+    def stream(self, method: str, *args: Any, **kwargs: Any) -> Iterator[Any]:
+        """A generator method of the worker, each item sent as it is yielded: Ray takes
+        ``num_returns="streaming"`` only on a method that is itself a generator, which ``call`` is not
+        (:meth:`rlcore.distributed.RayWorkerGroup.run_streaming_on_worker`)."""
+        yield from getattr(self.worker, method)(*args, **kwargs)
 
     def pid(self) -> int:
         return os.getpid()

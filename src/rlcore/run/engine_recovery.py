@@ -272,6 +272,23 @@ class RestartingGeneration:
                 except Exception as exc:  # noqa: BLE001 - re-raised unless an engine died and was restarted
                     self._recover(exc, wake=True)
 
+    def generate_groups_async(self, batches: Sequence[Any], greedy: bool = False) -> list[PendingGeneration]:
+        """Several sample groups at once, through the backend's ``generate_groups_async`` where it has one (else a
+        ``generate_async`` each); a handle per batch, each done again on its own if an engine died meanwhile."""
+        with self._recovery.lock:
+            self._recovery.check_refit()
+            while True:
+                backend = self._recovery.generation
+                together = getattr(backend, "generate_groups_async", None)
+                try:
+                    if together is None:
+                        handles = [backend.generate_async(batch, greedy) for batch in batches]
+                    else:
+                        handles = together(batches, greedy=greedy)
+                    return [PendingGeneration(b, greedy, backend, h) for b, h in zip(batches, handles)]
+                except Exception as exc:  # noqa: BLE001 - re-raised unless an engine died and was restarted
+                    self._recover(exc, wake=True)
+
     def collect(self, pending: PendingGeneration) -> Any:
         """The output of :meth:`generate_async`; if an engine died meanwhile, generated again on new engines."""
         while True:

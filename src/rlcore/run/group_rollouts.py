@@ -64,9 +64,31 @@ def first_done(generation: Any, handles: list[Any]) -> tuple[int, Any]:
             close()
 
 
+def ready_now(generation: Any, handles: list[Any]) -> list[tuple[int, Any]]:
+    """``(index, output)`` of every one of ``handles`` already done, without waiting (``as_completed`` with a
+    timeout of 0, for a backend whose ``as_completed`` honours timeouts)."""
+    done = []
+    results = generation.as_completed(handles, timeout_s=0)
+    try:
+        for item in results:
+            done.append(item)
+    except TimeoutError:
+        pass
+    finally:
+        close = getattr(results, "close", None)
+        if close is not None:
+            close()
+    return done
+
+
 def roll_out_ready_first(turns: GroupTurns, generation: Any, greedy: bool, timer: Timer) -> None:
     """Roll out every group of ``turns``' samples through ``generation``, each group's turns one after another and
     the groups side by side, handling whichever finishes first.
+
+    A backend with ``generate_groups_async(batches, greedy=)`` (one handle per batch; rl-vllm's: one streaming
+    call per engine, the groups admitted together and handed back as each finishes) gets the first turns of
+    every group in one call, and the next turns of the groups done at the same moment together; any other
+    backend one ``generate_async`` call per group's turn.
 
     The phases overlap here, so they measure: ``time/generation_s``, the wall time from the first submission
     until the last group's last output is in (scoring of the groups done earlier falls inside it);
@@ -74,24 +96,37 @@ def roll_out_ready_first(turns: GroupTurns, generation: Any, greedy: bool, timer
     state = turns.state
     groups = len(state.done) // turns.repeat
     pending: list[GroupRequest] = []
+    together = getattr(generation, "generate_groups_async", None)
 
-    def submit(group: int, turn: int) -> None:
-        rows = range(group * turns.repeat, (group + 1) * turns.repeat)
-        active = [i for i in rows if not state.done[i]]
-        if not active or turn >= turns.max_turns:
-            return
-        batch = turns.request(active, turn)
-        pending.append(GroupRequest(generation.generate_async(batch, greedy=greedy), group, turn, active, batch))
+    def submit(wanted: list[tuple[int, int]]) -> None:
+        """The turns ``(group, turn)`` that still have samples going, in one call where the backend can."""
+        asked = []
+        for group, turn in wanted:
+            rows = range(group * turns.repeat, (group + 1) * turns.repeat)
+            active = [i for i in rows if not state.done[i]]
+            if active and turn < turns.max_turns:
+                asked.append((group, turn, active, turns.request(active, turn)))
+        if together is not None and asked:
+            handles = together([batch for *_, batch in asked], greedy=greedy)
+        else:
+            handles = [generation.generate_async(batch, greedy=greedy) for *_, batch in asked]
+        pending.extend(GroupRequest(h, g, t, a, b) for h, (g, t, a, b) in zip(handles, asked))
 
     start = time.perf_counter()
-    for group in range(groups):
-        submit(group, 0)
+    submit([(group, 0) for group in range(groups)])
     last = start
     while pending:
-        index, out = first_done(generation, [request.handle for request in pending])
-        request = pending.pop(index)
+        done = [first_done(generation, [request.handle for request in pending])]
+        if together is not None:  # the others done by now too: their next turns go in one call
+            taken = {done[0][0]}
+            rest = [i for i in range(len(pending)) if i not in taken]
+            done += [(rest[i], out) for i, out in ready_now(generation, [pending[j].handle for j in rest])]
         last = time.perf_counter()
-        turns.take(request.active, request.batch, out)
-        turns.score(request.active, request.turn, timer)
-        submit(request.group, request.turn + 1)
+        requests = [(pending[index], out) for index, out in done]
+        for index in sorted((index for index, _ in done), reverse=True):
+            pending.pop(index)
+        for request, out in requests:
+            turns.take(request.active, request.batch, out)
+            turns.score(request.active, request.turn, timer)
+        submit([(request.group, request.turn + 1) for request, _ in requests])
     timer.seconds["time/generation_s"] = timer.seconds.get("time/generation_s", 0.0) + last - start

@@ -103,15 +103,23 @@ class EngineLoop:
     def submit(self, prompt_token_ids: list[int], params: Any, key: str | None = None) -> Future[Served]:
         """Queue one request; it is admitted at the next step while serving, else at resume. ``key`` names it
         on every rank of a tensor-parallel engine (the leader's ticks admit it by key)."""
-        future: Future[Served] = Future()
+        return self.submit_all([(prompt_token_ids, params, key)])[0]
+
+    def submit_all(self, requests: list[tuple[list[int], Any, str | None]]) -> list[Future[Served]]:
+        """Queue ``(prompt_token_ids, params, key)`` requests at once: the loop admits them all at its next step
+        (one call's sample groups enter the running batch together, not over several steps)."""
         with self._cond:
             self._raise_if_down()
-            key = f"auto-{next(self._keys)}" if key is None else key
-            if key in self._queued or any(r.key == key for r in self._running.values()):
-                raise ValueError(f"{self.name}: request {key!r} was submitted twice")
-            self._queued[key] = LoopRequest(key, list(prompt_token_ids), params, future)
+            taken = set(self._queued) | {r.key for r in self._running.values()}
+            new: dict[str, LoopRequest] = {}
+            for prompt_token_ids, params, key in requests:
+                key = f"auto-{next(self._keys)}" if key is None else key
+                if key in taken or key in new:
+                    raise ValueError(f"{self.name}: request {key!r} was submitted twice")
+                new[key] = LoopRequest(key, list(prompt_token_ids), params, Future())
+            self._queued.update(new)  # all or none
             self._cond.notify_all()
-        return future
+        return [request.future for request in new.values()]
 
     def command(self, name: str) -> Any:
         """Run the named command (one of :data:`COMMANDS`) on the loop thread between two steps (paused or not)

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from rl_vllm.config import VllmConfig, vllm_config_from
 from rl_vllm.engine_env import PRIVATE_IPC_ENV
+from rl_vllm.group_streams import GroupStream, StreamedGroup, collect_streamed
 from rl_vllm.refit import EngineStaleError
 from rl_vllm.sampling import batch_problems, sampling_options
 from rlcore.data import BatchedDataDict
@@ -152,6 +153,50 @@ class VllmGeneration(WorkerGroupOwner, GenerationInterface):
         shards = batch.chunk(self.num_engines)
         return self.worker_group.run_all_workers_sharded_data("generate", shards, **kwargs)
 
+    def generate_groups_async(self, batches: Sequence[BatchedDataDict], greedy: bool = False) -> list[Any]:
+        """Submit several sample groups at once; one handle per batch, for :meth:`collect` and
+        :meth:`as_completed` (additive to ``GenerationInterface``: the core's ready-first rollouts use it when a
+        backend has it). With ``async_engine`` at tensor_parallel_size 1, each engine gets one streaming call
+        for all the groups routed to it (each group whole to the engine with the fewest rows outstanding): the
+        engine admits them at one step and hands back each group as soon as it is done. Otherwise each batch is
+        a :meth:`generate_async` call. A group's output is the one ``generate_async`` gives for that batch."""
+        if not batches:
+            return []
+        if not self.vllm_cfg.async_engine or self.sharding.tp > 1:
+            return [self.generate_async(batch, greedy) for batch in batches]
+        limit = min(info["max_model_len"] for info in self.engine_info)
+        problems = [f"sample group {i}: {p}" for i, batch in enumerate(batches) for p in batch_problems(batch, limit)]
+        if problems:
+            raise ValueError("; ".join(problems))
+        self._check_not_stale()
+        kwargs = {"greedy": greedy, "sampling": sampling_options(self.cfg), "call_id": uuid.uuid4().hex}
+        inputs: list[BatchedDataDict[GenerationDatumSpec]] = [
+            BatchedDataDict({k: b[k] for k in INPUT_KEYS if k in b}) for b in batches
+        ]
+        rows = [int(batch["input_ids"].shape[0]) for batch in inputs]
+        routed: list[list[int]] = [[] for _ in range(self.num_engines)]  # engine -> indexes into batches
+        with self._routing:
+            for index, count in enumerate(rows):
+                engine = min(range(self.num_engines), key=lambda e: self._outstanding[e])
+                self._outstanding[engine] += count
+                routed[engine].append(index)
+        handles: list[Any] = [None] * len(batches)
+        for engine, indexes in enumerate(routed):
+            if not indexes:
+                continue
+            try:
+                stream = self.worker_group.run_streaming_on_worker(
+                    engine, "generate_groups", [inputs[i] for i in indexes], **kwargs
+                )
+            except BaseException:
+                with self._routing:  # nothing was sent to this engine
+                    self._outstanding[engine] -= sum(rows[i] for i in indexes)
+                raise
+            shared = GroupStream(stream, len(indexes))
+            for position, index in enumerate(indexes):
+                handles[index] = StreamedGroup(shared, position, engine, rows[index])
+        return handles
+
     def _run_on_engine(self, engine: int, batch: BatchedDataDict, kwargs: dict[str, Any]) -> Any:
         """``generate`` on every rank of one engine (through the group's own dispatch, its checks); the result
         is tensor-parallel rank 0's, the others' calls are waited on (a failure anywhere surfaces)."""
@@ -167,12 +212,17 @@ class VllmGeneration(WorkerGroupOwner, GenerationInterface):
         """The output of a :meth:`generate_async` call, with ``weight_version`` per sample (and, per token,
         ``generation_weight_versions``)."""
         try:
+            if isinstance(handle, StreamedGroup):
+                return collect_streamed(handle, self.worker_group)
             return BatchedDataDict.from_batches(self.worker_group.get_results(handle))
         finally:
             self._release(handle)
 
     def _release(self, handle: Any) -> None:
         with self._routing:
+            if isinstance(handle, StreamedGroup):
+                self._outstanding[handle.engine] -= handle.rows
+                return
             routed = self._routed.pop(id(handle), None)
             if routed is not None:
                 self._outstanding[routed[0]] -= routed[1]
@@ -182,21 +232,34 @@ class VllmGeneration(WorkerGroupOwner, GenerationInterface):
     ) -> Iterator[tuple[int, BatchedDataDict]]:
         """``(index, output)`` of each handle as soon as all its engines are done (ready-first);
         ``TimeoutError`` when none more is done within ``timeout_s``. A rank's failure (a tensor-parallel
-        engine's follower that raised or died) is raised as soon as it is known, not after the other ranks."""
+        engine's follower that raised or died) is raised as soon as it is known, not after the other ranks.
+        Handles of :meth:`generate_groups_async` are taken from their streams as the engines yield them."""
         import ray
 
         owner = {ref: i for i, handle in enumerate(handles) for ref in handle.refs}
-        left = {i: len(handle.refs) for i, handle in enumerate(handles)}
-        pending = list(owner)
-        while pending:
-            ready, pending = ray.wait(pending, num_returns=1, timeout=timeout_s)
+        left = {i: len(handle.refs) for i, handle in enumerate(handles) if not isinstance(handle, StreamedGroup)}
+        streamed = {i: handle for i, handle in enumerate(handles) if isinstance(handle, StreamedGroup)}
+        streams = {id(h.stream): h.stream for h in streamed.values()}
+        while left or streamed:
+            for index in [i for i, h in streamed.items() if h.stream.has(h.index)]:  # taken already
+                del streamed[index]
+                yield index, self.collect(handles[index])
+            if not left and not streamed:
+                return
+            waiting = {stream.generator: stream for key, stream in streams.items() if _wanted(stream, streamed)}
+            pending = [ref for ref in owner if owner[ref] in left] + list(waiting)
+            ready, _ = ray.wait(pending, num_returns=1, timeout=timeout_s)
             if not ready:
-                raise TimeoutError(f"no generation request finished within {timeout_s}s ({len(left)} outstanding)")
-            index = owner[ready[0]]
+                outstanding = len(left) + len(streamed)
+                raise TimeoutError(f"no generation request finished within {timeout_s}s ({outstanding} outstanding)")
+            if ready[0] in waiting:
+                waiting[ready[0]].take(self.worker_group, 0)  # its next output (or its end, or its failure)
+                continue
+            index = owner.pop(ready[0])
             left[index] -= 1
             if left[index] and _failed(ready[0]):
                 left[index] = 0
-                pending = [ref for ref in pending if owner[ref] != index]
+                owner = {ref: i for ref, i in owner.items() if i != index}
             if not left[index]:
                 del left[index]
                 yield index, self.collect(handles[index])  # raises a rank's failure, naming it
@@ -325,6 +388,11 @@ class VllmGeneration(WorkerGroupOwner, GenerationInterface):
         return self.worker_group.run_all_workers_single_data(
             "update_weights_from_collective", bucket_bytes=bucket_bytes
         ).refs
+
+
+def _wanted(stream: GroupStream, streamed: dict[int, StreamedGroup]) -> bool:
+    """Some handle asked for is still to come from ``stream``."""
+    return any(h.stream is stream and not stream.has(h.index) for h in streamed.values())
 
 
 def _failed(ref: Any) -> bool:

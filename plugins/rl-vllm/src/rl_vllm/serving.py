@@ -9,12 +9,31 @@ Imported only inside the engine actor (with the worker); vLLM and torch are impo
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import functools
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from rl_vllm.engine_env import EngineRank
 from rl_vllm.engine_loop import EngineLoop
 from rl_vllm.sampling import Completion, sampled_logprobs
+
+
+@dataclass
+class PreparedBatch:
+    """A batch ready for the engine: its right-padded prompts (as sent, on the CPU), each prompt's tokens and
+    ``SamplingParams``, and what packing the outputs needs."""
+
+    input_ids: Any
+    input_lengths: Any
+    prompts: list[list[int]]
+    params: list[Any]
+    max_new: int
+    pad_id: int
 
 
 class EngineLifecycle:
@@ -26,6 +45,67 @@ class EngineLifecycle:
     llm: Any
     weight_version: int
     _lora_request: Any
+
+    def _prepared(self, data: Any, greedy: bool, sampling: dict[str, Any] | None) -> PreparedBatch:
+        raise NotImplementedError  # the worker's
+
+    def _packed(
+        self, request: PreparedBatch, completions: list[Any], versions: list[list[int]], window: tuple[float, float]
+    ) -> Any:
+        raise NotImplementedError  # the worker's
+
+    def generate_groups(
+        self,
+        batches: Sequence[Any],
+        greedy: bool = False,
+        sampling: dict[str, Any] | None = None,
+        call_id: str | None = None,
+    ) -> Iterator[tuple[int, Any]]:
+        """``generate`` for several sample groups in one call: every group's requests are queued at once (the
+        loop admits them together, at its next step), and ``(index into batches, output)`` is yielded for each
+        group as soon as its own requests are done, so a streaming Ray call hands back each group as it finishes.
+        A group's output is :meth:`generate`'s for that batch alone (the same requests; ``generation_window``
+        from the call's start to the group's end). A failed request ends the stream with its error."""
+        loop = self._require_loop("generate_groups")
+        from vllm.sampling_params import RequestOutputKind
+
+        prepared = [self._prepared(batch, greedy, sampling) for batch in batches]  # all checked before any runs
+        started = time.time()
+        requests = []
+        for group, request in enumerate(prepared):
+            for row, (prompt, param) in enumerate(zip(request.prompts, request.params)):
+                param.output_kind = RequestOutputKind.DELTA
+                requests.append((prompt, param, None if call_id is None else f"{call_id}:{group}:{row}"))
+        futures = loop.submit_all(requests)
+        finished: queue.SimpleQueue[int] = queue.SimpleQueue()
+        left = [len(request.prompts) for request in prepared]
+        owners = [group for group, request in enumerate(prepared) for _ in request.prompts]
+        by_group: list[list[Future[Any]]] = [[] for _ in prepared]
+        for future, group in zip(futures, owners):
+            by_group[group].append(future)
+
+        counting = threading.Lock()  # done callbacks run in whichever thread ended the request
+
+        def count(group: int) -> None:
+            with counting:
+                left[group] -= 1
+                last = not left[group]
+            if last:
+                finished.put(group)
+
+        for future, group in zip(futures, owners):
+            future.add_done_callback(functools.partial(_counted, count, group))
+        for group, request in enumerate(prepared):
+            if not request.prompts:
+                finished.put(group)
+        for _ in prepared:
+            group = finished.get()
+            served = [f.result() for f in by_group[group]]  # a failed request raises here, naming the engine
+            completions = [Completion(s.token_ids, s.logprobs, s.finish_reason) for s in served]
+            yield (
+                group,
+                self._packed(prepared[group], completions, [s.versions for s in served], (started, time.time())),
+            )
 
     def _engine_loop(self) -> EngineLoop:
         """The engine loop; at tensor_parallel_size > 1 tensor-parallel rank 0's leads the others'
@@ -116,6 +196,10 @@ class EngineLifecycle:
             return
         with self._loop.held():
             yield
+
+
+def _counted(count: Callable[[int], None], group: int, _future: Future[Any]) -> None:
+    count(group)
 
 
 def token_versions(input_lengths: Any, versions: list[list[int]], width: int, current: int) -> dict[str, Any]:

@@ -27,7 +27,7 @@ from rl_vllm.sampling import (
     request_seeds,
     request_stop_strings,
 )
-from rl_vllm.serving import EngineLifecycle, token_versions
+from rl_vllm.serving import EngineLifecycle, PreparedBatch, token_versions
 from rlcore.refit import RefitError
 from rlcore.refit.buckets import Regions
 
@@ -192,10 +192,19 @@ class VllmGenerationWorker(EngineLifecycle):
         the string, which is kept. An EOS or stop token is kept too. ``call_id`` names the call on every rank
         of a tensor-parallel ``async_engine`` engine (the facade sends each rank the same one).
         """
-        import torch
+        request = self._prepared(data, greedy, sampling)
+        started = time.time()
+        if self._loop is not None:
+            completions, versions = self._serve(request.prompts, request.params, call_id)
+        else:
+            completions, versions = self._generate_batch(
+                [{"prompt_token_ids": p} for p in request.prompts], request.params
+            )
+        return self._packed(request, completions, versions, (started, time.time()))
 
+    def _prepared(self, data: Any, greedy: bool, sampling: dict[str, Any] | None) -> PreparedBatch:
+        """``data``'s prompts and each one's ``SamplingParams`` (see :meth:`generate`); raises what cannot run."""
         from rl_vllm.sampling import SAMPLING_FIELDS, sampling_options
-        from rlcore.data import BatchedDataDict
 
         if self._asleep:
             self.prepare_for_generation()
@@ -215,7 +224,7 @@ class VllmGenerationWorker(EngineLifecycle):
         stops = request_stop_strings(options["stop_strings"], data.get("stop_strings"), len(prompts))
         seeds = request_seeds(data, len(prompts))
 
-        params, requests = [], []
+        params = []
         for i, (prompt, stop) in enumerate(zip(prompts, stops)):
             room = self.max_model_len - len(prompt)
             if room < 1:
@@ -224,18 +233,21 @@ class VllmGenerationWorker(EngineLifecycle):
                     f"{self.max_model_len} (policy.generation.vllm_cfg.max_model_len)"
                 )
             params.append(self._sampling_params(options, greedy, stop, min(max_new, room), seeds[i]))
-            requests.append({"prompt_token_ids": prompt})
-
         self._warn_kv_shortfall([len(p) for p in prompts], [p.max_tokens for p in params])
-        started = time.time()
-        if self._loop is not None:
-            completions, versions = self._serve(prompts, params, call_id)
-        else:
-            completions, versions = self._generate_batch(requests, params)
-        window = (started, time.time())
-        packed = pack_outputs(input_ids, input_lengths, completions, max_new, int(pad_id))
-        packed.update(token_versions(input_lengths, versions, packed["output_ids"].shape[1], self.weight_version))
-        packed["generation_window"] = torch.tensor(window, dtype=torch.float64).repeat(len(prompts), 1)  # [B, 2]
+        return PreparedBatch(input_ids, input_lengths, prompts, params, max_new, int(pad_id))
+
+    def _packed(
+        self, request: PreparedBatch, completions: list[Any], versions: list[list[int]], window: tuple[float, float]
+    ) -> Any:
+        """The ``GenerationOutputSpec`` batch of ``request``'s completions (with versions and the call's window)."""
+        import torch
+
+        from rlcore.data import BatchedDataDict
+
+        ids, lengths = request.input_ids, request.input_lengths
+        packed = pack_outputs(ids, lengths, completions, request.max_new, request.pad_id)
+        packed.update(token_versions(lengths, versions, packed["output_ids"].shape[1], self.weight_version))
+        packed["generation_window"] = torch.tensor(window, dtype=torch.float64).repeat(len(request.prompts), 1)
         return BatchedDataDict(packed)
 
     def _warn_kv_shortfall(self, prompt_lengths: list[int], max_tokens: list[int]) -> None:
