@@ -87,3 +87,16 @@ class GenerationConfig(SectionsModel):
         "generation or refit: on the same bundle, refit with the current weights, the lost rollouts redone; "
         "0 = the first death stops the run (docs/engine-faults.md).",
     )
+    expose_http_server: bool = Field(
+        False,
+        description="Serve the policy on an OpenAI-compatible HTTP endpoint on 127.0.0.1 during rollouts, with the "
+        "engines' current weights, and log its URL (NeMo-RL's vllm_cfg.expose_http_server; docs/agents.md). An "
+        "agent environment serves it by itself. Needs a generation backend that serves requests continuously "
+        "(rl-vllm: vllm_cfg.async_engine: true).",
+    )
+    tool_call_parser: str = Field(
+        "hermes",
+        description="The tool-call parser the endpoint reads an assistant completion's tool calls with (rlcore's "
+        "'hermes': <tool_call>{...}</tool_call>, or one a plugin registers; NeMo-RL's "
+        "http_server_serving_chat_kwargs.tool_parser).",
+    )
