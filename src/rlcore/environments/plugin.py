@@ -32,6 +32,12 @@ _BUILTIN = {
         "A 'module:function' reward(prompts, completions, metadata=..., **kwargs) -> list[float], or a "
         "dict of named rewards (their sum; the components GDPO reads).",
     ),
+    "tools": (
+        "tools:ToolsEnvironment",
+        "tools_config:ToolsConfig",
+        "Multi-turn tool use: the model's tool calls (hermes format by default) run in a sandboxed process and "
+        "their results come back as tool messages; its final answer is graded against ground_truth as math.",
+    ),
     "reward_model": (  # it starts a Policy on Ray workers of its own: it lives above them, with reward models
         "rlcore.algorithms.rm.environment:RewardModelEnvironment",
         "rlcore.algorithms.rm.environment_config:RewardModelConfig",
