@@ -117,6 +117,19 @@ def test_its_config_is_refused_with_the_dotted_path():
         ToolsEnvironment(ToolsConfig(tools=["no_such_module:f"]))
 
 
+def test_the_rollout_reports_metrics_per_sample_and_the_valid_call_rate():
+    from rlcore.interfaces.environment import environment_metrics
+
+    totals = {"tool_calls": [3.0, 1.0, 0.0, 0.0], "invalid_tool_calls": [1.0, 0.0, 0.0, 0.0], "tool_errors": [0.0] * 4}
+    assert environment_metrics(totals) == {
+        "env/tool_calls_per_sample": 1.0,
+        "env/invalid_tool_calls_per_sample": 0.25,
+        "env/tool_errors_per_sample": 0.0,
+        "env/valid_tool_calls_rate": 0.75,  # 3 of the 4 calls
+    }
+    assert "env/valid_tool_calls_rate" not in environment_metrics({"tool_calls": [0.0], "invalid_tool_calls": [0.0]})
+
+
 def test_invalid_flags_and_metrics_default_and_join():
     plain = EnvironmentReturn.final([1.0, 0.0], [{}, {}])
     assert plain.invalid_tool_calls == [False, False] and plain.metrics is None

@@ -99,7 +99,10 @@ def train(grpo: dict, data=None) -> tuple[torch.Tensor, dict[str, float]]:
 def test_flagged_turns_get_the_configured_advantage_before_the_clip(grpo, value, low):
     advantages, metrics = train({"advantage_estimator": "leave_one_out", **grpo})
     torch.testing.assert_close(advantages, torch.tensor(expected(value, low)))
-    assert metrics["invalid_tool_call_rate"] == pytest.approx(3 / 7)  # 3 flagged of 7 assistant turns
+    if value is None:  # logged with the override only, as NeMo-RL does (the tools environment has its own metrics)
+        assert "invalid_tool_call_rate" not in metrics
+    else:
+        assert metrics["invalid_tool_call_rate"] == pytest.approx(3 / 7)  # 3 flagged of 7 assistant turns
 
 
 def test_without_the_mask_nothing_changes_and_no_rate_is_logged():

@@ -24,7 +24,7 @@ Tool-using environments (issue 55): a message is any JSON-like dict (a ``tool`` 
 samples whose latest assistant turn held a malformed or invalid tool call (``invalid_tool_calls``): the rollout
 marks that turn's generated tokens (``invalid_tool_call_mask``), which ``grpo.invalid_tool_call_advantage``
 reads. It may also report numbers about each sample's turn by name (``metrics``), which the rollout sums per
-sample over its turns and logs per sample as ``env/<name>_per_sample``.
+sample over its turns and logs (:func:`environment_metrics`).
 """
 
 from __future__ import annotations
@@ -231,6 +231,19 @@ def _joined_metrics(parts: list[EnvironmentReturn]) -> dict[str, list[float]] | 
     return {name: [v for p in parts for v in (p.metrics or {}).get(name, [0.0] * len(p.rewards))] for name in names}
 
 
+def environment_metrics(totals: dict[str, list[float]]) -> dict[str, float]:
+    """A rollout's ``env/`` metrics from each sample's ``metrics`` summed over its turns (``{name: [B]}``):
+    ``env/<name>_per_sample``, the mean over the samples; and for a pair ``<x>`` and ``invalid_<x>`` (a tools
+    environment's ``tool_calls`` and ``invalid_tool_calls``), ``env/valid_<x>_rate``: the share of all of them
+    that were valid (left out when there were none)."""
+    metrics = {f"env/{name}_per_sample": sum(values) / max(len(values), 1) for name, values in totals.items()}
+    for name, values in totals.items():
+        invalid = totals.get(f"invalid_{name}")
+        if invalid is not None and sum(values) > 0:
+            metrics[f"env/valid_{name}_rate"] = 1.0 - sum(invalid) / sum(values)
+    return metrics
+
+
 @runtime_checkable
 class EnvironmentInterface(Protocol):
     """Scores a batch of rollouts. ``close`` (optional) releases what the environment holds."""
@@ -240,4 +253,4 @@ class EnvironmentInterface(Protocol):
         ...
 
 
-__all__ = ["EnvironmentInterface", "EnvironmentReturn", "Message"]
+__all__ = ["EnvironmentInterface", "EnvironmentReturn", "Message", "environment_metrics"]

@@ -169,7 +169,7 @@ def train_on_rollout(run: RunContext, loss_fn: Any, rollout: Any, timer: Timer) 
         **rollout.metrics,
         **{f"reward/{name}_mean": float(values.mean()) for name, values in components.items()},  # the env's
     }
-    if "invalid_tool_call_mask" in rollout.data:
+    if g.invalid_tool_call_advantage is not None and "invalid_tool_call_mask" in rollout.data:  # NeMo-RL logs it so
         metrics["invalid_tool_call_rate"] = invalid_tool_call_rate(rollout.data)
     if g.reward_scaling.enabled or g.reward_shaping.enabled:
         metrics["reward_transformed_mean"] = float(rewards.mean())  # what the advantages were computed from
