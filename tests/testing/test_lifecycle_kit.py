@@ -25,8 +25,10 @@ from rlcore.testing.conformance.lifecycle_fakes import (
     FakeServingEngine,
     FakeStaleError,
     HangsDuringDrain,
+    ShardedServingEngine,
     default_weights,
     fake_refit,
+    sharded_fake_refit,
 )
 
 TIMEOUT_S = 1.0
@@ -122,3 +124,19 @@ def test_an_identity_refit_that_changes_the_weights_is_caught(started: list[Any]
     problems = check_identity_refit(subject_of(started[0], started))
     assert any("after identity refit 1: greedy tokens differ" in p for p in problems), problems
     assert any("after identity refit 1:" in p and "holds fingerprint" in p for p in problems), problems
+
+
+def test_identity_refit_on_tensor_parallel_ranks_compares_each_rank_with_its_slices(started: list[Any]) -> None:
+    """Ranks that hold slices: compared with the whole tensors they fail; compared, rank by rank, with what the
+    refit hook says it sent each (the slices), they pass; a rank whose loader corrupts its slice is named, though
+    the greedy outputs (of the whole weights) are unchanged."""
+    started.append(ShardedServingEngine())
+    subject = subject_of(started[0], started)
+    assert any("engine 0 holds fingerprint" in p and "'lm'" in p for p in check_identity_refit(subject))
+    subject.refit = sharded_fake_refit
+    assert check_identity_refit(subject) == []
+    started.append(ShardedServingEngine(corrupt_rank=1))
+    subject = subject_of(started[-1], started)
+    subject.refit = sharded_fake_refit
+    problems = check_identity_refit(subject)
+    assert len(problems) == 2 and all("engine 1 holds fingerprint" in p and "'lm'" in p for p in problems), problems

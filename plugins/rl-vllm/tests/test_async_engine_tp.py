@@ -80,15 +80,19 @@ def tp_engine(ray_session: None, tiny_model_dir: str, tiny_tokenizer: Any, versi
         clusters.shutdown()
 
 
-def stream_weights(engine: VllmGeneration, weights: dict[str, torch.Tensor]) -> None:
-    """Stream the whole of ``weights`` into every rank of the engine (each rank's loaders read its shards)."""
+def stream_weights(engine: VllmGeneration, weights: dict[str, torch.Tensor]) -> list[dict[str, int]]:
+    """Stream ``weights`` into every rank of the engine (each rank's loaders read its shards; after the first
+    refit a rank is sent only those); per rank, the fingerprints of what the sender wrote to it."""
     info = {k: (tuple(v.shape), str(v.dtype)) for k, v in weights.items()}
     engine.prepare_refit_info(info)
     endpoints = engine.refit_endpoints()
     receivers = engine.update_weights_via_ipc_zmq(BUCKET)
-    for rank in range(engine.refit_world_size()):
+    sent = [
         stream_to_receiver(((k, weights[k]) for k in info), info, *endpoints[rank], BUCKET, torch.device("cpu"))
+        for rank in range(engine.refit_world_size())
+    ]
     ray.get(receivers, timeout=120)
+    return [s.fingerprints for s in sent]
 
 
 def refit(engine: VllmGeneration, weights: dict[str, torch.Tensor], version: int) -> None:
@@ -267,9 +271,10 @@ class TestTensorParallelAsyncEngine:
 @pytest.mark.slow
 class TestTensorParallelAsyncEngineKits(GenerationBackendConformance, EngineLifecycleConformance):
     """The generation kit's checks (output format, HF agreement) and the lifecycle kit's (pause modes, submits
-    while paused or draining, identity refits while paused; every output must equal the unpaused one) on an
-    engine of tensor_parallel_size 2 of its own. Slow: about 3 minutes on two loaded cores (its 240-token
-    requests run on two ranks); the class above covers the same lock-step paths in the default suite."""
+    while paused or draining, identity refits while paused; every output must equal the unpaused one; each rank's
+    refit fingerprints equal those of the slices it was sent) on an engine of tensor_parallel_size 2 of its own.
+    Slow: about 3 minutes on two loaded cores (its 240-token requests run on two ranks); the class above covers
+    the same lock-step paths."""
 
     backend_name = "vllm"
     world_size = TP
@@ -288,22 +293,13 @@ class TestTensorParallelAsyncEngineKits(GenerationBackendConformance, EngineLife
         print(f"tp={TP} async engine started in {time.perf_counter() - started:.1f}s")
         return engine
 
-    def refit(self, engine: Any, state_dict: dict[str, torch.Tensor], version: int) -> None:
-        """The lifecycle kit's refits: the whole state dict into every rank (the kit names the version)."""
-        stream_weights(engine, state_dict)
+    def refit(self, engine: Any, state_dict: dict[str, torch.Tensor], version: int) -> list[dict[str, int]]:
+        """The lifecycle kit's refits: the state dict into every rank (the kit names the version); what each rank
+        was sent, for the identity-refit check to compare each rank's fingerprints with (a rank holds slices)."""
+        return stream_weights(engine, state_dict)
 
     def test_plugin_module_is_light(self, kit_registry: Any) -> None:
         pytest.skip("checked once, by test_generation.py's TestVllmBackend")
 
     def test_spec_is_valid(self, backend_spec: Any) -> None:
         pytest.skip("checked once, by test_generation.py's TestVllmBackend")
-
-    def test_lifecycle_identity_refit(self, lifecycle: Any) -> None:
-        """Outputs unchanged after identity refits; the kit's fingerprint comparison is left out: it fingerprints
-        whole tensors, and after its first refit a tensor-parallel rank receives (and fingerprints) only the
-        slices its loaders read (verified through WeightSynchronizer in test_refit_tp_engines.py)."""
-        from dataclasses import replace
-
-        from rlcore.testing.conformance.lifecycle import check_identity_refit
-
-        self._run(check_identity_refit, replace(lifecycle, verified_refit=False))

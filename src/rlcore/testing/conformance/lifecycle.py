@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -29,7 +29,13 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 #: ``refit(engine, state_dict, version)``: push ``state_dict`` into ``engine`` (the caller names the version).
-RefitHook = Callable[[Any, "dict[str, torch.Tensor]", int], None]
+#: It may return what the transport sent each engine rank (:data:`SentPerRank`); None: every rank got the whole
+#: ``state_dict``.
+RefitHook = Callable[[Any, "dict[str, torch.Tensor]", int], "SentPerRank | None"]
+#: Per engine rank, in the order of ``weight_fingerprints``' reports: ``{name: fingerprint}`` of what the refit
+#: sent it (e.g. the ``fingerprints`` of each rank's :func:`rlcore.refit.shared_memory.stream_to_receiver`). A
+#: tensor-parallel rank is sent only the slices it reads, so its fingerprints are of those slices.
+SentPerRank = Sequence[Mapping[str, int]]
 
 
 class Hung(Exception):
@@ -323,11 +329,13 @@ def _needs_refit(s: LifecycleSubject) -> tuple[RefitHook, dict[str, torch.Tensor
     return s.refit, s.weights
 
 
-def _refit(s: LifecycleSubject, version: int, engine: Any = None) -> None:
+def _refit(s: LifecycleSubject, version: int, engine: Any = None) -> SentPerRank | None:
+    """Refit the subject's weights as ``version``; what the hook says it sent each rank (None: the whole)."""
     refit, weights = _needs_refit(s)
     target = s.engine if engine is None else engine
-    bounded(f"refit (version {version})", lambda: refit(target, weights, version), s.timeout_s)
+    sent = bounded(f"refit (version {version})", lambda: refit(target, weights, version), s.timeout_s)
     bounded("set_weight_version", lambda: target.set_weight_version(version), s.timeout_s)
+    return sent
 
 
 def _version_problems(out: BatchedDataDict, version: int, what: str) -> list[str]:
@@ -394,25 +402,26 @@ def span_problems(out: BatchedDataDict, old: int, new: int, what: str) -> list[s
 @lifecycle_check("identity refit")
 def check_identity_refit(s: LifecycleSubject, version: int = 21) -> list[str]:
     """The engine's own weights, sent twice: greedy outputs unchanged after each (vLLM #48284), and with
-    'verified_refit' the fingerprints the engines report equal those sent, and each other's."""
-    from rlcore.refit.buckets import RefitError
-    from rlcore.refit.fingerprint import fingerprint, verify_engines
+    'verified_refit' each engine rank's reported fingerprints equal those of what it was sent (the whole tensors,
+    or, where the refit hook says so, the slices a tensor-parallel rank is sent), and are the same after both
+    refits wherever it was sent the same."""
+    from rlcore.refit.fingerprint import fingerprint
+    from rlcore.testing.conformance.verified_refit import report_problems, unchanged_fingerprint_problems
 
     greedy_reference(s)
     problems: list[str] = []
-    reports = []
+    reports, sent_each = [], []
+    whole = fingerprint(_needs_refit(s)[1].items()) if s.verified_refit else {}
     for n in (0, 1):
-        _refit(s, version + n)
+        sent = _refit(s, version + n)
         what = f"after identity refit {n + 1}"
         problems += output_problems(s, collect_within(s, submit(s), what), what)
         if s.verified_refit:
             reports.append(bounded("weight_fingerprints", s.engine.weight_fingerprints, s.timeout_s))
-            try:
-                verify_engines(fingerprint(_needs_refit(s)[1].items()), reports[-1], version=version + n)
-            except RefitError as exc:
-                problems.append(f"{what}: {exc}")
-    if s.verified_refit and [r["fingerprints"] for r in reports[0]] != [r["fingerprints"] for r in reports[1]]:
-        problems.append("the fingerprints changed between two refits of the same weights")
+            sent_each.append([dict(r) for r in sent] if sent is not None else [whole] * len(reports[-1]))
+            problems += [f"{what}: {p}" for p in report_problems(sent_each[-1], reports[-1], version + n)]
+    if s.verified_refit:
+        problems += unchanged_fingerprint_problems(sent_each, reports)
     return problems
 
 

@@ -10,6 +10,7 @@ import pytest
 from rlcore.plugins import Capability
 from rlcore.testing.conformance.lifecycle import (
     LifecycleSubject,
+    SentPerRank,
     check_identity_refit,
     check_pause_abort,
     check_pause_keep,
@@ -43,8 +44,11 @@ class EngineLifecycleConformance:
     #: The backend's own errors for an engine that no refit fed (the core's EnginesNotRefitError always counts).
     stale_errors: ClassVar[tuple[type[BaseException], ...]] = ()
 
-    def refit(self, engine: Any, state_dict: dict[str, torch.Tensor], version: int) -> None:
-        """Push ``state_dict`` (HF names) into ``engine``; the kit names the version afterwards."""
+    def refit(self, engine: Any, state_dict: dict[str, torch.Tensor], version: int) -> SentPerRank | None:
+        """Push ``state_dict`` (HF names) into ``engine``; the kit names the version afterwards. Return None when
+        every engine rank got the whole tensors; otherwise, per rank (in the order of ``weight_fingerprints``'
+        reports), the fingerprints of what it was sent (a tensor-parallel rank's slices: e.g. each rank's
+        ``stream_to_receiver(...).fingerprints``), which the identity-refit check compares that rank's with."""
         raise NotImplementedError
 
     def restart_engine(self, generation: dict) -> Any:

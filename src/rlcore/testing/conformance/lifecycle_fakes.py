@@ -244,3 +244,49 @@ class AbortReturnsPartial(FakeServingEngine):
 def fake_refit(engine: FakeServingEngine, state_dict: dict[str, torch.Tensor], version: int) -> None:
     """The kit's ``refit`` hook for the fakes."""
     engine.load_weights(state_dict)
+
+
+def shard(tensor: torch.Tensor, rank: int, ranks: int) -> torch.Tensor:
+    """The slice tensor-parallel rank ``rank`` of ``ranks`` holds: its part of the last dimension."""
+    width = tensor.shape[-1] // ranks
+    return tensor.narrow(-1, rank * width, width)
+
+
+class ShardedServingEngine(FakeServingEngine):
+    """A tensor-parallel engine of ``ranks`` ranks: each holds (and fingerprints) only its slice of every tensor,
+    as a vLLM rank whose refits send it only what its loaders read. ``corrupt_rank``: that rank's slices get
+    their last element changed after each load (a broken loader; the greedy outputs, computed from the whole
+    weights, do not show it)."""
+
+    def __init__(self, ranks: int = 2, corrupt_rank: int | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.ranks, self.corrupt_rank = ranks, corrupt_rank
+        self.shards = [self._slices(self.weights, r) for r in range(ranks)]
+
+    def _slices(self, weights: dict[str, torch.Tensor], rank: int) -> dict[str, torch.Tensor]:
+        held = {k: shard(v, rank, self.ranks).clone() for k, v in weights.items()}
+        if rank == self.corrupt_rank:
+            for tensor in held.values():
+                tensor.view(-1)[-1] += 1
+        return held
+
+    def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
+        super().load_weights(state_dict)
+        with self._cond:
+            self.shards = [self._slices(state_dict, r) for r in range(self.ranks)]
+
+    def weight_fingerprints(self) -> list[dict[str, Any]]:
+        from rlcore.refit.fingerprint import fingerprint
+
+        with self._cond:
+            return [{"weight_version": self.version, "fingerprints": fingerprint(h.items())} for h in self.shards]
+
+
+def sharded_fake_refit(
+    engine: ShardedServingEngine, state_dict: dict[str, torch.Tensor], version: int
+) -> list[dict[str, int]]:
+    """The kit's ``refit`` hook for :class:`ShardedServingEngine`: per rank, the fingerprints of the slices sent."""
+    from rlcore.refit.fingerprint import fingerprint
+
+    engine.load_weights(state_dict)
+    return [fingerprint((k, shard(v, r, engine.ranks)) for k, v in state_dict.items()) for r in range(engine.ranks)]

@@ -11,7 +11,7 @@ returns what is wrong (empty when the promise holds).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from rlcore.refit.buckets import RefitError
@@ -64,3 +64,28 @@ def verified_refit_problems(engines: Any, named_tensors: list[tuple[str, torch.T
     except RefitError as exc:
         return [str(exc)]
     return []
+
+
+def report_problems(sent: Sequence[Mapping[str, int]], reports: list[dict[str, Any]], version: int) -> list[str]:
+    """The core's comparison of each engine rank's report with what that rank was sent (``sent[rank]``: whole
+    tensors, or a tensor-parallel rank's slices), as problem lines."""
+    try:
+        verify_engines(sent, reports, version=version)
+    except RefitError as exc:
+        return [str(exc)]
+    return []
+
+
+def unchanged_fingerprint_problems(sent: list[list[dict[str, int]]], reports: list[list[dict[str, Any]]]) -> list[str]:
+    """Two refits of the same weights (``sent`` and ``reports``: one entry per refit, one item per engine rank):
+    on each rank, a tensor sent alike both times must be reported alike both times."""
+    problems = []
+    for rank, (sent0, sent1, report0, report1) in enumerate(zip(*sent, *reports)):
+        held0, held1 = report0["fingerprints"], report1["fingerprints"]
+        alike = [name for name, value in sent0.items() if sent1.get(name) == value]
+        changed = [name for name in alike if held0.get(name) != held1.get(name)]
+        if changed:
+            problems.append(
+                f"engine rank {rank}: the fingerprints of {changed[:3]} changed between two refits of the same weights"
+            )
+    return problems
