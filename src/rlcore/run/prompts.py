@@ -63,10 +63,16 @@ def load_tokenizer(cfg: Any) -> Any:
 
 
 def render_prompts(
-    tokenizer: Any, message_logs: list[list[dict[str, str]]], template_kwargs: dict[str, Any] | None = None
+    tokenizer: Any,
+    message_logs: list[list[dict[str, Any]]],
+    template_kwargs: dict[str, Any] | None = None,
+    tools: list[dict[str, Any]] | None = None,
 ) -> list[str]:
-    """Each message log through the tokenizer's chat template, with the generation prompt."""
+    """Each message log through the tokenizer's chat template, with the generation prompt; ``tools`` (OpenAI
+    function schemas) go to the template as ``tools=`` when given."""
     kwargs = dict(template_kwargs or {})
+    if tools is not None:
+        kwargs["tools"] = tools
     return [
         tokenizer.apply_chat_template(log, tokenize=False, add_generation_prompt=True, **kwargs) for log in message_logs
     ]

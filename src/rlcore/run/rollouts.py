@@ -8,10 +8,16 @@ does each named reward component it returns; a sample
 ends when the environment says it is done, after ``grpo.max_rollout_turns``
 turns, or when its sequence has no room left within
 ``policy.max_total_sequence_length``. A sample that goes on gets the
-environment's observation appended, as NeMo-RL does: the observation's
-content, tokenized as is (no special tokens added; an environment that talks
-to a chat model writes its template's turn markers into the content), and
-next turn's stop strings from the environment.
+environment's observation appended (:mod:`rlcore.chat.observations`): one of
+role ``environment`` as NeMo-RL does, its content tokenized as is (no special
+tokens added; an environment that talks to a chat model writes its template's
+turn markers into the content); one with a chat role (``user``, ``tool``,
+``system``), or a list of such ``messages``, through the chat template after
+the generated assistant turn (:func:`rlcore.chat.templates.appended_ids`), so
+the next turn reads as the template renders it without any earlier turn being
+re-encoded. The log keeps the observation's messages with their roles. The
+next turn's stop strings come from the environment. An environment's ``tools``
+(OpenAI function schemas) go to the chat template with the first prompt.
 
 The trajectory is one token sequence per sample: the prompt, then each turn's
 completion and observation. ``token_mask`` marks the generated tokens, the
@@ -20,6 +26,8 @@ only ones trained (observations are context, like the prompt), and
 position, so the loss compares it with the policy's token by token across
 turns. The next turn is generated from these very token ids (never from
 re-rendered text), so what the policy scores is exactly what the engine saw.
+``invalid_tool_call_mask`` marks the generated tokens of the turns the
+environment flagged (``invalid_tool_calls``: a malformed tool call).
 
 A prompt of ``data.max_input_seq_length`` tokens or more is cut as NeMo-RL cuts it
 (:func:`rlcore.run.prompts.cut_long_prompts`) and rolled out like any other; its
@@ -44,6 +52,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from rlcore.chat.observations import ChatContext
     from rlcore.datasets import Sample
     from rlcore.run.step import Timer
 
@@ -60,7 +69,9 @@ class Rollout:
     ``[B, T]`` (the version that generated each token, -1 at prompt, observation and padding positions); with an
     environment that returns named reward components, ``reward/<name>`` ``[B]`` for each (summed over turns
     like ``rewards``; NeMo-RL's batch keys), which GDPO reads; ``prompt_cut``
-    ``[B]`` (bool): the prompt was cut at ``data.max_input_seq_length``, so the sample trains nothing.
+    ``[B]`` (bool): the prompt was cut at ``data.max_input_seq_length``, so the sample trains nothing;
+    ``invalid_tool_call_mask`` ``[B, T]`` (bool): the generated tokens of the turns whose tool calls the environment
+    flagged invalid (``EnvironmentReturn.invalid_tool_calls``).
     """
 
     data: Any
@@ -118,7 +129,7 @@ def run_rollout(
     from rlcore.run.prompts import pad_id
     from rlcore.run.step import encode_samples, max_input_of
 
-    first = encode_samples(cfg, tokenizer, samples, repeat)
+    first = encode_samples(cfg, tokenizer, samples, repeat, tools=getattr(environment, "tools", None))
     state = Trajectories(
         first,
         [dict(s.metadata) for s in samples for _ in range(repeat)],
@@ -166,6 +177,7 @@ class RolloutTurns:
     def __init__(
         self, cfg: Any, state: Trajectories, environment: Any, tokenizer: Any, samples: list[Sample], repeat: int
     ) -> None:
+        from rlcore.chat.observations import ChatContext
         from rlcore.run.prompts import pad_id
         from rlcore.run.step import loop_setting
 
@@ -176,6 +188,11 @@ class RolloutTurns:
         self.state, self.environment, self.tokenizer = state, environment, tokenizer
         self.samples, self.repeat = samples, repeat
         self.errors: list[tuple[int, int, str, str]] = []  # (turn, sample, "data row N: error", error)
+        tokenizer_cfg = getattr(cfg.policy, "tokenizer", None)
+        self.chat = ChatContext(
+            tools=getattr(environment, "tools", None),
+            chat_template_kwargs=getattr(tokenizer_cfg, "chat_template_kwargs", None),
+        )
 
     def request(self, active: list[int], turn: int) -> Any:
         """The generation request of ``active`` at ``turn``, with each sample's own seed (:func:`sampling_seed`)."""
@@ -206,7 +223,9 @@ class RolloutTurns:
         for i, error in zip(active, result.errors):
             if error:
                 self.errors.append((turn, i, f"data row {self.samples[i // self.repeat].idx}: {error}", error))
-        state.add_results(active, result, self.tokenizer, self.max_total, last_turn=turn == self.max_turns - 1)
+        state.add_results(
+            active, result, self.tokenizer, self.max_total, last_turn=turn == self.max_turns - 1, chat=self.chat
+        )
 
     def sorted_errors(self) -> list[tuple[str, str]]:
         """``(named, error)`` per failed sample and turn, by turn then sample (the batch path's order)."""
@@ -216,7 +235,7 @@ class RolloutTurns:
 class Trajectories:
     """Per-sample token sequences, masks and logprobs growing turn by turn, with the message logs beside them."""
 
-    def __init__(self, first: Any, metadata: list[dict[str, Any]], logs: list[list[dict[str, str]]]) -> None:
+    def __init__(self, first: Any, metadata: list[dict[str, Any]], logs: list[list[dict[str, Any]]]) -> None:
         import torch
 
         lengths = first["input_lengths"].tolist()
@@ -229,6 +248,9 @@ class Trajectories:
         # the weight version of each token (-1: prompt, observation), kept when the engine reports it
         self.token_versions = [torch.full((length,), -1, dtype=torch.long) for length in lengths]
         self.has_token_versions = False
+        # the generated tokens of turns whose tool calls the environment flagged, and each sample's latest turn
+        self.invalid_calls = [torch.zeros(length, dtype=torch.bool) for length in lengths]
+        self.latest: list[tuple[int, int]] = [(length, length) for length in lengths]
         self.metadata, self.logs = metadata, logs
         n = len(lengths)
         self.rewards = [0.0] * n
@@ -271,6 +293,8 @@ class Trajectories:
             self.mask[i] = torch.cat([self.mask[i], torch.ones(count)])
             self.logprobs[i] = torch.cat([self.logprobs[i], out["logprobs"][row, start : start + count].float()])
             self.token_versions[i] = torch.cat([self.token_versions[i], self._versions_of(out, row, start, count)])
+            self.invalid_calls[i] = torch.cat([self.invalid_calls[i], torch.zeros(count, dtype=torch.bool)])
+            self.latest[i] = (len(self.tokens[i]) - count, len(self.tokens[i]))
             if self.turns[i] == 0:
                 self.first_turn[i] = count
             if (truncated is not None and bool(truncated[row])) or len(self.tokens[i]) >= max_total:
@@ -295,12 +319,27 @@ class Trajectories:
         self.has_token_versions = True
         return out["generation_weight_versions"][row, start : start + count].long()
 
-    def add_results(self, active: list[int], result: Any, tokenizer: Any, max_total: int, last_turn: bool) -> None:
-        """Add the turn's rewards; end the samples that are done; append the others' observations."""
+    def add_results(
+        self,
+        active: list[int],
+        result: Any,
+        tokenizer: Any,
+        max_total: int,
+        last_turn: bool,
+        chat: ChatContext | None = None,
+    ) -> None:
+        """Add the turn's rewards and invalid tool-call flags; end the samples that are done; append the others'
+        observations (``chat``: the environment's tools and the chat template's kwargs)."""
         import torch
 
+        from rlcore.chat.observations import observation_ids
+
         self.add_components(active, result.reward_components)
+        flagged = getattr(result, "invalid_tool_calls", None) or [False] * len(active)
         for row, i in enumerate(active):
+            if flagged[row]:
+                start, end = self.latest[i]
+                self.invalid_calls[i][start:end] = True
             self.rewards[i] += result.rewards[row]
             self.turns[i] += 1
             if result.terminateds[row]:
@@ -309,10 +348,9 @@ class Trajectories:
             if last_turn or len(self.tokens[i]) >= max_total:  # out of turns, or of room
                 self.done[i] = True
                 continue
-            observation = result.observations[row]
-            obs = torch.tensor(
-                tokenizer.encode(observation.get("content", ""), add_special_tokens=False), dtype=torch.long
-            )
+            start, end = self.latest[i]
+            ids, logged = observation_ids(tokenizer, result.observations[row], self.tokens[i][start:end].tolist(), chat)
+            obs = torch.tensor(ids, dtype=torch.long)
             if len(self.tokens[i]) + len(obs) >= max_total:  # no room to answer the observation
                 self.done[i] = self.truncated[i] = True
                 continue
@@ -320,8 +358,9 @@ class Trajectories:
             self.mask[i] = torch.cat([self.mask[i], torch.zeros(len(obs))])
             self.logprobs[i] = torch.cat([self.logprobs[i], torch.zeros(len(obs))])
             self.token_versions[i] = torch.cat([self.token_versions[i], torch.full((len(obs),), -1, dtype=torch.long)])
+            self.invalid_calls[i] = torch.cat([self.invalid_calls[i], torch.zeros(len(obs), dtype=torch.bool)])
             self.env_tokens[i] += len(obs)
-            self.logs[i].append(dict(observation))
+            self.logs[i].extend(logged)
             if result.metadata[row] is not None:
                 self.metadata[i] = result.metadata[row]
             self.stop_strings[i] = result.next_stop_strings[row]
@@ -351,6 +390,7 @@ class Trajectories:
             truncated=torch.tensor(self.truncated),
             first_turn_lengths=torch.tensor(self.first_turn, dtype=torch.long),
             prompt_cut=self.prompt_cut,
+            invalid_tool_call_mask=pad_sequence(self.invalid_calls, batch_first=True),
         )
         if self.versions[0] is not None:
             data["weight_version"] = torch.tensor(self.versions, dtype=torch.long)

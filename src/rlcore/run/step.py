@@ -108,12 +108,16 @@ def peak_memory_metrics(policy: Any, generation: Any, **others: Any) -> dict[str
     return metrics
 
 
-def encode_samples(cfg: Any, tokenizer: Any, samples: list[Sample], repeat: int) -> Any:
+def encode_samples(
+    cfg: Any, tokenizer: Any, samples: list[Sample], repeat: int, tools: list[dict[str, Any]] | None = None
+) -> Any:
     """The samples' message logs through the chat template, encoded (those of ``data.max_input_seq_length``
-    tokens or more cut, ``prompt_cut``), each ``repeat`` times."""
+    tokens or more cut, ``prompt_cut``), each ``repeat`` times. ``tools``: the environment's tool schemas (OpenAI
+    function tools), given to the template as ``apply_chat_template(tools=...)``."""
     from rlcore.run.prompts import check_prompt_room, render_prompts
 
-    texts = render_prompts(tokenizer, [s.messages for s in samples], cfg.policy.tokenizer.chat_template_kwargs)
+    kwargs = cfg.policy.tokenizer.chat_template_kwargs
+    texts = render_prompts(tokenizer, [s.messages for s in samples], kwargs, tools=tools)
     batch = encode_prompts(tokenizer, texts, repeat, max_input_of(cfg))
     check_prompt_room(batch["input_lengths"], cfg.policy.max_total_sequence_length)
     return batch
