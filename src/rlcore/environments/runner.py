@@ -96,6 +96,9 @@ class EnvironmentHost:
         failures: list[SampleFailure | None] = []
         return isolated_step(self.env, message_logs, metadata, failures), failures
 
+    def tools(self) -> list[dict[str, Any]] | None:
+        return getattr(self.env, "tools", None)
+
     def close(self) -> None:
         if hasattr(self.env, "close"):
             self.env.close()
@@ -142,6 +145,20 @@ class EnvironmentRunner:
             env_cfg.max_failure_fraction,
             log_dir,
         )
+
+    @property
+    def tools(self) -> list[dict[str, Any]] | None:
+        """The environment's tools (OpenAI function schemas, its ``tools`` attribute), which the run gives the chat
+        template of the first prompt; None for an environment without tools."""
+        if self.local is not None:
+            return getattr(self.local, "tools", None)
+        if not hasattr(self, "_actor_tools"):  # asked once: an actor's environment is built from the same section
+            import ray
+
+            self._actor_tools: list[dict[str, Any]] | None = ray.get(
+                self.actors[0].tools.remote(), timeout=self.timeout_s
+            )
+        return self._actor_tools
 
     def _new_actor(self) -> Any:
         import ray
