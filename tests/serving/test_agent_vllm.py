@@ -18,7 +18,7 @@ import torch
 from rlcore.config import load_config_dict
 from rlcore.data import BatchedDataDict
 from rlcore.datasets import Sample
-from rlcore.interfaces.agent import AgentOutcome, AgentSample, OpenAIEndpoint
+from rlcore.interfaces.agent import AgentSample, OpenAIEndpoint
 from rlcore.run.agent_rollouts import run_agent_rollout
 from rlcore.run.step import Timer
 from rlcore.serving.agent_environment import AgentFunctionConfig, AgentFunctionEnvironment
