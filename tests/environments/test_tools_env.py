@@ -148,3 +148,17 @@ def test_invalid_flags_and_metrics_default_and_join():
         EnvironmentReturn.final([1.0], [{}]).__class__([{}], [{}], [1.0], [True], invalid_tool_calls=[True, False])
     with pytest.raises(ValueError, match="not a metric name"):
         EnvironmentReturn.final([1.0], [{}]).__class__([{}], [{}], [1.0], [True], metrics={"env/x": [1.0]})
+
+
+def test_in_an_environment_actor_the_tools_are_declared_and_calls_run(ray_session):
+    from rlcore.environments.runner import EnvironmentRunner
+
+    runner = EnvironmentRunner(
+        "tools", "rlcore.environments.tools:ToolsEnvironment", ToolsConfig(tools=["calculator"]), num_workers=1
+    )
+    try:
+        assert [t["function"]["name"] for t in runner.tools] == ["calculator"]  # asked of the actor
+        out = runner.step(logs(call("calculator", expression="2**10")), [{"ground_truth": "1024"}])
+        assert out.observations[0]["messages"][0]["content"] == "1024"  # the sandbox ran inside the Ray actor
+    finally:
+        runner.shutdown()
