@@ -73,6 +73,7 @@ class ScriptedEnvironment:
             [1.0] * n,
             [done] * n,
             invalid_tool_calls=[turn in self.invalid] * n,
+            metrics={"tool_calls": [1.0] * n, "invalid_tool_calls": [float(turn in self.invalid)] * n},
         )
 
 
@@ -119,6 +120,12 @@ def test_tool_messages_go_through_the_template_with_the_environments_tools_and_f
     assert [m["role"] for m in log] == ["user", "assistant", "tool", "tool", "assistant", "user", "assistant"]
     assert [(m["tool_call_id"], m["name"]) for m in log[2:4]] == [("call_1", "get_weather"), ("call_2", "get_weather")]
     assert log[1]["content"] == texts[0]
+    # the environment's per-turn numbers, summed over each sample's 3 turns
+    assert (
+        rollout.metrics["env/tool_calls_per_sample"] == 3.0
+        and rollout.metrics["env/invalid_tool_calls_per_sample"] == 1.0
+    )
+    assert rollout.metrics["env/valid_tool_calls_rate"] == 1 - 1 / 3
 
 
 def test_the_rollout_trains_on_the_generated_ids_where_re_encoding_the_text_would_change_them() -> None:

@@ -27,7 +27,10 @@ position, so the loss compares it with the policy's token by token across
 turns. The next turn is generated from these very token ids (never from
 re-rendered text), so what the policy scores is exactly what the engine saw.
 ``invalid_tool_call_mask`` marks the generated tokens of the turns the
-environment flagged (``invalid_tool_calls``: a malformed tool call).
+environment flagged (``invalid_tool_calls``: a malformed tool call). Numbers
+an environment reports about each sample's turn (``metrics``) are summed per
+sample over its turns and logged as ``env/<name>_per_sample``
+(:func:`rlcore.interfaces.environment.environment_metrics`).
 
 A prompt of ``data.max_input_seq_length`` tokens or more is cut as NeMo-RL cuts it
 (:func:`rlcore.run.prompts.cut_long_prompts`) and rolled out like any other; its
@@ -163,6 +166,10 @@ def run_rollout(
         metrics["cut_prompts"] = float(state.prompt_cut.sum()) / repeat
     if turns.max_turns > 1:
         metrics.update(state.turn_metrics())
+    if state.env_metrics:  # an environment's numbers per sample and turn (a tools environment's calls)
+        from rlcore.interfaces.environment import environment_metrics
+
+        metrics.update(environment_metrics(state.env_metrics))
     data = state.padded(pad_id(tokenizer))
     if "weight_version" in data:  # the oldest weights (vLLM's word) any of the step's samples was generated with
         metrics["weight_version"] = float(data["weight_version"].min())
@@ -255,6 +262,7 @@ class Trajectories:
         n = len(lengths)
         self.rewards = [0.0] * n
         self.components: dict[str, list[float]] = {}  # name -> each sample's sum over turns
+        self.env_metrics: dict[str, list[float]] = {}  # the environment's metrics: name -> each sample's sum
         self.done = [False] * n
         self.stop_strings: list[Any] = [None] * n
         self.turns, self.env_tokens, self.first_turn = [0] * n, [0] * n, [0] * n
@@ -335,6 +343,7 @@ class Trajectories:
         from rlcore.chat.observations import observation_ids
 
         self.add_components(active, result.reward_components)
+        self.add_sums(self.env_metrics, active, getattr(result, "metrics", None))
         flagged = getattr(result, "invalid_tool_calls", None) or [False] * len(active)
         for row, i in enumerate(active):
             if flagged[row]:
@@ -367,8 +376,12 @@ class Trajectories:
 
     def add_components(self, active: list[int], components: dict[str, list[float]] | None) -> None:
         """Add the turn's named rewards to the active samples' sums (a name new this turn starts at 0 for all)."""
-        for name, values in (components or {}).items():
-            totals = self.components.setdefault(name, [0.0] * len(self.rewards))
+        self.add_sums(self.components, active, components)
+
+    def add_sums(self, sums: dict[str, list[float]], active: list[int], turn: dict[str, list[float]] | None) -> None:
+        """Add the turn's named numbers to the active samples' ``sums`` (a name new this turn starts at 0 for all)."""
+        for name, values in (turn or {}).items():
+            totals = sums.setdefault(name, [0.0] * len(self.rewards))
             for row, i in enumerate(active):
                 totals[i] += values[row]
 
