@@ -40,11 +40,12 @@ REPLIES: dict[str, list[Any]] = {}
 async def tool_agent(endpoint: OpenAIEndpoint, sample: AgentSample) -> float:
     """Three assistant turns, each answered by a tool message; the reward is the number of characters written."""
     messages: list[Any] = [dict(m) for m in sample.messages]
+    tools: Any = sample.tools
     replies = REPLIES.setdefault(endpoint.base_url, [])
     async with endpoint.async_client() as client:
         for turn in range(TURNS):
             reply = await client.chat.completions.create(
-                model=endpoint.model, messages=messages, tools=sample.tools, logprobs=True
+                model=endpoint.model, messages=messages, tools=tools, logprobs=True
             )
             replies.append(reply)
             messages.append(reply.choices[0].message.model_dump(exclude_none=True))
@@ -130,7 +131,9 @@ def test_an_agents_tool_episodes_train_the_engines_tokens_with_the_engines_logpr
         assert int(data["unpadded_sequence_lengths"][row]) == start + len(generated)
     assert torch.equal(data["logprobs"], engine_logprobs)
 
-    batch = BatchedDataDict(input_ids=data["output_ids"], input_lengths=data["unpadded_sequence_lengths"])
+    batch: BatchedDataDict[Any] = BatchedDataDict(
+        input_ids=data["output_ids"], input_lengths=data["unpadded_sequence_lengths"]
+    )
     trainer = policy.get_logprobs(batch)["logprobs"]
     trained = data["token_mask"].bool()
     gap = (trainer[trained] - engine_logprobs[trained]).abs().max().item()

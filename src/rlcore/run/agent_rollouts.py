@@ -35,13 +35,6 @@ if TYPE_CHECKING:
     from rlcore.run.step import Timer
     from rlcore.serving.episodes import Episode
 
-#: The refusal of an agent environment (or ``expose_http_server``) over a backend that does not serve continuously.
-NOT_CONTINUOUS = (
-    "policy.generation: the '{backend}' generation backend does not serve requests continuously, which {what} "
-    "needs (the endpoint sends each request on its own); configure its asynchronous engine (rl-vllm: "
-    "policy.generation.vllm_cfg.async_engine: true)"
-)
-
 
 def run_agent_rollout(
     cfg: Any,
@@ -63,6 +56,7 @@ def run_agent_rollout(
     from rlcore.run.prompts import pad_id
     from rlcore.run.rollouts import _ROLLOUT_STEP
     from rlcore.run.step import loop_setting, max_input_of
+    from rlcore.serving.checks import NOT_CONTINUOUS
     from rlcore.serving.server import PolicyServer
     from rlcore.serving.service import ChatService, ServingSettings
 

@@ -8,9 +8,11 @@ stops the listener and joins every request thread.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import threading
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -126,3 +128,23 @@ class PolicyServer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+@contextlib.contextmanager
+def exposed_endpoint(cfg: Any, generation: Any, tokenizer: Any, pad_id: int) -> Iterator[PolicyServer | None]:
+    """Serve the endpoint (requests without a rollout id: ``/v1``) for the block when run config ``cfg`` sets
+    ``policy.generation.expose_http_server``, printing its URL; yields the server, or None when it is off."""
+    from rlcore.interfaces.generation import serves_continuously
+    from rlcore.serving.checks import NOT_CONTINUOUS
+    from rlcore.serving.service import ServingSettings
+
+    if not cfg.policy.generation.expose_http_server:
+        yield None
+        return
+    if not serves_continuously(generation):
+        what = "policy.generation.expose_http_server: true"
+        raise ValueError(NOT_CONTINUOUS.format(backend=cfg.policy.generation.backend, what=what))
+    service = ChatService(generation, tokenizer, ServingSettings.from_config(cfg, pad_id))
+    with PolicyServer(service) as server:
+        print(f"policy served at {server.base_url} (OpenAI-compatible; policy.generation.expose_http_server)")
+        yield server
