@@ -1,8 +1,10 @@
-"""The ``verifiers`` agent environment against a scripted OpenAI-compatible endpoint (no network, no model).
+"""The ``verifiers`` agent environment against a scripted OpenAI-compatible endpoint (stdlib, no model), slow.
 
-One module fixture plays three episodes of a single-turn verifiers taskset (tests/envs/rlv_quiz.py) concurrently on
-one event loop, as rlcore's agent rollout does: verifiers' own chat program (a subprocess of this Python) talks to
-the scripted endpoint, and the task's rubric scores. The rewards are checked against the rubric worked by hand.
+One module fixture plays four episodes concurrently on one event loop, as rlcore's agent rollout does: three of a
+single-turn taskset (tests/envs/rlv_quiz.py) and one of a tool taskset (tests/envs/rlv_calc.py, a local MCP tool
+server). verifiers' own chat program (a subprocess of this Python) talks to the scripted endpoint, which answers whole
+completions and refuses streaming as rlcore's does; the task's rubric scores. The rewards are checked against the
+rubric worked by hand; the requests against what the episode must have sent.
 """
 
 from __future__ import annotations
@@ -14,11 +16,14 @@ import math
 from typing import Any
 
 import pytest
-from rlv_scripted_openai import ScriptedEndpoint
+from rlv_scripted_openai import ScriptedEndpoint, tool_call
 
 from rlcore.interfaces.agent import AgentEnvironment, AgentOutcome, AgentSample, OpenAIEndpoint, is_agent_environment
 
+pytestmark = pytest.mark.slow  # about 10 s of CPU: five subprocesses (four chat programs, a tool server)
+
 QUESTION = [{"role": "system", "content": "Answer with a number."}, {"role": "user", "content": "What is 2+2?"}]
+CALC_QUESTION = [{"role": "user", "content": "What is 17+25? Use the tool."}]
 
 # rollout id -> (the endpoint's script, the sample's metadata, the outcome the quiz rubric gives by hand:
 # correct = the last reply equals the answer (weight 1); brief = at most 3 characters (weight 0.5))
@@ -69,19 +74,40 @@ def quiz_runs(verifiers_subprocesses):
     from rl_verifiers.environment import VerifiersEnvironment
 
     environment = VerifiersEnvironment(quiz_config(max_tokens=16))
+    calc = VerifiersEnvironment(quiz_config(environment="rlv_calc"))
     samples = {name: AgentSample(copy.deepcopy(QUESTION), dict(meta)) for name, (_, meta, _) in EPISODES.items()}
+    samples["calc"] = AgentSample(copy.deepcopy(CALC_QUESTION), {"ground_truth": "42"})
     given = copy.deepcopy(samples)
     with ScriptedEndpoint() as endpoint:
         endpoint.scripts = {name: list(script) for name, (script, _, _) in EPISODES.items()}
+        endpoint.scripts["calc"] = [tool_call("calculator_add", {"a": 17, "b": 25}), {"content": "17+25 = 42"}]
 
         async def episodes() -> list[Any]:
             runs = (
-                environment.run_episode(OpenAIEndpoint(endpoint.base_url(n), "policy"), s) for n, s in samples.items()
+                (calc if n == "calc" else environment).run_episode(OpenAIEndpoint(endpoint.base_url(n), "policy"), s)
+                for n, s in samples.items()
             )
             return await asyncio.gather(*runs, return_exceptions=True)
 
         results = dict(zip(samples, asyncio.run(episodes())))
     return environment, given, samples, results, endpoint.requests
+
+
+def test_a_tool_episode_runs_the_local_tool_and_scores_it(quiz_runs):
+    """The model called calculator_add(17, 25); the tool server answered 42 as a tool message; the reply names 42:
+    correct (weight 1) and used_tool (weight 0.25)."""
+    _, _, _, results, requests = quiz_runs
+    assert results["calc"] == AgentOutcome(1.25, {"correct": 1.0, "used_tool": 0.25})
+    first, second = requests["calc"]
+    assert [t["function"]["name"] for t in first["tools"]] == ["calculator_add"]
+    assert second["messages"][:1] == CALC_QUESTION
+    assert second["messages"][2] == {
+        "role": "tool",
+        "tool_call_id": "call_0",
+        "content": "42",
+        "name": "calculator_add",
+    }
+    assert second["tools"] == first["tools"]
 
 
 def test_rewards_are_the_rubric_worked_by_hand(quiz_runs):
@@ -104,64 +130,15 @@ def test_every_turn_went_to_the_endpoint_as_the_run_samples(quiz_runs):
     """The prompt is the sample's messages; the model is the endpoint's; only max_tokens is forwarded; the
     endpoint sees whole-completion requests (verifiers' chat program streams: the bridge)."""
     _, _, _, _, requests = quiz_runs
-    assert sorted(requests) == sorted(EPISODES)
+    assert sorted(requests) == sorted([*EPISODES, "calc"])
     for name, sent in requests.items():
+        if name == "calc":
+            continue
         assert len(sent) == 1, name
         assert sent[0] == {"messages": QUESTION, "model": "policy", "max_tokens": 16}, name
 
 
 def test_agent_environment_conformance(quiz_runs):
     environment, given, samples, results, _ = quiz_runs
-    runs = [(given[n], samples[n], results[n]) for n in EPISODES]
+    runs = [(given[n], samples[n], results[n]) for n in samples]
     assert check_agent_environment(environment, runs) == []
-
-
-def test_metadata_fills_the_task_data(quiz_runs):
-    environment = quiz_runs[0]
-    env = environment._build()
-    task = environment._task(env, AgentSample(QUESTION, {"ground_truth": "4", "difficulty": 3, "source": "x"}))
-    assert task.data.prompt == [m for m in env.taskset.task_type().data_type()(prompt=QUESTION).prompt]
-    assert (task.data.answer, task.data.difficulty) == ("4", 3)
-    assert not hasattr(task.data, "source")
-
-
-def test_the_plugin_registers_the_environment():
-    from rlcore.plugins import get_registry
-
-    registry = get_registry()
-    spec = registry.resolve_environment("verifiers")
-    assert spec.environment_class == "rl_verifiers.environment:VerifiersEnvironment"
-    VerifiersConfig = spec.load_config_class()
-    assert VerifiersConfig is type(quiz_config())
-    assert [r.status for r in registry.environments() if r.name == "verifiers"] == ["ok"]
-    with pytest.raises(ValueError, match="extra"):
-        VerifiersConfig(environment="rlv_quiz", argz={})  # type: ignore[call-arg]
-
-
-@pytest.mark.parametrize(
-    ("overrides", "message"),
-    [
-        ({"args": {"agent": {"model": "gpt-x"}}}, "env.verifiers_cfg.args.agent.model: every seat plays the policy"),
-        ({"args": {"agent": {"sampling": {"temperature": 0.1}}}}, "env.verifiers_cfg.args.agent.sampling"),
-        ({"args": {"agent": {"runtime": {"type": "docker"}}}}, "env.verifiers_cfg.args.agent.runtime.type: 'docker'"),
-        ({"args": {"taskset": {"id": "gsm8k"}}}, "env.verifiers_cfg.args.taskset.id: 'gsm8k' differs"),
-        ({"ground_truth_field": "solution"}, "env.verifiers_cfg.ground_truth_field: 'solution' is not a field"),
-        ({"environment": "rlv_quiz:not_an_env"}, "returned dict, not a verifiers.v1 Env"),
-    ],
-)
-def test_what_would_not_train_the_policy_is_refused(overrides, message):
-    from rl_verifiers.environment import VerifiersEnvironment
-
-    with pytest.raises((ValueError, TypeError)) as caught:
-        VerifiersEnvironment(quiz_config(**overrides))
-    assert message in str(caught.value)
-
-
-def test_a_function_may_build_the_env():
-    from rl_verifiers.environment import VerifiersEnvironment
-
-    VerifiersEnvironment(quiz_config(environment="rlv_quiz:build_env"))
-    with pytest.raises(ValueError, match="the Env rlv_quiz:build_env returns: env.agent.runtime.type"):
-        VerifiersEnvironment(
-            quiz_config(environment="rlv_quiz:build_env", args={"agent": {"runtime": {"type": "docker"}}})
-        )
