@@ -1,0 +1,78 @@
+"""A verifiers tool taskset (tests/envs/rlv_digits.py: the calculator MCP tool, a digits reward) trains 5 GRPO steps
+with the tiny Llama, a dtensor policy and rl-vllm's async engine, every episode through rlcore's endpoint (slow)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+STEPS = 5
+#: Why the training test does not run yet (remove the skip when the reason goes).
+NOT_WIRED = (
+    "GRPO's rollout does not route an agent environment to rlcore.run.agent_rollouts.run_agent_rollout yet "
+    "(only tests/serving call it directly); env.name: verifiers would reach the step() path"
+)
+
+
+def config(tmp_path: Path, tiny_tokenizer: Any) -> dict[str, Any]:
+    rows = [{"problem": f"Write digits ({i}); the add tool adds two integers.", "answer": "0"} for i in range(8)]
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return {
+        "cluster": {"num_nodes": 1, "workers_per_node": 1},
+        "policy": {
+            "backend": "dtensor",
+            "model_name": "tiny-llama",
+            "precision": "float32",
+            "train_global_batch_size": 8,
+            "train_micro_batch_size": 4,
+            "logprob_batch_size": 8,
+            "max_total_sequence_length": 256,
+            "learning_rate": 3.0e-3,
+            "generation": {
+                "backend": "vllm",
+                "max_new_tokens": 16,
+                "temperature": 1.0,
+                "vllm_cfg": {"kv_cache_space_gb": 0.125, "max_model_len": 256, "async_engine": True},
+            },
+        },
+        "grpo": {"num_prompts_per_step": 2, "num_generations_per_prompt": 4, "max_num_steps": STEPS, "seed": 0},
+        "loss": {"reference_policy_kl_penalty": 0.0},
+        "data": {"train": {"path": str(data)}, "input_key": "problem", "output_key": "answer"},
+        "env": {
+            "name": "verifiers",
+            "verifiers_cfg": {"environment": "rlv_digits", "args": {"agent": {"max_turns": 2}}},
+        },
+        "logger": {"output_dir": str(tmp_path / "run"), "progress_bar": False},
+        "checkpointing": {"enabled": False},
+    }
+
+
+def test_the_config_resolves(tmp_path, tiny_tokenizer):
+    from rlcore.config import load_config_dict, resolve
+
+    resolved = resolve(load_config_dict(config(tmp_path, tiny_tokenizer)), run=True)
+    assert resolved.generation.section.async_engine is True
+    assert resolved.config.env.name == "verifiers"
+
+
+@pytest.mark.skip(reason=NOT_WIRED)
+def test_a_verifiers_tool_taskset_trains_five_grpo_steps(tmp_path, tiny_tokenizer, verifiers_subprocesses):
+    from rlcore.config import load_config_dict
+    from rlcore.run.train import train
+
+    train(load_config_dict(config(tmp_path, tiny_tokenizer)))
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "train/loss" in r or "loss" in r]
+    assert len(steps) == STEPS
+    for row in steps:
+        assert row.get("env/errors", 0.0) == 0.0, row.get("env/first_error")
+        assert all(math.isfinite(v) for v in row.values() if isinstance(v, float))
+    rewards = [r for row in steps for k, r in row.items() if k.endswith("reward_mean") or k == "reward/mean"]
+    assert rewards and any(r > 0 for r in rewards)  # digits in some replies: a signal GRPO can follow
