@@ -41,10 +41,16 @@ def prompt_ids(
     chat_template_kwargs: dict[str, Any] | None = None,
 ) -> list[int]:
     """The ids of a first prompt: ``messages`` through the chat template (with ``tools``) and the generation
-    prompt, encoded as rollouts encode prompts (the tokenizer's BOS once)."""
-    from rlcore.run.step import prompt_ids as encode_rendered
-
+    prompt, encoded as rollouts encode prompts (:func:`encode_rendered`)."""
     return encode_rendered(tokenizer, render(tokenizer, messages, True, tools, chat_template_kwargs))
+
+
+def encode_rendered(tokenizer: Any, text: str) -> list[int]:
+    """The token ids of a rendered prompt, starting with the tokenizer's BOS (once: a chat template may have
+    written it)."""
+    ids: list[int] = tokenizer.encode(text, add_special_tokens=False)
+    bos = tokenizer.bos_token_id
+    return ids if bos is None or ids[:1] == [bos] else [bos, *ids]
 
 
 def appended_ids(
@@ -127,4 +133,4 @@ def render(
     return text
 
 
-__all__ = ["ChatTemplateError", "appended_ids", "appended_text", "prompt_ids", "render"]
+__all__ = ["ChatTemplateError", "appended_ids", "appended_text", "encode_rendered", "prompt_ids", "render"]

@@ -39,10 +39,10 @@ def loop_setting(cfg: Any, name: str, default: Any) -> Any:
 
 def prompt_ids(tokenizer: Any, text: str) -> list[int]:
     """The token ids of a rendered prompt, starting with the tokenizer's BOS (once: a chat template may have
-    written it)."""
-    ids = tokenizer.encode(text, add_special_tokens=False)
-    bos = tokenizer.bos_token_id
-    return ids if bos is None or ids[:1] == [bos] else [bos, *ids]
+    written it); :func:`rlcore.chat.templates.encode_rendered`."""
+    from rlcore.chat.templates import encode_rendered
+
+    return encode_rendered(tokenizer, text)
 
 
 def prompt_length_of(cfg: Any, tokenizer: Any) -> Any:
