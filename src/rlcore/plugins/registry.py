@@ -2,9 +2,9 @@
 
 Entry points of the ``rlcore.plugins`` group are loaded one at a time, so one
 broken plugin never hides the others (pluggy's own loader stops at the first
-failure and silently drops duplicate names). Backends, environments and
-algorithms are three kinds of record, each with its own names. Every record
-gets a status:
+failure and silently drops duplicate names). Backends, environments,
+algorithms and tool-call parsers are kinds of record, each with its own names.
+Every record gets a status:
 
 - ``ok``: usable.
 - ``unavailable``: its engine is not installed (``install_hint`` says how).
