@@ -117,6 +117,15 @@ def test_its_config_is_refused_with_the_dotted_path():
         ToolsEnvironment(ToolsConfig(tools=["no_such_module:f"]))
 
 
+def test_a_network_namespace_asked_for_where_none_works_is_refused_when_the_environment_is_built(monkeypatch):
+    from rlcore.tools import sandbox
+
+    monkeypatch.setattr(sandbox, "network_namespace_available", lambda: False)
+    with pytest.raises(ValueError, match="env.tools_cfg.isolate_network: namespace, but 'unshare -rn' does not work"):
+        ToolsEnvironment(ToolsConfig(tools=["calculator"], isolate_network="namespace"))
+    assert ToolsEnvironment(ToolsConfig(tools=["calculator"], isolate_network="auto")).tools  # falls back
+
+
 def test_the_rollout_reports_metrics_per_sample_and_the_valid_call_rate():
     from rlcore.interfaces.environment import environment_metrics
 

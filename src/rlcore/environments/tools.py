@@ -50,8 +50,14 @@ class ToolsEnvironment:
     def __init__(self, config: ToolsConfig) -> None:
         from rlcore.chat.tool_calls import get_tool_call_parser
         from rlcore.environments.math_env import MathConfig, MathEnvironment
-        from rlcore.tools.sandbox import SandboxLimits
+        from rlcore.tools.sandbox import SandboxLimits, network_namespace_available
 
+        if config.isolate_network == "namespace" and not network_namespace_available():
+            raise ValueError(
+                "env.tools_cfg.isolate_network: namespace, but 'unshare -rn' does not work on this machine "
+                "(unprivileged user namespaces are off, or util-linux's unshare is missing); set it to auto to fall "
+                "back to the Python-level block (docs/tools.md)"
+            )
         self.config = config
         self.targets: dict[str, str] = {}  # tool name -> "module:function"
         self.schemas: dict[str, dict[str, Any]] = {}
