@@ -28,6 +28,7 @@ MAX_BODY_BYTES = 64 << 20
 class _Server(ThreadingHTTPServer):
     daemon_threads = False  # request threads are joined by server_close
     block_on_close = True
+    request_queue_size = 1024  # every episode of a rollout may connect at once
     service: ChatService
 
 
