@@ -20,7 +20,11 @@ from rlcore.environments.tools_tasks import (
 from rlcore.examples import example_path
 
 #: The GRPO example over the built tiny model instead of the warm start's checkpoint (which a test has not made).
-UNTRAINED = ["policy.model_name=tiny-llama", "policy.tokenizer.name=tiny-llama"]
+UNTRAINED = [
+    "policy.model_name=tiny-llama",
+    "policy.tokenizer.name=tiny-llama",
+    "policy.generation.vllm_cfg.tokenizer=null",
+]
 
 
 def operands(prompt: str) -> tuple[int, int]:
@@ -112,6 +116,7 @@ def test_the_warm_start_then_grpo_calls_the_calculator(ray_session, tmp_path):
     overrides = [
         f"policy.model_name={checkpoint / 'weights'}",
         f"policy.tokenizer.name={checkpoint / 'tokenizer'}",
+        f"policy.generation.vllm_cfg.tokenizer={checkpoint / 'tokenizer'}",
         "grpo.max_num_steps=4",
         f"logger.output_dir={grpo_dir}",
         "logger.progress_bar=false",
