@@ -41,6 +41,7 @@ import os
 import statistics
 import sys
 import tempfile
+import threading
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -69,8 +70,87 @@ MODES: dict[str, list[str]] = {
 }
 
 
+class WorkerCpu(threading.Thread):
+    """Samples, every ``period_s``, the CPU seconds (user + system, from ``/proc``) of this process's Ray
+    workers (its descendants titled ``ray::WorkerHost``): the engines' (processes that mapped vLLM's files) and
+    the trainers', beside the steps the run's metrics file holds by then. CPU time, unlike wall time, is barely
+    changed by other processes sharing the cores, so the engine's CPU per step compares runs made under other
+    loads."""
+
+    def __init__(self, metrics_path: str, period_s: float = 0.1) -> None:
+        super().__init__(daemon=True, name="worker-cpu")
+        self.metrics_path, self.period_s = metrics_path, period_s
+        self.samples: list[tuple[int, float, float]] = []  # (steps logged, engine cpu s, trainer cpu s)
+        self._latest: dict[int, float] = {}  # pid -> cpu s (a worker that ended keeps its last)
+        self._engines: set[int] = set()
+        self._done = threading.Event()
+        self._tick = os.sysconf("SC_CLK_TCK")
+
+    def run(self) -> None:
+        while not self._done.wait(self.period_s):
+            self._sample()
+
+    def stop(self) -> None:
+        self._done.set()
+        self.join()
+        self._sample()
+
+    def _sample(self) -> None:
+        for pid in _descendants(os.getpid()):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    if not f.read().startswith(b"ray::WorkerHost"):
+                        continue
+                with open(f"/proc/{pid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                if pid not in self._engines:
+                    with open(f"/proc/{pid}/maps") as f:
+                        if "/vllm/" in f.read():
+                            self._engines.add(pid)
+            except OSError:  # gone meanwhile
+                continue
+            self._latest[pid] = (int(fields[11]) + int(fields[12])) / self._tick
+        try:
+            with open(self.metrics_path) as f:
+                steps = sum('"time/step_s"' in line for line in f)
+        except OSError:
+            steps = 0
+        engine = sum(cpu for pid, cpu in self._latest.items() if pid in self._engines)
+        trainer = sum(cpu for pid, cpu in self._latest.items() if pid not in self._engines)
+        self.samples.append((steps, engine, trainer))
+
+    def per_step(self, first: int, last: int) -> tuple[float, float]:
+        """Engine and trainer CPU seconds per step from step ``first`` logged to step ``last`` logged."""
+        at = {}
+        for mark in (first, last):
+            at[mark] = next(((e, t) for steps, e, t in self.samples if steps >= mark), (float("nan"),) * 2)
+        count = max(last - first, 1)
+        return (at[last][0] - at[first][0]) / count, (at[last][1] - at[first][1]) / count
+
+
+def _descendants(root: int) -> list[int]:
+    """Every process below ``root`` (Ray's raylet, and its workers, are started by the driver)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                parent = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(parent, []).append(int(entry))
+    found, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
 def run(model_dir: str, args: argparse.Namespace, mode: str, out_dir: str) -> list[dict[str, Any]]:
-    """One ``rlcore run`` in ``mode``; its per-step metrics rows."""
+    """One ``rlcore run`` in ``mode``; its per-step metrics rows, each with the run's engine and trainer CPU
+    seconds per step (after ``--warmup``) as ``cpu/engine_s`` and ``cpu/trainer_s``."""
     from rlcore.config import load_config
     from rlcore.run.metrics import read_metrics
     from rlcore.run.train import train
@@ -92,7 +172,14 @@ def run(model_dir: str, args: argparse.Namespace, mode: str, out_dir: str) -> li
             "checkpointing.enabled=false",
         ],
     )
-    return read_metrics(train(cfg)["metrics"])
+    cpu = WorkerCpu(os.path.join(out_dir, "metrics.jsonl"))
+    cpu.start()
+    try:
+        rows = read_metrics(train(cfg)["metrics"])
+    finally:
+        cpu.stop()
+    engine, trainer = cpu.per_step(args.warmup, len(rows))
+    return [{**row, "cpu/engine_s": engine, "cpu/trainer_s": trainer} for row in rows]
 
 
 def median(rows: list[dict[str, Any]], key: str, warmup: int) -> float:
@@ -108,6 +195,8 @@ def summary(rows: list[dict[str, Any]], warmup: int) -> dict[str, float]:
         "first_reward": rows[0]["reward_mean"],
         "last_reward": rows[-1]["reward_mean"],
         "max_age": max(r.get("async/age_max", 0.0) for r in rows),
+        "engine_cpu_s": rows[-1]["cpu/engine_s"],
+        "trainer_cpu_s": rows[-1]["cpu/trainer_s"],
     }
     out["trainer_s"] = sum(0.0 if out[k] != out[k] else out[k] for k in ("logprob_s", "train_s", "refit_s"))  # nan: 0
     busy = median(rows, "async/engine_busy_fraction", warmup)
@@ -153,7 +242,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     print(
         f"{'':13}{'step s':>8}{'gen s':>8}{'engine s':>9}{'train s':>9}{'refit s':>9}{'wait s':>8}{'idle s':>8}"
-        f"{'busy':>7}{'/floor':>8}{'reward':>14}"
+        f"{'busy':>7}{'/floor':>8}{'eng cpu':>8}{'trn cpu':>8}{'reward':>14}"
     )
     for mode, r in results.items():
         print(
@@ -161,6 +250,7 @@ def main(argv: list[str] | None = None) -> None:
             f"{r['refit_s']:>9.2f}"
             f"{r['generation_wait_s']:>8.2f}{r['generation_idle_s']:>8.2f}"
             f"{r['engine_busy_fraction']:>7.2f}{r['floor_ratio']:>8.2f}"
+            f"{r['engine_cpu_s']:>8.2f}{r['trainer_cpu_s']:>8.2f}"
             f"{r['first_reward']:>7.2f}->{r['last_reward']:.2f}"
         )
 
