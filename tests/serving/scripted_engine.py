@@ -1,8 +1,10 @@
 """A stand-in generation backend that serves continuously and answers from a script (orchestration tests only).
 
-Each request's completion is the next scripted text of the request's prompt owner (found by a marker the agent put
-in its first message), encoded with the tiny byte tokenizer, then EOS; token ``k`` of a completion gets logprob
-``-(k + 1) / 100``, so a test can tell every token's logprob apart.
+A request's completion is the scripted text of its prompt's owner (found by a marker the agent put in its first
+message) for the turn the prompt asks for (the number of assistant turns it opens, by the tiny chat template's
+``<|assistant|>``; a completions prompt without one: the requests of that owner so far), encoded with the tiny
+byte tokenizer, then EOS; token ``k`` of a completion gets logprob ``-(k + 1) / 100``, so a test can tell every
+token's logprob apart.
 """
 
 from __future__ import annotations
@@ -17,10 +19,10 @@ from rlcore.interfaces import GenerationInterface
 
 
 class ScriptedEngine(GenerationInterface):
-    """``scripts``: ``{marker: [completion text, ...]}``; a prompt holding ``marker`` gets its texts in order."""
+    """``scripts``: ``{marker: [completion text of turn 0, of turn 1, ...]}``."""
 
     def __init__(self, tokenizer: Any, scripts: dict[str, list[str]], max_new_tokens: int = 64) -> None:
-        self.tokenizer, self.scripts, self.max_new = tokenizer, {k: list(v) for k, v in scripts.items()}, max_new_tokens
+        self.tokenizer, self.scripts, self.max_new = tokenizer, scripts, max_new_tokens
         self.requests: list[dict[str, Any]] = []
         self._lock = threading.Lock()
 
@@ -36,7 +38,9 @@ class ScriptedEngine(GenerationInterface):
         text = self.tokenizer.decode(prompt)
         with self._lock:
             marker = next(m for m in self.scripts if m in text)
-            completion = self.scripts[marker].pop(0)
+            served = sum(marker in self.tokenizer.decode(r["prompt"]) for r in self.requests)
+            turn = text.count("<|assistant|>") - 1 if "<|assistant|>" in text else served
+            completion = self.scripts[marker][turn]
             self.requests.append(
                 {
                     "prompt": prompt,

@@ -60,7 +60,8 @@ class ToolAgent:
         task = sample.metadata["task"]
         replies = self.replies.setdefault(task, [])
         messages: list[Any] = [dict(m) for m in sample.messages]
-        async with endpoint.async_client() as client:
+        async with endpoint.async_client() as retrying:
+            client = retrying.with_options(max_retries=0)  # a failed request fails the test, not a retry
             for turn in range(3 if task == "task-0" else 2):
                 if task == "task-1" and turn == 1:
                     messages[0] = {**messages[0], "content": "rewritten"}
@@ -184,3 +185,11 @@ def test_a_backend_that_does_not_serve_continuously_is_refused_naming_the_fix(ti
 
     with pytest.raises(ValueError, match=r"policy.generation.vllm_cfg.async_engine: true"):
         run_agent_rollout(config(), Batches(), ToolAgent(), tiny_tokenizer, [Sample(0, [], {})], 1, Timer())
+
+    class Blocking:  # run_episode must be a coroutine function: the episodes share one event loop
+        def run_episode(self, endpoint: OpenAIEndpoint, sample: AgentSample) -> AgentOutcome:
+            return AgentOutcome(1.0)
+
+    engine = ScriptedEngine(tiny_tokenizer, {})
+    with pytest.raises(TypeError, match="Blocking.run_episode is not an async function"):
+        run_agent_rollout(config(), engine, Blocking(), tiny_tokenizer, [Sample(0, [], {})], 1, Timer())

@@ -20,6 +20,7 @@ trains nothing), as the other path's cut prompts are.
 
 from __future__ import annotations
 
+import inspect
 import math
 import sys
 import threading
@@ -62,6 +63,11 @@ def run_agent_rollout(
 
     if not serves_continuously(generation):
         raise ValueError(NOT_CONTINUOUS.format(backend=cfg.policy.generation.backend, what="an agent environment"))
+    if not inspect.iscoroutinefunction(environment.run_episode):
+        raise TypeError(
+            f"{type(environment).__name__}.run_episode is not an async function; an agent environment defines "
+            "async def run_episode(self, endpoint, sample) -> AgentOutcome (rlcore.interfaces.agent)"
+        )
     settings = ServingSettings.from_config(cfg, pad_id(tokenizer))
     service = ChatService(generation, tokenizer, settings)
     run_seed, step = loop_setting(cfg, "seed", 0) or 0, _ROLLOUT_STEP.get()
@@ -75,6 +81,8 @@ def run_agent_rollout(
         sample = samples[i // repeat]
         agent_samples.append(AgentSample([dict(m) for m in sample.messages], dict(sample.metadata), tools))
     with timer.phase("generation"), PolicyServer(service) as server:
+        if cfg.policy.generation.expose_http_server:
+            print(f"policy served at {server.base_url} (OpenAI-compatible; policy.generation.expose_http_server)")
         endpoints = [OpenAIEndpoint(server.url_for(r), settings.sampling.model) for r in ids]
         outcomes = run_episodes(environment, endpoints, agent_samples)
     episodes = [service.episodes.close(r) for r in ids]

@@ -8,6 +8,7 @@ from many episodes share the engines' running batch. The requests of one rollout
 from __future__ import annotations
 
 import contextlib
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,6 +63,7 @@ class ChatService:
         self.generation, self.tokenizer, self.settings = generation, tokenizer, settings
         self.episodes = EpisodeBook()
         self._parser: Any = None
+        self._parser_lock = threading.Lock()  # request threads parse side by side; the parser is made once
 
     def models(self) -> dict[str, Any]:
         return models_response(self.settings.sampling)
@@ -171,11 +173,7 @@ class ChatService:
 
         message: dict[str, Any] = {"role": "assistant", "content": text}
         if parse_tools:
-            if self._parser is None:
-                from rlcore.chat.tool_calls import get_tool_call_parser
-
-                self._parser = get_tool_call_parser(self.settings.tool_call_parser)
-            parsed = self._parser.parse(text)
+            parsed = self._tool_call_parser().parse(text)
             turn.invalid_tool_calls = bool(parsed.invalid)
             turn.tool_calls = len(parsed.calls)
             if parsed.calls:
@@ -186,6 +184,14 @@ class ChatService:
                 ]
                 return message, "tool_calls"
         return message, "length" if turn.truncated else "stop"
+
+    def _tool_call_parser(self) -> Any:
+        with self._parser_lock:
+            if self._parser is None:
+                from rlcore.chat.tool_calls import get_tool_call_parser
+
+                self._parser = get_tool_call_parser(self.settings.tool_call_parser)
+            return self._parser
 
 
 def _turn(out: Any, prompt: list[int], limit: int) -> Turn:
