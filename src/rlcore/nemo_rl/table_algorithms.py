@@ -93,7 +93,11 @@ ALGORITHM_AND_RUN_RULES: tuple[Rule, ...] = (
         "updates ignored (nothing computed on older weights outlives a refit)",
     ),
     _n("grpo.seq_logprob_error_threshold", (None,), "sequence logprob-error filtering"),
-    _n("grpo.invalid_tool_call_advantage", (None,), "tool-call advantages"),
+    _m(
+        "grpo.invalid_tool_call_advantage",
+        note="the tokens of an assistant turn the environment flags as an invalid tool call get this advantage "
+        "(the tools environment and the endpoint's agents flag them; docs/tools.md)",
+    ),
     _n("grpo.malformed_thinking_advantage", (None,), "thinking-tag advantages"),
     _n("grpo.skip_reference_policy_logprobs_calculation", (False, None), "skipping reference logprobs"),
     # -- sft (a config with an sft section and no grpo section is an SFT run: rlcore/nemo_rl/sft.py) --------

@@ -371,6 +371,23 @@ CLUSTER_AND_POLICY_RULES: tuple[Rule, ...] = (
         note="vLLM's asynchronous engine: requests served continuously, per sample group; in-flight weight updates "
         "need it",
     ),
+    _m(
+        G + "vllm_cfg.expose_http_server",
+        G + "expose_http_server",
+        note="the run serves the policy on an OpenAI-compatible endpoint on 127.0.0.1 during rollouts (docs/agents.md)",
+    ),
+    _m(
+        G + "vllm_cfg.http_server_serving_chat_kwargs.tool_parser",
+        G + "tool_call_parser",
+        note="vLLM's tool parser names; rlcore has 'hermes' (Hermes/Qwen <tool_call> JSON) and those plugins register",
+    ),
+    _n(
+        G + "vllm_cfg.http_server_serving_chat_kwargs.enable_auto_tools",
+        (True, None),
+        "an endpoint that refuses tool_choice 'auto' (rlcore's lets the model call the request's tools)",
+    ),
+    _n(G + "vllm_cfg.http_server_serving_chat_kwargs.reasoning_parser", (None,), "reasoning parsers on the endpoint"),
+    _n(G + "vllm_cfg.reasoning_parser_plugin", (None,), "reasoning parsers on the endpoint"),
     _n(G + "vllm_cfg.kv_cache_dtype", ("auto", None), "quantized KV cache"),
     _n(G + "vllm_cfg.pipeline_parallel_size", (1, None), "vLLM pipeline parallelism (use tensor_parallel_size)"),
     _n(G + "vllm_cfg.expert_parallel_size", (1, None), "vLLM expert parallelism"),

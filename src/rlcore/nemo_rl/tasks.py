@@ -30,6 +30,12 @@ TASK_ENVIRONMENTS = {
     "sliding_puzzle_game": "NeMo-RL's sliding-puzzle game (its script, examples/run_grpo_sliding_puzzle.py, "
     "generates the puzzles and scores each move over up to grpo.max_rollout_turns turns; data.* is not read)",
 }
+#: NeMo-RL environments rlcore cannot run here, with what they need.
+UNRUNNABLE_ENVIRONMENTS = {
+    "nemo_gym": "NeMo-Gym, which needs Python >= 3.12 (this rlcore runs on 3.11); its agents speak OpenAI's API, "
+    "so on a Python that has it they can drive rollouts through rlcore's endpoint as an agent environment "
+    "(env.name: agent with a function that calls them; docs/agents.md)",
+}
 #: Keys of NeMo-RL's math environment section it declares but does not read (nemo_rl/environments/math_environment.py).
 MATH_ENV_UNREAD = {
     "stop_strings": "declared by NeMo-RL's MathEnvConfig but read nowhere: generation stops at "
@@ -157,6 +163,8 @@ def _prompts(entry: dict[str, Any], where: str, out: Conversion, own: dict[str, 
     known = {**installed_environments(), **ENVIRONMENTS}
     if env in known:
         _set(out, "env.name", known[env], _written(where, "env_name", own))
+    elif env in UNRUNNABLE_ENVIRONMENTS:
+        out.problems.append(f"{_written(where, 'env_name', own)}: is {show_value(env)}, {UNRUNNABLE_ENVIRONMENTS[env]}")
     elif (broken := _not_usable(str(env))) is not None:
         out.problems.append(f"{_written(where, 'env_name', own)}: is {show_value(env)}, {broken}")
     else:
