@@ -107,8 +107,8 @@ def appended_text(
 def rest_of_closing(tokenizer: Any, closing: str, completion_ids: Sequence[int] | None) -> str:
     """What of the template's assistant ``closing`` the completion has not generated: after the EOS when the
     completion ended with it (or ``completion_ids`` is None), else all of it."""
-    eos = tokenizer.eos_token
-    ended = completion_ids is None or (len(completion_ids) > 0 and completion_ids[-1] == tokenizer.eos_token_id)
+    eos, eos_id = getattr(tokenizer, "eos_token", None), getattr(tokenizer, "eos_token_id", None)
+    ended = completion_ids is None or (len(completion_ids) > 0 and completion_ids[-1] == eos_id)
     if ended and eos and eos in closing:
         return closing[closing.index(eos) + len(eos) :]
     return closing  # cut before its end, or a template that writes no EOS (the generated one closes nothing)
