@@ -1,5 +1,6 @@
-"""A verifiers tool taskset (tests/envs/rlv_digits.py: the calculator MCP tool, a digits reward) trains 5 GRPO steps
-with the tiny Llama, a dtensor policy and rl-vllm's async engine, every episode through rlcore's endpoint (slow)."""
+"""A verifiers tool taskset (tests/envs/rlv_digits.py: the calculator MCP tool, a digits reward) with the tiny Llama
+and rl-vllm's async engine, every episode through rlcore's endpoint (slow): its episodes rolled out by
+``run_agent_rollout`` over the real engine, and 5 GRPO steps (skipped until GRPO routes agent environments)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from rlcore.datasets import Sample
 
 pytestmark = pytest.mark.slow
 
@@ -47,7 +50,11 @@ def config(tmp_path: Path, tiny_tokenizer: Any) -> dict[str, Any]:
         "data": {"train": {"path": str(data)}, "input_key": "problem", "output_key": "answer"},
         "env": {
             "name": "verifiers",
-            "verifiers_cfg": {"environment": "rlv_digits", "args": {"agent": {"max_turns": 2}}},
+            "verifiers_cfg": {
+                "environment": "rlv_digits",
+                "args": {"agent": {"max_turns": 2}},
+                "ground_truth_field": None,  # the digits reward needs no answer (the task data has no field for it)
+            },
         },
         "logger": {"output_dir": str(tmp_path / "run"), "progress_bar": False},
         "checkpointing": {"enabled": False},
@@ -76,3 +83,44 @@ def test_a_verifiers_tool_taskset_trains_five_grpo_steps(tmp_path, tiny_tokenize
         assert all(math.isfinite(v) for v in row.values() if isinstance(v, float))
     rewards = [r for row in steps for k, r in row.items() if k.endswith("reward_mean") or k == "reward/mean"]
     assert rewards and any(r > 0 for r in rewards)  # digits in some replies: a signal GRPO can follow
+
+
+def test_episodes_through_a_real_async_engine_score_what_the_engine_wrote(
+    tmp_path, ray_session, tiny_model_dir, tiny_tokenizer, verifiers_subprocesses
+):
+    """Each reward is the rubric on the reply the engine's own tokens spell (decoded from the rollout's trained
+    tokens): the digits fraction of the stripped text; the tiny model calls no tool, so used_tool is 0."""
+    from rl_vllm.generation import VllmGeneration
+    from rlcore.config import load_config_dict
+    from rlcore.plugins import get_registry
+    from rlcore.run.agent_rollouts import run_agent_rollout
+    from rlcore.run.step import Timer
+    from rlcore.testing.pytest_plugin import ClusterPool
+
+    raw = config(tmp_path, tiny_tokenizer)
+    raw["policy"]["model_name"] = tiny_model_dir
+    raw["policy"]["generation"]["pad_token_id"] = tiny_tokenizer.pad_token_id
+    raw["policy"]["generation"]["vllm_cfg"]["engine_kwargs"] = {"block_size": 32}
+    cfg = load_config_dict({k: raw[k] for k in ("policy", "grpo")})
+    spec = get_registry().resolve_environment("verifiers")  # as a run finds it
+    section = spec.load_config_class()(**raw["env"]["verifiers_cfg"])
+    environment = spec.load_environment_class()(section)
+    samples = [Sample(i, [{"role": "user", "content": f"Write digits ({i})."}], {}) for i in range(2)]
+    clusters = ClusterPool()
+    generation = None
+    try:
+        generation = VllmGeneration(clusters(1), cfg.policy.generation, name_prefix="verifiers-vllm")
+        rollout = run_agent_rollout(cfg, generation, environment, tiny_tokenizer, samples, 2, Timer())
+    finally:
+        if generation is not None:
+            generation.shutdown()
+        clusters.shutdown()
+    data = rollout.data
+    assert rollout.metrics["env/errors"] == 0.0, rollout.metrics.get("env/first_error")
+    assert rollout.metrics["rollout/turns_mean"] == 1.0  # no tool call: one turn each
+    for row in range(4):
+        trained = data["output_ids"][row][data["token_mask"][row].bool()].tolist()
+        reply = tiny_tokenizer.decode(trained, skip_special_tokens=True).strip()
+        expected = sum(c.isdigit() for c in reply) / len(reply) if reply else 0.0
+        assert float(rollout.rewards[row]) == pytest.approx(expected, abs=1e-6), reply
+        assert float(data["reward/used_tool"][row]) == 0.0
