@@ -20,16 +20,34 @@ ROOTS = [REPO / "src", *sorted(p / "src" for p in (REPO / "plugins").iterdir() i
 
 #: Bottom to top. A module may import its own layer and the layers below it.
 LAYERS: list[set[str]] = [
-    {"rlcore", "rlcore.data", "rlcore.models", "rlcore.plugins", "rlcore.safe_pickle", "rlcore.examples"},
-    {"rlcore.config", "rlcore.interfaces"},
-    {"rlcore.training", "rlcore.nemo_rl", "rlcore.refit", "rlcore.datasets", "rlcore.environments"},
+    {
+        "rlcore",
+        "rlcore.data",
+        "rlcore.models",
+        "rlcore.plugins",
+        "rlcore.safe_pickle",
+        "rlcore.examples",
+        "rlcore.tools",
+    },
+    {"rlcore.config", "rlcore.interfaces", "rlcore.chat"},
+    {"rlcore.training", "rlcore.nemo_rl", "rlcore.refit", "rlcore.datasets", "rlcore.environments", "rlcore.serving"},
     {"rlcore.distributed"},
     {"rlcore.policy", "rlcore.preflight", "rlcore.doctor"},
-    {"rlcore.run", "rlcore.algorithms", "rlcore.backends", "rl_dtensor", "rl_fsdp1", "rl_megatron", "rl_vllm"},
+    {
+        "rlcore.run",
+        "rlcore.algorithms",
+        "rlcore.backends",
+        "rl_dtensor",
+        "rl_fsdp1",
+        "rl_megatron",
+        "rl_vllm",
+        "rl_verifiers",
+        "rl_verifiers_harness",
+    },
     {"rlcore.cli", "rlcore.__main__"},
     {"rlcore.testing"},
 ]
-PLUGIN_PACKAGES = {"rl_dtensor", "rl_fsdp1", "rl_megatron", "rl_vllm"}
+PLUGIN_PACKAGES = {"rl_dtensor", "rl_fsdp1", "rl_megatron", "rl_vllm", "rl_verifiers", "rl_verifiers_harness"}
 
 
 def production_modules() -> dict[str, Path]:
