@@ -36,6 +36,10 @@ def test_a_backend_that_cannot_serve_continuously_is_refused_before_the_run_and_
     ]
     assert serving_problems(resolve(run_config("fsdp1", "fsdp1"))) == []  # not served: nothing to refuse
     assert serving_problems(resolve(run_config("reference", "vllm", expose_http_server=True))) == []
+    unknown = run_config("reference", "vllm", expose_http_server=True, tool_call_parser="hermes2")
+    (line,) = serving_problems(resolve(unknown))
+    assert line.startswith("policy.generation.tool_call_parser: no tool-call parser named 'hermes2' (installed: ")
+    assert "hermes" in line.partition("installed: ")[2]
 
 
 def test_expose_http_server_serves_the_policy_for_the_block_and_only_when_set(tiny_tokenizer):

@@ -36,18 +36,25 @@ def why_served(cfg: Any) -> str | None:
 def serving_problems(resolved: Any) -> list[str]:
     """The lines that refuse ``resolved`` (a ``ResolvedConfig``) because it serves the endpoint over a generation
     backend that cannot serve requests continuously; empty when it does not serve it or can."""
-    from rlcore.plugins import Capability
+    from rlcore.chat.tool_calls import get_tool_call_parser
+    from rlcore.plugins import BackendError, Capability
 
     why = why_served(resolved.config)
     if why is None:
         return []
+    problems = []
     generation = resolved.generation
     if generation is None or not generation.separate:
         name = resolved.config.policy.training_backend
-        return [f"{why}, but the '{name}' training backend generates itself, one batch at a time; {FIX}"]
-    if not generation.spec.supports(Capability.ASYNC_ENGINE):
-        return [
+        problems.append(f"{why}, but the '{name}' training backend generates itself, one batch at a time; {FIX}")
+    elif not generation.spec.supports(Capability.ASYNC_ENGINE):
+        problems.append(
             f"{why}, but the '{generation.spec.name}' generation backend does not declare 'async_engine' (it does "
             f"not serve requests continuously); {FIX}"
-        ]
-    return []
+        )
+    parser = resolved.config.policy.generation.tool_call_parser
+    try:
+        get_tool_call_parser(parser)
+    except (BackendError, TypeError) as exc:
+        problems.append(f"policy.generation.tool_call_parser: {exc}")
+    return problems
