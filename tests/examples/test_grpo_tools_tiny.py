@@ -105,14 +105,15 @@ def test_both_configs_resolve_and_pass_the_preflight(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_the_warm_start_then_grpo_calls_the_calculator(ray_session, tmp_path):
-    """About two minutes on 2 CPU cores: 60 SFT steps, then 4 GRPO steps whose tool calls run in the sandbox."""
+    """A few minutes on 2 CPU cores: the warm start (200 SFT steps), then 4 GRPO steps whose calls run in a sandbox."""
     from rlcore.run.train import train
 
     sft_dir, grpo_dir = tmp_path / "sft", tmp_path / "grpo"
     train(
         load_config(example_path("grpo_tools_tiny_sft"), [f"logger.output_dir={sft_dir}", "logger.progress_bar=false"])
     )
-    checkpoint = sft_dir / "checkpoints" / "step_000059"
+    steps = load_config(example_path("grpo_tools_tiny_sft")).sft.max_num_steps
+    checkpoint = sft_dir / "checkpoints" / f"step_{steps - 1:06d}"
     overrides = [
         f"policy.model_name={checkpoint / 'weights'}",
         f"policy.tokenizer.name={checkpoint / 'tokenizer'}",
