@@ -96,17 +96,21 @@ def sample_and_score(
             return generation.collect(generation.generate_async(batch, greedy=greedy))
         return generation.generate(batch, greedy=greedy)
 
-    return run_rollout(
-        run.cfg,
-        generate,
-        run.environment,
-        run.tokenizer,
-        drawn,
-        repeat,
-        timer,
-        generation=generation,
-        greedy=greedy,
-    )
+    from rlcore.run.prompts import pad_id
+    from rlcore.serving.server import exposed_endpoint
+
+    with exposed_endpoint(run.cfg, generation, run.tokenizer, pad_id(run.tokenizer)):  # expose_http_server
+        return run_rollout(
+            run.cfg,
+            generate,
+            run.environment,
+            run.tokenizer,
+            drawn,
+            repeat,
+            timer,
+            generation=generation,
+            greedy=greedy,
+        )
 
 
 def step_rows(rows: int, run: RunContext) -> int:

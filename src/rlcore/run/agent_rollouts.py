@@ -81,8 +81,6 @@ def run_agent_rollout(
         sample = samples[i // repeat]
         agent_samples.append(AgentSample([dict(m) for m in sample.messages], dict(sample.metadata), tools))
     with timer.phase("generation"), PolicyServer(service) as server:
-        if cfg.policy.generation.expose_http_server:
-            print(f"policy served at {server.base_url} (OpenAI-compatible; policy.generation.expose_http_server)")
         endpoints = [OpenAIEndpoint(server.url_for(r), settings.sampling.model) for r in ids]
         outcomes = run_episodes(environment, endpoints, agent_samples)
     episodes = [service.episodes.close(r) for r in ids]

@@ -139,7 +139,8 @@ def exposed_endpoint(cfg: Any, generation: Any, tokenizer: Any, pad_id: int) -> 
     from rlcore.serving.checks import NOT_CONTINUOUS
     from rlcore.serving.service import ServingSettings
 
-    if not cfg.policy.generation.expose_http_server:
+    settings = getattr(getattr(cfg, "policy", None), "generation", None)
+    if not getattr(settings, "expose_http_server", False):  # off, or a stand-in config without the section
         yield None
         return
     if not serves_continuously(generation):
