@@ -42,6 +42,7 @@ import statistics
 import sys
 import tempfile
 import threading
+import time
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -216,6 +217,80 @@ def add_floors(results: dict[str, dict[str, float]]) -> None:
         r["floor_ratio"] = r["step_s"] / r["floor_s"]
 
 
+def engine_calls(model_dir: str, args: argparse.Namespace) -> None:
+    """What one rollout (``--prompts`` groups of ``--generations`` samples, ``--new-tokens`` tokens, sampled)
+    costs the engine, submitted each way in turn ``--engine-calls`` times on the same two engines: the engine
+    process's CPU seconds and the wall time, medians (after two warm-up rounds)."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from rl_vllm.generation import VllmGeneration
+    from rlcore.config import load_config_dict
+    from rlcore.data import BatchedDataDict
+    from rlcore.distributed import RayVirtualCluster, init_ray, shutdown_ray
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    pad, vocab = tokenizer.pad_token_id, len(tokenizer)
+
+    def config(async_engine: bool) -> Any:
+        vllm_cfg = {"kv_cache_space_gb": 0.25, "max_model_len": args.new_tokens + 32, "async_engine": async_engine}
+        generation = {"backend": "vllm", "max_new_tokens": args.new_tokens, "temperature": 1.0, "pad_token_id": pad}
+        policy = {"backend": "reference", "model_name": model_dir, "generation": {**generation, "vllm_cfg": vllm_cfg}}
+        return load_config_dict({"policy": policy}).policy.generation
+
+    g = torch.Generator().manual_seed(0)
+    n = args.generations
+    groups = [
+        BatchedDataDict(
+            input_ids=torch.randint(3, vocab, (12,), generator=g).repeat(n, 1),
+            input_lengths=torch.full((n,), 12),
+            sampling_seeds=torch.arange(n) + n * i,
+        )
+        for i in range(args.prompts)
+    ]
+    whole = BatchedDataDict.from_batches(groups)
+    tick = os.sysconf("SC_CLK_TCK")
+
+    def cpu(pid: int) -> float:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / tick
+
+    init_ray()
+    clusters = [RayVirtualCluster([1], max_colocated_worker_groups=2) for _ in range(2)]
+    engines: list[VllmGeneration] = []
+    try:
+        engines.append(VllmGeneration(clusters[0], config(False), name_prefix="bench-sync-vllm"))
+        engines.append(VllmGeneration(clusters[1], config(True), name_prefix="bench-async-vllm"))
+        sync, served = engines
+        ways = {
+            "one generate, sync engine": (sync, lambda: sync.generate(whole)),
+            "one call, async_engine": (served, lambda: served.collect(served.generate_async(whole))),
+            "a call per group": (served, lambda: list(served.as_completed([served.generate_async(b) for b in groups]))),
+            "one streaming call": (served, lambda: list(served.as_completed(served.generate_groups_async(groups)))),
+        }
+        for _ in range(2):
+            for _, call in ways.values():
+                call()
+        measured: dict[str, tuple[list[float], list[float]]] = {way: ([], []) for way in ways}
+        for _ in range(args.engine_calls):
+            for way, (engine, call) in ways.items():
+                pid = engine.engine_info[0]["pid"]
+                before, started = cpu(pid), time.perf_counter()
+                call()
+                measured[way][0].append(cpu(pid) - before)
+                measured[way][1].append(time.perf_counter() - started)
+        print(f"one rollout of {args.prompts}x{n} samples, {args.new_tokens} tokens; load {os.getloadavg()[0]:.1f}")
+        for way, (cpu_s, wall_s) in measured.items():
+            print(f"{way:28} engine cpu {statistics.median(cpu_s):.3f} s   wall {statistics.median(wall_s):.3f} s")
+    finally:
+        for engine in engines:
+            engine.shutdown()
+        for cluster in clusters:
+            cluster.shutdown()
+        shutdown_ray()
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="tiny-llama", help=f"a built-in model name, or one of {sorted(SIZES)}")
@@ -225,11 +300,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--generations", type=int, default=4)
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--modes", nargs="+", choices=sorted(MODES), default=list(MODES))
+    parser.add_argument(
+        "--engine-calls",
+        type=int,
+        default=0,
+        help="instead: what one rollout costs the engine, submitted each way (one call, a call per sample group, "
+        "one streaming call), this many times",
+    )
     args = parser.parse_args(argv)
 
     from rlcore.models import resolve_model
 
     model_dir = model_dir_for(args.model)[0] if args.model in SIZES else resolve_model(args.model)
+    if args.engine_calls:
+        engine_calls(model_dir, args)
+        return
     load = os.getloadavg()[0]
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
