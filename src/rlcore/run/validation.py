@@ -14,7 +14,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from rlcore.run.rollouts import run_rollout
+from rlcore.interfaces.agent import is_agent_environment
+from rlcore.run.rollouts import Rollout, run_rollout
 from rlcore.run.step import Timer, loop_setting, refit
 
 if TYPE_CHECKING:
@@ -55,7 +56,11 @@ def validate(run: Run, generate: Callable[[Any], Any]) -> dict[str, float]:
     size = loop_setting(cfg, "val_batch_size", len(samples) or 1)
     rewards, lengths, errors = [], [], 0.0
     for begin in range(0, len(samples), size):
-        rollout = run_rollout(cfg, generate, run.environment, run.tokenizer, samples[begin : begin + size], 1, Timer())
+        batch = samples[begin : begin + size]
+        if is_agent_environment(run.environment):
+            rollout = _agent_rollout(run, batch)
+        else:
+            rollout = run_rollout(cfg, generate, run.environment, run.tokenizer, batch, 1, Timer())
         rewards.append(rollout.rewards)
         lengths.append(rollout.data["generation_lengths"].float())
         errors += float(rollout.metrics["env/errors"])
@@ -67,3 +72,18 @@ def validate(run: Run, generate: Callable[[Any], Any]) -> dict[str, float]:
         "validation/env_errors": errors,
         "time/validation_s": time.perf_counter() - started,
     }
+
+
+def _agent_rollout(run: Run, samples: list[Any]) -> Rollout:
+    """Greedy episodes of the run's agent environment over the endpoint, with the current policy weights."""
+    from rlcore.run.agent_rollouts import run_agent_rollout
+
+    if run.synchronizer is not None and run.synchronizer.stale:
+        refit(run.policy, run.synchronizer)
+    run.generation.prepare_for_generation()
+    try:
+        return run_agent_rollout(
+            run.cfg, run.generation, run.environment, run.tokenizer, samples, 1, Timer(), greedy=True
+        )
+    finally:
+        run.generation.finish_generation()
