@@ -12,9 +12,18 @@ from rlcore.plugins.registry import BackendError
 from rlcore.plugins.tool_call_parser_spec import ToolCallParserSpec
 
 
+def builtin_registry() -> Registry:
+    """A registry holding rlcore's own parsers, registered as the installed entry point ``chat`` registers them."""
+    import rlcore.chat.plugin
+
+    registry = Registry()
+    registry.register_plugin(rlcore.chat.plugin, name="rlcore:chat", distribution="rlcore")
+    return registry
+
+
 @pytest.fixture
 def hermes() -> ToolCallParser:
-    return get_tool_call_parser("hermes", Registry())
+    return get_tool_call_parser("hermes", builtin_registry())
 
 
 def block(obj: object) -> str:
@@ -96,7 +105,7 @@ class ParserPlugin:
 
 
 def test_a_plugin_adds_a_parser_through_the_hook_beside_the_builtin_one() -> None:
-    registry = Registry()
+    registry = builtin_registry()
     registry.register_plugin(ParserPlugin(), name="rl-upper:parsers", distribution="rl-upper")
     parsed = get_tool_call_parser("upper", registry).parse("hi\nCALL ping")
     assert parsed.calls == [ToolCall("ping", {}, "c1")] and parsed.content == "hi"
@@ -114,4 +123,4 @@ def test_an_unknown_parser_is_refused_naming_the_installed_ones_and_the_hook() -
         match=r"no tool-call parser named 'qwen3'.*installed: hermes.*"
         r"rlcore_register_tool_call_parsers",
     ):
-        get_tool_call_parser("qwen3", Registry())
+        get_tool_call_parser("qwen3", builtin_registry())

@@ -39,20 +39,12 @@ class ToolCallParser(Protocol):
     def parse(self, text: str) -> ParsedToolCalls: ...
 
 
-BUILTIN_PLUGIN = "rlcore.chat.plugin"
-
-
 def get_tool_call_parser(name: str, registry: Registry | None = None) -> ToolCallParser:
     """A new parser registered as ``name`` (or ``distribution:name``), from ``registry`` (the process-wide one
-    when None). rlcore's own parsers are always there, also in a registry built by hand."""
-    import importlib
-
+    when None; rlcore registers its own through the public hook, entry point ``chat``)."""
     from rlcore.plugins.registry import BackendError, get_registry
 
     registry = registry if registry is not None else get_registry()
-    builtin = importlib.import_module(BUILTIN_PLUGIN)
-    if not registry.has_plugin(builtin) and not any(r.distribution == "rlcore" for r in registry.tool_call_parsers()):
-        registry.register_plugin(builtin, name="rlcore:chat", distribution="rlcore")
     short = name.rpartition(":")[2]
     known = sorted({r.name for r in registry.tool_call_parsers() if r.spec is not None})
     if short not in known:

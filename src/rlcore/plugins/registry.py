@@ -252,10 +252,6 @@ class Registry:
         assert isinstance(spec, ToolCallParserSpec)
         return spec
 
-    def has_plugin(self, plugin: object) -> bool:
-        """Whether this very plugin object is registered."""
-        return self._pm.is_registered(plugin)
-
     def resolve_algorithm(self, name: str) -> AlgorithmSpec:
         """The spec of an ``ok`` algorithm, by ``name`` or ``distribution:name``."""
         spec = self.resolve(name, kind="algorithm")
