@@ -44,6 +44,12 @@ _BUILTIN = {
         "A reward model on Ray workers of its own scores each conversation: the reward is its score at the "
         "last token (NeMo-RL's env.reward_model; an rm run's checkpoint or a Hugging Face reward model).",
     ),
+    "agent": (
+        "rlcore.serving.agent_environment:AgentFunctionEnvironment",
+        "rlcore.serving.agent_environment:AgentFunctionConfig",
+        "An agent program: 'module:function' naming async def f(endpoint, sample) -> float | AgentOutcome, which "
+        "talks to the policy over the run's OpenAI-compatible endpoint (docs/agents.md).",
+    ),
 }
 
 

@@ -51,6 +51,9 @@ def run_problems(
 
     problems = list(first)
     problems += config_backend_problems(resolved)
+    from rlcore.serving.checks import serving_problems
+
+    problems += serving_problems(resolved)  # expose_http_server / an agent environment need a continuous engine
     if files:
         problems += _machine_problems(resolved)
     if sources:

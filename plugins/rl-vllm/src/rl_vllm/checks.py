@@ -46,6 +46,8 @@ def host_checks(facts: HostFacts) -> list[CheckResult]:
         results += check_engine_bundles(facts.config)
         if (in_flight := check_in_flight_updates(facts.config)) is not None:
             results.append(in_flight)
+        if (serving := check_http_server(facts.config)) is not None:
+            results.append(serving)
         if not cfg.cluster.use_gpu and (head := check_cpu_head_size(generation.model_name or cfg.policy.model_name)):
             results.append(head)
     return results
@@ -154,6 +156,30 @@ def check_in_flight_updates(resolved: Any) -> CheckResult | None:
         "grpo.async_grpo.in_flight_weight_updates: true needs policy.generation.vllm_cfg.async_engine: true "
         "(a sync vLLM engine finishes its whole batch before a refit lands)",
         "set policy.generation.vllm_cfg.async_engine: true, or grpo.async_grpo.in_flight_weight_updates: false",
+    )
+
+
+def check_http_server(resolved: Any) -> CheckResult | None:
+    """The OpenAI-compatible endpoint (``policy.generation.expose_http_server``, an agent environment) sends each
+    request on its own, which only the engine loop of ``vllm_cfg.async_engine: true`` serves continuously."""
+    from rl_vllm.config import VllmConfig, vllm_config_from
+    from rlcore.serving.checks import why_served
+
+    why = why_served(resolved.config)
+    if why is None:
+        return None
+    generation = resolved.generation
+    section = generation.section if generation is not None else None
+    if not isinstance(section, VllmConfig):
+        section = vllm_config_from(resolved.config.policy.generation)
+    if section.async_engine:
+        return None
+    return CheckResult(
+        "http-server",
+        "fail",
+        f"{why}, which needs policy.generation.vllm_cfg.async_engine: true (a sync vLLM engine runs one batch "
+        "at a time; the endpoint sends each request on its own)",
+        "set policy.generation.vllm_cfg.async_engine: true",
     )
 
 
