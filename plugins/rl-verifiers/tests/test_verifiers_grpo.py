@@ -1,6 +1,6 @@
 """A verifiers tool taskset (tests/envs/rlv_digits.py: the calculator MCP tool, a digits reward) with the tiny Llama
 and rl-vllm's async engine, every episode through rlcore's endpoint (slow): its episodes rolled out by
-``run_agent_rollout`` over the real engine, and 5 GRPO steps (skipped until GRPO routes agent environments)."""
+``run_agent_rollout`` over the real engine, and 5 GRPO steps."""
 
 from __future__ import annotations
 
@@ -16,11 +16,6 @@ from rlcore.datasets import Sample
 pytestmark = pytest.mark.slow
 
 STEPS = 5
-#: Why the training test does not run yet (remove the skip when the reason goes).
-NOT_WIRED = (
-    "GRPO's rollout does not route an agent environment to rlcore.run.agent_rollouts.run_agent_rollout yet "
-    "(only tests/serving call it directly); env.name: verifiers would reach the step() path"
-)
 
 
 def config(tmp_path: Path, tiny_tokenizer: Any) -> dict[str, Any]:
@@ -69,7 +64,6 @@ def test_the_config_resolves(tmp_path, tiny_tokenizer):
     assert resolved.config.env.name == "verifiers"
 
 
-@pytest.mark.skip(reason=NOT_WIRED)
 def test_a_verifiers_tool_taskset_trains_five_grpo_steps(tmp_path, tiny_tokenizer, verifiers_subprocesses):
     from rlcore.config import load_config_dict
     from rlcore.run.train import train
