@@ -96,16 +96,14 @@ def sample_and_score(
             return generation.collect(generation.generate_async(batch, greedy=greedy))
         return generation.generate(batch, greedy=greedy)
 
-    from rlcore.interfaces.agent import is_agent_environment
+    from rlcore.interfaces.agent import agent_of
     from rlcore.run.prompts import pad_id
     from rlcore.serving.server import exposed_endpoint
 
-    if is_agent_environment(run.environment):  # an agent program over the endpoint (docs/agents.md)
+    if (agent := agent_of(run.environment)) is not None:  # an agent program over the endpoint (docs/agents.md)
         from rlcore.run.agent_rollouts import run_agent_rollout
 
-        return run_agent_rollout(
-            run.cfg, generation, run.environment, run.tokenizer, drawn, repeat, timer, greedy=greedy
-        )
+        return run_agent_rollout(run.cfg, generation, agent, run.tokenizer, drawn, repeat, timer, greedy=greedy)
     with exposed_endpoint(run.cfg, generation, run.tokenizer, pad_id(run.tokenizer)):  # expose_http_server
         return run_rollout(
             run.cfg,

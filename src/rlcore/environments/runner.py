@@ -45,6 +45,14 @@ def build_environment(env_class: str, section: Any) -> Any:
     return import_object(env_class)(section)
 
 
+def is_agent_class(env_class: str) -> bool:
+    """Whether the environment class ``module:Class`` is an agent environment (it defines ``run_episode``)."""
+    from rlcore.interfaces.agent import is_agent_environment
+    from rlcore.plugins import import_object
+
+    return is_agent_environment(import_object(env_class))
+
+
 def _failed(metadata: list[dict[str, Any]], reason: str) -> EnvironmentReturn:
     return EnvironmentReturn.final([0.0] * len(metadata), metadata, errors=[reason] * len(metadata))
 
@@ -129,6 +137,12 @@ class EnvironmentRunner:
         self.num_workers, self.timeout_s = num_workers, timeout_s
         self.on_nonfinite_reward, self.max_failure_fraction = on_nonfinite_reward, max_failure_fraction
         self.failure_log = FailureLog(name, log_dir)
+        if num_workers and is_agent_class(env_class):
+            raise ValueError(
+                f"env.num_workers: is {num_workers}, but '{name}' is an agent environment, whose episodes run in the "
+                "driver beside the endpoint they talk to (on 127.0.0.1, side by side on one event loop); set "
+                "env.num_workers: 0"
+            )
         self.local = build_environment(env_class, section) if num_workers == 0 else None
         self.actors = [self._new_actor() for _ in range(num_workers)]
         self._lock = threading.Lock()  # async GRPO's rollout thread and validation both step it
@@ -145,6 +159,14 @@ class EnvironmentRunner:
             env_cfg.max_failure_fraction,
             log_dir,
         )
+
+    @property
+    def agent_environment(self) -> Any:
+        """The environment when it is an agent environment (built in the driver; rolled out by
+        :func:`rlcore.run.agent_rollouts.run_agent_rollout`, never stepped), else None."""
+        from rlcore.interfaces.agent import is_agent_environment
+
+        return self.local if is_agent_environment(self.local) else None
 
     @property
     def tools(self) -> list[dict[str, Any]] | None:

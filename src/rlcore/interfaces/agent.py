@@ -71,8 +71,16 @@ class AgentEnvironment(Protocol):
 
 
 def is_agent_environment(environment: object) -> bool:
-    """Whether ``environment`` is an agent environment (it has a ``run_episode`` method)."""
+    """Whether ``environment`` (an object or a class) is an agent environment (it has a ``run_episode`` method)."""
     return callable(getattr(environment, "run_episode", None))
 
 
-__all__ = ["AgentEnvironment", "AgentOutcome", "AgentSample", "OpenAIEndpoint", "is_agent_environment"]
+def agent_of(environment: object) -> AgentEnvironment | None:
+    """The agent environment behind ``environment``: itself, or the one a runner holds in its ``agent_environment``
+    (:class:`rlcore.environments.runner.EnvironmentRunner`); None for an environment that is stepped."""
+    held = getattr(environment, "agent_environment", None)
+    agent = held if held is not None else environment
+    return agent if isinstance(agent, AgentEnvironment) else None
+
+
+__all__ = ["AgentEnvironment", "AgentOutcome", "AgentSample", "OpenAIEndpoint", "agent_of", "is_agent_environment"]

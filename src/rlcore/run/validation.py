@@ -14,11 +14,12 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from rlcore.interfaces.agent import is_agent_environment
+from rlcore.interfaces.agent import agent_of
 from rlcore.run.rollouts import Rollout, run_rollout
 from rlcore.run.step import Timer, loop_setting, refit
 
 if TYPE_CHECKING:
+    from rlcore.interfaces.agent import AgentEnvironment
     from rlcore.run.build import Run
 
 
@@ -57,8 +58,8 @@ def validate(run: Run, generate: Callable[[Any], Any]) -> dict[str, float]:
     rewards, lengths, errors = [], [], 0.0
     for begin in range(0, len(samples), size):
         batch = samples[begin : begin + size]
-        if is_agent_environment(run.environment):
-            rollout = _agent_rollout(run, batch)
+        if (agent := agent_of(run.environment)) is not None:
+            rollout = _agent_rollout(run, agent, batch)
         else:
             rollout = run_rollout(cfg, generate, run.environment, run.tokenizer, batch, 1, Timer())
         rewards.append(rollout.rewards)
@@ -74,7 +75,7 @@ def validate(run: Run, generate: Callable[[Any], Any]) -> dict[str, float]:
     }
 
 
-def _agent_rollout(run: Run, samples: list[Any]) -> Rollout:
+def _agent_rollout(run: Run, agent: AgentEnvironment, samples: list[Any]) -> Rollout:
     """Greedy episodes of the run's agent environment over the endpoint, with the current policy weights."""
     from rlcore.run.agent_rollouts import run_agent_rollout
 
@@ -82,8 +83,6 @@ def _agent_rollout(run: Run, samples: list[Any]) -> Rollout:
         refit(run.policy, run.synchronizer)
     run.generation.prepare_for_generation()
     try:
-        return run_agent_rollout(
-            run.cfg, run.generation, run.environment, run.tokenizer, samples, 1, Timer(), greedy=True
-        )
+        return run_agent_rollout(run.cfg, run.generation, agent, run.tokenizer, samples, 1, Timer(), greedy=True)
     finally:
         run.generation.finish_generation()

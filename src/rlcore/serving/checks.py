@@ -3,8 +3,7 @@
 The endpoint sends each request on its own, so it needs a generation backend that serves requests continuously
 (the 'async_engine' capability, configured so: rl-vllm's ``vllm_cfg.async_engine: true``, which rl-vllm's own
 checks hold its section to). A run serves it when ``policy.generation.expose_http_server`` is true or its
-environment is an agent environment (the built-in ``agent``, or a class with ``run_episode``: that one is known
-only once the class is loaded, so :func:`rlcore.run.agent_rollouts.run_agent_rollout` refuses it again there).
+environment is an agent environment (the built-in ``agent``, or any environment class with ``run_episode``).
 """
 
 from __future__ import annotations
@@ -37,12 +36,20 @@ def serving_problems(resolved: Any) -> list[str]:
     """The lines that refuse ``resolved`` (a ``ResolvedConfig``) because it serves the endpoint over a generation
     backend that cannot serve requests continuously; empty when it does not serve it or can."""
     from rlcore.chat.tool_calls import get_tool_call_parser
+    from rlcore.environments.runner import is_agent_class
     from rlcore.plugins import BackendError, Capability
 
-    why = why_served(resolved.config)
+    why, problems = why_served(resolved.config), []
+    environment = resolved.environment
+    if why is None and environment is not None and is_agent_class(environment.spec.worker_class):
+        why = f"env.name: is '{environment.spec.name}' (an agent environment serves the endpoint)"
     if why is None:
         return []
-    problems = []
+    if environment is not None and resolved.config.env.num_workers and why.startswith("env.name"):
+        problems.append(
+            f"env.num_workers: is {resolved.config.env.num_workers}, but an agent environment's episodes run in the "
+            "driver beside the endpoint they talk to; set env.num_workers: 0"
+        )
     generation = resolved.generation
     if generation is None or not generation.separate:
         name = resolved.config.policy.training_backend
