@@ -89,9 +89,9 @@ def test_a_recipe_whose_environment_is_its_task_is_refused_not_swapped_for_math(
     assert problems == [
         "env.sliding_puzzle_game: is NeMo-RL's sliding-puzzle game (its script, examples/run_grpo_sliding_puzzle.py, "
         "generates the puzzles and scores each move over up to grpo.max_rollout_turns turns; data.* is not read), a "
-        "task rlcore has no environment for (installed: agent, digits, exact_match, guessing, math, python, regex, "
-        "reward_model, tools, verifiers); install a plugin that registers 'sliding_puzzle_game' to run this recipe, or remove the "
-        "section to train the math task its data names"
+        "task rlcore has no environment for (installed: agent, digits, exact_match, guessing, math, python, "
+        "regex, reward_model, tools, verifiers); install a plugin that registers 'sliding_puzzle_game' to run "
+        "this recipe, or remove the section to train the math task its data names"
     ]
     without = load_nemo_rl_config(
         MAIN / "grpo_sliding_puzzle.yaml", [f"++data.train.data_path={ROWS}", "~env.sliding_puzzle_game"]
