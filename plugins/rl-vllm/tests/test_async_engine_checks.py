@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 
-from rl_vllm.checks import check_in_flight_updates
+from rl_vllm.checks import check_http_server, check_in_flight_updates
 from rl_vllm.config import VllmConfig
 from rlcore.config import load_config, resolve
 from rlcore.distributed import Calls
@@ -41,6 +41,17 @@ def test_in_flight_weight_updates_without_the_async_engine_are_refused_in_one_li
     )
     assert check_in_flight_updates(resolved(*in_flight, "policy.generation.vllm_cfg.async_engine=true")) is None
     assert check_in_flight_updates(resolved()) is None
+
+
+def test_the_endpoint_without_the_async_engine_is_refused_naming_the_setting_that_serves_it() -> None:
+    line = check_http_server(resolved("policy.generation.expose_http_server=true"))
+    assert line is not None and line.status == "fail" and "\n" not in line.message
+    assert line.message.startswith(
+        "policy.generation.expose_http_server: is true, which needs policy.generation.vllm_cfg.async_engine: true"
+    )
+    served = ["policy.generation.expose_http_server=true", "policy.generation.vllm_cfg.async_engine=true"]
+    assert check_http_server(resolved(*served)) is None
+    assert check_http_server(resolved()) is None  # nothing served
 
 
 def test_a_tensor_parallel_async_engine_is_accepted() -> None:

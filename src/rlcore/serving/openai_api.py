@@ -207,16 +207,7 @@ def chat_response(
         "token_ids": generated,
         "generation_logprobs": logprobs,
     }
-    return {
-        "id": f"chatcmpl-{uuid.uuid4().hex}",
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": sampling.model,
-        "choices": [choice],
-        "usage": _usage(prompt_ids, generated),
-        "prompt_token_ids": prompt_ids,
-        "weight_version": weight_version,
-    }
+    return _response("chat.completion", "chatcmpl", sampling, choice, prompt_ids, generated, weight_version)
 
 
 def completion_response(
@@ -245,9 +236,22 @@ def completion_response(
         "token_ids": generated,
         "generation_logprobs": logprobs,
     }
+    return _response("text_completion", "cmpl", sampling, choice, prompt_ids, generated, weight_version)
+
+
+def _response(
+    kind: str,
+    id_prefix: str,
+    sampling: Sampling,
+    choice: dict[str, Any],
+    prompt_ids: list[int],
+    generated: list[int],
+    weight_version: int | None,
+) -> dict[str, Any]:
+    """The response around one ``choice``, with the prompt's token ids and the weights' version."""
     return {
-        "id": f"cmpl-{uuid.uuid4().hex}",
-        "object": "text_completion",
+        "id": f"{id_prefix}-{uuid.uuid4().hex}",
+        "object": kind,
         "created": int(time.time()),
         "model": sampling.model,
         "choices": [choice],

@@ -139,16 +139,8 @@ def check_engine_bundles(resolved: Any) -> list[CheckResult]:
 def check_in_flight_updates(resolved: Any) -> CheckResult | None:
     """``grpo.async_grpo.in_flight_weight_updates: true`` lands refits while requests run, which only the engine
     loop of ``vllm_cfg.async_engine: true`` can do (a sync engine finishes its whole batch before a refit)."""
-    from rl_vllm.config import VllmConfig, vllm_config_from
-
     async_grpo = getattr(getattr(resolved.config, "grpo", None), "async_grpo", None)
-    if not getattr(async_grpo, "in_flight_weight_updates", False):
-        return None
-    generation = resolved.generation
-    section = generation.section if generation is not None else None
-    if not isinstance(section, VllmConfig):
-        section = vllm_config_from(resolved.config.policy.generation)
-    if section.async_engine:
+    if not getattr(async_grpo, "in_flight_weight_updates", False) or _async_engine(resolved):
         return None
     return CheckResult(
         "in-flight-weight-updates",
@@ -162,17 +154,10 @@ def check_in_flight_updates(resolved: Any) -> CheckResult | None:
 def check_http_server(resolved: Any) -> CheckResult | None:
     """The OpenAI-compatible endpoint (``policy.generation.expose_http_server``, an agent environment) sends each
     request on its own, which only the engine loop of ``vllm_cfg.async_engine: true`` serves continuously."""
-    from rl_vllm.config import VllmConfig, vllm_config_from
     from rlcore.serving.checks import why_served
 
     why = why_served(resolved.config)
-    if why is None:
-        return None
-    generation = resolved.generation
-    section = generation.section if generation is not None else None
-    if not isinstance(section, VllmConfig):
-        section = vllm_config_from(resolved.config.policy.generation)
-    if section.async_engine:
+    if why is None or _async_engine(resolved):
         return None
     return CheckResult(
         "http-server",
@@ -181,6 +166,17 @@ def check_http_server(resolved: Any) -> CheckResult | None:
         "at a time; the endpoint sends each request on its own)",
         "set policy.generation.vllm_cfg.async_engine: true",
     )
+
+
+def _async_engine(resolved: Any) -> bool:
+    """Whether the run's ``vllm_cfg.async_engine`` is true (the resolved section, or the config's)."""
+    from rl_vllm.config import VllmConfig, vllm_config_from
+
+    generation = resolved.generation
+    section = generation.section if generation is not None else None
+    if not isinstance(section, VllmConfig):
+        section = vllm_config_from(resolved.config.policy.generation)
+    return section.async_engine
 
 
 def check_cpu_head_size(model: str) -> CheckResult | None:
