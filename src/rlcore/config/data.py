@@ -165,7 +165,8 @@ class EnvConfig(SectionsModel):
         description="How long one actor's share of a batch (num_workers > 0), or the whole batch in the "
         "driver (0), may take; its samples then get reward 0 (counted in env/errors) and the "
         "actor, or the driver's environment object, is replaced. In the driver the late call is "
-        "interrupted, or left running on a thread of its own (docs/tasks.md).",
+        "interrupted, or left running on a thread of its own (docs/tasks.md). For an agent environment: how "
+        "long one episode may take; a late one is cancelled and its sample fails (docs/agents.md).",
     )
     on_nonfinite_reward: Literal["zero", "fail"] = Field(
         "zero",

@@ -82,7 +82,7 @@ def run_agent_rollout(
         agent_samples.append(AgentSample([dict(m) for m in sample.messages], dict(sample.metadata), tools))
     with timer.phase("generation"), PolicyServer(service) as server:
         endpoints = [OpenAIEndpoint(server.url_for(r), settings.sampling.model) for r in ids]
-        outcomes = run_episodes(environment, endpoints, agent_samples)
+        outcomes = run_episodes(environment, endpoints, agent_samples, _episode_timeout(cfg))
     episodes = [service.episodes.close(r) for r in ids]
     rewards, errors, result = _scored(outcomes, episodes, agent_samples)
     data = _trajectories(cfg, tokenizer, episodes, agent_samples, settings.pad_id)
@@ -102,19 +102,38 @@ def _seeds(run_seed: int, step: int | None, row: int, copy: int) -> Callable[[in
     return lambda turn: sampling_seed(run_seed, step, row, copy, turn)
 
 
+class EpisodeTimedOut(Exception):
+    """An agent episode ran past ``env.timeout_s``: its sample fails (reward 0, counted in ``env/errors``)."""
+
+
+def _episode_timeout(cfg: Any) -> float | None:
+    """``env.timeout_s``: how long one agent episode may take (None for a stand-in config without it)."""
+    return getattr(getattr(cfg, "env", None), "timeout_s", None)
+
+
 def run_episodes(
-    environment: Any, endpoints: list[OpenAIEndpoint], samples: list[AgentSample]
+    environment: Any,
+    endpoints: list[OpenAIEndpoint],
+    samples: list[AgentSample],
+    timeout_s: float | None = None,
 ) -> list[AgentOutcome | BaseException]:
     """Each sample's ``run_episode`` (or what it raised), run concurrently on one event loop of a thread of its own
-    (so that a caller already inside an event loop can call this)."""
+    (so that a caller already inside an event loop can call this). An episode still running after ``timeout_s`` is
+    cancelled and gives :class:`EpisodeTimedOut`, so an agent that never returns costs its sample, not the run (one
+    that blocks the event loop without awaiting cannot be cancelled: agents await their I/O)."""
     import asyncio
 
     results: list[Any] = []
     failure: list[BaseException] = []
 
+    async def episode(endpoint: OpenAIEndpoint, sample: AgentSample) -> Any:
+        try:
+            return await asyncio.wait_for(environment.run_episode(endpoint, sample), timeout_s)
+        except asyncio.TimeoutError:
+            raise EpisodeTimedOut(f"the episode took longer than env.timeout_s ({timeout_s:g} s)") from None
+
     async def all_episodes() -> list[Any]:
-        episodes = (environment.run_episode(e, s) for e, s in zip(endpoints, samples))
-        return await asyncio.gather(*episodes, return_exceptions=True)
+        return await asyncio.gather(*(episode(e, s) for e, s in zip(endpoints, samples)), return_exceptions=True)
 
     def main() -> None:
         try:
