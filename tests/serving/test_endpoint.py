@@ -24,7 +24,7 @@ from rlcore.run.rollouts import sampling_seed
 from rlcore.run.step import Timer
 from rlcore.serving.server import PolicyServer
 from rlcore.serving.service import ChatService, ServingSettings
-from tests.serving.scripted_engine import ScriptedEngine
+from rlcore.testing.scripted_engine import ScriptedEngine
 
 TOOLS: list[Any] = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
 CALL = '<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>'

@@ -13,7 +13,7 @@ from rlcore.interfaces.agent import AgentEnvironment, AgentOutcome, AgentSample,
 from rlcore.serving.agent_environment import AgentFunctionConfig, AgentFunctionEnvironment
 from rlcore.serving.checks import serving_problems
 from rlcore.serving.server import exposed_endpoint
-from tests.serving.scripted_engine import ScriptedEngine
+from rlcore.testing.scripted_engine import ScriptedEngine
 
 
 def run_config(backend: str, generation: str, **settings: Any) -> Any:

@@ -16,7 +16,7 @@ from rlcore.config import load_config_dict
 from rlcore.datasets import Sample
 from rlcore.run.agent_rollouts import run_agent_rollout
 from rlcore.run.step import Timer
-from tests.serving.scripted_engine import ScriptedEngine
+from rlcore.testing.scripted_engine import ScriptedEngine
 
 # marker -> (the engine's reply, metadata, reward by hand: correct (w 1) = the reply is the answer, brief (w 0.5) =
 # at most 3 characters)
@@ -79,3 +79,15 @@ def test_the_trained_tokens_are_the_prompt_and_the_engine_ids(rollout, tiny_toke
         assert data["output_ids"][row, :n].tolist() == list(prompt) + generated
         assert data["token_mask"][row, :n].tolist() == [0.0] * len(prompt) + [1.0] * len(generated)
         assert int(data["input_lengths"][row]) == len(prompt) and int(data["unpadded_sequence_lengths"][row]) == n
+
+
+def test_a_verifiers_environment_passes_rlcores_agent_environment_kit(verifiers_subprocesses):
+    """The kit rolls the quiz out through rlcore's endpoint over its scripted engine: scored, through the endpoint
+    only, and each episode's reward its own (again and alone)."""
+    from rlcore.testing.agent_kit import AgentCase, check_agent_environment
+
+    cases = [
+        AgentCase([{"role": "user", "content": "What is 2+2?"}], {"ground_truth": "4"}, ["4"]),
+        AgentCase([{"role": "user", "content": "What is 3+3?"}], {"ground_truth": "6"}, ["five"]),
+    ]
+    assert check_agent_environment("verifiers", {"environment": "rlv_quiz"}, cases) == []

@@ -1,4 +1,5 @@
-"""A stand-in generation backend that serves continuously and answers from a script (orchestration tests only).
+"""A stand-in generation backend that serves continuously and answers from a script (orchestration tests and the
+agent-environment kit, rlcore.testing.agent_kit; never instead of a backend).
 
 A request's completion is the scripted text of its prompt's owner (found by a marker the agent put in its first
 message) for the turn the prompt asks for (the number of assistant turns it opens, by the tiny chat template's
