@@ -16,6 +16,7 @@ module imports no torch and no vLLM; the engines are built inside the actors.
 
 from __future__ import annotations
 
+import os
 import threading
 import uuid
 from collections.abc import Iterator, Sequence
@@ -43,6 +44,23 @@ INPUT_KEYS = ("input_ids", "input_lengths", "stop_strings", "sampling_seeds")
 ASYNC_ENGINE_CONCURRENCY = 64
 
 
+#: Files of a Hugging Face tokenizer; a directory with none of them holds no tokenizer.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+def engine_tokenizer(vllm_cfg: VllmConfig, model: str | None, tokenizer: Any) -> str | None:
+    """The tokenizer the engines load: ``vllm_cfg.tokenizer`` when set; else the model's, unless the model is a
+    local directory without one (an rlcore checkpoint's ``weights/``), where the run's own tokenizer directory is
+    taken (``policy.tokenizer.name``, the driver's ``tokenizer.name_or_path``) instead of an engine failing to
+    start."""
+    if vllm_cfg.tokenizer is not None or not model or not os.path.isdir(model):
+        return vllm_cfg.tokenizer
+    if any(os.path.exists(os.path.join(model, name)) for name in TOKENIZER_FILES):
+        return None
+    own = getattr(tokenizer, "name_or_path", None)
+    return os.path.abspath(own) if isinstance(own, str) and os.path.isdir(own) else None
+
+
 class VllmGeneration(WorkerGroupOwner, GenerationInterface):
     """Data-parallel vLLM engines behind ``GenerationInterface``.
 
@@ -66,10 +84,13 @@ class VllmGeneration(WorkerGroupOwner, GenerationInterface):
         lora_rank: int | None = None,
         hf_config_overrides: dict[str, Any] | None = None,
     ) -> None:
-        # ``tokenizer`` is part of rlcore's driver-class contract; the engines load their own from the model.
+        # ``tokenizer`` is part of rlcore's driver-class contract; the engines load their own (engine_tokenizer).
         # ``hf_config_overrides`` is policy.hf_config_overrides: the engines build the trainer's model config.
         self.cfg = config
         self.vllm_cfg = backend_config if backend_config is not None else vllm_config_from(config)
+        found = engine_tokenizer(self.vllm_cfg, getattr(config, "model_name", None), tokenizer)
+        if found != self.vllm_cfg.tokenizer:
+            self.vllm_cfg = self.vllm_cfg.model_copy(update={"tokenizer": found})
         tp = self.vllm_cfg.tensor_parallel_size
         if cluster.world_size % tp:
             raise ValueError(
