@@ -62,7 +62,7 @@ def _models() -> list[type[BaseModel]]:
     visit(RLCoreConfig)
     for record in get_registry().records:
         spec = record.spec
-        if spec is not None and spec.config_class:
+        if spec is not None and getattr(spec, "config_class", None):  # a tool-call parser's spec has none
             visit(spec.load_config_class())
         for key in getattr(spec, "sections", None) or {}:  # an algorithm's other top-level sections (GRPO's loss)
             visit(spec.load_section_class(key))

@@ -46,11 +46,15 @@ def build_environment(env_class: str, section: Any) -> Any:
 
 
 def is_agent_class(env_class: str) -> bool:
-    """Whether the environment class ``module:Class`` is an agent environment (it defines ``run_episode``)."""
+    """Whether the environment class ``module:Class`` is an agent environment (it defines ``run_episode``); False
+    for a class that cannot be imported (building it reports that)."""
     from rlcore.interfaces.agent import is_agent_environment
     from rlcore.plugins import import_object
 
-    return is_agent_environment(import_object(env_class))
+    try:
+        return is_agent_environment(import_object(env_class))
+    except Exception:  # noqa: BLE001 - a missing module or class is the environment's own error, named where it is built
+        return False
 
 
 def _failed(metadata: list[dict[str, Any]], reason: str) -> EnvironmentReturn:
