@@ -154,28 +154,34 @@ class EnvironmentReturn:
 
 def _checked_components(components: object, n: int) -> dict[str, list[float]]:
     """``components`` as ``{name: [n floats]}`` sorted by name, or a ``ValueError`` saying what is wrong."""
-    if not isinstance(components, dict):
-        raise ValueError(
-            f"EnvironmentReturn.reward_components: expected a dict of name -> one float per sample, "
-            f"got {type(components).__name__}"
-        )
-    if not components:
+    if isinstance(components, dict) and not components:
         raise ValueError("EnvironmentReturn.reward_components: is empty; name at least one component, or leave it None")
+    return _checked_per_sample(
+        "reward_components",
+        components,
+        n,
+        f"got {type(components).__name__}",
+        "component name (a non-empty string without '/': rlcore logs it as reward/<name>_mean; NeMo-RL's "
+        "'reward/' prefix is not part of the name)",
+    )
+
+
+def _checked_per_sample(field: str, values: object, n: int, got: str, what_a_name_is: str) -> dict[str, list[float]]:
+    """``EnvironmentReturn.<field>`` as ``{name: [n floats]}`` sorted by name, or a ``ValueError`` naming the field:
+    ``got`` says what was given instead of a dict, ``what_a_name_is`` what a valid name is."""
+    if not isinstance(values, dict):
+        raise ValueError(f"EnvironmentReturn.{field}: expected a dict of name -> one float per sample, {got}")
     checked = {}
-    for name in sorted(components, key=str):
+    for name in sorted(values, key=str):
         if not isinstance(name, str) or not name or "/" in name:
+            raise ValueError(f"EnvironmentReturn.{field}: {name!r} is not a {what_a_name_is}")
+        per_sample = list(values[name])
+        if len(per_sample) != n:
             raise ValueError(
-                f"EnvironmentReturn.reward_components: {name!r} is not a component name (a non-empty "
-                "string without '/': rlcore logs it as reward/<name>_mean; NeMo-RL's 'reward/' "
-                "prefix is not part of the name)"
+                f"EnvironmentReturn.{field}['{name}']: needs one entry per sample, got {len(per_sample)} for {n} "
+                "samples"
             )
-        values = list(components[name])
-        if len(values) != n:
-            raise ValueError(
-                f"EnvironmentReturn.reward_components['{name}']: needs one entry per sample, got "
-                f"{len(values)} for {n} samples"
-            )
-        checked[name] = [float(v) for v in values]
+        checked[name] = [float(v) for v in per_sample]
     return checked
 
 
@@ -205,22 +211,13 @@ def _joined_components(parts: list[EnvironmentReturn]) -> dict[str, list[float]]
 
 def _checked_metrics(metrics: object, n: int) -> dict[str, list[float]]:
     """``metrics`` as ``{name: [n floats]}`` sorted by name, or a ``ValueError`` saying what is wrong."""
-    if not isinstance(metrics, dict):
-        raise ValueError(f"EnvironmentReturn.metrics: expected a dict of name -> one float per sample, got {metrics!r}")
-    checked = {}
-    for name in sorted(metrics, key=str):
-        if not isinstance(name, str) or not name or "/" in name:
-            raise ValueError(
-                f"EnvironmentReturn.metrics: {name!r} is not a metric name (a non-empty string without '/': "
-                "rlcore logs it as env/<name>_per_sample)"
-            )
-        values = list(metrics[name])
-        if len(values) != n:
-            raise ValueError(
-                f"EnvironmentReturn.metrics['{name}']: needs one entry per sample, got {len(values)} for {n} samples"
-            )
-        checked[name] = [float(v) for v in values]
-    return checked
+    return _checked_per_sample(
+        "metrics",
+        metrics,
+        n,
+        f"got {metrics!r}",
+        "metric name (a non-empty string without '/': rlcore logs it as env/<name>_per_sample)",
+    )
 
 
 def _joined_metrics(parts: list[EnvironmentReturn]) -> dict[str, list[float]] | None:

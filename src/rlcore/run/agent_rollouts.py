@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import inspect
 import math
-import sys
 import threading
 import uuid
 from collections.abc import Callable
@@ -262,15 +261,12 @@ def _sequence(cfg: Any, tokenizer: Any, episode: Episode, sample: AgentSample) -
 def _metrics(
     episodes: list[Episode], errors: list[str | None], data: Any, samples: list[Sample], repeat: int
 ) -> dict[str, float | str]:
-    from rlcore.environments.scoring import NONFINITE_REWARD
+    from rlcore.run.rollouts import error_metrics
 
-    failed = [(i, e) for i, e in enumerate(errors) if e]
-    for _, error in failed[:3]:  # in the run's log; all of them are counted
-        print(f"environment error (reward 0): {error}", file=sys.stderr)
+    failed = [(f"data row {samples[i // repeat].idx}: {e}", e) for i, e in enumerate(errors) if e]
     n = len(episodes)
     metrics: dict[str, float | str] = {
-        "env/errors": float(len(failed)),
-        "env/nonfinite_rewards": float(sum(e.startswith(NONFINITE_REWARD) for _, e in failed)),
+        **error_metrics(failed),
         "rollout/turns_mean": sum(len(e.turns) for e in episodes) / n,
         "rollout/tool_calls_mean": sum(t.tool_calls for e in episodes for t in e.turns) / n,
         "rollout/truncation_rate": float(data["truncated"].float().mean()),
@@ -278,9 +274,6 @@ def _metrics(
             (data["unpadded_sequence_lengths"] - data["input_lengths"] - data["generation_lengths"]).float().mean()
         ),
     }
-    if failed:
-        i, error = failed[0]
-        metrics["env/first_error"] = f"data row {samples[i // repeat].idx}: {error}"
     if "weight_version" in data:
         metrics["weight_version"] = float(data["weight_version"].min())
     return metrics

@@ -127,7 +127,6 @@ def run_rollout(
     ``generate`` call over all the samples still going."""
     import torch
 
-    from rlcore.environments.scoring import NONFINITE_REWARD
     from rlcore.interfaces.generation import serves_continuously
     from rlcore.run.prompts import pad_id
     from rlcore.run.step import encode_samples, max_input_of
@@ -153,15 +152,8 @@ def run_rollout(
                 out = generate(batch)
             turns.take(active, batch, out)
             turns.score(active, turn, timer)
-    errors = turns.sorted_errors()
-    for _, error in errors[:3]:  # in the run's log; all of them are counted
-        print(f"environment error (reward 0): {error}", file=sys.stderr)
-    metrics: dict[str, float | str] = {
-        "env/errors": float(len(errors)),
-        "env/nonfinite_rewards": float(sum(e.startswith(NONFINITE_REWARD) for _, e in errors)),
-    }
-    if errors:  # the first failed sample (earliest turn, then sample order), named by its data row
-        metrics["env/first_error"] = errors[0][0]
+    # the first failed sample: the earliest turn, then sample order
+    metrics: dict[str, float | str] = error_metrics(turns.sorted_errors())
     if max_input_of(cfg) is not None:  # the prompts (not their copies) cut at data.max_input_seq_length
         metrics["cut_prompts"] = float(state.prompt_cut.sum()) / repeat
     if turns.max_turns > 1:
@@ -174,6 +166,22 @@ def run_rollout(
     if "weight_version" in data:  # the oldest weights (vLLM's word) any of the step's samples was generated with
         metrics["weight_version"] = float(data["weight_version"].min())
     return Rollout(data, torch.tensor(state.rewards, dtype=torch.float32), metrics)
+
+
+def error_metrics(errors: list[tuple[str, str]]) -> dict[str, float | str]:
+    """A rollout's ``env/`` error metrics from its failed samples, ``(named by data row, error)`` in order: the first
+    three are printed to the run's log, all are counted, the first is ``env/first_error``."""
+    from rlcore.environments.scoring import NONFINITE_REWARD
+
+    for _, error in errors[:3]:
+        print(f"environment error (reward 0): {error}", file=sys.stderr)
+    metrics: dict[str, float | str] = {
+        "env/errors": float(len(errors)),
+        "env/nonfinite_rewards": float(sum(e.startswith(NONFINITE_REWARD) for _, e in errors)),
+    }
+    if errors:
+        metrics["env/first_error"] = errors[0][0]
+    return metrics
 
 
 class RolloutTurns:
