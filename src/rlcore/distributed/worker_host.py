@@ -79,10 +79,12 @@ class WorkerHost:
             if shutdown is not None:
                 shutdown()
         finally:
+            from rlcore.distributed import cuda_ipc_names
             from rlcore.refit import collective, shared_memory
 
             shared_memory.release_sender_buffers()
             collective.release_buffers()
+            cuda_ipc_names.release_own_names()
 
 
 def _redirect_output(name: str) -> None:
