@@ -82,6 +82,37 @@ def test_an_episode_calls_then_answers(env):
     assert (second.rewards, second.terminateds, second.invalid_tool_calls) == ([1.0], [True], [False])
 
 
+@pytest.mark.parametrize("on_limit", ["fail_sample", "answer"])
+def test_a_tool_stopped_by_its_limit_fails_the_sample_or_is_answered(on_limit):
+    """A runaway tool (a busy loop past cpu_s, an allocation past memory_mb) is killed by the sandbox; with
+    fail_sample its sample ends with reward 0 and the reason as its error, beside a sample that goes on."""
+    env = ToolsEnvironment(
+        ToolsConfig(
+            tools=["tests.tools.sandboxed:add", "tests.tools.sandboxed:spin", "tests.tools.sandboxed:hog_memory"],
+            verifier="builtin",
+            timeout_s=20,
+            cpu_s=1,
+            memory_mb=256,
+            on_limit=on_limit,
+        )
+    )
+    out = env.step(logs(call("spin"), call("add", a=1, b=2), call("hog_memory")), [{"ground_truth": "3"}] * 3)
+    cpu = "tool 'spin' stopped by its cpu limit: CPU time limit: killed after 1 s of CPU time"
+    memory = "tool 'hog_memory' stopped by its memory limit: memory limit exceeded (256 MB address space)"
+    assert out.rewards == [0.0, 0.0, 0.0]
+    assert out.observations[1]["messages"][0]["content"] == "3"
+    assert out.metrics["tool_errors"] == [1, 0, 1]
+    if on_limit == "fail_sample":
+        assert out.terminateds == [True, False, True]
+        assert out.errors == [cpu, None, memory]
+        assert out.metadata[0] is None and out.metadata[2] is None
+    else:
+        assert out.terminateds == [False, False, False]
+        assert out.errors == [None, None, None]
+        answers = [out.observations[i]["messages"][0]["content"] for i in (0, 2)]
+        assert answers == ["error: " + cpu.split(": ", 1)[1], "error: " + memory.split(": ", 1)[1]]
+
+
 def test_the_environment_declares_its_tools_schemas(env):
     assert [t["function"]["name"] for t in env.tools] == ["calculator", "add", "fail"]
     assert env.tools[0]["function"]["parameters"]["required"] == ["expression"]

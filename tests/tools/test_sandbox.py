@@ -40,7 +40,7 @@ def test_results_come_back_as_text_cut_to_the_limit():
     assert cut.ok and cut.output == "x" * 20 + "...[truncated 30 characters]"
     assert run_tool(f"{TOOLS}:chatty", {}, FAST).output == "quiet result"  # what the tool prints is not its result
     failed = run_tool(f"{TOOLS}:fail", {"message": "boom"}, FAST)
-    assert (failed.ok, failed.output, failed.error) == (False, "", "ValueError: boom")
+    assert (failed.ok, failed.output, failed.error, failed.limit) == (False, "", "ValueError: boom", None)
     wrong = run_tool(f"{TOOLS}:add", {"a": 1}, FAST)
     assert not wrong.ok and "TypeError" in wrong.error and "'b'" in wrong.error
 
@@ -50,7 +50,7 @@ def test_a_tool_past_its_wall_time_is_killed_with_what_it_started():
     started = time.monotonic()
     result = run_tool(f"{TOOLS}:sleep_forever", {"marker": marker}, SandboxLimits(timeout_s=0.5))
     took = time.monotonic() - started
-    assert (result.ok, result.error) == (False, "timeout: killed after 0.5 s of wall time")
+    assert (result.ok, result.error, result.limit) == (False, "timeout: killed after 0.5 s of wall time", "timeout")
     assert took < 0.5 + 1.5, took  # the limit, plus slack for a loaded machine
     assert processes_with(marker) == []  # its grandchild went with it
 
@@ -58,13 +58,13 @@ def test_a_tool_past_its_wall_time_is_killed_with_what_it_started():
 def test_a_busy_loop_is_stopped_by_the_cpu_limit():
     started = time.monotonic()
     result = run_tool(f"{TOOLS}:spin", {}, SandboxLimits(timeout_s=30, cpu_s=1))
-    assert (result.ok, result.error) == (False, "CPU time limit: killed after 1 s of CPU time")
+    assert (result.ok, result.error, result.limit) == (False, "CPU time limit: killed after 1 s of CPU time", "cpu")
     assert time.monotonic() - started < 30
 
 
 def test_an_allocation_past_the_memory_limit_fails():
     result = run_tool(f"{TOOLS}:hog_memory", {}, SandboxLimits(timeout_s=20, memory_mb=256))
-    assert (result.ok, result.error) == (False, "memory limit exceeded (256 MB address space)")
+    assert (result.ok, result.error, result.limit) == (False, "memory limit exceeded (256 MB address space)", "memory")
 
 
 @pytest.mark.parametrize("tool", ["connect", "raw_socket"])

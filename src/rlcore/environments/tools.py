@@ -10,7 +10,11 @@ Each turn reads the latest assistant message with the configured tool-call parse
   reward 0, the episode goes on. A malformed call, an unknown tool, arguments that do not fit, or a call past the
   per-turn limit is answered with an error message the model sees, and flags the turn
   (``EnvironmentReturn.invalid_tool_calls``; ``grpo.invalid_tool_call_advantage`` reads it). A call that runs
-  and fails (its exception, a timeout, a limit) is answered with the error too, but is a valid call.
+  and fails (its exception) is answered with the error too, but is a valid call;
+- a call stopped by a limit (wall time, CPU time, memory: a tool that loops or allocates without end) fails the
+  sample with ``env.tools_cfg.on_limit: fail_sample`` (the default): the episode ends, reward 0, and the reason is
+  the sample's error (printed to the run's log, counted in ``env/errors``); with ``answer`` it is answered like
+  any failed call.
 
 An episode that runs out of ``grpo.max_rollout_turns`` while still calling tools is never graded: its reward is 0.
 The environment declares its tools' schemas as ``tools`` (OpenAI function tools), which the run passes to the chat
@@ -42,6 +46,7 @@ class _Turn:
     calls: int = 0
     invalid: int = 0
     errors: int = 0
+    stopped: str | None = None  # the first call a limit stopped: why
 
 
 class ToolsEnvironment:
@@ -103,13 +108,17 @@ class ToolsEnvironment:
             assert graded is not None
             rewards[i], answers[i], errors[i] = graded.rewards[row], graded.answers[row], graded.errors[row]
             next_metadata[i] = None
+        failing = {i for i, turn in turns.items() if turn.stopped and self.config.on_limit == "fail_sample"}
         for i, turn in turns.items():
-            observations[i] = {"role": "tool", "content": "", "messages": turn.messages}
+            if i in failing:
+                errors[i], next_metadata[i] = turn.stopped, None
+            else:
+                observations[i] = {"role": "tool", "content": "", "messages": turn.messages}
         return EnvironmentReturn(
             observations,
             next_metadata,
             rewards,
-            [i not in turns for i in range(n)],
+            [i not in turns or i in failing for i in range(n)],
             answers=answers,
             errors=errors,
             invalid_tool_calls=[i in turns and turns[i].invalid > 0 for i in range(n)],
@@ -159,9 +168,11 @@ class ToolsEnvironment:
 
         with ThreadPoolExecutor(max_workers=min(self.parallel, len(pending))) as pool:
             results = list(pool.map(call, pending))
-        for (turn, message, _), result in zip(pending, results):
+        for (turn, message, job), result in zip(pending, results):
             message["content"] = result.output if result.ok else f"error: {result.error}"
             turn.errors += not result.ok
+            if result.limit and turn.stopped is None:
+                turn.stopped = f"tool '{job.name}' stopped by its {result.limit} limit: {result.error}"
 
 
 def _answer(call_id: str, name: str, content: str | None) -> Message:

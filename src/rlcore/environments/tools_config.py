@@ -33,6 +33,12 @@ class ToolsConfig(StrictModel):
     memory_mb: int = Field(
         1024, ge=32, description="Address space of one call's process (RLIMIT_AS); beyond it allocations fail."
     )
+    on_limit: Literal["fail_sample", "answer"] = Field(
+        "fail_sample",
+        description="A call stopped by a limit (timeout_s, cpu_s, memory_mb: a tool that loops or allocates without "
+        "end). fail_sample: the episode ends with reward 0, the reason as its error (counted in env/errors, printed "
+        "to the run's log); answer: the error goes back to the model like any failed call's.",
+    )
     max_output_chars: PositiveInt = Field(
         4000, description="A call's result is cut to this many characters (plus a marker saying how many were cut)."
     )

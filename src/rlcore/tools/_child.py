@@ -73,7 +73,12 @@ def _run(request):
         return {"ok": True, "output": _text(value, request["max_output_chars"]), "error": None}
     except MemoryError:
         limit_mb = request["memory_bytes"] // 2**20
-        return {"ok": False, "output": "", "error": f"memory limit exceeded ({limit_mb} MB address space)"}
+        return {
+            "ok": False,
+            "output": "",
+            "error": f"memory limit exceeded ({limit_mb} MB address space)",
+            "limit": "memory",
+        }
     except NetworkBlocked as exc:
         return {"ok": False, "output": "", "error": f"network blocked: {exc}"}
     except BaseException as exc:  # noqa: BLE001 - the tool's failure is its result
@@ -91,7 +96,9 @@ def main():
     try:
         payload = json.dumps(result, ensure_ascii=False)
     except MemoryError:
-        payload = json.dumps({"ok": False, "output": "", "error": "memory limit exceeded writing the result"})
+        payload = json.dumps(
+            {"ok": False, "output": "", "error": "memory limit exceeded writing the result", "limit": "memory"}
+        )
     with os.fdopen(results, "w", encoding="utf-8") as out:
         out.write(payload)
 

@@ -46,12 +46,15 @@ _CHILD = Path(__file__).with_name("_child.py")
 
 @dataclass(frozen=True)
 class ToolResult:
-    """What one call gave: ``output`` (the result's text, possibly truncated; '' on failure), ``ok``, and
-    ``error``: why it failed (timeout, memory limit, CPU limit, blocked network, the tool's exception), or None."""
+    """What one call gave: ``output`` (the result's text, possibly truncated; '' on failure), ``ok``,
+    ``error``: why it failed (timeout, memory limit, CPU limit, blocked network, the tool's exception), or None,
+    and ``limit``: which of the call's limits stopped it (``timeout``, ``cpu``, ``memory``, or ``killed`` for a
+    signal of unknown cause), None when none did: the tool ran away rather than failed."""
 
     output: str
     ok: bool
     error: str | None = None
+    limit: Literal["timeout", "cpu", "memory", "killed"] | None = None
 
 
 @dataclass(frozen=True)
@@ -127,7 +130,7 @@ def run_tool(target: str, arguments: dict[str, Any], limits: SandboxLimits | Non
             out, _ = child.communicate(request.encode(), timeout=limits.timeout_s)
         except subprocess.TimeoutExpired:
             _kill_group(child)
-            return ToolResult("", False, f"timeout: killed after {limits.timeout_s:g} s of wall time")
+            return ToolResult("", False, f"timeout: killed after {limits.timeout_s:g} s of wall time", "timeout")
         finally:
             _kill_group(child)  # whatever the tool left running in its group
         stderr.seek(0, os.SEEK_END)
@@ -153,16 +156,20 @@ def _result(out: bytes, returncode: int, limits: SandboxLimits, stderr_tail: str
             text = str(answer.get("output", ""))
             if len(text) > limits.max_output_chars + 64:  # the child cuts it; this only guards the parent
                 text = text[: limits.max_output_chars]
-            return ToolResult(text, bool(answer.get("ok")), answer.get("error"))
+            limit = "memory" if answer.get("limit") == "memory" else None
+            return ToolResult(text, bool(answer.get("ok")), answer.get("error"), limit)
         except (ValueError, AttributeError):
             return ToolResult("", False, "the tool's process wrote a result that is not JSON")
     cpu_s = limits.cpu_s if limits.cpu_s is not None else limits.timeout_s
     if returncode == -signal.SIGXCPU:
-        return ToolResult("", False, f"CPU time limit: killed after {cpu_s:g} s of CPU time")
+        return ToolResult("", False, f"CPU time limit: killed after {cpu_s:g} s of CPU time", "cpu")
     if returncode < 0:  # not by the parent: it kills only after the wait
         name = signal.Signals(-returncode).name
         return ToolResult(
-            "", False, f"killed by {name} (the CPU limit's hard cap, or the kernel's OOM killer): {stderr_tail[-200:]}"
+            "",
+            False,
+            f"killed by {name} (the CPU limit's hard cap, or the kernel's OOM killer): {stderr_tail[-200:]}",
+            "killed",
         )
     return ToolResult("", False, f"the tool's process exited with code {returncode} and no result: {stderr_tail}")
 
