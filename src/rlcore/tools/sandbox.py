@@ -156,8 +156,8 @@ def _result(out: bytes, returncode: int, limits: SandboxLimits, stderr_tail: str
             text = str(answer.get("output", ""))
             if len(text) > limits.max_output_chars + 64:  # the child cuts it; this only guards the parent
                 text = text[: limits.max_output_chars]
-            limit = "memory" if answer.get("limit") == "memory" else None
-            return ToolResult(text, bool(answer.get("ok")), answer.get("error"), limit)
+            memory = answer.get("limit") == "memory"  # the only limit the child itself reports
+            return ToolResult(text, bool(answer.get("ok")), answer.get("error"), "memory" if memory else None)
         except (ValueError, AttributeError):
             return ToolResult("", False, "the tool's process wrote a result that is not JSON")
     cpu_s = limits.cpu_s if limits.cpu_s is not None else limits.timeout_s
