@@ -162,6 +162,8 @@ def test_an_sft_run_trains_the_loss_hugging_face_computes(ray_session, tmp_path,
     assert nll_per_token_float64(final, validation) == pytest.approx(rows[4]["validation/loss"], rel=1e-4)
     assert summary["first_validation_loss"] == rows[0]["validation/loss"]
     assert (tmp_path / "run" / "loss_curve.png").stat().st_size > 1000
+    # finished: the summary is on disk, where a policy.warm_start naming this run finds its last checkpoint
+    assert json.loads((tmp_path / "run" / "summary.json").read_text()) == json.loads(json.dumps(summary))
 
 
 @pytest.mark.parametrize("name", ["sft_tiny", "dpo_tiny"])

@@ -20,11 +20,7 @@ from rlcore.environments.tools_tasks import (
 from rlcore.examples import example_path
 
 #: The GRPO example over the built tiny model instead of the warm start's checkpoint (which a test has not made).
-UNTRAINED = [
-    "policy.model_name=tiny-llama",
-    "policy.tokenizer.name=tiny-llama",
-    "policy.generation.vllm_cfg.tokenizer=null",
-]
+UNTRAINED = ["policy.warm_start=null", "policy.model_name=tiny-llama"]
 
 
 def operands(prompt: str) -> tuple[int, int]:
@@ -96,34 +92,36 @@ def test_both_configs_resolve_and_pass_the_preflight(tmp_path, monkeypatch):
     assert grpo.generation is not None and grpo.config.grpo.max_rollout_turns >= 2
     assert grpo.config.env.name == "tools" and problem_lines(preflight(grpo)) == []
 
-    as_shipped = problem_lines(preflight(resolve(load_config(example_path("grpo_tools_tiny")), run=True)))
-    assert [line.partition(":")[0] for line in as_shipped] == ["policy.model_name", "policy.tokenizer.name"]
-    # it starts from the warm start's last checkpoint
-    steps = load_config(example_path("grpo_tools_tiny_sft")).sft.max_num_steps
-    assert f"step_{steps - 1:06d}/weights" in as_shipped[0]
+    # as shipped it starts from the warm start's last checkpoint, which rlcore run makes first
+    as_shipped = resolve(load_config(example_path("grpo_tools_tiny")), run=True)
+    assert as_shipped.config.policy.warm_start == "grpo_tools_tiny_sft"
+    assert any("'grpo_tools_tiny_sft' has not finished" in notice for notice in as_shipped.notices)
 
 
 @pytest.mark.slow
-def test_the_warm_start_then_grpo_calls_the_calculator(ray_session, tmp_path):
-    """A few minutes on 2 CPU cores: the warm start (200 SFT steps), then 4 GRPO steps whose calls run in a sandbox."""
-    from rlcore.run.train import train
+def test_one_command_runs_the_warm_start_then_grpo_which_calls_the_calculator(tmp_path):
+    """A few minutes on 2 CPU cores: ``rlcore run`` on the GRPO example (4 steps) runs its warm start (200 SFT
+    steps) first, then GRPO from the warm start's last checkpoint, whose calls run in a sandbox."""
+    import subprocess
+    import sys
+
+    import yaml
 
     sft_dir, grpo_dir = tmp_path / "sft", tmp_path / "grpo"
-    train(
-        load_config(example_path("grpo_tools_tiny_sft"), [f"logger.output_dir={sft_dir}", "logger.progress_bar=false"])
-    )
-    steps = load_config(example_path("grpo_tools_tiny_sft")).sft.max_num_steps
-    checkpoint = sft_dir / "checkpoints" / f"step_{steps - 1:06d}"
-    overrides = [
-        f"policy.model_name={checkpoint / 'weights'}",
-        f"policy.tokenizer.name={checkpoint / 'tokenizer'}",
-        f"policy.generation.vllm_cfg.tokenizer={checkpoint / 'tokenizer'}",
-        "grpo.max_num_steps=4",
-        f"logger.output_dir={grpo_dir}",
-        "logger.progress_bar=false",
-        "checkpointing.enabled=false",
-    ]
-    train(load_config(example_path("grpo_tools_tiny"), overrides))
+    sft = yaml.safe_load(example_path("grpo_tools_tiny_sft").read_text())
+    sft["logger"] = {**sft["logger"], "output_dir": str(sft_dir), "progress_bar": False}
+    (tmp_path / "sft.yaml").write_text(yaml.safe_dump(sft))
+    grpo = yaml.safe_load(example_path("grpo_tools_tiny").read_text())
+    grpo["policy"]["warm_start"] = str(tmp_path / "sft.yaml")
+    grpo["grpo"]["max_num_steps"] = 4
+    grpo["logger"] = {**grpo["logger"], "output_dir": str(grpo_dir), "progress_bar": False}
+    grpo["checkpointing"] = {"enabled": False}
+    (tmp_path / "grpo.yaml").write_text(yaml.safe_dump(grpo))
+    done = subprocess.run([sys.executable, "-m", "rlcore", "run", str(tmp_path / "grpo.yaml")], cwd=tmp_path)
+    assert done.returncode == 0
+    steps = sft["sft"]["max_num_steps"]
+    summary = json.loads((sft_dir / "summary.json").read_text())
+    assert summary["final_weights"] == str(sft_dir / "checkpoints" / f"step_{steps - 1:06d}" / "weights")
     rows = [json.loads(line) for line in (grpo_dir / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 4
     # the warm start calls the tool in most first turns, so most episodes take a second turn after a tool message

@@ -26,3 +26,4 @@ def test_the_run_saves_the_step_at_its_limit_and_stops_there(ray_session, tmp_pa
     assert sorted({r["step"] for r in rows if r["step"] >= 0}) == [0]  # steps 1 and 2 never ran
     assert complete_steps(tmp_path / "out" / "checkpoints") == [0]  # saved although the period is 10
     assert summary["final_weights"] == str(step_dir(tmp_path / "out" / "checkpoints", 0) / "weights")
+    assert not (tmp_path / "out" / "summary.json").exists()  # to be resumed: not finished (policy.warm_start)

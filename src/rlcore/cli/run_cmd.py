@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import sys
 import tempfile
 import threading
 from collections.abc import Callable
@@ -81,8 +82,40 @@ def _summary_line(resolved: Any, data: Any, log_dir: Path, verbose: bool) -> str
     return f"rlcore run: {load_algorithm(cfg.algorithm).describe(resolved, workers, source, steps)}; logs {where}"
 
 
+def _run_warm_start(name: str, verbose: bool) -> None:
+    """Run ``policy.warm_start`` to its end unless it has finished (resumed if it has checkpoints): the same
+    command in a child process, in this one's process group, so a stop reaches both. Exit 1 if it fails."""
+    import subprocess
+
+    from rlcore.config.warm_start import finished_checkpoint, warm_start_file, warm_start_output
+    from rlcore.run.checkpoints import complete_steps
+
+    output = warm_start_output(name)
+    if finished_checkpoint(output) is not None:
+        return
+    chain = os.environ.get(_WARM_START_CHAIN, "")
+    file = str(warm_start_file(name).resolve())
+    if file in chain.split(os.pathsep):
+        _fail([f"error: policy.warm_start: {name!r} starts from itself (through {chain})"])
+    resume = ["--resume"] if complete_steps(output / "checkpoints") else []
+    typer.echo(f"policy.warm_start: running {name} first{' (resumed)' if resume else ''}, into {output}", err=True)
+    command = [sys.executable, "-m", "rlcore", "run", name, *resume, *(["-v"] if verbose else [])]
+    env = {**os.environ, _WARM_START_CHAIN: os.pathsep.join(filter(None, [chain, file]))}
+    if subprocess.run(command, env=env).returncode != 0:
+        _fail([f"error: policy.warm_start: {name!r} did not finish (its output is above); this run did not start"])
+
+
+#: The configs of the warm starts being run, outermost first: a cycle of warm starts is refused.
+_WARM_START_CHAIN = "RLCORE_WARM_START_CHAIN"
+
+
 def _prepare(
-    config: Path | None, override: list[str], resume: bool, source: ConfigSource, nemo_overrides: list[str] | None
+    config: Path | None,
+    override: list[str],
+    resume: bool,
+    source: ConfigSource,
+    nemo_overrides: list[str] | None,
+    verbose: bool = False,
 ) -> tuple[Any, Any, Any, Any]:
     """The config resolved and checked, its tokenizer, its data and the hold on its output directory
     (:class:`rlcore.run.ownership.OutputDirLock`, or None when the directory cannot be created), or one line per
@@ -106,6 +139,8 @@ def _prepare(
     try:
         loaded, ignored = load_cli_config(config, override, source, nemo_overrides, sources)
         echo_ignored(ignored)
+        if loaded.policy.warm_start is not None:
+            _run_warm_start(loaded.policy.warm_start, verbose)
         resolved = resolve(loaded, run=True)
     except ConfigError as exc:
         _fail(named_as_written(exc.problems, sources))
@@ -167,7 +202,7 @@ def run(
     early = StopOnSignals(force=line.forced(lambda stop: before.format(stop=stop)))
     try:
         with early:
-            resolved, data, tokenizer, hold = _prepare(config, override, resume, source, nemo_overrides)
+            resolved, data, tokenizer, hold = _prepare(config, override, resume, source, nemo_overrides, verbose)
     except BaseException as exc:  # noqa: BLE001 - a stop, or what a stop inside an import turned into
         if (stop := early.stop_behind(exc)) is None:
             if (full := full_disk_line(exc)) is not None:  # before anything of the run is written

@@ -224,6 +224,12 @@ class PolicyConfig(SectionsModel):
         f"'{FALLBACK_TRAINING_BACKEND}' (NeMo-RL's rule).",
     )
     model_name: str = Field("tiny-llama", description="Local path or name of the model to train.")
+    warm_start: str | None = Field(
+        None,
+        description="A config (a YAML path, or a shipped example's name) whose finished run this one starts from: "
+        "rlcore run runs it first unless it has finished, then the model and tokenizer are its last checkpoint's "
+        "weights/ and tokenizer/ (so policy.model_name is not set beside it).",
+    )
     tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig, description="Tokenizer settings.")
     train_global_batch_size: PositiveInt = Field(
         8, description="Samples per optimizer step, across all data-parallel ranks."

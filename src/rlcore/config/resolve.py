@@ -146,8 +146,11 @@ def resolve_policy(
 
 def resolve(cfg: RLCoreConfig, *, run: bool = False, registry: Registry | None = None) -> ResolvedConfig:
     """Resolve a loaded config (see the module docstring); ``run``: with ``rlcore run``'s defaults."""
+    from rlcore.config.warm_start import with_warm_start
+
     registry = registry or get_registry()
     notices: list[str] = []
+    cfg = with_warm_start(cfg, notices)
     if run:
         cfg = _run_defaults(cfg, registry, notices)
     problems = backends.other_sections(cfg.policy, "policy", registry, cfg.policy.training_backend)

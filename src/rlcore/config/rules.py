@@ -231,6 +231,16 @@ def optimizer_and_scheduler_kwargs_exist(cfg: RLCoreConfig) -> Iterator[str]:
 
 
 @rule
+def one_starting_model(cfg: RLCoreConfig) -> Iterator[str]:
+    policy = cfg.policy
+    if policy.warm_start is not None and "model_name" in policy.model_fields_set:
+        yield (
+            f"policy.warm_start: {policy.warm_start!r} gives the starting model (its last checkpoint), and "
+            f"policy.model_name {policy.model_name!r} names another; remove one of them"
+        )
+
+
+@rule
 def algorithms_own_rules(cfg: RLCoreConfig) -> Iterator[str]:
     """Each algorithm's own rules (its spec's ``rules``), run when the config trains it or sets a top-level
     section it owns (GRPO's rules also judge ``loss`` in a config that trains SFT, as that section is GRPO's)."""

@@ -10,11 +10,14 @@ errors; everything the run does happens here.
 from __future__ import annotations
 
 import contextlib
+import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
 from rlcore.config import ResolvedConfig, resolve
+from rlcore.config.warm_start import RUN_SUMMARY
 from rlcore.run.checkpoints import checkpoint_root
 from rlcore.run.output import run_log_dir
 from rlcore.run.step import loop_setting
@@ -160,10 +163,13 @@ def train(
     one another algorithm's run (:class:`rlcore.run.ownership.OutputDirTaken`); the run marks the directory its
     own (:data:`rlcore.run.ownership.MARKER`).
     """
+    from rlcore.config.warm_start import unfinished_warm_start
     from rlcore.run.ownership import OutputDirLock
 
     resolved = config if isinstance(config, ResolvedConfig) else _resolved_with_notices(config)
     cfg = resolved.config
+    if (unfinished := unfinished_warm_start(cfg)) is not None:
+        raise unfinished
     out = Path(cfg.logger.output_dir)
     with OutputDirLock(out):  # held until the run ends: a second run started now is refused, not interleaved
         return _train_owned(resolved, resume, signals, progress_file, data, tokenizer)
@@ -206,12 +212,14 @@ def _train_owned(
         if problems := resume_problems(cfg.policy, resume_from[1], value_model):
             raise ValueError("\n".join(problems))  # before Ray starts
     write_marker(cfg, resume)
+    (out / RUN_SUMMARY).unlink(missing_ok=True)  # finished again only when this run finishes
     keep_steps_before(out / "metrics.jsonl", start)  # a fresh run starts a fresh log; a resumed one drops re-run steps
     run = build_run(resolved, resume_from[1] if resume_from else None, start, tokenizer=tokenizer, data=data)
     run.next_batch = next_batch
     if resume_from:
         run.resumed_rollouts = load_rollouts(resume_from[1])  # generated ahead before the interruption
     logger = None
+    deadline_reached = False
     last = run.num_steps - 1
     hold = signals.hold if signals is not None else contextlib.nullcontext
     ck = cfg.checkpointing
@@ -278,7 +286,7 @@ def _train_owned(
         try:
             ended_early = algorithm.train(run, on_step)
         except SaveDeadlineReached as reached:  # the step was saved in on_step: the run ends here, cleanly
-            ended_early = str(reached)
+            ended_early, deadline_reached = str(reached), True
             print(ended_early, file=sys.stderr)
         else:
             if ended_early is not None:
@@ -293,13 +301,23 @@ def _train_owned(
     png = logger.close()
     run.shutdown()
     latest = latest_step(ckpt_root)
-    return {
+    summary = {
         **_summary(algorithm.headline, read_metrics(logger.path)),
         "metrics": str(logger.path),
         f"{algorithm.curve[2].removesuffix('.png')}": str(png) if png else None,
         "final_weights": str(latest[1] / "weights") if latest else None,
         **({"ended_early": ended_early} if ended_early else {}),
     }
+    if not deadline_reached:  # a run its save deadline stopped is to be resumed: not finished
+        _write_summary(out / RUN_SUMMARY, summary)
+    return summary
+
+
+def _write_summary(path: Path, summary: dict[str, Any]) -> None:
+    """The finished run's summary, whole or not at all (``policy.warm_start`` reads it)."""
+    partial = path.with_name(f".{path.name}.partial")
+    partial.write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
+    os.replace(partial, path)
 
 
 def _validated(metrics: dict[str, Any]) -> bool:
