@@ -179,6 +179,36 @@ def test_the_endpoint_serves_what_it_says_and_refuses_the_rest(tiny_tokenizer):
         pass
 
 
+def test_a_streamed_request_gets_the_whole_answer_as_events(tiny_tokenizer):
+    """stream: true (as agent frameworks send it) is answered once the completion is whole: one chunk with the
+    message and its tool calls, the usage chunk when asked for, [DONE]; the token ids ride on the chunk."""
+    engine = ScriptedEngine(tiny_tokenizer, {"x": ["I add. " + CALL, "done"]}, max_new_tokens=128)
+    service = ChatService(engine, tiny_tokenizer, ServingSettings.from_config(config(), pad_id=0))
+    with PolicyServer(service) as server:
+        client = openai.OpenAI(base_url=server.base_url, api_key="k", max_retries=0)
+        user = [{"role": "user", "content": "x"}]
+        chunks = list(
+            client.chat.completions.create(
+                model="tiny-llama", messages=user, tools=TOOLS, stream=True, stream_options={"include_usage": True}
+            )
+        )
+        first, usage = chunks
+        delta = first.choices[0].delta
+        assert (delta.role, delta.content, first.choices[0].finish_reason) == ("assistant", "I add.", "tool_calls")
+        (call,) = delta.tool_calls
+        assert (call.index, call.function.name, json.loads(call.function.arguments)) == (0, "add", {"a": 1, "b": 2})
+        generated = first.choices[0].token_ids
+        assert tiny_tokenizer.decode(generated).startswith("I add. " + CALL)
+        assert first.usage is None and usage.choices == [] and usage.usage.completion_tokens == len(generated)
+        assert usage.usage.prompt_tokens == len(first.prompt_token_ids)
+
+        (text,) = list(client.completions.create(model="tiny-llama", prompt=[1, 123], stream=True))
+        assert (text.object, text.choices[0].text) == ("text_completion", "done")
+        with pytest.raises(openai.BadRequestError, match="stream_options"):
+            client.chat.completions.create(model="tiny-llama", messages=user, stream_options={"usage": True})
+    assert len(engine.requests) == 2
+
+
 def test_a_backend_that_does_not_serve_continuously_is_refused_naming_the_fix(tiny_tokenizer):
     class Batches:  # a whole-batch engine
         continuous_serving = False

@@ -3,18 +3,21 @@
 A field is either done as OpenAI documents it or refused with a 400 that names it and says why: the endpoint
 serves rollouts, so what the engine samples must be what the trainer assumes. Sampling (``temperature``, ``top_p``,
 ``top_k``) is the run's ``policy.generation``: a request may repeat those values or leave them out, never change
-them. One choice per request (``n: 1``), no streaming, the sampled token's logprob only (``top_logprobs: 0``).
+them. One choice per request (``n: 1``), the sampled token's logprob only (``top_logprobs: 0``). ``stream: true``
+is answered as server-sent events once the completion is whole (:func:`sse_events`): one chunk with the whole
+message, then the usage chunk when ``stream_options.include_usage`` asks for it, then ``[DONE]``.
 """
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
 #: Fields a request may carry that change nothing here (the ones rlcore reads are checked on their own).
-NEUTRAL_FIELDS = frozenset({"user", "metadata", "store", "parallel_tool_calls", "return_token_ids", "stream_options"})
+NEUTRAL_FIELDS = frozenset({"user", "metadata", "store", "parallel_tool_calls", "return_token_ids"})
 
 
 class ApiError(Exception):
@@ -110,7 +113,8 @@ def completion_request(body: Any, sampling: Sampling, greedy: bool) -> Completio
 
 
 def _common(body: Any, sampling: Sampling, greedy: bool, handled: set[str]) -> dict[str, Any]:
-    """The checks every request gets: the model, one choice, no streaming, the run's sampling, no unknown field."""
+    """The checks every request gets: the model, one choice, the stream flags, the run's sampling, no unknown
+    field."""
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
     model = body.get("model")
@@ -118,8 +122,13 @@ def _common(body: Any, sampling: Sampling, greedy: bool, handled: set[str]) -> d
         raise ApiError(404, f"model {model!r} is not served here; this endpoint serves {sampling.model!r}", "model")
     if body.get("n") not in (None, 1):
         raise ApiError(400, "n: only 1 is served (one completion per request; send more requests)", "n")
-    if body.get("stream") not in (None, False):
-        raise ApiError(400, "stream: streaming is not served; send stream: false", "stream")
+    _flag(body, "stream")
+    options = body.get("stream_options")
+    if options is not None and (not isinstance(options, dict) or set(options) - {"include_usage"}):
+        raise ApiError(400, "stream_options: only {include_usage: true|false} is served", "stream_options")
+    if options is not None and body.get("stream") is not True:
+        raise ApiError(400, "stream_options: only with stream: true", "stream_options")
+    _flag(options or {}, "include_usage")
     for name, value in (("temperature", sampling.temperature), ("top_p", sampling.top_p), ("top_k", sampling.top_k)):
         asked = body.get(name)
         if name == "top_k" and asked in (-1, 0) and value is None:
@@ -140,7 +149,8 @@ def _common(body: Any, sampling: Sampling, greedy: bool, handled: set[str]) -> d
         raise ApiError(
             400, "seed: the server seeds each request itself (reproducible rollouts); leave seed out", "seed"
         )
-    known = handled | NEUTRAL_FIELDS | {"model", "n", "stream", "temperature", "top_p", "top_k", "seed"}
+    known = handled | NEUTRAL_FIELDS | {"model", "n", "stream", "stream_options", "temperature", "top_p", "top_k"}
+    known.add("seed")
     known |= {"presence_penalty", "frequency_penalty", "stop", "max_tokens", "max_completion_tokens"}
     unknown = sorted(set(body) - known)
     if unknown:
@@ -259,6 +269,33 @@ def _response(
         "prompt_token_ids": prompt_ids,
         "weight_version": weight_version,
     }
+
+
+def streamed(body: Any) -> tuple[bool, bool]:
+    """``(stream, include_usage)`` of a request that passed the checks."""
+    if not isinstance(body, dict) or body.get("stream") is not True:
+        return False, False
+    return True, bool((body.get("stream_options") or {}).get("include_usage"))
+
+
+def sse_events(response: dict[str, Any], include_usage: bool) -> bytes:
+    """A whole ``chat.completion`` or ``text_completion`` as OpenAI's stream of it: one chunk holding the whole
+    message (a tool call's ``index`` added), the usage chunk if asked for, ``[DONE]``. The token ids, logprobs and
+    weight version stay on the chunk."""
+    choice = dict(response["choices"][0])
+    if response["object"] == "chat.completion":
+        delta = dict(choice.pop("message"))
+        if delta.get("tool_calls"):
+            delta["tool_calls"] = [{**call, "index": i} for i, call in enumerate(delta["tool_calls"])]
+        choice = {"index": 0, "delta": delta, **{k: v for k, v in choice.items() if k != "index"}}
+        kind = "chat.completion.chunk"
+    else:
+        kind = "text_completion"
+    chunk = {**response, "object": kind, "choices": [choice], "usage": None}
+    events = [chunk]
+    if include_usage:
+        events.append({**chunk, "choices": [], "usage": response["usage"]})
+    return b"".join(f"data: {json.dumps(event)}\n\n".encode() for event in events) + b"data: [DONE]\n\n"
 
 
 def models_response(sampling: Sampling) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from rlcore.serving.openai_api import ApiError
+from rlcore.serving.openai_api import ApiError, sse_events, streamed
 from rlcore.serving.service import ChatService
 
 #: ``[/rollouts/<id>]/v1/<route>``; a rollout id is letters, digits, ``.``, ``_`` and ``-``.
@@ -63,7 +63,11 @@ class _Handler(BaseHTTPRequestHandler):
             error = ApiError(500, f"{type(exc).__name__}: {exc}", kind="server_error")
             self._send(500, error.body())
             return
-        self._send(200, answer)
+        stream, include_usage = streamed(body)
+        if stream:
+            self._send_bytes(200, sse_events(answer, include_usage), "text/event-stream")
+        else:
+            self._send(200, answer)
 
     def _json(self) -> Any:
         length = int(self.headers.get("Content-Length") or 0)
@@ -75,9 +79,11 @@ class _Handler(BaseHTTPRequestHandler):
             raise ApiError(400, f"the request body is not JSON: {exc}") from None
 
     def _send(self, status: int, payload: dict[str, Any]) -> None:
-        data = json.dumps(payload).encode("utf-8")
+        self._send_bytes(status, json.dumps(payload).encode("utf-8"), "application/json")
+
+    def _send_bytes(self, status: int, data: bytes, content_type: str) -> None:
         self.send_response(status)
-        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
