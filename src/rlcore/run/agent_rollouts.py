@@ -27,7 +27,7 @@ import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from rlcore.run.rollouts import Rollout
+from rlcore.run.rollouts import Rollout, TrajectoryTensors, padded_trajectories
 
 if TYPE_CHECKING:
     from rlcore.datasets import Sample
@@ -213,19 +213,11 @@ def _trajectories(cfg: Any, tokenizer: Any, episodes: list[Episode], samples: li
         first_turn.append(len(episode.turns[0].generated_ids) if episode.turns else 0)
         truncated.append(episode.out_of_room or any(t.truncated for t in episode.turns))
         cut.append(max_input is not None and first >= max_input)
-    mask = pad_sequence(masks, batch_first=True)
-    data: BatchedDataDict[Any] = BatchedDataDict(
-        output_ids=pad_sequence(tokens, batch_first=True, padding_value=pad),
-        logprobs=pad_sequence(logprobs, batch_first=True),
-        token_mask=mask,
-        input_lengths=torch.tensor(prompt_lengths, dtype=torch.long),
-        unpadded_sequence_lengths=torch.tensor([len(t) for t in tokens], dtype=torch.long),
-        generation_lengths=mask.sum(dim=1).long(),
-        truncated=torch.tensor(truncated),
-        first_turn_lengths=torch.tensor(first_turn, dtype=torch.long),
-        prompt_cut=torch.tensor(cut, dtype=torch.bool),
-        invalid_tool_call_mask=pad_sequence(invalid, batch_first=True),
+    lengths = torch.tensor(prompt_lengths, dtype=torch.long)
+    tensors = TrajectoryTensors(
+        tokens, masks, logprobs, invalid, lengths, first_turn, truncated, torch.tensor(cut, dtype=torch.bool)
     )
+    data: BatchedDataDict[Any] = padded_trajectories(tensors, pad)
     turns = [t for e in episodes for t in e.turns]
     if turns and all(t.weight_version is not None for t in turns):
         oldest = min(int(t.weight_version) for t in turns)  # type: ignore[arg-type]

@@ -55,6 +55,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    import torch
+
     from rlcore.chat.observations import ChatContext
     from rlcore.datasets import Sample
     from rlcore.run.step import Timer
@@ -166,6 +168,44 @@ def run_rollout(
     if "weight_version" in data:  # the oldest weights (vLLM's word) any of the step's samples was generated with
         metrics["weight_version"] = float(data["weight_version"].min())
     return Rollout(data, torch.tensor(state.rewards, dtype=torch.float32), metrics)
+
+
+@dataclass
+class TrajectoryTensors:
+    """Each trajectory's token-level tensors (``tokens``, the generated-token ``mask``, the engine's ``logprobs``,
+    the ``invalid_calls`` flags) and per-sample facts, before they are padded into one batch."""
+
+    tokens: list[torch.Tensor]
+    mask: list[torch.Tensor]
+    logprobs: list[torch.Tensor]
+    invalid_calls: list[torch.Tensor]
+    prompt_lengths: torch.Tensor
+    first_turn: list[int]
+    truncated: list[bool]
+    prompt_cut: torch.Tensor
+
+
+def padded_trajectories(t: TrajectoryTensors, pad: int) -> Any:
+    """The keys every rollout gives, one right-padded batch (:class:`Rollout`); both the turn loop's and the agent
+    rollouts' trajectories end here."""
+    import torch
+    from torch.nn.utils.rnn import pad_sequence
+
+    from rlcore.data import BatchedDataDict
+
+    mask = pad_sequence(t.mask, batch_first=True)
+    return BatchedDataDict(
+        output_ids=pad_sequence(t.tokens, batch_first=True, padding_value=pad),
+        logprobs=pad_sequence(t.logprobs, batch_first=True),
+        token_mask=mask,
+        input_lengths=t.prompt_lengths,
+        unpadded_sequence_lengths=torch.tensor([len(seq) for seq in t.tokens], dtype=torch.long),
+        generation_lengths=mask.sum(dim=1).long(),
+        truncated=torch.tensor(t.truncated),
+        first_turn_lengths=torch.tensor(t.first_turn, dtype=torch.long),
+        prompt_cut=t.prompt_cut,
+        invalid_tool_call_mask=pad_sequence(t.invalid_calls, batch_first=True),
+    )
 
 
 def error_metrics(errors: list[tuple[str, str]]) -> dict[str, float | str]:
@@ -398,20 +438,18 @@ class Trajectories:
         import torch
         from torch.nn.utils.rnn import pad_sequence
 
-        from rlcore.data import BatchedDataDict
-
-        mask = pad_sequence(self.mask, batch_first=True)
-        data = BatchedDataDict(
-            output_ids=pad_sequence(self.tokens, batch_first=True, padding_value=pad),
-            logprobs=pad_sequence(self.logprobs, batch_first=True),
-            token_mask=mask,
-            input_lengths=self.prompt_lengths,
-            unpadded_sequence_lengths=torch.tensor([len(t) for t in self.tokens], dtype=torch.long),
-            generation_lengths=mask.sum(dim=1).long(),
-            truncated=torch.tensor(self.truncated),
-            first_turn_lengths=torch.tensor(self.first_turn, dtype=torch.long),
-            prompt_cut=self.prompt_cut,
-            invalid_tool_call_mask=pad_sequence(self.invalid_calls, batch_first=True),
+        data = padded_trajectories(
+            TrajectoryTensors(
+                self.tokens,
+                self.mask,
+                self.logprobs,
+                self.invalid_calls,
+                self.prompt_lengths,
+                self.first_turn,
+                self.truncated,
+                self.prompt_cut,
+            ),
+            pad,
         )
         if self.versions[0] is not None:
             data["weight_version"] = torch.tensor(self.versions, dtype=torch.long)
