@@ -103,6 +103,14 @@ class DataConfig(StrictModel):
         "ground_truth); a row without it has none.",
     )
     messages_key: str = Field("messages", description="The column holding a whole message log, used as it is.")
+    image_key: str | None = Field(
+        None,
+        description="The column holding a row's images (a list, or one image: a datasets Image value, PNG/JPEG "
+        "bytes, a path, relative to the data file's directory, or a data:image URL), for vision-language models. "
+        "They fill the messages' {'type': 'image'} parts in order, or, with none, go before the text of the first "
+        "user message. NeMo-RL's CLEVR rows call it 'image', Geometry3K's 'images'. None = no image column (image "
+        "parts may still carry their own 'image').",
+    )
     system_prompt: str | None = Field(None, description="A system message before every prompt.")
     system_prompt_file: str | None = Field(None, description="A file holding the system prompt.")
     prompt_template: str | None = Field(

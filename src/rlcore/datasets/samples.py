@@ -4,17 +4,26 @@ The metadata is the row's columns, with the expected answer (``data.output_key``
 the environment reads it (NeMo-RL's name). A row holding ``data.messages_key`` is a message log already.
 A key with dots names a field inside nested columns (``reward_model.ground_truth``: DAPO-Math-17k's answer)
 when the row has no column of that exact name.
+
+A message's content is text, or a list of parts in the Hugging Face chat-template form: ``{"type": "text",
+"text": ...}`` and ``{"type": "image"}``, the latter with its image under ``"image"`` or, without one, taking the
+next image of the row's ``data.image_key`` column. With no such image part, the column's images go before the
+text of the first user message. The sample holds the images decoded (:mod:`.images`), in the order its messages
+refer to them, and each image part of its messages as a bare ``{"type": "image"}``.
 """
 
 from __future__ import annotations
 
 import string
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlcore.datasets.files import DataError, special_file_kind
 from rlcore.interfaces.environment import Message
+
+if TYPE_CHECKING:
+    from PIL import Image
 
 _ROLES = ("system", "user", "assistant", "environment", "tool")
 _MISSING = object()
@@ -36,11 +45,13 @@ def _field(row: dict[str, Any], key: str) -> Any:
 
 @dataclass(frozen=True)
 class Sample:
-    """One prompt of a run: ``idx`` is its row's position in its dataset (or the generator's count)."""
+    """One prompt of a run: ``idx`` is its row's position in its dataset (or the generator's count); ``images``
+    are the pictures its messages' image parts show, in the order the parts come."""
 
     idx: int
     messages: list[Message]
     metadata: dict[str, Any]
+    images: list[Image.Image] = field(default_factory=list)
 
 
 def _read_setting(path: str, setting: str) -> str:
@@ -106,8 +117,9 @@ class SampleBuilder:
         if data_cfg.prompt_file is not None:
             self.template = _read_setting(data_cfg.prompt_file, "prompt_file")
 
-    def sample(self, row: dict[str, Any], idx: int, where: str) -> Sample:
-        """The sample of ``row``; ``where`` names the row in errors ('train.jsonl: row 7')."""
+    def sample(self, row: dict[str, Any], idx: int, where: str, base_dir: Path | None = None) -> Sample:
+        """The sample of ``row``; ``where`` names the row in errors ('train.jsonl: row 7'); ``base_dir``: what
+        an image's relative path is relative to (the data file's directory)."""
         cfg = self.cfg
         if (log := _field(row, cfg.messages_key)) is not _MISSING:
             messages = self._messages(log, where)
@@ -118,12 +130,95 @@ class SampleBuilder:
                     f"{', '.join(map(str, row)) or 'no fields'}"
                 )
             messages = [{"role": "user", "content": self._prompt(row, prompt, where)}]
+        messages, sources = self._image_sources(messages, self._column_images(row, where), where)
         if self.system is not None and messages[0]["role"] != "system":
             messages = [{"role": "system", "content": self.system}, *messages]
-        metadata = {key: value for key, value in row.items() if key != cfg.messages_key}
+        dropped = {cfg.messages_key, cfg.image_key}  # the images are the sample's own, decoded
+        metadata = {key: value for key, value in row.items() if key not in dropped}
         if (answer := _field(row, cfg.output_key)) is not _MISSING:
             metadata["ground_truth"] = answer
-        return Sample(idx, messages, metadata)
+        if not sources:
+            return Sample(idx, messages, metadata)
+        from rlcore.datasets.images import decode_image
+
+        return Sample(idx, messages, metadata, [decode_image(src, where, what, base_dir) for src, what in sources])
+
+    def _column_images(self, row: dict[str, Any], where: str) -> list[tuple[object, str]]:
+        """The images of the row's ``data.image_key`` column (a list, or one image; null: none), with their
+        names for errors."""
+        key = self.cfg.image_key
+        if key is None:
+            return []
+        if (value := _field(row, key)) is _MISSING:
+            raise DataError(
+                f"{where}: no field '{key}' (data.image_key); the row has {', '.join(map(str, row)) or 'no fields'}"
+                " (a row without images: give it null or [])"
+            )
+        if value is None:
+            return []
+        if isinstance(value, (list, tuple)):
+            return [(item, f"column '{key}' item {k}") for k, item in enumerate(value, 1)]
+        return [(value, f"column '{key}'")]
+
+    def _image_sources(
+        self, messages: list[Message], column: list[tuple[object, str]], where: str
+    ) -> tuple[list[Message], list[tuple[object, str]]]:
+        """``messages`` with every image part bare, and the image of each part in order: its own ``"image"``,
+        else the column's next. A log with no image part gets the column's images before the text of its first
+        user message."""
+        out: list[Message] = []
+        sources: list[tuple[object, str]] = []
+        parts_seen, from_column = 0, 0
+        for i, message in enumerate(messages, 1):
+            content = message["content"]
+            if isinstance(content, list):
+                content = [dict(part) for part in content]
+                for j, part in enumerate(content, 1):
+                    if part["type"] != "image":
+                        continue
+                    parts_seen += 1
+                    if "image" in part:
+                        sources.append((part.pop("image"), f"field '{self.cfg.messages_key}' message {i} part {j}"))
+                    elif from_column < len(column):
+                        sources.append(column[from_column])
+                        from_column += 1
+                    else:
+                        raise DataError(self._too_few_images(where, from_column + 1, len(column)))
+            out.append({**message, "content": content})
+        if parts_seen == 0 and column:
+            return self._images_first(out, column, where), list(column)
+        if 0 < from_column < len(column) or (from_column == 0 and parts_seen and column):
+            raise DataError(
+                f"{where}: column '{self.cfg.image_key}' (data.image_key) holds {len(column)} images, but the "
+                f"messages have {from_column} image parts without an image of their own to show them; give one "
+                "{'type': 'image'} part per image"
+            )
+        return out, sources
+
+    def _too_few_images(self, where: str, needed: int, held: int) -> str:
+        key = self.cfg.image_key
+        if key is None:
+            return (
+                f"{where}: field '{self.cfg.messages_key}' has an image part without an image: give the part its "
+                "'image', or set data.image_key to the column holding the row's images"
+            )
+        return (
+            f"{where}: field '{self.cfg.messages_key}' has at least {needed} image parts without an image, but "
+            f"column '{key}' (data.image_key) holds {held}; give each part its 'image', or the column one per part"
+        )
+
+    def _images_first(self, messages: list[Message], column: list[tuple[object, str]], where: str) -> list[Message]:
+        """``messages`` with one image part per column image before the first user message's text."""
+        for i, message in enumerate(messages):
+            if message["role"] == "user":
+                content = message["content"]
+                text = [{"type": "text", "text": content}] if isinstance(content, str) else content
+                images = [{"type": "image"} for _ in column]
+                return [*messages[:i], {**message, "content": [*images, *text]}, *messages[i + 1 :]]
+        raise DataError(
+            f"{where}: column '{self.cfg.image_key}' (data.image_key) holds images, but the messages have no user "
+            "message to show them in"
+        )
 
     def _prompt(self, row: dict[str, Any], value: Any, where: str) -> str:
         if not isinstance(value, str):
@@ -146,11 +241,35 @@ class SampleBuilder:
         key = self.cfg.messages_key
         if not isinstance(value, list) or not value:
             raise DataError(f"{where}: field '{key}' must be a non-empty list of {{role, content}} messages")
-        for i, message in enumerate(value):
-            if not (
-                isinstance(message, dict) and isinstance(message.get("content"), str) and message.get("role") in _ROLES
-            ):
+        messages = []
+        for i, message in enumerate(value, 1):
+            if not (isinstance(message, dict) and message.get("role") in _ROLES and "content" in message):
                 raise DataError(
-                    f"{where}: field '{key}' message {i + 1} needs a role ({', '.join(_ROLES)}) and text content"
+                    f"{where}: field '{key}' message {i} needs a role ({', '.join(_ROLES)}) and content (text, or "
+                    "a list of text and image parts)"
                 )
-        return [{"role": m["role"], "content": m["content"]} for m in value]
+            content = _content(message["content"], f"{where}: field '{key}' message {i}")
+            messages.append({"role": message["role"], "content": content})
+        return messages
+
+
+def _content(value: Any, where: str) -> str | list[dict[str, Any]]:
+    """A message's content: text, or its parts (``text``, and ``image`` with its ``image`` when it has one). A
+    part read from an Arrow table holds every key any part has, the others null: those are dropped."""
+    if isinstance(value, str):
+        return value
+    if not isinstance(value, list) or not value:
+        raise DataError(f"{where}: content must be text or a non-empty list of parts, not {type(value).__name__}")
+    parts: list[dict[str, Any]] = []
+    for j, part in enumerate(value, 1):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "text" and isinstance(part.get("text"), str):
+            parts.append({"type": "text", "text": part["text"]})
+        elif kind == "image":
+            parts.append({"type": "image", **({"image": part["image"]} if part.get("image") is not None else {})})
+        else:
+            raise DataError(
+                f"{where} part {j}: expected {{'type': 'text', 'text': ...}} or {{'type': 'image'}} (with an "
+                f"optional 'image'), got {str(part)[:80]}"
+            )
+    return parts

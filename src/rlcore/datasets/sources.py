@@ -15,6 +15,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from rlcore.datasets.files import DataError, read_rows
@@ -156,7 +157,8 @@ ROWS_CHECKED_AT_START = 1000
 
 class RowSamples(Sequence[Sample]):
     """The samples of a dataset's rows, each made (and checked) when it is read: the rows stay where they are (a
-    memory-mapped ``datasets.Dataset``), never copied into a Python list. ``indices``: the rows this holds."""
+    memory-mapped ``datasets.Dataset``), never copied into a Python list. ``indices``: the rows this holds;
+    ``base_dir``: what a relative image path of a row is relative to."""
 
     def __init__(
         self,
@@ -165,8 +167,9 @@ class RowSamples(Sequence[Sample]):
         where: str,
         indices: Sequence[int] | None = None,
         check: Callable[[Sample, str], None] | None = None,
+        base_dir: Path | None = None,
     ) -> None:
-        self.rows, self.builder, self.where, self.check = rows, builder, where, check
+        self.rows, self.builder, self.where, self.check, self.base_dir = rows, builder, where, check, base_dir
         self.indices = range(len(rows)) if indices is None else indices
 
     def __len__(self) -> int:
@@ -174,9 +177,9 @@ class RowSamples(Sequence[Sample]):
 
     def __getitem__(self, i: Any) -> Any:
         if isinstance(i, slice):
-            return RowSamples(self.rows, self.builder, self.where, self.indices[i], self.check)
+            return RowSamples(self.rows, self.builder, self.where, self.indices[i], self.check, self.base_dir)
         j = self.indices[i]
-        sample = self.builder.sample(dict(self.rows[j]), j, f"{self.where}: row {j + 1}")
+        sample = self.builder.sample(dict(self.rows[j]), j, f"{self.where}: row {j + 1}", self.base_dir)
         if self.check is not None:
             self.check(sample, f"{self.where}: row")
         return sample
@@ -186,7 +189,8 @@ class RowSamples(Sequence[Sample]):
 
     def subset(self, positions: Sequence[int]) -> RowSamples:
         """The samples at ``positions`` (of this sequence), in that order."""
-        return RowSamples(self.rows, self.builder, self.where, [self.indices[i] for i in positions], self.check)
+        indices = [self.indices[i] for i in positions]
+        return RowSamples(self.rows, self.builder, self.where, indices, self.check, self.base_dir)
 
     def spread(self, n: int) -> list[Sample]:
         """``n`` samples spread evenly over this (all of them when it holds ``n`` or fewer)."""
@@ -211,7 +215,16 @@ def read_samples(dataset_cfg: Any, builder: SampleBuilder, key: str = "data.trai
         from rlcore.datasets.formats import FormattedRows
 
         rows = FormattedRows(rows, fmt, dataset_cfg.source)
-    return RowSamples(rows, builder, dataset_cfg.source)
+    return RowSamples(rows, builder, dataset_cfg.source, base_dir=_base_dir(dataset_cfg.path))
+
+
+def _base_dir(path: str | None) -> Path | None:
+    """What a row's relative image paths are relative to: a data file's directory, or a ``datasets`` directory
+    itself (None for a hub dataset: the working directory)."""
+    if path is None:
+        return None
+    where = Path(path).expanduser()
+    return where if where.is_dir() else where.parent
 
 
 def split_off(samples: RowSamples, fraction: float, seed: int) -> tuple[RowSamples, RowSamples]:
@@ -222,22 +235,23 @@ def split_off(samples: RowSamples, fraction: float, seed: int) -> tuple[RowSampl
     return samples.subset(rest), samples.subset(sorted(held))
 
 
-def load_sources(cfg: Any, prompt_length: Callable[[Sample], int] | None = None) -> RunData:
+def load_sources(cfg: Any, prompt_length: Callable[[Sample], int] | None = None, images: bool = False) -> RunData:
     """The run's samples from ``cfg.data`` (read and checked now: raises :class:`DataError`).
 
     ``prompt_length`` (the prompt's tokens under the run's chat template): every sample must leave room for a
     completion within ``policy.max_total_sequence_length``, unless ``data.max_input_seq_length`` is set: a prompt
     that long is cut and masked out of the loss, and every shorter one leaves room (the limit is at most
-    ``policy.max_total_sequence_length``: a config rule, ``rlcore.config.rules``).
+    ``policy.max_total_sequence_length``: a config rule, ``rlcore.config.rules``). ``images``: whether the
+    caller trains on a sample's images; if not, a sample that has some is refused rather than trained as text.
     """
     from rlcore.plugins import import_object
 
     data, draw = cfg.data, DrawSettings.of(cfg)
     builder = SampleBuilder(data)
-    if prompt_length is None or data.max_input_seq_length is not None:
-        check = None
-    else:
-        check = _length_check(prompt_length, cfg.policy.max_total_sequence_length)
+    length = None
+    if prompt_length is not None and data.max_input_seq_length is None:
+        length = _length_check(prompt_length, cfg.policy.max_total_sequence_length)
+    check = _checks([c for c in (length, None if images else _no_images) if c is not None])
     held_out: RowSamples | None = None
     if data.train.generator is not None:
         try:
@@ -300,6 +314,27 @@ def _some_prompt_under(
                 "cut and masked out of the loss and nothing trained: raise data.max_input_seq_length (and "
                 "policy.max_total_sequence_length), or shorten the prompts"
             )
+
+
+def _no_images(sample: Sample, where: str) -> None:
+    if sample.images:
+        raise DataError(
+            f"{where} {sample.idx + 1}: the sample has {len(sample.images)} image(s) (data.image_key, or image parts "
+            "in its messages), and this run's algorithm trains on text only: vision-language training is not in "
+            "rlcore yet; remove the images from the data"
+        )
+
+
+def _checks(checks: list[Callable[[Sample, str], None]]) -> Callable[[Sample, str], None] | None:
+    """One check running ``checks`` in order; None for none."""
+    if not checks:
+        return None
+
+    def check(sample: Sample, where: str) -> None:
+        for one in checks:
+            one(sample, where)
+
+    return check
 
 
 def _length_check(prompt_length: Callable[[Sample], int], limit: int) -> Callable[[Sample, str], None]:

@@ -7,6 +7,8 @@
   ``llama-3.2-1b``: the real models' shapes and parameter counts, random weights;
 - :mod:`rlcore.models.tokenizer`: the byte-level tokenizer of the built-in models;
 - :mod:`rlcore.models.build`: a randomly initialised causal LM from a config;
+- :mod:`rlcore.models.vlm`: a randomly initialised Qwen2.5-VL (``tiny-qwen2.5-vl``,
+  ``qwen2.5-vl-3b``) with its tokenizer and image processor;
 - :mod:`rlcore.models.cache`: the on-disk cache, each model built at most once.
 
 The test kit's ``models`` module re-exports the builders beside its random
@@ -17,12 +19,20 @@ imported inside the functions, so importing this package stays light.
 from rlcore.models.build import ARCHS, BUILD_VERSION, build_tiny_model, model_config
 from rlcore.models.builtin import BUILTIN_MODELS, resolve_builtin_models, resolve_builtin_policy, resolve_model
 from rlcore.models.cache import default_cache_root, tiny_model_path
-from rlcore.models.presets import PARAMETER_COUNTS, PRESETS, preset
+from rlcore.models.presets import PARAMETER_COUNTS, PRESETS, VLM_PRESETS, preset
 from rlcore.models.tokenizer import (
     BYTE_OFFSET,
     CHAT_TEMPLATE,
     SPECIAL_TOKENS,
     build_tiny_tokenizer,
+)
+from rlcore.models.vlm import (
+    VISION_TOKENS,
+    VLM_ARCH,
+    build_tiny_vlm,
+    build_tiny_vlm_tokenizer,
+    load_vlm_processor,
+    vlm_config,
 )
 
 __all__ = [
@@ -34,13 +44,20 @@ __all__ = [
     "PARAMETER_COUNTS",
     "PRESETS",
     "SPECIAL_TOKENS",
+    "VISION_TOKENS",
+    "VLM_ARCH",
+    "VLM_PRESETS",
     "build_tiny_model",
     "build_tiny_tokenizer",
+    "build_tiny_vlm",
+    "build_tiny_vlm_tokenizer",
     "default_cache_root",
+    "load_vlm_processor",
     "model_config",
     "preset",
     "resolve_builtin_models",
     "resolve_builtin_policy",
     "resolve_model",
     "tiny_model_path",
+    "vlm_config",
 ]

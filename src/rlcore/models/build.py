@@ -36,11 +36,11 @@ LATER_ARGUMENTS = (
 )
 
 
-def _round_up(n: int, multiple: int) -> int:
+def round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 
 
-def _resolve_dtype(dtype: Any):
+def resolve_dtype(dtype: Any):
     import torch
 
     if isinstance(dtype, torch.dtype):
@@ -122,7 +122,7 @@ def build_tiny_model(
         router_aux_loss_coef=router_aux_loss_coef,
         norm_topk_prob=norm_topk_prob,
     )
-    torch_dtype = _resolve_dtype(dtype)
+    torch_dtype = resolve_dtype(dtype)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype)
@@ -197,7 +197,7 @@ def _make_config(
     if num_heads % num_kv_heads:
         raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
     if vocab_size is None:
-        vocab_size = _round_up(len(tokenizer), 64)
+        vocab_size = round_up(len(tokenizer), 64)
     if vocab_size < len(tokenizer):
         raise ValueError(f"vocab_size {vocab_size} is smaller than the tokenizer ({len(tokenizer)})")
 

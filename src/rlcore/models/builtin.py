@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from rlcore.models.presets import PRESETS
+from rlcore.models.presets import PRESETS, VLM_PRESETS
 
 #: Built on first use into the local cache (see :func:`rlcore.models.cache.tiny_model_path`):
 #: the tiny models, then the real-size presets of :mod:`rlcore.models.presets`.
@@ -47,7 +47,23 @@ BUILTIN_MODELS: dict[str, dict[str, Any]] = {
         initializer_range=0.2,
         seed=1,
     ),
+    # Qwen2.5-VL: a 2-block vision tower (patch 14, 2x2 merge: a 56x56 image is 4 tokens) on a tiny-qwen2-sized decoder.
+    "tiny-qwen2.5-vl": dict(
+        arch="qwen2_5_vl",
+        hidden_size=128,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        intermediate_size=256,
+        vision_depth=2,
+        vision_hidden_size=64,
+        vision_num_heads=2,
+        vision_intermediate_size=128,
+        patch_size=14,
+        spatial_merge_size=2,
+    ),
     **PRESETS,
+    **VLM_PRESETS,
 }
 
 
