@@ -137,3 +137,26 @@ def test_config_validate_finds_the_brace_faults_a_run_finds_with_its_rows(tmp_pa
         load_sources(cfg)
     assert template_problems(cfg.data) == [str(err.value)]
     assert template_problems(math_config(tmp_path, "Put the answer in \\boxed{{}}.\n{}").data) == []
+
+
+def test_prompts_are_measured_again_with_the_environments_tools_once_it_is_built(tmp_path: Path) -> None:
+    """The tools the environment declares go into the first prompt's chat template (Qwen2.5's lists them in the
+    system turn): a prompt that fits without them may not fit with them. build_run measures the checked prompts
+    again, and installs the check for the rows drawn later."""
+    from rlcore.run.build import check_prompts_with_tools
+    from rlcore.run.step import prompt_length_of
+    from tests.chat.tokenizers import qwen_style_tokenizer
+
+    tokenizer = qwen_style_tokenizer()
+    cfg = math_config(tmp_path, "{}")
+    tool = {"type": "function", "function": {"name": "lookup", "description": "x" * 600, "parameters": {}}}
+    longest = max(prompt_length_of(cfg, tokenizer, [tool])(s) for s in load_sources(cfg).train.samples)
+    without = max(prompt_length_of(cfg, tokenizer)(s) for s in load_sources(cfg).train.samples)
+    assert without < 400 < longest  # the reference: the template rendered with and without the tools
+    cfg = cfg.model_copy(update={"policy": cfg.policy.model_copy(update={"max_total_sequence_length": 400})})
+    data = load_sources(cfg, prompt_length_of(cfg, tokenizer))  # fits without the tools
+    check_prompts_with_tools(cfg, tokenizer, data, None)  # no tools: nothing more to check
+    with pytest.raises(DataError, match=r"math.jsonl: row 1: the prompt is \d+ tokens, which leaves no room"):
+        check_prompts_with_tools(cfg, tokenizer, data, [tool])
+    with pytest.raises(DataError, match=r"row 3: the prompt is \d+ tokens"):
+        data.train.samples[2]  # a row drawn later is measured with the tools too

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -121,10 +121,22 @@ class GeneratorSource:
 
 @dataclass
 class RunData:
-    """A run's samples: the training source and the validation samples (None: no validation)."""
+    """A run's samples: the training source and the validation samples (None: no validation); ``checked``: the
+    samples checked before the run started, with the names their errors use."""
 
     train: DatasetSource | GeneratorSource
     validation: Sequence[Sample] | None
+    checked: list[tuple[str, Sequence[Sample]]] = field(default_factory=list)
+
+    def add_check(self, check: Callable[[Sample, str], None]) -> None:
+        """Check the samples checked at the start again with ``check``, a rule known only once the run is built
+        (the environment's tools in the prompt), and every row drawn from now on with it too."""
+        for rows in (getattr(self.train, "samples", None), self.validation):
+            if isinstance(rows, RowSamples):
+                rows.check = _checks([c for c in (rows.check, check) if c is not None])
+        for where, some in self.checked:
+            for sample in some:
+                check(sample, where)
 
     def num_steps(self, max_num_steps: int) -> int:
         """The steps a run trains: ``max_num_steps``, or fewer when the epochs of the train data end first (with
@@ -250,7 +262,7 @@ def load_sources(cfg: Any, prompt_length: Callable[[Sample], int] | None = None,
     builder = SampleBuilder(data)
     length = None
     if prompt_length is not None and data.max_input_seq_length is None:
-        length = _length_check(prompt_length, cfg.policy.max_total_sequence_length)
+        length = length_check(prompt_length, cfg.policy.max_total_sequence_length)
     check = _checks([c for c in (length, None if images else _no_images) if c is not None])
     held_out: RowSamples | None = None
     if data.train.generator is not None:
@@ -297,7 +309,7 @@ def load_sources(cfg: Any, prompt_length: Callable[[Sample], int] | None = None,
         for rows in (getattr(train, "samples", None), validation):
             if isinstance(rows, RowSamples):
                 rows.check = check
-    return RunData(train, validation)
+    return RunData(train, validation, checked)
 
 
 def _some_prompt_under(
@@ -337,7 +349,7 @@ def _checks(checks: list[Callable[[Sample, str], None]]) -> Callable[[Sample, st
     return check
 
 
-def _length_check(prompt_length: Callable[[Sample], int], limit: int) -> Callable[[Sample, str], None]:
+def length_check(prompt_length: Callable[[Sample], int], limit: int) -> Callable[[Sample, str], None]:
     def check(sample: Sample, where: str) -> None:
         if (n := prompt_length(sample)) >= limit:
             raise DataError(

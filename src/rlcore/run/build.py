@@ -144,6 +144,7 @@ def build_run(
             run.environment = EnvironmentRunner.from_resolved(
                 resolved.environment, cfg.env, log_dir=run_log_dir(cfg.logger.output_dir)
             )
+            check_prompts_with_tools(cfg, tokenizer, data, run.environment.tools)
         weights = optimizer = None
         if resume_dir is not None:
             weights, optimizer = str(resume_dir / "weights"), str(resume_dir / "optimizer")
@@ -208,6 +209,19 @@ def build_run(
             run.shutdown()
         raise
     return run
+
+
+def check_prompts_with_tools(cfg: Any, tokenizer: Any, data: Any, tools: list[dict[str, Any]] | None) -> None:
+    """The prompts checked before the run, and every row drawn later, measured again with the environment's tools
+    in the chat template (known once the environment is built): each must still leave room for a completion
+    (:class:`rlcore.datasets.DataError` naming the row). Nothing to do without tools, or with
+    ``data.max_input_seq_length``, which cuts long prompts instead."""
+    from rlcore.datasets.sources import RunData, length_check
+    from rlcore.run.step import prompt_length_of
+
+    if not tools or cfg.data.max_input_seq_length is not None or not isinstance(data, RunData):
+        return
+    data.add_check(length_check(prompt_length_of(cfg, tokenizer, tools), cfg.policy.max_total_sequence_length))
 
 
 def start_value_model(resolved: Any, cluster: Any, tokenizer: Any, resume_dir: Path | None) -> Any:

@@ -45,12 +45,13 @@ def prompt_ids(tokenizer: Any, text: str) -> list[int]:
     return encode_rendered(tokenizer, text)
 
 
-def prompt_length_of(cfg: Any, tokenizer: Any) -> Any:
-    """``sample -> its prompt's token count`` under the run's chat template (to check data before a run)."""
+def prompt_length_of(cfg: Any, tokenizer: Any, tools: list[dict[str, Any]] | None = None) -> Any:
+    """``sample -> its prompt's token count`` under the run's chat template, with the environment's ``tools``
+    when it has some (to check data before a run)."""
     from rlcore.run.prompts import render_prompts
 
     kwargs = cfg.policy.tokenizer.chat_template_kwargs
-    return lambda sample: len(prompt_ids(tokenizer, render_prompts(tokenizer, [sample.messages], kwargs)[0]))
+    return lambda sample: len(prompt_ids(tokenizer, render_prompts(tokenizer, [sample.messages], kwargs, tools)[0]))
 
 
 def encode_prompts(tokenizer: Any, prompts: list[str], repeat: int, max_input: int | None = None) -> Any:
