@@ -96,7 +96,6 @@ def build_tiny_model(
     tying it). Returns the path.
     """
     import torch
-    import transformers
     from transformers import AutoModelForCausalLM
 
     tokenizer = build_tiny_tokenizer()
@@ -126,8 +125,15 @@ def build_tiny_model(
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype)
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return save_model(model, tokenizer, save_dir)
 
+
+def save_model(model: Any, tokenizer: Any, save_dir: str | os.PathLike) -> str:
+    """Save a freshly built ``model`` (padding with the tokenizer's pad id when it generates) and ``tokenizer``
+    into ``save_dir``, without transformers' progress bars; returns the directory."""
+    import transformers
+
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
     save_dir = Path(save_dir)
     save_dir.mkdir(parents=True, exist_ok=True)
     progress = transformers.utils.logging.is_progress_bar_enabled()

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rlcore.models.build import resolve_dtype, round_up
+from rlcore.models.build import resolve_dtype, round_up, save_model
 from rlcore.models.tokenizer import build_tiny_tokenizer
 
 if TYPE_CHECKING:
@@ -106,7 +106,6 @@ def build_tiny_vlm(
     """
     args = _config_arguments(locals())  # first: only the arguments are local yet
     import torch
-    import transformers
     from transformers import AutoModelForImageTextToText
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
@@ -115,18 +114,7 @@ def build_tiny_vlm(
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = AutoModelForImageTextToText.from_config(config, dtype=resolve_dtype(dtype))
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-
-    save_dir = Path(save_dir)
-    save_dir.mkdir(parents=True, exist_ok=True)
-    progress = transformers.utils.logging.is_progress_bar_enabled()
-    transformers.utils.logging.disable_progress_bar()
-    try:
-        model.save_pretrained(str(save_dir))
-    finally:
-        if progress:
-            transformers.utils.logging.enable_progress_bar()
-    tokenizer.save_pretrained(str(save_dir))
+    save_dir = Path(save_model(model, tokenizer, save_dir))
     image_processor = Qwen2VLImageProcessorPil(
         min_pixels=min_pixels,
         max_pixels=max_pixels,
