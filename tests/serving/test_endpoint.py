@@ -209,6 +209,47 @@ def test_a_streamed_request_gets_the_whole_answer_as_events(tiny_tokenizer):
     assert len(engine.requests) == 2
 
 
+def post(url: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as reply:
+            return reply.status, json.loads(reply.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+def test_tokenize_gives_the_ids_a_chat_request_prompts_with_and_detokenize_inverts(tiny_tokenizer):
+    """vLLM's /tokenize and /detokenize, which agent harnesses (NeMo-Gym's) use to align tokens: the reference is
+    the prompt_token_ids the chat request itself reports for the same conversation and tools."""
+    engine = ScriptedEngine(tiny_tokenizer, {"x": ["first"]}, max_new_tokens=64)
+    service = ChatService(engine, tiny_tokenizer, ServingSettings.from_config(config(), pad_id=0))
+    with PolicyServer(service) as server:
+        client = openai.OpenAI(base_url=server.base_url, api_key="k", max_retries=0)
+        user = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "x"}]
+        reply = client.chat.completions.create(model="tiny-llama", messages=user, tools=TOOLS)
+        root = server.base_url.removesuffix("/v1")
+        status, tokens = post(f"{root}/tokenize", {"model": "tiny-llama", "messages": user, "tools": TOOLS})
+        assert status == 200 and tokens["tokens"] == reply.prompt_token_ids
+        assert (tokens["count"], tokens["max_model_len"], tokens["token_strs"]) == (len(tokens["tokens"]), 512, None)
+        status, text = post(f"{server.url_for('any')}/tokenize", {"prompt": "hi", "return_token_strs": True})
+        assert status == 200 and text["tokens"] == tiny_tokenizer("hi")["input_ids"]  # v1 alias, rollout prefix
+        assert text["token_strs"] == tiny_tokenizer.convert_ids_to_tokens(text["tokens"])
+        status, back = post(f"{root}/detokenize", {"tokens": reply.choices[0].token_ids})
+        assert status == 200 and back["prompt"] == tiny_tokenizer.decode(reply.choices[0].token_ids)
+        refused = {
+            "chat_template_kwargs": {"messages": user, "chat_template_kwargs": {"enable_thinking": True}},
+            "required_prefix_token_ids": {"messages": user, "required_prefix_token_ids": [1]},
+            "not both or neither": {"messages": user, "prompt": "x"},
+        }
+        for said, body in refused.items():
+            status, error = post(f"{root}/tokenize", body)
+            assert status == 400 and said in error["error"]["message"], error
+    assert len(engine.requests) == 1  # tokenizing generates nothing
+
+
 def test_a_backend_that_does_not_serve_continuously_is_refused_naming_the_fix(tiny_tokenizer):
     class Batches:  # a whole-batch engine
         continuous_serving = False

@@ -16,6 +16,7 @@ an episode when its prompt ids start with the previous prompt ids + generated id
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 from collections.abc import Callable
@@ -232,3 +233,22 @@ def _normalized_call(call: Any) -> tuple[Any, Any, Any]:
 
 def _normalized_tools(tools: list[dict[str, Any]] | None) -> str:
     return json.dumps(tools or [], sort_keys=True)
+
+
+def template_message(message: dict[str, Any]) -> dict[str, Any]:
+    """A message as chat templates take it: text content, and tool-call arguments as a mapping."""
+    out = dict(message)
+    out["content"] = message_text(message.get("content"))
+    calls = message.get("tool_calls")
+    if calls:
+        fixed = []
+        for call in calls:
+            call = dict(call)
+            function = dict(call.get("function") or {})
+            if isinstance(function.get("arguments"), str):
+                with contextlib.suppress(ValueError):
+                    function["arguments"] = json.loads(function["arguments"])
+            call["function"] = function
+            fixed.append(call)
+        out["tool_calls"] = fixed
+    return out

@@ -1,7 +1,8 @@
 """The endpoint's HTTP layer: a stdlib ``ThreadingHTTPServer`` on the loopback, over a :class:`ChatService`.
 
 Routes, each also under ``/rollouts/<rollout_id>`` (the episode's base URL, so a client keeps the rollout id without
-custom headers): ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``. Every response closes
+custom headers): ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``, and vLLM's
+``POST /tokenize`` and ``POST /detokenize`` (served with or without the ``/v1``). Every response closes
 its connection (HTTP/1.0), so closing the server leaves no connection or thread behind: :meth:`PolicyServer.close`
 stops the listener and joins every request thread.
 """
@@ -20,7 +21,10 @@ from rlcore.serving.openai_api import ApiError, sse_events, streamed
 from rlcore.serving.service import ChatService
 
 #: ``[/rollouts/<id>]/v1/<route>``; a rollout id is letters, digits, ``.``, ``_`` and ``-``.
-ROUTE = re.compile(r"^(?:/rollouts/(?P<rollout>[A-Za-z0-9._-]+))?/v1/(?P<route>chat/completions|completions|models)/?$")
+ROUTE = re.compile(
+    r"^(?:/rollouts/(?P<rollout>[A-Za-z0-9._-]+))?"
+    r"(?:/v1/(?P<route>chat/completions|completions|models)|(?:/v1)?/(?P<tokens>tokenize|detokenize))/?$"
+)
 #: The largest request body read (a long conversation's JSON is far below it).
 MAX_BODY_BYTES = 64 << 20
 
@@ -52,7 +56,9 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             body = self._json()
             service = self.server.service
-            if match["route"] == "chat/completions":
+            if match["tokens"] is not None:  # stateless: the rollout id, if any, changes nothing
+                answer = service.tokenize(body) if match["tokens"] == "tokenize" else service.detokenize(body)
+            elif match["route"] == "chat/completions":
                 answer = service.chat(match["rollout"], body)
             else:
                 answer = service.completion(match["rollout"], body)

@@ -12,7 +12,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from rlcore.serving.episodes import Episode, EpisodeBook, EpisodeError, Turn, message_text
+from rlcore.serving.episodes import Episode, EpisodeBook, EpisodeError, Turn, template_message
 from rlcore.serving.openai_api import (
     ApiError,
     Sampling,
@@ -67,6 +67,21 @@ class ChatService:
 
     def models(self) -> dict[str, Any]:
         return models_response(self.settings.sampling)
+
+    def tokenize(self, body: Any) -> dict[str, Any]:
+        """vLLM's ``/tokenize`` (:mod:`rlcore.serving.tokenize_api`): the ids a prompt or conversation has here."""
+        from rlcore.serving import tokenize_api
+
+        settings = self.settings
+        return tokenize_api.tokenize(
+            body, self.tokenizer, settings.sampling.model, settings.max_total, settings.chat_template_kwargs
+        )
+
+    def detokenize(self, body: Any) -> dict[str, Any]:
+        """vLLM's ``/detokenize``: the text of token ids."""
+        from rlcore.serving import tokenize_api
+
+        return tokenize_api.detokenize(body, self.tokenizer, self.settings.sampling.model)
 
     def chat(self, rollout_id: str | None, body: Any) -> dict[str, Any]:
         """Answer a ``chat/completions`` request (of rollout ``rollout_id``, or of none)."""
@@ -212,24 +227,3 @@ def _turn(out: Any, prompt: list[int], limit: int) -> Turn:
         begin, end = (float(x) for x in out["generation_window"][0])
         window = (begin, end)
     return Turn(prompt, ids, logprobs, version, versions, window, truncated)
-
-
-def template_message(message: dict[str, Any]) -> dict[str, Any]:
-    """A message as chat templates take it: text content, and tool-call arguments as a mapping."""
-    import json
-
-    out = dict(message)
-    out["content"] = message_text(message.get("content"))
-    calls = message.get("tool_calls")
-    if calls:
-        fixed = []
-        for call in calls:
-            call = dict(call)
-            function = dict(call.get("function") or {})
-            if isinstance(function.get("arguments"), str):
-                with contextlib.suppress(ValueError):
-                    function["arguments"] = json.loads(function["arguments"])
-            call["function"] = function
-            fixed.append(call)
-        out["tool_calls"] = fixed
-    return out
