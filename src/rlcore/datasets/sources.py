@@ -204,10 +204,11 @@ class RowSamples(Sequence[Sample]):
         indices = [self.indices[i] for i in positions]
         return RowSamples(self.rows, self.builder, self.where, indices, self.check, self.base_dir)
 
-    def spread(self, n: int) -> list[Sample]:
-        """``n`` samples spread evenly over this (all of them when it holds ``n`` or fewer)."""
+    def spread(self, n: int) -> RowSamples:
+        """``n`` samples spread evenly over this (all of them when it holds ``n`` or fewer), made as they are read
+        (:class:`RunData` keeps which rows it checked, not the samples)."""
         step = max(1, -(-len(self) // n))
-        return [self[i] for i in range(0, len(self), step)]
+        return self.subset(range(0, len(self), step))
 
 
 def read_samples(dataset_cfg: Any, builder: SampleBuilder, key: str = "data.train") -> RowSamples:
@@ -263,7 +264,7 @@ def load_sources(cfg: Any, prompt_length: Callable[[Sample], int] | None = None,
     length = None
     if prompt_length is not None and data.max_input_seq_length is None:
         length = length_check(prompt_length, cfg.policy.max_total_sequence_length)
-    check = _checks([c for c in (length, None if images else _no_images) if c is not None])
+    check = _checks([c for c in (length, None if images else _no_images) if c is not None]) or _made
     held_out: RowSamples | None = None
     if data.train.generator is not None:
         try:
@@ -274,9 +275,9 @@ def load_sources(cfg: Any, prompt_length: Callable[[Sample], int] | None = None,
             fn, data.train.generator_kwargs, builder, draw.batch_size, seed=draw.seed
         )
         # made up per step: the first step's prompts stand for the others (a multi-turn game's, say)
-        checked: list[tuple[str, Sequence[Sample]]] = (
-            [(f"{train.name} ({data.train.generator}): step 0 item", train.batch(0))] if check else []
-        )
+        checked: list[tuple[str, Sequence[Sample]]] = [
+            (f"{train.name} ({data.train.generator}): step 0 item", train.batch(0))
+        ]
     else:
         samples = read_samples(data.train, builder)
         if data.split_validation_size:
@@ -301,15 +302,9 @@ def load_sources(cfg: Any, prompt_length: Callable[[Sample], int] | None = None,
         checked.append((f"{data.train.source}: row", validation.spread(ROWS_CHECKED_AT_START)))
     if prompt_length is not None and data.max_input_seq_length is not None:
         _some_prompt_under(prompt_length, data.max_input_seq_length, checked)
-    if check is not None:
-        for where, some in checked:
-            for sample in some:
-                check(sample, where)
-        # the rows not checked yet are checked as they are drawn
-        for rows in (getattr(train, "samples", None), validation):
-            if isinstance(rows, RowSamples):
-                rows.check = check
-    return RunData(train, validation, checked)
+    run_data = RunData(train, validation, checked)
+    run_data.add_check(check)  # the checked rows now, the others as they are drawn
+    return run_data
 
 
 def _some_prompt_under(
@@ -328,6 +323,10 @@ def _some_prompt_under(
             )
 
 
+def _made(sample: Sample, where: str) -> None:
+    """No rule beyond making the sample: a row that cannot be made has raised already."""
+
+
 def _no_images(sample: Sample, where: str) -> None:
     if sample.images:
         raise DataError(
@@ -339,8 +338,8 @@ def _no_images(sample: Sample, where: str) -> None:
 
 def _checks(checks: list[Callable[[Sample, str], None]]) -> Callable[[Sample, str], None] | None:
     """One check running ``checks`` in order; None for none."""
-    if not checks:
-        return None
+    if len(checks) < 2:
+        return checks[0] if checks else None
 
     def check(sample: Sample, where: str) -> None:
         for one in checks:

@@ -115,11 +115,7 @@ def completion_request(body: Any, sampling: Sampling, greedy: bool) -> Completio
 def _common(body: Any, sampling: Sampling, greedy: bool, handled: set[str]) -> dict[str, Any]:
     """The checks every request gets: the model, one choice, the stream flags, the run's sampling, no unknown
     field."""
-    if not isinstance(body, dict):
-        raise ApiError(400, "the request body must be a JSON object")
-    model = body.get("model")
-    if model is not None and model != sampling.model:
-        raise ApiError(404, f"model {model!r} is not served here; this endpoint serves {sampling.model!r}", "model")
+    body = request_object(body, sampling.model)
     if body.get("n") not in (None, 1):
         raise ApiError(400, "n: only 1 is served (one completion per request; send more requests)", "n")
     _flag(body, "stream")
@@ -150,12 +146,25 @@ def _common(body: Any, sampling: Sampling, greedy: bool, handled: set[str]) -> d
             400, "seed: the server seeds each request itself (reproducible rollouts); leave seed out", "seed"
         )
     known = handled | NEUTRAL_FIELDS | {"model", "n", "stream", "stream_options", "temperature", "top_p", "top_k"}
-    known.add("seed")
-    known |= {"presence_penalty", "frequency_penalty", "stop", "max_tokens", "max_completion_tokens"}
-    unknown = sorted(set(body) - known)
-    if unknown:
-        raise ApiError(400, f"{unknown[0]}: this field is not served by rlcore's endpoint", unknown[0])
+    known |= {"seed", "presence_penalty", "frequency_penalty", "stop", "max_tokens", "max_completion_tokens"}
+    refuse_unknown(body, known)
     return body
+
+
+def request_object(body: Any, model: str) -> dict[str, Any]:
+    """``body`` as a JSON object for ``model`` (a request naming another model gets a 404)."""
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object")
+    asked = body.get("model")
+    if asked is not None and asked != model:
+        raise ApiError(404, f"model {asked!r} is not served here; this endpoint serves {model!r}", "model")
+    return body
+
+
+def refuse_unknown(body: dict[str, Any], known: set[str]) -> None:
+    """A 400 naming the first field of ``body`` not in ``known``: a field is done or refused, never ignored."""
+    if unknown := sorted(set(body) - known):
+        raise ApiError(400, f"{unknown[0]}: this field is not served by rlcore's endpoint", unknown[0])
 
 
 def _max_tokens(body: dict[str, Any], sampling: Sampling) -> int:

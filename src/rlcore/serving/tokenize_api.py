@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlcore.serving.openai_api import ApiError
+from rlcore.serving.openai_api import ApiError, refuse_unknown, request_object
 
 _TOKENIZE_FIELDS = {
     "model",
@@ -75,12 +75,8 @@ def detokenize(body: Any, tokenizer: Any, model: str) -> dict[str, Any]:
 
 
 def _checked(body: Any, model: str, known: set[str]) -> dict[str, Any]:
-    if not isinstance(body, dict):
-        raise ApiError(400, "the request body must be a JSON object")
-    if body.get("model") not in (None, model):
-        raise ApiError(404, f"model {body['model']!r} is not served here; this endpoint serves {model!r}", "model")
-    if unknown := sorted(set(body) - known):
-        raise ApiError(400, f"{unknown[0]}: this field is not served by rlcore's endpoint", unknown[0])
+    body = request_object(body, model)
+    refuse_unknown(body, known)
     return body
 
 
