@@ -47,7 +47,7 @@ def test_a_stop_that_does_not_end_the_process_is_forced_after_its_grace():
 
 def test_a_second_signal_cuts_the_grace_and_a_checkpoint_being_written_extends_it():
     signals, forced = _stopping(grace_s=0.6)
-    with signals, pytest.raises(StopRequested):  # raised when the hold ends
+    with pytest.raises(StopRequested), signals:  # raised when the hold ends
         with signals.hold():  # a checkpoint is being written: the first signal waits for it
             os.kill(os.getpid(), signal.SIGINT)
             time.sleep(1.0)
@@ -59,7 +59,7 @@ def test_a_second_signal_cuts_the_grace_and_a_checkpoint_being_written_extends_i
     signals, forced = _stopping(grace_s=30)
     with pytest.raises(StopRequested), signals:
         os.kill(os.getpid(), signal.SIGINT)
-    with signals, pytest.raises(StopRequested):
+    with pytest.raises(StopRequested), signals:
         began = time.monotonic()
         os.kill(os.getpid(), signal.SIGINT)  # a second Ctrl-C: the user insists
     _wait_for(forced, 5)
@@ -68,12 +68,11 @@ def test_a_second_signal_cuts_the_grace_and_a_checkpoint_being_written_extends_i
 
 def test_a_signal_deferred_by_ray_init_starts_the_deadline_at_once():
     signals, forced = _stopping(grace_s=0.3)
-    with signals:
-        with pytest.raises(StopRequested):
-            with deferred_signals():
-                os.kill(os.getpid(), signal.SIGTERM)
-                _wait_for(forced, 5)  # still inside the block (ray.init waiting on a dead GCS)
-                assert forced, "the deadline did not run while the block deferred the signal"
+    with pytest.raises(StopRequested), signals:
+        with deferred_signals():
+            os.kill(os.getpid(), signal.SIGTERM)
+            _wait_for(forced, 5)  # still inside the block (ray.init waiting on a dead GCS)
+            assert forced, "the deadline did not run while the block deferred the signal"
     assert signals.received == signal.SIGTERM
 
 

@@ -12,8 +12,12 @@ are where Python cannot raise: a ``__del__`` or a weakref callback (run by the g
 reference count reaching zero), a C extension's callback. There the interpreter hands the exception to
 :func:`sys.unraisablehook`, prints "Exception ignored in ...", and the code around carries on; a run would
 have trained on after a Ctrl-C. While a :class:`StopOnSignals` block is active its hook recognises a stop so
-swallowed and has it raised again within milliseconds (or when the block ends, at the latest). A stop that
-code catches on purpose (``except StopRequested``) is that code's to handle.
+swallowed and has it raised again within milliseconds (or when the block ends, at the latest).
+
+Not every loss goes through that hook: a C extension may keep the stop as its pending error and clear it
+later (Ray's ``wait`` can, under load). So a block that a signal came to never ends normally: if nothing
+was raised out of it, it raises the stop at its end (code inside that catches the stop on purpose gets it
+again there). With ``force`` the deadline ends the process long before a late end of the block.
 """
 
 from __future__ import annotations
@@ -82,12 +86,14 @@ class StopOnSignals:
         self._sent = self._handled = 0  #: signals this object sent itself, and how many of them the handler met
         self._previous_hook: Callable[[Any], object] = sys.__unraisablehook__
         self._active = False
+        self._came_in_block: int | None = None  #: the first stop signal that came while this block was active
         self._main_thread = 0
         self._lost_lock = threading.RLock()  # a lost stop is raised again only while the block is active
         self._hook = self._unraisable  # one bound method: ``sys.unraisablehook is self._hook`` says it is ours
 
     def __enter__(self) -> StopOnSignals:
         self._lost = None
+        self._came_in_block = None
         for signum in EXIT_CODES:  # refused outside the main thread
             self._previous[signum] = signal.signal(signum, self._handle)
         self._main_thread = threading.get_ident()
@@ -103,6 +109,8 @@ class StopOnSignals:
                 lost, self._lost = self._lost, None
             if exc is None and lost is not None:  # swallowed, and the block ended before it was raised again
                 raise StopRequested(lost.signum) from lost
+            if exc is None and self._came_in_block is not None:  # lost where no hook saw it, or caught
+                raise StopRequested(self._came_in_block)
         finally:
             self._active = self._redelivering = False
             for signum, handler in self._previous.items():
@@ -177,6 +185,8 @@ class StopOnSignals:
         from now too)."""
         if self.received is None:
             self.received = signum
+        if self._active and self._came_in_block is None:
+            self._came_in_block = signum
         if self._force is None:
             return
         now = time.monotonic()
