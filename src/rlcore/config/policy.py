@@ -244,6 +244,12 @@ class PolicyConfig(SectionsModel):
         "memory, a little more time. None = all positions at once. Needs a training backend declaring "
         "'chunked_logprobs' (NeMo-RL's policy.logprob_chunk_size).",
     )
+    freeze_vision_tower: bool = Field(
+        False,
+        description="A vision-language model's vision tower keeps its loaded weights: no gradient, no "
+        "optimizer state, not sent on refit (NeMo-RL's dtensor_cfg.automodel_kwargs.freeze_config."
+        "freeze_vision_tower). Needs a vision-language model (docs/vision.md).",
+    )
     generation: GenerationConfig | None = Field(
         None, description="Generation backend settings; None = no generation (training only)."
     )

@@ -45,6 +45,9 @@ class Capability(str, Enum):
     # builds a value model (a scalar head on the language model) when its worker is given ``model_head='value'``
     # (since rlcore 0.3)
     VALUE_HEAD = "value_head"
+    # trains on / generates for image-text batches: ``pixel_values``, ``image_grid_thw`` (and ``images`` for
+    # generation) per row, docs/vision.md (since rlcore 0.3)
+    IMAGE_INPUTS = "image_inputs"
     # generation backends
     DATA_PARALLEL = "data_parallel"
     STOP_STRINGS = "stop_strings"
