@@ -267,10 +267,3 @@ def test_qwen25_vl_3b_preset_shape_and_count():
         assert getattr(vision, field) == getattr(defaults, field), field
     assert list(vision.fullatt_block_indexes) == list(defaults.fullatt_block_indexes) == [7, 15, 23, 31]
     assert (vision.hidden_size, vision.out_hidden_size) == (1280, 2048)
-
-
-def test_a_run_naming_the_vlm_is_refused_until_vlms_train():
-    from rlcore.config import ConfigError, load_config_dict
-
-    with pytest.raises(ConfigError, match=r"policy.model_name: 'tiny-qwen2.5-vl' is a vision-language model"):
-        load_config_dict({"policy": {"model_name": "tiny-qwen2.5-vl"}})

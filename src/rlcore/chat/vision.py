@@ -41,20 +41,26 @@ def vision_prompt(
     chat_template_kwargs: dict[str, Any] | None = None,
 ) -> VisionPrompt:
     """``messages`` (image parts in the order of ``images``) with the generation prompt, in both forms."""
-    tokenizer = processor.tokenizer
     text = processor.apply_chat_template(
         messages, tokenize=False, add_generation_prompt=True, **(chat_template_kwargs or {})
     )
-    engine_ids = encode_rendered(tokenizer, text)
-    image_token = processor.image_token_id
+    engine_ids = encode_rendered(processor.tokenizer, text)
+    return expanded_prompt(engine_ids, images, processor.image_processor, processor.image_token_id)
+
+
+def expanded_prompt(
+    engine_ids: list[int], images: Sequence[Image], image_processor: Any, image_token: int
+) -> VisionPrompt:
+    """The prompt of chat-template ids ``engine_ids`` (one ``image_token`` per image) and ``images``: the
+    image processor's pixels and grids, and the ids expanded to match them."""
     if (found := engine_ids.count(image_token)) != len(images):
         raise ValueError(
             f"the messages show {found} image(s) (image parts rendered by the chat template) and the sample has "
             f"{len(images)}: give one {{'type': 'image'}} part per image"
         )
-    vision = processor.image_processor(images=list(images), return_tensors="pt")
+    vision = image_processor(images=list(images), return_tensors="pt")
     grid = vision["image_grid_thw"]
-    ids = expand_image_tokens(engine_ids, image_token, grid, processor.image_processor.merge_size)
+    ids = expand_image_tokens(engine_ids, image_token, grid, image_processor.merge_size)
     return VisionPrompt(engine_ids, ids, vision["pixel_values"], grid)
 
 

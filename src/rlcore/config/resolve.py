@@ -146,6 +146,7 @@ def resolve_policy(
 
 def resolve(cfg: RLCoreConfig, *, run: bool = False, registry: Registry | None = None) -> ResolvedConfig:
     """Resolve a loaded config (see the module docstring); ``run``: with ``rlcore run``'s defaults."""
+    from rlcore.config.vision import vision_problems
     from rlcore.config.warm_start import with_warm_start
 
     registry = registry or get_registry()
@@ -169,6 +170,7 @@ def resolve(cfg: RLCoreConfig, *, run: bool = False, registry: Registry | None =
         problems += gen_problems
     problems += backends.lora_problems(policy.config, policy.spec, generation and generation.spec, registry)
     problems += backends.hf_config_overrides_problems(policy.config, generation and generation.spec, policy.spec)
+    problems += vision_problems(policy.config, policy.spec, generation and generation.spec, registry)
     async_generation, environment, teacher, value_model, policy_head = False, None, None, None, "lm"
     algorithm = load_algorithm(cfg.algorithm, registry) if run else None
     if algorithm is not None and algorithm.generates:  # it generates and scores

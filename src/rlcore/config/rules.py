@@ -231,25 +231,6 @@ def optimizer_and_scheduler_kwargs_exist(cfg: RLCoreConfig) -> Iterator[str]:
 
 
 @rule
-def no_vision_language_model(cfg: RLCoreConfig) -> Iterator[str]:
-    """The built-in vision-language models exist for the work on VLM training (sizes, processors); no backend
-    trains one yet, so naming one is refused here rather than failing inside a worker."""
-    from rlcore.models.builtin import BUILTIN_MODELS
-
-    policy = cfg.policy
-    named = [("policy.model_name", policy.model_name), ("policy.tokenizer.name", policy.tokenizer.name)]
-    if policy.generation is not None:
-        named.append(("policy.generation.model_name", policy.generation.model_name))
-    for path, name in named:
-        if name in BUILTIN_MODELS and BUILTIN_MODELS[name]["arch"] == "qwen2_5_vl":
-            yield (
-                f"{path}: {name!r} is a vision-language model, and rlcore does not train or serve one yet (its "
-                "backends load causal LMs); pick a text model such as tiny-qwen2"
-            )
-            return
-
-
-@rule
 def one_starting_model(cfg: RLCoreConfig) -> Iterator[str]:
     policy = cfg.policy
     if policy.warm_start is not None and "model_name" in policy.model_fields_set:

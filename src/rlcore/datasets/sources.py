@@ -331,8 +331,8 @@ def _no_images(sample: Sample, where: str) -> None:
     if sample.images:
         raise DataError(
             f"{where} {sample.idx + 1}: the sample has {len(sample.images)} image(s) (data.image_key, or image parts "
-            "in its messages), and this run's algorithm trains on text only: vision-language training is not in "
-            "rlcore yet; remove the images from the data"
+            "in its messages), and this run trains on text only: its algorithm or its model (policy.model_name) "
+            "takes no images; train a vision-language model with GRPO (docs/vision.md), or remove the images"
         )
 
 

@@ -54,6 +54,8 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from rlcore.run.image_prompts import IMAGE_KEYS, TRAINED_IMAGE_KEYS
+
 if TYPE_CHECKING:
     import torch
 
@@ -306,6 +308,8 @@ class Trajectories:
         # the generated tokens of turns whose tool calls the environment flagged, and each sample's latest turn
         self.invalid_calls = [torch.zeros(length, dtype=torch.bool) for length in lengths]
         self.latest: list[tuple[int, int]] = [(length, length) for length in lengths]
+        # a vision-language run's rows: pixels, grids and images (docs/vision.md), sent with every turn's request
+        self.image_rows = {key: first[key] for key in IMAGE_KEYS if key in first}
         self.metadata, self.logs = metadata, logs
         n = len(lengths)
         self.rewards = [0.0] * n
@@ -335,6 +339,8 @@ class Trajectories:
         )
         if any(self.stop_strings[i] is not None for i in active):
             batch["stop_strings"] = [self.stop_strings[i] for i in active]
+        for key, rows in self.image_rows.items():
+            batch[key] = [rows[i] for i in active]
         return batch
 
     def add_generated(self, active: list[int], lengths: Any, out: Any, tokenizer: Any, max_total: int) -> None:
@@ -458,6 +464,9 @@ class Trajectories:
             data["generation_weight_versions"] = pad_sequence(self.token_versions, batch_first=True, padding_value=-1)
         for name in sorted(self.components):
             data[f"reward/{name}"] = torch.tensor(self.components[name], dtype=torch.float32)
+        for key in TRAINED_IMAGE_KEYS:
+            if key in self.image_rows:
+                data[key] = list(self.image_rows[key])
         return data
 
     def turn_metrics(self) -> dict[str, float]:

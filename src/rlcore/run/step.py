@@ -48,8 +48,11 @@ def prompt_ids(tokenizer: Any, text: str) -> list[int]:
 def prompt_length_of(cfg: Any, tokenizer: Any, tools: list[dict[str, Any]] | None = None) -> Any:
     """``sample -> its prompt's token count`` under the run's chat template, with the environment's ``tools``
     when it has some (to check data before a run)."""
+    from rlcore.run.image_prompts import image_model_of, image_prompt_length
     from rlcore.run.prompts import render_prompts
 
+    if (image_model := image_model_of(cfg)) is not None:
+        return image_prompt_length(cfg, tokenizer, image_model)
     kwargs = cfg.policy.tokenizer.chat_template_kwargs
     return lambda sample: len(prompt_ids(tokenizer, render_prompts(tokenizer, [sample.messages], kwargs, tools)[0]))
 
@@ -80,9 +83,11 @@ def training_batch(rollout: Any, advantages: Any) -> Any:
     import torch
 
     from rlcore.data import BatchedDataDict
+    from rlcore.run.image_prompts import TRAINED_IMAGE_KEYS
 
     token_mask = rollout["token_mask"]
     cut = rollout.get("prompt_cut")
+    images = {key: rollout[key] for key in TRAINED_IMAGE_KEYS if key in rollout}
     return BatchedDataDict(
         input_ids=rollout["output_ids"],
         input_lengths=rollout["unpadded_sequence_lengths"],
@@ -90,6 +95,7 @@ def training_batch(rollout: Any, advantages: Any) -> Any:
         sample_mask=torch.ones(token_mask.shape[0]) if cut is None else (~cut).float(),
         advantages=advantages[:, None] * token_mask,
         generation_logprobs=rollout["logprobs"].float(),
+        **images,
     )
 
 
@@ -115,11 +121,15 @@ def encode_samples(
     """The samples' message logs through the chat template, encoded (those of ``data.max_input_seq_length``
     tokens or more cut, ``prompt_cut``), each ``repeat`` times. ``tools``: the environment's tool schemas (OpenAI
     function tools), given to the template as ``apply_chat_template(tools=...)``."""
+    from rlcore.run.image_prompts import encode_image_samples, image_model_of
     from rlcore.run.prompts import check_prompt_room, render_prompts
 
-    kwargs = cfg.policy.tokenizer.chat_template_kwargs
-    texts = render_prompts(tokenizer, [s.messages for s in samples], kwargs, tools=tools)
-    batch = encode_prompts(tokenizer, texts, repeat, max_input_of(cfg))
+    if (image_model := image_model_of(cfg)) is not None:  # a vision-language run: docs/vision.md
+        batch = encode_image_samples(cfg, tokenizer, image_model, samples, repeat, tools)
+    else:
+        kwargs = cfg.policy.tokenizer.chat_template_kwargs
+        texts = render_prompts(tokenizer, [s.messages for s in samples], kwargs, tools=tools)
+        batch = encode_prompts(tokenizer, texts, repeat, max_input_of(cfg))
     check_prompt_room(batch["input_lengths"], cfg.policy.max_total_sequence_length)
     return batch
 

@@ -112,9 +112,10 @@ class GRPO(Algorithm):
 
     def load_data(self, cfg: Any, tokenizer: Any) -> Any:
         from rlcore.datasets import load_sources
+        from rlcore.run.image_prompts import image_model_of
         from rlcore.run.step import prompt_length_of
 
-        return load_sources(cfg, prompt_length_of(cfg, tokenizer))
+        return load_sources(cfg, prompt_length_of(cfg, tokenizer), images=image_model_of(cfg) is not None)
 
     def needs_reference_model(self, cfg: Any) -> bool:
         return cfg.loss.reference_policy_kl_penalty > 0  # the KL term (in the loss, or in the reward)

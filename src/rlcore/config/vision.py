@@ -1,0 +1,62 @@
+"""Whether a run's model sees images, and what a vision-language model needs of its backends (docs/vision.md).
+
+Checked at resolution, before any process starts: a backend without the ``image_inputs`` capability would load
+a vision-language model as a causal LM, or drop the images, and train something else than the config says.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from rlcore.plugins import BackendSpec, Capability, Registry
+
+
+def sees_images(model_name: str) -> bool:
+    """Whether ``model_name`` (a directory, or a hub id whose config is in the hub cache) is a vision-language
+    model: its ``config.json`` has a ``vision_config``."""
+    config = Path(model_name) / "config.json"
+    if not config.is_file():
+        from huggingface_hub import try_to_load_from_cache
+
+        cached = try_to_load_from_cache(model_name, "config.json") if "/" in model_name else None
+        if not isinstance(cached, str):
+            return False
+        config = Path(cached)
+    try:
+        return "vision_config" in json.loads(config.read_text())
+    except (OSError, ValueError):
+        return False
+
+
+def vision_problems(
+    policy: Any, training: BackendSpec, generation: BackendSpec | None, registry: Registry
+) -> list[str]:
+    """A vision-language model on a backend that does not declare ``image_inputs``, and a vision setting given
+    for a text model."""
+    if not sees_images(str(policy.model_name)):
+        if policy.freeze_vision_tower:
+            return [
+                f"policy.freeze_vision_tower: {policy.model_name} is a text model (its config has no "
+                "vision_config): it has no vision tower to freeze; remove the setting"
+            ]
+        return []
+    problems = []
+    from rlcore.config.backends import selection_path
+
+    engine = generation if generation is not training else None  # a backend that generates itself: said once
+    for path, spec in ((selection_path(policy), training), ("policy.generation.backend", engine)):
+        if spec is None or spec.supports(Capability.IMAGE_INPUTS):
+            continue
+        able = sorted(
+            r.name
+            for r in registry.backends()
+            if r.spec is not None and r.spec.kind == spec.kind and r.spec.supports(Capability.IMAGE_INPUTS)
+        )
+        problems.append(
+            f"{path}: {policy.model_name} is a vision-language model, and the {spec.kind} backend '{spec.name}' "
+            f"does not declare 'image_inputs' (it would drop the images); use one that does "
+            f"({', '.join(able) or 'none installed'})"
+        )
+    return problems
