@@ -66,7 +66,7 @@ def expanded_prompt(
 
 def expand_image_tokens(ids: Sequence[int], image_token: int, grid_thw: torch.Tensor, merge_size: int) -> list[int]:
     """``ids`` with the ``k``-th ``image_token`` repeated ``t * h * w / merge_size**2`` times (``grid_thw[k]``)."""
-    counts = [int(t * h * w) // merge_size**2 for t, h, w in grid_thw.tolist()]
+    counts = image_token_counts(grid_thw, merge_size)
     if sum(1 for i in ids if i == image_token) != len(counts):
         raise ValueError(f"{len(counts)} image grid(s) for {list(ids).count(image_token)} image token(s)")
     out: list[int] = []
@@ -74,3 +74,8 @@ def expand_image_tokens(ids: Sequence[int], image_token: int, grid_thw: torch.Te
     for token in ids:
         out.extend([token] * next(images) if token == image_token else [token])
     return out
+
+
+def image_token_counts(grid_thw: torch.Tensor, merge_size: int) -> list[int]:
+    """How many tokens each image of ``grid_thw`` stands for: ``t * h * w / merge_size**2``."""
+    return [int(t * h * w) // merge_size**2 for t, h, w in grid_thw.tolist()]

@@ -16,9 +16,13 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
+    from PIL.Image import Image
 
     from rlcore.data import BatchedDataDict
     from rlcore.datasets import Sample
+
+#: Token ids and their loss mask: one message of an SFT sample.
+Chunk = tuple[list[int], list[int]]
 
 #: The keys an image row adds to a generation request; the trainer gets all but ``images``.
 IMAGE_KEYS = ("pixel_values", "image_grid_thw", "images")
@@ -124,3 +128,33 @@ def _prompt(
         return (ids, *image_model.no_pixels())
     prompt = expanded_prompt(ids, sample.images, image_model.image_processor, image_model.image_token_id)
     return prompt.ids, prompt.pixel_values, prompt.image_grid_thw
+
+
+def expand_image_chunks(
+    chunks: list[Chunk], images: list[Image], image_model: ImageModel
+) -> tuple[list[Chunk], torch.Tensor, torch.Tensor]:
+    """A message log's ``(ids, mask)`` chunks with each image token expanded to its image's tokens (each copy
+    masked as the token was), and the images' ``pixel_values`` and ``image_grid_thw``."""
+    from rlcore.chat.vision import image_token_counts
+
+    token = image_model.image_token_id
+    found = sum(ids.count(token) for ids, _ in chunks)
+    if found != len(images):
+        raise ValueError(
+            f"the messages show {found} image(s) (image parts rendered by the chat template) and the sample has "
+            f"{len(images)}: give one {{'type': 'image'}} part per image"
+        )
+    if not images:
+        return chunks, *image_model.no_pixels()
+    vision = image_model.image_processor(images=list(images), return_tensors="pt")
+    counts = iter(image_token_counts(vision["image_grid_thw"], image_model.image_processor.merge_size))
+    expanded = []
+    for ids, mask in chunks:
+        new_ids: list[int] = []
+        new_mask: list[int] = []
+        for t, m in zip(ids, mask):
+            n = next(counts) if t == token else 1
+            new_ids += [t] * n
+            new_mask += [m] * n
+        expanded.append((new_ids, new_mask))
+    return expanded, vision["pixel_values"], vision["image_grid_thw"]

@@ -29,6 +29,7 @@ from rlcore.datasets.files import DataError
 if TYPE_CHECKING:
     from rlcore.data import BatchedDataDict
     from rlcore.datasets import Sample
+    from rlcore.run.image_prompts import ImageModel
 
 
 def conversation(sample: Sample) -> list[dict[str, str]]:
@@ -165,21 +166,61 @@ def sft_batch(samples: list[Sample], tokenizer: Any, cfg: Any, size: int | None 
     """The training batch of ``samples``: right-padded ``input_ids``, ``input_lengths``, ``token_mask`` (the
     assistant's tokens) and ``sample_mask`` (0 for a sample cut by the :class:`LengthRule`, and for the masked
     rows that fill the batch up to ``size``)."""
+    from rlcore.run.image_prompts import image_model_of
     from rlcore.run.prompts import pad_id
 
     rule = LengthRule.of(cfg)
     for sample in samples:  # a generator's samples meet this check here, a file's when the data was loaded
         if problem := answer_problem(sample, "data.train"):
             raise DataError(problem)
-    encoded = [
-        encode_messages(tokenizer, conversation(s), cfg.sft, cfg.policy.tokenizer.chat_template_kwargs) for s in samples
-    ]
-    keep = [not rule.too_long(sum(len(ids) for ids, _ in chunks)) for chunks in encoded]
-    rows = [rule.fitted(chunks, not kept) for chunks, kept in zip(encoded, keep)]
+    image_model = image_model_of(cfg)
+    encoded = [encoded_sample(s, tokenizer, cfg, image_model) for s in samples]
+    keep = [not rule.too_long(sum(len(ids) for ids, _ in e.chunks)) for e in encoded]
+    rows = [rule.fitted(e.chunks, not kept) for e, kept in zip(encoded, keep)]
     size = size or len(rows)
     rows += [rows[-1]] * (size - len(rows))  # filler rows, masked out below
     keep += [False] * (size - len(keep))
-    return padded_batch(rows, keep, pad_id(tokenizer))
+    batch = padded_batch(rows, keep, pad_id(tokenizer))
+    if image_model is not None:
+        add_pixels(batch, encoded, keep, image_model, pad_id(tokenizer))
+    return batch
+
+
+@dataclass(frozen=True)
+class EncodedSample:
+    """One sample's message chunks (an image's tokens expanded) and, for a vision-language run, its pixels."""
+
+    chunks: list[Chunk]
+    pixel_values: Any = None
+    image_grid_thw: Any = None
+
+
+def encoded_sample(sample: Sample, tokenizer: Any, cfg: Any, image_model: ImageModel | None) -> EncodedSample:
+    """``sample`` through the chat template message by message; with ``image_model``, its images expanded."""
+    chunks = encode_messages(tokenizer, conversation(sample), cfg.sft, cfg.policy.tokenizer.chat_template_kwargs)
+    if image_model is None:
+        return EncodedSample(chunks)
+    from rlcore.run.image_prompts import expand_image_chunks
+
+    return EncodedSample(*expand_image_chunks(chunks, sample.images, image_model))
+
+
+def add_pixels(
+    batch: BatchedDataDict, encoded: list[EncodedSample], keep: list[bool], image_model: ImageModel, pad: int
+) -> None:
+    """The rows' ``pixel_values`` / ``image_grid_thw`` (docs/vision.md). A row that trains nothing (cut, or a
+    filler) shows no image: its image tokens become padding, as a cut may have split an image's tokens."""
+    pixels, grids = [], []
+    for row, kept in enumerate(keep):
+        if kept:
+            pixels.append(encoded[row].pixel_values)
+            grids.append(encoded[row].image_grid_thw)
+            continue
+        batch["input_ids"][row][batch["input_ids"][row] == image_model.image_token_id] = pad
+        no_pixels, no_grid = image_model.no_pixels()
+        pixels.append(no_pixels)
+        grids.append(no_grid)
+    batch["pixel_values"], batch["image_grid_thw"] = pixels, grids
 
 
 def padded_batch(rows: list[tuple[list[int], list[int]]], keep: list[bool], pad: int) -> BatchedDataDict:
@@ -227,11 +268,11 @@ def cut_reason(what: str, count: int, cut_lengths: list[int], rule: LengthRule) 
 def nothing_trained(samples: list[Sample], tokenizer: Any, cfg: Any) -> str | None:
     """Why no sample of ``samples`` trains a token (each cut by the :class:`LengthRule`, or without an assistant
     token), or None as soon as one does (the samples are encoded up to that one)."""
-    rule, cut = LengthRule.of(cfg), []
+    from rlcore.run.image_prompts import image_model_of
+
+    rule, cut, image_model = LengthRule.of(cfg), [], image_model_of(cfg)
     for sample in samples:
-        ids, mask = encode_conversation(
-            tokenizer, conversation(sample), cfg.sft, cfg.policy.tokenizer.chat_template_kwargs
-        )
+        ids, mask = joined(encoded_sample(sample, tokenizer, cfg, image_model).chunks)
         if trains_a_token(ids, mask, rule):
             return None
         if rule.too_long(len(ids)):

@@ -108,6 +108,10 @@ def offline_train(
 class OfflineAlgorithm(Algorithm):
     """An algorithm that trains on data as written (SFT, DPO): no rollouts, validation in eval-mode batches."""
 
+    #: Whether its batches carry a sample's images to a vision-language model (docs/vision.md); if not, a
+    #: sample with images is refused when the data is loaded.
+    takes_images = False
+
     def resolve(self, cfg: Any, policy: Any, generation: Any, registry: Any, notices: list[str]) -> Resolution:
         """Validation batches must split over the ranks as training's do."""
         from rlcore.config.batch_plan import batch_problems
@@ -128,8 +132,10 @@ class OfflineAlgorithm(Algorithm):
         fixed training samples for one that trains anything (:meth:`nothing_trained`); a generator's samples are
         checked as they are made, and a step that trains nothing stops the run (:class:`EmptyStep`)."""
         from rlcore.datasets import DataError, load_sources
+        from rlcore.run.image_prompts import image_model_of
 
-        data = checked_samples(load_sources(cfg), self.sample_problem)
+        images = self.takes_images and image_model_of(cfg) is not None
+        data = checked_samples(load_sources(cfg, images=images), self.sample_problem)
         fixed = getattr(data.train, "samples", None)
         if fixed and (why := self.nothing_trained(fixed, tokenizer, cfg)):
             raise DataError(f"data.train: {why}")
@@ -148,6 +154,7 @@ class SFT(OfflineAlgorithm):
 
     headline = ("loss", "validation/loss")
     curve = ("loss", "loss", "loss_curve.png")
+    takes_images = True
 
     def sample_problem(self, sample: Any, where: str) -> str | None:
         from rlcore.algorithms.sft.batches import answer_problem
