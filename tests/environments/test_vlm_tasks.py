@@ -94,3 +94,11 @@ def test_a_generated_step_becomes_samples_holding_the_pictures():
 def test_a_canvas_too_small_for_the_squares_is_refused_in_one_line():
     with pytest.raises(ValueError, match=r"^count_squares: size 12 is too small for 4 squares; give size >= 16$"):
         count_squares(0, 1, size=12)
+
+
+def test_the_count_reward_pays_the_format_and_the_right_count_apart():
+    from rlcore.environments.vlm_tasks import count_reward
+
+    metadata = [{"ground_truth": "3"}] * 4
+    got = count_reward(["q"] * 4, ["3", " 2 squares", "three", "13"], metadata)
+    assert got == {"format": [0.2, 0.2, 0.0, 0.2], "count": [0.8, 0.0, 0.0, 0.0]}

@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from rlcore.config.backends import selection_path
 from rlcore.plugins import BackendSpec, Capability, Registry
 
 
@@ -43,8 +44,12 @@ def vision_problems(
             ]
         return []
     problems = []
-    from rlcore.config.backends import selection_path
-
+    if policy.sequence_packing.enabled:
+        problems.append(
+            f"policy.sequence_packing.enabled: {policy.model_name} is a vision-language model, and its rows are not "
+            "packed (each row's image positions are computed from its own tokens); set it to false, or use "
+            "policy.dynamic_batching"
+        )
     engine = generation if generation is not training else None  # a backend that generates itself: said once
     for path, spec in ((selection_path(policy), training), ("policy.generation.backend", engine)):
         if spec is None or spec.supports(Capability.IMAGE_INPUTS):
