@@ -30,6 +30,8 @@ REVIEWED_IGNORE_RULES = {
     "cluster.master_port_range_low",
     "cluster.segment_size",
     "data.*.system_prompt_file",
+    "grpo.debug_payload_metrics",
+    "grpo.deduplicate_multimodal_data",
     "logger",
     "policy.disable_modelopt_layer_spec",
     "policy.dtensor_cfg._v2",

@@ -28,6 +28,9 @@ LOADS = {
     "grpo_math_8B_megatron_nixl.yaml",
     "prorlv2.v2.yaml",
     "sft_openmathinstruct2.yaml",
+    "vlm_grpo_3B.yaml",
+    "vlm_grpo_3B_megatron.yaml",
+    "sft_vlm_3B.yaml",
 }
 
 
@@ -90,7 +93,7 @@ def test_a_recipe_whose_environment_is_its_task_is_refused_not_swapped_for_math(
         "env.sliding_puzzle_game: is NeMo-RL's sliding-puzzle game (its script, examples/run_grpo_sliding_puzzle.py, "
         "generates the puzzles and scores each move over up to grpo.max_rollout_turns turns; data.* is not read), a "
         "task rlcore has no environment for (installed: agent, digits, exact_match, guessing, math, python, "
-        "regex, reward_model, tools, verifiers); install a plugin that registers 'sliding_puzzle_game' to run "
+        "regex, reward_model, tools, verifiers, vlm); install a plugin that registers 'sliding_puzzle_game' to run "
         "this recipe, or remove the section to train the math task its data names"
     ]
     without = load_nemo_rl_config(

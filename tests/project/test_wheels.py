@@ -256,7 +256,18 @@ def test_wheels_in_a_fresh_venv_install_and_train(wheels, tmp_path):
     assert environments.returncode == 0, environments.stderr[-2000:]
     assert {e["name"]: e["status"] for e in json.loads(environments.stdout)["environments"]} == {
         name: "ok"
-        for name in ("digits", "math", "exact_match", "regex", "python", "guessing", "reward_model", "tools", "agent")
+        for name in (
+            "digits",
+            "math",
+            "exact_match",
+            "regex",
+            "python",
+            "guessing",
+            "reward_model",
+            "tools",
+            "agent",
+            "vlm",
+        )
     }  # rlcore's own
     # what a megatron run imports came with the plugin (found, not imported: the run below imports them);
     # vllm did not: rl-megatron does not ask for it

@@ -38,6 +38,12 @@ _BUILTIN = {
         "Multi-turn tool use: the model's tool calls (hermes format by default) run in a sandboxed process and "
         "their results come back as tool messages; its final answer is graded against ground_truth as math.",
     ),
+    "vlm": (
+        "vlm_rewards:VlmRewardsEnvironment",
+        "vlm_rewards:VlmRewardsConfig",
+        "NeMo-RL's VLM environment: a weighted sum of answer checks (format tags, exact_alnum, math_expr, "
+        "bbox_giou, geo3k), each a named reward component (docs/vision.md).",
+    ),
     "reward_model": (  # it starts a Policy on Ray workers of its own: it lives above them, with reward models
         "rlcore.algorithms.rm.environment:RewardModelEnvironment",
         "rlcore.algorithms.rm.environment_config:RewardModelConfig",

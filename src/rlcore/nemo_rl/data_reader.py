@@ -169,6 +169,9 @@ class DataReader:
                 self.named_file(name_path, name)
         elif name_path is not None and str(dataset_name) in self.HUB_NAMES:
             given = next((items[k] for k in split_keys if value_of(items, k) is not None), (None, name_path))
+            if (problem := self.HUB_NAMES[str(dataset_name)].split_problem(given[0])) is not None:
+                self.problem(given[1], problem)
+                return
             for key, value in self.HUB_NAMES[str(dataset_name)].entry(given[0]).items():
                 self.set(f"data.{name}.{key}", value, given[1] if key == "split" else name_path)
             for key in (k for k in split_keys if k in items and items[k][0] is None):

@@ -69,6 +69,14 @@ def _dataset_names() -> list[str]:
         "holds out the same share (`data.split_validation_size`). Another name is one line naming the",
         "`++data.train.data_path=` override.",
         "",
+        "NeMo-RL's image datasets (`clevr-cogent`, `geometry3k`) read their images with `data.image_key`",
+        "(docs/vision.md); a GRPO config training on one is NeMo-RL's VLM recipe (`run_vlm_grpo.py`): the",
+        "environment its `env_name` names becomes rlcore's `vlm` environment (the same reward functions and",
+        "weights), and `vlm_hf_data_processor` is how rlcore builds their samples (the image, then the prompt",
+        "file formatted with the question, no system prompt). CLEVR-CoGenT keeps each split in a repository of",
+        "its own, read as its `train` split; its answer is the text of `solution`'s `<answer>` tags, which",
+        "the `vlm` environment reads (an SFT target keeps the tags: a `note:` line says so).",
+        "",
     ]
     for family, names in FAMILIES.items():
         lines += [

@@ -17,6 +17,7 @@ from rlcore.nemo_rl.distillation import distillation_settings
 from rlcore.nemo_rl.dpo import dpo_data, dpo_defaults
 from rlcore.nemo_rl.sft import sft_data, sft_defaults
 from rlcore.nemo_rl.tasks import checkpoint_metric, task
+from rlcore.nemo_rl.vlm import automodel
 
 _MISSING = object()
 G = "policy.generation."
@@ -295,6 +296,7 @@ HANDLERS: dict[str, Callable[[dict[str, Any], Conversion], None]] = {
     "distillation_settings": distillation_settings,
     "data_plane": data_plane,
     "kv_recompute": kv_recompute,
+    "automodel": automodel,
 }
 ORDER = tuple(HANDLERS)
 

@@ -29,10 +29,24 @@ class HubDataset:
     held_out: float = 0.0
     #: ``data.<split>.format``: how its rows are rewritten (rlcore.datasets.formats), or None
     format: str | None = None
+    #: NeMo-RL's split names when it checks them (empty: any split of the hub dataset)
+    splits: tuple[str, ...] = ()
+    #: a split NeMo-RL reads from a hub dataset of its own (as that one's 'train' split), by split name
+    split_repos: dict[str, str] = field(default_factory=dict)
+
+    def split_problem(self, split: str | None) -> str | None:
+        """Why NeMo-RL would refuse ``split`` for this dataset (None: it reads it)."""
+        names = tuple(self.split_repos) or self.splits
+        if split is None or not names or split in names:
+            return None
+        return f"is {split!r}, a split NeMo-RL does not read for this dataset: use one of {', '.join(names)}"
 
     def entry(self, split: str | None = None) -> dict[str, Any]:
         """``data.<split>``'s hub settings for this dataset (``split``: the config's, else the dataset's own)."""
-        out: dict[str, Any] = {"hub_id": self.hub_id, "split": split or self.split}
+        split = split or self.split
+        if split in self.split_repos:
+            return {"hub_id": self.split_repos[split], "split": "train"}
+        out: dict[str, Any] = {"hub_id": self.hub_id, "split": split}
         if self.subset:
             out["subset"] = self.subset
         if self.format:
@@ -60,7 +74,25 @@ _GSM8K = HubDataset(
     "openai/gsm8k", subset="main", keys={"input_key": "question", "output_key": "answer"}, format="gsm8k"
 )
 
-#: GRPO's and distillation's names (response datasets scored by the math environment).
+_CLEVR = "MMInstruction/Clevr_CoGenT_"
+#: NeMo-RL's image datasets (read by its VLM scripts; ``clevr.py``, ``geometry3k.py``): the image column, the
+#: question (``data.input_key``, formatted by the prompt file) and the answer. CLEVR's answer is the text of
+#: ``solution``'s ``<answer>`` tags (the vlm environment reads it so).
+VLM_NAMES: dict[str, HubDataset] = {
+    "clevr-cogent": HubDataset(
+        f"{_CLEVR}TrainA_70K_Complex",
+        keys={"input_key": "problem", "output_key": "solution", "image_key": "image"},
+        split_repos={"train": f"{_CLEVR}TrainA_70K_Complex", "valA": f"{_CLEVR}ValA", "valB": f"{_CLEVR}ValB"},
+    ),
+    "geometry3k": HubDataset(
+        "hiyouga/geometry3k",
+        keys={"input_key": "problem", "output_key": "answer", "image_key": "images"},
+        splits=("train", "validation", "test"),
+    ),
+}
+
+#: GRPO's and distillation's names (response datasets scored by the math environment; the image datasets by the
+#: vlm environment).
 NAMES: dict[str, HubDataset] = {
     "OpenMathInstruct-2": _OMI2,
     "DeepScaler": HubDataset(
@@ -74,6 +106,7 @@ NAMES: dict[str, HubDataset] = {
     "DAPOMathAIME2024": HubDataset(*_AIME_DAPO, keys=_DAPO_KEYS),
     "gsm8k": _GSM8K,
     "GSM8K": _GSM8K,
+    **VLM_NAMES,
 }
 
 #: SFT's names (message logs, or input/output rows).
@@ -92,6 +125,8 @@ SFT_NAMES: dict[str, HubDataset] = {
     "tulu3_sft_mixture": HubDataset("allenai/tulu-3-sft-mixture", keys={"messages_key": "messages"}, held_out=0.05),
     "gsm8k": _GSM8K,
     "GSM8K": _GSM8K,
+    # NeMo-RL's sft_processor formats CLEVR's rows (its other image datasets' it does not read)
+    "clevr-cogent": VLM_NAMES["clevr-cogent"],
 }
 
 #: DPO's and RM's names (a 'context' log and ranked 'completions').
@@ -115,7 +150,12 @@ FAMILIES = {"GRPO, distillation": NAMES, "SFT": SFT_NAMES, "DPO, RM": PREFERENCE
 def describe(name: str, names: dict[str, HubDataset] = NAMES) -> str:
     """What ``name`` maps to, in one cell of docs/nemo-rl-mapping.md."""
     d = names[name]
-    parts = [f"`{d.hub_id}` split `{d.split}`" + (f" subset `{d.subset}`" if d.subset else "")]
+    if d.split_repos:
+        parts = ["; ".join(f"split `{split}`: `{hub_id}`" for split, hub_id in d.split_repos.items())]
+    else:
+        parts = [f"`{d.hub_id}` split `{d.split}`" + (f" subset `{d.subset}`" if d.subset else "")]
+    if d.splits:
+        parts[0] += f" (splits {', '.join(f'`{s}`' for s in d.splits)})"
     if d.format:
         parts.append(f"format `{d.format}`")
     parts.append(", ".join(f"{k} `{v}`" for k, v in d.keys.items()))

@@ -99,6 +99,12 @@ ALGORITHM_AND_RUN_RULES: tuple[Rule, ...] = (
         "(the tools environment and the endpoint's agents flag them; docs/tools.md)",
     ),
     _n("grpo.malformed_thinking_advantage", (None,), "thinking-tag advantages"),
+    _i(
+        "grpo.deduplicate_multimodal_data",
+        "sharing a prompt's image payload among its generations: transport and memory only, and rlcore's image "
+        "batches share each prompt's pixels among its copies already (docs/vision.md)",
+    ),
+    _i("grpo.debug_payload_metrics", "payload-size metrics of NeMo-RL's Ray transfers: " + LOGGING),
     _n("grpo.skip_reference_policy_logprobs_calculation", (False, None), "skipping reference logprobs"),
     # -- sft (a config with an sft section and no grpo section is an SFT run: rlcore/nemo_rl/sft.py) --------
     *(
@@ -358,7 +364,9 @@ ALGORITHM_AND_RUN_RULES: tuple[Rule, ...] = (
         "In a DPO config: the same files (the early releases: train_data_path, val_data_path; data.val_data_paths "
         "with one entry replaces the validation set), PreferenceDataset rows (HelpSteer3 and Tulu3Preference too) → "
         "data.messages_key 'context', BinaryPreferenceDataset's prompt_key → data.input_key (chosen_key / "
-        "rejected_key must be 'chosen' / 'rejected')",
+        "rejected_key must be 'chosen' / 'rejected'). NeMo-RL's image datasets (clevr-cogent, geometry3k) are "
+        "hub datasets with data.image_key: their processor vlm_hf_data_processor is rlcore's way of building "
+        "their samples (any other processor is an error for them, and it for any other dataset)",
     ),
     *(
         _c("data." + k, "sft_data", "sft." + k, "SFT configs (NeMo-RL's SFT reads it; GRPO's does not)")
@@ -407,8 +415,9 @@ ALGORITHM_AND_RUN_RULES: tuple[Rule, ...] = (
         "dynamic_batching or sequence_packing on, a max_grad_norm, generation, or dtensor_cfg cpu_offload / "
         "activation_checkpointing are errors (NeMo-RL asserts them), processor, logprob_batch_size and "
         "offload_optimizer_for_logprob ignored; an installed plugin environment's env.<name>.* → env.<name>_cfg.* "
-        "(validated by its config class); a section no installed environment has, which no data entry names, is "
-        "ignored",
+        "(validated by its config class); with an image dataset (NeMo-RL's VLM script) the section env_name names, "
+        "and one named vlm, → the vlm environment: reward_functions → env.vlm_cfg.reward_functions, stop_strings "
+        "ignored (read nowhere); a section no installed environment has, which no data entry names, is ignored",
     ),
     _c(
         "data_plane",

@@ -174,7 +174,14 @@ CLUSTER_AND_POLICY_RULES: tuple[Rule, ...] = (
         )
     ),
     _i(DT + "lora_cfg.use_triton", KERNEL),
-    _n(DT + "automodel_kwargs", NONE_OR_EMPTY, "NeMo Automodel options"),
+    _c(
+        DT + "automodel_kwargs",
+        "automodel",
+        P + "freeze_vision_tower",
+        "freeze_config.freeze_vision_tower → policy.freeze_vision_tower (the vision tower keeps its loaded weights); "
+        "freeze_audio_tower ignored (rlcore's batches carry no audio), freeze_language_model true an error; NeMo "
+        "Automodel's other options (backend, ...) are errors unless empty",
+    ),
     _i(DT + "clear_cache_every_n_steps", MEMORY),
     # -- policy.megatron_cfg --------------------------------------------------------------------
     Rule(
@@ -353,7 +360,11 @@ CLUSTER_AND_POLICY_RULES: tuple[Rule, ...] = (
         "TensorRT-LLM engine arguments: no rlcore engine reads them (backend trtllm is refused "
         "at generation.backend unless a plugin provides it)",
     ),
-    _n(G + "vllm_cfg.limit_mm_per_prompt", NONE_OR_EMPTY, "multimodal inputs"),
+    _m(
+        G + "vllm_cfg.limit_mm_per_prompt",
+        note="most images (per modality) in one prompt, as vLLM's limit_mm_per_prompt; vLLM's other multimodal "
+        "settings (mm_processor_cache_gb) are vllm_kwargs, i.e. engine_kwargs",
+    ),
     _i(
         G + "refit_transport",
         "how refit moves the weights (NIXL, ...): rlcore picks shared memory or CUDA IPC "

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from rlcore.config.messages import show_value
+from rlcore.nemo_rl import vlm
 from rlcore.nemo_rl.conversion import Conversion, algorithm, put, same
 from rlcore.nemo_rl.dpo import validation_metrics as dpo_metrics
 from rlcore.nemo_rl.hub_datasets import NAMES, HubDataset
@@ -111,7 +112,12 @@ def _dataset(entry: dict[str, Any], where: str, split: str, out: Conversion) -> 
     name = entry.get("dataset_name")
     columns = HUB_DATASETS.get(str(name))
     if not path and str(name) in NAMES:
+        if (problem := NAMES[str(name)].split_problem(entry.get("split"))) is not None:
+            out.problems.append(f"{where}.split: {problem}")
+            return None
         _hub_dataset(NAMES[str(name)], where, split, out, entry.get("split"))
+        if split == "train":
+            vlm.row_notes("grpo", name, f"{where}.dataset_name", out)
         return NAMES[str(name)]
     if not path:
         out.problems.append(
@@ -151,17 +157,26 @@ def _named_validation(d: HubDataset, out: Conversion) -> None:
         _set(out, "data.split_validation_size", d.held_out, "data.dataset_name")
 
 
-def _prompts(entry: dict[str, Any], where: str, out: Conversion, own: dict[str, Any] | None = None) -> None:
+def _prompts(
+    entry: dict[str, Any], where: str, out: Conversion, own: dict[str, Any] | None = None, images: bool = False
+) -> None:
     """The prompt files and environment of ``entry``; ``own``: the split's keys as written, so that a key
-    ``data.default`` filled in is named as the user wrote it (``data.default.prompt_file``)."""
+    ``data.default`` filled in is named as the user wrote it (``data.default.prompt_file``); ``images``: a VLM run
+    (:mod:`rlcore.nemo_rl.vlm`), whose processor adds no system prompt and whose environment is ``vlm``."""
     for key in ("prompt_file", "system_prompt_file"):
-        if entry.get(key):
+        if key == "system_prompt_file" and images and entry.get(key):
+            out.ignored.append((_written(where, key, own), f"{vlm.VLM_PROCESSOR} adds no system prompt"))
+        elif entry.get(key):
             _file(out, f"data.{key}", entry[key], _written(where, key, own))
     env = entry.get("env_name")
     if env is None:
+        if images:
+            vlm.missing_env(where, out)
         return
     known = {**installed_environments(), **ENVIRONMENTS}
-    if env in known:
+    if images:  # NeMo-RL's VLM script builds every environment the data names as its VLM environment
+        _set(out, "env.name", vlm.ENVIRONMENT, _written(where, "env_name", own))
+    elif env in known:
         _set(out, "env.name", known[env], _written(where, "env_name", own))
     elif env in UNRUNNABLE_ENVIRONMENTS:
         out.problems.append(f"{_written(where, 'env_name', own)}: is {show_value(env)}, {UNRUNNABLE_ENVIRONMENTS[env]}")
@@ -180,9 +195,9 @@ def _written(where: str, key: str, own: dict[str, Any] | None) -> str:
     return f"data.default.{key}" if own is not None and key not in own else f"{where}.{key}"
 
 
-def _ignored(data: dict[str, Any], out: Conversion) -> None:
+def _ignored(data: dict[str, Any], out: Conversion, images: bool = False) -> None:
     """Each key of the data section this module does not map: ignored with why when it changes nothing, else
-    refused (a key NeMo-RL reads that decides the data or the prompts is never dropped)."""
+    refused (a key NeMo-RL reads that decides the data or the prompts is never dropped); ``images``: a VLM run."""
     sections = [("data", data)] + [(f"data.{k}", v) for k, v in data.items() if isinstance(v, dict)]
     for where, section in sections:
         for key, why in IGNORED.items():
@@ -193,7 +208,7 @@ def _ignored(data: dict[str, Any], out: Conversion) -> None:
         if "repeat" in section:
             _repeat(where, section["repeat"], out)
         if "processor" in section:
-            _processor(where, section["processor"], out)
+            (vlm.processor if images else _processor)(where, section["processor"], out)
         if "max_input_seq_length" in section:
             _max_input(where, section["max_input_seq_length"], out)
         for key in sorted(set(section) - READ - set(IGNORED) - {"train", "validation", "default"}):
@@ -311,10 +326,10 @@ def task(nemo: dict[str, Any], out: Conversion) -> None:
         if _several_datasets(data, out):
             return
         train, where = _merged(data, "train")
-        hub = None
+        hub, images = None, vlm.is_vlm_run(nemo)
         if train is not None:
             hub = _dataset(train, where, "train", out)
-            _prompts(train, where, out, data.get("train") if "default" in data else None)
+            _prompts(train, where, out, data.get("train") if "default" in data else None, images)
             if train.get("split_validation_size") and not data.get("validation"):
                 _set(
                     out, "data.split_validation_size", train["split_validation_size"], f"{where}.split_validation_size"
@@ -328,7 +343,7 @@ def task(nemo: dict[str, Any], out: Conversion) -> None:
             _named_validation(hub, out)
         if "shuffle" in data:
             _set(out, "data.shuffle", data["shuffle"], "data.shuffle")
-        _ignored(data, out)
+        _ignored(data, out, images)
         if train is None:
             out.problems.append(
                 "data.train: the data section names no train dataset, so NeMo-RL's script would not start and "
@@ -400,7 +415,11 @@ def _environment(env: dict[str, Any], nemo: dict[str, Any], out: Conversion) -> 
     from rlcore.nemo_rl.reward_model import reward_model_settings
 
     plugins = installed_environments()
+    images = vlm.env_section(nemo)
     for name, settings in env.items():
+        if isinstance(settings, dict) and name == images:
+            vlm.environment(name, settings, out)
+            continue
         if name in TASK_ENVIRONMENTS and name not in plugins:
             out.problems.append(
                 f"env.{name}: is {TASK_ENVIRONMENTS[name]}, a task rlcore has no environment for (installed: "
@@ -428,6 +447,9 @@ def _environment(env: dict[str, Any], nemo: dict[str, Any], out: Conversion) -> 
                     f"the run's environment is {out.config['env']['name']} (from {out.sources['env.name']})",
                 )
             )
+            continue
+        if name == vlm.ENVIRONMENT:  # NeMo-RL's VLM environment, by its registered name
+            vlm.environment(name, settings, out)
             continue
         if "num_workers" in settings:
             _set(out, "env.num_workers", settings["num_workers"], f"env.{name}.num_workers")
