@@ -223,3 +223,16 @@ def test_validate_offline_names_the_download_then_passes_with_the_cache(offline_
     squad_cache(offline_home)
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
+
+
+def test_image_rows_are_rewritten_as_nemo_rls_vlm_loaders_do():
+    from rlcore.datasets.formats import clevr_cogent, geometry3k
+
+    assert clevr_cogent({"problem": "How many?", "image": "png", "solution": "<answer> 3 cubes </answer>"}) == {
+        "problem": "How many?",
+        "image": "png",
+        "solution": "3 cubes",
+    }
+    assert clevr_cogent({"problem": "p", "image": "png", "solution": " plain "})["solution"] == "plain"
+    row = geometry3k({"problem": "<image>Find x.", "images": ["first", "second"], "answer": "12"})
+    assert row == {"problem": "Find x.", "images": ["first"], "answer": "12"}

@@ -18,6 +18,10 @@ from rlcore.config.base import SectionsModel, StrictModel
 DIGITS_GENERATOR = "rlcore.environments.digits:digit_prompts"
 
 
+#: The row formats of rlcore.datasets.formats (and oasst's trees).
+RowFormat = Literal["squad", "gsm8k", "helpsteer3", "tulu3_preference", "oasst", "clevr_cogent", "geometry3k"]
+
+
 class DatasetConfig(StrictModel):
     """One split's samples: a local file or directory, a Hugging Face hub dataset, or a generator function (exactly
     one). Files, directories and hub datasets are all read with Hugging Face ``datasets`` (docs/datasets.md)."""
@@ -42,7 +46,9 @@ class DatasetConfig(StrictModel):
     data_files: str | list[str] | dict[str, str | list[str]] | None = Field(
         None, description="Which files of a hub dataset to read (datasets.load_dataset's data_files)."
     )
-    format: Literal["squad", "gsm8k", "helpsteer3", "tulu3_preference", "oasst"] | None = Field(
+    format: (
+        Literal["squad", "gsm8k", "helpsteer3", "tulu3_preference", "oasst", "clevr_cogent", "geometry3k"] | None
+    ) = Field(
         None,
         description="Rewrite each row as NeMo-RL's dataset class of that name does (a hub dataset's own "
         "columns into messages, or context and ranked completions), when the row is drawn; docs/datasets.md.",

@@ -11,7 +11,10 @@ rewritten at start-up). Each does what NeMo-RL's dataset class of that name does
   ``overall_preference`` (negative: response1 preferred; 0: both completions are response1, as NeMo-RL does) as
   ``completions``;
 - ``tulu3_preference``: the ``chosen`` conversation without its last message as the ``context``, the last
-  messages of ``chosen`` and ``rejected`` as ranked ``completions``.
+  messages of ``chosen`` and ``rejected`` as ranked ``completions``;
+- ``clevr_cogent``: ``problem`` and ``image`` as they are, the ``solution`` cut to the text of its
+  ``<answer>`` tags (all of it, stripped, without them);
+- ``geometry3k``: ``problem`` without its ``<image>`` marker, the first of ``images`` only, ``answer``.
 
 OpenAssistant's trees (one tree, many conversations) are not a row format: :mod:`rlcore.datasets.oasst`.
 """
@@ -69,12 +72,32 @@ def tulu3_preference(row: Row) -> Row:
     return {"context": list(chosen[:-1]), "completions": _ranked(chosen[-1]["content"], rejected[-1]["content"])}
 
 
+def clevr_cogent(row: Row) -> Row:
+    import re
+
+    solution = str(row["solution"])
+    tagged = re.search(r"<answer>(.*?)</answer>", solution, re.DOTALL)
+    return {
+        "problem": row["problem"],
+        "image": row["image"],
+        "solution": (tagged.group(1) if tagged else solution).strip(),
+    }
+
+
+def geometry3k(row: Row) -> Row:
+    images = row["images"]
+    first = images[:1] if isinstance(images, list) else [images]
+    return {"problem": str(row["problem"]).replace("<image>", ""), "images": first, "answer": row["answer"]}
+
+
 #: The row formats, by the name ``data.<split>.format`` gives.
 FORMATS: dict[str, Callable[[Row], Row]] = {
     "squad": squad,
     "gsm8k": gsm8k,
     "helpsteer3": helpsteer3,
     "tulu3_preference": tulu3_preference,
+    "clevr_cogent": clevr_cogent,
+    "geometry3k": geometry3k,
 }
 
 

@@ -44,10 +44,10 @@ class HubDataset:
     def entry(self, split: str | None = None) -> dict[str, Any]:
         """``data.<split>``'s hub settings for this dataset (``split``: the config's, else the dataset's own)."""
         split = split or self.split
-        if split in self.split_repos:
-            return {"hub_id": self.split_repos[split], "split": "train"}
         out: dict[str, Any] = {"hub_id": self.hub_id, "split": split}
-        if self.subset:
+        if split in self.split_repos:  # a repository per split, each read as its 'train'
+            out = {"hub_id": self.split_repos[split], "split": "train"}
+        elif self.subset:
             out["subset"] = self.subset
         if self.format:
             out["format"] = self.format
@@ -76,18 +76,21 @@ _GSM8K = HubDataset(
 
 _CLEVR = "MMInstruction/Clevr_CoGenT_"
 #: NeMo-RL's image datasets (read by its VLM scripts; ``clevr.py``, ``geometry3k.py``): the image column, the
-#: question (``data.input_key``, formatted by the prompt file) and the answer. CLEVR's answer is the text of
-#: ``solution``'s ``<answer>`` tags (the vlm environment reads it so).
+#: question (``data.input_key``, formatted by the prompt file) and the answer, each row rewritten as NeMo-RL's
+#: loader rewrites it (rlcore.datasets.formats: CLEVR's answer is the text of ``solution``'s ``<answer>`` tags;
+#: geometry3k's problem loses its ``<image>`` marker and shows its first image only).
 VLM_NAMES: dict[str, HubDataset] = {
     "clevr-cogent": HubDataset(
         f"{_CLEVR}TrainA_70K_Complex",
         keys={"input_key": "problem", "output_key": "solution", "image_key": "image"},
         split_repos={"train": f"{_CLEVR}TrainA_70K_Complex", "valA": f"{_CLEVR}ValA", "valB": f"{_CLEVR}ValB"},
+        format="clevr_cogent",
     ),
     "geometry3k": HubDataset(
         "hiyouga/geometry3k",
         keys={"input_key": "problem", "output_key": "answer", "image_key": "images"},
         splits=("train", "validation", "test"),
+        format="geometry3k",
     ),
 }
 

@@ -26,7 +26,6 @@ from rlcore.nemo_rl.conversion import Conversion, is_sft, nemo_defaults, without
 from rlcore.nemo_rl.data_reader import TOP_LEVEL as DATA_TOP_LEVEL
 from rlcore.nemo_rl.data_reader import DataReader, Items, value_of
 from rlcore.nemo_rl.hub_datasets import SFT_NAMES
-from rlcore.nemo_rl.vlm import row_notes
 
 #: NeMo-RL's defaults of ``sft`` keys (its SFTConfig, main) where rlcore's differ: an sft section without the
 #: key means these. (The releases before required every key.)
@@ -167,7 +166,6 @@ class _Data(DataReader):
         named = SFT_NAMES.get(str(value_of(items, "dataset_name")))
         if named is not None and "image_key" in named.keys and not value_of(items, "data_path"):
             self.set("data.image_key", named.keys["image_key"], items["dataset_name"][1])
-            row_notes("sft", items["dataset_name"][0], items["dataset_name"][1], self.out)
 
     def prompt_with_logs(self, splits: dict[str, Items]) -> None:
         """rlcore formats an input_key row with data.prompt_file; NeMo-RL also formats a message log's first user

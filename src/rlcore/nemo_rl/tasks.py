@@ -116,8 +116,6 @@ def _dataset(entry: dict[str, Any], where: str, split: str, out: Conversion) -> 
             out.problems.append(f"{where}.split: {problem}")
             return None
         _hub_dataset(NAMES[str(name)], where, split, out, entry.get("split"))
-        if split == "train":
-            vlm.row_notes("grpo", name, f"{where}.dataset_name", out)
         return NAMES[str(name)]
     if not path:
         out.problems.append(

@@ -32,14 +32,6 @@ ENV_KEYS: dict[str, str | tuple[None, str]] = {
     ),
 }
 AUTOMODEL = "policy.dtensor_cfg.automodel_kwargs"
-#: Where rlcore's rows differ from what NeMo-RL's loaders make of an image dataset's row, by (algorithm, name): a
-#: row format of rlcore.datasets.formats would remove the difference.
-ROW_NOTES = {
-    ("sft", "clevr-cogent"): "NeMo-RL's SFT target is the text inside solution's <answer> tags; rlcore's is the "
-    "solution column as written, tags included",
-    ("grpo", "geometry3k"): "NeMo-RL drops the '<image>' marker from the problem text and shows the row's first "
-    "image only; rlcore keeps the text as written and shows every image of 'images'",
-}
 
 
 def _set(out: Conversion, target: str, value: Any, source: str) -> None:
@@ -73,12 +65,6 @@ def missing_env(where: str, out: Conversion) -> None:
         f"{where}.env_name: is missing, and NeMo-RL's VLM script scores with the env section it names: give it, "
         "e.g. ++data.default.env_name=clevr-cogent"
     )
-
-
-def row_notes(algorithm: str, name: Any, where: str, out: Conversion) -> None:
-    """A ``note:`` line when rlcore reads the image dataset ``name`` (named at ``where``) otherwise than NeMo-RL."""
-    if (line := ROW_NOTES.get((algorithm, str(name)))) is not None:
-        out.notes.append(f"{where}: {name}: {line}")
 
 
 def processor(where: str, value: Any, out: Conversion) -> None:
