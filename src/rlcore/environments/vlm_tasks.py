@@ -75,9 +75,7 @@ def count_squares(step: int, n: int, seed: int = 0, size: int = 64, max_count: i
 FORMAT_WEIGHT, COUNT_WEIGHT = 0.2, 0.8
 
 
-def count_reward(
-    prompts: list[str], completions: list[str], metadata: list[dict[str, Any]]
-) -> dict[str, list[float]]:
+def count_reward(prompts: list[str], completions: list[str], metadata: list[dict[str, Any]]) -> dict[str, list[float]]:
     """The counting task's reward, for the ``python`` environment: ``format`` (:data:`FORMAT_WEIGHT`) when the
     answer starts with a number, ``count`` (:data:`COUNT_WEIGHT`) when that number is the count. The first part
     is what a model learns without looking; only the second needs the picture."""

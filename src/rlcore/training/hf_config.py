@@ -49,10 +49,11 @@ def load_config(path: str, overrides: Mapping[str, Any] | None = None) -> Pretra
 
 def _parameter_shapes(config: PretrainedConfig) -> dict[str, tuple[int, ...]]:
     import torch
-    from transformers import AutoModelForCausalLM
+
+    from rlcore.training.vision import model_class
 
     with torch.device("meta"):  # structure only: no memory, no initialisation cost worth counting
-        model = AutoModelForCausalLM.from_config(config)
+        model = model_class(config).from_config(config)
     return {name: tuple(p.shape) for name, p in model.named_parameters()}
 
 
@@ -75,10 +76,12 @@ def _check_shapes_unchanged(path: str, config: PretrainedConfig, overrides: Mapp
 def pretrained_model(
     path: str, overrides: Mapping[str, Any] | None = None, dtype: torch.dtype | None = None
 ) -> PreTrainedModel:
-    """``AutoModelForCausalLM.from_pretrained(path)`` built with the overridden config."""
-    from transformers import AutoModelForCausalLM
+    """``AutoModelForCausalLM.from_pretrained(path)`` built with the overridden config
+    (``AutoModelForImageTextToText`` for a vision-language model, :mod:`rlcore.training.vision`)."""
+    from rlcore.training.vision import model_class
 
-    return AutoModelForCausalLM.from_pretrained(path, config=load_config(path, overrides), dtype=dtype)
+    config = load_config(path, overrides)
+    return model_class(config).from_pretrained(path, config=config, dtype=dtype)
 
 
 __all__ = ["OVERRIDES_PATH", "load_config", "pretrained_model"]

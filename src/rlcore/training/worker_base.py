@@ -39,6 +39,7 @@ from rlcore.training.loop import StepHooks, micro_batches, train_steps
 from rlcore.training.lora import adapters_disabled, changed_layers
 from rlcore.training.optim import build_optimizer, build_scheduler
 from rlcore.training.value_head import ModelHead, aligned_values, no_token_distribution, value_step_hooks
+from rlcore.training.vision import VisionForward
 
 
 class NonFiniteStepsError(RuntimeError):
@@ -95,12 +96,20 @@ class TrainingWorkerBase:
     lora_targets: list[str] = []  # paths of the LoRA-adapted layers (set in __init__ when policy.lora is on)
     consecutive_skipped: int = 0  # optimizer steps skipped in a row for a non-finite loss or gradient norm
     model_head: ModelHead = "lm"  # "value": a value model (set in __init__ from the model_head keyword)
+    vision: VisionForward | None = None  # a vision-language model's image inputs (set in __init__)
 
     # -- to implement (the forwards default to a whole Hugging Face causal LM in self.model) ---------
     def _logits(self, mb: BatchedDataDict) -> torch.Tensor:
         """``[B, S, V]`` logits of a micro-batch from ``self.model`` called as a Hugging Face causal LM."""
         ids = mb["input_ids"].to(self.device)
-        return self.model(input_ids=ids, attention_mask=attention_mask(mb, self.device), use_cache=False).logits
+        kwargs: dict[str, Any] = {
+            "input_ids": ids,
+            "attention_mask": attention_mask(mb, self.device),
+            "use_cache": False,
+        }
+        if self.vision is not None:  # a vision-language model: the rows' images (rlcore.training.vision)
+            kwargs.update(self.vision.kwargs(ids, mb))
+        return self.model(**kwargs).logits
 
     def _forward_logprobs(self, mb: BatchedDataDict) -> torch.Tensor:
         return self._logprobs_of(self._logits(mb), mb)

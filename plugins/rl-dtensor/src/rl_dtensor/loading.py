@@ -28,7 +28,9 @@ from rl_dtensor.parallelize import ParallelOptions, parallelize
 from rl_dtensor.segment_attention import use_segment_attention
 from rlcore.training import lora
 from rlcore.training.hf_config import load_config
+from rlcore.training.hf_names import pin_conversions
 from rlcore.training.value_head import ModelHead, load_value_model, value_model_config
+from rlcore.training.vision import freeze_vision_tower, model_class
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
@@ -59,13 +61,11 @@ def full_state_on_rank0(
     base_path: str, lora_cfg: Any, adapter_path: str | None, config: PretrainedConfig, model_head: ModelHead = "lm"
 ) -> dict[str, torch.Tensor]:
     """The model's full float32 state (LoRA applied, the adapter loaded) on rank 0; empty elsewhere."""
-    from transformers import AutoModelForCausalLM
-
     if dist.get_rank() != 0:
         return {}
     if model_head == "value":
         return load_value_model(base_path, config).state_dict()
-    model = AutoModelForCausalLM.from_pretrained(base_path, config=config, dtype=torch.float32)
+    model = model_class(config).from_pretrained(base_path, config=config, dtype=torch.float32)
     _with_lora(model, lora_cfg)
     if adapter_path:
         lora.load_adapter_into(model, adapter_path)
@@ -80,22 +80,28 @@ def load_sharded_model(
     opts: ParallelOptions,
     device: torch.device,
     config_overrides: Mapping[str, Any] | None = None,
+    freeze_vision: bool = False,
 ) -> tuple[nn.Module, list[str]]:
     """The parallelized model with the checkpoint's weights, and its LoRA targets. Collective.
 
     ``config_overrides``: ``policy.hf_config_overrides``, set on the config every rank builds from. With
-    ``opts.value_model`` it is the value model (Hugging Face's token-classification class, one label)."""
-    from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
+    ``opts.value_model`` it is the value model (Hugging Face's token-classification class, one label). A
+    vision-language model is Hugging Face's image-text class; ``freeze_vision`` (``policy.freeze_vision_tower``)
+    switches its tower's gradients off before sharding."""
+    from transformers import AutoModelForTokenClassification
 
     model_head: ModelHead = "value" if opts.value_model else "lm"
     config = load_config(base_path, config_overrides)
     if model_head == "value":
         config = value_model_config(config)
     full = full_state_on_rank0(base_path, lora_cfg, adapter_path, config, model_head)
-    model_class = AutoModelForTokenClassification if model_head == "value" else AutoModelForCausalLM
+    cls = AutoModelForTokenClassification if model_head == "value" else model_class(config)
     with parameters_on_meta():
-        model = model_class.from_config(config, dtype=torch.float32)
+        model = cls.from_config(config, dtype=torch.float32)
         targets = _with_lora(model, lora_cfg)
+    if freeze_vision:
+        freeze_vision_tower(model)
+    pin_conversions(model)  # the checkpoint's names, looked up by class name: before FSDP2 renames the class
     use_segment_attention(model)  # packed rows attend per sequence, not through a [T, T] mask
     buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
     parallelize(model, mesh, opts)

@@ -62,6 +62,20 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
     return [m for m in model.modules() if type(m).__name__.endswith("DecoderLayer")]
 
 
+def vision_units(model: nn.Module) -> list[nn.Module]:
+    """A vision-language model's vision blocks, then its whole tower (patch embedding and merger), each its own
+    FSDP unit: at most one block is gathered at a time, as for the decoder layers; none for a text model.
+    Every rank runs them in every forward (:class:`rlcore.training.vision.VisionForward`)."""
+    from rlcore.training.vision import vision_tower_path
+
+    path = vision_tower_path(model)
+    if path is None:
+        return []
+    tower = model.get_submodule(path)
+    blocks = next((m for m in tower.modules() if isinstance(m, nn.ModuleList)), nn.ModuleList())
+    return [*blocks, tower]
+
+
 def parallelize(model: nn.Module, mesh: DeviceMesh, opts: ParallelOptions) -> nn.Module:
     """Apply TP (when the tp axis is > 1), activation checkpointing (if asked), then FSDP2 over dp."""
     if mesh["tp"].size() > 1:
@@ -140,7 +154,8 @@ def apply_ac(model: nn.Module) -> None:
 def apply_fsdp(
     model: nn.Module, dp_mesh: DeviceMesh, precision: str, cpu_offload: bool, reshard_after_forward: bool = True
 ) -> None:
-    """``fully_shard`` each decoder layer, then the root, over ``dp_mesh``.
+    """``fully_shard`` each vision block and the vision tower (:func:`vision_units`), each decoder layer, then the
+    root, over ``dp_mesh``.
 
     Parameters stay float32 (the master weights); ``precision`` only sets the
     compute dtype via ``MixedPrecisionPolicy`` with float32 gradient reduction.
@@ -160,7 +175,7 @@ def apply_fsdp(
     )
     offload = CPUOffloadPolicy(pin_memory=torch.cuda.is_available()) if cpu_offload else OffloadPolicy()
     reshard = None if reshard_after_forward else False  # None: FSDP2's default (every unit but the root)
-    for layer in decoder_layers(model):
+    for layer in [*vision_units(model), *decoder_layers(model)]:
         fully_shard(layer, mesh=dp_mesh, mp_policy=mp, offload_policy=offload, reshard_after_forward=reshard)
     fully_shard(model, mesh=dp_mesh, mp_policy=mp, offload_policy=offload, reshard_after_forward=reshard)
     for module in model.modules():

@@ -16,6 +16,10 @@ swap); this class supplies the sharded model and how to run it:
 - with ``model_head="value"`` (capability ``value_head``) a value model: Hugging Face's token-classification
   model with one label, its head replicated over tp (:func:`rl_dtensor.tp_plans.value_model_plan`), values from
   the same padded or packed forwards; no refit, no reference model.
+- a vision-language model (capability ``image_inputs``, docs/vision.md): loaded with Hugging Face's image-text
+  class, its tower sharded in FSDP units of its own, images fed by :class:`rlcore.training.vision.VisionForward`;
+  ``policy.freeze_vision_tower`` keeps the tower out of the optimizer and out of refit. dp only, padded
+  micro-batches (:mod:`rl_dtensor.checks` refuses the rest).
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import dataclasses
 import logging
 import math
 import resource
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -35,6 +39,7 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from rl_dtensor import state
+from rl_dtensor.checks import check_context_parallel, check_vision_settings
 from rl_dtensor.config import dtensor_section
 from rl_dtensor.grads import clip_grads
 from rl_dtensor.inputs import ModelInputs, packed_inputs, padded_inputs
@@ -45,32 +50,19 @@ from rlcore.refit import RefitExportMixin
 from rlcore.refit.buckets import dtype_name
 from rlcore.training import lora, moe_aux
 from rlcore.training import sharded_checkpoint as ckpt
-from rlcore.training.checkpoint import is_adapter_checkpoint, load_hf_state_dict, save_tokenizer
+from rlcore.training.checkpoint import is_adapter_checkpoint, save_tokenizer
 from rlcore.training.checkpoint_files import check_inside
+from rlcore.training.hf_config import load_config
 from rlcore.training.hf_names import CheckpointNames
 from rlcore.training.loop import StepHooks
 from rlcore.training.process_group import init_distributed
 from rlcore.training.value_head import check_model_head, load_value_model
+from rlcore.training.vision import VisionForward, is_vision_language, under, vision_tower_path
 from rlcore.training.worker_base import TrainingWorkerBase
 
 # Gathering FSDP x TP shards (``full_tensor``) takes two all-gathers and DTensor warns about it on
 # every call; it is expected here (refit and checkpoint gathers), so keep the logs readable.
 logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
-
-
-def check_context_parallel(cp: int, device: torch.device) -> None:
-    """Context parallel shards attention across ranks; torch has no CPU implementation of that."""
-    if cp <= 1:
-        return
-    if device.type != "cuda":
-        raise ValueError(
-            f"policy.dtensor_cfg.context_parallel_size={cp} needs CUDA devices: there is no CPU "
-            "attention sharding strategy; set policy.dtensor_cfg.context_parallel_size=1 on CPU"
-        )
-    raise NotImplementedError(
-        f"policy.dtensor_cfg.context_parallel_size={cp}: context parallel is not implemented by the rl-dtensor "
-        "backend yet; use tensor_parallel_size with sequence_parallel for long sequences"
-    )
 
 
 class DTensorPolicyWorker(RefitExportMixin, TrainingWorkerBase):
@@ -130,12 +122,23 @@ class DTensorPolicyWorker(RefitExportMixin, TrainingWorkerBase):
             check_inside(weights_path)  # a checkpoint reads its own files only
         adapter_path = weights_path if is_adapter_checkpoint(weights_path) else None
         base_path = config.model_name if adapter_path else (weights_path or config.model_name)
+        check_vision_settings(load_config(base_path, config.hf_config_overrides), config, self.tp_size, model_head)
         # Each rank allocates only its shards; rank 0 reads the checkpoint and broadcasts it.
         self.model: nn.Module
         self.model, self.lora_targets = load_sharded_model(
-            base_path, config.lora, adapter_path, self.mesh, self.opts, self.device, config.hf_config_overrides
+            base_path,
+            config.lora,
+            adapter_path,
+            self.mesh,
+            self.opts,
+            self.device,
+            config.hf_config_overrides,
+            freeze_vision=config.freeze_vision_tower,
         )
         self.hf_config = self.model.config
+        # A vision-language model: images in the forwards; a frozen tower stays out of refit.
+        self.vision = VisionForward(self.model) if is_vision_language(self.hf_config) else None
+        self.frozen_tower = vision_tower_path(self.model) if config.freeze_vision_tower else None
         # A mixture-of-experts' load-balancing loss, trained when its config asks (rlcore.training.moe_aux).
         self.aux_coef = moe_aux.aux_coefficient(self.hf_config)
         self._routers = moe_aux.RouterLogitsRecorder(self.model) if self.aux_coef else None
@@ -171,12 +174,20 @@ class DTensorPolicyWorker(RefitExportMixin, TrainingWorkerBase):
             )
         return padded_inputs(mb, self.device, self.seq_multiple)
 
+    def _model_kwargs(self, inputs: ModelInputs, mb: BatchedDataDict) -> dict[str, Any]:
+        """The forward's kwargs; a vision-language model gets the rows' images and derives its own positions."""
+        kwargs = inputs.model_kwargs()
+        if self.vision is not None:
+            del kwargs["position_ids"]  # Qwen2.5-VL computes its 3D rotary positions from mm_token_type_ids
+            kwargs.update(self.vision.kwargs(inputs.input_ids, mb))
+        return kwargs
+
     def _run(self, mb: BatchedDataDict) -> tuple[ModelInputs, torch.Tensor]:
         inputs = self._inputs(mb)
         if not (self._routers and self._training_forward):
-            return inputs, self.model(**inputs.model_kwargs()).logits
+            return inputs, self.model(**self._model_kwargs(inputs, mb)).logits
         with self._routers.recording() as router_logits:
-            logits = self.model(**inputs.model_kwargs()).logits
+            logits = self.model(**self._model_kwargs(inputs, mb)).logits
         mask = inputs.routed_mask(mb["sample_mask"])
         aux = moe_aux.load_balancing_loss(router_logits, mask, self.hf_config.num_experts_per_tok)
         self._pending_aux = moe_aux.AuxLoss(aux, float(moe_aux.routed_tokens(mb)), self.aux_coef)  # host count
@@ -288,11 +299,16 @@ class DTensorPolicyWorker(RefitExportMixin, TrainingWorkerBase):
         """``{hf_name: (full shape, dtype)}`` in :meth:`iter_refit_tensors` order; no communication."""
         self._refuse_on_value_model("prepare_refit_info")
         dtype = dtype_name(self._refit_dtype())
-        info = {name: (shape, dtype) for name, shape in state.full_shapes(self.model).items()}
+        keep = self._refit_keep()
+        info = {name: (shape, dtype) for name, shape in state.full_shapes(self.model).items() if keep(name)}
         if self.lora_targets:
             info = lora.merged_metadata(info, self._changed_layers(changed_only))
         shapes = self.checkpoint_names.shapes({name: shape for name, (shape, _) in info.items()})
         return {name: (shape, dtype) for name, shape in shapes.items()}
+
+    def _refit_keep(self) -> Callable[[str], bool]:
+        """Which in-memory names refit sends: all but a frozen vision tower's (the engine keeps what it loaded)."""
+        return lambda name: not under(self.frozen_tower, name)
 
     def iter_refit_tensors(self, changed_only: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
         """Full HF-named tensors (LoRA: merged); every rank must iterate (gathering shards is a collective)."""
@@ -301,7 +317,7 @@ class DTensorPolicyWorker(RefitExportMixin, TrainingWorkerBase):
         state.reshard(self.model)
         dtype = self._refit_dtype()
         if not self.lora_targets:
-            yield from self.checkpoint_names.tensors(state.iter_full_tensors(self.model, dtype))
+            yield from self.checkpoint_names.tensors(state.iter_full_tensors(self.model, dtype, self._refit_keep()))
             return
         only = self._changed_layers(changed_only)
         keep = None if only is None else (lambda name: lora.layer_path(name) in only)
@@ -361,23 +377,12 @@ class DTensorPolicyWorker(RefitExportMixin, TrainingWorkerBase):
             ckpt.load_optimizer(self.model, self.optimizer, self.scheduler, optimizer_path)
 
     def _full_state_of(self, weights_path: str) -> dict[str, torch.Tensor]:
-        """A checkpoint's tensors under the model's in-memory names: read as they are, or, for a model whose
-        layout differs from its files (a MoE's fused experts), through transformers' loader (safetensors only). A
-        value model reads through :func:`rlcore.training.value_head.load_value_model` (a causal LM's weights get a
-        fresh head)."""
+        """A checkpoint's tensors under the model's in-memory names (:meth:`CheckpointNames.read`). A value model
+        reads through :func:`rlcore.training.value_head.load_value_model` (a causal LM's weights get a fresh head)."""
         if self.model_head == "value":
             check_inside(weights_path)  # a checkpoint reads its own files only
             return load_value_model(weights_path, copy.deepcopy(self.hf_config)).state_dict()
-        if not self.checkpoint_names.converts:
-            return load_hf_state_dict(weights_path)
-        from transformers import AutoModelForCausalLM
-
-        check_inside(weights_path)  # a checkpoint reads its own files only
-
-        loaded = AutoModelForCausalLM.from_pretrained(
-            weights_path, config=self.hf_config, dtype=torch.float32, use_safetensors=True
-        )
-        return loaded.state_dict()
+        return self.checkpoint_names.read(weights_path, self.hf_config)
 
     # -- lifecycle and memory ----------------------------------------------------------------
     def _optimizer_to(self, device: torch.device | str) -> None:
@@ -477,6 +482,11 @@ class DTensorPolicyWorker(RefitExportMixin, TrainingWorkerBase):
                 elif isinstance(value, torch.Tensor):
                     moments += float(state.local_tensor(value).double().abs().sum())
         return {"lr": [g["lr"] for g in self.optimizer.param_groups], "steps": sorted(steps), "moments": moments}
+
+    def optimized_parameter_names(self) -> list[str]:
+        """Names of the parameters the optimizer steps (tests check what a frozen vision tower leaves out)."""
+        stepped = {id(p) for group in self.optimizer.param_groups for p in group["params"]}
+        return [name for name, p in self.model.named_parameters() if id(p) in stepped]
 
     def is_dtensor_model(self) -> dict[str, int]:
         """How many parameters are DTensors, and on how many mesh dimensions (tests check the layout)."""

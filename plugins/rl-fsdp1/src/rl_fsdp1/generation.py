@@ -206,6 +206,18 @@ def left_pad(input_ids: torch.Tensor, input_lengths: torch.Tensor, pad_id: int) 
     return ids, mask
 
 
+def vision_inputs(model: Any, data: Any, left_ids: torch.Tensor) -> dict[str, Any]:
+    """A vision-language model's image kwargs for ``generate`` (docs/vision.md): the rows' pixels and grids, and
+    ``mm_token_type_ids`` of the left-padded prompts, from which HF derives the 3D rotary positions. Prompts are
+    in the expanded frame (one image token per merged patch), so ``output_ids`` are too."""
+    from rlcore.training.vision import image_inputs, is_vision_language
+
+    config: Any = getattr(model, "config", None)
+    if config is None or not is_vision_language(config):
+        return {}
+    return image_inputs(data, left_ids, int(config.image_token_id))
+
+
 def generate(
     model: Any,
     data: Any,
@@ -229,6 +241,7 @@ def generate(
 
     out = model.generate(
         input_ids=left_ids.to(device),
+        **vision_inputs(model, data, left_ids.to(device)),
         attention_mask=mask.to(device),
         generation_config=settings.hf_generation_config(seeded=seeds is not None),
         stopping_criteria=criteria,

@@ -21,6 +21,7 @@ CAPABILITIES = frozenset(
         Capability.LOGITS_AT_INDICES,
         Capability.LOGPROBS_AT_INDICES,
         Capability.ENTROPY,
+        Capability.IMAGE_INPUTS,  # vision-language models: pixel_values / image_grid_thw rows (docs/vision.md)
     }
 )
 

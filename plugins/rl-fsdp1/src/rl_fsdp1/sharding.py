@@ -90,7 +90,8 @@ def fsdp_kwargs(model: nn.Module, device: torch.device, precision: str, offload:
 
 
 def wrap_policy(model: nn.Module) -> CustomPolicy | None:
-    """One FSDP unit per decoder layer and, with LoRA, one per adapter matrix.
+    """One FSDP unit per decoder layer, a vision-language model's tower (:func:`vision_tower_ids`) and, with LoRA,
+    one per adapter matrix.
 
     A flat parameter is all trainable or all frozen (with ``use_orig_params=False``),
     so the adapters (trainable) get units of their own inside the layer's unit
@@ -100,9 +101,20 @@ def wrap_policy(model: nn.Module) -> CustomPolicy | None:
 
     layers = tuple(decoder_layer_classes(model))
     adapters = {id(m) for layer in lora_layers(model).values() for m in (layer.lora_A, layer.lora_B)}
-    if not layers and not adapters:
+    units = adapters | vision_tower_ids(model)
+    if not layers and not units:
         return None
-    return CustomPolicy(lambda module: isinstance(module, layers) or id(module) in adapters)
+    return CustomPolicy(lambda module: isinstance(module, layers) or id(module) in units)
+
+
+def vision_tower_ids(model: nn.Module) -> set[int]:
+    """A vision-language model's whole tower as a unit (its blocks are units already, from
+    ``_no_split_modules``): its patch embedding and merger then share no flat parameter with the language
+    model, so ``policy.freeze_vision_tower`` freezes whole flat parameters."""
+    from rlcore.training.vision import vision_tower_path
+
+    path = vision_tower_path(model)
+    return set() if path is None else {id(model.get_submodule(path))}
 
 
 def release_gathered_params(model: FSDP) -> None:
@@ -249,7 +261,12 @@ class ParamLayout:
         return cls(names, shapes, dtypes, buffers, tied)
 
     def bind(self, model: FSDP) -> None:
-        """Find the FSDP units of the wrapped ``model`` and the unit owning each parameter."""
+        """Find the FSDP units of the wrapped ``model`` and the unit owning each parameter; initialise FSDP1 from
+        the root now (it does so lazily on first use, and would take a nested unit summoned first, such as a
+        VLM's tower, whose parameters come first in the state dict, for a root)."""
+        from torch.distributed.fsdp._runtime_utils import _lazy_init
+
+        _lazy_init(model, model)
         self.units = {clean_name(n): m for n, m in model.named_modules() if isinstance(m, FSDP)}
         prefixes = sorted(self.units, key=len, reverse=True)
         for name in self.names:

@@ -17,7 +17,10 @@ is FSDP1-specific:
   streaming, collective broadcast) come from ``rlcore.refit.RefitExportMixin``
   on top of ``prepare_refit_info`` / ``iter_refit_tensors``;
 - ``generate`` runs HF ``generate`` on the plain model inside
-  ``summon_full_params`` (:mod:`rl_fsdp1.generation`).
+  ``summon_full_params`` (:mod:`rl_fsdp1.generation`);
+- a vision-language model (capability ``image_inputs``, docs/vision.md): Hugging Face's image-text class, its
+  tower one FSDP unit, images fed by :class:`rlcore.training.vision.VisionForward` (and to ``generate``);
+  ``policy.freeze_vision_tower`` freezes the tower's flat parameters and keeps them out of refit.
 """
 
 from __future__ import annotations
@@ -46,10 +49,18 @@ from rlcore.refit import RefitExportMixin
 from rlcore.refit.buckets import dtype_name
 from rlcore.training import lora
 from rlcore.training import sharded_checkpoint as ckpt
-from rlcore.training.checkpoint import is_adapter_checkpoint, load_hf_state_dict, recover_checkpoint, save_tokenizer
+from rlcore.training.checkpoint import is_adapter_checkpoint, recover_checkpoint, save_tokenizer
 from rlcore.training.checkpoint_files import check_inside
+from rlcore.training.hf_names import CheckpointNames
 from rlcore.training.loop import StepHooks
 from rlcore.training.process_group import init_distributed
+from rlcore.training.vision import (
+    VisionForward,
+    check_unsupported,
+    freeze_vision_tower,
+    is_vision_language,
+    under,
+)
 from rlcore.training.worker_base import TrainingWorkerBase
 
 logger = logging.getLogger(__name__)
@@ -98,9 +109,16 @@ class FSDP1PolicyWorker(RefitExportMixin, TrainingWorkerBase):
                 "load-balancing loss (output_router_logits true), which the fsdp1 backend does not train; set "
                 "policy.hf_config_overrides.output_router_logits=false, or train with the dtensor backend"
             )
+        check_unsupported(self.hf_config, {"policy.lora.enabled": config.lora.enabled})
         self.lora_targets = lora.apply_lora(hf_model, config.lora) if config.lora.enabled else []
         if adapter_path:
             lora.load_adapter_into(hf_model, adapter_path)
+        # A vision-language model: images in the forwards (before wrapping: the hook finds the plain modules);
+        # a frozen tower is frozen before FSDP flattens it, and stays out of refit.
+        self.vision = VisionForward(hf_model) if is_vision_language(self.hf_config) else None
+        self.frozen_tower = freeze_vision_tower(hf_model) if config.freeze_vision_tower else None
+        # Refit and checkpoints speak the checkpoint's names (a VLM's ``visual.*``, ``model.layers.*``).
+        self.checkpoint_names = CheckpointNames(hf_model)
         self.layout = ParamLayout.from_model(hf_model)
         kwargs, self.notes = fsdp_kwargs(hf_model, self.device, config.precision, config.fsdp_offload_enabled)
         for note in self.notes:
@@ -273,9 +291,22 @@ class FSDP1PolicyWorker(RefitExportMixin, TrainingWorkerBase):
     def prepare_refit_info(self, changed_only: bool = False) -> dict[str, tuple[tuple[int, ...], str]]:
         """``{hf_name: (shape, dtype)}`` in the order :meth:`iter_refit_tensors` yields them."""
         info = {
-            n: (self.layout.shapes[n], dtype_name(self._export_dtype(self.layout.dtypes[n]))) for n in self.layout.names
+            n: (self.layout.shapes[n], dtype_name(self._export_dtype(self.layout.dtypes[n])))
+            for n in self._refit_names()
         }
-        return lora.merged_metadata(info, self._changed_layers(changed_only)) if self.lora_targets else info
+        if self.lora_targets:
+            return lora.merged_metadata(info, self._changed_layers(changed_only))
+        if not self.checkpoint_names.converts:
+            return info
+        metas = ((n, torch.empty(self.layout.shapes[n], dtype=self.layout.dtypes[n], device="meta")) for n in info)
+        return {
+            name: (tuple(t.shape), dtype_name(self._export_dtype(t.dtype)))
+            for name, t in self.checkpoint_names.tensors(metas)
+        }
+
+    def _refit_names(self) -> list[str]:
+        """The in-memory names refit sends: all but a frozen vision tower's (the engine keeps what it loaded)."""
+        return [n for n in self.layout.names if not under(self.frozen_tower, n)]
 
     def _export_dtype(self, dtype: torch.dtype) -> torch.dtype:
         return self.export_dtype if dtype.is_floating_point else dtype
@@ -287,13 +318,16 @@ class FSDP1PolicyWorker(RefitExportMixin, TrainingWorkerBase):
         copy on this rank's device, owned by the caller.
         """
         self._ensure_on_device()
-        for name, tensor in self._hf_tensors(self._changed_layers(changed_only)):
+        for name, tensor in self._hf_tensors(self._changed_layers(changed_only), self._refit_names()):
             yield name, tensor.to(device=self.device, dtype=self._export_dtype(tensor.dtype), copy=True)
 
-    def _hf_tensors(self, only_layers: set[str] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
-        """Full Hugging Face tensors, one unit gathered at a time; with LoRA the adapted layers merged."""
+    def _hf_tensors(
+        self, only_layers: set[str] | None = None, names: list[str] | None = None
+    ) -> Iterator[tuple[str, torch.Tensor]]:
+        """Full Hugging Face tensors under the checkpoint's names, one unit gathered at a time (``names``: only
+        these in-memory ones); with LoRA the adapted layers merged."""
         if not self.lora_targets:
-            yield from self.layout.iter_full(self.model)
+            yield from self.checkpoint_names.tensors(self.layout.iter_full(self.model, names))
             return
         names = [n for n in self.layout.names if only_layers is None or lora.layer_path(n) in only_layers]
         # merge_stream holds a layer's base weight until its adapters (other FSDP units) have passed:
@@ -414,7 +448,7 @@ class FSDP1PolicyWorker(RefitExportMixin, TrainingWorkerBase):
         if is_adapter_checkpoint(weights_path):
             self.layout.load_full(self.model, lora.load_adapter(weights_path), only=lora.is_adapter_name)
         else:
-            self.layout.load_full(self.model, load_hf_state_dict(weights_path))
+            self.layout.load_full(self.model, self.checkpoint_names.read(weights_path, self.hf_config))
         if optimizer_path and self.optimizer is not None:
             ckpt.load_optimizer(self.model, self.optimizer, self.scheduler, optimizer_path)
 
@@ -426,6 +460,11 @@ class FSDP1PolicyWorker(RefitExportMixin, TrainingWorkerBase):
         with torch.no_grad():
             for p in self.model.parameters():
                 p.add_(0.01 * torch.randn(p.shape, generator=gen_).to(p.device, p.dtype))
+
+    def optimized_parameter_names(self) -> list[str]:
+        """Names of the flat parameters the optimizer steps (tests check what a frozen vision tower leaves out)."""
+        stepped = {id(p) for group in self.optimizer.param_groups for p in group["params"]}
+        return [name for name, p in self.model.named_parameters() if id(p) in stepped]
 
     def parameter_checksum(self) -> float:
         """Sum of all parameters (float64, over ranks): lets tests see that weights (did not) change."""
