@@ -340,3 +340,13 @@ def test_cuda_ipc_stream_delivers_every_tensor():
         receiver.close()
     for name, t in sample_tensors().items():
         assert got[name].is_cuda and torch.equal(got[name].cpu(), t)
+
+
+def test_a_vision_blocks_tensors_count_as_one_layer():
+    """vLLM fuses a vision block's gate/up projections as it does a decoder layer's: the plan keeps the block
+    together (or copies it) just the same."""
+    from rlcore.refit.buckets import layer_of
+
+    assert layer_of("model.visual.blocks.7.mlp.gate_proj.weight") == "model.visual.blocks.7"
+    assert layer_of("model.language_model.layers.2.mlp.up_proj.weight") == "model.language_model.layers.2"
+    assert layer_of("model.visual.merger.mlp.0.weight") == "model.visual.merger.mlp.0.weight"

@@ -4,6 +4,11 @@ The engine runs in a child Python process (this file run as a script): it gets t
 ``<|image_pad|>`` per image, plus the images, samples at temperature 1 with ``processed_logprobs``, and writes
 what it returned as JSON. The test rebuilds each trained sequence (the HF processor's expanded prompt + the
 engine's tokens) and recomputes the sampled tokens' logprobs with the Hugging Face model's float32 forward.
+
+The fast tests check, without an engine, what the worker builds on: expanded rows collapsed for vLLM and its
+prompt checked against them, the driver's refusals of image batches, ``vllm_cfg.limit_mm_per_prompt``, and refit
+info of a vision-language model (``state_dict()`` names, a frozen tower left out). Through the real backend:
+``test_multimodal_generation.py``.
 """
 
 from __future__ import annotations
@@ -195,6 +200,99 @@ def test_engine_prompt_takes_template_ids_and_refuses_expanded_ones() -> None:
     assert image_engine_kwargs(2) == {"limit_mm_per_prompt": {"image": 2, "video": 0}}
     with pytest.raises(ValueError, match="max_images_per_prompt"):
         image_engine_kwargs(0)
+
+
+def test_expanded_rows_are_collapsed_for_the_engine_and_checked_against_its_prompt() -> None:
+    from PIL import Image
+
+    from rl_vllm.multimodal import check_engine_prompts, collapse_image_runs, engine_requests, image_runs
+
+    pad, image = 262, Image.new("RGB", (28, 28))
+    expanded = [1, 259, pad, pad, pad, 260, 259, pad, 260, 7]
+    assert collapse_image_runs(expanded, pad) == [1, 259, pad, 260, 259, pad, 260, 7]
+    assert image_runs(expanded, pad) == 2
+    requests = engine_requests([expanded, [1, 5, 6]], [[image, image], []], pad)
+    collapsed = [1, 259, pad, 260, 259, pad, 260, 7]
+    assert requests[0] == {"prompt_token_ids": collapsed, "multi_modal_data": {"image": [image, image]}}
+    assert requests[1] == {"prompt_token_ids": [1, 5, 6]}  # a row without images goes as it is
+    assert engine_requests([[1, 5]], None, None) == [{"prompt_token_ids": [1, 5]}]
+    check_engine_prompts(requests, [expanded, [1, 5, 6]], [expanded, None])  # vLLM's expansion is the batch's
+    with pytest.raises(
+        RuntimeError, match="row 0: vLLM expanded the prompt's images into 9 prompt tokens, the batch's"
+    ):
+        check_engine_prompts(requests, [expanded, [1, 5, 6]], [expanded[1:], None])
+    with pytest.raises(ValueError, match="row 0 has images, but the engine serves a text model"):
+        engine_requests([expanded], [[image, image]], None)
+
+
+def test_image_batch_problems_name_the_rows_and_the_text_model() -> None:
+    import torch
+    from PIL import Image
+
+    from rl_vllm.multimodal import image_batch_problems, multimodal_engine_kwargs
+
+    pad, image = 262, Image.new("RGB", (28, 28))
+    ids = torch.tensor([[1, pad, pad, 2, 0], [1, pad, 3, pad, 2]])
+    batch = {"input_ids": ids, "input_lengths": torch.tensor([4, 5]), "images": [[image], [image, image]]}
+    assert image_batch_problems(batch, pad, "vlm") == []
+    assert image_batch_problems({**batch, "images": [[], []]}, None, "text") == []  # no images: any engine
+    (text,) = image_batch_problems(batch, None, "/models/llama")
+    assert text.startswith("the batch has images, but the engine serves the text model /models/llama")
+    (rows,) = image_batch_problems({**batch, "images": [[image], [image]]}, pad, "vlm")
+    assert rows.endswith("(row, runs, images) [(1, 2, 1)]")
+    (bare,) = image_batch_problems({**batch, "images": [[image], []]}, pad, "vlm")  # image tokens, no images
+    assert bare.endswith("(row, runs, images) [(1, 2, 0)]")
+    assert image_batch_problems({**batch, "images": [[image]]}, pad, "vlm") == [
+        "images has 1 entries for a batch of 2 (one list of images per row)"
+    ]
+    assert multimodal_engine_kwargs({"image": 2}, vision=True) == {"limit_mm_per_prompt": {"image": 2, "video": 0}}
+    assert multimodal_engine_kwargs({"image": 2}, vision=False) == {"limit_mm_per_prompt": {"image": 2}}
+    assert multimodal_engine_kwargs(None, vision=False) == {}
+
+
+def test_vllm_cfg_takes_nemo_rls_image_limits() -> None:
+    from rl_vllm.config import VllmConfig
+    from rlcore.config import ConfigError, validate_section
+
+    config, problems = validate_section(
+        VllmConfig, {"limit_mm_per_prompt": {"image": 1}, "engine_kwargs": {"mm_processor_cache_gb": 0}}, "vllm_cfg"
+    )
+    assert not problems and config is not None
+    assert config.limit_mm_per_prompt == {"image": 1} and config.engine_kwargs == {"mm_processor_cache_gb": 0}
+    config, problems = validate_section(VllmConfig, {"limit_mm_per_prompt": {"image": -1}}, "vllm_cfg")
+    assert config is None and "limit_mm_per_prompt" in str(ConfigError(problems))
+
+
+def test_refit_info_of_a_vlm_takes_state_dict_names_and_a_frozen_tower(vlm_dir: str, tiny_model_dir: str) -> None:
+    from rl_vllm.multimodal import vision_image_token
+    from rl_vllm.refit import checkpoint_shapes, metadata_problems, without_tower
+
+    assert vision_image_token(vlm_dir) == 262 and vision_image_token(tiny_model_dir) is None
+    assert not without_tower({"model.norm.weight": ((8,), "float32")}, tiny_model_dir)  # a text model has no tower
+
+    shapes = checkpoint_shapes(vlm_dir)
+    assert shapes is not None and "visual.merger.mlp.0.weight" in shapes  # save_pretrained's layout
+    renamed = {
+        "model.layers.": "model.language_model.layers.",
+        "model.embed_tokens.": "model.language_model.embed_tokens.",
+        "model.norm.": "model.language_model.norm.",
+        "visual.": "model.visual.",
+    }
+
+    def state_dict_name(name: str) -> str:
+        return next((new + name[len(old) :] for old, new in renamed.items() if name.startswith(old)), name)
+
+    info = {state_dict_name(n): (shape, "float32") for n, shape in shapes.items()}
+    assert "model.visual.merger.mlp.0.weight" in info and "model.language_model.norm.weight" in info
+    assert metadata_problems(info, vlm_dir) == []
+    assert not without_tower(info, vlm_dir)
+    language = {n: v for n, v in info.items() if not n.startswith("model.visual.")}
+    assert metadata_problems(language, vlm_dir) == [] and without_tower(language, vlm_dir)
+    part_of_tower = {**language, "model.visual.merger.mlp.0.weight": info["model.visual.merger.mlp.0.weight"]}
+    (missing,) = metadata_problems(part_of_tower, vlm_dir)
+    assert missing.startswith("refit info lacks") and "visual." in missing
+    no_head = {n: v for n, v in language.items() if n != "lm_head.weight"}
+    assert metadata_problems(no_head, vlm_dir) == ["refit info lacks 1 tensor(s) of the engine's model: lm_head.weight"]
 
 
 if __name__ == "__main__":

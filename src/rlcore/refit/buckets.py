@@ -95,11 +95,12 @@ class Bucket:
     size: int  # bytes used, aligned
 
 
-_LAYER = re.compile(r"^(.*?\.layers\.\d+)\.")
+_LAYER = re.compile(r"^(.*?\.(?:layers|blocks)\.\d+)\.")
 
 
 def layer_of(name: str) -> str:
-    """The decoder layer a tensor belongs to (``model.layers.3``), or the tensor's own name outside layers.
+    """The layer a tensor belongs to: a decoder layer (``model.layers.3``) or a vision tower's block
+    (``model.visual.blocks.3``); the tensor's own name outside them.
 
     An engine may keep a layer's tensors until it has all of them (vLLM fuses q/k/v and
     gate/up per layer), so the plan keeps a layer in one bucket where it can.

@@ -141,6 +141,13 @@ class VllmConfig(StrictModel):
         "weight version it was sampled under, and supports pause_generation/resume_generation (abort, wait, "
         "keep) so a refit can land while requests are in flight. False: one blocking llm.generate per batch.",
     )
+    limit_mm_per_prompt: dict[str, int] | None = Field(
+        None,
+        description="Most multimodal items per prompt, by modality (vLLM's limit_mm_per_prompt), e.g. {'image': 1}. "
+        "None: vLLM's default for images; a vision-language model's engine gets 'video': 0 unless set (rlcore's "
+        "batches carry images only). A text model ignores it. vLLM's other multimodal settings "
+        "(mm_processor_cache_gb, NeMo-RL's vllm_kwargs) go in engine_kwargs.",
+    )
     engine_kwargs: dict[str, Any] = Field(
         default_factory=dict,
         description="Extra keyword arguments passed as-is to vllm.LLM (escape hatch; overrides the above).",
@@ -155,6 +162,13 @@ class VllmConfig(StrictModel):
                 "tensor_parallel_size to split a model over ranks, or more engines"
             )
         return size
+
+    @field_validator("limit_mm_per_prompt")
+    @classmethod
+    def _item_counts(cls, limits: dict[str, int] | None) -> dict[str, int] | None:
+        if limits is not None and (bad := {k: v for k, v in limits.items() if v < 0}):
+            raise ValueError(f"{bad}: a modality's limit is a number of items per prompt, 0 or more ({{'image': 1}})")
+        return limits
 
     @field_validator("logprobs_mode")
     @classmethod

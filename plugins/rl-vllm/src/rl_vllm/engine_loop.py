@@ -29,12 +29,12 @@ import itertools
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from typing import Any, Literal
 
 from rl_vllm.lockstep import OUTCOME_WAIT_S, REQUEST_WAIT_S, Lockstep, Outcome, Tick
-from rl_vllm.served import EngineLoopError, LoopRequest, Served, reason_of
+from rl_vllm.served import EngineLoopError, LoopRequest, Prompt, Served, loop_request, reason_of
 
 LoopState = Literal["serving", "draining", "paused"]
 
@@ -100,23 +100,24 @@ class EngineLoop:
         """A follower: its engine calls are the leading rank's ticks."""
         return self._lockstep is not None and not self._lockstep.leader
 
-    def submit(self, prompt_token_ids: list[int], params: Any, key: str | None = None) -> Future[Served]:
+    def submit(self, prompt: Prompt, params: Any, key: str | None = None) -> Future[Served]:
         """Queue one request; it is admitted at the next step while serving, else at resume. ``key`` names it
-        on every rank of a tensor-parallel engine (the leader's ticks admit it by key)."""
-        return self.submit_all([(prompt_token_ids, params, key)])[0]
+        on every rank of a tensor-parallel engine (the leader's ticks admit it by key). ``prompt``: its token
+        ids, or vLLM's prompt dict (``prompt_token_ids`` and ``multi_modal_data``, see ``rl_vllm.multimodal``)."""
+        return self.submit_all([(prompt, params, key)])[0]
 
-    def submit_all(self, requests: list[tuple[list[int], Any, str | None]]) -> list[Future[Served]]:
-        """Queue ``(prompt_token_ids, params, key)`` requests at once: the loop admits them all at its next step
+    def submit_all(self, requests: Sequence[tuple[Prompt, Any, str | None]]) -> list[Future[Served]]:
+        """Queue ``(prompt, params, key)`` requests at once: the loop admits them all at its next step
         (one call's sample groups enter the running batch together, not over several steps)."""
         with self._cond:
             self._raise_if_down()
             taken = set(self._queued) | {r.key for r in self._running.values()}
             new: dict[str, LoopRequest] = {}
-            for prompt_token_ids, params, key in requests:
+            for prompt, params, key in requests:
                 key = f"auto-{next(self._keys)}" if key is None else key
                 if key in taken or key in new:
                     raise ValueError(f"{self.name}: request {key!r} was submitted twice")
-                new[key] = LoopRequest(key, list(prompt_token_ids), params, Future())
+                new[key] = loop_request(key, prompt, params)
             self._queued.update(new)  # all or none
             self._cond.notify_all()
         return [request.future for request in new.values()]
@@ -444,6 +445,8 @@ class EngineLoop:
         lora = self._current()[1]
         for request in requests:
             prompt = {"prompt_token_ids": request.prompt_token_ids, "cache_salt": f"v{version}"}
+            if request.multi_modal_data is not None:
+                prompt["multi_modal_data"] = request.multi_modal_data
             try:  # a request that cannot start fails alone
                 self._engine.add_request(request.engine_id, prompt, request.params.clone(), lora_request=lora)
             except Exception as exc:  # noqa: BLE001 - reported to its caller
@@ -462,6 +465,8 @@ class EngineLoop:
             done = output.outputs[0]
             tokens = list(done.token_ids)
             served = request.served
+            if request.multi_modal_data is not None and served.prompt_token_ids is None:
+                served.prompt_token_ids = list(output.prompt_token_ids or [])  # vLLM expanded the images
             served.token_ids += tokens
             served.logprobs += self._logprobs_of(tokens, done.logprobs)
             served.versions += [version] * len(tokens)

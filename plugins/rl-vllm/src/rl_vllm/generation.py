@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from rl_vllm.config import VllmConfig, vllm_config_from
 from rl_vllm.engine_env import PRIVATE_IPC_ENV
 from rl_vllm.group_streams import GroupStream, StreamedGroup, collect_streamed
+from rl_vllm.multimodal import image_batch_problems
 from rl_vllm.refit import EngineStaleError
 from rl_vllm.sampling import batch_problems, sampling_options
 from rlcore.data import BatchedDataDict
@@ -37,8 +38,9 @@ if TYPE_CHECKING:
     from rlcore.interfaces.specs import GenerationDatumSpec
 
 WORKER_CLASS = "rl_vllm.worker:VllmGenerationWorker"
-#: Keys of a generation batch the engines read (``sampling_seeds``: a seed per request, design.md §2.1).
-INPUT_KEYS = ("input_ids", "input_lengths", "stop_strings", "sampling_seeds")
+#: Keys of a generation batch the engines read (``sampling_seeds``: a seed per request, design.md §2.1; ``images``:
+#: each row's PIL images, docs/vision.md, which the engine's own processor turns into pixels).
+INPUT_KEYS = ("input_ids", "input_lengths", "stop_strings", "sampling_seeds", "images")
 #: Actor threads of an ``async_engine`` engine: calls waiting on their requests each hold one, and a pause,
 #: resume or refit must still find one free.
 ASYNC_ENGINE_CONCURRENCY = 64
@@ -155,7 +157,7 @@ class VllmGeneration(WorkerGroupOwner, GenerationInterface):
         whole to the engine with the fewest rows outstanding, so the group shares its prompt's prefix cache;
         any other batch is cut into one chunk per engine, as without it.
         """
-        problems = batch_problems(data, min(info["max_model_len"] for info in self.engine_info))
+        problems = self._batch_problems(data)
         if problems:
             raise ValueError("; ".join(problems))
         self._check_not_stale()
@@ -185,8 +187,7 @@ class VllmGeneration(WorkerGroupOwner, GenerationInterface):
             return []
         if not self.vllm_cfg.async_engine or self.sharding.tp > 1:
             return [self.generate_async(batch, greedy) for batch in batches]
-        limit = min(info["max_model_len"] for info in self.engine_info)
-        problems = [f"sample group {i}: {p}" for i, batch in enumerate(batches) for p in batch_problems(batch, limit)]
+        problems = [f"sample group {i}: {p}" for i, batch in enumerate(batches) for p in self._batch_problems(batch)]
         if problems:
             raise ValueError("; ".join(problems))
         self._check_not_stale()
@@ -217,6 +218,14 @@ class VllmGeneration(WorkerGroupOwner, GenerationInterface):
             for position, index in enumerate(indexes):
                 handles[index] = StreamedGroup(shared, position, engine, rows[index])
         return handles
+
+    def _batch_problems(self, data: BatchedDataDict) -> list[str]:
+        """What keeps ``data`` from the engines (its shapes, its length, its images), checked here on the driver."""
+        problems = batch_problems(data, min(info["max_model_len"] for info in self.engine_info))
+        if problems:
+            return problems
+        image_token = self.engine_info[0].get("image_token_id")
+        return image_batch_problems(data, image_token, getattr(self.cfg, "model_name", None))
 
     def _run_on_engine(self, engine: int, batch: BatchedDataDict, kwargs: dict[str, Any]) -> Any:
         """``generate`` on every rank of one engine (through the group's own dispatch, its checks); the result

@@ -6,7 +6,10 @@ forward sees). vLLM's own multimodal processor does that expansion, so the engin
 ids: given already expanded ids it expands the first pad of each image again and the prompt is silently
 wrong. ``output.prompt_token_ids`` of a request is the expanded prompt, the same ids as the processor's.
 
-Not wired into the worker yet. torch, PIL, transformers and vLLM are imported inside the functions.
+The worker (``rl_vllm.worker``) uses it: a batch's ``input_ids`` are the trainer's expanded ids (docs/vision.md);
+:func:`engine_requests` collapses each run of image tokens back to one for the engine, and
+:func:`check_engine_prompts` checks that vLLM expanded them into exactly those ids again. torch, PIL, transformers
+and vLLM are imported inside the functions.
 """
 
 from __future__ import annotations
@@ -14,9 +17,9 @@ from __future__ import annotations
 import importlib.util
 import sys
 import types
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
-from typing import TYPE_CHECKING, TypedDict, TypeVar
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import ExitStack, contextmanager
+from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
 
 if TYPE_CHECKING:
     from PIL.Image import Image
@@ -74,6 +77,144 @@ def image_engine_kwargs(max_images_per_prompt: int) -> dict[str, dict[str, int]]
     if max_images_per_prompt < 1:
         raise ValueError(f"max_images_per_prompt must be >= 1, got {max_images_per_prompt}")
     return {"limit_mm_per_prompt": {"image": max_images_per_prompt, "video": 0}}
+
+
+def collapse_image_runs(ids: Sequence[int], image_token_id: int) -> list[int]:
+    """``ids`` with each run of ``image_token_id`` (one image, expanded by the HF processor) cut to one token."""
+    out: list[int] = []
+    for token in ids:
+        token = int(token)
+        if token != image_token_id or not out or out[-1] != image_token_id:
+            out.append(token)
+    return out
+
+
+def image_runs(ids: Sequence[int], image_token_id: int) -> int:
+    """How many runs of ``image_token_id`` ``ids`` hold: its number of images."""
+    return collapse_image_runs(ids, image_token_id).count(image_token_id)
+
+
+def engine_requests(
+    prompts: Sequence[Sequence[int]], images: Sequence[Sequence[Image]] | None, image_token_id: int | None
+) -> list[ImagePrompt]:
+    """vLLM's prompt of each expanded prompt (the trainer's ids) and its row's images (``None``: no images).
+
+    A row with images gets its image runs collapsed (vLLM expands them again); a row without is sent as is.
+    """
+    requests: list[ImagePrompt] = []
+    for row, prompt in enumerate(prompts):
+        own = list(images[row]) if images is not None else []
+        if not own:
+            requests.append({"prompt_token_ids": [int(t) for t in prompt]})
+            continue
+        if image_token_id is None:
+            raise ValueError(f"row {row} has images, but the engine serves a text model")
+        requests.append(engine_prompt(collapse_image_runs(prompt, image_token_id), own, image_token_id))
+    return requests
+
+
+def check_engine_prompts(
+    requests: Sequence[Mapping[str, Any]], expected: Sequence[Sequence[int]], got: Sequence[Any]
+) -> None:
+    """Raise unless vLLM's prompt of every image request (``got[i]``: its ``prompt_token_ids``) is the batch's
+    expanded prompt ``expected[i]``: otherwise the engine saw other tokens than the trainer will score."""
+    for row, (request, want, seen) in enumerate(zip(requests, expected, got)):
+        if "multi_modal_data" not in request:
+            continue
+        seen_ids = [int(t) for t in (seen or [])]
+        if seen_ids != [int(t) for t in want]:
+            raise RuntimeError(
+                f"row {row}: vLLM expanded the prompt's images into {len(seen_ids)} prompt tokens, the batch's "
+                f"input_ids have {len(want)} (or other ids): the engine's image processor does not match the one "
+                "that built the batch (same model directory, same min/max pixels?)"
+            )
+
+
+def image_batch_problems(data: Mapping[str, Any], image_token_id: int | None, model: str | None) -> list[str]:
+    """What is wrong with the images of a generation batch for an engine of ``model`` (empty when fine).
+
+    ``image_token_id``: the engine model's, None for a text model. Checked on the driver, before any engine
+    sees the batch.
+    """
+    images = data.get("images")
+    if images is None:
+        return []
+    rows = int(data["input_ids"].shape[0])
+    if len(images) != rows:
+        return [f"images has {len(images)} entries for a batch of {rows} (one list of images per row)"]
+    counts = [len(own or []) for own in images]
+    if not any(counts):
+        return []
+    if image_token_id is None:
+        return [
+            f"the batch has images, but the engine serves the text model {model} (its Hugging Face config has "
+            "no vision_config): set policy.generation.model_name to a vision-language model"
+        ]
+    lengths = [int(n) for n in data["input_lengths"].tolist()]
+    wrong = [
+        (row, found, count)
+        for row, (count, n) in enumerate(zip(counts, lengths))
+        if (found := image_runs(data["input_ids"][row, :n].tolist(), image_token_id)) != count
+    ]
+    if wrong:
+        return [
+            f"rows' input_ids hold other numbers of image token runs ({image_token_id}) than they have images: "
+            f"(row, runs, images) {wrong[:5]}"
+        ]
+    return []
+
+
+def vision_image_token(model: str) -> int | None:
+    """The image token id of ``model`` when its Hugging Face config has a ``vision_config``; None for a text model.
+
+    A local directory's ``config.json`` is read as JSON; a hub id goes through ``AutoConfig``. A config that
+    cannot be read counts as a text model's: the engine then reports it, as it would without images.
+    """
+    config = _hf_config(model)
+    if config.get("vision_config") is None:
+        return None
+    token = config.get("image_token_id", config.get("image_token_index"))
+    if token is None:
+        raise ValueError(f"{model} is a vision-language model whose config names no image_token_id")
+    return int(token)
+
+
+def _hf_config(model: str) -> dict[str, Any]:
+    import json
+    import os
+
+    path = os.path.join(model, "config.json")
+    try:
+        if os.path.isdir(model):
+            with open(path) as f:
+                loaded = json.load(f)
+            return loaded if isinstance(loaded, dict) else {}
+        from transformers import AutoConfig
+
+        return AutoConfig.from_pretrained(model).to_dict()
+    except Exception:  # noqa: BLE001 - unreadable: vLLM's own loading says why
+        return {}
+
+
+def multimodal_engine_kwargs(limits: Mapping[str, int] | None, vision: bool) -> dict[str, dict[str, int]]:
+    """``LLM`` arguments for multimodal inputs: ``limits`` (``vllm_cfg.limit_mm_per_prompt``) as given, and for
+    a vision-language model no video unless asked (rlcore's batches carry images only; see
+    :func:`image_engine_kwargs`). A text model ignores them."""
+    chosen = dict(limits or {})
+    if vision:
+        chosen.setdefault("video", 0)
+    return {"limit_mm_per_prompt": chosen} if chosen else {}
+
+
+def enter_vision_engine(
+    model: str, limits: Mapping[str, int] | None, stack: ExitStack
+) -> tuple[int | None, dict[str, dict[str, int]]]:
+    """``(image token id or None, LLM arguments)`` of an engine of ``model``; for a vision-language model the CPU
+    shim (:func:`qwen2_vl_without_torchvision`) is entered on ``stack``, to be closed when the engine is gone."""
+    token = vision_image_token(model)
+    if token is not None:
+        stack.enter_context(qwen2_vl_without_torchvision())
+    return token, multimodal_engine_kwargs(limits, token is not None)
 
 
 @contextmanager

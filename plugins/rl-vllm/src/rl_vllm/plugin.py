@@ -27,6 +27,7 @@ def rlcore_register_backends(register):
                 Capability.VERIFIED_REFIT,
                 Capability.ASYNC_ENGINE,  # with vllm_cfg.async_engine: true (rl_vllm.engine_loop)
                 Capability.IN_FLIGHT_WEIGHT_UPDATES,
+                Capability.IMAGE_INPUTS,  # docs/vision.md: image batches of a vision-language model
             },
             requires=("vllm",),
             install_hint="pip install 'rl-vllm[cpu]'  (or [gpu] on CUDA)",

@@ -79,12 +79,62 @@ def checkpoint_shapes(model_dir: str) -> dict[str, tuple[int, ...]] | None:
     return shapes
 
 
-def tied_word_embeddings(model_dir: str) -> bool:
+def _checkpoint_config(model_dir: str) -> dict[str, Any]:
     try:
         with open(os.path.join(model_dir, "config.json")) as f:
-            return bool(json.load(f).get("tie_word_embeddings", False))
+            config = json.load(f)
     except (OSError, ValueError):
+        return {}
+    return config if isinstance(config, dict) else {}
+
+
+def tied_word_embeddings(model_dir: str) -> bool:
+    return bool(_checkpoint_config(model_dir).get("tie_word_embeddings", False))
+
+
+def is_vision_language(model_dir: str) -> bool:
+    """The checkpoint in ``model_dir`` is an image-text model's (its config has a ``vision_config``)."""
+    return _checkpoint_config(model_dir).get("vision_config") is not None
+
+
+#: A vision-language model's names as ``state_dict()`` gives them (transformers >= 4.52) and as
+#: ``save_pretrained`` writes them (the original layout): vLLM's loader takes both.
+_VLM_PREFIXES = (("model.language_model.", "model."), ("model.visual.", "visual."))
+#: Where an image-text model keeps its vision tower (the first name segment, in the checkpoint layout).
+_TOWER_NAMES = ("visual", "vision_tower", "vision_model")
+
+
+def checkpoint_name(name: str, vision: bool) -> str:
+    """``name`` in the checkpoint's layout: for a vision-language model, a ``state_dict()`` name is mapped."""
+    if vision:
+        for new, old in _VLM_PREFIXES:
+            if name.startswith(new):
+                return old + name[len(new) :]
+    return name
+
+
+def is_tower_name(name: str) -> bool:
+    """A tensor of the vision tower (``name`` in the checkpoint's layout)."""
+    return name.split(".", 1)[0] in _TOWER_NAMES
+
+
+def without_tower(metadata: Metadata, model_dir: str) -> bool:
+    """The refit sends no tensor of a vision-language model's tower (``policy.freeze_vision_tower``): the engine
+    keeps the tower it loaded, so each refit loads only the language model (a partial reload)."""
+    if not is_vision_language(model_dir):
         return False
+    return not any(is_tower_name(checkpoint_name(name, True)) for name in metadata)
+
+
+def tower_copies(named: Iterable[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
+    """``named`` with the vision tower's tensors copied out of the transport's buffer.
+
+    vLLM's loader holds some of the tower's tensors past the bucket that brought them, beyond the one-layer
+    window the transports keep valid (``rlcore.refit.buckets.layer_of`` keeps a vision block in one bucket, and
+    that was not enough). Measured without the copies: image prompts' logprobs off by 0.12-0.36 after a refit,
+    text prompts exact, in 3 runs of 3. The tower is a small part of a VLM's bytes.
+    """
+    return [(n, t.clone() if is_tower_name(checkpoint_name(n, True)) else t) for n, t in named]
 
 
 def metadata_problems(metadata: Metadata, model_dir: str, partial: bool = False) -> list[str]:
@@ -93,22 +143,28 @@ def metadata_problems(metadata: Metadata, model_dir: str, partial: bool = False)
     Checked when the info arrives, so a refit that cannot fit is refused
     before any weight changes. Without a checkpoint on disk (``load_format:
     dummy`` on a bare config) there is nothing to compare with; the check
-    after loading (every engine parameter updated) still applies.
+    after loading (every engine parameter updated) still applies. A
+    vision-language model's names may come in either layout (:func:`checkpoint_name`),
+    and its vision tower may be left out whole (a frozen tower, :func:`without_tower`).
     """
     shapes = checkpoint_shapes(model_dir)
     if shapes is None:
         return []
+    vision = is_vision_language(model_dir)
+    sent = {checkpoint_name(name, vision): shape for name, (shape, _) in metadata.items()}
     problems = []
     # A tied LM head's duplicate may be sent or not (vLLM loads the embedding it shares either way).
     optional = {"lm_head.weight"} if tied_word_embeddings(model_dir) else set()
-    if not partial and (missing := sorted(set(shapes) - set(metadata) - optional)):
+    if without_tower(metadata, model_dir):
+        optional |= {name for name in shapes if is_tower_name(name)}
+    if not partial and (missing := sorted(set(shapes) - set(sent) - optional)):
         problems.append(f"refit info lacks {len(missing)} tensor(s) of the engine's model: {', '.join(missing[:5])}")
-    if extra := sorted(set(metadata) - set(shapes) - optional):
+    if extra := sorted(set(sent) - set(shapes) - optional):
         problems.append(f"refit info has {len(extra)} tensor(s) the engine's model does not: {', '.join(extra[:5])}")
     wrong = [
-        f"{n}: sent {metadata[n][0]}, engine has {shapes[n]}"
-        for n in sorted(set(metadata) & set(shapes))
-        if tuple(metadata[n][0]) != tuple(shapes[n])
+        f"{n}: sent {sent[n]}, engine has {shapes[n]}"
+        for n in sorted(set(sent) & set(shapes))
+        if tuple(sent[n]) != tuple(shapes[n])
     ]
     if wrong:
         problems.append(f"shape mismatch: {'; '.join(wrong[:5])}")

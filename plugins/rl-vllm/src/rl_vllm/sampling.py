@@ -56,6 +56,7 @@ class Completion:
     token_ids: list[int]
     logprobs: list[float]  # one per generated token, under the sampling distribution
     finish_reason: str | None  # "stop" (EOS, stop token or stop string), "length", ...
+    prompt_token_ids: list[int] | None = None  # vLLM's prompt, kept for a request with images (it expands them)
 
 
 def sampled_logprobs(token_ids: Sequence[int], logprobs: Any) -> list[float]:

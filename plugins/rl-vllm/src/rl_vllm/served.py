@@ -3,6 +3,7 @@ produced, and the loop's error; plain data, importing nothing heavy."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,6 +18,7 @@ class Served:
     versions: list[int] = field(default_factory=list)
     finish_reason: str | None = None
     restarts: int = 0  # times an ``abort`` pause dropped its partial output and it started again
+    prompt_token_ids: list[int] | None = None  # vLLM's prompt, recorded for a request with images (it expands them)
 
 
 @dataclass
@@ -27,6 +29,19 @@ class LoopRequest:
     future: Future[Served]
     served: Served = field(default_factory=Served)
     engine_id: str | None = None  # the id of its current admission (a restart gets a new one)
+    multi_modal_data: Any = None  # vLLM's ``multi_modal_data`` of the prompt (images), or None
+
+
+#: A request's prompt: its token ids, or vLLM's prompt dict (``prompt_token_ids``, ``multi_modal_data``).
+Prompt = Sequence[int] | Mapping[str, Any]
+
+
+def loop_request(key: str, prompt: Prompt, params: Any) -> LoopRequest:
+    """A new request of ``prompt`` (ids, or a dict with images) as the engine loop holds it."""
+    if isinstance(prompt, Mapping):
+        images = prompt.get("multi_modal_data")
+        return LoopRequest(key, list(prompt["prompt_token_ids"]), params, Future(), multi_modal_data=images)
+    return LoopRequest(key, list(prompt), params, Future())
 
 
 class EngineLoopError(RuntimeError):

@@ -21,12 +21,15 @@ from typing import Any, Literal
 from rl_vllm.engine_env import EngineRank
 from rl_vllm.engine_loop import EngineLoop
 from rl_vllm.sampling import Completion, sampled_logprobs
+from rl_vllm.served import Prompt, Served
 
 
 @dataclass
 class PreparedBatch:
     """A batch ready for the engine: its right-padded prompts (as sent, on the CPU), each prompt's tokens and
-    ``SamplingParams``, and what packing the outputs needs."""
+    ``SamplingParams``, what packing the outputs needs, and each row's prompt as vLLM gets it (``requests``: the
+    tokens, or for a row with images the collapsed tokens and the images, ``rl_vllm.multimodal.engine_requests``).
+    """
 
     input_ids: Any
     input_lengths: Any
@@ -34,6 +37,7 @@ class PreparedBatch:
     params: list[Any]
     max_new: int
     pad_id: int
+    requests: list[Any]
 
 
 class EngineLifecycle:
@@ -73,7 +77,7 @@ class EngineLifecycle:
         started = time.time()
         requests = []
         for group, request in enumerate(prepared):
-            for row, (prompt, param) in enumerate(zip(request.prompts, request.params)):
+            for row, (prompt, param) in enumerate(zip(request.requests, request.params)):
                 param.output_kind = RequestOutputKind.DELTA
                 requests.append((prompt, param, None if call_id is None else f"{call_id}:{group}:{row}"))
         futures = loop.submit_all(requests)
@@ -101,7 +105,7 @@ class EngineLifecycle:
         for _ in prepared:
             group = finished.get()
             served = [f.result() for f in by_group[group]]  # a failed request raises here, naming the engine
-            completions = [Completion(s.token_ids, s.logprobs, s.finish_reason) for s in served]
+            completions = [_completion(s) for s in served]
             yield (
                 group,
                 self._packed(prepared[group], completions, [s.versions for s in served], (started, time.time())),
@@ -130,14 +134,15 @@ class EngineLifecycle:
             self.llm.generate(requests, params, use_tqdm=False, lora_request=self._lora_request) if requests else []
         )
         completions = []
-        for result in results:
+        for request, result in zip(requests, results):
             out = result.outputs[0]
             tokens = list(out.token_ids)
-            completions.append(Completion(tokens, sampled_logprobs(tokens, out.logprobs), out.finish_reason))
+            prompt = list(result.prompt_token_ids or []) if "multi_modal_data" in request else None
+            completions.append(Completion(tokens, sampled_logprobs(tokens, out.logprobs), out.finish_reason, prompt))
         return completions, [[self.weight_version] * len(c.token_ids) for c in completions]
 
     def _serve(
-        self, prompts: list[list[int]], params: list[Any], call_id: str | None = None
+        self, prompts: Sequence[Prompt], params: list[Any], call_id: str | None = None
     ) -> tuple[list[Completion], list[list[int]]]:
         """Submit to the engine loop and wait: the requests join the running batch; each token carries the
         version of the weights of the step that sampled it. A failed loop raises here, naming the engine.
@@ -151,8 +156,7 @@ class EngineLifecycle:
             param.output_kind = RequestOutputKind.DELTA
             futures.append(self._loop.submit(prompt, param, None if call_id is None else f"{call_id}:{row}"))
         served = [f.result() for f in futures]
-        completions = [Completion(s.token_ids, s.logprobs, s.finish_reason) for s in served]
-        return completions, [s.versions for s in served]
+        return [_completion(s) for s in served], [s.versions for s in served]
 
     # -- the engine lifecycle (vllm_cfg.async_engine) ---------------------------------------
     def pause_generation(self, mode: Literal["abort", "wait", "keep"] = "wait", timeout_s: float | None = None) -> str:
@@ -196,6 +200,10 @@ class EngineLifecycle:
             return
         with self._loop.held():
             yield
+
+
+def _completion(served: Served) -> Completion:
+    return Completion(served.token_ids, served.logprobs, served.finish_reason, served.prompt_token_ids)
 
 
 def _counted(count: Callable[[int], None], group: int, _future: Future[Any]) -> None:

@@ -10,6 +10,7 @@ This module is imported only inside the actor (it imports torch and vLLM).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -20,6 +21,7 @@ from rl_vllm.cpu_setup import request_amx_permission
 from rl_vllm.engine_env import EngineRank, name_segments_uniquely, prepare_process_env, unlink_rank_segments
 from rl_vllm.engine_loop import EngineLoop
 from rl_vllm.kv_capacity import KvCapacity
+from rl_vllm.multimodal import check_engine_prompts, engine_requests, enter_vision_engine
 from rl_vllm.refit import EngineStaleError
 from rl_vllm.sampling import (
     pack_outputs,
@@ -119,9 +121,17 @@ class VllmGenerationWorker(EngineLifecycle):
             kwargs["hf_overrides"] = dict(hf_overrides)
         if lora_rank is not None:  # adapter refit: the policy's adapters run as vLLM LoRA modules
             kwargs.update(enable_lora=True, max_loras=1, max_lora_rank=vllm_lora_rank(lora_rank))
+        # a vision-language model: image limits, and (without torchvision) the CPU shim for the engine's whole life
+        self._vision = contextlib.ExitStack()
+        self.image_token_id, multimodal = enter_vision_engine(model, vllm_config.limit_mm_per_prompt, self._vision)
+        kwargs.update(multimodal)
         kwargs.update(vllm_config.engine_kwargs)
         started = time.perf_counter()
-        self.llm = LLM(**kwargs)
+        try:
+            self.llm = LLM(**kwargs)
+        except BaseException:
+            self._vision.close()
+            raise
         if vllm_config.tensor_parallel_size > 1:
             unlink_rank_segments()
         self.start_seconds = time.perf_counter() - started
@@ -195,11 +205,9 @@ class VllmGenerationWorker(EngineLifecycle):
         request = self._prepared(data, greedy, sampling)
         started = time.time()
         if self._loop is not None:
-            completions, versions = self._serve(request.prompts, request.params, call_id)
+            completions, versions = self._serve(request.requests, request.params, call_id)
         else:
-            completions, versions = self._generate_batch(
-                [{"prompt_token_ids": p} for p in request.prompts], request.params
-            )
+            completions, versions = self._generate_batch(request.requests, request.params)
         return self._packed(request, completions, versions, (started, time.time()))
 
     def _prepared(self, data: Any, greedy: bool, sampling: dict[str, Any] | None) -> PreparedBatch:
@@ -234,7 +242,8 @@ class VllmGenerationWorker(EngineLifecycle):
                 )
             params.append(self._sampling_params(options, greedy, stop, min(max_new, room), seeds[i]))
         self._warn_kv_shortfall([len(p) for p in prompts], [p.max_tokens for p in params])
-        return PreparedBatch(input_ids, input_lengths, prompts, params, max_new, int(pad_id))
+        requests = engine_requests(prompts, data.get("images"), self.image_token_id)  # images: docs/vision.md
+        return PreparedBatch(input_ids, input_lengths, prompts, params, max_new, int(pad_id), list(requests))
 
     def _packed(
         self, request: PreparedBatch, completions: list[Any], versions: list[list[int]], window: tuple[float, float]
@@ -244,6 +253,7 @@ class VllmGenerationWorker(EngineLifecycle):
 
         from rlcore.data import BatchedDataDict
 
+        check_engine_prompts(request.requests, request.prompts, [c.prompt_token_ids for c in completions])
         ids, lengths = request.input_ids, request.input_lengths
         packed = pack_outputs(ids, lengths, completions, request.max_new, request.pad_id)
         packed.update(token_versions(lengths, versions, packed["output_ids"].shape[1], self.weight_version))
@@ -303,7 +313,7 @@ class VllmGenerationWorker(EngineLifecycle):
         exception in an engine actor would make the facade's worker group
         unusable, and a refused refit must leave the engines serving.
         """
-        from rl_vllm.refit import metadata_problems, normalize_metadata
+        from rl_vllm.refit import metadata_problems, normalize_metadata, without_tower
 
         try:
             metadata = normalize_metadata(state_dict_info)
@@ -311,6 +321,14 @@ class VllmGenerationWorker(EngineLifecycle):
             return [str(exc)]
         if problems := metadata_problems(metadata, self.gen_cfg.model_name, partial):
             return problems
+        # a frozen vision tower is not sent: every refit then reloads the language model only
+        if without_tower(metadata, self.gen_cfg.model_name):
+            if self.cfg.load_format == "dummy":
+                return [
+                    "the refit sends no vision tower (frozen), but the engine started with random weights "
+                    "(policy.generation.vllm_cfg.load_format: dummy): set load_format: auto"
+                ]
+            partial = True
         if not partial and metadata != self.refit_metadata:
             self._read_regions = None  # another model plan: record again
         self.refit_metadata = metadata
@@ -389,7 +407,7 @@ class VllmGenerationWorker(EngineLifecycle):
         ``regions``: the sender wrote only these slices of those tensors, so only they are fingerprinted (what
         this rank reads of them). A whole refit at tensor_parallel_size > 1 records the slices when they are
         not known yet."""
-        from rl_vllm.refit import InPlaceReload
+        from rl_vllm.refit import InPlaceReload, tower_copies
         from rlcore.refit.buckets import region_view
         from rlcore.refit.fingerprint import Fingerprints
 
@@ -409,7 +427,7 @@ class VllmGenerationWorker(EngineLifecycle):
                 session.append(InPlaceReload(worker, self._partial_refit, record_regions=record))
             # before vLLM's loader fuses them (qkv, gate_up): HF names; of a tensor sent in part, that part
             received.add([(name, region_view(t, regions.get(name))) for name, t in named] if regions else named)
-            session[0].load(named)
+            session[0].load(tower_copies(named) if self.image_token_id is not None else named)
 
         try:
             receive(load)
@@ -428,13 +446,19 @@ class VllmGenerationWorker(EngineLifecycle):
                 raise
             raise RefitError(f"engine {self.rank}: {transport} refit failed: {_reason(exc)}") from exc
         finally:
-            # Cached prefixes hold keys/values computed with the old weights.
-            self.llm.reset_prefix_cache()
+            self._forget_old_weights()
         self.stale_reason = None
         if record:
             self._read_regions = session[0].regions
         self._fingerprints.update(received.result())  # a partial refit adds to the last
         return {"tensors": session[0].tensors, "seconds": time.perf_counter() - started}
+
+    def _forget_old_weights(self) -> None:
+        """Drop what the engine computed with the old weights: cached prefixes (keys/values) and, of a
+        vision-language model, the vision tower's cached outputs (vLLM reuses them for an image seen before)."""
+        self.llm.reset_prefix_cache()
+        if self.image_token_id is not None:
+            self.llm.llm_engine.reset_encoder_cache()
 
     def reload_floor(self, bucket_bytes: int) -> float:
         """Seconds of an in-place reload of the engine's own checkpoint, already in memory, in a refit's bucket
@@ -446,7 +470,7 @@ class VllmGenerationWorker(EngineLifecycle):
             self._floor_state = checkpoint_state(self.gen_cfg.model_name)
         with self._exclusive():
             seconds = timed_reload(self.llm.collective_rpc(_own_worker)[0], self._floor_state, bucket_bytes)
-            self.llm.reset_prefix_cache()
+            self._forget_old_weights()
         self.stale_reason = "reload_floor put the checkpoint's weights back, not the policy's"
         return seconds
 
@@ -490,6 +514,7 @@ class VllmGenerationWorker(EngineLifecycle):
             "kv_block_size": self.kv_capacity.block_size,
             "max_num_seqs": self.kv_capacity.max_num_seqs,
             "async_engine": self._loop is not None,
+            "image_token_id": self.image_token_id,  # None: a text model
         }
 
     def is_alive(self) -> bool:
@@ -513,6 +538,9 @@ class VllmGenerationWorker(EngineLifecycle):
 
             gc.collect()
             remove_own_ipc_dir()  # its sockets went with the engine
+        vision = getattr(self, "_vision", None)
+        if vision is not None:
+            vision.close()  # the CPU shim outlives the engine, never the reverse
         return True
 
 
