@@ -145,3 +145,37 @@ def test_a_vision_language_model_needs_backends_that_take_images(vlm_path, tiny_
     text = load_config_dict({"policy": {"model_name": tiny_model_dir, "freeze_vision_tower": True}})
     with pytest.raises(ConfigError, match=r"policy.freeze_vision_tower: .* is a text model"):
         resolve(text)
+
+
+def test_a_completion_that_writes_an_image_placeholder_ends_before_it(vlm_path):
+    """A sampled <|image_pad|> would make the trainer's forward look for pixels that do not exist: the completion
+    ends before it (truncated), and the rollout counts such cuts."""
+    from rlcore.run.rollouts import run_rollout
+
+    processor = load_vlm_processor(vlm_path)
+    pad = processor.image_token_id
+
+    def generate(batch):
+        n, width = batch["input_ids"].shape
+        lengths = batch["input_lengths"]
+        out = torch.cat([batch["input_ids"], torch.zeros(n, 3, dtype=torch.long)], dim=1)
+        for row in range(n):
+            out[row, int(lengths[row]) : int(lengths[row]) + 3] = torch.tensor([70, pad if row == 1 else 71, 72])
+        logprobs = torch.cat([torch.zeros(n, width), torch.tensor([[-1.0, -2.0, -3.0]] * n)], dim=1)
+        return {
+            "output_ids": out,
+            "logprobs": logprobs,
+            "generation_lengths": torch.full((n,), 3),
+            "unpadded_sequence_lengths": lengths + 3,
+        }
+
+    rollout = run_rollout(
+        run_config(vlm_path), generate, TwoTurnEnvironment(), processor.tokenizer, samples(), 2, Timer()
+    )
+    data = rollout.data
+    assert data["generation_lengths"].tolist() == [3, 1, 3, 3]
+    assert data["truncated"].tolist() == [False, True, False, False]
+    length = int(data["unpadded_sequence_lengths"][1])
+    assert data["output_ids"][1, length - 1] == 70 and pad not in data["output_ids"][1, int(data["input_lengths"][1]) :]
+    assert data["logprobs"][1, length - 1] == -1.0 and data["token_mask"][1].sum() == 1
+    assert rollout.metrics["image_placeholder_cuts"] == 1.0

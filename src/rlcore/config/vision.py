@@ -44,6 +44,12 @@ def vision_problems(
             ]
         return []
     problems = []
+    if policy.tokenizer.chat_template is None:
+        problems.append(
+            f"policy.tokenizer.chat_template: is null (the passthrough template: the prompt text as written, "
+            f"with no image placeholder), and {policy.model_name} is a vision-language model; set it to 'default' "
+            "(the model's own template) or to a template that renders image parts"
+        )
     if policy.sequence_packing.enabled:
         problems.append(
             f"policy.sequence_packing.enabled: {policy.model_name} is a vision-language model, and its rows are not "

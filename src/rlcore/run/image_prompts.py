@@ -35,6 +35,9 @@ class ImageModel:
 
     image_processor: Any
     image_token_id: int
+    #: the ids that stand for an image's (or a video's) place; a completion is cut before one (a forward would
+    #: look for pixels for it)
+    placeholder_ids: frozenset[int] = frozenset()
 
     @property
     def patch_features(self) -> int:
@@ -61,7 +64,10 @@ def image_model_at(path: str) -> ImageModel | None:
         return None
     if getattr(config, "vision_config", None) is None:
         return None
-    return ImageModel(AutoImageProcessor.from_pretrained(path), int(config.image_token_id))
+    placeholders = {int(config.image_token_id)}
+    if getattr(config, "video_token_id", None) is not None:
+        placeholders.add(int(config.video_token_id))
+    return ImageModel(AutoImageProcessor.from_pretrained(path), int(config.image_token_id), frozenset(placeholders))
 
 
 def image_model_of(cfg: Any) -> ImageModel | None:

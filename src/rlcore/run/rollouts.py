@@ -132,14 +132,17 @@ def run_rollout(
     import torch
 
     from rlcore.interfaces.generation import serves_continuously
+    from rlcore.run.image_prompts import image_model_of
     from rlcore.run.prompts import pad_id
     from rlcore.run.step import encode_samples, max_input_of
 
     first = encode_samples(cfg, tokenizer, samples, repeat, tools=getattr(environment, "tools", None))
+    image_model = image_model_of(cfg)
     state = Trajectories(
         first,
         [dict(s.metadata) for s in samples for _ in range(repeat)],
         [[*s.messages] for s in samples for _ in range(repeat)],
+        cut_before=image_model.placeholder_ids if image_model is not None else frozenset(),
     )
     turns = RolloutTurns(cfg, state, environment, tokenizer, samples, repeat)
     if serves_continuously(generation):  # a stand-in without the property: whole batches
@@ -158,6 +161,8 @@ def run_rollout(
             turns.score(active, turn, timer)
     # the first failed sample: the earliest turn, then sample order
     metrics: dict[str, float | str] = error_metrics(turns.sorted_errors())
+    if image_model is not None:  # completions that wrote an image's placeholder, cut before it
+        metrics["image_placeholder_cuts"] = float(state.placeholder_cuts)
     if max_input_of(cfg) is not None:  # the prompts (not their copies) cut at data.max_input_seq_length
         metrics["cut_prompts"] = float(state.prompt_cut.sum()) / repeat
     if turns.max_turns > 1:
@@ -292,7 +297,15 @@ class RolloutTurns:
 class Trajectories:
     """Per-sample token sequences, masks and logprobs growing turn by turn, with the message logs beside them."""
 
-    def __init__(self, first: Any, metadata: list[dict[str, Any]], logs: list[list[dict[str, Any]]]) -> None:
+    def __init__(
+        self,
+        first: Any,
+        metadata: list[dict[str, Any]],
+        logs: list[list[dict[str, Any]]],
+        cut_before: frozenset[int] = frozenset(),
+    ) -> None:
+        """``cut_before``: token ids a completion ends before, as if cut by its budget (a vision-language model's
+        image placeholders: a forward would look for pixels for one the model wrote)."""
         import torch
 
         lengths = first["input_lengths"].tolist()
@@ -310,6 +323,8 @@ class Trajectories:
         self.latest: list[tuple[int, int]] = [(length, length) for length in lengths]
         # a vision-language run's rows: pixels, grids and images (docs/vision.md), sent with every turn's request
         self.image_rows = {key: first[key] for key in IMAGE_KEYS if key in first}
+        self.cut_before = cut_before
+        self.placeholder_cuts = 0  # completions cut before an image placeholder they generated
         self.metadata, self.logs = metadata, logs
         n = len(lengths)
         self.rewards = [0.0] * n
@@ -351,6 +366,10 @@ class Trajectories:
         for row, i in enumerate(active):
             start, count = int(lengths[row]), int(out["generation_lengths"][row])
             new = out["output_ids"][row, start : start + count]
+            if (cut := self._cut(new)) < count:  # the rest is not scored: the completion ends here
+                new, count = new[:cut], cut
+                self.truncated[i] = True
+                self.placeholder_cuts += 1
             self.tokens[i] = torch.cat([self.tokens[i], new])
             self.mask[i] = torch.cat([self.mask[i], torch.ones(count)])
             self.logprobs[i] = torch.cat([self.logprobs[i], out["logprobs"][row, start : start + count].float()])
@@ -370,6 +389,14 @@ class Trajectories:
             self.logs[i].append(
                 {"role": "assistant", "content": tokenizer.decode(new.tolist(), skip_special_tokens=True)}
             )
+
+    def _cut(self, new: Any) -> int:
+        """Where a completion ends: before the first of its :attr:`cut_before` tokens, or at its end."""
+        if self.cut_before:
+            for k, token in enumerate(new.tolist()):
+                if token in self.cut_before:
+                    return k
+        return len(new)
 
     def _versions_of(self, out: Any, row: int, start: int, count: int) -> Any:
         """The weight version of each of a completion's tokens: the engine's ``generation_weight_versions``, or
