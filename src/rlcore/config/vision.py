@@ -21,7 +21,10 @@ def sees_images(model_name: str) -> bool:
     if not config.is_file():
         from huggingface_hub import try_to_load_from_cache
 
-        cached = try_to_load_from_cache(model_name, "config.json") if "/" in model_name else None
+        try:
+            cached = try_to_load_from_cache(model_name, "config.json")
+        except ValueError:  # not a hub id either (a path that does not exist)
+            return False
         if not isinstance(cached, str):
             return False
         config = Path(cached)
