@@ -226,3 +226,13 @@ def test_clevr_from_a_hub_cache_loads_into_samples_with_their_images(tmp_path, m
     answers = ("<think>x</think><answer>3</answer>", "<think>x</think><answer>no</answer>")
     logs = [[*s.messages, {"role": "assistant", "content": a}] for s, a in zip(samples, answers)]
     assert scores.step(logs, [s.metadata for s in samples]).rewards == pytest.approx([1.0, 0.2])
+
+
+@pytest.mark.parametrize("name", ["sft_avlm.yaml", "audio_grpo_3B_megatron.yaml"])
+def test_the_audio_recipes_are_refused_naming_what_is_missing(name):
+    from rlcore.config import ConfigError
+
+    with pytest.raises(ConfigError) as refused:
+        convert_file(MAIN / name)
+    audio = [p for p in refused.value.problems if "one of NeMo-RL's audio datasets" in p]
+    assert audio and all(p.startswith("data.") and "no audio or video inputs" in p for p in audio), audio

@@ -16,6 +16,7 @@ from typing import Any
 
 from rlcore.config.messages import show_value
 from rlcore.nemo_rl.conversion import Conversion, is_neutral, put, unknown_problem
+from rlcore.nemo_rl.hub_datasets import AUDIO_NAMES, audio_refusal
 from rlcore.nemo_rl.table import UNKNOWN_NEUTRAL
 
 #: A split's items: each key of its entry (``data.default``'s filled in) as (value, NeMo-RL path).
@@ -176,6 +177,8 @@ class DataReader:
                 self.set(f"data.{name}.{key}", value, given[1] if key == "split" else name_path)
             for key in (k for k in split_keys if k in items and items[k][0] is None):
                 self.ignore(items[key][1], "null: the hub dataset's own split")
+        elif name_path is not None and str(dataset_name) in AUDIO_NAMES:
+            self.problem(name_path, audio_refusal(dataset_name))
         elif name_path is not None:
             self.problem(
                 name_path,

@@ -94,6 +94,19 @@ VLM_NAMES: dict[str, HubDataset] = {
     ),
 }
 
+#: NeMo-RL's audio(-visual) datasets (its Qwen2.5-Omni recipes): refused by name, saying what is missing.
+AUDIO_NAMES = frozenset({"avqa", "daily-omni", "audiomcq", "mmau"})
+
+
+def audio_refusal(name: object) -> str:
+    """Why an audio dataset name is refused (after its dotted path)."""
+    return (
+        f"is {name!r}, one of NeMo-RL's audio datasets: rlcore trains on text and images (docs/vision.md), "
+        "and has no audio or video inputs (no audio tower, no sound or frame processor in its batches); "
+        "use a text or image dataset instead"
+    )
+
+
 #: GRPO's and distillation's names (response datasets scored by the math environment; the image datasets by the
 #: vlm environment).
 NAMES: dict[str, HubDataset] = {

@@ -17,7 +17,7 @@ from rlcore.config.messages import show_value
 from rlcore.nemo_rl import vlm
 from rlcore.nemo_rl.conversion import Conversion, algorithm, put, same
 from rlcore.nemo_rl.dpo import validation_metrics as dpo_metrics
-from rlcore.nemo_rl.hub_datasets import NAMES, HubDataset
+from rlcore.nemo_rl.hub_datasets import AUDIO_NAMES, NAMES, HubDataset, audio_refusal
 from rlcore.plugins.unknown_names import what_to_do_about
 
 #: NeMo-RL datasets it downloads by name, and the keys of their rows (``data.*_key``).
@@ -117,6 +117,9 @@ def _dataset(entry: dict[str, Any], where: str, split: str, out: Conversion) -> 
             return None
         _hub_dataset(NAMES[str(name)], where, split, out, entry.get("split"))
         return NAMES[str(name)]
+    if not path and str(name) in AUDIO_NAMES:
+        out.problems.append(f"{where}.dataset_name: {audio_refusal(name)}")
+        return None
     if not path:
         out.problems.append(
             f"{where}.dataset_name: is {show_value(name)}, a dataset rlcore does not know by name "
