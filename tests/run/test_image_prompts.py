@@ -179,3 +179,27 @@ def test_a_completion_that_writes_an_image_placeholder_ends_before_it(vlm_path):
     assert data["output_ids"][1, length - 1] == 70 and pad not in data["output_ids"][1, int(data["input_lengths"][1]) :]
     assert data["logprobs"][1, length - 1] == -1.0 and data["token_mask"][1].sum() == 1
     assert rollout.metrics["image_placeholder_cuts"] == 1.0
+
+
+@pytest.mark.parametrize(
+    "override, refused",
+    [
+        ("policy.dtensor_cfg.tensor_parallel_size=2", "policy.dtensor_cfg.tensor_parallel_size: .* dtensor backend"),
+        ("policy.lora.enabled=true", "policy.lora.enabled: .* dtensor backend"),
+        (
+            "policy.backend=fsdp1 policy.dtensor_cfg.enabled=false policy.lora.enabled=true",
+            "policy.lora.enabled: .* fsdp1",
+        ),
+        ("policy.sequence_packing.enabled=true", "policy.sequence_packing.enabled: "),
+        ("policy.tokenizer.chat_template=null", "policy.tokenizer.chat_template: is null"),
+    ],
+)
+def test_what_a_vlm_run_cannot_use_is_refused_before_anything_starts(override, refused):
+    import re
+
+    from rlcore.config import ConfigError, load_config, resolve
+    from rlcore.examples import example_path
+
+    with pytest.raises(ConfigError) as caught:
+        resolve(load_config(example_path("grpo_vlm_tiny"), override.split()), run=True)
+    assert [p for p in caught.value.problems if re.match(refused, p)], caught.value.problems

@@ -74,3 +74,16 @@ def vision_problems(
             f"({', '.join(able) or 'none installed'})"
         )
     return problems
+
+
+def vision_refusals(policy: Any, backend: str, settings: dict[str, tuple[bool, str]]) -> list[str]:
+    """For a backend's config check: the ``settings`` (dotted key -> (whether it is on, the fix)) that
+    ``backend`` cannot train a vision-language model with, when the policy's model is one."""
+    if not sees_images(str(policy.model_name)):
+        return []
+    return [
+        f"{key}: {policy.model_name} is a vision-language model, and the {backend} backend does not train one "
+        f"with it; {fix}"
+        for key, (on, fix) in settings.items()
+        if on
+    ]

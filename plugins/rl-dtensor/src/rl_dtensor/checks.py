@@ -34,3 +34,20 @@ def check_vision_settings(hf_config: Any, policy: Any, tp_size: int, model_head:
             "model_head='value' (a value model)": model_head == "value",
         },
     )
+
+
+def config_check(request: Any) -> list[str]:
+    """What the dtensor backend refuses before anything starts (a ``rlcore.plugins.LayoutRequest``): for a
+    vision-language model, tensor parallel and LoRA (the workers refuse them too, and a value head)."""
+    from rlcore.config.vision import vision_refusals
+
+    policy, section = request.policy, request.section
+    tp = section.tensor_parallel_size if section is not None else 1
+    return vision_refusals(
+        policy,
+        "dtensor",
+        {
+            "policy.dtensor_cfg.tensor_parallel_size": (tp > 1, "set it to 1 (it shards over data parallel ranks)"),
+            "policy.lora.enabled": (policy.lora.enabled, "set it to false"),
+        },
+    )

@@ -34,6 +34,7 @@ def rlcore_register_backends(register):
             worker_class="rl_dtensor.worker:DTensorPolicyWorker",
             config_class="rl_dtensor.config:DTensorConfig",  # policy.dtensor_cfg
             layout="rl_dtensor.layout:parallel_layout",
+            config_check="rl_dtensor.checks:config_check",  # what a vision-language model cannot use
             capabilities=CAPABILITIES,
             requires=("torch", "transformers"),
             install_hint="pip install rl-dtensor",

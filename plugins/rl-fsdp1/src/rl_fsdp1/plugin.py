@@ -33,6 +33,7 @@ def rlcore_register_backends(register):
             name="fsdp1",
             kind="training",
             worker_class="rl_fsdp1.worker:FSDP1PolicyWorker",
+            config_check="rl_fsdp1.checks:config_check",  # what a vision-language model cannot use
             capabilities=CAPABILITIES,
             requires=("torch", "transformers"),
             install_hint="pip install rl-fsdp1 (needs torch>=2.6 and transformers)",
