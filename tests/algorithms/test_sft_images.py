@@ -68,3 +68,14 @@ def test_a_sample_cut_for_length_shows_no_image_and_trains_nothing(vlm_path):
         assert batch["pixel_values"][row].shape[0] == 0 and batch["image_grid_thw"][row].shape == (0, 3)
     assert int((batch["input_ids"][1] == image_token).sum()) == int(batch["image_grid_thw"][1].prod()) // 4  # merge 2
     assert nothing_trained([big], tokenizer, config(vlm_path, 64)).startswith("all 1 samples are longer")
+
+
+def test_a_template_that_cannot_render_image_parts_is_one_line(vlm_path):
+    from rlcore.datasets import DataError
+
+    tokenizer = load_vlm_processor(vlm_path).tokenizer
+    cfg = config(vlm_path, 400)
+    tokenizer.chat_template = "{% for m in messages %}{{ m['content'].strip() }}{% endfor %}"  # NeMo-RL's squad-like
+    sample = Sample(0, conversation(1, "One"), {}, [picture(56, 56, 1)])
+    with pytest.raises(DataError, match=r"^policy.tokenizer.chat_template: cannot render a message with image parts"):
+        sft_batch([sample], tokenizer, cfg)

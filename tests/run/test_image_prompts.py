@@ -203,3 +203,20 @@ def test_what_a_vlm_run_cannot_use_is_refused_before_anything_starts(override, r
     with pytest.raises(ConfigError) as caught:
         resolve(load_config(example_path("grpo_vlm_tiny"), override.split()), run=True)
     assert [p for p in caught.value.problems if re.match(refused, p)], caught.value.problems
+
+
+def test_rollouts_a_checkpoint_carries_keep_each_rows_pixels(tmp_path):
+    """Async GRPO saves the rollouts generated ahead with its checkpoint: a row's pixels come back with it."""
+    from rlcore.data import BatchedDataDict
+    from rlcore.run.checkpoints import load_rollouts, save_rollouts
+    from rlcore.run.rollouts import Rollout
+
+    pixels = [torch.randn(4, 6), torch.zeros(0, 6)] + [torch.randn(k, 6) for k in range(1, 11)]  # 12 rows
+    grids = [torch.tensor([[1, 2, 2]])] * 12  # one tensor shared by all rows, as a prompt's copies share theirs
+    data = BatchedDataDict(output_ids=torch.arange(24).view(12, 2), pixel_values=pixels, image_grid_thw=grids)
+    save_rollouts(tmp_path / "rollouts", {3: Rollout(data, torch.ones(12), {"m": 1.0})})
+    back = load_rollouts(tmp_path)[3]
+    assert torch.equal(back.data["output_ids"], data["output_ids"])
+    assert [p.shape for p in back.data["pixel_values"]] == [p.shape for p in pixels]  # row 10 after row 9
+    assert all(torch.equal(a, b) for a, b in zip(back.data["pixel_values"], pixels))
+    assert len(back.data["image_grid_thw"]) == 12 and back.data["image_grid_thw"][0] is back.data["image_grid_thw"][11]

@@ -17,7 +17,7 @@ from rlcore.nemo_rl.distillation import distillation_settings
 from rlcore.nemo_rl.dpo import dpo_data, dpo_defaults
 from rlcore.nemo_rl.sft import sft_data, sft_defaults
 from rlcore.nemo_rl.tasks import checkpoint_metric, task
-from rlcore.nemo_rl.vlm import automodel
+from rlcore.nemo_rl.vlm import automodel, is_vlm_run
 
 _MISSING = object()
 G = "policy.generation."
@@ -103,6 +103,18 @@ def chat_template(nemo: dict[str, Any], out: Conversion) -> None:
     """Same values and meaning; a NeMo-RL tokenizer section without the key means the tokenizer's own."""
     tok = get(nemo, "policy.tokenizer")
     if not isinstance(tok, dict):
+        return
+    if is_vlm_run(nemo):  # NeMo-RL renders with the processor, whose own template its get_tokenizer leaves be
+        _set(out, "policy.tokenizer.chat_template", "default", "policy.tokenizer (a VLM run: the model's own)")
+        if "chat_template" in tok:
+            out.ignored.append(
+                (
+                    "policy.tokenizer.chat_template",
+                    "a VLM run renders its prompts with the model's processor, whose own template NeMo-RL keeps "
+                    "(get_tokenizer sets the configured one on the processor only when it has none): rlcore "
+                    "writes 'default'",
+                )
+            )
         return
     if "chat_template" in tok:
         _set(out, "policy.tokenizer.chat_template", tok["chat_template"], "policy.tokenizer.chat_template")

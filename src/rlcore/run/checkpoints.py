@@ -87,14 +87,35 @@ VALUE_MODEL = "value"
 def save_rollouts(directory: Path, rollouts: dict[int, Any]) -> None:
     """``{training step: Rollout}`` as ``step_NNNNNN.safetensors`` files: the rollout's tensors (``data/<key>``
     and ``rewards``) with its metrics as JSON in the file's metadata. Data, never pickles: a checkpoint is
-    untrusted input (design.md §2.8). Every value of ``data`` must be a tensor."""
+    untrusted input (design.md §2.8). Every value of ``data`` is a tensor, or a list of one tensor per row (a
+    vision-language run's ``pixel_values``): :func:`_row_tensors`."""
     from safetensors.torch import save_file
 
     directory.mkdir(parents=True, exist_ok=True)
     for step, rollout in sorted(rollouts.items()):
-        tensors = {f"data/{key}": value.contiguous() for key, value in rollout.data.items()}
+        tensors = {}
+        for key, value in rollout.data.items():
+            if isinstance(value, list):
+                tensors.update(_row_tensors(key, value))
+            else:
+                tensors[f"data/{key}"] = value.contiguous()
         tensors["rewards"] = rollout.rewards.contiguous()
         save_file(tensors, str(directory / f"step_{step:06d}.safetensors"), {"metrics": json.dumps(rollout.metrics)})
+
+
+def _row_tensors(key: str, rows: list[Any]) -> dict[str, Any]:
+    """A per-row list of tensors as safetensors entries: each distinct tensor once (``rows/<key>/<i>``; a
+    prompt's copies share their pixels) and which one each row holds (``rows/<key>/index``)."""
+    import torch
+
+    first_of: dict[int, int] = {}
+    out: dict[str, Any] = {}
+    for tensor in rows:
+        if id(tensor) not in first_of:
+            first_of[id(tensor)] = len(first_of)
+            out[f"rows/{key}/{first_of[id(tensor)]}"] = tensor.contiguous()
+    out[f"rows/{key}/index"] = torch.tensor([first_of[id(t)] for t in rows], dtype=torch.long)
+    return out
 
 
 def load_rollouts(checkpoint: str | Path) -> dict[int, Any]:
@@ -113,7 +134,13 @@ def load_rollouts(checkpoint: str | Path) -> dict[int, Any]:
     check_inside(directory)
     for path in sorted(directory.glob("step_*.safetensors")):
         with safe_open(str(path), framework="pt") as f:
-            data = {key.removeprefix("data/"): f.get_tensor(key) for key in f.keys() if key.startswith("data/")}
+            data: dict[str, Any] = {
+                key.removeprefix("data/"): f.get_tensor(key) for key in f.keys() if key.startswith("data/")
+            }
+            for key in (k for k in f.keys() if k.startswith("rows/") and k.endswith("/index")):
+                name = key.removeprefix("rows/").removesuffix("/index")
+                distinct = [f.get_tensor(f"rows/{name}/{i}") for i in range(int(f.get_tensor(key).max()) + 1)]
+                data[name] = [distinct[int(i)] for i in f.get_tensor(key)]
             metrics = json.loads((f.metadata() or {}).get("metrics", "{}"))
             found[int(path.stem.removeprefix("step_"))] = Rollout(
                 BatchedDataDict(data), f.get_tensor("rewards"), metrics

@@ -9,8 +9,9 @@ engine, ``images``. torch and transformers are imported inside the functions.
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -118,6 +119,23 @@ def encode_image_samples(
     return batch
 
 
+@contextlib.contextmanager
+def rendering_images() -> Iterator[None]:
+    """A chat template that fails on a message with image parts (``content.strip()`` on a list) is one line
+    naming the setting, not a Jinja traceback."""
+    from jinja2 import TemplateError
+
+    from rlcore.datasets.files import DataError
+
+    try:
+        yield
+    except (TemplateError, TypeError, AttributeError) as exc:
+        raise DataError(
+            f"policy.tokenizer.chat_template: cannot render a message with image parts ({exc}); set it to "
+            "'default' (the model's own template) or to a template that renders {'type': 'image'} parts"
+        ) from None
+
+
 def _prompt(
     cfg: Any, tokenizer: Any, image_model: ImageModel, sample: Sample, tools: list[dict[str, Any]] | None
 ) -> tuple[list[int], torch.Tensor, torch.Tensor]:
@@ -126,7 +144,8 @@ def _prompt(
     from rlcore.chat.vision import expanded_prompt
     from rlcore.run.prompts import render_prompts
 
-    text = render_prompts(tokenizer, [sample.messages], cfg.policy.tokenizer.chat_template_kwargs, tools)[0]
+    with rendering_images():
+        text = render_prompts(tokenizer, [sample.messages], cfg.policy.tokenizer.chat_template_kwargs, tools)[0]
     ids = encode_rendered(tokenizer, text)
     if not sample.images:
         if image_model.image_token_id in ids:

@@ -197,11 +197,14 @@ class EncodedSample:
 
 def encoded_sample(sample: Sample, tokenizer: Any, cfg: Any, image_model: ImageModel | None) -> EncodedSample:
     """``sample`` through the chat template message by message; with ``image_model``, its images expanded."""
-    chunks = encode_messages(tokenizer, conversation(sample), cfg.sft, cfg.policy.tokenizer.chat_template_kwargs)
     if image_model is None:
-        return EncodedSample(chunks)
-    from rlcore.run.image_prompts import expand_image_chunks
+        return EncodedSample(
+            encode_messages(tokenizer, conversation(sample), cfg.sft, cfg.policy.tokenizer.chat_template_kwargs)
+        )
+    from rlcore.run.image_prompts import expand_image_chunks, rendering_images
 
+    with rendering_images():
+        chunks = encode_messages(tokenizer, conversation(sample), cfg.sft, cfg.policy.tokenizer.chat_template_kwargs)
     return EncodedSample(*expand_image_chunks(chunks, sample.images, image_model))
 
 
