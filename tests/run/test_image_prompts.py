@@ -220,3 +220,18 @@ def test_rollouts_a_checkpoint_carries_keep_each_rows_pixels(tmp_path):
     assert [p.shape for p in back.data["pixel_values"]] == [p.shape for p in pixels]  # row 10 after row 9
     assert all(torch.equal(a, b) for a, b in zip(back.data["pixel_values"], pixels))
     assert len(back.data["image_grid_thw"]) == 12 and back.data["image_grid_thw"][0] is back.data["image_grid_thw"][11]
+
+
+def test_a_checkpoints_tokenizer_keeps_the_image_processor(vlm_path, tmp_path):
+    """A checkpoint's tokenizer directory carries the processor's files, so a run warm-started from it (model:
+    the checkpoint's weights, tokenizer: its tokenizer) makes the same image prompts."""
+    from transformers import AutoTokenizer
+
+    from rlcore.training.checkpoint import save_tokenizer
+
+    save_tokenizer(AutoTokenizer.from_pretrained(vlm_path), tmp_path / "tokenizer")
+    assert (tmp_path / "tokenizer" / "preprocessor_config.json").is_file()
+    model, original = image_model_at(vlm_path, str(tmp_path / "tokenizer")), image_model_at(vlm_path)
+    assert model is not None and original is not None
+    assert model.image_processor.to_dict() == original.image_processor.to_dict()
+    assert image_model_at(str(tmp_path / "tokenizer")) is None  # a tokenizer's directory says nothing of the model

@@ -54,9 +54,11 @@ class ImageModel:
 
 
 @functools.lru_cache(maxsize=4)
-def image_model_at(path: str) -> ImageModel | None:
+def image_model_at(path: str, processor_path: str | None = None) -> ImageModel | None:
     """The image side of the model at ``path`` (a directory or a hub id in the cache), or None for a text model
-    (also for a tokenizer's directory without a model config: only a model's config can say it sees images)."""
+    (also for a directory without a model config: only a model's config can say it sees images). The image
+    processor's files are read from ``processor_path`` when it has them (a run's tokenizer directory), else
+    from ``path``."""
     from transformers import AutoConfig, AutoImageProcessor
 
     try:
@@ -68,13 +70,22 @@ def image_model_at(path: str) -> ImageModel | None:
     placeholders = {int(config.image_token_id)}
     if getattr(config, "video_token_id", None) is not None:
         placeholders.add(int(config.video_token_id))
-    return ImageModel(AutoImageProcessor.from_pretrained(path), int(config.image_token_id), frozenset(placeholders))
+    try:
+        processor = AutoImageProcessor.from_pretrained(processor_path or path)
+    except OSError:  # a tokenizer's directory without the processor's files
+        processor = AutoImageProcessor.from_pretrained(path)
+    return ImageModel(processor, int(config.image_token_id), frozenset(placeholders))
 
 
 def image_model_of(cfg: Any) -> ImageModel | None:
-    """The run's image model (its tokenizer's directory holds the processor files), or None for a text run."""
-    name = getattr(getattr(cfg.policy, "tokenizer", None), "name", None)
-    return image_model_at(str(name)) if name else None
+    """The run's image model: ``policy.model_name``'s config says whether it sees images; the processor's files
+    come from the tokenizer's directory, else the model's. None for a text run."""
+    policy = cfg.policy
+    model = getattr(policy, "model_name", None)
+    tokenizer = getattr(getattr(policy, "tokenizer", None), "name", None)
+    if not model:  # a stand-in config without a model: its tokenizer's directory
+        model, tokenizer = tokenizer, None
+    return image_model_at(str(model), str(tokenizer) if tokenizer else None) if model else None
 
 
 def image_prompt_length(cfg: Any, tokenizer: Any, image_model: ImageModel) -> Callable[[Sample], int]:

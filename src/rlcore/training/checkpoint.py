@@ -329,10 +329,20 @@ def write_hf_files(
         tokenizer.save_pretrained(str(directory))
 
 
+#: A vision-language model's processor files, kept beside its tokenizer's (rlcore.run.image_prompts reads them).
+PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json")
+
+
 def save_tokenizer(tokenizer: Any, path: str | os.PathLike) -> None:
-    """The tokenizer's files in directory ``path``, published atomically."""
+    """The tokenizer's files in directory ``path``, published atomically; with them the image processor's files
+    of the directory the tokenizer was loaded from, if it has some (a checkpoint of a vision-language model
+    then starts a run of its own: ``policy.warm_start``)."""
+    source = Path(str(getattr(tokenizer, "name_or_path", "") or ""))
     with atomic_directory(path) as tmp:
         tokenizer.save_pretrained(str(tmp))
+        for name in PROCESSOR_FILES:
+            if source.is_dir() and (source / name).is_file():
+                shutil.copyfile(source / name, Path(tmp) / name)
 
 
 def load_hf_state_dict(path: str | os.PathLike) -> dict:
