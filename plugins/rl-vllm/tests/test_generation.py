@@ -267,6 +267,22 @@ class TestVllmBackend(GenerationBackendConformance):
             assert tokens == generated(out, data)[i][:3]
             assert bool(short["truncated"][i]) == (len(tokens) == 3 and tokens[-1] != 2)
 
+    def test_seeded_prompts_beyond_one_prefill_step_generate_alike(self, generation: dict) -> None:
+        """More prompt tokens than vLLM prefills in one step (4096 by default), every request seeded: on CPU a
+        prompt prefilled in chunks made vLLM rewind its seeded generator, which a CPU generator cannot
+        ('CPU Generator does not use offset'); the engines prefill whole prompts there."""
+        engine = generation["engine"]
+        rows, width = 80, 120  # 4800 prompt tokens per engine
+        data = BatchedDataDict(
+            input_ids=torch.randint(3, 200, (rows, width), generator=torch.Generator().manual_seed(5)),
+            input_lengths=torch.full((rows,), width),
+            sampling_seeds=torch.arange(rows, dtype=torch.long),
+        )
+        with sampling(engine, max_new_tokens=2):
+            first, again = engine.generate(data), engine.generate(data)
+        assert first["output_ids"].shape == (rows, width + 2)
+        assert torch.equal(first["output_ids"], again["output_ids"])  # seeded: the same draws
+
     # -- bad input ------------------------------------------------------------------------------
     def test_bad_input_is_rejected_before_it_reaches_the_engines(self, generation: dict, greedy_output: tuple) -> None:
         engine = generation["engine"]

@@ -111,6 +111,8 @@ class VllmGenerationWorker(EngineLifecycle):
             kwargs["distributed_executor_backend"] = "external_launcher"
             if on_cpu:
                 name_segments_uniquely()
+        if on_cpu:  # vLLM's CPU sampler cannot rewind a seeded request's generator (set_offset) between the chunks
+            kwargs["enable_chunked_prefill"] = False  # of a prompt, and every request has a seed: whole prefills
         if vllm_config.enable_sleep_mode and not on_cpu:
             kwargs["enable_sleep_mode"] = True
         self._sleep_mode = bool(kwargs.get("enable_sleep_mode"))
