@@ -99,6 +99,6 @@ def test_a_canvas_too_small_for_the_squares_is_refused_in_one_line():
 def test_the_count_reward_pays_the_format_and_the_right_count_apart():
     from rlcore.environments.vlm_tasks import count_reward
 
-    metadata = [{"ground_truth": "3"}] * 4
-    got = count_reward(["q"] * 4, ["3", " 2 squares", "three", "13"], metadata)
-    assert got == {"format": [0.2, 0.2, 0.0, 0.2], "count": [0.8, 0.0, 0.0, 0.0]}
+    metadata = [{"ground_truth": "3"}] * 5
+    got = count_reward(["q"] * 5, ["3", " 2 squares", "three", "13", "33x"], metadata)
+    assert got == {"format": [0.2, 0.2, 0.0, 0.2, 0.2], "count": [0.8, 0.0, 0.0, 0.0, 0.8]}  # the first digit

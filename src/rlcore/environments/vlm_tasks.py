@@ -77,14 +77,15 @@ FORMAT_WEIGHT, COUNT_WEIGHT = 0.2, 0.8
 
 def count_reward(prompts: list[str], completions: list[str], metadata: list[dict[str, Any]]) -> dict[str, list[float]]:
     """The counting task's reward, for the ``python`` environment: ``format`` (:data:`FORMAT_WEIGHT`) when the
-    answer starts with a number, ``count`` (:data:`COUNT_WEIGHT`) when that number is the count. The first part
-    is what a model learns without looking; only the second needs the picture."""
+    answer starts with a digit, ``count`` (:data:`COUNT_WEIGHT`) when that digit is the count (1 to 9: what
+    follows it is not read, so a young model that has not learned to stop after one token can still be right).
+    The first part is what a model learns without looking; only the second needs the picture."""
     import re
 
     fmt, count = [], []
     for completion, meta in zip(completions, metadata, strict=True):
-        number = re.match(r"\s*(\d+)", completion)
-        fmt.append(FORMAT_WEIGHT if number else 0.0)
-        right = number is not None and int(number.group(1)) == int(meta["ground_truth"])
+        digit = re.match(r"\s*(\d)", completion)
+        fmt.append(FORMAT_WEIGHT if digit else 0.0)
+        right = digit is not None and int(digit.group(1)) == int(meta["ground_truth"])
         count.append(COUNT_WEIGHT if right else 0.0)
     return {"format": fmt, "count": count}
