@@ -46,9 +46,7 @@ class DatasetConfig(StrictModel):
     data_files: str | list[str] | dict[str, str | list[str]] | None = Field(
         None, description="Which files of a hub dataset to read (datasets.load_dataset's data_files)."
     )
-    format: (
-        Literal["squad", "gsm8k", "helpsteer3", "tulu3_preference", "oasst", "clevr_cogent", "geometry3k"] | None
-    ) = Field(
+    format: RowFormat | None = Field(
         None,
         description="Rewrite each row as NeMo-RL's dataset class of that name does (a hub dataset's own "
         "columns into messages, or context and ranked completions), when the row is drawn; docs/datasets.md.",

@@ -98,6 +98,11 @@ class TrainingWorkerBase:
     model_head: ModelHead = "lm"  # "value": a value model (set in __init__ from the model_head keyword)
     vision: VisionForward | None = None  # a vision-language model's image inputs (set in __init__)
 
+    def optimized_parameter_names(self) -> list[str]:
+        """Names of the parameters the optimizer steps (tests check what a frozen vision tower leaves out)."""
+        stepped = {id(p) for group in self.optimizer.param_groups for p in group["params"]}
+        return [name for name, p in self.model.named_parameters() if id(p) in stepped]
+
     # -- to implement (the forwards default to a whole Hugging Face causal LM in self.model) ---------
     def _logits(self, mb: BatchedDataDict) -> torch.Tensor:
         """``[B, S, V]`` logits of a micro-batch from ``self.model`` called as a Hugging Face causal LM."""

@@ -483,11 +483,6 @@ class DTensorPolicyWorker(RefitExportMixin, TrainingWorkerBase):
                     moments += float(state.local_tensor(value).double().abs().sum())
         return {"lr": [g["lr"] for g in self.optimizer.param_groups], "steps": sorted(steps), "moments": moments}
 
-    def optimized_parameter_names(self) -> list[str]:
-        """Names of the parameters the optimizer steps (tests check what a frozen vision tower leaves out)."""
-        stepped = {id(p) for group in self.optimizer.param_groups for p in group["params"]}
-        return [name for name, p in self.model.named_parameters() if id(p) in stepped]
-
     def is_dtensor_model(self) -> dict[str, int]:
         """How many parameters are DTensors, and on how many mesh dimensions (tests check the layout)."""
         dims: dict[str, int] = {}

@@ -461,11 +461,6 @@ class FSDP1PolicyWorker(RefitExportMixin, TrainingWorkerBase):
             for p in self.model.parameters():
                 p.add_(0.01 * torch.randn(p.shape, generator=gen_).to(p.device, p.dtype))
 
-    def optimized_parameter_names(self) -> list[str]:
-        """Names of the flat parameters the optimizer steps (tests check what a frozen vision tower leaves out)."""
-        stepped = {id(p) for group in self.optimizer.param_groups for p in group["params"]}
-        return [name for name, p in self.model.named_parameters() if id(p) in stepped]
-
     def parameter_checksum(self) -> float:
         """Sum of all parameters (float64, over ranks): lets tests see that weights (did not) change."""
         local = sum((p.detach().double().sum() for p in self.model.parameters()), torch.zeros((), dtype=torch.float64))

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from rlcore.refit import RefitError
 from rlcore.refit.buckets import Region, Regions
+from rlcore.training.vision import TOWER_NAMES
 
 if TYPE_CHECKING:
     import torch
@@ -100,8 +101,6 @@ def is_vision_language(model_dir: str) -> bool:
 #: A vision-language model's names as ``state_dict()`` gives them (transformers >= 4.52) and as
 #: ``save_pretrained`` writes them (the original layout): vLLM's loader takes both.
 _VLM_PREFIXES = (("model.language_model.", "model."), ("model.visual.", "visual."))
-#: Where an image-text model keeps its vision tower (the first name segment, in the checkpoint layout).
-_TOWER_NAMES = ("visual", "vision_tower", "vision_model")
 
 
 def checkpoint_name(name: str, vision: bool) -> str:
@@ -115,7 +114,7 @@ def checkpoint_name(name: str, vision: bool) -> str:
 
 def is_tower_name(name: str) -> bool:
     """A tensor of the vision tower (``name`` in the checkpoint's layout)."""
-    return name.split(".", 1)[0] in _TOWER_NAMES
+    return name.split(".", 1)[0] in TOWER_NAMES
 
 
 def without_tower(metadata: Metadata, model_dir: str) -> bool:
