@@ -122,7 +122,8 @@ class InProcessEngine:
         from transformers import AutoModelForCausalLM
 
         from rl_vllm.config import VllmConfig
-        from rl_vllm.worker import VllmGenerationWorker, _own_worker
+        from rl_vllm.engine_refit import _own_worker
+        from rl_vllm.worker import VllmGenerationWorker
         from rlcore.config.generation import GenerationConfig
         from rlcore.refit import metadata_of, plan_buckets
         from rlcore.refit.buckets import buffer_bytes

@@ -65,6 +65,15 @@ def test_prompts_are_the_processors_expansion_and_copies_share_their_pixels(vlm_
     assert not batch["prompt_cut"].any()
 
 
+@pytest.mark.parametrize("images", [0, 1])
+def test_image_parts_and_images_must_agree_naming_the_row(vlm_path, images):
+    processor = load_vlm_processor(vlm_path)
+    content = [{"type": "image"}, {"type": "text", "text": "Count"}, {"type": "image"}]
+    sample = Sample(5, [{"role": "user", "content": content}], {}, [picture(56, 56, 9)] * images)
+    with pytest.raises(ValueError, match=rf"^data row 5: the messages show 2 image\(s\) .* the sample has {images}: "):
+        encode_samples(run_config(vlm_path), processor.tokenizer, [sample], repeat=1)
+
+
 def test_a_text_models_directory_is_no_image_model(tiny_model_dir):
     assert image_model_at(tiny_model_dir) is None
 
@@ -190,7 +199,10 @@ def test_a_completion_that_writes_an_image_placeholder_ends_before_it(vlm_path):
             "policy.backend=fsdp1 policy.dtensor_cfg.enabled=false policy.lora.enabled=true",
             "policy.lora.enabled: .* fsdp1",
         ),
-        ("policy.sequence_packing.enabled=true", "policy.sequence_packing.enabled: "),
+        (  # dtensor packs image rows (docs/vision.md); fsdp1 packs no rows
+            "policy.backend=fsdp1 policy.dtensor_cfg.enabled=false policy.sequence_packing.enabled=true",
+            "policy.sequence_packing.enabled: the 'fsdp1' training backend does not declare",
+        ),
         ("policy.tokenizer.chat_template=null", "policy.tokenizer.chat_template: is null"),
     ],
 )

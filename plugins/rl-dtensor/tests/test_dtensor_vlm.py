@@ -1,7 +1,9 @@
 """The dtensor backend trains and scores the tiny Qwen2.5-VL (docs/vision.md), on 2 Ray ranks (gloo, FSDP2 dp=2).
 
 Image rows of different sizes, one row without an image (its rank runs the tower on a dummy image, or the
-ranks would wait on each other), against a float64 single-process Hugging Face forward of one row at a time.
+ranks would wait on each other), against a float64 single-process Hugging Face forward of one row at a time;
+micro-batches padded (``plain``, ``dynamic``) or packed (``packing``: each rank packs its two rows, images and
+all, into one row; single-process packing checks are in test_dtensor_vlm_packing.py).
 Two policies share one cluster: ``trained`` (the whole model trains) and ``frozen``
 (``policy.freeze_vision_tower``).
 """
@@ -11,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import re
 
 import pytest
 import torch
@@ -23,6 +26,7 @@ TOL = 1e-5
 LR = 0.5  # the testlib's SGD learning rate
 GBS = 4
 DYNAMIC = {"enabled": True, "train_mb_tokens": 160, "logprob_mb_tokens": 160, "sequence_length_round": 8}
+PACKING = {"enabled": True, "train_mb_tokens": 160, "logprob_mb_tokens": 160}  # a rank's 2 rows: one packed row
 
 
 @pytest.fixture(scope="module")
@@ -71,14 +75,22 @@ def policies(ray_session, vlm):
 
 
 @contextlib.contextmanager
-def dynamic_batching(policy):
-    """The driver's batch plan with dynamic batching (only the driver reads it; see dtensor_testlib.batching)."""
-    from rlcore.config import BatchPlan, DynamicBatchingConfig
+def batching(policy, mode: str):
+    """The driver's batch plan with dynamic batching or packing (only the driver reads it; see
+    dtensor_testlib.batching); ``plain`` leaves it as it is."""
+    from rlcore.config import BatchPlan, DynamicBatchingConfig, SequencePackingConfig
 
+    if mode == "plain":
+        yield
+        return
     original = policy.resolved
-    cfg = original.config.model_copy(update={"dynamic_batching": DynamicBatchingConfig.model_validate(DYNAMIC)})
-    plan = BatchPlan.of(cfg, original.batch.data_parallel_size, packing=False)
-    assert plan.mode == "dynamic"
+    update = (
+        {"dynamic_batching": DynamicBatchingConfig.model_validate(DYNAMIC)}
+        if mode == "dynamic"
+        else {"sequence_packing": SequencePackingConfig.model_validate(PACKING)}
+    )
+    plan = BatchPlan.of(original.config.model_copy(update=update), original.batch.data_parallel_size, mode == "packing")
+    assert plan.mode == mode
     policy.resolved = dataclasses.replace(original, batch=plan)
     try:
         yield
@@ -98,11 +110,23 @@ def test_batch_has_rows_with_and_without_images(data):
     assert 0 in patches and len({p for p in patches if p}) == len([p for p in patches if p])  # sizes differ
 
 
-@pytest.mark.parametrize("mode", ["plain", "dynamic"])
+def test_packing_packs_rows_with_images_together(vlm, data):
+    """Each rank's packed micro-batch holds several rows, with images (else ``packing`` below tests nothing)."""
+    from rlcore.config import BatchPlan
+
+    cfg = policy_config(vlm, train_global_batch_size=GBS, max_total_sequence_length=128, sequence_packing=PACKING)
+    plan = BatchPlan.of(cfg, 2, packing=True)
+    shards, _ = data.shard_by_batch_size(2, batch_size=GBS, **plan.shard_args("train"))
+    for shard in shards:
+        mbs = list(shard.make_microbatch_iterator_for_packable_sequences())
+        assert len(mbs) == 1 and mbs[0].size == 2 and sum(int(p.shape[0]) for p in mbs[0]["pixel_values"])
+
+
+@pytest.mark.parametrize("mode", ["plain", "dynamic", "packing"])
 def test_logprobs_match_float64_hf(policies, vlm, data, oracle, mode):
     policy = policies["trained"]
     reset_weights(policy, vlm)
-    with dynamic_batching(policy) if mode == "dynamic" else contextlib.nullcontext():
+    with batching(policy, mode):
         got = policy.get_logprobs(data)["logprobs"]
     diff = valid_diff(got, oracle[0].float(), data["input_lengths"])
     assert diff <= TOL, f"{mode}: logprobs differ from the float64 forward by {diff:.3g}"
@@ -114,12 +138,12 @@ def test_refit_sends_the_whole_model_under_checkpoint_names(policies, vlm):
     assert any(name.startswith("visual.") for name in info)
 
 
-@pytest.mark.parametrize("mode", ["plain", "dynamic"])
+@pytest.mark.parametrize("mode", ["plain", "dynamic", "packing"])
 def test_one_sgd_step_matches_float64_step(policies, vlm, data, oracle, mode):
     _, loss, expected = oracle
     policy = policies["trained"]
     reset_weights(policy, vlm)
-    with dynamic_batching(policy) if mode == "dynamic" else contextlib.nullcontext():
+    with batching(policy, mode):
         out = policy.train(data, NLLLoss())
     assert abs(float(out["loss"][0]) - loss) <= TOL * max(1.0, abs(loss))
     weights = full_weights(policy)
@@ -150,22 +174,39 @@ def test_frozen_tower_keeps_its_weights_and_stays_out_of_refit(policies, vlm, da
     "key, settings",
     [
         ("policy.dtensor_cfg.tensor_parallel_size", dict(tp=2)),
-        ("policy.sequence_packing.enabled", dict(sequence_packing={"enabled": True, "train_mb_tokens": 128})),
         ("policy.lora.enabled", dict(lora={"enabled": True})),
-        ("model_head='value'", dict(model_head="value")),
+        ("model_head='value' (a value model)", dict(model_head="value")),
     ],
 )
 def test_what_a_vlm_does_not_do_here_is_refused_naming_the_key(vlm, tiny_model_dir, key, settings):
+    """The workers refuse what the config check refuses (the value head too, which is no config key), in its
+    words."""
     from transformers import AutoConfig
 
-    from rl_dtensor.checks import check_vision_settings
+    from rl_dtensor.checks import check_vision_settings, config_check
+    from rl_dtensor.config import dtensor_section
+    from rlcore.plugins import LayoutRequest
 
     settings = dict(settings)
     tp, head = settings.pop("tp", 1), settings.pop("model_head", "lm")
     cfg = policy_config(vlm, tp=tp, max_total_sequence_length=128, **settings)
     check_vision_settings(AutoConfig.from_pretrained(tiny_model_dir), cfg, tp, head)  # a text model: fine
-    with pytest.raises(ValueError, match=rf"^{key}.*switch"):
+    words = rf"^{re.escape(key)}: {re.escape(vlm)} is a vision-language model, and the dtensor backend does not "
+    with pytest.raises(ValueError, match=words) as refused:
         check_vision_settings(AutoConfig.from_pretrained(vlm), cfg, tp, head)
+    if head == "lm":
+        request = LayoutRequest(cfg, dtensor_section(cfg, None), 2, False)
+        assert config_check(request) == [str(refused.value)]
+
+
+def test_a_vlm_packs_here(vlm):
+    from transformers import AutoConfig
+
+    from rl_dtensor.checks import check_vision_settings
+
+    packing = {"enabled": True, "train_mb_tokens": 128}
+    cfg = policy_config(vlm, max_total_sequence_length=128, sequence_packing=packing)
+    check_vision_settings(AutoConfig.from_pretrained(vlm), cfg, 1, "lm")
 
 
 def test_checkpoint_is_a_hugging_face_vlm_and_loads_back(policies, vlm, tmp_path):

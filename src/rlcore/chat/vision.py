@@ -53,15 +53,22 @@ def expanded_prompt(
 ) -> VisionPrompt:
     """The prompt of chat-template ids ``engine_ids`` (one ``image_token`` per image) and ``images``: the
     image processor's pixels and grids, and the ids expanded to match them."""
-    if (found := engine_ids.count(image_token)) != len(images):
-        raise ValueError(
-            f"the messages show {found} image(s) (image parts rendered by the chat template) and the sample has "
-            f"{len(images)}: give one {{'type': 'image'}} part per image"
-        )
+    check_image_parts(engine_ids.count(image_token), len(images))
     vision = image_processor(images=list(images), return_tensors="pt")
     grid = vision["image_grid_thw"]
     ids = expand_image_tokens(engine_ids, image_token, grid, image_processor.merge_size)
     return VisionPrompt(engine_ids, ids, vision["pixel_values"], grid)
+
+
+def check_image_parts(found: int, given: int, row: int | None = None) -> None:
+    """Raise unless the chat template rendered as many image placeholders (``found``) as the sample (data row
+    ``row``, when known) has images (``given``)."""
+    if found != given:
+        where = "" if row is None else f"data row {row}: "
+        raise ValueError(
+            f"{where}the messages show {found} image(s) (image parts rendered by the chat template) and the sample "
+            f"has {given}: give one {{'type': 'image'}} part per image"
+        )
 
 
 def expand_image_tokens(ids: Sequence[int], image_token: int, grid_thw: torch.Tensor, merge_size: int) -> list[int]:

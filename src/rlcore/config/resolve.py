@@ -37,7 +37,7 @@ from rlcore.config.generation import DEFAULT_GENERATION_BACKEND, GenerationConfi
 from rlcore.config.policy import PolicyConfig
 from rlcore.config.rules import check_rules
 from rlcore.config.schemas import ClusterConfig, RLCoreConfig, load_algorithm, registered_algorithms
-from rlcore.config.vision import sees_images, vision_problems
+from rlcore.config.vision import vision_problems
 from rlcore.models.builtin import resolve_builtin_policy
 from rlcore.plugins import (
     BackendError,
@@ -131,12 +131,7 @@ def resolve_policy(
     section = backends.own_section(spec, config, "policy")
     packing = config.sequence_packing.enabled
     if packing is None:
-        packing = (
-            auto_packing
-            and spec.supports(Capability.SEQUENCE_PACKING)
-            and not config.dynamic_batching.enabled
-            and not sees_images(str(config.model_name))  # image rows are not packed: docs/vision.md
-        )
+        packing = auto_packing and spec.supports(Capability.SEQUENCE_PACKING) and not config.dynamic_batching.enabled
         config = config.model_copy(
             update={"sequence_packing": config.sequence_packing.model_copy(update={"enabled": packing})}
         )

@@ -6,32 +6,11 @@ a vision-language model as a causal LM, or drop the images, and train something 
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
 from rlcore.config.backends import selection_path
+from rlcore.models import has_vision_config
 from rlcore.plugins import BackendSpec, Capability, Registry
-
-
-def sees_images(model_name: str) -> bool:
-    """Whether ``model_name`` (a directory, or a hub id whose config is in the hub cache) is a vision-language
-    model: its ``config.json`` has a ``vision_config``."""
-    config = Path(model_name) / "config.json"
-    if not config.is_file():
-        from huggingface_hub import try_to_load_from_cache
-
-        try:
-            cached = try_to_load_from_cache(model_name, "config.json")
-        except ValueError:  # not a hub id either (a path that does not exist)
-            return False
-        if not isinstance(cached, str):
-            return False
-        config = Path(cached)
-    try:
-        return "vision_config" in json.loads(config.read_text())
-    except (OSError, ValueError):
-        return False
 
 
 def vision_problems(
@@ -39,7 +18,7 @@ def vision_problems(
 ) -> list[str]:
     """A vision-language model on a backend that does not declare ``image_inputs``, and a vision setting given
     for a text model."""
-    if not sees_images(str(policy.model_name)):
+    if not has_vision_config(str(policy.model_name)):
         if policy.freeze_vision_tower:
             return [
                 f"policy.freeze_vision_tower: {policy.model_name} is a text model (its config has no "
@@ -52,12 +31,6 @@ def vision_problems(
             f"policy.tokenizer.chat_template: is null (the passthrough template: the prompt text as written, "
             f"with no image placeholder), and {policy.model_name} is a vision-language model; set it to 'default' "
             "(the model's own template) or to a template that renders image parts"
-        )
-    if policy.sequence_packing.enabled:
-        problems.append(
-            f"policy.sequence_packing.enabled: {policy.model_name} is a vision-language model, and its rows are not "
-            "packed (each row's image positions are computed from its own tokens); set it to false, or use "
-            "policy.dynamic_batching"
         )
     engine = generation if generation is not training else None  # a backend that generates itself: said once
     for path, spec in ((selection_path(policy), training), ("policy.generation.backend", engine)):
@@ -79,11 +52,12 @@ def vision_problems(
 def vision_refusals(policy: Any, backend: str, settings: dict[str, tuple[bool, str]]) -> list[str]:
     """For a backend's config check: the ``settings`` (dotted key -> (whether it is on, the fix)) that
     ``backend`` cannot train a vision-language model with, when the policy's model is one."""
-    if not sees_images(str(policy.model_name)):
+    if not has_vision_config(str(policy.model_name)):
         return []
-    return [
-        f"{key}: {policy.model_name} is a vision-language model, and the {backend} backend does not train one "
-        f"with it; {fix}"
-        for key, (on, fix) in settings.items()
-        if on
-    ]
+    return [refusal(key, str(policy.model_name), backend, fix) for key, (on, fix) in settings.items() if on]
+
+
+def refusal(key: str, model: str, backend: str, fix: str) -> str:
+    """The one line that refuses the setting ``key`` for the vision-language model ``model`` on ``backend`` (the
+    config checks and the workers say the same)."""
+    return f"{key}: {model} is a vision-language model, and the {backend} backend does not train one with it; {fix}"

@@ -9,7 +9,9 @@
 - :mod:`rlcore.models.build`: a randomly initialised causal LM from a config;
 - :mod:`rlcore.models.vlm`: a randomly initialised Qwen2.5-VL (``tiny-qwen2.5-vl``,
   ``qwen2.5-vl-3b``) with its tokenizer and image processor;
-- :mod:`rlcore.models.cache`: the on-disk cache, each model built at most once.
+- :mod:`rlcore.models.cache`: the on-disk cache, each model built at most once;
+- :mod:`rlcore.models.config_json`: any model's ``config.json`` (a directory or the hub cache) as a dict, and
+  whether it is a vision-language model's.
 
 The test kit's ``models`` module re-exports the builders beside its random
 batches; production code imports them from here. torch and transformers are
@@ -19,6 +21,7 @@ imported inside the functions, so importing this package stays light.
 from rlcore.models.build import ARCHS, BUILD_VERSION, build_tiny_model, model_config
 from rlcore.models.builtin import BUILTIN_MODELS, resolve_builtin_models, resolve_builtin_policy, resolve_model
 from rlcore.models.cache import default_cache_root, tiny_model_path
+from rlcore.models.config_json import has_vision_config, read_config_json
 from rlcore.models.presets import PARAMETER_COUNTS, PRESETS, VLM_PRESETS, preset
 from rlcore.models.tokenizer import (
     BYTE_OFFSET,
@@ -52,9 +55,11 @@ __all__ = [
     "build_tiny_vlm",
     "build_tiny_vlm_tokenizer",
     "default_cache_root",
+    "has_vision_config",
     "load_vlm_processor",
     "model_config",
     "preset",
+    "read_config_json",
     "resolve_builtin_models",
     "resolve_builtin_policy",
     "resolve_model",

@@ -152,15 +152,14 @@ def _prompt(
 ) -> tuple[list[int], torch.Tensor, torch.Tensor]:
     """One sample's expanded prompt ids, pixels and grids, rendered as a text run renders its prompts."""
     from rlcore.chat.templates import encode_rendered
-    from rlcore.chat.vision import expanded_prompt
+    from rlcore.chat.vision import check_image_parts, expanded_prompt
     from rlcore.run.prompts import render_prompts
 
     with rendering_images():
         text = render_prompts(tokenizer, [sample.messages], cfg.policy.tokenizer.chat_template_kwargs, tools)[0]
     ids = encode_rendered(tokenizer, text)
+    check_image_parts(ids.count(image_model.image_token_id), len(sample.images), sample.idx)
     if not sample.images:
-        if image_model.image_token_id in ids:
-            raise ValueError(f"data row {sample.idx}: its messages show an image part, and the sample has no image")
         return (ids, *image_model.no_pixels())
     prompt = expanded_prompt(ids, sample.images, image_model.image_processor, image_model.image_token_id)
     return prompt.ids, prompt.pixel_values, prompt.image_grid_thw
@@ -171,15 +170,10 @@ def expand_image_chunks(
 ) -> tuple[list[Chunk], torch.Tensor, torch.Tensor]:
     """A message log's ``(ids, mask)`` chunks with each image token expanded to its image's tokens (each copy
     masked as the token was), and the images' ``pixel_values`` and ``image_grid_thw``."""
-    from rlcore.chat.vision import image_token_counts
+    from rlcore.chat.vision import check_image_parts, image_token_counts
 
     token = image_model.image_token_id
-    found = sum(ids.count(token) for ids, _ in chunks)
-    if found != len(images):
-        raise ValueError(
-            f"the messages show {found} image(s) (image parts rendered by the chat template) and the sample has "
-            f"{len(images)}: give one {{'type': 'image'}} part per image"
-        )
+    check_image_parts(sum(ids.count(token) for ids, _ in chunks), len(images))
     if not images:
         return chunks, *image_model.no_pixels()
     vision = image_model.image_processor(images=list(images), return_tensors="pt")

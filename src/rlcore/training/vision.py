@@ -6,7 +6,14 @@
   Qwen2.5-VL) and ``policy.freeze_vision_tower``.
 - :class:`VisionForward`: the model kwargs of a micro-batch with images (its rows' ``pixel_values`` and
   ``image_grid_thw`` concatenated in row order, ``mm_token_type_ids`` so Qwen2.5-VL derives its 3D rotary
-  positions, no ``position_ids``), and the dummy image that keeps sharded ranks in step.
+  positions, no ``position_ids``), the position ids of a packed row (:meth:`VisionForward.packed_position_ids`),
+  and the dummy image that keeps sharded ranks in step.
+
+Why packed rows get their positions given: the model derives 3D rotary positions for each row of its input, and a
+packed row holds several sequences, each of which starts again at 0. So each sequence's positions are computed by
+the model's own ``get_rope_index`` on the padded micro-batch (one row per sequence, the same thing the model does
+on its own for an unpacked forward) and laid out in the packed order, behind the packed text positions (Hugging
+Face's ``[4, 1, T]`` form: row 0 restarts at every sequence, rows 1-3 are the 3D positions).
 
 Why the dummy image: FSDP shards the tower in units of its own, and a unit's parameters are all-gathered
 (and, in training, its gradients reduce-scattered) only by the ranks that run it. A rank whose micro-batch
@@ -74,16 +81,23 @@ def freeze_vision_tower(model: nn.Module) -> str:
     return path
 
 
-def check_unsupported(config: PretrainedConfig, refused: Mapping[str, bool]) -> None:
-    """Refuse a vision-language model with any setting in ``refused`` (config key -> whether it is on)."""
+def check_unsupported(
+    config: PretrainedConfig,
+    refused: Mapping[str, bool],
+    backend: str = "training",
+    fixes: Mapping[str, str] | None = None,
+) -> None:
+    """Refuse a vision-language model with any setting in ``refused`` (config key -> whether it is on) on
+    ``backend``, in the config check's words (:func:`rlcore.config.vision.refusal`); ``fixes``: what to do
+    instead, per key (default: switch it off)."""
+    from rlcore.config.vision import refusal
+
     if not is_vision_language(config):
         return
+    model = getattr(config, "_name_or_path", "") or type(config).__name__
     for key, on in refused.items():
         if on:
-            raise ValueError(
-                f"{key}: not supported with the vision-language model {type(config).__name__} on this backend "
-                f"(docs/vision.md); switch {key} off"
-            )
+            raise ValueError(refusal(key, model, backend, (fixes or {}).get(key, "switch it off")))
 
 
 def has_images(mb: Mapping[str, Any]) -> bool:
@@ -99,10 +113,16 @@ def image_inputs(mb: Mapping[str, Any], input_ids: torch.Tensor, image_token_id:
 
     out: dict[str, Any] = {"mm_token_type_ids": (input_ids == image_token_id).int()}
     if has_images(mb):
-        device = input_ids.device
-        out[PIXEL_VALUES] = torch.cat(list(mb[PIXEL_VALUES])).to(device)
-        out[IMAGE_GRID_THW] = torch.cat([g.reshape(-1, 3) for g in mb[IMAGE_GRID_THW]]).long().to(device)
+        out[PIXEL_VALUES] = torch.cat(list(mb[PIXEL_VALUES])).to(input_ids.device)
+        out[IMAGE_GRID_THW] = _grids(mb).to(input_ids.device)
     return out
+
+
+def _grids(mb: Mapping[str, Any]) -> torch.Tensor:
+    """The rows' ``image_grid_thw`` concatenated in row order, ``[images, 3]`` int64."""
+    import torch
+
+    return torch.cat([g.reshape(-1, 3) for g in mb[IMAGE_GRID_THW]]).long()
 
 
 def dummy_image(vision_config: Any, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -123,7 +143,7 @@ class VisionForward:
     micro-batch has none, and a pre-hook on the language model runs it.
     """
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, packing: bool = False) -> None:
         tower = vision_tower_path(model)
         language = _shortest_module_path(model, ("language_model",))
         if tower is None or language is None:
@@ -134,12 +154,43 @@ class VisionForward:
         self.tower_path = tower
         self.image_token_id = int(config.image_token_id)
         self._dummy_pending = False
+        # The module that derives the 3D rotary positions (Qwen2.5-VL's ``model``): packed rows need it.
+        self._rope: Any = next((m for m in model.modules() if callable(getattr(m, "get_rope_index", None))), None)
+        if packing and self._rope is None:
+            raise ValueError(
+                f"policy.sequence_packing.enabled: {type(model).__name__} has no get_rope_index, so a packed row's "
+                "image positions cannot be computed; set policy.sequence_packing.enabled=false"
+            )
         model.get_submodule(language).register_forward_pre_hook(self._run_dummy, with_kwargs=True)
 
     def kwargs(self, input_ids: torch.Tensor, mb: Mapping[str, Any]) -> dict[str, Any]:
         """:func:`image_inputs` of the forward; arms the dummy image when the micro-batch has none."""
         self._dummy_pending = not has_images(mb)
         return image_inputs(mb, input_ids, self.image_token_id)
+
+    def packed_position_ids(self, mb: Mapping[str, Any], text_positions: torch.Tensor) -> torch.Tensor:
+        """``[4, 1, W]`` position ids of ``mb`` packed into one row of width ``W`` (its valid tokens back to back in
+        row order, then padding; ``text_positions`` ``[1, W]`` restart at 0 per sequence): row 0 the text
+        positions, rows 1-3 each sequence's 3D rotary positions as the model derives them for it alone (see the
+        module docstring); the padding's are its text positions."""
+        import torch
+
+        if self._rope is None:
+            raise ValueError(f"{type(self.model).__name__}: no get_rope_index, cannot pack image rows")
+        ids, lengths = mb["input_ids"], mb["input_lengths"].long().to(mb["input_ids"].device)
+        valid = torch.arange(ids.shape[1], device=ids.device)[None, :] < lengths[:, None]
+        rows = lengths > 0  # get_rope_index cannot take an empty row
+        with torch.no_grad():
+            rope, _ = self._rope.get_rope_index(
+                input_ids=ids[rows],
+                mm_token_type_ids=(ids[rows] == self.image_token_id).int(),
+                image_grid_thw=_grids(mb).to(ids.device) if has_images(mb) else None,
+                attention_mask=valid[rows].long(),
+            )
+        used = rope[:, valid[rows]]  # [3, packed tokens], row-major: the packed order
+        positions = text_positions.expand(3, -1).clone()
+        positions[:, : used.shape[1]] = used.to(positions.device)
+        return torch.cat([text_positions, positions])[:, None, :]
 
     def _run_dummy(self, module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
         if not self._dummy_pending:

@@ -13,6 +13,9 @@ Two layouts:
   implementations on any device (``create_causal_mask`` passes a 4-D mask
   through untouched).
 
+A vision-language model's packed row gets each sequence's 3D rotary positions (:func:`forward_kwargs`); its
+images go with it in row order, which is the packed order.
+
 Under sequence parallel the sequence is split over tp ranks, so the width is
 padded to a multiple of tp; the padding is cut off again when results are put
 back in the ``[B, S]`` layout.
@@ -21,13 +24,16 @@ back in the ``[B, S]`` layout.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from rl_dtensor.vocab_parallel import entropy, gather_at, gather_logprobs, logprobs_at, topk
 from rlcore.data.packing import PackedSequences, pack_microbatch, unpack_tokens
 from rlcore.training.logprobs import align
+
+if TYPE_CHECKING:
+    from rlcore.training.vision import VisionForward
 
 
 def _round_up(n: int, multiple: int) -> int:
@@ -152,6 +158,20 @@ class ModelInputs:
             values = unpack_tokens(values[0, :width], p.cu_seqlens, p.batch_size, p.seq_len, p.input_lengths)
             indices = unpack_tokens(indices[0, :width], p.cu_seqlens, p.batch_size, p.seq_len, p.input_lengths)
         return values[:, : self.seq_len - 1], indices[:, : self.seq_len - 1]
+
+
+def forward_kwargs(inputs: ModelInputs, mb: Any, vision: VisionForward | None) -> dict[str, Any]:
+    """The model kwargs of a forward of ``inputs``. A vision-language model (``vision``) gets the rows' images,
+    and derives its own positions, unless the rows are packed: then each sequence's 3D rotary positions are given
+    (:meth:`rlcore.training.vision.VisionForward.packed_position_ids`)."""
+    kwargs = inputs.model_kwargs()
+    if vision is not None:
+        kwargs.update(vision.kwargs(inputs.input_ids, mb))
+        if inputs.packed is None:
+            del kwargs["position_ids"]  # Qwen2.5-VL computes its 3D rotary positions from mm_token_type_ids
+        else:
+            kwargs["position_ids"] = vision.packed_position_ids(mb, inputs.position_ids)
+    return kwargs
 
 
 def padded_inputs(mb: Any, device: torch.device, multiple: int = 1) -> ModelInputs:

@@ -18,8 +18,9 @@ swap); this class supplies the sharded model and how to run it:
   the same padded or packed forwards; no refit, no reference model.
 - a vision-language model (capability ``image_inputs``, docs/vision.md): loaded with Hugging Face's image-text
   class, its tower sharded in FSDP units of its own, images fed by :class:`rlcore.training.vision.VisionForward`;
-  ``policy.freeze_vision_tower`` keeps the tower out of the optimizer and out of refit. dp only, padded
-  micro-batches (:mod:`rl_dtensor.checks` refuses the rest).
+  ``policy.freeze_vision_tower`` keeps the tower out of the optimizer and out of refit. dp only, padded or
+  packed micro-batches (packed rows get each sequence's 3D rotary positions; :mod:`rl_dtensor.checks` refuses
+  the rest).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from rl_dtensor import state
 from rl_dtensor.checks import check_context_parallel, check_vision_settings
 from rl_dtensor.config import dtensor_section
 from rl_dtensor.grads import clip_grads
-from rl_dtensor.inputs import ModelInputs, packed_inputs, padded_inputs
+from rl_dtensor.inputs import ModelInputs, forward_kwargs, packed_inputs, padded_inputs
 from rl_dtensor.loading import load_sharded_model
 from rl_dtensor.parallelize import DTYPES, ParallelOptions, build_mesh
 from rlcore.data import BatchedDataDict
@@ -137,7 +138,8 @@ class DTensorPolicyWorker(RefitExportMixin, TrainingWorkerBase):
         )
         self.hf_config = self.model.config
         # A vision-language model: images in the forwards; a frozen tower stays out of refit.
-        self.vision = VisionForward(self.model) if is_vision_language(self.hf_config) else None
+        packing = bool(config.sequence_packing.enabled)
+        self.vision = VisionForward(self.model, packing) if is_vision_language(self.hf_config) else None
         self.frozen_tower = vision_tower_path(self.model) if config.freeze_vision_tower else None
         # A mixture-of-experts' load-balancing loss, trained when its config asks (rlcore.training.moe_aux).
         self.aux_coef = moe_aux.aux_coefficient(self.hf_config)
@@ -174,20 +176,12 @@ class DTensorPolicyWorker(RefitExportMixin, TrainingWorkerBase):
             )
         return padded_inputs(mb, self.device, self.seq_multiple)
 
-    def _model_kwargs(self, inputs: ModelInputs, mb: BatchedDataDict) -> dict[str, Any]:
-        """The forward's kwargs; a vision-language model gets the rows' images and derives its own positions."""
-        kwargs = inputs.model_kwargs()
-        if self.vision is not None:
-            del kwargs["position_ids"]  # Qwen2.5-VL computes its 3D rotary positions from mm_token_type_ids
-            kwargs.update(self.vision.kwargs(inputs.input_ids, mb))
-        return kwargs
-
     def _run(self, mb: BatchedDataDict) -> tuple[ModelInputs, torch.Tensor]:
         inputs = self._inputs(mb)
         if not (self._routers and self._training_forward):
-            return inputs, self.model(**self._model_kwargs(inputs, mb)).logits
+            return inputs, self.model(**forward_kwargs(inputs, mb, self.vision)).logits
         with self._routers.recording() as router_logits:
-            logits = self.model(**self._model_kwargs(inputs, mb)).logits
+            logits = self.model(**forward_kwargs(inputs, mb, self.vision)).logits
         mask = inputs.routed_mask(mb["sample_mask"])
         aux = moe_aux.load_balancing_loss(router_logits, mask, self.hf_config.num_experts_per_tok)
         self._pending_aux = moe_aux.AuxLoss(aux, float(moe_aux.routed_tokens(mb)), self.aux_coef)  # host count

@@ -109,7 +109,12 @@ class FSDP1PolicyWorker(RefitExportMixin, TrainingWorkerBase):
                 "load-balancing loss (output_router_logits true), which the fsdp1 backend does not train; set "
                 "policy.hf_config_overrides.output_router_logits=false, or train with the dtensor backend"
             )
-        check_unsupported(self.hf_config, {"policy.lora.enabled": config.lora.enabled})
+        check_unsupported(
+            self.hf_config,
+            {"policy.lora.enabled": config.lora.enabled},
+            "fsdp1",
+            {"policy.lora.enabled": "set it to false"},
+        )
         self.lora_targets = lora.apply_lora(hf_model, config.lora) if config.lora.enabled else []
         if adapter_path:
             lora.load_adapter_into(hf_model, adapter_path)

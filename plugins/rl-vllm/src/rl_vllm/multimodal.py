@@ -167,8 +167,9 @@ def image_batch_problems(data: Mapping[str, Any], image_token_id: int | None, mo
 def vision_image_token(model: str) -> int | None:
     """The image token id of ``model`` when its Hugging Face config has a ``vision_config``; None for a text model.
 
-    A local directory's ``config.json`` is read as JSON; a hub id goes through ``AutoConfig``. A config that
-    cannot be read counts as a text model's: the engine then reports it, as it would without images.
+    The config is ``config.json`` as it lies in the directory or the hub cache; a hub id not in the cache goes
+    through ``AutoConfig`` (which may download it). A config that cannot be read counts as a text model's: the
+    engine then reports it, as it would without images.
     """
     config = _hf_config(model)
     if config.get("vision_config") is None:
@@ -180,15 +181,14 @@ def vision_image_token(model: str) -> int | None:
 
 
 def _hf_config(model: str) -> dict[str, Any]:
-    import json
     import os
 
-    path = os.path.join(model, "config.json")
+    from rlcore.models import read_config_json
+
+    config = read_config_json(model)
+    if config is not None or os.path.isdir(model):
+        return config or {}
     try:
-        if os.path.isdir(model):
-            with open(path) as f:
-                loaded = json.load(f)
-            return loaded if isinstance(loaded, dict) else {}
         from transformers import AutoConfig
 
         return AutoConfig.from_pretrained(model).to_dict()

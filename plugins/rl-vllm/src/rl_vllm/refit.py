@@ -28,13 +28,13 @@ from __future__ import annotations
 
 import contextlib
 import glob
-import json
 import logging
 import os
 from bisect import bisect_right
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from rlcore.models import has_vision_config, read_config_json
 from rlcore.refit import RefitError
 from rlcore.refit.buckets import Region, Regions
 from rlcore.training.vision import TOWER_NAMES
@@ -80,22 +80,8 @@ def checkpoint_shapes(model_dir: str) -> dict[str, tuple[int, ...]] | None:
     return shapes
 
 
-def _checkpoint_config(model_dir: str) -> dict[str, Any]:
-    try:
-        with open(os.path.join(model_dir, "config.json")) as f:
-            config = json.load(f)
-    except (OSError, ValueError):
-        return {}
-    return config if isinstance(config, dict) else {}
-
-
 def tied_word_embeddings(model_dir: str) -> bool:
-    return bool(_checkpoint_config(model_dir).get("tie_word_embeddings", False))
-
-
-def is_vision_language(model_dir: str) -> bool:
-    """The checkpoint in ``model_dir`` is an image-text model's (its config has a ``vision_config``)."""
-    return _checkpoint_config(model_dir).get("vision_config") is not None
+    return bool((read_config_json(model_dir) or {}).get("tie_word_embeddings", False))
 
 
 #: A vision-language model's names as ``state_dict()`` gives them (transformers >= 4.52) and as
@@ -120,7 +106,7 @@ def is_tower_name(name: str) -> bool:
 def without_tower(metadata: Metadata, model_dir: str) -> bool:
     """The refit sends no tensor of a vision-language model's tower (``policy.freeze_vision_tower``): the engine
     keeps the tower it loaded, so each refit loads only the language model (a partial reload)."""
-    if not is_vision_language(model_dir):
+    if not has_vision_config(model_dir):
         return False
     return not any(is_tower_name(checkpoint_name(name, True)) for name in metadata)
 
@@ -149,7 +135,7 @@ def metadata_problems(metadata: Metadata, model_dir: str, partial: bool = False)
     shapes = checkpoint_shapes(model_dir)
     if shapes is None:
         return []
-    vision = is_vision_language(model_dir)
+    vision = has_vision_config(model_dir)
     sent = {checkpoint_name(name, vision): shape for name, (shape, _) in metadata.items()}
     problems = []
     # A tied LM head's duplicate may be sent or not (vLLM loads the embedding it shares either way).
