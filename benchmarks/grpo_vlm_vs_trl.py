@@ -29,7 +29,11 @@ Cases (``--case``):
 - ``tiny`` (default): the example's shape: 8 prompts x 4 generations, 4 new tokens, 56 x 56 pictures
   (4 image tokens) of 1-3 squares;
 - ``shaped``: the same model with a larger rollout: 16 prompts x 8 generations, 64 new tokens, 112 x 112
-  pictures (16 image tokens) of 1-4 squares, where generation is a larger part of the step.
+  pictures (16 image tokens) of 1-4 squares, where generation is a larger part of the step;
+- ``varlen``: ``grpo_vs_trl.py``'s varlen case with pictures: its ~50M decoder under a small vision tower
+  (random weights, built here), 16 prompts x 8 generations of at most 256 tokens that end at EOS after a
+  long-tailed number of tokens (mean ~40: ``with_stop_habit``, which also keeps the model from sampling image
+  placeholders, so both sides' completions run alike), 112 x 112 pictures; rlcore packs its micro-batches.
 
 The random model samples EOS about once in 300 tokens, so most completions run to the cap. rlcore also cuts a
 completion before an image or video placeholder it samples (``image_placeholder_cuts``), where TRL suppresses the
@@ -40,7 +44,7 @@ prefilled in chunks: on vLLM's CPU platform a seeded request (rlcore seeds each 
 
 Needs ``trl`` (``pip install trl==1.16.0``; not a dependency of rlcore).
 
-    python benchmarks/grpo_vlm_vs_trl.py [--case tiny|shaped] [--ranks 1] [--steps N] [--prompts P]
+    python benchmarks/grpo_vlm_vs_trl.py [--case tiny|shaped|varlen] [--ranks 1] [--steps N] [--prompts P]
         [--generations G] [--new-tokens T] [--image-size PX] [--json-out FILE]
 
 The last line printed is JSON: ``{"rlcore_step_s", "trl_step_s", "speedup", "model_params", "case", ...,
@@ -61,14 +65,14 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from grpo_vs_trl import median_after_warmup  # noqa: E402  (the text benchmark's measurement)
+from grpo_vs_trl import median_after_warmup, with_stop_habit  # noqa: E402  (the text benchmark's measurement)
 
 MODEL = "tiny-qwen2.5-vl"
 GENERATOR = "rlcore.environments.vlm_tasks:count_squares"
 REWARD = "rlcore.environments.vlm_tasks:count_reward"
 
 CASES: dict[str, dict[str, Any]] = {
-    # examples/grpo_vlm_tiny.yaml's rollout (its 30 steps cut to 8; grpo_vs_trl's tiny case takes 8).
+    # examples/grpo_vlm_tiny.yaml's rollout (its steps cut to 8; grpo_vs_trl's tiny case takes 8).
     "tiny": dict(
         prompts=8,
         generations=4,
@@ -92,6 +96,35 @@ CASES: dict[str, dict[str, Any]] = {
         steps=4,
         kv_cache_gb=0.25,
     ),
+    # grpo_vs_trl's varlen case with pictures: its ~50M decoder (here under a small vision tower), 16 prompts x 8
+    # generations of at most 256 tokens that end at EOS after a long-tailed number of tokens (mean ~40,
+    # with_stop_habit), 16 image tokens per prompt; rlcore packs its micro-batches (docs/vision.md).
+    "varlen": dict(
+        model=dict(
+            hidden_size=768,
+            num_layers=8,
+            num_heads=12,
+            num_kv_heads=4,
+            intermediate_size=2048,
+            mrope_section=(8, 12, 12),
+            vision_hidden_size=128,
+            vision_intermediate_size=256,
+            max_position_embeddings=512,
+        ),
+        prompts=16,
+        generations=8,
+        new_tokens=256,
+        mean_length=40,
+        image_size=112,
+        max_count=4,
+        lr=1e-5,
+        micro_batch=16,
+        steps=3,
+        # 128 sequences of up to 107 + 256 tokens: at 0.5 GB (256 blocks of 128 tokens) the engine warned that the
+        # rollout would run in waves, and generation took 49 s against TRL's 79 s (1.70x the whole step).
+        kv_cache_gb=1.0,
+        packing=True,
+    ),
 }
 
 
@@ -101,7 +134,7 @@ PROMPT_TEXT_TOKENS = 91
 
 def max_len(c: dict[str, Any]) -> int:
     """``max_total_sequence_length`` (and the engine's ``max_model_len``): prompt (text + one token per 28 x 28
-    pixels) and completion, rounded up to 64 (tiny: 128, shaped: 192)."""
+    pixels) and completion, rounded up to 64 (tiny: 128, shaped: 192, varlen: 384)."""
     need = PROMPT_TEXT_TOKENS + (c["image_size"] // 28) ** 2 + c["new_tokens"]
     return -(-need // 64) * 64
 
@@ -111,6 +144,29 @@ def task_rows(c: dict[str, Any], step: int) -> list[dict[str, Any]]:
     from rlcore.environments.vlm_tasks import count_squares
 
     return count_squares(step, c["prompts"], seed=0, size=c["image_size"], max_count=c["max_count"])
+
+
+def model_name(c: dict[str, Any]) -> str:
+    if "model" not in c:
+        return MODEL
+    m = c["model"]
+    return f"qwen2.5-vl {m['hidden_size']}x{m['num_layers']} (random, stop habit)"
+
+
+def case_model(c: dict[str, Any], work: str) -> str:
+    """The case's model directory: the built-in tiny VLM, or one built from ``c["model"]`` (random weights) and
+    given grpo_vs_trl's stop habit, its image placeholders never sampled (see ``with_stop_habit``)."""
+    from rlcore.models import build_tiny_vlm, resolve_model
+    from rlcore.models.vlm import VISION_TOKENS
+
+    if "model" not in c:
+        return resolve_model(MODEL)
+    from transformers import AutoTokenizer
+
+    base = build_tiny_vlm(os.path.join(work, "base"), **c["model"])
+    vocab = AutoTokenizer.from_pretrained(base).get_vocab()
+    banned = tuple(vocab[token] for token in VISION_TOKENS)
+    return with_stop_habit(base, c["mean_length"], os.path.join(work, "model"), banned=banned)
 
 
 # --------------------------------------------------------------------------- rlcore
@@ -137,6 +193,7 @@ def run_rlcore(model_dir: str, c: dict[str, Any], out_dir: str, ranks: int) -> l
                 "learning_rate": c["lr"],
                 "max_grad_norm": 1.0,
                 "optimizer": {"name": "torch.optim.AdamW", "kwargs": {"lr": c["lr"], "weight_decay": 0.0}},
+                "sequence_packing": {"enabled": c.get("packing", False)},
                 "generation": {
                     "backend": "vllm",
                     "max_new_tokens": c["new_tokens"],
@@ -307,26 +364,25 @@ def main(argv: list[str] | None = None) -> None:
 
     import transformers
 
-    from rlcore.models import resolve_model
-
     c = dict(CASES[args.case])
     for key in ("steps", "prompts", "generations", "new_tokens", "image_size"):
         if getattr(args, key) is not None:
             c[key] = getattr(args, key)
     c["max_len"] = max_len(c)
     transformers.utils.logging.disable_progress_bar()
-    model_dir = resolve_model(MODEL)
-    params = sum(p.numel() for p in transformers.AutoModelForImageTextToText.from_pretrained(model_dir).parameters())
-    print(
-        f"case {args.case!r}: {MODEL}, {params / 1e6:.2f}M params float32; {c['prompts']} prompts x "
-        f"{c['generations']} generations x {c['new_tokens']} new tokens, {c['image_size']}px pictures, "
-        f"lr {c['lr']}, {c['steps']} steps (first = warm-up), {args.ranks} rank(s)/thread(s) each; "
-        f"load average {os.getloadavg()[0]:.1f}",
-        file=sys.stderr,
-    )
-
     work = tempfile.mkdtemp(prefix="grpo-vlm-vs-trl-")
     try:
+        model_dir = case_model(c, work)
+        params = sum(
+            p.numel() for p in transformers.AutoModelForImageTextToText.from_pretrained(model_dir).parameters()
+        )
+        print(
+            f"case {args.case!r}: {model_name(c)}, {params / 1e6:.2f}M params float32; {c['prompts']} prompts x "
+            f"{c['generations']} generations x {c['new_tokens']} new tokens, {c['image_size']}px pictures, "
+            f"lr {c['lr']}, {c['steps']} steps (first = warm-up), {args.ranks} rank(s)/thread(s) each; "
+            f"load average {os.getloadavg()[0]:.1f}",
+            file=sys.stderr,
+        )
         load = {"rlcore": os.getloadavg()[0]}
         rows = run_rlcore(model_dir, c, os.path.join(work, "rlcore"), args.ranks)
         load["trl"] = os.getloadavg()[0]
@@ -365,7 +421,7 @@ def main(argv: list[str] | None = None) -> None:
         "rlcore_step_s": round(ours, 4),
         "trl_step_s": round(theirs, 4),
         "speedup": round(speedup, 2),
-        "model": MODEL,
+        "model": model_name(c),
         "model_params": params,
         "case": args.case,
         "prompts": c["prompts"],

@@ -64,6 +64,7 @@ import statistics
 import sys
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 CASES: dict[str, dict[str, Any]] = {
@@ -139,34 +140,47 @@ def median_after_warmup(values: list[float]) -> float:
 STOP_FEATURE = 30.0
 
 
-def with_stop_habit(model_dir: str, mean_length: float, dest: str) -> str:
+def with_stop_habit(model_dir: str, mean_length: float, dest: str, banned: tuple[int, ...] = ()) -> str:
     """A copy of ``model_dir`` that ends a completion at EOS with probability ~1/``mean_length`` per token.
 
     A random model almost never samples EOS, so every completion runs to the cap. Here one embedding
     coordinate is set to a constant for every token: after the final norm that coordinate is nearly
     constant (other coordinates, and so the other logits, barely change), and the EOS row of the LM
     head reads only it, with a scale found by bisection on random contexts. Lengths are then about
-    geometric: a long tail up to ``max_new_tokens``, the same model on both sides.
+    geometric: a long tail up to ``max_new_tokens``, the same model on both sides. The ``banned`` tokens'
+    rows read the same coordinate with a large negative scale: never sampled (a VLM's image placeholders,
+    which rlcore cuts a completion before and TRL suppresses, would make the two sides' lengths differ).
+    Works for causal LMs and image-text models (their language model's hidden states); the directory's other
+    files (an image processor's) are copied along.
     """
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoTokenizer
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    from rlcore.training.vision import model_class
+
+    model = model_class(AutoConfig.from_pretrained(model_dir)).from_pretrained(model_dir, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    eos, vocab = tokenizer.eos_token_id, model.config.vocab_size
+    eos, vocab = tokenizer.eos_token_id, model.get_output_embeddings().weight.shape[0]
     head = model.get_output_embeddings().weight
+    decoder = getattr(model.model, "language_model", model.model)
     contexts = torch.randint(0, vocab, (8, 128), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         model.get_input_embeddings().weight[:, 0] = STOP_FEATURE
-        hidden = model.model(contexts).last_hidden_state
+        hidden = decoder(contexts).last_hidden_state
         head[eos] = 0.0
         low, high = 0.0, 50.0
         for _ in range(40):
             head[eos, 0] = (low + high) / 2
-            p_eos = torch.softmax(model.lm_head(hidden), dim=-1)[..., eos].mean()
+            p_eos = torch.softmax(model.get_output_embeddings()(hidden), dim=-1)[..., eos].mean()
             low, high = (head[eos, 0].item(), high) if p_eos < 1 / mean_length else (low, head[eos, 0].item())
+        for token in banned:
+            head[token] = 0.0
+            head[token, 0] = -50.0
     model.save_pretrained(dest)
     tokenizer.save_pretrained(dest)
+    for path in Path(model_dir).iterdir():
+        if path.is_file() and not (Path(dest) / path.name).exists():
+            shutil.copy(path, dest)
     return dest
 
 
