@@ -21,7 +21,8 @@ step time) and the ratio of the step to its overlap floor
 ``max(generation, logprobs + train + refit)``: generation is the synchronous
 run's (one whole-batch call on an engine doing nothing else), the trainer's
 phases each mode's own medians (goal for ``in_flight``: busy fraction >= 0.95,
-floor ratio <= 1.05).
+floor ratio <= 1.05). And the CPU floor: the engine's, the trainer's and the driver's CPU seconds per
+step together over the cores, what no overlap can beat where the three share the cores.
 
     python benchmarks/async_grpo.py                    # tiny-llama, 16 prompts x 4, 32 new tokens, 20 steps
     python benchmarks/async_grpo.py --model 10m --new-tokens 48 --steps 12   # training-bound: less to overlap
@@ -78,12 +79,15 @@ class WorkerCpu(threading.Thread):
     changed by other processes sharing the cores, so the engine's CPU per step compares runs made under other
     loads."""
 
-    def __init__(self, metrics_path: str, period_s: float = 0.1) -> None:
+    def __init__(self, metrics_path: str, period_s: float = 0.1, discover_s: float = 2.0) -> None:
         super().__init__(daemon=True, name="worker-cpu")
-        self.metrics_path, self.period_s = metrics_path, period_s
-        self.samples: list[tuple[int, float, float]] = []  # (steps logged, engine cpu s, trainer cpu s)
+        self.metrics_path, self.period_s, self.discover_s = metrics_path, period_s, discover_s
+        self.samples: list[tuple[int, float, float, float]] = []  # (steps logged, engine, trainer, driver cpu s)
         self._latest: dict[int, float] = {}  # pid -> cpu s (a worker that ended keeps its last)
+        self._workers: set[int] = set()
         self._engines: set[int] = set()
+        self._discovered_at = float("-inf")
+        self._steps, self._read_to = 0, 0  # steps logged so far, and how far the metrics file was read
         self._done = threading.Event()
         self._tick = os.sysconf("SC_CLK_TCK")
 
@@ -96,37 +100,54 @@ class WorkerCpu(threading.Thread):
         self.join()
         self._sample()
 
-    def _sample(self) -> None:
+    def _discover(self) -> None:
+        """Find the Ray workers (a walk of /proc: every ``discover_s``, not every sample, so that the sampler
+        itself takes little of the two cores the run shares)."""
         for pid in _descendants(os.getpid()):
+            if pid in self._engines:
+                continue
             try:
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    if not f.read().startswith(b"ray::WorkerHost"):
-                        continue
+                if pid not in self._workers:
+                    with open(f"/proc/{pid}/cmdline", "rb") as f:
+                        if not f.read().startswith(b"ray::WorkerHost"):
+                            continue
+                    self._workers.add(pid)
+                with open(f"/proc/{pid}/maps") as f:  # again at each walk: an engine maps vLLM once it imports it
+                    if "/vllm/" in f.read():
+                        self._engines.add(pid)
+            except OSError:  # gone meanwhile
+                continue
+        self._discovered_at = time.monotonic()
+
+    def _sample(self) -> None:
+        if time.monotonic() - self._discovered_at >= self.discover_s:
+            self._discover()
+        for pid in self._workers:
+            try:
                 with open(f"/proc/{pid}/stat") as f:
                     fields = f.read().rsplit(")", 1)[1].split()
-                if pid not in self._engines:
-                    with open(f"/proc/{pid}/maps") as f:
-                        if "/vllm/" in f.read():
-                            self._engines.add(pid)
-            except OSError:  # gone meanwhile
+            except OSError:  # ended: it keeps its last
                 continue
             self._latest[pid] = (int(fields[11]) + int(fields[12])) / self._tick
         try:
-            with open(self.metrics_path) as f:
-                steps = sum('"time/step_s"' in line for line in f)
+            with open(self.metrics_path, "rb") as f:
+                f.seek(self._read_to)
+                new = f.read()
         except OSError:
-            steps = 0
+            new = b""
+        complete = new[: new.rfind(b"\n") + 1]
+        self._steps += complete.count(b'"time/step_s"')
+        self._read_to += len(complete)
         engine = sum(cpu for pid, cpu in self._latest.items() if pid in self._engines)
         trainer = sum(cpu for pid, cpu in self._latest.items() if pid not in self._engines)
-        self.samples.append((steps, engine, trainer))
+        self.samples.append((self._steps, engine, trainer, time.process_time()))  # the driver: this process
 
-    def per_step(self, first: int, last: int) -> tuple[float, float]:
-        """Engine and trainer CPU seconds per step from step ``first`` logged to step ``last`` logged."""
-        at = {}
-        for mark in (first, last):
-            at[mark] = next(((e, t) for steps, e, t in self.samples if steps >= mark), (float("nan"),) * 2)
+    def per_step(self, first: int, last: int) -> tuple[float, float, float]:
+        """Engine, trainer and driver CPU seconds per step from step ``first`` logged to step ``last`` logged."""
+        nan = (float("nan"),) * 3
+        at = {mark: next((cpu for steps, *cpu in self.samples if steps >= mark), nan) for mark in (first, last)}
         count = max(last - first, 1)
-        return (at[last][0] - at[first][0]) / count, (at[last][1] - at[first][1]) / count
+        return tuple((b - a) / count for a, b in zip(at[first], at[last]))  # type: ignore[return-value]
 
 
 def _descendants(root: int) -> list[int]:
@@ -151,7 +172,8 @@ def _descendants(root: int) -> list[int]:
 
 def run(model_dir: str, args: argparse.Namespace, mode: str, out_dir: str) -> list[dict[str, Any]]:
     """One ``rlcore run`` in ``mode``; its per-step metrics rows, each with the run's engine and trainer CPU
-    seconds per step (after ``--warmup``) as ``cpu/engine_s`` and ``cpu/trainer_s``."""
+    seconds per step (after ``--warmup``) as ``cpu/engine_s`` and ``cpu/trainer_s``, and this process's (the
+    driver's: the loop, the rollout threads, rewards) as ``cpu/driver_s``."""
     from rlcore.config import load_config
     from rlcore.run.metrics import read_metrics
     from rlcore.run.train import train
@@ -179,8 +201,8 @@ def run(model_dir: str, args: argparse.Namespace, mode: str, out_dir: str) -> li
         rows = read_metrics(train(cfg)["metrics"])
     finally:
         cpu.stop()
-    engine, trainer = cpu.per_step(args.warmup, len(rows))
-    return [{**row, "cpu/engine_s": engine, "cpu/trainer_s": trainer} for row in rows]
+    engine, trainer, driver = cpu.per_step(args.warmup, len(rows))
+    return [{**row, "cpu/engine_s": engine, "cpu/trainer_s": trainer, "cpu/driver_s": driver} for row in rows]
 
 
 def median(rows: list[dict[str, Any]], key: str, warmup: int) -> float:
@@ -198,6 +220,7 @@ def summary(rows: list[dict[str, Any]], warmup: int) -> dict[str, float]:
         "max_age": max(r.get("async/age_max", 0.0) for r in rows),
         "engine_cpu_s": rows[-1]["cpu/engine_s"],
         "trainer_cpu_s": rows[-1]["cpu/trainer_s"],
+        "driver_cpu_s": rows[-1]["cpu/driver_s"],
     }
     out["trainer_s"] = sum(0.0 if out[k] != out[k] else out[k] for k in ("logprob_s", "train_s", "refit_s"))  # nan: 0
     busy = median(rows, "async/engine_busy_fraction", warmup)
@@ -210,11 +233,18 @@ def add_floors(results: dict[str, dict[str, float]]) -> None:
     """Each mode's overlap floor ``max(generation, logprobs + train + refit)``. Generation is the synchronous
     run's whole-batch call on an engine that does nothing else (the least one rollout costs the engine) where
     that run was made, else the mode's own ``time/generation_s`` (which, with rollouts generated side by side,
-    is their overlapping wall time, not the engine's cost: a floor too high)."""
+    is their overlapping wall time, not the engine's cost: a floor too high).
+
+    Beside it, the CPU floor: the CPU seconds a step took in the engine, the trainer and the driver together,
+    over the machine's cores. Where the three share the cores (this machine: 2), no overlap beats it, and the
+    overlap floor, which gives the engine and the trainer a core each and the driver none, is out of reach."""
     generation = results["sync"]["generation_s"] if "sync" in results else None
+    cores = os.cpu_count() or 1
     for r in results.values():
         r["floor_s"] = max(r["generation_s"] if generation is None else generation, r["trainer_s"])
         r["floor_ratio"] = r["step_s"] / r["floor_s"]
+        r["cpu_floor_s"] = (r["engine_cpu_s"] + r["trainer_cpu_s"] + r["driver_cpu_s"]) / cores
+        r["cpu_floor_ratio"] = r["step_s"] / r["cpu_floor_s"]
 
 
 def engine_calls(model_dir: str, args: argparse.Namespace) -> None:
@@ -327,7 +357,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     print(
         f"{'':13}{'step s':>8}{'gen s':>8}{'engine s':>9}{'train s':>9}{'refit s':>9}{'wait s':>8}{'idle s':>8}"
-        f"{'busy':>7}{'/floor':>8}{'eng cpu':>8}{'trn cpu':>8}{'reward':>14}"
+        f"{'busy':>7}{'/floor':>8}{'eng cpu':>8}{'trn cpu':>8}{'drv cpu':>8}{'/cpu fl':>8}{'reward':>14}"
     )
     for mode, r in results.items():
         print(
@@ -335,7 +365,7 @@ def main(argv: list[str] | None = None) -> None:
             f"{r['refit_s']:>9.2f}"
             f"{r['generation_wait_s']:>8.2f}{r['generation_idle_s']:>8.2f}"
             f"{r['engine_busy_fraction']:>7.2f}{r['floor_ratio']:>8.2f}"
-            f"{r['engine_cpu_s']:>8.2f}{r['trainer_cpu_s']:>8.2f}"
+            f"{r['engine_cpu_s']:>8.2f}{r['trainer_cpu_s']:>8.2f}{r['driver_cpu_s']:>8.2f}{r['cpu_floor_ratio']:>8.2f}"
             f"{r['first_reward']:>7.2f}->{r['last_reward']:.2f}"
         )
 

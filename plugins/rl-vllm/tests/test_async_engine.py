@@ -296,7 +296,9 @@ class TestAsyncEngine:
         kept = long_request(engine)
         after_steps(engine, 8)
         engine.pause_generation("keep", timeout_s=10)
-        [at_refit] = engine._all("serving_state")[0]["tokens_so_far"]  # the refit log: where it lands
+        state = engine._all("serving_state")[0]
+        assert state["final_only"], "the engine's per-request progress was not readable: per-step outputs"
+        [at_refit] = state["tokens_so_far"]  # the refit log: where it lands
         refit(engine, engines["weights"][1], version=1)
         engine.resume_generation(recompute_kv_cache=recompute)
         out = engine.collect(kept)

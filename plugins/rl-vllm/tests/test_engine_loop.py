@@ -25,8 +25,11 @@ LAG_S = 1.0  # the pair's bounds: a follower's silence, a leader's missing outco
 class ScriptedEngine:
     """Each request yields one token per step, ``length`` of them; ``fail_at`` makes that step raise."""
 
-    def __init__(self, length: int = 3, fail_at: int | None = None, step_s: float = 0.0) -> None:
+    def __init__(
+        self, length: int = 3, fail_at: int | None = None, step_s: float = 0.0, final_only: bool = False
+    ) -> None:
         self.length, self.fail_at, self.step_s = length, fail_at, step_s
+        self.final_only = final_only  # like RequestOutputKind.FINAL_ONLY: a request's tokens come when it ends
         self.stuck: threading.Event | None = None  # set: each step blocks until it is set (a hung collective)
         self.requests: dict[str, int] = {}
         self.steps = 0
@@ -60,7 +63,10 @@ class ScriptedEngine:
         for rid in list(self.requests):
             self.requests[rid] += 1
             finished = self.requests[rid] >= self.length
-            token = SimpleNamespace(token_ids=[self.requests[rid]], logprobs=None, finish_reason="length")
+            if self.final_only and not finished:
+                continue
+            new = list(range(1, self.length + 1)) if self.final_only else [self.requests[rid]]
+            token = SimpleNamespace(token_ids=new, logprobs=None, finish_reason="length")
             outputs.append(SimpleNamespace(request_id=rid, outputs=[token], finished=finished))
             if finished:
                 del self.requests[rid]
@@ -73,7 +79,10 @@ class Params:
 
 
 def make_loop(engine: ScriptedEngine, version: list[int]) -> EngineLoop:
-    return EngineLoop(engine, "engine 3", lambda: (version[0], None), lambda tokens, _: [-1.0] * len(tokens))
+    progress = engine.requests.__getitem__ if engine.final_only else None
+    return EngineLoop(
+        engine, "engine 3", lambda: (version[0], None), lambda tokens, _: [-1.0] * len(tokens), progress=progress
+    )
 
 
 def test_requests_are_served_on_the_loop_thread_with_the_version_of_each_step() -> None:
@@ -91,6 +100,30 @@ def test_requests_are_served_on_the_loop_thread_with_the_version_of_each_step() 
         version[0] = 6
         loop.resume()
         assert second.result(WAIT_S).versions == [6] * 4
+    finally:
+        loop.stop()
+
+
+@pytest.mark.parametrize("final_only", [False, True], ids=["per-step outputs", "final outputs"])
+def test_a_request_kept_across_a_weight_change_has_a_span_of_each_version(final_only: bool) -> None:
+    """Each token's version is the one its step ran with, whether the engine hands tokens out per step or at the
+    end (then the loop reads how far each request got when the weights change)."""
+    engine, version = ScriptedEngine(length=8, step_s=0.02, final_only=final_only), [1]
+    loop = make_loop(engine, version)
+    try:
+        assert loop.final_only == final_only
+        future = loop.submit([1], Params())
+        while engine.steps < 3:
+            time.sleep(0.005)
+        loop.pause("keep", WAIT_S)
+        [at_change] = loop.tokens_so_far()
+        version[0] = 2
+        loop.resume()
+        served = future.result(WAIT_S)
+        assert 3 <= at_change < 8
+        assert served.token_ids == list(range(1, 9))
+        assert served.versions == [1] * at_change + [2] * (8 - at_change)
+        assert served.spans == [(0, 1), (at_change, 2)]
     finally:
         loop.stop()
 

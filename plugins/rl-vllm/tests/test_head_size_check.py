@@ -31,12 +31,12 @@ def test_the_sizes_are_the_installed_vllm_s():
 def test_the_head_size_is_read_as_the_model_defines_it(tmp_path):
     small = check_cpu_head_size(str(_model(tmp_path / "a", hidden_size=64, num_attention_heads=4)))
     assert small is not None and small.status == "fail" and small.details["head_dim"] == 16
-    assert small.message.startswith(f"the model's head size is 16 ({tmp_path / 'a' / 'config.json'}: head_dim")
+    assert small.message.startswith(f"the model's head size is 16 ({tmp_path / 'a'}'s config.json: head_dim")
     explicit = check_cpu_head_size(str(_model(tmp_path / "b", hidden_size=64, num_attention_heads=4, head_dim=32)))
     assert explicit is not None and explicit.status == "ok"
     nested = check_cpu_head_size(str(_model(tmp_path / "c", text_config={"hidden_size": 96, "num_attention_heads": 4})))
     assert nested is not None and nested.details["head_dim"] == 24 and nested.status == "fail"
-    assert check_cpu_head_size("Qwen/Qwen2.5-0.5B") is None  # a hub name: its config is not here
+    assert check_cpu_head_size("Qwen/Qwen2.5-0.5B") is None  # a hub id whose config is not in the cache
     assert check_cpu_head_size(str(tmp_path / "missing")) is None
 
 

@@ -175,8 +175,6 @@ class VisionForward:
         module docstring); the padding's are its text positions."""
         import torch
 
-        if self._rope is None:
-            raise ValueError(f"{type(self.model).__name__}: no get_rope_index, cannot pack image rows")
         ids, lengths = mb["input_ids"], mb["input_lengths"].long().to(mb["input_ids"].device)
         valid = torch.arange(ids.shape[1], device=ids.device)[None, :] < lengths[:, None]
         rows = lengths > 0  # get_rope_index cannot take an empty row

@@ -180,18 +180,16 @@ def _async_engine(resolved: Any) -> bool:
 
 
 def check_cpu_head_size(model: str) -> CheckResult | None:
-    """Whether vLLM's CPU attention takes the head size of ``model`` (a local directory; None for a name rlcore
-    builds, whose heads fit, or a hub name, whose config is not here): a user's own tiny model with head size 16
-    passed every check and then died inside the engine 60 s in ("Unsupported CPU attention configuration")."""
-    import json
-    from pathlib import Path
+    """Whether vLLM's CPU attention takes the head size of ``model`` (a local directory or a hub id in the hub
+    cache; None for a name rlcore builds, whose heads fit, or a config that is not here or cannot be read, which
+    rlcore's model checks name): a user's own tiny model with head size 16 passed every check and then died
+    inside the engine 60 s in ("Unsupported CPU attention configuration")."""
+    import os
 
-    config = Path(model).expanduser() / "config.json"
-    try:
-        text = json.loads(config.read_text(encoding="utf-8")) if config.is_file() else None
-    except (OSError, ValueError):
-        return None  # rlcore's model checks name a config.json that cannot be read
-    if not isinstance(text, dict):
+    from rlcore.models.config_json import read_config_json
+
+    text = read_config_json(os.path.expanduser(model))
+    if text is None:
         return None
     text = text.get("text_config") or text  # a vision-language model's language part
     head = text.get("head_dim") or (
@@ -201,14 +199,14 @@ def check_cpu_head_size(model: str) -> CheckResult | None:
     )
     if head is None:
         return None
-    details: dict[str, object] = {"head_dim": head, "supported": list(CPU_HEAD_SIZES), "config": str(config)}
+    details: dict[str, object] = {"head_dim": head, "supported": list(CPU_HEAD_SIZES), "model": model}
     if head in CPU_HEAD_SIZES:
         return CheckResult("head-size", "ok", f"head size {head}: vLLM's CPU attention takes it", details=details)
     return CheckResult(
         "head-size",
         "fail",
-        f"the model's head size is {head} ({config}: head_dim, or hidden_size / num_attention_heads), which vLLM's "
-        f"CPU attention does not take (it takes {', '.join(map(str, CPU_HEAD_SIZES))})",
+        f"the model's head size is {head} ({model}'s config.json: head_dim, or hidden_size / num_attention_heads), "
+        f"which vLLM's CPU attention does not take (it takes {', '.join(map(str, CPU_HEAD_SIZES))})",
         "give the model one of those head sizes, or generate with another backend (policy.generation.backend=fsdp1)",
         details,
     )

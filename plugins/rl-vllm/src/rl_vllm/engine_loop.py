@@ -128,7 +128,7 @@ class EngineLoop(LoopThread):
     def tokens_so_far(self) -> list[int]:
         """Tokens generated so far by each admitted request, in admission order (stable while paused)."""
         with self._cond:
-            return [len(r.served.token_ids) for r in self._running.values()]
+            return [self._generated(r) for r in self._running.values()]
 
     def stop(self, timeout_s: float = 30.0) -> None:
         """End the thread; every request not finished fails with an error naming the engine. A leader tells its

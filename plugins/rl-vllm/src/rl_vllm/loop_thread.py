@@ -6,6 +6,11 @@ and one engine step. Alone (``tensor_parallel_size`` 1) the thread decides and r
 every follower reported the previous one done) and the other ranks' threads follow, applying the leader's
 ticks in order (:mod:`rl_vllm.lockstep`). Every step's new tokens are tagged with the tick's weight version.
 
+Versions are kept as spans: a request starts one at admission, and each tick whose version differs from the
+last step's starts a new one at the token count each running request has reached. That count comes from the
+engine (``progress``, :mod:`rl_vllm.engine_progress`) where it can be read, and the requests then ask for
+their final output only; otherwise from per-step (``DELTA``) outputs.
+
 Imports nothing heavy: the engine and the sampling parameters come from the caller.
 """
 
@@ -20,7 +25,7 @@ from concurrent.futures import Future
 from typing import Any, Literal
 
 from rl_vllm.lockstep import OUTCOME_WAIT_S, REQUEST_WAIT_S, Lockstep, Tick
-from rl_vllm.served import EngineLoopError, LoopRequest, Served, reason_of
+from rl_vllm.served import EngineLoopError, LoopRequest, Served, reason_of, versions_of
 
 LoopState = Literal["serving", "draining", "paused"]
 
@@ -37,6 +42,8 @@ class LoopThread:
     ``name`` (e.g. ``"engine 0"``) prefixes every error. ``logprobs_of(token_ids, logprobs)`` turns a step's
     delta logprobs into floats (``rl_vllm.sampling.sampled_logprobs``). ``lockstep``: this rank's end of a
     tensor-parallel engine's tick channel (None at ``tensor_parallel_size`` 1: the loop decides alone).
+    ``progress(engine request id)``: the tokens a running request has generated so far, read from the engine;
+    with it the requests ask for their final output only (:attr:`final_only`), without it for each step's.
     ``outcome_wait_s``: how long a follower's lifecycle call waits for the leader's outcome while the leader
     publishes no tick (a pause's ``timeout_s`` is added); then ``TimeoutError`` naming the engine.
     """
@@ -48,6 +55,7 @@ class LoopThread:
         current: Callable[[], tuple[int, Any]],
         logprobs_of: Callable[[list[int], Any], list[float]],
         lockstep: Lockstep | None = None,
+        progress: Callable[[str], int] | None = None,
         request_wait_s: float = REQUEST_WAIT_S,
         outcome_wait_s: float = OUTCOME_WAIT_S,
     ) -> None:
@@ -56,6 +64,8 @@ class LoopThread:
         self._current = current
         self._logprobs_of = logprobs_of
         self._lockstep = lockstep
+        self._progress = progress
+        self._stepped_version: int | None = None  # the weight version of the last step
         self._request_wait_s = request_wait_s
         self._outcome_wait_s = outcome_wait_s
         self._cond = threading.Condition()
@@ -76,6 +86,17 @@ class LoopThread:
         self.steps = 0
         self._thread = threading.Thread(target=self._run, name=f"rl-vllm {name} loop", daemon=True)
         self._thread.start()
+
+    @property
+    def final_only(self) -> bool:
+        """Requests ask for their final output only (``RequestOutputKind.FINAL_ONLY``), else for each step's."""
+        return self._progress is not None
+
+    def _generated(self, request: LoopRequest) -> int:
+        """Tokens ``request`` (running) has generated so far."""
+        if self._progress is None:
+            return len(request.served.token_ids)
+        return self._progress(str(request.engine_id))
 
     @property
     def follows(self) -> bool:
@@ -243,9 +264,21 @@ class LoopThread:
             if future is not None:
                 future.set_result(result)
             return
+        if self._running and tick.version != self._stepped_version:
+            self._start_spans(tick.version)
         self._admit(admitted, tick.version)
         if self._running:
-            self._step(tick.version)
+            self._step()
+            self._stepped_version = tick.version
+
+    def _start_spans(self, version: int) -> None:
+        """The weights changed since the last step: each running request's next tokens start a span of ``version``."""
+        with self._cond:
+            running = list(self._running.values())
+        for request in running:
+            spans = request.served.spans
+            if spans[-1][1] != version:
+                spans.append((self._generated(request), version))
 
     def _admit(self, requests: list[LoopRequest], version: int) -> None:
         lora = self._current()[1]
@@ -258,10 +291,11 @@ class LoopThread:
             except Exception as exc:  # noqa: BLE001 - reported to its caller
                 request.future.set_exception(exc)
                 continue
+            request.served.spans = [(0, version)]
             with self._cond:  # other threads read it (running, tokens_so_far)
                 self._running[str(request.engine_id)] = request
 
-    def _step(self, version: int) -> None:
+    def _step(self) -> None:
         outputs = self._engine.step()
         self.steps += 1
         for output in outputs:
@@ -275,8 +309,8 @@ class LoopThread:
                 served.prompt_token_ids = list(output.prompt_token_ids or [])  # vLLM expanded the images
             served.token_ids += tokens
             served.logprobs += self._logprobs_of(tokens, done.logprobs)
-            served.versions += [version] * len(tokens)
             if output.finished:
+                served.versions = versions_of(served.spans, len(served.token_ids))
                 served.finish_reason = done.finish_reason
                 with self._cond:
                     del self._running[output.request_id]

@@ -11,11 +11,14 @@ from typing import Any
 
 @dataclass
 class Served:
-    """What one request produced: its tokens, their logprobs, and the weight version of each token."""
+    """What one request produced: its tokens, their logprobs, and the weight version of each token (``versions``,
+    filled when it finishes from ``spans``: ``(index of the first token, version)`` of each run of tokens one
+    weight version produced, oldest first)."""
 
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
+    spans: list[tuple[int, int]] = field(default_factory=list)
     finish_reason: str | None = None
     restarts: int = 0  # times an ``abort`` pause dropped its partial output and it started again
     prompt_token_ids: list[int] | None = None  # vLLM's prompt, recorded for a request with images (it expands them)
@@ -25,7 +28,7 @@ class Served:
 class LoopRequest:
     key: str  # the same on every rank of a tensor-parallel engine
     prompt_token_ids: list[int]
-    params: Any  # vllm.SamplingParams with output_kind=DELTA; cloned at every (re-)admission
+    params: Any  # vllm.SamplingParams (output_kind: see EngineLoop.final_only); cloned at every (re-)admission
     future: Future[Served]
     served: Served = field(default_factory=Served)
     engine_id: str | None = None  # the id of its current admission (a restart gets a new one)
@@ -42,6 +45,16 @@ def loop_request(key: str, prompt: Prompt, params: Any) -> LoopRequest:
         images = prompt.get("multi_modal_data")
         return LoopRequest(key, list(prompt["prompt_token_ids"]), params, Future(), multi_modal_data=images)
     return LoopRequest(key, list(prompt), params, Future())
+
+
+def versions_of(spans: Sequence[tuple[int, int]], count: int) -> list[int]:
+    """Each of ``count`` tokens' weight version, from the ``spans`` that produced them (see :class:`Served`)."""
+    versions: list[int] = []
+    for (start, version), (end, _) in zip(spans, [*spans[1:], (count, -1)]):
+        if not 0 <= start <= end <= count:
+            raise EngineLoopError(f"weight-version spans {list(spans)} do not fit a request of {count} tokens")
+        versions += [version] * (end - start)
+    return versions
 
 
 class EngineLoopError(RuntimeError):

@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 from rl_vllm.engine_env import EngineRank
 from rl_vllm.engine_loop import EngineLoop
+from rl_vllm.engine_progress import progress_reader
 from rl_vllm.sampling import Completion, sampled_logprobs
 from rl_vllm.served import Prompt, Served
 
@@ -71,14 +72,13 @@ class EngineLifecycle:
         A group's output is :meth:`generate`'s for that batch alone (the same requests; ``generation_window``
         from the call's start to the group's end). A failed request ends the stream with its error."""
         loop = self._require_loop("generate_groups")
-        from vllm.sampling_params import RequestOutputKind
-
         prepared = [self._prepared(batch, greedy, sampling) for batch in batches]  # all checked before any runs
+        output_kind = _output_kind(loop)
         started = time.time()
         requests = []
         for group, request in enumerate(prepared):
             for row, (prompt, param) in enumerate(zip(request.requests, request.params)):
-                param.output_kind = RequestOutputKind.DELTA
+                param.output_kind = output_kind
                 requests.append((prompt, param, None if call_id is None else f"{call_id}:{group}:{row}"))
         futures = loop.submit_all(requests)
         finished: queue.SimpleQueue[int] = queue.SimpleQueue()
@@ -121,7 +121,8 @@ class EngineLifecycle:
             lockstep = Lockstep.of_engine(self.place.tp_rank, self.place.tp_size)
             if self.place.tp_rank:
                 name += f" (tensor-parallel rank {self.place.tp_rank})"
-        return EngineLoop(self.llm.llm_engine, name, self._serving_state, sampled_logprobs, lockstep)
+        engine = self.llm.llm_engine
+        return EngineLoop(engine, name, self._serving_state, sampled_logprobs, lockstep, progress_reader(engine))
 
     def _serving_state(self) -> tuple[int, Any]:
         """The weight version and adapter a request admitted now runs with (asked by the engine loop)."""
@@ -148,12 +149,11 @@ class EngineLifecycle:
         version of the weights of the step that sampled it. A failed loop raises here, naming the engine.
         ``call_id`` (the facade's, the same on every rank of the engine) keys row ``i`` as ``call_id:i``: the
         leading rank's ticks admit requests by key (tensor_parallel_size > 1)."""
-        from vllm.sampling_params import RequestOutputKind
-
         assert self._loop is not None
+        output_kind = _output_kind(self._loop)
         futures = []
         for row, (prompt, param) in enumerate(zip(prompts, params)):
-            param.output_kind = RequestOutputKind.DELTA
+            param.output_kind = output_kind
             futures.append(self._loop.submit(prompt, param, None if call_id is None else f"{call_id}:{row}"))
         served = [f.result() for f in futures]
         return [_completion(s) for s in served], [s.versions for s in served]
@@ -172,14 +172,15 @@ class EngineLifecycle:
         return loop.state
 
     def serving_state(self) -> dict[str, Any]:
-        """The loop's state, its step count, its requests (running + queued) and the tokens each running one has
-        generated so far: for tests and logs."""
+        """The loop's state, its step count, its requests (running + queued), the tokens each running one has
+        generated so far, and whether requests ask for their final output only: for tests and logs."""
         loop = self._require_loop("serving_state")
         return {
             "state": loop.state,
             "steps": loop.steps,
             "requests": loop.running(),
             "tokens_so_far": loop.tokens_so_far(),
+            "final_only": loop.final_only,
         }
 
     def _require_loop(self, method: str) -> EngineLoop:
@@ -200,6 +201,13 @@ class EngineLifecycle:
             return
         with self._loop.held():
             yield
+
+
+def _output_kind(loop: EngineLoop) -> Any:
+    """The ``RequestOutputKind`` ``loop``'s requests ask for (see ``EngineLoop.final_only``)."""
+    from vllm.sampling_params import RequestOutputKind
+
+    return RequestOutputKind.FINAL_ONLY if loop.final_only else RequestOutputKind.DELTA
 
 
 def _completion(served: Served) -> Completion:

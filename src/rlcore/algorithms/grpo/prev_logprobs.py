@@ -3,8 +3,6 @@ decided once when a run's config is resolved (:meth:`rlcore.algorithms.grpo.loop
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -19,9 +17,11 @@ def rollout_trained_in_one_step(cfg: RLCoreConfig) -> bool:
 
 
 def model_dropout(model_dir: str) -> dict[str, float]:
-    """The dropout probabilities above 0 in a Hugging Face ``config.json`` (``attention_dropout``, ...)."""
-    path = Path(model_dir) / "config.json"
-    config = json.loads(path.read_text()) if path.is_file() else {}
+    """The dropout probabilities above 0 in the model's Hugging Face ``config.json`` (``attention_dropout``, ...):
+    a directory's, or a hub id's in the hub cache (:func:`rlcore.models.config_json.read_config_json`)."""
+    from rlcore.models.config_json import read_config_json
+
+    config = read_config_json(model_dir) or {}
     return {
         key: value
         for key, value in config.items()
