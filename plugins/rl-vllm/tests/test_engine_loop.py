@@ -128,6 +128,23 @@ def test_a_request_kept_across_a_weight_change_has_a_span_of_each_version(final_
         loop.stop()
 
 
+def test_tokens_so_far_read_while_serving_counts_a_request_the_engine_just_finished() -> None:
+    """A request the engine finished in the step under way has left vLLM's output processor before the loop
+    hands it its output; read from another thread then, it counts what it was handed so far (no KeyError)."""
+    engine = ScriptedEngine(length=50, step_s=0.01, final_only=True)
+    left: dict[str, int] = {}  # the output processor holds no request: each looks finished
+    loop = EngineLoop(
+        engine, "engine 3", lambda: (0, None), lambda tokens, _: [-1.0] * len(tokens), progress=left.__getitem__
+    )
+    try:
+        loop.submit([1], Params())
+        while engine.steps < 2:
+            time.sleep(0.005)
+        assert loop.tokens_so_far() == [0]
+    finally:
+        loop.stop()
+
+
 def test_a_raising_step_fails_every_waiting_caller_naming_the_engine() -> None:
     engine = ScriptedEngine(length=10, fail_at=2)
     loop = make_loop(engine, [0])

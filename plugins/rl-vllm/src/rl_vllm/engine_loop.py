@@ -126,9 +126,18 @@ class EngineLoop(LoopThread):
             return len(self._running) + len(self._queued)
 
     def tokens_so_far(self) -> list[int]:
-        """Tokens generated so far by each admitted request, in admission order (stable while paused)."""
+        """Tokens generated so far by each admitted request, in admission order (stable while paused). Read
+        while serving, a request the engine finished in the step under way has left vLLM's output processor
+        already and counts the tokens handed out to it so far."""
         with self._cond:
-            return [self._generated(r) for r in self._running.values()]
+            running = list(self._running.values())
+        counts = []
+        for request in running:
+            try:
+                counts.append(self._generated(request))
+            except KeyError:
+                counts.append(len(request.served.token_ids))
+        return counts
 
     def stop(self, timeout_s: float = 30.0) -> None:
         """End the thread; every request not finished fails with an error naming the engine. A leader tells its
