@@ -147,7 +147,8 @@ class WorkerCpu(threading.Thread):
         nan = (float("nan"),) * 3
         at = {mark: next((cpu for steps, *cpu in self.samples if steps >= mark), nan) for mark in (first, last)}
         count = max(last - first, 1)
-        return tuple((b - a) / count for a, b in zip(at[first], at[last]))  # type: ignore[return-value]
+        engine, trainer, driver = ((b - a) / count for a, b in zip(at[first], at[last]))
+        return engine, trainer, driver
 
 
 def _descendants(root: int) -> list[int]:

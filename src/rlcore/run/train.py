@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -176,7 +177,7 @@ def train(
 
 
 @contextlib.contextmanager
-def _one_torch_thread() -> Any:
+def _one_torch_thread() -> Iterator[None]:
     """The driver's torch ops run on one thread while the run lasts (the caller's setting is restored after).
 
     They are bookkeeping on small tensors (rewards, advantages, padding, version tags); the engines and the
