@@ -44,7 +44,6 @@ def config(model_dir: str, pad_id: int, async_engine: bool, max_new: int = 8) ->
                         "kv_cache_space_gb": 0.0625,
                         "max_model_len": 128,
                         "async_engine": async_engine,
-                        "engine_kwargs": {"block_size": 32},  # CPU's default 128 would cache no prompt block here
                     },
                 },
             },
@@ -102,7 +101,7 @@ def prompts(rows: list[list[int]]) -> BatchedDataDict:
 
 
 PROMPTS = [[1, 72, 101, 108], [1, 80, 51], [1, 33, 34, 35, 36, 37], [1, 90]]
-CACHED = [1, *range(40, 80)]  # 41 tokens: one full KV block of 32 is prefix-cached
+CACHED = [1, *range(40, 80)]  # 41 tokens: one full KV block of 32 (rl_vllm.worker.CPU_BLOCK_SIZE) is prefix-cached
 
 
 def refit(engine: VllmGeneration, weights: dict[str, torch.Tensor], version: int) -> None:

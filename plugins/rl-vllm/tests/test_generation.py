@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from rl_vllm.generation import VllmGeneration
+from rl_vllm.worker import CPU_BLOCK_SIZE
 from rlcore.data import BatchedDataDict
 from rlcore.testing.conformance import GenerationBackendConformance, generation_output_problems, load_hf_model
 from rlcore.testing.models import BYTE_OFFSET, make_batch
@@ -114,6 +115,7 @@ class TestVllmBackend(GenerationBackendConformance):
         head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
         token_bytes = 2 * config["num_hidden_layers"] * config["num_key_value_heads"] * head_dim * 4
         for info in generation["engine"].engine_info:
+            assert info["kv_block_size"] == CPU_BLOCK_SIZE  # not vLLM's CPU default of 128 (see CPU_BLOCK_SIZE)
             block_bytes = token_bytes * info["kv_block_size"]
             assert info["kv_cache_blocks"] == int(0.0625 * 2**30) // block_bytes, info
 

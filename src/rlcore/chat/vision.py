@@ -49,11 +49,12 @@ def vision_prompt(
 
 
 def expanded_prompt(
-    engine_ids: list[int], images: Sequence[Image], image_processor: Any, image_token: int
+    engine_ids: list[int], images: Sequence[Image], image_processor: Any, image_token: int, row: int | None = None
 ) -> VisionPrompt:
     """The prompt of chat-template ids ``engine_ids`` (one ``image_token`` per image) and ``images``: the
-    image processor's pixels and grids, and the ids expanded to match them."""
-    check_image_parts(engine_ids.count(image_token), len(images))
+    image processor's pixels and grids, and the ids expanded to match them. ``row``: the data row, for the error
+    when the counts differ."""
+    check_image_parts(engine_ids.count(image_token), len(images), row)
     vision = image_processor(images=list(images), return_tensors="pt")
     grid = vision["image_grid_thw"]
     ids = expand_image_tokens(engine_ids, image_token, grid, image_processor.merge_size)

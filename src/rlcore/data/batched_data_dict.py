@@ -104,6 +104,20 @@ class BatchedDataDict(UserDict, Generic[T]):
         self.group_size = 1
         super().__init__(*args, **kwargs)
 
+    # ------------------------------------------------------------------ pickling
+    def __getstate__(self) -> dict[str, Any]:
+        """The batch as it crosses processes: its CPU tensors as numpy arrays (:mod:`rlcore.data.wire` says
+        why), its metadata as is."""
+        from rlcore.data.wire import to_wire
+
+        return {**self.__dict__, "data": {key: to_wire(value) for key, value in self.data.items()}}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        from rlcore.data.wire import from_wire
+
+        self.__dict__.update(state)
+        self.data = {key: from_wire(value) for key, value in state["data"].items()}
+
     # ------------------------------------------------------------------ basics
     @property
     def size(self) -> int:

@@ -35,6 +35,16 @@ def has_vision_config(model: str) -> bool:
     return (read_config_json(model) or {}).get("vision_config") is not None
 
 
+def model_experts(model: str) -> int | None:
+    """The experts per mixture-of-experts layer of ``model``'s config (Qwen-MoE's ``num_experts`` or Mixtral's
+    ``num_local_experts``), 0 for a dense model, None when its config cannot be read (see
+    :func:`read_config_json`)."""
+    config = read_config_json(model)
+    if config is None:
+        return None
+    return int(config.get("num_experts") or config.get("num_local_experts") or 0)
+
+
 def _cached(repo_id: str) -> str | None:
     """The path of ``repo_id``'s ``config.json`` in the hub cache (its default revision), or None."""
     from huggingface_hub import try_to_load_from_cache

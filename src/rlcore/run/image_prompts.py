@@ -158,10 +158,12 @@ def _prompt(
     with rendering_images():
         text = render_prompts(tokenizer, [sample.messages], cfg.policy.tokenizer.chat_template_kwargs, tools)[0]
     ids = encode_rendered(tokenizer, text)
-    check_image_parts(ids.count(image_model.image_token_id), len(sample.images), sample.idx)
     if not sample.images:
+        check_image_parts(ids.count(image_model.image_token_id), 0, sample.idx)  # a placeholder with no image
         return (ids, *image_model.no_pixels())
-    prompt = expanded_prompt(ids, sample.images, image_model.image_processor, image_model.image_token_id)
+    prompt = expanded_prompt(
+        ids, sample.images, image_model.image_processor, image_model.image_token_id, row=sample.idx
+    )
     return prompt.ids, prompt.pixel_values, prompt.image_grid_thw
 
 

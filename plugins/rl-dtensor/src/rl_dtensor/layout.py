@@ -6,10 +6,10 @@ a config, and shards data over the data-parallel ranks that are left.
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
+import os
 from typing import TYPE_CHECKING, Any, cast
 
+from rlcore.models.config_json import model_experts
 from rlcore.plugins import LayoutRequest, ParallelLayout
 
 if TYPE_CHECKING:
@@ -40,29 +40,21 @@ def parallel_layout(request: LayoutRequest) -> ParallelLayout:
     )
 
 
-#: config.json keys of an expert count (Qwen-MoE and Mixtral spellings).
-_EXPERT_KEYS = ("num_experts", "num_local_experts")
-
-
 def check_model(policy: Any, tp: int) -> None:
-    """What the local model's config decides before any process starts: tensor parallel over experts (refused,
+    """What the model's config decides before any process starts: tensor parallel over experts (refused,
     :func:`rl_dtensor.parallelize.check_no_experts` says why) and ``policy.hf_config_overrides`` (a key the
     config lacks, or one changing a parameter's shape: refused by :mod:`rlcore.training.hf_config`). A model
-    not on this disk is checked when the workers load it."""
-    model_dir = Path(str(policy.model_name))
-    config_file = model_dir / "config.json"
-    if not config_file.is_file():
+    whose config is not on this disk (a directory, or the hub cache) is checked when the workers load it."""
+    experts = model_experts(str(policy.model_name))
+    if experts is None:
         return
-    if tp > 1:
-        config = json.loads(config_file.read_text())
-        experts = max((int(config.get(key) or 0) for key in _EXPERT_KEYS), default=0)
-        if experts > 1:
-            raise ValueError(
-                f"{_D}tensor_parallel_size: is {tp}, but {policy.model_name} is a mixture-of-experts model "
-                f"({experts} experts) and the dtensor backend has no tensor-parallel plan for experts; set "
-                f"{_D}tensor_parallel_size=1 (FSDP2 shards the experts over dp), or use the megatron backend"
-            )
-    if policy.hf_config_overrides:
+    if tp > 1 and experts > 1:
+        raise ValueError(
+            f"{_D}tensor_parallel_size: is {tp}, but {policy.model_name} is a mixture-of-experts model "
+            f"({experts} experts) and the dtensor backend has no tensor-parallel plan for experts; set "
+            f"{_D}tensor_parallel_size=1 (FSDP2 shards the experts over dp), or use the megatron backend"
+        )
+    if policy.hf_config_overrides and os.path.isdir(str(policy.model_name)):  # a hub id's: when workers load it
         from rlcore.training.hf_config import load_config
 
-        load_config(str(model_dir), policy.hf_config_overrides)  # raises ValueError naming the key
+        load_config(str(policy.model_name), policy.hf_config_overrides)  # raises ValueError naming the key

@@ -25,6 +25,7 @@ from pydantic import Field, PositiveInt, ValidationInfo, model_validator
 
 from rlcore.config.base import StrictModel, derived, fill_derived
 from rlcore.config.policy import Precision
+from rlcore.models.config_json import model_experts
 
 SECTION = "megatron_cfg"
 _M = f"policy.{SECTION}."
@@ -430,18 +431,6 @@ def moe_problems(m: MegatronConfig) -> list[str]:
             "expert bias to update: set it to 0"
         )
     return problems
-
-
-def model_experts(model_name: str) -> int | None:
-    """The experts per MoE layer of the model's ``config.json`` (read as JSON: light), 0 for a dense model, None
-    when there is no local config to read."""
-    import json
-
-    config_file = Path(model_name) / "config.json"
-    if not config_file.is_file():
-        return None
-    hf = json.loads(config_file.read_text())
-    return int(hf.get("num_experts") or hf.get("num_local_experts") or 0)
 
 
 def moe_model_problems(m: MegatronConfig, model_name: str, world_size: int) -> list[str]:

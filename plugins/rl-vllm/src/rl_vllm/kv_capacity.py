@@ -1,6 +1,6 @@
 """Whether a batch fits the engine's KV cache at once.
 
-vLLM hands its KV cache out in blocks (128 tokens each on CPU). A batch whose
+vLLM hands its KV cache out in blocks (32 tokens each on CPU: rl_vllm.worker.CPU_BLOCK_SIZE). A batch whose
 sequences need more blocks than the cache holds still completes, but in waves:
 the scheduler admits what fits and the rest wait (or get preempted and
 recomputed), so generation takes a multiple of its time with no message. The

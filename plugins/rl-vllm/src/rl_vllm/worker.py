@@ -37,6 +37,13 @@ from rlcore.refit.buckets import Regions
 
 logger = logging.getLogger(__name__)
 
+#: KV-cache block size on CPU (vLLM's CPU default is 128; its CPU attention takes multiples of 32). The prefix
+#: cache shares whole blocks only, so a prompt shorter than a block is prefilled once per copy: a GRPO group's
+#: copies of a 100-token prompt share nothing at 128 and 96 tokens at 32, even when admitted in one step.
+#: Measured (a 50M Llama, 16 prompts x 8 copies of 100 tokens, one thread): prefill 3.9 s at 32 against 26.6 s
+#: at 128; 64 decode steps 17.0-17.3 s against 17.9-18.6 s. ``vllm_cfg.engine_kwargs.block_size`` overrides it.
+CPU_BLOCK_SIZE = 32
+
 
 def vllm_lora_rank(rank: int) -> int:
     """The smallest ``max_lora_rank`` vLLM accepts that holds adapters of ``rank``."""
@@ -110,6 +117,7 @@ class VllmGenerationWorker(EngineLifecycle, EngineRefit):
                 name_segments_uniquely()
         if on_cpu:  # vLLM's CPU sampler cannot rewind a seeded request's generator (set_offset) between the chunks
             kwargs["enable_chunked_prefill"] = False  # of a prompt, and every request has a seed: whole prefills
+            kwargs["block_size"] = CPU_BLOCK_SIZE
         if vllm_config.enable_sleep_mode and not on_cpu:
             kwargs["enable_sleep_mode"] = True
         self._sleep_mode = bool(kwargs.get("enable_sleep_mode"))
