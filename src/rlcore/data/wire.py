@@ -67,6 +67,7 @@ def _tensor_from_wire(value: Any) -> Any:
     import torch
 
     array = value.array
-    if not array.flags.writeable or not array.flags.c_contiguous:  # a view of the received bytes
+    # read-only: a view of the received bytes (Ray's object store); not contiguous: a shallow copy.copy's view
+    if not array.flags.writeable or not array.flags.c_contiguous:
         array = np.array(array, copy=True, order="C")
     return torch.from_numpy(array)
