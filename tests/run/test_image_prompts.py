@@ -212,8 +212,9 @@ def test_what_a_vlm_run_cannot_use_is_refused_before_anything_starts(override, r
     from rlcore.config import ConfigError, load_config, resolve
     from rlcore.examples import example_path
 
+    untrained = ["policy.warm_start=null", "policy.model_name=tiny-qwen2.5-vl"]  # the example without its SFT
     with pytest.raises(ConfigError) as caught:
-        resolve(load_config(example_path("grpo_vlm_tiny"), override.split()), run=True)
+        resolve(load_config(example_path("grpo_vlm_tiny"), [*untrained, *override.split()]), run=True)
     assert [p for p in caught.value.problems if re.match(refused, p)], caught.value.problems
 
 

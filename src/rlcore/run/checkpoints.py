@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from rlcore.run.errors import RunError, error_chain
-from rlcore.training.checkpoint import atomic_directory, recover_checkpoint
+from rlcore.training.checkpoint import atomic_directory, copy_processor_files, recover_checkpoint
 
 #: What a full disk (or quota) says, by errno: the words of ``strerror``, which wrapped errors quote.
 _FULL_DISK = {errno.ENOSPC: "No space left on device", errno.EDQUOT: "Disk quota exceeded"}
@@ -61,6 +61,8 @@ def save_step(
         final.parent.mkdir(parents=True, exist_ok=True)
         with atomic_directory(final) as tmp:
             policy.save_checkpoint(str(tmp / "weights"), str(tmp / "optimizer"), str(tmp / "tokenizer"))
+            if (tmp / "weights").is_dir():  # a vision-language model's weights load with its processor (vLLM's)
+                copy_processor_files(tmp / "tokenizer", tmp / "weights")
             if value_model is not None:
                 value_model.save_checkpoint(str(tmp / VALUE_MODEL / "weights"), str(tmp / VALUE_MODEL / "optimizer"))
             if rollouts:

@@ -340,9 +340,15 @@ def save_tokenizer(tokenizer: Any, path: str | os.PathLike) -> None:
     source = Path(str(getattr(tokenizer, "name_or_path", "") or ""))
     with atomic_directory(path) as tmp:
         tokenizer.save_pretrained(str(tmp))
-        for name in PROCESSOR_FILES:
-            if source.is_dir() and (source / name).is_file():
-                shutil.copyfile(source / name, Path(tmp) / name)
+        copy_processor_files(source, Path(tmp))
+
+
+def copy_processor_files(source: Path, target: Path) -> None:
+    """The :data:`PROCESSOR_FILES` that directory ``source`` has, copied into directory ``target`` (none when
+    ``source`` is not a directory: a hub id, a text model)."""
+    for name in PROCESSOR_FILES:
+        if source.is_dir() and (source / name).is_file():
+            shutil.copyfile(source / name, target / name)
 
 
 def load_hf_state_dict(path: str | os.PathLike) -> dict:
@@ -418,5 +424,6 @@ __all__ = [
     "recover_checkpoint",
     "save_hf_checkpoint",
     "save_tokenizer",
+    "copy_processor_files",
     "save_torch_state",
 ]
