@@ -69,8 +69,8 @@ def test_both_configs_resolve_and_the_grpo_one_waits_for_its_warm_start(tmp_path
     monkeypatch.chdir(tmp_path)  # no runs/ here: the warm start has not run
     sft = resolve(load_config(example_path("grpo_vlm_tiny_sft")), run=True)
     assert sft.config.algorithm == "sft" and problem_lines(preflight(sft)) == []
-    assert sft.config.sft.seed != resolve(load_config(example_path("grpo_vlm_tiny")), run=True).config.grpo.seed
     as_shipped = resolve(load_config(example_path("grpo_vlm_tiny")), run=True)
+    assert sft.config.sft.seed != as_shipped.config.grpo.seed  # the SFT's pictures are not GRPO's
     assert as_shipped.config.policy.warm_start == "grpo_vlm_tiny_sft"
     assert any("'grpo_vlm_tiny_sft' has not finished" in notice for notice in as_shipped.notices)
 

@@ -346,8 +346,10 @@ def save_tokenizer(tokenizer: Any, path: str | os.PathLike) -> None:
 def copy_processor_files(source: Path, target: Path) -> None:
     """The :data:`PROCESSOR_FILES` that directory ``source`` has, copied into directory ``target`` (none when
     ``source`` is not a directory: a hub id, a text model)."""
+    if not source.is_dir():
+        return
     for name in PROCESSOR_FILES:
-        if source.is_dir() and (source / name).is_file():
+        if (source / name).is_file():
             shutil.copyfile(source / name, target / name)
 
 
@@ -418,12 +420,12 @@ def load_torch_state(path: str | os.PathLike) -> Any:
 __all__ = [
     "atomic_directory",
     "backup_path",
+    "copy_processor_files",
     "is_adapter_checkpoint",
     "load_hf_state_dict",
     "load_torch_state",
     "recover_checkpoint",
     "save_hf_checkpoint",
     "save_tokenizer",
-    "copy_processor_files",
     "save_torch_state",
 ]
