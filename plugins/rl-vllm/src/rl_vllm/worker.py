@@ -87,6 +87,8 @@ class VllmGenerationWorker(EngineLifecycle, EngineRefit):
             if vllm_config.cpu_threads:
                 torch.set_num_threads(vllm_config.cpu_threads)
             request_amx_permission()  # bf16 kernels SIGILL without it (the entry point covers spawned processes)
+            if vllm_config.enforce_eager:  # vLLM's own compiled helpers too (see VllmConfig.enforce_eager)
+                torch.compiler.set_stance("force_eager")
 
         started = time.perf_counter()
         from vllm import LLM
@@ -315,6 +317,7 @@ class VllmGenerationWorker(EngineLifecycle, EngineRefit):
             "max_num_seqs": self.kv_capacity.max_num_seqs,
             "async_engine": self._loop is not None,
             "image_token_id": self.image_token_id,  # None: a text model
+            "compiled_frames": _compiled_frames(),
         }
 
     def is_alive(self) -> bool:
@@ -342,3 +345,15 @@ class VllmGenerationWorker(EngineLifecycle, EngineRefit):
         if vision is not None:
             vision.close()  # the CPU shim outlives the engine, never the reverse
         return True
+
+
+def _compiled_frames() -> int:
+    """Frames torch.compile has compiled in this process so far (0 where vLLM's compiled helpers run eagerly:
+    ``VllmConfig.enforce_eager`` on CPU)."""
+    import sys
+
+    if "torch._dynamo" not in sys.modules:
+        return 0
+    from torch._dynamo.utils import counters
+
+    return int(counters["frames"]["ok"])
